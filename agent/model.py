@@ -1,0 +1,132 @@
+"""Telemetry items: the pure values that flow from assembly to the exporters.
+
+Everything here is plain data. Exporters encode these into OTLP JSON, OTLP protobuf
+(through the OpenTelemetry SDK exporters), MQTT payloads, Prometheus samples or the
+console. Timestamps are Unix nanoseconds. Ids are lowercase hex (trace 32, span 16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+AttrValue: TypeAlias = str | bool | int | float | list[str] | list[int] | list[float]
+Attributes: TypeAlias = dict[str, AttrValue]
+
+SCOPE_NAME = "infersight"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """An OTel resource. ``key`` groups items of one producer in one export request."""
+
+    attributes: tuple[tuple[str, AttrValue], ...]
+
+    @staticmethod
+    def of(attrs: Attributes) -> Resource:
+        return Resource(tuple(sorted((k, _freeze(v)) for k, v in attrs.items())))
+
+    def as_dict(self) -> Attributes:
+        return dict(self.attributes)
+
+    def get(self, key: str) -> AttrValue | None:
+        for k, v in self.attributes:
+            if k == key:
+                return v
+        return None
+
+
+def _freeze(v: AttrValue) -> AttrValue:
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Which producer and which event sequence number an item came from."""
+
+    producer: str
+    seq: int
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SpanItem:
+    resource: Resource
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    attributes: Attributes = field(default_factory=dict)
+    events: list[SpanEvent] = field(default_factory=list)
+    error: str | None = None  # status message when the span failed
+    origin: Origin | None = None
+
+
+@dataclass(slots=True)
+class LogItem:
+    resource: Resource
+    time_ns: int
+    severity_number: int  # OTel SeverityNumber: 9 INFO, 13 WARN, 17 ERROR
+    severity_text: str
+    body: str
+    attributes: Attributes = field(default_factory=dict)
+    trace_id: str | None = None
+    span_id: str | None = None
+    event_name: str | None = None  # MQTT topic family: coldstart, oom, memory, device, agent
+    origin: Origin | None = None
+
+
+MetricKind = Literal["gauge", "sum", "histogram"]
+
+
+@dataclass(slots=True)
+class NumberPoint:
+    value: float | int
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class HistogramPoint:
+    bounds: list[float]
+    bucket_counts: list[int]  # len(bounds) + 1
+    count: int
+    sum: float
+    min: float | None
+    max: float | None
+    attributes: Attributes = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class MetricItem:
+    resource: Resource
+    name: str
+    kind: MetricKind
+    unit: str
+    description: str
+    time_ns: int
+    start_ns: int
+    points: list[NumberPoint] | list[HistogramPoint]
+    monotonic: bool = True  # for sums
+
+
+@dataclass(slots=True)
+class ColdStart:
+    """A completed cold start: the root span and every stage span under it.
+
+    Derived (not exported as spans a second time): the console prints it as a
+    waterfall and MQTT publishes it as one message.
+    """
+
+    root: SpanItem
+    stages: list[SpanItem]
+
+
+Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart

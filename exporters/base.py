@@ -1,0 +1,43 @@
+"""The one small protocol every sink implements.
+
+An exporter receives batches of :mod:`infersight.agent.model` items. ``export`` raises
+:class:`ExportError` when the peer is away or refuses; the agent's exporter worker then
+retries with backoff and spools to disk, so an exporter holds no retry logic of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from infersight.agent.model import Item
+
+
+class ExportError(Exception):
+    """The batch was not delivered. ``retryable`` False means retrying cannot help."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@runtime_checkable
+class Exporter(Protocol):
+    """A sink. Methods are coroutines; blocking sinks run their I/O in a thread."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Open connections or files. Must not raise for a peer that is merely away."""
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        """Deliver ``batch`` or raise :class:`ExportError`."""
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        """Push out anything buffered; True when everything was delivered in time."""
+
+    async def shutdown(self) -> None:
+        """Flush what can be flushed and release resources. Idempotent."""
+
+    def state(self) -> dict[str, int | float | str]:
+        """Counters and state for ``infersight status`` and the agent's health metrics."""

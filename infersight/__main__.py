@@ -1,0 +1,3 @@
+from infersight.agent.cli import main
+
+raise SystemExit(main())
