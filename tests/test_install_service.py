@@ -1,0 +1,135 @@
+"""`infersight install-service` through its argparse registration, as the CLI calls it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from infersight.agent import install_service
+
+FILES = [
+    "etc/systemd/system/infersight.service",
+    "etc/systemd/system/infersight.socket",
+    "etc/sysusers.d/infersight.conf",
+    "etc/tmpfiles.d/infersight.conf",
+    "etc/infersight/infersight.toml",
+]
+
+
+def run_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="infersight")
+    install_service.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["install-service", *argv])
+    assert args.func is install_service.run
+    return int(args.func(args))
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")
+    }
+
+
+def test_dry_run_touches_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "etc").mkdir()
+    before = snapshot(tmp_path)
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    assert snapshot(tmp_path) == before
+    out = capsys.readouterr().out
+    for rel in FILES:
+        assert f"would install  {tmp_path / rel}" in out
+    for step in (
+        "systemd-sysusers",
+        "systemd-tmpfiles --create",
+        "daemon-reload",
+        "enable --now infersight.socket infersight.service",
+    ):
+        assert step in out
+
+
+def test_install_then_keep_existing_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli("--prefix", str(tmp_path)) == 0
+    for rel in FILES:
+        path = tmp_path / rel
+        assert path.is_file(), rel
+        assert path.stat().st_mode & 0o777 == 0o644
+    assert not list(tmp_path.rglob(".*.*")), "no temporary files left behind"
+    cfg = tmp_path / "etc/infersight/infersight.toml"
+    cfg.write_text("[agent]\nspool_max_bytes = 1\n")
+    unit = tmp_path / "etc/systemd/system/infersight.service"
+    unit.write_text("stale")
+    capsys.readouterr()
+    assert run_cli("--prefix", str(tmp_path)) == 0
+    assert cfg.read_text() == "[agent]\nspool_max_bytes = 1\n"
+    assert "ExecStart=" in unit.read_text(), "units are replaced"
+    out = capsys.readouterr().out
+    assert f"keep     {cfg}" in out
+    # --dry-run over an existing config says it would keep it.
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    assert f"would keep     {cfg}" in capsys.readouterr().out
+
+
+def test_exec_start_names_the_real_executable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exe = tmp_path / "bin" / "infersight"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(exe), "install-service"])
+    assert install_service.resolve_exec() == [str(exe)]
+    root = tmp_path / "root"
+    assert run_cli("--prefix", str(root)) == 0
+    text = (root / "etc/systemd/system/infersight.service").read_text()
+    assert f"\nExecStart={exe} agent --config /etc/infersight/infersight.toml\n" in text
+    analyze = shutil.which("systemd-analyze")
+    if analyze:  # the installed units verify clean with the rewritten ExecStart
+        units = root / "etc/systemd/system"
+        proc = subprocess.run(
+            [
+                analyze,
+                "verify",
+                str(units / "infersight.socket"),
+                str(units / "infersight.service"),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
+
+
+def test_fallback_is_python_dash_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["-c"])
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert install_service.resolve_exec() == [os.path.abspath(sys.executable), "-m", "infersight"]
+
+
+def test_rewrite_quotes_odd_paths() -> None:
+    unit = "[Service]\nExecStart=/usr/bin/infersight agent --config /etc/x.toml\n"
+    out = install_service.rewrite_exec_start(unit, ["/opt/my tools/100%/infersight"])
+    assert 'ExecStart="/opt/my tools/100%%/infersight" agent --config /etc/x.toml' in out
+
+
+def test_home_directory_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/home/me/.venv/bin/infersight"])
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    assert "ProtectHome=yes" in capsys.readouterr().err
+
+
+def test_unwritable_root_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "etc"
+    blocker.write_text("a file where a directory must go")
+    assert run_cli("--prefix", str(tmp_path)) == 1
+    assert "install-service" in capsys.readouterr().err
