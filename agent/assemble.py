@@ -1,0 +1,301 @@
+"""Events from producers -> telemetry items (pure: no sockets, no clocks).
+
+Validates every event against schema 1. A malformed event is counted and dropped;
+nothing here raises on bad input. Cold-start stage spans are kept (bounded) until
+their root arrives, so the root can carry the time that no stage covers.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.agent.model import (
+    Attributes,
+    AttrValue,
+    ColdStart,
+    Item,
+    LogItem,
+    MetricItem,
+    NumberPoint,
+    Origin,
+    Resource,
+    SpanItem,
+)
+from infersight.agent.redact import mask_value
+from infersight.agent.sequence import SeqTracker
+
+from infersight import __version__
+
+HEX16 = re.compile(r"[0-9a-f]{16}\Z")
+HEX32 = re.compile(r"[0-9a-f]{32}\Z")
+MAX_PRODUCERS = 4096
+MAX_PENDING_SPANS = 4096
+MAX_STR = 4096
+MAX_ATTRS = 128
+SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
+
+
+class Malformed(ValueError):  # noqa: N818 - reads as "raise Malformed(...)"
+    """An event or hello that does not follow the schema."""
+
+
+@dataclass(slots=True)
+class Producer:
+    id: str
+    info: dict[str, Any]
+    resource: Resource
+    seq: SeqTracker = field(default_factory=SeqTracker)
+    pending: list[SpanItem] = field(default_factory=list)
+    malformed: int = 0
+    dropped_buffer: int = 0
+    dropped_spool: int = 0
+    events: int = 0
+
+
+def _s(v: Any, name: str, limit: int = MAX_STR) -> str:
+    if not isinstance(v, str):
+        raise Malformed("%s must be a string" % name)
+    return v[:limit]
+
+
+def _i(v: Any, name: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise Malformed("%s must be a non-negative integer" % name)
+    return v
+
+
+def _attr_value(v: Any) -> AttrValue:
+    if isinstance(v, (str, bool, int, float)):
+        return v[:MAX_STR] if isinstance(v, str) else v
+    if isinstance(v, list) and v and len(v) <= 256:
+        if all(isinstance(x, str) for x in v):
+            return [x[:MAX_STR] for x in v]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return list(v)
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return [float(x) for x in v]
+    return str(v)[:MAX_STR]
+
+
+def attributes(v: Any) -> Attributes:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or len(v) > MAX_ATTRS:
+        raise Malformed("attributes must be an object of at most %d keys" % MAX_ATTRS)
+    out: Attributes = {}
+    for k, x in v.items():
+        out[str(k)[:256]] = _attr_value(x)
+    return out
+
+
+def parse_resource_env(value: str) -> Attributes:
+    """OTEL_RESOURCE_ATTRIBUTES: ``k=v,k2=v2`` with percent-encoded values."""
+    out: Attributes = {}
+    for part in value.split(","):
+        if "=" not in part:
+            continue
+        k, _, v = part.partition("=")
+        k = k.strip()
+        if k:
+            out[k] = urllib.parse.unquote(v.strip())
+    return out
+
+
+def producer_resource(info: dict[str, Any], host_name: str | None) -> Resource:
+    """``Resource.create()`` semantics: env attributes, then what we detect, wins."""
+    attrs: Attributes = {
+        "telemetry.sdk.name": "infersight",
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.version": __version__,
+    }
+    attrs.update(parse_resource_env(str(info.get("resource_attributes") or "")))
+    service = str(info.get("service_name") or "") or str(attrs.get("service.name") or "")
+    attrs["service.name"] = service or "unknown_service:%s" % (info.get("exe") or "python")
+    attrs.update(
+        {
+            "host.name": host_name or str(info.get("host") or ""),
+            "process.pid": int(info["pid"]),
+            "process.parent_pid": int(info.get("ppid") or 0),
+            "process.executable.name": str(info.get("exe") or ""),
+            "process.runtime.name": "cpython",
+            "process.runtime.version": str(info.get("python") or ""),
+            "service.instance.id": str(info["id"]),
+        }
+    )
+    if info.get("argv0"):
+        attrs["process.command"] = str(info["argv0"])
+    return Resource.of({k: (mask_value(k, v) if isinstance(v, str) else v) for k, v in attrs.items()})
+
+
+def validate_hello(info: Any) -> dict[str, Any]:
+    if not isinstance(info, dict):
+        raise Malformed("producer must be an object")
+    out = dict(info)
+    out["id"] = _s(info.get("id"), "producer.id", 128)
+    out["pid"] = _i(info.get("pid"), "producer.pid")
+    out["start_ns"] = _i(info.get("start_ns"), "producer.start_ns")
+    out["acked"] = _i(info.get("acked", 0), "producer.acked")
+    for key, pattern in (("trace_id", HEX32), ("root_span_id", HEX16)):
+        if not isinstance(info.get(key), str) or not pattern.match(info[key]):
+            raise Malformed("producer.%s must be lowercase hex" % key)
+    return out
+
+
+def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of intervals clipped to [lo, hi]."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def descendants(root_id: str, spans: list[SpanItem]) -> list[SpanItem]:
+    by_parent: dict[str | None, list[SpanItem]] = {}
+    for s in spans:
+        by_parent.setdefault(s.parent_span_id, []).append(s)
+    out: list[SpanItem] = []
+    todo = [root_id]
+    while todo:
+        for child in by_parent.pop(todo.pop(), []):
+            out.append(child)
+            todo.append(child.span_id)
+    return out
+
+
+class Assembler:
+    """Owns the producers this agent has seen and turns their events into items."""
+
+    def __init__(self, host_name: str | None = None) -> None:
+        self.host_name = host_name
+        self.producers: OrderedDict[str, Producer] = OrderedDict()
+        self.malformed = 0
+        self.lost_of_forgotten = 0  # gaps of producers evicted from the table
+
+    def hello(self, raw: Any) -> Producer:
+        info = validate_hello(raw)
+        p = self.producers.get(info["id"])
+        if p is None:
+            p = Producer(info["id"], info, producer_resource(info, self.host_name))
+            p.seq.resume_after(info["acked"])
+            self.producers[p.id] = p
+            if len(self.producers) > MAX_PRODUCERS:
+                _old_id, old = self.producers.popitem(last=False)
+                self.lost_of_forgotten += old.seq.lost
+        else:
+            self.producers.move_to_end(p.id)
+        return p
+
+    def events(self, p: Producer, raw_events: Any) -> list[Item]:
+        """Items from one batch. Bad events are counted on the producer and skipped."""
+        if not isinstance(raw_events, list):
+            p.malformed += 1
+            self.malformed += 1
+            return []
+        items: list[Item] = []
+        for ev in raw_events:
+            try:
+                if not isinstance(ev, list) or len(ev) != 4:
+                    raise Malformed("event must be [seq, t_ns, kind, data]")
+                seq, t_ns, kind, data = ev
+                seq = _i(seq, "seq")
+                if seq == 0:
+                    raise Malformed("seq starts at 1")
+                if not p.seq.observe(seq):
+                    continue  # duplicate after a resend
+                p.events += 1
+                _i(t_ns, "t_ns")
+                if not isinstance(data, dict):
+                    raise Malformed("data must be an object")
+                self._event(p, Origin(p.id, seq), t_ns, kind, data, items)
+            except Malformed:
+                p.malformed += 1
+                self.malformed += 1
+        return items
+
+    def _event(
+        self, p: Producer, origin: Origin, t_ns: int, kind: Any, d: dict[str, Any], out: list[Item]
+    ) -> None:
+        if kind == "span":
+            self._span(p, origin, t_ns, d, out)
+        elif kind == "log":
+            sev = _s(d.get("sev", "INFO"), "sev", 16).upper()
+            span_id = d.get("sp")
+            out.append(
+                LogItem(
+                    p.resource, t_ns, SEVERITY.get(sev, 9), sev, _s(d.get("body", ""), "body"),
+                    attributes(d.get("a")),
+                    p.info["trace_id"] if isinstance(span_id, str) and HEX16.match(span_id) else None,
+                    span_id if isinstance(span_id, str) and HEX16.match(span_id) else None,
+                    _s(d.get("name", ""), "name", 64) or None, origin,
+                )
+            )
+        elif kind == "metric":
+            v = d.get("v")
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise Malformed("metric value must be a number")
+            k = d.get("k", "gauge")
+            if k not in ("gauge", "sum"):
+                raise Malformed("metric kind must be gauge or sum")
+            out.append(
+                MetricItem(
+                    p.resource, _s(d.get("n"), "n", 255), k, _s(d.get("u", ""), "u", 32), "",
+                    t_ns, int(p.info["start_ns"]), [NumberPoint(v, attributes(d.get("a")))],
+                )
+            )
+        elif kind == "drops":
+            p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
+            p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
+        else:
+            raise Malformed("unknown event kind %r" % (kind,))
+
+    def _span(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], out: list[Item]) -> None:
+        name = _s(d.get("n"), "n", 255)
+        span_id = d.get("id")
+        if not isinstance(span_id, str) or not HEX16.match(span_id):
+            raise Malformed("span id must be 16 lowercase hex digits")
+        parent = d.get("p")
+        if parent is not None and (not isinstance(parent, str) or not HEX16.match(parent)):
+            raise Malformed("parent span id must be 16 lowercase hex digits")
+        trace = d.get("tr") or p.info["trace_id"]
+        if not isinstance(trace, str) or not HEX32.match(trace):
+            raise Malformed("trace id must be 32 lowercase hex digits")
+        start = _i(d.get("s"), "s")
+        end = _i(d.get("e", t_ns), "e")
+        if end < start:
+            raise Malformed("span ends before it starts")
+        err = d.get("err")
+        span = SpanItem(
+            p.resource, trace, span_id, parent, name, start, end, attributes(d.get("a")), [],
+            str(err)[:MAX_STR] if err is not None else None, origin,
+        )
+        if name == "coldstart":
+            stages = descendants(span_id, p.pending)
+            covered = union_ns([(s.start_ns, s.end_ns) for s in stages], start, end)
+            span.attributes["infersight.coldstart.unattributed_s"] = (end - start - covered) / 1e9
+            span.attributes.setdefault("faas.coldstart", True)
+            done = {s.span_id for s in stages}
+            p.pending = [s for s in p.pending if s.span_id not in done]
+            out.append(span)
+            out.append(ColdStart(span, sorted(stages, key=lambda s: s.start_ns)))
+            return
+        if name.startswith("coldstart."):
+            p.pending.append(span)
+            if len(p.pending) > MAX_PENDING_SPANS:
+                del p.pending[0]
+        out.append(span)
+
+    def lost_total(self) -> int:
+        return self.lost_of_forgotten + sum(p.seq.lost for p in self.producers.values())

@@ -1,0 +1,197 @@
+"""The ``infersight`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from infersight.agent import config as cfg
+from infersight.exporters.base import Exporter
+
+from infersight import __version__
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # usage errors exit 2, as DESIGN says
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from infersight.agent.launch import LaunchOptions, run
+
+    return run(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console))
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from infersight.agent.sinks import build_exporters
+
+    explicit = args.config is not None
+    path = args.config or os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH
+    try:
+        conf = cfg.load(path, require_file=explicit, flags={"agent.socket": args.socket})
+        exporters = build_exporters(conf)
+    except cfg.ConfigError as exc:
+        sys.stderr.write("infersight agent: %s\n" % exc)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return asyncio.run(_serve(conf, exporters))
+
+
+async def _serve(conf: cfg.Config, exporters: list[Exporter]) -> int:
+    from infersight.agent.daemon import Agent
+
+    listen = None
+    try:
+        from infersight.agent.socket_activation import listen_fds
+
+        fds = listen_fds()
+        listen = fds[0] if fds else None
+    except ImportError:
+        pass
+    agent = Agent(conf, exporters, listen_sock=listen)
+    return await agent.serve_forever()
+
+
+def query_status(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
+    """Ask a running agent for its health over its socket."""
+    from infersight.hooks import _wire
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(path)
+        s.sendall(_wire.encode_frame({"t": "status"}))
+        buf = b""
+        while True:
+            frames, buf, bad = _wire.split_frames(buf)
+            if bad:
+                raise OSError("agent sent an oversized frame")
+            if frames:
+                msg = _wire.decode_payload(frames[0])
+                if msg is None:
+                    raise OSError("agent sent a malformed frame")
+                return msg
+            chunk = s.recv(65536)
+            if not chunk:
+                raise OSError("agent closed the connection")
+            buf += chunk
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from infersight.hooks import _paths
+
+    path = args.socket or _paths.socket_path()
+    try:
+        h = query_status(path)
+    except OSError as exc:
+        if args.json:
+            print(json.dumps({"healthy": False, "socket": path, "error": str(exc)}))
+        else:
+            print("infersight agent: not reachable at %s (%s)" % (path, exc))
+        return 1
+    if h.get("t") == "refuse":
+        print("infersight agent refused the status query: %s" % h.get("error"))
+        return 1
+    h.pop("t", None)
+    if args.json:
+        print(json.dumps(h, sort_keys=True))
+    else:
+        print("infersight agent %s (%s, pid %s): %s" % (
+            h.get("version"), h.get("mode"), h.get("pid"), "healthy" if h.get("healthy") else "UNHEALTHY"))
+        for k in ("uptime_s", "socket", "producers", "events_in", "items_out", "lost", "dropped_by_producers"):
+            print("  %-22s %s" % (k, h.get(k)))
+        for e in h.get("exporters") or []:
+            print("  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
+                e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"),
+                e.get("retries"), e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items")))
+    return 0 if h.get("healthy") else 1
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from infersight.agent.show import show_file
+
+    return show_file(args.path, sys.stdout)
+
+
+def _cmd_hooks(args: argparse.Namespace) -> int:
+    from infersight.agent import hooks_install
+
+    if args.action == "install":
+        return hooks_install.install(args.python, sys.stdout)
+    return hooks_install.uninstall(args.python, sys.stdout)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from infersight.agent.doctor import run_doctor
+
+    return run_doctor(sys.stdout, as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="infersight", description=(
+        "Telemetry for hosts that serve PyTorch models on GPUs: cold-start spans, "
+        "OOM classification, device heterogeneity."))
+    p.add_argument("--version", action="version", version="infersight " + __version__)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    lp = sub.add_parser("launch", help="run CMD with the hooks active; write an OTLP JSON file")
+    lp.add_argument("--otlp-file", metavar="PATH", help="output file (default: infersight-<time>.otlp.jsonl)")
+    lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
+                    help="print the cold-start waterfall (default: on)")
+    lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    lp.set_defaults(func=_cmd_launch)
+
+    ap = sub.add_parser("agent", help="run the daemon")
+    ap.add_argument("--config", metavar="PATH", help="TOML config (default %s)" % cfg.DEFAULT_CONFIG_PATH)
+    ap.add_argument("--socket", metavar="PATH", help="listen here (overrides config and env)")
+    ap.set_defaults(func=_cmd_agent)
+
+    sp = sub.add_parser("status", help="ask a running agent for its health (exit 0 if healthy)")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--socket", metavar="PATH")
+    sp.set_defaults(func=_cmd_status)
+
+    shp = sub.add_parser("show", help="print the cold-start waterfall from an OTLP JSON file")
+    shp.add_argument("path", metavar="FILE")
+    shp.set_defaults(func=_cmd_show)
+
+    hp = sub.add_parser("hooks", help="install or remove the .pth bootstrap in an interpreter")
+    hp.add_argument("action", choices=("install", "uninstall"))
+    hp.add_argument("--python", default=sys.executable, metavar="PATH", help="target interpreter")
+    hp.set_defaults(func=_cmd_hooks)
+
+    dp = sub.add_parser("doctor", help="check what works on this host, with fixes")
+    dp.add_argument("--json", action="store_true")
+    dp.set_defaults(func=_cmd_doctor)
+
+    for mod in ("classify_cmd", "baseline_cmd", "install_service"):
+        try:
+            module = __import__("infersight.agent." + mod, fromlist=["add_parser"])
+        except ImportError:
+            continue
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        rc: int = args.func(args)
+        return rc
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,271 @@
+"""Configuration: flag > env > file > default, one table of keys.
+
+Every key has a TOML name (``section.key``), an environment variable and, for some,
+a command-line flag. A bad value is a :class:`ConfigError` naming the key and, when
+it came from a file, ``file:line``. ``key_table()`` renders the README's table.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.hooks import _paths
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/infersight/infersight.toml"
+# Sections whose keys their own modules validate (MQTT, Prometheus, NVML).
+EXTENSION_SECTIONS = ("exporters.mqtt.", "exporters.prometheus.", "nvml.", "devices.")
+
+
+class ConfigError(Exception):
+    """A bad configuration value; the message names the key and file:line."""
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        return int(v.strip(), 0)
+    raise ValueError("expected an integer")
+
+
+def _pos_int(v: Any) -> int:
+    n = _int(v)
+    if n < 0:
+        raise ValueError("expected a non-negative integer")
+    return n
+
+
+def _pos_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number")
+    x = float(v)
+    if not x > 0:
+        raise ValueError("expected a positive number")
+    return x
+
+
+def _mode(v: Any) -> int:
+    m = int(v, 8) if isinstance(v, str) else _int(v)
+    if m & ~0o770:
+        raise ValueError("socket mode must be 0660 or stricter (no bits for others)")
+    return m
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("expected a string")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v in (None, "") else _str(v)
+
+
+def _int_list(v: Any) -> list[int]:
+    if isinstance(v, str):
+        v = [x for x in re.split(r"[,\s]+", v) if x]
+    if not isinstance(v, list):
+        raise ValueError("expected a list of integers")
+    return [_int(x) for x in v]
+
+
+def _str_list(v: Any) -> list[str]:
+    if isinstance(v, str):
+        v = [x for x in re.split(r"[,:]", v) if x]
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError("expected a list of strings")
+    return list(v)
+
+
+def _protocol(v: Any) -> str:
+    s = _str(v)
+    if s not in ("http/protobuf", "grpc", "http/json"):
+        raise ValueError("expected http/protobuf or grpc")
+    return s
+
+
+def _log_level(v: Any) -> str:
+    s = _str(v).upper()
+    if s not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("expected DEBUG, INFO, WARNING or ERROR")
+    return s
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str  # TOML dotted name, also the Config attribute with '.' -> '_'
+    parse: Callable[[Any], Any]
+    default: Callable[[], Any]
+    env: str | None
+    help: str
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace(".", "_")
+
+
+KEYS: tuple[Key, ...] = (
+    Key("agent.socket", _str, lambda: _paths.socket_path({**os.environ, "INFERSIGHT_SOCKET": ""}),
+        "INFERSIGHT_SOCKET", "Unix socket the hooks send to"),
+    Key("agent.socket_mode", _mode, lambda: 0o660, "INFERSIGHT_SOCKET_MODE", "socket permissions (0660 or stricter)"),
+    Key("agent.allowed_uids", _int_list, lambda: sorted({0, os.getuid()}), "INFERSIGHT_ALLOWED_UIDS",
+        "peer uids allowed to send"),
+    Key("agent.allowed_gids", _int_list, lambda: [os.getgid()], "INFERSIGHT_ALLOWED_GIDS",
+        "peer gids allowed to send"),
+    Key("agent.spool_dir", _str, lambda: _paths.spool_dir({**os.environ, "INFERSIGHT_SPOOL_DIR": ""}),
+        "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent"),
+    Key("agent.exporter_spool_max_bytes", _pos_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
+        "disk spool per exporter while its peer is away"),
+    Key("agent.shutdown_timeout_s", _pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",
+        "drain and flush limit on SIGTERM"),
+    Key("agent.health_interval_s", _pos_float, lambda: 15.0, "INFERSIGHT_HEALTH_INTERVAL_S",
+        "how often the agent exports its own metrics"),
+    Key("agent.frame_timeout_s", _pos_float, lambda: 10.0, "INFERSIGHT_FRAME_TIMEOUT_S",
+        "a peer must send a whole frame within this"),
+    Key("agent.log_level", _log_level, lambda: "INFO", "INFERSIGHT_LOG_LEVEL", "agent log level"),
+    Key("agent.host_name", _opt_str, lambda: None, "INFERSIGHT_HOST_NAME", "host.name (default: short hostname)"),
+    Key("exporters.file.path", _opt_str, lambda: None, "INFERSIGHT_OTLP_FILE", "OTLP JSON lines file"),
+    Key("exporters.file.max_bytes", _pos_int, lambda: 256 << 20, "INFERSIGHT_OTLP_FILE_MAX_BYTES",
+        "rotate the file past this size"),
+    Key("exporters.file.backups", _pos_int, lambda: 3, "INFERSIGHT_OTLP_FILE_BACKUPS", "rotated files kept"),
+    Key("exporters.otlp.endpoint", _opt_str, lambda: None, "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTLP collector (no default: set it to export)"),
+    Key("exporters.otlp.protocol", _protocol, lambda: "http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "http/protobuf or grpc"),
+    Key("exporters.otlp.timeout_s", _pos_float, lambda: 10.0, None, "per-export timeout"),
+    Key("exporters.console.enabled", _bool, lambda: False, "INFERSIGHT_CONSOLE", "print cold-start waterfalls"),
+    Key("rules.dirs", _str_list, lambda: ["/etc/infersight/rules.d"], "INFERSIGHT_RULES_DIRS",
+        "extra rule files (*.toml)"),
+)
+KEY_BY_NAME = {k.name: k for k in KEYS}
+
+
+@dataclass
+class Config:
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)  # key -> "default" | "env VAR" | "file:line" | "flag"
+    path: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+def key_line(text: str, dotted: str) -> int:
+    """1-based line where ``dotted`` is set in TOML ``text`` (0 when not found)."""
+    *tables, leaf = dotted.split(".")
+    table = ".".join(tables)
+    current = ""
+    pat = re.compile(r"\s*(?:\"%s\"|'%s'|%s)\s*=" % ((re.escape(leaf),) * 3))
+    for i, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$", line)
+        if m:
+            current = m.group(1).replace('"', "").replace(" ", "")
+            continue
+        if current == table and pat.match(line):
+            return i
+        if not current and pat.match(line.replace(table + ".", "", 1)) and line.strip().startswith(table + "."):
+            return i
+    return 0
+
+
+def _flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        name = prefix + k
+        if isinstance(v, dict) and not any(key.name == name for key in KEYS):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def load(
+    path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    require_file: bool = False,
+    extra_keys: tuple[Key, ...] = (),
+) -> Config:
+    """Resolve every key: flag > env > file > default."""
+    env = os.environ if env is None else env
+    keys = KEYS + extra_keys
+    known = {k.name: k for k in keys}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    file_values: dict[str, Any] = {}
+    text = ""
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            text = raw.decode("utf-8")
+            file_values = _flatten(tomllib.loads(text))
+        except FileNotFoundError:
+            if require_file:
+                raise ConfigError("%s: config file not found" % path) from None
+            path = None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("%s: %s" % (path, exc)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
+    for name in file_values:
+        if name not in known and not name.startswith(EXTENSION_SECTIONS):
+            line = key_line(text, name)
+            raise ConfigError("%s:%d: unknown key %r" % (path, line, name))
+    for k in keys:
+        origin, raw_value = "default", None
+        if flags and flags.get(k.name) is not None:
+            origin, raw_value = "flag", flags[k.name]
+        elif k.env and env.get(k.env) not in (None, ""):
+            origin, raw_value = "env " + k.env, env[k.env]
+        elif k.name in file_values:
+            origin, raw_value = "%s:%d" % (path, key_line(text, k.name)), file_values[k.name]
+        if origin == "default":
+            values[k.name] = k.default()
+        else:
+            try:
+                values[k.name] = k.parse(raw_value)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, k.name, raw_value, exc)) from None
+        sources[k.name] = origin
+    # Sections that other modules own (mqtt, prometheus, nvml) stay available raw.
+    for name, v in file_values.items():
+        values.setdefault(name, v)
+        sources.setdefault(name, "%s:%d" % (path, key_line(text, name)))
+    return Config(values, sources, path)
+
+
+def key_table() -> str:
+    rows = ["| key (TOML) | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    for k in KEYS:
+        d = k.default()
+        if k.name == "agent.socket_mode":
+            d = "0660"
+        rows.append("| `%s` | %s | %s | %s |" % (
+            k.name, "`%s`" % k.env if k.env else "", "`%s`" % (d,) if d is not None else "unset", k.help))
+    return "\n".join(rows)

@@ -1,0 +1,347 @@
+"""The agent's Unix socket: peer checks, framing, validation, acks, spool replay.
+
+I/O shell around the pure :mod:`assemble` core. A hostile or broken peer costs one
+connection, never the agent: oversized frames, slow senders, garbage and refused uids
+are each counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from infersight.agent.assemble import Assembler, Malformed, Producer
+from infersight.agent.health import Counters
+from infersight.agent.pipeline import Router
+from infersight.hooks import _wire
+
+log = logging.getLogger("infersight.ingest")
+UCRED = struct.Struct("3i")
+
+
+class RateLimitedLog:
+    """At most one line per ``every_s`` per key; says how many were suppressed."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warn(self, key: str, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -1e9) >= self.every_s:
+            n = self._suppressed.pop(key, 0)
+            suffix = " (%d similar suppressed)" % n if n else ""
+            log.warning(msg + suffix, *args)
+            self._last[key] = now
+        else:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the peer via SO_PEERCRED."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    pid, uid, gid = UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+class Ingest:
+    def __init__(
+        self,
+        assembler: Assembler,
+        router: Router,
+        counters: Counters,
+        allowed_uids: set[int],
+        allowed_gids: set[int],
+        health: Callable[[], dict[str, Any]],
+        frame_timeout_s: float = 10.0,
+        max_connections: int = 1024,
+    ) -> None:
+        self.assembler = assembler
+        self.router = router
+        self.counters = counters
+        self.allowed_uids = allowed_uids
+        self.allowed_gids = allowed_gids
+        self.health = health
+        self.frame_timeout_s = frame_timeout_s
+        self.max_connections = max_connections
+        self.server: asyncio.AbstractServer | None = None
+        self.open_connections = 0
+        self.pending_completions = 0
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
+        self._rlog = RateLimitedLog()
+        self._replaying: set[str] = set()  # spool files published but not yet exported
+
+    # -- server ---------------------------------------------------------------------
+
+    async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
+        if sock is None:
+            os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+            if os.path.exists(path):  # noqa: ASYNC240 - startup, once
+                os.unlink(path)  # a stale socket from a previous run
+            old = os.umask(0o777 & ~mode & 0o777)
+            try:
+                self.server = await asyncio.start_unix_server(self._handle, path=path, limit=1 << 21)
+            finally:
+                os.umask(old)
+            os.chmod(path, mode)
+        else:  # socket activation: systemd owns the path and its mode
+            self.server = await asyncio.start_unix_server(self._handle, sock=sock, limit=1 << 21)
+
+    async def stop_accepting(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def wait_connections_closed(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.open_connections and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        return self.open_connections == 0
+
+    def close_connections(self) -> None:
+        for t in list(self._conn_tasks):
+            t.cancel()
+
+    def allowed(self, uid: int, gid: int) -> bool:
+        return uid in self.allowed_uids or gid in self.allowed_gids
+
+    # -- one connection -------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conn_tasks.add(task)
+        self.open_connections += 1
+        self.counters.connections += 1
+        try:
+            await self._serve(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the producer went away; its unacked events come back on reconnect
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("connection handler failed")
+        finally:
+            self.open_connections -= 1
+            if task is not None:
+                self._conn_tasks.discard(task)
+            writer.close()
+
+    async def _read_frame(self, reader: asyncio.StreamReader, idle_ok: bool) -> bytes | None:
+        """One payload; None after counting an oversized or slow frame."""
+        if idle_ok:
+            hdr = await reader.readexactly(_wire.HEADER.size)
+        else:
+            hdr = await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), self.frame_timeout_s)
+        (n,) = _wire.HEADER.unpack(hdr)
+        if n > _wire.MAX_FRAME_BYTES:
+            self.counters.oversized_frames += 1
+            self._rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
+            return None
+        try:
+            return await asyncio.wait_for(reader.readexactly(n), self.frame_timeout_s)
+        except TimeoutError:
+            self.counters.slow_peers += 1
+            self._rlog.warn("slow", "peer too slow to send a frame; closing")
+            return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        pid, uid, gid = peer_credentials(sock)
+        if not self.allowed(uid, gid):
+            self.counters.refused_peers += 1
+            self._rlog.warn("uid", "refused peer pid %d uid %d gid %d (not in the allow list)", pid, uid, gid)
+            writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION,
+                                             "error": "uid %d is not allowed" % uid}))
+            await writer.drain()
+            return
+        if self.open_connections > self.max_connections:
+            self.counters.refused_peers += 1
+            return
+        try:
+            payload = await self._read_frame(reader, idle_ok=False)
+        except TimeoutError:
+            self.counters.slow_peers += 1
+            return
+        if payload is None:
+            return
+        msg = _wire.decode_payload(payload)
+        if msg is None:
+            self.counters.malformed_frames += 1
+            self._rlog.warn("frame", "peer pid %d sent a frame that is not a JSON object", pid)
+            return
+        if msg.get("t") == "status":
+            writer.write(_wire.encode_frame({"t": "health", **self.health()}))
+            await writer.drain()
+            return
+        producer = self._hello(msg, writer)
+        if producer is None:
+            await writer.drain()
+            return
+        writer.write(_wire.encode_frame({"t": "welcome", "schema": _wire.SCHEMA_VERSION}))
+        acks: deque[list[int]] = deque()  # [last seq, done]
+        state = {"acked": 0}
+
+        def send_acks() -> None:
+            last = 0
+            while acks and acks[0][1]:
+                last = acks.popleft()[0]
+            if last > state["acked"] and not writer.is_closing():
+                state["acked"] = last
+                writer.write(_wire.encode_frame({"t": "ack", "seq": last}))
+
+        while True:
+            payload = await self._read_frame(reader, idle_ok=True)
+            if payload is None:
+                return
+            msg = _wire.decode_payload(payload)
+            if msg is None or msg.get("t") != "b":
+                self.counters.malformed_frames += 1
+                self._rlog.warn("frame", "producer %s sent a malformed frame", producer.id)
+                continue
+            self.process_batch(producer, msg.get("e"), acks, send_acks)
+            if writer.transport.get_write_buffer_size() > 1 << 20:
+                await writer.drain()
+
+    def _hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter | None) -> Producer | None:
+        def refuse(error: str) -> None:
+            if writer is not None:
+                writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION, "error": error}))
+
+        if msg.get("t") != "hello":
+            self.counters.malformed_frames += 1
+            refuse("expected a hello frame first")
+            return None
+        schema = msg.get("schema")
+        if schema != _wire.SCHEMA_VERSION:
+            self.counters.refused_schema += 1
+            err = "this agent speaks event schema %d, the producer speaks %r: upgrade the older side" % (
+                _wire.SCHEMA_VERSION, schema)
+            self._rlog.warn("schema", "%s", err)
+            refuse(err)
+            return None
+        try:
+            return self.assembler.hello(msg.get("producer"))
+        except Malformed as exc:
+            self.counters.malformed_frames += 1
+            self._rlog.warn("hello", "malformed hello: %s", exc)
+            refuse("malformed hello: %s" % exc)
+            return None
+
+    def process_batch(
+        self,
+        producer: Producer,
+        events: Any,
+        acks: deque[list[int]] | None = None,
+        send_acks: Callable[[], None] | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        before_bad, before_dup, before_n = producer.malformed, producer.seq.duplicates, producer.events
+        items = self.assembler.events(producer, events)
+        self.counters.malformed_events += producer.malformed - before_bad
+        self.counters.duplicates += producer.seq.duplicates - before_dup
+        self.counters.events_in += producer.events - before_n
+        if producer.malformed > before_bad:
+            self._rlog.warn("event", "producer %s sent malformed events (counted, dropped)", producer.id)
+        self.counters.items_out += len(items)
+        last = 0
+        if isinstance(events, list):
+            for ev in events:
+                if isinstance(ev, list) and ev and isinstance(ev[0], int) and not isinstance(ev[0], bool):
+                    last = max(last, ev[0])
+        entry = [last, 0]
+        if acks is not None:
+            acks.append(entry)
+        self.pending_completions += 1
+
+        def done() -> None:
+            self.pending_completions -= 1
+            entry[1] = 1
+            if send_acks is not None:
+                send_acks()
+            if on_done is not None:
+                on_done()
+
+        self.router.publish(items, done)
+
+    # -- spool replay -----------------------------------------------------------------
+
+    def replay_spools(self, directory: str) -> int:
+        """Replay spool files whose producer has died (its lock is free); returns files done."""
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".spool"))
+        except OSError:
+            return 0
+        done = 0
+        for name in names:
+            if self._replay_one(os.path.join(directory, name)):
+                done += 1
+        return done
+
+    def _replay_one(self, path: str) -> bool:
+        if path in self._replaying:
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # its producer is alive and replays it itself
+            st = os.fstat(fd)
+            if not self.allowed(st.st_uid, st.st_gid):
+                self.counters.spool_files_refused += 1
+                self._rlog.warn("spool", "not replaying %s: owner uid %d is not allowed", path, st.st_uid)
+                return False
+            data = b""
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+            frames, _rest, bad = _wire.split_frames(data)
+            if bad:
+                self.counters.oversized_frames += 1
+            producer: Producer | None = None
+            self._replaying.add(path)
+            outstanding = [1]  # batches not yet complete, +1 until all are published
+
+            def one_done() -> None:
+                outstanding[0] -= 1
+                if outstanding[0] == 0:  # every exporter has it: now the file may go
+                    self._replaying.discard(path)
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+
+            for payload in frames:
+                msg = _wire.decode_payload(payload)
+                if msg is None:
+                    self.counters.malformed_frames += 1
+                    continue
+                if producer is None:
+                    producer = self._hello(msg, None)
+                    if producer is None:
+                        break
+                    continue
+                if msg.get("t") == "b":
+                    outstanding[0] += 1
+                    self.process_batch(producer, msg.get("e"), on_done=one_done)
+                else:
+                    self.counters.malformed_frames += 1
+            self.counters.spool_files_replayed += 1
+            one_done()
+            return True
+        finally:
+            os.close(fd)

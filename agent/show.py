@@ -1,0 +1,71 @@
+"""``infersight show FILE``: the waterfall again, from an OTLP JSON lines file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from infersight.agent.assemble import descendants
+from infersight.agent.model import AttrValue, ColdStart, Resource, SpanItem
+from infersight.exporters.waterfall import render_waterfall
+
+
+def _value(v: dict[str, Any]) -> AttrValue:
+    if "stringValue" in v:
+        return str(v["stringValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "arrayValue" in v:
+        return [str(_value(x)) for x in v["arrayValue"].get("values", [])]
+    return ""
+
+
+def _attrs(kvs: list[dict[str, Any]]) -> dict[str, AttrValue]:
+    return {kv["key"]: _value(kv.get("value", {})) for kv in kvs}
+
+
+def spans_from_lines(lines: list[str]) -> list[SpanItem]:
+    spans: list[SpanItem] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        for rs in req.get("resourceSpans", []):
+            res = Resource.of(_attrs(rs.get("resource", {}).get("attributes", [])))
+            for ss in rs.get("scopeSpans", []):
+                spans.extend(
+                    SpanItem(
+                        res, s["traceId"], s["spanId"], s.get("parentSpanId") or None, s["name"],
+                        int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), _attrs(s.get("attributes", [])),
+                    )
+                    for s in ss.get("spans", [])
+                )
+    return spans
+
+
+def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
+    staged = [s for s in spans if s.name.startswith("coldstart.")]
+    return [
+        ColdStart(r, sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns))
+        for r in sorted((s for s in spans if s.name == "coldstart"), key=lambda s: s.start_ns)
+    ]
+
+
+def show_file(path: str, out: TextIO) -> int:
+    try:
+        with open(path, encoding="utf-8") as f:
+            spans = spans_from_lines(f.readlines())
+    except (OSError, ValueError, KeyError) as exc:
+        out.write("infersight show: cannot read %s: %s\n" % (path, exc))
+        return 2
+    found = coldstarts(spans)
+    if not found:
+        out.write("infersight show: no coldstart span in %s\n" % path)
+        return 1
+    for cs in found:
+        out.write(render_waterfall(cs) + "\n\n")
+    return 0

@@ -1,0 +1,161 @@
+"""A bounded on-disk FIFO of item batches, for exporters whose peer is away.
+
+Segment files ``<n>.seg`` hold records: 8-byte header (payload length, item count)
+then JSON of the batch. The read position survives restarts in ``pos``. When the
+spool is full, the oldest segment is deleted and its items are counted as dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+
+from infersight.agent.itemcodec import from_dict, to_dict
+from infersight.agent.model import Item
+
+REC = struct.Struct("!II")
+SEGMENT_BYTES = 4 << 20
+
+
+class DiskSpool:
+    def __init__(self, directory: str, max_bytes: int = 256 << 20) -> None:
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.segment_bytes = max(4096, min(SEGMENT_BYTES, max_bytes // 4))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.segments: list[int] = sorted(
+            int(n[:-4]) for n in os.listdir(directory) if n.endswith(".seg") and n[:-4].isdigit()
+        )
+        self.read_pos = self._load_pos()
+        self.dropped_items = 0
+        self.spooled_items = 0
+        self.corrupt_records = 0
+        self._counts = {seg: self._scan(seg) for seg in self.segments}
+
+    def _seg_path(self, seg: int) -> str:
+        return os.path.join(self.dir, "%012d.seg" % seg)
+
+    def _load_pos(self) -> int:
+        try:
+            with open(os.path.join(self.dir, "pos")) as f:
+                return int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _save_pos(self) -> None:
+        tmp = os.path.join(self.dir, "pos.tmp")
+        with open(tmp, "w") as f:
+            f.write(str(self.read_pos))
+        os.replace(tmp, os.path.join(self.dir, "pos"))
+
+    def _scan(self, seg: int) -> int:
+        """Items left in a segment (from the read position for the first one)."""
+        n = 0
+        try:
+            with open(self._seg_path(seg), "rb") as f:
+                if self.segments and seg == self.segments[0]:
+                    f.seek(self.read_pos)
+                while True:
+                    hdr = f.read(REC.size)
+                    if len(hdr) < REC.size:
+                        break
+                    size, count = REC.unpack(hdr)
+                    f.seek(size, os.SEEK_CUR)
+                    n += count
+        except OSError:
+            pass
+        return n
+
+    @property
+    def items(self) -> int:
+        return sum(self._counts.values())
+
+    def size_bytes(self) -> int:
+        total = 0
+        for seg in self.segments:
+            try:
+                total += os.path.getsize(self._seg_path(seg))
+            except OSError:
+                pass
+        return total
+
+    def __bool__(self) -> bool:
+        return bool(self.segments) and self.items > 0
+
+    def append(self, batch: Sequence[Item]) -> None:
+        """Write a batch; raises OSError when the disk refuses (the caller counts it)."""
+        payload = json.dumps([to_dict(i) for i in batch], separators=(",", ":")).encode()
+        if not self.segments or os.path.getsize(self._seg_path(self.segments[-1])) > self.segment_bytes:
+            nxt = (self.segments[-1] + 1) if self.segments else 1
+            self.segments.append(nxt)
+            self._counts[nxt] = 0
+        seg = self.segments[-1]
+        with open(self._seg_path(seg), "ab") as f:
+            f.write(REC.pack(len(payload), len(batch)) + payload)
+        self._counts[seg] += len(batch)
+        self.spooled_items += len(batch)
+        while self.size_bytes() > self.max_bytes and len(self.segments) > 1:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        seg = self.segments.pop(0)
+        self.dropped_items += self._counts.pop(seg, 0)
+        try:
+            os.unlink(self._seg_path(seg))
+        except OSError:
+            pass
+        self.read_pos = 0
+        self._save_pos()
+
+    def peek(self) -> list[Item] | None:
+        """The oldest batch, or None when empty. Skips (and counts) corrupt records."""
+        while self.segments:
+            seg = self.segments[0]
+            try:
+                with open(self._seg_path(seg), "rb") as f:
+                    f.seek(self.read_pos)
+                    hdr = f.read(REC.size)
+                    if len(hdr) == REC.size:
+                        size, count = REC.unpack(hdr)
+                        payload = f.read(size)
+                        try:
+                            return [from_dict(d) for d in json.loads(payload)]
+                        except (ValueError, KeyError, TypeError):
+                            self.corrupt_records += 1
+                            self.dropped_items += count
+                            self._advance(REC.size + size, count)
+                            continue
+            except OSError:
+                pass
+            if len(self.segments) == 1:
+                return None  # fully read; the writer keeps appending here
+            self._retire_first()
+        return None
+
+    def _advance(self, nbytes: int, count: int) -> None:
+        self.read_pos += nbytes
+        seg = self.segments[0]
+        self._counts[seg] = max(0, self._counts.get(seg, 0) - count)
+        self._save_pos()
+
+    def _retire_first(self) -> None:
+        seg = self.segments.pop(0)
+        self._counts.pop(seg, None)
+        try:
+            os.unlink(self._seg_path(seg))
+        except OSError:
+            pass
+        self.read_pos = 0
+        self._save_pos()
+
+    def pop(self) -> None:
+        """Forget the batch ``peek`` returned (after it was exported)."""
+        seg = self.segments[0]
+        with open(self._seg_path(seg), "rb") as f:
+            f.seek(self.read_pos)
+            size, count = REC.unpack(f.read(REC.size))
+        self._advance(REC.size + size, count)
+        if self._counts.get(seg, 0) == 0 and self.read_pos >= os.path.getsize(self._seg_path(seg)):
+            self._retire_first()

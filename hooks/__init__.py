@@ -1,0 +1,127 @@
+"""infersight.hooks: in-process instrumentation for the served process.
+
+Imports only the standard library, works on Python 3.9+, never blocks and never
+raises into user code. Every function here is a cheap no-op while the hooks are not
+active (no ``infersight launch``, no ``INFERSIGHT=1`` bootstrap).
+
+    from infersight import hooks
+    with hooks.stage("tokenizer_load"):
+        ...
+    hooks.mark_ready()
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, Callable, Dict, Optional, TypeVar
+
+from . import _runtime
+from ._runtime import BUILTIN_STAGES, active
+
+__all__ = ["BUILTIN_STAGES", "active", "emit", "flush", "log", "metric", "stage"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def emit(kind: str, data: Dict[str, Any]) -> None:
+    """Queue one raw event (see ``_wire`` for kinds). Never blocks, never raises."""
+    _runtime.emit(kind, data)
+
+
+def log(body: str, severity: str = "INFO", name: str = "", **attributes: Any) -> None:
+    """Queue one log record, linked to the current span."""
+    if _runtime.client is None:
+        return
+    _runtime.emit(
+        "log",
+        {"body": body, "sev": severity, "name": name, "a": attributes, "sp": _runtime.current_span.get()},
+    )
+
+
+def metric(name: str, value: float, kind: str = "gauge", unit: str = "", **attributes: Any) -> None:
+    """Queue one metric point (gauge or monotonic sum)."""
+    if _runtime.client is None:
+        return
+    _runtime.emit("metric", {"n": name, "v": value, "k": kind, "u": unit, "a": attributes})
+
+
+def flush(timeout_s: float = 2.0) -> bool:
+    """Wait until what was emitted so far reached the agent (or the spool)."""
+    c = _runtime.client
+    if c is None:
+        return True
+    try:
+        return c.flush(timeout_s)
+    except Exception as exc:
+        _runtime.fail(exc)
+        return False
+
+
+class _Stage:
+    """A cold-start stage span: context manager and decorator. Thread- and task-safe."""
+
+    __slots__ = ("_attrs", "_name", "_span", "_start", "_token")
+
+    def __init__(self, name: str, attrs: Dict[str, Any]) -> None:
+        self._name = name
+        self._attrs = attrs
+        self._span: Optional[str] = None
+        self._start = 0
+        self._token: Any = None
+
+    def __enter__(self) -> _Stage:
+        if _runtime.client is None:
+            return self
+        try:
+            self._span = _runtime.new_span_id()
+            self._start = time.time_ns()
+            self._token = _runtime.current_span.set(self._span)
+        except Exception as exc:
+            _runtime.fail(exc)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._span is None:
+            return
+        try:
+            parent = None
+            if self._token is not None:
+                parent = self._token.old_value
+                _runtime.current_span.reset(self._token)
+            if not isinstance(parent, str):
+                parent = _runtime.root_span_id
+            attrs: Dict[str, Any] = {"infersight.stage": self._name}
+            if self._name not in BUILTIN_STAGES:
+                attrs["infersight.stage.custom"] = True
+            attrs.update(self._attrs)
+            data = {"n": "coldstart." + self._name, "id": self._span, "p": parent,
+                    "tr": _runtime.trace_id, "s": self._start, "a": attrs}
+            if exc_type is not None:
+                data["err"] = getattr(exc_type, "__name__", "error")
+            _runtime.emit("span", data)
+        except Exception as e:
+            _runtime.fail(e)
+        finally:
+            self._span = None
+            self._token = None
+
+    def __call__(self, fn: F) -> F:
+        name, attrs = self._name, self._attrs
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _Stage(name, attrs):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def stage(name: str, **attributes: Any) -> _Stage:
+    """``with stage("name"):`` or ``@stage("name")``: a ``coldstart.<name>`` span."""
+    return _Stage(name, attributes)
+
+
+def _bootstrap_dir() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")

@@ -1,0 +1,218 @@
+"""Process-wide hook state: the client, the trace, the cold-start root (stdlib only).
+
+Nothing here raises into user code: public entry points go through ``guard``, which
+disables the hooks and prints one line on the first internal error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import os
+import socket
+import sys
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from . import _paths, _proc
+from ._client import Client, _say
+
+BUILTIN_STAGES = (
+    "runtime_init",
+    "framework_import",
+    "cuda_init",
+    "weights_load",
+    "weights_to_device",
+    "graph_compile",
+    "warmup",
+    "ready_wait",
+    "first_request",
+)
+
+client: Optional[Client] = None
+trace_id = ""
+root_span_id = ""
+root_parent: Optional[str] = None
+root_start_ns = 0
+root_ended = False
+root_attrs: Dict[str, Any] = {}
+current_span: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
+    "infersight_span", default=None
+)
+_failed = False
+
+
+def new_span_id() -> str:
+    return os.urandom(8).hex()
+
+
+def active() -> bool:
+    return client is not None and client.enabled and not _failed
+
+
+def fail(exc: BaseException) -> None:
+    """Disable the hooks after an internal error; say so once."""
+    global _failed
+    if not _failed:
+        _failed = True
+        _say("hooks disabled after an internal error: %r" % (exc,))
+    if client is not None:
+        client.enabled = False
+
+
+def emit(kind: str, data: Dict[str, Any]) -> None:
+    c = client
+    if c is None or not c.enabled:
+        return
+    try:
+        c.emit(kind, data)
+    except Exception as exc:
+        fail(exc)
+
+
+def parse_traceparent(value: str) -> Optional[Tuple[str, str]]:
+    parts = value.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        int(parts[1], 16)
+        int(parts[2], 16)
+    except ValueError:
+        return None
+    if parts[1] == "0" * 32 or parts[2] == "0" * 16:
+        return None
+    return parts[1], parts[2]
+
+
+def traceparent(span_id: Optional[str] = None) -> str:
+    return "00-%s-%s-01" % (trace_id, span_id or current_span.get() or root_span_id)
+
+
+def _producer_info(launched: bool) -> Dict[str, Any]:
+    env = os.environ
+    return {
+        "id": _proc.producer_id(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "uid": os.getuid(),
+        "start_ns": root_start_ns,
+        "exe": os.path.basename(sys.executable or "python"),
+        "argv0": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "host": socket.gethostname(),
+        "service_name": env.get("OTEL_SERVICE_NAME", ""),
+        "resource_attributes": env.get("OTEL_RESOURCE_ATTRIBUTES", ""),
+        "trace_id": trace_id,
+        "root_span_id": root_span_id,
+        "launched": launched,
+    }
+
+
+def activate() -> bool:
+    """Start the hooks in this process. Returns False (and stays inert) on any trouble."""
+    global client, trace_id, root_span_id, root_parent, root_start_ns
+    if client is not None:
+        return True
+    try:
+        env = os.environ
+        launched = False
+        spawn = env.pop("INFERSIGHT_LAUNCH_SPAWN_NS", None)
+        if spawn and spawn.isdigit():
+            root_start_ns = int(spawn)  # launched: the launcher's spawn time
+            launched = True
+        else:
+            root_start_ns = _proc.process_start_ns() or time.time_ns()
+        parent = parse_traceparent(env.get("TRACEPARENT", ""))
+        if parent:
+            trace_id, root_parent = parent
+        else:
+            trace_id, root_parent = os.urandom(16).hex(), None
+        root_span_id = new_span_id()
+        # Subprocesses join this trace under our root (stages refine it while open).
+        env["TRACEPARENT"] = traceparent(root_span_id)
+        spool_max = int(env.get("INFERSIGHT_SPOOL_MAX_BYTES", str(64 << 20)))
+        client = Client(
+            _paths.socket_path(),
+            _paths.spool_dir(),
+            _producer_info(launched),
+            spool_max_bytes=spool_max,
+        )
+        atexit.register(_at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_child)
+        return True
+    except Exception as exc:
+        fail(exc)
+        return False
+
+
+def end_root(end_ns: Optional[int] = None, attrs: Optional[Dict[str, Any]] = None) -> None:
+    """Close the cold-start root span once (at readiness/first request, or at exit)."""
+    global root_ended
+    if root_ended or client is None:
+        return
+    root_ended = True
+    a: Dict[str, Any] = {"faas.coldstart": True}
+    a.update(root_attrs)
+    if attrs:
+        a.update(attrs)
+    data = {"n": "coldstart", "id": root_span_id, "tr": trace_id, "s": root_start_ns, "a": a}
+    if root_parent:
+        data["p"] = root_parent
+    if end_ns is not None:
+        data["e"] = end_ns
+    emit("span", data)
+
+
+def _exit_flush_s() -> float:
+    try:
+        return float(os.environ.get("INFERSIGHT_EXIT_FLUSH_S", "3"))
+    except ValueError:
+        return 3.0
+
+
+def _at_exit() -> None:
+    try:
+        end_root(attrs={"infersight.coldstart.ended_by": "exit"})
+        if client is not None:
+            client.close(_exit_flush_s())
+    except Exception as exc:
+        fail(exc)
+
+
+def _after_fork_child() -> None:
+    """A forked child is a new producer: fresh buffer, thread and root under our span."""
+    global client, root_span_id, root_parent, root_start_ns, root_ended, root_attrs
+    try:
+        old = client
+        if old is None:
+            return
+        parent_span = current_span.get() or root_span_id
+        client = None
+        # Drop inherited descriptors without touching the parent's connection or lock.
+        if old._sock is not None:
+            try:
+                old._sock.close()  # closes only the child's copy of the descriptor
+            except OSError:
+                pass
+        if old._spool_fd is not None:
+            try:
+                os.close(old._spool_fd)
+            except OSError:
+                pass
+        old.enabled = False
+        root_parent = parent_span
+        root_span_id = new_span_id()
+        root_start_ns = time.time_ns()
+        root_ended = False
+        root_attrs = {"infersight.process.forked": True}
+        current_span.set(None)
+        os.environ["TRACEPARENT"] = traceparent(root_span_id)
+        client = Client(
+            old.socket_path,
+            old.spool_dir,
+            _producer_info(False),
+            spool_max_bytes=old.spool_max_bytes,
+        )
+    except Exception as exc:
+        fail(exc)

@@ -1,0 +1,1 @@
+"""Directory that ``launch`` puts on PYTHONPATH (holds ``sitecustomize``)."""

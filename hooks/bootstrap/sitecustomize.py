@@ -1,0 +1,76 @@
+"""infersight bootstrap: activates the hooks in every Python process ``launch`` starts.
+
+``launch`` (or the ``.pth`` file with ``INFERSIGHT=1``) puts this directory on
+PYTHONPATH. It loads ``infersight.hooks`` even where infersight is not installed in
+this interpreter, activates it, then chains to any other ``sitecustomize`` on the path.
+Stdlib only; any failure prints one line and leaves the process untouched.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_hooks() -> object:
+    try:
+        from infersight import hooks  # installed in this interpreter
+
+        if os.path.dirname(os.path.abspath(hooks.__file__)) == os.path.dirname(_HERE):
+            return hooks
+        # An installed infersight of another version: use the one launch ships with.
+    except ImportError:
+        pass
+    import types
+
+    pkg = sys.modules.get("infersight")
+    if pkg is None:
+        pkg = types.ModuleType("infersight")
+        pkg.__path__ = []  # type: ignore[attr-defined]
+        sys.modules["infersight"] = pkg
+    hooks_dir = os.path.dirname(_HERE)
+    spec = importlib.util.spec_from_file_location(
+        "infersight.hooks", os.path.join(hooks_dir, "__init__.py"),
+        submodule_search_locations=[hooks_dir],
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError("cannot load infersight.hooks from %s" % hooks_dir)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["infersight.hooks"] = module
+    spec.loader.exec_module(module)
+    pkg.hooks = module  # type: ignore[attr-defined]
+    return module
+
+
+def _activate() -> None:
+    try:
+        _load_hooks()
+        from infersight.hooks import _activate as act
+
+        act.activate_process()
+    except Exception as exc:
+        try:
+            sys.stderr.write("infersight: bootstrap failed, running without hooks: %r\n" % (exc,))
+        except Exception:
+            pass
+
+
+def _chain() -> None:
+    """Run the next sitecustomize on sys.path, the one ours shadows."""
+    path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    try:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_infersight_chained_sitecustomize"] = module
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.stderr.write("infersight: chained sitecustomize failed: %r\n" % (exc,))
+
+
+if os.environ.get("INFERSIGHT", "1") != "0":
+    _activate()
+_chain()
