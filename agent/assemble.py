@@ -215,11 +215,11 @@ class Assembler:
                     raise Malformed("seq starts at 1")
                 if not p.seq.observe(seq):
                     continue  # duplicate after a resend
-                p.events += 1
                 _i(t_ns, "t_ns")
                 if not isinstance(data, dict):
                     raise Malformed("data must be an object")
                 self._event(p, Origin(p.id, seq), t_ns, kind, data, items)
+                p.events += 1
             except Malformed:
                 p.malformed += 1
                 self.malformed += 1

@@ -24,7 +24,8 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import _wire
 
-MAX_BUFFER_EVENTS = 65536
+# ~516 B per buffered log event with attributes: 131072 events bound the buffer near 64 MiB.
+MAX_BUFFER_EVENTS = 131072
 MAX_BATCH_EVENTS = 512
 MAX_OUTBOX_BYTES = 16 << 20
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from . import _paths, _proc
+from . import _client, _paths, _proc
 from ._client import Client, _say
 
 BUILTIN_STAGES = (
@@ -131,10 +131,12 @@ def activate() -> bool:
         # Subprocesses join this trace under our root (stages refine it while open).
         env["TRACEPARENT"] = traceparent(root_span_id)
         spool_max = int(env.get("INFERSIGHT_SPOOL_MAX_BYTES", str(64 << 20)))
+        max_buffer = int(env.get("INFERSIGHT_BUFFER_EVENTS", "0")) or _client.MAX_BUFFER_EVENTS
         client = Client(
             _paths.socket_path(),
             _paths.spool_dir(),
             _producer_info(launched),
+            max_buffer=max_buffer,
             spool_max_bytes=spool_max,
         )
         atexit.register(_at_exit)
@@ -212,6 +214,7 @@ def _after_fork_child() -> None:
             old.socket_path,
             old.spool_dir,
             _producer_info(False),
+            max_buffer=old.max_buffer,
             spool_max_bytes=old.spool_max_bytes,
         )
     except Exception as exc:

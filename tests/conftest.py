@@ -1,0 +1,152 @@
+"""Shared fixtures: a real agent process, hook environments, free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BOOTSTRAP = REPO / "hooks" / "bootstrap"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(pred, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:
+    """Environment of a hooked Python process talking to ``sock``."""
+    env = dict(os.environ)
+    env.update(
+        INFERSIGHT_SOCKET=str(sock),
+        INFERSIGHT_SPOOL_DIR=str(spool),
+        PYTHONPATH=str(BOOTSTRAP),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("TRACEPARENT", None)
+    env.update(extra)
+    return env
+
+
+def read_otlp_lines(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    out = []
+    for p in sorted(path.parent.glob(path.name + "*")):
+        with open(p) as f:
+            out += [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def log_records(lines: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    return [
+        rec
+        for req in lines
+        for rl in req.get("resourceLogs", [])
+        for sl in rl["scopeLogs"]
+        for rec in sl["logRecords"]
+    ]
+
+
+def spans(lines: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    return [
+        s
+        for req in lines
+        for rs in req.get("resourceSpans", [])
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+
+
+def attr(obj: dict, key: str):  # type: ignore[no-untyped-def,type-arg]
+    for kv in obj.get("attributes", []):
+        if kv["key"] == key:
+            v = kv["value"]
+            return next(iter(v.values()))
+    return None
+
+
+class AgentProcess:
+    """``infersight agent`` as a real subprocess with its own config in a tmp dir."""
+
+    def __init__(self, root: Path, extra_toml: str = "") -> None:
+        self.root = root
+        self.sock = root / "agent.sock"
+        self.spool = root / "spool"
+        self.out = root / "out.otlp.jsonl"
+        self.config = root / "infersight.toml"
+        self.log = root / "agent.log"
+        self.config.write_text(
+            "[agent]\n"
+            f'socket = "{self.sock}"\n'
+            f'spool_dir = "{self.spool}"\n'
+            "health_interval_s = 0.5\n"
+            "shutdown_timeout_s = 10\n"
+            "[exporters.file]\n"
+            f'path = "{self.out}"\n' + extra_toml
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> AgentProcess:
+        env = dict(os.environ)
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infersight", "agent", "--config", str(self.config)],
+            stdout=open(self.log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        if wait:
+            assert wait_for(self.sock.exists, 15), self.log.read_text()
+        return self
+
+    def status(self) -> dict:  # type: ignore[type-arg]
+        from infersight.agent.cli import query_status
+
+        return query_status(str(self.sock))
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture
+def agent_factory(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    made: list[AgentProcess] = []
+
+    def make(extra_toml: str = "", root: Path | None = None) -> AgentProcess:
+        r = root or tmp_path / ("agent%d" % len(made))
+        r.mkdir(parents=True, exist_ok=True)
+        a = AgentProcess(r, extra_toml)
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        if a.proc is not None and a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait(5)

@@ -1,0 +1,93 @@
+"""Round trips: wire frames, item codec (exporter spool), OTLP JSON encoding."""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from infersight.agent.itemcodec import from_dict, to_dict
+from infersight.agent.model import (
+    ColdStart,
+    HistogramPoint,
+    LogItem,
+    MetricItem,
+    NumberPoint,
+    Origin,
+    Resource,
+    SpanEvent,
+    SpanItem,
+)
+from infersight.exporters.otlp_json import encode_lines
+from infersight.hooks import _wire
+
+RES = Resource.of({"service.name": "svc", "process.pid": 42, "host.name": "h"})
+
+
+def sample_items() -> list:  # type: ignore[type-arg]
+    root = SpanItem(RES, "a" * 32, "b" * 16, None, "coldstart", 10, 50, {"faas.coldstart": True},
+                    origin=Origin("p", 3))
+    child = SpanItem(RES, "a" * 32, "c" * 16, "b" * 16, "coldstart.warmup", 20, 30,
+                     {"infersight.stage": "warmup", "n": [1, 2]}, [SpanEvent("ev", 25, {"x": 1.5})], error="boom")
+    return [
+        root,
+        child,
+        ColdStart(root, [child]),
+        LogItem(RES, 7, 17, "ERROR", "oom", {"infersight.oom.class": "capacity"}, "a" * 32, "c" * 16, "oom",
+                Origin("p", 4)),
+        MetricItem(RES, "infersight.events.lost", "sum", "{event}", "d", 9, 1, [NumberPoint(3, {"k": "v"})]),
+        MetricItem(RES, "g", "gauge", "1", "", 9, 1, [NumberPoint(0.5)]),
+        MetricItem(RES, "infersight.request.duration", "histogram", "s", "", 9, 1,
+                   [HistogramPoint([0.1, 1.0], [1, 2, 0], 3, 1.3, 0.05, 0.9, {"hw.id": "GPU-x"})]),
+    ]
+
+
+def test_frame_roundtrip_and_split() -> None:
+    events = [[1, 100, "log", {"body": "x"}], [2, 101, "metric", {"n": "m", "v": 1}]]
+    buf = _wire.encode_batch(events) + _wire.encode_frame({"t": "ack", "seq": 2})  # type: ignore[arg-type]
+    frames, rest, bad = _wire.split_frames(buf + b"\x00\x00")
+    assert not bad and rest == b"\x00\x00"
+    assert _wire.decode_payload(frames[0]) == {"t": "b", "e": events}
+    assert _wire.decode_payload(frames[1]) == {"t": "ack", "seq": 2}
+
+
+def test_oversized_header_is_flagged() -> None:
+    frames, _rest, bad = _wire.split_frames(_wire.HEADER.pack(_wire.MAX_FRAME_BYTES + 1) + b"x")
+    assert bad and not frames
+
+
+def test_decode_payload_rejects_non_objects() -> None:
+    assert _wire.decode_payload(b"[1,2]") is None
+    assert _wire.decode_payload(b"\xff\xfe") is None
+    assert _wire.decode_payload(b"{") is None
+
+
+def test_item_codec_roundtrip() -> None:
+    for item in sample_items():
+        back = from_dict(json.loads(json.dumps(to_dict(item))))
+        assert back == item
+
+
+def test_otlp_json_lines_parse_into_export_requests() -> None:
+    lines = encode_lines(sample_items())
+    assert len(lines) == 3  # traces, metrics, logs (ColdStart is a summary, not re-exported)
+    kinds = {next(iter(json.loads(line))) for line in lines}
+    assert kinds == {"resourceSpans", "resourceMetrics", "resourceLogs"}
+    for line in lines:
+        obj = json.loads(line)
+        msg = {
+            "resourceSpans": ExportTraceServiceRequest,
+            "resourceMetrics": ExportMetricsServiceRequest,
+            "resourceLogs": ExportLogsServiceRequest,
+        }[next(iter(obj))]()
+        json_format.Parse(line, msg)
+    traces = json.loads(lines[0])
+    spans = traces["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [s["name"] for s in spans] == ["coldstart", "coldstart.warmup"]
+    assert spans[1]["parentSpanId"] == "b" * 16 and spans[1]["status"]["code"] == 2
+    assert spans[0]["startTimeUnixNano"] == "10"
+    hist = json.loads(lines[1])["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][2]["histogram"]
+    assert hist["dataPoints"][0]["bucketCounts"] == ["1", "2", "0"]

@@ -1,0 +1,71 @@
+"""Configuration precedence (flag > env > file > default) and file:line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infersight.agent import config as cfg
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    p = write(tmp_path, '[agent]\nsocket = "/file.sock"\nshutdown_timeout_s = 3\n[exporters.file]\nbackups = 7\n')
+    env = {"INFERSIGHT_SOCKET": "/env.sock", "INFERSIGHT_SHUTDOWN_TIMEOUT_S": "4"}
+    c = cfg.load(str(p), env=env, flags={"agent.socket": "/flag.sock"})
+    assert c["agent.socket"] == "/flag.sock" and c.sources["agent.socket"] == "flag"
+    assert c["agent.shutdown_timeout_s"] == 4.0 and c.sources["agent.shutdown_timeout_s"].startswith("env")
+    assert c["exporters.file.backups"] == 7 and c.sources["exporters.file.backups"] == "%s:5" % p
+    assert c["exporters.file.max_bytes"] == 256 << 20 and c.sources["exporters.file.max_bytes"] == "default"
+
+
+def test_bad_value_names_key_and_file_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent]\n# comment\nhealth_interval_s = -1\n")
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(str(p), env={})
+    assert "%s:3" % p in str(e.value) and "agent.health_interval_s" in str(e.value)
+
+
+def test_socket_mode_must_not_open_to_others(tmp_path: Path) -> None:
+    p = write(tmp_path, '[agent]\nsocket_mode = "0666"\n')
+    with pytest.raises(cfg.ConfigError, match="0660 or stricter"):
+        cfg.load(str(p), env={})
+
+
+def test_unknown_key_is_an_error_with_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent]\n\nsokcet = 1\n")
+    with pytest.raises(cfg.ConfigError, match=r"c\.toml:3: unknown key 'agent\.sokcet'"):
+        cfg.load(str(p), env={})
+
+
+def test_bad_env_value_names_the_variable() -> None:
+    with pytest.raises(cfg.ConfigError, match="INFERSIGHT_SHUTDOWN_TIMEOUT_S"):
+        cfg.load(None, env={"INFERSIGHT_SHUTDOWN_TIMEOUT_S": "soon"})
+
+
+def test_toml_syntax_error(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent\n")
+    with pytest.raises(cfg.ConfigError, match=str(p)):
+        cfg.load(str(p), env={})
+
+
+def test_agent_exits_2_on_bad_config(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent]\nframe_timeout_s = \"x\"\n")
+    r = subprocess.run([sys.executable, "-m", "infersight", "agent", "--config", str(p)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "%s:2" % p in r.stderr and "agent.frame_timeout_s" in r.stderr
+
+
+def test_key_table_lists_every_key() -> None:
+    table = cfg.key_table()
+    for k in cfg.KEYS:
+        assert "`%s`" % k.name in table

@@ -1,0 +1,176 @@
+"""``infersight launch``: the CLI contract of DESIGN, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BOOTSTRAP, attr, read_otlp_lines, spans
+from google.protobuf import json_format
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+CLI = [sys.executable, "-m", "infersight"]
+
+
+def launch(tmp_path: Path, *cmd: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+           ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "out.otlp.jsonl"
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith("OTEL_EXPORTER_OTLP"):
+            del e[k]
+    e.update(env or {})
+    r = subprocess.run([*CLI, "launch", "--otlp-file", str(out), *args, "--", *cmd],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path, env=e)
+    return r, out
+
+
+def test_pass_writes_valid_file_and_exits_0(tmp_path: Path) -> None:
+    r, out = launch(tmp_path, sys.executable, "-c", "pass")
+    assert r.returncode == 0, r.stderr
+    lines = read_otlp_lines(out)
+    roots = [s for s in spans(lines) if s["name"] == "coldstart"]
+    assert len(roots) == 1
+    assert attr(roots[0], "faas.coldstart") is True
+    assert attr(roots[0], "infersight.coldstart.unattributed_s") is not None
+    assert "infersight cold start" in r.stderr and str(out) in r.stderr
+
+
+def test_file_lines_parse_as_export_requests(tmp_path: Path) -> None:
+    r, out = launch(tmp_path, sys.executable, "-c", "from infersight import hooks; hooks.log('hi')")
+    assert r.returncode == 0, r.stderr
+    seen = set()
+    for line in out.read_text().splitlines():
+        key = next(iter(json.loads(line)))
+        msg = {"resourceSpans": ExportTraceServiceRequest, "resourceMetrics": ExportMetricsServiceRequest,
+               "resourceLogs": ExportLogsServiceRequest}[key]()
+        # OTLP/JSON ids are hex; the Collector converts them before protobuf parsing: do the same.
+        json_format.Parse(line, msg, ignore_unknown_fields=False)
+        seen.add(key)
+    assert seen == {"resourceSpans", "resourceMetrics", "resourceLogs"}
+
+
+def test_child_exit_status_is_propagated(tmp_path: Path) -> None:
+    r, _ = launch(tmp_path, sys.executable, "-c", "import sys; sys.exit(3)")
+    assert r.returncode == 3
+
+
+def test_killed_child_gives_128_plus_signal(tmp_path: Path) -> None:
+    r, _ = launch(tmp_path, sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert r.returncode == 128 + 9
+
+
+def test_missing_command_gives_127(tmp_path: Path) -> None:
+    r, _ = launch(tmp_path, "infersight-no-such-command")
+    assert r.returncode == 127 and "not found" in r.stderr
+
+
+def test_usage_errors_give_2(tmp_path: Path) -> None:
+    assert subprocess.run([*CLI, "launch"], capture_output=True, timeout=30).returncode == 2
+    assert subprocess.run([*CLI, "launch", "--nope", "--", "true"], capture_output=True, timeout=30).returncode == 2
+
+
+def test_default_output_name_in_cwd(tmp_path: Path) -> None:
+    r = subprocess.run([*CLI, "launch", "--no-console", "--", "true"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 0
+    files = list(tmp_path.glob("infersight-*.otlp.jsonl"))
+    assert len(files) == 1 and files[0].name in r.stderr
+    assert len(files[0].name) == len("infersight-20260101-000000.otlp.jsonl")
+
+
+def test_non_python_command_gets_launcher_root(tmp_path: Path) -> None:
+    r, out = launch(tmp_path, "sleep", "0.3")
+    assert r.returncode == 0
+    roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
+    assert len(roots) == 1 and attr(roots[0], "infersight.coldstart.source") == "launcher"
+    dur = (int(roots[0]["endTimeUnixNano"]) - int(roots[0]["startTimeUnixNano"])) / 1e9
+    assert 0.3 <= dur < 5
+
+
+def test_root_starts_at_spawn_time(tmp_path: Path) -> None:
+    """The launched child's root starts at the launcher's spawn, before the child's own exec."""
+    code = ("import os, json; from infersight.hooks import _proc, _runtime; "
+            "print(json.dumps([_runtime.root_start_ns, _proc.process_start_ns()]))")
+    r, out = launch(tmp_path, sys.executable, "-c", code, args=("--no-console",))
+    assert r.returncode == 0, r.stderr
+    root_start, proc_start = json.loads(r.stdout)
+    roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
+    assert int(roots[0]["startTimeUnixNano"]) == root_start
+    # /proc start has clock-tick (10 ms) resolution: spawn precedes it within a tick.
+    assert root_start <= proc_start + 20_000_000
+
+
+def test_private_socket_even_with_daemon_env(tmp_path: Path) -> None:
+    r, out = launch(tmp_path, sys.executable, "-c", "import os; print(os.environ['INFERSIGHT_SOCKET'])",
+                    env={"INFERSIGHT_SOCKET": str(tmp_path / "daemon.sock")}, args=("--no-console",))
+    assert r.returncode == 0
+    assert r.stdout.strip() != str(tmp_path / "daemon.sock")
+    assert "infersight-launch-" in r.stdout
+
+
+def test_no_implicit_otlp_endpoint() -> None:
+    from infersight.agent import config as cfg
+    from infersight.agent.sinks import otlp_requested
+
+    conf = cfg.load(None, env={})
+    assert not otlp_requested(conf, {})
+    assert otlp_requested(conf, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:1/v1/traces"})
+    assert not otlp_requested(conf, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"})
+
+
+def test_sigterm_is_forwarded_and_flushed(tmp_path: Path) -> None:
+    out = tmp_path / "o.jsonl"
+    code = ("import signal, sys, time\n"
+            "from infersight import hooks\n"
+            "def bye(*a):\n    hooks.log('got sigterm'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(30)\n")
+    p = subprocess.Popen([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", sys.executable, "-c", code],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "ready"
+    p.terminate()
+    assert p.wait(30) == 0
+    bodies = [rec["body"]["stringValue"] for req in read_otlp_lines(out) for rl in req.get("resourceLogs", [])
+              for sl in rl["scopeLogs"] for rec in sl["logRecords"]]
+    assert "got sigterm" in bodies
+
+
+def test_existing_sitecustomize_is_chained(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    r, out = launch(tmp_path, sys.executable, "-c", "import os; print(os.environ.get('CHAINED'))",
+                    env={"PYTHONPATH": str(other)}, args=("--no-console",))
+    assert r.returncode == 0 and r.stdout.strip() == "yes"
+    assert [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
+
+
+PYTHONS = [Path.home() / ".pyenv" / "versions" / v / "bin" / "python"
+           for v in ("3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0")]
+
+
+@pytest.mark.parametrize("python", PYTHONS, ids=lambda p: p.parent.parent.name)
+def test_hooks_import_without_infersight_installed(python: Path, tmp_path: Path) -> None:
+    """Python 3.9-3.13, no infersight installed there: the bootstrap still loads the hooks."""
+    if not python.exists():
+        pytest.skip("%s is not on this machine" % python)
+    r, out = launch(tmp_path, str(python), "-I" if False else "-c",
+                    "import infersight.hooks as h, sys; print(h.active(), sys.version_info[:2])",
+                    args=("--no-console",))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("True"), r.stdout + r.stderr
+    roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
+    assert len(roots) == 1
+
+
+def test_bootstrap_is_on_pythonpath_only_for_children(tmp_path: Path) -> None:
+    r, _ = launch(tmp_path, sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])",
+                  args=("--no-console",))
+    assert r.stdout.strip().split(os.pathsep)[0] == str(BOOTSTRAP)
