@@ -46,11 +46,26 @@ class RateLimitedLog:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
 
 
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux; Python has no constant for it
+MAX_GROUPS = 256
+
+
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the peer via SO_PEERCRED."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
     pid, uid, gid = UCRED.unpack(raw)
     return pid, uid, gid
+
+
+def peer_groups(sock: socket.socket) -> set[int]:
+    """The peer's supplementary groups (SO_PEERGROUPS): producers reach the socket through
+    membership of the agent's group, which SO_PEERCRED's primary gid does not show."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * MAX_GROUPS)
+    except OSError:
+        return set()
+    n = len(raw) // 4
+    return set(struct.unpack("%dI" % n, raw[: 4 * n]))
 
 
 class Ingest:
@@ -156,7 +171,7 @@ class Ingest:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         pid, uid, gid = peer_credentials(sock)
-        if not self.allowed(uid, gid):
+        if not self.allowed(uid, gid) and not (peer_groups(sock) & self.allowed_gids):
             self.counters.refused_peers += 1
             self._rlog.warn("uid", "refused peer pid %d uid %d gid %d (not in the allow list)", pid, uid, gid)
             writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION,

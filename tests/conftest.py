@@ -98,6 +98,7 @@ class AgentProcess:
             f'socket = "{self.sock}"\n'
             f'spool_dir = "{self.spool}"\n'
             "health_interval_s = 0.5\n"
+            "frame_timeout_s = 2\n"
             "shutdown_timeout_s = 10\n"
             "[exporters.file]\n"
             f'path = "{self.out}"\n' + extra_toml

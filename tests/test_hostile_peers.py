@@ -1,0 +1,95 @@
+"""Hostile peers on the agent's socket: the agent stays up and counts each case."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+from infersight.hooks import _wire
+
+
+def connect(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(path))
+    return s
+
+
+def test_socket_mode_is_0660_or_stricter(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    agent = agent_factory().start()
+    mode = stat.S_IMODE(os.stat(agent.sock).st_mode)
+    assert mode & 0o007 == 0 and mode <= 0o660
+
+
+def test_oversized_garbage_and_slow_peers_are_counted(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    agent = agent_factory().start()
+    # Oversized frame header.
+    with connect(agent.sock) as s:
+        s.sendall(_wire.HEADER.pack(_wire.MAX_FRAME_BYTES + 1) + b"x" * 16)
+        assert s.recv(100) == b""  # the agent hangs up
+    # Garbage that is not JSON.
+    with connect(agent.sock) as s:
+        s.sendall(_wire.HEADER.pack(5) + b"\xff\x00abc")
+        assert s.recv(100) == b""
+    # Hello, then malformed events inside a valid batch.
+    with connect(agent.sock) as s:
+        s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
+            "id": "hostile", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+        s.sendall(_wire.encode_frame({"t": "b", "e": [[1, 5, "span", {"n": 3}], "junk", [2, 6, "nope", {}]]}))
+        s.sendall(_wire.encode_frame({"t": "b", "e": [[3, 7, "log", {"body": "fine"}]]}))
+        time.sleep(0.3)
+    # Slow loris: a header, then nothing.
+    with connect(agent.sock) as s:
+        s.sendall(_wire.HEADER.pack(100))
+        assert wait_for(lambda: agent.status()["counters"]["slow_peers"] >= 1, 20)
+    c = agent.status()["counters"]
+    assert c["oversized_frames"] >= 1
+    assert c["malformed_frames"] >= 1
+    assert c["malformed_events"] == 3
+    assert c["events_in"] == 1
+    assert agent.status()["healthy"] is True
+    assert agent.proc.poll() is None  # type: ignore[union-attr]
+
+
+def test_wrong_schema_gets_a_clear_refusal(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    agent = agent_factory().start()
+    with connect(agent.sock) as s:
+        s.sendall(_wire.encode_frame({"t": "hello", "schema": 2, "producer": {}}))
+        data = s.recv(4096)
+    frames, _r, _b = _wire.split_frames(data)
+    msg = _wire.decode_payload(frames[0])
+    assert msg is not None and msg["t"] == "refuse" and "schema 1" in msg["error"]
+    assert agent.status()["counters"]["refused_schema"] == 1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a peer as another user")
+def test_disallowed_uid_is_refused(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    nobody = pwd.getpwnam("nobody")
+    root = Path(tempfile.mkdtemp(prefix="infersight-uid-"))  # pytest's tmp is private to root
+    os.chmod(root, 0o755)
+    agent = agent_factory(root=root).start()
+    os.chmod(agent.sock, 0o666)  # let the other user reach the socket: the uid check must still refuse
+    code = (
+        "import socket, struct, json\n"
+        "s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(%r)\n"
+        "b = json.dumps({'t': 'status'}).encode(); s.sendall(struct.pack('!I', len(b)) + b)\n"
+        "print(s.recv(4096)[4:].decode())\n" % str(agent.sock)
+    )
+    # The venv's interpreter lives under /root: run the other user's client with a system Python.
+    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
+    if python is None:
+        pytest.skip("no system python3 for the unprivileged peer")
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=20,
+                       user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/")
+    assert '"refuse"' in r.stdout and "not allowed" in r.stdout, r.stderr
+    assert agent.status()["counters"]["refused_peers"] == 1
