@@ -1,0 +1,82 @@
+"""Build the FAKE libnvidia-ml.so.1 (fake_nvml.c) and run code against it in a subprocess.
+
+nvidia-ml-py loads the library with ``CDLL("libnvidia-ml.so.1")`` at ``nvmlInit`` and keeps it
+for the life of the process, so every scenario runs in a fresh interpreter whose
+``LD_LIBRARY_PATH`` starts with the fake's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FAKE_SRC = HERE / "fake_nvml.c"
+DRIVER = HERE / "driver.py"
+INIT_PIDNS = "pid:[4026531836]"
+
+
+def build_fake_nvml(dest: Path) -> Path:
+    """Compile the fake into ``dest/libnvidia-ml.so.1``; returns ``dest``."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError("no C compiler (gcc) to build the fake NVML library")
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / "libnvidia-ml.so.1"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(FAKE_SRC)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return dest
+
+
+def make_proc_root(root: Path, procs: dict[int, str], host_pidns: bool = True) -> Path:
+    """A fake /proc: ``self/ns/pid`` (init namespace or not) and ``<pid>/comm`` per process."""
+    (root / "self" / "ns").mkdir(parents=True, exist_ok=True)
+    link = root / "self" / "ns" / "pid"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(INIT_PIDNS if host_pidns else "pid:[4026532999]")
+    for pid, comm in procs.items():
+        (root / str(pid)).mkdir(parents=True, exist_ok=True)
+        (root / str(pid) / "comm").write_text(comm + "\n")
+    return root
+
+
+def fake_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if libdir is None:
+        env.pop("LD_LIBRARY_PATH", None)
+    else:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(libdir)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        )
+    if config is not None:
+        env["FAKE_NVML_CONFIG"] = str(config)
+    return env
+
+
+def run_driver(libdir: Path | None, config_text: str, tmp: Path, *args: str) -> dict[str, Any]:
+    """Run driver.py against the fake with ``config_text``; returns its JSON report."""
+    cfg = tmp / "fake_nvml.cfg"
+    cfg.write_text(config_text)
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), *args],
+        env=fake_env(libdir, cfg),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"driver failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["stderr"] = proc.stderr
+    return report
