@@ -1,0 +1,640 @@
+"""OTLP export through the OpenTelemetry SDK exporters: HTTP/protobuf by default, gRPC optional.
+
+Our items become SDK objects (``ReadableSpan``, ``ReadableLogRecord``, ``MetricsData``) and go
+straight to each signal's SDK exporter ``export()``, in a thread. No ``BatchSpanProcessor``
+(it drops silently in bursts): batching, retries with backoff and the disk spool belong to
+the agent's :class:`~infersight.agent.pipeline.ExporterWorker`. A failed export raises
+:class:`~infersight.exporters.base.ExportError` (retryable).
+
+Configuration follows the standard ``OTEL_*`` variables:
+
+- endpoint: ``OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`` (used as is) wins over our ``endpoint``
+  argument, which wins over ``OTEL_EXPORTER_OTLP_ENDPOINT``. For HTTP the base endpoint gets
+  ``/v1/traces``, ``/v1/metrics`` or ``/v1/logs`` appended. **No implicit localhost:** a signal
+  with no endpoint anywhere is not exported (counted as ``unrouted_items``), and an exporter
+  with no endpoint for any signal refuses to be built.
+- protocol: ``OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL`` > ``protocol`` argument >
+  ``OTEL_EXPORTER_OTLP_PROTOCOL`` > ``http/protobuf``. ``grpc`` needs the ``grpc`` extra.
+- timeout: ``timeout_s`` > ``OTEL_EXPORTER_OTLP_<SIGNAL>_TIMEOUT`` > ``OTEL_EXPORTER_OTLP_TIMEOUT``
+  > 10 s, read in **seconds** as the Python SDK does, capped at :data:`MAX_TIMEOUT_S`. It bounds
+  one whole ``export()`` call: the SDK exporters (1.45) retry transient failures internally
+  with backoff, but never past this deadline, and signals of one batch go out concurrently.
+- headers, compression, certificate, client key/certificate, insecure (gRPC): read by the SDK
+  exporters themselves from ``os.environ`` (signal-specific first). Our ``headers`` argument
+  (``k=v,k2=v2``) is merged over the environment's. When a custom ``env`` mapping is given
+  instead of ``os.environ``, those settings are resolved from it and passed explicitly.
+- ``OTEL_SDK_DISABLED=true``: :func:`create_otlp_exporter` returns ``None`` (and
+  :class:`OtlpExporter` itself raises :class:`OtlpConfigError`).
+
+Delivery is at least once: when one signal of a batch fails and another succeeded, the worker
+retries the whole batch. Header values are never logged nor put in ``state()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+from urllib.parse import urlsplit
+
+from infersight.agent.model import (
+    ColdStart,
+    HistogramPoint,
+    Item,
+    LogItem,
+    MetricItem,
+    NumberPoint,
+    Resource,
+    SpanItem,
+)
+from infersight.exporters.base import ExportError
+
+from infersight import __version__
+
+log = logging.getLogger("infersight.exporters.otlp")
+
+Signal = Literal["traces", "metrics", "logs"]
+SIGNALS: tuple[Signal, ...] = ("traces", "metrics", "logs")
+PROTOCOLS = ("http/protobuf", "grpc")
+DEFAULT_PROTOCOL = "http/protobuf"
+DEFAULT_TIMEOUT_S = 10.0
+MAX_TIMEOUT_S = 60.0
+SEVERITY_MAX = 24
+
+
+class OtlpConfigError(ValueError):
+    """OTLP export cannot be set up as configured (no endpoint, bad protocol, missing extra)."""
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() == "true"
+
+
+def sdk_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_SDK_DISABLED=true`` (case-insensitive), as the SDK reads it."""
+    env = os.environ if env is None else env
+    return _truthy(env.get("OTEL_SDK_DISABLED"))
+
+
+def _sig_var(signal: Signal, what: str) -> str:
+    return "OTEL_EXPORTER_OTLP_%s_%s" % (signal.upper(), what)
+
+
+def _pick(env: Mapping[str, str], signal: Signal, what: str) -> str | None:
+    """Signal-specific variable, then the generic one; empty counts as unset."""
+    return env.get(_sig_var(signal, what)) or env.get("OTEL_EXPORTER_OTLP_" + what) or None
+
+
+def resolve_protocol(signal: Signal, protocol: str | None, env: Mapping[str, str]) -> str:
+    value = (
+        env.get(_sig_var(signal, "PROTOCOL"))
+        or protocol
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or DEFAULT_PROTOCOL
+    ).strip().lower()
+    if value not in PROTOCOLS:
+        raise OtlpConfigError(
+            "OTLP protocol %r for %s is not supported (use http/protobuf or grpc)" % (value, signal)
+        )
+    return value
+
+
+def resolve_endpoint(
+    signal: Signal, endpoint: str | None, protocol: str, env: Mapping[str, str]
+) -> str | None:
+    """The URL one signal goes to, or None when nothing configures one (no implicit localhost)."""
+    specific = env.get(_sig_var(signal, "ENDPOINT"))
+    if specific:
+        return specific.strip()
+    base = endpoint or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not base:
+        return None
+    base = base.strip()
+    if protocol == "grpc":
+        return base
+    return "%s/v1/%s" % (base.rstrip("/"), signal)
+
+
+def otlp_configured(endpoint: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether any signal has an OTLP endpoint (argument or ``OTEL_EXPORTER_OTLP_*ENDPOINT``)."""
+    env = os.environ if env is None else env
+    return bool(endpoint) or any(
+        env.get(v) for v in ["OTEL_EXPORTER_OTLP_ENDPOINT"] + [_sig_var(s, "ENDPOINT") for s in SIGNALS]
+    )
+
+
+def resolve_timeout(signal: Signal, timeout_s: float | None, env: Mapping[str, str]) -> float:
+    if timeout_s is None:
+        raw = _pick(env, signal, "TIMEOUT")
+        try:
+            timeout_s = float(raw) if raw is not None else DEFAULT_TIMEOUT_S
+        except ValueError:
+            raise OtlpConfigError(
+                "bad OTLP timeout for %s: %r (seconds expected)" % (signal, raw)
+            ) from None
+    if not timeout_s > 0:
+        raise OtlpConfigError("OTLP timeout must be positive, got %r" % timeout_s)
+    if timeout_s > MAX_TIMEOUT_S:
+        log.warning("OTLP %s timeout %.0f s capped at %.0f s", signal, timeout_s, MAX_TIMEOUT_S)
+        timeout_s = MAX_TIMEOUT_S
+    return timeout_s
+
+
+def parse_headers(value: str | None) -> dict[str, str]:
+    """``k=v,k2=v2`` (values percent-decoded), as ``OTEL_EXPORTER_OTLP_HEADERS``."""
+    if not value:
+        return {}
+    from opentelemetry.util.re import parse_env_headers
+
+    return {k.lower(): v for k, v in parse_env_headers(value, liberal=True).items()}
+
+
+def safe_url(url: str) -> str:
+    """The URL without credentials or query, for logs and ``state()``."""
+    try:
+        parts = urlsplit(url if "//" in url else "//" + url)
+        host = parts.hostname or ""
+        if ":" in host:
+            host = "[%s]" % host
+        netloc = host + (":%d" % parts.port if parts.port else "")
+    except ValueError:
+        return "<unparsable endpoint>"
+    scheme = parts.scheme + "://" if parts.scheme else ""
+    return scheme + netloc + parts.path
+
+
+@dataclass
+class _Route:
+    signal: Signal
+    protocol: str
+    endpoint: str
+    timeout_s: float
+    exporter: Any  # the SDK exporter for this signal
+
+
+def _read_file(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _build_sdk_exporter(
+    signal: Signal,
+    protocol: str,
+    endpoint: str,
+    timeout_s: float,
+    headers: dict[str, str] | None,
+    env: Mapping[str, str],
+    custom_env: bool,
+) -> Any:
+    kwargs: dict[str, Any] = {"endpoint": endpoint, "timeout": timeout_s}
+    if headers is not None:
+        kwargs["headers"] = headers
+    if protocol == "grpc":
+        try:
+            import grpc
+
+            if signal == "traces":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                    OTLPSpanExporter as GrpcSpan,
+                )
+
+                cls: Any = GrpcSpan
+            elif signal == "metrics":
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                    OTLPMetricExporter as GrpcMetric,
+                )
+
+                cls = GrpcMetric
+            else:
+                from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
+                    OTLPLogExporter as GrpcLog,
+                )
+
+                cls = GrpcLog
+        except ImportError as exc:
+            raise OtlpConfigError(
+                "OTLP protocol grpc needs the grpc extra (pip install 'infersight[grpc]'): %s" % exc
+            ) from None
+        if custom_env:
+            comp = (_pick(env, signal, "COMPRESSION") or "none").strip().lower()
+            if comp not in ("none", "gzip"):
+                raise OtlpConfigError("unsupported OTLP gRPC compression %r" % comp)
+            kwargs["compression"] = grpc.Compression.Gzip if comp == "gzip" else grpc.Compression.NoCompression
+            insecure = _pick(env, signal, "INSECURE")
+            if insecure is not None:
+                kwargs["insecure"] = _truthy(insecure)
+            cert = _pick(env, signal, "CERTIFICATE")
+            if cert and not _truthy(insecure):
+                try:
+                    kwargs["credentials"] = grpc.ssl_channel_credentials(
+                        root_certificates=_read_file(cert),
+                        private_key=_read_file(_pick(env, signal, "CLIENT_KEY")),
+                        certificate_chain=_read_file(_pick(env, signal, "CLIENT_CERTIFICATE")),
+                    )
+                except OSError as exc:
+                    raise OtlpConfigError("OTLP %s certificate: %s" % (signal, exc)) from None
+        return cls(**kwargs)
+
+    from opentelemetry.exporter.otlp.proto.http import Compression
+
+    if signal == "traces":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        cls = OTLPSpanExporter
+    elif signal == "metrics":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        cls = OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+        cls = OTLPLogExporter
+    if custom_env:
+        comp = (_pick(env, signal, "COMPRESSION") or "none").strip().lower()
+        try:
+            kwargs["compression"] = Compression(comp)
+        except ValueError:
+            raise OtlpConfigError("unsupported OTLP compression %r" % comp) from None
+        for arg, what in (
+            ("certificate_file", "CERTIFICATE"),
+            ("client_key_file", "CLIENT_KEY"),
+            ("client_certificate_file", "CLIENT_CERTIFICATE"),
+        ):
+            value = _pick(env, signal, what)
+            if value:
+                kwargs[arg] = value
+    return cls(**kwargs)
+
+
+class OtlpExporter:
+    """Exports spans, logs and metrics over OTLP (HTTP/protobuf or gRPC) via the SDK exporters.
+
+    Raises :class:`OtlpConfigError` at construction when OTLP export cannot work as configured:
+    ``OTEL_SDK_DISABLED=true``, no endpoint for any signal, an unknown protocol, or ``grpc``
+    without grpcio. Use :func:`create_otlp_exporter` to get ``None`` instead in the first two
+    cases.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        protocol: str | None = None,
+        headers: str | None = None,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = "otlp"
+        custom_env = env is not None and env is not os.environ
+        env = os.environ if env is None else env
+        if sdk_disabled(env):
+            raise OtlpConfigError("OTEL_SDK_DISABLED=true: OTLP export is disabled")
+        explicit_headers = parse_headers(headers)
+        self.routes: dict[Signal, _Route] = {}
+        for signal in SIGNALS:
+            proto = resolve_protocol(signal, protocol, env)
+            url = resolve_endpoint(signal, endpoint, proto, env)
+            if url is None:
+                continue
+            timeout = resolve_timeout(signal, timeout_s, env)
+            hdrs: dict[str, str] | None = None
+            if explicit_headers or custom_env:
+                hdrs = parse_headers(_pick(env, signal, "HEADERS"))
+                hdrs.update(explicit_headers)
+            sdk = _build_sdk_exporter(signal, proto, url, timeout, hdrs, env, custom_env)
+            self.routes[signal] = _Route(signal, proto, url, timeout, sdk)
+        if not self.routes:
+            raise OtlpConfigError(
+                "no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (or a per-signal "
+                "OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT); there is no implicit localhost"
+            )
+        self._resources: dict[Resource, Any] = {}
+        self._scope: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+        # Counters.
+        self.spans_exported = 0
+        self.log_records_exported = 0
+        self.metric_points_exported = 0
+        self.export_calls = 0
+        self.export_failures = 0  # failed signal exports (one batch may count up to three)
+        self.failed_items = 0
+        self.skipped_items = 0  # ColdStart summaries: their spans travel as SpanItems
+        self.unrouted_items = 0  # a signal without any endpoint
+        self.invalid_items = 0  # bad ids that cannot be encoded
+        self.last_error = ""
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for r in self.routes.values():
+            log.info(
+                "OTLP %s -> %s (%s, timeout %.1f s)", r.signal, safe_url(r.endpoint), r.protocol, r.timeout_s
+            )
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        if self._closed:
+            raise ExportError("OTLP exporter is shut down", retryable=False)
+        self.export_calls += 1
+        spans: list[SpanItem] = []
+        metrics: list[MetricItem] = []
+        logs: list[LogItem] = []
+        for it in batch:
+            if isinstance(it, SpanItem):
+                spans.append(it)
+            elif isinstance(it, LogItem):
+                logs.append(it)
+            elif isinstance(it, MetricItem):
+                metrics.append(it)
+            elif isinstance(it, ColdStart):
+                self.skipped_items += 1
+        jobs: list[tuple[Signal, Sequence[Any]]] = []
+        grouped: tuple[tuple[Signal, Sequence[Any]], ...] = (
+            ("traces", spans),
+            ("metrics", metrics),
+            ("logs", logs),
+        )
+        for signal, items in grouped:
+            if not items:
+                continue
+            if signal not in self.routes:
+                self.unrouted_items += len(items)
+                continue
+            jobs.append((signal, items))
+        if not jobs:
+            return
+        results = await asyncio.gather(
+            *(asyncio.to_thread(self._export_signal, sig, items) for sig, items in jobs)
+        )
+        errors = [e for e in results if e is not None]
+        if errors:
+            self.last_error = "; ".join(errors)
+            raise ExportError(self.last_error, retryable=True)
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        # Nothing is buffered here: each export() call goes out synchronously.
+        return not self._closed
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for r in self.routes.values():
+            try:
+                await asyncio.to_thread(r.exporter.shutdown)
+            except Exception as exc:
+                log.debug("OTLP %s exporter shutdown: %r", r.signal, exc)
+
+    def state(self) -> dict[str, int | float | str]:
+        out: dict[str, int | float | str] = {
+            "spans_exported": self.spans_exported,
+            "log_records_exported": self.log_records_exported,
+            "metric_points_exported": self.metric_points_exported,
+            "export_calls": self.export_calls,
+            "export_failures": self.export_failures,
+            "failed_items": self.failed_items,
+            "skipped_items": self.skipped_items,
+            "unrouted_items": self.unrouted_items,
+            "invalid_items": self.invalid_items,
+            "last_error": self.last_error,
+        }
+        for r in self.routes.values():
+            out["%s_endpoint" % r.signal] = "%s %s" % (r.protocol, safe_url(r.endpoint))
+        return out
+
+    # -- in a worker thread -----------------------------------------------------------------
+
+    def _export_signal(self, signal: Signal, items: Sequence[Any]) -> str | None:
+        route = self.routes[signal]
+        try:
+            if signal == "traces":
+                data: Any = self._spans(items)
+                count = len(data)
+            elif signal == "logs":
+                data = self._logs(items)
+                count = len(data)
+            else:
+                data, count = self._metrics(items)
+            if not count:
+                return None
+            result = route.exporter.export(data)
+            ok = getattr(result, "name", "") == "SUCCESS"
+            why = "" if ok else "export result %s" % getattr(result, "name", result)
+        except Exception as exc:  # the SDK may raise on odd data or transport bugs
+            ok, count, why = False, len(items), type(exc).__name__ + ": " + str(exc)
+        with self._lock:
+            if ok:
+                if signal == "traces":
+                    self.spans_exported += count
+                elif signal == "logs":
+                    self.log_records_exported += count
+                else:
+                    self.metric_points_exported += count
+                return None
+            self.export_failures += 1
+            self.failed_items += len(items)
+        return "OTLP %s %s to %s failed: %s" % (route.protocol, signal, safe_url(route.endpoint), why)
+
+    def _sdk_resource(self, r: Resource) -> Any:
+        try:
+            cached = self._resources.get(r)
+        except TypeError:  # a list-valued attribute makes the resource unhashable
+            return self._new_resource(r)
+        if cached is None:
+            with self._lock:
+                if len(self._resources) > 1024:
+                    self._resources.clear()
+                cached = self._resources[r] = self._new_resource(r)
+        return cached
+
+    @staticmethod
+    def _new_resource(r: Resource) -> Any:
+        from opentelemetry.sdk.resources import Resource as SdkResource
+
+        # Our items already carry the merged resource (OTEL_RESOURCE_ATTRIBUTES, service.name):
+        # send exactly it, without the SDK's defaults.
+        return SdkResource(dict(r.attributes))
+
+    def _scope_obj(self) -> Any:
+        if self._scope is None:
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+            self._scope = InstrumentationScope("infersight", __version__)
+        return self._scope
+
+    def _spans(self, items: Sequence[SpanItem]) -> list[Any]:
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+        from opentelemetry.trace.status import Status, StatusCode
+
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        scope = self._scope_obj()
+        unset = Status(StatusCode.UNSET)
+        out: list[Any] = []
+        for s in items:
+            try:
+                trace_id = int(s.trace_id, 16)
+                span_id = int(s.span_id, 16)
+                parent_id = int(s.parent_span_id, 16) if s.parent_span_id else 0
+            except ValueError:
+                trace_id = span_id = 0
+            if not trace_id or not span_id:
+                with self._lock:
+                    self.invalid_items += 1
+                continue
+            ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=sampled)
+            parent = (
+                SpanContext(trace_id, parent_id, is_remote=False, trace_flags=sampled) if parent_id else None
+            )
+            out.append(
+                ReadableSpan(
+                    name=s.name,
+                    context=ctx,
+                    parent=parent,
+                    resource=self._sdk_resource(s.resource),
+                    attributes=s.attributes,
+                    events=[Event(e.name, e.attributes, e.time_ns) for e in s.events],
+                    kind=SpanKind.INTERNAL,
+                    status=Status(StatusCode.ERROR, s.error) if s.error is not None else unset,
+                    start_time=s.start_ns,
+                    end_time=s.end_ns,
+                    instrumentation_scope=scope,
+                )
+            )
+        return out
+
+    def _logs(self, items: Sequence[LogItem]) -> list[Any]:
+        from opentelemetry._logs import LogRecord, SeverityNumber
+        from opentelemetry.context import Context
+        from opentelemetry.sdk._logs import ReadableLogRecord
+        from opentelemetry.trace import TraceFlags
+
+        scope = self._scope_obj()
+        empty = Context()  # never pick up a current span from this thread
+        out: list[Any] = []
+        for x in items:
+            trace_id = span_id = 0
+            if x.trace_id and x.span_id:
+                try:
+                    trace_id, span_id = int(x.trace_id, 16), int(x.span_id, 16)
+                except ValueError:
+                    trace_id = span_id = 0
+            sev = x.severity_number if 0 <= x.severity_number <= SEVERITY_MAX else 0
+            record = LogRecord(
+                timestamp=x.time_ns,
+                observed_timestamp=x.time_ns,
+                context=empty,
+                severity_text=x.severity_text,
+                severity_number=SeverityNumber(sev),
+                body=x.body,
+                attributes=x.attributes,
+                event_name=x.event_name,
+            )
+            # Set after construction: LogRecord falls back to the current span's ids for 0.
+            record.trace_id = trace_id
+            record.span_id = span_id
+            record.trace_flags = TraceFlags(TraceFlags.SAMPLED if trace_id else TraceFlags.DEFAULT)
+            out.append(
+                ReadableLogRecord(
+                    log_record=record, resource=self._sdk_resource(x.resource), instrumentation_scope=scope
+                )
+            )
+        return out
+
+    def _metrics(self, items: Sequence[MetricItem]) -> tuple[Any, int]:
+        from opentelemetry.sdk.metrics.export import (
+            AggregationTemporality,
+            Gauge,
+            Histogram,
+            HistogramDataPoint,
+            Metric,
+            MetricsData,
+            NumberDataPoint,
+            ResourceMetrics,
+            ScopeMetrics,
+            Sum,
+        )
+
+        cumulative = AggregationTemporality.CUMULATIVE
+        by_resource: dict[int, tuple[Any, list[Any]]] = {}
+        count = 0
+        for m in items:
+            data: Gauge | Sum | Histogram
+            if m.kind == "histogram":
+                hps = [
+                    HistogramDataPoint(
+                        attributes=p.attributes,
+                        start_time_unix_nano=m.start_ns,
+                        time_unix_nano=m.time_ns,
+                        count=p.count,
+                        sum=p.sum,
+                        bucket_counts=list(p.bucket_counts),
+                        explicit_bounds=list(p.bounds),
+                        min=cast(float, p.min),  # None leaves the optional field unset
+                        max=cast(float, p.max),
+                    )
+                    for p in m.points
+                    if isinstance(p, HistogramPoint)
+                ]
+                data = Histogram(data_points=hps, aggregation_temporality=cumulative)
+                n = len(hps)
+            else:
+                nps = [
+                    NumberDataPoint(
+                        attributes=p.attributes,
+                        start_time_unix_nano=m.start_ns,
+                        time_unix_nano=m.time_ns,
+                        value=p.value,
+                    )
+                    for p in m.points
+                    if isinstance(p, NumberPoint)
+                ]
+                if m.kind == "sum":
+                    data = Sum(data_points=nps, aggregation_temporality=cumulative, is_monotonic=m.monotonic)
+                else:
+                    data = Gauge(data_points=nps)
+                n = len(nps)
+            if not n:
+                continue
+            count += n
+            res = self._sdk_resource(m.resource)
+            _, metrics = by_resource.setdefault(id(res), (res, []))
+            metrics.append(Metric(name=m.name, description=m.description, unit=m.unit, data=data))
+        scope = self._scope_obj()
+        data_out = MetricsData(
+            resource_metrics=[
+                ResourceMetrics(
+                    resource=res,
+                    scope_metrics=[ScopeMetrics(scope=scope, metrics=metrics, schema_url="")],
+                    schema_url="",
+                )
+                for res, metrics in by_resource.values()
+            ]
+        )
+        return data_out, count
+
+
+def create_otlp_exporter(
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    headers: str | None = None,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> OtlpExporter | None:
+    """The OTLP exporter, or None when ``OTEL_SDK_DISABLED=true`` or no endpoint is configured.
+
+    Other configuration problems (unknown protocol, grpc extra missing, bad timeout) raise
+    :class:`OtlpConfigError`, so the CLI can exit 2 naming the setting.
+    """
+    env_map = os.environ if env is None else env
+    if sdk_disabled(env_map):
+        log.info("OTEL_SDK_DISABLED=true: OTLP export is off")
+        return None
+    if not otlp_configured(endpoint, env_map):
+        return None
+    return OtlpExporter(endpoint, protocol, headers, timeout_s, env)
