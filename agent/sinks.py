@@ -39,8 +39,8 @@ def build_exporters(
             out.append(
                 OtlpExporter(
                     config.get("exporters.otlp.endpoint"),
-                    config["exporters.otlp.protocol"],
-                    timeout_s=config["exporters.otlp.timeout_s"],
+                    config.get("exporters.otlp.protocol"),
+                    timeout_s=config.get("exporters.otlp.timeout_s"),
                     env=env,
                 )
             )

@@ -174,3 +174,24 @@ def test_bootstrap_is_on_pythonpath_only_for_children(tmp_path: Path) -> None:
     r, _ = launch(tmp_path, sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])",
                   args=("--no-console",))
     assert r.stdout.strip().split(os.pathsep)[0] == str(BOOTSTRAP)
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_launch_exports_over_otlp_when_endpoint_is_set(tmp_path: Path, protocol: str) -> None:
+    from otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver() as rx:
+        endpoint = rx.http_endpoint if protocol == "http/protobuf" else rx.grpc_endpoint
+        r, out = launch(tmp_path, sys.executable, "-c", "from infersight import hooks; hooks.log('via otlp')",
+                        env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                             "OTEL_SERVICE_NAME": "demo-svc"},
+                        args=("--no-console",))
+        assert r.returncode == 0, r.stderr
+        received = rx.spans()
+        assert "coldstart" in [span.name for _res, _scope, span in received]
+        assert all(res["service.name"] == "demo-svc" for res, _scope, _span in received)
+        assert rx.log_count() >= 1
+    # The file gets the same spans, with the service name from OTEL_SERVICE_NAME.
+    roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
+    res = read_otlp_lines(out)[0]["resourceSpans"][0]["resource"]
+    assert roots and attr(res, "service.name") == "demo-svc"
