@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from infersight.agent.model import (
     NumberPoint,
     Origin,
     Resource,
+    SpanEvent,
     SpanItem,
 )
 from infersight.agent.redact import mask_value
@@ -54,6 +56,14 @@ class Producer:
     dropped_buffer: int = 0
     dropped_spool: int = 0
     events: int = 0
+    # Span events derived in the agent (an OOM verdict, say) for a span not yet ended.
+    span_events: dict[str, list[SpanEvent]] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # per-producer state of kind handlers
+
+    def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
+        """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
+        if span_id and len(self.span_events) < MAX_PENDING_SPANS:
+            self.span_events.setdefault(span_id, []).append(event)
 
 
 def _s(v: Any, name: str, limit: int = MAX_STR) -> str:
@@ -145,6 +155,15 @@ def validate_hello(info: Any) -> dict[str, Any]:
     return out
 
 
+def _event_list(v: Any) -> list[list[Any]]:
+    """Span events from the wire: [[name, t_ns, attributes], ...]."""
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > 128 or not all(isinstance(e, list) and len(e) == 3 for e in v):
+        raise Malformed("span events must be [[name, t_ns, attributes], ...]")
+    return v
+
+
 def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
     """Length of the union of intervals clipped to [lo, hi]."""
     total, cur_s, cur_e = 0, None, None
@@ -175,11 +194,17 @@ def descendants(root_id: str, spans: list[SpanItem]) -> list[SpanItem]:
     return out
 
 
+# A handler for an event kind beyond schema 1's core: (producer, origin, t_ns, data, out).
+# It appends items to ``out`` and raises Malformed on bad data.
+KindHandler = Callable[[Producer, Origin, int, dict[str, Any], list[Item]], None]
+
+
 class Assembler:
     """Owns the producers this agent has seen and turns their events into items."""
 
-    def __init__(self, host_name: str | None = None) -> None:
+    def __init__(self, host_name: str | None = None, handlers: dict[str, KindHandler] | None = None) -> None:
         self.host_name = host_name
+        self.handlers: dict[str, KindHandler] = dict(handlers or {})
         self.producers: OrderedDict[str, Producer] = OrderedDict()
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
@@ -255,6 +280,8 @@ class Assembler:
                     t_ns, int(p.info["start_ns"]), [NumberPoint(v, attributes(d.get("a")))],
                 )
             )
+        elif isinstance(kind, str) and kind in self.handlers:
+            self.handlers[kind](p, origin, t_ns, d, out)
         elif kind == "drops":
             p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
@@ -277,8 +304,11 @@ class Assembler:
         if end < start:
             raise Malformed("span ends before it starts")
         err = d.get("err")
+        events = [SpanEvent(_s(e[0], "event name", 255), _i(e[1], "event time"), attributes(e[2]))
+                  for e in _event_list(d.get("ev"))]
+        events += p.span_events.pop(span_id, [])
         span = SpanItem(
-            p.resource, trace, span_id, parent, name, start, end, attributes(d.get("a")), [],
+            p.resource, trace, span_id, parent, name, start, end, attributes(d.get("a")), events,
             str(err)[:MAX_STR] if err is not None else None, origin,
         )
         if name == "coldstart":

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from infersight.agent import config as cfg
-from infersight.agent.assemble import Assembler
+from infersight.agent.assemble import Assembler, KindHandler
 from infersight.agent.health import Counters, ProcessStats, health_metrics
 from infersight.agent.ingest import Ingest
 from infersight.agent.model import Resource
@@ -45,6 +45,7 @@ class Agent:
         embedded: bool = False,
         listen_sock: socket.socket | None = None,
         exporter_spool_root: str | None = None,
+        handlers: dict[str, KindHandler] | None = None,
     ) -> None:
         self.config = config
         self.embedded = embedded
@@ -62,7 +63,7 @@ class Agent:
             }
         )
         self.counters = Counters()
-        self.assembler = Assembler(self.host_name)
+        self.assembler = Assembler(self.host_name, handlers)
         spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
         self.workers: list[ExporterWorker] = []
         for e in exporters:
@@ -87,6 +88,10 @@ class Agent:
         self._down_since: dict[str, float] = {}
         self.reloaders: list[Callable[[cfg.Config], None]] = []
         self.on_ready: list[Callable[[], Awaitable[None] | None]] = []
+        # Long-running jobs beside ingest (the NVML sampler, say): started with the agent,
+        # cancelled at shutdown. Each gets the agent and publishes through agent.router.
+        self.background: list[Callable[[Agent], Awaitable[None]]] = []
+        self.on_shutdown: list[Callable[[], Awaitable[None] | None]] = []
         self.listening = False
         self.nvml_reason: str | None = None
 
@@ -155,6 +160,8 @@ class Agent:
             log.info("replayed %d spool file(s) of producers that had died", replayed)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._periodic(), name="agent-periodic"))
+        for job in self.background:
+            self._tasks.append(loop.create_task(self._guard(job), name="agent-job"))
         for cb in self.on_ready:
             r = cb()
             if r is not None:
@@ -170,6 +177,14 @@ class Agent:
             if time.monotonic() - last_replay >= replay_every:
                 last_replay = time.monotonic()
                 self.ingest.replay_spools(self.config["agent.spool_dir"])
+
+    async def _guard(self, job: Callable[[Agent], Awaitable[None]]) -> None:
+        try:
+            await job(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background job failed; the agent keeps running without it")
 
     def request_stop(self) -> None:
         self._signals += 1
@@ -216,6 +231,10 @@ class Agent:
         self.listening = False
         for t in self._tasks:
             t.cancel()
+        for cb in self.on_shutdown:
+            r = cb()
+            if r is not None:
+                await r
         self.ingest.close_connections()
         await self.ingest.wait_connections_closed(max(0.0, min(1.0, deadline - time.monotonic())))
         self.publish_health()

@@ -25,8 +25,9 @@ MAX_FRAME_BYTES = 1 << 20
 HEADER = struct.Struct("!I")
 
 # The event kinds schema 1 defines. Data is a JSON object; keys per kind:
-#   span:   n name, id span id, p parent span id, tr trace id, s start ns, a attributes
-#           (the event time t_ns is the span end)
+#   span:   n name, id span id, p parent span id, tr trace id, s start ns, a attributes,
+#           e end ns (default: the event time), err error text, ev [[name, t_ns, attrs], ...]
+#   other kinds (oom, mem, req, ...) are handled by agent-side kind handlers.
 #   log:    body, sev (INFO|WARN|ERROR|...), a attributes, name (event family), sp span id
 #   metric: n name, v value, k kind (gauge|sum), u unit, a attributes
 #   drops:  buffer, spool (counts the producer dropped since it last reported)
