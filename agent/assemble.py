@@ -91,11 +91,20 @@ def _attr_value(v: Any) -> AttrValue:
     return str(v)[:MAX_STR]
 
 
+_SCALARS = (int, float, bool)
+
+
 def attributes(v: Any) -> Attributes:
     if v is None:
         return {}
-    if not isinstance(v, dict) or len(v) > MAX_ATTRS:
+    if type(v) is not dict or len(v) > MAX_ATTRS:
         raise Malformed("attributes must be an object of at most %d keys" % MAX_ATTRS)
+    # Fast path (the common case): short keys and scalar or short string values, as decoded.
+    for k, x in v.items():
+        if len(k) > 256 or not (type(x) in _SCALARS or (type(x) is str and len(x) <= MAX_STR)):
+            break
+    else:
+        return v  # type: ignore[no-any-return]
     out: Attributes = {}
     for k, x in v.items():
         out[str(k)[:256]] = _attr_value(x)
@@ -230,24 +239,29 @@ class Assembler:
             self.malformed += 1
             return []
         items: list[Item] = []
+        tracker = p.seq
+        accepted = 0
         for ev in raw_events:
             try:
-                if not isinstance(ev, list) or len(ev) != 4:
+                if type(ev) is not list or len(ev) != 4:
                     raise Malformed("event must be [seq, t_ns, kind, data]")
                 seq, t_ns, kind, data = ev
-                seq = _i(seq, "seq")
-                if seq == 0:
-                    raise Malformed("seq starts at 1")
-                if not p.seq.observe(seq):
+                if type(seq) is not int or seq < 1:
+                    raise Malformed("seq must be a positive integer")
+                if seq == tracker.next_expected:  # the common case, inlined
+                    tracker.next_expected = seq + 1
+                elif not tracker.observe(seq):
                     continue  # duplicate after a resend
-                _i(t_ns, "t_ns")
-                if not isinstance(data, dict):
+                if type(t_ns) is not int or t_ns < 0:
+                    raise Malformed("t_ns must be a non-negative integer")
+                if type(data) is not dict:
                     raise Malformed("data must be an object")
                 self._event(p, Origin(p.id, seq), t_ns, kind, data, items)
-                p.events += 1
+                accepted += 1
             except Malformed:
                 p.malformed += 1
                 self.malformed += 1
+        p.events += accepted
         return items
 
     def _event(
@@ -256,8 +270,18 @@ class Assembler:
         if kind == "span":
             self._span(p, origin, t_ns, d, out)
         elif kind == "log":
-            sev = _s(d.get("sev", "INFO"), "sev", 16).upper()
+            sev = d.get("sev", "INFO")
+            body = d.get("body", "")
             span_id = d.get("sp")
+            name = d.get("name") or None
+            if (
+                type(body) is str and len(body) <= MAX_STR and sev in SEVERITY and span_id is None
+                and (name is None or (type(name) is str and len(name) <= 64))
+            ):  # fast path: nothing to normalise
+                out.append(LogItem(p.resource, t_ns, SEVERITY[sev], sev, body, attributes(d.get("a")),
+                                   None, None, name, origin))
+                return
+            sev = _s(sev, "sev", 16).upper()
             out.append(
                 LogItem(
                     p.resource, t_ns, SEVERITY.get(sev, 9), sev, _s(d.get("body", ""), "body"),

@@ -8,7 +8,7 @@ console. Timestamps are Unix nanoseconds. Ids are lowercase hex (trace 32, span 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Literal, NamedTuple, TypeAlias
 
 AttrValue: TypeAlias = str | bool | int | float | list[str] | list[int] | list[float]
 Attributes: TypeAlias = dict[str, AttrValue]
@@ -40,8 +40,7 @@ def _freeze(v: AttrValue) -> AttrValue:
     return v
 
 
-@dataclass(frozen=True, slots=True)
-class Origin:
+class Origin(NamedTuple):
     """Which producer and which event sequence number an item came from."""
 
     producer: str

@@ -1,0 +1,87 @@
+"""Agent ingest: events/s from the socket into the OTLP file exporter, per core of agent CPU.
+
+A producer subprocess pre-encodes N log events in frames of 512 and sends them as fast as
+the agent acks. The agent runs here (asyncio, in-process); we report wall-clock rate and
+rate per agent CPU-second (user+sys of this process), the "one core" figure.
+Goal (DESIGN): >= 100k events/s on one core. Run: python bench/ingest.py [N]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+PRODUCER = r"""
+import json, os, socket, struct, sys, time
+sock_path, n = sys.argv[1], int(sys.argv[2])
+def frame(o):
+    b = json.dumps(o, separators=(",", ":")).encode()
+    return struct.pack("!I", len(b)) + b
+hello = frame({"t": "hello", "schema": 1, "producer": {"id": "bench-%d" % os.getpid(), "pid": os.getpid(),
+        "start_ns": time.time_ns(), "trace_id": "a" * 32, "root_span_id": "b" * 16}})
+t = time.time_ns()
+frames = [frame({"t": "b", "e": [[i + j + 1, t + i + j, "log",
+          {"body": "request done", "sev": "INFO", "a": {"i": i + j, "model": "m", "latency_s": 0.012}}]
+          for j in range(min(512, n - i))]}) for i in range(0, n, 512)]
+s = socket.socket(socket.AF_UNIX); s.connect(sock_path); s.sendall(hello); s.recv(100)
+print("go", flush=True)
+for f in frames:
+    s.sendall(f)
+buf = b""
+while True:  # wait for the final ack
+    buf += s.recv(65536)
+    if (b'"seq":%d}' % n) in buf:
+        break
+"""
+
+
+async def run(n: int) -> dict[str, float]:
+    from infersight.agent import config as cfg
+    from infersight.agent.daemon import Agent
+    from infersight.exporters.file import FileExporter
+
+    d = tempfile.mkdtemp()
+    out = os.path.join(d, "out.jsonl")
+    conf = cfg.load(None, env={}, flags={"agent.socket": os.path.join(d, "a.sock"),
+                                         "agent.spool_dir": os.path.join(d, "spool"),
+                                         "agent.health_interval_s": 3600})
+    agent = Agent(conf, [FileExporter(out)], embedded=True)
+    await agent.start()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", PRODUCER, conf["agent.socket"], str(n),
+                                                stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    await proc.stdout.readline()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    await proc.wait()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    await agent.shutdown(30)
+    exported = agent.counters.events_in
+    size = os.path.getsize(out)
+    return {
+        "events": n,
+        "exported": exported,
+        "wall_s": round(wall, 3),
+        "agent_cpu_s": round(cpu, 3),
+        "events_per_s_wall": round(n / wall),
+        "events_per_s_per_core": round(n / cpu),
+        "file_bytes_per_event": round(size / n, 1),
+        "goal_per_core": 100_000,
+    }
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
+    print(json.dumps(asyncio.run(run(n))))
+
+
+if __name__ == "__main__":
+    main()
