@@ -120,6 +120,7 @@ class Key:
     default: Callable[[], Any]
     env: str | None
     help: str
+    shown_default: str | None = None  # for the README, where the default depends on the host
 
     @property
     def attr(self) -> str:
@@ -128,14 +129,17 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     Key("agent.socket", _str, lambda: _paths.socket_path({**os.environ, "INFERSIGHT_SOCKET": ""}),
-        "INFERSIGHT_SOCKET", "Unix socket the hooks send to"),
+        "INFERSIGHT_SOCKET", "Unix socket the hooks send to",
+        "`/run/infersight/agent.sock` if that dir exists, else `$XDG_RUNTIME_DIR/infersight/agent.sock`, "
+        "else `/tmp/infersight-<uid>/agent.sock`"),
     Key("agent.socket_mode", _mode, lambda: 0o660, "INFERSIGHT_SOCKET_MODE", "socket permissions (0660 or stricter)"),
     Key("agent.allowed_uids", _int_list, lambda: sorted({0, os.getuid()}), "INFERSIGHT_ALLOWED_UIDS",
-        "peer uids allowed to send"),
+        "peer uids allowed to send", "root and the agent's uid"),
     Key("agent.allowed_gids", _int_list, lambda: [os.getgid()], "INFERSIGHT_ALLOWED_GIDS",
-        "peer gids allowed to send"),
+        "peer gids (primary or supplementary) allowed to send", "the agent's gid"),
     Key("agent.spool_dir", _str, lambda: _paths.spool_dir({**os.environ, "INFERSIGHT_SPOOL_DIR": ""}),
-        "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent"),
+        "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent",
+        "`/var/lib/infersight/spool` if writable, else `$XDG_STATE_HOME/infersight/spool`"),
     Key("agent.exporter_spool_max_bytes", _pos_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
         "disk spool per exporter while its peer is away"),
     Key("agent.shutdown_timeout_s", _pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",
@@ -265,8 +269,7 @@ def key_table() -> str:
     rows = ["| key (TOML) | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for k in KEYS:
         d = k.default()
-        if k.name == "agent.socket_mode":
-            d = "0660"
-        rows.append("| `%s` | %s | %s | %s |" % (
-            k.name, "`%s`" % k.env if k.env else "", "`%s`" % (d,) if d is not None else "unset", k.help))
+        shown = k.shown_default or ("`0660`" if k.name == "agent.socket_mode" else
+                                    "`%s`" % (d,) if d is not None else "unset")
+        rows.append("| `%s` | %s | %s | %s |" % (k.name, "`%s`" % k.env if k.env else "", shown, k.help))
     return "\n".join(rows)
