@@ -191,7 +191,7 @@ def check_launch() -> Check:
         env = dict(os.environ, PYTHONPATH=boot, INFERSIGHT_SOCKET=os.path.join(d, "none.sock"),
                    INFERSIGHT_SPOOL_DIR=os.path.join(d, "spool"), INFERSIGHT_EXIT_FLUSH_S="0.1")
         r = subprocess.run([sys.executable, "-c", "import infersight.hooks as h; print(h.active())"],
-                           capture_output=True, text=True, env=env, timeout=30)
+                           capture_output=True, text=True, env=env, timeout=30, check=False)
         if r.stdout.strip() != "True":
             return Check("launch", FAIL, "hooks did not activate: %s" % (r.stderr.strip()[-200:]),
                          "report this with `infersight doctor --json`")

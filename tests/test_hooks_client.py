@@ -101,6 +101,7 @@ def test_pth_install_activates_only_with_env(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "infersight", "hooks", "uninstall", "--python", py],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0
-    again = subprocess.run([py, "-c", probe], capture_output=True, text=True, env={**env, "INFERSIGHT": "1"}, timeout=30)
+    again = subprocess.run([py, "-c", probe], capture_output=True, text=True, env={**env, "INFERSIGHT": "1"},
+                           timeout=30)
     assert again.stdout.strip() == "False"
     assert BOOTSTRAP.is_dir()

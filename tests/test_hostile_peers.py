@@ -7,7 +7,6 @@ import pwd
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
