@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infersight import __version__
 from infersight.agent.model import (
     Attributes,
     AttrValue,
@@ -29,8 +30,6 @@ from infersight.agent.model import (
 )
 from infersight.agent.redact import mask_value
 from infersight.agent.sequence import SeqTracker
-
-from infersight import __version__
 
 HEX16 = re.compile(r"[0-9a-f]{16}\Z")
 HEX32 = re.compile(r"[0-9a-f]{32}\Z")

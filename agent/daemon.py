@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from infersight import __version__
 from infersight.agent import config as cfg
 from infersight.agent.assemble import Assembler, KindHandler
 from infersight.agent.health import Counters, ProcessStats, health_metrics
@@ -25,8 +26,6 @@ from infersight.agent.model import Resource
 from infersight.agent.pipeline import ExporterWorker, Router
 from infersight.agent.spool import DiskSpool
 from infersight.exporters.base import Exporter
-
-from infersight import __version__
 
 log = logging.getLogger("infersight.agent")
 EXPORTER_DOWN_UNHEALTHY_S = 120.0

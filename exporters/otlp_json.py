@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii as q  # type: ignore[attr-defined]
 from typing import TypeVar
 
+from infersight import __version__
 from infersight.agent.model import (
     Attributes,
     AttrValue,
@@ -26,8 +27,6 @@ from infersight.agent.model import (
     Resource,
     SpanItem,
 )
-
-from infersight import __version__
 
 SPAN_KIND_INTERNAL = 1
 STATUS_ERROR = 2
