@@ -1,0 +1,562 @@
+"""Prometheus scrape endpoint: the latest value of every series the agent exported.
+
+A pull exporter. ``export()`` only records, per (metric, label set), the newest value of the
+:class:`~infersight.agent.model.MetricItem` points it receives; a custom prometheus-client
+collector renders them when Prometheus scrapes ``/metrics``. ``export()`` never raises, so
+nothing is spooled for this sink: a scrape always sees the present, not a replayed past.
+
+OTel -> Prometheus translation (the same rules as
+:func:`infersight.agent.device_metrics.prometheus_name`, i.e. the Collector's translator):
+
+- metric names: dots (and anything else outside ``[a-zA-Z0-9_:]``) become ``_``; a UCUM unit
+  becomes a suffix (``s`` -> ``_seconds``, ``By`` -> ``_bytes``, ``MHz`` -> ``_megahertz``...);
+  unit ``1`` adds ``_ratio`` on gauges only; ``{...}`` units add nothing;
+- gauges and non-monotonic sums are gauges; monotonic (cumulative) sums are counters exposed
+  as ``<name>_total``; histograms are ``<name>_bucket{le=...}``, ``<name>_sum``, ``<name>_count``
+  (OTel bucket counts are made cumulative, the ``+Inf`` bucket is the point's count);
+- attribute keys: the same dot-to-underscore treatment (a leading digit gets ``key_``, a
+  leading ``__`` gets ``key``; keys that collide after sanitising join their values with ``;``);
+  values are strings (booleans ``true``/``false``, lists as JSON);
+- resource attributes ``host.name``, ``service.name``, ``service.instance.id`` become the
+  labels ``host_name``, ``service_name``, ``service_instance_id`` on every series (a point
+  attribute of the same name wins); all resource attributes are also on one ``target_info``
+  gauge per resource (value 1), to join on when needed.
+
+Bounds: at most ``max_series`` series (``target_info`` included). A point that would open a
+series past the bound is dropped and counted in ``infersight_prometheus_points_dropped_total``
+(also ``state()["points_dropped"]``). A series that no export refreshed for ``series_ttl_s``
+(default 300 s, the Collector's ``metric_expiration``) disappears, so a lost device or an
+exited model server does not linger forever; 0 keeps series until shutdown.
+
+The endpoint binds ``127.0.0.1:9464`` unless configured otherwise; it never binds all
+interfaces unless ``host`` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
+
+from infersight.agent.config import Config, ConfigError, Key
+from infersight.agent.device_metrics import MetricSpec, prometheus_name
+from infersight.agent.model import AttrValue, HistogramPoint, Item, MetricItem, NumberPoint, Resource
+from infersight.exporters.base import ExportError
+
+log = logging.getLogger("infersight.exporters.prometheus")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9464
+DEFAULT_MAX_SERIES = 10_000
+DEFAULT_SERIES_TTL_S = 300.0
+REBIND_INTERVAL_S = 10.0
+
+RESOURCE_LABELS: tuple[tuple[str, str], ...] = (
+    ("host.name", "host_name"),
+    ("service.name", "service_name"),
+    ("service.instance.id", "service_instance_id"),
+)
+TARGET_INFO = "target_info"
+DROPPED_METRIC = "infersight_prometheus_points_dropped"  # counter: rendered with _total
+SERIES_METRIC = "infersight_prometheus_series"
+
+PromType = Literal["gauge", "counter", "histogram"]
+Labels = tuple[tuple[str, str], ...]
+
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
+_LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
+
+
+# -- translation (pure) -----------------------------------------------------------------------
+
+
+def metric_name(item: MetricItem) -> str:
+    """The Prometheus name of ``item``, ``_total`` included for monotonic sums."""
+    spec = MetricSpec(item.name, item.kind, item.unit, item.description, monotonic=item.monotonic)
+    name: str = prometheus_name(spec)
+    if name.endswith("_total_total"):
+        name = name[: -len("_total")]
+    if not name or name[0].isdigit():
+        name = "_" + name
+    return name
+
+
+def prom_type(item: MetricItem) -> PromType:
+    if item.kind == "histogram":
+        return "histogram"
+    if item.kind == "sum" and item.monotonic:
+        return "counter"
+    return "gauge"
+
+
+def label_name(key: str) -> str:
+    """An attribute key as a Prometheus label name."""
+    name = _LABEL_BAD.sub("_", key)
+    if not name:
+        return "key_"
+    if name[0].isdigit():
+        return "key_" + name
+    if name.startswith("__"):
+        return "key" + name
+    return name
+
+
+def label_value(v: AttrValue) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return json.dumps(list(v), separators=(",", ":"))
+    return str(v)
+
+
+def labels_of(attrs: Mapping[str, AttrValue] | Iterable[tuple[str, AttrValue]]) -> dict[str, str]:
+    """Sanitised labels; keys that collide after sanitising join their values (sorted by key)."""
+    pairs = attrs.items() if isinstance(attrs, Mapping) else attrs
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for k, v in pairs:
+        grouped.setdefault(label_name(k), []).append((k, label_value(v)))
+    return {name: ";".join(v for _, v in sorted(vals)) for name, vals in grouped.items()}
+
+
+def resource_labels(resource: Resource) -> dict[str, str]:
+    """The identifying resource attributes as labels (absent ones are left out)."""
+    out: dict[str, str] = {}
+    for key, label in RESOURCE_LABELS:
+        v = resource.get(key)
+        if v is not None and v != "":
+            out[label] = label_value(v)
+    return out
+
+
+def cumulative_buckets(p: HistogramPoint) -> list[tuple[str, float]] | None:
+    """OTel per-bucket counts -> Prometheus ``(le, cumulative count)``; None when malformed."""
+    if len(p.bucket_counts) != len(p.bounds) + 1 or any(c < 0 for c in p.bucket_counts):
+        return None
+    if any(not b < c for b, c in zip(p.bounds, p.bounds[1:], strict=False)) or any(math.isnan(b) for b in p.bounds):
+        return None
+    out: list[tuple[str, float]] = []
+    running = 0
+    for bound, c in zip(p.bounds, p.bucket_counts, strict=False):
+        running += c
+        if math.isinf(bound):
+            continue
+        out.append((str(floatToGoString(bound)), float(running)))  # type: ignore[no-untyped-call]
+    out.append(("+Inf", float(max(p.count, running + p.bucket_counts[-1]))))
+    return out
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Family:
+    type: PromType
+    doc: str
+
+
+@dataclass(slots=True)
+class _Series:
+    value: float
+    buckets: list[tuple[str, float]] | None  # histograms only; value is then the sum
+    count: float
+    seen: float  # time.monotonic() of the last update
+
+
+SeriesKey = tuple[str, Labels]
+
+
+class SeriesStore:
+    """Latest value per (family, label set), bounded, with expiry. Thread safe."""
+
+    def __init__(
+        self,
+        max_series: int = DEFAULT_MAX_SERIES,
+        series_ttl_s: float = DEFAULT_SERIES_TTL_S,
+        target_info: bool = True,
+    ) -> None:
+        self.max_series = max_series
+        self.series_ttl_s = series_ttl_s
+        self.target_info = target_info
+        self._lock = threading.Lock()
+        self._families: dict[str, _Family] = {}
+        self._series: dict[SeriesKey, _Series] = {}
+        self.points_dropped = 0  # refused by the series bound
+        self.type_conflicts = 0  # same Prometheus name, different type: the first type wins
+        self.malformed = 0  # histogram points with inconsistent buckets
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def add(self, items: Iterable[Item], now: float | None = None) -> int:
+        """Record the points of every :class:`MetricItem` in ``items``; returns points kept."""
+        now = time.monotonic() if now is None else now
+        kept = 0
+        with self._lock:
+            for it in items:
+                if isinstance(it, MetricItem):
+                    kept += self._add_item(it, now)
+        return kept
+
+    def _family(self, name: str, typ: PromType, doc: str) -> bool:
+        fam = self._families.get(name)
+        if fam is None:
+            self._families[name] = _Family(typ, doc)
+            return True
+        if fam.type != typ:
+            self.type_conflicts += 1
+            return False
+        return True
+
+    def _put(self, key: SeriesKey, series: _Series) -> bool:
+        if key not in self._series and len(self._series) >= self.max_series:
+            self.points_dropped += 1
+            return False
+        self._series[key] = series
+        return True
+
+    def _add_item(self, m: MetricItem, now: float) -> int:
+        name, typ = metric_name(m), prom_type(m)
+        if not m.points or not self._family(name, typ, m.description or m.name):
+            return 0
+        base = resource_labels(m.resource)
+        if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
+            info = {**labels_of(m.resource.attributes), **base}
+            self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now))
+        kept = 0
+        for p in m.points:
+            labels = {**base, **labels_of(p.attributes)}
+            if isinstance(p, HistogramPoint):
+                if typ != "histogram":
+                    continue
+                if "le" in labels:
+                    labels["key_le"] = labels.pop("le")
+                buckets = cumulative_buckets(p)
+                if buckets is None:
+                    self.malformed += 1
+                    continue
+                series = _Series(float(p.sum), buckets, buckets[-1][1], now)
+            elif isinstance(p, NumberPoint) and typ != "histogram":
+                series = _Series(float(p.value), None, 0.0, now)
+            else:
+                continue
+            kept += self._put((name, tuple(sorted(labels.items()))), series)
+        return kept
+
+    def expire(self, now: float | None = None) -> None:
+        if self.series_ttl_s <= 0:
+            return
+        horizon = (time.monotonic() if now is None else now) - self.series_ttl_s
+        with self._lock:
+            old = [k for k, s in self._series.items() if s.seen < horizon]
+            for k in old:
+                del self._series[k]
+            self.expired += len(old)
+            if old:
+                live = {k[0] for k in self._series}
+                for name in [n for n in self._families if n not in live]:
+                    del self._families[name]
+
+    def families(self) -> list[Metric]:
+        """prometheus-client metric families for one scrape, names sorted."""
+        with self._lock:
+            by_name: dict[str, list[tuple[Labels, _Series]]] = {}
+            for (name, labels), s in self._series.items():
+                by_name.setdefault(name, []).append((labels, s))
+            fams = {n: self._families[n] for n in by_name}
+            dropped, count = self.points_dropped, len(self._series)
+        out: list[Metric] = []
+        for name in sorted(by_name):
+            fam = fams[name]
+            rows = sorted(by_name[name], key=lambda r: r[0])
+            if fam.type == "counter":
+                base = name[: -len("_total")] if name.endswith("_total") else name
+                metric = Metric(base, fam.doc, "counter")
+                for labels, s in rows:
+                    metric.add_sample(base + "_total", dict(labels), s.value)
+            elif fam.type == "histogram":
+                metric = Metric(name, fam.doc, "histogram")
+                for labels, s in rows:
+                    d = dict(labels)
+                    for le, c in s.buckets or ():
+                        metric.add_sample(name + "_bucket", {**d, "le": le}, c)
+                    metric.add_sample(name + "_count", d, s.count)
+                    metric.add_sample(name + "_sum", d, s.value)
+            else:
+                metric = Metric(name, fam.doc, "gauge")
+                for labels, s in rows:
+                    metric.add_sample(name, dict(labels), s.value)
+            out.append(metric)
+        own = Metric(DROPPED_METRIC, "Points the Prometheus endpoint refused: series bound reached", "counter")
+        own.add_sample(DROPPED_METRIC + "_total", {}, float(dropped))
+        out.append(own)
+        gauge = Metric(SERIES_METRIC, "Series the Prometheus endpoint holds", "gauge")
+        gauge.add_sample(SERIES_METRIC, {}, float(count))
+        out.append(gauge)
+        return out
+
+
+class _Collector:
+    """The prometheus-client collector: renders the store on every scrape."""
+
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self._exporter = exporter
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic names: no registration-time collision checks
+
+    def collect(self) -> Iterable[Metric]:
+        self._exporter.scrapes += 1
+        self._exporter.store.expire()
+        return self._exporter.store.families()
+
+
+# -- the exporter ------------------------------------------------------------------------------
+
+
+def _strip_host(host: str) -> str:
+    h = host.strip()
+    return h[1:-1] if h.startswith("[") and h.endswith("]") else h
+
+
+class PrometheusExporter:
+    """A ``/metrics`` endpoint (prometheus-client's threaded WSGI server) over a :class:`SeriesStore`."""
+
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        *,
+        max_series: int = DEFAULT_MAX_SERIES,
+        series_ttl_s: float = DEFAULT_SERIES_TTL_S,
+        target_info: bool = True,
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ValueError("port %d outside 0..65535" % port)
+        if max_series < 1:
+            raise ValueError("max_series must be at least 1")
+        self.name = "prometheus"
+        self.host = _strip_host(host) or DEFAULT_HOST
+        self.port = port
+        self.store = SeriesStore(max_series, series_ttl_s, target_info)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        self.scrapes = 0
+        self.last_error = ""
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._last_bind_try = -math.inf
+        self._closed = False
+
+    # -- address ----------------------------------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        return self._server is not None
+
+    @property
+    def bound_port(self) -> int | None:
+        """The port actually bound (useful with ``port=0``); None while not listening."""
+        return None if self._server is None else int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str | None:
+        if self.bound_port is None:
+            return None
+        host = "[%s]" % self.host if ":" in self.host else self.host
+        return "http://%s:%d/metrics" % (host, self.bound_port)
+
+    def _bind(self) -> None:
+        self._last_bind_try = time.monotonic()
+        try:
+            server, thread = start_http_server(self.port, addr=self.host, registry=self.registry)
+        except OSError as exc:
+            self.last_error = "cannot listen on %s:%d: %s" % (self.host, self.port, exc)
+            raise
+        thread.name = "infersight-prometheus"
+        self._server, self._thread = server, thread
+        self.last_error = ""
+        log.info("prometheus endpoint on %s", self.url)
+
+    # -- Exporter protocol ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the endpoint. A bind failure raises :class:`ExportError`; later exports retry it."""
+        if self._server is not None or self._closed:
+            return
+        try:
+            self._bind()
+        except OSError:
+            raise ExportError("prometheus: " + self.last_error, retryable=True) from None
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        """Record the batch's metric points. Never raises: a pull endpoint has nothing to retry."""
+        self.store.add(batch)
+        if self._server is None and not self._closed and time.monotonic() - self._last_bind_try >= REBIND_INTERVAL_S:
+            try:
+                self._bind()
+            except OSError:
+                pass
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        return True
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None:
+            return
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()
+        if thread is not None:
+            await asyncio.to_thread(thread.join, 2.0)
+
+    def state(self) -> dict[str, int | float | str]:
+        return {
+            "listening": int(self.listening),
+            "address": "%s:%d" % (self.host, self.bound_port if self.bound_port is not None else self.port),
+            "series": len(self.store),
+            "points_dropped": self.store.points_dropped,
+            "type_conflicts": self.store.type_conflicts,
+            "malformed_points": self.store.malformed,
+            "series_expired": self.store.expired,
+            "scrapes": self.scrapes,
+            "last_error": self.last_error,
+        }
+
+
+def shipped_rule_files() -> list[Path]:
+    """The Prometheus rule files shipped as package data: ``alerts.yml`` and ``recording.yml``."""
+    return sorted((Path(__file__).resolve().parent / "prometheus").glob("*.yml"))
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def _p_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _p_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError("expected an integer")
+    return v if isinstance(v, int) else int(v.strip(), 10)
+
+
+def _p_port(v: Any) -> int:
+    n = _p_int(v)
+    if not 0 <= n <= 65535:
+        raise ValueError("expected a port in 0..65535 (0: any free port)")
+    return n
+
+
+def _p_host(v: Any) -> str:
+    if not isinstance(v, str) or not _strip_host(v):
+        raise ValueError("expected a host name or address (0.0.0.0 or :: for all interfaces)")
+    return _strip_host(v)
+
+
+def _p_max_series(v: Any) -> int:
+    n = _p_int(v)
+    if n < 1:
+        raise ValueError("expected a positive integer")
+    return n
+
+
+def _p_ttl(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number of seconds")
+    x = float(v)
+    if not (x >= 0 and math.isfinite(x)):
+        raise ValueError("expected a non-negative number of seconds (0: never expire)")
+    return x
+
+
+_K = "exporters.prometheus."
+PROMETHEUS_KEYS: tuple[Key, ...] = (
+    Key(_K + "enabled", _p_bool, lambda: False, "INFERSIGHT_PROMETHEUS", "serve /metrics for Prometheus to scrape"),
+    Key(_K + "host", _p_host, lambda: DEFAULT_HOST, "INFERSIGHT_PROMETHEUS_HOST",
+        "address the endpoint binds (0.0.0.0 or :: exposes it on every interface)"),
+    Key(_K + "port", _p_port, lambda: DEFAULT_PORT, "INFERSIGHT_PROMETHEUS_PORT", "port of the endpoint"),
+    Key(_K + "max_series", _p_max_series, lambda: DEFAULT_MAX_SERIES, "INFERSIGHT_PROMETHEUS_MAX_SERIES",
+        "series held at most; points past it are dropped and counted"),
+    Key(_K + "series_ttl_s", _p_ttl, lambda: DEFAULT_SERIES_TTL_S, "INFERSIGHT_PROMETHEUS_SERIES_TTL_S",
+        "drop a series no export refreshed for this long (0: never)"),
+    Key(_K + "target_info", _p_bool, lambda: True, "INFERSIGHT_PROMETHEUS_TARGET_INFO",
+        "expose all resource attributes on a target_info series"),
+)  # fmt: skip
+
+
+def _setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
+    """A key resolved by ``config.load(extra_keys=PROMETHEUS_KEYS)``, or resolved here if it was not."""
+    src = config.sources.get(key.name, "")
+    if key.name in config.values and src.startswith(("flag", "env ", "default")):
+        return config.values[key.name]
+    origin, raw = "default", None
+    if key.env and env.get(key.env) not in (None, ""):
+        origin, raw = "env " + key.env, env[key.env]
+    elif key.name in config.values:
+        origin, raw = src or "file", config.values[key.name]
+    if origin == "default":
+        return key.default()
+    try:
+        return key.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, key.name, raw, exc)) from None
+
+
+def from_config(config: Config, *, env: Mapping[str, str] | None = None) -> PrometheusExporter | None:
+    """The exporter a configuration asks for, or None unless ``exporters.prometheus.enabled``.
+
+    Raises :class:`ConfigError` naming the key (and ``file:line``) for a bad or unknown key.
+    """
+    env = os.environ if env is None else env
+    v = {k.name[len(_K) :]: _setting(config, k, env) for k in PROMETHEUS_KEYS}
+    unknown = sorted(n for n in config.values if n.startswith(_K) and n[len(_K) :] not in v)
+    if unknown:
+        raise ConfigError("%s: unknown key %r" % (config.sources.get(unknown[0], "config"), unknown[0]))
+    if not v["enabled"]:
+        return None
+    if v["host"] in ("0.0.0.0", "::"):
+        log.warning("prometheus endpoint configured on all interfaces (%s)", v["host"])
+    return PrometheusExporter(
+        v["host"],
+        v["port"],
+        max_series=v["max_series"],
+        series_ttl_s=v["series_ttl_s"],
+        target_info=v["target_info"],
+    )
+
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "PROMETHEUS_KEYS",
+    "PrometheusExporter",
+    "SeriesStore",
+    "from_config",
+    "label_name",
+    "metric_name",
+    "shipped_rule_files",
+]
