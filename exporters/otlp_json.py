@@ -41,15 +41,14 @@ def _double(v: float) -> str:
 
 
 def any_value(v: AttrValue) -> str:
-    t = type(v)
-    if t is str:
+    if isinstance(v, str):
         return '{"stringValue":%s}' % q(v)
-    if t is bool:
+    if isinstance(v, bool):
         return '{"boolValue":true}' if v else '{"boolValue":false}'
-    if t is int:
+    if isinstance(v, int):
         return '{"intValue":"%d"}' % v
-    if t is float:
-        return '{"doubleValue":%s}' % _double(v)  # type: ignore[arg-type]
+    if isinstance(v, float):
+        return '{"doubleValue":%s}' % _double(v)
     if isinstance(v, list):
         return '{"arrayValue":{"values":[%s]}}' % ",".join(any_value(x) for x in v)
     return '{"stringValue":%s}' % q(str(v))
