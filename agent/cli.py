@@ -12,10 +12,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from infersight import __version__
 from infersight.agent import config as cfg
 from infersight.exporters.base import Exporter
-
-from infersight import __version__
 
 EXIT_USAGE = 2
 
@@ -29,16 +28,19 @@ class _Parser(argparse.ArgumentParser):
 def _cmd_launch(args: argparse.Namespace) -> int:
     from infersight.agent.launch import LaunchOptions, run
 
-    return run(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console))
+    return run(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
+                             ready_url=args.ready_url, probe=args.probe))
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
+    from infersight.agent import extensions
     from infersight.agent.sinks import build_exporters
 
     explicit = args.config is not None
     path = args.config or os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH
     try:
         conf = cfg.load(path, require_file=explicit, flags={"agent.socket": args.socket})
+        extensions.validate(conf)
         exporters = build_exporters(conf)
     except cfg.ConfigError as exc:
         sys.stderr.write("infersight agent: %s\n" % exc)
@@ -50,6 +52,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 
 async def _serve(conf: cfg.Config, exporters: list[Exporter]) -> int:
+    from infersight.agent import extensions
     from infersight.agent.daemon import Agent
 
     listen = None
@@ -61,6 +64,7 @@ async def _serve(conf: cfg.Config, exporters: list[Exporter]) -> int:
     except ImportError:
         pass
     agent = Agent(conf, exporters, listen_sock=listen)
+    extensions.install(agent, conf)
     return await agent.serve_forever()
 
 
@@ -147,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     lp = sub.add_parser("launch", help="run CMD with the hooks active; write an OTLP JSON file")
     lp.add_argument("--otlp-file", metavar="PATH", help="output file (default: infersight-<time>.otlp.jsonl)")
+    lp.add_argument("--ready-url", metavar="URL",
+                    help="poll URL (2xx/3xx) as the readiness probe; ends ready_wait there")
+    lp.add_argument("--probe", metavar="URL",
+                    help="after readiness, GET URL once and record the time to its first byte")
     lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
                     help="print the cold-start waterfall (default: on)")
     lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")

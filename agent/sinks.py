@@ -46,6 +46,11 @@ def build_exporters(
             )
         except (ImportError, ValueError) as exc:
             raise ConfigError("exporters.otlp: %s" % exc) from exc
+    from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
+
+    prometheus = prometheus_from_config(config, env=env)
+    if prometheus is not None:
+        out.append(prometheus)
     if config.get("exporters.console.enabled"):
         out.append(ConsoleExporter(console_stream))
     return out

@@ -1,0 +1,22 @@
+"""What the agent does beyond the core pipeline, installed the same way in both modes.
+
+The daemon (``infersight agent``) and the embedded agent of ``infersight launch`` get
+the same kind handlers and jobs: request latency and device telemetry (NVML, verdicts),
+and live OOM classification with its rule reloads.
+"""
+
+from __future__ import annotations
+
+from infersight.agent import config as cfg
+from infersight.agent import devices_job, oom_kind
+from infersight.agent.daemon import Agent
+
+
+def validate(conf: cfg.Config) -> None:
+    """Raise ConfigError (naming the key) before anything starts."""
+    devices_job.validate(conf)
+
+
+def install(agent: Agent, conf: cfg.Config) -> None:
+    job = devices_job.install(agent, conf)
+    oom_kind.install(agent, conf, nvml=job.nvml)
