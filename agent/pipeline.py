@@ -43,7 +43,7 @@ class ExporterWorker:
         self,
         exporter: Exporter,
         spool: DiskSpool | None = None,
-        queue_max: int = 1024,
+        queue_max_items: int = 65536,
         max_batch_items: int = 4096,
         retry_initial_s: float = 0.2,
         retry_max_s: float = 10.0,
@@ -52,7 +52,8 @@ class ExporterWorker:
         self.exporter = exporter
         self.spool = spool
         self.queue: deque[tuple[Sequence[Item], Completion]] = deque()
-        self.queue_max = queue_max
+        self.queue_items = 0
+        self.queue_max_items = queue_max_items
         self.max_batch_items = max_batch_items
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
@@ -83,12 +84,23 @@ class ExporterWorker:
         return not self.queue and not self._busy and not self.spool
 
     def submit(self, items: Sequence[Item], completion: Completion) -> None:
-        if len(self.queue) >= self.queue_max:
+        if self.queue_items + len(items) > self.queue_max_items:
+            # Full: everything queued goes to the spool first, so order is kept there.
+            self._spill_queue()
             self._spill(items)
             completion.done()
+            self._wake.set()
             return
         self.queue.append((items, completion))
+        self.queue_items += len(items)
         self._wake.set()
+
+    def _spill_queue(self) -> None:
+        while self.queue:
+            items, c = self.queue.popleft()
+            self.queue_items -= len(items)
+            self._spill(items)
+            c.done()
 
     def _spill(self, items: Sequence[Item]) -> None:
         if self.spool is not None:
@@ -167,6 +179,7 @@ class ExporterWorker:
         completions: list[Completion] = []
         while self.queue and (not batch or len(batch) + len(self.queue[0][0]) <= self.max_batch_items):
             items, c = self.queue.popleft()
+            self.queue_items -= len(items)
             batch.extend(items)
             completions.append(c)
         return batch, completions
@@ -174,19 +187,16 @@ class ExporterWorker:
     async def _drain_spool_once(self) -> None:
         """Move live batches behind the spool (order), then try its oldest batch."""
         assert self.spool is not None
-        while self.queue:
-            items, c = self.queue.popleft()
-            self._spill(items)
-            c.done()
+        self._spill_queue()
         if self._stopping and not self.peer_up:
             return await self._idle_stop()
-        batch = self.spool.peek()
-        if batch is None:
+        batch, records = self.spool.peek_many(self.max_batch_items)
+        if not records:
             return None
         self._busy = True
         try:
             if await self._export(batch):
-                self.spool.pop()
+                self.spool.pop_many(records)
             else:
                 self.retries += 1
                 if self._stopping:
@@ -213,10 +223,7 @@ class ExporterWorker:
             await asyncio.sleep(0.01)
         done = not self.queue and not self._busy
         # Whatever is still queued goes to the spool (or is counted as dropped).
-        while self.queue:
-            items, c = self.queue.popleft()
-            self._spill(items)
-            c.done()
+        self._spill_queue()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -233,8 +240,8 @@ class ExporterWorker:
             "export_errors": self.export_errors,
             "retries": self.retries,
             "spilled_items": self.spilled_items,
-            "dropped_items": self.dropped_items + (self.spool.dropped_items if self.spool else 0),
-            "spooled_items_pending": self.spool.items if self.spool else 0,
+            "dropped_items": self.dropped_items + (self.spool.dropped_items if self.spool is not None else 0),
+            "spooled_items_pending": self.spool.items if self.spool is not None else 0,
             "last_error": self.last_error,
         }
         out.update({"exporter." + k: v for k, v in self.exporter.state().items()})

@@ -109,6 +109,58 @@ class DiskSpool:
         self.read_pos = 0
         self._save_pos()
 
+    def peek_many(self, max_items: int) -> tuple[list[Item], int]:
+        """The oldest records of the first segment, up to ``max_items`` items (at least one
+        record): (items, records). Skips and counts corrupt records."""
+        out: list[Item] = []
+        records = 0
+        while self.segments and records == 0:
+            seg = self.segments[0]
+            try:
+                with open(self._seg_path(seg), "rb") as f:
+                    f.seek(self.read_pos)
+                    while records == 0 or len(out) < max_items:
+                        hdr = f.read(REC.size)
+                        if len(hdr) < REC.size:
+                            break
+                        size, count = REC.unpack(hdr)
+                        if records and len(out) + count > max_items:
+                            break
+                        payload = f.read(size)
+                        try:
+                            out.extend(from_dict(d) for d in json.loads(payload))
+                        except (ValueError, KeyError, TypeError):
+                            if records:
+                                break  # return what we have; the bad one is next
+                            self.corrupt_records += 1
+                            self.dropped_items += count
+                            self._advance(REC.size + size, count)
+                            f.seek(self.read_pos)
+                            continue
+                        records += 1
+            except OSError:
+                pass
+            if records == 0:
+                if len(self.segments) == 1:
+                    break  # fully read; the writer keeps appending here
+                self._retire_first()
+        return out, records
+
+    def pop_many(self, records: int) -> None:
+        """Forget ``records`` records that ``peek_many`` returned (after they were exported)."""
+        seg = self.segments[0]
+        nbytes = count = 0
+        with open(self._seg_path(seg), "rb") as f:
+            f.seek(self.read_pos)
+            for _ in range(records):
+                size, n = REC.unpack(f.read(REC.size))
+                f.seek(size, os.SEEK_CUR)
+                nbytes += REC.size + size
+                count += n
+        self._advance(nbytes, count)
+        if self._counts.get(seg, 0) == 0 and self.read_pos >= os.path.getsize(self._seg_path(seg)):
+            self._retire_first()
+
     def peek(self) -> list[Item] | None:
         """The oldest batch, or None when empty. Skips (and counts) corrupt records."""
         while self.segments:
