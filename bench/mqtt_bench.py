@@ -1,0 +1,154 @@
+"""Events/s to mosquitto at QoS 1: the agent path against aiomqtt publishing directly.
+
+    python bench/mqtt_bench.py [--events 20000] [--rounds 3] [--batch 512] [--verify]
+
+Starts its own mosquitto on a free 127.0.0.1 port (tests/mosquitto.py). Both sides publish
+the same OOM events, one message each, at QoS 1, and are timed until the broker acknowledged
+the last one (PUBACK):
+
+- raw:   one aiomqtt client, ``max_inflight_messages=100``, 100 publisher coroutines over
+         pre-encoded payloads (the fastest plain aiomqtt pattern; ``gather`` over every
+         message is slower, because aiomqtt counts its pending calls on each publish);
+- agent: ``ExporterWorker`` (queue, batching, disk spool on failure) + ``MqttExporter``
+         (item -> topic/JSON encoding, windowed publish, ack wait), fed batches of ``--batch``
+         items as the ingest feeds it.
+
+Rounds alternate raw/agent; medians are printed with their ratio (goal: agent >= 50% of raw).
+``--verify`` also subscribes and checks that every event arrived (it loads the same cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import aiomqtt
+from mosquitto import Mosquitto
+
+from infersight.agent.model import LogItem, Origin, Resource
+from infersight.agent.pipeline import Completion, ExporterWorker
+from infersight.agent.spool import DiskSpool
+from infersight.exporters.mqtt import MqttExporter
+from infersight.exporters.mqtt_payload import Topics, encode_batch
+
+INFLIGHT = 100
+RES = Resource.of({"host.name": "bench", "service.name": "svc", "service.instance.id": "bench-producer",
+                   "process.pid": 1})
+
+
+def events(n: int, first: int = 1) -> list[LogItem]:
+    return [
+        LogItem(RES, time.time_ns(), 17, "ERROR", "CUDA out of memory. Tried to allocate 2.00 GiB",
+                {"infersight.oom.class": "capacity", "infersight.oom.rule": "capacity-1",
+                 "infersight.oom.requested_bytes": 2 << 30}, event_name="oom", origin=Origin("bench-producer", s))
+        for s in range(first, first + n)
+    ]
+
+
+async def raw_round(broker: Mosquitto, n: int, seq0: int) -> float:
+    msgs, _ = encode_batch(events(n, seq0), Topics.of("rawbench", "bench"))
+    async with aiomqtt.Client("127.0.0.1", broker.port, identifier="bench-raw", max_inflight_messages=INFLIGHT,
+                              protocol=aiomqtt.ProtocolVersion.V5) as client:
+        client.pending_calls_threshold = 1 << 30
+        it = iter(msgs)
+
+        async def publisher() -> None:
+            for m in it:
+                await client.publish(m.topic, m.payload, qos=1)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(publisher() for _ in range(INFLIGHT)))
+        return n / (time.perf_counter() - t0)
+
+
+async def agent_round(broker: Mosquitto, n: int, batch: int, seq0: int, spool_dir: str) -> float:
+    exp = MqttExporter(broker.url, host_name="bench", client_id="bench-agent", max_inflight=INFLIGHT)
+    worker = ExporterWorker(exp, DiskSpool(spool_dir), queue_max_items=1 << 20)
+    await exp.start()
+    worker.start()
+    assert await exp.wait_connected(10), exp.state()
+    batches = [events(min(batch, n - i), seq0 + i) for i in range(0, n, batch)]
+    done = asyncio.Event()
+    left = len(batches)
+
+    def one_done() -> None:
+        nonlocal left
+        left -= 1
+        if left == 0:
+            done.set()
+
+    t0 = time.perf_counter()
+    for b in batches:
+        c = Completion(one_done)
+        c.pending = 1
+        worker.submit(b, c)
+    await done.wait()
+    dt = time.perf_counter() - t0
+    st = {**worker.state(), **exp.state()}
+    assert st["exported_items"] == n, st
+    assert st["spilled_items"] == 0, st
+    await worker.drain(5)
+    await exp.shutdown()
+    return n / dt
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        broker = Mosquitto(Path(d) / "mosquitto", persistence=False).start()
+        try:
+            sub = None
+            if args.verify:  # a C subscriber in its own process: it must keep up without slowing us much
+                out = open(Path(d) / "sub.txt", "wb")  # noqa: SIM115
+                sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-q", "1",
+                                        "-t", "+/bench/oom", "-v"], stdout=out)
+                await asyncio.sleep(0.5)
+            raw, agent = [], []
+            seq = 1
+            await raw_round(broker, min(2000, args.events), 10**9)  # warm up both paths
+            await agent_round(broker, min(2000, args.events), args.batch, 2 * 10**9, str(Path(d) / "warm"))
+            for r in range(args.rounds):
+                raw.append(await raw_round(broker, args.events, seq))
+                seq += args.events
+                agent.append(await agent_round(broker, args.events, args.batch, seq, str(Path(d) / ("s%d" % r))))
+                seq += args.events
+                print("round %d: raw %8.0f ev/s   agent %8.0f ev/s   ratio %.0f%%"
+                      % (r + 1, raw[-1], agent[-1], 100 * agent[-1] / raw[-1]))
+            if sub is not None:
+                want = 2 * args.rounds * args.events + 2 * min(2000, args.events)
+                path = Path(d) / "sub.txt"
+                for _ in range(600):
+                    if path.read_bytes().count(b"\n") >= want:
+                        break
+                    await asyncio.sleep(0.1)
+                sub.terminate()
+                sub.wait(5)
+                got = set()
+                for line in path.read_bytes().splitlines():
+                    topic, _, payload = line.partition(b" ")
+                    got.add((topic.split(b"/")[0], json.loads(payload)["seq"]))
+                print("verify: %d distinct events received, %d published" % (len(got), want))
+            r_med, a_med = statistics.median(raw), statistics.median(agent)
+            print("QoS 1, %d events x %d rounds, batches of %d, max in flight %d" % (
+                args.events, args.rounds, args.batch, INFLIGHT))
+            print("median: raw aiomqtt %.0f ev/s, agent path %.0f ev/s, ratio %.0f%% (goal >= 50%%)" % (
+                r_med, a_med, 100 * a_med / r_med))
+        finally:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--events", type=int, default=20000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--verify", action="store_true")
+    asyncio.run(main(p.parse_args()))

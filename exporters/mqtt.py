@@ -1,0 +1,890 @@
+"""MQTT export with aiomqtt: QoS 1 events, retained status with last will, reconnect with backoff.
+
+One background task owns the connection. aiomqtt 2.x does not reconnect by itself, so the
+task loops around ``async with aiomqtt.Client(...)`` with jittered, capped exponential backoff,
+building a fresh client for every attempt (inside the running loop, and so that no stale paho
+state survives a broken connection). On connect it publishes ``online`` (retained) on its
+status topic and the birth message; its last will is ``offline`` (retained).
+
+``export()`` publishes every message of a batch at the configured QoS and returns once the
+broker acknowledged them all (PUBACK for QoS 1). While the connection is down, or if it drops
+before every acknowledgement came back, it raises :class:`ExportError`: the agent's
+:class:`~infersight.agent.pipeline.ExporterWorker` then spools the batch to disk and replays it
+in order once we are back. A batch that failed half way is published again as a whole, so
+delivery is **at least once**; subscribers dedupe on ``(producer, seq)`` of the payload.
+
+Two identities:
+
+- daemon (``embedded=False``): client id ``infersight-<host>-agent``, persistent session
+  (v5 session expiry / 3.1.1 ``clean_session=False``), status ``<prefix>/<host>/status``,
+  retained birth on ``<prefix>/<host>/birth``; ``offline`` (retained) on clean shutdown.
+- ``infersight launch`` (``embedded=True``): client id ``infersight-<host>-launch-<pid>``,
+  clean session, status ``<prefix>/<host>/launch/<pid>/status``; on clean exit it publishes
+  ``offline`` (not retained) and clears the retained status.
+
+TLS (``mqtts://``) verifies the server against the system store or ``ca_file`` by default.
+Passwords never appear in logs, errors or ``state()``: URLs go through ``mask_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import random
+import socket
+import ssl
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+import aiomqtt
+from aiomqtt.exceptions import MqttCodeError, MqttConnectError
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from infersight import __version__
+from infersight.agent.config import Config, ConfigError, Key
+from infersight.agent.model import Item
+from infersight.agent.redact import mask_url
+from infersight.exporters.base import ExportError
+from infersight.exporters.mqtt_payload import (
+    OFFLINE,
+    ONLINE,
+    Outgoing,
+    Topics,
+    birth_payload,
+    dumps,
+    encode_batch,
+    validate_prefix,
+)
+
+log = logging.getLogger("infersight.exporters.mqtt")
+
+PROTOCOLS = {"5": aiomqtt.ProtocolVersion.V5, "3.1.1": aiomqtt.ProtocolVersion.V311}
+_PROTOCOL_ALIASES = {
+    "5": "5",
+    "5.0": "5",
+    "v5": "5",
+    "mqttv5": "5",
+    "3.1.1": "3.1.1",
+    "311": "3.1.1",
+    "v311": "3.1.1",
+    "mqttv311": "3.1.1",
+}
+SCHEMES = {"mqtt": False, "tcp": False, "mqtts": True, "ssl": True, "tls": True}
+AUTH_REASONS = {4, 5, 134, 135}  # 3.1.1 and v5 codes for bad credentials / not authorised
+CONTROL_TIMEOUT_S = 5.0  # status, birth and the final offline publish
+
+
+class MqttConfigError(ValueError):
+    """The MQTT exporter cannot be set up as configured (bad URL, missing file, bad option)."""
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    tls: bool
+    host: str
+    port: int
+    username: str | None
+    password: str | None
+
+
+def parse_url(url: str) -> BrokerAddress:
+    """``mqtt://[user[:pass]@]host[:port]`` or ``mqtts://...`` (ports default to 1883 / 8883)."""
+    try:
+        u = urlsplit(url.strip())
+        port = u.port
+    except ValueError as exc:
+        raise MqttConfigError("bad MQTT URL %s: %s" % (mask_url(url), exc)) from None
+    scheme = u.scheme.lower()
+    if scheme not in SCHEMES:
+        raise MqttConfigError("bad MQTT URL %s: scheme must be mqtt:// or mqtts://" % mask_url(url))
+    if not u.hostname:
+        raise MqttConfigError("bad MQTT URL %s: no host" % mask_url(url))
+    if u.path not in ("", "/") or u.query or u.fragment:
+        raise MqttConfigError("bad MQTT URL %s: no path or query allowed (set topic_prefix instead)" % mask_url(url))
+    tls = SCHEMES[scheme]
+    return BrokerAddress(
+        tls, u.hostname, port or (8883 if tls else 1883),
+        unquote(u.username) if u.username else None, unquote(u.password) if u.password is not None else None,
+    )  # fmt: skip
+
+
+def normalize_protocol(value: str) -> str:
+    p = _PROTOCOL_ALIASES.get(str(value).strip().lower())
+    if p is None:
+        raise MqttConfigError("MQTT protocol must be 5 or 3.1.1, not %r" % (value,))
+    return p
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, MqttConnectError) and exc.rc is not None:
+        code = getattr(exc.rc, "value", exc.rc)
+        reason = str(exc.rc) if not isinstance(exc.rc, int) else str(exc).split(": ", 1)[-1]
+        text = "broker refused the connection: %s (code %s)" % (reason, code)
+        if code in AUTH_REASONS:
+            text += "; check exporters.mqtt.username / password"
+        return text
+    if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return "TLS: the broker's certificate did not verify (%s); set exporters.mqtt.ca_file" % (
+            getattr(exc, "verify_message", None) or exc
+        )
+    return str(exc) or type(exc).__name__
+
+
+def _properties(packet_type: int) -> Properties:
+    return Properties(packet_type)  # type: ignore[no-untyped-call]
+
+
+class _Conn:
+    __slots__ = ("client", "lost")
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self.client = client
+        self.lost = asyncio.Event()
+
+
+class MqttExporter:
+    """The MQTT sink behind the :class:`~infersight.exporters.base.Exporter` protocol."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        client_id: str | None = None,
+        topic_prefix: str = "infersight",
+        qos: int = 1,
+        keepalive: int = 60,
+        protocol: str = "5",
+        host_name: str | None = None,
+        embedded: bool = False,
+        launch_pid: int | None = None,
+        birth: Mapping[str, Any] | None = None,
+        connect_timeout_s: float = 10.0,
+        exit_wait_s: float = 5.0,
+        session_expiry_s: int = 3600,
+        publish_timeout_s: float = 30.0,
+        max_inflight: int = 100,
+        tls_verify: bool = True,
+        reconnect_initial_s: float = 0.5,
+        reconnect_max_s: float = 30.0,
+        max_payload_bytes: int = 256 << 10,
+    ) -> None:
+        self.name = "mqtt"
+        addr = parse_url(url)
+        self.url = mask_url(url)
+        self.address = addr
+        self._username = username if username else addr.username
+        self._password = password if password else addr.password
+        if self._password and not self._username:
+            raise MqttConfigError("MQTT password given without a username")
+        if qos not in (0, 1, 2):
+            raise MqttConfigError("MQTT qos must be 0, 1 or 2, not %r" % (qos,))
+        if keepalive < 1:
+            raise MqttConfigError("MQTT keepalive must be at least 1 s")
+        self.qos = qos
+        self.keepalive = keepalive
+        self.protocol = normalize_protocol(protocol)
+        self.embedded = embedded
+        self.pid = launch_pid if launch_pid is not None else os.getpid()
+        if host_name is None:
+            host_name = socket.gethostname().split(".")[0]
+        try:
+            self.topics = Topics.of(validate_prefix(topic_prefix), host_name)
+        except ValueError as exc:
+            raise MqttConfigError(str(exc)) from None
+        self.host_name = host_name
+        if client_id:
+            self.client_id = client_id
+        elif embedded:
+            self.client_id = "infersight-%s-launch-%d" % (self.topics.host, self.pid)
+        else:
+            self.client_id = "infersight-%s-agent" % self.topics.host
+        self.status_topic = self.topics.launch_status(self.pid) if embedded else self.topics.status
+        self.birth_topic = self.topics.launch_birth(self.pid) if embedded else self.topics.birth
+        self.birth_retained = not embedded
+        self.started_ns = time.time_ns()
+        self._birth_extra: dict[str, Any] = dict(birth or {})
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.exit_wait_s = float(exit_wait_s)
+        self.session_expiry_s = int(session_expiry_s)
+        self.publish_timeout_s = float(publish_timeout_s)
+        self.max_inflight = max(1, int(max_inflight))
+        self.reconnect_initial_s = float(reconnect_initial_s)
+        self.reconnect_max_s = float(reconnect_max_s)
+        self.tls_verify = tls_verify
+        self.max_payload_bytes = int(max_payload_bytes)
+        if (ca_file or cert_file or key_file) and not addr.tls:
+            raise MqttConfigError("ca_file/cert_file/key_file need an mqtts:// URL (got %s)" % self.url)
+        if key_file and not cert_file:
+            raise MqttConfigError("MQTT key_file given without cert_file")
+        self._tls = self._tls_context(ca_file, cert_file, key_file) if addr.tls else None
+        # Runtime state (the loop-bound objects are made in start()).
+        self._conn: _Conn | None = None
+        self._attempt: asyncio.Future[bool] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing: asyncio.Event | None = None
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None
+        self._shut = False
+        self._json_props: Properties | None = None
+        # Counters for state().
+        self.connects = 0
+        self.connect_failures = 0
+        self.disconnects = 0
+        self.published_messages = 0
+        self.delivered_items = 0
+        self.skipped_items = 0
+        self.failed_batches = 0
+        self.oversized_messages = 0
+        self.undelivered_at_exit = 0
+        self.last_error = ""
+        self._logged_error = ""
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _tls_context(self, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+            if cert_file:
+                ctx.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise MqttConfigError("MQTT TLS files: %s" % exc) from None
+        if not self.tls_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def _new_client(self) -> aiomqtt.Client:
+        v5 = self.protocol == "5"
+        props: Properties | None = None
+        if v5:
+            props = _properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 0 if self.embedded else self.session_expiry_s
+        will = aiomqtt.Will(self.status_topic, OFFLINE, qos=1, retain=True)
+        kwargs: dict[str, Any] = {}
+        if v5:
+            kwargs["clean_start"] = self.embedded  # daemon resumes its session
+        else:
+            kwargs["clean_session"] = self.embedded
+        client = aiomqtt.Client(
+            self.address.host,
+            self.address.port,
+            username=self._username,
+            password=self._password,
+            identifier=self.client_id,
+            protocol=PROTOCOLS[self.protocol],
+            will=will,
+            keepalive=self.keepalive,
+            timeout=self.connect_timeout_s,
+            max_inflight_messages=self.max_inflight,
+            properties=props,
+            tls_context=self._tls,
+            logger=logging.getLogger("infersight.exporters.mqtt.client"),
+            **kwargs,
+        )
+        client.pending_calls_threshold = 1 << 30  # a batch has many publishes in flight by design
+        return client
+
+    # -- the Exporter protocol -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._closing = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        if self.protocol == "5":
+            self._json_props = _properties(PacketTypes.PUBLISH)
+            self._json_props.ContentType = "application/json"
+            self._json_props.PayloadFormatIndicator = 1
+        loop = asyncio.get_running_loop()
+        self._attempt = loop.create_future()
+        self._task = loop.create_task(self._run(), name="mqtt-connection")
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        msgs, skipped = encode_batch(batch, self.topics)
+        self.skipped_items += skipped
+        if any(len(m.payload) > self.max_payload_bytes for m in msgs):
+            # A message the broker would refuse must not block the spool forever: drop, count, say.
+            big = [m for m in msgs if len(m.payload) > self.max_payload_bytes]
+            self.oversized_messages += len(big)
+            log.warning(
+                "mqtt %s: dropped %d message(s) over max_payload_bytes=%d (first on %s, %d bytes)",
+                self.url,
+                len(big),
+                self.max_payload_bytes,
+                big[0].topic,
+                len(big[0].payload),
+            )
+            msgs = [m for m in msgs if len(m.payload) <= self.max_payload_bytes]
+        if not msgs:
+            return
+        conn = await self._ready()
+        assert self._idle is not None
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            await self._publish_all(conn, msgs)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        self.published_messages += len(msgs)
+        self.delivered_items += len(batch) - skipped
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        """Wait for exports in flight. ``export`` itself awaits every acknowledgement."""
+        if self._idle is None:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, timeout_s))
+        except TimeoutError:
+            return False
+        return True
+
+    async def shutdown(self) -> None:
+        """Say goodbye on the status topic, then disconnect cleanly (so no last will). Idempotent.
+
+        Bounded: ``CONTROL_TIMEOUT_S`` per step, and no more than ``exit_wait_s`` in embedded mode.
+        """
+        if self._shut:
+            return
+        self._shut = True
+        limit = min(CONTROL_TIMEOUT_S, max(0.2, self.exit_wait_s)) if self.embedded else CONTROL_TIMEOUT_S
+        conn = self._conn
+        if conn is not None and not conn.lost.is_set():
+            try:
+                if self.embedded:
+                    # Live watchers see offline; the retained status goes away with the launch.
+                    await conn.client.publish(self.status_topic, OFFLINE, qos=1, retain=False, timeout=limit)
+                    await conn.client.publish(self.status_topic, b"", qos=1, retain=True, timeout=limit)
+                else:
+                    await conn.client.publish(self.status_topic, OFFLINE, qos=1, retain=True, timeout=limit)
+            except Exception as exc:
+                log.warning("mqtt %s: could not publish the final status: %s", self.url, _describe(exc))
+        if self._closing is not None:
+            self._closing.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), limit)
+            except (TimeoutError, Exception):
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._task
+        self._conn = None
+
+    def state(self) -> dict[str, int | float | str]:
+        return {
+            "url": self.url,
+            "client_id": self.client_id,
+            "protocol": self.protocol,
+            "qos": self.qos,
+            "status_topic": self.status_topic,
+            "connected": int(self.connected),
+            "connects": self.connects,
+            "connect_failures": self.connect_failures,
+            "disconnects": self.disconnects,
+            "published_messages": self.published_messages,
+            "delivered_items": self.delivered_items,
+            "skipped_items": self.skipped_items,
+            "failed_batches": self.failed_batches,
+            "oversized_messages": self.oversized_messages,
+            "undelivered_at_exit": self.undelivered_at_exit,
+            "last_error": self.last_error,
+        }
+
+    # -- extras --------------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.lost.is_set()
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """True once connected (for ``launch``'s bounded wait at exit, and for tests)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.connected:
+            if time.monotonic() >= deadline or self._task is None or self._task.done():
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def update_birth(self, fields: Mapping[str, Any]) -> None:
+        """Change the birth message (e.g. devices found later); republished now if connected."""
+        self._birth_extra.update(fields)
+        conn = self._conn
+        if conn is not None and not conn.lost.is_set():
+            t = asyncio.get_running_loop().create_task(self._publish_birth(conn.client))
+            t.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _birth(self) -> bytes:
+        return dumps(birth_payload(
+            host=self.host_name, version=__version__, mode="embedded" if self.embedded else "daemon",
+            pid=self.pid, client_id=self.client_id, started_ns=self.started_ns, extra=self._birth_extra,
+        ))  # fmt: skip
+
+    async def _publish_birth(self, client: aiomqtt.Client) -> None:
+        await client.publish(
+            self.birth_topic,
+            self._birth(),
+            qos=1,
+            retain=self.birth_retained,
+            properties=self._json_props,
+            timeout=CONTROL_TIMEOUT_S,
+        )
+
+    async def _ready(self) -> _Conn:
+        """The live connection, waiting for a connect attempt in progress (not for backoff)."""
+        conn = self._conn
+        if conn is not None and not conn.lost.is_set():
+            return conn
+        if self._shut or self._task is None:
+            raise ExportError("mqtt %s: exporter not running" % self.url)
+        att = self._attempt
+        if att is not None and not att.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(att), self.connect_timeout_s)
+        conn = self._conn
+        if conn is not None and not conn.lost.is_set():
+            return conn
+        raise ExportError("mqtt %s: not connected (%s)" % (self.url, self.last_error or "connecting"))
+
+    async def _publish_all(self, conn: _Conn, msgs: list[Outgoing]) -> None:
+        """Publish in order with a window of ``max_inflight`` calls; wait for every ack.
+
+        A few publisher coroutines pull from one iterator, so paho gets the messages in batch
+        order while up to ``max_inflight`` wait for their PUBACK. (One task per message would
+        cost O(n^2): aiomqtt counts its pending calls on every publish.)
+        """
+        loop = asyncio.get_running_loop()
+        client, qos = conn.client, self.qos
+        it = iter(msgs)
+
+        async def publisher() -> None:
+            for m in it:
+                await client.publish(m.topic, m.payload, qos=qos, retain=m.retain, timeout=math.inf)
+
+        all_acked: asyncio.Future[None] = loop.create_future()
+        remaining = n = min(len(msgs), self.max_inflight)
+
+        def on_done(t: asyncio.Task[None]) -> None:
+            nonlocal remaining
+            if t.cancelled():  # only we cancel, after giving up on this batch
+                return
+            exc = t.exception()  # retrieve it, always
+            if all_acked.done():
+                return
+            if exc is not None:
+                all_acked.set_exception(exc)
+            else:
+                remaining -= 1
+                if remaining == 0:
+                    all_acked.set_result(None)
+
+        tasks = []
+        for _ in range(n):
+            t = loop.create_task(publisher())
+            t.add_done_callback(on_done)
+            tasks.append(t)
+        lost = loop.create_task(conn.lost.wait())
+        try:
+            waiters: set[asyncio.Future[Any]] = {all_acked, lost}
+            done, _ = await asyncio.wait(waiters, timeout=self.publish_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not all_acked.done() or all_acked.exception() is not None:
+                for t in tasks:
+                    t.cancel()
+        if all_acked in done and all_acked.exception() is None:
+            return
+        self.failed_batches += 1
+        if all_acked in done:
+            exc = all_acked.exception()
+            assert exc is not None
+            why = _describe(exc)
+        else:
+            all_acked.cancel()
+            why = (
+                "connection lost"
+                if conn.lost.is_set()
+                else "no acknowledgement within %.0f s" % (self.publish_timeout_s)
+            )
+            conn.lost.set()  # a stuck connection: make the connection task reconnect
+        raise ExportError("mqtt %s: %d message(s) not acknowledged: %s" % (self.url, len(msgs), why))
+
+    def _note_error(self, text: str) -> None:
+        self.last_error = text
+        if text != self._logged_error:
+            self._logged_error = text
+            log.warning("mqtt %s: %s", self.url, text)
+
+    async def _run(self) -> None:
+        assert self._closing is not None
+        loop = asyncio.get_running_loop()
+        delay = self.reconnect_initial_s
+        while not self._closing.is_set():
+            if self._attempt is None or self._attempt.done():
+                self._attempt = loop.create_future()
+            attempt = self._attempt
+            client = self._new_client()
+            conn: _Conn | None = None
+            try:
+                async with client:
+                    await client.publish(self.status_topic, ONLINE, qos=1, retain=True, timeout=CONTROL_TIMEOUT_S)
+                    await self._publish_birth(client)
+                    conn = _Conn(client)
+                    self._conn = conn
+                    self.connects += 1
+                    delay = self.reconnect_initial_s
+                    if self.last_error:
+                        log.info("mqtt %s: connected again", self.url)
+                    self.last_error = self._logged_error = ""
+                    if not attempt.done():
+                        attempt.set_result(True)
+                    await self._hold(conn)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if conn is None:
+                    self.connect_failures += 1
+                self._note_error(("connection lost: " if conn is not None else "cannot connect: ") + _describe(exc))
+            finally:
+                if conn is not None:
+                    conn.lost.set()
+                    if not self._closing.is_set():
+                        self.disconnects += 1
+                if self._conn is conn:
+                    self._conn = None
+                if not attempt.done():
+                    attempt.set_result(False)
+            if self._closing.is_set():
+                break
+            wait = delay * (0.5 + random.random() / 2)
+            delay = min(delay * 2, self.reconnect_max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), wait)
+
+    async def _hold(self, conn: _Conn) -> None:
+        """Return when closing (clean disconnect follows) or raise when the link breaks."""
+        assert self._closing is not None
+
+        async def watch() -> None:
+            async for _ in conn.client.messages:  # we subscribe to nothing: this only ends on disconnect
+                pass
+
+        watcher = asyncio.ensure_future(watch())
+        closing = asyncio.ensure_future(self._closing.wait())
+        lost = asyncio.ensure_future(conn.lost.wait())
+        try:
+            done, _ = await asyncio.wait({watcher, closing, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (watcher, closing, lost):
+                t.cancel()
+        if watcher in done and not watcher.cancelled() and watcher.exception() is not None:
+            exc = watcher.exception()
+            assert exc is not None
+            raise exc
+        if lost in done and not self._closing.is_set():
+            raise aiomqtt.MqttError("publish stalled; reconnecting")
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def _p_str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("expected a string")
+    return v
+
+
+def _p_opt_str(v: Any) -> str | None:
+    return None if v in (None, "") else _p_str(v)
+
+
+def _p_int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        return int(v.strip(), 0)
+    raise ValueError("expected an integer")
+
+
+def _p_qos(v: Any) -> int:
+    n = _p_int(v)
+    if n not in (0, 1, 2):
+        raise ValueError("expected 0, 1 or 2")
+    return n
+
+
+def _p_keepalive(v: Any) -> int:
+    n = _p_int(v)
+    if not 1 <= n <= 65535:
+        raise ValueError("expected 1..65535 seconds")
+    return n
+
+
+def _p_nonneg_int(v: Any) -> int:
+    n = _p_int(v)
+    if n < 0:
+        raise ValueError("expected a non-negative integer")
+    return n
+
+
+def _p_pos_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number")
+    x = float(v)
+    if not x > 0:
+        raise ValueError("expected a positive number")
+    return x
+
+
+def _p_nonneg_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number")
+    x = float(v)
+    if not x >= 0:
+        raise ValueError("expected a non-negative number")
+    return x
+
+
+def _p_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _p_url(v: Any) -> str | None:
+    s = _p_opt_str(v)
+    if s is not None:
+        try:
+            parse_url(s)
+        except MqttConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return s
+
+
+def _p_protocol(v: Any) -> str:
+    try:
+        return normalize_protocol(_p_str(v) if not isinstance(v, (int, float)) else str(v))
+    except MqttConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _p_prefix(v: Any) -> str:
+    return validate_prefix(_p_str(v))
+
+
+_K = "exporters.mqtt."
+MQTT_KEYS: tuple[Key, ...] = (
+    Key(
+        _K + "url",
+        _p_url,
+        lambda: None,
+        "INFERSIGHT_MQTT_URL",
+        "MQTT broker, mqtt://host[:1883] or mqtts://host[:8883] (unset: no MQTT)",
+    ),
+    Key(_K + "username", _p_opt_str, lambda: None, "INFERSIGHT_MQTT_USERNAME", "MQTT user name"),
+    Key(
+        _K + "password",
+        _p_opt_str,
+        lambda: None,
+        "INFERSIGHT_MQTT_PASSWORD",
+        "MQTT password (never logged; prefer password_file)",
+    ),
+    Key(
+        _K + "password_file",
+        _p_opt_str,
+        lambda: None,
+        "INFERSIGHT_MQTT_PASSWORD_FILE",
+        "file holding the MQTT password (first line)",
+    ),
+    Key(
+        _K + "ca_file",
+        _p_opt_str,
+        lambda: None,
+        "INFERSIGHT_MQTT_CA_FILE",
+        "CA bundle to verify the broker (mqtts://; default: system store)",
+    ),
+    Key(_K + "cert_file", _p_opt_str, lambda: None, "INFERSIGHT_MQTT_CERT_FILE", "client certificate (mqtts://)"),
+    Key(_K + "key_file", _p_opt_str, lambda: None, "INFERSIGHT_MQTT_KEY_FILE", "client private key (mqtts://)"),
+    Key(
+        _K + "tls_verify",
+        _p_bool,
+        lambda: True,
+        "INFERSIGHT_MQTT_TLS_VERIFY",
+        "verify the broker's certificate and host name",
+    ),
+    Key(
+        _K + "client_id",
+        _p_opt_str,
+        lambda: None,
+        "INFERSIGHT_MQTT_CLIENT_ID",
+        "client id (default infersight-<host>-agent, launch: infersight-<host>-launch-<pid>)",
+    ),
+    Key(_K + "topic_prefix", _p_prefix, lambda: "infersight", "INFERSIGHT_MQTT_TOPIC_PREFIX", "first topic level(s)"),
+    Key(_K + "qos", _p_qos, lambda: 1, "INFERSIGHT_MQTT_QOS", "QoS of event messages"),
+    Key(_K + "keepalive", _p_keepalive, lambda: 60, "INFERSIGHT_MQTT_KEEPALIVE", "keepalive in seconds"),
+    Key(_K + "protocol", _p_protocol, lambda: "5", "INFERSIGHT_MQTT_PROTOCOL", "5 or 3.1.1"),
+    Key(
+        _K + "session_expiry_s",
+        _p_nonneg_int,
+        lambda: 3600,
+        "INFERSIGHT_MQTT_SESSION_EXPIRY_S",
+        "daemon session expiry (MQTT 5)",
+    ),
+    Key(
+        _K + "connect_timeout_s",
+        _p_pos_float,
+        lambda: 10.0,
+        "INFERSIGHT_MQTT_CONNECT_TIMEOUT_S",
+        "connect (CONNACK) timeout",
+    ),
+    Key(
+        _K + "max_payload_bytes",
+        _p_nonneg_int,
+        lambda: 256 << 10,
+        "INFERSIGHT_MQTT_MAX_PAYLOAD_BYTES",
+        "larger messages are dropped and counted (brokers refuse them; e.g. AWS IoT: 128 KiB)",
+    ),
+    Key(
+        _K + "exit_wait_s",
+        _p_nonneg_float,
+        lambda: 5.0,
+        "INFERSIGHT_MQTT_EXIT_WAIT_S",
+        "launch: how long to wait for the broker at exit",
+    ),
+)
+
+
+class _Worker(Protocol):
+    """What :func:`wait_delivered` needs of an ``ExporterWorker``."""
+
+    def idle(self) -> bool: ...
+
+    def state(self) -> dict[str, int | float | str]: ...
+
+
+def _setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
+    """A key resolved by ``config.load(extra_keys=MQTT_KEYS)``, or resolved here if it was not."""
+    if key.name in config.sources and config.sources[key.name].startswith(("flag", "env ", "default")):
+        return config.values[key.name]
+    origin, raw = "default", None
+    if key.env and env.get(key.env) not in (None, ""):
+        origin, raw = "env " + key.env, env[key.env]
+    elif key.name in config.values:
+        origin, raw = config.sources.get(key.name, "file"), config.values[key.name]
+    if origin == "default":
+        return key.default()
+    try:
+        return key.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, key.name, raw, exc)) from None
+
+
+def mqtt_requested(config: Config, env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return bool(_setting(config, MQTT_KEYS[0], env))
+
+
+def from_config(
+    config: Config,
+    *,
+    env: Mapping[str, str] | None = None,
+    embedded: bool = False,
+    launch_pid: int | None = None,
+    host_name: str | None = None,
+    birth: Mapping[str, Any] | None = None,
+) -> MqttExporter | None:
+    """The exporter a configuration asks for, or None when no MQTT URL is set.
+
+    Raises :class:`ConfigError` naming the key (and ``file:line``) for a bad value.
+    """
+    env = os.environ if env is None else env
+    v = {k.name[len(_K) :]: _setting(config, k, env) for k in MQTT_KEYS}
+    unknown = sorted(n for n in config.values if n.startswith(_K) and n[len(_K) :] not in v)
+    if unknown:
+        raise ConfigError("%s: unknown key %r" % (config.sources.get(unknown[0], "config"), unknown[0]))
+    if not v["url"]:
+        return None
+    password = v["password"]
+    if v["password_file"]:
+        try:
+            with open(v["password_file"], encoding="utf-8") as f:
+                password = f.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError("exporters.mqtt.password_file: cannot read: %s" % exc) from None
+    try:
+        return MqttExporter(
+            v["url"],
+            username=v["username"],
+            password=password,
+            ca_file=v["ca_file"],
+            cert_file=v["cert_file"],
+            key_file=v["key_file"],
+            client_id=v["client_id"],
+            topic_prefix=v["topic_prefix"],
+            qos=v["qos"],
+            keepalive=v["keepalive"],
+            protocol=v["protocol"],
+            host_name=host_name or config.get("agent.host_name") or None,
+            embedded=embedded,
+            launch_pid=launch_pid,
+            birth=birth,
+            connect_timeout_s=v["connect_timeout_s"],
+            exit_wait_s=v["exit_wait_s"],
+            session_expiry_s=v["session_expiry_s"],
+            tls_verify=v["tls_verify"],
+            max_payload_bytes=v["max_payload_bytes"],
+        )
+    except MqttConfigError as exc:
+        raise ConfigError("exporters.mqtt: %s" % exc) from None
+
+
+async def wait_delivered(exporter: MqttExporter, worker: _Worker, timeout_s: float | None = None) -> int:
+    """``launch`` at exit: wait, bounded by ``exit_wait_s``, for the broker to take what the
+    worker still holds (queue and disk spool). Returns the items left undelivered, also kept
+    in ``state()["undelivered_at_exit"]``. Call it after the last publish, before
+    ``Agent.shutdown`` (which stops replaying the spool at once when the broker is away).
+    """
+    timeout = exporter.exit_wait_s if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout
+    while not worker.idle() and time.monotonic() < deadline:  # noqa: ASYNC110 - the worker has no event
+        await asyncio.sleep(0.02)
+    left = 0
+    if not worker.idle():
+        st = worker.state()
+        queued = sum(len(items) for items, _ in getattr(worker, "queue", ()))
+        left = int(st.get("spooled_items_pending", 0)) + queued
+    exporter.undelivered_at_exit = left
+    return left
+
+
+__all__ = [
+    "MQTT_KEYS",
+    "MqttCodeError",
+    "MqttConfigError",
+    "MqttExporter",
+    "from_config",
+    "mqtt_requested",
+    "parse_url",
+    "wait_delivered",
+]

@@ -1,0 +1,357 @@
+"""MQTT topic tree and JSON payloads for telemetry items (pure: no sockets, no clocks).
+
+Topic tree under ``<prefix>/<host>/``:
+
+=========================  =======  ==========================================================
+topic                      retained  payload
+=========================  =======  ==========================================================
+``status``                 yes      ``online`` / ``offline`` (plain text; last will ``offline``)
+``birth``                  yes      :func:`birth_payload` (daemon only)
+``launch/<pid>/status``    yes      ``online`` / last will ``offline``; cleared on clean exit
+``launch/<pid>/birth``     no       :func:`birth_payload` of an embedded ``launch`` agent
+``coldstart``              no       one completed cold start: root span + every stage
+``oom``                    no       an OOM result (log record, ``infersight.oom.*`` attributes)
+``memory``                 no       memory events and memory metric snapshots of producers
+``device/<hw.id>``         no       one device's metric snapshot (or a device event)
+``agent``                  no       the agent's own health metrics (one snapshot per sample)
+=========================  =======  ==========================================================
+
+Every JSON payload carries ``schema`` (:data:`SCHEMA_VERSION`), ``type``, ``producer`` and
+``seq`` (the dedupe key of an event: QoS 1 is at-least-once), ``host.name`` and ``resource``
+with OTel attribute names, so one dashboard reads MQTT and OTLP alike. Metric snapshots have
+no producer sequence number (``seq`` is null); they are idempotent, keyed by topic and
+``time_unix_nano``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infersight.agent.model import (
+    Attributes,
+    ColdStart,
+    HistogramPoint,
+    Item,
+    LogItem,
+    MetricItem,
+    NumberPoint,
+    Resource,
+    SpanItem,
+)
+
+SCHEMA_VERSION = 1
+DEFAULT_PREFIX = "infersight"
+ONLINE = b"online"
+OFFLINE = b"offline"
+EVENT_FAMILIES = ("coldstart", "oom", "memory", "device", "agent")
+_UNSAFE = re.compile(r"[+#/\x00\s]")
+AGENT_RESOURCE_MARK = "infersight.agent.mode"  # set on the agent's own resource only
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One MQTT message to publish: topic, UTF-8 JSON bytes, retain flag, dedupe key."""
+
+    topic: str
+    payload: bytes
+    retain: bool = False
+    producer: str | None = None
+    seq: int | None = None
+    items: int = 1  # telemetry items this message carries (for counters)
+
+
+def topic_level(value: str) -> str:
+    """A value usable as one topic level: no wildcards, no '/', no NUL or spaces."""
+    out = _UNSAFE.sub("_", value).strip()
+    if not out or out.startswith("$"):
+        out = "_" + out
+    return out[:128]
+
+
+def validate_prefix(prefix: str) -> str:
+    """A topic prefix may have several levels, but no wildcard, no empty level, no '$' start."""
+    p = prefix.strip().strip("/")
+    if not p:
+        raise ValueError("topic prefix must not be empty")
+    if any(c in p for c in "+#\x00") or p.startswith("$") or "//" in p:
+        raise ValueError("topic prefix %r must not contain '+', '#', '//' or start with '$'" % prefix)
+    return p
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The topic names of one agent on one host."""
+
+    prefix: str
+    host: str
+
+    @staticmethod
+    def of(prefix: str, host: str) -> Topics:
+        return Topics(validate_prefix(prefix), topic_level(host))
+
+    @property
+    def base(self) -> str:
+        return "%s/%s" % (self.prefix, self.host)
+
+    @property
+    def status(self) -> str:
+        return self.base + "/status"
+
+    @property
+    def birth(self) -> str:
+        return self.base + "/birth"
+
+    def launch_status(self, pid: int) -> str:
+        return "%s/launch/%d/status" % (self.base, pid)
+
+    def launch_birth(self, pid: int) -> str:
+        return "%s/launch/%d/birth" % (self.base, pid)
+
+    def family(self, name: str) -> str:
+        return "%s/%s" % (self.base, name)
+
+    def device(self, hw_id: str) -> str:
+        return "%s/device/%s" % (self.base, topic_level(hw_id))
+
+
+# -- JSON ------------------------------------------------------------------------------------
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    return v
+
+
+def dumps(obj: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON; NaN and infinities become null (they are not JSON)."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except ValueError:
+        return json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _resource(r: Resource) -> dict[str, Any]:
+    return dict(r.attributes)
+
+
+def _producer_of(r: Resource) -> str | None:
+    inst = r.get("service.instance.id")
+    if isinstance(inst, str) and inst:
+        return inst
+    name, pid = r.get("service.name"), r.get("process.pid")
+    if name is not None and pid is not None:
+        return "%s:%s" % (name, pid)
+    return None
+
+
+def _envelope(kind: str, resource: Resource, host: str, producer: str | None, seq: int | None) -> dict[str, Any]:
+    res = _resource(resource)
+    return {
+        "schema": SCHEMA_VERSION,
+        "type": kind,
+        "producer": producer,
+        "seq": seq,
+        "host.name": res.get("host.name") or host,
+        "service.name": res.get("service.name"),
+        "process.pid": res.get("process.pid"),
+    }
+
+
+def span_dict(s: SpanItem) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "name": s.name,
+        "trace_id": s.trace_id,
+        "span_id": s.span_id,
+        "parent_span_id": s.parent_span_id,
+        "start_time_unix_nano": s.start_ns,
+        "end_time_unix_nano": s.end_ns,
+        "duration_s": (s.end_ns - s.start_ns) / 1e9,
+        "attributes": dict(s.attributes),
+        "error": s.error,
+    }
+    if s.events:
+        d["events"] = [{"name": e.name, "time_unix_nano": e.time_ns, "attributes": e.attributes} for e in s.events]
+    return d
+
+
+def coldstart_payload(cs: ColdStart, host: str) -> dict[str, Any]:
+    o = cs.root.origin
+    d = _envelope(
+        "coldstart", cs.root.resource, host, o.producer if o else _producer_of(cs.root.resource), o.seq if o else None
+    )
+    d["time_unix_nano"] = cs.root.end_ns
+    d["trace_id"] = cs.root.trace_id
+    d["root"] = span_dict(cs.root)
+    d["stages"] = [span_dict(s) for s in cs.stages]
+    d["resource"] = _resource(cs.root.resource)
+    return d
+
+
+def log_payload(item: LogItem, host: str) -> dict[str, Any]:
+    o = item.origin
+    d = _envelope("log", item.resource, host, o.producer if o else _producer_of(item.resource), o.seq if o else None)
+    d.update(
+        {
+            "event.name": item.event_name,
+            "time_unix_nano": item.time_ns,
+            "severity_number": item.severity_number,
+            "severity_text": item.severity_text,
+            "body": item.body,
+            "attributes": dict(item.attributes),
+            "trace_id": item.trace_id,
+            "span_id": item.span_id,
+            "resource": _resource(item.resource),
+        }
+    )
+    return d
+
+
+def _point(p: NumberPoint | HistogramPoint) -> dict[str, Any]:
+    if isinstance(p, HistogramPoint):
+        return {
+            "count": p.count, "sum": p.sum, "min": p.min, "max": p.max, "bounds": p.bounds,
+            "bucket_counts": p.bucket_counts, "attributes": dict(p.attributes),
+        }  # fmt: skip
+    return {"value": p.value, "attributes": dict(p.attributes)}
+
+
+def _metric_family(m: MetricItem, point_attrs: Attributes) -> str | None:
+    hw = point_attrs.get("hw.id")
+    if isinstance(hw, str) and hw:
+        return "device"
+    if m.resource.get(AGENT_RESOURCE_MARK) is not None:
+        return "agent"
+    if "memory" in m.name:
+        return "memory"
+    return None
+
+
+def log_family(item: LogItem) -> str | None:
+    name = (item.event_name or "").strip().lower()
+    return name if name in EVENT_FAMILIES else None
+
+
+class _Snapshot:
+    __slots__ = ("metrics", "resource", "time_ns")
+
+    def __init__(self, resource: Resource, time_ns: int) -> None:
+        self.resource = resource
+        self.time_ns = time_ns
+        self.metrics: dict[str, dict[str, Any]] = {}
+
+
+def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing], int]:
+    """The messages for one batch, in batch order, and the count of items with no topic.
+
+    Cold starts, OOM/memory/device/agent log records and metric snapshots are published;
+    plain spans (the root and stages travel inside their ``ColdStart``) and other items are
+    not. Metrics of one batch that share topic, resource and time form one snapshot message.
+    """
+    out: list[Outgoing | tuple[str, _Snapshot]] = []
+    snapshots: dict[tuple[str, Resource, int], _Snapshot] = {}
+    skipped = 0
+    host = topics.host
+    for item in batch:
+        if isinstance(item, ColdStart):
+            d = coldstart_payload(item, host)
+            out.append(
+                Outgoing(topics.family("coldstart"), dumps(d), False, d["producer"], d["seq"], 1 + len(item.stages))
+            )
+        elif isinstance(item, LogItem):
+            fam = log_family(item)
+            if fam is None:
+                skipped += 1
+                continue
+            d = log_payload(item, host)
+            if fam == "device":
+                hw = item.attributes.get("hw.id")
+                topic = topics.device(hw if isinstance(hw, str) and hw else "unknown")
+            else:
+                topic = topics.family(fam)
+            out.append(Outgoing(topic, dumps(d), False, d["producer"], d["seq"]))
+        elif isinstance(item, MetricItem):
+            routed = False
+            for p in item.points:
+                fam = _metric_family(item, p.attributes)
+                if fam is None:
+                    continue
+                routed = True
+                topic = topics.device(str(p.attributes["hw.id"])) if fam == "device" else topics.family(fam)
+                key = (topic, item.resource, item.time_ns)
+                snap = snapshots.get(key)
+                if snap is None:
+                    snap = snapshots[key] = _Snapshot(item.resource, item.time_ns)
+                    out.append((topic, snap))
+                m = snap.metrics.get(item.name)
+                if m is None:
+                    m = snap.metrics[item.name] = {
+                        "name": item.name, "kind": item.kind, "unit": item.unit,
+                        "monotonic": item.monotonic, "start_time_unix_nano": item.start_ns, "points": [],
+                    }  # fmt: skip
+                m["points"].append(_point(p))
+            if not routed:
+                skipped += 1
+        else:  # SpanItem: cold-start spans travel inside ColdStart; others have no topic
+            skipped += 1
+    msgs: list[Outgoing] = []
+    for o in out:
+        if isinstance(o, Outgoing):
+            msgs.append(o)
+            continue
+        topic, snap = o
+        producer = _producer_of(snap.resource)
+        d = _envelope("metrics", snap.resource, host, producer, None)
+        d["time_unix_nano"] = snap.time_ns
+        if "/device/" in topic:
+            d["hw.id"] = topic.rsplit("/", 1)[1]
+        d["metrics"] = list(snap.metrics.values())
+        d["resource"] = _resource(snap.resource)
+        msgs.append(Outgoing(topic, dumps(d), False, producer, None, len(snap.metrics)))
+    return msgs, skipped
+
+
+def birth_payload(
+    *,
+    host: str,
+    version: str,
+    mode: str,
+    pid: int,
+    client_id: str,
+    started_ns: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The retained birth certificate: who publishes here, which devices, which schema."""
+    d: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "type": "birth",
+        "host.name": host,
+        "service.name": "infersight-agent",
+        "service.version": version,
+        "infersight.agent.mode": mode,
+        "process.pid": pid,
+        "client_id": client_id,
+        "started_unix_nano": started_ns,
+        "topic_families": list(EVENT_FAMILIES),
+        "devices": [],
+    }
+    if extra:
+        d.update({k: v for k, v in extra.items() if k not in ("schema", "type")})
+    return d
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    """Parse one event payload (for subscribers and tests); raises ValueError if not ours."""
+    d = json.loads(payload)
+    if not isinstance(d, dict) or not isinstance(d.get("schema"), int):
+        raise ValueError("not an infersight payload (no schema)")
+    return d
