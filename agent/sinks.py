@@ -25,8 +25,14 @@ def otlp_requested(config: Config, env: Mapping[str, str]) -> bool:
 
 
 def build_exporters(
-    config: Config, env: Mapping[str, str] | None = None, console_stream: TextIO | None = None
+    config: Config,
+    env: Mapping[str, str] | None = None,
+    console_stream: TextIO | None = None,
+    *,
+    embedded: bool = False,
 ) -> list[Exporter]:
+    """The sinks ``config`` asks for. ``embedded``: under ``infersight launch`` (MQTT presence
+    on ``launch/<pid>/status`` with its own client id instead of the daemon's status)."""
     env = os.environ if env is None else env
     out: list[Exporter] = []
     path = config.get("exporters.file.path")
@@ -46,7 +52,13 @@ def build_exporters(
             )
         except (ImportError, ValueError) as exc:
             raise ConfigError("exporters.otlp: %s" % exc) from exc
+    from infersight.exporters import mqtt
     from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
+
+    broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None,
+                              host_name=config.get("agent.host_name"))
+    if broker is not None:
+        out.append(broker)
 
     prometheus = prometheus_from_config(config, env=env)
     if prometheus is not None:
