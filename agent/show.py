@@ -1,4 +1,8 @@
-"""``infersight show FILE``: the waterfall again, from an OTLP JSON lines file."""
+"""``infersight show FILE``: the waterfall again, from an OTLP JSON lines file.
+
+Prints one waterfall per ``coldstart`` root in the file (the served process and any
+hooked children), oldest first, with launch's probe result under its root.
+"""
 
 from __future__ import annotations
 
@@ -66,6 +70,17 @@ def show_file(path: str, out: TextIO) -> int:
     if not found:
         out.write("infersight show: no coldstart span in %s\n" % path)
         return 1
+    probes = [s for s in spans if s.name == "infersight.probe"]
     for cs in found:
-        out.write(render_waterfall(cs) + "\n\n")
+        out.write(render_waterfall(cs) + "\n")
+        for p in probes:
+            if p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id:
+                out.write(probe_line(p) + "\n")
+        out.write("\n")
     return 0
+
+
+def probe_line(p: SpanItem) -> str:
+    return "probe GET %s: HTTP %s, first byte %.3f s after sending" % (
+        p.attributes.get("url.full"), p.attributes.get("http.response.status_code"),
+        (p.end_ns - p.start_ns) / 1e9)

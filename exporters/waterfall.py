@@ -1,4 +1,10 @@
-"""Render a cold start as a waterfall table (pure)."""
+"""Render a cold start as a waterfall table (pure).
+
+One row per stage, indented by nesting, with start offset, duration, share of the
+root, a bar, and bytes/throughput (and the ratio to the storage ceiling) for weights
+stages; a custom stage is marked ``*``. Below: readiness, first-response timing, the
+unattributed time and the three biggest top-level stages.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +57,21 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
             extra = _human_bytes(nbytes)
             if isinstance(rate, (int, float)):
                 extra += " @ %s/s" % _human_bytes(rate)
+            ratio = s.attributes.get("infersight.weights.ceiling_ratio")
+            if isinstance(ratio, (int, float)):
+                extra += " (%.0f%% of storage ceiling)" % (100.0 * ratio)
+        if s.attributes.get("infersight.stage.custom") is True:
+            name += "*"
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (name[:26], off, dur, share, width, bar, extra))
+    ready = root.attributes.get("infersight.coldstart.ready_s")
+    if isinstance(ready, (int, float)):
+        lines.append("ready after %.3f s (%s); ended by %s" % (
+            ready, root.attributes.get("infersight.ready.source") or "?",
+            root.attributes.get("infersight.coldstart.ended_by") or "?"))
+    ttfb = [s.attributes.get("infersight.first_request.ttfb_s") for s in cs.stages
+            if s.attributes.get("infersight.stage") == "first_request"]
+    if ttfb and isinstance(ttfb[0], (int, float)):
+        lines.append("first response: first byte %.3f s after the request arrived" % ttfb[0])
     un = root.attributes.get("infersight.coldstart.unattributed_s")
     if isinstance(un, (int, float)):
         lines.append("unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total))

@@ -7,20 +7,27 @@ active (no ``infersight launch``, no ``INFERSIGHT=1`` bootstrap).
     from infersight import hooks
     with hooks.stage("tokenizer_load"):
         ...
-    hooks.mark_ready()
+    hooks.mark_ready()          # the server can take requests
+    ...
+    hooks.first_response()      # the first response's first byte went out
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import time
-from typing import Any, Callable, Dict, Optional, TypeVar
 
-from . import _runtime
-from ._runtime import BUILTIN_STAGES, active
+_BOOT_NS = time.time_ns()  # the bootstrap's first line: the end of runtime_init
 
-__all__ = ["BUILTIN_STAGES", "active", "emit", "flush", "log", "metric", "stage"]
+import functools  # noqa: E402
+import os  # noqa: E402
+from typing import Any, Callable, Dict, Optional, TypeVar  # noqa: E402
+
+from . import _coldstart, _runtime  # noqa: E402
+from ._runtime import BUILTIN_STAGES, active  # noqa: E402
+
+__all__ = [
+    "BUILTIN_STAGES", "active", "emit", "first_response", "flush", "log", "mark_ready", "metric", "stage",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,15 +67,20 @@ def flush(timeout_s: float = 2.0) -> bool:
 
 
 class _Stage:
-    """A cold-start stage span: context manager and decorator. Thread- and task-safe."""
+    """A cold-start stage span: context manager and decorator. Thread- and task-safe.
 
-    __slots__ = ("_attrs", "_name", "_span", "_start", "_token")
+    Nesting follows the current span (a contextvar), so stages nest per thread and per
+    asyncio task. A stage opened before a ``fork`` is emitted by the parent only.
+    """
+
+    __slots__ = ("_attrs", "_name", "_pid", "_span", "_start", "_token")
 
     def __init__(self, name: str, attrs: Dict[str, Any]) -> None:
         self._name = name
         self._attrs = attrs
         self._span: Optional[str] = None
         self._start = 0
+        self._pid = 0
         self._token: Any = None
 
     def __enter__(self) -> _Stage:
@@ -77,7 +89,11 @@ class _Stage:
         try:
             self._span = _runtime.new_span_id()
             self._start = time.time_ns()
+            self._pid = os.getpid()
             self._token = _runtime.current_span.set(self._span)
+            _coldstart.note_begin()
+            if _coldstart.is_main_thread():
+                os.environ["TRACEPARENT"] = _runtime.traceparent(self._span)
         except Exception as exc:
             _runtime.fail(exc)
         return self
@@ -92,15 +108,14 @@ class _Stage:
                 _runtime.current_span.reset(self._token)
             if not isinstance(parent, str):
                 parent = _runtime.root_span_id
-            attrs: Dict[str, Any] = {"infersight.stage": self._name}
-            if self._name not in BUILTIN_STAGES:
-                attrs["infersight.stage.custom"] = True
-            attrs.update(self._attrs)
-            data = {"n": "coldstart." + self._name, "id": self._span, "p": parent,
-                    "tr": _runtime.trace_id, "s": self._start, "a": attrs}
-            if exc_type is not None:
-                data["err"] = getattr(exc_type, "__name__", "error")
-            _runtime.emit("span", data)
+            if _coldstart.is_main_thread():
+                os.environ["TRACEPARENT"] = _runtime.traceparent(_runtime.current_span.get())
+            if self._pid != os.getpid():
+                return  # opened by the parent before a fork: the parent emits it
+            _coldstart.emit_stage(
+                self._name, self._span, parent, self._start, time.time_ns(), dict(self._attrs),
+                getattr(exc_type, "__name__", "error") if exc_type is not None else None,
+            )
         except Exception as e:
             _runtime.fail(e)
         finally:
@@ -121,6 +136,30 @@ class _Stage:
 def stage(name: str, **attributes: Any) -> _Stage:
     """``with stage("name"):`` or ``@stage("name")``: a ``coldstart.<name>`` span."""
     return _Stage(name, attributes)
+
+
+def mark_ready() -> None:
+    """The server can take requests now: ends ``ready_wait``. The first call counts.
+
+    After an explicit ``mark_ready()``, ``first_request`` runs from the first forward (or
+    visible request) after readiness until ``first_response()``, or until exit.
+    """
+    if _runtime.client is None:
+        return
+    try:
+        _coldstart.mark_ready("mark_ready")
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def first_response() -> None:
+    """The first response's first byte is out: ends ``first_request`` and the cold start."""
+    if _runtime.client is None:
+        return
+    try:
+        _coldstart.first_response()
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def _bootstrap_dir() -> str:

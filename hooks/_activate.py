@@ -1,7 +1,8 @@
 """What the bootstrap runs in each hooked process (stdlib only).
 
-Starts the producer client and the cold-start root. Framework instrumentation
-(torch import, CUDA init, weights, compile, warmup) installs from here too.
+Starts the producer client and the cold-start root, then cold-start detection
+(``_coldstart``): runtime_init, framework imports, readiness, and torch
+instrumentation once (and only if) the user imports torch.
 """
 
 from __future__ import annotations
@@ -10,4 +11,12 @@ from . import _runtime
 
 
 def activate_process() -> bool:
-    return _runtime.activate()
+    if not _runtime.activate():
+        return False
+    try:
+        from . import _BOOT_NS, _coldstart
+
+        _coldstart.install(_BOOT_NS, from_bootstrap=True)
+    except Exception as exc:
+        _runtime.fail(exc)
+    return True

@@ -1,0 +1,195 @@
+"""The sequential-read ceiling of the storage that weights live on (cached per device).
+
+A weights span's throughput means little alone: 1 GiB/s is excellent from a network
+disk and poor from NVMe. We measure the device once with a bounded direct read
+(``O_DIRECT``, so the page cache does not flatter it; buffered after ``POSIX_FADV_DONTNEED``
+where the filesystem refuses ``O_DIRECT``), cache the figure per device (major:minor) in
+``$XDG_CACHE_HOME/infersight/storage_ceiling.json``, and the hooks report each load's
+ratio to it (``infersight.weights.ceiling_ratio``). ``infersight doctor`` shows the cache
+and can measure a directory.
+
+The hooks read the same file (``hooks/_coldstart.weights_attrs``): keep the format.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BYTES = 512 << 20
+MAX_SECONDS = 3.0
+BLOCK = 8 << 20
+MIN_SAMPLE = 64 << 20  # smaller files say more about latency than about bandwidth
+SCHEMA = 1
+
+
+@dataclass
+class Measurement:
+    nbytes: int
+    seconds: float
+    method: str  # "direct" or "buffered"
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.nbytes / self.seconds if self.seconds > 0 else 0.0
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024
+    return str(n)
+
+
+def cache_path(env: dict[str, str] | None = None) -> str:
+    env = dict(os.environ) if env is None else env
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "infersight", "storage_ceiling.json")
+
+
+def device_key(path: str) -> str:
+    st = os.stat(path)
+    return "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+
+
+def load_cache(path: str | None = None) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path or cache_path(), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    devices = data.get("devices") if isinstance(data, dict) else None
+    return {k: v for k, v in devices.items() if isinstance(v, dict)} if isinstance(devices, dict) else {}
+
+
+def save_cache(devices: dict[str, dict[str, Any]], path: str | None = None) -> None:
+    path = path or cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"schema": SCHEMA, "devices": devices}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def lookup(path: str, cache: str | None = None) -> dict[str, Any] | None:
+    try:
+        return load_cache(cache).get(device_key(path))
+    except OSError:
+        return None
+
+
+def _open_direct(path: str) -> tuple[int, str]:
+    flag = getattr(os, "O_DIRECT", 0)
+    if flag:
+        try:
+            return os.open(path, os.O_RDONLY | flag), "direct"
+        except OSError:
+            pass
+    fd = os.open(path, os.O_RDONLY)
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return fd, "buffered"
+
+
+def measure_file(
+    path: str, max_bytes: int = MAX_BYTES, max_seconds: float = MAX_SECONDS, block: int = BLOCK
+) -> Measurement:
+    """Read ``path`` sequentially (bounded in bytes and time) and time it."""
+    fd, method = _open_direct(path)
+    buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
+    total = 0
+    try:
+        t0 = time.perf_counter()
+        while total < max_bytes:
+            try:
+                n = os.readv(fd, [buf])
+            except OSError:
+                if method != "direct" or total:
+                    raise
+                os.close(fd)  # the filesystem accepted O_DIRECT at open but not at read
+                fd = os.open(path, os.O_RDONLY)
+                method = "buffered"
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                continue
+            if n <= 0:
+                break
+            total += n
+            if time.perf_counter() - t0 > max_seconds:
+                break
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        buf.close()
+    return Measurement(total, seconds, method)
+
+
+def record(path: str, m: Measurement, cache: str | None = None) -> dict[str, Any]:
+    """Cache ``m`` for the device of ``path`` unless a larger sample is cached already."""
+    devices = load_cache(cache)
+    key = device_key(path)
+    old = devices.get(key)
+    entry = {
+        "device": key,
+        "bytes_per_s": m.bytes_per_s,
+        "method": m.method,
+        "sample_bytes": m.nbytes,
+        "seconds": m.seconds,
+        "path": os.path.abspath(path),
+        "measured_at": int(time.time()),
+    }
+    if old is None or int(old.get("sample_bytes", 0)) < m.nbytes:
+        devices[key] = entry
+        save_cache(devices, cache)
+        return entry
+    return old
+
+
+def ensure_for_file(path: str, min_bytes: int = MIN_SAMPLE, cache: str | None = None) -> dict[str, Any] | None:
+    """The cached ceiling for ``path``'s device; measured now from ``path`` if absent and big enough."""
+    try:
+        cached = lookup(path, cache)
+        if cached is not None:
+            return cached
+        if os.path.getsize(path) < min_bytes:
+            return None
+        return record(path, measure_file(path), cache)
+    except OSError:
+        return None
+
+
+def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None) -> dict[str, Any]:
+    """Write a scratch file of ``size`` bytes in ``directory``, read it back directly, cache it."""
+    fd, scratch = tempfile.mkstemp(prefix=".infersight-ceiling-", dir=directory)
+    try:
+        chunk = os.urandom(1 << 20)
+        with os.fdopen(fd, "wb") as f:
+            for _ in range(size // len(chunk)):
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        return record(scratch, measure_file(scratch, max_bytes=size), cache)
+    finally:
+        try:
+            os.unlink(scratch)
+        except OSError:
+            pass
+
+
+def doctor_lines(cache: str | None = None) -> list[str]:
+    """What ``infersight doctor`` prints: one line per cached device."""
+    devices = load_cache(cache)
+    if not devices:
+        return ["storage ceiling: not measured yet (launch measures it from the first large weights file)"]
+    return [
+        "storage ceiling of device %s: %.0f MiB/s (%s read of %s from %s)"
+        % (k, float(v.get("bytes_per_s", 0)) / 2**20, v.get("method"), human(int(v.get("sample_bytes", 0))),
+           v.get("path"))
+        for k, v in sorted(devices.items())
+    ]

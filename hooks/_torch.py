@@ -1,0 +1,482 @@
+"""PyTorch instrumentation for the cold start (imported only once the user imported torch).
+
+Stdlib only at import: it receives the torch module from the import hook and never
+imports torch (or torch._dynamo, safetensors, onnxruntime) itself.
+
+| stage               | what is wrapped                                                          |
+| ------------------- | ------------------------------------------------------------------------ |
+| `cuda_init`         | `torch.cuda._lazy_init` (looked up at call time by C++ device_lazy_init), |
+|                     | with `torch.cuda.is_initialized()` polled at checkpoints as a fallback    |
+| `weights_load`      | `torch.serialization.load` (= `torch.load`), `torch.jit.load`,            |
+|                     | `safetensors.torch.load_file` / `load`, `safetensors.safe_open` blocks     |
+| `weights_to_device` | the outermost `nn.Module._apply` that moved bytes from the CPU to a device |
+| `graph_compile`     | torch._dynamo start/end callbacks (registered when torch._dynamo loads),  |
+|                     | `torch.jit.trace` / `trace_module` / `script`, onnxruntime sessions       |
+| `warmup`, `first_request` | the outermost `nn.Module._call_impl` per thread (a class attribute: |
+|                     | dynamo never sees it, so taking it out later causes no recompile)         |
+
+Every wrapper is taken out when the root ends (``_coldstart.uninstall``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _coldstart as cs
+from . import _runtime
+
+_tls = threading.local()
+_torch: Any = None
+_cuda_seen = False
+
+
+def _patch(obj: Any, name: str, new: Any) -> Any:
+    """Replace ``obj.name`` with ``new``; the undo puts the original back if ours is still there."""
+    orig = getattr(obj, name)
+    owned = name in getattr(obj, "__dict__", {})
+    setattr(obj, name, new)
+
+    def undo() -> None:
+        if getattr(obj, name, None) is new:
+            if owned:
+                setattr(obj, name, orig)
+            else:
+                delattr(obj, name)
+
+    cs.add_undo(undo)
+    return orig
+
+
+def _flag(name: str) -> int:
+    v: int = getattr(_tls, name, 0)
+    return v
+
+
+def _timed(
+    stage: str,
+    orig: Callable[..., Any],
+    describe: Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]],
+    guard: str,
+    after: Optional[Callable[[Dict[str, Any], float, Any], None]] = None,
+) -> Callable[..., Any]:
+    """A wrapper that runs ``orig`` inside one stage; nested calls of the same kind pass through."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        o = None
+        try:
+            if cs.collecting and not _flag(guard) and cs.root_open():
+                o = cs.begin(stage, describe(args, kwargs))
+                setattr(_tls, guard, 1)
+        except Exception as exc:
+            _runtime.fail(exc)
+        if o is None:
+            return orig(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as e:
+            setattr(_tls, guard, 0)
+            cs.end(o, err=e)
+            raise
+        setattr(_tls, guard, 0)
+        try:
+            if after is not None:
+                after(o.attrs, time.perf_counter() - t0, result)
+        except Exception as exc:
+            _runtime.fail(exc)
+        cs.end(o)
+        return result
+
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    return wrapper
+
+
+# -- weights_load -------------------------------------------------------------------------
+
+
+def _describe_file(f: Any) -> Tuple[str, int]:
+    """(absolute path or "", size in bytes or 0) for a path, file object or buffer."""
+    if isinstance(f, (str, os.PathLike)):
+        path = os.path.abspath(os.fspath(f))
+        try:
+            return str(path), os.stat(path).st_size
+        except OSError:
+            return str(path), 0
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return "", len(f)
+    name = getattr(f, "name", None)
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except Exception:
+        try:
+            size = f.getbuffer().nbytes
+        except Exception:
+            size = 0
+    return (os.path.abspath(name) if isinstance(name, str) else ""), size
+
+
+def _weights_describe(args: Tuple[Any, ...], kwargs: Dict[str, Any], key: str = "f") -> Dict[str, Any]:
+    f = args[0] if args else kwargs.get(key, kwargs.get("filename", kwargs.get("data")))
+    path, size = _describe_file(f)
+    a: Dict[str, Any] = {"infersight.weights.path": path, "infersight.weights.bytes": size}
+    ml = kwargs.get("map_location", kwargs.get("device"))
+    if ml is not None:
+        a["infersight.weights.map_location"] = str(ml)
+    if kwargs.get("mmap"):
+        a["infersight.weights.mmap"] = True
+    return a
+
+
+def _weights_after(attrs: Dict[str, Any], seconds: float, result: Any) -> None:
+    path = str(attrs.pop("infersight.weights.path", "") or "")
+    size = int(attrs.pop("infersight.weights.bytes", 0) or 0)
+    attrs.update(cs.weights_attrs(path, size, seconds))
+
+
+def _compile_describe(api: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]]:
+    def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        a: Dict[str, Any] = {"infersight.compile.api": api}
+        target = args[0] if args else None
+        if target is not None:
+            a["infersight.compile.target"] = type(target).__name__
+        return a
+
+    return describe
+
+
+class _SafeOpen:
+    """``with safe_open(...) as f:`` as one weights_load stage; everything else is the real one."""
+
+    __slots__ = ("_o", "_path", "_real", "_t0")
+
+    def __init__(self, real: Any, path: str) -> None:
+        self._real = real
+        self._path = path
+        self._o: Optional[cs.Open] = None
+        self._t0 = 0.0
+
+    def __enter__(self) -> Any:
+        try:
+            if cs.collecting and not _flag("weights") and cs.root_open():
+                self._o = cs.begin("weights_load")
+                _tls.weights = 1
+                self._t0 = time.perf_counter()
+        except Exception as exc:
+            _runtime.fail(exc)
+        return self._real.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self._real.__exit__(*exc)
+        finally:
+            o = self._o
+            if o is not None:
+                self._o = None
+                _tls.weights = 0
+                path, size = _describe_file(self._path)
+                o.attrs.update(cs.weights_attrs(path, size, time.perf_counter() - self._t0))
+                o.attrs["infersight.weights.api"] = "safetensors.safe_open"
+                cs.end(o, err=exc[1] if len(exc) > 1 else None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _install_safetensors(mod: Any) -> None:
+    orig = getattr(mod, "safe_open", None)
+    if orig is None:
+        return
+
+    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        real = orig(filename, *args, **kwargs)
+        if not cs.collecting or _flag("weights"):
+            return real
+        try:
+            return _SafeOpen(real, filename)
+        except Exception as exc:
+            _runtime.fail(exc)
+            return real
+
+    _patch(mod, "safe_open", safe_open)
+
+
+def _install_safetensors_torch(mod: Any) -> None:
+    for name in ("load_file", "load"):
+        orig = getattr(mod, name, None)
+        if orig is None:
+            continue
+        key = "filename" if name == "load_file" else "data"
+
+        def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any], _k: str = key, _n: str = name) -> Dict[str, Any]:
+            a = _weights_describe(args, kwargs, _k)
+            a["infersight.weights.api"] = "safetensors.torch." + _n
+            return a
+
+        _patch(mod, name, _timed("weights_load", orig, describe, "weights", _weights_after))
+
+
+# -- graph_compile: dynamo callbacks, onnxruntime ------------------------------------------
+
+
+def _install_dynamo(mod: Any) -> None:
+    handler = getattr(mod, "callback_handler", None)
+    if handler is None:
+        return
+
+    def on_start(args: Any = None) -> None:
+        try:
+            if not cs.collecting or not cs.root_open():
+                return
+            a: Dict[str, Any] = {"infersight.compile.api": "torch.compile"}
+            cid = getattr(args, "compile_id", None)
+            if cid is not None:
+                a["infersight.compile.id"] = str(cid)
+            trig = getattr(args, "callback_trigger", None)
+            if trig is not None:
+                a["infersight.compile.trigger"] = str(getattr(trig, "name", trig)).lower()
+            stack = _tls.__dict__.setdefault("dynamo", [])
+            stack.append(cs.begin("graph_compile", a))
+            cs._tls.compile = getattr(cs._tls, "compile", 0) + 1
+        except Exception as exc:
+            _runtime.fail(exc)
+
+    def on_end(args: Any = None) -> None:
+        try:
+            stack = _tls.__dict__.get("dynamo")
+            if stack:
+                cs._tls.compile = max(0, getattr(cs._tls, "compile", 1) - 1)
+                cs.end(stack.pop())
+        except Exception as exc:
+            _runtime.fail(exc)
+
+    handler.register_start_callback(on_start)
+    handler.register_end_callback(on_end)
+
+    def undo() -> None:
+        for remove, cb in ((handler.remove_start_callback, on_start), (handler.remove_end_callback, on_end)):
+            try:
+                remove(cb)
+            except ValueError:
+                pass  # torch._dynamo.reset() clears callbacks
+
+    cs.add_undo(undo)
+
+
+def _install_onnxruntime(mod: Any) -> None:
+    cls = getattr(mod, "InferenceSession", None)
+    if cls is None or "__init__" not in cls.__dict__:
+        return
+    orig = cls.__init__
+
+    def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        a: Dict[str, Any] = {"infersight.compile.api": "onnxruntime.InferenceSession"}
+        model = args[1] if len(args) > 1 else kwargs.get("path_or_bytes")
+        if isinstance(model, (str, os.PathLike)):
+            a["infersight.compile.model"] = os.path.abspath(os.fspath(model))
+        return a
+
+    _patch(cls, "__init__", _timed("graph_compile", orig, describe, "compile_ort"))
+
+
+# -- weights_to_device and cuda_init --------------------------------------------------------
+
+
+def _tensor_bytes(module: Any) -> Tuple[int, int, str]:
+    """(bytes on the CPU, bytes on a device, the first device seen) over params and buffers."""
+    cpu = dev = 0
+    where = ""
+    for group in (module.parameters(), module.buffers()):
+        for t in group:
+            kind = t.device.type
+            n = t.numel() * t.element_size()
+            if kind == "cpu":
+                cpu += n
+            elif kind != "meta":
+                dev += n
+                if not where:
+                    where = str(t.device)
+    return cpu, dev, where
+
+
+def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _apply(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        o = None
+        try:
+            if cs.collecting and not _flag("apply") and cs.root_open():
+                cpu0, dev0, _ = _tensor_bytes(self)
+                if cpu0:
+                    o = cs.begin("weights_to_device")
+                    _tls.apply = 1
+                    t0 = time.perf_counter()
+        except Exception as exc:
+            _runtime.fail(exc)
+        if o is None:
+            return orig(self, fn, *args, **kwargs)
+        try:
+            result = orig(self, fn, *args, **kwargs)
+        except BaseException as e:
+            _tls.apply = 0
+            cs.end(o, err=e, keep=False)
+            raise
+        _tls.apply = 0
+        try:
+            seconds = time.perf_counter() - t0
+            _cpu1, dev1, where = _tensor_bytes(self)
+            moved = dev1 - dev0
+            if moved > 0:
+                o.attrs.update(cs.weights_attrs("", moved, seconds))
+                o.attrs["infersight.weights.device"] = where
+                o.attrs["infersight.weights.module"] = type(self).__name__
+                _poll_cuda(o.start, o.span)
+                cs.end(o)
+            else:
+                cs.end(o, keep=False)  # a dtype change or a move back to the CPU
+        except Exception as exc:
+            _runtime.fail(exc)
+        return result
+
+    return _apply
+
+
+def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
+    def _lazy_init() -> None:
+        global _cuda_seen
+        o = None
+        try:
+            if cs.collecting and not _cuda_seen and not _torch.cuda.is_initialized() and cs.root_open():
+                o = cs.begin("cuda_init", {"infersight.cuda_init.detected_by": "lazy_init"})
+        except Exception as exc:
+            _runtime.fail(exc)
+        if o is None:
+            return orig()
+        try:
+            orig()
+        except BaseException as e:
+            cs.end(o, err=e)
+            raise
+        _cuda_seen = True
+        try:
+            o.attrs["infersight.cuda.device_count"] = int(_torch.cuda.device_count())
+        except Exception:
+            pass
+        cs.end(o)
+        return None
+
+    return _lazy_init
+
+
+def _poll_cuda(window_start: int, parent: Optional[str] = None) -> None:
+    """Fallback: CUDA initialised without our wrapper seeing it (e.g. a saved reference)."""
+    global _cuda_seen
+    if _cuda_seen or _torch is None:
+        return
+    cuda = getattr(_torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return
+    except Exception:
+        return
+    _cuda_seen = True
+    now = time.time_ns()
+    cs.emit_stage("cuda_init", _runtime.new_span_id(), parent or _runtime.root_span_id,
+                  min(window_start, now), now, {"infersight.cuda_init.detected_by": "poll"})
+
+
+# -- forwards: warmup and first_request -----------------------------------------------------
+
+
+def _make_call_impl(orig: Callable[..., Any], is_compiling: Callable[[], bool]) -> Callable[..., Any]:
+    tls = _tls
+
+    def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not cs.collecting or is_compiling():
+            return orig(self, *args, **kwargs)
+        depth = getattr(tls, "depth", 0)
+        tls.depth = depth + 1
+        token = None
+        if not depth:
+            try:
+                token = cs.forward_begin()
+                if token is not None and token[0] == "w" and token[1].n == 1:
+                    _poll_cuda(token[1].start)
+            except Exception as exc:
+                _runtime.fail(exc)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            tls.depth = depth
+            if token is not None:
+                try:
+                    cs.forward_end(token)
+                except Exception as exc:
+                    _runtime.fail(exc)
+
+    return _call_impl
+
+
+def install(torch: Any) -> None:
+    """Wrap what torch offers now; hook torch._dynamo, safetensors, onnxruntime for later."""
+    global _torch
+    if not cs.collecting:
+        return
+    _torch = torch
+    ser = getattr(torch, "serialization", None)
+    if ser is not None and hasattr(ser, "load"):
+        orig_load = ser.load
+        wrapped = _timed("weights_load", orig_load,
+                         lambda a, k: dict(_weights_describe(a, k), **{"infersight.weights.api": "torch.load"}),
+                         "weights", _weights_after)
+        _patch(ser, "load", wrapped)
+        if getattr(torch, "load", None) is orig_load:
+            _patch(torch, "load", wrapped)
+    jit = getattr(torch, "jit", None)
+    if jit is not None:
+        for name in ("trace", "trace_module", "script"):
+            if hasattr(jit, name):
+                _patch(jit, name, _timed_compile(getattr(jit, name), "torch.jit." + name))
+        if hasattr(jit, "load"):
+            _patch(jit, "load", _timed("weights_load", jit.load,
+                                       lambda a, k: dict(_weights_describe(a, k),
+                                                         **{"infersight.weights.api": "torch.jit.load"}),
+                                       "weights", _weights_after))
+    nn_module = getattr(getattr(torch, "nn", None), "Module", None)
+    if nn_module is not None:
+        compiler = getattr(torch, "compiler", None)
+        is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+        _patch(nn_module, "_call_impl", _make_call_impl(nn_module._call_impl, is_compiling))
+        _patch(nn_module, "_apply", _make_apply(nn_module._apply))
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and hasattr(cuda, "_lazy_init"):
+        try:
+            initialized = bool(cuda.is_initialized())
+        except Exception:
+            initialized = True
+        if not initialized:
+            _patch(cuda, "_lazy_init", _make_lazy_init(cuda._lazy_init))
+    cs.callbacks["ready"] = _poll_cuda
+    cs.on_import("torch._dynamo", _install_dynamo)
+    cs.on_import("safetensors", _install_safetensors)
+    cs.on_import("safetensors.torch", _install_safetensors_torch)
+    cs.on_import("onnxruntime", _install_onnxruntime)
+
+
+def _timed_compile(orig: Callable[..., Any], api: str) -> Callable[..., Any]:
+    inner = _timed("graph_compile", orig, _compile_describe(api), "jit")
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # Forwards run by the tracer belong to graph_compile, not to warmup.
+        cs._tls.compile = getattr(cs._tls, "compile", 0) + 1
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            cs._tls.compile = max(0, getattr(cs._tls, "compile", 1) - 1)
+
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    return wrapper
