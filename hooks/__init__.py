@@ -18,9 +18,11 @@ import time
 
 _BOOT_NS = time.time_ns()  # the bootstrap's first line: the end of runtime_init
 
-import functools  # noqa: E402
 import os  # noqa: E402
-from typing import Any, Callable, Dict, Optional, TypeVar  # noqa: E402
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Optional, TypeVar
+    F = TypeVar("F", bound=Callable[..., Any])
 
 from . import _coldstart, _runtime  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
@@ -29,7 +31,6 @@ __all__ = [
     "BUILTIN_STAGES", "active", "emit", "first_response", "flush", "log", "mark_ready", "metric", "stage",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def emit(kind: str, data: Dict[str, Any]) -> None:
@@ -125,7 +126,7 @@ class _Stage:
     def __call__(self, fn: F) -> F:
         name, attrs = self._name, self._attrs
 
-        @functools.wraps(fn)
+        @_runtime.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with _Stage(name, attrs):
                 return fn(*args, **kwargs)

@@ -19,13 +19,13 @@ Nothing here raises into user code: every entry point catches and calls ``_runti
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _runtime
 
@@ -210,6 +210,8 @@ def weights_attrs(path: str, nbytes: int, seconds: float) -> Dict[str, Any]:
             try:
                 if _ceilings is None:
                     _ceilings = {}
+                    import json
+
                     with open(_cache_file(), encoding="utf-8") as f:
                         loaded = json.load(f)
                     if isinstance(loaded, dict) and isinstance(loaded.get("devices"), dict):
@@ -423,14 +425,20 @@ _orig_listen: Any = None
 _listen_owned = False
 
 
-def _install_listen() -> None:
+def _install_listen(socket: Any = None) -> None:
+    """Wrap ``socket.socket.listen`` once the host imports ``socket`` (never before: ~4 ms)."""
     global _orig_listen, _listen_owned
+    if socket is None:
+        if "socket" not in sys.modules:
+            on_import("socket", _install_listen)
+            return
+        socket = sys.modules["socket"]
     cls = socket.socket
     _listen_owned = "listen" in cls.__dict__
     _orig_listen = cls.listen
     orig = _orig_listen
 
-    def listen(self: socket.socket, *args: Any) -> None:
+    def listen(self: Any, *args: Any) -> None:
         orig(self, *args)
         try:
             if (collecting and ready_ns is None and self.family in (socket.AF_INET, socket.AF_INET6)
@@ -446,6 +454,7 @@ def _unlisten() -> None:
     global _orig_listen
     if _orig_listen is None:
         return
+    socket = sys.modules["socket"]
     try:
         if _listen_owned:
             socket.socket.listen = _orig_listen  # type: ignore[method-assign]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 def _read(path: str) -> Optional[str]:

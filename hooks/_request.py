@@ -28,17 +28,18 @@ Nothing here raises into user code or blocks: any internal error disables the ho
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+    F = TypeVar("F", bound=Callable[..., Any])
 
 from . import _runtime
 
 __all__ = ["Request", "first_token", "request"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect
 _MAX_STR = 256
 
@@ -206,14 +207,14 @@ class Request:
         code = getattr(fn, "__code__", None)
         if code is not None and code.co_flags & _CO_COROUTINE:
 
-            @functools.wraps(fn)
+            @_runtime.wraps(fn)
             async def awrapper(*a: Any, **kw: Any) -> Any:
                 with Request(*args):
                     return await fn(*a, **kw)
 
             return awrapper  # type: ignore[return-value]
 
-        @functools.wraps(fn)
+        @_runtime.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
             with Request(*args):
                 return fn(*a, **kw)

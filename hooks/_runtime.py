@@ -9,10 +9,11 @@ from __future__ import annotations
 import atexit
 import contextvars
 import os
-import socket
 import sys
 import time
-from typing import Any, Dict, Optional, Tuple
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
 
 from . import _client, _paths, _proc
 from ._client import Client, _say
@@ -40,6 +41,22 @@ current_span: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
     "infersight_span", default=None
 )
 _failed = False
+
+
+def wraps(fn: Any) -> Any:
+    """``functools.wraps`` without importing functools (~3.5 ms of the hooks' import)."""
+
+    def apply(wrapper: Any) -> Any:
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(wrapper, name, getattr(fn, name))
+            except AttributeError:
+                pass
+        wrapper.__dict__.update(getattr(fn, "__dict__", {}))
+        wrapper.__wrapped__ = fn
+        return wrapper
+
+    return apply
 
 
 def new_span_id() -> str:
@@ -99,7 +116,7 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
         "exe": os.path.basename(sys.executable or "python"),
         "argv0": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
         "python": "%d.%d.%d" % sys.version_info[:3],
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,
         "service_name": env.get("OTEL_SERVICE_NAME", ""),
         "resource_attributes": env.get("OTEL_RESOURCE_ATTRIBUTES", ""),
         "trace_id": trace_id,

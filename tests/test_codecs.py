@@ -50,8 +50,27 @@ def test_frame_roundtrip_and_split() -> None:
     buf = _wire.encode_batch(events) + _wire.encode_frame({"t": "ack", "seq": 2})  # type: ignore[arg-type]
     frames, rest, bad = _wire.split_frames(buf + b"\x00\x00")
     assert not bad and rest == b"\x00\x00"
-    assert _wire.decode_payload(frames[0]) == {"t": "b", "e": events}
+    assert _wire.decode_payload(frames[0]) == {"t": "b", "n": 2, "l": 2, "e": events}
     assert _wire.decode_payload(frames[1]) == {"t": "ack", "seq": 2}
+    assert _wire.batch_header(frames[0]) == {"t": "b", "n": 2, "l": 2}
+
+
+def test_hook_encoder_matches_json_module() -> None:
+    import json
+
+    obj = {"t": "b", "e": [[1, 2, "log", {"s": 'q"\\\n\u00e9\u2603', "f": 1.5, "n": None, "b": False}]]}
+    frame = _wire.encode_frame(obj)
+    assert json.loads(frame[4:]) == obj
+    assert frame[4:].isascii()
+
+
+def test_reply_parser_reads_agent_replies_without_json() -> None:
+    for msg in ({"t": "ack", "seq": 123456789}, {"t": "welcome", "schema": 1},
+                {"t": "refuse", "schema": 1, "error": 'uid 5 is "not" allowed, {x}: y\\'}):
+        frame = _wire.encode_frame(msg)  # type: ignore[arg-type]
+        assert _wire.decode_reply(frame[4:]) == msg
+    assert _wire.decode_reply(b"garbage") is None
+    assert _wire.decode_reply(b'{"t": "ack", "seq": 12x}') is None
 
 
 def test_oversized_header_is_flagged() -> None:

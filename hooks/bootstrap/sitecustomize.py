@@ -6,8 +6,6 @@ this interpreter, activates it, then chains to any other ``sitecustomize`` on th
 Stdlib only; any failure prints one line and leaves the process untouched.
 """
 
-import importlib.machinery
-import importlib.util
 import os
 import sys
 
@@ -23,6 +21,7 @@ def _load_hooks() -> object:
         # An installed infersight of another version: use the one launch ships with.
     except ImportError:
         pass
+    import importlib.util
     import types
 
     pkg = sys.modules.get("infersight")
@@ -60,6 +59,12 @@ def _activate() -> None:
 def _chain() -> None:
     """Run the next sitecustomize on sys.path, the one ours shadows."""
     path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    if not any(os.path.exists(os.path.join(p or ".", "sitecustomize.py")) or
+               os.path.isdir(os.path.join(p or ".", "sitecustomize")) for p in path):
+        return  # the common case: nothing to chain, and importlib stays unimported
+    import importlib.machinery
+    import importlib.util
+
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
