@@ -19,6 +19,7 @@ runs no hooked Python, the launcher's own root gets ``ready_wait`` and
 from __future__ import annotations
 
 import asyncio
+import logging
 import http.client
 import json
 import os
@@ -35,6 +36,7 @@ from typing import TextIO
 from infersight.agent import config as cfg
 from infersight.agent.daemon import Agent
 from infersight.agent.model import ColdStart, Resource, SpanItem
+from infersight.agent import extensions
 from infersight.agent.sinks import build_exporters
 from infersight.hooks import _bootstrap_dir
 
@@ -269,8 +271,9 @@ async def _run(opts: LaunchOptions, out: TextIO) -> int:
             "exporters.console.enabled": opts.console,
         },
     )
-    agent = Agent(conf, build_exporters(conf, console_stream=out), embedded=True,
+    agent = Agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
                   exporter_spool_root=os.path.join(private, "exporter-spool"))
+    extensions.install(agent, conf)  # request latency, NVML devices, live OOM classification
     try:
         await agent.start()
         ready_file = os.path.join(private, "ready") if opts.ready_url else None
@@ -316,6 +319,7 @@ async def _run(opts: LaunchOptions, out: TextIO) -> int:
             p0 = launched[0]
             agent.router.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
                                              p0.resource)])
+        await _wait_for_brokers(agent)
         ok = await agent.shutdown(opts.flush_timeout_s)
         for line in _readiness_lines(readiness, spawn_ns):
             out.write(line + "\n")
@@ -324,6 +328,29 @@ async def _run(opts: LaunchOptions, out: TextIO) -> int:
         return exit_status(returncode)
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+async def _wait_for_brokers(agent: Agent) -> None:
+    """MQTT at exit: wait a bounded time (exporters.mqtt.exit_wait_s) for the broker."""
+    from infersight.exporters import mqtt
+
+    for w in agent.workers:
+        if isinstance(w.exporter, mqtt.MqttExporter):
+            await mqtt.wait_delivered(w.exporter, w)
+
+
+def _quiet_logging() -> None:
+    """Agent warnings as one-line notes on stderr; an absent NVML is no news on a workstation
+    (``infersight doctor`` reports it)."""
+    logger = logging.getLogger("infersight")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("infersight: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("INFERSIGHT_LOG_LEVEL", "WARNING").upper())
+        logger.propagate = False
+    logging.getLogger("infersight.agent.nvml").setLevel(logging.ERROR)
+    logging.getLogger("infersight.agent.devices_job").setLevel(logging.ERROR)
 
 
 def _forward(proc: asyncio.subprocess.Process, sig: int) -> Callable[[], None]:
@@ -409,6 +436,7 @@ def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
         (out or sys.stderr).write("infersight launch: missing command: infersight launch -- CMD...\n")
         return EXIT_USAGE
     opts.cmd = cmd
+    _quiet_logging()
     try:
         return asyncio.run(_run(opts, out or sys.stderr))
     except cfg.ConfigError as exc:

@@ -25,11 +25,26 @@ if TYPE_CHECKING:
     F = TypeVar("F", bound=Callable[..., Any])
 
 from . import _coldstart, _runtime  # noqa: E402
+from ._request import first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
 __all__ = [
-    "BUILTIN_STAGES", "active", "emit", "first_response", "flush", "log", "mark_ready", "metric", "stage",
+    "BUILTIN_STAGES", "active", "emit", "first_response", "first_token", "flush", "log", "mark_ready", "metric",
+    "report_oom", "request", "stage",
 ]
+
+
+def report_oom(exc: Optional[BaseException] = None) -> bool:
+    """Report a ``torch.OutOfMemoryError`` the server caught (and so no excepthook sees).
+
+    Call it in the ``except`` block; with no argument it takes the exception being handled.
+    Returns True when an OOM was reported. A no-op while the hooks are inactive.
+    """
+    if _runtime.client is None:
+        return False
+    from . import _alloc
+
+    return _alloc.report_oom(exc)
 
 
 

@@ -10,6 +10,13 @@ from __future__ import annotations
 from . import _runtime
 
 
+def _install_allocator_hooks(torch: object) -> None:
+    """Once the host imports torch: OOM capture and allocator telemetry (``_alloc``)."""
+    from . import _alloc
+
+    _alloc.install(torch)
+
+
 def activate_process() -> bool:
     if not _runtime.activate():
         return False
@@ -17,6 +24,7 @@ def activate_process() -> bool:
         from . import _BOOT_NS, _coldstart
 
         _coldstart.install(_BOOT_NS, from_bootstrap=True)
+        _coldstart.on_import("torch", _install_allocator_hooks)
     except Exception as exc:
         _runtime.fail(exc)
     return True
