@@ -19,6 +19,7 @@ import time
 _BOOT_NS = time.time_ns()  # the bootstrap's first line: the end of runtime_init
 
 import os  # noqa: E402
+
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Optional, TypeVar

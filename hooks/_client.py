@@ -11,24 +11,24 @@ anything dropped on a full buffer or spool shows up as a gap the agent counts.
 
 from __future__ import annotations
 
-from _collections import deque  # the C type; the collections module costs ~2.5 ms
+# The C socket type, not the ``socket`` module: same methods, without ~7 ms of imports
+# (selectors, enum) on the host's start-up path. Everything the drain thread uses is
+# imported here, on the main thread: a first import on a daemon thread can race the
+# host's own imports or interpreter shutdown.
+import _socket
 import fcntl
 import itertools
 import os
 import sys
 import threading
 import time
+from _collections import deque  # the C type; the collections module costs ~2.5 ms
+
+from . import _wire
+
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Any, Deque, Dict, List, Optional, Tuple
-
-# The C socket type, not the ``socket`` module: same methods, without ~7 ms of imports
-# (selectors, enum) on the host's start-up path. Everything the drain thread uses is
-# imported here, on the main thread: a first import on a daemon thread can race the
-# host's own imports or interpreter shutdown.
-import _socket
-
-from . import _wire
 
 # ~516 B per buffered log event with attributes: 131072 events bound the buffer near 64 MiB.
 MAX_BUFFER_EVENTS = 131072

@@ -23,11 +23,12 @@ import os
 import sys
 import threading
 import time
+
+from . import _runtime
+
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
-
-from . import _runtime
 
 # Top-level imports timed as ``framework_import`` (the outermost one wins; nested ones
 # are listed on it). Extend with INFERSIGHT_FRAMEWORKS=a,b,c.

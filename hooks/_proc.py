@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Optional

@@ -31,12 +31,13 @@ import contextvars
 import os
 import sys
 import time
+
+from . import _runtime
+
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
     F = TypeVar("F", bound=Callable[..., Any])
-
-from . import _runtime
 
 __all__ = ["Request", "first_token", "request"]
 

@@ -18,10 +18,12 @@ starting with the hello frame. ``{"t": "status"}`` asks the agent for its health
 from __future__ import annotations
 
 import struct
+
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
     Event = Tuple[int, int, str, Dict[str, Any]]
+
 
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -35,7 +37,6 @@ HEADER = struct.Struct("!I")
 #   metric: n name, v value, k kind (gauge|sum), u unit, a attributes
 #   drops:  buffer, spool (counts the producer dropped since it last reported)
 EVENT_KINDS = ("span", "log", "metric", "drops")
-
 
 
 def _make_dumps() -> Any:
@@ -60,7 +61,7 @@ def _make_dumps() -> Any:
         return lambda obj: json.dumps(obj, separators=(",", ":"), default=str)
 
 
-_dumps = _make_dumps()
+_dumps: Callable[[Any], str] = _make_dumps()
 
 
 def encode_frame(obj: Dict[str, Any]) -> bytes:
