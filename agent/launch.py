@@ -19,9 +19,9 @@ runs no hooked Python, the launcher's own root gets ``ready_wait`` and
 from __future__ import annotations
 
 import asyncio
-import logging
 import http.client
 import json
+import logging
 import os
 import shutil
 import signal
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from infersight.agent import config as cfg
+from infersight.agent import extensions
 from infersight.agent.daemon import Agent
 from infersight.agent.model import ColdStart, Resource, SpanItem
-from infersight.agent import extensions
 from infersight.agent.sinks import build_exporters
 from infersight.hooks import _bootstrap_dir
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
+from infersight import __version__
 from infersight.agent.model import (
     ColdStart,
     HistogramPoint,
@@ -52,8 +53,6 @@ from infersight.agent.model import (
     SpanItem,
 )
 from infersight.exporters.base import ExportError
-
-from infersight import __version__
 
 log = logging.getLogger("infersight.exporters.otlp")
 

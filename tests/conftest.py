@@ -48,10 +48,12 @@ def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:
 
 
 def read_otlp_lines(path: Path) -> list[dict]:  # type: ignore[type-arg]
+    """Every complete line of the file and its rotations; a line the agent is still
+    writing (no newline yet) is left for the next read."""
     out = []
     for p in sorted(path.parent.glob(path.name + "*")):
         with open(p) as f:
-            out += [json.loads(line) for line in f if line.strip()]
+            out += [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
     return out
 
 

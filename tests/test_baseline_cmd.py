@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+
 from infersight.agent import baseline_cmd
 
 KEYS = {"device", "hw_id", "name", "p50_s", "p99_s", "coefficient", "verdict", "cause"}

@@ -9,6 +9,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+
 from infersight.agent import classify_cmd
 from infersight.agent.classify_cmd import main
 

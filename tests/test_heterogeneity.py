@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from infersight.agent.heterogeneity import (
     LatencyWindow,
     SeriesKey,

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pynvml
 import pytest
+
 from infersight.agent.device_metrics import device_metrics
 from infersight.agent.model import Resource
 from infersight.agent.nvml import Nvml, XidWatcher

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from infersight.rules.engine import classify_message
 from infersight.rules.oom_parse import find_ooms
 

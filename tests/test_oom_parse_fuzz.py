@@ -7,6 +7,7 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from infersight.rules import oom_parse
 from infersight.rules.engine import classify_message
 from infersight.rules.oom_parse import OomMessage, find_ooms, parse_size

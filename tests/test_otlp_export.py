@@ -6,6 +6,9 @@ import asyncio
 import os
 
 import pytest
+from otlp_receiver import OtlpReceiver, attrs, free_port
+from otlp_samples import RES, T0, make_logs, make_metrics, make_spans
+
 from infersight.agent.model import (
     ColdStart,
     HistogramPoint,
@@ -22,8 +25,6 @@ from infersight.exporters.otlp import (
     resolve_endpoint,
     safe_url,
 )
-from otlp_receiver import OtlpReceiver, attrs, free_port
-from otlp_samples import RES, T0, make_logs, make_metrics, make_spans
 
 PROTOCOLS = ["http/protobuf", "grpc"]
 

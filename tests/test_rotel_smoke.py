@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from infersight.exporters.otlp import OtlpExporter
 from otlp_receiver import OtlpReceiver, attrs, free_port
 from otlp_samples import RES, make_logs, make_metrics, make_spans
+
+from infersight.exporters.otlp import OtlpExporter
 
 rotel = pytest.importorskip("rotel")
 ROTEL_BIN = Path(rotel.__file__).parent / "rotel-agent"

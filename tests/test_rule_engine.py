@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from infersight.rules import engine
 from infersight.rules.engine import (
     ExpressionError,

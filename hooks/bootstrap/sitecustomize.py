@@ -21,24 +21,30 @@ def _load_hooks() -> object:
         # An installed infersight of another version: use the one launch ships with.
     except ImportError:
         pass
-    import importlib.util
-    import types
+    # importlib.machinery rather than importlib.util: the latter pulls in contextlib,
+    # collections and functools, a few ms of start-up the host would pay for nothing.
+    import importlib.machinery
 
+    module_type = type(sys)
     pkg = sys.modules.get("infersight")
     if pkg is None:
-        pkg = types.ModuleType("infersight")
+        pkg = module_type("infersight")
         pkg.__path__ = []  # type: ignore[attr-defined]
         sys.modules["infersight"] = pkg
     hooks_dir = os.path.dirname(_HERE)
-    spec = importlib.util.spec_from_file_location(
-        "infersight.hooks", os.path.join(hooks_dir, "__init__.py"),
-        submodule_search_locations=[hooks_dir],
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot load infersight.hooks from %s" % hooks_dir)
-    module = importlib.util.module_from_spec(spec)
+    init = os.path.join(hooks_dir, "__init__.py")
+    loader = importlib.machinery.SourceFileLoader("infersight.hooks", init)
+    spec = importlib.machinery.ModuleSpec("infersight.hooks", loader, origin=init, is_package=True)
+    spec.submodule_search_locations = [hooks_dir]
+    spec.has_location = True
+    module = module_type("infersight.hooks")
+    module.__spec__ = spec
+    module.__loader__ = loader
+    module.__file__ = init
+    module.__path__ = [hooks_dir]  # type: ignore[attr-defined]
+    module.__package__ = "infersight.hooks"
     sys.modules["infersight.hooks"] = module
-    spec.loader.exec_module(module)
+    loader.exec_module(module)
     pkg.hooks = module  # type: ignore[attr-defined]
     return module
 
