@@ -36,9 +36,7 @@ from infersight.agent.sinks import build_exporters
 from infersight.hooks import _alloc, _runtime
 
 TESTS = Path(__file__).resolve().parent
-EXAMPLES = Path("/work/shared/data/oom_examples.jsonl")
-if not EXAMPLES.exists():
-    EXAMPLES = TESTS.parent.parent / "shared" / "data" / "oom_examples.jsonl"
+EXAMPLES = TESTS.parent.parent / "shared" / "data" / "oom_examples.jsonl"  # shared/ beside the checkout
 SPAN = "ab" * 8
 TRACE = "cd" * 16
 ROOT = "ef" * 8
