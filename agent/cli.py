@@ -183,11 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("--json", action="store_true")
     dp.set_defaults(func=_cmd_doctor)
 
-    for mod in ("classify_cmd", "baseline_cmd", "install_service"):
-        try:
-            module = __import__("infersight.agent." + mod, fromlist=["add_parser"])
-        except ImportError:
-            continue
+    from infersight.agent import baseline_cmd, classify_cmd, install_service
+
+    for module in (classify_cmd, baseline_cmd, install_service):
         module.add_parser(sub)
     return p
 

@@ -30,7 +30,7 @@ class ConfigError(Exception):
     """A bad configuration value; the message names the key and file:line."""
 
 
-def _bool(v: Any) -> bool:
+def parse_bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
     if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
@@ -40,7 +40,7 @@ def _bool(v: Any) -> bool:
     raise ValueError("expected true or false")
 
 
-def _int(v: Any) -> int:
+def parse_int(v: Any) -> int:
     if isinstance(v, bool):
         raise ValueError("expected an integer")
     if isinstance(v, int):
@@ -50,14 +50,14 @@ def _int(v: Any) -> int:
     raise ValueError("expected an integer")
 
 
-def _pos_int(v: Any) -> int:
-    n = _int(v)
+def parse_nonneg_int(v: Any) -> int:
+    n = parse_int(v)
     if n < 0:
         raise ValueError("expected a non-negative integer")
     return n
 
 
-def _pos_float(v: Any) -> float:
+def parse_pos_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError("expected a number")
     x = float(v)
@@ -66,8 +66,17 @@ def _pos_float(v: Any) -> float:
     return x
 
 
+def parse_nonneg_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number")
+    x = float(v)
+    if not x >= 0:
+        raise ValueError("expected a non-negative number")
+    return x
+
+
 def _mode(v: Any) -> int:
-    m = int(v, 8) if isinstance(v, str) else _int(v)
+    m = int(v, 8) if isinstance(v, str) else parse_int(v)
     if m & ~0o770:
         raise ValueError("socket mode must be 0660 or stricter (no bits for others)")
     return m
@@ -88,7 +97,7 @@ def _int_list(v: Any) -> list[int]:
         v = [x for x in re.split(r"[,\s]+", v) if x]
     if not isinstance(v, list):
         raise ValueError("expected a list of integers")
-    return [_int(x) for x in v]
+    return [parse_int(x) for x in v]
 
 
 def _str_list(v: Any) -> list[str]:
@@ -140,27 +149,27 @@ KEYS: tuple[Key, ...] = (
     Key("agent.spool_dir", _str, lambda: _paths.spool_dir({**os.environ, "INFERSIGHT_SPOOL_DIR": ""}),
         "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent",
         "`/var/lib/infersight/spool` if writable, else `$XDG_STATE_HOME/infersight/spool`"),
-    Key("agent.exporter_spool_max_bytes", _pos_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
+    Key("agent.exporter_spool_max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
         "disk spool per exporter while its peer is away"),
-    Key("agent.shutdown_timeout_s", _pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",
+    Key("agent.shutdown_timeout_s", parse_pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",
         "drain and flush limit on SIGTERM"),
-    Key("agent.health_interval_s", _pos_float, lambda: 15.0, "INFERSIGHT_HEALTH_INTERVAL_S",
+    Key("agent.health_interval_s", parse_pos_float, lambda: 15.0, "INFERSIGHT_HEALTH_INTERVAL_S",
         "how often the agent exports its own metrics"),
-    Key("agent.frame_timeout_s", _pos_float, lambda: 10.0, "INFERSIGHT_FRAME_TIMEOUT_S",
+    Key("agent.frame_timeout_s", parse_pos_float, lambda: 10.0, "INFERSIGHT_FRAME_TIMEOUT_S",
         "a peer must send a whole frame within this"),
     Key("agent.log_level", _log_level, lambda: "INFO", "INFERSIGHT_LOG_LEVEL", "agent log level"),
     Key("agent.host_name", _opt_str, lambda: None, "INFERSIGHT_HOST_NAME", "host.name (default: short hostname)"),
     Key("exporters.file.path", _opt_str, lambda: None, "INFERSIGHT_OTLP_FILE", "OTLP JSON lines file"),
-    Key("exporters.file.max_bytes", _pos_int, lambda: 256 << 20, "INFERSIGHT_OTLP_FILE_MAX_BYTES",
+    Key("exporters.file.max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_OTLP_FILE_MAX_BYTES",
         "rotate the file past this size"),
-    Key("exporters.file.backups", _pos_int, lambda: 3, "INFERSIGHT_OTLP_FILE_BACKUPS", "rotated files kept"),
+    Key("exporters.file.backups", parse_nonneg_int, lambda: 3, "INFERSIGHT_OTLP_FILE_BACKUPS", "rotated files kept"),
     Key("exporters.otlp.endpoint", _opt_str, lambda: None, "OTEL_EXPORTER_OTLP_ENDPOINT",
         "OTLP collector (no default: set it to export)"),
     Key("exporters.otlp.protocol", _protocol, lambda: None, "OTEL_EXPORTER_OTLP_PROTOCOL",
         "http/protobuf (default) or grpc"),
-    Key("exporters.otlp.timeout_s", _pos_float, lambda: None, "OTEL_EXPORTER_OTLP_TIMEOUT",
+    Key("exporters.otlp.timeout_s", parse_pos_float, lambda: None, "OTEL_EXPORTER_OTLP_TIMEOUT",
         "per-export timeout in seconds (default 10)"),
-    Key("exporters.console.enabled", _bool, lambda: False, "INFERSIGHT_CONSOLE", "print cold-start waterfalls"),
+    Key("exporters.console.enabled", parse_bool, lambda: False, "INFERSIGHT_CONSOLE", "print cold-start waterfalls"),
     Key("rules.dirs", _str_list, lambda: ["/etc/infersight/rules.d"], "INFERSIGHT_RULES_DIRS",
         "extra rule files (*.toml)"),
 )

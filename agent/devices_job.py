@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infersight.agent import config as cfg
+from infersight.agent.config import parse_bool as _flag
 from infersight.agent.device_metrics import device_metrics
 from infersight.agent.heterogeneity import DeviceVerdict, SeriesKey, WindowState, evaluate, summarize_samples
 from infersight.agent.model import Attributes, Item, LogItem, MetricItem, NumberPoint
@@ -91,14 +92,6 @@ def _seconds(v: Any, lo: float, hi: float) -> float:
     return x
 
 
-def _flag(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
 
 
 def _path(v: Any) -> str | None:

@@ -49,6 +49,11 @@ from paho.mqtt.properties import Properties
 
 from infersight import __version__
 from infersight.agent.config import Config, ConfigError, Key
+from infersight.agent.config import parse_bool as _p_bool
+from infersight.agent.config import parse_int as _p_int
+from infersight.agent.config import parse_nonneg_float as _p_nonneg_float
+from infersight.agent.config import parse_nonneg_int as _p_nonneg_int
+from infersight.agent.config import parse_pos_float as _p_pos_float
 from infersight.agent.model import Item
 from infersight.agent.redact import mask_url
 from infersight.exporters.base import ExportError
@@ -613,14 +618,6 @@ def _p_opt_str(v: Any) -> str | None:
     return None if v in (None, "") else _p_str(v)
 
 
-def _p_int(v: Any) -> int:
-    if isinstance(v, bool):
-        raise ValueError("expected an integer")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        return int(v.strip(), 0)
-    raise ValueError("expected an integer")
 
 
 def _p_qos(v: Any) -> int:
@@ -637,39 +634,12 @@ def _p_keepalive(v: Any) -> int:
     return n
 
 
-def _p_nonneg_int(v: Any) -> int:
-    n = _p_int(v)
-    if n < 0:
-        raise ValueError("expected a non-negative integer")
-    return n
 
 
-def _p_pos_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ValueError("expected a number")
-    x = float(v)
-    if not x > 0:
-        raise ValueError("expected a positive number")
-    return x
 
 
-def _p_nonneg_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ValueError("expected a number")
-    x = float(v)
-    if not x >= 0:
-        raise ValueError("expected a non-negative number")
-    return x
 
 
-def _p_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
 
 
 def _p_url(v: Any) -> str | None:

@@ -53,6 +53,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from infersight.agent.config import Config, ConfigError, Key
+from infersight.agent.config import parse_bool as _p_bool
+from infersight.agent.config import parse_int as _p_int
 from infersight.agent.device_metrics import MetricSpec, prometheus_name
 from infersight.agent.model import AttrValue, HistogramPoint, Item, MetricItem, NumberPoint, Resource
 from infersight.exporters.base import ExportError
@@ -448,20 +450,8 @@ def shipped_rule_files() -> list[Path]:
 # -- configuration -----------------------------------------------------------------------------
 
 
-def _p_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
 
 
-def _p_int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise ValueError("expected an integer")
-    return v if isinstance(v, int) else int(v.strip(), 10)
 
 
 def _p_port(v: Any) -> int:
