@@ -74,8 +74,8 @@ def health_metrics(
 ) -> list[MetricItem]:
     now = time.time_ns()
 
-    def m(name: str, kind: str, unit: str, desc: str, points: list[NumberPoint]) -> MetricItem:
-        return MetricItem(resource, name, kind, unit, desc, now, start_ns, points)  # type: ignore[arg-type]
+    def m(name: str, kind: str, unit: str, desc: str, points: list[NumberPoint], monotonic: bool = True) -> MetricItem:
+        return MetricItem(resource, name, kind, unit, desc, now, start_ns, points, monotonic)  # type: ignore[arg-type]
 
     c = counters
     out = [
@@ -83,9 +83,10 @@ def health_metrics(
           [NumberPoint(c.events_in)]),
         m("infersight.events.exported", "sum", "{item}", "Items handed to exporters",
           [NumberPoint(c.items_out)]),
+        # An up-down counter: it falls when a gap is filled late (a resend, a spool replay).
         m("infersight.events.lost", "sum", "{event}",
           "Events missing from producers' sequence numbers (gaps), not yet recovered",
-          [NumberPoint(lost)]),
+          [NumberPoint(lost)], monotonic=False),
         m("infersight.events.dropped", "sum", "{event}", "Events producers dropped on full buffers",
           [NumberPoint(dropped_by_producers)]),
         m("infersight.events.malformed", "sum", "{event}", "Events and frames rejected by validation",

@@ -91,7 +91,7 @@ def test_names_match_the_device_reference_table() -> None:
         ("hw.gpu.utilization", "gauge", "1", True, "hw_gpu_utilization_ratio"),
         ("infersight.device.coefficient", "gauge", "1", True, "infersight_device_coefficient_ratio"),
         ("hw.status", "sum", "1", False, "hw_status"),
-        ("infersight.events.lost", "sum", "{event}", True, "infersight_events_lost_total"),
+        ("infersight.events.lost", "sum", "{event}", False, "infersight_events_lost"),
         ("infersight.oom.count", "sum", "{oom}", True, "infersight_oom_count_total"),
         ("process.cpu.time", "sum", "s", True, "process_cpu_time_seconds_total"),
         ("already.total", "sum", "", True, "already_total"),
@@ -261,7 +261,7 @@ def test_real_agent_items_render() -> None:
     assert thermal == [1.0]
     assert (
         out["infersight_events_lost"]["samples"][
-            ("infersight_events_lost_total", (("host_name", "node-1"), ("service_name", "infersight-agent")))
+            ("infersight_events_lost", (("host_name", "node-1"), ("service_name", "infersight-agent")))
         ]
         == 2.0
     )
