@@ -161,7 +161,7 @@ def activate() -> bool:
         )
         atexit.register(_at_exit)
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_child)
+            os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
         return True
     except Exception as exc:
         fail(exc)
@@ -200,6 +200,48 @@ def _at_exit() -> None:
             client.close(_exit_flush_s())
     except Exception as exc:
         fail(exc)
+
+
+def _at_process_end() -> None:
+    """End of a forked multiprocessing worker: it leaves through os._exit, which skips
+    atexit, but runs multiprocessing's finalizers first. Idempotent with ``_at_exit``."""
+    coldstart = sys.modules.get(__name__.rsplit(".", 1)[0] + "._coldstart")
+    if coldstart is not None:
+        try:
+            coldstart._at_exit()
+        except Exception as exc:
+            fail(exc)
+    _at_exit()
+
+
+class _MpToken:
+    """A weak-referenceable anchor for multiprocessing's after-fork registry."""
+
+
+_mp_token = _MpToken()
+_mp_registered = False
+
+
+def _register_finalizer(_token: object = None) -> None:
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.Finalize(None, _at_process_end, exitpriority=-100)  # after the user's finalizers
+
+
+def _before_fork() -> None:
+    """In the parent, before a fork: if multiprocessing is in use, have its worker bootstrap
+    (which clears the finalizers inherited from the parent, then runs after-fork callbacks)
+    register our flush as one of the worker's finalizers."""
+    global _mp_registered
+    if _mp_registered or client is None:
+        return
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        try:
+            mp_util.register_after_fork(_mp_token, _register_finalizer)
+            _mp_registered = True
+        except Exception as exc:
+            fail(exc)
 
 
 def _after_fork_child() -> None:

@@ -105,3 +105,23 @@ def test_pth_install_activates_only_with_env(tmp_path: Path) -> None:
                            timeout=30)
     assert again.stdout.strip() == "False"
     assert BOOTSTRAP.is_dir()
+
+
+def test_multiprocessing_fork_worker_flushes_before_os_exit(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """multiprocessing's fork workers end with os._exit (no atexit): the hooks flush anyway."""
+    agent = agent_factory().start()
+    code = (
+        "import multiprocessing as mp\nfrom infersight import hooks\n"
+        "def work(n):\n    for i in range(n):\n        hooks.log('worker', i=i)\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('fork').Process(target=work, args=(500,))\n"
+        "    p.start(); p.join()\n    assert p.exitcode == 0\n"
+    )
+    r = run_hooked(tmp_path, agent, code)
+    assert r.returncode == 0, r.stderr
+    assert agent.stop() == 0
+    lines = read_otlp_lines(agent.out)
+    got = sorted(int(attr(x, "i")) for x in log_records(lines) if x["body"]["stringValue"] == "worker")
+    assert got == list(range(500))
+    roots = [s for s in spans(lines) if s["name"] == "coldstart" and attr(s, "infersight.process.forked")]
+    assert len(roots) == 1, "the worker's own cold-start root is exported too"
