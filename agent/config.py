@@ -274,6 +274,35 @@ def load(
     return Config(values, sources, path)
 
 
+def setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
+    """One key of a section that its own module owns (MQTT, Prometheus): the value
+    ``load(extra_keys=...)`` resolved, or resolved here, flag > env > file > default."""
+    src = config.sources.get(key.name, "")
+    if key.name in config.values and src.startswith(("flag", "env ", "default")):
+        return config.values[key.name]
+    origin, raw = "default", None
+    if key.env and env.get(key.env) not in (None, ""):
+        origin, raw = "env " + key.env, env[key.env]
+    elif key.name in config.values:
+        origin, raw = src or "file", config.values[key.name]
+    if origin == "default":
+        return key.default()
+    try:
+        return key.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, key.name, raw, exc)) from None
+
+
+def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:
+    """Every key of section ``prefix`` (e.g. ``exporters.mqtt.``), by its name inside the
+    section; an unknown key in the file is an error naming it and its file:line."""
+    values = {k.name[len(prefix) :]: setting(config, k, env) for k in keys}
+    unknown = sorted(n for n in config.values if n.startswith(prefix) and n[len(prefix) :] not in values)
+    if unknown:
+        raise ConfigError("%s: unknown key %r" % (config.sources.get(unknown[0], "config"), unknown[0]))
+    return values
+
+
 def key_table() -> str:
     rows = ["| key (TOML) | environment | default | meaning |", "| --- | --- | --- | --- |"]
     for k in KEYS:

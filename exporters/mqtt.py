@@ -48,7 +48,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from infersight import __version__
-from infersight.agent.config import Config, ConfigError, Key
+from infersight.agent.config import Config, ConfigError, Key, section_settings, setting
 from infersight.agent.config import parse_bool as _p_bool
 from infersight.agent.config import parse_int as _p_int
 from infersight.agent.config import parse_nonneg_float as _p_nonneg_float
@@ -753,26 +753,11 @@ class _Worker(Protocol):
     def state(self) -> dict[str, int | float | str]: ...
 
 
-def _setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
-    """A key resolved by ``config.load(extra_keys=MQTT_KEYS)``, or resolved here if it was not."""
-    if key.name in config.sources and config.sources[key.name].startswith(("flag", "env ", "default")):
-        return config.values[key.name]
-    origin, raw = "default", None
-    if key.env and env.get(key.env) not in (None, ""):
-        origin, raw = "env " + key.env, env[key.env]
-    elif key.name in config.values:
-        origin, raw = config.sources.get(key.name, "file"), config.values[key.name]
-    if origin == "default":
-        return key.default()
-    try:
-        return key.parse(raw)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, key.name, raw, exc)) from None
 
 
 def mqtt_requested(config: Config, env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return bool(_setting(config, MQTT_KEYS[0], env))
+    return bool(setting(config, MQTT_KEYS[0], env))
 
 
 def from_config(
@@ -789,10 +774,7 @@ def from_config(
     Raises :class:`ConfigError` naming the key (and ``file:line``) for a bad value.
     """
     env = os.environ if env is None else env
-    v = {k.name[len(_K) :]: _setting(config, k, env) for k in MQTT_KEYS}
-    unknown = sorted(n for n in config.values if n.startswith(_K) and n[len(_K) :] not in v)
-    if unknown:
-        raise ConfigError("%s: unknown key %r" % (config.sources.get(unknown[0], "config"), unknown[0]))
+    v = section_settings(config, _K, MQTT_KEYS, env)
     if not v["url"]:
         return None
     password = v["password"]

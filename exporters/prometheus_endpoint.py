@@ -52,7 +52,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from infersight.agent.config import Config, ConfigError, Key
+from infersight.agent.config import Config, Key, section_settings
 from infersight.agent.config import parse_bool as _p_bool
 from infersight.agent.config import parse_int as _p_int
 from infersight.agent.device_metrics import MetricSpec, prometheus_name
@@ -498,22 +498,6 @@ PROMETHEUS_KEYS: tuple[Key, ...] = (
 )  # fmt: skip
 
 
-def _setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
-    """A key resolved by ``config.load(extra_keys=PROMETHEUS_KEYS)``, or resolved here if it was not."""
-    src = config.sources.get(key.name, "")
-    if key.name in config.values and src.startswith(("flag", "env ", "default")):
-        return config.values[key.name]
-    origin, raw = "default", None
-    if key.env and env.get(key.env) not in (None, ""):
-        origin, raw = "env " + key.env, env[key.env]
-    elif key.name in config.values:
-        origin, raw = src or "file", config.values[key.name]
-    if origin == "default":
-        return key.default()
-    try:
-        return key.parse(raw)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, key.name, raw, exc)) from None
 
 
 def from_config(config: Config, *, env: Mapping[str, str] | None = None) -> PrometheusExporter | None:
@@ -522,10 +506,7 @@ def from_config(config: Config, *, env: Mapping[str, str] | None = None) -> Prom
     Raises :class:`ConfigError` naming the key (and ``file:line``) for a bad or unknown key.
     """
     env = os.environ if env is None else env
-    v = {k.name[len(_K) :]: _setting(config, k, env) for k in PROMETHEUS_KEYS}
-    unknown = sorted(n for n in config.values if n.startswith(_K) and n[len(_K) :] not in v)
-    if unknown:
-        raise ConfigError("%s: unknown key %r" % (config.sources.get(unknown[0], "config"), unknown[0]))
+    v = section_settings(config, _K, PROMETHEUS_KEYS, env)
     if not v["enabled"]:
         return None
     if v["host"] in ("0.0.0.0", "::"):
