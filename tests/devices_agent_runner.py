@@ -1,22 +1,12 @@
-"""A real agent process with the device job installed, for the device tests.
-
-    python tests/devices_agent_runner.py CONFIG.toml
-
-Builds the exporters from the config file, then ``Agent(config, exporters)`` and
-``devices_job.install(agent, config)``, and runs ``serve_forever()`` (SIGTERM stops it
-cleanly). It is what ``infersight agent --config`` does once the CLI calls ``install``.
-"""
+"""Helpers for the device tests: a real ``infersight agent --config`` process (the device
+job is part of every agent), and readers for what it exported."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-RUNNER = Path(__file__).resolve()
 
 
 def write_config(root: Path, extra: str) -> Path:
@@ -35,10 +25,9 @@ def write_config(root: Path, extra: str) -> Path:
 
 def start_agent(root: Path, env: dict[str, str], extra: str) -> subprocess.Popen[bytes]:
     conf = write_config(root, extra)
-    env = dict(env)
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    env = {k: v for k, v in env.items() if not k.startswith(("INFERSIGHT_", "OTEL_EXPORTER_OTLP"))}
     proc = subprocess.Popen(
-        [sys.executable, str(RUNNER), str(conf)],
+        [sys.executable, "-m", "infersight", "agent", "--config", str(conf)],
         stdout=open(root / "agent.log", "ab"),  # noqa: SIM115
         stderr=subprocess.STDOUT,
         env=env,
@@ -74,24 +63,3 @@ def _wait_for(pred: Any, timeout: float) -> bool:
             return True
         time.sleep(0.02)
     return bool(pred())
-
-
-def main(argv: list[str]) -> int:
-    from infersight.agent import config as cfg
-    from infersight.agent.daemon import Agent
-    from infersight.agent.devices_job import install
-    from infersight.agent.sinks import build_exporters
-
-    conf = cfg.load(argv[0], env={}, require_file=True)
-    logging.basicConfig(level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    async def run() -> int:
-        agent = Agent(conf, build_exporters(conf, env={}))
-        install(agent, conf)
-        return await agent.serve_forever()
-
-    return asyncio.run(run())
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

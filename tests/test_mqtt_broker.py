@@ -169,10 +169,17 @@ async def test_last_will_on_sigkill_and_online_after_restart(broker: Mosquitto, 
     host = "lw-host"
     status = "infersight/%s/status" % host
 
+    root = tmp_path / "agent"
+    root.mkdir()
+    config = root / "infersight.toml"  # the real daemon, MQTT from its config file
+    config.write_text(
+        f'[agent]\nsocket = "{root / "agent.sock"}"\nspool_dir = "{root / "spool"}"\n'
+        f'host_name = "{host}"\nhealth_interval_s = 3600\n[exporters.mqtt]\nurl = "{broker.url}"\n'
+    )
+
     def spawn() -> subprocess.Popen[bytes]:
-        root = tmp_path / "agent"
-        root.mkdir(exist_ok=True)
-        return subprocess.Popen([sys.executable, str(TESTS / "mqtt_agent_runner.py"), str(root), broker.url, host],
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT_", "OTEL_EXPORTER_OTLP"))}
+        return subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(config)], env=env,
                                 stdout=open(tmp_path / "agent.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
     async with Collector(broker, status) as sub:

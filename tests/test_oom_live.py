@@ -556,27 +556,12 @@ async def test_end_to_end_oom_in_warmup(tmp_path: Path) -> None:
 # -- SIGHUP: a real agent process --------------------------------------------------------------
 
 
-class OomAgentProcess(AgentProcess):
-    """AgentProcess, run through tests/oom_agent_runner.py (the agent with oom_kind.install)."""
-
-    def start(self, wait: bool = True) -> OomAgentProcess:
-        env = dict(os.environ)
-        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, str(TESTS / "oom_agent_runner.py"), str(self.config)],
-            stdout=open(self.log, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        if wait:
-            assert wait_for(self.sock.exists, 15), self.log.read_text()
-        return self
 
 
 def test_sighup_reload_keeps_old_rules_on_an_invalid_file(tmp_path: Path) -> None:
     rules = tmp_path / "rules"
     rules.mkdir()
-    a = OomAgentProcess(tmp_path, '[rules]\ndirs = ["%s"]\n' % rules).start()
+    a = AgentProcess(tmp_path, '[rules]\ndirs = ["%s"]\n' % rules).start()
     text = example("oom-072")["text"]  # 55.57 GiB asked of a 12 GiB device
 
     def classify_once() -> str:
