@@ -161,31 +161,6 @@ class DiskSpool:
         if self._counts.get(seg, 0) == 0 and self.read_pos >= os.path.getsize(self._seg_path(seg)):
             self._retire_first()
 
-    def peek(self) -> list[Item] | None:
-        """The oldest batch, or None when empty. Skips (and counts) corrupt records."""
-        while self.segments:
-            seg = self.segments[0]
-            try:
-                with open(self._seg_path(seg), "rb") as f:
-                    f.seek(self.read_pos)
-                    hdr = f.read(REC.size)
-                    if len(hdr) == REC.size:
-                        size, count = REC.unpack(hdr)
-                        payload = f.read(size)
-                        try:
-                            return [from_dict(d) for d in json.loads(payload)]
-                        except (ValueError, KeyError, TypeError):
-                            self.corrupt_records += 1
-                            self.dropped_items += count
-                            self._advance(REC.size + size, count)
-                            continue
-            except OSError:
-                pass
-            if len(self.segments) == 1:
-                return None  # fully read; the writer keeps appending here
-            self._retire_first()
-        return None
-
     def _advance(self, nbytes: int, count: int) -> None:
         self.read_pos += nbytes
         seg = self.segments[0]
@@ -201,13 +176,3 @@ class DiskSpool:
             pass
         self.read_pos = 0
         self._save_pos()
-
-    def pop(self) -> None:
-        """Forget the batch ``peek`` returned (after it was exported)."""
-        seg = self.segments[0]
-        with open(self._seg_path(seg), "rb") as f:
-            f.seek(self.read_pos)
-            size, count = REC.unpack(f.read(REC.size))
-        self._advance(REC.size + size, count)
-        if self._counts.get(seg, 0) == 0 and self.read_pos >= os.path.getsize(self._seg_path(seg)):
-            self._retire_first()
