@@ -14,6 +14,8 @@ import tempfile
 import threading
 import time
 
+from otel_reference import sdk_span_seconds  # bench/ is on sys.path when run as a script
+
 N = 100_000
 REPEAT = 5
 
@@ -58,27 +60,6 @@ def bench_emit() -> list[float]:
     return per_op
 
 
-def bench_span() -> list[float]:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-    class Null(SpanExporter):
-        def export(self, spans):  # type: ignore[no-untyped-def]
-            return SpanExportResult.SUCCESS
-
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(Null()))
-    tracer = tp.get_tracer("bench")
-    attrs = {"infersight.stage": "warmup", "model": "resnet50", "batch": 8, "bytes": 123456789, "x": "y"}
-    per_op = []
-    for _ in range(REPEAT):
-        t0 = time.perf_counter()
-        for _i in range(N // 5):
-            s = tracer.start_span("coldstart.warmup", attributes=attrs)
-            s.end()
-        per_op.append((time.perf_counter() - t0) / (N // 5))
-    tp.shutdown()
-    return per_op
 
 
 def main() -> None:
@@ -90,7 +71,7 @@ def main() -> None:
         "n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1_700_000_000_000_000_000,
         "a": {"infersight.stage": "warmup", "model": "resnet50", "batch": 8, "bytes": 123456789}})])
     e = statistics.median(bench_emit())
-    s = statistics.median(bench_span())
+    s = sdk_span_seconds(N // 5, REPEAT)
     out = {
         "event_bytes": len(sample),
         "emit_us": round(e * 1e6, 3),

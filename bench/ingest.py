@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from otel_reference import sdk_span_seconds  # bench/ is on sys.path when run as a script
+
 PRODUCER = r"""
 import json, os, socket, struct, sys, time
 sock_path, n = sys.argv[1], int(sys.argv[2])
@@ -82,31 +84,12 @@ async def run(n: int) -> dict[str, float]:
     }
 
 
-def sdk_spans_per_cpu_s(n: int = 20_000) -> float:
-    """The DESIGN's reference unit, measured here: OTel SDK span start+end per CPU-second."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-    class Null(SpanExporter):
-        def export(self, spans):  # type: ignore[no-untyped-def]
-            return SpanExportResult.SUCCESS
-
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(Null()))
-    tracer = tp.get_tracer("bench")
-    attrs = {"infersight.stage": "warmup", "model": "m", "batch": 8, "bytes": 123456789, "x": "y"}
-    t0 = time.process_time()
-    for _ in range(n):
-        tracer.start_span("s", attributes=attrs).end()
-    cpu = time.process_time() - t0
-    tp.shutdown()
-    return n / cpu
 
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
     out = asyncio.run(run(n))
-    ref = sdk_spans_per_cpu_s()
+    ref = 1.0 / sdk_span_seconds(clock=time.process_time)  # SDK spans per CPU-second, here
     out["sdk_spans_per_cpu_s_here"] = round(ref)
     out["ratio_ingest_over_sdk_span"] = round(out["events_per_s_per_core"] / ref, 2)
     out["goal_ratio"] = 1.7
