@@ -32,11 +32,18 @@ def site_packages(python: str) -> str:
     return str(json.loads(out.stdout))
 
 
-def install(python: str, out: TextIO) -> int:
+def pth_path(python: str, out: TextIO) -> str | None:
+    """Where the .pth file goes for ``python``; None (said on ``out``) when it cannot tell."""
     try:
-        target = os.path.join(site_packages(python), PTH_NAME)
+        return os.path.join(site_packages(python), PTH_NAME)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         out.write("infersight hooks: cannot ask %s for its site-packages: %s\n" % (python, exc))
+        return None
+
+
+def install(python: str, out: TextIO) -> int:
+    target = pth_path(python, out)
+    if target is None:
         return 2
     try:
         with open(target, "w") as f:
@@ -49,10 +56,8 @@ def install(python: str, out: TextIO) -> int:
 
 
 def uninstall(python: str, out: TextIO) -> int:
-    try:
-        target = os.path.join(site_packages(python), PTH_NAME)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        out.write("infersight hooks: cannot ask %s for its site-packages: %s\n" % (python, exc))
+    target = pth_path(python, out)
+    if target is None:
         return 2
     try:
         os.unlink(target)
