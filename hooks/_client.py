@@ -159,6 +159,8 @@ class Client:
             self._try_connect()
         if self._sock is not None:
             self._read_acks()
+            if self._spool_pending():
+                self._replay_spool()
         while self._buf:
             if self._sock is not None and self._outbox_bytes >= MAX_OUTBOX_BYTES:
                 self._read_acks(block=True)
@@ -333,8 +335,13 @@ class Client:
             self.dropped_spool += n_events
 
     def _replay_spool(self) -> None:
+        """Send the spool in order, within the outbox bound; resumed by later pumps."""
         fd = self._spool_fd
         while fd is not None and self._sock is not None and self._spool_pending():
+            if self._outbox_bytes >= MAX_OUTBOX_BYTES:
+                self._read_acks(block=True)
+                if self._outbox_bytes >= MAX_OUTBOX_BYTES:
+                    return  # the agent has not acked yet: go on at the next pump
             data = os.pread(fd, min(1 << 20, self._spool_size - self._spool_read), self._spool_read)
             frames, _rest, _bad = _wire.split_frames(data)
             if not frames:

@@ -104,3 +104,40 @@ def test_full_buffer_drops_are_counted(tmp_path: Path, agent_factory) -> None:  
     assert st["lost"] + st["dropped_by_producers"] >= missing
     assert st["lost"] >= missing, "gaps in the sequence numbers count every dropped event"
     assert os.path.exists(agent.out)
+
+
+def test_live_producer_replays_a_large_spool_within_its_memory_bound(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """The agent is away while a live process spools more than the in-memory outbox may hold;
+    when the agent appears, the process replays it all, in order, without loading it all."""
+    agent = agent_factory()
+    go = tmp_path / "agent-is-up"
+    script = tmp_path / "emit.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from infersight import hooks\nfrom infersight.hooks import _client, _runtime\n"
+        "_client.MAX_OUTBOX_BYTES = 64 * 1024\n"
+        "c = _runtime.client\npeak = [0]\norig = c._send\n"
+        "def send(*a):\n    orig(*a)\n    peak[0] = max(peak[0], c._outbox_bytes)\n"
+        "c._send = send\n"
+        "for i in range(20000):\n    hooks.log('e', i=i)\n"
+        "hooks.flush(10)\n"
+        "assert c._spool_size > 4 * _client.MAX_OUTBOX_BYTES, c._spool_size\n"
+        "print('spooled', flush=True)\n"
+        "while not os.path.exists(%r):\n    time.sleep(0.02)\n"
+        "deadline = time.time() + 60\n"
+        "while (c._spool_pending() or c._outbox or c._sock is None) and time.time() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print('peak', peak[0], flush=True)\n" % str(go)
+    )
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env=hook_env(agent.sock, agent.spool))
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "spooled"
+    agent.start()
+    go.write_text("")
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0
+    peak = int(out.split()[-1])
+    assert peak <= 64 * 1024 + (1 << 20), "replay stays within the outbox bound (plus one read)"
+    assert agent.stop() == 0
+    assert sorted(indices(read_otlp_lines(agent.out))) == list(range(20000))
