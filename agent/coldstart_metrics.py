@@ -66,6 +66,10 @@ COLD_BELOW = 0.5  # page_cache_ratio under this is a cold read (as ceiling_ratio
 MAX_RESOURCES = 256  # services held; the least recently observed is forgotten past this
 MAX_STAGES = 64  # distinct stages per service; more custom stages count as "other"
 MAX_ENDED_BY = 16
+# Re-export a service's cumulative snapshot after this long without a cold start, as an OTel
+# periodic reader would (its default interval): a Collector (metric_expiration) or our own
+# endpoint (series_ttl_s, default 300 s) keeps the series of a service that starts rarely.
+REFRESH_NS = 60 * 1_000_000_000
 _RESERVED = (UNATTRIBUTED, TOTAL, OTHER)  # always kept; not counted against MAX_STAGES
 
 # Resource attributes that name a service on a host. service.version is left out on purpose:
@@ -308,7 +312,7 @@ class ColdStartMetrics:
         t = self._time(t_ns)
         return [m for res, svc in self._services.items() for m in self._items(res, svc, t)]
 
-    def due(self, t_ns: int, every_ns: int) -> list[MetricItem]:
+    def due(self, t_ns: int, every_ns: int = REFRESH_NS) -> list[MetricItem]:
         """Snapshots of the services not published in the last ``every_ns``."""
         t = self._time(t_ns)
         return [m for res, svc in self._services.items() if t - svc.emitted_ns >= every_ns

@@ -168,3 +168,61 @@ def spans_of(lines: list[dict[str, Any]], service: str) -> list[dict[str, Any]]:
             if res.get("service.name") == service:
                 out += [s for ss in rs["scopeSpans"] for s in ss["spans"] if s["name"] == "coldstart"]
     return out
+
+
+class _Capture:
+    """A sink that keeps what it gets (the agent's exporter protocol, nothing more)."""
+
+    name = "capture"
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def export(self, batch: Any) -> None:
+        self.items.extend(batch)
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        return True
+
+    async def shutdown(self) -> None:
+        pass
+
+    def state(self) -> dict[str, int | float | str]:
+        return {}
+
+
+async def test_agent_republishes_a_quiet_service(tmp_path: Path) -> None:
+    """A service with no cold start for a minute is exported again (its series stay live)."""
+    import asyncio
+    import time
+
+    from infersight.agent import config as cfg
+    from infersight.agent.daemon import Agent
+    from infersight.agent.model import ColdStart, Resource, SpanItem
+
+    conf = cfg.load(None, env={}, flags={
+        "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),
+        "agent.health_interval_s": 0.05,
+    })  # fmt: skip
+    sink = _Capture()
+    agent = Agent(conf, [sink], exporter_spool_root=str(tmp_path / "xspool"))
+    long_ago = time.time_ns() - 120 * 10**9
+    root = SpanItem(Resource.of({"service.name": "quiet", "host.name": "h"}), "a" * 32, "b" * 16, None,
+                    "coldstart", long_ago - 10**9, long_ago, {"infersight.coldstart.ended_by": "first_request"})
+    agent.assembler.coldstart_metrics.observe(ColdStart(root, []), long_ago)
+    await agent.start()
+    try:
+        for _ in range(200):
+            if any(getattr(i, "name", "") == "infersight.coldstart.duration" for i in sink.items):
+                break
+            await asyncio.sleep(0.02)
+        refreshed = [i for i in sink.items if getattr(i, "name", "") == "infersight.coldstart.duration"]
+        assert refreshed, "no refresh"
+        assert refreshed[0].time_ns > long_ago + 60 * 10**9 and refreshed[0].points[0].count == 1
+        await asyncio.sleep(0.3)  # several health ticks: not re-sent before another minute
+        assert len([i for i in sink.items if getattr(i, "name", "") == "infersight.coldstart.duration"]) == 1
+    finally:
+        await agent.shutdown(5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -289,3 +290,12 @@ def test_module_prints_the_table() -> None:
 
     coldstart_metrics._main(out.append)
     assert out == [render_reference_markdown().rstrip("\n")]
+
+
+def test_items_survive_the_exporter_spool_codec() -> None:
+    """An exporter whose peer is away spools these items; they must come back equal."""
+    from infersight.agent import itemcodec
+
+    _, items = _items()
+    back = [itemcodec.from_dict(json.loads(json.dumps(itemcodec.to_dict(m)))) for m in items]
+    assert back == items
