@@ -85,12 +85,13 @@ def prometheus_name(spec: MetricSpec) -> str:
     gauges only, ``{...}`` units dropped, ``_total`` for monotonic sums."""
     name = re.sub(r"[^a-zA-Z0-9_:]", "_", spec.name)
     unit = spec.unit
-    if "/" in unit and not unit.startswith("{"):
+    if "/" in unit:
         # A rate unit, as the Collector translates it: ``By/s`` -> ``_bytes`` (unless the name
-        # already has that word) and ``_per_second`` (likewise).
+        # already has that word) and ``_per_second`` (likewise); ``{request}/s`` -> ``_per_second``.
         main, _, per = unit.partition("/")
         words = name.split("_")
-        main_word = _PROM_UNITS.get(main, re.sub(r"[^a-zA-Z0-9]", "", main)) if main not in ("", "1") else ""
+        skip = main in ("", "1") or main.startswith("{")
+        main_word = "" if skip else _PROM_UNITS.get(main, re.sub(r"[^a-zA-Z0-9]", "", main))
         if main_word and main_word not in words:
             name += "_" + main_word
         per_word = _PER_UNITS.get(per, re.sub(r"[^a-zA-Z0-9]", "", per))

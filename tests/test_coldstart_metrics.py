@@ -202,6 +202,15 @@ def test_prometheus_names_labels_and_buckets() -> None:
     assert got[("infersight_coldstart_count_total", _key(ended))] == 1
 
 
+def test_rate_units_are_named_as_the_collector_names_them() -> None:
+    from infersight.agent.device_metrics import MetricSpec, prometheus_name
+
+    assert prometheus_name(MetricSpec("disk.read", "gauge", "By/s", "")) == "disk_read_bytes_per_second"
+    assert prometheus_name(MetricSpec("load.bytes.rate", "gauge", "By/s", "")) == "load_bytes_rate_per_second"
+    assert prometheus_name(MetricSpec("served", "sum", "{request}/s", "", monotonic=True)) == "served_per_second_total"
+    assert prometheus_name(MetricSpec("x.per.second", "gauge", "1/s", "")) == "x_per_second"
+
+
 def _key(labels: dict[str, str], **more: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({**labels, **more}.items()))
 
