@@ -205,7 +205,7 @@ def metric_resource(r: Resource) -> Resource:
     for k in RESOURCE_KEYS:
         v = r.get(k)
         if v is not None and v != "":
-            attrs[k] = v
+            attrs[k] = v if isinstance(v, (str, bool, int, float)) else str(v)  # hashable: a dict key
     host = attrs.get("host.name")
     if isinstance(host, str) and host:
         attrs["service.instance.id"] = host

@@ -118,6 +118,12 @@ def test_services_helpers_time_order_and_refresh() -> None:
     assert {m.resource.get("service.name") for m in acc.due(T0 + 20 * S, 10 * S)} == {"a", "b"}
 
 
+def test_list_valued_resource_attribute_does_not_break_the_key() -> None:
+    r = Resource.of({"service.name": "x", "service.namespace": ["a", "b"], "host.name": "h"})
+    (m, _) = ColdStartMetrics().observe(cold_start(r, 1.0, []), T0)
+    assert m.resource.get("service.namespace") == "['a', 'b']"
+
+
 def test_bounds_on_stages_and_services() -> None:
     acc = ColdStartMetrics(max_resources=2, max_stages=2)
     r = res()
