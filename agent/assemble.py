@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infersight import __version__
+from infersight.agent.coldstart_metrics import ColdStartMetrics
 from infersight.agent.model import (
     Attributes,
     AttrValue,
@@ -216,6 +217,7 @@ class Assembler:
         self.producers: OrderedDict[str, Producer] = OrderedDict()
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
+        self.coldstart_metrics = ColdStartMetrics()  # per service, across producers
 
     def hello(self, raw: Any) -> Producer:
         info = validate_hello(raw)
@@ -342,7 +344,9 @@ class Assembler:
             done = {s.span_id for s in stages}
             p.pending = [s for s in p.pending if s.span_id not in done]
             out.append(span)
-            out.append(ColdStart(span, sorted(stages, key=lambda s: s.start_ns)))
+            cs = ColdStart(span, sorted(stages, key=lambda s: s.start_ns))
+            out.append(cs)
+            out.extend(self.coldstart_metrics.observe(cs, t_ns))
             return
         if name.startswith("coldstart."):
             p.pending.append(span)

@@ -173,6 +173,8 @@ class Agent:
         while True:
             await asyncio.sleep(min(interval, replay_every))
             self.publish_health()
+            # Cumulative cold-start metrics again, so series of rarely starting services stay live.
+            self.router.publish(self.assembler.coldstart_metrics.due(time.time_ns()))
             if time.monotonic() - last_replay >= replay_every:
                 last_replay = time.monotonic()
                 self.ingest.replay_spools(self.config["agent.spool_dir"])

@@ -314,7 +314,7 @@ async def _run(opts: LaunchOptions, out: TextIO) -> int:
         launched = [p for p in agent.assembler.producers.values() if p.info.get("launched")]
         if not launched:
             cs = launcher_root(opts.cmd, proc.pid, spawn_ns, end_ns, agent.host_name, readiness)
-            agent.router.publish([cs.root, *cs.stages, cs])
+            agent.router.publish([cs.root, *cs.stages, cs, *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
         elif readiness.probe is not None and readiness.probe.first_byte_ns:
             p0 = launched[0]
             agent.router.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],

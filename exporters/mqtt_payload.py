@@ -9,7 +9,9 @@ topic                      retained  payload
 ``birth``                  yes      :func:`birth_payload` (daemon only)
 ``launch/<pid>/status``    yes      ``online`` / last will ``offline``; cleared on clean exit
 ``launch/<pid>/birth``     no       :func:`birth_payload` of an embedded ``launch`` agent
-``coldstart``              no       one completed cold start: root span + every stage
+``coldstart``              no       one completed cold start: root span + every stage, and
+                                    ``stage_durations_s`` (the seconds the duration histogram
+                                    observes: per stage, ``unattributed``, ``total``)
 ``oom``                    no       an OOM result (log record, ``infersight.oom.*`` attributes)
 ``memory``                 no       memory events and memory metric snapshots of producers
 ``device/<hw.id>``         no       one device's metric snapshot (or a device event)
@@ -32,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.agent.coldstart_metrics import ended_by, stage_durations
 from infersight.agent.model import (
     Attributes,
     ColdStart,
@@ -193,6 +196,9 @@ def coldstart_payload(cs: ColdStart, host: str) -> dict[str, Any]:
     d["trace_id"] = cs.root.trace_id
     d["root"] = span_dict(cs.root)
     d["stages"] = [span_dict(s) for s in cs.stages]
+    # The values the infersight.coldstart.duration histogram observes, for MQTT-side aggregation.
+    d["stage_durations_s"] = stage_durations(cs)
+    d["ended_by"] = ended_by(cs)
     d["resource"] = _resource(cs.root.resource)
     return d
 

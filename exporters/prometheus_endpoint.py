@@ -443,7 +443,7 @@ class PrometheusExporter:
 
 
 def shipped_rule_files() -> list[Path]:
-    """The Prometheus rule files shipped as package data: ``alerts.yml`` and ``recording.yml``."""
+    """The Prometheus rule files shipped as package data: ``alerts.yml``, ``coldstart.yml``, ``recording.yml``."""
     return sorted((Path(__file__).resolve().parent / "prometheus").glob("*.yml"))
 
 
