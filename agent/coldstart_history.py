@@ -54,7 +54,7 @@ def cache_state(weights_page_cache_ratio: float | None, compile_cache: str | Non
 def run_to_json(key: str, run: Run) -> dict[str, Any]:
     return {
         "key": key, "total_s": round(run.total_s, 6), "cache": run.cache, "ended_at": run.ended_at,
-        "stages": [[s, round(d, 6)] for s, d in run.stages],
+        "stages": [[s, round(d, 6), round(e, 6)] for s, d, e in run.stages],
     }
 
 
@@ -62,9 +62,9 @@ def run_from_json(obj: Any) -> tuple[str, Run]:
     """Raises ValueError (or TypeError/KeyError) on anything but a well-formed record."""
     if not isinstance(obj, dict) or not isinstance(obj.get("key"), str):
         raise ValueError("record without a key")
-    stages = tuple((str(s), float(d)) for s, d in obj["stages"])
+    stages = tuple((str(s), float(d), float(e)) for s, d, e in obj["stages"])
     total = float(obj["total_s"])
-    if total < 0 or any(d < 0 for _, d in stages):
+    if total < 0 or any(d < 0 or e < 0 for _, d, e in stages):
         raise ValueError("negative duration")
     return obj["key"], Run(stages, total, str(obj.get("cache", "unknown")), float(obj.get("ended_at", 0.0)))
 

@@ -54,7 +54,8 @@ class Warming:
     key: str
     start_ns: int
     cache: str | None
-    done: dict[str, float] = field(default_factory=dict)
+    root_span_id: str | None = None
+    ended: list[tuple[int, str, float]] = field(default_factory=list)  # (start_ns, stage, end offset s)
     last_stage: str | None = None
     last_event_ns: int = 0
     last_sent_ns: int = 0
@@ -78,11 +79,17 @@ def weights_paths(stages: Iterable[SpanItem]) -> list[str]:
     return sorted(p for p in paths if isinstance(p, str) and p)
 
 
+def stage_name(span: SpanItem) -> str:
+    return str(span.attributes.get("infersight.stage") or span.name.removeprefix("coldstart."))
+
+
 def run_of(cs: ColdStart) -> Run:
     """The history record of a finished cold start: top-level stages in start order."""
     root = cs.root
-    top = [s for s in cs.stages if s.parent_span_id == root.span_id]
-    stages = tuple((s.name.removeprefix("coldstart."), (s.end_ns - s.start_ns) / 1e9) for s in top)
+    top = sorted((s for s in cs.stages if s.parent_span_id == root.span_id), key=lambda s: s.start_ns)
+    stages = tuple(
+        (stage_name(s), (s.end_ns - s.start_ns) / 1e9, (s.end_ns - root.start_ns) / 1e9) for s in top
+    )
     return Run(stages, (root.end_ns - root.start_ns) / 1e9, _cache_of(cs.stages), root.end_ns / 1e9)
 
 
@@ -93,14 +100,14 @@ class ProgressTracker:
         self,
         history_path: str | None,
         *,
-        producer_start: Callable[[str], int | None] | None = None,
+        producer_info: Callable[[str], dict[str, Any] | None] | None = None,
         clock: Callable[[], int] = time.time_ns,
         proc_root: str = "/proc",
     ) -> None:
         self.history_path = history_path
         self.history = ch.load(history_path) if history_path else ch.History()
         self.weights_of: dict[str, list[str]] = {}  # key -> weights paths of its latest run
-        self.producer_start = producer_start or (lambda _p: None)
+        self.producer_info = producer_info or (lambda _p: None)
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
@@ -127,8 +134,10 @@ class ProgressTracker:
         pid = int(pid_v) if isinstance(pid_v, int) else 0
         command = cmdline_of(pid, self.proc_root) if pid else None
         key = ch.service_key(service, command or [str(resource.get("process.command") or "")])
-        start = self.producer_start(producer) or span.start_ns
+        info = self.producer_info(producer) or {}
+        start = int(info.get("start_ns") or span.start_ns)
         w = Warming(producer, resource, service, pid, key, start, self._live_cache(key))
+        w.root_span_id = info.get("root_span_id") or span.parent_span_id
         w.helper = span.attributes.get("infersight.process.role") == "helper"
         self.warming[producer] = w
         return w
@@ -153,12 +162,11 @@ class ProgressTracker:
         w = self.warming.get(producer) or self._begin(span)
         if w is None:
             return
-        stage = str(span.attributes.get("infersight.stage") or span.name.removeprefix("coldstart."))
+        stage = stage_name(span)
         if span.attributes.get("infersight.process.role") == "helper":
             w.helper = True
-        dur = (span.end_ns - span.start_ns) / 1e9
-        if stage != UNATTRIBUTED:
-            w.done[stage] = w.done.get(stage, 0.0) + dur
+        if stage != UNATTRIBUTED and span.parent_span_id == w.root_span_id:
+            w.ended.append((span.start_ns, stage, (span.end_ns - w.start_ns) / 1e9))
             w.last_stage = stage
         w.last_event_ns = max(w.last_event_ns, span.end_ns)
         w.changed = True
@@ -195,7 +203,8 @@ class ProgressTracker:
 
     def estimate(self, w: Warming, now_ns: int) -> Estimate:
         elapsed = max(0.0, (now_ns - w.start_ns) / 1e9)
-        return predict(self.history.of(w.key), w.done, elapsed, cache=w.cache)
+        ended = [(stage, end) for _start, stage, end in sorted(w.ended)]
+        return predict(self.history.of(w.key), ended, elapsed, cache=w.cache)
 
     def state(self, w: Warming, now_ns: int) -> dict[str, Any]:
         est = self.estimate(w, now_ns)

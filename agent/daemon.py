@@ -74,7 +74,7 @@ class Agent:
             self.workers.append(ExporterWorker(e, spool))
         self.router = Router(self.workers)
         self.progress = ProgressTracker(
-            history_path_from(config.get("agent.state_dir")), producer_start=self._producer_start
+            history_path_from(config.get("agent.state_dir")), producer_info=self._producer_info
         )
         self.router.taps.append(self.progress.observe)
         self.ingest = Ingest(
@@ -100,9 +100,9 @@ class Agent:
         self.listening = False
         self.nvml_reason: str | None = None
 
-    def _producer_start(self, producer: str) -> int | None:
+    def _producer_info(self, producer: str) -> dict[str, Any] | None:
         p = self.assembler.producers.get(producer)
-        return int(p.info["start_ns"]) if p is not None else None
+        return p.info if p is not None else None
 
     async def _progress_loop(self) -> None:
         """Publish cold-start progress: on each stage change, and at most once a second."""

@@ -10,88 +10,100 @@ from pathlib import Path
 import pytest
 
 from infersight.agent import coldstart_history as ch
-from infersight.agent.coldstart_eta import Run, expected_order, gap_share, predict
+from infersight.agent.coldstart_eta import Run, expected_order, predict
 
 
-def run(total: float, cache: str = "weights=warm,compile=none", **stages: float) -> Run:
-    return Run(tuple(stages.items()), total, cache)
+def run(total: float, cache: str = "weights=warm,compile=none", gap: float = 0.0, **stages: float) -> Run:
+    """A run whose stages follow each other, ``gap`` seconds of uncovered time before each."""
+    out, t = [], 0.0
+    for name, d in stages.items():
+        t += gap + d
+        out.append((name, d, t))
+    return Run(tuple(out), total, cache)
 
 
 HISTORY = [
-    run(10.0, framework_import=2.0, model_build=1.0, weights_load=4.0, warmup=2.0, unattributed=1.0),
-    run(11.0, framework_import=2.2, model_build=1.1, weights_load=4.5, warmup=2.2, unattributed=1.0),
-    run(9.5, framework_import=1.9, model_build=0.9, weights_load=3.8, warmup=1.9, unattributed=1.0),
+    run(10.0, gap=0.2, framework_import=2.0, model_build=1.0, weights_load=4.0, warmup=2.0),
+    run(11.0, gap=0.2, framework_import=2.2, model_build=1.1, weights_load=4.5, warmup=2.2),
+    run(9.5, gap=0.2, framework_import=1.9, model_build=0.9, weights_load=3.8, warmup=1.9),
 ]
 
 
 def test_no_history_gives_progress_without_eta() -> None:
-    est = predict([], {"framework_import": 2.0}, 3.0)
+    est = predict([], [("framework_import", 2.0)], 3.0)
     assert est.eta_s is None and est.progress is None and est.runs == 0
     assert est.elapsed_s == 3.0
 
 
-def test_order_and_gap_share() -> None:
-    assert expected_order(HISTORY) == ["framework_import", "model_build", "weights_load", "warmup"]
-    assert gap_share(HISTORY) == pytest.approx(0.1, abs=0.005)
+def test_expected_order_uses_milestones() -> None:
+    assert expected_order(HISTORY) == ["framework_import#0", "model_build#0", "weights_load#0", "warmup#0"]
 
 
-def test_mid_stage_prediction_counts_what_is_left() -> None:
-    # Imports and build done (3.1 s), 1.0 s into weights_load (typical 4.0): 3.0 + warmup 2.0 left.
-    est = predict(HISTORY, {"framework_import": 2.0, "model_build": 1.1}, 4.1)
+def test_mid_stage_prediction_counts_what_is_left_after_the_last_milestone() -> None:
+    # Imports and build ended at 3.4 s, as in the median run (pace 1); now 1.0 s later.
+    est = predict(HISTORY, [("framework_import", 2.2), ("model_build", 3.4)], 4.4)
     assert est.stage == "weights_load"
     assert est.runs == 3
-    assert est.eta_s == pytest.approx((3.0 + 2.0) / (1 - gap_share(HISTORY)), rel=1e-6)
-    assert 0 < est.progress < 1  # type: ignore[operator]
+    assert est.eta_s == pytest.approx(10.0 - 3.4 - 1.0, rel=1e-6)  # median(total - end(model_build)) - 1.0
+    assert est.progress == pytest.approx(4.4 / (4.4 + est.eta_s))
     assert est.spread_s == pytest.approx(1.5)
 
 
+def test_a_slow_run_is_predicted_slower() -> None:
+    fast = predict(HISTORY, [("framework_import", 2.2), ("model_build", 3.4)], 3.4)
+    slow = predict(HISTORY, [("framework_import", 3.3), ("model_build", 5.1)], 5.1)  # 1.5x slower
+    assert slow.eta_s == pytest.approx(1.5 * fast.eta_s, rel=1e-6)  # type: ignore[operator]
+
+
 def test_one_run_is_enough_and_says_so() -> None:
-    est = predict(HISTORY[:1], {}, 0.5)
+    est = predict(HISTORY[:1], [], 0.5)
     assert est.runs == 1 and est.spread_s is None
     assert est.stage == "framework_import"
-    assert est.eta_s == pytest.approx((1.5 + 1.0 + 4.0 + 2.0) / 0.9, rel=1e-6)
+    assert est.eta_s == pytest.approx(9.5)
 
 
-def test_a_stage_running_long_keeps_a_floor() -> None:
-    est = predict(HISTORY, {"framework_import": 2.0, "model_build": 1.0, "weights_load": 4.0}, 20.0)
+def test_a_run_past_its_time_keeps_a_floor() -> None:
+    est = predict(HISTORY, [("framework_import", 2.2), ("model_build", 3.4), ("weights_load", 7.6)], 30.0)
     assert est.stage == "warmup"
-    assert est.eta_s is not None and est.eta_s >= 0.25 / 0.9 - 1e-9
+    assert est.eta_s == pytest.approx(0.25)
+    assert est.progress is not None and est.progress < 1
 
 
 def test_outliers_do_not_move_the_median() -> None:
-    noisy = [*HISTORY, run(300.0, framework_import=2.0, model_build=1.0, weights_load=290.0, warmup=2.0,
-                            unattributed=5.0)]
-    calm = predict(HISTORY, {"framework_import": 2.0}, 2.0)
-    est = predict(noisy, {"framework_import": 2.0}, 2.0)
+    noisy = [*HISTORY, run(300.0, gap=0.2, framework_import=2.0, model_build=1.0, weights_load=290.0, warmup=2.0)]
+    calm = predict(HISTORY, [("framework_import", 2.2)], 2.2)
+    est = predict(noisy, [("framework_import", 2.2)], 2.2)
     assert est.eta_s is not None and calm.eta_s is not None
-    assert est.eta_s < 1.2 * calm.eta_s  # median of 4.0/4.5/3.8/290 is 4.25, not 75
+    assert est.eta_s < 1.2 * calm.eta_s  # the 290 s weights load is one run of four
 
 
-def test_changed_stage_order_uses_the_typical_one_and_skips_finished() -> None:
+def test_changed_stage_order_uses_the_furthest_known_milestone() -> None:
     reordered = [run(8.0, weights_load=4.0, framework_import=2.0, warmup=2.0) for _ in range(3)]
-    assert expected_order(reordered) == ["weights_load", "framework_import", "warmup"]
-    # This run did imports first: what is left is weights_load (current) and warmup.
-    est = predict(reordered, {"framework_import": 2.0}, 2.0)
+    assert expected_order(reordered) == ["weights_load#0", "framework_import#0", "warmup#0"]
+    # This run did imports first (ended at 2.0 s), history did them second (ended at 6.0 s):
+    # the furthest milestone it shares is framework_import; the pace is clipped, not 0.33.
+    est = predict(reordered, [("framework_import", 2.0)], 2.0)
     assert est.stage == "weights_load"
-    assert est.eta_s == pytest.approx(4.0 + 2.0, rel=1e-6)
+    assert est.eta_s == pytest.approx(0.67 * 2.0, rel=1e-6)
+
+
+def test_repeated_stages_are_separate_milestones() -> None:
+    runs = [Run((("framework_import", 1.0, 1.0), ("model_build", 1.0, 2.0), ("framework_import", 1.0, 3.0)), 5.0)
+            for _ in range(2)]
+    assert expected_order(runs) == ["framework_import#0", "model_build#0", "framework_import#1"]
+    est = predict(runs, [("framework_import", 1.0), ("model_build", 2.0), ("framework_import", 3.0)], 3.0)
+    assert est.stage is None and est.eta_s == pytest.approx(2.0)
 
 
 def test_cache_state_selects_runs() -> None:
     cold = [run(40.0, "weights=cold,compile=none", weights_load=36.0, warmup=4.0) for _ in range(3)]
     warm = [run(8.0, weights_load=4.0, warmup=4.0) for _ in range(3)]
-    est_cold = predict(cold + warm, {}, 0.0, cache="weights=cold,compile=none")
-    est_warm = predict(cold + warm, {}, 0.0, cache="weights=warm,compile=none")
+    est_cold = predict(cold + warm, [], 0.0, cache="weights=cold")
+    est_warm = predict(cold + warm, [], 0.0, cache="weights=warm,compile=none")
     assert est_cold.same_cache and est_warm.same_cache
     assert est_cold.eta_s == pytest.approx(40.0) and est_warm.eta_s == pytest.approx(8.0)
-    other = predict(warm, {}, 0.0, cache="weights=cold,compile=hit")
+    other = predict(warm, [], 0.0, cache="weights=cold,compile=hit")
     assert other.runs == 3 and not other.same_cache
-
-
-def test_after_the_last_stage_the_tail_is_the_median_total() -> None:
-    done = {"framework_import": 2.0, "model_build": 1.0, "weights_load": 4.0, "warmup": 2.0}
-    est = predict(HISTORY, done, 9.5)
-    assert est.stage is None
-    assert est.eta_s == pytest.approx(0.5)
 
 
 # -- the history file --------------------------------------------------------------------

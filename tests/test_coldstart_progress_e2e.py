@@ -8,13 +8,18 @@ is cleared and the gauges are gone.
 
 from __future__ import annotations
 
+import http.server
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
 
 from infersight.agent import coldstart_history as ch
@@ -43,6 +48,28 @@ hooks.flush()
 def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
     with running_broker(tmp_path / "mosquitto") as b:
         yield b
+
+
+def _load_gateway():  # type: ignore[no-untyped-def]
+    path = Path(__file__).resolve().parent.parent / "examples" / "gateway_eta.py"
+    spec = importlib.util.spec_from_file_location("gateway_eta", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Backend(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b'{"answer": 42}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 def _gauges(url: str) -> dict[str, float]:
@@ -104,6 +131,18 @@ async def test_progress_agrees_across_status_mqtt_and_prometheus(
             assert msg["eta_runs"] == 3 and msg["service"] == "eta-svc"
             assert abs(msg["eta_s"] - st["eta_s"]) < 1.5  # both published within a second
 
+            # The example gateway answers 503 with an honest Retry-After while the backend warms.
+            backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+            threading.Thread(target=backend.serve_forever, daemon=True).start()
+            gw = _load_gateway().Gateway("http://127.0.0.1:%d" % backend.server_address[1], "eta-svc",
+                                         str(agent.sock))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw), base_url="http://gw") as c:
+                r = await c.get("/v1/answer")
+                assert r.status_code == 503
+                body = r.json()
+                assert body["status"] == "warming" and body["stage"] == "weights_load"
+                assert int(r.headers["retry-after"]) == max(1, math.ceil(body["eta_s"]))
+
             g = _gauges("http://127.0.0.1:%d/metrics" % port)
             assert 'infersight_coldstart_eta_seconds{service="eta-svc"}' in g
             assert abs(g['infersight_coldstart_eta_seconds{service="eta-svc"}'] - st["eta_s"]) < 1.5
@@ -117,6 +156,10 @@ async def test_progress_agrees_across_status_mqtt_and_prometheus(
         assert await retained(broker, topic) is None
         assert wait_for(lambda: not _gauges("http://127.0.0.1:%d/metrics" % port), 10)
         assert not [c for c in agent.status().get("coldstarts", []) if c["pid"] == proc.pid]
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gw), base_url="http://gw") as c:
+            r = await c.get("/v1/answer")
+            assert r.status_code == 200 and r.json() == {"answer": 42}  # ready: proxied
+        backend.shutdown()
     assert wait_for(lambda: len(history.read_text().splitlines()) == 4, 15)
     assert agent.stop() == 0
     assert os.path.exists(history)
