@@ -11,7 +11,8 @@ history knows gives the prediction:
     eta = pace * median(total - end(milestone)) - (time since the milestone ended)
 
 where ``pace`` is how much slower or faster this run reached the milestone than history did
-(clipped to 0.67-1.5, so one odd stage cannot swing it). Time that no stage covers is part
+(clipped to 0.67-1.5, and 1 until the milestone lies 20% into a typical run: a 0.1 s stage
+that took 0.2 s says nothing about the next 20 s). Time that no stage covers is part
 of the offsets, so gaps need no model of their own. The result never drops below a small
 floor while the cold start is still running. Before any milestone, the ETA is the median
 total minus the elapsed time. "Typical" is the median over matching runs: robust to the one
@@ -32,6 +33,7 @@ FLOOR_S = 0.25
 PRESENCE = 0.5
 UNATTRIBUTED = "unattributed"
 PACE_MIN, PACE_MAX = 0.67, 1.5
+PACE_AFTER = 0.2  # the pace is trusted once the milestone lies this far into a typical run
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,9 @@ def predict(
         past = [(r.milestones().get(mark), r.total_s) for r in runs]
         past_ok = [(end, total) for end, total in past if end is not None]
         typical_end = _median([end for end, _ in past_ok])
-        pace = min(max(now[mark] / typical_end, PACE_MIN), PACE_MAX) if typical_end > 0 else 1.0
+        pace = 1.0
+        if typical_end >= PACE_AFTER * _median(totals):  # an early, tiny milestone says little
+            pace = min(max(now[mark] / typical_end, PACE_MIN), PACE_MAX)
         left = pace * _median([total - end for end, total in past_ok]) - (elapsed_s - now[mark])
     else:
         left = _median(totals) - elapsed_s

@@ -55,6 +55,12 @@ def test_a_slow_run_is_predicted_slower() -> None:
     assert slow.eta_s == pytest.approx(1.5 * fast.eta_s, rel=1e-6)  # type: ignore[operator]
 
 
+def test_an_early_tiny_milestone_does_not_set_the_pace() -> None:
+    runs = [run(20.0, runtime_init=0.1, framework_import=10.0, warmup=9.9) for _ in range(3)]
+    est = predict(runs, [("runtime_init", 0.3)], 0.3)  # 3x "slower" over 0.1 s of a 20 s run
+    assert est.eta_s == pytest.approx(20.0 - 0.1)
+
+
 def test_one_run_is_enough_and_says_so() -> None:
     est = predict(HISTORY[:1], [], 0.5)
     assert est.runs == 1 and est.spread_s is None
