@@ -16,6 +16,12 @@ from typing import Any
 
 from infersight.hooks import _paths
 
+
+def _default_state_dir() -> str:
+    from infersight.agent.coldstart_history import default_state_dir
+
+    return default_state_dir({k: v for k, v in os.environ.items() if k != "INFERSIGHT_STATE_DIR"})
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -149,6 +155,9 @@ KEYS: tuple[Key, ...] = (
     Key("agent.spool_dir", _str, lambda: _paths.spool_dir({**os.environ, "INFERSIGHT_SPOOL_DIR": ""}),
         "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent",
         "`/var/lib/infersight/spool` if writable, else `$XDG_STATE_HOME/infersight/spool`"),
+    Key("agent.state_dir", _str, _default_state_dir, "INFERSIGHT_STATE_DIR",
+        "cold-start history (ETAs), shared by the daemon and launch",
+        "`/var/lib/infersight` if writable, else `$XDG_STATE_HOME/infersight`"),
     Key("agent.exporter_spool_max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
         "disk spool per exporter while its peer is away"),
     Key("agent.shutdown_timeout_s", parse_pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",

@@ -20,6 +20,7 @@ from typing import Any
 from infersight import __version__
 from infersight.agent import config as cfg
 from infersight.agent.assemble import Assembler, KindHandler
+from infersight.agent.coldstart_progress import ProgressTracker, history_path_from
 from infersight.agent.health import Counters, ProcessStats, health_metrics
 from infersight.agent.ingest import Ingest
 from infersight.agent.model import Resource
@@ -29,6 +30,7 @@ from infersight.exporters.base import Exporter
 
 log = logging.getLogger("infersight.agent")
 EXPORTER_DOWN_UNHEALTHY_S = 120.0
+PROGRESS_TICK_S = 0.2
 
 
 def short_hostname() -> str:
@@ -71,6 +73,10 @@ class Agent:
                 spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
             self.workers.append(ExporterWorker(e, spool))
         self.router = Router(self.workers)
+        self.progress = ProgressTracker(
+            history_path_from(config.get("agent.state_dir")), producer_info=self._producer_info
+        )
+        self.router.taps.append(self.progress.observe)
         self.ingest = Ingest(
             self.assembler,
             self.router,
@@ -93,6 +99,18 @@ class Agent:
         self.on_shutdown: list[Callable[[], Awaitable[None] | None]] = []
         self.listening = False
         self.nvml_reason: str | None = None
+
+    def _producer_info(self, producer: str) -> dict[str, Any] | None:
+        p = self.assembler.producers.get(producer)
+        return p.info if p is not None else None
+
+    async def _progress_loop(self) -> None:
+        """Publish cold-start progress: on each stage change, and at most once a second."""
+        while True:
+            await asyncio.sleep(PROGRESS_TICK_S)
+            updates = self.progress.tick()
+            if updates:
+                self.router.publish(updates)
 
     # -- health ---------------------------------------------------------------------
 
@@ -126,6 +144,7 @@ class Agent:
             "dropped_by_producers": self.dropped_by_producers(),
             "counters": self.counters.as_dict(),
             "exporters": exporters,
+            "coldstarts": self.progress.snapshot(),
         }
 
     def publish_health(self) -> None:
@@ -159,6 +178,7 @@ class Agent:
             log.info("replayed %d spool file(s) of producers that had died", replayed)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._periodic(), name="agent-periodic"))
+        self._tasks.append(loop.create_task(self._progress_loop(), name="agent-progress"))
         for job in self.background:
             self._tasks.append(loop.create_task(self._guard(job), name="agent-job"))
         for cb in self.on_ready:
@@ -238,6 +258,8 @@ class Agent:
                 await r
         self.ingest.close_connections()
         await self.ingest.wait_connections_closed(max(0.0, min(1.0, deadline - time.monotonic())))
+        self.progress.end_all()
+        self.router.publish(self.progress.tick())  # clear what still shows as warming
         self.publish_health()
         ok = True
         for w in self.workers:

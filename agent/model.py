@@ -8,7 +8,7 @@ console. Timestamps are Unix nanoseconds. Ids are lowercase hex (trace 32, span 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 AttrValue: TypeAlias = str | bool | int | float | list[str] | list[int] | list[float]
 Attributes: TypeAlias = dict[str, AttrValue]
@@ -128,4 +128,20 @@ class ColdStart:
     stages: list[SpanItem]
 
 
-Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart
+@dataclass(slots=True)
+class ColdStartProgress:
+    """A process in its cold start: stage, elapsed time and ETA, or ``state=None`` once it ended.
+
+    Derived and ephemeral: MQTT publishes it retained (cleared with an empty message at the
+    end), Prometheus shows it as gauges while the cold start lasts, and the console prints
+    one updating line. OTLP exporters skip it.
+    """
+
+    resource: Resource
+    service: str
+    pid: int
+    time_ns: int
+    state: dict[str, Any] | None
+
+
+Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart | ColdStartProgress

@@ -249,10 +249,22 @@ class ExporterWorker:
 
 
 class Router:
+    """Hands every batch to every exporter worker, after showing it to the taps.
+
+    A tap sees items as they pass (the cold-start progress tracker, say); it must be
+    quick and must not raise: an exception is logged and the batch still goes out.
+    """
+
     def __init__(self, workers: list[ExporterWorker]) -> None:
         self.workers = workers
+        self.taps: list[Callable[[Sequence[Item]], None]] = []
 
     def publish(self, items: Sequence[Item], on_done: Callable[[], None] | None = None) -> None:
+        for tap in self.taps:
+            try:
+                tap(items)
+            except Exception:
+                log.exception("a tap failed on a batch; the batch goes on")
         c = Completion(on_done)
         if not items or not self.workers:
             if on_done is not None:

@@ -12,6 +12,7 @@ topic                      retained  payload
 ``coldstart``              no       one completed cold start: root span + every stage, and
                                     ``stage_durations_s`` (the seconds the duration histogram
                                     observes: per stage, ``unattributed``, ``total``)
+``coldstart/<svc>/progress`` yes    a warming process: stage, elapsed, ETA; cleared (empty) at readiness/exit
 ``oom``                    no       an OOM result (log record, ``infersight.oom.*`` attributes)
 ``memory``                 no       memory events and memory metric snapshots of producers
 ``device/<hw.id>``         no       one device's metric snapshot (or a device event)
@@ -38,6 +39,7 @@ from infersight.agent.coldstart_metrics import ended_by, stage_durations
 from infersight.agent.model import (
     Attributes,
     ColdStart,
+    ColdStartProgress,
     HistogramPoint,
     Item,
     LogItem,
@@ -120,6 +122,9 @@ class Topics:
 
     def device(self, hw_id: str) -> str:
         return "%s/device/%s" % (self.base, topic_level(hw_id))
+
+    def coldstart_progress(self, service: str) -> str:
+        return "%s/coldstart/%s/progress" % (self.base, topic_level(service))
 
 
 # -- JSON ------------------------------------------------------------------------------------
@@ -247,6 +252,13 @@ def log_family(item: LogItem) -> str | None:
     return name if name in EVENT_FAMILIES else None
 
 
+def progress_payload(item: ColdStartProgress, host: str) -> dict[str, Any]:
+    """The retained progress message: the fields of ``status --json``, plus the envelope."""
+    assert item.state is not None
+    return {"schema": SCHEMA_VERSION, "type": "coldstart_progress", "host.name": host,
+            "time_unix_nano": item.time_ns, **item.state}
+
+
 class _Snapshot:
     __slots__ = ("metrics", "resource", "time_ns")
 
@@ -268,7 +280,10 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
     skipped = 0
     host = topics.host
     for item in batch:
-        if isinstance(item, ColdStart):
+        if isinstance(item, ColdStartProgress):
+            payload = b"" if item.state is None else dumps(progress_payload(item, host))
+            out.append(Outgoing(topics.coldstart_progress(item.service), payload, True, None, None))
+        elif isinstance(item, ColdStart):
             d = coldstart_payload(item, host)
             out.append(
                 Outgoing(topics.family("coldstart"), dumps(d), False, d["producer"], d["seq"], 1 + len(item.stages))

@@ -56,7 +56,7 @@ from infersight.agent.config import Config, Key, section_settings
 from infersight.agent.config import parse_bool as _p_bool
 from infersight.agent.config import parse_int as _p_int
 from infersight.agent.device_metrics import MetricSpec, prometheus_name
-from infersight.agent.model import AttrValue, HistogramPoint, Item, MetricItem, NumberPoint, Resource
+from infersight.agent.model import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
 from infersight.exporters.base import ExportError
 
 log = logging.getLogger("infersight.exporters.prometheus")
@@ -312,6 +312,54 @@ class SeriesStore:
         return out
 
 
+class WarmingGauges:
+    """``infersight_coldstart_eta_seconds`` and ``..._progress_ratio``, only while a cold start runs.
+
+    Labelled by service: with several processes of one service warming at once (workers),
+    the service is ready when the last one is, so the gauges show the largest ETA and the
+    smallest progress among them.
+    """
+
+    ETA = "infersight_coldstart_eta_seconds"
+    PROGRESS = "infersight_coldstart_progress_ratio"
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def add(self, items: Iterable[Item]) -> None:
+        for it in items:
+            if isinstance(it, ColdStartProgress):
+                if it.state is None:
+                    self.states.pop((it.service, it.pid), None)
+                else:
+                    self.states[(it.service, it.pid)] = it.state
+
+    def families(self) -> list[Metric]:
+        if not self.states:
+            return []
+        eta: dict[str, float] = {}
+        progress: dict[str, float] = {}
+        for (service, _pid), st in list(self.states.items()):
+            if isinstance(st.get("eta_s"), (int, float)):
+                eta[service] = max(eta.get(service, 0.0), float(st["eta_s"]))
+            if isinstance(st.get("progress"), (int, float)):
+                progress[service] = min(progress.get(service, 1.0), float(st["progress"]))
+        out = []
+        if eta:
+            m = Metric(self.ETA, "Predicted seconds left in the cold start (largest among the service's processes)",
+                       "gauge")
+            for service, v in sorted(eta.items()):
+                m.add_sample(self.ETA, {"service": service}, v)
+            out.append(m)
+        if progress:
+            m = Metric(self.PROGRESS, "Share of the cold start done (smallest among the service's processes)",
+                       "gauge")
+            for service, v in sorted(progress.items()):
+                m.add_sample(self.PROGRESS, {"service": service}, v)
+            out.append(m)
+        return out
+
+
 class _Collector:
     """The prometheus-client collector: renders the store on every scrape."""
 
@@ -324,7 +372,7 @@ class _Collector:
     def collect(self) -> Iterable[Metric]:
         self._exporter.scrapes += 1
         self._exporter.store.expire()
-        return self._exporter.store.families()
+        return [*self._exporter.store.families(), *self._exporter.progress.families()]
 
 
 # -- the exporter ------------------------------------------------------------------------------
@@ -355,6 +403,7 @@ class PrometheusExporter:
         self.host = _strip_host(host) or DEFAULT_HOST
         self.port = port
         self.store = SeriesStore(max_series, series_ttl_s, target_info)
+        self.progress = WarmingGauges()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self.scrapes = 0
@@ -408,6 +457,7 @@ class PrometheusExporter:
     async def export(self, batch: Sequence[Item]) -> None:
         """Record the batch's metric points. Never raises: a pull endpoint has nothing to retry."""
         self.store.add(batch)
+        self.progress.add(batch)
         if self._server is None and not self._closed and time.monotonic() - self._last_bind_try >= REBIND_INTERVAL_S:
             try:
                 self._bind()
