@@ -77,7 +77,7 @@ def _gauges(url: str) -> dict[str, float]:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
-        if line.startswith("infersight_coldstart_") and "{" in line and not line.startswith("#"):
+        if line.startswith(("infersight_coldstart_eta_seconds{", "infersight_coldstart_progress_ratio{")):
             name_labels, value = line.rsplit(" ", 1)
             out[name_labels] = float(value)
     return out
