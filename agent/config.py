@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from infersight.agent.redact import is_secret_key, scrub, shown_value
 from infersight.hooks import _paths
 
 if sys.version_info >= (3, 11):
@@ -189,6 +190,18 @@ class Config:
         return self.values.get(key, default)
 
 
+def bad_value(origin: str, name: str, raw: Any, exc: BaseException) -> ConfigError:
+    """The error for a value its parser refused. It never echoes a secret or a URL's
+    password: the value is shown masked, and so is any copy of it in the parser's message."""
+    shown = shown_value(name, raw)
+    why = str(exc)
+    if is_secret_key(name):
+        why = "invalid value"  # the parser may quote parts of it
+    elif isinstance(raw, str):
+        why = scrub(why, raw)
+    return ConfigError("%s: bad value for %s: %s (%s)" % (origin, name, shown, why))
+
+
 def key_line(text: str, dotted: str) -> int:
     """1-based line where ``dotted`` is set in TOML ``text`` (0 when not found)."""
     *tables, leaf = dotted.split(".")
@@ -265,7 +278,7 @@ def load(
             try:
                 values[k.name] = k.parse(raw_value)
             except (ValueError, TypeError) as exc:
-                raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, k.name, raw_value, exc)) from None
+                raise bad_value(origin, k.name, raw_value, exc) from None
         sources[k.name] = origin
     # Sections that other modules own (mqtt, prometheus, nvml) stay available raw.
     for name, v in file_values.items():
@@ -290,7 +303,7 @@ def setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
     try:
         return key.parse(raw)
     except (ValueError, TypeError) as exc:
-        raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, key.name, raw, exc)) from None
+        raise bad_value(origin, key.name, raw, exc) from None
 
 
 def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:
