@@ -258,6 +258,8 @@ def load(
             path = None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("%s: %s" % (path, exc)) from None
+        except RecursionError:  # tomllib recurses once per nested array or table
+            raise ConfigError("%s: TOML nested too deeply" % path) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
     for name in file_values:
