@@ -27,7 +27,7 @@ served process's main thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -119,6 +119,18 @@ class OomClassifier:
         rules = self.load(new_dirs)
         self.rules, self.dirs = rules, new_dirs
         log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+    def prepare(self, config: Config) -> Callable[[], None]:
+        """Load the rules of ``config["rules.dirs"]`` (RuleReloadError when invalid) and
+        return the swap, for the agent to apply once every part of a reload is valid."""
+        new_dirs = [str(d) for d in config["rules.dirs"]]
+        rules = self.load(new_dirs)
+
+        def commit() -> None:
+            self.rules, self.dirs = rules, new_dirs
+            log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+        return commit
 
     def classify(self, numbers: dict[str, int | None], backend: str = "native") -> Verdict:
         return self.rules.classify(numbers, backend=backend)
@@ -448,5 +460,5 @@ def install(agent: Agent, config: Config | None = None, nvml: NvmlLike | None = 
     handlers = OomHandlers(classifier, nvml)
     agent.assembler.handlers["oom"] = handlers.oom
     agent.assembler.handlers["mem"] = handlers.mem
-    agent.reloaders.append(classifier.reload)
+    agent.reloaders.append(classifier.prepare)
     return handlers
