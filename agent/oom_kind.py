@@ -426,6 +426,8 @@ def _snap_attrs(snap: dict[str, Any]) -> Attributes:
                     v = pool.get(k)
                     if isinstance(v, int) and not isinstance(v, bool):
                         a["infersight.oom.snapshot.%s.%s_bytes" % (str(name)[:16], k)] = v
+    if snap.get("truncated") is True:  # the hook stopped at its segment/block bound
+        a["infersight.oom.snapshot.truncated"] = True
     top = snap.get("top")
     if isinstance(top, list) and top and all(isinstance(x, int) and not isinstance(x, bool) for x in top):
         a["infersight.oom.snapshot.top_live_bytes"] = [int(x) for x in top[:16]]
