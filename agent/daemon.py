@@ -40,6 +40,12 @@ EXPORTER_DOWN_UNHEALTHY_S = 120.0
 # A reloader validates its part of a new configuration and raises when it is invalid;
 # it changes nothing itself, and returns what to run to apply it (None: nothing to apply).
 Reloader = Callable[[cfg.Config], Callable[[], None] | None]
+# Keys a reload applies to the running agent; a change to any other key (socket, spools,
+# exporters, NVML sampling) is validated, and applies at the next restart (logged).
+LIVE_KEYS = frozenset({
+    "agent.allowed_uids", "agent.allowed_gids", "agent.log_level", "agent.shutdown_timeout_s",
+    "agent.frame_timeout_s", "agent.health_interval_s", "rules.dirs", "devices.rules",
+})
 
 
 def short_hostname() -> str:
@@ -215,10 +221,10 @@ class Agent:
         self._notify("READY=1", "STATUS=" + self._status_sent)
 
     async def _periodic(self) -> None:
-        interval = float(self.config["agent.health_interval_s"])
         replay_every = 30.0
         last_replay = time.monotonic()
         while True:
+            interval = float(self.config["agent.health_interval_s"])  # reloadable
             await asyncio.sleep(min(interval, replay_every))
             self.publish_health()
             self.notify_status()
@@ -272,12 +278,17 @@ class Agent:
             if commit is not None:
                 commit()
         self.last_reload_error = None
-        self.config = new
+        old, self.config = self.config, new
         self.ingest.allowed_uids = set(new["agent.allowed_uids"])
         self.ingest.allowed_gids = set(new["agent.allowed_gids"])
+        self.ingest.frame_timeout_s = new["agent.frame_timeout_s"]
         logging.getLogger("infersight").setLevel(new["agent.log_level"])
         self.counters.reloads += 1
         log.info("configuration reloaded from %s", path or "environment")
+        later = sorted(k for k in set(old.values) | set(new.values)
+                       if k not in LIVE_KEYS and old.values.get(k) != new.values.get(k))
+        if later:  # names only: values may be secrets
+            log.warning("changed setting(s) that apply at the next restart: %s", ", ".join(later))
         return True
 
     def install_signal_handlers(self) -> None:

@@ -95,3 +95,24 @@ def test_deep_rule_at_start_is_a_clear_error_not_a_traceback(agent_factory, tmp_
     assert "classifying OOMs with the builtin rules" in log
     assert "Traceback" not in log
     assert agent.stop() == 0
+
+
+def test_exporter_sections_are_validated_and_restart_only_keys_named(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An MQTT URL the next restart would refuse fails the reload now (masked); a valid
+    change to a key that applies only at restart is named in the log, without its value."""
+    agent, _, _ = setup(agent_factory, tmp_path)
+    agent.start()
+    good = agent.config.read_text()
+    agent.config.write_text(good + '[exporters.mqtt]\nurl = "mqtt://bob:hunter2@broker/x"\n')
+    agent.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: agent.status()["counters"]["reload_failures"] == 1, 10)
+    log = agent.log.read_text()
+    assert "exporters.mqtt.url" in log and "hunter2" not in log
+    agent.config.write_text(good.replace("frame_timeout_s = 2", "frame_timeout_s = 3")
+                            + '[exporters.mqtt]\nurl = "mqtt://bob:hunter2@127.0.0.1:1"\n')
+    agent.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: agent.status()["counters"]["reloads"] == 1, 10)
+    assert wait_for(lambda: "apply at the next restart: exporters.mqtt.url" in agent.log.read_text(), 5)
+    log = agent.log.read_text()
+    assert "hunter2" not in log and "frame_timeout_s" not in log.split("next restart:")[1].splitlines()[0]
+    assert agent.stop() == 0
