@@ -111,6 +111,8 @@ class Agent:
         self.listening = False
         self.nvml_reason: str | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
+        # Opened now, before any producer can take the last file descriptor.
+        self._notifier = sdnotify.Notifier() if not embedded else None
         self._status_sent = ""
         self.last_reload_error: str | None = None
 
@@ -162,8 +164,8 @@ class Agent:
 
     def _notify(self, *fields: str) -> None:
         """sd_notify in daemon mode; the embedded agent of ``launch`` is not the service."""
-        if not self.embedded:
-            sdnotify.notify(*fields)
+        if self._notifier is not None:
+            self._notifier.send(*fields)
 
     def notify_status(self, force: bool = False) -> None:
         text = self.status_line()
@@ -346,4 +348,6 @@ class Agent:
         finally:
             if self._watchdog_task is not None:  # pinged while draining: the loop still runs
                 self._watchdog_task.cancel()
+            if self._notifier is not None:
+                self._notifier.close()
         return 0

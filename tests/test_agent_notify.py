@@ -8,7 +8,9 @@ is: an AF_UNIX datagram socket, by path or in the abstract namespace (``@name``)
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import resource
 import signal
 import socket
 import time
@@ -156,6 +158,40 @@ def test_a_blocked_event_loop_stops_the_pings(tmp_path: Path, notify: Notificati
     during, after = asyncio.run(main())
     assert during == [], "a ping was sent while the event loop was blocked"
     assert after[0]["WATCHDOG"] == "1", "pings resume when the loop runs again"
+
+
+def test_pings_survive_running_out_of_file_descriptors(tmp_path: Path, notify: Notifications) -> None:
+    """At EMFILE (a flood of producers, say) the agent still pings: its notify socket was
+    opened at start, not per message."""
+    conf = cfg.load(None, env={"INFERSIGHT_SOCKET": str(tmp_path / "a.sock"),
+                               "INFERSIGHT_SPOOL_DIR": str(tmp_path / "spool")})
+
+    async def main() -> dict[str, str]:
+        agent = Agent(conf, [], exporter_spool_root=str(tmp_path / "exp"))
+        await agent.start()
+        await asyncio.to_thread(notify.wait, "WATCHDOG")
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        fds: list[int] = []
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+            while len(fds) < 100:
+                try:
+                    fds.append(os.open("/dev/null", os.O_RDONLY))
+                except OSError as exc:
+                    assert exc.errno == errno.EMFILE  # noqa: PT017 - not an expected raise
+                    break
+            with pytest.raises(OSError, match="Too many open files"):
+                socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            notify.drain()
+            ping = await asyncio.to_thread(notify.wait, "WATCHDOG", 5)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        await agent.shutdown(2)
+        return ping
+
+    assert asyncio.run(main())["WATCHDOG"] == "1"
 
 
 def test_watchdog_pid_of_another_process_means_no_pings(
