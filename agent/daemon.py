@@ -264,8 +264,10 @@ class Agent:
 
     def _reload(self) -> bool:
         path = self.config.path
+        # Command-line flags (--socket) still beat the file, as at start.
+        flags = {k: self.config.values[k] for k, src in self.config.sources.items() if src == "flag"}
         try:
-            new = cfg.load(path, require_file=path is not None)
+            new = cfg.load(path, require_file=path is not None, flags=flags)
             # Each reloader validates and returns its swap; none swaps anything here.
             commits = [r(new) for r in self.reloaders]
         except Exception as exc:  # whatever a bad file causes, the agent keeps running

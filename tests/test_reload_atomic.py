@@ -116,3 +116,34 @@ def test_exporter_sections_are_validated_and_restart_only_keys_named(agent_facto
     log = agent.log.read_text()
     assert "hunter2" not in log and "frame_timeout_s" not in log.split("next restart:")[1].splitlines()[0]
     assert agent.stop() == 0
+
+
+def test_reload_keeps_command_line_flags(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`--socket` beats the file at start and after SIGHUP: the agent keeps serving, and
+    later removes, the socket it listens on, not the file's."""
+    import os
+    import subprocess
+    import sys
+
+    from infersight.agent.cli import query_status
+
+    agent = agent_factory()  # its config file names agent.sock
+    flag_sock = tmp_path / "flag.sock"
+    env = dict(os.environ)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    with open(agent.log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(agent.config),
+                                 "--socket", str(flag_sock)], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        assert wait_for(flag_sock.exists, 15), agent.log.read_text()
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: query_status(str(flag_sock))["counters"]["reloads"] == 1, 10)
+        assert query_status(str(flag_sock))["socket"] == str(flag_sock)
+        assert "next restart" not in agent.log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert not flag_sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
