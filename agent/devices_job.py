@@ -227,6 +227,7 @@ class DeviceJob:
             "devices": st.device_count if st is not None else 0,
             "xid_watcher": bool(self.watcher is not None and self.watcher.running),
             "slow_devices": sorted(k for k, v in self.states.items() if v == "degraded"),
+            "slow_coefficient": self.thresholds.slow_coefficient,  # which device rules are in force
         }
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -463,9 +464,14 @@ def install(agent: Any, config: cfg.Config, env: Mapping[str, str] | None = None
     agent.on_shutdown.append(job.aclose)
     _add_health(agent, job)
 
-    def reload(new: cfg.Config) -> None:
-        nc = parse_config(new, env)
-        job.thresholds = load_thresholds(nc.rules)  # raises before anything changes
+    def reload(new: cfg.Config) -> Callable[[], None]:
+        """Validate (raises); the agent applies the returned swap once every part is valid."""
+        thresholds = load_thresholds(parse_config(new, env).rules)
+
+        def commit() -> None:
+            job.thresholds = thresholds
+
+        return commit
 
     agent.reloaders.append(reload)
     return job

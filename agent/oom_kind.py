@@ -27,7 +27,7 @@ served process's main thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -119,6 +119,18 @@ class OomClassifier:
         rules = self.load(new_dirs)
         self.rules, self.dirs = rules, new_dirs
         log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+    def prepare(self, config: Config) -> Callable[[], None]:
+        """Load the rules of ``config["rules.dirs"]`` (RuleReloadError when invalid) and
+        return the swap, for the agent to apply once every part of a reload is valid."""
+        new_dirs = [str(d) for d in config["rules.dirs"]]
+        rules = self.load(new_dirs)
+
+        def commit() -> None:
+            self.rules, self.dirs = rules, new_dirs
+            log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+        return commit
 
     def classify(self, numbers: dict[str, int | None], backend: str = "native") -> Verdict:
         return self.rules.classify(numbers, backend=backend)
@@ -414,6 +426,8 @@ def _snap_attrs(snap: dict[str, Any]) -> Attributes:
                     v = pool.get(k)
                     if isinstance(v, int) and not isinstance(v, bool):
                         a["infersight.oom.snapshot.%s.%s_bytes" % (str(name)[:16], k)] = v
+    if snap.get("truncated") is True:  # the hook stopped at its segment/block bound
+        a["infersight.oom.snapshot.truncated"] = True
     top = snap.get("top")
     if isinstance(top, list) and top and all(isinstance(x, int) and not isinstance(x, bool) for x in top):
         a["infersight.oom.snapshot.top_live_bytes"] = [int(x) for x in top[:16]]
@@ -448,5 +462,5 @@ def install(agent: Agent, config: Config | None = None, nvml: NvmlLike | None = 
     handlers = OomHandlers(classifier, nvml)
     agent.assembler.handlers["oom"] = handlers.oom
     agent.assembler.handlers["mem"] = handlers.mem
-    agent.reloaders.append(classifier.reload)
+    agent.reloaders.append(classifier.prepare)
     return handlers

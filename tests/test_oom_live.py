@@ -36,7 +36,7 @@ from infersight.agent.sinks import build_exporters
 from infersight.hooks import _alloc, _runtime
 
 TESTS = Path(__file__).resolve().parent
-EXAMPLES = TESTS.parent.parent / "shared" / "data" / "oom_examples.jsonl"  # shared/ beside the checkout
+EXAMPLES = TESTS / "data" / "oom_examples.jsonl"  # vendored: see tests/data/README.md
 SPAN = "ab" * 8
 TRACE = "cd" * 16
 ROOT = "ef" * 8
