@@ -64,7 +64,7 @@ svg .ev-mark path{fill:var(--iv)}svg .iv{fill:var(--iv);opacity:.8}svg .ev path{
 .legend .unattributed i{background:var(--un)}.legend .bar i{background:var(--bar)}
 table{border-collapse:collapse;width:100%;font-size:13px;margin:6px 0}
 th,td{border-bottom:1px solid var(--grid);padding:4px 6px;text-align:left;vertical-align:top}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .verdict-slow{color:var(--oom);font-weight:600}.cls{font-weight:600}
 footer{margin-top:28px;color:var(--muted);font-size:12px}
 """
@@ -110,6 +110,8 @@ def _coldstart(families: list[Family]) -> str:
 
 def _memory(r: Report) -> str:
     out = ['<section id="memory"><h2>Memory</h2>']
+    spans = [c.span_ns() for c in r.memory]
+    t0, t1 = min(a for a, _ in spans), max(b for _, b in spans)
     for c in r.memory:
         items = [(s.role, s.label) for s in c.series]
         if c.ooms:
@@ -118,7 +120,7 @@ def _memory(r: Report) -> str:
             items.append(("alloc-ev", "large allocation / retry"))
         out.append('<div class="chartbox" data-device="%s"><h3>%s</h3>' % (esc(c.key), esc(c.title)))
         out.append(legend(items))
-        out.append(memory_svg(c, r.t0_ns, r.t1_ns, r.t0_ns))
+        out.append(memory_svg(c, t0, t1, r.t0_ns))
         if c.events:
             big = sorted(c.events, key=lambda e: e.t_ns)[:50]
             out.append('<table class="allocs"><tr><th class="num">time</th><th>event</th></tr>%s</table>' % "".join(
@@ -147,10 +149,12 @@ def _devices(r: Report) -> str:
                     _fmt_s(row.p99_s, 4), "-" if row.coefficient is None else "%.2f" % row.coefficient,
                     esc(row.verdict), esc(row.detail), esc(row.verdict or "-"), esc(row.cause or "-")))
         out.append("</table>")
+    t0 = min((tl.t0_ns for tl in d.timelines), default=r.t0_ns)
+    t1 = max((tl.t1_ns for tl in d.timelines), default=r.t1_ns)
     for tl in d.timelines:
         out.append('<div class="chartbox" data-device="%s"><h3>%s</h3>' % (esc(tl.key), esc(tl.title)))
         if tl.tracks:
-            out.append(tracks_svg(tl, r.t0_ns, r.t1_ns, r.t0_ns))
+            out.append(tracks_svg(tl, t0, t1, r.t0_ns))
         else:
             out.append('<p class="muted">No throttling, PCIe, ECC or device events recorded.</p>')
         out.append("</div>")

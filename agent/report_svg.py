@@ -73,7 +73,9 @@ class Scale:
     """Nanoseconds -> x between x0 and x1."""
 
     def __init__(self, t0: int, t1: int, x0: float, x1: float) -> None:
-        self.t0, self.t1, self.x0, self.x1 = t0, max(t1, t0 + 1), x0, x1
+        if t1 - t0 < 1_000_000:  # one instant (a single sample): show a second around it
+            t0, t1 = t0 - 500_000_000, t1 + 500_000_000
+        self.t0, self.t1, self.x0, self.x1 = t0, t1, x0, x1
 
     def __call__(self, t: int) -> float:
         return self.x0 + (self.x1 - self.x0) * (t - self.t0) / (self.t1 - self.t0)
@@ -139,7 +141,7 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
         out.append('<rect class="rowbg" x="0" y="%d" width="%d" height="%d"/>' % (y, W, ROW_H))
         out.append('<text class="name" x="%d" y="%d">%s</text>' % (
             NAME_X + indent + 12 * row.depth, y + 14, esc(row.label + ("*" if row.kind == "custom" else ""))))
-        fill = ' fill="url(#hatch-%s)"' % uid if row.kind == "unattributed" else ""
+        fill = ' style="fill:url(#hatch-%s)"' % uid if row.kind == "unattributed" else ""  # beats the CSS fill
         out.append('<rect class="bar" x="%.1f" y="%d" width="%.1f" height="%d" rx="2"%s/>' % (
             x0, y + 4, max(x1 - x0, 1.5), ROW_H - 8, fill))
         out.append('<text class="dur" x="%d" y="%d" text-anchor="end">%.3f s</text>' % (DUR_X, y + 14, dur))
@@ -223,8 +225,8 @@ def memory_svg(c: MemoryChart, t0: int, t1: int, origin_ns: int) -> str:
     for n, o in enumerate(c.ooms, 1):
         x = sc(o.log.time_ns)
         out.append('<g class="oom-mark"><title>%s</title><line x1="%.1f" y1="%d" x2="%.1f" y2="%d"/>'
-                   '<text x="%.1f" y="%d" text-anchor="middle">OOM %d</text></g>' % (
-                       esc(oom_title(o)), x, top, x, bottom, x, top - 10, n))
+                   '<text x="%.1f" y="%d" text-anchor="end">OOM %d</text></g>' % (
+                       esc(oom_title(o)), x, top, x, bottom, x - 4, top + 12, n))
     for e in c.events:
         x = sc(e.t_ns)
         out.append('<g class="ev-mark"><title>%s</title><path d="M%.1f %d l5 9 h-10 z"/></g>' % (

@@ -348,6 +348,11 @@ class MemoryChart:
     ooms: list[Oom]
     events: list[EventMark]
 
+    def span_ns(self) -> tuple[int, int]:
+        times = [t for s in self.series for t, _ in s.points] + [o.log.time_ns for o in self.ooms] + \
+            [e.t_ns for e in self.events]
+        return min(times), max(times)
+
 
 def _pid_of(x: Sample | SpanItem | LogItem) -> str:
     return str(x.resource.get("process.pid") or "?")
@@ -468,6 +473,8 @@ class DeviceTimeline:
     key: str
     title: str
     tracks: list[Track]
+    t0_ns: int = 0  # the device's first and last record
+    t1_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -613,7 +620,8 @@ def _timelines(t: Telemetry, names: dict[str, str]) -> list[DeviceTimeline]:
         if not tracks and not m:
             continue
         title = ("%s %s" % (names[key], key)) if key in names else key
-        out.append(DeviceTimeline(key, title, tracks))
+        times = [x.time_ns for ss in m.values() for x in ss] + [x.time_ns for x in logs]
+        out.append(DeviceTimeline(key, title, tracks, min(times), max(times)))
     return out
 
 
