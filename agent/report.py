@@ -1,19 +1,50 @@
 """``infersight report FILE... [-o PATH]``: one self-contained HTML page from OTLP JSON files.
 
-I/O at the edge: read the files (report_parse), build the views (report_views), render the
-page (report_html), write it and print its path. Exit 0 with a page; 2 with one line on
+I/O at the edge: read the files (report_parse), build the views (:func:`build`: report_views
+for cold starts and OOMs, report_gpu for memory and devices), render the page (report_html),
+write it and print its path. Exit 0 with a page; 2 with one line on
 stderr when no file could be read, none holds OTLP data, or the page cannot be written.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TextIO
 
-from infersight.agent import report_html, report_views
+from infersight.agent import report_html
+from infersight.agent.report_gpu import Devices, MemoryChart, devices, memory
 from infersight.agent.report_parse import Telemetry, read_file
+from infersight.agent.report_views import Family, Oom, dedupe_spans, ooms, waterfalls
 
 EXIT_ERROR = 2
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything the page shows; an empty list is a section left out."""
+
+    families: list[Family]
+    memory: list[MemoryChart]
+    devices: Devices
+    ooms: list[Oom]
+    t0_ns: int  # the earliest record: times on the page are seconds since this
+    t1_ns: int
+    counts: dict[str, int]
+    skipped: list[str]
+
+
+def build(t: Telemetry) -> Report:
+    spans = dedupe_spans(t.spans)
+    oom_list = ooms(t.logs)
+    times = [s.start_ns for s in spans] + [s.end_ns for s in spans] + [s.time_ns for s in t.samples] + \
+        [x.time_ns for x in t.logs]
+    t0 = min(times) if times else 0
+    t1 = max(times) if times else 1
+    counts = {"spans": len(spans), "metric points": len(t.samples) + len(t.histograms), "log records": len(t.logs),
+              "lines": t.lines}
+    return Report(waterfalls(spans), memory(t, spans, oom_list), devices(t), oom_list, t0, max(t1, t0 + 1),
+                  counts, list(t.skipped))
 
 
 def default_output(path: str) -> str:
@@ -49,7 +80,7 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO) -
         err.write("infersight report: no OTLP records in %s (expected OTLP JSON lines, as written by "
                   "'infersight launch' or the agent's file exporter)\n" % ", ".join(paths))
         return EXIT_ERROR
-    page = report_html.render(report_views.build(t), [os.path.basename(p) for p in paths])
+    page = report_html.render(build(t), [os.path.basename(p) for p in paths])
     dest = output or default_output(paths[0])
     tmp = "%s.tmp-%d" % (dest, os.getpid())
     try:

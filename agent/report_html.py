@@ -8,10 +8,14 @@ when its data is in the files.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from infersight import __version__
 from infersight.agent.report_svg import esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
-from infersight.agent.report_views import Family, Oom, Report, human_bytes, process_label
+from infersight.agent.report_views import Family, Oom, human_bytes, process_label
+
+if TYPE_CHECKING:
+    from infersight.agent.report import Report
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 

@@ -17,7 +17,7 @@ from typing import Any
 from infersight.agent.model import AttrValue, HistogramPoint, LogItem, Resource, SpanEvent, SpanItem
 
 
-class _Bad(ValueError):
+class _BadRecordError(ValueError):
     """One record is malformed: skip it."""
 
 
@@ -66,35 +66,35 @@ class Telemetry:
 
 def _int(v: Any) -> int:
     if isinstance(v, bool):
-        raise _Bad("boolean where an integer belongs")
+        raise _BadRecordError("boolean where an integer belongs")
     if isinstance(v, int):
         return v
     if isinstance(v, str):
         try:
             return int(v)
         except ValueError:
-            raise _Bad("not an integer: %r" % v[:40]) from None
+            raise _BadRecordError("not an integer: %r" % v[:40]) from None
     if isinstance(v, float) and v.is_integer():
         return int(v)
-    raise _Bad("not an integer: %r" % (v,))
+    raise _BadRecordError("not an integer: %r" % (v,))
 
 
 def _float(v: Any) -> float:
     if isinstance(v, bool):
-        raise _Bad("boolean where a number belongs")
+        raise _BadRecordError("boolean where a number belongs")
     if isinstance(v, (int, float)):
         return float(v)
     if isinstance(v, str):
         try:
             return float(v)  # "NaN", "Infinity" and int64 strings
         except ValueError:
-            raise _Bad("not a number: %r" % v[:40]) from None
-    raise _Bad("not a number: %r" % (v,))
+            raise _BadRecordError("not a number: %r" % v[:40]) from None
+    raise _BadRecordError("not a number: %r" % (v,))
 
 
 def _str(v: Any, what: str) -> str:
     if not isinstance(v, str):
-        raise _Bad("%s is not a string" % what)
+        raise _BadRecordError("%s is not a string" % what)
     return v
 
 
@@ -117,12 +117,12 @@ def any_value(v: Any) -> AttrValue:
     if "intValue" in v:
         try:
             return _int(v["intValue"])
-        except _Bad:
+        except _BadRecordError:
             return str(v["intValue"])
     if "doubleValue" in v:
         try:
             return _float(v["doubleValue"])
-        except _Bad:
+        except _BadRecordError:
             return str(v["doubleValue"])
     if "arrayValue" in v:
         vals = [any_value(x) for x in _list(_dict(v["arrayValue"]).get("values"))]
@@ -151,10 +151,10 @@ def _resource(block: dict[str, Any]) -> Resource:
 
 def _span(res: Resource, s: Any) -> SpanItem:
     if not isinstance(s, dict):
-        raise _Bad("span is not an object")
+        raise _BadRecordError("span is not an object")
     start, end = _int(s.get("startTimeUnixNano")), _int(s.get("endTimeUnixNano"))
     if end < start:
-        raise _Bad("span %r ends before it starts" % s.get("name"))
+        raise _BadRecordError("span %r ends before it starts" % s.get("name"))
     events = [
         SpanEvent(_str(e.get("name"), "event name"), _int(e.get("timeUnixNano")), attributes(e.get("attributes")))
         for e in _list(s.get("events")) if isinstance(e, dict)
@@ -170,7 +170,7 @@ def _span(res: Resource, s: Any) -> SpanItem:
 
 def _log(res: Resource, r: Any) -> LogItem:
     if not isinstance(r, dict):
-        raise _Bad("log record is not an object")
+        raise _BadRecordError("log record is not an object")
     t = r.get("timeUnixNano")
     t_ns = _int(t if t not in (None, "0", 0) else r.get("observedTimeUnixNano"))
     body = r.get("body")
@@ -189,23 +189,23 @@ def _number(p: dict[str, Any]) -> float:
         return float(_int(p["asInt"]))
     if "asDouble" in p:
         return _float(p["asDouble"])
-    raise _Bad("data point without a value")
+    raise _BadRecordError("data point without a value")
 
 
 def _metric(res: Resource, m: Any, out: Telemetry) -> None:
     if not isinstance(m, dict):
-        raise _Bad("metric is not an object")
+        raise _BadRecordError("metric is not an object")
     name, unit = _str(m.get("name"), "metric name"), str(m.get("unit") or "")
     for kind in ("gauge", "sum"):
         if kind in m:
-            for p in _list(_dict(m[kind]).get("dataPoints")):
-                p = _dict(p)
+            for raw in _list(_dict(m[kind]).get("dataPoints")):
+                p = _dict(raw)
                 out.samples.append(Sample(res, name, kind, unit, _int(p.get("timeUnixNano")), _number(p),
                                           attributes(p.get("attributes"))))
             return
     if "histogram" in m:
-        for p in _list(_dict(m["histogram"]).get("dataPoints")):
-            p = _dict(p)
+        for raw in _list(_dict(m["histogram"]).get("dataPoints")):
+            p = _dict(raw)
             counts = [_int(c) for c in _list(p.get("bucketCounts"))]
             bounds = [_float(b) for b in _list(p.get("explicitBounds"))]
             hp = HistogramPoint(
@@ -219,8 +219,8 @@ def _metric(res: Resource, m: Any, out: Telemetry) -> None:
 def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
     """Every record of one request; a bad record is skipped, the rest are kept."""
     def each(top: str, scope_key: str, list_key: str) -> Iterable[tuple[Resource, Any]]:
-        for block in _list(req.get(top)):
-            block = _dict(block)
+        for raw in _list(req.get(top)):
+            block = _dict(raw)
             res = _resource(block)
             for scope in _list(block.get(scope_key)):
                 for rec in _list(_dict(scope).get(list_key)):
@@ -229,19 +229,19 @@ def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
     for res, s in each("resourceSpans", "scopeSpans", "spans"):
         try:
             out.spans.append(_span(res, s))
-        except (_Bad, TypeError, AttributeError) as exc:
+        except (_BadRecordError, TypeError, AttributeError) as exc:
             out.skipped.append("%s: span skipped: %s" % (where, exc))
     for res, m in each("resourceMetrics", "scopeMetrics", "metrics"):
         n = (len(out.samples), len(out.histograms))
         try:
             _metric(res, m, out)
-        except (_Bad, TypeError, AttributeError) as exc:
+        except (_BadRecordError, TypeError, AttributeError) as exc:
             del out.samples[n[0]:], out.histograms[n[1]:]
             out.skipped.append("%s: metric skipped: %s" % (where, exc))
     for res, r in each("resourceLogs", "scopeLogs", "logRecords"):
         try:
             out.logs.append(_log(res, r))
-        except (_Bad, TypeError, AttributeError) as exc:
+        except (_BadRecordError, TypeError, AttributeError) as exc:
             out.skipped.append("%s: log record skipped: %s" % (where, exc))
 
 

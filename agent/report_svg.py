@@ -11,15 +11,8 @@ from collections.abc import Callable, Sequence
 from html import escape
 
 from infersight.agent.model import AttrValue, SpanItem
-from infersight.agent.report_views import (
-    DeviceTimeline,
-    Family,
-    MemoryChart,
-    Oom,
-    ProcessWaterfall,
-    human_bytes,
-    weights_note,
-)
+from infersight.agent.report_gpu import DeviceTimeline, MemoryChart
+from infersight.agent.report_views import Family, Oom, ProcessWaterfall, human_bytes, weights_note
 
 W = 1200
 NAME_X, BAR_X0, BAR_X1 = 6, 230, 760
@@ -187,7 +180,7 @@ def memory_svg(c: MemoryChart, t0: int, t1: int, origin_ns: int) -> str:
     height, top, bottom = 250, 24, 210
     values = [v for s in c.series for _, v in s.points] + ([c.limit] if c.limit is not None else [])
     values += [n for o in c.ooms for n in (o.numbers.get("T"),) if n is not None and c.limit is None]
-    vmax = max(values + [1.0])
+    vmax = max([*values, 1.0])
     step = nice_step(vmax, 5)
     vtop = math.ceil(vmax / step) * step
 

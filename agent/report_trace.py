@@ -117,15 +117,13 @@ def chrome_trace(t: Telemetry) -> dict[str, Any]:
                 events.append({"name": e.name, "cat": "event", "ph": "i", "s": "t", "ts": us(e.time_ns),
                                "pid": pid, "tid": tid, "args": _args(e.attributes, span_id=s.span_id)})
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[pid]}})
-        for lane in sorted(used):
-            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": pid if lane == 0 else
-                           LANE_TID_BASE + lane, "args": {"name": "stages" if lane == 0 else "stages (lane %d)" % lane}})
+        events.extend({"name": "thread_name", "ph": "M", "pid": pid, "tid": pid if lane == 0 else LANE_TID_BASE + lane,
+                       "args": {"name": "stages" if lane == 0 else "stages (lane %d)" % lane}} for lane in sorted(used))
     for fam in waterfalls(spans):
         for wf in fam.processes:
             pid = pids.of(wf.root)
-            for m in wf.marks:
-                events.append({"name": m.label, "cat": "coldstart", "ph": "i", "s": "p", "ts": us(m.t_ns),
-                               "pid": pid, "tid": pid, "args": {"detail": m.title}})
+            events.extend({"name": m.label, "cat": "coldstart", "ph": "i", "s": "p", "ts": us(m.t_ns),
+                           "pid": pid, "tid": pid, "args": {"detail": m.title}} for m in wf.marks)
     for x in oom_logs:
         pid = pids.of(x)
         events.append({"name": "OOM: %s" % x.attributes.get("infersight.oom.class", "unknown"), "cat": "oom",

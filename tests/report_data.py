@@ -69,8 +69,9 @@ def stage_events(base: int) -> list[list[Any]]:
 def samples_at(t: int, i: int) -> list[DeviceSample]:
     """FAKE NVML readings at step ``i`` (every 0.25 s)."""
     hot = 8 <= i < 16
-    base = dict(name="FAKE NVIDIA H100 80GB", memory_total_bytes=80 * GIB, clock_sm_max_mhz=1980,
-                pcie_link_gen_max=5, pcie_link_width_max=16, utilization_gpu_pct=90, temperature_c=60)
+    base: dict[str, Any] = {"name": "FAKE NVIDIA H100 80GB", "memory_total_bytes": 80 * GIB, "clock_sm_max_mhz": 1980,
+                            "pcie_link_gen_max": 5, "pcie_link_width_max": 16, "utilization_gpu_pct": 90,
+                            "temperature_c": 60}
     s0 = DeviceSample(time_ns=t, index=0, uuid=GPU[0], memory_used_bytes=(2 + i // 2) * GIB, clock_sm_mhz=1980,
                       throttle_mask=0, pcie_link_gen=5, pcie_link_width=16, ecc_corrected_volatile=0,
                       **base)  # type: ignore[arg-type]
