@@ -57,11 +57,11 @@ def stage_events(base: int) -> list[list[Any]]:
     evs: list[list[Any]] = []
     for name, sid, parent, s, e, attrs in STAGES:
         a = {"infersight.stage": name, **attrs}
-        evs.append(["span", int(base + e * S), {"n": "coldstart." + name, "id": sid, "p": parent,
-                                                  "s": int(base + s * S), "e": int(base + e * S), "a": a}])
+        evs.append(["span", base + int(e * S), {"n": "coldstart." + name, "id": sid, "p": parent,
+                                                  "s": base + int(s * S), "e": base + int(e * S), "a": a}])
     root_a = {"infersight.coldstart.ready_s": 5.4, "infersight.ready.source": "listen",
               "infersight.coldstart.ended_by": "ready"}
-    evs.append(["span", int(base + END_S * S), {"n": "coldstart", "id": ROOT, "s": base, "e": int(base + END_S * S),
+    evs.append(["span", base + int(END_S * S), {"n": "coldstart", "id": ROOT, "s": base, "e": base + int(END_S * S),
                                                 "a": root_a}])
     return evs
 
@@ -91,7 +91,7 @@ def gpu_items(base: int) -> list[Item]:
                    "root_span_id": ROOT, "service_name": "fake-gpu-worker", "exe": "python"})
     raw: list[list[Any]] = []
     for i in range(13):  # allocator samples from cuda_init to the end of warmup
-        t = int(base + (2.0 + 0.25 * i) * S)
+        t = base + int((2.0 + 0.25 * i) * S)
         st = {"allocated": min(i, 9) * 2 * GIB, "reserved": min(i, 9) * 2 * GIB + GIB, "device_alloc": i,
               "device_free": 0, "retries": 1 if i >= 11 else 0}
         ev = [{"n": "large_alloc", "count": 1, "bytes": 4 * GIB}] if i == 8 else None
@@ -99,13 +99,13 @@ def gpu_items(base: int) -> list[Item]:
         if ev:
             d["ev"] = ev
         raw.append(["mem", t, d])
-    raw.append(["oom", int(base + 4.8 * S), {
+    raw.append(["oom", base + int(4.8 * S), {
         "source": "observer", "dev": 0, "uuid": GPU[0], "req": 4 * GIB, "total": 80 * GIB, "free": GIB,
         "stats": {"allocated": 18 * GIB, "reserved": 19 * GIB}, "sp": WARMUP}])
     for i in range(60):  # requests on both devices; cuda:1 has a slow tail
         for dev, h in (("cuda:0", GPU[0]), ("cuda:1", GPU[1])):
             dur = 0.003 if dev == "cuda:0" or i % 20 != 19 else 0.06
-            t = int(base + (3.0 + 0.03 * i) * S)
+            t = base + int((3.0 + 0.03 * i) * S)
             raw.append(["req", t, {"d": dev, "h": h, "hn": "FAKE NVIDIA H100 80GB", "m": "llama-fake", "n": 16,
                                    "s": t - int(dur * S), "dur": dur}])
     raw += stage_events(base)
@@ -115,14 +115,14 @@ def gpu_items(base: int) -> list[Item]:
     job = DeviceJob(enabled=False, requests=stats)
     job._agent = SimpleNamespace(resource=AGENT)  # the job's agent: only its resource is used here
     for i in range(23):
-        t = int(base + 0.25 * i * S)
+        t = base + int(0.25 * i * S)
         ss = samples_at(t, i)
         job._keep(ss, t)
         items += device_metrics(ss, resource=AGENT, start_ns=base, time_ns=t)
-    coefficients, verdicts = job.evaluate(int(base + END_S * S))
+    coefficients, verdicts = job.evaluate(base + int(END_S * S))
     items += coefficients + verdicts
-    items += stats.collect(int(base + END_S * S), everything=True)
-    items.append(_event_log(job._agent, DeviceEvent(int(base + 4.2 * S), "xid", 1, GPU[1], 48,
+    items += stats.collect(base + int(END_S * S), everything=True)
+    items.append(_event_log(job._agent, DeviceEvent(base + int(4.2 * S), "xid", 1, GPU[1], 48,
                                                     "Xid 48 on GPU 1: double-bit ECC error (FAKE)")))
     return items
 

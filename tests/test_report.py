@@ -442,3 +442,22 @@ def test_memory_and_oom_from_real_handlers_map_to_one_device() -> None:
     assert max(v for s in chart.series if s.role == "allocated" for _, v in s.points) == 18 * rd.GIB
     assert len(r.ooms) == 1 and r.ooms[0].numbers["R"] == 4 * rd.GIB
     assert sum(isinstance(i, LogItem) for i in items) == 3 and any(isinstance(i, MetricItem) for i in items)
+
+
+def test_chrome_trace_of_the_real_workload(demo: Path) -> None:
+    """``infersight show --format chrome-trace`` on the launched demo: what Perfetto opens."""
+    p = run_cli("show", "--format", "chrome-trace", str(demo))
+    assert p.returncode == 0, p.stderr
+    trace = json.loads(p.stdout)
+    spans = parse_lines(demo.read_text().splitlines(True)).spans
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert sorted(e["args"]["span_id"] for e in xs) == sorted(s.span_id for s in spans)
+    for s in spans:
+        (e,) = [e for e in xs if e["args"]["span_id"] == s.span_id]
+        assert abs(e["dur"] * 1000 - (s.end_ns - s.start_ns)) < 1
+        assert e["pid"] == s.resource.get("process.pid")
+    (root,) = [s for s in spans if s.name == "coldstart"]
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names[root.resource.get("process.pid")].endswith("(pid %s)" % root.resource.get("process.pid"))
+    marks = {e["name"] for e in trace["traceEvents"] if e["ph"] == "i"}
+    assert {"ready", "first response"} <= marks
