@@ -141,7 +141,8 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
         out.append('<text class="share" x="%d" y="%d" text-anchor="end">%.1f%%</text>' % (
             SHARE_X, y + 14, 100.0 * (s.end_ns - s.start_ns) / total))
         if info:
-            out.append('<text class="info" x="%d" y="%d">%s</text>' % (INFO_X, y + 14, esc(info[:52])))
+            out.append('<text class="info" x="%d" y="%d">%s</text>' % (
+                INFO_X, y + 14, esc(info if len(info) <= 48 else info[:47] + "…")))
         out.append("</g>")
     y_root = AXIS_H
     for a, b in wf.gaps:
@@ -181,7 +182,8 @@ def memory_svg(c: MemoryChart, t0: int, t1: int, origin_ns: int) -> str:
     values = [v for s in c.series for _, v in s.points] + ([c.limit] if c.limit is not None else [])
     values += [n for o in c.ooms for n in (o.numbers.get("T"),) if n is not None and c.limit is None]
     vmax = max([*values, 1.0])
-    step = nice_step(vmax, 5)
+    unit = 1024.0 ** min(4, max(0, int(math.log(vmax, 1024))))  # steps of whole MiB/GiB, not of 10^9
+    step = nice_step(vmax / unit, 5) * unit
     vtop = math.ceil(vmax / step) * step
 
     def y(v: float) -> float:
