@@ -82,6 +82,9 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO) -
         return EXIT_ERROR
     page = report_html.render(build(t), [os.path.basename(p) for p in paths])
     dest = output or default_output(paths[0])
+    if any(os.path.exists(p) and os.path.exists(dest) and os.path.samefile(p, dest) for p in paths):
+        err.write("infersight report: %s is an input; choose another output with -o\n" % dest)
+        return EXIT_ERROR
     tmp = "%s.tmp-%d" % (dest, os.getpid())
     try:
         with open(tmp, "w", encoding="utf-8") as f:

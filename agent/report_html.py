@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from infersight import __version__
-from infersight.agent.report_svg import esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
+from infersight.agent.report_svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
 from infersight.agent.report_views import Family, Oom, human_bytes, process_label
 
 if TYPE_CHECKING:
@@ -106,6 +106,9 @@ def _coldstart(families: list[Family]) -> str:
             out.append('<p class="summary" style="margin-left:%dpx">%s%s</p>' % (
                 16 * wf.depth, esc(" · ".join(parts)), (' <span class="muted">(%s)</span>' % esc(cmd)) if cmd else ""))
             out.append(waterfall_svg(wf, fam, "w%d" % uid))
+            if len(wf.rows) > MAX_ROWS:
+                out.append('<p class="muted">%d more stages not drawn; <code>infersight show --format json</code> '
+                           "lists them all.</p>" % (len(wf.rows) - MAX_ROWS))
             out.append("</div>")
         out.append("</div>")
     out.append("</section>")

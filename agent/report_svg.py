@@ -20,6 +20,7 @@ DUR_X, SHARE_X, INFO_X = 835, 890, 905
 ROW_H, AXIS_H = 20, 22
 MAX_POINTS = 1500  # per series; denser series keep each bucket's maximum
 MAX_TITLE = 2000
+MAX_ROWS = 400  # per process: a real cold start has tens of stages; the page must stay small
 
 
 def esc(v: object) -> str:
@@ -94,7 +95,7 @@ def _time_axis(sc: Scale, y: float, height: float, origin_ns: int) -> list[str]:
 
 
 def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
-    rows = wf.rows
+    rows = wf.rows[:MAX_ROWS]
     height = AXIS_H + ROW_H * len(rows) + 8 + 12 * max(len(wf.marks), 1)
     sc = Scale(fam.t0_ns, fam.t1_ns, BAR_X0, BAR_X1)
     total = max(wf.root.end_ns - wf.root.start_ns, 1)

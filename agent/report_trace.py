@@ -26,7 +26,8 @@ from infersight.agent.report_views import (
     weights_note,
 )
 
-LANE_TID_BASE = 1 << 30  # extra lanes: above any real Linux tid
+LANE_TID_BASE = 1 << 30  # extra lanes: above any real Linux tid (pid_max <= 2^22)
+SYNTHETIC_PID_BASE = 1 << 22  # processes without process.pid: above any real pid, within int32
 
 
 class _Pids:
@@ -40,7 +41,7 @@ class _Pids:
         if isinstance(pid, int) and not isinstance(pid, bool):
             return pid
         key = str(x.resource.get("service.instance.id") or x.resource.attributes)
-        return self.synthetic.setdefault(key, LANE_TID_BASE * 2 + len(self.synthetic))
+        return self.synthetic.setdefault(key, SYNTHETIC_PID_BASE + len(self.synthetic))
 
 
 def _lanes(spans: list[SpanItem]) -> dict[str, int]:

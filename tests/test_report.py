@@ -461,3 +461,27 @@ def test_chrome_trace_of_the_real_workload(demo: Path) -> None:
     assert names[root.resource.get("process.pid")].endswith("(pid %s)" % root.resource.get("process.pid"))
     marks = {e["name"] for e in trace["traceEvents"] if e["ph"] == "i"}
     assert {"ready", "first response"} <= marks
+
+
+def test_output_never_overwrites_an_input(demo: Path, tmp_path: Path) -> None:
+    src = tmp_path / "keep.otlp.jsonl"
+    shutil.copy(demo, src)
+    before = src.read_bytes()
+    p = report(src, out=src)
+    assert p.returncode == 2 and "is an input" in p.stderr
+    assert src.read_bytes() == before
+
+
+def test_a_flood_of_stages_keeps_the_page_small(tmp_path: Path) -> None:
+    tr = "ab" * 16
+    spans = [_span(1, tr, "%016x" % 1, None, "coldstart", 0, 3000)] + [
+        _span(1, tr, "%016x" % (i + 2), "%016x" % 1, "coldstart.step", i, i + 0.5, **{"infersight.stage": "step",
+                                                                                    "infersight.stage.custom": True})
+        for i in range(3000)]
+    src = tmp_path / "flood.jsonl"
+    src.write_text(traces_request(spans) + "\n")
+    p = report(src, out=tmp_path / "f.html")
+    assert p.returncode == 0, p.stderr
+    html = (tmp_path / "f.html").read_text()
+    assert "2601 more stages not drawn" in html  # 3000 stages + the root, 400 rows drawn
+    assert len(html.encode()) < 1_500_000
