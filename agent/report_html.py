@@ -24,13 +24,13 @@ CSS = """
 --root:#8c959f;--custom:#8250df;--un:#9a6700;--unbg:#fff8c5;--ready:#1a7f37;--resp:#bf3989;--probe:#0550ae;
 --oom:#cf222e;--alloc:#0969da;--resv:#8250df;--nvml:#1a7f37;--nvproc:#9a6700;--iv:#d4a72c;--ev:#cf222e;
 color-scheme:light dark}
-@media (prefers-color-scheme:dark){:root{--bg:#0d1117;--fg:#e6edf3;--muted:#9198a1;--grid:#30363d;
+@media screen and (prefers-color-scheme:dark){:root{--bg:#0d1117;--fg:#e6edf3;--muted:#9198a1;--grid:#30363d;
 --rowbg:#151b23;--bar:#4493f8;--nested:#80ccff;--root:#656c76;--custom:#ab7df8;--un:#d29922;--unbg:#3b2e00;
 --ready:#3fb950;--resp:#f778ba;--probe:#79c0ff;--oom:#f85149;--alloc:#4493f8;--resv:#ab7df8;--nvml:#3fb950;
 --nvproc:#d29922;--iv:#bb8009;--ev:#f85149}}
-@media print{:root{--bg:#fff;--fg:#000;--muted:#444;--grid:#ccc;--rowbg:#fff}
-body{margin:0;font-size:9pt}nav{display:none}section,.proc,.chartbox,tr{break-inside:avoid}
-svg.chart{max-width:100%}}
+@media print{:root{--fg:#000;--muted:#444;--grid:#ccc;--rowbg:#fff}
+body{margin:0;font-size:9pt;max-width:none}nav{display:none}.proc,.chartbox,tr{break-inside:avoid}
+h2,h3{break-after:avoid}svg.chart{max-width:100%}}
 body{background:var(--bg);color:var(--fg);font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,
 "Helvetica Neue",Arial,sans-serif;margin:24px auto;max-width:1240px;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;border-bottom:1px solid var(--grid);padding-bottom:4px;
@@ -191,6 +191,13 @@ def _oom_row(n: int, o: Oom, t0: int) -> str:
                 esc(o.device or o.hw_id or "-"), esc(o.cls), esc(o.rule), nums, remedy))
 
 
+def _utc(t_ns: int) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_ns / 1e9)) if t_ns else "-"
+    except (OverflowError, ValueError, OSError):
+        return "%d ns" % t_ns
+
+
 def render(r: Report, sources: list[str]) -> str:
     sections: list[tuple[str, str, str]] = []
     if r.families:
@@ -201,7 +208,7 @@ def render(r: Report, sources: list[str]) -> str:
         sections.append(("devices", "Devices", _devices(r)))
     if r.ooms:
         sections.append(("ooms", "OOMs", _ooms(r)))
-    start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(r.t0_ns / 1e9)) if r.t0_ns else "-"
+    start = _utc(r.t0_ns)
     head = ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
             '<meta http-equiv="Content-Security-Policy" content="%s">'
             '<meta name="viewport" content="width=device-width,initial-scale=1">'

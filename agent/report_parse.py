@@ -79,6 +79,16 @@ def _int(v: Any) -> int:
     raise _BadRecordError("not an integer: %r" % (v,))
 
 
+MAX_NS = (1 << 63) - 1  # OTLP times are fixed64; past int64 they are junk, and no clock reads them
+
+
+def _time(v: Any) -> int:
+    t = _int(v)
+    if not 0 <= t <= MAX_NS:
+        raise _BadRecordError("time out of range: %d" % t)
+    return t
+
+
 def _float(v: Any) -> float:
     if isinstance(v, bool):
         raise _BadRecordError("boolean where a number belongs")
@@ -152,11 +162,11 @@ def _resource(block: dict[str, Any]) -> Resource:
 def _span(res: Resource, s: Any) -> SpanItem:
     if not isinstance(s, dict):
         raise _BadRecordError("span is not an object")
-    start, end = _int(s.get("startTimeUnixNano")), _int(s.get("endTimeUnixNano"))
+    start, end = _time(s.get("startTimeUnixNano")), _time(s.get("endTimeUnixNano"))
     if end < start:
         raise _BadRecordError("span %r ends before it starts" % s.get("name"))
     events = [
-        SpanEvent(_str(e.get("name"), "event name"), _int(e.get("timeUnixNano")), attributes(e.get("attributes")))
+        SpanEvent(_str(e.get("name"), "event name"), _time(e.get("timeUnixNano")), attributes(e.get("attributes")))
         for e in _list(s.get("events")) if isinstance(e, dict)
     ]
     status = _dict(s.get("status"))
@@ -172,7 +182,7 @@ def _log(res: Resource, r: Any) -> LogItem:
     if not isinstance(r, dict):
         raise _BadRecordError("log record is not an object")
     t = r.get("timeUnixNano")
-    t_ns = _int(t if t not in (None, "0", 0) else r.get("observedTimeUnixNano"))
+    t_ns = _time(t if t not in (None, "0", 0) else r.get("observedTimeUnixNano"))
     body = r.get("body")
     text = any_value(body) if body is not None else ""
     return LogItem(
@@ -200,7 +210,7 @@ def _metric(res: Resource, m: Any, out: Telemetry) -> None:
         if kind in m:
             for raw in _list(_dict(m[kind]).get("dataPoints")):
                 p = _dict(raw)
-                out.samples.append(Sample(res, name, kind, unit, _int(p.get("timeUnixNano")), _number(p),
+                out.samples.append(Sample(res, name, kind, unit, _time(p.get("timeUnixNano")), _number(p),
                                           attributes(p.get("attributes"))))
             return
     if "histogram" in m:
@@ -213,7 +223,7 @@ def _metric(res: Resource, m: Any, out: Telemetry) -> None:
                 _float(p["min"]) if "min" in p else None, _float(p["max"]) if "max" in p else None,
                 attributes(p.get("attributes")),
             )
-            out.histograms.append(HistSample(res, name, unit, _int(p.get("timeUnixNano")), hp))
+            out.histograms.append(HistSample(res, name, unit, _time(p.get("timeUnixNano")), hp))
 
 
 def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
