@@ -57,7 +57,8 @@ svg .series polyline{fill:none;stroke-width:2}svg .series.allocated polyline{str
 svg .series.reserved polyline{stroke:var(--resv);stroke-dasharray:6 3}svg .series.nvml polyline{stroke:var(--nvml)}
 svg .series.nvml_proc polyline{stroke:var(--nvproc);stroke-dasharray:2 2}
 svg .limit line{stroke:var(--muted);stroke-dasharray:8 4}
-svg .oom-mark line{stroke:var(--oom);stroke-width:2}svg .oom-mark text{fill:var(--oom);font-weight:700}
+svg .oom-mark line{stroke:var(--oom);stroke-width:2}
+svg .oom-mark path{fill:var(--oom)}svg .oom-mark text{fill:var(--oom);font-weight:700}
 svg .ev-mark path{fill:var(--iv)}svg .iv{fill:var(--iv);opacity:.8}svg .ev path{fill:var(--ev)}
 .legend{margin:0 0 4px;font-size:12px}.legend .key{margin-right:14px;white-space:nowrap}
 .legend i{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:5px;background:var(--fg)}

@@ -144,6 +144,13 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
         if info:
             out.append('<text class="info" x="%d" y="%d">%s</text>' % (
                 INFO_X, y + 14, esc(info if len(info) <= 48 else info[:47] + "…")))
+        for e in s.events:  # an OOM inside this stage: the verdict on hover
+            if e.name == "infersight.oom":
+                a = e.attributes
+                out.append('<g class="oom-mark stage-oom"><title>%s</title><path d="M%.1f %d l5 6 l-5 6 l-5 -6 z"/>'
+                           "</g>" % (esc("OOM: %s (rule %s)\n%s" % (
+                               a.get("infersight.oom.class"), a.get("infersight.oom.rule"),
+                               a.get("infersight.oom.remedy"))), sc(e.time_ns), y + 4))
         out.append("</g>")
     y_root = AXIS_H
     for a, b in wf.gaps:
