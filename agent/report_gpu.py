@@ -309,9 +309,9 @@ def _timelines(t: Telemetry, names: dict[str, str]) -> list[DeviceTimeline]:
         m = per.get(key, {})
         tracks: list[Track] = []
         tracks += _flag_tracks(m.get("infersight.device.throttle", []), "infersight.device.throttle.reason",
-                               "throttle: ", lambda v: v == 1, skip=BENIGN_THROTTLE)
+                               "throttle: ", skip=BENIGN_THROTTLE)
         tracks += _flag_tracks([s for s in m.get("hw.status", []) if s.attributes.get("hw.state") != "ok"],
-                               "hw.state", "state: ", lambda v: v == 1)
+                               "hw.state", "state: ")
         pcie = _pcie_track(m)
         if pcie.intervals:
             tracks.append(pcie)
@@ -347,12 +347,13 @@ def _runs(points: list[tuple[int, bool]], title: str) -> list[Interval]:
     return out
 
 
-def _flag_tracks(samples: list[Sample], attr: str, prefix: str, on: object, skip: tuple[str, ...] = ()) -> list[Track]:
+def _flag_tracks(samples: list[Sample], attr: str, prefix: str, skip: tuple[str, ...] = ()) -> list[Track]:
+    """One track per value of ``attr`` (a throttle reason, a hw.state): on while the sample is 1."""
     by: dict[str, list[tuple[int, bool]]] = {}
     for s in samples:
         label = str(s.attributes.get(attr) or "?")
         if label not in skip:
-            by.setdefault(label, []).append((s.time_ns, bool(on(s.value))))  # type: ignore[operator]
+            by.setdefault(label, []).append((s.time_ns, s.value == 1))
     out = []
     for label, pts in sorted(by.items()):
         runs = _runs(pts, prefix + label)

@@ -146,11 +146,11 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
                 INFO_X, y + 14, esc(info if len(info) <= 48 else info[:47] + "…")))
         for e in s.events:  # an OOM inside this stage: the verdict on hover
             if e.name == "infersight.oom":
-                a = e.attributes
+                ea = e.attributes
                 out.append('<g class="oom-mark stage-oom"><title>%s</title><path d="M%.1f %d l5 6 l-5 6 l-5 -6 z"/>'
                            "</g>" % (esc("OOM: %s (rule %s)\n%s" % (
-                               a.get("infersight.oom.class"), a.get("infersight.oom.rule"),
-                               a.get("infersight.oom.remedy"))), sc(e.time_ns), y + 4))
+                               ea.get("infersight.oom.class"), ea.get("infersight.oom.rule"),
+                               ea.get("infersight.oom.remedy"))), sc(e.time_ns), y + 4))
         out.append("</g>")
     y_root = AXIS_H
     for a, b in wf.gaps:
