@@ -275,6 +275,16 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
     blue = (abs(px[:, :, 0].astype(int) - 0x09) < 24) & (abs(px[:, :, 1].astype(int) - 0x69) < 24) & (
         abs(px[:, :, 2].astype(int) - 0xDA) < 24)
     assert int(blue.sum()) > 200, "no stage bars drawn"
+    assert float(px.mean()) > 200, "light by default"
+
+    # Dark mode follows the system (prefers-color-scheme), and stays readable: bright text on dark.
+    dark = tmp_path / "dark.png"
+    c = chromium(page, "--force-dark-mode", "--window-size=1280,800", "--force-device-scale-factor=0.5",
+                 "--screenshot=%s" % dark, profile=tmp_path / "prof-dark")
+    assert c.returncode == 0 and dark.exists(), c.stderr[-2000:]
+    dpx = png_pixels(dark.read_bytes())
+    assert float(dpx.mean()) < 60, "dark background"
+    assert int((dpx.min(axis=2) > 200).sum()) > 500, "light text"
     assert page.stat().st_size < 1_500_000
 
 
