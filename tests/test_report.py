@@ -29,6 +29,7 @@ import report_data as rd
 
 from infersight.agent.model import LogItem, MetricItem, Resource, SpanItem
 from infersight.agent.report import build, run_report
+from infersight.agent.report_html import CSP
 from infersight.agent.report_parse import parse_lines
 from infersight.agent.report_views import waterfalls
 from infersight.exporters.otlp_json import encode_lines, traces_request
@@ -92,12 +93,14 @@ def page_requests(net_log: Path) -> list[str]:
             and e.get("params", {}).get("initiator") not in (None, "not an origin")]
 
 
-def render(page: Path, tmp: Path) -> tuple[str, list[str]]:
-    """(the DOM after load, the URLs the page requested)."""
+def render(page: Path, tmp: Path) -> tuple[str, list[str], list[str]]:
+    """(the DOM after load, the URLs the page requested, its Content-Security-Policy violations)."""
     net = tmp / ("%s.netlog.json" % page.stem)
-    p = chromium(page, "--log-net-log=%s" % net, "--dump-dom", profile=tmp / ("prof-" + page.stem))
+    p = chromium(page, "--log-net-log=%s" % net, "--enable-logging=stderr", "--v=0", "--dump-dom",
+                 profile=tmp / ("prof-" + page.stem))
     assert p.returncode == 0 and "</html>" in p.stdout, p.stderr[-2000:]
-    return p.stdout, page_requests(net)
+    violations = [line for line in p.stderr.splitlines() if "Content Security Policy" in line]
+    return p.stdout, page_requests(net), violations
 
 
 def png_pixels(data: bytes) -> Any:
@@ -214,8 +217,9 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
     p = run_cli("report", str(demo), str(gpu), "-o", str(page))
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == str(page)
-    dom_text, requests = render(page, tmp_path)
+    dom_text, requests, violations = render(page, tmp_path)
     assert requests == [], "the page requested %s" % requests
+    assert violations == [], violations
     dom = Dom(dom_text)
     (csp,) = dom.find("meta", http_equiv="Content-Security-Policy")
     assert "default-src 'none'" in csp["attrs"]["content"]
@@ -292,19 +296,26 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
 def test_sections_absent_without_their_data(demo: Path, tmp_path: Path) -> None:
     page = tmp_path / "cold.html"
     assert report(demo, out=page).returncode == 0
-    dom = Dom(render(page, tmp_path)[0])
+    dom = Dom(render(page, tmp_path)[0])  # (no script: the DOM is the file's, as the browser built it)
     assert dom.find("section", id="coldstart")
     for sec in ("memory", "devices", "ooms"):
         assert not dom.find("section", id=sec), sec
 
 
 @needs_chromium
-def test_net_log_check_sees_a_request(tmp_path: Path) -> None:
-    """The control for 'no request left the page': a page that fetches is caught."""
+def test_net_log_and_csp_checks_see_a_fetch(tmp_path: Path) -> None:
+    """The controls for 'no request left the page': a page that fetches is caught by the net
+    log, and under the report's CSP the same fetch is blocked and reported."""
+    img = '<img src="http://example.invalid/x.png">'
     page = tmp_path / "fetching.html"
-    page.write_text('<!doctype html><html><body><img src="http://example.invalid/x.png"></body></html>')
-    _, requests = render(page, tmp_path)
-    assert requests == ["http://example.invalid/x.png"]
+    page.write_text("<!doctype html><html><body>%s</body></html>" % img)
+    _, requests, violations = render(page, tmp_path)
+    assert requests == ["http://example.invalid/x.png"] and violations == []
+    guarded = tmp_path / "guarded.html"
+    guarded.write_text('<!doctype html><html><head><meta http-equiv="Content-Security-Policy" content="%s"></head>'
+                       "<body>%s</body></html>" % (CSP, img))
+    _, requests, violations = render(guarded, tmp_path)
+    assert requests == [] and len(violations) == 1 and "example.invalid" in violations[0]
 
 
 def test_default_output_name_and_size(demo: Path, tmp_path: Path) -> None:
