@@ -211,6 +211,7 @@ def report(*inputs: Path, out: Path) -> Result:
 # -- the tests --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
@@ -292,6 +293,7 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
     assert page.stat().st_size < 1_500_000
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_sections_absent_without_their_data(demo: Path, tmp_path: Path) -> None:
     page = tmp_path / "cold.html"
@@ -302,6 +304,7 @@ def test_sections_absent_without_their_data(demo: Path, tmp_path: Path) -> None:
         assert not dom.find("section", id=sec), sec
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_net_log_and_csp_checks_see_a_fetch(tmp_path: Path) -> None:
     """The controls for 'no request left the page': a page that fetches is caught by the net
