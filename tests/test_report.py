@@ -239,9 +239,9 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
     assert len(dom.find("g", **{"class": "row"})) == len(stage_spans(demo)) + len(stage_spans(gpu)) + len(roots)
 
     # Nested stage indented, unattributed span hatched with its top frames on hover.
-    (gc,) = dom.find("g", data_stage="graph_compile")
-    assert gc["attrs"]["data-depth"] == "2"
-    (un,) = dom.find("g", data_stage="unattributed")
+    (gc,) = dom.find("g", data_span_id="17" * 8)  # the FAKE worker's graph_compile, inside warmup
+    assert gc["attrs"]["data-depth"] == "2" and gc["attrs"]["data-stage"] == "graph_compile"
+    (un,) = dom.find("g", data_span_id="18" * 8)  # its unattributed stretch
     assert "unattributed" in un["attrs"]["class"]
     assert "mylib.setup:build_index 61%" in un["text"]
     (wl,) = [r for r in dom.find("g", data_stage="weights_load") if "2.0 GiB" in r["text"]]
