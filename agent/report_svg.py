@@ -153,11 +153,15 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
                                ea.get("infersight.oom.remedy"))), sc(e.time_ns), y + 4))
         out.append("</g>")
     y_root = AXIS_H
+    sampled = [r.span for r in rows if r.kind == "unattributed"]
     for a, b in wf.gaps:
+        text = "unattributed %.3f s (+%.3f s to +%.3f s): no stage covers it" % (
+            (b - a) / 1e9, (a - wf.root.start_ns) / 1e9, (b - wf.root.start_ns) / 1e9)
+        for u in sampled:  # the stack sampler's view of this stretch, where it ran
+            if u.start_ns < b and u.end_ns > a:
+                text += "\nsampled top frames: %s" % fmt_attr(u.attributes.get("infersight.unattributed.top") or "-")
         out.append('<rect class="gap" x="%.1f" y="%d" width="%.1f" height="%d" fill="url(#hatch-%s)">'
-                   '<title>%s</title></rect>' % (sc(a), y_root + 3, max(sc(b) - sc(a), 1.0), ROW_H - 6, uid, esc(
-                       "unattributed %.3f s (+%.3f s to +%.3f s): no stage covers it" % (
-                           (b - a) / 1e9, (a - wf.root.start_ns) / 1e9, (b - wf.root.start_ns) / 1e9))))
+                   "<title>%s</title></rect>" % (sc(a), y_root + 3, max(sc(b) - sc(a), 1.0), ROW_H - 6, uid, esc(text)))
     bottom = AXIS_H + ROW_H * len(rows)
     for i, m in enumerate(wf.marks):  # labels on their own lines: marks are often close together
         x = sc(m.t_ns)
