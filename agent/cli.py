@@ -125,7 +125,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from infersight.agent.show import show_file
 
-    return show_file(args.path, sys.stdout)
+    return show_file(args.path, sys.stdout, args.format, sys.stderr)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from infersight.agent.report import run_report
+
+    return run_report(args.paths, args.output, sys.stdout, sys.stderr)
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
@@ -171,8 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_cmd_status)
 
     shp = sub.add_parser("show", help="print the cold-start waterfall from an OTLP JSON file")
+    shp.add_argument("--format", choices=("text", "json", "chrome-trace"), default="text",
+                     help="text (default), json (the waterfall for scripts) or chrome-trace (Perfetto)")
     shp.add_argument("path", metavar="FILE")
     shp.set_defaults(func=_cmd_show)
+
+    rp = sub.add_parser("report", help="write one self-contained HTML page: cold start, memory, devices, OOMs")
+    rp.add_argument("-o", "--output", metavar="PATH", help="output file (default: the first FILE with .html)")
+    rp.add_argument("paths", nargs="+", metavar="FILE")
+    rp.set_defaults(func=_cmd_report)
 
     hp = sub.add_parser("hooks", help="install or remove the .pth bootstrap in an interpreter")
     hp.add_argument("action", choices=("install", "uninstall"))
