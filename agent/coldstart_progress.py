@@ -6,10 +6,10 @@ ended, or the agent closed it for a producer that went away) ends it and appends
 the history of its service key. Readiness (``ready_wait``) ends the *warming* state that
 gateways care about, even though the root may end a little later.
 
-While a process warms, :meth:`ProgressTracker.tick` returns at most one
-``ColdStartProgress`` per process per second (and one at once on a stage change), and one
-with ``state=None`` when it ends: MQTT clears its retained topic on that, Prometheus drops
-its gauges, the console erases its line.
+While a service has processes warming, :meth:`ProgressTracker.tick` returns at most one
+``ColdStartProgress`` for it per second (and one at once on a stage change), describing its
+least advanced process, and one with ``state=None`` when none warms any more: MQTT clears
+its retained topic on that, Prometheus drops its gauges, the console erases its line.
 """
 
 from __future__ import annotations
@@ -58,11 +58,9 @@ class Warming:
     ended: list[tuple[int, str, float]] = field(default_factory=list)  # (start_ns, stage, end offset s)
     last_stage: str | None = None
     last_event_ns: int = 0
-    last_sent_ns: int = 0
     changed: bool = True
     ready: bool = False
     helper: bool = False
-    cleared: bool = False  # its clearing message went out (readiness came first)
 
 
 def _cache_of(stages: Sequence[SpanItem]) -> str:
@@ -111,7 +109,8 @@ class ProgressTracker:
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
-        self.ended: list[Warming] = []  # waiting for their clearing message
+        self.ended: list[Warming] = []  # ended since the last tick
+        self.sent: dict[str, tuple[int, Resource, int]] = {}  # service -> (last sent, resource, pid)
         self.recorded = 0
         self.record_errors = 0
 
@@ -226,28 +225,38 @@ class ProgressTracker:
         return [self.state(w, now) for w in self.warming.values() if not w.ready and not w.helper]
 
     def tick(self, now_ns: int | None = None) -> list[ColdStartProgress]:
-        """Updates due now: on a stage change at once, else at most once a second."""
+        """Per-service updates due now: at once on a change, else at most once a second.
+
+        A service's update describes its least advanced warming process (the largest ETA):
+        the service is ready when its last worker is. When none of its processes warms any
+        more, one update with ``state=None`` clears it.
+        """
         now = self.clock() if now_ns is None else now_ns
-        out: list[ColdStartProgress] = []
-
-        def clear(w: Warming) -> None:
-            if w.last_sent_ns and not w.cleared and not w.helper:
-                out.append(ColdStartProgress(w.resource, w.service, w.pid, now, None))
-            w.cleared = True
-
-        for w in self.ended:
-            clear(w)
         self.ended.clear()
         for producer, w in list(self.warming.items()):
             if now - max(w.last_event_ns, w.start_ns) > MAX_AGE_NS:
                 del self.warming[producer]
-                clear(w)
-            elif w.ready:
-                clear(w)
-            elif not w.helper and (w.changed or now - w.last_sent_ns >= MIN_INTERVAL_NS):
-                out.append(ColdStartProgress(w.resource, w.service, w.pid, now, self.state(w, now)))
-                w.last_sent_ns = now
-                w.changed = False
+        by_service: dict[str, list[Warming]] = {}
+        for w in self.warming.values():
+            if not w.ready and not w.helper:
+                by_service.setdefault(w.service, []).append(w)
+        out: list[ColdStartProgress] = []
+        for service in list(self.sent):
+            if service not in by_service:
+                resource, pid = self.sent.pop(service)[1:]
+                out.append(ColdStartProgress(resource, service, pid, now, None))
+        for service, ws in by_service.items():
+            changed = any(w.changed for w in ws)
+            last = self.sent.get(service)
+            if not changed and last is not None and now - last[0] < MIN_INTERVAL_NS:
+                continue
+            states = [(self.state(w, now), w) for w in ws]
+            state, w = max(states, key=lambda sw: (sw[0]["eta_s"] or 0.0, -sw[1].start_ns))
+            state["processes"] = len(ws)
+            out.append(ColdStartProgress(w.resource, service, w.pid, now, state))
+            self.sent[service] = (now, w.resource, w.pid)
+            for x in ws:
+                x.changed = False
         return out
 
     def end_all(self) -> None:

@@ -281,8 +281,12 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
     host = topics.host
     for item in batch:
         if isinstance(item, ColdStartProgress):
+            # Retained state: only the newest per topic matters, so an older one in the same
+            # batch is dropped and can never overwrite it on the broker.
+            topic = topics.coldstart_progress(item.service)
+            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
             payload = b"" if item.state is None else dumps(progress_payload(item, host))
-            out.append(Outgoing(topics.coldstart_progress(item.service), payload, True, None, None))
+            out.append(Outgoing(topic, payload, True, None, None))
         elif isinstance(item, ColdStart):
             d = coldstart_payload(item, host)
             out.append(

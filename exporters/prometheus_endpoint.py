@@ -315,48 +315,37 @@ class SeriesStore:
 class WarmingGauges:
     """``infersight_coldstart_eta_seconds`` and ``..._progress_ratio``, only while a cold start runs.
 
-    Labelled by service: with several processes of one service warming at once (workers),
-    the service is ready when the last one is, so the gauges show the largest ETA and the
-    smallest progress among them.
+    Labelled by service. The agent's update for a service describes its least advanced
+    warming process (workers: the service is ready when the last one is).
     """
 
     ETA = "infersight_coldstart_eta_seconds"
     PROGRESS = "infersight_coldstart_progress_ratio"
 
     def __init__(self) -> None:
-        self.states: dict[tuple[str, int], dict[str, Any]] = {}
+        self.states: dict[str, dict[str, Any]] = {}
 
     def add(self, items: Iterable[Item]) -> None:
         for it in items:
             if isinstance(it, ColdStartProgress):
                 if it.state is None:
-                    self.states.pop((it.service, it.pid), None)
+                    self.states.pop(it.service, None)
                 else:
-                    self.states[(it.service, it.pid)] = it.state
+                    self.states[it.service] = it.state
 
     def families(self) -> list[Metric]:
-        if not self.states:
-            return []
-        eta: dict[str, float] = {}
-        progress: dict[str, float] = {}
-        for (service, _pid), st in list(self.states.items()):
-            if isinstance(st.get("eta_s"), (int, float)):
-                eta[service] = max(eta.get(service, 0.0), float(st["eta_s"]))
-            if isinstance(st.get("progress"), (int, float)):
-                progress[service] = min(progress.get(service, 1.0), float(st["progress"]))
         out = []
-        if eta:
-            m = Metric(self.ETA, "Predicted seconds left in the cold start (largest among the service's processes)",
-                       "gauge")
-            for service, v in sorted(eta.items()):
-                m.add_sample(self.ETA, {"service": service}, v)
-            out.append(m)
-        if progress:
-            m = Metric(self.PROGRESS, "Share of the cold start done (smallest among the service's processes)",
-                       "gauge")
-            for service, v in sorted(progress.items()):
-                m.add_sample(self.PROGRESS, {"service": service}, v)
-            out.append(m)
+        for name, field, doc in (
+            (self.ETA, "eta_s", "Predicted seconds left in the service's cold start"),
+            (self.PROGRESS, "progress", "Share of the service's cold start done (0-1)"),
+        ):
+            rows = [(svc, st[field]) for svc, st in sorted(self.states.items())
+                    if isinstance(st.get(field), (int, float))]
+            if rows:
+                m = Metric(name, doc, "gauge")
+                for service, v in rows:
+                    m.add_sample(name, {"service": service}, float(v))
+                out.append(m)
         return out
 
 

@@ -122,10 +122,11 @@ async def test_progress_agrees_across_status_mqtt_and_prometheus(
             assert 0 < st["progress"] < 1
             assert 0 < st["eta_s"] < 5  # weights_load typically 0.6 s, nothing but readiness after it
 
-            def stage_of(payload: bytes) -> str | None:
-                return json.loads(payload).get("stage") if payload else None
+            def ours_in_weights(payload: bytes) -> bool:  # not a stale retained state of an earlier run
+                d = json.loads(payload) if payload else {}
+                return d.get("pid") == proc.pid and d.get("stage") == "weights_load"
 
-            assert await sub.wait_for(lambda: any(stage_of(m.payload) == "weights_load" for m in sub.messages), 10)
+            assert await sub.wait_for(lambda: any(ours_in_weights(m.payload) for m in sub.messages), 10)
             msg = json.loads(await retained(broker, topic) or b"{}")
             assert msg["pid"] == proc.pid and msg["stage"] == "weights_load"
             assert msg["eta_runs"] == 3 and msg["service"] == "eta-svc"
