@@ -74,20 +74,23 @@ class UnsafeSocketDirError(ConfigError):
     """The socket's directory could be another user's: the agent will not listen there."""
 
 
-def ensure_socket_dir(directory: str) -> None:
-    """Make the socket's directory (0750) or check the one that is there: a squatted one
-    (e.g. ``/tmp/infersight-<uid>`` made 0777 by another user) would hand every producer's
-    events to whoever listens in it. Raises UnsafeSocketDirError with what to do."""
+def ensure_socket_dir(path: str) -> None:
+    """Make the socket's directory (0750), and where it is a per-user fallback location check
+    the one that is there: a squatted one (e.g. ``/tmp/infersight-<uid>`` made 0777 by another
+    user) would hand every producer's events to whoever listens in it."""
+    directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, mode=0o750, exist_ok=True)
-        _paths.check_socket_dir(directory, os.geteuid())
+        owner = _paths.fallback_owner(path)
+        if owner is not None:
+            _paths.check_socket_dir(directory, owner)
     except OSError as exc:
         raise UnsafeSocketDirError("cannot make the socket directory %s: %s" % (directory, exc)) from exc
     except ValueError as exc:
         raise UnsafeSocketDirError(
             "unsafe socket directory: %s. Remove it (or make it a directory of uid %d with mode "
             "0750 or stricter), or set agent.socket / INFERSIGHT_SOCKET to a path in a directory "
-            "you own" % (exc, os.geteuid())) from exc
+            "only the agent's user can write" % (exc, os.geteuid())) from exc
 
 
 class Ingest:
@@ -121,7 +124,7 @@ class Ingest:
 
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         if sock is None:
-            ensure_socket_dir(os.path.dirname(path) or ".")
+            ensure_socket_dir(path)
             if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
                 os.unlink(path)  # a stale socket from a previous run
             old = os.umask(0o777 & ~mode & 0o777)

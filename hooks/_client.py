@@ -9,8 +9,9 @@ this process has died). Every event gets a sequence number when it is emitted, s
 anything dropped on a full buffer or spool shows up as a gap the agent counts, and the
 drop counters reach the agent in a ``drops`` event once it is reachable.
 
-Local users are not trusted: the socket's directory must pass ``_paths.check_socket_dir``
-and the peer must run as that directory's owner, root or us; the spool file is created
+Local users are not trusted: in a per-user fallback location (``/tmp/infersight-<uid>``),
+the socket's directory must pass ``_paths.check_socket_dir`` and the peer must run as its
+owner, root or us; the spool file is created
 fresh (``O_EXCL|O_NOFOLLOW``, an unguessable name) in a directory opened without following
 a symlink, and is truncated and unlinked only through our own descriptors.
 """
@@ -85,6 +86,7 @@ class Client:
         spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
     ) -> None:
         self.socket_path = socket_path
+        self._socket_owner = _paths.fallback_owner(socket_path)  # None: a path used as given
         self.spool_dir = spool_dir
         self.producer = producer
         self.max_buffer = max_buffer
@@ -254,11 +256,14 @@ class Client:
             self._disconnect()
 
     def _agent_uids(self) -> Optional[Tuple[int, ...]]:
-        """The uids the agent may run as, or None when the socket is to be taken as absent:
-        its directory is missing, or unsafe (another user could have put a socket there)."""
+        """The uids the agent may run as (empty: not checked, a path the operator chose), or
+        None when the socket is to be taken as absent: missing, or in an unsafe directory."""
+        owner = self._socket_owner
+        if owner is None:
+            return ()
         uid = os.geteuid()
         try:
-            owner = _paths.check_socket_dir(os.path.dirname(self.socket_path) or ".", uid)
+            _paths.check_socket_dir(os.path.dirname(os.path.abspath(self.socket_path)), owner)
             st = os.lstat(self.socket_path)
         except FileNotFoundError:
             return None  # no agent (yet): quietly spool
@@ -290,7 +295,7 @@ class Client:
         try:
             sock.connect(self.socket_path)
             peer = self._peer_uid(sock)
-            if peer is not None and peer not in uids:
+            if uids and peer is not None and peer not in uids:
                 # The path was swapped after our checks: not the agent, tell it nothing.
                 self._warn_socket("the peer at %s runs as uid %d" % (self.socket_path, peer))
                 raise OSError("untrusted peer")

@@ -37,35 +37,34 @@ class UnsafeSocketDirError(ValueError):
     """The socket's directory could be another local user's: not to be used."""
 
 
-def check_socket_dir(directory: str, uid: int) -> int:
-    """The owner uid of ``directory`` if it is a safe home for the agent's socket; raises
-    ``UnsafeSocketDirError`` saying why not (and OSError, e.g. FileNotFoundError, from lstat).
+def fallback_owner(socket_path: str, env: os._Environ[str] | dict[str, str] | None = None) -> int | None:
+    """The uid that must own the socket's directory when it is a per-user fallback location,
+    ``$XDG_RUNTIME_DIR/infersight`` or ``/tmp/infersight-<uid>`` (derived or configured): there,
+    another local user could have made the directory first. None elsewhere: ``/run/infersight``
+    only root can make, and any other configured path is the operator's choice (e.g. a
+    Kubernetes emptyDir shared by the pod's containers), used as given."""
+    env = os.environ if env is None else env
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and directory == os.path.join(os.path.abspath(runtime), "infersight"):
+        return os.geteuid()
+    parent, name = os.path.split(directory)
+    if parent == "/tmp" and name.startswith("infersight-") and name[len("infersight-"):].isdigit():
+        return int(name[len("infersight-"):])
+    return None
 
-    Safe means: a real directory (``lstat``: not a symbolic link), writable by its owner only,
-    and owned by ``uid`` or root, or else placed by root where only root can (its parent is a
-    root-owned directory nobody else may write, as for ``/run/infersight`` that tmpfiles.d
-    makes for the agent's own user). Anything else could be another local user's squat,
-    e.g. ``/tmp/infersight-<uid>`` created 0777 before the agent: the agent refuses to
-    start there and the hooks treat the socket as absent. Both sides use this one rule.
-    """
-    directory = os.path.abspath(directory)
+
+def check_socket_dir(directory: str, owner: int) -> None:
+    """Raise ``UnsafeSocketDirError`` unless ``directory`` is a real directory (``lstat``: not a
+    symbolic link) owned by ``owner`` or root and writable by its owner only (and OSError, e.g.
+    FileNotFoundError, from lstat). Agent and hooks both apply this one rule."""
     st = os.lstat(directory)
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeSocketDirError("%s is a symbolic link" % directory)
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeSocketDirError("%s is not a directory" % directory)
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022 or (st.st_uid not in (uid, 0) and not _root_only(os.path.dirname(directory))):
+    if mode & 0o022 or st.st_uid not in (owner, 0):
         raise UnsafeSocketDirError(
             "%s is owned by uid %d with mode %04o; it must be owned by uid %d (or root) and not "
-            "writable by group or others" % (directory, st.st_uid, mode, uid))
-    return st.st_uid
-
-
-def _root_only(directory: str) -> bool:
-    """A root-owned directory that nobody else may write: what is in it, root put there."""
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return False
-    return st.st_uid == 0 and not st.st_mode & 0o022 and stat.S_ISDIR(st.st_mode)
+            "writable by group or others" % (directory, st.st_uid, mode, owner))
