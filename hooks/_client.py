@@ -23,6 +23,7 @@ from __future__ import annotations
 # imported here, on the main thread: a first import on a daemon thread can race the
 # host's own imports or interpreter shutdown.
 import _socket
+import errno  # already loaded at start-up
 import fcntl
 import itertools
 import os
@@ -447,7 +448,9 @@ class Client:
                 os.close(fd)
             if dfd is not None:
                 os.close(dfd)
-            self._spool_failed("%s: %s" % (self.spool_dir, exc.strerror or exc))
+            link = exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(self.spool_dir)
+            why = "a symbolic link, not followed" if link else exc.strerror or str(exc)
+            self._spool_failed("%s: %s" % (self.spool_dir, why))
             return False
         self._spool_fd, self._spool_dir_fd, self._spool_name = fd, dfd, name
         self._spool_size = self._spool_read = len(hello)

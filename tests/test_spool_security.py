@@ -168,3 +168,25 @@ def test_agent_replay_skips_planted_symlinks_fifos_and_hard_links(shared: Path, 
     assert (spool / "a.spool").is_symlink() and (spool / "b.spool").exists() and (spool / "c.spool").exists()
     assert [g.stat().st_size for g in genuine] == sizes
     assert not [r for r in log_records(read_otlp_lines(agent.out)) if attr(r, "k") is not None]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "world-writable"])
+def test_hook_refuses_a_spool_dir_that_is_a_planted_symlink_or_world_writable(shared: Path, kind: str) -> None:
+    """The spool directory itself: a symlink planted by nobody (to a root-only directory) is not
+    followed, and a 0777 directory without the sticky bit is not used. The events are counted."""
+    target = shared / "private"
+    target.mkdir(mode=0o700)
+    spool = shared / "spool" / "producer"
+    if kind == "symlink":
+        plant(spool, "symlink", target)
+    else:
+        spool.mkdir()
+        os.chown(spool, pwd.getpwnam("nobody").pw_uid, -1)
+        os.chmod(spool, 0o777)
+    code = "from infersight import hooks\nfor i in range(10):\n    hooks.log('e', i=i)\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=hook_env(shared / "no-agent" / "agent.sock", spool, INFERSIGHT_EXIT_FLUSH_S="0.3"))
+    assert r.returncode == 0, r.stderr
+    assert not list(target.iterdir()) and not list(spool.glob("*.spool")), "spooled through a planted entry"
+    assert ("symbolic link" if kind == "symlink" else "writable by everyone") in r.stderr, r.stderr
+    assert "event(s) lost" in r.stderr
