@@ -164,21 +164,21 @@ class Client:
             self._wake.set()
             self._thread.join(timeout=1.0)
             # A drain thread stuck in I/O holds the lock: do not wait on it past a bound.
+            connected, unreported = self._sock is not None, self._unreported()
             if self._lock.acquire(timeout=EXIT_LOCK_WAIT_S):
                 try:
                     self._spool_retry_at = 0.0  # one last try, whatever failed before
-                    if self._sock is None and self._unreported():
+                    if unreported:
                         self._report_drops()  # the spool carries the count to the agent
                     self._spool_leftovers()
                 finally:
                     self._lock.release()
             else:
-                left = _user_events(list(self._buf)) + sum(n for _l, n, _f in list(self._outbox))
-                self.dropped_buffer += left
+                self.dropped_buffer += _user_events(list(self._buf)) + sum(n for _l, n, _f in list(self._outbox))
             lost = self.dropped_buffer + self.dropped_spool
-            if lost and (self._sock is None or self._unreported()):
-                _say("%d event(s) lost in this process (%d on a full buffer, %d not spooled): "
-                     "no agent took them" % (lost, self.dropped_buffer, self.dropped_spool))
+            if lost and (not connected or unreported or self._unreported()):
+                _say("%d event(s) lost in this process (%d on a full buffer, %d that could not be "
+                     "spooled)" % (lost, self.dropped_buffer, self.dropped_spool))
 
     def _unreported(self) -> bool:
         return self.dropped_buffer != self._reported_buffer or self.dropped_spool != self._reported_spool
