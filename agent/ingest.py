@@ -79,9 +79,9 @@ def ensure_socket_dir(path: str) -> None:
     the one that is there: a squatted one (e.g. ``/tmp/infersight-<uid>`` made 0777 by another
     user) would hand every producer's events to whoever listens in it."""
     directory = os.path.dirname(os.path.abspath(path))
+    owner = _paths.fallback_owner(path)
     try:
         os.makedirs(directory, mode=0o750, exist_ok=True)
-        owner = _paths.fallback_owner(path)
         if owner is not None:
             _paths.check_socket_dir(directory, owner)
     except OSError as exc:
@@ -90,7 +90,7 @@ def ensure_socket_dir(path: str) -> None:
         raise UnsafeSocketDirError(
             "unsafe socket directory: %s. Remove it (or make it a directory of uid %d with mode "
             "0750 or stricter), or set agent.socket / INFERSIGHT_SOCKET to a path in a directory "
-            "only the agent's user can write" % (exc, os.geteuid())) from exc
+            "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
 
 
 class Ingest:
