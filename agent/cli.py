@@ -48,7 +48,11 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(_serve(conf, exporters))
+    try:
+        return asyncio.run(_serve(conf, exporters))
+    except cfg.ConfigError as exc:  # found at start, e.g. an unsafe socket directory
+        sys.stderr.write("infersight agent: %s\n" % exc)
+        return EXIT_USAGE
 
 
 async def _serve(conf: cfg.Config, exporters: list[Exporter]) -> int:

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import socket
+import stat
 import struct
 import time
 from collections import deque
@@ -19,9 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from infersight.agent.assemble import Assembler, Malformed, Producer
+from infersight.agent.config import ConfigError
 from infersight.agent.health import Counters
 from infersight.agent.pipeline import Router
-from infersight.hooks import _wire
+from infersight.hooks import _paths, _wire
 
 log = logging.getLogger("infersight.ingest")
 UCRED = struct.Struct("3i")
@@ -68,6 +70,29 @@ def peer_groups(sock: socket.socket) -> set[int]:
     return set(struct.unpack("%dI" % n, raw[: 4 * n]))
 
 
+class UnsafeSocketDirError(ConfigError):
+    """The socket's directory could be another user's: the agent will not listen there."""
+
+
+def ensure_socket_dir(path: str) -> None:
+    """Make the socket's directory (0750), and where it is a per-user fallback location check
+    the one that is there: a squatted one (e.g. ``/tmp/infersight-<uid>`` made 0777 by another
+    user) would hand every producer's events to whoever listens in it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    owner = _paths.fallback_owner(path)
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+        if owner is not None:
+            _paths.check_socket_dir(directory, owner)
+    except OSError as exc:
+        raise UnsafeSocketDirError("cannot make the socket directory %s: %s" % (directory, exc)) from exc
+    except ValueError as exc:
+        raise UnsafeSocketDirError(
+            "unsafe socket directory: %s. Remove it (or make it a directory of uid %d with mode "
+            "0750 or stricter), or set agent.socket / INFERSIGHT_SOCKET to a path in a directory "
+            "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
+
+
 class Ingest:
     def __init__(
         self,
@@ -99,8 +124,8 @@ class Ingest:
 
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         if sock is None:
-            os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-            if os.path.exists(path):  # noqa: ASYNC240 - startup, once
+            ensure_socket_dir(path)
+            if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
                 os.unlink(path)  # a stale socket from a previous run
             old = os.umask(0o777 & ~mode & 0o777)
             try:
@@ -290,30 +315,42 @@ class Ingest:
     # -- spool replay -----------------------------------------------------------------
 
     def replay_spools(self, directory: str) -> int:
-        """Replay spool files whose producer has died (its lock is free); returns files done."""
+        """Replay spool files whose producer has died (its lock is free); returns files done.
+
+        Whoever may write the directory (its group, by design) is not trusted with our
+        reads and unlinks: names are opened relative to the directory without following a
+        symlink or blocking on a FIFO, only a regular file with one link is read, and it is
+        unlinked only if the name still holds that same file."""
         try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".spool"))
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             return 0
-        done = 0
-        for name in names:
-            if self._replay_one(os.path.join(directory, name)):
-                done += 1
-        return done
+        try:
+            names = sorted(n for n in os.listdir(dfd) if n.endswith(".spool"))
+            return sum(1 for name in names if self._replay_one(directory, dfd, name))
+        except OSError:
+            return 0
+        finally:
+            os.close(dfd)
 
-    def _replay_one(self, path: str) -> bool:
+    def _replay_one(self, directory: str, dfd: int, name: str) -> bool:
+        path = os.path.join(directory, name)
         if path in self._replaying:
             return False
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         except OSError:
-            return False
+            return False  # gone, or a symlink (ELOOP)
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                self.counters.spool_files_refused += 1
+                self._rlog.warn("spool", "not replaying %s: not a regular file with one link", path)
+                return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return False  # its producer is alive and replays it itself
-            st = os.fstat(fd)
             if not self.allowed(st.st_uid, st.st_gid):
                 self.counters.spool_files_refused += 1
                 self._rlog.warn("spool", "not replaying %s: owner uid %d is not allowed", path, st.st_uid)
@@ -330,15 +367,13 @@ class Ingest:
             producer: Producer | None = None
             self._replaying.add(path)
             outstanding = [1]  # batches not yet complete, +1 until all are published
+            identity = (st.st_dev, st.st_ino)
 
             def one_done() -> None:
                 outstanding[0] -= 1
                 if outstanding[0] == 0:  # every exporter has it: now the file may go
                     self._replaying.discard(path)
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+                    unlink_if_same(directory, name, identity)
 
             for payload in frames:
                 msg = _wire.decode_payload(payload)
@@ -360,3 +395,19 @@ class Ingest:
             return True
         finally:
             os.close(fd)
+
+
+def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
+    """Unlink ``directory/name`` only if it is still the file we read (device, inode)."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == identity:
+            os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
