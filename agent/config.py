@@ -151,6 +151,8 @@ KEYS: tuple[Key, ...] = (
         "`/var/lib/infersight/spool` if writable, else `$XDG_STATE_HOME/infersight/spool`"),
     Key("agent.exporter_spool_max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
         "disk spool per exporter while its peer is away"),
+    Key("agent.exporter_max_attempts", parse_nonneg_int, lambda: 10, "INFERSIGHT_EXPORTER_MAX_ATTEMPTS",
+        "a spooled record the peer rejects this often is dropped and counted"),
     Key("agent.shutdown_timeout_s", parse_pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",
         "drain and flush limit on SIGTERM"),
     Key("agent.health_interval_s", parse_pos_float, lambda: 15.0, "INFERSIGHT_HEALTH_INTERVAL_S",

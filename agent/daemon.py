@@ -69,7 +69,8 @@ class Agent:
             spool = None
             if e.name not in ("console",):
                 spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
-            self.workers.append(ExporterWorker(e, spool))
+            self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
+                                               down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
         self.router = Router(self.workers)
         self.ingest = Ingest(
             self.assembler,
@@ -84,7 +85,6 @@ class Agent:
         self._stop = asyncio.Event()
         self._signals = 0
         self._tasks: list[asyncio.Task[Any]] = []
-        self._down_since: dict[str, float] = {}
         self.reloaders: list[Callable[[cfg.Config], None]] = []
         self.on_ready: list[Callable[[], Awaitable[None] | None]] = []
         # Long-running jobs beside ingest (the NVML sampler, say): started with the agent,
@@ -106,12 +106,8 @@ class Agent:
         for w in self.workers:
             st = {"name": w.name, **w.state()}
             exporters.append(st)
-            if w.peer_up:
-                self._down_since.pop(w.name, None)
-            else:
-                since = self._down_since.setdefault(w.name, now)
-                if now - since > EXPORTER_DOWN_UNHEALTHY_S:
-                    healthy = False
+            if w.problem(now) is not None:  # a worker fault at once; a peer away after a grace
+                healthy = False
         return {
             "healthy": healthy,
             "version": __version__,

@@ -268,7 +268,42 @@ def _build_sdk_exporter(
             value = _pick(env, signal, what)
             if value:
                 kwargs[arg] = value
-    return cls(**kwargs)
+    return _record_http_status(cls(**kwargs))
+
+
+# The HTTP status of the last export on this thread: the SDK exporters return only
+# SUCCESS/FAILURE, and the worker must tell a refused batch from a peer that is away.
+_http_status = threading.local()
+# Answers that mean "this batch is bad": the OTLP spec says drop, do not retry.
+HTTP_FINAL = frozenset({400, 413, 415, 422})
+# Answers that mean "the peer or its configuration is away": keep spooling, retry.
+HTTP_AWAY = frozenset({401, 403, 404, 407, 408, 429, 502, 503, 504})
+
+
+def _record_http_status(sdk: Any) -> Any:
+    client: Any = getattr(sdk, "_client", None)
+    export = getattr(client, "export", None)
+    if client is None or export is None:  # another SDK version: every failure counts as "away"
+        return sdk
+
+    def recording_export(data: bytes) -> Any:
+        _http_status.sent = True
+        result = export(data)
+        _http_status.code = getattr(result, "status_code", None)
+        return result
+
+    client.export = recording_export
+    sdk._infersight_records_status = True
+    return sdk
+
+
+def classify_failure(status: int | None) -> str:
+    """``away`` (retry without limit), ``rejected`` (retry, capped) or ``final`` (drop)."""
+    if status is None or status in HTTP_AWAY or status < 400:
+        return "away"
+    if status in HTTP_FINAL or 400 <= status < 500:
+        return "final"
+    return "rejected"
 
 
 class OtlpExporter:
@@ -338,7 +373,7 @@ class OtlpExporter:
 
     async def export(self, batch: Sequence[Item]) -> None:
         if self._closed:
-            raise ExportError("OTLP exporter is shut down", retryable=False)
+            raise ExportError("OTLP exporter is shut down")  # spooled for the next start
         self.export_calls += 1
         spans: list[SpanItem] = []
         metrics: list[MetricItem] = []
@@ -372,8 +407,13 @@ class OtlpExporter:
         )
         errors = [e for e in results if e is not None]
         if errors:
-            self.last_error = "; ".join(errors)
-            raise ExportError(self.last_error, retryable=True)
+            self.last_error = "; ".join(why for why, _kind in errors)
+            kinds = {kind for _why, kind in errors}
+            # Signals that went out are sent again on a retry. A signal whose peer is away
+            # keeps the batch retried; otherwise a refusal decides.
+            if "away" in kinds:
+                raise ExportError(self.last_error)
+            raise ExportError(self.last_error, retryable="final" not in kinds, rejected=True)
 
     async def force_flush(self, timeout_s: float) -> bool:
         # Nothing is buffered here: each export() call goes out synchronously.
@@ -408,8 +448,11 @@ class OtlpExporter:
 
     # -- in a worker thread -----------------------------------------------------------------
 
-    def _export_signal(self, signal: Signal, items: Sequence[Any]) -> str | None:
+    def _export_signal(self, signal: Signal, items: Sequence[Any]) -> tuple[str, str] | None:
+        """None when delivered, else (why, how it failed: see :func:`classify_failure`)."""
         route = self.routes[signal]
+        _http_status.code = None
+        _http_status.sent = False
         try:
             if signal == "traces":
                 data: Any = self._spans(items)
@@ -437,7 +480,15 @@ class OtlpExporter:
                 return None
             self.export_failures += 1
             self.failed_items += len(items)
-        return "OTLP %s %s to %s failed: %s" % (route.protocol, signal, safe_url(route.endpoint), why)
+        status = getattr(_http_status, "code", None) if route.protocol != "grpc" else None
+        kind = classify_failure(status)
+        if status is not None:
+            why += " (HTTP %d)" % status
+        elif getattr(route.exporter, "_infersight_records_status", False) and not _http_status.sent:
+            kind = "final"  # the SDK could not encode the batch (a lone surrogate, too large)
+            why += " (not encodable)"
+        return ("OTLP %s %s to %s failed: %s" % (route.protocol, signal, safe_url(route.endpoint), why),
+                kind)
 
     def _sdk_resource(self, r: Resource) -> Any:
         try:
