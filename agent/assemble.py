@@ -37,6 +37,7 @@ MAX_PRODUCERS = 4096
 MAX_PENDING_SPANS = 4096
 MAX_STR = 4096
 MAX_ATTRS = 128
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
 
@@ -72,21 +73,29 @@ def _s(v: Any, name: str, limit: int = MAX_STR) -> str:
 
 
 def _i(v: Any, name: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise Malformed("%s must be a non-negative integer" % name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > INT64_MAX:
+        raise Malformed("%s must be a non-negative 64-bit integer" % name)
     return v
 
 
+def _int64(x: Any) -> bool:
+    return type(x) is int and INT64_MIN <= x <= INT64_MAX
+
+
 def _attr_value(v: Any) -> AttrValue:
+    if type(v) is int and not _int64(v):
+        return str(v)  # OTLP integers are int64: keep the digits as a string
     if isinstance(v, (str, bool, int, float)):
         return v[:MAX_STR] if isinstance(v, str) else v
     if isinstance(v, list) and v and len(v) <= 256:
         if all(isinstance(x, str) for x in v):
             return [x[:MAX_STR] for x in v]
         if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            return list(v)
+            return list(v) if all(_int64(x) for x in v) else [str(x) for x in v]
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return [float(x) for x in v]
+            if all(isinstance(x, float) or _int64(x) for x in v):
+                return [float(x) for x in v]
+            return [str(x) for x in v]
     return str(v)[:MAX_STR]
 
 
@@ -101,6 +110,8 @@ def attributes(v: Any) -> Attributes:
     # Fast path (the common case): short keys and scalar or short string values, as decoded.
     for k, x in v.items():
         if len(k) > 256 or not (type(x) in _SCALARS or (type(x) is str and len(x) <= MAX_STR)):
+            break
+        if type(x) is int and not INT64_MIN <= x <= INT64_MAX:
             break
     else:
         return v  # type: ignore[no-any-return]
@@ -251,7 +262,7 @@ class Assembler:
                     tracker.next_expected = seq + 1
                 elif not tracker.observe(seq):
                     continue  # duplicate after a resend
-                if type(t_ns) is not int or t_ns < 0:
+                if type(t_ns) is not int or t_ns < 0 or t_ns > INT64_MAX:
                     raise Malformed("t_ns must be a non-negative integer")
                 if type(data) is not dict:
                     raise Malformed("data must be an object")
