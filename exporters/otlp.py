@@ -491,10 +491,7 @@ class OtlpExporter:
                 kind)
 
     def _sdk_resource(self, r: Resource) -> Any:
-        try:
-            cached = self._resources.get(r)
-        except TypeError:  # a list-valued attribute makes the resource unhashable
-            return self._new_resource(r)
+        cached = self._resources.get(r)
         if cached is None:
             with self._lock:
                 if len(self._resources) > 1024:
@@ -508,7 +505,7 @@ class OtlpExporter:
 
         # Our items already carry the merged resource (OTEL_RESOURCE_ATTRIBUTES, service.name):
         # send exactly it, without the SDK's defaults.
-        return SdkResource(dict(r.attributes))
+        return SdkResource(r.as_dict())
 
     def _scope_obj(self) -> Any:
         if self._scope is None:

@@ -77,7 +77,7 @@ def resource_json(r: Resource) -> str:
     if out is None:
         if len(_resource_cache) > 1024:
             _resource_cache.clear()
-        out = _resource_cache[r] = '{"attributes":[%s]}' % kv_list(dict(r.attributes))
+        out = _resource_cache[r] = '{"attributes":[%s]}' % kv_list(r.as_dict())
     return out
 
 
