@@ -62,7 +62,7 @@ class Agent:
             }
         )
         self.counters = Counters()
-        self.assembler = Assembler(self.host_name, handlers)
+        self.assembler = Assembler(self.host_name, handlers, max_pending_bytes=config["agent.max_pending_bytes"])
         spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
         self.workers: list[ExporterWorker] = []
         for e in exporters:
@@ -80,6 +80,8 @@ class Agent:
             set(config["agent.allowed_gids"]),
             self.health,
             frame_timeout_s=config["agent.frame_timeout_s"],
+            max_connections=config["agent.max_connections"],
+            idle_timeout_s=config["agent.idle_timeout_s"],
         )
         self.proc_stats = ProcessStats()
         self._stop = asyncio.Event()
@@ -121,6 +123,7 @@ class Agent:
             "lost": self.assembler.lost_total(),
             "dropped_by_producers": self.dropped_by_producers(),
             "counters": self.counters.as_dict(),
+            "assembler": self.assembler.stats(),
             "exporters": exporters,
         }
 
@@ -136,6 +139,7 @@ class Agent:
             cpu,
             rss,
             self.nvml_reason,
+            self.assembler.stats(),
         )
         self.router.publish(items)
 
