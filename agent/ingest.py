@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import resource
+import select
 import socket
 import struct
 import time
@@ -80,6 +81,11 @@ ACCEPT_BACKOFF_MAX_S = 2.0
 LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process gone?
 ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 HAVE_PROC = os.path.isdir("/proc/self")
+MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def process_start(pid: int) -> str | None:
@@ -139,6 +145,7 @@ class Ingest:
         self._live: dict[str, int] = {}  # producer id -> open connections
         # Producers that hung up with a cold start still open: (producer, pid, start time).
         self._watch: dict[str, tuple[Producer, int, str]] = {}
+        self._pidfds: dict[str, tuple[Producer, int]] = {}
         self._watch_task: asyncio.Task[None] | None = None
 
     # -- server ---------------------------------------------------------------------
@@ -234,6 +241,7 @@ class Ingest:
         while self.open_connections and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         self.sweep_lost()  # close the cold starts of producers that died just before
+        self.release()
         return self.open_connections == 0
 
     def close_connections(self) -> None:
@@ -242,19 +250,62 @@ class Ingest:
         if self._watch_task is not None:
             self._watch_task.cancel()
 
+    def release(self) -> None:
+        """Close the descriptors that watch departed producers (at shutdown)."""
+        for producer_id in list(self._pidfds):
+            self._unwatch(producer_id)
+
     # -- producers that went away -----------------------------------------------------
 
     def _producer_left(self, producer: Producer, pid: int, start: str | None) -> None:
+        """A producer's connection closed. If its cold start is still open, find out whether
+        its process has ended (a pidfd, which works even where /proc hides other users'
+        processes; else /proc polling) and then close that cold start for it."""
         n = self._live.get(producer.id, 1) - 1
         if n > 0:
             self._live[producer.id] = n
-            return
+            return None
         self._live.pop(producer.id, None)
-        if not HAVE_PROC or pid <= 0 or start is None or producer.gone:
-            return  # cannot tell whether it lives: keep its state (bounded) for a reconnect
+        if pid <= 0 or producer.gone:
+            return None  # cannot tell whether it lives: keep its state (bounded) for a reconnect
         if not (producer.pending or producer.span_events or (producer.stages_seen and not producer.root_closed)):
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return self._publish_lost(producer)
+        except (OSError, AttributeError):  # no pidfds here: poll /proc
+            return self._watch_by_proc(producer, pid, start)
+        if _readable(fd):  # it has exited (a zombie)
+            os.close(fd)
+            return self._publish_lost(producer)
+        self._unwatch(producer.id)
+        if len(self._pidfds) >= MAX_WATCHED:
+            self._unwatch(next(iter(self._pidfds)))
+        self._pidfds[producer.id] = (producer, fd)
+        asyncio.get_running_loop().add_reader(fd, self._process_ended, producer.id)
+        return None
+
+    def _process_ended(self, producer_id: str) -> None:
+        entry = self._pidfds.get(producer_id)
+        self._unwatch(producer_id)
+        if entry is not None and producer_id not in self._live:
+            self._publish_lost(entry[0])
+
+    def _unwatch(self, producer_id: str) -> None:
+        self._watch.pop(producer_id, None)
+        entry = self._pidfds.pop(producer_id, None)
+        if entry is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(entry[1])
+            except RuntimeError:  # no loop any more
+                pass
+            os.close(entry[1])
+
+    def _watch_by_proc(self, producer: Producer, pid: int, start: str | None) -> None:
+        if not HAVE_PROC or start is None:
             return
-        if len(self._watch) >= 4096:
+        if len(self._watch) >= MAX_WATCHED:
             self._watch.pop(next(iter(self._watch)))
         self._watch[producer.id] = (producer, pid, start)
         if self._watch_task is None or self._watch_task.done():
@@ -271,13 +322,17 @@ class Ingest:
     def sweep_lost(self) -> int:
         """Producers found dead: close their open cold start and free their state."""
         done = 0
-        for pid_key, (producer, pid, start) in list(self._watch.items()):
+        for producer_id, (_producer, fd) in list(self._pidfds.items()):
+            if _readable(fd):
+                self._process_ended(producer_id)
+                done += 1
+        for producer_id, (producer, pid, start) in list(self._watch.items()):
             if producer.id in self._live:  # it reconnected
-                del self._watch[pid_key]
+                del self._watch[producer_id]
                 continue
             if process_start(pid) == start:
                 continue
-            del self._watch[pid_key]
+            del self._watch[producer_id]
             self._publish_lost(producer)
             done += 1
         return done
@@ -381,6 +436,7 @@ class Ingest:
             await writer.drain()
             return
         self._live[producer.id] = self._live.get(producer.id, 0) + 1
+        self._unwatch(producer.id)  # it is back: alive
         started = process_start(pid) if pid > 0 and HAVE_PROC else None  # tells a reused pid later
         try:
             await self._serve_producer(producer, reader, writer)

@@ -108,3 +108,38 @@ def test_pending_state_is_freed_when_the_producer_is_lost() -> None:
     assert out[0].attributes["infersight.coldstart.ended_by"] == "producer_lost"  # type: ignore[union-attr]
     assert p.pending == [] and p.pending_bytes == 0 and p.span_events == {}
     assert a.producer_lost(p) == [], "once"
+
+
+def test_producer_closed_while_alive_is_watched_until_it_dies(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """Stopped (SIGSTOP), it is idle-closed but alive: no root. Killed later: the agent sees
+    the process end (pidfd) and closes the root."""
+    agent = agent_factory()
+    agent.config.write_text(agent.config.read_text().replace("[agent]\n", "[agent]\nidle_timeout_s = 0.5\n", 1))
+    agent.start()
+    script = textwrap.dedent("""
+        import time
+        from infersight import hooks
+        with hooks.stage("model_setup"):
+            pass
+        assert hooks.flush(10)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=hook_env(agent.sock, agent.spool),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGSTOP)
+        assert wait_for(lambda: agent.status()["counters"]["idle_closed"] >= 1, 20)
+        assert agent.status()["assembler"]["coldstart_roots_closed_for_lost"] == 0, "alive: nothing invented"
+        proc.kill()
+        proc.wait(10)
+        assert wait_for(lambda: agent.status()["assembler"]["coldstart_roots_closed_for_lost"] == 1, 20)
+        assert wait_for(lambda: len([s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]) == 1,
+                        10)
+        roots = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
+        assert attr(roots[0], "infersight.coldstart.ended_by") == "producer_lost"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
