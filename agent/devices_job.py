@@ -320,6 +320,8 @@ class DeviceJob:
         items += device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
         items += coefficients
         items += self.requests.collect(now_ns, everything=evaluate_now)
+        if evaluate_now:
+            items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
         if items:
             agent.router.publish(items)
         return items
@@ -479,6 +481,7 @@ def _add_health(agent: Any, job: DeviceJob) -> None:
     def health() -> dict[str, Any]:
         h = base()
         h.setdefault("nvml", job.health())
+        h.setdefault("requests", job.requests.stats())
         return h
 
     agent.health = health

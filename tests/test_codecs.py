@@ -122,3 +122,16 @@ def test_resource_with_list_values_is_hashable_and_keeps_lists() -> None:
     line = encode_lines([LogItem(r, 1, 9, "INFO", "b")])[0]
     res = json.loads(line)["resourceLogs"][0]["resource"]["attributes"]
     assert {"key": "k", "value": {"arrayValue": {"values": [{"intValue": "1"}, {"intValue": "2"}]}}} in res
+
+
+async def test_console_exporter_keeps_a_bounded_number_of_coldstarts() -> None:
+    import io
+
+    from infersight.exporters.console import ConsoleExporter
+
+    out = io.StringIO()
+    exp = ConsoleExporter(out, keep=3)
+    root = SpanItem(Resource.of({"service.name": "s"}), "a" * 32, "b" * 16, None, "coldstart", 0, 10**9)
+    for _ in range(10):
+        await exp.export([ColdStart(root, [])])
+    assert exp.printed == 10 and len(exp.coldstarts) == 3
