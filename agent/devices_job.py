@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from infersight.agent import config as cfg
 from infersight.agent.config import parse_bool as _flag
@@ -40,6 +40,7 @@ from infersight.agent.nvml import DeviceEvent, DeviceSample, HwState, Nvml, Nvml
 from infersight.agent.requests_kind import KIND, NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 COEFFICIENT = "infersight.device.coefficient"
@@ -296,6 +297,12 @@ class DeviceJob:
         assert self.nvml is not None
         with self._nvml_lock:
             return [] if self._closed else self.nvml.sample_all()
+
+    def nvml_call(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` (NVML reads, in a worker thread) under the lock that keeps sampling and
+        nvmlShutdown apart; None once NVML is shut down."""
+        with self._nvml_lock:
+            return None if self._closed else fn()
 
     def _close_nvml(self) -> None:
         assert self.nvml is not None

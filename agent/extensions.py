@@ -19,4 +19,4 @@ def validate(conf: cfg.Config) -> None:
 
 def install(agent: Agent, conf: cfg.Config) -> None:
     job = devices_job.install(agent, conf)
-    oom_kind.install(agent, conf, nvml=job.nvml)
+    oom_kind.install(agent, conf, nvml=job.nvml, nvml_guard=job.nvml_call)
