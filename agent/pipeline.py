@@ -309,7 +309,7 @@ class ExporterWorker:
                 self._isolate = records  # one record at a time until the bad one is found
                 return None
             if out == FINAL:
-                self._head = None
+                self._head, self._isolate = None, 0  # found it: back to whole batches
                 self.spool.pop_many(1)
                 return self._drop_rejected(batch, "refused for good")
             if out == REJECTED:
@@ -318,7 +318,7 @@ class ExporterWorker:
                     self._head, self._head_attempts = head, 0
                 self._head_attempts += 1
                 if self._head_attempts >= self.max_attempts:
-                    self._head = None
+                    self._head, self._isolate = None, 0
                     self.spool.pop_many(1)
                     return self._drop_rejected(batch, "rejected %d times" % self.max_attempts)
             self.retries += 1

@@ -38,16 +38,23 @@ class DiskSpool:
         return os.path.join(self.dir, "%012d.seg" % seg)
 
     def _load_pos(self) -> int:
+        """The read offset in the first segment. Saved as "SEGMENT OFFSET": a position saved
+        for a segment that is gone (a save failed on a full disk) is not applied to the next."""
         try:
             with open(os.path.join(self.dir, "pos")) as f:
-                return int(f.read().strip() or 0)
-        except (OSError, ValueError):
+                parts = f.read().split()
+            if len(parts) == 1:  # the older format: an offset alone
+                return int(parts[0])
+            seg, pos = int(parts[0]), int(parts[1])
+        except (OSError, ValueError, IndexError):
             return 0
+        return pos if self.segments and seg == self.segments[0] else 0
 
     def _save_pos(self) -> None:
+        """Raises OSError (a full disk); the position in memory is right regardless."""
         tmp = os.path.join(self.dir, "pos.tmp")
         with open(tmp, "w") as f:
-            f.write(str(self.read_pos))
+            f.write("%d %d" % (self.segments[0] if self.segments else 0, self.read_pos))
         os.replace(tmp, os.path.join(self.dir, "pos"))
 
     def _scan(self, seg: int) -> int:

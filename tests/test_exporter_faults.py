@@ -227,3 +227,18 @@ async def test_peer_away_is_never_capped(tmp_path: Path) -> None:
         await worker.drain(5)
         await exp.shutdown()
         rx.stop()
+
+
+async def test_position_saved_for_a_retired_segment_is_not_applied_to_the_next(tmp_path: Path) -> None:
+    spool = DiskSpool(str(tmp_path / "spool"), max_bytes=8192)  # 4 KiB segments
+    for i in range(12):
+        spool.append(logs("s%d" % i, 5, "z" * 60))
+    assert len(spool.segments) > 1
+    batch, records = spool.peek_many(1)
+    spool.pop_many(records)
+    # A crash after the first segment was retired, with its old position still on disk.
+    (tmp_path / "spool" / "pos").write_text("%d %d" % (spool.segments[0] - 1, spool.read_pos + 40))
+    reopened = DiskSpool(str(tmp_path / "spool"), max_bytes=8192)
+    assert reopened.read_pos == 0
+    batch, records = reopened.peek_many(1000)
+    assert records > 0 and reopened.corrupt_records == 0
