@@ -143,3 +143,25 @@ def test_producer_closed_while_alive_is_watched_until_it_dies(agent_factory) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_one_peer_cannot_grow_pending_state_past_the_bound(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """Unfinished cold starts with large stage attributes, through the real socket."""
+    import socket
+
+    from infersight.hooks import _wire
+
+    agent = agent_factory()
+    agent.config.write_text(agent.config.read_text().replace("[agent]\n", "[agent]\nmax_pending_bytes = 1048576\n", 1))
+    agent.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(agent.sock))
+        s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
+            "id": "greedy", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+        for f in range(40):  # 40 frames x 5 stages x ~100 KB: ~20 MB of pending stages
+            s.sendall(_wire.encode_frame({"t": "b", "e": [big_stage(f * 5 + i, 100) for i in range(5)]}))
+        assert wait_for(lambda: agent.status()["events_in"] >= 200, 30)
+        st = agent.status()["assembler"]
+        assert 0 < st["pending_bytes"] <= 1 << 20
+        assert st["pending_stages_dropped"] >= 180
