@@ -238,7 +238,7 @@ def _build_sdk_exporter(
                     )
                 except OSError as exc:
                     raise OtlpConfigError("OTLP %s certificate: %s" % (signal, exc)) from None
-        return cls(**kwargs)
+        return _record_grpc_status(cls(**kwargs), grpc.RpcError)
 
     from opentelemetry.exporter.otlp.proto.http import Compression
 
@@ -295,6 +295,46 @@ def _record_http_status(sdk: Any) -> Any:
     client.export = recording_export
     sdk._infersight_records_status = True
     return sdk
+
+
+# gRPC codes (OTLP spec): the batch is bad, or the collector failed on it.
+GRPC_FINAL = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION"})
+GRPC_REJECTED = frozenset({"INTERNAL", "UNKNOWN"})
+
+
+class _RecordingStub:
+    """The gRPC stub, recording whether a request went out and the status that came back."""
+
+    def __init__(self, stub: Any, rpc_error: type[Exception]) -> None:
+        self._stub = stub
+        self._rpc_error = rpc_error
+
+    def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the stub's name
+        _http_status.sent = True
+        try:
+            return self._stub.Export(*args, **kwargs)
+        except self._rpc_error as exc:
+            code = getattr(exc, "code", None)
+            _http_status.grpc = getattr(code(), "name", None) if callable(code) else None
+            raise
+
+
+def _record_grpc_status(sdk: Any, rpc_error: type[Exception]) -> Any:
+    stub_cls = getattr(sdk, "_stub", None)
+    if stub_cls is None or getattr(sdk, "_client", None) is None:  # another SDK version
+        return sdk
+    sdk._stub = lambda channel: _RecordingStub(stub_cls(channel), rpc_error)  # the channel is rebuilt at times
+    sdk._client = _RecordingStub(sdk._client, rpc_error)
+    sdk._infersight_records_status = True
+    return sdk
+
+
+def classify_grpc_failure(code: str | None) -> str:
+    if code in GRPC_FINAL:
+        return "final"
+    if code in GRPC_REJECTED:
+        return "rejected"
+    return "away"  # UNAVAILABLE, DEADLINE_EXCEEDED ..., and UNAUTHENTICATED, NOT_FOUND (configuration)
 
 
 def classify_failure(status: int | None) -> str:
@@ -452,6 +492,7 @@ class OtlpExporter:
         """None when delivered, else (why, how it failed: see :func:`classify_failure`)."""
         route = self.routes[signal]
         _http_status.code = None
+        _http_status.grpc = None
         _http_status.sent = False
         try:
             if signal == "traces":
@@ -481,9 +522,12 @@ class OtlpExporter:
             self.export_failures += 1
             self.failed_items += len(items)
         status = getattr(_http_status, "code", None) if route.protocol != "grpc" else None
-        kind = classify_failure(status)
+        grpc_code = getattr(_http_status, "grpc", None) if route.protocol == "grpc" else None
+        kind = classify_grpc_failure(grpc_code) if route.protocol == "grpc" else classify_failure(status)
         if status is not None:
             why += " (HTTP %d)" % status
+        elif grpc_code is not None:
+            why += " (gRPC %s)" % grpc_code
         elif getattr(route.exporter, "_infersight_records_status", False) and not _http_status.sent:
             kind = "final"  # the SDK could not encode the batch (a lone surrogate, too large)
             why += " (not encodable)"

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from conftest import wait_for
 from otlp_receiver import OtlpReceiver, attrs
@@ -21,6 +22,19 @@ from infersight.agent.spool import DiskSpool
 from infersight.exporters.otlp import OtlpExporter
 
 RES = Resource.of({"service.name": "faults"})
+PROTOCOLS = ["http/protobuf", "grpc"]
+
+
+def exporter_for(rx: OtlpReceiver, protocol: str, timeout_s: float) -> OtlpExporter:
+    endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
+    return OtlpExporter(endpoint, protocol=protocol, timeout_s=timeout_s)
+
+
+def refuse(rx: OtlpReceiver, protocol: str, http: int | None, code: grpc.StatusCode | None) -> None:
+    if protocol == "grpc":
+        rx.set_grpc_fail(code if http is not None else None)
+    else:
+        rx.set_fail_status(http)
 
 
 @pytest.fixture(autouse=True)
@@ -142,17 +156,18 @@ async def test_spool_append_on_full_disk_leaves_no_torn_record(tmp_path: Path) -
 # -- item 5: refused batches ---------------------------------------------------------------
 
 
-async def test_batch_refused_for_good_is_dropped_and_what_is_behind_flows(tmp_path: Path) -> None:
-    """A real receiver answering 400: the batch is dropped at once and counted."""
-    rx = OtlpReceiver(grpc_=False).start()
-    exp = OtlpExporter(rx.http_endpoint, timeout_s=2)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_batch_refused_for_good_is_dropped_and_what_is_behind_flows(tmp_path: Path, protocol: str) -> None:
+    """A real receiver answering 400 (gRPC INVALID_ARGUMENT): dropped at once and counted."""
+    rx = OtlpReceiver().start()
+    exp = exporter_for(rx, protocol, 2)
     worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "spool")), retry_initial_s=0.01, retry_max_s=0.05)
     worker.start()
     try:
-        rx.set_fail_status(400)
+        refuse(rx, protocol, 400, grpc.StatusCode.INVALID_ARGUMENT)
         submit(worker, logs("poison", 5))
         assert await until(lambda: worker.rejected_items == 5), worker.state()
-        rx.set_fail_status(None)
+        refuse(rx, protocol, None, None)
         submit(worker, logs("good", 7))
         assert await until(lambda: received_tags(rx).count("good") == 7), worker.state()
         assert worker.export_errors == 1, "a non-retryable refusal is not retried"
@@ -163,12 +178,13 @@ async def test_batch_refused_for_good_is_dropped_and_what_is_behind_flows(tmp_pa
         rx.stop()
 
 
-async def test_unencodable_record_is_isolated_and_dropped_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_unencodable_record_is_isolated_and_dropped_alone(tmp_path: Path, protocol: str) -> None:
     """A lone surrogate cannot be encoded as protobuf: only its record is dropped, in a spool
     where it sits between good records."""
-    rx = OtlpReceiver(grpc_=False).start()
+    rx = OtlpReceiver().start()
     rx.stop()  # away first, so that the records are spooled side by side
-    exp = OtlpExporter(rx.http_endpoint, timeout_s=0.3)
+    exp = exporter_for(rx, protocol, 0.3)
     spool = DiskSpool(str(tmp_path / "spool"))
     worker = ExporterWorker(exp, spool, retry_initial_s=0.01, retry_max_s=0.05)
     spool.append(logs("before", 3))
@@ -188,19 +204,20 @@ async def test_unencodable_record_is_isolated_and_dropped_alone(tmp_path: Path) 
         rx.stop()
 
 
-async def test_record_rejected_max_attempts_times_is_dropped(tmp_path: Path) -> None:
-    """A peer answering 500 to one record: retried, then dropped after max_attempts."""
-    rx = OtlpReceiver(grpc_=False).start()
-    exp = OtlpExporter(rx.http_endpoint, timeout_s=2)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_record_rejected_max_attempts_times_is_dropped(tmp_path: Path, protocol: str) -> None:
+    """A peer answering 500 (gRPC INTERNAL) to one record: retried, then dropped after max_attempts."""
+    rx = OtlpReceiver().start()
+    exp = exporter_for(rx, protocol, 2)
     worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "spool")), retry_initial_s=0.01, retry_max_s=0.05,
                             max_attempts=4)
     worker.start()
     try:
-        rx.set_fail_status(500)
+        refuse(rx, protocol, 500, grpc.StatusCode.INTERNAL)
         submit(worker, logs("rejected", 3))
         assert await until(lambda: worker.rejected_items == 3), worker.state()
         assert worker.export_errors == 1 + 4, "one live attempt, then max_attempts from the spool"
-        rx.set_fail_status(None)
+        refuse(rx, protocol, None, None)
         submit(worker, logs("good", 2))
         assert await until(lambda: received_tags(rx).count("good") == 2), worker.state()
     finally:
