@@ -81,14 +81,15 @@ class Agent:
             }
         )
         self.counters = Counters()
-        self.assembler = Assembler(self.host_name, handlers)
+        self.assembler = Assembler(self.host_name, handlers, max_pending_bytes=config["agent.max_pending_bytes"])
         spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
         self.workers: list[ExporterWorker] = []
         for e in exporters:
             spool = None
             if e.name not in ("console",):
                 spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
-            self.workers.append(ExporterWorker(e, spool))
+            self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
+                                               down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
         self.router = Router(self.workers)
         self.progress = ProgressTracker(
             history_path_from(config.get("agent.state_dir")), producer_info=self._producer_info
@@ -102,12 +103,13 @@ class Agent:
             set(config["agent.allowed_gids"]),
             self.health,
             frame_timeout_s=config["agent.frame_timeout_s"],
+            max_connections=config["agent.max_connections"],
+            idle_timeout_s=config["agent.idle_timeout_s"],
         )
         self.proc_stats = ProcessStats()
         self._stop = asyncio.Event()
         self._signals = 0
         self._tasks: list[asyncio.Task[Any]] = []
-        self._down_since: dict[str, float] = {}
         self.reloaders: list[Reloader] = []
         self.on_ready: list[Callable[[], Awaitable[None] | None]] = []
         # Long-running jobs beside ingest (the NVML sampler, say): started with the agent,
@@ -146,12 +148,8 @@ class Agent:
         for w in self.workers:
             st = {"name": w.name, **w.state()}
             exporters.append(st)
-            if w.peer_up:
-                self._down_since.pop(w.name, None)
-            else:
-                since = self._down_since.setdefault(w.name, now)
-                if now - since > EXPORTER_DOWN_UNHEALTHY_S:
-                    healthy = False
+            if w.problem(now) is not None:  # a worker fault at once; a peer away after a grace
+                healthy = False
         return {
             "healthy": healthy,
             "version": __version__,
@@ -165,6 +163,7 @@ class Agent:
             "lost": self.assembler.lost_total(),
             "dropped_by_producers": self.dropped_by_producers(),
             "counters": self.counters.as_dict(),
+            "assembler": self.assembler.stats(),
             "exporters": exporters,
             "coldstarts": self.progress.snapshot(),
         }
@@ -210,6 +209,7 @@ class Agent:
             cpu,
             rss,
             self.nvml_reason,
+            self.assembler.stats(),
         )
         self.router.publish(items)
 

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from infersight.agent import config as cfg
 from infersight.agent.config import parse_bool as _flag
@@ -40,6 +40,7 @@ from infersight.agent.nvml import DeviceEvent, DeviceSample, HwState, Nvml, Nvml
 from infersight.agent.requests_kind import KIND, NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 COEFFICIENT = "infersight.device.coefficient"
@@ -298,6 +299,12 @@ class DeviceJob:
         with self._nvml_lock:
             return [] if self._closed else self.nvml.sample_all()
 
+    def nvml_call(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` (NVML reads, in a worker thread) under the lock that keeps sampling and
+        nvmlShutdown apart; None once NVML is shut down."""
+        with self._nvml_lock:
+            return None if self._closed else fn()
+
     def _close_nvml(self) -> None:
         assert self.nvml is not None
         with self._nvml_lock:
@@ -321,6 +328,8 @@ class DeviceJob:
         items += device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
         items += coefficients
         items += self.requests.collect(now_ns, everything=evaluate_now)
+        if evaluate_now:
+            items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
         if items:
             agent.router.publish(items)
         return items
@@ -485,6 +494,7 @@ def _add_health(agent: Any, job: DeviceJob) -> None:
     def health() -> dict[str, Any]:
         h = base()
         h.setdefault("nvml", job.health())
+        h.setdefault("requests", job.requests.stats())
         return h
 
     agent.health = health

@@ -31,5 +31,5 @@ def validate_exporters(conf: cfg.Config) -> None:
 
 def install(agent: Agent, conf: cfg.Config) -> None:
     job = devices_job.install(agent, conf)
-    oom_kind.install(agent, conf, nvml=job.nvml)
+    oom_kind.install(agent, conf, nvml=job.nvml, nvml_guard=job.nvml_call)
     agent.reloaders.append(validate_exporters)  # nothing to swap: a restart applies them

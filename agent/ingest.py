@@ -8,9 +8,12 @@ are each counted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
+import resource
+import select
 import socket
 import stat
 import struct
@@ -93,6 +96,44 @@ def ensure_socket_dir(path: str) -> None:
             "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
 
 
+# Connections beyond the cap that may still ask for ``status`` (each holds a descriptor
+# for at most PROBATION_S); past this, new connections are closed at once.
+STATUS_RESERVE = 32
+PROBATION_S = 1.0
+FD_HEADROOM = 64  # descriptors kept free for the spool, exporters and status probes
+ACCEPT_BACKOFF_MIN_S = 0.05
+ACCEPT_BACKOFF_MAX_S = 2.0
+LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process gone?
+ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+HAVE_PROC = os.path.isdir("/proc/self")
+MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of a live process (to tell a reused pid); None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X", b"x"):  # exited; a zombie is not running
+        return None
+    return fields[19].decode()
+
+
+def fd_limit() -> int:
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 1 << 20
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class Ingest:
     def __init__(
         self,
@@ -104,6 +145,7 @@ class Ingest:
         health: Callable[[], dict[str, Any]],
         frame_timeout_s: float = 10.0,
         max_connections: int = 1024,
+        idle_timeout_s: float | None = 300.0,
     ) -> None:
         self.assembler = assembler
         self.router = router
@@ -112,13 +154,24 @@ class Ingest:
         self.allowed_gids = allowed_gids
         self.health = health
         self.frame_timeout_s = frame_timeout_s
-        self.max_connections = max_connections
-        self.server: asyncio.AbstractServer | None = None
+        # Never more producers than the descriptor limit leaves room for.
+        self.max_connections = max(1, min(max_connections, fd_limit() - FD_HEADROOM - STATUS_RESERVE))
+        self.idle_timeout_s = idle_timeout_s or None
+        self.server: asyncio.Server | None = None
         self.open_connections = 0
         self.pending_completions = 0
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._rlog = RateLimitedLog()
         self._replaying: set[str] = set()  # spool files published but not yet exported
+        self._listeners: list[socket.socket] = []  # our duplicates of the server's sockets
+        self._accept_backoff = ACCEPT_BACKOFF_MIN_S
+        self._accept_paused = False
+        self._accepting: set[asyncio.Task[None]] = set()
+        self._live: dict[str, int] = {}  # producer id -> open connections
+        # Producers that hung up with a cold start still open: (producer, pid, start time).
+        self._watch: dict[str, tuple[Producer, int, str]] = {}
+        self._pidfds: dict[str, tuple[Producer, int]] = {}
+        self._watch_task: asyncio.Task[None] | None = None
 
     # -- server ---------------------------------------------------------------------
 
@@ -135,8 +188,76 @@ class Ingest:
             os.chmod(path, mode)
         else:  # socket activation: systemd owns the path and its mode
             self.server = await asyncio.start_unix_server(self._handle, sock=sock, limit=1 << 21)
+        self._own_accept_loop()
+
+    # -- accepting ------------------------------------------------------------------
+
+    def _own_accept_loop(self) -> None:
+        """Accept through our own loop instead of asyncio's: at EMFILE asyncio logs a traceback
+        per attempt and keeps trying; ours counts, logs one line (rate-limited) and pauses
+        accepting with a growing backoff."""
+        assert self.server is not None
+        loop = asyncio.get_running_loop()
+        for tsock in self.server.sockets:
+            loop.remove_reader(tsock.fileno())
+            lsock = socket.socket(fileno=os.dup(tsock.fileno()))
+            lsock.setblocking(False)
+            self._listeners.append(lsock)
+            loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+    def _accept(self, lsock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(64):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                self.counters.accept_errors += 1
+                if exc.errno not in ERRNO_OUT_OF_RESOURCES:
+                    self._rlog.warn("accept", "accept failed: %s (%d accept errors so far)",
+                                    exc, self.counters.accept_errors)
+                    return
+                self._rlog.warn("emfile", "cannot accept connections: %s (%d accept errors so far, %d open "
+                                "connections); pausing accepts for %.2f s", exc, self.counters.accept_errors,
+                                self.open_connections, self._accept_backoff)
+                self._pause_accepting(loop, lsock)
+                return
+            self._accept_backoff = ACCEPT_BACKOFF_MIN_S
+            conn.setblocking(False)
+            task = loop.create_task(self._accepted(conn))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+
+    def _pause_accepting(self, loop: asyncio.AbstractEventLoop, lsock: socket.socket) -> None:
+        loop.remove_reader(lsock.fileno())
+        self._accept_paused = True
+
+        def resume() -> None:
+            self._accept_paused = False
+            if lsock.fileno() >= 0 and lsock in self._listeners:
+                loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+        loop.call_later(self._accept_backoff, resume)
+        self._accept_backoff = min(self._accept_backoff * 2, ACCEPT_BACKOFF_MAX_S)
+
+    async def _accepted(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=1 << 21)
+        except OSError:
+            conn.close()
+            return
+        await self._handle(reader, writer)
 
     async def stop_accepting(self) -> None:
+        loop = asyncio.get_running_loop()
+        for lsock in self._listeners:
+            try:
+                loop.remove_reader(lsock.fileno())
+            except (ValueError, OSError):
+                pass
+            lsock.close()
+        self._listeners = []
         if self.server is not None:
             self.server.close()
 
@@ -144,11 +265,108 @@ class Ingest:
         deadline = time.monotonic() + timeout_s
         while self.open_connections and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        self.sweep_lost()  # close the cold starts of producers that died just before
+        self.release()
         return self.open_connections == 0
 
     def close_connections(self) -> None:
         for t in list(self._conn_tasks):
             t.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+
+    def release(self) -> None:
+        """Close the descriptors that watch departed producers (at shutdown)."""
+        for producer_id in list(self._pidfds):
+            self._unwatch(producer_id)
+
+    # -- producers that went away -----------------------------------------------------
+
+    def _producer_left(self, producer: Producer, pid: int, start: str | None) -> None:
+        """A producer's connection closed. If its cold start is still open, find out whether
+        its process has ended (a pidfd, which works even where /proc hides other users'
+        processes; else /proc polling) and then close that cold start for it."""
+        n = self._live.get(producer.id, 1) - 1
+        if n > 0:
+            self._live[producer.id] = n
+            return None
+        self._live.pop(producer.id, None)
+        if pid <= 0 or producer.gone:
+            return None  # cannot tell whether it lives: keep its state (bounded) for a reconnect
+        if not (producer.pending or producer.span_events or (producer.stages_seen and not producer.root_closed)):
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return self._publish_lost(producer)
+        except (OSError, AttributeError):  # no pidfds here: poll /proc
+            return self._watch_by_proc(producer, pid, start)
+        if _readable(fd):  # it has exited (a zombie)
+            os.close(fd)
+            return self._publish_lost(producer)
+        self._unwatch(producer.id)
+        if len(self._pidfds) >= MAX_WATCHED:
+            self._unwatch(next(iter(self._pidfds)))
+        self._pidfds[producer.id] = (producer, fd)
+        asyncio.get_running_loop().add_reader(fd, self._process_ended, producer.id)
+        return None
+
+    def _process_ended(self, producer_id: str) -> None:
+        entry = self._pidfds.get(producer_id)
+        self._unwatch(producer_id)
+        if entry is not None and producer_id not in self._live:
+            self._publish_lost(entry[0])
+
+    def _unwatch(self, producer_id: str) -> None:
+        self._watch.pop(producer_id, None)
+        entry = self._pidfds.pop(producer_id, None)
+        if entry is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(entry[1])
+            except RuntimeError:  # no loop any more
+                pass
+            os.close(entry[1])
+
+    def _watch_by_proc(self, producer: Producer, pid: int, start: str | None) -> None:
+        if not HAVE_PROC or start is None:
+            return
+        if len(self._watch) >= MAX_WATCHED:
+            self._watch.pop(next(iter(self._watch)))
+        self._watch[producer.id] = (producer, pid, start)
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch_lost(), name="ingest-lost")
+
+    async def _watch_lost(self) -> None:
+        """A process's socket closes while it exits: look again shortly after, then every second."""
+        for delay in (*LOST_CHECK_S, *([1.0] * 1000000)):
+            await asyncio.sleep(delay)
+            self.sweep_lost()
+            if not self._watch:
+                return
+
+    def sweep_lost(self) -> int:
+        """Producers found dead: close their open cold start and free their state."""
+        done = 0
+        for producer_id, (_producer, fd) in list(self._pidfds.items()):
+            if _readable(fd):
+                self._process_ended(producer_id)
+                done += 1
+        for producer_id, (producer, pid, start) in list(self._watch.items()):
+            if producer.id in self._live:  # it reconnected
+                del self._watch[producer_id]
+                continue
+            if process_start(pid) == start:
+                continue
+            del self._watch[producer_id]
+            self._publish_lost(producer)
+            done += 1
+        return done
+
+    def _publish_lost(self, producer: Producer) -> None:
+        items = self.assembler.producer_lost(producer)
+        if items:
+            self.counters.items_out += len(items)
+            self.router.publish(items)
 
     def allowed(self, uid: int, gid: int) -> bool:
         return uid in self.allowed_uids or gid in self.allowed_gids
@@ -175,12 +393,16 @@ class Ingest:
                 self._conn_tasks.discard(task)
             writer.close()
 
-    async def _read_frame(self, reader: asyncio.StreamReader, idle_ok: bool) -> bytes | None:
-        """One payload; None after counting an oversized or slow frame."""
-        if idle_ok:
+    async def _read_frame(
+        self, reader: asyncio.StreamReader, idle_ok: bool, timeout_s: float | None = None
+    ) -> bytes | None:
+        """One payload; None after counting an oversized or slow frame. The header may take
+        up to the idle timeout (``idle_ok``) or ``timeout_s``; TimeoutError past that."""
+        wait = self.idle_timeout_s if idle_ok else (timeout_s or self.frame_timeout_s)
+        if wait is None:
             hdr = await reader.readexactly(_wire.HEADER.size)
         else:
-            hdr = await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), self.frame_timeout_s)
+            hdr = await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), wait)
         (n,) = _wire.HEADER.unpack(hdr)
         if n > _wire.MAX_FRAME_BYTES:
             self.counters.oversized_frames += 1
@@ -203,13 +425,21 @@ class Ingest:
                                              "error": "uid %d is not allowed" % uid}))
             await writer.drain()
             return
-        if self.open_connections > self.max_connections:
-            self.counters.refused_peers += 1
+        # Over the cap, a connection may still ask for status (the health probe must work
+        # under a flood), but only briefly, and only so many at once.
+        over = self.open_connections - self.max_connections
+        if over > STATUS_RESERVE:
+            self.counters.over_capacity += 1
+            self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
             return
         try:
-            payload = await self._read_frame(reader, idle_ok=False)
+            payload = await self._read_frame(reader, idle_ok=False,
+                                             timeout_s=PROBATION_S if over > 0 else self.frame_timeout_s)
         except TimeoutError:
-            self.counters.slow_peers += 1
+            if over > 0:
+                self.counters.over_capacity += 1
+            else:
+                self.counters.slow_peers += 1
             return
         if payload is None:
             return
@@ -222,10 +452,25 @@ class Ingest:
             writer.write(_wire.encode_frame({"t": "health", **self.health()}))
             await writer.drain()
             return
+        if over > 0:  # no reply: the hook retries later (a refusal would make it stop trying)
+            self.counters.over_capacity += 1
+            self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
+            return
         producer = self._hello(msg, writer)
         if producer is None:
             await writer.drain()
             return
+        self._live[producer.id] = self._live.get(producer.id, 0) + 1
+        self._unwatch(producer.id)  # it is back: alive
+        started = process_start(pid) if pid > 0 and HAVE_PROC else None  # tells a reused pid later
+        try:
+            await self._serve_producer(producer, reader, writer)
+        finally:
+            self._producer_left(producer, pid, started)
+
+    async def _serve_producer(
+        self, producer: Producer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         writer.write(_wire.encode_frame({"t": "welcome", "schema": _wire.SCHEMA_VERSION}))
         acks: deque[list[int]] = deque()  # [last seq, done]
         state = {"acked": 0}
@@ -239,7 +484,11 @@ class Ingest:
                 writer.write(_wire.encode_frame({"t": "ack", "seq": last}))
 
         while True:
-            payload = await self._read_frame(reader, idle_ok=True)
+            try:
+                payload = await self._read_frame(reader, idle_ok=True)
+            except TimeoutError:  # silent beyond the idle timeout: the hook reconnects when it has news
+                self.counters.idle_closed += 1
+                return
             if payload is None:
                 return
             msg = _wire.decode_payload(payload)
@@ -391,6 +640,8 @@ class Ingest:
                 else:
                     self.counters.malformed_frames += 1
             self.counters.spool_files_replayed += 1
+            if producer is not None and producer.id not in self._live:
+                self._publish_lost(producer)  # its lock was free: the process has ended
             one_done()
             return True
         finally:

@@ -24,7 +24,7 @@ def _res(r: Resource) -> list[Any]:
 
 
 def _unres(v: list[Any]) -> Resource:
-    return Resource(tuple((k, (list(x) if isinstance(x, list) else x)) for k, x in v))
+    return Resource(tuple((k, (tuple(x) if isinstance(x, list) else x)) for k, x in v))
 
 
 def _origin(o: Origin | None) -> list[Any] | None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Sequence
 from typing import TextIO
 
 from infersight.agent.model import ColdStart, ColdStartProgress, Item
 from infersight.exporters.waterfall import render_waterfall
+
+KEEP_COLDSTARTS = 64
 
 
 def progress_line(state: dict[str, object]) -> str:
@@ -23,12 +26,13 @@ def progress_line(state: dict[str, object]) -> str:
 
 
 class ConsoleExporter:
-    """Prints a waterfall for every completed cold start (to stderr by default)."""
+    """Prints a waterfall for every completed cold start (to stderr by default). The last
+    few are kept (``coldstarts``) for an embedding program; a long-lived agent keeps no more."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, keep: int = KEEP_COLDSTARTS) -> None:
         self.name = "console"
         self.stream = stream
-        self.coldstarts: list[ColdStart] = []
+        self.coldstarts: deque[ColdStart] = deque(maxlen=keep)
         self.printed = 0
         self._progress_shown = False
 

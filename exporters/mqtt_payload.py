@@ -149,7 +149,7 @@ def dumps(obj: dict[str, Any]) -> bytes:
 
 
 def _resource(r: Resource) -> dict[str, Any]:
-    return dict(r.attributes)
+    return dict(r.as_dict())
 
 
 def _producer_of(r: Resource) -> str | None:

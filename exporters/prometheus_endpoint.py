@@ -237,7 +237,7 @@ class SeriesStore:
             return 0
         base = resource_labels(m.resource)
         if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
-            info = {**labels_of(m.resource.attributes), **base}
+            info = {**labels_of(m.resource.as_dict()), **base}
             self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now))
         kept = 0
         for p in m.points:
