@@ -1,17 +1,15 @@
 """Render a cold start as a waterfall table (pure).
 
-One row per stage, indented by nesting, with start offset, duration, share of the root
-and a bar; for weights stages, bytes, throughput, whether the page cache served the read
-(``warm (page cache)`` or ``cold``) and the ratio to the storage ceiling. A custom stage is
-marked ``*``. Below: readiness, first-response timing, the unattributed time and the three
-biggest top-level stages.
+One row per stage, indented by nesting, with start offset, duration, share of the
+root, a bar, and bytes/throughput (and the ratio to the storage ceiling) for weights
+stages; a custom stage is marked ``*``. Below: readiness, first-response timing, the
+unattributed time and the three biggest top-level stages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from infersight.agent.model import ColdStart, SpanItem
+from infersight.exporters.weights_note import weights_note
 
 
 def _human_bytes(n: float) -> str:
@@ -20,28 +18,6 @@ def _human_bytes(n: float) -> str:
             return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
         n /= 1024
     return str(n)
-
-
-def weights_note(a: Mapping[str, object]) -> str:
-    """The weights column: bytes, throughput, lazy/deferred, warm or cold, share of the ceiling."""
-    nbytes = a.get("infersight.weights.bytes")
-    if not isinstance(nbytes, (int, float)):
-        return ""
-    out = _human_bytes(nbytes)
-    rate = a.get("infersight.weights.bytes_per_s")
-    if isinstance(rate, (int, float)):
-        out += " @ %s/s" % _human_bytes(rate)
-    elif a.get("infersight.weights.lazy") is True:
-        out += " mapped (lazy)"
-    if a.get("infersight.weights.api") == "deferred":
-        out += " deferred"
-    cached = a.get("infersight.weights.page_cache_ratio")
-    if isinstance(cached, (int, float)):
-        out += " warm (page cache)" if cached >= 0.5 else " cold"
-    ratio = a.get("infersight.weights.ceiling_ratio")
-    if isinstance(ratio, (int, float)):
-        out += " (%.0f%% of storage ceiling)" % (100.0 * ratio)
-    return out
 
 
 def _depth(span: SpanItem, by_id: dict[str, SpanItem], root_id: str) -> int:
@@ -75,7 +51,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         name = "coldstart" if s is root else "  " * (1 + _depth(s, by_id, root.span_id)) + (
             str(s.attributes.get("infersight.stage") or s.name)
         )
-        extra = weights_note(s.attributes)
+        extra = weights_note([s.attributes])
         if s.attributes.get("infersight.stage.custom") is True:
             name += "*"
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (name[:26], off, dur, share, width, bar, extra))

@@ -177,22 +177,26 @@ def file_key(path: str) -> Optional[Tuple[str, str]]:
     return "%02x:%02x" % (os.major(st.st_dev), os.minor(st.st_dev)), str(st.st_ino)
 
 
-def file_mappings(key: Optional[Tuple[str, str]]) -> List[Tuple[int, int]]:
-    """Address ranges where this process maps the file ``key`` (device, inode)."""
-    if key is None:
-        return []
-    dev, ino = key
-    out: List[Tuple[int, int]] = []
+def mappings_of(keys: Sequence[Optional[Tuple[str, str]]]) -> Dict[Tuple[str, str], List[Tuple[int, int]]]:
+    """Address ranges where this process maps each file ``key`` (device, inode): one maps read."""
+    want = {k for k in keys if k is not None}
+    out: Dict[Tuple[str, str], List[Tuple[int, int]]] = {k: [] for k in want}
+    if not want:
+        return out
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 parts = line.split(None, 5)
-                if len(parts) >= 5 and parts[4] == ino and parts[3] == dev:
+                if len(parts) >= 5 and (parts[3], parts[4]) in want:
                     lo, _, hi = parts[0].partition("-")
-                    out.append((int(lo, 16), int(hi, 16)))
+                    out[(parts[3], parts[4])].append((int(lo, 16), int(hi, 16)))
     except (OSError, ValueError):
-        return []
+        return {k: [] for k in want}
     return out
+
+
+def file_mappings(key: Optional[Tuple[str, str]]) -> List[Tuple[int, int]]:
+    return mappings_of([key]).get(key, []) if key is not None else []
 
 
 # -- the span attributes (pure) ----------------------------------------------------------
@@ -299,9 +303,9 @@ class _Mapped:
     def holds(self, ptr: int) -> bool:
         return any(lo <= ptr < hi for lo, hi in self.ranges)
 
-    def still_mapped(self) -> bool:
+    def still_mapped(self, maps: Dict[Tuple[str, str], List[Tuple[int, int]]]) -> bool:
         """The address space may have changed since the load: are our ranges still this file?"""
-        now = file_mappings(self.key)
+        now = maps.get(self.key, [])
         return all(any(lo <= a and b <= hi for lo, hi in now) for a, b in self.ranges)
 
 
@@ -345,14 +349,25 @@ def _remember(path: str, key: Tuple[str, str], used: List[Tuple[int, int]]) -> N
         _mapped.append(m)
 
 
+def _any_in(sorted_ptrs: List[int], lo: int, hi: int) -> bool:
+    import bisect
+
+    i = bisect.bisect_left(sorted_ptrs, lo)
+    return i < len(sorted_ptrs) and sorted_ptrs[i] < hi
+
+
 def _register(paths: Sequence[str], tensors: List[Any]) -> bool:
     """Note which of ``tensors`` map one of ``paths``; True if any does (the load was lazy)."""
     lazy = False
-    ptrs = [p for p in (_extent(t)[0] for t in tensors) if p]
-    for path in paths:
-        key = file_key(path)
-        used = [(lo, hi) for lo, hi in file_mappings(key) if any(lo <= p < hi for p in ptrs)]
-        if key is not None and used:
+    ptrs = sorted(p for p in (_extent(t)[0] for t in tensors) if p)
+    keys = [file_key(p) for p in paths]
+    maps = mappings_of(keys)
+    for i, path in enumerate(paths):  # no zip(strict=): the hooks run on Python 3.9
+        key = keys[i]
+        if key is None:
+            continue
+        used = [(lo, hi) for lo, hi in maps.get(key, []) if _any_in(ptrs, lo, hi)]
+        if used:
             lazy = True
             _remember(path, key, used)
     return lazy
@@ -376,8 +391,10 @@ def _mapped_chunks(tensors: Iterator[Any]) -> Tuple[List[Tuple[int, int]], List[
                 chunks.append((ptr, n, m))
                 break
     hit = []
-    for m in {id(c[2]): c[2] for c in chunks}.values():
-        if m.still_mapped():
+    found = list({id(c[2]): c[2] for c in chunks}.values())
+    maps = mappings_of([m.key for m in found])
+    for m in found:
+        if m.still_mapped(maps):
             hit.append(m)
         else:
             with _lock:

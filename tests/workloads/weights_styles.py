@@ -7,12 +7,13 @@ Usage:
 ``prepare`` writes, for each state in (cold, warm), one file per loading style, plus a small
 BERT and GPT-2 saved with ``save_pretrained`` (random weights, no hub), and two header-only
 files. ``run`` loads each of them the way real code does, then runs a forward where the real
-code would, and writes {"pid", "files": {style_state: path}} to OUT.json.
+code would, and writes {"pid", "files": {style_state: path}, "memcpy_bytes_per_s"} to OUT.json.
 """
 
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -24,6 +25,24 @@ SUFFIX = {"pt": ".pt", "ptmm": ".pt", "jit": ".pt"}
 def mlp() -> torch.nn.Module:
     # 12 MiB of float32: tens of MB across the styles, small enough for a shared CI machine
     return torch.nn.Sequential(torch.nn.Linear(1024, 1536), torch.nn.ReLU(), torch.nn.Linear(1536, 1024))
+
+
+def memcpy_bytes_per_s() -> float:
+    """This machine's best copy rate (torch's threaded copy_, a bytes copy), at the weights' size
+    and larger, best of many: a shared machine is only sometimes quiet."""
+    best = 0.0
+    for mb in (12, 64):
+        src = torch.ones(mb << 20, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        raw = bytearray(mb << 20)
+        for _ in range(10):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = max(best, src.numel() / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            bytes(raw)
+            best = max(best, len(raw) / (time.perf_counter() - t0))
+    return best
 
 
 def path_of(d: str, style: str, state: str) -> str:
@@ -51,9 +70,10 @@ def prepare(d: str) -> None:
             else:
                 save_file(sd, p)
         dirs = hf_dirs(d, state)
-        BertModel(BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
+        # 40+ MB each: the header read before the real load (8 MB of readahead here) stays a small share
+        BertModel(BertConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
                              vocab_size=30522)).save_pretrained(dirs["bert"])
-        GPT2LMHeadModel(GPT2Config(n_embd=128, n_layer=2, n_head=2, vocab_size=50257)).save_pretrained(dirs["gpt2"])
+        GPT2LMHeadModel(GPT2Config(n_embd=256, n_layer=2, n_head=4, vocab_size=50257)).save_pretrained(dirs["gpt2"])
         for name in ("bert", "gpt2"):  # no dtype in the config: transformers reads the header (meta) first
             cfg = os.path.join(dirs[name], "config.json")
             with open(cfg) as f:
@@ -119,7 +139,7 @@ def run(d: str, out: str) -> None:
         files["header_pt"] = p = os.path.join(d, "header_only.pt")
         assert torch.load(p, map_location="meta", weights_only=True)["w"].is_meta
     with open(out, "w") as f:
-        json.dump({"pid": os.getpid(), "files": files}, f)
+        json.dump({"pid": os.getpid(), "files": files, "memcpy_bytes_per_s": memcpy_bytes_per_s()}, f)
 
 
 if __name__ == "__main__":
