@@ -4,11 +4,13 @@ A weights span's throughput means little alone: 1 GiB/s is excellent from a netw
 disk and poor from NVMe. We measure the device once with a bounded direct read
 (``O_DIRECT``, so the page cache does not flatter it; buffered after ``POSIX_FADV_DONTNEED``
 where the filesystem refuses ``O_DIRECT``), cache the figure per device (major:minor) in
-``$XDG_CACHE_HOME/infersight/storage_ceiling.json``, and the hooks report each load's
-ratio to it (``infersight.weights.ceiling_ratio``). ``infersight doctor`` shows the cache
-and can measure a directory.
+``$XDG_CACHE_HOME/infersight/storage_ceiling.json``, and the hooks report the ratio to it
+(``infersight.weights.ceiling_ratio``) for cold reads only: a read the page cache served
+(``infersight.weights.page_cache_ratio`` >= 0.5) says nothing about the disk. ``infersight
+doctor`` shows the cache and can measure a directory.
 
-The hooks read the same file (``hooks/_coldstart.weights_attrs``): keep the format.
+The hooks read the same file (``hooks/_weights.storage_ceiling``, and
+``hooks/_coldstart.weights_attrs`` for ``weights_to_device``): keep the format.
 """
 
 from __future__ import annotations
