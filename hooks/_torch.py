@@ -192,12 +192,13 @@ def _tensor_bytes(module: Any) -> Tuple[int, int, str]:
 
 def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _apply(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        o = None
+        o = mapped = None
         try:
             if cs.collecting and not _flag("apply") and cs.root_open():
                 cpu0, dev0, _ = _tensor_bytes(self)
                 if cpu0:
                     o = cs.begin("weights_to_device")
+                    mapped = _weights.move_begin(self)  # still-mapped weights: this move reads them
                     _tls.apply = 1
                     t0 = time.perf_counter()
         except Exception as exc:
@@ -217,10 +218,13 @@ def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
             moved = dev1 - dev0
             if moved > 0:
                 o.attrs.update(cs.weights_attrs("", moved, seconds))
+                o.attrs.update(_weights.move_attrs(mapped, self, seconds, True))
                 o.attrs["infersight.weights.device"] = where
                 o.attrs["infersight.weights.module"] = type(self).__name__
                 _poll_cuda(o.start, o.span)
                 cs.end(o)
+            elif mapped is not None and _weights.converted(o, _weights.move_attrs(mapped, self, seconds, False)):
+                cs.end(o)  # a dtype change that read file-mapped weights: a deferred weights_load
             else:
                 cs.end(o, keep=False)  # a dtype change or a move back to the CPU
         except Exception as exc:

@@ -487,6 +487,57 @@ def forward_end(d: Optional[_Deferred], err: Optional[BaseException] = None) -> 
         _runtime.fail(exc)
 
 
+def move_begin(module: Any) -> Optional[Tuple[_Probe, int]]:
+    """Before an outermost ``nn.Module._apply`` (``.to(device)``, ``.half()``): the bytes of the
+    module's tensors that still map a file, which the move or conversion is about to read."""
+    try:
+        if not _mapped:
+            return None
+        chunks, files = _mapped_chunks(_tensors(module))
+        if not chunks:
+            return None
+        return _Probe([m.path for m in files]), sum(n for _, n in chunks)
+    except Exception as exc:
+        _runtime.fail(exc)
+        return None
+
+
+def move_attrs(token: Optional[Tuple[_Probe, int]], module: Any, seconds: float, to_device: bool) -> Dict[str, Any]:
+    """After it: what was read of the mapped files (nothing if the tensors still map them).
+
+    A move to a device keeps its own bytes and throughput and gains where the bytes came from;
+    a conversion on the CPU (returned as a whole deferred-read attribute set) is that read.
+    """
+    if token is None:
+        return {}
+    try:
+        probe, before = token
+        after = sum(n for _, n in _mapped_chunks(_tensors(module))[0])
+        if before - after <= 0:
+            return {}  # a no-op conversion: the tensors still map the file, nothing was read
+        a = probe.attrs("deferred", before - after, False, seconds=0.0 if to_device else seconds)
+        a["infersight.weights.mapped_bytes"] = before
+        if to_device:
+            keep = ("path", "page_cache_ratio", "read_bytes", "major_faults", "mapped_bytes")
+            a = {k: v for k, v in a.items() if k.rpartition(".")[2] in keep}
+            a["infersight.weights.deferred_read"] = True
+        else:
+            a["infersight.weights.deferred_by"] = "convert"
+        return a
+    except Exception as exc:
+        _runtime.fail(exc)
+        return {}
+
+
+def converted(o: cs.Open, attrs: Dict[str, Any]) -> bool:
+    """Turn an ``_apply`` span that moved nothing to a device into the deferred read it was."""
+    if not attrs:
+        return False
+    o.name = "weights_load"
+    o.attrs.update(attrs)
+    return True
+
+
 def _make_load_state_dict(orig: Callable[..., Any]) -> Callable[..., Any]:
     def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
         d = None

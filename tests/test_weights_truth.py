@@ -63,7 +63,8 @@ def test_page_cache_ratio_follows_eviction_and_reads(tmp_path, monkeypatch) -> N
     read_all(p)
     assert _weights.page_cache_ratio([p]) >= 0.9
     evict(p)
-    with open(p, "rb") as f:  # the first half only
+    with open(p, "rb") as f:  # the first half only, without readahead past it
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         f.read(8 << 20)
     half = _weights.page_cache_ratio([p])
     assert half is not None and 0.3 < half < 0.9
@@ -158,10 +159,36 @@ def test_launch_compares_only_cold_reads_with_the_storage_ceiling() -> None:
     assert launch_mod._weights_spans(req) == [("/cold", 1e8), ("/old-hooks", 1e8)]
 
 
+def test_a_move_to_a_device_says_it_read_the_mapped_file(tmp_path) -> None:
+    """What weights_to_device gains when the weights still map their file (the move is the read).
+    No GPU here: the move is stood in for by replacing the parameters with copies."""
+    torch = pytest.importorskip("torch")
+    p = str(tmp_path / "m.pt")
+    torch.save({"weight": torch.randn(512, 512), "bias": torch.randn(512)}, p)
+    sd = torch.load(p, mmap=True, weights_only=True)
+    _weights._torch = torch
+    try:
+        assert _weights._register([p], list(sd.values()))
+        with torch.device("meta"):
+            m = torch.nn.Linear(512, 512)
+        m.load_state_dict(sd, assign=True)
+        token = _weights.move_begin(m)
+        assert token is not None and token[1] == (512 * 512 + 512) * 4
+        assert _weights.move_attrs(token, m, 0.5, True) == {}  # still mapped: nothing read
+        m.load_state_dict({k: v.clone() for k, v in sd.items()}, assign=True)
+        a = _weights.move_attrs(token, m, 0.5, True)
+        assert a[W + "deferred_read"] is True and a[W + "path"] == p and a[W + "mapped_bytes"] == token[1]
+        assert 0.0 <= a[W + "page_cache_ratio"] <= 1.0
+        assert W + "bytes_per_s" not in a and W + "bytes" not in a  # the move's own figures stay
+        assert _weights.move_begin(m) is None
+    finally:
+        _weights._forget()
+
+
 # -- every loading style under launch --------------------------------------------------------
 
-STYLES = ("st_assign", "st_copy", "pt", "ptmm", "sow", "soe", "jit", "bert", "gpt2")
-LAZY = {"st_assign", "st_copy", "ptmm", "sow", "soe", "bert", "gpt2"}
+STYLES = ("st_assign", "st_copy", "st_half", "pt", "ptmm", "sow", "soe", "jit", "bert", "gpt2")
+LAZY = {"st_assign", "st_copy", "st_half", "ptmm", "sow", "soe", "bert", "gpt2"}
 COPIED = ("st_copy", "ptmm", "sow", "soe")  # read by a load_state_dict copy
 FORWARD = ("st_assign", "bert", "gpt2")  # read by the first forward (assign=True, transformers)
 
@@ -258,12 +285,13 @@ def test_mapped_loads_are_lazy_and_eager_ones_rated(styles) -> None:
             a = of(run, path)[0].attributes
             assert a[W + "lazy"] is (style in LAZY), (style, a)
             assert (W + "bytes_per_s" in a) is (style not in LAZY), (style, a)
-            if style in ("pt", "jit", "st_assign", "st_copy", "ptmm", "bert", "gpt2"):
+            if style in ("pt", "jit", "st_assign", "st_copy", "st_half", "ptmm", "bert", "gpt2"):
                 assert a[W + "bytes"] == os.path.getsize(path)  # whole-file loads
             else:
                 assert 0.95 * os.path.getsize(path) < a[W + "bytes"] <= os.path.getsize(path)  # the tensors taken
     apis = {style: of(run, files[style + "_cold"])[0].attributes[W + "api"] for style in STYLES}
     assert apis == {"st_assign": "safetensors.torch.load_file", "st_copy": "safetensors.torch.load_file",
+                    "st_half": "safetensors.torch.load_file",
                     "pt": "torch.load", "ptmm": "torch.load", "sow": "safetensors.safe_open",
                     "soe": "safetensors.safe_open", "jit": "torch.jit.load",
                     "bert": "transformers.from_pretrained", "gpt2": "transformers.from_pretrained"}
@@ -292,6 +320,11 @@ def test_deferred_reads_are_spanned(styles) -> None:
             a = spans[0].attributes
             assert a[W + "bytes"] == a[W + "mapped_bytes"] > 0.95 * os.path.getsize(path)
             assert a[W + "bytes_per_s"] > 0 and a[W + "lazy"] is False
+        # .float() on float32 mapped weights read nothing; .half() read them all
+        spans = of(run, files["st_half_" + state], deferred=True)
+        assert [s.attributes[W + "deferred_by"] for s in spans] == ["convert"], state
+        assert spans[0].attributes[W + "bytes"] == spans[0].attributes[W + "mapped_bytes"]
+        assert spans[0].attributes[W + "bytes_per_s"] > 0
     for style in FORWARD:  # evicted files: the forward faults pages in that nothing touched before
         spans = of(run, files[style + "_cold"], deferred=True)
         assert [s.attributes[W + "deferred_by"] for s in spans] == ["forward"], style

@@ -18,7 +18,7 @@ import time
 import torch
 
 STATES = ("cold", "warm")
-STYLES = ("st_assign", "st_copy", "pt", "ptmm", "sow", "soe", "jit")
+STYLES = ("st_assign", "st_copy", "st_half", "pt", "ptmm", "sow", "soe", "jit")
 SUFFIX = {"pt": ".pt", "ptmm": ".pt", "jit": ".pt"}
 
 
@@ -100,6 +100,13 @@ def run(d: str, out: str) -> None:
                 m = mlp()
             m.load_state_dict(load_file(p), assign=True)  # params map the file: the forward reads it
             m(x)
+
+            p = files["st_half_" + state] = path_of(d, "st_half", state)
+            with torch.device("meta"):
+                m = mlp()
+            m.load_state_dict(load_file(p), assign=True)
+            m.float()  # already float32: the tensors still map the file, nothing read
+            m.half()  # the conversion reads them
 
             p = files["st_copy_" + state] = path_of(d, "st_copy", state)
             mlp().load_state_dict(load_file(p))  # the copy reads it
