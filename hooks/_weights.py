@@ -614,6 +614,15 @@ def _wrap_meta(wrapper: Callable[..., Any], orig: Callable[..., Any]) -> Callabl
     return wrapper
 
 
+def _failed(o: cs.Open, probe: _Probe, api: str, size: int, err: BaseException) -> None:
+    """The load raised: end its span with the error (the caller re-raises the user's error)."""
+    _tls.busy = 0
+    try:
+        cs.end(o, probe.attrs(api, size, False), err=err)
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
 def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bool = True) -> Callable[..., Any]:
     """Wrap a function that loads one file (its first argument or ``key``) and returns tensors."""
 
@@ -636,8 +645,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
         try:
             result = orig(*args, **kwargs)
         except BaseException as e:
-            _tls.busy = 0
-            cs.end(o, probe.attrs(api, size, False), err=e)
+            _failed(o, probe, api, size, e)
             raise
         _tls.busy = 0
         try:
@@ -856,8 +864,7 @@ def _install_transformers(mod: Any) -> None:
         try:
             result = func(*args, **kwargs)
         except BaseException as e:
-            _tls.busy = 0
-            cs.end(o, probe.attrs("transformers.from_pretrained", size, False), err=e)
+            _failed(o, probe, "transformers.from_pretrained", size, e)
             raise
         _tls.busy = 0
         try:

@@ -334,6 +334,18 @@ def test_deferred_reads_are_spanned(styles) -> None:
 
 @pytest.mark.slow
 @pytest.mark.torch
+def test_failed_loads_raise_the_users_own_errors(styles) -> None:
+    from weights_styles import failed_loads
+
+    run, files = styles
+    d = os.path.dirname(files["header_pt"])
+    assert run.result["errors"] == failed_loads(d)  # the same errors here, without the hooks
+    assert "no error" not in run.result["errors"]
+    assert "hooks disabled" not in run.output
+
+
+@pytest.mark.slow
+@pytest.mark.torch
 def test_weights_spans_nest_cleanly(styles) -> None:
     run, _ = styles
     root = run.root_of(run.result["pid"])

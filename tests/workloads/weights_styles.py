@@ -86,6 +86,23 @@ def prepare(d: str) -> None:
     torch.save({"w": torch.zeros(1024, 1024)}, os.path.join(d, "header_only.pt"))
 
 
+def failed_loads(d: str) -> list:
+    """The errors of loads that fail: the user's own, with or without the hooks."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    missing = os.path.join(d, "missing")
+    errors = []
+    for bad in (lambda: torch.load(missing + ".pt"), lambda: load_file(missing + ".safetensors"),
+                lambda: safe_open(missing + ".safetensors", framework="pt"), lambda: torch.jit.load(missing + ".pt")):
+        try:
+            bad()
+            errors.append("no error")
+        except Exception as e:
+            errors.append("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+    return errors
+
+
 def run(d: str, out: str) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -146,7 +163,8 @@ def run(d: str, out: str) -> None:
         files["header_pt"] = p = os.path.join(d, "header_only.pt")
         assert torch.load(p, map_location="meta", weights_only=True)["w"].is_meta
     with open(out, "w") as f:
-        json.dump({"pid": os.getpid(), "files": files, "memcpy_bytes_per_s": memcpy_bytes_per_s()}, f)
+        json.dump({"pid": os.getpid(), "files": files, "memcpy_bytes_per_s": memcpy_bytes_per_s(),
+                   "errors": failed_loads(d)}, f)
 
 
 if __name__ == "__main__":
