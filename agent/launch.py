@@ -423,9 +423,7 @@ def _weights_spans(req: dict[str, object]) -> list[tuple[str, float]]:
                 p = attrs.get("infersight.weights.path", {}).get("stringValue")
                 r = attrs.get("infersight.weights.bytes_per_s", {})
                 rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
-                c = attrs.get("infersight.weights.page_cache_ratio", {})
-                warm = float(c.get("doubleValue", c.get("intValue", 0)) or 0) >= 0.5  # the ceiling is a disk's
-                if p and rate > 0 and not warm:
+                if p and rate > 0:
                     found.append((str(p), rate))
     return found
 

@@ -184,6 +184,31 @@ def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None)
             pass
 
 
+COLD_BELOW = 0.5  # infersight.weights.page_cache_ratio under this: the disk served the read
+
+
+def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:
+    """(path, bytes/s) of the weights reads in one OTLP JSON request that the disk served.
+
+    A read the page cache served (``page_cache_ratio`` >= 0.5) says nothing about the disk:
+    comparing it with the ceiling gave figures like 37,900%. Spans from hooks that did not
+    say (no ratio) still count.
+    """
+    found: list[tuple[str, float]] = []
+    for rs in req.get("resourceSpans", []) or []:
+        for ss in rs.get("scopeSpans", []) or []:
+            for s in ss.get("spans", []) or []:
+                attrs = {kv["key"]: kv.get("value", {}) for kv in s.get("attributes", [])}
+                p = attrs.get("infersight.weights.path", {}).get("stringValue")
+                r = attrs.get("infersight.weights.bytes_per_s", {})
+                rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
+                c = attrs.get("infersight.weights.page_cache_ratio")
+                cached = float(c.get("doubleValue", c.get("intValue", 0)) or 0) if isinstance(c, dict) else None
+                if p and rate > 0 and (cached is None or cached < COLD_BELOW):
+                    found.append((str(p), rate))
+    return found
+
+
 def doctor_lines(cache: str | None = None) -> list[str]:
     """What ``infersight doctor`` prints: one line per cached device."""
     devices = load_cache(cache)

@@ -22,7 +22,6 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workloads"))
 from launchutil import HERE, LaunchRun, assert_well_formed, launch, stage_name  # noqa: E402
 
-from infersight.agent import launch as launch_mod  # noqa: E402
 from infersight.agent import storage_ceiling  # noqa: E402
 from infersight.exporters.weights_note import weights_note  # noqa: E402
 from infersight.hooks import _weights  # noqa: E402
@@ -156,7 +155,7 @@ def test_launch_compares_only_cold_reads_with_the_storage_ceiling() -> None:
 
     req = {"resourceSpans": [{"scopeSpans": [{"spans": [
         span("/cold", 1e8, 0.0), span("/warm", 5e9, 1.0), span("/old-hooks", 1e8, None)]}]}]}
-    assert launch_mod._weights_spans(req) == [("/cold", 1e8), ("/old-hooks", 1e8)]
+    assert storage_ceiling.cold_reads(req) == [("/cold", 1e8), ("/old-hooks", 1e8)]
 
 
 def test_a_move_to_a_device_says_it_read_the_mapped_file(tmp_path) -> None:
