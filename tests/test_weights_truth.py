@@ -20,7 +20,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workloads"))
-from launchutil import HERE, LaunchRun, assert_well_formed, launch, stage_name  # noqa: E402
+from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
 
 from infersight.agent import storage_ceiling  # noqa: E402
 from infersight.exporters.weights_note import weights_note  # noqa: E402
@@ -348,8 +348,25 @@ def test_failed_loads_raise_the_users_own_errors(styles) -> None:
 def test_weights_spans_nest_cleanly(styles) -> None:
     run, _ = styles
     root = run.root_of(run.result["pid"])
-    assert_well_formed(root, run.stages(root))
-    by_id = {s.span_id: s for s in run.stages(root)}
-    for s in weights(run):
-        if s.attributes.get(W + "deferred_by") == "forward":  # inside the forward it reads in
-            assert stage_name(by_id[s.parent_span_id]) in ("warmup", "first_request")
+    stages = run.stages(root)
+    by_id = {s.span_id: s for s in stages}
+
+    def ancestors(s: object) -> set[str]:
+        out, cur = set(), s
+        while getattr(cur, "parent_span_id", None) in by_id:
+            cur = by_id[cur.parent_span_id]  # type: ignore[attr-defined]
+            out.add(cur.span_id)
+        return out
+
+    mine = weights(run)
+    assert mine
+    for w in mine:  # inside the root and their parent; overlap only where one nests in the other
+        assert w.trace_id == root.trace_id and root.start_ns <= w.start_ns <= w.end_ns <= root.end_ns
+        parent = by_id.get(w.parent_span_id or "")
+        assert w.parent_span_id == root.span_id or (
+            parent is not None and parent.start_ns <= w.start_ns and w.end_ns <= parent.end_ns)
+        for s in stages:
+            if s is not w and min(s.end_ns, w.end_ns) > max(s.start_ns, w.start_ns):
+                assert s.span_id in ancestors(w) or w.span_id in ancestors(s), (w.name, s.name)
+        if w.attributes.get(W + "deferred_by") == "forward":  # inside the forward it reads in
+            assert stage_name(by_id[w.parent_span_id]) in ("warmup", "first_request")
