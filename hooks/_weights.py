@@ -339,11 +339,12 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
 
 
 def _extent(t: Any) -> Tuple[int, int]:
-    """(address, bytes) of a tensor's data; (0, 0) for meta or odd tensors."""
+    """(address on the CPU or 0, bytes) of a tensor's data; (0, 0) on the meta device."""
     try:
-        if t.device.type != "cpu":
+        kind = t.device.type
+        if kind == "meta":
             return 0, 0
-        return int(t.data_ptr()), int(t.numel()) * int(t.element_size())
+        return (int(t.data_ptr()) if kind == "cpu" else 0), int(t.numel()) * int(t.element_size())
     except Exception:
         return 0, 0
 
@@ -394,7 +395,7 @@ def _mapped_chunks(tensors: Iterator[Any]) -> Tuple[List[Tuple[int, int]], List[
     seen = set()
     for t in tensors:
         ptr, n = _extent(t)
-        if not n or ptr in seen:
+        if not n or not ptr or ptr in seen:
             continue
         for m in files:
             if m.holds(ptr):
