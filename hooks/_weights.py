@@ -658,6 +658,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
             cs.end(o, probe.attrs(api, size, lazy))
         except Exception as exc:
             _runtime.fail(exc)
+            cs.end(o, keep=False)  # put the current span back; what we measured is unsure
         return result
 
     return _wrap_meta(wrapper, orig)
@@ -876,6 +877,7 @@ def _install_transformers(mod: Any) -> None:
             cs.end(o, attrs)
         except Exception as exc:
             _runtime.fail(exc)
+            cs.end(o, keep=False)
         return result
 
     new = _wrap_meta(load, func)

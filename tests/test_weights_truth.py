@@ -370,3 +370,32 @@ def test_weights_spans_nest_cleanly(styles) -> None:
                 assert s.span_id in ancestors(w) or w.span_id in ancestors(s), (w.name, s.name)
         if w.attributes.get(W + "deferred_by") == "forward":  # inside the forward it reads in
             assert stage_name(by_id[w.parent_span_id]) in ("warmup", "first_request")
+
+
+FAULTY = """
+import json, sys
+import torch
+from infersight.hooks import _weights
+
+def boom(*args, **kwargs):
+    raise RuntimeError("injected fault")
+
+_weights.mappings_of = boom  # every lookup of a file mapping now fails inside the hooks
+torch.save({"weight": torch.ones(256, 256)}, sys.argv[1])
+sd = torch.load(sys.argv[1], mmap=True, weights_only=True)
+model = torch.nn.Linear(256, 256, bias=False)
+model.load_state_dict(sd)
+json.dump({"sum": float(model.weight.sum())}, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_internal_fault_never_reaches_the_user(tmp_path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "faulty.py"
+    script.write_text(FAULTY)
+    run = launch(str(tmp_path), [sys.executable, str(script), str(tmp_path / "w.pt")], timeout=300)
+    assert run.rc == 0, run.output
+    assert run.result == {"sum": 256.0 * 256.0}  # the load and the copy worked
+    assert "hooks disabled after an internal error" in run.output and "injected fault" in run.output
