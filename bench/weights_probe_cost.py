@@ -31,7 +31,7 @@ def main() -> int:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from infersight.hooks import _weights
+    from infersight.hooks import _pagestate, _weights
 
     _weights._torch = torch
     rows = args.mib * 2**20 // (1024 * 4)
@@ -57,8 +57,8 @@ def main() -> int:
             chunks, files = _weights._mapped_chunks(iter(sd.values()))  # the deferred copy's span
             deferred = _weights._Probe([m.path for m in files])
             deferred.attrs("deferred", sum(n for _, n in chunks), False)
-            _weights.present_bytes(chunks)  # a deferred forward reads pagemap before and after
-            _weights.present_bytes(chunks)
+            _pagestate.present_bytes(chunks)  # a deferred forward reads pagemap before and after
+            _pagestate.present_bytes(chunks)
             probes.append(time.perf_counter() - t0)
             _weights._forget()
             del sd
@@ -70,10 +70,10 @@ def main() -> int:
         with open(huge, "wb") as f:
             f.truncate(args.huge_gib << 30)
         t0 = time.perf_counter()
-        ratio = _weights.page_cache_ratio([huge])
+        ratio = _pagestate.page_cache_ratio([huge])
         t_ratio = time.perf_counter() - t0
         t0 = time.perf_counter()  # pagemap of as many pages, wherever they are: the same reads
-        _weights.present_bytes([(0x7F0000000000, args.huge_gib << 30)])
+        _pagestate.present_bytes([(0x7F0000000000, args.huge_gib << 30)])
         t_pm = time.perf_counter() - t0
         print("sparse %d GiB: page-cache probe %.2f ms (ratio %s), pagemap probe %.2f ms (both sampled)"
               % (args.huge_gib, t_ratio * 1e3, ratio, t_pm * 1e3))

@@ -24,7 +24,7 @@ from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
 
 from infersight.agent import storage_ceiling  # noqa: E402
 from infersight.exporters.weights_note import weights_note  # noqa: E402
-from infersight.hooks import _weights  # noqa: E402
+from infersight.hooks import _pagestate, _weights  # noqa: E402
 
 W = "infersight.weights."
 
@@ -58,20 +58,20 @@ def read_all(path: str) -> None:
 def test_page_cache_ratio_follows_eviction_and_reads(tmp_path, monkeypatch) -> None:
     p = write(str(tmp_path / "w.bin"), 16 << 20)
     evict(p)
-    assert _weights.page_cache_ratio([p]) < 0.5
+    assert _pagestate.page_cache_ratio([p]) < 0.5
     read_all(p)
-    assert _weights.page_cache_ratio([p]) >= 0.9
+    assert _pagestate.page_cache_ratio([p]) >= 0.9
     evict(p)
     with open(p, "rb") as f:  # the first half only, without readahead past it
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
         f.read(8 << 20)
-    half = _weights.page_cache_ratio([p])
+    half = _pagestate.page_cache_ratio([p])
     assert half is not None and 0.3 < half < 0.9
-    monkeypatch.setattr(_weights, "SAMPLE_PAGES", 1024)  # a huge file: sampled windows, same answer
-    sampled = _weights.page_cache_ratio([p])
+    monkeypatch.setattr(_pagestate, "SAMPLE_PAGES", 1024)  # a huge file: sampled windows, same answer
+    sampled = _pagestate.page_cache_ratio([p])
     assert sampled is not None and abs(sampled - half) < 0.2
-    assert _weights.page_cache_ratio([str(tmp_path / "missing")]) is None
-    assert _weights.page_cache_ratio([write(str(tmp_path / "empty"), 0)]) is None
+    assert _pagestate.page_cache_ratio([str(tmp_path / "missing")]) is None
+    assert _pagestate.page_cache_ratio([write(str(tmp_path / "empty"), 0)]) is None
 
 
 def test_pagemap_sees_pages_faulted_in_through_a_file_mapping(tmp_path) -> None:
@@ -82,28 +82,28 @@ def test_pagemap_sees_pages_faulted_in_through_a_file_mapping(tmp_path) -> None:
     view = (ctypes.c_char * len(mm)).from_buffer(mm)
     try:
         addr = ctypes.addressof(view)
-        key = _weights.file_key(p)
-        assert any(lo <= addr < hi for lo, hi in _weights.file_mappings(key))
-        assert _weights.file_mappings(_weights.file_key(__file__)) == []
+        key = _pagestate.file_key(p)
+        assert any(lo <= addr < hi for lo, hi in _pagestate.file_mappings(key))
+        assert _pagestate.file_mappings(_pagestate.file_key(__file__)) == []
         chunk = [(addr, len(mm))]
-        before = _weights.present_bytes(chunk)
+        before = _pagestate.present_bytes(chunk)
         assert before is not None and before < len(mm)
         for off in range(0, len(mm), mmap.PAGESIZE):  # touch every page: all are present now
             view[off]
-        assert _weights.present_bytes(chunk) == len(mm)
+        assert _pagestate.present_bytes(chunk) == len(mm)
     finally:
         del view
         mm.close()
-    assert _weights.present_bytes([]) == 0
+    assert _pagestate.present_bytes([]) == 0
 
 
 def test_kernel_counters_move_on_a_cold_read(tmp_path) -> None:
     p = write(str(tmp_path / "c.bin"), 16 << 20)
     evict(p)
-    r0 = _weights.read_bytes()
-    assert r0 is not None and _weights.major_faults() is not None
+    r0 = _pagestate.read_bytes()
+    assert r0 is not None and _pagestate.major_faults() is not None
     read_all(p)
-    assert _weights.read_bytes() - r0 >= 8 << 20
+    assert _pagestate.read_bytes() - r0 >= 8 << 20
 
 
 # -- the attribute rules -------------------------------------------------------------------
