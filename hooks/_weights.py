@@ -531,8 +531,8 @@ class _SafeOpen:
     in between. Header-only use (keys, shapes, dtypes) is no span.
     """
 
-    __slots__ = ("_key", "_lazy", "_nbytes", "_o", "_parent", "_path", "_probe", "_ranges", "_read_s", "_real",
-                 "_seq", "_start")
+    __slots__ = ("_key", "_lazy", "_nbytes", "_o", "_path", "_probe", "_quiet", "_ranges", "_read_s", "_real",
+                 "_start")
 
     def __init__(self, real: Any, filename: Any) -> None:
         self._real = real
@@ -545,14 +545,12 @@ class _SafeOpen:
         self._key: Optional[Tuple[str, str]] = None
         self._probe: Optional[_Probe] = None
         self._start = 0
-        self._seq = 0
-        self._parent: Optional[str] = None
+        self._quiet: Tuple[Any, ...] = ()
 
     def _opening(self) -> None:
         self._probe = _Probe([self._path])
         self._start = time.time_ns()
-        self._seq = cs.stage_seq
-        self._parent = _runtime.current_span.get()
+        self._quiet = _activity()
 
     def _took(self, t: Any, seconds: float) -> None:
         """A tensor was taken: count it; if it maps the file, later copies of it are deferred reads."""
@@ -622,12 +620,12 @@ class _SafeOpen:
             return
         if self._probe is None:
             return
-        seq, parent = self._seq, self._parent
+        quiet = self._quiet
         attrs = self._attrs()
-        if attrs is None or not cs.root_open() or seq != cs.stage_seq or parent != _runtime.current_span.get():
-            return  # other stages ran meanwhile: a span over them would overlap without nesting
+        if attrs is None or not cs.root_open() or quiet != _activity() or cs.last_end_ns > self._start:
+            return  # other spans began or ended meanwhile: one from the open would overlap them
         cs.note_begin()
-        cs.emit_stage("weights_load", _runtime.new_span_id(), parent or _runtime.root_span_id,
+        cs.emit_stage("weights_load", _runtime.new_span_id(), quiet[0] or _runtime.root_span_id,
                       self._start, time.time_ns(), attrs)
 
     def __getattr__(self, name: str) -> Any:
@@ -635,6 +633,14 @@ class _SafeOpen:
 
     def __iter__(self) -> Any:
         return iter(self._real)
+
+
+def _activity() -> Tuple[Any, ...]:
+    """What changes when a span begins anywhere in the cold start: the current span, stage
+    starts, the warmup run in progress and its forwards, the first request."""
+    warm = getattr(cs, "_warm", None)
+    return (_runtime.current_span.get(), cs.stage_seq, id(warm), getattr(warm, "n", 0),
+            id(getattr(cs, "_first", None)))
 
 
 def _install_safetensors(mod: Any) -> None:

@@ -18,7 +18,7 @@ import time
 import torch
 
 STATES = ("cold", "warm")
-STYLES = ("st_assign", "st_copy", "st_half", "pt", "ptmm", "sow", "soe", "jit")
+STYLES = ("st_assign", "st_copy", "st_half", "pt", "ptmm", "sow", "soe", "soe_stage", "jit")
 SUFFIX = {"pt": ".pt", "ptmm": ".pt", "jit": ".pt"}
 
 
@@ -144,6 +144,13 @@ def run(d: str, out: str) -> None:
             sd = {k: f.get_slice(k)[:] for k in f.keys()}  # noqa: SIM118
             f.__exit__(None, None, None)
             mlp().load_state_dict(sd)
+
+            p = files["soe_stage_" + state] = path_of(d, "soe_stage", state)
+            f = safe_open(p, framework="pt")  # no `with`, and a stage (a warmup forward) before the close
+            sd = {k: f.get_slice(k)[:] for k in f.keys()}  # noqa: SIM118
+            mlp()(x)
+            f.__exit__(None, None, None)  # a span from the open would overlap the forward: none
+            mlp().load_state_dict(sd)  # the read is still spanned (deferred)
 
             p = files["jit_" + state] = path_of(d, "jit", state)
             torch.jit.load(p)(x)
