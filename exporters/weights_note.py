@@ -44,7 +44,9 @@ def weights_note(rows: Sequence[Mapping[str, object]]) -> str:
         seconds = sum((_num(a, "bytes") or 0.0) / (_num(a, "bytes_per_s") or 1.0) for a in rated)
         out += " @ %s/s" % human_bytes(rb / seconds if seconds > 0 else 0.0)
     elif any(a.get(W + "lazy") is True for a in spans):
-        out += " mapped (lazy)"
+        fetched = sum(_num(a, "read_bytes") or 0.0 for a in spans)
+        # the loader may still have read ahead (safetensors does): say how much came from storage
+        out += " mapped (lazy; %s read from storage)" % human_bytes(fetched) if fetched >= 2**20 else " mapped (lazy)"
     if deferred:
         out += " deferred" if not loads else " + deferred read"
     ratios = [r for r in (_num(a, "page_cache_ratio") for a in (loads or deferred)) if r is not None]

@@ -136,6 +136,8 @@ def test_waterfall_says_warm_or_cold() -> None:
     assert note(copy) == "1.0 MiB @ 1.0 GiB/s deferred warm (page cache)"
     # one row for a mapped load and the copy that read it: the file counts once, the rate is the copy's
     assert note(lazy, copy) == "1.0 MiB @ 1.0 GiB/s + deferred read cold"
+    ahead = dict(lazy, **{W + "read_bytes": 2**20})  # the loader read the file ahead while mapping it
+    assert note(ahead) == "1.0 MiB mapped (lazy; 1.0 MiB read from storage) cold"
     warm = dict(lazy, **{W + "page_cache_ratio": 1.0})
     assert note(lazy, warm) == "2.0 MiB mapped (lazy) partly cold"
     two = [{W + "bytes": 2**20, W + "bytes_per_s": 2**20}, {W + "bytes": 3 * 2**20, W + "bytes_per_s": 3 * 2**20}]
