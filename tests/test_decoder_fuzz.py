@@ -85,3 +85,18 @@ def test_wrong_schema_is_refused_clearly() -> None:
     ingest, counters = make()
     assert ingest._hello({"t": "hello", "schema": 99, "producer": HELLO}, None) is None
     assert counters.refused_schema == 1
+
+
+def test_an_unattributed_span_never_counts_as_covered() -> None:
+    ingest, _counters = make()
+    p = ingest.assembler.hello(HELLO)
+    items = ingest.assembler.events(p, [
+        [1, 30, "span", {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 10, "e": 20,
+                         "a": {"infersight.stage": "warmup"}}],
+        [2, 31, "span", {"n": "coldstart.unattributed", "id": "d" * 16, "p": "b" * 16, "s": 20, "e": 30,
+                         "a": {"infersight.stage": "unattributed", "infersight.unattributed.top": ["m:f 100%"]}}],
+        [3, 40, "span", {"n": "coldstart", "id": "b" * 16, "s": 0, "e": 40}],
+    ])
+    root = next(i for i in items if getattr(i, "name", "") == "coldstart")
+    # 40 ns of root, 10 covered by warmup: 30 ns unattributed, the explained gap included.
+    assert abs(root.attributes["infersight.coldstart.unattributed_s"] - 30e-9) < 1e-15  # type: ignore[union-attr]
