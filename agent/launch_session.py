@@ -1,9 +1,4 @@
-"""``infersight launch -- CMD``: run CMD with the hooks active and an agent in-process.
-
-The embedded default: a private socket in a private directory (even when a daemon
-runs), an OTLP JSON file, the waterfall on the terminal, OTLP export only when an
-``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set. Exit status follows CMD (128+N on signal N,
-127 when CMD is not found, 2 for launch's own usage or config errors).
+"""The agent side of ``infersight launch``, imported after CMD was spawned.
 
 ``--ready-url URL`` polls URL like a readiness probe (2xx/3xx). The ready time goes to
 the child's hooks through a file (``INFERSIGHT_READY_FILE``), so the child's own
@@ -19,41 +14,28 @@ runs no hooked Python, the launcher's own root gets ``ready_wait`` and
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import http.client
 import json
 import logging
 import os
 import shutil
 import signal
-import sys
-import tempfile
+import socket
+import stat
 import time
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from infersight.agent import config as cfg
 from infersight.agent import extensions
 from infersight.agent.daemon import Agent
+from infersight.agent.launch import EXIT_USAGE, LOCK_NAME, PRIVATE_PREFIX, Child, LaunchOptions, Private, exit_status
 from infersight.agent.model import ColdStart, Resource, SpanItem
 from infersight.agent.sinks import build_exporters
-from infersight.hooks import _bootstrap_dir
 
-EXIT_NOT_FOUND = 127
-EXIT_NOT_EXECUTABLE = 126
-EXIT_USAGE = 2
-
-
-@dataclass
-class LaunchOptions:
-    cmd: list[str]
-    otlp_file: str | None = None
-    console: bool = True
-    flush_timeout_s: float = 10.0
-    ready_url: str | None = None
-    probe: str | None = None
-    ready_timeout_s: float = 3600.0
+log = logging.getLogger("infersight.launch")
 
 
 @dataclass
@@ -152,30 +134,6 @@ async def watch_readiness(
     return res
 
 
-def default_output_path(now: float | None = None) -> str:
-    return "infersight-%s.otlp.jsonl" % time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-
-
-def child_env(
-    base: dict[str, str], sock: str, spool: str, spawn_ns: int, ready_file: str | None = None
-) -> dict[str, str]:
-    env = dict(base)
-    if ready_file:
-        env["INFERSIGHT_READY_FILE"] = ready_file
-        env.setdefault("INFERSIGHT_READY_ON_LISTEN", "0")  # the URL is the authority
-    env["INFERSIGHT_SOCKET"] = sock
-    env["INFERSIGHT_SPOOL_DIR"] = spool
-    env["INFERSIGHT_LAUNCH_SPAWN_NS"] = str(spawn_ns)
-    env.pop("INFERSIGHT", None)
-    boot = _bootstrap_dir()
-    env["PYTHONPATH"] = boot + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
-    return env
-
-
-def exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def launcher_root(
     cmd: list[str], pid: int, spawn_ns: int, end_ns: int, host: str, readiness: Readiness | None = None
 ) -> ColdStart:
@@ -253,81 +211,214 @@ def _readiness_lines(rd: Readiness, spawn_ns: int) -> list[str]:
     return lines
 
 
-async def _run(opts: LaunchOptions, out: TextIO) -> int:
-    private = tempfile.mkdtemp(prefix="infersight-launch-")
-    os.chmod(private, 0o700)
-    sock = os.path.join(private, "agent.sock")
-    spool = os.path.join(private, "spool")
-    path = opts.otlp_file or default_output_path()
+@dataclass
+class Leftover:
+    """The private directory of an earlier launch that is gone; locked by us while we replay it."""
+
+    path: str
+    lock_fd: int
+    pid: str
+    replayed: int = 0
+
+
+def find_leftovers(root: str, own: str) -> list[Leftover]:
+    """Private directories of launches that died (their lock is free), ours by uid and mode."""
+    found: list[Leftover] = []
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(PRIVATE_PREFIX))
+    except OSError:
+        return found
+    for name in names:
+        path = os.path.join(root, name)
+        if path == own:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            continue  # not a directory of ours: never read or delete it
+        try:
+            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:  # its launch is alive (or another launch is replaying it)
+            os.close(fd)
+            continue
+        found.append(Leftover(path, fd, pid))
+    return found
+
+
+def spool_files(spool: str) -> list[str]:
+    """What is left in a hook spool directory (any name: producers choose their own)."""
+    try:
+        return sorted(n for n in os.listdir(spool) if not n.startswith("."))
+    except OSError:
+        return []
+
+
+def processes_using(sock: str) -> list[int]:
+    """Live processes started under this launch (their environment names its socket)."""
+    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
+    pids: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if entry in b"\0" + env + b"\0":
+            pids.append(int(name))
+    return pids
+
+
+def finish_private(private: Private, out: TextIO) -> None:
+    """Remove the private directory, unless a process we started still runs or spooled events
+    wait there: then keep the spool for the next launch to replay, and say so."""
+    live = processes_using(private.sock)
+    left = spool_files(private.spool)
+    if not live and not left:
+        shutil.rmtree(private.path, ignore_errors=True)
+        return
+    for name in ("agent.sock", "ready"):
+        try:
+            os.unlink(os.path.join(private.path, name))
+        except OSError:
+            pass
+    os.makedirs(private.spool, mode=0o700, exist_ok=True)
+    why = ("process(es) %s started under launch still run" % ", ".join(map(str, live)) if live
+           else "%d spool file(s) were not delivered" % len(left))
+    out.write("infersight: %s; their events are kept in %s and the next launch replays them\n"
+              % (why, private.spool))
+
+
+def replay_leftovers(agent: Agent, leftovers: list[Leftover]) -> None:
+    for lo in leftovers:
+        lo.replayed = agent.ingest.replay_spools(os.path.join(lo.path, "spool"))
+
+
+def close_leftovers(leftovers: list[Leftover], out: TextIO) -> None:
+    """After the flush: delete a leftover directory whose spools were delivered; report the rest."""
+    for lo in leftovers:
+        left = spool_files(os.path.join(lo.path, "spool"))
+        if lo.replayed:
+            out.write("infersight: replayed %d spool file(s) left by an earlier launch (pid %s)\n"
+                      % (lo.replayed, lo.pid or "?"))
+        exporter_items = _exporter_spool_files(lo.path)
+        if exporter_items:
+            out.write("infersight: an earlier launch (pid %s) left %d undelivered exporter spool file(s) in %s\n"
+                      % (lo.pid or "?", exporter_items, os.path.join(lo.path, "exporter-spool")))
+        if not left and not exporter_items:
+            shutil.rmtree(lo.path, ignore_errors=True)
+        elif left:
+            out.write("infersight: %d spool file(s) in %s belong to a process that still runs; a later launch "
+                      "replays them\n" % (len(left), os.path.join(lo.path, "spool")))
+        os.close(lo.lock_fd)
+
+
+def _exporter_spool_files(path: str) -> int:
+    n = 0
+    for dirpath, _dirs, files in os.walk(os.path.join(path, "exporter-spool")):
+        n += sum(1 for f in files if f.endswith(".seg") and os.path.getsize(os.path.join(dirpath, f)) > 0)
+    return n
+
+
+async def wait_child(child: Child) -> int:
+    """CMD's returncode, reaped on SIGCHLD (and once now: it may have exited during our imports)."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def on_sigchld() -> None:
+        if child.poll() is not None:
+            done.set()
+
+    loop.add_signal_handler(signal.SIGCHLD, on_sigchld)
+    try:
+        on_sigchld()
+        await done.wait()
+    finally:
+        loop.remove_signal_handler(signal.SIGCHLD)
+    assert child.returncode is not None
+    return child.returncode
+
+
+async def wait_producers_gone(agent: Agent, sock: str, timeout_s: float) -> None:
+    """Wait for the connections of exiting producers to close; not for a process that lives on
+    (a daemonized grandchild): at most as many connections as such processes stay open."""
+    deadline = time.monotonic() + timeout_s
+    while agent.ingest.open_connections and time.monotonic() < deadline:
+        if agent.ingest.open_connections <= len(processes_using(sock)):
+            return
+        await asyncio.sleep(0.02)
+
+
+async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child,
+               spawn_ns: int, out: TextIO) -> int:
     conf = cfg.load(
         None,
         flags={
-            "agent.socket": sock,
+            "agent.socket": private.sock,
             "agent.socket_mode": 0o600,
-            "agent.spool_dir": spool,
+            "agent.spool_dir": private.spool,
             "agent.allowed_uids": [os.getuid()],
             "agent.allowed_gids": [os.getgid()],
             "exporters.file.path": path,
             "exporters.console.enabled": opts.console,
         },
     )
+    listener = socket.socket(fileno=listen_fd)
     agent = Agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
-                  exporter_spool_root=os.path.join(private, "exporter-spool"))
+                  listen_sock=listener, exporter_spool_root=os.path.join(private.path, "exporter-spool"))
     extensions.install(agent, conf)  # request latency, NVML devices, live OOM classification
-    try:
-        await agent.start()
-        ready_file = os.path.join(private, "ready") if opts.ready_url else None
-        spawn_ns = time.time_ns()
+    await agent.start()
+    leftovers = find_leftovers(os.path.dirname(private.path), private.path)
+    replay_leftovers(agent, leftovers)
+    ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
+    proc_done = asyncio.Event()
+    watcher = None
+    if opts.ready_url or opts.probe:
+        watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, out))
+    returncode = await wait_child(child)
+    end_ns = time.time_ns()
+    proc_done.set()
+    child.restore_tty()
+    readiness = Readiness()
+    if watcher is not None:
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *opts.cmd, env=child_env(dict(os.environ), sock, spool, spawn_ns, ready_file)
-            )
-        except FileNotFoundError:
-            out.write("infersight: command not found: %s\n" % opts.cmd[0])
-            await agent.shutdown(opts.flush_timeout_s)
-            return EXIT_NOT_FOUND
-        except PermissionError:
-            out.write("infersight: permission denied: %s\n" % opts.cmd[0])
-            await agent.shutdown(opts.flush_timeout_s)
-            return EXIT_NOT_EXECUTABLE
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, _forward(proc, sig))
-        proc_done = asyncio.Event()
-        watcher = None
-        if opts.ready_url or opts.probe:
-            watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, out))
-        returncode = await proc.wait()
-        end_ns = time.time_ns()
-        proc_done.set()
-        readiness = Readiness()
-        if watcher is not None:
-            try:
-                readiness = await asyncio.wait_for(watcher, 10.0)
-            except (asyncio.TimeoutError, OSError) as exc:
-                readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        # The child's hooks flushed at exit; let the agent read what is in flight.
-        await agent.ingest.wait_connections_closed(opts.flush_timeout_s)
-        agent.ingest.replay_spools(spool)
-        launched = [p for p in agent.assembler.producers.values() if p.info.get("launched")]
-        if not launched:
-            cs = launcher_root(opts.cmd, proc.pid, spawn_ns, end_ns, agent.host_name, readiness)
-            agent.router.publish([cs.root, *cs.stages, cs])
-        elif readiness.probe is not None and readiness.probe.first_byte_ns:
-            p0 = launched[0]
-            agent.router.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
-                                             p0.resource)])
-        await _wait_for_brokers(agent)
-        ok = await agent.shutdown(opts.flush_timeout_s)
-        for line in _readiness_lines(readiness, spawn_ns):
-            out.write(line + "\n")
-        _report(agent, path, ok, out)
-        _storage_note(path, out)
-        return exit_status(returncode)
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
+            readiness = await asyncio.wait_for(watcher, 10.0)
+        except (asyncio.TimeoutError, OSError) as exc:
+            readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
+    # The child's hooks flushed at exit; let the agent read what is in flight.
+    await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
+    agent.ingest.replay_spools(private.spool)
+    launched = [p for p in agent.assembler.producers.values()
+                if p.info.get("launched") and p.info.get("pid") == child.pid]
+    launched = launched or [p for p in agent.assembler.producers.values() if p.info.get("launched")]
+    if not launched:
+        cs = launcher_root(opts.cmd, child.pid, spawn_ns, end_ns, agent.host_name, readiness)
+        agent.router.publish([cs.root, *cs.stages, cs])
+    elif readiness.probe is not None and readiness.probe.first_byte_ns:
+        p0 = launched[0]
+        agent.router.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
+                                         p0.resource)])
+    await _wait_for_brokers(agent)
+    ok = await agent.shutdown(opts.flush_timeout_s)
+    for line in _readiness_lines(readiness, spawn_ns):
+        out.write(line + "\n")
+    _report(agent, path, ok, out)
+    close_leftovers(leftovers, out)
+    finish_private(private, out)
+    _storage_note(path, out)
+    return exit_status(returncode)
 
 
 async def _wait_for_brokers(agent: Agent) -> None:
@@ -351,17 +442,6 @@ def _quiet_logging() -> None:
         logger.propagate = False
     logging.getLogger("infersight.agent.nvml").setLevel(logging.ERROR)
     logging.getLogger("infersight.agent.devices_job").setLevel(logging.ERROR)
-
-
-def _forward(proc: asyncio.subprocess.Process, sig: int) -> Callable[[], None]:
-    def handler() -> None:
-        if proc.returncode is None:
-            try:
-                proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-
-    return handler
 
 
 def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
@@ -428,17 +508,12 @@ def _weights_spans(req: dict[str, object]) -> list[tuple[str, float]]:
     return found
 
 
-def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
-    cmd = list(opts.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        (out or sys.stderr).write("infersight launch: missing command: infersight launch -- CMD...\n")
-        return EXIT_USAGE
-    opts.cmd = cmd
+def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,
+        out: TextIO) -> int:
     _quiet_logging()
     try:
-        return asyncio.run(_run(opts, out or sys.stderr))
+        return asyncio.run(_run(opts, path, private, listen_fd, child, spawn_ns, out))
     except cfg.ConfigError as exc:
-        (out or sys.stderr).write("infersight launch: %s\n" % exc)
+        out.write("infersight launch: %s\n" % exc)
+        child.stop(opts.flush_timeout_s)  # CMD was started before the config was read
         return EXIT_USAGE
