@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable, Sequence
-    from typing import TextIO
+    from typing import Any, TextIO
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -44,6 +44,7 @@ PRIVATE_PREFIX = "infersight-launch-"
 LOCK_NAME = "launch.lock"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1
+IMPORT_NICE = 10
 
 
 class LaunchOptions:
@@ -293,6 +294,34 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     return child
 
 
+def import_agent_side() -> Any:
+    """Import the agent side on a thread at low CPU priority, so that on a busy host it does
+    not compete with CMD's own start. Only that thread is niced (Linux priorities are per
+    thread), and it ends with the import: the agent itself runs at launch's priority."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
+        except (OSError, AttributeError):
+            pass
+        try:
+            from infersight.agent import launch_session
+
+            box["module"] = launch_session
+        except BaseException as exc:  # re-raised on the main thread
+            box["error"] = exc
+
+    t = threading.Thread(target=load, name="infersight-import")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["module"]
+
+
 def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
     err = out or sys.stderr
     cmd = list(opts.cmd)
@@ -333,9 +362,7 @@ def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
         except PermissionError:
             err.write("infersight: permission denied: %s\n" % cmd[0])
             return EXIT_NOT_EXECUTABLE
-        # CMD runs: now the heavy part.
-        from infersight.agent import launch_session
-
+        launch_session = import_agent_side()  # CMD runs: now the heavy part
         return launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
     finally:
         if child is not None:

@@ -96,20 +96,33 @@ def _read_until(fd: int, needle: bytes, sink: list[bytes], timeout: float = 60.0
         sink.append(chunk)
 
 
-def test_ctrl_c_on_a_terminal_reaches_cmd_once(tmp_path: Path) -> None:
-    """launch runs as a shell would run it: session leader on a real pty, in the foreground."""
-    count = tmp_path / "count"
+def _controlling_tty() -> None:
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _on_pty(tmp_path: Path, count: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """launch as a shell runs it: session leader on a real pty, in the foreground."""
     master, slave = pty.openpty()
-
-    def controlling_tty() -> None:
-        os.setsid()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
     p = subprocess.Popen([*CLI, "launch", "--no-console", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
                           sys.executable, "-c", COUNT_SIGINT, str(count)],
-                         stdin=slave, stdout=slave, stderr=slave, preexec_fn=controlling_tty,  # noqa: PLW1509 - no threads yet
+                         stdin=slave, stdout=slave, stderr=slave,
+                         preexec_fn=_controlling_tty,  # noqa: PLW1509 - no threads yet
                          env=launch_env(tmp_path))
     os.close(slave)
+    return p, master
+
+
+def test_ctrl_c_on_a_terminal_reaches_cmd_once(tmp_path: Path) -> None:
+    count = tmp_path / "count"
+    p, master = _on_pty(tmp_path, count)
     out: list[bytes] = []
     try:
         _read_until(master, b"ready", out)
@@ -123,6 +136,68 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_once(tmp_path: Path) -> None:
         os.close(master)
     assert count.read_text() == "1", b"".join(out).decode(errors="replace")
     assert rc == 0
+
+
+# A minimal job-control shell: session leader on the pty, runs its argv as a foreground job;
+# on a stop it takes the terminal back, says so, waits for a line, then does what "fg" does.
+MINI_SHELL = r"""
+import os, signal, sys
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    os.tcsetpgrp(0, os.getpid())
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    os.execv(sys.argv[1], sys.argv[1:])
+try:
+    os.setpgid(pid, pid)
+    os.tcsetpgrp(0, pid)
+except OSError:
+    pass
+while True:
+    _, st = os.waitpid(pid, os.WUNTRACED)
+    if os.WIFSTOPPED(st):
+        os.tcsetpgrp(0, os.getpgrp())
+        print("SHELL: job stopped", flush=True)
+        sys.stdin.readline()
+        os.tcsetpgrp(0, pid)
+        os.killpg(pid, signal.SIGCONT)
+        continue
+    print("SHELL: job exited %d" % os.waitstatus_to_exitcode(st), flush=True)
+    break
+"""
+
+
+def test_ctrl_z_stops_the_job_and_fg_resumes_it(tmp_path: Path) -> None:
+    """Job control still works with CMD in its own group: ^Z stops CMD and launch (the shell
+    sees its job stopped); fg resumes both, and CMD has the terminal again."""
+    count = tmp_path / "count"
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, *CLI, "launch", "--no-console", "--otlp-file",
+                          str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", COUNT_SIGINT, str(count)],
+                         stdin=slave, stdout=slave, stderr=slave,
+                         preexec_fn=_controlling_tty,  # noqa: PLW1509 - no threads yet
+                         env=launch_env(tmp_path))
+    os.close(slave)
+    out: list[bytes] = []
+    try:
+        _read_until(master, b"ready", out)
+        launch_pid = int(Path("/proc/%d/task/%d/children" % (p.pid, p.pid)).read_text().split()[0])
+        cmd_pid = int(Path("/proc/%d/task/%d/children" % (launch_pid, launch_pid)).read_text().split()[0])
+        os.write(master, b"\x1a")  # VSUSP: SIGTSTP to the foreground group, CMD's
+        _read_until(master, b"SHELL: job stopped", out)
+        assert _proc_state(cmd_pid) == "T" and _proc_state(launch_pid) == "T"
+        os.write(master, b"fg\n")
+        assert wait_for(lambda: _proc_state(cmd_pid) not in ("T", "gone"), 20)
+        os.write(master, b"\x03")  # CMD holds the terminal again: ^C reaches it, once
+        _read_until(master, b"SHELL: job exited", out)
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    assert rc == 0 and b"SHELL: job exited 0" in b"".join(out), b"".join(out).decode(errors="replace")
+    assert count.read_text() == "1"
 
 
 @pytest.mark.parametrize("to_group", [False, True], ids=["to-launch", "to-launch-group"])
