@@ -69,13 +69,19 @@ def test_default_output_in_unwritable_cwd_is_a_usage_error(tmp_path: Path, read_
 
 # -- Ctrl-C reaches CMD once ---------------------------------------------------------
 
+# Two SIGINTs that arrive before CMD handles the first merge into one (standard signals
+# do not queue), so a count alone can miss a duplicate on a busy machine. CMD also says
+# whether it leads its own process group, and holds the terminal: that is what makes the
+# terminal's ^C reach it once, and what launch's forwarding cannot duplicate.
 COUNT_SIGINT = r"""
-import signal, sys, time
+import os, signal, sys, time
 n = [0]
 def on_int(*_a):
     n[0] += 1
 signal.signal(signal.SIGINT, on_int)
-print("ready", flush=True)
+own_group = os.getpgrp() == os.getpid()
+holds_tty = os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+print("ready own_group=%s holds_tty=%s" % (own_group, holds_tty), flush=True)
 while n[0] == 0:
     time.sleep(0.01)
 time.sleep(0.5)  # a duplicate (forwarded) SIGINT lands within microseconds of the first
@@ -93,6 +99,19 @@ def _read_until(fd: int, needle: bytes, sink: list[bytes], timeout: float = 60.0
             break
         if not chunk:
             break
+        sink.append(chunk)
+
+
+def _read_line(fd: int, prefix: bytes, sink: list[bytes], timeout: float = 60.0) -> bytes:
+    """The first whole line of the pty's output that starts with prefix."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in b"".join(sink).split(b"\n")[:-1]:
+            if line.startswith(prefix):
+                return line.rstrip(b"\r")
+        assert time.monotonic() < deadline, b"".join(sink).decode(errors="replace")
+        chunk = os.read(fd, 4096)
+        assert chunk, b"".join(sink).decode(errors="replace")
         sink.append(chunk)
 
 
@@ -125,7 +144,7 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_once(tmp_path: Path) -> None:
     p, master = _on_pty(tmp_path, count)
     out: list[bytes] = []
     try:
-        _read_until(master, b"ready", out)
+        assert _read_line(master, b"ready", out) == b"ready own_group=True holds_tty=True"
         os.write(master, b"\x03")  # the terminal's VINTR: SIGINT to its foreground process group
         drain = threading.Thread(target=_read_until, args=(master, b"\0never", out), daemon=True)
         drain.start()
@@ -209,7 +228,7 @@ def test_sigint_to_launch_reaches_cmd_once(tmp_path: Path, to_group: bool) -> No
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                          env=launch_env(tmp_path))
     assert p.stdout is not None
-    assert p.stdout.readline().strip() == b"ready"
+    assert p.stdout.readline().strip() == b"ready own_group=True holds_tty=False"
     if to_group:
         os.killpg(p.pid, signal.SIGINT)
     else:
