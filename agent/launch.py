@@ -158,6 +158,33 @@ class Private:
             self.lock_fd = -1
 
 
+def config_flags(opts: LaunchOptions, path: str, private: Private) -> dict[str, Any]:
+    """What launch sets over the environment's configuration."""
+    return {
+        "agent.socket": private.sock,
+        "agent.socket_mode": 0o600,
+        "agent.spool_dir": private.spool,
+        "agent.allowed_uids": [os.getuid()],
+        "agent.allowed_gids": [os.getgid()],
+        "exporters.file.path": path,
+        "exporters.console.enabled": opts.console,
+    }
+
+
+def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None:
+    """Check the configuration before CMD starts, when the environment has any (~30 ms that
+    a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid)."""
+    if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
+        return None
+    from infersight.agent import config as cfg
+
+    try:
+        cfg.load(None, flags=config_flags(opts, path, private))
+    except cfg.ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def foreground_tty() -> int | None:
     """A terminal fd whose foreground process group is launch's, or None."""
     for fd in (0, 1, 2):
@@ -350,6 +377,10 @@ def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
     private = Private()
     child: Child | None = None
     try:
+        bad = config_error(opts, path, private)
+        if bad is not None:
+            err.write("infersight launch: %s\n" % bad)
+            return EXIT_USAGE
         listen_fd = private.listen()
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
@@ -363,7 +394,8 @@ def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
             err.write("infersight: permission denied: %s\n" % cmd[0])
             return EXIT_NOT_EXECUTABLE
         launch_session = import_agent_side()  # CMD runs: now the heavy part
-        return launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        return rc
     finally:
         if child is not None:
             child.restore_tty()

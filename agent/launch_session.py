@@ -31,7 +31,16 @@ from typing import TextIO
 from infersight.agent import config as cfg
 from infersight.agent import extensions
 from infersight.agent.daemon import Agent
-from infersight.agent.launch import EXIT_USAGE, LOCK_NAME, PRIVATE_PREFIX, Child, LaunchOptions, Private, exit_status
+from infersight.agent.launch import (
+    EXIT_USAGE,
+    LOCK_NAME,
+    PRIVATE_PREFIX,
+    Child,
+    LaunchOptions,
+    Private,
+    config_flags,
+    exit_status,
+)
 from infersight.agent.model import ColdStart, Resource, SpanItem
 from infersight.agent.sinks import build_exporters
 
@@ -363,18 +372,7 @@ async def wait_producers_gone(agent: Agent, sock: str, timeout_s: float) -> None
 
 async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child,
                spawn_ns: int, out: TextIO) -> int:
-    conf = cfg.load(
-        None,
-        flags={
-            "agent.socket": private.sock,
-            "agent.socket_mode": 0o600,
-            "agent.spool_dir": private.spool,
-            "agent.allowed_uids": [os.getuid()],
-            "agent.allowed_gids": [os.getgid()],
-            "exporters.file.path": path,
-            "exporters.console.enabled": opts.console,
-        },
-    )
+    conf = cfg.load(None, flags=config_flags(opts, path, private))
     listener = socket.socket(fileno=listen_fd)
     agent = Agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
                   listen_sock=listener, exporter_spool_root=os.path.join(private.path, "exporter-spool"))
@@ -515,5 +513,6 @@ def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child:
         return asyncio.run(_run(opts, path, private, listen_fd, child, spawn_ns, out))
     except cfg.ConfigError as exc:
         out.write("infersight launch: %s\n" % exc)
-        child.stop(opts.flush_timeout_s)  # CMD was started before the config was read
+        # An exporter setting that only the exporters check: CMD had started already.
+        child.stop(opts.flush_timeout_s)
         return EXIT_USAGE

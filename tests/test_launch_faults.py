@@ -369,3 +369,15 @@ def test_foreign_or_open_directories_are_not_replayed(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and "earlier launch" not in r.stderr
     assert planted.exists()
+
+
+def test_config_error_is_a_usage_error_before_cmd(tmp_path: Path) -> None:
+    marker = tmp_path / "cmd-ran"
+    env = launch_env(tmp_path)
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_PROTOCOL="bogus")
+    r = subprocess.run([*CLI, "launch", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
+                        sys.executable, "-c", "open(%r, 'w').write('x')" % str(marker)],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "OTEL_EXPORTER_OTLP_PROTOCOL" in r.stderr
+    assert not marker.exists()
+    assert not list((tmp_path / "t").iterdir()), "the private directory is removed"

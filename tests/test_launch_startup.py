@@ -18,8 +18,8 @@ HEAVY = ("asyncio", "infersight.agent.config", "infersight.agent.daemon", "infer
 
 
 def run_py(code: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
-    env["INFERSIGHT_MEASURE_STORAGE"] = "0"
+    # No INFERSIGHT_*/OTEL_* settings: with any, launch checks the config before CMD starts.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "INFERSIGHT"))}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=cwd,
                           env=env)
 
