@@ -43,6 +43,7 @@ from infersight.agent.launch import (
 )
 from infersight.agent.model import ColdStart, Resource, SpanItem
 from infersight.agent.sinks import build_exporters
+from infersight.agent.spool import DiskSpool
 
 log = logging.getLogger("infersight.launch")
 
@@ -324,7 +325,7 @@ def close_leftovers(leftovers: list[Leftover], out: TextIO) -> None:
                       % (lo.replayed, lo.pid or "?"))
         exporter_items = _exporter_spool_files(lo.path)
         if exporter_items:
-            out.write("infersight: an earlier launch (pid %s) left %d undelivered exporter spool file(s) in %s\n"
+            out.write("infersight: an earlier launch (pid %s) left %d undelivered exporter item(s) in %s\n"
                       % (lo.pid or "?", exporter_items, os.path.join(lo.path, "exporter-spool")))
         if not left and not exporter_items:
             shutil.rmtree(lo.path, ignore_errors=True)
@@ -335,9 +336,20 @@ def close_leftovers(leftovers: list[Leftover], out: TextIO) -> None:
 
 
 def _exporter_spool_files(path: str) -> int:
+    """Items an earlier launch's exporters had spooled and not delivered."""
+    root = os.path.join(path, "exporter-spool")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
     n = 0
-    for dirpath, _dirs, files in os.walk(os.path.join(path, "exporter-spool")):
-        n += sum(1 for f in files if f.endswith(".seg") and os.path.getsize(os.path.join(dirpath, f)) > 0)
+    for name in names:
+        d = os.path.join(root, name)
+        if os.path.isdir(d) and not os.path.islink(d):
+            try:
+                n += DiskSpool(d).items
+            except (OSError, ValueError):
+                continue
     return n
 
 
