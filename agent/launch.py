@@ -185,15 +185,15 @@ def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None
     return None
 
 
-def foreground_tty() -> int | None:
-    """A terminal fd whose foreground process group is launch's, or None."""
+def controlling_tty() -> tuple[int | None, bool]:
+    """(a fd on launch's controlling terminal or None, whether launch is its foreground group)."""
     for fd in (0, 1, 2):
         try:
-            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
-                return fd
-        except OSError:
+            if os.isatty(fd):
+                return fd, os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:  # a terminal, but not our controlling one
             continue
-    return None
+    return None, False
 
 
 def _pdeathsig_setter() -> Callable[[], None] | None:
@@ -214,6 +214,8 @@ def _pdeathsig_setter() -> Callable[[], None] | None:
 
 
 def _preexec(parent: int, tty: int | None, pdeathsig: Callable[[], None] | None) -> Callable[[], None]:
+    """In CMD before exec: its own group; the terminal, if launch is its foreground (tty set)."""
+
     def run_in_child() -> None:
         os.setpgid(0, 0)
         if tty is not None:
@@ -261,7 +263,8 @@ class Child:
             if pid == 0:
                 return None
             if os.WIFSTOPPED(status):
-                self._stopped()
+                if self.tty is not None:  # job control: mirror the stop to the shell
+                    self._stopped()
                 continue
             self.returncode = os.waitstatus_to_exitcode(status)
             self.popen.returncode = self.returncode
@@ -279,19 +282,25 @@ class Child:
         self.restore_tty()
 
     def _stopped(self) -> None:
-        """Ctrl-Z stopped CMD: stop launch too, so the shell sees its job stopped; resume both."""
+        """CMD stopped (Ctrl-Z, or a background read of the terminal): stop launch too, so that
+        the shell sees its job stopped. The shell's fg/bg sends launch SIGCONT: :meth:`resume`."""
         self.restore_tty()
-        os.kill(os.getpid(), signal.SIGTSTP)  # returns at SIGCONT (fg or bg)
+        os.kill(os.getpid(), signal.SIGTSTP)  # returns at SIGCONT; at once in an orphaned group
+        self.resume()
+
+    def resume(self) -> None:
+        """launch was continued: give CMD the terminal if launch has it (fg), and continue CMD."""
         if self.tty is not None:
             try:
-                if os.tcgetpgrp(self.tty) == os.getpgrp():  # resumed in the foreground
+                if os.tcgetpgrp(self.tty) == os.getpgrp():
                     os.tcsetpgrp(self.tty, self.pid)
             except OSError:
                 pass
-        try:
-            os.killpg(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def restore_tty(self) -> None:
         """Give the terminal back to launch's group, if CMD has it (SIGTTOU is ignored by then)."""
@@ -308,9 +317,10 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     """Start CMD in its own process group (the terminal's foreground one), with a parent-death signal."""
     import subprocess
 
-    tty = foreground_tty()
+    tty, foreground = controlling_tty()
+    preexec = _preexec(os.getpid(), tty if foreground else None, _pdeathsig_setter())
     # preexec_fn is safe here: launch has started no thread yet.
-    popen = subprocess.Popen(cmd, env=env, preexec_fn=_preexec(os.getpid(), tty, _pdeathsig_setter()))  # noqa: PLW1509
+    popen = subprocess.Popen(cmd, env=env, preexec_fn=preexec)  # noqa: PLW1509
     child = Child(popen, tty)
     # From here on, signals to launch go to CMD once; launch may write to the terminal
     # while CMD holds it (TOSTOP) and give it back at the end.
@@ -318,6 +328,7 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
         signal.signal(sig, lambda signum, _frame: child.forward(signum))
     if tty is not None:
         signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        signal.signal(signal.SIGCONT, lambda _signum, _frame: child.resume())
     return child
 
 

@@ -162,15 +162,18 @@ def test_ctrl_c_on_a_terminal_reaches_cmd_once(tmp_path: Path) -> None:
 MINI_SHELL = r"""
 import os, signal, sys
 signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+foreground = sys.argv.pop(1) == "fg"
 pid = os.fork()
 if pid == 0:
     os.setpgid(0, 0)
-    os.tcsetpgrp(0, os.getpid())
+    if foreground:
+        os.tcsetpgrp(0, os.getpid())
     signal.signal(signal.SIGTTOU, signal.SIG_DFL)
     os.execv(sys.argv[1], sys.argv[1:])
 try:
     os.setpgid(pid, pid)
-    os.tcsetpgrp(0, pid)
+    if foreground:
+        os.tcsetpgrp(0, pid)
 except OSError:
     pass
 while True:
@@ -192,7 +195,7 @@ def test_ctrl_z_stops_the_job_and_fg_resumes_it(tmp_path: Path) -> None:
     sees its job stopped); fg resumes both, and CMD has the terminal again."""
     count = tmp_path / "count"
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, *CLI, "launch", "--no-console", "--otlp-file",
+    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, "fg", *CLI, "launch", "--no-console", "--otlp-file",
                           str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", COUNT_SIGINT, str(count)],
                          stdin=slave, stdout=slave, stderr=slave,
                          preexec_fn=_controlling_tty,  # noqa: PLW1509 - no threads yet
@@ -217,6 +220,36 @@ def test_ctrl_z_stops_the_job_and_fg_resumes_it(tmp_path: Path) -> None:
         os.close(master)
     assert rc == 0 and b"SHELL: job exited 0" in b"".join(out), b"".join(out).decode(errors="replace")
     assert count.read_text() == "1"
+
+
+def test_background_job_that_reads_the_terminal_stops_and_fg_resumes_it(tmp_path: Path) -> None:
+    """launch started in the background (cmd &): CMD's read of the terminal stops it, launch
+    stops with it so the shell sees the job stopped, and fg hands CMD the terminal."""
+    master, slave = pty.openpty()
+    reader = "import sys; print('got', sys.stdin.readline().strip(), flush=True)"
+    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, "bg", *CLI, "launch", "--no-console", "--otlp-file",
+                          str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", reader],
+                         stdin=slave, stdout=slave, stderr=slave,
+                         preexec_fn=_controlling_tty,  # noqa: PLW1509 - no threads yet
+                         env=launch_env(tmp_path))
+    os.close(slave)
+    out: list[bytes] = []
+    try:
+        _read_until(master, b"SHELL: job stopped", out)
+        launch_pid = int(Path("/proc/%d/task/%d/children" % (p.pid, p.pid)).read_text().split()[0])
+        cmd_pid = int(Path("/proc/%d/task/%d/children" % (launch_pid, launch_pid)).read_text().split()[0])
+        assert _proc_state(cmd_pid) == "T"
+        os.write(master, b"fg\n")
+        assert wait_for(lambda: _proc_state(cmd_pid) not in ("T", "gone"), 20)
+        os.write(master, b"hello\n")
+        _read_until(master, b"SHELL: job exited", out)
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+    text = b"".join(out).decode(errors="replace")
+    assert rc == 0 and "got hello" in text and "SHELL: job exited 0" in text, text
 
 
 @pytest.mark.parametrize("to_group", [False, True], ids=["to-launch", "to-launch-group"])
