@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -152,3 +153,38 @@ def test_evict_flag_order(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == ["-c", "arg"]
     assert "evicted 2 file(s)" in r.stderr
+
+
+async def test_hooks_that_connect_before_the_agent_is_up_lose_nothing(tmp_path: Path) -> None:
+    """launch listens before it spawns CMD, and starts its agent later. A producer that
+    connects meanwhile waits in the backlog; if it gives up (2 s) it spools and exits; the
+    agent, once up, takes the stale connection and replays the spool: every event, once."""
+    import socket
+
+    from conftest import hook_env, log_records, wait_for
+
+    from infersight.agent import config as cfg
+    from infersight.agent.daemon import Agent
+    from infersight.agent.sinks import build_exporters
+
+    sock, spool, out = tmp_path / "agent.sock", tmp_path / "spool", tmp_path / "o.jsonl"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock))
+    listener.listen(128)
+    code = "from infersight import hooks\nfor i in range(500):\n    hooks.log('e%d' % i)\n"
+    r = subprocess.run([sys.executable, "-c", code], env=hook_env(sock, spool), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert list(spool.iterdir()), "the producer spooled (its hello was never answered)"
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
+                                         "exporters.file.path": str(out), "agent.allowed_uids": [os.getuid()]})
+    agent = Agent(conf, build_exporters(conf, env={}), embedded=True, listen_sock=listener,
+                  exporter_spool_root=str(tmp_path / "xspool"))
+    await agent.start()
+    try:
+        assert await asyncio.to_thread(wait_for, lambda: not list(spool.iterdir()), 20)
+    finally:
+        await agent.shutdown(10)
+    got = [rec["body"]["stringValue"] for rec in log_records(read_otlp_lines(out))]
+    assert sorted(got) == sorted("e%d" % i for i in range(500))
+    assert agent.health()["lost"] == 0
