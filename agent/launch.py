@@ -385,14 +385,22 @@ def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
         for line in pagecache.describe(evicted):
             err.write("infersight: %s\n" % line)
         err.flush()
-    private = Private()
+    try:
+        private = Private()
+    except OSError as exc:
+        err.write("infersight launch: cannot make a private directory in %s: %s\n" % (temp_root(), exc))
+        return EXIT_USAGE
     child: Child | None = None
     try:
         bad = config_error(opts, path, private)
         if bad is not None:
             err.write("infersight launch: %s\n" % bad)
             return EXIT_USAGE
-        listen_fd = private.listen()
+        try:
+            listen_fd = private.listen()
+        except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
+            err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
+            return EXIT_USAGE
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
         env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)

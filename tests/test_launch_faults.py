@@ -414,3 +414,17 @@ def test_config_error_is_a_usage_error_before_cmd(tmp_path: Path) -> None:
     assert r.returncode == 2 and "OTEL_EXPORTER_OTLP_PROTOCOL" in r.stderr
     assert not marker.exists()
     assert not list((tmp_path / "t").iterdir()), "the private directory is removed"
+
+
+@pytest.mark.parametrize("case", ["missing", "too-long"])
+def test_unusable_tmpdir_is_a_usage_error_before_cmd(tmp_path: Path, case: str) -> None:
+    marker = tmp_path / "cmd-ran"
+    env = launch_env(tmp_path)
+    env["TMPDIR"] = str(tmp_path / "nope") if case == "missing" else str(tmp_path / ("d" * 100))
+    if case == "too-long":
+        Path(env["TMPDIR"]).mkdir()
+    r = subprocess.run([*CLI, "launch", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
+                        sys.executable, "-c", "open(%r, 'w').write('x')" % str(marker)],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "infersight launch: cannot" in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists()
