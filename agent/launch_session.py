@@ -45,8 +45,6 @@ from infersight.agent.model import ColdStart, Resource, SpanItem
 from infersight.agent.sinks import build_exporters
 from infersight.agent.spool import DiskSpool
 
-log = logging.getLogger("infersight.launch")
-
 
 @dataclass
 class ProbeResult:
