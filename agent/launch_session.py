@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import http.client
 import json
 import logging
 import os
@@ -69,6 +68,8 @@ class Readiness:
 def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
     """GET url; time the response headers and the first body byte (blocking; run in a thread)."""
     r = ProbeResult(url)
+    import http.client  # only with --ready-url/--probe (~15 ms that a plain launch does not pay)
+
     u = urllib.parse.urlsplit(url)
     conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
