@@ -131,8 +131,9 @@ def human(n: int) -> str:
 def describe(ev: Eviction) -> list[str]:
     line = "evicted %d file(s), %s, from the page cache" % (ev.files, human(ev.bytes))
     if ev.resident_before >= 0 and ev.pages:
-        line += " (resident before: %.0f%%, after: %.0f%%)" % (100.0 * ev.resident_before / ev.pages,
-                                                              100.0 * ev.resident_after / ev.pages)
+        line += " (resident before: %d of %d pages, %.0f%%; after: %d, %.0f%%)" % (
+            ev.resident_before, ev.pages, 100.0 * ev.resident_before / ev.pages,
+            ev.resident_after, 100.0 * ev.resident_after / ev.pages)
     lines = [line]
     if ev.still_resident:
         shown = ", ".join(ev.still_resident[:3]) + (" ..." if len(ev.still_resident) > 3 else "")
