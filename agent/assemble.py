@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infersight import __version__
+from infersight.agent.coldstart_metrics import ColdStartMetrics
 from infersight.agent.model import (
     Attributes,
     AttrValue,
@@ -37,6 +38,9 @@ MAX_PRODUCERS = 4096
 MAX_PENDING_SPANS = 4096
 MAX_STR = 4096
 MAX_ATTRS = 128
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_EVENTS_PER_SPAN = 128
+DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
 
@@ -58,11 +62,25 @@ class Producer:
     # Span events derived in the agent (an OOM verdict, say) for a span not yet ended.
     span_events: dict[str, list[SpanEvent]] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)  # per-producer state of kind handlers
+    # Cold-start bookkeeping: stage spans wait in ``pending`` (bounded by bytes) for the root.
+    pending_bytes: int = 0
+    pending_dropped: int = 0  # stage spans not kept for the summary (bound reached)
+    stages_seen: int = 0
+    root_closed: bool = False
+    last_ns: int = 0  # the latest event time seen
+    gone: bool = False  # the process has ended; its pending state was freed
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
-        if span_id and len(self.span_events) < MAX_PENDING_SPANS:
-            self.span_events.setdefault(span_id, []).append(event)
+        if not span_id or (self.root_closed and span_id == self.info.get("root_span_id")):
+            return  # that span has ended already: the event stays a log record only
+        evs = self.span_events.get(span_id)
+        if evs is None:
+            if len(self.span_events) >= MAX_PENDING_SPANS:
+                return
+            evs = self.span_events[span_id] = []
+        if len(evs) < MAX_EVENTS_PER_SPAN:
+            evs.append(event)
 
 
 def _s(v: Any, name: str, limit: int = MAX_STR) -> str:
@@ -72,21 +90,29 @@ def _s(v: Any, name: str, limit: int = MAX_STR) -> str:
 
 
 def _i(v: Any, name: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise Malformed("%s must be a non-negative integer" % name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > INT64_MAX:
+        raise Malformed("%s must be a non-negative 64-bit integer" % name)
     return v
 
 
+def _int64(x: Any) -> bool:
+    return type(x) is int and INT64_MIN <= x <= INT64_MAX
+
+
 def _attr_value(v: Any) -> AttrValue:
+    if type(v) is int and not _int64(v):
+        return str(v)  # OTLP integers are int64: keep the digits as a string
     if isinstance(v, (str, bool, int, float)):
         return v[:MAX_STR] if isinstance(v, str) else v
     if isinstance(v, list) and v and len(v) <= 256:
         if all(isinstance(x, str) for x in v):
             return [x[:MAX_STR] for x in v]
         if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            return list(v)
+            return list(v) if all(_int64(x) for x in v) else [str(x) for x in v]
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return [float(x) for x in v]
+            if all(isinstance(x, float) or _int64(x) for x in v):
+                return [float(x) for x in v]
+            return [str(x) for x in v]
     return str(v)[:MAX_STR]
 
 
@@ -101,6 +127,8 @@ def attributes(v: Any) -> Attributes:
     # Fast path (the common case): short keys and scalar or short string values, as decoded.
     for k, x in v.items():
         if len(k) > 256 or not (type(x) in _SCALARS or (type(x) is str and len(x) <= MAX_STR)):
+            break
+        if type(x) is int and not INT64_MIN <= x <= INT64_MAX:
             break
     else:
         return v  # type: ignore[no-any-return]
@@ -189,6 +217,24 @@ def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
     return total
 
 
+def _value_bytes(v: Any) -> int:
+    if isinstance(v, str):
+        return 49 + len(v)
+    if isinstance(v, list):
+        return 56 + sum(8 + _value_bytes(x) for x in v)
+    return 32
+
+
+def span_bytes(s: SpanItem) -> int:
+    """About what a span holds in memory (strings, attributes, events): for byte bounds."""
+    n = 400 + len(s.name) + len(s.error or "")
+    for k, v in s.attributes.items():
+        n += 100 + len(k) + _value_bytes(v)
+    for e in s.events:
+        n += 150 + len(e.name) + sum(100 + len(k) + _value_bytes(v) for k, v in e.attributes.items())
+    return n
+
+
 def descendants(root_id: str, spans: list[SpanItem]) -> list[SpanItem]:
     by_parent: dict[str | None, list[SpanItem]] = {}
     for s in spans:
@@ -210,12 +256,22 @@ KindHandler = Callable[[Producer, Origin, int, dict[str, Any], list[Item]], None
 class Assembler:
     """Owns the producers this agent has seen and turns their events into items."""
 
-    def __init__(self, host_name: str | None = None, handlers: dict[str, KindHandler] | None = None) -> None:
+    def __init__(
+        self,
+        host_name: str | None = None,
+        handlers: dict[str, KindHandler] | None = None,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    ) -> None:
         self.host_name = host_name
         self.handlers: dict[str, KindHandler] = dict(handlers or {})
         self.producers: OrderedDict[str, Producer] = OrderedDict()
+        self.max_pending_bytes = max_pending_bytes
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
+        self.coldstart_metrics = ColdStartMetrics()  # per service, across producers
+        self.gaps_forgotten_of_forgotten = 0
+        self.pending_dropped_of_forgotten = 0
+        self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
 
     def hello(self, raw: Any) -> Producer:
         info = validate_hello(raw)
@@ -227,8 +283,11 @@ class Assembler:
             if len(self.producers) > MAX_PRODUCERS:
                 _old_id, old = self.producers.popitem(last=False)
                 self.lost_of_forgotten += old.seq.lost
+                self.gaps_forgotten_of_forgotten += old.seq.gaps_forgotten
+                self.pending_dropped_of_forgotten += old.pending_dropped + len(old.pending)
         else:
             self.producers.move_to_end(p.id)
+            p.gone = False
         return p
 
     def events(self, p: Producer, raw_events: Any) -> list[Item]:
@@ -251,8 +310,10 @@ class Assembler:
                     tracker.next_expected = seq + 1
                 elif not tracker.observe(seq):
                     continue  # duplicate after a resend
-                if type(t_ns) is not int or t_ns < 0:
+                if type(t_ns) is not int or t_ns < 0 or t_ns > INT64_MAX:
                     raise Malformed("t_ns must be a non-negative integer")
+                if t_ns > p.last_ns:  # noqa: PLR1730 - hot loop: a compare beats a call
+                    p.last_ns = t_ns
                 if type(data) is not dict:
                     raise Malformed("data must be an object")
                 self._event(p, Origin(p.id, seq), t_ns, kind, data, items)
@@ -335,20 +396,118 @@ class Assembler:
             str(err)[:MAX_STR] if err is not None else None, origin,
         )
         if name == "coldstart":
-            stages = descendants(span_id, p.pending)
-            covered = union_ns([(s.start_ns, s.end_ns) for s in stages], start, end)
-            span.attributes["infersight.coldstart.unattributed_s"] = (end - start - covered) / 1e9
-            span.attributes.setdefault("faas.coldstart", True)
-            done = {s.span_id for s in stages}
-            p.pending = [s for s in p.pending if s.span_id not in done]
-            out.append(span)
-            out.append(ColdStart(span, sorted(stages, key=lambda s: s.start_ns)))
+            if span_id == p.info.get("root_span_id"):
+                p.root_closed = True
+            self._close_root(p, span, out, t_ns=t_ns)
             return
         if name.startswith("coldstart."):
-            p.pending.append(span)
-            if len(p.pending) > MAX_PENDING_SPANS:
-                del p.pending[0]
+            p.last_ns = max(p.last_ns, end)
+            p.stages_seen += 1
+            self._keep_pending(p, span)
         out.append(span)
+
+    def _close_root(
+        self, p: Producer, root: SpanItem, out: list[Item], stages: list[SpanItem] | None = None,
+        *, t_ns: int | None = None,
+    ) -> None:
+        """Export ``root``, the cold-start summary of the stages under it, and its fleet metrics."""
+        if stages is None:
+            stages = descendants(root.span_id, p.pending)
+        # An explicit ``unattributed`` span explains a gap; it never counts as covered.
+        named = [s for s in stages if s.attributes.get("infersight.stage") != "unattributed"]
+        covered = union_ns([(s.start_ns, s.end_ns) for s in named], root.start_ns, root.end_ns)
+        root.attributes["infersight.coldstart.unattributed_s"] = (root.end_ns - root.start_ns - covered) / 1e9
+        root.attributes.setdefault("faas.coldstart", True)
+        done = {s.span_id for s in stages}
+        p.pending = [s for s in p.pending if s.span_id not in done]
+        p.pending_bytes = sum(span_bytes(s) for s in p.pending)
+        out.append(root)
+        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns))
+        out.append(cs)
+        out.extend(self.coldstart_metrics.observe(cs, root.end_ns if t_ns is None else t_ns))
+
+    def _keep_pending(self, p: Producer, span: SpanItem) -> None:
+        """Keep a stage span for its root's summary, within the per-producer byte bound:
+        the oldest pending spans give way (counted); the span itself is exported anyway."""
+        size = span_bytes(span)
+        p.pending.append(span)
+        p.pending_bytes += size
+        drop, n = 0, len(p.pending)
+        while drop < n and (p.pending_bytes > self.max_pending_bytes or n - drop > MAX_PENDING_SPANS):
+            p.pending_bytes -= span_bytes(p.pending[drop])
+            drop += 1
+        if drop:
+            del p.pending[:drop]
+            p.pending_dropped += drop
+
+    def producer_lost(self, p: Producer) -> list[Item]:
+        """The producer's process has ended. If it sent cold-start stages but never its root
+        (killed before its exit handlers ran), close the root here: ended at the last event
+        seen, ``infersight.coldstart.ended_by=producer_lost``; a stage still open then (seen
+        only as the missing parent of a stage that ended) is closed with it. Then free the
+        producer's pending state. Returns the items to export."""
+        out: list[Item] = []
+        if p.gone:
+            return out
+        p.gone = True
+        root_id = p.info.get("root_span_id")
+        if p.stages_seen and not p.root_closed and isinstance(root_id, str):
+            p.root_closed = True
+            self.roots_closed_for_lost += 1
+            end = max(p.last_ns, int(p.info["start_ns"]))
+            attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.ended_by": "producer_lost"}
+            parent = p.info.get("root_parent")
+            root = SpanItem(p.resource, p.info["trace_id"], root_id,
+                            parent if isinstance(parent, str) and HEX16.match(parent) else None,
+                            "coldstart", int(p.info["start_ns"]), end, attrs,
+                            p.span_events.pop(root_id, []), None, Origin(p.id, 0))
+            stages = self._close_open_stages(p, root, out)
+            self._close_root(p, root, out, stages)
+        p.pending_dropped += len(p.pending)  # stages of a root that never comes
+        p.pending = []
+        p.pending_bytes = 0
+        p.span_events = {}
+        return out
+
+    @staticmethod
+    def _close_open_stages(p: Producer, root: SpanItem, out: list[Item]) -> list[SpanItem]:
+        """Stages under ``root``, plus a closed stand-in for every stage that was still open:
+        the missing parent of a stage that ended (its name was never sent)."""
+        known = {s.span_id for s in p.pending} | {root.span_id}
+        children: dict[str, list[SpanItem]] = {}
+        for s in p.pending:
+            if s.parent_span_id is not None and s.parent_span_id not in known:
+                children.setdefault(s.parent_span_id, []).append(s)
+        stages = list(p.pending)
+        for span_id, kids in children.items():
+            stand_in = SpanItem(
+                p.resource, root.trace_id, span_id, root.span_id, "coldstart.interrupted",
+                min(k.start_ns for k in kids), root.end_ns,
+                {"infersight.stage": "interrupted", "infersight.coldstart.ended_by": "producer_lost"},
+                p.span_events.pop(span_id, []), "the process ended inside this stage", Origin(p.id, 0),
+            )
+            out.append(stand_in)
+            stages.append(stand_in)
+        return stages
 
     def lost_total(self) -> int:
         return self.lost_of_forgotten + sum(p.seq.lost for p in self.producers.values())
+
+    def gaps_forgotten_total(self) -> int:
+        return self.gaps_forgotten_of_forgotten + sum(p.seq.gaps_forgotten for p in self.producers.values())
+
+    def pending_dropped_total(self) -> int:
+        return self.pending_dropped_of_forgotten + sum(p.pending_dropped for p in self.producers.values())
+
+    def pending_bytes_total(self) -> int:
+        return sum(p.pending_bytes for p in self.producers.values())
+
+    def stats(self) -> dict[str, int]:
+        """For ``infersight status --json`` and the agent's own metrics."""
+        return {
+            "producers": len(self.producers),
+            "pending_bytes": self.pending_bytes_total(),
+            "pending_stages_dropped": self.pending_dropped_total(),
+            "coldstart_roots_closed_for_lost": self.roots_closed_for_lost,
+            "gaps_forgotten": self.gaps_forgotten_total(),
+        }

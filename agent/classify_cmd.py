@@ -183,6 +183,8 @@ def _snapshot_json(s: SnapshotSummary, sv: SnapshotVerdict | None) -> dict[str, 
         "inactive_split_bytes": s.inactive_split_bytes,
         "fragmentation_ratio": round(s.fragmentation_ratio, 6),
         "expandable_segments": s.expandable_segments,
+        "blocks": s.blocks,
+        "truncated": s.truncated,
         "pools": [
             {
                 "pool": p.name,
@@ -218,6 +220,8 @@ def _print_snapshot(s: SnapshotSummary, sv: SnapshotVerdict | None, as_json: boo
         print(json.dumps(_snapshot_json(s, sv)), file=out)
         return
     print(f"Snapshot: {s.segments} segments", file=out)
+    if s.truncated:
+        print(f"  TRUNCATED: summarised the first {s.segments} segments and {s.blocks} blocks only", file=out)
     print(
         f"  reserved {human_bytes(s.reserved_bytes)}, allocated {human_bytes(s.allocated_bytes)}"
         f", free in cache {human_bytes(s.free_bytes)}, inactive split "

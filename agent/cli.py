@@ -57,7 +57,11 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(_serve(conf, exporters))
+    try:
+        return asyncio.run(_serve(conf, exporters))
+    except cfg.ConfigError as exc:  # found at start, e.g. an unsafe socket directory
+        sys.stderr.write("infersight agent: %s\n" % exc)
+        return EXIT_USAGE
 
 
 async def _serve(conf: cfg.Config, exporters: list[Exporter]) -> int:
@@ -138,7 +142,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from infersight.agent.show import show_file
 
-    return show_file(args.path, sys.stdout)
+    return show_file(args.path, sys.stdout, args.format, sys.stderr)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from infersight.agent.report import run_report
+
+    return run_report(args.paths, args.output, sys.stdout, sys.stderr)
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
@@ -190,9 +200,19 @@ def _add_status(sub: Any) -> argparse.ArgumentParser:
 
 def _add_show(sub: Any) -> argparse.ArgumentParser:
     shp: argparse.ArgumentParser = sub.add_parser("show", help=_help("show"))
+    shp.add_argument("--format", choices=("text", "json", "chrome-trace"), default="text",
+                     help="text (default), json (the waterfall for scripts) or chrome-trace (Perfetto)")
     shp.add_argument("path", metavar="FILE")
     shp.set_defaults(func=_cmd_show)
     return shp
+
+
+def _add_report(sub: Any) -> argparse.ArgumentParser:
+    rp: argparse.ArgumentParser = sub.add_parser("report", help=_help("report"))
+    rp.add_argument("-o", "--output", metavar="PATH", help="output file (default: the first FILE with .html)")
+    rp.add_argument("paths", nargs="+", metavar="FILE")
+    rp.set_defaults(func=_cmd_report)
+    return rp
 
 
 def _add_hooks(sub: Any) -> argparse.ArgumentParser:
@@ -217,6 +237,7 @@ COMMANDS: list[tuple[str, str, Callable[[Any], argparse.ArgumentParser] | str]] 
     ("agent", "run the daemon", _add_agent),
     ("status", "ask a running agent for its health (exit 0 if healthy)", _add_status),
     ("show", "print the cold-start waterfall from an OTLP JSON file", _add_show),
+    ("report", "write one self-contained HTML page: cold start, memory, devices, OOMs", _add_report),
     ("hooks", "install or remove the .pth bootstrap in an interpreter", _add_hooks),
     ("doctor", "check what works on this host, with fixes", _add_doctor),
     ("classify", "classify CUDA/HIP/XPU out-of-memory messages: capacity, fragmentation, reservation conflict",

@@ -77,6 +77,7 @@ SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
 # UCUM -> Prometheus unit words (the OTel collector's translator table, for the units used here).
 _PROM_UNITS = {"By": "bytes", "s": "seconds", "MHz": "megahertz", "W": "watts", "Cel": "celsius"}
+_PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
 
 
 def prometheus_name(spec: MetricSpec) -> str:
@@ -84,6 +85,19 @@ def prometheus_name(spec: MetricSpec) -> str:
     gauges only, ``{...}`` units dropped, ``_total`` for monotonic sums."""
     name = re.sub(r"[^a-zA-Z0-9_:]", "_", spec.name)
     unit = spec.unit
+    if "/" in unit:
+        # A rate unit, as the Collector translates it: ``By/s`` -> ``_bytes`` (unless the name
+        # already has that word) and ``_per_second`` (likewise); ``{request}/s`` -> ``_per_second``.
+        main, _, per = unit.partition("/")
+        words = name.split("_")
+        skip = main in ("", "1") or main.startswith("{")
+        main_word = "" if skip else _PROM_UNITS.get(main, re.sub(r"[^a-zA-Z0-9]", "", main))
+        if main_word and main_word not in words:
+            name += "_" + main_word
+        per_word = _PER_UNITS.get(per, re.sub(r"[^a-zA-Z0-9]", "", per))
+        if per_word and per_word not in words:
+            name += "_per_" + per_word
+        return name + ("_total" if spec.kind == "sum" and spec.monotonic else "")
     if unit == "1":
         suffix = "ratio" if spec.kind == "gauge" else ""
     elif unit.startswith("{") or not unit:

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from infersight.agent import config as cfg
 from infersight.agent.config import parse_bool as _flag
@@ -40,6 +40,7 @@ from infersight.agent.nvml import DeviceEvent, DeviceSample, HwState, Nvml, Nvml
 from infersight.agent.requests_kind import KIND, NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 COEFFICIENT = "infersight.device.coefficient"
@@ -227,6 +228,7 @@ class DeviceJob:
             "devices": st.device_count if st is not None else 0,
             "xid_watcher": bool(self.watcher is not None and self.watcher.running),
             "slow_devices": sorted(k for k, v in self.states.items() if v == "degraded"),
+            "slow_coefficient": self.thresholds.slow_coefficient,  # which device rules are in force
         }
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -297,6 +299,12 @@ class DeviceJob:
         with self._nvml_lock:
             return [] if self._closed else self.nvml.sample_all()
 
+    def nvml_call(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` (NVML reads, in a worker thread) under the lock that keeps sampling and
+        nvmlShutdown apart; None once NVML is shut down."""
+        with self._nvml_lock:
+            return None if self._closed else fn()
+
     def _close_nvml(self) -> None:
         assert self.nvml is not None
         with self._nvml_lock:
@@ -320,6 +328,8 @@ class DeviceJob:
         items += device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
         items += coefficients
         items += self.requests.collect(now_ns, everything=evaluate_now)
+        if evaluate_now:
+            items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
         if items:
             agent.router.publish(items)
         return items
@@ -463,9 +473,14 @@ def install(agent: Any, config: cfg.Config, env: Mapping[str, str] | None = None
     agent.on_shutdown.append(job.aclose)
     _add_health(agent, job)
 
-    def reload(new: cfg.Config) -> None:
-        nc = parse_config(new, env)
-        job.thresholds = load_thresholds(nc.rules)  # raises before anything changes
+    def reload(new: cfg.Config) -> Callable[[], None]:
+        """Validate (raises); the agent applies the returned swap once every part is valid."""
+        thresholds = load_thresholds(parse_config(new, env).rules)
+
+        def commit() -> None:
+            job.thresholds = thresholds
+
+        return commit
 
     agent.reloaders.append(reload)
     return job
@@ -479,6 +494,7 @@ def _add_health(agent: Any, job: DeviceJob) -> None:
     def health() -> dict[str, Any]:
         h = base()
         h.setdefault("nvml", job.health())
+        h.setdefault("requests", job.requests.stats())
         return h
 
     agent.health = health

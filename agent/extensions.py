@@ -17,6 +17,19 @@ def validate(conf: cfg.Config) -> None:
     devices_job.validate(conf)
 
 
+def validate_exporters(conf: cfg.Config) -> None:
+    """The exporters' own sections (MQTT, Prometheus): raise ConfigError naming the key.
+    A reload checks them so that a file the next restart would refuse is refused now."""
+    import os
+
+    from infersight.exporters.mqtt import MQTT_KEYS
+    from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
+
+    cfg.section_settings(conf, "exporters.mqtt.", MQTT_KEYS, os.environ)
+    cfg.section_settings(conf, "exporters.prometheus.", PROMETHEUS_KEYS, os.environ)
+
+
 def install(agent: Agent, conf: cfg.Config) -> None:
     job = devices_job.install(agent, conf)
-    oom_kind.install(agent, conf, nvml=job.nvml)
+    oom_kind.install(agent, conf, nvml=job.nvml, nvml_guard=job.nvml_call)
+    agent.reloaders.append(validate_exporters)  # nothing to swap: a restart applies them

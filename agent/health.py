@@ -26,6 +26,9 @@ class Counters:
     spool_files_refused: int = 0
     reloads: int = 0
     reload_failures: int = 0
+    over_capacity: int = 0  # connections closed at the connection limit
+    idle_closed: int = 0  # producer connections closed after the idle timeout
+    accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -71,6 +74,7 @@ def health_metrics(
     cpu_s: float,
     rss: int,
     nvml_reason: str | None = None,
+    assembler: dict[str, int] | None = None,
 ) -> list[MetricItem]:
     now = time.time_ns()
 
@@ -101,9 +105,30 @@ def health_metrics(
         m("infersight.agent.reloads", "sum", "{reload}", "Config and rule reloads",
           [NumberPoint(c.reloads, _attr("infersight.result", "ok")),
            NumberPoint(c.reload_failures, _attr("infersight.result", "failed"))]),
+        m("infersight.agent.connections.closed", "sum", "{connection}",
+          "Connections the agent closed: at the connection limit, idle producers",
+          [NumberPoint(c.over_capacity, _attr("infersight.reason", "over_capacity")),
+           NumberPoint(c.idle_closed, _attr("infersight.reason", "idle"))]),
+        m("infersight.agent.accept.errors", "sum", "{error}", "accept() failures (EMFILE: out of descriptors)",
+          [NumberPoint(c.accept_errors)]),
         m("process.cpu.time", "sum", "s", "Agent CPU time", [NumberPoint(cpu_s)]),
         m("process.memory.usage", "gauge", "By", "Agent resident memory", [NumberPoint(rss)]),
     ]
+    if assembler is not None:
+        out += [
+            m("infersight.events.gaps_forgotten", "sum", "{range}",
+              "Gap ranges merged away to bound memory (a late event there counts as a duplicate)",
+              [NumberPoint(int(assembler.get("gaps_forgotten", 0)))]),
+            m("infersight.coldstart.pending.dropped", "sum", "{span}",
+              "Stage spans not kept for their root's summary (per-producer byte bound, or no root came)",
+              [NumberPoint(int(assembler.get("pending_stages_dropped", 0)))]),
+            m("infersight.coldstart.pending.bytes", "gauge", "By", "Memory held by stage spans awaiting their root",
+              [NumberPoint(int(assembler.get("pending_bytes", 0)))]),
+            m("infersight.coldstart.roots_closed", "sum", "{span}",
+              "Cold-start roots the agent closed for a producer that died first",
+              [NumberPoint(int(assembler.get("coldstart_roots_closed_for_lost", 0)),
+                           _attr("infersight.coldstart.ended_by", "producer_lost"))]),
+        ]
     for w in workers:
         attrs = _attr("infersight.exporter", str(w["name"]))
         out += [
@@ -117,6 +142,14 @@ def health_metrics(
               [NumberPoint(int(w["dropped_items"]), attrs)]),
             m("infersight.exporter.exported", "sum", "{item}", "Items an exporter delivered",
               [NumberPoint(int(w["exported_items"]), attrs)]),
+            m("infersight.exporter.rejected", "sum", "{item}",
+              "Items dropped because the peer refused them (for good, or agent.exporter_max_attempts times)",
+              [NumberPoint(int(w.get("rejected_items", 0)), attrs)]),
+            m("infersight.exporter.internal_errors", "sum", "{error}",
+              "Failures of the exporter worker itself (spool I/O, exporter bugs)",
+              [NumberPoint(int(w.get("internal_errors", 0)), attrs)]),
+            m("infersight.exporter.spool.corrupt", "sum", "{record}", "Spool records skipped as unreadable",
+              [NumberPoint(int(w.get("spool_corrupt_records", 0)), attrs)]),
         ]
     if nvml_reason is not None:
         out.append(

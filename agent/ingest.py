@@ -8,10 +8,14 @@ are each counted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
+import resource
+import select
 import socket
+import stat
 import struct
 import time
 from collections import deque
@@ -19,9 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from infersight.agent.assemble import Assembler, Malformed, Producer
+from infersight.agent.config import ConfigError
 from infersight.agent.health import Counters
 from infersight.agent.pipeline import Router
-from infersight.hooks import _wire
+from infersight.hooks import _paths, _wire
 
 log = logging.getLogger("infersight.ingest")
 UCRED = struct.Struct("3i")
@@ -68,6 +73,67 @@ def peer_groups(sock: socket.socket) -> set[int]:
     return set(struct.unpack("%dI" % n, raw[: 4 * n]))
 
 
+class UnsafeSocketDirError(ConfigError):
+    """The socket's directory could be another user's: the agent will not listen there."""
+
+
+def ensure_socket_dir(path: str) -> None:
+    """Make the socket's directory (0750), and where it is a per-user fallback location check
+    the one that is there: a squatted one (e.g. ``/tmp/infersight-<uid>`` made 0777 by another
+    user) would hand every producer's events to whoever listens in it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    owner = _paths.fallback_owner(path)
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+        if owner is not None:
+            _paths.check_socket_dir(directory, owner)
+    except OSError as exc:
+        raise UnsafeSocketDirError("cannot make the socket directory %s: %s" % (directory, exc)) from exc
+    except ValueError as exc:
+        raise UnsafeSocketDirError(
+            "unsafe socket directory: %s. Remove it (or make it a directory of uid %d with mode "
+            "0750 or stricter), or set agent.socket / INFERSIGHT_SOCKET to a path in a directory "
+            "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
+
+
+# Connections beyond the cap that may still ask for ``status`` (each holds a descriptor
+# for at most PROBATION_S); past this, new connections are closed at once.
+STATUS_RESERVE = 32
+PROBATION_S = 1.0
+FD_HEADROOM = 64  # descriptors kept free for the spool, exporters and status probes
+ACCEPT_BACKOFF_MIN_S = 0.05
+ACCEPT_BACKOFF_MAX_S = 2.0
+LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process gone?
+ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+HAVE_PROC = os.path.isdir("/proc/self")
+MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of a live process (to tell a reused pid); None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X", b"x"):  # exited; a zombie is not running
+        return None
+    return fields[19].decode()
+
+
+def fd_limit() -> int:
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 1 << 20
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
 class Ingest:
     def __init__(
         self,
@@ -79,6 +145,7 @@ class Ingest:
         health: Callable[[], dict[str, Any]],
         frame_timeout_s: float = 10.0,
         max_connections: int = 1024,
+        idle_timeout_s: float | None = 300.0,
     ) -> None:
         self.assembler = assembler
         self.router = router
@@ -87,20 +154,31 @@ class Ingest:
         self.allowed_gids = allowed_gids
         self.health = health
         self.frame_timeout_s = frame_timeout_s
-        self.max_connections = max_connections
-        self.server: asyncio.AbstractServer | None = None
+        # Never more producers than the descriptor limit leaves room for.
+        self.max_connections = max(1, min(max_connections, fd_limit() - FD_HEADROOM - STATUS_RESERVE))
+        self.idle_timeout_s = idle_timeout_s or None
+        self.server: asyncio.Server | None = None
         self.open_connections = 0
         self.pending_completions = 0
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._rlog = RateLimitedLog()
         self._replaying: set[str] = set()  # spool files published but not yet exported
+        self._listeners: list[socket.socket] = []  # our duplicates of the server's sockets
+        self._accept_backoff = ACCEPT_BACKOFF_MIN_S
+        self._accept_paused = False
+        self._accepting: set[asyncio.Task[None]] = set()
+        self._live: dict[str, int] = {}  # producer id -> open connections
+        # Producers that hung up with a cold start still open: (producer, pid, start time).
+        self._watch: dict[str, tuple[Producer, int, str]] = {}
+        self._pidfds: dict[str, tuple[Producer, int]] = {}
+        self._watch_task: asyncio.Task[None] | None = None
 
     # -- server ---------------------------------------------------------------------
 
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         if sock is None:
-            os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
-            if os.path.exists(path):  # noqa: ASYNC240 - startup, once
+            ensure_socket_dir(path)
+            if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
                 os.unlink(path)  # a stale socket from a previous run
             old = os.umask(0o777 & ~mode & 0o777)
             try:
@@ -110,8 +188,76 @@ class Ingest:
             os.chmod(path, mode)
         else:  # socket activation: systemd owns the path and its mode
             self.server = await asyncio.start_unix_server(self._handle, sock=sock, limit=1 << 21)
+        self._own_accept_loop()
+
+    # -- accepting ------------------------------------------------------------------
+
+    def _own_accept_loop(self) -> None:
+        """Accept through our own loop instead of asyncio's: at EMFILE asyncio logs a traceback
+        per attempt and keeps trying; ours counts, logs one line (rate-limited) and pauses
+        accepting with a growing backoff."""
+        assert self.server is not None
+        loop = asyncio.get_running_loop()
+        for tsock in self.server.sockets:
+            loop.remove_reader(tsock.fileno())
+            lsock = socket.socket(fileno=os.dup(tsock.fileno()))
+            lsock.setblocking(False)
+            self._listeners.append(lsock)
+            loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+    def _accept(self, lsock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(64):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                self.counters.accept_errors += 1
+                if exc.errno not in ERRNO_OUT_OF_RESOURCES:
+                    self._rlog.warn("accept", "accept failed: %s (%d accept errors so far)",
+                                    exc, self.counters.accept_errors)
+                    return
+                self._rlog.warn("emfile", "cannot accept connections: %s (%d accept errors so far, %d open "
+                                "connections); pausing accepts for %.2f s", exc, self.counters.accept_errors,
+                                self.open_connections, self._accept_backoff)
+                self._pause_accepting(loop, lsock)
+                return
+            self._accept_backoff = ACCEPT_BACKOFF_MIN_S
+            conn.setblocking(False)
+            task = loop.create_task(self._accepted(conn))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+
+    def _pause_accepting(self, loop: asyncio.AbstractEventLoop, lsock: socket.socket) -> None:
+        loop.remove_reader(lsock.fileno())
+        self._accept_paused = True
+
+        def resume() -> None:
+            self._accept_paused = False
+            if lsock.fileno() >= 0 and lsock in self._listeners:
+                loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+        loop.call_later(self._accept_backoff, resume)
+        self._accept_backoff = min(self._accept_backoff * 2, ACCEPT_BACKOFF_MAX_S)
+
+    async def _accepted(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=1 << 21)
+        except OSError:
+            conn.close()
+            return
+        await self._handle(reader, writer)
 
     async def stop_accepting(self) -> None:
+        loop = asyncio.get_running_loop()
+        for lsock in self._listeners:
+            try:
+                loop.remove_reader(lsock.fileno())
+            except (ValueError, OSError):
+                pass
+            lsock.close()
+        self._listeners = []
         if self.server is not None:
             self.server.close()
 
@@ -119,11 +265,108 @@ class Ingest:
         deadline = time.monotonic() + timeout_s
         while self.open_connections and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
+        self.sweep_lost()  # close the cold starts of producers that died just before
+        self.release()
         return self.open_connections == 0
 
     def close_connections(self) -> None:
         for t in list(self._conn_tasks):
             t.cancel()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+
+    def release(self) -> None:
+        """Close the descriptors that watch departed producers (at shutdown)."""
+        for producer_id in list(self._pidfds):
+            self._unwatch(producer_id)
+
+    # -- producers that went away -----------------------------------------------------
+
+    def _producer_left(self, producer: Producer, pid: int, start: str | None) -> None:
+        """A producer's connection closed. If its cold start is still open, find out whether
+        its process has ended (a pidfd, which works even where /proc hides other users'
+        processes; else /proc polling) and then close that cold start for it."""
+        n = self._live.get(producer.id, 1) - 1
+        if n > 0:
+            self._live[producer.id] = n
+            return None
+        self._live.pop(producer.id, None)
+        if pid <= 0 or producer.gone:
+            return None  # cannot tell whether it lives: keep its state (bounded) for a reconnect
+        if not (producer.pending or producer.span_events or (producer.stages_seen and not producer.root_closed)):
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return self._publish_lost(producer)
+        except (OSError, AttributeError):  # no pidfds here: poll /proc
+            return self._watch_by_proc(producer, pid, start)
+        if _readable(fd):  # it has exited (a zombie)
+            os.close(fd)
+            return self._publish_lost(producer)
+        self._unwatch(producer.id)
+        if len(self._pidfds) >= MAX_WATCHED:
+            self._unwatch(next(iter(self._pidfds)))
+        self._pidfds[producer.id] = (producer, fd)
+        asyncio.get_running_loop().add_reader(fd, self._process_ended, producer.id)
+        return None
+
+    def _process_ended(self, producer_id: str) -> None:
+        entry = self._pidfds.get(producer_id)
+        self._unwatch(producer_id)
+        if entry is not None and producer_id not in self._live:
+            self._publish_lost(entry[0])
+
+    def _unwatch(self, producer_id: str) -> None:
+        self._watch.pop(producer_id, None)
+        entry = self._pidfds.pop(producer_id, None)
+        if entry is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(entry[1])
+            except RuntimeError:  # no loop any more
+                pass
+            os.close(entry[1])
+
+    def _watch_by_proc(self, producer: Producer, pid: int, start: str | None) -> None:
+        if not HAVE_PROC or start is None:
+            return
+        if len(self._watch) >= MAX_WATCHED:
+            self._watch.pop(next(iter(self._watch)))
+        self._watch[producer.id] = (producer, pid, start)
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch_lost(), name="ingest-lost")
+
+    async def _watch_lost(self) -> None:
+        """A process's socket closes while it exits: look again shortly after, then every second."""
+        for delay in (*LOST_CHECK_S, *([1.0] * 1000000)):
+            await asyncio.sleep(delay)
+            self.sweep_lost()
+            if not self._watch:
+                return
+
+    def sweep_lost(self) -> int:
+        """Producers found dead: close their open cold start and free their state."""
+        done = 0
+        for producer_id, (_producer, fd) in list(self._pidfds.items()):
+            if _readable(fd):
+                self._process_ended(producer_id)
+                done += 1
+        for producer_id, (producer, pid, start) in list(self._watch.items()):
+            if producer.id in self._live:  # it reconnected
+                del self._watch[producer_id]
+                continue
+            if process_start(pid) == start:
+                continue
+            del self._watch[producer_id]
+            self._publish_lost(producer)
+            done += 1
+        return done
+
+    def _publish_lost(self, producer: Producer) -> None:
+        items = self.assembler.producer_lost(producer)
+        if items:
+            self.counters.items_out += len(items)
+            self.router.publish(items)
 
     def allowed(self, uid: int, gid: int) -> bool:
         return uid in self.allowed_uids or gid in self.allowed_gids
@@ -150,12 +393,16 @@ class Ingest:
                 self._conn_tasks.discard(task)
             writer.close()
 
-    async def _read_frame(self, reader: asyncio.StreamReader, idle_ok: bool) -> bytes | None:
-        """One payload; None after counting an oversized or slow frame."""
-        if idle_ok:
+    async def _read_frame(
+        self, reader: asyncio.StreamReader, idle_ok: bool, timeout_s: float | None = None
+    ) -> bytes | None:
+        """One payload; None after counting an oversized or slow frame. The header may take
+        up to the idle timeout (``idle_ok``) or ``timeout_s``; TimeoutError past that."""
+        wait = self.idle_timeout_s if idle_ok else (timeout_s or self.frame_timeout_s)
+        if wait is None:
             hdr = await reader.readexactly(_wire.HEADER.size)
         else:
-            hdr = await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), self.frame_timeout_s)
+            hdr = await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), wait)
         (n,) = _wire.HEADER.unpack(hdr)
         if n > _wire.MAX_FRAME_BYTES:
             self.counters.oversized_frames += 1
@@ -178,13 +425,21 @@ class Ingest:
                                              "error": "uid %d is not allowed" % uid}))
             await writer.drain()
             return
-        if self.open_connections > self.max_connections:
-            self.counters.refused_peers += 1
+        # Over the cap, a connection may still ask for status (the health probe must work
+        # under a flood), but only briefly, and only so many at once.
+        over = self.open_connections - self.max_connections
+        if over > STATUS_RESERVE:
+            self.counters.over_capacity += 1
+            self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
             return
         try:
-            payload = await self._read_frame(reader, idle_ok=False)
+            payload = await self._read_frame(reader, idle_ok=False,
+                                             timeout_s=PROBATION_S if over > 0 else self.frame_timeout_s)
         except TimeoutError:
-            self.counters.slow_peers += 1
+            if over > 0:
+                self.counters.over_capacity += 1
+            else:
+                self.counters.slow_peers += 1
             return
         if payload is None:
             return
@@ -197,10 +452,25 @@ class Ingest:
             writer.write(_wire.encode_frame({"t": "health", **self.health()}))
             await writer.drain()
             return
+        if over > 0:  # no reply: the hook retries later (a refusal would make it stop trying)
+            self.counters.over_capacity += 1
+            self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
+            return
         producer = self._hello(msg, writer)
         if producer is None:
             await writer.drain()
             return
+        self._live[producer.id] = self._live.get(producer.id, 0) + 1
+        self._unwatch(producer.id)  # it is back: alive
+        started = process_start(pid) if pid > 0 and HAVE_PROC else None  # tells a reused pid later
+        try:
+            await self._serve_producer(producer, reader, writer)
+        finally:
+            self._producer_left(producer, pid, started)
+
+    async def _serve_producer(
+        self, producer: Producer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         writer.write(_wire.encode_frame({"t": "welcome", "schema": _wire.SCHEMA_VERSION}))
         acks: deque[list[int]] = deque()  # [last seq, done]
         state = {"acked": 0}
@@ -214,7 +484,11 @@ class Ingest:
                 writer.write(_wire.encode_frame({"t": "ack", "seq": last}))
 
         while True:
-            payload = await self._read_frame(reader, idle_ok=True)
+            try:
+                payload = await self._read_frame(reader, idle_ok=True)
+            except TimeoutError:  # silent beyond the idle timeout: the hook reconnects when it has news
+                self.counters.idle_closed += 1
+                return
             if payload is None:
                 return
             msg = _wire.decode_payload(payload)
@@ -290,30 +564,42 @@ class Ingest:
     # -- spool replay -----------------------------------------------------------------
 
     def replay_spools(self, directory: str) -> int:
-        """Replay spool files whose producer has died (its lock is free); returns files done."""
+        """Replay spool files whose producer has died (its lock is free); returns files done.
+
+        Whoever may write the directory (its group, by design) is not trusted with our
+        reads and unlinks: names are opened relative to the directory without following a
+        symlink or blocking on a FIFO, only a regular file with one link is read, and it is
+        unlinked only if the name still holds that same file."""
         try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".spool"))
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
             return 0
-        done = 0
-        for name in names:
-            if self._replay_one(os.path.join(directory, name)):
-                done += 1
-        return done
+        try:
+            names = sorted(n for n in os.listdir(dfd) if n.endswith(".spool"))
+            return sum(1 for name in names if self._replay_one(directory, dfd, name))
+        except OSError:
+            return 0
+        finally:
+            os.close(dfd)
 
-    def _replay_one(self, path: str) -> bool:
+    def _replay_one(self, directory: str, dfd: int, name: str) -> bool:
+        path = os.path.join(directory, name)
         if path in self._replaying:
             return False
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         except OSError:
-            return False
+            return False  # gone, or a symlink (ELOOP)
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                self.counters.spool_files_refused += 1
+                self._rlog.warn("spool", "not replaying %s: not a regular file with one link", path)
+                return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return False  # its producer is alive and replays it itself
-            st = os.fstat(fd)
             if not self.allowed(st.st_uid, st.st_gid):
                 self.counters.spool_files_refused += 1
                 self._rlog.warn("spool", "not replaying %s: owner uid %d is not allowed", path, st.st_uid)
@@ -330,15 +616,13 @@ class Ingest:
             producer: Producer | None = None
             self._replaying.add(path)
             outstanding = [1]  # batches not yet complete, +1 until all are published
+            identity = (st.st_dev, st.st_ino)
 
             def one_done() -> None:
                 outstanding[0] -= 1
                 if outstanding[0] == 0:  # every exporter has it: now the file may go
                     self._replaying.discard(path)
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+                    unlink_if_same(directory, name, identity)
 
             for payload in frames:
                 msg = _wire.decode_payload(payload)
@@ -356,7 +640,25 @@ class Ingest:
                 else:
                     self.counters.malformed_frames += 1
             self.counters.spool_files_replayed += 1
+            if producer is not None and producer.id not in self._live:
+                self._publish_lost(producer)  # its lock was free: the process has ended
             one_done()
             return True
         finally:
             os.close(fd)
+
+
+def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
+    """Unlink ``directory/name`` only if it is still the file we read (device, inode)."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == identity:
+            os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

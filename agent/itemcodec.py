@@ -6,6 +6,7 @@ from typing import Any
 
 from infersight.agent.model import (
     ColdStart,
+    ColdStartProgress,
     HistogramPoint,
     Item,
     LogItem,
@@ -23,7 +24,7 @@ def _res(r: Resource) -> list[Any]:
 
 
 def _unres(v: list[Any]) -> Resource:
-    return Resource(tuple((k, (list(x) if isinstance(x, list) else x)) for k, x in v))
+    return Resource(tuple((k, (tuple(x) if isinstance(x, list) else x)) for k, x in v))
 
 
 def _origin(o: Origin | None) -> list[Any] | None:
@@ -55,6 +56,9 @@ def to_dict(item: Item) -> dict[str, Any]:
         return {"k": "span", **_span(item)}
     if isinstance(item, ColdStart):
         return {"k": "coldstart", "root": _span(item.root), "stages": [_span(s) for s in item.stages]}
+    if isinstance(item, ColdStartProgress):
+        return {"k": "progress", "r": _res(item.resource), "sv": item.service, "pid": item.pid,
+                "t": item.time_ns, "st": item.state}
     if isinstance(item, LogItem):
         return {
             "k": "log", "r": _res(item.resource), "t": item.time_ns, "sn": item.severity_number,
@@ -82,6 +86,8 @@ def from_dict(d: dict[str, Any]) -> Item:
         return _unspan(d)
     if k == "coldstart":
         return ColdStart(_unspan(d["root"]), [_unspan(s) for s in d["stages"]])
+    if k == "progress":
+        return ColdStartProgress(_unres(d["r"]), d["sv"], d["pid"], d["t"], d["st"])
     if k == "log":
         return LogItem(
             _unres(d["r"]), d["t"], d["sn"], d["st"], d["b"], d["a"], d["tr"], d["sp"], d["en"],

@@ -414,7 +414,7 @@ async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
     launched = launched or [p for p in agent.assembler.producers.values() if p.info.get("launched")]
     if not launched:
         cs = launcher_root(opts.cmd, child.pid, spawn_ns, end_ns, agent.host_name, readiness)
-        agent.router.publish([cs.root, *cs.stages, cs])
+        agent.router.publish([cs.root, *cs.stages, cs, *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
     elif readiness.probe is not None and readiness.probe.first_byte_ns:
         p0 = launched[0]
         agent.router.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
@@ -485,7 +485,7 @@ def _storage_note(path: str, out: TextIO) -> None:
             for line in f:
                 if "infersight.weights.path" not in line or "ceiling_ratio" in line:
                     continue
-                for span in _weights_spans(json.loads(line)):
+                for span in storage_ceiling.cold_reads(json.loads(line)):
                     wpath, rate = span
                     if wpath and wpath not in seen:
                         seen[wpath] = rate
@@ -501,20 +501,6 @@ def _storage_note(path: str, out: TextIO) -> None:
             % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
                ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
         )
-
-
-def _weights_spans(req: dict[str, object]) -> list[tuple[str, float]]:
-    found: list[tuple[str, float]] = []
-    for rs in req.get("resourceSpans", []) or []:  # type: ignore[attr-defined]
-        for ss in rs.get("scopeSpans", []):
-            for s in ss.get("spans", []):
-                attrs = {kv["key"]: kv.get("value", {}) for kv in s.get("attributes", [])}
-                p = attrs.get("infersight.weights.path", {}).get("stringValue")
-                r = attrs.get("infersight.weights.bytes_per_s", {})
-                rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
-                if p and rate > 0:
-                    found.append((str(p), rate))
-    return found
 
 
 def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,

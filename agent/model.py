@@ -8,7 +8,7 @@ console. Timestamps are Unix nanoseconds. Ids are lowercase hex (trace 32, span 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 AttrValue: TypeAlias = str | bool | int | float | list[str] | list[int] | list[float]
 Attributes: TypeAlias = dict[str, AttrValue]
@@ -16,28 +16,40 @@ Attributes: TypeAlias = dict[str, AttrValue]
 SCOPE_NAME = "infersight"
 
 
+FrozenValue: TypeAlias = str | bool | int | float | tuple[str, ...] | tuple[int, ...] | tuple[float, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Resource:
-    """An OTel resource. ``key`` groups items of one producer in one export request."""
+    """An OTel resource, hashable: items of one producer share it, and exporters use it as
+    a dict key to group them. List values are kept as tuples (``as_dict`` gives lists)."""
 
-    attributes: tuple[tuple[str, AttrValue], ...]
+    attributes: tuple[tuple[str, FrozenValue], ...]
+
+    def __post_init__(self) -> None:
+        if any(isinstance(v, list) for _k, v in self.attributes):  # built from decoded data
+            object.__setattr__(self, "attributes", tuple((k, _freeze(v)) for k, v in self.attributes))
 
     @staticmethod
     def of(attrs: Attributes) -> Resource:
         return Resource(tuple(sorted((k, _freeze(v)) for k, v in attrs.items())))
 
     def as_dict(self) -> Attributes:
-        return dict(self.attributes)
+        return {k: _thaw(v) for k, v in self.attributes}
 
     def get(self, key: str) -> AttrValue | None:
         for k, v in self.attributes:
             if k == key:
-                return v
+                return _thaw(v)
         return None
 
 
-def _freeze(v: AttrValue) -> AttrValue:
-    return v
+def _freeze(v: AttrValue | FrozenValue) -> FrozenValue:
+    return tuple(v) if isinstance(v, list) else v  # type: ignore[return-value]
+
+
+def _thaw(v: FrozenValue) -> AttrValue:
+    return list(v) if isinstance(v, tuple) else v  # type: ignore[return-value]
 
 
 class Origin(NamedTuple):
@@ -128,4 +140,20 @@ class ColdStart:
     stages: list[SpanItem]
 
 
-Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart
+@dataclass(slots=True)
+class ColdStartProgress:
+    """A process in its cold start: stage, elapsed time and ETA, or ``state=None`` once it ended.
+
+    Derived and ephemeral: MQTT publishes it retained (cleared with an empty message at the
+    end), Prometheus shows it as gauges while the cold start lasts, and the console prints
+    one updating line. OTLP exporters skip it.
+    """
+
+    resource: Resource
+    service: str
+    pid: int
+    time_ns: int
+    state: dict[str, Any] | None
+
+
+Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart | ColdStartProgress

@@ -26,8 +26,9 @@ served process's main thread.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -120,6 +121,18 @@ class OomClassifier:
         self.rules, self.dirs = rules, new_dirs
         log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
 
+    def prepare(self, config: Config) -> Callable[[], None]:
+        """Load the rules of ``config["rules.dirs"]`` (RuleReloadError when invalid) and
+        return the swap, for the agent to apply once every part of a reload is valid."""
+        new_dirs = [str(d) for d in config["rules.dirs"]]
+        rules = self.load(new_dirs)
+
+        def commit() -> None:
+            self.rules, self.dirs = rules, new_dirs
+            log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+        return commit
+
     def classify(self, numbers: dict[str, int | None], backend: str = "native") -> Verdict:
         return self.rules.classify(numbers, backend=backend)
 
@@ -164,12 +177,24 @@ def _int_map(v: Any, name: str) -> dict[str, int]:
 class OomHandlers:
     """The ``oom`` and ``mem`` kind handlers, sharing a classifier and an NVML view."""
 
-    def __init__(self, classifier: OomClassifier, nvml: NvmlLike | None = None) -> None:
+    def __init__(
+        self,
+        classifier: OomClassifier,
+        nvml: NvmlLike | None = None,
+        publish: Callable[[list[Item]], None] | None = None,
+        nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+    ) -> None:
         self.classifier = classifier
         self.nvml = nvml
+        # With ``publish`` (the agent's router), an OOM that needs NVML is finished off the
+        # event loop: NVML is read in a thread, through ``nvml_guard`` (the device job's lock,
+        # which keeps reads and nvmlShutdown apart), then the items are published.
+        self.publish = publish
+        self.nvml_guard = nvml_guard
         self.ooms = 0
         self.duplicates = 0
         self._uuid_index: dict[str, int] = {}
+        self._later: set[asyncio.Task[None]] = set()
 
     # -- oom ------------------------------------------------------------------------------
 
@@ -201,7 +226,53 @@ class OomHandlers:
             if numbers.get(k) is None and v is not None:
                 numbers[k] = v
         uuid = _opt_str(d, "uuid", 64)
+        if self.publish is not None and self._needs_nvml(numbers):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                task = loop.create_task(self._oom_later(p, origin, t_ns, d, dev, req, uuid, numbers, snap, msg))
+                self._later.add(task)
+                task.add_done_callback(self._later.discard)
+                return
         nvml_used = self._nvml(p, dev, uuid, numbers)
+        self._finish(p, origin, t_ns, d, dev, uuid, numbers, snap, msg, nvml_used, out)
+
+    async def _oom_later(
+        self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], dev: int | None, req: int | None,
+        uuid: str | None, numbers: dict[str, int | None], snap: dict[str, Any] | None, msg: OomMessage | None,
+    ) -> None:
+        def read() -> bool:
+            return self._nvml(p, dev, uuid, numbers)
+
+        try:
+            if self.nvml_guard is not None:
+                nvml_used = bool(await asyncio.to_thread(self.nvml_guard, read))
+            else:
+                nvml_used = await asyncio.to_thread(read)
+        except Exception as exc:
+            log.debug("NVML sample for an OOM failed: %s", exc)
+            nvml_used = False
+        items: list[Item] = []
+        self._finish(p, origin, t_ns, d, dev, uuid, numbers, snap, msg, nvml_used, items)
+        if self.publish is not None:
+            self.publish(items)
+
+    async def wait_later(self, timeout_s: float = 2.0) -> None:
+        """At shutdown: let OOMs still reading NVML finish and publish."""
+        if self._later:
+            await asyncio.wait(list(self._later), timeout=timeout_s)
+
+    def _needs_nvml(self, numbers: dict[str, int | None]) -> bool:
+        return self.nvml is not None and (numbers["U"] is None or numbers["O"] is None)
+
+    def _finish(
+        self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], dev: int | None, uuid: str | None,
+        numbers: dict[str, int | None], snap: dict[str, Any] | None, msg: OomMessage | None, nvml_used: bool,
+        out: list[Item],
+    ) -> None:
+        source = _opt_str(d, "source", 32) or "exception"
         backend = _opt_str(d, "backend", 32) or (msg.backend if msg is not None else "native")
         if backend not in ("native", "cudaMallocAsync"):
             backend = "native"
@@ -414,6 +485,8 @@ def _snap_attrs(snap: dict[str, Any]) -> Attributes:
                     v = pool.get(k)
                     if isinstance(v, int) and not isinstance(v, bool):
                         a["infersight.oom.snapshot.%s.%s_bytes" % (str(name)[:16], k)] = v
+    if snap.get("truncated") is True:  # the hook stopped at its segment/block bound
+        a["infersight.oom.snapshot.truncated"] = True
     top = snap.get("top")
     if isinstance(top, list) and top and all(isinstance(x, int) and not isinstance(x, bool) for x in top):
         a["infersight.oom.snapshot.top_live_bytes"] = [int(x) for x in top[:16]]
@@ -431,7 +504,12 @@ def one_line(v: Verdict, dev: int | None = None) -> str:
 # -- wiring ---------------------------------------------------------------------------------
 
 
-def install(agent: Agent, config: Config | None = None, nvml: NvmlLike | None = None) -> OomHandlers:
+def install(
+    agent: Agent,
+    config: Config | None = None,
+    nvml: NvmlLike | None = None,
+    nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+) -> OomHandlers:
     """Register the ``oom`` and ``mem`` handlers on ``agent`` and a rules reloader (SIGHUP).
 
     An invalid site rule file at startup is logged (file:line) and the builtin rules run
@@ -445,8 +523,9 @@ def install(agent: Agent, config: Config | None = None, nvml: NvmlLike | None = 
         log.error("%s\nclassifying OOMs with the builtin rules until a reload succeeds", exc)
         classifier = OomClassifier([], rules=OomClassifier.load([]))
         classifier.dirs = dirs
-    handlers = OomHandlers(classifier, nvml)
+    handlers = OomHandlers(classifier, nvml, publish=agent.router.publish, nvml_guard=nvml_guard)
+    agent.on_shutdown.append(handlers.wait_later)
     agent.assembler.handlers["oom"] = handlers.oom
     agent.assembler.handlers["mem"] = handlers.mem
-    agent.reloaders.append(classifier.reload)
+    agent.reloaders.append(classifier.prepare)
     return handlers

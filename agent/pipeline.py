@@ -38,7 +38,15 @@ class Completion:
             self.on_done()
 
 
+# What one export attempt came to.
+OK, AWAY, REJECTED, FINAL = "ok", "away", "rejected", "final"
+
+
 class ExporterWorker:
+    """One exporter's queue, spool and retry loop. It never dies: any exception from its
+    spool or exporter is logged (once per kind, then with a count), counted and retried
+    after a backoff, and :meth:`problem` says why it cannot make progress meanwhile."""
+
     def __init__(
         self,
         exporter: Exporter,
@@ -48,6 +56,8 @@ class ExporterWorker:
         retry_initial_s: float = 0.2,
         retry_max_s: float = 10.0,
         memory_retries: int = 3,
+        max_attempts: int = 10,
+        down_unhealthy_s: float = 120.0,
     ) -> None:
         self.exporter = exporter
         self.spool = spool
@@ -58,6 +68,8 @@ class ExporterWorker:
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
         self.memory_retries = memory_retries
+        self.max_attempts = max(1, max_attempts)
+        self.down_unhealthy_s = down_unhealthy_s
         self._wake = asyncio.Event()
         self._stop_evt = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -65,12 +77,22 @@ class ExporterWorker:
         self._backoff = retry_initial_s
         self._busy = False
         self.peer_up = True
+        self.down_since: float | None = None  # monotonic, while the peer is away
+        self.fault = ""  # the worker's own failure (spool, exporter bug), while it lasts
+        self.fault_since: float | None = None
+        self._fault_kinds: dict[str, int] = {}
+        # The spooled record at the head and how often the peer rejected it.
+        self._head: tuple[int, int] | None = None
+        self._head_attempts = 0
+        self._isolate = 0  # export this many next records one by one (find a poison record)
         # Counters.
         self.exported_items = 0
         self.export_errors = 0
         self.retries = 0
         self.dropped_items = 0
+        self.rejected_items = 0  # dropped: refused for good, or after max_attempts rejections
         self.spilled_items = 0
+        self.internal_errors = 0
         self.last_error = ""
 
     @property
@@ -82,6 +104,15 @@ class ExporterWorker:
 
     def idle(self) -> bool:
         return not self.queue and not self._busy and not self.spool
+
+    def problem(self, now: float | None = None) -> str | None:
+        """Why this exporter cannot make progress now (None when it can)."""
+        now = time.monotonic() if now is None else now
+        if self.fault_since is not None:
+            return "worker failing for %.0f s: %s" % (now - self.fault_since, self.fault)
+        if self.down_since is not None and now - self.down_since > self.down_unhealthy_s:
+            return "peer away for %.0f s: %s" % (now - self.down_since, self.last_error)
+        return None
 
     def submit(self, items: Sequence[Item], completion: Completion) -> None:
         if self.queue_items + len(items) > self.queue_max_items:
@@ -99,8 +130,10 @@ class ExporterWorker:
         while self.queue:
             items, c = self.queue.popleft()
             self.queue_items -= len(items)
-            self._spill(items)
-            c.done()
+            try:
+                self._spill(items)
+            finally:
+                c.done()
 
     def _spill(self, items: Sequence[Item]) -> None:
         if self.spool is not None:
@@ -108,8 +141,9 @@ class ExporterWorker:
                 self.spool.append(items)
                 self.spilled_items += len(items)
                 return
-            except OSError as exc:
+            except Exception as exc:  # a full disk, or a value the spool cannot encode
                 self.last_error = "spool: %s" % exc
+                self._note_fault("spool append", exc, traceback=not isinstance(exc, OSError))
         self.dropped_items += len(items)
 
     def start(self) -> None:
@@ -123,66 +157,134 @@ class ExporterWorker:
         except TimeoutError:
             pass
 
-    async def _export(self, batch: Sequence[Item]) -> bool:
+    # -- faults -----------------------------------------------------------------------
+
+    def _note_fault(self, where: str, exc: BaseException, traceback: bool = True) -> None:
+        """Count a failure of the worker itself; log it once per kind, then at 10, 100, ..."""
+        self.internal_errors += 1
+        kind = "%s: %s" % (where, type(exc).__name__)
+        n = self._fault_kinds[kind] = self._fault_kinds.get(kind, 0) + 1
+        if self.fault_since is None:
+            self.fault_since = time.monotonic()
+        self.fault = "%s: %s" % (where, exc)
+        if n == 1:
+            log.error("exporter %s: %s: %s", self.name, where, exc, exc_info=exc if traceback else None)
+        elif n in (10, 100) or n % 1000 == 0:
+            log.error("exporter %s: %s: %s (%d times so far)", self.name, where, exc, n)
+
+    def _clear_fault(self) -> None:
+        if self.fault_since is not None:
+            log.info("exporter %s: recovered (%s)", self.name, self.fault)
+            self.fault_since = None
+            self.fault = ""
+
+    # -- exporting --------------------------------------------------------------------
+
+    async def _export(self, batch: Sequence[Item]) -> str:
+        """One attempt: OK, AWAY (peer away: retry without limit), REJECTED (counts toward
+        the record's attempts) or FINAL (refused for good: drop)."""
         try:
             await self.exporter.export(batch)
         except ExportError as exc:
             self.export_errors += 1
             self.last_error = str(exc)
+            if not exc.retryable:
+                return FINAL
+            if exc.rejected:
+                return REJECTED
             if self.peer_up:
                 log.warning("exporter %s: %s", self.name, exc)
+                self.down_since = time.monotonic()
             self.peer_up = False
-            return False
-        except Exception as exc:  # an exporter bug must not kill the worker
+            return AWAY
+        except Exception as exc:  # an exporter bug on this data must not kill the worker
             self.export_errors += 1
             self.last_error = repr(exc)
-            log.exception("exporter %s failed", self.name)
-            self.peer_up = False
-            return False
+            self._note_fault("export", exc)
+            return REJECTED
         if not self.peer_up:
             log.info("exporter %s: peer is back", self.name)
         self.peer_up = True
+        self.down_since = None
         self._backoff = self.retry_initial_s
         self.exported_items += len(batch)
-        return True
+        return OK
+
+    def _drop_rejected(self, items: Sequence[Item], why: str) -> None:
+        self.rejected_items += len(items)
+        self.dropped_items += len(items)
+        log.warning("exporter %s: dropped %d item(s) the peer %s (%d dropped so far): %s",
+                    self.name, len(items), why, self.rejected_items, self.last_error)
 
     async def _run(self) -> None:
         while True:
-            if self.spool:
-                await self._drain_spool_once()
-                continue
-            if not self.queue:
-                if self._stopping:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            batch, completions = self._take()
-            self._busy = True
             try:
-                ok = await self._export(batch)
-                attempts = 0
-                while not ok and self.spool is None and attempts < self.memory_retries:
-                    attempts += 1
-                    self.retries += 1
-                    await self._sleep_backoff()
-                    ok = await self._export(batch)
-                if not ok:
-                    self._spill(batch)
-            finally:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the spool or an exporter failed: count, back off, retry
                 self._busy = False
-                for c in completions:
-                    c.done()
+                self._note_fault("spool" if self.spool is not None else "worker", exc,
+                                 traceback=not isinstance(exc, OSError))
+                if self._stopping:
+                    return await self._idle_stop()
+                await self._sleep_backoff()
+            else:
+                self._clear_fault()
 
-    def _take(self) -> tuple[list[Item], list[Completion]]:
-        batch: list[Item] = []
+    async def _step(self) -> None:
+        if self.spool:
+            return await self._drain_spool_once()
+        if not self.queue:
+            if self._stopping:
+                return await self._idle_stop()
+            self._wake.clear()
+            await self._wake.wait()
+            return None
+        parts, completions = self._take()
+        batch = [it for p in parts for it in p]
+        self._busy = True
+        try:
+            out = await self._export(batch)
+            attempts = 0
+            while out in (AWAY, REJECTED) and self.spool is None and attempts < self.memory_retries:
+                attempts += 1
+                self.retries += 1
+                await self._sleep_backoff()
+                out = await self._export(batch)
+            if out == FINAL:
+                await self._export_apart(parts)
+            elif out != OK:
+                self._spill(batch)
+        finally:
+            self._busy = False
+            for c in completions:
+                c.done()
+        return None
+
+    async def _export_apart(self, parts: list[Sequence[Item]]) -> None:
+        """A batch refused for good: drop only the submissions at fault."""
+        if len(parts) == 1:
+            return self._drop_rejected(parts[0], "refused for good")
+        for part in parts:
+            out = await self._export(part)
+            if out == FINAL:
+                self._drop_rejected(part, "refused for good")
+            elif out != OK:
+                self._spill(part)
+        return None
+
+    def _take(self) -> tuple[list[Sequence[Item]], list[Completion]]:
+        parts: list[Sequence[Item]] = []
         completions: list[Completion] = []
-        while self.queue and (not batch or len(batch) + len(self.queue[0][0]) <= self.max_batch_items):
+        n = 0
+        while self.queue and (not parts or n + len(self.queue[0][0]) <= self.max_batch_items):
             items, c = self.queue.popleft()
             self.queue_items -= len(items)
-            batch.extend(items)
+            parts.append(items)
+            n += len(items)
             completions.append(c)
-        return batch, completions
+        return parts, completions
 
     async def _drain_spool_once(self) -> None:
         """Move live batches behind the spool (order), then try its oldest batch."""
@@ -190,18 +292,39 @@ class ExporterWorker:
         self._spill_queue()
         if self._stopping and not self.peer_up:
             return await self._idle_stop()
-        batch, records = self.spool.peek_many(self.max_batch_items)
+        batch, records = self.spool.peek_many(1 if self._isolate else self.max_batch_items)
         if not records:
+            if self.spool:  # items counted but unreadable now (a segment vanished): no busy loop
+                raise OSError("spool holds %d item(s) it cannot read" % self.spool.items)
             return None
         self._busy = True
         try:
-            if await self._export(batch):
+            out = await self._export(batch)
+            if out == OK:
+                self._head = None
+                self._isolate = max(0, self._isolate - 1)
                 self.spool.pop_many(records)
-            else:
-                self.retries += 1
-                if self._stopping:
-                    return await self._idle_stop()
-                await self._sleep_backoff()
+                return None
+            if out in (FINAL, REJECTED) and records > 1:
+                self._isolate = records  # one record at a time until the bad one is found
+                return None
+            if out == FINAL:
+                self._head, self._isolate = None, 0  # found it: back to whole batches
+                self.spool.pop_many(1)
+                return self._drop_rejected(batch, "refused for good")
+            if out == REJECTED:
+                head = self.spool.head()
+                if head != self._head:
+                    self._head, self._head_attempts = head, 0
+                self._head_attempts += 1
+                if self._head_attempts >= self.max_attempts:
+                    self._head, self._isolate = None, 0
+                    self.spool.pop_many(1)
+                    return self._drop_rejected(batch, "rejected %d times" % self.max_attempts)
+            self.retries += 1
+            if self._stopping:
+                return await self._idle_stop()
+            await self._sleep_backoff()
         finally:
             self._busy = False
         return None
@@ -218,7 +341,7 @@ class ExporterWorker:
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.queue and not self._busy and (not self.spool or not self.peer_up):
+            if not self.queue and not self._busy and (not self.spool or not self.peer_up or self.fault_since):
                 break
             await asyncio.sleep(0.01)
         done = not self.queue and not self._busy
@@ -233,6 +356,7 @@ class ExporterWorker:
         return done
 
     def state(self) -> dict[str, int | float | str]:
+        sp = self.spool
         out: dict[str, int | float | str] = {
             "peer_up": int(self.peer_up),
             "queue_depth": len(self.queue),
@@ -240,8 +364,12 @@ class ExporterWorker:
             "export_errors": self.export_errors,
             "retries": self.retries,
             "spilled_items": self.spilled_items,
-            "dropped_items": self.dropped_items + (self.spool.dropped_items if self.spool is not None else 0),
-            "spooled_items_pending": self.spool.items if self.spool is not None else 0,
+            "dropped_items": self.dropped_items + (sp.dropped_items if sp is not None else 0),
+            "rejected_items": self.rejected_items,
+            "internal_errors": self.internal_errors,
+            "spooled_items_pending": sp.items if sp is not None else 0,
+            "spool_corrupt_records": sp.corrupt_records if sp is not None else 0,
+            "problem": self.problem() or "",
             "last_error": self.last_error,
         }
         out.update({"exporter." + k: v for k, v in self.exporter.state().items()})
@@ -249,10 +377,22 @@ class ExporterWorker:
 
 
 class Router:
+    """Hands every batch to every exporter worker, after showing it to the taps.
+
+    A tap sees items as they pass (the cold-start progress tracker, say); it must be
+    quick and must not raise: an exception is logged and the batch still goes out.
+    """
+
     def __init__(self, workers: list[ExporterWorker]) -> None:
         self.workers = workers
+        self.taps: list[Callable[[Sequence[Item]], None]] = []
 
     def publish(self, items: Sequence[Item], on_done: Callable[[], None] | None = None) -> None:
+        for tap in self.taps:
+            try:
+                tap(items)
+            except Exception:
+                log.exception("a tap failed on a batch; the batch goes on")
         c = Completion(on_done)
         if not items or not self.workers:
             if on_done is not None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from infersight.agent.assemble import HEX16, Malformed, Producer
 from infersight.agent.heterogeneity import LatencyWindow, SeriesKey
-from infersight.agent.model import Attributes, HistogramPoint, Item, MetricItem, Origin, Resource
+from infersight.agent.model import Attributes, HistogramPoint, Item, MetricItem, NumberPoint, Origin, Resource
 
 KIND = "req"
 DURATION = "infersight.request.duration"
@@ -296,3 +296,15 @@ class RequestStats:
 
     def series_count(self) -> int:
         return self._nseries
+
+    def stats(self) -> dict[str, int]:
+        """For ``infersight status --json``."""
+        return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series}
+
+    def self_metrics(self, resource: Resource, start_ns: int, now_ns: int) -> list[MetricItem]:
+        """The agent's own count of requests left out of the histograms (series cap reached)."""
+        return [MetricItem(
+            resource, "infersight.requests.dropped", "sum", "{request}",
+            "Requests not histogrammed because the series limit was reached", now_ns, start_ns,
+            [NumberPoint(self.dropped_series, {"infersight.reason": "series_limit"})],
+        )]

@@ -10,15 +10,52 @@ import os
 import socket
 import time
 
-__all__ = ["notify", "ready", "reloading", "status", "stopping", "watchdog", "watchdog_interval_s"]
+__all__ = ["Notifier", "notify", "ready", "reloading", "status", "stopping", "watchdog", "watchdog_interval_s"]
+
+
+def _target(addr: str) -> str | None:
+    if not addr or addr[0] not in "/@":
+        return None
+    return "\0" + addr[1:] if addr[0] == "@" else addr  # '@' = abstract namespace
+
+
+class Notifier:
+    """One datagram socket, opened once and kept: pings still go out when the process has
+    run out of file descriptors, and a full receive queue drops a message instead of
+    blocking the event loop (non-blocking send). A no-op without ``NOTIFY_SOCKET``."""
+
+    def __init__(self, addr: str | None = None) -> None:
+        self.target = _target(os.environ.get("NOTIFY_SOCKET", "") if addr is None else addr)
+        self.sock: socket.socket | None = None
+        if self.target is not None:
+            try:
+                kind = socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                self.sock = socket.socket(socket.AF_UNIX, kind)
+            except OSError:
+                self.sock = None  # falls back to a socket per message
+
+    def send(self, *fields: str) -> bool:
+        if self.target is None or not fields:
+            return False
+        if self.sock is None:
+            return notify(*fields)
+        try:
+            self.sock.sendto("\n".join(fields).encode("utf-8", "replace"), self.target)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def notify(*fields: str) -> bool:
     """Send ``KEY=VALUE`` fields as one datagram; True if systemd got it."""
-    addr = os.environ.get("NOTIFY_SOCKET", "")
-    if not addr or addr[0] not in "/@" or not fields:
+    target = _target(os.environ.get("NOTIFY_SOCKET", ""))
+    if target is None or not fields:
         return False
-    target = "\0" + addr[1:] if addr[0] == "@" else addr  # '@' = abstract namespace
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(0.5)  # a full receive queue must not stall the event loop long

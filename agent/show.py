@@ -1,54 +1,30 @@
-"""``infersight show FILE``: the waterfall again, from an OTLP JSON lines file.
+"""``infersight show [--format text|json|chrome-trace] FILE``: a cold start again, from an OTLP JSON file.
 
-Prints one waterfall per ``coldstart`` root in the file (the served process and any
-hooked children), oldest first, with launch's probe result under its root.
+- ``text`` (default): one waterfall per ``coldstart`` root in the file (the served process and
+  any hooked children), oldest first, with launch's probe result under its root;
+- ``json``: the waterfalls as JSON for scripts (``report_trace.waterfall_json``);
+- ``chrome-trace``: Chrome trace-event JSON for Perfetto UI and ``chrome://tracing``.
+
+Lines that do not parse (a last line cut short) are skipped with a note on stderr.
+Exit 0; 1 when the file holds no cold start (text, json) or nothing to trace; 2 when it
+cannot be read.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, TextIO
+import sys
+from typing import TextIO
 
 from infersight.agent.assemble import descendants
-from infersight.agent.model import AttrValue, ColdStart, Resource, SpanItem
+from infersight.agent.model import ColdStart, SpanItem
+from infersight.agent.report_parse import Telemetry, parse_lines, read_file
 from infersight.exporters.waterfall import render_waterfall
 
-
-def _value(v: dict[str, Any]) -> AttrValue:
-    if "stringValue" in v:
-        return str(v["stringValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "arrayValue" in v:
-        return [str(_value(x)) for x in v["arrayValue"].get("values", [])]
-    return ""
-
-
-def _attrs(kvs: list[dict[str, Any]]) -> dict[str, AttrValue]:
-    return {kv["key"]: _value(kv.get("value", {})) for kv in kvs}
+FORMATS = ("text", "json", "chrome-trace")
 
 
 def spans_from_lines(lines: list[str]) -> list[SpanItem]:
-    spans: list[SpanItem] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        for rs in req.get("resourceSpans", []):
-            res = Resource.of(_attrs(rs.get("resource", {}).get("attributes", [])))
-            for ss in rs.get("scopeSpans", []):
-                spans.extend(
-                    SpanItem(
-                        res, s["traceId"], s["spanId"], s.get("parentSpanId") or None, s["name"],
-                        int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"]), _attrs(s.get("attributes", [])),
-                    )
-                    for s in ss.get("spans", [])
-                )
-    return spans
+    return parse_lines(lines).spans
 
 
 def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
@@ -59,24 +35,45 @@ def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
     ]
 
 
-def show_file(path: str, out: TextIO) -> int:
+def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = None) -> int:
+    err = err if err is not None else (out if out is not sys.stdout else sys.stderr)
     try:
-        with open(path, encoding="utf-8") as f:
-            spans = spans_from_lines(f.readlines())
-    except (OSError, ValueError, KeyError) as exc:
-        out.write("infersight show: cannot read %s: %s\n" % (path, exc))
+        t = read_file(path)
+    except OSError as exc:
+        err.write("infersight show: cannot read %s: %s\n" % (path, exc.strerror or exc))
         return 2
-    found = coldstarts(spans)
+    for s in t.skipped[:5]:
+        err.write("infersight show: %s\n" % s)
+    if fmt == "chrome-trace":
+        return _chrome(t, path, out, err)
+    found = coldstarts(t.spans)
     if not found:
-        out.write("infersight show: no coldstart span in %s\n" % path)
+        err.write("infersight show: no coldstart span in %s\n" % path)
         return 1
-    probes = [s for s in spans if s.name == "infersight.probe"]
+    if fmt == "json":
+        from infersight.agent.report_trace import dumps, waterfall_json
+        from infersight.agent.report_views import waterfalls
+
+        out.write(dumps(waterfall_json(waterfalls(t.spans))) + "\n")
+        return 0
+    probes = [s for s in t.spans if s.name == "infersight.probe"]
     for cs in found:
         out.write(render_waterfall(cs) + "\n")
         for p in probes:
             if p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id:
                 out.write(probe_line(p) + "\n")
         out.write("\n")
+    return 0
+
+
+def _chrome(t: Telemetry, path: str, out: TextIO, err: TextIO) -> int:
+    from infersight.agent.report_trace import chrome_trace, dumps
+
+    trace = chrome_trace(t)
+    if not trace["traceEvents"]:
+        err.write("infersight show: no spans or OOMs to trace in %s\n" % path)
+        return 1
+    out.write(dumps(trace) + "\n")
     return 0
 
 

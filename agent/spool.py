@@ -38,16 +38,23 @@ class DiskSpool:
         return os.path.join(self.dir, "%012d.seg" % seg)
 
     def _load_pos(self) -> int:
+        """The read offset in the first segment. Saved as "SEGMENT OFFSET": a position saved
+        for a segment that is gone (a save failed on a full disk) is not applied to the next."""
         try:
             with open(os.path.join(self.dir, "pos")) as f:
-                return int(f.read().strip() or 0)
-        except (OSError, ValueError):
+                parts = f.read().split()
+            if len(parts) == 1:  # the older format: an offset alone
+                return int(parts[0])
+            seg, pos = int(parts[0]), int(parts[1])
+        except (OSError, ValueError, IndexError):
             return 0
+        return pos if self.segments and seg == self.segments[0] else 0
 
     def _save_pos(self) -> None:
+        """Raises OSError (a full disk); the position in memory is right regardless."""
         tmp = os.path.join(self.dir, "pos.tmp")
         with open(tmp, "w") as f:
-            f.write(str(self.read_pos))
+            f.write("%d %d" % (self.segments[0] if self.segments else 0, self.read_pos))
         os.replace(tmp, os.path.join(self.dir, "pos"))
 
     def _scan(self, seg: int) -> int:
@@ -84,16 +91,40 @@ class DiskSpool:
     def __bool__(self) -> bool:
         return bool(self.segments) and self.items > 0
 
+    def _seg_size(self, seg: int) -> int:
+        try:
+            return os.path.getsize(self._seg_path(seg))
+        except FileNotFoundError:  # not created yet (its first write failed)
+            return 0
+
+    def head(self) -> tuple[int, int] | None:
+        """Where the oldest unread record is: (segment, offset)."""
+        return (self.segments[0], self.read_pos) if self.segments else None
+
     def append(self, batch: Sequence[Item]) -> None:
-        """Write a batch; raises OSError when the disk refuses (the caller counts it)."""
+        """Write a batch; raises OSError when the disk refuses (the caller counts it).
+
+        A write that fails half way (a full disk) is cut back off, so the segment never
+        keeps a torn record that would hide every record after it."""
         payload = json.dumps([to_dict(i) for i in batch], separators=(",", ":")).encode()
-        if not self.segments or os.path.getsize(self._seg_path(self.segments[-1])) > self.segment_bytes:
+        if not self.segments or self._seg_size(self.segments[-1]) > self.segment_bytes:
             nxt = (self.segments[-1] + 1) if self.segments else 1
             self.segments.append(nxt)
             self._counts[nxt] = 0
         seg = self.segments[-1]
-        with open(self._seg_path(seg), "ab") as f:
-            f.write(REC.pack(len(payload), len(batch)) + payload)
+        data = REC.pack(len(payload), len(batch)) + payload
+        fd = os.open(self._seg_path(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
         self._counts[seg] += len(batch)
         self.spooled_items += len(batch)
         while self.size_bytes() > self.max_bytes and len(self.segments) > 1:

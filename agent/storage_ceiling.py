@@ -4,11 +4,13 @@ A weights span's throughput means little alone: 1 GiB/s is excellent from a netw
 disk and poor from NVMe. We measure the device once with a bounded direct read
 (``O_DIRECT``, so the page cache does not flatter it; buffered after ``POSIX_FADV_DONTNEED``
 where the filesystem refuses ``O_DIRECT``), cache the figure per device (major:minor) in
-``$XDG_CACHE_HOME/infersight/storage_ceiling.json``, and the hooks report each load's
-ratio to it (``infersight.weights.ceiling_ratio``). ``infersight doctor`` shows the cache
-and can measure a directory.
+``$XDG_CACHE_HOME/infersight/storage_ceiling.json``, and the hooks report the ratio to it
+(``infersight.weights.ceiling_ratio``) for cold reads only: a read the page cache served
+(``infersight.weights.page_cache_ratio`` >= 0.5) says nothing about the disk. ``infersight
+doctor`` shows the cache and can measure a directory.
 
-The hooks read the same file (``hooks/_coldstart.weights_attrs``): keep the format.
+The hooks read the same file (``hooks/_weights.storage_ceiling``, and
+``hooks/_coldstart.weights_attrs`` for ``weights_to_device``): keep the format.
 """
 
 from __future__ import annotations
@@ -180,6 +182,31 @@ def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None)
             os.unlink(scratch)
         except OSError:
             pass
+
+
+COLD_BELOW = 0.5  # infersight.weights.page_cache_ratio under this: the disk served the read
+
+
+def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:
+    """(path, bytes/s) of the weights reads in one OTLP JSON request that the disk served.
+
+    A read the page cache served (``page_cache_ratio`` >= 0.5) says nothing about the disk:
+    comparing it with the ceiling gave figures like 37,900%. Spans from hooks that did not
+    say (no ratio) still count.
+    """
+    found: list[tuple[str, float]] = []
+    for rs in req.get("resourceSpans", []) or []:
+        for ss in rs.get("scopeSpans", []) or []:
+            for s in ss.get("spans", []) or []:
+                attrs = {kv["key"]: kv.get("value", {}) for kv in s.get("attributes", [])}
+                p = attrs.get("infersight.weights.path", {}).get("stringValue")
+                r = attrs.get("infersight.weights.bytes_per_s", {})
+                rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
+                c = attrs.get("infersight.weights.page_cache_ratio")
+                cached = float(c.get("doubleValue", c.get("intValue", 0)) or 0) if isinstance(c, dict) else None
+                if p and rate > 0 and (cached is None or cached < COLD_BELOW):
+                    found.append((str(p), rate))
+    return found
 
 
 def doctor_lines(cache: str | None = None) -> list[str]:

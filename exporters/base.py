@@ -14,11 +14,20 @@ from infersight.agent.model import Item
 
 
 class ExportError(Exception):
-    """The batch was not delivered. ``retryable`` False means retrying cannot help."""
+    """The batch was not delivered.
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    ``retryable`` False: the peer refused this batch for good (a malformed payload, say);
+    the worker drops it at once and counts it. ``rejected`` True: the peer answered and
+    refused it, so retrying may or may not help; each such attempt counts toward the
+    per-record cap (``agent.exporter_max_attempts``), after which the record is dropped and
+    counted instead of blocking what is behind it. The default (retryable, not rejected)
+    means the peer is away: retried without limit, spooled to disk meanwhile.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True, rejected: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.rejected = rejected
 
 
 @runtime_checkable

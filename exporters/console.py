@@ -3,28 +3,65 @@
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Sequence
 from typing import TextIO
 
-from infersight.agent.model import ColdStart, Item
+from infersight.agent.model import ColdStart, ColdStartProgress, Item
 from infersight.exporters.waterfall import render_waterfall
+
+KEEP_COLDSTARTS = 64
+
+
+def progress_line(state: dict[str, object]) -> str:
+    """``warming: weights_load 3.1 s, ~4.2 s left (5 runs)``; without history, no ETA."""
+    stage = state.get("stage") or "starting"
+    elapsed = state.get("elapsed_s")
+    eta = state.get("eta_s")
+    line = "warming: %s %.1f s" % (stage, float(elapsed) if isinstance(elapsed, (int, float)) else 0.0)
+    if isinstance(eta, (int, float)):
+        runs = state.get("eta_runs")
+        line += ", ~%.1f s left (%s run%s)" % (eta, runs, "" if runs == 1 else "s")
+    return line
 
 
 class ConsoleExporter:
-    """Prints a waterfall for every completed cold start (to stderr by default)."""
+    """Prints a waterfall for every completed cold start (to stderr by default). The last
+    few are kept (``coldstarts``) for an embedding program; a long-lived agent keeps no more."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, keep: int = KEEP_COLDSTARTS) -> None:
         self.name = "console"
         self.stream = stream
-        self.coldstarts: list[ColdStart] = []
+        self.coldstarts: deque[ColdStart] = deque(maxlen=keep)
         self.printed = 0
+        self._progress_shown = False
 
     async def start(self) -> None:
         return None
 
+    def _progress(self, it: ColdStartProgress) -> None:
+        """One updating line while a process warms, on a terminal only (a log file gets none)."""
+        out = self.stream or sys.stderr
+        if not getattr(out, "isatty", lambda: False)():
+            return
+        if it.state is None:
+            if self._progress_shown:
+                out.write("\r\x1b[K")
+                out.flush()
+                self._progress_shown = False
+            return
+        out.write("\r\x1b[K" + progress_line(it.state))
+        out.flush()
+        self._progress_shown = True
+
     async def export(self, batch: Sequence[Item]) -> None:
         for it in batch:
+            if isinstance(it, ColdStartProgress):
+                self._progress(it)
+                continue
             if isinstance(it, ColdStart):
+                if self._progress_shown:
+                    self._progress(ColdStartProgress(it.root.resource, "", 0, 0, None))
                 self.coldstarts.append(it)
                 out = self.stream or sys.stderr
                 out.write(render_waterfall(it) + "\n")

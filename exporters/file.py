@@ -3,45 +3,85 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Sequence
-from typing import IO
 
 from infersight.agent.model import Item
 from infersight.exporters.base import ExportError
 from infersight.exporters.otlp_json import encode_lines
 
+log = logging.getLogger("infersight.exporters.file")
+
 
 class FileExporter:
-    """Appends one ``Export*ServiceRequest`` per line; rotates to ``PATH.1`` ... ``PATH.N``."""
+    """Appends one ``Export*ServiceRequest`` per line; rotates to ``PATH.1`` ... ``PATH.N``.
+
+    A write that fails half way (a full disk) is cut back to the last complete line, so a
+    reader never meets a partial line; the batch is retried (or spooled) by the worker. A
+    file found ending in a partial line (a crash mid-write) is repaired the same way when
+    opened, and the line is counted in ``partial_lines_removed``.
+    """
 
     def __init__(self, path: str, max_bytes: int = 256 << 20, backups: int = 3) -> None:
         self.name = "file"
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
-        self._fh: IO[str] | None = None
+        self._fd: int | None = None
         self._size = 0
         self.lines = 0
         self.items = 0
         self.errors = 0
         self.rotations = 0
+        self.partial_writes = 0  # writes cut back to the last complete line
+        self.partial_lines_removed = 0  # partial lines found at open (records lost before)
         self.last_error = ""
 
     async def start(self) -> None:
         await asyncio.to_thread(self._open)
 
     def _open(self) -> None:
-        if self._fh is None:
+        if self._fd is None:
             d = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(d, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open
-            self._size = self._fh.tell()
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                self._size = self._repair(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            self._fd = fd
+
+    def _repair(self, fd: int) -> int:
+        """Cut a trailing partial line; returns the size of the complete lines."""
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return size
+        pos = size
+        while pos > 0:
+            start = max(0, pos - 65536)
+            nl = os.pread(fd, pos - start, start).rfind(b"\n")
+            if nl >= 0:
+                pos = start + nl + 1
+                break
+            pos = start
+        os.ftruncate(fd, pos)
+        self.partial_lines_removed += 1
+        log.warning("%s ended in a partial line (%d bytes, from an interrupted write): removed",
+                    self.path, size - pos)
+        return pos
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _rotate(self) -> None:
-        assert self._fh is not None
-        self._fh.close()
-        self._fh = None
+        self._close()
         for i in range(self.backups - 1, 0, -1):
             src = "%s.%d" % (self.path, i)
             if os.path.exists(src):
@@ -58,15 +98,21 @@ class FileExporter:
         if not lines:
             return
         self._open()
-        assert self._fh is not None
-        data = "\n".join(lines) + "\n"
-        n = len(data.encode("utf-8")) if not data.isascii() else len(data)
-        if self._size and self._size + n > self.max_bytes:
+        data = ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace")
+        if self._size and self._size + len(data) > self.max_bytes:
             self._rotate()
-            assert self._fh is not None
-        self._fh.write(data)
-        self._fh.flush()
-        self._size += n
+        assert self._fd is not None
+        fd, start = self._fd, self._size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            if len(view) < len(data):  # some of it went out: back to the last complete line
+                self.partial_writes += 1
+                os.ftruncate(fd, start)
+            raise
+        self._size += len(data)
         self.lines += len(lines)
         self.items += len(batch)
 
@@ -76,19 +122,13 @@ class FileExporter:
         except OSError as exc:  # disk full, permissions: the worker counts and spools
             self.errors += 1
             self.last_error = str(exc)
-            if self._fh is not None:
-                try:
-                    self._fh.close()
-                except OSError:
-                    pass
-                self._fh = None
+            self._close()
             raise ExportError("cannot write %s: %s" % (self.path, exc)) from exc
 
     async def force_flush(self, timeout_s: float) -> bool:
         def sync() -> None:
-            if self._fh is not None:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
+            if self._fd is not None:
+                os.fsync(self._fd)
 
         try:
             await asyncio.wait_for(asyncio.to_thread(sync), timeout_s)
@@ -98,9 +138,7 @@ class FileExporter:
 
     async def shutdown(self) -> None:
         await self.force_flush(5.0)
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self._close()
 
     def state(self) -> dict[str, int | float | str]:
         return {
@@ -109,5 +147,7 @@ class FileExporter:
             "items": self.items,
             "errors": self.errors,
             "rotations": self.rotations,
+            "partial_writes": self.partial_writes,
+            "partial_lines_removed": self.partial_lines_removed,
             "last_error": self.last_error,
         }

@@ -9,7 +9,10 @@ topic                      retained  payload
 ``birth``                  yes      :func:`birth_payload` (daemon only)
 ``launch/<pid>/status``    yes      ``online`` / last will ``offline``; cleared on clean exit
 ``launch/<pid>/birth``     no       :func:`birth_payload` of an embedded ``launch`` agent
-``coldstart``              no       one completed cold start: root span + every stage
+``coldstart``              no       one completed cold start: root span + every stage, and
+                                    ``stage_durations_s`` (the seconds the duration histogram
+                                    observes: per stage, ``unattributed``, ``total``)
+``coldstart/<svc>/progress`` yes    a warming process: stage, elapsed, ETA; cleared (empty) at readiness/exit
 ``oom``                    no       an OOM result (log record, ``infersight.oom.*`` attributes)
 ``memory``                 no       memory events and memory metric snapshots of producers
 ``device/<hw.id>``         no       one device's metric snapshot (or a device event)
@@ -32,9 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.agent.coldstart_metrics import ended_by, stage_durations
 from infersight.agent.model import (
     Attributes,
     ColdStart,
+    ColdStartProgress,
     HistogramPoint,
     Item,
     LogItem,
@@ -118,6 +123,9 @@ class Topics:
     def device(self, hw_id: str) -> str:
         return "%s/device/%s" % (self.base, topic_level(hw_id))
 
+    def coldstart_progress(self, service: str) -> str:
+        return "%s/coldstart/%s/progress" % (self.base, topic_level(service))
+
 
 # -- JSON ------------------------------------------------------------------------------------
 
@@ -141,7 +149,7 @@ def dumps(obj: dict[str, Any]) -> bytes:
 
 
 def _resource(r: Resource) -> dict[str, Any]:
-    return dict(r.attributes)
+    return dict(r.as_dict())
 
 
 def _producer_of(r: Resource) -> str | None:
@@ -193,6 +201,9 @@ def coldstart_payload(cs: ColdStart, host: str) -> dict[str, Any]:
     d["trace_id"] = cs.root.trace_id
     d["root"] = span_dict(cs.root)
     d["stages"] = [span_dict(s) for s in cs.stages]
+    # The values the infersight.coldstart.duration histogram observes, for MQTT-side aggregation.
+    d["stage_durations_s"] = stage_durations(cs)
+    d["ended_by"] = ended_by(cs)
     d["resource"] = _resource(cs.root.resource)
     return d
 
@@ -241,6 +252,13 @@ def log_family(item: LogItem) -> str | None:
     return name if name in EVENT_FAMILIES else None
 
 
+def progress_payload(item: ColdStartProgress, host: str) -> dict[str, Any]:
+    """The retained progress message: the fields of ``status --json``, plus the envelope."""
+    assert item.state is not None
+    return {"schema": SCHEMA_VERSION, "type": "coldstart_progress", "host.name": host,
+            "time_unix_nano": item.time_ns, **item.state}
+
+
 class _Snapshot:
     __slots__ = ("metrics", "resource", "time_ns")
 
@@ -262,7 +280,14 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
     skipped = 0
     host = topics.host
     for item in batch:
-        if isinstance(item, ColdStart):
+        if isinstance(item, ColdStartProgress):
+            # Retained state: only the newest per topic matters, so an older one in the same
+            # batch is dropped and can never overwrite it on the broker.
+            topic = topics.coldstart_progress(item.service)
+            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
+            payload = b"" if item.state is None else dumps(progress_payload(item, host))
+            out.append(Outgoing(topic, payload, True, None, None))
+        elif isinstance(item, ColdStart):
             d = coldstart_payload(item, host)
             out.append(
                 Outgoing(topics.family("coldstart"), dumps(d), False, d["producer"], d["seq"], 1 + len(item.stages))

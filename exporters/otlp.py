@@ -238,7 +238,7 @@ def _build_sdk_exporter(
                     )
                 except OSError as exc:
                     raise OtlpConfigError("OTLP %s certificate: %s" % (signal, exc)) from None
-        return cls(**kwargs)
+        return _record_grpc_status(cls(**kwargs), grpc.RpcError)
 
     from opentelemetry.exporter.otlp.proto.http import Compression
 
@@ -268,7 +268,82 @@ def _build_sdk_exporter(
             value = _pick(env, signal, what)
             if value:
                 kwargs[arg] = value
-    return cls(**kwargs)
+    return _record_http_status(cls(**kwargs))
+
+
+# The HTTP status of the last export on this thread: the SDK exporters return only
+# SUCCESS/FAILURE, and the worker must tell a refused batch from a peer that is away.
+_http_status = threading.local()
+# Answers that mean "this batch is bad": the OTLP spec says drop, do not retry.
+HTTP_FINAL = frozenset({400, 413, 415, 422})
+# Answers that mean "the peer or its configuration is away": keep spooling, retry.
+HTTP_AWAY = frozenset({401, 403, 404, 407, 408, 429, 502, 503, 504})
+
+
+def _record_http_status(sdk: Any) -> Any:
+    client: Any = getattr(sdk, "_client", None)
+    export = getattr(client, "export", None)
+    if client is None or export is None:  # another SDK version: every failure counts as "away"
+        return sdk
+
+    def recording_export(data: bytes) -> Any:
+        _http_status.sent = True
+        result = export(data)
+        _http_status.code = getattr(result, "status_code", None)
+        return result
+
+    client.export = recording_export
+    sdk._infersight_records_status = True
+    return sdk
+
+
+# gRPC codes (OTLP spec): the batch is bad, or the collector failed on it.
+GRPC_FINAL = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION"})
+GRPC_REJECTED = frozenset({"INTERNAL", "UNKNOWN"})
+
+
+class _RecordingStub:
+    """The gRPC stub, recording whether a request went out and the status that came back."""
+
+    def __init__(self, stub: Any, rpc_error: type[Exception]) -> None:
+        self._stub = stub
+        self._rpc_error = rpc_error
+
+    def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the stub's name
+        _http_status.sent = True
+        try:
+            return self._stub.Export(*args, **kwargs)
+        except self._rpc_error as exc:
+            code = getattr(exc, "code", None)
+            _http_status.grpc = getattr(code(), "name", None) if callable(code) else None
+            raise
+
+
+def _record_grpc_status(sdk: Any, rpc_error: type[Exception]) -> Any:
+    stub_cls = getattr(sdk, "_stub", None)
+    if stub_cls is None or getattr(sdk, "_client", None) is None:  # another SDK version
+        return sdk
+    sdk._stub = lambda channel: _RecordingStub(stub_cls(channel), rpc_error)  # the channel is rebuilt at times
+    sdk._client = _RecordingStub(sdk._client, rpc_error)
+    sdk._infersight_records_status = True
+    return sdk
+
+
+def classify_grpc_failure(code: str | None) -> str:
+    if code in GRPC_FINAL:
+        return "final"
+    if code in GRPC_REJECTED:
+        return "rejected"
+    return "away"  # UNAVAILABLE, DEADLINE_EXCEEDED ..., and UNAUTHENTICATED, NOT_FOUND (configuration)
+
+
+def classify_failure(status: int | None) -> str:
+    """``away`` (retry without limit), ``rejected`` (retry, capped) or ``final`` (drop)."""
+    if status is None or status in HTTP_AWAY or status < 400:
+        return "away"
+    if status in HTTP_FINAL or 400 <= status < 500:
+        return "final"
+    return "rejected"
 
 
 class OtlpExporter:
@@ -338,7 +413,7 @@ class OtlpExporter:
 
     async def export(self, batch: Sequence[Item]) -> None:
         if self._closed:
-            raise ExportError("OTLP exporter is shut down", retryable=False)
+            raise ExportError("OTLP exporter is shut down")  # spooled for the next start
         self.export_calls += 1
         spans: list[SpanItem] = []
         metrics: list[MetricItem] = []
@@ -372,8 +447,13 @@ class OtlpExporter:
         )
         errors = [e for e in results if e is not None]
         if errors:
-            self.last_error = "; ".join(errors)
-            raise ExportError(self.last_error, retryable=True)
+            self.last_error = "; ".join(why for why, _kind in errors)
+            kinds = {kind for _why, kind in errors}
+            # Signals that went out are sent again on a retry. A signal whose peer is away
+            # keeps the batch retried; otherwise a refusal decides.
+            if "away" in kinds:
+                raise ExportError(self.last_error)
+            raise ExportError(self.last_error, retryable="final" not in kinds, rejected=True)
 
     async def force_flush(self, timeout_s: float) -> bool:
         # Nothing is buffered here: each export() call goes out synchronously.
@@ -408,8 +488,12 @@ class OtlpExporter:
 
     # -- in a worker thread -----------------------------------------------------------------
 
-    def _export_signal(self, signal: Signal, items: Sequence[Any]) -> str | None:
+    def _export_signal(self, signal: Signal, items: Sequence[Any]) -> tuple[str, str] | None:
+        """None when delivered, else (why, how it failed: see :func:`classify_failure`)."""
         route = self.routes[signal]
+        _http_status.code = None
+        _http_status.grpc = None
+        _http_status.sent = False
         try:
             if signal == "traces":
                 data: Any = self._spans(items)
@@ -437,13 +521,21 @@ class OtlpExporter:
                 return None
             self.export_failures += 1
             self.failed_items += len(items)
-        return "OTLP %s %s to %s failed: %s" % (route.protocol, signal, safe_url(route.endpoint), why)
+        status = getattr(_http_status, "code", None) if route.protocol != "grpc" else None
+        grpc_code = getattr(_http_status, "grpc", None) if route.protocol == "grpc" else None
+        kind = classify_grpc_failure(grpc_code) if route.protocol == "grpc" else classify_failure(status)
+        if status is not None:
+            why += " (HTTP %d)" % status
+        elif grpc_code is not None:
+            why += " (gRPC %s)" % grpc_code
+        elif getattr(route.exporter, "_infersight_records_status", False) and not _http_status.sent:
+            kind = "final"  # the SDK could not encode the batch (a lone surrogate, too large)
+            why += " (not encodable)"
+        return ("OTLP %s %s to %s failed: %s" % (route.protocol, signal, safe_url(route.endpoint), why),
+                kind)
 
     def _sdk_resource(self, r: Resource) -> Any:
-        try:
-            cached = self._resources.get(r)
-        except TypeError:  # a list-valued attribute makes the resource unhashable
-            return self._new_resource(r)
+        cached = self._resources.get(r)
         if cached is None:
             with self._lock:
                 if len(self._resources) > 1024:
@@ -457,7 +549,7 @@ class OtlpExporter:
 
         # Our items already carry the merged resource (OTEL_RESOURCE_ATTRIBUTES, service.name):
         # send exactly it, without the SDK's defaults.
-        return SdkResource(dict(r.attributes))
+        return SdkResource(r.as_dict())
 
     def _scope_obj(self) -> Any:
         if self._scope is None:

@@ -3,9 +3,10 @@
 Pure functions. ``encode_lines`` returns one line per signal present in the batch:
 an ``ExportTraceServiceRequest``, ``ExportMetricsServiceRequest`` or
 ``ExportLogsServiceRequest``. Ids are hex and 64-bit integers are strings, as the
-OTLP/JSON spec asks. The JSON text is assembled directly from our items, with the C
-string escaper for every string: no SDK objects and no intermediate dicts, which is
-what lets the agent write 100k+ events/s to a file on one core.
+OTLP/JSON spec asks; an attribute integer outside int64 is written as a string value
+(a point value as a double), so every line parses as protobuf. The JSON text is
+assembled directly from our items, with the C string escaper for every string: no SDK
+objects and no intermediate dicts, which is what lets the agent write 100k+ events/s to a file on one core.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from infersight.agent.model import (
 SPAN_KIND_INTERNAL = 1
 STATUS_ERROR = 2
 AGGREGATION_CUMULATIVE = 2
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 SCOPE = '{"name":"infersight","version":%s}' % q(__version__)
 
 
@@ -46,7 +48,9 @@ def any_value(v: AttrValue) -> str:
     if isinstance(v, bool):
         return '{"boolValue":true}' if v else '{"boolValue":false}'
     if isinstance(v, int):
-        return '{"intValue":"%d"}' % v
+        if INT64_MIN <= v <= INT64_MAX:
+            return '{"intValue":"%d"}' % v
+        return '{"stringValue":"%d"}' % v  # protobuf's int64 cannot hold it: keep the digits
     if isinstance(v, float):
         return '{"doubleValue":%s}' % _double(v)
     if isinstance(v, list):
@@ -73,7 +77,7 @@ def resource_json(r: Resource) -> str:
     if out is None:
         if len(_resource_cache) > 1024:
             _resource_cache.clear()
-        out = _resource_cache[r] = '{"attributes":[%s]}' % kv_list(dict(r.attributes))
+        out = _resource_cache[r] = '{"attributes":[%s]}' % kv_list(r.as_dict())
     return out
 
 
@@ -107,7 +111,13 @@ def log_json(x: LogItem) -> str:
 
 def _number_point(p: NumberPoint, m: MetricItem) -> str:
     v = p.value
-    value = '"asInt":"%d"' % v if type(v) is int else '"asDouble":%s' % _double(float(v))
+    if type(v) is int and INT64_MIN <= v <= INT64_MAX:
+        value = '"asInt":"%d"' % v
+    else:  # a float, or an int beyond int64 (a point value has no string form)
+        try:
+            value = '"asDouble":%s' % _double(float(v))
+        except OverflowError:  # beyond any double too
+            value = '"asDouble":%s' % _double(math.inf if v > 0 else -math.inf)
     return '{"attributes":[%s],"startTimeUnixNano":"%d","timeUnixNano":"%d",%s}' % (
         kv_list(p.attributes), m.start_ns, m.time_ns, value)
 

@@ -56,7 +56,7 @@ from infersight.agent.config import Config, Key, section_settings
 from infersight.agent.config import parse_bool as _p_bool
 from infersight.agent.config import parse_int as _p_int
 from infersight.agent.device_metrics import MetricSpec, prometheus_name
-from infersight.agent.model import AttrValue, HistogramPoint, Item, MetricItem, NumberPoint, Resource
+from infersight.agent.model import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
 from infersight.exporters.base import ExportError
 
 log = logging.getLogger("infersight.exporters.prometheus")
@@ -237,7 +237,7 @@ class SeriesStore:
             return 0
         base = resource_labels(m.resource)
         if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
-            info = {**labels_of(m.resource.attributes), **base}
+            info = {**labels_of(m.resource.as_dict()), **base}
             self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now))
         kept = 0
         for p in m.points:
@@ -312,6 +312,43 @@ class SeriesStore:
         return out
 
 
+class WarmingGauges:
+    """``infersight_coldstart_eta_seconds`` and ``..._progress_ratio``, only while a cold start runs.
+
+    Labelled by service. The agent's update for a service describes its least advanced
+    warming process (workers: the service is ready when the last one is).
+    """
+
+    ETA = "infersight_coldstart_eta_seconds"
+    PROGRESS = "infersight_coldstart_progress_ratio"
+
+    def __init__(self) -> None:
+        self.states: dict[str, dict[str, Any]] = {}
+
+    def add(self, items: Iterable[Item]) -> None:
+        for it in items:
+            if isinstance(it, ColdStartProgress):
+                if it.state is None:
+                    self.states.pop(it.service, None)
+                else:
+                    self.states[it.service] = it.state
+
+    def families(self) -> list[Metric]:
+        out = []
+        for name, field, doc in (
+            (self.ETA, "eta_s", "Predicted seconds left in the service's cold start"),
+            (self.PROGRESS, "progress", "Share of the service's cold start done (0-1)"),
+        ):
+            rows = [(svc, st[field]) for svc, st in sorted(self.states.items())
+                    if isinstance(st.get(field), (int, float))]
+            if rows:
+                m = Metric(name, doc, "gauge")
+                for service, v in rows:
+                    m.add_sample(name, {"service": service}, float(v))
+                out.append(m)
+        return out
+
+
 class _Collector:
     """The prometheus-client collector: renders the store on every scrape."""
 
@@ -324,7 +361,7 @@ class _Collector:
     def collect(self) -> Iterable[Metric]:
         self._exporter.scrapes += 1
         self._exporter.store.expire()
-        return self._exporter.store.families()
+        return [*self._exporter.store.families(), *self._exporter.progress.families()]
 
 
 # -- the exporter ------------------------------------------------------------------------------
@@ -355,6 +392,7 @@ class PrometheusExporter:
         self.host = _strip_host(host) or DEFAULT_HOST
         self.port = port
         self.store = SeriesStore(max_series, series_ttl_s, target_info)
+        self.progress = WarmingGauges()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self.scrapes = 0
@@ -408,6 +446,7 @@ class PrometheusExporter:
     async def export(self, batch: Sequence[Item]) -> None:
         """Record the batch's metric points. Never raises: a pull endpoint has nothing to retry."""
         self.store.add(batch)
+        self.progress.add(batch)
         if self._server is None and not self._closed and time.monotonic() - self._last_bind_try >= REBIND_INTERVAL_S:
             try:
                 self._bind()
@@ -443,7 +482,7 @@ class PrometheusExporter:
 
 
 def shipped_rule_files() -> list[Path]:
-    """The Prometheus rule files shipped as package data: ``alerts.yml`` and ``recording.yml``."""
+    """The Prometheus rule files shipped as package data: ``alerts.yml``, ``coldstart.yml``, ``recording.yml``."""
     return sorted((Path(__file__).resolve().parent / "prometheus").glob("*.yml"))
 
 

@@ -9,6 +9,7 @@ unattributed time and the three biggest top-level stages.
 from __future__ import annotations
 
 from infersight.agent.model import ColdStart, SpanItem
+from infersight.exporters.weights_note import weights_note
 
 
 def _human_bytes(n: float) -> str:
@@ -50,16 +51,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         name = "coldstart" if s is root else "  " * (1 + _depth(s, by_id, root.span_id)) + (
             str(s.attributes.get("infersight.stage") or s.name)
         )
-        extra = ""
-        nbytes = s.attributes.get("infersight.weights.bytes")
-        rate = s.attributes.get("infersight.weights.bytes_per_s")
-        if isinstance(nbytes, (int, float)):
-            extra = _human_bytes(nbytes)
-            if isinstance(rate, (int, float)):
-                extra += " @ %s/s" % _human_bytes(rate)
-            ratio = s.attributes.get("infersight.weights.ceiling_ratio")
-            if isinstance(ratio, (int, float)):
-                extra += " (%.0f%% of storage ceiling)" % (100.0 * ratio)
+        extra = weights_note([s.attributes])
         if s.attributes.get("infersight.stage.custom") is True:
             name += "*"
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (name[:26], off, dur, share, width, bar, extra))

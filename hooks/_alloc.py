@@ -387,7 +387,12 @@ def _history_tail(torch: Any, dev: int, large: int) -> List[Dict[str, Any]]:
 
 
 def snapshot_summary(segments: Any, top: int = TOP_ALLOCS) -> Dict[str, Any]:
-    """Bounded summary of ``memory_snapshot()`` segments (pure; takes the list)."""
+    """Bounded summary of ``memory_snapshot()`` segments (pure; takes the list).
+
+    At most MAX_SEGMENTS segments and MAX_BLOCKS blocks in all are looked at ("truncated"
+    says so). ``inactive_split`` is PyTorch's inactive_split_bytes: free blocks that have a
+    neighbour in their segment (Block::is_split()), as infersight.rules.snapshot counts it.
+    """
     pools: Dict[str, Dict[str, int]] = {}
     live: List[int] = []
     inactive_split = 0
@@ -405,27 +410,28 @@ def snapshot_summary(segments: Any, top: int = TOP_ALLOCS) -> Dict[str, Any]:
         pool["segments"] += 1
         pool["reserved"] += total
         pid = seg.get("segment_pool_id")
-        if isinstance(pid, (tuple, list)) and any(pid):
+        if isinstance(pid, (tuple, list)) and any(pid[:4]):
             private += total
         blocks = seg.get("blocks") or []
-        any_active = False
+        split = len(blocks) > 1
+        if len(blocks) > MAX_BLOCKS - nblk:
+            truncated = True
+            blocks = blocks[: MAX_BLOCKS - nblk]
+        nblk += len(blocks)
         free_here = 0
         for b in blocks:
-            nblk += 1
             size = int(b.get("size") or 0)
             state = b.get("state")
             if state == "inactive":
                 free_here += size
                 pool["largest_free"] = max(pool["largest_free"], size)
-            else:
-                any_active = True
-                if state == "active_allocated":
-                    live.append(size)
-                    if len(live) > 4 * top:
-                        live.sort(reverse=True)
-                        del live[top:]
+            elif state == "active_allocated":
+                live.append(size)
+                if len(live) > 4 * top:
+                    live.sort(reverse=True)
+                    del live[top:]
         pool["free"] += free_here
-        if any_active:
+        if split:
             inactive_split += free_here
     live.sort(reverse=True)
     out: Dict[str, Any] = {

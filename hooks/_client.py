@@ -6,7 +6,14 @@ thread. Delivery is at-least-once: frames stay in ``_outbox`` until the agent ac
 them, and are resent after a reconnect. While the agent is away, batches go to a
 bounded spool file that is replayed (by this thread on reconnect, or by the agent if
 this process has died). Every event gets a sequence number when it is emitted, so
-anything dropped on a full buffer or spool shows up as a gap the agent counts.
+anything dropped on a full buffer or spool shows up as a gap the agent counts, and the
+drop counters reach the agent in a ``drops`` event once it is reachable.
+
+Local users are not trusted: in a per-user fallback location (``/tmp/infersight-<uid>``),
+the socket's directory must pass ``_paths.check_socket_dir`` and the peer must run as its
+owner, root or us; the spool file is created
+fresh (``O_EXCL|O_NOFOLLOW``, an unguessable name) in a directory opened without following
+a symlink, and is truncated and unlinked only through our own descriptors.
 """
 
 from __future__ import annotations
@@ -16,15 +23,18 @@ from __future__ import annotations
 # imported here, on the main thread: a first import on a daemon thread can race the
 # host's own imports or interpreter shutdown.
 import _socket
+import errno  # already loaded at start-up
 import fcntl
 import itertools
 import os
+import stat
+import struct  # already loaded by _wire
 import sys
 import threading
 import time
 from _collections import deque  # the C type; the collections module costs ~2.5 ms
 
-from . import _wire
+from . import _paths, _wire
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -38,6 +48,8 @@ DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 SEND_TIMEOUT_S = 2.0
 IDLE_WAIT_S = 0.2
 RECONNECT_MAX_S = 5.0
+SPOOL_RETRY_S = 5.0  # after a spool error, batches are dropped (and counted) this long before a retry
+EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in I/O
 
 
 def _say(msg: str) -> None:
@@ -46,6 +58,21 @@ def _say(msg: str) -> None:
         sys.stderr.flush()
     except Exception:
         pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until done; a short write that cannot finish raises OSError."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError("short write")
+        view = view[n:]
+
+
+def _user_events(events: List[_wire.Event]) -> int:
+    """Events that count as lost when this batch is: our own ``drops`` reports do not."""
+    return sum(1 for e in events if e[2] != "drops")
 
 
 class Client:
@@ -60,6 +87,7 @@ class Client:
         spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
     ) -> None:
         self.socket_path = socket_path
+        self._socket_owner = _paths.fallback_owner(socket_path)  # None: a path used as given
         self.spool_dir = spool_dir
         self.producer = producer
         self.max_buffer = max_buffer
@@ -77,6 +105,8 @@ class Client:
         self.dropped_spool = 0
         self._reported_buffer = 0
         self._reported_spool = 0
+        self._warned_loss = False
+        self._warned_socket = ""
         self.sent_events = 0
         # Connection state (drain thread only).
         self._sock: Optional[Any] = None  # a _socket.socket
@@ -87,13 +117,20 @@ class Client:
         self._outbox: Deque[Tuple[int, int, bytes]] = deque()  # (last seq, events, frame)
         self._outbox_bytes = 0
         self.acked = 0
-        # Spool state.
+        # Spool state: our file and the directory it is in, both held open while in use.
         self._spool_fd: Optional[int] = None
-        self._spool_path = os.path.join(spool_dir, "%s.spool" % producer["id"])
+        self._spool_dir_fd: Optional[int] = None
+        self._spool_name = ""
         self._spool_size = 0
         self._spool_read = 0
+        self._spool_retry_at = 0.0  # monotonic: no spool writes before this, after an error
+        self._spool_error = ""
         self._thread = threading.Thread(target=self._run, name="infersight-drain", daemon=True)
         self._thread.start()
+
+    @property
+    def spool_path(self) -> str:
+        return os.path.join(self.spool_dir, self._spool_name) if self._spool_name else ""
 
     # -- hot path -------------------------------------------------------------------
 
@@ -109,9 +146,8 @@ class Client:
     # -- control --------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until everything emitted so far was sent and acked, or spooled."""
+        """Wait until everything emitted so far was sent and acked, or spooled (or counted)."""
         deadline = time.monotonic() + timeout_s
-        self._report_drops()
         while time.monotonic() < deadline:
             if not self._buf and not self._outbox and self._idle.is_set():
                 return True
@@ -127,14 +163,41 @@ class Client:
             self._stop = True
             self._wake.set()
             self._thread.join(timeout=1.0)
-            with self._lock:
-                self._spool_leftovers()
+            # A drain thread stuck in I/O holds the lock: do not wait on it past a bound.
+            connected, unreported = self._sock is not None, self._unreported()
+            if self._lock.acquire(timeout=EXIT_LOCK_WAIT_S):
+                try:
+                    self._spool_retry_at = 0.0  # one last try, whatever failed before
+                    if unreported:
+                        self._report_drops()  # the spool carries the count to the agent
+                    self._spool_leftovers()
+                finally:
+                    self._lock.release()
+            else:
+                self.dropped_buffer += _user_events(list(self._buf)) + sum(n for _l, n, _f in list(self._outbox))
+            lost = self.dropped_buffer + self.dropped_spool
+            if lost and (not connected or unreported or self._unreported()):
+                _say("%d event(s) lost in this process (%d on a full buffer, %d that could not be "
+                     "spooled)" % (lost, self.dropped_buffer, self.dropped_spool))
+
+    def _unreported(self) -> bool:
+        return self.dropped_buffer != self._reported_buffer or self.dropped_spool != self._reported_spool
 
     def _report_drops(self) -> None:
+        """Queue a ``drops`` event with the counts so far (outside the buffer bound: it is
+        one per pump at most, and only queued when something can carry it)."""
         b, s = self.dropped_buffer, self.dropped_spool
-        if b != self._reported_buffer or s != self._reported_spool:
-            self._reported_buffer, self._reported_spool = b, s
-            self.emit("drops", {"buffer": b, "spool": s})
+        self._reported_buffer, self._reported_spool = b, s
+        self._buf.append((next(self._seq), time.time_ns(), "drops", {"buffer": b, "spool": s}))
+
+    def _lose(self, n_events: int, why: str) -> None:
+        """Count events that could be neither sent nor spooled; say so once."""
+        self.dropped_spool += n_events
+        if n_events and not self._warned_loss:
+            self._warned_loss = True
+            _say("cannot spool events (%s) and the agent at %s is not reachable: events are "
+                 "dropped and counted; the count goes to the agent when it is back"
+                 % (why, self.socket_path))
 
     # -- drain thread ---------------------------------------------------------------
 
@@ -161,6 +224,10 @@ class Client:
             self._read_acks()
             if self._spool_pending():
                 self._replay_spool()
+            # Drops are reported only where they cannot be dropped again (a report that is
+            # itself dropped would be one more drop to report: a spin).
+            if self._sock is not None and not self._spool_pending() and self._unreported():
+                self._report_drops()
         while self._buf:
             if self._sock is not None and self._outbox_bytes >= MAX_OUTBOX_BYTES:
                 self._read_acks(block=True)
@@ -175,12 +242,7 @@ class Client:
             if self._sock is not None and not self._spool_pending():
                 self._send(last, len(events), frame)
             else:
-                self._spool_write(frame, len(events))
-            if (
-                self.dropped_buffer != self._reported_buffer
-                or self.dropped_spool != self._reported_spool
-            ):
-                self._report_drops()
+                self._spool_write(frame, _user_events(events))
         if self._sock is not None:
             self._read_acks()
 
@@ -194,14 +256,50 @@ class Client:
         except OSError:
             self._disconnect()
 
+    def _agent_uids(self) -> Optional[Tuple[int, ...]]:
+        """The uids the agent may run as (empty: not checked, a path the operator chose), or
+        None when the socket is to be taken as absent: missing, or in an unsafe directory."""
+        owner = self._socket_owner
+        if owner is None:
+            return ()
+        uid = os.geteuid()
+        try:
+            _paths.check_socket_dir(os.path.dirname(os.path.abspath(self.socket_path)), owner)
+            st = os.lstat(self.socket_path)
+        except FileNotFoundError:
+            return None  # no agent (yet): quietly spool
+        except (OSError, ValueError) as exc:
+            self._warn_socket(str(exc))
+            return None
+        uids = (uid, 0, owner)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in uids:
+            self._warn_socket("%s is not a socket of uid %s" % (self.socket_path, " or ".join(
+                str(u) for u in sorted(set(uids)))))
+            return None
+        return uids
+
+    def _warn_socket(self, why: str) -> None:
+        if why != self._warned_socket:
+            self._warned_socket = why
+            _say("not connecting to the agent: %s; spooling instead" % why)
+
     def _try_connect(self) -> None:
         now = time.monotonic()
         if now < self._next_attempt:
+            return
+        uids = self._agent_uids()
+        if uids is None:
+            self._schedule_retry(now)
             return
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(SEND_TIMEOUT_S)
         try:
             sock.connect(self.socket_path)
+            peer = self._peer_uid(sock)
+            if uids and peer is not None and peer not in uids:
+                # The path was swapped after our checks: not the agent, tell it nothing.
+                self._warn_socket("the peer at %s runs as uid %d" % (self.socket_path, peer))
+                raise OSError("untrusted peer")
             hello = dict(self.producer)
             hello["acked"] = self.acked
             sock.sendall(
@@ -231,6 +329,15 @@ class Client:
                 self._disconnect()
                 return
         self._replay_spool()
+
+    @staticmethod
+    def _peer_uid(sock: Any) -> Optional[int]:
+        """The connected peer's uid (SO_PEERCRED: pid, uid, gid as native ints), if known."""
+        opt = getattr(_socket, "SO_PEERCRED", None)
+        if opt is None:
+            return None
+        raw = sock.getsockopt(_socket.SOL_SOCKET, opt, 12)
+        return int.from_bytes(raw[4:8], sys.byteorder)
 
     def _schedule_retry(self, now: float) -> None:
         jitter = int.from_bytes(os.urandom(2), "big") / 65536.0
@@ -304,35 +411,73 @@ class Client:
     def _spool_pending(self) -> bool:
         return self._spool_read < self._spool_size
 
+    def _spool_usable(self) -> bool:
+        return time.monotonic() >= self._spool_retry_at
+
+    def _spool_failed(self, why: str) -> None:
+        """Drop (and count) spooled batches for a while, rather than retry on every batch."""
+        self._spool_error = why
+        self._spool_retry_at = time.monotonic() + SPOOL_RETRY_S
+
     def _spool_open(self) -> bool:
+        """Create a fresh spool file: never an existing file, never through a symlink."""
+        if time.monotonic() < self._spool_retry_at:
+            return False
         if self._spool_fd is not None:
             return True
+        # Unguessable, so nobody can plant anything at the name first; ".spool" is what
+        # the agent's replay looks for.
+        name = "%s-%s.spool" % (self.producer["id"], os.urandom(8).hex())
+        dfd = fd = None
         try:
             os.makedirs(self.spool_dir, mode=0o700, exist_ok=True)
-            fd = os.open(self._spool_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            dfd = os.open(self.spool_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            mode = os.fstat(dfd).st_mode
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+                raise OSError("the directory is writable by everyone (mode %04o)" % stat.S_IMODE(mode))
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
+                         0o600, dir_fd=dfd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live
+            hello = _wire.encode_frame(
+                {"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": dict(self.producer)}
+            )
+            _write_all(fd, hello)
         except OSError as exc:
-            _say("cannot open spool %s: %s; events are dropped and counted" % (self._spool_path, exc))
-            self.spool_max_bytes = 0
+            if fd is not None:
+                self._unlink_own(fd, dfd, name)
+                os.close(fd)
+            if dfd is not None:
+                os.close(dfd)
+            link = exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(self.spool_dir)
+            why = "a symbolic link, not followed" if link else exc.strerror or str(exc)
+            self._spool_failed("%s: %s" % (self.spool_dir, why))
             return False
-        self._spool_fd = fd
-        hello = _wire.encode_frame(
-            {"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": dict(self.producer)}
-        )
-        os.write(fd, hello)
+        self._spool_fd, self._spool_dir_fd, self._spool_name = fd, dfd, name
         self._spool_size = self._spool_read = len(hello)
         return True
 
-    def _spool_write(self, frame: bytes, n_events: int) -> None:
+    def _spool_write(self, frame: bytes, n_events: int) -> bool:
         if self._spool_size + len(frame) > self.spool_max_bytes or not self._spool_open():
-            self.dropped_spool += n_events
-            return
+            self._lose(n_events, self._spool_error if not self._spool_usable() else
+                       "the spool is full (%d bytes)" % self.spool_max_bytes)
+            return False
+        fd = self._spool_fd
+        assert fd is not None
+        if self._spool_size + len(frame) > self.spool_max_bytes:  # the hello took the room
+            self._lose(n_events, "the spool is full (%d bytes)" % self.spool_max_bytes)
+            return False
         try:
-            assert self._spool_fd is not None
-            os.write(self._spool_fd, frame)
-            self._spool_size += len(frame)
-        except OSError:
-            self.dropped_spool += n_events
+            _write_all(fd, frame)
+        except OSError as exc:
+            self._spool_failed("%s: %s" % (self.spool_path, exc.strerror or exc))
+            try:  # a partial frame would garble every frame after it: cut it off
+                os.ftruncate(fd, self._spool_size)
+            except OSError:
+                self._spool_abandon()
+            self._lose(n_events, self._spool_error)
+            return False
+        self._spool_size += len(frame)
+        return True
 
     def _replay_spool(self) -> None:
         """Send the spool in order, within the outbox bound; resumed by later pumps."""
@@ -342,12 +487,16 @@ class Client:
                 self._read_acks(block=True)
                 if self._outbox_bytes >= MAX_OUTBOX_BYTES:
                     return  # the agent has not acked yet: go on at the next pump
-            data = os.pread(fd, min(1 << 20, self._spool_size - self._spool_read), self._spool_read)
-            frames, _rest, _bad = _wire.split_frames(data)
-            if not frames:
-                # A frame larger than one read: read exactly that frame.
-                (n,) = _wire.HEADER.unpack_from(data, 0)
-                frames = [os.pread(fd, n, self._spool_read + _wire.HEADER.size)]
+            try:
+                data = os.pread(fd, min(1 << 20, self._spool_size - self._spool_read), self._spool_read)
+                frames, _rest, _bad = _wire.split_frames(data)
+                if not frames:
+                    # A frame larger than one read: read exactly that frame.
+                    (n,) = _wire.HEADER.unpack_from(data, 0)
+                    frames = [os.pread(fd, n, self._spool_read + _wire.HEADER.size)]
+            except (OSError, struct.error):
+                self._spool_abandon()  # unreadable here: the agent replays it later
+                return
             for payload in frames:
                 head = _wire.batch_header(payload) or {}
                 self._spool_read += _wire.HEADER.size + len(payload)
@@ -355,14 +504,53 @@ class Client:
                 if self._sock is None:
                     return
         if fd is not None and not self._spool_pending():
+            self._spool_discard()
+
+    def _spool_detach(self) -> Tuple[Optional[int], Optional[int], str]:
+        fd, dfd, name = self._spool_fd, self._spool_dir_fd, self._spool_name
+        self._spool_fd = self._spool_dir_fd = None
+        self._spool_name = ""
+        self._spool_size = self._spool_read = 0
+        return fd, dfd, name
+
+    def _spool_discard(self) -> None:
+        """Our spool file is fully delivered: truncate and unlink it, through our descriptors."""
+        fd, dfd, name = self._spool_detach()
+        if fd is None:
+            return
+        try:
             os.ftruncate(fd, 0)
-            self._spool_size = self._spool_read = 0
+            self._unlink_own(fd, dfd, name)
+        except OSError:
+            pass
+        finally:
             os.close(fd)
-            self._spool_fd = None
-            try:
-                os.unlink(self._spool_path)
-            except OSError:
-                pass
+            if dfd is not None:
+                os.close(dfd)
+
+    def _spool_abandon(self) -> None:
+        """Stop using the spool file but keep it: closing it frees its lock, so the agent
+        replays what it holds. A later batch starts a new file."""
+        fd, dfd, _name = self._spool_detach()
+        for d in (fd, dfd):
+            if d is not None:
+                try:
+                    os.close(d)
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _unlink_own(fd: int, dfd: Optional[int], name: str) -> None:
+        """Unlink ``name`` in the directory we opened, only if it is still our file: whoever
+        else can write there may have swapped a symlink or another file in since."""
+        if dfd is None:
+            return
+        try:
+            mine, now = os.fstat(fd), os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(name, dir_fd=dfd)
+        except OSError:
+            pass
 
     def _spool_leftovers(self) -> None:
         """At exit: unacked frames and buffered events go to the spool for the agent.
@@ -375,25 +563,44 @@ class Client:
         pending: List[Tuple[bytes, int]] = [(frame, n) for _last, n, frame in self._outbox]
         self._outbox.clear()
         self._outbox_bytes = 0
+        old: Optional[Tuple[Optional[int], Optional[int], str]] = None
         if pending and self._spool_pending():
+            # Copy the unread rest behind the unacked frames into a new file; the old one
+            # goes only once the copy is complete (else the agent replays it: nothing lost).
             assert self._spool_fd is not None
-            rest = os.pread(self._spool_fd, self._spool_size - self._spool_read, self._spool_read)
-            os.ftruncate(self._spool_fd, 0)
-            os.close(self._spool_fd)
-            self._spool_fd = None
-            self._spool_size = self._spool_read = 0
-            pending.append((rest, 0))
+            try:
+                rest = os.pread(self._spool_fd, self._spool_size - self._spool_read, self._spool_read)
+            except OSError:
+                rest = b""
+            old = self._spool_detach()
+            if rest:
+                pending.append((rest, 0))
+            else:
+                self._close_fds(old)  # keep it whole for the agent
+                old = None
+        copied = [self._spool_write(data, n) for data, n in pending]
+        if old is not None:
+            fd, dfd, name = old
+            if copied[-1] and fd is not None:  # the rest is safe in the new file
+                self._unlink_own(fd, dfd, name)
+            self._close_fds(old)
         while self._buf:
             chunk = [self._buf.popleft() for _ in range(min(MAX_BATCH_EVENTS, len(self._buf)))]
-            pending.append((_wire.encode_batch(chunk), len(chunk)))
-        for data, n in pending:
-            self._spool_write(data, n)
+            self._spool_write(_wire.encode_batch(chunk), _user_events(chunk))
         self._close_spool_and_socket()
+
+    @staticmethod
+    def _close_fds(spool: Tuple[Optional[int], Optional[int], str]) -> None:
+        for d in spool[:2]:
+            if d is not None:
+                try:
+                    os.close(d)
+                except OSError:
+                    pass
 
     def _close_spool_and_socket(self) -> None:
         if self._spool_fd is not None:
-            os.close(self._spool_fd)  # releases the lock: the agent may replay it now
-            self._spool_fd = None
+            self._close_fds(self._spool_detach())  # releases the lock: the agent may replay it now
         if self._sock is not None:
             self._sock.close()
             self._sock = None

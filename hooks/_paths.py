@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat  # already loaded by os: no import cost
 
 SYSTEM_SOCKET_DIR = "/run/infersight"
 SYSTEM_SPOOL_DIR = "/var/lib/infersight/spool"
@@ -30,3 +31,40 @@ def spool_dir(env: os._Environ[str] | dict[str, str] | None = None) -> str:
         return SYSTEM_SPOOL_DIR
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "infersight", "spool")
+
+
+class UnsafeSocketDirError(ValueError):
+    """The socket's directory could be another local user's: not to be used."""
+
+
+def fallback_owner(socket_path: str, env: os._Environ[str] | dict[str, str] | None = None) -> int | None:
+    """The uid that must own the socket's directory when it is a per-user fallback location,
+    ``$XDG_RUNTIME_DIR/infersight`` or ``/tmp/infersight-<uid>`` (derived or configured): there,
+    another local user could have made the directory first. None elsewhere: ``/run/infersight``
+    only root can make, and any other configured path is the operator's choice (e.g. a
+    Kubernetes emptyDir shared by the pod's containers), used as given."""
+    env = os.environ if env is None else env
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and directory == os.path.join(os.path.abspath(runtime), "infersight"):
+        return os.geteuid()
+    parent, name = os.path.split(directory)
+    if parent == "/tmp" and name.startswith("infersight-") and name[len("infersight-"):].isdigit():
+        return int(name[len("infersight-"):])
+    return None
+
+
+def check_socket_dir(directory: str, owner: int) -> None:
+    """Raise ``UnsafeSocketDirError`` unless ``directory`` is a real directory (``lstat``: not a
+    symbolic link) owned by ``owner`` or root and writable by its owner only (and OSError, e.g.
+    FileNotFoundError, from lstat). Agent and hooks both apply this one rule."""
+    st = os.lstat(directory)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeSocketDirError("%s is a symbolic link" % directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeSocketDirError("%s is not a directory" % directory)
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022 or st.st_uid not in (owner, 0):
+        raise UnsafeSocketDirError(
+            "%s is owned by uid %d with mode %04o; it must be owned by uid %d (or root) and not "
+            "writable by group or others" % (directory, st.st_uid, mode, owner))

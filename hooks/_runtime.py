@@ -259,11 +259,12 @@ def _after_fork_child() -> None:
                 old._sock.close()  # closes only the child's copy of the descriptor
             except OSError:
                 pass
-        if old._spool_fd is not None:
-            try:
-                os.close(old._spool_fd)
-            except OSError:
-                pass
+        for fd in (old._spool_fd, old._spool_dir_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         old.enabled = False
         root_parent = parent_span
         root_span_id = new_span_id()

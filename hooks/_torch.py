@@ -7,8 +7,8 @@ imports torch (or torch._dynamo, safetensors, onnxruntime) itself.
 | ------------------- | ------------------------------------------------------------------------ |
 | `cuda_init`         | `torch.cuda._lazy_init` (looked up at call time by C++ device_lazy_init), |
 |                     | with `torch.cuda.is_initialized()` polled at checkpoints as a fallback    |
-| `weights_load`      | `torch.serialization.load` (= `torch.load`), `torch.jit.load`,            |
-|                     | `safetensors.torch.load_file` / `load`, `safetensors.safe_open` blocks     |
+| `weights_load`      | see ``_weights``: torch/safetensors/transformers loaders, and the deferred |
+|                     | read of file-mapped tensors (``load_state_dict`` copy, first forward)      |
 | `weights_to_device` | the outermost `nn.Module._apply` that moved bytes from the CPU to a device |
 | `graph_compile`     | torch._dynamo start/end callbacks (registered when torch._dynamo loads),  |
 |                     | `torch.jit.trace` / `trace_module` / `script`, onnxruntime sessions       |
@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import _coldstart as cs
-from . import _runtime
+from . import _runtime, _weights
 
 _tls = threading.local()
 _torch: Any = None
@@ -96,48 +96,6 @@ def _timed(
     return wrapper
 
 
-# -- weights_load -------------------------------------------------------------------------
-
-
-def _describe_file(f: Any) -> Tuple[str, int]:
-    """(absolute path or "", size in bytes or 0) for a path, file object or buffer."""
-    if isinstance(f, (str, os.PathLike)):
-        path = os.path.abspath(os.fspath(f))
-        try:
-            return str(path), os.stat(path).st_size
-        except OSError:
-            return str(path), 0
-    if isinstance(f, (bytes, bytearray, memoryview)):
-        return "", len(f)
-    name = getattr(f, "name", None)
-    try:
-        size = os.fstat(f.fileno()).st_size
-    except Exception:
-        try:
-            size = f.getbuffer().nbytes
-        except Exception:
-            size = 0
-    return (os.path.abspath(name) if isinstance(name, str) else ""), size
-
-
-def _weights_describe(args: Tuple[Any, ...], kwargs: Dict[str, Any], key: str = "f") -> Dict[str, Any]:
-    f = args[0] if args else kwargs.get(key, kwargs.get("filename", kwargs.get("data")))
-    path, size = _describe_file(f)
-    a: Dict[str, Any] = {"infersight.weights.path": path, "infersight.weights.bytes": size}
-    ml = kwargs.get("map_location", kwargs.get("device"))
-    if ml is not None:
-        a["infersight.weights.map_location"] = str(ml)
-    if kwargs.get("mmap"):
-        a["infersight.weights.mmap"] = True
-    return a
-
-
-def _weights_after(attrs: Dict[str, Any], seconds: float, result: Any) -> None:
-    path = str(attrs.pop("infersight.weights.path", "") or "")
-    size = int(attrs.pop("infersight.weights.bytes", 0) or 0)
-    attrs.update(cs.weights_attrs(path, size, seconds))
-
-
 def _compile_describe(api: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]]:
     def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         a: Dict[str, Any] = {"infersight.compile.api": api}
@@ -147,77 +105,6 @@ def _compile_describe(api: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], D
         return a
 
     return describe
-
-
-class _SafeOpen:
-    """``with safe_open(...) as f:`` as one weights_load stage; everything else is the real one."""
-
-    __slots__ = ("_o", "_path", "_real", "_t0")
-
-    def __init__(self, real: Any, path: str) -> None:
-        self._real = real
-        self._path = path
-        self._o: Optional[cs.Open] = None
-        self._t0 = 0.0
-
-    def __enter__(self) -> Any:
-        try:
-            if cs.collecting and not _flag("weights") and cs.root_open():
-                self._o = cs.begin("weights_load")
-                _tls.weights = 1
-                self._t0 = time.perf_counter()
-        except Exception as exc:
-            _runtime.fail(exc)
-        return self._real.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        try:
-            return self._real.__exit__(*exc)
-        finally:
-            o = self._o
-            if o is not None:
-                self._o = None
-                _tls.weights = 0
-                path, size = _describe_file(self._path)
-                o.attrs.update(cs.weights_attrs(path, size, time.perf_counter() - self._t0))
-                o.attrs["infersight.weights.api"] = "safetensors.safe_open"
-                cs.end(o, err=exc[1] if len(exc) > 1 else None)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-def _install_safetensors(mod: Any) -> None:
-    orig = getattr(mod, "safe_open", None)
-    if orig is None:
-        return
-
-    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
-        real = orig(filename, *args, **kwargs)
-        if not cs.collecting or _flag("weights"):
-            return real
-        try:
-            return _SafeOpen(real, filename)
-        except Exception as exc:
-            _runtime.fail(exc)
-            return real
-
-    _patch(mod, "safe_open", safe_open)
-
-
-def _install_safetensors_torch(mod: Any) -> None:
-    for name in ("load_file", "load"):
-        orig = getattr(mod, name, None)
-        if orig is None:
-            continue
-        key = "filename" if name == "load_file" else "data"
-
-        def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any], _k: str = key, _n: str = name) -> Dict[str, Any]:
-            a = _weights_describe(args, kwargs, _k)
-            a["infersight.weights.api"] = "safetensors.torch." + _n
-            return a
-
-        _patch(mod, name, _timed("weights_load", orig, describe, "weights", _weights_after))
 
 
 # -- graph_compile: dynamo callbacks, onnxruntime ------------------------------------------
@@ -305,12 +192,13 @@ def _tensor_bytes(module: Any) -> Tuple[int, int, str]:
 
 def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _apply(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        o = None
+        o = mapped = None
         try:
             if cs.collecting and not _flag("apply") and cs.root_open():
                 cpu0, dev0, _ = _tensor_bytes(self)
                 if cpu0:
                     o = cs.begin("weights_to_device")
+                    mapped = _weights.move_begin(self)  # still-mapped weights: this move reads them
                     _tls.apply = 1
                     t0 = time.perf_counter()
         except Exception as exc:
@@ -330,10 +218,13 @@ def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
             moved = dev1 - dev0
             if moved > 0:
                 o.attrs.update(cs.weights_attrs("", moved, seconds))
+                o.attrs.update(_weights.move_attrs(mapped, self, seconds, True))
                 o.attrs["infersight.weights.device"] = where
                 o.attrs["infersight.weights.module"] = type(self).__name__
                 _poll_cuda(o.start, o.span)
                 cs.end(o)
+            elif mapped is not None and _weights.converted(o, _weights.move_attrs(mapped, self, seconds, False)):
+                cs.end(o)  # a dtype change that read file-mapped weights: a deferred weights_load
             else:
                 cs.end(o, keep=False)  # a dtype change or a move back to the CPU
         except Exception as exc:
@@ -406,10 +297,12 @@ def _make_call_impl(orig: Callable[..., Any], is_compiling: Callable[[], bool]) 
                     _poll_cuda(token[1].start)
             except Exception as exc:
                 _runtime.fail(exc)
+        deferred = _weights.forward_begin(self) if not depth and _weights._mapped else None
         try:
             return orig(self, *args, **kwargs)
         finally:
             tls.depth = depth
+            _weights.forward_end(deferred)
             if token is not None:
                 try:
                     cs.forward_end(token)
@@ -425,25 +318,12 @@ def install(torch: Any) -> None:
     if not cs.collecting:
         return
     _torch = torch
-    ser = getattr(torch, "serialization", None)
-    if ser is not None and hasattr(ser, "load"):
-        orig_load = ser.load
-        wrapped = _timed("weights_load", orig_load,
-                         lambda a, k: dict(_weights_describe(a, k), **{"infersight.weights.api": "torch.load"}),
-                         "weights", _weights_after)
-        _patch(ser, "load", wrapped)
-        if getattr(torch, "load", None) is orig_load:
-            _patch(torch, "load", wrapped)
+    _weights.install(torch)  # weights_load: loaders, load_state_dict, safetensors, transformers
     jit = getattr(torch, "jit", None)
     if jit is not None:
         for name in ("trace", "trace_module", "script"):
             if hasattr(jit, name):
                 _patch(jit, name, _timed_compile(getattr(jit, name), "torch.jit." + name))
-        if hasattr(jit, "load"):
-            _patch(jit, "load", _timed("weights_load", jit.load,
-                                       lambda a, k: dict(_weights_describe(a, k),
-                                                         **{"infersight.weights.api": "torch.jit.load"}),
-                                       "weights", _weights_after))
     nn_module = getattr(getattr(torch, "nn", None), "Module", None)
     if nn_module is not None:
         compiler = getattr(torch, "compiler", None)
@@ -460,8 +340,6 @@ def install(torch: Any) -> None:
             _patch(cuda, "_lazy_init", _make_lazy_init(cuda._lazy_init))
     cs.callbacks["ready"] = _poll_cuda
     cs.on_import("torch._dynamo", _install_dynamo)
-    cs.on_import("safetensors", _install_safetensors)
-    cs.on_import("safetensors.torch", _install_safetensors_torch)
     cs.on_import("onnxruntime", _install_onnxruntime)
 
 

@@ -213,6 +213,8 @@ def parse_device_rules(text: str, path: str = "<string>") -> DeviceRules:
     except tomllib.TOMLDecodeError as exc:
         m = re.search(r"line (\d+)", str(exc))
         raise DeviceRulesError(f"{path}:{m.group(1) if m else 1}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or table
+        raise DeviceRulesError(f"{path}:1: invalid TOML: nested too deeply") from None
     for key in doc:
         if key not in ("engine", "thresholds", "examples"):
             raise ctx.fail(f"unknown top-level key {key!r}", None, key)

@@ -86,7 +86,12 @@ Numbers: TypeAlias = Mapping[str, "int | float | None"]
 
 
 class ExpressionError(ValueError):
-    """A condition or template that does not parse or type-check."""
+    """A condition or template that does not parse or type-check; ``pos`` is the 0-based
+    offset in the expression text where it went wrong, when known."""
+
+    def __init__(self, msg: str, pos: int | None = None) -> None:
+        super().__init__(msg)
+        self.pos = pos
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +165,9 @@ _UNIT_BYTES = {
 }
 _KEYWORDS = frozenset({"and", "or", "not", "true", "false", "max", "min", "abs", "known"})
 _MAX_EXPR_CHARS = 4000
+# Depth of the expression tree: parentheses, unary operators and each operator of a chain
+# such as R*R*R count. Evaluation and type checks recurse once per level, so this keeps them
+# far below Python's recursion limit; real rules are under 10 deep.
 _MAX_DEPTH = 64
 _TOKEN = re.compile(
     r"\s*(?:(?P<num>\d{1,18}(?:\.\d{1,12})?)|(?P<name>[A-Za-z_][A-Za-z0-9_]{0,63})"
@@ -167,28 +175,51 @@ _TOKEN = re.compile(
 )
 
 
-def _tokenize(src: str) -> list[tuple[str, str]]:
+def _tokenize(src: str) -> tuple[list[tuple[str, str]], list[int]]:
+    """Tokens (kind, text) and, beside them, the offset where each starts."""
     if len(src) > _MAX_EXPR_CHARS:
-        raise ExpressionError(f"expression longer than {_MAX_EXPR_CHARS} characters")
+        raise ExpressionError(f"expression longer than {_MAX_EXPR_CHARS} characters", _MAX_EXPR_CHARS)
     out: list[tuple[str, str]] = []
+    starts: list[int] = []
     pos = 0
     end = len(src.rstrip())
     while pos < end:
         m = _TOKEN.match(src, pos)
         if m is None or m.end() == pos:
-            raise ExpressionError(f"unexpected character {src[pos:].lstrip()[:1]!r}")
+            at = len(src) - len(src[pos:].lstrip())
+            raise ExpressionError(f"unexpected character {src[at:at + 1]!r}", at)
         kind = m.lastgroup or ""
         out.append((kind, m.group(kind)))
+        starts.append(m.start(kind))
         pos = m.end()
-    return out
+    return out, starts
 
 
 class _Parser:
     def __init__(self, src: str, names: frozenset[str]) -> None:
-        self.toks = _tokenize(src)
+        self.toks, self.starts = _tokenize(src)
+        self.end = len(src.rstrip())
         self.i = 0
         self.names = names
         self.depth = 0
+        self.tree_depth: dict[int, int] = {}  # id(node) -> height; leaves are 1
+
+    def pos(self, back: int = 0) -> int:
+        """Offset of the current token (or of one ``back`` tokens earlier)."""
+        i = self.i - back
+        return self.starts[i] if 0 <= i < len(self.starts) else self.end
+
+    def error(self, msg: str, back: int = 0) -> ExpressionError:
+        return ExpressionError(msg, self.pos(back))
+
+    def node(self, e: Expr, *children: Expr) -> Expr:
+        """Record ``e``'s height in the tree; refuse a tree deeper than _MAX_DEPTH."""
+        h = 1 + max((self.tree_depth.get(id(c), 1) for c in children), default=0)
+        if h > _MAX_DEPTH:
+            raise self.error(f"expression nested deeper than {_MAX_DEPTH} levels "
+                             "(each operator of a chain counts one); split it or use max()/min()", 1)
+        self.tree_depth[id(e)] = h
+        return e
 
     def peek(self) -> tuple[str, str] | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -196,9 +227,9 @@ class _Parser:
     def take(self, value: str | None = None) -> tuple[str, str]:
         tok = self.peek()
         if tok is None:
-            raise ExpressionError(f"expected {value!r}, found end of expression")
+            raise self.error(f"expected {value!r}, found end of expression")
         if value is not None and tok[1] != value:
-            raise ExpressionError(f"expected {value!r}, found {tok[1]!r}")
+            raise self.error(f"expected {value!r}, found {tok[1]!r}")
         self.i += 1
         return tok
 
@@ -210,35 +241,35 @@ class _Parser:
         e = self.or_()
         extra = self.peek()
         if extra is not None:
-            raise ExpressionError(f"unexpected {extra[1]!r}")
+            raise self.error(f"unexpected {extra[1]!r}")
         return e
 
     def _enter(self) -> None:
         self.depth += 1
         if self.depth > _MAX_DEPTH:
-            raise ExpressionError(f"expression nested deeper than {_MAX_DEPTH}")
+            raise self.error(f"expression nested deeper than {_MAX_DEPTH} levels", 1)
 
     def or_(self) -> Expr:
         items = [self.and_()]
         while self.at("or"):
             self.take()
             items.append(self.and_())
-        return items[0] if len(items) == 1 else Logic("or", tuple(items))
+        return items[0] if len(items) == 1 else self.node(Logic("or", tuple(items)), *items)
 
     def and_(self) -> Expr:
         items = [self.not_()]
         while self.at("and"):
             self.take()
             items.append(self.not_())
-        return items[0] if len(items) == 1 else Logic("and", tuple(items))
+        return items[0] if len(items) == 1 else self.node(Logic("and", tuple(items)), *items)
 
     def not_(self) -> Expr:
         if self.at("not"):
             self.take()
             self._enter()
-            e = Not(self.not_())
+            inner = self.not_()
             self.depth -= 1
-            return e
+            return self.node(Not(inner), inner)
         return self.cmp()
 
     def cmp(self) -> Expr:
@@ -247,31 +278,33 @@ class _Parser:
             op = self.take()[1]
             right = self.sum()
             if self.at("<", "<=", ">", ">=", "==", "!="):
-                raise ExpressionError("chained comparisons are not supported; use 'and'")
-            return Compare(op, left, right)
+                raise self.error("chained comparisons are not supported; use 'and'")
+            return self.node(Compare(op, left, right), left, right)
         return left
 
     def sum(self) -> Expr:
         e = self.prod()
         while self.at("+", "-"):
             op = self.take()[1]
-            e = Arith(op, e, self.prod())
+            right = self.prod()
+            e = self.node(Arith(op, e, right), e, right)
         return e
 
     def prod(self) -> Expr:
         e = self.unary()
         while self.at("*", "/"):
             op = self.take()[1]
-            e = Arith(op, e, self.unary())
+            right = self.unary()
+            e = self.node(Arith(op, e, right), e, right)
         return e
 
     def unary(self) -> Expr:
         if self.at("-"):
             self.take()
             self._enter()
-            e = Neg(self.unary())
+            inner = self.unary()
             self.depth -= 1
-            return e
+            return self.node(Neg(inner), inner)
         return self.atom()
 
     def atom(self) -> Expr:
@@ -296,7 +329,7 @@ class _Parser:
                 self.take("(")
                 k, arg = self.take()
                 if k != "name" or arg in _KEYWORDS:
-                    raise ExpressionError("known() takes one quantity name")
+                    raise self.error("known() takes one quantity name", 1)
                 self._check_name(arg)
                 self.take(")")
                 return Known(arg)
@@ -310,19 +343,19 @@ class _Parser:
                 self.take(")")
                 self.depth -= 1
                 if text == "abs" and len(args) != 1:
-                    raise ExpressionError("abs() takes one argument")
+                    raise self.error("abs() takes one argument", 1)
                 if text != "abs" and len(args) < 2:
-                    raise ExpressionError(f"{text}() takes two or more arguments")
-                return Call(text, tuple(args))
+                    raise self.error(f"{text}() takes two or more arguments", 1)
+                return self.node(Call(text, tuple(args)), *args)
             if text in _KEYWORDS:
-                raise ExpressionError(f"unexpected {text!r}")
+                raise self.error(f"unexpected {text!r}", 1)
             self._check_name(text)
             return Name(text)
-        raise ExpressionError(f"unexpected {text!r}")
+        raise self.error(f"unexpected {text!r}", 1)
 
     def _check_name(self, name: str) -> None:
         if name not in self.names:
-            raise ExpressionError(f"unknown quantity {name!r} (known: {', '.join(sorted(self.names))})")
+            raise self.error(f"unknown quantity {name!r} (known: {', '.join(sorted(self.names))})", 1)
 
 
 def _type_of(e: Expr) -> Literal["num", "bool"]:
@@ -468,14 +501,14 @@ def parse_template(src: str, names: Iterable[str]) -> Template:
             i += 2
             continue
         if ch == "}":
-            raise ExpressionError("unmatched '}' in template (write '}}' for a brace)")
+            raise ExpressionError("unmatched '}' in template (write '}}' for a brace)", i)
         if ch != "{":
             buf.append(ch)
             i += 1
             continue
         close = src.find("}", i)
         if close < 0:
-            raise ExpressionError("unclosed '{' in template")
+            raise ExpressionError("unclosed '{' in template", i)
         body = src[i + 1 : close]
         if buf:
             parts.append("".join(buf))
@@ -486,8 +519,11 @@ def parse_template(src: str, names: Iterable[str]) -> Template:
             expr_src, _, fmt = body.rpartition(":") if ":" in body else (body, "", "bytes")
             fmt = fmt.strip() or "bytes"
             if fmt not in _FMTS:
-                raise ExpressionError(f"unknown format {fmt!r} (use {', '.join(_FMTS)})")
-            parts.append((parse_expression(expr_src, names, want="num"), fmt))
+                raise ExpressionError(f"unknown format {fmt!r} (use {', '.join(_FMTS)})", i)
+            try:
+                parts.append((parse_expression(expr_src, names, want="num"), fmt))
+            except ExpressionError as exc:  # the offset within the whole template
+                raise ExpressionError(str(exc), i + 1 + (exc.pos or 0)) from None
         i = close + 1
     if buf:
         parts.append("".join(buf))
@@ -585,9 +621,10 @@ def _missing(names: Iterable[str], env: Mapping[str, float | None]) -> list[str]
 class Location:
     path: str
     line: int
+    col: int = 0  # 1-based column, 0 when not known
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}"
+        return f"{self.path}:{self.line}:{self.col}" if self.col else f"{self.path}:{self.line}"
 
 
 class RuleFileError(Exception):
@@ -816,8 +853,20 @@ class _FileLoader:
         self.order0 = order0
         self.errors: list[tuple[Location, str]] = []
 
-    def err(self, line: int | None, msg: str) -> None:
-        self.errors.append((Location(self.path, line or 1), msg))
+    def err(self, line: int | None, msg: str, col: int = 0) -> None:
+        self.errors.append((Location(self.path, line or 1, col), msg))
+
+    def expr_err(self, line: int, src: str, exc: ExpressionError, msg: str) -> None:
+        """An expression error at its line:column in the file, where the text of the
+        expression can be found there as written (no escapes); else at the key's line."""
+        lines = self.lines.lines
+        start = sum(len(x) + 1 for x in lines[: line - 1]) if 0 < line <= len(lines) else 0
+        k = self.text.find(src, start) if src else -1
+        if k < 0 or exc.pos is None:
+            self.err(line, msg)
+            return
+        at = k + min(exc.pos, len(src))
+        self.err(self.text.count("\n", 0, at) + 1, msg, at - (self.text.rfind("\n", 0, at) + 1) + 1)
 
     def load(self) -> tuple[list[Rule], frozenset[str]]:
         try:
@@ -825,6 +874,9 @@ class _FileLoader:
         except tomllib.TOMLDecodeError as exc:
             m = re.search(r"line (\d+)", str(exc))
             self.err(int(m.group(1)) if m else 1, f"TOML syntax: {exc}")
+            return [], self.names
+        except RecursionError:  # tomllib recurses once per nested array or table
+            self.err(1, "TOML nested too deeply")
             return [], self.names
         for k in doc:
             if k not in _TOP_KEYS:
@@ -903,7 +955,7 @@ class _FileLoader:
             try:
                 cond = parse_expression(cond_src, names)
             except ExpressionError as exc:
-                self.err(line("condition"), f"{rid}: condition: {exc}")
+                self.expr_err(line("condition"), cond_src, exc, f"{rid}: condition: {exc}")
         remedy = t.get("remedy")
         if not isinstance(remedy, str) or not remedy.strip():
             self.err(line("remedy"), f"{rid}: remedy must be a non-empty string")
@@ -951,12 +1003,16 @@ class _FileLoader:
             extra = set(n) - {"when", "text"}
             if extra:
                 self.err(ln, f"{rid}: note {j + 1}: unknown keys {sorted(extra)}")
+            when = n.get("when")
             try:
-                when = n.get("when")
                 cond = None if when is None else parse_expression(str(when), names)
+            except ExpressionError as exc:
+                self.expr_err(ln, str(when), exc, f"{rid}: note {j + 1}: when: {exc}")
+                continue
+            try:
                 out.append(Note(cond, parse_template(n["text"], names)))
             except ExpressionError as exc:
-                self.err(ln, f"{rid}: note {j + 1}: {exc}")
+                self.expr_err(ln, n["text"], exc, f"{rid}: note {j + 1}: {exc}")
         return tuple(out)
 
     def _examples(self, rid: str, raw: object, start: int, end: int, at: int) -> tuple[Example, ...]:

@@ -10,10 +10,22 @@ Layout read here (``torch.cuda.memory._snapshot`` docstring): ``{"segments": [Se
 ("small"|"large"), segment_pool_id, allocated_size, active_size, blocks``; a Block has
 ``size, requested_size, address, state ("active_allocated"|"active_awaiting_free"|
 "inactive"), frames``.
+
+A pickle can reference one object many times (the memo): a 0.8 MB file can name a
+million segments that are all the same list of a million blocks. The summary therefore
+looks at no more than ``MAX_SEGMENTS`` segments and ``MAX_BLOCKS`` blocks in all, keeps
+only the ``top`` largest live blocks, and says ``truncated`` when it stopped early.
+
+``inactive_split`` is PyTorch's ``inactive_split_bytes``: a free block counts when it is
+split, i.e. it has a neighbour in its segment (``Block::is_split()``: prev or next), so
+every free block of a segment that holds more than one block. The hook's summary
+(``infersight.hooks._alloc.snapshot_summary``) uses the same definition and bounds;
+tests/data/snapshot_vectors.json is their shared test vector.
 """
 
 from __future__ import annotations
 
+import heapq
 import io
 import pickle
 from collections.abc import Mapping
@@ -48,6 +60,9 @@ ALLOWED_GLOBALS = frozenset(
 SMALL_REQUEST = 1 << 20  # PyTorch serves requests <= 1 MiB from the small pool
 DEFAULT_POOL = (0, 0)
 MAX_FILE_BYTES = 4 << 30
+MAX_SEGMENTS = 65536  # segments a summary looks at
+MAX_BLOCKS = 1 << 18  # blocks a summary looks at, over all segments (~1 us each)
+MAX_BYTEARRAY = 1 << 20  # a snapshot holds no bytearray; refuse bytearray(10**12)
 
 
 class SnapshotError(ValueError):
@@ -58,10 +73,20 @@ class UnsafePickleError(SnapshotError):
     """The pickle names a global outside the allow list."""
 
 
+def _bytearray(*args: Any) -> bytearray:
+    """``bytearray`` for protocols < 5, which pickle it as bytearray(str, encoding); a
+    size argument (bytearray(10**12)) would allocate, so only data is accepted."""
+    if not args or not isinstance(args[0], (str, bytes)) or len(args[0]) > MAX_BYTEARRAY:
+        raise UnsafePickleError("refused bytearray(...) that is not small data")
+    return bytearray(*args)
+
+
 class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module == "__builtin__":  # protocols < 3 write the Python 2 name
             module = "builtins"
+        if (module, name) == ("builtins", "bytearray"):
+            return _bytearray
         if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
         allowed = ", ".join(f"{m}.{n}" for m, n in sorted(ALLOWED_GLOBALS))
@@ -144,6 +169,8 @@ class SnapshotSummary:
     expandable_segments: bool
     pools: tuple[PoolSummary, ...]
     top_allocations: tuple[LiveAllocation, ...]
+    blocks: int = 0  # blocks looked at
+    truncated: bool = False  # stopped at MAX_SEGMENTS / MAX_BLOCKS: the sums are partial
 
     def pool(self, segment_type: str, pool_id: tuple[int, ...] = DEFAULT_POOL) -> PoolSummary:
         for p in self.pools:
@@ -179,16 +206,30 @@ def _frame(block: Mapping[str, Any]) -> str | None:
     return f"{f.get('filename', '?')}:{f.get('line', '?')} {f.get('name', '?')}"
 
 
-def summarize(snapshot: Mapping[str, Any], top: int = 10) -> SnapshotSummary:
-    """Segment count, per-pool largest free block, inactive-split bytes, fragmentation."""
+def summarize(
+    snapshot: Mapping[str, Any],
+    top: int = 10,
+    *,
+    max_segments: int = MAX_SEGMENTS,
+    max_blocks: int = MAX_BLOCKS,
+) -> SnapshotSummary:
+    """Segment count, per-pool largest free block, inactive-split bytes, fragmentation.
+
+    Looks at ``max_segments`` segments and ``max_blocks`` blocks at most (``truncated``
+    says it stopped there), so the work is bounded whatever the pickle references."""
     segs = snapshot.get("segments")
     if not isinstance(segs, list):
         raise SnapshotError("not a memory snapshot: no 'segments' list")
     acc: dict[tuple[str, tuple[int, ...]], list[int]] = {}
-    live: list[LiveAllocation] = []
+    live: list[tuple[int, int, Mapping[str, Any], str]] = []  # min-heap of the top blocks
     active = 0
     expandable = False
-    for seg in segs:
+    nblk = seq = 0
+    truncated = len(segs) > max_segments
+    for seg in segs[:max_segments]:
+        if nblk >= max_blocks:
+            truncated = True
+            break
         if not isinstance(seg, dict):
             raise SnapshotError("segment is not a mapping")
         total = _int(seg.get("total_size"))
@@ -196,14 +237,18 @@ def summarize(snapshot: Mapping[str, Any], top: int = 10) -> SnapshotSummary:
         if stype not in ("large", "small"):
             stype = "small" if total <= 2 << 20 else "large"
         raw_pool = seg.get("segment_pool_id", DEFAULT_POOL)
-        pool_id = tuple(_int(x) for x in raw_pool) if isinstance(raw_pool, tuple | list) else ()
+        pool_id = tuple(_int(x) for x in raw_pool[:4]) if isinstance(raw_pool, tuple | list) else ()
         expandable = expandable or bool(seg.get("is_expandable", False))
         blocks = seg.get("blocks")
         blocks = blocks if isinstance(blocks, list) else []
         row = acc.setdefault((stype, pool_id), [0, 0, 0, 0, 0, 0])
         row[0] += 1
         row[1] += total
-        split = len(blocks) > 1
+        split = len(blocks) > 1  # PyTorch's Block::is_split(): it has a neighbour
+        if len(blocks) > max_blocks - nblk:
+            truncated = True
+            blocks = blocks[: max_blocks - nblk]
+        nblk += len(blocks)
         for b in blocks:
             if not isinstance(b, dict):
                 raise SnapshotError("block is not a mapping")
@@ -218,21 +263,21 @@ def summarize(snapshot: Mapping[str, Any], top: int = 10) -> SnapshotSummary:
                 active += size
                 if state == "active_allocated":
                     row[2] += size
-                    live.append(
-                        LiveAllocation(
-                            size,
-                            _int(b.get("requested_size")) or size,
-                            _int(b.get("address")),
-                            stype,
-                            _frame(b),
-                        )
-                    )
+                    seq += 1  # a unique tie-break: the heap never compares the dicts
+                    entry = (size, -seq, b, stype)
+                    if len(live) < top:
+                        heapq.heappush(live, entry)
+                    elif top > 0 and size > live[0][0]:
+                        heapq.heapreplace(live, entry)
     pools = tuple(
         PoolSummary(st, pid, *row) for (st, pid), row in sorted(acc.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     )
     free = sum(p.free_bytes for p in pools)
     largest = max((p.largest_free_block for p in pools), default=0)
-    live.sort(key=lambda a: a.size, reverse=True)
+    tops = [
+        LiveAllocation(size, _int(b.get("requested_size")) or size, _int(b.get("address")), st, _frame(b))
+        for size, _, b, st in sorted(live, key=lambda e: (-e[0], -e[1]))
+    ]
     return SnapshotSummary(
         segments=sum(p.segments for p in pools),
         reserved_bytes=sum(p.reserved_bytes for p in pools),
@@ -244,7 +289,9 @@ def summarize(snapshot: Mapping[str, Any], top: int = 10) -> SnapshotSummary:
         fragmentation_ratio=_ratio(largest, free),
         expandable_segments=expandable,
         pools=pools,
-        top_allocations=tuple(live[: max(0, top)]),
+        top_allocations=tuple(tops),
+        blocks=nblk,
+        truncated=truncated,
     )
 
 

@@ -85,6 +85,18 @@ def attr(obj: dict, key: str):  # type: ignore[no-untyped-def,type-arg]
     return None
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Cold-start history (ETAs) of test runs goes to a tmp dir, never the user's state dir."""
+    old = os.environ.get("INFERSIGHT_STATE_DIR")
+    os.environ["INFERSIGHT_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if old is None:
+        os.environ.pop("INFERSIGHT_STATE_DIR", None)
+    else:
+        os.environ["INFERSIGHT_STATE_DIR"] = old
+
+
 class AgentProcess:
     """``infersight agent`` as a real subprocess with its own config in a tmp dir."""
 

@@ -80,6 +80,7 @@ class _Store:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: list[Received] = []
+        self.grpc_fail: grpc.StatusCode | None = None  # set to refuse gRPC exports with this code
 
     def add(self, r: Received) -> None:
         with self.lock:
@@ -91,6 +92,8 @@ def _make_servicers(store: _Store) -> list[tuple[Callable[[Any, Any], None], Any
         _, resp_type = REQUEST_TYPES[signal]
 
         def export(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+            if store.grpc_fail is not None:
+                context.abort(store.grpc_fail, "refused by the test receiver")
             md = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
             store.add(Received(signal, "grpc", request, md))
             return resp_type()
@@ -240,6 +243,10 @@ class OtlpReceiver:
         self.fail_status = status
         if self._http is not None:
             self._http.fail_status = status
+
+    def set_grpc_fail(self, code: grpc.StatusCode | None) -> None:
+        """Refuse gRPC exports with ``code`` (None: accept again)."""
+        self.store.grpc_fail = code
 
     def __enter__(self) -> OtlpReceiver:
         return self.start()

@@ -110,3 +110,28 @@ def test_otlp_json_lines_parse_into_export_requests() -> None:
     assert spans[0]["startTimeUnixNano"] == "10"
     hist = json.loads(lines[1])["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][2]["histogram"]
     assert hist["dataPoints"][0]["bucketCounts"] == ["1", "2", "0"]
+
+
+def test_resource_with_list_values_is_hashable_and_keeps_lists() -> None:
+    r = Resource.of({"k": [1, 2], "s": "x"})
+    assert hash(r) == hash(Resource.of({"s": "x", "k": [1, 2]}))
+    assert {r: 1}[Resource.of({"k": [1, 2], "s": "x"})] == 1
+    assert r.as_dict() == {"k": [1, 2], "s": "x"} and r.get("k") == [1, 2]
+    back = from_dict(json.loads(json.dumps(to_dict(LogItem(r, 1, 9, "INFO", "b")))))
+    assert back.resource == r and hash(back.resource) == hash(r)
+    line = encode_lines([LogItem(r, 1, 9, "INFO", "b")])[0]
+    res = json.loads(line)["resourceLogs"][0]["resource"]["attributes"]
+    assert {"key": "k", "value": {"arrayValue": {"values": [{"intValue": "1"}, {"intValue": "2"}]}}} in res
+
+
+async def test_console_exporter_keeps_a_bounded_number_of_coldstarts() -> None:
+    import io
+
+    from infersight.exporters.console import ConsoleExporter
+
+    out = io.StringIO()
+    exp = ConsoleExporter(out, keep=3)
+    root = SpanItem(Resource.of({"service.name": "s"}), "a" * 32, "b" * 16, None, "coldstart", 0, 10**9)
+    for _ in range(10):
+        await exp.export([ColdStart(root, [])])
+    assert exp.printed == 10 and len(exp.coldstarts) == 3

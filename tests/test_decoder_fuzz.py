@@ -72,7 +72,10 @@ def test_valid_events_become_items() -> None:
     ])
     assert p.malformed == 1
     kinds = [type(i).__name__ for i in items]
-    assert kinds == ["LogItem", "MetricItem", "SpanItem", "SpanItem", "ColdStart"]
+    assert kinds[:5] == ["LogItem", "MetricItem", "SpanItem", "SpanItem", "ColdStart"]
+    # A finished cold start also yields its fleet metrics (duration histogram, count).
+    assert kinds[5:] and all(k == "MetricItem" for k in kinds[5:])
+    assert {i.name for i in items[5:]} >= {"infersight.coldstart.duration"}  # type: ignore[union-attr]
     root = items[3]
     # 35 ns of root, 5 covered by warmup: 30 ns unattributed.
     assert abs(root.attributes["infersight.coldstart.unattributed_s"] - 30e-9) < 1e-15  # type: ignore[union-attr]

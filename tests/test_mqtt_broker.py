@@ -99,6 +99,10 @@ async def test_round_trip_through_agent(broker: Mosquitto, tmp_path: Path) -> No
         assert d["root"]["attributes"]["faas.coldstart"] is True and d["trace_id"] == trace
         assert [s["name"] for s in d["stages"]] == ["coldstart.weights_load", "coldstart.warmup"]
         assert d["root"]["attributes"]["infersight.coldstart.unattributed_s"] == pytest.approx(0.3, abs=1e-6)
+        # What the infersight.coldstart.duration histogram observed, for MQTT-side aggregation.
+        assert d["stage_durations_s"] == pytest.approx(
+            {"weights_load": 0.4, "warmup": 0.3, "unattributed": 0.3, "total": 1.0}, abs=1e-6)
+        assert d["ended_by"] == "unknown"
         o = om.json()
         assert (o["schema"], o["producer"], o["seq"], o["event.name"]) == (1, "prod-rt", 4, "oom")
         assert o["attributes"]["infersight.oom.class"] == "capacity" and o["resource"]["host.name"] == host

@@ -36,7 +36,7 @@ from infersight.agent.sinks import build_exporters
 from infersight.hooks import _alloc, _runtime
 
 TESTS = Path(__file__).resolve().parent
-EXAMPLES = TESTS.parent.parent / "shared" / "data" / "oom_examples.jsonl"  # shared/ beside the checkout
+EXAMPLES = TESTS / "data" / "oom_examples.jsonl"  # vendored: see tests/data/README.md
 SPAN = "ab" * 8
 TRACE = "cd" * 16
 ROOT = "ef" * 8
@@ -596,3 +596,34 @@ def test_sighup_reload_keeps_old_rules_on_an_invalid_file(tmp_path: Path) -> Non
     assert "reload failed" in a.log.read_text()
     assert fake_torch.__doc__
     assert "FAKE" in fake_torch.__doc__
+
+
+async def test_oom_reads_nvml_off_the_event_loop_under_the_device_lock() -> None:
+    """The handler used to call NVML on the event loop, without the lock that keeps
+    sampling and nvmlShutdown apart."""
+    import threading
+
+    lock = threading.Lock()
+    seen: list[tuple[str, bool]] = []
+
+    class RecordingNvml(FakeNvml):  # FAKE NVML: records where and how it was called
+        def sample(self, index: int) -> DeviceSample | None:
+            seen.append((threading.current_thread().name, lock.locked()))
+            return super().sample(index)
+
+    def guard(fn: Any) -> Any:
+        with lock:
+            return fn()
+
+    published: list[Any] = []
+    nvml = RecordingNvml("GPU-aaaa", 80 * GIB, [(4242, 10 * GIB + 600 * MIB), (999, 68 * GIB)])
+    h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml, publish=published.extend, nvml_guard=guard)
+    asm = Assembler("host", {"oom": h.oom, "mem": h.mem})
+    p = _producer(asm)
+    items = asm.events(p, [[1, 10, "oom", _observer_event()]])
+    assert not [i for i in items if isinstance(i, LogItem)], "finished later, off the loop"
+    await h.wait_later(10)
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "reservation_conflict"
+    assert log.attributes["infersight.oom.nvml"] is True
+    assert seen and all(name != threading.current_thread().name and held for name, held in seen), seen

@@ -358,7 +358,7 @@ def test_module_and_rule_folder_do_not_clash() -> None:
 
     mod = importlib.import_module("infersight.exporters.prometheus_endpoint")
     assert mod.PrometheusExporter is PrometheusExporter
-    assert [p.name for p in shipped_rule_files()] == ["alerts.yml", "recording.yml"]
+    assert [p.name for p in shipped_rule_files()] == ["alerts.yml", "coldstart.yml", "recording.yml"]
 
 
 # -- live: a real Prometheus scrapes the endpoint ----------------------------------------------

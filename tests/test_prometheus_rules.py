@@ -21,6 +21,8 @@ EXPECTED_ALERTS = {
     "InfersightPcieLinkDegraded",
     "InfersightGpuLost",
     "InfersightAgentLosingEvents",
+    "InfersightColdStartRegression",
+    "InfersightColdStartSlowWeights",
 }
 
 
@@ -41,7 +43,7 @@ def test_rule_files_are_shipped_as_package_data() -> None:
     from infersight.exporters.prometheus_endpoint import shipped_rule_files
 
     names = sorted(p.name for p in shipped_rule_files())
-    assert names == ["alerts.yml", "recording.yml"]
+    assert names == ["alerts.yml", "coldstart.yml", "recording.yml"]
     assert {p.name for p in _rule_files()} == set(names)
 
 
@@ -97,10 +99,15 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
 
 def test_rules_use_the_exported_names() -> None:
     """Every raw metric the rules read is a name the exporter produces from our OTel metrics."""
+    from infersight.agent import coldstart_metrics
     from infersight.agent.device_metrics import SPECS, prometheus_name
 
     text = "\n".join(p.read_text() for p in _rule_files())
     produced = {prometheus_name(s) for s in SPECS.values()} | {
+        prometheus_name(s) + suffix
+        for s in coldstart_metrics.METRICS
+        for suffix in (("_bucket", "_count") if s.kind == "histogram" else ("",))
+    } | {
         "infersight_request_duration_seconds_bucket",
         "infersight_request_duration_seconds_count",
         "gen_ai_server_time_to_first_token_seconds_bucket",
@@ -121,8 +128,25 @@ def test_rules_use_the_exported_names() -> None:
                 "hw_state",
                 "hw_type",
                 "hw_gpu_task",
+                "infersight_stage",
+                "infersight_weights_cache",
             )
         )
     }
     assert used, "no metric names found"
     assert used <= produced, used - produced
+
+
+@needs_promtool
+def test_coldstart_regression_min_count_is_what_keeps_a_rare_slow_start_silent(tmp_path: Path) -> None:
+    """Drop the minimum count (20 cold starts in the hour) and the fixture's rare service pages."""
+    (tmp_path / "exporters" / "prometheus").mkdir(parents=True)
+    (tmp_path / "tests" / "prometheus" / "rules").mkdir(parents=True)
+    rules = (RULES / "coldstart.yml").read_text()
+    assert rules.count(">= 20") == 1
+    (tmp_path / "exporters" / "prometheus" / "coldstart.yml").write_text(rules.replace(">= 20", ">= 1"))
+    for rel in ("coldstart.yml", "rules/coldstart_floor.yml"):
+        (tmp_path / "tests" / "prometheus" / rel).write_text((FIXTURES / rel).read_text())
+    r = _promtool("test", "rules", "coldstart.yml", cwd=tmp_path / "tests" / "prometheus")
+    assert r.returncode != 0
+    assert 'service_name="rare"' in r.stdout + r.stderr

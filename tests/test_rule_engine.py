@@ -247,7 +247,7 @@ numbers = { R = "lots" }
     assert f"{p}:6: site.bad: version must be a positive integer" in errs
     assert any(e.startswith(f"{p}:7: site.bad: class must be one of") for e in errs)
     assert f"{p}:8: site.bad: priority must be an integer" in errs
-    assert any(e.startswith(f"{p}:9: site.bad: condition:") for e in errs)
+    assert f"{p}:9:17: site.bad: condition: unexpected '>'" in errs  # line:column of the second '>'
     assert f"{p}:10: site.bad: remedy must be a non-empty string" in errs
     assert f"{p}:13: site.bad: example 1: R = 'lots' is not a size" in errs
 
@@ -281,7 +281,8 @@ def test_bad_note_template_is_reported(tmp_path: Path) -> None:
     text = 'engine_version = "1.0"\n' + VALID_RULE + '\n[[rule.notes]]\ntext = "{R:furlongs}"\n'
     p = _write(tmp_path, text)
     line = len(text.splitlines()) - 1
-    assert _errors([p]) == [f"{p}:{line}: site.x: note 1: unknown format 'furlongs' (use bytes, pct, int)"]
+    # The text's own line and the column of its '{' (the note's table starts one line up).
+    assert _errors([p]) == [f"{p}:{line + 1}:9: site.x: note 1: unknown format 'furlongs' (use bytes, pct, int)"]
 
 
 def test_unreadable_file(tmp_path: Path) -> None:

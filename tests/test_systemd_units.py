@@ -189,14 +189,13 @@ def test_default_config_parses_and_examples_are_valid() -> None:
     assert agent["socket"] == "/run/infersight/agent.sock"
     assert agent["socket_mode"] == 0o660
     assert agent["spool_dir"] == "/var/lib/infersight/spool"
-    assert isinstance(agent["spool_max_bytes"], int)
-    assert agent["allowed_uids"] == []
-    assert agent["allowed_gids"] == []
+    assert agent["exporter_spool_max_bytes"] == 256 << 20
     prom = cfg["exporters"]["prometheus"]
-    assert prom == {"enabled": False, "host": "127.0.0.1", "port": 9464}
+    assert (prom["enabled"], prom["host"], prom["port"]) == (False, "127.0.0.1", 9464)
     assert cfg["nvml"]["interval_s"] == 1.0
-    assert set(cfg["exporters"]) == {"file", "otlp", "mqtt", "prometheus"}
+    assert set(cfg["exporters"]) == {"file", "otlp", "console", "mqtt", "prometheus"}
     assert isinstance(cfg["rules"]["dirs"], list)
+    # That the agent's own loader accepts it, with the real defaults: tests/test_config_example.py.
 
 
 def test_package_data_matches_checkout() -> None:

@@ -1,0 +1,316 @@
+"""Cold starts as fleet metrics: the pure accumulator and what every exporter makes of it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from infersight.agent.coldstart_metrics import (
+    COUNT,
+    DURATION,
+    DURATION_BOUNDS_S,
+    METRICS,
+    OTHER,
+    THROUGHPUT,
+    THROUGHPUT_BOUNDS,
+    ColdStartMetrics,
+    ended_by,
+    render_reference_markdown,
+    stage_durations,
+    weights_throughput,
+)
+from infersight.agent.model import ColdStart, HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
+from infersight.exporters.mqtt_payload import Topics, decode, encode_batch
+from infersight.exporters.otlp_json import encode_lines
+from infersight.exporters.prometheus_endpoint import SeriesStore, metric_name
+
+ROOT = Path(__file__).resolve().parent.parent
+S = 1_000_000_000
+T0 = 1_700_000_000 * S
+
+
+def res(service: str = "svc", pid: int = 1, host: str = "gpu-01") -> Resource:
+    return Resource.of({"service.name": service, "host.name": host, "process.pid": pid,
+                        "service.instance.id": "producer-%d" % pid, "telemetry.sdk.name": "infersight"})
+
+
+def stage(r: Resource, name: str, start_s: float, end_s: float, **attrs: object) -> SpanItem:
+    a = {"infersight.stage": name, **attrs}
+    return SpanItem(r, "a" * 32, os.urandom(8).hex(), "b" * 16, "coldstart." + name,
+                    T0 + int(start_s * S), T0 + int(end_s * S), a)  # type: ignore[arg-type]
+
+
+def cold_start(r: Resource, end_s: float, stages: list[SpanItem], **root_attrs: object) -> ColdStart:
+    root = SpanItem(r, "a" * 32, "b" * 16, None, "coldstart", T0, T0 + int(end_s * S),
+                    {"faas.coldstart": True, **root_attrs})  # type: ignore[arg-type]
+    return ColdStart(root, stages)
+
+
+def points(items: list[MetricItem], name: str) -> dict[str, HistogramPoint | NumberPoint]:
+    (m,) = [m for m in items if m.name == name]
+    return {str(next(iter(p.attributes.values()))): p for p in m.points}
+
+
+def test_stage_durations_union_per_stage_clip_and_unattributed() -> None:
+    r = res()
+    cs = cold_start(r, 10.0, [
+        stage(r, "weights_load", 1.0, 3.0),
+        stage(r, "weights_load", 2.0, 4.0),  # a second shard on another thread: overlaps, counts once
+        stage(r, "weights_load", 5.0, 6.0),  # sequential: adds
+        stage(r, "warmup", 6.0, 9.0),
+        stage(r, "graph_compile", 7.0, 8.5),  # nested in warmup: its own value
+        stage(r, "first_request", 9.5, 11.0),  # runs past the root: clipped
+        stage(r, "unattributed", 4.0, 5.0),  # the sampler's explanation: not counted again
+    ], **{"infersight.coldstart.unattributed_s": 1.5, "infersight.coldstart.ended_by": "first_request"})
+    d = stage_durations(cs)
+    assert d == pytest.approx({"weights_load": 4.0, "warmup": 3.0, "graph_compile": 1.5, "first_request": 0.5,
+                               "unattributed": 1.5, "total": 10.0})
+    assert ended_by(cs) == "first_request"
+    # Without the root attribute: the time no stage covers.
+    del cs.root.attributes["infersight.coldstart.unattributed_s"]
+    assert stage_durations(cs)["unattributed"] == pytest.approx(10.0 - 4.0 - 3.0 - 0.5)
+
+
+def test_accumulates_across_producers_of_one_service() -> None:
+    acc = ColdStartMetrics()
+    for pid, secs in ((10, 3.0), (11, 40.0), (12, 0.05)):  # three processes, one service, one host
+        r = res(pid=pid)
+        items = acc.observe(cold_start(r, secs, [stage(r, "weights_load", 0.0, secs / 2)],
+                                       **{"infersight.coldstart.ended_by": "exit"}), T0 + pid * S)
+    assert len(acc) == 1
+    assert {m.name for m in items} == {DURATION, COUNT}  # no weights reads with a page-cache ratio
+    (m,) = [m for m in items if m.name == DURATION]
+    assert m.resource.as_dict() == {"service.name": "svc", "host.name": "gpu-01", "service.instance.id": "gpu-01",
+                                    "telemetry.sdk.name": "infersight"}  # no pid: one series, not one per process
+    assert (m.kind, m.unit, m.start_ns, m.time_ns) == ("histogram", "s", T0, T0 + 40 * S)
+    total = points(items, DURATION)["total"]
+    assert isinstance(total, HistogramPoint)
+    assert (total.count, total.sum, total.min, total.max) == (3, pytest.approx(43.05), 0.05, 40.0)
+    assert total.bounds == list(DURATION_BOUNDS_S) and len(total.bucket_counts) == len(total.bounds) + 1
+    # 0.05 sits on a bound: bucket (.., 0.05]; 3.0 in (2, 5]; 40 in (30, 60]
+    b = total.bounds
+    assert total.bucket_counts[b.index(0.05)] == 1
+    assert total.bucket_counts[b.index(5.0)] == 1
+    assert total.bucket_counts[b.index(60.0)] == 1
+    assert sum(total.bucket_counts) == 3
+    count = points(items, COUNT)["exit"]
+    assert isinstance(count, NumberPoint) and count.value == 3
+    (c,) = [m for m in items if m.name == COUNT]
+    assert c.kind == "sum" and c.monotonic
+
+
+def test_services_helpers_time_order_and_refresh() -> None:
+    acc = ColdStartMetrics()
+    a, b = res("a"), res("b")
+    acc.observe(cold_start(a, 1.0, []), T0 + 5 * S)
+    out = acc.observe(cold_start(b, 1.0, []), T0 + 2 * S)  # an older event (a spool replay)
+    assert {m.resource.get("service.name") for m in out} == {"b"}  # only the service that changed
+    assert all(m.time_ns == T0 + 5 * S for m in out)  # cumulative time never goes back
+    helper = cold_start(a, 1.0, [], **{"infersight.process.role": "helper"})
+    assert acc.observe(helper, T0 + 6 * S) == [] and acc.helpers_skipped == 1
+    assert len(acc.snapshot(T0 + 7 * S)) == 4  # duration + count per service
+    assert acc.due(T0 + 7 * S + 1, 10 * S) == []  # just published
+    assert {m.resource.get("service.name") for m in acc.due(T0 + 20 * S, 10 * S)} == {"a", "b"}
+
+
+def test_list_valued_resource_attribute_does_not_break_the_key() -> None:
+    r = Resource.of({"service.name": "x", "service.namespace": ["a", "b"], "host.name": "h"})
+    (m, _) = ColdStartMetrics().observe(cold_start(r, 1.0, []), T0)
+    assert m.resource.get("service.namespace") == "['a', 'b']"
+
+
+def test_bounds_on_stages_and_services() -> None:
+    acc = ColdStartMetrics(max_resources=2, max_stages=2)
+    r = res()
+    items = acc.observe(cold_start(r, 5.0, [stage(r, "s%d" % i, i, i + 0.5) for i in range(4)]), T0)
+    assert set(points(items, DURATION)) == {"s0", "s1", OTHER, "unattributed", "total"}
+    assert points(items, DURATION)[OTHER].count == 2  # type: ignore[union-attr]
+    for name in ("x", "y"):
+        acc.observe(cold_start(res(name), 1.0, []), T0)
+    assert len(acc) == 2 and acc.services_forgotten == 1  # the least recently observed went
+
+
+def test_weights_throughput_classes_and_absent_ratio() -> None:
+    r = res()
+    gib = 2**30
+
+    def load(ratio: float | None, nbytes: int, rate: float, at: float) -> SpanItem:
+        a: dict[str, object] = {"infersight.weights.bytes": nbytes, "infersight.weights.bytes_per_s": rate}
+        if ratio is not None:
+            a["infersight.weights.page_cache_ratio"] = ratio
+        return stage(r, "weights_load", at, at + 1, **a)
+
+    # No page_cache_ratio (an older hook): no observation, nothing invented.
+    assert weights_throughput(cold_start(r, 5, [load(None, gib, 1e9, 0)])) is None
+    # 3 GiB cold at 1 GB/s + 1 GiB warm at 10 GB/s: byte-weighted ratio 0.25 -> cold, 4 GiB over 3.3 s.
+    cs = cold_start(r, 5, [load(0.0, 3 * gib, 1e9, 0), load(1.0, gib, 10e9, 2)])
+    cache, rate = weights_throughput(cs)  # type: ignore[misc]
+    assert cache == "cold"
+    assert rate == pytest.approx(4 * gib / (3 * gib / 1e9 + gib / 10e9))
+    acc = ColdStartMetrics()
+    acc.observe(cs, T0)
+    items = acc.observe(cold_start(r, 5, [load(0.9, gib, 12e9, 0)]), T0 + S)
+    th = points(items, THROUGHPUT)
+    assert set(th) == {"cold", "warm"}
+    warm = th["warm"]
+    assert isinstance(warm, HistogramPoint) and warm.count == 1 and warm.bounds == list(THROUGHPUT_BOUNDS)
+    assert warm.bucket_counts[warm.bounds.index(16e9)] == 1
+
+
+def test_launcher_root_ended_by() -> None:
+    r = res()
+    bare = cold_start(r, 1.0, [], **{"infersight.coldstart.source": "launcher"})
+    assert ended_by(bare) == "exit"
+    ready = cold_start(r, 1.0, [stage(r, "ready_wait", 0, 1)], **{"infersight.coldstart.source": "launcher"})
+    assert ended_by(ready) == "ready"
+    probed = cold_start(r, 1.0, [stage(r, "ready_wait", 0, 0.5), stage(r, "first_request", 0.5, 1)],
+                        **{"infersight.coldstart.source": "launcher"})
+    assert ended_by(probed) == "first_request"
+
+
+def _items() -> tuple[ColdStart, list[MetricItem]]:
+    r = res()
+    cs = cold_start(r, 12.0, [stage(r, "weights_load", 1.0, 7.0, **{
+        "infersight.weights.bytes": 6 * 10**9, "infersight.weights.bytes_per_s": 1e9,
+        "infersight.weights.page_cache_ratio": 0.0})], **{"infersight.coldstart.ended_by": "first_request",
+                                                         "infersight.coldstart.unattributed_s": 6.0})
+    return cs, ColdStartMetrics().observe(cs, T0 + 12 * S)
+
+
+def test_prometheus_names_labels_and_buckets() -> None:
+    _, items = _items()
+    assert {metric_name(m) for m in items} == {
+        "infersight_coldstart_duration_seconds",
+        "infersight_coldstart_weights_bytes_per_s_per_second",  # By/s, as the Collector names it
+        "infersight_coldstart_count_total",
+    }
+    store = SeriesStore(target_info=False)
+    assert store.add(items) == 5  # weights_load, unattributed, total, cold, first_request
+    got = _scrape(store)
+    base = {"host_name": "gpu-01", "service_instance_id": "gpu-01", "service_name": "svc"}
+    stage = {**base, "infersight_stage": "weights_load"}
+    hist = "infersight_coldstart_duration_seconds"
+    assert got[(hist + "_bucket", _key(stage, le="5.0"))] == 0
+    assert got[(hist + "_bucket", _key(stage, le="10.0"))] == 1
+    assert got[(hist + "_bucket", _key(stage, le="+Inf"))] == 1
+    assert got[(hist + "_count", _key(stage))] == 1
+    assert got[(hist + "_sum", _key(stage))] == 6.0
+    assert got[(hist + "_sum", _key({**base, "infersight_stage": "total"}))] == 12.0
+    cold = {**base, "infersight_weights_cache": "cold"}
+    assert got[("infersight_coldstart_weights_bytes_per_s_per_second_bucket", _key(cold, le="1e+09"))] == 1
+    assert got[("infersight_coldstart_weights_bytes_per_s_per_second_bucket", _key(cold, le="5e+08"))] == 0
+    ended = {**base, "infersight_coldstart_ended_by": "first_request"}
+    assert got[("infersight_coldstart_count_total", _key(ended))] == 1
+
+
+def test_rate_units_are_named_as_the_collector_names_them() -> None:
+    from infersight.agent.device_metrics import MetricSpec, prometheus_name
+
+    assert prometheus_name(MetricSpec("disk.read", "gauge", "By/s", "")) == "disk_read_bytes_per_second"
+    assert prometheus_name(MetricSpec("load.bytes.rate", "gauge", "By/s", "")) == "load_bytes_rate_per_second"
+    assert prometheus_name(MetricSpec("served", "sum", "{request}/s", "", monotonic=True)) == "served_per_second_total"
+    assert prometheus_name(MetricSpec("x.per.second", "gauge", "1/s", "")) == "x_per_second"
+
+
+def _key(labels: dict[str, str], **more: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({**labels, **more}.items()))
+
+
+def _scrape(store: SeriesStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, _key(s.labels)): s.value
+            for fam in text_string_to_metric_families(_render(store)) for s in fam.samples}
+
+
+def _render(store: SeriesStore) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class C:
+        def collect(self):  # noqa: ANN202
+            return store.families()
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(C())  # type: ignore[arg-type]
+    return generate_latest(reg).decode()
+
+
+def test_otlp_json_line_parses_as_a_cumulative_histogram() -> None:
+    _, items = _items()
+    (line,) = encode_lines(items)
+    msg = ExportMetricsServiceRequest()
+    json_format.Parse(line, msg)
+    ms = {m.name: m for m in msg.resource_metrics[0].scope_metrics[0].metrics}
+    h = ms[DURATION].histogram
+    assert h.aggregation_temporality == 2  # cumulative
+    dp = {p.attributes[0].value.string_value: p for p in h.data_points}
+    assert set(dp) == {"weights_load", "unattributed", "total"}
+    assert (dp["total"].count, dp["total"].sum, dp["total"].min, dp["total"].max) == (1, 12.0, 12.0, 12.0)
+    assert list(dp["total"].explicit_bounds) == list(DURATION_BOUNDS_S)
+    assert ms[COUNT].sum.is_monotonic and ms[COUNT].sum.data_points[0].as_int == 1
+    assert ms[THROUGHPUT].unit == "By/s"
+
+
+async def test_otlp_exporter_sends_the_histograms() -> None:
+    from otlp_receiver import OtlpReceiver, attrs
+
+    from infersight.exporters.otlp import OtlpExporter
+
+    _, items = _items()
+    rx = OtlpReceiver().start()
+    try:
+        for endpoint, protocol in ((rx.http_endpoint, "http/protobuf"), (rx.grpc_endpoint, "grpc")):
+            exp = OtlpExporter(endpoint, protocol, timeout_s=5, env={})
+            await exp.start()
+            await exp.export(items)
+            await exp.shutdown()
+        got = rx.metrics()
+        for transport in ("http", "grpc"):
+            ms = {m.name: (r, m) for r, _, m in rx.metrics(transport)}
+            r, m = ms[DURATION]
+            assert r["service.name"] == "svc" and "process.pid" not in r
+            dp = {attrs(p.attributes)["infersight.stage"]: p for p in m.histogram.data_points}
+            assert dp["weights_load"].sum == 6.0 and list(dp["weights_load"].bucket_counts)[7] == 1  # (5, 10]
+            assert ms[THROUGHPUT][1].histogram.data_points[0].count == 1
+        assert len(got) == 6
+    finally:
+        rx.stop()
+
+
+def test_mqtt_coldstart_message_carries_stage_durations() -> None:
+    cs, _ = _items()
+    msgs, _ = encode_batch([cs.root, *cs.stages, cs], Topics.of("infersight", "gpu-01"))
+    (msg,) = msgs
+    assert msg.topic == "infersight/gpu-01/coldstart"
+    d = decode(msg.payload)
+    assert d["stage_durations_s"] == {"weights_load": 6.0, "unattributed": 6.0, "total": 12.0}
+    assert d["stage_durations_s"] == stage_durations(cs)
+    assert d["ended_by"] == "first_request"
+
+
+def test_reference_table_in_readme_is_current() -> None:
+    table = render_reference_markdown()
+    assert table in (ROOT / "README.md").read_text()
+    assert [m.name for m in METRICS] == [DURATION, THROUGHPUT, COUNT]
+
+
+def test_module_prints_the_table() -> None:
+    out: list[str] = []
+    from infersight.agent import coldstart_metrics
+
+    coldstart_metrics._main(out.append)
+    assert out == [render_reference_markdown().rstrip("\n")]
+
+
+def test_items_survive_the_exporter_spool_codec() -> None:
+    """An exporter whose peer is away spools these items; they must come back equal."""
+    from infersight.agent import itemcodec
+
+    _, items = _items()
+    back = [itemcodec.from_dict(json.loads(json.dumps(itemcodec.to_dict(m)))) for m in items]
+    assert back == items

@@ -1,0 +1,261 @@
+"""Exporter workers under real faults: a full spool disk, a peer that refuses a batch for
+good, a peer that keeps rejecting one record. The worker survives, drops only what it
+must (counted), never blocks what is behind, and ``status`` says when it is stuck."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import wait_for
+from otlp_receiver import OtlpReceiver, attrs
+
+from infersight.agent.model import LogItem, Origin, Resource
+from infersight.agent.pipeline import Completion, ExporterWorker
+from infersight.agent.spool import DiskSpool
+from infersight.exporters.otlp import OtlpExporter
+
+RES = Resource.of({"service.name": "faults"})
+PROTOCOLS = ["http/protobuf", "grpc"]
+
+
+def exporter_for(rx: OtlpReceiver, protocol: str, timeout_s: float) -> OtlpExporter:
+    endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
+    return OtlpExporter(endpoint, protocol=protocol, timeout_s=timeout_s)
+
+
+def refuse(rx: OtlpReceiver, protocol: str, http: int | None, code: grpc.StatusCode | None) -> None:
+    if protocol == "grpc":
+        rx.set_grpc_fail(code if http is not None else None)
+    else:
+        rx.set_fail_status(http)
+
+
+@pytest.fixture(autouse=True)
+def clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k)
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(path: Path, size: str = "64k") -> Iterator[Path]:
+    """A real small filesystem that fills up (needs root and mount rights)."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s,mode=0700" % size, "tmpfs", str(path)],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: %s" % r.stderr.decode().strip())
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(fs: Path) -> Path:
+    """Fill ``fs`` to the last byte; returns the filler file."""
+    filler = fs / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0")
+        except OSError:
+            pass
+    return filler
+
+
+def logs(tag: str, n: int, body: str = "x") -> list[LogItem]:
+    return [LogItem(RES, 1, 9, "INFO", body, {"tag": tag, "i": i}, origin=Origin(tag, i + 1)) for i in range(n)]
+
+
+def received_tags(rx: OtlpReceiver) -> list[str]:
+    return [str(attrs(rec.attributes).get("tag")) for _res, _scope, rec in rx.log_records()]
+
+
+def submit(worker: ExporterWorker, items: list[LogItem]) -> Completion:
+    c = Completion()
+    c.pending = 1
+    worker.submit(items, c)
+    return c
+
+
+async def until(pred, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if pred():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(pred())
+
+
+# -- item 4: a full spool disk ---------------------------------------------------------------
+
+
+def test_full_spool_disk_turns_status_unhealthy_and_recovers(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ENOSPC while the spool saves its read position used to kill the worker silently."""
+    rx = OtlpReceiver(grpc_=False).start()
+    rx.stop()  # the collector is away: the agent's own metrics are spooled
+    with tiny_tmpfs(tmp_path / "fs", "256k") as fs:
+        agent = agent_factory(
+            '[exporters.otlp]\nendpoint = "%s"\nprotocol = "http/protobuf"\ntimeout_s = 0.3\n' % rx.http_endpoint,
+            root=tmp_path / "a",
+        )
+        cfg = agent.config.read_text().replace('spool_dir = "%s"' % agent.spool, 'spool_dir = "%s"' % (fs / "spool"))
+        agent.config.write_text(cfg)
+        agent.start()
+
+        def otlp() -> dict:  # type: ignore[type-arg]
+            return next(e for e in agent.status()["exporters"] if e["name"] == "otlp")
+
+        assert wait_for(lambda: otlp()["spooled_items_pending"] > 0, 20), otlp()
+        filler = fill(fs)
+        rx.start()  # the collector is back: exports succeed, saving the position fails
+        try:
+            assert wait_for(lambda: not agent.status()["healthy"], 30), otlp()
+            st = otlp()
+            assert st["internal_errors"] >= 1
+            assert "No space left" in str(st["problem"])
+            assert agent.proc.poll() is None
+            filler.unlink()
+            assert wait_for(lambda: agent.status()["healthy"], 40), otlp()
+            assert wait_for(lambda: otlp()["spooled_items_pending"] == 0, 30), otlp()
+            assert rx.point_count() > 0
+            log_text = agent.log.read_text()
+            assert log_text.count("No space left on device") <= 6, "logged once per kind, not per attempt"
+        finally:
+            agent.stop()
+            rx.stop()
+
+
+async def test_spool_append_on_full_disk_leaves_no_torn_record(tmp_path: Path) -> None:
+    with tiny_tmpfs(tmp_path / "fs") as fs:
+        spool = DiskSpool(str(fs / "spool"), max_bytes=1 << 20)
+        spool.append(logs("a", 10))
+        filler = fill(fs)
+        with pytest.raises(OSError):
+            spool.append(logs("big", 2000, "y" * 64))
+        filler.unlink()
+        spool.append(logs("b", 10))
+        batch, records = spool.peek_many(1000)
+        assert records == 2 and spool.corrupt_records == 0
+        assert [str(it.attributes["tag"]) for it in batch] == ["a"] * 10 + ["b"] * 10
+
+
+# -- item 5: refused batches ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_batch_refused_for_good_is_dropped_and_what_is_behind_flows(tmp_path: Path, protocol: str) -> None:
+    """A real receiver answering 400 (gRPC INVALID_ARGUMENT): dropped at once and counted."""
+    rx = OtlpReceiver().start()
+    exp = exporter_for(rx, protocol, 2)
+    worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "spool")), retry_initial_s=0.01, retry_max_s=0.05)
+    worker.start()
+    try:
+        refuse(rx, protocol, 400, grpc.StatusCode.INVALID_ARGUMENT)
+        submit(worker, logs("poison", 5))
+        assert await until(lambda: worker.rejected_items == 5), worker.state()
+        refuse(rx, protocol, None, None)
+        submit(worker, logs("good", 7))
+        assert await until(lambda: received_tags(rx).count("good") == 7), worker.state()
+        assert worker.export_errors == 1, "a non-retryable refusal is not retried"
+        assert worker.state()["dropped_items"] == 5 and worker.problem() is None
+    finally:
+        await worker.drain(5)
+        await exp.shutdown()
+        rx.stop()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_unencodable_record_is_isolated_and_dropped_alone(tmp_path: Path, protocol: str) -> None:
+    """A lone surrogate cannot be encoded as protobuf: only its record is dropped, in a spool
+    where it sits between good records."""
+    rx = OtlpReceiver().start()
+    rx.stop()  # away first, so that the records are spooled side by side
+    exp = exporter_for(rx, protocol, 0.3)
+    spool = DiskSpool(str(tmp_path / "spool"))
+    worker = ExporterWorker(exp, spool, retry_initial_s=0.01, retry_max_s=0.05)
+    spool.append(logs("before", 3))
+    spool.append(logs("poison", 2, "bad \ud800 body"))
+    spool.append(logs("after", 4))
+    rx.start()
+    worker.start()
+    try:
+        assert await until(lambda: not spool), worker.state()
+        tags = received_tags(rx)
+        assert sorted(set(tags)) == ["after", "before"]
+        assert tags.count("before") >= 3 and tags.count("after") == 4
+        assert worker.rejected_items == 2
+    finally:
+        await worker.drain(5)
+        await exp.shutdown()
+        rx.stop()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_record_rejected_max_attempts_times_is_dropped(tmp_path: Path, protocol: str) -> None:
+    """A peer answering 500 (gRPC INTERNAL) to one record: retried, then dropped after max_attempts."""
+    rx = OtlpReceiver().start()
+    exp = exporter_for(rx, protocol, 2)
+    worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "spool")), retry_initial_s=0.01, retry_max_s=0.05,
+                            max_attempts=4)
+    worker.start()
+    try:
+        refuse(rx, protocol, 500, grpc.StatusCode.INTERNAL)
+        submit(worker, logs("rejected", 3))
+        assert await until(lambda: worker.rejected_items == 3), worker.state()
+        assert worker.export_errors == 1 + 4, "one live attempt, then max_attempts from the spool"
+        refuse(rx, protocol, None, None)
+        submit(worker, logs("good", 2))
+        assert await until(lambda: received_tags(rx).count("good") == 2), worker.state()
+    finally:
+        await worker.drain(5)
+        await exp.shutdown()
+        rx.stop()
+
+
+async def test_peer_away_is_never_capped(tmp_path: Path) -> None:
+    """A collector that is down is not a poison batch: nothing is dropped, however long."""
+    rx = OtlpReceiver(grpc_=False).start()
+    rx.stop()
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=0.2)
+    worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "spool")), retry_initial_s=0.01, retry_max_s=0.02,
+                            max_attempts=2)
+    worker.start()
+    try:
+        submit(worker, logs("kept", 6))
+        assert await until(lambda: worker.export_errors >= 6), worker.state()
+        assert worker.rejected_items == 0
+        rx.start()
+        assert await until(lambda: received_tags(rx).count("kept") == 6), worker.state()
+    finally:
+        await worker.drain(5)
+        await exp.shutdown()
+        rx.stop()
+
+
+async def test_position_saved_for_a_retired_segment_is_not_applied_to_the_next(tmp_path: Path) -> None:
+    spool = DiskSpool(str(tmp_path / "spool"), max_bytes=8192)  # 4 KiB segments
+    for i in range(12):
+        spool.append(logs("s%d" % i, 5, "z" * 60))
+    assert len(spool.segments) > 1
+    batch, records = spool.peek_many(1)
+    spool.pop_many(records)
+    # A crash after the first segment was retired, with its old position still on disk.
+    (tmp_path / "spool" / "pos").write_text("%d %d" % (spool.segments[0] - 1, spool.read_pos + 40))
+    reopened = DiskSpool(str(tmp_path / "spool"), max_bytes=8192)
+    assert reopened.read_pos == 0
+    batch, records = reopened.peek_many(1000)
+    assert records > 0 and reopened.corrupt_records == 0

@@ -1,0 +1,132 @@
+"""The OTLP JSON file under a full disk and odd values: every line in the file is complete
+and parses as protobuf (after the hex -> base64 id conversion the Collector does)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from infersight.agent.assemble import Assembler
+from infersight.agent.model import LogItem, MetricItem, NumberPoint, Origin, Resource, SpanItem
+from infersight.exporters.base import ExportError
+from infersight.exporters.file import FileExporter
+from infersight.exporters.otlp_json import encode_lines
+
+RES = Resource.of({"service.name": "file-faults", "big": 1 << 70})
+REQUESTS = {"resourceSpans": ExportTraceServiceRequest, "resourceMetrics": ExportMetricsServiceRequest,
+            "resourceLogs": ExportLogsServiceRequest}
+ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def hex_ids_to_base64(obj: Any) -> Any:
+    """OTLP/JSON ids are hex; protobuf's JSON mapping wants base64 bytes."""
+    if isinstance(obj, dict):
+        return {k: base64.b64encode(bytes.fromhex(v)).decode() if k in ID_KEYS and isinstance(v, str)
+                else hex_ids_to_base64(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [hex_ids_to_base64(x) for x in obj]
+    return obj
+
+
+def parse_line(line: str) -> Any:
+    obj = json.loads(line)
+    msg = REQUESTS[next(iter(obj))]()
+    json_format.Parse(json.dumps(hex_ids_to_base64(obj)), msg, ignore_unknown_fields=False)
+    return msg
+
+
+def odd_items(i: int) -> list[Any]:
+    huge, tiny = (1 << 64) + i, -(1 << 63) - 1 - i
+    return [
+        SpanItem(RES, "a" * 32, "%016x" % (i + 1), None, "coldstart.x", 1, 2,
+                 {"huge": huge, "tiny": tiny, "ok": 5, "arr": [1, huge], "edge": (1 << 63) - 1}),
+        LogItem(RES, 3, 9, "INFO", "body %d" % i, {"huge": huge}, origin=Origin("p", i + 1)),
+        MetricItem(RES, "m", "gauge", "1", "", 4, 1, [NumberPoint(huge), NumberPoint(10 ** 400), NumberPoint(7)]),
+    ]
+
+
+def test_ints_outside_int64_still_parse_as_protobuf() -> None:
+    lines = encode_lines(odd_items(0))
+    assert len(lines) == 3
+    msgs = [parse_line(line) for line in lines]
+    span = msgs[0].resource_spans[0].scope_spans[0].spans[0]
+    got = {kv.key: kv.value for kv in span.attributes}
+    assert got["huge"].string_value == str(1 << 64)
+    assert got["tiny"].string_value == str(-(1 << 63) - 1)
+    assert got["edge"].int_value == (1 << 63) - 1 and got["ok"].int_value == 5
+    res = {kv.key: kv.value for kv in msgs[0].resource_spans[0].resource.attributes}
+    assert res["big"].string_value == str(1 << 70)
+    points = msgs[1].resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points
+    assert points[0].as_double == float(1 << 64) and points[2].as_int == 7
+
+
+def test_assembler_turns_huge_producer_ints_into_strings() -> None:
+    a = Assembler("h")
+    p = a.hello({"id": "x", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16})
+    items = a.events(p, [[1, 5, "log", {"body": "b", "a": {"n": 1 << 80, "l": [1, 1 << 80], "f": [1.5, 1 << 80]}}],
+                         [2, 1 << 70, "log", {"body": "too late"}]])
+    assert len(items) == 1 and p.malformed == 1
+    assert items[0].attributes == {"n": str(1 << 80), "l": ["1", str(1 << 80)], "f": ["1.5", str(1 << 80)]}
+    for line in encode_lines(items):
+        parse_line(line)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(fs)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: %s" % r.stderr.decode().strip())
+    yield fs
+    subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+async def test_full_disk_leaves_only_complete_lines(tiny_fs: Path) -> None:
+    out = tiny_fs / "out.jsonl"
+    exp = FileExporter(str(out))
+    await exp.start()
+    written = failed = 0
+    errors: set[str] = set()
+    for i in range(400):  # far more than 64 KiB
+        try:
+            await exp.export(odd_items(i))
+            written += 1
+        except ExportError as exc:
+            errors.add(str(exc).rsplit(":", 1)[-1].strip())
+            failed += 1
+    assert errors == {"[Errno 28] No space left on device"}
+    assert failed > 0 and written > 0, "the disk must fill up during the test"
+    assert exp.partial_writes >= 1, "a write was cut short and cut back"
+    data = out.read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.decode().splitlines()
+    assert len(lines) == 3 * written
+    for line in lines:
+        parse_line(line)
+    await exp.shutdown()
+
+
+async def test_partial_line_left_by_a_crash_is_removed_and_counted(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    good = encode_lines(odd_items(1))[0]
+    out.write_text(good + "\n" + good[: len(good) // 2])
+    exp = FileExporter(str(out))
+    await exp.start()
+    await exp.export(odd_items(2))
+    await exp.shutdown()
+    lines = out.read_text().splitlines()
+    assert exp.partial_lines_removed == 1 and exp.state()["partial_lines_removed"] == 1
+    assert len(lines) == 1 + 3
+    for line in lines:
+        parse_line(line)

@@ -1,0 +1,75 @@
+"""Passwords in URLs never reach an error message or a masked URL (issue 10, item 15)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infersight.agent import config as cfg
+from infersight.agent.redact import mask_url
+
+SECRETS = ["s3cret", "p@ss", "pa/ss", "a@b/c", "pa?ss", "pa#ss", "p%40ss%2Fx"]
+
+
+@pytest.mark.parametrize("password", SECRETS)
+def test_mask_url_hides_every_password(password: str) -> None:
+    url = f"mqtts://alice:{password}@broker.example:8883"
+    masked = mask_url(url)
+    assert password not in masked
+    for piece in password.replace("%40", "@").replace("%2F", "/").replace("?", "/").replace("#", "/").split("/"):
+        for part in piece.split("@"):
+            if len(part) >= 2:
+                assert part not in masked.replace("alice", "").replace("broker.example", ""), masked
+    assert masked.endswith("@broker.example:8883")
+    assert "***" in masked
+
+
+def test_mask_url_keeps_what_is_not_secret() -> None:
+    assert mask_url("mqtts://user:s3cret@broker:8883") == "mqtts://user:***@broker:8883"
+    assert mask_url("mqtt://user:a%40b@broker") == "mqtt://user:***@broker"
+    assert mask_url("http://collector:4318") == "http://collector:4318"
+    assert mask_url("mqtt://onlyuser@broker") == "mqtt://onlyuser@broker"
+    assert mask_url("https://c/v1?api_key=abc&region=eu") == "https://c/v1?api_key=***&region=eu"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mqtt://bob:hunter2@broker:1883/topic",  # a path: refused
+        "ftp://bob:hunter2@broker",  # a bad scheme
+        "mqtt://bob:hun/ter2@broker:1883",  # '/' in the password: parses as a path
+        "mqtt://bob:hun@ter2@broker:99999",  # '@' in the password, bad port
+        "mqtt://bob:hunter2?x@broker",  # '?' splits it: the port parser quotes a piece
+    ],
+)
+def test_bad_mqtt_url_error_names_the_key_not_the_password(tmp_path: Path, url: str) -> None:
+    conf = tmp_path / "infersight.toml"
+    conf.write_text(f'[exporters.mqtt]\nurl = "{url}"\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "infersight", "agent", "--config", str(conf), "--socket", str(tmp_path / "s")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "exporters.mqtt.url" in r.stderr and f"{conf}:2" in r.stderr
+    for piece in ("hunter2", "hun", "ter2"):
+        assert piece not in r.stderr + r.stdout, r.stderr
+
+
+def test_secret_keys_are_never_echoed() -> None:
+    key = cfg.Key("exporters.otlp.api_key", cfg.parse_int, lambda: None, None, "test key")
+    with pytest.raises(cfg.ConfigError) as e:
+        cfg.load(None, env={}, flags={"exporters.otlp.api_key": "tok-123"}, extra_keys=(key,))
+    assert "tok-123" not in str(e.value) and "exporters.otlp.api_key" in str(e.value)
+
+
+def test_env_url_error_is_masked() -> None:
+    from infersight.exporters import mqtt
+
+    conf = cfg.load(None, env={})
+    with pytest.raises(cfg.ConfigError) as e:
+        mqtt.from_config(conf, env={"INFERSIGHT_MQTT_URL": "mqtt://u:top@secret@h/p"})
+    assert "top" not in str(e.value) and "secret" not in str(e.value)
+    assert "env INFERSIGHT_MQTT_URL" in str(e.value)
