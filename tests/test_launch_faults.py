@@ -310,6 +310,7 @@ def test_killed_launcher_takes_cmd_down_and_next_launch_replays(tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     assert "goodbye after the launcher died" in bodies(second)
     assert "left by an earlier launch (pid %d)" % p.pid in r.stderr
+    assert "lost" not in r.stderr, "events the first launch delivered are not counted as lost"
     assert not list((tmp_path / "t").glob("infersight-launch-*")), "a delivered leftover is removed"
 
 
@@ -374,6 +375,7 @@ def test_daemonized_grandchild_events_are_kept_then_replayed(tmp_path: Path) -> 
     assert r2.returncode == 0, r2.stderr
     assert "daemon before launch exits" in bodies(first)
     assert "daemon after launch exited" in bodies(second)
+    assert "lost" not in r2.stderr, "events the first launch delivered are not counted as lost"
     assert not kept[0].exists()
 
 
