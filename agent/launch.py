@@ -3,161 +3,101 @@
 The embedded default: a private socket in a private directory (even when a daemon
 runs), an OTLP JSON file, the waterfall on the terminal, OTLP export only when an
 ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set. Exit status follows CMD (128+N on signal N,
-127 when CMD is not found, 2 for launch's own usage or config errors).
+127 when CMD is not found, 126 when it cannot be executed, 2 for launch's own usage or
+config errors, such as an unwritable ``--otlp-file``, all before CMD starts).
 
-``--ready-url URL`` polls URL like a readiness probe (2xx/3xx). The ready time goes to
-the child's hooks through a file (``INFERSIGHT_READY_FILE``), so the child's own
-``ready_wait`` ends there and its next forward is ``first_request``; the ``listen()``
-heuristic is off in the child unless ``INFERSIGHT_READY_ON_LISTEN`` says otherwise.
-``--probe URL`` sends one GET after readiness (without ``--ready-url`` it retries until
-the server answers) and records the time to the first body byte as an
-``infersight.probe`` client span under the child's ``coldstart`` root. For a CMD that
-runs no hooked Python, the launcher's own root gets ``ready_wait`` and
-``first_request`` stages from these two instead.
+This module is the cheap half, stdlib only: it checks the output path, evicts
+``--evict`` files from the page cache, makes the private directory, listens on the
+private socket and spawns CMD. Only then does it import the agent side
+(:mod:`infersight.agent.launch_session`: asyncio, the exporters, the OTel protobufs),
+while CMD starts. A hook that connects meanwhile waits in the listen backlog; one that
+gives up first spools to the private spool directory, which the agent replays.
+
+How CMD is run:
+- In its own process group, made the terminal's foreground group when launch has one,
+  so that a Ctrl-C reaches CMD exactly once (from the terminal). Signals sent to launch
+  itself (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to CMD once. Ctrl-Z stops CMD,
+  then launch, so the shell's job control still works.
+- With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed, CMD gets SIGTERM.
+- The private directory holds a lock while launch lives. A later launch replays the
+  spools that a killed launch left (or a daemonized grandchild that outlived it), and
+  a launch that exits while a process it started still runs keeps the spool directory.
 """
 
 from __future__ import annotations
 
-import asyncio
-import http.client
-import json
-import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-import urllib.parse
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TextIO
 
-from infersight.agent import config as cfg
-from infersight.agent import extensions
-from infersight.agent.daemon import Agent
-from infersight.agent.model import ColdStart, Resource, SpanItem
-from infersight.agent.sinks import build_exporters
-from infersight.hooks import _bootstrap_dir
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable, Sequence
+    from typing import Any, TextIO
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 EXIT_USAGE = 2
+PRIVATE_PREFIX = "infersight-launch-"
+LOCK_NAME = "launch.lock"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PR_SET_PDEATHSIG = 1
+IMPORT_NICE = 10
 
 
-@dataclass
 class LaunchOptions:
-    cmd: list[str]
-    otlp_file: str | None = None
-    console: bool = True
-    flush_timeout_s: float = 10.0
-    ready_url: str | None = None
-    probe: str | None = None
-    ready_timeout_s: float = 3600.0
-
-
-@dataclass
-class ProbeResult:
-    """One HTTP GET as the launcher saw it (Unix ns; 0 where it did not happen)."""
-
-    url: str
-    start_ns: int = 0
-    headers_ns: int = 0
-    first_byte_ns: int = 0
-    status: int = 0
-    error: str = ""
-
-
-@dataclass
-class Readiness:
-    ready: ProbeResult | None = None
-    probe: ProbeResult | None = None
-    attempts: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
-def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
-    """GET url; time the response headers and the first body byte (blocking; run in a thread)."""
-    r = ProbeResult(url)
-    u = urllib.parse.urlsplit(url)
-    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
-    path = (u.path or "/") + ("?" + u.query if u.query else "")
-    try:
-        conn.connect()
-        r.start_ns = time.time_ns()
-        conn.request("GET", path, headers={"User-Agent": "infersight-launch"})
-        resp = conn.getresponse()
-        r.headers_ns = time.time_ns()
-        r.status = resp.status
-        first = resp.read(1)
-        r.first_byte_ns = time.time_ns() if first else r.headers_ns
-        resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        r.error = "%s: %s" % (type(exc).__name__, exc)
-    finally:
-        conn.close()
-    return r
-
-
-def write_ready_file(path: str, ready_ns: int) -> None:
-    """Atomically: the child's hooks poll for this file (a few bytes, local disk)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(str(ready_ns))
-    os.replace(tmp, path)
-
-
-def ok_status(status: int) -> bool:
-    return 200 <= status < 400
-
-
-async def watch_readiness(
-    opts: LaunchOptions, ready_file: str | None, proc_done: asyncio.Event, out: TextIO
-) -> Readiness:
-    """Poll --ready-url, hand the ready time to the child, then send the --probe request."""
-    res = Readiness()
-    deadline = time.monotonic() + opts.ready_timeout_s
-    delay = 0.05
-
-    async def poll(url: str) -> ProbeResult | None:
-        nonlocal delay
-        while not proc_done.is_set() and time.monotonic() < deadline:
-            res.attempts += 1
-            r = await asyncio.to_thread(http_get, url)
-            if not r.error and (ok_status(r.status) or url == opts.probe):
-                return r
-            try:
-                await asyncio.wait_for(proc_done.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
-            delay = min(delay * 1.5, 0.5)
-        return None
-
-    if opts.ready_url:
-        res.ready = await poll(opts.ready_url)
-        if res.ready is None:
-            res.notes.append("never ready at %s" % opts.ready_url)
-            return res
-        if ready_file:
-            write_ready_file(ready_file, res.ready.headers_ns)
-    if opts.probe:
-        if opts.ready_url:
-            r = await asyncio.to_thread(http_get, opts.probe)
-            res.probe = r if not r.error else None
-            if r.error:
-                res.notes.append("probe %s failed: %s" % (opts.probe, r.error))
-        else:
-            res.probe = await poll(opts.probe)
-    return res
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        otlp_file: str | None = None,
+        console: bool = True,
+        flush_timeout_s: float = 10.0,
+        ready_url: str | None = None,
+        probe: str | None = None,
+        ready_timeout_s: float = 3600.0,
+        evict: Sequence[str] = (),
+    ) -> None:
+        self.cmd = list(cmd)
+        self.otlp_file = otlp_file
+        self.console = console
+        self.flush_timeout_s = flush_timeout_s
+        self.ready_url = ready_url
+        self.probe = probe
+        self.ready_timeout_s = ready_timeout_s
+        self.evict = list(evict)
 
 
 def default_output_path(now: float | None = None) -> str:
     return "infersight-%s.otlp.jsonl" % time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
 
 
+def check_writable(path: str) -> str | None:
+    """Open the output file for appending now, as the file exporter will; the reason if not."""
+    try:
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        os.close(fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def bootstrap_dir() -> str:
+    """The hooks' bootstrap directory, found without importing the hooks (~15 ms)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("infersight.hooks")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("infersight.hooks is not installed")
+    return os.path.join(next(iter(spec.submodule_search_locations)), "bootstrap")
+
+
 def child_env(
-    base: dict[str, str], sock: str, spool: str, spawn_ns: int, ready_file: str | None = None
+    base: dict[str, str], sock: str, spool: str, spawn_ns: int, ready_file: str | None = None,
+    boot: str | None = None,
 ) -> dict[str, str]:
     env = dict(base)
     if ready_file:
@@ -167,7 +107,7 @@ def child_env(
     env["INFERSIGHT_SPOOL_DIR"] = spool
     env["INFERSIGHT_LAUNCH_SPAWN_NS"] = str(spawn_ns)
     env.pop("INFERSIGHT", None)
-    boot = _bootstrap_dir()
+    boot = boot or bootstrap_dir()
     env["PYTHONPATH"] = boot + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
     return env
 
@@ -176,269 +116,310 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def launcher_root(
-    cmd: list[str], pid: int, spawn_ns: int, end_ns: int, host: str, readiness: Readiness | None = None
-) -> ColdStart:
-    """The cold start from the launcher's view, for a CMD that runs no hooked Python.
-
-    With --ready-url/--probe it has ``ready_wait`` (spawn -> ready) and ``first_request``
-    (probe sent -> first byte) stages, and ends at the probe's first byte.
-    """
-    service = os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % os.path.basename(cmd[0])
-    res = Resource.of(
-        {
-            "service.name": service,
-            "host.name": host,
-            "process.pid": pid,
-            "process.executable.name": os.path.basename(cmd[0]),
-            "telemetry.sdk.name": "infersight",
-        }
-    )
-    trace, root_id = os.urandom(16).hex(), os.urandom(8).hex()
-    stages: list[SpanItem] = []
-    ready = readiness.ready if readiness else None
-    probe = readiness.probe if readiness else None
-    if ready is not None and ready.headers_ns:
-        stages.append(SpanItem(
-            res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready.headers_ns,
-            {"infersight.stage": "ready_wait", "infersight.ready.source": "ready_url", "url.full": ready.url},
-        ))
-        end_ns = ready.headers_ns
-    if probe is not None and probe.first_byte_ns:
-        stages.append(SpanItem(
-            res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
-            probe.first_byte_ns,
-            {"infersight.stage": "first_request", "infersight.first_request.source": "probe",
-             "url.full": probe.url, "http.response.status_code": probe.status,
-             "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
-        ))
-        end_ns = probe.first_byte_ns
-    covered = sum(s.end_ns - s.start_ns for s in stages)
-    root = SpanItem(
-        res, trace, root_id, None, "coldstart", spawn_ns, end_ns,
-        {
-            "faas.coldstart": True,
-            "infersight.coldstart.source": "launcher",
-            "infersight.coldstart.unattributed_s": (end_ns - spawn_ns - covered) / 1e9,
-        },
-    )
-    return ColdStart(root, stages)
+def temp_root() -> str:
+    return os.environ.get("TMPDIR") or "/tmp"
 
 
-def probe_span(probe: ProbeResult, trace_id: str, parent: str, resource: Resource) -> SpanItem:
-    """The launcher's probe request, a client span under the child's cold-start root."""
-    return SpanItem(
-        resource, trace_id, os.urandom(8).hex(), parent, "infersight.probe", probe.start_ns, probe.first_byte_ns,
-        {
-            "http.request.method": "GET",
-            "url.full": probe.url,
-            "http.response.status_code": probe.status,
-            "infersight.probe.headers_s": (probe.headers_ns - probe.start_ns) / 1e9,
-            "infersight.probe.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9,
-        },
-        error=None if ok_status(probe.status) else "HTTP %d" % probe.status,
-    )
+class Private:
+    """launch's private directory (0700, created exclusively), locked while launch lives."""
+
+    def __init__(self, root: str | None = None) -> None:
+        import fcntl
+
+        root = root or temp_root()
+        while True:
+            path = os.path.join(root, PRIVATE_PREFIX + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+                break
+            except FileExistsError:
+                continue
+        self.path = path
+        self.sock = os.path.join(path, "agent.sock")
+        self.spool = os.path.join(path, "spool")
+        self.lock_fd = os.open(os.path.join(path, LOCK_NAME),
+                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        os.write(self.lock_fd, b"%d\n" % os.getpid())
+
+    def listen(self) -> int:
+        """Listen on the private socket now, so a hook can connect before the agent runs; the fd."""
+        import _socket
+
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        s.bind(self.sock)
+        os.chmod(self.sock, 0o600)
+        s.listen(128)
+        return int(s.detach())
+
+    def release(self) -> None:
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
-def _readiness_lines(rd: Readiness, spawn_ns: int) -> list[str]:
-    lines = []
-    if rd.ready is not None:
-        lines.append("infersight: ready at %s after %.3f s (%d attempt(s))"
-                     % (rd.ready.url, (rd.ready.headers_ns - spawn_ns) / 1e9, rd.attempts))
-    if rd.probe is not None and rd.probe.first_byte_ns:
-        p = rd.probe
-        lines.append("infersight: probe GET %s: HTTP %d, first byte %.3f s after sending, %.3f s after spawn"
-                     % (p.url, p.status, (p.first_byte_ns - p.start_ns) / 1e9, (p.first_byte_ns - spawn_ns) / 1e9))
-    lines.extend("infersight: " + n for n in rd.notes)
-    return lines
+def config_flags(opts: LaunchOptions, path: str, private: Private) -> dict[str, Any]:
+    """What launch sets over the environment's configuration."""
+    return {
+        "agent.socket": private.sock,
+        "agent.socket_mode": 0o600,
+        "agent.spool_dir": private.spool,
+        "agent.allowed_uids": [os.getuid()],
+        "agent.allowed_gids": [os.getgid()],
+        "exporters.file.path": path,
+        "exporters.console.enabled": opts.console,
+    }
 
 
-async def _run(opts: LaunchOptions, out: TextIO) -> int:
-    private = tempfile.mkdtemp(prefix="infersight-launch-")
-    os.chmod(private, 0o700)
-    sock = os.path.join(private, "agent.sock")
-    spool = os.path.join(private, "spool")
-    path = opts.otlp_file or default_output_path()
-    conf = cfg.load(
-        None,
-        flags={
-            "agent.socket": sock,
-            "agent.socket_mode": 0o600,
-            "agent.spool_dir": spool,
-            "agent.allowed_uids": [os.getuid()],
-            "agent.allowed_gids": [os.getgid()],
-            "exporters.file.path": path,
-            "exporters.console.enabled": opts.console,
-        },
-    )
-    agent = Agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
-                  exporter_spool_root=os.path.join(private, "exporter-spool"))
-    extensions.install(agent, conf)  # request latency, NVML devices, live OOM classification
+def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None:
+    """Check the configuration before CMD starts, when the environment has any (~30 ms that
+    a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid)."""
+    if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
+        return None
+    from infersight.agent import config as cfg
+
     try:
-        await agent.start()
-        ready_file = os.path.join(private, "ready") if opts.ready_url else None
-        spawn_ns = time.time_ns()
+        cfg.load(None, flags=config_flags(opts, path, private))
+    except cfg.ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def controlling_tty() -> tuple[int | None, bool]:
+    """(a fd on launch's controlling terminal or None, whether launch is its foreground group)."""
+    for fd in (0, 1, 2):
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *opts.cmd, env=child_env(dict(os.environ), sock, spool, spawn_ns, ready_file)
-            )
-        except FileNotFoundError:
-            out.write("infersight: command not found: %s\n" % opts.cmd[0])
-            await agent.shutdown(opts.flush_timeout_s)
-            return EXIT_NOT_FOUND
-        except PermissionError:
-            out.write("infersight: permission denied: %s\n" % opts.cmd[0])
-            await agent.shutdown(opts.flush_timeout_s)
-            return EXIT_NOT_EXECUTABLE
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, _forward(proc, sig))
-        proc_done = asyncio.Event()
-        watcher = None
-        if opts.ready_url or opts.probe:
-            watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, out))
-        returncode = await proc.wait()
-        end_ns = time.time_ns()
-        proc_done.set()
-        readiness = Readiness()
-        if watcher is not None:
+            if os.isatty(fd):
+                return fd, os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:  # a terminal, but not our controlling one
+            continue
+    return None, False
+
+
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    """prctl(PR_SET_PDEATHSIG, SIGTERM), resolved before the fork; None where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+    def set_pdeathsig() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return set_pdeathsig
+
+
+def _preexec(parent: int, tty: int | None, pdeathsig: Callable[[], None] | None) -> Callable[[], None]:
+    """In CMD before exec: its own group; the terminal, if launch is its foreground (tty set)."""
+
+    def run_in_child() -> None:
+        os.setpgid(0, 0)
+        if tty is not None:
+            # We are a background group until this call: ignore SIGTTOU for it, as shells do.
+            old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
             try:
-                readiness = await asyncio.wait_for(watcher, 10.0)
-            except (asyncio.TimeoutError, OSError) as exc:
-                readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        # The child's hooks flushed at exit; let the agent read what is in flight.
-        await agent.ingest.wait_connections_closed(opts.flush_timeout_s)
-        agent.ingest.replay_spools(spool)
-        launched = [p for p in agent.assembler.producers.values() if p.info.get("launched")]
-        if not launched:
-            cs = launcher_root(opts.cmd, proc.pid, spawn_ns, end_ns, agent.host_name, readiness)
-            agent.router.publish([cs.root, *cs.stages, cs, *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
-        elif readiness.probe is not None and readiness.probe.first_byte_ns:
-            p0 = launched[0]
-            agent.router.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
-                                             p0.resource)])
-        await _wait_for_brokers(agent)
-        ok = await agent.shutdown(opts.flush_timeout_s)
-        for line in _readiness_lines(readiness, spawn_ns):
-            out.write(line + "\n")
-        _report(agent, path, ok, out)
-        _storage_note(path, out)
-        return exit_status(returncode)
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
+                os.tcsetpgrp(tty, os.getpid())
+            except OSError:
+                pass
+            signal.signal(signal.SIGTTOU, old)
+        if pdeathsig is not None:
+            pdeathsig()
+            if os.getppid() != parent:  # launch died before prctl: do as if it had been set
+                os._exit(128 + int(signal.SIGTERM))
+
+    return run_in_child
 
 
-async def _wait_for_brokers(agent: Agent) -> None:
-    """MQTT at exit: wait a bounded time (exporters.mqtt.exit_wait_s) for the broker."""
-    from infersight.exporters import mqtt
+class Child:
+    """CMD: its own process group, reaped by :meth:`poll` (waitpid with WUNTRACED)."""
 
-    for w in agent.workers:
-        if isinstance(w.exporter, mqtt.MqttExporter):
-            await mqtt.wait_delivered(w.exporter, w)
+    def __init__(self, popen: subprocess.Popen[bytes], tty: int | None) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.tty = tty
+        self.returncode: int | None = None
+        self.forwarded: list[int] = []
 
-
-def _quiet_logging() -> None:
-    """Agent warnings as one-line notes on stderr; an absent NVML is no news on a workstation
-    (``infersight doctor`` reports it)."""
-    logger = logging.getLogger("infersight")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("infersight: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(os.environ.get("INFERSIGHT_LOG_LEVEL", "WARNING").upper())
-        logger.propagate = False
-    logging.getLogger("infersight.agent.nvml").setLevel(logging.ERROR)
-    logging.getLogger("infersight.agent.devices_job").setLevel(logging.ERROR)
-
-
-def _forward(proc: asyncio.subprocess.Process, sig: int) -> Callable[[], None]:
-    def handler() -> None:
-        if proc.returncode is None:
+    def forward(self, sig: int) -> None:
+        if self.returncode is None:
+            self.forwarded.append(sig)
             try:
-                proc.send_signal(sig)
+                os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
 
-    return handler
+    def poll(self) -> int | None:
+        """Reap CMD if it exited (its returncode, negative for a signal); follow it into a stop."""
+        while self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+            except ChildProcessError:
+                self.returncode = 255  # reaped elsewhere: nothing better is known
+                break
+            if pid == 0:
+                return None
+            if os.WIFSTOPPED(status):
+                if self.tty is not None:  # job control: mirror the stop to the shell
+                    self._stopped()
+                continue
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self.popen.returncode = self.returncode
+        return self.returncode
+
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM, then SIGKILL after timeout_s; reaped."""
+        self.forward(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.02)
+        self.restore_tty()
+
+    def _stopped(self) -> None:
+        """CMD stopped (Ctrl-Z, or a background read of the terminal): stop launch too, so that
+        the shell sees its job stopped. The shell's fg/bg sends launch SIGCONT: :meth:`resume`."""
+        self.restore_tty()
+        os.kill(os.getpid(), signal.SIGTSTP)  # returns at SIGCONT; at once in an orphaned group
+        self.resume()
+
+    def resume(self) -> None:
+        """launch was continued: give CMD the terminal if launch has it (fg), and continue CMD."""
+        if self.tty is not None:
+            try:
+                if os.tcgetpgrp(self.tty) == os.getpgrp():
+                    os.tcsetpgrp(self.tty, self.pid)
+            except OSError:
+                pass
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def restore_tty(self) -> None:
+        """Give the terminal back to launch's group, if CMD has it (SIGTTOU is ignored by then)."""
+        if self.tty is None:
+            return
+        try:
+            if os.tcgetpgrp(self.tty) == self.pid:
+                os.tcsetpgrp(self.tty, os.getpgrp())
+        except OSError:
+            pass
 
 
-def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
-    h = agent.health()
-    out.write("infersight: wrote %s\n" % os.path.abspath(path))
-    problems = []
-    if h["lost"]:
-        problems.append("%d event(s) lost" % h["lost"])
-    if h["dropped_by_producers"]:
-        problems.append("%d event(s) dropped by hooks" % h["dropped_by_producers"])
-    for w in agent.workers:
-        st = w.state()
-        left = int(st["spooled_items_pending"]) + int(st["dropped_items"])
-        if left:
-            problems.append("%d item(s) not delivered to %s (%s)" % (left, w.name, st["last_error"] or "peer away"))
-    if not ok:
-        problems.append("flush hit its time limit")
-    if problems:
-        out.write("infersight: " + "; ".join(problems) + "\n")
-    out.flush()
+def spawn(cmd: list[str], env: dict[str, str]) -> Child:
+    """Start CMD in its own process group (the terminal's foreground one), with a parent-death signal."""
+    import subprocess
+
+    tty, foreground = controlling_tty()
+    preexec = _preexec(os.getpid(), tty if foreground else None, _pdeathsig_setter())
+    # preexec_fn is safe here: launch has started no thread yet.
+    popen = subprocess.Popen(cmd, env=env, preexec_fn=preexec)  # noqa: PLW1509
+    child = Child(popen, tty)
+    # From here on, signals to launch go to CMD once; launch may write to the terminal
+    # while CMD holds it (TOSTOP) and give it back at the end.
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: child.forward(signum))
+    if tty is not None:
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        signal.signal(signal.SIGCONT, lambda _signum, _frame: child.resume())
+    return child
 
 
-def _storage_note(path: str, out: TextIO) -> None:
-    """Measure the storage ceiling once for weights files that had none (cached per device)."""
-    if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
-    from infersight.agent import storage_ceiling
+def import_agent_side() -> Any:
+    """Import the agent side on a thread at low CPU priority, so that on a busy host it does
+    not compete with CMD's own start. Only that thread is niced (Linux priorities are per
+    thread), and it ends with the import: the agent itself runs at launch's priority."""
+    import threading
 
-    seen: dict[str, float] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if "infersight.weights.path" not in line or "ceiling_ratio" in line:
-                    continue
-                for span in _weights_spans(json.loads(line)):
-                    wpath, rate = span
-                    if wpath and wpath not in seen:
-                        seen[wpath] = rate
-    except (OSError, ValueError):
-        return
-    for wpath, rate in seen.items():
-        entry = storage_ceiling.ensure_for_file(wpath)
-        if entry is None:
-            continue
-        ceiling = float(entry["bytes_per_s"])
-        out.write(
-            "infersight: storage ceiling of device %s (%s read of %s): %.0f MiB/s; %s loaded at %.0f MiB/s (%.0f%%)\n"
-            % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
-               ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
-        )
+    box: dict[str, Any] = {}
 
+    def load() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
+        except (OSError, AttributeError):
+            pass
+        try:
+            from infersight.agent import launch_session
 
-def _weights_spans(req: dict[str, object]) -> list[tuple[str, float]]:
-    found: list[tuple[str, float]] = []
-    for rs in req.get("resourceSpans", []) or []:  # type: ignore[attr-defined]
-        for ss in rs.get("scopeSpans", []):
-            for s in ss.get("spans", []):
-                attrs = {kv["key"]: kv.get("value", {}) for kv in s.get("attributes", [])}
-                p = attrs.get("infersight.weights.path", {}).get("stringValue")
-                r = attrs.get("infersight.weights.bytes_per_s", {})
-                rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
-                if p and rate > 0:
-                    found.append((str(p), rate))
-    return found
+            box["module"] = launch_session
+        except BaseException as exc:  # re-raised on the main thread
+            box["error"] = exc
+
+    t = threading.Thread(target=load, name="infersight-import")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["module"]
 
 
 def run(opts: LaunchOptions, out: TextIO | None = None) -> int:
+    err = out or sys.stderr
     cmd = list(opts.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        (out or sys.stderr).write("infersight launch: missing command: infersight launch -- CMD...\n")
+        err.write("infersight launch: missing command: infersight launch -- CMD...\n")
         return EXIT_USAGE
     opts.cmd = cmd
-    _quiet_logging()
-    try:
-        return asyncio.run(_run(opts, out or sys.stderr))
-    except cfg.ConfigError as exc:
-        (out or sys.stderr).write("infersight launch: %s\n" % exc)
+    path = opts.otlp_file or default_output_path()
+    reason = check_writable(path)
+    if reason is not None:
+        err.write("infersight launch: cannot write the output file %s: %s\n" % (path, reason))
         return EXIT_USAGE
+    if opts.evict:
+        from infersight.agent import pagecache
+
+        try:
+            evicted = pagecache.evict(opts.evict)
+        except OSError as exc:
+            err.write("infersight launch: --evict: %s\n" % exc)
+            return EXIT_USAGE
+        for line in pagecache.describe(evicted):
+            err.write("infersight: %s\n" % line)
+        err.flush()
+    try:
+        private = Private()
+    except OSError as exc:
+        err.write("infersight launch: cannot make a private directory in %s: %s\n" % (temp_root(), exc))
+        return EXIT_USAGE
+    child: Child | None = None
+    try:
+        bad = config_error(opts, path, private)
+        if bad is not None:
+            err.write("infersight launch: %s\n" % bad)
+            return EXIT_USAGE
+        try:
+            listen_fd = private.listen()
+        except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
+            err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
+            return EXIT_USAGE
+        ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
+        spawn_ns = time.time_ns()
+        env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
+        try:
+            child = spawn(cmd, env)
+        except FileNotFoundError:
+            err.write("infersight: command not found: %s\n" % cmd[0])
+            return EXIT_NOT_FOUND
+        except PermissionError:
+            err.write("infersight: permission denied: %s\n" % cmd[0])
+            return EXIT_NOT_EXECUTABLE
+        launch_session = import_agent_side()  # CMD runs: now the heavy part
+        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        return rc
+    finally:
+        if child is not None:
+            child.restore_tty()
+        if os.path.isdir(private.path) and not os.path.exists(os.path.join(private.path, "spool")):
+            import shutil
+
+            shutil.rmtree(private.path, ignore_errors=True)
+        private.release()

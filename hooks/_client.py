@@ -438,9 +438,11 @@ class Client:
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
                          0o600, dir_fd=dfd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live
-            hello = _wire.encode_frame(
-                {"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": dict(self.producer)}
-            )
+            # "acked": what an agent already has, so that the agent that replays this file
+            # after our death (another launch, say) does not count those events as lost.
+            producer = dict(self.producer)
+            producer["acked"] = self.acked
+            hello = _wire.encode_frame({"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": producer})
             _write_all(fd, hello)
         except OSError as exc:
             if fd is not None:

@@ -1,0 +1,188 @@
+"""What ``infersight launch`` adds to a real cold start, and what ``infersight --help`` costs.
+
+    python bench/launch_overhead.py [--pairs 6] [--work-s 2.0] [--help-runs 20]
+
+The workload is a real cold start: ``import torch``, build a small BERT from its saved
+safetensors (``BertModel.from_pretrained`` of a model made here from a config with random
+weights), one forward, then a fixed amount of CPU work (matmuls; the iteration count is
+calibrated once, then the same for every run) -- about 4 s on an idle 2-core machine.
+It writes the time it was ready, and exits.
+
+Each round runs the workload plain (``python workload.py``), with the hooks alone (the
+bootstrap on PYTHONPATH, no agent: what the hooks cost without launch) and under
+``infersight launch -- python workload.py``, in rotating order. Cold start = the
+caller's start of the command -> the workload's ready time, so the launcher's own start,
+the hooks and the embedded agent competing for the CPU are all counted; launch's flush
+after CMD exits is reported apart (``wall``), and so is the CPU time of each command
+(launcher, agent and CMD together): on a shared, loaded VM the wall-time ratio is mostly
+load noise, while the CPU that launch adds is what a saturated host would pay in wall time.
+DESIGN budget: ratio <= 1.02; --help < 60 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKLOAD = r"""
+import json, os, sys, time
+import torch
+from transformers import BertModel
+torch.set_num_threads(1)  # the same work whatever the host's load
+model = BertModel.from_pretrained(sys.argv[1])
+with torch.no_grad():
+    model(torch.ones(1, 32, dtype=torch.long))
+a = torch.randn(256, 256)
+for _ in range(int(sys.argv[2])):
+    a = torch.tanh(a @ a)
+with open(sys.argv[3], "w") as f:
+    json.dump({"ready_ns": time.time_ns()}, f)
+"""
+
+MAKE_MODEL = r"""
+import sys
+from transformers import BertConfig, BertModel
+BertModel(BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                     vocab_size=8000)).save_pretrained(sys.argv[1])
+"""
+
+CALIBRATE = r"""
+import time, torch
+torch.set_num_threads(1)
+a = torch.randn(256, 256)
+n, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < 1.0:
+    a = torch.tanh(a @ a)
+    n += 1
+print(n / (time.perf_counter() - t0))
+"""
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("INFERSIGHT", "OTEL_EXPORTER_OTLP")) and k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONWARNINGS="ignore", INFERSIGHT_MEASURE_STORAGE="0", TRANSFORMERS_VERBOSITY="error",
+               HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+    return env
+
+
+def spawn_ns(otlp: str) -> int:
+    """The launched workload's spawn time: its ``coldstart`` root starts there."""
+    with open(otlp) as f:
+        for line in f:
+            for rs in json.loads(line).get("resourceSpans", []):
+                for ss in rs["scopeSpans"]:
+                    for span in ss["spans"]:
+                        if span["name"] == "coldstart":
+                            return int(span["startTimeUnixNano"])
+    return 0
+
+
+def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str, str] | None = None
+            ) -> tuple[float, float, float, float]:
+    """(cold start s, wall s, launcher's own time before spawn s (0 when plain), CPU s of the
+    whole command: launcher, agent and CMD)."""
+    for path in (marker, otlp):
+        if path and os.path.exists(path):
+            os.unlink(path)
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time_ns()
+    subprocess.run(argv, check=True, env={**clean_env(), **(env or {})}, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    wall = (time.time_ns() - t0) / 1e9
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    with open(marker) as f:
+        m = json.load(f)
+    pre = (spawn_ns(otlp) - t0) / 1e9 if otlp else 0.0
+    return (m["ready_ns"] - t0) / 1e9, wall, pre, cpu
+
+
+def help_times(cli: str, python: str, runs: int) -> tuple[list[float], list[float]]:
+    """`infersight --help` and a bare `python -c pass`, interleaved (ms)."""
+    helps: list[float] = []
+    bare: list[float] = []
+    for _ in range(runs):
+        for argv, into in (([cli, "--help"], helps), ([python, "-c", "pass"], bare)):
+            t0 = time.perf_counter()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+            into.append((time.perf_counter() - t0) * 1e3)
+    return helps, bare
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=6, help="rounds (each: plain, hooks only, launch)")
+    ap.add_argument("--work-s", type=float, default=2.0, help="CPU work after the model load (calibrated once)")
+    ap.add_argument("--help-runs", type=int, default=20)
+    args = ap.parse_args()
+    python = sys.executable
+    cli = os.path.join(os.path.dirname(python), "infersight")
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
+        model = os.path.join(tmp, "bert")
+        subprocess.run([python, "-c", MAKE_MODEL, model], check=True, env=clean_env(),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rate = float(subprocess.run([python, "-c", CALIBRATE], check=True, capture_output=True, text=True,
+                                    env=clean_env()).stdout)
+        iters = max(1, int(rate * args.work_s))
+        script = os.path.join(tmp, "workload.py")
+        with open(script, "w") as f:
+            f.write(WORKLOAD)
+        marker = os.path.join(tmp, "ready.json")
+        plain_argv = [python, script, model, str(iters), marker]
+        otlp = os.path.join(tmp, "o.jsonl")
+        launch_argv = [cli, "launch", "--no-console", "--otlp-file", otlp, "--", *plain_argv]
+        # The hooks alone, without launch: bootstrap on PYTHONPATH, no agent (they spool).
+        from infersight.agent.launch import bootstrap_dir
+
+        hooks_env = {"PYTHONPATH": bootstrap_dir(), "INFERSIGHT_SOCKET": os.path.join(tmp, "absent.sock"),
+                     "INFERSIGHT_SPOOL_DIR": os.path.join(tmp, "hook-spool")}
+        one_run(plain_argv, marker)  # warm the page cache and .pyc files for all
+        plain: list[tuple[float, float, float, float]] = []
+        hooked: list[tuple[float, float, float, float]] = []
+        launched: list[tuple[float, float, float, float]] = []
+        variants = [(plain_argv, None, None, plain), (plain_argv, None, hooks_env, hooked),
+                    (launch_argv, otlp, None, launched)]
+        for i in range(args.pairs):
+            for argv, out, env, into in variants[i % 3:] + variants[:i % 3]:
+                into.append(one_run(argv, marker, out, env))
+        helps, bare = help_times(cli, python, args.help_runs)
+
+    ratios = [lr[0] / pr[0] for pr, lr in zip(plain, launched, strict=True)]
+    hook_ratios = [hr[0] / pr[0] for pr, hr in zip(plain, hooked, strict=True)]
+    p_cold = statistics.median(r[0] for r in plain)
+    h_cold = statistics.median(r[0] for r in hooked)
+    l_cold = statistics.median(r[0] for r in launched)
+    print("workload: import torch + BertModel.from_pretrained (4 layers) + forward + %d matmuls (%.1f s work)"
+          % (iters, args.work_s))
+    print("%-34s %10s %10s %10s" % ("", "plain", "hooks only", "launch"))
+    print("%-34s %10.3f %10.3f %10.3f" % ("cold start, median s", p_cold, h_cold, l_cold))
+    print("%-34s %10.3f %10.3f %10.3f" % ("wall to exit, median s", *(statistics.median(r[1] for r in v)
+                                                                     for v in (plain, hooked, launched))))
+    print("%-34s %10.3f %10.3f %10.3f" % ("CPU user+sys, median s", *(statistics.median(r[3] for r in v)
+                                                                     for v in (plain, hooked, launched))))
+    pre = statistics.median(r[2] for r in launched)
+    print("%-34s %10s %10s %10.3f" % ("launch start -> CMD spawned, s", "-", "-", pre))
+    print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
+                                                                                           100 * pre / p_cold))
+    print("cold-start ratio launch/plain: median of %d pairs %.3f (pairs: %s); ratio of medians %.3f; "
+          "budget <= 1.02" % (len(ratios), statistics.median(ratios), " ".join("%.3f" % r for r in ratios),
+                             l_cold / p_cold))
+    print("hooks alone (no launch) / plain: median %.3f (runs: %s)"
+          % (statistics.median(hook_ratios), " ".join("%.3f" % r for r in hook_ratios)))
+    print("infersight --help: median %.1f ms (python -c pass: %.1f ms; --help adds %.1f ms); budget < 60 ms"
+          % (statistics.median(helps), statistics.median(bare), statistics.median(helps) - statistics.median(bare)))
+    print("load average (1 min) at start %.2f, at end %.2f" % (load0[0], os.getloadavg()[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
