@@ -24,7 +24,7 @@ from typing import Any
 from infersight.agent import coldstart_history as ch
 from infersight.agent.coldstart_eta import UNATTRIBUTED, Estimate, Run, predict
 from infersight.agent.model import ColdStart, ColdStartProgress, Item, Resource, SpanItem
-from infersight.agent.page_cache import resident_ratio
+from infersight.hooks._pagestate import page_cache_ratio
 
 log = logging.getLogger("infersight.agent.progress")
 MIN_INTERVAL_NS = 1_000_000_000  # at most one update a second per process, but at once on a change
@@ -151,10 +151,10 @@ class ProgressTracker:
             paths = []
         if not paths:
             return None
-        ratios = [r for r in (resident_ratio(p) for p in paths) if r is not None]
-        if not ratios:
+        ratio = page_cache_ratio(paths)
+        if ratio is None:
             return None
-        return "weights=%s" % ("warm" if min(ratios) >= 0.5 else "cold")
+        return "weights=%s" % ("warm" if ratio >= 0.5 else "cold")
 
     def _stage(self, span: SpanItem) -> None:
         producer = span.origin.producer if span.origin else ""

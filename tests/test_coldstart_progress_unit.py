@@ -83,3 +83,47 @@ def test_mqtt_keeps_only_the_newest_retained_state_per_topic_in_a_batch() -> Non
                                                    ("infersight/h/coldstart/other/progress", True)]
     assert json.loads(msgs[0].payload)["stage"] == "weights_load"
     assert msgs[1].payload == b""
+
+
+def weights(a: Assembler, p, seq: int, s: float, e: float, path: str, ratio: float):  # type: ignore[no-untyped-def]
+    return a.events(p, [[seq, int(e * S), "span", {
+        "n": "coldstart.weights_load", "id": "%016x" % (seq + 199), "p": p.info["root_span_id"],
+        "s": int(s * S), "e": int(e * S),
+        "a": {"infersight.stage": "weights_load", "infersight.weights.path": path,
+              "infersight.weights.page_cache_ratio": ratio}}]])
+
+
+def test_a_cold_page_cache_is_predicted_from_cold_runs(tmp_path) -> None:
+    """Before its weights are read, a new run's cache state is probed (mincore) on the files
+    the last run of its key read; an evicted file selects the cold history."""
+    import os
+
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(os.urandom(1 << 20))
+    a = Assembler("h")
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    for n, (ratio, load_s) in enumerate([(0.0, 20.0), (1.0, 2.0)]):  # one cold run, one warm run
+        p = hello(a, n, 100.0 * n)
+        t.observe(stage(a, p, 1, "model_build", 100.0 * n, 100.0 * n + 1))
+        t.observe(weights(a, p, 2, 100.0 * n + 1, 100.0 * n + 1 + load_s, str(model), ratio))
+        t.observe(root(a, p, 3, 100.0 * n + 2 + load_s))
+    assert t.recorded == 2
+
+    def eta_of_new_run(n: int) -> tuple[str | None, float]:
+        p = hello(a, n, 1000.0 * n)
+        t.observe(stage(a, p, 1, "model_build", 1000.0 * n, 1000.0 * n + 1))
+        w = t.warming[p.id]
+        est = t.estimate(w, int((1000.0 * n + 1) * S))
+        assert est.eta_s is not None
+        return w.cache, est.eta_s
+
+    with open(model, "rb") as f:  # read: the file is in the page cache
+        f.read()
+    cache, eta = eta_of_new_run(5)
+    assert cache == "weights=warm" and eta < 5
+    fd = os.open(model, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    cache, eta = eta_of_new_run(6)
+    assert cache == "weights=cold" and eta > 15
