@@ -336,7 +336,8 @@ class Assembler:
         )
         if name == "coldstart":
             stages = descendants(span_id, p.pending)
-            covered = union_ns([(s.start_ns, s.end_ns) for s in stages], start, end)
+            covered = union_ns([(s.start_ns, s.end_ns) for s in stages
+                                if s.attributes.get("infersight.stage") != "unattributed"], start, end)
             span.attributes["infersight.coldstart.unattributed_s"] = (end - start - covered) / 1e9
             span.attributes.setdefault("faas.coldstart", True)
             done = {s.span_id for s in stages}

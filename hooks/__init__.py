@@ -119,6 +119,7 @@ class _Stage:
         if self._span is None:
             return
         try:
+            _coldstart.note_stage_exit()
             parent = None
             if self._token is not None:
                 parent = self._token.old_value
