@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from . import _proc, _runtime
+from . import _proc, _runtime, _workers
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ last_end_ns = 0  # end of the latest stage that finished (start of ready_wait)
 stage_seq = 0  # bumped at every stage start (splits warmup runs)
 explicit = False  # the user called mark_ready(): first_request ends at first_response()
 _main_ident = threading.main_thread().ident
+_main_pid = os.getpid()
 _ready_file: Optional[str] = None
 _undo: List[Callable[[], None]] = []
 _post_import: Dict[str, List[Callable[[Any], None]]] = {}
@@ -280,6 +281,8 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None) -> None:
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, t,
                {"infersight.ready.source": source})
     _unlisten()
+    if _children_dir and _first is None and not _first_done:
+        _workers.prepare(_children_dir)
     poll = callbacks.get("ready")
     if poll is not None:
         poll(start)
@@ -415,7 +418,14 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
         build = sys.modules.get(__name__.rsplit(".", 1)[0] + "._build")
         if build is not None:
             build.flush(end_at)
+        children = _workers.reports(_children_dir) if _children_dir else []
+        _covered.extend(children)  # the workers' roots nest under this one: covered
         _emit_unattributed(end_at)
+        if children:
+            _runtime.root_attrs["infersight.coldstart.workers"] = len(children)
+        if _parent_dir and role != "helper":
+            _workers.report(_parent_dir, _runtime.root_start_ns, end_at)
+        _workers.cleanup(_children_dir)
     except Exception as exc:
         _runtime.fail(exc)
     collecting = False
@@ -441,7 +451,10 @@ def _at_exit() -> None:
         if f is not None and not _first_done:
             _finish(f, f.forward_end or time.time_ns(), "exit")
             return
-        finish_root(None, "exit")
+        end_ns = None
+        if _main_end_ns and os.getpid() == _main_pid:
+            end_ns = max(_main_end_ns, last_end_ns)  # exit handlers that ran since are not start-up
+        finish_root(end_ns, "exit")
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -534,11 +547,13 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     if installed or not _runtime.active():
         return
     from . import _imports as imports
+    from . import _sampler  # noqa: F401  (imported before the finder: not import time)
 
     installed = collecting = True
     boot_ns = boot or time.time_ns()
     env = os.environ
     _ready_file = env.pop("INFERSIGHT_READY_FILE", None) or None
+    _set_children_dirs(env.get(_workers.ENV) or None)
     role = _proc.process_role(getattr(sys, "argv", []), _launched())
     if role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
         env["INFERSIGHT_PROCESS_ROLE"] = role  # a compile worker's pool processes are helpers too
@@ -553,6 +568,7 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     sys.meta_path.insert(0, _finder)
     _start_sampler()
     atexit.register(_at_exit)
+    _register_main_end()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
     if from_bootstrap and _runtime.root_start_ns and boot_ns > _runtime.root_start_ns:
@@ -560,6 +576,58 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
         now = time.time_ns()
         emit_stage("runtime_init", _runtime.new_span_id(), _runtime.root_span_id,
                    _runtime.root_start_ns, now, {"infersight.runtime_init.hooks_s": (now - boot_ns) / 1e9})
+
+
+_parent_dir: Optional[str] = None  # where this process reports its cold start's end
+_children_dir: Optional[str] = None  # where this process's children report theirs
+
+
+def _set_children_dirs(parent_dir: Optional[str]) -> None:
+    global _parent_dir, _children_dir
+    _parent_dir = parent_dir
+    c = _runtime.client
+    if c is None:
+        return
+    _children_dir = _workers.children_dir(c.spool_dir, str(c.producer.get("id") or os.getpid()))
+    os.environ[_workers.ENV] = _children_dir
+
+
+def check_workers() -> None:
+    """(Sampler thread) A ready process with no request of its own whose worker finished its
+    cold start: a supervisor. Its cold start ends there; the workers' roots cover it."""
+    global _first_done
+    try:
+        if ready_ns is None or _first is not None or _first_done or not root_open() or not _children_dir:
+            return
+        done = _workers.reports(_children_dir)
+        if done:
+            with _lock:
+                if _first_done or _first is not None:
+                    return
+                _first_done = True  # no first_request of its own will end it any more
+            finish_root(max(min(e for _, e in done), last_end_ns), "workers")
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def _register_main_end() -> None:
+    """Note when the main script ends (threading's shutdown runs before atexit): what the
+    interpreter does after that, at exit, is not part of the cold start."""
+    reg = getattr(threading, "_register_atexit", None)
+    if reg is None:
+        return
+
+    def main_ended() -> None:
+        global _main_end_ns
+        _main_end_ns = time.time_ns()
+
+    try:
+        reg(main_ended)
+    except Exception:
+        pass
+
+
+_main_end_ns = 0
 
 
 def _launched() -> bool:
@@ -573,7 +641,7 @@ def _start_sampler() -> None:
         return
     from . import _sampler as sampler
 
-    _sampler = sampler.Sampler(_main_ident)
+    _sampler = sampler.Sampler(_main_ident, tick=check_workers)
     _sampler.start()
 
 
@@ -643,8 +711,12 @@ def uninstall() -> None:
 def _after_fork_child() -> None:
     """A forked child starts its own cold start (its root: the fork, under our span)."""
     global _main_ident, _warm, _first, _first_done, collecting, ready_ns, explicit, last_end_ns
+    global _main_pid, _main_end_ns
     try:
         _main_ident = threading.get_ident()
+        _main_pid = os.getpid()
+        _main_end_ns = 0
+        _set_children_dirs(_children_dir)  # the parent's children dir is this child's parent dir
         _warm = None
         _first = None
         _first_done = False

@@ -17,13 +17,14 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 INTERVAL_S = 0.01
 MIN_GAP_NS = 50_000_000
 MAX_SAMPLES = 200_000  # 30+ minutes at 10 ms; a sampler never grows without bound
 MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever) stops it
 TOP = 5
+TICK_S = 0.1
 
 _STDLIB = os.path.dirname(os.__file__)
 _HOOKS = os.path.dirname(os.path.abspath(__file__))
@@ -40,8 +41,10 @@ def _env_interval() -> float:
 class Sampler:
     """Samples the main thread until ``stop()``; ``samples`` holds (t_ns, label)."""
 
-    def __init__(self, main_ident: int, interval_s: Optional[float] = None) -> None:
+    def __init__(self, main_ident: int, interval_s: Optional[float] = None,
+                 tick: Optional[Callable[[], None]] = None) -> None:
         self.main_ident = main_ident
+        self.tick = tick  # called about every TICK_S (the supervisor check)
         self.interval_s = interval_s if interval_s is not None else _env_interval()
         self.samples: List[Tuple[int, str]] = []
         self._stop = threading.Event()
@@ -66,8 +69,13 @@ class Sampler:
         frames_of = sys._current_frames
         samples = self.samples
         deadline = time.monotonic() + MAX_RUN_S
+        every = max(1, int(TICK_S / self.interval_s))
+        n = 0
         try:
             while not wait(self.interval_s):
+                n += 1
+                if self.tick is not None and n % every == 0:
+                    self.tick()
                 f = frames_of().get(self.main_ident)
                 if f is not None:
                     samples.append((time.time_ns(), self.label(f)))
