@@ -202,6 +202,8 @@ def descendants(root_id: str, spans: list[SpanItem]) -> list[SpanItem]:
     return out
 
 
+MAX_RECENT_ROOTS = 1024
+
 # A handler for an event kind beyond schema 1's core: (producer, origin, t_ns, data, out).
 # It appends items to ``out`` and raises Malformed on bad data.
 KindHandler = Callable[[Producer, Origin, int, dict[str, Any], list[Item]], None]
@@ -216,6 +218,7 @@ class Assembler:
         self.producers: OrderedDict[str, Producer] = OrderedDict()
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
+        self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
 
     def hello(self, raw: Any) -> Producer:
         info = validate_hello(raw)
@@ -336,20 +339,33 @@ class Assembler:
         )
         if name == "coldstart":
             stages = descendants(span_id, p.pending)
-            covered = union_ns([(s.start_ns, s.end_ns) for s in stages
+            workers = self._workers_of(span, stages)
+            covered = union_ns([(s.start_ns, s.end_ns) for s in [*stages, *workers]
                                 if s.attributes.get("infersight.stage") != "unattributed"], start, end)
             span.attributes["infersight.coldstart.unattributed_s"] = (end - start - covered) / 1e9
             span.attributes.setdefault("faas.coldstart", True)
             done = {s.span_id for s in stages}
             p.pending = [s for s in p.pending if s.span_id not in done]
             out.append(span)
-            out.append(ColdStart(span, sorted(stages, key=lambda s: s.start_ns)))
+            out.append(ColdStart(span, sorted(stages, key=lambda s: s.start_ns), workers))
             return
         if name.startswith("coldstart."):
             p.pending.append(span)
             if len(p.pending) > MAX_PENDING_SPANS:
                 del p.pending[0]
         out.append(span)
+
+    def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
+        """Roots of other processes (not helpers) already seen under this root or its stages;
+        remembers this root for its own parent."""
+        ids = {root.span_id, *(s.span_id for s in stages)}
+        workers = [r for r in self.recent_roots.values()
+                   if r.trace_id == root.trace_id and r.parent_span_id in ids
+                   and r.attributes.get("infersight.process.role") != "helper"]
+        self.recent_roots[root.span_id] = root
+        if len(self.recent_roots) > MAX_RECENT_ROOTS:
+            self.recent_roots.popitem(last=False)
+        return sorted(workers, key=lambda r: r.start_ns)
 
     def lost_total(self) -> int:
         return self.lost_of_forgotten + sum(p.seq.lost for p in self.producers.values())

@@ -118,7 +118,7 @@ def coverage(cs: ColdStart) -> float:
     total = root.end_ns - root.start_ns
     if total <= 0:
         return 1.0
-    covered = union_ns([(s.start_ns, s.end_ns) for s in cs.stages if _stage(s) != "unattributed"],
+    covered = union_ns([(s.start_ns, s.end_ns) for s in [*cs.stages, *cs.workers] if _stage(s) != "unattributed"],
                        root.start_ns, root.end_ns)
     return covered / total
 
@@ -150,6 +150,12 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
             name[:26], off, dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar(group, root, total, width),
             _extra(group)))
+    for w in cs.workers:
+        dur_ns = union_ns([(w.start_ns, w.end_ns)], root.start_ns, root.end_ns)
+        lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
+            ("  worker pid %s" % w.resource.get("process.pid"))[:26], (w.start_ns - root.start_ns) / 1e9,
+            dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
+            "its own waterfall: ended by %s" % (w.attributes.get("infersight.coldstart.ended_by") or "?")))
     ready = root.attributes.get("infersight.coldstart.ready_s")
     if isinstance(ready, (int, float)):
         lines.append("ready after %.3f s (%s); ended by %s" % (
@@ -162,6 +168,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     un = root.attributes.get("infersight.coldstart.unattributed_s")
     if isinstance(un, (int, float)):
         lines.append("unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total))
+    lines.append("covered by named stages: %.1f%%" % (100.0 * coverage(cs)))
     gaps = sorted((s for s in cs.stages if _stage(s) == "unattributed"), key=lambda s: s.start_ns - s.end_ns)
     for g in gaps[:5]:
         top = g.attributes.get("infersight.unattributed.top")

@@ -187,15 +187,16 @@ def install_torch(torch: Any) -> None:
             _patch(init, name, _wrap_init(getattr(init, name)))
 
 
-def flush(end_ns: int) -> None:
-    """The root ends: emit the open ``nn.init`` runs; close a model_build left open."""
+def flush(end_ns: int, final: bool = False) -> None:
+    """Readiness or the root's end: emit the open ``nn.init`` runs; at the end, close a
+    model_build left open (its ``post_init`` never came)."""
     with _lock:
         runs = list(_init_runs.values())
         _init_runs.clear()
     for run in runs:
         _emit_init_run(run)
     b = getattr(_tls, "build", None)
-    if b is not None:
+    if b is not None and final:
         _tls.build = None
         cs.end(b[0], end_ns=end_ns)
 

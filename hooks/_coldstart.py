@@ -277,12 +277,11 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None) -> None:
             explicit = True
         closed = _close_warm_locked(now)
     _emit_warm(closed)
+    _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
     start = min(last_end_ns or t, t)
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, t,
                {"infersight.ready.source": source})
     _unlisten()
-    if _children_dir and _first is None and not _first_done:
-        _workers.prepare(_children_dir)
     poll = callbacks.get("ready")
     if poll is not None:
         poll(start)
@@ -405,6 +404,18 @@ def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
     finish_root(end_ns, ended_by)
 
 
+def _flush_runs(end_ns: int, final: bool = False) -> None:
+    """Emit the import and ``nn.init`` runs still open (they are emitted when they end)."""
+    try:
+        if _imports is not None:
+            _imports.flush()
+        build = sys.modules.get(__name__.rsplit(".", 1)[0] + "._build")
+        if build is not None:
+            build.flush(end_ns, final)
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
 def finish_root(end_ns: Optional[int], ended_by: str) -> None:
     global collecting
     now = time.time_ns()
@@ -413,19 +424,16 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
     _emit_warm(closed)
     end_at = end_ns if end_ns is not None else now
     try:
-        if _imports is not None:
-            _imports.flush()
-        build = sys.modules.get(__name__.rsplit(".", 1)[0] + "._build")
-        if build is not None:
-            build.flush(end_at)
+        _flush_runs(end_at, final=True)
         children = _workers.reports(_children_dir) if _children_dir else []
-        _covered.extend(children)  # the workers' roots nest under this one: covered
+        _covered.extend((r[0], r[1]) for r in children)  # the workers' roots nest under ours
         _emit_unattributed(end_at)
         if children:
             _runtime.root_attrs["infersight.coldstart.workers"] = len(children)
         if _parent_dir and role != "helper":
-            _workers.report(_parent_dir, _runtime.root_start_ns, end_at)
-        _workers.cleanup(_children_dir)
+            _workers.report(_parent_dir, _runtime.root_start_ns, end_at, ended_by)
+        if _children_ready:
+            _workers.cleanup(_children_dir)
     except Exception as exc:
         _runtime.fail(exc)
     collecting = False
@@ -580,11 +588,13 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
 
 _parent_dir: Optional[str] = None  # where this process reports its cold start's end
 _children_dir: Optional[str] = None  # where this process's children report theirs
+_children_ready = False  # that directory exists
 
 
 def _set_children_dirs(parent_dir: Optional[str]) -> None:
-    global _parent_dir, _children_dir
+    global _parent_dir, _children_dir, _children_ready
     _parent_dir = parent_dir
+    _children_ready = False
     c = _runtime.client
     if c is None:
         return
@@ -593,19 +603,23 @@ def _set_children_dirs(parent_dir: Optional[str]) -> None:
 
 
 def check_workers() -> None:
-    """(Sampler thread) A ready process with no request of its own whose worker finished its
-    cold start: a supervisor. Its cold start ends there; the workers' roots cover it."""
-    global _first_done
+    """(Sampler thread) A process with no request of its own whose worker served the first
+    request: a supervisor. Its cold start ends there; the workers' roots cover it."""
+    global _first_done, _children_ready
     try:
-        if ready_ns is None or _first is not None or _first_done or not root_open() or not _children_dir:
+        if _first is not None or _first_done or not root_open() or not _children_dir:
             return
-        done = _workers.reports(_children_dir)
+        if not _children_ready:
+            if time.time_ns() - _runtime.root_start_ns > 1_000_000_000:
+                _children_ready = _workers.prepare(_children_dir)
+            return
+        done = [r for r in _workers.reports(_children_dir) if r[2] in _workers.SERVED]
         if done:
             with _lock:
                 if _first_done or _first is not None:
                     return
                 _first_done = True  # no first_request of its own will end it any more
-            finish_root(max(min(e for _, e in done), last_end_ns), "workers")
+            finish_root(max(min(r[1] for r in done), last_end_ns), "workers")
     except Exception as exc:
         _runtime.fail(exc)
 

@@ -1,12 +1,12 @@
 """Supervisors and their workers (stdlib only).
 
-A supervisor (uvicorn ``--workers``, gunicorn's arbiter) binds the socket, so it is
-"ready" at once, then only waits while its workers do the real cold start. Every hooked
-process tells its hooked children, through ``INFERSIGHT_CHILDREN_DIR``, a private
-directory (created once the parent is ready) where each child writes one small file when
-its own cold start ends: its root's start and end. A process that is ready but has had
-no request of its own ends its cold start with the first such report
-(``ended_by=workers``); the children's roots, which nest under it through
+A supervisor (uvicorn ``--workers``, gunicorn's arbiter) starts its workers and then only
+waits while they do the real cold start. Every hooked process tells its hooked children,
+through ``INFERSIGHT_CHILDREN_DIR``, a private directory (made after the parent's first
+second of cold start, removed at its end) where each child writes one
+small file when its own cold start ends: its root's start, end and how it ended. A
+process that has had no request of its own ends its cold start when a child served the
+first request (``ended_by=workers``); the children's roots, which nest under it through
 ``TRACEPARENT``, count as covered time.
 
 The directory is created 0700 by whoever comes first, must be owned by this uid and not a
@@ -30,6 +30,11 @@ def children_dir(spool_dir: str, producer_id: str) -> str:
 
 def _safe_dir(path: str, create: bool) -> bool:
     """``path`` and its parent are real directories of ours (created 0700 when asked)."""
+    if create:
+        try:
+            os.makedirs(os.path.dirname(os.path.dirname(path)), mode=0o700, exist_ok=True)  # the spool dir
+        except OSError:
+            return False
     for d in (os.path.dirname(path), path):
         try:
             st = os.lstat(d)
@@ -53,13 +58,16 @@ def _safe_dir(path: str, create: bool) -> bool:
     return True
 
 
+SERVED = ("first_request", "workers")  # a child's cold start that ended by serving
+
+
 def prepare(own_dir: str) -> bool:
-    """This process is ready with no request yet (a supervisor, maybe): let children report."""
+    """Let children report (from the cold start's first second on: a short one never needs it)."""
     return _safe_dir(own_dir, create=True)
 
 
-def report(parent_dir: str, start_ns: int, end_ns: int) -> bool:
-    """This child's cold start ended: tell the parent (if it is waiting for reports)."""
+def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
+    """This child's cold start ended: tell the parent, if it listens."""
     if not _safe_dir(parent_dir, create=False):
         return False
     path = os.path.join(parent_dir, "%d" % os.getpid())
@@ -68,17 +76,17 @@ def report(parent_dir: str, start_ns: int, end_ns: int) -> bool:
     except OSError:
         return False
     try:
-        os.write(fd, b"%d %d\n" % (start_ns, end_ns))
+        os.write(fd, ("%d %d %s\n" % (start_ns, end_ns, ended_by.replace(" ", "_")[:32])).encode("ascii", "replace"))
     finally:
         os.close(fd)
     return True
 
 
-def reports(own_dir: str) -> List[Tuple[int, int]]:
-    """(start_ns, end_ns) of the children's cold starts reported so far."""
+def reports(own_dir: str) -> List[Tuple[int, int, str]]:
+    """(start_ns, end_ns, ended_by) of the children's cold starts reported so far."""
     if not own_dir or not _safe_dir(own_dir, create=False):
         return []
-    out: List[Tuple[int, int]] = []
+    out: List[Tuple[int, int, str]] = []
     try:
         names = os.listdir(own_dir)
     except OSError:
@@ -91,11 +99,11 @@ def reports(own_dir: str) -> List[Tuple[int, int]]:
         except OSError:
             continue
         try:
-            parts = os.read(fd, 64).split()
+            parts = os.read(fd, 128).split()
         finally:
             os.close(fd)
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            out.append((int(parts[0]), int(parts[1])))
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+            out.append((int(parts[0]), int(parts[1]), parts[2].decode("ascii", "replace")))
     return out
 
 
