@@ -118,24 +118,25 @@ def set_current(span: Optional[str]) -> None:
         os.environ["TRACEPARENT"] = _runtime.traceparent(span or _runtime.root_span_id)
 
 
-def note_begin() -> None:
-    """A stage starts on this thread (builtin or user's): it splits import runs and warmups."""
+def note_begin(at: int = 0) -> None:
+    """A stage starts on this thread at ``at`` (builtin or user's): it splits import runs
+    and warmups."""
     global stage_seq
     stage_seq += 1
     imp = _imports
     if imp is not None and collecting:
         try:
-            imp.pause()
+            imp.pause(at)
         except Exception as exc:
             _runtime.fail(exc)
 
 
-def note_stage_exit() -> None:
-    """The stage that ``note_begin`` announced ended on this thread."""
+def note_stage_exit(at: int = 0) -> None:
+    """The stage that ``note_begin`` announced ended on this thread at ``at``."""
     imp = _imports
     if imp is not None:
         try:
-            imp.resume()
+            imp.resume(at)
         except Exception as exc:
             _runtime.fail(exc)
 
@@ -149,7 +150,7 @@ def begin(name: str, attrs: Optional[Dict[str, Any]] = None, start: Optional[int
     """Open a stage under the current span and make it current."""
     prev = _runtime.current_span.get()
     o = Open(name, prev or _runtime.root_span_id, prev, start or time.time_ns(), dict(attrs or {}))
-    note_begin()
+    note_begin(o.start)
     set_current(o.span)
     return o
 
@@ -163,14 +164,15 @@ def end(
 ) -> None:
     """Close ``o``: restore the previous span, then emit it (unless ``keep`` is False)."""
     try:
-        note_stage_exit()
+        end_ns = end_ns or time.time_ns()
         if _runtime.current_span.get() == o.span:
             set_current(o.prev)
+        note_stage_exit(end_ns)
         if not keep or o.pid != os.getpid():  # opened by the parent before a fork
             return
         if attrs:
             o.attrs.update(attrs)
-        emit_stage(o.name, o.span, o.parent, o.start, end_ns or time.time_ns(), o.attrs,
+        emit_stage(o.name, o.span, o.parent, o.start, end_ns, o.attrs,
                    type(err).__name__ if err is not None else None)
     except Exception as exc:
         _runtime.fail(exc)

@@ -29,7 +29,7 @@ from . import _runtime
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional
+    from typing import Any, Dict, Optional
 
 MERGE_GAP_NS = 20_000_000  # outermost imports closer than this are one run
 MIN_NS = 2_000_000  # runs and per-package pieces under this are dropped
@@ -58,13 +58,16 @@ def _top(name: str) -> str:
 
 
 def _state() -> Any:
-    """This thread's import state: ``stack`` of [package, start, child_ns], the piece in progress."""
+    """This thread's import state: the ``stack`` of packages being executed (one entry per
+    package change), the time up to which their time is counted (``t_last``), the piece."""
     d = _tls.__dict__
     if "stack" not in d:
         d["stack"] = []
         d["paused"] = 0
         d["pause_t"] = 0
+        d["t_last"] = 0
         d["piece_start"] = 0
+        d["piece_parent"] = None
         d["pkgs"] = {}
     return _tls
 
@@ -88,7 +91,7 @@ class _TimedLoader:
                 module.__spec__.loader = loader
         except Exception:
             pass
-        frame: Optional[List[Any]] = None
+        pushed = False
         st: Any = None
         try:
             if cs.collecting:
@@ -97,21 +100,21 @@ class _TimedLoader:
                     stack = st.stack
                     now = time.time_ns()
                     if not stack:
-                        start = self._t_find or now
-                        st.piece_start = start
+                        st.piece_start = st.t_last = self._t_find or now
+                        st.piece_parent = _runtime.current_span.get()
                     else:
-                        start = now
-                    frame = [_top(name), start, 0]
-                    stack.append(frame)
+                        _charge(st, now)
+                    stack.append(_top(name))
+                    pushed = True
         except Exception as exc:
             _runtime.fail(exc)
         try:
             loader.exec_module(module)
             cs.run_post_import(name, module)  # hooks installed because of this import: its time
         finally:
-            if frame is not None:
+            if pushed:
                 try:
-                    _pop(st, frame)
+                    _pop(st)
                 except Exception as exc:
                     _runtime.fail(exc)
 
@@ -119,19 +122,24 @@ class _TimedLoader:
         return getattr(self._loader, attr)
 
 
-def _pop(st: Any, frame: List[Any]) -> None:
+def _charge(st: Any, now: int) -> None:
+    """The time since ``t_last`` belongs to the package on top of the stack."""
     stack = st.stack
-    if not stack or stack[-1] is not frame:
-        stack.clear()  # unbalanced (an error path we did not see): start over
-        return
-    stack.pop()
+    if stack and not st.paused:
+        pkgs = st.pkgs
+        pkgs[stack[-1]] = pkgs.get(stack[-1], 0) + max(0, now - st.t_last)
+    st.t_last = now
+
+
+def _pop(st: Any) -> None:
+    stack = st.stack
+    if not stack:
+        return  # cleared after a fork
     now = time.time_ns()
-    total = now - frame[1]
-    pkgs = st.pkgs
-    pkgs[frame[0]] = pkgs.get(frame[0], 0) + total - frame[2]
-    if stack:
-        stack[-1][2] += total
-    else:
+    if not st.paused:
+        _charge(st, now)
+    stack.pop()
+    if not stack and not st.paused:
         _piece(st, st.piece_start, now)
 
 
@@ -141,7 +149,7 @@ def _piece(st: Any, start: int, end: int) -> None:
     if end <= start or not cs.root_open():
         return
     ident = threading.get_ident()
-    parent = _runtime.current_span.get() or _runtime.root_span_id
+    parent = st.piece_parent or _runtime.root_span_id
     seq = cs.stage_seq
     done: Optional[_Run] = None
     with _lock:
@@ -188,13 +196,16 @@ def flush(this_thread_only: bool = False) -> None:
         _emit(run)
 
 
-def pause() -> None:
-    """A stage starts on this thread: the import in progress (if any) stops counting."""
+def pause(at: int = 0) -> None:
+    """A stage starts on this thread (at ``at``): the import in progress stops counting."""
     st = _state()
     st.paused += 1
     if st.paused == 1:
         if st.stack:
-            now = time.time_ns()
+            now = at or time.time_ns()
+            st.paused = 0
+            _charge(st, now)
+            st.paused = 1
             st.pause_t = now
             _piece(st, st.piece_start, now)
         else:
@@ -202,16 +213,17 @@ def pause() -> None:
         flush(this_thread_only=True)
 
 
-def resume() -> None:
-    """The stage ended: the import in progress counts again from now."""
+def resume(at: int = 0) -> None:
+    """The stage ended (at ``at``): the import in progress counts again from then."""
     st = _state()
     if st.paused <= 0:
         return
     st.paused -= 1
     if st.paused == 0 and st.pause_t and st.stack:
-        now = time.time_ns()
-        st.stack[-1][2] += now - st.pause_t
+        now = max(at or time.time_ns(), st.pause_t)
+        st.t_last = now
         st.piece_start = now
+        st.piece_parent = _runtime.current_span.get()
         st.pause_t = 0
 
 
@@ -226,7 +238,7 @@ class Finder:
         if fullname not in cs.watched:
             if not cs.collecting or d.get("paused"):
                 return None
-            if stack and fullname.partition(".")[0] == stack[-1][0]:
+            if stack and fullname.partition(".")[0] == stack[-1]:
                 return None
         try:
             # Only imports run by the import system; importlib.util.find_spec() and friends
