@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from fastapi import BackgroundTasks, FastAPI

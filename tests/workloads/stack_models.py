@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-WORDS = ("the quick brown fox jumps over the lazy dog while a cold start warms up slowly "
+WORDS = ("the quick brown fox jumps over the lazy dog while a cold start warms up slowly "  # noqa: SIM905
          "models load weights tokenizers split words into pieces and servers answer requests").split()
 
 
@@ -36,8 +36,13 @@ def _train_tokenizer(kind: str):  # type: ignore[no-untyped-def]
 def build(out: str) -> None:
     import torch
     from safetensors.torch import save_file
-    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
-    from transformers import PreTrainedTokenizerFast
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        GPT2Config,
+        GPT2LMHeadModel,
+        PreTrainedTokenizerFast,
+    )
 
     torch.manual_seed(0)
     os.makedirs(out, exist_ok=True)

@@ -77,6 +77,11 @@ def torchscript(models: str) -> None:
 
     tok = Tokenizer.from_file(os.path.join(models, "tokenizer.json"))
     model = torch.jit.load(os.path.join(models, "scripted.pt"))
+    try:  # "is there a GPU?" the way servers ask it; on a CPU build this raises
+        device = "cuda:%d" % torch.cuda.current_device()
+    except (AssertionError, RuntimeError):
+        device = "cpu"
+    model.to(device)
     ids = torch.tensor([tok.encode(TEXT).ids[:8]])
     with torch.no_grad():
         out = model(ids)
