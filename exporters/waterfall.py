@@ -65,7 +65,8 @@ def _extra(group: list[SpanItem]) -> str:
     if stage == "framework_import":
         secs: dict[str, float] = {}
         for g in group:
-            for item in g.attributes.get("infersight.import.packages") or []:
+            packages = g.attributes.get("infersight.import.packages")
+            for item in packages if isinstance(packages, list) else []:
                 name, _, rest = str(item).partition(" ")
                 try:
                     secs[name] = secs.get(name, 0.0) + float(rest.split()[0])

@@ -154,15 +154,15 @@ def _emit_init_run(run: list) -> None:  # type: ignore[type-arg]
 
 def _wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if (not cs.collecting or getattr(_tls, "in_init", 0) or getattr(_tls, "build", None) is not None
+        if (not cs.collecting or getattr(_tls, "in_init", False) or getattr(_tls, "build", None) is not None
                 or _runtime.current_span.get() not in (None, _runtime.root_span_id) or _importing()):
             return orig(*args, **kwargs)
-        _tls.in_init = 1
+        _tls.in_init = True
         t0 = time.time_ns()
         try:
             return orig(*args, **kwargs)
         finally:
-            _tls.in_init = 0
+            _tls.in_init = False
             try:
                 _note_init(t0, time.time_ns())
             except Exception as exc:
@@ -253,9 +253,14 @@ def _install_sentencepiece(mod: Any) -> None:
         return
     for name in ("Load", "LoadFromFile"):
         if name in cls.__dict__:
-            _patch(cls, name, _timed("tokenizer_load", cls.__dict__[name],
-                                     lambda a, k, _n=name: {"infersight.tokenizer.api": "sentencepiece." + _n},
-                                     "tokenizer"))
+            _patch(cls, name, _timed("tokenizer_load", cls.__dict__[name], _sp_describe(name), "tokenizer"))
+
+
+def _sp_describe(name: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]]:
+    def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        return {"infersight.tokenizer.api": "sentencepiece." + name}
+
+    return describe
 
 
 def install_hf() -> None:

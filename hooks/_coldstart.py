@@ -657,7 +657,7 @@ def _start_sampler() -> None:
         return
     from . import _sampler as sampler
 
-    _sampler = sampler.Sampler(_main_ident, tick=check_workers)
+    _sampler = sampler.Sampler(_main_ident or 0, tick=check_workers)
     _sampler.start()
 
 

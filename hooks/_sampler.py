@@ -93,12 +93,12 @@ class Sampler:
         f = frame
         while f is not None and depth < 128:
             code = f.f_code
-            lab = labels.get(code, 0)
-            if lab == 0:
-                lab = _code_label(code, f.f_globals)
-                labels[code] = lab
+            if code in labels:
+                lab = labels[code]
+            else:
+                lab = labels[code] = _code_label(code, f.f_globals)
             if lab is not None:
-                return lab  # type: ignore[no-any-return]
+                return lab
             if not leaf:
                 leaf = _raw_label(code, f.f_globals)
             f = f.f_back

@@ -1,5 +1,5 @@
-"""Tiny real models for the real-stack cold-start tests, built from configs with random
-weights and saved locally (nothing is downloaded): ``python stack_models.py DIR``.
+"""Real models for the real-stack cold-start tests and bench, built from configs with random
+weights and saved locally (nothing is downloaded): ``python stack_models.py DIR [tiny|medium]``.
 
 DIR/bert   BertForSequenceClassification + a WordPiece tokenizer (save_pretrained, safetensors)
 DIR/gpt2   GPT2LMHeadModel + a BPE tokenizer
@@ -33,7 +33,13 @@ def _train_tokenizer(kind: str):  # type: ignore[no-untyped-def]
     return tok
 
 
-def build(out: str) -> None:
+SIZES = {  # hidden, layers, intermediate, vocabulary (of the model, not of the tokenizer)
+    "tiny": (64, 2, 128, 200),
+    "medium": (512, 8, 2048, 30522),  # about 41M parameters, like the stacks in issue 11
+}
+
+
+def build(out: str, size: str = "tiny") -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import (
@@ -48,8 +54,9 @@ def build(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     wp = _train_tokenizer("wordpiece")
     bert_dir = os.path.join(out, "bert")
-    cfg = BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=128, max_position_embeddings=64, num_labels=2)
+    hidden, layers, inter, vocab = SIZES[size]
+    cfg = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                     intermediate_size=inter, max_position_embeddings=64, num_labels=2)
     bert = BertForSequenceClassification(cfg).eval()
     bert.save_pretrained(bert_dir, safe_serialization=True)
     PreTrainedTokenizerFast(tokenizer_object=wp, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
@@ -58,7 +65,7 @@ def build(out: str) -> None:
 
     bpe = _train_tokenizer("bpe")
     gpt_dir = os.path.join(out, "gpt2")
-    gcfg = GPT2Config(vocab_size=200, n_positions=64, n_embd=64, n_layer=2, n_head=2,
+    gcfg = GPT2Config(vocab_size=vocab, n_positions=64, n_embd=hidden, n_layer=layers, n_head=2,
                       bos_token_id=1, eos_token_id=1, pad_token_id=1)
     GPT2LMHeadModel(gcfg).eval().save_pretrained(gpt_dir, safe_serialization=True)
     PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", eos_token="<|endoftext|>",
@@ -73,4 +80,4 @@ def build(out: str) -> None:
 
 
 if __name__ == "__main__":
-    build(sys.argv[1])
+    build(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "tiny")
