@@ -727,7 +727,7 @@ def uninstall() -> None:
 def _after_fork_child() -> None:
     """A forked child starts its own cold start (its root: the fork, under our span)."""
     global _main_ident, _warm, _first, _first_done, collecting, ready_ns, explicit, last_end_ns
-    global _main_pid, _main_end_ns
+    global _main_pid, _main_end_ns, _finder
     try:
         _main_ident = threading.get_ident()
         _main_pid = os.getpid()
@@ -748,6 +748,9 @@ def _after_fork_child() -> None:
             _imports.after_fork_child()
         if collecting:
             _start_sampler()
+        if collecting and _imports is not None and _finder is None:
+            _finder = _imports.Finder()  # the parent's cold start ended: its finder is gone
+            sys.meta_path.insert(0, _finder)
         if collecting and not was_collecting and "torch" in sys.modules:
             from . import _torch  # the parent took its wrappers out: this child needs them again
 
