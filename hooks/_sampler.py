@@ -65,14 +65,21 @@ class Sampler:
         return t is not None and t.is_alive() and not self._stop.is_set()
 
     def _run(self) -> None:
-        wait = self._stop.wait
+        # time.sleep, not Event.wait: a plain sleep is the cheapest way to give up the GIL
+        # for an interval (Event.wait runs Condition's Python code); stop() is seen within one.
+        sleep = time.sleep
+        interval = self.interval_s
+        stopped = self._stop.is_set
         frames_of = sys._current_frames
         samples = self.samples
         deadline = time.monotonic() + MAX_RUN_S
         every = max(1, int(TICK_S / self.interval_s))
         n = 0
         try:
-            while not wait(self.interval_s):
+            while True:
+                sleep(interval)
+                if stopped():
+                    return
                 n += 1
                 if self.tick is not None and n % every == 0:
                     self.tick()
