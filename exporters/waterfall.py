@@ -176,14 +176,11 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         lines.append("  gap at %.3f s, %.3f s: %s" % (
             (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
             ", ".join(str(t) for t in top) if isinstance(top, list) and top else "no samples"))
-    top_stages = sorted(
-        (s for s in cs.stages if s.parent_span_id == root.span_id and _stage(s) != "unattributed"),
-        key=lambda s: s.end_ns - s.start_ns,
-        reverse=True,
-    )[:3]
+    per_stage: dict[str, int] = {}
+    for s in cs.stages:
+        if s.parent_span_id == root.span_id and _stage(s) != "unattributed":
+            per_stage[_stage(s)] = per_stage.get(_stage(s), 0) + s.end_ns - s.start_ns
+    top_stages = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
     if top_stages:
-        lines.append(
-            "biggest stages: "
-            + ", ".join("%s %.3f s" % (_stage(s), (s.end_ns - s.start_ns) / 1e9) for s in top_stages)
-        )
+        lines.append("biggest stages: " + ", ".join("%s %.3f s" % (name, ns / 1e9) for name, ns in top_stages))
     return "\n".join(lines)
