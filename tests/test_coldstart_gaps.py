@@ -246,3 +246,26 @@ def test_supervisor_cold_start_is_its_workers(tmp_path) -> None:
     assert parent.attributes["infersight.coldstart.unattributed_s"] < 0.05 * (parent.end_ns - parent.start_ns) / 1e9
     assert coverage(cs) > 0.95  # the worker's root covers the supervisor's wait
     assert "worker pid %s" % child.resource.get("process.pid") in r.output
+
+
+def test_children_dir_planted_by_another_uid_is_refused(tmp_path) -> None:
+    """The report directory lives under the spool dir: a directory or symlink planted there
+    by another user is never written to nor read."""
+    from infersight.hooks import _workers
+
+    nobody = 65534
+    own = _workers.children_dir(str(tmp_path / "spool"), "p1")
+    os.makedirs(own, mode=0o700)
+    assert _workers.report(own, 1, 2, "first_request")
+    assert _workers.reports(own) == [(1, 2, "first_request")]
+    os.chown(own, nobody, nobody)  # squatted by uid nobody
+    assert not _workers.report(own, 3, 4, "first_request")
+    assert _workers.reports(own) == []
+    assert not _workers.prepare(own)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = _workers.children_dir(str(tmp_path / "spool"), "p2")
+    os.symlink(target, link)  # a symlink in place of the directory
+    assert not _workers.prepare(link)
+    assert not _workers.report(link, 1, 2, "first_request")
+    assert list(target.iterdir()) == []
