@@ -8,10 +8,12 @@ alternating in one run:
 
 - **plain**: ``python stacks.py STACK`` (no hooks);
 - **launched**: ``infersight launch -- python stacks.py STACK``;
-- **no sampler**: launched with ``INFERSIGHT_SAMPLER=0``.
+- **no sampler**: launched with ``INFERSIGHT_SAMPLER=0``;
+- **hooks only**: the bootstrap on PYTHONPATH, no launcher and no agent (events go to a
+  throwaway spool): what the hooks alone add, apart from the launcher's own start.
 
-Printed per stack: medians of the wall times (spawn to exit), launch's overhead
-(launched / plain), the sampler's (launched / no sampler), the coverage of the served
+Printed per stack: medians of the wall times (spawn to exit), the hooks' overhead
+(hooks only / plain), launch's (launched / plain), the sampler's (launched / no sampler), the coverage of the served
 process's cold start by named stages (unattributed gaps excluded) and the biggest gap
 with the sampler's top. Servers (``fastapi``, ``workers``) get one GET from this script,
 retried until it answers, in every variant.
@@ -83,7 +85,11 @@ def run_once(stack: str, models: str, variant: str, tmp: str) -> tuple[float, fl
     env["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
     env["INFERSIGHT_MEASURE_STORAGE"] = "0"
     otlp = os.path.join(tmp, "%s-%s-%d.otlp.jsonl" % (stack, variant, time.monotonic_ns()))
-    if variant != "plain":
+    if variant == "hooks_only":
+        env.update({"PYTHONPATH": os.path.join(ROOT, "hooks", "bootstrap"), "INFERSIGHT_EXIT_FLUSH_S": "0",
+                    "INFERSIGHT_SOCKET": os.path.join(tmp, "absent.sock"),
+                    "INFERSIGHT_SPOOL_DIR": os.path.join(tmp, "spool-%d" % time.monotonic_ns())})
+    elif variant != "plain":
         argv = [INFERSIGHT, "launch", "--no-console", "--otlp-file", otlp, "--", *argv]
         if variant == "no_sampler":
             env["INFERSIGHT_SAMPLER"] = "0"
@@ -95,7 +101,7 @@ def run_once(stack: str, models: str, variant: str, tmp: str) -> tuple[float, fl
     wall = time.monotonic() - t0
     if rc != 0:
         raise SystemExit("%s (%s) exited with %d" % (stack, variant, rc))
-    if variant == "plain":
+    if variant in ("plain", "hooks_only"):
         return wall, None, ""
     with open(otlp, encoding="utf-8") as f:
         spans = spans_from_lines(f.readlines())
@@ -131,26 +137,29 @@ def main() -> None:
             subprocess.run([sys.executable, os.path.join(WORKLOADS, "stack_models.py"), models, args.size],
                            check=True, env=env, capture_output=True)
             print("built %s models in %.1f s" % (args.size, time.monotonic() - t0))
-        print("%-16s %9s %9s %9s %8s %8s %9s  %s" % ("stack", "plain s", "launch s", "no-smp s", "launch",
-                                                     "sampler", "coverage", "biggest gap (sampler top)"))
+        print("%-16s %8s %8s %8s %8s %7s %7s %7s %8s  %s" % (
+            "stack", "plain s", "hooks s", "launch s", "no-smp s", "hooks", "launch", "sampler", "coverage",
+            "biggest gap (sampler top)"))
         results = {}
         for stack in stacks:
-            walls: dict[str, list[float]] = {"plain": [], "launched": [], "no_sampler": []}
+            walls: dict[str, list[float]] = {"plain": [], "hooks_only": [], "launched": [], "no_sampler": []}
             covs: list[float] = []
             gap = ""
             run_once(stack, models, "plain", tmp)  # page cache and .pyc files warm for every variant
             for _ in range(args.runs):
-                for variant in ("plain", "launched", "no_sampler"):
+                for variant in ("plain", "hooks_only", "launched", "no_sampler"):
                     wall, cov, g = run_once(stack, models, variant, tmp)
                     walls[variant].append(wall)
                     if variant == "launched" and cov is not None:
                         covs.append(cov)
                         gap = g or gap
-            p, lch, ns = (statistics.median(walls[v]) for v in ("plain", "launched", "no_sampler"))
+            p, hk, lch, ns = (statistics.median(walls[v]) for v in ("plain", "hooks_only", "launched", "no_sampler"))
             cov = statistics.median(covs)
-            results[stack] = {"plain_s": p, "launched_s": lch, "no_sampler_s": ns, "coverage": cov}
-            print("%-16s %9.3f %9.3f %9.3f %+7.1f%% %+7.1f%% %8.1f%%  %s" % (
-                stack, p, lch, ns, 100 * (lch / p - 1), 100 * (lch / ns - 1), 100 * cov, gap[:110]))
+            results[stack] = {"plain_s": p, "hooks_only_s": hk, "launched_s": lch, "no_sampler_s": ns,
+                              "coverage": cov}
+            print("%-16s %8.3f %8.3f %8.3f %8.3f %+6.1f%% %+6.1f%% %+6.1f%% %7.1f%%  %s" % (
+                stack, p, hk, lch, ns, 100 * (hk / p - 1), 100 * (lch / p - 1), 100 * (lch / ns - 1), 100 * cov,
+                gap[:100]))
         print(json.dumps(results))
 
 
