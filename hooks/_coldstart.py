@@ -567,6 +567,7 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     role = _proc.process_role(getattr(sys, "argv", []), _launched())
     if role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
         env["INFERSIGHT_PROCESS_ROLE"] = role  # a compile worker's pool processes are helpers too
+    _prepare_children()
     if env.get("INFERSIGHT_READY_ON_LISTEN", "1").strip().lower() not in ("0", "false", "no", "off"):
         _install_listen()
     on_import("torch", _install_torch)
@@ -604,16 +605,25 @@ def _set_children_dirs(parent_dir: Optional[str]) -> None:
     os.environ[_workers.ENV] = _children_dir
 
 
+def _prepare_children() -> None:
+    """Make the directory where children report (a mkdir; removed when this cold start ends).
+    Helpers have no workers."""
+    global _children_ready
+    if role != "helper" and _children_dir:
+        try:
+            _children_ready = _workers.prepare(_children_dir)
+        except Exception as exc:
+            _runtime.fail(exc)
+
+
 def check_workers() -> None:
     """(Sampler thread) A process with no request of its own whose worker served the first
     request: a supervisor. Its cold start ends there; the workers' roots cover it."""
-    global _first_done, _children_ready
+    global _first_done
     try:
         if _first is not None or _first_done or not root_open() or not _children_dir:
             return
         if not _children_ready:
-            if time.time_ns() - _runtime.root_start_ns > 1_000_000_000:
-                _children_ready = _workers.prepare(_children_dir)
             return
         done = [r for r in _workers.reports(_children_dir) if r[2] in _workers.SERVED]
         if done:
@@ -733,6 +743,8 @@ def _after_fork_child() -> None:
         _main_pid = os.getpid()
         _main_end_ns = 0
         _set_children_dirs(_children_dir)  # the parent's children dir is this child's parent dir
+        if installed and _runtime.active():
+            _prepare_children()
         _warm = None
         _first = None
         _first_done = False

@@ -2,8 +2,8 @@
 
 A supervisor (uvicorn ``--workers``, gunicorn's arbiter) starts its workers and then only
 waits while they do the real cold start. Every hooked process tells its hooked children,
-through ``INFERSIGHT_CHILDREN_DIR``, a private directory (made after the parent's first
-second of cold start, removed at its end) where each child writes one
+through ``INFERSIGHT_CHILDREN_DIR``, a private directory (made when the parent's hooks
+start, removed when its cold start ends) where each child writes one
 small file when its own cold start ends: its root's start, end and how it ended. A
 process that has had no request of its own ends its cold start when a child served the
 first request (``ended_by=workers``); the children's roots, which nest under it through
@@ -62,7 +62,7 @@ SERVED = ("first_request", "workers")  # a child's cold start that ended by serv
 
 
 def prepare(own_dir: str) -> bool:
-    """Let children report (from the cold start's first second on: a short one never needs it)."""
+    """Let children report: make this process's directory."""
     return _safe_dir(own_dir, create=True)
 
 

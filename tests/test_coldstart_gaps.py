@@ -269,3 +269,21 @@ def test_children_dir_planted_by_another_uid_is_refused(tmp_path) -> None:
     assert not _workers.prepare(link)
     assert not _workers.report(link, 1, 2, "first_request")
     assert list(target.iterdir()) == []
+
+
+def test_children_dir_is_removed_when_the_cold_start_ends(tmp_path) -> None:
+    import subprocess
+
+    from conftest import BOOTSTRAP
+
+    spool = tmp_path / "spool"
+    script = tmp_path / "main.py"
+    script.write_text("import os\nprint(os.environ['INFERSIGHT_CHILDREN_DIR'])\n"
+                      "print(os.path.isdir(os.environ['INFERSIGHT_CHILDREN_DIR']))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERSIGHT")}
+    env.update({"PYTHONPATH": str(BOOTSTRAP), "INFERSIGHT_SOCKET": str(tmp_path / "absent.sock"),
+                "INFERSIGHT_SPOOL_DIR": str(spool), "INFERSIGHT_EXIT_FLUSH_S": "0"})
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True,
+                         timeout=60).stdout.split()
+    assert out[1] == "True"  # there while the cold start runs
+    assert out[0].startswith(str(spool)) and not os.path.exists(out[0])  # gone after it
