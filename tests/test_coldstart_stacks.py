@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import urllib.request
 
 import pytest
 
@@ -126,22 +128,43 @@ def test_fastapi_uvicorn(models: str, tmp_path) -> None:
     from conftest import free_port
 
     port = free_port()
+    # a readiness probe, as deployments have: the time until launch's first successful poll is
+    # ready_wait; without it, the server idles from listen() to launch's next retry (up to 0.5 s)
     r = run_stack(str(tmp_path), [sys.executable, STACKS, "fastapi", models, str(port)],
-                  "--probe", "http://127.0.0.1:%d/" % port)
+                  "--ready-url", "http://127.0.0.1:%d/health" % port, "--probe", "http://127.0.0.1:%d/" % port)
     cs = main_coldstart(r)
     check_common(r, cs)
     assert {"framework_import", "model_build", "tokenizer_load", "ready_wait", "first_request"} <= names(cs)
     assert cs.root.attributes["infersight.coldstart.ended_by"] == "first_request"
+    assert cs.root.attributes["infersight.ready.source"] == "ready_url"
+
+
+def poke_until_served(port: int, stop: threading.Event) -> None:
+    """A client that asks every 20 ms until the server answers (launch --probe backs off to
+    0.5 s, which would leave the ready worker idle that long)."""
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=60) as resp:
+                resp.read()
+            return
+        except OSError:
+            stop.wait(0.02)
 
 
 def test_uvicorn_two_workers(models: str, tmp_path) -> None:
     from conftest import free_port
 
     port = free_port()
-    r = run_stack(str(tmp_path), [sys.executable, "-m", "uvicorn", "stack_app:app", "--app-dir", HERE,
-                                  "--workers", "2", "--port", str(port), "--log-level", "warning"],
-                  "--probe", "http://127.0.0.1:%d/" % port,
-                  env={"STACK_MODELS": models, "STACK_STOP_PARENT": "1"})
+    stop = threading.Event()
+    client = threading.Thread(target=poke_until_served, args=(port, stop), daemon=True)
+    client.start()
+    try:
+        r = run_stack(str(tmp_path), [sys.executable, "-m", "uvicorn", "stack_app:app", "--app-dir", HERE,
+                                      "--workers", "2", "--port", str(port), "--log-level", "warning"],
+                      env={"STACK_MODELS": models, "STACK_STOP_PARENT": "1"})
+    finally:
+        stop.set()
+        client.join(10)
     sup = main_coldstart(r)
     assert sup.root.attributes["infersight.coldstart.ended_by"] == "workers"
     assert len(sup.workers) >= 1

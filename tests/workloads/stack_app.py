@@ -27,6 +27,11 @@ def _stop() -> None:
         os.kill(os.getppid(), signal.SIGINT)
 
 
+@app.get("/health")
+def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
 @app.get("/")
 def embed(background: BackgroundTasks, text: str = "the quick brown fox") -> dict[str, list[int]]:
     with torch.no_grad():
