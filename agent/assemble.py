@@ -248,6 +248,8 @@ def descendants(root_id: str, spans: list[SpanItem]) -> list[SpanItem]:
     return out
 
 
+MAX_RECENT_ROOTS = 1024
+
 # A handler for an event kind beyond schema 1's core: (producer, origin, t_ns, data, out).
 # It appends items to ``out`` and raises Malformed on bad data.
 KindHandler = Callable[[Producer, Origin, int, dict[str, Any], list[Item]], None]
@@ -272,6 +274,7 @@ class Assembler:
         self.gaps_forgotten_of_forgotten = 0
         self.pending_dropped_of_forgotten = 0
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
+        self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
 
     def hello(self, raw: Any) -> Producer:
         info = validate_hello(raw)
@@ -413,8 +416,9 @@ class Assembler:
         """Export ``root``, the cold-start summary of the stages under it, and its fleet metrics."""
         if stages is None:
             stages = descendants(root.span_id, p.pending)
+        workers = self._workers_of(root, stages)
         # An explicit ``unattributed`` span explains a gap; it never counts as covered.
-        named = [s for s in stages if s.attributes.get("infersight.stage") != "unattributed"]
+        named = [s for s in [*stages, *workers] if s.attributes.get("infersight.stage") != "unattributed"]
         covered = union_ns([(s.start_ns, s.end_ns) for s in named], root.start_ns, root.end_ns)
         root.attributes["infersight.coldstart.unattributed_s"] = (root.end_ns - root.start_ns - covered) / 1e9
         root.attributes.setdefault("faas.coldstart", True)
@@ -422,7 +426,7 @@ class Assembler:
         p.pending = [s for s in p.pending if s.span_id not in done]
         p.pending_bytes = sum(span_bytes(s) for s in p.pending)
         out.append(root)
-        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns))
+        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers)
         out.append(cs)
         out.extend(self.coldstart_metrics.observe(cs, root.end_ns if t_ns is None else t_ns))
 
@@ -489,6 +493,18 @@ class Assembler:
             out.append(stand_in)
             stages.append(stand_in)
         return stages
+
+    def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
+        """Roots of other processes (not helpers) already seen under this root or its stages;
+        remembers this root for its own parent."""
+        ids = {root.span_id, *(s.span_id for s in stages)}
+        workers = [r for r in self.recent_roots.values()
+                   if r.trace_id == root.trace_id and r.parent_span_id in ids
+                   and r.attributes.get("infersight.process.role") != "helper"]
+        self.recent_roots[root.span_id] = root
+        if len(self.recent_roots) > MAX_RECENT_ROOTS:
+            self.recent_roots.popitem(last=False)
+        return sorted(workers, key=lambda r: r.start_ns)
 
     def lost_total(self) -> int:
         return self.lost_of_forgotten + sum(p.seq.lost for p in self.producers.values())

@@ -138,6 +138,9 @@ class ColdStart:
 
     root: SpanItem
     stages: list[SpanItem]
+    # Roots of worker processes that nest under this one (a supervisor's cold start is
+    # its workers'): they count as covered time. Helpers are not workers.
+    workers: list[SpanItem] = field(default_factory=list)
 
 
 @dataclass(slots=True)

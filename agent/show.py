@@ -18,7 +18,7 @@ from typing import TextIO
 from infersight.agent.assemble import descendants
 from infersight.agent.model import ColdStart, SpanItem
 from infersight.agent.report_parse import Telemetry, parse_lines, read_file
-from infersight.exporters.waterfall import render_waterfall
+from infersight.exporters.waterfall import is_helper, render_waterfall
 
 FORMATS = ("text", "json", "chrome-trace")
 
@@ -29,10 +29,15 @@ def spans_from_lines(lines: list[str]) -> list[SpanItem]:
 
 def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
     staged = [s for s in spans if s.name.startswith("coldstart.")]
-    return [
-        ColdStart(r, sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns))
-        for r in sorted((s for s in spans if s.name == "coldstart"), key=lambda s: s.start_ns)
-    ]
+    roots = sorted((s for s in spans if s.name == "coldstart"), key=lambda s: s.start_ns)
+    out = []
+    for r in roots:
+        stages = sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns)
+        ids = {r.span_id, *(s.span_id for s in stages)}
+        workers = [w for w in roots if w.parent_span_id in ids and w.trace_id == r.trace_id
+                   and w.attributes.get("infersight.process.role") != "helper"]
+        out.append(ColdStart(r, stages, workers))
+    return out
 
 
 def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = None) -> int:
@@ -57,12 +62,19 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
         out.write(dumps(waterfall_json(waterfalls(t.spans))) + "\n")
         return 0
     probes = [s for s in t.spans if s.name == "infersight.probe"]
+    helpers = [cs for cs in found if is_helper(cs)]
     for cs in found:
+        if cs in helpers:
+            continue
         out.write(render_waterfall(cs) + "\n")
         for p in probes:
             if p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id:
                 out.write(probe_line(p) + "\n")
         out.write("\n")
+    if helpers:
+        out.write("(%d helper process%s not shown: %s)\n" % (
+            len(helpers), "" if len(helpers) == 1 else "es",
+            ", ".join("pid %s" % cs.root.resource.get("process.pid") for cs in helpers)))
     return 0
 
 

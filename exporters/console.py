@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from infersight.agent.model import ColdStart, ColdStartProgress, Item
-from infersight.exporters.waterfall import render_waterfall
+from infersight.exporters.waterfall import is_helper, render_waterfall
 
 KEEP_COLDSTARTS = 64
 
@@ -26,7 +26,8 @@ def progress_line(state: dict[str, object]) -> str:
 
 
 class ConsoleExporter:
-    """Prints a waterfall for every completed cold start (to stderr by default). The last
+    """Prints a waterfall for every completed cold start (to stderr by default), except
+    helper processes' (resource trackers, compile workers, ``python -c`` probes). The last
     few are kept (``coldstarts``) for an embedding program; a long-lived agent keeps no more."""
 
     def __init__(self, stream: TextIO | None = None, keep: int = KEEP_COLDSTARTS) -> None:
@@ -35,6 +36,7 @@ class ConsoleExporter:
         self.coldstarts: deque[ColdStart] = deque(maxlen=keep)
         self.printed = 0
         self._progress_shown = False
+        self.helpers = 0
 
     async def start(self) -> None:
         return None
@@ -63,6 +65,9 @@ class ConsoleExporter:
                 if self._progress_shown:
                     self._progress(ColdStartProgress(it.root.resource, "", 0, 0, None))
                 self.coldstarts.append(it)
+                if is_helper(it):
+                    self.helpers += 1
+                    continue
                 out = self.stream or sys.stderr
                 out.write(render_waterfall(it) + "\n")
                 out.flush()
@@ -75,4 +80,4 @@ class ConsoleExporter:
         return None
 
     def state(self) -> dict[str, int | float | str]:
-        return {"printed": self.printed}
+        return {"printed": self.printed, "helpers": self.helpers}

@@ -1,13 +1,17 @@
 """Render a cold start as a waterfall table (pure).
 
 One row per stage, indented by nesting, with start offset, duration, share of the
-root, a bar, and bytes/throughput (and the ratio to the storage ceiling) for weights
-stages; a custom stage is marked ``*``. Below: readiness, first-response timing, the
-unattributed time and the three biggest top-level stages.
+root, a bar and a detail column: bytes/throughput (warm or cold, the ratio to the storage
+ceiling) for weights, the biggest packages for imports, backend and cache for compiles.
+Spans of one stage under one parent share a row (``framework_import x3``, one bar per
+span); a custom stage is marked ``*``, gaps are drawn with dots. Below: readiness,
+first-response timing, the unattributed time with the sampler's top for each gap, and
+the three biggest top-level stages.
 """
 
 from __future__ import annotations
 
+from infersight.agent.assemble import union_ns
 from infersight.agent.model import ColdStart, SpanItem
 from infersight.exporters.weights_note import weights_note
 
@@ -30,6 +34,87 @@ def _depth(span: SpanItem, by_id: dict[str, SpanItem], root_id: str) -> int:
     return d
 
 
+def _rows(cs: ColdStart, by_id: dict[str, SpanItem]) -> list[list[SpanItem]]:
+    """Spans in start order; spans of the same stage under the same parent share one row
+    (three import runs are one ``framework_import`` row with three bars)."""
+    rows: list[list[SpanItem]] = []
+    index: dict[tuple[str | None, str], list[SpanItem]] = {}
+    for s in sorted(cs.stages, key=lambda s: (s.start_ns, -s.end_ns)):
+        key = (s.parent_span_id, _stage(s))
+        group = index.get(key)
+        if group is not None and key[1] in GROUPED:
+            group.append(s)
+            continue
+        index[key] = group = [s]
+        rows.append(group)
+    return rows
+
+
+GROUPED = frozenset({"framework_import", "model_build", "tokenizer_load", "unattributed", "weights_load",
+                     "graph_compile"})
+
+
+def _stage(s: SpanItem) -> str:
+    return str(s.attributes.get("infersight.stage") or s.name)
+
+
+def _extra(group: list[SpanItem]) -> str:
+    """The last column: bytes and throughput for weights, packages for imports, and so on."""
+    s = group[0]
+    stage = _stage(s)
+    a = s.attributes
+    if stage == "framework_import":
+        secs: dict[str, float] = {}
+        for g in group:
+            packages = g.attributes.get("infersight.import.packages")
+            for item in packages if isinstance(packages, list) else []:
+                name, _, rest = str(item).partition(" ")
+                try:
+                    secs[name] = secs.get(name, 0.0) + float(rest.split()[0])
+                except (ValueError, IndexError):
+                    continue
+        top = sorted(secs.items(), key=lambda kv: -kv[1])[:3]
+        return ", ".join("%s %.2f s" % kv for kv in top)
+    if stage == "graph_compile":
+        parts = [str(a[k]) for k in ("infersight.compile.backend",) if a.get(k)]
+        caches = {str(g.attributes["infersight.compile.cache"]) for g in group
+                  if g.attributes.get("infersight.compile.cache")}
+        if caches:
+            parts.append("cache " + (caches.pop() if len(caches) == 1 else "mixed"))
+        return ", ".join(parts)
+    if stage == "model_build":
+        classes = sorted({str(g.attributes["infersight.model.class"]) for g in group
+                          if g.attributes.get("infersight.model.class")})
+        return ", ".join(classes[:2]) + (" (meta)" if any(g.attributes.get("infersight.model.meta") for g in group)
+                                         else "")
+    return weights_note([g.attributes for g in group])
+
+
+def _bar(group: list[SpanItem], root: SpanItem, total: int, width: int) -> str:
+    cells = [" "] * width
+    for s in group:
+        a = int(width * max(0, s.start_ns - root.start_ns) / total)
+        b = max(a + 1, int(width * max(0, s.end_ns - root.start_ns) / total))
+        for i in range(min(a, width - 1), min(b, width)):
+            cells[i] = "." if _stage(s) == "unattributed" else "#"
+    return "".join(cells)
+
+
+def coverage(cs: ColdStart) -> float:
+    """Share of the root covered by named stages (their union; ``unattributed`` is not covered)."""
+    root = cs.root
+    total = root.end_ns - root.start_ns
+    if total <= 0:
+        return 1.0
+    covered = union_ns([(s.start_ns, s.end_ns) for s in [*cs.stages, *cs.workers] if _stage(s) != "unattributed"],
+                       root.start_ns, root.end_ns)
+    return covered / total
+
+
+def is_helper(cs: ColdStart) -> bool:
+    return cs.root.attributes.get("infersight.process.role") == "helper"
+
+
 def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     root = cs.root
     total = max(root.end_ns - root.start_ns, 1)
@@ -38,23 +123,27 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     pid = root.resource.get("process.pid") or ""
     lines = [
         "infersight cold start: %s (pid %s) %.3f s" % (service, pid, total / 1e9),
-        "%-26s %9s %9s %6s  %-*s %s" % ("stage", "start s", "dur s", "share", width, "", "weights"),
+        "%-26s %9s %9s %6s  %-*s %s" % ("stage", "start s", "dur s", "share", width, "", "detail"),
+        "%-26s %9.3f %9.3f %5.1f%%  %-*s" % ("coldstart", 0.0, total / 1e9, 100.0, width, "#" * width),
     ]
-    rows = [root, *sorted(cs.stages, key=lambda s: (s.start_ns, -s.end_ns))]
-    for s in rows:
+    for group in _rows(cs, by_id):
+        s = group[0]
         off = (s.start_ns - root.start_ns) / 1e9
-        dur = (s.end_ns - s.start_ns) / 1e9
-        share = 100.0 * (s.end_ns - s.start_ns) / total
-        a = int(width * max(0, s.start_ns - root.start_ns) / total)
-        b = max(a + 1, int(width * max(0, s.end_ns - root.start_ns) / total))
-        bar = (" " * a + "#" * (b - a))[:width]
-        name = "coldstart" if s is root else "  " * (1 + _depth(s, by_id, root.span_id)) + (
-            str(s.attributes.get("infersight.stage") or s.name)
-        )
-        extra = weights_note([s.attributes])
+        dur_ns = union_ns([(g.start_ns, g.end_ns) for g in group], root.start_ns, root.end_ns)
+        name = "  " * (1 + _depth(s, by_id, root.span_id)) + _stage(s)
+        if len(group) > 1:
+            name += " x%d" % len(group)
         if s.attributes.get("infersight.stage.custom") is True:
             name += "*"
-        lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (name[:26], off, dur, share, width, bar, extra))
+        lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
+            name[:26], off, dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar(group, root, total, width),
+            _extra(group)))
+    for w in cs.workers:
+        dur_ns = union_ns([(w.start_ns, w.end_ns)], root.start_ns, root.end_ns)
+        lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
+            ("  worker pid %s" % w.resource.get("process.pid"))[:26], (w.start_ns - root.start_ns) / 1e9,
+            dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
+            "its own waterfall: ended by %s" % (w.attributes.get("infersight.coldstart.ended_by") or "?")))
     ready = root.attributes.get("infersight.coldstart.ready_s")
     if isinstance(ready, (int, float)):
         lines.append("ready after %.3f s (%s); ended by %s" % (
@@ -67,17 +156,18 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     un = root.attributes.get("infersight.coldstart.unattributed_s")
     if isinstance(un, (int, float)):
         lines.append("unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total))
-    top = sorted(
-        (s for s in cs.stages if s.parent_span_id == root.span_id),
-        key=lambda s: s.end_ns - s.start_ns,
-        reverse=True,
-    )[:3]
-    if top:
-        lines.append(
-            "biggest stages: "
-            + ", ".join(
-                "%s %.3f s" % (s.attributes.get("infersight.stage") or s.name, (s.end_ns - s.start_ns) / 1e9)
-                for s in top
-            )
-        )
+    lines.append("covered by named stages: %.1f%%" % (100.0 * coverage(cs)))
+    gaps = sorted((s for s in cs.stages if _stage(s) == "unattributed"), key=lambda s: s.start_ns - s.end_ns)
+    for g in gaps[:5]:
+        top = g.attributes.get("infersight.unattributed.top")
+        lines.append("  gap at %.3f s, %.3f s: %s" % (
+            (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
+            ", ".join(str(t) for t in top) if isinstance(top, list) and top else "no samples"))
+    per_stage: dict[str, int] = {}
+    for s in cs.stages:
+        if s.parent_span_id == root.span_id and _stage(s) != "unattributed":
+            per_stage[_stage(s)] = per_stage.get(_stage(s), 0) + s.end_ns - s.start_ns
+    top_stages = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
+    if top_stages:
+        lines.append("biggest stages: " + ", ".join("%s %.3f s" % (name, ns / 1e9) for name, ns in top_stages))
     return "\n".join(lines)

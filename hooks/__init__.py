@@ -108,7 +108,7 @@ class _Stage:
             self._start = time.time_ns()
             self._pid = os.getpid()
             self._token = _runtime.current_span.set(self._span)
-            _coldstart.note_begin()
+            _coldstart.note_begin(self._start)
             if _coldstart.is_main_thread():
                 os.environ["TRACEPARENT"] = _runtime.traceparent(self._span)
         except Exception as exc:
@@ -119,10 +119,12 @@ class _Stage:
         if self._span is None:
             return
         try:
+            end_ns = time.time_ns()
             parent = None
             if self._token is not None:
                 parent = self._token.old_value
                 _runtime.current_span.reset(self._token)
+            _coldstart.note_stage_exit(end_ns)
             if not isinstance(parent, str):
                 parent = _runtime.root_span_id
             if _coldstart.is_main_thread():
@@ -130,7 +132,7 @@ class _Stage:
             if self._pid != os.getpid():
                 return  # opened by the parent before a fork: the parent emits it
             _coldstart.emit_stage(
-                self._name, self._span, parent, self._start, time.time_ns(), dict(self._attrs),
+                self._name, self._span, parent, self._start, end_ns, dict(self._attrs),
                 getattr(exc_type, "__name__", "error") if exc_type is not None else None,
             )
         except Exception as e:

@@ -5,9 +5,11 @@ Installed by the bootstrap once the runtime is active. It owns:
 - the stage emitter that every stage goes through (builtin or custom), which keeps
   ``TRACEPARENT`` in sync with the main thread's current stage for subprocesses;
 - ``runtime_init`` (process start -> the bootstrap's first line);
-- ``framework_import`` and post-import hooks, through one ``sys.meta_path`` finder that
-  only looks at a handful of module names (torch, transformers, ...); torch itself is
-  instrumented by ``_torch`` when, and only if, the user imports it;
+- ``framework_import`` (every outermost import, ``_imports``) and post-import hooks;
+  torch itself is instrumented by ``_torch`` when, and only if, the user imports it, and
+  transformers/tokenizers by ``_build`` (``model_build``, ``tokenizer_load``);
+- the stack sampler (``_sampler``) and, at the end, ``unattributed`` spans for the gaps;
+- the process role (``helper`` for resource trackers, compile workers, ``python -c``);
 - readiness (``mark_ready()``, the first TCP ``listen()``, launch's ``--ready-url`` file),
   ``ready_wait``, ``warmup`` runs and ``first_request``;
 - the end of the ``coldstart`` root at the end of ``first_request`` (else at exit), after
@@ -24,27 +26,11 @@ import sys
 import threading
 import time
 
-from . import _runtime
+from . import _proc, _runtime, _workers
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
-
-# Top-level imports timed as ``framework_import`` (the outermost one wins; nested ones
-# are listed on it). Extend with INFERSIGHT_FRAMEWORKS=a,b,c.
-FRAMEWORKS = (
-    "torch",
-    "torch._dynamo",
-    "transformers",
-    "vllm",
-    "sglang",
-    "diffusers",
-    "tensorrt",
-    "tensorrt_llm",
-    "onnxruntime",
-    "tensorflow",
-    "jax",
-)
 
 _lock = threading.Lock()
 _tls = threading.local()
@@ -58,11 +44,15 @@ last_end_ns = 0  # end of the latest stage that finished (start of ready_wait)
 stage_seq = 0  # bumped at every stage start (splits warmup runs)
 explicit = False  # the user called mark_ready(): first_request ends at first_response()
 _main_ident = threading.main_thread().ident
+_main_pid = os.getpid()
 _ready_file: Optional[str] = None
 _undo: List[Callable[[], None]] = []
 _post_import: Dict[str, List[Callable[[Any], None]]] = {}
-_frameworks: Tuple[str, ...] = FRAMEWORKS
-_finder: Optional[_Finder] = None
+_finder: Any = None  # the _imports.Finder on sys.meta_path
+_imports: Any = None  # the _imports module, once installed
+_sampler: Any = None  # the _sampler.Sampler while the cold start is collected
+_covered: List[Tuple[int, int]] = []  # this process's stage intervals (for the gaps)
+role = ""  # "helper" for resource trackers, compile workers, ``python -c`` probes
 _ceilings: Optional[Dict[str, Any]] = None
 
 
@@ -128,9 +118,27 @@ def set_current(span: Optional[str]) -> None:
         os.environ["TRACEPARENT"] = _runtime.traceparent(span or _runtime.root_span_id)
 
 
-def note_begin() -> None:
+def note_begin(at: int = 0) -> None:
+    """A stage starts on this thread at ``at`` (builtin or user's): it splits import runs
+    and warmups."""
     global stage_seq
     stage_seq += 1
+    imp = _imports
+    if imp is not None and collecting:
+        try:
+            imp.pause(at)
+        except Exception as exc:
+            _runtime.fail(exc)
+
+
+def note_stage_exit(at: int = 0) -> None:
+    """The stage that ``note_begin`` announced ended on this thread at ``at``."""
+    imp = _imports
+    if imp is not None:
+        try:
+            imp.resume(at)
+        except Exception as exc:
+            _runtime.fail(exc)
 
 
 def note_end(end_ns: int) -> None:
@@ -142,7 +150,7 @@ def begin(name: str, attrs: Optional[Dict[str, Any]] = None, start: Optional[int
     """Open a stage under the current span and make it current."""
     prev = _runtime.current_span.get()
     o = Open(name, prev or _runtime.root_span_id, prev, start or time.time_ns(), dict(attrs or {}))
-    note_begin()
+    note_begin(o.start)
     set_current(o.span)
     return o
 
@@ -156,13 +164,15 @@ def end(
 ) -> None:
     """Close ``o``: restore the previous span, then emit it (unless ``keep`` is False)."""
     try:
+        end_ns = end_ns or time.time_ns()
         if _runtime.current_span.get() == o.span:
             set_current(o.prev)
+        note_stage_exit(end_ns)
         if not keep or o.pid != os.getpid():  # opened by the parent before a fork
             return
         if attrs:
             o.attrs.update(attrs)
-        emit_stage(o.name, o.span, o.parent, o.start, end_ns or time.time_ns(), o.attrs,
+        emit_stage(o.name, o.span, o.parent, o.start, end_ns, o.attrs,
                    type(err).__name__ if err is not None else None)
     except Exception as exc:
         _runtime.fail(exc)
@@ -177,6 +187,8 @@ def emit_stage(
         a["infersight.stage.custom"] = True
     a.update(attrs)
     end_ns = max(end_ns, start)
+    if name != "unattributed" and collecting:
+        _covered.append((start, end_ns))
     data: Dict[str, Any] = {"n": "coldstart." + name, "id": span, "p": parent or _runtime.root_span_id,
                             "tr": _runtime.trace_id, "s": start, "e": end_ns, "a": a}
     if err:
@@ -267,6 +279,7 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None) -> None:
             explicit = True
         closed = _close_warm_locked(now)
     _emit_warm(closed)
+    _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
     start = min(last_end_ns or t, t)
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, t,
                {"infersight.ready.source": source})
@@ -317,12 +330,16 @@ def forward_begin() -> Optional[Tuple[Any, ...]]:
     _emit_warm(closed)
     if token is not None:
         _runtime.current_span.set(token[1].span)
+        if _imports is not None:
+            _imports.pause()  # a forward run by a module being imported is not import time
     return token
 
 
 def forward_end(token: Tuple[Any, ...]) -> None:
     kind, obj, prev = token
     _runtime.current_span.set(prev)
+    if _imports is not None:
+        _imports.resume()
     now = time.time_ns()
     if kind == "w":
         with _lock:
@@ -389,14 +406,43 @@ def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
     finish_root(end_ns, ended_by)
 
 
+def _flush_runs(end_ns: int, final: bool = False) -> None:
+    """Emit the import and ``nn.init`` runs still open (they are emitted when they end)."""
+    try:
+        if _imports is not None:
+            _imports.flush()
+        build = sys.modules.get(__name__.rsplit(".", 1)[0] + "._build")
+        if build is not None:
+            build.flush(end_ns, final)
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
 def finish_root(end_ns: Optional[int], ended_by: str) -> None:
     global collecting
     now = time.time_ns()
     with _lock:
         closed = _close_warm_locked(now)
     _emit_warm(closed)
+    end_at = end_ns if end_ns is not None else now
+    try:
+        _flush_runs(end_at, final=True)
+        children = _workers.reports(_children_dir) if _children_dir else []
+        _covered.extend((r[0], r[1]) for r in children)  # the workers' roots nest under ours
+        _emit_unattributed(end_at)
+        if children:
+            _runtime.root_attrs["infersight.coldstart.workers"] = len(children)
+        if _parent_dir and role != "helper":
+            _workers.report(_parent_dir, _runtime.root_start_ns, end_at, ended_by)
+        if _children_ready:
+            _workers.cleanup(_children_dir)
+    except Exception as exc:
+        _runtime.fail(exc)
     collecting = False
     attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": ended_by}
+    final_role = role or _proc.process_role(getattr(sys, "argv", []), _launched())
+    if final_role:
+        attrs["infersight.process.role"] = final_role
     if ready_ns is not None:
         attrs["infersight.coldstart.ready_s"] = (ready_ns - _runtime.root_start_ns) / 1e9
         attrs["infersight.ready.source"] = ready_source
@@ -415,7 +461,10 @@ def _at_exit() -> None:
         if f is not None and not _first_done:
             _finish(f, f.forward_end or time.time_ns(), "exit")
             return
-        finish_root(None, "exit")
+        end_ns = None
+        if _main_end_ns and os.getpid() == _main_pid:
+            end_ns = max(_main_end_ns, last_end_ns)  # exit handlers that ran since are not start-up
+        finish_root(end_ns, "exit")
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -466,91 +515,9 @@ def _unlisten() -> None:
     _orig_listen = None
 
 
-# -- framework imports -------------------------------------------------------------------
+# -- post-import callbacks (the loader wrapping lives in _imports) -------------------------
 
-
-class _TimedLoader:
-    """Wraps one module's loader for the duration of its exec; puts the real one back."""
-
-    def __init__(self, loader: Any, name: str) -> None:
-        self._loader = loader
-        self._name = name
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        loader, name = self._loader, self._name
-        try:
-            module.__loader__ = loader
-            if getattr(module, "__spec__", None) is not None:
-                module.__spec__.loader = loader
-        except Exception:
-            pass
-        o: Optional[Open] = None
-        stack: Optional[List[Open]] = None
-        try:
-            if root_open() and name in _frameworks:
-                stack = _tls.__dict__.setdefault("imports", [])
-                if stack:
-                    nested = stack[-1].attrs.setdefault("infersight.framework.nested", [])
-                    nested.append(name)
-                    stack = None
-                else:
-                    o = begin("framework_import", {"infersight.framework": name})
-                    stack.append(o)
-        except Exception as exc:
-            _runtime.fail(exc)
-        err: Optional[BaseException] = None
-        try:
-            loader.exec_module(module)
-        except BaseException as e:
-            err = e
-            raise
-        finally:
-            try:
-                if stack:
-                    stack.pop()
-                if o is not None:
-                    end(o, err=err)
-            except Exception as exc:
-                _runtime.fail(exc)
-        _run_post_import(name, module)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._loader, attr)
-
-
-class _Finder:
-    """A meta path finder that only answers for the watched names (a set lookup otherwise)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in _watched or getattr(_tls, "finding", False):
-            return None
-        _tls.finding = True
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self:
-                    continue
-                fs = getattr(finder, "find_spec", None)
-                if fs is None:
-                    continue
-                spec = fs(fullname, path, target)
-                if spec is not None:
-                    break
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-                return spec
-            spec.loader = _TimedLoader(spec.loader, fullname)
-            return spec
-        except Exception as exc:
-            _runtime.fail(exc)
-            return None
-        finally:
-            _tls.finding = False
-
-
-_watched: set[str] = set()
+watched: set[str] = set()  # names with post-import callbacks: _imports.Finder wraps their loader
 
 
 def on_import(name: str, callback: Callable[[Any], None]) -> None:
@@ -560,10 +527,10 @@ def on_import(name: str, callback: Callable[[Any], None]) -> None:
         _safe_call(callback, mod)
         return
     _post_import.setdefault(name, []).append(callback)
-    _watched.add(name)
+    watched.add(name)
 
 
-def _run_post_import(name: str, module: Any) -> None:
+def run_post_import(name: str, module: Any) -> None:
     for cb in _post_import.pop(name, ()):
         _safe_call(cb, module)
 
@@ -586,27 +553,157 @@ def add_undo(fn: Callable[[], None]) -> None:
 
 def install(boot: int, from_bootstrap: bool = True) -> None:
     """Start cold-start detection in this process (after ``_runtime.activate``)."""
-    global installed, collecting, boot_ns, _finder, _frameworks, _ready_file
+    global installed, collecting, boot_ns, _finder, _ready_file, _imports, role
     if installed or not _runtime.active():
         return
+    from . import _imports as imports
+    from . import _sampler  # noqa: F401  (imported before the finder: not import time)
+
     installed = collecting = True
     boot_ns = boot or time.time_ns()
     env = os.environ
-    extra = tuple(x.strip() for x in env.get("INFERSIGHT_FRAMEWORKS", "").split(",") if x.strip())
-    _frameworks = FRAMEWORKS + extra
-    _watched.update(_frameworks)
     _ready_file = env.pop("INFERSIGHT_READY_FILE", None) or None
-    if from_bootstrap and _runtime.root_start_ns and boot_ns > _runtime.root_start_ns:
-        emit_stage("runtime_init", _runtime.new_span_id(), _runtime.root_span_id,
-                   _runtime.root_start_ns, boot_ns, {})
+    _set_children_dirs(env.get(_workers.ENV) or None)
+    role = _proc.process_role(getattr(sys, "argv", []), _launched())
+    if role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
+        env["INFERSIGHT_PROCESS_ROLE"] = role  # a compile worker's pool processes are helpers too
+    _prepare_children()
     if env.get("INFERSIGHT_READY_ON_LISTEN", "1").strip().lower() not in ("0", "false", "no", "off"):
         _install_listen()
     on_import("torch", _install_torch)
-    _finder = _Finder()
+    on_import("transformers", _install_transformers)
+    on_import("tokenizers", _install_transformers)
+    on_import("sentencepiece", _install_sentencepiece)
+    _imports = imports
+    _finder = imports.Finder()
     sys.meta_path.insert(0, _finder)
+    _start_sampler()
     atexit.register(_at_exit)
+    _register_main_end()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
+    if from_bootstrap and _runtime.root_start_ns and boot_ns > _runtime.root_start_ns:
+        # Interpreter start-up up to the end of these hooks' own set-up (their share apart).
+        now = time.time_ns()
+        emit_stage("runtime_init", _runtime.new_span_id(), _runtime.root_span_id,
+                   _runtime.root_start_ns, now, {"infersight.runtime_init.hooks_s": (now - boot_ns) / 1e9})
+
+
+_parent_dir: Optional[str] = None  # where this process reports its cold start's end
+_children_dir: Optional[str] = None  # where this process's children report theirs
+_children_ready = False  # that directory exists
+
+
+def _set_children_dirs(parent_dir: Optional[str]) -> None:
+    global _parent_dir, _children_dir, _children_ready
+    _parent_dir = parent_dir
+    _children_ready = False
+    c = _runtime.client
+    if c is None:
+        return
+    _children_dir = _workers.children_dir(c.spool_dir, str(c.producer.get("id") or os.getpid()))
+    os.environ[_workers.ENV] = _children_dir
+
+
+def _prepare_children() -> None:
+    """Make the directory where children report (a mkdir; removed when this cold start ends).
+    Helpers have no workers."""
+    global _children_ready
+    if role != "helper" and _children_dir:
+        try:
+            _children_ready = _workers.prepare(_children_dir)
+        except Exception as exc:
+            _runtime.fail(exc)
+
+
+def check_workers() -> None:
+    """(Sampler thread) A process with no request of its own whose worker served the first
+    request: a supervisor. Its cold start ends there; the workers' roots cover it."""
+    global _first_done
+    try:
+        if _first is not None or _first_done or not root_open() or not _children_dir:
+            return
+        if not _children_ready:
+            return
+        done = [r for r in _workers.reports(_children_dir) if r[2] in _workers.SERVED]
+        if done:
+            with _lock:
+                if _first_done or _first is not None:
+                    return
+                _first_done = True  # no first_request of its own will end it any more
+            finish_root(max(min(r[1] for r in done), last_end_ns), "workers")
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def _register_main_end() -> None:
+    """Note when the main script ends (threading's shutdown runs before atexit): what the
+    interpreter does after that, at exit, is not part of the cold start."""
+    reg = getattr(threading, "_register_atexit", None)
+    if reg is None:
+        return
+
+    def main_ended() -> None:
+        global _main_end_ns
+        _main_end_ns = time.time_ns()
+
+    try:
+        reg(main_ended)
+    except Exception:
+        pass
+
+
+_main_end_ns = 0
+
+
+def _launched() -> bool:
+    c = _runtime.client
+    return bool(c is not None and c.producer.get("launched"))
+
+
+def _start_sampler() -> None:
+    global _sampler
+    if role == "helper" or os.environ.get("INFERSIGHT_SAMPLER", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    from . import _sampler as sampler
+
+    _sampler = sampler.Sampler(_main_ident or 0, tick=check_workers)
+    _sampler.start()
+
+
+def _stop_sampler() -> Any:
+    s = _sampler
+    if s is not None:
+        s.stop()
+    return s
+
+
+def _emit_unattributed(end_ns: int) -> None:
+    """Every stretch of the root that no stage covers (>= 50 ms): a span with the sampler's top."""
+    s = _stop_sampler()
+    if role == "helper":
+        return
+    from . import _sampler as sampler
+
+    samples = s.samples if s is not None else []
+    for start, stop in sampler.uncovered(_covered, _runtime.root_start_ns, end_ns):
+        a: Dict[str, Any] = {"infersight.unattributed.samples": sum(1 for t, _ in samples if start <= t < stop)}
+        top = sampler.top_labels(samples, start, stop)
+        if top:
+            a["infersight.unattributed.top"] = top
+        emit_stage("unattributed", _runtime.new_span_id(), _runtime.root_span_id, start, stop, a)
+
+
+def _install_sentencepiece(mod: Any) -> None:
+    from . import _build
+
+    _build._install_sentencepiece(mod)
+
+
+def _install_transformers(_mod: Any) -> None:
+    from . import _build  # model_build / tokenizer_load: only where transformers or tokenizers load
+
+    _build.install_hf()
 
 
 def _install_torch(torch: Any) -> None:
@@ -626,8 +723,9 @@ def uninstall() -> None:
         except ValueError:
             pass
         _finder = None
+    _stop_sampler()
     _post_import.clear()
-    _watched.clear()
+    watched.clear()
     while _undo:
         fn = _undo.pop()
         try:
@@ -639,8 +737,14 @@ def uninstall() -> None:
 def _after_fork_child() -> None:
     """A forked child starts its own cold start (its root: the fork, under our span)."""
     global _main_ident, _warm, _first, _first_done, collecting, ready_ns, explicit, last_end_ns
+    global _main_pid, _main_end_ns, _finder
     try:
         _main_ident = threading.get_ident()
+        _main_pid = os.getpid()
+        _main_end_ns = 0
+        _set_children_dirs(_children_dir)  # the parent's children dir is this child's parent dir
+        if installed and _runtime.active():
+            _prepare_children()
         _warm = None
         _first = None
         _first_done = False
@@ -651,6 +755,14 @@ def _after_fork_child() -> None:
         was_collecting = collecting
         collecting = installed and _runtime.active()
         _tls.__dict__.clear()
+        del _covered[:]
+        if _imports is not None:
+            _imports.after_fork_child()
+        if collecting:
+            _start_sampler()
+        if collecting and _imports is not None and _finder is None:
+            _finder = _imports.Finder()  # the parent's cold start ended: its finder is gone
+            sys.meta_path.insert(0, _finder)
         if collecting and not was_collecting and "torch" in sys.modules:
             from . import _torch  # the parent took its wrappers out: this child needs them again
 

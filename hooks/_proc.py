@@ -7,7 +7,7 @@ import time
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Dict, List, Optional
 
 
 def _read(path: str) -> Optional[str]:
@@ -51,3 +51,28 @@ def producer_id(pid: int = 0) -> str:
     """boot id + pid + start ticks: unique per process across reboots and pid reuse."""
     pid = pid or os.getpid()
     return "%s-%d-%s" % (boot_id(), pid, stat_starttime_ticks(pid) or 0)
+
+
+HELPER_ENTRY_POINTS = ("_inductor/compile_worker/",)  # script paths of known helper processes
+
+
+def process_role(argv: List[str], launched: bool, env: Optional[Dict[str, str]] = None) -> str:
+    """``"helper"`` for a process that serves another one's start-up, else ``""``.
+
+    Helpers: ``python -c`` processes (multiprocessing's resource tracker and forkserver,
+    capability probes) other than multiprocessing's spawned workers, and inductor's compile
+    workers. The process ``launch`` started is never a helper. ``INFERSIGHT_PROCESS_ROLE``
+    (set by a helper for its own children) wins.
+    """
+    e = os.environ if env is None else env
+    forced = e.get("INFERSIGHT_PROCESS_ROLE", "").strip()
+    if forced:
+        return forced
+    if launched or not argv:
+        return ""
+    first = argv[0] or ""
+    if first == "-c" and "--multiprocessing-fork" not in argv:
+        return "helper"
+    if any(p in first for p in HELPER_ENTRY_POINTS):
+        return "helper"
+    return ""

@@ -31,6 +31,9 @@ BUILTIN_STAGES = (
     "warmup",
     "ready_wait",
     "first_request",
+    "model_build",
+    "tokenizer_load",
+    "unattributed",
 )
 
 client: Optional[Client] = None

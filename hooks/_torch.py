@@ -21,6 +21,7 @@ Every wrapper is taken out when the root ends (``_coldstart.uninstall``).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -119,7 +120,9 @@ def _install_dynamo(mod: Any) -> None:
         try:
             if not cs.collecting or not cs.root_open():
                 return
-            a: Dict[str, Any] = {"infersight.compile.api": "torch.compile"}
+            a: Dict[str, Any] = {"infersight.compile.api": "torch.compile",
+                                 "infersight.compile.backend": _backend}
+            a[_CACHE_SNAPSHOT] = _cache_counts()
             cid = getattr(args, "compile_id", None)
             if cid is not None:
                 a["infersight.compile.id"] = str(cid)
@@ -137,7 +140,9 @@ def _install_dynamo(mod: Any) -> None:
             stack = _tls.__dict__.get("dynamo")
             if stack:
                 cs._tls.compile = max(0, getattr(cs._tls, "compile", 1) - 1)
-                cs.end(stack.pop())
+                o = stack.pop()
+                o.attrs.update(cache_attrs(o.attrs.pop(_CACHE_SNAPSHOT, None), _cache_counts()))
+                cs.end(o)
         except Exception as exc:
             _runtime.fail(exc)
 
@@ -152,6 +157,60 @@ def _install_dynamo(mod: Any) -> None:
                 pass  # torch._dynamo.reset() clears callbacks
 
     cs.add_undo(undo)
+
+
+_CACHE_SNAPSHOT = "_infersight.cache_snapshot"  # internal: popped before the span is emitted
+_backend = "inductor"  # the backend of the latest torch.compile() call (its default)
+
+
+def _cache_counts() -> Optional[Tuple[int, int]]:
+    """(hits, misses) of inductor's FX graph cache so far; bypasses compile, so count as misses."""
+    utils = _sys_module("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return None
+    try:
+        ind = counters["inductor"]
+        return int(ind["fxgraph_cache_hit"]), int(ind["fxgraph_cache_miss"]) + int(ind["fxgraph_cache_bypass"])
+    except Exception:
+        return None
+
+
+def cache_attrs(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]) -> Dict[str, Any]:
+    """``infersight.compile.cache`` = hit / miss / mixed from the counters' change (none: no lookup)."""
+    if before is None or after is None:
+        return {}
+    hits, misses = after[0] - before[0], after[1] - before[1]
+    if hits <= 0 and misses <= 0:
+        return {}
+    a: Dict[str, Any] = {"infersight.compile.cache_hits": max(hits, 0),
+                         "infersight.compile.cache_misses": max(misses, 0)}
+    a["infersight.compile.cache"] = "mixed" if hits > 0 and misses > 0 else ("hit" if hits > 0 else "miss")
+    return a
+
+
+def _sys_module(name: str) -> Any:
+    return sys.modules.get(name)
+
+
+def _backend_name(backend: Any) -> str:
+    if isinstance(backend, str):
+        return backend
+    return str(getattr(backend, "__name__", None) or type(backend).__name__)
+
+
+def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        global _backend
+        try:
+            _backend = _backend_name(kwargs.get("backend", "inductor"))
+        except Exception as exc:
+            _runtime.fail(exc)
+        return orig(*args, **kwargs)
+
+    compile.__wrapped__ = orig  # type: ignore[attr-defined]
+    compile.__doc__ = getattr(orig, "__doc__", None)
+    return compile
 
 
 def _install_onnxruntime(mod: Any) -> None:
@@ -247,8 +306,8 @@ def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
             return orig()
         try:
             orig()
-        except BaseException as e:
-            cs.end(o, err=e)
+        except BaseException:
+            cs.end(o, keep=False)  # no CUDA here (a CPU build, no driver): nothing was initialised
             raise
         _cuda_seen = True
         try:
@@ -330,6 +389,8 @@ def install(torch: Any) -> None:
         is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
         _patch(nn_module, "_call_impl", _make_call_impl(nn_module._call_impl, is_compiling))
         _patch(nn_module, "_apply", _make_apply(nn_module._apply))
+    if callable(getattr(torch, "compile", None)):
+        _patch(torch, "compile", _wrap_compile(torch.compile))
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and hasattr(cuda, "_lazy_init"):
         try:
@@ -338,6 +399,9 @@ def install(torch: Any) -> None:
             initialized = True
         if not initialized:
             _patch(cuda, "_lazy_init", _make_lazy_init(cuda._lazy_init))
+    from . import _build
+
+    _build.install_torch(torch)
     cs.callbacks["ready"] = _poll_cuda
     cs.on_import("torch._dynamo", _install_dynamo)
     cs.on_import("onnxruntime", _install_onnxruntime)

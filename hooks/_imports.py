@@ -1,0 +1,279 @@
+"""Import timing for the cold start: every outermost import on a thread (stdlib only).
+
+One ``sys.meta_path`` finder, first on the path. For a module that is really loaded (not
+already in ``sys.modules``) it wraps the loader, but only where that is needed:
+
+- the outermost import on this thread (nothing else is being imported here): its time,
+  from the search to the end of its execution, is import time;
+- an import into another top-level package than the one being executed (``torch`` pulling
+  in ``sympy``): its time moves to that package in the breakdown;
+- a watched name (post-import callbacks, see ``_coldstart.on_import``).
+
+Anything else (``torch.nn`` inside ``torch``) is one set lookup and a string split.
+
+Outermost imports that follow each other (same parent span, no stage in between, gaps
+under ``MERGE_GAP_NS``) form one ``framework_import`` span with
+``infersight.import.packages`` = ``["transformers 1.02 s", ...]``. A stage that starts
+inside an import (a model loaded by a module imported by uvicorn) cuts the import time:
+the stage is a sibling, not time of the import.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from . import _coldstart as cs
+from . import _runtime
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
+
+MERGE_GAP_NS = 20_000_000  # outermost imports closer than this are one run
+MIN_NS = 2_000_000  # runs and per-package pieces under this are dropped
+
+_tls = threading.local()
+_lock = threading.Lock()
+_runs: Dict[int, _Run] = {}  # thread ident -> the run still open on that thread
+_getframe = sys._getframe
+
+
+class _Run:
+    """Consecutive outermost imports on one thread, not yet emitted."""
+
+    __slots__ = ("end", "parent", "pkgs", "seq", "start")
+
+    def __init__(self, parent: str, start: int, end: int, pkgs: Dict[str, int], seq: int) -> None:
+        self.parent = parent
+        self.start = start
+        self.end = end
+        self.pkgs = pkgs
+        self.seq = seq
+
+
+def _top(name: str) -> str:
+    return name.partition(".")[0]
+
+
+def _state() -> Any:
+    """This thread's import state: the ``stack`` of packages being executed (one entry per
+    package change), the time up to which their time is counted (``t_last``), the piece."""
+    d = _tls.__dict__
+    if "stack" not in d:
+        d["stack"] = []
+        d["paused"] = 0
+        d["pause_t"] = 0
+        d["t_last"] = 0
+        d["piece_start"] = 0
+        d["piece_parent"] = None
+        d["pkgs"] = {}
+    return _tls
+
+
+class _TimedLoader:
+    """Wraps one module's loader for the duration of its exec; puts the real one back."""
+
+    def __init__(self, loader: Any, name: str, t_find: int) -> None:
+        self._loader = loader
+        self._name = name
+        self._t_find = t_find
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        loader, name = self._loader, self._name
+        try:
+            module.__loader__ = loader
+            if getattr(module, "__spec__", None) is not None:
+                module.__spec__.loader = loader
+        except Exception:
+            pass
+        pushed = False
+        st: Any = None
+        try:
+            if cs.collecting:
+                st = _state()
+                if not st.paused:
+                    stack = st.stack
+                    now = time.time_ns()
+                    if not stack:
+                        st.piece_start = st.t_last = self._t_find or now
+                        st.piece_parent = _runtime.current_span.get()
+                    else:
+                        _charge(st, now)
+                    stack.append(_top(name))
+                    pushed = True
+        except Exception as exc:
+            _runtime.fail(exc)
+        try:
+            loader.exec_module(module)
+            cs.run_post_import(name, module)  # hooks installed because of this import: its time
+        finally:
+            if pushed:
+                try:
+                    _pop(st)
+                except Exception as exc:
+                    _runtime.fail(exc)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._loader, attr)
+
+
+def _charge(st: Any, now: int) -> None:
+    """The time since ``t_last`` belongs to the package on top of the stack."""
+    stack = st.stack
+    if stack and not st.paused:
+        pkgs = st.pkgs
+        pkgs[stack[-1]] = pkgs.get(stack[-1], 0) + max(0, now - st.t_last)
+    st.t_last = now
+
+
+def _pop(st: Any) -> None:
+    stack = st.stack
+    if not stack:
+        return  # cleared after a fork
+    now = time.time_ns()
+    if not st.paused:
+        _charge(st, now)
+    stack.pop()
+    if not stack and not st.paused:
+        _piece(st, st.piece_start, now)
+
+
+def _piece(st: Any, start: int, end: int) -> None:
+    """A stretch of import time ended on this thread: extend the open run or start one."""
+    pkgs, st.pkgs = st.pkgs, {}
+    if end <= start or not cs.root_open():
+        return
+    ident = threading.get_ident()
+    parent = st.piece_parent or _runtime.root_span_id
+    seq = cs.stage_seq
+    done: Optional[_Run] = None
+    with _lock:
+        run = _runs.get(ident)
+        if run is not None and run.parent == parent and run.seq == seq and start - run.end <= MERGE_GAP_NS:
+            run.end = max(run.end, end)
+            for k, v in pkgs.items():
+                run.pkgs[k] = run.pkgs.get(k, 0) + v
+            return
+        done = run
+        _runs[ident] = _Run(parent, start, end, pkgs, seq)
+    if done is not None:
+        _emit(done)
+
+
+def _seconds(pkg: str, ns: int) -> str:
+    return ("%s %.2f s" if ns >= 10_000_000 else "%s %.3f s") % (pkg, ns / 1e9)
+
+
+def _emit(run: _Run) -> None:
+    if run.end - run.start < MIN_NS:
+        return
+    ranked = sorted(run.pkgs.items(), key=lambda kv: -kv[1])
+    a: Dict[str, Any] = {
+        "infersight.import.packages": [_seconds(k, v) for k, v in ranked if v >= MIN_NS],
+    }
+    if ranked:
+        a["infersight.framework"] = ranked[0][0]
+    cs.emit_stage("framework_import", _runtime.new_span_id(), run.parent, run.start, run.end, a)
+
+
+def flush(this_thread_only: bool = False) -> None:
+    """Emit the open runs (all threads, or this one): a stage starts, or the root ends."""
+    if this_thread_only:
+        with _lock:
+            run = _runs.pop(threading.get_ident(), None)
+        if run is not None:
+            _emit(run)
+        return
+    with _lock:
+        runs = list(_runs.values())
+        _runs.clear()
+    for run in sorted(runs, key=lambda r: r.start):
+        _emit(run)
+
+
+def pause(at: int = 0) -> None:
+    """A stage starts on this thread (at ``at``): the import in progress stops counting."""
+    st = _state()
+    st.paused += 1
+    if st.paused == 1:
+        if st.stack:
+            now = at or time.time_ns()
+            st.paused = 0
+            _charge(st, now)
+            st.paused = 1
+            st.pause_t = now
+            _piece(st, st.piece_start, now)
+        else:
+            st.pause_t = 0
+        flush(this_thread_only=True)
+
+
+def resume(at: int = 0) -> None:
+    """The stage ended (at ``at``): the import in progress counts again from then."""
+    st = _state()
+    if st.paused <= 0:
+        return
+    st.paused -= 1
+    if st.paused == 0 and st.pause_t and st.stack:
+        now = max(at or time.time_ns(), st.pause_t)
+        st.t_last = now
+        st.piece_start = now
+        st.piece_parent = _runtime.current_span.get()
+        st.pause_t = 0
+
+
+class Finder:
+    """The meta path finder; answers only where timing or a callback needs a wrapped loader."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        d = _tls.__dict__
+        if d.get("finding"):
+            return None
+        stack = d.get("stack")
+        if fullname not in cs.watched:
+            if not cs.collecting or d.get("paused"):
+                return None
+            if stack and fullname.partition(".")[0] == stack[-1]:
+                return None
+        try:
+            # Only imports run by the import system; importlib.util.find_spec() and friends
+            # get the real spec (their caller may check the loader's type).
+            if _getframe(2).f_code.co_name != "_find_and_load_unlocked":
+                return None
+        except ValueError:
+            return None
+        t_find = 0 if stack else time.time_ns()
+        _tls.finding = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self:
+                    continue
+                fs = getattr(finder, "find_spec", None)
+                if fs is None:
+                    continue
+                spec = fs(fullname, path, target)
+                if spec is not None:
+                    break
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            spec.loader = _TimedLoader(spec.loader, fullname, t_find)
+            return spec
+        except Exception as exc:
+            _runtime.fail(exc)
+            return None
+        finally:
+            _tls.finding = False
+
+
+def after_fork_child() -> None:
+    """A forked child starts afresh (its root starts at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _runs.clear()
+    _tls.__dict__.clear()

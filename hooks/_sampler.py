@@ -1,0 +1,158 @@
+"""The cold-start stack sampler and the unattributed stretches it explains (stdlib only).
+
+A daemon thread, alive only while the cold start is being collected: every
+``INTERVAL_S`` it takes the main thread's stack (``sys._current_frames``) and keeps one
+label per sample, ``"module:function"`` of the innermost frame outside the standard
+library and these hooks (the code that is really running, not ``posixpath.join``).
+At the end of the cold start, every stretch of at least ``MIN_GAP_NS`` that no stage
+covers becomes a ``coldstart.unattributed`` span with the top labels of its samples.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+INTERVAL_S = 0.01
+MIN_GAP_NS = 50_000_000
+MAX_SAMPLES = 200_000  # 30+ minutes at 10 ms; a sampler never grows without bound
+MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever) stops it
+TOP = 5
+TICK_S = 0.1
+
+_STDLIB = os.path.dirname(os.__file__)
+_HOOKS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _env_interval() -> float:
+    try:
+        v = float(os.environ.get("INFERSIGHT_SAMPLER_INTERVAL_MS", "") or INTERVAL_S * 1000) / 1000
+    except ValueError:
+        return INTERVAL_S
+    return min(max(v, 0.001), 1.0)
+
+
+class Sampler:
+    """Samples the main thread until ``stop()``; ``samples`` holds (t_ns, label)."""
+
+    def __init__(self, main_ident: int, interval_s: Optional[float] = None,
+                 tick: Optional[Callable[[], None]] = None) -> None:
+        self.main_ident = main_ident
+        self.tick = tick  # called about every TICK_S (the supervisor check)
+        self.interval_s = interval_s if interval_s is not None else _env_interval()
+        self.samples: List[Tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._labels: Dict[Any, Optional[str]] = {}
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        t = threading.Thread(target=self._run, name="infersight-coldstart-sampler", daemon=True)
+        self._thread = t
+        t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def running(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive() and not self._stop.is_set()
+
+    def _run(self) -> None:
+        # time.sleep, not Event.wait: a plain sleep is the cheapest way to give up the GIL
+        # for an interval (Event.wait runs Condition's Python code); stop() is seen within one.
+        sleep = time.sleep
+        interval = self.interval_s
+        stopped = self._stop.is_set
+        frames_of = sys._current_frames
+        samples = self.samples
+        deadline = time.monotonic() + MAX_RUN_S
+        every = max(1, int(TICK_S / self.interval_s))
+        n = 0
+        try:
+            while True:
+                sleep(interval)
+                if stopped():
+                    return
+                n += 1
+                if self.tick is not None and n % every == 0:
+                    self.tick()
+                f = frames_of().get(self.main_ident)
+                if f is not None:
+                    samples.append((time.time_ns(), self.label(f)))
+                    del f
+                if len(samples) >= MAX_SAMPLES or time.monotonic() > deadline:
+                    return
+        except Exception:
+            return  # never disturb the host; an unexplained gap is better than a crash
+
+    def label(self, frame: Any) -> str:
+        """The innermost frame that is neither the standard library nor the hooks."""
+        labels = self._labels
+        leaf = ""
+        depth = 0
+        f = frame
+        while f is not None and depth < 128:
+            code = f.f_code
+            if code in labels:
+                lab = labels[code]
+            else:
+                lab = labels[code] = _code_label(code, f.f_globals)
+            if lab is not None:
+                return lab
+            if not leaf:
+                leaf = _raw_label(code, f.f_globals)
+            f = f.f_back
+            depth += 1
+        return leaf or "?"
+
+
+def _raw_label(code: Any, glob: Dict[str, Any]) -> str:
+    mod = glob.get("__name__") or os.path.basename(code.co_filename)
+    return "%s:%s" % (mod, getattr(code, "co_qualname", code.co_name))
+
+
+def _code_label(code: Any, glob: Dict[str, Any]) -> Optional[str]:
+    fn = code.co_filename
+    if fn.startswith(("<", _HOOKS)):
+        return None
+    if fn.startswith(_STDLIB) and "-packages" not in fn:
+        return None
+    return _raw_label(code, glob)
+
+
+def uncovered(intervals: List[Tuple[int, int]], lo: int, hi: int, min_ns: int = MIN_GAP_NS) -> List[Tuple[int, int]]:
+    """Stretches of [lo, hi] that no interval covers, at least ``min_ns`` long."""
+    out: List[Tuple[int, int]] = []
+    cur = lo
+    for s, e in sorted(intervals):
+        if e <= cur:
+            continue
+        if s > cur and min(s, hi) - cur >= min_ns:
+            out.append((cur, min(s, hi)))
+        cur = max(cur, e)
+        if cur >= hi:
+            break
+    if hi - cur >= min_ns:
+        out.append((cur, hi))
+    return out
+
+
+def top_labels(samples: List[Tuple[int, str]], start: int, end: int, n: int = TOP) -> List[str]:
+    """``"module:function NN%"`` for the most frequent labels among the samples in [start, end)."""
+    counts: Dict[str, int] = {}
+    total = 0
+    for t, lab in samples:
+        if start <= t < end:
+            counts[lab] = counts.get(lab, 0) + 1
+            total += 1
+    if not total:
+        return []
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return ["%s %d%%" % (lab, round(100.0 * c / total)) for lab, c in ranked]

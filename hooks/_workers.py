@@ -1,0 +1,121 @@
+"""Supervisors and their workers (stdlib only).
+
+A supervisor (uvicorn ``--workers``, gunicorn's arbiter) starts its workers and then only
+waits while they do the real cold start. Every hooked process tells its hooked children,
+through ``INFERSIGHT_CHILDREN_DIR``, a private directory (made when the parent's hooks
+start, removed when its cold start ends) where each child writes one
+small file when its own cold start ends: its root's start, end and how it ended. A
+process that has had no request of its own ends its cold start when a child served the
+first request (``ended_by=workers``); the children's roots, which nest under it through
+``TRACEPARENT``, count as covered time.
+
+The directory is created 0700 by whoever comes first, must be owned by this uid and not a
+symlink; files are created with ``O_EXCL|O_NOFOLLOW``. Any trouble: no report, no harm.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
+
+ENV = "INFERSIGHT_CHILDREN_DIR"
+
+
+def children_dir(spool_dir: str, producer_id: str) -> str:
+    return os.path.join(spool_dir, "children-%d" % os.getuid(), producer_id)
+
+
+def _safe_dir(path: str, create: bool) -> bool:
+    """``path`` and its parent are real directories of ours (created 0700 when asked)."""
+    if create:
+        try:
+            os.makedirs(os.path.dirname(os.path.dirname(path)), mode=0o700, exist_ok=True)  # the spool dir
+        except OSError:
+            return False
+    for d in (os.path.dirname(path), path):
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            if not create:
+                return False
+            try:
+                os.mkdir(d, 0o700)
+            except FileExistsError:
+                pass
+            except OSError:
+                return False
+            try:
+                st = os.lstat(d)
+            except OSError:
+                return False
+        except OSError:
+            return False
+        if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.getuid():
+            return False
+    return True
+
+
+SERVED = ("first_request", "workers")  # a child's cold start that ended by serving
+
+
+def prepare(own_dir: str) -> bool:
+    """Let children report: make this process's directory."""
+    return _safe_dir(own_dir, create=True)
+
+
+def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
+    """This child's cold start ended: tell the parent, if it listens."""
+    if not _safe_dir(parent_dir, create=False):
+        return False
+    path = os.path.join(parent_dir, "%d" % os.getpid())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return False
+    try:
+        os.write(fd, ("%d %d %s\n" % (start_ns, end_ns, ended_by.replace(" ", "_")[:32])).encode("ascii", "replace"))
+    finally:
+        os.close(fd)
+    return True
+
+
+def reports(own_dir: str) -> List[Tuple[int, int, str]]:
+    """(start_ns, end_ns, ended_by) of the children's cold starts reported so far."""
+    if not own_dir or not _safe_dir(own_dir, create=False):
+        return []
+    out: List[Tuple[int, int, str]] = []
+    try:
+        names = os.listdir(own_dir)
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(os.path.join(own_dir, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            parts = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+            out.append((int(parts[0]), int(parts[1]), parts[2].decode("ascii", "replace")))
+    return out
+
+
+def cleanup(own_dir: Optional[str]) -> None:
+    """Remove the directory once this process's cold start is over (children may still
+    report later: their write fails harmlessly)."""
+    if not own_dir or not _safe_dir(own_dir, create=False):
+        return
+    try:
+        for name in os.listdir(own_dir):
+            if name.isdigit():
+                os.unlink(os.path.join(own_dir, name))
+        os.rmdir(own_dir)
+    except OSError:
+        pass
