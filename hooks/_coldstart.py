@@ -209,9 +209,32 @@ def _cache_file() -> str:
     return os.path.join(base, "infersight", "storage_ceiling.json")
 
 
+def storage_ceiling(path: str) -> Optional[float]:
+    """The storage ceiling (bytes/s) cached by the agent for ``path``'s device."""
+    global _ceilings
+    try:
+        if _ceilings is None:
+            _ceilings = {}
+            import json
+
+            with open(_cache_file(), encoding="utf-8") as f:
+                loaded = json.load(f)
+            if isinstance(loaded, dict) and isinstance(loaded.get("devices"), dict):
+                _ceilings = loaded["devices"]
+        if not path or not _ceilings:
+            return None
+        st = os.stat(path)
+        entry = _ceilings.get("%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev)))
+        ceiling = entry.get("bytes_per_s") if isinstance(entry, dict) else None
+        if isinstance(ceiling, (int, float)) and ceiling > 0:
+            return float(ceiling)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def weights_attrs(path: str, nbytes: int, seconds: float) -> Dict[str, Any]:
     """``infersight.weights.*`` for one load; the ceiling ratio when one is cached."""
-    global _ceilings
     a: Dict[str, Any] = {}
     if path:
         a["infersight.weights.path"] = path
@@ -220,25 +243,29 @@ def weights_attrs(path: str, nbytes: int, seconds: float) -> Dict[str, Any]:
         if seconds > 0:
             rate = nbytes / seconds
             a["infersight.weights.bytes_per_s"] = rate
-            try:
-                if _ceilings is None:
-                    _ceilings = {}
-                    import json
-
-                    with open(_cache_file(), encoding="utf-8") as f:
-                        loaded = json.load(f)
-                    if isinstance(loaded, dict) and isinstance(loaded.get("devices"), dict):
-                        _ceilings = loaded["devices"]
-                if path and _ceilings:
-                    st = os.stat(path)
-                    entry = _ceilings.get("%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev)))
-                    ceiling = entry.get("bytes_per_s") if isinstance(entry, dict) else None
-                    if isinstance(ceiling, (int, float)) and ceiling > 0:
-                        a["infersight.weights.storage_ceiling_bytes_per_s"] = float(ceiling)
-                        a["infersight.weights.ceiling_ratio"] = rate / float(ceiling)
-            except (OSError, ValueError):
-                pass
+            ceiling = storage_ceiling(path)
+            if ceiling is not None:
+                a["infersight.weights.storage_ceiling_bytes_per_s"] = ceiling
+                a["infersight.weights.ceiling_ratio"] = rate / ceiling
     return a
+
+
+def patch(obj: Any, name: str, new: Any) -> Any:
+    """Replace ``obj.name`` with ``new``; the undo puts the original back if ours is still
+    there. Returns the original."""
+    orig = getattr(obj, name)
+    owned = name in getattr(obj, "__dict__", {})
+    setattr(obj, name, new)
+
+    def undo() -> None:
+        if getattr(obj, name, None) is new:
+            if owned:
+                setattr(obj, name, orig)
+            else:
+                delattr(obj, name)
+
+    add_undo(undo)
+    return orig
 
 
 # -- readiness, warmup, first request ---------------------------------------------------

@@ -34,21 +34,7 @@ _torch: Any = None
 _cuda_seen = False
 
 
-def _patch(obj: Any, name: str, new: Any) -> Any:
-    """Replace ``obj.name`` with ``new``; the undo puts the original back if ours is still there."""
-    orig = getattr(obj, name)
-    owned = name in getattr(obj, "__dict__", {})
-    setattr(obj, name, new)
-
-    def undo() -> None:
-        if getattr(obj, name, None) is new:
-            if owned:
-                setattr(obj, name, orig)
-            else:
-                delattr(obj, name)
-
-    cs.add_undo(undo)
-    return orig
+_patch = cs.patch
 
 
 def _flag(name: str) -> int:

@@ -46,39 +46,9 @@ _torch: Any = None
 _lock = threading.Lock()
 _mapped: List[_Mapped] = []  # files whose tensors still map them (cleared at the root's end)
 _scanned: Dict[int, bool] = {}  # id(module) -> looked at by a first forward already
-_ceilings: Optional[Dict[str, Any]] = None
 
 
 # -- the span attributes (pure) ----------------------------------------------------------
-
-
-def _cache_file() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "infersight", "storage_ceiling.json")
-
-
-def storage_ceiling(path: str) -> Optional[float]:
-    """The storage ceiling (bytes/s) cached by the agent for ``path``'s device."""
-    global _ceilings
-    try:
-        if _ceilings is None:
-            _ceilings = {}
-            import json
-
-            with open(_cache_file(), encoding="utf-8") as f:
-                loaded = json.load(f)
-            if isinstance(loaded, dict) and isinstance(loaded.get("devices"), dict):
-                _ceilings = loaded["devices"]
-        if not path or not _ceilings:
-            return None
-        st = os.stat(path)
-        entry = _ceilings.get("%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev)))
-        ceiling = entry.get("bytes_per_s") if isinstance(entry, dict) else None
-        if isinstance(ceiling, (int, float)) and ceiling > 0:
-            return float(ceiling)
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def read_attrs(
@@ -131,7 +101,7 @@ class _Probe:
         path = path or (self.paths[0] if len(self.paths) == 1 else os.path.dirname(self.paths[0])
                         if self.paths else "")
         secs = None if lazy else (elapsed if seconds is None else seconds)
-        ceiling = storage_ceiling(self.paths[0]) if self.paths and secs else None
+        ceiling = cs.storage_ceiling(self.paths[0]) if self.paths and secs else None
         return read_attrs(api, path, nbytes, secs, lazy, self.ratio,
                           r1 - self.read if r1 is not None and self.read is not None else None,
                           f1 - self.faults if f1 is not None and self.faults is not None else None, ceiling)
@@ -738,20 +708,7 @@ def _install_transformers(mod: Any) -> None:
 # -- install -----------------------------------------------------------------------------
 
 
-def _patch(obj: Any, name: str, new: Any) -> None:
-    """Replace ``obj.name`` with ``new``; the undo puts the original back if ours is still there."""
-    orig = getattr(obj, name)
-    owned = name in getattr(obj, "__dict__", {})
-    setattr(obj, name, new)
-
-    def undo() -> None:
-        if getattr(obj, name, None) is new:
-            if owned:
-                setattr(obj, name, orig)
-            else:
-                delattr(obj, name)
-
-    cs.add_undo(undo)
+_patch = cs.patch
 
 
 def _forget() -> None:

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import free_port, hook_env, wait_for
+from mosquitto import Collector, Mosquitto, retained, running_broker
 
 from infersight.agent import coldstart_history as ch
-from tests.conftest import free_port, hook_env, wait_for
-from tests.mosquitto import Collector, Mosquitto, retained, running_broker
 
 WORKLOAD = """
 import os, sys, time
