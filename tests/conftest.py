@@ -129,8 +129,17 @@ class AgentProcess:
             env=env,
         )
         if wait:
-            assert wait_for(self.sock.exists, 15), self.log.read_text()
+            # The socket file alone is no proof: an agent killed earlier leaves its file behind.
+            assert wait_for(self._answers, 15), self.log.read_text()
         return self
+
+    def _answers(self) -> bool:
+        if not self.sock.exists():
+            return False
+        try:
+            return "healthy" in self.status()
+        except OSError:
+            return False
 
     def status(self) -> dict:  # type: ignore[type-arg]
         from infersight.agent.cli import query_status
