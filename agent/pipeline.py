@@ -463,5 +463,24 @@ class Router:
         for w in self.workers:
             w.submit(items, c)
 
+    def publish_to(self, items: Sequence[Item], live: bool) -> None:
+        """Only to the exporters that show live values (``live``: Prometheus), or only to
+        those that record (file, OTLP, MQTT): device samples go to each at its own rate."""
+        if not items:
+            return
+        workers = [w for w in self.workers if is_live(w.exporter) == live]
+        if not workers:
+            return
+        c = Completion()
+        c.pending = len(workers)
+        for w in workers:
+            w.submit(items, c)
+
     def idle(self) -> bool:
         return all(w.idle() for w in self.workers)
+
+
+def is_live(exporter: Exporter) -> bool:
+    """An exporter that serves the current value (a scrape endpoint) rather than recording
+    every item it is given."""
+    return bool(getattr(exporter, "live", exporter.name == "prometheus"))
