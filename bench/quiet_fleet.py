@@ -117,10 +117,12 @@ def query_status(path: str) -> dict[str, Any]:
             buf += chunk
 
 
-def cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process."""
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
 
 
 class Agent:
@@ -173,10 +175,11 @@ def one_round(agent: Agent, producers: int, rate: float, seconds: float, raw: bo
     finally:
         for p in procs:
             p.wait(60)
-    events = e1 - e0
+    events, user, system = e1 - e0, c1[0] - c0[0], c1[1] - c0[1]
     return {"events": events, "events_per_s": round(events / (t1 - t0)),
-            "agent_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 1),
-            "agent_cpu_us_per_event": round((c1 - c0) / max(1, events) * 1e6, 1)}
+            "agent_cpu_pct": round(100 * (user + system) / (t1 - t0), 1),
+            "agent_sys_pct": round(100 * system / (t1 - t0), 1),
+            "agent_cpu_us_per_event": round((user + system) / max(1, events) * 1e6, 1)}
 
 
 def main() -> None:

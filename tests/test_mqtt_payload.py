@@ -261,3 +261,20 @@ def test_encoding_chunk_by_chunk_gives_the_whole_batch_messages(size: int) -> No
     assert sum(s for _, s in parts) == skipped
     tail = _mixed_batch(300)[:-1]
     assert len(list(split_batch(tail, size))) > 1, "without a group spanning the batch, it is cut"
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
+                    st.lists(st.one_of(st.integers(), st.floats(), st.text(max_size=4)), max_size=3))
+
+
+@given(attrs=st.dictionaries(st.text(max_size=6), _values, max_size=4), body=st.text(max_size=10),
+       event=st.one_of(st.none(), st.sampled_from(["oom", "memory", "device"])),
+       ids=st.one_of(st.none(), st.text(max_size=4)), seq=st.one_of(st.none(), st.integers(1, 2**40)),
+       res=st.dictionaries(st.sampled_from(["host.name", "service.name", "process.pid", "x"]), _values, max_size=4))
+def test_the_log_fast_path_writes_the_same_bytes_as_the_dict_path(attrs, body, event, ids, seq, res) -> None:  # type: ignore[no-untyped-def]
+    item = LogItem(Resource.of(res), 123, 17, "ERROR", body, attrs, ids, ids, event,
+                   Origin("p", seq) if seq is not None else None)
+    payload, producer, got_seq = mp.log_message(item, "gpu-1")
+    want = mp.log_payload(item, "gpu-1")
+    assert payload == mp.dumps(want)
+    assert (producer, got_seq) == (want["producer"], want["seq"])
