@@ -104,8 +104,8 @@ async def test_the_agent_stops_reading_from_producers_instead_of_spilling(tmp_pa
     out = tmp_path / "o.jsonl"
     conf = cfg.load(None, env={}, flags={"agent.socket": str(tmp_path / "a.sock"),
                                          "agent.spool_dir": str(tmp_path / "spool"),
-                                         "agent.health_interval_s": 3600})
-    exporter = SlowFileExporter(str(out), 0.02)
+                                         "agent.health_interval_s": 3600, "agent.frame_timeout_s": 0.2})
+    exporter = SlowFileExporter(str(out), 0.3)  # each hold outlasts the frame timeout
     agent = Agent(conf, [exporter], embedded=True)
     worker = agent.workers[0]
     worker.queue_max_items = 2000
@@ -129,6 +129,7 @@ async def test_the_agent_stops_reading_from_producers_instead_of_spilling(tmp_pa
     s.close()
     await agent.shutdown(30)
     assert worker.pushbacks > 0, "the burst filled the queue: push-back was exercised"
+    assert agent.counters.slow_peers == 0, "a connection held back by the agent is not a slow peer"
     assert worker.spilled_items == 0, "a reachable exporter is never spilled to"
     assert exporter.max_queue_seen <= 2000 + per, "the agent stopped reading while the queue was full"
     got = sorted(int(r["attributes"][0]["value"]["intValue"]) for r in log_records(read_otlp_lines(out))
