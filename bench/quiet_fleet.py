@@ -1,7 +1,7 @@
 """Agent CPU per event: a quiet fleet (many producers at a low rate) against one busy producer.
 
     python bench/quiet_fleet.py [--producers 16] [--rate 100] [--seconds 6] [--rounds 2]
-                                [--frames-of-1 | --raw-batch-ms 50]
+                                [--frames-of-1 | --raw-batch-ms 50] [--floor]
 
 Starts a real agent process (``python -m infersight agent``, OTLP file exporter) and, in
 alternating rounds, the two configurations of issue 13, each sending the same total rate:
@@ -17,7 +17,9 @@ what they have every 50 ms (the hooks' deadline batching, without the hooks).
 
 The agent's CPU (utime+stime from /proc) and its ``events_in`` are sampled over a window
 after every producer is connected; the figure is agent CPU-microseconds per event, and the
-target (issue 13) is ``fleet / one <= 2``.
+target (issue 13) is ``fleet / one <= 2``. ``--floor`` adds the CPU per message of the barest
+asyncio server fed the same way (one message per wakeup): the fixed cost no asyncio agent
+gets under on this machine, which bounds what batching in the agent alone can reach.
 """
 
 from __future__ import annotations
@@ -182,6 +184,60 @@ def one_round(agent: Agent, producers: int, rate: float, seconds: float, raw: bo
             "agent_cpu_us_per_event": round((user + system) / max(1, events) * 1e6, 1)}
 
 
+FLOOR_CLIENT = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.setblocking(False)
+period, end = float(sys.argv[2]), time.time() + float(sys.argv[3])
+nxt = time.monotonic()
+while time.time() < end:
+    s.setblocking(True); s.sendall(b"x" * 200); s.setblocking(False)
+    try:
+        while s.recv(4096):
+            pass
+    except BlockingIOError:
+        pass
+    nxt += period
+    d = nxt - time.monotonic()
+    if d > 0:
+        time.sleep(d)
+"""
+
+
+def asyncio_floor(root: Path, producers: int, frames_per_s: float, seconds: float) -> float:
+    """CPU microseconds per message of the barest asyncio server (a Protocol that counts a
+    message and writes an ack), fed like the fleet: what any asyncio agent pays per wakeup here."""
+    import asyncio
+    import resource
+
+    path = str(root / "floor.sock")
+
+    async def run() -> float:
+        count = [0]
+
+        class Counting(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                count[0] += 1
+                self.transport.write(b"ack")  # type: ignore[attr-defined]
+
+        server = await asyncio.get_running_loop().create_unix_server(Counting, path)
+        procs = [subprocess.Popen([sys.executable, "-c", FLOOR_CLIENT, path, str(producers / frames_per_s),
+                                   str(seconds + 2)]) for _ in range(producers)]
+        await asyncio.sleep(1)
+        r0, c0 = resource.getrusage(resource.RUSAGE_SELF), count[0]
+        await asyncio.sleep(seconds)
+        r1, c1 = resource.getrusage(resource.RUSAGE_SELF), count[0]
+        for p in procs:
+            p.wait()
+        server.close()
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        return cpu / max(1, c1 - c0) * 1e6
+
+    return round(asyncio.run(run()), 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--producers", type=int, default=16)
@@ -189,6 +245,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--frames-of-1", action="store_true", help="raw producers, one event per frame")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the barest asyncio server's CPU per message, fed as the fleet")
     ap.add_argument("--raw-batch-ms", type=float, default=0.0,
                     help="raw producers that send what they have every N ms (a hook's deadline batching)")
     args = ap.parse_args()
@@ -207,12 +265,14 @@ def main() -> None:
     finally:
         agent.stop()
     fm, om = statistics.median(fleet), statistics.median(one)
+    floor = asyncio_floor(root, args.producers, args.producers * args.rate, args.seconds) if args.floor else None
     kind = ("raw, a frame every %g ms" % args.raw_batch_ms if args.raw_batch_ms
             else "raw, one event per frame" if raw else "hooks")
     print(json.dumps({
         "producers": args.producers, "rate_each": args.rate, "producers_kind": kind,
         "fleet_agent_cpu_us_per_event": fm, "one_agent_cpu_us_per_event": om,
         "ratio_fleet_over_one": round(fm / om, 2), "target_ratio_max": 2.0,
+        **({"bare_asyncio_cpu_us_per_message": floor} if floor is not None else {}),
     }))
 
 
