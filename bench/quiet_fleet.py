@@ -136,6 +136,7 @@ class Agent:
         conf.write_text("[agent]\nsocket = \"%s\"\nspool_dir = \"%s\"\nhealth_interval_s = 3600\n"
                         "[exporters.file]\npath = \"%s\"\n" % (self.sock, self.spool, self.out))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "INFERSIGHT"))}
+        env["INFERSIGHT_STATE_DIR"] = str(root / "state")  # its own cold-start history, not the user's
         self.proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(conf)],
                                      stdout=open(root / "agent.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
                                      env=env)
