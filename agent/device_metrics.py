@@ -257,6 +257,72 @@ def device_metrics(
     ]
 
 
+# Metrics whose value drifts with load on every sample (utilization, power, heat, clocks,
+# memory in use): the recorded outputs get them at the coarse interval. Every other metric
+# is a state or a counter (hw.status, throttle reasons, PCIe link, ECC, NVLink): a change
+# there goes out with the next sample, and the value is repeated at the heartbeat.
+CONTINUOUS = frozenset({
+    "hw.gpu.utilization", "hw.gpu.memory.usage", "infersight.device.memory.utilization",
+    "infersight.device.clock.sm", "infersight.device.clock.memory", "infersight.device.power",
+    "infersight.device.temperature", "infersight.device.process.memory.usage",
+})
+
+
+def _series_key(name: str, attrs: Attributes) -> tuple[object, ...]:
+    return (name, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+
+
+class RecordedSamples:
+    """Which device metric points go to the recorded outputs (file, OTLP, MQTT); the live
+    ones (Prometheus) get every sample.
+
+    - drifting gauges (:data:`CONTINUOUS`: utilization, power, heat, clocks, memory in use)
+      go out every ``interval_s``, with their latest value;
+    - state and counter points (hw.status, throttle reasons, PCIe link, ECC, limits) go out
+      with the first sample after they change;
+    - every ``HEARTBEAT_INTERVALS`` intervals (and first) every series goes out, so a reader
+      of the file sees each series at least that often.
+
+    ``interval_s`` 0: every sample, whole. Memory: one value per series, renewed at each
+    heartbeat."""
+
+    HEARTBEAT_INTERVALS = 6
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_ns = int(interval_s * 1e9)
+        self._next_ns: int | None = None
+        self._intervals = 0
+        self._last: dict[tuple[object, ...], float | int] = {}
+
+    def select(self, items: Sequence[MetricItem], now_ns: int) -> list[MetricItem]:
+        due = self._next_ns is None or now_ns >= self._next_ns
+        if due:
+            self._next_ns = now_ns + self.interval_ns
+            self._intervals += 1
+            if self.interval_ns <= 0 or self._intervals % self.HEARTBEAT_INTERVALS == 1:
+                self._last = {_series_key(it.name, p.attributes): p.value
+                              for it in items for p in it.points if isinstance(p, NumberPoint)}
+                return list(items)
+        out: list[MetricItem] = []
+        for it in items:
+            if it.name in CONTINUOUS:
+                if due:
+                    out.append(it)
+                continue
+            changed: list[NumberPoint] = []
+            for p in it.points:
+                if not isinstance(p, NumberPoint):
+                    continue
+                key = _series_key(it.name, p.attributes)
+                if self._last.get(key) != p.value:
+                    self._last[key] = p.value
+                    changed.append(p)
+            if changed:
+                out.append(MetricItem(it.resource, it.name, it.kind, it.unit, it.description, it.time_ns,
+                                      it.start_ns, changed, it.monotonic))
+        return out
+
+
 def _main(write: Callable[[str], object] = print) -> None:
     write(render_reference_markdown().rstrip("\n"))
 

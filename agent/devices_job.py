@@ -5,7 +5,11 @@ kind handler (:mod:`infersight.agent.requests_kind`) and a shutdown hook. Each i
 (``nvml.interval_s``, default 1 s) the job
 
 - samples every NVML device on a worker thread and publishes ``device_metrics`` (``hw.*`` and
-  ``infersight.device.*``), keeping the samples of the verdict window per device;
+  ``infersight.device.*``), keeping the samples of the verdict window per device. Live
+  exporters (Prometheus) get every sample; the recorded ones (file, OTLP, MQTT) get drifting
+  gauges every ``nvml.export_interval_s`` (default 10 s), state and counter points when they
+  change, and every series at a heartbeat of 6 intervals
+  (:class:`~infersight.agent.device_metrics.RecordedSamples`);
 - turns NVML device events (a lost GPU while sampling; Xid and ECC events from the
   :class:`~infersight.agent.nvml.XidWatcher` thread) into ``LogItem``\\ s, event name ``device``;
 - publishes the request histograms that changed.
@@ -33,7 +37,7 @@ from typing import Any, TypeVar
 
 from infersight.agent import config as cfg
 from infersight.agent.config import parse_bool as _flag
-from infersight.agent.device_metrics import device_metrics
+from infersight.agent.device_metrics import RecordedSamples, device_metrics
 from infersight.agent.heterogeneity import DeviceVerdict, SeriesKey, WindowState, evaluate, summarize_samples
 from infersight.agent.model import Attributes, Item, LogItem, MetricItem, NumberPoint
 from infersight.agent.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
@@ -58,6 +62,7 @@ _SEVERITY_NUMBER = {"INFO": 9, "WARN": 13, "ERROR": 17}
 @dataclass(frozen=True, slots=True)
 class DeviceJobConfig:
     interval_s: float = 1.0
+    export_interval_s: float = 10.0
     enabled: bool = True
     proc_root: str = "/proc"
     rules: str | None = None  # None: the shipped rules/devices.toml
@@ -68,6 +73,7 @@ class DeviceJobConfig:
 # key -> (environment variable, field name)
 CONFIG_KEYS: dict[str, tuple[str, str]] = {
     "nvml.interval_s": ("INFERSIGHT_NVML_INTERVAL_S", "interval_s"),
+    "nvml.export_interval_s": ("INFERSIGHT_NVML_EXPORT_INTERVAL_S", "export_interval_s"),
     "nvml.enabled": ("INFERSIGHT_NVML_ENABLED", "enabled"),
     "nvml.proc_root": ("INFERSIGHT_NVML_PROC_ROOT", "proc_root"),
     "devices.rules": ("INFERSIGHT_DEVICES_RULES", "rules"),
@@ -76,6 +82,8 @@ CONFIG_KEYS: dict[str, tuple[str, str]] = {
 }
 CONFIG_HELP: dict[str, str] = {
     "nvml.interval_s": "NVML sampling interval in seconds (0.05 to 3600)",
+    "nvml.export_interval_s": "device gauges to the file/OTLP/MQTT this often, changed states at once, "
+                              "all series every 6 intervals (0: every sample); Prometheus has every sample",
     "nvml.enabled": "sample NVML devices (false: requests and verdicts only)",
     "nvml.proc_root": "where host PIDs of GPU processes are looked up (e.g. /host/proc)",
     "devices.rules": "slow-device rule file (default: the shipped devices.toml)",
@@ -105,6 +113,7 @@ def _path(v: Any) -> str | None:
 
 _PARSE: dict[str, Callable[[Any], Any]] = {
     "nvml.interval_s": lambda v: _seconds(v, 0.05, 3600.0),
+    "nvml.export_interval_s": lambda v: _seconds(v, 0.0, 86400.0),
     "nvml.enabled": _flag,
     "nvml.proc_root": lambda v: _path(v) or "/proc",
     "devices.rules": _path,
@@ -187,6 +196,7 @@ class DeviceJob:
         interval_s: float = 1.0,
         nvml: Nvml | None = None,
         enabled: bool = True,
+        export_interval_s: float = 10.0,
         proc_root: str = "/proc",
         thresholds: DeviceThresholds | None = None,
         requests: RequestStats | None = None,
@@ -194,6 +204,7 @@ class DeviceJob:
         window_s: float = 300.0,
     ) -> None:
         self.interval_s = interval_s
+        self.recorded = RecordedSamples(export_interval_s)
         self.enabled = enabled
         self.nvml = nvml if nvml is not None else (Nvml(proc_root=proc_root) if enabled else None)
         self.thresholds = thresholds or DeviceThresholds()
@@ -325,14 +336,17 @@ class DeviceJob:
         if evaluate_now:
             coefficients, logs = self.evaluate(now_ns)
             items += logs
-        items += device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
+        device = device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
         items += coefficients
         items += self.requests.collect(now_ns, everything=evaluate_now)
         if evaluate_now:
             items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
         if items:
             agent.router.publish(items)
-        return items
+        if device:  # live exporters get every sample, the recorded ones what RecordedSamples picks
+            agent.router.publish_to(device, live=True)
+            agent.router.publish_to(self.recorded.select(device, now_ns), live=False)
+        return device + items
 
     def _keep(self, samples: list[DeviceSample], now_ns: int) -> None:
         horizon = now_ns - int(self.window_s * 1e9)
@@ -438,11 +452,12 @@ async def device_job(
     requests: RequestStats | None = None,
     evaluate_interval_s: float = 10.0,
     window_s: float = 300.0,
+    export_interval_s: float = 10.0,
 ) -> None:
     """The device job as a plain ``agent.background`` coroutine (see :class:`DeviceJob`)."""
     job = DeviceJob(
         interval_s=interval_s, nvml=nvml, thresholds=thresholds, requests=requests,
-        evaluate_interval_s=evaluate_interval_s, window_s=window_s,
+        evaluate_interval_s=evaluate_interval_s, window_s=window_s, export_interval_s=export_interval_s,
     )  # fmt: skip
     await job.run(agent)
 
@@ -467,6 +482,7 @@ def install(agent: Any, config: cfg.Config, env: Mapping[str, str] | None = None
     job = DeviceJob(
         interval_s=c.interval_s, enabled=c.enabled, proc_root=c.proc_root, thresholds=thresholds,
         requests=requests, evaluate_interval_s=c.evaluate_interval_s, window_s=c.window_s,
+        export_interval_s=c.export_interval_s,
     )  # fmt: skip
     agent.assembler.handlers[KIND] = requests.handle
     agent.background.append(job.run)

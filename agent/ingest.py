@@ -134,6 +134,62 @@ def fd_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+class ReadDeadline:
+    """One read deadline per connection, instead of a ``wait_for`` per frame.
+
+    The read loop only notes where it is (waiting for a frame's header, inside a frame, or
+    held back by the exporters) and since when: two attribute writes per frame. One timer
+    per connection wakes at most every ``min(idle_s, frame_s)`` seconds; past the idle
+    limit (between frames) or the frame limit (inside one) it counts the peer and aborts
+    the transport, which ends the pending read."""
+
+    __slots__ = ("expired", "frame_s", "handle", "idle_s", "ingest", "loop", "phase", "since", "transport")
+
+    IDLE, FRAME, HELD = 0, 1, 2
+
+    def __init__(self, ingest: Ingest, transport: asyncio.WriteTransport, idle_s: float | None) -> None:
+        self.ingest = ingest
+        self.loop = asyncio.get_running_loop()
+        self.transport = transport
+        self.idle_s = idle_s
+        self.frame_s = ingest.frame_timeout_s
+        self.phase = self.IDLE
+        self.since = self.loop.time()
+        self.expired = False
+        self.handle: asyncio.TimerHandle | None = None
+        self._arm(self._period())
+
+    def _period(self) -> float:
+        return self.frame_s if self.idle_s is None else min(self.idle_s, self.frame_s)
+
+    def _arm(self, delay: float) -> None:
+        self.handle = self.loop.call_later(max(delay, 0.001), self._check)
+
+    def _check(self) -> None:
+        self.handle = None
+        if self.transport.is_closing():
+            return None
+        self.frame_s = self.ingest.frame_timeout_s  # a reload may change it
+        limit = self.idle_s if self.phase == self.IDLE else self.frame_s if self.phase == self.FRAME else None
+        now = self.loop.time()
+        if limit is None or now - self.since < limit:
+            left = self._period() if limit is None else limit - (now - self.since)
+            return self._arm(min(left, self._period()))
+        self.expired = True
+        if self.phase == self.IDLE:  # silent beyond the idle timeout: the hook reconnects when it has news
+            self.ingest.counters.idle_closed += 1
+        else:
+            self.ingest.counters.slow_peers += 1
+            self.ingest._rlog.warn("slow", "peer too slow to send a frame; closing")
+        self.transport.abort()
+        return None
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
 class Ingest:
     def __init__(
         self,
@@ -483,14 +539,35 @@ class Ingest:
                 state["acked"] = last
                 writer.write(_wire.encode_frame({"t": "ack", "seq": last}))
 
+        deadline = ReadDeadline(self, writer.transport, self.idle_timeout_s)
+        try:
+            await self._producer_loop(producer, reader, writer, deadline, acks, send_acks)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if not deadline.expired:
+                raise
+        finally:
+            deadline.cancel()
+
+    async def _producer_loop(
+        self, producer: Producer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        deadline: ReadDeadline, acks: deque[list[int]], send_acks: Callable[[], None],
+    ) -> None:
+        loop = deadline.loop
+        router = self.router
+        readexactly = reader.readexactly
         while True:
-            try:
-                payload = await self._read_frame(reader, idle_ok=True)
-            except TimeoutError:  # silent beyond the idle timeout: the hook reconnects when it has news
-                self.counters.idle_closed += 1
+            if router.congested:  # an exporter is full: its acks are held, and so is our reading
+                deadline.phase = ReadDeadline.HELD
+                await router.wait_ready()
+            deadline.phase, deadline.since = ReadDeadline.IDLE, loop.time()
+            hdr = await readexactly(_wire.HEADER.size)
+            (n,) = _wire.HEADER.unpack(hdr)
+            if n > _wire.MAX_FRAME_BYTES:
+                self.counters.oversized_frames += 1
+                self._rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
                 return
-            if payload is None:
-                return
+            deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
+            payload = await readexactly(n)
             msg = _wire.decode_payload(payload)
             if msg is None or msg.get("t") != "b":
                 self.counters.malformed_frames += 1
@@ -498,6 +575,7 @@ class Ingest:
                 continue
             self.process_batch(producer, msg.get("e"), acks, send_acks)
             if writer.transport.get_write_buffer_size() > 1 << 20:
+                deadline.phase = ReadDeadline.HELD  # as before: no limit on a peer reading its acks
                 await writer.drain()
 
     def _hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter | None) -> Producer | None:

@@ -23,8 +23,21 @@ def _res(r: Resource) -> list[Any]:
     return [list(kv) for kv in r.attributes]
 
 
+# Decoded resources, interned: spilled items of one producer come back sharing one
+# ``Resource`` (as they left), so the OTLP encoders, which group by resource, write it once
+# per batch rather than once per record. Bounded: cleared past INTERN_MAX distinct sets.
+INTERN_MAX = 4096
+_interned: dict[tuple[tuple[str, Any], ...], Resource] = {}
+
+
 def _unres(v: list[Any]) -> Resource:
-    return Resource(tuple((k, (tuple(x) if isinstance(x, list) else x)) for k, x in v))
+    key = tuple((k, (tuple(x) if isinstance(x, list) else x)) for k, x in v)
+    r = _interned.get(key)
+    if r is None:
+        if len(_interned) >= INTERN_MAX:
+            _interned.clear()
+        r = _interned[key] = Resource(key)
+    return r
 
 
 def _origin(o: Origin | None) -> list[Any] | None:

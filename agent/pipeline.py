@@ -1,8 +1,13 @@
 """Fan-out from assembly to exporters: one bounded queue and worker per exporter.
 
-A slow or failing exporter never stalls the others: its queue spills to its disk
-spool (or drops, counted) when full. A batch is *complete* for an exporter once it
-was exported, spooled, or counted as dropped; when every exporter completed it, the
+A full queue pushes back while its exporter's destination is reachable: the worker
+keeps the batch in memory and reports itself *full*, the router tells the ingest to stop
+reading from producers until the queue is half empty again, and since a producer's events
+are acked only once exported, the hooks keep theirs buffered (or in their own spool)
+meanwhile. Only while the destination is unreachable (or the worker itself is failing)
+does a full queue spill to the exporter's disk spool (or drop, counted), so a failing
+exporter never stalls the others. A batch is *complete* for an exporter once it was
+exported, spooled, or counted as dropped; when every exporter completed it, the
 producer's events are acked. Failures are retried from the spool with jittered,
 capped backoff, in order.
 """
@@ -37,6 +42,10 @@ class Completion:
         if self.pending == 0 and self.on_done is not None:
             self.on_done()
 
+
+# A reachable exporter's queue may hold this many times its bound (the frames already read
+# when it filled, batches published from elsewhere) before it spills anyway.
+HARD_QUEUE_FACTOR = 4
 
 # What one export attempt came to.
 OK, AWAY, REJECTED, FINAL = "ok", "away", "rejected", "final"
@@ -93,7 +102,10 @@ class ExporterWorker:
         self.rejected_items = 0  # dropped: refused for good, or after max_attempts rejections
         self.spilled_items = 0
         self.internal_errors = 0
+        self.pushbacks = 0  # times the queue filled while the peer was reachable
         self.last_error = ""
+        self.full = False  # pushing back: the ingest waits until the queue is half empty
+        self.on_full_change: Callable[[], None] | None = None
 
     @property
     def name(self) -> str:
@@ -114,9 +126,33 @@ class ExporterWorker:
             return "peer away for %.0f s: %s" % (now - self.down_since, self.last_error)
         return None
 
+    def reachable(self) -> bool:
+        """The destination takes batches and the worker is sound: push back, do not spill."""
+        return self.peer_up and self.fault_since is None and not self._stopping
+
+    def _set_full(self, full: bool) -> None:
+        if full != self.full:
+            self.full = full
+            if full:
+                self.pushbacks += 1
+            if self.on_full_change is not None:
+                self.on_full_change()
+
+    def _dequeued(self) -> None:
+        if self.full and self.queue_items <= self.queue_max_items // 2:
+            self._set_full(False)
+
     def submit(self, items: Sequence[Item], completion: Completion) -> None:
         if self.queue_items + len(items) > self.queue_max_items:
-            # Full: everything queued goes to the spool first, so order is kept there.
+            if self.reachable() and self.queue_items < self.queue_max_items * HARD_QUEUE_FACTOR:
+                # Healthy but behind: hold it and push back on the producers (no spill).
+                self.queue.append((items, completion))
+                self.queue_items += len(items)
+                self._set_full(True)
+                self._wake.set()
+                return
+            # Unreachable (or far over): everything queued goes to the spool first, so order
+            # is kept there.
             self._spill_queue()
             self._spill(items)
             completion.done()
@@ -127,13 +163,16 @@ class ExporterWorker:
         self._wake.set()
 
     def _spill_queue(self) -> None:
-        while self.queue:
-            items, c = self.queue.popleft()
-            self.queue_items -= len(items)
-            try:
-                self._spill(items)
-            finally:
-                c.done()
+        try:
+            while self.queue:
+                items, c = self.queue.popleft()
+                self.queue_items -= len(items)
+                try:
+                    self._spill(items)
+                finally:
+                    c.done()
+        finally:
+            self._dequeued()
 
     def _spill(self, items: Sequence[Item]) -> None:
         if self.spool is not None:
@@ -256,6 +295,8 @@ class ExporterWorker:
                 await self._export_apart(parts)
             elif out != OK:
                 self._spill(batch)
+                if self.full and not self.reachable():
+                    self._spill_queue()  # it went away while full: stop holding producers back
         finally:
             self._busy = False
             for c in completions:
@@ -284,6 +325,7 @@ class ExporterWorker:
             parts.append(items)
             n += len(items)
             completions.append(c)
+        self._dequeued()
         return parts, completions
 
     async def _drain_spool_once(self) -> None:
@@ -364,6 +406,7 @@ class ExporterWorker:
             "export_errors": self.export_errors,
             "retries": self.retries,
             "spilled_items": self.spilled_items,
+            "pushbacks": self.pushbacks,
             "dropped_items": self.dropped_items + (sp.dropped_items if sp is not None else 0),
             "rejected_items": self.rejected_items,
             "internal_errors": self.internal_errors,
@@ -386,6 +429,24 @@ class Router:
     def __init__(self, workers: list[ExporterWorker]) -> None:
         self.workers = workers
         self.taps: list[Callable[[Sequence[Item]], None]] = []
+        self._ready = asyncio.Event()  # clear while some reachable exporter is full
+        self._ready.set()
+        for w in workers:
+            w.on_full_change = self._recheck
+
+    def _recheck(self) -> None:
+        if any(w.full for w in self.workers):
+            self._ready.clear()
+        else:
+            self._ready.set()
+
+    @property
+    def congested(self) -> bool:
+        """Some exporter's queue is full while its destination is reachable: stop reading."""
+        return not self._ready.is_set()
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
 
     def publish(self, items: Sequence[Item], on_done: Callable[[], None] | None = None) -> None:
         for tap in self.taps:
@@ -402,5 +463,24 @@ class Router:
         for w in self.workers:
             w.submit(items, c)
 
+    def publish_to(self, items: Sequence[Item], live: bool) -> None:
+        """Only to the exporters that show live values (``live``: Prometheus), or only to
+        those that record (file, OTLP, MQTT): device samples go to each at its own rate."""
+        if not items:
+            return
+        workers = [w for w in self.workers if is_live(w.exporter) == live]
+        if not workers:
+            return
+        c = Completion()
+        c.pending = len(workers)
+        for w in workers:
+            w.submit(items, c)
+
     def idle(self) -> bool:
         return all(w.idle() for w in self.workers)
+
+
+def is_live(exporter: Exporter) -> bool:
+    """An exporter that serves the current value (a scrape endpoint) rather than recording
+    every item it is given."""
+    return bool(getattr(exporter, "live", exporter.name == "prometheus"))

@@ -1,7 +1,9 @@
 """CPU cost per event of the agent's pure core: decode -> validate/assemble -> OTLP JSON.
 
 No sockets, no threads: process CPU time for N log events in frames of 512. This is
-the floor under bench/ingest.py's figure. Run: python bench/ingest_core.py [--profile]
+the floor under bench/ingest.py's figure. Also: OTLP JSON bytes per record of items that went
+through the exporters' disk spool and back against the same items encoded directly.
+Run: python bench/ingest_core.py [--profile]
 """
 
 from __future__ import annotations
@@ -65,7 +67,39 @@ def main() -> None:
     size = run()
     cpu = time.process_time() - t0
     print(json.dumps({"events": N, "cpu_us_per_event": round(cpu / N * 1e6, 2),
-                      "events_per_cpu_s": round(N / cpu), "bytes_per_event": round(size / N, 1)}))
+                      "events_per_cpu_s": round(N / cpu), "bytes_per_event": round(size / N, 1),
+                      **spilled_vs_direct(ingest, frames[:40])}))
+
+
+def spilled_vs_direct(ingest: Ingest, frames: list[bytes]) -> dict[str, float]:
+    """OTLP JSON bytes per record of items that went through the exporters' disk spool and
+    back, against the same items encoded directly (issue 13: at most 1.3x)."""
+    import tempfile
+
+    from infersight.agent.spool import DiskSpool
+
+    sink = ingest.router
+    producer = ingest.assembler.hello({**HELLO, "id": "p2", "pid": 2})  # fresh sequence numbers
+    items = []
+    for f in frames:
+        msg = _wire.decode_payload(f)
+        assert msg is not None
+        ingest.process_batch(producer, msg["e"], deque(), lambda: None)
+        items += sink.batches.pop()  # type: ignore[attr-defined]
+    spool = DiskSpool(tempfile.mkdtemp(prefix="ingest-core-spool-"))
+    for i in range(0, len(items), 512):
+        spool.append(items[i : i + 512])
+    replayed: list = []  # type: ignore[type-arg]
+    while spool:
+        got, records = spool.peek_many(4096)
+        replayed += got
+        spool.pop_many(records)
+    assert len(replayed) == len(items)
+    direct = sum(len(x) for i in range(0, len(items), 4096) for x in encode_lines(items[i : i + 4096]))
+    spilled = sum(len(x) for i in range(0, len(replayed), 4096) for x in encode_lines(replayed[i : i + 4096]))
+    return {"spilled_bytes_per_event": round(spilled / len(items), 1),
+            "direct_bytes_per_event": round(direct / len(items), 1),
+            "spilled_over_direct_bytes": round(spilled / direct, 3), "goal_spilled_over_direct_max": 1.3}
 
 
 if __name__ == "__main__":

@@ -7,13 +7,17 @@ the same OOM events, one message each, at QoS 1, and are timed until the broker 
 the last one (PUBACK):
 
 - raw:   one aiomqtt client, ``max_inflight_messages=100``, 100 publisher coroutines over
-         pre-encoded payloads (the fastest plain aiomqtt pattern; ``gather`` over every
-         message is slower, because aiomqtt counts its pending calls on each publish);
+         pre-encoded payloads, ``timeout=math.inf`` (the fastest plain aiomqtt pattern;
+         ``gather`` over every message is slower, because aiomqtt counts its pending calls on
+         each publish, and a finite timeout costs an ``asyncio.wait_for`` per message);
 - agent: ``ExporterWorker`` (queue, batching, disk spool on failure) + ``MqttExporter``
          (item -> topic/JSON encoding, windowed publish, ack wait), fed batches of ``--batch``
          items as the ingest feeds it.
 
-Rounds alternate raw/agent; medians are printed with their ratio (goal: agent >= 50% of raw).
+Rounds alternate raw/agent; medians are printed with their ratio, and the median of the
+per-round ratios (goal, issue 13: agent >= 0.9x raw). The agent path also encodes each item
+(the raw one publishes bytes made before the clock starts) and waits for a batch's last ack
+before the next batch: those are the few percent between them.
 ``--verify`` also subscribes and checks that every event arrived (it loads the same cores).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -63,7 +68,8 @@ async def raw_round(broker: Mosquitto, n: int, seq0: int) -> float:
 
         async def publisher() -> None:
             for m in it:
-                await client.publish(m.topic, m.payload, qos=1)
+                # timeout=inf: no asyncio.wait_for timer per message (the exporter's way too)
+                await client.publish(m.topic, m.payload, qos=1, timeout=math.inf)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(publisher() for _ in range(INFLIGHT)))
@@ -139,8 +145,9 @@ async def main(args: argparse.Namespace) -> None:
             r_med, a_med = statistics.median(raw), statistics.median(agent)
             print("QoS 1, %d events x %d rounds, batches of %d, max in flight %d" % (
                 args.events, args.rounds, args.batch, INFLIGHT))
-            print("median: raw aiomqtt %.0f ev/s, agent path %.0f ev/s, ratio %.0f%% (goal >= 50%%)" % (
-                r_med, a_med, 100 * a_med / r_med))
+            per_round = statistics.median(a / r for a, r in zip(agent, raw, strict=True))
+            print("median: raw aiomqtt %.0f ev/s, agent path %.0f ev/s, ratio %.2f; median of round ratios %.2f "
+                  "(goal >= 0.9)" % (r_med, a_med, a_med / r_med, per_round))
         finally:
             broker.stop()
 

@@ -37,7 +37,7 @@ import random
 import socket
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -54,7 +54,7 @@ from infersight.agent.config import parse_int as _p_int
 from infersight.agent.config import parse_nonneg_float as _p_nonneg_float
 from infersight.agent.config import parse_nonneg_int as _p_nonneg_int
 from infersight.agent.config import parse_pos_float as _p_pos_float
-from infersight.agent.model import Item
+from infersight.agent.model import ColdStartProgress, Item, MetricItem
 from infersight.agent.redact import mask_url
 from infersight.exporters.base import ExportError
 from infersight.exporters.mqtt_payload import (
@@ -69,6 +69,41 @@ from infersight.exporters.mqtt_payload import (
 )
 
 log = logging.getLogger("infersight.exporters.mqtt")
+ENCODE_CHUNK_ITEMS = 256  # a large batch is encoded this many items at a time, while publishing
+
+
+def _group_key(item: Item) -> tuple[object, ...] | None:
+    """What encode_batch merges across items: metric snapshots (resource, time) and the
+    newest retained progress per service."""
+    if isinstance(item, MetricItem):
+        return ("m", item.resource, item.time_ns)
+    if isinstance(item, ColdStartProgress):
+        return ("p", item.service)
+    return None
+
+
+def split_batch(batch: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
+    """The batch in chunks of about ``size`` items, each ending only where no group that
+    :func:`encode_batch` merges continues after it (so encoding chunk by chunk gives the
+    same messages as encoding the whole)."""
+    if len(batch) <= size:
+        yield batch
+        return
+    last: dict[tuple[object, ...], int] = {}
+    for i, it in enumerate(batch):
+        k = _group_key(it)
+        if k is not None:
+            last[k] = i
+    start, reach = 0, -1
+    for i, it in enumerate(batch):
+        k = _group_key(it)
+        if k is not None:
+            reach = max(reach, last[k])
+        if i + 1 - start >= size and reach <= i:
+            yield batch[start : i + 1]
+            start = i + 1
+    if start < len(batch):
+        yield batch[start:]
 
 PROTOCOLS = {"5": aiomqtt.ProtocolVersion.V5, "3.1.1": aiomqtt.ProtocolVersion.V311}
 _PROTOCOL_ALIASES = {
@@ -318,8 +353,54 @@ class MqttExporter:
         self._task = loop.create_task(self._run(), name="mqtt-connection")
 
     async def export(self, batch: Sequence[Item]) -> None:
-        msgs, skipped = encode_batch(batch, self.topics)
-        self.skipped_items += skipped
+        """Publish the batch and wait for every acknowledgement.
+
+        A large batch is encoded a chunk at a time while the previous chunk's messages are
+        in flight, so the broker's window never waits for the whole batch to be encoded.
+        Chunks end only where no metric snapshot or retained progress topic spans them, so
+        the messages are the ones :func:`encode_batch` makes of the whole batch."""
+        chunks = iter(split_batch(batch, ENCODE_CHUNK_ITEMS))
+        skipped = [0]
+        first: list[Outgoing] = []
+        for chunk in chunks:  # encode up to the first message: a batch with none needs no broker
+            first = self._encode(chunk, skipped)
+            if first:
+                break
+        if not first:
+            return
+        failure: list[BaseException] = []
+        sent = [0]
+
+        def messages() -> Iterator[Outgoing]:
+            sent[0] += len(first)
+            yield from first
+            try:
+                for chunk in chunks:
+                    msgs = self._encode(chunk, skipped)
+                    sent[0] += len(msgs)
+                    yield from msgs
+            except Exception as exc:  # an encoding bug, not the broker's fault: raised below
+                failure.append(exc)
+
+        conn = await self._ready()
+        assert self._idle is not None
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            await self._publish_all(conn, messages(), len(first) if len(batch) <= ENCODE_CHUNK_ITEMS else None)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        if failure:
+            raise failure[0]
+        self.published_messages += sent[0]
+        self.delivered_items += len(batch) - skipped[0]
+
+    def _encode(self, chunk: Sequence[Item], skipped: list[int]) -> list[Outgoing]:
+        msgs, n_skipped = encode_batch(chunk, self.topics)
+        self.skipped_items += n_skipped
+        skipped[0] += n_skipped
         if any(len(m.payload) > self.max_payload_bytes for m in msgs):
             # A message the broker would refuse must not block the spool forever: drop, count, say.
             big = [m for m in msgs if len(m.payload) > self.max_payload_bytes]
@@ -333,20 +414,7 @@ class MqttExporter:
                 len(big[0].payload),
             )
             msgs = [m for m in msgs if len(m.payload) <= self.max_payload_bytes]
-        if not msgs:
-            return
-        conn = await self._ready()
-        assert self._idle is not None
-        self._inflight += 1
-        self._idle.clear()
-        try:
-            await self._publish_all(conn, msgs)
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.set()
-        self.published_messages += len(msgs)
-        self.delivered_items += len(batch) - skipped
+        return msgs
 
     async def force_flush(self, timeout_s: float) -> bool:
         """Wait for exports in flight. ``export`` itself awaits every acknowledgement."""
@@ -466,23 +534,24 @@ class MqttExporter:
             return conn
         raise ExportError("mqtt %s: not connected (%s)" % (self.url, self.last_error or "connecting"))
 
-    async def _publish_all(self, conn: _Conn, msgs: list[Outgoing]) -> None:
+    async def _publish_all(self, conn: _Conn, msgs: Iterator[Outgoing], count: int | None) -> None:
         """Publish in order with a window of ``max_inflight`` calls; wait for every ack.
 
-        A few publisher coroutines pull from one iterator, so paho gets the messages in batch
-        order while up to ``max_inflight`` wait for their PUBACK. (One task per message would
-        cost O(n^2): aiomqtt counts its pending calls on every publish.)
+        A few publisher coroutines pull from one iterator (which may encode as it goes), so
+        paho gets the messages in batch order while up to ``max_inflight`` wait for their
+        PUBACK. (One task per message would cost O(n^2): aiomqtt counts its pending calls on
+        every publish.) ``count``: how many messages, when known (fewer publishers).
         """
         loop = asyncio.get_running_loop()
         client, qos = conn.client, self.qos
-        it = iter(msgs)
+        it = msgs
 
         async def publisher() -> None:
             for m in it:
                 await client.publish(m.topic, m.payload, qos=qos, retain=m.retain, timeout=math.inf)
 
         all_acked: asyncio.Future[None] = loop.create_future()
-        remaining = n = min(len(msgs), self.max_inflight)
+        remaining = n = self.max_inflight if count is None else min(count, self.max_inflight)
 
         def on_done(t: asyncio.Task[None]) -> None:
             nonlocal remaining
@@ -527,7 +596,7 @@ class MqttExporter:
                 else "no acknowledgement within %.0f s" % (self.publish_timeout_s)
             )
             conn.lost.set()  # a stuck connection: make the connection task reconnect
-        raise ExportError("mqtt %s: %d message(s) not acknowledged: %s" % (self.url, len(msgs), why))
+        raise ExportError("mqtt %s: batch not acknowledged: %s" % (self.url, why))
 
     def _note_error(self, text: str) -> None:
         self.last_error = text

@@ -140,10 +140,13 @@ def _finite(v: Any) -> Any:
     return v
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(obj: dict[str, Any]) -> bytes:
     """Compact UTF-8 JSON; NaN and infinities become null (they are not JSON)."""
     try:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        return _ENCODER.encode(obj).encode()
     except ValueError:
         return json.dumps(_finite(obj), separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -227,6 +230,58 @@ def log_payload(item: LogItem, host: str) -> dict[str, Any]:
     return d
 
 
+# -- the log fast path: OOM and memory events are most of the messages -------------------------
+
+_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]  # the C one, ensure_ascii=False
+
+
+def _scalar(v: Any) -> str:
+    """One JSON value as :func:`dumps` writes it, without an encoder per call for the usual types."""
+    if v is None:
+        return "null"
+    t = type(v)
+    if t is str:
+        return str(_encode_str(v))
+    if t is int:
+        return int.__repr__(v)
+    if t is bool:
+        return "true" if v else "false"
+    if t is float:
+        return float.__repr__(v) if math.isfinite(v) else "null"
+    return dumps(v).decode() if isinstance(v, dict) else dumps({"v": v}).decode()[5:-1]
+
+
+# Per Resource: its envelope fields and its JSON, held with the object (so its id stays its own).
+_resource_parts: dict[int, tuple[Resource, str, str, str]] = {}
+
+
+def _parts_of(r: Resource, host: str) -> tuple[str, str]:
+    e = _resource_parts.get(id(r))
+    if e is None or e[0] is not r or e[1] != host:
+        res = r.as_dict()
+        env = '"host.name":%s,"service.name":%s,"process.pid":%s' % (
+            _scalar(res.get("host.name") or host), _scalar(res.get("service.name")), _scalar(res.get("process.pid")))
+        if len(_resource_parts) >= 1024:
+            _resource_parts.clear()
+        e = _resource_parts[id(r)] = (r, host, env, dumps(res).decode())
+    return e[2], e[3]
+
+
+def log_message(item: LogItem, host: str) -> tuple[bytes, str | None, int | None]:
+    """``dumps(log_payload(item, host))``, the same bytes, built directly: (payload, producer, seq)."""
+    o = item.origin
+    producer, seq = (o.producer, o.seq) if o else (_producer_of(item.resource), None)
+    env, res = _parts_of(item.resource, host)
+    text = ('{"schema":%d,"type":"log","producer":%s,"seq":%s,%s,"event.name":%s,"time_unix_nano":%s,'
+            '"severity_number":%s,"severity_text":%s,"body":%s,"attributes":%s,"trace_id":%s,"span_id":%s,'
+            '"resource":%s}') % (
+        SCHEMA_VERSION, _scalar(producer), _scalar(seq), env, _scalar(item.event_name), _scalar(item.time_ns),
+        _scalar(item.severity_number), _scalar(item.severity_text), _scalar(item.body),
+        dumps(item.attributes).decode() if item.attributes else "{}", _scalar(item.trace_id),
+        _scalar(item.span_id), res)
+    return text.encode(), producer, seq
+
+
 def _point(p: NumberPoint | HistogramPoint) -> dict[str, Any]:
     if isinstance(p, HistogramPoint):
         return {
@@ -297,13 +352,13 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
             if fam is None:
                 skipped += 1
                 continue
-            d = log_payload(item, host)
+            payload, producer, seq = log_message(item, host)
             if fam == "device":
                 hw = item.attributes.get("hw.id")
                 topic = topics.device(hw if isinstance(hw, str) and hw else "unknown")
             else:
                 topic = topics.family(fam)
-            out.append(Outgoing(topic, dumps(d), False, d["producer"], d["seq"]))
+            out.append(Outgoing(topic, payload, False, producer, seq))
         elif isinstance(item, MetricItem):
             routed = False
             for p in item.points:

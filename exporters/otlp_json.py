@@ -158,6 +158,15 @@ def _request(top: str, scope_key: str, list_key: str, items: Sequence[T], one: C
         if g is None:
             g = groups[id(it.resource)] = (it.resource, [])
         g[1].append(one(it))
+    if len(groups) > 1:  # equal resources in distinct objects (decoded apart): one group each
+        merged: dict[Resource, tuple[Resource, list[str]]] = {}
+        for r, xs in groups.values():
+            m = merged.get(r)
+            if m is None:
+                merged[r] = (r, xs)
+            else:
+                m[1].extend(xs)
+        groups = {id(r): g for r, g in merged.items()}
     body = ",".join(
         '{"resource":%s,"%s":[{"scope":%s,"%s":[%s]}]}' % (resource_json(r), scope_key, SCOPE, list_key, ",".join(xs))
         for r, xs in groups.values()

@@ -225,3 +225,56 @@ async def test_oversized_message_is_dropped_and_counted_not_retried() -> None:
     big.body = "x" * 1000
     await e.export([big])  # not started, no broker: an oversized message never reaches publish
     assert e.state()["oversized_messages"] == 1 and e.state()["published_messages"] == 0
+
+
+def _mixed_batch(n: int) -> list:  # type: ignore[type-arg]
+    """Logs, OOM events and metric snapshots whose groups straddle the chunk sizes tried."""
+    from infersight.agent.model import ColdStartProgress
+
+    out: list = []  # type: ignore[type-arg]
+    for i in range(n):
+        t = 1000 + i // 7  # seven items share a snapshot time
+        if i % 3 == 0:
+            out.append(MetricItem(AGENT_RES, "hw.gpu.utilization", "gauge", "1", "", t, 1,
+                                  [NumberPoint(0.5, {"hw.type": "gpu", "hw.id": "GPU-%d" % (i % 2)})], False))
+        elif i % 3 == 1:
+            out.append(LogItem(RES, t, 17, "ERROR", "oom %d" % i, {"infersight.oom.class": "capacity"},
+                               event_name="oom", origin=Origin("p", i + 1)))
+        else:
+            out.append(ColdStartProgress(RES, "svc-%d" % (i // 20), 42, t, {"phase": "loading", "i": i}))
+    # the first snapshot's time again at the very end: no chunk may end before it
+    out.append(MetricItem(AGENT_RES, "hw.gpu.memory.usage", "sum", "By", "", 1000, 1,
+                          [NumberPoint(1, {"hw.type": "gpu", "hw.id": "GPU-0"})], False))
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 5, 64])
+def test_encoding_chunk_by_chunk_gives_the_whole_batch_messages(size: int) -> None:
+    from infersight.exporters.mqtt import split_batch
+
+    batch = _mixed_batch(300)
+    whole, skipped = mp.encode_batch(batch, TOPICS)
+    chunks = list(split_batch(batch, size))
+    assert [it for c in chunks for it in c] == batch, "chunks cover the batch in order"
+    parts = [mp.encode_batch(c, TOPICS) for c in chunks]
+    assert [m for ms, _ in parts for m in ms] == whole
+    assert sum(s for _, s in parts) == skipped
+    tail = _mixed_batch(300)[:-1]
+    assert len(list(split_batch(tail, size))) > 1, "without a group spanning the batch, it is cut"
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
+                    st.lists(st.one_of(st.integers(), st.floats(), st.text(max_size=4)), max_size=3))
+
+
+@given(attrs=st.dictionaries(st.text(max_size=6), _values, max_size=4), body=st.text(max_size=10),
+       event=st.one_of(st.none(), st.sampled_from(["oom", "memory", "device"])),
+       ids=st.one_of(st.none(), st.text(max_size=4)), seq=st.one_of(st.none(), st.integers(1, 2**40)),
+       res=st.dictionaries(st.sampled_from(["host.name", "service.name", "process.pid", "x"]), _values, max_size=4))
+def test_the_log_fast_path_writes_the_same_bytes_as_the_dict_path(attrs, body, event, ids, seq, res) -> None:  # type: ignore[no-untyped-def]
+    item = LogItem(Resource.of(res), 123, 17, "ERROR", body, attrs, ids, ids, event,
+                   Origin("p", seq) if seq is not None else None)
+    payload, producer, got_seq = mp.log_message(item, "gpu-1")
+    want = mp.log_payload(item, "gpu-1")
+    assert payload == mp.dumps(want)
+    assert (producer, got_seq) == (want["producer"], want["seq"])

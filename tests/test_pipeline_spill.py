@@ -1,5 +1,6 @@
-"""The exporter worker under pressure: a full queue spills to the disk spool, nothing is
-lost or duplicated, and order is kept."""
+"""The exporter worker under pressure: submissions that ignore the push-back (the ingest
+honours it; replays and jobs publish regardless) and take the queue past its hard bound spill
+to the disk spool, nothing is lost or duplicated, and order is kept."""
 
 from __future__ import annotations
 
