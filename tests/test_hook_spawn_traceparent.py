@@ -83,7 +83,7 @@ def test_children_join_the_trace_under_the_current_span(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines()]
-    trace = dict((row[0], row[1]) for row in rows if len(row) == 2)["trace"]
+    trace = {row[0]: row[1] for row in rows if len(row) == 2}["trace"]
     seen = {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
     assert set(seen) == {"root", "subprocess", "posix_spawn", "fork_exec", "env_copy", "env_foreign", "mp_spawn",
                          "after_inner", "after_outer"}
