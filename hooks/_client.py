@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 # ~516 B per buffered log event with attributes: 131072 events bound the buffer near 64 MiB.
 MAX_BUFFER_EVENTS = 131072
 MAX_BATCH_EVENTS = 512  # per frame: bounds a frame well under _wire.MAX_FRAME_BYTES
+WRITE_FRAMES = 16  # frames per write or send, at most, while the buffer is long
+WRITE_FRAMES_PRESSED = 64  # ... and past the spill mark (~3 MiB of log events a write)
 BATCH_EVENTS = 512  # send once this many are queued (INFERSIGHT_BATCH_EVENTS)
 BATCH_DELAY_S = 0.05  # ... or once the oldest queued event is this old (INFERSIGHT_BATCH_DELAY_MS)
 MAX_OUTBOX_BYTES = 16 << 20
@@ -311,31 +313,53 @@ class Client:
                 if self._outbox_bytes >= MAX_OUTBOX_BYTES and not self._pressed():
                     return  # congested: leave events buffered until the spill mark
                 pressed = self._pressed()
-            events = self._take(MAX_BATCH_EVENTS)
-            if not events:
+            # Several frames per write while the buffer is long: each write or send gives
+            # the GIL to a busy host thread, and getting it back takes a switch interval.
+            group: List[Tuple[int, int, bytes]] = []
+            users = 0
+            while self._buf and len(group) < (WRITE_FRAMES_PRESSED if pressed else WRITE_FRAMES):
+                events = self._take(MAX_BATCH_EVENTS)
+                if events:
+                    group.append((events[-1][0], len(events), _wire.encode_batch(events)))
+                    users += _user_events(events)
+            if not group:
                 continue
-            frame = _wire.encode_batch(events)
-            last = events[-1][0]
             if self._sock is not None and not self._spool_pending() and (not pressed or not self._spool_usable()):
-                self._send(last, len(events), frame)
-            elif self._spool_write(frame, _user_events(events)) and self._sock is not None:
-                self.spilled_events += len(events)  # a later pump replays it, in order
+                self._send_group(group)
+            elif self._spool_write(b"".join(g[2] for g in group), users) and self._sock is not None:
+                self.spilled_events += sum(g[1] for g in group)  # a later pump replays it, in order
         if self._sock is not None:
             self._read_acks()
 
     def _take(self, limit: int) -> List[_wire.Event]:
         """Up to ``limit`` events off the buffer, built (one that fails to build is dropped
         and counted: its sequence number shows the gap)."""
-        events: List[_wire.Event] = []
         buf = self._buf
         pop = buf.popleft
-        while buf and len(events) < limit:
-            ev = _built(pop())
-            if ev is None:
-                self.dropped_buffer += 1
-            else:
-                events.append(ev)
+        events = [pop() for _ in range(min(limit, len(buf)))]  # only this thread pops
+        for i, ev in enumerate(events):
+            if ev[3].__class__ is tuple:
+                events[i] = _built(ev)  # type: ignore[assignment]
+        if None in events:
+            self.dropped_buffer += events.count(None)  # type: ignore[arg-type]
+            events = [ev for ev in events if ev is not None]
         return events
+
+    def _send_group(self, group: List[Tuple[int, int, bytes]]) -> None:
+        """Send frames in one write; each stays in the outbox until acked."""
+        if len(group) == 1:
+            self._send(*group[0])
+            return
+        for entry in group:
+            self._outbox.append(entry)
+            self._outbox_bytes += len(entry[2])
+        assert self._sock is not None
+        try:
+            self._sock.sendall(b"".join(entry[2] for entry in group))
+            self.sent_events += sum(entry[1] for entry in group)
+            self.sent_frames += len(group)
+        except OSError:
+            self._disconnect()
 
     def _send(self, last_seq: int, n_events: int, frame: bytes) -> None:
         self._outbox.append((last_seq, n_events, frame))
