@@ -1,7 +1,8 @@
 """The producer side: a bounded buffer drained by a daemon thread to the agent's socket.
 
 Guarantees to the host process: ``emit`` never blocks (a deque append under the GIL),
-never raises, and costs well under a microsecond or two. All I/O happens on the drain
+never raises, and costs well under a microsecond or two (past the spill mark, in a burst,
+it also offers the GIL to the drain thread: see ``_yield``). All I/O happens on the drain
 thread, which sends in batches: once ``batch_events`` are queued or the oldest queued
 event is ``batch_delay_s`` old, whichever comes first (``flush``, fork and exit do not
 wait), so a quiet process sends a few frames a second rather than one per event. When
@@ -79,6 +80,15 @@ def _write_all(fd: int, data: bytes) -> None:
         if n <= 0:
             raise OSError("short write")
         view = view[n:]
+
+
+def _yield() -> None:
+    """Past the spill mark, each emit offers the GIL to the drain thread. A host thread in
+    a tight loop otherwise holds it for whole switch intervals while the drain thread,
+    which gives it up at every write, falls behind and the buffer overflows. This waits
+    at most for the drain thread's turn (a switch interval), and only while the buffer is
+    more than half full: a burst is absorbed, at the burst's own pace, instead of dropped."""
+    time.sleep(0)
 
 
 def _built(event: Tuple[int, int, str, Any]) -> Optional[_wire.Event]:
@@ -182,6 +192,8 @@ class Client:
         # the batch is full, and at the spill mark: a few times per batch, not per event.
         if n == 0 or n + 1 == self.batch_events or n + 1 == self.spill_at:
             self._wake.set()
+        elif n >= self.spill_at:
+            _yield()  # a burst: let the drain thread spill rather than drop (see _yield)
 
     def emit_at(self, t_ns: int, kind: str, data: Any) -> None:
         """``emit`` with the event time given (the caller has just read the clock)."""
@@ -194,6 +206,8 @@ class Client:
         buf.append((seq, t_ns, kind, data))
         if n == 0 or n + 1 == self.batch_events or n + 1 == self.spill_at:
             self._wake.set()
+        elif n >= self.spill_at:
+            _yield()
 
     def hurry(self) -> None:
         """Send what is queued now, without waiting for a full batch (never blocks)."""
