@@ -35,6 +35,12 @@ PAYLOAD = {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1_700_00
 def start_agent() -> tuple[str, str]:
     """``infersight agent`` in its own process (ingest, assembly, no exporter): its CPU is
     not the caller's, as in a real deployment. Stopped when this process exits."""
+    sock, spool, _pid = start_agent_process()
+    return sock, spool
+
+
+def start_agent_process() -> tuple[str, str, int]:
+    """``start_agent``, and the agent's pid."""
     import atexit
     import subprocess
 
@@ -51,7 +57,7 @@ def start_agent() -> tuple[str, str]:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("the agent did not start")
         time.sleep(0.05)
-    return sock, spool
+    return sock, spool, proc.pid
 
 
 def activate(sock: str, spool: str) -> None:

@@ -330,18 +330,18 @@ class Client:
             # Several frames per write while the buffer is long: each write or send gives
             # the GIL to a busy host thread, and getting it back takes a switch interval.
             group: List[Tuple[int, int, bytes]] = []
-            users = 0
+            users: List[int] = []
             while self._buf and len(group) < (WRITE_FRAMES_PRESSED if pressed else WRITE_FRAMES):
                 events = self._take(MAX_BATCH_EVENTS)
                 if events:
                     group.append((events[-1][0], len(events), _wire.encode_batch(events)))
-                    users += _user_events(events)
+                    users.append(_user_events(events))
             if not group:
                 continue
             if self._sock is not None and not self._spool_pending() and (not pressed or not self._spool_usable()):
                 self._send_group(group)
-            elif self._spool_write(b"".join(g[2] for g in group), users) and self._sock is not None:
-                self.spilled_events += sum(g[1] for g in group)  # a later pump replays it, in order
+            else:
+                self._spool_group(group, users)
         if self._sock is not None:
             self._read_acks()
 
@@ -358,6 +358,17 @@ class Client:
             self.dropped_buffer += events.count(None)  # type: ignore[arg-type]
             events = [ev for ev in events if ev is not None]
         return events
+
+    def _spool_group(self, group: List[Tuple[int, int, bytes]], users: List[int]) -> None:
+        """Spool frames in one write if they fit, else one by one (what fits is kept)."""
+        data = b"".join(entry[2] for entry in group)
+        if len(group) > 1 and self._spool_size + len(data) > self.spool_max_bytes:
+            for i, entry in enumerate(group):  # (zip(strict=) is 3.10+)
+                if self._spool_write(entry[2], users[i]) and self._sock is not None:
+                    self.spilled_events += entry[1]
+            return
+        if self._spool_write(data, sum(users)) and self._sock is not None:
+            self.spilled_events += sum(entry[1] for entry in group)  # a later pump replays it, in order
 
     def _send_group(self, group: List[Tuple[int, int, bytes]]) -> None:
         """Send frames in one write; each stays in the outbox until acked."""
