@@ -352,7 +352,8 @@ class Client:
         pop = buf.popleft
         events = [pop() for _ in range(min(limit, len(buf)))]  # only this thread pops
         for i, ev in enumerate(events):
-            if ev[3].__class__ is tuple:
+            data: Any = ev[3]
+            if data.__class__ is tuple:
                 events[i] = _built(ev)  # type: ignore[assignment]
         if None in events:
             self.dropped_buffer += events.count(None)  # type: ignore[arg-type]
