@@ -281,6 +281,8 @@ class Client:
                 self._gather()
                 self._hurry = False
                 with self._lock:
+                    if self._stop:
+                        break  # close() holds the buffer now: it spools what is left
                     self._idle.clear()
                     self._pump()
                     if not self._buf:
