@@ -77,7 +77,7 @@ _prev_thread_hook: Optional[Callable[..., Any]] = None
 _last_obs: Dict[int, Tuple[float, Optional[str], int]] = {}  # thread -> (monotonic, sp, req)
 _reported: List[int] = []  # ids of exceptions reported that refused an attribute
 _meta = ""  # last memory metadata set
-_stage_hint: Optional[str] = None  # from note_stage(); None: derive from TRACEPARENT
+_stage_hint: Optional[str] = None  # from note_stage(); None: the main thread's span
 _status: Dict[str, Any] = {"observer": False, "sampler": False, "history": 0, "reason": ""}
 
 
@@ -101,11 +101,8 @@ def _current_span() -> Optional[str]:
 
 
 def _main_thread_span() -> Optional[str]:
-    """The main thread's current stage, from other threads: TRACEPARENT mirrors it."""
-    tp = _runtime.parse_traceparent(os.environ.get("TRACEPARENT", ""))
-    if tp is not None and tp[0] == _runtime.trace_id:
-        return tp[1]
-    return _runtime.root_span_id or None
+    """The main thread's current stage, from other threads."""
+    return _runtime.main_span or _runtime.root_span_id or None
 
 
 def status() -> Dict[str, Any]:

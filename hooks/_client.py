@@ -1,9 +1,17 @@
 """The producer side: a bounded buffer drained by a daemon thread to the agent's socket.
 
 Guarantees to the host process: ``emit`` never blocks (a deque append under the GIL),
-never raises, and costs well under a microsecond or two. All I/O happens on the drain
-thread. Delivery is at-least-once: frames stay in ``_outbox`` until the agent acks
-them, and are resent after a reconnect. While the agent is away, batches go to a
+never raises, and costs well under a microsecond or two (past the spill mark, in a burst,
+it also offers the GIL to the drain thread: see ``_yield``). All I/O happens on the drain
+thread, which sends in batches: once ``batch_events`` are queued or the oldest queued
+event is ``batch_delay_s`` old, whichever comes first (``flush``, fork and exit do not
+wait), so a quiet process sends a few frames a second rather than one per event. When
+the agent cannot keep up and the buffer fills past half, the drain thread spills batches
+to the spool (the same file as for an absent agent) and replays them as the agent catches
+up; events are dropped (and counted) only when the spool is full too.
+
+Delivery is at-least-once: frames stay in ``_outbox`` until the agent acks them, and
+are resent after a reconnect. While the agent is away, batches go to a
 bounded spool file that is replayed (by this thread on reconnect, or by the agent if
 this process has died). Every event gets a sequence number when it is emitted, so
 anything dropped on a full buffer or spool shows up as a gap the agent counts, and the
@@ -42,7 +50,11 @@ if TYPE_CHECKING:
 
 # ~516 B per buffered log event with attributes: 131072 events bound the buffer near 64 MiB.
 MAX_BUFFER_EVENTS = 131072
-MAX_BATCH_EVENTS = 512
+MAX_BATCH_EVENTS = 512  # per frame: bounds a frame well under _wire.MAX_FRAME_BYTES
+WRITE_FRAMES = 16  # frames per write or send, at most, while the buffer is long
+WRITE_FRAMES_PRESSED = 64  # ... and past the spill mark (~3 MiB of log events a write)
+BATCH_EVENTS = 512  # send once this many are queued (INFERSIGHT_BATCH_EVENTS)
+BATCH_DELAY_S = 0.05  # ... or once the oldest queued event is this old (INFERSIGHT_BATCH_DELAY_MS)
 MAX_OUTBOX_BYTES = 16 << 20
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 SEND_TIMEOUT_S = 2.0
@@ -70,6 +82,28 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _yield() -> None:
+    """Past the spill mark, each emit offers the GIL to the drain thread. A host thread in
+    a tight loop otherwise holds it for whole switch intervals while the drain thread,
+    which gives it up at every write, falls behind and the buffer overflows. This waits
+    at most for the drain thread's turn (a switch interval), and only while the buffer is
+    more than half full: a burst is absorbed, at the burst's own pace, instead of dropped."""
+    time.sleep(0)
+
+
+def _built(event: Tuple[int, int, str, Any]) -> Optional[_wire.Event]:
+    """The event with its data built: ``data`` is a dict, or a ``(build, args)`` pair that
+    the caller left to this thread (``hooks.stage``); None if building it failed."""
+    data = event[3]
+    if data.__class__ is not tuple:
+        return event
+    try:
+        build, args = data
+        return (event[0], event[1], event[2], build(*args))
+    except Exception:
+        return None
+
+
 def _user_events(events: List[_wire.Event]) -> int:
     """Events that count as lost when this batch is: our own ``drops`` reports do not."""
     return sum(1 for e in events if e[2] != "drops")
@@ -85,6 +119,8 @@ class Client:
         producer: Dict[str, Any],
         max_buffer: int = MAX_BUFFER_EVENTS,
         spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
+        batch_events: int = BATCH_EVENTS,
+        batch_delay_s: float = BATCH_DELAY_S,
     ) -> None:
         self.socket_path = socket_path
         self._socket_owner = _paths.fallback_owner(socket_path)  # None: a path used as given
@@ -92,6 +128,11 @@ class Client:
         self.producer = producer
         self.max_buffer = max_buffer
         self.spool_max_bytes = spool_max_bytes
+        self.batch_events = max(1, batch_events)
+        self.batch_delay_s = max(0.0, batch_delay_s)
+        # Past this fill the drain thread spills to the spool rather than wait on the agent.
+        self.spill_at = max(1, max_buffer // 2)
+        self.spilled_events = 0
         self.enabled = True
         self._buf: Deque[_wire.Event] = deque()
         self._seq = itertools.count(1)
@@ -99,6 +140,7 @@ class Client:
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
+        self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
         self._lock = threading.Lock()  # guards connection + spool state for flush()
         # Counters reported to the agent in "drops" events and at exit.
         self.dropped_buffer = 0
@@ -108,6 +150,7 @@ class Client:
         self._warned_loss = False
         self._warned_socket = ""
         self.sent_events = 0
+        self.sent_frames = 0
         # Connection state (drain thread only).
         self._sock: Optional[Any] = None  # a _socket.socket
         self._rx = b""
@@ -123,6 +166,7 @@ class Client:
         self._spool_name = ""
         self._spool_size = 0
         self._spool_read = 0
+        self._spool_head = 0  # the hello: what the agent must read before our frames
         self._spool_retry_at = 0.0  # monotonic: no spool writes before this, after an error
         self._spool_error = ""
         self._thread = threading.Thread(target=self._run, name="infersight-drain", daemon=True)
@@ -134,14 +178,41 @@ class Client:
 
     # -- hot path -------------------------------------------------------------------
 
-    def emit(self, kind: str, data: Dict[str, Any]) -> None:
+    def emit(self, kind: str, data: Any) -> None:
+        """Queue one event; ``data`` is a dict, or ``(build, args)`` for the drain thread to
+        call: ``build(*args)`` returns the dict (work moved off the caller's thread)."""
         seq = next(self._seq)
-        if len(self._buf) >= self.max_buffer:
+        buf = self._buf
+        n = len(buf)
+        if n >= self.max_buffer:
             self.dropped_buffer += 1
             return
-        self._buf.append((seq, time.time_ns(), kind, data))
-        if not self._wake.is_set():
+        buf.append((seq, time.time_ns(), kind, data))
+        # Wake the drain thread at the first event of a batch (it starts the delay), when
+        # the batch is full, and at the spill mark: a few times per batch, not per event.
+        if n == 0 or n + 1 == self.batch_events or n + 1 == self.spill_at:
             self._wake.set()
+        elif n >= self.spill_at:
+            _yield()  # a burst: let the drain thread spill rather than drop (see _yield)
+
+    def emit_at(self, t_ns: int, kind: str, data: Any) -> None:
+        """``emit`` with the event time given (the caller has just read the clock)."""
+        seq = next(self._seq)
+        buf = self._buf
+        n = len(buf)
+        if n >= self.max_buffer:
+            self.dropped_buffer += 1
+            return
+        buf.append((seq, t_ns, kind, data))
+        if n == 0 or n + 1 == self.batch_events or n + 1 == self.spill_at:
+            self._wake.set()
+        elif n >= self.spill_at:
+            _yield()
+
+    def hurry(self) -> None:
+        """Send what is queued now, without waiting for a full batch (never blocks)."""
+        self._hurry = True
+        self._wake.set()
 
     # -- control --------------------------------------------------------------------
 
@@ -151,7 +222,7 @@ class Client:
         while time.monotonic() < deadline:
             if not self._buf and not self._outbox and self._idle.is_set():
                 return True
-            self._wake.set()
+            self.hurry()
             time.sleep(0.005)
         return False
 
@@ -204,9 +275,14 @@ class Client:
     def _run(self) -> None:
         try:
             while not self._stop:
-                self._wake.wait(IDLE_WAIT_S)
+                if not self._buf:
+                    self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
+                self._gather()
+                self._hurry = False
                 with self._lock:
+                    if self._stop:
+                        break  # close() holds the buffer now: it spools what is left
                     self._idle.clear()
                     self._pump()
                     if not self._buf:
@@ -216,6 +292,24 @@ class Client:
             if not sys.is_finalizing():  # at interpreter shutdown, stay quiet
                 _say("hook drain thread disabled: %r" % (exc,))
             self._idle.set()
+
+    def _gather(self) -> None:
+        """Wait until a batch is full, or its oldest event is ``batch_delay_s`` old."""
+        buf, delay = self._buf, self.batch_delay_s
+        while not self._hurry and not self._stop and 0 < len(buf) < self.batch_events:
+            try:
+                oldest_ns = buf[0][1]
+            except IndexError:
+                return
+            left = min(delay, delay - (time.time_ns() - oldest_ns) / 1e9)  # bounded if the clock jumps
+            if left <= 0:
+                return
+            self._wake.wait(left)
+            self._wake.clear()
+
+    def _pressed(self) -> bool:
+        """The buffer is past the spill mark: move it to disk rather than wait on the agent."""
+        return len(self._buf) >= self.spill_at
 
     def _pump(self) -> None:
         if self._sock is None and not self._refused:
@@ -229,22 +323,71 @@ class Client:
             if self._sock is not None and not self._spool_pending() and self._unreported():
                 self._report_drops()
         while self._buf:
-            if self._sock is not None and self._outbox_bytes >= MAX_OUTBOX_BYTES:
+            pressed = self._pressed()
+            if self._sock is not None and self._outbox_bytes >= MAX_OUTBOX_BYTES and not pressed:
                 self._read_acks(block=True)
-                if self._outbox_bytes >= MAX_OUTBOX_BYTES:
-                    return  # congested: leave events buffered (emit drops when full)
-            events: List[_wire.Event] = []
-            pop = self._buf.popleft
-            while self._buf and len(events) < MAX_BATCH_EVENTS:
-                events.append(pop())
-            frame = _wire.encode_batch(events)
-            last = events[-1][0]
-            if self._sock is not None and not self._spool_pending():
-                self._send(last, len(events), frame)
+                if self._outbox_bytes >= MAX_OUTBOX_BYTES and not self._pressed():
+                    return  # congested: leave events buffered until the spill mark
+                pressed = self._pressed()
+            # Several frames per write while the buffer is long: each write or send gives
+            # the GIL to a busy host thread, and getting it back takes a switch interval.
+            group: List[Tuple[int, int, bytes]] = []
+            users: List[int] = []
+            while self._buf and len(group) < (WRITE_FRAMES_PRESSED if pressed else WRITE_FRAMES):
+                events = self._take(MAX_BATCH_EVENTS)
+                if events:
+                    group.append((events[-1][0], len(events), _wire.encode_batch(events)))
+                    users.append(_user_events(events))
+            if not group:
+                continue
+            if self._sock is not None and not self._spool_pending() and (not pressed or not self._spool_usable()):
+                self._send_group(group)
             else:
-                self._spool_write(frame, _user_events(events))
+                self._spool_group(group, users)
         if self._sock is not None:
             self._read_acks()
+
+    def _take(self, limit: int) -> List[_wire.Event]:
+        """Up to ``limit`` events off the buffer, built (one that fails to build is dropped
+        and counted: its sequence number shows the gap)."""
+        buf = self._buf
+        pop = buf.popleft
+        events = [pop() for _ in range(min(limit, len(buf)))]  # only this thread pops
+        for i, ev in enumerate(events):
+            data: Any = ev[3]
+            if data.__class__ is tuple:
+                events[i] = _built(ev)  # type: ignore[assignment]
+        if None in events:
+            self.dropped_buffer += events.count(None)  # type: ignore[arg-type]
+            events = [ev for ev in events if ev is not None]
+        return events
+
+    def _spool_group(self, group: List[Tuple[int, int, bytes]], users: List[int]) -> None:
+        """Spool frames in one write if they fit, else one by one (what fits is kept)."""
+        data = b"".join(entry[2] for entry in group)
+        if len(group) > 1 and self._spool_size + len(data) > self.spool_max_bytes:
+            for i, entry in enumerate(group):  # (zip(strict=) is 3.10+)
+                if self._spool_write(entry[2], users[i]) and self._sock is not None:
+                    self.spilled_events += entry[1]
+            return
+        if self._spool_write(data, sum(users)) and self._sock is not None:
+            self.spilled_events += sum(entry[1] for entry in group)  # a later pump replays it, in order
+
+    def _send_group(self, group: List[Tuple[int, int, bytes]]) -> None:
+        """Send frames in one write; each stays in the outbox until acked."""
+        if len(group) == 1:
+            self._send(*group[0])
+            return
+        for entry in group:
+            self._outbox.append(entry)
+            self._outbox_bytes += len(entry[2])
+        assert self._sock is not None
+        try:
+            self._sock.sendall(b"".join(entry[2] for entry in group))
+            self.sent_events += sum(entry[1] for entry in group)
+            self.sent_frames += len(group)
+        except OSError:
+            self._disconnect()
 
     def _send(self, last_seq: int, n_events: int, frame: bytes) -> None:
         self._outbox.append((last_seq, n_events, frame))
@@ -253,6 +396,7 @@ class Client:
         try:
             self._sock.sendall(frame)
             self.sent_events += n_events
+            self.sent_frames += 1
         except OSError:
             self._disconnect()
 
@@ -455,7 +599,7 @@ class Client:
             self._spool_failed("%s: %s" % (self.spool_dir, why))
             return False
         self._spool_fd, self._spool_dir_fd, self._spool_name = fd, dfd, name
-        self._spool_size = self._spool_read = len(hello)
+        self._spool_size = self._spool_read = self._spool_head = len(hello)
         return True
 
     def _spool_write(self, frame: bytes, n_events: int) -> bool:
@@ -485,6 +629,8 @@ class Client:
         """Send the spool in order, within the outbox bound; resumed by later pumps."""
         fd = self._spool_fd
         while fd is not None and self._sock is not None and self._spool_pending():
+            if self._pressed():
+                return  # spill the buffer first: the agent is slower than the producer
             if self._outbox_bytes >= MAX_OUTBOX_BYTES:
                 self._read_acks(block=True)
                 if self._outbox_bytes >= MAX_OUTBOX_BYTES:
@@ -559,14 +705,15 @@ class Client:
 
         Order on disk stays: unacked frames, then the unread spool, then the buffer.
         """
-        if not self._outbox and not self._buf:
+        partly_sent = self._spool_pending() and self._spool_read > self._spool_head
+        if not self._outbox and not self._buf and not partly_sent:
             self._close_spool_and_socket()
             return
         pending: List[Tuple[bytes, int]] = [(frame, n) for _last, n, frame in self._outbox]
         self._outbox.clear()
         self._outbox_bytes = 0
         old: Optional[Tuple[Optional[int], Optional[int], str]] = None
-        if pending and self._spool_pending():
+        if self._spool_pending() and (pending or self._spool_read > self._spool_head):
             # Copy the unread rest behind the unacked frames into a new file; the old one
             # goes only once the copy is complete (else the agent replays it: nothing lost).
             assert self._spool_fd is not None
@@ -587,8 +734,9 @@ class Client:
                 self._unlink_own(fd, dfd, name)
             self._close_fds(old)
         while self._buf:
-            chunk = [self._buf.popleft() for _ in range(min(MAX_BATCH_EVENTS, len(self._buf)))]
-            self._spool_write(_wire.encode_batch(chunk), _user_events(chunk))
+            chunk = self._take(MAX_BATCH_EVENTS)
+            if chunk:
+                self._spool_write(_wire.encode_batch(chunk), _user_events(chunk))
         self._close_spool_and_socket()
 
     @staticmethod

@@ -2,8 +2,7 @@
 
 Installed by the bootstrap once the runtime is active. It owns:
 
-- the stage emitter that every stage goes through (builtin or custom), which keeps
-  ``TRACEPARENT`` in sync with the main thread's current stage for subprocesses;
+- the stage emitter that every stage goes through (builtin or custom);
 - ``runtime_init`` (process start -> the bootstrap's first line);
 - ``framework_import`` (every outermost import, ``_imports``) and post-import hooks;
   torch itself is instrumented by ``_torch`` when, and only if, the user imports it, and
@@ -112,10 +111,10 @@ def is_main_thread() -> bool:
 
 
 def set_current(span: Optional[str]) -> None:
-    """Make ``span`` the current span; the main thread's also goes to TRACEPARENT."""
+    """Make ``span`` the current span (children get it at spawn: ``_spawn``)."""
     _runtime.current_span.set(span)
-    if is_main_thread() and _runtime.trace_id:
-        os.environ["TRACEPARENT"] = _runtime.traceparent(span or _runtime.root_span_id)
+    if threading.get_ident() == _runtime.main_ident:
+        _runtime.main_span = span
 
 
 def note_begin(at: int = 0) -> None:
@@ -182,19 +181,34 @@ def emit_stage(
     name: str, span: str, parent: str, start: int, end_ns: int, attrs: Dict[str, Any],
     err: Optional[str] = None,
 ) -> None:
+    data = stage_data(name, span, parent, start, end_ns, attrs, err)
+    note_end(data["e"])
+    note_covered(name, start, data["e"])
+    _runtime.emit("span", data)
+
+
+def note_covered(name: str, start: int, end_ns: int) -> None:
+    """Time a named stage covers, for the gap sampler (on the caller's thread: a stage whose
+    span the drain thread builds later must already count when the root ends)."""
+    if name != "unattributed" and collecting:
+        _covered.append((start, max(end_ns, start)))
+
+
+def stage_data(
+    name: str, span: str, parent: str, start: int, end_ns: int, attrs: Dict[str, Any],
+    err: Optional[str] = None,
+) -> Dict[str, Any]:
+    """A stage's span event (pure: ``hooks.stage`` has the drain thread build it)."""
     a: Dict[str, Any] = {"infersight.stage": name}
     if name not in _runtime.BUILTIN_STAGES:
         a["infersight.stage.custom"] = True
     a.update(attrs)
     end_ns = max(end_ns, start)
-    if name != "unattributed" and collecting:
-        _covered.append((start, end_ns))
     data: Dict[str, Any] = {"n": "coldstart." + name, "id": span, "p": parent or _runtime.root_span_id,
                             "tr": _runtime.trace_id, "s": start, "e": end_ns, "a": a}
     if err:
         data["err"] = err
-    note_end(end_ns)
-    _runtime.emit("span", data)
+    return data
 
 
 def root_open() -> bool:

@@ -6,10 +6,12 @@ disables the hooks and prints one line on the first internal error.
 
 from __future__ import annotations
 
+import _random  # the C generator: the random module costs ~1 ms of imports
 import atexit
 import contextvars
 import os
 import sys
+import threading
 import time
 
 from . import _client, _paths, _proc
@@ -46,7 +48,16 @@ root_attrs: Dict[str, Any] = {}
 current_span: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
     "infersight_span", default=None
 )
+# The main thread's current span, for other threads (the allocator sampler tags with it).
+main_span: Optional[str] = None
+main_ident = threading.main_thread().ident
 _failed = False
+_publish_env: Optional[Callable[[], None]] = None  # _spawn.publish once active
+# Span ids: a per-process generator seeded from the OS (reseeded in a forked child), not
+# one os.urandom call per id. Ids only need to be unique, not secret.
+_rng = _random.Random(int.from_bytes(os.urandom(16), "big"))
+span_bits = _rng.getrandbits
+pid = os.getpid()  # os.getpid() is a system call (~0.2 us); kept current across forks
 
 
 def wraps(fn: Callable[..., Any]) -> Callable[[G], G]:
@@ -66,7 +77,20 @@ def wraps(fn: Callable[..., Any]) -> Callable[[G], G]:
 
 
 def new_span_id() -> str:
-    return os.urandom(8).hex()
+    return "%016x" % (span_bits(64) or 1)
+
+
+def _reseed() -> None:
+    _rng.seed(int.from_bytes(os.urandom(16), "big"))
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
+        _say("ignoring %s=%r: not a number" % (name, os.environ.get(name)))
+        return default
+    return value if value >= 0 else default
 
 
 def active() -> bool:
@@ -133,7 +157,7 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
 
 def activate() -> bool:
     """Start the hooks in this process. Returns False (and stays inert) on any trouble."""
-    global client, trace_id, root_span_id, root_parent, root_start_ns
+    global client, trace_id, root_span_id, root_parent, root_start_ns, _publish_env
     if client is not None:
         return True
     try:
@@ -151,7 +175,7 @@ def activate() -> bool:
         else:
             trace_id, root_parent = os.urandom(16).hex(), None
         root_span_id = new_span_id()
-        # Subprocesses join this trace under our root (stages refine it while open).
+        # Children join this trace under our root; a spawn puts its current span here.
         env["TRACEPARENT"] = traceparent(root_span_id)
         spool_max = int(env.get("INFERSIGHT_SPOOL_MAX_BYTES", str(64 << 20)))
         max_buffer = int(env.get("INFERSIGHT_BUFFER_EVENTS", "0")) or _client.MAX_BUFFER_EVENTS
@@ -161,8 +185,14 @@ def activate() -> bool:
             _producer_info(launched),
             max_buffer=max_buffer,
             spool_max_bytes=spool_max,
+            batch_events=int(_env_number("INFERSIGHT_BATCH_EVENTS", _client.BATCH_EVENTS)) or 1,
+            batch_delay_s=_env_number("INFERSIGHT_BATCH_DELAY_MS", _client.BATCH_DELAY_S * 1e3) / 1e3,
         )
         atexit.register(_at_exit)
+        from . import _spawn
+
+        _spawn.install()
+        _publish_env = _spawn.publish
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
         return True
@@ -236,7 +266,12 @@ def _before_fork() -> None:
     (which clears the finalizers inherited from the parent, then runs after-fork callbacks)
     register our flush as one of the worker's finalizers."""
     global _mp_registered
-    if _mp_registered or client is None:
+    if client is None:
+        return
+    client.hurry()  # send what is queued now, not at the end of a batch delay
+    if _publish_env is not None:
+        _publish_env()  # the child's environment: this thread's current span
+    if _mp_registered:
         return
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
@@ -249,8 +284,12 @@ def _before_fork() -> None:
 
 def _after_fork_child() -> None:
     """A forked child is a new producer: fresh buffer, thread and root under our span."""
-    global client, root_span_id, root_parent, root_start_ns, root_ended, root_attrs
+    global client, root_span_id, root_parent, root_start_ns, root_ended, root_attrs, main_span, main_ident, pid
     try:
+        _reseed()  # else parent and child draw the same span ids
+        pid = os.getpid()
+        main_ident = threading.get_ident()
+        main_span = None
         old = client
         if old is None:
             return
@@ -282,6 +321,8 @@ def _after_fork_child() -> None:
             _producer_info(False),
             max_buffer=old.max_buffer,
             spool_max_bytes=old.spool_max_bytes,
+            batch_events=old.batch_events,
+            batch_delay_s=old.batch_delay_s,
         )
     except Exception as exc:
         fail(exc)

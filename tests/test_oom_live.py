@@ -271,7 +271,7 @@ def test_exception_after_unwinding_links_to_the_observer_span(hooked: FakeClient
 
 
 def test_sampler_emits_deltas_and_segment_events(hooked: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRACEPARENT", "00-%s-%s-01" % (TRACE, SPAN))
+    monkeypatch.setattr(_runtime, "main_span", SPAN)  # the main thread is in stage SPAN
     fake = FakeTorch()
     s = _alloc.Sampler(fake, large_bytes=GIB)
     fake.stats = nested_stats()
