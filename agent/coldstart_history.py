@@ -2,9 +2,11 @@
 
 One JSON object per line in ``coldstart-history.jsonl`` in the state directory, so that the
 daemon and ``launch`` share it. The newest ``MAX_RUNS`` runs per key and ``MAX_KEYS`` keys
-are kept. Every save rewrites the file through a temporary file and ``rename``: a reader
-never sees half a file, and a crash leaves the old one. Lines that do not parse are skipped
-and counted, never fatal.
+are kept. A finished run is appended as one line (one ``write`` with ``O_APPEND``: cheap,
+and writers do not interleave); once the file holds about twice what is kept, it is
+compacted: re-read, bounded, and rewritten through a temporary file and ``rename``, so a
+reader never sees half a file and a crash leaves the old one. Lines that do not parse (a
+crash mid-append, say) are skipped and counted, never fatal.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class History:
 
     runs: dict[str, list[Run]] = field(default_factory=dict)
     corrupt_lines: int = 0
+    lines_read: int = 0  # lines the file held when it was loaded (for compaction)
 
     def add(self, key: str, run: Run) -> None:
         runs = self.runs.pop(key, [])  # re-insert: the dict's order is recency of use
@@ -95,6 +98,7 @@ def parse(text: str) -> History:
     for line in text.splitlines():
         if not line.strip():
             continue
+        history.lines_read += 1
         try:
             key, run = run_from_json(json.loads(line))
         except (ValueError, TypeError, KeyError):
@@ -139,9 +143,31 @@ def save(path: str, history: History) -> None:
         raise
 
 
+def append(path: str, key: str, run: Run) -> None:
+    """Add one run at the end of the file: one line, one ``write``; never through a symlink."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    line = (json.dumps(run_to_json(key, run), separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # after a torn line (a crash mid-append): lose only that one
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def needs_compaction(lines_on_disk: int, history: History) -> bool:
+    kept = sum(len(r) for r in history.runs.values())
+    return lines_on_disk > 2 * kept + 64
+
+
 def record(path: str, key: str, run: Run) -> History:
-    """Load, add one run, save. Returns the history as saved."""
+    """Append one run; compact the file when it has grown to twice what is kept.
+    Returns the history as it now reads."""
+    append(path, key, run)
     history = load(path)
-    history.add(key, run)
-    save(path, history)
+    if needs_compaction(history.lines_read, history):
+        save(path, history)
     return history

@@ -104,6 +104,7 @@ class ProgressTracker:
     ) -> None:
         self.history_path = history_path
         self.history = ch.load(history_path) if history_path else ch.History()
+        self.lines_on_disk = self.history.lines_read
         self.weights_of: dict[str, list[str]] = {}  # key -> weights paths of its latest run
         self.producer_info = producer_info or (lambda _p: None)
         self.clock = clock
@@ -187,7 +188,13 @@ class ProgressTracker:
         self.recorded += 1
         if self.history_path:
             try:
-                ch.save(self.history_path, self.history)
+                ch.append(self.history_path, key, run)
+                self.lines_on_disk += 1
+                if ch.needs_compaction(self.lines_on_disk, self.history):
+                    merged = ch.load(self.history_path)  # what other writers (launch) appended too
+                    ch.save(self.history_path, merged)
+                    self.history = merged
+                    self.lines_on_disk = sum(len(r) for r in merged.runs.values())
             except OSError as e:
                 self.record_errors += 1
                 if self.record_errors == 1:

@@ -202,3 +202,27 @@ def test_a_planted_symlink_is_not_followed(tmp_path) -> None:
     link.symlink_to(target)
     h = ch.load(str(link))
     assert h.runs == {} and h.corrupt_lines == 1
+
+
+def test_runs_are_appended_and_the_file_is_compacted(tmp_path) -> None:
+    path = str(tmp_path / ch.FILE_NAME)
+    for i in range(ch.MAX_RUNS):
+        ch.record(path, "k", run(float(i + 1)))
+    assert len(Path(path).read_text().splitlines()) == ch.MAX_RUNS  # appended, nothing to compact yet
+    for i in range(ch.MAX_RUNS + 70):
+        ch.record(path, "k", run(float(100 + i)))
+    lines = Path(path).read_text().splitlines()
+    assert len(lines) <= 2 * ch.MAX_RUNS + 64  # compacted on the way: bounded on disk
+    h = ch.load(path)
+    assert h.corrupt_lines == 0
+    assert [r.total_s for r in h.of("k")] == [float(100 + i) for i in range(70, ch.MAX_RUNS + 70)]
+
+
+def test_a_torn_append_is_one_corrupt_line(tmp_path) -> None:
+    path = tmp_path / ch.FILE_NAME
+    ch.record(str(path), "k", run(1.0))
+    with open(path, "a") as f:
+        f.write('{"key":"k","total_s":')  # a crash mid-append
+    ch.append(str(path), "k", run(2.0))
+    h = ch.load(str(path))
+    assert h.corrupt_lines == 1 and [r.total_s for r in h.of("k")] == [1.0, 2.0]  # only the torn line is lost
