@@ -54,6 +54,38 @@ def test_killed_producer_gets_its_root_closed_by_the_agent(agent_factory, tmp_pa
     assert agent.stop() == 0
 
 
+def test_killed_worker_root_nests_under_its_parent(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """A worker started by a hooked supervisor (TRACEPARENT) and killed: the root the agent
+    closes for it is a child of the supervisor's span, as its own would have been, not a
+    second top-level cold start (the hello carries the root's parent)."""
+    agent = agent_factory().start()
+    trace, parent = "1" * 32, "2" * 16
+    env = hook_env(agent.sock, agent.spool, TRACEPARENT="00-%s-%s-01" % (trace, parent))
+    proc = subprocess.run([sys.executable, "-c", DIES_IN_A_STAGE, str(int(signal.SIGKILL))], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert wait_for(lambda: [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"], 20)
+    (root,) = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
+    assert attr(root, "infersight.coldstart.ended_by") == "producer_lost"
+    assert root["traceId"] == trace and root.get("parentSpanId") == parent
+    assert agent.stop() == 0
+
+
+def test_own_root_arriving_after_the_agents_is_not_a_second_root() -> None:
+    """A root replayed from a spool file after the agent closed it for the dead producer:
+    one span id, one root (counted)."""
+    a = Assembler("h")
+    p = hello(a)
+    a.events(p, [big_stage(0, 1)])
+    lost = a.producer_lost(p)
+    assert [x for x in lost if getattr(x, "name", "") == "coldstart"]
+    p2 = hello(a)  # the spool file's hello: the same producer
+    assert p2 is p
+    late = a.events(p, [[2, 99, "span", {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3}]])
+    assert not [x for x in late if getattr(x, "name", "") == "coldstart"]
+    assert a.stats()["coldstart_late_roots_of_lost"] == 1
+
+
 def test_live_producer_that_hangs_up_keeps_its_cold_start(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Idle-closed or reconnecting producers are alive: no root is invented for them."""
     agent = agent_factory().start()
