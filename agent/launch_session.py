@@ -43,6 +43,7 @@ from infersight.agent.launch import (
 from infersight.agent.model import ColdStart, Resource, SpanItem
 from infersight.agent.sinks import build_exporters
 from infersight.agent.spool import DiskSpool
+from infersight.hooks._workers import CHILDREN_PREFIX
 
 
 @dataclass
@@ -266,11 +267,24 @@ def find_leftovers(root: str, own: str) -> list[Leftover]:
 
 
 def spool_files(spool: str) -> list[str]:
-    """What is left in a hook spool directory (any name: producers choose their own)."""
+    """What is left in a hook spool directory (any name: producers choose their own), but
+    the hooks' children report directories (``children-<uid>``): they hold no events."""
     try:
-        return sorted(n for n in os.listdir(spool) if not n.startswith("."))
+        names = os.listdir(spool)
     except OSError:
         return []
+    return sorted(n for n in names if not n.startswith(".") and not is_children_dir(spool, n))
+
+
+def is_children_dir(spool: str, name: str) -> bool:
+    return name.startswith(CHILDREN_PREFIX) and stat.S_ISDIR(_lstat_mode(os.path.join(spool, name)))
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def processes_using(sock: str) -> list[int]:
