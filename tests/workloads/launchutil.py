@@ -48,7 +48,11 @@ def launch(tmp: str, argv: list[str], *flags: str, result: bool = True, timeout:
     if result:
         cmd.append(res_path)
     e = dict(os.environ)
-    e.update({"XDG_CACHE_HOME": os.path.join(tmp, "cache"), "INFERSIGHT_MEASURE_STORAGE": "0"})
+    # launch replays the leftover directories of dead launches (same uid) in $TMPDIR into its
+    # output: a test's own TMPDIR keeps other tests' and other runs' leftovers out of it
+    tmpdir = os.path.join(tmp, "t")
+    os.makedirs(tmpdir, exist_ok=True)
+    e.update({"XDG_CACHE_HOME": os.path.join(tmp, "cache"), "INFERSIGHT_MEASURE_STORAGE": "0", "TMPDIR": tmpdir})
     e.update(env or {})
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=e)
