@@ -67,6 +67,7 @@ class Producer:
     pending_dropped: int = 0  # stage spans not kept for the summary (bound reached)
     stages_seen: int = 0
     root_closed: bool = False
+    lost_root_made: bool = False  # the agent closed the root for it (producer_lost)
     last_ns: int = 0  # the latest event time seen
     gone: bool = False  # the process has ended; its pending state was freed
 
@@ -274,6 +275,7 @@ class Assembler:
         self.gaps_forgotten_of_forgotten = 0
         self.pending_dropped_of_forgotten = 0
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
+        self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
         self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
 
     def hello(self, raw: Any) -> Producer:
@@ -400,6 +402,11 @@ class Assembler:
         )
         if name == "coldstart":
             if span_id == p.info.get("root_span_id"):
+                if p.lost_root_made:
+                    # Its own root came after all (a spool file replayed late): the agent's
+                    # stand-in went out under the same span id, and one span id is one span.
+                    self.late_roots_of_lost += 1
+                    return
                 p.root_closed = True
             self._close_root(p, span, out, t_ns=t_ns)
             return
@@ -456,7 +463,7 @@ class Assembler:
         p.gone = True
         root_id = p.info.get("root_span_id")
         if p.stages_seen and not p.root_closed and isinstance(root_id, str):
-            p.root_closed = True
+            p.root_closed = p.lost_root_made = True
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
             attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.ended_by": "producer_lost"}
@@ -525,5 +532,6 @@ class Assembler:
             "pending_bytes": self.pending_bytes_total(),
             "pending_stages_dropped": self.pending_dropped_total(),
             "coldstart_roots_closed_for_lost": self.roots_closed_for_lost,
+            "coldstart_late_roots_of_lost": self.late_roots_of_lost,
             "gaps_forgotten": self.gaps_forgotten_total(),
         }

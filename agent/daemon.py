@@ -106,6 +106,7 @@ class Agent:
             max_connections=config["agent.max_connections"],
             idle_timeout_s=config["agent.idle_timeout_s"],
         )
+        self.ingest.spool_dir = config["agent.spool_dir"]
         self.proc_stats = ProcessStats()
         self._stop = asyncio.Event()
         self._signals = 0

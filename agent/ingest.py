@@ -228,6 +228,7 @@ class Ingest:
         self._watch: dict[str, tuple[Producer, int, str]] = {}
         self._pidfds: dict[str, tuple[Producer, int]] = {}
         self._watch_task: asyncio.Task[None] | None = None
+        self.spool_dir: str | None = None  # the hooks' spool directory (agent.spool_dir)
 
     # -- server ---------------------------------------------------------------------
 
@@ -418,7 +419,12 @@ class Ingest:
             done += 1
         return done
 
-    def _publish_lost(self, producer: Producer) -> None:
+    def _publish_lost(self, producer: Producer, replay: bool = True) -> None:
+        """Its process has ended. What it spooled (its root, often: written at exit when the
+        agent was busy) is read first, so that the agent closes its root only if it really
+        never came."""
+        if replay and self.spool_dir and not producer.gone:
+            self.replay_spools(self.spool_dir, producer.id + "-")
         items = self.assembler.producer_lost(producer)
         if items:
             self.counters.items_out += len(items)
@@ -641,7 +647,7 @@ class Ingest:
 
     # -- spool replay -----------------------------------------------------------------
 
-    def replay_spools(self, directory: str) -> int:
+    def replay_spools(self, directory: str, prefix: str = "") -> int:
         """Replay spool files whose producer has died (its lock is free); returns files done.
 
         Whoever may write the directory (its group, by design) is not trusted with our
@@ -653,7 +659,7 @@ class Ingest:
         except OSError:
             return 0
         try:
-            names = sorted(n for n in os.listdir(dfd) if n.endswith(".spool"))
+            names = sorted(n for n in os.listdir(dfd) if n.endswith(".spool") and n.startswith(prefix))
             return sum(1 for name in names if self._replay_one(directory, dfd, name))
         except OSError:
             return 0
@@ -719,7 +725,7 @@ class Ingest:
                     self.counters.malformed_frames += 1
             self.counters.spool_files_replayed += 1
             if producer is not None and producer.id not in self._live:
-                self._publish_lost(producer)  # its lock was free: the process has ended
+                self._publish_lost(producer, replay=False)  # its lock was free: the process has ended
             one_done()
             return True
         finally:

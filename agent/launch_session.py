@@ -43,6 +43,7 @@ from infersight.agent.launch import (
 from infersight.agent.model import ColdStart, Resource, SpanItem
 from infersight.agent.sinks import build_exporters
 from infersight.agent.spool import DiskSpool
+from infersight.hooks._workers import CHILDREN_PREFIX
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ProbeResult:
     """One HTTP GET as the launcher saw it (Unix ns; 0 where it did not happen)."""
 
     url: str
+    connect_ns: int = 0  # before connecting: the server's work on this request follows
     start_ns: int = 0
     headers_ns: int = 0
     first_byte_ns: int = 0
@@ -75,6 +77,7 @@ def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
     conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
     path = (u.path or "/") + ("?" + u.query if u.query else "")
     try:
+        r.connect_ns = time.time_ns()
         conn.connect()
         r.start_ns = time.time_ns()
         conn.request("GET", path, headers={"User-Agent": "infersight-launch"})
@@ -91,11 +94,13 @@ def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
     return r
 
 
-def write_ready_file(path: str, ready_ns: int) -> None:
-    """Atomically: the child's hooks poll for this file (a few bytes, local disk)."""
+def write_ready_file(path: str, ready_ns: int, asked_ns: int = 0) -> None:
+    """Atomically: the child's hooks poll for this file (a few bytes, local disk):
+    ``READY_NS ASKED_NS``, the ready response's time and when that request was sent (what
+    the server did after it, e.g. a lazy import in its health handler, is not start-up)."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="ascii") as f:
-        f.write(str(ready_ns))
+        f.write("%d %d" % (ready_ns, asked_ns) if asked_ns else str(ready_ns))
     os.replace(tmp, path)
 
 
@@ -131,7 +136,7 @@ async def watch_readiness(
             res.notes.append("never ready at %s" % opts.ready_url)
             return res
         if ready_file:
-            write_ready_file(ready_file, res.ready.headers_ns)
+            write_ready_file(ready_file, res.ready.headers_ns, res.ready.connect_ns)
     if opts.probe:
         if opts.ready_url:
             r = await asyncio.to_thread(http_get, opts.probe)
@@ -262,11 +267,24 @@ def find_leftovers(root: str, own: str) -> list[Leftover]:
 
 
 def spool_files(spool: str) -> list[str]:
-    """What is left in a hook spool directory (any name: producers choose their own)."""
+    """What is left in a hook spool directory (any name: producers choose their own), but
+    the hooks' children report directories (``children-<uid>``): they hold no events."""
     try:
-        return sorted(n for n in os.listdir(spool) if not n.startswith("."))
+        names = os.listdir(spool)
     except OSError:
         return []
+    return sorted(n for n in names if not n.startswith(".") and not is_children_dir(spool, n))
+
+
+def is_children_dir(spool: str, name: str) -> bool:
+    return name.startswith(CHILDREN_PREFIX) and stat.S_ISDIR(_lstat_mode(os.path.join(spool, name)))
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def processes_using(sock: str) -> list[int]:

@@ -304,8 +304,13 @@ def _emit_warm(closed: Optional[Tuple[str, int, int, Dict[str, Any]]]) -> None:
         emit_stage("warmup", span, _runtime.root_span_id, start, end_ns, attrs)
 
 
-def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None) -> None:
-    """Readiness: emit ``ready_wait`` (last stage end -> now) once; later calls do nothing."""
+def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0) -> None:
+    """Readiness: emit ``ready_wait`` (last stage end -> now) once; later calls do nothing.
+
+    ``asked_ns``: when launch's readiness request was sent. Stages that ran after it (a
+    lazy import the health handler made) are its handling, not start-up: ``ready_wait``
+    then runs from the last stage that ended before the request to the first stage the
+    request caused, so the server's idle wait for the poll stays covered."""
     global ready_ns, ready_source, explicit
     if not root_open():
         return
@@ -321,13 +326,26 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None) -> None:
         closed = _close_warm_locked(now)
     _emit_warm(closed)
     _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
-    start = min(last_end_ns or t, t)
-    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, t,
+    start, stop = _ready_wait_span(t, asked_ns)
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop,
                {"infersight.ready.source": source})
     _unlisten()
     poll = callbacks.get("ready")
     if poll is not None:
         poll(start)
+
+
+def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:
+    """``ready_wait``'s interval for readiness at ``t`` (see ``mark_ready``)."""
+    start = min(last_end_ns or t, t)
+    if not asked_ns or asked_ns >= t or start <= asked_ns:
+        return start, t
+    if any(s < asked_ns < e for s, e in _covered):
+        return start, t  # a stage was running when the request came: no idle wait to cover
+    before = [e for s, e in _covered if e <= asked_ns]
+    start = max(before) if before else min(_runtime.root_start_ns or asked_ns, asked_ns)
+    after = [s for s, e in _covered if s >= start and e > asked_ns]
+    return start, max(start, min(min(after, default=t), t))
 
 
 def _check_ready_file() -> None:
@@ -342,7 +360,10 @@ def _check_ready_file() -> None:
     except OSError:
         return
     _ready_file = None
-    mark_ready("ready_url", int(text) if text.isdigit() else None)
+    parts = text.split()  # "READY_NS [ASKED_NS]": the ready response, when the poll was sent
+    ready_at = int(parts[0]) if parts and parts[0].isdigit() else None
+    asked = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    mark_ready("ready_url", ready_at, asked)
 
 
 def forward_begin() -> Optional[Tuple[Any, ...]]:

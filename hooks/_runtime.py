@@ -151,6 +151,9 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
         "resource_attributes": env.get("OTEL_RESOURCE_ATTRIBUTES", ""),
         "trace_id": trace_id,
         "root_span_id": root_span_id,
+        # The root's parent (TRACEPARENT): a root the agent closes for this process, should it
+        # die before sending its own, nests where this one would (a supervisor's worker).
+        "root_parent": root_parent,
         "launched": launched,
     }
 

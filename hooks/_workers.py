@@ -11,6 +11,8 @@ first request (``ended_by=workers``); the children's roots, which nest under it 
 
 The directory is created 0700 by whoever comes first, must be owned by this uid and not a
 symlink; files are created with ``O_EXCL|O_NOFOLLOW``. Any trouble: no report, no harm.
+A process killed before its cold start ended cannot remove its directory: the next hooked
+process of this uid removes those whose producer no longer runs.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ if TYPE_CHECKING:
     from typing import List, Optional, Tuple
 
 ENV = "INFERSIGHT_CHILDREN_DIR"
+CHILDREN_PREFIX = "children-"  # in the spool directory: not a spool file
 
 
 def children_dir(spool_dir: str, producer_id: str) -> str:
-    return os.path.join(spool_dir, "children-%d" % os.getuid(), producer_id)
+    return os.path.join(spool_dir, "%s%d" % (CHILDREN_PREFIX, os.getuid()), producer_id)
 
 
 def _safe_dir(path: str, create: bool) -> bool:
@@ -62,8 +65,36 @@ SERVED = ("first_request", "workers")  # a child's cold start that ended by serv
 
 
 def prepare(own_dir: str) -> bool:
-    """Let children report: make this process's directory."""
-    return _safe_dir(own_dir, create=True)
+    """Let children report: make this process's directory (and sweep those of processes
+    that died before their cold start ended: a killed process cannot remove its own)."""
+    ok = _safe_dir(own_dir, create=True)
+    if ok:
+        sweep(os.path.dirname(own_dir), os.path.basename(own_dir))
+    return ok
+
+
+def sweep(parent: str, own: str) -> int:
+    """Remove the directories under ``parent`` whose producer (``<boot>-<pid>-<ticks>``,
+    ``_proc.producer_id``) is no longer running. Returns how many went."""
+    from . import _proc
+
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return 0
+    boot = _proc.boot_id()
+    gone = 0
+    for name in names:
+        if name == own:
+            continue
+        parts = name.rsplit("-", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        if parts[0] == boot and str(_proc.stat_starttime_ticks(int(parts[1])) or 0) == parts[2]:
+            continue  # it still runs
+        cleanup(os.path.join(parent, name))
+        gone += 1
+    return gone
 
 
 def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:

@@ -128,18 +128,19 @@ class AgentProcess:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        if wait:
-            # The socket file alone is no proof: an agent killed earlier leaves its file behind.
-            assert wait_for(self._answers, 15), self.log.read_text()
+        if wait:  # listening, not just a socket file (a SIGKILLed agent leaves its own behind)
+            assert wait_for(self._listening, 15), self.log.read_text()
         return self
 
-    def _answers(self) -> bool:
-        if not self.sock.exists():
-            return False
-        try:
-            return "healthy" in self.status()
-        except OSError:
-            return False
+    def _listening(self) -> bool:
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(str(self.sock))
+            except OSError:
+                return False
+        return True
 
     def status(self) -> dict:  # type: ignore[type-arg]
         from infersight.agent.cli import query_status

@@ -287,3 +287,35 @@ def test_children_dir_is_removed_when_the_cold_start_ends(tmp_path) -> None:
                          timeout=60).stdout.split()
     assert out[1] == "True"  # there while the cold start runs
     assert out[0].startswith(str(spool)) and not os.path.exists(out[0])  # gone after it
+
+
+def test_children_dir_of_a_killed_process_is_swept_by_the_next(tmp_path) -> None:
+    """A process killed before its cold start ended leaves its report directory; the next
+    hooked process sweeps those whose producer is gone, and keeps a live one's."""
+    import signal
+    import subprocess
+
+    from conftest import BOOTSTRAP
+
+    from infersight.hooks import _proc, _workers
+
+    spool = tmp_path / "spool"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERSIGHT")}
+    env.update({"PYTHONPATH": str(BOOTSTRAP), "INFERSIGHT_SOCKET": str(tmp_path / "absent.sock"),
+                "INFERSIGHT_SPOOL_DIR": str(spool), "INFERSIGHT_EXIT_FLUSH_S": "0"})
+    script = tmp_path / "main.py"  # a script, not ``python -c`` (a helper: no report directory)
+    script.write_text("import os, time\nprint(os.environ['INFERSIGHT_CHILDREN_DIR'], flush=True)\ntime.sleep(60)\n")
+    killed = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert killed.stdout is not None
+    left = killed.stdout.readline().strip()
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    assert os.path.isdir(left)  # no exit handler removed it
+    live = _workers.children_dir(str(spool), _proc.producer_id())  # this test's own process: alive
+    assert _workers.prepare(live)
+    stale_boot = _workers.children_dir(str(spool), "000000000000-%d-1" % os.getpid())  # before a reboot
+    os.makedirs(stale_boot, mode=0o700)
+    (tmp_path / "next.py").write_text("pass\n")
+    subprocess.run([sys.executable, str(tmp_path / "next.py")], env=env, check=True, timeout=60)
+    assert not os.path.exists(left) and not os.path.exists(stale_boot)
+    assert os.path.isdir(live)

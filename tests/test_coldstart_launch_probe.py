@@ -36,6 +36,28 @@ def test_ready_url_and_probe_hooked(tmp_path) -> None:
     assert_well_formed(root, stages)
 
 
+def test_ready_wait_covers_the_idle_wait_before_a_health_handler_import(tmp_path) -> None:
+    """The server idles between launch's polls; the successful poll's handler imports a
+    module. That import is the request's work: ready_wait still covers the wait before it
+    (it used to start after the import and leave the wait unattributed)."""
+    port = free_port()
+    base = "http://127.0.0.1:%d" % port
+    run = launch(str(tmp_path), [sys.executable, os.path.join(HERE, "ready_server.py"), str(port), "0.4", "lazy"],
+                 "--ready-url", base + "/health", "--probe", base + "/", result=False)
+    assert run.rc == 0, run.output
+    root = [r for r in run.roots() if r.attributes.get("infersight.coldstart.source") != "launcher"][0]
+    stages = sorted(run.stages(root), key=lambda s: s.start_ns)
+    names = [stage_name(s) for s in stages]
+    i = names.index("ready_wait")
+    assert "unattributed" not in names[:i], names  # (after it: the / handler's sleep, no forward)
+    assert (stages[i].end_ns - stages[i].start_ns) / 1e9 >= 0.3  # /health said 503 for 0.4 s
+    lazy = stages[i + 1]
+    assert stage_name(lazy) == "framework_import" and lazy.start_ns >= stages[i].end_ns
+    assert any(p.startswith("slow_import ") for p in lazy.attributes["infersight.import.packages"])
+    assert root.attributes["infersight.coldstart.ready_s"] >= (lazy.end_ns - root.start_ns) / 1e9
+    assert_well_formed(root, stages)
+
+
 def test_ready_url_and_probe_without_hooks(tmp_path) -> None:
     port = free_port()
     base = "http://127.0.0.1:%d" % port

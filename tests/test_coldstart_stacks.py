@@ -168,8 +168,11 @@ def test_uvicorn_two_workers(models: str, tmp_path) -> None:
     sup = main_coldstart(r)
     assert sup.root.attributes["infersight.coldstart.ended_by"] == "workers"
     assert len(sup.workers) >= 1
-    serving = next(cs for cs in served(r) if cs.root.span_id == sup.workers[0].span_id)
-    assert serving.root.attributes["infersight.coldstart.ended_by"] == "first_request"
+    # the worker that served; the other may be killed while still starting (SIGTERM before
+    # uvicorn's handlers): its root, closed by the agent (producer_lost), nests here too
+    workers = {w.span_id for w in sup.workers}
+    serving = next(cs for cs in served(r) if cs.root.span_id in workers
+                   and cs.root.attributes["infersight.coldstart.ended_by"] == "first_request")
     assert {"model_build", "tokenizer_load", "first_request"} <= names(serving)
     check_common(r, sup)  # the supervisor's wait is its workers' cold start
     cov = coverage(serving)

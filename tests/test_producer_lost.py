@@ -54,6 +54,38 @@ def test_killed_producer_gets_its_root_closed_by_the_agent(agent_factory, tmp_pa
     assert agent.stop() == 0
 
 
+def test_killed_worker_root_nests_under_its_parent(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """A worker started by a hooked supervisor (TRACEPARENT) and killed: the root the agent
+    closes for it is a child of the supervisor's span, as its own would have been, not a
+    second top-level cold start (the hello carries the root's parent)."""
+    agent = agent_factory().start()
+    trace, parent = "1" * 32, "2" * 16
+    env = hook_env(agent.sock, agent.spool, TRACEPARENT="00-%s-%s-01" % (trace, parent))
+    proc = subprocess.run([sys.executable, "-c", DIES_IN_A_STAGE, str(int(signal.SIGKILL))], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert wait_for(lambda: [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"], 20)
+    (root,) = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
+    assert attr(root, "infersight.coldstart.ended_by") == "producer_lost"
+    assert root["traceId"] == trace and root.get("parentSpanId") == parent
+    assert agent.stop() == 0
+
+
+def test_own_root_arriving_after_the_agents_is_not_a_second_root() -> None:
+    """A root replayed from a spool file after the agent closed it for the dead producer:
+    one span id, one root (counted)."""
+    a = Assembler("h")
+    p = hello(a)
+    a.events(p, [big_stage(0, 1)])
+    lost = a.producer_lost(p)
+    assert [x for x in lost if getattr(x, "name", "") == "coldstart"]
+    p2 = hello(a)  # the spool file's hello: the same producer
+    assert p2 is p
+    late = a.events(p, [[2, 99, "span", {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3}]])
+    assert not [x for x in late if getattr(x, "name", "") == "coldstart"]
+    assert a.stats()["coldstart_late_roots_of_lost"] == 1
+
+
 def test_live_producer_that_hangs_up_keeps_its_cold_start(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Idle-closed or reconnecting producers are alive: no root is invented for them."""
     agent = agent_factory().start()
@@ -170,3 +202,39 @@ def test_one_peer_cannot_grow_pending_state_past_the_bound(agent_factory) -> Non
         st = agent.status()["assembler"]
         assert 0 < st["pending_bytes"] <= 1 << 20
         assert st["pending_stages_dropped"] >= 180
+
+
+async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tmp_path: Path) -> None:
+    """The producer's connection delivered its stages; its root went to its spool file (the
+    agent was busy at its exit); then it died. The agent reads that spool before deciding:
+    its own root goes out, no producer_lost stand-in."""
+    from infersight.agent import config as cfg
+    from infersight.agent.daemon import Agent
+    from infersight.agent.sinks import build_exporters
+    from infersight.hooks import _wire
+
+    sock, spool = tmp_path / "a.sock", tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
+                                         "exporters.file.path": str(tmp_path / "out.jsonl"), "rules.dirs": [],
+                                         "agent.health_interval_s": 3600.0})
+    agent = Agent(conf, build_exporters(conf, env={}), embedded=True)
+    seen: list = []  # type: ignore[type-arg]
+    agent.router.taps.append(seen.extend)
+    await agent.start()
+    try:
+        info = {"id": "boot-4242-7", "pid": 4242, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}
+        p = agent.ingest._hello({"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": info}, None)
+        assert p is not None
+        stage = {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1, "e": 2}
+        agent.ingest.process_batch(p, [[1, 2, "span", stage]])
+        root = {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3, "a": {"infersight.coldstart.ended_by": "exit"}}
+        (spool / ("%s-0123456789abcdef.spool" % p.id)).write_bytes(
+            _wire.encode_frame({"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": {**info, "acked": 1}})
+            + _wire.encode_frame({"t": "b", "e": [[2, 3, "span", root]]}))
+        agent.ingest._publish_lost(p)
+    finally:
+        await agent.shutdown(10)
+    roots = [x for x in seen if getattr(x, "name", "") == "coldstart"]
+    assert [r.attributes["infersight.coldstart.ended_by"] for r in roots] == ["exit"]
+    assert agent.assembler.roots_closed_for_lost == 0

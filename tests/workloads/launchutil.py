@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,11 +50,20 @@ def launch(tmp: str, argv: list[str], *flags: str, result: bool = True, timeout:
     if result:
         cmd.append(res_path)
     e = dict(os.environ)
-    e.update({"XDG_CACHE_HOME": os.path.join(tmp, "cache"), "INFERSIGHT_MEASURE_STORAGE": "0"})
+    # launch replays the leftover directories of dead launches (same uid) in $TMPDIR into its
+    # output: a test's own TMPDIR keeps other tests' and other runs' leftovers out of it
+    # (short: the socket path must fit AF_UNIX's 108 bytes)
+    tmpdir = os.path.join(tempfile.gettempdir(), "isl-" + hashlib.sha1(tmp.encode()).hexdigest()[:12])
+    os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    e.update({"XDG_CACHE_HOME": os.path.join(tmp, "cache"), "INFERSIGHT_MEASURE_STORAGE": "0", "TMPDIR": tmpdir})
     e.update(env or {})
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=e)
     wall = time.monotonic() - t0
+    try:
+        os.rmdir(tmpdir)  # empty unless launch kept a directory for a later replay
+    except OSError:
+        pass
     with open(otlp, encoding="utf-8") as f:
         spans = spans_from_lines(f.readlines())
     data: dict[str, Any] = {}

@@ -1,7 +1,9 @@
 """A tiny HTTP server for launch --ready-url/--probe: not ready for READY_DELAY_S seconds.
 
-Usage: python ready_server.py PORT [READY_DELAY_S]
+Usage: python ready_server.py PORT [READY_DELAY_S] [lazy]
 /health answers 503 until ready, then 200; / answers after 0.05 s. Exits after serving /.
+With ``lazy``, the first 200 from /health imports a slow module first (as a framework's
+health handler that imports its thread pool on first use).
 """
 
 import http.server
@@ -10,6 +12,7 @@ import time
 
 port = int(sys.argv[1])
 delay = float(sys.argv[2]) if len(sys.argv) > 2 else 0.3
+lazy = sys.argv[3:4] == ["lazy"]
 t0 = time.monotonic()
 done = False
 
@@ -19,6 +22,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         global done
         if self.path == "/health":
             code = 200 if time.monotonic() - t0 >= delay else 503
+            if code == 200 and lazy:
+                import slow_import  # noqa: F401
             body = b"ok" if code == 200 else b"starting"
         else:
             time.sleep(0.05)
