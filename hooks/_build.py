@@ -15,6 +15,7 @@ Construction under ``torch.device("meta")`` (as ``from_pretrained`` does) is a
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -256,6 +257,19 @@ def _install_sentencepiece(mod: Any) -> None:
             _patch(cls, name, _timed("tokenizer_load", cls.__dict__[name], _sp_describe(name), "tokenizer"))
 
 
+def _install_tokenizers(mod: Any) -> None:
+    """``tokenizers.Tokenizer.from_file`` / ``from_pretrained``: staticmethods of a native type
+    that cannot be subclassed, but whose attributes can be replaced."""
+    cls = getattr(mod, "Tokenizer", None)
+    if cls is None:
+        return
+    for name in ("from_file", "from_pretrained"):
+        try:
+            _wrap_classmethod(cls, name, "tokenizers.Tokenizer." + name)
+        except (TypeError, AttributeError):  # a build whose type is immutable: no hook, no fault
+            continue
+
+
 def _sp_describe(name: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]]:
     def describe(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         return {"infersight.tokenizer.api": "sentencepiece." + name}
@@ -273,3 +287,8 @@ def install_hf() -> None:
     cs.on_import("transformers.tokenization_utils_base", _install_tok_base)
     cs.on_import("transformers.models.auto.tokenization_auto", _install_auto("AutoTokenizer"))
     cs.on_import("transformers.models.auto.processing_auto", _install_auto("AutoProcessor"))
+    tok = sys.modules.get("tokenizers")
+    if tok is not None and getattr(tok, "Tokenizer", None) is not None:
+        _install_tokenizers(tok)  # we run from tokenizers' own post-import callback
+    else:
+        cs.on_import("tokenizers", _install_tokenizers)

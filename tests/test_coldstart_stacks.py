@@ -122,6 +122,8 @@ def test_torchscript_and_tokenizers(models: str, tmp_path) -> None:
     check_common(r, cs)  # the stack probes CUDA (current_device) on a CPU build: no cuda_init
     apis = {s.attributes.get("infersight.weights.api") for s in cs.stages if stage_name(s) == "weights_load"}
     assert "torch.jit.load" in apis
+    toks = [s for s in cs.stages if stage_name(s) == "tokenizer_load"]  # the native Tokenizer.from_file
+    assert [s.attributes.get("infersight.tokenizer.api") for s in toks] == ["tokenizers.Tokenizer.from_file"]
 
 
 def test_fastapi_uvicorn(models: str, tmp_path) -> None:
