@@ -39,6 +39,7 @@ from infersight.exporters.base import Exporter
 log = logging.getLogger("infersight.agent")
 EXPORTER_DOWN_UNHEALTHY_S = 120.0
 PROGRESS_TICK_S = 0.2
+SPOOL_SCAN_S = 5.0
 # A reloader validates its part of a new configuration and raises when it is invalid;
 # it changes nothing itself, and returns what to run to apply it (None: nothing to apply).
 Reloader = Callable[[cfg.Config], Callable[[], None] | None]
@@ -244,7 +245,10 @@ class Agent:
         self._notify("READY=1", "STATUS=" + self._status_sent)
 
     async def _periodic(self) -> None:
-        replay_every = 30.0
+        # Spools of producers that died (their lock is free) are picked up within this long: a
+        # directory scan and a lock probe per file, cheap enough to keep a dead producer's last
+        # events from waiting half a minute.
+        replay_every = SPOOL_SCAN_S
         last_replay = time.monotonic()
         while True:
             interval = float(self.config["agent.health_interval_s"])  # reloadable
