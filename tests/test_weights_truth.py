@@ -328,11 +328,22 @@ def test_deferred_reads_are_spanned(styles) -> None:
         assert [s.attributes[W + "deferred_by"] for s in spans] == ["convert"], state
         assert spans[0].attributes[W + "bytes"] == spans[0].attributes[W + "mapped_bytes"]
         assert spans[0].attributes[W + "bytes_per_s"] > 0
+    forwards = 0
     for style in FORWARD:  # evicted files: the forward faults pages in that nothing touched before
         spans = of(run, files[style + "_cold"], deferred=True)
+        if not spans:
+            # Readahead after the lazy load can bring every page in before the forward (this VM
+            # reads ahead 8 MiB, and transformers touches tensors while it loads): then the
+            # forward read nothing and has no span; the lazy load span still began cold.
+            loads = of(run, files[style + "_cold"])
+            assert loads and loads[0].attributes[W + "lazy"] is True, style
+            assert loads[0].attributes[W + "page_cache_ratio"] < 0.5, style
+            continue
+        forwards += 1
         assert [s.attributes[W + "deferred_by"] for s in spans] == ["forward"], style
         a = spans[0].attributes
         assert 0 < a[W + "bytes"] <= a[W + "mapped_bytes"]
+    assert forwards >= 1  # at least one first forward was the read
 
 
 @pytest.mark.slow
