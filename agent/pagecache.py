@@ -9,16 +9,15 @@ and after.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from infersight.hooks import _pagestate
+
 PAGE = mmap.PAGESIZE
-PROT_READ = 1
-MAP_SHARED = 1
 
 
 @dataclass
@@ -31,39 +30,12 @@ class Eviction:
     still_resident: list[str] = field(default_factory=list)  # files with pages left after eviction
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _libc()
-
-
 def resident_pages(fd: int, size: int) -> int:
     """Pages of the file now in the page cache (mincore over a mapping that reads nothing); -1 if unknown."""
     if size == 0:
         return 0
-    if _LIBC is None:
-        return -1
-    addr = _LIBC.mmap(None, size, PROT_READ, MAP_SHARED, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        return -1
-    try:
-        n = (size + PAGE - 1) // PAGE
-        vec = (ctypes.c_ubyte * n)()
-        if _LIBC.mincore(addr, size, vec) != 0:
-            return -1
-        return sum(b & 1 for b in vec)
-    finally:
-        _LIBC.munmap(addr, size)
+    r = _pagestate.resident_pages_fd(fd, size)
+    return -1 if r is None else r[0]
 
 
 def walk_files(paths: Sequence[str]) -> Iterator[str]:

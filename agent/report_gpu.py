@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from infersight.agent.model import AttrValue, HistogramPoint, LogItem, SpanEvent, SpanItem
 from infersight.agent.report_parse import HistSample, Sample, Telemetry
-from infersight.agent.report_views import Oom, human_bytes, num, stage_name
+from infersight.agent.report_views import Mark, Oom, human_bytes, num, stage_name
 
 # -- memory -------------------------------------------------------------------------------
 
@@ -34,20 +34,13 @@ class Series:
 
 
 @dataclass(slots=True)
-class EventMark:
-    t_ns: int
-    label: str
-    title: str
-
-
-@dataclass(slots=True)
 class MemoryChart:
     key: str
     title: str
     series: list[Series]
     limit: float | None
     ooms: list[Oom]
-    events: list[EventMark]
+    events: list[Mark]
 
     def span_ns(self) -> tuple[int, int]:
         times = [t for s in self.series for t, _ in s.points] + [o.log.time_ns for o in self.ooms] + \
@@ -123,11 +116,11 @@ def memory(t: Telemetry, spans: list[SpanItem], oom_list: list[Oom]) -> list[Mem
     return charts
 
 
-def _mem_event(ev: SpanEvent, sp: SpanItem) -> EventMark:
+def _mem_event(ev: SpanEvent, sp: SpanItem) -> Mark:
     nbytes = num(ev.attributes.get("infersight.memory.bytes")) or 0.0
     count = ev.attributes.get("infersight.memory.count")
     label = MEM_EVENTS[ev.name]
-    return EventMark(ev.time_ns, label, "%s: %s x%s during %s%s" % (
+    return Mark(ev.time_ns, label, "%s: %s x%s during %s%s" % (
         label, human_bytes(nbytes), count, stage_name(sp),
         " (approximate: growth between two samples)" if ev.attributes.get("infersight.memory.approx") else ""))
 
@@ -166,7 +159,7 @@ class Interval:
 class Track:
     label: str
     intervals: list[Interval] = field(default_factory=list)
-    events: list[EventMark] = field(default_factory=list)
+    events: list[Mark] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -320,7 +313,7 @@ def _timelines(t: Telemetry, names: dict[str, str]) -> list[DeviceTimeline]:
             tracks.append(ecc)
         logs = dev_logs.get(key, [])
         if logs:
-            tracks.append(Track("events", [], [EventMark(x.time_ns, str(
+            tracks.append(Track("events", [], [Mark(x.time_ns, str(
                 x.attributes.get("infersight.device.event") or x.attributes.get("infersight.device.verdict") or
                 x.severity_text), "%s %s" % (x.severity_text, x.body)) for x in logs]))
         if not tracks and not m:
@@ -399,7 +392,7 @@ def _ecc_track(m: dict[str, list[Sample]]) -> Track:
             for s in sorted(ss, key=lambda s: s.time_ns):
                 if (prev is None and s.value > 0) or (prev is not None and s.value > prev):
                     what = "%s %s".strip() % (name, label)
-                    tr.events.append(EventMark(s.time_ns, "ECC" if "replay" not in name else "PCIe replay",
+                    tr.events.append(Mark(s.time_ns, "ECC" if "replay" not in name else "PCIe replay",
                                                "%s: %g (was %s)" % (what.strip(), s.value,
                                                                     "%g" % prev if prev is not None else "-")))
                 prev = s.value

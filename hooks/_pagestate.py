@@ -94,9 +94,18 @@ def resident_pages(path: str) -> Optional[Tuple[int, int]]:
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
-        if size <= 0:
-            return None
+        return resident_pages_fd(fd, os.fstat(fd).st_size)
+    except Exception:
+        return None
+    finally:
+        os.close(fd)
+
+
+def resident_pages_fd(fd: int, size: int) -> Optional[Tuple[int, int]]:
+    """``resident_pages`` of an open file of ``size`` bytes (None when it cannot be told)."""
+    if size <= 0:
+        return None
+    try:
         libc, ctypes = _load_libc()
         addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED: touches nothing
         if addr is None or addr == ctypes.c_void_p(-1).value:
@@ -116,8 +125,6 @@ def resident_pages(path: str) -> Optional[Tuple[int, int]]:
             libc.munmap(addr, size)
     except Exception:
         return None
-    finally:
-        os.close(fd)
 
 
 def page_cache_ratio(paths: Sequence[str]) -> Optional[float]:
