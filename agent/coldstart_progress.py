@@ -110,7 +110,6 @@ class ProgressTracker:
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
-        self.ended: list[Warming] = []  # ended since the last tick
         self.sent: dict[str, tuple[int, Resource, int]] = {}  # service -> (last sent, resource, pid)
         self.recorded = 0
         self.record_errors = 0
@@ -132,8 +131,7 @@ class ProgressTracker:
         service = str(resource.get("service.name") or "unknown_service")
         pid_v = resource.get("process.pid")
         pid = int(pid_v) if isinstance(pid_v, int) else 0
-        command = cmdline_of(pid, self.proc_root) if pid else None
-        key = ch.service_key(service, command or [str(resource.get("process.command") or "")])
+        key = self._key_of(resource, service)
         info = self.producer_info(producer) or {}
         start = int(info.get("start_ns") or span.start_ns)
         w = Warming(producer, resource, service, pid, key, start, self._live_cache(key))
@@ -176,12 +174,10 @@ class ProgressTracker:
     def _finished(self, cs: ColdStart) -> None:
         producer = cs.root.origin.producer if cs.root.origin else None
         w = self.warming.pop(producer, None) if producer else None
-        if w is not None:
-            self.ended.append(w)
         if cs.root.attributes.get("infersight.process.role") == "helper" or (w is not None and w.helper):
             return
         service = str(cs.root.resource.get("service.name") or "unknown_service")
-        key = w.key if w is not None else self._key_of(cs.root, service)
+        key = w.key if w is not None else self._key_of(cs.root.resource, service)
         run = run_of(cs)
         self.history.add(key, run)
         self.weights_of[key] = weights_paths(cs.stages)
@@ -200,10 +196,11 @@ class ProgressTracker:
                 if self.record_errors == 1:
                     log.warning("cannot write the cold-start history %s: %s", self.history_path, e)
 
-    def _key_of(self, root: SpanItem, service: str) -> str:
-        pid_v = root.resource.get("process.pid")
-        command = cmdline_of(pid_v, self.proc_root) if isinstance(pid_v, int) else None
-        return ch.service_key(service, command or [str(root.resource.get("process.command") or "")])
+    def _key_of(self, resource: Resource, service: str) -> str:
+        """The history key: the service and its command line (``argv0`` when /proc says nothing)."""
+        pid_v = resource.get("process.pid")
+        command = cmdline_of(pid_v, self.proc_root) if isinstance(pid_v, int) and pid_v else None
+        return ch.service_key(service, command or [str(resource.get("process.command") or "")])
 
     # -- output --------------------------------------------------------------------------
 
@@ -239,7 +236,6 @@ class ProgressTracker:
         more, one update with ``state=None`` clears it.
         """
         now = self.clock() if now_ns is None else now_ns
-        self.ended.clear()
         for producer, w in list(self.warming.items()):
             if now - max(w.last_event_ns, w.start_ns) > MAX_AGE_NS:
                 del self.warming[producer]
@@ -267,15 +263,8 @@ class ProgressTracker:
         return out
 
     def end_all(self) -> None:
-        """The agent stops: every cold start still shown as warming ends (and is cleared)."""
-        self.ended.extend(self.warming.values())
+        """The agent stops: nothing warms any more; the next tick clears what was shown."""
         self.warming.clear()
-
-    def producer_gone(self, producer: str) -> None:
-        """A producer left before its root arrived: stop showing it as warming."""
-        w = self.warming.pop(producer, None)
-        if w is not None:
-            self.ended.append(w)
 
 
 def history_path_from(state_dir: str | None) -> str | None:
