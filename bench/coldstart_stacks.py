@@ -38,7 +38,7 @@ STACKS_PY = os.path.join(WORKLOADS, "stacks.py")
 INFERSIGHT = os.path.join(os.path.dirname(sys.executable), "infersight")
 sys.path.insert(0, os.path.dirname(ROOT))
 
-from infersight.agent.show import coldstarts, spans_from_lines  # noqa: E402
+from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
 from infersight.exporters.waterfall import coverage, is_helper  # noqa: E402
 
 DEFAULT = ["pipeline", "causal_lm", "meta_load_file", "torch_load_mmap", "torchscript", "fastapi", "workers"]

@@ -29,10 +29,10 @@ SCENARIO = "count %d\n" + "".join("%d name FAKE NVIDIA H100 80GB HBM3 (fake_nvml
 
 
 def measure(minutes: float, export_interval_s: float) -> dict[str, float]:
-    from infersight.agent.device_metrics import RecordedSamples, device_metrics
-    from infersight.agent.model import Resource
-    from infersight.agent.nvml import Nvml
+    from infersight.agent.devices.metrics import RecordedSamples, device_metrics
+    from infersight.agent.devices.nvml import Nvml
     from infersight.exporters.otlp_json import encode_lines
+    from infersight.telemetry import Resource
 
     res = Resource.of({"host.name": "node-1", "service.name": "infersight-agent",
                        "service.instance.id": "node-1-agent"})

@@ -83,7 +83,7 @@ def evict(directory: str) -> int:
 
 
 def status(sock: str) -> dict:  # type: ignore[type-arg]
-    from infersight.agent.cli import query_status
+    from infersight.agent.commands.status import query_status
 
     try:
         return query_status(sock, 1.0)

@@ -18,7 +18,7 @@ root=$(pwd)
 PY=${PYTHON:-python3}
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
-if ! "$PY" -c 'import infersight.agent.nvml' 2>/dev/null; then
+if ! "$PY" -c 'import infersight.agent.devices.nvml' 2>/dev/null; then
   mkdir -p "$tree/infersight"
   cp infersight/__init__.py infersight/__main__.py "$tree/infersight/"
   for d in agent hooks exporters rules; do ln -s "$root/$d" "$tree/infersight/$d"; done
@@ -36,7 +36,7 @@ timeout 300 "$PY" bench/gpu_check_oom.py || rc=1
 echo "== 3a. NVML: one sample per device"
 timeout 60 "$PY" - <<'PYEOF' || rc=1
 import dataclasses, json
-from infersight.agent.nvml import Nvml
+from infersight.agent.devices.nvml import Nvml
 nv = Nvml()
 st = nv.status()
 print(json.dumps(dataclasses.asdict(st)))

@@ -21,7 +21,7 @@ export PYTHONWARNINGS=ignore
 "$PY" -c 'import torch, sys; ok = torch.cuda.is_available(); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", ok); sys.exit(0 if ok else 3)' \
   || { echo "gpu_check: no CUDA device visible to torch" >&2; exit 1; }
 
-if command -v infersight >/dev/null 2>&1 && "$PY" -c 'import infersight.agent.launch' 2>/dev/null; then
+if command -v infersight >/dev/null 2>&1 && "$PY" -c 'import infersight.agent.commands.launch' 2>/dev/null; then
   echo "gpu_check: mode launch"
   INFERSIGHT_MEASURE_STORAGE=1 infersight launch --otlp-file "$work/gpu.otlp.jsonl" -- \
     "$PY" tests/workloads/coldstart_gpu.py "$work"

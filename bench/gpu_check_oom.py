@@ -77,9 +77,9 @@ class Recorder:
 
 def classify_events(events: list[tuple[str, dict[str, Any]]], nvml: Any) -> list[dict[str, Any]]:
     """Feed recorded ``oom`` events to the agent's handlers; one dict per exported verdict."""
-    from infersight.agent import oom_kind
-    from infersight.agent.assemble import Assembler
-    from infersight.agent.model import LogItem
+    from infersight.agent.daemon.assemble import Assembler
+    from infersight.agent.oom import kind as oom_kind
+    from infersight.telemetry import LogItem
 
     h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml)
     asm = Assembler("gpu-check", {"oom": h.oom, "mem": h.mem})
@@ -103,7 +103,7 @@ def classify_events(events: list[tuple[str, dict[str, Any]]], nvml: Any) -> list
 
 def _nvml() -> Any:
     try:
-        from infersight.agent.nvml import Nvml
+        from infersight.agent.devices.nvml import Nvml
 
         n = Nvml()
         return n if n.status().available else None

@@ -54,8 +54,8 @@ while True:  # wait for the final ack
 
 
 async def run(n: int) -> dict[str, float]:
-    from infersight.agent import config as cfg
-    from infersight.agent.daemon import Agent
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
     from infersight.exporters.file import FileExporter
 
     d = tempfile.mkdtemp()

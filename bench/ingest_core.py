@@ -15,9 +15,9 @@ import sys
 import time
 from collections import deque
 
-from infersight.agent.assemble import Assembler
-from infersight.agent.health import Counters
-from infersight.agent.ingest import Ingest
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.health import Counters
+from infersight.agent.daemon.ingest import Ingest
 from infersight.exporters.otlp_json import encode_lines
 from infersight.hooks import _wire
 
@@ -76,9 +76,9 @@ def spilled_vs_direct(ingest: Ingest, frames: list[bytes]) -> dict[str, float]:
     back, against the same items encoded directly (issue 13: at most 1.3x)."""
     import tempfile
 
-    from infersight.agent.spool import DiskSpool
+    from infersight.agent.daemon.spool import DiskSpool
 
-    sink = ingest.router
+    sink = ingest.broadcaster
     producer = ingest.assembler.hello({**HELLO, "id": "p2", "pid": 2})  # fresh sequence numbers
     items = []
     for f in frames:

@@ -141,7 +141,7 @@ def main() -> int:
         otlp = os.path.join(tmp, "o.jsonl")
         launch_argv = [cli, "launch", "--no-console", "--otlp-file", otlp, "--", *plain_argv]
         # The hooks alone, without launch: bootstrap on PYTHONPATH, no agent (they spool).
-        from infersight.agent.launch import bootstrap_dir
+        from infersight.agent.commands.launch import bootstrap_dir
 
         hooks_env = {"PYTHONPATH": bootstrap_dir(), "INFERSIGHT_SOCKET": os.path.join(tmp, "absent.sock"),
                      "INFERSIGHT_SPOOL_DIR": os.path.join(tmp, "hook-spool")}

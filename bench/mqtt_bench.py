@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import aiomqtt
 from mosquitto import Mosquitto
 
-from infersight.agent.model import LogItem, Origin, Resource
-from infersight.agent.pipeline import Completion, ExporterWorker
-from infersight.agent.spool import DiskSpool
+from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.mqtt import MqttExporter
 from infersight.exporters.mqtt_payload import Topics, encode_batch
+from infersight.telemetry import LogItem, Origin, Resource
 
 INFLIGHT = 100
 RES = Resource.of({"host.name": "bench", "service.name": "svc", "service.instance.id": "bench-producer",

@@ -40,15 +40,15 @@ GIB = 1 << 30
 
 AGENT = r"""
 import asyncio, logging, sys
-from infersight.agent import config as cfg
-from infersight.agent import oom_kind
-from infersight.agent.daemon import Agent
-from infersight.agent.sinks import build_exporters
+from infersight.agent.daemon import config as cfg
+from infersight.agent.oom import kind as oom_kind
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.commands.compose import build_exporters
 conf = cfg.load(sys.argv[1], require_file=True)
 logging.basicConfig(level="WARNING")
 nvml = None
 try:
-    from infersight.agent.nvml import Nvml
+    from infersight.agent.devices.nvml import Nvml
     n = Nvml()
     nvml = n if n.status().available else None
 except Exception:

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from infersight.agent.cli import query_status
+from infersight.agent.commands.status import query_status
 from infersight.hooks import _paths
 
 Scope = MutableMapping[str, Any]

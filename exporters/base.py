@@ -1,6 +1,6 @@
 """The one small protocol every sink implements.
 
-An exporter receives batches of :mod:`infersight.agent.model` items. ``export`` raises
+An exporter receives batches of :mod:`infersight.telemetry` items. ``export`` raises
 :class:`ExportError` when the peer is away or refuses; the agent's exporter worker then
 retries with backoff and spools to disk, so an exporter holds no retry logic of its own.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from infersight.agent.model import Item
+from infersight.telemetry import Item
 
 
 class ExportError(Exception):

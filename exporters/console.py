@@ -7,8 +7,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TextIO
 
-from infersight.agent.model import ColdStart, ColdStartProgress, Item
 from infersight.exporters.waterfall import is_helper, render_waterfall
+from infersight.telemetry import ColdStart, ColdStartProgress, Item
 
 KEEP_COLDSTARTS = 64
 

@@ -7,9 +7,9 @@ import logging
 import os
 from collections.abc import Sequence
 
-from infersight.agent.model import Item
 from infersight.exporters.base import ExportError
 from infersight.exporters.otlp_json import encode_lines
+from infersight.telemetry import Item
 
 log = logging.getLogger("infersight.exporters.file")
 INLINE_BYTES = 64 << 10  # smaller writes stay on the event loop

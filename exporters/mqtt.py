@@ -9,7 +9,7 @@ status topic and the birth message; its last will is ``offline`` (retained).
 ``export()`` publishes every message of a batch at the configured QoS and returns once the
 broker acknowledged them all (PUBACK for QoS 1). While the connection is down, or if it drops
 before every acknowledgement came back, it raises :class:`ExportError`: the agent's
-:class:`~infersight.agent.pipeline.ExporterWorker` then spools the batch to disk and replays it
+:class:`~infersight.agent.daemon.broadcast.ExporterWorker` then spools the batch to disk and replays it
 in order once we are back. A batch that failed half way is published again as a whole, so
 delivery is **at least once**; subscribers dedupe on ``(producer, seq)`` of the payload.
 
@@ -48,14 +48,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from infersight import __version__
-from infersight.agent.config import Config, ConfigError, Key, section_settings, setting
-from infersight.agent.config import parse_bool as _p_bool
-from infersight.agent.config import parse_int as _p_int
-from infersight.agent.config import parse_nonneg_float as _p_nonneg_float
-from infersight.agent.config import parse_nonneg_int as _p_nonneg_int
-from infersight.agent.config import parse_pos_float as _p_pos_float
-from infersight.agent.model import ColdStartProgress, Item, MetricItem
-from infersight.agent.redact import mask_url
+from infersight.agent.daemon.config import Config, ConfigError, Key, section_settings, setting
+from infersight.agent.daemon.config import parse_bool as _p_bool
+from infersight.agent.daemon.config import parse_int as _p_int
+from infersight.agent.daemon.config import parse_nonneg_float as _p_nonneg_float
+from infersight.agent.daemon.config import parse_nonneg_int as _p_nonneg_int
+from infersight.agent.daemon.config import parse_pos_float as _p_pos_float
 from infersight.exporters.base import ExportError
 from infersight.exporters.mqtt_payload import (
     OFFLINE,
@@ -67,6 +65,8 @@ from infersight.exporters.mqtt_payload import (
     encode_batch,
     validate_prefix,
 )
+from infersight.redact import mask_url
+from infersight.telemetry import ColdStartProgress, Item, MetricItem
 
 log = logging.getLogger("infersight.exporters.mqtt")
 ENCODE_CHUNK_ITEMS = 256  # a large batch is encoded this many items at a time, while publishing

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.agent.coldstart_metrics import ended_by, stage_durations
-from infersight.agent.model import (
+from infersight.agent.coldstart.metrics import ended_by, stage_durations
+from infersight.telemetry import (
     Attributes,
     ColdStart,
     ColdStartProgress,

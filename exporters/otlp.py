@@ -3,7 +3,7 @@
 Our items become SDK objects (``ReadableSpan``, ``ReadableLogRecord``, ``MetricsData``) and go
 straight to each signal's SDK exporter ``export()``, in a thread. No ``BatchSpanProcessor``
 (it drops silently in bursts): batching, retries with backoff and the disk spool belong to
-the agent's :class:`~infersight.agent.pipeline.ExporterWorker`. A failed export raises
+the agent's :class:`~infersight.agent.daemon.broadcast.ExporterWorker`. A failed export raises
 :class:`~infersight.exporters.base.ExportError` (retryable).
 
 Configuration follows the standard ``OTEL_*`` variables:
@@ -42,7 +42,8 @@ from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from infersight import __version__
-from infersight.agent.model import (
+from infersight.exporters.base import ExportError
+from infersight.telemetry import (
     ColdStart,
     HistogramPoint,
     Item,
@@ -52,7 +53,6 @@ from infersight.agent.model import (
     Resource,
     SpanItem,
 )
-from infersight.exporters.base import ExportError
 
 log = logging.getLogger("infersight.exporters.otlp")
 

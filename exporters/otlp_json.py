@@ -17,7 +17,7 @@ from json.encoder import encode_basestring_ascii as q  # type: ignore[attr-defin
 from typing import TypeVar
 
 from infersight import __version__
-from infersight.agent.model import (
+from infersight.telemetry import (
     Attributes,
     AttrValue,
     HistogramPoint,

@@ -1,12 +1,12 @@
 """Prometheus scrape endpoint: the latest value of every series the agent exported.
 
 A pull exporter. ``export()`` only records, per (metric, label set), the newest value of the
-:class:`~infersight.agent.model.MetricItem` points it receives; a custom prometheus-client
+:class:`~infersight.telemetry.MetricItem` points it receives; a custom prometheus-client
 collector renders them when Prometheus scrapes ``/metrics``. ``export()`` never raises, so
 nothing is spooled for this sink: a scrape always sees the present, not a replayed past.
 
 OTel -> Prometheus translation (the same rules as
-:func:`infersight.agent.device_metrics.prometheus_name`, i.e. the Collector's translator):
+:func:`infersight.agent.devices.metrics.prometheus_name`, i.e. the Collector's translator):
 
 - metric names: dots (and anything else outside ``[a-zA-Z0-9_:]``) become ``_``; a UCUM unit
   becomes a suffix (``s`` -> ``_seconds``, ``By`` -> ``_bytes``, ``MHz`` -> ``_megahertz``...);
@@ -52,12 +52,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from infersight.agent.config import Config, Key, section_settings
-from infersight.agent.config import parse_bool as _p_bool
-from infersight.agent.config import parse_int as _p_int
-from infersight.agent.device_metrics import MetricSpec, prometheus_name
-from infersight.agent.model import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
+from infersight.agent.daemon.config import Config, Key, section_settings
+from infersight.agent.daemon.config import parse_bool as _p_bool
+from infersight.agent.daemon.config import parse_int as _p_int
+from infersight.agent.devices.metrics import MetricSpec, prometheus_name
 from infersight.exporters.base import ExportError
+from infersight.telemetry import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
 
 log = logging.getLogger("infersight.exporters.prometheus")
 

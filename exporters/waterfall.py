@@ -11,9 +11,9 @@ the three biggest top-level stages.
 
 from __future__ import annotations
 
-from infersight.agent.assemble import union_ns
-from infersight.agent.model import ColdStart, SpanItem
+from infersight.agent.daemon.assemble import union_ns
 from infersight.exporters.weights_note import weights_note
+from infersight.telemetry import ColdStart, SpanItem
 
 
 def _human_bytes(n: float) -> str:

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from infersight.agent.nvml import THROTTLE_REASON_NAMES
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -21,6 +19,22 @@ else:  # pragma: no cover
 
 ENGINE_VERSION = 1
 DEFAULT_PATH = Path(__file__).with_name("devices.toml")
+
+# nvml.h nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*).
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x001, "gpu_idle"),
+    (0x002, "applications_clocks_setting"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"),
+    (0x080, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+    (0x200, "board_limit"),
+    (0x400, "reliability"),
+)
+THROTTLE_REASON_NAMES: tuple[str, ...] = tuple(name for _, name in THROTTLE_REASONS)
 
 # In priority order: the first that applies is a slow device's cause.
 CAUSES = (

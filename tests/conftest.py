@@ -143,7 +143,7 @@ class AgentProcess:
         return True
 
     def status(self) -> dict:  # type: ignore[type-arg]
-        from infersight.agent.cli import query_status
+        from infersight.agent.commands.status import query_status
 
         return query_status(str(self.sock))
 

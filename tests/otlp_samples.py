@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from infersight.agent.model import (
+from infersight.telemetry import (
     HistogramPoint,
     LogItem,
     MetricItem,

@@ -14,14 +14,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from infersight.agent import oom_kind
-from infersight.agent.assemble import Assembler
-from infersight.agent.device_metrics import device_metrics
-from infersight.agent.devices_job import DeviceJob, _event_log
-from infersight.agent.model import Item, Resource
-from infersight.agent.nvml import DeviceEvent, DeviceSample
-from infersight.agent.requests_kind import RequestStats
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.devices.job import DeviceJob, _event_log
+from infersight.agent.devices.metrics import device_metrics
+from infersight.agent.devices.nvml import DeviceEvent, DeviceSample
+from infersight.agent.oom import kind as oom_kind
+from infersight.agent.requests.kind import RequestStats
 from infersight.exporters.otlp_json import encode_lines
+from infersight.telemetry import Item, Resource
 
 GIB = 1 << 30
 MIB = 1 << 20

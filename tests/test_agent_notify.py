@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from infersight.agent import config as cfg
-from infersight.agent.daemon import Agent
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.lifecycle import Agent
 
 WATCHDOG_USEC = 200_000  # pings every 0.1 s
 

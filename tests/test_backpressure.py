@@ -14,13 +14,13 @@ from pathlib import Path
 
 from conftest import log_records, read_otlp_lines
 
-from infersight.agent import config as cfg
-from infersight.agent.daemon import Agent
-from infersight.agent.model import Item, LogItem, Origin, Resource
-from infersight.agent.pipeline import ExporterWorker, Router
-from infersight.agent.spool import DiskSpool
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.file import FileExporter
 from infersight.exporters.otlp_json import encode_lines
+from infersight.telemetry import Item, LogItem, Origin, Resource
 
 RES = Resource.of({"service.name": "t", "process.pid": 7})
 
@@ -51,7 +51,7 @@ async def test_a_full_queue_with_a_healthy_exporter_pushes_back_and_spills_nothi
     await exporter.start()
     worker = ExporterWorker(exporter, DiskSpool(str(tmp_path / "spool")), queue_max_items=1000, max_batch_items=300)
     exporter.worker = worker
-    router = Router([worker])
+    broadcaster = Broadcaster([worker])
     worker.start()
     done = 0
 
@@ -61,10 +61,10 @@ async def test_a_full_queue_with_a_healthy_exporter_pushes_back_and_spills_nothi
 
     congested_seen = False
     for b in range(40):  # a producer loop that honours the push-back, as the ingest does
-        if router.congested:
+        if broadcaster.congested:
             congested_seen = True
-            await router.wait_ready()
-        router.publish(logs(b * 100, 100), one)
+            await broadcaster.wait_ready()
+        broadcaster.publish(logs(b * 100, 100), one)
     assert await worker.drain(30)
     await exporter.shutdown()
     assert congested_seen and worker.pushbacks > 0, "the queue filled: the test exercises push-back"
@@ -79,16 +79,16 @@ async def test_an_unreachable_exporter_still_spills_when_full(tmp_path: Path) ->
     exporter = FileExporter("/dev/full")  # every write fails with ENOSPC: the destination is away
     await exporter.start()
     worker = ExporterWorker(exporter, DiskSpool(str(tmp_path / "spool")), queue_max_items=500, max_batch_items=100)
-    router = Router([worker])
+    broadcaster = Broadcaster([worker])
     worker.start()
     for b in range(20):
-        router.publish(logs(b * 100, 100))
+        broadcaster.publish(logs(b * 100, 100))
         await asyncio.sleep(0)
     for _ in range(200):
         if not worker.queue:
             break
         await asyncio.sleep(0.02)
-    assert not router.congested, "an unreachable exporter does not hold producers back"
+    assert not broadcaster.congested, "an unreachable exporter does not hold producers back"
     assert worker.spilled_items == 2000 - worker.exported_items and worker.spilled_items > 0
     await worker.drain(0.5)
 

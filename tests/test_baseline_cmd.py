@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from infersight.agent import baseline_cmd
+from infersight.agent.commands import baseline as baseline_cmd
 
 KEYS = {"device", "hw_id", "name", "p50_s", "p99_s", "coefficient", "verdict", "cause"}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import classify_cmd
-from infersight.agent.classify_cmd import main
+from infersight.agent.commands import classify as classify_cmd
+from infersight.agent.commands.classify import main
 
 FRAG = (
     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a "

@@ -9,8 +9,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from infersight.agent.itemcodec import from_dict, to_dict
-from infersight.agent.model import (
+from infersight.agent.daemon.itemcodec import from_dict, to_dict
+from infersight.exporters.otlp_json import encode_lines
+from infersight.hooks import _wire
+from infersight.telemetry import (
     ColdStart,
     HistogramPoint,
     LogItem,
@@ -21,8 +23,6 @@ from infersight.agent.model import (
     SpanEvent,
     SpanItem,
 )
-from infersight.exporters.otlp_json import encode_lines
-from infersight.hooks import _wire
 
 RES = Resource.of({"service.name": "svc", "process.pid": 42, "host.name": "h"})
 

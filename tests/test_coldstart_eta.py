@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import coldstart_history as ch
-from infersight.agent.coldstart_eta import Run, expected_order, predict
+from infersight.agent.coldstart import history as ch
+from infersight.agent.coldstart.eta import Run, expected_order, predict
 
 
 def run(total: float, cache: str = "weights=warm,compile=none", gap: float = 0.0, **stages: float) -> Run:

@@ -199,9 +199,9 @@ async def test_agent_republishes_a_quiet_service(tmp_path: Path) -> None:
     import asyncio
     import time
 
-    from infersight.agent import config as cfg
-    from infersight.agent.daemon import Agent
-    from infersight.agent.model import ColdStart, Resource, SpanItem
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
+    from infersight.telemetry import ColdStart, Resource, SpanItem
 
     conf = cfg.load(None, env={}, flags={
         "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),

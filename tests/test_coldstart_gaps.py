@@ -14,10 +14,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workloads"))
 from launchutil import LaunchRun, assert_well_formed, launch, stage_name  # noqa: E402
 
-from infersight.agent.model import ColdStart, Resource, SpanItem  # noqa: E402
-from infersight.agent.show import coldstarts  # noqa: E402
+from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import coverage, render_waterfall  # noqa: E402
 from infersight.hooks import _proc, _sampler  # noqa: E402
+from infersight.telemetry import ColdStart, Resource, SpanItem  # noqa: E402
 
 # Two packages of our own: ``alpha`` sleeps at import and imports ``beta`` (which sleeps too),
 # so the breakdown has both; ``loader_app`` opens a user stage inside its own import.

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from infersight.agent.coldstart_metrics import (
+from infersight.agent.coldstart.metrics import (
     COUNT,
     DURATION,
     DURATION_BOUNDS_S,
@@ -24,10 +24,10 @@ from infersight.agent.coldstart_metrics import (
     stage_durations,
     weights_throughput,
 )
-from infersight.agent.model import ColdStart, HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
 from infersight.exporters.mqtt_payload import Topics, decode, encode_batch
 from infersight.exporters.otlp_json import encode_lines
 from infersight.exporters.prometheus_endpoint import SeriesStore, metric_name
+from infersight.telemetry import ColdStart, HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
 
 ROOT = Path(__file__).resolve().parent.parent
 S = 1_000_000_000
@@ -209,7 +209,7 @@ def test_prometheus_names_labels_and_buckets() -> None:
 
 
 def test_rate_units_are_named_as_the_collector_names_them() -> None:
-    from infersight.agent.device_metrics import MetricSpec, prometheus_name
+    from infersight.agent.devices.metrics import MetricSpec, prometheus_name
 
     assert prometheus_name(MetricSpec("disk.read", "gauge", "By/s", "")) == "disk_read_bytes_per_second"
     assert prometheus_name(MetricSpec("load.bytes.rate", "gauge", "By/s", "")) == "load_bytes_rate_per_second"
@@ -301,7 +301,7 @@ def test_reference_table_in_readme_is_current() -> None:
 
 def test_module_prints_the_table() -> None:
     out: list[str] = []
-    from infersight.agent import coldstart_metrics
+    from infersight.agent.coldstart import metrics as coldstart_metrics
 
     coldstart_metrics._main(out.append)
     assert out == [render_reference_markdown().rstrip("\n")]
@@ -309,7 +309,7 @@ def test_module_prints_the_table() -> None:
 
 def test_items_survive_the_exporter_spool_codec() -> None:
     """An exporter whose peer is away spools these items; they must come back equal."""
-    from infersight.agent import itemcodec
+    from infersight.agent.daemon import itemcodec
 
     _, items = _items()
     back = [itemcodec.from_dict(json.loads(json.dumps(itemcodec.to_dict(m)))) for m in items]

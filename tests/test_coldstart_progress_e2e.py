@@ -24,7 +24,7 @@ import pytest
 from conftest import free_port, hook_env, wait_for
 from mosquitto import Collector, Mosquitto, retained, running_broker
 
-from infersight.agent import coldstart_history as ch
+from infersight.agent.coldstart import history as ch
 
 WORKLOAD = """
 import os, sys, time

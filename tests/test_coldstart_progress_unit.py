@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from infersight.agent.assemble import Assembler
-from infersight.agent.coldstart_progress import ProgressTracker
-from infersight.agent.model import ColdStartProgress, Resource
+from infersight.agent.coldstart.progress import ProgressTracker
+from infersight.agent.daemon.assemble import Assembler
 from infersight.exporters.mqtt_payload import Topics, encode_batch
+from infersight.telemetry import ColdStartProgress, Resource
 
 S = 1_000_000_000
 

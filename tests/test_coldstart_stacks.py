@@ -17,9 +17,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workloads"))
 from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
 
-from infersight.agent.model import ColdStart  # noqa: E402
-from infersight.agent.show import coldstarts  # noqa: E402
+from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import coverage, is_helper  # noqa: E402
+from infersight.telemetry import ColdStart  # noqa: E402
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from infersight.agent import storage_ceiling
-from infersight.agent.model import ColdStart, Resource, SpanItem
-from infersight.agent.show import show_file
+from infersight.agent.coldstart import storage_ceiling
+from infersight.agent.commands.show import show_file
 from infersight.exporters.waterfall import render_waterfall
+from infersight.telemetry import ColdStart, Resource, SpanItem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOOK_FILES = sorted(

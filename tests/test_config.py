@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import config as cfg
+from infersight.agent.daemon import config as cfg
 
 
 def write(tmp_path: Path, text: str) -> Path:

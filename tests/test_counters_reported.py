@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from infersight.agent import requests_kind
-from infersight.agent.health import Counters, health_metrics
-from infersight.agent.model import LogItem, Resource
-from infersight.agent.pipeline import ExporterWorker
-from infersight.agent.requests_kind import ReqEvent, RequestStats
-from infersight.agent.sequence import MAX_GAPS
-from infersight.agent.spool import REC, DiskSpool
+from infersight.agent.daemon.broadcast import ExporterWorker
+from infersight.agent.daemon.health import Counters, health_metrics
+from infersight.agent.daemon.sequence import MAX_GAPS
+from infersight.agent.daemon.spool import REC, DiskSpool
+from infersight.agent.requests import kind as requests_kind
+from infersight.agent.requests.kind import ReqEvent, RequestStats
 from infersight.exporters.file import FileExporter
 from infersight.hooks import _wire
+from infersight.telemetry import LogItem, Resource
 
 RES = Resource.of({"service.name": "counters"})
 

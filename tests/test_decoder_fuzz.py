@@ -8,10 +8,10 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infersight.agent.assemble import Assembler
-from infersight.agent.health import Counters
-from infersight.agent.ingest import Ingest
-from infersight.agent.pipeline import Router
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.broadcast import Broadcaster
+from infersight.agent.daemon.health import Counters
+from infersight.agent.daemon.ingest import Ingest
 from infersight.hooks import _wire
 
 HELLO = {"id": "p1", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}
@@ -25,7 +25,7 @@ json_values = st.recursive(
 
 def make() -> tuple[Ingest, Counters]:
     counters = Counters()
-    ingest = Ingest(Assembler("h"), Router([]), counters, {0}, {0}, dict)
+    ingest = Ingest(Assembler("h"), Broadcaster([]), counters, {0}, {0}, dict)
     return ingest, counters
 
 

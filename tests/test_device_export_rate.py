@@ -11,13 +11,13 @@ from conftest import read_otlp_lines
 from devices_agent_runner import metric_points, value
 from test_prometheus_exporter import scrape
 
-from infersight.agent.device_metrics import RecordedSamples, device_metrics
-from infersight.agent.devices_job import DeviceJob
-from infersight.agent.model import Resource
-from infersight.agent.nvml import DeviceSample, NvmlStatus
-from infersight.agent.pipeline import ExporterWorker, Router
+from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
+from infersight.agent.devices.job import DeviceJob
+from infersight.agent.devices.metrics import RecordedSamples, device_metrics
+from infersight.agent.devices.nvml import DeviceSample, NvmlStatus
 from infersight.exporters.file import FileExporter
 from infersight.exporters.prometheus_endpoint import PrometheusExporter
+from infersight.telemetry import Resource
 
 RES = Resource.of({"host.name": "node-1", "service.name": "infersight-agent"})
 S = 1_000_000_000
@@ -76,8 +76,8 @@ class FakeNvml:
 
 
 class _Agent:
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, broadcaster: Broadcaster) -> None:
+        self.broadcaster = broadcaster
         self.resource = RES
 
 
@@ -91,7 +91,7 @@ async def test_file_gets_unchanged_samples_once_prometheus_the_live_value(tmp_pa
     nvml = FakeNvml()
     job = DeviceJob(nvml=nvml, export_interval_s=3600)  # type: ignore[arg-type]
     job.status = NvmlStatus(True, device_count=1)
-    job._agent = _Agent(Router(workers))
+    job._agent = _Agent(Broadcaster(workers))
     for i in range(20):
         nvml.util = 10 + i  # a busy GPU: the utilization moves every sample
         await job.tick()

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infersight.agent.device_metrics import (
+from infersight.agent.devices.metrics import (
     METRICS,
     SPECS,
     device_metrics,
     prometheus_name,
     render_reference_markdown,
 )
-from infersight.agent.model import Resource
-from infersight.agent.nvml import DeviceSample
+from infersight.agent.devices.nvml import DeviceSample
+from infersight.telemetry import Resource
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from conftest import attr, hook_env, log_records, read_otlp_lines, wait_for
 
-from infersight.agent import config as cfg
-from infersight.agent.assemble import Malformed
-from infersight.agent.devices_job import DeviceJob, parse_config
-from infersight.agent.heterogeneity import SeriesKey
-from infersight.agent.model import Resource
-from infersight.agent.requests_kind import DURATION, DURATION_BOUNDS, TTFT, NvmlDevice, RequestStats, parse_req
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.assemble import Malformed
+from infersight.agent.devices.heterogeneity import SeriesKey
+from infersight.agent.devices.job import DeviceJob, parse_config
+from infersight.agent.requests.kind import DURATION, DURATION_BOUNDS, TTFT, NvmlDevice, RequestStats, parse_req
+from infersight.telemetry import Resource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from devices_agent_runner import metric_points, start_agent, value  # noqa: E402
@@ -118,7 +118,7 @@ def run(fake_libdir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         assert "flushed True" in child.stdout, child.stdout + child.stderr
         out = root / "out.otlp.jsonl"
         ok = wait_for(lambda: _done(out), 20, 0.2)
-        from infersight.agent.cli import query_status
+        from infersight.agent.commands.status import query_status
 
         status = query_status(str(root / "agent.sock"))
         cli = subprocess.run(
@@ -258,7 +258,7 @@ def test_bad_config_names_the_key(values: dict[str, Any], key: str) -> None:
 
 
 def test_bad_rule_file_is_a_config_error(tmp_path: Path) -> None:
-    from infersight.agent.devices_job import load_thresholds
+    from infersight.agent.devices.job import load_thresholds
 
     bad = tmp_path / "devices.toml"
     bad.write_text("engine = 1\n[thresholds]\nslow_coefficient = 0.5\n")
@@ -339,7 +339,7 @@ async def test_job_without_nvml_in_process() -> None:
 
         def __init__(self) -> None:
             self.published: list[Any] = []
-            self.router = self
+            self.broadcaster = self
 
         def publish(self, items: Any) -> None:
             self.published += items
@@ -405,8 +405,8 @@ def test_hook_resolves_hw_id_only_when_cuda_is_initialised(monkeypatch: pytest.M
 
 
 def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
-    from infersight.agent.daemon import Agent
-    from infersight.agent.devices_job import install, validate
+    from infersight.agent.daemon.lifecycle import Agent
+    from infersight.agent.devices.job import install, validate
 
     rules = tmp_path / "devices.toml"
     rules.write_text("engine = 1\n[thresholds]\nslow_coefficient = 1.5\n")

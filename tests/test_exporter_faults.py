@@ -16,10 +16,10 @@ import pytest
 from conftest import wait_for
 from otlp_receiver import OtlpReceiver, attrs
 
-from infersight.agent.model import LogItem, Origin, Resource
-from infersight.agent.pipeline import Completion, ExporterWorker
-from infersight.agent.spool import DiskSpool
+from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.otlp import OtlpExporter
+from infersight.telemetry import LogItem, Origin, Resource
 
 RES = Resource.of({"service.name": "faults"})
 PROTOCOLS = ["http/protobuf", "grpc"]

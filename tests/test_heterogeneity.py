@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infersight.agent.heterogeneity import (
+from infersight.agent.devices.heterogeneity import (
     LatencyWindow,
     SeriesKey,
     SeriesStats,
@@ -21,7 +21,7 @@ from infersight.agent.heterogeneity import (
     series_stats,
     summarize_samples,
 )
-from infersight.agent.nvml import DeviceSample
+from infersight.agent.devices.nvml import DeviceSample
 from infersight.rules.device_rules import (
     CAUSES,
     WINDOW_KEYS,

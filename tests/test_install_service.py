@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import install_service
+from infersight.agent.commands import install_service
 
 FILES = [
     "etc/systemd/system/infersight.service",

@@ -116,8 +116,8 @@ def test_private_socket_even_with_daemon_env(tmp_path: Path) -> None:
 
 
 def test_no_implicit_otlp_endpoint() -> None:
-    from infersight.agent import config as cfg
-    from infersight.agent.sinks import otlp_requested
+    from infersight.agent.commands.compose import otlp_requested
+    from infersight.agent.daemon import config as cfg
 
     conf = cfg.load(None, env={})
     assert not otlp_requested(conf, {})

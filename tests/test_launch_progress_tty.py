@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infersight.agent import coldstart_history as ch
+from infersight.agent.coldstart import history as ch
 
 INFERSIGHT = [os.path.join(os.path.dirname(sys.executable), "infersight")]
 WORKLOAD = """

@@ -14,7 +14,7 @@ from conftest import read_otlp_lines, spans
 
 CLI = [sys.executable, "-m", "infersight"]
 # What the agent side costs (asyncio alone ~35 ms, the OTel protobufs far more).
-HEAVY = ("asyncio", "infersight.agent.config", "infersight.agent.daemon", "infersight.hooks",
+HEAVY = ("asyncio", "infersight.agent.daemon.config", "infersight.agent.daemon.lifecycle", "infersight.hooks",
          "infersight.exporters.otlp_json", "opentelemetry", "google.protobuf", "json", "logging")
 
 
@@ -45,7 +45,7 @@ def test_every_command_is_listed_with_the_help_its_module_registers() -> None:
 
 def test_default_config_path_matches_config() -> None:
     from infersight.agent import cli
-    from infersight.agent import config as cfg
+    from infersight.agent.daemon import config as cfg
 
     assert cli.DEFAULT_CONFIG_PATH == cfg.DEFAULT_CONFIG_PATH
 
@@ -93,7 +93,7 @@ def _cached_file(path: Path, size: int) -> None:
 
 
 def test_evict_drops_files_from_the_page_cache_before_cmd(tmp_path: Path) -> None:
-    from infersight.agent import pagecache
+    from infersight.agent.commands import pagecache
 
     model = tmp_path / "model"
     model.mkdir()
@@ -133,7 +133,7 @@ def test_evict_says_what_stayed_resident(tmp_path: Path) -> None:
     f = shm / ("infersight-test-%d" % os.getpid())
     try:
         _cached_file(f, 1 << 20)
-        from infersight.agent import pagecache
+        from infersight.agent.commands import pagecache
 
         ev = pagecache.evict([str(f)])
         assert ev.files == 1 and ev.resident_after == ev.pages
@@ -165,9 +165,9 @@ async def test_hooks_that_connect_before_the_agent_is_up_lose_nothing(tmp_path: 
 
     from conftest import hook_env, log_records, wait_for
 
-    from infersight.agent import config as cfg
-    from infersight.agent.daemon import Agent
-    from infersight.agent.sinks import build_exporters
+    from infersight.agent.commands.compose import build_exporters
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
 
     sock, spool, out = tmp_path / "agent.sock", tmp_path / "spool", tmp_path / "o.jsonl"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from mosquitto import MOSQUITTO, Collector, Mosquitto, make_tls, retained, running_broker
 
-from infersight.agent import config as cfg
-from infersight.agent.daemon import Agent
-from infersight.agent.model import LogItem, MetricItem, NumberPoint, Origin, Resource
-from infersight.agent.pipeline import Completion, ExporterWorker
-from infersight.agent.spool import DiskSpool
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import ExportError
 from infersight.exporters.mqtt import MqttExporter, wait_delivered
 from infersight.hooks._client import Client as HookClient
+from infersight.telemetry import LogItem, MetricItem, NumberPoint, Origin, Resource
 
 pytestmark = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed")
 TESTS = Path(__file__).resolve().parent
@@ -86,7 +86,7 @@ async def test_round_trip_through_agent(broker: Mosquitto, tmp_path: Path) -> No
         hook.emit("log", {"name": "oom", "sev": "ERROR", "body": "torch.OutOfMemoryError: CUDA out of memory.",
                           "a": {"infersight.oom.class": "capacity", "infersight.oom.rule": "cap-1"}})
         assert await asyncio.to_thread(hook.flush, 10)
-        agent.router.publish([MetricItem(agent.resource, "hw.gpu.utilization", "gauge", "1", "", now, now,
+        agent.broadcaster.publish([MetricItem(agent.resource, "hw.gpu.utilization", "gauge", "1", "", now, now,
                                          [NumberPoint(0.25, {"hw.id": "GPU-rt", "hw.type": "gpu"})])])
         agent.publish_health()
         assert await sub.wait_for(lambda: sub.on(base + "coldstart") and sub.on(base + "oom")

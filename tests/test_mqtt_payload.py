@@ -10,17 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infersight.agent import config as cfg
-from infersight.agent.model import (
-    ColdStart,
-    HistogramPoint,
-    LogItem,
-    MetricItem,
-    NumberPoint,
-    Origin,
-    Resource,
-    SpanItem,
-)
+from infersight.agent.daemon import config as cfg
 from infersight.exporters import mqtt_payload as mp
 from infersight.exporters.mqtt import (
     MQTT_KEYS,
@@ -29,6 +19,16 @@ from infersight.exporters.mqtt import (
     from_config,
     mqtt_requested,
     parse_url,
+)
+from infersight.telemetry import (
+    ColdStart,
+    HistogramPoint,
+    LogItem,
+    MetricItem,
+    NumberPoint,
+    Origin,
+    Resource,
+    SpanItem,
 )
 
 RES = Resource.of({"host.name": "gpu-1", "service.name": "svc", "process.pid": 42, "service.instance.id": "prod-1"})
@@ -229,7 +229,7 @@ async def test_oversized_message_is_dropped_and_counted_not_retried() -> None:
 
 def _mixed_batch(n: int) -> list:  # type: ignore[type-arg]
     """Logs, OOM events and metric snapshots whose groups straddle the chunk sizes tried."""
-    from infersight.agent.model import ColdStartProgress
+    from infersight.telemetry import ColdStartProgress
 
     out: list = []  # type: ignore[type-arg]
     for i in range(n):

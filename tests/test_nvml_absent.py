@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from infersight.agent.device_metrics import device_metrics
-from infersight.agent.model import Resource
-from infersight.agent.nvml import Nvml, XidWatcher
+from infersight.agent.devices.metrics import device_metrics
+from infersight.agent.devices.nvml import Nvml, XidWatcher
+from infersight.telemetry import Resource
 
 REASON = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
 
@@ -31,7 +31,7 @@ class _NoLibrary(SimpleNamespace):
 def test_library_not_found_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     lib = _NoLibrary()
     nv = Nvml(lib=lib)
-    with caplog.at_level(logging.WARNING, logger="infersight.agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="infersight.agent.devices.nvml"):
         for _ in range(3):
             st = nv.status()
             assert nv.sample_all() == []
@@ -87,7 +87,7 @@ def test_real_bindings_without_driver(tmp_path: Path) -> None:
         except OSError:
             pass
         logging.basicConfig(level=logging.WARNING)
-        from infersight.agent.nvml import Nvml
+        from infersight.agent.devices.nvml import Nvml
         nv = Nvml()
         out = [nv.sample_all(), nv.sample_all()]
         st = nv.status()

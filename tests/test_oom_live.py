@@ -26,14 +26,14 @@ import pytest
 from conftest import BOOTSTRAP, AgentProcess, attr, hook_env, log_records, read_otlp_lines, spans, wait_for
 from fake_torch import GIB, FakeTorch, OutOfMemoryError, nested_stats
 
-from infersight.agent import config as cfg
-from infersight.agent import oom_kind
-from infersight.agent.assemble import Assembler
-from infersight.agent.daemon import Agent
-from infersight.agent.model import LogItem, MetricItem, SpanItem
-from infersight.agent.nvml import DeviceSample, GpuProcess
-from infersight.agent.sinks import build_exporters
+from infersight.agent.commands.compose import build_exporters
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.devices.nvml import DeviceSample, GpuProcess
+from infersight.agent.oom import kind as oom_kind
 from infersight.hooks import _alloc, _runtime
+from infersight.telemetry import LogItem, MetricItem, SpanItem
 
 TESTS = Path(__file__).resolve().parent
 EXAMPLES = TESTS / "data" / "oom_examples.jsonl"  # vendored: see tests/data/README.md

@@ -9,14 +9,8 @@ import pytest
 from otlp_receiver import OtlpReceiver, attrs, free_port
 from otlp_samples import RES, T0, make_logs, make_metrics, make_spans
 
-from infersight.agent.model import (
-    ColdStart,
-    HistogramPoint,
-    MetricItem,
-    Resource,
-)
-from infersight.agent.pipeline import Completion, ExporterWorker
-from infersight.agent.spool import DiskSpool
+from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import Exporter, ExportError
 from infersight.exporters.otlp import (
     OtlpConfigError,
@@ -24,6 +18,12 @@ from infersight.exporters.otlp import (
     create_otlp_exporter,
     resolve_endpoint,
     safe_url,
+)
+from infersight.telemetry import (
+    ColdStart,
+    HistogramPoint,
+    MetricItem,
+    Resource,
 )
 
 PROTOCOLS = ["http/protobuf", "grpc"]

@@ -16,11 +16,11 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from infersight.agent.assemble import Assembler
-from infersight.agent.model import LogItem, MetricItem, NumberPoint, Origin, Resource, SpanItem
+from infersight.agent.daemon.assemble import Assembler
 from infersight.exporters.base import ExportError
 from infersight.exporters.file import FileExporter
 from infersight.exporters.otlp_json import encode_lines
+from infersight.telemetry import LogItem, MetricItem, NumberPoint, Origin, Resource, SpanItem
 
 RES = Resource.of({"service.name": "file-faults", "big": 1 << 70})
 REQUESTS = {"resourceSpans": ExportTraceServiceRequest, "resourceMetrics": ExportMetricsServiceRequest,

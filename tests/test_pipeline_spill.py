@@ -9,10 +9,10 @@ from pathlib import Path
 
 from conftest import log_records, read_otlp_lines
 
-from infersight.agent.model import LogItem, Origin, Resource
-from infersight.agent.pipeline import Completion, ExporterWorker
-from infersight.agent.spool import DiskSpool
+from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.file import FileExporter
+from infersight.telemetry import LogItem, Origin, Resource
 
 RES = Resource.of({"service.name": "t"})
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import attr, hook_env, read_otlp_lines, spans, wait_for
 
-from infersight.agent.assemble import Assembler, span_bytes
+from infersight.agent.daemon.assemble import Assembler, span_bytes
 
 DIES_IN_A_STAGE = textwrap.dedent("""
     import os, signal, sys, time
@@ -208,9 +208,9 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
     """The producer's connection delivered its stages; its root went to its spool file (the
     agent was busy at its exit); then it died. The agent reads that spool before deciding:
     its own root goes out, no producer_lost stand-in."""
-    from infersight.agent import config as cfg
-    from infersight.agent.daemon import Agent
-    from infersight.agent.sinks import build_exporters
+    from infersight.agent.commands.compose import build_exporters
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
     from infersight.hooks import _wire
 
     sock, spool = tmp_path / "a.sock", tmp_path / "spool"
@@ -220,7 +220,7 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
                                          "agent.health_interval_s": 3600.0})
     agent = Agent(conf, build_exporters(conf, env={}), embedded=True)
     seen: list = []  # type: ignore[type-arg]
-    agent.router.taps.append(seen.extend)
+    agent.broadcaster.taps.append(seen.extend)
     await agent.start()
     try:
         info = {"id": "boot-4242-7", "pid": 4242, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}

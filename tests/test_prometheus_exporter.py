@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infersight.agent.config import ConfigError, load
-from infersight.agent.device_metrics import METRICS, device_metrics, prometheus_name
-from infersight.agent.health import Counters, health_metrics
-from infersight.agent.model import HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
-from infersight.agent.nvml import DeviceSample
+from infersight.agent.daemon.config import ConfigError, load
+from infersight.agent.daemon.health import Counters, health_metrics
+from infersight.agent.devices.metrics import METRICS, device_metrics, prometheus_name
+from infersight.agent.devices.nvml import DeviceSample
 from infersight.exporters.base import Exporter, ExportError
 from infersight.exporters.prometheus_endpoint import (
     PROMETHEUS_KEYS,
@@ -33,6 +32,7 @@ from infersight.exporters.prometheus_endpoint import (
     metric_name,
     shipped_rule_files,
 )
+from infersight.telemetry import HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
 
 PROMETHEUS = shutil.which("prometheus")
 RES = Resource.of(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import config as cfg
-from infersight.agent.redact import mask_url
+from infersight.agent.daemon import config as cfg
+from infersight.redact import mask_url
 
 SECRETS = ["s3cret", "p@ss", "pa/ss", "a@b/c", "pa?ss", "pa#ss", "p%40ss%2Fx"]
 

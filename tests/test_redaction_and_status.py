@@ -9,8 +9,8 @@ from pathlib import Path
 
 from conftest import attr, hook_env, read_otlp_lines
 
-from infersight.agent.assemble import producer_resource
-from infersight.agent.redact import mask_url
+from infersight.agent.daemon.assemble import producer_resource
+from infersight.redact import mask_url
 
 CLI = [sys.executable, "-m", "infersight"]
 

@@ -125,7 +125,7 @@ def test_reload_keeps_command_line_flags(agent_factory, tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from infersight.agent.cli import query_status
+    from infersight.agent.commands.status import query_status
 
     agent = agent_factory()  # its config file names agent.sock
     flag_sock = tmp_path / "flag.sock"

@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 import report_data as rd
 
-from infersight.agent.model import LogItem, MetricItem, Resource, SpanItem
-from infersight.agent.report import build, run_report
-from infersight.agent.report_html import CSP
-from infersight.agent.report_parse import parse_lines
-from infersight.agent.report_views import waterfalls
+from infersight.agent.report.html import CSP
+from infersight.agent.report.page import build, run_report
+from infersight.agent.report.parse import parse_lines
+from infersight.agent.report.views import waterfalls
 from infersight.exporters.otlp_json import encode_lines, traces_request
+from infersight.telemetry import LogItem, MetricItem, Resource, SpanItem
 
 REPO = Path(__file__).resolve().parent.parent
 INFERSIGHT = [sys.executable, "-m", "infersight"]

@@ -12,12 +12,12 @@ import report_data as rd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infersight.agent.model import LogItem, MetricItem, SpanItem
-from infersight.agent.report import build
-from infersight.agent.report_html import render
-from infersight.agent.report_parse import parse_lines
-from infersight.agent.report_trace import chrome_trace, dumps, waterfall_json
+from infersight.agent.report.html import render
+from infersight.agent.report.page import build
+from infersight.agent.report.parse import parse_lines
+from infersight.agent.report.trace import chrome_trace, dumps, waterfall_json
 from infersight.exporters.otlp_json import encode_lines
+from infersight.telemetry import LogItem, MetricItem, SpanItem
 
 KEEP_METRICS = {"infersight.memory.allocated", "hw.gpu.memory.usage", "hw.gpu.memory.limit",
                 "infersight.device.throttle", "infersight.request.duration", "infersight.device.coefficient",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import config as cfg
+from infersight.agent.daemon import config as cfg
 from infersight.rules import engine
 from infersight.rules.device_rules import DeviceRulesError, parse_device_rules
 from infersight.rules.engine import ExpressionError, RuleFileError, load_rules, parse_expression

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import sdnotify
+from infersight.agent.daemon import sdnotify
 
 
 def _recv(sock: socket.socket) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infersight.agent.sequence import SeqTracker
+from infersight.agent.daemon.sequence import SeqTracker
 
 
 def test_in_order_has_no_loss() -> None:

@@ -17,10 +17,10 @@ import pytest
 import report_data as rd
 
 from infersight.agent.cli import main
-from infersight.agent.model import Resource, SpanItem
-from infersight.agent.report_parse import parse_lines
-from infersight.agent.show import show_file
+from infersight.agent.commands.show import show_file
+from infersight.agent.report.parse import parse_lines
 from infersight.exporters.otlp_json import traces_request
+from infersight.telemetry import Resource, SpanItem
 
 
 def show(path: Path, fmt: str) -> tuple[int, str, str]:

@@ -143,7 +143,7 @@ def test_classify_cli_says_truncated(tmp_path: Path) -> None:
 
 
 def test_a_truncated_hook_summary_is_marked_on_the_oom_record() -> None:
-    from infersight.agent.oom_kind import _snap_attrs
+    from infersight.agent.oom.kind import _snap_attrs
 
     out = _alloc.snapshot_summary(loads_snapshot(repeated_reference_pickle(10, 100_000))["segments"])
     attrs = _snap_attrs(out)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent import socket_activation
+from infersight.agent.daemon import socket_activation
 
 CHILD = r"""
 import os, sys
-from infersight.agent.socket_activation import listen_fds_with_names
+from infersight.agent.daemon.socket_activation import listen_fds_with_names
 pairs = listen_fds_with_names()
 leftover = [k for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES") if k in os.environ]
 assert not leftover, leftover

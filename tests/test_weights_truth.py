@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workloads"))
 from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
 
-from infersight.agent import storage_ceiling  # noqa: E402
+from infersight.agent.coldstart import storage_ceiling  # noqa: E402
 from infersight.exporters.weights_note import weights_note  # noqa: E402
 from infersight.hooks import _pagestate, _weights  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Drive infersight.agent.nvml in this process (against whatever libnvidia-ml.so.1 the dynamic
+"""Drive infersight.agent.devices.nvml in this process (against whatever libnvidia-ml.so.1 the dynamic
 loader finds: the fake, in tests) and print one JSON report on the last line of stdout."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import json
 import time
 
-from infersight.agent.device_metrics import device_metrics
-from infersight.agent.model import Resource
-from infersight.agent.nvml import Nvml, XidWatcher
+from infersight.agent.devices.metrics import device_metrics
+from infersight.agent.devices.nvml import Nvml, XidWatcher
+from infersight.telemetry import Resource
 
 
 def main() -> None:

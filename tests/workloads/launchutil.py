@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from infersight.agent.model import SpanItem
-from infersight.agent.show import coldstarts, spans_from_lines
+from infersight.agent.commands.show import coldstarts, spans_from_lines
+from infersight.telemetry import SpanItem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFERSIGHT = [os.path.join(os.path.dirname(sys.executable), "infersight")]

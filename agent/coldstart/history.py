@@ -1,0 +1,173 @@
+"""A bounded, crash-safe history of finished cold starts per service key.
+
+One JSON object per line in ``coldstart-history.jsonl`` in the state directory, so that the
+daemon and ``launch`` share it. The newest ``MAX_RUNS`` runs per key and ``MAX_KEYS`` keys
+are kept. A finished run is appended as one line (one ``write`` with ``O_APPEND``: cheap,
+and writers do not interleave); once the file holds about twice what is kept, it is
+compacted: re-read, bounded, and rewritten through a temporary file and ``rename``, so a
+reader never sees half a file and a crash leaves the old one. Lines that do not parse (a
+crash mid-append, say) are skipped and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.agent.coldstart.eta import Run
+
+FILE_NAME = "coldstart-history.jsonl"
+MAX_RUNS = 50
+MAX_KEYS = 256
+MAX_FILE_BYTES = 8 << 20  # a history file larger than this is read only up to here
+
+
+def default_state_dir(env: dict[str, str] | None = None) -> str:
+    """``$INFERSIGHT_STATE_DIR``, else ``/var/lib/infersight`` when writable, else XDG state."""
+    env = dict(os.environ) if env is None else env
+    if env.get("INFERSIGHT_STATE_DIR"):
+        return env["INFERSIGHT_STATE_DIR"]
+    if os.access("/var/lib/infersight", os.W_OK):
+        return "/var/lib/infersight"
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or "/tmp", ".local", "state")
+    return os.path.join(base, "infersight")
+
+
+def service_key(service: str, command: Sequence[str] | str, weights_paths: Iterable[str] = ()) -> str:
+    """``service.name`` plus a stable hash of the command line and the weights paths."""
+    cmd = command if isinstance(command, str) else "\0".join(command)
+    digest = hashlib.sha256(cmd.encode("utf-8", "replace"))
+    for path in sorted(set(weights_paths)):
+        digest.update(b"\1" + path.encode("utf-8", "replace"))
+    return "%s#%s" % (service, digest.hexdigest()[:12])
+
+
+def cache_state(weights_page_cache_ratio: float | None, compile_cache: str | None) -> str:
+    """The part of a run's conditions that changes its duration most: page cache, compile cache."""
+    weights = "none" if weights_page_cache_ratio is None else ("warm" if weights_page_cache_ratio >= 0.5 else "cold")
+    return "weights=%s,compile=%s" % (weights, compile_cache or "none")
+
+
+def run_to_json(key: str, run: Run) -> dict[str, Any]:
+    return {
+        "key": key, "total_s": round(run.total_s, 6), "cache": run.cache, "ended_at": run.ended_at,
+        "stages": [[s, round(d, 6), round(e, 6)] for s, d, e in run.stages],
+    }
+
+
+def run_from_json(obj: Any) -> tuple[str, Run]:
+    """Raises ValueError (or TypeError/KeyError) on anything but a well-formed record."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("key"), str):
+        raise ValueError("record without a key")
+    stages = tuple((str(s), float(d), float(e)) for s, d, e in obj["stages"])
+    total = float(obj["total_s"])
+    if total < 0 or any(d < 0 or e < 0 for _, d, e in stages):
+        raise ValueError("negative duration")
+    return obj["key"], Run(stages, total, str(obj.get("cache", "unknown")), float(obj.get("ended_at", 0.0)))
+
+
+@dataclass
+class History:
+    """Runs per key, newest last. ``corrupt_lines`` counts what a load skipped."""
+
+    runs: dict[str, list[Run]] = field(default_factory=dict)
+    corrupt_lines: int = 0
+    lines_read: int = 0  # lines the file held when it was loaded (for compaction)
+
+    def add(self, key: str, run: Run) -> None:
+        runs = self.runs.pop(key, [])  # re-insert: the dict's order is recency of use
+        runs.append(run)
+        self.runs[key] = runs[-MAX_RUNS:]
+        while len(self.runs) > MAX_KEYS:
+            del self.runs[next(iter(self.runs))]
+
+    def of(self, key: str) -> list[Run]:
+        return list(self.runs.get(key, ()))
+
+    def lines(self) -> list[str]:
+        return [json.dumps(run_to_json(k, r), separators=(",", ":")) for k, runs in self.runs.items() for r in runs]
+
+
+def parse(text: str) -> History:
+    history = History()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        history.lines_read += 1
+        try:
+            key, run = run_from_json(json.loads(line))
+        except (ValueError, TypeError, KeyError):
+            history.corrupt_lines += 1
+            continue
+        history.add(key, run)
+    return history
+
+
+def load(path: str) -> History:
+    """The history at ``path``; a missing file is an empty history. Never follows a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return History()
+    except OSError:
+        h = History()
+        h.corrupt_lines = 1  # unreadable (a planted symlink, say): say so, start afresh
+        return h
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_FILE_BYTES)
+    return parse(data.decode("utf-8", "replace"))
+
+
+def save(path: str, history: History) -> None:
+    """Write ``history`` atomically: a temporary file in the same directory, fsync, rename."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".coldstart-history-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in history.lines():
+                f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def append(path: str, key: str, run: Run) -> None:
+    """Add one run at the end of the file: one line, one ``write``; never through a symlink."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    line = (json.dumps(run_to_json(key, run), separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # after a torn line (a crash mid-append): lose only that one
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def needs_compaction(lines_on_disk: int, history: History) -> bool:
+    kept = sum(len(r) for r in history.runs.values())
+    return lines_on_disk > 2 * kept + 64
+
+
+def record(path: str, key: str, run: Run) -> History:
+    """Append one run; compact the file when it has grown to twice what is kept.
+    Returns the history as it now reads."""
+    append(path, key, run)
+    history = load(path)
+    if needs_compaction(history.lines_read, history):
+        save(path, history)
+    return history

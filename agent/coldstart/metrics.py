@@ -1,0 +1,364 @@
+"""Cold starts as fleet metrics: stage-duration histograms, weights throughput, counts (pure).
+
+One host's trace answers "where did this start go?"; a fleet asks "what is p95 of
+``weights_load`` for service X this week?". That is a histogram question, so every finished
+cold start also feeds three cumulative OTel metrics, per service:
+
+- ``infersight.coldstart.duration`` (histogram, ``s``): one observation per stage present,
+  attribute ``infersight.stage`` (``unattributed`` included, from the root's
+  ``infersight.coldstart.unattributed_s``), and one with ``infersight.stage=total`` (the root);
+- ``infersight.coldstart.weights.bytes_per_s`` (histogram, ``By/s``): one observation per cold
+  start that read weights, attribute ``infersight.weights.cache`` = ``cold`` or ``warm``;
+- ``infersight.coldstart.count`` (monotonic sum): attribute ``infersight.coldstart.ended_by``.
+
+:class:`ColdStartMetrics` accumulates across cold starts and producers (the daemon holds one),
+so counts add up in one series per service and stage. The metric resource keeps only what
+names the service on this host (``service.name``, ``host.name``...; ``service.instance.id`` is
+the host), never a pid: a restart loop must not open a new series per process. Fed from the
+one place where a cold-start root is finished (:mod:`infersight.agent.daemon.assemble`, and ``launch``
+for a launcher-only root); :data:`METRICS` is the source of the README's table (regenerate with
+``python -m infersight.agent.coldstart.metrics``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from infersight.agent.devices.metrics import MetricSpec, prometheus_name
+from infersight.telemetry import (
+    Attributes,
+    AttrValue,
+    ColdStart,
+    HistogramPoint,
+    MetricItem,
+    NumberPoint,
+    Resource,
+    SpanItem,
+)
+
+DURATION = "infersight.coldstart.duration"
+THROUGHPUT = "infersight.coldstart.weights.bytes_per_s"
+COUNT = "infersight.coldstart.count"
+STAGE = "infersight.stage"
+CACHE = "infersight.weights.cache"
+ENDED_BY = "infersight.coldstart.ended_by"
+TOTAL = "total"
+UNATTRIBUTED = "unattributed"
+OTHER = "other"  # custom stages past MAX_STAGES fold into this one
+
+# Seconds. Dense (about x2) below 10 s, where imports and small models live; x1.5-2 from 10 s
+# to 5 min, where most GPU cold starts land and the p95 alert compares; 10, 20 and 30 min
+# catch pathological starts. The rules interpolate within a bucket, so the quantiles they
+# report are exact only at these bounds.
+DURATION_BOUNDS_S: tuple[float, ...] = (
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 90.0, 120.0, 180.0, 300.0,
+    600.0, 1200.0, 1800.0,
+)  # fmt: skip
+# Bytes per second, x2 apart: network filesystems (10-250 MB/s), SATA/NVMe (0.5-7 GB/s),
+# page cache (memcpy speed, 5-30 GB/s).
+THROUGHPUT_BOUNDS: tuple[float, ...] = (
+    10e6, 25e6, 50e6, 100e6, 250e6, 500e6, 1e9, 2e9, 4e9, 8e9, 16e9, 32e9, 64e9,
+)  # fmt: skip
+COLD_BELOW = 0.5  # page_cache_ratio under this is a cold read (as ceiling_ratio's rule)
+MAX_RESOURCES = 256  # services held; the least recently observed is forgotten past this
+MAX_STAGES = 64  # distinct stages per service; more custom stages count as "other"
+MAX_ENDED_BY = 16
+# Re-export a service's cumulative snapshot after this long without a cold start, as an OTel
+# periodic reader would (its default interval): a Collector (metric_expiration) or our own
+# endpoint (series_ttl_s, default 300 s) keeps the series of a service that starts rarely.
+REFRESH_NS = 60 * 1_000_000_000
+_RESERVED = (UNATTRIBUTED, TOTAL, OTHER)  # always kept; not counted against MAX_STAGES
+
+# Resource attributes that name a service on a host. service.version is left out on purpose:
+# the regression alert compares the last hour with the last week across a rollout.
+RESOURCE_KEYS = (
+    "service.name",
+    "service.namespace",
+    "deployment.environment",
+    "deployment.environment.name",
+    "host.name",
+    "telemetry.sdk.name",
+    "telemetry.sdk.language",
+    "telemetry.sdk.version",
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(DURATION, "histogram", "s",
+               "Cold-start time per stage (stages may nest), unattributed time, and the whole (total)",
+               attributes=(STAGE,)),
+    MetricSpec(THROUGHPUT, "histogram", "By/s",
+               "Weights read throughput of one cold start (all its weights files), by page-cache state",
+               attributes=(CACHE,)),
+    MetricSpec(COUNT, "sum", "{coldstart}", "Finished cold starts, by what ended them",
+               monotonic=True, attributes=(ENDED_BY,)),
+)  # fmt: skip
+SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+
+
+# -- one cold start -> values -----------------------------------------------------------------
+
+
+def _number(v: AttrValue | None) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def stage_name(s: SpanItem) -> str | None:
+    v = s.attributes.get(STAGE)
+    if isinstance(v, str) and v:
+        return v
+    if s.name.startswith("coldstart.") and len(s.name) > len("coldstart."):
+        return s.name[len("coldstart."):]
+    return None
+
+
+def _covered_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of ``intervals`` clipped to [lo, hi]."""
+    total, cur_s, cur_e = 0, 0, -1
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if s > cur_e:
+            total += max(0, cur_e - cur_s)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + max(0, cur_e - cur_s)
+
+
+def stage_durations(cs: ColdStart) -> dict[str, float]:
+    """Seconds per stage of one cold start, plus ``unattributed`` and ``total``.
+
+    A stage's value is the time within the root during which at least one of its spans was
+    open: spans of one stage that nest or run in parallel (two shard loads on two threads)
+    count once; sequential ones add up. Different stages may nest (``graph_compile`` inside
+    ``warmup``), so stage values can sum to more than ``total``. ``unattributed`` is the
+    root's ``infersight.coldstart.unattributed_s`` (the sampler's ``coldstart.unattributed``
+    spans explain that time and are not counted again).
+    """
+    root = cs.root
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for s in cs.stages:
+        name = stage_name(s)
+        if name is not None and name not in (UNATTRIBUTED, TOTAL):
+            spans.setdefault(name, []).append((s.start_ns, s.end_ns))
+    out = {name: _covered_ns(iv, root.start_ns, root.end_ns) / 1e9 for name, iv in sorted(spans.items())}
+    un = _number(root.attributes.get("infersight.coldstart.unattributed_s"))
+    if un is None:
+        covered = _covered_ns([iv for ivs in spans.values() for iv in ivs], root.start_ns, root.end_ns)
+        un = (root.end_ns - root.start_ns - covered) / 1e9
+    out[UNATTRIBUTED] = max(0.0, un)
+    out[TOTAL] = (root.end_ns - root.start_ns) / 1e9
+    return out
+
+
+def ended_by(cs: ColdStart) -> str:
+    """The root's ``infersight.coldstart.ended_by``; for a launcher-only root, what ended it."""
+    v = cs.root.attributes.get(ENDED_BY)
+    if isinstance(v, str) and v:
+        return v[:64]
+    names = {stage_name(s) for s in cs.stages}
+    if cs.root.attributes.get("infersight.coldstart.source") == "launcher":
+        if "first_request" in names:
+            return "first_request"
+        return "ready" if "ready_wait" in names else "exit"
+    return "unknown"
+
+
+def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
+    """(``cold``|``warm``, bytes/s) over every weights read of the cold start, or None.
+
+    Only spans that carry ``infersight.weights.bytes``, ``.bytes_per_s`` and
+    ``.page_cache_ratio`` count (a read without a page-cache reading cannot be classed). The
+    throughput is all bytes over all reading time; the class comes from the byte-weighted
+    page-cache ratio (cold below 0.5), so each cold start is one observation.
+    """
+    nbytes = seconds = resident = 0.0
+    for s in cs.stages:
+        a = s.attributes
+        b = _number(a.get("infersight.weights.bytes"))
+        rate = _number(a.get("infersight.weights.bytes_per_s"))
+        ratio = _number(a.get("infersight.weights.page_cache_ratio"))
+        if b is None or rate is None or ratio is None or b <= 0 or rate <= 0:
+            continue
+        nbytes += b
+        seconds += b / rate
+        resident += b * min(1.0, max(0.0, ratio))
+    if nbytes <= 0 or seconds <= 0:
+        return None
+    return ("cold" if resident / nbytes < COLD_BELOW else "warm"), nbytes / seconds
+
+
+def is_helper(cs: ColdStart) -> bool:
+    """Helper processes (resource tracker, compile workers, probes) are no service cold start."""
+    role = cs.root.attributes.get("infersight.process.role") or cs.root.resource.get("infersight.process.role")
+    return role == "helper"
+
+
+def metric_resource(r: Resource) -> Resource:
+    """The service-on-a-host part of a producer's resource (no pid, no per-process id)."""
+    attrs: Attributes = {}
+    for k in RESOURCE_KEYS:
+        v = r.get(k)
+        if v is not None and v != "":
+            attrs[k] = v if isinstance(v, (str, bool, int, float)) else str(v)  # hashable: a dict key
+    host = attrs.get("host.name")
+    if isinstance(host, str) and host:
+        attrs["service.instance.id"] = host
+    return Resource.of(attrs)
+
+
+# -- accumulation -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    count: int = 0
+    sum: float = 0.0
+    min: float | None = None
+    max: float | None = None
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def add(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1  # OTel: bucket i is (b[i-1], b[i]]
+        self.count += 1
+        self.sum += v
+        self.min = v if self.min is None else min(self.min, v)
+        self.max = v if self.max is None else max(self.max, v)
+
+    def point(self, attrs: Attributes) -> HistogramPoint:
+        return HistogramPoint(list(self.bounds), list(self.counts), self.count, self.sum, self.min, self.max,
+                              dict(attrs))
+
+
+@dataclass(slots=True)
+class _Service:
+    durations: dict[str, _Histogram] = field(default_factory=dict)
+    throughput: dict[str, _Histogram] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    emitted_ns: int = 0  # time of the last snapshot that carried this service
+
+
+class ColdStartMetrics:
+    """Cumulative cold-start metrics per service, across cold starts and producers.
+
+    :meth:`observe` records one finished cold start and returns that service's snapshot (the
+    items to publish now); :meth:`due` returns the snapshots not published for a while, so a
+    pull endpoint or a Collector does not expire series of services that start rarely.
+    Timestamps come from the caller (event time), kept non-decreasing; nothing here reads a clock.
+    """
+
+    def __init__(self, max_resources: int = MAX_RESOURCES, max_stages: int = MAX_STAGES) -> None:
+        self.max_resources = max_resources
+        self.max_stages = max_stages
+        self.start_ns: int | None = None
+        self.last_ns = 0
+        self._services: OrderedDict[Resource, _Service] = OrderedDict()
+        self.observed = 0
+        self.helpers_skipped = 0
+        self.services_forgotten = 0
+
+    def __len__(self) -> int:
+        return len(self._services)
+
+    def _time(self, t_ns: int) -> int:
+        self.last_ns = max(self.last_ns, t_ns)
+        return self.last_ns
+
+    def observe(self, cs: ColdStart, t_ns: int) -> list[MetricItem]:
+        """Record ``cs``; returns the cumulative snapshot of its service (empty for a helper)."""
+        if is_helper(cs):
+            self.helpers_skipped += 1
+            return []
+        if self.start_ns is None:
+            self.start_ns = min(cs.root.start_ns, t_ns)
+        t = self._time(max(t_ns, cs.root.end_ns))
+        res = metric_resource(cs.root.resource)
+        svc = self._services.get(res)
+        if svc is None:
+            svc = self._services[res] = _Service()
+            if len(self._services) > self.max_resources:
+                self._services.popitem(last=False)
+                self.services_forgotten += 1
+        else:
+            self._services.move_to_end(res)
+        for name, seconds in stage_durations(cs).items():
+            full = name not in svc.durations and name not in _RESERVED and self._stages(svc) >= self.max_stages
+            svc.durations.setdefault(OTHER if full else name, _Histogram(DURATION_BOUNDS_S)).add(seconds)
+        w = weights_throughput(cs)
+        if w is not None:
+            svc.throughput.setdefault(w[0], _Histogram(THROUGHPUT_BOUNDS)).add(w[1])
+        end = ended_by(cs)
+        if end not in svc.counts and len(svc.counts) >= MAX_ENDED_BY:
+            end = OTHER
+        svc.counts[end] = svc.counts.get(end, 0) + 1
+        self.observed += 1
+        return self._items(res, svc, t)
+
+    @staticmethod
+    def _stages(svc: _Service) -> int:
+        return sum(1 for k in svc.durations if k not in _RESERVED)
+
+    def snapshot(self, t_ns: int) -> list[MetricItem]:
+        """Every service's cumulative metrics at ``t_ns``."""
+        t = self._time(t_ns)
+        return [m for res, svc in self._services.items() for m in self._items(res, svc, t)]
+
+    def due(self, t_ns: int, every_ns: int = REFRESH_NS) -> list[MetricItem]:
+        """Snapshots of the services not published in the last ``every_ns``."""
+        t = self._time(t_ns)
+        return [m for res, svc in self._services.items() if t - svc.emitted_ns >= every_ns
+                for m in self._items(res, svc, t)]
+
+    def _items(self, res: Resource, svc: _Service, t: int) -> list[MetricItem]:
+        svc.emitted_ns = t
+        start = self.start_ns if self.start_ns is not None else t
+
+        def item(spec: MetricSpec, points: list[NumberPoint] | list[HistogramPoint]) -> MetricItem:
+            return MetricItem(res, spec.name, spec.kind, spec.unit, spec.description, t, start, points,
+                              spec.monotonic)
+
+        out = [item(SPECS[DURATION], [h.point({STAGE: s}) for s, h in sorted(svc.durations.items())])]
+        if svc.throughput:
+            out.append(item(SPECS[THROUGHPUT], [h.point({CACHE: c}) for c, h in sorted(svc.throughput.items())]))
+        out.append(item(SPECS[COUNT], [NumberPoint(n, {ENDED_BY: e}) for e, n in sorted(svc.counts.items())]))
+        return out
+
+
+# -- reference table --------------------------------------------------------------------------
+
+
+def _prom_names(spec: MetricSpec) -> str:
+    name = prometheus_name(spec)
+    if spec.kind == "histogram":
+        return "`%s_bucket`, `_sum`, `_count`" % name
+    return "`%s`" % name
+
+
+def render_reference_markdown(specs: Iterable[MetricSpec] = METRICS) -> str:
+    """The README's cold-start metric table (Prometheus labels: dots become underscores)."""
+    lines = [
+        "| OTel name | kind | unit | Prometheus name | attributes (Prometheus label) | description |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in specs:
+        kind: str = "counter" if m.kind == "sum" and m.monotonic else m.kind
+        attrs = ", ".join("`%s` (`%s`)" % (a, a.replace(".", "_")) for a in m.attributes) or "-"
+        lines.append(f"| `{m.name}` | {kind} | `{m.unit}` | {_prom_names(m)} | {attrs} | {m.description} |")
+    return "\n".join(lines) + "\n"
+
+
+def _main(write: Callable[[str], object] = print) -> None:
+    write(render_reference_markdown().rstrip("\n"))
+
+
+if __name__ == "__main__":
+    _main()

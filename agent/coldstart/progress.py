@@ -1,0 +1,273 @@
+"""Live progress of cold starts, and the history that predicts them.
+
+The tracker watches the items the agent publishes. A producer's first cold-start stage
+span starts its tracking; each further stage updates it; its ``ColdStart`` (the root has
+ended, or the agent closed it for a producer that went away) ends it and appends the run to
+the history of its service key. Readiness (``ready_wait``) ends the *warming* state that
+gateways care about, even though the root may end a little later.
+
+While a service has processes warming, :meth:`ProgressTracker.tick` returns at most one
+``ColdStartProgress`` for it per second (and one at once on a stage change), describing its
+least advanced process, and one with ``state=None`` when none warms any more: MQTT clears
+its retained topic on that, Prometheus drops its gauges, the console erases its line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.agent.coldstart import history as ch
+from infersight.agent.coldstart.eta import UNATTRIBUTED, Estimate, Run, predict
+from infersight.hooks._pagestate import page_cache_ratio
+from infersight.telemetry import ColdStart, ColdStartProgress, Item, Resource, SpanItem
+
+log = logging.getLogger("infersight.agent.progress")
+MIN_INTERVAL_NS = 1_000_000_000  # at most one update a second per process, but at once on a change
+MAX_WARMING = 1024
+MAX_AGE_NS = 3600 * 1_000_000_000  # a cold start silent this long is forgotten, not tracked forever
+READY_STAGE = "ready_wait"
+
+
+def cmdline_of(pid: int, proc_root: str = "/proc") -> list[str] | None:
+    try:
+        with open("%s/%d/cmdline" % (proc_root, pid), "rb") as f:
+            raw = f.read(65536)
+    except OSError:
+        return None
+    args = [a.decode("utf-8", "replace") for a in raw.split(b"\0")]
+    return args[:-1] if args and args[-1] == "" else args or None
+
+
+@dataclass
+class Warming:
+    """One process in its cold start."""
+
+    producer: str
+    resource: Resource
+    service: str
+    pid: int
+    key: str
+    start_ns: int
+    cache: str | None
+    root_span_id: str | None = None
+    ended: list[tuple[int, str, float]] = field(default_factory=list)  # (start_ns, stage, end offset s)
+    last_stage: str | None = None
+    last_event_ns: int = 0
+    changed: bool = True
+    ready: bool = False
+    helper: bool = False
+
+
+def _cache_of(stages: Sequence[SpanItem]) -> str:
+    ratios = [s.attributes.get("infersight.weights.page_cache_ratio") for s in stages]
+    nums = [float(r) for r in ratios if isinstance(r, (int, float)) and not isinstance(r, bool)]
+    compile_states = {str(s.attributes.get("infersight.compile.cache")) for s in stages
+                      if s.attributes.get("infersight.compile.cache") is not None}
+    compile_cache = compile_states.pop() if len(compile_states) == 1 else ("mixed" if compile_states else None)
+    return ch.cache_state(min(nums) if nums else None, compile_cache)
+
+
+def weights_paths(stages: Iterable[SpanItem]) -> list[str]:
+    paths = {s.attributes.get("infersight.weights.path") for s in stages}
+    return sorted(p for p in paths if isinstance(p, str) and p)
+
+
+def stage_name(span: SpanItem) -> str:
+    return str(span.attributes.get("infersight.stage") or span.name.removeprefix("coldstart."))
+
+
+def run_of(cs: ColdStart) -> Run:
+    """The history record of a finished cold start: top-level stages in start order."""
+    root = cs.root
+    top = sorted((s for s in cs.stages if s.parent_span_id == root.span_id), key=lambda s: s.start_ns)
+    stages = tuple(
+        (stage_name(s), (s.end_ns - s.start_ns) / 1e9, (s.end_ns - root.start_ns) / 1e9) for s in top
+    )
+    return Run(stages, (root.end_ns - root.start_ns) / 1e9, _cache_of(cs.stages), root.end_ns / 1e9)
+
+
+class ProgressTracker:
+    """Cold starts in progress for one agent, with ETAs from ``history_path``."""
+
+    def __init__(
+        self,
+        history_path: str | None,
+        *,
+        producer_info: Callable[[str], dict[str, Any] | None] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        proc_root: str = "/proc",
+    ) -> None:
+        self.history_path = history_path
+        self.history = ch.load(history_path) if history_path else ch.History()
+        self.lines_on_disk = self.history.lines_read
+        self.weights_of: dict[str, list[str]] = {}  # key -> weights paths of its latest run
+        self.producer_info = producer_info or (lambda _p: None)
+        self.clock = clock
+        self.proc_root = proc_root
+        self.warming: dict[str, Warming] = {}
+        self.sent: dict[str, tuple[int, Resource, int]] = {}  # service -> (last sent, resource, pid)
+        self.recorded = 0
+        self.record_errors = 0
+
+    # -- input ---------------------------------------------------------------------------
+
+    def observe(self, items: Sequence[Item]) -> None:
+        for it in items:
+            if isinstance(it, SpanItem) and it.name.startswith("coldstart.") and it.origin is not None:
+                self._stage(it)
+            elif isinstance(it, ColdStart):
+                self._finished(it)
+
+    def _begin(self, span: SpanItem) -> Warming | None:
+        if len(self.warming) >= MAX_WARMING:
+            return None
+        producer = span.origin.producer if span.origin else ""
+        resource = span.resource
+        service = str(resource.get("service.name") or "unknown_service")
+        pid_v = resource.get("process.pid")
+        pid = int(pid_v) if isinstance(pid_v, int) else 0
+        key = self._key_of(resource, service)
+        info = self.producer_info(producer) or {}
+        start = int(info.get("start_ns") or span.start_ns)
+        w = Warming(producer, resource, service, pid, key, start, self._live_cache(key))
+        w.root_span_id = info.get("root_span_id") or span.parent_span_id
+        w.helper = span.attributes.get("infersight.process.role") == "helper"
+        self.warming[producer] = w
+        return w
+
+    def _live_cache(self, key: str) -> str | None:
+        """The weights part of the cache state, probed on the files the last run of this key read."""
+        paths = self.weights_of.get(key)
+        if paths is None:
+            runs = self.history.of(key)
+            if not runs:
+                return None
+            paths = []
+        if not paths:
+            return None
+        ratio = page_cache_ratio(paths)
+        if ratio is None:
+            return None
+        return "weights=%s" % ("warm" if ratio >= 0.5 else "cold")
+
+    def _stage(self, span: SpanItem) -> None:
+        producer = span.origin.producer if span.origin else ""
+        w = self.warming.get(producer) or self._begin(span)
+        if w is None:
+            return
+        stage = stage_name(span)
+        if span.attributes.get("infersight.process.role") == "helper":
+            w.helper = True
+        if stage != UNATTRIBUTED and span.parent_span_id == w.root_span_id:
+            w.ended.append((span.start_ns, stage, (span.end_ns - w.start_ns) / 1e9))
+            w.last_stage = stage
+        w.last_event_ns = max(w.last_event_ns, span.end_ns)
+        w.changed = True
+        if stage == READY_STAGE:
+            w.ready = True
+
+    def _finished(self, cs: ColdStart) -> None:
+        producer = cs.root.origin.producer if cs.root.origin else None
+        w = self.warming.pop(producer, None) if producer else None
+        if cs.root.attributes.get("infersight.process.role") == "helper" or (w is not None and w.helper):
+            return
+        service = str(cs.root.resource.get("service.name") or "unknown_service")
+        key = w.key if w is not None else self._key_of(cs.root.resource, service)
+        run = run_of(cs)
+        self.history.add(key, run)
+        self.weights_of[key] = weights_paths(cs.stages)
+        self.recorded += 1
+        if self.history_path:
+            try:
+                ch.append(self.history_path, key, run)
+                self.lines_on_disk += 1
+                if ch.needs_compaction(self.lines_on_disk, self.history):
+                    merged = ch.load(self.history_path)  # what other writers (launch) appended too
+                    ch.save(self.history_path, merged)
+                    self.history = merged
+                    self.lines_on_disk = sum(len(r) for r in merged.runs.values())
+            except OSError as e:
+                self.record_errors += 1
+                if self.record_errors == 1:
+                    log.warning("cannot write the cold-start history %s: %s", self.history_path, e)
+
+    def _key_of(self, resource: Resource, service: str) -> str:
+        """The history key: the service and its command line (``argv0`` when /proc says nothing)."""
+        pid_v = resource.get("process.pid")
+        command = cmdline_of(pid_v, self.proc_root) if isinstance(pid_v, int) and pid_v else None
+        return ch.service_key(service, command or [str(resource.get("process.command") or "")])
+
+    # -- output --------------------------------------------------------------------------
+
+    def estimate(self, w: Warming, now_ns: int) -> Estimate:
+        elapsed = max(0.0, (now_ns - w.start_ns) / 1e9)
+        ended = [(stage, end) for _start, stage, end in sorted(w.ended)]
+        return predict(self.history.of(w.key), ended, elapsed, cache=w.cache)
+
+    def state(self, w: Warming, now_ns: int) -> dict[str, Any]:
+        est = self.estimate(w, now_ns)
+        return {
+            "service": w.service,
+            "pid": w.pid,
+            "stage": est.stage or w.last_stage,
+            "elapsed_s": round(est.elapsed_s, 3),
+            "eta_s": None if est.eta_s is None else round(est.eta_s, 3),
+            "eta_runs": est.runs,
+            "eta_spread_s": None if est.spread_s is None else round(est.spread_s, 3),
+            "progress": None if est.progress is None else round(est.progress, 4),
+            "cache": w.cache,
+        }
+
+    def snapshot(self, now_ns: int | None = None) -> list[dict[str, Any]]:
+        """The processes in their cold start, for ``status --json``."""
+        now = self.clock() if now_ns is None else now_ns
+        return [self.state(w, now) for w in self.warming.values() if not w.ready and not w.helper]
+
+    def tick(self, now_ns: int | None = None) -> list[ColdStartProgress]:
+        """Per-service updates due now: at once on a change, else at most once a second.
+
+        A service's update describes its least advanced warming process (the largest ETA):
+        the service is ready when its last worker is. When none of its processes warms any
+        more, one update with ``state=None`` clears it.
+        """
+        now = self.clock() if now_ns is None else now_ns
+        for producer, w in list(self.warming.items()):
+            if now - max(w.last_event_ns, w.start_ns) > MAX_AGE_NS:
+                del self.warming[producer]
+        by_service: dict[str, list[Warming]] = {}
+        for w in self.warming.values():
+            if not w.ready and not w.helper:
+                by_service.setdefault(w.service, []).append(w)
+        out: list[ColdStartProgress] = []
+        for service in list(self.sent):
+            if service not in by_service:
+                resource, pid = self.sent.pop(service)[1:]
+                out.append(ColdStartProgress(resource, service, pid, now, None))
+        for service, ws in by_service.items():
+            changed = any(w.changed for w in ws)
+            last = self.sent.get(service)
+            if not changed and last is not None and now - last[0] < MIN_INTERVAL_NS:
+                continue
+            states = [(self.state(w, now), w) for w in ws]
+            state, w = max(states, key=lambda sw: (sw[0]["eta_s"] or 0.0, -sw[1].start_ns))
+            state["processes"] = len(ws)
+            out.append(ColdStartProgress(w.resource, service, w.pid, now, state))
+            self.sent[service] = (now, w.resource, w.pid)
+            for x in ws:
+                x.changed = False
+        return out
+
+    def end_all(self) -> None:
+        """The agent stops: nothing warms any more; the next tick clears what was shown."""
+        self.warming.clear()
+
+
+def history_path_from(state_dir: str | None) -> str | None:
+    if not state_dir:
+        return None
+    return os.path.join(state_dir, ch.FILE_NAME)

@@ -1,0 +1,67 @@
+"""``infersight agent``: run the daemon (the composition root of daemon mode)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from infersight.agent.cli import DEFAULT_CONFIG_PATH, EXIT_USAGE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from infersight.agent.daemon import config as cfg
+    from infersight.exporters.base import Exporter
+
+
+def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
+    ap: argparse.ArgumentParser = sub.add_parser("agent", help=help_line)
+    ap.add_argument("--config", metavar="PATH", help="TOML config (default %s)" % DEFAULT_CONFIG_PATH)
+    ap.add_argument("--socket", metavar="PATH", help="listen here (overrides config and env)")
+    ap.set_defaults(func=run)
+    return ap
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from infersight.agent.commands import extensions
+    from infersight.agent.commands.compose import build_exporters
+    from infersight.agent.daemon import config as cfg
+
+    explicit = args.config is not None
+    path = args.config or os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH
+    try:
+        conf = cfg.load(path, require_file=explicit, flags={"agent.socket": args.socket})
+        extensions.validate(conf)
+        exporters = build_exporters(conf)
+    except cfg.ConfigError as exc:
+        sys.stderr.write("infersight agent: %s\n" % exc)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return asyncio.run(serve(conf, exporters))
+    except cfg.ConfigError as exc:  # found at start, e.g. an unsafe socket directory
+        sys.stderr.write("infersight agent: %s\n" % exc)
+        return EXIT_USAGE
+
+
+async def serve(conf: cfg.Config, exporters: list[Exporter]) -> int:
+    from infersight.agent.commands import extensions
+    from infersight.agent.daemon.lifecycle import Agent
+
+    listen = None
+    try:
+        from infersight.agent.daemon.socket_activation import listen_fds
+
+        fds = listen_fds()
+        listen = fds[0] if fds else None
+    except ImportError:
+        pass
+    agent = Agent(conf, exporters, listen_sock=listen)
+    extensions.install(agent, conf)
+    return await agent.serve_forever()

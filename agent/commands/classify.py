@@ -1,0 +1,267 @@
+"""``infersight classify``: find every OOM message in text and say which of the three it was.
+
+Usage: ``infersight classify [--json] [--snapshot FILE] [--request SIZE] [--rules-dir DIR]...
+[PATH|-]``. Exit status: 0 when at least one OOM was found (or a snapshot was summarised),
+1 when none, 2 on bad usage, an unreadable file or an invalid rule file (file:line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from infersight.rules.engine import (
+    RuleFileError,
+    Verdict,
+    classify_message,
+    default_rule_paths,
+    human_bytes,
+    load_rules,
+)
+from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms, parse_size
+from infersight.rules.snapshot import (
+    SnapshotError,
+    SnapshotSummary,
+    SnapshotVerdict,
+    load_snapshot,
+    summarize,
+    verdict_for,
+)
+
+__all__ = ["add_parser", "build_parser", "main", "run"]
+
+_PROG = "infersight classify"
+_WIDTH = 100
+_LABELS = {"F_prime": "F'", "N_prime": "N'"}
+
+
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object per line")
+    p.add_argument("--snapshot", metavar="FILE", help="a torch.cuda.memory._dump_snapshot file")
+    p.add_argument(
+        "--request",
+        metavar="SIZE",
+        help="request size for the snapshot verdict, e.g. 1.5GiB, 512MiB or bytes",
+    )
+    p.add_argument(
+        "--rules-dir",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="extra rule files (DIR/*.toml), loaded after the builtin rules and "
+        "$INFERSIGHT_RULES_DIR (default /etc/infersight/rules.d); repeatable",
+    )
+    p.add_argument("path", nargs="?", metavar="PATH|-", help="text to scan; - or absent: stdin")
+    p.set_defaults(func=run)
+
+
+def add_parser(subparsers: Any, help_line: str) -> argparse.ArgumentParser:
+    """Register ``classify`` on an ``argparse`` subparsers object."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "classify",
+        help=help_line,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _configure(p)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A standalone parser, for ``main`` and tests."""
+    p = argparse.ArgumentParser(prog=_PROG, description=__doc__)
+    _configure(p)
+    return p
+
+
+def _fail(msg: str, err: TextIO) -> int:
+    print(f"{_PROG}: {msg}", file=err)
+    return 2
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    request: int | None = None
+    if args.request is not None:
+        if args.snapshot is None:
+            return _fail("--request needs --snapshot", err)
+        request = parse_size(args.request)
+        if request is None:
+            return _fail(f"--request {args.request!r} is not a size (e.g. 1.5GiB)", err)
+    for d in args.rules_dir:
+        if not Path(d).is_dir():
+            return _fail(f"--rules-dir {d}: not a directory", err)
+    try:
+        rules = load_rules(default_rule_paths(args.rules_dir))
+    except RuleFileError as exc:
+        for loc, problem in exc.errors:
+            print(f"{loc}: {problem}", file=err)
+        return 2
+
+    if args.snapshot is not None:
+        try:
+            summary = summarize(load_snapshot(args.snapshot))
+        except SnapshotError as exc:
+            return _fail(f"{args.snapshot}: {exc}", err)
+        sv = verdict_for(summary, request, rules) if request is not None else None
+        _print_snapshot(summary, sv, args.json, out)
+        if args.path is None:
+            return 0
+
+    try:
+        text = _read_text(args.path)
+    except OSError as exc:
+        return _fail(f"cannot read {args.path}: {exc.strerror or exc}", err)
+    messages = find_ooms(text)
+    if not messages:
+        print(f"{_PROG}: no OOM message found", file=err)
+        return 1
+    for i, msg in enumerate(messages, 1):
+        v = classify_message(msg, rules)
+        if args.json:
+            print(json.dumps(v.to_json(), sort_keys=False), file=out)
+        else:
+            _print_human(i, len(messages), msg, v, out)
+    return 0
+
+
+def _read_text(path: str | None) -> str:
+    if path is None or path == "-":
+        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
+
+
+def _fmt(n: int | None) -> str:
+    return "-" if n is None else human_bytes(n)
+
+
+def _wrap(label: str, text: str) -> str:
+    return textwrap.fill(
+        text,
+        width=_WIDTH,
+        initial_indent=f"  {label:<8}",
+        subsequent_indent=" " * 10,
+        break_on_hyphens=False,
+    )
+
+
+def _print_human(i: int, n: int, msg: OomMessage, v: Verdict, out: TextIO) -> None:
+    where = f" on GPU {msg.device_index}" if msg.device_index is not None else ""
+    backend = ", cudaMallocAsync" if msg.backend == "cudaMallocAsync" else ""
+    head = f"OOM {i} of {n}: {msg.device_kind} out of memory{where} ({msg.fmt} format{backend})"
+    print(head, file=out)
+    print(f"  class   {v.cls}", file=out)
+    print(f"  rule    {v.rule} v{v.rule_version}", file=out)
+    nums = "  ".join(f"{k}={_fmt(v.numbers.get(k))}" for k in NUMBER_KEYS)
+    print(f"  numbers {nums}", file=out)
+    derived = [k for k in v.used if k not in NUMBER_KEYS]
+    if derived:
+        used = "  ".join(f"{_LABELS.get(k, k)}={_fmt(v.used[k])}" for k in derived)
+        print(_wrap("derived", used), file=out)
+    if v.missing:
+        print(_wrap("missing", ", ".join(v.missing)), file=out)
+    print(_wrap("remedy", v.remedy), file=out)
+    if v.note:
+        print(_wrap("note", v.note), file=out)
+    print(file=out)
+
+
+def _snapshot_json(s: SnapshotSummary, sv: SnapshotVerdict | None) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "segments": s.segments,
+        "reserved_bytes": s.reserved_bytes,
+        "allocated_bytes": s.allocated_bytes,
+        "active_bytes": s.active_bytes,
+        "free_bytes": s.free_bytes,
+        "largest_free_block": s.largest_free_block,
+        "inactive_split_bytes": s.inactive_split_bytes,
+        "fragmentation_ratio": round(s.fragmentation_ratio, 6),
+        "expandable_segments": s.expandable_segments,
+        "blocks": s.blocks,
+        "truncated": s.truncated,
+        "pools": [
+            {
+                "pool": p.name,
+                "segment_type": p.segment_type,
+                "pool_id": list(p.pool_id),
+                "segments": p.segments,
+                "reserved_bytes": p.reserved_bytes,
+                "allocated_bytes": p.allocated_bytes,
+                "free_bytes": p.free_bytes,
+                "largest_free_block": p.largest_free_block,
+                "inactive_split_bytes": p.inactive_split_bytes,
+                "fragmentation_ratio": round(p.fragmentation_ratio, 6),
+            }
+            for p in s.pools
+        ],
+        "top_allocations": [
+            {"size": a.size, "requested_size": a.requested_size, "frame": a.frame} for a in s.top_allocations
+        ],
+    }
+    if sv is not None:
+        d["verdict"] = {
+            "request_bytes": sv.request_bytes,
+            "pool": sv.pool,
+            "outcome": sv.outcome,
+            "explanation": sv.explanation,
+            "rubric": sv.rubric.to_json(),
+        }
+    return {"snapshot": d}
+
+
+def _print_snapshot(s: SnapshotSummary, sv: SnapshotVerdict | None, as_json: bool, out: TextIO) -> None:
+    if as_json:
+        print(json.dumps(_snapshot_json(s, sv)), file=out)
+        return
+    print(f"Snapshot: {s.segments} segments", file=out)
+    if s.truncated:
+        print(f"  TRUNCATED: summarised the first {s.segments} segments and {s.blocks} blocks only", file=out)
+    print(
+        f"  reserved {human_bytes(s.reserved_bytes)}, allocated {human_bytes(s.allocated_bytes)}"
+        f", free in cache {human_bytes(s.free_bytes)}, inactive split "
+        f"{human_bytes(s.inactive_split_bytes)}",
+        file=out,
+    )
+    print(
+        f"  fragmentation ratio {s.fragmentation_ratio:.2f} (1 - largest free block / free)"
+        + (", expandable segments" if s.expandable_segments else ""),
+        file=out,
+    )
+    for p in s.pools:
+        print(
+            f"  pool {p.name:<14} {p.segments:>5} segments, largest free block "
+            f"{human_bytes(p.largest_free_block)} of {human_bytes(p.free_bytes)} free, "
+            f"ratio {p.fragmentation_ratio:.2f}",
+            file=out,
+        )
+    for a in s.top_allocations[:5]:
+        print(f"  live {human_bytes(a.size):>12}  {a.frame or '(no frames recorded)'}", file=out)
+    if sv is not None:
+        print(f"  request {human_bytes(sv.request_bytes)}: {sv.outcome}", file=out)
+        print(_wrap("", sv.explanation), file=out)
+        print(
+            f"  rubric  {sv.rubric.cls} ({sv.rubric.rule})"
+            + (f", missing {', '.join(sv.rubric.missing)}" if sv.rubric.missing else ""),
+            file=out,
+        )
+    print(file=out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``classify`` standalone: ``python -m infersight.agent.commands.classify ...``."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage
+        return exc.code if isinstance(exc.code, int) else 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,246 @@
+"""``infersight doctor``: what works on this host, what does not, and the fix for each.
+
+Exit 0 when ``launch`` can run here. A missing GPU, NVML or torch, an absent daemon
+and an unreachable exporter are warnings: they limit a feature, not ``launch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO
+
+from infersight import __version__
+from infersight.agent.daemon import config as cfg
+from infersight.hooks import _bootstrap_dir, _paths
+from infersight.redact import mask_url
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def check_python() -> Check:
+    v = sys.version_info
+    if v < (3, 10):
+        return Check("python", FAIL, platform.python_version(), "the agent needs Python >= 3.10")
+    return Check("python", OK, "%s (%s)" % (platform.python_version(), sys.executable))
+
+
+def check_torch() -> list[Check]:
+    try:
+        import torch
+    except ImportError:
+        return [Check("torch", WARN, "not installed in this interpreter",
+                      "install torch in the served interpreter (pip install 'infersight[torch]'); "
+                      "launch still traces any Python process")]
+    out = [Check("torch", OK, "torch %s" % torch.__version__)]
+    cuda = getattr(torch.version, "cuda", None)
+    if not cuda:
+        out.append(Check("cuda", WARN, "torch is a CPU build: CUDA is not compiled in",
+                         "install a CUDA build of torch on GPU hosts"))
+    else:
+        try:
+            n = torch.cuda.device_count()
+        except Exception as exc:
+            n, why = 0, str(exc)
+        else:
+            why = "no device visible"
+        if n:
+            out.append(Check("cuda", OK, "CUDA %s compiled in, %d device(s), initialised here: %s"
+                             % (cuda, n, torch.cuda.is_initialized())))  # type: ignore[no-untyped-call]
+        else:
+            out.append(Check("cuda", WARN, "CUDA %s compiled in, but %s" % (cuda, why),
+                             "check the driver and CUDA_VISIBLE_DEVICES"))
+    return out
+
+
+def check_nvml() -> Check:
+    from infersight.agent.devices.nvml import Nvml
+
+    nv = Nvml()
+    try:
+        st = nv.status()
+    finally:
+        nv.close()
+    if st.available:
+        return Check("nvml", OK, "driver %s, %d device(s)" % (st.driver_version, st.device_count))
+    return Check("nvml", WARN, "absent: %s" % st.reason,
+                 "install the NVIDIA driver (libnvidia-ml.so.1); device metrics and verdicts need it")
+
+
+def check_socket(conf: cfg.Config) -> list[Check]:
+    path = conf["agent.socket"]
+    out = []
+    if os.path.exists(path):
+        mode = os.stat(path).st_mode & 0o777
+        status = OK if mode & 0o007 == 0 else WARN
+        out.append(Check("socket", status, "%s (mode %04o)" % (path, mode),
+                         "" if status == OK else "the socket should be 0660 or stricter"))
+        try:
+            from infersight.agent.commands.status import query_status
+
+            h = query_status(path, 2.0)
+            state = "healthy" if h.get("healthy") else "unhealthy"
+            out.append(Check("agent", OK if h.get("healthy") else WARN,
+                             "running (pid %s, %s)" % (h.get("pid"), state),
+                             "" if h.get("healthy") else "see `infersight status`"))
+        except OSError as exc:
+            out.append(Check("agent", WARN, "not answering at %s: %s" % (path, exc),
+                             "start it (systemctl start infersight) or use `infersight launch`"))
+    else:
+        out.append(Check("agent", WARN, "no daemon socket at %s" % path,
+                         "optional: `infersight launch` runs its own agent; install the service for fleets"))
+    return out
+
+
+def _tcp_reachable(host: str, port: int) -> str | None:
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return None
+    except OSError as exc:
+        return str(exc)
+
+
+def check_exporters(conf: cfg.Config) -> list[Check]:
+    out = []
+    endpoint = conf.get("exporters.otlp.endpoint")
+    if endpoint:
+        u = urllib.parse.urlsplit(endpoint if "://" in endpoint else "http://" + endpoint)
+        port = u.port or (443 if u.scheme == "https" else 4318)
+        err = _tcp_reachable(u.hostname or "127.0.0.1", port)
+        out.append(Check("otlp", OK if err is None else WARN,
+                         "%s %s" % (mask_url(endpoint), "reachable" if err is None else "unreachable: " + err),
+                         "" if err is None else "start the collector or fix OTEL_EXPORTER_OTLP_ENDPOINT; "
+                         "the agent spools until it is back"))
+    else:
+        out.append(Check("otlp", OK, "not configured (no OTEL_EXPORTER_OTLP_*ENDPOINT): file output only"))
+    mqtt = os.environ.get("INFERSIGHT_MQTT_URL") or conf.get("exporters.mqtt.url")
+    if mqtt:
+        u = urllib.parse.urlsplit(str(mqtt))
+        port = u.port or (8883 if u.scheme == "mqtts" else 1883)
+        err = _tcp_reachable(u.hostname or "127.0.0.1", port)
+        out.append(Check("mqtt", OK if err is None else WARN,
+                         "%s %s" % (mask_url(str(mqtt)), "reachable" if err is None else "unreachable: " + err),
+                         "" if err is None else "start the broker or fix INFERSIGHT_MQTT_URL"))
+    return out
+
+
+def check_spool(conf: cfg.Config) -> Check:
+    d = conf["agent.spool_dir"]
+    probe = d
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        usage = shutil.disk_usage(probe or "/")
+    except OSError as exc:
+        return Check("spool", WARN, "%s: %s" % (d, exc), "set INFERSIGHT_SPOOL_DIR to a writable directory")
+    writable = os.access(probe or "/", os.W_OK)
+    free_mib = usage.free // 2**20
+    status = OK if writable and free_mib >= 128 else WARN
+    return Check("spool", status, "%s (%s, %d MiB free)" % (d, "writable" if writable else "NOT writable", free_mib),
+                 "" if status == OK else "point INFERSIGHT_SPOOL_DIR at a writable directory with space")
+
+
+def check_storage_ceiling() -> Check:
+    """The sequential-read ceiling of the storage under the current directory (cached)."""
+    from infersight.agent.coldstart import storage_ceiling as sc
+
+    here = os.getcwd()
+    try:
+        entry = sc.lookup(here)
+        if entry is None and os.access(here, os.W_OK):
+            entry = sc.measure_dir(here, size=128 << 20)  # bounded: one 128 MiB scratch file
+    except OSError as exc:
+        return Check("storage", WARN, "could not measure the read ceiling of %s: %s" % (here, exc),
+                     "run doctor from the directory that holds the weights")
+    if entry is None:
+        return Check("storage", WARN, "read ceiling of %s not measured (directory not writable)" % here,
+                     "run doctor from a writable directory on the weights' disk")
+    return Check("storage", OK, "device %s reads %s/s sequentially (%s read, cached in %s)" % (
+        entry.get("device"), sc.human(float(entry.get("bytes_per_s", 0))), entry.get("method"), sc.cache_path()))
+
+
+def check_allocator() -> Check:
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")
+    if conf:
+        return Check("allocator", OK, "PYTORCH_(CUDA_)ALLOC_CONF=%s" % conf)
+    return Check("allocator", OK, "defaults (no PYTORCH_CUDA_ALLOC_CONF); "
+                 "expandable_segments:True helps against fragmentation OOMs")
+
+
+def check_launch() -> Check:
+    boot = _bootstrap_dir()
+    if not os.path.isfile(os.path.join(boot, "sitecustomize.py")):
+        return Check("launch", FAIL, "bootstrap missing at %s" % boot, "reinstall infersight")
+    d = tempfile.mkdtemp(prefix="infersight-doctor-")
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(os.path.join(d, "t.sock"))
+        s.close()
+        env = dict(os.environ, PYTHONPATH=boot, INFERSIGHT_SOCKET=os.path.join(d, "none.sock"),
+                   INFERSIGHT_SPOOL_DIR=os.path.join(d, "spool"), INFERSIGHT_EXIT_FLUSH_S="0.1")
+        r = subprocess.run([sys.executable, "-c", "import infersight.hooks as h; print(h.active())"],
+                           capture_output=True, text=True, env=env, timeout=30, check=False)
+        if r.stdout.strip() != "True":
+            return Check("launch", FAIL, "hooks did not activate: %s" % (r.stderr.strip()[-200:]),
+                         "report this with `infersight doctor --json`")
+    except OSError as exc:
+        return Check("launch", FAIL, "cannot create a private socket: %s" % exc, "check TMPDIR permissions")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return Check("launch", OK, "hooks activate through %s" % boot)
+
+
+def run_doctor(out: TextIO, as_json: bool = False) -> int:
+    logging.getLogger("infersight").setLevel(logging.ERROR)  # findings go in the table, once
+    try:
+        conf = cfg.load(os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH)
+    except cfg.ConfigError as exc:
+        conf = cfg.load(None)
+        bad = Check("config", WARN, str(exc), "fix the config file; the agent refuses to start with it")
+    else:
+        bad = Check("config", OK, conf.path or "no config file: defaults and environment")
+    checks = [check_python(), check_launch(), bad, *check_torch(), check_nvml(), *check_socket(conf),
+              *check_exporters(conf), check_spool(conf), check_storage_ceiling(), check_allocator()]
+    failed = any(c.status == FAIL for c in checks)
+    if as_json:
+        out.write(json.dumps({"version": __version__, "launch_ok": not failed,
+                              "socket": _paths.socket_path(), "checks": [asdict(c) for c in checks]}) + "\n")
+    else:
+        out.write("infersight %s doctor\n" % __version__)
+        for c in checks:
+            out.write("  %-5s %-10s %s\n" % (c.status, c.name, c.detail))
+            if c.fix and c.status != OK:
+                out.write("  %-5s %-10s fix: %s\n" % ("", "", c.fix))
+        out.write("launch can run here.\n" if not failed else "launch cannot run here: see FAIL above.\n")
+    return 1 if failed else 0
+
+
+def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
+    dp: argparse.ArgumentParser = sub.add_parser("doctor", help=help_line)
+    dp.add_argument("--json", action="store_true")
+    dp.set_defaults(func=run)
+    return dp
+
+
+def run(args: argparse.Namespace) -> int:
+    from infersight.agent.commands.doctor import run_doctor
+
+    return run_doctor(sys.stdout, as_json=args.json)

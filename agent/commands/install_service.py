@@ -1,0 +1,202 @@
+"""``infersight install-service``: install the systemd units, snippets and default config.
+
+``--prefix DIR`` is a staging root (DESTDIR): files go to ``DIR/etc/...`` while their
+contents keep naming the final paths (``/etc/infersight/infersight.toml``). Units,
+sysusers and tmpfiles snippets are replaced; an existing config is never overwritten.
+``ExecStart=`` is rewritten to the ``infersight`` executable this command runs from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DATA_FILES", "Action", "add_parser", "data_dir", "plan", "resolve_exec", "run"]
+
+CONFIG_PATH = "/etc/infersight/infersight.toml"
+
+# name in infersight/agent/data -> (path under the root, mode, overwrite?)
+DATA_FILES: dict[str, tuple[str, int, bool]] = {
+    "infersight.service": ("etc/systemd/system/infersight.service", 0o644, True),
+    "infersight.socket": ("etc/systemd/system/infersight.socket", 0o644, True),
+    "sysusers-infersight.conf": ("etc/sysusers.d/infersight.conf", 0o644, True),
+    "tmpfiles-infersight.conf": ("etc/tmpfiles.d/infersight.conf", 0o644, True),
+    "infersight.toml": (CONFIG_PATH.lstrip("/"), 0o644, False),
+}
+# Where the sources live in a checkout, for a tree without agent/data.
+_CHECKOUT_NAMES = {
+    "sysusers-infersight.conf": "sysusers.d/infersight.conf",
+    "tmpfiles-infersight.conf": "tmpfiles.d/infersight.conf",
+}
+_PROTECTED = ("/home/", "/root/", "/run/user/")  # hidden by ProtectHome=yes
+
+
+@dataclass(frozen=True)
+class Action:
+    """One file to write (``content`` set) or to keep (``content`` None)."""
+
+    dest: Path
+    mode: int
+    content: str | None
+    note: str
+    overwrite: bool = True
+
+
+def data_dir() -> Path:
+    """Package data (wheel or checkout via symlinks), else the checkout's ``systemd/``."""
+    here = Path(__file__).resolve().parent
+    data = here / "data"
+    if (data / "infersight.service").is_file():
+        return data
+    return here.parent / "systemd"
+
+
+def _source(name: str) -> Path:
+    base = data_dir()
+    return base / (name if base.name == "data" else _CHECKOUT_NAMES.get(name, name))
+
+
+def resolve_exec() -> list[str]:
+    """Absolute command that runs infersight: argv[0], PATH, else ``python -m infersight``."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if Path(argv0).name == "infersight" and os.access(argv0, os.X_OK):
+        return [os.path.abspath(argv0)]
+    found = shutil.which("infersight")
+    if found:
+        return [os.path.abspath(found)]
+    return [os.path.abspath(sys.executable), "-m", "infersight"]
+
+
+def _quote(word: str) -> str:
+    """One word of a systemd command line: specifiers and variables escaped, quoted if needed."""
+    word = word.replace("%", "%%").replace("$", "$$")
+    if re.search(r"[\s\"'\\;]", word):
+        return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return word
+
+
+def rewrite_exec_start(unit: str, command: list[str]) -> str:
+    """Replace the program of ``ExecStart=`` (arguments kept) by ``command``."""
+    exe = " ".join(_quote(w) for w in command)
+
+    def repl(match: re.Match[str]) -> str:
+        return f"# rewritten by `infersight install-service`\nExecStart={exe} agent"
+
+    return re.sub(r"^ExecStart=\S+ agent", repl, unit, count=1, flags=re.M)
+
+
+def plan(root: Path, command: list[str] | None = None) -> list[Action]:
+    """Every action ``run`` takes for ``root``, computed without touching anything."""
+    command = command or resolve_exec()
+    actions: list[Action] = []
+    for name, (rel, mode, overwrite) in DATA_FILES.items():
+        dest = root / rel
+        text = _source(name).read_text(encoding="utf-8")
+        if name == "infersight.service":
+            text = rewrite_exec_start(text, command)
+        if not overwrite and (dest.exists() or dest.is_symlink()):
+            actions.append(Action(dest, mode, None, "keep", overwrite))
+        else:
+            verb = "replace" if dest.exists() else "install"
+            actions.append(Action(dest, mode, text, verb, overwrite))
+    return actions
+
+
+def _write(action: Action) -> None:
+    """Write atomically; a file that must not be overwritten is linked in with O_EXCL semantics."""
+    assert action.content is not None
+    action.dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{action.dest.name}.", dir=action.dest.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(action.content)
+        os.chmod(tmp, action.mode)
+        if action.overwrite:
+            os.replace(tmp, action.dest)
+        else:
+            os.link(tmp, action.dest)  # FileExistsError if a config appeared meanwhile
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def next_steps(root: Path) -> list[str]:
+    steps = [
+        "systemd-sysusers /etc/sysusers.d/infersight.conf",
+        "systemd-tmpfiles --create /etc/tmpfiles.d/infersight.conf",
+        "systemctl daemon-reload",
+        "systemctl enable --now infersight.socket infersight.service",
+        "usermod -aG infersight <model-server-user>   # lets its hooks use the socket",
+        "infersight status",
+    ]
+    if root != Path("/"):
+        steps.insert(0, f"# files were staged under {root}; copy them to / first")
+    return steps
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(getattr(args, "prefix", None) or "/")
+    dry = bool(getattr(args, "dry_run", False))
+    command = resolve_exec()
+    exe = command[0]
+    out = sys.stdout
+    try:
+        actions = plan(root, command)
+    except OSError as exc:
+        print(f"infersight install-service: cannot read unit files: {exc}", file=sys.stderr)
+        return 1
+    print(f"ExecStart={shlex.join(command)} agent --config {CONFIG_PATH}", file=out)
+    if exe.startswith(_PROTECTED):
+        print(
+            f"warning: {exe} is under a home directory, which ProtectHome=yes hides from the"
+            " service; install infersight under /usr, /usr/local or /opt instead",
+            file=sys.stderr,
+        )
+    prefix = "would " if dry else ""
+    for action in actions:
+        if action.content is None:
+            print(f"{prefix}keep     {action.dest} (existing config, not overwritten)", file=out)
+            continue
+        print(f"{prefix}{action.note:<8} {action.dest} (mode {action.mode:04o})", file=out)
+        if dry:
+            continue
+        try:
+            _write(action)
+        except FileExistsError:
+            print(f"keep     {action.dest} (appeared meanwhile, not overwritten)", file=out)
+        except OSError as exc:
+            print(f"infersight install-service: {action.dest}: {exc}", file=sys.stderr)
+            return 1
+    print("\nnext steps (as root):", file=out)
+    for step in next_steps(root):
+        print(f"  {step}", file=out)
+    return 0
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+    help_line: str,
+) -> argparse.ArgumentParser:
+    """Register ``install-service`` on the CLI's subparsers; sets ``func=run``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "install-service",
+        help=help_line,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--prefix",
+        metavar="DIR",
+        default="/",
+        help="root to install under, as DESTDIR (default: /)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print every action, change nothing")
+    parser.set_defaults(func=run)
+    return parser

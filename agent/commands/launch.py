@@ -1,0 +1,448 @@
+"""``infersight launch -- CMD``: run CMD with the hooks active and an agent in-process.
+
+The embedded default: a private socket in a private directory (even when a daemon
+runs), an OTLP JSON file, the waterfall on the terminal, OTLP export only when an
+``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set. Exit status follows CMD (128+N on signal N,
+127 when CMD is not found, 126 when it cannot be executed, 2 for launch's own usage or
+config errors, such as an unwritable ``--otlp-file``, all before CMD starts).
+
+This module is the cheap half, stdlib only: it checks the output path, evicts
+``--evict`` files from the page cache, makes the private directory, listens on the
+private socket and spawns CMD. Only then does it import the agent side
+(:mod:`infersight.agent.commands.launch_session`: asyncio, the exporters, the OTel protobufs),
+while CMD starts. A hook that connects meanwhile waits in the listen backlog; one that
+gives up first spools to the private spool directory, which the agent replays.
+
+How CMD is run:
+- In its own process group, made the terminal's foreground group when launch has one,
+  so that a Ctrl-C reaches CMD exactly once (from the terminal). Signals sent to launch
+  itself (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to CMD once. Ctrl-Z stops CMD,
+  then launch, so the shell's job control still works.
+- With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed, CMD gets SIGTERM.
+- The private directory holds a lock while launch lives. A later launch replays the
+  spools that a killed launch left (or a daemonized grandchild that outlived it), and
+  a launch that exits while a process it started still runs keeps the spool directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable, Sequence
+    from typing import Any, TextIO
+
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+EXIT_USAGE = 2
+PRIVATE_PREFIX = "infersight-launch-"
+LOCK_NAME = "launch.lock"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+PR_SET_PDEATHSIG = 1
+IMPORT_NICE = 10
+
+
+class LaunchOptions:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        otlp_file: str | None = None,
+        console: bool = True,
+        flush_timeout_s: float = 10.0,
+        ready_url: str | None = None,
+        probe: str | None = None,
+        ready_timeout_s: float = 3600.0,
+        evict: Sequence[str] = (),
+    ) -> None:
+        self.cmd = list(cmd)
+        self.otlp_file = otlp_file
+        self.console = console
+        self.flush_timeout_s = flush_timeout_s
+        self.ready_url = ready_url
+        self.probe = probe
+        self.ready_timeout_s = ready_timeout_s
+        self.evict = list(evict)
+
+
+def default_output_path(now: float | None = None) -> str:
+    return "infersight-%s.otlp.jsonl" % time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+
+
+def check_writable(path: str) -> str | None:
+    """Open the output file for appending now, as the file exporter will; the reason if not."""
+    try:
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        os.close(fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def bootstrap_dir() -> str:
+    """The hooks' bootstrap directory, found without importing the hooks (~15 ms)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("infersight.hooks")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("infersight.hooks is not installed")
+    return os.path.join(next(iter(spec.submodule_search_locations)), "bootstrap")
+
+
+def child_env(
+    base: dict[str, str], sock: str, spool: str, spawn_ns: int, ready_file: str | None = None,
+    boot: str | None = None,
+) -> dict[str, str]:
+    env = dict(base)
+    if ready_file:
+        env["INFERSIGHT_READY_FILE"] = ready_file
+        env.setdefault("INFERSIGHT_READY_ON_LISTEN", "0")  # the URL is the authority
+    env["INFERSIGHT_SOCKET"] = sock
+    env["INFERSIGHT_SPOOL_DIR"] = spool
+    env["INFERSIGHT_LAUNCH_SPAWN_NS"] = str(spawn_ns)
+    env.pop("INFERSIGHT", None)
+    boot = boot or bootstrap_dir()
+    env["PYTHONPATH"] = boot + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
+    return env
+
+
+def exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def temp_root() -> str:
+    return os.environ.get("TMPDIR") or "/tmp"
+
+
+class Private:
+    """launch's private directory (0700, created exclusively), locked while launch lives."""
+
+    def __init__(self, root: str | None = None) -> None:
+        import fcntl
+
+        root = root or temp_root()
+        while True:
+            path = os.path.join(root, PRIVATE_PREFIX + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+                break
+            except FileExistsError:
+                continue
+        self.path = path
+        self.sock = os.path.join(path, "agent.sock")
+        self.spool = os.path.join(path, "spool")
+        self.lock_fd = os.open(os.path.join(path, LOCK_NAME),
+                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        os.write(self.lock_fd, b"%d\n" % os.getpid())
+
+    def listen(self) -> int:
+        """Listen on the private socket now, so a hook can connect before the agent runs; the fd."""
+        import _socket
+
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        s.bind(self.sock)
+        os.chmod(self.sock, 0o600)
+        s.listen(128)
+        return int(s.detach())
+
+    def release(self) -> None:
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+
+def config_flags(opts: LaunchOptions, path: str, private: Private) -> dict[str, Any]:
+    """What launch sets over the environment's configuration."""
+    return {
+        "agent.socket": private.sock,
+        "agent.socket_mode": 0o600,
+        "agent.spool_dir": private.spool,
+        "agent.allowed_uids": [os.getuid()],
+        "agent.allowed_gids": [os.getgid()],
+        "exporters.file.path": path,
+        "exporters.console.enabled": opts.console,
+    }
+
+
+def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None:
+    """Check the configuration before CMD starts, when the environment has any (~30 ms that
+    a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid)."""
+    if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
+        return None
+    from infersight.agent.daemon import config as cfg
+
+    try:
+        cfg.load(None, flags=config_flags(opts, path, private))
+    except cfg.ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def controlling_tty() -> tuple[int | None, bool]:
+    """(a fd on launch's controlling terminal or None, whether launch is its foreground group)."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return fd, os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:  # a terminal, but not our controlling one
+            continue
+    return None, False
+
+
+def _pdeathsig_setter() -> Callable[[], None] | None:
+    """prctl(PR_SET_PDEATHSIG, SIGTERM), resolved before the fork; None where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+
+    def set_pdeathsig() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return set_pdeathsig
+
+
+def _preexec(parent: int, tty: int | None, pdeathsig: Callable[[], None] | None) -> Callable[[], None]:
+    """In CMD before exec: its own group; the terminal, if launch is its foreground (tty set)."""
+
+    def run_in_child() -> None:
+        os.setpgid(0, 0)
+        if tty is not None:
+            # We are a background group until this call: ignore SIGTTOU for it, as shells do.
+            old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                os.tcsetpgrp(tty, os.getpid())
+            except OSError:
+                pass
+            signal.signal(signal.SIGTTOU, old)
+        if pdeathsig is not None:
+            pdeathsig()
+            if os.getppid() != parent:  # launch died before prctl: do as if it had been set
+                os._exit(128 + int(signal.SIGTERM))
+
+    return run_in_child
+
+
+class Child:
+    """CMD: its own process group, reaped by :meth:`poll` (waitpid with WUNTRACED)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], tty: int | None) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.tty = tty
+        self.returncode: int | None = None
+        self.forwarded: list[int] = []
+
+    def forward(self, sig: int) -> None:
+        if self.returncode is None:
+            self.forwarded.append(sig)
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def poll(self) -> int | None:
+        """Reap CMD if it exited (its returncode, negative for a signal); follow it into a stop."""
+        while self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+            except ChildProcessError:
+                self.returncode = 255  # reaped elsewhere: nothing better is known
+                break
+            if pid == 0:
+                return None
+            if os.WIFSTOPPED(status):
+                if self.tty is not None:  # job control: mirror the stop to the shell
+                    self._stopped()
+                continue
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self.popen.returncode = self.returncode
+        return self.returncode
+
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM, then SIGKILL after timeout_s; reaped."""
+        self.forward(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.02)
+        self.restore_tty()
+
+    def _stopped(self) -> None:
+        """CMD stopped (Ctrl-Z, or a background read of the terminal): stop launch too, so that
+        the shell sees its job stopped. The shell's fg/bg sends launch SIGCONT: :meth:`resume`."""
+        self.restore_tty()
+        os.kill(os.getpid(), signal.SIGTSTP)  # returns at SIGCONT; at once in an orphaned group
+        self.resume()
+
+    def resume(self) -> None:
+        """launch was continued: give CMD the terminal if launch has it (fg), and continue CMD."""
+        if self.tty is not None:
+            try:
+                if os.tcgetpgrp(self.tty) == os.getpgrp():
+                    os.tcsetpgrp(self.tty, self.pid)
+            except OSError:
+                pass
+        if self.returncode is None:
+            try:
+                os.killpg(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def restore_tty(self) -> None:
+        """Give the terminal back to launch's group, if CMD has it (SIGTTOU is ignored by then)."""
+        if self.tty is None:
+            return
+        try:
+            if os.tcgetpgrp(self.tty) == self.pid:
+                os.tcsetpgrp(self.tty, os.getpgrp())
+        except OSError:
+            pass
+
+
+def spawn(cmd: list[str], env: dict[str, str]) -> Child:
+    """Start CMD in its own process group (the terminal's foreground one), with a parent-death signal."""
+    import subprocess
+
+    tty, foreground = controlling_tty()
+    preexec = _preexec(os.getpid(), tty if foreground else None, _pdeathsig_setter())
+    # preexec_fn is safe here: launch has started no thread yet.
+    popen = subprocess.Popen(cmd, env=env, preexec_fn=preexec)  # noqa: PLW1509
+    child = Child(popen, tty)
+    # From here on, signals to launch go to CMD once; launch may write to the terminal
+    # while CMD holds it (TOSTOP) and give it back at the end.
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: child.forward(signum))
+    if tty is not None:
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        signal.signal(signal.SIGCONT, lambda _signum, _frame: child.resume())
+    return child
+
+
+def import_agent_side() -> Any:
+    """Import the agent side on a thread at low CPU priority, so that on a busy host it does
+    not compete with CMD's own start. Only that thread is niced (Linux priorities are per
+    thread), and it ends with the import: the agent itself runs at launch's priority."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
+        except (OSError, AttributeError):
+            pass
+        try:
+            from infersight.agent.commands import launch_session
+
+            box["module"] = launch_session
+        except BaseException as exc:  # re-raised on the main thread
+            box["error"] = exc
+
+    t = threading.Thread(target=load, name="infersight-import")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["module"]
+
+
+def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
+    err = out or sys.stderr
+    cmd = list(opts.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        err.write("infersight launch: missing command: infersight launch -- CMD...\n")
+        return EXIT_USAGE
+    opts.cmd = cmd
+    path = opts.otlp_file or default_output_path()
+    reason = check_writable(path)
+    if reason is not None:
+        err.write("infersight launch: cannot write the output file %s: %s\n" % (path, reason))
+        return EXIT_USAGE
+    if opts.evict:
+        from infersight.agent.commands import pagecache
+
+        try:
+            evicted = pagecache.evict(opts.evict)
+        except OSError as exc:
+            err.write("infersight launch: --evict: %s\n" % exc)
+            return EXIT_USAGE
+        for line in pagecache.describe(evicted):
+            err.write("infersight: %s\n" % line)
+        err.flush()
+    try:
+        private = Private()
+    except OSError as exc:
+        err.write("infersight launch: cannot make a private directory in %s: %s\n" % (temp_root(), exc))
+        return EXIT_USAGE
+    child: Child | None = None
+    try:
+        bad = config_error(opts, path, private)
+        if bad is not None:
+            err.write("infersight launch: %s\n" % bad)
+            return EXIT_USAGE
+        try:
+            listen_fd = private.listen()
+        except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
+            err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
+            return EXIT_USAGE
+        ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
+        spawn_ns = time.time_ns()
+        env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
+        try:
+            child = spawn(cmd, env)
+        except FileNotFoundError:
+            err.write("infersight: command not found: %s\n" % cmd[0])
+            return EXIT_NOT_FOUND
+        except PermissionError:
+            err.write("infersight: permission denied: %s\n" % cmd[0])
+            return EXIT_NOT_EXECUTABLE
+        launch_session = import_agent_side()  # CMD runs: now the heavy part
+        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        return rc
+    finally:
+        if child is not None:
+            child.restore_tty()
+        if os.path.isdir(private.path) and not os.path.exists(os.path.join(private.path, "spool")):
+            import shutil
+
+            shutil.rmtree(private.path, ignore_errors=True)
+        private.release()
+
+
+def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
+    lp: argparse.ArgumentParser = sub.add_parser("launch", help=help_line)
+    lp.add_argument("--otlp-file", metavar="PATH", help="output file (default: infersight-<time>.otlp.jsonl)")
+    lp.add_argument("--ready-url", metavar="URL",
+                    help="poll URL (2xx/3xx) as the readiness probe; ends ready_wait there")
+    lp.add_argument("--probe", metavar="URL",
+                    help="after readiness, GET URL once and record the time to its first byte")
+    lp.add_argument("--evict", metavar="PATH", nargs="+", action="extend",
+                    help="drop these files (directories recursively) from the page cache before CMD "
+                         "starts, for a truly cold start without root")
+    lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
+                    help="print the cold-start waterfall (default: on)")
+    lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    lp.set_defaults(func=run)
+    return lp
+
+
+def run(args: argparse.Namespace) -> int:
+    return launch(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
+                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or ()))

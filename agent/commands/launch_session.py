@@ -1,0 +1,533 @@
+"""The agent side of ``infersight launch``, imported after CMD was spawned.
+
+``--ready-url URL`` polls URL like a readiness probe (2xx/3xx). The ready time goes to
+the child's hooks through a file (``INFERSIGHT_READY_FILE``), so the child's own
+``ready_wait`` ends there and its next forward is ``first_request``; the ``listen()``
+heuristic is off in the child unless ``INFERSIGHT_READY_ON_LISTEN`` says otherwise.
+``--probe URL`` sends one GET after readiness (without ``--ready-url`` it retries until
+the server answers) and records the time to the first body byte as an
+``infersight.probe`` client span under the child's ``coldstart`` root. For a CMD that
+runs no hooked Python, the launcher's own root gets ``ready_wait`` and
+``first_request`` stages from these two instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import stat
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from infersight.agent.commands import extensions
+from infersight.agent.commands.compose import build_exporters
+from infersight.agent.commands.launch import (
+    EXIT_USAGE,
+    LOCK_NAME,
+    PRIVATE_PREFIX,
+    Child,
+    LaunchOptions,
+    Private,
+    config_flags,
+    exit_status,
+)
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.daemon.spool import DiskSpool
+from infersight.hooks._workers import CHILDREN_PREFIX
+from infersight.telemetry import ColdStart, Resource, SpanItem
+
+
+@dataclass
+class ProbeResult:
+    """One HTTP GET as the launcher saw it (Unix ns; 0 where it did not happen)."""
+
+    url: str
+    connect_ns: int = 0  # before connecting: the server's work on this request follows
+    start_ns: int = 0
+    headers_ns: int = 0
+    first_byte_ns: int = 0
+    status: int = 0
+    error: str = ""
+
+
+@dataclass
+class Readiness:
+    ready: ProbeResult | None = None
+    probe: ProbeResult | None = None
+    attempts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
+    """GET url; time the response headers and the first body byte (blocking; run in a thread)."""
+    r = ProbeResult(url)
+    import http.client  # only with --ready-url/--probe (~15 ms that a plain launch does not pay)
+
+    u = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
+    path = (u.path or "/") + ("?" + u.query if u.query else "")
+    try:
+        r.connect_ns = time.time_ns()
+        conn.connect()
+        r.start_ns = time.time_ns()
+        conn.request("GET", path, headers={"User-Agent": "infersight-launch"})
+        resp = conn.getresponse()
+        r.headers_ns = time.time_ns()
+        r.status = resp.status
+        first = resp.read(1)
+        r.first_byte_ns = time.time_ns() if first else r.headers_ns
+        resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        r.error = "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        conn.close()
+    return r
+
+
+def write_ready_file(path: str, ready_ns: int, asked_ns: int = 0) -> None:
+    """Atomically: the child's hooks poll for this file (a few bytes, local disk):
+    ``READY_NS ASKED_NS``, the ready response's time and when that request was sent (what
+    the server did after it, e.g. a lazy import in its health handler, is not start-up)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write("%d %d" % (ready_ns, asked_ns) if asked_ns else str(ready_ns))
+    os.replace(tmp, path)
+
+
+def ok_status(status: int) -> bool:
+    return 200 <= status < 400
+
+
+async def watch_readiness(
+    opts: LaunchOptions, ready_file: str | None, proc_done: asyncio.Event, out: TextIO
+) -> Readiness:
+    """Poll --ready-url, hand the ready time to the child, then send the --probe request."""
+    res = Readiness()
+    deadline = time.monotonic() + opts.ready_timeout_s
+    delay = 0.05
+
+    async def poll(url: str) -> ProbeResult | None:
+        nonlocal delay
+        while not proc_done.is_set() and time.monotonic() < deadline:
+            res.attempts += 1
+            r = await asyncio.to_thread(http_get, url)
+            if not r.error and (ok_status(r.status) or url == opts.probe):
+                return r
+            try:
+                await asyncio.wait_for(proc_done.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            delay = min(delay * 1.5, 0.5)
+        return None
+
+    if opts.ready_url:
+        res.ready = await poll(opts.ready_url)
+        if res.ready is None:
+            res.notes.append("never ready at %s" % opts.ready_url)
+            return res
+        if ready_file:
+            write_ready_file(ready_file, res.ready.headers_ns, res.ready.connect_ns)
+    if opts.probe:
+        if opts.ready_url:
+            r = await asyncio.to_thread(http_get, opts.probe)
+            res.probe = r if not r.error else None
+            if r.error:
+                res.notes.append("probe %s failed: %s" % (opts.probe, r.error))
+        else:
+            res.probe = await poll(opts.probe)
+    return res
+
+
+def launcher_root(
+    cmd: list[str], pid: int, spawn_ns: int, end_ns: int, host: str, readiness: Readiness | None = None
+) -> ColdStart:
+    """The cold start from the launcher's view, for a CMD that runs no hooked Python.
+
+    With --ready-url/--probe it has ``ready_wait`` (spawn -> ready) and ``first_request``
+    (probe sent -> first byte) stages, and ends at the probe's first byte.
+    """
+    service = os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % os.path.basename(cmd[0])
+    res = Resource.of(
+        {
+            "service.name": service,
+            "host.name": host,
+            "process.pid": pid,
+            "process.executable.name": os.path.basename(cmd[0]),
+            "telemetry.sdk.name": "infersight",
+        }
+    )
+    trace, root_id = os.urandom(16).hex(), os.urandom(8).hex()
+    stages: list[SpanItem] = []
+    ready = readiness.ready if readiness else None
+    probe = readiness.probe if readiness else None
+    if ready is not None and ready.headers_ns:
+        stages.append(SpanItem(
+            res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready.headers_ns,
+            {"infersight.stage": "ready_wait", "infersight.ready.source": "ready_url", "url.full": ready.url},
+        ))
+        end_ns = ready.headers_ns
+    if probe is not None and probe.first_byte_ns:
+        stages.append(SpanItem(
+            res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
+            probe.first_byte_ns,
+            {"infersight.stage": "first_request", "infersight.first_request.source": "probe",
+             "url.full": probe.url, "http.response.status_code": probe.status,
+             "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
+        ))
+        end_ns = probe.first_byte_ns
+    covered = sum(s.end_ns - s.start_ns for s in stages)
+    root = SpanItem(
+        res, trace, root_id, None, "coldstart", spawn_ns, end_ns,
+        {
+            "faas.coldstart": True,
+            "infersight.coldstart.source": "launcher",
+            "infersight.coldstart.unattributed_s": (end_ns - spawn_ns - covered) / 1e9,
+        },
+    )
+    return ColdStart(root, stages)
+
+
+def probe_span(probe: ProbeResult, trace_id: str, parent: str, resource: Resource) -> SpanItem:
+    """The launcher's probe request, a client span under the child's cold-start root."""
+    return SpanItem(
+        resource, trace_id, os.urandom(8).hex(), parent, "infersight.probe", probe.start_ns, probe.first_byte_ns,
+        {
+            "http.request.method": "GET",
+            "url.full": probe.url,
+            "http.response.status_code": probe.status,
+            "infersight.probe.headers_s": (probe.headers_ns - probe.start_ns) / 1e9,
+            "infersight.probe.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9,
+        },
+        error=None if ok_status(probe.status) else "HTTP %d" % probe.status,
+    )
+
+
+def _readiness_lines(rd: Readiness, spawn_ns: int) -> list[str]:
+    lines = []
+    if rd.ready is not None:
+        lines.append("infersight: ready at %s after %.3f s (%d attempt(s))"
+                     % (rd.ready.url, (rd.ready.headers_ns - spawn_ns) / 1e9, rd.attempts))
+    if rd.probe is not None and rd.probe.first_byte_ns:
+        p = rd.probe
+        lines.append("infersight: probe GET %s: HTTP %d, first byte %.3f s after sending, %.3f s after spawn"
+                     % (p.url, p.status, (p.first_byte_ns - p.start_ns) / 1e9, (p.first_byte_ns - spawn_ns) / 1e9))
+    lines.extend("infersight: " + n for n in rd.notes)
+    return lines
+
+
+@dataclass
+class Leftover:
+    """The private directory of an earlier launch that is gone; locked by us while we replay it."""
+
+    path: str
+    lock_fd: int
+    pid: str
+    replayed: int = 0
+
+
+def find_leftovers(root: str, own: str) -> list[Leftover]:
+    """Private directories of launches that died (their lock is free), ours by uid and mode."""
+    found: list[Leftover] = []
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(PRIVATE_PREFIX))
+    except OSError:
+        return found
+    for name in names:
+        path = os.path.join(root, name)
+        if path == own:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            continue  # not a directory of ours: never read or delete it
+        try:
+            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        except OSError:  # its launch is alive (or another launch is replaying it)
+            os.close(fd)
+            continue
+        found.append(Leftover(path, fd, pid))
+    return found
+
+
+def spool_files(spool: str) -> list[str]:
+    """What is left in a hook spool directory (any name: producers choose their own), but
+    the hooks' children report directories (``children-<uid>``): they hold no events."""
+    try:
+        names = os.listdir(spool)
+    except OSError:
+        return []
+    return sorted(n for n in names if not n.startswith(".") and not is_children_dir(spool, n))
+
+
+def is_children_dir(spool: str, name: str) -> bool:
+    return name.startswith(CHILDREN_PREFIX) and stat.S_ISDIR(_lstat_mode(os.path.join(spool, name)))
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
+
+
+def processes_using(sock: str) -> list[int]:
+    """Live processes started under this launch (their environment names its socket)."""
+    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
+    pids: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if entry in b"\0" + env + b"\0":
+            pids.append(int(name))
+    return pids
+
+
+def finish_private(private: Private, out: TextIO) -> None:
+    """Remove the private directory, unless a process we started still runs or spooled events
+    wait there: then keep the spool for the next launch to replay, and say so."""
+    live = processes_using(private.sock)
+    left = spool_files(private.spool)
+    if not live and not left:
+        shutil.rmtree(private.path, ignore_errors=True)
+        return
+    for name in ("agent.sock", "ready"):
+        try:
+            os.unlink(os.path.join(private.path, name))
+        except OSError:
+            pass
+    os.makedirs(private.spool, mode=0o700, exist_ok=True)
+    why = ("process(es) %s started under launch still run" % ", ".join(map(str, live)) if live
+           else "%d spool file(s) were not delivered" % len(left))
+    out.write("infersight: %s; their events are kept in %s and the next launch replays them\n"
+              % (why, private.spool))
+
+
+def replay_leftovers(agent: Agent, leftovers: list[Leftover]) -> None:
+    for lo in leftovers:
+        lo.replayed = agent.ingest.replay_spools(os.path.join(lo.path, "spool"))
+
+
+def close_leftovers(leftovers: list[Leftover], out: TextIO) -> None:
+    """After the flush: delete a leftover directory whose spools were delivered; report the rest."""
+    for lo in leftovers:
+        left = spool_files(os.path.join(lo.path, "spool"))
+        if lo.replayed:
+            out.write("infersight: replayed %d spool file(s) left by an earlier launch (pid %s)\n"
+                      % (lo.replayed, lo.pid or "?"))
+        exporter_items = _exporter_spool_files(lo.path)
+        if exporter_items:
+            out.write("infersight: an earlier launch (pid %s) left %d undelivered exporter item(s) in %s\n"
+                      % (lo.pid or "?", exporter_items, os.path.join(lo.path, "exporter-spool")))
+        if not left and not exporter_items:
+            shutil.rmtree(lo.path, ignore_errors=True)
+        elif left:
+            out.write("infersight: %d spool file(s) in %s belong to a process that still runs; a later launch "
+                      "replays them\n" % (len(left), os.path.join(lo.path, "spool")))
+        os.close(lo.lock_fd)
+
+
+def _exporter_spool_files(path: str) -> int:
+    """Items an earlier launch's exporters had spooled and not delivered."""
+    root = os.path.join(path, "exporter-spool")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    n = 0
+    for name in names:
+        d = os.path.join(root, name)
+        if os.path.isdir(d) and not os.path.islink(d):
+            try:
+                n += DiskSpool(d).items
+            except (OSError, ValueError):
+                continue
+    return n
+
+
+async def wait_child(child: Child) -> int:
+    """CMD's returncode, reaped on SIGCHLD (and once now: it may have exited during our imports)."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+
+    def on_sigchld() -> None:
+        if child.poll() is not None:
+            done.set()
+
+    loop.add_signal_handler(signal.SIGCHLD, on_sigchld)
+    try:
+        on_sigchld()
+        await done.wait()
+    finally:
+        loop.remove_signal_handler(signal.SIGCHLD)
+    assert child.returncode is not None
+    return child.returncode
+
+
+async def wait_producers_gone(agent: Agent, sock: str, timeout_s: float) -> None:
+    """Wait for the connections of exiting producers to close; not for a process that lives on
+    (a daemonized grandchild): at most as many connections as such processes stay open."""
+    deadline = time.monotonic() + timeout_s
+    while agent.ingest.open_connections and time.monotonic() < deadline:
+        if agent.ingest.open_connections <= len(processes_using(sock)):
+            return
+        await asyncio.sleep(0.02)
+
+
+async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child,
+               spawn_ns: int, out: TextIO) -> int:
+    conf = cfg.load(None, flags=config_flags(opts, path, private))
+    listener = socket.socket(fileno=listen_fd)
+    agent = Agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
+                  listen_sock=listener, exporter_spool_root=os.path.join(private.path, "exporter-spool"))
+    extensions.install(agent, conf)  # request latency, NVML devices, live OOM classification
+    await agent.start()
+    leftovers = find_leftovers(os.path.dirname(private.path), private.path)
+    replay_leftovers(agent, leftovers)
+    ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
+    proc_done = asyncio.Event()
+    watcher = None
+    if opts.ready_url or opts.probe:
+        watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, out))
+    returncode = await wait_child(child)
+    end_ns = time.time_ns()
+    proc_done.set()
+    child.restore_tty()
+    readiness = Readiness()
+    if watcher is not None:
+        try:
+            readiness = await asyncio.wait_for(watcher, 10.0)
+        except (asyncio.TimeoutError, OSError) as exc:
+            readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
+    # The child's hooks flushed at exit; let the agent read what is in flight.
+    await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
+    agent.ingest.replay_spools(private.spool)
+    launched = [p for p in agent.assembler.producers.values()
+                if p.info.get("launched") and p.info.get("pid") == child.pid]
+    launched = launched or [p for p in agent.assembler.producers.values() if p.info.get("launched")]
+    if not launched:
+        cs = launcher_root(opts.cmd, child.pid, spawn_ns, end_ns, agent.host_name, readiness)
+        agent.broadcaster.publish([cs.root, *cs.stages, cs, *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
+    elif readiness.probe is not None and readiness.probe.first_byte_ns:
+        p0 = launched[0]
+        agent.broadcaster.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
+                                         p0.resource)])
+    await _wait_for_brokers(agent)
+    ok = await agent.shutdown(opts.flush_timeout_s)
+    for line in _readiness_lines(readiness, spawn_ns):
+        out.write(line + "\n")
+    _report(agent, path, ok, out)
+    close_leftovers(leftovers, out)
+    finish_private(private, out)
+    _storage_note(path, out)
+    return exit_status(returncode)
+
+
+async def _wait_for_brokers(agent: Agent) -> None:
+    """MQTT at exit: wait a bounded time (exporters.mqtt.exit_wait_s) for the broker."""
+    from infersight.exporters import mqtt
+
+    for w in agent.workers:
+        if isinstance(w.exporter, mqtt.MqttExporter):
+            await mqtt.wait_delivered(w.exporter, w)
+
+
+def _quiet_logging() -> None:
+    """Agent warnings as one-line notes on stderr; an absent NVML is no news on a workstation
+    (``infersight doctor`` reports it)."""
+    logger = logging.getLogger("infersight")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("infersight: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("INFERSIGHT_LOG_LEVEL", "WARNING").upper())
+        logger.propagate = False
+    logging.getLogger("infersight.agent.devices.nvml").setLevel(logging.ERROR)
+    logging.getLogger("infersight.agent.devices.job").setLevel(logging.ERROR)
+
+
+def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
+    h = agent.health()
+    out.write("infersight: wrote %s\n" % os.path.abspath(path))
+    problems = []
+    if h["lost"]:
+        problems.append("%d event(s) lost" % h["lost"])
+    if h["dropped_by_producers"]:
+        problems.append("%d event(s) dropped by hooks" % h["dropped_by_producers"])
+    for w in agent.workers:
+        st = w.state()
+        left = int(st["spooled_items_pending"]) + int(st["dropped_items"])
+        if left:
+            problems.append("%d item(s) not delivered to %s (%s)" % (left, w.name, st["last_error"] or "peer away"))
+    if not ok:
+        problems.append("flush hit its time limit")
+    if problems:
+        out.write("infersight: " + "; ".join(problems) + "\n")
+    out.flush()
+
+
+def _storage_note(path: str, out: TextIO) -> None:
+    """Measure the storage ceiling once for weights files that had none (cached per device)."""
+    if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    from infersight.agent.coldstart import storage_ceiling
+
+    seen: dict[str, float] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if "infersight.weights.path" not in line or "ceiling_ratio" in line:
+                    continue
+                for span in storage_ceiling.cold_reads(json.loads(line)):
+                    wpath, rate = span
+                    if wpath and wpath not in seen:
+                        seen[wpath] = rate
+    except (OSError, ValueError):
+        return
+    for wpath, rate in seen.items():
+        entry = storage_ceiling.ensure_for_file(wpath)
+        if entry is None:
+            continue
+        ceiling = float(entry["bytes_per_s"])
+        out.write(
+            "infersight: storage ceiling of device %s (%s read of %s): %.0f MiB/s; %s loaded at %.0f MiB/s (%.0f%%)\n"
+            % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
+               ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
+        )
+
+
+def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,
+        out: TextIO) -> int:
+    _quiet_logging()
+    try:
+        return asyncio.run(_run(opts, path, private, listen_fd, child, spawn_ns, out))
+    except cfg.ConfigError as exc:
+        out.write("infersight launch: %s\n" % exc)
+        # An exporter setting that only the exporters check: CMD had started already.
+        child.stop(opts.flush_timeout_s)
+        return EXIT_USAGE

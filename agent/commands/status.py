@@ -1,0 +1,72 @@
+"""``infersight status``: ask a running agent for its health over its socket."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
+    sp: argparse.ArgumentParser = sub.add_parser("status", help=help_line)
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--socket", metavar="PATH")
+    sp.set_defaults(func=run)
+    return sp
+
+
+def query_status(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
+    """Ask a running agent for its health over its socket."""
+    import socket
+
+    from infersight.hooks import _wire
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(path)
+        s.sendall(_wire.encode_frame({"t": "status"}))
+        buf = b""
+        while True:
+            frames, buf, bad = _wire.split_frames(buf)
+            if bad:
+                raise OSError("agent sent an oversized frame")
+            if frames:
+                msg = _wire.decode_payload(frames[0])
+                if msg is None:
+                    raise OSError("agent sent a malformed frame")
+                return msg
+            chunk = s.recv(65536)
+            if not chunk:
+                raise OSError("agent closed the connection")
+            buf += chunk
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from infersight.hooks import _paths
+
+    path = args.socket or _paths.socket_path()
+    try:
+        h = query_status(path)
+    except OSError as exc:
+        if args.json:
+            print(json.dumps({"healthy": False, "socket": path, "error": str(exc)}))
+        else:
+            print("infersight agent: not reachable at %s (%s)" % (path, exc))
+        return 1
+    if h.get("t") == "refuse":
+        print("infersight agent refused the status query: %s" % h.get("error"))
+        return 1
+    h.pop("t", None)
+    if args.json:
+        print(json.dumps(h, sort_keys=True))
+    else:
+        print("infersight agent %s (%s, pid %s): %s" % (
+            h.get("version"), h.get("mode"), h.get("pid"), "healthy" if h.get("healthy") else "UNHEALTHY"))
+        for k in ("uptime_s", "socket", "producers", "events_in", "items_out", "lost", "dropped_by_producers"):
+            print("  %-22s %s" % (k, h.get(k)))
+        for e in h.get("exporters") or []:
+            print("  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
+                e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"),
+                e.get("retries"), e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items")))
+    return 0 if h.get("healthy") else 1

@@ -1,0 +1,486 @@
+"""Fan-out from assembly to exporters: one bounded queue and worker per exporter.
+
+A full queue pushes back while its exporter's destination is reachable: the worker
+keeps the batch in memory and reports itself *full*, the broadcaster tells the ingest to stop
+reading from producers until the queue is half empty again, and since a producer's events
+are acked only once exported, the hooks keep theirs buffered (or in their own spool)
+meanwhile. Only while the destination is unreachable (or the worker itself is failing)
+does a full queue spill to the exporter's disk spool (or drop, counted), so a failing
+exporter never stalls the others. A batch is *complete* for an exporter once it was
+exported, spooled, or counted as dropped; when every exporter completed it, the
+producer's events are acked. Failures are retried from the spool with jittered,
+capped backoff, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from infersight.agent.daemon.spool import DiskSpool
+from infersight.exporters.base import Exporter, ExportError
+from infersight.telemetry import Item
+
+log = logging.getLogger("infersight.pipeline")
+
+
+class Completion:
+    """Counts down the exporters that still hold a batch; calls back at zero."""
+
+    __slots__ = ("on_done", "pending")
+
+    def __init__(self, on_done: Callable[[], None] | None = None) -> None:
+        self.pending = 0
+        self.on_done = on_done
+
+    def done(self) -> None:
+        self.pending -= 1
+        if self.pending == 0 and self.on_done is not None:
+            self.on_done()
+
+
+# A reachable exporter's queue may hold this many times its bound (the frames already read
+# when it filled, batches published from elsewhere) before it spills anyway.
+HARD_QUEUE_FACTOR = 4
+
+# What one export attempt came to.
+OK, AWAY, REJECTED, FINAL = "ok", "away", "rejected", "final"
+
+
+class ExporterWorker:
+    """One exporter's queue, spool and retry loop. It never dies: any exception from its
+    spool or exporter is logged (once per kind, then with a count), counted and retried
+    after a backoff, and :meth:`problem` says why it cannot make progress meanwhile."""
+
+    def __init__(
+        self,
+        exporter: Exporter,
+        spool: DiskSpool | None = None,
+        queue_max_items: int = 65536,
+        max_batch_items: int = 4096,
+        retry_initial_s: float = 0.2,
+        retry_max_s: float = 10.0,
+        memory_retries: int = 3,
+        max_attempts: int = 10,
+        down_unhealthy_s: float = 120.0,
+    ) -> None:
+        self.exporter = exporter
+        self.spool = spool
+        self.queue: deque[tuple[Sequence[Item], Completion]] = deque()
+        self.queue_items = 0
+        self.queue_max_items = queue_max_items
+        self.max_batch_items = max_batch_items
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
+        self.memory_retries = memory_retries
+        self.max_attempts = max(1, max_attempts)
+        self.down_unhealthy_s = down_unhealthy_s
+        self._wake = asyncio.Event()
+        self._stop_evt = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._backoff = retry_initial_s
+        self._busy = False
+        self.peer_up = True
+        self.down_since: float | None = None  # monotonic, while the peer is away
+        self.fault = ""  # the worker's own failure (spool, exporter bug), while it lasts
+        self.fault_since: float | None = None
+        self._fault_kinds: dict[str, int] = {}
+        # The spooled record at the head and how often the peer rejected it.
+        self._head: tuple[int, int] | None = None
+        self._head_attempts = 0
+        self._isolate = 0  # export this many next records one by one (find a poison record)
+        # Counters.
+        self.exported_items = 0
+        self.export_errors = 0
+        self.retries = 0
+        self.dropped_items = 0
+        self.rejected_items = 0  # dropped: refused for good, or after max_attempts rejections
+        self.spilled_items = 0
+        self.internal_errors = 0
+        self.pushbacks = 0  # times the queue filled while the peer was reachable
+        self.last_error = ""
+        self.full = False  # pushing back: the ingest waits until the queue is half empty
+        self.on_full_change: Callable[[], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.exporter.name
+
+    def depth(self) -> int:
+        return len(self.queue)
+
+    def idle(self) -> bool:
+        return not self.queue and not self._busy and not self.spool
+
+    def problem(self, now: float | None = None) -> str | None:
+        """Why this exporter cannot make progress now (None when it can)."""
+        now = time.monotonic() if now is None else now
+        if self.fault_since is not None:
+            return "worker failing for %.0f s: %s" % (now - self.fault_since, self.fault)
+        if self.down_since is not None and now - self.down_since > self.down_unhealthy_s:
+            return "peer away for %.0f s: %s" % (now - self.down_since, self.last_error)
+        return None
+
+    def reachable(self) -> bool:
+        """The destination takes batches and the worker is sound: push back, do not spill."""
+        return self.peer_up and self.fault_since is None and not self._stopping
+
+    def _set_full(self, full: bool) -> None:
+        if full != self.full:
+            self.full = full
+            if full:
+                self.pushbacks += 1
+            if self.on_full_change is not None:
+                self.on_full_change()
+
+    def _dequeued(self) -> None:
+        if self.full and self.queue_items <= self.queue_max_items // 2:
+            self._set_full(False)
+
+    def submit(self, items: Sequence[Item], completion: Completion) -> None:
+        if self.queue_items + len(items) > self.queue_max_items:
+            if self.reachable() and self.queue_items < self.queue_max_items * HARD_QUEUE_FACTOR:
+                # Healthy but behind: hold it and push back on the producers (no spill).
+                self.queue.append((items, completion))
+                self.queue_items += len(items)
+                self._set_full(True)
+                self._wake.set()
+                return
+            # Unreachable (or far over): everything queued goes to the spool first, so order
+            # is kept there.
+            self._spill_queue()
+            self._spill(items)
+            completion.done()
+            self._wake.set()
+            return
+        self.queue.append((items, completion))
+        self.queue_items += len(items)
+        self._wake.set()
+
+    def _spill_queue(self) -> None:
+        try:
+            while self.queue:
+                items, c = self.queue.popleft()
+                self.queue_items -= len(items)
+                try:
+                    self._spill(items)
+                finally:
+                    c.done()
+        finally:
+            self._dequeued()
+
+    def _spill(self, items: Sequence[Item]) -> None:
+        if self.spool is not None:
+            try:
+                self.spool.append(items)
+                self.spilled_items += len(items)
+                return
+            except Exception as exc:  # a full disk, or a value the spool cannot encode
+                self.last_error = "spool: %s" % exc
+                self._note_fault("spool append", exc, traceback=not isinstance(exc, OSError))
+        self.dropped_items += len(items)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="export-" + self.name)
+
+    async def _sleep_backoff(self) -> None:
+        delay = self._backoff * (0.5 + random.random() / 2)
+        self._backoff = min(self._backoff * 2, self.retry_max_s)
+        try:  # cut short only by drain(), not by new submissions
+            await asyncio.wait_for(self._stop_evt.wait(), delay)
+        except TimeoutError:
+            pass
+
+    # -- faults -----------------------------------------------------------------------
+
+    def _note_fault(self, where: str, exc: BaseException, traceback: bool = True) -> None:
+        """Count a failure of the worker itself; log it once per kind, then at 10, 100, ..."""
+        self.internal_errors += 1
+        kind = "%s: %s" % (where, type(exc).__name__)
+        n = self._fault_kinds[kind] = self._fault_kinds.get(kind, 0) + 1
+        if self.fault_since is None:
+            self.fault_since = time.monotonic()
+        self.fault = "%s: %s" % (where, exc)
+        if n == 1:
+            log.error("exporter %s: %s: %s", self.name, where, exc, exc_info=exc if traceback else None)
+        elif n in (10, 100) or n % 1000 == 0:
+            log.error("exporter %s: %s: %s (%d times so far)", self.name, where, exc, n)
+
+    def _clear_fault(self) -> None:
+        if self.fault_since is not None:
+            log.info("exporter %s: recovered (%s)", self.name, self.fault)
+            self.fault_since = None
+            self.fault = ""
+
+    # -- exporting --------------------------------------------------------------------
+
+    async def _export(self, batch: Sequence[Item]) -> str:
+        """One attempt: OK, AWAY (peer away: retry without limit), REJECTED (counts toward
+        the record's attempts) or FINAL (refused for good: drop)."""
+        try:
+            await self.exporter.export(batch)
+        except ExportError as exc:
+            self.export_errors += 1
+            self.last_error = str(exc)
+            if not exc.retryable:
+                return FINAL
+            if exc.rejected:
+                return REJECTED
+            if self.peer_up:
+                log.warning("exporter %s: %s", self.name, exc)
+                self.down_since = time.monotonic()
+            self.peer_up = False
+            return AWAY
+        except Exception as exc:  # an exporter bug on this data must not kill the worker
+            self.export_errors += 1
+            self.last_error = repr(exc)
+            self._note_fault("export", exc)
+            return REJECTED
+        if not self.peer_up:
+            log.info("exporter %s: peer is back", self.name)
+        self.peer_up = True
+        self.down_since = None
+        self._backoff = self.retry_initial_s
+        self.exported_items += len(batch)
+        return OK
+
+    def _drop_rejected(self, items: Sequence[Item], why: str) -> None:
+        self.rejected_items += len(items)
+        self.dropped_items += len(items)
+        log.warning("exporter %s: dropped %d item(s) the peer %s (%d dropped so far): %s",
+                    self.name, len(items), why, self.rejected_items, self.last_error)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the spool or an exporter failed: count, back off, retry
+                self._busy = False
+                self._note_fault("spool" if self.spool is not None else "worker", exc,
+                                 traceback=not isinstance(exc, OSError))
+                if self._stopping:
+                    return await self._idle_stop()
+                await self._sleep_backoff()
+            else:
+                self._clear_fault()
+
+    async def _step(self) -> None:
+        if self.spool:
+            return await self._drain_spool_once()
+        if not self.queue:
+            if self._stopping:
+                return await self._idle_stop()
+            self._wake.clear()
+            await self._wake.wait()
+            return None
+        parts, completions = self._take()
+        batch = [it for p in parts for it in p]
+        self._busy = True
+        try:
+            out = await self._export(batch)
+            attempts = 0
+            while out in (AWAY, REJECTED) and self.spool is None and attempts < self.memory_retries:
+                attempts += 1
+                self.retries += 1
+                await self._sleep_backoff()
+                out = await self._export(batch)
+            if out == FINAL:
+                await self._export_apart(parts)
+            elif out != OK:
+                self._spill(batch)
+                if self.full and not self.reachable():
+                    self._spill_queue()  # it went away while full: stop holding producers back
+        finally:
+            self._busy = False
+            for c in completions:
+                c.done()
+        return None
+
+    async def _export_apart(self, parts: list[Sequence[Item]]) -> None:
+        """A batch refused for good: drop only the submissions at fault."""
+        if len(parts) == 1:
+            return self._drop_rejected(parts[0], "refused for good")
+        for part in parts:
+            out = await self._export(part)
+            if out == FINAL:
+                self._drop_rejected(part, "refused for good")
+            elif out != OK:
+                self._spill(part)
+        return None
+
+    def _take(self) -> tuple[list[Sequence[Item]], list[Completion]]:
+        parts: list[Sequence[Item]] = []
+        completions: list[Completion] = []
+        n = 0
+        while self.queue and (not parts or n + len(self.queue[0][0]) <= self.max_batch_items):
+            items, c = self.queue.popleft()
+            self.queue_items -= len(items)
+            parts.append(items)
+            n += len(items)
+            completions.append(c)
+        self._dequeued()
+        return parts, completions
+
+    async def _drain_spool_once(self) -> None:
+        """Move live batches behind the spool (order), then try its oldest batch."""
+        assert self.spool is not None
+        self._spill_queue()
+        if self._stopping and not self.peer_up:
+            return await self._idle_stop()
+        batch, records = self.spool.peek_many(1 if self._isolate else self.max_batch_items)
+        if not records:
+            if self.spool:  # items counted but unreadable now (a segment vanished): no busy loop
+                raise OSError("spool holds %d item(s) it cannot read" % self.spool.items)
+            return None
+        self._busy = True
+        try:
+            out = await self._export(batch)
+            if out == OK:
+                self._head = None
+                self._isolate = max(0, self._isolate - 1)
+                self.spool.pop_many(records)
+                return None
+            if out in (FINAL, REJECTED) and records > 1:
+                self._isolate = records  # one record at a time until the bad one is found
+                return None
+            if out == FINAL:
+                self._head, self._isolate = None, 0  # found it: back to whole batches
+                self.spool.pop_many(1)
+                return self._drop_rejected(batch, "refused for good")
+            if out == REJECTED:
+                head = self.spool.head()
+                if head != self._head:
+                    self._head, self._head_attempts = head, 0
+                self._head_attempts += 1
+                if self._head_attempts >= self.max_attempts:
+                    self._head, self._isolate = None, 0
+                    self.spool.pop_many(1)
+                    return self._drop_rejected(batch, "rejected %d times" % self.max_attempts)
+            self.retries += 1
+            if self._stopping:
+                return await self._idle_stop()
+            await self._sleep_backoff()
+        finally:
+            self._busy = False
+        return None
+
+    async def _idle_stop(self) -> None:
+        # Stopping with the peer down: the spool keeps the rest for the next start.
+        self._wake.clear()
+        await self._wake.wait()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop taking new work once the queue is exported; True if it finished in time."""
+        self._stopping = True
+        self._stop_evt.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.queue and not self._busy and (not self.spool or not self.peer_up or self.fault_since):
+                break
+            await asyncio.sleep(0.01)
+        done = not self.queue and not self._busy
+        # Whatever is still queued goes to the spool (or is counted as dropped).
+        self._spill_queue()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        return done
+
+    def state(self) -> dict[str, int | float | str]:
+        sp = self.spool
+        out: dict[str, int | float | str] = {
+            "peer_up": int(self.peer_up),
+            "queue_depth": len(self.queue),
+            "exported_items": self.exported_items,
+            "export_errors": self.export_errors,
+            "retries": self.retries,
+            "spilled_items": self.spilled_items,
+            "pushbacks": self.pushbacks,
+            "dropped_items": self.dropped_items + (sp.dropped_items if sp is not None else 0),
+            "rejected_items": self.rejected_items,
+            "internal_errors": self.internal_errors,
+            "spooled_items_pending": sp.items if sp is not None else 0,
+            "spool_corrupt_records": sp.corrupt_records if sp is not None else 0,
+            "problem": self.problem() or "",
+            "last_error": self.last_error,
+        }
+        out.update({"exporter." + k: v for k, v in self.exporter.state().items()})
+        return out
+
+
+class Broadcaster:
+    """Hands every batch to every exporter worker, after showing it to the taps.
+
+    A tap sees items as they pass (the cold-start progress tracker, say); it must be
+    quick and must not raise: an exception is logged and the batch still goes out.
+    """
+
+    def __init__(self, workers: list[ExporterWorker]) -> None:
+        self.workers = workers
+        self.taps: list[Callable[[Sequence[Item]], None]] = []
+        self._ready = asyncio.Event()  # clear while some reachable exporter is full
+        self._ready.set()
+        for w in workers:
+            w.on_full_change = self._recheck
+
+    def _recheck(self) -> None:
+        if any(w.full for w in self.workers):
+            self._ready.clear()
+        else:
+            self._ready.set()
+
+    @property
+    def congested(self) -> bool:
+        """Some exporter's queue is full while its destination is reachable: stop reading."""
+        return not self._ready.is_set()
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def publish(self, items: Sequence[Item], on_done: Callable[[], None] | None = None) -> None:
+        for tap in self.taps:
+            try:
+                tap(items)
+            except Exception:
+                log.exception("a tap failed on a batch; the batch goes on")
+        c = Completion(on_done)
+        if not items or not self.workers:
+            if on_done is not None:
+                on_done()
+            return
+        c.pending = len(self.workers)
+        for w in self.workers:
+            w.submit(items, c)
+
+    def publish_to(self, items: Sequence[Item], live: bool) -> None:
+        """Only to the exporters that show live values (``live``: Prometheus), or only to
+        those that record (file, OTLP, MQTT): device samples go to each at its own rate."""
+        if not items:
+            return
+        workers = [w for w in self.workers if is_live(w.exporter) == live]
+        if not workers:
+            return
+        c = Completion()
+        c.pending = len(workers)
+        for w in workers:
+            w.submit(items, c)
+
+    def idle(self) -> bool:
+        return all(w.idle() for w in self.workers)
+
+
+def is_live(exporter: Exporter) -> bool:
+    """An exporter that serves the current value (a scrape endpoint) rather than recording
+    every item it is given."""
+    return bool(getattr(exporter, "live", exporter.name == "prometheus"))

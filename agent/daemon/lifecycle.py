@@ -1,0 +1,384 @@
+"""The agent's lifecycle: one object owns startup, signals and shutdown.
+
+As in uvicorn: the first SIGTERM/SIGINT stops gracefully within a time limit
+(stop accepting, drain the exporters' queues, flush); the second forces exit.
+SIGHUP reloads the configuration and rules, all or nothing: every part is
+validated first, and only when all are valid is anything swapped.
+The same object runs in-process under ``infersight launch`` (embedded mode).
+
+Under systemd (``Type=notify``, daemon mode only) the agent reports its state over
+``NOTIFY_SOCKET``: READY=1 once it listens with its exporters up, WATCHDOG=1 every
+half ``WATCHDOG_USEC`` *from the event loop* (a wedged loop stops the pings and systemd
+restarts the agent), RELOADING=1 around SIGHUP, STOPPING=1 at shutdown, and a one-line
+STATUS= of its health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from infersight import __version__
+from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon import sdnotify
+from infersight.agent.daemon.assemble import Assembler, KindHandler
+from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
+from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
+from infersight.agent.daemon.ingest import Ingest
+from infersight.agent.daemon.spool import DiskSpool
+from infersight.exporters.base import Exporter
+from infersight.telemetry import Resource
+
+log = logging.getLogger("infersight.agent")
+EXPORTER_DOWN_UNHEALTHY_S = 120.0
+PROGRESS_TICK_S = 0.2
+SPOOL_SCAN_S = 5.0
+# A reloader validates its part of a new configuration and raises when it is invalid;
+# it changes nothing itself, and returns what to run to apply it (None: nothing to apply).
+Reloader = Callable[[cfg.Config], Callable[[], None] | None]
+# Keys a reload applies to the running agent; a change to any other key (socket, spools,
+# exporters, NVML sampling) is validated, and applies at the next restart (logged).
+LIVE_KEYS = frozenset({
+    "agent.allowed_uids", "agent.allowed_gids", "agent.log_level", "agent.shutdown_timeout_s",
+    "agent.frame_timeout_s", "agent.health_interval_s", "rules.dirs", "devices.rules",
+})
+
+
+def short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+class Agent:
+    def __init__(
+        self,
+        config: cfg.Config,
+        exporters: list[Exporter],
+        *,
+        embedded: bool = False,
+        listen_sock: socket.socket | None = None,
+        exporter_spool_root: str | None = None,
+        handlers: dict[str, KindHandler] | None = None,
+    ) -> None:
+        self.config = config
+        self.embedded = embedded
+        self.listen_sock = listen_sock
+        self.started_ns = time.time_ns()
+        self.started_mono = time.monotonic()
+        self.host_name = config.get("agent.host_name") or short_hostname()
+        self.resource = Resource.of(
+            {
+                "service.name": "infersight-agent",
+                "service.version": __version__,
+                "host.name": self.host_name,
+                "process.pid": os.getpid(),
+                "infersight.agent.mode": "embedded" if embedded else "daemon",
+            }
+        )
+        self.counters = Counters()
+        self.assembler = Assembler(self.host_name, handlers, max_pending_bytes=config["agent.max_pending_bytes"])
+        spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
+        self.workers: list[ExporterWorker] = []
+        for e in exporters:
+            spool = None
+            if e.name not in ("console",):
+                spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
+            self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
+                                               down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
+        self.broadcaster = Broadcaster(self.workers)
+        self.progress = ProgressTracker(
+            history_path_from(config.get("agent.state_dir")), producer_info=self._producer_info
+        )
+        self.broadcaster.taps.append(self.progress.observe)
+        self.ingest = Ingest(
+            self.assembler,
+            self.broadcaster,
+            self.counters,
+            set(config["agent.allowed_uids"]),
+            set(config["agent.allowed_gids"]),
+            self.health,
+            frame_timeout_s=config["agent.frame_timeout_s"],
+            max_connections=config["agent.max_connections"],
+            idle_timeout_s=config["agent.idle_timeout_s"],
+        )
+        self.ingest.spool_dir = config["agent.spool_dir"]
+        self.proc_stats = ProcessStats()
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.reloaders: list[Reloader] = []
+        self.on_ready: list[Callable[[], Awaitable[None] | None]] = []
+        # Long-running jobs beside ingest (the NVML sampler, say): started with the agent,
+        # cancelled at shutdown. Each gets the agent and publishes through agent.broadcaster.
+        self.background: list[Callable[[Agent], Awaitable[None]]] = []
+        self.on_shutdown: list[Callable[[], Awaitable[None] | None]] = []
+        self.listening = False
+        self.nvml_reason: str | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
+        # Opened now, before any producer can take the last file descriptor.
+        self._notifier = sdnotify.Notifier() if not embedded else None
+        self._status_sent = ""
+        self.last_reload_error: str | None = None
+
+    def _producer_info(self, producer: str) -> dict[str, Any] | None:
+        p = self.assembler.producers.get(producer)
+        return p.info if p is not None else None
+
+    async def _progress_loop(self) -> None:
+        """Publish cold-start progress: on each stage change, and at most once a second."""
+        while True:
+            await asyncio.sleep(PROGRESS_TICK_S)
+            updates = self.progress.tick()
+            if updates:
+                self.broadcaster.publish(updates)
+
+    # -- health ---------------------------------------------------------------------
+
+    def dropped_by_producers(self) -> int:
+        return sum(p.dropped_buffer + p.dropped_spool for p in self.assembler.producers.values())
+
+    def health(self) -> dict[str, Any]:
+        now = time.monotonic()
+        exporters = []
+        healthy = self.listening
+        for w in self.workers:
+            st = {"name": w.name, **w.state()}
+            exporters.append(st)
+            if w.problem(now) is not None:  # a worker fault at once; a peer away after a grace
+                healthy = False
+        return {
+            "healthy": healthy,
+            "version": __version__,
+            "mode": "embedded" if self.embedded else "daemon",
+            "pid": os.getpid(),
+            "uptime_s": round(now - self.started_mono, 3),
+            "socket": self.config["agent.socket"],
+            "producers": len(self.assembler.producers),
+            "events_in": self.counters.events_in,
+            "items_out": self.counters.items_out,
+            "lost": self.assembler.lost_total(),
+            "dropped_by_producers": self.dropped_by_producers(),
+            "counters": self.counters.as_dict(),
+            "assembler": self.assembler.stats(),
+            "exporters": exporters,
+            "coldstarts": self.progress.snapshot(),
+        }
+
+    def status_line(self) -> str:
+        """One short line of health for ``systemctl status`` (STATUS=)."""
+        h = self.health()
+        down = [e["name"] for e in h["exporters"] if not e.get("peer_up", True)]
+        line = "%s: %d producer(s), %d events in, %d items out, %d lost" % (
+            "healthy" if h["healthy"] else "UNHEALTHY", h["producers"], h["events_in"], h["items_out"], h["lost"])
+        if down:
+            line += "; exporter(s) down: " + ", ".join(down)
+        if self.last_reload_error:
+            line += "; last reload failed"
+        return line
+
+    def _notify(self, *fields: str) -> None:
+        """sd_notify in daemon mode; the embedded agent of ``launch`` is not the service."""
+        if self._notifier is not None:
+            self._notifier.send(*fields)
+
+    def notify_status(self, force: bool = False) -> None:
+        text = self.status_line()
+        if force or text != self._status_sent:
+            self._status_sent = text
+            self._notify("STATUS=" + text)
+
+    async def _watchdog(self, interval_s: float) -> None:
+        """WATCHDOG=1 from the event loop: when the loop is stuck, the pings stop."""
+        while True:
+            self._notify("WATCHDOG=1")
+            await asyncio.sleep(interval_s)
+
+    def publish_health(self) -> None:
+        cpu, rss = self.proc_stats.sample()
+        items = health_metrics(
+            self.resource,
+            self.started_ns,
+            self.counters,
+            self.assembler.lost_total(),
+            self.dropped_by_producers(),
+            [{"name": w.name, **w.state()} for w in self.workers],
+            cpu,
+            rss,
+            self.nvml_reason,
+            self.assembler.stats(),
+        )
+        self.broadcaster.publish(items)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for w in self.workers:
+            try:
+                await w.exporter.start()
+            except Exception as exc:  # a peer that is away is not fatal: the worker spools
+                log.warning("exporter %s did not start cleanly: %s", w.name, exc)
+            w.start()
+        await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)
+        self.listening = True
+        replayed = self.ingest.replay_spools(self.config["agent.spool_dir"])
+        if replayed:
+            log.info("replayed %d spool file(s) of producers that had died", replayed)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._periodic(), name="agent-periodic"))
+        self._tasks.append(loop.create_task(self._progress_loop(), name="agent-progress"))
+        for job in self.background:
+            self._tasks.append(loop.create_task(self._guard(job), name="agent-job"))
+        for cb in self.on_ready:
+            r = cb()
+            if r is not None:
+                await r
+        interval = sdnotify.watchdog_interval_s()
+        if interval is not None and not self.embedded:
+            self._watchdog_task = loop.create_task(self._watchdog(interval), name="agent-watchdog")
+        self._status_sent = self.status_line()
+        self._notify("READY=1", "STATUS=" + self._status_sent)
+
+    async def _periodic(self) -> None:
+        # Spools of producers that died (their lock is free) are picked up within this long: a
+        # directory scan and a lock probe per file, cheap enough to keep a dead producer's last
+        # events from waiting half a minute.
+        replay_every = SPOOL_SCAN_S
+        last_replay = time.monotonic()
+        while True:
+            interval = float(self.config["agent.health_interval_s"])  # reloadable
+            await asyncio.sleep(min(interval, replay_every))
+            self.publish_health()
+            # Cumulative cold-start metrics again, so series of rarely starting services stay live.
+            self.broadcaster.publish(self.assembler.coldstart_metrics.due(time.time_ns()))
+            self.notify_status()
+            if time.monotonic() - last_replay >= replay_every:
+                last_replay = time.monotonic()
+                self.ingest.replay_spools(self.config["agent.spool_dir"])
+
+    async def _guard(self, job: Callable[[Agent], Awaitable[None]]) -> None:
+        try:
+            await job(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background job failed; the agent keeps running without it")
+
+    def request_stop(self) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("stopping: draining and flushing (send the signal again to force exit)")
+            self._stop.set()
+        else:
+            log.warning("second stop signal: exiting now")
+            os._exit(1)
+
+    def reload(self) -> bool:
+        """SIGHUP: re-read the config file and rules. All or nothing: the config, the OOM
+        rules and the device rules are all validated before anything is swapped; when
+        one is invalid, everything keeps running as it was."""
+        self._notify("RELOADING=1", "MONOTONIC_USEC=%d" % (time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
+        try:
+            ok = self._reload()
+        finally:
+            self._notify("READY=1", "STATUS=" + self.status_line())
+        return ok
+
+    def _reload(self) -> bool:
+        path = self.config.path
+        # Command-line flags (--socket) still beat the file, as at start.
+        flags = {k: self.config.values[k] for k, src in self.config.sources.items() if src == "flag"}
+        try:
+            new = cfg.load(path, require_file=path is not None, flags=flags)
+            # Each reloader validates and returns its swap; none swaps anything here.
+            commits = [r(new) for r in self.reloaders]
+        except Exception as exc:  # whatever a bad file causes, the agent keeps running
+            self.counters.reload_failures += 1
+            self.last_reload_error = str(exc) or type(exc).__name__
+            if isinstance(exc, ValueError):  # ConfigError, rule file errors: they name file:line
+                log.error("reload failed, keeping the running configuration: %s", exc)
+            else:
+                log.error("reload failed, keeping the running configuration: %s: %s", type(exc).__name__, exc)
+            return False
+        for commit in commits:
+            if commit is not None:
+                commit()
+        self.last_reload_error = None
+        old, self.config = self.config, new
+        self.ingest.allowed_uids = set(new["agent.allowed_uids"])
+        self.ingest.allowed_gids = set(new["agent.allowed_gids"])
+        self.ingest.frame_timeout_s = new["agent.frame_timeout_s"]
+        logging.getLogger("infersight").setLevel(new["agent.log_level"])
+        self.counters.reloads += 1
+        log.info("configuration reloaded from %s", path or "environment")
+        later = sorted(k for k in set(old.values) | set(new.values)
+                       if k not in LIVE_KEYS and old.values.get(k) != new.values.get(k))
+        if later:  # names only: values may be secrets
+            log.warning("changed setting(s) that apply at the next restart: %s", ", ".join(later))
+        return True
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    async def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Stop accepting, export what is queued, flush every exporter. True if all in time."""
+        timeout = float(timeout_s if timeout_s is not None else self.config["agent.shutdown_timeout_s"])
+        deadline = time.monotonic() + timeout
+        await self.ingest.stop_accepting()
+        self.listening = False
+        for t in self._tasks:
+            t.cancel()
+        for cb in self.on_shutdown:
+            r = cb()
+            if r is not None:
+                await r
+        self.ingest.close_connections()
+        await self.ingest.wait_connections_closed(max(0.0, min(1.0, deadline - time.monotonic())))
+        self.progress.end_all()
+        self.broadcaster.publish(self.progress.tick())  # clear what still shows as warming
+        self.publish_health()
+        ok = True
+        for w in self.workers:
+            ok = await w.drain(max(0.1, deadline - time.monotonic())) and ok
+        for w in self.workers:
+            try:
+                await asyncio.wait_for(w.exporter.force_flush(max(0.1, deadline - time.monotonic())),
+                                       max(0.1, deadline - time.monotonic()) + 0.5)
+                await asyncio.wait_for(w.exporter.shutdown(), 5.0)
+            except Exception as exc:
+                ok = False
+                log.warning("exporter %s did not shut down cleanly: %s", w.name, exc)
+        if not self.embedded and self.listen_sock is None:
+            try:
+                os.unlink(self.config["agent.socket"])
+            except OSError:
+                pass
+        return ok
+
+    async def serve_forever(self) -> int:
+        """The daemon's main: start, wait for a signal, shut down. Returns the exit code."""
+        self.install_signal_handlers()
+        await self.start()
+        log.info("infersight agent %s listening on %s", __version__, self.config["agent.socket"])
+        await self.wait_stopped()
+        self._notify("STOPPING=1", "STATUS=stopping: draining exporters")
+        try:
+            if not await self.shutdown():
+                log.warning("shutdown hit its time limit; what was left is spooled or counted")
+        finally:
+            if self._watchdog_task is not None:  # pinged while draining: the loop still runs
+                self._watchdog_task.cancel()
+            if self._notifier is not None:
+                self._notifier.close()
+        return 0

@@ -1,0 +1,209 @@
+"""A bounded on-disk FIFO of item batches, for exporters whose peer is away.
+
+Segment files ``<n>.seg`` hold records: 8-byte header (payload length, item count)
+then JSON of the batch. The read position survives restarts in ``pos``. When the
+spool is full, the oldest segment is deleted and its items are counted as dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Sequence
+
+from infersight.agent.daemon.itemcodec import from_dict, to_dict
+from infersight.telemetry import Item
+
+REC = struct.Struct("!II")
+SEGMENT_BYTES = 4 << 20
+
+
+class DiskSpool:
+    def __init__(self, directory: str, max_bytes: int = 256 << 20) -> None:
+        self.dir = directory
+        self.max_bytes = max_bytes
+        self.segment_bytes = max(4096, min(SEGMENT_BYTES, max_bytes // 4))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.segments: list[int] = sorted(
+            int(n[:-4]) for n in os.listdir(directory) if n.endswith(".seg") and n[:-4].isdigit()
+        )
+        self.read_pos = self._load_pos()
+        self.dropped_items = 0
+        self.spooled_items = 0
+        self.corrupt_records = 0
+        self._counts = {seg: self._scan(seg) for seg in self.segments}
+
+    def _seg_path(self, seg: int) -> str:
+        return os.path.join(self.dir, "%012d.seg" % seg)
+
+    def _load_pos(self) -> int:
+        """The read offset in the first segment. Saved as "SEGMENT OFFSET": a position saved
+        for a segment that is gone (a save failed on a full disk) is not applied to the next."""
+        try:
+            with open(os.path.join(self.dir, "pos")) as f:
+                parts = f.read().split()
+            if len(parts) == 1:  # the older format: an offset alone
+                return int(parts[0])
+            seg, pos = int(parts[0]), int(parts[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+        return pos if self.segments and seg == self.segments[0] else 0
+
+    def _save_pos(self) -> None:
+        """Raises OSError (a full disk); the position in memory is right regardless."""
+        tmp = os.path.join(self.dir, "pos.tmp")
+        with open(tmp, "w") as f:
+            f.write("%d %d" % (self.segments[0] if self.segments else 0, self.read_pos))
+        os.replace(tmp, os.path.join(self.dir, "pos"))
+
+    def _scan(self, seg: int) -> int:
+        """Items left in a segment (from the read position for the first one)."""
+        n = 0
+        try:
+            with open(self._seg_path(seg), "rb") as f:
+                if self.segments and seg == self.segments[0]:
+                    f.seek(self.read_pos)
+                while True:
+                    hdr = f.read(REC.size)
+                    if len(hdr) < REC.size:
+                        break
+                    size, count = REC.unpack(hdr)
+                    f.seek(size, os.SEEK_CUR)
+                    n += count
+        except OSError:
+            pass
+        return n
+
+    @property
+    def items(self) -> int:
+        return sum(self._counts.values())
+
+    def size_bytes(self) -> int:
+        total = 0
+        for seg in self.segments:
+            try:
+                total += os.path.getsize(self._seg_path(seg))
+            except OSError:
+                pass
+        return total
+
+    def __bool__(self) -> bool:
+        return bool(self.segments) and self.items > 0
+
+    def _seg_size(self, seg: int) -> int:
+        try:
+            return os.path.getsize(self._seg_path(seg))
+        except FileNotFoundError:  # not created yet (its first write failed)
+            return 0
+
+    def head(self) -> tuple[int, int] | None:
+        """Where the oldest unread record is: (segment, offset)."""
+        return (self.segments[0], self.read_pos) if self.segments else None
+
+    def append(self, batch: Sequence[Item]) -> None:
+        """Write a batch; raises OSError when the disk refuses (the caller counts it).
+
+        A write that fails half way (a full disk) is cut back off, so the segment never
+        keeps a torn record that would hide every record after it."""
+        payload = json.dumps([to_dict(i) for i in batch], separators=(",", ":")).encode()
+        if not self.segments or self._seg_size(self.segments[-1]) > self.segment_bytes:
+            nxt = (self.segments[-1] + 1) if self.segments else 1
+            self.segments.append(nxt)
+            self._counts[nxt] = 0
+        seg = self.segments[-1]
+        data = REC.pack(len(payload), len(batch)) + payload
+        fd = os.open(self._seg_path(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
+        self._counts[seg] += len(batch)
+        self.spooled_items += len(batch)
+        while self.size_bytes() > self.max_bytes and len(self.segments) > 1:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        seg = self.segments.pop(0)
+        self.dropped_items += self._counts.pop(seg, 0)
+        try:
+            os.unlink(self._seg_path(seg))
+        except OSError:
+            pass
+        self.read_pos = 0
+        self._save_pos()
+
+    def peek_many(self, max_items: int) -> tuple[list[Item], int]:
+        """The oldest records of the first segment, up to ``max_items`` items (at least one
+        record): (items, records). Skips and counts corrupt records."""
+        out: list[Item] = []
+        records = 0
+        while self.segments and records == 0:
+            seg = self.segments[0]
+            try:
+                with open(self._seg_path(seg), "rb") as f:
+                    f.seek(self.read_pos)
+                    while records == 0 or len(out) < max_items:
+                        hdr = f.read(REC.size)
+                        if len(hdr) < REC.size:
+                            break
+                        size, count = REC.unpack(hdr)
+                        if records and len(out) + count > max_items:
+                            break
+                        payload = f.read(size)
+                        try:
+                            out.extend(from_dict(d) for d in json.loads(payload))
+                        except (ValueError, KeyError, TypeError):
+                            if records:
+                                break  # return what we have; the bad one is next
+                            self.corrupt_records += 1
+                            self.dropped_items += count
+                            self._advance(REC.size + size, count)
+                            f.seek(self.read_pos)
+                            continue
+                        records += 1
+            except OSError:
+                pass
+            if records == 0:
+                if len(self.segments) == 1:
+                    break  # fully read; the writer keeps appending here
+                self._retire_first()
+        return out, records
+
+    def pop_many(self, records: int) -> None:
+        """Forget ``records`` records that ``peek_many`` returned (after they were exported)."""
+        seg = self.segments[0]
+        nbytes = count = 0
+        with open(self._seg_path(seg), "rb") as f:
+            f.seek(self.read_pos)
+            for _ in range(records):
+                size, n = REC.unpack(f.read(REC.size))
+                f.seek(size, os.SEEK_CUR)
+                nbytes += REC.size + size
+                count += n
+        self._advance(nbytes, count)
+        if self._counts.get(seg, 0) == 0 and self.read_pos >= os.path.getsize(self._seg_path(seg)):
+            self._retire_first()
+
+    def _advance(self, nbytes: int, count: int) -> None:
+        self.read_pos += nbytes
+        seg = self.segments[0]
+        self._counts[seg] = max(0, self._counts.get(seg, 0) - count)
+        self._save_pos()
+
+    def _retire_first(self) -> None:
+        seg = self.segments.pop(0)
+        self._counts.pop(seg, None)
+        try:
+            os.unlink(self._seg_path(seg))
+        except OSError:
+            pass
+        self.read_pos = 0
+        self._save_pos()

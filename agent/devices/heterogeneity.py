@@ -1,0 +1,261 @@
+"""Per-device latency figures, peer coefficients and slow-device verdicts (pure).
+
+Method, stated once:
+
+- **Percentiles** (P50, P99 of one device's window) are **nearest-rank**: the value at rank
+  ``ceil(p/100 * n)`` of the sorted window, so every percentile is an observed latency. With
+  fewer than 100 requests P99 is the maximum.
+- **Peers** of a series are the other devices with the same ``model``, ``request_class`` and
+  ``device_kind`` that have at least ``min_requests`` requests in the window.
+- **Coefficient** = the device's P99 / the median of its peers' P99 (``statistics.median``: the
+  mean of the two middle values for an even count). No peer: ``no_peers``, coefficient None.
+- **Verdict**: ``slow`` when the coefficient exceeds ``slow_coefficient``, else ``ok``;
+  ``insufficient_data`` below ``min_requests``. A slow verdict's cause is the first of
+  :data:`~infersight.rules.device_rules.CAUSES` that the device's NVML window supports.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infersight.agent.devices.nvml import DeviceSample
+from infersight.rules.device_rules import DeviceExample, DeviceThresholds
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending sequence; ``p`` in (0, 100]."""
+    if not sorted_values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0.0 < p <= 100.0:
+        raise ValueError(f"percentile {p} outside (0, 100]")
+    rank = math.ceil(round(p * len(sorted_values) / 100.0, 9))
+    return sorted_values[max(rank, 1) - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesKey:
+    device: str  # hw.id (GPU-<uuid>), or "cpu" / "cuda:N" for the baseline
+    model: str
+    request_class: str
+    device_kind: str = ""  # e.g. the product name; "" compares across kinds
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesStats:
+    key: SeriesKey
+    count: int
+    p50_s: float
+    p99_s: float
+
+
+def series_stats(key: SeriesKey, latencies_s: Iterable[float]) -> SeriesStats | None:
+    values = sorted(latencies_s)
+    if not values:
+        return None
+    return SeriesStats(key, len(values), percentile(values, 50), percentile(values, 99))
+
+
+class LatencyWindow:
+    """Sliding window of request latencies per series: by age (``window_s``) and count."""
+
+    def __init__(self, window_s: float = 300.0, max_per_series: int = 4096) -> None:
+        self.window_s = window_s
+        self.max_per_series = max_per_series
+        self._series: dict[SeriesKey, deque[tuple[float, float]]] = {}
+
+    def add(self, key: SeriesKey, latency_s: float, at_s: float) -> None:
+        q = self._series.get(key)
+        if q is None:
+            q = self._series[key] = deque(maxlen=self.max_per_series)
+        q.append((at_s, latency_s))
+
+    def expire(self, now_s: float) -> None:
+        horizon = now_s - self.window_s
+        for key in list(self._series):
+            q = self._series[key]
+            while q and q[0][0] < horizon:
+                q.popleft()
+            if not q:
+                del self._series[key]
+
+    def stats(self, now_s: float) -> list[SeriesStats]:
+        self.expire(now_s)
+        out = []
+        for key, q in self._series.items():
+            s = series_stats(key, (v for _, v in q))
+            if s is not None:
+                out.append(s)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """What NVML said about one device over the window (counts of samples)."""
+
+    samples: int = 0
+    busy_samples: int = 0  # GPU utilization >= busy_utilization_pct (or unknown)
+    thermal_samples: int = 0  # a thermal reason active
+    power_samples: int = 0  # a power reason active
+    pcie_below_max_samples: int = 0  # busy, link generation or width below max
+    clocks_below_max_samples: int = 0  # busy, SM clock < clock_ratio * max, no reason at all
+    ecc_errors: int = 0  # rise of volatile ECC errors (corrected + uncorrected) in the window
+    lost: bool = False
+    pcie_detail: str | None = None  # e.g. "Gen3 x8 of Gen5 x16", from the last degraded sample
+
+
+def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> WindowState:
+    """Fold one device's samples of the window (oldest first) into a :class:`WindowState`."""
+    thermal = set(th.thermal_reasons)
+    power = set(th.power_reasons)
+    busy = therm = pwr = pcie = clocks = 0
+    detail: str | None = None
+    ecc: list[int] = []
+    lost = False
+    for s in samples:
+        if s.lost:
+            lost = True
+            continue
+        reasons = set(s.throttle_reasons)
+        therm += bool(reasons & thermal)
+        pwr += bool(reasons & power)
+        if s.ecc_corrected_volatile is not None or s.ecc_uncorrected_volatile is not None:
+            ecc.append((s.ecc_corrected_volatile or 0) + (s.ecc_uncorrected_volatile or 0))
+        if s.utilization_gpu_pct is not None and s.utilization_gpu_pct < th.busy_utilization_pct:
+            continue
+        busy += 1
+        gen, gmax, width, wmax = (
+            s.pcie_link_gen, s.pcie_link_gen_max, s.pcie_link_width, s.pcie_link_width_max
+        )  # fmt: skip
+        if (gen is not None and gmax is not None and gen < gmax) or (
+            width is not None and wmax is not None and width < wmax
+        ):
+            pcie += 1
+            detail = f"Gen{gen} x{width} of Gen{gmax} x{wmax}"
+        sm, sm_max = s.clock_sm_mhz, s.clock_sm_max_mhz
+        if sm is not None and sm_max and sm < th.clock_ratio * sm_max and not s.throttle_mask:
+            clocks += 1
+    return WindowState(
+        samples=sum(1 for s in samples if not s.lost),
+        busy_samples=busy,
+        thermal_samples=therm,
+        power_samples=pwr,
+        pcie_below_max_samples=pcie,
+        clocks_below_max_samples=clocks,
+        ecc_errors=max(ecc) - min(ecc) if len(ecc) > 1 else 0,
+        lost=lost,
+        pcie_detail=detail,
+    )
+
+
+def causes(w: WindowState | None, th: DeviceThresholds) -> list[tuple[str, str]]:
+    """Every cause the window supports, in priority order, each with a one-line detail.
+    ``[("unknown", ...)]`` when none applies."""
+    if w is None or w.samples == 0:
+        return [("unknown", "no device samples in the window")]
+    out: list[tuple[str, str]] = []
+    n, busy = w.samples, w.busy_samples
+    if w.thermal_samples / n >= th.throttle_share:
+        out.append(("thermal_throttling", f"thermal throttling in {w.thermal_samples}/{n} samples"))
+    if w.power_samples / n >= th.throttle_share:
+        out.append(("power_throttling", f"power throttling in {w.power_samples}/{n} samples"))
+    if busy and w.pcie_below_max_samples / busy >= th.pcie_below_max_share:
+        link = w.pcie_detail or "link below max"
+        msg = f"PCIe {link} in {w.pcie_below_max_samples}/{busy} busy samples"
+        out.append(("pcie_link_degraded", msg))
+    if w.ecc_errors >= th.ecc_min_errors > 0:
+        out.append(("ecc_errors", f"{w.ecc_errors} new volatile ECC errors"))
+    if busy and w.clocks_below_max_samples / busy >= th.clocks_below_max_share:
+        msg = (
+            f"SM clock below {th.clock_ratio:.0%} of max with no throttle reason in "
+            f"{w.clocks_below_max_samples}/{busy} busy samples"
+        )
+        out.append(("clocks_below_max", msg))
+    return out or [("unknown", "no NVML signal in the window explains it")]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceVerdict:
+    key: SeriesKey
+    count: int
+    p50_s: float
+    p99_s: float
+    coefficient: float | None  # None without peers
+    peer_median_p99_s: float | None
+    peers: int
+    verdict: str  # ok | slow | no_peers | insufficient_data
+    cause: str | None  # the first cause, for slow verdicts only
+    causes: tuple[str, ...] = ()
+    detail: str = ""
+
+
+def _peer_key(k: SeriesKey) -> tuple[str, str, str]:
+    return (k.model, k.request_class, k.device_kind)
+
+
+def evaluate(
+    series: Sequence[SeriesStats],
+    windows: Mapping[str, WindowState],
+    th: DeviceThresholds,
+) -> list[DeviceVerdict]:
+    """One verdict per series. ``windows`` is keyed by ``SeriesKey.device``."""
+    groups: dict[tuple[str, str, str], list[SeriesStats]] = {}
+    for s in series:
+        groups.setdefault(_peer_key(s.key), []).append(s)
+    out: list[DeviceVerdict] = []
+    for s in series:
+        peers = [
+            o.p99_s for o in groups[_peer_key(s.key)] if o.key.device != s.key.device and o.count >= th.min_requests
+        ]
+        out.append(_verdict(s, peers, windows.get(s.key.device), th))
+    return out
+
+
+def _make(
+    s: SeriesStats,
+    verdict: str,
+    *,
+    coefficient: float | None = None,
+    median: float | None = None,
+    peers: int = 0,
+    found: Sequence[tuple[str, str]] = (),
+    detail: str = "",
+) -> DeviceVerdict:
+    return DeviceVerdict(
+        s.key, s.count, s.p50_s, s.p99_s, coefficient, median, peers, verdict,
+        found[0][0] if found else None, tuple(c for c, _ in found), detail,
+    )  # fmt: skip
+
+
+def _verdict(s: SeriesStats, peer_p99s: Sequence[float], w: WindowState | None, th: DeviceThresholds) -> DeviceVerdict:
+    n = len(peer_p99s)
+    if s.count < th.min_requests:
+        msg = f"{s.count} requests < min_requests {th.min_requests}"
+        return _make(s, "insufficient_data", peers=n, detail=msg)
+    if not peer_p99s:
+        msg = "no other device of this kind runs this model and request class"
+        return _make(s, "no_peers", detail=msg)
+    median = statistics.median(peer_p99s)
+    if median <= 0:
+        return _make(s, "insufficient_data", median=median, peers=n, detail="peers' P99 is 0")
+    coef = s.p99_s / median
+    if coef <= th.slow_coefficient:
+        msg = f"P99 {coef:.2f}x peers (threshold {th.slow_coefficient})"
+        return _make(s, "ok", coefficient=coef, median=median, peers=n, detail=msg)
+    found = causes(w, th)
+    msg = f"P99 {coef:.2f}x peers: " + "; ".join(d for _, d in found)
+    return _make(s, "slow", coefficient=coef, median=median, peers=n, found=found, detail=msg)
+
+
+def run_example(ex: DeviceExample, th: DeviceThresholds) -> DeviceVerdict:
+    """Evaluate one rule-file example: the device and one synthetic series per peer P99."""
+    dev = SeriesKey("dut", "m", "c")
+    series = [SeriesStats(dev, ex.device_requests, ex.device_p99_s, ex.device_p99_s)]
+    series += [SeriesStats(SeriesKey(f"peer{i}", "m", "c"), 1000, p, p) for i, p in enumerate(ex.peer_p99_s)]
+    fields: dict[str, Any] = dict(ex.window)  # keys validated by the loader against WINDOW_KEYS
+    windows = {"dut": WindowState(**fields)} if ex.window else {}
+    return evaluate(series, windows, th)[0]

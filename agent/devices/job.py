@@ -1,0 +1,530 @@
+"""The device job: NVML sampling, request histograms and slow-device verdicts in the agent.
+
+``install(agent, config)`` wires it in: a background job (:func:`device_job`), the ``req``
+kind handler (:mod:`infersight.agent.requests.kind`) and a shutdown hook. Each interval
+(``nvml.interval_s``, default 1 s) the job
+
+- samples every NVML device on a worker thread and publishes ``device_metrics`` (``hw.*`` and
+  ``infersight.device.*``), keeping the samples of the verdict window per device. Live
+  exporters (Prometheus) get every sample; the recorded ones (file, OTLP, MQTT) get drifting
+  gauges every ``nvml.export_interval_s`` (default 10 s), state and counter points when they
+  change, and every series at a heartbeat of 6 intervals
+  (:class:`~infersight.agent.devices.metrics.RecordedSamples`);
+- turns NVML device events (a lost GPU while sampling; Xid and ECC events from the
+  :class:`~infersight.agent.devices.nvml.XidWatcher` thread) into ``LogItem``\\ s, event name ``device``;
+- publishes the request histograms that changed.
+
+Every ``devices.evaluate_interval_s`` (default 10 s) it runs
+:func:`~infersight.agent.devices.heterogeneity.evaluate` over the request windows and the devices'
+NVML windows, publishes ``infersight.device.coefficient`` per series, marks slow devices
+``hw.state="degraded"`` and logs a ``device`` event when a series turns slow, changes cause,
+or recovers. Without NVML (no driver, or ``nvml.enabled = false``) it sets
+``agent.nvml_reason`` once and keeps evaluating requests without device samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.config import parse_bool as _flag
+from infersight.agent.devices.heterogeneity import DeviceVerdict, SeriesKey, WindowState, evaluate, summarize_samples
+from infersight.agent.devices.metrics import RecordedSamples, device_metrics
+from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
+from infersight.agent.requests.kind import KIND, NvmlDevice, RequestStats
+from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
+from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+COEFFICIENT = "infersight.device.coefficient"
+COEFFICIENT_DESC = "Device P99 / median P99 of its peers (same model, request class, device kind)"
+DISABLED_REASON = "disabled by configuration (nvml.enabled = false)"
+MAX_WINDOW_SAMPLES = 3600
+# Severity of each DeviceEvent kind.
+_EVENT_SEVERITY = {"gpu_lost": "ERROR", "ecc_double_bit": "ERROR", "xid": "WARN", "ecc_single_bit": "WARN"}
+_SEVERITY_NUMBER = {"INFO": 9, "WARN": 13, "ERROR": 17}
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceJobConfig:
+    interval_s: float = 1.0
+    export_interval_s: float = 10.0
+    enabled: bool = True
+    proc_root: str = "/proc"
+    rules: str | None = None  # None: the shipped rules/devices.toml
+    evaluate_interval_s: float = 10.0
+    window_s: float = 300.0
+
+
+# key -> (environment variable, field name)
+CONFIG_KEYS: dict[str, tuple[str, str]] = {
+    "nvml.interval_s": ("INFERSIGHT_NVML_INTERVAL_S", "interval_s"),
+    "nvml.export_interval_s": ("INFERSIGHT_NVML_EXPORT_INTERVAL_S", "export_interval_s"),
+    "nvml.enabled": ("INFERSIGHT_NVML_ENABLED", "enabled"),
+    "nvml.proc_root": ("INFERSIGHT_NVML_PROC_ROOT", "proc_root"),
+    "devices.rules": ("INFERSIGHT_DEVICES_RULES", "rules"),
+    "devices.evaluate_interval_s": ("INFERSIGHT_DEVICES_EVALUATE_INTERVAL_S", "evaluate_interval_s"),
+    "devices.window_s": ("INFERSIGHT_DEVICES_WINDOW_S", "window_s"),
+}
+CONFIG_HELP: dict[str, str] = {
+    "nvml.interval_s": "NVML sampling interval in seconds (0.05 to 3600)",
+    "nvml.export_interval_s": "device gauges to the file/OTLP/MQTT this often, changed states at once, "
+                              "all series every 6 intervals (0: every sample); Prometheus has every sample",
+    "nvml.enabled": "sample NVML devices (false: requests and verdicts only)",
+    "nvml.proc_root": "where host PIDs of GPU processes are looked up (e.g. /host/proc)",
+    "devices.rules": "slow-device rule file (default: the shipped devices.toml)",
+    "devices.evaluate_interval_s": "how often slow-device verdicts are computed",
+    "devices.window_s": "sliding window of requests and device samples for verdicts",
+}
+
+
+def _seconds(v: Any, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        raise ValueError("expected a number of seconds")
+    x = float(v)
+    if not math.isfinite(x) or not lo <= x <= hi:
+        raise ValueError("expected a number of seconds in [%g, %g]" % (lo, hi))
+    return x
+
+
+
+
+def _path(v: Any) -> str | None:
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str):
+        raise ValueError("expected a path string")
+    return v
+
+
+_PARSE: dict[str, Callable[[Any], Any]] = {
+    "nvml.interval_s": lambda v: _seconds(v, 0.05, 3600.0),
+    "nvml.export_interval_s": lambda v: _seconds(v, 0.0, 86400.0),
+    "nvml.enabled": _flag,
+    "nvml.proc_root": lambda v: _path(v) or "/proc",
+    "devices.rules": _path,
+    "devices.evaluate_interval_s": lambda v: _seconds(v, 0.1, 86400.0),
+    "devices.window_s": lambda v: _seconds(v, 1.0, 86400.0),
+}
+
+
+def parse_config(config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
+    """This job's keys from ``config.values`` (raw TOML) and the environment (env wins).
+
+    Raises :class:`~infersight.agent.daemon.config.ConfigError` naming the key (and ``file:line``)."""
+    env = os.environ if env is None else env
+    for name in config.values:
+        if name.startswith(("nvml.", "devices.")) and name not in CONFIG_KEYS:
+            where = config.sources.get(name, "config")
+            raise cfg.ConfigError("%s: unknown key %r (known: %s)" % (where, name, ", ".join(sorted(CONFIG_KEYS))))
+    fields: dict[str, Any] = {}
+    for name, (var, attr) in CONFIG_KEYS.items():
+        if env.get(var) not in (None, ""):
+            origin, raw = "env " + var, env[var]
+        elif name in config.values:
+            origin, raw = config.sources.get(name, "config"), config.values[name]
+        else:
+            continue
+        try:
+            fields[attr] = _PARSE[name](raw)
+        except (ValueError, TypeError) as exc:
+            raise cfg.ConfigError("%s: bad value for %s: %r (%s)" % (origin, name, raw, exc)) from None
+    return DeviceJobConfig(**fields)
+
+
+def load_thresholds(path: str | None) -> DeviceThresholds:
+    """The rule file's thresholds; a bad file is a ConfigError naming ``devices.rules``."""
+    try:
+        return load_device_rules(path).thresholds
+    except DeviceRulesError as exc:
+        raise cfg.ConfigError("devices.rules: %s" % exc) from None
+
+
+# -- the job ---------------------------------------------------------------------------------
+
+
+def _event_log(agent: Any, ev: DeviceEvent) -> LogItem:
+    sev = _EVENT_SEVERITY.get(ev.kind, "WARN")
+    attrs: Attributes = {"infersight.device.event": ev.kind}
+    if ev.uuid:
+        attrs["hw.id"] = ev.uuid
+        attrs["hw.type"] = "gpu"
+    if ev.index is not None:
+        attrs["infersight.device.index"] = ev.index
+    if ev.code is not None:
+        attrs["infersight.device.xid" if ev.kind == "xid" else "infersight.nvml.return_code"] = ev.code
+    return LogItem(agent.resource, ev.time_ns, _SEVERITY_NUMBER[sev], sev, ev.message, attrs, event_name="device")
+
+
+def _series_attrs(key: SeriesKey, names: Mapping[str, str | None]) -> Attributes:
+    attrs: Attributes = {}
+    if key.device.startswith(("GPU-", "MIG-")):
+        attrs["hw.type"] = "gpu"
+        attrs["hw.id"] = key.device
+        name = names.get(key.device)
+        if name:
+            attrs["hw.name"] = name
+    else:
+        attrs["infersight.device"] = key.device
+    if key.model:
+        attrs["infersight.model"] = key.model
+        attrs["gen_ai.request.model"] = key.model
+    attrs["infersight.request.class"] = key.request_class
+    return attrs
+
+
+class DeviceJob:
+    """State of one running device job. :meth:`run` is the ``agent.background`` job."""
+
+    def __init__(
+        self,
+        *,
+        interval_s: float = 1.0,
+        nvml: Nvml | None = None,
+        enabled: bool = True,
+        export_interval_s: float = 10.0,
+        proc_root: str = "/proc",
+        thresholds: DeviceThresholds | None = None,
+        requests: RequestStats | None = None,
+        evaluate_interval_s: float = 10.0,
+        window_s: float = 300.0,
+    ) -> None:
+        self.interval_s = interval_s
+        self.recorded = RecordedSamples(export_interval_s)
+        self.enabled = enabled
+        self.nvml = nvml if nvml is not None else (Nvml(proc_root=proc_root) if enabled else None)
+        self.thresholds = thresholds or DeviceThresholds()
+        self.requests = requests if requests is not None else RequestStats(window_s)
+        self.evaluate_interval_s = evaluate_interval_s
+        self.window_s = window_s
+        self.status: NvmlStatus | None = None
+        self.watcher: XidWatcher | None = None
+        self.samples: dict[str, deque[DeviceSample]] = {}  # hw.id -> the window's samples
+        self.names: dict[str, str | None] = {}
+        self.states: dict[str, HwState] = {}  # hw.id -> "degraded" for slow devices
+        self.verdicts: dict[SeriesKey, DeviceVerdict] = {}
+        self._last: dict[SeriesKey, tuple[str, str | None]] = {}
+        self._watch_events: deque[DeviceEvent] = deque(maxlen=4096)
+        self._agent: Any = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._nvml_lock = threading.Lock()  # sampling and nvmlShutdown never overlap
+        self._start_ns = time.time_ns()
+        self.tick_errors = 0
+
+    # -- health ------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """What ``infersight status --json`` shows under ``nvml``."""
+        st = self.status
+        reason = DISABLED_REASON if not self.enabled else (st.reason if st is not None else None)
+        return {
+            "available": bool(st is not None and st.available),
+            "reason": reason,
+            "driver_version": st.driver_version if st is not None else None,
+            "devices": st.device_count if st is not None else 0,
+            "xid_watcher": bool(self.watcher is not None and self.watcher.running),
+            "slow_devices": sorted(k for k, v in self.states.items() if v == "degraded"),
+            "slow_coefficient": self.thresholds.slow_coefficient,  # which device rules are in force
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, agent: Any) -> None:
+        self._agent = agent
+        self._start_ns = time.time_ns()
+        try:
+            await self._start_nvml(agent)
+            next_eval = time.monotonic() + self.evaluate_interval_s
+            while True:
+                t0 = time.monotonic()
+                evaluate_now = t0 >= next_eval
+                if evaluate_now:
+                    next_eval = t0 + self.evaluate_interval_s
+                try:
+                    await self.tick(evaluate_now)
+                except Exception:  # one bad interval must not end device monitoring
+                    self.tick_errors += 1
+                    if self.tick_errors in (1, 10, 100) or self.tick_errors % 1000 == 0:
+                        log.exception("device job interval failed (%d so far); continuing", self.tick_errors)
+                await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
+        finally:
+            await self.aclose()
+
+    async def _start_nvml(self, agent: Any) -> None:
+        if self.nvml is None:
+            if agent.nvml_reason is None:
+                agent.nvml_reason = DISABLED_REASON
+            log.info("NVML sampling is off (nvml.enabled = false); request verdicts still run")
+            return
+        st: NvmlStatus = await asyncio.to_thread(self.nvml.status)
+        self.status = st
+        if not st.available:
+            if agent.nvml_reason is None:  # the wrapper already logged the reason, once
+                agent.nvml_reason = st.reason or "NVML not available"
+            log.info("device sampling is off; request latency and verdicts still run")
+            return
+        self.watcher = XidWatcher(self.nvml, self._watch_events.append)
+        if not await asyncio.to_thread(self.watcher.start):
+            self.watcher = None
+        log.info(
+            "NVML: driver %s, %d device(s), sampling every %gs",
+            st.driver_version,
+            st.device_count,
+            self.interval_s,
+        )
+
+    async def aclose(self) -> None:
+        """Stop the watcher, publish what is pending, shut NVML down. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            await asyncio.to_thread(watcher.stop, 2.0)
+        if self._agent is not None:
+            items: list[Item] = self._event_items()
+            items += self.requests.collect(everything=True)
+            if items:
+                self._agent.broadcaster.publish(items)
+        if self.nvml is not None and self.status is not None and self.status.available:
+            await asyncio.to_thread(self._close_nvml)
+
+    def _sample(self) -> list[DeviceSample]:
+        assert self.nvml is not None
+        with self._nvml_lock:
+            return [] if self._closed else self.nvml.sample_all()
+
+    def nvml_call(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` (NVML reads, in a worker thread) under the lock that keeps sampling and
+        nvmlShutdown apart; None once NVML is shut down."""
+        with self._nvml_lock:
+            return None if self._closed else fn()
+
+    def _close_nvml(self) -> None:
+        assert self.nvml is not None
+        with self._nvml_lock:
+            self.nvml.close()
+
+    # -- one interval ------------------------------------------------------------------
+
+    async def tick(self, evaluate_now: bool = False) -> list[Item]:
+        """Sample, publish metrics and events; with ``evaluate_now`` also the verdicts."""
+        agent = self._agent
+        now_ns = time.time_ns()
+        samples: list[DeviceSample] = []
+        if self.nvml is not None and self.status is not None and self.status.available:
+            samples = await asyncio.to_thread(self._sample)
+            self._keep(samples, now_ns)
+        items: list[Item] = self._event_items()
+        coefficients: list[MetricItem] = []
+        if evaluate_now:
+            coefficients, logs = self.evaluate(now_ns)
+            items += logs
+        device = device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
+        items += coefficients
+        items += self.requests.collect(now_ns, everything=evaluate_now)
+        if evaluate_now:
+            items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
+        if items:
+            agent.broadcaster.publish(items)
+        if device:  # live exporters get every sample, the recorded ones what RecordedSamples picks
+            agent.broadcaster.publish_to(device, live=True)
+            agent.broadcaster.publish_to(self.recorded.select(device, now_ns), live=False)
+        return device + items
+
+    def _keep(self, samples: list[DeviceSample], now_ns: int) -> None:
+        horizon = now_ns - int(self.window_s * 1e9)
+        devices: list[NvmlDevice] = []
+        for s in samples:
+            devices.append(NvmlDevice(s.index, s.uuid, s.name))
+            if s.uuid is None:
+                continue
+            self.names[s.uuid] = s.name
+            q = self.samples.get(s.uuid)
+            if q is None:
+                q = self.samples[s.uuid] = deque(maxlen=MAX_WINDOW_SAMPLES)
+            q.append(s)
+        for q in self.samples.values():
+            while q and q[0].time_ns < horizon:
+                q.popleft()
+        self.requests.set_devices(devices)
+
+    def _event_items(self) -> list[Item]:
+        events: list[DeviceEvent] = []
+        if self.nvml is not None:
+            events += self.nvml.pop_events()
+        while self._watch_events:
+            events.append(self._watch_events.popleft())
+        return [_event_log(self._agent, ev) for ev in sorted(events, key=lambda e: e.time_ns)]
+
+    # -- verdicts ----------------------------------------------------------------------
+
+    def windows(self) -> dict[str, WindowState]:
+        return {hw: summarize_samples(list(q), self.thresholds) for hw, q in self.samples.items() if q}
+
+    def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:
+        """Verdicts over the windows: coefficient gauge, degraded states, change events."""
+        agent = self._agent
+        stats = self.requests.window.stats(now_ns / 1e9)
+        verdicts = evaluate(stats, self.windows(), self.thresholds)
+        self.verdicts = {v.key: v for v in verdicts}
+        names = {**self.requests.names, **self.names}
+        states: dict[str, HwState] = {}
+        points: list[NumberPoint] = []
+        logs: list[LogItem] = []
+        for v in verdicts:
+            attrs = _series_attrs(v.key, names)
+            if v.coefficient is not None:
+                points.append(NumberPoint(v.coefficient, dict(attrs)))
+            if v.verdict == "slow":
+                states[v.key.device] = "degraded"
+            now = (v.verdict, v.cause if v.verdict == "slow" else None)
+            before = self._last.get(v.key)
+            self._last[v.key] = now
+            was_slow = before is not None and before[0] == "slow"
+            if now[0] == "slow" and before != now:
+                logs.append(self._verdict_log(v, attrs, now_ns, "WARN"))
+            elif was_slow and now[0] != "slow":
+                logs.append(self._verdict_log(v, attrs, now_ns, "INFO"))
+        for key in [k for k in self._last if k not in self.verdicts]:  # series aged out
+            if self._last.pop(key)[0] == "slow":
+                attrs = _series_attrs(key, names)
+                attrs["infersight.device.verdict"] = "insufficient_data"
+                msg = "%s no longer slow: no requests left in the window" % key.device
+                logs.append(LogItem(agent.resource, now_ns, 9, "INFO", msg, attrs, event_name="device"))
+        self.states = states
+        metrics: list[MetricItem] = []
+        if points:
+            metrics.append(
+                MetricItem(agent.resource, COEFFICIENT, "gauge", "1", COEFFICIENT_DESC, now_ns, self._start_ns, points)
+            )
+        return metrics, logs
+
+    def _verdict_log(self, v: DeviceVerdict, attrs: Attributes, now_ns: int, sev: str) -> LogItem:
+        a: Attributes = dict(attrs)
+        a["infersight.device.verdict"] = v.verdict
+        a["infersight.request.count"] = v.count
+        a["infersight.request.p50_s"] = v.p50_s
+        a["infersight.request.p99_s"] = v.p99_s
+        a["infersight.device.peers"] = v.peers
+        if v.coefficient is not None:
+            a["infersight.device.coefficient"] = v.coefficient
+        if v.peer_median_p99_s is not None:
+            a["infersight.device.peers.p99_s"] = v.peer_median_p99_s
+        if v.verdict == "slow":
+            a["hw.state"] = "degraded"
+            a["infersight.device.cause"] = v.cause or "unknown"
+            a["infersight.device.causes"] = list(v.causes) or ["unknown"]
+            body = "%s slow for %s/%s: %s" % (v.key.device, v.key.model or "-", v.key.request_class, v.detail)
+        else:
+            body = "%s no longer slow for %s/%s: %s (%s)" % (
+                v.key.device,
+                v.key.model or "-",
+                v.key.request_class,
+                v.verdict,
+                v.detail,
+            )
+        return LogItem(self._agent.resource, now_ns, _SEVERITY_NUMBER[sev], sev, body, a, event_name="device")
+
+
+async def device_job(
+    agent: Any,
+    interval_s: float = 1.0,
+    nvml: Nvml | None = None,
+    *,
+    thresholds: DeviceThresholds | None = None,
+    requests: RequestStats | None = None,
+    evaluate_interval_s: float = 10.0,
+    window_s: float = 300.0,
+    export_interval_s: float = 10.0,
+) -> None:
+    """The device job as a plain ``agent.background`` coroutine (see :class:`DeviceJob`)."""
+    job = DeviceJob(
+        interval_s=interval_s, nvml=nvml, thresholds=thresholds, requests=requests,
+        evaluate_interval_s=evaluate_interval_s, window_s=window_s, export_interval_s=export_interval_s,
+    )  # fmt: skip
+    await job.run(agent)
+
+
+def validate(config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
+    """Check this job's keys and rule file without building anything (for the CLI's config
+    check, before the event loop starts). Raises ConfigError naming the key."""
+    c = parse_config(config, env)
+    load_thresholds(c.rules)
+    return c
+
+
+def install(agent: Any, config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJob:
+    """Append the device job to ``agent.background``, register the ``req`` handler, add the
+    job's ``nvml`` section to the agent's health, and reload the rule file on SIGHUP.
+
+    Raises ConfigError (naming the key) on a bad ``nvml.*`` / ``devices.*`` value or rule file.
+    """
+    c = parse_config(config, env)
+    thresholds = load_thresholds(c.rules)
+    requests = RequestStats(c.window_s)
+    job = DeviceJob(
+        interval_s=c.interval_s, enabled=c.enabled, proc_root=c.proc_root, thresholds=thresholds,
+        requests=requests, evaluate_interval_s=c.evaluate_interval_s, window_s=c.window_s,
+        export_interval_s=c.export_interval_s,
+    )  # fmt: skip
+    agent.assembler.handlers[KIND] = requests.handle
+    agent.background.append(job.run)
+    agent.on_shutdown.append(job.aclose)
+    _add_health(agent, job)
+
+    def reload(new: cfg.Config) -> Callable[[], None]:
+        """Validate (raises); the agent applies the returned swap once every part is valid."""
+        thresholds = load_thresholds(parse_config(new, env).rules)
+
+        def commit() -> None:
+            job.thresholds = thresholds
+
+        return commit
+
+    agent.reloaders.append(reload)
+    return job
+
+
+def _add_health(agent: Any, job: DeviceJob) -> None:
+    """Add ``nvml`` to the status reply (``infersight status --json``) unless the agent
+    already reports it."""
+    base: Callable[[], dict[str, Any]] = agent.health
+
+    def health() -> dict[str, Any]:
+        h = base()
+        h.setdefault("nvml", job.health())
+        h.setdefault("requests", job.requests.stats())
+        return h
+
+    agent.health = health
+    agent.ingest.health = health
+
+
+__all__ = [
+    "COEFFICIENT",
+    "CONFIG_KEYS",
+    "DeviceJob",
+    "DeviceJobConfig",
+    "device_job",
+    "install",
+    "load_thresholds",
+    "parse_config",
+    "validate",
+]

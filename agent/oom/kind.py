@@ -1,0 +1,531 @@
+"""Agent-side handlers for the hooks' ``oom`` and ``mem`` events (hooks/_alloc.py).
+
+``oom``: the evidence for one OOM is merged in this order, first known value wins:
+
+1. the exception text, parsed with ``find_ooms`` (PyTorch printed it at the OOM, with its
+   own NVML view of U and of the other processes);
+2. the observer's numbers: R = req, T = total, F = free, L = allowed, A and P from
+   memory_stats (allocated / reserved bytes);
+3. NVML, sampled here, for the device (matched by UUID, else by index): U = this process's
+   used bytes, O = the sum of the other processes' used bytes, T = the device total.
+   N = U - P follows in the rule engine.
+
+The verdict (rules from the builtin file and ``rules.dirs``) is exported as an ERROR log
+record (event_name ``oom``), a span event ``infersight.oom`` on the linked span, and the
+running counter ``infersight.oom.count`` per ``infersight.oom.class``.
+
+The same OOM seen by the observer and then as an exception (excepthook or
+``report_oom``) counts once: an exception whose device and requested size match an
+observer OOM of the same producer within ``DEDUP_WINDOW_NS`` is folded into it; an
+exception whose text repeats one already counted in the window is dropped too.
+
+``mem``: ``infersight.memory.*`` metrics (gauges in bytes, sums for counts) and span
+events for segment changes, retries and large allocations on the span current in the
+served process's main thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
+from infersight.rules.engine import (
+    BASE_QUANTITIES,
+    RuleFileError,
+    RuleSet,
+    Verdict,
+    builtin_rules_path,
+    human_bytes,
+    load_rules,
+)
+from infersight.rules.oom_parse import OomMessage, find_ooms
+from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
+
+if TYPE_CHECKING:
+    from infersight.agent.daemon.config import Config
+    from infersight.agent.daemon.lifecycle import Agent
+    from infersight.agent.devices.nvml import DeviceSample
+
+log = logging.getLogger("infersight.agent.oom")
+
+DEDUP_WINDOW_NS = 30_000_000_000
+MAX_RECENT = 64
+MAX_TEXT = 16384
+MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
+SEVERITY_ERROR = 17
+
+GAUGES = (
+    ("reserved", "infersight.memory.reserved"),
+    ("reserved_peak", "infersight.memory.reserved.peak"),
+    ("allocated", "infersight.memory.allocated"),
+    ("allocated_peak", "infersight.memory.allocated.peak"),
+    ("active", "infersight.memory.active"),
+    ("active_peak", "infersight.memory.active.peak"),
+    ("inactive_split", "infersight.memory.inactive_split"),
+)
+SUMS = (
+    ("retries", "infersight.memory.alloc_retries"),
+    ("device_alloc", "infersight.memory.device_allocs"),
+    ("device_free", "infersight.memory.device_frees"),
+    ("ooms", "infersight.memory.ooms"),
+)
+MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
+
+
+class RuleReloadError(ValueError):
+    """A rule file failed to load; ``str()`` names file:line for every error."""
+
+
+class NvmlLike(Protocol):
+    def sample(self, index: int) -> DeviceSample | None: ...
+
+    def device_count(self) -> int: ...
+
+
+def rule_paths(dirs: Iterable[str | Path]) -> list[Any]:
+    """The builtin rule file, then ``*.toml`` in each directory (sorted; each dir once)."""
+    paths: list[Any] = [builtin_rules_path()]
+    seen: set[str] = set()
+    for d in dirs:
+        p = Path(d)
+        key = str(p.resolve()) if p.exists() else str(p)
+        if key in seen or not p.is_dir():
+            continue
+        seen.add(key)
+        paths.extend(sorted(p.glob("*.toml")))
+    return paths
+
+
+class OomClassifier:
+    """Holds the rule set; ``reload`` swaps it only when every file loads."""
+
+    def __init__(self, dirs: Sequence[str | Path] = (), rules: RuleSet | None = None) -> None:
+        self.dirs = [str(d) for d in dirs]
+        self.rules = rules if rules is not None else self.load(self.dirs)
+
+    @staticmethod
+    def load(dirs: Iterable[str | Path]) -> RuleSet:
+        try:
+            return load_rules(rule_paths(dirs))
+        except RuleFileError as exc:
+            raise RuleReloadError("invalid rule file(s):\n" + str(exc)) from exc
+
+    def reload(self, config: Config | None = None, dirs: Sequence[str | Path] | None = None) -> None:
+        """Load the rules of ``config["rules.dirs"]``; raise RuleReloadError and keep the old ones."""
+        new_dirs = [str(d) for d in (dirs if dirs is not None else (config["rules.dirs"] if config else self.dirs))]
+        rules = self.load(new_dirs)
+        self.rules, self.dirs = rules, new_dirs
+        log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+    def prepare(self, config: Config) -> Callable[[], None]:
+        """Load the rules of ``config["rules.dirs"]`` (RuleReloadError when invalid) and
+        return the swap, for the agent to apply once every part of a reload is valid."""
+        new_dirs = [str(d) for d in config["rules.dirs"]]
+        rules = self.load(new_dirs)
+
+        def commit() -> None:
+            self.rules, self.dirs = rules, new_dirs
+            log.info("OOM rules reloaded: %d rule(s) from %s", len(rules.rules), ", ".join(rules.sources))
+
+        return commit
+
+    def classify(self, numbers: dict[str, int | None], backend: str = "native") -> Verdict:
+        return self.rules.classify(numbers, backend=backend)
+
+
+# -- validation helpers ---------------------------------------------------------------------
+
+
+def _opt_int(d: dict[str, Any], key: str) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise Malformed("%s must be a non-negative integer" % key)
+    return v
+
+
+def _opt_str(d: dict[str, Any], key: str, limit: int = 512) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise Malformed("%s must be a string" % key)
+    return v[:limit]
+
+
+def _span_id(d: dict[str, Any]) -> str | None:
+    sp = d.get("sp")
+    return sp if isinstance(sp, str) and HEX16.match(sp) else None
+
+
+def _int_map(v: Any, name: str) -> dict[str, int]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or len(v) > 64:
+        raise Malformed("%s must be an object" % name)
+    return {str(k): x for k, x in v.items() if isinstance(x, int) and not isinstance(x, bool)}
+
+
+# -- the handlers ---------------------------------------------------------------------------
+
+
+class OomHandlers:
+    """The ``oom`` and ``mem`` kind handlers, sharing a classifier and an NVML view."""
+
+    def __init__(
+        self,
+        classifier: OomClassifier,
+        nvml: NvmlLike | None = None,
+        publish: Callable[[list[Item]], None] | None = None,
+        nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+    ) -> None:
+        self.classifier = classifier
+        self.nvml = nvml
+        # With ``publish`` (the agent's broadcaster), an OOM that needs NVML is finished off the
+        # event loop: NVML is read in a thread, through ``nvml_guard`` (the device job's lock,
+        # which keeps reads and nvmlShutdown apart), then the items are published.
+        self.publish = publish
+        self.nvml_guard = nvml_guard
+        self.ooms = 0
+        self.duplicates = 0
+        self._uuid_index: dict[str, int] = {}
+        self._later: set[asyncio.Task[None]] = set()
+
+    # -- oom ------------------------------------------------------------------------------
+
+    def oom(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], out: list[Item]) -> None:
+        source = _opt_str(d, "source", 32) or "exception"
+        dev = _opt_int(d, "dev")
+        req = _opt_int(d, "req")
+        text = _opt_str(d, "text", MAX_TEXT)
+        stats = _int_map(d.get("stats"), "stats")
+        snap = d.get("snap") if isinstance(d.get("snap"), dict) else None
+        msg: OomMessage | None = None
+        if text:
+            found = find_ooms(text)
+            msg = found[0] if found else None
+        if msg is not None:
+            dev = dev if dev is not None else msg.device_index
+            req = req if req is not None else msg.R
+        if self._duplicate(p, t_ns, source, dev, req, msg):
+            self.duplicates += 1
+            return
+        numbers: dict[str, int | None] = dict.fromkeys(BASE_QUANTITIES)
+        if msg is not None:
+            numbers.update({k: v for k, v in msg.numbers().items() if v is not None})
+        observed = {
+            "R": req, "T": _opt_int(d, "total"), "F": _opt_int(d, "free"), "L": _opt_int(d, "allowed"),
+            "A": stats.get("allocated"), "P": stats.get("reserved"),
+        }
+        for k, v in observed.items():
+            if numbers.get(k) is None and v is not None:
+                numbers[k] = v
+        uuid = _opt_str(d, "uuid", 64)
+        if self.publish is not None and self._needs_nvml(numbers):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                task = loop.create_task(self._oom_later(p, origin, t_ns, d, dev, req, uuid, numbers, snap, msg))
+                self._later.add(task)
+                task.add_done_callback(self._later.discard)
+                return
+        nvml_used = self._nvml(p, dev, uuid, numbers)
+        self._finish(p, origin, t_ns, d, dev, uuid, numbers, snap, msg, nvml_used, out)
+
+    async def _oom_later(
+        self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], dev: int | None, req: int | None,
+        uuid: str | None, numbers: dict[str, int | None], snap: dict[str, Any] | None, msg: OomMessage | None,
+    ) -> None:
+        def read() -> bool:
+            return self._nvml(p, dev, uuid, numbers)
+
+        try:
+            if self.nvml_guard is not None:
+                nvml_used = bool(await asyncio.to_thread(self.nvml_guard, read))
+            else:
+                nvml_used = await asyncio.to_thread(read)
+        except Exception as exc:
+            log.debug("NVML sample for an OOM failed: %s", exc)
+            nvml_used = False
+        items: list[Item] = []
+        self._finish(p, origin, t_ns, d, dev, uuid, numbers, snap, msg, nvml_used, items)
+        if self.publish is not None:
+            self.publish(items)
+
+    async def wait_later(self, timeout_s: float = 2.0) -> None:
+        """At shutdown: let OOMs still reading NVML finish and publish."""
+        if self._later:
+            await asyncio.wait(list(self._later), timeout=timeout_s)
+
+    def _needs_nvml(self, numbers: dict[str, int | None]) -> bool:
+        return self.nvml is not None and (numbers["U"] is None or numbers["O"] is None)
+
+    def _finish(
+        self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], dev: int | None, uuid: str | None,
+        numbers: dict[str, int | None], snap: dict[str, Any] | None, msg: OomMessage | None, nvml_used: bool,
+        out: list[Item],
+    ) -> None:
+        source = _opt_str(d, "source", 32) or "exception"
+        backend = _opt_str(d, "backend", 32) or (msg.backend if msg is not None else "native")
+        if backend not in ("native", "cudaMallocAsync"):
+            backend = "native"
+        verdict = self.classifier.classify(numbers, backend)
+        self.ooms += 1
+        sp = _span_id(d) or p.info.get("root_span_id")
+        attrs = self._attributes(verdict, source, dev, uuid, backend, d, snap, nvml_used, msg)
+        body = one_line(verdict, dev)
+        out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, attrs,
+                           p.info["trace_id"] if sp else None, sp, "oom", origin))
+        p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
+        counts: dict[str, int] = p.state.setdefault("oom_counts", {})
+        counts[verdict.cls] = counts.get(verdict.cls, 0) + 1
+        out.append(MetricItem(
+            p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
+            int(p.info.get("start_ns") or t_ns),
+            [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
+        ))
+
+    def _duplicate(
+        self, p: Producer, t_ns: int, source: str, dev: int | None, req: int | None, msg: OomMessage | None
+    ) -> bool:
+        recent: list[dict[str, Any]] = p.state.setdefault("oom_recent", [])
+        recent[:] = [r for r in recent if t_ns - r["t"] <= DEDUP_WINDOW_NS][-MAX_RECENT:]
+        key = msg.key if msg is not None else None
+        if source != "observer":
+            if key is not None and any(r["key"] == key for r in recent):
+                return True  # the same text again (report_oom, then the excepthook)
+            for r in recent:
+                if r["source"] == "observer" and not r["matched"] and _same(r["dev"], dev) and _close(r["req"], req):
+                    r["matched"] = True
+                    r["key"] = key
+                    return True
+        recent.append({"t": t_ns, "source": source, "dev": dev, "req": req, "key": key, "matched": False})
+        return False
+
+    def _nvml(self, p: Producer, dev: int | None, uuid: str | None, numbers: dict[str, int | None]) -> bool:
+        """Fill U, O (and T) from NVML's per-process view of the device. True when used."""
+        if self.nvml is None or (numbers["U"] is not None and numbers["O"] is not None):
+            return False
+        try:
+            sample = self._device(dev, uuid)
+        except Exception as exc:
+            log.debug("NVML sample for an OOM failed: %s", exc)
+            return False
+        if sample is None:
+            return False
+        if numbers["T"] is None and sample.memory_total_bytes is not None:
+            numbers["T"] = sample.memory_total_bytes
+        procs = sample.processes
+        pid = p.info.get("pid")
+        if not procs:
+            return False
+        mine = [g for g in procs if pid is not None and pid in (g.pid, g.host_pid)]
+        if not mine:
+            return False  # we cannot tell this process from the others
+        if numbers["U"] is None:
+            numbers["U"] = sum(g.used_bytes or 0 for g in mine)
+        if numbers["O"] is None:
+            numbers["O"] = sum(g.used_bytes or 0 for g in procs if g not in mine)
+        return True
+
+    def _device(self, dev: int | None, uuid: str | None) -> DeviceSample | None:
+        """NVML's sample of the device with this UUID (the CUDA index may be remapped by
+        CUDA_VISIBLE_DEVICES): try the cached index, then the CUDA index, then scan once."""
+        assert self.nvml is not None
+        if not uuid:
+            return self.nvml.sample(dev) if dev is not None else None
+        tried: set[int] = set()
+        for i in (self._uuid_index.get(uuid), dev):
+            if i is not None and i not in tried:
+                tried.add(i)
+                s = self.nvml.sample(i)
+                if s is not None and s.uuid == uuid:
+                    self._uuid_index[uuid] = i
+                    return s
+        for i in range(self.nvml.device_count()):
+            if i not in tried:
+                s = self.nvml.sample(i)
+                if s is not None and s.uuid == uuid:
+                    self._uuid_index[uuid] = i
+                    return s
+        return None
+
+    @staticmethod
+    def _attributes(
+        v: Verdict, source: str, dev: int | None, uuid: str | None, backend: str, d: dict[str, Any],
+        snap: dict[str, Any] | None, nvml_used: bool, msg: OomMessage | None,
+    ) -> Attributes:
+        a: Attributes = {
+            "infersight.oom.class": v.cls,
+            "infersight.oom.rule": v.rule,
+            "infersight.oom.rule_version": v.rule_version,
+            "infersight.oom.remedy": v.remedy,
+            "infersight.oom.source": source,
+            "infersight.oom.backend": backend,
+        }
+        if v.note:
+            a["infersight.oom.note"] = v.note
+        if v.missing:
+            a["infersight.oom.missing"] = list(v.missing)
+        for k, n in v.used.items():
+            a["infersight.oom.%s_bytes" % k] = n
+        if v.requested_bytes is not None:
+            a["infersight.oom.R_bytes"] = v.requested_bytes
+        if dev is not None:
+            a["infersight.oom.device"] = "cuda:%d" % dev
+        if uuid:
+            a["hw.id"] = uuid
+        if nvml_used:
+            a["infersight.oom.nvml"] = True
+        conf = d.get("alloc_conf")
+        if isinstance(conf, str) and conf:
+            a["infersight.oom.alloc_conf"] = conf[:512]
+        frac = d.get("fraction")
+        if isinstance(frac, (int, float)) and not isinstance(frac, bool):
+            a["infersight.oom.memory_fraction"] = float(frac)
+        if snap is not None:
+            a.update(_snap_attrs(snap))
+        hist = d.get("hist")
+        if isinstance(hist, list) and hist:
+            a["infersight.oom.history"] = [
+                "%s %d%s" % (h.get("action"), int(h.get("size") or 0), (" " + str(h["meta"])) if h.get("meta") else "")
+                for h in hist[-32:] if isinstance(h, dict)
+            ] or ["none"]
+        if msg is not None:
+            a["infersight.oom.message"] = msg.text[:2048]
+        return a
+
+    # -- mem ------------------------------------------------------------------------------
+
+    def mem(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], out: list[Item]) -> None:
+        dev = _opt_int(d, "dev")
+        if dev is None:
+            raise Malformed("mem needs dev")
+        st = _int_map(d.get("s"), "s")
+        uuid = _opt_str(d, "uuid", 64)
+        dattrs: Attributes = {"infersight.device": "cuda:%d" % dev}
+        if uuid:
+            dattrs["hw.id"] = uuid
+        start = int(p.info.get("start_ns") or t_ns)
+        # A reset of PyTorch's accumulated stats restarts the sums.
+        starts: dict[tuple[int, str], tuple[int, int]] = p.state.setdefault("mem_sum_start", {})
+        for key, name in GAUGES:
+            if key in st:
+                out.append(MetricItem(p.resource, name, "gauge", "By", "", t_ns, start,
+                                      [NumberPoint(st[key], dict(dattrs))]))
+        for key, name in SUMS:
+            if key not in st:
+                continue
+            s0, last = starts.get((dev, key), (start, 0))
+            if st[key] < last:
+                s0 = t_ns
+            starts[(dev, key)] = (s0, st[key])
+            out.append(MetricItem(p.resource, name, "sum", "{count}", "", t_ns, s0,
+                                  [NumberPoint(st[key], dict(dattrs))]))
+        ev = d.get("ev")
+        if ev is None:
+            return
+        if not isinstance(ev, list) or len(ev) > 16:
+            raise Malformed("mem ev must be a list of at most 16 objects")
+        sp = _span_id(d)
+        pending: list[str] = p.state.setdefault("mem_attached", [])
+        for e in ev:
+            if not isinstance(e, dict) or e.get("n") not in MEM_EVENTS:
+                raise Malformed("mem event must be {n, count, bytes} with a known n")
+            a: Attributes = dict(dattrs)
+            a["infersight.memory.count"] = _opt_int(e, "count") or 0
+            a["infersight.memory.bytes"] = _opt_int(e, "bytes") or 0
+            if e["n"] == "large_alloc":
+                a["infersight.memory.approx"] = True  # growth between two samples
+            if sp is None:
+                continue
+            p.attach_event(sp, SpanEvent("infersight.memory." + str(e["n"]), t_ns, a))
+            pending.append(sp)
+        # Bound what waits for spans that may already have ended.
+        while len(pending) > MAX_MEM_SPAN_EVENTS:
+            old = pending.pop(0)
+            evs = p.span_events.get(old)
+            if evs:
+                i = next((j for j, x in enumerate(evs) if x.name.startswith("infersight.memory.")), None)
+                if i is not None:
+                    del evs[i]
+                if not evs:
+                    del p.span_events[old]
+
+
+def _same(a: int | None, b: int | None) -> bool:
+    return a is None or b is None or a == b
+
+
+def _close(a: int | None, b: int | None) -> bool:
+    """Equal within 1% (the text prints two decimals of a unit)."""
+    if a is None or b is None:
+        return True
+    return abs(a - b) <= max(1, max(a, b) // 100)
+
+
+def _snap_attrs(snap: dict[str, Any]) -> Attributes:
+    a: Attributes = {}
+    for key in ("segments", "inactive_split", "private_pools"):
+        v = snap.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            a["infersight.oom.snapshot.%s%s" % (key, "" if key == "segments" else "_bytes")] = v
+    pools = snap.get("pools")
+    if isinstance(pools, dict):
+        for name, pool in list(pools.items())[:4]:
+            if isinstance(pool, dict):
+                for k in ("largest_free", "free", "reserved"):
+                    v = pool.get(k)
+                    if isinstance(v, int) and not isinstance(v, bool):
+                        a["infersight.oom.snapshot.%s.%s_bytes" % (str(name)[:16], k)] = v
+    if snap.get("truncated") is True:  # the hook stopped at its segment/block bound
+        a["infersight.oom.snapshot.truncated"] = True
+    top = snap.get("top")
+    if isinstance(top, list) and top and all(isinstance(x, int) and not isinstance(x, bool) for x in top):
+        a["infersight.oom.snapshot.top_live_bytes"] = [int(x) for x in top[:16]]
+    return a
+
+
+def one_line(v: Verdict, dev: int | None = None) -> str:
+    """``OOM on cuda:0: fragmentation (rule frag-1): tried 2.00 GiB; ...`` for a log body."""
+    where = " on cuda:%d" % dev if dev is not None else ""
+    req = " requested %s;" % human_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
+    note = " (%s)" % v.note if v.note else ""
+    return " ".join(("OOM%s: %s by rule %s:%s %s%s" % (where, v.cls, v.rule, req, v.remedy, note)).split())
+
+
+# -- wiring ---------------------------------------------------------------------------------
+
+
+def install(
+    agent: Agent,
+    config: Config | None = None,
+    nvml: NvmlLike | None = None,
+    nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+) -> OomHandlers:
+    """Register the ``oom`` and ``mem`` handlers on ``agent`` and a rules reloader (SIGHUP).
+
+    An invalid site rule file at startup is logged (file:line) and the builtin rules run
+    until a reload succeeds.
+    """
+    conf = config if config is not None else agent.config
+    dirs = list(conf.get("rules.dirs") or [])
+    try:
+        classifier = OomClassifier(dirs)
+    except RuleReloadError as exc:
+        log.error("%s\nclassifying OOMs with the builtin rules until a reload succeeds", exc)
+        classifier = OomClassifier([], rules=OomClassifier.load([]))
+        classifier.dirs = dirs
+    handlers = OomHandlers(classifier, nvml, publish=agent.broadcaster.publish, nvml_guard=nvml_guard)
+    agent.on_shutdown.append(handlers.wait_later)
+    agent.assembler.handlers["oom"] = handlers.oom
+    agent.assembler.handlers["mem"] = handlers.mem
+    agent.reloaders.append(classifier.prepare)
+    return handlers

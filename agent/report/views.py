@@ -1,0 +1,320 @@
+"""Telemetry -> what the report draws (pure): cold-start waterfalls and OOMs.
+
+Memory and devices are in ``report_gpu``.
+
+Each view is built only from what the file holds; an empty list means "no such section".
+Attribute names are the ones the agent exports (README metric tables, docs/coldstart.md);
+attributes this module does not know are carried along for the hover text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from infersight.telemetry import AttrValue, LogItem, SpanItem
+
+GAP_MIN_SHARE = 0.005  # computed unattributed gaps shorter than this share of the root are not drawn
+UNATTRIBUTED = "unattributed"
+ROOT = "coldstart"
+PROBE = "infersight.probe"
+OOM_NUMBERS = ("R", "T", "F", "A", "P", "U", "O", "L")
+
+
+def num(v: AttrValue | None) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(float(v)) else None
+
+
+def stage_name(s: SpanItem) -> str:
+    st = s.attributes.get("infersight.stage")
+    if isinstance(st, str) and st:
+        return st
+    return s.name[len("coldstart."):] if s.name.startswith("coldstart.") else s.name
+
+
+def process_label(s: SpanItem | LogItem) -> str:
+    r = s.resource
+    svc, pid = r.get("service.name"), r.get("process.pid")
+    return "%s (pid %s)" % (svc or "?", pid if pid is not None else "?")
+
+
+# -- cold start ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Row:
+    span: SpanItem
+    depth: int  # 0 for the root, 1 for a top-level stage, ...
+    label: str
+    kind: str  # root | stage | unattributed | custom
+
+
+@dataclass(slots=True)
+class Mark:
+    t_ns: int
+    label: str
+    title: str
+
+
+@dataclass(slots=True)
+class Summary:
+    total_s: float
+    ready_s: float | None
+    biggest: list[tuple[str, float]]
+    unattributed_s: float
+    unattributed_share: float
+
+
+@dataclass(slots=True)
+class ProcessWaterfall:
+    root: SpanItem
+    rows: list[Row]  # root first, then stages in start order (parents before children)
+    gaps: list[tuple[int, int]]  # stretches no stage covers, drawn on the root row
+    marks: list[Mark]
+    summary: Summary
+    depth: int = 0  # process nesting: 0 for a family's top process
+    parent: str | None = None  # "pid N, during <stage>" for a nested process
+    helper: bool = False
+    children: list[ProcessWaterfall] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Family:
+    """The processes of one cold start (a root and every process started under it), on one axis."""
+
+    processes: list[ProcessWaterfall]  # depth-first: parents before their children
+    t0_ns: int
+    t1_ns: int
+
+
+def dedupe_spans(spans: Iterable[SpanItem]) -> list[SpanItem]:
+    """The same file read twice (a path and its rotation) must not double a waterfall."""
+    seen: set[tuple[str, str]] = set()
+    out: list[SpanItem] = []
+    for s in spans:
+        k = (s.trace_id, s.span_id)
+        if k not in seen:
+            seen.add(k)
+            out.append(s)
+    return out
+
+
+def _stages_of(root: SpanItem, by_parent: dict[str, list[SpanItem]]) -> list[SpanItem]:
+    out: list[SpanItem] = []
+    todo, seen = [root.span_id], {root.span_id}
+    while todo:
+        for child in by_parent.get(todo.pop(), []):
+            if child.span_id not in seen and child.name.startswith("coldstart.") and child.trace_id == root.trace_id:
+                seen.add(child.span_id)
+                out.append(child)
+                todo.append(child.span_id)
+    return out
+
+
+def _ordered_rows(root: SpanItem, stages: list[SpanItem]) -> list[Row]:
+    kids: dict[str, list[SpanItem]] = {}
+    for s in stages:
+        kids.setdefault(s.parent_span_id or "", []).append(s)
+    rows = [Row(root, 0, ROOT, "root")]
+
+    def walk(parent_id: str, depth: int) -> None:
+        for s in sorted(kids.get(parent_id, []), key=lambda x: (x.start_ns, -x.end_ns)):
+            name = stage_name(s)
+            kind = "unattributed" if name == UNATTRIBUTED else (
+                "custom" if s.attributes.get("infersight.stage.custom") is True else "stage")
+            rows.append(Row(s, depth, name, kind))
+            if depth < 32:
+                walk(s.span_id, depth + 1)
+
+    walk(root.span_id, 1)
+    return rows
+
+
+def uncovered(lo: int, hi: int, intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [lo, hi] that no interval covers."""
+    out: list[tuple[int, int]] = []
+    cur = lo
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if s > cur:
+            out.append((cur, s))
+        cur = max(cur, e)
+    if cur < hi:
+        out.append((cur, hi))
+    return out
+
+
+def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> list[Mark]:
+    marks: list[Mark] = []
+    ready = num(root.attributes.get("infersight.coldstart.ready_s"))
+    if ready is not None:
+        marks.append(Mark(root.start_ns + int(ready * 1e9), "ready", "ready after %.3f s (%s)" % (
+            ready, root.attributes.get("infersight.ready.source") or "?")))
+    for s in stages:
+        if stage_name(s) == "first_request":
+            ttfb = num(s.attributes.get("infersight.first_request.ttfb_s"))
+            t = s.start_ns + int(ttfb * 1e9) if ttfb is not None else s.end_ns
+            note = " (first byte %.3f s after the request)" % ttfb if ttfb is not None else ""
+            marks.append(Mark(t, "first response", "first response at %.3f s%s" % ((t - root.start_ns) / 1e9, note)))
+            break
+    marks.extend(Mark(p.end_ns, "probe", "probe GET %s: HTTP %s, first byte %.3f s after sending" % (
+        p.attributes.get("url.full"), p.attributes.get("http.response.status_code"), (p.end_ns - p.start_ns) / 1e9))
+        for p in probes)
+    return marks
+
+
+def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]) -> Summary:
+    total = max(root.end_ns - root.start_ns, 1)
+    top = sorted((s for s in stages if s.parent_span_id == root.span_id and stage_name(s) != UNATTRIBUTED),
+                 key=lambda s: s.end_ns - s.start_ns, reverse=True)[:3]
+    un = num(root.attributes.get("infersight.coldstart.unattributed_s"))
+    if un is None:
+        un = sum(e - s for s, e in gaps) / 1e9
+    return Summary(total / 1e9, num(root.attributes.get("infersight.coldstart.ready_s")),
+                   [(stage_name(s), (s.end_ns - s.start_ns) / 1e9) for s in top], un, un * 1e9 / total)
+
+
+def waterfalls(spans: list[SpanItem]) -> list[Family]:
+    """One family per top-level cold start; a root whose parent span lies in another root's
+    cold start (a worker, a rank) nests under that process."""
+    spans = dedupe_spans(spans)
+    by_parent: dict[str, list[SpanItem]] = {}
+    for s in spans:
+        if s.parent_span_id:
+            by_parent.setdefault(s.parent_span_id, []).append(s)
+    roots = sorted((s for s in spans if s.name == ROOT), key=lambda s: s.start_ns)
+    owner: dict[tuple[str, str], ProcessWaterfall] = {}  # (trace, span id) -> the process it belongs to
+    procs: list[ProcessWaterfall] = []
+    for root in roots:
+        stages = _stages_of(root, by_parent)
+        covered = [(s.start_ns, s.end_ns) for s in stages if stage_name(s) != UNATTRIBUTED]
+        total = max(root.end_ns - root.start_ns, 1)
+        gaps = [g for g in uncovered(root.start_ns, root.end_ns, covered) if g[1] - g[0] >= GAP_MIN_SHARE * total]
+        probes = [p for p in by_parent.get(root.span_id, []) if p.name == PROBE and p.trace_id == root.trace_id]
+        wf = ProcessWaterfall(root, _ordered_rows(root, stages), gaps, _marks(root, stages, probes),
+                              _summary(root, stages, gaps),
+                              helper=root.resource.get("infersight.process.role") == "helper"
+                              or root.attributes.get("infersight.process.role") == "helper")
+        procs.append(wf)
+        for s in (root, *stages):
+            owner.setdefault((root.trace_id, s.span_id), wf)
+    tops: list[ProcessWaterfall] = []
+    for wf in procs:
+        r = wf.root
+        parent = owner.get((r.trace_id, r.parent_span_id or ""))
+        if parent is None or parent is wf or _is_under(parent, wf, owner):
+            tops.append(wf)
+            continue
+        during = next((row.label for row in parent.rows if row.span.span_id == r.parent_span_id), ROOT)
+        wf.parent = "started by pid %s during %s" % (parent.root.resource.get("process.pid") or "?", during)
+        parent.children.append(wf)
+    families: list[Family] = []
+    for top in tops:
+        flat = _depth_first(top)
+        t0 = min(w.root.start_ns for w in flat)
+        t1 = max(max([w.root.end_ns] + [m.t_ns for m in w.marks]) for w in flat)
+        families.append(Family(flat, t0, max(t1, t0 + 1)))
+    return families
+
+
+def _depth_first(top: ProcessWaterfall) -> list[ProcessWaterfall]:
+    flat: list[ProcessWaterfall] = []
+    todo = [(top, 0)]
+    while todo:
+        wf, depth = todo.pop()
+        wf.depth = depth
+        flat.append(wf)
+        if depth < 16:
+            todo.extend((c, depth + 1) for c in sorted(wf.children, key=lambda c: c.root.start_ns, reverse=True))
+    return flat
+
+
+def _is_under(parent: ProcessWaterfall, wf: ProcessWaterfall, owner: dict[tuple[str, str], ProcessWaterfall]) -> bool:
+    """True if ``parent`` already descends from ``wf`` (a cycle in bad data)."""
+    cur = parent
+    for _ in range(64):
+        if cur is wf:
+            return True
+        nxt = owner.get((cur.root.trace_id, cur.root.parent_span_id or ""))
+        if nxt is None or nxt is cur:
+            return False
+        cur = nxt
+    return True
+
+
+def weights_note(s: SpanItem) -> str:
+    """``128.0 MiB @ 1.4 GiB/s, cold`` for weights stages; '' otherwise."""
+    a = s.attributes
+    nbytes = num(a.get("infersight.weights.bytes"))
+    if nbytes is None:
+        return ""
+    out = human_bytes(nbytes)
+    rate = num(a.get("infersight.weights.bytes_per_s"))
+    if rate is not None:
+        out += " @ %s/s" % human_bytes(rate)
+    pcr = num(a.get("infersight.weights.page_cache_ratio"))
+    if pcr is not None:
+        out += ", warm (page cache %.0f%%)" % (100 * pcr) if pcr >= 0.5 else ", cold (page cache %.0f%%)" % (100 * pcr)
+    elif num(a.get("infersight.weights.ceiling_ratio")) is not None:
+        out += ", cold"
+    ceiling = num(a.get("infersight.weights.ceiling_ratio"))
+    if ceiling is not None:
+        out += ", %.0f%% of storage ceiling" % (100 * ceiling)
+    if a.get("infersight.weights.lazy") is True:
+        out += ", lazy (mapped)"
+    return out
+
+
+def human_bytes(n: float) -> str:
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return sign + (("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit)))
+        n /= 1024
+    return sign + str(n)
+
+
+# -- OOMs ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Oom:
+    log: LogItem
+    cls: str
+    rule: str
+    remedy: str
+    note: str
+    device: str  # cuda:N or ""
+    hw_id: str
+    numbers: dict[str, float | None]
+
+    @property
+    def pid(self) -> AttrValue | None:
+        return self.log.resource.get("process.pid")
+
+
+def is_oom(x: LogItem) -> bool:
+    return x.event_name == "oom" or "infersight.oom.class" in x.attributes
+
+
+def ooms(logs: list[LogItem]) -> list[Oom]:
+    out: list[Oom] = []
+    seen: set[tuple[int, str, AttrValue | None]] = set()
+    for x in sorted((x for x in logs if is_oom(x)), key=lambda x: x.time_ns):
+        key = (x.time_ns, x.body, x.resource.get("process.pid"))
+        if key in seen:
+            continue
+        seen.add(key)
+        a = x.attributes
+        out.append(Oom(
+            x, str(a.get("infersight.oom.class") or "unknown"), str(a.get("infersight.oom.rule") or ""),
+            str(a.get("infersight.oom.remedy") or ""), str(a.get("infersight.oom.note") or ""),
+            str(a.get("infersight.oom.device") or ""), str(a.get("hw.id") or ""),
+            {k: num(a.get("infersight.oom.%s_bytes" % k)) for k in OOM_NUMBERS},
+        ))
+    return out

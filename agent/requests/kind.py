@@ -1,0 +1,310 @@
+"""Agent side of the ``req`` event kind: request latency per device.
+
+Each ``req`` event (see ``infersight.hooks._request``) is validated (a bad one raises
+:class:`~infersight.agent.daemon.assemble.Malformed`, which the assembler counts), then
+
+- feeds the in-agent :class:`~infersight.agent.devices.heterogeneity.LatencyWindow`, keyed by device
+  (``hw.id`` when known), model and request class, for the slow-device verdicts; failed
+  requests are left out of the window (a fast failure is not a fast device);
+- updates two cumulative histograms per producer and attribute set,
+  ``infersight.request.duration`` and ``gen_ai.server.time_to_first_token`` (unit ``s``).
+
+Nothing is exported per request: :meth:`RequestStats.collect` returns the histograms that
+changed (or all of them) for the device job to publish periodically.
+
+Device resolution, in order: the ``hw.id`` the hook found through torch (``h``); else
+``cuda:N`` mapped through the producer's ``CUDA_VISIBLE_DEVICES`` (``vis``: indices or UUID
+prefixes) to an NVML device; else ``cuda:N`` as NVML index N. MIG instances and devices NVML
+does not list stay unresolved: their series carry ``infersight.device`` only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
+from infersight.agent.devices.heterogeneity import LatencyWindow, SeriesKey
+from infersight.telemetry import Attributes, HistogramPoint, Item, MetricItem, NumberPoint, Origin, Resource
+
+KIND = "req"
+DURATION = "infersight.request.duration"
+TTFT = "gen_ai.server.time_to_first_token"
+DESCRIPTIONS = {
+    DURATION: "Request duration per device, model and request class",
+    TTFT: "Time to first token of streamed responses, per device and model",
+}
+# Seconds. gen_ai semantic-convention boundaries, extended down to 1 ms for small models.
+DURATION_BOUNDS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+    40.96, 81.92,
+)  # fmt: skip
+TTFT_BOUNDS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+MAX_SERIES = 4096  # histogram series in all (producer x attribute set)
+MAX_STR = 256
+MAX_SECONDS = 86400.0 * 7
+DEFAULT_CLASS = "default"
+_CUDA = re.compile(r"cuda:(\d+)\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ReqEvent:
+    """One validated ``req`` event."""
+
+    device: str | None
+    model: str | None
+    input_len: int | None
+    request_class: str | None
+    start_ns: int
+    duration_s: float
+    ttft_s: float | None
+    span_id: str | None
+    error: str | None
+    hw_id: str | None
+    hw_name: str | None
+    visible: str | None
+
+
+def _opt_str(d: Mapping[str, Any], key: str, limit: int = MAX_STR) -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise Malformed("req.%s must be a string or null" % key)
+    return v[:limit]
+
+
+def _seconds(d: Mapping[str, Any], key: str, required: bool) -> float | None:
+    v = d.get(key)
+    if v is None and not required:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
+        raise Malformed("req.%s must be a number of seconds in [0, %g]" % (key, MAX_SECONDS))
+    return float(v)
+
+
+def parse_req(d: Mapping[str, Any]) -> ReqEvent:
+    """Validate one ``req`` event's data; :class:`Malformed` names the bad key."""
+    n = d.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise Malformed("req.n (input length) must be a non-negative integer or null")
+    s = d.get("s")
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise Malformed("req.s (start) must be a non-negative integer of ns")
+    sp = d.get("sp")
+    if sp is not None and (not isinstance(sp, str) or not HEX16.match(sp)):
+        raise Malformed("req.sp must be 16 lowercase hex digits or null")
+    dur = _seconds(d, "dur", True)
+    assert dur is not None
+    ttft = _seconds(d, "ttft", False)
+    hw_id = _opt_str(d, "h", 128)
+    if hw_id is not None and not hw_id.startswith(("GPU-", "MIG-")):
+        raise Malformed("req.h must be GPU-<uuid> or MIG-<uuid>")
+    return ReqEvent(
+        device=_opt_str(d, "d", 64),
+        model=_opt_str(d, "m"),
+        input_len=n,
+        request_class=_opt_str(d, "c"),
+        start_ns=s,
+        duration_s=dur,
+        ttft_s=ttft,
+        span_id=sp,
+        error=_opt_str(d, "err", 128),
+        hw_id=hw_id,
+        hw_name=_opt_str(d, "hn") if hw_id is not None else None,
+        visible=_opt_str(d, "vis", 1024),
+    )
+
+
+@dataclass(slots=True)
+class _Hist:
+    bounds: tuple[float, ...]
+    counts: list[int]
+    count: int = 0
+    sum: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+
+    @staticmethod
+    def new(bounds: tuple[float, ...]) -> _Hist:
+        return _Hist(bounds, [0] * (len(bounds) + 1))
+
+    def add(self, v: float) -> None:
+        # OTel explicit buckets: bucket i holds (bounds[i-1], bounds[i]].
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.count += 1
+        self.sum += v
+        self.min = min(self.min, v)
+        self.max = max(self.max, v)
+
+    def point(self, attrs: Attributes) -> HistogramPoint:
+        return HistogramPoint(
+            list(self.bounds), list(self.counts), self.count, self.sum,
+            self.min if self.count else None, self.max if self.count else None, dict(attrs),
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class _ProducerHists:
+    resource: Resource
+    start_ns: int
+    last_update_s: float
+    # (metric name, frozen attributes) -> (attributes, histogram)
+    series: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[Attributes, _Hist]] = field(default_factory=dict)
+    dirty: set[tuple[str, tuple[tuple[str, Any], ...]]] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlDevice:
+    index: int
+    uuid: str | None
+    name: str | None
+
+
+class RequestStats:
+    """Latency windows and cumulative histograms of every producer's requests."""
+
+    def __init__(self, window_s: float = 300.0, max_per_series: int = 4096, idle_forget_s: float = 900.0) -> None:
+        self.window = LatencyWindow(window_s, max_per_series)
+        self.idle_forget_s = idle_forget_s
+        self._producers: dict[str, _ProducerHists] = {}
+        self._nseries = 0
+        self.dropped_series = 0  # requests not histogrammed because MAX_SERIES was reached
+        self.requests = 0
+        # Set by the device job from NVML: index -> device, and hw.id -> name.
+        self._by_index: dict[int, NvmlDevice] = {}
+        self.names: dict[str, str | None] = {}
+
+    # -- NVML view ---------------------------------------------------------------------
+
+    def set_devices(self, devices: list[NvmlDevice]) -> None:
+        self._by_index = {d.index: d for d in devices}
+        for d in devices:
+            if d.uuid:
+                self.names[d.uuid] = d.name
+
+    def resolve(self, ev: ReqEvent) -> tuple[str | None, str | None]:
+        """(hw.id, hw.name) of the request's device; (None, None) when unknown."""
+        if ev.hw_id is not None:
+            return ev.hw_id, ev.hw_name or self.names.get(ev.hw_id)
+        m = _CUDA.match(ev.device or "")
+        if m is None:
+            return None, None
+        ordinal = int(m.group(1))
+        index = ordinal
+        if ev.visible is not None:
+            entries = [e.strip() for e in ev.visible.split(",") if e.strip()]
+            if ordinal >= len(entries):
+                return None, None
+            entry = entries[ordinal]
+            if entry.startswith("GPU-"):
+                matches = [d for d in self._by_index.values() if d.uuid and d.uuid.startswith(entry)]
+                return (matches[0].uuid, matches[0].name) if len(matches) == 1 else (None, None)
+            if not entry.isdigit():
+                return None, None  # MIG-..., or a form NVML's index cannot answer
+            index = int(entry)
+        dev = self._by_index.get(index)
+        if dev is None or dev.uuid is None:
+            return None, None
+        return dev.uuid, dev.name
+
+    # -- the kind handler --------------------------------------------------------------
+
+    def handle(self, p: Producer, origin: Origin, t_ns: int, data: dict[str, Any], out: list[Item]) -> None:
+        """``KindHandler`` for ``req``: validate, window, histogram. Emits nothing itself."""
+        ev = parse_req(data)
+        self.record(p.id, p.resource, ev, t_ns)
+
+    def record(self, producer_id: str, resource: Resource, ev: ReqEvent, t_ns: int | None = None) -> None:
+        hw_id, hw_name = self.resolve(ev)
+        if ev.hw_id is not None and ev.hw_name and len(self.names) < MAX_SERIES:
+            self.names.setdefault(ev.hw_id, ev.hw_name)
+        model = ev.model or ""
+        klass = ev.request_class or DEFAULT_CLASS
+        device = ev.device or "unknown"
+        end_s = (t_ns if t_ns is not None else ev.start_ns) / 1e9
+        if ev.error is None:
+            kind = hw_name or (device.split(":", 1)[0] if hw_id is None else "gpu")
+            self.window.add(SeriesKey(hw_id or device, model, klass, kind), ev.duration_s, end_s)
+        attrs: Attributes = {"infersight.device": device}
+        if hw_id is not None:
+            attrs["hw.type"] = "gpu"
+            attrs["hw.id"] = hw_id
+            if hw_name:
+                attrs["hw.name"] = hw_name
+        if model:
+            attrs["infersight.model"] = model
+            attrs["gen_ai.request.model"] = model
+        attrs["infersight.request.class"] = klass
+        if ev.error is not None:
+            attrs["error.type"] = ev.error
+        self.requests += 1
+        now = time.monotonic()
+        ph = self._producers.get(producer_id)
+        if ph is None:
+            ph = self._producers[producer_id] = _ProducerHists(resource, time.time_ns(), now)
+        ph.last_update_s = now
+        self._observe(ph, DURATION, DURATION_BOUNDS, attrs, ev.duration_s)
+        if ev.ttft_s is not None:
+            self._observe(ph, TTFT, TTFT_BOUNDS, attrs, ev.ttft_s)
+
+    def _observe(self, ph: _ProducerHists, name: str, bounds: tuple[float, ...], attrs: Attributes, v: float) -> None:
+        key = (name, tuple(sorted(attrs.items())))
+        entry = ph.series.get(key)
+        if entry is None:
+            if self._nseries >= MAX_SERIES:
+                self.dropped_series += 1
+                return
+            entry = ph.series[key] = (attrs, _Hist.new(bounds))
+            self._nseries += 1
+        entry[1].add(v)
+        ph.dirty.add(key)
+
+    # -- export ------------------------------------------------------------------------
+
+    def collect(self, now_ns: int | None = None, everything: bool = False) -> list[MetricItem]:
+        """Cumulative histogram items: the series that changed since the last call, or all
+        of them with ``everything``. Producers idle past ``idle_forget_s`` are published a
+        last time when they changed, then forgotten."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        mono = time.monotonic()
+        out: list[MetricItem] = []
+        for pid in list(self._producers):
+            ph = self._producers[pid]
+            keys = list(ph.series) if everything else [k for k in ph.series if k in ph.dirty]
+            ph.dirty.clear()
+            by_name: dict[str, list[HistogramPoint]] = {}
+            for key in keys:
+                attrs, hist = ph.series[key]
+                by_name.setdefault(key[0], []).append(hist.point(attrs))
+            out.extend(
+                MetricItem(ph.resource, name, "histogram", "s", DESCRIPTIONS[name], now_ns, ph.start_ns, by_name[name])
+                for name in (DURATION, TTFT)
+                if name in by_name
+            )
+            if mono - ph.last_update_s > self.idle_forget_s:
+                self._nseries -= len(ph.series)
+                del self._producers[pid]
+        return out
+
+    def series_count(self) -> int:
+        return self._nseries
+
+    def stats(self) -> dict[str, int]:
+        """For ``infersight status --json``."""
+        return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series}
+
+    def self_metrics(self, resource: Resource, start_ns: int, now_ns: int) -> list[MetricItem]:
+        """The agent's own count of requests left out of the histograms (series cap reached)."""
+        return [MetricItem(
+            resource, "infersight.requests.dropped", "sum", "{request}",
+            "Requests not histogrammed because the series limit was reached", now_ns, start_ns,
+            [NumberPoint(self.dropped_series, {"infersight.reason": "series_limit"})],
+        )]
