@@ -53,6 +53,11 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
+def command_help(name: str) -> str:
+    """The help line of a command, from ``COMMANDS``."""
+    return next(h for n, h, _module in COMMANDS if n == name)
+
+
 def _add_command(sub: Any, module: str, help_line: str) -> None:
     import importlib
 

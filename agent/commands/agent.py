@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from infersight.agent.cli import DEFAULT_CONFIG_PATH, EXIT_USAGE
+from infersight.agent.cli import DEFAULT_CONFIG_PATH, EXIT_USAGE, command_help
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from infersight.exporters.base import Exporter
 
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    ap: argparse.ArgumentParser = sub.add_parser("agent", help=help_line)
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    ap: argparse.ArgumentParser = sub.add_parser("agent", help=help_line or command_help("agent"))
     ap.add_argument("--config", metavar="PATH", help="TOML config (default %s)" % DEFAULT_CONFIG_PATH)
     ap.add_argument("--socket", metavar="PATH", help="listen here (overrides config and env)")
     ap.set_defaults(func=run)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from infersight.agent.cli import command_help
 from infersight.agent.devices.heterogeneity import (
     DeviceVerdict,
     SeriesKey,
@@ -37,10 +38,10 @@ LADDER = (128, 256, 512)
 SAMPLE_INTERVAL_S = 0.1
 
 
-def add_parser(subparsers: Any, help_line: str) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, help_line: str | None = None) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "baseline",
-        help=help_line,
+        help=help_line or command_help("baseline"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

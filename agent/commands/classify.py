@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from infersight.agent.cli import command_help
 from infersight.rules.engine import (
     RuleFileError,
     Verdict,
@@ -60,11 +61,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 
-def add_parser(subparsers: Any, help_line: str) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any, help_line: str | None = None) -> argparse.ArgumentParser:
     """Register ``classify`` on an ``argparse`` subparsers object."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "classify",
-        help=help_line,
+        help=help_line or command_help("classify"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from infersight import __version__
+from infersight.agent.cli import command_help
 from infersight.agent.daemon import config as cfg
 from infersight.hooks import _bootstrap_dir, _paths
 from infersight.redact import mask_url
@@ -233,8 +234,8 @@ def run_doctor(out: TextIO, as_json: bool = False) -> int:
     return 1 if failed else 0
 
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    dp: argparse.ArgumentParser = sub.add_parser("doctor", help=help_line)
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    dp: argparse.ArgumentParser = sub.add_parser("doctor", help=help_line or command_help("doctor"))
     dp.add_argument("--json", action="store_true")
     dp.set_defaults(func=run)
     return dp

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from typing import Any, TextIO
 
+from infersight.agent.cli import command_help
 from infersight.hooks import _bootstrap_dir
 
 PTH_NAME = "infersight-hooks.pth"
@@ -73,8 +74,8 @@ def uninstall(python: str, out: TextIO) -> int:
     return 0
 
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    hp: argparse.ArgumentParser = sub.add_parser("hooks", help=help_line)
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    hp: argparse.ArgumentParser = sub.add_parser("hooks", help=help_line or command_help("hooks"))
     hp.add_argument("action", choices=("install", "uninstall"))
     hp.add_argument("--python", default=sys.executable, metavar="PATH", help="target interpreter")
     hp.set_defaults(func=run)

@@ -18,6 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infersight.agent.cli import command_help
+
 __all__ = ["DATA_FILES", "Action", "add_parser", "data_dir", "plan", "resolve_exec", "run"]
 
 CONFIG_PATH = "/etc/infersight/infersight.toml"
@@ -182,12 +184,12 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(
     subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
-    help_line: str,
+    help_line: str | None = None,
 ) -> argparse.ArgumentParser:
     """Register ``install-service`` on the CLI's subparsers; sets ``func=run``."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "install-service",
-        help=help_line,
+        help=help_line or command_help("install-service"),
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -32,6 +32,8 @@ import signal
 import sys
 import time
 
+from infersight.agent.cli import command_help
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
@@ -426,8 +428,8 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         private.release()
 
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    lp: argparse.ArgumentParser = sub.add_parser("launch", help=help_line)
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    lp: argparse.ArgumentParser = sub.add_parser("launch", help=help_line or command_help("launch"))
     lp.add_argument("--otlp-file", metavar="PATH", help="output file (default: infersight-<time>.otlp.jsonl)")
     lp.add_argument("--ready-url", metavar="URL",
                     help="poll URL (2xx/3xx) as the readiness probe; ends ready_wait there")

@@ -6,9 +6,11 @@ import argparse
 import sys
 from typing import Any
 
+from infersight.agent.cli import command_help
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    rp: argparse.ArgumentParser = sub.add_parser("report", help=help_line)
+
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    rp: argparse.ArgumentParser = sub.add_parser("report", help=help_line or command_help("report"))
     rp.add_argument("-o", "--output", metavar="PATH", help="output file (default: the first FILE with .html)")
     rp.add_argument("paths", nargs="+", metavar="FILE")
     rp.set_defaults(func=run)

@@ -16,6 +16,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
+from infersight.agent.cli import command_help
 from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import Telemetry, parse_lines, read_file
 from infersight.exporters.waterfall import is_helper, render_waterfall
@@ -96,8 +97,8 @@ def probe_line(p: SpanItem) -> str:
         (p.end_ns - p.start_ns) / 1e9)
 
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    shp: argparse.ArgumentParser = sub.add_parser("show", help=help_line)
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    shp: argparse.ArgumentParser = sub.add_parser("show", help=help_line or command_help("show"))
     shp.add_argument("--format", choices=("text", "json", "chrome-trace"), default="text",
                      help="text (default), json (the waterfall for scripts) or chrome-trace (Perfetto)")
     shp.add_argument("path", metavar="FILE")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from infersight.agent.cli import command_help
 
-def add_parser(sub: Any, help_line: str) -> argparse.ArgumentParser:
-    sp: argparse.ArgumentParser = sub.add_parser("status", help=help_line)
+
+def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
+    sp: argparse.ArgumentParser = sub.add_parser("status", help=help_line or command_help("status"))
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--socket", metavar="PATH")
     sp.set_defaults(func=run)
