@@ -66,7 +66,7 @@ def test_unknown_command_is_a_usage_error() -> None:
 
 def test_cmd_is_spawned_before_the_agent_side_is_imported(tmp_path: Path) -> None:
     """At the moment CMD is spawned, launch holds none of the agent's heavy modules."""
-    code = ("import sys\nfrom infersight.agent import cli, launch\n"
+    code = ("import sys\nfrom infersight.agent import cli\nfrom infersight.agent.commands import launch\n"
             "real = launch.spawn\n"
             "def spy(cmd, env):\n"
             "    sys.stderr.write('AT-SPAWN %%s\\n' %% sorted(m for m in %r if m in sys.modules))\n"
@@ -82,7 +82,7 @@ def test_cmd_is_spawned_before_the_agent_side_is_imported(tmp_path: Path) -> Non
     assert len(roots) == 1
 
 
-RESIDENCY = ("import os, sys\nfrom infersight.agent import pagecache\n"
+RESIDENCY = ("import os, sys\nfrom infersight.agent.commands import pagecache\n"
              "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
              "print(pagecache.resident_pages(fd, os.fstat(fd).st_size))\n")
 

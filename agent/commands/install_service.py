@@ -53,11 +53,11 @@ class Action:
 
 def data_dir() -> Path:
     """Package data (wheel or checkout via symlinks), else the checkout's ``systemd/``."""
-    here = Path(__file__).resolve().parent
-    data = here / "data"
+    agent_dir = Path(__file__).resolve().parent.parent  # agent/commands/ -> agent/
+    data = agent_dir / "data"
     if (data / "infersight.service").is_file():
         return data
-    return here.parent / "systemd"
+    return agent_dir.parent / "systemd"
 
 
 def _source(name: str) -> Path:
