@@ -14,6 +14,7 @@ from infersight.agent.daemon import config as cfg
 from infersight.rules import engine
 from infersight.rules.device_rules import DeviceRulesError, parse_device_rules
 from infersight.rules.engine import ExpressionError, RuleFileError, load_rules, parse_expression
+from infersight.settings import ConfigError
 
 RULE = """engine_version = "1.0"
 
@@ -105,7 +106,7 @@ def test_deeply_nested_toml_rule_file(tmp_path: Path) -> None:
 def test_deeply_nested_toml_config_and_device_rules(tmp_path: Path) -> None:
     p = tmp_path / "infersight.toml"
     p.write_text(DEEP_TOML)
-    with pytest.raises(cfg.ConfigError, match="nested too deeply"):
+    with pytest.raises(ConfigError, match="nested too deeply"):
         cfg.load(str(p), env={})
     with pytest.raises(DeviceRulesError, match="nested too deeply"):
         parse_device_rules(DEEP_TOML, "devices.toml")
