@@ -33,7 +33,11 @@ def spool_dir(env: os._Environ[str] | dict[str, str] | None = None) -> str:
     return os.path.join(state, "infersight", "spool")
 
 
-class UnsafeSocketDirError(ValueError):
+class HooksError(Exception):
+    """Base of the exceptions of infersight.hooks (which imports nothing else of ours)."""
+
+
+class UnsafeSocketDirError(HooksError, ValueError):
     """The socket's directory could be another local user's: not to be used."""
 
 

@@ -1,23 +1,24 @@
 """Loader for ``devices.toml``: slow-device thresholds and their example cases.
 
-Every validation error names ``file:line``. The file declares the engine version it needs
-(``engine``); a file that needs a newer engine is refused.
+Every validation error is a :class:`DeviceRulesError` at ``file:line``. The file declares
+the engine version it needs, as every rule file does: ``engine_version = "1.0"``
+(:mod:`infersight.rules.rulefile`); a file that needs another major or a newer minor is
+refused. Deprecated: the older key ``engine = 1`` (an integer major) still loads, so files
+written for it keep working; a file may not set both.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from infersight.errors import Location, SourceError
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, RulesError, needed_engine
+from infersight.tomlfile import TomlKeys, loads
 
-ENGINE_VERSION = 1
+ENGINE_VERSION = (1, 0)
+DEPRECATED_ENGINE_KEY = "engine"
 DEFAULT_PATH = Path(__file__).with_name("devices.toml")
 
 # nvml.h nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*).
@@ -59,7 +60,7 @@ WINDOW_KEYS: dict[str, type] = {
 }
 
 
-class DeviceRulesError(ValueError):
+class DeviceRulesError(SourceError, RulesError, ValueError):
     """A rule file problem; the message starts with ``file:line:``."""
 
 
@@ -92,50 +93,34 @@ class DeviceExample:
 @dataclass(frozen=True, slots=True)
 class DeviceRules:
     path: str
-    engine: int
+    engine: int  # the major engine version the file needs
     thresholds: DeviceThresholds
     examples: tuple[DeviceExample, ...]
-
-
-def _locate(text: str, table: str | None, key: str | None, nth: int = 0) -> int:
-    """1-based line of ``key`` inside ``[table]`` (or the nth ``[[table]]``); best effort."""
-    header_re = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-]+)\s*\]\]?")
-    current: str | None = None
-    seen = -1
-    table_line = 1
-    for i, line in enumerate(text.splitlines(), 1):
-        m = header_re.match(line)
-        if m:
-            current = m.group(1)
-            if current == table:
-                seen += 1
-                if seen == nth:
-                    table_line = i
-            continue
-        in_table = current == table and (table is None or seen == nth)
-        if in_table and key is not None and re.match(rf"^\s*{re.escape(key)}\s*=", line):
-            return i
-    return table_line
 
 
 class _Ctx:
     def __init__(self, path: str, text: str) -> None:
         self.path = path
-        self.text = text
+        self.keys = TomlKeys(text, path)
 
-    def fail(self, msg: str, table: str | None = None, key: str | None = None, nth: int = 0) -> DeviceRulesError:
-        return DeviceRulesError(f"{self.path}:{_locate(self.text, table, key, nth)}: {msg}")
+    def line(self, *key: str | int) -> int:
+        """The line of ``key`` (a path into the document), or of the nearest table around it."""
+        return self.keys.nearest(key).line
+
+    def fail(self, msg: str, *key: str | int) -> DeviceRulesError:
+        return DeviceRulesError(msg, Location(self.path, self.line(*key)))
 
 
-def _num(ctx: _Ctx, v: Any, table: str, key: str, nth: int = 0) -> float:
+def _num(ctx: _Ctx, v: Any, *key: str | int) -> float:
+    """``v`` as a number, else the error at ``key`` (its path; the last part names it)."""
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ctx.fail(f"{key} must be a number, got {v!r}", table, key, nth)
+        raise ctx.fail(f"{key[-1]} must be a number, got {v!r}", *key)
     return float(v)
 
 
 def _thresholds(ctx: _Ctx, raw: Any) -> DeviceThresholds:
     if not isinstance(raw, dict):
-        raise ctx.fail("[thresholds] must be a table", "thresholds", None)
+        raise ctx.fail("[thresholds] must be a table", "thresholds")
     known = {f.name: f for f in fields(DeviceThresholds)}
     values: dict[str, Any] = {}
     for key, v in raw.items():
@@ -169,48 +154,48 @@ def _thresholds(ctx: _Ctx, raw: Any) -> DeviceThresholds:
 def _example(ctx: _Ctx, raw: Any, nth: int) -> DeviceExample:
     t = "examples"
     if not isinstance(raw, dict):
-        raise ctx.fail("each [[examples]] must be a table", t, None, nth)
+        raise ctx.fail("each [[examples]] must be a table", t, nth)
     allowed = {"name", "device_p99_s", "peer_p99_s", "expect_verdict", "expect_cause", "window",
                "device_requests"}  # fmt: skip
     for key in raw:
         if key not in allowed:
-            raise ctx.fail(f"unknown example key {key!r}", t, key, nth)
+            raise ctx.fail(f"unknown example key {key!r}", t, nth, key)
     for key in ("name", "device_p99_s", "peer_p99_s", "expect_verdict"):
         if key not in raw:
-            raise ctx.fail(f"example needs {key!r}", t, None, nth)
+            raise ctx.fail(f"example needs {key!r}", t, nth)
     name = raw["name"]
     if not isinstance(name, str):
-        raise ctx.fail("name must be a string", t, "name", nth)
-    p99 = _num(ctx, raw["device_p99_s"], t, "device_p99_s", nth)
+        raise ctx.fail("name must be a string", t, nth, "name")
+    p99 = _num(ctx, raw["device_p99_s"], t, nth, "device_p99_s")
     peers = raw["peer_p99_s"]
     if not isinstance(peers, list):
-        raise ctx.fail("peer_p99_s must be a list of numbers", t, "peer_p99_s", nth)
-    peer_vals = tuple(_num(ctx, p, t, "peer_p99_s", nth) for p in peers)
+        raise ctx.fail("peer_p99_s must be a list of numbers", t, nth, "peer_p99_s")
+    peer_vals = tuple(_num(ctx, p, t, nth, "peer_p99_s") for p in peers)
     verdict = raw["expect_verdict"]
     if verdict not in VERDICTS:
-        raise ctx.fail(f"expect_verdict must be one of {list(VERDICTS)}", t, "expect_verdict", nth)
+        raise ctx.fail(f"expect_verdict must be one of {list(VERDICTS)}", t, nth, "expect_verdict")
     cause = raw.get("expect_cause")
     if cause is not None and cause not in CAUSES:
-        raise ctx.fail(f"expect_cause must be one of {list(CAUSES)}", t, "expect_cause", nth)
+        raise ctx.fail(f"expect_cause must be one of {list(CAUSES)}", t, nth, "expect_cause")
     if verdict == "slow" and cause is None:
-        raise ctx.fail("a slow example needs expect_cause", t, None, nth)
+        raise ctx.fail("a slow example needs expect_cause", t, nth)
     window = raw.get("window", {})
     if not isinstance(window, dict):
-        raise ctx.fail("window must be a table", t, "window", nth)
+        raise ctx.fail("window must be a table", t, nth, "window")
     for key, v in window.items():
         typ = WINDOW_KEYS.get(key)
         if typ is None:
             known = sorted(WINDOW_KEYS)
-            raise ctx.fail(f"unknown window key {key!r}; known: {known}", t, "window", nth)
+            raise ctx.fail(f"unknown window key {key!r}; known: {known}", t, nth, "window", key)
         bad_int = typ is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0)
         if not isinstance(v, typ) or bad_int:
-            raise ctx.fail(f"window.{key} must be a {typ.__name__} >= 0", t, "window", nth)
+            raise ctx.fail(f"window.{key} must be a {typ.__name__} >= 0", t, nth, "window", key)
     requests = raw.get("device_requests", 1000)
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 0:
-        raise ctx.fail("device_requests must be a non-negative integer", t, "device_requests", nth)
+        raise ctx.fail("device_requests must be a non-negative integer", t, nth, "device_requests")
     return DeviceExample(
         name=name,
-        line=_locate(ctx.text, t, None, nth),
+        line=ctx.line(t, nth),
         device_p99_s=p99,
         peer_p99_s=peer_vals,
         expect_verdict=verdict,
@@ -223,26 +208,28 @@ def _example(ctx: _Ctx, raw: Any, nth: int) -> DeviceExample:
 def parse_device_rules(text: str, path: str = "<string>") -> DeviceRules:
     ctx = _Ctx(path, text)
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        m = re.search(r"line (\d+)", str(exc))
-        raise DeviceRulesError(f"{path}:{m.group(1) if m else 1}: invalid TOML: {exc}") from None
-    except RecursionError:  # tomllib recurses once per nested array or table
-        raise DeviceRulesError(f"{path}:1: invalid TOML: nested too deeply") from None
+        doc = loads(text, path)
+    except SourceError as exc:
+        raise DeviceRulesError("invalid " + exc.message, *exc.locations) from None
     for key in doc:
-        if key not in ("engine", "thresholds", "examples"):
-            raise ctx.fail(f"unknown top-level key {key!r}", None, key)
-    engine = doc.get("engine")
-    if isinstance(engine, bool) or not isinstance(engine, int):
-        raise ctx.fail("engine (an integer engine version) is required", None, "engine")
-    if engine > ENGINE_VERSION:
-        raise ctx.fail(f"needs engine {engine}; this is engine {ENGINE_VERSION}", None, "engine")
+        if key not in (ENGINE_VERSION_KEY, DEPRECATED_ENGINE_KEY, "thresholds", "examples"):
+            raise ctx.fail(f"unknown top-level key {key!r}", key)
+    version_key = ENGINE_VERSION_KEY
+    if DEPRECATED_ENGINE_KEY in doc:
+        if ENGINE_VERSION_KEY in doc:
+            raise ctx.fail(f"set {ENGINE_VERSION_KEY} only ({DEPRECATED_ENGINE_KEY} is its deprecated name)",
+                           DEPRECATED_ENGINE_KEY)
+        version_key = DEPRECATED_ENGINE_KEY
+    try:
+        needs = needed_engine(doc.get(version_key), ENGINE_VERSION)
+    except ValueError as exc:
+        raise ctx.fail(str(exc), version_key) from None
     thresholds = _thresholds(ctx, doc.get("thresholds", {}))
     raw_examples = doc.get("examples", [])
     if not isinstance(raw_examples, list):
-        raise ctx.fail("examples must be an array of tables", None, "examples")
+        raise ctx.fail("examples must be an array of tables", "examples")
     examples = tuple(_example(ctx, ex, i) for i, ex in enumerate(raw_examples))
-    return DeviceRules(path=path, engine=engine, thresholds=thresholds, examples=examples)
+    return DeviceRules(path=path, engine=needs[0], thresholds=thresholds, examples=examples)
 
 
 def load_device_rules(path: str | Path | None = None) -> DeviceRules:
@@ -251,5 +238,5 @@ def load_device_rules(path: str | Path | None = None) -> DeviceRules:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise DeviceRulesError(f"{p}:0: cannot read: {exc.strerror or exc}") from None
+        raise DeviceRulesError(f"cannot read: {exc.strerror or exc}", Location(str(p), 1)) from None
     return parse_device_rules(text, str(p))

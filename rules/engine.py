@@ -28,19 +28,16 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
+from infersight.errors import Location, SourceError
 from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms, parse_size
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, RulesError, needed_engine
+from infersight.tomlfile import TomlKeys, loads
 
 __all__ = [
     "BASE_QUANTITIES",
@@ -85,7 +82,7 @@ Numbers: TypeAlias = Mapping[str, "int | float | None"]
 # Expressions
 
 
-class ExpressionError(ValueError):
+class ExpressionError(RulesError, ValueError):
     """A condition or template that does not parse or type-check; ``pos`` is the 0-based
     offset in the expression text where it went wrong, when known."""
 
@@ -617,22 +614,14 @@ def _missing(names: Iterable[str], env: Mapping[str, float | None]) -> list[str]
 # Rules and rule files
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
-    path: str
-    line: int
-    col: int = 0  # 1-based column, 0 when not known
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}" if self.col else f"{self.path}:{self.line}"
-
-
-class RuleFileError(Exception):
-    """Invalid rule file(s). ``errors`` holds (location, message) for every problem."""
+class RuleFileError(SourceError, RulesError):
+    """Invalid rule file(s). ``errors`` holds (location, message) for every problem, and
+    the text is one ``file:line[:col]: message`` line for each."""
 
     def __init__(self, errors: Sequence[tuple[Location, str]]) -> None:
         self.errors = list(errors)
         super().__init__("\n".join(f"{loc}: {msg}" for loc, msg in self.errors))
+        self.locations = [loc for loc, _ in self.errors]
 
 
 @dataclass(frozen=True, slots=True)
@@ -793,38 +782,6 @@ def _as_int(v: object) -> int | None:
     return None if f is None else round(f)
 
 
-class _Lines:
-    """Line numbers of keys in TOML text (tomllib keeps none): good enough for messages."""
-
-    _HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\s]+?)\s*\]\]?\s*(?:#.*)?$")
-
-    def __init__(self, text: str) -> None:
-        self.lines = text.splitlines()
-        self.headers: list[tuple[int, str]] = []  # (1-based line, table name)
-        for i, line in enumerate(self.lines, 1):
-            m = self._HEADER.match(line)
-            if m:
-                self.headers.append((i, re.sub(r"\s+", "", m.group(1))))
-
-    def nth(self, name: str, n: int, start: int = 1, end: int | None = None) -> int | None:
-        hits = [ln for ln, h in self.headers if h == name and start <= ln < (end or 1 << 30)]
-        return hits[n] if n < len(hits) else None
-
-    def span_end(self, start: int, stop_names: tuple[str, ...]) -> int:
-        for ln, h in self.headers:
-            if ln > start and h in stop_names:
-                return ln
-        return len(self.lines) + 1
-
-    def key(self, key: str, start: int = 1, end: int | None = None) -> int | None:
-        pat = re.compile(rf"^\s*{re.escape(key)}\s*=")
-        stop = end or len(self.lines) + 1
-        for ln in range(start, min(stop, len(self.lines) + 1)):
-            if pat.match(self.lines[ln - 1]):
-                return ln
-        return None
-
-
 _RULE_KEYS = frozenset(
     {
         "id",
@@ -839,7 +796,7 @@ _RULE_KEYS = frozenset(
         "examples",
     }
 )
-_TOP_KEYS = frozenset({"engine_version", "quantities", "rule", "description"})
+_TOP_KEYS = frozenset({ENGINE_VERSION_KEY, "quantities", "rule", "description"})
 _EXAMPLE_KEYS = frozenset({"kind", "numbers", "text", "backend", "class", "comment"})
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
@@ -848,54 +805,55 @@ class _FileLoader:
     def __init__(self, path: str, text: str, names: frozenset[str], order0: int) -> None:
         self.path = path
         self.text = text
-        self.lines = _Lines(text)
+        self.keys = TomlKeys(text, path)
         self.names = names
         self.order0 = order0
         self.errors: list[tuple[Location, str]] = []
 
-    def err(self, line: int | None, msg: str, col: int = 0) -> None:
-        self.errors.append((Location(self.path, line or 1, col), msg))
+    def line(self, *key: str | int) -> int:
+        """The line of ``key`` (a path into the document), or of the nearest table around it."""
+        return self.keys.nearest(key).line
 
-    def expr_err(self, line: int, src: str, exc: ExpressionError, msg: str) -> None:
+    def err(self, line: int, msg: str) -> None:
+        self.errors.append((Location(self.path, line), msg))
+
+    def expr_err(self, key: tuple[str | int, ...], src: str, exc: ExpressionError, msg: str) -> None:
         """An expression error at its line:column in the file, where the text of the
-        expression can be found there as written (no escapes); else at the key's line."""
-        lines = self.lines.lines
-        start = sum(len(x) + 1 for x in lines[: line - 1]) if 0 < line <= len(lines) else 0
-        k = self.text.find(src, start) if src else -1
+        expression can be found after its key as written (no escapes); else at the key's line."""
+        where = self.keys.nearest(key)
+        k = self.text.find(src, self.keys.offset(where)) if src else -1
         if k < 0 or exc.pos is None:
-            self.err(line, msg)
+            self.err(where.line, msg)
             return
-        at = k + min(exc.pos, len(src))
-        self.err(self.text.count("\n", 0, at) + 1, msg, at - (self.text.rfind("\n", 0, at) + 1) + 1)
+        self.errors.append((self.keys.location(k + min(exc.pos, len(src))), msg))
 
     def load(self) -> tuple[list[Rule], frozenset[str]]:
         try:
-            doc = tomllib.loads(self.text)
-        except tomllib.TOMLDecodeError as exc:
-            m = re.search(r"line (\d+)", str(exc))
-            self.err(int(m.group(1)) if m else 1, f"TOML syntax: {exc}")
-            return [], self.names
-        except RecursionError:  # tomllib recurses once per nested array or table
-            self.err(1, "TOML nested too deeply")
+            doc = loads(self.text, self.path)
+        except SourceError as exc:
+            self.errors.append((exc.locations[0], exc.message))
             return [], self.names
         for k in doc:
             if k not in _TOP_KEYS:
-                self.err(self.lines.key(k), f"unknown top-level key {k!r}")
-        self._check_version(doc.get("engine_version"))
+                self.err(self.line(k), f"unknown top-level key {k!r}")
+        try:
+            needed_engine(doc.get(ENGINE_VERSION_KEY), ENGINE_VERSION)
+        except ValueError as exc:
+            self.err(self.line(ENGINE_VERSION_KEY), str(exc))
         names = self.names
         q = doc.get("quantities", [])
         if not isinstance(q, list) or not all(
             isinstance(x, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", x) for x in q
         ):
-            self.err(self.lines.key("quantities"), "quantities must be a list of names")
+            self.err(self.line("quantities"), "quantities must be a list of names")
         else:
             bad = [x for x in q if x in _KEYWORDS or x in _UNIT_BYTES]
             if bad:
-                self.err(self.lines.key("quantities"), f"reserved quantity names: {bad}")
+                self.err(self.line("quantities"), f"reserved quantity names: {bad}")
             names = names | frozenset(q)
         raw = doc.get("rule", [])
         if not isinstance(raw, list):
-            self.err(self.lines.key("rule"), "'rule' must be an array of tables ([[rule]])")
+            self.err(self.line("rule"), "'rule' must be an array of tables ([[rule]])")
             return [], names
         rules: list[Rule] = []
         for i, table in enumerate(raw):
@@ -904,29 +862,12 @@ class _FileLoader:
                 rules.append(rule)
         return rules, names
 
-    def _check_version(self, v: object) -> None:
-        line = self.lines.key("engine_version")
-        if v is None:
-            self.err(1, "missing engine_version (this engine is {}.{})".format(*ENGINE_VERSION))
-            return
-        m = re.fullmatch(r"(\d{1,4})(?:\.(\d{1,4}))?", str(v))
-        if m is None or isinstance(v, bool):
-            self.err(line, f"engine_version {v!r} is not MAJOR or MAJOR.MINOR")
-            return
-        major, minor = int(m.group(1)), int(m.group(2) or 0)
-        if major != ENGINE_VERSION[0] or minor > ENGINE_VERSION[1]:
-            self.err(
-                line,
-                f"needs engine {major}.{minor}, this engine is {ENGINE_VERSION[0]}.{ENGINE_VERSION[1]}",
-            )
-
     def _rule(self, i: int, t: object, names: frozenset[str]) -> Rule | None:
-        start = self.lines.nth("rule", i) or self.lines.key("rule") or 1
-        end = self.lines.span_end(start, ("rule",))
+        start = self.line("rule", i)
         n_errors = len(self.errors)
 
         def line(key: str) -> int:
-            return self.lines.key(key, start, end) or start
+            return self.line("rule", i, key)
 
         if not isinstance(t, dict):
             self.err(start, "a rule must be a table")
@@ -955,7 +896,7 @@ class _FileLoader:
             try:
                 cond = parse_expression(cond_src, names)
             except ExpressionError as exc:
-                self.expr_err(line("condition"), cond_src, exc, f"{rid}: condition: {exc}")
+                self.expr_err(("rule", i, "condition"), cond_src, exc, f"{rid}: condition: {exc}")
         remedy = t.get("remedy")
         if not isinstance(remedy, str) or not remedy.strip():
             self.err(line("remedy"), f"{rid}: remedy must be a non-empty string")
@@ -965,8 +906,8 @@ class _FileLoader:
         desc = t.get("description", "")
         if not isinstance(desc, str):
             self.err(line("description"), f"{rid}: description must be a string")
-        notes = self._notes(rid, t.get("notes", []), names, start, end, line("notes"))
-        examples = self._examples(rid, t.get("examples", []), start, end, line("examples"))
+        notes = self._notes(rid, t.get("notes", []), names, ("rule", i, "notes"))
+        examples = self._examples(rid, t.get("examples", []), ("rule", i, "examples"))
         kinds = {e.kind for e in examples}
         if len(self.errors) == n_errors and kinds != {"positive", "negative"}:
             self.err(start, f"{rid}: needs at least one positive and one negative example")
@@ -988,15 +929,15 @@ class _FileLoader:
             order=self.order0 + i,
         )
 
-    def _notes(self, rid: str, raw: object, names: frozenset[str], start: int, end: int, at: int) -> tuple[Note, ...]:
+    def _notes(self, rid: str, raw: object, names: frozenset[str], key: tuple[str | int, ...]) -> tuple[Note, ...]:
         if isinstance(raw, str):
             raw = [{"text": raw}]
         if not isinstance(raw, list):
-            self.err(at, f"{rid}: notes must be a list of {{when, text}} tables")
+            self.err(self.line(*key), f"{rid}: notes must be a list of {{when, text}} tables")
             return ()
         out: list[Note] = []
         for j, n in enumerate(raw):
-            ln = self.lines.nth("rule.notes", j, start, end) or at
+            ln = self.line(*key, j)
             if not isinstance(n, dict) or not isinstance(n.get("text"), str):
                 self.err(ln, f"{rid}: note {j + 1} needs a text string")
                 continue
@@ -1007,21 +948,21 @@ class _FileLoader:
             try:
                 cond = None if when is None else parse_expression(str(when), names)
             except ExpressionError as exc:
-                self.expr_err(ln, str(when), exc, f"{rid}: note {j + 1}: when: {exc}")
+                self.expr_err((*key, j, "when"), str(when), exc, f"{rid}: note {j + 1}: when: {exc}")
                 continue
             try:
                 out.append(Note(cond, parse_template(n["text"], names)))
             except ExpressionError as exc:
-                self.expr_err(ln, n["text"], exc, f"{rid}: note {j + 1}: {exc}")
+                self.expr_err((*key, j, "text"), n["text"], exc, f"{rid}: note {j + 1}: {exc}")
         return tuple(out)
 
-    def _examples(self, rid: str, raw: object, start: int, end: int, at: int) -> tuple[Example, ...]:
+    def _examples(self, rid: str, raw: object, key: tuple[str | int, ...]) -> tuple[Example, ...]:
         if not isinstance(raw, list):
-            self.err(at, f"{rid}: examples must be an array of tables ([[rule.examples]])")
+            self.err(self.line(*key), f"{rid}: examples must be an array of tables ([[rule.examples]])")
             return ()
         out: list[Example] = []
         for j, ex in enumerate(raw):
-            ln = self.lines.nth("rule.examples", j, start, end) or at
+            ln = self.line(*key, j)
             where = Location(self.path, ln)
             if not isinstance(ex, dict):
                 self.err(ln, f"{rid}: example {j + 1} must be a table")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from infersight.rules.engine import RuleSet, Verdict, classify, human_bytes
+from infersight.rules.rulefile import RulesError
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -65,7 +66,7 @@ MAX_BLOCKS = 1 << 18  # blocks a summary looks at, over all segments (~1 us each
 MAX_BYTEARRAY = 1 << 20  # a snapshot holds no bytearray; refuse bytearray(10**12)
 
 
-class SnapshotError(ValueError):
+class SnapshotError(RulesError, ValueError):
     """The file is not a readable memory snapshot."""
 
 

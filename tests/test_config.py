@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from infersight.agent.daemon import config as cfg
+from infersight.settings import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -29,31 +30,31 @@ def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
 
 def test_bad_value_names_key_and_file_line(tmp_path: Path) -> None:
     p = write(tmp_path, "[agent]\n# comment\nhealth_interval_s = -1\n")
-    with pytest.raises(cfg.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         cfg.load(str(p), env={})
     assert "%s:3" % p in str(e.value) and "agent.health_interval_s" in str(e.value)
 
 
 def test_socket_mode_must_not_open_to_others(tmp_path: Path) -> None:
     p = write(tmp_path, '[agent]\nsocket_mode = "0666"\n')
-    with pytest.raises(cfg.ConfigError, match="0660 or stricter"):
+    with pytest.raises(ConfigError, match="0660 or stricter"):
         cfg.load(str(p), env={})
 
 
 def test_unknown_key_is_an_error_with_line(tmp_path: Path) -> None:
     p = write(tmp_path, "[agent]\n\nsokcet = 1\n")
-    with pytest.raises(cfg.ConfigError, match=r"c\.toml:3: unknown key 'agent\.sokcet'"):
+    with pytest.raises(ConfigError, match=r"c\.toml:3: unknown key 'agent\.sokcet'"):
         cfg.load(str(p), env={})
 
 
 def test_bad_env_value_names_the_variable() -> None:
-    with pytest.raises(cfg.ConfigError, match="INFERSIGHT_SHUTDOWN_TIMEOUT_S"):
+    with pytest.raises(ConfigError, match="INFERSIGHT_SHUTDOWN_TIMEOUT_S"):
         cfg.load(None, env={"INFERSIGHT_SHUTDOWN_TIMEOUT_S": "soon"})
 
 
 def test_toml_syntax_error(tmp_path: Path) -> None:
     p = write(tmp_path, "[agent\n")
-    with pytest.raises(cfg.ConfigError, match=str(p)):
+    with pytest.raises(ConfigError, match=str(p)):
         cfg.load(str(p), env={})
 
 

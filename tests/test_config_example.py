@@ -18,6 +18,7 @@ from infersight.agent.commands import extensions
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.daemon import config as cfg
 from infersight.agent.devices import job as devices_job
+from infersight.settings import setting
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "systemd" / "infersight.toml"
@@ -81,7 +82,7 @@ def test_shown_defaults_are_the_real_ones(full: Path) -> None:
         if k.name in devices_job.CONFIG_KEYS:
             value = getattr(job, devices_job.CONFIG_KEYS[k.name][1])
         else:
-            value = cfg.setting(conf, k, {})
+            value = setting(conf, k, {})
         assert value == k.default(), k.name
 
 

@@ -27,6 +27,7 @@ from infersight.agent.daemon.assemble import Malformed
 from infersight.agent.devices.heterogeneity import SeriesKey
 from infersight.agent.devices.job import DeviceJob, parse_config
 from infersight.agent.requests.kind import DURATION, DURATION_BOUNDS, TTFT, NvmlDevice, RequestStats, parse_req
+from infersight.settings import Config, ConfigError
 from infersight.telemetry import Resource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -228,8 +229,8 @@ def test_health_reports_nvml(run: dict[str, Any]) -> None:
 # -- in-process: configuration ---------------------------------------------------------------
 
 
-def _conf(values: dict[str, Any]) -> cfg.Config:
-    return cfg.Config(dict(values), {k: "f.toml:%d" % i for i, k in enumerate(values, 1)})
+def _conf(values: dict[str, Any]) -> Config:
+    return Config(dict(values), {k: "f.toml:%d" % i for i, k in enumerate(values, 1)})
 
 
 def test_config_defaults_and_env() -> None:
@@ -252,7 +253,7 @@ def test_config_defaults_and_env() -> None:
     ],
 )
 def test_bad_config_names_the_key(values: dict[str, Any], key: str) -> None:
-    with pytest.raises(cfg.ConfigError, match=key.replace(".", r"\.")) as ei:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as ei:
         parse_config(_conf(values), env={})
     assert "f.toml:1" in str(ei.value)
 
@@ -262,7 +263,7 @@ def test_bad_rule_file_is_a_config_error(tmp_path: Path) -> None:
 
     bad = tmp_path / "devices.toml"
     bad.write_text("engine = 1\n[thresholds]\nslow_coefficient = 0.5\n")
-    with pytest.raises(cfg.ConfigError, match=r"devices\.rules: .*devices\.toml:3"):
+    with pytest.raises(ConfigError, match=r"devices\.rules: .*devices\.toml:3"):
         load_thresholds(str(bad))
     assert load_thresholds(None).slow_coefficient == 1.2
 
@@ -430,5 +431,5 @@ def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     assert agent.reload() is True
     assert job.thresholds.slow_coefficient == 1.3
     conf_file.write_text(base + "[nvml]\ninterval_s = 0\n")
-    with pytest.raises(cfg.ConfigError, match=r"infersight\.toml:\d+: bad value for nvml\.interval_s"):
+    with pytest.raises(ConfigError, match=r"infersight\.toml:\d+: bad value for nvml\.interval_s"):
         validate(cfg.load(str(conf_file), env={}), env={})

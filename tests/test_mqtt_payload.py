@@ -20,6 +20,7 @@ from infersight.exporters.mqtt import (
     mqtt_requested,
     parse_url,
 )
+from infersight.settings import ConfigError
 from infersight.telemetry import (
     ColdStart,
     HistogramPoint,
@@ -199,12 +200,12 @@ def test_from_config_precedence_and_errors(tmp_path: Path) -> None:
     assert not mqtt_requested(cfg.load(None, env={}), env={})
     assert mqtt_requested(cfg.load(None, env={}), env={"INFERSIGHT_MQTT_URL": "mqtt://h"})
     f.write_text('[exporters.mqtt]\nurl = "mqtt://h"\n\nqos = 7\n')
-    with pytest.raises(cfg.ConfigError, match=r"infersight.toml:4: bad value for exporters.mqtt.qos"):
+    with pytest.raises(ConfigError, match=r"infersight.toml:4: bad value for exporters.mqtt.qos"):
         cfg.load(str(f), env={}, extra_keys=MQTT_KEYS)
-    with pytest.raises(cfg.ConfigError, match=r"infersight.toml:4: bad value for exporters.mqtt.qos"):
+    with pytest.raises(ConfigError, match=r"infersight.toml:4: bad value for exporters.mqtt.qos"):
         from_config(cfg.load(str(f), env={}), env={})
     f.write_text('[exporters.mqtt]\nurl = "mqtt://h"\nqoss = 1\n')
-    with pytest.raises(cfg.ConfigError, match="unknown key 'exporters.mqtt.qoss'"):
+    with pytest.raises(ConfigError, match="unknown key 'exporters.mqtt.qoss'"):
         from_config(cfg.load(str(f), env={}), env={})
 
 

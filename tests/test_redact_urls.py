@@ -10,6 +10,7 @@ import pytest
 
 from infersight.agent.daemon import config as cfg
 from infersight.redact import mask_url
+from infersight.settings import ConfigError, Key, parse_int
 
 SECRETS = ["s3cret", "p@ss", "pa/ss", "a@b/c", "pa?ss", "pa#ss", "p%40ss%2Fx"]
 
@@ -59,8 +60,8 @@ def test_bad_mqtt_url_error_names_the_key_not_the_password(tmp_path: Path, url: 
 
 
 def test_secret_keys_are_never_echoed() -> None:
-    key = cfg.Key("exporters.otlp.api_key", cfg.parse_int, lambda: None, None, "test key")
-    with pytest.raises(cfg.ConfigError) as e:
+    key = Key("exporters.otlp.api_key", parse_int, lambda: None, None, "test key")
+    with pytest.raises(ConfigError) as e:
         cfg.load(None, env={}, flags={"exporters.otlp.api_key": "tok-123"}, extra_keys=(key,))
     assert "tok-123" not in str(e.value) and "exporters.otlp.api_key" in str(e.value)
 
@@ -69,7 +70,7 @@ def test_env_url_error_is_masked() -> None:
     from infersight.exporters import mqtt
 
     conf = cfg.load(None, env={})
-    with pytest.raises(cfg.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         mqtt.from_config(conf, env={"INFERSIGHT_MQTT_URL": "mqtt://u:top@secret@h/p"})
     assert "top" not in str(e.value) and "secret" not in str(e.value)
     assert "env INFERSIGHT_MQTT_URL" in str(e.value)

@@ -75,7 +75,7 @@ def test_one_invalid_part_swaps_nothing(agent_factory, tmp_path: Path) -> None: 
     assert status()["nvml"]["slow_coefficient"] == 1.5
     assert agent.log.read_text().count("OOM rules reloaded: ") == 1
     # Invalid device rules, valid OOM rule change: the OOM rules stay as they were too.
-    devices.write_text(devices_toml(2.0).replace("engine = 1", "engine = 99"))
+    devices.write_text(devices_toml(2.0).replace('engine_version = "1.0"', 'engine_version = "99.0"'))
     (rules / "site.toml").write_text(VALID_RULE.format(cond="R > 500"))
     hup(failures=2, reloads=1)
     assert status()["nvml"]["slow_coefficient"] == 1.5

@@ -335,7 +335,7 @@ def test_docs_site_rule_example_loads_and_its_examples_pass(tmp_path: Path) -> N
     assert blocks, "docs/oom.md lost its site rule example"
     paths = [_write(tmp_path, b, f"{i}.toml") for i, b in enumerate(blocks)]
     rs = load_rules([builtin_rules_path(), *paths])
-    site = [r for r in rs.rules if r.where.path in {str(p) for p in paths}]
+    site = [r for r in rs.rules if r.where.file in {str(p) for p in paths}]
     assert site
     assert check_examples(rs, site) == []
     vllm = {

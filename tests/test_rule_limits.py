@@ -14,6 +14,7 @@ from infersight.agent.daemon import config as cfg
 from infersight.rules import engine
 from infersight.rules.device_rules import DeviceRulesError, parse_device_rules
 from infersight.rules.engine import ExpressionError, RuleFileError, load_rules, parse_expression
+from infersight.settings import ConfigError
 
 RULE = """engine_version = "1.0"
 
@@ -45,7 +46,7 @@ def test_a_1900_factor_product_is_refused_with_file_line_and_column(tmp_path: Pa
     (loc, msg), = e.value.errors
     # The 65th factor is where the tree gets deeper than 64: 'R*' is 2 characters each,
     # the expression starts after 'condition = "' (13 characters): column 14 + 2 * 64.
-    assert (loc.path, loc.line, loc.col) == (str(p), 8, 14 + 2 * engine._MAX_DEPTH)
+    assert (loc.file, loc.line, loc.column) == (str(p), 8, 14 + 2 * engine._MAX_DEPTH)
     col = 14 + 2 * engine._MAX_DEPTH
     assert str(e.value).startswith(f"{p}:8:{col}: site.deep: condition: expression nested deeper")
 
@@ -87,7 +88,7 @@ def test_deep_note_template_names_its_column(tmp_path: Path) -> None:
         load_rules([p])
     (loc, msg), = e.value.errors
     assert loc.line == text.splitlines().index('[[rule.notes]]') + 2
-    assert loc.col == len('text = "x {') + 2 * engine._MAX_DEPTH + 1
+    assert loc.column == len('text = "x {') + 2 * engine._MAX_DEPTH + 1
     assert "note 1" in msg and "nested deeper" in msg
 
 
@@ -105,7 +106,7 @@ def test_deeply_nested_toml_rule_file(tmp_path: Path) -> None:
 def test_deeply_nested_toml_config_and_device_rules(tmp_path: Path) -> None:
     p = tmp_path / "infersight.toml"
     p.write_text(DEEP_TOML)
-    with pytest.raises(cfg.ConfigError, match="nested too deeply"):
+    with pytest.raises(ConfigError, match="nested too deeply"):
         cfg.load(str(p), env={})
     with pytest.raises(DeviceRulesError, match="nested too deeply"):
         parse_device_rules(DEEP_TOML, "devices.toml")

@@ -11,8 +11,8 @@ from infersight.agent.cli import DEFAULT_CONFIG_PATH, EXIT_USAGE, command_help
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from infersight.agent.daemon import config as cfg
     from infersight.exporters.base import Exporter
+    from infersight.settings import Config
 
 
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from infersight.agent.commands import extensions
     from infersight.agent.commands.compose import build_exporters
     from infersight.agent.daemon import config as cfg
+    from infersight.settings import ConfigError
 
     explicit = args.config is not None
     path = args.config or os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         conf = cfg.load(path, require_file=explicit, flags={"agent.socket": args.socket})
         extensions.validate(conf)
         exporters = build_exporters(conf)
-    except cfg.ConfigError as exc:
+    except ConfigError as exc:
         sys.stderr.write("infersight agent: %s\n" % exc)
         return EXIT_USAGE
     logging.basicConfig(
@@ -45,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         return asyncio.run(serve(conf, exporters))
-    except cfg.ConfigError as exc:  # found at start, e.g. an unsafe socket directory
+    except ConfigError as exc:  # found at start, e.g. an unsafe socket directory
         sys.stderr.write("infersight agent: %s\n" % exc)
         return EXIT_USAGE
 
 
-async def serve(conf: cfg.Config, exporters: list[Exporter]) -> int:
+async def serve(conf: Config, exporters: list[Exporter]) -> int:
     from infersight.agent.commands import extensions
     from infersight.agent.daemon.lifecycle import Agent
 

@@ -7,10 +7,10 @@ import re
 from collections.abc import Mapping
 from typing import TextIO
 
-from infersight.agent.daemon.config import Config, ConfigError
 from infersight.exporters.base import Exporter
 from infersight.exporters.console import ConsoleExporter
 from infersight.exporters.file import FileExporter
+from infersight.settings import Config, ConfigError
 
 OTLP_ENDPOINT_ENV = re.compile(r"OTEL_EXPORTER_OTLP_(TRACES_|METRICS_|LOGS_)?ENDPOINT\Z")
 

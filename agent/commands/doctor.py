@@ -25,6 +25,7 @@ from infersight.agent.cli import command_help
 from infersight.agent.daemon import config as cfg
 from infersight.hooks import _bootstrap_dir, _paths
 from infersight.redact import mask_url
+from infersight.settings import Config, ConfigError
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -86,7 +87,7 @@ def check_nvml() -> Check:
                  "install the NVIDIA driver (libnvidia-ml.so.1); device metrics and verdicts need it")
 
 
-def check_socket(conf: cfg.Config) -> list[Check]:
+def check_socket(conf: Config) -> list[Check]:
     path = conf["agent.socket"]
     out = []
     if os.path.exists(path):
@@ -119,7 +120,7 @@ def _tcp_reachable(host: str, port: int) -> str | None:
         return str(exc)
 
 
-def check_exporters(conf: cfg.Config) -> list[Check]:
+def check_exporters(conf: Config) -> list[Check]:
     out = []
     endpoint = conf.get("exporters.otlp.endpoint")
     if endpoint:
@@ -143,7 +144,7 @@ def check_exporters(conf: cfg.Config) -> list[Check]:
     return out
 
 
-def check_spool(conf: cfg.Config) -> Check:
+def check_spool(conf: Config) -> Check:
     d = conf["agent.spool_dir"]
     probe = d
     while probe and not os.path.exists(probe):
@@ -213,7 +214,7 @@ def run_doctor(out: TextIO, as_json: bool = False) -> int:
     logging.getLogger("infersight").setLevel(logging.ERROR)  # findings go in the table, once
     try:
         conf = cfg.load(os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH)
-    except cfg.ConfigError as exc:
+    except ConfigError as exc:
         conf = cfg.load(None)
         bad = Check("config", WARN, str(exc), "fix the config file; the agent refuses to start with it")
     else:

@@ -7,18 +7,18 @@ and live OOM classification with its rule reloads.
 
 from __future__ import annotations
 
-from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.devices import job as devices_job
 from infersight.agent.oom import kind as oom_kind
+from infersight.settings import Config, section_settings
 
 
-def validate(conf: cfg.Config) -> None:
+def validate(conf: Config) -> None:
     """Raise ConfigError (naming the key) before anything starts."""
     devices_job.validate(conf)
 
 
-def validate_exporters(conf: cfg.Config) -> None:
+def validate_exporters(conf: Config) -> None:
     """The exporters' own sections (MQTT, Prometheus): raise ConfigError naming the key.
     A reload checks them so that a file the next restart would refuse is refused now."""
     import os
@@ -26,11 +26,11 @@ def validate_exporters(conf: cfg.Config) -> None:
     from infersight.exporters.mqtt import MQTT_KEYS
     from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
 
-    cfg.section_settings(conf, "exporters.mqtt.", MQTT_KEYS, os.environ)
-    cfg.section_settings(conf, "exporters.prometheus.", PROMETHEUS_KEYS, os.environ)
+    section_settings(conf, "exporters.mqtt.", MQTT_KEYS, os.environ)
+    section_settings(conf, "exporters.prometheus.", PROMETHEUS_KEYS, os.environ)
 
 
-def install(agent: Agent, conf: cfg.Config) -> None:
+def install(agent: Agent, conf: Config) -> None:
     job = devices_job.install(agent, conf)
     oom_kind.install(agent, conf, nvml=job.nvml, nvml_guard=job.nvml_call)
     agent.reloaders.append(validate_exporters)  # nothing to swap: a restart applies them

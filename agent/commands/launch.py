@@ -180,10 +180,11 @@ def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None
     if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
         return None
     from infersight.agent.daemon import config as cfg
+    from infersight.settings import ConfigError
 
     try:
         cfg.load(None, flags=config_flags(opts, path, private))
-    except cfg.ConfigError as exc:
+    except ConfigError as exc:
         return str(exc)
     return None
 

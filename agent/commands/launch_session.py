@@ -43,6 +43,7 @@ from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.hooks._workers import CHILDREN_PREFIX
+from infersight.settings import ConfigError
 from infersight.telemetry import ColdStart, Resource, SpanItem
 
 
@@ -526,7 +527,7 @@ def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child:
     _quiet_logging()
     try:
         return asyncio.run(_run(opts, path, private, listen_fd, child, spawn_ns, out))
-    except cfg.ConfigError as exc:
+    except ConfigError as exc:
         out.write("infersight launch: %s\n" % exc)
         # An exporter setting that only the exporters check: CMD had started already.
         child.stop(opts.flush_timeout_s)

@@ -17,6 +17,7 @@ from typing import Any
 from infersight import __version__
 from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.daemon.sequence import SeqTracker
+from infersight.agent.errors import AgentError
 from infersight.redact import mask_value
 from infersight.telemetry import (
     Attributes,
@@ -44,7 +45,7 @@ DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for the
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
 
-class Malformed(ValueError):  # noqa: N818 - reads as "raise Malformed(...)"
+class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malformed(...)"
     """An event or hello that does not follow the schema."""
 
 

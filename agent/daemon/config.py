@@ -1,8 +1,10 @@
-"""Configuration: flag > env > file > default, one table of keys.
+"""The agent's configuration: flag > env > file > default, one table of keys.
 
 Every key has a TOML name (``section.key``), an environment variable and, for some,
-a command-line flag. A bad value is a :class:`ConfigError` naming the key and, when
-it came from a file, ``file:line``. ``key_table()`` renders the README's table.
+a command-line flag. A bad value is a :class:`~infersight.settings.ConfigError` naming
+the key and, when it came from a file, ``file:line``. ``key_table()`` renders the
+README's table and ``example_config()`` the commented example file. Keys, parsers and
+resolution are the neutral :mod:`infersight.settings`, which exporters share.
 """
 
 from __future__ import annotations
@@ -13,11 +15,22 @@ import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
+from infersight.errors import Location, SourceError
 from infersight.hooks import _paths
-from infersight.redact import is_secret_key, scrub, shown_value
+from infersight.settings import (
+    Config,
+    ConfigError,
+    Key,
+    bad_value,
+    parse_bool,
+    parse_int,
+    parse_nonneg_float,
+    parse_nonneg_int,
+    parse_pos_float,
+)
+from infersight.tomlfile import TomlKeys, loads
 
 
 def _default_state_dir() -> str:
@@ -25,63 +38,9 @@ def _default_state_dir() -> str:
 
     return default_state_dir({k: v for k, v in os.environ.items() if k != "INFERSIGHT_STATE_DIR"})
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 DEFAULT_CONFIG_PATH = "/etc/infersight/infersight.toml"
 # Sections whose keys their own modules validate (MQTT, Prometheus, NVML).
 EXTENSION_SECTIONS = ("exporters.mqtt.", "exporters.prometheus.", "nvml.", "devices.")
-
-
-class ConfigError(Exception):
-    """A bad configuration value; the message names the key and file:line."""
-
-
-def parse_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected true or false")
-
-
-def parse_int(v: Any) -> int:
-    if isinstance(v, bool):
-        raise ValueError("expected an integer")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        return int(v.strip(), 0)
-    raise ValueError("expected an integer")
-
-
-def parse_nonneg_int(v: Any) -> int:
-    n = parse_int(v)
-    if n < 0:
-        raise ValueError("expected a non-negative integer")
-    return n
-
-
-def parse_pos_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ValueError("expected a number")
-    x = float(v)
-    if not x > 0:
-        raise ValueError("expected a positive number")
-    return x
-
-
-def parse_nonneg_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ValueError("expected a number")
-    x = float(v)
-    if not x >= 0:
-        raise ValueError("expected a non-negative number")
-    return x
 
 
 def _mode(v: Any) -> int:
@@ -129,20 +88,6 @@ def _log_level(v: Any) -> str:
     if s not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ValueError("expected DEBUG, INFO, WARNING or ERROR")
     return s
-
-
-@dataclass(frozen=True)
-class Key:
-    name: str  # TOML dotted name, also the Config attribute with '.' -> '_'
-    parse: Callable[[Any], Any]
-    default: Callable[[], Any]
-    env: str | None
-    help: str
-    shown_default: str | None = None  # for the README, where the default depends on the host
-
-    @property
-    def attr(self) -> str:
-        return self.name.replace(".", "_")
 
 
 KEYS: tuple[Key, ...] = (
@@ -200,49 +145,6 @@ KEYS: tuple[Key, ...] = (
 KEY_BY_NAME = {k.name: k for k in KEYS}
 
 
-@dataclass
-class Config:
-    values: dict[str, Any]
-    sources: dict[str, str] = field(default_factory=dict)  # key -> "default" | "env VAR" | "file:line" | "flag"
-    path: str | None = None
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-
-def bad_value(origin: str, name: str, raw: Any, exc: BaseException) -> ConfigError:
-    """The error for a value its parser refused. It never echoes a secret or a URL's
-    password: the value is shown masked, and so is any copy of it in the parser's message."""
-    shown = shown_value(name, raw)
-    why = str(exc)
-    if is_secret_key(name):
-        why = "invalid value"  # the parser may quote parts of it
-    elif isinstance(raw, str):
-        why = scrub(why, raw)
-    return ConfigError("%s: bad value for %s: %s (%s)" % (origin, name, shown, why))
-
-
-def key_line(text: str, dotted: str) -> int:
-    """1-based line where ``dotted`` is set in TOML ``text`` (0 when not found)."""
-    *tables, leaf = dotted.split(".")
-    table = ".".join(tables)
-    current = ""
-    pat = re.compile(r"\s*(?:\"%s\"|'%s'|%s)\s*=" % ((re.escape(leaf),) * 3))
-    for i, line in enumerate(text.splitlines(), 1):
-        m = re.match(r"\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$", line)
-        if m:
-            current = m.group(1).replace('"', "").replace(" ", "")
-            continue
-        if current == table and pat.match(line):
-            return i
-        if not current and pat.match(line.replace(table + ".", "", 1)) and line.strip().startswith(table + "."):
-            return i
-    return 0
-
-
 def _flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in obj.items():
@@ -268,35 +170,36 @@ def load(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     file_values: dict[str, Any] = {}
-    text = ""
+    locations: dict[str, Location] = {}
     if path is not None:
         try:
             with open(path, "rb") as f:
-                raw = f.read()
-            text = raw.decode("utf-8")
-            file_values = _flatten(tomllib.loads(text))
+                text = f.read().decode("utf-8")
+            file_values = _flatten(loads(text, path))
         except FileNotFoundError:
             if require_file:
                 raise ConfigError("%s: config file not found" % path) from None
             path = None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("%s: %s" % (path, exc)) from None
-        except RecursionError:  # tomllib recurses once per nested array or table
-            raise ConfigError("%s: TOML nested too deeply" % path) from None
+        except SourceError as exc:
+            raise ConfigError(exc.message, *exc.locations) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
+        else:
+            where = TomlKeys(text, path)
+            # A key's line says where; its column adds nothing.
+            locations = {name: Location(path, where.nearest(name).line) for name in file_values}
     for name in file_values:
         if name not in known and not name.startswith(EXTENSION_SECTIONS):
-            line = key_line(text, name)
-            raise ConfigError("%s:%d: unknown key %r" % (path, line, name))
+            raise ConfigError("unknown key %r" % name, locations[name])
     for k in keys:
-        origin, raw_value = "default", None
+        origin: str | Location = "default"
+        raw_value = None
         if flags and flags.get(k.name) is not None:
             origin, raw_value = "flag", flags[k.name]
         elif k.env and env.get(k.env) not in (None, ""):
             origin, raw_value = "env " + k.env, env[k.env]
         elif k.name in file_values:
-            origin, raw_value = "%s:%d" % (path, key_line(text, k.name)), file_values[k.name]
+            origin, raw_value = locations[k.name], file_values[k.name]
         if origin == "default":
             values[k.name] = k.default()
         else:
@@ -304,41 +207,12 @@ def load(
                 values[k.name] = k.parse(raw_value)
             except (ValueError, TypeError) as exc:
                 raise bad_value(origin, k.name, raw_value, exc) from None
-        sources[k.name] = origin
+        sources[k.name] = str(origin)
     # Sections that other modules own (mqtt, prometheus, nvml) stay available raw.
     for name, v in file_values.items():
         values.setdefault(name, v)
-        sources.setdefault(name, "%s:%d" % (path, key_line(text, name)))
-    return Config(values, sources, path)
-
-
-def setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
-    """One key of a section that its own module owns (MQTT, Prometheus): the value
-    ``load(extra_keys=...)`` resolved, or resolved here, flag > env > file > default."""
-    src = config.sources.get(key.name, "")
-    if key.name in config.values and src.startswith(("flag", "env ", "default")):
-        return config.values[key.name]
-    origin, raw = "default", None
-    if key.env and env.get(key.env) not in (None, ""):
-        origin, raw = "env " + key.env, env[key.env]
-    elif key.name in config.values:
-        origin, raw = src or "file", config.values[key.name]
-    if origin == "default":
-        return key.default()
-    try:
-        return key.parse(raw)
-    except (ValueError, TypeError) as exc:
-        raise bad_value(origin, key.name, raw, exc) from None
-
-
-def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:
-    """Every key of section ``prefix`` (e.g. ``exporters.mqtt.``), by its name inside the
-    section; an unknown key in the file is an error naming it and its file:line."""
-    values = {k.name[len(prefix) :]: setting(config, k, env) for k in keys}
-    unknown = sorted(n for n in config.values if n.startswith(prefix) and n[len(prefix) :] not in values)
-    if unknown:
-        raise ConfigError("%s: unknown key %r" % (config.sources.get(unknown[0], "config"), unknown[0]))
-    return values
+        sources.setdefault(name, str(locations[name]))
+    return Config(values, sources, path, locations)
 
 
 # Rows of the README's table for the sections their own modules own (one row each).

@@ -24,9 +24,10 @@ from typing import Any
 
 from infersight.agent.daemon.assemble import Assembler, Malformed, Producer
 from infersight.agent.daemon.broadcast import Broadcaster
-from infersight.agent.daemon.config import ConfigError
 from infersight.agent.daemon.health import Counters
+from infersight.agent.errors import AgentError
 from infersight.hooks import _paths, _wire
+from infersight.settings import ConfigError
 
 log = logging.getLogger("infersight.ingest")
 UCRED = struct.Struct("3i")
@@ -73,7 +74,7 @@ def peer_groups(sock: socket.socket) -> set[int]:
     return set(struct.unpack("%dI" % n, raw[: 4 * n]))
 
 
-class UnsafeSocketDirError(ConfigError):
+class UnsafeSocketDirError(ConfigError, AgentError):
     """The socket's directory could be another user's: the agent will not listen there."""
 
 

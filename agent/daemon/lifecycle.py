@@ -34,6 +34,7 @@ from infersight.agent.daemon.health import Counters, ProcessStats, health_metric
 from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import Exporter
+from infersight.settings import Config
 from infersight.telemetry import Resource
 
 log = logging.getLogger("infersight.agent")
@@ -42,7 +43,7 @@ PROGRESS_TICK_S = 0.2
 SPOOL_SCAN_S = 5.0
 # A reloader validates its part of a new configuration and raises when it is invalid;
 # it changes nothing itself, and returns what to run to apply it (None: nothing to apply).
-Reloader = Callable[[cfg.Config], Callable[[], None] | None]
+Reloader = Callable[[Config], Callable[[], None] | None]
 # Keys a reload applies to the running agent; a change to any other key (socket, spools,
 # exporters, NVML sampling) is validated, and applies at the next restart (logged).
 LIVE_KEYS = frozenset({
@@ -58,7 +59,7 @@ def short_hostname() -> str:
 class Agent:
     def __init__(
         self,
-        config: cfg.Config,
+        config: Config,
         exporters: list[Exporter],
         *,
         embedded: bool = False,

@@ -35,13 +35,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon.config import parse_bool as _flag
 from infersight.agent.devices.heterogeneity import DeviceVerdict, SeriesKey, WindowState, evaluate, summarize_samples
 from infersight.agent.devices.metrics import RecordedSamples, device_metrics
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
 from infersight.agent.requests.kind import KIND, NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
+from infersight.settings import Config, ConfigError
+from infersight.settings import parse_bool as _flag
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
 
 T = TypeVar("T")
@@ -122,15 +122,15 @@ _PARSE: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def parse_config(config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
+def parse_config(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
     """This job's keys from ``config.values`` (raw TOML) and the environment (env wins).
 
-    Raises :class:`~infersight.agent.daemon.config.ConfigError` naming the key (and ``file:line``)."""
+    Raises :class:`~infersight.settings.ConfigError` naming the key (and ``file:line``)."""
     env = os.environ if env is None else env
     for name in config.values:
         if name.startswith(("nvml.", "devices.")) and name not in CONFIG_KEYS:
             where = config.sources.get(name, "config")
-            raise cfg.ConfigError("%s: unknown key %r (known: %s)" % (where, name, ", ".join(sorted(CONFIG_KEYS))))
+            raise ConfigError("%s: unknown key %r (known: %s)" % (where, name, ", ".join(sorted(CONFIG_KEYS))))
     fields: dict[str, Any] = {}
     for name, (var, attr) in CONFIG_KEYS.items():
         if env.get(var) not in (None, ""):
@@ -142,7 +142,7 @@ def parse_config(config: cfg.Config, env: Mapping[str, str] | None = None) -> De
         try:
             fields[attr] = _PARSE[name](raw)
         except (ValueError, TypeError) as exc:
-            raise cfg.ConfigError("%s: bad value for %s: %r (%s)" % (origin, name, raw, exc)) from None
+            raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, name, raw, exc)) from None
     return DeviceJobConfig(**fields)
 
 
@@ -151,7 +151,7 @@ def load_thresholds(path: str | None) -> DeviceThresholds:
     try:
         return load_device_rules(path).thresholds
     except DeviceRulesError as exc:
-        raise cfg.ConfigError("devices.rules: %s" % exc) from None
+        raise ConfigError("devices.rules: %s" % exc) from None
 
 
 # -- the job ---------------------------------------------------------------------------------
@@ -462,7 +462,7 @@ async def device_job(
     await job.run(agent)
 
 
-def validate(config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
+def validate(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
     """Check this job's keys and rule file without building anything (for the CLI's config
     check, before the event loop starts). Raises ConfigError naming the key."""
     c = parse_config(config, env)
@@ -470,7 +470,7 @@ def validate(config: cfg.Config, env: Mapping[str, str] | None = None) -> Device
     return c
 
 
-def install(agent: Any, config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJob:
+def install(agent: Any, config: Config, env: Mapping[str, str] | None = None) -> DeviceJob:
     """Append the device job to ``agent.background``, register the ``req`` handler, add the
     job's ``nvml`` section to the agent's health, and reload the rule file on SIGHUP.
 
@@ -489,7 +489,7 @@ def install(agent: Any, config: cfg.Config, env: Mapping[str, str] | None = None
     agent.on_shutdown.append(job.aclose)
     _add_health(agent, job)
 
-    def reload(new: cfg.Config) -> Callable[[], None]:
+    def reload(new: Config) -> Callable[[], None]:
         """Validate (raises); the agent applies the returned swap once every part is valid."""
         thresholds = load_thresholds(parse_config(new, env).rules)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from infersight.agent.errors import AgentError
 from infersight.rules.device_rules import THROTTLE_REASONS
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def health_state(s: DeviceSample) -> HwState:
     return "ok"
 
 
-class _GpuLostError(Exception):
+class _GpuLostError(AgentError):
     pass
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
+from infersight.agent.errors import AgentError
 from infersight.rules.engine import (
     BASE_QUANTITIES,
     RuleFileError,
@@ -46,9 +47,9 @@ from infersight.rules.oom_parse import OomMessage, find_ooms
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
 
 if TYPE_CHECKING:
-    from infersight.agent.daemon.config import Config
     from infersight.agent.daemon.lifecycle import Agent
     from infersight.agent.devices.nvml import DeviceSample
+    from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
 
@@ -76,7 +77,7 @@ SUMS = (
 MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
 
 
-class RuleReloadError(ValueError):
+class RuleReloadError(AgentError, ValueError):
     """A rule file failed to load; ``str()`` names file:line for every error."""
 
 

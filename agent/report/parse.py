@@ -14,10 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from infersight.agent.errors import AgentError
 from infersight.telemetry import AttrValue, HistogramPoint, LogItem, Resource, SpanEvent, SpanItem
 
 
-class _BadRecordError(ValueError):
+class _BadRecordError(AgentError, ValueError):
     """One record is malformed: skip it."""
 
 

@@ -1,0 +1,143 @@
+"""Settings: keys, value parsers and resolution, shared by the agent's config and the
+modules that own a section of it (MQTT, Prometheus, devices).
+
+A :class:`Key` has a TOML name (``section.key``), an environment variable and a parser.
+A resolved :class:`Config` holds every value by dotted key and where it came from. A bad
+value is a :class:`ConfigError` naming the key and, when it came from a file,
+``file:line``. The agent's key table and its loader live in
+``infersight.agent.daemon.config``.
+
+Neutral: imports only the neutral modules (errors, redact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.errors import Location, SourceError
+from infersight.redact import is_secret_key, scrub, shown_value
+
+
+class ConfigError(SourceError):
+    """A bad configuration value; the message names the key and file:line."""
+
+
+def parse_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        return int(v.strip(), 0)
+    raise ValueError("expected an integer")
+
+
+def parse_nonneg_int(v: Any) -> int:
+    n = parse_int(v)
+    if n < 0:
+        raise ValueError("expected a non-negative integer")
+    return n
+
+
+def parse_pos_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number")
+    x = float(v)
+    if not x > 0:
+        raise ValueError("expected a positive number")
+    return x
+
+
+def parse_nonneg_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("expected a number")
+    x = float(v)
+    if not x >= 0:
+        raise ValueError("expected a non-negative number")
+    return x
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str  # TOML dotted name
+    parse: Callable[[Any], Any]
+    default: Callable[[], Any]
+    env: str | None
+    help: str
+    shown_default: str | None = None  # for the README, where the default depends on the host
+
+
+@dataclass
+class Config:
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)  # key -> "default" | "env VAR" | "file:line" | "flag"
+    path: str | None = None
+    locations: dict[str, Location] = field(default_factory=dict)  # key -> where the file sets it
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+def bad_value(origin: str | Location, name: str, raw: Any, exc: BaseException) -> ConfigError:
+    """The error for a value its parser refused, from ``origin`` (a file's location, or
+    "env VAR", "flag"). It never echoes a secret or a URL's password: the value is shown
+    masked, and so is any copy of it in the parser's message."""
+    shown = shown_value(name, raw)
+    why = str(exc)
+    if is_secret_key(name):
+        why = "invalid value"  # the parser may quote parts of it
+    elif isinstance(raw, str):
+        why = scrub(why, raw)
+    message = "bad value for %s: %s (%s)" % (name, shown, why)
+    if isinstance(origin, Location):
+        return ConfigError(message, origin)
+    return ConfigError("%s: %s" % (origin, message))
+
+
+def setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
+    """One key of a section that its own module owns (MQTT, Prometheus): the value
+    ``load(extra_keys=...)`` resolved, or resolved here, flag > env > file > default."""
+    src = config.sources.get(key.name, "")
+    if key.name in config.values and src.startswith(("flag", "env ", "default")):
+        return config.values[key.name]
+    origin: str | Location = "default"
+    raw = None
+    if key.env and env.get(key.env) not in (None, ""):
+        origin, raw = "env " + key.env, env[key.env]
+    elif key.name in config.values:
+        origin, raw = config.locations.get(key.name) or src or "file", config.values[key.name]
+    if origin == "default":
+        return key.default()
+    try:
+        return key.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise bad_value(origin, key.name, raw, exc) from None
+
+
+def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:
+    """Every key of section ``prefix`` (e.g. ``exporters.mqtt.``), by its name inside the
+    section; an unknown key in the file is an error naming it and its file:line."""
+    values = {k.name[len(prefix) :]: setting(config, k, env) for k in keys}
+    unknown = sorted(n for n in config.values if n.startswith(prefix) and n[len(prefix) :] not in values)
+    if unknown:
+        name = unknown[0]
+        where = config.locations.get(name)
+        if where is not None:
+            raise ConfigError("unknown key %r" % name, where)
+        raise ConfigError("%s: unknown key %r" % (config.sources.get(name, "config"), name))
+    return values
