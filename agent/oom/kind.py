@@ -47,7 +47,6 @@ from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPo
 
 if TYPE_CHECKING:
     from infersight.agent.daemon.config import Config
-    from infersight.agent.daemon.lifecycle import Agent
     from infersight.agent.devices.nvml import DeviceSample
 
 log = logging.getLogger("infersight.agent.oom")
@@ -499,33 +498,3 @@ def one_line(v: Verdict, dev: int | None = None) -> str:
     req = " requested %s;" % human_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
     note = " (%s)" % v.note if v.note else ""
     return " ".join(("OOM%s: %s by rule %s:%s %s%s" % (where, v.cls, v.rule, req, v.remedy, note)).split())
-
-
-# -- wiring ---------------------------------------------------------------------------------
-
-
-def install(
-    agent: Agent,
-    config: Config | None = None,
-    nvml: NvmlLike | None = None,
-    nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
-) -> OomHandlers:
-    """Register the ``oom`` and ``mem`` handlers on ``agent`` and a rules reloader (SIGHUP).
-
-    An invalid site rule file at startup is logged (file:line) and the builtin rules run
-    until a reload succeeds.
-    """
-    conf = config if config is not None else agent.config
-    dirs = list(conf.get("rules.dirs") or [])
-    try:
-        classifier = OomClassifier(dirs)
-    except RuleReloadError as exc:
-        log.error("%s\nclassifying OOMs with the builtin rules until a reload succeeds", exc)
-        classifier = OomClassifier([], rules=OomClassifier.load([]))
-        classifier.dirs = dirs
-    handlers = OomHandlers(classifier, nvml, publish=agent.broadcaster.publish, nvml_guard=nvml_guard)
-    agent.on_shutdown.append(handlers.wait_later)
-    agent.assembler.handlers["oom"] = handlers.oom
-    agent.assembler.handlers["mem"] = handlers.mem
-    agent.reloaders.append(classifier.prepare)
-    return handlers
