@@ -404,10 +404,9 @@ def test_hook_resolves_hw_id_only_when_cuda_is_initialised(monkeypatch: pytest.M
     assert _request._device_name(SimpleNamespace(type="cuda", index=0)) == "cuda:0"
 
 
-def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
+def test_the_extension_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     from infersight.agent.daemon.lifecycle import Agent
     from infersight.agent.devices.extension import DevicesExtension
-    from infersight.agent.devices.job import validate
     from infersight.agent.requests.extension import RequestsExtension
 
     rules = tmp_path / "devices.toml"
@@ -416,7 +415,7 @@ def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     base = f'[agent]\nsocket = "{tmp_path / "a.sock"}"\nspool_dir = "{tmp_path / "spool"}"\n'
     conf_file.write_text(base + f'[devices]\nrules = "{rules}"\n[nvml]\nenabled = false\n')
     conf = cfg.load(str(conf_file), env={})
-    assert validate(conf, env={}).enabled is False
+    assert parse_config(conf, env={}).enabled is False
     requests = RequestsExtension.from_config(conf, env={})
     devices = DevicesExtension(conf, requests.stats, env={})
     agent = Agent(conf, [], [requests, devices])
@@ -435,4 +434,4 @@ def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     assert job.thresholds.slow_coefficient == 1.3
     conf_file.write_text(base + "[nvml]\ninterval_s = 0\n")
     with pytest.raises(cfg.ConfigError, match=r"infersight\.toml:\d+: bad value for nvml\.interval_s"):
-        validate(cfg.load(str(conf_file), env={}), env={})
+        DevicesExtension(cfg.load(str(conf_file), env={}), RequestStats(), env={})  # what the CLI builds

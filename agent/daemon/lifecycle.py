@@ -210,9 +210,10 @@ class Agent:
         if self._notifier is not None:
             self._notifier.send(*fields)
 
-    def notify_status(self, force: bool = False) -> None:
+    def notify_status(self) -> None:
+        """STATUS= when the line changed since it was last sent."""
         text = self.status_line()
-        if force or text != self._status_sent:
+        if text != self._status_sent:
             self._status_sent = text
             self._notify("STATUS=" + text)
 

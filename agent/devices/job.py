@@ -444,14 +444,6 @@ class DeviceJob:
         return LogItem(self._agent.resource, now_ns, _SEVERITY_NUMBER[sev], sev, body, a, event_name="device")
 
 
-def validate(config: cfg.Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
-    """Check this job's keys and rule file without building anything (for the CLI's config
-    check, before the event loop starts). Raises ConfigError naming the key."""
-    c = parse_config(config, env)
-    load_thresholds(c.rules)
-    return c
-
-
 __all__ = [
     "COEFFICIENT",
     "CONFIG_KEYS",
@@ -459,5 +451,4 @@ __all__ = [
     "DeviceJobConfig",
     "load_thresholds",
     "parse_config",
-    "validate",
 ]
