@@ -11,7 +11,7 @@ Without ``--real`` the child uses a FAKE torch (only the CUDA calls ``_alloc`` m
 ``oom()`` calls the attached observers, then raises), so this runs on any host. With
 ``--real`` (a CUDA GPU) the child asks real PyTorch for more than the device has.
 
-The agent is a separate process (the daemon, with ``oom_kind.install``); this process
+The agent is a separate process (the daemon, with the OOM extension); this process
 tails the file and stamps each classified record as it appears (poll: 0.5 ms).
 
     python bench/oom_latency.py [--n 200] [--interval-ms 20] [--real]
@@ -41,7 +41,7 @@ GIB = 1 << 30
 AGENT = r"""
 import asyncio, logging, sys
 from infersight.agent.daemon import config as cfg
-from infersight.agent.oom import kind as oom_kind
+from infersight.agent.oom.extension import OomExtension
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.commands.compose import build_exporters
 conf = cfg.load(sys.argv[1], require_file=True)
@@ -54,9 +54,9 @@ try:
 except Exception:
     nvml = None
 async def run():
-    agent = Agent(conf, build_exporters(conf, env={}))
-    oom_kind.install(agent, conf, nvml=nvml)
-    return await agent.serve_forever()
+    agent = Agent(conf, build_exporters(conf, env={}), [OomExtension(conf, nvml=nvml)])
+    await agent.serve()
+    return 0
 sys.exit(asyncio.run(run()))
 """
 

@@ -32,7 +32,12 @@ class ExportError(Exception):
 
 @runtime_checkable
 class Exporter(Protocol):
-    """A sink. Methods are coroutines; blocking sinks run their I/O in a thread."""
+    """A sink. Methods are coroutines; blocking sinks run their I/O in a thread.
+
+    An exporter may also set ``ephemeral = True`` (read with :func:`is_ephemeral`): what it
+    shows is for the moment (the console's terminal), so the agent keeps no disk spool of
+    undelivered items for it to replay later.
+    """
 
     name: str
 
@@ -50,3 +55,8 @@ class Exporter(Protocol):
 
     def state(self) -> dict[str, int | float | str]:
         """Counters and state for ``infersight status`` and the agent's health metrics."""
+
+
+def is_ephemeral(exporter: Exporter) -> bool:
+    """True for a sink whose output only matters now: the agent spools nothing for it."""
+    return bool(getattr(exporter, "ephemeral", False))

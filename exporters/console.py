@@ -30,6 +30,8 @@ class ConsoleExporter:
     helper processes' (resource trackers, compile workers, ``python -c`` probes). The last
     few are kept (``coldstarts``) for an embedding program; a long-lived agent keeps no more."""
 
+    ephemeral = True  # a terminal shows the present: nothing is spooled to show it later
+
     def __init__(self, stream: TextIO | None = None, keep: int = KEEP_COLDSTARTS) -> None:
         self.name = "console"
         self.stream = stream

@@ -48,12 +48,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from infersight import __version__
-from infersight.agent.daemon.config import Config, ConfigError, Key, section_settings, setting
-from infersight.agent.daemon.config import parse_bool as _p_bool
-from infersight.agent.daemon.config import parse_int as _p_int
-from infersight.agent.daemon.config import parse_nonneg_float as _p_nonneg_float
-from infersight.agent.daemon.config import parse_nonneg_int as _p_nonneg_int
-from infersight.agent.daemon.config import parse_pos_float as _p_pos_float
 from infersight.exporters.base import ExportError
 from infersight.exporters.mqtt_payload import (
     OFFLINE,
@@ -66,6 +60,12 @@ from infersight.exporters.mqtt_payload import (
     validate_prefix,
 )
 from infersight.redact import mask_url
+from infersight.settings import Config, ConfigError, Key, section_settings, setting
+from infersight.settings import parse_bool as _p_bool
+from infersight.settings import parse_int as _p_int
+from infersight.settings import parse_nonneg_float as _p_nonneg_float
+from infersight.settings import parse_nonneg_int as _p_nonneg_int
+from infersight.settings import parse_pos_float as _p_pos_float
 from infersight.telemetry import ColdStartProgress, Item, MetricItem
 
 log = logging.getLogger("infersight.exporters.mqtt")

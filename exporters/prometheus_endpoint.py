@@ -52,11 +52,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from infersight.agent.daemon.config import Config, Key, section_settings
-from infersight.agent.daemon.config import parse_bool as _p_bool
-from infersight.agent.daemon.config import parse_int as _p_int
 from infersight.agent.devices.metrics import MetricSpec, prometheus_name
 from infersight.exporters.base import ExportError
+from infersight.settings import Config, Key, section_settings
+from infersight.settings import parse_bool as _p_bool
+from infersight.settings import parse_int as _p_int
 from infersight.telemetry import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
 
 log = logging.getLogger("infersight.exporters.prometheus")

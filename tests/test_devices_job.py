@@ -405,9 +405,10 @@ def test_hook_resolves_hw_id_only_when_cuda_is_initialised(monkeypatch: pytest.M
     assert _request._device_name(SimpleNamespace(type="cuda", index=0)) == "cuda:0"
 
 
-def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
+def test_the_extension_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     from infersight.agent.daemon.lifecycle import Agent
-    from infersight.agent.devices.job import install, validate
+    from infersight.agent.devices.extension import DevicesExtension
+    from infersight.agent.requests.extension import RequestsExtension
 
     rules = tmp_path / "devices.toml"
     rules.write_text("engine = 1\n[thresholds]\nslow_coefficient = 1.5\n")
@@ -415,12 +416,14 @@ def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     base = f'[agent]\nsocket = "{tmp_path / "a.sock"}"\nspool_dir = "{tmp_path / "spool"}"\n'
     conf_file.write_text(base + f'[devices]\nrules = "{rules}"\n[nvml]\nenabled = false\n')
     conf = cfg.load(str(conf_file), env={})
-    assert validate(conf, env={}).enabled is False
-    agent = Agent(conf, [])
-    job = install(agent, conf, env={})
+    assert parse_config(conf, env={}).enabled is False
+    requests = RequestsExtension.from_config(conf, env={})
+    devices = DevicesExtension(conf, requests.stats, env={})
+    agent = Agent(conf, [], [requests, devices])
+    job = devices.job
     assert agent.assembler.handlers["req"] == job.requests.handle
-    assert job.run in agent.background
-    assert job.aclose in agent.on_shutdown
+    assert devices in agent.extensions  # the agent runs the job (start) and closes it (shutdown)
+    assert job.requests is requests.stats
     assert job.thresholds.slow_coefficient == 1.5
     assert agent.health()["nvml"]["reason"] == "disabled by configuration (nvml.enabled = false)"
     assert agent.ingest.health()["nvml"]["available"] is False
@@ -432,4 +435,4 @@ def test_install_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None:
     assert job.thresholds.slow_coefficient == 1.3
     conf_file.write_text(base + "[nvml]\ninterval_s = 0\n")
     with pytest.raises(ConfigError, match=r"infersight\.toml:\d+: bad value for nvml\.interval_s"):
-        validate(cfg.load(str(conf_file), env={}), env={})
+        DevicesExtension(cfg.load(str(conf_file), env={}), RequestStats(), env={})  # what the CLI builds

@@ -32,6 +32,7 @@ from infersight.agent.daemon.assemble import Assembler
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.devices.nvml import DeviceSample, GpuProcess
 from infersight.agent.oom import kind as oom_kind
+from infersight.agent.oom.extension import OomExtension
 from infersight.hooks import _alloc, _runtime
 from infersight.telemetry import LogItem, MetricItem, SpanItem
 
@@ -517,8 +518,9 @@ async def test_end_to_end_oom_in_warmup(tmp_path: Path) -> None:
     conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
                                          "exporters.file.path": str(out), "rules.dirs": [],
                                          "agent.health_interval_s": 3600.0})
-    agent = Agent(conf, build_exporters(conf, env={}), embedded=True)
-    handlers = oom_kind.install(agent, conf)
+    oom = OomExtension(conf)
+    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    handlers = oom.handlers
     await agent.start()
     try:
         ex = example("oom-002")

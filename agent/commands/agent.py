@@ -11,8 +11,9 @@ from infersight.agent.cli import DEFAULT_CONFIG_PATH, EXIT_USAGE, command_help
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from infersight.agent.daemon.extension import Extension
     from infersight.exporters.base import Exporter
-    from infersight.settings import Config
+    from infersight.settings import Config, ConfigError
 
 
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
@@ -27,17 +28,14 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from infersight.agent.commands import extensions
     from infersight.agent.commands.compose import build_exporters
+    from infersight.agent.commands.extensions import build_extensions
     from infersight.agent.daemon import config as cfg
-    from infersight.settings import ConfigError
 
     explicit = args.config is not None
     path = args.config or os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH
     try:
         conf = cfg.load(path, require_file=explicit, flags={"agent.socket": args.socket})
-        extensions.validate(conf)
-        exporters = build_exporters(conf)
     except ConfigError as exc:
         sys.stderr.write("infersight agent: %s\n" % exc)
         return EXIT_USAGE
@@ -45,15 +43,17 @@ def run(args: argparse.Namespace) -> int:
         level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return asyncio.run(serve(conf, exporters))
-    except ConfigError as exc:  # found at start, e.g. an unsafe socket directory
+        extensions = build_extensions(conf)  # checks their keys and rule files before anything starts
+        exporters = build_exporters(conf)
+        return asyncio.run(serve(conf, exporters, extensions))
+    except ConfigError as exc:  # also found at start, e.g. an unsafe socket directory
         sys.stderr.write("infersight agent: %s\n" % exc)
         return EXIT_USAGE
 
 
-async def serve(conf: Config, exporters: list[Exporter]) -> int:
-    from infersight.agent.commands import extensions
-    from infersight.agent.daemon.lifecycle import Agent
+async def serve(conf: Config, exporters: list[Exporter], extensions: list[Extension]) -> int:
+    """Serve until SIGTERM/SIGINT (systemd socket activation: on the socket it passed)."""
+    from infersight.agent.commands.extensions import new_agent
 
     listen = None
     try:
@@ -63,6 +63,5 @@ async def serve(conf: Config, exporters: list[Exporter]) -> int:
         listen = fds[0] if fds else None
     except ImportError:
         pass
-    agent = Agent(conf, exporters, listen_sock=listen)
-    extensions.install(agent, conf)
-    return await agent.serve_forever()
+    await new_agent(conf, exporters, extensions, listen_sock=listen).serve()
+    return 0

@@ -1,28 +1,67 @@
-"""What the agent does beyond the core pipeline, installed the same way in both modes.
+"""The composition root of the agent: which extensions it runs, built by name.
 
-The daemon (``infersight agent``) and the embedded agent of ``infersight launch`` get
-the same kind handlers and jobs: request latency and device telemetry (NVML, verdicts),
-and live OOM classification with its rule reloads.
+The daemon (``infersight agent``) and the embedded agent of ``infersight launch`` both build
+their agent here (:func:`new_agent`), so both get the same extensions: cold-start progress,
+request latency, device telemetry (NVML, verdicts) and live OOM classification. A factory
+gets the configuration and the extensions built before it (the table's order), for the
+parts they share.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from infersight.agent.coldstart.extension import ColdStartExtension
+from infersight.agent.daemon.extension import Extension
 from infersight.agent.daemon.lifecycle import Agent
-from infersight.agent.devices import job as devices_job
-from infersight.agent.oom import kind as oom_kind
+from infersight.agent.devices.extension import DevicesExtension
+from infersight.agent.oom.extension import OomExtension
+from infersight.agent.requests.extension import RequestsExtension
+from infersight.exporters.base import Exporter
 from infersight.settings import Config, section_settings
 
+E = TypeVar("E")
+Factory = Callable[[Config, Mapping[str, Extension]], Extension]
 
-def validate(conf: Config) -> None:
-    """Raise ConfigError (naming the key) before anything starts."""
-    devices_job.validate(conf)
+
+def _built(built: Mapping[str, Extension], name: str, kind: type[E]) -> E:
+    ext = built[name]
+    if not isinstance(ext, kind):
+        raise TypeError("extension %r is a %s, not a %s" % (name, type(ext).__name__, kind.__name__))
+    return ext
+
+
+def _devices(conf: Config, built: Mapping[str, Extension]) -> Extension:
+    return DevicesExtension(conf, _built(built, "requests", RequestsExtension).stats)
+
+
+def _oom(conf: Config, built: Mapping[str, Extension]) -> Extension:
+    job = _built(built, "devices", DevicesExtension).job  # OOMs read NVML under the job's lock
+    return OomExtension(conf, nvml=job.nvml, nvml_guard=job.nvml_call)
+
+
+EXTENSIONS: dict[str, Factory] = {
+    "coldstart": lambda conf, _: ColdStartExtension(conf),
+    "requests": lambda conf, _: RequestsExtension.from_config(conf),
+    "devices": _devices,
+    "oom": _oom,
+}
+
+
+def build_extensions(conf: Config) -> list[Extension]:
+    """Every extension of :data:`EXTENSIONS`, in order. Raises ConfigError naming the key."""
+    built: dict[str, Extension] = {}
+    for name, factory in EXTENSIONS.items():
+        built[name] = factory(conf, built)
+    return list(built.values())
 
 
 def validate_exporters(conf: Config) -> None:
     """The exporters' own sections (MQTT, Prometheus): raise ConfigError naming the key.
     A reload checks them so that a file the next restart would refuse is refused now."""
-    import os
-
     from infersight.exporters.mqtt import MQTT_KEYS
     from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
 
@@ -30,7 +69,23 @@ def validate_exporters(conf: Config) -> None:
     section_settings(conf, "exporters.prometheus.", PROMETHEUS_KEYS, os.environ)
 
 
-def install(agent: Agent, conf: Config) -> None:
-    job = devices_job.install(agent, conf)
-    oom_kind.install(agent, conf, nvml=job.nvml, nvml_guard=job.nvml_call)
-    agent.reloaders.append(validate_exporters)  # nothing to swap: a restart applies them
+def new_agent(
+    conf: Config,
+    exporters: list[Exporter],
+    extensions: list[Extension] | None = None,
+    *,
+    embedded: bool = False,
+    listen_sock: socket.socket | None = None,
+    exporter_spool_root: str | None = None,
+) -> Agent:
+    """The agent of either mode: every extension (built now unless given), and reloads that
+    check the exporters' sections too."""
+    return Agent(
+        conf,
+        exporters,
+        build_extensions(conf) if extensions is None else extensions,
+        embedded=embedded,
+        listen_sock=listen_sock,
+        exporter_spool_root=exporter_spool_root,
+        check_config=validate_exporters,
+    )

@@ -27,8 +27,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from infersight.agent.commands import extensions
 from infersight.agent.commands.compose import build_exporters
+from infersight.agent.commands.extensions import new_agent
 from infersight.agent.commands.launch import (
     EXIT_USAGE,
     LOCK_NAME,
@@ -400,53 +400,73 @@ async def wait_producers_gone(agent: Agent, sock: str, timeout_s: float) -> None
         await asyncio.sleep(0.02)
 
 
+@dataclass
+class Session:
+    """What ``launch`` does while its agent serves: replay what earlier launches left, wait for
+    CMD, watch its readiness, and hand the agent what CMD's hooks could not say."""
+
+    opts: LaunchOptions
+    private: Private
+    child: Child
+    spawn_ns: int
+    out: TextIO
+    returncode: int | None = None
+    readiness: Readiness = field(default_factory=Readiness)
+    leftovers: list[Leftover] = field(default_factory=list)
+
+    async def run(self, agent: Agent) -> None:
+        """Awaited by ``agent.serve(until=...)`` once the agent is up; the agent stops when it returns."""
+        opts, private, child = self.opts, self.private, self.child
+        self.leftovers = find_leftovers(os.path.dirname(private.path), private.path)
+        replay_leftovers(agent, self.leftovers)
+        ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
+        proc_done = asyncio.Event()
+        watcher = None
+        if opts.ready_url or opts.probe:
+            watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, self.out))
+        self.returncode = await wait_child(child)
+        end_ns = time.time_ns()
+        proc_done.set()
+        child.restore_tty()
+        readiness = self.readiness
+        if watcher is not None:
+            try:
+                readiness = self.readiness = await asyncio.wait_for(watcher, 10.0)
+            except (asyncio.TimeoutError, OSError) as exc:
+                readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
+        # The child's hooks flushed at exit; let the agent read what is in flight.
+        await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
+        agent.ingest.replay_spools(private.spool)
+        launched = [p for p in agent.assembler.producers.values()
+                    if p.info.get("launched") and p.info.get("pid") == child.pid]
+        launched = launched or [p for p in agent.assembler.producers.values() if p.info.get("launched")]
+        if not launched:
+            cs = launcher_root(opts.cmd, child.pid, self.spawn_ns, end_ns, agent.host_name, readiness)
+            agent.broadcaster.publish([cs.root, *cs.stages, cs,
+                                       *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
+        elif readiness.probe is not None and readiness.probe.first_byte_ns:
+            p0 = launched[0]
+            agent.broadcaster.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
+                                             p0.resource)])
+        await _wait_for_brokers(agent)
+
+
 async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child,
                spawn_ns: int, out: TextIO) -> int:
     conf = cfg.load(None, flags=config_flags(opts, path, private))
     listener = socket.socket(fileno=listen_fd)
-    agent = Agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
-                  listen_sock=listener, exporter_spool_root=os.path.join(private.path, "exporter-spool"))
-    extensions.install(agent, conf)  # request latency, NVML devices, live OOM classification
-    await agent.start()
-    leftovers = find_leftovers(os.path.dirname(private.path), private.path)
-    replay_leftovers(agent, leftovers)
-    ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
-    proc_done = asyncio.Event()
-    watcher = None
-    if opts.ready_url or opts.probe:
-        watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, out))
-    returncode = await wait_child(child)
-    end_ns = time.time_ns()
-    proc_done.set()
-    child.restore_tty()
-    readiness = Readiness()
-    if watcher is not None:
-        try:
-            readiness = await asyncio.wait_for(watcher, 10.0)
-        except (asyncio.TimeoutError, OSError) as exc:
-            readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
-    # The child's hooks flushed at exit; let the agent read what is in flight.
-    await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
-    agent.ingest.replay_spools(private.spool)
-    launched = [p for p in agent.assembler.producers.values()
-                if p.info.get("launched") and p.info.get("pid") == child.pid]
-    launched = launched or [p for p in agent.assembler.producers.values() if p.info.get("launched")]
-    if not launched:
-        cs = launcher_root(opts.cmd, child.pid, spawn_ns, end_ns, agent.host_name, readiness)
-        agent.broadcaster.publish([cs.root, *cs.stages, cs, *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
-    elif readiness.probe is not None and readiness.probe.first_byte_ns:
-        p0 = launched[0]
-        agent.broadcaster.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
-                                         p0.resource)])
-    await _wait_for_brokers(agent)
-    ok = await agent.shutdown(opts.flush_timeout_s)
-    for line in _readiness_lines(readiness, spawn_ns):
+    agent = new_agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
+                      listen_sock=listener, exporter_spool_root=os.path.join(private.path, "exporter-spool"))
+    session = Session(opts, private, child, spawn_ns, out)
+    ok = await agent.serve(until=session.run(agent), shutdown_timeout_s=opts.flush_timeout_s)
+    for line in _readiness_lines(session.readiness, spawn_ns):
         out.write(line + "\n")
     _report(agent, path, ok, out)
-    close_leftovers(leftovers, out)
+    close_leftovers(session.leftovers, out)
     finish_private(private, out)
     _storage_note(path, out)
-    return exit_status(returncode)
+    assert session.returncode is not None  # the session returned: CMD was reaped
+    return exit_status(session.returncode)
 
 
 async def _wait_for_brokers(agent: Agent) -> None:

@@ -1,10 +1,14 @@
-"""The agent's lifecycle: one object owns startup, signals and shutdown.
+"""The agent's lifecycle: one object owns startup, the heartbeat, signals, reload and shutdown.
 
-As in uvicorn: the first SIGTERM/SIGINT stops gracefully within a time limit
-(stop accepting, drain the exporters' queues, flush); the second forces exit.
-SIGHUP reloads the configuration and rules, all or nothing: every part is
+As in uvicorn's ``Server``, :meth:`Agent.serve` is the one way the agent runs: the daemon
+(``infersight agent``) serves until a signal, ``infersight launch`` (embedded mode) serves
+``until`` its session ends. Startup: exporters, then extensions, then the socket and the
+spools of producers that died. While it runs, a heartbeat publishes the agent's health,
+re-sends cumulative cold-start metrics and picks up dead producers' spools. The first
+SIGTERM/SIGINT stops gracefully within a time limit (stop accepting, close the extensions,
+drain the exporters' queues, flush); the second forces exit. SIGHUP reloads the
+configuration and rules, all or nothing: the configuration and every extension's part are
 validated first, and only when all are valid is anything swapped.
-The same object runs in-process under ``infersight launch`` (embedded mode).
 
 Under systemd (``Type=notify``, daemon mode only) the agent reports its state over
 ``NOTIFY_SOCKET``: READY=1 once it listens with its exporters up, WATCHDOG=1 every
@@ -21,29 +25,25 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from infersight import __version__
-from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon import sdnotify
 from infersight.agent.daemon.assemble import Assembler, KindHandler
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
+from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
 from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.spool import DiskSpool
-from infersight.exporters.base import Exporter
+from infersight.exporters.base import Exporter, is_ephemeral
 from infersight.settings import Config
-from infersight.telemetry import Resource
+from infersight.telemetry import Item, Resource
 
 log = logging.getLogger("infersight.agent")
 EXPORTER_DOWN_UNHEALTHY_S = 120.0
-PROGRESS_TICK_S = 0.2
 SPOOL_SCAN_S = 5.0
-# A reloader validates its part of a new configuration and raises when it is invalid;
-# it changes nothing itself, and returns what to run to apply it (None: nothing to apply).
-Reloader = Callable[[Config], Callable[[], None] | None]
 # Keys a reload applies to the running agent; a change to any other key (socket, spools,
 # exporters, NVML sampling) is validated, and applies at the next restart (logged).
 LIVE_KEYS = frozenset({
@@ -57,19 +57,30 @@ def short_hostname() -> str:
 
 
 class Agent:
+    """One agent: its pipeline (ingest -> assembler -> broadcaster -> exporter workers), the
+    extensions it was built with, and the lifecycle that runs them (:meth:`serve`).
+
+    ``check_config``: what a reloaded configuration must also pass, beyond the agent's own keys
+    and its extensions' parts (the exporters' sections, which the composition root knows);
+    it raises ConfigError and changes nothing, since exporters apply at the next restart.
+    """
+
     def __init__(
         self,
         config: Config,
         exporters: list[Exporter],
+        extensions: Sequence[Extension] = (),
         *,
         embedded: bool = False,
         listen_sock: socket.socket | None = None,
         exporter_spool_root: str | None = None,
-        handlers: dict[str, KindHandler] | None = None,
+        check_config: Callable[[Config], None] | None = None,
     ) -> None:
         self.config = config
         self.embedded = embedded
         self.listen_sock = listen_sock
+        self.extensions = tuple(extensions)
+        self.check_config = check_config
         self.started_ns = time.time_ns()
         self.started_mono = time.monotonic()
         self.host_name = config.get("agent.host_name") or short_hostname()
@@ -83,20 +94,17 @@ class Agent:
             }
         )
         self.counters = Counters()
-        self.assembler = Assembler(self.host_name, handlers, max_pending_bytes=config["agent.max_pending_bytes"])
+        self.assembler = Assembler(self.host_name, self._kind_handlers(),
+                                   max_pending_bytes=config["agent.max_pending_bytes"])
         spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
         self.workers: list[ExporterWorker] = []
         for e in exporters:
             spool = None
-            if e.name not in ("console",):
+            if not is_ephemeral(e):
                 spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
             self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
                                                down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
         self.broadcaster = Broadcaster(self.workers)
-        self.progress = ProgressTracker(
-            history_path_from(config.get("agent.state_dir")), producer_info=self._producer_info
-        )
-        self.broadcaster.taps.append(self.progress.observe)
         self.ingest = Ingest(
             self.assembler,
             self.broadcaster,
@@ -113,12 +121,6 @@ class Agent:
         self._stop = asyncio.Event()
         self._signals = 0
         self._tasks: list[asyncio.Task[Any]] = []
-        self.reloaders: list[Reloader] = []
-        self.on_ready: list[Callable[[], Awaitable[None] | None]] = []
-        # Long-running jobs beside ingest (the NVML sampler, say): started with the agent,
-        # cancelled at shutdown. Each gets the agent and publishes through agent.broadcaster.
-        self.background: list[Callable[[Agent], Awaitable[None]]] = []
-        self.on_shutdown: list[Callable[[], Awaitable[None] | None]] = []
         self.listening = False
         self.nvml_reason: str | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
@@ -127,17 +129,34 @@ class Agent:
         self._status_sent = ""
         self.last_reload_error: str | None = None
 
-    def _producer_info(self, producer: str) -> dict[str, Any] | None:
+    def _kind_handlers(self) -> dict[str, KindHandler]:
+        handlers: dict[str, KindHandler] = {}
+        for ext in self.extensions:
+            for kind, handler in ext.kinds().items():
+                if kind in handlers:
+                    raise ValueError("event kind %r is handled by two extensions (one is %s)" % (kind, ext.name))
+                handlers[kind] = handler
+        return handlers
+
+    # -- what extensions get (AgentContext) -------------------------------------------
+
+    def producer_info(self, producer: str) -> dict[str, Any] | None:
         p = self.assembler.producers.get(producer)
         return p.info if p is not None else None
 
-    async def _progress_loop(self) -> None:
-        """Publish cold-start progress: on each stage change, and at most once a second."""
-        while True:
-            await asyncio.sleep(PROGRESS_TICK_S)
-            updates = self.progress.tick()
-            if updates:
-                self.broadcaster.publish(updates)
+    def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
+        self.broadcaster.taps.append(tap)
+
+    def spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(self._guard(job), name=name))
+
+    async def _guard(self, job: Coroutine[Any, Any, None]) -> None:
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background job failed; the agent keeps running without it")
 
     # -- health ---------------------------------------------------------------------
 
@@ -153,7 +172,7 @@ class Agent:
             exporters.append(st)
             if w.problem(now) is not None:  # a worker fault at once; a peer away after a grace
                 healthy = False
-        return {
+        h: dict[str, Any] = {
             "healthy": healthy,
             "version": __version__,
             "mode": "embedded" if self.embedded else "daemon",
@@ -168,8 +187,12 @@ class Agent:
             "counters": self.counters.as_dict(),
             "assembler": self.assembler.stats(),
             "exporters": exporters,
-            "coldstarts": self.progress.snapshot(),
+            "extensions": [ext.name for ext in self.extensions],
         }
+        for ext in self.extensions:
+            for key, value in ext.health().items():
+                h.setdefault(key, value)  # an extension adds sections; it never hides the agent's
+        return h
 
     def status_line(self) -> str:
         """One short line of health for ``systemctl status`` (STATUS=)."""
@@ -188,9 +211,10 @@ class Agent:
         if self._notifier is not None:
             self._notifier.send(*fields)
 
-    def notify_status(self, force: bool = False) -> None:
+    def notify_status(self) -> None:
+        """STATUS= when the line changed since it was last sent."""
         text = self.status_line()
-        if force or text != self._status_sent:
+        if text != self._status_sent:
             self._status_sent = text
             self._notify("STATUS=" + text)
 
@@ -218,34 +242,70 @@ class Agent:
 
     # -- lifecycle ------------------------------------------------------------------
 
+    async def serve(self, until: Awaitable[object] | None = None, *, shutdown_timeout_s: float | None = None) -> bool:
+        """Run the agent: start, serve until stopped, shut down. True when the shutdown
+        delivered or spooled everything in time.
+
+        The daemon serves until SIGTERM/SIGINT (signals, SIGHUP reloads and sd_notify are
+        daemon mode only). ``until`` (``launch``: its session with CMD) is awaited once the
+        agent is up; when it completes, the agent stops as on the first SIGTERM; when it
+        raises, the agent still shuts down, then the error propagates. ``shutdown_timeout_s``
+        overrides ``agent.shutdown_timeout_s``.
+        """
+        if not self.embedded:
+            self.install_signal_handlers()
+        await self.start()
+        log.info("infersight agent %s listening on %s", __version__, self.config["agent.socket"])
+        try:
+            await self._run_until_stopped(until)
+        finally:
+            self._notify("STOPPING=1", "STATUS=stopping: draining exporters")
+            ok = await self.shutdown(shutdown_timeout_s)
+            if not ok:
+                log.warning("shutdown hit its time limit; what was left is spooled or counted")
+        return ok
+
+    async def _run_until_stopped(self, until: Awaitable[object] | None) -> None:
+        stop = asyncio.ensure_future(self._stop.wait())
+        if until is None:
+            await stop
+            return
+        session = asyncio.ensure_future(until)
+        try:
+            await asyncio.wait((stop, session), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not session.done():  # stopped first: the session ends with the agent
+                session.cancel()
+                await asyncio.gather(session, return_exceptions=True)
+        if not session.cancelled():
+            session.result()  # its error, if any, after the shutdown
+
     async def start(self) -> None:
+        """Startup: exporters, extensions, the socket, dead producers' spools, the heartbeat;
+        then READY=1. :meth:`serve` calls it; tests may drive start/shutdown themselves."""
         for w in self.workers:
             try:
                 await w.exporter.start()
             except Exception as exc:  # a peer that is away is not fatal: the worker spools
                 log.warning("exporter %s did not start cleanly: %s", w.name, exc)
             w.start()
+        for ext in self.extensions:  # before the socket: their taps see the first replayed spool
+            await ext.start(self)
         await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)
         self.listening = True
         replayed = self.ingest.replay_spools(self.config["agent.spool_dir"])
         if replayed:
             log.info("replayed %d spool file(s) of producers that had died", replayed)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._periodic(), name="agent-periodic"))
-        self._tasks.append(loop.create_task(self._progress_loop(), name="agent-progress"))
-        for job in self.background:
-            self._tasks.append(loop.create_task(self._guard(job), name="agent-job"))
-        for cb in self.on_ready:
-            r = cb()
-            if r is not None:
-                await r
+        self._tasks.append(loop.create_task(self._heartbeat(), name="agent-heartbeat"))
         interval = sdnotify.watchdog_interval_s()
         if interval is not None and not self.embedded:
             self._watchdog_task = loop.create_task(self._watchdog(interval), name="agent-watchdog")
         self._status_sent = self.status_line()
         self._notify("READY=1", "STATUS=" + self._status_sent)
 
-    async def _periodic(self) -> None:
+    async def _heartbeat(self) -> None:
         # Spools of producers that died (their lock is free) are picked up within this long: a
         # directory scan and a lock probe per file, cheap enough to keep a dead producer's last
         # events from waiting half a minute.
@@ -262,14 +322,6 @@ class Agent:
                 last_replay = time.monotonic()
                 self.ingest.replay_spools(self.config["agent.spool_dir"])
 
-    async def _guard(self, job: Callable[[Agent], Awaitable[None]]) -> None:
-        try:
-            await job(self)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("background job failed; the agent keeps running without it")
-
     def request_stop(self) -> None:
         self._signals += 1
         if self._signals == 1:
@@ -280,9 +332,10 @@ class Agent:
             os._exit(1)
 
     def reload(self) -> bool:
-        """SIGHUP: re-read the config file and rules. All or nothing: the config, the OOM
-        rules and the device rules are all validated before anything is swapped; when
-        one is invalid, everything keeps running as it was."""
+        """SIGHUP: re-read the config file and rules. All or nothing: the config, the
+        exporters' sections and every extension's part (OOM rules, device rules) are all
+        validated before anything is swapped; when one is invalid, everything keeps running
+        as it was."""
         self._notify("RELOADING=1", "MONOTONIC_USEC=%d" % (time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
         try:
             ok = self._reload()
@@ -296,8 +349,10 @@ class Agent:
         flags = {k: self.config.values[k] for k, src in self.config.sources.items() if src == "flag"}
         try:
             new = cfg.load(path, require_file=path is not None, flags=flags)
-            # Each reloader validates and returns its swap; none swaps anything here.
-            commits = [r(new) for r in self.reloaders]
+            if self.check_config is not None:
+                self.check_config(new)
+            # Each extension validates and returns its swap; none swaps anything here.
+            applies: list[Apply | None] = [ext.reload(new) for ext in self.extensions]
         except Exception as exc:  # whatever a bad file causes, the agent keeps running
             self.counters.reload_failures += 1
             self.last_reload_error = str(exc) or type(exc).__name__
@@ -306,9 +361,9 @@ class Agent:
             else:
                 log.error("reload failed, keeping the running configuration: %s: %s", type(exc).__name__, exc)
             return False
-        for commit in commits:
-            if commit is not None:
-                commit()
+        for apply in applies:
+            if apply is not None:
+                apply()
         self.last_reload_error = None
         old, self.config = self.config, new
         self.ingest.allowed_uids = set(new["agent.allowed_uids"])
@@ -329,25 +384,33 @@ class Agent:
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
-
     async def shutdown(self, timeout_s: float | None = None) -> bool:
-        """Stop accepting, export what is queued, flush every exporter. True if all in time."""
+        """Stop accepting, close the extensions, export what is queued, flush every exporter.
+        True if all in time. The watchdog pings on while it drains, and stops at the end."""
+        try:
+            return await self._shutdown(timeout_s)
+        finally:
+            if self._watchdog_task is not None:
+                self._watchdog_task.cancel()
+            if self._notifier is not None:
+                self._notifier.close()
+
+    async def _shutdown(self, timeout_s: float | None) -> bool:
         timeout = float(timeout_s if timeout_s is not None else self.config["agent.shutdown_timeout_s"])
         deadline = time.monotonic() + timeout
         await self.ingest.stop_accepting()
         self.listening = False
         for t in self._tasks:
             t.cancel()
-        for cb in self.on_shutdown:
-            r = cb()
-            if r is not None:
-                await r
+        if self._tasks:  # a job finishes what it holds on cancellation (the device job publishes)
+            await asyncio.wait(self._tasks, timeout=max(0.1, deadline - time.monotonic()))
         self.ingest.close_connections()
         await self.ingest.wait_connections_closed(max(0.0, min(1.0, deadline - time.monotonic())))
-        self.progress.end_all()
-        self.broadcaster.publish(self.progress.tick())  # clear what still shows as warming
+        for ext in self.extensions:  # what they still hold (OOMs waiting on NVML, progress) goes out
+            try:
+                await ext.aclose()
+            except Exception:
+                log.exception("extension %s did not close cleanly", ext.name)
         self.publish_health()
         ok = True
         for w in self.workers:
@@ -366,20 +429,3 @@ class Agent:
             except OSError:
                 pass
         return ok
-
-    async def serve_forever(self) -> int:
-        """The daemon's main: start, wait for a signal, shut down. Returns the exit code."""
-        self.install_signal_handlers()
-        await self.start()
-        log.info("infersight agent %s listening on %s", __version__, self.config["agent.socket"])
-        await self.wait_stopped()
-        self._notify("STOPPING=1", "STATUS=stopping: draining exporters")
-        try:
-            if not await self.shutdown():
-                log.warning("shutdown hit its time limit; what was left is spooled or counted")
-        finally:
-            if self._watchdog_task is not None:  # pinged while draining: the loop still runs
-                self._watchdog_task.cancel()
-            if self._notifier is not None:
-                self._notifier.close()
-        return 0

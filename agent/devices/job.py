@@ -1,7 +1,7 @@
 """The device job: NVML sampling, request histograms and slow-device verdicts in the agent.
 
-``install(agent, config)`` wires it in: a background job (:func:`device_job`), the ``req``
-kind handler (:mod:`infersight.agent.requests.kind`) and a shutdown hook. Each interval
+The devices extension (:mod:`infersight.agent.devices.extension`) runs it beside ingest,
+with the request statistics of the requests extension. Each interval
 (``nvml.interval_s``, default 1 s) the job
 
 - samples every NVML device on a worker thread and publishes ``device_metrics`` (``hw.*`` and
@@ -35,10 +35,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from infersight.agent.daemon.extension import AgentContext
 from infersight.agent.devices.heterogeneity import DeviceVerdict, SeriesKey, WindowState, evaluate, summarize_samples
 from infersight.agent.devices.metrics import RecordedSamples, device_metrics
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
-from infersight.agent.requests.kind import KIND, NvmlDevice, RequestStats
+from infersight.agent.requests.kind import NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
 from infersight.settings import Config, ConfigError
 from infersight.settings import parse_bool as _flag
@@ -125,7 +126,7 @@ _PARSE: dict[str, Callable[[Any], Any]] = {
 def parse_config(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
     """This job's keys from ``config.values`` (raw TOML) and the environment (env wins).
 
-    Raises :class:`~infersight.settings.ConfigError` naming the key (and ``file:line``)."""
+    Raises :class:`~infersight.agent.daemon.config.ConfigError` naming the key (and ``file:line``)."""
     env = os.environ if env is None else env
     for name in config.values:
         if name.startswith(("nvml.", "devices.")) and name not in CONFIG_KEYS:
@@ -188,7 +189,7 @@ def _series_attrs(key: SeriesKey, names: Mapping[str, str | None]) -> Attributes
 
 
 class DeviceJob:
-    """State of one running device job. :meth:`run` is the ``agent.background`` job."""
+    """State of one running device job. :meth:`run` is the job the agent runs beside ingest."""
 
     def __init__(
         self,
@@ -244,7 +245,7 @@ class DeviceJob:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def run(self, agent: Any) -> None:
+    async def run(self, agent: AgentContext) -> None:
         self._agent = agent
         self._start_ns = time.time_ns()
         try:
@@ -265,7 +266,7 @@ class DeviceJob:
         finally:
             await self.aclose()
 
-    async def _start_nvml(self, agent: Any) -> None:
+    async def _start_nvml(self, agent: AgentContext) -> None:
         if self.nvml is None:
             if agent.nvml_reason is None:
                 agent.nvml_reason = DISABLED_REASON
@@ -443,88 +444,11 @@ class DeviceJob:
         return LogItem(self._agent.resource, now_ns, _SEVERITY_NUMBER[sev], sev, body, a, event_name="device")
 
 
-async def device_job(
-    agent: Any,
-    interval_s: float = 1.0,
-    nvml: Nvml | None = None,
-    *,
-    thresholds: DeviceThresholds | None = None,
-    requests: RequestStats | None = None,
-    evaluate_interval_s: float = 10.0,
-    window_s: float = 300.0,
-    export_interval_s: float = 10.0,
-) -> None:
-    """The device job as a plain ``agent.background`` coroutine (see :class:`DeviceJob`)."""
-    job = DeviceJob(
-        interval_s=interval_s, nvml=nvml, thresholds=thresholds, requests=requests,
-        evaluate_interval_s=evaluate_interval_s, window_s=window_s, export_interval_s=export_interval_s,
-    )  # fmt: skip
-    await job.run(agent)
-
-
-def validate(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
-    """Check this job's keys and rule file without building anything (for the CLI's config
-    check, before the event loop starts). Raises ConfigError naming the key."""
-    c = parse_config(config, env)
-    load_thresholds(c.rules)
-    return c
-
-
-def install(agent: Any, config: Config, env: Mapping[str, str] | None = None) -> DeviceJob:
-    """Append the device job to ``agent.background``, register the ``req`` handler, add the
-    job's ``nvml`` section to the agent's health, and reload the rule file on SIGHUP.
-
-    Raises ConfigError (naming the key) on a bad ``nvml.*`` / ``devices.*`` value or rule file.
-    """
-    c = parse_config(config, env)
-    thresholds = load_thresholds(c.rules)
-    requests = RequestStats(c.window_s)
-    job = DeviceJob(
-        interval_s=c.interval_s, enabled=c.enabled, proc_root=c.proc_root, thresholds=thresholds,
-        requests=requests, evaluate_interval_s=c.evaluate_interval_s, window_s=c.window_s,
-        export_interval_s=c.export_interval_s,
-    )  # fmt: skip
-    agent.assembler.handlers[KIND] = requests.handle
-    agent.background.append(job.run)
-    agent.on_shutdown.append(job.aclose)
-    _add_health(agent, job)
-
-    def reload(new: Config) -> Callable[[], None]:
-        """Validate (raises); the agent applies the returned swap once every part is valid."""
-        thresholds = load_thresholds(parse_config(new, env).rules)
-
-        def commit() -> None:
-            job.thresholds = thresholds
-
-        return commit
-
-    agent.reloaders.append(reload)
-    return job
-
-
-def _add_health(agent: Any, job: DeviceJob) -> None:
-    """Add ``nvml`` to the status reply (``infersight status --json``) unless the agent
-    already reports it."""
-    base: Callable[[], dict[str, Any]] = agent.health
-
-    def health() -> dict[str, Any]:
-        h = base()
-        h.setdefault("nvml", job.health())
-        h.setdefault("requests", job.requests.stats())
-        return h
-
-    agent.health = health
-    agent.ingest.health = health
-
-
 __all__ = [
     "COEFFICIENT",
     "CONFIG_KEYS",
     "DeviceJob",
     "DeviceJobConfig",
-    "device_job",
-    "install",
     "load_thresholds",
     "parse_config",
-    "validate",
 ]

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
-from infersight.agent.errors import AgentError
 from infersight.rules.engine import (
     BASE_QUANTITIES,
     RuleFileError,
@@ -47,7 +46,6 @@ from infersight.rules.oom_parse import OomMessage, find_ooms
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
 
 if TYPE_CHECKING:
-    from infersight.agent.daemon.lifecycle import Agent
     from infersight.agent.devices.nvml import DeviceSample
     from infersight.settings import Config
 
@@ -77,7 +75,7 @@ SUMS = (
 MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
 
 
-class RuleReloadError(AgentError, ValueError):
+class RuleReloadError(ValueError):
     """A rule file failed to load; ``str()`` names file:line for every error."""
 
 
@@ -500,33 +498,3 @@ def one_line(v: Verdict, dev: int | None = None) -> str:
     req = " requested %s;" % human_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
     note = " (%s)" % v.note if v.note else ""
     return " ".join(("OOM%s: %s by rule %s:%s %s%s" % (where, v.cls, v.rule, req, v.remedy, note)).split())
-
-
-# -- wiring ---------------------------------------------------------------------------------
-
-
-def install(
-    agent: Agent,
-    config: Config | None = None,
-    nvml: NvmlLike | None = None,
-    nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
-) -> OomHandlers:
-    """Register the ``oom`` and ``mem`` handlers on ``agent`` and a rules reloader (SIGHUP).
-
-    An invalid site rule file at startup is logged (file:line) and the builtin rules run
-    until a reload succeeds.
-    """
-    conf = config if config is not None else agent.config
-    dirs = list(conf.get("rules.dirs") or [])
-    try:
-        classifier = OomClassifier(dirs)
-    except RuleReloadError as exc:
-        log.error("%s\nclassifying OOMs with the builtin rules until a reload succeeds", exc)
-        classifier = OomClassifier([], rules=OomClassifier.load([]))
-        classifier.dirs = dirs
-    handlers = OomHandlers(classifier, nvml, publish=agent.broadcaster.publish, nvml_guard=nvml_guard)
-    agent.on_shutdown.append(handlers.wait_later)
-    agent.assembler.handlers["oom"] = handlers.oom
-    agent.assembler.handlers["mem"] = handlers.mem
-    agent.reloaders.append(classifier.prepare)
-    return handlers

@@ -1,0 +1,64 @@
+"""How a feature plugs into the agent: one small protocol, and what the agent offers it.
+
+An :class:`Extension` (cold start, OOM, requests, devices) is handed to the
+:class:`~infersight.agent.daemon.lifecycle.Agent` when it is built; the agent takes its
+event-kind handlers then, starts it before it listens, asks it to validate a reloaded
+configuration (all extensions validate before any applies), merges its health into the
+status reply, and closes it at shutdown before the exporters drain. The daemon package
+knows no extension by name: the commands (the composition root) choose them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
+
+from infersight.agent.daemon.assemble import KindHandler
+from infersight.agent.daemon.broadcast import Broadcaster
+from infersight.settings import Config
+from infersight.telemetry import Item, Resource
+
+# What a validated reload runs to take effect; None: nothing to apply.
+Apply = Callable[[], None]
+
+
+class AgentContext(Protocol):
+    """What a running agent offers its extensions (the Agent itself is one)."""
+
+    config: Config  # the configuration in force; a reload replaces it
+    resource: Resource  # the agent's own resource (service.name infersight-agent)
+    broadcaster: Broadcaster  # publish items to every exporter (or only to live/recorded ones)
+    # Why device sampling is off, once known: the agent's infersight.nvml.available metric.
+    nvml_reason: str | None
+
+    def producer_info(self, producer: str) -> dict[str, Any] | None:
+        """The hello of a producer the agent knows (pid, start_ns, trace and root ids)."""
+
+    def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
+        """Show ``tap`` every batch before the exporters get it (quick, must not raise)."""
+
+    def spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``job`` beside ingest until shutdown; a failure is logged and the agent runs on."""
+
+
+class Extension(Protocol):
+    """A feature of the agent."""
+
+    name: str
+
+    def kinds(self) -> Mapping[str, KindHandler]:
+        """The event kinds it handles (``oom``, ``req``, ...), taken once when the agent is built."""
+
+    async def start(self, agent: AgentContext) -> None:
+        """Before the agent listens: quick; long work goes to ``agent.spawn``."""
+
+    def reload(self, config: Config) -> Apply | None:
+        """Validate its part of a new configuration, changing nothing: raise the error
+        (a ``ValueError`` such as ConfigError naming file:line), or return what applies it."""
+
+    def health(self) -> Mapping[str, Any]:
+        """Sections added to the status reply (``infersight status --json``)."""
+
+    async def aclose(self) -> None:
+        """At shutdown, after producers' connections closed and before the exporters drain:
+        publish what is pending, release resources. Idempotent; also without ``start``."""

@@ -1,0 +1,52 @@
+"""Device telemetry as an agent extension: NVML sampling, Xid/ECC events and slow-device verdicts.
+
+It runs the :class:`~infersight.agent.devices.job.DeviceJob` beside ingest, over the request
+statistics of the requests extension; a reload validates the ``devices.rules`` file and swaps
+its thresholds only when the whole reload is valid. The status reply shows NVML's state and
+the slow devices under ``nvml``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from infersight.agent.daemon.assemble import KindHandler
+from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.devices.job import DeviceJob, load_thresholds, parse_config
+from infersight.agent.requests.kind import RequestStats
+from infersight.settings import Config
+
+
+class DevicesExtension:
+    name = "devices"
+
+    def __init__(self, config: Config, requests: RequestStats, env: Mapping[str, str] | None = None) -> None:
+        """Raises ConfigError (naming the key) on a bad ``nvml.*`` / ``devices.*`` value or rule file."""
+        self._env = env
+        c = parse_config(config, env)
+        self.job = DeviceJob(
+            interval_s=c.interval_s, enabled=c.enabled, proc_root=c.proc_root, thresholds=load_thresholds(c.rules),
+            requests=requests, evaluate_interval_s=c.evaluate_interval_s, window_s=c.window_s,
+            export_interval_s=c.export_interval_s,
+        )  # fmt: skip
+
+    def kinds(self) -> Mapping[str, KindHandler]:
+        return {}  # ``req`` events belong to the requests extension
+
+    async def start(self, agent: AgentContext) -> None:
+        agent.spawn(self.job.run(agent), "devices-job")
+
+    def reload(self, config: Config) -> Apply | None:
+        thresholds = load_thresholds(parse_config(config, self._env).rules)
+
+        def apply() -> None:
+            self.job.thresholds = thresholds
+
+        return apply
+
+    def health(self) -> Mapping[str, Any]:
+        return {"nvml": self.job.health()}
+
+    async def aclose(self) -> None:
+        await self.job.aclose()

@@ -1,0 +1,55 @@
+"""Live OOM classification as an agent extension: the ``oom`` and ``mem`` event kinds.
+
+An invalid site rule file at startup is logged (file:line) and the builtin rules run until
+a reload succeeds; a reload validates ``rules.dirs`` and swaps the rules only when the whole
+reload is valid. At shutdown it waits (bounded) for OOMs still reading NVML.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from infersight.agent.daemon.assemble import KindHandler
+from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.oom.kind import NvmlLike, OomClassifier, OomHandlers, RuleReloadError
+from infersight.settings import Config
+
+log = logging.getLogger("infersight.agent.oom")
+
+
+class OomExtension:
+    name = "oom"
+
+    def __init__(
+        self,
+        config: Config,
+        nvml: NvmlLike | None = None,
+        nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+    ) -> None:
+        """``nvml``/``nvml_guard``: the devices extension's NVML and the lock that keeps
+        reads and nvmlShutdown apart (None: OOMs are classified without NVML's numbers)."""
+        dirs = list(config.get("rules.dirs") or [])
+        try:
+            classifier = OomClassifier(dirs)
+        except RuleReloadError as exc:
+            log.error("%s\nclassifying OOMs with the builtin rules until a reload succeeds", exc)
+            classifier = OomClassifier([], rules=OomClassifier.load([]))
+            classifier.dirs = dirs
+        self.handlers = OomHandlers(classifier, nvml, nvml_guard=nvml_guard)
+
+    def kinds(self) -> Mapping[str, KindHandler]:
+        return {"oom": self.handlers.oom, "mem": self.handlers.mem}
+
+    async def start(self, agent: AgentContext) -> None:
+        self.handlers.publish = agent.broadcaster.publish
+
+    def reload(self, config: Config) -> Apply | None:
+        return self.handlers.classifier.prepare(config)
+
+    def health(self) -> Mapping[str, Any]:
+        return {}
+
+    async def aclose(self) -> None:
+        await self.handlers.wait_later()

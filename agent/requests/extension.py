@@ -1,0 +1,45 @@
+"""Request latency as an agent extension: the ``req`` event kind and its statistics.
+
+It histograms each request per device, model and request class and keeps the sliding window
+(``devices.window_s``) that the devices extension's verdicts read; the devices extension's
+job publishes the histograms with each interval's device samples. The status reply shows
+the statistics' size under ``requests``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from infersight.agent.daemon.assemble import KindHandler
+from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.devices.job import parse_config
+from infersight.agent.requests.kind import KIND, RequestStats
+from infersight.settings import Config
+
+
+class RequestsExtension:
+    name = "requests"
+
+    def __init__(self, stats: RequestStats) -> None:
+        self.stats = stats
+
+    @classmethod
+    def from_config(cls, config: Config, env: Mapping[str, str] | None = None) -> RequestsExtension:
+        """Raises ConfigError naming the key on a bad ``devices.*`` value."""
+        return cls(RequestStats(parse_config(config, env).window_s))
+
+    def kinds(self) -> Mapping[str, KindHandler]:
+        return {KIND: self.stats.handle}
+
+    async def start(self, agent: AgentContext) -> None:
+        return None
+
+    def reload(self, config: Config) -> Apply | None:
+        return None  # devices.window_s applies at the next restart
+
+    def health(self) -> Mapping[str, Any]:
+        return {"requests": self.stats.stats()}
+
+    async def aclose(self) -> None:
+        return None  # the devices job publishes what is left at its own close
