@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from infersight.agent.daemon.extension import Extension
     from infersight.exporters.base import Exporter
-    from infersight.settings import Config, ConfigError
+    from infersight.settings import Config
 
 
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from infersight.agent.commands.compose import build_exporters
     from infersight.agent.commands.extensions import build_extensions
     from infersight.agent.daemon import config as cfg
+    from infersight.settings import ConfigError
 
     explicit = args.config is not None
     path = args.config or os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH

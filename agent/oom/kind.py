@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
+from infersight.agent.errors import AgentError
 from infersight.rules.engine import (
     BASE_QUANTITIES,
     RuleFileError,
@@ -75,7 +76,7 @@ SUMS = (
 MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
 
 
-class RuleReloadError(ValueError):
+class RuleReloadError(AgentError, ValueError):
     """A rule file failed to load; ``str()`` names file:line for every error."""
 
 
