@@ -41,7 +41,7 @@ from infersight.agent.devices.metrics import RecordedSamples, device_metrics
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
 from infersight.agent.requests.kind import NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
-from infersight.settings import Config, ConfigError
+from infersight.settings import Config, ConfigError, Key
 from infersight.settings import parse_bool as _flag
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
 
@@ -121,6 +121,17 @@ _PARSE: dict[str, Callable[[Any], Any]] = {
     "devices.evaluate_interval_s": lambda v: _seconds(v, 0.1, 86400.0),
     "devices.window_s": lambda v: _seconds(v, 1.0, 86400.0),
 }
+
+
+def config_keys() -> tuple[Key, ...]:
+    """This job's keys as a key table (the README's and the example config's rows)."""
+    defaults = DeviceJobConfig()
+
+    def default_of(attr: str) -> Callable[[], Any]:
+        return lambda: getattr(defaults, attr)
+
+    return tuple(Key(name, _PARSE[name], default_of(attr), env, CONFIG_HELP[name])
+                 for name, (env, attr) in CONFIG_KEYS.items())
 
 
 def parse_config(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
@@ -449,6 +460,7 @@ __all__ = [
     "CONFIG_KEYS",
     "DeviceJob",
     "DeviceJobConfig",
+    "config_keys",
     "load_thresholds",
     "parse_config",
 ]
