@@ -45,9 +45,9 @@ from infersight.telemetry import Item, Resource
 log = logging.getLogger("infersight.agent")
 EXPORTER_DOWN_UNHEALTHY_S = 120.0
 SPOOL_SCAN_S = 5.0
-# Keys a reload applies to the running agent; a change to any other key (socket, spools,
-# exporters, NVML sampling) is validated, and applies at the next restart (logged).
-# Extensions add theirs (``Extension.live_keys``).
+# Keys a reload applies to the running agent, with those its extensions apply
+# (``Extension.live_keys``); a change to any other key (socket, spools, exporters, NVML
+# sampling) is validated, and applies at the next restart (logged).
 LIVE_KEYS = frozenset({
     "agent.allowed_uids", "agent.allowed_gids", "agent.log_level", "agent.shutdown_timeout_s",
     "agent.frame_timeout_s", "agent.health_interval_s",

@@ -137,7 +137,7 @@ def config_keys() -> tuple[Key, ...]:
 def parse_config(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
     """This job's keys from ``config.values`` (raw TOML) and the environment (env wins).
 
-    Raises :class:`~infersight.agent.daemon.config.ConfigError` naming the key (and ``file:line``)."""
+    Raises :class:`~infersight.settings.ConfigError` naming the key (and ``file:line``)."""
     env = os.environ if env is None else env
     for name in config.values:
         if name.startswith(("nvml.", "devices.")) and name not in CONFIG_KEYS:
