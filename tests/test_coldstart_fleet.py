@@ -199,20 +199,22 @@ async def test_agent_republishes_a_quiet_service(tmp_path: Path) -> None:
     import asyncio
     import time
 
+    from infersight.agent.coldstart.extension import ColdStartExtension
     from infersight.agent.daemon import config as cfg
     from infersight.agent.daemon.lifecycle import Agent
     from infersight.telemetry import ColdStart, Resource, SpanItem
 
     conf = cfg.load(None, env={}, flags={
         "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),
-        "agent.health_interval_s": 0.05,
+        "agent.health_interval_s": 0.05, "agent.state_dir": str(tmp_path / "state"),
     })  # fmt: skip
     sink = _Capture()
-    agent = Agent(conf, [sink], exporter_spool_root=str(tmp_path / "xspool"))
+    coldstart = ColdStartExtension(conf)
+    agent = Agent(conf, [sink], [coldstart], exporter_spool_root=str(tmp_path / "xspool"))
     long_ago = time.time_ns() - 120 * 10**9
     root = SpanItem(Resource.of({"service.name": "quiet", "host.name": "h"}), "a" * 32, "b" * 16, None,
                     "coldstart", long_ago - 10**9, long_ago, {"infersight.coldstart.ended_by": "first_request"})
-    agent.assembler.coldstart_metrics.observe(ColdStart(root, []), long_ago)
+    coldstart.metrics.observe(ColdStart(root, []), long_ago)
     await agent.start()
     try:
         for _ in range(200):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from infersight.agent.commands.config_reference import key_table
 from infersight.agent.daemon import config as cfg
 from infersight.settings import ConfigError
 
@@ -67,6 +68,6 @@ def test_agent_exits_2_on_bad_config(tmp_path: Path) -> None:
 
 
 def test_key_table_lists_every_key() -> None:
-    table = cfg.key_table()
+    table = key_table()
     for k in cfg.KEYS:
         assert "`%s`" % k.name in table

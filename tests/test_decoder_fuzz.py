@@ -8,6 +8,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.daemon.assemble import Assembler
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.health import Counters
@@ -25,7 +26,8 @@ json_values = st.recursive(
 
 def make() -> tuple[Ingest, Counters]:
     counters = Counters()
-    ingest = Ingest(Assembler("h"), Broadcaster([]), counters, {0}, {0}, dict)
+    assembler = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])  # as the cold-start extension does
+    ingest = Ingest(assembler, Broadcaster([]), counters, {0}, {0}, dict)
     return ingest, counters
 
 

@@ -46,6 +46,8 @@ def test_the_daemon_and_launch_run_the_same_extensions(agent_factory, tmp_path: 
 class Recorder:
     """An extension that records what the agent does with it."""
 
+    live_keys: frozenset[str] = frozenset()
+
     def __init__(self, name: str, calls: list[str]) -> None:
         self.name = name
         self.calls = calls
@@ -178,3 +180,22 @@ def test_an_ephemeral_exporter_gets_no_spool_whatever_its_name(tmp_path: Path) -
     console, recording = agent.workers
     assert console.spool is None
     assert recording.spool is not None
+
+
+def test_keys_an_extension_applies_live_are_not_left_for_the_restart(tmp_path: Path, caplog: Any) -> None:
+    """The agent knows no feature's keys: an extension declares the ones its reload applies,
+    and only a change to another key is logged as waiting for the next restart."""
+    import logging
+
+    conf_file = tmp_path / "infersight.toml"
+    base = f'[agent]\nsocket = "{tmp_path / "a.sock"}"\nspool_dir = "{tmp_path / "spool"}"\n'
+    conf_file.write_text(base)
+    live = Recorder("live", [])
+    live.live_keys = frozenset({"rules.dirs"})
+    agent = Agent(cfg.load(str(conf_file)), [], [live], embedded=True, exporter_spool_root=str(tmp_path / "x"))
+    conf_file.write_text(base + 'idle_timeout_s = 5.0\n\n[rules]\ndirs = ["%s"]\n' % tmp_path)
+    with caplog.at_level(logging.WARNING, logger="infersight.agent"):
+        assert agent.reload() is True
+    assert agent.config["rules.dirs"] == [str(tmp_path)] and live.level == 1
+    (line,) = [r.getMessage() for r in caplog.records if "next restart" in r.getMessage()]
+    assert line.endswith(": agent.idle_timeout_s")

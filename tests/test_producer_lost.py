@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import attr, hook_env, read_otlp_lines, spans, wait_for
 
+from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.daemon.assemble import Assembler, span_bytes
 
 DIES_IN_A_STAGE = textwrap.dedent("""
@@ -116,7 +117,7 @@ def big_stage(i: int, kb: int) -> list:  # type: ignore[type-arg]
 
 
 def test_pending_stage_spans_are_bounded_by_bytes() -> None:
-    a = Assembler("h", max_pending_bytes=1 << 20)
+    a = Assembler("h", max_pending_bytes=1 << 20, coldstart_observers=[ColdStartMetrics().observe])
     p = hello(a)
     items = a.events(p, [big_stage(i, 100) for i in range(200)])  # ~100 KB each, ~20 MB in all
     assert len(items) == 200, "every stage span is still exported"
@@ -133,7 +134,7 @@ def test_pending_stage_spans_are_bounded_by_bytes() -> None:
 
 
 def test_pending_state_is_freed_when_the_producer_is_lost() -> None:
-    a = Assembler("h")
+    a = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])
     p = hello(a)
     a.events(p, [big_stage(i, 10) for i in range(5)])
     assert p.pending_bytes > 50_000

@@ -1,16 +1,23 @@
-"""Cold-start progress as an agent extension: the live tracker, its ETAs and the history.
+"""Cold starts as an agent extension: live progress with ETAs and history, and fleet metrics.
 
 The tracker watches every published batch; a job publishes its updates (on each stage
 change, and at most once a second per service); the status reply lists the processes in
 their cold start under ``coldstarts``. At shutdown, what still shows as warming is cleared.
+
+Each finished cold start feeds :class:`~infersight.agent.coldstart.metrics.ColdStartMetrics`,
+whose snapshot goes out in the cold start's own batch, right after its summary (the MQTT
+payload and ``launch`` read them together); on each heartbeat the services that did not start
+for a while are re-sent, so the series of rarely starting services stay live.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply
@@ -21,10 +28,11 @@ PROGRESS_TICK_S = 0.2
 
 class ColdStartExtension:
     name = "coldstart"
+    live_keys: frozenset[str] = frozenset()  # agent.state_dir applies at the next restart
 
     def __init__(self, config: Config) -> None:
-        # agent.state_dir applies at the next restart: a reload has nothing to swap here.
         self.tracker = ProgressTracker(history_path_from(config.get("agent.state_dir")))
+        self.metrics = ColdStartMetrics()  # per service, across producers
         self._agent: AgentContext | None = None
 
     def kinds(self) -> Mapping[str, KindHandler]:
@@ -34,6 +42,8 @@ class ColdStartExtension:
         self._agent = agent
         self.tracker.producer_info = agent.producer_info
         agent.observe(self.tracker.observe)
+        agent.on_coldstart(self.metrics.observe)
+        agent.on_heartbeat(lambda: agent.broadcaster.publish(self.metrics.due(time.time_ns())))
         agent.spawn(self._publish_progress(agent), "coldstart-progress")
 
     async def _publish_progress(self, agent: AgentContext) -> None:

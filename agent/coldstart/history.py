@@ -27,17 +27,6 @@ MAX_KEYS = 256
 MAX_FILE_BYTES = 8 << 20  # a history file larger than this is read only up to here
 
 
-def default_state_dir(env: dict[str, str] | None = None) -> str:
-    """``$INFERSIGHT_STATE_DIR``, else ``/var/lib/infersight`` when writable, else XDG state."""
-    env = dict(os.environ) if env is None else env
-    if env.get("INFERSIGHT_STATE_DIR"):
-        return env["INFERSIGHT_STATE_DIR"]
-    if os.access("/var/lib/infersight", os.W_OK):
-        return "/var/lib/infersight"
-    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or "/tmp", ".local", "state")
-    return os.path.join(base, "infersight")
-
-
 def service_key(service: str, command: Sequence[str] | str, weights_paths: Iterable[str] = ()) -> str:
     """``service.name`` plus a stable hash of the command line and the weights paths."""
     cmd = command if isinstance(command, str) else "\0".join(command)

@@ -11,12 +11,13 @@ cold start also feeds three cumulative OTel metrics, per service:
   start that read weights, attribute ``infersight.weights.cache`` = ``cold`` or ``warm``;
 - ``infersight.coldstart.count`` (monotonic sum): attribute ``infersight.coldstart.ended_by``.
 
-:class:`ColdStartMetrics` accumulates across cold starts and producers (the daemon holds one),
-so counts add up in one series per service and stage. The metric resource keeps only what
+:class:`ColdStartMetrics` accumulates across cold starts and producers (the cold-start
+extension holds one), so counts add up in one series per service and stage. The metric resource keeps only what
 names the service on this host (``service.name``, ``host.name``...; ``service.instance.id`` is
-the host), never a pid: a restart loop must not open a new series per process. Fed from the
-one place where a cold-start root is finished (:mod:`infersight.agent.daemon.assemble`, and ``launch``
-for a launcher-only root); :data:`METRICS` is the source of the README's table (regenerate with
+the host), never a pid: a restart loop must not open a new series per process. Fed, as the
+assembler's cold-start observer, from the one place where a cold-start root is finished
+(:mod:`infersight.agent.daemon.assemble`, and ``launch`` for a launcher-only root);
+:data:`METRICS` is the source of the README's table (regenerate with
 ``python -m infersight.agent.coldstart.metrics``).
 """
 

@@ -443,7 +443,7 @@ class Session:
         if not launched:
             cs = launcher_root(opts.cmd, child.pid, self.spawn_ns, end_ns, agent.host_name, readiness)
             agent.broadcaster.publish([cs.root, *cs.stages, cs,
-                                       *agent.assembler.coldstart_metrics.observe(cs, end_ns)])
+                                       *agent.assembler.observe_coldstart(cs, end_ns)])
         elif readiness.probe is not None and readiness.probe.first_byte_ns:
             p0 = launched[0]
             agent.broadcaster.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],

@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infersight import __version__
-from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
 from infersight.redact import mask_value
@@ -255,6 +254,9 @@ MAX_RECENT_ROOTS = 1024
 # A handler for an event kind beyond schema 1's core: (producer, origin, t_ns, data, out).
 # It appends items to ``out`` and raises Malformed on bad data.
 KindHandler = Callable[[Producer, Origin, int, dict[str, Any], list[Item]], None]
+# Sees each finished cold start (its summary, and the event time it finished at) and returns
+# items that go out in the same batch, right after the summary (the fleet metrics).
+ColdStartObserver = Callable[[ColdStart, int], Iterable[Item]]
 
 
 class Assembler:
@@ -265,14 +267,15 @@ class Assembler:
         host_name: str | None = None,
         handlers: dict[str, KindHandler] | None = None,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        coldstart_observers: Sequence[ColdStartObserver] = (),
     ) -> None:
         self.host_name = host_name
         self.handlers: dict[str, KindHandler] = dict(handlers or {})
+        self.coldstart_observers: list[ColdStartObserver] = list(coldstart_observers)
         self.producers: OrderedDict[str, Producer] = OrderedDict()
         self.max_pending_bytes = max_pending_bytes
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
-        self.coldstart_metrics = ColdStartMetrics()  # per service, across producers
         self.gaps_forgotten_of_forgotten = 0
         self.pending_dropped_of_forgotten = 0
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
@@ -421,7 +424,8 @@ class Assembler:
         self, p: Producer, root: SpanItem, out: list[Item], stages: list[SpanItem] | None = None,
         *, t_ns: int | None = None,
     ) -> None:
-        """Export ``root``, the cold-start summary of the stages under it, and its fleet metrics."""
+        """Export ``root``, the cold-start summary of the stages under it, and what the
+        cold-start observers add (its fleet metrics)."""
         if stages is None:
             stages = descendants(root.span_id, p.pending)
         workers = self._workers_of(root, stages)
@@ -436,7 +440,12 @@ class Assembler:
         out.append(root)
         cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers)
         out.append(cs)
-        out.extend(self.coldstart_metrics.observe(cs, root.end_ns if t_ns is None else t_ns))
+        out.extend(self.observe_coldstart(cs, root.end_ns if t_ns is None else t_ns))
+
+    def observe_coldstart(self, cs: ColdStart, t_ns: int) -> list[Item]:
+        """What the cold-start observers add for ``cs``, finished at ``t_ns``: called for each
+        root closed here, and by ``launch`` for a root only the launcher saw."""
+        return [item for observer in self.coldstart_observers for item in observer(cs, t_ns)]
 
     def _keep_pending(self, p: Producer, span: SpanItem) -> None:
         """Keep a stage span for its root's summary, within the per-producer byte bound:

@@ -5,7 +5,8 @@ An :class:`Extension` (cold start, OOM, requests, devices) is handed to the
 event-kind handlers then, starts it before it listens, asks it to validate a reloaded
 configuration (all extensions validate before any applies), merges its health into the
 status reply, and closes it at shutdown before the exporters drain. The daemon package
-knows no extension by name: the commands (the composition root) choose them.
+knows no extension by name, nor their configuration keys (each declares the ones its
+reload applies live): the commands (the composition root) choose them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-from infersight.agent.daemon.assemble import KindHandler
+from infersight.agent.daemon.assemble import ColdStartObserver, KindHandler
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.settings import Config
 from infersight.telemetry import Item, Resource
@@ -37,6 +38,14 @@ class AgentContext(Protocol):
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         """Show ``tap`` every batch before the exporters get it (quick, must not raise)."""
 
+    def on_coldstart(self, observer: ColdStartObserver) -> None:
+        """Let ``observer`` add items to the batch of each finished cold start, right after
+        its summary (quick, must not raise)."""
+
+    def on_heartbeat(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on each heartbeat, after the agent's own health is published (quick,
+        must not raise)."""
+
     def spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``job`` beside ingest until shutdown; a failure is logged and the agent runs on."""
 
@@ -45,6 +54,9 @@ class Extension(Protocol):
     """A feature of the agent."""
 
     name: str
+    # Keys whose new value its reload applies to the running agent; a change to any key no
+    # extension (nor the agent) applies live takes effect at the next restart (logged).
+    live_keys: frozenset[str]
 
     def kinds(self) -> Mapping[str, KindHandler]:
         """The event kinds it handles (``oom``, ``req``, ...), taken once when the agent is built."""

@@ -4,7 +4,8 @@ As in uvicorn's ``Server``, :meth:`Agent.serve` is the one way the agent runs: t
 (``infersight agent``) serves until a signal, ``infersight launch`` (embedded mode) serves
 ``until`` its session ends. Startup: exporters, then extensions, then the socket and the
 spools of producers that died. While it runs, a heartbeat publishes the agent's health,
-re-sends cumulative cold-start metrics and picks up dead producers' spools. The first
+runs what extensions asked for on each beat (the cold-start extension re-sends cumulative
+cold-start metrics) and picks up dead producers' spools. The first
 SIGTERM/SIGINT stops gracefully within a time limit (stop accepting, close the extensions,
 drain the exporters' queues, flush); the second forces exit. SIGHUP reloads the
 configuration and rules, all or nothing: the configuration and every extension's part are
@@ -31,7 +32,7 @@ from typing import Any
 from infersight import __version__
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon import sdnotify
-from infersight.agent.daemon.assemble import Assembler, KindHandler
+from infersight.agent.daemon.assemble import Assembler, ColdStartObserver, KindHandler
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
 from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
@@ -44,11 +45,12 @@ from infersight.telemetry import Item, Resource
 log = logging.getLogger("infersight.agent")
 EXPORTER_DOWN_UNHEALTHY_S = 120.0
 SPOOL_SCAN_S = 5.0
-# Keys a reload applies to the running agent; a change to any other key (socket, spools,
-# exporters, NVML sampling) is validated, and applies at the next restart (logged).
+# Keys a reload applies to the running agent, with those its extensions apply
+# (``Extension.live_keys``); a change to any other key (socket, spools, exporters, NVML
+# sampling) is validated, and applies at the next restart (logged).
 LIVE_KEYS = frozenset({
     "agent.allowed_uids", "agent.allowed_gids", "agent.log_level", "agent.shutdown_timeout_s",
-    "agent.frame_timeout_s", "agent.health_interval_s", "rules.dirs", "devices.rules",
+    "agent.frame_timeout_s", "agent.health_interval_s",
 })
 
 
@@ -128,6 +130,8 @@ class Agent:
         self._notifier = sdnotify.Notifier() if not embedded else None
         self._status_sent = ""
         self.last_reload_error: str | None = None
+        self._heartbeat_jobs: list[Callable[[], None]] = []
+        self.live_keys = LIVE_KEYS.union(*(ext.live_keys for ext in self.extensions))
 
     def _kind_handlers(self) -> dict[str, KindHandler]:
         handlers: dict[str, KindHandler] = {}
@@ -146,6 +150,12 @@ class Agent:
 
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         self.broadcaster.taps.append(tap)
+
+    def on_coldstart(self, observer: ColdStartObserver) -> None:
+        self.assembler.coldstart_observers.append(observer)
+
+    def on_heartbeat(self, job: Callable[[], None]) -> None:
+        self._heartbeat_jobs.append(job)
 
     def spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(self._guard(job), name=name))
@@ -315,8 +325,8 @@ class Agent:
             interval = float(self.config["agent.health_interval_s"])  # reloadable
             await asyncio.sleep(min(interval, replay_every))
             self.publish_health()
-            # Cumulative cold-start metrics again, so series of rarely starting services stay live.
-            self.broadcaster.publish(self.assembler.coldstart_metrics.due(time.time_ns()))
+            for job in self._heartbeat_jobs:
+                job()
             self.notify_status()
             if time.monotonic() - last_replay >= replay_every:
                 last_replay = time.monotonic()
@@ -373,7 +383,7 @@ class Agent:
         self.counters.reloads += 1
         log.info("configuration reloaded from %s", path or "environment")
         later = sorted(k for k in set(old.values) | set(new.values)
-                       if k not in LIVE_KEYS and old.values.get(k) != new.values.get(k))
+                       if k not in self.live_keys and old.values.get(k) != new.values.get(k))
         if later:  # names only: values may be secrets
             log.warning("changed setting(s) that apply at the next restart: %s", ", ".join(later))
         return True

@@ -20,6 +20,7 @@ from infersight.settings import Config
 
 class DevicesExtension:
     name = "devices"
+    live_keys: frozenset[str] = frozenset({"devices.rules"})
 
     def __init__(self, config: Config, requests: RequestStats, env: Mapping[str, str] | None = None) -> None:
         """Raises ConfigError (naming the key) on a bad ``nvml.*`` / ``devices.*`` value or rule file."""

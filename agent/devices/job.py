@@ -41,7 +41,7 @@ from infersight.agent.devices.metrics import RecordedSamples, device_metrics
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
 from infersight.agent.requests.kind import NvmlDevice, RequestStats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
-from infersight.settings import Config, ConfigError
+from infersight.settings import Config, ConfigError, Key
 from infersight.settings import parse_bool as _flag
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
 
@@ -123,10 +123,21 @@ _PARSE: dict[str, Callable[[Any], Any]] = {
 }
 
 
+def config_keys() -> tuple[Key, ...]:
+    """This job's keys as a key table (the README's and the example config's rows)."""
+    defaults = DeviceJobConfig()
+
+    def default_of(attr: str) -> Callable[[], Any]:
+        return lambda: getattr(defaults, attr)
+
+    return tuple(Key(name, _PARSE[name], default_of(attr), env, CONFIG_HELP[name])
+                 for name, (env, attr) in CONFIG_KEYS.items())
+
+
 def parse_config(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
     """This job's keys from ``config.values`` (raw TOML) and the environment (env wins).
 
-    Raises :class:`~infersight.agent.daemon.config.ConfigError` naming the key (and ``file:line``)."""
+    Raises :class:`~infersight.settings.ConfigError` naming the key (and ``file:line``)."""
     env = os.environ if env is None else env
     for name in config.values:
         if name.startswith(("nvml.", "devices.")) and name not in CONFIG_KEYS:
@@ -449,6 +460,7 @@ __all__ = [
     "CONFIG_KEYS",
     "DeviceJob",
     "DeviceJobConfig",
+    "config_keys",
     "load_thresholds",
     "parse_config",
 ]

@@ -21,6 +21,7 @@ log = logging.getLogger("infersight.agent.oom")
 
 class OomExtension:
     name = "oom"
+    live_keys: frozenset[str] = frozenset({"rules.dirs"})
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ from infersight.settings import Config
 
 class RequestsExtension:
     name = "requests"
+    live_keys: frozenset[str] = frozenset()  # devices.window_s applies at the next restart
 
     def __init__(self, stats: RequestStats) -> None:
         self.stats = stats
