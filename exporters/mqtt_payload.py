@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.agent.coldstart.metrics import ended_by, stage_durations
+from infersight.coldstart_stages import ended_by, stage_durations
 from infersight.telemetry import (
     Attributes,
     ColdStart,

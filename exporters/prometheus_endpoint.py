@@ -6,7 +6,7 @@ collector renders them when Prometheus scrapes ``/metrics``. ``export()`` never 
 nothing is spooled for this sink: a scrape always sees the present, not a replayed past.
 
 OTel -> Prometheus translation (the same rules as
-:func:`infersight.agent.devices.metrics.prometheus_name`, i.e. the Collector's translator):
+:func:`infersight.metricspec.prometheus_name`, i.e. the Collector's translator):
 
 - metric names: dots (and anything else outside ``[a-zA-Z0-9_:]``) become ``_``; a UCUM unit
   becomes a suffix (``s`` -> ``_seconds``, ``By`` -> ``_bytes``, ``MHz`` -> ``_megahertz``...);
@@ -55,8 +55,8 @@ from prometheus_client.utils import floatToGoString
 from infersight.agent.daemon.config import Config, Key, section_settings
 from infersight.agent.daemon.config import parse_bool as _p_bool
 from infersight.agent.daemon.config import parse_int as _p_int
-from infersight.agent.devices.metrics import MetricSpec, prometheus_name
 from infersight.exporters.base import ExportError
+from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.telemetry import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
 
 log = logging.getLogger("infersight.exporters.prometheus")
