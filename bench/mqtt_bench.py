@@ -41,7 +41,7 @@ from mosquitto import Mosquitto
 
 from infersight.agent.daemon.broadcast import Completion, ExporterWorker
 from infersight.agent.daemon.spool import DiskSpool
-from infersight.exporters.mqtt import MqttExporter
+from infersight.exporters.mqtt import MqttExporter, MqttSettings
 from infersight.exporters.mqtt_payload import Topics, encode_batch
 from infersight.telemetry import LogItem, Origin, Resource
 
@@ -77,7 +77,7 @@ async def raw_round(broker: Mosquitto, n: int, seq0: int) -> float:
 
 
 async def agent_round(broker: Mosquitto, n: int, batch: int, seq0: int, spool_dir: str) -> float:
-    exp = MqttExporter(broker.url, host_name="bench", client_id="bench-agent", max_inflight=INFLIGHT)
+    exp = MqttExporter(MqttSettings(broker.url, host_name="bench", client_id="bench-agent", max_inflight=INFLIGHT))
     worker = ExporterWorker(exp, DiskSpool(spool_dir), queue_max_items=1 << 20)
     await exp.start()
     worker.start()

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -408,7 +408,7 @@ def birth_payload(
     pid: int,
     client_id: str,
     started_ns: int,
-    extra: dict[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The retained birth certificate: who publishes here, which devices, which schema."""
     d: dict[str, Any] = {

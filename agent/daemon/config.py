@@ -140,10 +140,6 @@ class Key:
     help: str
     shown_default: str | None = None  # for the README, where the default depends on the host
 
-    @property
-    def attr(self) -> str:
-        return self.name.replace(".", "_")
-
 
 KEYS: tuple[Key, ...] = (
     Key("agent.socket", _str, lambda: _paths.socket_path({**os.environ, "INFERSIGHT_SOCKET": ""}),
