@@ -99,6 +99,7 @@ def split_batch(batch: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
     if start < len(batch):
         yield batch[start:]
 
+
 PROTOCOLS = {"5": aiomqtt.ProtocolVersion.V5, "3.1.1": aiomqtt.ProtocolVersion.V311}
 AUTH_REASONS = {4, 5, 134, 135}  # 3.1.1 and v5 codes for bad credentials / not authorised
 CONTROL_TIMEOUT_S = 5.0  # status, birth and the final offline publish
@@ -562,8 +563,6 @@ class _Worker(Protocol):
     def idle(self) -> bool: ...
 
     def state(self) -> dict[str, int | float | str]: ...
-
-
 
 
 def from_config(

@@ -489,10 +489,6 @@ def shipped_rule_files() -> list[Path]:
 # -- configuration -----------------------------------------------------------------------------
 
 
-
-
-
-
 def _p_port(v: Any) -> int:
     n = _p_int(v)
     if not 0 <= n <= 65535:
@@ -535,8 +531,6 @@ PROMETHEUS_KEYS: tuple[Key, ...] = (
     Key(_K + "target_info", _p_bool, lambda: True, "INFERSIGHT_PROMETHEUS_TARGET_INFO",
         "expose all resource attributes on a target_info series"),
 )  # fmt: skip
-
-
 
 
 def from_config(config: Config, *, env: Mapping[str, str] | None = None) -> PrometheusExporter | None:
