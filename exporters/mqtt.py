@@ -83,14 +83,14 @@ def split_batch(batch: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
     if len(batch) <= size:
         yield batch
         return
-    last: dict[tuple[object, ...], int] = {}
-    for i, it in enumerate(batch):
-        k = _group_key(it)
-        if k is not None:
-            last[k] = i
+    keys = [_group_key(it) for it in batch]
+    last = {k: i for i, k in enumerate(keys) if k is not None}
+    if not last:  # events only: any cut will do
+        for start in range(0, len(batch), size):
+            yield batch[start : start + size]
+        return
     start, reach = 0, -1
-    for i, it in enumerate(batch):
-        k = _group_key(it)
+    for i, k in enumerate(keys):
         if k is not None:
             reach = max(reach, last[k])
         if i + 1 - start >= size and reach <= i:

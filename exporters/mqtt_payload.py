@@ -374,19 +374,7 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
     host = topics.host
     family_topics: dict[str, str] = {}
     for item in batch:
-        if isinstance(item, ColdStartProgress):
-            # Retained state: only the newest per topic matters, so an older one in the same
-            # batch is dropped and can never overwrite it on the broker.
-            topic = topics.coldstart_progress(item.service)
-            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
-            payload = b"" if item.state is None else dumps(progress_payload(item, host))
-            out.append(Outgoing(topic, payload, True, None, None))
-        elif isinstance(item, ColdStart):
-            d = coldstart_payload(item, host)
-            out.append(
-                Outgoing(topics.family("coldstart"), dumps(d), False, d["producer"], d["seq"], 1 + len(item.stages))
-            )
-        elif isinstance(item, LogItem):
+        if isinstance(item, LogItem):  # first: most items are events
             fam = log_family(item)
             if fam is None:
                 skipped += 1
@@ -398,6 +386,18 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
             else:
                 topic = family_topics.get(fam) or family_topics.setdefault(fam, topics.family(fam))
             out.append(Outgoing(topic, payload, False, producer, seq))
+        elif isinstance(item, ColdStartProgress):
+            # Retained state: only the newest per topic matters, so an older one in the same
+            # batch is dropped and can never overwrite it on the broker.
+            topic = topics.coldstart_progress(item.service)
+            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
+            payload = b"" if item.state is None else dumps(progress_payload(item, host))
+            out.append(Outgoing(topic, payload, True, None, None))
+        elif isinstance(item, ColdStart):
+            d = coldstart_payload(item, host)
+            out.append(
+                Outgoing(topics.family("coldstart"), dumps(d), False, d["producer"], d["seq"], 1 + len(item.stages))
+            )
         elif isinstance(item, MetricItem):
             routed = False
             for p in item.points:

@@ -275,6 +275,15 @@ def test_encoding_chunk_by_chunk_gives_the_whole_batch_messages(size: int) -> No
     assert len(list(split_batch(tail, size))) > 1, "without a group spanning the batch, it is cut"
 
 
+def test_a_batch_of_events_only_is_cut_into_equal_chunks() -> None:
+    from infersight.exporters.mqtt import split_batch
+
+    batch = [oom(i) for i in range(1, 601)]
+    chunks = list(split_batch(batch, 256))
+    assert [len(c) for c in chunks] == [256, 256, 88] and [it for c in chunks for it in c] == batch
+    assert [m for c in chunks for m in mp.encode_batch(c, TOPICS)[0]] == mp.encode_batch(batch, TOPICS)[0]
+
+
 _values = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
                     st.lists(st.one_of(st.integers(), st.floats(), st.text(max_size=4)), max_size=3))
 
