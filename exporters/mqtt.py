@@ -24,6 +24,9 @@ Two identities:
 
 TLS (``mqtts://``) verifies the server against the system store or ``ca_file`` by default.
 Passwords never appear in logs, errors or ``state()``: URLs go through ``mask_url``.
+
+The exporter takes one :class:`~infersight.exporters.mqtt_settings.MqttSettings`, validated
+when it was made; :func:`from_config` makes both from a configuration.
 """
 
 from __future__ import annotations
@@ -34,13 +37,10 @@ import logging
 import math
 import os
 import random
-import socket
 import ssl
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
 
 import aiomqtt
 from aiomqtt.exceptions import MqttCodeError, MqttConnectError
@@ -49,23 +49,17 @@ from paho.mqtt.properties import Properties
 
 from infersight import __version__
 from infersight.exporters.base import ExportError
-from infersight.exporters.mqtt_payload import (
-    OFFLINE,
-    ONLINE,
-    Outgoing,
-    Topics,
-    birth_payload,
-    dumps,
-    encode_batch,
-    validate_prefix,
+from infersight.exporters.mqtt_payload import OFFLINE, ONLINE, Outgoing, birth_payload, dumps, encode_batch
+from infersight.exporters.mqtt_settings import (
+    MQTT_KEYS,
+    MqttConfigError,
+    MqttSettings,
+    mqtt_requested,
+    parse_url,
+    settings_from_config,
 )
 from infersight.redact import mask_url
-from infersight.settings import Config, ConfigError, Key, section_settings, setting
-from infersight.settings import parse_bool as _p_bool
-from infersight.settings import parse_int as _p_int
-from infersight.settings import parse_nonneg_float as _p_nonneg_float
-from infersight.settings import parse_nonneg_int as _p_nonneg_int
-from infersight.settings import parse_pos_float as _p_pos_float
+from infersight.settings import Config, ConfigError
 from infersight.telemetry import ColdStartProgress, Item, MetricItem
 
 log = logging.getLogger("infersight.exporters.mqtt")
@@ -89,14 +83,14 @@ def split_batch(batch: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
     if len(batch) <= size:
         yield batch
         return
-    last: dict[tuple[object, ...], int] = {}
-    for i, it in enumerate(batch):
-        k = _group_key(it)
-        if k is not None:
-            last[k] = i
+    keys = [_group_key(it) for it in batch]
+    last = {k: i for i, k in enumerate(keys) if k is not None}
+    if not last:  # events only: any cut will do
+        for start in range(0, len(batch), size):
+            yield batch[start : start + size]
+        return
     start, reach = 0, -1
-    for i, it in enumerate(batch):
-        k = _group_key(it)
+    for i, k in enumerate(keys):
         if k is not None:
             reach = max(reach, last[k])
         if i + 1 - start >= size and reach <= i:
@@ -105,61 +99,10 @@ def split_batch(batch: Sequence[Item], size: int) -> Iterator[Sequence[Item]]:
     if start < len(batch):
         yield batch[start:]
 
+
 PROTOCOLS = {"5": aiomqtt.ProtocolVersion.V5, "3.1.1": aiomqtt.ProtocolVersion.V311}
-_PROTOCOL_ALIASES = {
-    "5": "5",
-    "5.0": "5",
-    "v5": "5",
-    "mqttv5": "5",
-    "3.1.1": "3.1.1",
-    "311": "3.1.1",
-    "v311": "3.1.1",
-    "mqttv311": "3.1.1",
-}
-SCHEMES = {"mqtt": False, "tcp": False, "mqtts": True, "ssl": True, "tls": True}
 AUTH_REASONS = {4, 5, 134, 135}  # 3.1.1 and v5 codes for bad credentials / not authorised
 CONTROL_TIMEOUT_S = 5.0  # status, birth and the final offline publish
-
-
-class MqttConfigError(ValueError):
-    """The MQTT exporter cannot be set up as configured (bad URL, missing file, bad option)."""
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    tls: bool
-    host: str
-    port: int
-    username: str | None
-    password: str | None
-
-
-def parse_url(url: str) -> BrokerAddress:
-    """``mqtt://[user[:pass]@]host[:port]`` or ``mqtts://...`` (ports default to 1883 / 8883)."""
-    try:
-        u = urlsplit(url.strip())
-        port = u.port
-    except ValueError as exc:
-        raise MqttConfigError("bad MQTT URL %s: %s" % (mask_url(url), exc)) from None
-    scheme = u.scheme.lower()
-    if scheme not in SCHEMES:
-        raise MqttConfigError("bad MQTT URL %s: scheme must be mqtt:// or mqtts://" % mask_url(url))
-    if not u.hostname:
-        raise MqttConfigError("bad MQTT URL %s: no host" % mask_url(url))
-    if u.path not in ("", "/") or u.query or u.fragment:
-        raise MqttConfigError("bad MQTT URL %s: no path or query allowed (set topic_prefix instead)" % mask_url(url))
-    tls = SCHEMES[scheme]
-    return BrokerAddress(
-        tls, u.hostname, port or (8883 if tls else 1883),
-        unquote(u.username) if u.username else None, unquote(u.password) if u.password is not None else None,
-    )  # fmt: skip
-
-
-def normalize_protocol(value: str) -> str:
-    p = _PROTOCOL_ALIASES.get(str(value).strip().lower())
-    if p is None:
-        raise MqttConfigError("MQTT protocol must be 5 or 3.1.1, not %r" % (value,))
-    return p
 
 
 def _describe(exc: BaseException) -> str:
@@ -192,83 +135,28 @@ class _Conn:
 class MqttExporter:
     """The MQTT sink behind the :class:`~infersight.exporters.base.Exporter` protocol."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        username: str | None = None,
-        password: str | None = None,
-        ca_file: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
-        client_id: str | None = None,
-        topic_prefix: str = "infersight",
-        qos: int = 1,
-        keepalive: int = 60,
-        protocol: str = "5",
-        host_name: str | None = None,
-        embedded: bool = False,
-        launch_pid: int | None = None,
-        birth: Mapping[str, Any] | None = None,
-        connect_timeout_s: float = 10.0,
-        exit_wait_s: float = 5.0,
-        session_expiry_s: int = 3600,
-        publish_timeout_s: float = 30.0,
-        max_inflight: int = 100,
-        tls_verify: bool = True,
-        reconnect_initial_s: float = 0.5,
-        reconnect_max_s: float = 30.0,
-        max_payload_bytes: int = 256 << 10,
-    ) -> None:
+    def __init__(self, settings: MqttSettings) -> None:
         self.name = "mqtt"
-        addr = parse_url(url)
-        self.url = mask_url(url)
-        self.address = addr
-        self._username = username if username else addr.username
-        self._password = password if password else addr.password
-        if self._password and not self._username:
-            raise MqttConfigError("MQTT password given without a username")
-        if qos not in (0, 1, 2):
-            raise MqttConfigError("MQTT qos must be 0, 1 or 2, not %r" % (qos,))
-        if keepalive < 1:
-            raise MqttConfigError("MQTT keepalive must be at least 1 s")
-        self.qos = qos
-        self.keepalive = keepalive
-        self.protocol = normalize_protocol(protocol)
-        self.embedded = embedded
-        self.pid = launch_pid if launch_pid is not None else os.getpid()
-        if host_name is None:
-            host_name = socket.gethostname().split(".")[0]
-        try:
-            self.topics = Topics.of(validate_prefix(topic_prefix), host_name)
-        except ValueError as exc:
-            raise MqttConfigError(str(exc)) from None
-        self.host_name = host_name
-        if client_id:
-            self.client_id = client_id
-        elif embedded:
+        self.settings = settings
+        self.url = mask_url(settings.url)
+        self.address = settings.address
+        self._username, self._password = settings.credentials
+        self.qos = settings.qos
+        self.protocol = settings.protocol
+        self.embedded = settings.embedded
+        self.pid = settings.launch_pid if settings.launch_pid is not None else os.getpid()
+        self.topics = settings.topics
+        if settings.client_id:
+            self.client_id = settings.client_id
+        elif self.embedded:
             self.client_id = "infersight-%s-launch-%d" % (self.topics.host, self.pid)
         else:
             self.client_id = "infersight-%s-agent" % self.topics.host
-        self.status_topic = self.topics.launch_status(self.pid) if embedded else self.topics.status
-        self.birth_topic = self.topics.launch_birth(self.pid) if embedded else self.topics.birth
-        self.birth_retained = not embedded
+        self.status_topic = self.topics.launch_status(self.pid) if self.embedded else self.topics.status
+        self.birth_topic = self.topics.launch_birth(self.pid) if self.embedded else self.topics.birth
+        self.birth_retained = not self.embedded
         self.started_ns = time.time_ns()
-        self._birth_extra: dict[str, Any] = dict(birth or {})
-        self.connect_timeout_s = float(connect_timeout_s)
-        self.exit_wait_s = float(exit_wait_s)
-        self.session_expiry_s = int(session_expiry_s)
-        self.publish_timeout_s = float(publish_timeout_s)
-        self.max_inflight = max(1, int(max_inflight))
-        self.reconnect_initial_s = float(reconnect_initial_s)
-        self.reconnect_max_s = float(reconnect_max_s)
-        self.tls_verify = tls_verify
-        self.max_payload_bytes = int(max_payload_bytes)
-        if (ca_file or cert_file or key_file) and not addr.tls:
-            raise MqttConfigError("ca_file/cert_file/key_file need an mqtts:// URL (got %s)" % self.url)
-        if key_file and not cert_file:
-            raise MqttConfigError("MQTT key_file given without cert_file")
-        self._tls = self._tls_context(ca_file, cert_file, key_file) if addr.tls else None
+        self._tls = self._tls_context() if self.address.tls else None
         # Runtime state (the loop-bound objects are made in start()).
         self._conn: _Conn | None = None
         self._attempt: asyncio.Future[bool] | None = None
@@ -293,14 +181,15 @@ class MqttExporter:
 
     # -- setup ---------------------------------------------------------------------------------
 
-    def _tls_context(self, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+    def _tls_context(self) -> ssl.SSLContext:
+        st = self.settings
         try:
-            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
-            if cert_file:
-                ctx.load_cert_chain(cert_file, key_file)
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=st.ca_file)
+            if st.cert_file:
+                ctx.load_cert_chain(st.cert_file, st.key_file)
         except (OSError, ssl.SSLError) as exc:
             raise MqttConfigError("MQTT TLS files: %s" % exc) from None
-        if not self.tls_verify:
+        if not self.settings.tls_verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
@@ -310,7 +199,7 @@ class MqttExporter:
         props: Properties | None = None
         if v5:
             props = _properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = 0 if self.embedded else self.session_expiry_s
+            props.SessionExpiryInterval = 0 if self.embedded else self.settings.session_expiry_s
         will = aiomqtt.Will(self.status_topic, OFFLINE, qos=1, retain=True)
         kwargs: dict[str, Any] = {}
         if v5:
@@ -325,9 +214,9 @@ class MqttExporter:
             identifier=self.client_id,
             protocol=PROTOCOLS[self.protocol],
             will=will,
-            keepalive=self.keepalive,
-            timeout=self.connect_timeout_s,
-            max_inflight_messages=self.max_inflight,
+            keepalive=self.settings.keepalive,
+            timeout=self.settings.connect_timeout_s,
+            max_inflight_messages=self.settings.max_inflight,
             properties=props,
             tls_context=self._tls,
             logger=logging.getLogger("infersight.exporters.mqtt.client"),
@@ -401,19 +290,19 @@ class MqttExporter:
         msgs, n_skipped = encode_batch(chunk, self.topics)
         self.skipped_items += n_skipped
         skipped[0] += n_skipped
-        if any(len(m.payload) > self.max_payload_bytes for m in msgs):
+        if any(len(m.payload) > self.settings.max_payload_bytes for m in msgs):
             # A message the broker would refuse must not block the spool forever: drop, count, say.
-            big = [m for m in msgs if len(m.payload) > self.max_payload_bytes]
+            big = [m for m in msgs if len(m.payload) > self.settings.max_payload_bytes]
             self.oversized_messages += len(big)
             log.warning(
                 "mqtt %s: dropped %d message(s) over max_payload_bytes=%d (first on %s, %d bytes)",
                 self.url,
                 len(big),
-                self.max_payload_bytes,
+                self.settings.max_payload_bytes,
                 big[0].topic,
                 len(big[0].payload),
             )
-            msgs = [m for m in msgs if len(m.payload) <= self.max_payload_bytes]
+            msgs = [m for m in msgs if len(m.payload) <= self.settings.max_payload_bytes]
         return msgs
 
     async def force_flush(self, timeout_s: float) -> bool:
@@ -434,7 +323,7 @@ class MqttExporter:
         if self._shut:
             return
         self._shut = True
-        limit = min(CONTROL_TIMEOUT_S, max(0.2, self.exit_wait_s)) if self.embedded else CONTROL_TIMEOUT_S
+        limit = min(CONTROL_TIMEOUT_S, max(0.2, self.settings.exit_wait_s)) if self.embedded else CONTROL_TIMEOUT_S
         conn = self._conn
         if conn is not None and not conn.lost.is_set():
             try:
@@ -492,20 +381,12 @@ class MqttExporter:
             await asyncio.sleep(0.02)
         return True
 
-    def update_birth(self, fields: Mapping[str, Any]) -> None:
-        """Change the birth message (e.g. devices found later); republished now if connected."""
-        self._birth_extra.update(fields)
-        conn = self._conn
-        if conn is not None and not conn.lost.is_set():
-            t = asyncio.get_running_loop().create_task(self._publish_birth(conn.client))
-            t.add_done_callback(lambda f: f.cancelled() or f.exception())
-
     # -- internals -----------------------------------------------------------------------------
 
     def _birth(self) -> bytes:
         return dumps(birth_payload(
-            host=self.host_name, version=__version__, mode="embedded" if self.embedded else "daemon",
-            pid=self.pid, client_id=self.client_id, started_ns=self.started_ns, extra=self._birth_extra,
+            host=self.settings.host_name, version=__version__, mode="embedded" if self.embedded else "daemon",
+            pid=self.pid, client_id=self.client_id, started_ns=self.started_ns, extra=self.settings.birth,
         ))  # fmt: skip
 
     async def _publish_birth(self, client: aiomqtt.Client) -> None:
@@ -528,7 +409,7 @@ class MqttExporter:
         att = self._attempt
         if att is not None and not att.done():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(att), self.connect_timeout_s)
+                await asyncio.wait_for(asyncio.shield(att), self.settings.connect_timeout_s)
         conn = self._conn
         if conn is not None and not conn.lost.is_set():
             return conn
@@ -551,7 +432,7 @@ class MqttExporter:
                 await client.publish(m.topic, m.payload, qos=qos, retain=m.retain, timeout=math.inf)
 
         all_acked: asyncio.Future[None] = loop.create_future()
-        remaining = n = self.max_inflight if count is None else min(count, self.max_inflight)
+        remaining = n = self.settings.max_inflight if count is None else min(count, self.settings.max_inflight)
 
         def on_done(t: asyncio.Task[None]) -> None:
             nonlocal remaining
@@ -575,7 +456,9 @@ class MqttExporter:
         lost = loop.create_task(conn.lost.wait())
         try:
             waiters: set[asyncio.Future[Any]] = {all_acked, lost}
-            done, _ = await asyncio.wait(waiters, timeout=self.publish_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                waiters, timeout=self.settings.publish_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             lost.cancel()
             if not all_acked.done() or all_acked.exception() is not None:
@@ -593,7 +476,7 @@ class MqttExporter:
             why = (
                 "connection lost"
                 if conn.lost.is_set()
-                else "no acknowledgement within %.0f s" % (self.publish_timeout_s)
+                else "no acknowledgement within %.0f s" % (self.settings.publish_timeout_s)
             )
             conn.lost.set()  # a stuck connection: make the connection task reconnect
         raise ExportError("mqtt %s: batch not acknowledged: %s" % (self.url, why))
@@ -607,7 +490,7 @@ class MqttExporter:
     async def _run(self) -> None:
         assert self._closing is not None
         loop = asyncio.get_running_loop()
-        delay = self.reconnect_initial_s
+        delay = self.settings.reconnect_initial_s
         while not self._closing.is_set():
             if self._attempt is None or self._attempt.done():
                 self._attempt = loop.create_future()
@@ -621,7 +504,7 @@ class MqttExporter:
                     conn = _Conn(client)
                     self._conn = conn
                     self.connects += 1
-                    delay = self.reconnect_initial_s
+                    delay = self.settings.reconnect_initial_s
                     if self.last_error:
                         log.info("mqtt %s: connected again", self.url)
                     self.last_error = self._logged_error = ""
@@ -646,7 +529,7 @@ class MqttExporter:
             if self._closing.is_set():
                 break
             wait = delay * (0.5 + random.random() / 2)
-            delay = min(delay * 2, self.reconnect_max_s)
+            delay = min(delay * 2, self.settings.reconnect_max_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), wait)
 
@@ -674,146 +557,6 @@ class MqttExporter:
             raise aiomqtt.MqttError("publish stalled; reconnecting")
 
 
-# -- configuration ---------------------------------------------------------------------------
-
-
-def _p_str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise ValueError("expected a string")
-    return v
-
-
-def _p_opt_str(v: Any) -> str | None:
-    return None if v in (None, "") else _p_str(v)
-
-
-
-
-def _p_qos(v: Any) -> int:
-    n = _p_int(v)
-    if n not in (0, 1, 2):
-        raise ValueError("expected 0, 1 or 2")
-    return n
-
-
-def _p_keepalive(v: Any) -> int:
-    n = _p_int(v)
-    if not 1 <= n <= 65535:
-        raise ValueError("expected 1..65535 seconds")
-    return n
-
-
-
-
-
-
-
-
-
-
-def _p_url(v: Any) -> str | None:
-    s = _p_opt_str(v)
-    if s is not None:
-        try:
-            parse_url(s)
-        except MqttConfigError as exc:
-            raise ValueError(str(exc)) from None
-    return s
-
-
-def _p_protocol(v: Any) -> str:
-    try:
-        return normalize_protocol(_p_str(v) if not isinstance(v, (int, float)) else str(v))
-    except MqttConfigError as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _p_prefix(v: Any) -> str:
-    return validate_prefix(_p_str(v))
-
-
-_K = "exporters.mqtt."
-MQTT_KEYS: tuple[Key, ...] = (
-    Key(
-        _K + "url",
-        _p_url,
-        lambda: None,
-        "INFERSIGHT_MQTT_URL",
-        "MQTT broker, mqtt://host[:1883] or mqtts://host[:8883] (unset: no MQTT)",
-    ),
-    Key(_K + "username", _p_opt_str, lambda: None, "INFERSIGHT_MQTT_USERNAME", "MQTT user name"),
-    Key(
-        _K + "password",
-        _p_opt_str,
-        lambda: None,
-        "INFERSIGHT_MQTT_PASSWORD",
-        "MQTT password (never logged; prefer password_file)",
-    ),
-    Key(
-        _K + "password_file",
-        _p_opt_str,
-        lambda: None,
-        "INFERSIGHT_MQTT_PASSWORD_FILE",
-        "file holding the MQTT password (first line)",
-    ),
-    Key(
-        _K + "ca_file",
-        _p_opt_str,
-        lambda: None,
-        "INFERSIGHT_MQTT_CA_FILE",
-        "CA bundle to verify the broker (mqtts://; default: system store)",
-    ),
-    Key(_K + "cert_file", _p_opt_str, lambda: None, "INFERSIGHT_MQTT_CERT_FILE", "client certificate (mqtts://)"),
-    Key(_K + "key_file", _p_opt_str, lambda: None, "INFERSIGHT_MQTT_KEY_FILE", "client private key (mqtts://)"),
-    Key(
-        _K + "tls_verify",
-        _p_bool,
-        lambda: True,
-        "INFERSIGHT_MQTT_TLS_VERIFY",
-        "verify the broker's certificate and host name",
-    ),
-    Key(
-        _K + "client_id",
-        _p_opt_str,
-        lambda: None,
-        "INFERSIGHT_MQTT_CLIENT_ID",
-        "client id (default infersight-<host>-agent, launch: infersight-<host>-launch-<pid>)",
-    ),
-    Key(_K + "topic_prefix", _p_prefix, lambda: "infersight", "INFERSIGHT_MQTT_TOPIC_PREFIX", "first topic level(s)"),
-    Key(_K + "qos", _p_qos, lambda: 1, "INFERSIGHT_MQTT_QOS", "QoS of event messages"),
-    Key(_K + "keepalive", _p_keepalive, lambda: 60, "INFERSIGHT_MQTT_KEEPALIVE", "keepalive in seconds"),
-    Key(_K + "protocol", _p_protocol, lambda: "5", "INFERSIGHT_MQTT_PROTOCOL", "5 or 3.1.1"),
-    Key(
-        _K + "session_expiry_s",
-        _p_nonneg_int,
-        lambda: 3600,
-        "INFERSIGHT_MQTT_SESSION_EXPIRY_S",
-        "daemon session expiry (MQTT 5)",
-    ),
-    Key(
-        _K + "connect_timeout_s",
-        _p_pos_float,
-        lambda: 10.0,
-        "INFERSIGHT_MQTT_CONNECT_TIMEOUT_S",
-        "connect (CONNACK) timeout",
-    ),
-    Key(
-        _K + "max_payload_bytes",
-        _p_nonneg_int,
-        lambda: 256 << 10,
-        "INFERSIGHT_MQTT_MAX_PAYLOAD_BYTES",
-        "larger messages are dropped and counted (brokers refuse them; e.g. AWS IoT: 128 KiB)",
-    ),
-    Key(
-        _K + "exit_wait_s",
-        _p_nonneg_float,
-        lambda: 5.0,
-        "INFERSIGHT_MQTT_EXIT_WAIT_S",
-        "launch: how long to wait for the broker at exit",
-    ),
-)
-
-
 class _Worker(Protocol):
     """What :func:`wait_delivered` needs of an ``ExporterWorker``."""
 
@@ -822,61 +565,23 @@ class _Worker(Protocol):
     def state(self) -> dict[str, int | float | str]: ...
 
 
-
-
-def mqtt_requested(config: Config, env: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return bool(setting(config, MQTT_KEYS[0], env))
-
-
 def from_config(
     config: Config,
     *,
     env: Mapping[str, str] | None = None,
     embedded: bool = False,
     launch_pid: int | None = None,
-    host_name: str | None = None,
-    birth: Mapping[str, Any] | None = None,
 ) -> MqttExporter | None:
     """The exporter a configuration asks for, or None when no MQTT URL is set.
 
     Raises :class:`ConfigError` naming the key (and ``file:line``) for a bad value.
     """
-    env = os.environ if env is None else env
-    v = section_settings(config, _K, MQTT_KEYS, env)
-    if not v["url"]:
+    settings = settings_from_config(config, env=env, embedded=embedded, launch_pid=launch_pid)
+    if settings is None:
         return None
-    password = v["password"]
-    if v["password_file"]:
-        try:
-            with open(v["password_file"], encoding="utf-8") as f:
-                password = f.readline().rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError("exporters.mqtt.password_file: cannot read: %s" % exc) from None
     try:
-        return MqttExporter(
-            v["url"],
-            username=v["username"],
-            password=password,
-            ca_file=v["ca_file"],
-            cert_file=v["cert_file"],
-            key_file=v["key_file"],
-            client_id=v["client_id"],
-            topic_prefix=v["topic_prefix"],
-            qos=v["qos"],
-            keepalive=v["keepalive"],
-            protocol=v["protocol"],
-            host_name=host_name or config.get("agent.host_name") or None,
-            embedded=embedded,
-            launch_pid=launch_pid,
-            birth=birth,
-            connect_timeout_s=v["connect_timeout_s"],
-            exit_wait_s=v["exit_wait_s"],
-            session_expiry_s=v["session_expiry_s"],
-            tls_verify=v["tls_verify"],
-            max_payload_bytes=v["max_payload_bytes"],
-        )
-    except MqttConfigError as exc:
+        return MqttExporter(settings)
+    except MqttConfigError as exc:  # the TLS files, read now
         raise ConfigError("exporters.mqtt: %s" % exc) from None
 
 
@@ -886,7 +591,7 @@ async def wait_delivered(exporter: MqttExporter, worker: _Worker, timeout_s: flo
     in ``state()["undelivered_at_exit"]``. Call it after the last publish, before
     ``Agent.shutdown`` (which stops replaying the spool at once when the broker is away).
     """
-    timeout = exporter.exit_wait_s if timeout_s is None else timeout_s
+    timeout = exporter.settings.exit_wait_s if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout
     while not worker.idle() and time.monotonic() < deadline:  # noqa: ASYNC110 - the worker has no event
         await asyncio.sleep(0.02)
@@ -904,6 +609,7 @@ __all__ = [
     "MqttCodeError",
     "MqttConfigError",
     "MqttExporter",
+    "MqttSettings",
     "from_config",
     "mqtt_requested",
     "parse_url",

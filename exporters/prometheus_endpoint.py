@@ -6,7 +6,7 @@ collector renders them when Prometheus scrapes ``/metrics``. ``export()`` never 
 nothing is spooled for this sink: a scrape always sees the present, not a replayed past.
 
 OTel -> Prometheus translation (the same rules as
-:func:`infersight.agent.devices.metrics.prometheus_name`, i.e. the Collector's translator):
+:func:`infersight.metricspec.prometheus_name`, i.e. the Collector's translator):
 
 - metric names: dots (and anything else outside ``[a-zA-Z0-9_:]``) become ``_``; a UCUM unit
   becomes a suffix (``s`` -> ``_seconds``, ``By`` -> ``_bytes``, ``MHz`` -> ``_megahertz``...);
@@ -52,8 +52,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from infersight.agent.devices.metrics import MetricSpec, prometheus_name
 from infersight.exporters.base import ExportError
+from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.settings import Config, Key, section_settings
 from infersight.settings import parse_bool as _p_bool
 from infersight.settings import parse_int as _p_int
@@ -489,10 +489,6 @@ def shipped_rule_files() -> list[Path]:
 # -- configuration -----------------------------------------------------------------------------
 
 
-
-
-
-
 def _p_port(v: Any) -> int:
     n = _p_int(v)
     if not 0 <= n <= 65535:
@@ -535,8 +531,6 @@ PROMETHEUS_KEYS: tuple[Key, ...] = (
     Key(_K + "target_info", _p_bool, lambda: True, "INFERSIGHT_PROMETHEUS_TARGET_INFO",
         "expose all resource attributes on a target_info series"),
 )  # fmt: skip
-
-
 
 
 def from_config(config: Config, *, env: Mapping[str, str] | None = None) -> PrometheusExporter | None:

@@ -11,7 +11,7 @@ the three biggest top-level stages.
 
 from __future__ import annotations
 
-from infersight.agent.daemon.assemble import union_ns
+from infersight.coldstart_stages import union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.telemetry import ColdStart, SpanItem
 

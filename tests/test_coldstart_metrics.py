@@ -19,11 +19,10 @@ from infersight.agent.coldstart.metrics import (
     THROUGHPUT,
     THROUGHPUT_BOUNDS,
     ColdStartMetrics,
-    ended_by,
     render_reference_markdown,
-    stage_durations,
     weights_throughput,
 )
+from infersight.coldstart_stages import ended_by, stage_durations
 from infersight.exporters.mqtt_payload import Topics, decode, encode_batch
 from infersight.exporters.otlp_json import encode_lines
 from infersight.exporters.prometheus_endpoint import SeriesStore, metric_name
@@ -209,7 +208,7 @@ def test_prometheus_names_labels_and_buckets() -> None:
 
 
 def test_rate_units_are_named_as_the_collector_names_them() -> None:
-    from infersight.agent.devices.metrics import MetricSpec, prometheus_name
+    from infersight.metricspec import MetricSpec, prometheus_name
 
     assert prometheus_name(MetricSpec("disk.read", "gauge", "By/s", "")) == "disk_read_bytes_per_second"
     assert prometheus_name(MetricSpec("load.bytes.rate", "gauge", "By/s", "")) == "load_bytes_rate_per_second"

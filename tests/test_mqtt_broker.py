@@ -24,7 +24,7 @@ from infersight.agent.daemon.broadcast import Completion, ExporterWorker
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import ExportError
-from infersight.exporters.mqtt import MqttExporter, wait_delivered
+from infersight.exporters.mqtt import MqttExporter, MqttSettings, wait_delivered
 from infersight.hooks._client import Client as HookClient
 from infersight.telemetry import LogItem, MetricItem, NumberPoint, Origin, Resource
 
@@ -66,7 +66,8 @@ async def test_round_trip_through_agent(broker: Mosquitto, tmp_path: Path) -> No
         "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),
         "agent.host_name": host, "agent.health_interval_s": 3600.0,
     })  # fmt: skip
-    exporter = MqttExporter(broker.url, host_name=host, birth={"devices": [{"hw.id": "GPU-rt", "hw.name": "T"}]})
+    exporter = MqttExporter(MqttSettings(broker.url, host_name=host,
+                                         birth={"devices": [{"hw.id": "GPU-rt", "hw.name": "T"}]}))
     agent = Agent(conf, [exporter], exporter_spool_root=str(tmp_path / "xspool"))
     base = "infersight/%s/" % host
     async with Collector(broker, "infersight/#") as sub:
@@ -126,8 +127,8 @@ async def test_round_trip_through_agent(broker: Mosquitto, tmp_path: Path) -> No
 async def test_embedded_presence_and_no_kick_off(broker: Mosquitto) -> None:
     """launch has its own client id and clean session; the daemon is not kicked off."""
     host = "emb-host"
-    daemon = MqttExporter(broker.url, host_name=host)
-    launch = MqttExporter(broker.url, host_name=host, embedded=True, launch_pid=4242, protocol="3.1.1")
+    daemon = MqttExporter(MqttSettings(broker.url, host_name=host))
+    launch = MqttExporter(MqttSettings(broker.url, host_name=host, embedded=True, launch_pid=4242, protocol="3.1.1"))
     status = "infersight/%s/launch/4242/status" % host
     async with Collector(broker, "infersight/#") as sub:
         await daemon.start()
@@ -150,7 +151,7 @@ async def test_embedded_presence_and_no_kick_off(broker: Mosquitto) -> None:
 async def test_embedded_exit_wait_is_bounded_and_counts_undelivered(tmp_path: Path) -> None:
     """Broker away at exit: launch waits exit_wait_s, then reports what it could not deliver."""
     absent = Mosquitto(tmp_path / "absent")  # configured, never started: nothing listens
-    exp = MqttExporter(absent.url, host_name="h", embedded=True, exit_wait_s=0.5, connect_timeout_s=1)
+    exp = MqttExporter(MqttSettings(absent.url, host_name="h", embedded=True, exit_wait_s=0.5, connect_timeout_s=1))
     worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "xs")), retry_initial_s=0.05, retry_max_s=0.2)
     await exp.start()
     worker.start()
@@ -215,7 +216,7 @@ async def test_last_will_on_sigkill_and_online_after_restart(broker: Mosquitto, 
 async def test_broker_restart_mid_stream_loses_nothing(broker: Mosquitto, tmp_path: Path) -> None:
     host = "rs-host"
     topic = "infersight/%s/oom" % host
-    exp = MqttExporter(broker.url, host_name=host, reconnect_initial_s=0.1, reconnect_max_s=0.5)
+    exp = MqttExporter(MqttSettings(broker.url, host_name=host, reconnect_initial_s=0.1, reconnect_max_s=0.5))
     worker = ExporterWorker(exp, DiskSpool(str(tmp_path / "xs")), retry_initial_s=0.05, retry_max_s=0.5)
     sent = {"p-a": 0, "p-b": 0}
     async with Collector(broker, topic, client_id="rs-collector") as sub:
@@ -266,8 +267,8 @@ async def test_tls_and_password_auth(tmp_path: Path, caplog: pytest.LogCaptureFi
     with Mosquitto(tmp_path / "mq", tls=tls, users=users) as b:
         topic = "infersight/tls-host/oom"
         async with Collector(b, topic, username="watcher", password="watch-pw") as sub:
-            good = MqttExporter(b.url, username="agent", password="right-pw-123", ca_file=str(tls.ca),
-                                host_name="tls-host")
+            good = MqttExporter(MqttSettings(b.url, username="agent", password="right-pw-123", ca_file=str(tls.ca),
+                                host_name="tls-host"))
             await good.start()
             assert await good.wait_connected(5), good.state()
             await good.export([oom_item("p-tls", 1)])
@@ -275,8 +276,8 @@ async def test_tls_and_password_auth(tmp_path: Path, caplog: pytest.LogCaptureFi
             await good.shutdown()
 
         caplog.set_level("DEBUG")
-        bad = MqttExporter(b.url.replace("mqtts://", "mqtts://agent:wrong-pw-456@"), ca_file=str(tls.ca),
-                           host_name="tls-host", connect_timeout_s=3)
+        bad = MqttExporter(MqttSettings(b.url.replace("mqtts://", "mqtts://agent:wrong-pw-456@"), ca_file=str(tls.ca),
+                           host_name="tls-host", connect_timeout_s=3))
         await bad.start()
         with pytest.raises(ExportError) as ei:
             await bad.export([oom_item("p-tls", 2)])
@@ -287,8 +288,8 @@ async def test_tls_and_password_auth(tmp_path: Path, caplog: pytest.LogCaptureFi
         assert st["connected"] == 0 and st["connect_failures"] >= 1
         await bad.shutdown()
 
-        untrusted = MqttExporter(b.url, username="agent", password="right-pw-123", host_name="tls-host",
-                                 connect_timeout_s=3)  # no ca_file: the self-signed CA is not trusted
+        untrusted = MqttExporter(MqttSettings(b.url, username="agent", password="right-pw-123", host_name="tls-host",
+                                 connect_timeout_s=3))  # no ca_file: the self-signed CA is not trusted
         await untrusted.start()
         with pytest.raises(ExportError, match="certificate did not verify"):
             await untrusted.export([oom_item("p-tls", 3)])
@@ -304,7 +305,7 @@ async def test_full_spool_drops_oldest_counts_them_and_memory_stays_bounded(tmp_
     b = Mosquitto(tmp_path / "mq")  # started only after the spool overflowed
     host = "sp-host"
     topic = "infersight/%s/oom" % host
-    exp = MqttExporter(b.url, host_name=host, reconnect_initial_s=0.1, reconnect_max_s=0.3)
+    exp = MqttExporter(MqttSettings(b.url, host_name=host, reconnect_initial_s=0.1, reconnect_max_s=0.3))
     spool = DiskSpool(str(tmp_path / "xs"), max_bytes=256 << 10)
     worker = ExporterWorker(exp, spool, queue_max_items=800, retry_initial_s=0.05, retry_max_s=0.2)
     worker.start()  # the exporter is not started yet: every export fails, as with no broker

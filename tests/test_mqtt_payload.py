@@ -16,6 +16,7 @@ from infersight.exporters.mqtt import (
     MQTT_KEYS,
     MqttConfigError,
     MqttExporter,
+    MqttSettings,
     from_config,
     mqtt_requested,
     parse_url,
@@ -167,23 +168,34 @@ def test_parse_url() -> None:
 
 
 def test_identities_and_secrets() -> None:
-    d = MqttExporter("mqtt://user:hunter2@127.0.0.1:1", host_name="gpu-1.example.com")
+    d = MqttExporter(MqttSettings("mqtt://user:hunter2@127.0.0.1:1", host_name="gpu-1.example.com"))
     assert d.client_id == "infersight-gpu-1.example.com-agent"
     assert d.status_topic == "infersight/gpu-1.example.com/status"
-    e = MqttExporter("mqtt://127.0.0.1:1", host_name="gpu-1", embedded=True, launch_pid=99, protocol="3.1.1")
+    e = MqttExporter(MqttSettings("mqtt://127.0.0.1:1", host_name="gpu-1", embedded=True, launch_pid=99,
+                                  protocol="3.1.1"))
     assert e.client_id == "infersight-gpu-1-launch-99"
     assert e.status_topic == "infersight/gpu-1/launch/99/status" and not e.birth_retained
     st = d.state()
     assert "hunter2" not in repr(st) and "hunter2" not in repr(vars(d).get("url"))
     assert st["url"] == "mqtt://user:***@127.0.0.1:1"
     with pytest.raises(MqttConfigError):
-        MqttExporter("mqtt://h", ca_file="/nonexistent")  # TLS files need mqtts://
+        MqttExporter(MqttSettings("mqtt://h", ca_file="/nonexistent"))  # TLS files need mqtts://
     with pytest.raises(MqttConfigError):
-        MqttExporter("mqtts://h", ca_file="/nonexistent/ca.pem")
+        MqttExporter(MqttSettings("mqtts://h", ca_file="/nonexistent/ca.pem"))
     with pytest.raises(MqttConfigError):
-        MqttExporter("mqtt://h", qos=3)
+        MqttExporter(MqttSettings("mqtt://h", qos=3))
     with pytest.raises(MqttConfigError):
-        MqttExporter("mqtt://h", protocol="4")
+        MqttExporter(MqttSettings("mqtt://h", protocol="4"))
+
+
+def test_settings_are_checked_once_by_the_key_table_parsers() -> None:
+    s = MqttSettings("mqtt://u:pw@h", protocol="v311", connect_timeout_s=2, host_name="box")
+    assert (s.protocol, s.connect_timeout_s, s.credentials) == ("3.1.1", 2.0, ("u", "pw"))
+    assert s.topics.status == "infersight/box/status" and "pw" not in repr(s)
+    for bad in ({"keepalive": 70000}, {"qos": "2x"}, {"max_inflight": 0}, {"topic_prefix": "a/#"},
+                {"password": "pw"}, {"key_file": "k.pem"}):
+        with pytest.raises(MqttConfigError):
+            MqttSettings("mqtt://h", **bad)  # type: ignore[arg-type]
 
 
 def test_from_config_precedence_and_errors(tmp_path: Path) -> None:
@@ -221,7 +233,7 @@ def test_password_file_and_no_leak(tmp_path: Path, caplog: pytest.LogCaptureFixt
 
 
 async def test_oversized_message_is_dropped_and_counted_not_retried() -> None:
-    e = MqttExporter("mqtt://127.0.0.1:1", host_name="h", max_payload_bytes=300)
+    e = MqttExporter(MqttSettings("mqtt://127.0.0.1:1", host_name="h", max_payload_bytes=300))
     big = oom()
     big.body = "x" * 1000
     await e.export([big])  # not started, no broker: an oversized message never reaches publish
@@ -262,6 +274,15 @@ def test_encoding_chunk_by_chunk_gives_the_whole_batch_messages(size: int) -> No
     assert sum(s for _, s in parts) == skipped
     tail = _mixed_batch(300)[:-1]
     assert len(list(split_batch(tail, size))) > 1, "without a group spanning the batch, it is cut"
+
+
+def test_a_batch_of_events_only_is_cut_into_equal_chunks() -> None:
+    from infersight.exporters.mqtt import split_batch
+
+    batch = [oom(i) for i in range(1, 601)]
+    chunks = list(split_batch(batch, 256))
+    assert [len(c) for c in chunks] == [256, 256, 88] and [it for c in chunks for it in c] == batch
+    assert [m for c in chunks for m in mp.encode_batch(c, TOPICS)[0]] == mp.encode_batch(batch, TOPICS)[0]
 
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),

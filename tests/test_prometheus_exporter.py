@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infersight.agent.daemon.config import load
 from infersight.agent.daemon.health import Counters, health_metrics
-from infersight.agent.devices.metrics import METRICS, device_metrics, prometheus_name
+from infersight.agent.devices.metrics import METRICS, device_metrics
 from infersight.agent.devices.nvml import DeviceSample
 from infersight.exporters.base import Exporter, ExportError
 from infersight.exporters.prometheus_endpoint import (
@@ -32,6 +32,7 @@ from infersight.exporters.prometheus_endpoint import (
     metric_name,
     shipped_rule_files,
 )
+from infersight.metricspec import prometheus_name
 from infersight.settings import ConfigError
 from infersight.telemetry import HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
 

@@ -100,7 +100,8 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
 def test_rules_use_the_exported_names() -> None:
     """Every raw metric the rules read is a name the exporter produces from our OTel metrics."""
     from infersight.agent.coldstart import metrics as coldstart_metrics
-    from infersight.agent.devices.metrics import SPECS, prometheus_name
+    from infersight.agent.devices.metrics import SPECS
+    from infersight.metricspec import prometheus_name
 
     text = "\n".join(p.read_text() for p in _rule_files())
     produced = {prometheus_name(s) for s in SPECS.values()} | {

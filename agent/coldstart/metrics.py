@@ -28,26 +28,21 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from infersight.agent.devices.metrics import MetricSpec, prometheus_name
+from infersight.coldstart_stages import ENDED_BY, STAGE, TOTAL, UNATTRIBUTED, as_number, ended_by, stage_durations
+from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.telemetry import (
     Attributes,
-    AttrValue,
     ColdStart,
     HistogramPoint,
     MetricItem,
     NumberPoint,
     Resource,
-    SpanItem,
 )
 
 DURATION = "infersight.coldstart.duration"
 THROUGHPUT = "infersight.coldstart.weights.bytes_per_s"
 COUNT = "infersight.coldstart.count"
-STAGE = "infersight.stage"
 CACHE = "infersight.weights.cache"
-ENDED_BY = "infersight.coldstart.ended_by"
-TOTAL = "total"
-UNATTRIBUTED = "unattributed"
 OTHER = "other"  # custom stages past MAX_STAGES fold into this one
 
 # Seconds. Dense (about x2) below 10 s, where imports and small models live; x1.5-2 from 10 s
@@ -102,74 +97,6 @@ SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 # -- one cold start -> values -----------------------------------------------------------------
 
 
-def _number(v: AttrValue | None) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v)
-
-
-def stage_name(s: SpanItem) -> str | None:
-    v = s.attributes.get(STAGE)
-    if isinstance(v, str) and v:
-        return v
-    if s.name.startswith("coldstart.") and len(s.name) > len("coldstart."):
-        return s.name[len("coldstart."):]
-    return None
-
-
-def _covered_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
-    """Length of the union of ``intervals`` clipped to [lo, hi]."""
-    total, cur_s, cur_e = 0, 0, -1
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
-        if e <= s:
-            continue
-        if s > cur_e:
-            total += max(0, cur_e - cur_s)
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + max(0, cur_e - cur_s)
-
-
-def stage_durations(cs: ColdStart) -> dict[str, float]:
-    """Seconds per stage of one cold start, plus ``unattributed`` and ``total``.
-
-    A stage's value is the time within the root during which at least one of its spans was
-    open: spans of one stage that nest or run in parallel (two shard loads on two threads)
-    count once; sequential ones add up. Different stages may nest (``graph_compile`` inside
-    ``warmup``), so stage values can sum to more than ``total``. ``unattributed`` is the
-    root's ``infersight.coldstart.unattributed_s`` (the sampler's ``coldstart.unattributed``
-    spans explain that time and are not counted again).
-    """
-    root = cs.root
-    spans: dict[str, list[tuple[int, int]]] = {}
-    for s in cs.stages:
-        name = stage_name(s)
-        if name is not None and name not in (UNATTRIBUTED, TOTAL):
-            spans.setdefault(name, []).append((s.start_ns, s.end_ns))
-    out = {name: _covered_ns(iv, root.start_ns, root.end_ns) / 1e9 for name, iv in sorted(spans.items())}
-    un = _number(root.attributes.get("infersight.coldstart.unattributed_s"))
-    if un is None:
-        covered = _covered_ns([iv for ivs in spans.values() for iv in ivs], root.start_ns, root.end_ns)
-        un = (root.end_ns - root.start_ns - covered) / 1e9
-    out[UNATTRIBUTED] = max(0.0, un)
-    out[TOTAL] = (root.end_ns - root.start_ns) / 1e9
-    return out
-
-
-def ended_by(cs: ColdStart) -> str:
-    """The root's ``infersight.coldstart.ended_by``; for a launcher-only root, what ended it."""
-    v = cs.root.attributes.get(ENDED_BY)
-    if isinstance(v, str) and v:
-        return v[:64]
-    names = {stage_name(s) for s in cs.stages}
-    if cs.root.attributes.get("infersight.coldstart.source") == "launcher":
-        if "first_request" in names:
-            return "first_request"
-        return "ready" if "ready_wait" in names else "exit"
-    return "unknown"
-
-
 def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
     """(``cold``|``warm``, bytes/s) over every weights read of the cold start, or None.
 
@@ -181,9 +108,9 @@ def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
     nbytes = seconds = resident = 0.0
     for s in cs.stages:
         a = s.attributes
-        b = _number(a.get("infersight.weights.bytes"))
-        rate = _number(a.get("infersight.weights.bytes_per_s"))
-        ratio = _number(a.get("infersight.weights.page_cache_ratio"))
+        b = as_number(a.get("infersight.weights.bytes"))
+        rate = as_number(a.get("infersight.weights.bytes_per_s"))
+        ratio = as_number(a.get("infersight.weights.page_cache_ratio"))
         if b is None or rate is None or ratio is None or b <= 0 or rate <= 0:
             continue
         nbytes += b

@@ -55,8 +55,7 @@ def build_exporters(
     from infersight.exporters import mqtt
     from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
 
-    broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None,
-                              host_name=config.get("agent.host_name"))
+    broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
     if broker is not None:
         out.append(broker)
 

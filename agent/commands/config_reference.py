@@ -17,7 +17,7 @@ from typing import Any
 
 from infersight.agent.daemon import config as cfg
 from infersight.agent.devices import job as devices_job
-from infersight.exporters.mqtt import MQTT_KEYS
+from infersight.exporters.mqtt_settings import MQTT_KEYS
 from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
 from infersight.settings import Key
 

@@ -62,7 +62,7 @@ def build_extensions(conf: Config) -> list[Extension]:
 def validate_exporters(conf: Config) -> None:
     """The exporters' own sections (MQTT, Prometheus): raise ConfigError naming the key.
     A reload checks them so that a file the next restart would refuse is refused now."""
-    from infersight.exporters.mqtt import MQTT_KEYS
+    from infersight.exporters.mqtt_settings import MQTT_KEYS
     from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
 
     section_settings(conf, "exporters.mqtt.", MQTT_KEYS, os.environ)

@@ -17,6 +17,7 @@ from typing import Any
 from infersight import __version__
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
+from infersight.coldstart_stages import union_ns
 from infersight.redact import mask_value
 from infersight.telemetry import (
     Attributes,
@@ -199,23 +200,6 @@ def _event_list(v: Any) -> list[list[Any]]:
     if not isinstance(v, list) or len(v) > 128 or not all(isinstance(e, list) and len(e) == 3 for e in v):
         raise Malformed("span events must be [[name, t_ns, attributes], ...]")
     return v
-
-
-def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
-    """Length of the union of intervals clipped to [lo, hi]."""
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None and cur_s is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None and cur_s is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def _value_bytes(v: Any) -> int:

@@ -1,0 +1,88 @@
+"""Reading a finished cold start (a :class:`~infersight.telemetry.ColdStart`) by stage (pure).
+
+The stage a span stands for, the seconds each stage took within the root, what ended the
+cold start, and the interval union these rest on. The daemon's cold-start metrics, the MQTT
+payloads and the console waterfall all read cold starts this one way.
+"""
+
+from __future__ import annotations
+
+from infersight.telemetry import AttrValue, ColdStart, SpanItem
+
+STAGE = "infersight.stage"
+ENDED_BY = "infersight.coldstart.ended_by"
+TOTAL = "total"
+UNATTRIBUTED = "unattributed"
+
+
+def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of intervals clipped to [lo, hi]."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def as_number(v: AttrValue | None) -> float | None:
+    """A numeric attribute as a float; None for anything else (booleans included)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def stage_name(s: SpanItem) -> str | None:
+    """``infersight.stage``, else the name after ``coldstart.``; None for other spans."""
+    v = s.attributes.get(STAGE)
+    if isinstance(v, str) and v:
+        return v
+    if s.name.startswith("coldstart.") and len(s.name) > len("coldstart."):
+        return s.name[len("coldstart."):]
+    return None
+
+
+def stage_durations(cs: ColdStart) -> dict[str, float]:
+    """Seconds per stage of one cold start, plus ``unattributed`` and ``total``.
+
+    A stage's value is the time within the root during which at least one of its spans was
+    open: spans of one stage that nest or run in parallel (two shard loads on two threads)
+    count once; sequential ones add up. Different stages may nest (``graph_compile`` inside
+    ``warmup``), so stage values can sum to more than ``total``. ``unattributed`` is the
+    root's ``infersight.coldstart.unattributed_s`` (the sampler's ``coldstart.unattributed``
+    spans explain that time and are not counted again).
+    """
+    root = cs.root
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for s in cs.stages:
+        name = stage_name(s)
+        if name is not None and name not in (UNATTRIBUTED, TOTAL):
+            spans.setdefault(name, []).append((s.start_ns, s.end_ns))
+    out = {name: union_ns(iv, root.start_ns, root.end_ns) / 1e9 for name, iv in sorted(spans.items())}
+    un = as_number(root.attributes.get("infersight.coldstart.unattributed_s"))
+    if un is None:
+        covered = union_ns([iv for ivs in spans.values() for iv in ivs], root.start_ns, root.end_ns)
+        un = (root.end_ns - root.start_ns - covered) / 1e9
+    out[UNATTRIBUTED] = max(0.0, un)
+    out[TOTAL] = (root.end_ns - root.start_ns) / 1e9
+    return out
+
+
+def ended_by(cs: ColdStart) -> str:
+    """The root's ``infersight.coldstart.ended_by``; for a launcher-only root, what ended it."""
+    v = cs.root.attributes.get(ENDED_BY)
+    if isinstance(v, str) and v:
+        return v[:64]
+    names = {stage_name(s) for s in cs.stages}
+    if cs.root.attributes.get("infersight.coldstart.source") == "launcher":
+        if "first_request" in names:
+            return "first_request"
+        return "ready" if "ready_wait" in names else "exit"
+    return "unknown"
