@@ -51,9 +51,9 @@ def gate_of(window_s: float, n: int) -> tuple[ReadGate, list[FakeTransport]]:
 
 async def test_a_small_frame_holds_every_quiet_producer_for_the_window() -> None:
     gate, ts = gate_of(0.05, 3)
-    gate.frame(ts[0], 100)  # type: ignore[arg-type]
+    gate.frame(ts[0], 100, 0.0)  # type: ignore[arg-type]
     assert gate.closed and not any(t.is_reading() for t in ts)
-    gate.frame(ts[1], 100)  # type: ignore[arg-type]  # frames already buffered: no second hold
+    gate.frame(ts[1], 100, 0.0)  # type: ignore[arg-type]  # frames already buffered: no second hold
     assert sum(t.pauses for t in ts) == 3
     await asyncio.sleep(0.15)
     assert not gate.closed and all(t.is_reading() for t in ts)
@@ -61,20 +61,30 @@ async def test_a_small_frame_holds_every_quiet_producer_for_the_window() -> None
 
 async def test_busy_and_lone_producers_are_never_held() -> None:
     gate, (quiet, busy) = gate_of(0.05, 2)
-    gate.frame(busy, QUIET_FRAME_BYTES)  # type: ignore[arg-type]
+    gate.frame(busy, QUIET_FRAME_BYTES, 0.0)  # type: ignore[arg-type]
     assert busy.is_reading() and not gate.closed
-    gate.frame(quiet, 100)  # type: ignore[arg-type]
+    gate.frame(quiet, 100, 0.0)  # type: ignore[arg-type]
     assert not gate.closed, "one quiet producer: nothing to coalesce, no hold"
-    gate.frame(busy, 100)  # type: ignore[arg-type]  # it went quiet: two quiet producers now
+    gate.frame(busy, 100, 1.0)  # type: ignore[arg-type]  # a window later it went quiet: two quiet producers
     assert gate.closed and not quiet.is_reading() and not busy.is_reading()
     gate.open()
     assert quiet.is_reading() and busy.is_reading()
 
 
+async def test_a_backlog_of_small_frames_is_busy_not_held() -> None:
+    gate, (quiet, backlog) = gate_of(0.05, 2)
+    for _ in range(QUIET_FRAME_BYTES // 1000 + 1):  # small frames, but 16 KiB within one window
+        gate.frame(backlog, 1000, 0.01)  # type: ignore[arg-type]
+        gate.open()
+    assert backlog in gate.busy
+    gate.frame(quiet, 100, 0.02)  # type: ignore[arg-type]
+    assert not gate.closed, "the backlogged producer is not held, and one quiet producer has nothing to join"
+
+
 async def test_the_gate_resumes_only_what_it_paused() -> None:
     gate, (a, b, c) = gate_of(0.05, 3)
     c.reading = False  # its StreamReader paused it (a full buffer): that is the reader's to undo
-    gate.frame(a, 100)  # type: ignore[arg-type]
+    gate.frame(a, 100, 0.0)  # type: ignore[arg-type]
     gate.leave(b)  # type: ignore[arg-type]  # it hung up meanwhile
     gate.open()
     assert a.is_reading() and not b.is_reading() and not c.is_reading()
@@ -140,3 +150,11 @@ async def test_quiet_producers_are_read_together_and_nothing_is_lost(tmp_path: P
     frames = producers * frames_each
     assert exports <= frames // 3, "%d exports for %d frames: quiet producers were not read together" % (
         exports, frames)
+
+
+def test_the_ack_frame_is_the_encoded_ack() -> None:
+    from infersight.agent.daemon.ingest import ack_frame
+    from infersight.hooks import _wire
+
+    for seq in (0, 1, 512, 2**63 - 1):
+        assert ack_frame(seq) == _wire.encode_frame({"t": "ack", "seq": seq})

@@ -107,10 +107,18 @@ LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process 
 ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 HAVE_PROC = os.path.isdir("/proc/self")
 MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
-# After a quiet producer's frame, producers are not read for this long: a host of many
-# quiet producers wakes the agent once per window instead of once per frame.
-GATE_S = 0.05
-QUIET_FRAME_BYTES = 16 << 10  # a larger frame marks its producer busy: never held
+# After a quiet producer's frame, quiet producers are not read for this long: a host of
+# many wakes the agent once per window instead of once per frame, and at two of the hooks'
+# batch delays (50 ms) each quiet producer's frames come in pairs: one read, one ack.
+# The price: a quiet producer's events reach the exporters up to this much later.
+GATE_S = 0.1
+QUIET_FRAME_BYTES = 16 << 10  # a producer that sends this much within a window is busy: never held
+
+
+def ack_frame(seq: int) -> bytes:
+    """``encode_frame({"t": "ack", "seq": seq})``, formatted directly: one per frame read."""
+    payload = b'{"t":"ack","seq":%d}' % seq
+    return _wire.HEADER.pack(len(payload)) + payload
 
 
 def _readable(fd: int) -> bool:
@@ -199,19 +207,21 @@ class ReadGate:
 
     On a loaded host a wake-up of the agent costs more than a small frame's work, and a
     fleet of quiet producers, each sending a few events per frame at its own time, wakes
-    the agent once per frame. After a small frame, while two or more quiet producers are
-    connected, the gate stops reading from every quiet producer for ``window_s``; then
-    their sockets are read together, in one wake-up. A producer that sends large frames (a
-    busy one, or a backlog) is never held, a lone producer is not held (there is nothing to
-    coalesce), and the gate costs nothing while nothing arrives: it closes only after a
-    frame. What waits meanwhile waits in the socket: nothing is dropped, and the hold
-    (milliseconds) is far inside the frame and idle timeouts."""
+    the agent once per frame. After a quiet producer's frame, while two or more quiet
+    producers are connected, the gate stops reading from every quiet producer for
+    ``window_s``; then their sockets are read together, in one wake-up. A producer that
+    sent ``QUIET_FRAME_BYTES`` or more within a window (a busy one, or a backlog) is not
+    held, a lone producer is not held (there is nothing to coalesce), and the gate costs
+    nothing while nothing arrives: it closes only after a frame. What waits meanwhile waits
+    in the socket: nothing is dropped, and the hold (milliseconds) is far inside the frame
+    and idle timeouts."""
 
     __slots__ = ("_handle", "_held", "busy", "members", "window_s")
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self.members: set[asyncio.ReadTransport] = set()
+        # Each producer's transport -> [start, bytes] of its current window.
+        self.members: dict[asyncio.ReadTransport, list[float]] = {}
         self.busy: set[asyncio.ReadTransport] = set()
         self._held: list[asyncio.ReadTransport] = []
         self._handle: asyncio.TimerHandle | None = None
@@ -221,15 +231,21 @@ class ReadGate:
         return self._handle is not None
 
     def join(self, transport: asyncio.ReadTransport) -> None:
-        self.members.add(transport)
+        self.members[transport] = [-1e9, 0.0]
 
     def leave(self, transport: asyncio.ReadTransport) -> None:
-        self.members.discard(transport)
+        self.members.pop(transport, None)
         self.busy.discard(transport)
 
-    def frame(self, transport: asyncio.ReadTransport, size: int) -> None:
-        """A frame of ``size`` bytes was read from ``transport``."""
-        if size >= QUIET_FRAME_BYTES:
+    def frame(self, transport: asyncio.ReadTransport, size: int, now: float) -> None:
+        """A frame of ``size`` bytes was read from ``transport`` at loop time ``now``."""
+        recent = self.members.get(transport)
+        if recent is None:
+            return
+        if now - recent[0] > self.window_s:
+            recent[0], recent[1] = now, 0.0
+        recent[1] += size
+        if recent[1] >= QUIET_FRAME_BYTES:
             self.busy.add(transport)
             return
         self.busy.discard(transport)
@@ -611,7 +627,7 @@ class Ingest:
                 last = acks.popleft()[0]
             if last > state["acked"] and not writer.is_closing():
                 state["acked"] = last
-                writer.write(_wire.encode_frame({"t": "ack", "seq": last}))
+                writer.write(ack_frame(last))
 
         deadline = ReadDeadline(self, writer.transport, self.idle_timeout_s)
         transport = cast(asyncio.Transport, writer.transport)
@@ -646,7 +662,7 @@ class Ingest:
                 return
             deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
             payload = await readexactly(n)
-            gate.frame(transport, n)
+            gate.frame(transport, n, deadline.since)
             msg = _wire.decode_payload(payload)
             if msg is None or msg.get("t") != "b":
                 self.counters.malformed_frames += 1
