@@ -15,7 +15,10 @@ from pathlib import Path
 from conftest import log_records, read_otlp_lines
 
 from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon.ingest import QUIET_FRAME_BYTES, ReadGate
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.broadcast import Broadcaster
+from infersight.agent.daemon.health import Counters
+from infersight.agent.daemon.ingest import QUIET_FRAME_BYTES, Ingest, ReadDeadline, ReadGate
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.exporters.file import FileExporter
 from infersight.telemetry import Item
@@ -39,6 +42,9 @@ class FakeTransport:
 
     def resume_reading(self) -> None:
         self.reading = True
+
+    def abort(self) -> None:
+        self.closing = True
 
 
 def gate_of(window_s: float, n: int) -> tuple[ReadGate, list[FakeTransport]]:
@@ -88,6 +94,26 @@ async def test_the_gate_resumes_only_what_it_paused() -> None:
     gate.leave(b)  # type: ignore[arg-type]  # it hung up meanwhile
     gate.open()
     assert a.is_reading() and not b.is_reading() and not c.is_reading()
+
+
+async def test_time_held_by_the_gate_is_not_the_peers_delay() -> None:
+    """A frame timeout shorter than the window: a producer held mid-frame is not cut as slow
+    while held, and is once it is read again and still has not sent its frame."""
+    ingest = Ingest(Assembler("h"), Broadcaster([]), Counters(), {0}, {0}, dict, frame_timeout_s=0.02,
+                    gate_s=0.2)
+    a, b = FakeTransport(), FakeTransport()
+    for t in (a, b):
+        ingest.gate.join(t)  # type: ignore[arg-type]
+    deadline = ReadDeadline(ingest, a, None)  # type: ignore[arg-type]
+    deadline.phase, deadline.since = ReadDeadline.FRAME, deadline.loop.time()  # a header read, its payload due
+    ingest.gate.frame(b, 100, deadline.since)  # type: ignore[arg-type]
+    assert ingest.gate.holds(a)
+    await asyncio.sleep(0.1)
+    assert not a.closing and ingest.counters.slow_peers == 0
+    ingest.gate.open()
+    await asyncio.sleep(0.1)
+    deadline.cancel()
+    assert a.closing and ingest.counters.slow_peers == 1
 
 
 class CountingFileExporter(FileExporter):

@@ -183,6 +183,8 @@ class ReadDeadline:
             return None
         self.frame_s = self.ingest.frame_timeout_s  # a reload may change it
         limit = self.idle_s if self.phase == self.IDLE else self.frame_s if self.phase == self.FRAME else None
+        if self.ingest.gate.holds(self.transport):
+            limit = None  # the agent holds it (its read gate), not the peer
         now = self.loop.time()
         if limit is None or now - self.since < limit:
             left = self._period() if limit is None else limit - (now - self.since)
@@ -223,12 +225,15 @@ class ReadGate:
         # Each producer's transport -> [start, bytes] of its current window.
         self.members: dict[asyncio.ReadTransport, list[float]] = {}
         self.busy: set[asyncio.ReadTransport] = set()
-        self._held: list[asyncio.ReadTransport] = []
+        self._held: set[asyncio.ReadTransport] = set()
         self._handle: asyncio.TimerHandle | None = None
 
     @property
     def closed(self) -> bool:
         return self._handle is not None
+
+    def holds(self, transport: asyncio.BaseTransport) -> bool:
+        return transport in self._held
 
     def join(self, transport: asyncio.ReadTransport) -> None:
         self.members[transport] = [-1e9, 0.0]
@@ -259,14 +264,14 @@ class ReadGate:
         for t in self.members:
             if t not in self.busy and t.is_reading():
                 t.pause_reading()
-                held.append(t)
+                held.add(t)
         self._handle = asyncio.get_running_loop().call_later(self.window_s, self.open)
 
     def open(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        held, self._held = self._held, []
+        held, self._held = self._held, set()
         for t in held:
             if t in self.members and not t.is_closing() and not t.is_reading():
                 t.resume_reading()
