@@ -323,6 +323,8 @@ class Client:
             if self._sock is not None and not self._spool_pending() and self._unreported():
                 self._report_drops()
         while self._buf:
+            if self._stop:
+                return  # close() takes over the buffer (it spools what is left): free the lock
             pressed = self._pressed()
             if self._sock is not None and self._outbox_bytes >= MAX_OUTBOX_BYTES and not pressed:
                 self._read_acks(block=True)
@@ -629,8 +631,8 @@ class Client:
         """Send the spool in order, within the outbox bound; resumed by later pumps."""
         fd = self._spool_fd
         while fd is not None and self._sock is not None and self._spool_pending():
-            if self._pressed():
-                return  # spill the buffer first: the agent is slower than the producer
+            if self._pressed() or self._stop:
+                return  # spill the buffer first (the agent is slower than the producer), or close() takes over
             if self._outbox_bytes >= MAX_OUTBOX_BYTES:
                 self._read_acks(block=True)
                 if self._outbox_bytes >= MAX_OUTBOX_BYTES:
