@@ -9,6 +9,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import hook_env
 
 from infersight.hooks import _state
@@ -102,3 +103,41 @@ def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-c", FORK], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "hooks disabled" not in p.stderr
+
+
+class _Queue:
+    """Stands in for the client: keeps what ``hooks.stage`` queues, as the buffer would."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int, str, object]] = []
+
+    def emit_at(self, t_ns: int, kind: str, data: object) -> None:
+        self.events.append((len(self.events) + 1, t_ns, kind, data))
+
+
+def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infersight import hooks
+    from infersight.hooks import _client, _runtime
+
+    queue = _Queue()
+    monkeypatch.setattr(_runtime, "client", queue)
+    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
+    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
+    monkeypatch.setattr(_state, "current", _state.HookState())
+    with hooks.stage("outer"), pytest.raises(ValueError), hooks.stage("load", model="m", batch=8):
+        raise ValueError("x")
+    inner, outer = queue.events
+    assert inner[3].__class__ is tuple  # atomic values only, no dict or nested tuple: the GC lets go early
+    assert all(v is None or v.__class__ in (str, int) for v in inner[3])  # type: ignore[attr-defined]
+    built = _client._built(inner)
+    assert built is not None
+    data = built[3]
+    assert data["n"] == "coldstart.load" and data["tr"] == "a" * 32
+    assert data["p"] == _client._built(outer)[3]["id"] != data["id"]  # type: ignore[index]
+    assert data["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
+    assert data["err"] == "ValueError"
+    assert data["s"] <= data["e"] == inner[1]
+    assert len(data["id"]) == 16 and int(data["id"], 16)
+    assert _client._built(outer)[3]["p"] == "b" * 16  # type: ignore[index]
