@@ -33,8 +33,9 @@ IMPORTER = """
 import importlib, json, sys, time
 from infersight.hooks import _coldstart
 n, rounds, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-assert _coldstart.collecting and _coldstart._finder in sys.meta_path
-finder = _coldstart._finder
+state = _coldstart.state()
+assert state.collecting and state.finder in sys.meta_path
+finder = state.finder
 on, off = [], []
 for r in range(rounds):
     for timed in (True, False):

@@ -29,9 +29,14 @@ if TYPE_CHECKING:
 
 from _thread import get_ident as _get_ident  # noqa: E402
 
-from . import _coldstart, _runtime  # noqa: E402
+from . import _client, _coldstart, _runtime, _state  # noqa: E402
 from ._request import first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
+
+_pop_span_id = _runtime.span_ids.pop
+_set_span = _runtime.current_span.set
+_reset_span = _runtime.current_span.reset
+_client.builders["span"] = _coldstart.stage_from_args
 
 __all__ = [
     "BUILTIN_STAGES", "active", "emit", "first_response", "first_token", "flush", "log", "mark_ready", "metric",
@@ -92,12 +97,14 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
 
     Context manager and decorator; thread- and task-safe. Nesting follows the current span
     (a contextvar), so stages nest per thread and per asyncio task. A stage opened before a
-    ``fork`` is emitted by the parent only. Costs the caller a few attribute writes, a
-    contextvar and a queue append: the span's dict is built on the drain thread, and the
-    environment is not touched (a child process gets ``TRACEPARENT`` when it is spawned).
+    ``fork`` is emitted by the parent only. Costs the caller a span id, two clock reads, a
+    contextvar set and reset, a few slot writes and a queue append: the span's dict is built
+    on the drain thread, the cold-start bookkeeping runs only while the cold start is
+    collected, and the environment is not touched (a child process gets ``TRACEPARENT``
+    when it is spawned).
     """
 
-    __slots__ = ("_attrs", "_name", "_pid", "_span", "_start", "_token")
+    __slots__ = ("_attrs", "_name", "_span", "_st", "_start", "_token")
 
     def __init__(self, name: str, **attrs: Any) -> None:
         self._name = name
@@ -109,50 +116,55 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
         if rt.client is None:
             return self
         try:
-            self._pid = rt.pid
-            self._token = None
-            self._span = span = "%016x" % (rt.span_bits(64) or 1)  # rt.new_span_id(), inlined
-            self._token = rt.current_span.set(span)
-            if _get_ident() == rt.main_ident:
-                rt.main_span = span  # no environment write: children get it at spawn
+            try:
+                span = _pop_span_id()  # rt.new_span_id(), inlined
+            except IndexError:
+                span = rt.draw_span_ids()
+            self._token = _set_span(span)
+            self._span = span
+            self._st = st = _state.current  # this process's (a fork replaces it)
+            if _get_ident() == st.main_ident:
+                st.main_span = span  # no environment write: children get it at spawn
             self._start = start = _time_ns()
-            _coldstart.note_begin(start)  # splits import runs and warmups
+            if st.coldstart.collecting:
+                _coldstart.note_begin(start)  # splits import runs and warmups
         except Exception as exc:
             rt.fail(exc)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._span is None:
+        span = self._span
+        if span is None:
             return
         end = _time_ns()
         rt = _runtime
+        self._span = None
         try:
             token = self._token
-            if token is None:
-                parent: Any = None
-            else:
-                parent = token.old_value
-                rt.current_span.reset(token)
-            _coldstart.note_stage_exit(end)
+            parent: Any = token.old_value
+            _reset_span(token)
             if parent.__class__ is not str:
                 parent = rt.root_span_id
-            if _get_ident() == rt.main_ident:
-                rt.main_span = parent
-            if self._pid != rt.pid:
+            st = self._st
+            if _get_ident() == st.main_ident:
+                st.main_span = parent
+            if st is not _state.current:
                 return  # opened by the parent before a fork: the parent emits it
-            if end > _coldstart.last_end_ns:  # noqa: PLR1730 - cheaper than max()
-                _coldstart.last_end_ns = end  # where ready_wait starts
-            _coldstart.note_covered(self._name, self._start, end)  # now, for the gap sampler
+            cs = st.coldstart
+            if cs.collecting:  # else the root ended: nothing is left to split or cover
+                _coldstart.note_stage_exit(end)
+                if end > cs.last_end_ns:  # noqa: PLR1730 - cheaper than max()
+                    cs.last_end_ns = end  # where ready_wait starts
+                _coldstart.note_covered(self._name, self._start, end)  # now, for the gap sampler
             c = rt.client
             if c is not None and c.enabled:
                 # The span's dict is built on the drain thread, not here.
-                c.emit_at(end, "span", (_coldstart.stage_data, (
-                    self._name, self._span, parent, self._start, end, self._attrs,
-                    getattr(exc_type, "__name__", "error") if exc_type is not None else None)))
+                attrs = self._attrs
+                c.emit_at(end, "span", (
+                    self._name, span, parent, self._start, end,
+                    None if exc_type is None else getattr(exc_type, "__name__", "error"), *attrs, *attrs.values()))
         except Exception as e:
             rt.fail(e)
-        finally:
-            self._span = None
 
     def __call__(self, fn: F) -> F:
         name, attrs = self._name, self._attrs

@@ -31,9 +31,12 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from . import _runtime
+from . import _runtime, _state
+
+if TYPE_CHECKING:
+    from ._state import Alloc
 
 MIB = 1 << 20
 DEFAULT_INTERVAL_S = 1.0
@@ -62,23 +65,10 @@ STAT_KEYS = (
     ("num_ooms", "ooms"),
 )
 
-_lock = threading.Lock()
-_torch: Any = None
-_installed = False
-_started = False  # allocator hooks attached (or found impossible) in this process
-_observer_attached = False
-_history = 0
-_backend = ""
-_thread: Optional[threading.Thread] = None
-_wake = threading.Event()
-_stop = False
-_prev_sys_hook: Optional[Callable[..., Any]] = None
-_prev_thread_hook: Optional[Callable[..., Any]] = None
-_last_obs: Dict[int, Tuple[float, Optional[str], int]] = {}  # thread -> (monotonic, sp, req)
-_reported: List[int] = []  # ids of exceptions reported that refused an attribute
-_meta = ""  # last memory metadata set
-_stage_hint: Optional[str] = None  # from note_stage(); None: the main thread's span
-_status: Dict[str, Any] = {"observer": False, "sampler": False, "history": 0, "reason": ""}
+
+def state() -> Alloc:
+    """This process's allocator state (a forked child gets a new one: ``_state``)."""
+    return _state.current.alloc
 
 
 def _env_int(name: str, default: int) -> int:
@@ -102,12 +92,12 @@ def _current_span() -> Optional[str]:
 
 def _main_thread_span() -> Optional[str]:
     """The main thread's current stage, from other threads."""
-    return _runtime.main_span or _runtime.root_span_id or None
+    return _state.current.main_span or _runtime.root_span_id or None
 
 
 def status() -> Dict[str, Any]:
     """What started (for doctor and tests)."""
-    return dict(_status)
+    return dict(state().status)
 
 
 # -- install / start ----------------------------------------------------------------------
@@ -115,17 +105,17 @@ def status() -> Dict[str, Any]:
 
 def install(torch: Any = None) -> None:
     """Call once torch is imported: exception capture now, allocator hooks once CUDA is up."""
-    global _torch, _installed
+    st = state()
     try:
         if torch is None:
             torch = sys.modules.get("torch")
         if torch is None or not _runtime.active():
             return
-        with _lock:
-            _torch = torch
-            if _installed:
+        with st.lock:
+            st.torch = torch
+            if st.installed:
                 return
-            _installed = True
+            st.installed = True
         _install_excepthooks()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_child)
@@ -135,15 +125,14 @@ def install(torch: Any = None) -> None:
 
 
 def _start_thread() -> None:
-    global _thread
     t = threading.Thread(target=_run, name="infersight-alloc", daemon=True)
-    _thread = t
+    state().thread = t
     t.start()
 
 
 def notify_cuda_ready() -> None:
     """CUDA was just initialised (e.g. from a ``torch.cuda._lazy_init`` wrapper): start now."""
-    _wake.set()
+    state().wake.set()
 
 
 def _cuda_ready(torch: Any) -> bool:
@@ -156,64 +145,65 @@ def _cuda_ready(torch: Any) -> bool:
 
 def start_allocator_hooks() -> bool:
     """Attach the OOM observer (and the history ring) if CUDA is initialised. Idempotent."""
-    global _started, _observer_attached, _history, _backend
-    torch = _torch if _torch is not None else sys.modules.get("torch")
+    st = state()
+    torch = st.torch if st.torch is not None else sys.modules.get("torch")
     if torch is None or not _cuda_ready(torch):
         return False
-    with _lock:
-        if _started:
+    with st.lock:
+        if st.started:
             return True
-        _started = True
+        st.started = True
     cuda = torch.cuda
     try:
-        _backend = str(cuda.get_allocator_backend()) if hasattr(cuda, "get_allocator_backend") else "native"
+        st.backend = str(cuda.get_allocator_backend()) if hasattr(cuda, "get_allocator_backend") else "native"
     except Exception:
-        _backend = "unknown"
-    if _backend != "native":
-        _status["reason"] = "allocator backend %r: exception capture and memory_stats only" % _backend
+        st.backend = "unknown"
+    if st.backend != "native":
+        st.status["reason"] = "allocator backend %r: exception capture and memory_stats only" % st.backend
         return True
     c = getattr(torch, "_C", None)
     attach = getattr(c, "_cuda_attach_out_of_memory_observer", None)
     if attach is not None:
         try:
             attach(_observer)
-            _observer_attached = True
-            _status["observer"] = True
+            st.observer_attached = True
+            st.status["observer"] = True
         except Exception as exc:
-            _status["reason"] = "observer not attached: %r" % (exc,)
+            st.status["reason"] = "observer not attached: %r" % (exc,)
     else:
-        _status["reason"] = "this torch has no OOM observer: exception capture only"
+        st.status["reason"] = "this torch has no OOM observer: exception capture only"
     n = _env_int("INFERSIGHT_MEMORY_HISTORY", 0)
     rec = getattr(getattr(cuda, "memory", None), "_record_memory_history", None)
     if n > 0 and rec is not None:
         try:
             rec("all", context=None, max_entries=n)
-            _history = n
-            _status["history"] = n
+            st.history = n
+            st.status["history"] = n
         except Exception as exc:
-            _status["reason"] = "history ring not started: %r" % (exc,)
+            st.status["reason"] = "history ring not started: %r" % (exc,)
     return True
 
 
 def _run() -> None:
     """The allocator thread: wait for CUDA (backoff), start the hooks, then sample."""
+    st = state()
     wait = WAIT_MIN_S
     try:
-        while not _stop and not _started:
+        while not st.stop and not st.started:
             if start_allocator_hooks():
                 break
-            _wake.wait(wait)
-            _wake.clear()
+            st.wake.wait(wait)
+            st.wake.clear()
             wait = min(WAIT_MAX_S, wait * 1.5)
         interval = _env_float("INFERSIGHT_MEM_INTERVAL_S", DEFAULT_INTERVAL_S)
-        if interval <= 0 or _stop:
+        if interval <= 0 or st.stop:
             return
         interval = max(MIN_INTERVAL_S, interval)
-        _status["sampler"] = True
-        sampler = Sampler(_torch, _env_int("INFERSIGHT_LARGE_ALLOC_BYTES", DEFAULT_LARGE_ALLOC_BYTES))
-        while not _stop and _runtime.active():
+        st.status["sampler"] = True
+        sampler = Sampler(st.torch, _env_int("INFERSIGHT_LARGE_ALLOC_BYTES", DEFAULT_LARGE_ALLOC_BYTES))
+        while not st.stop and _runtime.active():
             sampler.sample()
-            if _history:
+            if st.history:
                 _tag_stage()
             time.sleep(interval)
     except Exception as exc:
@@ -221,14 +211,10 @@ def _run() -> None:
 
 
 def _after_fork_child() -> None:
-    global _started, _observer_attached, _history
+    """A forked child (after ``_runtime``'s handler gave it a fresh state): the allocator
+    thread again, which attaches the hooks once the child initialises CUDA itself."""
     try:
-        _last_obs.clear()
-        _started = False  # a forked child cannot use its parent's CUDA context
-        _observer_attached = False
-        _history = 0
-        _status.update(observer=False, sampler=False, history=0, reason="")
-        if _installed:
+        if state().installed:
             _start_thread()
     except Exception as exc:
         _runtime.fail(exc)
@@ -329,31 +315,22 @@ class Sampler:
 # -- history ring ---------------------------------------------------------------------------
 
 
-def note_stage(name: Optional[str]) -> None:
-    """Tag allocator history with ``name`` from now on (only while the history ring is on)."""
-    global _stage_hint
-    _stage_hint = name or ""
-    if _history:
-        _set_meta(("stage=" + name) if name else "")
-
-
 def _tag_stage() -> None:
-    """No stage hook called note_stage(): tag with the main thread's current span id."""
-    if _stage_hint is None:
-        sp = _main_thread_span()
-        _set_meta("span=" + sp if sp else "")
+    """Tag allocator history with the main thread's current span id."""
+    sp = _main_thread_span()
+    _set_meta("span=" + sp if sp else "")
 
 
 def _set_meta(meta: str) -> None:
-    global _meta
-    if meta == _meta:
+    st = state()
+    if meta == st.meta:
         return
-    fn = getattr(getattr(getattr(_torch, "cuda", None), "memory", None), "_set_memory_metadata", None)
+    fn = getattr(getattr(getattr(st.torch, "cuda", None), "memory", None), "_set_memory_metadata", None)
     if fn is None:
         return
     try:
         fn(meta)
-        _meta = meta
+        st.meta = meta
     except Exception:
         pass
 
@@ -465,10 +442,11 @@ def _fraction(torch: Any, dev: int) -> Optional[float]:
 
 def oom_data(torch: Any, device: int, alloc: int, allowed_or_total: int, device_free: int) -> Dict[str, Any]:
     """The ``oom`` event of an observer call. May raise; the observer catches."""
+    st = state()
     sp = _current_span()
     data: Dict[str, Any] = {
         "source": "observer", "dev": int(device), "req": int(alloc), "free": int(device_free),
-        "sp": sp, "alloc_conf": _alloc_conf(), "backend": _backend or "native",
+        "sp": sp, "alloc_conf": _alloc_conf(), "backend": st.backend or "native",
     }
     total: Optional[int] = None
     try:
@@ -504,7 +482,7 @@ def oom_data(torch: Any, device: int, alloc: int, allowed_or_total: int, device_
             data["snap"] = snapshot_summary(s for s in segs if s.get("device", device) == device)
         except Exception:
             pass
-    if _history:
+    if st.history:
         try:
             data["hist"] = _history_tail(torch, device, _env_int("INFERSIGHT_LARGE_ALLOC_BYTES",
                                                                    DEFAULT_LARGE_ALLOC_BYTES))
@@ -515,13 +493,14 @@ def oom_data(torch: Any, device: int, alloc: int, allowed_or_total: int, device_
 
 def _observer(device: int, alloc: int, allowed_or_total: int, device_free: int) -> None:
     # Never raises: an exception here would replace the OutOfMemoryError.
+    st = state()
     try:
         if not _runtime.active():
             return
-        data = oom_data(_torch, device, alloc, allowed_or_total, device_free)
-        _last_obs[threading.get_ident()] = (time.monotonic(), data.get("sp"), int(alloc))
-        if len(_last_obs) > 256:
-            _last_obs.clear()
+        data = oom_data(st.torch, device, alloc, allowed_or_total, device_free)
+        st.last_obs[threading.get_ident()] = (time.monotonic(), data.get("sp"), int(alloc))
+        if len(st.last_obs) > 256:
+            st.last_obs.clear()
         _runtime.emit("oom", data)
     except BaseException:  # nothing may escape an allocator observer
         pass
@@ -531,7 +510,8 @@ def _observer(device: int, alloc: int, allowed_or_total: int, device_free: int) 
 
 
 def _oom_classes() -> Tuple[type, ...]:
-    torch = _torch if _torch is not None else sys.modules.get("torch")
+    st = state()
+    torch = st.torch if st.torch is not None else sys.modules.get("torch")
     out: List[type] = []
     for owner in (torch, getattr(torch, "cuda", None)):
         cls = getattr(owner, "OutOfMemoryError", None)
@@ -556,13 +536,14 @@ def find_oom(exc: Optional[BaseException]) -> Optional[BaseException]:
 
 def _mark(exc: BaseException) -> bool:
     """True the first time ``exc`` is reported."""
-    if getattr(exc, "_infersight_reported", False) or id(exc) in _reported:
+    st = state()
+    if getattr(exc, "_infersight_reported", False) or id(exc) in st.reported:
         return False
     try:
         exc._infersight_reported = True  # type: ignore[attr-defined]
     except Exception:
-        _reported.append(id(exc))
-        del _reported[:-64]
+        st.reported.append(id(exc))
+        del st.reported[:-64]
     return True
 
 
@@ -572,6 +553,7 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
     Call it where the server catches the OOM, inside the request: the event is linked to
     the current span. Returns True when an OOM was reported.
     """
+    st = state()
     try:
         if exc is None:
             exc = sys.exc_info()[1]
@@ -580,18 +562,18 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
         oom = find_oom(exc)
         if oom is None or not _mark(oom):
             return False
-        if not _started and _torch is not None:
+        if not st.started and st.torch is not None:
             start_allocator_hooks()
         sp = _runtime.current_span.get()
-        last = _last_obs.get(threading.get_ident())
+        last = st.last_obs.get(threading.get_ident())
         if sp is None and last is not None and time.monotonic() - last[0] < 60:
             sp = last[1]  # unwound past the stage: link to where the observer saw it
         data: Dict[str, Any] = {
             "source": source, "text": str(oom)[:MAX_TEXT], "sp": sp or _runtime.root_span_id or None,
             "type": type(oom).__name__, "alloc_conf": _alloc_conf(),
         }
-        if _backend:
-            data["backend"] = _backend
+        if st.backend:
+            data["backend"] = st.backend
         _runtime.emit("oom", data)
         return True
     except BaseException:  # called from except blocks and excepthooks
@@ -599,22 +581,24 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
 
 
 def _sys_excepthook(tp: Any, value: Any, tb: Any) -> None:
+    st = state()
     report_oom(value, "exception")
-    prev = _prev_sys_hook or sys.__excepthook__
+    prev = st.prev_sys_hook or sys.__excepthook__
     prev(tp, value, tb)
 
 
 def _thread_excepthook(args: Any) -> None:
+    st = state()
     report_oom(getattr(args, "exc_value", None), "exception")
-    prev = _prev_thread_hook or threading.__excepthook__
+    prev = st.prev_thread_hook or threading.__excepthook__
     prev(args)
 
 
 def _install_excepthooks() -> None:
-    global _prev_sys_hook, _prev_thread_hook
+    st = state()
     if sys.excepthook is not _sys_excepthook:
-        _prev_sys_hook = sys.excepthook
+        st.prev_sys_hook = sys.excepthook
         sys.excepthook = _sys_excepthook
     if threading.excepthook is not _thread_excepthook:
-        _prev_thread_hook = threading.excepthook
+        st.prev_thread_hook = threading.excepthook
         threading.excepthook = _thread_excepthook

@@ -58,12 +58,12 @@ def _patch_raw(cls: Any, name: str, new: Any) -> Any:
 
 
 def _importing() -> bool:
-    imp = cs._imports
+    imp = cs.state().imports
     return bool(imp is not None and imp._tls.__dict__.get("stack"))
 
 
 def _open_build(model: Any) -> None:
-    if getattr(_tls, "build", None) is not None or not cs.collecting or not cs.root_open():
+    if getattr(_tls, "build", None) is not None or not cs.state().collecting or not cs.root_open():
         return
     o = cs.begin("model_build", {"infersight.model.class": type(model).__name__,
                                  "infersight.model.api": "transformers"})
@@ -131,7 +131,7 @@ def _install_modeling(mu: Any) -> None:
 def _note_init(t0: int, t1: int) -> None:
     ident = threading.get_ident()
     parent = _runtime.current_span.get() or _runtime.root_span_id
-    seq = cs.stage_seq
+    seq = cs.state().stage_seq
     done = None
     with _lock:
         run = _init_runs.get(ident)
@@ -155,7 +155,7 @@ def _emit_init_run(run: list) -> None:  # type: ignore[type-arg]
 
 def _wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if (not cs.collecting or getattr(_tls, "in_init", False) or getattr(_tls, "build", None) is not None
+        if (not cs.state().collecting or getattr(_tls, "in_init", False) or getattr(_tls, "build", None) is not None
                 or _runtime.current_span.get() not in (None, _runtime.root_span_id) or _importing()):
             return orig(*args, **kwargs)
         _tls.in_init = True

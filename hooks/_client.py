@@ -46,7 +46,7 @@ from . import _paths, _wire
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Deque, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 # ~516 B per buffered log event with attributes: 131072 events bound the buffer near 64 MiB.
 MAX_BUFFER_EVENTS = 131072
@@ -91,15 +91,18 @@ def _yield() -> None:
     time.sleep(0)
 
 
+# kind -> build(*args): the dict of an event queued as a tuple of args (``hooks.stage``).
+builders: Dict[str, Callable[..., Dict[str, Any]]] = {}
+
+
 def _built(event: Tuple[int, int, str, Any]) -> Optional[_wire.Event]:
-    """The event with its data built: ``data`` is a dict, or a ``(build, args)`` pair that
-    the caller left to this thread (``hooks.stage``); None if building it failed."""
+    """The event with its data built: ``data`` is a dict, or a tuple of arguments that
+    the caller left to this thread for ``builders[kind]``; None if building it failed."""
     data = event[3]
     if data.__class__ is not tuple:
         return event
     try:
-        build, args = data
-        return (event[0], event[1], event[2], build(*args))
+        return (event[0], event[1], event[2], builders[event[2]](*data))
     except Exception:
         return None
 

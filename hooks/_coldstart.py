@@ -25,34 +25,18 @@ import sys
 import threading
 import time
 
-from . import _proc, _runtime, _workers
+from . import _proc, _runtime, _state, _workers
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Dict, Optional, Tuple
 
-_lock = threading.Lock()
-_tls = threading.local()
+    from ._state import ColdStart
 
-installed = False
-collecting = False  # True from install until the root ends: wrappers check this first
-boot_ns = 0
-ready_ns: Optional[int] = None
-ready_source = ""
-last_end_ns = 0  # end of the latest stage that finished (start of ready_wait)
-stage_seq = 0  # bumped at every stage start (splits warmup runs)
-explicit = False  # the user called mark_ready(): first_request ends at first_response()
-_main_ident = threading.main_thread().ident
-_main_pid = os.getpid()
-_ready_file: Optional[str] = None
-_undo: List[Callable[[], None]] = []
-_post_import: Dict[str, List[Callable[[Any], None]]] = {}
-_finder: Any = None  # the _imports.Finder on sys.meta_path
-_imports: Any = None  # the _imports module, once installed
-_sampler: Any = None  # the _sampler.Sampler while the cold start is collected
-_covered: List[Tuple[int, int]] = []  # this process's stage intervals (for the gaps)
-role = ""  # "helper" for resource trackers, compile workers, ``python -c`` probes
-_ceilings: Optional[Dict[str, Any]] = None
+
+def state() -> ColdStart:
+    """This process's cold-start state (a forked child gets a new one: ``_state``)."""
+    return _state.current.coldstart
 
 
 class _Warm:
@@ -67,7 +51,7 @@ class _Warm:
         self.first_end = 0
         self.inflight = 0
         self.n = 0
-        self.seq = stage_seq
+        self.seq = state().stage_seq
 
 
 class _First:
@@ -83,18 +67,13 @@ class _First:
         self.forward_end = 0  # explicit mode: the forward ended, first_response() pending
 
 
-_warm: Optional[_Warm] = None
-_first: Optional[_First] = None
-_first_done = False
-
-
 # -- stages ---------------------------------------------------------------------------
 
 
 class Open:
     """A stage in progress, opened by ``begin`` and closed by ``end``."""
 
-    __slots__ = ("attrs", "name", "parent", "pid", "prev", "span", "start")
+    __slots__ = ("attrs", "name", "owner", "parent", "prev", "span", "start")
 
     def __init__(self, name: str, parent: str, prev: Optional[str], start: int, attrs: Dict[str, Any]) -> None:
         self.name = name
@@ -103,27 +82,24 @@ class Open:
         self.prev = prev
         self.start = start
         self.attrs = attrs
-        self.pid = os.getpid()
-
-
-def is_main_thread() -> bool:
-    return threading.get_ident() == _main_ident
+        self.owner = state()  # this process's: a forked child has another
 
 
 def set_current(span: Optional[str]) -> None:
     """Make ``span`` the current span (children get it at spawn: ``_spawn``)."""
     _runtime.current_span.set(span)
-    if threading.get_ident() == _runtime.main_ident:
-        _runtime.main_span = span
+    hs = _state.current
+    if threading.get_ident() == hs.main_ident:
+        hs.main_span = span
 
 
 def note_begin(at: int = 0) -> None:
     """A stage starts on this thread at ``at`` (builtin or user's): it splits import runs
     and warmups."""
-    global stage_seq
-    stage_seq += 1
-    imp = _imports
-    if imp is not None and collecting:
+    st = state()
+    st.stage_seq += 1
+    imp = st.imports
+    if imp is not None and st.collecting:
         try:
             imp.pause(at)
         except Exception as exc:
@@ -132,7 +108,7 @@ def note_begin(at: int = 0) -> None:
 
 def note_stage_exit(at: int = 0) -> None:
     """The stage that ``note_begin`` announced ended on this thread at ``at``."""
-    imp = _imports
+    imp = state().imports
     if imp is not None:
         try:
             imp.resume(at)
@@ -141,8 +117,8 @@ def note_stage_exit(at: int = 0) -> None:
 
 
 def note_end(end_ns: int) -> None:
-    global last_end_ns
-    last_end_ns = max(last_end_ns, end_ns)
+    st = state()
+    st.last_end_ns = max(st.last_end_ns, end_ns)
 
 
 def begin(name: str, attrs: Optional[Dict[str, Any]] = None, start: Optional[int] = None) -> Open:
@@ -167,7 +143,7 @@ def end(
         if _runtime.current_span.get() == o.span:
             set_current(o.prev)
         note_stage_exit(end_ns)
-        if not keep or o.pid != os.getpid():  # opened by the parent before a fork
+        if not keep or o.owner is not state():  # opened by the parent before a fork
             return
         if attrs:
             o.attrs.update(attrs)
@@ -190,8 +166,9 @@ def emit_stage(
 def note_covered(name: str, start: int, end_ns: int) -> None:
     """Time a named stage covers, for the gap sampler (on the caller's thread: a stage whose
     span the drain thread builds later must already count when the root ends)."""
-    if name != "unattributed" and collecting:
-        _covered.append((start, max(end_ns, start)))
+    st = state()
+    if name != "unattributed" and st.collecting:
+        st.covered.append((start, max(end_ns, start)))
 
 
 def stage_data(
@@ -211,8 +188,19 @@ def stage_data(
     return data
 
 
+def stage_from_args(
+    name: str, span: str, parent: str, start: int, end_ns: int, err: Optional[str], *attrs: Any,
+) -> Dict[str, Any]:
+    """``stage_data`` of a stage that ``hooks.stage`` queued as one flat tuple of atomic
+    values, the attribute names and then their values: no dict or nested tuple that would
+    keep it tracked by the caller's garbage collector while it waits in the buffer."""
+    n = len(attrs) // 2
+    names, values = attrs[:n], attrs[n:]
+    return stage_data(name, span, parent, start, end_ns, {k: values[i] for i, k in enumerate(names)}, err)
+
+
 def root_open() -> bool:
-    return collecting and not _runtime.root_ended and _runtime.active()
+    return state().collecting and not _runtime.root_ended and _runtime.active()
 
 
 # -- weights: storage ceiling (measured by the agent, cached per device) -----------------
@@ -225,20 +213,20 @@ def _cache_file() -> str:
 
 def storage_ceiling(path: str) -> Optional[float]:
     """The storage ceiling (bytes/s) cached by the agent for ``path``'s device."""
-    global _ceilings
+    st = state()
     try:
-        if _ceilings is None:
-            _ceilings = {}
+        if st.ceilings is None:
+            st.ceilings = {}
             import json
 
             with open(_cache_file(), encoding="utf-8") as f:
                 loaded = json.load(f)
             if isinstance(loaded, dict) and isinstance(loaded.get("devices"), dict):
-                _ceilings = loaded["devices"]
-        if not path or not _ceilings:
+                st.ceilings = loaded["devices"]
+        if not path or not st.ceilings:
             return None
-        st = os.stat(path)
-        entry = _ceilings.get("%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev)))
+        dev = os.stat(path).st_dev
+        entry = st.ceilings.get("%d:%d" % (os.major(dev), os.minor(dev)))
         ceiling = entry.get("bytes_per_s") if isinstance(entry, dict) else None
         if isinstance(ceiling, (int, float)) and ceiling > 0:
             return float(ceiling)
@@ -286,11 +274,11 @@ def patch(obj: Any, name: str, new: Any) -> Any:
 
 
 def _close_warm_locked(now: int) -> Optional[Tuple[str, int, int, Dict[str, Any]]]:
-    global _warm
-    w = _warm
+    st = state()
+    w = st.warm
     if w is None:
         return None
-    _warm = None
+    st.warm = None
     end_ns = w.end if w.inflight == 0 else now
     attrs: Dict[str, Any] = {"infersight.warmup.forwards": w.n}
     if w.first_end:
@@ -311,18 +299,18 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     lazy import the health handler made) are its handling, not start-up: ``ready_wait``
     then runs from the last stage that ended before the request to the first stage the
     request caused, so the server's idle wait for the poll stays covered."""
-    global ready_ns, ready_source, explicit
+    st = state()
     if not root_open():
         return
     now = time.time_ns()
     t = t_ns if t_ns is not None else now
-    with _lock:
-        if ready_ns is not None:
+    with st.lock:
+        if st.ready_ns is not None:
             return
         t = max(t, _runtime.root_start_ns)
-        ready_ns, ready_source = t, source
+        st.ready_ns, st.ready_source = t, source
         if source == "mark_ready":
-            explicit = True
+            st.explicit = True
         closed = _close_warm_locked(now)
     _emit_warm(closed)
     _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
@@ -330,36 +318,37 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop,
                {"infersight.ready.source": source})
     _unlisten()
-    poll = callbacks.get("ready")
+    poll = st.callbacks.get("ready")
     if poll is not None:
         poll(start)
 
 
 def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:
     """``ready_wait``'s interval for readiness at ``t`` (see ``mark_ready``)."""
-    start = min(last_end_ns or t, t)
+    st = state()
+    start = min(st.last_end_ns or t, t)
     if not asked_ns or asked_ns >= t or start <= asked_ns:
         return start, t
-    if any(s < asked_ns < e for s, e in _covered):
+    if any(s < asked_ns < e for s, e in st.covered):
         return start, t  # a stage was running when the request came: no idle wait to cover
-    before = [e for s, e in _covered if e <= asked_ns]
+    before = [e for s, e in st.covered if e <= asked_ns]
     start = max(before) if before else min(_runtime.root_start_ns or asked_ns, asked_ns)
-    after = [s for s, e in _covered if s >= start and e > asked_ns]
+    after = [s for s, e in st.covered if s >= start and e > asked_ns]
     return start, max(start, min(min(after, default=t), t))
 
 
 def _check_ready_file() -> None:
     """launch --ready-url writes the readiness time to a file; pick it up once."""
-    global _ready_file
-    path = _ready_file
-    if path is None or ready_ns is not None:
+    st = state()
+    path = st.ready_file
+    if path is None or st.ready_ns is not None:
         return
     try:
         with open(path, encoding="ascii") as f:
             text = f.read().strip()
     except OSError:
         return
-    _ready_file = None
+    st.ready_file = None
     parts = text.split()  # "READY_NS [ASKED_NS]": the ready response, when the poll was sent
     ready_at = int(parts[0]) if parts and parts[0].isdigit() else None
     asked = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
@@ -368,50 +357,51 @@ def _check_ready_file() -> None:
 
 def forward_begin() -> Optional[Tuple[Any, ...]]:
     """An outermost forward starts in this thread. Returns a token for ``forward_end``."""
-    global _warm, _first
-    if not root_open() or _tls.__dict__.get("compile", 0):
+    st = state()
+    if not root_open() or st.tls.__dict__.get("compile", 0):
         return None  # a forward run by jit.trace or a compiler is part of graph_compile
-    if ready_ns is None and _ready_file is not None:
+    if st.ready_ns is None and st.ready_file is not None:
         _check_ready_file()
     now = time.time_ns()
     closed = None
-    with _lock:
-        if ready_ns is None:
-            w = _warm
-            if w is None or (w.inflight == 0 and w.seq != stage_seq):
+    with st.lock:
+        if st.ready_ns is None:
+            w = st.warm
+            if w is None or (w.inflight == 0 and w.seq != st.stage_seq):
                 closed = _close_warm_locked(now)
-                w = _warm = _Warm(now)
+                w = st.warm = _Warm(now)
             w.inflight += 1
             w.n += 1
             token: Optional[Tuple[Any, ...]] = ("w", w, _runtime.current_span.get())
-        elif _first is None and not _first_done:
-            _first = _First(now, "forward")
-            token = ("f", _first, _runtime.current_span.get())
+        elif st.first is None and not st.first_done:
+            st.first = _First(now, "forward")
+            token = ("f", st.first, _runtime.current_span.get())
         else:
             token = None  # inside a visible first request, or after it
     _emit_warm(closed)
     if token is not None:
         _runtime.current_span.set(token[1].span)
-        if _imports is not None:
-            _imports.pause()  # a forward run by a module being imported is not import time
+        if st.imports is not None:
+            st.imports.pause()  # a forward run by a module being imported is not import time
     return token
 
 
 def forward_end(token: Tuple[Any, ...]) -> None:
+    st = state()
     kind, obj, prev = token
     _runtime.current_span.set(prev)
-    if _imports is not None:
-        _imports.resume()
+    if st.imports is not None:
+        st.imports.resume()
     now = time.time_ns()
     if kind == "w":
-        with _lock:
+        with st.lock:
             obj.inflight -= 1
             obj.end = max(obj.end, now)
             if not obj.first_end:
                 obj.first_end = now
-            obj.seq = stage_seq
+            obj.seq = st.stage_seq
         return
-    if explicit:  # first_response() decides; this forward's end is the fallback
+    if st.explicit:  # first_response() decides; this forward's end is the fallback
         obj.forward_end = now
         return
     _finish(obj, now)
@@ -419,36 +409,37 @@ def forward_end(token: Tuple[Any, ...]) -> None:
 
 def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Optional[_First]:
     """A visible request starts (ASGI middleware). Returns a handle only for the first."""
-    global _first
-    if not root_open() or _first_done or _first is not None:
+    st = state()
+    if not root_open() or st.first_done or st.first is not None:
         return None
     now = time.time_ns()
     _check_ready_file()
-    if ready_ns is None:
+    if st.ready_ns is None:
         mark_ready("request", now)  # a request arriving means the server is ready
-    with _lock:
-        if _first is not None or _first_done:
+    with st.lock:
+        if st.first is not None or st.first_done:
             return None
-        _first = f = _First(now, source, attrs)
+        st.first = f = _First(now, source, attrs)
     return f
 
 
 def pending_first() -> bool:
-    return _first is None and not _first_done and root_open()
+    st = state()
+    return st.first is None and not st.first_done and root_open()
 
 
 def first_response(handle: Optional[_First] = None, attrs: Optional[Dict[str, Any]] = None) -> None:
     """The first response byte left the server: end first_request and the root."""
-    global _first
-    if not root_open() or _first_done:
+    st = state()
+    if not root_open() or st.first_done:
         return
     now = time.time_ns()
-    with _lock:
-        f = _first
+    with st.lock:
+        f = st.first
         if handle is not None and f is not handle:
             return
         if f is None:  # no request or forward seen since readiness: a marker at this point
-            f = _first = _First(now, "first_response")
+            f = st.first = _First(now, "first_response")
     if attrs:
         f.attrs.update(attrs)
     f.attrs.setdefault("infersight.first_request.ttfb_s", (now - f.start) / 1e9)
@@ -457,11 +448,11 @@ def first_response(handle: Optional[_First] = None, attrs: Optional[Dict[str, An
 
 def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
     """Emit first_request, end the root at its end, and take every hook out."""
-    global _first_done
-    with _lock:
-        if _first_done:
+    st = state()
+    with st.lock:
+        if st.first_done:
             return
-        _first_done = True
+        st.first_done = True
     attrs = {"infersight.first_request.source": f.source}
     attrs.update(f.attrs)
     emit_stage("first_request", f.span, _runtime.root_span_id, f.start, end_ns, attrs)
@@ -470,9 +461,10 @@ def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
 
 def _flush_runs(end_ns: int, final: bool = False) -> None:
     """Emit the import and ``nn.init`` runs still open (they are emitted when they end)."""
+    st = state()
     try:
-        if _imports is not None:
-            _imports.flush()
+        if st.imports is not None:
+            st.imports.flush()
         build = sys.modules.get(__name__.rsplit(".", 1)[0] + "._build")
         if build is not None:
             build.flush(end_ns, final)
@@ -481,51 +473,52 @@ def _flush_runs(end_ns: int, final: bool = False) -> None:
 
 
 def finish_root(end_ns: Optional[int], ended_by: str) -> None:
-    global collecting
+    st = state()
     now = time.time_ns()
-    with _lock:
+    with st.lock:
         closed = _close_warm_locked(now)
     _emit_warm(closed)
     end_at = end_ns if end_ns is not None else now
     try:
         _flush_runs(end_at, final=True)
-        children = _workers.reports(_children_dir) if _children_dir else []
-        _covered.extend((r[0], r[1]) for r in children)  # the workers' roots nest under ours
+        children = _workers.reports(st.children_dir) if st.children_dir else []
+        st.covered.extend((r[0], r[1]) for r in children)  # the workers' roots nest under ours
         _emit_unattributed(end_at)
         if children:
             _runtime.root_attrs["infersight.coldstart.workers"] = len(children)
-        if _parent_dir and role != "helper":
-            _workers.report(_parent_dir, _runtime.root_start_ns, end_at, ended_by)
-        if _children_ready:
-            _workers.cleanup(_children_dir)
+        if st.parent_dir and st.role != "helper":
+            _workers.report(st.parent_dir, _runtime.root_start_ns, end_at, ended_by)
+        if st.children_ready:
+            _workers.cleanup(st.children_dir)
     except Exception as exc:
         _runtime.fail(exc)
-    collecting = False
+    st.collecting = False
     attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": ended_by}
-    final_role = role or _proc.process_role(getattr(sys, "argv", []), _launched())
+    final_role = st.role or _proc.process_role(getattr(sys, "argv", []), _launched())
     if final_role:
         attrs["infersight.process.role"] = final_role
-    if ready_ns is not None:
-        attrs["infersight.coldstart.ready_s"] = (ready_ns - _runtime.root_start_ns) / 1e9
-        attrs["infersight.ready.source"] = ready_source
+    if st.ready_ns is not None:
+        attrs["infersight.coldstart.ready_s"] = (st.ready_ns - _runtime.root_start_ns) / 1e9
+        attrs["infersight.ready.source"] = st.ready_source
     _runtime.end_root(end_ns, attrs)
     uninstall()
 
 
 def _at_exit() -> None:
     """Before the runtime's own exit handler: settle what is still open, then end the root."""
+    st = state()
     try:
         if not root_open():
             uninstall()
             return
         _check_ready_file()
-        f = _first
-        if f is not None and not _first_done:
+        f = st.first
+        if f is not None and not st.first_done:
             _finish(f, f.forward_end or time.time_ns(), "exit")
             return
         end_ns = None
-        if _main_end_ns and os.getpid() == _main_pid:
-            end_ns = max(_main_end_ns, last_end_ns)  # exit handlers that ran since are not start-up
+        if st.main_end_ns and os.getpid() == st.main_pid:
+            end_ns = max(st.main_end_ns, st.last_end_ns)  # exit handlers that ran since are not start-up
         finish_root(end_ns, "exit")
     except Exception as exc:
         _runtime.fail(exc)
@@ -533,27 +526,24 @@ def _at_exit() -> None:
 
 # -- listen() readiness heuristic --------------------------------------------------------
 
-_orig_listen: Any = None
-_listen_owned = False
-
-
 def _install_listen(socket: Any = None) -> None:
     """Wrap ``socket.socket.listen`` once the host imports ``socket`` (never before: ~4 ms)."""
-    global _orig_listen, _listen_owned
+    st = state()
     if socket is None:
         if "socket" not in sys.modules:
             on_import("socket", _install_listen)
             return
         socket = sys.modules["socket"]
     cls = socket.socket
-    _listen_owned = "listen" in cls.__dict__
-    _orig_listen = cls.listen
-    orig = _orig_listen
+    st.listen_owned = "listen" in cls.__dict__
+    st.orig_listen = cls.listen
+    orig = st.orig_listen
 
     def listen(self: Any, *args: Any) -> None:
         orig(self, *args)
         try:
-            if (collecting and ready_ns is None and self.family in (socket.AF_INET, socket.AF_INET6)
+            st = state()
+            if (st.collecting and st.ready_ns is None and self.family in (socket.AF_INET, socket.AF_INET6)
                     and self.type == socket.SOCK_STREAM):
                 mark_ready("listen")
         except Exception as exc:
@@ -563,37 +553,35 @@ def _install_listen(socket: Any = None) -> None:
 
 
 def _unlisten() -> None:
-    global _orig_listen
-    if _orig_listen is None:
+    st = state()
+    if st.orig_listen is None:
         return
     socket = sys.modules["socket"]
     try:
-        if _listen_owned:
-            socket.socket.listen = _orig_listen  # type: ignore[method-assign]
+        if st.listen_owned:
+            socket.socket.listen = st.orig_listen  # type: ignore[method-assign]
         elif "listen" in socket.socket.__dict__:
             del socket.socket.listen
     except Exception as exc:
         _runtime.fail(exc)
-    _orig_listen = None
+    st.orig_listen = None
 
 
 # -- post-import callbacks (the loader wrapping lives in _imports) -------------------------
 
-watched: set[str] = set()  # names with post-import callbacks: _imports.Finder wraps their loader
-
-
 def on_import(name: str, callback: Callable[[Any], None]) -> None:
     """Run ``callback(module)`` once ``name`` is imported (now, if it already is)."""
+    st = state()
     mod = sys.modules.get(name)
     if mod is not None and getattr(getattr(mod, "__spec__", None), "_initializing", False) is False:
         _safe_call(callback, mod)
         return
-    _post_import.setdefault(name, []).append(callback)
-    watched.add(name)
+    st.post_import.setdefault(name, []).append(callback)
+    st.watched.add(name)
 
 
 def run_post_import(name: str, module: Any) -> None:
-    for cb in _post_import.pop(name, ()):
+    for cb in state().post_import.pop(name, ()):
         _safe_call(cb, module)
 
 
@@ -606,29 +594,26 @@ def _safe_call(cb: Callable[[Any], None], arg: Any) -> None:
 
 # -- install / uninstall ----------------------------------------------------------------
 
-callbacks: Dict[str, Callable[[int], None]] = {}
-
-
 def add_undo(fn: Callable[[], None]) -> None:
-    _undo.append(fn)
+    state().undo.append(fn)
 
 
 def install(boot: int, from_bootstrap: bool = True) -> None:
     """Start cold-start detection in this process (after ``_runtime.activate``)."""
-    global installed, collecting, boot_ns, _finder, _ready_file, _imports, role
-    if installed or not _runtime.active():
+    st = state()
+    if st.installed or not _runtime.active():
         return
     from . import _imports as imports
     from . import _sampler  # noqa: F401  (imported before the finder: not import time)
 
-    installed = collecting = True
-    boot_ns = boot or time.time_ns()
+    st.installed = st.collecting = True
+    st.boot_ns = boot or time.time_ns()
     env = os.environ
-    _ready_file = env.pop("INFERSIGHT_READY_FILE", None) or None
+    st.ready_file = env.pop("INFERSIGHT_READY_FILE", None) or None
     _set_children_dirs(env.get(_workers.ENV) or None)
-    role = _proc.process_role(getattr(sys, "argv", []), _launched())
-    if role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
-        env["INFERSIGHT_PROCESS_ROLE"] = role  # a compile worker's pool processes are helpers too
+    st.role = _proc.process_role(getattr(sys, "argv", []), _launched())
+    if st.role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
+        env["INFERSIGHT_PROCESS_ROLE"] = st.role  # a compile worker's pool processes are helpers too
     _prepare_children()
     if env.get("INFERSIGHT_READY_ON_LISTEN", "1").strip().lower() not in ("0", "false", "no", "off"):
         _install_listen()
@@ -636,44 +621,39 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     on_import("transformers", _install_transformers)
     on_import("tokenizers", _install_transformers)
     on_import("sentencepiece", _install_sentencepiece)
-    _imports = imports
-    _finder = imports.Finder()
-    sys.meta_path.insert(0, _finder)
+    st.imports = imports
+    st.finder = imports.Finder()
+    sys.meta_path.insert(0, st.finder)
     _start_sampler()
     atexit.register(_at_exit)
     _register_main_end()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
-    if from_bootstrap and _runtime.root_start_ns and boot_ns > _runtime.root_start_ns:
+    if from_bootstrap and _runtime.root_start_ns and st.boot_ns > _runtime.root_start_ns:
         # Interpreter start-up up to the end of these hooks' own set-up (their share apart).
         now = time.time_ns()
         emit_stage("runtime_init", _runtime.new_span_id(), _runtime.root_span_id,
-                   _runtime.root_start_ns, now, {"infersight.runtime_init.hooks_s": (now - boot_ns) / 1e9})
-
-
-_parent_dir: Optional[str] = None  # where this process reports its cold start's end
-_children_dir: Optional[str] = None  # where this process's children report theirs
-_children_ready = False  # that directory exists
+                   _runtime.root_start_ns, now, {"infersight.runtime_init.hooks_s": (now - st.boot_ns) / 1e9})
 
 
 def _set_children_dirs(parent_dir: Optional[str]) -> None:
-    global _parent_dir, _children_dir, _children_ready
-    _parent_dir = parent_dir
-    _children_ready = False
+    st = state()
+    st.parent_dir = parent_dir
+    st.children_ready = False
     c = _runtime.client
     if c is None:
         return
-    _children_dir = _workers.children_dir(c.spool_dir, str(c.producer.get("id") or os.getpid()))
-    os.environ[_workers.ENV] = _children_dir
+    st.children_dir = _workers.children_dir(c.spool_dir, str(c.producer.get("id") or os.getpid()))
+    os.environ[_workers.ENV] = st.children_dir
 
 
 def _prepare_children() -> None:
     """Make the directory where children report (a mkdir; removed when this cold start ends).
     Helpers have no workers."""
-    global _children_ready
-    if role != "helper" and _children_dir:
+    st = state()
+    if st.role != "helper" and st.children_dir:
         try:
-            _children_ready = _workers.prepare(_children_dir)
+            st.children_ready = _workers.prepare(st.children_dir)
         except Exception as exc:
             _runtime.fail(exc)
 
@@ -681,19 +661,19 @@ def _prepare_children() -> None:
 def check_workers() -> None:
     """(Sampler thread) A process with no request of its own whose worker served the first
     request: a supervisor. Its cold start ends there; the workers' roots cover it."""
-    global _first_done
+    st = state()
     try:
-        if _first is not None or _first_done or not root_open() or not _children_dir:
+        if st.first is not None or st.first_done or not root_open() or not st.children_dir:
             return
-        if not _children_ready:
+        if not st.children_ready:
             return
-        done = [r for r in _workers.reports(_children_dir) if r[2] in _workers.SERVED]
+        done = [r for r in _workers.reports(st.children_dir) if r[2] in _workers.SERVED]
         if done:
-            with _lock:
-                if _first_done or _first is not None:
+            with st.lock:
+                if st.first_done or st.first is not None:
                     return
-                _first_done = True  # no first_request of its own will end it any more
-            finish_root(max(min(r[1] for r in done), last_end_ns), "workers")
+                st.first_done = True  # no first_request of its own will end it any more
+            finish_root(max(min(r[1] for r in done), st.last_end_ns), "workers")
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -706,16 +686,12 @@ def _register_main_end() -> None:
         return
 
     def main_ended() -> None:
-        global _main_end_ns
-        _main_end_ns = time.time_ns()
+        state().main_end_ns = time.time_ns()
 
     try:
         reg(main_ended)
     except Exception:
         pass
-
-
-_main_end_ns = 0
 
 
 def _launched() -> bool:
@@ -724,17 +700,17 @@ def _launched() -> bool:
 
 
 def _start_sampler() -> None:
-    global _sampler
-    if role == "helper" or os.environ.get("INFERSIGHT_SAMPLER", "1").strip().lower() in ("0", "false", "no", "off"):
+    st = state()
+    if st.role == "helper" or os.environ.get("INFERSIGHT_SAMPLER", "1").strip().lower() in ("0", "false", "no", "off"):
         return
     from . import _sampler as sampler
 
-    _sampler = sampler.Sampler(_main_ident or 0, tick=check_workers)
-    _sampler.start()
+    st.sampler = sampler.Sampler(_state.current.main_ident or 0, tick=check_workers)
+    st.sampler.start()
 
 
 def _stop_sampler() -> Any:
-    s = _sampler
+    s = state().sampler
     if s is not None:
         s.stop()
     return s
@@ -742,13 +718,14 @@ def _stop_sampler() -> Any:
 
 def _emit_unattributed(end_ns: int) -> None:
     """Every stretch of the root that no stage covers (>= 50 ms): a span with the sampler's top."""
+    st = state()
     s = _stop_sampler()
-    if role == "helper":
+    if st.role == "helper":
         return
     from . import _sampler as sampler
 
     samples = s.samples if s is not None else []
-    for start, stop in sampler.uncovered(_covered, _runtime.root_start_ns, end_ns):
+    for start, stop in sampler.uncovered(st.covered, _runtime.root_start_ns, end_ns):
         a: Dict[str, Any] = {"infersight.unattributed.samples": sum(1 for t, _ in samples if start <= t < stop)}
         top = sampler.top_labels(samples, start, stop)
         if top:
@@ -776,20 +753,20 @@ def _install_torch(torch: Any) -> None:
 
 def uninstall() -> None:
     """Take every wrapper out (at the end of the root); safe to call twice."""
-    global collecting, _finder
-    collecting = False
+    st = state()
+    st.collecting = False
     _unlisten()
-    if _finder is not None:
+    if st.finder is not None:
         try:
-            sys.meta_path.remove(_finder)
+            sys.meta_path.remove(st.finder)
         except ValueError:
             pass
-        _finder = None
+        st.finder = None
     _stop_sampler()
-    _post_import.clear()
-    watched.clear()
-    while _undo:
-        fn = _undo.pop()
+    st.post_import.clear()
+    st.watched.clear()
+    while st.undo:
+        fn = st.undo.pop()
         try:
             fn()
         except Exception as exc:
@@ -797,35 +774,23 @@ def uninstall() -> None:
 
 
 def _after_fork_child() -> None:
-    """A forked child starts its own cold start (its root: the fork, under our span)."""
-    global _main_ident, _warm, _first, _first_done, collecting, ready_ns, explicit, last_end_ns
-    global _main_pid, _main_end_ns, _finder
+    """A forked child starts its own cold start (its root: the fork, under our span), on the
+    fresh state ``_state`` gave it (after ``_runtime``'s handler, registered before ours)."""
+    st = state()
     try:
-        _main_ident = threading.get_ident()
-        _main_pid = os.getpid()
-        _main_end_ns = 0
-        _set_children_dirs(_children_dir)  # the parent's children dir is this child's parent dir
-        if installed and _runtime.active():
+        _set_children_dirs(st.parent_dir)
+        was_collecting = st.collecting  # the parent's: its wrappers are still in place
+        st.collecting = st.installed and _runtime.active()
+        if st.collecting:
             _prepare_children()
-        _warm = None
-        _first = None
-        _first_done = False
-        explicit = False
-        last_end_ns = _runtime.root_start_ns
-        if ready_ns is not None:
-            ready_ns = _runtime.root_start_ns  # it inherited a server that was already ready
-        was_collecting = collecting
-        collecting = installed and _runtime.active()
-        _tls.__dict__.clear()
-        del _covered[:]
-        if _imports is not None:
-            _imports.after_fork_child()
-        if collecting:
+        if st.imports is not None:
+            st.imports.after_fork_child()
+        if st.collecting:
             _start_sampler()
-        if collecting and _imports is not None and _finder is None:
-            _finder = _imports.Finder()  # the parent's cold start ended: its finder is gone
-            sys.meta_path.insert(0, _finder)
-        if collecting and not was_collecting and "torch" in sys.modules:
+        if st.collecting and st.imports is not None and st.finder is None:
+            st.finder = st.imports.Finder()  # the parent's cold start ended: its finder is gone
+            sys.meta_path.insert(0, st.finder)
+        if st.collecting and not was_collecting and "torch" in sys.modules:
             from . import _torch  # the parent took its wrappers out: this child needs them again
 
             _torch.install(sys.modules["torch"])

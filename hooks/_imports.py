@@ -94,7 +94,7 @@ class _TimedLoader:
         pushed = False
         st: Any = None
         try:
-            if cs.collecting:
+            if cs.state().collecting:
                 st = _state()
                 if not st.paused:
                     stack = st.stack
@@ -150,7 +150,7 @@ def _piece(st: Any, start: int, end: int) -> None:
         return
     ident = threading.get_ident()
     parent = st.piece_parent or _runtime.root_span_id
-    seq = cs.stage_seq
+    seq = cs.state().stage_seq
     done: Optional[_Run] = None
     with _lock:
         run = _runs.get(ident)
@@ -235,8 +235,8 @@ class Finder:
         if d.get("finding"):
             return None
         stack = d.get("stack")
-        if fullname not in cs.watched:
-            if not cs.collecting or d.get("paused"):
+        if fullname not in cs.state().watched:
+            if not cs.state().collecting or d.get("paused"):
                 return None
             if stack and fullname.partition(".")[0] == stack[-1]:
                 return None

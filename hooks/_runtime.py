@@ -11,15 +11,14 @@ import atexit
 import contextvars
 import os
 import sys
-import threading
 import time
 
-from . import _client, _paths, _proc
+from . import _client, _paths, _proc, _state
 from ._client import Client, _say
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+    from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
     G = TypeVar("G", bound=Callable[..., Any])
 
@@ -48,16 +47,15 @@ root_attrs: Dict[str, Any] = {}
 current_span: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
     "infersight_span", default=None
 )
-# The main thread's current span, for other threads (the allocator sampler tags with it).
-main_span: Optional[str] = None
-main_ident = threading.main_thread().ident
 _failed = False
 _publish_env: Optional[Callable[[], None]] = None  # _spawn.publish once active
 # Span ids: a per-process generator seeded from the OS (reseeded in a forked child), not
-# one os.urandom call per id. Ids only need to be unique, not secret.
+# one os.urandom call per id. Ids only need to be unique, not secret. They are drawn and
+# formatted 256 at a time (one hex string, split): a stage takes one with a list pop.
 _rng = _random.Random(int.from_bytes(os.urandom(16), "big"))
-span_bits = _rng.getrandbits
-pid = os.getpid()  # os.getpid() is a system call (~0.2 us); kept current across forks
+_IDS_PER_DRAW = 256
+_ZERO_ID = "0" * 16  # invalid in W3C trace context
+span_ids: List[str] = []
 
 
 def wraps(fn: Callable[..., Any]) -> Callable[[G], G]:
@@ -77,11 +75,25 @@ def wraps(fn: Callable[..., Any]) -> Callable[[G], G]:
 
 
 def new_span_id() -> str:
-    return "%016x" % (span_bits(64) or 1)
+    try:
+        return span_ids.pop()
+    except IndexError:
+        return draw_span_ids()
+
+
+def draw_span_ids() -> str:
+    """Refill the span id pool; returns one more id."""
+    ids = _rng.getrandbits(64 * _IDS_PER_DRAW).to_bytes(8 * _IDS_PER_DRAW, "big").hex(" ", 8).split(" ")
+    while _ZERO_ID in ids:
+        ids.remove(_ZERO_ID)
+    span_ids.extend(ids)  # one call: atomic against a pop on another thread
+    return span_ids.pop()
 
 
 def _reseed() -> None:
+    """In a forked child: else parent and child would draw the same ids."""
     _rng.seed(int.from_bytes(os.urandom(16), "big"))
+    del span_ids[:]
 
 
 def _env_number(name: str, default: float) -> float:
@@ -287,12 +299,9 @@ def _before_fork() -> None:
 
 def _after_fork_child() -> None:
     """A forked child is a new producer: fresh buffer, thread and root under our span."""
-    global client, root_span_id, root_parent, root_start_ns, root_ended, root_attrs, main_span, main_ident, pid
+    global client, root_span_id, root_parent, root_start_ns, root_ended, root_attrs
     try:
         _reseed()  # else parent and child draw the same span ids
-        pid = os.getpid()
-        main_ident = threading.get_ident()
-        main_span = None
         old = client
         if old is None:
             return
@@ -329,3 +338,7 @@ def _after_fork_child() -> None:
         )
     except Exception as exc:
         fail(exc)
+    finally:
+        # The hooks' state of this process: a new instance, before _coldstart's and
+        # _alloc's own after-fork handlers (registered after this one) restart on it.
+        _state.replace_after_fork(root_start_ns)

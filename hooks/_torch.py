@@ -54,7 +54,7 @@ def _timed(
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         o = None
         try:
-            if cs.collecting and not _flag(guard) and cs.root_open():
+            if cs.state().collecting and not _flag(guard) and cs.root_open():
                 o = cs.begin(stage, describe(args, kwargs))
                 setattr(_tls, guard, 1)
         except Exception as exc:
@@ -104,7 +104,7 @@ def _install_dynamo(mod: Any) -> None:
 
     def on_start(args: Any = None) -> None:
         try:
-            if not cs.collecting or not cs.root_open():
+            if not cs.state().collecting or not cs.root_open():
                 return
             a: Dict[str, Any] = {"infersight.compile.api": "torch.compile",
                                  "infersight.compile.backend": _backend}
@@ -117,7 +117,8 @@ def _install_dynamo(mod: Any) -> None:
                 a["infersight.compile.trigger"] = str(getattr(trig, "name", trig)).lower()
             stack = _tls.__dict__.setdefault("dynamo", [])
             stack.append(cs.begin("graph_compile", a))
-            cs._tls.compile = getattr(cs._tls, "compile", 0) + 1
+            tls = cs.state().tls
+            tls.compile = getattr(tls, "compile", 0) + 1
         except Exception as exc:
             _runtime.fail(exc)
 
@@ -125,7 +126,8 @@ def _install_dynamo(mod: Any) -> None:
         try:
             stack = _tls.__dict__.get("dynamo")
             if stack:
-                cs._tls.compile = max(0, getattr(cs._tls, "compile", 1) - 1)
+                tls = cs.state().tls
+                tls.compile = max(0, getattr(tls, "compile", 1) - 1)
                 o = stack.pop()
                 o.attrs.update(cache_attrs(o.attrs.pop(_CACHE_SNAPSHOT, None), _cache_counts()))
                 cs.end(o)
@@ -239,7 +241,7 @@ def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _apply(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         o = mapped = None
         try:
-            if cs.collecting and not _flag("apply") and cs.root_open():
+            if cs.state().collecting and not _flag("apply") and cs.root_open():
                 cpu0, dev0, _ = _tensor_bytes(self)
                 if cpu0:
                     o = cs.begin("weights_to_device")
@@ -284,7 +286,7 @@ def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
         global _cuda_seen
         o = None
         try:
-            if cs.collecting and not _cuda_seen and not _torch.cuda.is_initialized() and cs.root_open():
+            if cs.state().collecting and not _cuda_seen and not _torch.cuda.is_initialized() and cs.root_open():
                 o = cs.begin("cuda_init", {"infersight.cuda_init.detected_by": "lazy_init"})
         except Exception as exc:
             _runtime.fail(exc)
@@ -330,7 +332,7 @@ def _make_call_impl(orig: Callable[..., Any], is_compiling: Callable[[], bool]) 
     tls = _tls
 
     def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not cs.collecting or is_compiling():
+        if not cs.state().collecting or is_compiling():
             return orig(self, *args, **kwargs)
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
@@ -360,7 +362,7 @@ def _make_call_impl(orig: Callable[..., Any], is_compiling: Callable[[], bool]) 
 def install(torch: Any) -> None:
     """Wrap what torch offers now; hook torch._dynamo, safetensors, onnxruntime for later."""
     global _torch
-    if not cs.collecting:
+    if not cs.state().collecting:
         return
     _torch = torch
     _weights.install(torch)  # weights_load: loaders, load_state_dict, safetensors, transformers
@@ -388,7 +390,7 @@ def install(torch: Any) -> None:
     from . import _build
 
     _build.install_torch(torch)
-    cs.callbacks["ready"] = _poll_cuda
+    cs.state().callbacks["ready"] = _poll_cuda
     cs.on_import("torch._dynamo", _install_dynamo)
     cs.on_import("onnxruntime", _install_onnxruntime)
 
@@ -398,11 +400,12 @@ def _timed_compile(orig: Callable[..., Any], api: str) -> Callable[..., Any]:
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Forwards run by the tracer belong to graph_compile, not to warmup.
-        cs._tls.compile = getattr(cs._tls, "compile", 0) + 1
+        tls = cs.state().tls
+        tls.compile = getattr(tls, "compile", 0) + 1
         try:
             return inner(*args, **kwargs)
         finally:
-            cs._tls.compile = max(0, getattr(cs._tls, "compile", 1) - 1)
+            tls.compile = max(0, getattr(tls, "compile", 1) - 1)
 
     wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     wrapper.__name__ = getattr(orig, "__name__", "wrapper")

@@ -280,7 +280,7 @@ def _deferred_begin(by: str, tensors: Iterator[Any]) -> Optional[_Deferred]:
 def forward_begin(module: Any) -> Optional[_Deferred]:
     """At an outermost forward: the first one of a module that still maps weights reads them."""
     try:
-        if not _mapped or not cs.root_open() or _flag() or cs._tls.__dict__.get("compile", 0):
+        if not _mapped or not cs.root_open() or _flag() or cs.state().tls.__dict__.get("compile", 0):
             return None  # a forward run by jit.trace or a compiler: its ops would be recorded
         tracing = getattr(getattr(_torch, "jit", None), "is_tracing", None)
         if tracing is not None and tracing():
@@ -441,7 +441,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
         path = ""
         size = 0
         try:
-            if cs.collecting and not _flag() and cs.root_open() and not _is_meta(
+            if cs.state().collecting and not _flag() and cs.root_open() and not _is_meta(
                     kwargs.get("map_location", kwargs.get("device"))):
                 f = args[0] if args else kwargs.get(key)
                 path, size = describe_file(f)
@@ -592,7 +592,7 @@ class _SafeOpen:
             return
         quiet = self._quiet
         attrs = self._attrs()
-        if attrs is None or not cs.root_open() or quiet != _activity() or cs.last_end_ns > self._start:
+        if attrs is None or not cs.root_open() or quiet != _activity() or cs.state().last_end_ns > self._start:
             return  # other spans began or ended meanwhile: one from the open would overlap them
         cs.note_begin()
         cs.emit_stage("weights_load", _runtime.new_span_id(), quiet[0] or _runtime.root_span_id,
@@ -608,9 +608,9 @@ class _SafeOpen:
 def _activity() -> Tuple[Any, ...]:
     """What changes when a span begins anywhere in the cold start: the current span, stage
     starts, the warmup run in progress and its forwards, the first request."""
-    warm = getattr(cs, "_warm", None)
-    return (_runtime.current_span.get(), cs.stage_seq, id(warm), getattr(warm, "n", 0),
-            id(getattr(cs, "_first", None)))
+    st = cs.state()
+    warm = st.warm
+    return (_runtime.current_span.get(), st.stage_seq, id(warm), getattr(warm, "n", 0), id(st.first))
 
 
 def _install_safetensors(mod: Any) -> None:
@@ -621,7 +621,7 @@ def _install_safetensors(mod: Any) -> None:
     def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
         h = None
         try:
-            if cs.collecting and not _flag() and cs.root_open():
+            if cs.state().collecting and not _flag() and cs.root_open():
                 h = _SafeOpen(None, filename)
                 h._opening()  # the page cache as it was before the open's own readahead
         except Exception as exc:
@@ -656,7 +656,7 @@ def _install_transformers(mod: Any) -> None:
         files: List[str] = []
         model = None
         try:
-            if cs.collecting and not _flag() and cs.root_open():
+            if cs.state().collecting and not _flag() and cs.root_open():
                 ckpt = kwargs.get("checkpoint_files")
                 for a in args:
                     if model is None and isinstance(a, _torch.nn.Module):

@@ -105,7 +105,7 @@ def test_hooks_ratio_from_cache(tmp_path, monkeypatch) -> None:
     data.write_bytes(b"x" * 4096)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     storage_ceiling.record(str(data), storage_ceiling.Measurement(1000, 1.0, "direct"))
-    monkeypatch.setattr(_coldstart, "_ceilings", None)
+    monkeypatch.setattr(_coldstart.state(), "ceilings", None)
     a = _coldstart.weights_attrs(str(data), 500, 1.0)
     assert a["infersight.weights.bytes_per_s"] == 500
     assert a["infersight.weights.ceiling_ratio"] == pytest.approx(0.5)
@@ -136,7 +136,7 @@ def test_bootstrap_imports_no_framework(tmp_path) -> None:
                 "INFERSIGHT_SOCKET": str(tmp_path / "none.sock"), "INFERSIGHT_SPOOL_DIR": str(tmp_path / "spool"),
                 "INFERSIGHT_EXIT_FLUSH_S": "0"})
     code = ("import sys\nfrom infersight.hooks import _coldstart\n"
-            "assert _coldstart.installed and _coldstart.collecting\n"
+            "assert _coldstart.state().installed and _coldstart.state().collecting\n"
             "assert not [m for m in ('torch', 'safetensors', 'numpy') if m in sys.modules]\n"
             "assert any(type(f).__name__ == 'Finder' for f in sys.meta_path)\n")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
@@ -160,11 +160,11 @@ def test_bootstrap_runs_on_python39(tmp_path) -> None:
            "INFERSIGHT_SOCKET": str(tmp_path / "none.sock"), "INFERSIGHT_SPOOL_DIR": str(tmp_path / "spool"),
            "INFERSIGHT_EXIT_FLUSH_S": "0"}
     code = ("from infersight import hooks\nfrom infersight.hooks import _coldstart\n"
-            "import socket\nassert _coldstart.collecting\n"
+            "import socket\nassert _coldstart.state().collecting\n"
             "with hooks.stage('s'):\n    pass\n"
             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); s.close()\n"
-            "assert _coldstart.ready_source == 'listen'\n"
-            "hooks.first_response()\nassert not _coldstart.collecting\n"
+            "assert _coldstart.state().ready_source == 'listen'\n"
+            "hooks.first_response()\nassert not _coldstart.state().collecting\n"
             "assert 'listen' not in socket.socket.__dict__\n")
     p = subprocess.run([found[0], "-c", code], env=env, timeout=60, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

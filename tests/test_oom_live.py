@@ -9,7 +9,6 @@ end-to-end tests use real hooked child processes, a real agent and the real file
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import signal
@@ -33,7 +32,7 @@ from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.devices.nvml import DeviceSample, GpuProcess
 from infersight.agent.oom import kind as oom_kind
 from infersight.agent.oom.extension import OomExtension
-from infersight.hooks import _alloc, _runtime
+from infersight.hooks import _alloc, _runtime, _state
 from infersight.telemetry import LogItem, MetricItem, SpanItem
 
 TESTS = Path(__file__).resolve().parent
@@ -76,7 +75,7 @@ class FakeClient:
 
 @pytest.fixture
 def hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A fresh _alloc with a FAKE client; excepthooks restored afterwards."""
+    """Fresh hook state with a FAKE client; excepthooks restored afterwards."""
     client = FakeClient()
     monkeypatch.setattr(_runtime, "client", client)
     monkeypatch.setattr(_runtime, "_failed", False)
@@ -85,10 +84,11 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("INFERSIGHT_MEM_INTERVAL_S", "0")
     monkeypatch.delenv("INFERSIGHT_MEMORY_HISTORY", raising=False)
     saved = (sys.excepthook, threading.excepthook)
-    importlib.reload(_alloc)
+    monkeypatch.setattr(_state, "current", _state.HookState())
     yield client
-    _alloc._stop = True
-    _alloc._wake.set()
+    st = _alloc.state()
+    st.stop = True
+    st.wake.set()
     sys.excepthook, threading.excepthook = saved
 
 
@@ -101,7 +101,7 @@ def test_observer_emits_a_well_formed_oom_event(hooked: FakeClient) -> None:
         {"device": 0, "total_size": 2 * MIB, "segment_type": "small", "segment_pool_id": (0, 0),
          "blocks": [{"size": 2 * MIB, "state": "inactive"}]},
     ]
-    _alloc._torch = fake
+    _alloc.state().torch = fake
     assert _alloc.start_allocator_hooks()
     assert len(fake.observers) == 1
     assert _alloc.status()["observer"]
@@ -133,7 +133,7 @@ def test_fraction_cap_is_reported_as_allowed(hooked: FakeClient, monkeypatch: py
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     fake = FakeTorch(total=16 * GIB)
     fake.fraction = 0.5
-    _alloc._torch = fake
+    _alloc.state().torch = fake
     _alloc.start_allocator_hooks()
     with pytest.raises(OutOfMemoryError):
         fake.oom(alloc=GIB, free=10 * GIB)
@@ -153,7 +153,7 @@ def test_observer_never_raises_into_the_oom(hooked: FakeClient) -> None:
 
     fake.cuda.get_device_properties = broken
     fake.cuda.memory_snapshot = broken
-    _alloc._torch = fake
+    _alloc.state().torch = fake
     _alloc.start_allocator_hooks()
     with pytest.raises(OutOfMemoryError):
         fake.oom(alloc=GIB, free=0)
@@ -164,17 +164,17 @@ def test_observer_never_raises_into_the_oom(hooked: FakeClient) -> None:
     hooked.raise_on_emit = True  # even the client failing stays inside the observer
     with pytest.raises(OutOfMemoryError):
         fake.oom(alloc=GIB, free=0)
-    _alloc._torch = None  # and a torch that went away
+    _alloc.state().torch = None  # and a torch that went away
     assert fake.observers[0](0, 1, 2, 3) is None
 
 
 def test_starts_only_after_cuda_init_and_only_on_native(hooked: FakeClient) -> None:
     fake = FakeTorch(initialized=False)
-    _alloc._torch = fake
+    _alloc.state().torch = fake
     assert not _alloc.start_allocator_hooks()
     assert not fake.observers
     other = FakeTorch(backend="cudaMallocAsync")
-    _alloc._torch = other
+    _alloc.state().torch = other
     assert _alloc.start_allocator_hooks()
     assert not other.observers
     assert "cudaMallocAsync" in _alloc.status()["reason"]
@@ -195,7 +195,7 @@ def test_install_waits_for_cuda_then_attaches(hooked: FakeClient) -> None:
 def test_excepthook_reports_the_oom_text_once_and_chains(hooked: FakeClient) -> None:
     seen: list[Any] = []
     sys.excepthook = lambda tp, v, tb: seen.append(v)
-    _alloc._torch = FakeTorch()
+    _alloc.state().torch = FakeTorch()
     _alloc._install_excepthooks()
     text = example("oom-002")["text"]
     exc = OutOfMemoryError(text)
@@ -212,7 +212,7 @@ def test_excepthook_reports_the_oom_text_once_and_chains(hooked: FakeClient) -> 
 def test_thread_excepthook_reports_and_chains(hooked: FakeClient) -> None:
     seen: list[Any] = []
     threading.excepthook = lambda args: seen.append(args.exc_type)
-    _alloc._torch = FakeTorch()
+    _alloc.state().torch = FakeTorch()
     _alloc._install_excepthooks()
 
     def work() -> None:
@@ -227,7 +227,7 @@ def test_thread_excepthook_reports_and_chains(hooked: FakeClient) -> None:
 
 
 def test_report_oom_links_the_span_and_finds_wrapped_ooms(hooked: FakeClient) -> None:
-    _alloc._torch = FakeTorch()
+    _alloc.state().torch = FakeTorch()
     token = _runtime.current_span.set(SPAN)
     try:
         try:
@@ -252,11 +252,11 @@ def test_report_oom_links_the_span_and_finds_wrapped_ooms(hooked: FakeClient) ->
 
 def test_exception_after_unwinding_links_to_the_observer_span(hooked: FakeClient) -> None:
     fake = FakeTorch()
-    _alloc._torch = fake
+    _alloc.state().torch = fake
     _alloc.start_allocator_hooks()
     _alloc._install_excepthooks()
     sys_prev: list[Any] = []
-    _alloc._prev_sys_hook = lambda *a: sys_prev.append(a)
+    _alloc.state().prev_sys_hook = lambda *a: sys_prev.append(a)
     token = _runtime.current_span.set(SPAN)
     try:
         with pytest.raises(OutOfMemoryError) as info:
@@ -272,7 +272,7 @@ def test_exception_after_unwinding_links_to_the_observer_span(hooked: FakeClient
 
 
 def test_sampler_emits_deltas_and_segment_events(hooked: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_runtime, "main_span", SPAN)  # the main thread is in stage SPAN
+    _state.current.main_span = SPAN  # the main thread is in stage SPAN (the fixture's fresh state)
     fake = FakeTorch()
     s = _alloc.Sampler(fake, large_bytes=GIB)
     fake.stats = nested_stats()

@@ -1,0 +1,143 @@
+"""The hooks' per-process state (``hooks/_state.py``): one instance per process, replaced
+(not reset field by field) in a forked child, carrying over only what must survive."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import hook_env
+
+from infersight.hooks import _state
+
+
+def test_a_forked_cold_start_starts_over_and_keeps_what_the_fork_kept() -> None:
+    parent = _state.ColdStart()
+    parent.installed = parent.collecting = True
+    parent.role = "helper"
+    parent.ready_ns, parent.ready_source = 10, "listen"
+    parent.last_end_ns = 20
+    parent.explicit = True
+    parent.first_done = True
+    parent.first, parent.warm = object(), object()
+    parent.covered.append((1, 2))
+    parent.children_dir = "/run/children"
+    parent.main_end_ns = 30
+    parent.undo.append(lambda: None)
+    parent.post_import["torch"] = []
+    parent.watched.add("torch")
+    parent.callbacks["ready"] = lambda t: None
+    parent.finder, parent.imports = object(), object()
+    parent.tls.compile = 1
+
+    child = parent.forked(root_start_ns=100)
+
+    assert child is not parent
+    # What the fork kept in memory, and what stays true, is carried over...
+    assert child.installed and child.collecting and child.role == "helper"
+    assert child.undo is parent.undo and child.post_import is parent.post_import
+    assert child.watched is parent.watched and child.callbacks is parent.callbacks
+    assert child.finder is parent.finder and child.imports is parent.imports
+    # ... readiness and the last stage's end move to the child's own root ...
+    assert (child.ready_ns, child.ready_source, child.last_end_ns) == (100, "listen", 100)
+    assert child.parent_dir == "/run/children" and child.children_dir is None
+    # ... and the rest starts fresh.
+    assert child.first is None and child.warm is None and not child.first_done and not child.explicit
+    assert child.covered == [] and child.main_end_ns == 0
+    assert child.lock is not parent.lock and not hasattr(child.tls, "compile")
+
+
+def test_a_forked_allocator_attaches_again() -> None:
+    parent = _state.Alloc()
+    parent.installed = parent.started = parent.observer_attached = True
+    parent.torch = torch = object()
+    parent.history, parent.backend = 8, "native"
+    parent.prev_sys_hook = hook = print
+    parent.last_obs[1] = (0.0, None, 0)
+    parent.status["observer"] = True
+
+    child = parent.forked()
+
+    assert child.installed and child.torch is torch and child.prev_sys_hook is hook
+    assert not child.started and not child.observer_attached and child.history == 0
+    assert child.last_obs == {} and child.status["observer"] is False
+    assert child.wake is not parent.wake
+
+
+def test_the_hook_state_follows_the_forking_thread() -> None:
+    state = _state.HookState()
+    state.main_span = "a" * 16
+    child = state.forked(root_start_ns=1)
+    assert child.main_ident == threading.get_ident()
+    assert child.main_span is None
+    assert child.coldstart is not state.coldstart and child.alloc is not state.alloc
+
+
+FORK = textwrap.dedent("""\
+    import os, sys
+    from infersight import hooks
+    from infersight.hooks import _coldstart, _state
+    before = _state.current
+    assert before.coldstart.collecting
+    with hooks.stage("load"):
+        before.coldstart.covered.append((1, 2))
+        pid = os.fork()
+        if pid == 0:
+            after = _state.current
+            ok = (after is not before and after.coldstart.installed and after.coldstart.collecting
+                  and after.coldstart.covered == [] and after.coldstart.undo is before.coldstart.undo
+                  and _coldstart.state() is after.coldstart)
+            os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert _state.current is before  # the parent keeps its own
+    """)
+
+
+def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
+    env = hook_env(tmp_path / "none.sock", tmp_path / "spool", INFERSIGHT_EXIT_FLUSH_S="0")
+    p = subprocess.run([sys.executable, "-c", FORK], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "hooks disabled" not in p.stderr
+
+
+class _Queue:
+    """Stands in for the client: keeps what ``hooks.stage`` queues, as the buffer would."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int, str, object]] = []
+
+    def emit_at(self, t_ns: int, kind: str, data: object) -> None:
+        self.events.append((len(self.events) + 1, t_ns, kind, data))
+
+
+def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infersight import hooks
+    from infersight.hooks import _client, _runtime
+
+    queue = _Queue()
+    monkeypatch.setattr(_runtime, "client", queue)
+    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
+    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
+    monkeypatch.setattr(_state, "current", _state.HookState())
+    with hooks.stage("outer"), pytest.raises(ValueError), hooks.stage("load", model="m", batch=8):
+        raise ValueError("x")
+    inner, outer = queue.events
+    assert inner[3].__class__ is tuple  # atomic values only, no dict or nested tuple: the GC lets go early
+    assert all(v is None or v.__class__ in (str, int) for v in inner[3])  # type: ignore[attr-defined]
+    built = _client._built(inner)
+    assert built is not None
+    data = built[3]
+    assert data["n"] == "coldstart.load" and data["tr"] == "a" * 32
+    assert data["p"] == _client._built(outer)[3]["id"] != data["id"]  # type: ignore[index]
+    assert data["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
+    assert data["err"] == "ValueError"
+    assert data["s"] <= data["e"] == inner[1]
+    assert len(data["id"]) == 16 and int(data["id"], 16)
+    assert _client._built(outer)[3]["p"] == "b" * 16  # type: ignore[index]
