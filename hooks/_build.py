@@ -131,11 +131,15 @@ def _install_modeling(mu: Any) -> None:
 def _note_init(t0: int, t1: int) -> None:
     ident = threading.get_ident()
     parent = _runtime.current_span.get() or _runtime.root_span_id
-    seq = cs.state().stage_seq
+    st = cs.state()
+    seq, imp = st.stage_seq, st.imports
+    # Import runs and init runs on one thread must not overlap without nesting: an init run is
+    # not extended across an import piece, and a new one ends the import run open before it.
     done = None
     with _lock:
         run = _init_runs.get(ident)
-        if run is not None and run[0] == parent and run[4] == seq and t0 - run[2] <= INIT_GAP_NS:
+        if (run is not None and run[0] == parent and run[4] == seq and t0 - run[2] <= INIT_GAP_NS
+                and not (imp is not None and imp.thread_run_end() > run[2])):
             run[2] = t1
             run[3] += 1
             return
@@ -143,6 +147,8 @@ def _note_init(t0: int, t1: int) -> None:
         _init_runs[ident] = [parent, t0, t1, 1, seq]
     if done is not None:
         _emit_init_run(done)
+    if imp is not None:
+        imp.flush(this_thread_only=True)
 
 
 def _emit_init_run(run: list) -> None:  # type: ignore[type-arg]

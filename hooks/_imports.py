@@ -181,6 +181,14 @@ def _emit(run: _Run) -> None:
     cs.emit_stage("framework_import", _runtime.new_span_id(), run.parent, run.start, run.end, a)
 
 
+def thread_run_end() -> int:
+    """End of this thread's open import run (0: none). A stage built from runs elsewhere (the
+    ``torch.nn.init`` runs of ``model_build``) must not be extended across it."""
+    with _lock:
+        run = _runs.get(threading.get_ident())
+    return run.end if run is not None else 0
+
+
 def flush(this_thread_only: bool = False) -> None:
     """Emit the open runs (all threads, or this one): a stage starts, or the root ends."""
     if this_thread_only:
