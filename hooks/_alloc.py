@@ -501,7 +501,7 @@ def _observer(device: int, alloc: int, allowed_or_total: int, device_free: int) 
         st.last_obs[threading.get_ident()] = (time.monotonic(), data.get("sp"), int(alloc))
         if len(st.last_obs) > 256:
             st.last_obs.clear()
-        _runtime.emit("oom", data)
+        _runtime.emit_urgent("oom", data)
     except BaseException:  # nothing may escape an allocator observer
         pass
 
@@ -574,7 +574,7 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
         }
         if st.backend:
             data["backend"] = st.backend
-        _runtime.emit("oom", data)
+        _runtime.emit_urgent("oom", data)
         return True
     except BaseException:  # called from except blocks and excepthooks
         return False

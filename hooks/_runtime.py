@@ -129,6 +129,19 @@ def emit(kind: str, data: Dict[str, Any]) -> None:
         fail(exc)
 
 
+def emit_urgent(kind: str, data: Dict[str, Any]) -> None:
+    """``emit``, and send it now rather than at the end of the batch delay (an OOM: the
+    process may be about to die, and the report has a latency budget)."""
+    c = client
+    if c is None or not c.enabled:
+        return
+    try:
+        c.emit(kind, data)
+        c.hurry()
+    except Exception as exc:
+        fail(exc)
+
+
 def parse_traceparent(value: str) -> Optional[Tuple[str, str]]:
     parts = value.strip().split("-")
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:

@@ -62,12 +62,16 @@ class FakeClient:
         self.enabled = True
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.raise_on_emit = False
+        self.hurried_after: list[int] = []  # len(events) at each hurry(): what was sent at once
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         if self.raise_on_emit:
             raise RuntimeError("FAKE client failure")
         json.dumps(data)  # what goes on the wire must be JSON
         self.events.append((kind, data))
+
+    def hurry(self) -> None:
+        self.hurried_after.append(len(self.events))
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [d for k, d in self.events if k == kind]
@@ -114,6 +118,8 @@ def test_observer_emits_a_well_formed_oom_event(hooked: FakeClient) -> None:
     (ev,) = hooked.of("oom")
     assert ev["source"] == "observer"
     assert ev["sp"] == SPAN
+    # sent at once, not after the batch delay (the agent's quiet-producer gate adds up to 80 ms)
+    assert hooked.hurried_after == [len(hooked.events)]
     assert (ev["dev"], ev["req"], ev["total"], ev["free"]) == (0, 2 * GIB, 16 * GIB, 512 * MIB)
     assert "allowed" not in ev
     assert ev["fraction"] == 1.0
@@ -207,6 +213,7 @@ def test_excepthook_reports_the_oom_text_once_and_chains(hooked: FakeClient) -> 
     assert ev["source"] == "exception"
     assert ev["text"] == text
     assert ev["sp"] == ROOT
+    assert hooked.hurried_after == [1]  # the report is sent at once
 
 
 def test_thread_excepthook_reports_and_chains(hooked: FakeClient) -> None:
