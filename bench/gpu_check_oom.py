@@ -8,7 +8,7 @@ Needs torch (CUDA) and infersight only; nvidia-ml-py is used when present. Each 
 runs in a fresh process, with the hooks' allocator observer attached (hooks/_alloc.py) and
 its events recorded in memory (no agent socket: a recorder stands in for the hook client).
 The observer event and the caught exception (``report_oom``) then go through the agent's
-own handlers (``agent/oom_kind.py``, with real NVML when it is available) while the
+own handlers (``agent/oom/kind.py``, with real NVML when it is available) while the
 process, and any other tenant, still hold their memory. The text alone is classified too,
 as ``infersight classify`` would.
 

@@ -3,7 +3,7 @@
 A hooked child process (the bootstrap on PYTHONPATH, as ``infersight launch`` does) has
 OOMs; for each one it records the wall clock just before the allocator would call its
 observers, and the OOM goes through the real path: ``hooks/_alloc`` observer (memory_stats,
-snapshot summary) -> hook client -> agent socket -> ``agent/oom_kind`` (parse, NVML when
+snapshot summary) -> hook client -> agent socket -> ``agent/oom/kind`` (parse, NVML when
 there is one, rules) -> the OTLP JSON file exporter. The server catches each OOM and calls
 ``report_oom`` too, so the agent's observer/exception de-duplication is on the path.
 

@@ -18,7 +18,7 @@ What runs, and what it costs (docs/oom_live.md has the measured numbers):
   max_entries=N)``, read only on OOM, tagged with the current stage when the PyTorch
   build has ``_set_memory_metadata``.
 
-Event kinds (the agent's ``agent/oom_kind.py`` reads them):
+Event kinds (the agent's ``agent/oom/kind.py`` reads them):
 
 - ``oom``: dev, uuid, req, total, free, allowed, stats{...}, snap{...}, alloc_conf, fraction,
   backend, text, sp, source ("observer" | "exception" | "report"), hist[...];

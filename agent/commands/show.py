@@ -2,7 +2,7 @@
 
 - ``text`` (default): one waterfall per ``coldstart`` root in the file (the served process and
   any hooked children), oldest first, with launch's probe result under its root;
-- ``json``: the waterfalls as JSON for scripts (``report_trace.waterfall_json``);
+- ``json``: the waterfalls as JSON for scripts (``report.trace.waterfall_json``);
 - ``chrome-trace``: Chrome trace-event JSON for Perfetto UI and ``chrome://tracing``.
 
 Lines that do not parse (a last line cut short) are skipped with a note on stderr.

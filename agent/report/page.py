@@ -1,7 +1,7 @@
 """``infersight report FILE... [-o PATH]``: one self-contained HTML page from OTLP JSON files.
 
-I/O at the edge: read the files (report_parse), build the views (:func:`build`: report_views
-for cold starts and OOMs, report_gpu for memory and devices), render the page (report_html),
+I/O at the edge: read the files (``report.parse``), build the views (:func:`build`: ``report.views``
+for cold starts and OOMs, ``report.gpu`` for memory and devices), render the page (``report.html``),
 write it and print its path. Exit 0 with a page; 2 with one line on
 stderr when no file could be read, none holds OTLP data, or the page cannot be written.
 """

@@ -1,6 +1,6 @@
 """Telemetry -> what the report draws (pure): cold-start waterfalls and OOMs.
 
-Memory and devices are in ``report_gpu``.
+Memory and devices are in ``report.gpu``.
 
 Each view is built only from what the file holds; an empty list means "no such section".
 Attribute names are the ones the agent exports (README metric tables, docs/coldstart.md);
