@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+from test_rule_engine import VALID_RULE
 
 from infersight.agent.daemon import config as cfg
 from infersight.agent.errors import AgentError
@@ -21,24 +22,7 @@ from infersight.settings import ConfigError, Key, parse_int, setting
 
 REPO = Path(__file__).resolve().parent.parent
 
-RULE = """engine_version = "1.0"
-
-[[rule]]
-id = "site.x"
-version = 1
-class = "capacity"
-priority = 5
-condition = "R > 100GiB"
-remedy = "buy more"
-
-[[rule.examples]]
-kind = "positive"
-numbers = { R = "200 GiB" }
-
-[[rule.examples]]
-kind = "negative"
-numbers = { R = "1 GiB" }
-"""
+RULE = 'engine_version = "1.0"\n' + VALID_RULE  # a rule file that loads
 
 
 def _raised(fn: object) -> SourceError:
