@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
     from ._state import ColdStart
 
+REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
+
 
 def state() -> ColdStart:
     """This process's cold-start state (a forked child gets a new one: ``_state``)."""
@@ -486,8 +488,6 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
         _emit_unattributed(end_at)
         if children:
             _runtime.root_attrs["infersight.coldstart.workers"] = len(children)
-        if st.parent_dir and st.role != "helper":
-            _workers.report(st.parent_dir, _runtime.root_start_ns, end_at, ended_by)
         if st.children_ready:
             _workers.cleanup(st.children_dir)
     except Exception as exc:
@@ -500,8 +500,37 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
     if st.ready_ns is not None:
         attrs["infersight.coldstart.ready_s"] = (st.ready_ns - _runtime.root_start_ns) / 1e9
         attrs["infersight.ready.source"] = st.ready_source
+    start_ns = _runtime.root_start_ns
     _runtime.end_root(end_ns, attrs)
     uninstall()
+    if st.parent_dir and st.role != "helper":
+        _report_to_parent(st.parent_dir, start_ns, end_at, ended_by)
+
+
+def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> None:
+    """Tell the supervisor that this worker's cold start ended, once the agent has acked our
+    root: the supervisor's root then ends, and the agent counts our root as covering the
+    supervisor's wait only if it has seen ours first. Off the caller's thread (the ack may take
+    a batch delay); at exit, in line and bounded."""
+    c = _runtime.client
+
+    def send() -> None:
+        try:
+            if c is not None and c.enabled:
+                c.flush(REPORT_FLUSH_S)
+            _workers.report(parent_dir, start_ns, end_ns, ended_by)
+        except Exception as exc:
+            _runtime.fail(exc)
+
+    if ended_by == "exit":
+        send()
+        return
+    try:
+        # Not a daemon: a worker that exits right after its first response still reports
+        # (the interpreter joins it before exit handlers run; bounded by REPORT_FLUSH_S).
+        threading.Thread(target=send, name="infersight-report", daemon=False).start()
+    except RuntimeError:  # no new threads (interpreter shutting down)
+        send()
 
 
 def _at_exit() -> None:
