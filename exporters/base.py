@@ -10,10 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from infersight.errors import InfersightError
 from infersight.telemetry import Item
 
 
-class ExportError(Exception):
+class ExporterError(InfersightError):
+    """The base of the exporters' errors. Only :class:`ExportError` means "not delivered,
+    retry or spool" to the agent's worker; a settings error is an ``ExporterError`` too, but
+    never an ``ExportError``."""
+
+
+class ExportError(ExporterError):
     """The batch was not delivered.
 
     ``retryable`` False: the peer refused this batch for good (a malformed payload, say);

@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from infersight.exporters.base import ExporterError
 from infersight.exporters.mqtt_payload import Topics, validate_prefix
 from infersight.redact import mask_url
 from infersight.settings import Config, ConfigError, Key, section_settings, setting
@@ -40,7 +41,7 @@ _PROTOCOL_ALIASES = {
 SCHEMES = {"mqtt": False, "tcp": False, "mqtts": True, "ssl": True, "tls": True}
 
 
-class MqttConfigError(ValueError):
+class MqttConfigError(ExporterError, ValueError):
     """The MQTT exporter cannot be set up as configured (bad URL, missing file, bad option)."""
 
 

@@ -42,7 +42,7 @@ from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 from infersight import __version__
-from infersight.exporters.base import ExportError
+from infersight.exporters.base import ExporterError, ExportError
 from infersight.telemetry import (
     ColdStart,
     HistogramPoint,
@@ -65,7 +65,7 @@ MAX_TIMEOUT_S = 60.0
 SEVERITY_MAX = 24
 
 
-class OtlpConfigError(ValueError):
+class OtlpConfigError(ExporterError, ValueError):
     """OTLP export cannot be set up as configured (no endpoint, bad protocol, missing extra)."""
 
 

@@ -14,6 +14,7 @@ from test_rule_engine import VALID_RULE
 from infersight.agent.daemon import config as cfg
 from infersight.agent.errors import AgentError
 from infersight.errors import InfersightError, Location, SourceError
+from infersight.exporters.base import ExporterError
 from infersight.hooks._paths import HooksError
 from infersight.rules.device_rules import DeviceRulesError, load_device_rules, parse_device_rules
 from infersight.rules.engine import RuleFileError, load_rules
@@ -125,9 +126,10 @@ PACKAGE_BASES: dict[str, type[Exception]] = {
     "rules": RulesError,
     "infersight": InfersightError,
     "hooks": HooksError,  # hooks import nothing of ours outside hooks: not an InfersightError
+    "exporters": ExporterError,
 }
 MODULE_PREFIX = {"agent": "infersight.agent", "rules": "infersight.rules", "infersight": "infersight",
-                 "hooks": "infersight.hooks"}
+                 "hooks": "infersight.hooks", "exporters": "infersight.exporters"}
 
 
 def _exception_classes(folder: str) -> list[tuple[str, str]]:
