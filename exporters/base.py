@@ -43,7 +43,9 @@ class Exporter(Protocol):
 
     An exporter may also set ``ephemeral = True`` (read with :func:`is_ephemeral`): what it
     shows is for the moment (the console's terminal), so the agent keeps no disk spool of
-    undelivered items for it to replay later.
+    undelivered items for it to replay later; and ``live = True`` (:func:`is_live`): it
+    serves the current value (a scrape endpoint) rather than recording every item, so it gets
+    every device sample while the recording sinks get them at a coarser interval.
     """
 
     name: str
@@ -67,3 +69,8 @@ class Exporter(Protocol):
 def is_ephemeral(exporter: Exporter) -> bool:
     """True for a sink whose output only matters now: the agent spools nothing for it."""
     return bool(getattr(exporter, "ephemeral", False))
+
+
+def is_live(exporter: Exporter) -> bool:
+    """True for a sink that serves the current value rather than recording every item."""
+    return bool(getattr(exporter, "live", False))

@@ -375,6 +375,8 @@ def _strip_host(host: str) -> str:
 class PrometheusExporter:
     """A ``/metrics`` endpoint (prometheus-client's threaded WSGI server) over a :class:`SeriesStore`."""
 
+    live = True  # serves the current value: gets every device sample (see exporters.base.is_live)
+
     def __init__(
         self,
         host: str = DEFAULT_HOST,

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from infersight.agent.daemon.spool import DiskSpool
-from infersight.exporters.base import Exporter, ExportError
+from infersight.exporters.base import Exporter, ExportError, is_live
 from infersight.telemetry import Item
 
 log = logging.getLogger("infersight.pipeline")
@@ -479,8 +479,3 @@ class Broadcaster:
     def idle(self) -> bool:
         return all(w.idle() for w in self.workers)
 
-
-def is_live(exporter: Exporter) -> bool:
-    """An exporter that serves the current value (a scrape endpoint) rather than recording
-    every item it is given."""
-    return bool(getattr(exporter, "live", exporter.name == "prometheus"))
