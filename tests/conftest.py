@@ -128,18 +128,20 @@ class AgentProcess:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        if wait:  # listening, not just a socket file (a SIGKILLed agent leaves its own behind)
+        if wait:  # answering, not just a socket file (a SIGKILLed agent leaves its own behind)
             assert wait_for(self._listening, 15), self.log.read_text()
         return self
 
     def _listening(self) -> bool:
-        import socket
+        """The agent answers a status query: it accepts, and has applied the socket's mode (a
+        bare connect succeeds as soon as the socket listens, before that; a test that then
+        widens the mode would race the agent's own chmod)."""
+        from infersight.agent.commands.status import query_status
 
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            try:
-                s.connect(str(self.sock))
-            except OSError:
-                return False
+        try:
+            query_status(str(self.sock), 1.0)
+        except OSError:
+            return False
         return True
 
     def status(self) -> dict:  # type: ignore[type-arg]
