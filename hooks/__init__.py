@@ -24,7 +24,7 @@ _time_ns = time.time_ns
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, TypeVar
+    from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
     F = TypeVar("F", bound=Callable[..., Any])
 
 from _thread import get_ident as _get_ident  # noqa: E402
@@ -98,7 +98,7 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
     Context manager and decorator; thread- and task-safe. Nesting follows the current span
     (a contextvar), so stages nest per thread and per asyncio task. A stage opened before a
     ``fork`` is emitted by the parent only. Costs the caller a span id, two clock reads, a
-    contextvar set and reset, a few slot writes and a queue append: the span's dict is built
+    contextvar set and reset, a few slot writes and one flat tuple appended to the queue: the span's dict is built
     on the drain thread, the cold-start bookkeeping runs only while the cold start is
     collected, and the environment is not touched (a child process gets ``TRACEPARENT``
     when it is spawned).
@@ -158,11 +158,20 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
                 _coldstart.note_covered(self._name, self._start, end)  # now, for the gap sampler
             c = rt.client
             if c is not None and c.enabled:
-                # The span's dict is built on the drain thread, not here.
+                # One flat tuple of atomic values (the attribute names, then their values):
+                # the drain thread builds the span's dict (``_coldstart.stage_from_args``).
+                err = None if exc_type is None else getattr(exc_type, "__name__", "error")
                 attrs = self._attrs
-                c.emit_at(end, "span", (
-                    self._name, span, parent, self._start, end,
-                    None if exc_type is None else getattr(exc_type, "__name__", "error"), *attrs, *attrs.values()))
+                if attrs:
+                    event: Tuple[Any, ...] = (next(c._seq), end, "span", self._name, span, parent, self._start,
+                                              end, err, *attrs, *attrs.values())
+                else:
+                    event = (next(c._seq), end, "span", self._name, span, parent, self._start, end, err)
+                buf = c._buf
+                if 0 < len(buf) < c.calm:
+                    buf.append(event)  # c.queue(event), inlined: nothing to wake, spill or drop
+                else:
+                    c.queue(event)
         except Exception as e:
             rt.fail(e)
 

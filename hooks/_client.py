@@ -91,18 +91,21 @@ def _yield() -> None:
     time.sleep(0)
 
 
-# kind -> build(*args): the dict of an event queued as a tuple of args (``hooks.stage``).
+# kind -> build(*args): the dict of an event queued flat, ``(seq, t_ns, kind, *args)``
+# (``hooks.stage``, ``hooks.request``): the caller's thread allocates one tuple of its
+# atomic values, which the garbage collector stops tracking at its first pass, and this
+# thread builds the dict.
 builders: Dict[str, Callable[..., Dict[str, Any]]] = {}
 
 
-def _built(event: Tuple[int, int, str, Any]) -> Optional[_wire.Event]:
-    """The event with its data built: ``data`` is a dict, or a tuple of arguments that
-    the caller left to this thread for ``builders[kind]``; None if building it failed."""
-    data = event[3]
-    if data.__class__ is not tuple:
-        return event
+def _built(event: Tuple[Any, ...]) -> Optional[_wire.Event]:
+    """The event with its data built: a queued event is ``(seq, t_ns, kind, data)`` with
+    ``data`` a dict, or ``(seq, t_ns, kind, *args)`` (more than four items) for
+    ``builders[kind]``; None if building it failed."""
+    if len(event) == 4:
+        return event  # type: ignore[return-value]
     try:
-        return (event[0], event[1], event[2], builders[event[2]](*data))
+        return (event[0], event[1], event[2], builders[event[2]](*event[3:]))
     except Exception:
         return None
 
@@ -135,9 +138,12 @@ class Client:
         self.batch_delay_s = max(0.0, batch_delay_s)
         # Past this fill the drain thread spills to the spool rather than wait on the agent.
         self.spill_at = max(1, max_buffer // 2)
+        # Below this length (and above 0) an append needs no wake-up, spill or drop: the
+        # callers of ``queue`` append to ``_buf`` directly, without a call.
+        self.calm = min(self.batch_events, self.spill_at) - 1
         self.spilled_events = 0
         self.enabled = True
-        self._buf: Deque[_wire.Event] = deque()
+        self._buf: Deque[Tuple[Any, ...]] = deque()  # _wire.Event, or flat for builders
         self._seq = itertools.count(1)
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -198,15 +204,16 @@ class Client:
         elif n >= self.spill_at:
             _yield()  # a burst: let the drain thread spill rather than drop (see _yield)
 
-    def emit_at(self, t_ns: int, kind: str, data: Any) -> None:
-        """``emit`` with the event time given (the caller has just read the clock)."""
-        seq = next(self._seq)
+    def queue(self, event: Tuple[Any, ...]) -> None:
+        """Queue an event built by the caller, sequence number included: ``(seq, t_ns, kind,
+        *args)`` for ``builders[kind]``. The caller appends to ``_buf`` itself while
+        ``0 < len(_buf) < calm`` (nothing to wake, spill or drop) and calls this otherwise."""
         buf = self._buf
         n = len(buf)
         if n >= self.max_buffer:
             self.dropped_buffer += 1
             return
-        buf.append((seq, t_ns, kind, data))
+        buf.append(event)
         if n == 0 or n + 1 == self.batch_events or n + 1 == self.spill_at:
             self._wake.set()
         elif n >= self.spill_at:
@@ -359,8 +366,7 @@ class Client:
         pop = buf.popleft
         events = [pop() for _ in range(min(limit, len(buf)))]  # only this thread pops
         for i, ev in enumerate(events):
-            data: Any = ev[3]
-            if data.__class__ is tuple:
+            if len(ev) != 4:
                 events[i] = _built(ev)  # type: ignore[assignment]
         if None in events:
             self.dropped_buffer += events.count(None)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from . import _runtime
+from . import _client, _runtime
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -118,6 +118,37 @@ def _hw(device: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
     return found
 
 
+def _request_data(
+    device: Optional[str], model: Any, n: Any, request_class: Any, start: int, dur_ns: int,
+    ttft: Optional[float], sp: Optional[str], err: Optional[str],
+) -> Dict[str, Any]:
+    """A request's ``req`` event, built on the drain thread from what ``Request`` queued
+    (``device``: a name, resolved on the caller's thread where that matters)."""
+    d = device.strip()[:64] if device is not None else None
+    data: Dict[str, Any] = {
+        "d": d,
+        "m": _text(model),
+        "n": n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None,
+        "c": _text(request_class),
+        "s": start,
+        "dur": dur_ns / 1e9,
+        "ttft": ttft,
+        "sp": sp,
+        "err": err,
+    }
+    hw = _hw(d)
+    if hw is not None:
+        data["h"], data["hn"] = hw
+    elif d is not None and d.startswith("cuda"):
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if vis is not None:
+            data["vis"] = vis[:1024]
+    return data
+
+
+_client.builders["req"] = _request_data
+
+
 class Request:
     """One request: a context manager (sync and async) and a decorator.
 
@@ -165,7 +196,20 @@ class Request:
                     _current.reset(self._token)
                 except ValueError:  # left in another context (a generator moved across tasks)
                     pass
-            self._emit((end - self._perf) / 1e9, getattr(exc_type, "__name__", "error") if exc_type else None)
+            c = _runtime.client
+            if c is not None and c.enabled:
+                device, model, n, request_class = self._args
+                if device.__class__ is not str or device == "cuda":
+                    device = _device_name(device)  # here: the current CUDA device is this thread's
+                # One flat tuple: the drain thread builds the event's dict (``_request_data``).
+                event = (next(c._seq), time.time_ns(), "req", device, model, n, request_class, self._start,
+                         end - self._perf, self._ttft, self._sp,
+                         None if exc_type is None else getattr(exc_type, "__name__", "error"))
+                buf = c._buf
+                if 0 < len(buf) < c.calm:
+                    buf.append(event)  # c.queue(event), inlined: nothing to wake, spill or drop
+                else:
+                    c.queue(event)
         except Exception as e:
             _runtime.fail(e)
         finally:
@@ -177,29 +221,6 @@ class Request:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.__exit__(exc_type, exc, tb)
-
-    def _emit(self, dur: float, err: Optional[str]) -> None:
-        device, model, n, request_class = self._args
-        d = _device_name(device)
-        data: Dict[str, Any] = {
-            "d": d,
-            "m": _text(model),
-            "n": n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None,
-            "c": _text(request_class),
-            "s": self._start,
-            "dur": dur,
-            "ttft": self._ttft,
-            "sp": self._sp,
-            "err": err,
-        }
-        hw = _hw(d)
-        if hw is not None:
-            data["h"], data["hn"] = hw
-        elif d is not None and d.startswith("cuda"):
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-            if vis is not None:
-                data["vis"] = vis[:1024]
-        _runtime.emit("req", data)
 
     # -- decorator -------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ _publish_env: Optional[Callable[[], None]] = None  # _spawn.publish once active
 _rng = _random.Random(int.from_bytes(os.urandom(16), "big"))
 _IDS_PER_DRAW = 256
 _ZERO_ID = "0" * 16  # invalid in W3C trace context
+_ZERO_BYTES = bytes(8)
 span_ids: List[str] = []
 
 
@@ -83,9 +84,10 @@ def new_span_id() -> str:
 
 def draw_span_ids() -> str:
     """Refill the span id pool; returns one more id."""
-    ids = _rng.getrandbits(64 * _IDS_PER_DRAW).to_bytes(8 * _IDS_PER_DRAW, "big").hex(" ", 8).split(" ")
-    while _ZERO_ID in ids:
-        ids.remove(_ZERO_ID)
+    raw = _rng.getrandbits(64 * _IDS_PER_DRAW).to_bytes(8 * _IDS_PER_DRAW, "big")
+    ids = raw.hex(" ", 8).split(" ")
+    if _ZERO_BYTES in raw:  # one C search, not a string comparison per id; all but never true
+        ids = [i for i in ids if i != _ZERO_ID]
     span_ids.extend(ids)  # one call: atomic against a pop on another thread
     return span_ids.pop()
 

@@ -1,0 +1,81 @@
+"""``hooks.request`` queues one flat tuple; the drain thread builds the same ``req`` event."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import types
+
+import pytest
+
+from infersight.hooks import _client, _request, _runtime
+
+
+class _Queue:
+    """Stands in for the client: keeps what ``request`` queues, as the buffer would."""
+
+    enabled = True
+    calm = 1 << 30
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+        self._buf = self.events
+        self._seq = itertools.count(1)
+        self.queue = self.events.append
+
+
+def _built(event: tuple[object, ...]) -> dict[str, object]:
+    built = _client._built(event)
+    assert built is not None and built[2] == "req"
+    return built[3]  # type: ignore[return-value]
+
+
+def _fail_a_request() -> None:
+    try:
+        with _request.request(device=" cuda:1 ", model="m" * 300, input_len=7, request_class=8) as r:
+            r.first_token()
+            raise KeyError("x")
+    except KeyError:
+        return
+    raise AssertionError("the request swallowed the exception")
+
+
+def test_a_request_is_queued_flat_and_built_into_the_same_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    queue = _Queue()
+    monkeypatch.setattr(_runtime, "client", queue)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    token = _runtime.current_span.set("c" * 16)
+    try:
+        _fail_a_request()
+        with _request.request(device=3, input_len=True):
+            pass
+    finally:
+        _runtime.current_span.reset(token)
+    first, second = queue.events
+    assert len(first) > 4 and all(v is None or v.__class__ in (str, int, float) for v in first)
+    data = _built(first)
+    assert set(data) == {"d", "m", "n", "c", "s", "dur", "ttft", "sp", "err", "vis"}
+    assert data["d"] == "cuda:1" and data["m"] == "m" * 256 and data["n"] == 7 and data["c"] == "8"
+    assert data["sp"] == "c" * 16 and data["err"] == "KeyError" and data["vis"] == "2,0"
+    assert isinstance(data["dur"], float) and 0 <= data["ttft"] <= data["dur"]  # type: ignore[operator]
+    assert isinstance(data["s"], int) and data["s"] <= first[1]  # type: ignore[operator]
+    data = _built(second)
+    assert (data["d"], data["m"], data["n"], data["c"], data["err"], data["ttft"]) == ("cuda:3", None, None, None,
+                                                                                      None, None)
+
+
+def test_cuda_is_resolved_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``"cuda"`` is the caller's current device: the drain thread's would be another."""
+    current = threading.local()
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, current_device=lambda: current.index,
+                                 get_device_properties=lambda i: types.SimpleNamespace(uuid="", name="x"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(_request, "_hw_cache", {})
+    queue = _Queue()
+    monkeypatch.setattr(_runtime, "client", queue)
+    current.index = 5
+    with _request.request(device="cuda"):
+        pass
+    current.index = 0  # as another thread would see it
+    assert _built(queue.events[0])["d"] == "cuda:5"
