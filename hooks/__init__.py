@@ -104,7 +104,7 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
     when it is spawned).
     """
 
-    __slots__ = ("_attrs", "_name", "_span", "_st", "_start", "_token")
+    __slots__ = ("_attrs", "_main", "_name", "_span", "_st", "_start", "_token")
 
     def __init__(self, name: str, **attrs: Any) -> None:
         self._name = name
@@ -123,7 +123,8 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
             self._token = _set_span(span)
             self._span = span
             self._st = st = _state.current  # this process's (a fork replaces it)
-            if _get_ident() == st.main_ident:
+            self._main = main = _get_ident() == st.main_ident  # a stage exits on the thread it entered
+            if main:
                 st.main_span = span  # no environment write: children get it at spawn
             self._start = start = _time_ns()
             if st.coldstart.collecting:
@@ -146,7 +147,7 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
             if parent.__class__ is not str:
                 parent = rt.root_span_id
             st = self._st
-            if _get_ident() == st.main_ident:
+            if self._main:
                 st.main_span = parent
             if st is not _state.current:
                 return  # opened by the parent before a fork: the parent emits it
