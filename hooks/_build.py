@@ -135,11 +135,12 @@ def _note_init(t0: int, t1: int) -> None:
     seq, imp = st.stage_seq, st.imports
     # Import runs and init runs on one thread must not overlap without nesting: an init run is
     # not extended across an import piece, and a new one ends the import run open before it.
+    imported_until = imp.thread_run_end() if imp is not None else 0  # read before taking _lock
     done = None
     with _lock:
         run = _init_runs.get(ident)
         if (run is not None and run[0] == parent and run[4] == seq and t0 - run[2] <= INIT_GAP_NS
-                and not (imp is not None and imp.thread_run_end() > run[2])):
+                and imported_until <= run[2]):
             run[2] = t1
             run[3] += 1
             return

@@ -199,7 +199,7 @@ class Request:
             c = _runtime.client
             if c is not None and c.enabled:
                 device, model, n, request_class = self._args
-                if device.__class__ is not str or device == "cuda":
+                if device.__class__ is not str or device.strip() == "cuda":
                     device = _device_name(device)  # here: the current CUDA device is this thread's
                 # One flat tuple: the drain thread builds the event's dict (``_request_data``).
                 event = (next(c._seq), time.time_ns(), "req", device, model, n, request_class, self._start,

@@ -134,14 +134,13 @@ def emit(kind: str, data: Dict[str, Any]) -> None:
 def emit_urgent(kind: str, data: Dict[str, Any]) -> None:
     """``emit``, and send it now rather than at the end of the batch delay (an OOM: the
     process may be about to die, and the report has a latency budget)."""
+    emit(kind, data)
     c = client
-    if c is None or not c.enabled:
-        return
-    try:
-        c.emit(kind, data)
-        c.hurry()
-    except Exception as exc:
-        fail(exc)
+    if c is not None and c.enabled:
+        try:
+            c.hurry()  # sets a flag and an event: never blocks
+        except Exception as exc:
+            fail(exc)
 
 
 def parse_traceparent(value: str) -> Optional[Tuple[str, str]]:

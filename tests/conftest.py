@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -31,6 +32,20 @@ def wait_for(pred, timeout: float = 10.0, interval: float = 0.02) -> bool:  # ty
             return True
         time.sleep(interval)
     return bool(pred())
+
+
+class FlatQueue:
+    """FAKE hook client for ``hooks.stage`` and ``hooks.request``: keeps the flat events they
+    queue (``(seq, t_ns, kind, *args)``), as the client's buffer would."""
+
+    enabled = True
+    calm = 1 << 30  # the callers append to ``_buf`` directly below this length
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+        self._buf = self.events
+        self._seq = itertools.count(1)
+        self.queue = self.events.append
 
 
 def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:

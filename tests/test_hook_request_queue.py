@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
 import types
 
 import pytest
+from conftest import FlatQueue
 
 from infersight.hooks import _client, _request, _runtime
-
-
-class _Queue:
-    """Stands in for the client: keeps what ``request`` queues, as the buffer would."""
-
-    enabled = True
-    calm = 1 << 30
-
-    def __init__(self) -> None:
-        self.events: list[tuple[object, ...]] = []
-        self._buf = self.events
-        self._seq = itertools.count(1)
-        self.queue = self.events.append
 
 
 def _built(event: tuple[object, ...]) -> dict[str, object]:
@@ -42,7 +29,7 @@ def _fail_a_request() -> None:
 
 
 def test_a_request_is_queued_flat_and_built_into_the_same_event(monkeypatch: pytest.MonkeyPatch) -> None:
-    queue = _Queue()
+    queue = FlatQueue()
     monkeypatch.setattr(_runtime, "client", queue)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     token = _runtime.current_span.set("c" * 16)
@@ -72,10 +59,12 @@ def test_cuda_is_resolved_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch)
                                  get_device_properties=lambda i: types.SimpleNamespace(uuid="", name="x"))
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     monkeypatch.setattr(_request, "_hw_cache", {})
-    queue = _Queue()
+    queue = FlatQueue()
     monkeypatch.setattr(_runtime, "client", queue)
     current.index = 5
     with _request.request(device="cuda"):
         pass
+    with _request.request(device=" cuda "):  # padded, as a config file may give it
+        pass
     current.index = 0  # as another thread would see it
-    assert _built(queue.events[0])["d"] == "cuda:5"
+    assert [_built(e)["d"] for e in queue.events] == ["cuda:5", "cuda:5"]

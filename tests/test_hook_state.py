@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import hook_env
+from conftest import FlatQueue, hook_env
 
 from infersight.hooks import _state
 
@@ -106,24 +105,11 @@ def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
     assert "hooks disabled" not in p.stderr
 
 
-class _Queue:
-    """Stands in for the client: keeps what ``hooks.stage`` queues, as the buffer would."""
-
-    enabled = True
-    calm = 1 << 30
-
-    def __init__(self) -> None:
-        self.events: list[tuple[object, ...]] = []
-        self._buf = self.events
-        self._seq = itertools.count(1)
-        self.queue = self.events.append
-
-
 def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     from infersight import hooks
     from infersight.hooks import _client, _runtime
 
-    queue = _Queue()
+    queue = FlatQueue()
     monkeypatch.setattr(_runtime, "client", queue)
     monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
     monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
