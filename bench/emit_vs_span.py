@@ -47,7 +47,9 @@ def start_agent_process() -> tuple[str, str, int]:
     d = tempfile.mkdtemp()
     sock, spool, conf = os.path.join(d, "a.sock"), os.path.join(d, "spool"), os.path.join(d, "a.toml")
     with open(conf, "w") as f:
-        f.write('[agent]\nsocket = "%s"\nspool_dir = "%s"\n' % (sock, spool))
+        # Its own state dir: a bench's cold starts must not enter the user's ETA history.
+        f.write('[agent]\nsocket = "%s"\nspool_dir = "%s"\nstate_dir = "%s"\n'
+                % (sock, spool, os.path.join(d, "state")))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT", "OTEL_"))}
     proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", conf], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -33,8 +33,8 @@ def main() -> None:
     d = tempfile.mkdtemp()
     conf = os.path.join(d, "a.toml")
     with open(conf, "w") as f:
-        f.write('[agent]\nsocket = "%s/a.sock"\nspool_dir = "%s/spool"\n[exporters.file]\npath = "%s/o.jsonl"\n'
-                % (d, d, d))
+        f.write('[agent]\nsocket = "%s/a.sock"\nspool_dir = "%s/spool"\nstate_dir = "%s/state"\n'
+                '[exporters.file]\npath = "%s/o.jsonl"\n' % (d, d, d, d))
     p = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", conf],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

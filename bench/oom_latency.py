@@ -177,8 +177,8 @@ def main() -> int:
     d = Path(tempfile.mkdtemp(prefix="infersight-oom-bench-"))
     sock, out, conf = d / "agent.sock", d / "out.otlp.jsonl", d / "agent.toml"
     conf.write_text(
-        '[agent]\nsocket = "%s"\nspool_dir = "%s"\nhealth_interval_s = 3600\n'
-        '[exporters.file]\npath = "%s"\n[rules]\ndirs = []\n' % (sock, d / "spool", out)
+        '[agent]\nsocket = "%s"\nspool_dir = "%s"\nstate_dir = "%s"\nhealth_interval_s = 3600\n'
+        '[exporters.file]\npath = "%s"\n[rules]\ndirs = []\n' % (sock, d / "spool", d / "state", out)
     )
     env = dict(os.environ)
     for k in list(env):

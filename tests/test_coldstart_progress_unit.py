@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from infersight.agent.coldstart.progress import ProgressTracker
+from infersight.agent.coldstart.eta import MAX_STAGES
+from infersight.agent.coldstart.progress import ProgressTracker, run_of
 from infersight.agent.daemon.assemble import Assembler
 from infersight.exporters.mqtt_payload import Topics, encode_batch
-from infersight.telemetry import ColdStartProgress, Resource
+from infersight.telemetry import ColdStart, ColdStartProgress, Resource
 
 S = 1_000_000_000
 
@@ -127,3 +128,51 @@ def test_a_cold_page_cache_is_predicted_from_cold_runs(tmp_path) -> None:
     os.close(fd)
     cache, eta = eta_of_new_run(6)
     assert cache == "weights=cold" and eta > 15
+
+
+def test_stages_after_readiness_do_not_restart_a_cold_start(tmp_path) -> None:
+    """A worker that opens a stage per request once it is serving: its service must not show
+    as warming again (a gateway would stop routing to it), nor start a run of its own."""
+    a = Assembler("h")
+    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
+    w = hello(a, 1, 0.0)
+    t.observe(stage(a, w, 1, "model_build", 0.0, 1.0))
+    assert [u.state is not None for u in t.tick(int(1.1 * S))] == [True]
+    t.observe(stage(a, w, 2, "ready_wait", 1.0, 2.0))
+    t.observe(root(a, w, 3, 2.5))
+    assert [u.state for u in t.tick(int(2.6 * S))] == [None]
+    for seq in range(4, 40):  # per-request stages, after the cold start
+        t.observe(stage(a, w, seq, "preprocess", seq, seq + 0.01))
+    assert t.warming == {} and t.snapshot(int(41 * S)) == []
+    assert t.tick(int(41 * S)) == []
+    assert t.recorded == 1
+
+
+def test_a_cold_start_with_many_stages_is_tracked_and_recorded_bounded(tmp_path) -> None:
+    """Thousands of stages before readiness: the live state, each run in history and so each
+    estimate stay bounded (the first MAX_STAGES stages), and the ETA still comes from them."""
+    a = Assembler("h")
+    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
+    n = 3 * MAX_STAGES
+    cold_starts: list[ColdStart] = []
+    for run in range(2):
+        p = hello(a, run, 10_000.0 * run)
+        for i in range(n):
+            t.observe(stage(a, p, i + 1, "shard", 10_000.0 * run + i, 10_000.0 * run + i + 1))
+        if run == 1:
+            assert len(t.warming[p.id].ended) == MAX_STAGES
+            est = t.estimate(t.warming[p.id], int((10_000.0 + n) * S))
+            assert est.eta_s is not None and est.runs == 1
+        out = root(a, p, n + 1, 10_000.0 * run + n + 1)
+        cold_starts += [x for x in out if isinstance(x, ColdStart)]
+        t.observe(out)
+    assert t.recorded == 2
+    assert len(cold_starts[0].stages) == n  # the summary itself keeps every stage
+    assert len(run_of(cold_starts[0]).stages) == MAX_STAGES
+    (key,) = t.history.runs
+    assert [len(r.stages) for r in t.history.of(key)] == [MAX_STAGES, MAX_STAGES]
+    # An older history file with longer runs is read bounded too.
+    long_line = json.dumps({"key": "k", "total_s": 9.0, "stages": [["s", 0.001, 0.001 * i] for i in range(n)]})
+    (tmp_path / "old.jsonl").write_text(long_line + "\n")
+    old = ProgressTracker(str(tmp_path / "old.jsonl"))
+    assert [len(r.stages) for r in old.history.of("k")] == [MAX_STAGES]

@@ -133,6 +133,18 @@ def test_pending_stage_spans_are_bounded_by_bytes() -> None:
     assert p.pending == [] and p.pending_bytes == 0
 
 
+def test_stages_after_the_root_closed_are_exported_but_not_kept() -> None:
+    """A served process that opens a stage per request after its cold start ended: its
+    summary went out, so nothing waits for it (no pending state, no per-span list shift)."""
+    a = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])
+    p = hello(a)
+    a.events(p, [big_stage(0, 1), [2, 99, "span", {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3}]])
+    assert p.root_closed and p.pending == []
+    items = a.events(p, [big_stage(i, 1) for i in range(10, 5010)])
+    assert len(items) == 5000, "every later stage span is still exported"
+    assert p.pending == [] and p.pending_bytes == 0 and p.pending_dropped == 0
+
+
 def test_pending_state_is_freed_when_the_producer_is_lost() -> None:
     a = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])
     p = hello(a)

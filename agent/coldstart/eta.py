@@ -34,6 +34,10 @@ PRESENCE = 0.5
 UNATTRIBUTED = "unattributed"
 PACE_MIN, PACE_MAX = 0.67, 1.5
 PACE_AFTER = 0.2  # the pace is trusted once the milestone lies this far into a typical run
+# A run is remembered (and a live one tracked) by its first MAX_STAGES top-level stages: a
+# process that opens a stage per request before it is ready would otherwise make every run,
+# and every estimate made from them, grow without bound. Milestones past them are not used.
+MAX_STAGES = 256
 
 
 @dataclass(frozen=True, slots=True)

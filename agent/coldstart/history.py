@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infersight.agent.coldstart.eta import Run
+from infersight.agent.coldstart.eta import MAX_STAGES, Run
 
 FILE_NAME = "coldstart-history.jsonl"
 MAX_RUNS = 50
@@ -53,7 +53,7 @@ def run_from_json(obj: Any) -> tuple[str, Run]:
     """Raises ValueError (or TypeError/KeyError) on anything but a well-formed record."""
     if not isinstance(obj, dict) or not isinstance(obj.get("key"), str):
         raise ValueError("record without a key")
-    stages = tuple((str(s), float(d), float(e)) for s, d, e in obj["stages"])
+    stages = tuple((str(s), float(d), float(e)) for s, d, e in obj["stages"][:MAX_STAGES])
     total = float(obj["total_s"])
     if total < 0 or any(d < 0 or e < 0 for _, d, e in stages):
         raise ValueError("negative duration")

@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infersight.agent.coldstart import history as ch
-from infersight.agent.coldstart.eta import UNATTRIBUTED, Estimate, Run, predict
+from infersight.agent.coldstart.eta import MAX_STAGES, UNATTRIBUTED, Estimate, Run, predict
 from infersight.hooks._pagestate import page_cache_ratio
 from infersight.telemetry import ColdStart, ColdStartProgress, Item, Resource, SpanItem
 
 log = logging.getLogger("infersight.agent.progress")
 MIN_INTERVAL_NS = 1_000_000_000  # at most one update a second per process, but at once on a change
 MAX_WARMING = 1024
+MAX_DONE = 4096  # producers whose cold start ended, remembered so later stages do not restart it
 MAX_AGE_NS = 3600 * 1_000_000_000  # a cold start silent this long is forgotten, not tracked forever
 READY_STAGE = "ready_wait"
 
@@ -84,7 +85,7 @@ def stage_name(span: SpanItem) -> str:
 def run_of(cs: ColdStart) -> Run:
     """The history record of a finished cold start: top-level stages in start order."""
     root = cs.root
-    top = sorted((s for s in cs.stages if s.parent_span_id == root.span_id), key=lambda s: s.start_ns)
+    top = sorted((s for s in cs.stages if s.parent_span_id == root.span_id), key=lambda s: s.start_ns)[:MAX_STAGES]
     stages = tuple(
         (stage_name(s), (s.end_ns - s.start_ns) / 1e9, (s.end_ns - root.start_ns) / 1e9) for s in top
     )
@@ -110,6 +111,9 @@ class ProgressTracker:
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
+        # Producers whose cold start ended (oldest first): a stage they open later (per
+        # request, say) is not a new cold start, and must not show the service as warming.
+        self.done: dict[str, None] = {}
         self.sent: dict[str, tuple[int, Resource, int]] = {}  # service -> (last sent, resource, pid)
         self.recorded = 0
         self.record_errors = 0
@@ -157,14 +161,19 @@ class ProgressTracker:
 
     def _stage(self, span: SpanItem) -> None:
         producer = span.origin.producer if span.origin else ""
-        w = self.warming.get(producer) or self._begin(span)
+        w = self.warming.get(producer)
         if w is None:
-            return
+            if producer in self.done:
+                return
+            w = self._begin(span)
+            if w is None:
+                return
         stage = stage_name(span)
         if span.attributes.get("infersight.process.role") == "helper":
             w.helper = True
         if stage != UNATTRIBUTED and span.parent_span_id == w.root_span_id:
-            w.ended.append((span.start_ns, stage, (span.end_ns - w.start_ns) / 1e9))
+            if len(w.ended) < MAX_STAGES:  # as history keeps runs (see MAX_STAGES)
+                w.ended.append((span.start_ns, stage, (span.end_ns - w.start_ns) / 1e9))
             w.last_stage = stage
         w.last_event_ns = max(w.last_event_ns, span.end_ns)
         w.changed = True
@@ -174,6 +183,10 @@ class ProgressTracker:
     def _finished(self, cs: ColdStart) -> None:
         producer = cs.root.origin.producer if cs.root.origin else None
         w = self.warming.pop(producer, None) if producer else None
+        if producer:
+            self.done[producer] = None
+            if len(self.done) > MAX_DONE:
+                del self.done[next(iter(self.done))]
         if cs.root.attributes.get("infersight.process.role") == "helper" or (w is not None and w.helper):
             return
         service = str(cs.root.resource.get("service.name") or "unknown_service")

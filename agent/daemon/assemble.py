@@ -401,7 +401,8 @@ class Assembler:
         if name.startswith("coldstart."):
             p.last_ns = max(p.last_ns, end)
             p.stages_seen += 1
-            self._keep_pending(p, span)
+            if not (p.root_closed or p.lost_root_made):  # else its summary went out already
+                self._keep_pending(p, span)
         out.append(span)
 
     def _close_root(
