@@ -13,6 +13,7 @@ Run: python bench/emit_vs_span.py
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import sys
@@ -28,6 +29,9 @@ N = 20_000
 # the GIL they hold (on a busy machine, wall time mostly measures the neighbours).
 CLOCK = time.thread_time
 REPEAT = 7
+# GC_BETWEEN: the heap is collected (untimed) before each timed run, on both sides. Objects
+# one side leaves behind (the SDK's spans, say) otherwise trigger a full collection in
+# whichever side runs next, which then pays for them: per-run figures were bimodal.
 PAYLOAD = {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1_700_000_000_000_000_000,
            "a": {"infersight.stage": "warmup", "model": "resnet50", "batch": 8, "bytes": 123456789}}
 
@@ -105,6 +109,7 @@ def ops() -> dict[str, Callable[[int], None]]:
 def timed(fn: Callable[[int], None], n: int) -> float:
     from infersight.hooks import _runtime
 
+    gc.collect()  # see GC_BETWEEN
     t0 = CLOCK()
     fn(n)
     per_op = (CLOCK() - t0) / n
@@ -125,6 +130,7 @@ def main() -> None:
     for _ in range(REPEAT):
         for name, fn in funcs.items():
             rounds[name].append(timed(fn, N))
+            gc.collect()
             spans.append(sdk_span_seconds(N // 4, 1, clock=CLOCK))
     client = _runtime.client
     assert client is not None

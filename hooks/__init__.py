@@ -24,7 +24,7 @@ _time_ns = time.time_ns
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+    from typing import Any, Callable, Dict, Optional, TypeVar
     F = TypeVar("F", bound=Callable[..., Any])
 
 from _thread import get_ident as _get_ident  # noqa: E402
@@ -37,6 +37,7 @@ _pop_span_id = _runtime.span_ids.pop
 _set_span = _runtime.current_span.set
 _reset_span = _runtime.current_span.reset
 _client.builders["span"] = _coldstart.stage_from_args
+_HELD = _client.HELD
 
 __all__ = [
     "BUILTIN_STAGES", "active", "emit", "first_response", "first_token", "flush", "log", "mark_ready", "metric",
@@ -92,26 +93,17 @@ def flush(timeout_s: float = 2.0) -> bool:
         return False
 
 
-class stage:  # noqa: N801 - a class for speed (one call less per stage); used as a function
-    """``with stage("name", **attributes):`` or ``@stage("name")``: a ``coldstart.<name>`` span.
-
-    Context manager and decorator; thread- and task-safe. Nesting follows the current span
-    (a contextvar), so stages nest per thread and per asyncio task. A stage opened before a
-    ``fork`` is emitted by the parent only. Costs the caller a span id, two clock reads, a
-    contextvar set and reset, a few slot writes and one flat tuple appended to the queue: the span's dict is built
-    on the drain thread, the cold-start bookkeeping runs only while the cold start is
-    collected, and the environment is not touched (a child process gets ``TRACEPARENT``
-    when it is spawned).
-    """
+class _Stage:
+    """What ``stage(...)`` returns (made there, without ``__init__``): the context manager
+    and decorator of one stage. ``_span`` is None until entered while the hooks are active."""
 
     __slots__ = ("_attrs", "_main", "_name", "_span", "_st", "_start", "_token")
 
-    def __init__(self, name: str, **attrs: Any) -> None:
-        self._name = name
-        self._attrs = attrs
-        self._span: Optional[str] = None  # set by __enter__ with the rest, when active
+    _attrs: Dict[str, Any]
+    _name: str
+    _span: Optional[str]
 
-    def __enter__(self) -> stage:
+    def __enter__(self) -> _Stage:
         rt = _runtime
         if rt.client is None:
             return self
@@ -159,20 +151,24 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
                 _coldstart.note_covered(self._name, self._start, end)  # now, for the gap sampler
             c = rt.client
             if c is not None and c.enabled:
-                # One flat tuple of atomic values (the attribute names, then their values):
-                # the drain thread builds the span's dict (``_coldstart.stage_from_args``).
+                # One flat tuple of atomic values: the drain thread builds the span's dict
+                # (``_coldstart.stage_from_args``). The attributes wait beside it, in
+                # ``c.held`` (a dict store), where the append cannot be refused; else they
+                # are flattened into it (names, then values).
                 err = None if exc_type is None else getattr(exc_type, "__name__", "error")
                 attrs = self._attrs
-                if attrs:
-                    event: Tuple[Any, ...] = (next(c._seq), end, "span", self._name, span, parent, self._start,
-                                              end, err, *attrs, *attrs.values())
-                else:
-                    event = (next(c._seq), end, "span", self._name, span, parent, self._start, end, err)
+                seq = next(c._seq)
                 buf = c._buf
-                if 0 < len(buf) < c.calm:
-                    buf.append(event)  # c.queue(event), inlined: nothing to wake, spill or drop
+                n = len(buf)
+                if 0 < n < c.calm or c.calm_from <= n < c.calm_to:  # c.queue(event), inlined:
+                    if attrs:  # nothing to wake, spill or drop
+                        c.held[seq] = attrs
+                        buf.append((seq, end, "span", self._name, span, parent, self._start, end, err, _HELD))
+                    else:
+                        buf.append((seq, end, "span", self._name, span, parent, self._start, end, err))
                 else:
-                    c.queue(event)
+                    c.queue((seq, end, "span", self._name, span, parent, self._start, end, err, *attrs,
+                             *attrs.values()))
         except Exception as e:
             rt.fail(e)
 
@@ -187,7 +183,30 @@ class stage:  # noqa: N801 - a class for speed (one call less per stage); used a
         return wrapper  # type: ignore[return-value]
 
 
-_Stage = stage  # the name before it became the class itself
+_new_stage = object.__new__
+
+
+def stage(name: str, **attrs: Any) -> _Stage:
+    """``with stage("name", **attributes):`` or ``@stage("name")``: a ``coldstart.<name>`` span.
+
+    Context manager and decorator; thread- and task-safe. Nesting follows the current span
+    (a contextvar), so stages nest per thread and per asyncio task. A stage opened before a
+    ``fork`` is emitted by the parent only. Costs the caller a span id, two clock reads, a
+    contextvar set and reset, a few slot writes and one flat tuple appended to the queue: the
+    span's dict is built on the drain thread, the cold-start bookkeeping runs only while the
+    cold start is collected, and the environment is not touched (a child process gets
+    ``TRACEPARENT`` when it is spawned).
+
+    The tuple holds atomic values only (the attribute names, then their values), so the
+    garbage collector untracks it at its first pass: a burst of queued stages never drives
+    full collections of the served process's heap. A function, not the class: making the
+    object without ``__init__`` saves a call per stage.
+    """
+    s: _Stage = _new_stage(_Stage)
+    s._name = name
+    s._attrs = attrs
+    s._span = None
+    return s
 
 
 def mark_ready() -> None:

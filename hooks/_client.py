@@ -97,15 +97,25 @@ def _yield() -> None:
 # thread builds the dict.
 builders: Dict[str, Callable[..., Dict[str, Any]]] = {}
 
+# The last value of a flat event whose attributes dict waits in ``Client.held`` under the
+# event's sequence number: one dict store instead of flattening the dict on the caller's
+# thread. A bare ``object()``: unique, and (no GC type) it lets the tuple be untracked too.
+HELD = object()
 
-def _built(event: Tuple[Any, ...]) -> Optional[_wire.Event]:
+
+def _built(event: Tuple[Any, ...], held: Optional[Dict[int, Dict[str, Any]]] = None) -> Optional[_wire.Event]:
     """The event with its data built: a queued event is ``(seq, t_ns, kind, data)`` with
     ``data`` a dict, or ``(seq, t_ns, kind, *args)`` (more than four items) for
-    ``builders[kind]``; None if building it failed."""
+    ``builders[kind]``, its last value ``HELD`` when its attributes wait in ``held``; None
+    if building it failed."""
     if len(event) == 4:
         return event  # type: ignore[return-value]
     try:
-        return (event[0], event[1], event[2], builders[event[2]](*event[3:]))
+        args = event[3:]
+        if args[-1] is HELD:
+            attrs = held.pop(event[0]) if held is not None else {}
+            args = (*args[:-1], *attrs, *attrs.values())  # as if queued flat
+        return (event[0], event[1], event[2], builders[event[2]](*args))
     except Exception:
         return None
 
@@ -138,12 +148,17 @@ class Client:
         self.batch_delay_s = max(0.0, batch_delay_s)
         # Past this fill the drain thread spills to the spool rather than wait on the agent.
         self.spill_at = max(1, max_buffer // 2)
-        # Below this length (and above 0) an append needs no wake-up, spill or drop: the
-        # callers of ``queue`` append to ``_buf`` directly, without a call.
+        # Lengths at which an append needs no wake-up, spill or drop, so the callers of
+        # ``queue`` append to ``_buf`` directly, without a call: ``0 < n < calm`` (a batch
+        # filling) and ``calm_from <= n < calm_to`` (past a full batch, which already woke
+        # the drain thread, and below the spill mark: a burst the drain thread is pumping).
         self.calm = min(self.batch_events, self.spill_at) - 1
+        self.calm_from = self.batch_events
+        self.calm_to = self.spill_at - 1
         self.spilled_events = 0
         self.enabled = True
         self._buf: Deque[Tuple[Any, ...]] = deque()  # _wire.Event, or flat for builders
+        self.held: Dict[int, Dict[str, Any]] = {}  # seq -> attributes of a queued ``HELD`` event
         self._seq = itertools.count(1)
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -206,8 +221,9 @@ class Client:
 
     def queue(self, event: Tuple[Any, ...]) -> None:
         """Queue an event built by the caller, sequence number included: ``(seq, t_ns, kind,
-        *args)`` for ``builders[kind]``. The caller appends to ``_buf`` itself while
-        ``0 < len(_buf) < calm`` (nothing to wake, spill or drop) and calls this otherwise."""
+        *args)`` for ``builders[kind]``. The caller appends to ``_buf`` itself while its
+        length is in a calm range (see ``calm``: nothing to wake, spill or drop) and calls
+        this otherwise."""
         buf = self._buf
         n = len(buf)
         if n >= self.max_buffer:
@@ -365,9 +381,10 @@ class Client:
         buf = self._buf
         pop = buf.popleft
         events = [pop() for _ in range(min(limit, len(buf)))]  # only this thread pops
+        held = self.held
         for i, ev in enumerate(events):
             if len(ev) != 4:
-                events[i] = _built(ev)  # type: ignore[assignment]
+                events[i] = _built(ev, held)  # type: ignore[assignment]
         if None in events:
             self.dropped_buffer += events.count(None)  # type: ignore[arg-type]
             events = [ev for ev in events if ev is not None]

@@ -206,7 +206,8 @@ class Request:
                          end - self._perf, self._ttft, self._sp,
                          None if exc_type is None else getattr(exc_type, "__name__", "error"))
                 buf = c._buf
-                if 0 < len(buf) < c.calm:
+                n = len(buf)
+                if 0 < n < c.calm or c.calm_from <= n < c.calm_to:
                     buf.append(event)  # c.queue(event), inlined: nothing to wake, spill or drop
                 else:
                     c.queue(event)
@@ -244,10 +245,17 @@ class Request:
         return wrapper  # type: ignore[return-value]
 
 
-# ``request(device=None, model=None, input_len=None, request_class=None)``: time one request
-# on ``device`` (``"cuda:0"``, ``"cpu"``, a CUDA index or a torch.device). The class itself,
-# so that a request costs one call while the hooks are inactive.
-request = Request
+_new_request = object.__new__
+
+
+def request(device: Any = None, model: Any = None, input_len: Any = None, request_class: Any = None) -> Request:
+    """Time one request on ``device`` (``"cuda:0"``, ``"cpu"``, a CUDA index or a
+    torch.device): a context manager (sync and async) and a decorator. A function that
+    makes the ``Request`` without calling ``__init__``: one call per request, not two."""
+    r: Request = _new_request(Request)
+    r._args = (device, model, input_len, request_class)
+    r._perf = 0
+    return r
 
 
 def first_token() -> None:

@@ -39,13 +39,15 @@ class FlatQueue:
     queue (``(seq, t_ns, kind, *args)``), as the client's buffer would."""
 
     enabled = True
-    calm = 1 << 30  # the callers append to ``_buf`` directly below this length
+    calm = 1 << 30  # the callers append to ``_buf`` directly in the calm ranges
+    calm_from = calm_to = 0
 
     def __init__(self) -> None:
         self.events: list[tuple[object, ...]] = []
         self._buf = self.events
         self._seq = itertools.count(1)
         self.queue = self.events.append
+        self.held: dict[int, dict[str, object]] = {}  # attributes of events queued ``HELD``
 
 
 def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -119,6 +120,8 @@ def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytes
     inner, outer = queue.events
     assert len(inner) > 4  # flat: (seq, t_ns, kind, *args) for the drain thread's builder
     assert all(v is None or v.__class__ in (str, int) for v in inner)  # atomic values only: the GC lets go early
+    gc.collect()
+    assert not gc.is_tracked(inner)
     built = _client._built(inner)
     assert built is not None
     data = built[3]
@@ -129,3 +132,37 @@ def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytes
     assert data["s"] <= data["e"] == inner[1]
     assert len(data["id"]) == 16 and int(data["id"], 16)
     assert _client._built(outer)[3]["p"] == "b" * 16  # type: ignore[index]
+
+
+
+def test_stage_attributes_wait_beside_the_queue_and_the_tuple_is_still_untracked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the inlined path (an append that cannot be refused) a stage's attributes dict
+    waits in ``client.held`` under the event's sequence number instead of being flattened.
+    The queued tuple must still be one the garbage collector untracks at its first pass: a
+    burst of queued stages must not drive full collections of the served process's heap."""
+    from infersight import hooks
+    from infersight.hooks import _client, _runtime
+
+    queue = FlatQueue()
+    monkeypatch.setattr(_runtime, "client", queue)
+    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
+    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
+    monkeypatch.setattr(_state, "current", _state.HookState())
+    with hooks.stage("first"):  # an empty buffer takes the call (it wakes the drain thread)
+        pass
+    with hooks.stage("load", model="m", batch=8):
+        pass
+    flat, held = queue.events
+    assert flat[-1] is not _client.HELD and held[-1] is _client.HELD
+    assert list(queue.held) == [held[0]]
+    gc.collect()
+    assert not gc.is_tracked(flat) and not gc.is_tracked(held)
+    assert not gc.is_tracked(queue.held[held[0]])  # the dict of atomic values, too
+    built = _client._built(held, queue.held)
+    assert built is not None and queue.held == {}, "built once, then forgotten"
+    assert built[3]["n"] == "coldstart.load"
+    assert built[3]["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
+    assert _client._built(flat, queue.held)[3]["a"] == {"infersight.stage": "first",  # type: ignore[index]
+                                                       "infersight.stage.custom": True}
