@@ -292,9 +292,9 @@ class Client:
         self.dropped_spool += n_events
         if n_events and not self._warned_loss:
             self._warned_loss = True
-            _say("cannot spool events (%s) and the agent at %s is not reachable: events are "
-                 "dropped and counted; the count goes to the agent when it is back"
-                 % (why, self.socket_path))
+            agent = ("falls behind a burst" if self._sock is not None else "is not reachable")
+            _say("cannot spool events (%s) and the agent at %s %s: events are dropped and "
+                 "counted; the count goes to the agent" % (why, self.socket_path, agent))
 
     # -- drain thread ---------------------------------------------------------------
 
