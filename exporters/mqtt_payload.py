@@ -284,10 +284,6 @@ def _parts_of(r: Resource, host: str) -> tuple[str, str]:
     return e[2], e[3]
 
 
-def _opt_str(v: str | None) -> str:
-    return "null" if v is None else _encode_str(v)  # type: ignore[no-any-return]
-
-
 def _attributes_json(attrs: Attributes) -> str:
     if not attrs:
         return "{}"
@@ -301,16 +297,23 @@ def log_message(item: LogItem, host: str) -> tuple[bytes, str | None, int | None
     """``dumps(log_payload(item, host))``, the same bytes, built directly: (payload, producer, seq).
 
     The per-event cost of the MQTT path: the fields whose types the item fixes are written
-    without :func:`_scalar`'s dispatch, and the text is encoded once."""
+    without :func:`_scalar`'s dispatch (strings through the C string encoder, inline), and
+    the text is encoded once."""
     o = item.origin
     producer, seq = (o.producer, o.seq) if o else (_producer_of(item.resource), None)
     env, res = _parts_of(item.resource, host)
-    text = ('{"schema":%d,"type":"log","producer":%s,"seq":%s,%s,"event.name":%s,"time_unix_nano":%d,'
-            '"severity_number":%d,"severity_text":%s,"body":%s,"attributes":%s,"trace_id":%s,"span_id":%s,'
-            '"resource":%s}') % (
-        SCHEMA_VERSION, _opt_str(producer), "null" if seq is None else "%d" % seq, env, _opt_str(item.event_name),
-        item.time_ns, item.severity_number, _opt_str(item.severity_text), _scalar(item.body),
-        _attributes_json(item.attributes), _opt_str(item.trace_id), _opt_str(item.span_id), res)
+    name, sev, trace, span = item.event_name, item.severity_text, item.trace_id, item.span_id
+    attrs = item.attributes
+    text = (
+        f'{{"schema":{SCHEMA_VERSION},"type":"log","producer":{"null" if producer is None else _encode_str(producer)},'
+        f'"seq":{"null" if seq is None else int.__repr__(seq)},{env},'
+        f'"event.name":{"null" if name is None else _encode_str(name)},"time_unix_nano":{int.__repr__(item.time_ns)},'
+        f'"severity_number":{int.__repr__(item.severity_number)},'
+        f'"severity_text":{"null" if sev is None else _encode_str(sev)},"body":{_scalar(item.body)},'
+        f'"attributes":{_attributes_json(attrs) if attrs else "{}"},'
+        f'"trace_id":{"null" if trace is None else _encode_str(trace)},'
+        f'"span_id":{"null" if span is None else _encode_str(span)},"resource":{res}}}'
+    )
     return text.encode(), producer, seq
 
 
@@ -352,6 +355,9 @@ def progress_payload(item: ColdStartProgress, host: str) -> dict[str, Any]:
             "time_unix_nano": item.time_ns, **item.state}
 
 
+_new_tuple = tuple.__new__  # makes a named tuple without its Python-level __new__ (once per event)
+
+
 class _Snapshot:
     __slots__ = ("metrics", "resource", "time_ns")
 
@@ -385,7 +391,7 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
                 topic = topics.device(hw if isinstance(hw, str) and hw else "unknown")
             else:
                 topic = family_topics.get(fam) or family_topics.setdefault(fam, topics.family(fam))
-            out.append(Outgoing(topic, payload, False, producer, seq))
+            out.append(_new_tuple(Outgoing, (topic, payload, False, producer, seq, 1)))  # Outgoing(...), in C
         elif isinstance(item, ColdStartProgress):
             # Retained state: only the newest per topic matters, so an older one in the same
             # batch is dropped and can never overwrite it on the broker.
