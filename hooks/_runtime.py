@@ -246,6 +246,9 @@ def end_root(end_ns: Optional[int] = None, attrs: Optional[Dict[str, Any]] = Non
     if end_ns is not None:
         data["e"] = end_ns
     emit("span", data)
+    # Every later hello says so: an agent that restarts after it must not take this
+    # process's later stages for a cold start, nor close a root for it when it dies.
+    client.producer["root_ended"] = True
 
 
 def _exit_flush_s() -> float:

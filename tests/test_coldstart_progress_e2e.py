@@ -164,3 +164,59 @@ async def test_progress_agrees_across_status_mqtt_and_prometheus(
     assert wait_for(lambda: len(history.read_text().splitlines()) == 4, 15)
     assert agent.stop() == 0
     assert os.path.exists(history)
+
+
+SERVES_ACROSS_A_RESTART = """
+import os, sys, time
+from infersight import hooks
+with hooks.stage("model_build"):
+    time.sleep(0.1)
+hooks.mark_ready()
+hooks.first_response()
+assert hooks.flush(10)
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists(sys.argv[1] + ".go"):  # the agent restarts meanwhile
+    time.sleep(0.02)
+for i in range(50):  # it serves: a stage per request
+    with hooks.stage("preprocess", request=i):
+        time.sleep(0.002)
+assert hooks.flush(10)
+open(sys.argv[1] + ".served", "w").close()
+while not os.path.exists(sys.argv[1] + ".exit"):
+    time.sleep(0.02)
+os._exit(0)  # no exit handlers: the agent sees the process end with no root of its own
+"""
+
+
+def test_a_worker_serving_across_an_agent_restart_is_not_a_cold_start(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The new agent never saw the worker's root. Its hello says the root went out, so its
+    per-request stages do not show it warming, and its end makes up no root for it (one
+    that would enter the history as a cold start as long as the worker's life)."""
+    agent = agent_factory().start()
+    mark = str(tmp_path / "w")
+    script = tmp_path / "serve.py"
+    script.write_text(SERVES_ACROSS_A_RESTART)
+    proc = subprocess.Popen([sys.executable, str(script), mark], env=hook_env(agent.sock, agent.spool))
+    try:
+        assert wait_for(lambda: os.path.exists(mark + ".ready"), 60)
+        assert agent.stop() == 0
+        agent.start()
+        open(mark + ".go", "w").close()
+        assert wait_for(lambda: os.path.exists(mark + ".served"), 60)
+        assert agent.status().get("coldstarts") == []
+        open(mark + ".exit", "w").close()
+        assert proc.wait(30) == 0
+        # The agent saw it end: the stages it kept for a root that might still come are freed.
+        assert wait_for(lambda: agent.status()["assembler"]["pending_bytes"] == 0, 30)
+        assert agent.status()["assembler"]["coldstart_roots_closed_for_lost"] == 0
+    finally:
+        proc.kill()
+    agent.stop()
+    lines = [json.loads(x) for x in agent.out.read_text().splitlines() if x.strip()]
+    names = [s["name"] for ln in lines for rs in ln.get("resourceSpans", []) for ss in rs["scopeSpans"]
+             for s in ss["spans"]]
+    assert names.count("coldstart") == 1, "only the worker's own root, from before the restart"
+    assert names.count("coldstart.preprocess") == 50
+    history = Path(os.environ["INFERSIGHT_STATE_DIR"]) / ch.FILE_NAME
+    runs = [json.loads(x) for x in history.read_text().splitlines()] if history.exists() else []
+    assert all(r["total_s"] < 30 for r in runs), runs

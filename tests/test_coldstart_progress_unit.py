@@ -176,3 +176,57 @@ def test_a_cold_start_with_many_stages_is_tracked_and_recorded_bounded(tmp_path)
     (tmp_path / "old.jsonl").write_text(long_line + "\n")
     old = ProgressTracker(str(tmp_path / "old.jsonl"))
     assert [len(r.stages) for r in old.history.of("k")] == [MAX_STAGES]
+
+
+def test_a_producer_whose_root_ended_before_the_agent_started_is_not_warming() -> None:
+    """An agent restarted while a worker serves: the worker's hello says its root went out
+    (to the agent before), so its per-request stages do not show the service as warming, and
+    its death does not make up a root that would enter the history as a cold start as long
+    as its life."""
+    a = Assembler("h")
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    w = a.hello({"id": "p1", "pid": 101, "start_ns": 0, "trace_id": "%032x" % 1, "root_span_id": "%016x" % 2,
+                 "service_name": "svc", "root_ended": True})
+    for seq in range(1, 20):
+        t.observe(stage(a, w, seq, "preprocess", 100.0 + seq, 100.0 + seq + 0.01))
+    assert t.warming == {} and t.tick(int(200 * S)) == []
+    assert a.producer_lost(w) == [] and t.recorded == 0
+
+
+def test_a_serving_producer_stays_remembered_while_others_finish(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The memory of finished cold starts is bounded; a producer that keeps opening stages
+    is the last one forgotten, not the first."""
+    import infersight.agent.coldstart.progress as progress
+
+    monkeypatch.setattr(progress, "MAX_DONE", 4)
+    a = Assembler("h")
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    server = hello(a, 0, 0.0)
+    t.observe(stage(a, server, 1, "model_build", 0.0, 1.0))
+    t.observe(root(a, server, 2, 2.0))
+    seq = 3
+    for n in range(1, 10):  # short-lived helpers finish their cold starts one after another
+        h = hello(a, n, 10.0 * n)
+        t.observe(stage(a, h, 1, "model_build", 10.0 * n, 10.0 * n + 1))
+        t.observe(root(a, h, 2, 10.0 * n + 2))
+        t.observe(stage(a, server, seq, "preprocess", 10.0 * n + 3, 10.0 * n + 4))  # it keeps serving
+        seq += 1
+    assert len(t.done) == 4 and server.id in t.done
+    assert server.id not in t.warming
+
+
+def test_a_live_cold_start_keeps_its_first_stages_by_start_as_history_does(tmp_path) -> None:
+    """Past MAX_STAGES, the live run and the recorded run hold the same stages: the first by
+    start time, whatever order they end in."""
+    a = Assembler("h")
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    p = hello(a, 1, 0.0)
+    n = MAX_STAGES + 10
+    for i in range(1, n):
+        t.observe(stage(a, p, i + 1, "short", float(i), i + 0.5))
+    t.observe(stage(a, p, 1, "long", 0.0, 10_000.0))  # started first; a span arrives when it ends
+    live = [s for _start, s, _end in t.warming[p.id].ended]
+    out = root(a, p, n + 1, 10_001.0)
+    (cs,) = [x for x in out if isinstance(x, ColdStart)]
+    assert live == [s for s, _d, _e in run_of(cs).stages]
+    assert live[0] == "long" and len(live) == MAX_STAGES

@@ -14,6 +14,7 @@ its retained topic on that, Prometheus drops its gauges, the console erases its 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
@@ -56,7 +57,7 @@ class Warming:
     start_ns: int
     cache: str | None
     root_span_id: str | None = None
-    ended: list[tuple[int, str, float]] = field(default_factory=list)  # (start_ns, stage, end offset s)
+    ended: list[tuple[int, str, float]] = field(default_factory=list)  # (start_ns, stage, end offset s), by start
     last_stage: str | None = None
     last_event_ns: int = 0
     changed: bool = True
@@ -111,8 +112,9 @@ class ProgressTracker:
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
-        # Producers whose cold start ended (oldest first): a stage they open later (per
-        # request, say) is not a new cold start, and must not show the service as warming.
+        # Producers whose cold start ended (the one longest without a stage first): a stage
+        # they open later (per request, say) is not a new cold start, and must not show the
+        # service as warming; nor after an agent restart (their hello says the root ended).
         self.done: dict[str, None] = {}
         self.sent: dict[str, tuple[int, Resource, int]] = {}  # service -> (last sent, resource, pid)
         self.recorded = 0
@@ -131,12 +133,15 @@ class ProgressTracker:
         if len(self.warming) >= MAX_WARMING:
             return None
         producer = span.origin.producer if span.origin else ""
+        info = self.producer_info(producer) or {}
+        if info.get("root_ended"):  # its cold start ended before this agent started
+            self._remember_done(producer)
+            return None
         resource = span.resource
         service = str(resource.get("service.name") or "unknown_service")
         pid_v = resource.get("process.pid")
         pid = int(pid_v) if isinstance(pid_v, int) else 0
         key = self._key_of(resource, service)
-        info = self.producer_info(producer) or {}
         start = int(info.get("start_ns") or span.start_ns)
         w = Warming(producer, resource, service, pid, key, start, self._live_cache(key))
         w.root_span_id = info.get("root_span_id") or span.parent_span_id
@@ -164,6 +169,7 @@ class ProgressTracker:
         w = self.warming.get(producer)
         if w is None:
             if producer in self.done:
+                self.done[producer] = self.done.pop(producer)  # still serving: evicted last
                 return
             w = self._begin(span)
             if w is None:
@@ -172,8 +178,10 @@ class ProgressTracker:
         if span.attributes.get("infersight.process.role") == "helper":
             w.helper = True
         if stage != UNATTRIBUTED and span.parent_span_id == w.root_span_id:
-            if len(w.ended) < MAX_STAGES:  # as history keeps runs (see MAX_STAGES)
-                w.ended.append((span.start_ns, stage, (span.end_ns - w.start_ns) / 1e9))
+            # The first MAX_STAGES by start time, as history keeps a run (``run_of``).
+            if len(w.ended) < MAX_STAGES or span.start_ns < w.ended[-1][0]:
+                bisect.insort(w.ended, (span.start_ns, stage, (span.end_ns - w.start_ns) / 1e9))
+                del w.ended[MAX_STAGES:]
             w.last_stage = stage
         w.last_event_ns = max(w.last_event_ns, span.end_ns)
         w.changed = True
@@ -184,9 +192,7 @@ class ProgressTracker:
         producer = cs.root.origin.producer if cs.root.origin else None
         w = self.warming.pop(producer, None) if producer else None
         if producer:
-            self.done[producer] = None
-            if len(self.done) > MAX_DONE:
-                del self.done[next(iter(self.done))]
+            self._remember_done(producer)
         if cs.root.attributes.get("infersight.process.role") == "helper" or (w is not None and w.helper):
             return
         service = str(cs.root.resource.get("service.name") or "unknown_service")
@@ -209,6 +215,11 @@ class ProgressTracker:
                 if self.record_errors == 1:
                     log.warning("cannot write the cold-start history %s: %s", self.history_path, e)
 
+    def _remember_done(self, producer: str) -> None:
+        self.done[producer] = None
+        if len(self.done) > MAX_DONE:
+            del self.done[next(iter(self.done))]  # the one longest without a stage
+
     def _key_of(self, resource: Resource, service: str) -> str:
         """The history key: the service and its command line (``argv0`` when /proc says nothing)."""
         pid_v = resource.get("process.pid")
@@ -219,7 +230,7 @@ class ProgressTracker:
 
     def estimate(self, w: Warming, now_ns: int) -> Estimate:
         elapsed = max(0.0, (now_ns - w.start_ns) / 1e9)
-        ended = [(stage, end) for _start, stage, end in sorted(w.ended)]
+        ended = [(stage, end) for _start, stage, end in w.ended]  # kept in start order
         return predict(self.history.of(w.key), ended, elapsed, cache=w.cache)
 
     def state(self, w: Warming, now_ns: int) -> dict[str, Any]:

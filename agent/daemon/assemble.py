@@ -187,6 +187,7 @@ def validate_hello(info: Any) -> dict[str, Any]:
     out["pid"] = _i(info.get("pid"), "producer.pid")
     out["start_ns"] = _i(info.get("start_ns"), "producer.start_ns")
     out["acked"] = _i(info.get("acked", 0), "producer.acked")
+    out["root_ended"] = info.get("root_ended") is True  # its root went out before this hello
     for key, pattern in (("trace_id", HEX32), ("root_span_id", HEX16)):
         if not isinstance(info.get(key), str) or not pattern.match(info[key]):
             raise Malformed("producer.%s must be lowercase hex" % key)
@@ -281,6 +282,7 @@ class Assembler:
         else:
             self.producers.move_to_end(p.id)
             p.gone = False
+            p.info["root_ended"] = p.info.get("root_ended") or info["root_ended"]
         return p
 
     def events(self, p: Producer, raw_events: Any) -> list[Item]:
@@ -401,7 +403,7 @@ class Assembler:
         if name.startswith("coldstart."):
             p.last_ns = max(p.last_ns, end)
             p.stages_seen += 1
-            if not (p.root_closed or p.lost_root_made):  # else its summary went out already
+            if not p.root_closed:  # else its summary went out already
                 self._keep_pending(p, span)
         out.append(span)
 
@@ -457,7 +459,8 @@ class Assembler:
             return out
         p.gone = True
         root_id = p.info.get("root_span_id")
-        if p.stages_seen and not p.root_closed and isinstance(root_id, str):
+        # A root that went out before an agent restart (its hello says so) is not made again.
+        if p.stages_seen and not p.root_closed and not p.info.get("root_ended") and isinstance(root_id, str):
             p.root_closed = p.lost_root_made = True
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
