@@ -1,8 +1,9 @@
 """Agent CPU and memory for a process that opens stages for ever: late rounds against early ones.
 
-A served process may open a stage per request, before its readiness (its cold start never
-ends) or after it. The agent must not track, keep or re-estimate more per span as their
-number grows: each round sends the same 20,000 stage spans through real hooks to a real
+A served process may open a stage per request, here before any readiness (its cold start
+never ends: the heavier case; stages after readiness are covered by the tests). The agent must
+not track, keep or re-estimate more per span as their number grows: each round sends the same
+20,000 stage spans through real hooks to a real
 agent process; the agent's CPU per span (the run time of all its threads) in the last rounds is
 compared with the first ones (medians of 8 rounds each), in the same run, and its RSS is
 read after each round.

@@ -29,7 +29,7 @@ N = 20_000
 # the GIL they hold (on a busy machine, wall time mostly measures the neighbours).
 CLOCK = time.thread_time
 REPEAT = 7
-# GC_BETWEEN: the heap is collected (untimed) before each timed run, on both sides. Objects
+# The heap is collected (untimed) before each timed run, on both sides. Objects
 # one side leaves behind (the SDK's spans, say) otherwise trigger a full collection in
 # whichever side runs next, which then pays for them: per-run figures were bimodal.
 PAYLOAD = {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1_700_000_000_000_000_000,
@@ -109,7 +109,7 @@ def ops() -> dict[str, Callable[[int], None]]:
 def timed(fn: Callable[[int], None], n: int) -> float:
     from infersight.hooks import _runtime
 
-    gc.collect()  # see GC_BETWEEN
+    gc.collect()  # untimed, on both sides (see the note at REPEAT)
     t0 = CLOCK()
     fn(n)
     per_op = (CLOCK() - t0) / n

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 from _thread import get_ident as _get_ident  # noqa: E402
 
 from . import _client, _coldstart, _runtime, _state  # noqa: E402
-from ._request import first_token, request  # noqa: E402
+from ._request import Request, first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
 _pop_span_id = _runtime.span_ids.pop
@@ -40,8 +40,8 @@ _client.builders["span"] = _coldstart.stage_from_args
 _HELD = _client.HELD
 
 __all__ = [
-    "BUILTIN_STAGES", "active", "emit", "first_response", "first_token", "flush", "log", "mark_ready", "metric",
-    "report_oom", "request", "stage",
+    "BUILTIN_STAGES", "Request", "Stage", "active", "emit", "first_response", "first_token", "flush", "log",
+    "mark_ready", "metric", "report_oom", "request", "stage",
 ]
 
 
@@ -93,7 +93,7 @@ def flush(timeout_s: float = 2.0) -> bool:
         return False
 
 
-class _Stage:
+class Stage:
     """What ``stage(...)`` returns (made there, without ``__init__``): the context manager
     and decorator of one stage. ``_span`` is None until entered while the hooks are active."""
 
@@ -103,7 +103,7 @@ class _Stage:
     _name: str
     _span: Optional[str]
 
-    def __enter__(self) -> _Stage:
+    def __enter__(self) -> Stage:
         rt = _runtime
         if rt.client is None:
             return self
@@ -186,7 +186,7 @@ class _Stage:
 _new_stage = object.__new__
 
 
-def stage(name: str, **attrs: Any) -> _Stage:
+def stage(name: str, **attrs: Any) -> Stage:
     """``with stage("name", **attributes):`` or ``@stage("name")``: a ``coldstart.<name>`` span.
 
     Context manager and decorator; thread- and task-safe. Nesting follows the current span
@@ -197,12 +197,14 @@ def stage(name: str, **attrs: Any) -> _Stage:
     cold start is collected, and the environment is not touched (a child process gets
     ``TRACEPARENT`` when it is spawned).
 
-    The tuple holds atomic values only (the attribute names, then their values), so the
-    garbage collector untracks it at its first pass: a burst of queued stages never drives
-    full collections of the served process's heap. A function, not the class: making the
+    The queued tuple holds atomic values and, where the append cannot be refused, ends with a
+    marker while the attributes dict waits in ``client.held``; else the attribute names and
+    then their values are flattened into it. With atomic attribute values the garbage
+    collector untracks it at its first pass, so a burst of queued stages never drives full
+    collections of the served process's heap. A function that returns a ``Stage``: making the
     object without ``__init__`` saves a call per stage.
     """
-    s: _Stage = _new_stage(_Stage)
+    s: Stage = _new_stage(Stage)
     s._name = name
     s._attrs = attrs
     s._span = None

@@ -103,7 +103,7 @@ builders: Dict[str, Callable[..., Dict[str, Any]]] = {}
 HELD = object()
 
 
-def _built(event: Tuple[Any, ...], held: Optional[Dict[int, Dict[str, Any]]] = None) -> Optional[_wire.Event]:
+def _built(event: Tuple[Any, ...], held: Dict[int, Dict[str, Any]]) -> Optional[_wire.Event]:
     """The event with its data built: a queued event is ``(seq, t_ns, kind, data)`` with
     ``data`` a dict, or ``(seq, t_ns, kind, *args)`` (more than four items) for
     ``builders[kind]``, its last value ``HELD`` when its attributes wait in ``held``; None
@@ -113,7 +113,7 @@ def _built(event: Tuple[Any, ...], held: Optional[Dict[int, Dict[str, Any]]] = N
     try:
         args = event[3:]
         if args[-1] is HELD:
-            attrs = held.pop(event[0]) if held is not None else {}
+            attrs = held.pop(event[0])  # a KeyError drops and counts it, as any failure to build
             args = (*args[:-1], *attrs, *attrs.values())  # as if queued flat
         return (event[0], event[1], event[2], builders[event[2]](*args))
     except Exception:

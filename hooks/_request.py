@@ -206,8 +206,8 @@ class Request:
                          end - self._perf, self._ttft, self._sp,
                          None if exc_type is None else getattr(exc_type, "__name__", "error"))
                 buf = c._buf
-                n = len(buf)
-                if 0 < n < c.calm or c.calm_from <= n < c.calm_to:
+                queued = len(buf)
+                if 0 < queued < c.calm or c.calm_from <= queued < c.calm_to:
                     buf.append(event)  # c.queue(event), inlined: nothing to wake, spill or drop
                 else:
                     c.queue(event)
@@ -232,14 +232,14 @@ class Request:
 
             @_runtime.wraps(fn)
             async def awrapper(*a: Any, **kw: Any) -> Any:
-                with Request(*args):
+                with request(*args):
                     return await fn(*a, **kw)
 
             return awrapper  # type: ignore[return-value]
 
         @_runtime.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
-            with Request(*args):
+            with request(*args):
                 return fn(*a, **kw)
 
         return wrapper  # type: ignore[return-value]

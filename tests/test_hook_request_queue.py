@@ -13,7 +13,7 @@ from infersight.hooks import _client, _request, _runtime
 
 
 def _built(event: tuple[object, ...]) -> dict[str, object]:
-    built = _client._built(event)
+    built = _client._built(event, {})
     assert built is not None and built[2] == "req"
     return built[3]  # type: ignore[return-value]
 

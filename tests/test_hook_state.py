@@ -122,16 +122,16 @@ def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytes
     assert all(v is None or v.__class__ in (str, int) for v in inner)  # atomic values only: the GC lets go early
     gc.collect()
     assert not gc.is_tracked(inner)
-    built = _client._built(inner)
+    built = _client._built(inner, queue.held)
     assert built is not None
     data = built[3]
     assert data["n"] == "coldstart.load" and data["tr"] == "a" * 32
-    assert data["p"] == _client._built(outer)[3]["id"] != data["id"]  # type: ignore[index]
+    assert data["p"] == _client._built(outer, queue.held)[3]["id"] != data["id"]  # type: ignore[index]
     assert data["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
     assert data["err"] == "ValueError"
     assert data["s"] <= data["e"] == inner[1]
     assert len(data["id"]) == 16 and int(data["id"], 16)
-    assert _client._built(outer)[3]["p"] == "b" * 16  # type: ignore[index]
+    assert _client._built(outer, queue.held)[3]["p"] == "b" * 16  # type: ignore[index]
 
 
 

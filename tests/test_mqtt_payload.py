@@ -300,3 +300,14 @@ def test_the_log_fast_path_writes_the_same_bytes_as_the_dict_path(attrs, body, e
     want = mp.log_payload(item, "gpu-1")
     assert payload == mp.dumps(want)
     assert (producer, got_seq) == (want["producer"], want["seq"])
+
+
+def test_an_event_message_is_the_named_tuple_it_would_be_built_as() -> None:
+    """``encode_batch`` makes an event's ``Outgoing`` in C, from its six values in order: it
+    must equal the one its constructor makes (a new field would break this first)."""
+    item = LogItem(Resource.of({"service.name": "svc"}), 123, 17, "ERROR", "CUDA out of memory", {"k": 1}, None,
+                   None, "oom", Origin("p", 7))
+    (msg,), skipped = mp.encode_batch([item], mp.Topics.of("infersight", "h"))
+    assert skipped == 0 and type(msg) is mp.Outgoing
+    assert msg == mp.Outgoing(msg.topic, msg.payload, False, "p", 7) and msg.items == 1
+    assert msg.topic == "infersight/h/oom"
