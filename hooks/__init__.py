@@ -94,14 +94,15 @@ def flush(timeout_s: float = 2.0) -> bool:
 
 
 class Stage:
-    """What ``stage(...)`` returns (made there, without ``__init__``): the context manager
-    and decorator of one stage. ``_span`` is None until entered while the hooks are active."""
+    """What ``stage(...)`` returns: the context manager and decorator of one stage.
+    ``_span`` is None until entered while the hooks are active."""
 
     __slots__ = ("_attrs", "_main", "_name", "_span", "_st", "_start", "_token")
 
-    _attrs: Dict[str, Any]
-    _name: str
-    _span: Optional[str]
+    def __init__(self, name: str, **attrs: Any) -> None:  # ``hooks.Stage(...)``; ``stage()`` skips the call
+        self._name = name
+        self._attrs = attrs
+        self._span: Optional[str] = None
 
     def __enter__(self) -> Stage:
         rt = _runtime
@@ -204,7 +205,7 @@ def stage(name: str, **attrs: Any) -> Stage:
     collections of the served process's heap. A function that returns a ``Stage``: making the
     object without ``__init__`` saves a call per stage.
     """
-    s: Stage = _new_stage(Stage)
+    s: Stage = _new_stage(Stage)  # Stage(name, **attrs), without the __init__ call
     s._name = name
     s._attrs = attrs
     s._span = None

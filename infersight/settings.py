@@ -51,19 +51,21 @@ def parse_nonneg_int(v: Any) -> int:
     return n
 
 
-def parse_pos_float(v: Any) -> float:
+def _parse_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError("expected a number")
-    x = float(v)
+    return float(v)
+
+
+def parse_pos_float(v: Any) -> float:
+    x = _parse_float(v)
     if not x > 0:
         raise ValueError("expected a positive number")
     return x
 
 
 def parse_nonneg_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ValueError("expected a number")
-    x = float(v)
+    x = _parse_float(v)
     if not x >= 0:
         raise ValueError("expected a non-negative number")
     return x
