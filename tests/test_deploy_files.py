@@ -127,7 +127,7 @@ def test_sidecar_probes_and_hardening() -> None:
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert "nvidia.com/gpu" not in side.get("resources", {}).get("limits", {})
-    assert not spec.get("hostPID"), "hostPID is opt-in, documented in README.md"
+    assert not spec.get("hostPID"), "hostPID is opt-in, documented in deploy/kubernetes/README.md"
 
 
 def test_model_server_gets_the_gpu() -> None:

@@ -17,7 +17,7 @@ names the service on this host (``service.name``, ``host.name``...; ``service.in
 the host), never a pid: a restart loop must not open a new series per process. Fed, as the
 assembler's cold-start observer, from the one place where a cold-start root is finished
 (:mod:`infersight.agent.daemon.assemble`, and ``launch`` for a launcher-only root);
-:data:`METRICS` is the source of the README's table (regenerate with
+:data:`METRICS` is the source of the table in docs/telemetry.md (regenerate with
 ``python -m infersight.agent.coldstart.metrics``).
 """
 
@@ -272,7 +272,7 @@ def _prom_names(spec: MetricSpec) -> str:
 
 
 def render_reference_markdown(specs: Iterable[MetricSpec] = METRICS) -> str:
-    """The README's cold-start metric table (Prometheus labels: dots become underscores)."""
+    """The cold-start metric table of docs/telemetry.md (Prometheus labels: dots become underscores)."""
     lines = [
         "| OTel name | kind | unit | Prometheus name | attributes (Prometheus label) | description |",
         "| --- | --- | --- | --- | --- | --- |",
