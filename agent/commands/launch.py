@@ -181,8 +181,11 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
     import json
 
     wire = hooks_module("_wire")
-    s.sendall(wire.encode_frame({"t": "subscribe", "schema": wire.SCHEMA_VERSION, "session": session,
-                                 "kinds": kinds}))
+    try:
+        s.sendall(wire.encode_frame({"t": "subscribe", "schema": wire.SCHEMA_VERSION, "session": session,
+                                     "kinds": kinds}))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # an agent that refuses this uid answers and closes before reading: read its answer
     (n,) = wire.HEADER.unpack(_recv_exact(s, wire.HEADER.size))
     if n > wire.MAX_FRAME_BYTES:
         raise ValueError("oversized reply")
