@@ -167,11 +167,11 @@ def test_agent_killed_mid_run_and_restarted_loses_nothing(tmp_path: Path, agent_
     env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), INFERSIGHT_SPOOL_DIR=str(agent.spool))
     proc = start_launch(tmp_path, env, "--", sys.executable, str(script), str(tmp_path), "5")
     try:
-        assert wait_for(lambda: (tmp_path / "m1").exists(), 60)
+        assert wait_for((tmp_path / "m1").exists, 60)
         assert wait_for(lambda: "coldstart.before" in names(agent.out), 20)
         agent.kill()
         (tmp_path / "go1").touch()
-        assert wait_for(lambda: (tmp_path / "m2").exists(), 60)  # "during" ended while no agent ran
+        assert wait_for((tmp_path / "m2").exists, 60)  # "during" ended while no agent ran
         agent.start()
         assert wait_for(lambda: agent.status()["subscribers"] == 1, 30), "launch re-subscribes"
         (tmp_path / "go2").touch()
@@ -200,7 +200,7 @@ def test_agent_gone_at_exit_keeps_the_spool_for_its_return(tmp_path: Path, agent
     env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), INFERSIGHT_SPOOL_DIR=str(agent.spool))
     proc = start_launch(tmp_path, env, "--", sys.executable, str(script), str(tmp_path), "4")
     try:
-        assert wait_for(lambda: (tmp_path / "m1").exists(), 60)
+        assert wait_for((tmp_path / "m1").exists, 60)
         assert wait_for(lambda: "coldstart.before" in names(agent.out), 20)
         agent.kill()
         (tmp_path / "go1").touch()
