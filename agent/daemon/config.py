@@ -142,10 +142,10 @@ KEYS: tuple[Key, ...] = (
     Key("agent.host_name", _opt_str, lambda: None, "INFERSIGHT_HOST_NAME", "`host.name`, also the MQTT `<host>`",
         "short hostname"),
     Key("exporters.file.enabled", _auto_bool, lambda: "auto", "INFERSIGHT_OTLP_FILE_ENABLED",
-        "`auto`: the file is written when `path` is set or no other sink is configured (then at "
-        "`<state_dir>/infersight.otlp.jsonl`); `false`: never"),
+        "write the file: `auto` when `path` is set or no other sink records (OTLP, MQTT), then at "
+        "`<state_dir>/infersight.otlp.jsonl`; `true` always; `false` never"),
     Key("exporters.file.path", _opt_str, lambda: None, "INFERSIGHT_OTLP_FILE", "OTLP JSON lines file",
-        "unset: `<state_dir>/infersight.otlp.jsonl` when no other sink is configured (launch: `--otlp-file`)"),
+        "unset (`<state_dir>/infersight.otlp.jsonl` when written; launch: `--otlp-file`)"),
     Key("exporters.file.max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_OTLP_FILE_MAX_BYTES",
         "rotate the file past this size"),
     Key("exporters.file.backups", parse_nonneg_int, lambda: 3, "INFERSIGHT_OTLP_FILE_BACKUPS",
