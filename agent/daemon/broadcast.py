@@ -125,7 +125,8 @@ class ExporterWorker:
         """Why this exporter is not doing its job now (None when it is): it could not start
         (a port in use, an unwritable path), says it cannot work (:func:`exporter_problem`),
         its worker is failing, it holds data and delivered nothing for ``stall_s``, or the
-        peer's refusals cost items within the last ``stall_s``."""
+        peer's refusals cost items within the last ``stall_s`` and nothing was delivered since
+        (one poison batch dropped among deliveries is counted, not a health problem)."""
         now = time.monotonic() if now is None else now
         if self.fault_since is not None:
             return "worker failing for %.0f s: %s" % (now - self.fault_since, self.fault)
@@ -138,7 +139,8 @@ class ExporterWorker:
             held = self.queue_items + (self.spool.items if self.spool is not None else 0)
             return "no progress for %.0f s while holding %d item(s): %s" % (
                 now - self.progress_at, held, self.last_error or "peer away")
-        if self.stall_s > 0 and self.rejected_at is not None and now - self.rejected_at <= self.stall_s:
+        if (self.stall_s > 0 and self.rejected_at is not None and self.rejected_at > self.progress_at
+                and now - self.rejected_at <= self.stall_s):  # refusals, and nothing delivered since
             return "the peer refused %d item(s), dropped (last %.0f s ago): %s" % (
                 self.rejected_items, now - self.rejected_at, self.last_error)
         return None
