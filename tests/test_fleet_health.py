@@ -130,6 +130,18 @@ def test_a_receiver_answering_500_makes_the_agent_unhealthy_until_it_recovers(  
         assert wait_for(lambda: any(s.startswith("healthy") for s in notify.status_lines()[-1:]), 30, 0.1)
 
 
+def test_a_broker_certificate_that_does_not_verify_makes_the_agent_unhealthy(  # type: ignore[no-untyped-def]
+        tmp_path: Path, agent_factory, notify: Notifications) -> None:
+    """A real mosquitto on TLS whose CA the agent was not given: a bad certificate is a
+    configuration the exporter cannot work with, unhealthy at once (not after the stall time)."""
+    from mosquitto import make_tls, running_broker
+
+    with running_broker(tmp_path / "broker", tls=make_tls(tmp_path / "tls")) as broker:
+        agent = agent_factory(f'[exporters.mqtt]\nurl = "{broker.url}"\nconnect_timeout_s = 3\n').start()
+        unhealthy_naming(agent.sock, "mqtt", "certificate did not verify")
+        status_says(notify, "mqtt", "certificate did not verify")
+
+
 def test_stall_is_a_config_key_with_env_and_file(tmp_path: Path) -> None:
     from infersight.agent.daemon import config as cfg
 
