@@ -217,3 +217,15 @@ def test_agent_gone_at_exit_keeps_the_spool_for_its_return(tmp_path: Path, agent
     assert wait_for(lambda: {"coldstart.during", "coldstart.after", "coldstart"} <= set(names(agent.out)), 30)
     roots = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
     assert len(roots) == 1 and attr(roots[0], "faas.coldstart") is True
+
+
+def test_joined_non_python_command_gets_the_launchers_root(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    agent = agent_factory().start()
+    out = tmp_path / "local.otlp.jsonl"
+    r = subprocess.run([*CLI, "launch", "--otlp-file", str(out), "--", "sh", "-c", "exit 7"], cwd=tmp_path,
+                       env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock)), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 7, r.stderr
+    assert "reporting to the agent" in r.stderr and "infersight cold start:" in r.stderr
+    roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
+    assert len(roots) == 1 and attr(roots[0], "infersight.coldstart.source") == "launcher"

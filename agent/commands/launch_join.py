@@ -16,7 +16,8 @@ to come back; if it does not, launch says where the undelivered events wait (the
 replayed when the agent is back: nothing is lost) and exits with CMD's status.
 
 A CMD that runs no hooked Python gets the launcher's ``coldstart`` root, printed and written
-to ``--otlp-file``; it does not reach the agent's sinks (launch is not a producer).
+to ``--otlp-file``; it does not reach the agent's sinks (launch is not a producer). The
+``--probe`` span is launch's own too: it goes to ``--otlp-file`` only.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from infersight.agent.commands.launch_session import (
     _readiness_lines,
     _storage_note,
     launcher_root,
+    probe_span,
     wait_child,
     watch_readiness,
 )
@@ -60,7 +62,9 @@ class JoinedSession:
     sinks: list[Exporter]
     out: TextIO
     kinds: list[str]
+    child_pid: int
     coldstarts: set[str] = field(default_factory=set)  # root span ids printed (a resend is not printed twice)
+    first_root: ColdStart | None = None  # CMD's own cold start (the --probe span goes under it)
     items: int = 0
     undecodable: int = 0
     lost: int = 0  # times the agent went away
@@ -121,6 +125,8 @@ class JoinedSession:
                 if it.root.span_id in self.coldstarts:
                     continue  # resent after the agent restarted
                 self.coldstarts.add(it.root.span_id)
+                if self.first_root is None or it.root.resource.get("process.pid") == self.child_pid:
+                    self.first_root = it
             batch.append(it)
         self.items += len(batch)
         await export_all(self.sinks, batch)
@@ -190,7 +196,7 @@ async def _run(opts: LaunchOptions, path: str | None, private: Private, joined: 
         out.write("infersight: the agent warns: %s\n" % w)
     out.flush()
     kinds = ["coldstart", "progress", "span", "log", "metric"] if path else ["coldstart", "progress"]
-    session = JoinedSession(opts, joined, sinks, out, kinds)
+    session = JoinedSession(opts, joined, sinks, out, kinds, child.pid)
     reading = asyncio.create_task(session.run())
     ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
     proc_done = asyncio.Event()
@@ -212,9 +218,12 @@ async def _run(opts: LaunchOptions, path: str | None, private: Private, joined: 
         await asyncio.wait_for(reading, opts.flush_timeout_s + SUBSCRIBE_TIMEOUT_S)
     except TimeoutError:
         pass
-    if not session.coldstarts:  # no hooked Python reported: the launcher's view
+    if session.first_root is None:  # no hooked Python reported: the launcher's view
         cs = launcher_root(opts.cmd, child.pid, spawn_ns, end_ns, short_hostname(), readiness)
         await export_all(sinks, [cs.root, *cs.stages, cs])
+    elif readiness.probe is not None and readiness.probe.first_byte_ns:  # local, as the launcher root
+        root = session.first_root.root
+        await export_all(sinks, [probe_span(readiness.probe, root.trace_id, root.span_id, root.resource)])
     for sink in sinks:
         await sink.force_flush(5.0)
         await sink.shutdown()
