@@ -219,14 +219,14 @@ def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined |
     """``--agent``: the agent to join, None to embed one, or EXIT_USAGE (said on ``err``)."""
     if opts.agent == "embedded":
         return None
-    path = hooks_module("_paths").socket_path() if opts.agent == "auto" else opts.agent
+    path = hooks_module("_paths").socket_path() if opts.agent == "auto" else os.path.abspath(opts.agent)
     if opts.agent == "auto" and not os.path.exists(path):
         return None  # the common workstation case: no agent, no wait
     joined = join_agent(path, kinds)
     if isinstance(joined, Joined):
         return joined
     if opts.agent != "auto":
-        err.write("infersight launch: --agent %s: %s\n" % (opts.agent, joined))
+        err.write("infersight launch: --agent %s: %s\n" % (path, joined))
         return EXIT_USAGE
     err.write("infersight: %s; running an embedded agent\n" % joined)
     return None
