@@ -229,3 +229,28 @@ def test_joined_non_python_command_gets_the_launchers_root(tmp_path: Path, agent
     assert "reporting to the agent" in r.stderr and "infersight cold start:" in r.stderr
     roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
     assert len(roots) == 1 and attr(roots[0], "infersight.coldstart.source") == "launcher"
+
+
+def test_joined_ready_url_and_probe(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """--ready-url reaches CMD's hooks as embedded (a file in launch's private directory), so
+    the agent's sink has the ready_wait it ends; the --probe span goes to the local copy."""
+    from conftest import free_port
+
+    agent = agent_factory().start()
+    port = free_port()
+    base = "http://127.0.0.1:%d" % port
+    server = Path(__file__).resolve().parent / "workloads" / "ready_server.py"
+    out = tmp_path / "local.otlp.jsonl"
+    r = subprocess.run([*CLI, "launch", "--otlp-file", str(out), "--ready-url", base + "/health", "--probe",
+                        base + "/", "--", sys.executable, str(server), str(port), "0.3"], cwd=tmp_path,
+                       env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock)), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "reporting to the agent" in r.stderr and "ready at %s/health" % base in r.stderr
+    assert wait_for(lambda: "coldstart" in names(agent.out), 20)
+    ready = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart.ready_wait"]
+    assert len(ready) == 1 and attr(ready[0], "infersight.ready.source") == "ready_url"
+    local = spans(read_otlp_lines(out))
+    root = next(s for s in local if s["name"] == "coldstart")
+    probe = [s for s in local if s["name"] == "infersight.probe"]
+    assert len(probe) == 1 and probe[0]["parentSpanId"] == root["spanId"]
