@@ -346,6 +346,16 @@ class MqttExporter:
                     await self._task
         self._conn = None
 
+    def problem(self) -> str:
+        """A broker this exporter cannot use as configured, at once rather than after the
+        agent's stall time: its certificate does not verify, or it refuses our credentials.
+        A broker that is merely away is not one ("" then, as while connected)."""
+        if self.connected or not self.last_error.startswith("cannot connect: "):
+            return ""
+        if "TLS:" in self.last_error or "username / password" in self.last_error:
+            return self.last_error
+        return ""
+
     def state(self) -> dict[str, int | float | str]:
         return {
             "url": self.url,

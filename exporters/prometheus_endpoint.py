@@ -455,6 +455,13 @@ class PrometheusExporter:
             except OSError:
                 pass
 
+    def problem(self) -> str:
+        """Why the endpoint serves nothing now ("" while it listens): its exports never fail,
+        so the agent's health asks this (a port in use makes the agent unhealthy)."""
+        if self._server is None and not self._closed:
+            return self.last_error or "not listening on %s:%d" % (self.host, self.port)
+        return ""
+
     async def force_flush(self, timeout_s: float) -> bool:
         return True
 

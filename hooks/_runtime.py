@@ -181,6 +181,9 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
         # die before sending its own, nests where this one would (a supervisor's worker).
         "root_parent": root_parent,
         "launched": launched,
+        # A joined launch's token: its subscription on the agent gets this process's items
+        # (children inherit it, so workers are in the waterfall too).
+        "session": env.get("INFERSIGHT_LAUNCH_SESSION", ""),
     }
 
 

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from infersight.agent.commands.compose import build_exporters
+    from infersight.agent.commands.compose import build_exporters, file_is_default
     from infersight.agent.commands.extensions import build_extensions
     from infersight.agent.daemon import config as cfg
     from infersight.settings import ConfigError
@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         extensions = build_extensions(conf)  # checks their keys and rule files before anything starts
         exporters = build_exporters(conf)
+        default = file_is_default(conf, exporters)
+        if default:
+            logging.getLogger("infersight.agent").info(
+                "no sink configured: recording to the default file %s (rotated past %d bytes, %d kept)",
+                default, conf["exporters.file.max_bytes"], conf["exporters.file.backups"])
         return asyncio.run(serve(conf, exporters, extensions))
     except ConfigError as exc:  # also found at start, e.g. an unsafe socket directory
         sys.stderr.write("infersight agent: %s\n" % exc)

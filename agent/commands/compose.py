@@ -7,11 +7,12 @@ import re
 from collections.abc import Mapping
 from typing import TextIO
 
-from infersight.exporters.base import Exporter
+from infersight.exporters.base import Exporter, is_ephemeral, is_live
 from infersight.exporters.console import ConsoleExporter
 from infersight.exporters.file import FileExporter
 from infersight.settings import Config, ConfigError
 
+DEFAULT_FILE_NAME = "infersight.otlp.jsonl"
 OTLP_ENDPOINT_ENV = re.compile(r"OTEL_EXPORTER_OTLP_(TRACES_|METRICS_|LOGS_)?ENDPOINT\Z")
 
 
@@ -35,9 +36,6 @@ def build_exporters(
     on ``launch/<pid>/status`` with its own client id instead of the daemon's status)."""
     env = os.environ if env is None else env
     out: list[Exporter] = []
-    path = config.get("exporters.file.path")
-    if path:
-        out.append(FileExporter(path, config["exporters.file.max_bytes"], config["exporters.file.backups"]))
     if otlp_requested(config, env):
         from infersight.exporters.otlp import OtlpExporter
 
@@ -64,4 +62,41 @@ def build_exporters(
         out.append(prometheus)
     if config.get("exporters.console.enabled"):
         out.append(ConsoleExporter(console_stream))
+    path = file_path(config, recording=any(records(e) for e in out))
+    if path:
+        out.insert(0, FileExporter(path, config["exporters.file.max_bytes"], config["exporters.file.backups"]))
     return out
+
+
+def records(exporter: Exporter) -> bool:
+    """A sink that keeps every item (file, OTLP, MQTT); not the terminal, not a scrape endpoint."""
+    return not is_ephemeral(exporter) and not is_live(exporter)
+
+
+def default_file_path(config: Config) -> str:
+    """The daemon's embedded default: the OTLP JSON file in the agent's state directory."""
+    return os.path.join(config["agent.state_dir"], DEFAULT_FILE_NAME)
+
+
+def file_path(config: Config, recording: bool) -> str | None:
+    """Where the file exporter writes, or None: ``exporters.file.path`` when set; the default
+    file when ``exporters.file.enabled`` is true, or ``auto`` and no other sink records
+    (``recording``); never when it is false."""
+    enabled = config.get("exporters.file.enabled", "auto")
+    if enabled is False:
+        return None
+    path: str | None = config.get("exporters.file.path")
+    if path:
+        return path
+    if enabled is True or not recording:
+        return default_file_path(config)
+    return None
+
+
+def file_is_default(config: Config, exporters: list[Exporter]) -> str | None:
+    """The default file's path when ``exporters`` write it (for the start-up log line)."""
+    default = default_file_path(config)
+    for e in exporters:
+        if isinstance(e, FileExporter) and e.path == default and not config.get("exporters.file.path"):
+            return default
+    return None

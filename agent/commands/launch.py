@@ -1,7 +1,14 @@
-"""``infersight launch -- CMD``: run CMD with the hooks active and an agent in-process.
+"""``infersight launch -- CMD``: run CMD with the hooks active, reporting to an agent.
 
-The embedded default: a private socket in a private directory (even when a daemon
-runs), an OTLP JSON file, the waterfall on the terminal, OTLP export only when an
+``--agent auto`` (the default): when an agent answers on ``INFERSIGHT_SOCKET`` (or the
+default socket) and accepts this uid, launch *joins* it: CMD's hooks report to that agent
+(its sinks record them), and launch subscribes to its CMD's items on the agent's socket to
+print the waterfall (:mod:`infersight.agent.daemon.sessions`, the joined side in
+:mod:`infersight.agent.commands.launch_join`). ``--agent PATH`` joins the agent at PATH or
+fails (exit 2, before CMD starts); ``--agent embedded`` never joins.
+
+Otherwise, the embedded default: a private socket in a private directory, an OTLP JSON
+file, the waterfall on the terminal, OTLP export only when an
 ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set. Exit status follows CMD (128+N on signal N,
 127 when CMD is not found, 126 when it cannot be executed, 2 for launch's own usage or
 config errors, such as an unwritable ``--otlp-file``, all before CMD starts).
@@ -61,6 +68,7 @@ class LaunchOptions:
         probe: str | None = None,
         ready_timeout_s: float = 3600.0,
         evict: Sequence[str] = (),
+        agent: str = "auto",
     ) -> None:
         self.cmd = list(cmd)
         self.otlp_file = otlp_file
@@ -70,6 +78,7 @@ class LaunchOptions:
         self.probe = probe
         self.ready_timeout_s = ready_timeout_s
         self.evict = list(evict)
+        self.agent = agent  # auto | embedded | PATH of an agent's socket
 
 
 def default_output_path(now: float | None = None) -> str:
@@ -99,20 +108,128 @@ def bootstrap_dir() -> str:
 
 
 def child_env(
-    base: dict[str, str], sock: str, spool: str, spawn_ns: int, ready_file: str | None = None,
-    boot: str | None = None,
+    base: dict[str, str], sock: str, spool: str | None, spawn_ns: int, ready_file: str | None = None,
+    boot: str | None = None, session: str | None = None,
 ) -> dict[str, str]:
+    """CMD's environment: the hooks' bootstrap, the agent's socket; the private spool when
+    embedded (``spool``); a joined agent's session token (``session``), the hooks then
+    spooling where the agent replays (their own ``INFERSIGHT_SPOOL_DIR`` or default)."""
     env = dict(base)
     if ready_file:
         env["INFERSIGHT_READY_FILE"] = ready_file
         env.setdefault("INFERSIGHT_READY_ON_LISTEN", "0")  # the URL is the authority
     env["INFERSIGHT_SOCKET"] = sock
-    env["INFERSIGHT_SPOOL_DIR"] = spool
+    if spool is not None:
+        env["INFERSIGHT_SPOOL_DIR"] = spool
+    if session is not None:
+        env["INFERSIGHT_LAUNCH_SESSION"] = session
+    else:
+        env.pop("INFERSIGHT_LAUNCH_SESSION", None)
     env["INFERSIGHT_LAUNCH_SPAWN_NS"] = str(spawn_ns)
     env.pop("INFERSIGHT", None)
     boot = boot or bootstrap_dir()
     env["PYTHONPATH"] = boot + (os.pathsep + base["PYTHONPATH"] if base.get("PYTHONPATH") else "")
     return env
+
+
+def hooks_module(name: str) -> Any:
+    """A stdlib-only module of the hooks (``_paths``, ``_wire``) without importing the hooks
+    package, whose ``__init__`` costs ~20 ms that launch does not pay before CMD starts."""
+    full = "infersight.hooks." + name
+    mod = sys.modules.get(full) or sys.modules.get("_infersight_launch" + name)
+    if mod is not None:
+        return mod
+    import importlib.machinery
+
+    loader = importlib.machinery.SourceFileLoader(
+        "_infersight_launch" + name, os.path.join(os.path.dirname(bootstrap_dir()), name + ".py"))
+    mod = type(sys)(loader.name)
+    mod.__file__ = loader.path
+    loader.exec_module(mod)
+    sys.modules[loader.name] = mod
+    return mod
+
+
+class Joined:
+    """A running agent that launch joined: its socket, the subscription's descriptor, the
+    session token CMD's hooks carry, and what the agent said of itself (version, sinks)."""
+
+    def __init__(self, path: str, fd: int, session: str, info: dict[str, Any]) -> None:
+        self.path = path
+        self.fd = fd
+        self.session = session
+        self.info = info
+
+
+JOIN_TIMEOUT_S = 3.0  # an agent that takes longer to answer is not joined (auto: embedded instead)
+ITEM_KINDS_CONSOLE = ["coldstart", "progress"]  # the waterfall
+ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]  # with --otlp-file: its copy
+
+
+def _recv_exact(s: Any, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the agent closed the connection")
+        buf += chunk
+    return buf
+
+
+def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
+    """Send the subscription on a connected socket; the agent's reply (``subscribed`` or ``refuse``)."""
+    import json
+
+    wire = hooks_module("_wire")
+    try:
+        s.sendall(wire.encode_frame({"t": "subscribe", "schema": wire.SCHEMA_VERSION, "session": session,
+                                     "kinds": kinds}))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # an agent that refuses this uid answers and closes before reading: read its answer
+    (n,) = wire.HEADER.unpack(_recv_exact(s, wire.HEADER.size))
+    if n > wire.MAX_FRAME_BYTES:
+        raise ValueError("oversized reply")
+    reply = json.loads(_recv_exact(s, n))
+    if not isinstance(reply, dict):
+        raise ValueError("malformed reply")
+    return reply
+
+
+def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -> Joined | str:
+    """Subscribe to the agent listening at ``path``: the :class:`Joined`, or why not."""
+    import _socket
+
+    session = os.urandom(16).hex()
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout_s)
+        s.connect(path)
+        reply = subscribe(s, session, kinds)
+    except (OSError, ValueError) as exc:
+        s.close()
+        return "no agent answers at %s (%s)" % (path, getattr(exc, "strerror", None) or exc)
+    if reply.get("t") != "subscribed":
+        s.close()
+        return "the agent at %s does not take this launch: %s" % (path, reply.get("error") or reply.get("t"))
+    s.settimeout(None)
+    return Joined(path, int(s.detach()), session, reply)
+
+
+def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined | int | None:
+    """``--agent``: the agent to join, None to embed one, or EXIT_USAGE (said on ``err``)."""
+    if opts.agent == "embedded":
+        return None
+    path = hooks_module("_paths").socket_path() if opts.agent == "auto" else os.path.abspath(opts.agent)
+    if opts.agent == "auto" and not os.path.exists(path):
+        return None  # the common workstation case: no agent, no wait
+    joined = join_agent(path, kinds)
+    if isinstance(joined, Joined):
+        return joined
+    if opts.agent != "auto":
+        err.write("infersight launch: --agent %s: %s\n" % (path, joined))
+        return EXIT_USAGE
+    err.write("infersight: %s; running an embedded agent\n" % joined)
+    return None
 
 
 def exit_status(returncode: int) -> int:
@@ -336,7 +453,7 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     return child
 
 
-def import_agent_side() -> Any:
+def import_agent_side(module: str = "launch_session") -> Any:
     """Import the agent side on a thread at low CPU priority, so that on a busy host it does
     not compete with CMD's own start. Only that thread is niced (Linux priorities are per
     thread), and it ends with the import: the agent itself runs at launch's priority."""
@@ -350,9 +467,9 @@ def import_agent_side() -> Any:
         except (OSError, AttributeError):
             pass
         try:
-            from infersight.agent.commands import launch_session
+            import importlib
 
-            box["module"] = launch_session
+            box["module"] = importlib.import_module("infersight.agent.commands." + module)
         except BaseException as exc:  # re-raised on the main thread
             box["error"] = exc
 
@@ -373,8 +490,23 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         err.write("infersight launch: missing command: infersight launch -- CMD...\n")
         return EXIT_USAGE
     opts.cmd = cmd
-    path = opts.otlp_file or default_output_path()
-    reason = check_writable(path)
+    joined = choose_agent(opts, ITEM_KINDS_ALL if opts.otlp_file else ITEM_KINDS_CONSOLE, err)
+    if isinstance(joined, int):
+        return joined
+    try:
+        return _launch(opts, cmd, joined, err)
+    finally:
+        if joined is not None:
+            try:
+                os.close(joined.fd)
+            except OSError:
+                pass  # the joined session took it over and closed it
+
+
+def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: TextIO) -> int:
+    # Joined: the agent's sinks record; a local file only when asked for (--otlp-file).
+    path = opts.otlp_file or (None if joined is not None else default_output_path())
+    reason = check_writable(path) if path is not None else None
     if reason is not None:
         err.write("infersight launch: cannot write the output file %s: %s\n" % (path, reason))
         return EXIT_USAGE
@@ -396,18 +528,24 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         return EXIT_USAGE
     child: Child | None = None
     try:
-        bad = config_error(opts, path, private)
-        if bad is not None:
-            err.write("infersight launch: %s\n" % bad)
-            return EXIT_USAGE
-        try:
-            listen_fd = private.listen()
-        except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
-            err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
-            return EXIT_USAGE
+        listen_fd = -1
+        if joined is None:
+            assert path is not None
+            bad = config_error(opts, path, private)
+            if bad is not None:
+                err.write("infersight launch: %s\n" % bad)
+                return EXIT_USAGE
+            try:
+                listen_fd = private.listen()
+            except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
+                err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
+                return EXIT_USAGE
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
-        env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
+        if joined is None:
+            env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
+        else:
+            env = child_env(dict(os.environ), joined.path, None, spawn_ns, ready_file, session=joined.session)
         try:
             child = spawn(cmd, env)
         except FileNotFoundError:
@@ -416,8 +554,12 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         except PermissionError:
             err.write("infersight: permission denied: %s\n" % cmd[0])
             return EXIT_NOT_EXECUTABLE
-        launch_session = import_agent_side()  # CMD runs: now the heavy part
-        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        rc: int
+        if joined is not None:  # CMD runs: now the heavy part
+            rc = import_agent_side("launch_join").run(opts, path, private, joined, child, spawn_ns, err)
+        else:
+            launch_session = import_agent_side()
+            rc = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
         return rc
     finally:
         if child is not None:
@@ -439,6 +581,10 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
     lp.add_argument("--evict", metavar="PATH", nargs="+", action="extend",
                     help="drop these files (directories recursively) from the page cache before CMD "
                          "starts, for a truly cold start without root")
+    lp.add_argument("--agent", default="auto", metavar="auto|embedded|PATH",
+                    help="auto (default): join the agent on INFERSIGHT_SOCKET or the default socket when "
+                         "one answers and accepts this uid, else embed one; embedded: always embed; "
+                         "PATH: join the agent at PATH or fail")
     lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
                     help="print the cold-start waterfall (default: on)")
     lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
@@ -448,4 +594,5 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     return launch(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
-                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or ()))
+                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or (),
+                             agent=args.agent))

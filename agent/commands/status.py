@@ -63,12 +63,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(h, sort_keys=True))
     else:
-        print("infersight agent %s (%s, pid %s): %s" % (
-            h.get("version"), h.get("mode"), h.get("pid"), "healthy" if h.get("healthy") else "UNHEALTHY"))
-        for k in ("uptime_s", "socket", "producers", "events_in", "items_out", "lost", "dropped_by_producers"):
-            print("  %-22s %s" % (k, h.get(k)))
-        for e in h.get("exporters") or []:
-            print("  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
-                e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"),
-                e.get("retries"), e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items")))
+        print(describe(h))
     return 0 if h.get("healthy") else 1
+
+
+def describe(h: dict[str, Any]) -> str:
+    """The text form: the verdict, each problem (exporter and reason), warnings, the sinks."""
+    lines = ["infersight agent %s (%s, pid %s): %s" % (
+        h.get("version"), h.get("mode"), h.get("pid"), "healthy" if h.get("healthy") else "UNHEALTHY")]
+    for p in h.get("problems") or []:
+        who = "exporter %s" % p.get("exporter") if p.get("exporter") else "agent"
+        lines.append("  PROBLEM %s: %s" % (who, p.get("reason")))
+    lines += ["  WARNING %s" % w for w in h.get("warnings") or []]
+    keys = ("uptime_s", "socket", "producers", "events_in", "items_out", "lost", "dropped_by_producers")
+    lines += ["  %-22s %s" % (k, h.get(k)) for k in keys]
+    sinks = h.get("sinks")
+    lines.append("  %-22s %s" % ("sinks", ", ".join(sinks) if sinks else "none"))
+    lines += ["  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
+        e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"), e.get("retries"),
+        e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items"))
+        for e in h.get("exporters") or []]
+    return "\n".join(lines)

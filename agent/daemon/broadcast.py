@@ -66,7 +66,7 @@ class ExporterWorker:
         retry_max_s: float = 10.0,
         memory_retries: int = 3,
         max_attempts: int = 10,
-        down_unhealthy_s: float = 120.0,
+        stall_s: float = 120.0,
     ) -> None:
         self.exporter = exporter
         self.spool = spool
@@ -78,7 +78,7 @@ class ExporterWorker:
         self.retry_max_s = retry_max_s
         self.memory_retries = memory_retries
         self.max_attempts = max(1, max_attempts)
-        self.down_unhealthy_s = down_unhealthy_s
+        self.stall_s = stall_s  # holding data with no delivery this long: unhealthy (0: never)
         self._wake = asyncio.Event()
         self._stop_evt = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -89,6 +89,10 @@ class ExporterWorker:
         self.down_since: float | None = None  # monotonic, while the peer is away
         self.fault = ""  # the worker's own failure (spool, exporter bug), while it lasts
         self.fault_since: float | None = None
+        self.start_error = ""  # why exporter.start() failed, until its first delivery
+        # The last delivery, or when the worker last began to hold data: what "no progress" counts from.
+        self.progress_at = time.monotonic()
+        self.rejected_at: float | None = None  # when the peer's refusals last cost items
         self._fault_kinds: dict[str, int] = {}
         # The spooled record at the head and how often the peer rejected it.
         self._head: tuple[int, int] | None = None
@@ -118,12 +122,27 @@ class ExporterWorker:
         return not self.queue and not self._busy and not self.spool
 
     def problem(self, now: float | None = None) -> str | None:
-        """Why this exporter cannot make progress now (None when it can)."""
+        """Why this exporter is not doing its job now (None when it is): it could not start
+        (a port in use, an unwritable path), says it cannot work (:func:`exporter_problem`),
+        its worker is failing, it holds data and delivered nothing for ``stall_s``, or the
+        peer's refusals cost items within the last ``stall_s`` and nothing was delivered since
+        (one poison batch dropped among deliveries is counted, not a health problem)."""
         now = time.monotonic() if now is None else now
         if self.fault_since is not None:
             return "worker failing for %.0f s: %s" % (now - self.fault_since, self.fault)
-        if self.down_since is not None and now - self.down_since > self.down_unhealthy_s:
-            return "peer away for %.0f s: %s" % (now - self.down_since, self.last_error)
+        own = exporter_problem(self.exporter)
+        if own:
+            return own
+        if self.start_error:
+            return "cannot start: %s" % self.start_error
+        if self.stall_s > 0 and not self.idle() and now - self.progress_at > self.stall_s:
+            held = self.queue_items + (self.spool.items if self.spool is not None else 0)
+            return "no progress for %.0f s while holding %d item(s): %s" % (
+                now - self.progress_at, held, self.last_error or "peer away")
+        if (self.stall_s > 0 and self.rejected_at is not None and self.rejected_at > self.progress_at
+                and now - self.rejected_at <= self.stall_s):  # refusals, and nothing delivered since
+            return "the peer refused %d item(s), dropped (last %.0f s ago): %s" % (
+                self.rejected_items, now - self.rejected_at, self.last_error)
         return None
 
     def reachable(self) -> bool:
@@ -143,6 +162,8 @@ class ExporterWorker:
             self._set_full(False)
 
     def submit(self, items: Sequence[Item], completion: Completion) -> None:
+        if self.idle():  # it starts holding data now: "no progress" counts from here
+            self.progress_at = time.monotonic()
         if self.queue_items + len(items) > self.queue_max_items:
             if self.reachable() and self.queue_items < self.queue_max_items * HARD_QUEUE_FACTOR:
                 # Healthy but behind: hold it and push back on the producers (no spill).
@@ -247,9 +268,14 @@ class ExporterWorker:
         self.down_since = None
         self._backoff = self.retry_initial_s
         self.exported_items += len(batch)
+        self.progress_at = time.monotonic()
+        if self.start_error:
+            log.info("exporter %s: delivering now (it could not start: %s)", self.name, self.start_error)
+            self.start_error = ""
         return OK
 
     def _drop_rejected(self, items: Sequence[Item], why: str) -> None:
+        self.rejected_at = time.monotonic()
         self.rejected_items += len(items)
         self.dropped_items += len(items)
         log.warning("exporter %s: dropped %d item(s) the peer %s (%d dropped so far): %s",
@@ -417,6 +443,18 @@ class ExporterWorker:
         }
         out.update({"exporter." + k: v for k, v in self.exporter.state().items()})
         return out
+
+
+def exporter_problem(exporter: Exporter) -> str:
+    """What an exporter says keeps it from working ("" when nothing), through its optional
+    ``problem()`` (a scrape endpoint that could not bind: its exports never fail)."""
+    probe = getattr(exporter, "problem", None)
+    if probe is None:
+        return ""
+    try:
+        return str(probe() or "")
+    except Exception as exc:  # a broken probe is a problem too, not a crash of the health check
+        return "problem() failed: %r" % (exc,)
 
 
 class Broadcaster:

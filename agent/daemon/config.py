@@ -87,6 +87,15 @@ def _protocol(v: Any) -> str:
     return s
 
 
+def _auto_bool(v: Any) -> str | bool:
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_bool(v)
+    except ValueError:
+        raise ValueError("expected auto, true or false") from None
+
+
 def _log_level(v: Any) -> str:
     s = _str(v).upper()
     if s not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -114,6 +123,9 @@ KEYS: tuple[Key, ...] = (
         "disk spool per exporter while its peer is away"),
     Key("agent.exporter_max_attempts", parse_nonneg_int, lambda: 10, "INFERSIGHT_EXPORTER_MAX_ATTEMPTS",
         "a spooled record the peer rejects this often is dropped and counted"),
+    Key("agent.exporter_stall_s", parse_nonneg_float, lambda: 120.0, "INFERSIGHT_EXPORTER_STALL_S",
+        "an exporter that holds undelivered data and delivered nothing for this long makes the agent "
+        "unhealthy (0: never)"),
     Key("agent.shutdown_timeout_s", parse_pos_float, lambda: 10.0, "INFERSIGHT_SHUTDOWN_TIMEOUT_S",
         "drain and flush limit on SIGTERM"),
     Key("agent.health_interval_s", parse_pos_float, lambda: 15.0, "INFERSIGHT_HEALTH_INTERVAL_S",
@@ -129,8 +141,11 @@ KEYS: tuple[Key, ...] = (
     Key("agent.log_level", _log_level, lambda: "INFO", "INFERSIGHT_LOG_LEVEL", "agent log level"),
     Key("agent.host_name", _opt_str, lambda: None, "INFERSIGHT_HOST_NAME", "`host.name`, also the MQTT `<host>`",
         "short hostname"),
+    Key("exporters.file.enabled", _auto_bool, lambda: "auto", "INFERSIGHT_OTLP_FILE_ENABLED",
+        "write the file: `auto` when `path` is set or no other sink records (OTLP, MQTT), then at "
+        "`<state_dir>/infersight.otlp.jsonl`; `true` always; `false` never"),
     Key("exporters.file.path", _opt_str, lambda: None, "INFERSIGHT_OTLP_FILE", "OTLP JSON lines file",
-        "unset (launch: `--otlp-file`)"),
+        "unset (`<state_dir>/infersight.otlp.jsonl` when written; launch: `--otlp-file`)"),
     Key("exporters.file.max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_OTLP_FILE_MAX_BYTES",
         "rotate the file past this size"),
     Key("exporters.file.backups", parse_nonneg_int, lambda: 3, "INFERSIGHT_OTLP_FILE_BACKUPS",

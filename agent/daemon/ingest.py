@@ -19,7 +19,7 @@ import stat
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from infersight.agent.daemon.assemble import Assembler, Malformed, Producer
@@ -322,6 +322,9 @@ class Ingest:
         self._pidfds: dict[str, tuple[Producer, int]] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self.spool_dir: str | None = None  # the hooks' spool directory (agent.spool_dir)
+        # A joined launch's subscription (sessions.Sessions.serve): (message, peer uid, reader, writer).
+        self.subscribe: Callable[[dict[str, Any], int, asyncio.StreamReader, asyncio.StreamWriter],
+                                 Awaitable[None]] | None = None
 
     # -- server ---------------------------------------------------------------------
 
@@ -523,6 +526,10 @@ class Ingest:
             self.counters.items_out += len(items)
             self.broadcaster.publish(items)
 
+    def connected(self, producer_id: str) -> bool:
+        """The producer has a connection open now."""
+        return self._live.get(producer_id, 0) > 0
+
     def allowed(self, uid: int, gid: int) -> bool:
         return uid in self.allowed_uids or gid in self.allowed_gids
 
@@ -606,6 +613,9 @@ class Ingest:
         if msg.get("t") == "status":
             writer.write(_wire.encode_frame({"t": "health", **self.health()}))
             await writer.drain()
+            return
+        if msg.get("t") == "subscribe" and self.subscribe is not None and over <= 0:
+            await self.subscribe(msg, uid, reader, writer)
             return
         if over > 0:  # no reply: the hook retries later (a refusal would make it stop trying)
             self.counters.over_capacity += 1

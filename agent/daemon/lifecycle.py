@@ -37,21 +37,37 @@ from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
 from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
 from infersight.agent.daemon.ingest import Ingest
+from infersight.agent.daemon.sessions import Sessions
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import Exporter, is_ephemeral
 from infersight.settings import Config
 from infersight.telemetry import Item, Resource
 
 log = logging.getLogger("infersight.agent")
-EXPORTER_DOWN_UNHEALTHY_S = 120.0
 SPOOL_SCAN_S = 5.0
 # Keys a reload applies to the running agent, with those its extensions apply
 # (``Extension.live_keys``); a change to any other key (socket, spools, exporters, NVML
 # sampling) is validated, and applies at the next restart (logged).
 LIVE_KEYS = frozenset({
     "agent.allowed_uids", "agent.allowed_gids", "agent.log_level", "agent.shutdown_timeout_s",
-    "agent.frame_timeout_s", "agent.health_interval_s",
+    "agent.frame_timeout_s", "agent.health_interval_s", "agent.exporter_stall_s",
 })
+NO_SINK_WARNING = ("no sink: every sink is disabled, so events are received and dropped "
+                   "(set one, or remove exporters.file.enabled = false)")
+
+
+def problem_text(p: dict[str, str]) -> str:
+    """``exporter prometheus: cannot start: ...`` (one problem, as status and STATUS= say it)."""
+    return "exporter %s: %s" % (p["exporter"], p["reason"]) if p.get("exporter") else p["reason"]
+
+
+SINK_TARGETS = ("exporter.path", "exporter.traces_endpoint", "exporter.url", "exporter.address")
+
+
+def sink_line(state: dict[str, Any]) -> str:
+    """``file /var/lib/infersight/infersight.otlp.jsonl``: an exporter and where it sends."""
+    target = next((str(state[k]) for k in SINK_TARGETS if state.get(k)), "")
+    return ("%s %s" % (state["name"], target)).strip()
 
 
 def short_hostname() -> str:
@@ -105,7 +121,7 @@ class Agent:
             if not is_ephemeral(e):
                 spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
             self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
-                                               down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
+                                               stall_s=config["agent.exporter_stall_s"]))
         self.broadcaster = Broadcaster(self.workers)
         self.ingest = Ingest(
             self.assembler,
@@ -119,6 +135,11 @@ class Agent:
             idle_timeout_s=config["agent.idle_timeout_s"],
         )
         self.ingest.spool_dir = config["agent.spool_dir"]
+        # Joined launches subscribe to their CMD's items (sessions.py); a tap like any other.
+        self.sessions = Sessions(self.assembler, self._session_info, self.ingest.connected,
+                                 lambda: self.ingest.replay_spools(self.config["agent.spool_dir"]))
+        self.broadcaster.taps.append(self.sessions.tap)
+        self.ingest.subscribe = self.sessions.serve
         self.proc_stats = ProcessStats()
         self._stop = asyncio.Event()
         self._signals = 0
@@ -170,20 +191,36 @@ class Agent:
 
     # -- health ---------------------------------------------------------------------
 
+    def _session_info(self) -> dict[str, Any]:
+        """What a joining launch is told: who answers, and where its CMD's data goes."""
+        h = self.health()
+        return {"version": __version__, "pid": os.getpid(), "mode": h["mode"], "sinks": h["sinks"],
+                "healthy": h["healthy"], "problems": h["problems"], "warnings": h["warnings"],
+                "spool_dir": self.config["agent.spool_dir"]}
+
     def dropped_by_producers(self) -> int:
         return sum(p.dropped_buffer + p.dropped_spool for p in self.assembler.producers.values())
 
+    def problems(self, now: float | None = None) -> list[dict[str, str]]:
+        """What makes the agent unhealthy: each exporter that is not doing its job, and why."""
+        now = time.monotonic() if now is None else now
+        out = [{"exporter": w.name, "reason": why} for w in self.workers if (why := w.problem(now)) is not None]
+        if not self.listening:
+            out.insert(0, {"exporter": "", "reason": "not listening on %s" % self.config["agent.socket"]})
+        return out
+
+    def warnings(self) -> list[str]:
+        """What the operator should know that is not a failure (an agent with no sink)."""
+        return [] if self.workers else [NO_SINK_WARNING]
+
     def health(self) -> dict[str, Any]:
         now = time.monotonic()
-        exporters = []
-        healthy = self.listening
-        for w in self.workers:
-            st = {"name": w.name, **w.state()}
-            exporters.append(st)
-            if w.problem(now) is not None:  # a worker fault at once; a peer away after a grace
-                healthy = False
+        exporters = [{"name": w.name, **w.state()} for w in self.workers]
+        problems = self.problems(now)
         h: dict[str, Any] = {
-            "healthy": healthy,
+            "healthy": not problems,
+            "problems": problems,
+            "warnings": self.warnings(),
             "version": __version__,
             "mode": "embedded" if self.embedded else "daemon",
             "pid": os.getpid(),
@@ -197,6 +234,8 @@ class Agent:
             "counters": self.counters.as_dict(),
             "assembler": self.assembler.stats(),
             "exporters": exporters,
+            "sinks": [sink_line(e) for e in exporters],
+            "subscribers": len(self.sessions),
             "extensions": [ext.name for ext in self.extensions],
         }
         for ext in self.extensions:
@@ -205,13 +244,19 @@ class Agent:
         return h
 
     def status_line(self) -> str:
-        """One short line of health for ``systemctl status`` (STATUS=)."""
+        """One short line of health for ``systemctl status`` (STATUS=): what is wrong first,
+        each unhealthy exporter with its reason, as ``infersight status`` names them."""
         h = self.health()
-        down = [e["name"] for e in h["exporters"] if not e.get("peer_up", True)]
         line = "%s: %d producer(s), %d events in, %d items out, %d lost" % (
             "healthy" if h["healthy"] else "UNHEALTHY", h["producers"], h["events_in"], h["items_out"], h["lost"])
+        if h["problems"]:
+            line = "UNHEALTHY: %s; %s" % (
+                "; ".join(problem_text(p) for p in h["problems"]), line.split(": ", 1)[1])
+        down = [e["name"] for e in h["exporters"] if not e.get("peer_up", True)]
         if down:
             line += "; exporter(s) down: " + ", ".join(down)
+        for w in h["warnings"]:
+            line += "; WARNING " + w
         if self.last_reload_error:
             line += "; last reload failed"
         return line
@@ -297,9 +342,13 @@ class Agent:
         for w in self.workers:
             try:
                 await w.exporter.start()
-            except Exception as exc:  # a peer that is away is not fatal: the worker spools
-                log.warning("exporter %s did not start cleanly: %s", w.name, exc)
+            except Exception as exc:  # not fatal: the worker spools and retries; health says so
+                w.start_error = str(exc) or type(exc).__name__
+                log.error("exporter %s cannot start: %s (the agent runs on, unhealthy, and retries)",
+                          w.name, w.start_error)
             w.start()
+        if not self.workers:
+            log.warning("%s", NO_SINK_WARNING)
         for ext in self.extensions:  # before the socket: their taps see the first replayed spool
             await ext.start(self)
         await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)

@@ -1,0 +1,126 @@
+"""The agent's side of a joined launch (agent/daemon/sessions.py): what a subscription gets.
+
+The real assembler and a real socket pair carry the frames; the producers are hellos as the
+hooks send them. Only the session's producers, only the subscriber's uid (root sees all), only
+the kinds asked for; frames always under the wire's limit; a subscriber that does not read
+loses items, counted, and never holds the agent up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from infersight.agent.daemon import itemcodec, sessions
+from infersight.agent.daemon.assemble import Assembler
+from infersight.hooks import _wire
+from infersight.telemetry import LogItem
+
+SESSION = "ab" * 16
+
+
+def hello(asm: Assembler, pid: int, uid: int, session: str) -> Any:
+    return asm.hello({"id": "boot-%d-1" % pid, "pid": pid, "start_ns": 1, "trace_id": "%032x" % pid,
+                      "root_span_id": "%016x" % pid, "uid": uid, "session": session})
+
+
+def log_of(producer: Any, body: str) -> LogItem:
+    return LogItem(producer.resource, 1, 9, "INFO", body, {}, None, None, None, None)
+
+
+def read_frames(sock: socket.socket) -> list[dict[str, Any]]:
+    sock.setblocking(False)
+    buf = b""
+    try:
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+    except BlockingIOError:
+        pass
+    frames, rest, bad = _wire.split_frames(buf)
+    assert not rest and not bad
+    return [m for m in (_wire.decode_payload(f) for f in frames) if m is not None]
+
+
+async def subscriber(sess: sessions.Sessions, uid: int, kinds: list[str]) -> tuple[socket.socket, Any]:
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=theirs)
+    before = len(sess)
+    task = asyncio.create_task(sess.serve({"t": "subscribe", "session": SESSION, "kinds": kinds}, uid, reader, writer))
+    while len(sess) == before:
+        await asyncio.sleep(0)
+    return ours, task
+
+
+def test_only_the_sessions_producers_of_the_subscribers_uid() -> None:
+    async def main() -> tuple[list[str], list[str]]:
+        asm = Assembler("host")
+        mine = hello(asm, 101, 1000, SESSION)
+        other_session = hello(asm, 102, 1000, "cd" * 16)
+        other_uid = hello(asm, 103, 2000, SESSION)  # claims the token, is another user
+        sess = sessions.Sessions(asm, lambda: {"pid": 1}, lambda _pid: False, lambda: 0)
+        sock_user, t1 = await subscriber(sess, 1000, ["log"])
+        sock_root, t2 = await subscriber(sess, 0, ["log"])
+        sess.tap([log_of(mine, "mine"), log_of(other_session, "not this run"), log_of(other_uid, "other user")])
+        await asyncio.sleep(0.05)
+        got = {}
+        for name, s in (("user", sock_user), ("root", sock_root)):
+            frames = read_frames(s)
+            assert frames[0]["t"] == "subscribed"
+            got[name] = [itemcodec.from_dict(d).body for f in frames[1:] for d in f["i"]]  # type: ignore[union-attr]
+            s.close()
+        await asyncio.gather(t1, t2, return_exceptions=True)
+        return got["user"], got["root"]
+
+    user, root = asyncio.run(main())
+    assert user == ["mine"]
+    assert sorted(root) == ["mine", "other user"]
+
+
+def test_kinds_filter_and_malformed_subscriptions_are_refused() -> None:
+    async def main() -> list[dict[str, Any]]:
+        asm = Assembler("host")
+        sess = sessions.Sessions(asm, dict, lambda _pid: False, lambda: 0)
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        await sess.serve({"t": "subscribe", "session": "short", "kinds": ["log"]}, 0, reader, writer)
+        frames = read_frames(ours)
+        ours.close()
+        return frames
+
+    frames = asyncio.run(main())
+    assert frames[0]["t"] == "refuse"
+
+
+def test_frames_stay_under_the_wire_limit() -> None:
+    asm = Assembler("host")
+    p = hello(asm, 101, 0, SESSION)
+    items = [log_of(p, "x" * 5000) for _ in range(400)]  # ~2 MB encoded
+    frames = sessions.item_frames(items)
+    assert len(frames) > 2
+    assert all(len(f) <= _wire.MAX_FRAME_BYTES for f in frames)
+    decoded = [d for f in frames for d in _wire.decode_payload(f[_wire.HEADER.size:])["i"]]  # type: ignore[index]
+    assert len(decoded) == 400
+
+
+def test_a_subscriber_that_does_not_read_loses_items_counted() -> None:
+    async def main() -> tuple[int, int]:
+        asm = Assembler("host")
+        p = hello(asm, 101, 0, SESSION)
+        sess = sessions.Sessions(asm, dict, lambda _pid: False, lambda: 0)
+        ours, task = await subscriber(sess, 0, ["log"])
+        sub = sess.subscribers[SESSION][0]
+        batch = [log_of(p, "y" * 10_000) for _ in range(100)]  # ~1 MB per batch, nobody reads
+        for _ in range(30):
+            sess.tap(batch)
+        dropped, sent = sub.dropped, sub.sent
+        ours.close()
+        await asyncio.gather(task, return_exceptions=True)
+        return dropped, sent
+
+    dropped, sent = asyncio.run(main())
+    assert dropped > 0 and sent > 0
+    assert dropped + sent == 3000
