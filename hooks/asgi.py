@@ -1,15 +1,24 @@
-"""ASGI middleware: the first request's time to first body byte (stdlib only).
+"""ASGI middleware: every request's duration, and the first one's time to first byte (stdlib only).
 
     from infersight.hooks.asgi import ColdStartMiddleware
     app = ColdStartMiddleware(app)                # any ASGI 3 app
     app.add_middleware(ColdStartMiddleware)       # Starlette / FastAPI
 
-The first HTTP request that reaches the app while the cold start is open becomes the
+No code change is needed under uvicorn (FastAPI, vLLM's API server, ...): the hooks wrap
+``uvicorn.config.Config.load`` when uvicorn is imported, so the app uvicorn serves is wrapped
+in this middleware (once; an app that already added it is timed once too).
+
+Every HTTP request is a ``req`` event of request class ``http`` (``hooks._request``): from
+the moment it reaches the middleware until the app returns (the whole response, streamed or
+not); an exception is its ``error.type``. The agent keeps them per serving instance (P50/P99,
+routing hints). The per-request cost is a few attribute tests, two clock reads and one
+queued tuple: see bench/asgi_request_cost.py.
+
+The first HTTP request that reaches the app while the cold start is open also becomes the
 ``first_request`` stage: it starts when the request reaches the middleware and ends
 when the app sends the first non-empty body chunk (or the end of an empty body), which
 for a streaming response is the first token, not the last. The ``coldstart`` root ends
-there too. A request also implies readiness if nothing else declared it. Every later
-request, and every request when infersight is not active, passes straight through.
+there too. A request also implies readiness if nothing else declared it.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable, Dict, MutableMapping
 
-from . import _coldstart, _runtime
+from . import _coldstart, _request, _runtime
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -25,19 +34,30 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["ColdStartMiddleware"]
+__all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_uvicorn"]
+
+HTTP_CLASS = "http"  # the request class of requests timed here
 
 
 class ColdStartMiddleware:
-    """Pure ASGI middleware (no framework import); cheap pass-through after the first request."""
+    """Pure ASGI middleware (no framework import): times every HTTP request; the first one is
+    also the cold start's ``first_request``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or not _coldstart.pending_first():
-            await self.app(scope, receive, send)
+        if scope.get("type") != "http" or _runtime.client is None or _request._current.get() is not None:
+            await self.app(scope, receive, send)  # not HTTP, hooks off, or an outer layer times it
             return
+        with _request.request(None, None, None, HTTP_CLASS):
+            if _coldstart.pending_first():
+                await self._first(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+
+    async def _first(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The first request after readiness: the ``first_request`` stage."""
         handle = None
         token = None
         try:
@@ -101,3 +121,25 @@ def _finish(handle: Any, state: Dict[str, Any]) -> None:
     except Exception as exc:
         _runtime.fail(exc)
 
+
+
+def wrap_uvicorn(module: Any) -> None:
+    """Make ``uvicorn.config.Config.load`` wrap the loaded app in :class:`ColdStartMiddleware`
+    (a post-import callback of the hooks: nothing to change in the served code)."""
+    cls = getattr(module, "Config", None)
+    orig = getattr(cls, "load", None)
+    if orig is None or getattr(orig, "_infersight", False):
+        return
+
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        try:
+            app = getattr(self, "loaded_app", None)
+            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.client is not None:
+                self.loaded_app = ColdStartMiddleware(app)
+        except Exception as exc:
+            _runtime.fail(exc)
+        return out
+
+    load._infersight = True  # type: ignore[attr-defined]
+    cls.load = load  # type: ignore[union-attr]
