@@ -24,7 +24,7 @@ there too. A request also implies readiness if nothing else declared it.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Dict, MutableMapping
+from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
 from . import _coldstart, _request, _runtime
 
@@ -37,6 +37,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 __all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
+TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
 
 
 class ColdStartMiddleware:
@@ -45,16 +46,30 @@ class ColdStartMiddleware:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._cold = True  # the first request may still be ahead (once False, it stays so)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or _runtime.client is None or _request._current.get() is not None:
-            await self.app(scope, receive, send)  # not HTTP, hooks off, or an outer layer times it
+        c = _runtime.client
+        if c is None or scope.get("type") != "http" or TIMED in scope:
+            await self.app(scope, receive, send)  # hooks off, not HTTP, or an outer layer times it
             return
-        with _request.request(None, None, None, HTTP_CLASS):
+        scope[TIMED] = True
+        if self._cold:
             if _coldstart.pending_first():
-                await self._first(scope, receive, send)
-            else:
-                await self.app(scope, receive, send)
+                with _request.request(None, None, None, HTTP_CLASS):
+                    await self._first(scope, receive, send)
+                return
+            self._cold = False
+        start = time.time_ns()
+        t0 = time.perf_counter_ns()
+        err = None
+        try:
+            await self.app(scope, receive, send)
+        except BaseException as exc:
+            err = type(exc).__name__
+            raise
+        finally:
+            _queue(c, start, time.perf_counter_ns() - t0, err)
 
     async def _first(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The first request after readiness: the ``first_request`` stage."""
@@ -105,6 +120,21 @@ class ColdStartMiddleware:
         if not state["done"]:  # the app returned without a body message
             state["done"] = True
             _finish(handle, state)
+
+
+def _queue(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
+    """One ``req`` event (the tuple ``_request`` queues; built into a dict on the drain thread)."""
+    try:
+        if c.enabled:
+            event = (next(c._seq), start + dur_ns, "req", None, None, None, HTTP_CLASS, start, dur_ns, None, None, err)
+            buf = c._buf
+            queued = len(buf)
+            if 0 < queued < c.calm or c.calm_from <= queued < c.calm_to:
+                buf.append(event)  # c.queue(event), inlined as in _request: nothing to wake, spill or drop
+            else:
+                c.queue(event)
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def _finish(handle: Any, state: Dict[str, Any]) -> None:
