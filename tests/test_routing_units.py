@@ -277,3 +277,36 @@ def test_default_host_is_loopback_and_a_taken_port_is_a_clear_error() -> None:
             asyncio.run(ext.start(_Agent()))  # type: ignore[arg-type]
     off = RoutingExtension(Config({}), list, dict, env={})
     assert off.health() == {"routing": {"enabled": False, "agent_check_port": None}}
+
+
+def test_mqtt_carries_the_hint_retained_and_clears_it() -> None:
+    from infersight.exporters.mqtt_payload import Topics, encode_batch
+
+    topics = Topics.of("infersight", "gpu-1")
+    res = Resource.of({"service.name": "llm", "host.name": "gpu-1"})
+    state = {"pid": 7, "state": "ready", "weight_ratio": 0.25, "settled": False, "reply": "up ready 25%"}
+    older = RoutingHint(res, "llm", 8000, 1, {**state, "weight_ratio": 0.5})
+    msgs, skipped = encode_batch([older, RoutingHint(res, "llm", 8000, 2, state)], topics)
+    assert skipped == 0 and len(msgs) == 1  # the newest per topic only
+    m = msgs[0]
+    assert m.topic == "infersight/gpu-1/routing/llm/8000" and m.retain
+    import json
+
+    body = json.loads(m.payload)
+    assert body["weight_ratio"] == 0.25 and body["settled"] is False and body["server.port"] == 8000
+    cleared, _ = encode_batch([RoutingHint(res, "llm", 8000, 3, None)], topics)
+    assert cleared[0].payload == b"" and cleared[0].retain
+
+
+def test_prometheus_gauges_follow_the_hints() -> None:
+    from infersight.exporters.prometheus_endpoint import RoutingGauges
+
+    g = RoutingGauges()
+    res = Resource.of({"service.name": "llm"})
+    g.add([RoutingHint(res, "llm", 8000, 1, {"weight_ratio": 0.4, "settled": True})])
+    fams = {f.name: f for f in g.families()}
+    assert [(s.labels, s.value) for s in fams["infersight_routing_weight_ratio"].samples] == [
+        ({"service": "llm", "port": "8000"}, 0.4)]
+    assert fams["infersight_instance_settled"].samples[0].value == 1.0
+    g.add([RoutingHint(res, "llm", 8000, 2, None)])
+    assert g.families() == []  # gone with the instance
