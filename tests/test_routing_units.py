@@ -310,3 +310,48 @@ def test_prometheus_gauges_follow_the_hints() -> None:
     assert fams["infersight_instance_settled"].samples[0].value == 1.0
     g.add([RoutingHint(res, "llm", 8000, 2, None)])
     assert g.families() == []  # gone with the instance
+
+
+def test_an_instance_whose_process_cannot_be_seen_stays_until_quiet() -> None:
+    from infersight.agent.routing import table as rt
+
+    w = World()
+    w.table.alive = rt._alive  # the real check: a pid in another namespace has no /proc entry here
+    w.table.observe([_span("far", "coldstart.ready_wait", w.clock(), 2**22 + 12345, **{"server.port": 8000})])
+    w.table.refresh()
+    assert haproxy_words(w.table.reply(8000))[:2] == ["up", "ready"]  # kept: it may well live
+    w.clock.t += rt.QUIET_TTL_S + 1
+    w.table.refresh()
+    assert w.table.reply(8000) == "up 100%\n"  # no stage, no request for 15 min: forgotten
+
+
+def test_spooled_hints_survive_the_exporter_spool() -> None:
+    from infersight.agent.daemon.itemcodec import from_dict, to_dict
+
+    h = RoutingHint(Resource.of({"service.name": "llm"}), "llm", 8000, 5, {"weight_ratio": 0.5, "settled": True})
+    assert from_dict(to_dict(h)) == h
+
+
+def test_instance_latency_prefers_http_requests_and_keeps_their_devices() -> None:
+    import time as _time
+
+    from infersight.agent.requests.kind import ReqEvent, RequestStats
+
+    stats = RequestStats()
+    res = Resource.of({"service.name": "llm", "process.pid": 42})
+    now = _time.time_ns()
+
+    def ev(klass: str | None, device: str | None, dur: float) -> ReqEvent:
+        return ReqEvent(device, "m", None, klass, now, dur, None, None, None, None, None, None)
+
+    for _ in range(30):
+        stats.record("p", res, ev(None, "cuda:3", 0.01), now)  # hooks.request inside the app
+    (lat,) = stats.instance_latency()
+    assert lat.count == 30 and lat.devices == ("cuda:3",) and lat.recent_p50_s == 0.01
+    for _ in range(10):
+        stats.record("p", res, ev("http", None, 0.05), now)  # the ASGI middleware's requests
+        stats.record("p", res, ev(None, "cuda:3", 0.01), now)
+    (lat,) = stats.instance_latency()
+    assert (lat.count, lat.p50_s, lat.recent_p50_s) == (10, 0.05, None)  # HTTP only, fewer than 20
+    assert lat.devices == ("cuda:3",)  # the device verdict still applies to it
+    assert lat.service == "llm" and lat.pid == 42

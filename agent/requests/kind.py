@@ -61,6 +61,7 @@ MAX_SECONDS = 86400.0 * 7
 DEFAULT_CLASS = "default"
 HTTP_CLASS = "http"  # the ASGI middleware's requests (infersight.hooks.asgi.HTTP_CLASS)
 MAX_INSTANCES = 1024
+MAX_INSTANCE_DEVICES = 16
 INSTANCE_P50 = "infersight.instance.request.p50"
 INSTANCE_P99 = "infersight.instance.request.p99"
 _CUDA = re.compile(r"cuda:(\d+)\Z")
@@ -181,7 +182,9 @@ class _Instance:
     pid: int
     resource: Resource
     http: bool = False  # it has HTTP requests: only those count
-    window: deque[tuple[float, float, str]] = field(default_factory=deque)
+    window: deque[tuple[float, float]] = field(default_factory=deque)
+    # Devices any of its requests ran on (an HTTP request names none): device -> last end s.
+    devices: dict[str, float] = field(default_factory=dict)
     dirty: bool = False
 
 
@@ -306,12 +309,14 @@ class RequestStats:
             pid = resource.get("process.pid")
             inst = self._instances[producer_id] = _Instance(
                 str(resource.get("service.name") or "unknown_service"), pid if isinstance(pid, int) else 0, resource)
+        if device != "unknown" and (device in inst.devices or len(inst.devices) < MAX_INSTANCE_DEVICES):
+            inst.devices[device] = end_s
         if http and not inst.http:  # from now on only the HTTP requests count
             inst.http = True
             inst.window.clear()
         elif inst.http and not http:
             return
-        inst.window.append((end_s, dur, device))
+        inst.window.append((end_s, dur))
         if len(inst.window) > self.max_per_instance:
             inst.window.popleft()
         inst.dirty = True
@@ -327,11 +332,14 @@ class RequestStats:
             if not w:
                 del self._instances[producer_id]
                 continue
-            durs = sorted(d for _e, d, _dev in w)
-            recent = sorted(d for _e, d, _dev in list(w)[-RECENT_REQUESTS:]) if len(w) >= RECENT_REQUESTS else None
+            horizon = now_s - self.window_s
+            for dev in [d for d, t in inst.devices.items() if t < horizon]:
+                del inst.devices[dev]
+            durs = sorted(d for _e, d in w)
+            recent = sorted(d for _e, d in list(w)[-RECENT_REQUESTS:]) if len(w) >= RECENT_REQUESTS else None
             out.append(InstanceLatency(
                 producer_id, inst.service, inst.pid, len(durs), percentile(durs, 50), percentile(durs, 99),
-                percentile(recent, 50) if recent else None, tuple(sorted({dev for _e, _d, dev in w})),
+                percentile(recent, 50) if recent else None, tuple(sorted(inst.devices)),
             ))  # fmt: skip
         return out
 

@@ -28,6 +28,8 @@ READY_STAGE = "coldstart.ready_wait"
 MAX_INSTANCES = 1024
 MAX_VACATED = 256
 VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
+QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
+LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions, every refresh)
 
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[], Mapping[str, float]]
@@ -48,7 +50,8 @@ def process_start(pid: int) -> str | None:
 
 
 def _alive(pid: int, start: str | None) -> bool:
-    return pid <= 0 or (start is not None and process_start(pid) == start)
+    """Unknown (no pid, or a process this agent cannot see: another pid namespace) counts as alive."""
+    return pid <= 0 or start is None or process_start(pid) == start
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Instance:
     resource: Resource
     ready_at_s: float | None = None  # Unix seconds of readiness
     port: int | None = None
+    seen_s: float = 0.0  # its last stage span or request in the window
     settled: bool = False
     percent: int = hints.MAX_WEIGHT
     reply: str = hints.WARMING_REPLY
@@ -86,6 +90,8 @@ class RoutingTable:
         self.vacated: dict[int, tuple[str, float]] = {}  # port -> (service, since)
         self.replies: dict[int, str] = {}
         self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
+        self._latency: dict[str, InstanceLatency] = {}
+        self._latency_at = -1e18
 
     # -- input: the agent's items ------------------------------------------------------
 
@@ -108,6 +114,7 @@ class RoutingTable:
             inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
                                                        span.resource)
             self._take_vacated(inst)
+        inst.seen_s = self.clock()
         if span.name == READY_STAGE and inst.ready_at_s is None:
             inst.ready_at_s = span.end_ns / 1e9
             port = span.attributes.get("server.port")
@@ -141,8 +148,15 @@ class RoutingTable:
     def refresh(self) -> list[RoutingHint]:
         """Drop ended instances, recompute every reply; the hints that changed."""
         now = self.clock()
+        if now - self._latency_at >= LATENCY_EVERY_S:
+            self._latency = {lat.producer: lat for lat in self.latency()}
+            self._latency_at = now
+        by_producer = self._latency
         for producer, inst in list(self.instances.items()):
-            if not self.alive(inst.pid, inst.start):
+            if producer in by_producer:
+                inst.seen_s = now
+            unseen = inst.start is None and now - inst.seen_s > QUIET_TTL_S  # cannot tell it lives: forget it
+            if not self.alive(inst.pid, inst.start) or unseen:
                 del self.instances[producer]
                 if inst.port is not None and self.ports.get(inst.port) == producer:
                     del self.ports[inst.port]
@@ -153,7 +167,6 @@ class RoutingTable:
                 del self.vacated[port]
         while len(self.vacated) > MAX_VACATED:
             del self.vacated[next(iter(self.vacated))]
-        by_producer = {lat.producer: lat for lat in self.latency()}
         slow = self.slow_devices()
         for inst in self.instances.values():
             self._decide(inst, by_producer, slow, now)
