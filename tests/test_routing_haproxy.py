@@ -15,6 +15,7 @@ request at a time; "slow" takes four times as long per request, the stand-in for
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import AgentProcess, free_port, hook_env, wait_for
+from mosquitto import retained, running_broker
 
 HERE = Path(__file__).resolve().parent
 BACKEND = HERE / "routing_backend.py"
@@ -133,17 +135,25 @@ class Stack:
                 p.wait(10)
 
 
+HOST = "routing-host"
+
+
 @pytest.fixture
 def stack(tmp_path: Path, agent_factory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
     prom = free_port()
-    agent = agent_factory(
-        "[routing]\nenabled = true\nagent_check_port = 0\n"
-        f"[exporters.prometheus]\nenabled = true\nport = {prom}\n"
-    ).start()
-    s = Stack(tmp_path, agent)
-    s.prom_port = prom  # type: ignore[attr-defined]
-    yield s
-    s.close()
+    with running_broker(tmp_path / "mosquitto") as broker:
+        agent = agent_factory(
+            "[routing]\nenabled = true\nagent_check_port = 0\n"
+            f"[exporters.prometheus]\nenabled = true\nport = {prom}\n"
+            f'[exporters.mqtt]\nurl = "{broker.url}"\n'
+        )
+        agent.config.write_text(agent.config.read_text().replace("[agent]\n", f'[agent]\nhost_name = "{HOST}"\n'))
+        agent.start()
+        s = Stack(tmp_path, agent)
+        s.prom_port = prom  # type: ignore[attr-defined]
+        s.broker = broker  # type: ignore[attr-defined]
+        yield s
+        s.close()
 
 
 def agent_check_port(agent: AgentProcess) -> int:
@@ -251,6 +261,12 @@ def test_agent_check_weights_cut_the_slow_backends_share_and_the_pool_p99(stack:
     key = 'infersight_routing_weight_ratio{port="%d",service="%s"}'
     assert gauges[key % (slow, SERVICE)] <= 0.35 and gauges[key % (fast, SERVICE)] == 1.0, gauges
     assert gauges['infersight_instance_settled{port="%d",service="%s"}' % (fast, SERVICE)] == 1.0, gauges
+    topic = "infersight/%s/routing/%s/%%d" % (HOST, SERVICE)
+    mqtt = {p: json.loads(asyncio.run(retained(stack.broker, topic % p)) or b"{}")  # type: ignore[attr-defined]
+            for p in (fast, slow)}
+    assert mqtt[slow]["weight_ratio"] <= 0.35 and mqtt[slow]["state"] == "ready", mqtt
+    assert mqtt[fast]["weight_ratio"] == 1.0 and mqtt[fast]["settled"] is True, mqtt
+    assert mqtt[fast]["reply"] == "up ready 100%" and mqtt[fast]["server.port"] == fast
     inst = {i["port"]: i for i in stack.agent.status()["routing"]["instances"]}
     assert inst[fast]["settled"] and inst[slow]["weight_ratio"] <= 0.35
 

@@ -355,3 +355,14 @@ def test_instance_latency_prefers_http_requests_and_keeps_their_devices() -> Non
     assert (lat.count, lat.p50_s, lat.recent_p50_s) == (10, 0.05, None)  # HTTP only, fewer than 20
     assert lat.devices == ("cuda:3",)  # the device verdict still applies to it
     assert lat.service == "llm" and lat.pid == 42
+
+
+def test_a_restart_seen_warming_before_its_predecessor_ended_still_takes_the_port() -> None:
+    w = World()
+    w.ready("old", 11, 8000)
+    w.table.refresh()
+    w.table.observe([_span("new", "coldstart.runtime_init", w.clock(), 21)])  # starts while old still lives
+    assert w.table.reply(8000) != "drain\n"  # old serves it still
+    w.dead.add(11)
+    w.table.refresh()
+    assert w.table.reply(8000) == "drain\n"

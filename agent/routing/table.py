@@ -162,9 +162,15 @@ class RoutingTable:
                     del self.ports[inst.port]
                     self.vacated[inst.port] = (inst.service, now)
                     self._gone.append((inst.resource, inst.service, inst.port))
-        for port, (_service, since) in list(self.vacated.items()):
+        for port, (service, since) in list(self.vacated.items()):
             if now - since > VACATED_TTL_S:
                 del self.vacated[port]
+                continue
+            # Its restart may have started warming before this refresh saw the old process end.
+            waiting = [i for i in self.instances.values()
+                       if i.service == service and i.port is None and i.ready_at_s is None]
+            if waiting:
+                self._assign(waiting[-1], port)
         while len(self.vacated) > MAX_VACATED:
             del self.vacated[next(iter(self.vacated))]
         slow = self.slow_devices()
