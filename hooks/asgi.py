@@ -6,7 +6,9 @@
 
 No code change is needed under uvicorn (FastAPI, vLLM's API server, ...): the hooks wrap
 ``uvicorn.config.Config.load`` when uvicorn is imported, so the app uvicorn serves is wrapped
-in this middleware (once; an app that already added it is timed once too).
+in this middleware, for request timing only (``first_request=False``: the cold start's first
+request stays what it was without it). A request is timed once however many layers of this
+middleware it goes through; the one the app added itself still finds the first request.
 
 Every HTTP request is a ``req`` event of request class ``http`` (``hooks._request``): from
 the moment it reaches the middleware until the app returns (the whole response, streamed or
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
-from . import _coldstart, _request, _runtime
+from . import _coldstart, _runtime
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,32 +46,39 @@ class ColdStartMiddleware:
     """Pure ASGI middleware (no framework import): times every HTTP request; the first one is
     also the cold start's ``first_request``."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, first_request: bool = True) -> None:
         self.app = app
-        self._cold = True  # the first request may still be ahead (once False, it stays so)
+        # Whether the cold start's first request is looked for here (the uvicorn wrap: no, so a
+        # readiness probe never becomes first_request where the app did not ask for that).
+        self._first_pending = first_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         c = _runtime.client
-        if c is None or scope.get("type") != "http" or TIMED in scope:
-            await self.app(scope, receive, send)  # hooks off, not HTTP, or an outer layer times it
+        if c is None or scope.get("type") != "http":
+            await self.app(scope, receive, send)  # hooks off, or not HTTP
+            return
+        first = self._first_pending and self._is_first()
+        if TIMED in scope:  # an outer layer times this request
+            await (self._first(scope, receive, send) if first else self.app(scope, receive, send))
             return
         scope[TIMED] = True
-        if self._cold:
-            if _coldstart.pending_first():
-                with _request.request(None, None, None, HTTP_CLASS):
-                    await self._first(scope, receive, send)
-                return
-            self._cold = False
         start = time.time_ns()
         t0 = time.perf_counter_ns()
         err = None
         try:
-            await self.app(scope, receive, send)
+            await (self._first(scope, receive, send) if first else self.app(scope, receive, send))
         except BaseException as exc:
             err = type(exc).__name__
             raise
         finally:
             _queue(c, start, time.perf_counter_ns() - t0, err)
+
+    def _is_first(self) -> bool:
+        """The cold start's first request may be this one (once no longer, never again)."""
+        if _coldstart.pending_first():
+            return True
+        self._first_pending = False
+        return False
 
     async def _first(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The first request after readiness: the ``first_request`` stage."""
@@ -166,7 +175,7 @@ def wrap_uvicorn(module: Any) -> None:
         try:
             app = getattr(self, "loaded_app", None)
             if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.client is not None:
-                self.loaded_app = ColdStartMiddleware(app)
+                self.loaded_app = ColdStartMiddleware(app, first_request=False)
         except Exception as exc:
             _runtime.fail(exc)
         return out

@@ -104,3 +104,22 @@ def test_nothing_is_timed_while_the_hooks_are_off(monkeypatch: pytest.MonkeyPatc
 
     _call(asgi.ColdStartMiddleware(app), {"type": "http", "method": "GET", "path": "/"})
     assert len(scopes) == 1 and asgi.TIMED not in scopes[0]  # passed straight through, untouched
+
+
+def test_the_uvicorn_wrap_leaves_the_first_request_to_the_apps_own_middleware(
+    client: QueueClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    begun: list[str] = []
+
+    def request_begin(source: str, attrs: Any = None) -> None:
+        begun.append(str(attrs.get("url.path")))
+        return None  # no handle: the request then goes on as any other
+
+    monkeypatch.setattr(_coldstart, "pending_first", lambda: True)  # the cold start waits for its first request
+    monkeypatch.setattr(_coldstart, "request_begin", request_begin)
+    _call(asgi.ColdStartMiddleware(_app, first_request=False), {"type": "http", "method": "GET", "path": "/health"})
+    assert begun == []  # a readiness probe through the uvicorn wrap alone is no first_request
+    stacked = asgi.ColdStartMiddleware(asgi.ColdStartMiddleware(_app), first_request=False)
+    _call(stacked, {"type": "http", "method": "GET", "path": "/v1/completions"})
+    assert begun == ["/v1/completions"]  # the app's own middleware still sees it
+    assert len(client.queued) == 2  # and each request was timed once
