@@ -3,9 +3,10 @@
 Goal (DESIGN, issue 13): ``emit``, ``log``, ``request`` and ``stage`` each at least 10x
 cheaper than an SDK span. Issue 26 adds the ASGI middleware, which now times every HTTP
 request: its added cost per request (a request through the middleware minus the same
-request straight to the app, both measured here) must stay within the same budget. Everything runs in this process, in turns (hook op, SDK span,
-hook op, ...), timed by the calling thread's CPU clock; each figure is the median of the
-rounds, and each ratio is SDK span / hook op, measured side by side.
+request straight to the app, both measured here) must stay within the same budget.
+Everything runs in this process, in turns (hook op, SDK span, hook op, ...), timed by the
+calling thread's CPU clock; each figure is the median of the rounds, and each ratio is SDK
+span / hook op, measured side by side.
 
 The hooks are real: activated as in a served process, with a drain thread that ships to
 a real agent in another process (ingest and assembly, no exporter).
