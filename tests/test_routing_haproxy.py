@@ -162,6 +162,19 @@ def agent_check_port(agent: AgentProcess) -> int:
     return port
 
 
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses that listen on ``port``, from the kernel's socket tables."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.rsplit(":", 1)
+                if state == "0A" and int(hexport, 16) == port:
+                    out.add(addr)
+    return out
+
+
 def ask(port: int, instance_port: int) -> str:
     import socket
 
@@ -230,6 +243,7 @@ def test_agent_check_weights_cut_the_slow_backends_share_and_the_pool_p99(stack:
     stack.backend("fast", fast, FAST_S)
     stack.backend("slow", slow, SLOW_S)  # FAKE: the stand-in for a GPU four times slower
     ac = agent_check_port(stack.agent)
+    assert listening_addresses(ac) == {"0100007F"}  # 127.0.0.1 only, as no routing.host was configured
     assert wait_for(lambda: all((weight(ask(ac, p)) or 0) > 0 for p in (fast, slow)), 60), \
         "both backends should be ready instances: %r" % [ask(ac, p) for p in (fast, slow)]
     rr_port, ag_port = free_port(), free_port()
