@@ -60,7 +60,7 @@ from infersight.exporters.mqtt_settings import (
 )
 from infersight.redact import mask_url
 from infersight.settings import Config, ConfigError
-from infersight.telemetry import ColdStartProgress, Item, MetricItem
+from infersight.telemetry import ColdStartProgress, Item, MetricItem, RoutingHint
 
 log = logging.getLogger("infersight.exporters.mqtt")
 ENCODE_CHUNK_ITEMS = 256  # a large batch is encoded this many items at a time, while publishing
@@ -73,6 +73,8 @@ def _group_key(item: Item) -> tuple[object, ...] | None:
         return ("m", item.resource, item.time_ns)
     if isinstance(item, ColdStartProgress):
         return ("p", item.service)
+    if isinstance(item, RoutingHint):
+        return ("r", item.service, item.port)
     return None
 
 

@@ -13,6 +13,8 @@ topic                      retained  payload
                                     ``stage_durations_s`` (the seconds the duration histogram
                                     observes: per stage, ``unattributed``, ``total``)
 ``coldstart/<svc>/progress`` yes    a warming process: stage, elapsed, ETA; cleared (empty) at readiness/exit
+``routing/<svc>/<port>``   yes      a serving instance's routing hint (weight ratio, settled, the
+                                    agent-check reply); cleared (empty) when the instance is gone
 ``oom``                    no       an OOM result (log record, ``infersight.oom.*`` attributes)
 ``memory``                 no       memory events and memory metric snapshots of producers
 ``device/<hw.id>``         no       one device's metric snapshot (or a device event)
@@ -46,6 +48,7 @@ from infersight.telemetry import (
     MetricItem,
     NumberPoint,
     Resource,
+    RoutingHint,
     SpanItem,
 )
 
@@ -127,6 +130,9 @@ class Topics:
 
     def coldstart_progress(self, service: str) -> str:
         return "%s/coldstart/%s/progress" % (self.base, topic_level(service))
+
+    def routing(self, service: str, port: int) -> str:
+        return "%s/routing/%s/%d" % (self.base, topic_level(service), port)
 
 
 # -- JSON ------------------------------------------------------------------------------------
@@ -355,6 +361,13 @@ def progress_payload(item: ColdStartProgress, host: str) -> dict[str, Any]:
             "time_unix_nano": item.time_ns, **item.state}
 
 
+def routing_payload(item: RoutingHint, host: str) -> dict[str, Any]:
+    """The retained routing hint of one instance: the agent's state for it, plus the envelope."""
+    assert item.state is not None
+    return {"schema": SCHEMA_VERSION, "type": "routing", "host.name": host, "time_unix_nano": item.time_ns,
+            "service.name": item.service, "server.port": item.port, **item.state}
+
+
 _new_tuple = tuple.__new__  # makes a named tuple without its Python-level __new__ (once per event)
 
 
@@ -398,6 +411,11 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
             topic = topics.coldstart_progress(item.service)
             out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
             payload = b"" if item.state is None else dumps(progress_payload(item, host))
+            out.append(Outgoing(topic, payload, True, None, None))
+        elif isinstance(item, RoutingHint):
+            topic = topics.routing(item.service, item.port)  # retained: the newest per topic only
+            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
+            payload = b"" if item.state is None else dumps(routing_payload(item, host))
             out.append(Outgoing(topic, payload, True, None, None))
         elif isinstance(item, ColdStart):
             d = coldstart_payload(item, host)

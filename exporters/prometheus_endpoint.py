@@ -57,7 +57,16 @@ from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.settings import Config, Key, section_settings
 from infersight.settings import parse_bool as _p_bool
 from infersight.settings import parse_int as _p_int
-from infersight.telemetry import AttrValue, ColdStartProgress, HistogramPoint, Item, MetricItem, NumberPoint, Resource
+from infersight.telemetry import (
+    AttrValue,
+    ColdStartProgress,
+    HistogramPoint,
+    Item,
+    MetricItem,
+    NumberPoint,
+    Resource,
+    RoutingHint,
+)
 
 log = logging.getLogger("infersight.exporters.prometheus")
 
@@ -349,6 +358,40 @@ class WarmingGauges:
         return out
 
 
+class RoutingGauges:
+    """``infersight_routing_weight_ratio`` (0-1) and ``infersight_instance_settled`` (0/1) per
+    serving instance, labelled ``service`` and ``port`` (its listening TCP port); gone with it."""
+
+    WEIGHT = "infersight_routing_weight_ratio"
+    SETTLED = "infersight_instance_settled"
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def add(self, items: Iterable[Item]) -> None:
+        for it in items:
+            if isinstance(it, RoutingHint):
+                if it.state is None:
+                    self.states.pop((it.service, it.port), None)
+                else:
+                    self.states[(it.service, it.port)] = it.state
+
+    def families(self) -> list[Metric]:
+        out = []
+        for name, field, doc in (
+            (self.WEIGHT, "weight_ratio", "Routing weight of the serving instance (0-1: agent-check percent / 100)"),
+            (self.SETTLED, "settled", "1 once the serving instance has settled after readiness, else 0"),
+        ):
+            rows = [(key, st[field]) for key, st in sorted(self.states.items())
+                    if isinstance(st.get(field), (int, float))]
+            if rows:
+                m = Metric(name, doc, "gauge")
+                for (service, port), v in rows:
+                    m.add_sample(name, {"service": service, "port": str(port)}, float(v))
+                out.append(m)
+        return out
+
+
 class _Collector:
     """The prometheus-client collector: renders the store on every scrape."""
 
@@ -361,7 +404,8 @@ class _Collector:
     def collect(self) -> Iterable[Metric]:
         self._exporter.scrapes += 1
         self._exporter.store.expire()
-        return [*self._exporter.store.families(), *self._exporter.progress.families()]
+        return [*self._exporter.store.families(), *self._exporter.progress.families(),
+                *self._exporter.routing.families()]
 
 
 # -- the exporter ------------------------------------------------------------------------------
@@ -395,6 +439,7 @@ class PrometheusExporter:
         self.port = port
         self.store = SeriesStore(max_series, series_ttl_s, target_info)
         self.progress = WarmingGauges()
+        self.routing = RoutingGauges()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self.scrapes = 0
@@ -449,6 +494,7 @@ class PrometheusExporter:
         """Record the batch's metric points. Never raises: a pull endpoint has nothing to retry."""
         self.store.add(batch)
         self.progress.add(batch)
+        self.routing.add(batch)
         if self._server is None and not self._closed and time.monotonic() - self._last_bind_try >= REBIND_INTERVAL_S:
             try:
                 self._bind()

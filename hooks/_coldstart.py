@@ -294,8 +294,10 @@ def _emit_warm(closed: Optional[Tuple[str, int, int, Dict[str, Any]]]) -> None:
         emit_stage("warmup", span, _runtime.root_span_id, start, end_ns, attrs)
 
 
-def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0) -> None:
+def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0,
+               attrs: Optional[Dict[str, Any]] = None) -> None:
     """Readiness: emit ``ready_wait`` (last stage end -> now) once; later calls do nothing.
+    ``attrs`` go on ``ready_wait`` (``server.port``: the port that listens).
 
     ``asked_ns``: when launch's readiness request was sent. Stages that ran after it (a
     lazy import the health handler made) are its handling, not start-up: ``ready_wait``
@@ -318,7 +320,7 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
     start, stop = _ready_wait_span(t, asked_ns)
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop,
-               {"infersight.ready.source": source})
+               dict(attrs or (), **{"infersight.ready.source": source}))
     _unlisten()
     poll = st.callbacks.get("ready")
     if poll is not None:
@@ -553,6 +555,12 @@ def _at_exit() -> None:
         _runtime.fail(exc)
 
 
+def _install_uvicorn(module: Any) -> None:
+    from . import asgi
+
+    asgi.wrap_uvicorn(module)
+
+
 # -- listen() readiness heuristic --------------------------------------------------------
 
 def _install_listen(socket: Any = None) -> None:
@@ -574,7 +582,7 @@ def _install_listen(socket: Any = None) -> None:
             st = state()
             if (st.collecting and st.ready_ns is None and self.family in (socket.AF_INET, socket.AF_INET6)
                     and self.type == socket.SOCK_STREAM):
-                mark_ready("listen")
+                mark_ready("listen", attrs={"server.port": self.getsockname()[1]})
         except Exception as exc:
             _runtime.fail(exc)
 
@@ -650,6 +658,7 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     on_import("transformers", _install_transformers)
     on_import("tokenizers", _install_transformers)
     on_import("sentencepiece", _install_sentencepiece)
+    on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
     st.imports = imports
     st.finder = imports.Finder()
     sys.meta_path.insert(0, st.finder)

@@ -1,21 +1,32 @@
-"""ASGI middleware: the first request's time to first body byte (stdlib only).
+"""ASGI middleware: every request's duration, and the first one's time to first byte (stdlib only).
 
     from infersight.hooks.asgi import ColdStartMiddleware
     app = ColdStartMiddleware(app)                # any ASGI 3 app
     app.add_middleware(ColdStartMiddleware)       # Starlette / FastAPI
 
-The first HTTP request that reaches the app while the cold start is open becomes the
+No code change is needed under uvicorn (FastAPI, vLLM's API server, ...): the hooks wrap
+``uvicorn.config.Config.load`` when uvicorn is imported, so the app uvicorn serves is wrapped
+in this middleware, for request timing only (``first_request=False``: the cold start's first
+request stays what it was without it). A request is timed once however many layers of this
+middleware it goes through; the one the app added itself still finds the first request.
+
+Every HTTP request is a ``req`` event of request class ``http`` (``hooks._request``): from
+the moment it reaches the middleware until the app returns (the whole response, streamed or
+not); an exception is its ``error.type``. The agent keeps them per serving instance (P50/P99,
+routing hints). The per-request cost is a few attribute tests, two clock reads and one
+queued tuple: see bench/asgi_request_cost.py.
+
+The first HTTP request that reaches the app while the cold start is open also becomes the
 ``first_request`` stage: it starts when the request reaches the middleware and ends
 when the app sends the first non-empty body chunk (or the end of an empty body), which
 for a streaming response is the first token, not the last. The ``coldstart`` root ends
-there too. A request also implies readiness if nothing else declared it. Every later
-request, and every request when infersight is not active, passes straight through.
+there too. A request also implies readiness if nothing else declared it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Dict, MutableMapping
+from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
 from . import _coldstart, _runtime
 
@@ -25,19 +36,52 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["ColdStartMiddleware"]
+__all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_uvicorn"]
+
+HTTP_CLASS = "http"  # the request class of requests timed here
+TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
 
 
 class ColdStartMiddleware:
-    """Pure ASGI middleware (no framework import); cheap pass-through after the first request."""
+    """Pure ASGI middleware (no framework import): times every HTTP request; the first one is
+    also the cold start's ``first_request``."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, first_request: bool = True) -> None:
         self.app = app
+        # Whether the cold start's first request is looked for here (the uvicorn wrap: no, so a
+        # readiness probe never becomes first_request where the app did not ask for that).
+        self._first_pending = first_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or not _coldstart.pending_first():
-            await self.app(scope, receive, send)
+        c = _runtime.client
+        if c is None or scope.get("type") != "http":
+            await self.app(scope, receive, send)  # hooks off, or not HTTP
             return
+        first = self._first_pending and self._is_first()
+        if TIMED in scope:  # an outer layer times this request
+            await (self._first(scope, receive, send) if first else self.app(scope, receive, send))
+            return
+        scope[TIMED] = True
+        start = time.time_ns()
+        t0 = time.perf_counter_ns()
+        err = None
+        try:
+            await (self._first(scope, receive, send) if first else self.app(scope, receive, send))
+        except BaseException as exc:
+            err = type(exc).__name__
+            raise
+        finally:
+            _queue(c, start, time.perf_counter_ns() - t0, err)
+
+    def _is_first(self) -> bool:
+        """The cold start's first request may be this one (once no longer, never again)."""
+        if _coldstart.pending_first():
+            return True
+        self._first_pending = False
+        return False
+
+    async def _first(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The first request after readiness: the ``first_request`` stage."""
         handle = None
         token = None
         try:
@@ -87,6 +131,21 @@ class ColdStartMiddleware:
             _finish(handle, state)
 
 
+def _queue(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
+    """One ``req`` event (the tuple ``_request`` queues; built into a dict on the drain thread)."""
+    try:
+        if c.enabled:
+            event = (next(c._seq), start + dur_ns, "req", None, None, None, HTTP_CLASS, start, dur_ns, None, None, err)
+            buf = c._buf
+            queued = len(buf)
+            if 0 < queued < c.calm or c.calm_from <= queued < c.calm_to:
+                buf.append(event)  # c.queue(event), inlined as in _request: nothing to wake, spill or drop
+            else:
+                c.queue(event)
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
 def _finish(handle: Any, state: Dict[str, Any]) -> None:
     try:
         now = time.time_ns()
@@ -101,3 +160,25 @@ def _finish(handle: Any, state: Dict[str, Any]) -> None:
     except Exception as exc:
         _runtime.fail(exc)
 
+
+
+def wrap_uvicorn(module: Any) -> None:
+    """Make ``uvicorn.config.Config.load`` wrap the loaded app in :class:`ColdStartMiddleware`
+    (a post-import callback of the hooks: nothing to change in the served code)."""
+    cls = getattr(module, "Config", None)
+    orig = getattr(cls, "load", None)
+    if orig is None or getattr(orig, "_infersight", False):
+        return
+
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        try:
+            app = getattr(self, "loaded_app", None)
+            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.client is not None:
+                self.loaded_app = ColdStartMiddleware(app, first_request=False)
+        except Exception as exc:
+            _runtime.fail(exc)
+        return out
+
+    load._infersight = True  # type: ignore[attr-defined]
+    cls.load = load  # type: ignore[union-attr]

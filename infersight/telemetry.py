@@ -159,4 +159,22 @@ class ColdStartProgress:
     state: dict[str, Any] | None
 
 
-Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart | ColdStartProgress
+@dataclass(slots=True)
+class RoutingHint:
+    """A serving instance's routing hint (weight ratio 0-1, settled), or ``state=None`` once
+    the instance is gone.
+
+    Derived and ephemeral, like :class:`ColdStartProgress`: MQTT publishes it retained on
+    ``<prefix>/<host>/routing/<service>/<port>`` (cleared with an empty message), Prometheus
+    shows ``infersight_routing_weight_ratio`` and ``infersight_instance_settled`` while the
+    instance lives. OTLP exporters skip it.
+    """
+
+    resource: Resource
+    service: str
+    port: int
+    time_ns: int
+    state: dict[str, Any] | None
+
+
+Item: TypeAlias = SpanItem | LogItem | MetricItem | ColdStart | ColdStartProgress | RoutingHint

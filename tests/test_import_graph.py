@@ -34,10 +34,11 @@ NEUTRAL = (
     "infersight.tomlfile",
     "infersight.metricspec",
     "infersight.coldstart_stages",
+    "infersight.instances",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 
-FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices", "requests", "report"))
+FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices", "requests", "report", "routing"))
 # Only the commands (the composition root) wire concrete exporters and extensions, by name.
 COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
@@ -75,6 +76,10 @@ RULES: tuple[Rule, ...] = (
          only=DAEMON_MAY_USE),
     *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "a feature is wired by the commands, not the other way round",
            never=COMPOSITION) for f in FEATURES),
+    Rule("agent/routing/", "routing gets what other features know through neutral modules or the functions "
+         "the commands hand it", never=tuple(f for f in FEATURES if not f.endswith(".routing"))),
+    *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "no other feature imports routing", never=("infersight.agent.routing",))
+      for f in FEATURES if not f.endswith(".routing")),
     Rule("infersight/", "the neutral modules import no role package", never=ROLES,
          exempt=("infersight/__main__.py",)),  # `python -m infersight`: an entry point that runs the CLI
 )  # fmt: skip

@@ -3,6 +3,7 @@
 The agent's own keys (:mod:`infersight.agent.daemon.config`) plus the sections that the
 exporters and the devices extension own: this is composition, so it lives with the commands
 (the composition root), and the daemon's config knows no feature's keys.
+Routing's keys (``[routing]``) are documented in docs/routing.md and listed in the example file.
 ``python -m infersight.agent.commands.config_reference --table`` prints the README's
 configuration table, ``--example`` the commented example file (systemd/infersight.toml);
 tests/test_config_example.py checks that both are current.
@@ -17,6 +18,7 @@ from typing import Any
 
 from infersight.agent.daemon import config as cfg
 from infersight.agent.devices import job as devices_job
+from infersight.agent.routing.extension import ROUTING_KEYS
 from infersight.exporters.mqtt_settings import MQTT_KEYS
 from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
 from infersight.settings import Key
@@ -84,6 +86,7 @@ EXAMPLE_VALUES: dict[str, str] = {
     "exporters.mqtt.key_file": '""',
     "exporters.mqtt.client_id": '""',
     "devices.rules": '""',
+    "routing.max_concurrency": '""',
 }
 # Comments on top of a key's help, for what an operator must know before changing it.
 EXAMPLE_NOTES: dict[str, str] = {
@@ -100,7 +103,7 @@ def all_keys() -> tuple[Key, ...]:
     (exporters, devices), in the order the example file lists them."""
     core = {k.name: k for k in cfg.KEYS}
     rules_dirs = core.pop("rules.dirs")
-    return (*core.values(), *MQTT_KEYS, *PROMETHEUS_KEYS, *devices_job.config_keys(), rules_dirs)
+    return (*core.values(), *MQTT_KEYS, *PROMETHEUS_KEYS, *devices_job.config_keys(), *ROUTING_KEYS, rules_dirs)
 
 
 def toml_value(v: Any) -> str:

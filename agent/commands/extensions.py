@@ -2,7 +2,7 @@
 
 The daemon (``infersight agent``) and the embedded agent of ``infersight launch`` both build
 their agent here (:func:`new_agent`), so both get the same extensions: cold-start progress,
-request latency, device telemetry (NVML, verdicts) and live OOM classification. A factory
+request latency, device telemetry (NVML, verdicts), live OOM classification and routing hints. A factory
 gets the configuration and the extensions built before it (the table's order), for the
 parts they share.
 """
@@ -20,6 +20,7 @@ from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.devices.extension import DevicesExtension
 from infersight.agent.oom.extension import OomExtension
 from infersight.agent.requests.extension import RequestsExtension
+from infersight.agent.routing.extension import RoutingExtension
 from infersight.exporters.base import Exporter
 from infersight.settings import Config, section_settings
 
@@ -43,11 +44,18 @@ def _oom(conf: Config, built: Mapping[str, Extension]) -> Extension:
     return OomExtension(conf, nvml=job.nvml, nvml_guard=job.nvml_call)
 
 
+def _routing(conf: Config, built: Mapping[str, Extension]) -> Extension:
+    # Routing reads the requests' per-instance latency and the devices' slow verdicts.
+    stats = _built(built, "requests", RequestsExtension).stats
+    return RoutingExtension(conf, stats.instance_latency, _built(built, "devices", DevicesExtension).job.slow_devices)
+
+
 EXTENSIONS: dict[str, Factory] = {
     "coldstart": lambda conf, _: ColdStartExtension(conf),
     "requests": lambda conf, _: RequestsExtension.from_config(conf),
     "devices": _devices,
     "oom": _oom,
+    "routing": _routing,
 }
 
 

@@ -44,7 +44,7 @@ def _default_state_dir() -> str:
 
 DEFAULT_CONFIG_PATH = "/etc/infersight/infersight.toml"
 # Sections whose keys their own modules validate (MQTT, Prometheus, NVML).
-EXTENSION_SECTIONS = ("exporters.mqtt.", "exporters.prometheus.", "nvml.", "devices.")
+EXTENSION_SECTIONS = ("exporters.mqtt.", "exporters.prometheus.", "nvml.", "devices.", "routing.")
 
 
 def _mode(v: Any) -> int:

@@ -14,6 +14,7 @@ from infersight.telemetry import (
     NumberPoint,
     Origin,
     Resource,
+    RoutingHint,
     SpanEvent,
     SpanItem,
 )
@@ -72,6 +73,9 @@ def to_dict(item: Item) -> dict[str, Any]:
     if isinstance(item, ColdStartProgress):
         return {"k": "progress", "r": _res(item.resource), "sv": item.service, "pid": item.pid,
                 "t": item.time_ns, "st": item.state}
+    if isinstance(item, RoutingHint):
+        return {"k": "routing", "r": _res(item.resource), "sv": item.service, "port": item.port,
+                "t": item.time_ns, "st": item.state}
     if isinstance(item, LogItem):
         return {
             "k": "log", "r": _res(item.resource), "t": item.time_ns, "sn": item.severity_number,
@@ -101,6 +105,8 @@ def from_dict(d: dict[str, Any]) -> Item:
         return ColdStart(_unspan(d["root"]), [_unspan(s) for s in d["stages"]])
     if k == "progress":
         return ColdStartProgress(_unres(d["r"]), d["sv"], d["pid"], d["t"], d["st"])
+    if k == "routing":
+        return RoutingHint(_unres(d["r"]), d["sv"], d["port"], d["t"], d["st"])
     if k == "log":
         return LogItem(
             _unres(d["r"]), d["t"], d["sn"], d["st"], d["b"], d["a"], d["tr"], d["sp"], d["en"],

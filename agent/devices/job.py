@@ -240,6 +240,15 @@ class DeviceJob:
 
     # -- health ------------------------------------------------------------------------
 
+    def slow_devices(self) -> dict[str, float]:
+        """Devices with a slow verdict now: device (hw.id, else ``cuda:N``/``cpu``) -> its
+        largest coefficient (P99 / peers'); routing lowers their instances' weights."""
+        out: dict[str, float] = {}
+        for v in self.verdicts.values():
+            if v.verdict == "slow":
+                out[v.key.device] = max(out.get(v.key.device, 0.0), v.coefficient or 0.0)
+        return out
+
     def health(self) -> dict[str, Any]:
         """What ``infersight status --json`` shows under ``nvml``."""
         st = self.status

@@ -12,6 +12,12 @@ Each ``req`` event (see ``infersight.hooks._request``) is validated (a bad one r
 Nothing is exported per request: :meth:`RequestStats.collect` returns the histograms that
 changed (or all of them) for the device job to publish periodically.
 
+Per serving instance (producer) it also keeps the latencies of the window, for
+:meth:`RequestStats.instance_latency` (P50/P99, the P50 of the last 20 requests: routing
+hints) and the gauges ``infersight.instance.request.p50``/``.p99``. An instance's figures are
+those of its HTTP requests (class ``http``, timed by the ASGI middleware: the whole request as
+clients see it) when it has any, else of all its requests (``hooks.request``).
+
 Device resolution, in order: the ``hw.id`` the hook found through torch (``h``); else
 ``cuda:N`` mapped through the producer's ``CUDA_VISIBLE_DEVICES`` (``vis``: indices or UUID
 prefixes) to an NVML device; else ``cuda:N`` as NVML index N. MIG instances and devices NVML
@@ -24,12 +30,14 @@ import bisect
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
-from infersight.agent.devices.heterogeneity import LatencyWindow, SeriesKey
+from infersight.agent.devices.heterogeneity import LatencyWindow, SeriesKey, percentile
+from infersight.instances import RECENT_REQUESTS, InstanceLatency
 from infersight.telemetry import Attributes, HistogramPoint, Item, MetricItem, NumberPoint, Origin, Resource
 
 KIND = "req"
@@ -51,6 +59,11 @@ MAX_SERIES = 4096  # histogram series in all (producer x attribute set)
 MAX_STR = 256
 MAX_SECONDS = 86400.0 * 7
 DEFAULT_CLASS = "default"
+HTTP_CLASS = "http"  # the ASGI middleware's requests (infersight.hooks.asgi.HTTP_CLASS)
+MAX_INSTANCES = 1024
+MAX_INSTANCE_DEVICES = 16
+INSTANCE_P50 = "infersight.instance.request.p50"
+INSTANCE_P99 = "infersight.instance.request.p99"
 _CUDA = re.compile(r"cuda:(\d+)\Z")
 
 
@@ -161,6 +174,20 @@ class _ProducerHists:
     dirty: set[tuple[str, tuple[tuple[str, Any], ...]]] = field(default_factory=set)
 
 
+@dataclass(slots=True)
+class _Instance:
+    """One serving process's successful requests in the window: (end s, duration s, device)."""
+
+    service: str
+    pid: int
+    resource: Resource
+    http: bool = False  # it has HTTP requests: only those count
+    window: deque[tuple[float, float]] = field(default_factory=deque)
+    # Devices any of its requests ran on (an HTTP request names none): device -> last end s.
+    devices: dict[str, float] = field(default_factory=dict)
+    dirty: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class NvmlDevice:
     index: int
@@ -181,6 +208,9 @@ class RequestStats:
         # Set by the device job from NVML: index -> device, and hw.id -> name.
         self._by_index: dict[int, NvmlDevice] = {}
         self.names: dict[str, str | None] = {}
+        self.window_s = window_s
+        self.max_per_instance = max_per_series
+        self._instances: dict[str, _Instance] = {}
 
     # -- NVML view ---------------------------------------------------------------------
 
@@ -233,6 +263,7 @@ class RequestStats:
         if ev.error is None:
             kind = hw_name or (device.split(":", 1)[0] if hw_id is None else "gpu")
             self.window.add(SeriesKey(hw_id or device, model, klass, kind), ev.duration_s, end_s)
+            self._instance_add(producer_id, resource, klass == HTTP_CLASS, end_s, ev.duration_s, hw_id or device)
         attrs: Attributes = {"infersight.device": device}
         if hw_id is not None:
             attrs["hw.type"] = "gpu"
@@ -267,6 +298,67 @@ class RequestStats:
         entry[1].add(v)
         ph.dirty.add(key)
 
+    # -- per instance ------------------------------------------------------------------
+
+    def _instance_add(self, producer_id: str, resource: Resource, http: bool, end_s: float, dur: float,
+                      device: str) -> None:
+        inst = self._instances.get(producer_id)
+        if inst is None:
+            if len(self._instances) >= MAX_INSTANCES:
+                return
+            pid = resource.get("process.pid")
+            inst = self._instances[producer_id] = _Instance(
+                str(resource.get("service.name") or "unknown_service"), pid if isinstance(pid, int) else 0, resource)
+        if device != "unknown" and (device in inst.devices or len(inst.devices) < MAX_INSTANCE_DEVICES):
+            inst.devices[device] = end_s
+        if http and not inst.http:  # from now on only the HTTP requests count
+            inst.http = True
+            inst.window.clear()
+        elif inst.http and not http:
+            return
+        inst.window.append((end_s, dur))
+        if len(inst.window) > self.max_per_instance:
+            inst.window.popleft()
+        inst.dirty = True
+
+    def instance_latency(self, now_s: float | None = None) -> list[InstanceLatency]:
+        """Every instance with requests in the window: P50/P99, and the P50 of its last 20."""
+        now_s = time.time() if now_s is None else now_s
+        out: list[InstanceLatency] = []
+        for producer_id, inst in list(self._instances.items()):
+            w = inst.window
+            while w and w[0][0] < now_s - self.window_s:
+                w.popleft()
+            if not w:
+                del self._instances[producer_id]
+                continue
+            horizon = now_s - self.window_s
+            for dev in [d for d, t in inst.devices.items() if t < horizon]:
+                del inst.devices[dev]
+            durs = sorted(d for _e, d in w)
+            recent = sorted(d for _e, d in list(w)[-RECENT_REQUESTS:]) if len(w) >= RECENT_REQUESTS else None
+            out.append(InstanceLatency(
+                producer_id, inst.service, inst.pid, len(durs), percentile(durs, 50), percentile(durs, 99),
+                percentile(recent, 50) if recent else None, tuple(sorted(inst.devices)),
+            ))  # fmt: skip
+        return out
+
+    def instance_metrics(self, now_ns: int | None = None, everything: bool = False) -> list[MetricItem]:
+        """P50/P99 gauges of the instances whose window changed (or all of them)."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        out: list[MetricItem] = []
+        for lat in self.instance_latency(now_ns / 1e9):
+            inst = self._instances[lat.producer]
+            if not (inst.dirty or everything):
+                continue
+            inst.dirty = False
+            for name, v, what in ((INSTANCE_P50, lat.p50_s, "P50"), (INSTANCE_P99, lat.p99_s, "P99")):
+                out.append(MetricItem(
+                    inst.resource, name, "gauge", "s", "Request duration %s of this serving instance over the window"
+                    % what, now_ns, now_ns, [NumberPoint(v, {"infersight.request.count": lat.count})],
+                ))  # fmt: skip
+        return out
+
     # -- export ------------------------------------------------------------------------
 
     def collect(self, now_ns: int | None = None, everything: bool = False) -> list[MetricItem]:
@@ -292,14 +384,17 @@ class RequestStats:
             if mono - ph.last_update_s > self.idle_forget_s:
                 self._nseries -= len(ph.series)
                 del self._producers[pid]
+        out.extend(self.instance_metrics(now_ns, everything))
         return out
 
     def series_count(self) -> int:
         return self._nseries
 
-    def stats(self) -> dict[str, int]:
-        """For ``infersight status --json``."""
-        return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series}
+    def stats(self) -> dict[str, Any]:
+        """For ``infersight status --json``: counts, and each instance's P50/P99."""
+        return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series,
+                "instances": [{"service": i.service, "pid": i.pid, "count": i.count, "p50_s": round(i.p50_s, 6),
+                               "p99_s": round(i.p99_s, 6)} for i in self.instance_latency()]}
 
     def self_metrics(self, resource: Resource, start_ns: int, now_ns: int) -> list[MetricItem]:
         """The agent's own count of requests left out of the histograms (series cap reached)."""

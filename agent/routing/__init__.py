@@ -1,0 +1,1 @@
+"""Routing hints: HAProxy agent-check replies, and weights for routers that scrape."""

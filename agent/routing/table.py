@@ -1,0 +1,249 @@
+"""Which instance serves which port, in what state, and the reply for each port.
+
+The table watches the items the agent publishes: a producer's first cold-start stage span
+makes it a *warming* instance; its ``coldstart.ready_wait`` span makes it *ready*, and the
+span's ``server.port`` (the port its first ``listen()`` bound) says which port it serves.
+An instance whose process has ended leaves its port *vacated*: the next instance of the same
+service that starts warming is taken to be its restart on that port (drained until ready),
+so a restarted server is kept out of rotation even while a TCP health check passes.
+
+:meth:`RoutingTable.refresh` recomputes every port's reply from the instances' latency
+(the requests feature's windows) and the slow devices (the devices feature's verdicts), both
+handed in as functions; :meth:`reply` is then a dictionary lookup, so answering HAProxy
+never waits on anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infersight.agent.routing import hints
+from infersight.instances import InstanceLatency
+from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
+
+READY_STAGE = "coldstart.ready_wait"
+MAX_INSTANCES = 1024
+MAX_VACATED = 256
+VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
+QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
+LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions, every refresh)
+
+LatencySource = Callable[[], Sequence[InstanceLatency]]
+SlowDevices = Callable[[], Mapping[str, float]]
+Alive = Callable[[int, str | None], bool]
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of a live process from /proc (tells a reused pid); None when gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X", b"x"):
+        return None
+    return fields[19].decode()
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    """Unknown (no pid, or a process this agent cannot see: another pid namespace) counts as alive."""
+    return pid <= 0 or start is None or process_start(pid) == start
+
+
+@dataclass
+class Instance:
+    producer: str
+    service: str
+    pid: int
+    start: str | None  # /proc start time, to tell its pid reused
+    resource: Resource
+    ready_at_s: float | None = None  # Unix seconds of readiness
+    port: int | None = None
+    seen_s: float = 0.0  # its last stage span or request in the window
+    settled: bool = False
+    percent: int = hints.MAX_WEIGHT
+    reply: str = hints.WARMING_REPLY
+    sent: tuple[Any, ...] | None = None  # what the last RoutingHint said
+
+
+class RoutingTable:
+    def __init__(
+        self,
+        latency: LatencySource,
+        slow_devices: SlowDevices,
+        max_concurrency: int | None = None,
+        *,
+        alive: Alive = _alive,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.latency = latency
+        self.slow_devices = slow_devices
+        self.max_concurrency = max_concurrency
+        self.alive = alive
+        self.clock = clock
+        self.instances: dict[str, Instance] = {}  # producer -> instance
+        self.ports: dict[int, str] = {}  # port -> producer
+        self.vacated: dict[int, tuple[str, float]] = {}  # port -> (service, since)
+        self.replies: dict[int, str] = {}
+        self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
+        self._latency: dict[str, InstanceLatency] = {}
+        self._latency_at = -1e18
+
+    # -- input: the agent's items ------------------------------------------------------
+
+    def observe(self, items: Sequence[Item]) -> None:
+        for it in items:
+            if isinstance(it, SpanItem) and it.name.startswith("coldstart.") and it.origin is not None:
+                self._stage(it)
+
+    def _stage(self, span: SpanItem) -> None:
+        if span.attributes.get("infersight.process.role") == "helper":
+            return
+        producer = span.origin.producer if span.origin else ""
+        inst = self.instances.get(producer)
+        if inst is None:
+            if len(self.instances) >= MAX_INSTANCES:
+                return
+            pid_v = span.resource.get("process.pid")
+            pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
+            service = str(span.resource.get("service.name") or "unknown_service")
+            inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
+                                                       span.resource)
+            self._take_vacated(inst)
+        inst.seen_s = self.clock()
+        if span.name == READY_STAGE and inst.ready_at_s is None:
+            inst.ready_at_s = span.end_ns / 1e9
+            port = span.attributes.get("server.port")
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+                self._assign(inst, port)
+        if inst.port is not None:  # answer the new state at once, not at the next refresh
+            self._decide(inst, {}, {}, self.clock())
+            self.replies[inst.port] = inst.reply
+
+    def _take_vacated(self, inst: Instance) -> None:
+        """A new instance of a service whose instance left a port: its restart, on that port."""
+        mine = [(since, port) for port, (service, since) in self.vacated.items() if service == inst.service]
+        if mine:
+            self._assign(inst, max(mine)[1])
+
+    def _assign(self, inst: Instance, port: int) -> None:
+        if inst.port is not None and inst.port != port and self.ports.get(inst.port) == inst.producer:
+            del self.ports[inst.port]
+            self._gone.append((inst.resource, inst.service, inst.port))
+            inst.sent = None
+        holder = self.instances.get(self.ports.get(port, ""))
+        if holder is not None and holder is not inst:
+            holder.port = None  # the port moved on: that process no longer serves it
+            holder.sent = None
+        self.ports[port] = inst.producer
+        self.vacated.pop(port, None)
+        inst.port = port
+
+    # -- the periodic decision ---------------------------------------------------------
+
+    def refresh(self) -> list[RoutingHint]:
+        """Drop ended instances, recompute every reply; the hints that changed."""
+        now = self.clock()
+        if now - self._latency_at >= LATENCY_EVERY_S:
+            self._latency = {lat.producer: lat for lat in self.latency()}
+            self._latency_at = now
+        by_producer = self._latency
+        for producer, inst in list(self.instances.items()):
+            if producer in by_producer:
+                inst.seen_s = now
+            unseen = inst.start is None and now - inst.seen_s > QUIET_TTL_S  # cannot tell it lives: forget it
+            if not self.alive(inst.pid, inst.start) or unseen:
+                del self.instances[producer]
+                if inst.port is not None and self.ports.get(inst.port) == producer:
+                    del self.ports[inst.port]
+                    self.vacated[inst.port] = (inst.service, now)
+                    self._gone.append((inst.resource, inst.service, inst.port))
+        for port, (service, since) in list(self.vacated.items()):
+            if now - since > VACATED_TTL_S:
+                del self.vacated[port]
+                continue
+            # Its restart may have started warming before this refresh saw the old process end.
+            waiting = [i for i in self.instances.values()
+                       if i.service == service and i.port is None and i.ready_at_s is None]
+            if waiting:
+                self._assign(waiting[-1], port)
+        while len(self.vacated) > MAX_VACATED:
+            del self.vacated[next(iter(self.vacated))]
+        slow = self.slow_devices()
+        for inst in self.instances.values():
+            self._decide(inst, by_producer, slow, now)
+        self.replies = {port: self.instances[p].reply for port, p in self.ports.items() if p in self.instances}
+        return self._hints(now)
+
+    def _peer_p50s(self, inst: Instance, by_producer: Mapping[str, InstanceLatency]) -> list[float]:
+        out = []
+        for other in self.instances.values():
+            lat = by_producer.get(other.producer)
+            if (other is not inst and other.service == inst.service and other.ready_at_s is not None
+                    and lat is not None and lat.count >= hints.MIN_REQUESTS):
+                out.append(lat.p50_s)
+        return out
+
+    def _decide(self, inst: Instance, by_producer: Mapping[str, InstanceLatency], slow: Mapping[str, float],
+                now: float) -> None:
+        if inst.ready_at_s is None:
+            inst.reply, inst.percent, inst.settled = hints.WARMING_REPLY, 0, False
+            return
+        lat = by_producer.get(inst.producer)
+        peers = self._peer_p50s(inst, by_producer)
+        own = lat.p50_s if lat is not None and lat.count >= hints.MIN_REQUESTS else None
+        coefficients = [slow[d] for d in (lat.devices if lat is not None else ()) if d in slow]
+        full = hints.full_weight(own, peers, max(coefficients) if coefficients else None)
+        since = max(0.0, now - inst.ready_at_s)
+        inst.settled = inst.settled or hints.has_settled(lat.recent_p50_s if lat else None, peers, since)
+        percent = hints.ramped(full, since, inst.settled)
+        inst.percent = percent
+        inst.reply = hints.ready_reply(hints.Weight(percent, inst.settled,
+                                                    hints.scaled_maxconn(self.max_concurrency, percent)))
+
+    def reply(self, port: int) -> str:
+        """The agent-check line for ``port``: a lookup, never a wait."""
+        return self.replies.get(port, hints.UNKNOWN_REPLY)
+
+    # -- output ------------------------------------------------------------------------
+
+    def state_of(self, inst: Instance) -> dict[str, Any]:
+        return {
+            "pid": inst.pid,
+            "state": "ready" if inst.ready_at_s is not None else "warming",
+            "weight_ratio": inst.percent / 100.0,
+            "settled": inst.settled,
+            "reply": inst.reply.strip(),
+        }
+
+    def _hints(self, now: float) -> list[RoutingHint]:
+        now_ns = int(now * 1e9)
+        out = [RoutingHint(resource, service, port, now_ns, None) for resource, service, port in self._gone]
+        self._gone = []
+        for inst in self.instances.values():
+            if inst.port is None or self.ports.get(inst.port) != inst.producer:
+                continue
+            state = self.state_of(inst)
+            key = (state["state"], state["weight_ratio"], state["settled"], state["reply"])
+            if key != inst.sent:
+                inst.sent = key
+                out.append(RoutingHint(inst.resource, inst.service, inst.port, now_ns, state))
+        return out
+
+    def clear_all(self) -> list[RoutingHint]:
+        """The agent stops: every hint it published goes away."""
+        now_ns = int(self.clock() * 1e9)
+        out = [RoutingHint(i.resource, i.service, i.port, now_ns, None)
+               for i in self.instances.values() if i.port is not None and i.sent is not None]
+        self.instances.clear()
+        self.ports.clear()
+        self.replies = {}
+        return out
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """For ``status --json``: each instance with its port and hint."""
+        return [{"service": i.service, "port": i.port, **self.state_of(i)} for i in self.instances.values()]

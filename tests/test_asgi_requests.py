@@ -1,0 +1,124 @@
+"""The ASGI middleware times every HTTP request (issue 26), once even when stacked, and
+uvicorn's loaded app is wrapped without a code change."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from infersight.hooks import _coldstart, _runtime, asgi
+
+
+class QueueClient:
+    """FAKE hook client: the parts the request path queues into."""
+
+    enabled = True
+    calm = 0  # nothing counts as calm: every event goes through queue()
+    calm_from = 1
+    calm_to = 0
+
+    def __init__(self) -> None:
+        self._seq = itertools.count(1)
+        self._buf: list[Any] = []
+        self.queued: list[tuple[Any, ...]] = []
+
+    def queue(self, event: tuple[Any, ...]) -> None:
+        self.queued.append(event)
+
+
+@pytest.fixture
+def client(monkeypatch: pytest.MonkeyPatch) -> QueueClient:
+    c = QueueClient()
+    monkeypatch.setattr(_runtime, "client", c)
+    monkeypatch.setattr(_coldstart, "pending_first", lambda: False)  # after the first request
+    return c
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    if scope.get("path") == "/boom":
+        raise ValueError("bad request body")
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _call(app: Any, scope: dict[str, Any]) -> None:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def send(m: Any) -> None:
+        return None
+
+    asyncio.run(app(dict(scope), receive, send))
+
+
+def test_every_request_is_one_event_even_through_two_layers(client: QueueClient) -> None:
+    app = asgi.ColdStartMiddleware(asgi.ColdStartMiddleware(_app))  # added by hand and by the uvicorn wrap
+    for _ in range(3):
+        _call(app, {"type": "http", "method": "GET", "path": "/"})
+    _call(app, {"type": "lifespan"})
+    assert len(client.queued) == 3
+    ev = client.queued[0]
+    assert ev[2] == "req" and ev[6] == asgi.HTTP_CLASS and ev[8] > 0 and ev[11] is None
+    assert ev[7] + ev[8] == ev[1]  # start + duration = the event's time
+
+
+def test_a_failed_request_carries_its_error_and_the_error_propagates(client: QueueClient) -> None:
+    with pytest.raises(ValueError, match="bad request body"):
+        _call(asgi.ColdStartMiddleware(_app), {"type": "http", "method": "POST", "path": "/boom"})
+    assert [e[11] for e in client.queued] == ["ValueError"]
+
+
+def test_the_event_builds_into_a_valid_req(client: QueueClient) -> None:
+    from infersight.agent.requests.kind import parse_req
+    from infersight.hooks import _request
+
+    _call(asgi.ColdStartMiddleware(_app), {"type": "http", "method": "GET", "path": "/"})
+    ev = client.queued[0]
+    data = _request._request_data(*ev[3:])  # what the drain thread builds from the tuple
+    req = parse_req(data)
+    assert req.request_class == "http" and req.device is None and req.duration_s > 0
+
+
+def test_uvicorn_config_load_wraps_the_app_once(client: QueueClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    uvicorn_config = pytest.importorskip("uvicorn.config")
+    monkeypatch.setattr(uvicorn_config.Config, "load", uvicorn_config.Config.load)  # restored after
+    asgi.wrap_uvicorn(uvicorn_config)
+    asgi.wrap_uvicorn(uvicorn_config)  # idempotent
+    cfg = uvicorn_config.Config(_app, lifespan="off", log_level="warning")
+    cfg.load()
+    assert isinstance(cfg.loaded_app, asgi.ColdStartMiddleware)
+    assert not isinstance(cfg.loaded_app.app, asgi.ColdStartMiddleware)
+    _call(cfg.loaded_app, {"type": "http", "method": "GET", "path": "/"})
+    assert len(client.queued) == 1
+
+
+def test_nothing_is_timed_while_the_hooks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_runtime, "client", None)
+    scopes: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        scopes.append(scope)
+
+    _call(asgi.ColdStartMiddleware(app), {"type": "http", "method": "GET", "path": "/"})
+    assert len(scopes) == 1 and asgi.TIMED not in scopes[0]  # passed straight through, untouched
+
+
+def test_the_uvicorn_wrap_leaves_the_first_request_to_the_apps_own_middleware(
+    client: QueueClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    begun: list[str] = []
+
+    def request_begin(source: str, attrs: Any = None) -> None:  # no handle: the request goes on as any other
+        begun.append(str(attrs.get("url.path")))
+
+    monkeypatch.setattr(_coldstart, "pending_first", lambda: True)  # the cold start waits for its first request
+    monkeypatch.setattr(_coldstart, "request_begin", request_begin)
+    _call(asgi.ColdStartMiddleware(_app, first_request=False), {"type": "http", "method": "GET", "path": "/health"})
+    assert begun == []  # a readiness probe through the uvicorn wrap alone is no first_request
+    stacked = asgi.ColdStartMiddleware(asgi.ColdStartMiddleware(_app), first_request=False)
+    _call(stacked, {"type": "http", "method": "GET", "path": "/v1/completions"})
+    assert begun == ["/v1/completions"]  # the app's own middleware still sees it
+    assert len(client.queued) == 2  # and each request was timed once

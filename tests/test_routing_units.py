@@ -1,0 +1,368 @@
+"""Routing hints as units: HAProxy's agent-check grammar, and the unknown / warming / ready /
+settled / slow / restarted cases of the decision; the agent-check server closes a stalled
+connection, binds 127.0.0.1 by default, and answers from a table without waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+
+import pytest
+
+from infersight.agent.routing import hints
+from infersight.agent.routing.agentcheck import AgentCheckServer
+from infersight.agent.routing.extension import parse_config
+from infersight.agent.routing.table import RoutingTable
+from infersight.instances import InstanceLatency
+from infersight.settings import Config, ConfigError
+from infersight.telemetry import Origin, Resource, RoutingHint, SpanItem
+
+# HAProxy's agent-check reply (doc/configuration.txt, "agent-check"): words delimited by spaces,
+# tabs or commas: "<n>%", "weight:<n>[%]", "maxconn:<n>", ready|drain|maint, up|down|fail|stopped[#why].
+_WORD = re.compile(r"\d+%|weight:\d+%?|maxconn:\d+|ready|drain|maint|up|(?:down|fail|stopped)(?:#.*)?")
+
+
+def haproxy_words(reply: str) -> list[str]:
+    """Parse a reply as HAProxy does: up to the first CR or LF, split on space/tab/comma."""
+    assert reply.endswith("\n") and "\n" not in reply[:-1] and "\r" not in reply
+    words = [w for w in re.split(r"[ \t,]+", reply[:-1]) if w]
+    for w in words:
+        assert _WORD.fullmatch(w), "not in HAProxy's agent-check grammar: %r" % w
+    return words
+
+
+def percent(reply: str) -> int:
+    return int(next(w for w in haproxy_words(reply) if w.endswith("%"))[:-1])
+
+
+# -- the grammar --------------------------------------------------------------------------
+
+
+def test_replies_are_haproxy_agent_check_lines() -> None:
+    assert haproxy_words(hints.WARMING_REPLY) == ["drain"]
+    assert haproxy_words(hints.UNKNOWN_REPLY) == ["up", "100%"]
+    assert haproxy_words(hints.ready_reply(hints.Weight(37, False, None))) == ["up", "ready", "37%"]
+    assert haproxy_words(hints.ready_reply(hints.Weight(50, True, 4))) == ["up", "ready", "50%", "maxconn:4"]
+    # "drain" is cancelled only by "ready": every reply for a ready instance carries it.
+    assert "ready" in haproxy_words(hints.ready_reply(hints.Weight(10, True, 1)))
+
+
+@pytest.mark.parametrize(("line", "port"), [
+    (b"8000\n", 8000), (b"8000\r\n", 8000), (b" 8000 \n", 8000), (b"65535\n", 65535),
+    (b"0\n", None), (b"65536\n", None), (b"80a\n", None), (b"\n", None), (b"-1\n", None), (b"1234567\n", None),
+])  # fmt: skip
+def test_request_line_is_a_port(line: bytes, port: int | None) -> None:
+    assert hints.parse_request(line) == port
+
+
+# -- the weight ---------------------------------------------------------------------------
+
+
+def test_full_weight_is_relative_speed_clamped_and_lowered_for_slow_devices() -> None:
+    assert hints.full_weight(0.1, [0.1, 0.1], None) == 100
+    assert hints.full_weight(0.4, [0.1], None) == 25  # four times slower than its peer
+    assert hints.full_weight(0.05, [0.1], None) == 100  # faster: clamped to 100
+    assert hints.full_weight(10.0, [0.1], None) == 10  # clamped to 10
+    assert hints.full_weight(None, [0.1], None) == 100  # no P50 of its own yet
+    assert hints.full_weight(0.1, [], None) == 100  # no peers
+    assert hints.full_weight(0.1, [0.1, 0.3, 0.2], None) == 100  # the median of the peers
+    assert hints.full_weight(0.1, [0.1], 1.5) == 50  # slow device: at least halved
+    assert hints.full_weight(0.1, [0.1], 4.0) == 25  # ... or by its coefficient
+    assert hints.full_weight(0.4, [0.1], 4.0) == 10  # never below 10
+
+
+def test_ramp_from_25_until_settled() -> None:
+    assert hints.ramped(100, 0.0, False) == 25
+    assert hints.ramped(100, 30.0, False) == 62
+    assert hints.ramped(100, 30.0, True) == 100
+    assert hints.ramped(20, 0.0, False) == 20  # a full weight under 25 is not raised
+    assert hints.has_settled(0.11, [0.1], 1.0)  # within 1.2x of its peers
+    assert not hints.has_settled(0.13, [0.1], 1.0)
+    assert hints.has_settled(0.13, [0.1], 60.0)  # or 60 s after readiness
+    assert not hints.has_settled(None, [0.1], 59.0)  # fewer than 20 requests
+    assert not hints.has_settled(0.1, [], 59.0)  # no peer to compare with
+
+
+def test_maxconn_scales_with_the_weight() -> None:
+    assert hints.scaled_maxconn(None, 50) is None
+    assert hints.scaled_maxconn(8, 100) == 8
+    assert hints.scaled_maxconn(8, 25) == 2
+    assert hints.scaled_maxconn(8, 10) == 1
+
+
+# -- the table: states from the agent's items ---------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _span(producer: str, name: str, t: float, pid: int, service: str = "llm", **attrs: object) -> SpanItem:
+    res = Resource.of({"service.name": service, "process.pid": pid})
+    return SpanItem(res, "0" * 32, "1" * 16, "2" * 16, name, int((t - 1) * 1e9), int(t * 1e9),
+                    {"infersight.stage": name.split(".", 1)[1], **attrs}, [], None, Origin(producer, 1))
+
+
+def _lat(producer: str, p50: float, recent: float | None = None, devices: tuple[str, ...] = ("cuda:0",),
+         count: int = 50) -> InstanceLatency:
+    return InstanceLatency(producer, "llm", 0, count, p50, p50 * 2, recent, devices)
+
+
+class World:
+    def __init__(self, max_concurrency: int | None = None) -> None:
+        self.clock = Clock()
+        self.lat: list[InstanceLatency] = []
+        self.slow: dict[str, float] = {}
+        self.dead: set[int] = set()
+        self.table = RoutingTable(lambda: self.lat, lambda: self.slow, max_concurrency,
+                                  alive=lambda pid, _start: pid not in self.dead, clock=self.clock)
+
+    def ready(self, producer: str, pid: int, port: int | None) -> None:
+        t = self.clock()
+        self.table.observe([_span(producer, "coldstart.runtime_init", t - 5, pid)])
+        attrs = {"server.port": port} if port is not None else {}
+        self.table.observe([_span(producer, "coldstart.ready_wait", t, pid, **attrs)])
+
+
+def test_unknown_port_fails_open() -> None:
+    w = World()
+    w.table.refresh()
+    assert w.table.reply(8000) == "up 100%\n"
+
+
+def test_warming_instance_is_drained_and_ready_one_ramps() -> None:
+    w = World()
+    w.ready("a", 11, 8000)
+    w.lat = [_lat("a", 0.1)]
+    w.table.refresh()
+    w.table.observe([_span("b", "coldstart.runtime_init", w.clock(), 12)])  # b warms, port unknown yet
+    assert percent(w.table.reply(8000)) == 25  # a: ready, not settled (no peer): ramps from 25%
+    w.clock.t += 30
+    w.table.refresh()
+    assert percent(w.table.reply(8000)) == 62
+    w.clock.t += 30
+    w.table.refresh()
+    assert percent(w.table.reply(8000)) == 100  # 60 s: settled
+    assert w.table.snapshot()[0]["settled"] is True
+
+
+def test_slow_instance_gets_a_smaller_weight_and_a_fast_one_settles_on_its_last_20() -> None:
+    w = World(max_concurrency=8)
+    w.ready("fast", 11, 8001)
+    w.ready("slow", 12, 8002)
+    w.lat = [_lat("fast", 0.1, recent=0.1), _lat("slow", 0.4, recent=0.4)]
+    w.clock.t += 1
+    w.table.refresh()
+    assert haproxy_words(w.table.reply(8001)) == ["up", "ready", "100%", "maxconn:8"]  # settled at once
+    assert haproxy_words(w.table.reply(8002)) == ["up", "ready", "25%", "maxconn:2"]  # 4x slower
+    by_port = {s["port"]: s for s in w.table.snapshot()}
+    assert by_port[8001]["settled"] and not by_port[8002]["settled"]
+    w.slow = {"cuda:0": 3.0}  # both on a device judged slow: both lowered
+    w.table.refresh()
+    assert percent(w.table.reply(8001)) == 33 and percent(w.table.reply(8002)) == 10
+
+
+def test_restart_on_the_same_port_is_drained_until_ready() -> None:
+    w = World()
+    w.ready("old", 11, 8000)
+    w.ready("peer", 13, 8001)
+    w.table.refresh()
+    w.dead.add(11)
+    hints_out = w.table.refresh()
+    assert RoutingHint in {type(h) for h in hints_out}
+    assert [h.state for h in hints_out if h.port == 8000] == [None]  # its gauges and topic go away
+    assert w.table.reply(8000) == "up 100%\n"  # nobody serves it: fail open (the TCP check says down)
+    w.table.observe([_span("new", "coldstart.runtime_init", w.clock(), 21)])  # the same service restarts
+    assert w.table.reply(8000) == "drain\n"
+    w.table.observe([_span("other", "coldstart.runtime_init", w.clock(), 22, service="embed")])
+    assert w.table.reply(8001) != "drain\n"  # another service's start takes nothing
+    w.clock.t += 5
+    w.table.observe([_span("new", "coldstart.ready_wait", w.clock(), 21)])  # ready (no listen port: mark_ready)
+    assert haproxy_words(w.table.reply(8000))[:2] == ["up", "ready"]
+
+
+def test_readiness_port_moves_a_port_to_its_new_holder() -> None:
+    w = World()
+    w.ready("a", 11, 8000)
+    w.ready("b", 12, 8000)  # a new process listens on 8000 (a was replaced)
+    w.table.refresh()
+    assert [s["port"] for s in w.table.snapshot()] == [None, 8000]
+
+
+def test_hints_are_published_on_change_only() -> None:
+    w = World()
+    w.ready("a", 11, 8000)
+    first = w.table.refresh()
+    assert [(h.port, h.state and h.state["weight_ratio"]) for h in first] == [(8000, 0.25)]
+    assert w.table.refresh() == []
+    assert [h.state for h in w.table.clear_all()] == [None]
+
+
+# -- the server ---------------------------------------------------------------------------
+
+
+def test_config_defaults_and_errors() -> None:
+    v = parse_config(Config({}), env={})
+    assert v == {"enabled": False, "host": "127.0.0.1", "agent_check_port": 9465, "max_concurrency": None}
+    assert parse_config(Config({}), env={"INFERSIGHT_ROUTING": "1", "INFERSIGHT_ROUTING_AGENT_CHECK_PORT": "0"})[
+        "agent_check_port"] == 0
+    with pytest.raises(ConfigError, match="routing.max_concurrency"):
+        parse_config(Config({"routing.max_concurrency": 0}, {"routing.max_concurrency": "file"}), env={})
+    with pytest.raises(ConfigError, match="routing.weight"):
+        parse_config(Config({"routing.weight": 1}, {"routing.weight": "file"}), env={})
+
+
+async def _ask(port: int, line: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(line)
+    await writer.drain()
+    data = await reader.read()  # the server closes after its one line
+    writer.close()
+    return data
+
+
+async def test_server_answers_one_line_and_closes_binding_loopback() -> None:
+    server = AgentCheckServer(lambda port: "up ready 40%\n" if port == 8000 else hints.UNKNOWN_REPLY, "127.0.0.1", 0)
+    await server.start()
+    try:
+        port = server.bound_port
+        assert port is not None
+        sock = server._server.sockets[0] if server._server else None  # noqa: SLF001
+        assert sock is not None and sock.getsockname()[0] == "127.0.0.1"
+        assert await _ask(port, b"8000\n") == b"up ready 40%\n"
+        assert await _ask(port, b"9\n") == b"up 100%\n"
+        assert await _ask(port, b"GET / HTTP/1.0\r\n") == b"up 100%\n"  # not a port: unknown, counted
+        assert server.counters.bad_requests == 1 and server.counters.checks == 3
+    finally:
+        await server.aclose()
+
+
+async def test_a_stalled_connection_is_closed_and_others_are_answered_meanwhile() -> None:
+    server = AgentCheckServer(lambda port: "up ready 50%\n", "127.0.0.1", 0)
+    await server.start()
+    try:
+        port = server.bound_port
+        assert port is not None
+        stalled_r, stalled_w = await asyncio.open_connection("127.0.0.1", port)
+        stalled_w.write(b"80")  # no newline: a peer that stalls
+        await stalled_w.drain()
+        assert await _ask(port, b"8000\n") == b"up ready 50%\n"  # not held up by the stalled one
+        assert await asyncio.wait_for(stalled_r.read(), 30) == b""  # the server closed it, unanswered
+        assert server.counters.timeouts == 1
+        stalled_w.close()
+    finally:
+        await server.aclose()
+
+
+def test_default_host_is_loopback_and_a_taken_port_is_a_clear_error() -> None:
+    from infersight.agent.routing.extension import RoutingExtension
+
+    class _Agent:
+        def observe(self, tap: object) -> None: ...
+        def spawn(self, job: object, name: str) -> None:
+            job.close()  # type: ignore[attr-defined]
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ext = RoutingExtension(Config({}), list, dict,
+                               env={"INFERSIGHT_ROUTING": "1", "INFERSIGHT_ROUTING_AGENT_CHECK_PORT": str(busy)})
+        with pytest.raises(ConfigError, match="routing: cannot listen on 127.0.0.1:%d" % busy):
+            asyncio.run(ext.start(_Agent()))  # type: ignore[arg-type]
+    off = RoutingExtension(Config({}), list, dict, env={})
+    assert off.health() == {"routing": {"enabled": False, "agent_check_port": None}}
+
+
+def test_mqtt_carries_the_hint_retained_and_clears_it() -> None:
+    from infersight.exporters.mqtt_payload import Topics, encode_batch
+
+    topics = Topics.of("infersight", "gpu-1")
+    res = Resource.of({"service.name": "llm", "host.name": "gpu-1"})
+    state = {"pid": 7, "state": "ready", "weight_ratio": 0.25, "settled": False, "reply": "up ready 25%"}
+    older = RoutingHint(res, "llm", 8000, 1, {**state, "weight_ratio": 0.5})
+    msgs, skipped = encode_batch([older, RoutingHint(res, "llm", 8000, 2, state)], topics)
+    assert skipped == 0 and len(msgs) == 1  # the newest per topic only
+    m = msgs[0]
+    assert m.topic == "infersight/gpu-1/routing/llm/8000" and m.retain
+    import json
+
+    body = json.loads(m.payload)
+    assert body["weight_ratio"] == 0.25 and body["settled"] is False and body["server.port"] == 8000
+    cleared, _ = encode_batch([RoutingHint(res, "llm", 8000, 3, None)], topics)
+    assert cleared[0].payload == b"" and cleared[0].retain
+
+
+def test_prometheus_gauges_follow_the_hints() -> None:
+    from infersight.exporters.prometheus_endpoint import RoutingGauges
+
+    g = RoutingGauges()
+    res = Resource.of({"service.name": "llm"})
+    g.add([RoutingHint(res, "llm", 8000, 1, {"weight_ratio": 0.4, "settled": True})])
+    fams = {f.name: f for f in g.families()}
+    assert [(s.labels, s.value) for s in fams["infersight_routing_weight_ratio"].samples] == [
+        ({"service": "llm", "port": "8000"}, 0.4)]
+    assert fams["infersight_instance_settled"].samples[0].value == 1.0
+    g.add([RoutingHint(res, "llm", 8000, 2, None)])
+    assert g.families() == []  # gone with the instance
+
+
+def test_an_instance_whose_process_cannot_be_seen_stays_until_quiet() -> None:
+    from infersight.agent.routing import table as rt
+
+    w = World()
+    w.table.alive = rt._alive  # the real check: a pid in another namespace has no /proc entry here
+    w.table.observe([_span("far", "coldstart.ready_wait", w.clock(), 2**22 + 12345, **{"server.port": 8000})])
+    w.table.refresh()
+    assert haproxy_words(w.table.reply(8000))[:2] == ["up", "ready"]  # kept: it may well live
+    w.clock.t += rt.QUIET_TTL_S + 1
+    w.table.refresh()
+    assert w.table.reply(8000) == "up 100%\n"  # no stage, no request for 15 min: forgotten
+
+
+def test_spooled_hints_survive_the_exporter_spool() -> None:
+    from infersight.agent.daemon.itemcodec import from_dict, to_dict
+
+    h = RoutingHint(Resource.of({"service.name": "llm"}), "llm", 8000, 5, {"weight_ratio": 0.5, "settled": True})
+    assert from_dict(to_dict(h)) == h
+
+
+def test_instance_latency_prefers_http_requests_and_keeps_their_devices() -> None:
+    import time as _time
+
+    from infersight.agent.requests.kind import ReqEvent, RequestStats
+
+    stats = RequestStats()
+    res = Resource.of({"service.name": "llm", "process.pid": 42})
+    now = _time.time_ns()
+
+    def ev(klass: str | None, device: str | None, dur: float) -> ReqEvent:
+        return ReqEvent(device, "m", None, klass, now, dur, None, None, None, None, None, None)
+
+    for _ in range(30):
+        stats.record("p", res, ev(None, "cuda:3", 0.01), now)  # hooks.request inside the app
+    (lat,) = stats.instance_latency()
+    assert lat.count == 30 and lat.devices == ("cuda:3",) and lat.recent_p50_s == 0.01
+    for _ in range(10):
+        stats.record("p", res, ev("http", None, 0.05), now)  # the ASGI middleware's requests
+        stats.record("p", res, ev(None, "cuda:3", 0.01), now)
+    (lat,) = stats.instance_latency()
+    assert (lat.count, lat.p50_s, lat.recent_p50_s) == (10, 0.05, None)  # HTTP only, fewer than 20
+    assert lat.devices == ("cuda:3",)  # the device verdict still applies to it
+    assert lat.service == "llm" and lat.pid == 42
+
+
+def test_a_restart_seen_warming_before_its_predecessor_ended_still_takes_the_port() -> None:
+    w = World()
+    w.ready("old", 11, 8000)
+    w.table.refresh()
+    w.table.observe([_span("new", "coldstart.runtime_init", w.clock(), 21)])  # starts while old still lives
+    assert w.table.reply(8000) != "drain\n"  # old serves it still
+    w.dead.add(11)
+    w.table.refresh()
+    assert w.table.reply(8000) == "drain\n"
