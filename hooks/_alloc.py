@@ -580,16 +580,28 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
         return False
 
 
+def _report_uncaught(value: Any) -> None:
+    """A PyTorch OOM, else an engine's memory error in the exception's text (``_enginelog``)."""
+    if report_oom(value, "exception") or value is None or find_oom(value) is not None:
+        return  # a PyTorch OOM: reported (once) by report_oom
+    try:
+        from . import _enginelog
+
+        _enginelog.report_text("%s: %s" % (type(value).__name__, value), "exception")
+    except BaseException:
+        pass
+
+
 def _sys_excepthook(tp: Any, value: Any, tb: Any) -> None:
     st = state()
-    report_oom(value, "exception")
+    _report_uncaught(value)
     prev = st.prev_sys_hook or sys.__excepthook__
     prev(tp, value, tb)
 
 
 def _thread_excepthook(args: Any) -> None:
     st = state()
-    report_oom(getattr(args, "exc_value", None), "exception")
+    _report_uncaught(getattr(args, "exc_value", None))
     prev = st.prev_thread_hook or threading.__excepthook__
     prev(args)
 
