@@ -33,9 +33,9 @@ def activate_process() -> bool:
         _coldstart.install(_BOOT_NS, from_bootstrap=True)
         _coldstart.on_import("torch", _install_allocator_hooks)
         _coldstart.on_import("logging", _install_engine_log)
-        from . import _alloc
+        from . import _enginelog
 
-        _alloc._install_excepthooks()  # chained; an engine's uncaught memory error, torch or not
+        _enginelog.install_excepthooks()  # chained: an engine's uncaught memory error, torch or not
     except Exception as exc:
         _runtime.fail(exc)
     return True

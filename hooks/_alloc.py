@@ -580,28 +580,16 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
         return False
 
 
-def _report_uncaught(value: Any) -> None:
-    """A PyTorch OOM, else an engine's memory error in the exception's text (``_enginelog``)."""
-    if report_oom(value, "exception") or value is None or find_oom(value) is not None:
-        return  # a PyTorch OOM: reported (once) by report_oom
-    try:
-        from . import _enginelog
-
-        _enginelog.report_text("%s: %s" % (type(value).__name__, value), "exception")
-    except BaseException:
-        pass
-
-
 def _sys_excepthook(tp: Any, value: Any, tb: Any) -> None:
     st = state()
-    _report_uncaught(value)
+    report_oom(value, "exception")
     prev = st.prev_sys_hook or sys.__excepthook__
     prev(tp, value, tb)
 
 
 def _thread_excepthook(args: Any) -> None:
     st = state()
-    _report_uncaught(getattr(args, "exc_value", None))
+    report_oom(getattr(args, "exc_value", None), "exception")
     prev = st.prev_thread_hook or threading.__excepthook__
     prev(args)
 

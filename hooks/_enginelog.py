@@ -16,10 +16,14 @@ decides whether it is a memory error. Never raises, never blocks.
 
 from __future__ import annotations
 
+import sys
 import threading
-from typing import Any, Dict, Optional
 
 from . import _runtime
+
+TYPE_CHECKING = False  # the typing module costs milliseconds at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
 
 NEEDLES = ("memory", "alloc", "kv cache", "kvcache", "cache blocks")
 MAX_TEXT = 16384
@@ -100,6 +104,45 @@ def uninstall_logging(logging: Any) -> None:
     orig = getattr(cur, "_infersight_orig", None)
     if orig is not None:
         logging.Logger.callHandlers = orig
+
+
+# -- uncaught exceptions ------------------------------------------------------------------------
+# Installed at activation (torch or not), chained to the hooks that were there. When torch is
+# imported later, _alloc's hooks chain on top and report a PyTorch OOM first (marking it), so
+# this one skips what _alloc reported.
+
+_prev_sys: Any = None
+_prev_thread: Any = None
+
+
+def report_uncaught(value: Any) -> bool:
+    """An uncaught exception whose text is an engine's memory error; True when sent."""
+    try:
+        if value is None or getattr(value, "_infersight_reported", False):
+            return False
+        return report_text("%s: %s" % (type(value).__name__, value), "exception")
+    except Exception:
+        return False
+
+
+def _sys_hook(tp: Any, value: Any, tb: Any) -> None:
+    report_uncaught(value)
+    (_prev_sys or sys.__excepthook__)(tp, value, tb)
+
+
+def _thread_hook(args: Any) -> None:
+    report_uncaught(getattr(args, "exc_value", None))
+    (_prev_thread or threading.__excepthook__)(args)
+
+
+def install_excepthooks() -> None:
+    global _prev_sys, _prev_thread
+    if sys.excepthook is not _sys_hook:
+        _prev_sys = sys.excepthook
+        sys.excepthook = _sys_hook
+    if threading.excepthook is not _thread_hook:
+        _prev_thread = threading.excepthook
+        threading.excepthook = _thread_hook
 
 
 def after_fork_child() -> None:
