@@ -625,10 +625,15 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
     if rule.context:
         c0 = max(0, i - CONTEXT_LINES)
         ctx, cstarts = _joined(lines, c0, end, CONTEXT_CHARS)
+        anchor_end = cstarts[i - c0 + 1] if i - c0 + 1 < len(cstarts) else len(ctx)
         for pat in rule.context:
             found = None
             for m in pat.finditer(ctx):
-                found = m  # the last one before (or in) the window: the nearest
+                if found is not None and m.start() >= anchor_end:
+                    break  # the nearest: the last one up to the anchor line, else the first after it
+                found = m
+                if m.start() >= anchor_end:
+                    break
             if found is None:
                 continue
             ln = _line_of(cstarts, c0, found.start())

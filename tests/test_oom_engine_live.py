@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from conftest import BOOTSTRAP, attr, hook_env, log_records, read_otlp_lines
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.oom import stderr_relay
 from infersight.agent.oom.extension import OomExtension
 from infersight.hooks import _enginelog
 from infersight.rules import serving
@@ -127,3 +129,120 @@ def test_records_below_warning_are_not_even_formatted() -> None:
         log.info("%s", Loud())  # no handler formats it, and neither does the hook
     finally:
         logging.Logger.callHandlers = saved
+
+
+# -- launch: CMD's stderr ------------------------------------------------------------------------
+
+CLI = [sys.executable, "-m", "infersight"]
+
+CHILD_STDERR = """
+import json, os, sys
+msg = json.loads(sys.argv[1])
+os.write(2, (msg + "\\n").encode())       # as native code writes it: fd 2, no Python logging
+print("progress 50%", file=sys.stderr)   # ordinary output, copied through
+sys.stderr.write(msg + "\\n")             # the same message again: classified once
+"""
+
+
+def _launch(tmp_path: Path, *cmd: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    out = tmp_path / "run.otlp.jsonl"
+    env = dict(os.environ)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", *cmd],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    recs = [x for x in log_records(read_otlp_lines(out)) if x.get("eventName") == "oom"]
+    return r, recs
+
+
+def test_launch_classifies_a_python_child_writing_to_stderr(tmp_path: Path) -> None:
+    msg = _given("srv-053")  # llama-cpp-python: three lines, one event
+    r, recs = _launch(tmp_path, sys.executable, "-c", CHILD_STDERR, json.dumps(msg))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("llama_kv_cache_init: failed to allocate buffer for kv cache") == 2  # copied through
+    assert "progress 50%" in r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.engine") == "llama.cpp"
+    assert attr(rec, "infersight.oom.class") == "capacity"
+    assert attr(rec, "infersight.oom.source") == "stderr"
+    assert int(attr(rec, "infersight.oom.R_bytes")) == 204800 << 20
+    assert attr(rec, "infersight.oom.knob") == "n_ctx"
+
+
+def test_launch_classifies_a_native_child_and_ignores_other_errors(tmp_path: Path) -> None:
+    script = tmp_path / "engine.sh"
+    script.write_text("#!/bin/sh\n"
+                      "echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2\n"
+                      "echo 'Error: model requires more system memory (44.0 GiB) than is available (7.6 GiB)' >&2\n"
+                      "exit 1\n", encoding="utf-8")
+    script.chmod(0o755)
+    r, recs = _launch(tmp_path, str(script))
+    assert r.returncode == 1
+    assert "illegal memory access" in r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.engine") == "ollama"
+    assert attr(rec, "infersight.oom.class") == "capacity"
+    assert int(attr(rec, "infersight.oom.R_bytes")) == 44 << 30
+
+
+def test_launch_counts_an_uncaught_pytorch_oom_once_though_stderr_repeats_it(tmp_path: Path) -> None:
+    text = ("CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacty of 6.00 GiB of which 0 bytes "
+            "is free. Of the allocated memory 2.93 GiB is allocated by PyTorch, and 2.30 GiB is reserved by PyTorch "
+            "but unallocated.")
+    code = "import json, sys\nraise RuntimeError(json.loads(sys.argv[1]))\n"  # the traceback goes to stderr too
+    r, recs = _launch(tmp_path, sys.executable, "-c", code, json.dumps(text))
+    assert r.returncode == 1 and "Tried to allocate 1.70 GiB" in r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.class") == "fragmentation"
+    assert attr(rec, "infersight.oom.engine") == "pytorch"
+
+
+# -- the relay itself ------------------------------------------------------------------------------
+
+def _run_through(relay: Any, code: str) -> int:
+    got: list[str] = []
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=relay.child_fd)
+    relay.started()
+    relay.set_consumer(got.append)
+    rc = p.wait(timeout=60)
+    assert relay.wait_closed(30)
+    relay.got = got
+    return rc
+
+
+def test_relay_needles_are_the_rules_needles() -> None:
+    assert stderr_relay.NEEDLES == serving.NEEDLES
+
+
+def test_relay_keeps_reading_when_launch_stderr_is_gone() -> None:
+    """Fault: launch's stderr is a pipe nobody reads any more. CMD must not block, and its
+    memory error is still classified."""
+    r, w = os.pipe()
+    os.close(r)
+    relay = stderr_relay.StderrRelay(out_fd=w)
+    try:
+        code = ("import os\nfor _ in range(64): os.write(2, b'x' * 16384 + b'\\n')\n"
+                "os.write(2, b'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\\n')\n")
+        assert _run_through(relay, code) == 0
+    finally:
+        os.close(w)
+    assert relay.copy_errors > 0
+    assert any("mem-fraction-static" in t for t in relay.got)
+
+
+def test_relay_gives_cmd_a_terminal_of_launch_terminal_size() -> None:
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 123, 0, 0))
+    relay = stderr_relay.StderrRelay(out_fd=slave)
+    assert relay.tty
+    try:
+        code = "import os\nos.write(2, ('%s %d\\n' % (os.isatty(2), os.get_terminal_size(2).columns)).encode())\n"
+        assert _run_through(relay, code) == 0
+        out = os.read(master, 4096).decode()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert out.split() == ["True", "123"]

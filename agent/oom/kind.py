@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("infersight.agent.oom")
 
 DEDUP_WINDOW_NS = 30_000_000_000
+_STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
 MAX_TEXT = 16384
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
@@ -205,7 +206,8 @@ class OomHandlers:
         self.ooms = 0
         self.duplicates = 0
         self.not_memory = 0  # logged or uncaught texts the hooks sent that were no memory error
-        self._texts: dict[str, int] = {}  # finding key -> t_ns, across producers (log and stderr)
+        self._texts: dict[str, int] = {}  # message key -> t_ns, across producers
+        self._texts_source: dict[str, str] = {}  # message key -> the source that came first
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
 
@@ -228,14 +230,21 @@ class OomHandlers:
                     self.not_memory += 1
                     return
             elif first.message is None:
-                if self._seen_text(first.key, t_ns):
-                    self.duplicates += 1
-                    return
-                self._finish_engine(p, origin, t_ns, d, first, out)
+                # A log record or a stderr capture may hold several distinct messages.
+                for f in found if source in ("log", "stderr") else [first]:
+                    if f.message is not None:
+                        continue
+                    if self._seen_text(f.key, t_ns):
+                        self.duplicates += 1
+                        continue
+                    self._finish_engine(p, origin, t_ns, d, f, out)
                 return
             else:
                 msg, engine = first.message, first.engine
-                if source in ("log", "stderr") and self._seen_text(first.key, t_ns):
+                # The same PyTorch text as an exception, a log record and a stderr copy: once.
+                before = self._texts_source.get(first.key)
+                seen = self._seen_text(first.key, t_ns, source)
+                if seen and (source in _STREAMS or before in _STREAMS):
                     self.duplicates += 1
                     return
         d["_engine"] = engine
@@ -322,17 +331,21 @@ class OomHandlers:
             [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
         ))
 
-    def _seen_text(self, key: str, t_ns: int) -> bool:
-        """True when the same engine message was classified in the last DEDUP_WINDOW_NS, from
-        any producer (a vLLM worker logs it, its parent re-raises it, launch sees it on stderr)."""
+    def _seen_text(self, key: str, t_ns: int, source: str = "") -> bool:
+        """True when the same message was classified in the last DEDUP_WINDOW_NS, from any
+        producer (a vLLM worker logs it, its parent re-raises it, launch sees it on stderr)."""
         old = [k for k, t in self._texts.items() if t_ns - t > DEDUP_WINDOW_NS]
         for k in old:
             del self._texts[k]
+            self._texts_source.pop(k, None)
         if key in self._texts:
             return True
         if len(self._texts) >= 4 * MAX_RECENT:
-            self._texts.pop(next(iter(self._texts)))
+            k0 = next(iter(self._texts))
+            del self._texts[k0]
+            self._texts_source.pop(k0, None)
         self._texts[key] = t_ns
+        self._texts_source[key] = source
         return False
 
     def _finish_engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
