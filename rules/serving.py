@@ -93,7 +93,8 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference")),
     ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
     ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
-    ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:")),
+    ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
+             "bfc_allocator", "stream_executor", "from device: CUDA_ERROR_OUT_OF_MEMORY")),
 )
 # Engines that may print (or wrap) a rule's engine's message, and so take the finding over.
 _HOSTS: dict[str, tuple[str, ...]] = {
