@@ -651,7 +651,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
         line = lines[i].strip()
         anchor = next((a for a in rule.anchors if a in line), "")
         k = line.find(anchor) if anchor else 0
-        text = line[max(0, k - 80): k + len(anchor) + 160]
+        text = line[k: k + len(anchor) + 200]
     return _Hit(rule, i, first, last, values, window, " ".join(text.split()))
 
 
@@ -681,6 +681,8 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     numbers: dict[str, int | None] = {k: (round(values[k]) if k in values else None) for k in BASE_QUANTITIES}
     extra = {k: v for k, v in values.items() if k not in BASE_QUANTITIES}
     note = render(note_t, env) if note_t is not None else ""
+    if "?" in note:  # a number the note needs was not printed: no note rather than a "?"
+        note = ""
     remedy = rule.remedy
     key = f"{rule.id}|{hit.text}|" + ",".join(f"{k}={v:g}" for k, v in sorted(values.items()))
     return Finding(
