@@ -44,10 +44,15 @@ def report_text(text: str, source: str, span: Optional[str] = None) -> bool:
         if not text or not _runtime.active() or not interesting(text):
             return False
         key = hash(text[:MAX_TEXT])
-        with _lock:
+        lock = _lock
+        if not lock.acquire(blocking=False):  # never wait in the user's thread
+            return False
+        try:
             if key in _seen or len(_seen) >= MAX_REPORTS:
                 return False
             _seen[key] = True
+        finally:
+            lock.release()
         data: Dict[str, Any] = {
             "source": source, "text": text[:MAX_TEXT], "sp": span or _runtime.current_span.get() or
             _runtime.root_span_id or None,
@@ -146,5 +151,7 @@ def install_excepthooks() -> None:
 
 
 def after_fork_child() -> None:
-    with _lock:
-        _seen.clear()
+    """A new lock (the parent's may have been held by a thread that is not in the child)."""
+    global _lock
+    _lock = threading.Lock()
+    _seen.clear()

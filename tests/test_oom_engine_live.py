@@ -246,3 +246,31 @@ def test_relay_gives_cmd_a_terminal_of_launch_terminal_size() -> None:
         os.close(master)
         os.close(slave)
     assert out.split() == ["True", "123"]
+
+
+def test_hook_reports_once_and_never_waits(monkeypatch: Any) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    from infersight.hooks import _runtime
+
+    monkeypatch.setattr(_runtime, "active", lambda: True)
+    monkeypatch.setattr(_runtime, "emit_urgent", lambda kind, data: sent.append((kind, data)))
+    monkeypatch.setattr(_enginelog, "_seen", {})
+    text = "ValueError: No available memory for the cache blocks."
+    assert _enginelog.report_text(text, "log")
+    assert not _enginelog.report_text(text, "log")  # the same text: once
+    assert not _enginelog.report_text("INFO: 200 OK", "log")  # no needle
+    assert [k for k, _ in sent] == ["oom"] and sent[0][1]["source"] == "log"
+    # Fault: another thread holds the lock (as a thread that did not survive a fork would).
+    _enginelog._lock.acquire()
+    try:
+        assert not _enginelog.report_text(text + " again", "log")  # returns at once, nothing sent
+    finally:
+        _enginelog._lock.release()
+    held = _enginelog._lock
+    held.acquire()
+    try:
+        _enginelog.after_fork_child()  # the child gets a fresh lock and forgets what was sent
+        assert _enginelog._lock is not held
+        assert _enginelog.report_text(text, "log")
+    finally:
+        held.release()
