@@ -2,10 +2,11 @@
 
     python bench/enginelog_cost.py
 
-Side by side in one run, in interleaved rounds (the best of each side): the same logger (a NullHandler, so only logging's own work counts)
-before and after ``hooks._enginelog.install_logging`` wraps ``Logger.callHandlers``, for an
-INFO record (the hot case: one integer compare added) and a WARNING record without the
-needles (formatted and checked). Prints ns per call and the ratio with / without.
+Side by side in one run, in interleaved rounds (the best of each side): the same logger (a
+NullHandler, so only logging's own work counts) before and after
+``hooks._enginelog.install_logging`` wraps ``Logger.callHandlers``, for an INFO record (the
+hot case: one integer compare added) and a WARNING record without the needles (formatted and
+checked). Prints ns per call and the ratio with / without.
 """
 
 from __future__ import annotations
