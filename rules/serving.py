@@ -62,6 +62,7 @@ __all__ = [
     "detect_engine",
     "load_serving_rules",
     "prefilter_needles",
+    "rubric_reason",
 ]
 
 SERVING_ENGINE_VERSION = (1, 0)
@@ -713,6 +714,17 @@ def _engine_for(rule_engine: str, lines: list[str], first: int, last: int) -> st
     return rule_engine
 
 
+def rubric_reason(v: Verdict, msg: OomMessage | None = None) -> str:
+    """Why the rubric answered ``unknown``: the numbers it lacked, and where to get them."""
+    if msg is not None and msg.R is None and msg.T is None and msg.F is None:
+        return ("no requested, free or total size printed: paste the whole message or run under infersight "
+                "launch (the allocator observer records them)")
+    missing = ", ".join(v.missing) or "the numbers a step needs"
+    return (f"missing {missing} (a message cut by the log collector, or a short format): paste the whole "
+            "'Tried to allocate ...' message, or run under infersight launch so the allocator observer records "
+            "T, F, A and P, and NVML U and O")
+
+
 def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
     v = classify(msg.numbers(), rs.rubric, backend=msg.backend)
     engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
@@ -720,15 +732,7 @@ def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Fin
     extra_remedy = rs.engine_remedies.get(engine, {}).get(v.cls)
     if engine != "pytorch" and extra_remedy:
         remedy = f"{remedy} {extra_remedy}"
-    reason = None
-    if v.cls == "unknown":
-        missing = ", ".join(v.missing) or "the numbers a step needs"
-        reason = (f"missing {missing} in the message (cut by the log collector, or a short format): paste "
-                  "the whole 'Tried to allocate ...' message, or run under infersight launch so the allocator "
-                  "observer records T, F, A and P")
-        if msg.R is None and msg.T is None and msg.F is None:
-            reason = ("no requested, free or total size printed: paste the whole message or run under infersight "
-                      "launch (the allocator observer records them)")
+    reason = rubric_reason(v, msg) if v.cls == "unknown" else None
     return Finding(
         engine=engine, cls=v.cls, rule=v.rule, rule_version=v.rule_version, numbers=dict(v.numbers), extra={},
         remedy=remedy, note=v.note, reason=reason, knob=None, text=msg.text, key="pytorch|" + msg.key,

@@ -44,7 +44,7 @@ from infersight.rules.engine import (
     load_rules,
 )
 from infersight.rules.oom_parse import OomMessage
-from infersight.rules.serving import Finding, ServingRules, analyse
+from infersight.rules.serving import Finding, ServingRules, analyse, rubric_reason
 from infersight.rules.serving import builtin as builtin_serving
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
 
@@ -469,6 +469,8 @@ class OomHandlers:
             a["infersight.oom.note"] = v.note
         if v.missing:
             a["infersight.oom.missing"] = list(v.missing)
+        if v.cls == "unknown":
+            a["infersight.oom.reason"] = rubric_reason(v, msg)
         for k, n in v.used.items():
             a["infersight.oom.%s_bytes" % k] = n
         if v.requested_bytes is not None:
