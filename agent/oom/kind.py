@@ -110,6 +110,7 @@ class OomClassifier:
         self.dirs = [str(d) for d in dirs]
         self.rules = rules if rules is not None else self.load(self.dirs)
         self._serving: ServingRules | None = None
+        _ = self.serving  # load (and check) the serving rules now, not at the first OOM
 
     @staticmethod
     def load(dirs: Iterable[str | Path]) -> RuleSet:

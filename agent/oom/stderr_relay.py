@@ -27,7 +27,7 @@ from collections.abc import Callable
 NEEDLES = ("memory", "alloc", "kv cache", "kvcache", "cache blocks")  # = rules.serving.NEEDLES
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
 AFTER_LINES = 12  # lines kept after the last needle line
-PAUSE_S = 0.3  # a capture also ends when CMD pauses this long
+PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
 MAX_LINE = 16384
 MAX_PENDING = 64  # captures waiting for the agent side (launch imports it while CMD starts)
 
