@@ -19,6 +19,9 @@ How CMD is run:
   itself (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to CMD once. Ctrl-Z stops CMD,
   then launch, so the shell's job control still works.
 - With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed, CMD gets SIGTERM.
+- Its stderr goes through launch's relay (``agent/oom/stderr_relay.py``: a pipe, or a pty
+  when launch's stderr is a terminal), which copies every byte through and hands serving
+  engines' memory errors to the agent.
 - The private directory holds a lock while launch lives. A later launch replays the
   spools that a killed launch left (or a daemonized grandchild that outlived it), and
   a launch that exits while a process it started still runs keeps the spool directory.
