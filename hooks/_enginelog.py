@@ -25,7 +25,10 @@ TYPE_CHECKING = False  # the typing module costs milliseconds at start-up; annot
 if TYPE_CHECKING:
     from typing import Any, Dict, Optional
 
-NEEDLES = ("memory", "alloc", "kv cache", "kvcache", "cache blocks")
+NEEDLES = (  # = rules.serving.NEEDLES
+    "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
+    "are available (after",
+)
 MAX_TEXT = 16384
 MAX_REPORTS = 64  # distinct texts sent per process: a log loop cannot flood the agent
 _seen: Dict[int, bool] = {}

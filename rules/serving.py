@@ -79,13 +79,16 @@ IMPOSSIBLE_BYTES = 1 << 50
 
 # Lower-case substrings one of which every anchor line holds: the prefilter before any
 # per-rule test. Kept in step with serving.toml by the loader (every anchor must hold one).
-NEEDLES = ("memory", "alloc", "kv cache", "kvcache", "cache blocks")
+NEEDLES = (
+    "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
+    "are available (after",
+)
 
 # Markers of the engine whose log a line comes from, most specific first. An engine that
 # embeds another (ollama runs ggml, vLLM-TPU runs XLA, most engines print PyTorch's message)
 # comes before it.
 _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ollama", ("ollama", "llama runner")),
+    ("ollama", ("ollama", "llama runner", "reported out-of-memory during startup")),
     ("lmdeploy", ("lmdeploy", "turbomind", "[TM]")),
     ("tensorrt-llm", ("[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM", "tensorrtllm", "[TRT]")),
     ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver")),

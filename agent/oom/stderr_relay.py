@@ -24,7 +24,10 @@ import select
 import threading
 from collections.abc import Callable
 
-NEEDLES = ("memory", "alloc", "kv cache", "kvcache", "cache blocks")  # = rules.serving.NEEDLES
+NEEDLES = (  # = rules.serving.NEEDLES
+    "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
+    "are available (after",
+)
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
 AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
