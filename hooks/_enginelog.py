@@ -81,7 +81,8 @@ def _record_text(record: Any) -> str:
 
 
 def install_logging(logging: Any) -> None:
-    """Wrap ``logging.Logger.callHandlers`` once (idempotent; ``uninstall`` restores it)."""
+    """Wrap ``logging.Logger.callHandlers`` once (idempotent). It stays for the process's life:
+    memory errors while serving matter as much as those of the cold start."""
     cls = logging.Logger
     orig = cls.callHandlers
     if getattr(orig, "_infersight", False):
@@ -103,15 +104,7 @@ def install_logging(logging: Any) -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=after_fork_child)
     callHandlers._infersight = True  # type: ignore[attr-defined]
-    callHandlers._infersight_orig = orig  # type: ignore[attr-defined]
     cls.callHandlers = callHandlers
-
-
-def uninstall_logging(logging: Any) -> None:
-    cur = logging.Logger.callHandlers
-    orig = getattr(cur, "_infersight_orig", None)
-    if orig is not None:
-        logging.Logger.callHandlers = orig
 
 
 # -- uncaught exceptions ------------------------------------------------------------------------
