@@ -17,6 +17,13 @@ def _install_allocator_hooks(torch: object) -> None:
     _alloc.install(torch)
 
 
+def _install_engine_log(logging: object) -> None:
+    """Serving engines' memory errors logged through ``logging`` (``_enginelog``)."""
+    from . import _enginelog
+
+    _enginelog.install_logging(logging)
+
+
 def activate_process() -> bool:
     if not _runtime.activate():
         return False
@@ -25,6 +32,10 @@ def activate_process() -> bool:
 
         _coldstart.install(_BOOT_NS, from_bootstrap=True)
         _coldstart.on_import("torch", _install_allocator_hooks)
+        _coldstart.on_import("logging", _install_engine_log)
+        from . import _enginelog
+
+        _enginelog.install_excepthooks()  # chained: an engine's uncaught memory error, torch or not
     except Exception as exc:
         _runtime.fail(exc)
     return True

@@ -54,10 +54,13 @@ __all__ = [
     "classify_message",
     "default_rule_paths",
     "derive",
+    "evaluate",
     "human_bytes",
     "load_default_rules",
     "load_rules",
     "parse_expression",
+    "parse_template",
+    "render",
 ]
 
 ENGINE_VERSION = (1, 0)
@@ -535,6 +538,16 @@ def human_bytes(n: float) -> str:
         if n >= size:
             return f"{sign}{n / size:.2f} {unit}"
     return f"{sign}{n:.0f} B"
+
+
+def evaluate(e: Expr, env: Mapping[str, float | None]) -> Value:
+    """Evaluate a parsed expression (unknowns propagate; three-valued logic)."""
+    return _eval(e, env)
+
+
+def render(t: Template, env: Mapping[str, float | None], missing: Sequence[str] = ()) -> str:
+    """Render a note template; an unknown value prints as "?"."""
+    return _render(t, env, missing)
 
 
 def _render(t: Template, env: Mapping[str, float | None], missing: Sequence[str]) -> str:

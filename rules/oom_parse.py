@@ -38,7 +38,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["NUMBER_KEYS", "OomMessage", "ProcessUse", "find_ooms", "parse_size"]
+__all__ = ["NUMBER_KEYS", "OomMessage", "ProcessUse", "decoded_lines", "find_ooms", "parse_size"]
 
 NUMBER_KEYS = ("R", "T", "F", "A", "P", "U", "O", "L")
 
@@ -80,7 +80,7 @@ _SIZE = _NUM + r" ?" + _UNIT
 
 # One named alternative per clause. Named groups carry the values; see _TOKEN_FIELDS.
 _CLAUSES: dict[str, str] = {
-    "head": r"\b(CUDA|HIP|XPU) out of memory\b",
+    "head": r"\b(CUDA|HIP|XPU|NPU) out of memory\b",
     "async_head": r"Allocation on device (\d{1,4}) would exceed allowed memory",
     "req": r"Tried to allocate " + _SIZE,
     "cap_new": r"GPU (\d{1,4}) has a total capac(?:i)?ty of " + _SIZE,
@@ -91,7 +91,7 @@ _CLAUSES: dict[str, str] = {
     "alloc_new": r"Of the allocated memory " + _SIZE,
     "private": r"with " + _SIZE + r" allocated in private pools",
     "unalloc": _SIZE + r" is reserved by PyTorch but unallocated",
-    "old_open": r"\(GPU (\d{1,4}); " + _SIZE + r" total capacity",
+    "old_open": r"\((?:GPU|NPU) (\d{1,4}); " + _SIZE + r" total capacity",
     "old_alloc": _SIZE + r" already allocated",
     "old_free": r"; " + _SIZE + r" free\b",
     "old_cached": r"; " + _SIZE + r" cached\b",
@@ -169,7 +169,7 @@ class OomMessage:
 
     text: str  # the message as found, whitespace collapsed
     key: str  # verbatim-normalised numeric clauses: equal keys are the same message
-    device_kind: str = "CUDA"  # CUDA, HIP or XPU
+    device_kind: str = "CUDA"  # CUDA, HIP, XPU or NPU (torch_npu)
     device_index: int | None = None
     backend: str = "native"  # "native" or "cudaMallocAsync"
     fmt: str = "unknown"  # "2.x", "1.x-reserved", "1.x-cached", "async" or "unknown"
@@ -188,6 +188,7 @@ class OomMessage:
     private_pools: int | None = None  # "with Z allocated in private pools"
     self_from_process_line: bool = False  # U taken from the only "Process N" line
     clauses: tuple[str, ...] = field(default=())
+    line: int = 0  # index of the first line of the region it was found in (after decoding)
 
     def numbers(self) -> dict[str, int | None]:
         """The rubric numbers R T F A P U O L, in that order."""
@@ -259,8 +260,8 @@ def _log_prefix(first: str, second: str) -> str:
     return prefix
 
 
-def _regions(lines: list[str]) -> Iterator[str]:
-    """Yield the joined text of each anchor region (see the module docstring, step 2-3)."""
+def _regions(lines: list[str]) -> Iterator[tuple[int, str]]:
+    """Yield (first line index, joined text) of each anchor region (module docstring, steps 2-3)."""
     i = 0
     n = len(lines)
     while i < n:
@@ -285,7 +286,7 @@ def _regions(lines: list[str]) -> Iterator[str]:
                 head = _DIGIT.sub("0", line[:masked_len])
                 cut.append(line[masked_len:] if head == prefix else line)
             chunk = cut
-        yield _WS.sub(" ", " ".join(chunk))
+        yield i, _WS.sub(" ", " ".join(chunk))
         i = end
 
 
@@ -304,7 +305,7 @@ class _Token:
 # Where a clause can start: a cheap prefilter (a first-character lookahead, then short
 # literals), so the full alternation runs only at candidate positions.
 _CANDIDATE = re.compile(
-    r"(?=[CHXATGoPtwO(;0-9RDF])(?:CUDA |HIP |XPU |Allocation on|Tried to|GPU \d|of which"
+    r"(?=[CHXNATGoPtwO(;0-9RDF])(?:CUDA |HIP |XPU |NPU |Allocation on|Tried to|GPU \d|of which"
     r"|Process \d|this process|Of the allocated|with \d|\(GPU|; \d|Currently|Requested"
     r"|Device limit|Free \(|PyTorch limit|(?<![\d.])\d)"
 )
@@ -360,14 +361,14 @@ class _Builder:
         self.seen.add(tok.kind)
         self.rank = max(self.rank, _RANK[tok.kind])
 
-    def build(self, region: str) -> OomMessage | None:
+    def build(self, region: str, line: int = 0) -> OomMessage | None:
         toks = self.tokens
         numeric = [t for t in toks if t.kind not in ("head",)]
         if not numeric:
             return None
         text = region[toks[0].start : toks[-1].end]
         key = " | ".join(t.text for t in numeric)
-        msg = OomMessage(text=text, key=key, clauses=tuple(t.kind for t in toks))
+        msg = OomMessage(text=text, key=key, clauses=tuple(t.kind for t in toks), line=line)
         procs: list[ProcessUse] = []
         for t in toks:
             _apply(msg, t, procs)
@@ -447,25 +448,30 @@ def find_ooms(text: str) -> list[OomMessage]:
         return []
 
 
+def decoded_lines(text: str) -> list[str]:
+    """The lines ``find_ooms`` scans: JSON and HTML escapes undone (line indexes match ``line``)."""
+    return _decode(text).splitlines()
+
+
 def _find(text: str) -> list[OomMessage]:
     if not isinstance(text, str) or not text:
         return []
-    lines = _decode(text).splitlines()
+    lines = decoded_lines(text)
     out: list[OomMessage] = []
     keys: set[str] = set()
-    for region in _regions(lines):
+    for first, region in _regions(lines):
         builder: _Builder | None = None
         for tok in _tokens(region):
             if builder is not None and builder.accepts(tok):
                 builder.add(tok)
                 continue
             if builder is not None:
-                _emit(builder.build(region), out, keys)
+                _emit(builder.build(region, first), out, keys)
                 builder = None
             if tok.kind in _STARTS:
                 builder = _Builder(tok)
         if builder is not None:
-            _emit(builder.build(region), out, keys)
+            _emit(builder.build(region, first), out, keys)
     return out
 
 

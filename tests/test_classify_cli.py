@@ -23,7 +23,7 @@ CAP = (
     "capacity; 1.46 GiB already allocated; 16.38 MiB free; 1.51 GiB reserved in total by "
     "PyTorch)"
 )
-DESIGN_KEYS = {"class", "rule", "requested_bytes", "numbers", "remedy", "note"}
+DESIGN_KEYS = {"class", "rule", "requested_bytes", "numbers", "remedy", "note", "engine"}
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,8 @@ def test_json_has_the_design_keys(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert [o["class"] for o in objs] == ["fragmentation", "capacity"]
     for o in objs:
         assert set(o) >= DESIGN_KEYS
-        assert set(o) - DESIGN_KEYS <= {"used", "missing"}
+        assert set(o) - DESIGN_KEYS <= {"used", "missing"}  # no reason: the class is known
+        assert o["engine"] == "pytorch"
         assert list(o["numbers"]) == list("RTFAPUOL")
         assert all(v is None or isinstance(v, int) for v in o["numbers"].values())
     assert objs[0]["requested_bytes"] == round(1.7 * (1 << 30))

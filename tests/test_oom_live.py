@@ -636,3 +636,15 @@ async def test_oom_reads_nvml_off_the_event_loop_under_the_device_lock() -> None
     assert log.attributes["infersight.oom.class"] == "reservation_conflict"
     assert log.attributes["infersight.oom.nvml"] is True
     assert seen and all(name != threading.current_thread().name and held for name, held in seen), seen
+
+
+def test_an_undecided_oom_carries_a_reason_on_every_sink() -> None:
+    h, asm = _handlers()
+    p = _producer(asm)
+    items = asm.events(p, [[1, 10, "oom", {"source": "observer", "dev": 0, "req": 4 * GIB, "sp": SPAN}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "unknown"
+    assert "missing" in str(log.attributes["infersight.oom.reason"])
+    (ev,) = p.span_events[SPAN]
+    assert ev.attributes["infersight.oom.reason"] == log.attributes["infersight.oom.reason"]
+    assert log.attributes["infersight.oom.engine"] == "pytorch"

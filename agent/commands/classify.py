@@ -18,13 +18,12 @@ from typing import Any, TextIO
 from infersight.agent.cli import command_help
 from infersight.rules.engine import (
     RuleFileError,
-    Verdict,
-    classify_message,
     default_rule_paths,
     human_bytes,
     load_rules,
 )
-from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms, parse_size
+from infersight.rules.oom_parse import NUMBER_KEYS, parse_size
+from infersight.rules.serving import Finding, ServingRulesError, analyse, load_serving_rules
 from infersight.rules.snapshot import (
     SnapshotError,
     SnapshotSummary,
@@ -100,7 +99,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             return _fail(f"--rules-dir {d}: not a directory", err)
     try:
         rules = load_rules(default_rule_paths(args.rules_dir))
-    except RuleFileError as exc:
+        serving = load_serving_rules(rubric=rules)
+    except (RuleFileError, ServingRulesError) as exc:
         for loc, problem in exc.errors:
             print(f"{loc}: {problem}", file=err)
         return 2
@@ -119,16 +119,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         text = _read_text(args.path)
     except OSError as exc:
         return _fail(f"cannot read {args.path}: {exc.strerror or exc}", err)
-    messages = find_ooms(text)
-    if not messages:
+    findings = analyse(text, serving)
+    if not findings:
         print(f"{_PROG}: no OOM message found", file=err)
         return 1
-    for i, msg in enumerate(messages, 1):
-        v = classify_message(msg, rules)
+    for i, f in enumerate(findings, 1):
         if args.json:
-            print(json.dumps(v.to_json(), sort_keys=False), file=out)
+            print(json.dumps(f.to_json(), sort_keys=False), file=out)
         else:
-            _print_human(i, len(messages), msg, v, out)
+            _print_human(i, len(findings), f, out)
     return 0
 
 
@@ -152,25 +151,44 @@ def _wrap(label: str, text: str) -> str:
     )
 
 
-def _print_human(i: int, n: int, msg: OomMessage, v: Verdict, out: TextIO) -> None:
-    where = f" on GPU {msg.device_index}" if msg.device_index is not None else ""
-    backend = ", cudaMallocAsync" if msg.backend == "cudaMallocAsync" else ""
-    head = f"OOM {i} of {n}: {msg.device_kind} out of memory{where} ({msg.fmt} format{backend})"
-    print(head, file=out)
-    print(f"  class   {v.cls}", file=out)
-    print(f"  rule    {v.rule} v{v.rule_version}", file=out)
-    nums = "  ".join(f"{k}={_fmt(v.numbers.get(k))}" for k in NUMBER_KEYS)
+def _print_human(i: int, n: int, f: Finding, out: TextIO) -> None:
+    msg = f.message
+    if msg is not None:
+        where = f" on GPU {msg.device_index}" if msg.device_index is not None else ""
+        backend = ", cudaMallocAsync" if msg.backend == "cudaMallocAsync" else ""
+        what = f"{msg.device_kind} out of memory{where} ({msg.fmt} format{backend})"
+    else:
+        what = f"memory error: {f.text[:80]}"
+    print(f"OOM {i} of {n} [{f.engine}]: {what}", file=out)
+    print(f"  class   {f.cls}", file=out)
+    print(f"  rule    {f.rule} v{f.rule_version}", file=out)
+    nums = "  ".join(f"{k}={_fmt(f.numbers.get(k))}" for k in NUMBER_KEYS)
     print(f"  numbers {nums}", file=out)
-    derived = [k for k in v.used if k not in NUMBER_KEYS]
+    if f.extra:
+        extra = "  ".join(f"{k}={_fmt_extra(k, v)}" for k, v in f.extra.items())
+        print(_wrap("engine", extra), file=out)
+    derived = [k for k in f.used if k not in NUMBER_KEYS]
     if derived:
-        used = "  ".join(f"{_LABELS.get(k, k)}={_fmt(v.used[k])}" for k in derived)
+        used = "  ".join(f"{_LABELS.get(k, k)}={_fmt(f.used[k])}" for k in derived)
         print(_wrap("derived", used), file=out)
-    if v.missing:
-        print(_wrap("missing", ", ".join(v.missing)), file=out)
-    print(_wrap("remedy", v.remedy), file=out)
-    if v.note:
-        print(_wrap("note", v.note), file=out)
+    if f.missing:
+        print(_wrap("missing", ", ".join(f.missing)), file=out)
+    if f.reason:
+        print(_wrap("reason", f.reason), file=out)
+    if f.knob:
+        print(_wrap("knob", f.knob), file=out)
+    if f.mechanism:
+        print(_wrap("why", f.mechanism), file=out)
+    print(_wrap("remedy", f.remedy), file=out)
+    if f.note:
+        print(_wrap("note", f.note), file=out)
     print(file=out)
+
+
+def _fmt_extra(key: str, v: float) -> str:
+    if key.endswith("_bytes"):
+        return str(human_bytes(v))
+    return f"{v:g}"
 
 
 def _snapshot_json(s: SnapshotSummary, sv: SnapshotVerdict | None) -> dict[str, Any]:

@@ -26,6 +26,9 @@ How CMD is run:
   itself (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to CMD once. Ctrl-Z stops CMD,
   then launch, so the shell's job control still works.
 - With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed, CMD gets SIGTERM.
+- Its stderr goes through launch's relay (``agent/oom/stderr_relay.py``: a pipe, or a pty
+  when launch's stderr is a terminal), which copies every byte through and hands serving
+  engines' memory errors to the agent.
 - The private directory holds a lock while launch lives. A later launch replays the
   spools that a killed launch left (or a daemonized grandchild that outlived it), and
   a launch that exits while a process it started still runs keeps the spool directory.
@@ -364,6 +367,7 @@ class Child:
         self.tty = tty
         self.returncode: int | None = None
         self.forwarded: list[int] = []
+        self.relay: Any = None  # the StderrRelay copying CMD's stderr, when there is one
 
     def forward(self, sig: int) -> None:
         if self.returncode is None:
@@ -438,11 +442,26 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     """Start CMD in its own process group (the terminal's foreground one), with a parent-death signal."""
     import subprocess
 
+    from infersight.agent.oom.stderr_relay import open_relay
+
     tty, foreground = controlling_tty()
     preexec = _preexec(os.getpid(), tty if foreground else None, _pdeathsig_setter())
+    relay = open_relay()  # CMD's stderr, copied through; its memory errors go to the agent
     # preexec_fn is safe here: launch has started no thread yet.
-    popen = subprocess.Popen(cmd, env=env, preexec_fn=preexec)  # noqa: PLW1509
+    try:
+        popen = subprocess.Popen(cmd, env=env, preexec_fn=preexec,  # noqa: PLW1509
+                                 stderr=relay.child_fd if relay is not None else None)
+    except BaseException:
+        if relay is not None:
+            os.close(relay.child_fd)
+            os.close(relay.read_fd)
+        raise
     child = Child(popen, tty)
+    if relay is not None:
+        relay.started()
+        child.relay = relay
+        if relay.tty:
+            signal.signal(signal.SIGWINCH, lambda _signum, _frame: relay.resize())
     # From here on, signals to launch go to CMD once; launch may write to the terminal
     # while CMD holds it (TOSTOP) and give it back at the end.
     for sig in FORWARDED:

@@ -24,6 +24,7 @@ import socket
 import stat
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -40,11 +41,12 @@ from infersight.agent.commands.launch import (
     exit_status,
 )
 from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
-from infersight.telemetry import ColdStart, Resource, SpanItem
+from infersight.telemetry import ColdStart, Item, Origin, Resource, SpanItem
 
 
 @dataclass
@@ -400,6 +402,52 @@ async def wait_producers_gone(agent: Agent, sock: str, timeout_s: float) -> None
         await asyncio.sleep(0.02)
 
 
+def stderr_consumer(agent: Agent, child: Child, loop: asyncio.AbstractEventLoop) -> Callable[[str], None]:
+    """Hand a stderr capture (from the relay's thread) to the agent's ``oom`` handler, on the
+    loop: as an event of CMD's own producer when CMD runs hooked Python, else of a producer
+    that stands for CMD (its pid and executable, like the launcher's cold-start root)."""
+    handler = agent.assembler.handlers.get("oom")
+
+    def on_loop(text: str) -> None:
+        if handler is None:
+            return
+        p = next((q for q in agent.assembler.producers.values()
+                  if q.info.get("launched") and q.info.get("pid") == child.pid), None)
+        if p is None:
+            p = _stderr_producer(agent, child)
+        out: list[Item] = []
+        try:
+            handler(p, Origin(p.id, 0), time.time_ns(), {"source": "stderr", "text": text}, out)
+        except Exception as exc:  # a capture the handler refuses is dropped, never fatal
+            logging.getLogger("infersight.launch").debug("stderr capture not classified: %s", exc)
+            return
+        if out:
+            agent.broadcaster.publish(out)
+
+    def on_text(text: str) -> None:
+        loop.call_soon_threadsafe(on_loop, text)
+
+    return on_text
+
+
+_STDERR_PRODUCERS: dict[int, Producer] = {}
+
+
+def _stderr_producer(agent: Agent, child: Child) -> Producer:
+    p = _STDERR_PRODUCERS.get(child.pid)
+    if p is None:
+        cmd = child.popen.args if isinstance(child.popen.args, list) else [str(child.popen.args)]
+        exe = os.path.basename(str(cmd[0]))
+        res = Resource.of({
+            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % exe,
+            "host.name": agent.host_name, "process.pid": child.pid, "process.executable.name": exe,
+            "telemetry.sdk.name": "infersight",
+        })
+        p = _STDERR_PRODUCERS[child.pid] = Producer("launch-stderr-%d" % child.pid,
+                                                    {"pid": child.pid, "launched": True}, res)
+    return p
+
+
 @dataclass
 class Session:
     """What ``launch`` does while its agent serves: replay what earlier launches left, wait for
@@ -424,8 +472,13 @@ class Session:
         watcher = None
         if opts.ready_url or opts.probe:
             watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, self.out))
+        relay = child.relay
+        if relay is not None:
+            relay.set_consumer(stderr_consumer(agent, child, asyncio.get_running_loop()))
         self.returncode = await wait_child(child)
         end_ns = time.time_ns()
+        if relay is not None:  # what CMD wrote last is copied (and classified) before our own lines
+            await asyncio.to_thread(relay.wait_closed, min(2.0, opts.flush_timeout_s))
         proc_done.set()
         child.restore_tty()
         readiness = self.readiness

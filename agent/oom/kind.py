@@ -43,7 +43,9 @@ from infersight.rules.engine import (
     human_bytes,
     load_rules,
 )
-from infersight.rules.oom_parse import OomMessage, find_ooms
+from infersight.rules.oom_parse import OomMessage
+from infersight.rules.serving import Finding, ServingRules, analyse, rubric_reason
+from infersight.rules.serving import builtin as builtin_serving
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("infersight.agent.oom")
 
 DEDUP_WINDOW_NS = 30_000_000_000
+_STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
 MAX_TEXT = 16384
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
@@ -106,6 +109,8 @@ class OomClassifier:
     def __init__(self, dirs: Sequence[str | Path] = (), rules: RuleSet | None = None) -> None:
         self.dirs = [str(d) for d in dirs]
         self.rules = rules if rules is not None else self.load(self.dirs)
+        self._serving: ServingRules | None = None
+        _ = self.serving  # load (and check) the serving rules now, not at the first OOM
 
     @staticmethod
     def load(dirs: Iterable[str | Path]) -> RuleSet:
@@ -135,6 +140,14 @@ class OomClassifier:
 
     def classify(self, numbers: dict[str, int | None], backend: str = "native") -> Verdict:
         return self.rules.classify(numbers, backend=backend)
+
+    @property
+    def serving(self) -> ServingRules:
+        """The builtin serving-engine rules over the current rubric rules."""
+        b = builtin_serving()
+        if self._serving is None or self._serving.rubric is not self.rules:
+            self._serving = ServingRules(b.rules, b.engine_remedies, self.rules, list(b.sources))
+        return self._serving
 
 
 # -- validation helpers ---------------------------------------------------------------------
@@ -193,6 +206,9 @@ class OomHandlers:
         self.nvml_guard = nvml_guard
         self.ooms = 0
         self.duplicates = 0
+        self.not_memory = 0  # logged or uncaught texts the hooks sent that were no memory error
+        self._texts: dict[str, int] = {}  # message key -> t_ns, across producers
+        self._texts_source: dict[str, str] = {}  # message key -> the source that came first
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
 
@@ -206,9 +222,33 @@ class OomHandlers:
         stats = _int_map(d.get("stats"), "stats")
         snap = d.get("snap") if isinstance(d.get("snap"), dict) else None
         msg: OomMessage | None = None
+        engine = "pytorch"
         if text:
-            found = find_ooms(text)
-            msg = found[0] if found else None
+            found = analyse(text, self.classifier.serving)
+            first = found[0] if found else None
+            if first is None:
+                if source != "observer":
+                    self.not_memory += 1
+                    return
+            elif first.message is None:
+                # A log record or a stderr capture may hold several distinct messages.
+                for f in found if source in ("log", "stderr") else [first]:
+                    if f.message is not None:
+                        continue
+                    if self._seen_text(f.key, t_ns):
+                        self.duplicates += 1
+                        continue
+                    self._finish_engine(p, origin, t_ns, d, f, out)
+                return
+            else:
+                msg, engine = first.message, first.engine
+                # The same PyTorch text as an exception, a log record and a stderr copy: once.
+                before = self._texts_source.get(first.key)
+                seen = self._seen_text(first.key, t_ns, source)
+                if seen and (source in _STREAMS or before in _STREAMS):
+                    self.duplicates += 1
+                    return
+        d["_engine"] = engine
         if msg is not None:
             dev = dev if dev is not None else msg.device_index
             req = req if req is not None else msg.R
@@ -286,6 +326,62 @@ class OomHandlers:
         p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
         counts: dict[str, int] = p.state.setdefault("oom_counts", {})
         counts[verdict.cls] = counts.get(verdict.cls, 0) + 1
+        out.append(MetricItem(
+            p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
+            int(p.info.get("start_ns") or t_ns),
+            [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
+        ))
+
+    def _seen_text(self, key: str, t_ns: int, source: str = "") -> bool:
+        """True when the same message was classified in the last DEDUP_WINDOW_NS, from any
+        producer (a vLLM worker logs it, its parent re-raises it, launch sees it on stderr)."""
+        old = [k for k, t in self._texts.items() if t_ns - t > DEDUP_WINDOW_NS]
+        for k in old:
+            del self._texts[k]
+            self._texts_source.pop(k, None)
+        if key in self._texts:
+            return True
+        if len(self._texts) >= 4 * MAX_RECENT:
+            k0 = next(iter(self._texts))
+            del self._texts[k0]
+            self._texts_source.pop(k0, None)
+        self._texts[key] = t_ns
+        self._texts_source[key] = source
+        return False
+
+    def _finish_engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
+                       out: list[Item]) -> None:
+        """An engine's own memory error: the finding's verdict on every sink, like a PyTorch OOM."""
+        self.ooms += 1
+        source = _opt_str(d, "source", 32) or "exception"
+        sp = _span_id(d) or p.info.get("root_span_id")
+        a: Attributes = {
+            "infersight.oom.class": f.cls,
+            "infersight.oom.rule": f.rule,
+            "infersight.oom.rule_version": f.rule_version,
+            "infersight.oom.remedy": f.remedy,
+            "infersight.oom.source": source,
+            "infersight.oom.engine": f.engine,
+            "infersight.oom.message": f.text[:2048],
+        }
+        if f.note:
+            a["infersight.oom.note"] = f.note
+        if f.reason:
+            a["infersight.oom.reason"] = f.reason
+        if f.knob:
+            a["infersight.oom.knob"] = f.knob
+        for k, v in f.numbers.items():
+            if v is not None:
+                a["infersight.oom.%s_bytes" % k] = v
+        for k, x in f.extra.items():
+            a["infersight.oom.engine.%s" % k] = int(x) if float(x).is_integer() else float(x)
+        body = " ".join(("OOM [%s]: %s by rule %s: %s%s" % (
+            f.engine, f.cls, f.rule, f.reason + " " if f.reason else "", f.remedy)).split())
+        out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, a,
+                           p.info["trace_id"] if sp else None, sp, "oom", origin))
+        p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(a)))
+        counts: dict[str, int] = p.state.setdefault("oom_counts", {})
+        counts[f.cls] = counts.get(f.cls, 0) + 1
         out.append(MetricItem(
             p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
             int(p.info.get("start_ns") or t_ns),
@@ -374,6 +470,8 @@ class OomHandlers:
             a["infersight.oom.note"] = v.note
         if v.missing:
             a["infersight.oom.missing"] = list(v.missing)
+        if v.cls == "unknown":
+            a["infersight.oom.reason"] = rubric_reason(v, msg)
         for k, n in v.used.items():
             a["infersight.oom.%s_bytes" % k] = n
         if v.requested_bytes is not None:
@@ -400,6 +498,8 @@ class OomHandlers:
             ] or ["none"]
         if msg is not None:
             a["infersight.oom.message"] = msg.text[:2048]
+        engine = d.get("_engine")
+        a["infersight.oom.engine"] = engine if isinstance(engine, str) else "pytorch"
         return a
 
     # -- mem ------------------------------------------------------------------------------

@@ -1,0 +1,212 @@
+"""CMD's stderr under ``launch``: copied through unchanged, memory errors handed to the agent.
+
+Native engines (llama.cpp's server, ollama, TensorRT-LLM's C++ runtime, ONNX Runtime's
+logger) print their memory errors on file descriptor 2, where no Python hook sees them.
+``launch`` gives CMD a pipe for its stderr (a pseudo-terminal when launch's own stderr is a
+terminal, so CMD still sees a terminal: colours, progress bars and its window size stay)
+and this relay's thread copies every byte to launch's stderr as it arrives. Lines are
+checked with the same fixed-string prefilter as the hooks (``NEEDLES``); a line that holds
+one opens a capture (with the lines before it, for context) that ends a few lines after the
+last such line, on a pause, or at EOF, and the captured text goes to ``on_text`` for the
+agent's serving rules to classify.
+
+Stdlib only (launch's cheap half imports it before CMD starts). Never loses output: a
+failed write to launch's stderr drops only the copy, the relay keeps reading so CMD never
+blocks on a full pipe.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import select
+import threading
+from collections.abc import Callable
+
+NEEDLES = (  # = rules.serving.NEEDLES
+    "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
+    "are available (after",
+)
+CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
+AFTER_LINES = 12  # lines kept after the last needle line
+PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
+MAX_LINE = 16384
+MAX_PENDING = 64  # captures waiting for the agent side (launch imports it while CMD starts)
+
+
+class StderrRelay:
+    """One pipe (or pty) between CMD's fd 2 and launch's own stderr."""
+
+    def __init__(self, out_fd: int = 2) -> None:
+        self.out_fd = out_fd
+        self.tty = _isatty(out_fd)
+        if self.tty:
+            self.read_fd, self.child_fd = os.openpty()
+            _copy_terminal(out_fd, self.child_fd)
+        else:
+            self.read_fd, self.child_fd = os.pipe()
+        os.set_inheritable(self.read_fd, False)
+        self.on_text: Callable[[str], None] | None = None
+        self.pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING)
+        self.captures = 0
+        self.copy_errors = 0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._before: collections.deque[str] = collections.deque(maxlen=CONTEXT_LINES)
+        self._capture: list[str] | None = None
+        self._after = 0
+        self._partial = b""
+
+    # -- launch side ------------------------------------------------------------------------
+
+    def started(self) -> None:
+        """CMD holds its end now: close ours, start copying."""
+        os.close(self.child_fd)
+        self.child_fd = -1
+        self._thread = threading.Thread(target=self._run, name="infersight-stderr", daemon=True)
+        self._thread.start()
+
+    def resize(self) -> None:
+        """Launch's terminal changed size (SIGWINCH): CMD's stderr terminal follows."""
+        if self.tty and self.child_fd < 0:
+            _copy_winsize(self.out_fd, self.read_fd)
+
+    def set_consumer(self, fn: Callable[[str], None]) -> None:
+        """Hand captures to ``fn`` (from the relay's thread), the waiting ones first."""
+        with self._lock:
+            self.on_text = fn
+            waiting = list(self.pending)
+            self.pending.clear()
+        for text in waiting:
+            fn(text)
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """Wait until every writer closed CMD's stderr (a daemonised grandchild may keep it)."""
+        return self._done.wait(timeout_s)
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([self.read_fd], [], [], PAUSE_S)
+                if not ready:
+                    self._flush_capture()
+                    continue
+                try:
+                    data = os.read(self.read_fd, 65536)
+                except OSError as exc:  # a pty's master reads EIO once every slave is closed
+                    if exc.errno in (errno.EIO, errno.EBADF):
+                        break
+                    raise
+                if not data:
+                    break
+                self._copy(data)
+                self._scan(data)
+        finally:
+            if self._partial:
+                self._line(self._partial)
+                self._partial = b""
+            self._flush_capture()
+            try:
+                os.close(self.read_fd)
+            except OSError:
+                pass
+            self._done.set()
+
+    def _copy(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out_fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                self.copy_errors += 1  # launch's stderr is gone: keep reading, CMD must not block
+                return
+            view = view[n:]
+
+    def _scan(self, data: bytes) -> None:
+        buf = self._partial + data
+        *lines, self._partial = buf.split(b"\n")
+        if len(self._partial) > MAX_LINE:
+            lines.append(self._partial)
+            self._partial = b""
+        for raw in lines:
+            self._line(raw)
+
+    def _line(self, raw: bytes) -> None:
+        line = raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
+        hit = any(n in line.lower() for n in NEEDLES)
+        if self._capture is None:
+            if hit:
+                self._capture = [*self._before, line]
+                self._after = AFTER_LINES
+            self._before.append(line)
+            return
+        self._capture.append(line)
+        self._before.append(line)
+        if hit:
+            self._after = AFTER_LINES
+        else:
+            self._after -= 1
+            if self._after <= 0:
+                self._flush_capture()
+
+    def _flush_capture(self) -> None:
+        if self._capture is None:
+            return
+        text = "\n".join(self._capture)
+        self._capture = None
+        self.captures += 1
+        with self._lock:
+            fn = self.on_text
+            if fn is None:
+                self.pending.append(text)
+                return
+        try:
+            fn(text)
+        except Exception:
+            pass
+
+
+def open_relay(out_fd: int = 2) -> StderrRelay | None:
+    """A relay for CMD's stderr, or None when launch's stderr is closed or no pipe can be made."""
+    try:
+        os.fstat(out_fd)
+        return StderrRelay(out_fd)
+    except OSError:
+        return None
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _copy_terminal(src: int, dst: int) -> None:
+    """The pty CMD writes to behaves like launch's terminal, without output processing twice."""
+    try:
+        import termios
+
+        attrs = termios.tcgetattr(src)
+        attrs[1] &= ~termios.OPOST  # launch's terminal does the output processing
+        termios.tcsetattr(dst, termios.TCSANOW, attrs)
+    except (ImportError, OSError):
+        pass
+    _copy_winsize(src, dst)
+
+
+def _copy_winsize(src: int, dst: int) -> None:
+    try:
+        import fcntl
+        import termios
+
+        size = fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(dst, termios.TIOCSWINSZ, size)
+    except (ImportError, OSError):
+        pass

@@ -1,0 +1,797 @@
+"""Memory errors of serving engines: recognised, classified in the engine's own terms.
+
+``serving.toml`` holds one rule per mechanism an engine prints a memory failure for (vLLM's
+KV-cache budget, SGLang's token pool, ONNX Runtime's BFC arena, XLA's program reservation...).
+A rule names the engine, the fixed strings that must appear on a line (``anchors``: plain
+substring tests, the cheap prefilter), regular expressions whose named groups give the
+numbers (``patterns`` searched in the lines from the anchor on, ``context`` in the lines
+before it too), the mechanism in words, the knob that sizes the engine's reservation, the
+remedy in the engine's own knobs, and ordered ``cases`` that turn numbers (or a site in the
+text) into a class. A class of ``unknown`` always carries a ``reason``: what is missing and
+what to look at next. Every rule carries positive and negative examples that load-time
+checks run, like ``oom.toml``.
+
+PyTorch's own allocator messages (``oom_parse.find_ooms``) are classified by the rubric rules
+(``oom.toml``); :func:`analyse` finds both kinds in one text, names the engine whose log it
+was (an engine that prints PyTorch's message, ``ggml`` inside ollama, XLA inside vLLM-TPU),
+and returns one :class:`Finding` per distinct message.
+
+Linear in the text: the prefilter is one ``lower()`` and a few substring tests per line;
+patterns run only on bounded windows (at most ``WINDOW_CHARS`` characters) around anchor
+lines, and a rule file may not hold a quantified group that holds a quantifier.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from infersight.errors import Location, SourceError
+from infersight.rules.engine import (
+    BASE_QUANTITIES,
+    CLASSES,
+    Expr,
+    RuleSet,
+    Template,
+    Verdict,
+    builtin_rules_path,
+    classify,
+    evaluate,
+    human_bytes,
+    load_rules,
+    parse_expression,
+    parse_template,
+    render,
+)
+from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, RulesError, needed_engine
+from infersight.tomlfile import TomlKeys, loads
+
+__all__ = [
+    "ENGINES",
+    "Finding",
+    "ServingRule",
+    "ServingRules",
+    "ServingRulesError",
+    "analyse",
+    "builtin_serving_path",
+    "detect_engine",
+    "load_serving_rules",
+    "prefilter_needles",
+    "rubric_reason",
+]
+
+SERVING_ENGINE_VERSION = (1, 0)
+ENGINES = (
+    "pytorch", "vllm", "sglang", "tgi", "tensorrt-llm", "onnxruntime", "llama.cpp", "ollama", "lmdeploy", "xla",
+)
+WINDOW_LINES = 8  # lines from the anchor line on that patterns see (a rule may ask for up to 40)
+CONTEXT_LINES = 40  # lines before the anchor that context patterns see
+WINDOW_CHARS = 4000
+CONTEXT_CHARS = 8000
+MAX_FINDINGS = 256
+# A request this large is no shortage: a shape or size computation went wrong.
+IMPOSSIBLE_BYTES = 1 << 50
+
+# Lower-case substrings one of which every anchor line holds: the prefilter before any
+# per-rule test. Kept in step with serving.toml by the loader (every anchor must hold one).
+NEEDLES = (
+    "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
+    "are available (after",
+)
+
+# Markers of the engine whose log a line comes from, most specific first. An engine that
+# embeds another (ollama runs ggml, vLLM-TPU runs XLA, most engines print PyTorch's message)
+# comes before it.
+_ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ollama", ("ollama", "llama runner", "reported out-of-memory during startup")),
+    ("lmdeploy", ("lmdeploy", "turbomind", "[TM]")),
+    ("tensorrt-llm", ("[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM", "tensorrtllm", "[TRT]")),
+    ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver")),
+    ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
+             "text-generation-inference", "max-batch-prefill-tokens")),
+    ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference")),
+    ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
+    ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
+    ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
+             "bfc_allocator", "stream_executor", "from device: CUDA_ERROR_OUT_OF_MEMORY")),
+)
+# Engines that may print (or wrap) a rule's engine's message, and so take the finding over.
+_HOSTS: dict[str, tuple[str, ...]] = {
+    "pytorch": ("vllm", "sglang", "tgi", "lmdeploy", "tensorrt-llm"),
+    "llama.cpp": ("ollama",),
+    "xla": ("vllm", "sglang"),
+    "any": ENGINES[1:],
+}
+
+# A quantified group that holds a quantifier: the shape of catastrophic backtracking.
+_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
+_SIZE_TEXT = re.compile(r"\s{0,4}(\d{1,25}(?:\.\d{1,9})?)\s{0,4}([KMGTP]i?B?|bytes?|B)?\s{0,4}", re.IGNORECASE)
+_UNIT = {"": 1, "b": 1, "byte": 1, "bytes": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+         "p": 1 << 50, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
+         "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5,
+         "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+_WS = re.compile(r"[ \t]+")
+
+
+class ServingRulesError(SourceError, RulesError):
+    """Invalid serving rule file(s): one ``file:line: message`` line per problem."""
+
+    def __init__(self, errors: list[tuple[Location, str]]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(f"{loc}: {msg}" for loc, msg in errors))
+        self.locations = [loc for loc, _ in errors]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One way a rule decides: all of ``when`` (numbers), ``match`` (text) and ``engine`` hold."""
+
+    cls: str
+    when: Expr | None = None
+    match: re.Pattern[str] | None = None
+    engine: str | None = None
+    note: Template | None = None
+    reason: str | None = None
+    rule_suffix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    kind: str  # positive | negative
+    text: str
+    cls: str | None
+    where: Location
+
+
+@dataclass(frozen=True, slots=True)
+class ServingRule:
+    id: str
+    version: int
+    engine: str
+    priority: int
+    anchors: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    context: tuple[re.Pattern[str], ...]
+    window: int
+    require_match: bool
+    mechanism: str
+    knob: str | None
+    cls: str
+    cases: tuple[Case, ...]
+    remedy: str
+    reason: str | None
+    note: Template | None
+    examples: tuple[Example, ...]
+    where: Location
+
+
+@dataclass(slots=True)
+class Finding:
+    """One engine memory error (or PyTorch OOM) as found and classified."""
+
+    engine: str
+    cls: str
+    rule: str
+    rule_version: int
+    numbers: dict[str, int | None]
+    extra: dict[str, float]
+    remedy: str
+    note: str
+    reason: str | None
+    knob: str | None
+    text: str
+    key: str
+    first_line: int
+    last_line: int
+    mechanism: str = ""
+    message: OomMessage | None = None
+    verdict: Verdict | None = None
+    used: dict[str, int] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()
+
+    @property
+    def requested_bytes(self) -> int | None:
+        return self.numbers.get("R")
+
+    def to_json(self) -> dict[str, Any]:
+        """The DESIGN ``classify --json`` object: engine-specific numbers join ``numbers``."""
+        nums: dict[str, Any] = dict(self.numbers)
+        for k, v in self.extra.items():
+            nums[k] = int(v) if float(v).is_integer() and not k.endswith(("fraction", "utilization")) else v
+        d: dict[str, Any] = {
+            "class": self.cls,
+            "rule": self.rule,
+            "requested_bytes": self.requested_bytes,
+            "numbers": nums,
+            "remedy": self.remedy,
+            "note": self.note,
+            "engine": self.engine,
+        }
+        if self.cls == "unknown":
+            d["reason"] = self.reason or "the message does not decide the class"
+        if self.knob:
+            d["knob"] = self.knob
+        d["used"] = dict(self.used)
+        d["missing"] = list(self.missing)
+        return d
+
+
+def size_bytes(text: str, unit: str | None = None) -> int | None:
+    """``"1.63 GiB"``, ``"15.65G"`` (XLA: binary), ``"939524096"`` (bytes) -> bytes."""
+    m = _SIZE_TEXT.fullmatch(text)
+    if m is None:
+        return None
+    u = (m.group(2) or unit or "").lower()
+    mult = _UNIT.get(u)
+    if mult is None:
+        return None
+    return round(float(m.group(1)) * mult)
+
+
+def detect_engine(text: str) -> str | None:
+    """The engine whose markers ``text`` holds (the most specific first), or None."""
+    for engine, marks in _ENGINE_MARKERS:
+        if any(m in text for m in marks):
+            return engine
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Loading
+
+
+def builtin_serving_path() -> resources.abc.Traversable:
+    return resources.files("infersight.rules").joinpath("serving.toml")
+
+
+_RULE_KEYS = frozenset({
+    "id", "version", "engine", "priority", "anchors", "patterns", "context", "window", "mechanism", "knob",
+    "class", "cases", "remedy", "reason", "note", "examples", "require_match",
+})
+_CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule"})
+_EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
+
+
+class _Loader:
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.keys = TomlKeys(text, path)
+        self.text = text
+        self.errors: list[tuple[Location, str]] = []
+        self.names: frozenset[str] = frozenset(BASE_QUANTITIES)
+
+    def line(self, *key: str | int) -> int:
+        return self.keys.nearest(key).line
+
+    def err(self, line: int, msg: str) -> None:
+        self.errors.append((Location(self.path, line), msg))
+
+    def regex(self, src: object, line: int, rid: str, what: str) -> re.Pattern[str] | None:
+        if not isinstance(src, str) or not src:
+            self.err(line, f"{rid}: {what} must be a non-empty string")
+            return None
+        if _NESTED_QUANTIFIER.search(src):
+            self.err(line, f"{rid}: {what} {src!r} quantifies a group that holds a quantifier (backtracking)")
+            return None
+        try:
+            pat = re.compile(src)
+        except re.error as exc:
+            self.err(line, f"{rid}: {what}: {exc}")
+            return None
+        for g in pat.groupindex:
+            if g != "unit" and g not in self.names:
+                self.err(line, f"{rid}: {what}: group {g!r} is no quantity (declare it in 'quantities')")
+        return pat
+
+    def load(self) -> tuple[list[ServingRule], dict[str, dict[str, str]]]:
+        try:
+            doc = loads(self.text, self.path)
+        except SourceError as exc:
+            self.errors.append((exc.locations[0], exc.message))
+            return [], {}
+        for k in doc:
+            if k not in (ENGINE_VERSION_KEY, "description", "quantities", "rule", "engine_remedies"):
+                self.err(self.line(k), f"unknown top-level key {k!r}")
+        try:
+            needed_engine(doc.get(ENGINE_VERSION_KEY), SERVING_ENGINE_VERSION)
+        except ValueError as exc:
+            self.err(self.line(ENGINE_VERSION_KEY), str(exc))
+        q = doc.get("quantities", [])
+        if not isinstance(q, list) or not all(isinstance(x, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,63}", x)
+                                              for x in q):
+            self.err(self.line("quantities"), "quantities must be a list of lower-case names")
+        else:
+            self.names = self.names | frozenset(q)
+        remedies = doc.get("engine_remedies", {})
+        out_rem: dict[str, dict[str, str]] = {}
+        if isinstance(remedies, dict):
+            for eng, by_cls in remedies.items():
+                if eng not in ENGINES or not isinstance(by_cls, dict) or any(
+                        c not in CLASSES or not isinstance(t, str) for c, t in by_cls.items()):
+                    self.err(self.line("engine_remedies", eng), f"engine_remedies.{eng}: engine -> class -> text")
+                    continue
+                out_rem[eng] = {c: " ".join(str(t).split()) for c, t in by_cls.items()}
+        rules = [r for i, t in enumerate(doc.get("rule", [])) if (r := self.rule(i, t)) is not None]
+        return rules, out_rem
+
+    def rule(self, i: int, t: object) -> ServingRule | None:
+        start = self.line("rule", i)
+        n0 = len(self.errors)
+        if not isinstance(t, dict):
+            self.err(start, "a rule must be a table")
+            return None
+
+        def ln(key: str) -> int:
+            return self.line("rule", i, key)
+
+        for k in t:
+            if k not in _RULE_KEYS:
+                self.err(ln(k), f"unknown rule key {k!r}")
+        rid = t.get("id")
+        if not isinstance(rid, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]{0,127}", rid):
+            self.err(ln("id"), "rule id must be lower-case letters, digits, '.', '_', '-'")
+            rid = f"<rule {i + 1}>"
+        version = t.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            self.err(ln("version"), f"{rid}: version must be a positive integer")
+        engine = t.get("engine")
+        if engine not in ENGINES and engine != "any":
+            self.err(ln("engine"), f"{rid}: engine must be one of {', '.join(ENGINES)} or 'any'")
+        prio = t.get("priority", 50)
+        if not isinstance(prio, int) or isinstance(prio, bool):
+            self.err(ln("priority"), f"{rid}: priority must be an integer")
+        anchors = t.get("anchors")
+        if not isinstance(anchors, list) or not anchors or not all(isinstance(a, str) and a for a in anchors):
+            self.err(ln("anchors"), f"{rid}: anchors must be a non-empty list of strings")
+            anchors = []
+        for a in anchors:
+            if not any(n in a.lower() for n in NEEDLES):
+                self.err(ln("anchors"), f"{rid}: anchor {a!r} holds none of the prefilter needles {NEEDLES}")
+        pats = [p for j, s in enumerate(t.get("patterns", [])) if (p := self.regex(s, ln("patterns"), str(rid),
+                                                                                     f"patterns[{j}]"))]
+        ctx = [p for j, s in enumerate(t.get("context", [])) if (p := self.regex(s, ln("context"), str(rid),
+                                                                                   f"context[{j}]"))]
+        window = t.get("window", WINDOW_LINES)
+        if not isinstance(window, int) or not 1 <= window <= 40:
+            self.err(ln("window"), f"{rid}: window must be 1..40 lines")
+            window = WINDOW_LINES
+        require = t.get("require_match", False)
+        if not isinstance(require, bool) or (require and not pats):
+            self.err(ln("require_match"), f"{rid}: require_match is true or false, and needs patterns")
+            require = False
+        mechanism = t.get("mechanism")
+        if not isinstance(mechanism, str) or len(mechanism.split()) < 8:
+            self.err(ln("mechanism"), f"{rid}: mechanism must say, in words, how the engine fails")
+        knob = t.get("knob")
+        if knob is not None and not isinstance(knob, str):
+            self.err(ln("knob"), f"{rid}: knob must be a string")
+        cls = t.get("class")
+        if cls not in CLASSES:
+            self.err(ln("class"), f"{rid}: class must be one of {', '.join(CLASSES)}")
+        remedy = t.get("remedy")
+        if not isinstance(remedy, str) or not remedy.strip():
+            self.err(ln("remedy"), f"{rid}: remedy must be a non-empty string")
+        reason = t.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            self.err(ln("reason"), f"{rid}: reason must be a string")
+        if cls == "unknown" and not reason:
+            self.err(ln("reason"), f"{rid}: class unknown needs a reason (what is missing, what to look at)")
+        note = self.template(t.get("note"), ln("note"), str(rid))
+        cases = []
+        for j, c in enumerate(t.get("cases", [])):
+            case = self.case(c, self.line("rule", i, "cases", j), str(rid), reason)
+            if case is not None:
+                cases.append(case)
+        examples = self.examples(t.get("examples", []), i, str(rid))
+        if len(self.errors) == n0 and {e.kind for e in examples} != {"positive", "negative"}:
+            self.err(start, f"{rid}: needs at least one positive and one negative example")
+        if len(self.errors) != n0:
+            return None
+        return ServingRule(
+            id=str(rid), version=version if isinstance(version, int) else 0, engine=str(engine),
+            priority=int(prio), anchors=tuple(anchors),
+            patterns=tuple(pats), context=tuple(ctx), window=window, require_match=bool(require),
+            mechanism=" ".join(str(mechanism).split()),
+            knob=knob, cls=str(cls), cases=tuple(cases), remedy=" ".join(str(remedy).split()),
+            reason=" ".join(reason.split()) if isinstance(reason, str) else None, note=note,
+            examples=tuple(examples), where=Location(self.path, start),
+        )
+
+    def template(self, src: object, line: int, rid: str) -> Template | None:
+        if src is None:
+            return None
+        if not isinstance(src, str):
+            self.err(line, f"{rid}: note must be a string")
+            return None
+        try:
+            return parse_template(" ".join(src.split()), self.names)
+        except RulesError as exc:
+            self.err(line, f"{rid}: note: {exc}")
+            return None
+
+    def case(self, c: object, line: int, rid: str, default_reason: str | None) -> Case | None:
+        if not isinstance(c, dict):
+            self.err(line, f"{rid}: a case must be a table")
+            return None
+        extra = set(c) - _CASE_KEYS
+        if extra:
+            self.err(line, f"{rid}: case: unknown keys {sorted(extra)}")
+        cls = c.get("class")
+        if cls not in CLASSES:
+            self.err(line, f"{rid}: case class must be one of {', '.join(CLASSES)}")
+            return None
+        when = None
+        if "when" in c:
+            try:
+                when = parse_expression(str(c["when"]), self.names)
+            except RulesError as exc:
+                self.err(line, f"{rid}: case when: {exc}")
+                return None
+        match = self.regex(c["match"], line, rid, "case match") if "match" in c else None
+        engine = c.get("engine")
+        if engine is not None and engine not in ENGINES:
+            self.err(line, f"{rid}: case engine must be one of {', '.join(ENGINES)}")
+        reason = c.get("reason")
+        if cls == "unknown" and not reason and not default_reason:
+            self.err(line, f"{rid}: a case of class unknown needs a reason")
+        suffix = c.get("rule", "")
+        if not isinstance(suffix, str) or not re.fullmatch(r"[a-z0-9_\-]{0,32}", suffix):
+            self.err(line, f"{rid}: case rule must be a short lower-case suffix")
+            suffix = ""
+        return Case(cls=str(cls), when=when, match=match, engine=engine,
+                    note=self.template(c.get("note"), line, rid),
+                    reason=" ".join(reason.split()) if isinstance(reason, str) else None, rule_suffix=suffix)
+
+    def examples(self, raw: object, i: int, rid: str) -> list[Example]:
+        out: list[Example] = []
+        if not isinstance(raw, list):
+            self.err(self.line("rule", i, "examples"), f"{rid}: examples must be an array of tables")
+            return out
+        for j, ex in enumerate(raw):
+            line = self.line("rule", i, "examples", j)
+            if not isinstance(ex, dict) or ex.get("kind") not in ("positive", "negative") or not isinstance(
+                    ex.get("text"), str):
+                self.err(line, f"{rid}: example {j + 1} needs kind (positive|negative) and text")
+                continue
+            extra = set(ex) - _EXAMPLE_KEYS
+            if extra:
+                self.err(line, f"{rid}: example {j + 1}: unknown keys {sorted(extra)}")
+            if ex["kind"] == "positive" and not isinstance(ex.get("source"), str):
+                self.err(line, f"{rid}: example {j + 1}: a positive example names its source")
+            cls = ex.get("class")
+            if cls is not None and cls not in CLASSES:
+                self.err(line, f"{rid}: example {j + 1}: class must be one of {', '.join(CLASSES)}")
+            out.append(Example(str(ex["kind"]), ex["text"], cls, Location(self.path, line)))
+        return out
+
+
+@dataclass(slots=True)
+class ServingRules:
+    """The serving rules in priority order, the engines' remedies, and the rubric rules."""
+
+    rules: list[ServingRule]
+    engine_remedies: dict[str, dict[str, str]]
+    rubric: RuleSet
+    sources: list[str] = field(default_factory=list)
+
+    def check_examples(self, rules: Iterable[ServingRule] | None = None) -> list[tuple[Location, str]]:
+        failures: list[tuple[Location, str]] = []
+        for rule in self.rules if rules is None else rules:
+            for ex in rule.examples:
+                found = analyse(ex.text, self)
+                mine = [f for f in found if f.rule.split("/")[0] == rule.id]
+                if ex.kind == "negative":
+                    if mine:
+                        failures.append((ex.where, f"{rule.id}: negative example fired the rule"))
+                    continue
+                if not mine:
+                    got = ", ".join(f.rule for f in found) or "nothing"
+                    failures.append((ex.where, f"{rule.id}: positive example gave {got}"))
+                elif ex.cls is not None and mine[0].cls != ex.cls:
+                    failures.append((ex.where, f"{rule.id}: example expects {ex.cls}, got {mine[0].cls}"))
+        return failures
+
+
+def load_serving_rules(paths: Iterable[Path | str | resources.abc.Traversable] | None = None,
+                       rubric: RuleSet | None = None) -> ServingRules:
+    """Load serving rule files (default: the builtin one); raise ServingRulesError (file:line)."""
+    errors: list[tuple[Location, str]] = []
+    rs = ServingRules([], {}, rubric if rubric is not None else load_rules([builtin_rules_path()]))
+    ids: set[str] = set()
+    for p in list(paths) if paths is not None else [builtin_serving_path()]:
+        name = str(p)
+        try:
+            text = Path(p).read_text(encoding="utf-8") if isinstance(p, (str, Path)) else p.read_text(
+                encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append((Location(name, 1), f"cannot read rule file: {exc}"))
+            continue
+        loader = _Loader(name, text)
+        rules, remedies = loader.load()
+        errors.extend(loader.errors)
+        for r in rules:
+            if r.id in ids:
+                errors.append((r.where, f"duplicate rule id {r.id!r}"))
+            ids.add(r.id)
+        if loader.errors:
+            continue
+        rs.rules = sorted([*rs.rules, *rules], key=lambda r: r.priority)
+        for eng, by_cls in remedies.items():
+            rs.engine_remedies.setdefault(eng, {}).update(by_cls)
+        rs.sources.append(name)
+        errors.extend(rs.check_examples(rules))
+    if errors:
+        raise ServingRulesError(errors)
+    return rs
+
+
+_BUILTIN: ServingRules | None = None
+
+
+def builtin() -> ServingRules:
+    global _BUILTIN
+    if _BUILTIN is None:
+        _BUILTIN = load_serving_rules()
+    return _BUILTIN
+
+
+def prefilter_needles() -> tuple[str, ...]:
+    """The lower-case needles every anchor line holds one of (hooks mirror them)."""
+    return NEEDLES
+
+
+# --------------------------------------------------------------------------------------
+# Matching
+
+
+def _candidate_lines(lines: list[str]) -> list[int]:
+    out = []
+    for i, line in enumerate(lines):
+        low = line.lower()
+        if any(n in low for n in NEEDLES):
+            out.append(i)
+    return out
+
+
+def _joined(lines: list[str], start: int, end: int, limit: int) -> tuple[str, list[int]]:
+    """Lines [start, end) joined by newlines (tabs and runs of spaces collapsed), at most
+    ``limit`` characters, and the offset where each line starts."""
+    parts: list[str] = []
+    starts: list[int] = []
+    n = 0
+    for i in range(start, end):
+        s = _WS.sub(" ", lines[i][:limit])
+        starts.append(n)
+        parts.append(s)
+        n += len(s) + 1
+        if n >= limit:
+            break
+    return "\n".join(parts)[:limit], starts
+
+
+def _line_of(starts: list[int], base: int, offset: int) -> int:
+    lo = 0
+    for k, s in enumerate(starts):
+        if s <= offset:
+            lo = k
+        else:
+            break
+    return base + lo
+
+
+def _value(name: str, raw: str, unit: str | None) -> float | None:
+    if name in BASE_QUANTITIES or name.endswith("_bytes"):
+        b = size_bytes(raw, unit)
+        return None if b is None else float(b)
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class _Hit:
+    rule: ServingRule
+    anchor: int
+    first: int
+    last: int
+    values: dict[str, float]
+    window: str
+    text: str
+
+
+def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
+    end = min(len(lines), i + rule.window)
+    window, wstarts = _joined(lines, i, end, WINDOW_CHARS)
+    values: dict[str, float] = {}
+    first = last = i
+    text = ""
+    for pat in rule.patterns:
+        m = pat.search(window)
+        if m is None:
+            continue
+        if not text:
+            text = m.group(0)
+        last = max(last, _line_of(wstarts, i, m.end() - 1 if m.end() > m.start() else m.start()))
+        unit = m.groupdict().get("unit")
+        for g, raw in m.groupdict().items():
+            if g == "unit" or raw is None or g in values:
+                continue
+            v = _value(g, raw, unit)
+            if v is not None:
+                values[g] = v
+    if rule.require_match and not text:
+        return None
+    if rule.context:
+        c0 = max(0, i - CONTEXT_LINES)
+        ctx, cstarts = _joined(lines, c0, end, CONTEXT_CHARS)
+        anchor_end = cstarts[i - c0 + 1] if i - c0 + 1 < len(cstarts) else len(ctx)
+        for pat in rule.context:
+            found = None
+            for m in pat.finditer(ctx):
+                if found is not None and m.start() >= anchor_end:
+                    break  # the nearest: the last one up to the anchor line, else the first after it
+                found = m
+                if m.start() >= anchor_end:
+                    break
+            if found is None:
+                continue
+            ln = _line_of(cstarts, c0, found.start())
+            first = min(first, ln)
+            last = max(last, ln)
+            unit = found.groupdict().get("unit")
+            for g, raw in found.groupdict().items():
+                if g == "unit" or raw is None or g in values:
+                    continue
+                v = _value(g, raw, unit)
+                if v is not None:
+                    values[g] = v
+    if not text:
+        line = lines[i].strip()
+        anchor = next((a for a in rule.anchors if a in line), "")
+        k = line.find(anchor) if anchor else 0
+        text = line[k: k + len(anchor) + 200]
+    return _Hit(rule, i, first, last, values, window, " ".join(text.split()))
+
+
+def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
+    rule = hit.rule
+    values = hit.values
+    env: dict[str, float | None] = {k: values.get(k) for k in rs_names(rule, values)}
+    cls, reason, note_t, suffix = rule.cls, rule.reason, rule.note, ""
+    r = values.get("R")
+    if r is not None and r >= IMPOSSIBLE_BYTES:
+        cls, reason, suffix = "unknown", (
+            f"the requested size ({human_bytes(r)}) is larger than any device: a shape or size computation "
+            "went wrong (an overflow, a corrupt input); this is a bug to report, not a shortage"), "impossible-size"
+    else:
+        for case in rule.cases:
+            if case.engine is not None and case.engine != engine:
+                continue
+            if case.match is not None and case.match.search(hit.window) is None:
+                continue
+            if case.when is not None and evaluate(case.when, env) is not True:
+                continue
+            cls = case.cls
+            reason = case.reason or rule.reason
+            note_t = case.note or rule.note
+            suffix = case.rule_suffix
+            break
+    numbers: dict[str, int | None] = {k: (round(values[k]) if k in values else None) for k in BASE_QUANTITIES}
+    extra = {k: v for k, v in values.items() if k not in BASE_QUANTITIES}
+    note = render(note_t, env) if note_t is not None else ""
+    if "?" in note:  # a number the note needs was not printed: no note rather than a "?"
+        note = ""
+    remedy = rule.remedy
+    key = f"{rule.id}|{hit.text}|" + ",".join(f"{k}={v:g}" for k, v in sorted(values.items()))
+    return Finding(
+        engine=engine, cls=cls, rule=rule.id + (f"/{suffix}" if suffix else ""), rule_version=rule.version,
+        numbers=numbers, extra=extra, remedy=remedy, note=note, reason=reason if cls == "unknown" else None,
+        knob=rule.knob, text=hit.text, key=key, first_line=hit.first, last_line=hit.last,
+        mechanism=rule.mechanism,
+    )
+
+
+def rs_names(rule: ServingRule, values: Mapping[str, float]) -> set[str]:
+    """Every quantity a rule's expressions may read: the base numbers and what it captured."""
+    names: set[str] = set(BASE_QUANTITIES) | set(values)
+    for pat in (*rule.patterns, *rule.context):
+        names.update(g for g in pat.groupindex if g != "unit")
+    return names
+
+
+def _engine_for(rule_engine: str, lines: list[str], first: int, last: int) -> str:
+    """The rule's engine, or the engine that hosts it when the lines around say so."""
+    around = "\n".join(lines[max(0, first - CONTEXT_LINES): min(len(lines), last + 4)])[-CONTEXT_CHARS:]
+    hosts = _HOSTS.get(rule_engine, ())
+    found = detect_engine(around)
+    if found is not None and (found in hosts or rule_engine == "any"):
+        return found
+    if rule_engine == "any":
+        return found or "pytorch"
+    return rule_engine
+
+
+def rubric_reason(v: Verdict, msg: OomMessage | None = None) -> str:
+    """Why the rubric answered ``unknown``: the numbers it lacked, and where to get them."""
+    if msg is not None and msg.R is None and msg.T is None and msg.F is None:
+        return ("no requested, free or total size printed: paste the whole message or run under infersight "
+                "launch (the allocator observer records them)")
+    missing = ", ".join(v.missing) or "the numbers a step needs"
+    return (f"missing {missing} (a message cut by the log collector, or a short format): paste the whole "
+            "'Tried to allocate ...' message, or run under infersight launch so the allocator observer records "
+            "T, F, A and P, and NVML U and O")
+
+
+def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
+    v = classify(msg.numbers(), rs.rubric, backend=msg.backend)
+    engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
+    remedy = v.remedy
+    extra_remedy = rs.engine_remedies.get(engine, {}).get(v.cls)
+    if engine != "pytorch" and extra_remedy:
+        remedy = f"{remedy} {extra_remedy}"
+    reason = rubric_reason(v, msg) if v.cls == "unknown" else None
+    return Finding(
+        engine=engine, cls=v.cls, rule=v.rule, rule_version=v.rule_version, numbers=dict(v.numbers), extra={},
+        remedy=remedy, note=v.note, reason=reason, knob=None, text=msg.text, key="pytorch|" + msg.key,
+        first_line=msg.line, last_line=msg.line, message=msg, verdict=v, used=dict(v.used),
+        missing=tuple(v.missing),
+    )
+
+
+def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
+    """Every distinct memory error in ``text``, in order of appearance. Never raises on text."""
+    rs = rs if rs is not None else builtin()
+    if not isinstance(text, str) or not text:
+        return []
+    lines = decoded_lines(text)
+    findings: list[Finding] = [_pytorch_finding(m, lines, rs) for m in find_ooms(text)]
+    taken: list[tuple[int, int]] = [(f.first_line, f.last_line) for f in findings]
+    hits: list[_Hit] = []
+    for i in _candidate_lines(lines):
+        line = lines[i]
+        for rule in rs.rules:
+            if any(a in line for a in rule.anchors):
+                hit = _scan(rule, lines, i)
+                if hit is not None:
+                    hits.append(hit)
+    # Most specific rule first; a hit whose anchor lies in lines an earlier (more specific)
+    # finding used is the same event; so is a second anchor of one rule within its window.
+    hits.sort(key=lambda h: (h.rule.priority, h.anchor))
+    accepted: list[tuple[_Hit, Finding]] = []
+    for h in hits:
+        if any(a <= h.anchor <= b for a, b in taken):
+            same = next((f for hh, f in accepted if hh.rule is h.rule and hh.first <= h.anchor <= hh.last + 1), None)
+            if same is not None:
+                for k, v in h.values.items():  # fold the numbers a later line of the event adds
+                    if k in BASE_QUANTITIES and same.numbers.get(k) is None:
+                        same.numbers[k] = round(v)
+                    elif k not in BASE_QUANTITIES and k not in same.extra:
+                        same.extra[k] = v
+            continue
+        engine = _engine_for(h.rule.engine, lines, h.first, h.last)
+        f = _decide(h, engine, rs)
+        accepted.append((h, f))
+        taken.append((min(h.first, h.anchor), max(h.last, h.anchor + _span(h))))
+        if len(accepted) >= MAX_FINDINGS:
+            break
+    findings.extend(f for _, f in accepted)
+    findings.sort(key=lambda f: f.first_line)
+    out: list[Finding] = []
+    keys: set[str] = set()
+    for f in findings:
+        if f.key in keys:
+            continue
+        keys.add(f.key)
+        out.append(f)
+    return out
+
+
+def _span(h: _Hit) -> int:
+    """Lines after the anchor that belong to the same event (what the patterns used, at least 1)."""
+    return max(1, h.last - h.anchor)

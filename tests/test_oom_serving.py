@@ -1,0 +1,250 @@
+"""Serving-engine memory errors (issue 24): recognised, classified in the engine's terms,
+``unknown`` with a reason when the text does not decide, no false alarms.
+
+The data is vendored: ``tests/data/serving_ooms_given.jsonl`` (30 labelled messages with
+their threads) and ``serving_ooms_collected.jsonl`` (more from other public threads, real
+non-memory errors of the same engines among them, each with its source).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infersight.agent.commands.classify import main
+from infersight.rules.serving import (
+    ENGINES,
+    ServingRulesError,
+    analyse,
+    builtin,
+    detect_engine,
+    load_serving_rules,
+    size_bytes,
+)
+from infersight.rules.serving_measure import score
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _load(name: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(x) for x in (DATA / name).read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+GIVEN = _load("serving_ooms_given.jsonl")
+COLLECTED = _load("serving_ooms_collected.jsonl")
+
+
+def test_the_data_is_vendored_with_sources() -> None:
+    assert len(GIVEN) == 30
+    for r in GIVEN + COLLECTED:
+        assert r["url"].startswith("https://github.com/"), r["id"]
+        assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
+    assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
+
+
+def test_every_builtin_rule_carries_examples_that_pass() -> None:
+    rs = builtin()
+    assert rs.rules
+    for rule in rs.rules:
+        kinds = {e.kind for e in rule.examples}
+        assert kinds == {"positive", "negative"}, rule.id
+        assert len(rule.mechanism.split()) >= 8, rule.id
+    assert rs.check_examples() == []
+
+
+# The targets of issue 24, on every labelled message we hold (the held-out set is measured
+# elsewhere; bench/serving_oom_measure.py prints these figures per set).
+def test_targets_on_the_given_messages() -> None:
+    s = score(GIVEN)
+    assert s.recognised == s.memory_errors == 30
+    assert s.unclear_unknown >= s.unclear / 2
+    assert s.clear_right / s.clear >= 0.75, s.misses
+    for cls, (right, n) in s.per_class.items():
+        assert n == 0 or right / n >= 0.5, (cls, s.misses)
+
+
+def test_targets_on_the_collected_messages() -> None:
+    s = score(COLLECTED)
+    assert s.recognised / s.memory_errors >= 0.9, s.misses
+    assert s.false_alarms == 0, s.misses
+    assert s.unclear_unknown >= s.unclear / 2, s.misses
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "torch.AcceleratorError: CUDA error: misaligned address",
+    "RuntimeError: CUDA error: device-side assert triggered",
+    "[rank0]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+    "OpType=ALLREDUCE) ran for 600086 milliseconds before timing out.",
+    "ValueError: token_to_kv_pool_allocator memory leak detected! available_size=644, evictable_size=269628",
+    "AssertionError: max_num_batched_tokens (2048) is smaller than max_model_len (8192).",
+    "ValueError: The decoder prompt (length 9000) is longer than the maximum model length of 8192.",
+    "Memory access fault by GPU node-2 (Agent handle: 0x55d4) on address 0x7f. Reason: Page not present.",
+    "INFO 11-18 18:07:20 worker.py:232] Memory profiling takes 4.2 seconds; the current memory utilization is 0.9",
+])
+def test_no_false_alarm_on_non_memory_engine_errors(text: str) -> None:
+    assert analyse(text) == []
+
+
+def test_bare_cuda_out_of_memory_is_unknown_with_a_reason(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "log"
+    p.write_text("CUDA out of memory.\n", encoding="utf-8")
+    assert main(["--json", str(p)]) == 0
+    (obj,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert obj["class"] == "unknown"
+    assert "no requested, free or total size" in obj["reason"]
+    assert obj["engine"] in ENGINES
+
+
+def test_json_contract_for_an_engine_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = next(r["message"] for r in GIVEN if r["id"] == "srv-025")
+    p = tmp_path / "log"
+    p.write_text(text, encoding="utf-8")
+    assert main(["--json", str(p)]) == 0
+    (obj,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert obj["engine"] == "vllm"
+    assert obj["class"] == "reservation_conflict"
+    assert obj["knob"] == "gpu_memory_utilization"
+    assert "--gpu-memory-utilization" in obj["remedy"]
+    nums = obj["numbers"]
+    assert list(nums)[:8] == list("RTFAPUOL")
+    assert nums["F"] == round(0.49 * (1 << 30)) and nums["T"] == round(79.32 * (1 << 30))
+    assert nums["L"] == round(47.59 * (1 << 30))
+    assert nums["fraction"] == 0.6
+    assert "reason" not in obj
+
+
+def test_unknown_always_has_a_reason_and_remedies_use_engine_knobs() -> None:
+    knobs = {
+        "vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static", "tgi": "--max-batch-prefill-tokens",
+        "onnxruntime": "arena_extend_strategy", "llama.cpp": "-c", "xla": "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    }
+    seen: set[str] = set()
+    for r in GIVEN + COLLECTED:
+        for f in analyse(r["message"]):
+            assert f.engine in ENGINES
+            if f.cls == "unknown":
+                assert f.reason and len(f.reason.split()) >= 8, f.rule
+            if f.engine in knobs and f.message is None:
+                seen.add(f.engine)
+    assert seen >= {"vllm", "sglang", "tgi", "onnxruntime", "llama.cpp", "xla"}
+    rem = {f.engine: f.remedy for r in GIVEN for f in analyse(r["message"]) if f.message is None}
+    for engine, knob in knobs.items():
+        assert knob in rem[engine] or any(knob in f.remedy for r in GIVEN + COLLECTED
+                                          for f in analyse(r["message"]) if f.engine == engine), engine
+
+
+def test_numbers_and_engine_keys() -> None:
+    (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-013"))
+    assert (f.engine, f.cls, f.knob) == ("vllm", "capacity", "gpu_memory_utilization")
+    assert f.extra["max_model_len"] == 29000 and f.extra["kv_tokens"] == 23648
+    assert f.extra["fraction"] == 0.9
+    (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-053"))
+    assert (f.engine, f.cls, f.numbers["R"]) == ("llama.cpp", "capacity", 204800 << 20)
+    (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-070"))
+    assert f.numbers["T"] == round(15.48 * (1 << 30)) and f.extra["arguments_bytes"] == round(15.90 * (1 << 30))
+
+
+def test_a_lowered_vllm_fraction_is_the_reservation() -> None:
+    text = ("Memory profiling results: total_gpu_memory=79.10GiB gpu_memory_utilization=0.50\n"
+            "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (9.50 GiB). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == ("reservation_conflict", "vllm.kv.max-model-len/low-fraction")
+
+
+def test_one_event_printed_on_several_lines_counts_once() -> None:
+    found = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-042"))
+    assert [f.rule for f in found] == ["tensorrt-llm.alloc.requested"]
+    assert found[0].numbers["R"] == 69568823808
+    doubled = analyse("\n".join([GIVEN[3]["message"]] * 3))
+    assert len(doubled) == 1
+
+
+def test_engine_comes_from_the_log_around_a_pytorch_message() -> None:
+    found = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-028"))
+    assert [f.engine for f in found] == ["vllm", "vllm"]  # two NPUs, two messages
+    assert all("In vLLM:" in f.remedy for f in found)
+    assert detect_engine("Jan 26 ollama[1418]: ggml_backend_cuda_buffer_type_alloc_buffer") == "ollama"
+
+
+def test_size_units() -> None:
+    assert size_bytes("15.65G") == round(15.65 * (1 << 30))
+    assert size_bytes("939524096") == 939524096
+    assert size_bytes("0.49", "GiB") == round(0.49 * (1 << 30))
+    assert size_bytes("lots") is None
+
+
+def test_invalid_rule_file_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "x.y"\nversion = 1\nengine = "vllm"\n'
+                   'anchors = ["out of memory"]\npatterns = [\'\'\'(a+)+\'\'\']\nmechanism = "too short"\n'
+                   'class = "unknown"\nremedy = "r"\n', encoding="utf-8")
+    with pytest.raises(ServingRulesError) as exc:
+        load_serving_rules([bad])
+    text = str(exc.value)
+    assert f"{bad}:8:" in text and "backtracking" in text
+    assert "mechanism" in text and "reason" in text and "positive and one negative" not in text
+
+
+def test_a_rule_whose_example_fails_does_not_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('''engine_version = "1.0"
+[[rule]]
+id = "x.y"
+version = 1
+engine = "vllm"
+anchors = ["No available memory for the cache blocks"]
+mechanism = "a mechanism described in enough words to pass the check"
+class = "capacity"
+remedy = "r"
+[[rule.examples]]
+kind = "positive"
+source = "s"
+text = "No available memory for the cache blocks"
+[[rule.examples]]
+kind = "negative"
+text = "No available memory for the cache blocks, again"
+''', encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="negative example fired"):
+        load_serving_rules([bad])
+
+
+def test_the_pytorch_corpus_keeps_its_verdicts_through_analyse() -> None:
+    """The engine rules never take a PyTorch allocator message from the rubric: every message
+    of oom_examples.jsonl gives, as its first result, the rubric's own verdict."""
+    from infersight.rules.engine import classify_message
+    from infersight.rules.oom_parse import find_ooms
+
+    rows = _load("oom_examples.jsonl")
+    same = 0
+    for r in rows:
+        first = analyse(r["text"])[0]
+        want = classify_message(find_ooms(r["text"])[0])
+        assert first.message is not None, r["id"]
+        assert (first.cls, first.rule) == (want.cls, want.rule), r["id"]
+        same += bool(r["clear"]) and first.cls == r["label"]
+    clear = sum(1 for r in rows if r["clear"])
+    assert same >= 0.99 * clear  # the clear ones keep their labels (DESIGN: 99%)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hostile_text_never_raises_and_stays_bounded(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    pieces = [a for rule in builtin().rules for a in rule.anchors] + [
+        "\n", " ", "(", ")", "0", "9" * 30, "GiB", "\\n", "&amp;", "[TM][", "ollama", "vllm", "Tried to allocate ",
+        "x" * 5000, "\u202e", "\x00",
+    ]
+    text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 4000)))
+    found = analyse(text)
+    assert len(found) <= 2 * 256
+    for f in found:
+        assert f.engine in ENGINES
+        assert f.cls != "unknown" or f.reason
+        json.dumps(f.to_json())
