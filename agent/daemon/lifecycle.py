@@ -38,8 +38,10 @@ from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
 from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.spool import DiskSpool
+from infersight.agent.errors import AgentError
 from infersight.exporters.base import Exporter, is_ephemeral
-from infersight.settings import Config
+from infersight.settings import Config, ConfigError
+from infersight.statefiles import UnsafeStateDirError, ensure_state_dir
 from infersight.telemetry import Item, Resource
 
 log = logging.getLogger("infersight.agent")
@@ -52,6 +54,27 @@ LIVE_KEYS = frozenset({
     "agent.allowed_uids", "agent.allowed_gids", "agent.log_level", "agent.shutdown_timeout_s",
     "agent.frame_timeout_s", "agent.health_interval_s",
 })
+
+
+EXPORTER_SPOOL_SUBDIR = "exporters"  # under agent.state_dir
+
+
+class StateDirError(ConfigError, AgentError):
+    """``agent.state_dir`` could be written by someone other than the agent: it will not start."""
+
+
+def check_state_dir(path: str) -> None:
+    """The daemon's start check of ``agent.state_dir`` (exit 2 with the reason)."""
+    try:
+        ensure_state_dir(path)
+    except UnsafeStateDirError as exc:
+        raise StateDirError(
+            "unsafe state directory (agent.state_dir): %s. It holds the agent's own state (exporter "
+            "spools, cold-start history, the default OTLP file) and must be a directory of the agent's "
+            "uid with mode 0700 or 0750; set agent.state_dir / INFERSIGHT_STATE_DIR elsewhere, or fix it"
+            % (exc.strerror or exc)) from None
+    except OSError as exc:
+        raise StateDirError("cannot use the state directory %s: %s" % (path, exc)) from None
 
 
 def short_hostname() -> str:
@@ -98,12 +121,19 @@ class Agent:
         self.counters = Counters()
         self.assembler = Assembler(self.host_name, self._kind_handlers(),
                                    max_pending_bytes=config["agent.max_pending_bytes"])
-        spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
+        # The exporters' spools are the agent's own state: in state_dir (checked; only the agent
+        # may write it), never in the hooks' group-writable spool directory. ``launch`` gives
+        # its private directory instead.
+        state_dir = config["agent.state_dir"]
+        if exporter_spool_root is None:
+            check_state_dir(state_dir)
         self.workers: list[ExporterWorker] = []
         for e in exporters:
             spool = None
             if not is_ephemeral(e):
-                spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
+                limit = config["agent.exporter_spool_max_bytes"]
+                spool = (DiskSpool(os.path.join(exporter_spool_root, e.name), limit) if exporter_spool_root is not None
+                         else DiskSpool(os.path.join(EXPORTER_SPOOL_SUBDIR, e.name), limit, state_dir=state_dir))
             self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
                                                down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
         self.broadcaster = Broadcaster(self.workers)
