@@ -58,6 +58,7 @@ BATCH_DELAY_S = 0.05  # ... or once the oldest queued event is this old (INFERSI
 MAX_OUTBOX_BYTES = 16 << 20
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 SEND_TIMEOUT_S = 2.0
+URGENT_FRAME = _wire.encode_frame({"t": "urgent"})
 IDLE_WAIT_S = 0.2
 RECONNECT_MAX_S = 5.0
 SPOOL_RETRY_S = 5.0  # after a spool error, batches are dropped (and counted) this long before a retry
@@ -165,6 +166,8 @@ class Client:
         self._idle.set()
         self._stop = False
         self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
+        self._urgent = False  # an urgent event (an OOM) is queued: ring the agent once it is sent
+        self.urgent_rings = 0
         self._lock = threading.Lock()  # guards connection + spool state for flush()
         # Counters reported to the agent in "drops" events and at exit.
         self.dropped_buffer = 0
@@ -240,6 +243,28 @@ class Client:
         self._hurry = True
         self._wake.set()
 
+    def urgent(self) -> None:
+        """``hurry``, and once what is queued is sent, ring the agent's doorbell: a one-frame
+        connection (``{"t": "urgent"}``) that makes the agent read every producer at once,
+        so an OOM report is never held by its read gate (which pauses quiet producers'
+        connections to coalesce wake-ups). Never blocks."""
+        self._urgent = True
+        self.hurry()
+
+    def _ring(self) -> None:
+        """The doorbell: a non-blocking connect and send on a fresh connection; any failure
+        is ignored (the report itself is on its way regardless)."""
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.connect(self.socket_path)
+            sock.send(URGENT_FRAME)
+            self.urgent_rings += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
     # -- control --------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
@@ -306,11 +331,14 @@ class Client:
                 self._wake.clear()
                 self._gather()
                 self._hurry = False
+                urgent, self._urgent = self._urgent, False  # queued before the flag was set
                 with self._lock:
                     if self._stop:
                         break  # close() holds the buffer now: it spools what is left
                     self._idle.clear()
                     self._pump()
+                    if urgent and self._sock is not None:
+                        self._ring()
                     if not self._buf:
                         self._idle.set()
         except Exception as exc:  # fail open: never take the host down
