@@ -73,6 +73,7 @@ class Producer:
     gone: bool = False  # the process has ended; its pending state was freed
     uid: int | None = None  # the kernel's word (SO_PEERCRED, a spool file's owner); None in-process
     hello_cut: int = 0  # hello keys, values and resource attributes cut to their bounds
+    spool_vanished: int = 0  # its spool files that someone else removed (the hook rescued them)
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
@@ -454,6 +455,7 @@ class Assembler:
         elif kind == "drops":
             p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
+            p.spool_vanished = max(p.spool_vanished, _i(d.get("vanished", 0), "vanished"))
         else:
             raise Malformed("unknown event kind %r" % (kind,))
 

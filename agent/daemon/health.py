@@ -30,8 +30,7 @@ class Counters:
     idle_closed: int = 0  # producer connections closed after the idle timeout
     accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
     refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts
-    spool_files_vanished: int = 0  # producers' spool files removed by someone else (hooks report)
-    spool_events_vanished: int = 0  # events those files held that no agent had yet
+    spool_files_vanished: int = 0  # producers' spool files removed by someone else (their hooks report it)
     urgent_wakeups: int = 0  # urgent doorbells (an OOM sent): the read gate opened at once
 
     def as_dict(self) -> dict[str, int]:

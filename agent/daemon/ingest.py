@@ -733,7 +733,12 @@ class Ingest:
         on_done: Callable[[], None] | None = None,
     ) -> None:
         before_bad, before_dup, before_n = producer.malformed, producer.seq.duplicates, producer.events
+        before_vanished = producer.spool_vanished
         items = self.assembler.events(producer, events)
+        if producer.spool_vanished > before_vanished:
+            self.counters.spool_files_vanished += producer.spool_vanished - before_vanished
+            self._rlog.warn("vanished", "producer %s: someone removed its spool file (%d so far; the hook "
+                            "rescued what it held)", producer.id, producer.spool_vanished)
         self.counters.malformed_events += producer.malformed - before_bad
         self.counters.duplicates += producer.seq.duplicates - before_dup
         self.counters.events_in += producer.events - before_n

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
@@ -75,6 +76,33 @@ def check_state_dir(path: str) -> None:
             % (exc.strerror or exc)) from None
     except OSError as exc:
         raise StateDirError("cannot use the state directory %s: %s" % (path, exc)) from None
+
+
+def check_hooks_spool_dir(path: str) -> bool:
+    """The hooks' spool directory is shared with the socket group: without the sticky bit a
+    member could remove or rename another's spool file. One of the agent's own gets the bit
+    (logged); another's is reported (the hooks then rescue and count a removed file).
+    True when the directory is safe as it is now."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True  # not made yet: the hooks make a private (0700) one
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode) or not mode & 0o022 or mode & stat.S_ISVTX:
+        return True
+    if st.st_uid == os.geteuid():
+        try:
+            os.chmod(path, mode | stat.S_ISVTX, follow_symlinks=False)
+            log.warning("hooks' spool directory %s was %04o: added the sticky bit (%04o) so that no group "
+                        "member can remove another's spool file", path, mode, mode | stat.S_ISVTX)
+            return True
+        except OSError as exc:
+            log.warning("cannot add the sticky bit to the hooks' spool directory %s: %s", path, exc)
+            return False
+    log.warning("hooks' spool directory %s is %04o without the sticky bit: a group member can remove "
+                "another's spool file (the hooks rescue and count it). Make it 3770 (systemd/tmpfiles.d)",
+                path, mode)
+    return False
 
 
 def short_hostname() -> str:
@@ -334,6 +362,8 @@ class Agent:
             await ext.start(self)
         await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)
         self.listening = True
+        if not self.embedded:
+            check_hooks_spool_dir(self.config["agent.spool_dir"])
         replayed = self.ingest.replay_spools(self.config["agent.spool_dir"])
         if replayed:
             log.info("replayed %d spool file(s) of producers that had died", replayed)
