@@ -273,8 +273,10 @@ def test_sigint_to_launch_reaches_cmd_once(tmp_path: Path, to_group: bool) -> No
 # -- the launcher killed ---------------------------------------------------------------
 
 GRACEFUL = r"""
-import signal, sys, time
+import os, signal, sys, time
 from infersight import hooks
+if os.environ.get("QUICK"):  # the same command, run again to pick up what the first left
+    sys.exit(0)
 def bye(*_a):
     hooks.log("goodbye after the launcher died")
     sys.exit(0)
@@ -304,9 +306,19 @@ def test_killed_launcher_takes_cmd_down_and_next_launch_replays(tmp_path: Path) 
     assert len(leftovers) == 1
     assert "goodbye after the launcher died" not in bodies(first)
 
-    second = tmp_path / "second.jsonl"
-    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--", "true"],
+    # Issue 22: a launch of another command does not take the leftover into its output; it says so.
+    other = tmp_path / "other.jsonl"
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(other), "--", "true"],
                        capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "goodbye after the launcher died" not in bodies(other)
+    assert "an earlier launch of another command left 1 spool file(s)" in r.stderr, r.stderr
+    assert len(list((tmp_path / "t").glob("infersight-launch-*"))) == 1, "kept for a launch of that command"
+
+    second = tmp_path / "second.jsonl"
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--",
+                        sys.executable, "-c", GRACEFUL], capture_output=True, text=True, timeout=60,
+                       env={**env, "QUICK": "1"})
     assert r.returncode == 0, r.stderr
     assert "goodbye after the launcher died" in bodies(second)
     assert "left by an earlier launch (pid %d)" % p.pid in r.stderr

@@ -51,10 +51,11 @@ def is_value(arg: str) -> bool:
 
 
 def command_shape(argv: Sequence[str]) -> list[str]:
-    """The command line as far as it decides a cold start: the program's base name, every
-    option's name, and the arguments that are not only values (see :func:`is_value`); the
-    argument of a :data:`VALUE_OPTIONS` option (``--port 8001``) and ``--opt=value``'s value
-    are dropped, so a changed port, host or log path keeps the same history."""
+    """The command line as far as it decides a cold start: the program's base name, the
+    options, and the arguments that are not only values (see :func:`is_value`). A
+    :data:`VALUE_OPTIONS` option (``--port 8001``, ``--host=h``) is left out with its value,
+    and so is a value (``--opt=8001``'s, or a bare ``8001``): a changed port, host or log
+    path keeps the same history; another model path or script does not."""
     out: list[str] = []
     skip = False
     for i, arg in enumerate(argv):
@@ -65,8 +66,10 @@ def command_shape(argv: Sequence[str]) -> list[str]:
             out.append(os.path.basename(arg))
         elif arg.startswith("-") and not _NUMBER.match(arg):
             name, eq, value = arg.partition("=")
-            out.append(name if name in VALUE_OPTIONS or (eq and is_value(value)) else arg)
-            skip = not eq and name in VALUE_OPTIONS
+            if name in VALUE_OPTIONS:
+                skip = not eq  # the option and its value say where, not what: left out
+                continue
+            out.append(name if eq and is_value(value) else arg)
         elif not is_value(arg):
             out.append(arg)
     return out

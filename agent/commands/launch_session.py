@@ -27,9 +27,11 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from infersight.agent.coldstart.history import command_shape
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.commands.extensions import new_agent
 from infersight.agent.commands.launch import (
+    COMMAND_NAME,
     EXIT_USAGE,
     LOCK_NAME,
     PRIVATE_PREFIX,
@@ -236,8 +238,29 @@ class Leftover:
     replayed: int = 0
 
 
-def find_leftovers(root: str, own: str) -> list[Leftover]:
-    """Private directories of launches that died (their lock is free), ours by uid and mode."""
+def leftover_command(path: str) -> list[str] | None:
+    """The command an earlier launch ran (its private directory's ``command`` file); None when
+    unknown (an older launch wrote none)."""
+    try:
+        fd = os.open(os.path.join(path, COMMAND_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    return [os.fsdecode(a) for a in raw.split(b"\0")]
+
+
+def same_command(a: list[str] | None, b: list[str]) -> bool:
+    """The same command, as the ETA history sees one (values such as ports do not count)."""
+    return a is not None and command_shape(a) == command_shape(b)
+
+
+def find_leftovers(root: str, own: str, command: list[str] | None = None) -> list[Leftover]:
+    """Private directories of launches that died (their lock is free), ours by uid and mode;
+    with ``command``, only those of the same command (another command's are left alone for a
+    launch of that command, and :func:`other_leftovers` reports them)."""
     found: list[Leftover] = []
     try:
         names = sorted(n for n in os.listdir(root) if n.startswith(PRIVATE_PREFIX))
@@ -253,6 +276,8 @@ def find_leftovers(root: str, own: str) -> list[Leftover]:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
             continue  # not a directory of ours: never read or delete it
+        if command is not None and not same_command(leftover_command(path), command):
+            continue
         try:
             fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -265,6 +290,21 @@ def find_leftovers(root: str, own: str) -> list[Leftover]:
             continue
         found.append(Leftover(path, fd, pid))
     return found
+
+
+def other_leftovers(root: str, own: str, command: list[str]) -> list[tuple[str, int]]:
+    """Directories of this user's dead launches of other commands that still hold spool
+    files: (path, files). They are reported, not replayed into this launch's output."""
+    out: list[tuple[str, int]] = []
+    for lo in find_leftovers(root, own):
+        try:
+            if not same_command(leftover_command(lo.path), command):
+                n = len(spool_files(os.path.join(lo.path, "spool")))
+                if n:
+                    out.append((lo.path, n))
+        finally:
+            os.close(lo.lock_fd)
+    return out
 
 
 def spool_files(spool: str) -> list[str]:
@@ -417,8 +457,12 @@ class Session:
     async def run(self, agent: Agent) -> None:
         """Awaited by ``agent.serve(until=...)`` once the agent is up; the agent stops when it returns."""
         opts, private, child = self.opts, self.private, self.child
-        self.leftovers = find_leftovers(os.path.dirname(private.path), private.path)
+        root, command = os.path.dirname(private.path), leftover_command(private.path) or []
+        self.leftovers = find_leftovers(root, private.path, command)
         replay_leftovers(agent, self.leftovers)
+        for path, n in other_leftovers(root, private.path, command):
+            self.out.write("infersight: an earlier launch of another command left %d spool file(s) in %s; "
+                           "a launch of that command replays them\n" % (n, os.path.join(path, "spool")))
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         proc_done = asyncio.Event()
         watcher = None
