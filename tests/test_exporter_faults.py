@@ -255,6 +255,7 @@ async def test_position_saved_for_a_retired_segment_is_not_applied_to_the_next(t
     spool.pop_many(records)
     # A crash after the first segment was retired, with its old position still on disk.
     (tmp_path / "spool" / "pos").write_text("%d %d" % (spool.segments[0] - 1, spool.read_pos + 40))
+    spool.close()  # the crash: its lock goes with it
     reopened = DiskSpool(str(tmp_path / "spool"), max_bytes=8192)
     assert reopened.read_pos == 0
     batch, records = reopened.peek_many(1000)

@@ -129,3 +129,17 @@ def test_the_exporters_spool_is_not_in_the_hooks_spool_dir(agent_factory, base: 
     assert victim.read_bytes() == b"root's own\n" and sorted(os.listdir(private)) == ["000000000001.seg"]
     assert list((state / "exporters" / "otlp").glob("*.seg")), "spooled in the agent's own state directory"
     assert stat.S_IMODE(os.stat(state).st_mode) & 0o022 == 0
+
+
+def test_two_agents_never_share_one_exporter_spool(base: Path) -> None:
+    """Two agents configured with one state directory would corrupt each other's spools: the
+    second one to open a spool is refused, with the reason."""
+    from infersight.agent.daemon.spool import DiskSpool, SpoolInUseError
+
+    state = base / "state"
+    ensure_state_dir(str(state))
+    first = DiskSpool("exporters/otlp", state_dir=str(state))
+    with pytest.raises(SpoolInUseError, match="in use by another agent"):
+        DiskSpool("exporters/otlp", state_dir=str(state))
+    first.close()
+    DiskSpool("exporters/otlp", state_dir=str(state)).close()

@@ -405,9 +405,11 @@ def _exporter_spool_files(path: str) -> int:
         d = os.path.join(root, name)
         if os.path.isdir(d) and not os.path.islink(d):
             try:
-                n += DiskSpool(d).items
+                spool = DiskSpool(d)
             except (OSError, ValueError):
                 continue
+            n += spool.items
+            spool.close()
     return n
 
 

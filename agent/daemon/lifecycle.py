@@ -149,10 +149,12 @@ class Agent:
         self.counters = Counters()
         self.assembler = Assembler(self.host_name, self._kind_handlers(),
                                    max_pending_bytes=config["agent.max_pending_bytes"])
-        # The exporters' spools are the agent's own state: in state_dir (checked; only the agent
+        # The daemon's exporter spools are its own state: in state_dir (checked; only the agent
         # may write it), never in the hooks' group-writable spool directory. ``launch`` gives
-        # its private directory instead.
+        # its private directory; another embedded agent (tests) keeps them under its spool dir.
         state_dir = config["agent.state_dir"]
+        if exporter_spool_root is None and embedded:
+            exporter_spool_root = os.path.join(config["agent.spool_dir"], "exporters")
         if exporter_spool_root is None:
             check_state_dir(state_dir)
         self.workers: list[ExporterWorker] = []
@@ -160,8 +162,12 @@ class Agent:
             spool = None
             if not is_ephemeral(e):
                 limit = config["agent.exporter_spool_max_bytes"]
-                spool = (DiskSpool(os.path.join(exporter_spool_root, e.name), limit) if exporter_spool_root is not None
-                         else DiskSpool(os.path.join(EXPORTER_SPOOL_SUBDIR, e.name), limit, state_dir=state_dir))
+                try:
+                    spool = (DiskSpool(os.path.join(exporter_spool_root, e.name), limit)
+                             if exporter_spool_root is not None
+                             else DiskSpool(os.path.join(EXPORTER_SPOOL_SUBDIR, e.name), limit, state_dir=state_dir))
+                except OSError as exc:
+                    raise StateDirError("cannot use the disk spool of exporter %s: %s" % (e.name, exc)) from None
             self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
                                                down_unhealthy_s=EXPORTER_DOWN_UNHEALTHY_S))
         self.broadcaster = Broadcaster(self.workers)

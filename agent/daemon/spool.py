@@ -11,6 +11,7 @@ link: under ``agent.state_dir`` (the daemon) that descriptor comes from
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import struct
@@ -22,6 +23,10 @@ from infersight.statefiles import DIR_FLAGS, open_state_dir
 from infersight.telemetry import Item
 
 REC = struct.Struct("!II")
+
+
+class SpoolInUseError(OSError):
+    """Another agent holds this spool directory."""
 SEGMENT_BYTES = 4 << 20
 
 
@@ -37,6 +42,12 @@ class DiskSpool:
         else:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             self.dfd = os.open(directory, DIR_FLAGS)
+        try:  # one agent per spool: two writing one would corrupt it
+            fcntl.flock(self.dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.dfd)
+            raise SpoolInUseError("%s is in use by another agent (two agents share one state directory?)"
+                                  % self.dir) from None
         self.segments: list[int] = sorted(
             int(n[:-4]) for n in os.listdir(self.dfd) if n.endswith(".seg") and n[:-4].isdigit()
         )
