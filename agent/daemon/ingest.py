@@ -2,7 +2,8 @@
 
 I/O shell around the pure :mod:`assemble` core. A hostile or broken peer costs one
 connection, never the agent: oversized frames, slow senders, garbage and refused uids
-are each counted.
+are each counted. Who a producer is comes from the kernel (:mod:`identity`): SO_PEERCRED
+for a connection, the owner for a spool file; a hello the kernel contradicts is refused.
 """
 
 from __future__ import annotations
