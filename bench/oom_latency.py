@@ -16,7 +16,8 @@ tails the file and stamps each classified record as it appears (poll: 0.5 ms).
 
     python bench/oom_latency.py [--n 200] [--interval-ms 20] [--real] [--quiet-peers 2] [--compare]
 
-``--quiet-peers N`` runs N other hooked processes that each log one event every 50 ms (quiet
+``--flood-peers N`` adds N hooked processes that log flat out (a busy producer is never held;
+it loads the agent). ``--quiet-peers N`` runs N other hooked processes that each log one event every 50 ms (quiet
 producers: the agent's read gate holds them, and the OOM reporter with them, to coalesce
 wake-ups; issue 22.10). The OOM reporter rings the agent's doorbell after an urgent event so
 that it is never held. ``--compare`` runs the same load twice, side by side: with the
@@ -72,6 +73,14 @@ from infersight import hooks
 while True:
     hooks.log("quiet")
     time.sleep(0.05)
+"""
+
+FLOOD_PEER = r"""
+from infersight import hooks
+while True:
+    for _ in range(1000):
+        hooks.log("flood")
+    hooks.flush(5)
 """
 
 NO_DOORBELL = r"""
@@ -195,6 +204,7 @@ def main() -> int:
     ap.add_argument("--interval-ms", type=float, default=20.0)
     ap.add_argument("--real", action="store_true", help="real CUDA OOMs (needs a GPU)")
     ap.add_argument("--quiet-peers", type=int, default=0, help="other hooked processes logging every 50 ms")
+    ap.add_argument("--flood-peers", type=int, default=0, help="other hooked processes logging flat out")
     ap.add_argument("--compare", action="store_true", help="with and without the urgent doorbell, side by side")
     args = ap.parse_args()
     if not args.compare:
@@ -234,6 +244,8 @@ def run(args: argparse.Namespace, doorbell: bool) -> tuple[int, float]:
             child_env["BENCH_NO_DOORBELL"] = "1"
         peers = [subprocess.Popen([sys.executable, "-c", QUIET_PEER], env=child_env)
                  for _ in range(args.quiet_peers)]
+        peers += [subprocess.Popen([sys.executable, "-c", FLOOD_PEER], env=child_env)
+                  for _ in range(args.flood_peers)]
         time.sleep(1.0 if peers else 0.0)  # connected and talking
         code = CHILD_REAL if args.real else CHILD_FAKE
         r = subprocess.run([sys.executable, "-c", code, str(args.n), str(args.interval_ms / 1000)],
@@ -263,8 +275,8 @@ def run(args: argparse.Namespace, doorbell: bool) -> tuple[int, float]:
         if hit is not None:
             lat.append((hit - t0) / 1e6)
     mode = "real CUDA OOMs" if args.real else "FAKE torch, real hooks/agent/exporter path"
-    print("OOM -> classified record in the OTLP file (%s; %d quiet peers; doorbell %s)"
-          % (mode, args.quiet_peers, "on" if doorbell else "OFF: the behaviour before"))
+    print("OOM -> classified record in the OTLP file (%s; %d quiet and %d flooding peers; doorbell %s)"
+          % (mode, args.quiet_peers, args.flood_peers, "on" if doorbell else "OFF: the behaviour before"))
     if not lat:
         print("  no OOM reached the file: FAIL")
         return 1, 0.0
