@@ -12,8 +12,8 @@ from infersight.agent.daemon.assemble import (
     MAX_RESOURCE_ATTRS,
     MAX_RESOURCE_VALUE,
     Assembler,
-    span_bytes,
 )
+from infersight.exporters.otlp_json import resource_json, span_json
 from infersight.exporters.prometheus_endpoint import SeriesStore
 from infersight.telemetry import MetricItem, NumberPoint, Resource
 
@@ -49,9 +49,9 @@ def test_a_huge_hello_is_bounded_and_what_is_cut_is_counted() -> None:
     assert all(len(str(v)) <= MAX_RESOURCE_VALUE for k, v in attrs.items() if k.startswith("k"))
     assert sum(len(k) + len(repr(v)) for k, v in p.info.items()) <= MAX_HELLO_BYTES + 2000
     assert p.hello_cut > 0 and a.stats()["hello_cut"] == p.hello_cut
-    # One small event stays small in the output: its resource is bounded.
+    # One small event stays small in the output (it was 2.6 MiB of OTLP JSON): its resource is bounded.
     items = a.events(p, [[1, 5, "span", {"n": "x", "id": "a" * 16, "s": 1, "e": 2}]])
-    assert span_bytes(items[0]) < 100_000  # type: ignore[arg-type]
+    assert len(resource_json(items[0].resource)) + len(span_json(items[0])) < 16_000  # type: ignore[arg-type]
 
 
 def test_the_hello_uid_is_the_kernels_not_the_claimed_one() -> None:

@@ -149,11 +149,11 @@ MAX_HELLO_KEYS = 32
 MAX_HELLO_KEY = 64
 MAX_HELLO_STR = 1024
 MAX_HELLO_LIST = 64
-MAX_RESOURCE_ENV = 8192  # OTEL_RESOURCE_ATTRIBUTES as sent
+MAX_RESOURCE_ENV = 4096  # OTEL_RESOURCE_ATTRIBUTES as sent
 MAX_RESOURCE_ATTRS = 64
 MAX_RESOURCE_KEY = 128
 MAX_RESOURCE_VALUE = 1024
-MAX_HELLO_BYTES = 16 << 10  # about what one producer's hello may cost, all included
+MAX_HELLO_BYTES = 8 << 10  # about what one producer's hello may cost, all included
 
 
 def parse_resource_env(value: str, cut: list[int] | None = None) -> Attributes:
@@ -361,6 +361,7 @@ class Assembler:
             p = self.producers.get(key)
         if p is None:
             p = Producer(key, info, producer_resource(info, self.host_name, cut), uid=uid)
+            info.pop("resource_attributes", None)  # it lives on in the resource: not kept twice
             p.hello_cut = cut[0]
             self.hello_cut += cut[0]
             p.seq.resume_after(info["acked"])
