@@ -73,6 +73,8 @@ log = logging.getLogger("infersight.exporters.prometheus")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
 DEFAULT_MAX_SERIES = 10_000
+UID_SHARE = 4  # by default one uid may hold a quarter of the series bound
+OWNER_ATTR = "process.user.id"  # the producer's uid, set by the agent from the kernel's word
 DEFAULT_SERIES_TTL_S = 300.0
 REBIND_INTERVAL_S = 10.0
 
@@ -198,8 +200,16 @@ class SeriesStore:
         max_series: int = DEFAULT_MAX_SERIES,
         series_ttl_s: float = DEFAULT_SERIES_TTL_S,
         target_info: bool = True,
+        max_series_per_uid: int = 0,
     ) -> None:
         self.max_series = max_series
+        # Each producer uid's budget of series (0: a quarter of ``max_series``), so that one
+        # user's processes cannot take the whole bound from everyone else's. Series without a
+        # uid (the agent's own) count only against ``max_series``.
+        self.max_series_per_uid = max_series_per_uid or max(1, max_series // UID_SHARE)
+        self._owner_of: dict[SeriesKey, int] = {}
+        self.series_of_uid: dict[int, int] = {}
+        self.points_refused_uid_budget = 0  # points refused because their uid's budget was full
         self.series_ttl_s = series_ttl_s
         self.target_info = target_info
         self._lock = threading.Lock()
@@ -233,21 +243,42 @@ class SeriesStore:
             return False
         return True
 
-    def _put(self, key: SeriesKey, series: _Series) -> bool:
-        if key not in self._series and len(self._series) >= self.max_series:
-            self.points_dropped += 1
-            return False
+    def _put(self, key: SeriesKey, series: _Series, owner: int | None = None) -> bool:
+        if key not in self._series:
+            if len(self._series) >= self.max_series:
+                self.points_dropped += 1
+                return False
+            if owner is not None:
+                held = self.series_of_uid.get(owner, 0)
+                if held >= self.max_series_per_uid:
+                    self.points_dropped += 1
+                    self.points_refused_uid_budget += 1
+                    return False
+                self.series_of_uid[owner] = held + 1
+                self._owner_of[key] = owner
         self._series[key] = series
         return True
+
+    def _forget(self, key: SeriesKey) -> None:
+        del self._series[key]
+        owner = self._owner_of.pop(key, None)
+        if owner is not None:
+            n = self.series_of_uid.get(owner, 1) - 1
+            if n > 0:
+                self.series_of_uid[owner] = n
+            else:
+                self.series_of_uid.pop(owner, None)
 
     def _add_item(self, m: MetricItem, now: float) -> int:
         name, typ = metric_name(m), prom_type(m)
         if not m.points or not self._family(name, typ, m.description or m.name):
             return 0
         base = resource_labels(m.resource)
+        uid = m.resource.get(OWNER_ATTR)
+        owner = uid if type(uid) is int else None
         if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
             info = {**labels_of(m.resource.as_dict()), **base}
-            self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now))
+            self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now), owner)
         kept = 0
         for p in m.points:
             labels = {**base, **labels_of(p.attributes)}
@@ -265,7 +296,7 @@ class SeriesStore:
                 series = _Series(float(p.value), None, 0.0, now)
             else:
                 continue
-            kept += self._put((name, tuple(sorted(labels.items()))), series)
+            kept += self._put((name, tuple(sorted(labels.items()))), series, owner)
         return kept
 
     def expire(self, now: float | None = None) -> None:
@@ -275,7 +306,7 @@ class SeriesStore:
         with self._lock:
             old = [k for k, s in self._series.items() if s.seen < horizon]
             for k in old:
-                del self._series[k]
+                self._forget(k)
             self.expired += len(old)
             if old:
                 live = {k[0] for k in self._series}
@@ -429,6 +460,7 @@ class PrometheusExporter:
         max_series: int = DEFAULT_MAX_SERIES,
         series_ttl_s: float = DEFAULT_SERIES_TTL_S,
         target_info: bool = True,
+        max_series_per_uid: int = 0,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError("port %d outside 0..65535" % port)
@@ -437,7 +469,7 @@ class PrometheusExporter:
         self.name = "prometheus"
         self.host = _strip_host(host) or DEFAULT_HOST
         self.port = port
-        self.store = SeriesStore(max_series, series_ttl_s, target_info)
+        self.store = SeriesStore(max_series, series_ttl_s, target_info, max_series_per_uid)
         self.progress = WarmingGauges()
         self.routing = RoutingGauges()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -528,6 +560,7 @@ class PrometheusExporter:
             "address": "%s:%d" % (self.host, self.bound_port if self.bound_port is not None else self.port),
             "series": len(self.store),
             "points_dropped": self.store.points_dropped,
+            "points_refused_uid_budget": self.store.points_refused_uid_budget,
             "type_conflicts": self.store.type_conflicts,
             "malformed_points": self.store.malformed,
             "series_expired": self.store.expired,
@@ -564,6 +597,13 @@ def _p_max_series(v: Any) -> int:
     return n
 
 
+def _p_nonneg(v: Any) -> int:
+    n = _p_int(v)
+    if n < 0:
+        raise ValueError("expected a non-negative integer")
+    return n
+
+
 def _p_ttl(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError("expected a number of seconds")
@@ -581,6 +621,8 @@ PROMETHEUS_KEYS: tuple[Key, ...] = (
     Key(_K + "port", _p_port, lambda: DEFAULT_PORT, "INFERSIGHT_PROMETHEUS_PORT", "port of the endpoint"),
     Key(_K + "max_series", _p_max_series, lambda: DEFAULT_MAX_SERIES, "INFERSIGHT_PROMETHEUS_MAX_SERIES",
         "series held at most; points past it are dropped and counted"),
+    Key(_K + "max_series_per_uid", _p_nonneg, lambda: 0, "INFERSIGHT_PROMETHEUS_MAX_SERIES_PER_UID",
+        "series one producer uid may hold (0: a quarter of max_series); past it its points are dropped and counted"),
     Key(_K + "series_ttl_s", _p_ttl, lambda: DEFAULT_SERIES_TTL_S, "INFERSIGHT_PROMETHEUS_SERIES_TTL_S",
         "drop a series no export refreshed for this long (0: never)"),
     Key(_K + "target_info", _p_bool, lambda: True, "INFERSIGHT_PROMETHEUS_TARGET_INFO",
@@ -605,6 +647,7 @@ def from_config(config: Config, *, env: Mapping[str, str] | None = None) -> Prom
         max_series=v["max_series"],
         series_ttl_s=v["series_ttl_s"],
         target_info=v["target_info"],
+        max_series_per_uid=v["max_series_per_uid"],
     )
 
 

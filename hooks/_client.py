@@ -58,6 +58,7 @@ BATCH_DELAY_S = 0.05  # ... or once the oldest queued event is this old (INFERSI
 MAX_OUTBOX_BYTES = 16 << 20
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 SEND_TIMEOUT_S = 2.0
+URGENT_FRAME = _wire.encode_frame({"t": "urgent"})
 IDLE_WAIT_S = 0.2
 RECONNECT_MAX_S = 5.0
 SPOOL_RETRY_S = 5.0  # after a spool error, batches are dropped (and counted) this long before a retry
@@ -165,10 +166,14 @@ class Client:
         self._idle.set()
         self._stop = False
         self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
+        self._urgent = False  # an urgent event (an OOM) is queued: ring the agent once it is sent
+        self.urgent_rings = 0
         self._lock = threading.Lock()  # guards connection + spool state for flush()
         # Counters reported to the agent in "drops" events and at exit.
         self.dropped_buffer = 0
         self.dropped_spool = 0
+        self.spool_vanished = 0  # our spool file was removed by someone else (its frames were rescued)
+        self._reported_vanished = 0
         self._reported_buffer = 0
         self._reported_spool = 0
         self._warned_loss = False
@@ -240,6 +245,28 @@ class Client:
         self._hurry = True
         self._wake.set()
 
+    def urgent(self) -> None:
+        """``hurry``, and once what is queued is sent, ring the agent's doorbell: a one-frame
+        connection (``{"t": "urgent"}``) that makes the agent read every producer at once,
+        so an OOM report is never held by its read gate (which pauses quiet producers'
+        connections to coalesce wake-ups). Never blocks."""
+        self._urgent = True
+        self.hurry()
+
+    def _ring(self) -> None:
+        """The doorbell: a non-blocking connect and send on a fresh connection; any failure
+        is ignored (the report itself is on its way regardless)."""
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.connect(self.socket_path)
+            sock.send(URGENT_FRAME)
+            self.urgent_rings += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
     # -- control --------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
@@ -278,14 +305,16 @@ class Client:
                      "spooled)" % (lost, self.dropped_buffer, self.dropped_spool))
 
     def _unreported(self) -> bool:
-        return self.dropped_buffer != self._reported_buffer or self.dropped_spool != self._reported_spool
+        return (self.dropped_buffer != self._reported_buffer or self.dropped_spool != self._reported_spool
+                or self.spool_vanished != self._reported_vanished)
 
     def _report_drops(self) -> None:
         """Queue a ``drops`` event with the counts so far (outside the buffer bound: it is
         one per pump at most, and only queued when something can carry it)."""
-        b, s = self.dropped_buffer, self.dropped_spool
-        self._reported_buffer, self._reported_spool = b, s
-        self._buf.append((next(self._seq), time.time_ns(), "drops", {"buffer": b, "spool": s}))
+        b, s, v = self.dropped_buffer, self.dropped_spool, self.spool_vanished
+        self._reported_buffer, self._reported_spool, self._reported_vanished = b, s, v
+        data = {"buffer": b, "spool": s, "vanished": v} if v else {"buffer": b, "spool": s}
+        self._buf.append((next(self._seq), time.time_ns(), "drops", data))
 
     def _lose(self, n_events: int, why: str) -> None:
         """Count events that could be neither sent nor spooled; say so once."""
@@ -306,11 +335,14 @@ class Client:
                 self._wake.clear()
                 self._gather()
                 self._hurry = False
+                urgent, self._urgent = self._urgent, False  # queued before the flag was set
                 with self._lock:
                     if self._stop:
                         break  # close() holds the buffer now: it spools what is left
                     self._idle.clear()
                     self._pump()
+                    if urgent and self._sock is not None:
+                        self._ring()
                     if not self._buf:
                         self._idle.set()
         except Exception as exc:  # fail open: never take the host down
@@ -630,7 +662,42 @@ class Client:
         self._spool_size = self._spool_read = self._spool_head = len(hello)
         return True
 
+    def _spool_vanished(self) -> bool:
+        """Our spool file has no name any more: someone removed it (the directory's owner,
+        root, or a group member where the directory lacks its sticky bit)."""
+        fd = self._spool_fd
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
+    def _spool_rescue(self) -> None:
+        """Its unsent frames are still readable through our descriptor: copy them into a
+        fresh spool file (with its own hello) and count the removal, which the next
+        ``drops`` report tells the agent."""
+        fd = self._spool_fd
+        assert fd is not None
+        try:
+            rest = os.pread(fd, self._spool_size - self._spool_read, self._spool_read)
+        except OSError:
+            rest = b""
+        self._close_fds(self._spool_detach())
+        self.spool_vanished += 1
+        _say("the spool file was removed by someone else; %d byte(s) of events rescued into a new one" % len(rest))
+        if rest and self._spool_open():
+            fd = self._spool_fd
+            assert fd is not None
+            try:
+                _write_all(fd, rest)
+                self._spool_size += len(rest)
+            except OSError:
+                self._spool_abandon()
+
     def _spool_write(self, frame: bytes, n_events: int) -> bool:
+        if self._spool_vanished():
+            self._spool_rescue()
         if self._spool_size + len(frame) > self.spool_max_bytes or not self._spool_open():
             self._lose(n_events, self._spool_error if not self._spool_usable() else
                        "the spool is full (%d bytes)" % self.spool_max_bytes)
@@ -733,6 +800,8 @@ class Client:
 
         Order on disk stays: unacked frames, then the unread spool, then the buffer.
         """
+        if self._spool_vanished():
+            self._spool_rescue()
         partly_sent = self._spool_pending() and self._spool_read > self._spool_head
         if not self._outbox and not self._buf and not partly_sent:
             self._close_spool_and_socket()

@@ -138,7 +138,7 @@ def emit_urgent(kind: str, data: Dict[str, Any]) -> None:
     c = client
     if c is not None and c.enabled:
         try:
-            c.hurry()  # sets a flag and an event: never blocks
+            c.urgent()  # sets flags and an event: never blocks; the agent is rung once it is sent
         except Exception as exc:
             fail(exc)
 

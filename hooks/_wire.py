@@ -13,6 +13,10 @@ length followed by a UTF-8 JSON object. The producer speaks first:
 ``ack`` means every event up to ``seq`` was exported or spooled to disk by every
 exporter, so the producer may forget it. A spool file is the same frame stream,
 starting with the hello frame. ``{"t": "status"}`` asks the agent for its health.
+``{"t": "urgent"}``, alone on a fresh connection, is a doorbell: the producer has just sent
+an urgent event (an OOM) on its own connection, and the agent reads every producer now
+rather than at the end of its read gate's window. An older agent closes such a connection
+as a malformed hello, which costs nothing.
 """
 
 from __future__ import annotations

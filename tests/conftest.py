@@ -102,9 +102,11 @@ def attr(obj: dict, key: str):  # type: ignore[no-untyped-def,type-arg]
     return None
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Cold-start history (ETAs) of test runs goes to a tmp dir, never the user's state dir."""
+    """Each test's agents keep their state (ETA history, exporter spools) in a tmp dir of the
+    test's own: never the user's state dir, and nothing one test spooled is replayed into
+    another's output."""
     old = os.environ.get("INFERSIGHT_STATE_DIR")
     os.environ["INFERSIGHT_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
     yield

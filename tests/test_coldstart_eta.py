@@ -118,7 +118,10 @@ def test_cache_state_selects_runs() -> None:
 def test_service_key_is_stable_and_separates_commands() -> None:
     a = ch.service_key("svc", ["python", "serve.py"], ["/m/b.safetensors", "/m/a.safetensors"])
     assert a == ch.service_key("svc", ["python", "serve.py"], ["/m/a.safetensors", "/m/b.safetensors"])
-    assert a != ch.service_key("svc", ["python", "serve.py", "--port", "9"])
+    assert a != ch.service_key("svc", ["python", "train.py"])
+    # Issue 21.4: a value (a port) does not split the history; the uid does (issue 22.8).
+    assert ch.service_key("svc", ["python", "serve.py"]) == ch.service_key("svc", ["python", "serve.py", "--port", "9"])
+    assert ch.service_key("svc", ["python", "serve.py"], uid=1) != ch.service_key("svc", ["python", "serve.py"], uid=2)
     assert a.startswith("svc#") and len(a) == len("svc#") + 12
 
 

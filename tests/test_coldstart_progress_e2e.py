@@ -202,6 +202,9 @@ def test_a_worker_serving_across_an_agent_restart_is_not_a_cold_start(agent_fact
         assert wait_for(lambda: os.path.exists(mark + ".ready"), 60)
         assert agent.stop() == 0
         agent.start()
+        # The worker is back on the new agent before it serves (else its stages wait in its spool,
+        # which the agent replays only once the process has gone: not within this test).
+        assert wait_for(lambda: agent.status()["producers"] >= 1, 30)
         open(mark + ".go", "w").close()
         assert wait_for(lambda: os.path.exists(mark + ".served"), 60)
         assert agent.status().get("coldstarts") == []

@@ -103,7 +103,7 @@ async def until(pred, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped
 # -- item 4: a full spool disk ---------------------------------------------------------------
 
 
-def test_full_spool_disk_turns_status_unhealthy_and_recovers(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_full_spool_disk_turns_status_unhealthy_and_recovers(agent_factory, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """ENOSPC while the spool saves its read position used to kill the worker silently."""
     rx = OtlpReceiver(grpc_=False).start()
     rx.stop()  # the collector is away: the agent's own metrics are spooled
@@ -112,8 +112,8 @@ def test_full_spool_disk_turns_status_unhealthy_and_recovers(agent_factory, tmp_
             '[exporters.otlp]\nendpoint = "%s"\nprotocol = "http/protobuf"\ntimeout_s = 0.3\n' % rx.http_endpoint,
             root=tmp_path / "a",
         )
-        cfg = agent.config.read_text().replace('spool_dir = "%s"' % agent.spool, 'spool_dir = "%s"' % (fs / "spool"))
-        agent.config.write_text(cfg)
+        # The exporters' spools are the agent's own state: in state_dir, on the small disk.
+        monkeypatch.setenv("INFERSIGHT_STATE_DIR", str(fs / "state"))
         agent.start()
 
         def otlp() -> dict:  # type: ignore[type-arg]
@@ -255,6 +255,7 @@ async def test_position_saved_for_a_retired_segment_is_not_applied_to_the_next(t
     spool.pop_many(records)
     # A crash after the first segment was retired, with its old position still on disk.
     (tmp_path / "spool" / "pos").write_text("%d %d" % (spool.segments[0] - 1, spool.read_pos + 40))
+    spool.close()  # the crash: its lock goes with it
     reopened = DiskSpool(str(tmp_path / "spool"), max_bytes=8192)
     assert reopened.read_pos == 0
     batch, records = reopened.peek_many(1000)

@@ -35,6 +35,7 @@ NEUTRAL = (
     "infersight.metricspec",
     "infersight.coldstart_stages",
     "infersight.instances",
+    "infersight.statefiles",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 

@@ -187,3 +187,58 @@ def test_the_ack_frame_is_the_encoded_ack() -> None:
 
     for seq in (0, 1, 512, 2**63 - 1):
         assert ack_frame(seq) == _wire.encode_frame({"t": "ack", "seq": seq})
+
+
+async def test_an_urgent_event_is_read_at_once_while_the_gate_holds_its_producer(tmp_path: Path) -> None:
+    """Issue 22.10: two quiet peers talk, the gate holds every quiet producer, and a third one
+    (the real hook client) reports an OOM-like urgent event. Its doorbell opens the gate: the
+    event arrives although the window is an hour long (before the fix it waited the window)."""
+    from infersight.hooks._client import Client
+
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(tmp_path / "a.sock"),
+                                         "agent.spool_dir": str(tmp_path / "spool"),
+                                         "agent.health_interval_s": 3600})
+    agent = Agent(conf, [], embedded=True)
+    agent.ingest.gate.window_s = 3600.0
+    seen: list[Item] = []
+    agent.broadcaster.taps.append(seen.extend)
+    await agent.start()
+    loop = asyncio.get_running_loop()
+    client = Client(conf["agent.socket"], str(tmp_path / "hook-spool"), {
+        "id": "oom-reporter", "pid": os.getpid(), "start_ns": 1, "trace_id": "c" * 32, "root_span_id": "d" * 16})
+    try:
+        client.emit("log", {"body": "hello"})
+        assert await loop.run_in_executor(None, client.flush, 20.0), "the hook client connects and is acked"
+        quiet = []
+        for p in range(2):
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)
+            await loop.sock_connect(s, conf["agent.socket"])
+            await loop.sock_sendall(s, frame({"t": "hello", "schema": 1, "producer": {
+                "id": "quiet-%d" % p, "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32,
+                "root_span_id": "b" * 16}}))
+            quiet.append(s)
+        for _ in range(200):  # both quiet producers joined the gate
+            if len(agent.ingest.gate.members) == 3:
+                break
+            await asyncio.sleep(0.01)
+        await loop.sock_sendall(quiet[0], frame({"t": "b", "e": [[1, 1, "log", {"body": "q"}]]}))
+        for _ in range(2000):
+            if agent.ingest.gate.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert agent.ingest.gate.closed and len(agent.ingest.gate._held) == 3, "every quiet producer is held"
+
+        client.emit("log", {"body": "urgent-oom"})
+        client.urgent()
+        for _ in range(3000):  # 30 s at most, against a window of an hour
+            if any(getattr(i, "body", None) == "urgent-oom" for i in seen):
+                break
+            await asyncio.sleep(0.01)
+        assert any(getattr(i, "body", None) == "urgent-oom" for i in seen), "the urgent event waited for the gate"
+        assert agent.counters.urgent_wakeups == 1 and client.urgent_rings == 1
+        for s in quiet:
+            s.close()
+    finally:
+        client.close(2.0)
+        await agent.shutdown(10)

@@ -273,8 +273,10 @@ def test_sigint_to_launch_reaches_cmd_once(tmp_path: Path, to_group: bool) -> No
 # -- the launcher killed ---------------------------------------------------------------
 
 GRACEFUL = r"""
-import signal, sys, time
+import os, signal, sys, time
 from infersight import hooks
+if os.environ.get("QUICK"):  # the same command, run again to pick up what the first left
+    sys.exit(0)
 def bye(*_a):
     hooks.log("goodbye after the launcher died")
     sys.exit(0)
@@ -304,9 +306,19 @@ def test_killed_launcher_takes_cmd_down_and_next_launch_replays(tmp_path: Path) 
     assert len(leftovers) == 1
     assert "goodbye after the launcher died" not in bodies(first)
 
-    second = tmp_path / "second.jsonl"
-    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--", "true"],
+    # Issue 22: a launch of another command does not take the leftover into its output; it says so.
+    other = tmp_path / "other.jsonl"
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(other), "--", "true"],
                        capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "goodbye after the launcher died" not in bodies(other)
+    assert "an earlier launch of another command left 1 spool file(s)" in r.stderr, r.stderr
+    assert len(list((tmp_path / "t").glob("infersight-launch-*"))) == 1, "kept for a launch of that command"
+
+    second = tmp_path / "second.jsonl"
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--",
+                        sys.executable, "-c", GRACEFUL], capture_output=True, text=True, timeout=60,
+                       env={**env, "QUICK": "1"})
     assert r.returncode == 0, r.stderr
     assert "goodbye after the launcher died" in bodies(second)
     assert "left by an earlier launch (pid %d)" % p.pid in r.stderr
@@ -336,6 +348,8 @@ def test_live_launch_directory_is_not_replayed(tmp_path: Path) -> None:
 DAEMONIZE = r"""
 import os, sys, time
 from infersight import hooks
+if os.environ.get("QUICK"):  # the same command, run again to pick up what the first left
+    sys.exit(0)
 release = sys.argv[1]
 if os.fork() == 0:
     os.setsid()
@@ -369,9 +383,10 @@ def test_daemonized_grandchild_events_are_kept_then_replayed(tmp_path: Path) -> 
     # The daemon exits after spooling its event into the kept directory.
     assert wait_for(lambda: any((kept[0] / "spool").iterdir()) and not _locked_spools(kept[0] / "spool"), 30)
 
-    second = tmp_path / "second.jsonl"
-    r2 = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--", "true"],
-                        capture_output=True, text=True, timeout=60, env=env)
+    second = tmp_path / "second.jsonl"  # a launch of the same command replays what it left
+    r2 = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--",
+                         sys.executable, "-c", DAEMONIZE, str(release)],
+                        capture_output=True, text=True, timeout=60, env={**env, "QUICK": "1"})
     assert r2.returncode == 0, r2.stderr
     assert "daemon before launch exits" in bodies(first)
     assert "daemon after launch exited" in bodies(second)

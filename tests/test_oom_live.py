@@ -73,6 +73,9 @@ class FakeClient:
     def hurry(self) -> None:
         self.hurried_after.append(len(self.events))
 
+    def urgent(self) -> None:  # hurry, and ring the agent's doorbell once sent (the real client)
+        self.hurry()
+
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [d for k, d in self.events if k == kind]
 

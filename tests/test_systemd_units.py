@@ -157,7 +157,7 @@ def test_snippets_match_units() -> None:
     tmpfiles = (SYSTEMD / "tmpfiles.d" / "infersight.conf").read_text()
     entries = {f[1]: f for f in (ln.split() for ln in tmpfiles.splitlines()) if f and f[0] == "d"}
     assert entries["/run/infersight"][2:5] == ["0750", "infersight", "infersight"]
-    assert entries["/var/lib/infersight/spool"][2:5] == ["2770", "infersight", "infersight"]
+    assert entries["/var/lib/infersight/spool"][2:5] == ["3770", "infersight", "infersight"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to the new user needs root")
@@ -173,7 +173,7 @@ def test_sysusers_and_tmpfiles_apply_in_a_scratch_root(tmp_path: Path) -> None:
     subprocess.run(["systemd-tmpfiles", f"--root={tmp_path}", "--create"], check=True, timeout=60)
     spool = (tmp_path / "var/lib/infersight/spool").stat()
     assert spool.st_uid == uid
-    assert spool.st_mode & 0o7777 == 0o2770
+    assert spool.st_mode & 0o7777 == 0o3770  # setgid + sticky: no member removes another's file
     run = (tmp_path / "run/infersight").stat()
     assert run.st_uid == uid
     assert run.st_mode & 0o7777 == 0o750

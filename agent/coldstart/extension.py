@@ -57,7 +57,7 @@ class ColdStartExtension:
         return None
 
     def health(self) -> Mapping[str, Any]:
-        return {"coldstarts": self.tracker.snapshot()}
+        return {"coldstarts": self.tracker.snapshot(), "coldstarts_not_tracked": self.tracker.refused_warming}
 
     async def aclose(self) -> None:
         """Nothing warms any more: clear what still shows as warming."""

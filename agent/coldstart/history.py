@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from infersight.agent.coldstart.eta import MAX_STAGES, Run
+from infersight.statefiles import open_state_dir, open_state_file
 
 FILE_NAME = "coldstart-history.jsonl"
 MAX_RUNS = 50
@@ -27,13 +28,65 @@ MAX_KEYS = 256
 MAX_FILE_BYTES = 8 << 20  # a history file larger than this is read only up to here
 
 
-def service_key(service: str, command: Sequence[str] | str, weights_paths: Iterable[str] = ()) -> str:
-    """``service.name`` plus a stable hash of the command line and the weights paths."""
-    cmd = command if isinstance(command, str) else "\0".join(command)
-    digest = hashlib.sha256(cmd.encode("utf-8", "replace"))
+# Options whose argument is only a value: where the instance listens or logs, not what it
+# loads. Their argument does not split a service's history.
+VALUE_OPTIONS = frozenset({
+    "--port", "-p", "--host", "--bind", "-b", "--uds", "--fd", "--root-path",
+    "--log-file", "--logfile", "--log-dir", "--log-level", "--log-config", "--access-logfile",
+    "--error-logfile", "--pid", "--pidfile", "--metrics-port", "--grpc-port", "--http-port",
+})
+LOG_SUFFIXES = (".log", ".out", ".err", ".pid", ".sock")
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?\Z")
+_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:]*\]|[\w.-]*):\d+\Z")
+_IPV4 = re.compile(r"\d{1,3}(\.\d{1,3}){3}\Z")
+
+
+def is_value(arg: str) -> bool:
+    """An argument that is only a value: a number, an address (``host:port``, an IP, a URL),
+    ``localhost``, or a log/pid/socket file path."""
+    return bool(
+        _NUMBER.match(arg) or _HOST_PORT.match(arg) or _IPV4.match(arg) or "://" in arg
+        or arg in ("localhost", "::", "::1") or arg.endswith(LOG_SUFFIXES)
+    )
+
+
+def command_shape(argv: Sequence[str]) -> list[str]:
+    """The command line as far as it decides a cold start: the program's base name, the
+    options, and the arguments that are not only values (see :func:`is_value`). A
+    :data:`VALUE_OPTIONS` option (``--port 8001``, ``--host=h``) is left out with its value,
+    and so is a value (``--opt=8001``'s, or a bare ``8001``): a changed port, host or log
+    path keeps the same history; another model path or script does not."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if i == 0:
+            out.append(os.path.basename(arg))
+        elif arg.startswith("-") and not _NUMBER.match(arg):
+            name, eq, value = arg.partition("=")
+            if name in VALUE_OPTIONS:
+                skip = not eq  # the option and its value say where, not what: left out
+                continue
+            out.append(name if eq and is_value(value) else arg)
+        elif not is_value(arg):
+            out.append(arg)
+    return out
+
+
+def service_key(
+    service: str, command: Sequence[str] | str, weights_paths: Iterable[str] = (), uid: int | None = None
+) -> str:
+    """The history key: ``service.name``, the uid of the processes that write it, and a stable
+    hash of the command's shape (:func:`command_shape`) and the weights paths:
+    ``<service>#u<uid>#<hash>`` (``<service>#<hash>`` when the uid is unknown)."""
+    shape = command_shape([command] if isinstance(command, str) else command)
+    digest = hashlib.sha256("\0".join(shape).encode("utf-8", "replace"))
     for path in sorted(set(weights_paths)):
         digest.update(b"\1" + path.encode("utf-8", "replace"))
-    return "%s#%s" % (service, digest.hexdigest()[:12])
+    owner = "" if uid is None else "u%d#" % uid
+    return "%s#%s%s" % (service, owner, digest.hexdigest()[:12])
 
 
 def cache_state(weights_page_cache_ratio: float | None, compile_cache: str | None) -> str:
@@ -98,14 +151,16 @@ def parse(text: str) -> History:
 
 
 def load(path: str) -> History:
-    """The history at ``path``; a missing file is an empty history. Never follows a symlink."""
+    """The history at ``path``; a missing file is an empty history. Opened through the checked
+    state directory, never through a link (:mod:`infersight.statefiles`)."""
+    directory, name = os.path.split(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_state_file(directory or ".", name, os.O_RDONLY)
     except FileNotFoundError:
         return History()
     except OSError:
         h = History()
-        h.corrupt_lines = 1  # unreadable (a planted symlink, say): say so, start afresh
+        h.corrupt_lines = 1  # unreadable (a planted symlink, a directory others may write): say so, start afresh
         return h
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_FILE_BYTES)
@@ -114,30 +169,36 @@ def load(path: str) -> History:
 
 def save(path: str, history: History) -> None:
     """Write ``history`` atomically: a temporary file in the same directory, fsync, rename."""
-    directory = os.path.dirname(path) or "."
+    directory, name = os.path.split(path)
+    directory = directory or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".coldstart-history-", dir=directory)
+    tmp = ".%s-%s.tmp" % (name, os.urandom(6).hex())
+    fd = open_state_file(directory, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    dfd = open_state_dir(directory, create=False)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for line in history.lines():
                 f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
         except OSError:
             pass
         raise
+    finally:
+        os.close(dfd)
 
 
 def append(path: str, key: str, run: Run) -> None:
-    """Add one run at the end of the file: one line, one ``write``; never through a symlink."""
-    directory = os.path.dirname(path) or "."
+    """Add one run at the end of the file: one line, one ``write``; never through a link."""
+    directory, name = os.path.split(path)
+    directory = directory or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
     line = (json.dumps(run_to_json(key, run), separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = open_state_file(directory, name, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":

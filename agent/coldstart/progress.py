@@ -33,6 +33,13 @@ MAX_WARMING = 1024
 MAX_DONE = 4096  # producers whose cold start ended, remembered so later stages do not restart it
 MAX_AGE_NS = 3600 * 1_000_000_000  # a cold start silent this long is forgotten, not tracked forever
 READY_STAGE = "ready_wait"
+MAX_WARMING_PER_UID = MAX_WARMING // 4
+
+
+def uid_of(resource: Resource) -> int | None:
+    """The producer's uid, as the kernel told the agent (``process.user.id``)."""
+    v = resource.get("process.user.id")
+    return v if type(v) is int else None
 
 
 def cmdline_of(pid: int, proc_root: str = "/proc") -> list[str] | None:
@@ -53,6 +60,7 @@ class Warming:
     resource: Resource
     service: str
     pid: int
+    uid: int | None
     key: str
     start_ns: int
     cache: str | None
@@ -103,6 +111,7 @@ class ProgressTracker:
         producer_info: Callable[[str], dict[str, Any] | None] | None = None,
         clock: Callable[[], int] = time.time_ns,
         proc_root: str = "/proc",
+        max_warming_per_uid: int = MAX_WARMING_PER_UID,
     ) -> None:
         self.history_path = history_path
         self.history = ch.load(history_path) if history_path else ch.History()
@@ -112,6 +121,10 @@ class ProgressTracker:
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
+        # Each uid's share of the table: one user's processes cannot starve another's progress.
+        self.max_warming_per_uid = max_warming_per_uid
+        self.warming_by_uid: dict[int | None, int] = {}
+        self.refused_warming = 0  # cold starts not tracked: the table or the uid's share was full
         # Producers whose cold start ended (the one longest without a stage first): a stage
         # they open later (per request, say) is not a new cold start, and must not show the
         # service as warming; nor after an agent restart (their hello says the root ended).
@@ -130,9 +143,11 @@ class ProgressTracker:
                 self._finished(it)
 
     def _begin(self, span: SpanItem) -> Warming | None:
-        if len(self.warming) >= MAX_WARMING:
-            return None
         producer = span.origin.producer if span.origin else ""
+        uid = uid_of(span.resource)
+        if len(self.warming) >= MAX_WARMING or self.warming_by_uid.get(uid, 0) >= self.max_warming_per_uid:
+            self.refused_warming += 1  # the table, or this uid's share of it, is full
+            return None
         info = self.producer_info(producer) or {}
         if info.get("root_ended"):  # its cold start ended before this agent started
             self._remember_done(producer)
@@ -143,10 +158,21 @@ class ProgressTracker:
         pid = int(pid_v) if isinstance(pid_v, int) else 0
         key = self._key_of(resource, service)
         start = int(info.get("start_ns") or span.start_ns)
-        w = Warming(producer, resource, service, pid, key, start, self._live_cache(key))
+        w = Warming(producer, resource, service, pid, uid_of(resource), key, start, self._live_cache(key))
         w.root_span_id = info.get("root_span_id") or span.parent_span_id
         w.helper = span.attributes.get("infersight.process.role") == "helper"
         self.warming[producer] = w
+        self.warming_by_uid[uid] = self.warming_by_uid.get(uid, 0) + 1
+        return w
+
+    def _forget(self, producer: str) -> Warming | None:
+        w = self.warming.pop(producer, None)
+        if w is not None:
+            n = self.warming_by_uid.get(w.uid, 1) - 1
+            if n > 0:
+                self.warming_by_uid[w.uid] = n
+            else:
+                self.warming_by_uid.pop(w.uid, None)
         return w
 
     def _live_cache(self, key: str) -> str | None:
@@ -190,7 +216,7 @@ class ProgressTracker:
 
     def _finished(self, cs: ColdStart) -> None:
         producer = cs.root.origin.producer if cs.root.origin else None
-        w = self.warming.pop(producer, None) if producer else None
+        w = self._forget(producer) if producer else None
         if producer:
             self._remember_done(producer)
         if cs.root.attributes.get("infersight.process.role") == "helper" or (w is not None and w.helper):
@@ -221,10 +247,11 @@ class ProgressTracker:
             del self.done[next(iter(self.done))]  # the one longest without a stage
 
     def _key_of(self, resource: Resource, service: str) -> str:
-        """The history key: the service and its command line (``argv0`` when /proc says nothing)."""
+        """The history key (:func:`history.service_key`): the service, the producer's uid (the
+        kernel's), and its command line's shape (``argv0`` when /proc says nothing)."""
         pid_v = resource.get("process.pid")
         command = cmdline_of(pid_v, self.proc_root) if isinstance(pid_v, int) and pid_v else None
-        return ch.service_key(service, command or [str(resource.get("process.command") or "")])
+        return ch.service_key(service, command or [str(resource.get("process.command") or "")], uid=uid_of(resource))
 
     # -- output --------------------------------------------------------------------------
 
@@ -238,6 +265,7 @@ class ProgressTracker:
         return {
             "service": w.service,
             "pid": w.pid,
+            "uid": w.uid,
             "stage": est.stage or w.last_stage,
             "elapsed_s": round(est.elapsed_s, 3),
             "eta_s": None if est.eta_s is None else round(est.eta_s, 3),
@@ -262,7 +290,7 @@ class ProgressTracker:
         now = self.clock() if now_ns is None else now_ns
         for producer, w in list(self.warming.items()):
             if now - max(w.last_event_ns, w.start_ns) > MAX_AGE_NS:
-                del self.warming[producer]
+                self._forget(producer)
         by_service: dict[str, list[Warming]] = {}
         for w in self.warming.values():
             if not w.ready and not w.helper:
@@ -280,6 +308,7 @@ class ProgressTracker:
             states = [(self.state(w, now), w) for w in ws]
             state, w = max(states, key=lambda sw: (sw[0]["eta_s"] or 0.0, -sw[1].start_ns))
             state["processes"] = len(ws)
+            state["uids"] = sorted({x.uid for x in ws if x.uid is not None})
             out.append(ColdStartProgress(w.resource, service, w.pid, now, state))
             self.sent[service] = (now, w.resource, w.pid)
             for x in ws:
@@ -289,6 +318,7 @@ class ProgressTracker:
     def end_all(self) -> None:
         """The agent stops: nothing warms any more; the next tick clears what was shown."""
         self.warming.clear()
+        self.warming_by_uid.clear()
 
 
 def history_path_from(state_dir: str | None) -> str | None:

@@ -55,6 +55,7 @@ EXIT_NOT_EXECUTABLE = 126
 EXIT_USAGE = 2
 PRIVATE_PREFIX = "infersight-launch-"
 LOCK_NAME = "launch.lock"
+COMMAND_NAME = "command"  # CMD's argv, NUL-joined: a later launch replays only what the same command left
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
@@ -246,7 +247,7 @@ def temp_root() -> str:
 class Private:
     """launch's private directory (0700, created exclusively), locked while launch lives."""
 
-    def __init__(self, root: str | None = None) -> None:
+    def __init__(self, root: str | None = None, command: list[str] | None = None) -> None:
         import fcntl
 
         root = root or temp_root()
@@ -264,6 +265,13 @@ class Private:
                                os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         os.write(self.lock_fd, b"%d\n" % os.getpid())
+        if command is not None:
+            fd = os.open(os.path.join(path, COMMAND_NAME),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"\0".join(os.fsencode(a) for a in command))
+            finally:
+                os.close(fd)
 
     def listen(self) -> int:
         """Listen on the private socket now, so a hook can connect before the agent runs; the fd."""
@@ -541,7 +549,7 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             err.write("infersight: %s\n" % line)
         err.flush()
     try:
-        private = Private()
+        private = Private(command=list(cmd))
     except OSError as exc:
         err.write("infersight launch: cannot make a private directory in %s: %s\n" % (temp_root(), exc))
         return EXIT_USAGE

@@ -28,9 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from infersight.agent.coldstart.history import command_shape
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.commands.extensions import new_agent
 from infersight.agent.commands.launch import (
+    COMMAND_NAME,
     EXIT_USAGE,
     LOCK_NAME,
     PRIVATE_PREFIX,
@@ -238,8 +240,29 @@ class Leftover:
     replayed: int = 0
 
 
-def find_leftovers(root: str, own: str) -> list[Leftover]:
-    """Private directories of launches that died (their lock is free), ours by uid and mode."""
+def leftover_command(path: str) -> list[str] | None:
+    """The command an earlier launch ran (its private directory's ``command`` file); None when
+    unknown (an older launch wrote none)."""
+    try:
+        fd = os.open(os.path.join(path, COMMAND_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    return [os.fsdecode(a) for a in raw.split(b"\0")]
+
+
+def same_command(a: list[str] | None, b: list[str]) -> bool:
+    """The same command, as the ETA history sees one (values such as ports do not count)."""
+    return a is not None and command_shape(a) == command_shape(b)
+
+
+def find_leftovers(root: str, own: str, command: list[str] | None = None) -> list[Leftover]:
+    """Private directories of launches that died (their lock is free), ours by uid and mode;
+    with ``command``, only those of the same command (another command's are left alone for a
+    launch of that command, and :func:`other_leftovers` reports them)."""
     found: list[Leftover] = []
     try:
         names = sorted(n for n in os.listdir(root) if n.startswith(PRIVATE_PREFIX))
@@ -255,6 +278,8 @@ def find_leftovers(root: str, own: str) -> list[Leftover]:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
             continue  # not a directory of ours: never read or delete it
+        if command is not None and not same_command(leftover_command(path), command):
+            continue
         try:
             fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -267,6 +292,21 @@ def find_leftovers(root: str, own: str) -> list[Leftover]:
             continue
         found.append(Leftover(path, fd, pid))
     return found
+
+
+def other_leftovers(root: str, own: str, command: list[str]) -> list[tuple[str, int]]:
+    """Directories of this user's dead launches of other commands that still hold spool
+    files: (path, files). They are reported, not replayed into this launch's output."""
+    out: list[tuple[str, int]] = []
+    for lo in find_leftovers(root, own):
+        try:
+            if not same_command(leftover_command(lo.path), command):
+                n = len(spool_files(os.path.join(lo.path, "spool")))
+                if n:
+                    out.append((lo.path, n))
+        finally:
+            os.close(lo.lock_fd)
+    return out
 
 
 def spool_files(spool: str) -> list[str]:
@@ -367,9 +407,11 @@ def _exporter_spool_files(path: str) -> int:
         d = os.path.join(root, name)
         if os.path.isdir(d) and not os.path.islink(d):
             try:
-                n += DiskSpool(d).items
+                spool = DiskSpool(d)
             except (OSError, ValueError):
                 continue
+            n += spool.items
+            spool.close()
     return n
 
 
@@ -465,8 +507,12 @@ class Session:
     async def run(self, agent: Agent) -> None:
         """Awaited by ``agent.serve(until=...)`` once the agent is up; the agent stops when it returns."""
         opts, private, child = self.opts, self.private, self.child
-        self.leftovers = find_leftovers(os.path.dirname(private.path), private.path)
+        root, command = os.path.dirname(private.path), leftover_command(private.path) or []
+        self.leftovers = find_leftovers(root, private.path, command)
         replay_leftovers(agent, self.leftovers)
+        for path, n in other_leftovers(root, private.path, command):
+            self.out.write("infersight: an earlier launch of another command left %d spool file(s) in %s; "
+                           "a launch of that command replays them\n" % (n, os.path.join(path, "spool")))
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         proc_done = asyncio.Event()
         watcher = None

@@ -71,6 +71,9 @@ class Producer:
     lost_root_made: bool = False  # the agent closed the root for it (producer_lost)
     last_ns: int = 0  # the latest event time seen
     gone: bool = False  # the process has ended; its pending state was freed
+    uid: int | None = None  # the kernel's word (SO_PEERCRED, a spool file's owner); None in-process
+    hello_cut: int = 0  # hello keys, values and resource attributes cut to their bounds
+    spool_vanished: int = 0  # its spool files that someone else removed (the hook rescued them)
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
@@ -140,27 +143,92 @@ def attributes(v: Any) -> Attributes:
     return out
 
 
-def parse_resource_env(value: str) -> Attributes:
-    """OTEL_RESOURCE_ATTRIBUTES: ``k=v,k2=v2`` with percent-encoded values."""
+# A hello is kept for as long as its producer is in the table (MAX_PRODUCERS), connected or
+# not: each is bounded, and what is cut is counted (``hello_cut``).
+MAX_HELLO_KEYS = 32
+MAX_HELLO_KEY = 64
+MAX_HELLO_STR = 1024
+MAX_HELLO_LIST = 64
+MAX_RESOURCE_ENV = 4096  # OTEL_RESOURCE_ATTRIBUTES as sent
+MAX_RESOURCE_ATTRS = 64
+MAX_RESOURCE_KEY = 128
+MAX_RESOURCE_VALUE = 1024
+MAX_HELLO_BYTES = 8 << 10  # about what one producer's hello may cost, all included
+
+
+def parse_resource_env(value: str, cut: list[int] | None = None) -> Attributes:
+    """OTEL_RESOURCE_ATTRIBUTES: ``k=v,k2=v2`` with percent-encoded values; at most
+    MAX_RESOURCE_ATTRS attributes, keys and values cut to their bounds (each cut counted
+    in ``cut[0]``)."""
     out: Attributes = {}
+    cuts = 0
+    if len(value) > MAX_RESOURCE_ENV:
+        value, cuts = value[:MAX_RESOURCE_ENV], cuts + 1
     for part in value.split(","):
         if "=" not in part:
             continue
         k, _, v = part.partition("=")
         k = k.strip()
-        if k:
-            out[k] = urllib.parse.unquote(v.strip())
+        if not k:
+            continue
+        if len(out) >= MAX_RESOURCE_ATTRS and k not in out:
+            cuts += 1
+            continue
+        v = urllib.parse.unquote(v.strip())
+        if len(k) > MAX_RESOURCE_KEY or len(v) > MAX_RESOURCE_VALUE:
+            k, v, cuts = k[:MAX_RESOURCE_KEY], v[:MAX_RESOURCE_VALUE], cuts + 1
+        out[k] = v
+    if cut is not None:
+        cut[0] += cuts
     return out
 
 
-def producer_resource(info: dict[str, Any], host_name: str | None) -> Resource:
-    """``Resource.create()`` semantics: env attributes, then what we detect, wins."""
+def _bounded_value(v: Any) -> tuple[Any, bool]:
+    """A hello value within its bounds, and whether it was cut (nested objects are dropped)."""
+    if v is None or isinstance(v, (bool, int, float)):
+        return v, False
+    if isinstance(v, str):
+        return (v[:MAX_HELLO_STR], True) if len(v) > MAX_HELLO_STR else (v, False)
+    if isinstance(v, list):
+        items = [x[:MAX_HELLO_STR] if isinstance(x, str) else x for x in v[:MAX_HELLO_LIST]
+                 if x is None or isinstance(x, (str, bool, int, float))]
+        return items, len(items) != len(v) or any(isinstance(x, str) and len(x) > MAX_HELLO_STR for x in v)
+    return None, True
+
+
+def bound_hello(info: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """``info`` within the hello bounds (keys, value lengths, total), and how many cuts."""
+    out: dict[str, Any] = {}
+    cuts, total = 0, 0
+    for k, v in info.items():
+        if not isinstance(k, str) or len(k) > MAX_HELLO_KEY or len(out) >= MAX_HELLO_KEYS:
+            cuts += 1
+            continue
+        limit = MAX_RESOURCE_ENV if k == "resource_attributes" else None
+        if limit is not None and isinstance(v, str):
+            value, was_cut = (v[:limit], True) if len(v) > limit else (v, False)
+        else:
+            value, was_cut = _bounded_value(v)
+        size = len(k) + len(repr(value))
+        if total + size > MAX_HELLO_BYTES:
+            cuts += 1
+            continue
+        total += size
+        cuts += was_cut
+        out[k] = value
+    return out, cuts
+
+
+def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int] | None = None) -> Resource:
+    """``Resource.create()`` semantics: env attributes, then what we detect, wins. The uid is
+    the kernel's (``info["uid"]`` as :meth:`Assembler.hello` sets it), never the hello's."""
     attrs: Attributes = {
         "telemetry.sdk.name": "infersight",
         "telemetry.sdk.language": "python",
         "telemetry.sdk.version": __version__,
     }
-    attrs.update(parse_resource_env(str(info.get("resource_attributes") or "")))
+    attrs.update(parse_resource_env(str(info.get("resource_attributes") or ""), cut))
+    attrs.pop("process.user.id", None)
     service = str(info.get("service_name") or "") or str(attrs.get("service.name") or "")
     attrs["service.name"] = service or "unknown_service:%s" % (info.get("exe") or "python")
     attrs.update(
@@ -176,13 +244,18 @@ def producer_resource(info: dict[str, Any], host_name: str | None) -> Resource:
     )
     if info.get("argv0"):
         attrs["process.command"] = str(info["argv0"])
+    if type(info.get("uid")) is int:
+        attrs["process.user.id"] = info["uid"]
     return Resource.of({k: (mask_value(k, v) if isinstance(v, str) else v) for k, v in attrs.items()})
 
 
-def validate_hello(info: Any) -> dict[str, Any]:
+def validate_hello(info: Any, cut: list[int] | None = None) -> dict[str, Any]:
+    """The hello's producer object, checked, and bounded (cuts counted in ``cut[0]``)."""
     if not isinstance(info, dict):
         raise Malformed("producer must be an object")
-    out = dict(info)
+    out, cuts = bound_hello(info)
+    if cut is not None:
+        cut[0] += cuts
     out["id"] = _s(info.get("id"), "producer.id", 128)
     out["pid"] = _i(info.get("pid"), "producer.pid")
     out["start_ns"] = _i(info.get("start_ns"), "producer.start_ns")
@@ -266,12 +339,31 @@ class Assembler:
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
         self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
         self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
+        self.identity_conflicts = 0  # a producer id presented by a second uid: kept apart
+        self.hello_cut = 0  # hello keys, values and resource attributes cut to their bounds
 
-    def hello(self, raw: Any) -> Producer:
-        info = validate_hello(raw)
-        p = self.producers.get(info["id"])
+    def hello(self, raw: Any, uid: int | None = None) -> Producer:
+        """The producer this hello names, made on first sight. ``uid`` is the kernel's word
+        (the peer's SO_PEERCRED, a spool file's owner): the hello's own ``uid`` is replaced
+        by it, and a producer id already held by another uid gets its own entry,
+        ``<id>@<uid>``, so that two uids never share one sequence space (counted). A producer
+        made in-process (no uid: tests, ``launch``'s own) matches any uid."""
+        cut = [0]
+        info = validate_hello(raw, cut)
+        info.pop("uid", None)
+        if uid is not None:
+            info["uid"] = uid
+        key = info["id"]
+        p = self.producers.get(key)
+        if p is not None and p.uid is not None and uid is not None and p.uid != uid:
+            self.identity_conflicts += 1
+            key = "%s@%d" % (info["id"], uid)
+            p = self.producers.get(key)
         if p is None:
-            p = Producer(info["id"], info, producer_resource(info, self.host_name))
+            p = Producer(key, info, producer_resource(info, self.host_name, cut), uid=uid)
+            info.pop("resource_attributes", None)  # it lives on in the resource: not kept twice
+            p.hello_cut = cut[0]
+            self.hello_cut += cut[0]
             p.seq.resume_after(info["acked"])
             self.producers[p.id] = p
             if len(self.producers) > MAX_PRODUCERS:
@@ -364,6 +456,7 @@ class Assembler:
         elif kind == "drops":
             p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
+            p.spool_vanished = max(p.spool_vanished, _i(d.get("vanished", 0), "vanished"))
         else:
             raise Malformed("unknown event kind %r" % (kind,))
 
@@ -532,4 +625,6 @@ class Assembler:
             "coldstart_roots_closed_for_lost": self.roots_closed_for_lost,
             "coldstart_late_roots_of_lost": self.late_roots_of_lost,
             "gaps_forgotten": self.gaps_forgotten_total(),
+            "identity_conflicts": self.identity_conflicts,
+            "hello_cut": self.hello_cut,
         }

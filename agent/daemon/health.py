@@ -29,6 +29,9 @@ class Counters:
     over_capacity: int = 0  # connections closed at the connection limit
     idle_closed: int = 0  # producer connections closed after the idle timeout
     accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
+    refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts
+    spool_files_vanished: int = 0  # producers' spool files removed by someone else (their hooks report it)
+    urgent_wakeups: int = 0  # urgent doorbells (an OOM sent): the read gate opened at once
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -2,7 +2,8 @@
 
 I/O shell around the pure :mod:`assemble` core. A hostile or broken peer costs one
 connection, never the agent: oversized frames, slow senders, garbage and refused uids
-are each counted.
+are each counted. Who a producer is comes from the kernel (:mod:`identity`): SO_PEERCRED
+for a connection, the owner for a spool file; a hello the kernel contradicts is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, cast
 from infersight.agent.daemon.assemble import Assembler, Malformed, Producer
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.health import Counters
+from infersight.agent.daemon.identity import Peer, refusal
 from infersight.agent.errors import AgentError
 from infersight.hooks import _paths, _wire
 from infersight.settings import ConfigError
@@ -111,10 +113,10 @@ MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor
 # After a quiet producer's frame, quiet producers are not read for this long: a host of
 # many wakes the agent once per window instead of once per frame, and at two of the hooks'
 # batch delays (50 ms) each quiet producer's frames come in pairs: one read, one ack.
-# The price: a quiet producer's events reach the exporters up to this much later. An OOM
-# report is sent at once by the hook (``emit_urgent``), so this bounds its wait here, kept
-# under DESIGN's 100 ms from OOM to exported result (80 ms: quiet fleet ratio ~1.5x, where
-# 50 ms gave 1.7-2.0x and 100 ms 1.3-1.5x on the 2-core VM).
+# The price: a quiet producer's events reach the exporters up to this much later (80 ms:
+# quiet fleet ratio ~1.5x, where 50 ms gave 1.7-2.0x and 100 ms 1.3-1.5x on the 2-core VM).
+# An urgent event is never held: the hook sends an OOM report at once (``emit_urgent``) and
+# then rings the agent on a fresh connection (``{"t": "urgent"}``), which opens the gate.
 GATE_S = 0.08
 QUIET_FRAME_BYTES = 16 << 10  # a producer that sends this much within a window is busy: never held
 
@@ -617,11 +619,15 @@ class Ingest:
         if msg.get("t") == "subscribe" and self.subscribe is not None and over <= 0:
             await self.subscribe(msg, uid, reader, writer)
             return
+        if msg.get("t") == "urgent":  # a producer sent an urgent frame (an OOM): read everyone now
+            self.counters.urgent_wakeups += 1
+            self.gate.open()
+            return
         if over > 0:  # no reply: the hook retries later (a refusal would make it stop trying)
             self.counters.over_capacity += 1
             self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
             return
-        producer = self._hello(msg, writer)
+        producer = self._hello(msg, writer, Peer(uid, pid))
         if producer is None:
             await writer.drain()
             return
@@ -692,7 +698,10 @@ class Ingest:
                 deadline.phase = ReadDeadline.HELD  # as before: no limit on a peer reading its acks
                 await writer.drain()
 
-    def _hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter | None) -> Producer | None:
+    def _hello(
+        self, msg: dict[str, Any], writer: asyncio.StreamWriter | None, peer: Peer | None = None
+    ) -> Producer | None:
+        """The producer of a hello from ``peer`` (None: in-process, trusted); None when refused."""
         def refuse(error: str) -> None:
             if writer is not None:
                 writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION, "error": error}))
@@ -709,8 +718,17 @@ class Ingest:
             self._rlog.warn("schema", "%s", err)
             refuse(err)
             return None
+        raw = msg.get("producer")
+        if peer is not None and isinstance(raw, dict) and isinstance(raw.get("id"), str) \
+                and type(raw.get("pid")) is int:
+            why = refusal(raw["id"], raw["pid"], peer)
+            if why is not None:
+                self.counters.refused_identity += 1
+                self._rlog.warn("identity", "refused a hello from uid %d: %s", peer.uid, why)
+                refuse("identity refused: %s" % why)
+                return None
         try:
-            return self.assembler.hello(msg.get("producer"))
+            return self.assembler.hello(raw, None if peer is None else peer.uid)
         except Malformed as exc:
             self.counters.malformed_frames += 1
             self._rlog.warn("hello", "malformed hello: %s", exc)
@@ -726,7 +744,12 @@ class Ingest:
         on_done: Callable[[], None] | None = None,
     ) -> None:
         before_bad, before_dup, before_n = producer.malformed, producer.seq.duplicates, producer.events
+        before_vanished = producer.spool_vanished
         items = self.assembler.events(producer, events)
+        if producer.spool_vanished > before_vanished:
+            self.counters.spool_files_vanished += producer.spool_vanished - before_vanished
+            self._rlog.warn("vanished", "producer %s: someone removed its spool file (%d so far; the hook "
+                            "rescued what it held)", producer.id, producer.spool_vanished)
         self.counters.malformed_events += producer.malformed - before_bad
         self.counters.duplicates += producer.seq.duplicates - before_dup
         self.counters.events_in += producer.events - before_n
@@ -822,7 +845,7 @@ class Ingest:
                     self.counters.malformed_frames += 1
                     continue
                 if producer is None:
-                    producer = self._hello(msg, None)
+                    producer = self._hello(msg, None, Peer(st.st_uid, None))
                     if producer is None:
                         break
                     continue

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
@@ -39,8 +40,10 @@ from infersight.agent.daemon.health import Counters, ProcessStats, health_metric
 from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.sessions import Sessions
 from infersight.agent.daemon.spool import DiskSpool
+from infersight.agent.errors import AgentError
 from infersight.exporters.base import Exporter, is_ephemeral
-from infersight.settings import Config
+from infersight.settings import Config, ConfigError
+from infersight.statefiles import UnsafeStateDirError, ensure_state_dir
 from infersight.telemetry import Item, Resource
 
 log = logging.getLogger("infersight.agent")
@@ -68,6 +71,54 @@ def sink_line(state: dict[str, Any]) -> str:
     """``file /var/lib/infersight/infersight.otlp.jsonl``: an exporter and where it sends."""
     target = next((str(state[k]) for k in SINK_TARGETS if state.get(k)), "")
     return ("%s %s" % (state["name"], target)).strip()
+
+
+EXPORTER_SPOOL_SUBDIR = "exporters"  # under agent.state_dir
+
+
+class StateDirError(ConfigError, AgentError):
+    """``agent.state_dir`` could be written by someone other than the agent: it will not start."""
+
+
+def check_state_dir(path: str) -> None:
+    """The daemon's start check of ``agent.state_dir`` (exit 2 with the reason)."""
+    try:
+        ensure_state_dir(path)
+    except UnsafeStateDirError as exc:
+        raise StateDirError(
+            "unsafe state directory (agent.state_dir): %s. It holds the agent's own state (exporter "
+            "spools, cold-start history, the default OTLP file) and must be a directory of the agent's "
+            "uid with mode 0700 or 0750; set agent.state_dir / INFERSIGHT_STATE_DIR elsewhere, or fix it"
+            % (exc.strerror or exc)) from None
+    except OSError as exc:
+        raise StateDirError("cannot use the state directory %s: %s" % (path, exc)) from None
+
+
+def check_hooks_spool_dir(path: str) -> bool:
+    """The hooks' spool directory is shared with the socket group: without the sticky bit a
+    member could remove or rename another's spool file. One of the agent's own gets the bit
+    (logged); another's is reported (the hooks then rescue and count a removed file).
+    True when the directory is safe as it is now."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True  # not made yet: the hooks make a private (0700) one
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode) or not mode & 0o022 or mode & stat.S_ISVTX:
+        return True
+    if st.st_uid == os.geteuid():
+        try:
+            os.chmod(path, mode | stat.S_ISVTX, follow_symlinks=False)
+            log.warning("hooks' spool directory %s was %04o: added the sticky bit (%04o) so that no group "
+                        "member can remove another's spool file", path, mode, mode | stat.S_ISVTX)
+            return True
+        except OSError as exc:
+            log.warning("cannot add the sticky bit to the hooks' spool directory %s: %s", path, exc)
+            return False
+    log.warning("hooks' spool directory %s is %04o without the sticky bit: a group member can remove "
+                "another's spool file (the hooks rescue and count it). Make it 3770 (systemd/tmpfiles.d)",
+                path, mode)
+    return False
 
 
 def short_hostname() -> str:
@@ -114,12 +165,25 @@ class Agent:
         self.counters = Counters()
         self.assembler = Assembler(self.host_name, self._kind_handlers(),
                                    max_pending_bytes=config["agent.max_pending_bytes"])
-        spool_root = exporter_spool_root or os.path.join(config["agent.spool_dir"], "exporters")
+        # The daemon's exporter spools are its own state: in state_dir (checked; only the agent
+        # may write it), never in the hooks' group-writable spool directory. ``launch`` gives
+        # its private directory; another embedded agent (tests) keeps them under its spool dir.
+        state_dir = config["agent.state_dir"]
+        if exporter_spool_root is None and embedded:
+            exporter_spool_root = os.path.join(config["agent.spool_dir"], "exporters")
+        if exporter_spool_root is None:
+            check_state_dir(state_dir)
         self.workers: list[ExporterWorker] = []
         for e in exporters:
             spool = None
             if not is_ephemeral(e):
-                spool = DiskSpool(os.path.join(spool_root, e.name), config["agent.exporter_spool_max_bytes"])
+                limit = config["agent.exporter_spool_max_bytes"]
+                try:
+                    spool = (DiskSpool(os.path.join(exporter_spool_root, e.name), limit)
+                             if exporter_spool_root is not None
+                             else DiskSpool(os.path.join(EXPORTER_SPOOL_SUBDIR, e.name), limit, state_dir=state_dir))
+                except OSError as exc:
+                    raise StateDirError("cannot use the disk spool of exporter %s: %s" % (e.name, exc)) from None
             self.workers.append(ExporterWorker(e, spool, max_attempts=config["agent.exporter_max_attempts"],
                                                stall_s=config["agent.exporter_stall_s"]))
         self.broadcaster = Broadcaster(self.workers)
@@ -353,6 +417,8 @@ class Agent:
             await ext.start(self)
         await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)
         self.listening = True
+        if not self.embedded:
+            check_hooks_spool_dir(self.config["agent.spool_dir"])
         replayed = self.ingest.replay_spools(self.config["agent.spool_dir"])
         if replayed:
             log.info("replayed %d spool file(s) of producers that had died", replayed)

@@ -3,30 +3,53 @@
 Segment files ``<n>.seg`` hold records: 8-byte header (payload length, item count)
 then JSON of the batch. The read position survives restarts in ``pos``. When the
 spool is full, the oldest segment is deleted and its items are counted as dropped.
+
+Every file is opened relative to a descriptor of the spool's directory, never through a
+link: under ``agent.state_dir`` (the daemon) that descriptor comes from
+:func:`infersight.statefiles.open_state_dir`, which checks that only the agent can write there.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import struct
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from infersight.agent.daemon.itemcodec import from_dict, to_dict
+from infersight.statefiles import DIR_FLAGS, open_state_dir
 from infersight.telemetry import Item
 
 REC = struct.Struct("!II")
+
+
+class SpoolInUseError(OSError):
+    """Another agent holds this spool directory."""
 SEGMENT_BYTES = 4 << 20
 
 
 class DiskSpool:
-    def __init__(self, directory: str, max_bytes: int = 256 << 20) -> None:
-        self.dir = directory
+    """``directory``: the spool's own directory; with ``state_dir``, a path relative to it."""
+
+    def __init__(self, directory: str, max_bytes: int = 256 << 20, state_dir: str | None = None) -> None:
+        self.dir = os.path.join(state_dir, directory) if state_dir else directory
         self.max_bytes = max_bytes
         self.segment_bytes = max(4096, min(SEGMENT_BYTES, max_bytes // 4))
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if state_dir:
+            self.dfd = open_state_dir(state_dir, directory)
+        else:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self.dfd = os.open(directory, DIR_FLAGS)
+        try:  # one agent per spool: two writing one would corrupt it
+            fcntl.flock(self.dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self.dfd)
+            raise SpoolInUseError("%s is in use by another agent (two agents share one state directory?)"
+                                  % self.dir) from None
         self.segments: list[int] = sorted(
-            int(n[:-4]) for n in os.listdir(directory) if n.endswith(".seg") and n[:-4].isdigit()
+            int(n[:-4]) for n in os.listdir(self.dfd) if n.endswith(".seg") and n[:-4].isdigit()
         )
         self.read_pos = self._load_pos()
         self.dropped_items = 0
@@ -35,13 +58,34 @@ class DiskSpool:
         self._counts = {seg: self._scan(seg) for seg in self.segments}
 
     def _seg_path(self, seg: int) -> str:
-        return os.path.join(self.dir, "%012d.seg" % seg)
+        return os.path.join(self.dir, self._seg_name(seg))
+
+    @staticmethod
+    def _seg_name(seg: int) -> str:
+        return "%012d.seg" % seg
+
+    def _open(self, name: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=self.dfd)
+
+    def _reader(self, seg: int) -> BinaryIO:
+        return os.fdopen(self._open(self._seg_name(seg)), "rb")
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self.dfd)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self.dfd >= 0:
+            os.close(self.dfd)
+            self.dfd = -1
 
     def _load_pos(self) -> int:
         """The read offset in the first segment. Saved as "SEGMENT OFFSET": a position saved
         for a segment that is gone (a save failed on a full disk) is not applied to the next."""
         try:
-            with open(os.path.join(self.dir, "pos")) as f:
+            with os.fdopen(self._open("pos"), "r") as f:
                 parts = f.read().split()
             if len(parts) == 1:  # the older format: an offset alone
                 return int(parts[0])
@@ -52,16 +96,16 @@ class DiskSpool:
 
     def _save_pos(self) -> None:
         """Raises OSError (a full disk); the position in memory is right regardless."""
-        tmp = os.path.join(self.dir, "pos.tmp")
-        with open(tmp, "w") as f:
+        self._unlink("pos.tmp")  # O_EXCL below: never write through what is at that name
+        with os.fdopen(self._open("pos.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as f:
             f.write("%d %d" % (self.segments[0] if self.segments else 0, self.read_pos))
-        os.replace(tmp, os.path.join(self.dir, "pos"))
+        os.replace("pos.tmp", "pos", src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
 
     def _scan(self, seg: int) -> int:
         """Items left in a segment (from the read position for the first one)."""
         n = 0
         try:
-            with open(self._seg_path(seg), "rb") as f:
+            with self._reader(seg) as f:
                 if self.segments and seg == self.segments[0]:
                     f.seek(self.read_pos)
                 while True:
@@ -82,10 +126,7 @@ class DiskSpool:
     def size_bytes(self) -> int:
         total = 0
         for seg in self.segments:
-            try:
-                total += os.path.getsize(self._seg_path(seg))
-            except OSError:
-                pass
+            total += self._seg_size(seg)
         return total
 
     def __bool__(self) -> bool:
@@ -93,7 +134,7 @@ class DiskSpool:
 
     def _seg_size(self, seg: int) -> int:
         try:
-            return os.path.getsize(self._seg_path(seg))
+            return os.stat(self._seg_name(seg), dir_fd=self.dfd, follow_symlinks=False).st_size
         except FileNotFoundError:  # not created yet (its first write failed)
             return 0
 
@@ -113,7 +154,7 @@ class DiskSpool:
             self._counts[nxt] = 0
         seg = self.segments[-1]
         data = REC.pack(len(payload), len(batch)) + payload
-        fd = os.open(self._seg_path(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open(self._seg_name(seg), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             size = os.fstat(fd).st_size
             try:
@@ -133,10 +174,7 @@ class DiskSpool:
     def _drop_oldest(self) -> None:
         seg = self.segments.pop(0)
         self.dropped_items += self._counts.pop(seg, 0)
-        try:
-            os.unlink(self._seg_path(seg))
-        except OSError:
-            pass
+        self._unlink(self._seg_name(seg))
         self.read_pos = 0
         self._save_pos()
 
@@ -148,7 +186,7 @@ class DiskSpool:
         while self.segments and records == 0:
             seg = self.segments[0]
             try:
-                with open(self._seg_path(seg), "rb") as f:
+                with self._reader(seg) as f:
                     f.seek(self.read_pos)
                     while records == 0 or len(out) < max_items:
                         hdr = f.read(REC.size)
@@ -181,7 +219,7 @@ class DiskSpool:
         """Forget ``records`` records that ``peek_many`` returned (after they were exported)."""
         seg = self.segments[0]
         nbytes = count = 0
-        with open(self._seg_path(seg), "rb") as f:
+        with self._reader(seg) as f:
             f.seek(self.read_pos)
             for _ in range(records):
                 size, n = REC.unpack(f.read(REC.size))
@@ -189,7 +227,7 @@ class DiskSpool:
                 nbytes += REC.size + size
                 count += n
         self._advance(nbytes, count)
-        if self._counts.get(seg, 0) == 0 and self.read_pos >= os.path.getsize(self._seg_path(seg)):
+        if self._counts.get(seg, 0) == 0 and self.read_pos >= self._seg_size(seg):
             self._retire_first()
 
     def _advance(self, nbytes: int, count: int) -> None:
@@ -201,9 +239,6 @@ class DiskSpool:
     def _retire_first(self) -> None:
         seg = self.segments.pop(0)
         self._counts.pop(seg, None)
-        try:
-            os.unlink(self._seg_path(seg))
-        except OSError:
-            pass
+        self._unlink(self._seg_name(seg))
         self.read_pos = 0
         self._save_pos()

@@ -1,0 +1,105 @@
+"""The agent's own state directory (``agent.state_dir``): checked, and opened without links.
+
+Exporter disk spools, the cold-start history and the default OTLP file live there. Only the
+agent may write it: the directory is a real directory (not a symbolic link) owned by the
+agent's uid (or root) with no write bit for group or others. Every file in it is opened
+relative to a descriptor of that checked directory, each component with ``O_NOFOLLOW``, so
+a link planted anywhere below is refused (ELOOP), never followed.
+
+Use :func:`open_state_file` to open a file there (any module: it is stdlib only), and
+:func:`ensure_state_dir` once at start.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeStateDirError(OSError):
+    """The state directory could be written by someone other than the agent."""
+
+
+def _problem(st: os.stat_result, path: str, owner: int) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "%s is a symbolic link" % path
+    if not stat.S_ISDIR(st.st_mode):
+        return "%s is not a directory" % path
+    if st.st_uid not in (owner, 0):
+        return "%s is owned by uid %d, not by the agent's uid %d (or root)" % (path, st.st_uid, owner)
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        return "%s is writable by group or others (mode %04o)" % (path, stat.S_IMODE(st.st_mode))
+    return None
+
+
+def ensure_state_dir(path: str, owner: int | None = None) -> None:
+    """Make ``path`` (0700) if absent, and check it: raise :class:`UnsafeStateDirError` when
+    another user could write it. A directory of ours that is group- or world-writable is
+    fixed (its write bits for group and others are removed): the agent's own mistake, say an
+    older version's mode, is not a reason to stop. A symbolic link, another owner, or an
+    ancestor that others may write without the sticky bit (they could swap the directory)
+    is refused."""
+    owner = os.geteuid() if owner is None else owner
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UnsafeStateDirError(exc.errno, "cannot make the state directory %s: %s" % (path, exc.strerror)) from exc
+    why = _problem(st, path, owner)
+    if why is not None and st.st_uid == owner and stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+        why = _problem(os.lstat(path), path, owner)
+    if why is not None:
+        raise UnsafeStateDirError(why)
+    parent = os.path.dirname(path)
+    while parent and parent != path:
+        pst = os.lstat(parent)
+        if stat.S_IMODE(pst.st_mode) & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            raise UnsafeStateDirError("%s (above the state directory) is writable by others without the "
+                                      "sticky bit: they could swap the directory" % parent)
+        path, parent = parent, os.path.dirname(parent)
+
+def open_state_dir(state_dir: str, subdir: str = "", *, create: bool = True) -> int:
+    """A descriptor of ``state_dir`` (checked: see :func:`ensure_state_dir`'s rule) or of
+    ``subdir`` below it, each component opened with ``O_NOFOLLOW`` (made 0700 when absent
+    and ``create``). The caller closes it. Raises OSError (ELOOP for a link)."""
+    fd = os.open(state_dir, DIR_FLAGS)
+    try:
+        why = _problem(os.fstat(fd), state_dir, os.geteuid())
+        if why is not None:
+            raise UnsafeStateDirError(why)
+        for part in [p for p in subdir.split("/") if p not in ("", ".")]:
+            if part == "..":
+                raise UnsafeStateDirError("%r leaves the state directory" % subdir)
+            if create:
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+                raise UnsafeStateDirError("%s/%s is not the agent's own directory" % (state_dir, subdir))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_state_file(state_dir: str, relpath: str, flags: int, mode: int = 0o600) -> int:
+    """Open ``state_dir/relpath`` without following a link at any component below the
+    checked ``state_dir``; directories on the way are made (0700) when ``flags`` has
+    ``O_CREAT``. Returns the descriptor (``O_CLOEXEC``); raises OSError."""
+    subdir, name = os.path.split(relpath)
+    if not name or name in (".", ".."):
+        raise UnsafeStateDirError("%r names no file" % relpath)
+    dfd = open_state_dir(state_dir, subdir, create=bool(flags & os.O_CREAT))
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+    finally:
+        os.close(dfd)

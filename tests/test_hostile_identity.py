@@ -1,0 +1,256 @@
+"""Issue 22: two ordinary users in the socket group, one the victim, one the attacker, against a
+root agent. Everything here runs for real: the users are made with ``useradd``, the victim is a
+hooked Python process running as the victim, the attacker is a process running as the attacker.
+
+- Identity (22.2): the attacker forges the victim's producer (its pid and producer id) over the
+  socket and inside a spool file, and claims pid 1. Each hello is refused and counted; every
+  one of the victim's events arrives, none is taken for a duplicate, and its cold start is
+  whole (not closed early by the agent for a producer that "left").
+- The shared spool directory (22.3): the attacker cannot delete the victim's spool file.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import attr, hook_env, log_records, read_otlp_lines, spans, wait_for
+
+from infersight.hooks import _proc
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to make users and act as them")
+
+GROUP, VICTIM, ATTACKER = "isg22ha", "isv22ha", "isa22ha"
+N_EVENTS = 40
+
+
+def system_python() -> str:
+    """The venv's interpreter lives under /root: the other users run a system Python."""
+    for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(p, os.X_OK):
+            return p
+    pytest.skip("no system python3 for the other users' processes")
+
+
+def ensure_user(name: str, gid: int) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        r = subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", "-G", str(gid), name],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip("cannot make user %s: %s" % (name, r.stderr.strip()))
+        return pwd.getpwnam(name)
+
+
+@pytest.fixture
+def users() -> tuple[int, pwd.struct_passwd, pwd.struct_passwd]:
+    try:
+        gid = grp.getgrnam(GROUP).gr_gid
+    except KeyError:
+        r = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip("cannot make group %s: %s" % (GROUP, r.stderr.strip()))
+        gid = grp.getgrnam(GROUP).gr_gid
+    return gid, ensure_user(VICTIM, gid), ensure_user(ATTACKER, gid)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    b = Path(tempfile.mkdtemp(prefix="infersight-hostile-id-"))
+    os.chmod(b, 0o755)
+    yield b
+    shutil.rmtree(b, ignore_errors=True)
+
+
+def shared_spool(base: Path, gid: int) -> Path:
+    """The hooks' spool directory as the packaged tmpfiles.d line makes it: 3770 root:<group>."""
+    spool = base / "spool"
+    spool.mkdir()
+    os.chown(spool, 0, gid)
+    os.chmod(spool, 0o3770)
+    return spool
+
+
+VICTIM_SCRIPT = """
+import os, sys, time
+from infersight import hooks
+assert hooks.active()
+go = sys.argv[1]
+with hooks.stage("weights_load"):
+    print("warming", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.01)
+for i in range(%d):
+    hooks.log("victim-event", i=i)
+""" % N_EVENTS
+
+ATTACKER_SCRIPT = r"""
+import json, os, socket, struct, sys
+sock_path, spool, victim_id, victim_pid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+def frame(obj):
+    b = json.dumps(obj).encode()
+    return struct.pack("!I", len(b)) + b
+
+def hello(pid, pid_id):
+    return frame({"t": "hello", "schema": 1, "producer": {
+        "id": pid_id, "pid": pid, "start_ns": 1, "trace_id": "e" * 32, "root_span_id": "f" * 16,
+        "service_name": "victim-svc"}})
+
+forged = frame({"t": "b", "e": [[i + 1, 5, "log", {"body": "forged", "a": {"i": i}}] for i in range(%d)]})
+replies = []
+for pid, pid_id in ((victim_pid, victim_id), (1, "forged-pid-1")):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(sock_path)
+    s.sendall(hello(pid, pid_id) + forged)
+    replies.append(s.recv(4096)[4:].decode())
+    s.close()
+# The same forgery in a spool file, where the agent replays files whose lock is free.
+with open(os.path.join(spool, victim_id + "-00000000000000ff.spool"), "wb") as f:
+    f.write(hello(victim_pid, victim_id) + forged)
+print(json.dumps(replies), flush=True)
+""" % N_EVENTS
+
+
+def test_an_attacker_cannot_take_over_the_victims_producer(users, base: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    gid, victim, attacker = users
+    python = system_python()
+    spool = shared_spool(base, gid)
+    agent = agent_factory(root=base / "agent")
+    agent.config.write_text(agent.config.read_text()
+                            .replace('spool_dir = "%s"' % agent.spool, 'spool_dir = "%s"\nallowed_gids = [%d]'
+                                     % (spool, gid)))
+    os.chmod(base / "agent", 0o755)
+    agent.start()
+    os.chown(agent.sock, 0, gid)  # the socket group, as infersight.socket makes it
+    go = base / "go"
+    script = base / "victim.py"
+    script.write_text(VICTIM_SCRIPT)
+    env = hook_env(agent.sock, spool, OTEL_SERVICE_NAME="victim-svc", INFERSIGHT_EXIT_FLUSH_S="5")
+    env.pop("INFERSIGHT_STATE_DIR", None)
+    proc = subprocess.Popen([python, str(script), str(go)], env=env, cwd="/", stdout=subprocess.PIPE, text=True,
+                            user=victim.pw_uid, group=gid, extra_groups=[gid])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "warming"
+        assert wait_for(lambda: agent.status()["producers"] >= 1, 20), "the victim connected"
+        victim_id = _proc.producer_id(proc.pid)
+        r = subprocess.run([python, "-c", ATTACKER_SCRIPT, str(agent.sock), str(spool), victim_id, str(proc.pid)],
+                           capture_output=True, text=True, timeout=30, cwd="/",
+                           user=attacker.pw_uid, group=gid, extra_groups=[gid])
+        assert r.returncode == 0, r.stderr
+        replies = json.loads(r.stdout)
+        assert all('"refuse"' in x and "identity refused" in x for x in replies), replies
+        # The forged spool file is replayed at the next scan (every 5 s): refused too.
+        assert wait_for(lambda: agent.status()["counters"]["refused_identity"] >= 3, 30), agent.status()["counters"]
+        go.touch()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    def victim_records() -> list[dict]:  # type: ignore[type-arg]
+        return [r for r in log_records(read_otlp_lines(agent.out)) if r["body"].get("stringValue") == "victim-event"]
+
+    assert wait_for(lambda: len(victim_records()) >= N_EVENTS, 30), len(victim_records())
+    got = sorted(int(attr(r, "i")) for r in victim_records())
+    assert got == list(range(N_EVENTS)), "every victim event arrives, once"
+    lines = read_otlp_lines(agent.out)
+    assert not [r for r in log_records(lines) if r["body"].get("stringValue") == "forged"], "no forged event"
+    st = agent.status()
+    assert st["counters"]["duplicates"] == 0 and st["lost"] == 0
+    assert st["counters"]["refused_identity"] == 3
+    assert wait_for(lambda: [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"], 20)
+    roots = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
+    assert len(roots) == 1, roots
+    root = roots[0]
+    assert attr(root, "infersight.coldstart.ended_by") != "producer_lost", "the victim's own root"
+    stage = next(s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart.weights_load")
+    assert int(root["endTimeUnixNano"]) >= int(stage["endTimeUnixNano"]), "the cold start covers its stage"
+
+
+def test_the_attacker_cannot_delete_the_victims_spool_file(users, base: Path) -> None:  # type: ignore[no-untyped-def]
+    """The sticky bit on the shared spool directory (3770): only a file's owner (or the
+    directory's, or root) may remove it."""
+    gid, victim, attacker = users
+    python = system_python()
+    spool = shared_spool(base, gid)
+    f = spool / "victim-1-2-0123456789abcdef.spool"
+    f.write_bytes(b"x")
+    os.chown(f, victim.pw_uid, gid)
+    os.chmod(f, 0o600)
+    code = ("import os, sys\ntry:\n    os.unlink(sys.argv[1])\n    print('deleted')\n"
+            "except OSError as e:\n    print(e.errno)\n")
+    r = subprocess.run([python, "-c", code, str(f)], capture_output=True, text=True, timeout=20, cwd="/",
+                       user=attacker.pw_uid, group=gid, extra_groups=[gid])
+    assert r.stdout.strip() == "1", r.stdout + r.stderr  # EPERM
+    assert f.exists()
+
+
+SPOOLING_VICTIM = """
+import os, sys, time
+from infersight import hooks
+assert hooks.active()
+for i in range(20):
+    hooks.log("victim-event", i=i)
+assert hooks.flush(10)
+print("spooled", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+for i in range(20, 40):
+    hooks.log("victim-event", i=i)
+"""
+
+
+def test_a_removed_spool_file_is_rescued_by_its_hook_and_counted(users, base: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """In a spool directory without the sticky bit (an older install's 2770), the attacker
+    removes the victim's spool file while the agent is away. The victim's hook notices at its
+    next write, rescues what the file held (still readable through its descriptor) into a new
+    file and reports the removal: every event arrives and the agent counts it."""
+    gid, victim, attacker = users
+    python = system_python()
+    spool = base / "spool"
+    spool.mkdir()
+    os.chown(spool, 0, gid)
+    os.chmod(spool, 0o2770)
+    agent = agent_factory(root=base / "agent")
+    agent.config.write_text(agent.config.read_text()
+                            .replace('spool_dir = "%s"' % agent.spool, 'spool_dir = "%s"\nallowed_gids = [%d]'
+                                     % (spool, gid)))
+    go = base / "go"
+    script = base / "victim.py"
+    script.write_text(SPOOLING_VICTIM)
+    env = hook_env(agent.sock, spool, INFERSIGHT_EXIT_FLUSH_S="0.5")  # no agent yet: the hook spools
+    env.pop("INFERSIGHT_STATE_DIR", None)
+    proc = subprocess.Popen([python, str(script), str(go)], env=env, cwd="/", stdout=subprocess.PIPE, text=True,
+                            user=victim.pw_uid, group=gid, extra_groups=[gid])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "spooled"
+        code = ("import os, sys\nd = sys.argv[1]\nnames = [n for n in os.listdir(d) if n.endswith('.spool')]\n"
+                "for n in names:\n    os.unlink(os.path.join(d, n))\nprint(len(names))\n")
+        r = subprocess.run([python, "-c", code, str(spool)], capture_output=True, text=True, timeout=20, cwd="/",
+                           user=attacker.pw_uid, group=gid, extra_groups=[gid])
+        assert r.stdout.strip() == "1", r.stdout + r.stderr  # 2770: a member may remove another's file
+        go.touch()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    agent.start()
+
+    def victim_events() -> list[int]:
+        return sorted(int(attr(r, "i")) for r in log_records(read_otlp_lines(agent.out))
+                      if r["body"].get("stringValue") == "victim-event")
+
+    assert wait_for(lambda: len(victim_events()) >= 40, 30), victim_events()
+    assert victim_events() == list(range(40)), "nothing the removed file held is lost"
+    assert wait_for(lambda: agent.status()["counters"]["spool_files_vanished"] == 1, 20), agent.status()["counters"]

@@ -1,0 +1,145 @@
+"""Issue 22.1: the agent's own state lives in ``agent.state_dir``, writable by the agent alone.
+
+Faults injected for real, as root acting for uid ``nobody``: a state directory that is a
+symbolic link, one owned by another user, one group-writable; and the attack of the issue: a
+member of the hooks' group-writable spool directory plants a symbolic link where the exporters'
+disk spool used to live (``<spool_dir>/exporters/<name>``), pointing at a root-owned directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+from infersight.statefiles import UnsafeStateDirError, ensure_state_dir, open_state_file
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant entries as another user")
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    b = Path(tempfile.mkdtemp(prefix="infersight-statedir-"))
+    os.chmod(b, 0o755)
+    yield b
+    shutil.rmtree(b, ignore_errors=True)
+
+
+def nobody() -> pwd.struct_passwd:
+    return pwd.getpwnam("nobody")
+
+
+def start_with_state_dir(agent_factory, base: Path, state: Path):  # type: ignore[no-untyped-def]
+    agent = agent_factory(root=base / "agent")
+    text = agent.config.read_text().replace("[agent]\n", '[agent]\nstate_dir = "%s"\n' % state, 1)
+    agent.config.write_text(text)
+    return agent
+
+
+@pytest.mark.parametrize("fault", ["symlink", "other_owner", "others_writable_parent"])
+def test_the_daemon_refuses_a_state_dir_others_can_write(fault: str, agent_factory, base: Path,  # type: ignore[no-untyped-def]
+                                                         monkeypatch) -> None:
+    state = base / "state"
+    if fault == "symlink":
+        real = base / "real"
+        real.mkdir(mode=0o700)
+        os.symlink(real, state)
+        os.lchown(state, nobody().pw_uid, nobody().pw_gid)
+    elif fault == "other_owner":
+        state.mkdir(mode=0o700)
+        os.chown(state, nobody().pw_uid, nobody().pw_gid)
+    else:
+        shared = base / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o777)  # anyone could rename the state directory away and make their own
+        state = shared / "state"
+    monkeypatch.delenv("INFERSIGHT_STATE_DIR", raising=False)
+    agent = start_with_state_dir(agent_factory, base, state)
+    agent.start(wait=False)
+    assert agent.proc.wait(30) == 2  # type: ignore[union-attr]
+    log = agent.log.read_text()
+    assert "unsafe state directory" in log and "agent.state_dir" in log, log
+    assert "Traceback" not in log
+
+
+def test_a_state_dir_of_the_agents_own_is_fixed_not_refused(agent_factory, base: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    state = base / "state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    monkeypatch.delenv("INFERSIGHT_STATE_DIR", raising=False)
+    agent = start_with_state_dir(agent_factory, base, state).start()
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o755
+    assert agent.status()["healthy"] is True
+
+
+def test_files_in_the_state_dir_are_opened_without_following_links(base: Path) -> None:
+    state = base / "state"
+    ensure_state_dir(str(state))
+    target = base / "root-only"
+    target.write_bytes(b"root's own\n")
+    os.mkdir(state / "exporters", 0o700)
+    os.symlink(base, state / "exporters" / "otlp")  # a link at a directory component
+    os.symlink(target, state / "coldstart-history.jsonl")  # and at the file itself
+    for rel in ("exporters/otlp/000000000001.seg", "coldstart-history.jsonl"):
+        with pytest.raises(OSError) as exc:
+            open_state_file(str(state), rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        assert exc.value.errno in (errno.ELOOP, errno.ENOTDIR), rel
+    assert target.read_bytes() == b"root's own\n"
+    with pytest.raises(UnsafeStateDirError):
+        open_state_file(str(state), "../escape", os.O_RDONLY)
+
+
+def test_the_exporters_spool_is_not_in_the_hooks_spool_dir(agent_factory, base: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The issue's attack: a group member plants ``<spool_dir>/exporters/otlp`` as a link to a
+    root-owned directory holding a root-owned file. The agent spools for its unreachable OTLP
+    peer into its own state directory; nothing is written through the planted link."""
+    spool = base / "spool"
+    spool.mkdir()
+    os.chown(spool, 0, nobody().pw_gid)
+    os.chmod(spool, 0o2770)
+    private = base / "private"
+    private.mkdir(mode=0o700)
+    victim = private / "000000000001.seg"
+    victim.write_bytes(b"root's own\n")
+    os.chmod(victim, 0o600)
+    (spool / "exporters").mkdir()
+    os.chown(spool / "exporters", nobody().pw_uid, nobody().pw_gid)
+    os.symlink(private, spool / "exporters" / "otlp")
+    os.lchown(spool / "exporters" / "otlp", nobody().pw_uid, nobody().pw_gid)
+    state = base / "state"
+    monkeypatch.setenv("INFERSIGHT_STATE_DIR", str(state))
+    agent = agent_factory('[exporters.otlp]\nendpoint = "http://127.0.0.1:9"\nprotocol = "http/protobuf"\n'
+                          'timeout_s = 0.2\n', root=base / "agent")
+    agent.config.write_text(agent.config.read_text().replace('spool_dir = "%s"' % agent.spool,
+                                                             'spool_dir = "%s"' % spool))
+    agent.start()
+
+    def otlp() -> dict:  # type: ignore[type-arg]
+        return next(e for e in agent.status()["exporters"] if e["name"] == "otlp")
+
+    assert wait_for(lambda: otlp()["spooled_items_pending"] > 0, 30), otlp()
+    assert victim.read_bytes() == b"root's own\n" and sorted(os.listdir(private)) == ["000000000001.seg"]
+    assert list((state / "exporters" / "otlp").glob("*.seg")), "spooled in the agent's own state directory"
+    assert stat.S_IMODE(os.stat(state).st_mode) & 0o022 == 0
+
+
+def test_two_agents_never_share_one_exporter_spool(base: Path) -> None:
+    """Two agents configured with one state directory would corrupt each other's spools: the
+    second one to open a spool is refused, with the reason."""
+    from infersight.agent.daemon.spool import DiskSpool, SpoolInUseError
+
+    state = base / "state"
+    ensure_state_dir(str(state))
+    first = DiskSpool("exporters/otlp", state_dir=str(state))
+    with pytest.raises(SpoolInUseError, match="in use by another agent"):
+        DiskSpool("exporters/otlp", state_dir=str(state))
+    first.close()
+    DiskSpool("exporters/otlp", state_dir=str(state)).close()
