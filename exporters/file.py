@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from infersight.exporters.base import ExportError
 from infersight.exporters.otlp_json import encode_lines
+from infersight.statefiles import open_state_dir, open_state_file
 from infersight.telemetry import Item
 
 log = logging.getLogger("infersight.exporters.file")
@@ -30,13 +31,19 @@ class FileExporter:
     reader never meets a partial line; the batch is retried (or spooled) by the worker. A
     file found ending in a partial line (a crash mid-write) is repaired the same way when
     opened, and the line is counted in ``partial_lines_removed``.
+
+    With ``state_dir`` (the daemon's default file lives in the agent's state directory) the
+    file and its rotations are opened and renamed through a checked descriptor of that
+    directory, never following a link (``infersight.statefiles``).
     """
 
     def __init__(self, path: str, max_bytes: int = 256 << 20, backups: int = 3,
-                 inline_bytes: int = INLINE_BYTES) -> None:
+                 inline_bytes: int = INLINE_BYTES, state_dir: str | None = None) -> None:
         self.name = "file"
         self.inline_bytes = inline_bytes
         self.path = path
+        self.state_dir = state_dir
+        self._rel = os.path.relpath(os.path.abspath(path), os.path.abspath(state_dir)) if state_dir else ""
         self.max_bytes = max_bytes
         self.backups = backups
         self._fd: int | None = None
@@ -54,9 +61,12 @@ class FileExporter:
 
     def _open(self) -> None:
         if self._fd is None:
-            d = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(d, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+            if self.state_dir is not None:
+                fd = open_state_file(self.state_dir, self._rel, flags, 0o666)
+            else:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                fd = os.open(self.path, flags, 0o666)
             try:
                 self._size = self._repair(fd)
             except OSError:
@@ -93,14 +103,24 @@ class FileExporter:
 
     def _rotate(self) -> None:
         self._close()
-        for i in range(self.backups - 1, 0, -1):
-            src = "%s.%d" % (self.path, i)
-            if os.path.exists(src):
-                os.replace(src, "%s.%d" % (self.path, i + 1))
-        if self.backups > 0:
-            os.replace(self.path, self.path + ".1")
+        if self.state_dir is not None:
+            subdir, name = os.path.split(self._rel)
+            dfd: int | None = open_state_dir(self.state_dir, subdir)
         else:
-            os.unlink(self.path)
+            dfd, name = None, self.path
+        try:
+            for i in range(self.backups - 1, 0, -1):
+                try:  # a rename never follows a link in either name
+                    os.replace("%s.%d" % (name, i), "%s.%d" % (name, i + 1), src_dir_fd=dfd, dst_dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+            if self.backups > 0:
+                os.replace(name, name + ".1", src_dir_fd=dfd, dst_dir_fd=dfd)
+            else:
+                os.unlink(name, dir_fd=dfd)
+        finally:
+            if dfd is not None:
+                os.close(dfd)
         self.rotations += 1
         self._open()
 

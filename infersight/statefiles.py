@@ -34,13 +34,31 @@ def _problem(st: os.stat_result, path: str, owner: int) -> str | None:
     return None
 
 
-def ensure_state_dir(path: str, owner: int | None = None) -> None:
+def _shared_ancestor(path: str) -> str | None:
+    """The highest ancestor of ``path`` that others may write without the sticky bit (they
+    could rename what lies below it and put their own in its place), or None."""
+    ancestors = []
+    parent = os.path.dirname(path)
+    while parent and parent != path:
+        ancestors.append(parent)
+        path, parent = parent, os.path.dirname(parent)
+    for anc in reversed(ancestors):  # from the root down
+        st = os.stat(anc)
+        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return anc
+    return None
+
+
+def ensure_state_dir(path: str, owner: int | None = None) -> list[str]:
     """Make ``path`` (0700) if absent, and check it: raise :class:`UnsafeStateDirError` when
     another user could write it. A directory of ours that is group- or world-writable is
     fixed (its write bits for group and others are removed): the agent's own mistake, say an
-    older version's mode, is not a reason to stop. A symbolic link, another owner, or an
-    ancestor that others may write without the sticky bit (they could swap the directory)
-    is refused."""
+    older version's mode, is not a reason to stop. A symbolic link or another owner is refused.
+
+    An ancestor that others may write without the sticky bit (a Kubernetes ``emptyDir`` is
+    0777) is not refused but returned as a warning: every later open walks the components
+    below it with ``O_NOFOLLOW`` and checks the directory it reaches, so a member who swaps
+    the directory can make the agent's writes fail (counted), never redirect them."""
     owner = os.geteuid() if owner is None else owner
     path = os.path.abspath(path)
     try:
@@ -54,19 +72,38 @@ def ensure_state_dir(path: str, owner: int | None = None) -> None:
         why = _problem(os.lstat(path), path, owner)
     if why is not None:
         raise UnsafeStateDirError(why)
-    parent = os.path.dirname(path)
-    while parent and parent != path:
-        pst = os.lstat(parent)
-        if stat.S_IMODE(pst.st_mode) & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            raise UnsafeStateDirError("%s (above the state directory) is writable by others without the "
-                                      "sticky bit: they could swap the directory" % parent)
-        path, parent = parent, os.path.dirname(parent)
+    shared = _shared_ancestor(path)
+    if shared is None:
+        return []
+    return ["%s (above the state directory %s) is writable by others without the sticky bit: a member "
+            "could move the state directory away and stop the agent recording; no link there is "
+            "followed" % (shared, path)]
+
+
+def _open_checked_path(state_dir: str) -> int:
+    """A descriptor of ``state_dir``: links are followed only above the highest ancestor that
+    others may write (the administrator's), never at or below it."""
+    path = os.path.abspath(state_dir)
+    shared = _shared_ancestor(path)
+    if shared is None:
+        return os.open(path, DIR_FLAGS)
+    fd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in os.path.relpath(path, shared).split("/"):
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
 
 def open_state_dir(state_dir: str, subdir: str = "", *, create: bool = True) -> int:
     """A descriptor of ``state_dir`` (checked: see :func:`ensure_state_dir`'s rule) or of
     ``subdir`` below it, each component opened with ``O_NOFOLLOW`` (made 0700 when absent
     and ``create``). The caller closes it. Raises OSError (ELOOP for a link)."""
-    fd = os.open(state_dir, DIR_FLAGS)
+    fd = _open_checked_path(state_dir)
     try:
         why = _problem(os.fstat(fd), state_dir, os.geteuid())
         if why is not None:

@@ -22,7 +22,7 @@ SESSION = "ab" * 16
 
 def hello(asm: Assembler, pid: int, uid: int, session: str) -> Any:
     return asm.hello({"id": "boot-%d-1" % pid, "pid": pid, "start_ns": 1, "trace_id": "%032x" % pid,
-                      "root_span_id": "%016x" % pid, "uid": uid, "session": session})
+                      "root_span_id": "%016x" % pid, "session": session}, uid=uid)  # uid: the kernel's word
 
 
 def log_of(producer: Any, body: str) -> LogItem:

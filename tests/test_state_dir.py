@@ -44,7 +44,7 @@ def start_with_state_dir(agent_factory, base: Path, state: Path):  # type: ignor
     return agent
 
 
-@pytest.mark.parametrize("fault", ["symlink", "other_owner", "others_writable_parent"])
+@pytest.mark.parametrize("fault", ["symlink", "other_owner"])
 def test_the_daemon_refuses_a_state_dir_others_can_write(fault: str, agent_factory, base: Path,  # type: ignore[no-untyped-def]
                                                          monkeypatch) -> None:
     state = base / "state"
@@ -56,11 +56,6 @@ def test_the_daemon_refuses_a_state_dir_others_can_write(fault: str, agent_facto
     elif fault == "other_owner":
         state.mkdir(mode=0o700)
         os.chown(state, nobody().pw_uid, nobody().pw_gid)
-    else:
-        shared = base / "shared"
-        shared.mkdir()
-        os.chmod(shared, 0o777)  # anyone could rename the state directory away and make their own
-        state = shared / "state"
     monkeypatch.delenv("INFERSIGHT_STATE_DIR", raising=False)
     agent = start_with_state_dir(agent_factory, base, state)
     agent.start(wait=False)
@@ -68,6 +63,45 @@ def test_the_daemon_refuses_a_state_dir_others_can_write(fault: str, agent_facto
     log = agent.log.read_text()
     assert "unsafe state directory" in log and "agent.state_dir" in log, log
     assert "Traceback" not in log
+
+
+def test_a_state_dir_under_a_world_writable_parent_starts_with_a_warning(agent_factory, base: Path,  # type: ignore[no-untyped-def]
+                                                                         monkeypatch) -> None:
+    """A Kubernetes emptyDir is 0777: the agent starts there, says so, and follows no link below it."""
+    shared = base / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = shared / "a" / "state"
+    monkeypatch.delenv("INFERSIGHT_STATE_DIR", raising=False)
+    agent = start_with_state_dir(agent_factory, base, state).start()
+    st = agent.status()
+    assert any("writable by others without the sticky bit" in w for w in st["warnings"]), st["warnings"]
+    assert "writable by others without the sticky bit" in agent.log.read_text()
+
+
+def test_a_state_dir_swapped_under_a_shared_parent_is_refused_not_followed(base: Path) -> None:
+    shared = base / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    state = shared / "a" / "state"
+    assert ensure_state_dir(str(state))  # a warning, not a refusal
+    fd = open_state_file(str(state), "coldstart-history.jsonl", os.O_WRONLY | os.O_CREAT)
+    os.close(fd)
+    # A member moves "a" away and puts a link to another directory of the agent's in its place.
+    elsewhere = base / "elsewhere"
+    (elsewhere / "state").mkdir(parents=True, mode=0o700)
+    os.rename(shared / "a", shared / "moved")
+    os.symlink(elsewhere, shared / "a")
+    with pytest.raises(OSError) as exc:
+        open_state_file(str(state), "coldstart-history.jsonl", os.O_WRONLY | os.O_CREAT)
+    assert exc.value.errno in (errno.ELOOP, errno.ENOTDIR)
+    assert not (elsewhere / "state" / "coldstart-history.jsonl").exists()
+    # ... or a directory of their own: refused by its owner.
+    os.unlink(shared / "a")
+    (shared / "a" / "state").mkdir(parents=True)
+    os.chown(shared / "a" / "state", nobody().pw_uid, nobody().pw_gid)
+    with pytest.raises(UnsafeStateDirError):
+        open_state_file(str(state), "coldstart-history.jsonl", os.O_WRONLY | os.O_CREAT)
 
 
 def test_a_state_dir_of_the_agents_own_is_fixed_not_refused(agent_factory, base: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -143,3 +177,32 @@ def test_two_agents_never_share_one_exporter_spool(base: Path) -> None:
         DiskSpool("exporters/otlp", state_dir=str(state))
     first.close()
     DiskSpool("exporters/otlp", state_dir=str(state)).close()
+
+
+async def test_the_default_file_rotates_in_the_state_dir_and_follows_no_link(base: Path) -> None:
+    """The daemon's default OTLP file is the agent's own state: opened and rotated through the
+    checked directory; a link planted at its name is refused, not written through."""
+    from infersight.exporters.file import FileExporter
+    from infersight.telemetry import LogItem, Resource
+
+    state = base / "state"
+    ensure_state_dir(str(state))
+    res = Resource.of({"service.name": "s"})
+    batch = [LogItem(res, 1, 9, "INFO", "x" * 200, {})]
+    exp = FileExporter(str(state / "infersight.otlp.jsonl"), max_bytes=300, backups=2, state_dir=str(state))
+    await exp.start()
+    for _ in range(4):
+        await exp.export(batch)
+    await exp.shutdown()
+    assert exp.rotations >= 2
+    assert sorted(p.name for p in state.iterdir()) == [
+        "infersight.otlp.jsonl", "infersight.otlp.jsonl.1", "infersight.otlp.jsonl.2"]
+    target = base / "root-only"
+    target.write_bytes(b"root's own\n")
+    (state / "infersight.otlp.jsonl").unlink()
+    os.symlink(target, state / "infersight.otlp.jsonl")
+    again = FileExporter(str(state / "infersight.otlp.jsonl"), state_dir=str(state))
+    with pytest.raises(OSError) as exc:
+        await again.start()
+    assert exc.value.errno == errno.ELOOP
+    assert target.read_bytes() == b"root's own\n"

@@ -64,7 +64,9 @@ def build_exporters(
         out.append(ConsoleExporter(console_stream))
     path = file_path(config, recording=any(records(e) for e in out))
     if path:
-        out.insert(0, FileExporter(path, config["exporters.file.max_bytes"], config["exporters.file.backups"]))
+        in_state = path == default_file_path(config)  # the agent's own state: opened without links
+        out.insert(0, FileExporter(path, config["exporters.file.max_bytes"], config["exporters.file.backups"],
+                                   state_dir=config["agent.state_dir"] if in_state else None))
     return out
 
 

@@ -80,10 +80,11 @@ class StateDirError(ConfigError, AgentError):
     """``agent.state_dir`` could be written by someone other than the agent: it will not start."""
 
 
-def check_state_dir(path: str) -> None:
-    """The daemon's start check of ``agent.state_dir`` (exit 2 with the reason)."""
+def check_state_dir(path: str) -> list[str]:
+    """The daemon's start check of ``agent.state_dir`` (exit 2 with the reason); returns the
+    warnings to log (an ancestor that others may write: see ``ensure_state_dir``)."""
     try:
-        ensure_state_dir(path)
+        return ensure_state_dir(path)
     except UnsafeStateDirError as exc:
         raise StateDirError(
             "unsafe state directory (agent.state_dir): %s. It holds the agent's own state (exporter "
@@ -171,8 +172,11 @@ class Agent:
         state_dir = config["agent.state_dir"]
         if exporter_spool_root is None and embedded:
             exporter_spool_root = os.path.join(config["agent.spool_dir"], "exporters")
+        self.state_dir_warnings: list[str] = []
         if exporter_spool_root is None:
-            check_state_dir(state_dir)
+            self.state_dir_warnings = check_state_dir(state_dir)
+            for w in self.state_dir_warnings:
+                log.warning("state directory: %s", w)
         self.workers: list[ExporterWorker] = []
         for e in exporters:
             spool = None
@@ -275,7 +279,7 @@ class Agent:
 
     def warnings(self) -> list[str]:
         """What the operator should know that is not a failure (an agent with no sink)."""
-        return [] if self.workers else [NO_SINK_WARNING]
+        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING])]
 
     def health(self) -> dict[str, Any]:
         now = time.monotonic()
