@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from . import _proc, _runtime, _state, _workers
+from . import _env, _proc, _runtime, _state, _workers
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -494,7 +494,7 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
         _runtime.fail(exc)
     st.collecting = False
     attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": ended_by}
-    final_role = st.role or _proc.process_role(getattr(sys, "argv", []), _launched())
+    final_role = st.role or _proc.process_role(_proc.command_argv(), _launched())
     if final_role:
         attrs["infersight.process.role"] = final_role
     if st.ready_ns is not None:
@@ -638,13 +638,15 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     st.installed = st.collecting = True
     st.boot_ns = boot or time.time_ns()
     env = os.environ
-    st.ready_file = env.pop("INFERSIGHT_READY_FILE", None) or None
-    _set_children_dirs(env.get(_workers.ENV) or None)
-    st.role = _proc.process_role(getattr(sys, "argv", []), _launched())
-    if st.role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
+    st.ready_file = _env.get("INFERSIGHT_READY_FILE")
+    env.pop("INFERSIGHT_READY_FILE", None)
+    _set_children_dirs(_env.get(_workers.ENV))
+    argv = _proc.command_argv()
+    st.role = _proc.process_role(argv, _launched())
+    if st.role and argv and any(p in argv[0] for p in _proc.HELPER_ENTRY_POINTS):
         env["INFERSIGHT_PROCESS_ROLE"] = st.role  # a compile worker's pool processes are helpers too
     _prepare_children()
-    if env.get("INFERSIGHT_READY_ON_LISTEN", "1").strip().lower() not in ("0", "false", "no", "off"):
+    if _env.get("INFERSIGHT_READY_ON_LISTEN"):
         _install_listen()
     on_import("torch", _install_torch)
     on_import("transformers", _install_transformers)
@@ -730,7 +732,7 @@ def _launched() -> bool:
 
 def _start_sampler() -> None:
     st = state()
-    if st.role == "helper" or os.environ.get("INFERSIGHT_SAMPLER", "1").strip().lower() in ("0", "false", "no", "off"):
+    if st.role == "helper" or not _env.get("INFERSIGHT_SAMPLER"):
         return
     from . import _sampler as sampler
 

@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 
+from . import _env
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-INTERVAL_S = 0.01
+INTERVAL_S: float = _env.VARS["INFERSIGHT_SAMPLER_INTERVAL_MS"].default / 1e3
 MIN_GAP_NS = 50_000_000
 MAX_SAMPLES = 200_000  # 30+ minutes at 10 ms; a sampler never grows without bound
 MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever) stops it
@@ -31,10 +33,7 @@ _HOOKS = os.path.dirname(os.path.abspath(__file__))
 
 
 def _env_interval() -> float:
-    try:
-        v = float(os.environ.get("INFERSIGHT_SAMPLER_INTERVAL_MS", "") or INTERVAL_S * 1000) / 1000
-    except ValueError:
-        return INTERVAL_S
+    v = float(_env.get("INFERSIGHT_SAMPLER_INTERVAL_MS")) / 1000
     return min(max(v, 0.001), 1.0)
 
 

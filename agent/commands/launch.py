@@ -179,11 +179,17 @@ def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None
     a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid)."""
     if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
         return None
+    from infersight.hooks import _env
+
+    bad = _env.problems(os.environ)  # what CMD's hooks would read: the hooks' own parser
+    if bad:
+        return "; ".join(bad)
+    from infersight.agent.commands.compose import check_exporter_settings
     from infersight.agent.daemon import config as cfg
     from infersight.settings import ConfigError
 
     try:
-        cfg.load(None, flags=config_flags(opts, path, private))
+        check_exporter_settings(cfg.load(None, flags=config_flags(opts, path, private)), embedded=True)
     except ConfigError as exc:
         return str(exc)
     return None
