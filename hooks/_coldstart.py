@@ -11,8 +11,10 @@ Installed by the bootstrap once the runtime is active. It owns:
 - the process role (``helper`` for resource trackers, compile workers, ``python -c``);
 - readiness (``mark_ready()``, the first TCP ``listen()``, launch's ``--ready-url`` file),
   ``ready_wait``, ``warmup`` runs and ``first_request``;
-- the end of the ``coldstart`` root at the end of ``first_request`` (else at exit), after
-  which every wrapper is removed so the served process pays nothing in steady state.
+- the end of the ``coldstart`` root: at readiness when a signal said when (``READY_SIGNALS``),
+  else at the end of ``first_request`` (else at exit). The root goes out once the first request
+  is answered (``first_request`` follows the wait for traffic, after the root), after which
+  every wrapper is removed so the served process pays nothing in steady state.
 
 Nothing here raises into user code: every entry point catches and calls ``_runtime.fail``.
 """
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
     from ._state import ColdStart
 
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
+# Readiness signals: the root ends at readiness when one of these said when it came. A
+# request that arrives first ("request") is no signal: the first response ends the root then.
+READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket")
 
 
 def state() -> ColdStart:
@@ -458,7 +463,7 @@ def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
     attrs = {"infersight.first_request.source": f.source}
     attrs.update(f.attrs)
     emit_stage("first_request", f.span, _runtime.root_span_id, f.start, end_ns, attrs)
-    finish_root(end_ns, ended_by)
+    finish_root(end_ns, ended_by, at_readiness=True)
 
 
 def _flush_runs(end_ns: int, final: bool = False) -> None:
@@ -474,12 +479,25 @@ def _flush_runs(end_ns: int, final: bool = False) -> None:
         _runtime.fail(exc)
 
 
-def finish_root(end_ns: Optional[int], ended_by: str) -> None:
+def ready_end() -> Optional[int]:
+    """When the root ends if readiness is known (a signal in READY_SIGNALS said when), else None."""
+    st = state()
+    return st.ready_ns if st.ready_ns is not None and st.ready_source in READY_SIGNALS else None
+
+
+def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False) -> None:
+    """End the root at ``end_ns`` (now if None), or, ``at_readiness``, at readiness when it is
+    known: the wait for traffic and the first request (emitted before, from its arrival) then
+    lie after the root. ``ended_by`` is what happened (``first_request``, ``exit``): the root
+    says ``ready`` when it ended at readiness; a supervisor is told what happened."""
     st = state()
     now = time.time_ns()
     with st.lock:
         closed = _close_warm_locked(now)
     _emit_warm(closed)
+    ready = ready_end() if at_readiness else None
+    if ready is not None:
+        end_ns = ready
     end_at = end_ns if end_ns is not None else now
     try:
         _flush_runs(end_at, final=True)
@@ -493,7 +511,7 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
     except Exception as exc:
         _runtime.fail(exc)
     st.collecting = False
-    attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": ended_by}
+    attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": "ready" if ready is not None else ended_by}
     final_role = st.role or _proc.process_role(_proc.command_argv(), _launched())
     if final_role:
         attrs["infersight.process.role"] = final_role
@@ -548,7 +566,7 @@ def _at_exit() -> None:
         end_ns = None
         if st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, st.last_end_ns)  # exit handlers that ran since are not start-up
-        finish_root(end_ns, "exit")
+        finish_root(end_ns, "exit", at_readiness=True)
     except Exception as exc:
         _runtime.fail(exc)
 

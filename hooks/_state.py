@@ -77,9 +77,11 @@ class ColdStart:
         new.role = self.role
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
-        new.ready_source = self.ready_source
         if self.ready_ns is not None:
-            new.ready_ns = root_start_ns  # it inherited a server that was already ready
+            # It inherited a server that was already ready: no readiness signal of its own
+            # (its root ends at its first response, what it loads after the fork included).
+            new.ready_ns = root_start_ns
+            new.ready_source = "fork"
         new.last_end_ns = root_start_ns
         new.parent_dir = self.children_dir  # the parent's children dir is this child's parent dir
         new.undo = self.undo

@@ -42,9 +42,10 @@ from infersight.agent.commands.launch import (
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
+from infersight.coldstart_stages import union_ns
 from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
-from infersight.telemetry import ColdStart, Resource, SpanItem
+from infersight.telemetry import Attributes, ColdStart, Resource, SpanItem
 
 
 @dataclass
@@ -155,7 +156,8 @@ def launcher_root(
     """The cold start from the launcher's view, for a CMD that runs no hooked Python.
 
     With --ready-url/--probe it has ``ready_wait`` (spawn -> ready) and ``first_request``
-    (probe sent -> first byte) stages, and ends at the probe's first byte.
+    (probe sent -> first byte) stages. It ends at readiness when that is known (the wait for
+    the probe and the probe itself lie after it), else at the probe's first byte, else at exit.
     """
     service = os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % os.path.basename(cmd[0])
     res = Resource.of(
@@ -176,7 +178,6 @@ def launcher_root(
             res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready.headers_ns,
             {"infersight.stage": "ready_wait", "infersight.ready.source": "ready_url", "url.full": ready.url},
         ))
-        end_ns = ready.headers_ns
     if probe is not None and probe.first_byte_ns:
         stages.append(SpanItem(
             res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
@@ -186,15 +187,14 @@ def launcher_root(
              "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
         ))
         end_ns = probe.first_byte_ns
-    covered = sum(s.end_ns - s.start_ns for s in stages)
-    root = SpanItem(
-        res, trace, root_id, None, "coldstart", spawn_ns, end_ns,
-        {
-            "faas.coldstart": True,
-            "infersight.coldstart.source": "launcher",
-            "infersight.coldstart.unattributed_s": (end_ns - spawn_ns - covered) / 1e9,
-        },
-    )
+    attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.source": "launcher"}
+    if ready is not None and ready.headers_ns:
+        end_ns = ready.headers_ns
+        attrs.update({"infersight.coldstart.ended_by": "ready", "infersight.ready.source": "ready_url",
+                      "infersight.coldstart.ready_s": (end_ns - spawn_ns) / 1e9})
+    covered = union_ns([(s.start_ns, s.end_ns) for s in stages], spawn_ns, end_ns)
+    attrs["infersight.coldstart.unattributed_s"] = (end_ns - spawn_ns - covered) / 1e9
+    root = SpanItem(res, trace, root_id, None, "coldstart", spawn_ns, end_ns, attrs)
     return ColdStart(root, stages)
 
 
