@@ -299,7 +299,8 @@ def _emit_warm(closed: Optional[Tuple[str, int, int, Dict[str, Any]]]) -> None:
         emit_stage("warmup", span, _runtime.root_span_id, start, end_ns, attrs)
 
 
-def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0) -> None:
+def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0,
+               attrs: Optional[Dict[str, Any]] = None) -> None:
     """Readiness: emit ``ready_wait`` (last stage end -> now) once; later calls do nothing.
 
     ``asked_ns``: when launch's readiness request was sent. Stages that ran after it (a
@@ -322,8 +323,10 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     _emit_warm(closed)
     _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
     start, stop = _ready_wait_span(t, asked_ns)
-    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop,
-               {"infersight.ready.source": source})
+    a: Dict[str, Any] = {"infersight.ready.source": source}
+    if attrs:
+        a.update(attrs)
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop, a)
     _unlisten()
     poll = st.callbacks.get("ready")
     if poll is not None:
@@ -369,6 +372,8 @@ def forward_begin() -> Optional[Tuple[Any, ...]]:
         return None  # a forward run by jit.trace or a compiler is part of graph_compile
     if st.ready_ns is None and st.ready_file is not None:
         _check_ready_file()
+    if st.ready_ns is None and st.watch_listen:
+        check_listening(from_forward=True)
     now = time.time_ns()
     closed = None
     with st.lock:
@@ -421,6 +426,8 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Option
         return None
     now = time.time_ns()
     _check_ready_file()
+    if st.ready_ns is None and st.watch_listen:
+        check_listening()  # listening before this request came: that was readiness
     if st.ready_ns is None:
         mark_ready("request", now)  # a request arriving means the server is ready
     with st.lock:
@@ -665,6 +672,8 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
         env["INFERSIGHT_PROCESS_ROLE"] = st.role  # a compile worker's pool processes are helpers too
     _prepare_children()
     if _env.get("INFERSIGHT_READY_ON_LISTEN"):
+        st.watch_listen = True  # the sampler thread also polls the kernel's listening sockets
+        _note_inherited_listeners()
         _install_listen()
     on_import("torch", _install_torch)
     on_import("transformers", _install_transformers)
@@ -749,13 +758,79 @@ def _launched() -> bool:
 
 
 def _start_sampler() -> None:
+    """The sampler thread: stacks for the gaps (unless INFERSIGHT_SAMPLER=0), and every
+    TICK_S the supervisor check and the kernel's listening sockets."""
     st = state()
-    if st.role == "helper" or not _env.get("INFERSIGHT_SAMPLER"):
+    if st.role == "helper":
         return
     from . import _sampler as sampler
 
-    st.sampler = sampler.Sampler(_state.current.main_ident or 0, tick=check_workers)
+    st.sampler = sampler.Sampler(_state.current.main_ident or 0, tick=_tick, sample=_env.get("INFERSIGHT_SAMPLER"))
     st.sampler.start()
+
+
+def _note_inherited_listeners() -> None:
+    """Sockets that already listen when the hooks start (socket activation, a re-exec) say
+    nothing of readiness: the watch ignores them. Held but not yet listening (a supervisor's
+    bound socket that a uvicorn worker gets at spawn) they still count when they start to.
+    The table is read only when the process holds a socket besides the hooks' own."""
+    from . import _listening
+
+    st = state()
+    held = _listening.socket_inodes("self")
+    c = _runtime.client
+    own = getattr(c, "_sock", None) if c is not None else None
+    if own is not None:
+        try:
+            held.discard(os.fstat(own.fileno()).st_ino)
+        except OSError:
+            pass
+    if held:
+        st.inherited_sockets = held & set(_listening.ListenWatch(lambda: ["self"]).tables("self"))
+
+
+def _tick() -> None:
+    check_workers()
+    check_listening()
+
+
+LISTEN_POLL_MIN_NS = 20_000_000  # a forward asks the kernel at most this often
+_listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
+
+
+def check_listening(from_forward: bool = False) -> None:
+    """Readiness from the kernel's socket tables: a listening socket this process owns
+    (``_listening``). A server whose socket is opened in C (uvloop) never calls
+    ``socket.listen``; the ``listen()`` wrapper is exact where it does (it comes first).
+    Polled by the sampler thread every TICK_S, and by a forward or a request that comes
+    before readiness (at most every LISTEN_POLL_MIN_NS): a request served within a tick of
+    the listen is the first request, not warmup."""
+    st = state()
+    if st.ready_ns is not None or not st.watch_listen:
+        return
+    now = time.time_ns()
+    if from_forward and now - st.listen_polled_ns < LISTEN_POLL_MIN_NS:
+        return
+    if not _listen_poll.acquire(False):
+        return
+    try:
+        st.listen_polled_ns = now
+        if not root_open():
+            return
+        w = st.listen_watch
+        if w is None:
+            from . import _listening
+
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        found = w.poll()
+        if found is not None and st.ready_ns is None:
+            kind, where = found
+            mark_ready("listening_socket", attrs={"server.port": where} if kind == "tcp" else
+                       {"server.address": where, "network.transport": "unix"})
+    except Exception as exc:
+        _runtime.fail(exc)
+    finally:
+        _listen_poll.release()
 
 
 def _stop_sampler() -> Any:

@@ -41,10 +41,11 @@ class Sampler:
     """Samples the main thread until ``stop()``; ``samples`` holds (t_ns, label)."""
 
     def __init__(self, main_ident: int, interval_s: Optional[float] = None,
-                 tick: Optional[Callable[[], None]] = None) -> None:
+                 tick: Optional[Callable[[], None]] = None, sample: bool = True) -> None:
         self.main_ident = main_ident
-        self.tick = tick  # called about every TICK_S (the supervisor check)
-        self.interval_s = interval_s if interval_s is not None else _env_interval()
+        self.tick = tick  # called about every TICK_S (the supervisor check, the listening sockets)
+        self.sample = sample  # False (INFERSIGHT_SAMPLER=0): only the tick, every TICK_S
+        self.interval_s = interval_s if interval_s is not None else (_env_interval() if sample else TICK_S)
         self.samples: List[Tuple[int, str]] = []
         self._stop = threading.Event()
         self._labels: Dict[Any, Optional[str]] = {}
@@ -82,6 +83,8 @@ class Sampler:
                 n += 1
                 if self.tick is not None and n % every == 0:
                     self.tick()
+                if not self.sample:
+                    continue
                 f = frames_of().get(self.main_ident)
                 if f is not None:
                     samples.append((time.time_ns(), self.label(f)))
