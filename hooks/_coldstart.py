@@ -900,6 +900,8 @@ def uninstall() -> None:
 def _after_fork_child() -> None:
     """A forked child starts its own cold start (its root: the fork, under our span), on the
     fresh state ``_state`` gave it (after ``_runtime``'s handler, registered before ours)."""
+    global _listen_poll
+    _listen_poll = threading.Lock()  # the sampler thread may have held it at the fork
     st = state()
     try:
         _set_children_dirs(st.parent_dir)
