@@ -10,6 +10,7 @@ a name and a help line). Every command is a module in ``agent/commands/``; to ad
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 TYPE_CHECKING = False
@@ -89,6 +90,9 @@ def _command_name(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
+    # INFERSIGHT=1 in a service's environment turns the hooks on in its Python processes: not
+    # in infersight's own (the bootstrap skips this one), nor in the ones it starts (a probe).
+    os.environ.pop("INFERSIGHT", None)
     parser = build_parser(only=_command_name(args_in))
     args = parser.parse_args(args_in)
     if not getattr(args, "func", None):

@@ -4,7 +4,9 @@ One row per stage, indented by nesting, with start offset, duration, share of th
 root, a bar and a detail column: bytes/throughput (warm or cold, the ratio to the storage
 ceiling) for weights, the biggest packages for imports, backend and cache for compiles.
 Spans of one stage under one parent share a row (``framework_import x3``, one bar per
-span); a custom stage is marked ``*``, gaps are drawn with dots. Below: readiness,
+span); a custom stage is marked ``*``, gaps are drawn with dots. A root that ended at
+readiness is followed by the wait for traffic (a ``waiting for traffic`` row, in no share)
+and the spans after it (``first_request``), with no share and no bar. Below: readiness,
 first-response timing, the unattributed time with the sampler's top for each gap, and
 the three biggest top-level stages.
 """
@@ -100,6 +102,28 @@ def _bar(group: list[SpanItem], root: SpanItem, total: int, width: int) -> str:
     return "".join(cells)
 
 
+def _after(s: SpanItem, by_id: dict[str, SpanItem], root: SpanItem) -> bool:
+    """A span inside one that started after the root's end (a compile inside first_request)."""
+    cur = by_id.get(s.parent_span_id or "")
+    for _ in range(32):
+        if cur is None or cur.span_id == root.span_id:
+            return False
+        if cur.start_ns >= root.end_ns:
+            return True
+        cur = by_id.get(cur.parent_span_id or "")
+    return False
+
+
+def _name(group: list[SpanItem], by_id: dict[str, SpanItem], root: SpanItem) -> str:
+    s = group[0]
+    name = "  " * (1 + _depth(s, by_id, root.span_id)) + _stage(s)
+    if len(group) > 1:
+        name += " x%d" % len(group)
+    if s.attributes.get("infersight.stage.custom") is True:
+        name += "*"
+    return name
+
+
 def coverage(cs: ColdStart) -> float:
     """Share of the root covered by named stages (their union; ``unattributed`` is not covered)."""
     root = cs.root
@@ -126,24 +150,35 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         "%-26s %9s %9s %6s  %-*s %s" % ("stage", "start s", "dur s", "share", width, "", "detail"),
         "%-26s %9.3f %9.3f %5.1f%%  %-*s" % ("coldstart", 0.0, total / 1e9, 100.0, width, "#" * width),
     ]
+    at_ready = root.attributes.get("infersight.coldstart.ended_by") == "ready"
+    later_ids = {s.span_id for s in cs.stages if at_ready and (s.start_ns >= root.end_ns or _after(s, by_id, root))}
+    later: list[list[SpanItem]] = []  # rows after the root's end (it ended at readiness)
     for group in _rows(cs, by_id):
         s = group[0]
-        off = (s.start_ns - root.start_ns) / 1e9
+        if s.span_id in later_ids:
+            later.append(group)
+            continue
         dur_ns = union_ns([(g.start_ns, g.end_ns) for g in group], root.start_ns, root.end_ns)
-        name = "  " * (1 + _depth(s, by_id, root.span_id)) + _stage(s)
-        if len(group) > 1:
-            name += " x%d" % len(group)
-        if s.attributes.get("infersight.stage.custom") is True:
-            name += "*"
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
-            name[:26], off, dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar(group, root, total, width),
-            _extra(group)))
+            _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, 100.0 * dur_ns / total,
+            width, _bar(group, root, total, width), _extra(group)))
     for w in cs.workers:
         dur_ns = union_ns([(w.start_ns, w.end_ns)], root.start_ns, root.end_ns)
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
             ("  worker pid %s" % w.resource.get("process.pid"))[:26], (w.start_ns - root.start_ns) / 1e9,
             dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
             "its own waterfall: ended by %s" % (w.attributes.get("infersight.coldstart.ended_by") or "?")))
+    if later:
+        first = min(g[0].start_ns for g in later)
+        lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
+            "  (waiting for traffic)", (root.end_ns - root.start_ns) / 1e9, (first - root.end_ns) / 1e9, "-",
+            width, "", "not part of the cold start"))
+        for group in later:
+            s = group[0]
+            dur_ns = union_ns([(g.start_ns, g.end_ns) for g in group], s.start_ns, max(g.end_ns for g in group))
+            lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
+                _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, "-", width, "",
+                _extra(group)))
     ready = root.attributes.get("infersight.coldstart.ready_s")
     if isinstance(ready, (int, float)):
         lines.append("ready after %.3f s (%s); ended by %s" % (
@@ -153,6 +188,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
             if s.attributes.get("infersight.stage") == "first_request"]
     if ttfb and isinstance(ttfb[0], (int, float)):
         lines.append("first response: first byte %.3f s after the request arrived" % ttfb[0])
+
     un = root.attributes.get("infersight.coldstart.unattributed_s")
     if isinstance(un, (int, float)):
         lines.append("unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total))
@@ -165,7 +201,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
             ", ".join(str(t) for t in top) if isinstance(top, list) and top else "no samples"))
     per_stage: dict[str, int] = {}
     for s in cs.stages:
-        if s.parent_span_id == root.span_id and _stage(s) != "unattributed":
+        if s.parent_span_id == root.span_id and _stage(s) != "unattributed" and s.span_id not in later_ids:
             per_stage[_stage(s)] = per_stage.get(_stage(s), 0) + s.end_ns - s.start_ns
     top_stages = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
     if top_stages:

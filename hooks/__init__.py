@@ -213,10 +213,12 @@ def stage(name: str, **attrs: Any) -> Stage:
 
 
 def mark_ready() -> None:
-    """The server can take requests now: ends ``ready_wait``. The first call counts.
+    """The server can take requests now: ends ``ready_wait`` and the cold start (the root ends
+    here). The first call counts.
 
     After an explicit ``mark_ready()``, ``first_request`` runs from the first forward (or
-    visible request) after readiness until ``first_response()``, or until exit.
+    visible request) after readiness until ``first_response()``, or until exit; the wait for
+    traffic before it is in no total.
     """
     if _runtime.client is None:
         return
@@ -227,7 +229,8 @@ def mark_ready() -> None:
 
 
 def first_response() -> None:
-    """The first response's first byte is out: ends ``first_request`` and the cold start."""
+    """The first response's first byte is out: ends ``first_request`` (and the cold start, when
+    no readiness signal came before the request)."""
     if _runtime.client is None:
         return
     try:

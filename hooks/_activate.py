@@ -7,7 +7,7 @@ instrumentation once (and only if) the user imports torch.
 
 from __future__ import annotations
 
-from . import _runtime
+from . import _proc, _runtime
 
 
 def _install_allocator_hooks(torch: object) -> None:
@@ -25,6 +25,8 @@ def _install_engine_log(logging: object) -> None:
 
 
 def activate_process() -> bool:
+    if _proc.is_own_cli(_proc.command_argv()):
+        return False  # infersight's own CLI (``INFERSIGHT=1 infersight status``) is no producer
     if not _runtime.activate():
         return False
     try:

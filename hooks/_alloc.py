@@ -33,15 +33,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from . import _runtime, _state
+from . import _env, _runtime, _state
 
 if TYPE_CHECKING:
     from ._state import Alloc
 
 MIB = 1 << 20
-DEFAULT_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S: float = _env.VARS["INFERSIGHT_MEM_INTERVAL_S"].default
 MIN_INTERVAL_S = 0.05
-DEFAULT_LARGE_ALLOC_BYTES = 256 * MIB
+DEFAULT_LARGE_ALLOC_BYTES: int = _env.VARS["INFERSIGHT_LARGE_ALLOC_BYTES"].default
 MAX_TEXT = 16384
 MAX_SEGMENTS = 4096  # snapshot summary: segments looked at
 MAX_BLOCKS = 32768  # ... and blocks (about 3 us each in Python on a slow core)
@@ -69,20 +69,6 @@ STAT_KEYS = (
 def state() -> Alloc:
     """This process's allocator state (a forked child gets a new one: ``_state``)."""
     return _state.current.alloc
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(float(os.environ.get(name, "") or default))
-    except ValueError:
-        return default
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
 
 
 def _current_span() -> Optional[str]:
@@ -172,7 +158,7 @@ def start_allocator_hooks() -> bool:
             st.status["reason"] = "observer not attached: %r" % (exc,)
     else:
         st.status["reason"] = "this torch has no OOM observer: exception capture only"
-    n = _env_int("INFERSIGHT_MEMORY_HISTORY", 0)
+    n = _env.get("INFERSIGHT_MEMORY_HISTORY")
     rec = getattr(getattr(cuda, "memory", None), "_record_memory_history", None)
     if n > 0 and rec is not None:
         try:
@@ -195,12 +181,12 @@ def _run() -> None:
             st.wake.wait(wait)
             st.wake.clear()
             wait = min(WAIT_MAX_S, wait * 1.5)
-        interval = _env_float("INFERSIGHT_MEM_INTERVAL_S", DEFAULT_INTERVAL_S)
+        interval = _env.get("INFERSIGHT_MEM_INTERVAL_S")
         if interval <= 0 or st.stop:
             return
         interval = max(MIN_INTERVAL_S, interval)
         st.status["sampler"] = True
-        sampler = Sampler(st.torch, _env_int("INFERSIGHT_LARGE_ALLOC_BYTES", DEFAULT_LARGE_ALLOC_BYTES))
+        sampler = Sampler(st.torch, _env.get("INFERSIGHT_LARGE_ALLOC_BYTES"))
         while not st.stop and _runtime.active():
             sampler.sample()
             if st.history:
@@ -473,7 +459,7 @@ def oom_data(torch: Any, device: int, alloc: int, allowed_or_total: int, device_
         data["stats"] = _flat_stats(torch, device)
     except Exception:
         pass
-    if os.environ.get("INFERSIGHT_OOM_SNAPSHOT", "1") not in ("0", "false", "no", "off"):
+    if _env.get("INFERSIGHT_OOM_SNAPSHOT"):
         try:
             try:
                 segs = torch.cuda.memory_snapshot(include_traces=False)
@@ -484,8 +470,7 @@ def oom_data(torch: Any, device: int, alloc: int, allowed_or_total: int, device_
             pass
     if st.history:
         try:
-            data["hist"] = _history_tail(torch, device, _env_int("INFERSIGHT_LARGE_ALLOC_BYTES",
-                                                                   DEFAULT_LARGE_ALLOC_BYTES))
+            data["hist"] = _history_tail(torch, device, _env.get("INFERSIGHT_LARGE_ALLOC_BYTES"))
         except Exception:
             pass
     return data

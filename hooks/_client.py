@@ -42,7 +42,7 @@ import threading
 import time
 from _collections import deque  # the C type; the collections module costs ~2.5 ms
 
-from . import _paths, _wire
+from . import _env, _paths, _wire
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ MAX_BUFFER_EVENTS = 131072
 MAX_BATCH_EVENTS = 512  # per frame: bounds a frame well under _wire.MAX_FRAME_BYTES
 WRITE_FRAMES = 16  # frames per write or send, at most, while the buffer is long
 WRITE_FRAMES_PRESSED = 64  # ... and past the spill mark (~3 MiB of log events a write)
-BATCH_EVENTS = 512  # send once this many are queued (INFERSIGHT_BATCH_EVENTS)
-BATCH_DELAY_S = 0.05  # ... or once the oldest queued event is this old (INFERSIGHT_BATCH_DELAY_MS)
+BATCH_EVENTS: int = _env.VARS["INFERSIGHT_BATCH_EVENTS"].default  # send once this many are queued
+BATCH_DELAY_S: float = _env.VARS["INFERSIGHT_BATCH_DELAY_MS"].default / 1e3  # ... or once the oldest is this old
 MAX_OUTBOX_BYTES = 16 << 20
-DEFAULT_SPOOL_MAX_BYTES = 64 << 20
+DEFAULT_SPOOL_MAX_BYTES: int = _env.VARS["INFERSIGHT_SPOOL_MAX_BYTES"].default
 SEND_TIMEOUT_S = 2.0
 URGENT_FRAME = _wire.encode_frame({"t": "urgent"})
 IDLE_WAIT_S = 0.2

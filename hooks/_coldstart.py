@@ -11,8 +11,10 @@ Installed by the bootstrap once the runtime is active. It owns:
 - the process role (``helper`` for resource trackers, compile workers, ``python -c``);
 - readiness (``mark_ready()``, the first TCP ``listen()``, launch's ``--ready-url`` file),
   ``ready_wait``, ``warmup`` runs and ``first_request``;
-- the end of the ``coldstart`` root at the end of ``first_request`` (else at exit), after
-  which every wrapper is removed so the served process pays nothing in steady state.
+- the end of the ``coldstart`` root: at readiness when a signal said when (``READY_SIGNALS``),
+  else at the end of ``first_request`` (else at exit). The root goes out once the first request
+  is answered (``first_request`` follows the wait for traffic, after the root), after which
+  every wrapper is removed so the served process pays nothing in steady state.
 
 Nothing here raises into user code: every entry point catches and calls ``_runtime.fail``.
 """
@@ -25,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import _proc, _runtime, _state, _workers
+from . import _env, _proc, _runtime, _state, _workers
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
     from ._state import ColdStart
 
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
+# Readiness signals: the root ends at readiness when one of these said when it came. A
+# request that arrives first ("request") is no signal: the first response ends the root then.
+READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket")
 
 
 def state() -> ColdStart:
@@ -319,8 +324,10 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     _emit_warm(closed)
     _flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
     start, stop = _ready_wait_span(t, asked_ns)
-    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop,
-               dict(attrs or (), **{"infersight.ready.source": source}))
+    a: Dict[str, Any] = {"infersight.ready.source": source}
+    if attrs:
+        a.update(attrs)
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop, a)
     _unlisten()
     poll = st.callbacks.get("ready")
     if poll is not None:
@@ -366,6 +373,8 @@ def forward_begin() -> Optional[Tuple[Any, ...]]:
         return None  # a forward run by jit.trace or a compiler is part of graph_compile
     if st.ready_ns is None and st.ready_file is not None:
         _check_ready_file()
+    if st.ready_ns is None and st.watch_listen:
+        check_listening(from_forward=True)
     now = time.time_ns()
     closed = None
     with st.lock:
@@ -418,6 +427,8 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Option
         return None
     now = time.time_ns()
     _check_ready_file()
+    if st.ready_ns is None and st.watch_listen:
+        check_listening()  # listening before this request came: that was readiness
     if st.ready_ns is None:
         mark_ready("request", now)  # a request arriving means the server is ready
     with st.lock:
@@ -460,7 +471,7 @@ def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
     attrs = {"infersight.first_request.source": f.source}
     attrs.update(f.attrs)
     emit_stage("first_request", f.span, _runtime.root_span_id, f.start, end_ns, attrs)
-    finish_root(end_ns, ended_by)
+    finish_root(end_ns, ended_by, at_readiness=True)
 
 
 def _flush_runs(end_ns: int, final: bool = False) -> None:
@@ -476,12 +487,25 @@ def _flush_runs(end_ns: int, final: bool = False) -> None:
         _runtime.fail(exc)
 
 
-def finish_root(end_ns: Optional[int], ended_by: str) -> None:
+def ready_end() -> Optional[int]:
+    """When the root ends if readiness is known (a signal in READY_SIGNALS said when), else None."""
+    st = state()
+    return st.ready_ns if st.ready_ns is not None and st.ready_source in READY_SIGNALS else None
+
+
+def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False) -> None:
+    """End the root at ``end_ns`` (now if None), or, ``at_readiness``, at readiness when it is
+    known: the wait for traffic and the first request (emitted before, from its arrival) then
+    lie after the root. ``ended_by`` is what happened (``first_request``, ``exit``): the root
+    says ``ready`` when it ended at readiness; a supervisor is told what happened."""
     st = state()
     now = time.time_ns()
     with st.lock:
         closed = _close_warm_locked(now)
     _emit_warm(closed)
+    ready = ready_end() if at_readiness else None
+    if ready is not None:
+        end_ns = ready
     end_at = end_ns if end_ns is not None else now
     try:
         _flush_runs(end_at, final=True)
@@ -495,8 +519,8 @@ def finish_root(end_ns: Optional[int], ended_by: str) -> None:
     except Exception as exc:
         _runtime.fail(exc)
     st.collecting = False
-    attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": ended_by}
-    final_role = st.role or _proc.process_role(getattr(sys, "argv", []), _launched())
+    attrs: Dict[str, Any] = {"infersight.coldstart.ended_by": "ready" if ready is not None else ended_by}
+    final_role = st.role or _proc.process_role(_proc.command_argv(), _launched())
     if final_role:
         attrs["infersight.process.role"] = final_role
     if st.ready_ns is not None:
@@ -550,7 +574,7 @@ def _at_exit() -> None:
         end_ns = None
         if st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, st.last_end_ns)  # exit handlers that ran since are not start-up
-        finish_root(end_ns, "exit")
+        finish_root(end_ns, "exit", at_readiness=True)
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -646,13 +670,17 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     st.installed = st.collecting = True
     st.boot_ns = boot or time.time_ns()
     env = os.environ
-    st.ready_file = env.pop("INFERSIGHT_READY_FILE", None) or None
-    _set_children_dirs(env.get(_workers.ENV) or None)
-    st.role = _proc.process_role(getattr(sys, "argv", []), _launched())
-    if st.role and any(p in (getattr(sys, "argv", None) or [""])[0] for p in _proc.HELPER_ENTRY_POINTS):
+    st.ready_file = _env.get("INFERSIGHT_READY_FILE")
+    env.pop("INFERSIGHT_READY_FILE", None)
+    _set_children_dirs(_env.get(_workers.ENV))
+    argv = _proc.command_argv()
+    st.role = _proc.process_role(argv, _launched())
+    if st.role and argv and any(p in argv[0] for p in _proc.HELPER_ENTRY_POINTS):
         env["INFERSIGHT_PROCESS_ROLE"] = st.role  # a compile worker's pool processes are helpers too
     _prepare_children()
-    if env.get("INFERSIGHT_READY_ON_LISTEN", "1").strip().lower() not in ("0", "false", "no", "off"):
+    if _env.get("INFERSIGHT_READY_ON_LISTEN"):
+        st.watch_listen = True  # the sampler thread also polls the kernel's listening sockets
+        _note_inherited_listeners()
         _install_listen()
     on_import("torch", _install_torch)
     on_import("transformers", _install_transformers)
@@ -738,13 +766,79 @@ def _launched() -> bool:
 
 
 def _start_sampler() -> None:
+    """The sampler thread: stacks for the gaps (unless INFERSIGHT_SAMPLER=0), and every
+    TICK_S the supervisor check and the kernel's listening sockets."""
     st = state()
-    if st.role == "helper" or os.environ.get("INFERSIGHT_SAMPLER", "1").strip().lower() in ("0", "false", "no", "off"):
+    if st.role == "helper":
         return
     from . import _sampler as sampler
 
-    st.sampler = sampler.Sampler(_state.current.main_ident or 0, tick=check_workers)
+    st.sampler = sampler.Sampler(_state.current.main_ident or 0, tick=_tick, sample=_env.get("INFERSIGHT_SAMPLER"))
     st.sampler.start()
+
+
+def _note_inherited_listeners() -> None:
+    """Sockets that already listen when the hooks start (socket activation, a re-exec) say
+    nothing of readiness: the watch ignores them. Held but not yet listening (a supervisor's
+    bound socket that a uvicorn worker gets at spawn) they still count when they start to.
+    The table is read only when the process holds a socket besides the hooks' own."""
+    from . import _listening
+
+    st = state()
+    held = _listening.socket_inodes("self")
+    c = _runtime.client
+    own = getattr(c, "_sock", None) if c is not None else None
+    if own is not None:
+        try:
+            held.discard(os.fstat(own.fileno()).st_ino)
+        except OSError:
+            pass
+    if held:
+        st.inherited_sockets = held & set(_listening.ListenWatch(lambda: ["self"]).tables("self"))
+
+
+def _tick() -> None:
+    check_workers()
+    check_listening()
+
+
+LISTEN_POLL_MIN_NS = 20_000_000  # a forward asks the kernel at most this often
+_listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
+
+
+def check_listening(from_forward: bool = False) -> None:
+    """Readiness from the kernel's socket tables: a listening socket this process owns
+    (``_listening``). A server whose socket is opened in C (uvloop) never calls
+    ``socket.listen``; the ``listen()`` wrapper is exact where it does (it comes first).
+    Polled by the sampler thread every TICK_S, and by a forward or a request that comes
+    before readiness (at most every LISTEN_POLL_MIN_NS): a request served within a tick of
+    the listen is the first request, not warmup."""
+    st = state()
+    if st.ready_ns is not None or not st.watch_listen:
+        return
+    now = time.time_ns()
+    if from_forward and now - st.listen_polled_ns < LISTEN_POLL_MIN_NS:
+        return
+    if not _listen_poll.acquire(False):
+        return
+    try:
+        st.listen_polled_ns = now
+        if not root_open():
+            return
+        w = st.listen_watch
+        if w is None:
+            from . import _listening
+
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        found = w.poll()
+        if found is not None and st.ready_ns is None:
+            kind, where = found
+            mark_ready("listening_socket", attrs={"server.port": where} if kind == "tcp" else
+                       {"server.address": where, "network.transport": "unix"})
+    except Exception as exc:
+        _runtime.fail(exc)
+    finally:
+        _listen_poll.release()
 
 
 def _stop_sampler() -> Any:
@@ -814,6 +908,8 @@ def uninstall() -> None:
 def _after_fork_child() -> None:
     """A forked child starts its own cold start (its root: the fork, under our span), on the
     fresh state ``_state`` gave it (after ``_runtime``'s handler, registered before ours)."""
+    global _listen_poll
+    _listen_poll = threading.Lock()  # the sampler thread may have held it at the fork
     st = state()
     try:
         _set_children_dirs(st.parent_dir)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import stat  # already loaded by os: no import cost
 
+from . import _env
+
 SYSTEM_SOCKET_DIR = "/run/infersight"
 SYSTEM_SPOOL_DIR = "/var/lib/infersight/spool"
 
 
 def socket_path(env: os._Environ[str] | dict[str, str] | None = None) -> str:
     env = os.environ if env is None else env
-    explicit = env.get("INFERSIGHT_SOCKET")
+    explicit: str | None = _env.get("INFERSIGHT_SOCKET", env)
     if explicit:
         return explicit
     if os.path.isdir(SYSTEM_SOCKET_DIR):
@@ -24,7 +26,7 @@ def socket_path(env: os._Environ[str] | dict[str, str] | None = None) -> str:
 
 def spool_dir(env: os._Environ[str] | dict[str, str] | None = None) -> str:
     env = os.environ if env is None else env
-    explicit = env.get("INFERSIGHT_SPOOL_DIR")
+    explicit: str | None = _env.get("INFERSIGHT_SPOOL_DIR", env)
     if explicit:
         return explicit
     if os.access(SYSTEM_SPOOL_DIR, os.W_OK):

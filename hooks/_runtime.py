@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from . import _client, _paths, _proc, _state
+from . import _client, _env, _paths, _proc, _state
 from ._client import Client, _say
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -98,15 +98,6 @@ def _reseed() -> None:
     del span_ids[:]
 
 
-def _env_number(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, "") or default)
-    except ValueError:
-        _say("ignoring %s=%r: not a number" % (name, os.environ.get(name)))
-        return default
-    return value if value >= 0 else default
-
-
 def active() -> bool:
     return client is not None and client.enabled and not _failed
 
@@ -170,7 +161,7 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
         "uid": os.getuid(),
         "start_ns": root_start_ns,
         "exe": os.path.basename(sys.executable or "python"),
-        "argv0": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+        "argv0": _proc.command_name(_proc.command_argv()),  # not sys.argv: see command_argv
         "python": "%d.%d.%d" % sys.version_info[:3],
         "host": os.uname().nodename,
         "service_name": env.get("OTEL_SERVICE_NAME", ""),
@@ -195,9 +186,10 @@ def activate() -> bool:
     try:
         env = os.environ
         launched = False
-        spawn = env.pop("INFERSIGHT_LAUNCH_SPAWN_NS", None)
-        if spawn and spawn.isdigit():
-            root_start_ns = int(spawn)  # launched: the launcher's spawn time
+        spawn = _env.get("INFERSIGHT_LAUNCH_SPAWN_NS")
+        env.pop("INFERSIGHT_LAUNCH_SPAWN_NS", None)
+        if spawn:
+            root_start_ns = spawn  # launched: the launcher's spawn time
             launched = True
         else:
             root_start_ns = _proc.process_start_ns() or time.time_ns()
@@ -209,16 +201,16 @@ def activate() -> bool:
         root_span_id = new_span_id()
         # Children join this trace under our root; a spawn puts its current span here.
         env["TRACEPARENT"] = traceparent(root_span_id)
-        spool_max = int(env.get("INFERSIGHT_SPOOL_MAX_BYTES", str(64 << 20)))
-        max_buffer = int(env.get("INFERSIGHT_BUFFER_EVENTS", "0")) or _client.MAX_BUFFER_EVENTS
+        spool_max = _env.get("INFERSIGHT_SPOOL_MAX_BYTES")
+        max_buffer = _env.get("INFERSIGHT_BUFFER_EVENTS") or _client.MAX_BUFFER_EVENTS
         client = Client(
             _paths.socket_path(),
             _paths.spool_dir(),
             _producer_info(launched),
             max_buffer=max_buffer,
             spool_max_bytes=spool_max,
-            batch_events=int(_env_number("INFERSIGHT_BATCH_EVENTS", _client.BATCH_EVENTS)) or 1,
-            batch_delay_s=_env_number("INFERSIGHT_BATCH_DELAY_MS", _client.BATCH_DELAY_S * 1e3) / 1e3,
+            batch_events=_env.get("INFERSIGHT_BATCH_EVENTS"),
+            batch_delay_s=_env.get("INFERSIGHT_BATCH_DELAY_MS") / 1e3,
         )
         atexit.register(_at_exit)
         from . import _spawn
@@ -255,10 +247,7 @@ def end_root(end_ns: Optional[int] = None, attrs: Optional[Dict[str, Any]] = Non
 
 
 def _exit_flush_s() -> float:
-    try:
-        return float(os.environ.get("INFERSIGHT_EXIT_FLUSH_S", "3"))
-    except ValueError:
-        return 3.0
+    return float(_env.get("INFERSIGHT_EXIT_FLUSH_S"))
 
 
 def _at_exit() -> None:

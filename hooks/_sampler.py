@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 
+from . import _env
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-INTERVAL_S = 0.01
+INTERVAL_S: float = _env.VARS["INFERSIGHT_SAMPLER_INTERVAL_MS"].default / 1e3
 MIN_GAP_NS = 50_000_000
 MAX_SAMPLES = 200_000  # 30+ minutes at 10 ms; a sampler never grows without bound
 MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever) stops it
@@ -31,10 +33,7 @@ _HOOKS = os.path.dirname(os.path.abspath(__file__))
 
 
 def _env_interval() -> float:
-    try:
-        v = float(os.environ.get("INFERSIGHT_SAMPLER_INTERVAL_MS", "") or INTERVAL_S * 1000) / 1000
-    except ValueError:
-        return INTERVAL_S
+    v = float(_env.get("INFERSIGHT_SAMPLER_INTERVAL_MS")) / 1000
     return min(max(v, 0.001), 1.0)
 
 
@@ -42,10 +41,11 @@ class Sampler:
     """Samples the main thread until ``stop()``; ``samples`` holds (t_ns, label)."""
 
     def __init__(self, main_ident: int, interval_s: Optional[float] = None,
-                 tick: Optional[Callable[[], None]] = None) -> None:
+                 tick: Optional[Callable[[], None]] = None, sample: bool = True) -> None:
         self.main_ident = main_ident
-        self.tick = tick  # called about every TICK_S (the supervisor check)
-        self.interval_s = interval_s if interval_s is not None else _env_interval()
+        self.tick = tick  # called about every TICK_S (the supervisor check, the listening sockets)
+        self.sample = sample  # False (INFERSIGHT_SAMPLER=0): only the tick, every TICK_S
+        self.interval_s = interval_s if interval_s is not None else (_env_interval() if sample else TICK_S)
         self.samples: List[Tuple[int, str]] = []
         self._stop = threading.Event()
         self._labels: Dict[Any, Optional[str]] = {}
@@ -83,6 +83,8 @@ class Sampler:
                 n += 1
                 if self.tick is not None and n % every == 0:
                     self.tick()
+                if not self.sample:
+                    continue
                 f = frames_of().get(self.main_ident)
                 if f is not None:
                     samples.append((time.time_ns(), self.label(f)))

@@ -25,10 +25,11 @@ class ColdStart:
 
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "children_dir", "children_ready", "collecting", "covered",
-        "explicit", "finder", "first", "first_done", "imports", "installed", "last_end_ns", "listen_owned",
-        "lock", "main_end_ns", "main_pid", "orig_listen", "parent_dir", "post_import",
+        "explicit", "finder", "first", "first_done", "imports", "inherited_sockets", "installed", "last_end_ns",
+        "listen_owned", "listen_polled_ns", "listen_watch", "lock", "main_end_ns", "main_pid", "orig_listen",
+        "parent_dir", "post_import",
         "ready_file", "ready_ns", "ready_source", "role", "sampler", "stage_seq", "tls", "undo", "warm",
-        "watched",
+        "watch_listen", "watched",
     )
 
     def __init__(self) -> None:
@@ -63,6 +64,10 @@ class ColdStart:
         self.children_ready = False  # that directory exists
         self.orig_listen: Any = None  # socket.socket.listen before our wrapper
         self.listen_owned = False  # ... and whether socket.socket defined it itself
+        self.watch_listen = False  # poll the kernel's listening sockets (INFERSIGHT_READY_ON_LISTEN)
+        self.listen_watch: Any = None  # the _listening.ListenWatch, made on the first poll
+        self.listen_polled_ns = 0  # when it was last polled
+        self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
 
     def forked(self, root_start_ns: int) -> ColdStart:
         """The state of a child forked from this process: a cold start of its own, whose
@@ -77,9 +82,11 @@ class ColdStart:
         new.role = self.role
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
-        new.ready_source = self.ready_source
         if self.ready_ns is not None:
-            new.ready_ns = root_start_ns  # it inherited a server that was already ready
+            # It inherited a server that was already ready: no readiness signal of its own
+            # (its root ends at its first response, what it loads after the fork included).
+            new.ready_ns = root_start_ns
+            new.ready_source = "fork"
         new.last_end_ns = root_start_ns
         new.parent_dir = self.children_dir  # the parent's children dir is this child's parent dir
         new.undo = self.undo
@@ -90,6 +97,8 @@ class ColdStart:
         new.imports = self.imports
         new.orig_listen = self.orig_listen
         new.listen_owned = self.listen_owned
+        new.watch_listen = self.watch_listen  # a new watch: the parent's foreign set is not this one's
+        new.inherited_sockets = self.inherited_sockets
         return new
 
 

@@ -13,6 +13,7 @@ STAGE = "infersight.stage"
 ENDED_BY = "infersight.coldstart.ended_by"
 TOTAL = "total"
 UNATTRIBUTED = "unattributed"
+FIRST_REQUEST = "first_request"
 
 
 def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
@@ -58,6 +59,10 @@ def stage_durations(cs: ColdStart) -> dict[str, float]:
     ``warmup``), so stage values can sum to more than ``total``. ``unattributed`` is the
     root's ``infersight.coldstart.unattributed_s`` (the sampler's ``coldstart.unattributed``
     spans explain that time and are not counted again).
+
+    A root that ended at readiness is followed by the wait for traffic, in no stage, and by
+    ``first_request``, measured from the request's arrival: the stages' window runs to its end
+    (what nests in it counts too), ``total`` is the root's.
     """
     root = cs.root
     spans: dict[str, list[tuple[int, int]]] = {}
@@ -65,7 +70,10 @@ def stage_durations(cs: ColdStart) -> dict[str, float]:
         name = stage_name(s)
         if name is not None and name not in (UNATTRIBUTED, TOTAL):
             spans.setdefault(name, []).append((s.start_ns, s.end_ns))
-    out = {name: union_ns(iv, root.start_ns, root.end_ns) / 1e9 for name, iv in sorted(spans.items())}
+    hi = root.end_ns
+    if root.attributes.get(ENDED_BY) == "ready":
+        hi = max([hi, *(e for _s, e in spans.get(FIRST_REQUEST, ()))])
+    out = {name: union_ns(iv, root.start_ns, hi) / 1e9 for name, iv in sorted(spans.items())}
     un = as_number(root.attributes.get("infersight.coldstart.unattributed_s"))
     if un is None:
         covered = union_ns([iv for ivs in spans.values() for iv in ivs], root.start_ns, root.end_ns)
@@ -82,7 +90,7 @@ def ended_by(cs: ColdStart) -> str:
         return v[:64]
     names = {stage_name(s) for s in cs.stages}
     if cs.root.attributes.get("infersight.coldstart.source") == "launcher":
-        if "first_request" in names:
-            return "first_request"
-        return "ready" if "ready_wait" in names else "exit"
+        if "ready_wait" in names:
+            return "ready"
+        return "first_request" if FIRST_REQUEST in names else "exit"
     return "unknown"

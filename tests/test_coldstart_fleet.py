@@ -89,7 +89,7 @@ def test_launch_records_one_histogram_set_matching_the_spans(tmp_path: Path) -> 
     assert abs(points["unattributed"]["sum"] - attr(root, "infersight.coldstart.unattributed_s")) < 1e-3
     ((_, count),) = metrics(lines, "infersight.coldstart.count")
     assert {k: int(p["asInt"]) for k, p in by_attr(count, "infersight.coldstart.ended_by").items()} == {
-        "first_request": 1}
+        "ready": 1}  # the workload listens: its cold start ends at readiness
 
 
 def test_launch_of_a_non_python_command_records_the_launcher_root(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_daemon_accumulates_producers_and_serves_buckets(agent_factory: Any) -> 
     def counts() -> dict[str, int]:
         last: dict[str, int] = {}
         for res, m in metrics(read_otlp_lines(agent.out), "infersight.coldstart.count"):
-            last[res["service.name"]] = int(by_attr(m, "infersight.coldstart.ended_by")["first_request"]["asInt"])
+            last[res["service.name"]] = int(by_attr(m, "infersight.coldstart.ended_by")["ready"]["asInt"])
         return last
 
     assert wait_for(lambda: counts() == {"svc-a": 3, "svc-b": 1}, 20), counts()
@@ -144,7 +144,7 @@ def test_daemon_accumulates_producers_and_serves_buckets(agent_factory: Any) -> 
         return _scrape("http://127.0.0.1:%d/metrics" % port)
 
     assert wait_for(lambda: scraped().get(("infersight_coldstart_count_total", (
-        ("infersight_coldstart_ended_by", "first_request"), ("service_name", "svc-a")))) == 3, 10)
+        ("infersight_coldstart_ended_by", "ready"), ("service_name", "svc-a")))) == 3, 10)
     got = scraped()
     h = "infersight_coldstart_duration_seconds"
     a_total = (("infersight_stage", "total"), ("service_name", "svc-a"))

@@ -238,9 +238,9 @@ def test_supervisor_cold_start_is_its_workers(tmp_path) -> None:
     parent = next(x for x in roots if x.parent_span_id is None)
     child = next(x for x in roots if x.parent_span_id is not None)
     assert child.trace_id == parent.trace_id
-    assert child.attributes["infersight.coldstart.ended_by"] == "first_request"
+    assert child.attributes["infersight.coldstart.ended_by"] == "ready"  # the worker listened
     assert parent.attributes["infersight.coldstart.ended_by"] == "workers"
-    assert parent.end_ns == child.end_ns  # not the half second it waited after
+    assert parent.end_ns == child.end_ns  # the worker's readiness; not the half second it waited after
     cs = next(c for c in coldstarts(r.spans) if c.root.span_id == parent.span_id)
     assert [w.span_id for w in cs.workers] == [child.span_id]
     assert parent.attributes["infersight.coldstart.unattributed_s"] < 0.05 * (parent.end_ns - parent.start_ns) / 1e9

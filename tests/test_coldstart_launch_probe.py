@@ -69,9 +69,11 @@ def test_ready_url_and_probe_without_hooks(tmp_path) -> None:
     (root,) = run.roots()
     assert root.attributes["infersight.coldstart.source"] == "launcher"
     stages = run.stages(root)
-    assert [stage_name(s) for s in sorted(stages, key=lambda s: s.start_ns)] == ["ready_wait", "first_request"]
-    assert root.end_ns == max(s.end_ns for s in stages)
-    assert_well_formed(root, stages)
+    ready, first = sorted(stages, key=lambda s: s.start_ns)
+    assert [stage_name(ready), stage_name(first)] == ["ready_wait", "first_request"]
+    assert root.end_ns == ready.end_ns  # the root ends at readiness; the probe is the first request after it
+    assert first.start_ns >= root.end_ns and root.attributes["infersight.coldstart.ended_by"] == "ready"
+    assert_well_formed(root, [ready])
 
 
 def test_exit_status_kept_with_probe(tmp_path) -> None:

@@ -75,6 +75,22 @@ def test_stage_durations_union_per_stage_clip_and_unattributed() -> None:
     assert stage_durations(cs)["unattributed"] == pytest.approx(10.0 - 4.0 - 3.0 - 0.5)
 
 
+def test_stage_durations_of_a_root_that_ended_at_readiness() -> None:
+    """The first request came 4 s after readiness: its service time counts as first_request (and
+    what nests in it as its own stage), the wait for traffic in no stage and not in the total."""
+    r = res()
+    cs = cold_start(r, 2.0, [
+        stage(r, "weights_load", 0.5, 1.5),
+        stage(r, "ready_wait", 1.5, 2.0),
+        stage(r, "first_request", 6.0, 6.75),
+        stage(r, "graph_compile", 6.1, 6.5),  # a recompile inside the first request
+    ], **{"infersight.coldstart.unattributed_s": 0.5, "infersight.coldstart.ended_by": "ready"})
+    d = stage_durations(cs)
+    assert d == pytest.approx({"weights_load": 1.0, "ready_wait": 0.5, "first_request": 0.75, "graph_compile": 0.4,
+                               "unattributed": 0.5, "total": 2.0})
+    assert ended_by(cs) == "ready"
+
+
 def test_accumulates_across_producers_of_one_service() -> None:
     acc = ColdStartMetrics()
     for pid, secs in ((10, 3.0), (11, 40.0), (12, 0.05)):  # three processes, one service, one host
@@ -167,9 +183,11 @@ def test_launcher_root_ended_by() -> None:
     assert ended_by(bare) == "exit"
     ready = cold_start(r, 1.0, [stage(r, "ready_wait", 0, 1)], **{"infersight.coldstart.source": "launcher"})
     assert ended_by(ready) == "ready"
-    probed = cold_start(r, 1.0, [stage(r, "ready_wait", 0, 0.5), stage(r, "first_request", 0.5, 1)],
+    probed = cold_start(r, 0.5, [stage(r, "ready_wait", 0, 0.5), stage(r, "first_request", 0.5, 1)],
                         **{"infersight.coldstart.source": "launcher"})
-    assert ended_by(probed) == "first_request"
+    assert ended_by(probed) == "ready"  # the probe came after readiness: the root ended there
+    only_probe = cold_start(r, 1.0, [stage(r, "first_request", 0.5, 1)], **{"infersight.coldstart.source": "launcher"})
+    assert ended_by(only_probe) == "first_request"  # no readiness signal: the first response ends it
 
 
 def _items() -> tuple[ColdStart, list[MetricItem]]:

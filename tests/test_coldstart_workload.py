@@ -40,8 +40,10 @@ def test_root_contract(auto: LaunchRun) -> None:
     root = auto.root_of(auto.result["pid"])
     assert root.parent_span_id is None
     assert root.attributes["faas.coldstart"] is True
-    assert root.attributes["infersight.coldstart.ended_by"] == "first_request"
+    assert root.attributes["infersight.coldstart.ended_by"] == "ready"  # listen: readiness is known
     assert root.attributes["infersight.ready.source"] == "listen"
+    (ready,) = [s for s in auto.stages(root) if stage_name(s) == "ready_wait"]
+    assert root.end_ns == ready.end_ns
     un = root.attributes["infersight.coldstart.unattributed_s"]
     assert isinstance(un, float) and 0 <= un < (root.end_ns - root.start_ns) / 1e9
 
@@ -118,7 +120,7 @@ def test_explicit_api_custom_stages(explicit: LaunchRun) -> None:
     fr = by_name["first_request"]
     # explicit mode: from the first forward after mark_ready() to first_response()
     assert fr.end_ns - fr.start_ns >= 15_000_000
-    assert root.end_ns == fr.end_ns
+    assert root.end_ns == by_name["ready_wait"].end_ns <= fr.start_ns  # the root ends at mark_ready()
     assert_well_formed(root, stages)
 
 

@@ -254,3 +254,16 @@ def test_joined_ready_url_and_probe(tmp_path: Path, agent_factory) -> None:  # t
     root = next(s for s in local if s["name"] == "coldstart")
     probe = [s for s in local if s["name"] == "infersight.probe"]
     assert len(probe) == 1 and probe[0]["parentSpanId"] == root["spanId"]
+
+
+def test_a_joined_launch_refuses_a_bad_hook_variable_before_cmd(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """Joining an agent does not skip the check of what CMD's hooks would read."""
+    agent = agent_factory().start()
+    marker = tmp_path / "cmd-ran"
+    r = subprocess.run([*CLI, "launch", "--", sys.executable, "-c", "open(%r, 'w').write('x')" % str(marker)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), INFERSIGHT_SPOOL_MAX_BYTES="lots"))
+    assert r.returncode == 2, r.stderr
+    assert "INFERSIGHT_SPOOL_MAX_BYTES" in r.stderr and "lots" in r.stderr
+    assert not marker.exists(), "CMD must not start"
+    assert agent.status()["events_in"] == 0

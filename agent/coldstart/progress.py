@@ -92,9 +92,11 @@ def stage_name(span: SpanItem) -> str:
 
 
 def run_of(cs: ColdStart) -> Run:
-    """The history record of a finished cold start: top-level stages in start order."""
+    """The history record of a finished cold start: top-level stages in start order, those
+    within the root (not a first request that came after a root ended at readiness)."""
     root = cs.root
-    top = sorted((s for s in cs.stages if s.parent_span_id == root.span_id), key=lambda s: s.start_ns)[:MAX_STAGES]
+    top = sorted((s for s in cs.stages if s.parent_span_id == root.span_id and s.start_ns < root.end_ns),
+                 key=lambda s: s.start_ns)[:MAX_STAGES]
     stages = tuple(
         (stage_name(s), (s.end_ns - s.start_ns) / 1e9, (s.end_ns - root.start_ns) / 1e9) for s in top
     )

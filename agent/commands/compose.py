@@ -102,3 +102,24 @@ def file_is_default(config: Config, exporters: list[Exporter]) -> str | None:
         if isinstance(e, FileExporter) and e.path == default and not config.get("exporters.file.path"):
             return default
     return None
+
+
+def check_exporter_settings(config: Config, env: Mapping[str, str] | None = None, *, embedded: bool = False) -> None:
+    """Check what :func:`build_exporters` would read, without starting any exporter (no
+    bind, no connection): ``launch`` calls it before CMD starts. Raises ConfigError."""
+    env = os.environ if env is None else env
+    from infersight.exporters.mqtt_settings import settings_from_config
+    from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
+    from infersight.settings import section_settings
+
+    settings_from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
+    section_settings(config, "exporters.prometheus.", PROMETHEUS_KEYS, env)
+    if otlp_requested(config, env):
+        from infersight.exporters import otlp
+
+        try:
+            for signal in otlp.SIGNALS:
+                otlp.resolve_protocol(signal, config.get("exporters.otlp.protocol"), env)
+                otlp.resolve_timeout(signal, config.get("exporters.otlp.timeout_s"), env)
+        except ValueError as exc:
+            raise ConfigError("exporters.otlp: %s" % exc) from None

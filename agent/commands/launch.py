@@ -136,22 +136,25 @@ def child_env(
     return env
 
 
+LAUNCH_HOOKS_PACKAGE = "_infersight_launch_hooks"
+
+
 def hooks_module(name: str) -> Any:
-    """A stdlib-only module of the hooks (``_paths``, ``_wire``) without importing the hooks
-    package, whose ``__init__`` costs ~20 ms that launch does not pay before CMD starts."""
-    full = "infersight.hooks." + name
-    mod = sys.modules.get(full) or sys.modules.get("_infersight_launch" + name)
+    """A stdlib-only module of the hooks (``_paths``, ``_wire``, ``_env``) without importing
+    the hooks package, whose ``__init__`` costs ~20 ms that launch does not pay before CMD
+    starts. They load as submodules of a bare stand-in package over the hooks' folder, so
+    their relative imports of each other work and ``__init__`` never runs."""
+    mod = sys.modules.get("infersight.hooks." + name)
     if mod is not None:
         return mod
-    import importlib.machinery
+    if LAUNCH_HOOKS_PACKAGE not in sys.modules:
+        pkg = type(sys)(LAUNCH_HOOKS_PACKAGE)
+        pkg.__path__ = [os.path.dirname(bootstrap_dir())]
+        pkg.__package__ = LAUNCH_HOOKS_PACKAGE
+        sys.modules[LAUNCH_HOOKS_PACKAGE] = pkg
+    import importlib
 
-    loader = importlib.machinery.SourceFileLoader(
-        "_infersight_launch" + name, os.path.join(os.path.dirname(bootstrap_dir()), name + ".py"))
-    mod = type(sys)(loader.name)
-    mod.__file__ = loader.path
-    loader.exec_module(mod)
-    sys.modules[loader.name] = mod
-    return mod
+    return importlib.import_module(LAUNCH_HOOKS_PACKAGE + "." + name)
 
 
 class Joined:
@@ -302,16 +305,26 @@ def config_flags(opts: LaunchOptions, path: str, private: Private) -> dict[str, 
     }
 
 
-def config_error(opts: LaunchOptions, path: str, private: Private) -> str | None:
+def config_error(opts: LaunchOptions, path: str | None, private: Private) -> str | None:
     """Check the configuration before CMD starts, when the environment has any (~30 ms that
-    a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid)."""
+    a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid).
+    ``path`` is None when launch joined an agent: CMD's hooks are still checked, the
+    exporters are that agent's."""
     if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
         return None
+    from infersight.hooks import _env
+
+    bad = _env.problems(os.environ)  # what CMD's hooks would read: the hooks' own parser
+    if bad:
+        return "; ".join(bad)
+    if path is None:
+        return None
+    from infersight.agent.commands.compose import check_exporter_settings
     from infersight.agent.daemon import config as cfg
     from infersight.settings import ConfigError
 
     try:
-        cfg.load(None, flags=config_flags(opts, path, private))
+        check_exporter_settings(cfg.load(None, flags=config_flags(opts, path, private)), embedded=True)
     except ConfigError as exc:
         return str(exc)
     return None
@@ -556,12 +569,12 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
     child: Child | None = None
     try:
         listen_fd = -1
+        bad = config_error(opts, path if joined is None else None, private)
+        if bad is not None:
+            err.write("infersight launch: %s\n" % bad)
+            return EXIT_USAGE
         if joined is None:
             assert path is not None
-            bad = config_error(opts, path, private)
-            if bad is not None:
-                err.write("infersight launch: %s\n" % bad)
-                return EXIT_USAGE
             try:
                 listen_fd = private.listen()
             except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR

@@ -46,9 +46,10 @@ from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
+from infersight.coldstart_stages import union_ns
 from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
-from infersight.telemetry import ColdStart, Item, Origin, Resource, SpanItem
+from infersight.telemetry import Attributes, ColdStart, Item, Origin, Resource, SpanItem
 
 
 @dataclass
@@ -70,6 +71,33 @@ class Readiness:
     probe: ProbeResult | None = None
     attempts: int = 0
     notes: list[str] = field(default_factory=list)
+    listening_ns: int = 0  # when CMD's process tree was first seen owning a listening socket
+    listening: tuple[str, int | str] | None = None  # ("tcp", port) or ("unix", path)
+
+
+LISTEN_POLL_S = 0.05
+
+
+async def watch_listening(pid: int, spawn_ns: int, rd: Readiness, hooked: Callable[[], bool],
+                          proc_done: asyncio.Event, out: TextIO) -> None:
+    """Readiness of a CMD that runs no hooked Python: the first listening socket its process
+    tree owns, from the kernel's tables (hooked processes watch their own). Stops when CMD
+    exits, when that is found (said on ``out``), or once a hooked process of CMD reports."""
+    from infersight.hooks._listening import ListenWatch, tree
+
+    watch = ListenWatch(lambda: list(tree(pid)))
+    while not proc_done.is_set() and not hooked():
+        found = watch.poll()
+        if found is not None:
+            rd.listening_ns, rd.listening = time.time_ns(), found
+            out.write("infersight: ready after %.3f s: CMD listens on %s %s\n" % (
+                (rd.listening_ns - spawn_ns) / 1e9, "tcp port" if found[0] == "tcp" else "unix socket", found[1]))
+            out.flush()
+            return
+        try:
+            await asyncio.wait_for(proc_done.wait(), LISTEN_POLL_S)
+        except asyncio.TimeoutError:
+            pass
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
@@ -158,8 +186,10 @@ def launcher_root(
 ) -> ColdStart:
     """The cold start from the launcher's view, for a CMD that runs no hooked Python.
 
-    With --ready-url/--probe it has ``ready_wait`` (spawn -> ready) and ``first_request``
-    (probe sent -> first byte) stages, and ends at the probe's first byte.
+    With --ready-url, or a listening socket the kernel shows CMD's process tree holds, it has
+    ``ready_wait`` (spawn -> ready) and ends there; with --probe, ``first_request`` (probe sent
+    -> first byte), after the root when readiness was known, else its end is the root's. Without
+    either it ends at exit.
     """
     service = os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % os.path.basename(cmd[0])
     res = Resource.of(
@@ -175,12 +205,19 @@ def launcher_root(
     stages: list[SpanItem] = []
     ready = readiness.ready if readiness else None
     probe = readiness.probe if readiness else None
+    ready_ns = 0
+    ready_attrs: Attributes = {}
     if ready is not None and ready.headers_ns:
-        stages.append(SpanItem(
-            res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready.headers_ns,
-            {"infersight.stage": "ready_wait", "infersight.ready.source": "ready_url", "url.full": ready.url},
-        ))
-        end_ns = ready.headers_ns
+        ready_ns, ready_attrs = ready.headers_ns, {"infersight.ready.source": "ready_url", "url.full": ready.url}
+    elif readiness is not None and readiness.listening is not None:  # what the kernel says CMD listens on
+        kind, where = readiness.listening
+        ready_ns = readiness.listening_ns
+        ready_attrs = {"infersight.ready.source": "listening_socket",
+                       **({"server.port": where} if kind == "tcp" else
+                          {"server.address": where, "network.transport": "unix"})}
+    if ready_ns:
+        stages.append(SpanItem(res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready_ns,
+                               {"infersight.stage": "ready_wait", **ready_attrs}))
     if probe is not None and probe.first_byte_ns:
         stages.append(SpanItem(
             res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
@@ -190,15 +227,14 @@ def launcher_root(
              "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
         ))
         end_ns = probe.first_byte_ns
-    covered = sum(s.end_ns - s.start_ns for s in stages)
-    root = SpanItem(
-        res, trace, root_id, None, "coldstart", spawn_ns, end_ns,
-        {
-            "faas.coldstart": True,
-            "infersight.coldstart.source": "launcher",
-            "infersight.coldstart.unattributed_s": (end_ns - spawn_ns - covered) / 1e9,
-        },
-    )
+    attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.source": "launcher"}
+    if ready_ns:
+        end_ns = ready_ns
+        attrs.update({"infersight.coldstart.ended_by": "ready", "infersight.ready.source": ready_attrs[
+            "infersight.ready.source"], "infersight.coldstart.ready_s": (end_ns - spawn_ns) / 1e9})
+    covered = union_ns([(s.start_ns, s.end_ns) for s in stages], spawn_ns, end_ns)
+    attrs["infersight.coldstart.unattributed_s"] = (end_ns - spawn_ns - covered) / 1e9
+    root = SpanItem(res, trace, root_id, None, "coldstart", spawn_ns, end_ns, attrs)
     return ColdStart(root, stages)
 
 
@@ -521,6 +557,12 @@ class Session:
         relay = child.relay
         if relay is not None:
             relay.set_consumer(stderr_consumer(agent, child, asyncio.get_running_loop()))
+        listening = Readiness()
+
+        def hooked() -> bool:
+            return any(p.info.get("launched") for p in agent.assembler.producers.values())
+
+        sockets = asyncio.create_task(watch_listening(child.pid, self.spawn_ns, listening, hooked, proc_done, self.out))
         self.returncode = await wait_child(child)
         end_ns = time.time_ns()
         if relay is not None:  # what CMD wrote last is copied (and classified) before our own lines
@@ -533,6 +575,8 @@ class Session:
                 readiness = self.readiness = await asyncio.wait_for(watcher, 10.0)
             except (asyncio.TimeoutError, OSError) as exc:
                 readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
+        await sockets
+        readiness.listening_ns, readiness.listening = listening.listening_ns, listening.listening
         # The child's hooks flushed at exit; let the agent read what is in flight.
         await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
         agent.ingest.replay_spools(private.spool)

@@ -99,6 +99,7 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
     height = AXIS_H + ROW_H * len(rows) + 8 + 12 * max(len(wf.marks), 1)
     sc = Scale(fam.t0_ns, fam.t1_ns, BAR_X0, BAR_X1)
     total = max(wf.root.end_ns - wf.root.start_ns, 1)
+    at_ready = wf.root.attributes.get("infersight.coldstart.ended_by") == "ready"
     indent = 12 * wf.depth
     out = [
         '<svg class="chart wf" viewBox="0 0 %d %d" width="100%%" role="img" aria-label="%s" '
@@ -129,6 +130,10 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
             info = info or "custom stage"
         elif row.kind == "root":
             info = "%s%s" % (wf.root.resource.get("service.name") or "", " (helper)" if wf.helper else "")
+        after = at_ready and row.kind != "root" and s.start_ns >= wf.root.end_ns  # the wait for traffic is before it
+        if after and row.depth == 1:
+            info = "after %.3f s waiting for traffic (in no total)%s" % (
+                (s.start_ns - wf.root.end_ns) / 1e9, "; " + info if info else "")
         out.append('<g class="row %s" data-stage="%s" data-span-id="%s" data-depth="%d">' % (
             row.kind, esc(row.label), esc(s.span_id), row.depth))
         out.append("<title>%s</title>" % esc(span_title(s, extra)))
@@ -139,8 +144,8 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
         out.append('<rect class="bar" x="%.1f" y="%d" width="%.1f" height="%d" rx="2"%s/>' % (
             x0, y + 4, max(x1 - x0, 1.5), ROW_H - 8, fill))
         out.append('<text class="dur" x="%d" y="%d" text-anchor="end">%.3f s</text>' % (DUR_X, y + 14, dur))
-        out.append('<text class="share" x="%d" y="%d" text-anchor="end">%.1f%%</text>' % (
-            SHARE_X, y + 14, 100.0 * (s.end_ns - s.start_ns) / total))
+        out.append('<text class="share" x="%d" y="%d" text-anchor="end">%s</text>' % (
+            SHARE_X, y + 14, "-" if after else "%.1f%%" % (100.0 * (s.end_ns - s.start_ns) / total)))
         if info:
             out.append('<text class="info" x="%d" y="%d">%s</text>' % (
                 INFO_X, y + 14, esc(info if len(info) <= 48 else info[:47] + "…")))

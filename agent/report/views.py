@@ -169,7 +169,8 @@ def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> li
 
 def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]) -> Summary:
     total = max(root.end_ns - root.start_ns, 1)
-    top = sorted((s for s in stages if s.parent_span_id == root.span_id and stage_name(s) != UNATTRIBUTED),
+    top = sorted((s for s in stages if s.parent_span_id == root.span_id and stage_name(s) != UNATTRIBUTED
+                  and s.start_ns < root.end_ns),  # not a first request after a root that ended at readiness
                  key=lambda s: s.end_ns - s.start_ns, reverse=True)[:3]
     un = num(root.attributes.get("infersight.coldstart.unattributed_s"))
     if un is None:

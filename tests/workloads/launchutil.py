@@ -78,13 +78,28 @@ def stage_name(s: SpanItem) -> str:
 
 
 def assert_well_formed(root: SpanItem, stages: list[SpanItem]) -> None:
-    """Names, nesting under the root, no negative durations, no overlap unless nested."""
+    """Names, nesting under the root, no negative durations, no overlap unless nested. A root
+    that ended at readiness may be followed by its first request (and what nests in it), which
+    then lies wholly after the root."""
     by_id = {s.span_id: s for s in stages}
+    at_ready = root.attributes.get("infersight.coldstart.ended_by") == "ready"
+
+    def after_root(s: SpanItem) -> bool:
+        cur: SpanItem | None = s
+        while cur is not None:
+            if cur.parent_span_id == root.span_id:
+                return at_ready and cur.start_ns >= root.end_ns
+            cur = by_id.get(cur.parent_span_id or "")
+        return False
+
     for s in stages:
         assert s.name == "coldstart." + stage_name(s), s.name
         assert s.trace_id == root.trace_id
         assert s.end_ns >= s.start_ns, "negative duration: %s" % s.name
-        assert s.start_ns >= root.start_ns and s.end_ns <= root.end_ns, "%s outside the root" % s.name
+        if after_root(s):
+            assert s.start_ns >= root.end_ns, "%s straddles the root's end" % s.name
+        else:
+            assert s.start_ns >= root.start_ns and s.end_ns <= root.end_ns, "%s outside the root" % s.name
         parent = by_id.get(s.parent_span_id or "")
         if parent is not None:
             assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns, "%s outside its parent" % s.name

@@ -1,0 +1,184 @@
+"""Every ``INFERSIGHT_*`` variable the hooks read: one table, one parser (stdlib only).
+
+Each variable is defined once here: its name, kind, default and what it allows. The hooks
+read a value with :func:`get`; a bad value never switches the hooks off: the process's
+stderr gets one line naming the variable, the value and what is allowed (once per
+variable), and that key takes its default. ``launch`` calls :func:`problems` on its own
+environment before CMD starts and refuses a bad value there (exit 2): the same parser.
+
+Kinds: ``bool`` (1/0, true/false, yes/no, on/off), ``int`` and ``float`` with a lower
+bound, ``bytes`` (a whole number, optionally with a KiB/MiB/GiB or K/M/G suffix), ``choice``
+and ``path`` (any non-empty string). ``internal`` variables are set by ``launch`` or by the
+hooks for their children: launch does not check what the user's environment holds for them
+(it overwrites them), the bootstrap does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_HUGE = 1e300
+_UNITS = (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30))
+
+
+class Var:
+    """One variable: ``kind`` in bool/int/float/bytes/choice/path; ``low`` the least number
+    allowed; ``above`` True when the bound itself is excluded; ``choices`` for a choice."""
+
+    __slots__ = ("above", "choices", "default", "help", "internal", "kind", "low", "name")
+
+    def __init__(self, name: str, kind: str, default: Any, help: str, low: float = 0,
+                 above: bool = False, choices: Tuple[str, ...] = (), internal: bool = False) -> None:
+        self.name = name
+        self.kind = kind
+        self.default = default
+        self.help = help
+        self.low = low
+        self.above = above
+        self.choices = choices
+        self.internal = internal
+
+    def allowed(self) -> str:
+        """What a value must be, in words (for the error line)."""
+        if self.kind == "bool":
+            return "1/0, true/false, yes/no or on/off"
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "path":
+            return "a non-empty path"
+        bound = ("> %g" if self.above else ">= %g") % self.low
+        if self.kind == "bytes":
+            return "a whole number of bytes %s (e.g. 67108864 or 64MiB)" % bound
+        if self.kind == "int":
+            return "a whole number %s" % bound
+        return "a number %s" % bound
+
+    def parse(self, raw: str) -> Any:
+        """The value of ``raw``; ValueError when it is not allowed."""
+        text = raw.strip()
+        kind = self.kind
+        if kind == "path":
+            if not text:
+                raise ValueError(raw)
+            return raw
+        if kind == "bool":
+            low = text.lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(raw)
+        if kind == "choice":
+            if text in self.choices:
+                return text
+            raise ValueError(raw)
+        value: Any
+        if kind == "bytes":
+            low = text.lower()
+            scale = 1
+            for suffix, n in _UNITS:
+                if low.endswith(suffix):
+                    low, scale = low[: -len(suffix)].strip(), n
+                    break
+            if not low.isdigit():
+                raise ValueError(raw)
+            value = int(low) * scale
+        elif kind == "int":
+            if not text.lstrip("-").isdigit():
+                raise ValueError(raw)
+            value = int(text)
+        else:
+            value = float(text)  # ValueError on text
+            if not -_HUGE < value < _HUGE:  # nan and inf are not numbers here
+                raise ValueError(raw)
+        if value < self.low or (self.above and value == self.low):
+            raise ValueError(raw)
+        return value
+
+
+def _v(*args: Any, **kwargs: Any) -> Tuple[str, Var]:
+    var = Var(*args, **kwargs)
+    return var.name, var
+
+
+VARS: Dict[str, Var] = dict((
+    # Where events go.
+    _v("INFERSIGHT_SOCKET", "path", None, "the agent's socket (default: see the docs)"),
+    _v("INFERSIGHT_SPOOL_DIR", "path", None, "where the hooks spool while the agent is away"),
+    _v("INFERSIGHT_SPOOL_MAX_BYTES", "bytes", 64 << 20, "bound of this process's spool file"),
+    _v("INFERSIGHT_BUFFER_EVENTS", "int", 0, "events the in-process buffer holds (0: 131072)"),
+    _v("INFERSIGHT_BATCH_EVENTS", "int", 512, "send once this many events are queued", low=1),
+    _v("INFERSIGHT_BATCH_DELAY_MS", "float", 50.0, "... or once the oldest queued event is this old"),
+    _v("INFERSIGHT_EXIT_FLUSH_S", "float", 3.0, "how long a process waits at exit to deliver"),
+    # Cold start.
+    _v("INFERSIGHT_READY_ON_LISTEN", "bool", True, "a listening TCP socket means ready"),
+    _v("INFERSIGHT_SAMPLER", "bool", True, "the stack sampler that explains unattributed gaps"),
+    _v("INFERSIGHT_SAMPLER_INTERVAL_MS", "float", 10.0, "the sampler's period", above=True),
+    _v("INFERSIGHT_PROCESS_ROLE", "choice", "", "force this process's role", choices=("helper",)),
+    # Allocator and OOM.
+    _v("INFERSIGHT_MEM_INTERVAL_S", "float", 1.0, "memory_stats sampling period (0: off)"),
+    _v("INFERSIGHT_LARGE_ALLOC_BYTES", "bytes", 256 << 20, "an allocation this large is logged"),
+    _v("INFERSIGHT_MEMORY_HISTORY", "int", 0, "entries of the allocator history ring (0: off)"),
+    _v("INFERSIGHT_OOM_SNAPSHOT", "bool", True, "summarise the allocator's segments at an OOM"),
+    # Set by launch, or by the hooks for their children.
+    _v("INFERSIGHT_READY_FILE", "path", None, "launch --ready-url: where the ready time is written",
+       internal=True),
+    _v("INFERSIGHT_LAUNCH_SPAWN_NS", "int", None, "launch: when CMD was spawned", internal=True),
+    _v("INFERSIGHT_CHILDREN_DIR", "path", None, "where a supervisor's workers report", internal=True),
+))
+
+_reported: Dict[str, str] = {}  # variable -> the bad value already said on stderr
+
+
+def message(var: Var, raw: str) -> str:
+    return "%s=%r is not allowed: expected %s" % (var.name, raw, var.allowed())
+
+
+def get(name: str, env: Optional[Mapping[str, str]] = None) -> Any:
+    """The value of ``name`` (its default when unset, empty or bad; a bad value is said once)."""
+    var = VARS[name]
+    raw = (os.environ if env is None else env).get(name)
+    if not raw:
+        return var.default
+    try:
+        return var.parse(raw)
+    except ValueError:
+        if _reported.get(name) != raw:
+            _reported[name] = raw
+            try:
+                sys.stderr.write("infersight: %s; using the default (%r)\n" % (message(var, raw), var.default))
+                sys.stderr.flush()
+            except Exception:
+                pass
+        return var.default
+
+
+def problems(env: Mapping[str, str], internal: bool = False) -> List[str]:
+    """One line per variable of ``env`` with a value that is not allowed (``launch``)."""
+    out = []
+    for name, var in VARS.items():
+        raw = env.get(name)
+        if raw is None or raw == "" or (var.internal and not internal):
+            continue
+        try:
+            var.parse(raw)
+        except ValueError:
+            out.append(message(var, raw))
+    return out
+
+
+def reference_markdown() -> str:
+    """The table of ``docs/hooks-env.md`` (a test keeps the two equal)."""
+    lines = ["| variable | default | allowed | what it does |", "| --- | --- | --- | --- |"]
+    for var in VARS.values():
+        default = "-" if var.default is None else ("`%s`" % (var.default if var.default != "" else '""'))
+        lines.append("| `%s` | %s | %s | %s%s |" % (var.name, default, var.allowed(), var.help,
+                                                   " (set by launch or the hooks)" if var.internal else ""))
+    return "\n".join(lines) + "\n"

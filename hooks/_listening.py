@@ -1,0 +1,243 @@
+"""Readiness from the kernel: a listening socket that a process owns (stdlib only).
+
+A server whose socket is opened in C (uvloop, a non-Python CMD under ``launch``) never calls
+``socket.socket.listen``. The kernel still lists its socket: ``/proc/<pid>/net/tcp``,
+``tcp6`` (state ``0A``, LISTEN) and ``unix`` (flag ``__SO_ACCEPTCON``), each line with the
+socket's inode, and ``/proc/<pid>/fd`` links ``socket:[inode]`` for the sockets the process
+holds. :class:`ListenWatch` polls those tables (the cold-start sampler's thread in a hooked
+process, the launcher for a non-Python CMD): a poll reads the tables, and reads the process's
+descriptors only when a listening inode it has not seen yet appears (listening sockets of
+other processes in the same network namespace are remembered as foreign).
+
+The same tables come cheaper through ``sock_diag`` netlink, which filters on the LISTEN
+state in the kernel: ``/proc/net/tcp`` lists every connection of the namespace (a host with
+a thousand TIME_WAIT sockets makes it a 2 ms read), the dump only the listeners. The
+``/proc`` files are the fallback where netlink is refused (seccomp, old kernels), and for
+another network namespace.
+
+Not readiness: a ``torch.distributed`` store on ``MASTER_PORT``, multiprocessing's sockets
+(``pymp-`` directories) and abstract unix names.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+
+    Found = Tuple[str, Union[int, str]]  # ("tcp", port) or ("unix", path)
+
+TCP_LISTEN = "0A"
+SO_ACCEPTCON = 0x10000
+MAX_TABLE_BYTES = 4 << 20  # a host with very many sockets: read this much of a table at most
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_TABLE_BYTES).decode("ascii", "replace")
+    except OSError:
+        return ""
+
+
+def tcp_listening(text: str, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
+    """inode -> ("tcp", port) for the LISTEN lines of a ``/proc/net/tcp{,6}`` table."""
+    out: Dict[int, Found] = {}
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or f[3] != TCP_LISTEN:
+            continue
+        try:
+            port, inode = int(f[1].rsplit(":", 1)[1], 16), int(f[9])
+        except (IndexError, ValueError):
+            continue
+        if inode and port not in skip_ports:
+            out[inode] = ("tcp", port)
+    return out
+
+
+def unix_listening(text: str) -> Dict[int, Found]:
+    """inode -> ("unix", path) for the listening, named sockets of a ``/proc/net/unix`` table."""
+    out: Dict[int, Found] = {}
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 8:
+            continue  # no path: an unnamed socket
+        try:
+            flags, inode = int(f[3], 16), int(f[6])
+        except ValueError:
+            continue
+        path = " ".join(f[7:])
+        if flags & SO_ACCEPTCON and inode and not path.startswith("@") and "/pymp-" not in path:
+            out[inode] = ("unix", path)
+    return out
+
+
+AF_INET, AF_INET6, AF_UNIX, AF_NETLINK = 2, 10, 1, 16
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY = 4, 20
+NLM_F_REQUEST_DUMP = 0x1 | 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+LISTEN_STATE = 10  # TCP_LISTEN; unix sockets use the same number
+UDIAG_SHOW_NAME = 1
+_HDR = struct.Struct("=IHHII")
+
+
+def _dump(sock: object, family: int, request: bytes, seq: int) -> List[bytes]:
+    """The payloads of one sock_diag dump (raises OSError)."""
+    s = sock  # an _socket.socket
+    s.send(_HDR.pack(_HDR.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST_DUMP, seq, 0) + request)  # type: ignore[attr-defined]
+    out: List[bytes] = []
+    while True:
+        data = s.recv(1 << 16)  # type: ignore[attr-defined]
+        if not data:
+            return out
+        off = 0
+        while off + _HDR.size <= len(data):
+            length, kind, _flags, _seq, _pid = _HDR.unpack_from(data, off)
+            if length < _HDR.size:
+                return out
+            if kind == NLMSG_DONE:
+                return out
+            if kind == NLMSG_ERROR:
+                raise OSError("sock_diag refused the dump of family %d" % family)
+            out.append(data[off + _HDR.size:off + length])
+            off += (length + 3) & ~3
+
+
+def netlink_listening(unix: bool = True, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
+    """inode -> found, for the listening sockets of this network namespace (sock_diag)."""
+    import _socket
+
+    sock = _socket.socket(AF_NETLINK, _socket.SOCK_DGRAM | getattr(_socket, "SOCK_CLOEXEC", 0), NETLINK_SOCK_DIAG)
+    try:
+        sock.settimeout(1.0)
+        sock.connect((0, 0))
+        out: Dict[int, Found] = {}
+        for seq, family in enumerate((AF_INET, AF_INET6), 1):
+            req = struct.pack("=BBBBI48x", family, 6, 0, 0, 1 << LISTEN_STATE)  # IPPROTO_TCP, any address
+            for msg in _dump(sock, family, req, seq):
+                if len(msg) >= 72:
+                    port = struct.unpack_from("!H", msg, 4)[0]
+                    inode = struct.unpack_from("=I", msg, 68)[0]
+                    if inode and port not in skip_ports:
+                        out[inode] = ("tcp", port)
+        if unix:
+            req = struct.pack("=BBHIIIII", AF_UNIX, 0, 0, 1 << LISTEN_STATE, 0, UDIAG_SHOW_NAME, 0xFFFFFFFF,
+                              0xFFFFFFFF)
+            for msg in _dump(sock, AF_UNIX, req, 3):
+                if len(msg) < 16:
+                    continue
+                inode = struct.unpack_from("=I", msg, 4)[0]
+                off, name = 16, ""
+                while off + 4 <= len(msg):
+                    rlen, rtype = struct.unpack_from("=HH", msg, off)
+                    if rlen < 4:
+                        break
+                    if rtype == 0:  # UNIX_DIAG_NAME
+                        raw = msg[off + 4:off + rlen]
+                        name = "@" + raw[1:].decode("utf-8", "replace") if raw[:1] == b"\0" else \
+                            raw.rstrip(b"\0").decode("utf-8", "replace")
+                    off += (rlen + 3) & ~3
+                if inode and name and not name.startswith("@") and "/pymp-" not in name:
+                    out[inode] = ("unix", name)
+        return out
+    finally:
+        sock.close()
+
+
+def socket_inodes(pid: Union[int, str], proc_root: str = "/proc") -> Set[int]:
+    """Inodes of the sockets ``pid`` holds (``/proc/<pid>/fd/N -> socket:[inode]``)."""
+    d = "%s/%s/fd" % (proc_root, pid)
+    out: Set[int] = set()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for n in names:
+        try:
+            target = os.readlink(d + "/" + n)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            try:
+                out.add(int(target[8:-1]))
+            except ValueError:
+                continue
+    return out
+
+
+def children(pid: int, proc_root: str = "/proc") -> List[int]:
+    """``pid``'s child processes, from ``/proc/<pid>/task/<tid>/children``."""
+    out: List[int] = []
+    try:
+        tids = os.listdir("%s/%d/task" % (proc_root, pid))
+    except OSError:
+        return out
+    for tid in tids:
+        out.extend(int(w) for w in _read("%s/%d/task/%s/children" % (proc_root, pid, tid)).split() if w.isdigit())
+    return out
+
+
+def tree(pid: int, proc_root: str = "/proc", limit: int = 256) -> List[int]:
+    """``pid`` and its descendants (at most ``limit``)."""
+    out: List[int] = []
+    todo = [pid]
+    while todo and len(out) < limit:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children(p, proc_root))
+    return out
+
+
+def _skip_ports() -> Tuple[int, ...]:
+    port = os.environ.get("MASTER_PORT", "")
+    return (int(port),) if port.isdigit() else ()
+
+
+class ListenWatch:
+    """Polls for the first listening socket that the processes ``pids()`` return own."""
+
+    def __init__(self, pids: Callable[[], List[Union[int, str]]], proc_root: str = "/proc",
+                 unix: bool = True, netlink: bool = True, inherited: Iterable[int] = ()) -> None:
+        self.pids = pids
+        self.proc_root = proc_root
+        self.unix = unix
+        self.netlink = netlink and proc_root == "/proc"  # this namespace's tables (see the module doc)
+        # Listening inodes of other processes, and sockets the process held when it started
+        # (socket activation, a re-exec): listening from the start, they say nothing of readiness.
+        self.foreign: Set[int] = set(inherited)
+        self.skip = _skip_ports()
+
+    def tables(self, pid: Union[int, str]) -> Dict[int, Found]:
+        if self.netlink:
+            try:
+                return netlink_listening(self.unix, self.skip)
+            except OSError:
+                self.netlink = False  # refused here: the /proc files from now on
+        base = "%s/%s/net/" % (self.proc_root, pid)
+        found = tcp_listening(_read(base + "tcp"), self.skip)
+        found.update(tcp_listening(_read(base + "tcp6"), self.skip))
+        if self.unix:
+            found.update(unix_listening(_read(base + "unix")))
+        return found
+
+    def poll(self) -> Optional[Found]:
+        pids = self.pids()
+        if not pids:
+            return None
+        found = self.tables(pids[0])
+        new = [i for i in found if i not in self.foreign]
+        if not new:
+            return None
+        owned: Set[int] = set()
+        for pid in pids:
+            owned |= socket_inodes(pid, self.proc_root)
+        mine = [found[i] for i in new if i in owned]
+        if mine:
+            tcp = [m for m in mine if m[0] == "tcp"]
+            return min(tcp or mine, key=lambda m: str(m[1]))  # a TCP port first: it names the server
+        self.foreign.update(new)
+        return None
