@@ -383,6 +383,7 @@ class _Loader:
             self.err(ln("reason"), f"{rid}: reason must be a string")
         if cls == "unknown" and not reason:
             self.err(ln("reason"), f"{rid}: class unknown needs a reason (what is missing, what to look at)")
+        self.check_reason(reason, ln("reason"), str(rid))
         note = self.template(t.get("note"), ln("note"), str(rid))
         cases = []
         for j, c in enumerate(t.get("cases", [])):
@@ -403,6 +404,15 @@ class _Loader:
             reason=" ".join(reason.split()) if isinstance(reason, str) else None, note=note,
             examples=tuple(examples), where=Location(self.path, start),
         )
+
+    def check_reason(self, src: object, line: int, rid: str) -> None:
+        """A reason may name the printed numbers like a note ({R}, {F:int}); they must be known names."""
+        if not isinstance(src, str) or "{" not in src:
+            return
+        try:
+            parse_template(" ".join(src.split()), self.names)
+        except RulesError as exc:
+            self.err(line, f"{rid}: reason: {exc}")
 
     def template(self, src: object, line: int, rid: str) -> Template | None:
         if src is None:
@@ -441,6 +451,7 @@ class _Loader:
         reason = c.get("reason")
         if cls == "unknown" and not reason and not default_reason:
             self.err(line, f"{rid}: a case of class unknown needs a reason")
+        self.check_reason(reason, line, rid)
         suffix = c.get("rule", "")
         if not isinstance(suffix, str) or not re.fullmatch(r"[a-z0-9_\-]{0,32}", suffix):
             self.err(line, f"{rid}: case rule must be a short lower-case suffix")
@@ -687,6 +698,8 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     numbers: dict[str, int | None] = {k: (round(values[k]) if k in values else None) for k in BASE_QUANTITIES}
     extra = {k: v for k, v in values.items() if k not in BASE_QUANTITIES}
     note = render(note_t, env) if note_t is not None else ""
+    if cls == "unknown" and reason is not None:
+        reason = _render_reason(reason, env)
     if "?" in note:  # a number the note needs was not printed: no note rather than a "?"
         note = ""
     remedy = rule.remedy
@@ -697,6 +710,16 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
         knob=rule.knob, text=hit.text, key=key, first_line=hit.first, last_line=hit.last,
         mechanism=rule.mechanism,
     )
+
+
+def _render_reason(reason: str, env: Mapping[str, float | None]) -> str:
+    """A reason with the numbers it names filled in (checked at load; an unprinted one shows as '?')."""
+    if "{" not in reason:
+        return reason
+    try:
+        return render(parse_template(reason, set(env) | set(BASE_QUANTITIES)), env)
+    except RulesError:
+        return reason
 
 
 def rs_names(rule: ServingRule, values: Mapping[str, float]) -> set[str]:

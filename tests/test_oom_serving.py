@@ -227,6 +227,47 @@ def test_xla_bottom_reservation_with_free_printed_is_unknown() -> None:
     assert "memory_stats" in (f.reason or "")
 
 
+def test_tensorrt_builder_scratch_over_its_pool_is_unknown_with_the_numbers_in_the_reason() -> None:
+    (f,) = analyse("[TRT] [E] 4: Internal error: plugin node GPTAttention_0 requires 56405524864 bytes of scratch "
+                   "space, but only 47590277120 is available. Try increasing the workspace size with "
+                   "IBuilderConfig::setMemoryPoolLimit().")
+    assert (f.engine, f.cls) == ("tensorrt-llm", "unknown")
+    assert f.rule == "tensorrt-llm.build.scratch-over-pool/pool-vs-device"
+    assert f.numbers["R"] == 56405524864 and f.numbers["L"] == 47590277120
+    assert "52.53 GiB" in (f.reason or "") and "{" not in (f.reason or "")
+
+
+def test_reasons_name_the_printed_numbers_not_placeholders() -> None:
+    (f,) = analyse("Server error: Not enough memory to handle 256 prefill tokens. You need to decrease")
+    assert f.cls == "unknown" and "a prefill of 256 tokens" in (f.reason or "")
+
+
+def test_a_reason_naming_an_unknown_quantity_does_not_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('''engine_version = "1.0"
+[[rule]]
+id = "x.y"
+version = 1
+engine = "vllm"
+priority = 10
+anchors = ["out of memory"]
+mechanism = "a mechanism stated in enough words to pass the loader's check here"
+class = "unknown"
+reason = "needs {no_such_number}"
+remedy = "r"
+[[rule.examples]]
+kind = "positive"
+class = "unknown"
+source = "a test"
+text = "out of memory"
+[[rule.examples]]
+kind = "negative"
+text = "fine"
+''', encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="reason: unknown quantity 'no_such_number'"):
+        load_serving_rules([bad])
+
+
 def test_a_lowered_vllm_fraction_is_the_reservation() -> None:
     text = ("Memory profiling results: total_gpu_memory=79.10GiB gpu_memory_utilization=0.50\n"
             "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
