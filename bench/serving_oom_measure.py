@@ -2,9 +2,11 @@
 
     python bench/serving_oom_measure.py
 
-Three sets: the 30 given messages (``serving_ooms_given.jsonl``), the messages collected
-from other public threads (``serving_ooms_collected.jsonl``) that no rule example quotes,
-and all of them. Prints recognised share, right share on the clear ones with each class's
+Four sets: the 30 given messages (``serving_ooms_given.jsonl``), the messages collected
+in the first pass (``serving_ooms_collected.jsonl``) that no rule example quotes, the messages
+collected and labelled in the second pass before its rule changes (``serving_ooms_unseen.jsonl``,
+again without those a rule example quotes: the honest estimate on unseen messages), and all of
+them. Prints recognised share, right share on the clear ones with each class's
 recall, the share of unclear ones answered ``unknown`` with a reason, and false alarms on
 the real non-memory errors; then every miss.
 """
@@ -26,9 +28,13 @@ def load(name: str) -> list[dict]:  # type: ignore[type-arg]
 def main() -> None:
     given = load("serving_ooms_given.jsonl")
     collected = load("serving_ooms_collected.jsonl")
+    second = load("serving_ooms_unseen.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
+    unseen2 = [r for r in second if not r.get("in_rule_examples")]
+    everything = given + collected + second
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
-                        (f"all ({len(given) + len(collected)})", given + collected)):
+                        (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
+                        (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")
         for line in s.lines():

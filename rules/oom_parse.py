@@ -306,7 +306,7 @@ class _Token:
 # literals), so the full alternation runs only at candidate positions.
 _CANDIDATE = re.compile(
     r"(?=[CHXNATGoPtwO(;0-9RDF])(?:CUDA |HIP |XPU |NPU |Allocation on|Tried to|GPU \d|of which"
-    r"|Process \d|this process|Of the allocated|with \d|\(GPU|; \d|Currently|Requested"
+    r"|Process \d|this process|Of the allocated|with \d|\(GPU|\(NPU|; \d|Currently|Requested"
     r"|Device limit|Free \(|PyTorch limit|(?<![\d.])\d)"
 )
 

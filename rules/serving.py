@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from infersight.rules.engine import (
     Verdict,
     builtin_rules_path,
     classify,
+    derive,
     evaluate,
     human_bytes,
     load_rules,
@@ -94,7 +95,8 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver")),
     ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
              "text-generation-inference", "max-batch-prefill-tokens")),
-    ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference")),
+    ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference",
+              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:")),
     ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
     ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
     ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
@@ -381,6 +383,7 @@ class _Loader:
             self.err(ln("reason"), f"{rid}: reason must be a string")
         if cls == "unknown" and not reason:
             self.err(ln("reason"), f"{rid}: class unknown needs a reason (what is missing, what to look at)")
+        self.check_reason(reason, ln("reason"), str(rid))
         note = self.template(t.get("note"), ln("note"), str(rid))
         cases = []
         for j, c in enumerate(t.get("cases", [])):
@@ -401,6 +404,15 @@ class _Loader:
             reason=" ".join(reason.split()) if isinstance(reason, str) else None, note=note,
             examples=tuple(examples), where=Location(self.path, start),
         )
+
+    def check_reason(self, src: object, line: int, rid: str) -> None:
+        """A reason may name the printed numbers like a note ({R}, {F:int}); they must be known names."""
+        if not isinstance(src, str) or "{" not in src:
+            return
+        try:
+            parse_template(" ".join(src.split()), self.names)
+        except RulesError as exc:
+            self.err(line, f"{rid}: reason: {exc}")
 
     def template(self, src: object, line: int, rid: str) -> Template | None:
         if src is None:
@@ -439,6 +451,7 @@ class _Loader:
         reason = c.get("reason")
         if cls == "unknown" and not reason and not default_reason:
             self.err(line, f"{rid}: a case of class unknown needs a reason")
+        self.check_reason(reason, line, rid)
         suffix = c.get("rule", "")
         if not isinstance(suffix, str) or not re.fullmatch(r"[a-z0-9_\-]{0,32}", suffix):
             self.err(line, f"{rid}: case rule must be a short lower-case suffix")
@@ -685,6 +698,8 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     numbers: dict[str, int | None] = {k: (round(values[k]) if k in values else None) for k in BASE_QUANTITIES}
     extra = {k: v for k, v in values.items() if k not in BASE_QUANTITIES}
     note = render(note_t, env) if note_t is not None else ""
+    if cls == "unknown" and reason is not None:
+        reason = _render_reason(reason, env)
     if "?" in note:  # a number the note needs was not printed: no note rather than a "?"
         note = ""
     remedy = rule.remedy
@@ -695,6 +710,16 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
         knob=rule.knob, text=hit.text, key=key, first_line=hit.first, last_line=hit.last,
         mechanism=rule.mechanism,
     )
+
+
+def _render_reason(reason: str, env: Mapping[str, float | None]) -> str:
+    """A reason with the numbers it names filled in (checked at load; an unprinted one shows as '?')."""
+    if "{" not in reason:
+        return reason
+    try:
+        return render(parse_template(reason, set(env) | set(BASE_QUANTITIES)), env)
+    except RulesError:
+        return reason
 
 
 def rs_names(rule: ServingRule, values: Mapping[str, float]) -> set[str]:
@@ -728,9 +753,39 @@ def rubric_reason(v: Verdict, msg: OomMessage | None = None) -> str:
             "T, F, A and P, and NVML U and O")
 
 
+# Engines that size a static pool to fill the device (vLLM's gpu_memory_utilization, SGLang's
+# mem-fraction-static, TGI's warm-up budget, lmdeploy's cache_max_entry_count, TensorRT-LLM's KV
+# fraction) run with the device full by design. There, cached plus free bytes that cover the
+# request only within print rounding (the rubric's own "tentative" margin) mean a full device,
+# not a broken-up one: the verdict comes from the steps after fragmentation.
+POOL_ENGINES = frozenset({"vllm", "sglang", "tgi", "lmdeploy", "tensorrt-llm"})
+_FRAGMENTATION_RULE = "oom.fragmentation"
+
+
+def _rounding_margin_only(msg: OomMessage) -> bool:
+    env = derive(msg.numbers(), msg.backend)
+    r, c, f = env.get("R"), env.get("C"), env.get("F_prime")
+    if r is None or c is None or f is None:
+        return False
+    return c + f - r < min(0.1 * r, 256 * 2**20)
+
+
+def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRules) -> Verdict:
+    """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES)."""
+    if engine not in POOL_ENGINES or v.rule != _FRAGMENTATION_RULE or not _rounding_margin_only(msg):
+        return v
+    rubric = replace(rs.rubric, rules=[r for r in rs.rubric.rules if r.id != _FRAGMENTATION_RULE])
+    again = classify(msg.numbers(), rubric, backend=msg.backend)
+    if again.cls == "unknown":
+        return v
+    why = (f"{engine} fills the device with its pools by design, and cached plus free bytes cover the request "
+           "only within print rounding: a full device, not fragmentation")
+    return replace(again, note=f"{again.note}; {why}" if again.note else why)
+
+
 def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
-    v = classify(msg.numbers(), rs.rubric, backend=msg.backend)
     engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
+    v = _pool_engine_verdict(msg, classify(msg.numbers(), rs.rubric, backend=msg.backend), engine, rs)
     remedy = v.remedy
     extra_remedy = rs.engine_remedies.get(engine, {}).get(v.cls)
     if engine != "pytorch" and extra_remedy:

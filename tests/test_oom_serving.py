@@ -2,13 +2,16 @@
 ``unknown`` with a reason when the text does not decide, no false alarms.
 
 The data is vendored: ``tests/data/serving_ooms_given.jsonl`` (30 labelled messages with
-their threads) and ``serving_ooms_collected.jsonl`` (more from other public threads, real
-non-memory errors of the same engines among them, each with its source).
+their threads), ``serving_ooms_collected.jsonl`` (more from other public threads, real
+non-memory errors of the same engines among them, each with its source) and
+``serving_ooms_unseen.jsonl`` (a second collection, labelled before the rules it measures
+were changed; records whose thread a rule example quotes are marked ``in_rule_examples``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from infersight.rules.serving import (
     ServingRulesError,
     analyse,
     builtin,
+    builtin_serving_path,
     detect_engine,
     load_serving_rules,
     size_bytes,
@@ -34,12 +38,15 @@ def _load(name: str) -> list[dict]:  # type: ignore[type-arg]
 
 GIVEN = _load("serving_ooms_given.jsonl")
 COLLECTED = _load("serving_ooms_collected.jsonl")
+UNSEEN = _load("serving_ooms_unseen.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED:
+    for r in GIVEN + COLLECTED + UNSEEN:
         assert r["url"].startswith("https://github.com/"), r["id"]
+    for r in GIVEN + UNSEEN:
+        assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
 
@@ -146,6 +153,119 @@ def test_numbers_and_engine_keys() -> None:
     assert (f.engine, f.cls, f.numbers["R"]) == ("llama.cpp", "capacity", 204800 << 20)
     (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-070"))
     assert f.numbers["T"] == round(15.48 * (1 << 30)) and f.extra["arguments_bytes"] == round(15.90 * (1 << 30))
+
+
+def test_the_unseen_set_is_quoted_by_no_rule_example() -> None:
+    """The second collection measures the rules only if no rule example quotes its threads."""
+    rule_text = builtin_serving_path().read_text(encoding="utf-8")
+    for r in UNSEEN:
+        cited = re.search(re.escape(r["url"]) + r"(?!\d)", rule_text) is not None
+        assert cited == r["in_rule_examples"], r["id"]
+    assert sum(not r["in_rule_examples"] for r in UNSEEN) >= 30
+    assert sum(r["label"] == "not_oom" for r in UNSEEN) >= 5
+
+
+def test_floors_on_the_unseen_messages() -> None:
+    s = score([r for r in UNSEEN if not r["in_rule_examples"]])
+    assert s.recognised == s.memory_errors, s.misses
+    assert s.false_alarms == 0, s.misses
+    assert s.unclear_unknown >= s.unclear / 2, s.misses
+
+
+_MAX_LEN = ("ValueError: The model's max seq len ({n}) is larger than the maximum number of tokens that can be "
+            "stored in KV cache ({kv}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine.")
+
+
+@pytest.mark.parametrize(("prefix", "n", "kv", "cls", "case"), [
+    ("", 8192, 7900, "reservation_conflict", "within-fraction-headroom"),
+    ("", 8192, 6500, "unknown", "gap-undecided"),
+    ("", 32768, 16000, "capacity", "far-beyond-pool"),
+    # the printed fraction decides, whatever the gap: at the default 0.9 only the length can move
+    ("Memory profiling results: total_gpu_memory=23.58GiB kv_cache_size=2.89GiB gpu_memory_utilization=0.90\n",
+     8192, 7900, "capacity", "default-fraction"),
+])
+def test_vllm_max_model_len_is_decided_by_the_fraction_or_the_overshoot(prefix: str, n: int, kv: int, cls: str,
+                                                                       case: str) -> None:
+    (f,) = analyse(prefix + _MAX_LEN.format(n=n, kv=kv))
+    assert (f.cls, f.rule) == (cls, f"vllm.kv.max-model-len/{case}")
+    if cls == "unknown":
+        assert "gpu_memory_utilization" in (f.reason or "")
+
+
+_TIGHT = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacity of "
+          "7.75 GiB of which 1.17 GiB is free. Including non-PyTorch memory, this process has 5.02 GiB memory in use. "
+          "Of the allocated memory 4.81 GiB is allocated by PyTorch, and 18.97 MiB is reserved by PyTorch but "
+          "unallocated.")
+
+
+def test_a_rounding_margin_is_a_full_device_in_a_pool_engine_only() -> None:
+    (bare,) = analyse(_TIGHT)
+    assert (bare.engine, bare.cls) == ("pytorch", "fragmentation")  # the rubric's own tentative verdict
+    (in_vllm,) = analyse("ERROR 03-13 09:00:43 [core.py:330] " + _TIGHT
+                         + "\nCRITICAL 03-13 09:00:43 [core_client.py:260] Got fatal signal from worker processes")
+    assert (in_vllm.engine, in_vllm.cls, in_vllm.rule) == ("vllm", "reservation_conflict", "oom.reservation.tenants")
+    assert "not fragmentation" in in_vllm.note
+    # a margin well above print rounding stays fragmentation inside an engine too
+    roomy = _TIGHT.replace("Tried to allocate 1.16 GiB", "Tried to allocate 512.00 MiB")
+    (f,) = analyse("(VllmWorkerProcess pid=1) ERROR " + roomy)
+    assert (f.engine, f.cls) == ("vllm", "fragmentation")
+
+
+def test_torch_npu_prints_its_total_in_the_old_format() -> None:
+    (f,) = analyse("RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; "
+                   "58.92 GiB already allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total "
+                   "by PyTorch)")
+    assert f.numbers["T"] == round(60.97 * 2**30)
+    assert f.cls == "capacity"
+
+
+def test_xla_bottom_reservation_with_free_printed_is_unknown() -> None:
+    (f,) = analyse("RESOURCE_EXHAUSTED: Attempting to reserve 10.00G at the bottom of memory. That was not possible. "
+                   "There are 6.00G free, 0B reserved, and 6.00G reservable.")
+    assert (f.cls, f.rule) == ("unknown", "xla.program.reserve-bottom/free-below-request")
+    assert "memory_stats" in (f.reason or "")
+
+
+def test_tensorrt_builder_scratch_over_its_pool_is_unknown_with_the_numbers_in_the_reason() -> None:
+    (f,) = analyse("[TRT] [E] 4: Internal error: plugin node GPTAttention_0 requires 56405524864 bytes of scratch "
+                   "space, but only 47590277120 is available. Try increasing the workspace size with "
+                   "IBuilderConfig::setMemoryPoolLimit().")
+    assert (f.engine, f.cls) == ("tensorrt-llm", "unknown")
+    assert f.rule == "tensorrt-llm.build.scratch-over-pool/pool-vs-device"
+    assert f.numbers["R"] == 56405524864 and f.numbers["L"] == 47590277120
+    assert "52.53 GiB" in (f.reason or "") and "{" not in (f.reason or "")
+
+
+def test_reasons_name_the_printed_numbers_not_placeholders() -> None:
+    (f,) = analyse("Server error: Not enough memory to handle 256 prefill tokens. You need to decrease")
+    assert f.cls == "unknown" and "a prefill of 256 tokens" in (f.reason or "")
+
+
+def test_a_reason_naming_an_unknown_quantity_does_not_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('''engine_version = "1.0"
+[[rule]]
+id = "x.y"
+version = 1
+engine = "vllm"
+priority = 10
+anchors = ["out of memory"]
+mechanism = "a mechanism stated in enough words to pass the loader's check here"
+class = "unknown"
+reason = "needs {no_such_number}"
+remedy = "r"
+[[rule.examples]]
+kind = "positive"
+class = "unknown"
+source = "a test"
+text = "out of memory"
+[[rule.examples]]
+kind = "negative"
+text = "fine"
+''', encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="reason: unknown quantity 'no_such_number'"):
+        load_serving_rules([bad])
 
 
 def test_a_lowered_vllm_fraction_is_the_reservation() -> None:
