@@ -132,6 +132,8 @@ VARS: Dict[str, Var] = dict((
        internal=True),
     _v("INFERSIGHT_LAUNCH_SPAWN_NS", "int", None, "launch: when CMD was spawned", internal=True),
     _v("INFERSIGHT_CHILDREN_DIR", "path", None, "where a supervisor's workers report", internal=True),
+    _v("INFERSIGHT_LAUNCH_SESSION", "path", None, "launch joined an agent: the session its hooks name",
+       internal=True),
 ))
 
 _reported: Dict[str, str] = {}  # variable -> the bad value already said on stderr

@@ -174,7 +174,7 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
         "launched": launched,
         # A joined launch's token: its subscription on the agent gets this process's items
         # (children inherit it, so workers are in the waterfall too).
-        "session": env.get("INFERSIGHT_LAUNCH_SESSION", ""),
+        "session": _env.get("INFERSIGHT_LAUNCH_SESSION", env) or "",
     }
 
 
