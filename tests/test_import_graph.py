@@ -34,6 +34,7 @@ NEUTRAL = (
     "infersight.tomlfile",
     "infersight.metricspec",
     "infersight.coldstart_stages",
+    "infersight.sanitize",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 

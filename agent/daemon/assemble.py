@@ -19,6 +19,7 @@ from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
 from infersight.coldstart_stages import union_ns
 from infersight.redact import mask_value
+from infersight.sanitize import clean_key, clean_text
 from infersight.telemetry import (
     Attributes,
     AttrValue,
@@ -147,9 +148,9 @@ def parse_resource_env(value: str) -> Attributes:
         if "=" not in part:
             continue
         k, _, v = part.partition("=")
-        k = k.strip()
-        if k:
-            out[k] = urllib.parse.unquote(v.strip())
+        k = clean_key(k.strip())
+        if k:  # percent-decoding makes characters the ingest check never saw: clean them too
+            out[k] = clean_text(urllib.parse.unquote(v.strip()))
     return out
 
 
