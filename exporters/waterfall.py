@@ -145,7 +145,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
             dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
             "its own waterfall: ended by %s" % (w.attributes.get("infersight.coldstart.ended_by") or "?")))
     ready = root.attributes.get("infersight.coldstart.ready_s")
-    if isinstance(ready, (int, float)):
+    if isinstance(ready, (int, float)) and not isinstance(ready, bool) and 0 <= ready <= 1e9:  # not junk
         lines.append("ready after %.3f s (%s); ended by %s" % (
             ready, root.attributes.get("infersight.ready.source") or "?",
             root.attributes.get("infersight.coldstart.ended_by") or "?"))
