@@ -30,7 +30,7 @@ from mosquitto import MOSQUITTO, Collector, Mosquitto, running_broker
 
 from infersight.agent.daemon.sanitize import decode_frame
 from infersight.hooks import _wire
-from infersight.sanitize import MAX_TEXT, clean_key, clean_text, clean_tree, needs_cleaning
+from infersight.sanitize import MAX_TEXT, clean_key, clean_text, clean_tree, needs_cleaning, text_needs_cleaning
 
 PROMTOOL = shutil.which("promtool")
 BAD_CHARS = {*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0))} - {"\t", "\n"}
@@ -89,11 +89,20 @@ def test_a_frame_that_needs_no_cleaning_is_one_cleaning_would_not_change(v: Any)
     assert all(_plain(s) for s in _strings(clean_tree(decoded)))
 
 
+@given(st.recursive(st.text(max_size=20), lambda kids: st.lists(kids, max_size=4), max_leaves=10),
+       st.booleans())
+def test_a_file_line_that_needs_no_cleaning_is_one_cleaning_would_not_change(v: Any, ascii_only: bool) -> None:
+    text = json.dumps({"v": v}, ensure_ascii=ascii_only)
+    decoded = json.loads(text)
+    if not text_needs_cleaning(text):
+        assert clean_tree(decoded, limit=1 << 20) == decoded
+
+
 def test_decode_frame_cleans_escapes_raw_bytes_and_bounds_length() -> None:
     msg = decode_frame(b'{"t":"hello","p":{"service_name":"a\\u0001b\\ud800","k\\nx":"\xc2\x85\x7f"}}')
     assert msg == {"t": "hello", "p": {"service_name": "a\ufffdb\ufffd", "k\ufffdx": "\ufffd\ufffd"}}
-    long = decode_frame(json.dumps({"s": "x" * (MAX_TEXT + 10)}).encode())
-    assert long is not None and len(long["s"]) == MAX_TEXT
+    long = decode_frame(json.dumps({"t": "hello", "p": {"exe": "x" * (MAX_TEXT + 10)}}).encode())
+    assert long is not None and len(long["p"]["exe"]) == MAX_TEXT
     assert decode_frame(b'{"a":' + b"[" * 200 + b"]" * 200 + b', "b": "\\u0001"}') is None  # too deep to walk
     plain = b'{"t":"b","e":[[1,2,"log",{"body":"fine"}]]}'
     assert not needs_cleaning(plain) and decode_frame(plain) == json.loads(plain)

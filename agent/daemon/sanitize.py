@@ -15,10 +15,11 @@ from infersight.sanitize import TooDeepError, clean_tree, needs_cleaning
 
 def decode_frame(payload: bytes) -> dict[str, Any] | None:
     """The frame's object with clean strings; None when it is not a JSON object (or nests
-    deeper than any schema of ours)."""
+    deeper than any schema of ours). A hello (one per connection) is always walked, so that
+    its strings are bounded too."""
     msg: dict[str, Any] | None = _wire.decode_payload(payload)
-    if msg is None or not needs_cleaning(payload):
-        return msg
+    if msg is None or (not needs_cleaning(payload) and msg.get("t") != "hello"):
+        return msg  # events: plain ASCII, and the assembler bounds each string's length
     try:
         cleaned: dict[str, Any] = clean_tree(msg)
     except (TooDeepError, RecursionError):
