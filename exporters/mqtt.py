@@ -125,6 +125,7 @@ def _properties(packet_type: int) -> Properties:
     return Properties(packet_type)  # type: ignore[no-untyped-call]
 
 
+MAX_REFUSALS_HELD = 4096  # refusals of publishes whose task went away before it looked
 # The message id of the last publish made in this task (each publisher is its own task).
 _last_mid: contextvars.ContextVar[int] = contextvars.ContextVar("infersight_mqtt_last_mid", default=-1)
 
@@ -151,6 +152,8 @@ class Refusals:
 
         def noting_on_publish(c: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
             if getattr(reason_code, "is_failure", False):
+                if len(self.refused) >= MAX_REFUSALS_HELD:  # refusals no publisher asked about
+                    self.refused.clear()
                 self.refused[mid] = reason_code
             on_publish(c, userdata, mid, reason_code, properties)
 
