@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any
 
 from infersight.agent.errors import AgentError
@@ -135,7 +136,8 @@ def any_value(v: Any) -> AttrValue:
     if not isinstance(v, dict):
         return "" if v is None else str(v)
     if "stringValue" in v:
-        return str(v["stringValue"])
+        text = str(v["stringValue"])
+        return intern(text) if len(text) <= 64 else text  # stage names, paths, classes: they repeat
     if "boolValue" in v:
         return bool(v["boolValue"])
     if "intValue" in v:
@@ -185,10 +187,12 @@ def _span(res: Resource, s: Any) -> SpanItem:
     ]
     status = _dict(s.get("status"))
     error = str(status.get("message") or "error") if status.get("code") in (2, "STATUS_CODE_ERROR") else None
+    # Trace ids, parent ids and names repeat across a file's spans: one string each (a large
+    # file holds every span while it is read).
     return SpanItem(
-        res, _str(s.get("traceId"), "traceId").lower(), _str(s.get("spanId"), "spanId").lower(),
-        (str(s["parentSpanId"]).lower() or None) if s.get("parentSpanId") else None,
-        _str(s.get("name"), "span name"), start, end, attributes(s.get("attributes")), events, error,
+        res, intern(_str(s.get("traceId"), "traceId").lower()), _str(s.get("spanId"), "spanId").lower(),
+        (intern(str(s["parentSpanId"]).lower()) or None) if s.get("parentSpanId") else None,
+        intern(_str(s.get("name"), "span name")), start, end, attributes(s.get("attributes")), events, error,
     )
 
 
