@@ -141,7 +141,10 @@ class Refusals:
 
     def __init__(self, client: aiomqtt.Client) -> None:
         self.refused: dict[int, object] = {}
-        paho = client._client  # aiomqtt exposes no acknowledgement's reason code
+        paho = getattr(client, "_client", None)  # aiomqtt exposes no acknowledgement's reason code
+        if paho is None:  # another aiomqtt: refusals count as delivered, as aiomqtt says
+            log.warning("aiomqtt %s: cannot read the broker's refusals", getattr(aiomqtt, "__version__", "?"))
+            return
         publish = paho.publish
         on_publish: Any = paho.on_publish  # aiomqtt's own (paho types it as either callback version)
 
