@@ -396,14 +396,15 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         return EXIT_USAGE
     child: Child | None = None
     try:
-        bad = config_error(opts, path, private)
-        if bad is not None:
-            err.write("infersight launch: %s\n" % bad)
-            return EXIT_USAGE
-        try:
+        try:  # first: the configuration check refuses a socket path that is too long, less clearly
             listen_fd = private.listen()
         except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
             err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
+            return EXIT_USAGE
+        bad = config_error(opts, path, private)
+        if bad is not None:
+            os.close(listen_fd)
+            err.write("infersight launch: %s\n" % bad)
             return EXIT_USAGE
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
