@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -126,12 +127,56 @@ def _properties(packet_type: int) -> Properties:
     return Properties(packet_type)  # type: ignore[no-untyped-call]
 
 
-class _Conn:
-    __slots__ = ("client", "lost")
+MAX_REFUSALS_HELD = 4096  # refusals of publishes whose task went away before it looked
+# The message id of the last publish made in this task (each publisher is its own task).
+_last_mid: contextvars.ContextVar[int] = contextvars.ContextVar("infersight_mqtt_last_mid", default=-1)
+
+
+class Refusals:
+    """The broker's refusals (a PUBACK/PUBREC reason code >= 0x80), by message id.
+
+    aiomqtt 2.x completes a publish on any acknowledgement and drops its reason code, so a
+    message the broker refused (not authorised, too large, quota exceeded...) would count as
+    delivered. This wraps the paho client under one aiomqtt client: its ``publish`` notes the
+    message id in the calling task, its ``on_publish`` notes each refusal; :meth:`take` tells
+    the publishing task, once its publish returned, whether the broker refused it."""
 
     def __init__(self, client: aiomqtt.Client) -> None:
+        self.refused: dict[int, object] = {}
+        paho = getattr(client, "_client", None)  # aiomqtt exposes no acknowledgement's reason code
+        if paho is None:  # another aiomqtt: refusals count as delivered, as aiomqtt says
+            log.warning("aiomqtt %s: cannot read the broker's refusals", getattr(aiomqtt, "__version__", "?"))
+            return
+        publish = paho.publish
+        on_publish: Any = paho.on_publish  # aiomqtt's own (paho types it as either callback version)
+
+        def noting_publish(*args: Any, **kwargs: Any) -> Any:
+            info = publish(*args, **kwargs)
+            _last_mid.set(info.mid)
+            return info
+
+        def noting_on_publish(c: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+            if getattr(reason_code, "is_failure", False):
+                if len(self.refused) >= MAX_REFUSALS_HELD:  # refusals no publisher asked about
+                    self.refused.clear()
+                self.refused[mid] = reason_code
+            on_publish(c, userdata, mid, reason_code, properties)
+
+        paho.publish = noting_publish  # type: ignore[method-assign]
+        paho.on_publish = noting_on_publish
+
+    def take(self) -> object | None:
+        """The refusal of this task's last publish, or None when the broker took it."""
+        return self.refused.pop(_last_mid.get(), None) if self.refused else None
+
+
+class _Conn:
+    __slots__ = ("client", "lost", "refusals")
+
+    def __init__(self, client: aiomqtt.Client, refusals: Refusals | None = None) -> None:
         self.client = client
         self.lost = asyncio.Event()
+        self.refusals = refusals or Refusals(client)
 
 
 class MqttExporter:
@@ -177,9 +222,13 @@ class MqttExporter:
         self.skipped_items = 0
         self.failed_batches = 0
         self.oversized_messages = 0
+        self.refused_messages = 0  # the broker acknowledged them with a failure reason code
+        self.refused_items = 0
+        self.unencodable_items = 0  # items no message could be made of (dropped, counted)
         self.undelivered_at_exit = 0
         self.last_error = ""
         self._logged_error = ""
+        self._logged_at: dict[str, float] = {}
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -275,6 +324,7 @@ class MqttExporter:
 
         conn = await self._ready()
         assert self._idle is not None
+        refused_before = self.refused_items
         self._inflight += 1
         self._idle.clear()
         try:
@@ -286,10 +336,15 @@ class MqttExporter:
         if failure:
             raise failure[0]
         self.published_messages += sent[0]
-        self.delivered_items += len(batch) - skipped[0]
+        self.delivered_items += max(0, len(batch) - skipped[0] - (self.refused_items - refused_before))
 
     def _encode(self, chunk: Sequence[Item], skipped: list[int]) -> list[Outgoing]:
-        msgs, n_skipped = encode_batch(chunk, self.topics)
+        try:
+            msgs, n_skipped = encode_batch(chunk, self.topics)
+            for m in msgs:
+                m.topic.encode()  # paho raises on a topic that is not UTF-8, on the loop
+        except Exception:  # one bad item: it alone is dropped, the items behind it go on
+            msgs, n_skipped = self._encode_each(chunk, skipped)
         self.skipped_items += n_skipped
         skipped[0] += n_skipped
         if any(len(m.payload) > self.settings.max_payload_bytes for m in msgs):
@@ -306,6 +361,34 @@ class MqttExporter:
             )
             msgs = [m for m in msgs if len(m.payload) <= self.settings.max_payload_bytes]
         return msgs
+
+    def _encode_each(self, chunk: Sequence[Item], skipped: list[int]) -> tuple[list[Outgoing], int]:
+        """:func:`encode_batch` item by item, dropping and counting the items that fail (a value
+        no JSON or topic can carry). Slower, and metric snapshots are not merged across items:
+        only a chunk that failed as a whole comes here."""
+        msgs: list[Outgoing] = []
+        n_skipped = 0
+        for item in chunk:
+            try:
+                one, n = encode_batch([item], self.topics)
+                for m in one:
+                    m.topic.encode()
+            except Exception as exc:
+                self.unencodable_items += 1
+                skipped[0] += 1  # not delivered: not counted as delivered either
+                self._rlog("unencodable", "dropped an item no MQTT message can carry (%s: %s)",
+                           type(exc).__name__, exc)
+                continue
+            msgs += one
+            n_skipped += n
+        return msgs, n_skipped
+
+    def _rlog(self, key: str, msg: str, *args: object) -> None:
+        """One warning per key per minute: a hostile producer must not flood the log."""
+        now = time.monotonic()
+        if now - self._logged_at.get(key, -1e9) >= 60.0:
+            self._logged_at[key] = now
+            log.warning("mqtt %s: " + msg, self.url, *args)
 
     async def force_flush(self, timeout_s: float) -> bool:
         """Wait for exports in flight. ``export`` itself awaits every acknowledgement."""
@@ -374,6 +457,9 @@ class MqttExporter:
             "skipped_items": self.skipped_items,
             "failed_batches": self.failed_batches,
             "oversized_messages": self.oversized_messages,
+            "refused_messages": self.refused_messages,
+            "refused_items": self.refused_items,
+            "unencodable_items": self.unencodable_items,
             "undelivered_at_exit": self.undelivered_at_exit,
             "last_error": self.last_error,
         }
@@ -439,9 +525,17 @@ class MqttExporter:
         client, qos = conn.client, self.qos
         it = msgs
 
+        refusals = conn.refusals
+
         async def publisher() -> None:
             for m in it:
                 await client.publish(m.topic, m.payload, qos=qos, retain=m.retain, timeout=math.inf)
+                reason = refusals.take()
+                if reason is not None:  # the broker refused it: dropped and counted, the rest go on
+                    self.refused_messages += 1
+                    self.refused_items += m.items
+                    self._rlog("refused", "the broker refused a message on %s (%s): dropped and counted",
+                               m.topic, reason)
 
         all_acked: asyncio.Future[None] = loop.create_future()
         remaining = n = self.settings.max_inflight if count is None else min(count, self.settings.max_inflight)
@@ -508,12 +602,13 @@ class MqttExporter:
                 self._attempt = loop.create_future()
             attempt = self._attempt
             client = self._new_client()
+            refusals = Refusals(client)
             conn: _Conn | None = None
             try:
                 async with client:
                     await client.publish(self.status_topic, ONLINE, qos=1, retain=True, timeout=CONTROL_TIMEOUT_S)
                     await self._publish_birth(client)
-                    conn = _Conn(client)
+                    conn = _Conn(client, refusals)
                     self._conn = conn
                     self.connects += 1
                     delay = self.settings.reconnect_initial_s

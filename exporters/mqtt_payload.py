@@ -30,6 +30,7 @@ no producer sequence number (``seq`` is null); they are idempotent, keyed by top
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -57,7 +58,12 @@ DEFAULT_PREFIX = "infersight"
 ONLINE = b"online"
 OFFLINE = b"offline"
 EVENT_FAMILIES = ("coldstart", "oom", "memory", "device", "agent")
-_UNSAFE = re.compile(r"[+#/\x00\s]")
+# Characters percent-encoded in a topic level: '%' itself (so that the mapping is one to one),
+# the wildcards and the level separator, whitespace, control characters (mosquitto drops a
+# client that publishes C0/C1 or DEL in a topic) and lone surrogates (not UTF-8 at all).
+_UNSAFE = re.compile("[%+#/\\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+MAX_LEVEL = 128  # characters of one topic level; a longer value keeps a prefix and a hash
 AGENT_RESOURCE_MARK = "infersight.agent.mode"  # set on the agent's own resource only
 
 
@@ -75,12 +81,30 @@ class Outgoing(NamedTuple):
     items: int = 1  # telemetry items this message carries (for counters)
 
 
+def _percent(m: re.Match[str]) -> str:
+    return "".join("%%%02X" % b for b in m.group().encode("utf-8", "surrogatepass"))
+
+
 def topic_level(value: str) -> str:
-    """A value usable as one topic level: no wildcards, no '/', no NUL or spaces."""
-    out = _UNSAFE.sub("_", value).strip()
-    if not out or out.startswith("$"):
-        out = "_" + out
-    return out[:128]
+    """A value as one topic level, one to one: no wildcard, no '/', no control character,
+    valid UTF-8, not starting with '$'.
+
+    Unsafe characters (and '%') are percent-encoded as their UTF-8 bytes, so ``m+l``, ``m#l``
+    and ``m\\x00l`` stay three topics (``m%2Bl``, ``m%23l``, ``m%00l``) and an ordinary name
+    (``eta-svc``, ``GPU-5c1a``) is unchanged. The empty value is ``%``; a value longer than
+    :data:`MAX_LEVEL` keeps its first characters and ``%~`` with a hash of the whole (neither
+    form can come out of the encoding otherwise)."""
+    if not value:
+        return "%"
+    out = _UNSAFE.sub(_percent, value)
+    if out.startswith("$"):
+        out = "%24" + out[1:]
+    if len(out) > MAX_LEVEL:
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        head = out[: MAX_LEVEL - 18]
+        cut = head.rfind("%", len(head) - 2)  # never cut an escape in two
+        out = (head[:cut] if cut >= 0 else head) + "%~" + digest
+    return out
 
 
 def validate_prefix(prefix: str) -> str:
@@ -88,8 +112,9 @@ def validate_prefix(prefix: str) -> str:
     p = prefix.strip().strip("/")
     if not p:
         raise ValueError("topic prefix must not be empty")
-    if any(c in p for c in "+#\x00") or p.startswith("$") or "//" in p:
-        raise ValueError("topic prefix %r must not contain '+', '#', '//' or start with '$'" % prefix)
+    if any(c in p for c in "+#") or _CONTROL.search(p) or p.startswith("$") or "//" in p:
+        raise ValueError("topic prefix %r must not contain '+', '#', '//', a control character or start "
+                         "with '$'" % prefix)
     return p
 
 

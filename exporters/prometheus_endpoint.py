@@ -19,8 +19,8 @@ OTel -> Prometheus translation (the same rules as
   values are strings (booleans ``true``/``false``, lists as JSON);
 - resource attributes ``host.name``, ``service.name``, ``service.instance.id`` become the
   labels ``host_name``, ``service_name``, ``service_instance_id`` on every series (a point
-  attribute of the same name wins); all resource attributes are also on one ``target_info``
-  gauge per resource (value 1), to join on when needed.
+  attribute of the same name never overrides them: it becomes ``exported_<label>``); all
+  resource attributes are also on one ``target_info`` gauge per resource (value 1), to join on when needed.
 
 Bounds: at most ``max_series`` series (``target_info`` included). A point that would open a
 series past the bound is dropped and counted in ``infersight_prometheus_points_dropped_total``
@@ -143,6 +143,19 @@ def labels_of(attrs: Mapping[str, AttrValue] | Iterable[tuple[str, AttrValue]]) 
     for k, v in pairs:
         grouped.setdefault(label_name(k), []).append((k, label_value(v)))
     return {name: ";".join(v for _, v in sorted(vals)) for name, vals in grouped.items()}
+
+
+RESERVED_LABELS = frozenset(label for _, label in RESOURCE_LABELS)
+
+
+def point_labels(attrs: Mapping[str, AttrValue]) -> dict[str, str]:
+    """A point's labels: a point attribute never overrides a resource label (a producer must not
+    pass its series off as another service's or host's); it keeps its value as ``exported_<name>``,
+    as Prometheus does for a target label that a scrape also carries."""
+    labels = labels_of(attrs)
+    for name in RESERVED_LABELS.intersection(labels):
+        labels["exported_" + name] = labels.pop(name)
+    return labels
 
 
 def resource_labels(resource: Resource) -> dict[str, str]:
@@ -281,7 +294,7 @@ class SeriesStore:
             self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now), owner)
         kept = 0
         for p in m.points:
-            labels = {**base, **labels_of(p.attributes)}
+            labels = {**point_labels(p.attributes), **base}
             if isinstance(p, HistogramPoint):
                 if typ != "histogram":
                     continue

@@ -180,7 +180,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
                 _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, "-", width, "",
                 _extra(group)))
     ready = root.attributes.get("infersight.coldstart.ready_s")
-    if isinstance(ready, (int, float)):
+    if isinstance(ready, (int, float)) and not isinstance(ready, bool) and 0 <= ready <= 1e9:  # not junk
         lines.append("ready after %.3f s (%s); ended by %s" % (
             ready, root.attributes.get("infersight.ready.source") or "?",
             root.attributes.get("infersight.coldstart.ended_by") or "?"))

@@ -93,6 +93,7 @@ class Mosquitto:
         tls: TlsFiles | None = None,
         users: dict[str, str] | None = None,
         tcp_nodelay: bool = True,
+        extra: tuple[str, ...] = (),
     ) -> None:
         assert MOSQUITTO, "mosquitto not installed"
         self.root = root
@@ -125,6 +126,7 @@ class Mosquitto:
             lines += ["allow_anonymous false", "password_file %s" % make_passwd(root / "passwd", users)]
         else:
             lines.append("allow_anonymous true")
+        lines += extra  # more broker settings: message_size_limit, acl_file, ...
         self.conf.write_text("\n".join(lines) + "\n")
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -36,6 +36,7 @@ NEUTRAL = (
     "infersight.coldstart_stages",
     "infersight.instances",
     "infersight.statefiles",
+    "infersight.sanitize",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 

@@ -57,7 +57,8 @@ class ColdStartExtension:
         return None
 
     def health(self) -> Mapping[str, Any]:
-        return {"coldstarts": self.tracker.snapshot(), "coldstarts_not_tracked": self.tracker.refused_warming}
+        return {"coldstarts": self.tracker.snapshot(), "coldstarts_not_tracked": self.tracker.refused_warming,
+                "coldstart_history_lines_skipped": self.tracker.history.corrupt_lines}
 
     async def aclose(self) -> None:
         """Nothing warms any more: clear what still shows as warming."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -22,6 +24,7 @@ from typing import Any
 from infersight.agent.coldstart.eta import MAX_STAGES, Run
 from infersight.statefiles import open_state_dir, open_state_file
 
+log = logging.getLogger("infersight.coldstart.history")
 FILE_NAME = "coldstart-history.jsonl"
 MAX_RUNS = 50
 MAX_KEYS = 256
@@ -102,15 +105,29 @@ def run_to_json(key: str, run: Run) -> dict[str, Any]:
     }
 
 
+MAX_RUN_S = 30 * 86400.0  # a duration past this (or NaN, or an infinity) is no cold start: the line is junk
+BAD_RECORD = (ValueError, TypeError, KeyError, OverflowError, RecursionError)  # what a junk line raises
+
+
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError("a duration is not a number")
+    x = float(v)
+    if not 0 <= x <= MAX_RUN_S:  # False for NaN too
+        raise ValueError("duration out of range: %r" % x)
+    return x
+
+
 def run_from_json(obj: Any) -> tuple[str, Run]:
-    """Raises ValueError (or TypeError/KeyError) on anything but a well-formed record."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("key"), str):
-        raise ValueError("record without a key")
-    stages = tuple((str(s), float(d), float(e)) for s, d, e in obj["stages"][:MAX_STAGES])
-    total = float(obj["total_s"])
-    if total < 0 or any(d < 0 or e < 0 for _, d, e in stages):
-        raise ValueError("negative duration")
-    return obj["key"], Run(stages, total, str(obj.get("cache", "unknown")), float(obj.get("ended_at", 0.0)))
+    """Raises one of :data:`BAD_RECORD` on anything but a well-formed record: durations are
+    finite seconds in [0, MAX_RUN_S] (``Infinity`` in a total would make every ETA infinite)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("key"), str) or not isinstance(obj.get("stages"), list):
+        raise ValueError("record without a key or stages")
+    stages = tuple((str(s), _seconds(d), _seconds(e)) for s, d, e in obj["stages"][:MAX_STAGES])
+    ended_at = obj.get("ended_at", 0.0)
+    if isinstance(ended_at, bool) or not isinstance(ended_at, (int, float)) or not math.isfinite(ended_at):
+        raise ValueError("ended_at is not a finite number")
+    return obj["key"], Run(stages, _seconds(obj["total_s"]), str(obj.get("cache", "unknown")), float(ended_at))
 
 
 @dataclass
@@ -143,7 +160,7 @@ def parse(text: str) -> History:
         history.lines_read += 1
         try:
             key, run = run_from_json(json.loads(line))
-        except (ValueError, TypeError, KeyError):
+        except BAD_RECORD:  # a nested, cut or hand-edited line costs only itself
             history.corrupt_lines += 1
             continue
         history.add(key, run)
@@ -158,13 +175,18 @@ def load(path: str) -> History:
         fd = open_state_file(directory or ".", name, os.O_RDONLY)
     except FileNotFoundError:
         return History()
-    except OSError:
+    except OSError as exc:
         h = History()
         h.corrupt_lines = 1  # unreadable (a planted symlink, a directory others may write): say so, start afresh
+        log.warning("cold-start history %s is unreadable (%s): starting without it", path, exc)
         return h
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_FILE_BYTES)
-    return parse(data.decode("utf-8", "replace"))
+    history = parse(data.decode("utf-8", "replace"))
+    if history.corrupt_lines:
+        log.warning("cold-start history %s: skipped %d unreadable line(s) of %d (counted; the rest is used)",
+                    path, history.corrupt_lines, history.lines_read)
+    return history
 
 
 def save(path: str, history: History) -> None:

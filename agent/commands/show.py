@@ -51,6 +51,8 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
         return 2
     for s in t.skipped[:5]:
         err.write("infersight show: %s\n" % s)
+    if len(t.skipped) > 5:
+        err.write("infersight show: ... %d more skipped\n" % (len(t.skipped) - 5))
     if fmt == "chrome-trace":
         return _chrome(t, path, out, err)
     found = coldstarts(t.spans)

@@ -19,6 +19,7 @@ from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
 from infersight.coldstart_stages import union_ns
 from infersight.redact import mask_value
+from infersight.sanitize import clean_key, clean_text
 from infersight.telemetry import (
     Attributes,
     AttrValue,
@@ -168,13 +169,14 @@ def parse_resource_env(value: str, cut: list[int] | None = None) -> Attributes:
         if "=" not in part:
             continue
         k, _, v = part.partition("=")
-        k = k.strip()
+        k = clean_key(k.strip())
         if not k:
             continue
         if len(out) >= MAX_RESOURCE_ATTRS and k not in out:
             cuts += 1
             continue
-        v = urllib.parse.unquote(v.strip())
+        # percent-decoding makes characters the ingest check never saw: clean them too
+        v = clean_text(urllib.parse.unquote(v.strip()))
         if len(k) > MAX_RESOURCE_KEY or len(v) > MAX_RESOURCE_VALUE:
             k, v, cuts = k[:MAX_RESOURCE_KEY], v[:MAX_RESOURCE_VALUE], cuts + 1
         out[k] = v

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,6 +61,30 @@ def _str(v: Any) -> str:
     return v
 
 
+SUN_PATH_MAX = 107  # bytes of a Unix socket path (sun_path is 108, with its NUL)
+MAX_CONFIG_BYTES = 4 << 20  # a config file larger than this is refused, not read
+MAX_TABLE_DEPTH = 16  # [a.b.c...]: ours go 3 deep
+
+
+def _path(v: Any) -> str:
+    """A file system path: a non-empty string without NUL."""
+    s = _str(v)
+    if not s:
+        raise ValueError("expected a path, got an empty string")
+    if "\0" in s:
+        raise ValueError("a path cannot contain a NUL character")
+    return s
+
+
+def _socket_path(v: Any) -> str:
+    """A Unix socket path: as :func:`_path`, and short enough for ``sun_path``."""
+    s = _path(v)
+    n = len(os.fsencode(s))
+    if n > SUN_PATH_MAX:
+        raise ValueError("a Unix socket path is at most %d bytes, this one is %d" % (SUN_PATH_MAX, n))
+    return s
+
+
 def _opt_str(v: Any) -> str | None:
     return None if v in (None, "") else _str(v)
 
@@ -104,7 +129,7 @@ def _log_level(v: Any) -> str:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("agent.socket", _str, lambda: _paths.socket_path({**os.environ, "INFERSIGHT_SOCKET": ""}),
+    Key("agent.socket", _socket_path, lambda: _paths.socket_path({**os.environ, "INFERSIGHT_SOCKET": ""}),
         "INFERSIGHT_SOCKET", "Unix socket the hooks send to (flag `--socket`)",
         "`/run/infersight/agent.sock` if that dir exists, else `$XDG_RUNTIME_DIR/infersight/agent.sock`, "
         "else `/tmp/infersight-<uid>/agent.sock`"),
@@ -113,10 +138,10 @@ KEYS: tuple[Key, ...] = (
         "peer uids allowed to send", "root and the agent's uid"),
     Key("agent.allowed_gids", _int_list, lambda: [os.getgid()], "INFERSIGHT_ALLOWED_GIDS",
         "peer gids (primary or supplementary) allowed to send", "the agent's gid"),
-    Key("agent.spool_dir", _str, lambda: _paths.spool_dir({**os.environ, "INFERSIGHT_SPOOL_DIR": ""}),
+    Key("agent.spool_dir", _path, lambda: _paths.spool_dir({**os.environ, "INFERSIGHT_SPOOL_DIR": ""}),
         "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent",
         "`/var/lib/infersight/spool` if writable, else `$XDG_STATE_HOME/infersight/spool`"),
-    Key("agent.state_dir", _str, _default_state_dir, "INFERSIGHT_STATE_DIR",
+    Key("agent.state_dir", _path, _default_state_dir, "INFERSIGHT_STATE_DIR",
         "cold-start history (ETAs), shared by the daemon and launch",
         "`/var/lib/infersight` if writable, else `$XDG_STATE_HOME/infersight`"),
     Key("agent.exporter_spool_max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
@@ -164,15 +189,47 @@ KEYS: tuple[Key, ...] = (
 KEY_BY_NAME = {k.name: k for k in KEYS}
 
 
-def _flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(obj: Mapping[str, Any], prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; a table nested past MAX_TABLE_DEPTH is an error
+    (no key of ours is that deep, and the recursion must stay bounded)."""
+    if depth > MAX_TABLE_DEPTH:
+        raise ValueError("tables nested more than %d deep (at %s...)" % (MAX_TABLE_DEPTH, prefix[:80]))
     out: dict[str, Any] = {}
     for k, v in obj.items():
         name = prefix + k
-        if isinstance(v, dict) and not any(key.name == name for key in KEYS):
-            out.update(_flatten(v, name + "."))
+        if isinstance(v, dict) and name not in KEY_BY_NAME:
+            out.update(_flatten(v, name + ".", depth + 1))
         else:
             out[name] = v
     return out
+
+
+def read_config_text(path: str) -> str:
+    """The config file's text. Only a regular file is read (a FIFO would block the agent, at
+    start or, worse, on SIGHUP inside the event loop; a device could be endless), at most
+    MAX_CONFIG_BYTES; FileNotFoundError passes through, other problems are ConfigError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigError("%s: cannot read: %s" % (path, exc.strerror or exc)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError("%s: not a regular file (a FIFO, device or directory is not read)" % path)
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError("%s: %d bytes, larger than a config file can be (%d)" % (
+                path, st.st_size, MAX_CONFIG_BYTES))
+        data = os.read(fd, MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("%s: cannot read: %s" % (path, exc.strerror or exc)) from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
 
 
 def load(
@@ -192,17 +249,19 @@ def load(
     locations: dict[str, Location] = {}
     if path is not None:
         try:
-            with open(path, "rb") as f:
-                text = f.read().decode("utf-8")
-            file_values = _flatten(loads(text, path))
+            text = read_config_text(path)
+            doc = loads(text, path)
+            file_values = _flatten(doc)
         except FileNotFoundError:
             if require_file:
                 raise ConfigError("%s: config file not found" % path) from None
             path = None
         except SourceError as exc:
             raise ConfigError(exc.message, *exc.locations) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
+        except ValueError as exc:  # _flatten: nested too deep
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError("%s: %s" % (path, exc)) from None
         else:
             where = TomlKeys(text, path)
             # A key's line says where; its column adds nothing.

@@ -27,6 +27,7 @@ from infersight.agent.daemon.assemble import Assembler, Malformed, Producer
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.identity import Peer, refusal
+from infersight.agent.daemon.sanitize import decode_frame
 from infersight.agent.errors import AgentError
 from infersight.hooks import _paths, _wire
 from infersight.settings import ConfigError
@@ -607,7 +608,7 @@ class Ingest:
             return
         if payload is None:
             return
-        msg = _wire.decode_payload(payload)
+        msg = decode_frame(payload)
         if msg is None:
             self.counters.malformed_frames += 1
             self._rlog.warn("frame", "peer pid %d sent a frame that is not a JSON object", pid)
@@ -688,7 +689,7 @@ class Ingest:
             deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
             payload = await readexactly(n)
             gate.frame(transport, n, deadline.since)
-            msg = _wire.decode_payload(payload)
+            msg = decode_frame(payload)
             if msg is None or msg.get("t") != "b":
                 self.counters.malformed_frames += 1
                 self._rlog.warn("frame", "producer %s sent a malformed frame", producer.id)
@@ -840,7 +841,7 @@ class Ingest:
                     unlink_if_same(directory, name, identity)
 
             for payload in frames:
-                msg = _wire.decode_payload(payload)
+                msg = decode_frame(payload)
                 if msg is None:
                     self.counters.malformed_frames += 1
                     continue

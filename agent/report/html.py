@@ -7,10 +7,12 @@ when its data is in the files.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 from infersight import __version__
+from infersight.agent.report.gpu import MemoryChart, Series
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
 from infersight.agent.report.views import Family, Oom, human_bytes, process_label
 
@@ -75,16 +77,51 @@ footer{margin-top:28px;color:var(--muted);font-size:12px}
 """
 
 
+# The page's bounds: past them it summarises instead of drawing everything (30k cold starts
+# made a 168 MB page). Stated on the page and in docs/report.md.
+MAX_WATERFALLS = 50  # cold starts drawn: the slowest ones
+MAX_LISTED = 200  # cold starts listed in the table of the slowest; "M more" for the rest
+MAX_OOM_ROWS = 200  # OOMs in the table, the first ones in time; "M more" for the rest
+MAX_MEMORY_CHARTS = 32  # devices with a memory chart, the highest peaks first
+MAX_SERIES = 16  # lines in one memory chart, the highest peaks first
+
+
 def _fmt_s(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else "%.*f s" % (digits, v)
 
 
-def _coldstart(families: list[Family]) -> str:
+def _slowest_first(families: list[Family]) -> list[Family]:
+    return sorted(families, key=lambda f: (-f.processes[0].summary.total_s, f.t0_ns))
+
+
+def _slowest_table(families: list[Family], t0_ns: int) -> str:
+    """The bound's summary: the slowest cold starts in numbers, and how many more there are."""
+    ranked = _slowest_first(families)
+    rows = "".join(
+        '<tr class="slow-row"><td class="num">%d</td><td>%s</td><td class="num">%.3f s</td>'
+        '<td class="num">%.3f s</td><td class="num">%s</td><td class="num">%d</td></tr>' % (
+            n, esc(process_label(f.processes[0].root)), (f.t0_ns - t0_ns) / 1e9,
+            f.processes[0].summary.total_s, esc(_fmt_s(f.processes[0].summary.ready_s)), len(f.processes))
+        for n, f in enumerate(ranked[:MAX_LISTED], 1))
+    more = len(ranked) - MAX_LISTED
+    return ('<p class="bound">%d cold starts: this page draws the %d slowest and lists the %d slowest below '
+            "(bounds of the page; <code>infersight show --format json</code> has them all).</p>"
+            '<table class="slowest"><tr><th class="num">#</th><th>process</th><th class="num">start</th>'
+            '<th class="num">total</th><th class="num">ready</th><th class="num">processes</th></tr>%s</table>%s' % (
+                len(families), MAX_WATERFALLS, min(MAX_LISTED, len(families)), rows,
+                '<p class="more">%d more cold starts not listed.</p>' % more if more > 0 else ""))
+
+
+def _coldstart(families: list[Family], t0_ns: int = 0) -> str:
     out = ['<section id="coldstart"><h2>Cold start</h2>',
            legend([("bar", "stage"), ("unattributed", "unattributed (no stage)"), ("ready", "ready"),
                    ("first-response", "first response")]),
            '<p class="muted">Bars share one time axis per cold start; nested stages are indented, and processes '
            "started under another nest below it. Hover a bar for its attributes.</p>"]
+    if len(families) > MAX_WATERFALLS:
+        out.append(_slowest_table(families, t0_ns))
+        drawn = {id(f) for f in _slowest_first(families)[:MAX_WATERFALLS]}
+        families = [f for f in families if id(f) in drawn]
     uid = 0
     for fam in families:
         out.append('<div class="family">')
@@ -120,7 +157,21 @@ def _memory(r: Report) -> str:
     out = ['<section id="memory"><h2>Memory</h2>']
     spans = [c.span_ns() for c in r.memory]
     t0, t1 = min(a for a, _ in spans), max(b for _, b in spans)
-    for c in r.memory:
+    charts = r.memory
+    if len(charts) > MAX_MEMORY_CHARTS:
+        keep = {id(c) for c in sorted(charts, key=_peak, reverse=True)[:MAX_MEMORY_CHARTS]}
+        out.append('<p class="bound">%d devices: the %d with the highest peaks are drawn, %d more are not '
+                   "(a bound of the page).</p>" % (len(charts), MAX_MEMORY_CHARTS, len(charts) - MAX_MEMORY_CHARTS))
+        charts = [c for c in charts if id(c) in keep]
+    for chart in charts:
+        c = chart
+        if len(c.series) > MAX_SERIES:
+            n = len(c.series)
+            c = dataclasses.replace(c, series=sorted(c.series, key=_series_peak, reverse=True)[:MAX_SERIES])
+            out.append('<p class="bound">%s: %d lines, the %d with the highest peaks are drawn (a bound of the '
+                       "page).</p>" % (esc(c.title), n, MAX_SERIES))
+        if len(c.ooms) > MAX_OOM_ROWS or len(c.events) > MAX_OOM_ROWS:  # marks: as many as the OOM table
+            c = dataclasses.replace(c, ooms=c.ooms[:MAX_OOM_ROWS], events=c.events[:MAX_OOM_ROWS])
         items = [(s.role, s.label) for s in c.series]
         if c.ooms:
             items.append(("oom", "OOM"))
@@ -137,6 +188,14 @@ def _memory(r: Report) -> str:
         out.append("</div>")
     out.append("</section>")
     return "".join(out)
+
+
+def _series_peak(s: Series) -> float:
+    return max((v for _, v in s.points), default=0.0)
+
+
+def _peak(c: MemoryChart) -> float:
+    return max((_series_peak(s) for s in c.series), default=0.0)
 
 
 def _devices(r: Report) -> str:
@@ -175,8 +234,11 @@ def _ooms(r: Report) -> str:
            '<th class="num">time</th><th>process</th><th>device</th><th>class</th><th>rule</th>',
            "".join('<th class="num">%s</th>' % k for k in ("R", "T", "F", "A", "P", "U", "O", "L")),
            "<th>remedy</th></tr>"]
-    for n, o in enumerate(r.ooms, 1):
+    for n, o in enumerate(r.ooms[:MAX_OOM_ROWS], 1):
         out.append(_oom_row(n, o, r.t0_ns))
+    if len(r.ooms) > MAX_OOM_ROWS:
+        out.append('<tr class="more"><td colspan="15">%d more OOMs not listed (the page lists the first %d).</td>'
+                   "</tr>" % (len(r.ooms) - MAX_OOM_ROWS, MAX_OOM_ROWS))
     out.append('</table><p class="muted">R requested, T device total, F free, A allocated, P reserved by PyTorch, '
                "U this process's use, O other processes, L the per-process cap.</p></section>")
     return "".join(out)
@@ -202,7 +264,7 @@ def _utc(t_ns: int) -> str:
 def render(r: Report, sources: list[str]) -> str:
     sections: list[tuple[str, str, str]] = []
     if r.families:
-        sections.append(("coldstart", "Cold start", _coldstart(r.families)))
+        sections.append(("coldstart", "Cold start", _coldstart(r.families, r.t0_ns)))
     if r.memory:
         sections.append(("memory", "Memory", _memory(r)))
     if r.devices.rows or r.devices.timelines:

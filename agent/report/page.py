@@ -76,6 +76,8 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO) -
         err.write("infersight report: %s\n" % s)
     if len(t.skipped) > 5:
         err.write("infersight report: ... %d more skipped\n" % (len(t.skipped) - 5))
+    if t.skipped:
+        err.write("infersight report: %d line(s) or record(s) skipped in all; the page lists them\n" % len(t.skipped))
     if t.empty():
         err.write("infersight report: no OTLP records in %s (expected OTLP JSON lines, as written by "
                   "'infersight launch' or the agent's file exporter)\n" % ", ".join(paths))
@@ -87,14 +89,16 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO) -
         return EXIT_ERROR
     tmp = "%s.tmp-%d" % (dest, os.getpid())
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", errors="replace") as f:
             f.write(page)
         os.replace(tmp, dest)
-    except OSError as exc:
+    except BaseException as exc:  # never leave the temporary file, whatever stopped the write
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if not isinstance(exc, OSError):
+            raise
         err.write("infersight report: cannot write %s: %s\n" % (dest, exc.strerror or exc))
         return EXIT_ERROR
     out.write(dest + "\n")

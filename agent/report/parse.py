@@ -10,11 +10,14 @@ attributes and metric names pass through untouched.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any
 
 from infersight.agent.errors import AgentError
+from infersight.sanitize import TooDeepError, clean_tree, text_needs_cleaning
 from infersight.telemetry import AttrValue, HistogramPoint, LogItem, Resource, SpanEvent, SpanItem
 
 
@@ -94,13 +97,24 @@ def _float(v: Any) -> float:
     if isinstance(v, bool):
         raise _BadRecordError("boolean where a number belongs")
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:
+            raise _BadRecordError("number out of range") from None
     if isinstance(v, str):
         try:
             return float(v)  # "NaN", "Infinity" and int64 strings
         except ValueError:
             raise _BadRecordError("not a number: %r" % v[:40]) from None
     raise _BadRecordError("not a number: %r" % (v,))
+
+
+def _finite(v: Any) -> float:
+    """A measured value: NaN and the infinities are no measurement (the record is skipped)."""
+    x = _float(v)
+    if not math.isfinite(x):
+        raise _BadRecordError("not a finite number: %s" % x)
+    return x
 
 
 def _str(v: Any, what: str) -> str:
@@ -122,7 +136,8 @@ def any_value(v: Any) -> AttrValue:
     if not isinstance(v, dict):
         return "" if v is None else str(v)
     if "stringValue" in v:
-        return str(v["stringValue"])
+        text = str(v["stringValue"])
+        return intern(text) if len(text) <= 64 else text  # stage names, paths, classes: they repeat
     if "boolValue" in v:
         return bool(v["boolValue"])
     if "intValue" in v:
@@ -172,10 +187,12 @@ def _span(res: Resource, s: Any) -> SpanItem:
     ]
     status = _dict(s.get("status"))
     error = str(status.get("message") or "error") if status.get("code") in (2, "STATUS_CODE_ERROR") else None
+    # Trace ids, parent ids and names repeat across a file's spans: one string each (a large
+    # file holds every span while it is read).
     return SpanItem(
-        res, _str(s.get("traceId"), "traceId").lower(), _str(s.get("spanId"), "spanId").lower(),
-        (str(s["parentSpanId"]).lower() or None) if s.get("parentSpanId") else None,
-        _str(s.get("name"), "span name"), start, end, attributes(s.get("attributes")), events, error,
+        res, intern(_str(s.get("traceId"), "traceId").lower()), _str(s.get("spanId"), "spanId").lower(),
+        (intern(str(s["parentSpanId"]).lower()) or None) if s.get("parentSpanId") else None,
+        intern(_str(s.get("name"), "span name")), start, end, attributes(s.get("attributes")), events, error,
     )
 
 
@@ -199,7 +216,7 @@ def _number(p: dict[str, Any]) -> float:
     if "asInt" in p:
         return float(_int(p["asInt"]))
     if "asDouble" in p:
-        return _float(p["asDouble"])
+        return _finite(p["asDouble"])
     raise _BadRecordError("data point without a value")
 
 
@@ -218,10 +235,10 @@ def _metric(res: Resource, m: Any, out: Telemetry) -> None:
         for raw in _list(_dict(m["histogram"]).get("dataPoints")):
             p = _dict(raw)
             counts = [_int(c) for c in _list(p.get("bucketCounts"))]
-            bounds = [_float(b) for b in _list(p.get("explicitBounds"))]
+            bounds = [_finite(b) for b in _list(p.get("explicitBounds"))]
             hp = HistogramPoint(
-                bounds, counts, _int(p.get("count", sum(counts))), _float(p.get("sum", 0.0)),
-                _float(p["min"]) if "min" in p else None, _float(p["max"]) if "max" in p else None,
+                bounds, counts, _int(p.get("count", sum(counts))), _finite(p.get("sum", 0.0)),
+                _finite(p["min"]) if "min" in p else None, _finite(p["max"]) if "max" in p else None,
                 attributes(p.get("attributes")),
             )
             out.histograms.append(HistSample(res, name, unit, _time(p.get("timeUnixNano")), hp))
@@ -240,22 +257,23 @@ def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
     for res, s in each("resourceSpans", "scopeSpans", "spans"):
         try:
             out.spans.append(_span(res, s))
-        except (_BadRecordError, TypeError, AttributeError) as exc:
+        except (_BadRecordError, TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
             out.skipped.append("%s: span skipped: %s" % (where, exc))
     for res, m in each("resourceMetrics", "scopeMetrics", "metrics"):
         n = (len(out.samples), len(out.histograms))
         try:
             _metric(res, m, out)
-        except (_BadRecordError, TypeError, AttributeError) as exc:
+        except (_BadRecordError, TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
             del out.samples[n[0]:], out.histograms[n[1]:]
             out.skipped.append("%s: metric skipped: %s" % (where, exc))
     for res, r in each("resourceLogs", "scopeLogs", "logRecords"):
         try:
             out.logs.append(_log(res, r))
-        except (_BadRecordError, TypeError, AttributeError) as exc:
+        except (_BadRecordError, TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
             out.skipped.append("%s: log record skipped: %s" % (where, exc))
 
 
+MAX_READ_TEXT = 1 << 20  # a string kept whole from a file (the page and show cut their own)
 OTLP_KEYS = ("resourceSpans", "resourceMetrics", "resourceLogs")
 
 
@@ -267,14 +285,22 @@ def parse_lines(lines: Iterable[str], name: str = "-") -> Telemetry:
         out.lines += 1
         try:
             req = json.loads(line)
-        except ValueError as exc:
+            if text_needs_cleaning(line):  # control characters, lone surrogates: shown as U+FFFD
+                req = clean_tree(req, limit=MAX_READ_TEXT)
+        except (ValueError, RecursionError) as exc:  # TooDeepError is a ValueError
             cut = "" if line.endswith("\n") else " (no newline: cut short?)"
-            out.skipped.append("%s:%d: not JSON%s: %s" % (name, i, cut, exc))
+            deep = isinstance(exc, (RecursionError, TooDeepError))
+            why = "line skipped: nested too deep" if deep else "not JSON%s: %s" % (cut, exc)
+            out.skipped.append("%s:%d: %s" % (name, i, why))
             continue
         if not isinstance(req, dict) or not any(k in req for k in OTLP_KEYS):
             out.skipped.append("%s:%d: not an OTLP export request" % (name, i))
             continue
-        _records(req, out, "%s:%d" % (name, i))
+        try:
+            _records(req, out, "%s:%d" % (name, i))
+        except (RecursionError, TypeError, AttributeError, ValueError, OverflowError) as exc:  # a resource
+            out.skipped.append("%s:%d: line skipped: %s" % (name, i, "nested too deep" if isinstance(
+                exc, RecursionError) else exc))
     return out
 
 

@@ -12,6 +12,7 @@ from html import escape
 
 from infersight.agent.report.gpu import DeviceTimeline, MemoryChart
 from infersight.agent.report.views import Family, Oom, ProcessWaterfall, human_bytes, weights_note
+from infersight.sanitize import clean_text
 from infersight.telemetry import AttrValue, SpanItem
 
 W = 1200
@@ -21,10 +22,13 @@ ROW_H, AXIS_H = 20, 22
 MAX_POINTS = 1500  # per series; denser series keep each bucket's maximum
 MAX_TITLE = 2000
 MAX_ROWS = 400  # per process: a real cold start has tens of stages; the page must stay small
+MAX_TICKS = 40  # an axis never draws more (a value of 1e308 must not draw for ever)
 
 
 def esc(v: object) -> str:
-    return escape(str(v), quote=True)
+    """HTML text: escaped, and no control character (a raw NUL or ESC from a file name or a
+    record is shown as U+FFFD, never written into the page)."""
+    return escape(clean_text(str(v), 1 << 30), quote=True)
 
 
 def fmt_attr(v: AttrValue) -> str:
@@ -81,7 +85,9 @@ def _time_axis(sc: Scale, y: float, height: float, origin_ns: int) -> list[str]:
     step = nice_step(b - a)
     out = ['<g class="axis">']
     k = math.ceil(a / step - 1e-9)
-    while k * step <= b + 1e-9:
+    for _ in range(MAX_TICKS):
+        if k * step > b + 1e-9:
+            break
         t = k * step
         x = sc(origin_ns + int(t * 1e9))
         out.append('<line class="grid" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>' % (x, y, x, y + height))
@@ -198,25 +204,27 @@ def memory_svg(c: MemoryChart, t0: int, t1: int, origin_ns: int) -> str:
     height, top, bottom = 250, 24, 210
     values = [v for s in c.series for _, v in s.points] + ([c.limit] if c.limit is not None else [])
     values += [n for o in c.ooms for n in (o.numbers.get("T"),) if n is not None and c.limit is None]
-    vmax = max([*values, 1.0])
+    vmax = max([*(v for v in values if math.isfinite(v)), 1.0])
     unit = 1024.0 ** min(4, max(0, int(math.log(vmax, 1024))))  # steps of whole MiB/GiB, not of 10^9
     step = nice_step(vmax / unit, 5) * unit
     vtop = math.ceil(vmax / step) * step
+    if not math.isfinite(vtop):  # near the largest float: the top tick is the maximum itself
+        vtop = step = vmax
 
     def y(v: float) -> float:
-        return bottom - (bottom - top) * v / vtop
+        return bottom - (bottom - top) * (v / vtop)
 
     sc = Scale(t0, t1, PLOT_X0, PLOT_X1)
     out = ['<svg class="chart mem" viewBox="0 0 %d %d" width="100%%" role="img" aria-label="%s" '
            'xmlns="http://www.w3.org/2000/svg">' % (W, height, esc("memory of " + c.title))]
     out += _time_axis(sc, top, bottom - top, origin_ns)
-    k = 0
-    while k * step <= vtop + 1e-9:
+    for k in range(MAX_TICKS):
+        if k * step > vtop * (1 + 1e-9):
+            break
         yy = y(k * step)
         out.append('<line class="grid" x1="%d" y1="%.1f" x2="%d" y2="%.1f"/>' % (PLOT_X0, yy, PLOT_X1, yy))
         out.append('<text class="tick" x="%d" y="%.1f" text-anchor="end">%s</text>' % (
             PLOT_X0 - 6, yy + 4, esc(human_bytes(k * step))))
-        k += 1
     if c.limit is not None:
         out.append('<g class="limit"><title>device memory %s</title><line x1="%d" y1="%.1f" x2="%d" y2="%.1f"/>'
                    '</g>' % (esc(human_bytes(c.limit)), PLOT_X0, y(c.limit), PLOT_X1, y(c.limit)))

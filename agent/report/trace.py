@@ -10,6 +10,7 @@ first response, the launcher's probe, OOMs and span events.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from typing import Any
@@ -45,20 +46,54 @@ class _Pids:
 
 
 def _lanes(spans: list[SpanItem]) -> dict[str, int]:
-    """Lane per span id, so that every lane's spans nest properly."""
+    """Lane per span id, so that every lane's spans nest properly. O(N log N).
+
+    Each lane is a stack of the end times of its open spans (nested, so the innermost ends
+    first). Spans go in start order; a span joins lane 0 if it nests there, else the lane of
+    the span placed before it if it nests there, else the lowest lane with nothing open, else
+    a new lane. A heap of lane tops closes ended spans once each, and a heap of free lanes
+    gives the lowest one, so no span looks at every lane (20k spans that all overlap made that
+    quadratic)."""
     stacks: list[list[int]] = []
+    tops: list[tuple[int, int]] = []  # (end of a lane's top span, lane): may hold stale entries
+    free: list[int] = []  # lanes with nothing open
     out: dict[str, int] = {}
-    for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns)):
-        for i, st in enumerate(stacks):
-            while st and st[-1] <= s.start_ns:
+    last = 0
+
+    def close_until(t: int) -> None:
+        while tops and tops[0][0] <= t:
+            end, lane = heapq.heappop(tops)
+            st = stacks[lane]
+            if not st or st[-1] != end:
+                continue  # stale: that top was closed already, or a newer span sits on it
+            while st and st[-1] <= t:
                 st.pop()
-            if not st or s.end_ns <= st[-1]:
-                st.append(s.end_ns)
-                out[s.span_id] = i
-                break
+            if st:
+                heapq.heappush(tops, (st[-1], lane))
+            else:
+                heapq.heappush(free, lane)
+
+    def fits(lane: int, end: int) -> bool:
+        st = stacks[lane]
+        return not st or end <= st[-1]
+
+    for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns)):
+        close_until(s.start_ns)
+        if stacks and fits(0, s.end_ns):
+            lane = 0
+        elif stacks and fits(last, s.end_ns):
+            lane = last
         else:
-            stacks.append([s.end_ns])
-            out[s.span_id] = len(stacks) - 1
+            while free and stacks[free[0]]:
+                heapq.heappop(free)  # taken meanwhile by nesting (lane 0 or ``last``)
+            if free:
+                lane = heapq.heappop(free)
+            else:
+                stacks.append([])
+                lane = len(stacks) - 1
+        stacks[lane].append(s.end_ns)
+        heapq.heappush(tops, (s.end_ns, lane))
+        out[s.span_id] = last = lane
     return out
 
 

@@ -28,6 +28,16 @@ def num(v: AttrValue | None) -> float | None:
     return float(v) if math.isfinite(float(v)) else None
 
 
+MAX_OFFSET_S = 1e9  # ~31 years: a mark further from its root than this is junk, not a time
+
+
+def offset_ns(seconds: float | None) -> int | None:
+    """``seconds`` after a start as nanoseconds; None when it is no plausible offset."""
+    if seconds is None or not 0 <= seconds <= MAX_OFFSET_S:
+        return None
+    return int(seconds * 1e9)
+
+
 def stage_name(s: SpanItem) -> str:
     st = s.attributes.get("infersight.stage")
     if isinstance(st, str) and st:
@@ -151,13 +161,17 @@ def uncovered(lo: int, hi: int, intervals: Iterable[tuple[int, int]]) -> list[tu
 def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> list[Mark]:
     marks: list[Mark] = []
     ready = num(root.attributes.get("infersight.coldstart.ready_s"))
-    if ready is not None:
-        marks.append(Mark(root.start_ns + int(ready * 1e9), "ready", "ready after %.3f s (%s)" % (
+    ready_ns = offset_ns(ready)
+    if ready is not None and ready_ns is not None:
+        marks.append(Mark(root.start_ns + ready_ns, "ready", "ready after %.3f s (%s)" % (
             ready, root.attributes.get("infersight.ready.source") or "?")))
     for s in stages:
         if stage_name(s) == "first_request":
             ttfb = num(s.attributes.get("infersight.first_request.ttfb_s"))
-            t = s.start_ns + int(ttfb * 1e9) if ttfb is not None else s.end_ns
+            ttfb_ns = offset_ns(ttfb)
+            if ttfb_ns is None:
+                ttfb = None
+            t = s.start_ns + ttfb_ns if ttfb_ns is not None else s.end_ns
             note = " (first byte %.3f s after the request)" % ttfb if ttfb is not None else ""
             marks.append(Mark(t, "first response", "first response at %.3f s%s" % ((t - root.start_ns) / 1e9, note)))
             break
@@ -175,7 +189,8 @@ def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]
     un = num(root.attributes.get("infersight.coldstart.unattributed_s"))
     if un is None:
         un = sum(e - s for s, e in gaps) / 1e9
-    return Summary(total / 1e9, num(root.attributes.get("infersight.coldstart.ready_s")),
+    ready = num(root.attributes.get("infersight.coldstart.ready_s"))
+    return Summary(total / 1e9, ready if offset_ns(ready) is not None else None,
                    [(stage_name(s), (s.end_ns - s.start_ns) / 1e9) for s in top], un, un * 1e9 / total)
 
 

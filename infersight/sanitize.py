@@ -1,0 +1,102 @@
+"""Strings from other users made safe for every sink, once, where they come in (pure).
+
+A producer is another user: whatever its hello and events carry ends up in MQTT topics and
+payloads, Prometheus labels, OTLP files, terminals and HTML pages. Each of those has its own
+idea of a bad string (mosquitto drops a client that publishes a control character in a topic,
+prometheus-client answers 500 for a whole scrape on one lone surrogate, a terminal obeys ESC),
+so every decoded string is made plain text here, once:
+
+- valid Unicode: a lone surrogate (``\\ud800`` in JSON, or a non-UTF-8 byte that Python
+  carried as ``surrogateescape``) becomes U+FFFD;
+- no control characters: C0 (bar tab and newline in values, which log bodies and OOM messages
+  need; every sink escapes them), DEL and C1 become U+FFFD; keys keep neither tab nor newline;
+- bounded: a value keeps at most :data:`MAX_TEXT` characters, a key :data:`MAX_KEY`.
+
+:func:`needs_cleaning` looks at the raw JSON bytes first, so that the usual frame (ASCII, no
+escapes) costs three scans in C and no walk. Length is bounded by the walk where it runs; the
+agent's event validation bounds every event string on its own, so a frame of plain ASCII is not
+walked for length alone.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MAX_TEXT = 16384  # characters of one value: the largest field bound of the agent (an OOM message's
+# text); each field's own, smaller bound still applies after
+MAX_KEY = 256  # characters of one object key (an attribute name)
+REPLACEMENT = "\ufffd"
+
+_BAD_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_BAD_KEY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+class TooDeepError(ValueError):
+    """The value nests deeper than a walk may go: the caller refuses it as malformed."""
+
+
+def clean_text(s: str, limit: int = MAX_TEXT) -> str:
+    """``s`` as plain, valid, bounded text (tab and newline kept)."""
+    if _BAD_VALUE.search(s) is not None:
+        s = _BAD_VALUE.sub(REPLACEMENT, s)
+    return s if len(s) <= limit else s[:limit]
+
+
+def clean_key(s: str, limit: int = MAX_KEY) -> str:
+    """``s`` as a key or name: as :func:`clean_text`, and no tab or newline either."""
+    if _BAD_KEY.search(s) is not None:
+        s = _BAD_KEY.sub(REPLACEMENT, s)
+    return s if len(s) <= limit else s[:limit]
+
+
+def is_clean(s: str) -> bool:
+    return _BAD_VALUE.search(s) is None
+
+
+MAX_DEPTH = 64
+
+
+def clean_tree(v: Any, limit: int = MAX_TEXT, depth: int = 0) -> Any:
+    """A decoded JSON value with every string cleaned (object keys by :func:`clean_key`), values
+    bounded to ``limit`` characters.
+
+    Raises :class:`TooDeepError` past :data:`MAX_DEPTH` levels (no schema of ours nests so
+    deep; a recursion the caller cannot bound is refused instead)."""
+    if isinstance(v, str):
+        return clean_text(v, limit)
+    if isinstance(v, list):
+        if depth >= MAX_DEPTH:
+            raise TooDeepError("nested deeper than %d levels" % MAX_DEPTH)
+        return [clean_tree(x, limit, depth + 1) for x in v]
+    if isinstance(v, dict):
+        if depth >= MAX_DEPTH:
+            raise TooDeepError("nested deeper than %d levels" % MAX_DEPTH)
+        return {clean_key(k, max(limit, MAX_KEY)) if isinstance(k, str) else k: clean_tree(x, limit, depth + 1)
+                for k, x in v.items()}
+    return v
+
+
+# In JSON text already decoded to str: an escape of a C0/C1/DEL character or of a surrogate,
+# or such a character itself (raw C0 cannot be inside a JSON string: json.loads refuses it).
+_TEXT_ESCAPE = re.compile(r"\\(?:u(?:00[01]|007[fF]|00[89]|[dD][89a-fA-F])|[bfr])")
+_TEXT_RAW = re.compile("[\x7f-\x9f\ud800-\udfff]")
+
+
+def text_needs_cleaning(text: str) -> bool:
+    """Whether the JSON text ``text`` may decode to a string :func:`clean_text` changes (the
+    length bound aside: readers of files keep long strings). Cheap for the usual line: ASCII
+    without such escapes."""
+    if "\\" in text and _TEXT_ESCAPE.search(text) is not None:
+        return True
+    if text.isascii():
+        return "\x7f" in text
+    return _TEXT_RAW.search(text) is not None
+
+
+def needs_cleaning(raw: bytes) -> bool:
+    """False only when the JSON text ``raw`` cannot decode to a string with a character
+    :func:`clean_text` replaces: no escape, no non-ASCII byte (C1 characters and encoded
+    surrogates are non-ASCII), no DEL (raw C0 is not valid JSON inside a string). Three scans
+    in C, a few nanoseconds per event; it says nothing of length (see :func:`clean_tree`)."""
+    return not raw.isascii() or b"\\" in raw or b"\x7f" in raw
