@@ -573,15 +573,13 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             try:  # first: the configuration check refuses a socket path that is too long, less clearly
                 listen_fd = private.listen()
             except OSError as exc:  # AF_UNIX paths are limited to 107 bytes: a long $TMPDIR
-                err.write("infersight launch: cannot listen on %s: %s
-" % (private.sock, exc))
+                err.write("infersight launch: cannot listen on %s: %s\n" % (private.sock, exc))
                 return EXIT_USAGE
         bad = config_error(opts, path if joined is None else None, private)
         if bad is not None:
             if listen_fd >= 0:
                 os.close(listen_fd)
-            err.write("infersight launch: %s
-" % bad)
+            err.write("infersight launch: %s\n" % bad)
             return EXIT_USAGE
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
