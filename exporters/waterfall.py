@@ -11,7 +11,7 @@ the three biggest top-level stages.
 
 from __future__ import annotations
 
-from infersight.coldstart_stages import union_ns
+from infersight.coldstart_stages import SAMPLES, gap_frames, union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.telemetry import ColdStart, SpanItem
 
@@ -51,7 +51,7 @@ def _rows(cs: ColdStart, by_id: dict[str, SpanItem]) -> list[list[SpanItem]]:
 
 
 GROUPED = frozenset({"framework_import", "model_build", "tokenizer_load", "unattributed", "weights_load",
-                     "graph_compile"})
+                     "graph_compile", "graph_capture"})
 
 
 def _stage(s: SpanItem) -> str:
@@ -159,10 +159,11 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     lines.append("covered by named stages: %.1f%%" % (100.0 * coverage(cs)))
     gaps = sorted((s for s in cs.stages if _stage(s) == "unattributed"), key=lambda s: s.start_ns - s.end_ns)
     for g in gaps[:5]:
-        top = g.attributes.get("infersight.unattributed.top")
-        lines.append("  gap at %.3f s, %.3f s: %s" % (
+        frames, instead = gap_frames(g.attributes)
+        n = g.attributes.get(SAMPLES)
+        lines.append("  gap at %.3f s, %.3f s%s: %s" % (
             (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
-            ", ".join(str(t) for t in top) if isinstance(top, list) and top else "no samples"))
+            " (%d samples)" % n if isinstance(n, int) and frames else "", ", ".join(frames) or instead))
     per_stage: dict[str, int] = {}
     for s in cs.stages:
         if s.parent_span_id == root.span_id and _stage(s) != "unattributed":
