@@ -61,6 +61,7 @@ class LaunchOptions:
         probe: str | None = None,
         ready_timeout_s: float = 3600.0,
         evict: Sequence[str] = (),
+        rules_dirs: Sequence[str] = (),
     ) -> None:
         self.cmd = list(cmd)
         self.otlp_file = otlp_file
@@ -70,6 +71,7 @@ class LaunchOptions:
         self.probe = probe
         self.ready_timeout_s = ready_timeout_s
         self.evict = list(evict)
+        self.rules_dirs = list(rules_dirs)
 
 
 def default_output_path(now: float | None = None) -> str:
@@ -364,6 +366,22 @@ def import_agent_side() -> Any:
     return box["module"]
 
 
+def check_stage_rules(dirs: Sequence[str]) -> str | None:
+    """The stage rules the child's hooks will read, ``dirs`` included: None when valid, else
+    one ``file:line: problem`` line each."""
+    for d in dirs:
+        if not os.path.isdir(d):
+            return "%s: not a directory" % d
+    from infersight.agent.coldstart.stage_rules_check import check_dirs
+    from infersight.rules.stage_rules import StageRuleFileError
+
+    try:
+        check_dirs(dirs)
+    except StageRuleFileError as exc:
+        return str(exc)
+    return None
+
+
 def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
     err = out or sys.stderr
     cmd = list(opts.cmd)
@@ -389,6 +407,11 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         for line in pagecache.describe(evicted):
             err.write("infersight: %s\n" % line)
         err.flush()
+    if opts.rules_dirs:
+        bad_rules = check_stage_rules(opts.rules_dirs)
+        if bad_rules is not None:
+            err.write("infersight launch: --rules-dir: invalid stage rules:\n%s\n" % bad_rules)
+            return EXIT_USAGE
     try:
         private = Private()
     except OSError as exc:
@@ -408,6 +431,10 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
         env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
+        if opts.rules_dirs:
+            from infersight.rules.stage_rules import rules_dirs
+
+            env["INFERSIGHT_RULES_DIRS"] = ":".join(str(d) for d in rules_dirs(opts.rules_dirs))
         try:
             child = spawn(cmd, env)
         except FileNotFoundError:
@@ -439,6 +466,9 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
     lp.add_argument("--evict", metavar="PATH", nargs="+", action="extend",
                     help="drop these files (directories recursively) from the page cache before CMD "
                          "starts, for a truly cold start without root")
+    lp.add_argument("--rules-dir", metavar="DIR", action="append", default=[],
+                    help="also read stage rules (*.toml with [[stage]] tables) from DIR, after the shipped "
+                         "rules and $INFERSIGHT_RULES_DIRS (default /etc/infersight/rules.d); repeatable")
     lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
                     help="print the cold-start waterfall (default: on)")
     lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
@@ -448,4 +478,5 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     return launch(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
-                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or ()))
+                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or (),
+                             rules_dirs=args.rules_dir or ()))
