@@ -397,3 +397,25 @@ def test_source_examples_targets_exist_in_the_given_checkout(source: str) -> Non
                     if (base / rel).is_file():
                         read[rel] = (base / rel).read_text(encoding="utf-8")
     _check_targets(read, rules, "%s at %s" % (source, given[repo]))
+
+
+def test_the_hooks_apply_rules_on_python39_without_tomllib(user_app: tuple[Path, Path], tmp_path: Path) -> None:
+    import glob
+
+    found = glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python"))
+    if not found:
+        pytest.skip("no python 3.9 here")
+    _app, rules = user_app
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "hooks" / "bootstrap"), str(tmp_path)]),
+           "INFERSIGHT_SOCKET": str(tmp_path / "none.sock"), "INFERSIGHT_SPOOL_DIR": str(tmp_path / "spool"),
+           "INFERSIGHT_EXIT_FLUSH_S": "0", "INFERSIGHT_RULES_DIRS": str(rules)}
+    code = ("import sys\nassert sys.version_info[:2] == (3, 9)\nassert 'tomllib' not in sys.modules\n"
+            "from infersight.hooks import _coldstart\n"
+            "assert 'vllm.v1.worker.gpu_model_runner' in _coldstart.state().watched  # the shipped file\n"
+            "import userlib\n"
+            "assert userlib.Loader.load.__func__.__wrapped__ and userlib.warm.__wrapped__  # the site file\n"
+            "assert userlib.Loader.load() == 'loaded'\n")
+    p = subprocess.run([found[0], "-c", code], env=env, timeout=60, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "hooks disabled" not in p.stderr
