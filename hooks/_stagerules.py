@@ -294,11 +294,11 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str) -> Callable
             setattr(wrapper, attr, getattr(fn, attr))
         except (AttributeError, TypeError):
             pass
-    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     try:
-        wrapper.__dict__.update(getattr(fn, "__dict__", {}))
+        wrapper.__dict__.update(getattr(fn, "__dict__", {}))  # a decorator's marks (ray's API tags)
     except (AttributeError, TypeError):
         pass
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]  (after: fn's own __wrapped__ is one level down)
     return wrapper
 
 
