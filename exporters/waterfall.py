@@ -2,7 +2,8 @@
 
 One row per stage, indented by nesting, with start offset, duration, share of the
 root, a bar and a detail column: bytes/throughput (warm or cold, the ratio to the storage
-ceiling) for weights, the biggest packages for imports, backend and cache for compiles.
+ceiling) for weights, the biggest packages for imports, backend and cache for compiles, the
+stage rule that named a span (rules/stages.toml).
 Spans of one stage under one parent share a row (``framework_import x3``, one bar per
 span); a custom stage is marked ``*``, gaps are drawn with dots. Below: readiness,
 first-response timing, the unattributed time with the sampler's top for each gap, and
@@ -87,7 +88,12 @@ def _extra(group: list[SpanItem]) -> str:
                           if g.attributes.get("infersight.model.class")})
         return ", ".join(classes[:2]) + (" (meta)" if any(g.attributes.get("infersight.model.meta") for g in group)
                                          else "")
-    return weights_note([g.attributes for g in group])
+    note = weights_note([g.attributes for g in group])
+    rules = sorted({str(g.attributes["infersight.stage.rule"]) for g in group
+                    if g.attributes.get("infersight.stage.rule")})
+    if rules and not note:
+        return "rule " + ", ".join(rules[:2])  # a stage rule's span: which rule named it
+    return note
 
 
 def _bar(group: list[SpanItem], root: SpanItem, total: int, width: int) -> str:

@@ -304,6 +304,8 @@ def test_site_rules_apply_on_import_and_come_out_at_the_root_end(user_app: tuple
     assert stage_name(boom) == "weights_load" and "infersight.stage.custom" not in boom.attributes
     assert boom.error == "ValueError"
     assert sorted(root.attributes["infersight.stage_rules.missing"]) == ["userlib:Loader.gone", "userlib:absent"]
+    row = next(line for line in r.output.splitlines() if line.strip().startswith("asset_load*"))
+    assert row.endswith("rule site.asset_load")  # the waterfall names the rule
 
 
 def test_an_unreadable_site_file_is_named_on_the_root_and_loses_nothing_else(
