@@ -298,7 +298,8 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str) -> Callable
         wrapper.__dict__.update(getattr(fn, "__dict__", {}))  # a decorator's marks (ray's API tags)
     except (AttributeError, TypeError):
         pass
-    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]  (after: fn's own __wrapped__ is one level down)
+    # after the update: fn's own __wrapped__ (a decorator's) stays one level down
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
 
 
