@@ -362,10 +362,12 @@ def _installer(targets: Dict[str, Tuple[str, str]]) -> Callable[[Any], None]:
 
 
 def install(env: Any = None) -> None:
-    """Watch every target's module (``$INFERSIGHT_STAGE_RULES=0``: none)."""
+    """Watch every target's module (``$INFERSIGHT_STAGE_RULES=0``, or a helper process: none)."""
     env = os.environ if env is None else env
     if env.get("INFERSIGHT_STAGE_RULES", "1").strip().lower() in ("0", "false", "no", "off"):
         return
+    if cs.state().role == "helper":
+        return  # compile workers and probes print no waterfall: no rule file read either
     by_module, problems = load(rule_files(env))
     for p in problems[:MAX_LISTED]:
         _note("infersight.stage_rules.errors", p)

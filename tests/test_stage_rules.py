@@ -418,6 +418,11 @@ def test_the_hooks_apply_rules_on_python39_without_tomllib(user_app: tuple[Path,
             "import userlib\n"
             "assert userlib.Loader.load.__func__.__wrapped__ and userlib.warm.__wrapped__  # the site file\n"
             "assert userlib.Loader.load() == 'loaded'\n")
-    p = subprocess.run([found[0], "-c", code], env=env, timeout=60, capture_output=True, text=True)
+    script = write(tmp_path, "check39.py", code)  # a script, not `python -c` (a helper: no rules)
+    p = subprocess.run([found[0], str(script)], env=env, timeout=60, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "hooks disabled" not in p.stderr
+    helper = ("from infersight.hooks import _coldstart\nassert _coldstart.state().role == 'helper'\n"
+              "assert 'vllm.v1.worker.gpu_model_runner' not in _coldstart.state().watched\n")
+    p = subprocess.run([found[0], "-c", helper], env=env, timeout=60, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr  # a `python -c` probe is a helper: it reads no rule file
