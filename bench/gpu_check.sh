@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_check.sh 2>&1 | tee gpu_check.log
 #
-# 1. cold start: cuda_init and weights_to_device spans, cuda_init nested (gpu_check_coldstart.sh)
+# 1. cold start: cuda_init and weights_to_device spans, cuda_init nested, one graph_capture (gpu_check_coldstart.sh)
 # 2. OOM classes forced for real: capacity, fragmentation, reservation conflict by another
 #    tenant and by set_per_process_memory_fraction, with infersight's verdicts (gpu_check_oom.py)
 # 3. `infersight baseline --json` on every visible GPU, and one NVML sample per device

@@ -5,11 +5,12 @@
 #
 # Runs tests/workloads/coldstart_gpu.py (CUDA first touched by model.to("cuda")) with
 # the hooks and prints every cold-start span, then checks that cuda_init and
-# weights_to_device were found, cuda_init nested inside weights_to_device.
+# weights_to_device were found, cuda_init nested inside weights_to_device, and that the
+# CUDA graph captured with torch.cuda.graph is one graph_capture span (one graph).
 # With the infersight CLI installed it runs under `infersight launch` and `infersight
 # show`; without it (only torch there) it loads the hooks straight from hooks/bootstrap,
 # lets them spool to a directory (no agent), and decodes the spool with the stdlib.
-# Exit status: 0 when both stages are present and nested, 1 otherwise.
+# Exit status: 0 when these stages are present (and nested), 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -76,7 +77,8 @@ print("\ngpu_check: spans of the cold start (%.3f s)" % ((root[4] - root[3]) / 1
 print("%-28s %9s %9s  %s" % ("span", "start s", "dur s", "attributes"))
 for s in sorted(spans, key=lambda s: s[3]):
     if s[0].startswith("coldstart"):
-        keep = {k: v for k, v in s[5].items() if k.startswith(("infersight.weights", "infersight.cuda"))}
+        keep = {k: v for k, v in s[5].items() if k.startswith(("infersight.weights", "infersight.cuda",
+                                                               "infersight.capture"))}
         print("%-28s %9.3f %9.3f  %s" % (s[0], (s[3] - root[3]) / 1e9, (s[4] - s[3]) / 1e9, json.dumps(keep)))
 by_id = {s[1]: s for s in spans}
 cuda = [s for s in spans if s[0] == "coldstart.cuda_init"]
@@ -96,6 +98,16 @@ if cuda and dev:
             (d[4] - d[3]) / 1e9, a.get("infersight.weights.bytes"),
             float(a.get("infersight.weights.bytes_per_s") or 0) / 2**20, a.get("infersight.weights.device")))
     ok = ok and nested
+captures = [s for s in spans if s[0] == "coldstart.graph_capture"]
+if len(captures) != 1:
+    print("gpu_check: FAIL %d graph_capture spans (expected 1)" % len(captures)); ok = False
+else:
+    c = captures[0]
+    graphs = int(c[5].get("infersight.capture.graphs") or 0)
+    print("gpu_check: graph_capture %.3f s, %d graph(s), api %s" % (
+        (c[4] - c[3]) / 1e9, graphs, c[5].get("infersight.capture.api")))
+    if graphs != 1 or c[5].get("infersight.capture.api") != "torch.cuda.graph":
+        print("gpu_check: FAIL graph_capture attributes"); ok = False
 print("gpu_check: %s" % ("PASS" if ok else "FAIL"))
 sys.exit(0 if ok else 1)
 PYEOF

@@ -2,7 +2,8 @@
 
 One row per stage, indented by nesting, with start offset, duration, share of the
 root, a bar and a detail column: bytes/throughput (warm or cold, the ratio to the storage
-ceiling) for weights, the biggest packages for imports, backend and cache for compiles.
+ceiling) for weights, the biggest packages for imports, backend and cache for compiles, the
+stage rule that named a span (rules/stages.toml).
 Spans of one stage under one parent share a row (``framework_import x3``, one bar per
 span); a custom stage is marked ``*``, gaps are drawn with dots. A root that ended at
 readiness is followed by the wait for traffic (a ``waiting for traffic`` row, in no share)
@@ -13,7 +14,7 @@ the three biggest top-level stages.
 
 from __future__ import annotations
 
-from infersight.coldstart_stages import union_ns
+from infersight.coldstart_stages import SAMPLES, gap_frames, union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.telemetry import ColdStart, SpanItem
 
@@ -53,7 +54,7 @@ def _rows(cs: ColdStart, by_id: dict[str, SpanItem]) -> list[list[SpanItem]]:
 
 
 GROUPED = frozenset({"framework_import", "model_build", "tokenizer_load", "unattributed", "weights_load",
-                     "graph_compile"})
+                     "graph_compile", "graph_capture"})
 
 
 def _stage(s: SpanItem) -> str:
@@ -89,7 +90,12 @@ def _extra(group: list[SpanItem]) -> str:
                           if g.attributes.get("infersight.model.class")})
         return ", ".join(classes[:2]) + (" (meta)" if any(g.attributes.get("infersight.model.meta") for g in group)
                                          else "")
-    return weights_note([g.attributes for g in group])
+    note = weights_note([g.attributes for g in group])
+    rules = sorted({str(g.attributes["infersight.stage.rule"]) for g in group
+                    if g.attributes.get("infersight.stage.rule")})
+    if rules and not note:
+        return "rule " + ", ".join(rules[:2])  # a stage rule's span: which rule named it
+    return note
 
 
 def _bar(group: list[SpanItem], root: SpanItem, total: int, width: int) -> str:
@@ -195,10 +201,11 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     lines.append("covered by named stages: %.1f%%" % (100.0 * coverage(cs)))
     gaps = sorted((s for s in cs.stages if _stage(s) == "unattributed"), key=lambda s: s.start_ns - s.end_ns)
     for g in gaps[:5]:
-        top = g.attributes.get("infersight.unattributed.top")
-        lines.append("  gap at %.3f s, %.3f s: %s" % (
+        frames, instead = gap_frames(g.attributes)
+        n = g.attributes.get(SAMPLES)
+        lines.append("  gap at %.3f s, %.3f s%s: %s" % (
             (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
-            ", ".join(str(t) for t in top) if isinstance(top, list) and top else "no samples"))
+            " (%d samples)" % n if isinstance(n, int) and frames else "", ", ".join(frames) or instead))
     per_stage: dict[str, int] = {}
     for s in cs.stages:
         if s.parent_span_id == root.span_id and _stage(s) != "unattributed" and s.span_id not in later_ids:

@@ -687,6 +687,7 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     on_import("tokenizers", _install_transformers)
     on_import("sentencepiece", _install_sentencepiece)
     on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
+    _install_stage_rules()
     st.imports = imports
     st.finder = imports.Finder()
     sys.meta_path.insert(0, st.finder)
@@ -875,6 +876,15 @@ def _install_transformers(_mod: Any) -> None:
     from . import _build  # model_build / tokenizer_load: only where transformers or tokenizers load
 
     _build.install_hf()
+
+
+def _install_stage_rules() -> None:
+    try:
+        from . import _stagerules  # rules/stages.toml and the rules directories: watch their modules
+
+        _stagerules.install()
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def _install_torch(torch: Any) -> None:

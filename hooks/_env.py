@@ -127,6 +127,10 @@ VARS: Dict[str, Var] = dict((
     _v("INFERSIGHT_LARGE_ALLOC_BYTES", "bytes", 256 << 20, "an allocation this large is logged"),
     _v("INFERSIGHT_MEMORY_HISTORY", "int", 0, "entries of the allocator history ring (0: off)"),
     _v("INFERSIGHT_OOM_SNAPSHOT", "bool", True, "summarise the allocator's segments at an OOM"),
+    # Stage rules.
+    _v("INFERSIGHT_STAGE_RULES", "bool", True, "apply the stage rules (module:qualname -> stage)"),
+    _v("INFERSIGHT_RULES_DIRS", "path", None,
+       "rules directories (':'-separated) whose *.toml stage rules apply (default /etc/infersight/rules.d)"),
     # Set by launch, or by the hooks for their children.
     _v("INFERSIGHT_READY_FILE", "path", None, "launch --ready-url: where the ready time is written",
        internal=True),

@@ -29,6 +29,7 @@ BUILTIN_STAGES = (
     "weights_load",
     "weights_to_device",
     "graph_compile",
+    "graph_capture",
     "warmup",
     "ready_wait",
     "first_request",

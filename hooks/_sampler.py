@@ -5,7 +5,9 @@ A daemon thread, alive only while the cold start is being collected: every
 label per sample, ``"module:function"`` of the innermost frame outside the standard
 library and these hooks (the code that is really running, not ``posixpath.join``).
 At the end of the cold start, every stretch of at least ``MIN_GAP_NS`` that no stage
-covers becomes a ``coldstart.unattributed`` span with the top labels of its samples.
+covers becomes a ``coldstart.unattributed`` span with its sample count and, from
+``MIN_SAMPLES`` samples on, the top labels of its samples: one or two samples of a gap
+(a garbage collection that happened to run then) name a frame "100%" by chance.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MIN_GAP_NS = 50_000_000
 MAX_SAMPLES = 200_000  # 30+ minutes at 10 ms; a sampler never grows without bound
 MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever) stops it
 TOP = 5
+MIN_SAMPLES = 5  # fewer samples in a gap name no frame (50 ms at the default 10 ms interval)
 TICK_S = 0.1
 
 _STDLIB = os.path.dirname(os.__file__)
@@ -146,15 +149,17 @@ def uncovered(intervals: List[Tuple[int, int]], lo: int, hi: int, min_ns: int = 
     return out
 
 
-def top_labels(samples: List[Tuple[int, str]], start: int, end: int, n: int = TOP) -> List[str]:
-    """``"module:function NN%"`` for the most frequent labels among the samples in [start, end)."""
+def top_labels(samples: List[Tuple[int, str]], start: int, end: int, n: int = TOP,
+               min_samples: int = MIN_SAMPLES) -> List[str]:
+    """``"module:function NN%"`` for the most frequent labels among the samples in [start, end);
+    none when fewer than ``min_samples`` fell there (too few to say what ran)."""
     counts: Dict[str, int] = {}
     total = 0
     for t, lab in samples:
         if start <= t < end:
             counts[lab] = counts.get(lab, 0) + 1
             total += 1
-    if not total:
+    if not total or total < min_samples:
         return []
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
     return ["%s %d%%" % (lab, round(100.0 * c / total)) for lab, c in ranked]

@@ -12,6 +12,8 @@ imports torch (or torch._dynamo, safetensors, onnxruntime) itself.
 | `weights_to_device` | the outermost `nn.Module._apply` that moved bytes from the CPU to a device |
 | `graph_compile`     | torch._dynamo start/end callbacks (registered when torch._dynamo loads),  |
 |                     | `torch.jit.trace` / `trace_module` / `script`, onnxruntime sessions       |
+| `graph_capture`     | CUDA graphs: `torch.cuda.graph` (enter to exit), `CUDAGraph.capture_begin` |
+|                     | to `capture_end`, `torch.cuda.make_graphed_callables`; outermost per thread |
 | `warmup`, `first_request` | the outermost `nn.Module._call_impl` per thread (a class attribute: |
 |                     | dynamo never sees it, so taking it out later causes no recompile)         |
 
@@ -217,6 +219,161 @@ def _install_onnxruntime(mod: Any) -> None:
     _patch(cls, "__init__", _timed("graph_compile", orig, describe, "compile_ort"))
 
 
+# -- graph_capture: CUDA graphs ------------------------------------------------------------
+#
+# One stage per outermost capture on a thread: ``torch.cuda.graph``'s ``__enter__`` to its
+# ``__exit__`` (the synchronize and cache emptying before the capture belong to it), or a bare
+# ``CUDAGraph.capture_begin`` to ``capture_end``, or a whole ``make_graphed_callables`` (its
+# warmup iterations and captures). Captures inside it pass through. Forwards run while
+# capturing are recorded into the graph, not warmups (the ``compile`` flag, as for tracing).
+
+
+def _capture_open(api: str) -> None:
+    """A capture starts on this thread: push the stage it opens (None when an outer capture
+    covers it or nothing is collected)."""
+    stack = _tls.__dict__.setdefault("capture", [])
+    o = None
+    try:
+        if not stack and cs.state().collecting and cs.root_open():
+            o = cs.begin("graph_capture", {"infersight.capture.api": api})
+            o.attrs[_GRAPHS] = _flag("graphs")
+            _tls.began = 0
+            tls = cs.state().tls
+            tls.compile = getattr(tls, "compile", 0) + 1
+    except Exception as exc:
+        _runtime.fail(exc)
+    stack.append(o)
+
+
+def _capture_close(err: Optional[BaseException] = None) -> None:
+    """The capture that ``_capture_open`` pushed ended (``err``: by raising). A capture that
+    failed before any graph was captured (no CUDA: a CPU build) leaves no stage."""
+    stack = _tls.__dict__.get("capture")
+    if not stack:
+        return
+    o = stack.pop()
+    if o is None:
+        return
+    try:
+        tls = cs.state().tls
+        tls.compile = max(0, getattr(tls, "compile", 1) - 1)
+        graphs = _flag("graphs") - o.attrs.pop(_GRAPHS, 0)
+        o.attrs["infersight.capture.graphs"] = graphs
+        cs.end(o, err=err, keep=err is None or graphs > 0 or _flag("began") > 0)
+        _tls.began = 0
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+_GRAPHS = "_infersight.graphs_before"  # internal: popped before the span is emitted
+
+
+def _wrap_capture_begin(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not cs.state().collecting:
+            return orig(self, *args, **kwargs)
+        _capture_open("torch.cuda.CUDAGraph.capture_begin")
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as e:
+            _capture_close(e)
+            raise
+        _tls.began = _flag("began") + 1
+        return result
+
+    capture_begin.__wrapped__ = orig  # type: ignore[attr-defined]
+    capture_begin.__doc__ = getattr(orig, "__doc__", None)
+    return capture_begin
+
+
+def _wrap_capture_end(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _tls.__dict__.get("capture"):
+            return orig(self, *args, **kwargs)  # no capture_begin of ours is open here
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as e:
+            _capture_close(e)
+            raise
+        _tls.graphs = _flag("graphs") + 1
+        _capture_close()
+        return result
+
+    capture_end.__wrapped__ = orig  # type: ignore[attr-defined]
+    capture_end.__doc__ = getattr(orig, "__doc__", None)
+    return capture_end
+
+
+def _wrap_graph_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __enter__(self: Any) -> Any:  # noqa: N807
+        if not cs.state().collecting:
+            return orig(self)
+        _capture_open("torch.cuda.graph")
+        try:
+            return orig(self)
+        except BaseException as e:
+            _capture_close(e)
+            raise
+
+    __enter__.__wrapped__ = orig  # type: ignore[attr-defined]
+    return __enter__
+
+
+def _wrap_graph_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __exit__(self: Any, *args: Any) -> Any:  # noqa: N807
+        if not _tls.__dict__.get("capture"):
+            return orig(self, *args)
+        try:
+            result = orig(self, *args)
+        except BaseException as e:
+            _capture_close(e)
+            raise
+        raised = args[1] if len(args) > 1 and isinstance(args[1], BaseException) else None
+        _capture_close(raised)  # the captured body raised: the stage says so
+        return result
+
+    __exit__.__wrapped__ = orig  # type: ignore[attr-defined]
+    return __exit__
+
+
+def _wrap_graphed_callables(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def make_graphed_callables(*args: Any, **kwargs: Any) -> Any:
+        if not cs.state().collecting:
+            return orig(*args, **kwargs)
+        _capture_open("torch.cuda.make_graphed_callables")
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as e:
+            _capture_close(e)
+            raise
+        _capture_close()
+        return result
+
+    make_graphed_callables.__wrapped__ = orig  # type: ignore[attr-defined]
+    make_graphed_callables.__name__ = getattr(orig, "__name__", "make_graphed_callables")
+    make_graphed_callables.__doc__ = getattr(orig, "__doc__", None)
+    return make_graphed_callables
+
+
+def _install_graphs(mod: Any) -> None:
+    """Wrap ``torch.cuda.graphs`` (the module torch.cuda re-exports them from)."""
+    cls = getattr(mod, "CUDAGraph", None)
+    if cls is not None and "capture_begin" in cls.__dict__ and "capture_end" in cls.__dict__:
+        _patch(cls, "capture_begin", _wrap_capture_begin(cls.capture_begin))
+        _patch(cls, "capture_end", _wrap_capture_end(cls.capture_end))
+    ctx = getattr(mod, "graph", None)
+    if isinstance(ctx, type) and "__enter__" in ctx.__dict__ and "__exit__" in ctx.__dict__:
+        _patch(ctx, "__enter__", _wrap_graph_enter(ctx.__dict__["__enter__"]))
+        _patch(ctx, "__exit__", _wrap_graph_exit(ctx.__dict__["__exit__"]))
+    orig = getattr(mod, "make_graphed_callables", None)
+    if callable(orig):
+        wrapped = _wrap_graphed_callables(orig)
+        _patch(mod, "make_graphed_callables", wrapped)
+        cuda = sys.modules.get("torch.cuda")
+        if cuda is not None and getattr(cuda, "make_graphed_callables", None) is orig:
+            _patch(cuda, "make_graphed_callables", wrapped)
+
+
 # -- weights_to_device and cuda_init --------------------------------------------------------
 
 
@@ -392,6 +549,7 @@ def install(torch: Any) -> None:
     _build.install_torch(torch)
     cs.state().callbacks["ready"] = _poll_cuda
     cs.on_import("torch._dynamo", _install_dynamo)
+    cs.on_import("torch.cuda.graphs", _install_graphs)
     cs.on_import("onnxruntime", _install_onnxruntime)
 
 

@@ -14,6 +14,9 @@ ENDED_BY = "infersight.coldstart.ended_by"
 TOTAL = "total"
 UNATTRIBUTED = "unattributed"
 FIRST_REQUEST = "first_request"
+TOP = "infersight.unattributed.top"
+SAMPLES = "infersight.unattributed.samples"
+MIN_TOP_SAMPLES = 5  # hooks/_sampler.MIN_SAMPLES: fewer samples in a gap name no frame
 
 
 def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
@@ -94,3 +97,17 @@ def ended_by(cs: ColdStart) -> str:
             return "ready"
         return "first_request" if FIRST_REQUEST in names else "exit"
     return "unknown"
+
+
+def gap_frames(attributes: dict[str, AttrValue]) -> tuple[list[str], str]:
+    """The sampler's top frames of an ``unattributed`` span that may be shown, and what to say
+    instead when none may: with fewer than ``MIN_TOP_SAMPLES`` samples (hooks that predate the
+    minimum still sent a top for one sample) no frame is named."""
+    top = attributes.get(TOP)
+    frames = [str(f) for f in top] if isinstance(top, list) else ([top] if isinstance(top, str) and top else [])
+    n = as_number(attributes.get(SAMPLES))
+    if n is not None and n < MIN_TOP_SAMPLES:
+        return [], "%d sample%s: too few to name a frame" % (n, "" if n == 1 else "s")
+    if not frames:
+        return [], "no samples" if n is None or n == 0 else "%d samples, no frame named" % n
+    return frames, ""

@@ -846,6 +846,8 @@ class _FileLoader:
         except SourceError as exc:
             self.errors.append((exc.locations[0], exc.message))
             return [], self.names
+        if "stage" in doc and "rule" not in doc:
+            return [], self.names  # stage rules (stage_rules.py) in a shared rules directory
         for k in doc:
             if k not in _TOP_KEYS:
                 self.err(self.line(k), f"unknown top-level key {k!r}")

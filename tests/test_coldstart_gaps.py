@@ -107,6 +107,7 @@ def test_a_gap_becomes_an_unattributed_span_with_the_sampler_top(run: LaunchRun)
     assert len(big) == 1, gaps
     top = big[0].attributes["infersight.unattributed.top"]
     assert isinstance(top, list) and 1 <= len(top) <= 5
+    assert big[0].attributes["infersight.unattributed.samples"] >= _sampler.MIN_SAMPLES
     assert top[0].startswith("__main__:<module> ") and top[0].endswith("%")
     # not covered: the root's unattributed time includes it, and the waterfall says so
     assert root.attributes["infersight.coldstart.unattributed_s"] >= 0.25
@@ -177,6 +178,30 @@ def test_uncovered_and_top_labels() -> None:
     samples = [(t, "a:f") for t in range(6)] + [(t, "b:g") for t in range(6, 8)] + [(100, "c:h")]
     assert _sampler.top_labels(samples, 0, 10) == ["a:f 75%", "b:g 25%"]
     assert _sampler.top_labels(samples, 50, 60) == []
+
+
+def test_too_few_samples_name_no_frame() -> None:
+    """A 200 ms gap with one or two samples (a garbage collection that ran then) must not
+    print ``regex...Group.__del__ 100%``: below the minimum no frame is named, on either side."""
+    from infersight.coldstart_stages import MIN_TOP_SAMPLES
+
+    assert MIN_TOP_SAMPLES == _sampler.MIN_SAMPLES  # the hooks and the renderers agree
+    few = [(10, "regex._regex_core:Group.__del__"), (20, "regex._regex_core:Group.__del__")]
+    assert _sampler.top_labels(few, 0, 200) == []
+    enough = [(t, "app:load") for t in range(_sampler.MIN_SAMPLES)]
+    assert _sampler.top_labels(enough, 0, 200) == ["app:load 100%"]
+    r = "r" * 16
+    gaps = [  # one from hooks that predate the minimum (a top for 2 samples), one with enough
+        _span("coldstart.unattributed", "3" * 16, r, 1.0, 1.2, **{
+            "infersight.unattributed.top": ["regex._regex_core:Group.__del__ 100%"],
+            "infersight.unattributed.samples": 2}),
+        _span("coldstart.unattributed", "4" * 16, r, 3.0, 3.5, **{
+            "infersight.unattributed.top": ["app:load 100%"], "infersight.unattributed.samples": 48}),
+    ]
+    text = render_waterfall(ColdStart(_span("coldstart", r, None, 0.0, 10.0), gaps, []))
+    assert "Group.__del__" not in text
+    assert "gap at 1.000 s, 0.200 s: 2 samples: too few to name a frame" in text
+    assert "gap at 3.000 s, 0.500 s (48 samples): app:load 100%" in text
 
 
 def test_sampler_labels_skip_the_standard_library() -> None:

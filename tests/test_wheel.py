@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"infersight": "infersight", "agent": "infersight/agent", "hooks": "infersight/hooks",
          "exporters": "infersight/exporters", "rules": "infersight/rules"}
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache",
-                                    ".ruff_cache", ".pytest_cache", ".hypothesis", ".mypy_tree", ".whl",
+                                    ".ruff_cache", ".pytest_cache", ".hypothesis", ".mypy_tree", ".whl", ".cache",
                                     "*.otlp.jsonl", "*.pyc")
 OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
        "23.53 GiB of which 20.38 MiB is free. Process 4242 has 21.69 GiB memory in use. Including non-PyTorch "

@@ -73,6 +73,7 @@ class LaunchOptions:
         ready_timeout_s: float = 3600.0,
         evict: Sequence[str] = (),
         agent: str = "auto",
+        rules_dirs: Sequence[str] = (),
     ) -> None:
         self.cmd = list(cmd)
         self.otlp_file = otlp_file
@@ -83,6 +84,7 @@ class LaunchOptions:
         self.ready_timeout_s = ready_timeout_s
         self.evict = list(evict)
         self.agent = agent  # auto | embedded | PATH of an agent's socket
+        self.rules_dirs = list(rules_dirs)
 
 
 def default_output_path(now: float | None = None) -> str:
@@ -521,6 +523,22 @@ def import_agent_side(module: str = "launch_session") -> Any:
     return box["module"]
 
 
+def check_stage_rules(dirs: Sequence[str]) -> str | None:
+    """The stage rules the child's hooks will read, ``dirs`` included: None when valid, else
+    one ``file:line: problem`` line each."""
+    for d in dirs:
+        if not os.path.isdir(d):
+            return "%s: not a directory" % d
+    from infersight.agent.coldstart.stage_rules_check import check_dirs
+    from infersight.rules.stage_rules import StageRuleFileError
+
+    try:
+        check_dirs(dirs)
+    except StageRuleFileError as exc:
+        return str(exc)
+    return None
+
+
 def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
     err = out or sys.stderr
     cmd = list(opts.cmd)
@@ -561,6 +579,11 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
         for line in pagecache.describe(evicted):
             err.write("infersight: %s\n" % line)
         err.flush()
+    if opts.rules_dirs:
+        bad_rules = check_stage_rules(opts.rules_dirs)
+        if bad_rules is not None:
+            err.write("infersight launch: --rules-dir: invalid stage rules:\n%s\n" % bad_rules)
+            return EXIT_USAGE
     try:
         private = Private(command=list(cmd))
     except OSError as exc:
@@ -587,6 +610,10 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
         else:
             env = child_env(dict(os.environ), joined.path, None, spawn_ns, ready_file, session=joined.session)
+        if opts.rules_dirs:
+            from infersight.rules.stage_rules import rules_dirs
+
+            env["INFERSIGHT_RULES_DIRS"] = ":".join(str(d) for d in rules_dirs(opts.rules_dirs))
         try:
             child = spawn(cmd, env)
         except FileNotFoundError:
@@ -626,6 +653,9 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
                     help="auto (default): join the agent on INFERSIGHT_SOCKET or the default socket when "
                          "one answers and accepts this uid, else embed one; embedded: always embed; "
                          "PATH: join the agent at PATH or fail")
+    lp.add_argument("--rules-dir", metavar="DIR", action="append", default=[],
+                    help="also read stage rules (*.toml with [[stage]] tables) from DIR, after the shipped "
+                         "rules and $INFERSIGHT_RULES_DIRS (default /etc/infersight/rules.d); repeatable")
     lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
                     help="print the cold-start waterfall (default: on)")
     lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
@@ -636,4 +666,4 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     return launch(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
                              ready_url=args.ready_url, probe=args.probe, evict=args.evict or (),
-                             agent=args.agent))
+                             agent=args.agent, rules_dirs=args.rules_dir or ()))

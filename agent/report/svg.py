@@ -13,6 +13,7 @@ from html import escape
 from infersight.agent.report.gpu import DeviceTimeline, MemoryChart
 from infersight.agent.report.views import Family, Oom, ProcessWaterfall, human_bytes, weights_note
 from infersight.sanitize import clean_text
+from infersight.coldstart_stages import gap_frames
 from infersight.telemetry import AttrValue, SpanItem
 
 W = 1200
@@ -128,10 +129,9 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
         info = weights_note(s)
         extra: list[str] = []
         if row.kind == "unattributed":
-            top = s.attributes.get("infersight.unattributed.top")
-            frames = top if isinstance(top, list) else ([top] if isinstance(top, str) and top else [])
-            info = "top: " + ", ".join(str(f) for f in frames[:3]) if frames else "no stage covers this"
-            extra = ["sampled top frames:", *("  %s" % f for f in frames)] if frames else []
+            frames, instead = gap_frames(s.attributes)
+            info = "top: " + ", ".join(frames[:3]) if frames else "no stage covers this (%s)" % instead
+            extra = ["sampled top frames:", *("  %s" % f for f in frames)] if frames else [instead]
         elif row.kind == "custom":
             info = info or "custom stage"
         elif row.kind == "root":
@@ -170,7 +170,8 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
             (b - a) / 1e9, (a - wf.root.start_ns) / 1e9, (b - wf.root.start_ns) / 1e9)
         for u in sampled:  # the stack sampler's view of this stretch, where it ran
             if u.start_ns < b and u.end_ns > a:
-                text += "\nsampled top frames: %s" % fmt_attr(u.attributes.get("infersight.unattributed.top") or "-")
+                frames, instead = gap_frames(u.attributes)
+                text += "\nsampled top frames: %s" % (", ".join(frames) or instead)
         out.append('<rect class="gap" x="%.1f" y="%d" width="%.1f" height="%d" fill="url(#hatch-%s)">'
                    "<title>%s</title></rect>" % (sc(a), y_root + 3, max(sc(b) - sc(a), 1.0), ROW_H - 6, uid, esc(text)))
     bottom = AXIS_H + ROW_H * len(rows)

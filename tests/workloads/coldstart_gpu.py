@@ -3,7 +3,8 @@
 Usage: python coldstart_gpu.py [WORKDIR]
 No infersight call. CUDA is first touched implicitly by ``model.to("cuda")``, so the
 hooks must find ``cuda_init`` nested inside ``weights_to_device``. Then a
-``torch.load(map_location="cuda")``, warmup forwards, and one HTTP request after listen().
+``torch.load(map_location="cuda")``, warmup forwards, a CUDA graph captured with
+``torch.cuda.graph`` (its own ``graph_capture`` stage), and one HTTP request after listen().
 """
 
 import http.server
@@ -26,6 +27,17 @@ x = torch.randn(16, 4096, device="cuda")
 with torch.no_grad():
     for _ in range(3):
         model(x)
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+static_x = torch.randn(16, 4096, device="cuda")
+side = torch.cuda.Stream()  # warm up on a side stream before capturing, as torch's docs do
+side.wait_stream(torch.cuda.current_stream())
+with torch.no_grad(), torch.cuda.stream(side):
+    model(static_x)
+torch.cuda.current_stream().wait_stream(side)
+with torch.no_grad(), torch.cuda.graph(graph):  # graph_capture (the forward is recorded, not a warmup)
+    static_y = model(static_x)
+graph.replay()
 torch.cuda.synchronize()
 
 

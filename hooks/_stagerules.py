@@ -1,0 +1,375 @@
+"""Stage rules inside the served process: ``module:qualname`` -> a stage (stdlib only).
+
+The rule files are TOML (``rules/stages.toml`` shipped beside these hooks, then ``*.toml`` in
+the rules directories: ``$INFERSIGHT_RULES_DIRS``, separated by ``:`` or ``,``, default
+``/etc/infersight/rules.d``). tomllib is Python 3.11+ and the hooks run on 3.9, so this module
+reads the one subset of TOML that stage rules are written in: ``[[stage]]`` tables whose
+``id``, ``stage`` and ``targets`` are plain strings (no escapes) and an array of them; other
+keys, tables (``[[stage.examples]]``) and multi-line strings are skipped. The agent's loader
+(``infersight.rules.stage_rules``, with tomllib) validates every file with file:line errors,
+and ``infersight.agent.coldstart.stage_rules_check`` refuses a file this reader would read
+differently. A file OOM rules use (``[[rule]]`` tables) has no ``[[stage]]`` and adds nothing.
+
+Nothing is wrapped up front: each target's module gets a post-import callback
+(``_coldstart.on_import``), so a process that never imports vllm pays one set lookup per
+import and nothing else. When the module is imported, each target found there is wrapped
+(a function, a method, a classmethod or staticmethod, sync or async) so that its calls
+are a ``coldstart.<stage>`` span with ``infersight.stage.rule`` and ``.target``; a call
+inside a span of the same stage opened by a rule passes through. Targets the module does
+not define (another version of the library) are listed on the root as
+``infersight.stage_rules.missing``; unreadable files as ``infersight.stage_rules.errors``.
+Every wrapper is taken out when the root ends (``_coldstart.uninstall``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+
+from . import _coldstart as cs
+from . import _env, _runtime
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    Rule = Tuple[str, str, Tuple[str, ...]]  # (id, stage, targets)
+
+ENGINE_MAJOR = 1  # engine_version "1.x" files load
+SITE_DIR = "/etc/infersight/rules.d"
+MAX_FILES = 64
+MAX_BYTES = 1 << 20  # a rule file larger than this is not read
+MAX_LISTED = 20  # entries of the root's missing / errors lists
+_CO_COROUTINE = 0x80
+_CO_GENERATORS = 0x20 | 0x200  # generator, async generator: their work runs after the call
+
+_open_stages: contextvars.ContextVar[Tuple[str, ...]] = contextvars.ContextVar(
+    "infersight_rule_stages", default=())
+
+
+# -- reading rule files ------------------------------------------------------------------
+
+
+def _string(v: str) -> Optional[str]:
+    """A one-line TOML string without escapes, else None."""
+    if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'" and v[0] not in v[1:-1] and "\\" not in v:
+        return v[1:-1]
+    return None
+
+
+def _strip_comment(v: str) -> str:
+    """``v`` without a trailing ``# comment`` outside strings."""
+    quote = ""
+    for i, ch in enumerate(v):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return v[:i].rstrip()
+    return v.rstrip()
+
+
+def _array(v: str) -> Optional[Tuple[str, ...]]:
+    """``["a", "b"]`` of plain strings, else None."""
+    if not (v.startswith("[") and v.endswith("]")):
+        return None
+    out = []
+    for raw in v[1:-1].split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        s = _string(item)
+        if s is None:
+            return None
+        out.append(s)
+    return tuple(out)
+
+
+def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
+    """The ``[[stage]]`` rules of one file, and (line, problem) for what cannot be read."""
+    rules: List[Rule] = []
+    errors: List[Tuple[int, str]] = []
+    cur: Optional[Dict[str, Any]] = None
+    in_stage = False
+    skip_until = ""  # closing delimiter of a multi-line string being skipped
+    pending: Optional[Tuple[str, int, List[str]]] = None  # a multi-line array: key, line, parts
+    engine_ok = True
+    top = True  # before the first table header
+
+    def close() -> None:
+        if cur is None:
+            return
+        rid, stage, targets = cur.get("id"), cur.get("stage"), cur.get("targets")
+        if isinstance(rid, str) and isinstance(stage, str) and isinstance(targets, tuple) and targets:
+            rules.append((rid, stage, targets))
+        else:
+            errors.append((cur["line"], "a [[stage]] needs id, stage and targets"))
+
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if skip_until:
+            if skip_until in line:
+                skip_until = ""
+            continue
+        if pending is not None:
+            pkey, at, parts = pending
+            parts.append(_strip_comment(line))
+            if parts[-1].endswith("]"):
+                pending = None
+                arr = _array(" ".join(parts))
+                if cur is not None and pkey == "targets":
+                    if arr is None:
+                        errors.append((at, "targets: not an array of plain strings"))
+                    cur[pkey] = arr
+            continue
+        if not line or line[0] == "#":
+            continue
+        if line[0] == "[":
+            top = False
+            header = _strip_comment(line)
+            if header == "[[stage]]":
+                close()
+                cur = {"line": n}
+                in_stage = True
+            elif header.startswith("[[stage."):
+                in_stage = False  # a sub-table of the current rule (examples): its keys are not the rule's
+            else:
+                close()
+                cur = None
+                in_stage = False
+            continue
+        key, eq, value = line.partition("=")
+        if not eq:
+            continue
+        key, value = key.strip(), value.strip()
+        for delim in ('"""', "'''"):
+            if value.startswith(delim) and value.count(delim) == 1:
+                skip_until = delim
+        if skip_until:
+            continue
+        value = _strip_comment(value)
+        if top:
+            if key == "engine_version":
+                v = _string(value) or ""
+                engine_ok = v.partition(".")[0] == str(ENGINE_MAJOR)
+            continue
+        if not in_stage or cur is None:
+            continue
+        if value.startswith("[") and not value.endswith("]"):
+            pending = (key, n, [value])
+            continue
+        if key in ("id", "stage"):
+            cur[key] = _string(value)
+            if cur[key] is None:
+                errors.append((n, "%s: not a plain string" % key))
+        elif key == "targets":
+            cur[key] = _array(value)
+            if cur[key] is None:
+                errors.append((n, "targets: not an array of plain strings"))
+    close()
+    if not engine_ok:
+        return [], [(1, "engine_version: not %d.x" % ENGINE_MAJOR)]
+    return rules, errors
+
+
+def builtin_path() -> str:
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules", "stages.toml")
+
+
+def rule_files(env: Any = None) -> List[str]:
+    """The shipped file, then ``*.toml`` of each rules directory, sorted by name."""
+    env = os.environ if env is None else env
+    files = [builtin_path()]
+    raw = _env.get("INFERSIGHT_RULES_DIRS", env)
+    dirs = [d for d in raw.replace(",", ":").split(":") if d] if raw is not None else [SITE_DIR]
+    for d in dirs:
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".toml"))
+        except OSError:
+            continue  # no such directory: nothing to add
+        files.extend(os.path.join(d, n) for n in names)
+    return files[:MAX_FILES]
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_BYTES or b"[[stage]]" not in data:
+        return None  # too big, or no stage rules (an OOM rule file)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str]]], List[str]]:
+    """module -> {qualname: (stage, rule id)} over ``paths`` (a later rule for the same target
+    replaces an earlier one), and ``"path:line: problem"`` for what could not be read."""
+    by_module: Dict[str, Dict[str, Tuple[str, str]]] = {}
+    problems: List[str] = []
+    for path in paths:
+        text = _read(path)
+        if text is None:
+            continue
+        rules, errors = parse(text)
+        problems.extend("%s:%d: %s" % (path, line, msg) for line, msg in errors)
+        for rid, stage, targets in rules:
+            for target in targets:
+                module, colon, qualname = target.partition(":")
+                if colon and module and qualname:
+                    by_module.setdefault(module, {})[qualname] = (stage, rid)
+                else:
+                    problems.append("%s: %s: target %r is not module:qualname" % (path, rid, target))
+    return by_module, problems
+
+
+# -- wrapping ------------------------------------------------------------------------------
+
+
+def _note(key: str, item: str) -> None:
+    items = _runtime.root_attrs.setdefault(key, [])
+    if isinstance(items, list) and len(items) < MAX_LISTED and item not in items:
+        items.append(item)
+
+
+def _open(stage: str, rule: str, target: str) -> Any:
+    """Open the rule's stage (None: nothing collected, or a rule's span of this stage is open)."""
+    try:
+        opened = _open_stages.get()
+        if stage in opened or not cs.state().collecting or not cs.root_open():
+            return None
+        o = cs.begin(stage, {"infersight.stage.rule": rule, "infersight.stage.target": target})
+        return o, _open_stages.set((*opened, stage))
+    except Exception as exc:
+        _runtime.fail(exc)
+        return None
+
+
+def _close(token: Any, err: Optional[BaseException]) -> None:
+    o, reset = token
+    try:
+        _open_stages.reset(reset)
+    except ValueError:
+        pass  # reset in another context (a generator's frame moved): the stage still ends
+    cs.end(o, err=err)
+
+
+def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str) -> Callable[..., Any]:
+    """``fn`` whose calls are one stage each (a coroutine function: its await)."""
+    if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            token = _open(stage, rule, target)
+            if token is None:
+                return await fn(*args, **kwargs)
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as e:
+                _close(token, e)
+                raise
+            _close(token, None)
+            return result
+
+        wrapper: Callable[..., Any] = awrapper
+    else:
+        def swrapper(*args: Any, **kwargs: Any) -> Any:
+            token = _open(stage, rule, target)
+            if token is None:
+                return fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as e:
+                _close(token, e)
+                raise
+            _close(token, None)
+            return result
+
+        wrapper = swrapper
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(wrapper, attr, getattr(fn, attr))
+        except (AttributeError, TypeError):
+            pass
+    try:
+        wrapper.__dict__.update(getattr(fn, "__dict__", {}))  # a decorator's marks (ray's API tags)
+    except (AttributeError, TypeError):
+        pass
+    # after the update: fn's own __wrapped__ (a decorator's) stays one level down
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrappable(fn: Any) -> bool:
+    code = getattr(fn, "__code__", None)
+    return code is not None and not code.co_flags & _CO_GENERATORS
+
+
+def apply(module: Any, qualname: str, stage: str, rule: str) -> bool:
+    """Wrap ``module``'s ``qualname`` (True when done); the undo puts the original back."""
+    parts = qualname.split(".")
+    owner = module
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return False
+    name = parts[-1]
+    target = "%s:%s" % (getattr(module, "__name__", "?"), qualname)
+    raw: Any
+    fn: Any
+    if isinstance(owner, type):
+        raw = owner.__dict__.get(name)
+        kind = type(raw)
+        fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+        if not _wrappable(fn):
+            return False
+        w = wrap(fn, stage, rule, target)
+        new: Any = kind(w) if kind in (classmethod, staticmethod) else w
+    elif parts[:-1]:
+        return False  # a method of something that is not a class
+    else:
+        raw = getattr(owner, name, None)
+        if not _wrappable(raw):
+            return False
+        new = wrap(raw, stage, rule, target)
+    setattr(owner, name, new)
+
+    def undo() -> None:
+        current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        if current is new:
+            setattr(owner, name, raw)
+
+    cs.add_undo(undo)
+    return True
+
+
+def _installer(targets: Dict[str, Tuple[str, str]]) -> Callable[[Any], None]:
+    def install_module(module: Any) -> None:
+        if not cs.state().collecting:
+            return
+        for qualname, (stage, rule) in targets.items():
+            try:
+                done = apply(module, qualname, stage, rule)
+            except Exception:
+                done = False  # a library object we cannot wrap: name it, never fail the hooks
+            if not done:
+                _note("infersight.stage_rules.missing", "%s:%s" % (getattr(module, "__name__", "?"), qualname))
+
+    return install_module
+
+
+def install(env: Any = None) -> None:
+    """Watch every target's module (``$INFERSIGHT_STAGE_RULES=0``, or a helper process: none)."""
+    env = os.environ if env is None else env
+    if not _env.get("INFERSIGHT_STAGE_RULES", env):
+        return
+    if cs.state().role == "helper":
+        return  # compile workers and probes print no waterfall: no rule file read either
+    by_module, problems = load(rule_files(env))
+    for p in problems[:MAX_LISTED]:
+        _note("infersight.stage_rules.errors", p)
+    for module, targets in by_module.items():
+        cs.on_import(module, _installer(targets))
