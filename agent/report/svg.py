@@ -12,8 +12,8 @@ from html import escape
 
 from infersight.agent.report.gpu import DeviceTimeline, MemoryChart
 from infersight.agent.report.views import Family, Oom, ProcessWaterfall, human_bytes, weights_note
-from infersight.sanitize import clean_text
 from infersight.coldstart_stages import gap_frames
+from infersight.sanitize import clean_text
 from infersight.telemetry import AttrValue, SpanItem
 
 W = 1200
