@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from infersight.errors import InfersightError
+
 MAX_TEXT = 16384  # characters of one value: the largest field bound of the agent (an OOM message's
 # text); each field's own, smaller bound still applies after
 MAX_KEY = 256  # characters of one object key (an attribute name)
@@ -32,7 +34,7 @@ _BAD_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 _BAD_KEY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-class TooDeepError(ValueError):
+class TooDeepError(InfersightError, ValueError):
     """The value nests deeper than a walk may go: the caller refuses it as malformed."""
 
 

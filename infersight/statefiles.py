@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import stat
 
+from infersight.errors import InfersightError
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class UnsafeStateDirError(OSError):
+class UnsafeStateDirError(InfersightError, OSError):
     """The state directory could be written by someone other than the agent."""
 
 

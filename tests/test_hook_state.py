@@ -43,8 +43,9 @@ def test_a_forked_cold_start_starts_over_and_keeps_what_the_fork_kept() -> None:
     assert child.undo is parent.undo and child.post_import is parent.post_import
     assert child.watched is parent.watched and child.callbacks is parent.callbacks
     assert child.finder is parent.finder and child.imports is parent.imports
-    # ... readiness and the last stage's end move to the child's own root ...
-    assert (child.ready_ns, child.ready_source, child.last_end_ns) == (100, "listen", 100)
+    # ... readiness and the last stage's end move to the child's own root: it inherited a ready
+    # server, so its root ends at its first response (source "fork", no signal of its own) ...
+    assert (child.ready_ns, child.ready_source, child.last_end_ns) == (100, "fork", 100)
     assert child.parent_dir == "/run/children" and child.children_dir is None
     # ... and the rest starts fresh.
     assert child.first is None and child.warm is None and not child.first_done and not child.explicit

@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from typing import BinaryIO
 
 from infersight.agent.daemon.itemcodec import from_dict, to_dict
+from infersight.agent.errors import AgentError
 from infersight.statefiles import DIR_FLAGS, open_state_dir
 from infersight.telemetry import Item
 
 REC = struct.Struct("!II")
 
 
-class SpoolInUseError(OSError):
+class SpoolInUseError(AgentError, OSError):
     """Another agent holds this spool directory."""
 SEGMENT_BYTES = 4 << 20
 
