@@ -16,9 +16,12 @@ gives up first spools to the private spool directory, which the agent replays.
 How CMD is run:
 - In its own process group, made the terminal's foreground group when launch has one,
   so that a Ctrl-C reaches CMD exactly once (from the terminal). Signals sent to launch
-  itself (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to CMD once. Ctrl-Z stops CMD,
-  then launch, so the shell's job control still works.
-- With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed, CMD gets SIGTERM.
+  itself are forwarded once: INT, TERM, HUP and QUIT to CMD's whole process group (the
+  workers CMD started go with it, as on a terminal), USR1 and USR2 to CMD alone. A second
+  INT or TERM sends SIGKILL to the group. Ctrl-Z stops CMD, then launch, so the shell's
+  job control still works.
+- With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed with SIGKILL, CMD gets SIGTERM
+  (only CMD: the kernel has no parent-death signal for a group).
 - The private directory holds a lock while launch lives. A later launch replays the
   spools that a killed launch left (or a daemonized grandchild that outlived it), and
   a launch that exits while a process it started still runs keeps the spool directory.
@@ -46,6 +49,8 @@ EXIT_USAGE = 2
 PRIVATE_PREFIX = "infersight-launch-"
 LOCK_NAME = "launch.lock"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+TO_GROUP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: SIGKILL to the group
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
 
@@ -249,12 +254,20 @@ class Child:
         self.forwarded: list[int] = []
 
     def forward(self, sig: int) -> None:
-        if self.returncode is None:
-            self.forwarded.append(sig)
-            try:
+        """A signal launch got: to CMD's group (INT, TERM, HUP, QUIT) or CMD (USR1, USR2);
+        the second INT/TERM forces (SIGKILL to the group). After CMD exited, its group may
+        live on (workers that outlived it): it still gets the signal."""
+        forced = sig in FORCING and any(s in FORCING for s in self.forwarded)
+        self.forwarded.append(sig)
+        try:
+            if forced:
+                os.killpg(self.pid, signal.SIGKILL)
+            elif sig in TO_GROUP:
+                os.killpg(self.pid, sig)
+            elif self.returncode is None:
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def poll(self) -> int | None:
         """Reap CMD if it exited (its returncode, negative for a signal); follow it into a stop."""
@@ -275,12 +288,12 @@ class Child:
         return self.returncode
 
     def stop(self, timeout_s: float) -> None:
-        """SIGTERM, then SIGKILL after timeout_s; reaped."""
+        """SIGTERM to CMD's group, then SIGKILL after timeout_s; reaped."""
         self.forward(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while self.poll() is None:
             if time.monotonic() > deadline:
-                os.kill(self.pid, signal.SIGKILL)
+                self.forward(signal.SIGTERM)  # the second one forces
                 deadline = float("inf")
             time.sleep(0.02)
         self.restore_tty()
