@@ -11,7 +11,7 @@ the three biggest top-level stages.
 
 from __future__ import annotations
 
-from infersight.coldstart_stages import union_ns
+from infersight.coldstart_stages import coverage, tree_coverage, union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.telemetry import ColdStart, SpanItem
 
@@ -100,15 +100,19 @@ def _bar(group: list[SpanItem], root: SpanItem, total: int, width: int) -> str:
     return "".join(cells)
 
 
-def coverage(cs: ColdStart) -> float:
-    """Share of the root covered by named stages (their union; ``unattributed`` is not covered)."""
-    root = cs.root
-    total = root.end_ns - root.start_ns
-    if total <= 0:
-        return 1.0
-    covered = union_ns([(s.start_ns, s.end_ns) for s in [*cs.stages, *cs.workers] if _stage(s) != "unattributed"],
-                       root.start_ns, root.end_ns)
-    return covered / total
+def _covered_short(cs: ColdStart) -> str:
+    own = "covered %.1f%%" % (100.0 * coverage(cs))
+    return own + (" own, %.1f%% tree" % (100.0 * tree_coverage(cs)) if cs.workers else "")
+
+
+def coverage_line(cs: ColdStart) -> str:
+    """The process's own coverage and, with workers, the tree's (their named stages)."""
+    own = "covered by named stages: %.1f%%" % (100.0 * coverage(cs))
+    if not cs.workers:
+        return own
+    n = len(cs.workers)
+    return "%s own, %.1f%% with its %s stages" % (own, 100.0 * tree_coverage(cs),
+                                                 "worker's" if n == 1 else "%d workers'" % n)
 
 
 def is_helper(cs: ColdStart) -> bool:
@@ -122,7 +126,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
     service = root.resource.get("service.name") or ""
     pid = root.resource.get("process.pid") or ""
     lines = [
-        "infersight cold start: %s (pid %s) %.3f s" % (service, pid, total / 1e9),
+        "infersight cold start: %s (pid %s) %.3f s, %s" % (service, pid, total / 1e9, _covered_short(cs)),
         "%-26s %9s %9s %6s  %-*s %s" % ("stage", "start s", "dur s", "share", width, "", "detail"),
         "%-26s %9.3f %9.3f %5.1f%%  %-*s" % ("coldstart", 0.0, total / 1e9, 100.0, width, "#" * width),
     ]
@@ -155,8 +159,12 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         lines.append("first response: first byte %.3f s after the request arrived" % ttfb[0])
     un = root.attributes.get("infersight.coldstart.unattributed_s")
     if isinstance(un, (int, float)):
-        lines.append("unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total))
-    lines.append("covered by named stages: %.1f%%" % (100.0 * coverage(cs)))
+        line = "unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total)
+        tree = root.attributes.get("infersight.coldstart.tree_unattributed_s")
+        if cs.workers and isinstance(tree, (int, float)):
+            line += " own; %.3f s (%.1f%%) with its workers' stages" % (tree, 100.0 * tree * 1e9 / total)
+        lines.append(line)
+    lines.append(coverage_line(cs))
     gaps = sorted((s for s in cs.stages if _stage(s) == "unattributed"), key=lambda s: s.start_ns - s.end_ns)
     for g in gaps[:5]:
         top = g.attributes.get("infersight.unattributed.top")

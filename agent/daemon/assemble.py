@@ -17,7 +17,7 @@ from typing import Any
 from infersight import __version__
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
-from infersight.coldstart_stages import union_ns
+from infersight.coldstart_stages import covered_ns, merge, named_intervals
 from infersight.redact import mask_value
 from infersight.telemetry import (
     Attributes,
@@ -266,6 +266,7 @@ class Assembler:
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
         self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
         self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
+        self.recent_covered: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()  # their trees' stages
 
     def hello(self, raw: Any) -> Producer:
         info = validate_hello(raw)
@@ -416,16 +417,22 @@ class Assembler:
         if stages is None:
             stages = descendants(root.span_id, p.pending)
         workers = self._workers_of(root, stages)
-        # An explicit ``unattributed`` span explains a gap; it never counts as covered.
-        named = [s for s in [*stages, *workers] if s.attributes.get("infersight.stage") != "unattributed"]
-        covered = union_ns([(s.start_ns, s.end_ns) for s in named], root.start_ns, root.end_ns)
-        root.attributes["infersight.coldstart.unattributed_s"] = (root.end_ns - root.start_ns - covered) / 1e9
+        # An explicit ``unattributed`` span explains a gap; it never counts as covered. A
+        # worker's root is no stage of ours: its named stages cover our time in the tree's
+        # figure only, and never its whole lifetime.
+        worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
+        total = root.end_ns - root.start_ns
+        root.attributes["infersight.coldstart.unattributed_s"] = (total - covered_ns(stages, root)) / 1e9
+        if workers:
+            root.attributes["infersight.coldstart.tree_unattributed_s"] = (
+                total - covered_ns(stages, root, worker_covered)) / 1e9
         root.attributes.setdefault("faas.coldstart", True)
+        self._remember_covered(root, named_intervals(stages), worker_covered)
         done = {s.span_id for s in stages}
         p.pending = [s for s in p.pending if s.span_id not in done]
         p.pending_bytes = sum(span_bytes(s) for s in p.pending)
         out.append(root)
-        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers)
+        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers, merge(worker_covered))
         out.append(cs)
         out.extend(self.observe_coldstart(cs, root.end_ns if t_ns is None else t_ns))
 
@@ -498,6 +505,14 @@ class Assembler:
             out.append(stand_in)
             stages.append(stand_in)
         return stages
+
+    def _remember_covered(self, root: SpanItem, own: list[tuple[int, int]],
+                          workers: list[tuple[int, int]]) -> None:
+        """What a closed root's tree covers, for its supervisor (merged intervals, bounded
+        like the roots)."""
+        self.recent_covered[root.span_id] = merge([*own, *workers])
+        while len(self.recent_covered) > MAX_RECENT_ROOTS:
+            self.recent_covered.popitem(last=False)
 
     def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
         """Roots of other processes (not helpers) already seen under this root or its stages;
