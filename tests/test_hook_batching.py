@@ -53,7 +53,9 @@ def test_full_batch_goes_without_waiting_and_flush_skips_the_delay(tmp_path: Pat
         "print(c.sent_events, len(c._buf))\n"  # the ninth waits for its batch
         "assert hooks.flush(30)\nprint(c.sent_events, len(c._buf))\n"
     )
-    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_EVENTS="8", INFERSIGHT_BATCH_DELAY_MS="3600000")
+    # No cold-start sampler: its checkpoints (cs_tick, every 100 ms) would fill the batch.
+    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_EVENTS="8", INFERSIGHT_BATCH_DELAY_MS="3600000",
+                   INFERSIGHT_SAMPLER="0")
     assert r.returncode == 0, r.stderr
     waiting, flushed = (tuple(map(int, line.split())) for line in r.stdout.splitlines())
     assert waiting[1] == 1, "the ninth event waits for its batch: %r" % (waiting,)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infersight import __version__
+from infersight.agent.daemon.checkpoint import Checkpoint, gap_spans
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
 from infersight.coldstart_stages import covered_ns, merge, named_intervals
@@ -41,6 +42,8 @@ MAX_STR = 4096
 MAX_ATTRS = 128
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_EVENTS_PER_SPAN = 128
+MAX_OPEN_STAGES = 64  # open runs in one cold-start checkpoint
+MAX_TICK_SAMPLES = 4096  # samples in one checkpoint (about 40 s at 10 ms: a tick carries 100 ms)
 DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
@@ -71,6 +74,8 @@ class Producer:
     lost_root_made: bool = False  # the agent closed the root for it (producer_lost)
     last_ns: int = 0  # the latest event time seen
     gone: bool = False  # the process has ended; its pending state was freed
+    # The hooks' cold-start checkpoint (cs_tick): open runs and samples, for a root it never sends.
+    checkpoint: Checkpoint | None = None
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
@@ -362,6 +367,8 @@ class Assembler:
             )
         elif isinstance(kind, str) and kind in self.handlers:
             self.handlers[kind](p, origin, t_ns, d, out)
+        elif kind == "cs_tick":
+            self._checkpoint(p, d)
         elif kind == "drops":
             p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
@@ -408,6 +415,39 @@ class Assembler:
                 self._keep_pending(p, span)
         out.append(span)
 
+    def _checkpoint(self, p: Producer, d: dict[str, Any]) -> None:
+        """A ``cs_tick``: the open runs replace the last ones; the samples add up (bounded)."""
+        if p.root_closed:
+            return
+        opened, times, ids, labels = d.get("open", []), d.get("t", []), d.get("i", []), d.get("l", [])
+        if not isinstance(opened, list) or len(opened) > MAX_OPEN_STAGES:
+            raise Malformed("open must be a list of at most %d stages" % MAX_OPEN_STAGES)
+        if (not isinstance(times, list) or not isinstance(ids, list) or not isinstance(labels, list)
+                or len(times) != len(ids) or len(times) > MAX_TICK_SAMPLES or len(labels) > len(times)):
+            raise Malformed("samples must be lists t and i of one length, and their labels l")
+        stages: dict[str, SpanItem] = {}
+        for o in opened:
+            if type(o) is not list or len(o) != 6:
+                raise Malformed("an open stage is [stage, span id, parent id, start, end, attributes]")
+            stage, span_id, parent = _s(o[0], "stage", 64), o[1], o[2]
+            if not isinstance(span_id, str) or not HEX16.match(span_id) or not isinstance(parent, str) \
+                    or not HEX16.match(parent):
+                raise Malformed("open stage ids must be 16 lowercase hex digits")
+            start, end = _i(o[3], "start"), _i(o[4], "end")
+            if end < start:
+                raise Malformed("an open stage ends before it starts")
+            attrs = attributes(o[5])
+            attrs["infersight.stage"] = stage
+            stages[span_id] = SpanItem(p.resource, p.info["trace_id"], span_id, parent, "coldstart." + stage,
+                                       start, end, attrs, [], None, Origin(p.id, 0))
+        label_list = [_s(lab, "label", 512) for lab in labels]
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in times) or any(
+                type(i) is not int or not 0 <= i < len(label_list) for i in ids):
+            raise Malformed("sample times must be integers and their label indices in range")
+        cp = p.checkpoint = p.checkpoint or Checkpoint()
+        cp.open = stages
+        cp.add_samples(times, ids, label_list)
+
     def _close_root(
         self, p: Producer, root: SpanItem, out: list[Item], stages: list[SpanItem] | None = None,
         *, t_ns: int | None = None,
@@ -430,6 +470,7 @@ class Assembler:
         self._remember_covered(root, named_intervals(stages), worker_covered)
         done = {s.span_id for s in stages}
         p.pending = [s for s in p.pending if s.span_id not in done]
+        p.checkpoint = None  # the root came (or was made): no more use for it
         p.pending_bytes = sum(span_bytes(s) for s in p.pending)
         out.append(root)
         cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers, merge(worker_covered))
@@ -467,7 +508,9 @@ class Assembler:
         p.gone = True
         root_id = p.info.get("root_span_id")
         # A root that went out before an agent restart (its hello says so) is not made again.
-        if p.stages_seen and not p.root_closed and not p.info.get("root_ended") and isinstance(root_id, str):
+        cp = p.checkpoint
+        if ((p.stages_seen or cp is not None) and not p.root_closed and not p.info.get("root_ended")
+                and isinstance(root_id, str)):
             p.root_closed = p.lost_root_made = True
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
@@ -477,8 +520,22 @@ class Assembler:
                             parent if isinstance(parent, str) and HEX16.match(parent) else None,
                             "coldstart", int(p.info["start_ns"]), end, attrs,
                             p.span_events.pop(root_id, []), None, Origin(p.id, 0))
+            if cp is not None:  # the runs it had open at its last checkpoint, as they were then
+                seen = {s.span_id for s in p.pending}
+                for s in cp.open.values():
+                    if s.span_id not in seen:
+                        s.end_ns = min(s.end_ns, end)
+                        s.start_ns = min(s.start_ns, s.end_ns)
+                        s.events = p.span_events.pop(s.span_id, [])
+                        p.pending.append(s)
+                        out.append(s)
             stages = self._close_open_stages(p, root, out)
+            if cp is not None:  # and the gaps, explained by the samples it had sent
+                gaps = gap_spans(cp, root, stages)
+                out.extend(gaps)
+                stages.extend(gaps)
             self._close_root(p, root, out, stages)
+        p.checkpoint = None
         p.pending_dropped += len(p.pending)  # stages of a root that never comes
         p.pending = []
         p.pending_bytes = 0
