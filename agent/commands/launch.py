@@ -53,6 +53,7 @@ TO_GROUP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: SIGKILL to the group
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
+QUICK_EXIT_S = 0.05  # a CMD that exits this soon after its spawn may need no agent at all
 
 
 class LaunchOptions:
@@ -75,6 +76,7 @@ class LaunchOptions:
         self.probe = probe
         self.ready_timeout_s = ready_timeout_s
         self.evict = list(evict)
+        self.import_abandoned = False  # launch's quick end left the agent side's import running
 
 
 def default_output_path(now: float | None = None) -> str:
@@ -126,6 +128,27 @@ def exit_status(returncode: int) -> int:
 
 def temp_root() -> str:
     return os.environ.get("TMPDIR") or "/tmp"
+
+
+def processes_using(sock: str) -> list[int]:
+    """Live processes started under this launch (their environment names its socket)."""
+    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
+    pids: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if entry in b"\0" + env + b"\0":
+            pids.append(int(name))
+    return pids
 
 
 class Private:
@@ -251,6 +274,7 @@ class Child:
         self.pid = popen.pid
         self.tty = tty
         self.returncode: int | None = None
+        self.exit_ns = 0  # when launch saw CMD exit (before reaping it, possibly)
         self.forwarded: list[int] = []
 
     def forward(self, sig: int) -> None:
@@ -285,6 +309,7 @@ class Child:
                 continue
             self.returncode = os.waitstatus_to_exitcode(status)
             self.popen.returncode = self.returncode
+            self.exit_ns = self.exit_ns or time.time_ns()
         return self.returncode
 
     def stop(self, timeout_s: float) -> None:
@@ -349,15 +374,43 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     return child
 
 
-def import_agent_side() -> Any:
-    """Import the agent side on a thread at low CPU priority, so that on a busy host it does
+def exited_within(child: Child, timeout_s: float) -> bool:
+    """Whether CMD exits within ``timeout_s`` (its exit time noted; not reaped). False where
+    pidfd_open is missing (Linux < 5.3): launch then takes the agent's path."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    try:
+        pidfd = pidfd_open(child.pid) if pidfd_open is not None else -1
+    except OSError:
+        return False
+    if pidfd < 0:
+        return False
+    import select
+
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+    finally:
+        os.close(pidfd)
+    if ready:
+        child.exit_ns = time.time_ns()
+    return bool(ready)
+
+
+class AgentSide:
+    """Imports the agent side on a thread at low CPU priority, so that on a busy host it does
     not compete with CMD's own start. Only that thread is niced (Linux priorities are per
     thread), and it ends with the import: the agent itself runs at launch's priority."""
-    import threading
 
-    box: dict[str, Any] = {}
+    def __init__(self) -> None:
+        import threading
 
-    def load() -> None:
+        self.box: dict[str, Any] = {}
+        self.done_r, self.done_w = os.pipe()  # written when the import ends: select()able
+        self.thread = threading.Thread(target=self._load, name="infersight-import", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        import threading
+
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
         except (OSError, AttributeError):
@@ -365,16 +418,50 @@ def import_agent_side() -> Any:
         try:
             from infersight.agent.commands import launch_session
 
-            box["module"] = launch_session
+            self.box["module"] = launch_session
         except BaseException as exc:  # re-raised on the main thread
-            box["error"] = exc
+            self.box["error"] = exc
+        finally:
+            os.write(self.done_w, b"x")
 
-    t = threading.Thread(target=load, name="infersight-import")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["module"]
+    def wait_or_exit(self, child: Child) -> bool:
+        """Wait until the import ends or CMD exits, whichever comes first; True if CMD exited
+        first (its exit time noted). Where pidfd_open is missing: the import."""
+        pidfd_open = getattr(os, "pidfd_open", None)
+        try:
+            pidfd = pidfd_open(child.pid) if pidfd_open is not None else -1
+        except OSError:  # an old kernel, or CMD was reaped already
+            pidfd = -1
+        if pidfd < 0:
+            return False
+        import select
+
+        try:
+            ready, _, _ = select.select([pidfd, self.done_r], [], [])
+        finally:
+            os.close(pidfd)
+        if pidfd in ready and self.done_r not in ready:
+            child.exit_ns = time.time_ns()
+            return True
+        return False
+
+    def module(self) -> Any:
+        self.thread.join()
+        for fd in (self.done_r, self.done_w):
+            os.close(fd)
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box["module"]
+
+
+def _quick_end(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,
+               err: TextIO) -> int | None:
+    """CMD exited: write what launch saw and exit, when nothing is left for an agent (None otherwise)."""
+    from infersight.agent.commands import launch_quick
+
+    if not launch_quick.eligible(opts, private, listen_fd, child):
+        return None
+    return launch_quick.run(opts, path, private, child, spawn_ns, err)
 
 
 def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
@@ -429,7 +516,19 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
         except PermissionError:
             err.write("infersight: permission denied: %s\n" % cmd[0])
             return EXIT_NOT_EXECUTABLE
-        launch_session = import_agent_side()  # CMD runs: now the heavy part
+        # A CMD that is done at once (``true``, a failed exec) leaves nothing for an agent: a
+        # short grace before the heavy import, so that it need not compete with the quick end.
+        if exited_within(child, QUICK_EXIT_S):
+            quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
+            if quick is not None:
+                return quick
+        agent_side = AgentSide()  # CMD runs: now the heavy part
+        if child.exit_ns == 0 and agent_side.wait_or_exit(child):
+            quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
+            if quick is not None:
+                opts.import_abandoned = True  # the agent side is still being imported: not needed
+                return quick
+        launch_session = agent_side.module()
         rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
         return rc
     finally:
@@ -460,5 +559,16 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    return launch(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
-                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or ()))
+    opts = LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
+                         ready_url=args.ready_url, probe=args.probe, evict=args.evict or ())
+    rc = launch(opts)
+    if opts.import_abandoned:
+        # Everything is written and launch's directory is gone: exit now, not after an
+        # import nobody needs (nor in the middle of it, at interpreter shutdown).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    return rc

@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import stat
+import sys
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -38,34 +39,15 @@ from infersight.agent.commands.launch import (
     Private,
     config_flags,
     exit_status,
+    processes_using,
 )
+from infersight.agent.commands.launcher_root import ProbeResult, Readiness, launcher_root
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
-from infersight.telemetry import ColdStart, Resource, SpanItem
-
-
-@dataclass
-class ProbeResult:
-    """One HTTP GET as the launcher saw it (Unix ns; 0 where it did not happen)."""
-
-    url: str
-    connect_ns: int = 0  # before connecting: the server's work on this request follows
-    start_ns: int = 0
-    headers_ns: int = 0
-    first_byte_ns: int = 0
-    status: int = 0
-    error: str = ""
-
-
-@dataclass
-class Readiness:
-    ready: ProbeResult | None = None
-    probe: ProbeResult | None = None
-    attempts: int = 0
-    notes: list[str] = field(default_factory=list)
+from infersight.telemetry import Resource, SpanItem
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
@@ -147,55 +129,6 @@ async def watch_readiness(
         else:
             res.probe = await poll(opts.probe)
     return res
-
-
-def launcher_root(
-    cmd: list[str], pid: int, spawn_ns: int, end_ns: int, host: str, readiness: Readiness | None = None
-) -> ColdStart:
-    """The cold start from the launcher's view, for a CMD that runs no hooked Python.
-
-    With --ready-url/--probe it has ``ready_wait`` (spawn -> ready) and ``first_request``
-    (probe sent -> first byte) stages, and ends at the probe's first byte.
-    """
-    service = os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % os.path.basename(cmd[0])
-    res = Resource.of(
-        {
-            "service.name": service,
-            "host.name": host,
-            "process.pid": pid,
-            "process.executable.name": os.path.basename(cmd[0]),
-            "telemetry.sdk.name": "infersight",
-        }
-    )
-    trace, root_id = os.urandom(16).hex(), os.urandom(8).hex()
-    stages: list[SpanItem] = []
-    ready = readiness.ready if readiness else None
-    probe = readiness.probe if readiness else None
-    if ready is not None and ready.headers_ns:
-        stages.append(SpanItem(
-            res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready.headers_ns,
-            {"infersight.stage": "ready_wait", "infersight.ready.source": "ready_url", "url.full": ready.url},
-        ))
-        end_ns = ready.headers_ns
-    if probe is not None and probe.first_byte_ns:
-        stages.append(SpanItem(
-            res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
-            probe.first_byte_ns,
-            {"infersight.stage": "first_request", "infersight.first_request.source": "probe",
-             "url.full": probe.url, "http.response.status_code": probe.status,
-             "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
-        ))
-        end_ns = probe.first_byte_ns
-    covered = sum(s.end_ns - s.start_ns for s in stages)
-    root = SpanItem(
-        res, trace, root_id, None, "coldstart", spawn_ns, end_ns,
-        {
-            "faas.coldstart": True,
-            "infersight.coldstart.source": "launcher",
-            "infersight.coldstart.unattributed_s": (end_ns - spawn_ns - covered) / 1e9,
-        },
-    )
-    return ColdStart(root, stages)
 
 
 def probe_span(probe: ProbeResult, trace_id: str, parent: str, resource: Resource) -> SpanItem:
@@ -286,27 +219,6 @@ def _lstat_mode(path: str) -> int:
         return os.lstat(path).st_mode
     except OSError:
         return 0
-
-
-def processes_using(sock: str) -> list[int]:
-    """Live processes started under this launch (their environment names its socket)."""
-    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
-    pids: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return pids
-    for name in names:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if entry in b"\0" + env + b"\0":
-            pids.append(int(name))
-    return pids
 
 
 def finish_private(private: Private, out: TextIO) -> None:
@@ -425,7 +337,7 @@ class Session:
         if opts.ready_url or opts.probe:
             watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, self.out))
         self.returncode = await wait_child(child)
-        end_ns = time.time_ns()
+        end_ns = child.exit_ns or time.time_ns()  # seen by launch's cheap half, if CMD exited during our imports
         proc_done.set()
         child.restore_tty()
         readiness = self.readiness
@@ -471,6 +383,8 @@ async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
 
 async def _wait_for_brokers(agent: Agent) -> None:
     """MQTT at exit: wait a bounded time (exporters.mqtt.exit_wait_s) for the broker."""
+    if "infersight.exporters.mqtt" not in sys.modules:
+        return  # no MQTT exporter was built (its module is imported only for one): ~0.1 s spared
     from infersight.exporters import mqtt
 
     for w in agent.workers:
