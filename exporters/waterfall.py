@@ -5,8 +5,9 @@ root, a bar and a detail column: bytes/throughput (warm or cold, the ratio to th
 ceiling) for weights, the biggest packages for imports, backend and cache for compiles.
 Spans of one stage under one parent share a row (``framework_import x3``, one bar per
 span); a custom stage is marked ``*``, gaps are drawn with dots. Below: readiness,
-first-response timing, the unattributed time with the sampler's top for each gap, and
-the three biggest top-level stages.
+first-response timing, the unattributed time with the sampler's top for each gap, one
+line per weights file (its ``weights_file`` summary: bytes, reading time, throughput, cold
+or warm, share of the storage ceiling), and the three biggest top-level stages.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from infersight.coldstart_stages import coverage, tree_coverage, union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.telemetry import ColdStart, SpanItem
+from infersight.weights_files import CeilingOf, describe, files_of
 
 
 def _human_bytes(n: float) -> str:
@@ -119,7 +121,9 @@ def is_helper(cs: ColdStart) -> bool:
     return cs.root.attributes.get("infersight.process.role") == "helper"
 
 
-def render_waterfall(cs: ColdStart, width: int = 24) -> str:
+def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | None = None) -> str:
+    """The waterfall of ``cs``; ``ceiling_of`` (a file's cached storage ceiling) fills in the
+    ceiling ratio of a cold weights file whose summary lacks one."""
     root = cs.root
     total = max(root.end_ns - root.start_ns, 1)
     by_id = {s.span_id: s for s in cs.stages}
@@ -171,6 +175,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         lines.append("  gap at %.3f s, %.3f s: %s" % (
             (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
             ", ".join(str(t) for t in top) if isinstance(top, list) and top else "no samples"))
+    lines.extend("weights file " + describe(f) for f in files_of(cs, ceiling_of))
     per_stage: dict[str, int] = {}
     for s in cs.stages:
         if s.parent_span_id == root.span_id and _stage(s) != "unattributed":

@@ -34,6 +34,7 @@ NEUTRAL = (
     "infersight.tomlfile",
     "infersight.metricspec",
     "infersight.coldstart_stages",
+    "infersight.weights_files",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 

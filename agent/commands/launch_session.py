@@ -28,6 +28,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from infersight import weights_files
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.commands.extensions import new_agent
 from infersight.agent.commands.launch import (
@@ -427,26 +428,29 @@ def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
 
 
 def _storage_note(path: str, out: TextIO) -> None:
-    """Measure the storage ceiling once for weights files that had none (cached per device)."""
+    """For each cold weights file: its throughput against the storage ceiling of its device.
+    A device with no ceiling cached yet is measured by a detached process that outlives launch
+    (the terminal is not held): ``infersight show`` and ``report`` quote the ratio from then on."""
     if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
         return
     from infersight.agent.coldstart import storage_ceiling
 
-    seen: dict[str, float] = {}
+    cold: dict[str, float] = {}
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
-                if "infersight.weights.path" not in line or "ceiling_ratio" in line:
-                    continue
-                for span in storage_ceiling.cold_reads(json.loads(line)):
-                    wpath, rate = span
-                    if wpath and wpath not in seen:
-                        seen[wpath] = rate
+                if weights_files.EVENT in line:
+                    cold.update(storage_ceiling.cold_files(json.loads(line)))
     except (OSError, ValueError):
         return
-    for wpath, rate in seen.items():
-        entry = storage_ceiling.ensure_for_file(wpath)
-        if entry is None:
+    unmeasured: dict[str, str] = {}  # device -> a file on it
+    for wpath, rate in cold.items():
+        try:
+            entry = storage_ceiling.lookup(wpath)
+            if entry is None:
+                unmeasured.setdefault(storage_ceiling.device_key(wpath), wpath)
+                continue
+        except OSError:
             continue
         ceiling = float(entry["bytes_per_s"])
         out.write(
@@ -454,6 +458,11 @@ def _storage_note(path: str, out: TextIO) -> None:
             % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
                ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
         )
+    for device, wpath in unmeasured.items():
+        pid = storage_ceiling.measure_detached(wpath)
+        if pid:
+            out.write("infersight: measuring the storage ceiling of device %s in the background (pid %d); "
+                      "'infersight show %s' quotes the ratio once it is done\n" % (device, pid, path))
 
 
 def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,

@@ -17,6 +17,7 @@ import sys
 from typing import Any, TextIO
 
 from infersight.agent.cli import command_help
+from infersight.agent.coldstart import storage_ceiling
 from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import Telemetry, parse_lines, read_file
 from infersight.coldstart_stages import merge, named_intervals
@@ -78,14 +79,14 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
         from infersight.agent.report.trace import dumps, waterfall_json
         from infersight.agent.report.views import waterfalls
 
-        out.write(dumps(waterfall_json(waterfalls(t.spans))) + "\n")
+        out.write(dumps(waterfall_json(waterfalls(t.spans, storage_ceiling.ceiling_of))) + "\n")
         return 0
     probes = [s for s in t.spans if s.name == "infersight.probe"]
     helpers = [cs for cs in found if is_helper(cs)]
     for cs in found:
         if cs in helpers:
             continue
-        out.write(render_waterfall(cs) + "\n")
+        out.write(render_waterfall(cs, ceiling_of=storage_ceiling.ceiling_of) + "\n")
         for p in probes:
             if p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id:
                 out.write(probe_line(p) + "\n")
