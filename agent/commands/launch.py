@@ -374,25 +374,27 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     return child
 
 
-def exited_within(child: Child, timeout_s: float) -> bool:
-    """Whether CMD exits within ``timeout_s`` (its exit time noted; not reaped). False where
-    pidfd_open is missing (Linux < 5.3): launch then takes the agent's path."""
+def exited_within(child: Child, timeout_s: float | None, other_fd: int = -1) -> bool:
+    """Whether CMD exits within ``timeout_s`` (None: no limit), and before ``other_fd`` is
+    readable (its exit time noted; not reaped). False where pidfd_open is missing (Linux < 5.3):
+    launch then takes the agent's path."""
     pidfd_open = getattr(os, "pidfd_open", None)
     try:
         pidfd = pidfd_open(child.pid) if pidfd_open is not None else -1
-    except OSError:
+    except OSError:  # an old kernel, or CMD was reaped already
         return False
     if pidfd < 0:
         return False
     import select
 
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+        ready, _, _ = select.select([pidfd, *([other_fd] if other_fd >= 0 else [])], [], [], timeout_s)
     finally:
         os.close(pidfd)
-    if ready:
-        child.exit_ns = time.time_ns()
-    return bool(ready)
+    if pidfd not in ready or other_fd in ready:
+        return False
+    child.exit_ns = time.time_ns()
+    return True
 
 
 class AgentSide:
@@ -426,24 +428,8 @@ class AgentSide:
 
     def wait_or_exit(self, child: Child) -> bool:
         """Wait until the import ends or CMD exits, whichever comes first; True if CMD exited
-        first (its exit time noted). Where pidfd_open is missing: the import."""
-        pidfd_open = getattr(os, "pidfd_open", None)
-        try:
-            pidfd = pidfd_open(child.pid) if pidfd_open is not None else -1
-        except OSError:  # an old kernel, or CMD was reaped already
-            pidfd = -1
-        if pidfd < 0:
-            return False
-        import select
-
-        try:
-            ready, _, _ = select.select([pidfd, self.done_r], [], [])
-        finally:
-            os.close(pidfd)
-        if pidfd in ready and self.done_r not in ready:
-            child.exit_ns = time.time_ns()
-            return True
-        return False
+        first (its exit time noted)."""
+        return exited_within(child, None, self.done_r)
 
     def module(self) -> Any:
         self.thread.join()
