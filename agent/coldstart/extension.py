@@ -13,6 +13,7 @@ for a while are re-sent, so the series of rarely starting services stay live.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -62,16 +63,23 @@ class ColdStartExtension:
     @staticmethod
     async def _measure_storage(directory: str) -> None:
         """The storage ceiling of the state directory's device, once (cached): off the hot path,
-        on a thread at the lowest priority, so that a first cold load already has a ceiling."""
+        on a thread at the lowest CPU and I/O priority, so that a first cold load already has a
+        ceiling without competing with it for the disk."""
 
         def measure() -> dict[str, Any] | None:
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MEASURE_NICE)
             except (OSError, AttributeError):
                 pass
+            storage_ceiling.idle_io_priority()  # a served process's own reads go first
             return storage_ceiling.ensure_for_dir(directory)
 
-        entry = await asyncio.to_thread(measure)
+        # A thread of its own: the priorities it lowers must not stay on a shared pool thread.
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="infersight-ceiling")
+        try:
+            entry = await asyncio.get_running_loop().run_in_executor(pool, measure)
+        finally:
+            pool.shutdown(wait=False)
         if entry is not None:
             log.debug("storage ceiling of device %s: %.0f MiB/s", entry.get("device"),
                       float(entry.get("bytes_per_s", 0)) / 2**20)

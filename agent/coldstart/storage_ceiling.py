@@ -173,6 +173,29 @@ def ceiling_of(path: str, cache: str | None = None) -> float | None:
     return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
 
 
+IOPRIO_CLASS_IDLE = 3
+IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread only
+IOPRIO_CLASS_SHIFT = 13
+
+
+def idle_io_priority() -> bool:
+    """Put the calling thread in the idle I/O class (``ioprio_set``): its reads and writes wait
+    for everyone else's on schedulers that honour it (BFQ; mq-deadline does not). Best effort."""
+    try:
+        import ctypes
+        import platform
+        import threading
+
+        nr = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+        if nr is None:
+            return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.syscall(nr, IOPRIO_WHO_PROCESS, threading.get_native_id(),
+                                 IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) == 0)
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
 def ensure_for_dir(directory: str, size: int = MIN_SAMPLE, cache: str | None = None) -> dict[str, Any] | None:
     """The cached ceiling of ``directory``'s device; measured now (a scratch file of ``size``
     bytes, written, synced and read back directly) when none is cached. The agent runs it at
