@@ -4,11 +4,12 @@ A worker SIGKILLed at shutdown runs no exit handler: the stages it finished went
 ended, but the sampler's samples and the runs still open here (an import run, ``nn.init``
 runs, a warmup run: each is emitted when the next stage starts, at readiness or at the end)
 would die with it. So every ``_sampler.TICK_S`` the sampler thread sends one ``cs_tick``
-event: the samples taken since the last one, and the open runs as stages so far, under the
-span ids they will have. The agent keeps the latest; if the process dies before its root,
-the agent closes the root with those runs and the gaps explained by those samples. A
-process that ends its cold start itself sends its own stages and gaps, and the agent drops
-the checkpoint. Nothing here runs on the host's threads.
+event, at once with whatever is queued (not a batch delay later): the samples taken since
+the last one, and the open runs as stages so far, under the span ids they will have. The
+agent keeps the latest; if the process dies before its root, the agent closes the root with
+those runs and the gaps explained by those samples. A process that ends its cold start
+itself sends its own stages and gaps, and the agent drops the checkpoint. Nothing here runs
+on the host's threads.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Checkpoint:
         index = [labels.setdefault(lab, len(labels)) for _t, lab in new]
         data: Dict[str, Any] = {"t": [t for t, _lab in new], "i": index, "l": list(labels),
                                 "open": [list(s) for s in opened]}
-        _runtime.emit(KIND, data)
+        _runtime.emit_urgent(KIND, data)  # sent now, with what is queued: not a batch delay later
         self.shipped += len(new)
         if new:
             self.shipped_ns = new[-1][0]
