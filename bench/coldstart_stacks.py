@@ -39,7 +39,8 @@ INFERSIGHT = os.path.join(os.path.dirname(sys.executable), "infersight")
 sys.path.insert(0, os.path.dirname(ROOT))
 
 from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
-from infersight.exporters.waterfall import coverage, is_helper  # noqa: E402
+from infersight.coldstart_stages import tree_coverage  # noqa: E402
+from infersight.exporters.waterfall import is_helper  # noqa: E402
 
 DEFAULT = ["pipeline", "causal_lm", "meta_load_file", "torch_load_mmap", "torchscript", "fastapi", "workers"]
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
@@ -114,7 +115,8 @@ def run_once(stack: str, models: str, variant: str, tmp: str) -> tuple[float, fl
         g = gaps[0]
         gap = "%.3f s: %s" % ((g.end_ns - g.start_ns) / 1e9, ", ".join(
             g.attributes.get("infersight.unattributed.top") or ["no samples"]))  # type: ignore[arg-type]
-    covs = [coverage(cs) for cs in served if cs.root.parent_span_id is None or cs.root.attributes.get(
+    # a process's own figure; a supervisor's is its tree's (its workers' named stages)
+    covs = [tree_coverage(cs) for cs in served if cs.root.parent_span_id is None or cs.root.attributes.get(
         "infersight.coldstart.ended_by") == "first_request"]
     return wall, min(covs), gap
 

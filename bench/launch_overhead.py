@@ -1,6 +1,16 @@
 """What ``infersight launch`` adds to a real cold start, and what ``infersight --help`` costs.
 
-    python bench/launch_overhead.py [--pairs 6] [--work-s 2.0] [--help-runs 20]
+    python bench/launch_overhead.py [--pairs 6] [--work-s 2.0] [--help-runs 20] [--bare-runs 20]
+                                    [--server-pairs 4]
+
+Three stacks, each paired side by side (plain and under launch, in rotating order):
+
+- a bare command: ``true`` against ``infersight launch -- true``, wall time to exit (the
+  fixed cost of launch: its own start, and its end once CMD exited; budget < 0.15 s);
+- a uvicorn server (FastAPI app that imports torch and builds a small model at startup):
+  spawn -> first HTTP 200, then SIGTERM -> exit (launch forwards it to CMD's group and
+  flushes);
+- the transformers workload below.
 
 The workload is a real cold start: ``import torch``, build a small BERT from its saved
 safetensors (``BertModel.from_pretrained`` of a model made here from a config with random
@@ -105,6 +115,107 @@ def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str
     return (m["ready_ns"] - t0) / 1e9, wall, pre, cpu
 
 
+def bare_times(cli: str, runs: int, tmp: str) -> tuple[list[float], list[float], list[float]]:
+    """``true`` and ``infersight launch -- true``, interleaved: wall seconds to exit, and the
+    CPU seconds of each launch (on a loaded host, wall time is mostly waiting for a core)."""
+    otlp = os.path.join(tmp, "bare.jsonl")
+    plain: list[float] = []
+    launched: list[float] = []
+    cpu: list[float] = []
+    for i in range(runs):
+        pair = [(["true"], plain), ([cli, "launch", "--no-console", "--otlp-file", otlp, "--", "true"], launched)]
+        for argv, into in pair if i % 2 == 0 else pair[::-1]:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            subprocess.run(argv, check=True, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            into.append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if into is launched:
+                cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+    return plain, launched, cpu
+
+
+SERVER = r"""
+import torch
+from fastapi import FastAPI
+torch.set_num_threads(1)
+model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
+with torch.no_grad():
+    model(torch.zeros(1, 256))
+app = FastAPI()
+
+@app.get("/")
+def root() -> dict:
+    return {"ok": True}
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_run(argv: list[str], port: int, env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(spawn -> first HTTP 200 s, SIGTERM -> exit s) of a server command."""
+    import signal
+    import urllib.request
+
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, env={**clean_env(), **(env or {})}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.01)
+            if p.poll() is not None:
+                raise RuntimeError("server exited before it was ready: %s" % argv)
+        ready = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+        return ready, time.perf_counter() - t1
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+Runs = list[tuple[float, float]]
+
+
+def server_times(cli: str, python: str, pairs: int, tmp: str) -> tuple[Runs, Runs, Runs]:
+    """The server plain, with the hooks alone (no agent: they spool) and under launch, rotating."""
+    from infersight.agent.commands.launch import bootstrap_dir
+
+    with open(os.path.join(tmp, "bench_server.py"), "w") as f:
+        f.write(SERVER)
+    otlp = os.path.join(tmp, "server.jsonl")
+    hooks_env = {"PYTHONPATH": bootstrap_dir(), "INFERSIGHT_SOCKET": os.path.join(tmp, "absent.sock"),
+                 "INFERSIGHT_SPOOL_DIR": os.path.join(tmp, "server-spool")}
+    plain: Runs = []
+    hooked: Runs = []
+    launched: Runs = []
+    for i in range(pairs + 1):  # the first round warms the page cache: not counted
+        port = _free_port()
+        server = [python, "-m", "uvicorn", "bench_server:app", "--app-dir", tmp, "--port", str(port),
+                  "--log-level", "warning"]
+        variants: list[tuple[list[str], dict[str, str] | None, Runs]] = [
+            (server, None, plain), (server, hooks_env, hooked),
+            ([cli, "launch", "--no-console", "--otlp-file", otlp, "--", *server], None, launched)]
+        for argv, env, into in variants[i % 3:] + variants[:i % 3]:
+            r = server_run(argv, port, env)
+            if i:
+                into.append(r)
+    return plain, hooked, launched
+
+
 def help_times(cli: str, python: str, runs: int) -> tuple[list[float], list[float]]:
     """`infersight --help` and a bare `python -c pass`, interleaved (ms)."""
     helps: list[float] = []
@@ -122,11 +233,37 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=6, help="rounds (each: plain, hooks only, launch)")
     ap.add_argument("--work-s", type=float, default=2.0, help="CPU work after the model load (calibrated once)")
     ap.add_argument("--help-runs", type=int, default=20)
+    ap.add_argument("--bare-runs", type=int, default=20, help="pairs of `true` / `launch -- true`")
+    ap.add_argument("--server-pairs", type=int, default=4, help="pairs of the uvicorn server (0: skip)")
+    ap.add_argument("--skip-transformers", action="store_true", help="only the bare command and the server")
     args = ap.parse_args()
     python = sys.executable
     cli = os.path.join(os.path.dirname(python), "infersight")
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
+        subprocess.run([cli, "launch", "--no-console", "--otlp-file", os.path.join(tmp, "w.jsonl"), "--", "true"],
+                       check=True, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm
+        bare_plain, bare_launch, bare_cpu = bare_times(cli, args.bare_runs, tmp)
+        diffs = [b - a for a, b in zip(bare_plain, bare_launch, strict=True)]
+        print("bare command: `true` median %.3f s, `launch -- true` median %.3f s: launch adds %.3f s "
+              "(median of %d pairs, min %.3f s; budget < 0.15 s); launch's CPU median %.3f s"
+              % (statistics.median(bare_plain), statistics.median(bare_launch), statistics.median(diffs), len(diffs),
+                 min(diffs), statistics.median(bare_cpu)))
+        if args.server_pairs:
+            sp, sh, sl = server_times(cli, python, args.server_pairs, tmp)
+            ready_ratios = [b[0] / a[0] for a, b in zip(sp, sl, strict=True)]
+            over_hooks = [b[0] / a[0] for a, b in zip(sh, sl, strict=True)]
+            print("uvicorn server (FastAPI + torch model at startup), %d rounds (plain, hooks only, launch):" % len(sp))
+            print("  spawn -> first HTTP 200: medians plain %.3f s, hooks only %.3f s, launch %.3f s; launch/plain "
+                  "median %.3f (pairs: %s); launch/hooks only median %.3f; budget <= 1.02"
+                  % (statistics.median(r[0] for r in sp), statistics.median(r[0] for r in sh),
+                     statistics.median(r[0] for r in sl), statistics.median(ready_ratios),
+                     " ".join("%.3f" % r for r in ready_ratios), statistics.median(over_hooks)))
+            print("  SIGTERM -> exit: plain median %.3f s, launch median %.3f s (launch forwards it to CMD's group, "
+                  "then writes the file)" % (statistics.median(r[1] for r in sp), statistics.median(r[1] for r in sl)))
+        if args.skip_transformers:
+            print("load average (1 min) at start %.2f, at end %.2f" % (load0[0], os.getloadavg()[0]))
+            return 0
         model = os.path.join(tmp, "bert")
         subprocess.run([python, "-c", MAKE_MODEL, model], check=True, env=clean_env(),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

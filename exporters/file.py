@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -57,6 +56,8 @@ class FileExporter:
         self.last_error = ""
 
     async def start(self) -> None:
+        import asyncio  # here, not at the top: launch's quick end writes without an event loop
+
         await asyncio.to_thread(self._open)
 
     def _open(self) -> None:
@@ -149,6 +150,8 @@ class FileExporter:
             self._write(lines, ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace"), len(batch))
 
     async def export(self, batch: Sequence[Item]) -> None:
+        import asyncio
+
         try:
             if len(batch) > INLINE_ITEMS or self._fd is None:  # large, or to be opened: off the loop
                 await asyncio.to_thread(self._encode_write, batch)
@@ -167,7 +170,19 @@ class FileExporter:
             self._close()
             raise ExportError("cannot write %s: %s" % (self.path, exc)) from exc
 
+    def write_now(self, batch: Sequence[Item]) -> None:
+        """Write ``batch``, sync it and close, with no event loop (``launch``'s quick end).
+        Raises OSError; a write that fails half way is cut back as in :meth:`export`."""
+        try:
+            self._encode_write(batch)
+            if self._fd is not None:
+                os.fsync(self._fd)
+        finally:
+            self._close()
+
     async def force_flush(self, timeout_s: float) -> bool:
+        import asyncio
+
         def sync() -> None:
             if self._fd is not None:
                 os.fsync(self._fd)

@@ -8,15 +8,17 @@ Spans of one stage under one parent share a row (``framework_import x3``, one ba
 span); a custom stage is marked ``*``, gaps are drawn with dots. A root that ended at
 readiness is followed by the wait for traffic (a ``waiting for traffic`` row, in no share)
 and the spans after it (``first_request``), with no share and no bar. Below: readiness,
-first-response timing, the unattributed time with the sampler's top for each gap, and
-the three biggest top-level stages.
+first-response timing, the unattributed time with the sampler's top for each gap, one
+line per weights file (its ``weights_file`` summary: bytes, reading time, throughput, cold
+or warm, share of the storage ceiling), and the three biggest top-level stages.
 """
 
 from __future__ import annotations
 
-from infersight.coldstart_stages import SAMPLES, gap_frames, union_ns
+from infersight.coldstart_stages import SAMPLES, coverage, gap_frames, tree_coverage, union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.telemetry import ColdStart, SpanItem
+from infersight.weights_files import CeilingOf, describe, files_of
 
 
 def _human_bytes(n: float) -> str:
@@ -130,29 +132,35 @@ def _name(group: list[SpanItem], by_id: dict[str, SpanItem], root: SpanItem) -> 
     return name
 
 
-def coverage(cs: ColdStart) -> float:
-    """Share of the root covered by named stages (their union; ``unattributed`` is not covered)."""
-    root = cs.root
-    total = root.end_ns - root.start_ns
-    if total <= 0:
-        return 1.0
-    covered = union_ns([(s.start_ns, s.end_ns) for s in [*cs.stages, *cs.workers] if _stage(s) != "unattributed"],
-                       root.start_ns, root.end_ns)
-    return covered / total
+def _covered_short(cs: ColdStart) -> str:
+    own = "covered %.1f%%" % (100.0 * coverage(cs))
+    return own + (" own, %.1f%% tree" % (100.0 * tree_coverage(cs)) if cs.workers else "")
+
+
+def coverage_line(cs: ColdStart) -> str:
+    """The process's own coverage and, with workers, the tree's (their named stages)."""
+    own = "covered by named stages: %.1f%%" % (100.0 * coverage(cs))
+    if not cs.workers:
+        return own
+    n = len(cs.workers)
+    return "%s own, %.1f%% with its %s stages" % (own, 100.0 * tree_coverage(cs),
+                                                 "worker's" if n == 1 else "%d workers'" % n)
 
 
 def is_helper(cs: ColdStart) -> bool:
     return cs.root.attributes.get("infersight.process.role") == "helper"
 
 
-def render_waterfall(cs: ColdStart, width: int = 24) -> str:
+def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | None = None) -> str:
+    """The waterfall of ``cs``; ``ceiling_of`` (a file's cached storage ceiling) fills in the
+    ceiling ratio of a cold weights file whose summary lacks one."""
     root = cs.root
     total = max(root.end_ns - root.start_ns, 1)
     by_id = {s.span_id: s for s in cs.stages}
     service = root.resource.get("service.name") or ""
     pid = root.resource.get("process.pid") or ""
     lines = [
-        "infersight cold start: %s (pid %s) %.3f s" % (service, pid, total / 1e9),
+        "infersight cold start: %s (pid %s) %.3f s, %s" % (service, pid, total / 1e9, _covered_short(cs)),
         "%-26s %9s %9s %6s  %-*s %s" % ("stage", "start s", "dur s", "share", width, "", "detail"),
         "%-26s %9.3f %9.3f %5.1f%%  %-*s" % ("coldstart", 0.0, total / 1e9, 100.0, width, "#" * width),
     ]
@@ -197,8 +205,12 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
 
     un = root.attributes.get("infersight.coldstart.unattributed_s")
     if isinstance(un, (int, float)):
-        lines.append("unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total))
-    lines.append("covered by named stages: %.1f%%" % (100.0 * coverage(cs)))
+        line = "unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total)
+        tree = root.attributes.get("infersight.coldstart.tree_unattributed_s")
+        if cs.workers and isinstance(tree, (int, float)):
+            line += " own; %.3f s (%.1f%%) with its workers' stages" % (tree, 100.0 * tree * 1e9 / total)
+        lines.append(line)
+    lines.append(coverage_line(cs))
     gaps = sorted((s for s in cs.stages if _stage(s) == "unattributed"), key=lambda s: s.start_ns - s.end_ns)
     for g in gaps[:5]:
         frames, instead = gap_frames(g.attributes)
@@ -206,6 +218,7 @@ def render_waterfall(cs: ColdStart, width: int = 24) -> str:
         lines.append("  gap at %.3f s, %.3f s%s: %s" % (
             (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
             " (%d samples)" % n if isinstance(n, int) and frames else "", ", ".join(frames) or instead))
+    lines.extend("weights file " + describe(f) for f in files_of(cs, ceiling_of))
     per_stage: dict[str, int] = {}
     for s in cs.stages:
         if s.parent_span_id == root.span_id and _stage(s) != "unattributed" and s.span_id not in later_ids:

@@ -25,7 +25,7 @@ from ._torch import _patch, _timed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, Optional, Tuple
+    from typing import Any, Callable, Dict, List, Optional, Tuple
 
 INIT_GAP_NS = 20_000_000
 MIN_RUN_NS = 2_000_000
@@ -145,19 +145,30 @@ def _note_init(t0: int, t1: int) -> None:
             run[3] += 1
             return
         done = run
-        _init_runs[ident] = [parent, t0, t1, 1, seq]
+        _init_runs[ident] = [parent, t0, t1, 1, seq, _runtime.new_span_id()]
     if done is not None:
         _emit_init_run(done)
     if imp is not None:
         imp.flush(this_thread_only=True)
 
 
+def _init_attrs(calls: int) -> Dict[str, Any]:
+    return {"infersight.model.api": "torch.nn.init", "infersight.model.init_calls": calls}
+
+
 def _emit_init_run(run: list) -> None:  # type: ignore[type-arg]
-    parent, start, end, calls, _seq = run
+    parent, start, end, calls, _seq, span = run
     if end - start < MIN_RUN_NS:
         return
-    cs.emit_stage("model_build", _runtime.new_span_id(), parent, start, end,
-                  {"infersight.model.api": "torch.nn.init", "infersight.model.init_calls": calls})
+    cs.emit_stage("model_build", span, parent, start, end, _init_attrs(calls))
+
+
+def open_runs() -> List[Tuple[str, str, str, int, int, Dict[str, Any]]]:
+    """(Sampler thread) The ``nn.init`` runs not emitted yet, as ``_imports.open_runs``."""
+    with _lock:
+        runs = [list(r) for r in _init_runs.values()]
+    return [("model_build", span, parent, start, end, _init_attrs(calls))
+            for parent, start, end, calls, _seq, span in runs if end - start >= MIN_RUN_NS]
 
 
 def _wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:

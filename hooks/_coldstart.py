@@ -664,8 +664,8 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     st = state()
     if st.installed or not _runtime.active():
         return
+    from . import _checkpoint, _sampler  # noqa: F401  (imported before the finder: not import time)
     from . import _imports as imports
-    from . import _sampler  # noqa: F401  (imported before the finder: not import time)
 
     st.installed = st.collecting = True
     st.boot_ns = boot or time.time_ns()
@@ -772,10 +772,23 @@ def _start_sampler() -> None:
     st = state()
     if st.role == "helper":
         return
+    from . import _checkpoint
     from . import _sampler as sampler
 
-    st.sampler = sampler.Sampler(_state.current.main_ident or 0, tick=_tick, sample=_env.get("INFERSIGHT_SAMPLER"))
-    st.sampler.start()
+    checkpoint = _checkpoint.Checkpoint()
+    s = sampler.Sampler(_state.current.main_ident or 0, sample=_env.get("INFERSIGHT_SAMPLER"))
+
+    def tick() -> None:  # on the sampler thread, every TICK_S
+        _tick()
+        try:
+            checkpoint.tick(s.samples)
+        except Exception as exc:
+            _runtime.fail(exc)
+
+    s.tick = tick
+    _checkpoint.current = checkpoint
+    st.sampler = s
+    s.start()
 
 
 def _note_inherited_listeners() -> None:

@@ -29,7 +29,7 @@ from . import _runtime
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional
+    from typing import Any, Dict, List, Optional, Tuple
 
 MERGE_GAP_NS = 20_000_000  # outermost imports closer than this are one run
 MIN_NS = 2_000_000  # runs and per-package pieces under this are dropped
@@ -43,9 +43,10 @@ _getframe = sys._getframe
 class _Run:
     """Consecutive outermost imports on one thread, not yet emitted."""
 
-    __slots__ = ("end", "parent", "pkgs", "seq", "start")
+    __slots__ = ("end", "parent", "pkgs", "seq", "span", "start")
 
     def __init__(self, parent: str, start: int, end: int, pkgs: Dict[str, int], seq: int) -> None:
+        self.span = _runtime.new_span_id()  # fixed now: a checkpoint names it before it is emitted
         self.parent = parent
         self.start = start
         self.end = end
@@ -169,16 +170,29 @@ def _seconds(pkg: str, ns: int) -> str:
     return ("%s %.2f s" if ns >= 10_000_000 else "%s %.3f s") % (pkg, ns / 1e9)
 
 
-def _emit(run: _Run) -> None:
-    if run.end - run.start < MIN_NS:
-        return
-    ranked = sorted(run.pkgs.items(), key=lambda kv: -kv[1])
+def _attrs(pkgs: Dict[str, int]) -> Dict[str, Any]:
+    ranked = sorted(pkgs.items(), key=lambda kv: -kv[1])
     a: Dict[str, Any] = {
         "infersight.import.packages": [_seconds(k, v) for k, v in ranked if v >= MIN_NS],
     }
     if ranked:
         a["infersight.framework"] = ranked[0][0]
-    cs.emit_stage("framework_import", _runtime.new_span_id(), run.parent, run.start, run.end, a)
+    return a
+
+
+def _emit(run: _Run) -> None:
+    if run.end - run.start < MIN_NS:
+        return
+    cs.emit_stage("framework_import", run.span, run.parent, run.start, run.end, _attrs(run.pkgs))
+
+
+def open_runs() -> List[Tuple[str, str, str, int, int, Dict[str, Any]]]:
+    """(Sampler thread) The runs not emitted yet, as stages so far: ``(stage, span, parent,
+    start, end, attributes)``; the checkpoint that a killed process leaves the agent."""
+    with _lock:
+        runs = [(r.span, r.parent, r.start, r.end, dict(r.pkgs)) for r in _runs.values()]
+    return [("framework_import", span, parent, start, end, _attrs(pkgs))
+            for span, parent, start, end, pkgs in runs if end - start >= MIN_NS]
 
 
 def thread_run_end() -> int:

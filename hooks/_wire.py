@@ -40,7 +40,9 @@ HEADER = struct.Struct("!I")
 #   log:    body, sev (INFO|WARN|ERROR|...), a attributes, name (event family), sp span id
 #   metric: n name, v value, k kind (gauge|sum), u unit, a attributes
 #   drops:  buffer, spool (counts the producer dropped since it last reported)
-EVENT_KINDS = ("span", "log", "metric", "drops")
+#   cs_tick: open [[stage, span id, parent id, start, end, attrs], ...] (runs not emitted yet),
+#           t [sample ns, ...], i [label index, ...], l [labels of this tick] (``_checkpoint``)
+EVENT_KINDS = ("span", "log", "metric", "drops", "cs_tick")
 
 
 def _make_dumps() -> Any:

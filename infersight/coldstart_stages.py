@@ -7,6 +7,8 @@ payloads and the console waterfall all read cold starts this one way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from infersight.telemetry import AttrValue, ColdStart, SpanItem
 
 STAGE = "infersight.stage"
@@ -111,3 +113,42 @@ def gap_frames(attributes: dict[str, AttrValue]) -> tuple[list[str], str]:
     if not frames:
         return [], "no samples" if n is None or n == 0 else "%d samples, no frame named" % n
     return frames, ""
+
+
+def is_named(s: SpanItem) -> bool:
+    """A stage that counts as covered: any but ``unattributed`` (a gap the sampler explains)."""
+    return stage_name(s) not in (None, UNATTRIBUTED)
+
+
+def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The same time as disjoint intervals, in order."""
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        elif e > s:
+            out.append((s, e))
+    return out
+
+
+def named_intervals(spans: list[SpanItem]) -> list[tuple[int, int]]:
+    """The disjoint intervals the named stages among ``spans`` cover, in order."""
+    return merge([(s.start_ns, s.end_ns) for s in spans if is_named(s)])
+
+
+def covered_ns(spans: list[SpanItem], root: SpanItem, more: Sequence[tuple[int, int]] = ()) -> int:
+    """Time within ``root`` covered by the named stages among ``spans`` and the intervals ``more``."""
+    return union_ns([*((s.start_ns, s.end_ns) for s in spans if is_named(s)), *more], root.start_ns, root.end_ns)
+
+
+def coverage(cs: ColdStart) -> float:
+    """The process's own figure: share of its root covered by its own named stages."""
+    total = cs.root.end_ns - cs.root.start_ns
+    return 1.0 if total <= 0 else covered_ns(cs.stages, cs.root) / total
+
+
+def tree_coverage(cs: ColdStart) -> float:
+    """The process tree's figure: its own named stages and its workers' (never a worker's
+    whole lifetime: the time a worker spent in no stage is not covered for its supervisor)."""
+    total = cs.root.end_ns - cs.root.start_ns
+    return 1.0 if total <= 0 else covered_ns(cs.stages, cs.root, cs.worker_covered) / total

@@ -139,8 +139,12 @@ class ColdStart:
     root: SpanItem
     stages: list[SpanItem]
     # Roots of worker processes that nest under this one (a supervisor's cold start is
-    # its workers'): they count as covered time. Helpers are not workers.
+    # its workers'). Helpers are not workers. A worker's lifetime is not covered time:
+    # only its named stages are, in the tree's figure (``worker_stages``).
     workers: list[SpanItem] = field(default_factory=list)
+    # The time the named stages of those workers (and of their own workers) cover, as
+    # disjoint (start_ns, end_ns) intervals: the tree's coverage.
+    worker_covered: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workloads"))
 from launchutil import LaunchRun, assert_well_formed, launch, stage_name  # noqa: E402
 
 from infersight.agent.commands.show import coldstarts  # noqa: E402
+from infersight.coldstart_stages import tree_coverage, union_ns  # noqa: E402
 from infersight.exporters.waterfall import coverage, render_waterfall  # noqa: E402
 from infersight.hooks import _proc, _sampler  # noqa: E402
 from infersight.telemetry import ColdStart, Resource, SpanItem  # noqa: E402
@@ -135,6 +136,9 @@ SUPERVISOR = textwrap.dedent("""\
     def worker(port):
         from infersight import hooks
         import alpha  # noqa: F401  (a worker's own cold start: imports, then serve)
+        time.sleep(0.3)             # in no stage: a gap of the worker's, covered for nobody
+        with hooks.stage("bind"):   # (a stage after it, else ready_wait would run from alpha's end)
+            s = None
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
@@ -238,14 +242,17 @@ def test_waterfall_groups_runs_and_nests_workers() -> None:
     ]
     worker = _span("coldstart", "w" * 16, r, 3.0, 10.0, pid=8, **{"infersight.coldstart.ended_by": "first_request"})
     root = _span("coldstart", r, None, 0.0, 10.0)
-    cs = ColdStart(root, stages, [worker])
+    # The worker's named stages cover 3-9 s: its last second is in no stage of anyone's.
+    cs = ColdStart(root, stages, [worker], [(3 * 10**9, 9 * 10**9)])
     text = render_waterfall(cs)
     row = next(line for line in text.splitlines() if "framework_import" in line)
     assert "framework_import x2" in row and "transformers 0.90 s, torch 0.80 s, numpy 0.10 s" in row
     assert "worker pid 8" in text
     assert "gap at 1.000 s, 1.000 s: app:load 60%, app:wait 40%" in text
-    assert coverage(cs) == pytest.approx(0.9)  # the gap is the only uncovered second
-    assert "covered by named stages: 90.0%" in text
+    assert coverage(cs) == pytest.approx(0.2)  # its own: two import seconds of ten
+    assert tree_coverage(cs) == pytest.approx(0.8)  # and its worker's stages, not the worker's lifetime
+    assert "covered by named stages: 20.0% own, 80.0% with its worker's stages" in text
+    assert text.splitlines()[0].endswith("10.000 s, covered 20.0% own, 80.0% tree")
 
 
 def test_supervisor_cold_start_is_its_workers(tmp_path) -> None:
@@ -268,8 +275,25 @@ def test_supervisor_cold_start_is_its_workers(tmp_path) -> None:
     assert parent.end_ns == child.end_ns  # the worker's readiness; not the half second it waited after
     cs = next(c for c in coldstarts(r.spans) if c.root.span_id == parent.span_id)
     assert [w.span_id for w in cs.workers] == [child.span_id]
-    assert parent.attributes["infersight.coldstart.unattributed_s"] < 0.05 * (parent.end_ns - parent.start_ns) / 1e9
-    assert coverage(cs) > 0.95  # the worker's root covers the supervisor's wait
+    # Each figure is computed from the spans themselves: the process's own stages, and the
+    # tree's (its own and its worker's named stages), never the worker's whole lifetime.
+    total = parent.end_ns - parent.start_ns
+    own = [(s.start_ns, s.end_ns) for s in cs.stages if stage_name(s) != "unattributed"]
+    worker_stages = r.stages(child)
+    named = [(s.start_ns, s.end_ns) for s in worker_stages if stage_name(s) != "unattributed"]
+    own_ns = union_ns(own, parent.start_ns, parent.end_ns)
+    tree_ns = union_ns(own + named, parent.start_ns, parent.end_ns)
+    assert coverage(cs) == pytest.approx(own_ns / total)
+    assert tree_coverage(cs) == pytest.approx(tree_ns / total)
+    assert parent.attributes["infersight.coldstart.unattributed_s"] == pytest.approx((total - own_ns) / 1e9)
+    assert parent.attributes["infersight.coldstart.tree_unattributed_s"] == pytest.approx((total - tree_ns) / 1e9)
+    # The worker's own gap (the sleep) is in no stage of anyone's: not covered in the tree.
+    gap = next(s for s in worker_stages if stage_name(s) == "unattributed" and s.end_ns - s.start_ns >= 0.25e9)
+    in_gap = union_ns(own, gap.start_ns, gap.end_ns)
+    assert tree_ns <= total - (gap.end_ns - gap.start_ns - in_gap)
+    assert own_ns < tree_ns  # the worker's stages cover the supervisor's wait in the tree's figure
+    assert "covered %.1f%% own, %.1f%% tree" % (100 * own_ns / total, 100 * tree_ns / total) in r.output
+    assert "with its worker's stages" in r.output, r.output
     assert "worker pid %s" % child.resource.get("process.pid") in r.output
 
 

@@ -29,7 +29,8 @@ def test_a_quiet_process_sends_few_frames(tmp_path: Path, agent_factory) -> None
         "for i in range(100):\n    hooks.log('e', i=i)\n    time.sleep(0.005)\n"
         "assert hooks.flush(30)\nprint(c.sent_frames, c.sent_events)\n"
     )
-    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_DELAY_MS="1000")
+    # No cold-start sampler: its checkpoints go out every 100 ms, whatever the batch delay.
+    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_DELAY_MS="1000", INFERSIGHT_SAMPLER="0")
     assert r.returncode == 0, r.stderr
     frames, events = map(int, r.stdout.split())
     assert events >= 100
@@ -53,7 +54,9 @@ def test_full_batch_goes_without_waiting_and_flush_skips_the_delay(tmp_path: Pat
         "print(c.sent_events, len(c._buf))\n"  # the ninth waits for its batch
         "assert hooks.flush(30)\nprint(c.sent_events, len(c._buf))\n"
     )
-    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_EVENTS="8", INFERSIGHT_BATCH_DELAY_MS="3600000")
+    # No cold-start sampler: its checkpoints (cs_tick, every 100 ms) would fill the batch.
+    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_EVENTS="8", INFERSIGHT_BATCH_DELAY_MS="3600000",
+                   INFERSIGHT_SAMPLER="0")
     assert r.returncode == 0, r.stderr
     waiting, flushed = (tuple(map(int, line.split())) for line in r.stdout.splitlines())
     assert waiting[1] == 1, "the ninth event waits for its batch: %r" % (waiting,)
@@ -75,7 +78,8 @@ def test_fork_and_exit_skip_the_delay(tmp_path: Path, agent_factory) -> None:  #
         "    time.sleep(0.01)\n"
         "hooks.log('at exit', i=1)\n"
     )
-    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_DELAY_MS="3600000", INFERSIGHT_EXIT_FLUSH_S="30")
+    r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_DELAY_MS="3600000", INFERSIGHT_EXIT_FLUSH_S="30",
+                   INFERSIGHT_SAMPLER="0")  # (its checkpoints are sent at once: they would hurry it too)
     assert r.returncode == 0, r.stderr
     assert agent.stop() == 0
     assert sorted(indices(read_otlp_lines(agent.out))) == [0, 1]

@@ -195,3 +195,68 @@ def test_launch_exports_over_otlp_when_endpoint_is_set(tmp_path: Path, protocol:
     roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
     res = read_otlp_lines(out)[0]["resourceSpans"][0]["resource"]
     assert roots and attr(res, "service.name") == "demo-svc"
+
+
+# -- the quick end: a CMD done before the agent was needed ------------------------------
+
+
+def _quiet_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """No INFERSIGHT_*/OTEL_* setting, and a TMPDIR of its own (no other launch's directory)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT_", "OTEL_"))}
+    (tmp_path / "t").mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp_path / "t")
+    env.update(extra)
+    return env
+
+
+def _launch_in(tmp_path: Path, env: dict[str, str], *cmd: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path / "out.otlp.jsonl"
+    r = subprocess.run([*CLI, "launch", "--otlp-file", str(out), "--", *cmd], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path, env=env)
+    return r, out
+
+
+def _metric_names(lines: list[dict]) -> set[str]:  # type: ignore[type-arg]
+    return {m["name"] for req in lines for rm in req.get("resourceMetrics", []) for sm in rm["scopeMetrics"]
+            for m in sm["metrics"]}
+
+
+@pytest.mark.parametrize(("cmd", "rc"), [(["true"], 0), (["sh", "-c", "exit 3"], 3),
+                                         (["sh", "-c", "kill -9 $$"], 128 + 9)])
+def test_a_command_done_at_once_needs_no_agent(tmp_path: Path, cmd: list[str], rc: int) -> None:
+    """``launch -- true``: the launcher's root, its cold-start metrics and the waterfall, as
+    the agent writes them, but no agent ran (none of its own metrics), and nothing is left."""
+    r, out = _launch_in(tmp_path, _quiet_env(tmp_path), *cmd)
+    assert r.returncode == rc, r.stderr
+    lines = read_otlp_lines(out)
+    (root,) = [s for s in spans(lines) if s["name"] == "coldstart"]
+    assert attr(root, "infersight.coldstart.source") == "launcher"
+    names = _metric_names(lines)
+    assert {"infersight.coldstart.duration", "infersight.coldstart.count"} <= names
+    assert "infersight.events.received" not in names, "the agent did not start"
+    assert "infersight cold start: unknown_service:%s" % os.path.basename(cmd[0]) in r.stderr
+    assert "wrote %s" % out in r.stderr
+    assert os.listdir(tmp_path / "t") == [], "its private directory is gone"
+
+
+@pytest.mark.parametrize("why", ["setting", "live_child", "leftover"])
+def test_anything_left_to_deliver_takes_the_agent(tmp_path: Path, why: str) -> None:
+    """A setting the agent applies, a process CMD left running (it may still report), or an
+    earlier launch's directory to replay: the agent runs (its own metrics are in the file)."""
+    env = _quiet_env(tmp_path)
+    cmd = ["true"]
+    if why == "setting":
+        env["INFERSIGHT_HOST_NAME"] = "quick-test-host"
+    elif why == "live_child":
+        cmd = ["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"]
+    else:
+        left = tmp_path / "t" / "infersight-launch-000000000000"
+        left.mkdir(mode=0o700)
+        (left / "launch.lock").write_text("1\n")
+    r, out = _launch_in(tmp_path, env, *cmd)
+    assert r.returncode == 0, r.stderr
+    lines = read_otlp_lines(out)
+    assert "infersight.events.received" in _metric_names(lines), r.stderr
+    if why == "live_child":
+        os.kill(int(r.stdout.split()[0]), 9)  # the sleep CMD left behind
+        assert "started under launch still run" in r.stderr

@@ -445,3 +445,62 @@ def test_unusable_tmpdir_is_a_usage_error_before_cmd(tmp_path: Path, case: str) 
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and "infersight launch: cannot" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists()
+
+
+# -- a signal to launch reaches CMD's workers ------------------------------------------
+
+# In "ignore" mode CMD and its worker note SIGTERM in a file and carry on: only a forced
+# stop ends them.
+NOTE_TERM = (
+    "import os, signal, sys, time\n"
+    "def noted(*_a):\n"
+    "    with open(sys.argv[2], 'a') as f: f.write('term %d\\n' % os.getpid())\n"
+    "if sys.argv[1] == 'ignore': signal.signal(signal.SIGTERM, noted)\n"
+)
+SPAWNS_A_WORKER = NOTE_TERM + r"""
+import subprocess
+worker = subprocess.Popen([sys.executable, "-c", NOTE_TERM + "print('worker up', flush=True)\ntime.sleep(120)\n",
+                           *sys.argv[1:]], stdout=subprocess.PIPE)
+assert worker.stdout is not None and worker.stdout.readline().strip() == b"worker up"
+print("pids", worker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path("/proc/%d/stat" % pid).read_text().split()[2] == "Z"  # exited, not yet reaped
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("mode", ["default", "ignore"])
+def test_signal_to_launch_takes_cmd_and_its_workers_down(tmp_path: Path, mode: str) -> None:
+    """kill <launch>: CMD and the worker CMD started both end (a worker that ignores SIGTERM
+    ends on the second signal, which forces)."""
+    p = subprocess.Popen([*CLI, "launch", "--no-console", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
+                          sys.executable, "-c", "NOTE_TERM = %r\n" % NOTE_TERM + SPAWNS_A_WORKER, mode,
+                          str(tmp_path / "terms")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                         env=launch_env(tmp_path))
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline().split()
+        assert line[:1] == [b"pids"], line
+        worker = int(line[1])
+        cmd_pid = int(Path("/proc/%d/task/%d/children" % (p.pid, p.pid)).read_text().split()[0])
+        assert not _gone(worker) and not _gone(cmd_pid)
+        p.send_signal(signal.SIGTERM)
+        if mode == "ignore":
+            # Both got it (each notes it) and carry on: the second signal forces.
+            terms = tmp_path / "terms"
+            assert wait_for(lambda: terms.exists() and len(terms.read_text().split("\n")) > 2, 30)
+            assert not _gone(worker) and not _gone(cmd_pid)
+            p.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: _gone(worker) and _gone(cmd_pid), 30), "CMD or its worker outlived launch"
+        rc = p.wait(60)
+        assert rc == (128 + signal.SIGKILL if mode == "ignore" else 128 + signal.SIGTERM)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)

@@ -255,6 +255,32 @@ def test_every_throughput_is_below_memcpy_bandwidth(styles) -> None:
 
 @pytest.mark.slow
 @pytest.mark.torch
+def test_every_file_has_one_summary_below_memcpy(styles) -> None:
+    """Each file read (eager, lazy, deferred, cold and warm) has one ``weights_file`` event on
+    the root, and no effective figure is above this machine's memcpy bandwidth."""
+    run, files = styles
+    from weights_styles import memcpy_bytes_per_s
+
+    bound = max(memcpy_bytes_per_s(), float(run.result["memcpy_bytes_per_s"]))
+    root = run.root_of(run.result["pid"])
+    summaries = [e.attributes for e in root.events if e.name == "weights_file"]
+    paths = [f["path"] for f in summaries]
+    assert len(paths) == len(set(paths)), "one summary per file"
+    read = {s.attributes[W + "path"] for s in weights(run)}
+    assert set(paths) == read
+    for style in STYLES:
+        for state in ("cold", "warm"):
+            (f,) = [f for f in summaries if f["path"] == files["%s_%s" % (style, state)]]
+            assert f["read_s"] > 0, (style, state, f)
+            assert (f["page_cache_ratio"] < 0.5) is (state == "cold"), (style, state, f)
+            rate = f.get("bytes_per_s")
+            assert rate is None or 0 < float(rate) <= bound, (style, state, f, bound)
+            if style in ("pt", "jit") or style in COPIED:
+                assert rate, (style, state, f)  # a read that took the bytes has a figure
+
+
+@pytest.mark.slow
+@pytest.mark.torch
 def test_page_cache_ratio_and_ceiling_follow_eviction(styles) -> None:
     run, files = styles
     for state in ("cold", "warm"):  # a bare safe_open closed after another stage began: no load span

@@ -13,15 +13,25 @@ for a while are re-sent, so the series of rarely starting services stay live.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from infersight import weights_files
+from infersight.agent.coldstart import storage_ceiling
 from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply
 from infersight.settings import Config
+from infersight.telemetry import ColdStart, Item, SpanEvent
+
+log = logging.getLogger("infersight.agent.coldstart")
+MEASURE_NICE = 19  # the storage measurement at start: the lowest CPU priority (its thread only)
 
 PROGRESS_TICK_S = 0.2
 
@@ -33,6 +43,7 @@ class ColdStartExtension:
     def __init__(self, config: Config) -> None:
         self.tracker = ProgressTracker(history_path_from(config.get("agent.state_dir")))
         self.metrics = ColdStartMetrics()  # per service, across producers
+        self.state_dir = config.get("agent.state_dir")
         self._agent: AgentContext | None = None
 
     def kinds(self) -> Mapping[str, KindHandler]:
@@ -42,9 +53,36 @@ class ColdStartExtension:
         self._agent = agent
         self.tracker.producer_info = agent.producer_info
         agent.observe(self.tracker.observe)
+        agent.on_coldstart(add_weights_files)  # first: the metrics read the summaries
         agent.on_coldstart(self.metrics.observe)
+        if self.state_dir and measure_storage_enabled():
+            agent.spawn(self._measure_storage(str(self.state_dir)), "coldstart-storage-ceiling")
         agent.on_heartbeat(lambda: agent.broadcaster.publish(self.metrics.due(time.time_ns())))
         agent.spawn(self._publish_progress(agent), "coldstart-progress")
+
+    @staticmethod
+    async def _measure_storage(directory: str) -> None:
+        """The storage ceiling of the state directory's device, once (cached): off the hot path,
+        on a thread at the lowest CPU and I/O priority, so that a first cold load already has a
+        ceiling without competing with it for the disk."""
+
+        def measure() -> dict[str, Any] | None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MEASURE_NICE)
+            except (OSError, AttributeError):
+                pass
+            storage_ceiling.idle_io_priority()  # a served process's own reads go first
+            return storage_ceiling.ensure_for_dir(directory)
+
+        # A thread of its own: the priorities it lowers must not stay on a shared pool thread.
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="infersight-ceiling")
+        try:
+            entry = await asyncio.get_running_loop().run_in_executor(pool, measure)
+        finally:
+            pool.shutdown(wait=False)
+        if entry is not None:
+            log.debug("storage ceiling of device %s: %.0f MiB/s", entry.get("device"),
+                      float(entry.get("bytes_per_s", 0)) / 2**20)
 
     async def _publish_progress(self, agent: AgentContext) -> None:
         while True:
@@ -65,3 +103,17 @@ class ColdStartExtension:
         self.tracker.end_all()
         if self._agent is not None:
             self._agent.broadcaster.publish(self.tracker.tick())
+
+
+def measure_storage_enabled() -> bool:
+    return os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def add_weights_files(cs: ColdStart, t_ns: int) -> list[Item]:
+    """(Cold-start observer) One ``weights_file`` event per weights file on the root, before the
+    root goes out (same batch), with the ceiling ratio of a cold file from the cached ceiling."""
+    if weights_files.events(cs):
+        return []
+    for attrs in weights_files.summarize(cs.stages, storage_ceiling.ceiling_of):
+        cs.root.events.append(SpanEvent(weights_files.EVENT, cs.root.end_ns, attrs))
+    return []

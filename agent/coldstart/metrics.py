@@ -8,7 +8,8 @@ cold start also feeds three cumulative OTel metrics, per service:
   attribute ``infersight.stage`` (``unattributed`` included, from the root's
   ``infersight.coldstart.unattributed_s``), and one with ``infersight.stage=total`` (the root);
 - ``infersight.coldstart.weights.bytes_per_s`` (histogram, ``By/s``): one observation per cold
-  start that read weights, attribute ``infersight.weights.cache`` = ``cold`` or ``warm``;
+  start that read weights (from the root's ``weights_file`` summaries: lazy loads count too),
+  attribute ``infersight.weights.cache`` = ``cold`` or ``warm``;
 - ``infersight.coldstart.count`` (monotonic sum): attribute ``infersight.coldstart.ended_by``.
 
 :class:`ColdStartMetrics` accumulates across cold starts and producers (the cold-start
@@ -28,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from infersight import weights_files
 from infersight.coldstart_stages import ENDED_BY, STAGE, TOTAL, UNATTRIBUTED, as_number, ended_by, stage_durations
 from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.telemetry import (
@@ -98,24 +100,37 @@ SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
 
 def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
-    """(``cold``|``warm``, bytes/s) over every weights read of the cold start, or None.
+    """(``cold``|``warm``, bytes/s) over every weights file of the cold start, or None.
 
-    Only spans that carry ``infersight.weights.bytes``, ``.bytes_per_s`` and
-    ``.page_cache_ratio`` count (a read without a page-cache reading cannot be classed). The
-    throughput is all bytes over all reading time; the class comes from the byte-weighted
+    From the root's ``weights_file`` summaries (a file read lazily has one too): the bytes
+    each summary's throughput counts over the sum of their reading times. A root without them
+    (from an older agent) falls back to its spans that carry ``infersight.weights.bytes``,
+    ``.bytes_per_s`` and ``.page_cache_ratio``. The class comes from the byte-weighted
     page-cache ratio (cold below 0.5), so each cold start is one observation.
     """
     nbytes = seconds = resident = 0.0
-    for s in cs.stages:
-        a = s.attributes
-        b = as_number(a.get("infersight.weights.bytes"))
-        rate = as_number(a.get("infersight.weights.bytes_per_s"))
-        ratio = as_number(a.get("infersight.weights.page_cache_ratio"))
-        if b is None or rate is None or ratio is None or b <= 0 or rate <= 0:
-            continue
-        nbytes += b
-        seconds += b / rate
-        resident += b * min(1.0, max(0.0, ratio))
+    summaries = weights_files.events(cs)
+    if summaries:
+        for e in summaries:
+            rate = as_number(e.attributes.get("bytes_per_s"))
+            read_s = as_number(e.attributes.get("read_s"))
+            ratio = as_number(e.attributes.get("page_cache_ratio"))
+            if rate is None or read_s is None or ratio is None or rate <= 0 or read_s <= 0:
+                continue
+            nbytes += rate * read_s
+            seconds += read_s
+            resident += rate * read_s * min(1.0, max(0.0, ratio))
+    else:
+        for s in cs.stages:
+            a = s.attributes
+            b = as_number(a.get("infersight.weights.bytes"))
+            rate = as_number(a.get("infersight.weights.bytes_per_s"))
+            ratio = as_number(a.get("infersight.weights.page_cache_ratio"))
+            if b is None or rate is None or ratio is None or b <= 0 or rate <= 0:
+                continue
+            nbytes += b
+            seconds += b / rate
+            resident += b * min(1.0, max(0.0, ratio))
     if nbytes <= 0 or seconds <= 0:
         return None
     return ("cold" if resident / nbytes < COLD_BELOW else "warm"), nbytes / seconds

@@ -166,6 +166,50 @@ def ensure_for_file(path: str, min_bytes: int = MIN_SAMPLE, cache: str | None = 
         return None
 
 
+def ceiling_of(path: str, cache: str | None = None) -> float | None:
+    """The cached ceiling (bytes/s) of ``path``'s device, if measured."""
+    entry = lookup(path, cache)
+    rate = entry.get("bytes_per_s") if entry is not None else None
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+
+IOPRIO_CLASS_IDLE = 3
+IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread only
+IOPRIO_CLASS_SHIFT = 13
+
+
+def idle_io_priority() -> bool:
+    """Put the calling thread in the idle I/O class (``ioprio_set``): its reads and writes wait
+    for everyone else's on schedulers that honour it (BFQ; mq-deadline does not). Best effort."""
+    try:
+        import ctypes
+        import platform
+        import threading
+
+        nr = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+        if nr is None:
+            return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.syscall(nr, IOPRIO_WHO_PROCESS, threading.get_native_id(),
+                                 IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) == 0)
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def ensure_for_dir(directory: str, size: int = MIN_SAMPLE, cache: str | None = None) -> dict[str, Any] | None:
+    """The cached ceiling of ``directory``'s device; measured now (a scratch file of ``size``
+    bytes, written, synced and read back directly) when none is cached. The agent runs it at
+    start, on a thread at low priority, so that the first cold load already has a ceiling."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        cached = lookup(directory, cache)
+        if cached is not None:
+            return cached
+        return measure_dir(directory, size, cache)
+    except OSError:
+        return None
+
+
 def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None) -> dict[str, Any]:
     """Write a scratch file of ``size`` bytes in ``directory``, read it back directly, cache it."""
     fd, scratch = tempfile.mkstemp(prefix=".infersight-ceiling-", dir=directory)
@@ -207,6 +251,53 @@ def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:
                 if p and rate > 0 and (cached is None or cached < COLD_BELOW):
                     found.append((str(p), rate))
     return found
+
+
+def cold_files(req: dict[str, Any]) -> dict[str, float]:
+    """{path: bytes/s} of the cold weights files that one OTLP JSON request's roots summarise
+    (``weights_file`` events with a throughput and page_cache_ratio < 0.5)."""
+    found: dict[str, float] = {}
+    for rs in req.get("resourceSpans", []) or []:
+        for ss in rs.get("scopeSpans", []) or []:
+            for s in ss.get("spans", []) or []:
+                for ev in s.get("events", []) or []:
+                    if ev.get("name") != "weights_file":
+                        continue
+                    a = {kv["key"]: _value(kv.get("value", {})) for kv in ev.get("attributes", [])}
+                    p, rate, ratio = a.get("path"), a.get("bytes_per_s"), a.get("page_cache_ratio")
+                    if isinstance(p, str) and isinstance(rate, float) and rate > 0 and isinstance(ratio, float) \
+                            and ratio < COLD_BELOW:
+                        found[p] = rate
+    return found
+
+
+def _value(v: dict[str, Any]) -> object:
+    if "stringValue" in v:
+        return v["stringValue"]
+    for k in ("doubleValue", "intValue"):
+        if k in v:
+            try:
+                return float(v[k])
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def measure_detached(path: str) -> int:
+    """Measure ``path``'s device in a process of its own, in a new session at low priority,
+    that outlives its caller (``launch`` does not hold the terminal for it); its pid, 0 if it
+    could not start. It caches the figure as :func:`ensure_for_file` does."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\ntry:\n    os.nice(19)\nexcept OSError:\n    pass\n"
+            "from infersight.agent.coldstart import storage_ceiling\nstorage_ceiling.ensure_for_file(sys.argv[1])\n")
+    try:
+        p = subprocess.Popen([sys.executable, "-c", code, path], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError:
+        return 0
+    return p.pid
 
 
 def doctor_lines(cache: str | None = None) -> list[str]:

@@ -50,12 +50,16 @@ def build_exporters(
             )
         except (ImportError, ValueError) as exc:
             raise ConfigError("exporters.otlp: %s" % exc) from exc
-    from infersight.exporters import mqtt
+    from infersight.exporters.mqtt_settings import settings_from_config as mqtt_settings
     from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
 
-    broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
-    if broker is not None:
-        out.append(broker)
+    launch_pid = os.getpid() if embedded else None
+    if mqtt_settings(config, env=env, embedded=embedded, launch_pid=launch_pid) is not None:
+        from infersight.exporters import mqtt  # aiomqtt and paho: ~0.1 s, only for a broker
+
+        broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=launch_pid)
+        if broker is not None:
+            out.append(broker)
 
     prometheus = prometheus_from_config(config, env=env)
     if prometheus is not None:

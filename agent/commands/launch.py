@@ -23,9 +23,12 @@ gives up first spools to the private spool directory, which the agent replays.
 How CMD is run:
 - In its own process group, made the terminal's foreground group when launch has one,
   so that a Ctrl-C reaches CMD exactly once (from the terminal). Signals sent to launch
-  itself (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to CMD once. Ctrl-Z stops CMD,
-  then launch, so the shell's job control still works.
-- With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed, CMD gets SIGTERM.
+  itself are forwarded once: INT, TERM, HUP and QUIT to CMD's whole process group (the
+  workers CMD started go with it, as on a terminal), USR1 and USR2 to CMD alone. A second
+  INT or TERM sends SIGKILL to the group. Ctrl-Z stops CMD, then launch, so the shell's
+  job control still works.
+- With ``PR_SET_PDEATHSIG=SIGTERM``: if launch is killed with SIGKILL, CMD gets SIGTERM
+  (only CMD: the kernel has no parent-death signal for a group).
 - Its stderr goes through launch's relay (``agent/oom/stderr_relay.py``: a pipe, or a pty
   when launch's stderr is a terminal), which copies every byte through and hands serving
   engines' memory errors to the agent.
@@ -57,8 +60,11 @@ PRIVATE_PREFIX = "infersight-launch-"
 LOCK_NAME = "launch.lock"
 COMMAND_NAME = "command"  # CMD's argv, NUL-joined: a later launch replays only what the same command left
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+TO_GROUP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: SIGKILL to the group
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
+QUICK_EXIT_S = 0.05  # a CMD that exits this soon after its spawn may need no agent at all
 
 
 class LaunchOptions:
@@ -85,6 +91,7 @@ class LaunchOptions:
         self.evict = list(evict)
         self.agent = agent  # auto | embedded | PATH of an agent's socket
         self.rules_dirs = list(rules_dirs)
+        self.import_abandoned = False  # launch's quick end left the agent side's import running
 
 
 def default_output_path(now: float | None = None) -> str:
@@ -249,6 +256,27 @@ def temp_root() -> str:
     return os.environ.get("TMPDIR") or "/tmp"
 
 
+def processes_using(sock: str) -> list[int]:
+    """Live processes started under this launch (their environment names its socket)."""
+    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
+    pids: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return pids
+    for name in names:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if entry in b"\0" + env + b"\0":
+            pids.append(int(name))
+    return pids
+
+
 class Private:
     """launch's private directory (0700, created exclusively), locked while launch lives."""
 
@@ -389,16 +417,25 @@ class Child:
         self.pid = popen.pid
         self.tty = tty
         self.returncode: int | None = None
+        self.exit_ns = 0  # when launch saw CMD exit (before reaping it, possibly)
         self.forwarded: list[int] = []
         self.relay: Any = None  # the StderrRelay copying CMD's stderr, when there is one
 
     def forward(self, sig: int) -> None:
-        if self.returncode is None:
-            self.forwarded.append(sig)
-            try:
+        """A signal launch got: to CMD's group (INT, TERM, HUP, QUIT) or CMD (USR1, USR2);
+        the second INT/TERM forces (SIGKILL to the group). After CMD exited, its group may
+        live on (workers that outlived it): it still gets the signal."""
+        forced = sig in FORCING and any(s in FORCING for s in self.forwarded)
+        self.forwarded.append(sig)
+        try:
+            if forced:
+                os.killpg(self.pid, signal.SIGKILL)
+            elif sig in TO_GROUP:
+                os.killpg(self.pid, sig)
+            elif self.returncode is None:
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def poll(self) -> int | None:
         """Reap CMD if it exited (its returncode, negative for a signal); follow it into a stop."""
@@ -416,15 +453,16 @@ class Child:
                 continue
             self.returncode = os.waitstatus_to_exitcode(status)
             self.popen.returncode = self.returncode
+            self.exit_ns = self.exit_ns or time.time_ns()
         return self.returncode
 
     def stop(self, timeout_s: float) -> None:
-        """SIGTERM, then SIGKILL after timeout_s; reaped."""
+        """SIGTERM to CMD's group, then SIGKILL after timeout_s; reaped."""
         self.forward(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while self.poll() is None:
             if time.monotonic() > deadline:
-                os.kill(self.pid, signal.SIGKILL)
+                self.forward(signal.SIGTERM)  # the second one forces
                 deadline = float("inf")
             time.sleep(0.02)
         self.restore_tty()
@@ -495,15 +533,46 @@ def spawn(cmd: list[str], env: dict[str, str]) -> Child:
     return child
 
 
-def import_agent_side(module: str = "launch_session") -> Any:
-    """Import the agent side on a thread at low CPU priority, so that on a busy host it does
+def exited_within(child: Child, timeout_s: float | None, other_fd: int = -1) -> bool:
+    """Whether CMD exits within ``timeout_s`` (None: no limit), and before ``other_fd`` is
+    readable (its exit time noted; not reaped). False where pidfd_open is missing (Linux < 5.3):
+    launch then takes the agent's path."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    try:
+        pidfd = pidfd_open(child.pid) if pidfd_open is not None else -1
+    except OSError:  # an old kernel, or CMD was reaped already
+        return False
+    if pidfd < 0:
+        return False
+    import select
+
+    try:
+        ready, _, _ = select.select([pidfd, *([other_fd] if other_fd >= 0 else [])], [], [], timeout_s)
+    finally:
+        os.close(pidfd)
+    if pidfd not in ready or other_fd in ready:
+        return False
+    child.exit_ns = time.time_ns()
+    return True
+
+
+class AgentSide:
+    """Imports the agent side on a thread at low CPU priority, so that on a busy host it does
     not compete with CMD's own start. Only that thread is niced (Linux priorities are per
     thread), and it ends with the import: the agent itself runs at launch's priority."""
-    import threading
 
-    box: dict[str, Any] = {}
+    def __init__(self, module_name: str = "launch_session") -> None:
+        import threading
 
-    def load() -> None:
+        self.module_name = module_name
+        self.box: dict[str, Any] = {}
+        self.done_r, self.done_w = os.pipe()  # written when the import ends: select()able
+        self.thread = threading.Thread(target=self._load, name="infersight-import", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        import threading
+
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
         except (OSError, AttributeError):
@@ -511,16 +580,34 @@ def import_agent_side(module: str = "launch_session") -> Any:
         try:
             import importlib
 
-            box["module"] = importlib.import_module("infersight.agent.commands." + module)
+            self.box["module"] = importlib.import_module("infersight.agent.commands." + self.module_name)
         except BaseException as exc:  # re-raised on the main thread
-            box["error"] = exc
+            self.box["error"] = exc
+        finally:
+            os.write(self.done_w, b"x")
 
-    t = threading.Thread(target=load, name="infersight-import")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["module"]
+    def wait_or_exit(self, child: Child) -> bool:
+        """Wait until the import ends or CMD exits, whichever comes first; True if CMD exited
+        first (its exit time noted)."""
+        return exited_within(child, None, self.done_r)
+
+    def module(self) -> Any:
+        self.thread.join()
+        for fd in (self.done_r, self.done_w):
+            os.close(fd)
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box["module"]
+
+
+def _quick_end(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,
+               err: TextIO) -> int | None:
+    """CMD exited: write what launch saw and exit, when nothing is left for an agent (None otherwise)."""
+    from infersight.agent.commands import launch_quick
+
+    if not launch_quick.eligible(opts, private, listen_fd, child):
+        return None
+    return launch_quick.run(opts, path, private, child, spawn_ns, err)
 
 
 def check_stage_rules(dirs: Sequence[str]) -> str | None:
@@ -622,12 +709,24 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
         except PermissionError:
             err.write("infersight: permission denied: %s\n" % cmd[0])
             return EXIT_NOT_EXECUTABLE
-        rc: int
-        if joined is not None:  # CMD runs: now the heavy part
-            rc = import_agent_side("launch_join").run(opts, path, private, joined, child, spawn_ns, err)
-        else:
-            launch_session = import_agent_side()
-            rc = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        if joined is not None:  # CMD runs and reports to the joined agent: now the heavy part
+            joined_rc: int = AgentSide("launch_join").module().run(opts, path, private, joined, child, spawn_ns, err)
+            return joined_rc
+        assert path is not None
+        # A CMD that is done at once (``true``, a failed exec) leaves nothing for an agent: a
+        # short grace before the heavy import, so that it need not compete with the quick end.
+        if exited_within(child, QUICK_EXIT_S):
+            quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
+            if quick is not None:
+                return quick
+        agent_side = AgentSide()  # CMD runs: now the heavy part
+        if child.exit_ns == 0 and agent_side.wait_or_exit(child):
+            quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
+            if quick is not None:
+                opts.import_abandoned = True  # the agent side is still being imported: not needed
+                return quick
+        launch_session = agent_side.module()
+        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
         return rc
     finally:
         if child is not None:
@@ -664,6 +763,17 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    return launch(LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
-                             ready_url=args.ready_url, probe=args.probe, evict=args.evict or (),
-                             agent=args.agent, rules_dirs=args.rules_dir or ()))
+    opts = LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
+                         ready_url=args.ready_url, probe=args.probe, evict=args.evict or (),
+                         agent=args.agent, rules_dirs=args.rules_dir or ())
+    rc = launch(opts)
+    if opts.import_abandoned:
+        # Everything is written and launch's directory is gone: exit now, not after an
+        # import nobody needs (nor in the middle of it, at interpreter shutdown).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc)
+    return rc

@@ -22,12 +22,14 @@ import shutil
 import signal
 import socket
 import stat
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from infersight import weights_files
 from infersight.agent.coldstart.history import command_shape
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.commands.extensions import new_agent
@@ -41,39 +43,16 @@ from infersight.agent.commands.launch import (
     Private,
     config_flags,
     exit_status,
+    processes_using,
 )
+from infersight.agent.commands.launcher_root import ProbeResult, Readiness, launcher_root
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
-from infersight.coldstart_stages import union_ns
 from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
-from infersight.telemetry import Attributes, ColdStart, Item, Origin, Resource, SpanItem
-
-
-@dataclass
-class ProbeResult:
-    """One HTTP GET as the launcher saw it (Unix ns; 0 where it did not happen)."""
-
-    url: str
-    connect_ns: int = 0  # before connecting: the server's work on this request follows
-    start_ns: int = 0
-    headers_ns: int = 0
-    first_byte_ns: int = 0
-    status: int = 0
-    error: str = ""
-
-
-@dataclass
-class Readiness:
-    ready: ProbeResult | None = None
-    probe: ProbeResult | None = None
-    attempts: int = 0
-    notes: list[str] = field(default_factory=list)
-    listening_ns: int = 0  # when CMD's process tree was first seen owning a listening socket
-    listening: tuple[str, int | str] | None = None  # ("tcp", port) or ("unix", path)
-
+from infersight.telemetry import Item, Origin, Resource, SpanItem
 
 LISTEN_POLL_S = 0.05
 
@@ -179,63 +158,6 @@ async def watch_readiness(
         else:
             res.probe = await poll(opts.probe)
     return res
-
-
-def launcher_root(
-    cmd: list[str], pid: int, spawn_ns: int, end_ns: int, host: str, readiness: Readiness | None = None
-) -> ColdStart:
-    """The cold start from the launcher's view, for a CMD that runs no hooked Python.
-
-    With --ready-url, or a listening socket the kernel shows CMD's process tree holds, it has
-    ``ready_wait`` (spawn -> ready) and ends there; with --probe, ``first_request`` (probe sent
-    -> first byte), after the root when readiness was known, else its end is the root's. Without
-    either it ends at exit.
-    """
-    service = os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % os.path.basename(cmd[0])
-    res = Resource.of(
-        {
-            "service.name": service,
-            "host.name": host,
-            "process.pid": pid,
-            "process.executable.name": os.path.basename(cmd[0]),
-            "telemetry.sdk.name": "infersight",
-        }
-    )
-    trace, root_id = os.urandom(16).hex(), os.urandom(8).hex()
-    stages: list[SpanItem] = []
-    ready = readiness.ready if readiness else None
-    probe = readiness.probe if readiness else None
-    ready_ns = 0
-    ready_attrs: Attributes = {}
-    if ready is not None and ready.headers_ns:
-        ready_ns, ready_attrs = ready.headers_ns, {"infersight.ready.source": "ready_url", "url.full": ready.url}
-    elif readiness is not None and readiness.listening is not None:  # what the kernel says CMD listens on
-        kind, where = readiness.listening
-        ready_ns = readiness.listening_ns
-        ready_attrs = {"infersight.ready.source": "listening_socket",
-                       **({"server.port": where} if kind == "tcp" else
-                          {"server.address": where, "network.transport": "unix"})}
-    if ready_ns:
-        stages.append(SpanItem(res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready_ns,
-                               {"infersight.stage": "ready_wait", **ready_attrs}))
-    if probe is not None and probe.first_byte_ns:
-        stages.append(SpanItem(
-            res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
-            probe.first_byte_ns,
-            {"infersight.stage": "first_request", "infersight.first_request.source": "probe",
-             "url.full": probe.url, "http.response.status_code": probe.status,
-             "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
-        ))
-        end_ns = probe.first_byte_ns
-    attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.source": "launcher"}
-    if ready_ns:
-        end_ns = ready_ns
-        attrs.update({"infersight.coldstart.ended_by": "ready", "infersight.ready.source": ready_attrs[
-            "infersight.ready.source"], "infersight.coldstart.ready_s": (end_ns - spawn_ns) / 1e9})
-    covered = union_ns([(s.start_ns, s.end_ns) for s in stages], spawn_ns, end_ns)
-    attrs["infersight.coldstart.unattributed_s"] = (end_ns - spawn_ns - covered) / 1e9
-    root = SpanItem(res, trace, root_id, None, "coldstart", spawn_ns, end_ns, attrs)
-    return ColdStart(root, stages)
 
 
 def probe_span(probe: ProbeResult, trace_id: str, parent: str, resource: Resource) -> SpanItem:
@@ -364,27 +286,6 @@ def _lstat_mode(path: str) -> int:
         return os.lstat(path).st_mode
     except OSError:
         return 0
-
-
-def processes_using(sock: str) -> list[int]:
-    """Live processes started under this launch (their environment names its socket)."""
-    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
-    pids: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return pids
-    for name in names:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if entry in b"\0" + env + b"\0":
-            pids.append(int(name))
-    return pids
 
 
 def finish_private(private: Private, out: TextIO) -> None:
@@ -564,7 +465,7 @@ class Session:
 
         sockets = asyncio.create_task(watch_listening(child.pid, self.spawn_ns, listening, hooked, proc_done, self.out))
         self.returncode = await wait_child(child)
-        end_ns = time.time_ns()
+        end_ns = child.exit_ns or time.time_ns()  # seen by launch's cheap half, if CMD exited during our imports
         if relay is not None:  # what CMD wrote last is copied (and classified) before our own lines
             await asyncio.to_thread(relay.wait_closed, min(2.0, opts.flush_timeout_s))
         proc_done.set()
@@ -614,6 +515,8 @@ async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
 
 async def _wait_for_brokers(agent: Agent) -> None:
     """MQTT at exit: wait a bounded time (exporters.mqtt.exit_wait_s) for the broker."""
+    if "infersight.exporters.mqtt" not in sys.modules:
+        return  # no MQTT exporter was built (its module is imported only for one): ~0.1 s spared
     from infersight.exporters import mqtt
 
     for w in agent.workers:
@@ -656,26 +559,29 @@ def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
 
 
 def _storage_note(path: str, out: TextIO) -> None:
-    """Measure the storage ceiling once for weights files that had none (cached per device)."""
+    """For each cold weights file: its throughput against the storage ceiling of its device.
+    A device with no ceiling cached yet is measured by a detached process that outlives launch
+    (the terminal is not held): ``infersight show`` and ``report`` quote the ratio from then on."""
     if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
         return
     from infersight.agent.coldstart import storage_ceiling
 
-    seen: dict[str, float] = {}
+    cold: dict[str, float] = {}
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
-                if "infersight.weights.path" not in line or "ceiling_ratio" in line:
-                    continue
-                for span in storage_ceiling.cold_reads(json.loads(line)):
-                    wpath, rate = span
-                    if wpath and wpath not in seen:
-                        seen[wpath] = rate
+                if weights_files.EVENT in line:
+                    cold.update(storage_ceiling.cold_files(json.loads(line)))
     except (OSError, ValueError):
         return
-    for wpath, rate in seen.items():
-        entry = storage_ceiling.ensure_for_file(wpath)
-        if entry is None:
+    unmeasured: dict[str, str] = {}  # device -> a file on it
+    for wpath, rate in cold.items():
+        try:
+            entry = storage_ceiling.lookup(wpath)
+            if entry is None:
+                unmeasured.setdefault(storage_ceiling.device_key(wpath), wpath)
+                continue
+        except OSError:
             continue
         ceiling = float(entry["bytes_per_s"])
         out.write(
@@ -683,6 +589,11 @@ def _storage_note(path: str, out: TextIO) -> None:
             % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
                ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
         )
+    for device, wpath in unmeasured.items():
+        pid = storage_ceiling.measure_detached(wpath)
+        if pid:
+            out.write("infersight: measuring the storage ceiling of device %s in the background (pid %d); "
+                      "'infersight show %s' quotes the ratio once it is done\n" % (device, pid, path))
 
 
 def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,

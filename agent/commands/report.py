@@ -18,6 +18,7 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    from infersight.agent.coldstart.storage_ceiling import ceiling_of
     from infersight.agent.report.page import run_report
 
-    return run_report(args.paths, args.output, sys.stdout, sys.stderr)
+    return run_report(args.paths, args.output, sys.stdout, sys.stderr, ceiling_of)

@@ -17,8 +17,10 @@ import sys
 from typing import Any, TextIO
 
 from infersight.agent.cli import command_help
+from infersight.agent.coldstart import storage_ceiling
 from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import Telemetry, parse_lines, read_file
+from infersight.coldstart_stages import merge, named_intervals
 from infersight.exporters.waterfall import is_helper, render_waterfall
 from infersight.telemetry import ColdStart, SpanItem
 
@@ -33,12 +35,28 @@ def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
     staged = [s for s in spans if s.name.startswith("coldstart.")]
     roots = sorted((s for s in spans if s.name == "coldstart"), key=lambda s: s.start_ns)
     out = []
+    stages_of: dict[str, list[SpanItem]] = {}
+    workers_of: dict[str, list[SpanItem]] = {}
     for r in roots:
-        stages = sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns)
+        stages = stages_of[r.span_id] = sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns)
         ids = {r.span_id, *(s.span_id for s in stages)}
-        workers = [w for w in roots if w.parent_span_id in ids and w.trace_id == r.trace_id
-                   and w.attributes.get("infersight.process.role") != "helper"]
-        out.append(ColdStart(r, stages, workers))
+        workers_of[r.span_id] = [w for w in roots if w.parent_span_id in ids and w.trace_id == r.trace_id
+                                 and w.attributes.get("infersight.process.role") != "helper"]
+    for r in roots:
+        covered = [iv for w in workers_of[r.span_id] for iv in _tree_covered(w, stages_of, workers_of, set())]
+        out.append(ColdStart(r, stages_of[r.span_id], workers_of[r.span_id], merge(covered)))
+    return out
+
+
+def _tree_covered(root: SpanItem, stages_of: dict[str, list[SpanItem]], workers_of: dict[str, list[SpanItem]],
+                  seen: set[str]) -> list[tuple[int, int]]:
+    """What the named stages of ``root``'s process and of its workers (recursively) cover."""
+    if root.span_id in seen:  # a file that nests roots in a loop: each counts once
+        return []
+    seen.add(root.span_id)
+    out = named_intervals(stages_of.get(root.span_id, []))
+    for w in workers_of.get(root.span_id, []):
+        out.extend(_tree_covered(w, stages_of, workers_of, seen))
     return out
 
 
@@ -63,14 +81,14 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
         from infersight.agent.report.trace import dumps, waterfall_json
         from infersight.agent.report.views import waterfalls
 
-        out.write(dumps(waterfall_json(waterfalls(t.spans))) + "\n")
+        out.write(dumps(waterfall_json(waterfalls(t.spans, storage_ceiling.ceiling_of))) + "\n")
         return 0
     probes = [s for s in t.spans if s.name == "infersight.probe"]
     helpers = [cs for cs in found if is_helper(cs)]
     for cs in found:
         if cs in helpers:
             continue
-        out.write(render_waterfall(cs) + "\n")
+        out.write(render_waterfall(cs, ceiling_of=storage_ceiling.ceiling_of) + "\n")
         for p in probes:
             if p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id:
                 out.write(probe_line(p) + "\n")

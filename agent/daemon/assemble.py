@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infersight import __version__
+from infersight.agent.daemon.checkpoint import Checkpoint, gap_spans
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
-from infersight.coldstart_stages import union_ns
+from infersight.coldstart_stages import covered_ns, merge, named_intervals
 from infersight.redact import mask_value
 from infersight.sanitize import clean_key, clean_text
 from infersight.telemetry import (
@@ -42,6 +43,8 @@ MAX_STR = 4096
 MAX_ATTRS = 128
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_EVENTS_PER_SPAN = 128
+MAX_OPEN_STAGES = 64  # open runs in one cold-start checkpoint
+MAX_TICK_SAMPLES = 4096  # samples in one checkpoint (about 40 s at 10 ms: a tick carries 100 ms)
 DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
@@ -75,6 +78,8 @@ class Producer:
     uid: int | None = None  # the kernel's word (SO_PEERCRED, a spool file's owner); None in-process
     hello_cut: int = 0  # hello keys, values and resource attributes cut to their bounds
     spool_vanished: int = 0  # its spool files that someone else removed (the hook rescued them)
+    # The hooks' cold-start checkpoint (cs_tick): open runs and samples, for a root it never sends.
+    checkpoint: Checkpoint | None = None
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
@@ -343,6 +348,7 @@ class Assembler:
         self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
         self.identity_conflicts = 0  # a producer id presented by a second uid: kept apart
         self.hello_cut = 0  # hello keys, values and resource attributes cut to their bounds
+        self.recent_covered: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()  # their trees' stages
 
     def hello(self, raw: Any, uid: int | None = None) -> Producer:
         """The producer this hello names, made on first sight. ``uid`` is the kernel's word
@@ -455,6 +461,8 @@ class Assembler:
             )
         elif isinstance(kind, str) and kind in self.handlers:
             self.handlers[kind](p, origin, t_ns, d, out)
+        elif kind == "cs_tick":
+            self._checkpoint(p, d)
         elif kind == "drops":
             p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
@@ -502,6 +510,39 @@ class Assembler:
                 self._keep_pending(p, span)
         out.append(span)
 
+    def _checkpoint(self, p: Producer, d: dict[str, Any]) -> None:
+        """A ``cs_tick``: the open runs replace the last ones; the samples add up (bounded)."""
+        if p.root_closed:
+            return
+        opened, times, ids, labels = d.get("open", []), d.get("t", []), d.get("i", []), d.get("l", [])
+        if not isinstance(opened, list) or len(opened) > MAX_OPEN_STAGES:
+            raise Malformed("open must be a list of at most %d stages" % MAX_OPEN_STAGES)
+        if (not isinstance(times, list) or not isinstance(ids, list) or not isinstance(labels, list)
+                or len(times) != len(ids) or len(times) > MAX_TICK_SAMPLES or len(labels) > len(times)):
+            raise Malformed("samples must be lists t and i of one length, and their labels l")
+        stages: dict[str, SpanItem] = {}
+        for o in opened:
+            if type(o) is not list or len(o) != 6:
+                raise Malformed("an open stage is [stage, span id, parent id, start, end, attributes]")
+            stage, span_id, parent = _s(o[0], "stage", 64), o[1], o[2]
+            if not isinstance(span_id, str) or not HEX16.match(span_id) or not isinstance(parent, str) \
+                    or not HEX16.match(parent):
+                raise Malformed("open stage ids must be 16 lowercase hex digits")
+            start, end = _i(o[3], "start"), _i(o[4], "end")
+            if end < start:
+                raise Malformed("an open stage ends before it starts")
+            attrs = attributes(o[5])
+            attrs["infersight.stage"] = stage
+            stages[span_id] = SpanItem(p.resource, p.info["trace_id"], span_id, parent, "coldstart." + stage,
+                                       start, end, attrs, [], None, Origin(p.id, 0))
+        label_list = [_s(lab, "label", 512) for lab in labels]
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in times) or any(
+                type(i) is not int or not 0 <= i < len(label_list) for i in ids):
+            raise Malformed("sample times must be integers and their label indices in range")
+        cp = p.checkpoint = p.checkpoint or Checkpoint()
+        cp.open = stages
+        cp.add_samples(times, ids, label_list)
+
     def _close_root(
         self, p: Producer, root: SpanItem, out: list[Item], stages: list[SpanItem] | None = None,
         *, t_ns: int | None = None,
@@ -511,16 +552,23 @@ class Assembler:
         if stages is None:
             stages = descendants(root.span_id, p.pending)
         workers = self._workers_of(root, stages)
-        # An explicit ``unattributed`` span explains a gap; it never counts as covered.
-        named = [s for s in [*stages, *workers] if s.attributes.get("infersight.stage") != "unattributed"]
-        covered = union_ns([(s.start_ns, s.end_ns) for s in named], root.start_ns, root.end_ns)
-        root.attributes["infersight.coldstart.unattributed_s"] = (root.end_ns - root.start_ns - covered) / 1e9
+        # An explicit ``unattributed`` span explains a gap; it never counts as covered. A
+        # worker's root is no stage of ours: its named stages cover our time in the tree's
+        # figure only, and never its whole lifetime.
+        worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
+        total = root.end_ns - root.start_ns
+        root.attributes["infersight.coldstart.unattributed_s"] = (total - covered_ns(stages, root)) / 1e9
+        if workers:
+            root.attributes["infersight.coldstart.tree_unattributed_s"] = (
+                total - covered_ns(stages, root, worker_covered)) / 1e9
         root.attributes.setdefault("faas.coldstart", True)
+        self._remember_covered(root, named_intervals(stages), worker_covered)
         done = {s.span_id for s in stages}
         p.pending = [s for s in p.pending if s.span_id not in done]
+        p.checkpoint = None  # the root came (or was made): no more use for it
         p.pending_bytes = sum(span_bytes(s) for s in p.pending)
         out.append(root)
-        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers)
+        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers, merge(worker_covered))
         out.append(cs)
         out.extend(self.observe_coldstart(cs, root.end_ns if t_ns is None else t_ns))
 
@@ -555,7 +603,9 @@ class Assembler:
         p.gone = True
         root_id = p.info.get("root_span_id")
         # A root that went out before an agent restart (its hello says so) is not made again.
-        if p.stages_seen and not p.root_closed and not p.info.get("root_ended") and isinstance(root_id, str):
+        cp = p.checkpoint
+        if ((p.stages_seen or cp is not None) and not p.root_closed and not p.info.get("root_ended")
+                and isinstance(root_id, str)):
             p.root_closed = p.lost_root_made = True
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
@@ -565,8 +615,22 @@ class Assembler:
                             parent if isinstance(parent, str) and HEX16.match(parent) else None,
                             "coldstart", int(p.info["start_ns"]), end, attrs,
                             p.span_events.pop(root_id, []), None, Origin(p.id, 0))
+            if cp is not None:  # the runs it had open at its last checkpoint, as they were then
+                seen = {s.span_id for s in p.pending}
+                for s in cp.open.values():
+                    if s.span_id not in seen:
+                        s.end_ns = min(s.end_ns, end)
+                        s.start_ns = min(s.start_ns, s.end_ns)
+                        s.events = p.span_events.pop(s.span_id, [])
+                        p.pending.append(s)
+                        out.append(s)
             stages = self._close_open_stages(p, root, out)
+            if cp is not None:  # and the gaps, explained by the samples it had sent
+                gaps = gap_spans(cp, root, stages)
+                out.extend(gaps)
+                stages.extend(gaps)
             self._close_root(p, root, out, stages)
+        p.checkpoint = None
         p.pending_dropped += len(p.pending)  # stages of a root that never comes
         p.pending = []
         p.pending_bytes = 0
@@ -593,6 +657,14 @@ class Assembler:
             out.append(stand_in)
             stages.append(stand_in)
         return stages
+
+    def _remember_covered(self, root: SpanItem, own: list[tuple[int, int]],
+                          workers: list[tuple[int, int]]) -> None:
+        """What a closed root's tree covers, for its supervisor (merged intervals, bounded
+        like the roots)."""
+        self.recent_covered[root.span_id] = merge([*own, *workers])
+        while len(self.recent_covered) > MAX_RECENT_ROOTS:
+            self.recent_covered.popitem(last=False)
 
     def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
         """Roots of other processes (not helpers) already seen under this root or its stages;

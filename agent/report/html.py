@@ -15,6 +15,7 @@ from infersight import __version__
 from infersight.agent.report.gpu import MemoryChart, Series
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
 from infersight.agent.report.views import Family, Oom, human_bytes, process_label
+from infersight.weights_files import describe
 
 if TYPE_CHECKING:
     from infersight.agent.report.page import Report
@@ -144,6 +145,9 @@ def _coldstart(families: list[Family], t0_ns: int = 0) -> str:
             out.append('<p class="summary" style="margin-left:%dpx">%s%s</p>' % (
                 16 * wf.depth, esc(" · ".join(parts)), (' <span class="muted">(%s)</span>' % esc(cmd)) if cmd else ""))
             out.append(waterfall_svg(wf, fam, "w%d" % uid))
+            if sm.weights_files:
+                out.append('<ul class="weights" style="margin-left:%dpx">%s</ul>' % (16 * wf.depth, "".join(
+                    "<li>weights file %s</li>" % esc(describe(f)) for f in sm.weights_files)))
             if len(wf.rows) > MAX_ROWS:
                 out.append('<p class="muted">%d more stages not drawn; <code>infersight show --format json</code> '
                            "lists them all.</p>" % (len(wf.rows) - MAX_ROWS))

@@ -16,6 +16,7 @@ from infersight.agent.report import html as report_html
 from infersight.agent.report.gpu import Devices, MemoryChart, devices, memory
 from infersight.agent.report.parse import Telemetry, read_file
 from infersight.agent.report.views import Family, Oom, dedupe_spans, ooms, waterfalls
+from infersight.weights_files import CeilingOf
 
 EXIT_ERROR = 2
 
@@ -34,7 +35,7 @@ class Report:
     skipped: list[str]
 
 
-def build(t: Telemetry) -> Report:
+def build(t: Telemetry, ceiling_of: CeilingOf | None = None) -> Report:
     spans = dedupe_spans(t.spans)
     oom_list = ooms(t.logs)
     times = [s.start_ns for s in spans] + [s.end_ns for s in spans] + [s.time_ns for s in t.samples] + \
@@ -43,7 +44,7 @@ def build(t: Telemetry) -> Report:
     t1 = max(times) if times else 1
     counts = {"spans": len(spans), "metric points": len(t.samples) + len(t.histograms), "log records": len(t.logs),
               "lines": t.lines}
-    return Report(waterfalls(spans), memory(t, spans, oom_list), devices(t), oom_list, t0, max(t1, t0 + 1),
+    return Report(waterfalls(spans, ceiling_of), memory(t, spans, oom_list), devices(t), oom_list, t0, max(t1, t0 + 1),
                   counts, list(t.skipped))
 
 
@@ -68,7 +69,10 @@ def read_all(paths: list[str], err: TextIO) -> Telemetry | None:
     return t
 
 
-def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO) -> int:
+def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO,
+               ceiling_of: CeilingOf | None = None) -> int:
+    """``ceiling_of``: a file's cached storage ceiling, for the ceiling ratio of a cold weights
+    file that lacks one (the command hands in the cold-start cache's lookup)."""
     t = read_all(paths, err)
     if t is None:
         return EXIT_ERROR
@@ -82,7 +86,7 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO) -
         err.write("infersight report: no OTLP records in %s (expected OTLP JSON lines, as written by "
                   "'infersight launch' or the agent's file exporter)\n" % ", ".join(paths))
         return EXIT_ERROR
-    page = report_html.render(build(t), [os.path.basename(p) for p in paths])
+    page = report_html.render(build(t, ceiling_of), [os.path.basename(p) for p in paths])
     dest = output or default_output(paths[0])
     if any(os.path.exists(p) and os.path.exists(dest) and os.path.samefile(p, dest) for p in paths):
         err.write("infersight report: %s is an input; choose another output with -o\n" % dest)

@@ -187,6 +187,7 @@ def waterfall_json(families: list[Family]) -> dict[str, Any]:
                 "start_unix_ns": r.start_ns, "total_s": sm.total_s, "ready_s": sm.ready_s,
                 "unattributed_s": sm.unattributed_s, "unattributed_share": sm.unattributed_share,
                 "biggest": [{"stage": n, "duration_s": d} for n, d in sm.biggest],
+                "weights_files": sm.weights_files,
                 "marks": [{"label": m.label, "at_s": (m.t_ns - r.start_ns) / 1e9, "detail": m.title} for m in wf.marks],
                 "gaps": [{"start_s": (a - r.start_ns) / 1e9, "duration_s": (b - a) / 1e9} for a, b in wf.gaps],
                 "stages": [{

@@ -13,7 +13,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from infersight.telemetry import AttrValue, LogItem, SpanItem
+from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
+from infersight.weights_files import CeilingOf, files_of
 
 GAP_MIN_SHARE = 0.005  # computed unattributed gaps shorter than this share of the root are not drawn
 UNATTRIBUTED = "unattributed"
@@ -76,6 +77,7 @@ class Summary:
     biggest: list[tuple[str, float]]
     unattributed_s: float
     unattributed_share: float
+    weights_files: list[dict[str, AttrValue]] = field(default_factory=list)  # weights_file summaries
 
 
 @dataclass(slots=True)
@@ -194,9 +196,10 @@ def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]
                    [(stage_name(s), (s.end_ns - s.start_ns) / 1e9) for s in top], un, un * 1e9 / total)
 
 
-def waterfalls(spans: list[SpanItem]) -> list[Family]:
+def waterfalls(spans: list[SpanItem], ceiling_of: CeilingOf | None = None) -> list[Family]:
     """One family per top-level cold start; a root whose parent span lies in another root's
-    cold start (a worker, a rank) nests under that process."""
+    cold start (a worker, a rank) nests under that process. ``ceiling_of`` (a file's cached
+    storage ceiling) fills in the ceiling ratio of a cold weights file that lacks one."""
     spans = dedupe_spans(spans)
     by_parent: dict[str, list[SpanItem]] = {}
     for s in spans:
@@ -211,8 +214,9 @@ def waterfalls(spans: list[SpanItem]) -> list[Family]:
         total = max(root.end_ns - root.start_ns, 1)
         gaps = [g for g in uncovered(root.start_ns, root.end_ns, covered) if g[1] - g[0] >= GAP_MIN_SHARE * total]
         probes = [p for p in by_parent.get(root.span_id, []) if p.name == PROBE and p.trace_id == root.trace_id]
-        wf = ProcessWaterfall(root, _ordered_rows(root, stages), gaps, _marks(root, stages, probes),
-                              _summary(root, stages, gaps),
+        summary = _summary(root, stages, gaps)
+        summary.weights_files = files_of(ColdStart(root, stages), ceiling_of)
+        wf = ProcessWaterfall(root, _ordered_rows(root, stages), gaps, _marks(root, stages, probes), summary,
                               helper=root.resource.get("infersight.process.role") == "helper"
                               or root.attributes.get("infersight.process.role") == "helper")
         procs.append(wf)
