@@ -32,15 +32,14 @@ from typing import Any, TextIO
 
 from infersight.agent.commands.launch import Child, Joined, LaunchOptions, Private, exit_status
 from infersight.agent.commands.launch_session import (
-    Readiness,
     _quiet_logging,
     _readiness_lines,
     _storage_note,
-    launcher_root,
     probe_span,
     wait_child,
     watch_readiness,
 )
+from infersight.agent.commands.launcher_root import Readiness, launcher_root
 from infersight.agent.daemon import itemcodec
 from infersight.agent.daemon.lifecycle import short_hostname
 from infersight.exporters.base import Exporter

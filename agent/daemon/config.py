@@ -142,7 +142,8 @@ KEYS: tuple[Key, ...] = (
         "INFERSIGHT_SPOOL_DIR", "hooks' spool, replayed by the agent",
         "`/var/lib/infersight/spool` if writable, else `$XDG_STATE_HOME/infersight/spool`"),
     Key("agent.state_dir", _path, _default_state_dir, "INFERSIGHT_STATE_DIR",
-        "cold-start history (ETAs), shared by the daemon and launch",
+        "the agent's own state, writable by it alone: exporter spools, cold-start history (ETAs), "
+        "the default OTLP file",
         "`/var/lib/infersight` if writable, else `$XDG_STATE_HOME/infersight`"),
     Key("agent.exporter_spool_max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
         "disk spool per exporter while its peer is away"),
@@ -184,7 +185,7 @@ KEYS: tuple[Key, ...] = (
     Key("exporters.console.enabled", parse_bool, lambda: False, "INFERSIGHT_CONSOLE", "print cold-start waterfalls",
         "`false` (launch: on, `--no-console`)"),
     Key("rules.dirs", _str_list, lambda: ["/etc/infersight/rules.d"], "INFERSIGHT_RULES_DIRS",
-        "site OOM rule files (`*.toml`)", "`/etc/infersight/rules.d`"),
+        "site OOM and stage rule files (`*.toml`)", "`/etc/infersight/rules.d`"),
 )
 KEY_BY_NAME = {k.name: k for k in KEYS}
 
