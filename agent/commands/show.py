@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
 
 from infersight.agent.cli import command_help
 from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import Telemetry, parse_lines, read_file
 from infersight.exporters.waterfall import is_helper, render_waterfall
 from infersight.telemetry import ColdStart, SpanItem
+
+if TYPE_CHECKING:
+    from infersight.agent.report.page import Source
+    from infersight.agent.report.scan import ColdStartRow, Scan
 
 FORMATS = ("text", "json", "chrome-trace")
 
@@ -42,30 +47,95 @@ def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
     return out
 
 
+MAX_TEXT = 50  # cold starts (families) printed as text; past it, the slowest ones (as the page draws)
+JSON_BATCH_SPANS = 20_000  # spans read at once for --format json: each batch of cold starts is one pass
+
+
 def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = None) -> int:
     err = err if err is not None else (out if out is not sys.stdout else sys.stderr)
-    try:
-        t = read_file(path)
-    except OSError as exc:
-        err.write("infersight show: cannot read %s: %s\n" % (path, exc.strerror or exc))
-        return 2
-    for s in t.skipped[:5]:
-        err.write("infersight show: %s\n" % s)
-    if len(t.skipped) > 5:
-        err.write("infersight show: ... %d more skipped\n" % (len(t.skipped) - 5))
     if fmt == "chrome-trace":
+        try:
+            t = read_file(path)
+        except OSError as exc:
+            err.write("infersight show: cannot read %s: %s\n" % (path, exc.strerror or exc))
+            return 2
+        _skips(t.skipped, len(t.skipped), err)
         return _chrome(t, path, out, err)
-    found = coldstarts(t.spans)
-    if not found:
+    from infersight.agent.report.page import file_source, scan_files
+
+    sc = scan_files([path], err, "show")
+    if sc is None:
+        return 2
+    _skips(sc.skipped, len(sc.skipped) + sc.skipped_more, err)
+    if not sc.roots:
         err.write("infersight show: no coldstart span in %s\n" % path)
         return 1
-    if fmt == "json":
-        from infersight.agent.report.trace import dumps, waterfall_json
-        from infersight.agent.report.views import waterfalls
+    try:
+        if fmt == "json":
+            _json(sc, file_source([path]), out)
+        else:
+            _text(sc, file_source([path]), path, out)
+    except OSError as exc:  # the file removed or cut between the passes
+        err.write("infersight show: cannot read %s again: %s\n" % (path, exc.strerror or exc))
+        return 2
+    return 0
 
-        out.write(dumps(waterfall_json(waterfalls(t.spans))) + "\n")
-        return 0
-    probes = [s for s in t.spans if s.name == "infersight.probe"]
+
+def _skips(notes: list[str], total: int, err: TextIO) -> None:
+    for s in notes[:5]:
+        err.write("infersight show: %s\n" % s)
+    if total > 5:
+        err.write("infersight show: ... %d more skipped\n" % (total - 5))
+
+
+def _json(sc: Scan, source: Source, out: TextIO) -> None:
+    """Every cold start, streamed: a batch of cold starts per pass over the file, so that memory
+    holds the spans of about JSON_BATCH_SPANS (or of one cold start, if it is larger), not the file."""
+    from infersight.agent.report.page import collect
+    from infersight.agent.report.trace import dumps, waterfall_json
+
+    out.write('{"coldstarts": [')
+    first = True
+    for batch in _batches(sc, sc.families()):
+        for item in waterfall_json(collect(source, batch))["coldstarts"]:
+            out.write(("" if first else ", ") + dumps(item))
+            first = False
+    out.write("]}\n")
+
+
+def _batches(sc: Scan, rows: list[ColdStartRow]) -> Iterator[list[ColdStartRow]]:
+    batch: list[ColdStartRow] = []
+    traces: set[str] = set()
+    spans = 0
+    for row in rows:
+        new = row.traces - traces
+        more = sum(sc.spans_per_trace.get(t, 0) for t in new)
+        if batch and spans + more > JSON_BATCH_SPANS:
+            yield batch
+            batch, traces, spans = [], set(), 0
+            new, more = row.traces, sum(sc.spans_per_trace.get(t, 0) for t in row.traces)
+        batch.append(row)
+        traces |= new
+        spans += more
+    if batch:
+        yield batch
+
+
+def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
+    """The waterfalls of every cold start, or of the MAX_TEXT slowest ones (oldest first) and a
+    line that says so: text is for reading, ``--format json`` has them all."""
+    from infersight.agent.report.scan import slowest_first
+
+    rows = sc.families()
+    shown = rows if len(rows) <= MAX_TEXT else slowest_first(rows)[:MAX_TEXT]
+    if len(shown) < len(rows):
+        out.write("(%d cold starts in %s: the %d slowest are shown, oldest first; --format json has them all)\n\n"
+                  % (len(rows), path, len(shown)))
+    traces = set().union(*(r.traces for r in shown))
+    members = {(r.trace, r.span_id) for row in shown for r in row.flat}
+    spans = [s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces]
+    found = [cs for cs in coldstarts(spans) if (cs.root.trace_id, cs.root.span_id) in members]
+    probes = [s for s in spans if s.name == "infersight.probe"]
     helpers = [cs for cs in found if is_helper(cs)]
     for cs in found:
         if cs in helpers:
@@ -79,7 +149,6 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
         out.write("(%d helper process%s not shown: %s)\n" % (
             len(helpers), "" if len(helpers) == 1 else "es",
             ", ".join("pid %s" % cs.root.resource.get("process.pid") for cs in helpers)))
-    return 0
 
 
 def _chrome(t: Telemetry, path: str, out: TextIO, err: TextIO) -> int:

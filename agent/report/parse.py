@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from sys import intern
 from typing import Any
@@ -279,10 +280,23 @@ OTLP_KEYS = ("resourceSpans", "resourceMetrics", "resourceLogs")
 
 def parse_lines(lines: Iterable[str], name: str = "-") -> Telemetry:
     out = Telemetry()
+    for chunk in iter_lines(lines, name):
+        out.extend(chunk)
+    return out
+
+
+def iter_lines(lines: Iterable[str], name: str = "-", traces: set[str] | None = None) -> Iterator[Telemetry]:
+    """The records of each non-empty line, one :class:`Telemetry` per line, so that a reader
+    holds one line at a time. With ``traces``, only lines that may hold a span of one of those
+    traces are parsed (the others are counted, not read): a second pass that collects a few
+    cold starts skips the rest of a large file at the speed of a regular expression."""
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        out.lines += 1
+        if traces is not None and not _may_hold(line, traces):
+            yield Telemetry(lines=1)
+            continue
+        out = Telemetry(lines=1)
         try:
             req = json.loads(line)
             if text_needs_cleaning(line):  # control characters, lone surrogates: shown as U+FFFD
@@ -292,16 +306,39 @@ def parse_lines(lines: Iterable[str], name: str = "-") -> Telemetry:
             deep = isinstance(exc, (RecursionError, TooDeepError))
             why = "line skipped: nested too deep" if deep else "not JSON%s: %s" % (cut, exc)
             out.skipped.append("%s:%d: %s" % (name, i, why))
+            yield out
             continue
         if not isinstance(req, dict) or not any(k in req for k in OTLP_KEYS):
             out.skipped.append("%s:%d: not an OTLP export request" % (name, i))
+            yield out
             continue
         try:
             _records(req, out, "%s:%d" % (name, i))
         except (RecursionError, TypeError, AttributeError, ValueError, OverflowError) as exc:  # a resource
             out.skipped.append("%s:%d: line skipped: %s" % (name, i, "nested too deep" if isinstance(
                 exc, RecursionError) else exc))
-    return out
+        yield out
+
+
+_TRACE_ID = re.compile(r'"traceId"\s*:\s*"([^"\\]*)"')
+
+
+def _may_hold(line: str, traces: set[str]) -> bool:
+    """False only when no span of ``line`` can belong to ``traces``: every ``"traceId"`` key is
+    written plainly and none names one of them. An escape (``\\u``) could spell a key or an id
+    in another way, so such a line is always read."""
+    if "\\u" in line:
+        return True
+    ids = _TRACE_ID.findall(line)
+    if len(ids) != line.count('"traceId"'):
+        return True
+    return any(t.lower() in traces for t in ids)
+
+
+def iter_file(path: str, traces: set[str] | None = None) -> Iterator[Telemetry]:
+    """:func:`iter_lines` of one file; OSError (missing, a directory, unreadable) is the caller's."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        yield from iter_lines(f, path, traces)
 
 
 def read_file(path: str) -> Telemetry:
