@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from infersight.agent.cli import command_help
 from infersight.agent.daemon.assemble import descendants
-from infersight.agent.report.parse import Telemetry, parse_lines, read_file
+from infersight.agent.report.parse import parse_lines
 from infersight.exporters.waterfall import is_helper, render_waterfall
 from infersight.telemetry import ColdStart, SpanItem
 
 if TYPE_CHECKING:
-    from infersight.agent.report.page import Source
-    from infersight.agent.report.scan import ColdStartRow, Scan
+    from infersight.agent.report.scan import Scan, Source
 
 FORMATS = ("text", "json", "chrome-trace")
 
@@ -53,20 +51,14 @@ JSON_BATCH_SPANS = 20_000  # spans read at once for --format json: each batch of
 
 def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = None) -> int:
     err = err if err is not None else (out if out is not sys.stdout else sys.stderr)
-    if fmt == "chrome-trace":
-        try:
-            t = read_file(path)
-        except OSError as exc:
-            err.write("infersight show: cannot read %s: %s\n" % (path, exc.strerror or exc))
-            return 2
-        _skips(t.skipped, len(t.skipped), err)
-        return _chrome(t, path, out, err)
     from infersight.agent.report.page import file_source, scan_files
 
+    if fmt == "chrome-trace":
+        return _chrome(path, out, err)
     sc = scan_files([path], err, "show")
     if sc is None:
         return 2
-    _skips(sc.skipped, len(sc.skipped) + sc.skipped_more, err)
+    _skips(sc, err)
     if not sc.roots:
         err.write("infersight show: no coldstart span in %s\n" % path)
         return 1
@@ -81,8 +73,9 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
     return 0
 
 
-def _skips(notes: list[str], total: int, err: TextIO) -> None:
-    for s in notes[:5]:
+def _skips(sc: Scan, err: TextIO) -> None:
+    total = len(sc.skipped) + sc.skipped_more
+    for s in sc.skipped[:5]:
         err.write("infersight show: %s\n" % s)
     if total > 5:
         err.write("infersight show: ... %d more skipped\n" % (total - 5))
@@ -91,34 +84,16 @@ def _skips(notes: list[str], total: int, err: TextIO) -> None:
 def _json(sc: Scan, source: Source, out: TextIO) -> None:
     """Every cold start, streamed: a batch of cold starts per pass over the file, so that memory
     holds the spans of about JSON_BATCH_SPANS (or of one cold start, if it is larger), not the file."""
-    from infersight.agent.report.page import collect
+    from infersight.agent.report.scan import batches, collect
     from infersight.agent.report.trace import dumps, waterfall_json
 
     out.write('{"coldstarts": [')
     first = True
-    for batch in _batches(sc, sc.families()):
+    for batch in batches(sc, sc.families(), JSON_BATCH_SPANS):
         for item in waterfall_json(collect(source, batch))["coldstarts"]:
             out.write(("" if first else ", ") + dumps(item))
             first = False
     out.write("]}\n")
-
-
-def _batches(sc: Scan, rows: list[ColdStartRow]) -> Iterator[list[ColdStartRow]]:
-    batch: list[ColdStartRow] = []
-    traces: set[str] = set()
-    spans = 0
-    for row in rows:
-        new = row.traces - traces
-        more = sum(sc.spans_per_trace.get(t, 0) for t in new)
-        if batch and spans + more > JSON_BATCH_SPANS:
-            yield batch
-            batch, traces, spans = [], set(), 0
-            new, more = row.traces, sum(sc.spans_per_trace.get(t, 0) for t in row.traces)
-        batch.append(row)
-        traces |= new
-        spans += more
-    if batch:
-        yield batch
 
 
 def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
@@ -151,14 +126,28 @@ def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
             ", ".join("pid %s" % cs.root.resource.get("process.pid") for cs in helpers)))
 
 
-def _chrome(t: Telemetry, path: str, out: TextIO, err: TextIO) -> int:
-    from infersight.agent.report.trace import chrome_trace, dumps
+def _chrome(path: str, out: TextIO, err: TextIO) -> int:
+    """The Chrome trace, written one event at a time: a planning pass (``report.trace.plan_trace``,
+    about 40 bytes a span), then the spans again, then the cold starts' marks in batches."""
+    from infersight.agent.report.page import file_source
+    from infersight.agent.report.trace import plan_trace, write_chrome_trace
 
-    trace = chrome_trace(t)
-    if not trace["traceEvents"]:
+    source = file_source([path])
+    try:
+        plan = plan_trace(source)
+    except OSError as exc:
+        err.write("infersight show: cannot read %s: %s\n" % (path, exc.strerror or exc))
+        return 2
+    _skips(plan.scan, err)
+    if plan.empty():
         err.write("infersight show: no spans or OOMs to trace in %s\n" % path)
         return 1
-    out.write(dumps(trace) + "\n")
+    try:
+        write_chrome_trace(source, plan, out)
+    except OSError as exc:  # the file removed between the passes
+        err.write("infersight show: cannot read %s again: %s\n" % (path, exc.strerror or exc))
+        return 2
+    out.write("\n")
     return 0
 
 

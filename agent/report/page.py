@@ -9,22 +9,17 @@ stderr when no file could be read, none holds OTLP data, or the page cannot be w
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from infersight.agent.report import html as report_html
 from infersight.agent.report.gpu import Devices, MemoryChart, devices, memory
 from infersight.agent.report.parse import Telemetry, iter_file
-from infersight.agent.report.scan import ColdStartRow, Scan, slowest_first
-from infersight.agent.report.views import Family, Oom, ooms, waterfalls
+from infersight.agent.report.scan import ColdStartRow, Scan, Source, collect, memory_source, slowest_first
+from infersight.agent.report.views import Family, Oom, ooms
 
 EXIT_ERROR = 2
-
-# Records by line: called with None for every record, or with a set of trace ids for a pass that
-# needs only the spans of those traces (a file source skips the lines that hold none of them).
-Source = Callable[[set[str] | None], Iterable[Telemetry]]
-
 
 @dataclass(slots=True)
 class Report:
@@ -44,11 +39,6 @@ class Report:
     skipped_count: int = 0  # every line or record skipped
 
 
-def memory_source(t: Telemetry) -> Source:
-    """Records already in memory, as a source (tests and callers that parsed the lines)."""
-    return lambda _traces: (t,)
-
-
 def file_source(paths: list[str]) -> Source:
     def chunks(traces: set[str] | None) -> Iterator[Telemetry]:
         for p in paths:
@@ -61,16 +51,6 @@ def scan(source: Source) -> Scan:
     for chunk in source(None):
         sc.add(chunk)
     return sc
-
-
-def collect(source: Source, rows: list[ColdStartRow]) -> list[Family]:
-    """The waterfalls of ``rows``, oldest first: a second pass that keeps the spans of their traces only."""
-    if not rows:
-        return []
-    traces = set().union(*(r.traces for r in rows))
-    spans = [s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces]
-    tops = {(r.top.trace, r.top.span_id) for r in rows}
-    return [f for f in waterfalls(spans) if (f.processes[0].root.trace_id, f.processes[0].root.span_id) in tops]
 
 
 def build(t: Telemetry) -> Report:

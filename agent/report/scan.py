@@ -21,17 +21,22 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from infersight.agent.report.gpu import DURATION, MEM_EVENTS, dev_key, used_sample
 from infersight.agent.report.parse import HistSample, Sample, Telemetry
-from infersight.agent.report.views import ROOT, is_oom, num, offset_ns, process_label
+from infersight.agent.report.views import ROOT, Family, is_oom, num, offset_ns, process_label, waterfalls
 from infersight.telemetry import LogItem, SpanItem
 
 MAX_OOMS = 200  # OOMs kept overall and per device: the page lists and marks this many
 MAX_MEM_EVENTS = 200  # large allocations kept per device: the page marks this many
 MAX_SKIPPED = 100  # skip notes kept (the page lists 20, stderr 5); the rest are counted
 MAX_NESTING = 16  # process nesting drawn under a family's top process (as views.waterfalls)
+
+# Records by line: called with None for every record, or with a set of trace ids for a pass that
+# needs only the spans of those traces (a file source skips the lines that hold none of them).
+Source = Callable[[set[str] | None], Iterable[Telemetry]]
 
 
 @dataclass(slots=True)
@@ -261,3 +266,37 @@ class Scan:
 
 def slowest_first(rows: list[ColdStartRow]) -> list[ColdStartRow]:
     return sorted(rows, key=lambda f: (-f.top.total_s, f.t0_ns))
+
+
+def memory_source(t: Telemetry) -> Source:
+    """Records already in memory, as a source (tests and callers that parsed the lines)."""
+    return lambda _traces: (t,)
+
+
+def collect(source: Source, rows: list[ColdStartRow]) -> list[Family]:
+    """The waterfalls of ``rows``, oldest first: a second pass that keeps the spans of their traces only."""
+    if not rows:
+        return []
+    traces = set().union(*(r.traces for r in rows))
+    spans = [s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces]
+    tops = {(r.top.trace, r.top.span_id) for r in rows}
+    return [f for f in waterfalls(spans) if (f.processes[0].root.trace_id, f.processes[0].root.span_id) in tops]
+
+
+def batches(sc: Scan, rows: list[ColdStartRow], max_spans: int) -> Iterator[list[ColdStartRow]]:
+    """``rows`` in order, cut into runs whose traces hold about ``max_spans`` spans (one pass each)."""
+    batch: list[ColdStartRow] = []
+    traces: set[str] = set()
+    spans = 0
+    for row in rows:
+        new = row.traces - traces
+        more = sum(sc.spans_per_trace.get(t, 0) for t in new)
+        if batch and spans + more > max_spans:
+            yield batch
+            batch, traces, spans = [], set(), 0
+            new, more = row.traces, sum(sc.spans_per_trace.get(t, 0) for t in row.traces)
+        batch.append(row)
+        traces |= new
+        spans += more
+    if batch:
+        yield batch
