@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 from infersight.agent.report import html as report_html
+from infersight.agent.report.page import build
+from infersight.agent.report.parse import Sample, Telemetry
+from infersight.agent.report.scan import SERIES_POINTS
 from infersight.exporters.otlp_json import traces_request
 from infersight.telemetry import Resource, SpanItem
 
@@ -129,3 +132,29 @@ def test_report_and_show_read_200k_spans_in_bounded_memory(tmp_path: Path) -> No
     events = json.loads(p.stdout)["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == len(in_file) * (1 + STAGES)  # one per span, streamed
     assert sum(e["name"] == "ready" for e in events) == len(in_file)  # every cold start's mark
+
+
+def _allocated(n: int, spike_at: int) -> list[Sample]:
+    res = Resource.of({"service.name": "svc", "process.pid": 7})
+    rng = random.Random(5)
+    return [Sample(res, "infersight.memory.allocated", "gauge", "By", S + i * 10_000_000,
+                   float(1 << 40 if i == spike_at else rng.randrange(1 << 30, 1 << 31)),
+                   {"infersight.device": "cuda:0"}) for i in range(n)]
+
+
+def test_a_memory_line_is_thinned_while_read_and_keeps_its_peak_and_ends() -> None:
+    """A long line (a day of samples) is not held whole: past 2 x SERIES_POINTS points, pairs
+    become their maximum, so the peak, the first and the last point stay."""
+    n = 20 * SERIES_POINTS
+    samples = _allocated(n, spike_at=12_345)
+    r = build(Telemetry(samples=list(reversed(samples))))  # out of order, as rotated files may come
+    (chart,) = r.memory
+    (line,) = chart.series
+    assert len(line.points) <= 2 * SERIES_POINTS + 1  # before: all 60,000 were kept
+    assert max(v for _, v in line.points) == float(1 << 40)
+    assert line.points[0][0] == samples[0].time_ns and line.points[-1][0] == samples[-1].time_ns
+    assert line.points == sorted(line.points)
+    # Under the bound nothing is thinned: the line is every point, as before.
+    few = _allocated(2 * SERIES_POINTS, spike_at=3)
+    (short,) = build(Telemetry(samples=few)).memory[0].series
+    assert short.points == [(s.time_ns, s.value) for s in few]

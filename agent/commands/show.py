@@ -1,9 +1,14 @@
 """``infersight show [--format text|json|chrome-trace] FILE``: a cold start again, from an OTLP JSON file.
 
 - ``text`` (default): one waterfall per ``coldstart`` root in the file (the served process and
-  any hooked children), oldest first, with launch's probe result under its root;
-- ``json``: the waterfalls as JSON for scripts (``report.trace.waterfall_json``);
-- ``chrome-trace``: Chrome trace-event JSON for Perfetto UI and ``chrome://tracing``.
+  any hooked children), oldest first, with launch's probe result under its root; past
+  :data:`MAX_TEXT` cold starts, those of the slowest ones and a line that says so;
+- ``json``: the waterfalls as JSON for scripts (``report.trace.waterfall_json``), every one,
+  streamed a batch of cold starts at a time;
+- ``chrome-trace``: Chrome trace-event JSON for Perfetto UI and ``chrome://tracing``, streamed
+  one event at a time.
+
+The file is read as a stream, in passes (``report.scan``): memory does not grow with its spans.
 
 Lines that do not parse (a last line cut short) are skipped with a note on stderr.
 Exit 0; 1 when the file holds no cold start (text, json) or nothing to trace; 2 when it

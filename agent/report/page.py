@@ -1,8 +1,10 @@
 """``infersight report FILE... [-o PATH]``: one self-contained HTML page from OTLP JSON files.
 
-I/O at the edge: read the files (``report.parse``), build the views (:func:`build`: ``report.views``
-for cold starts and OOMs, ``report.gpu`` for memory and devices), render the page (``report.html``),
-write it and print its path. Exit 0 with a page; 2 with one line on
+I/O at the edge: read the files one line at a time into a bounded scan (``report.scan``), read
+them again for the spans of the cold starts that are drawn, build the views (:func:`build_from`:
+``report.views`` for cold starts and OOMs, ``report.gpu`` for memory and devices), render the page
+(``report.html``), write it and print its path. Memory does not grow with the spans of the files
+(docs/report.md, "Memory"). Exit 0 with a page; 2 with one line on
 stderr when no file could be read, none holds OTLP data, or the page cannot be written.
 """
 
@@ -65,7 +67,7 @@ def build_from(source: Source, sc: Scan | None = None) -> Report:
     ranked = slowest_first(rows)
     drawn = ranked[: report_html.MAX_WATERFALLS]
     oom_list = ooms(sc.oom_logs())
-    kept = Telemetry(samples=sc.samples, histograms=sc.histograms, logs=sc.device_logs)
+    kept = Telemetry(samples=sc.kept_samples(), histograms=sc.histograms, logs=sc.device_logs)
     t0 = sc.t0_ns if sc.t0_ns is not None else 0
     t1 = sc.t1_ns if sc.t1_ns is not None else 1
     counts = {"spans": sc.span_count(), "metric points": sc.points, "log records": sc.logs, "lines": sc.lines}

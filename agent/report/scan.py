@@ -8,6 +8,9 @@ into a :class:`Scan`, which keeps, whatever the size of the files:
 - per span, 8 bytes (a hash of its trace and span id, to count distinct spans), and 8 more for a
   ``coldstart.*`` stage (its parent's hash, to tell which process started a nested cold start);
 - the metric points and log records the memory and device views use (the others are counted);
+  a memory line (allocator, NVML used, NVML limit) is thinned while it is read: past
+  2 x :data:`SERIES_POINTS` points, pairs of neighbours become their maximum (the first and last
+  stay), as the chart keeps each dropped run's maximum;
 - the OOMs the page shows: the first :data:`MAX_OOMS` in time, overall and per device, with a
   count of all of them; the first :data:`MAX_MEM_EVENTS` large allocations per device;
 - the first :data:`MAX_SKIPPED` skip notes and a count of the rest.
@@ -24,7 +27,16 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from infersight.agent.report.gpu import DURATION, MEM_EVENTS, dev_key, used_sample
+from infersight.agent.report.gpu import (
+    ALLOCATOR,
+    DURATION,
+    MEM_EVENTS,
+    NVML_LIMIT,
+    NVML_PROC,
+    NVML_USED,
+    dev_key,
+    used_sample,
+)
 from infersight.agent.report.parse import HistSample, Sample, Telemetry
 from infersight.agent.report.views import ROOT, Family, is_oom, num, offset_ns, process_label, waterfalls
 from infersight.telemetry import LogItem, SpanItem
@@ -32,6 +44,7 @@ from infersight.telemetry import LogItem, SpanItem
 MAX_OOMS = 200  # OOMs kept overall and per device: the page lists and marks this many
 MAX_MEM_EVENTS = 200  # large allocations kept per device: the page marks this many
 MAX_SKIPPED = 100  # skip notes kept (the page lists 20, stderr 5); the rest are counted
+SERIES_POINTS = 3000  # points of one memory line kept: twice what the chart draws (svg.MAX_POINTS)
 MAX_NESTING = 16  # process nesting drawn under a family's top process (as views.waterfalls)
 
 # Records by line: called with None for every record, or with a set of trace ids for a pass that
@@ -71,6 +84,38 @@ class ColdStartRow:
 
 
 @dataclass(slots=True)
+class _Line:
+    """One memory line while it is read: its first point (for its attributes) and (time, value) pairs."""
+
+    first: Sample
+    points: list[tuple[int, float]]
+
+    def add(self, t: int, v: float) -> None:
+        self.points.append((t, v))
+        if len(self.points) > 2 * SERIES_POINTS:
+            pts = sorted({t: v for t, v in self.points}.items())  # one value per time: the last, as gpu.memory
+            mid = pts[1:-1]
+            self.points = [pts[0], *(max(mid[i:i + 2], key=lambda p: p[1]) for i in range(0, len(mid), 2)),
+                           pts[-1]]
+
+    def samples(self) -> list[Sample]:
+        f = self.first
+        return [Sample(f.resource, f.name, f.kind, f.unit, t, v, f.attributes) for t, v in self.points]
+
+
+def _line_key(s: Sample) -> tuple[str, str, str] | None:
+    """The memory line a point belongs to (as ``gpu.memory`` groups them), or None."""
+    pid = str(s.resource.get("process.pid") or "?")
+    if s.name in ALLOCATOR:
+        return s.name, dev_key(s.attributes, "infersight.device", pid), pid
+    hw = s.attributes.get("hw.id")
+    if s.name in (NVML_USED, NVML_PROC, NVML_LIMIT) and isinstance(hw, str):
+        return s.name, hw, str(s.attributes.get("process.pid") or s.attributes.get(
+            "infersight.device.process.host_pid") or "")
+    return None
+
+
+@dataclass(slots=True)
 class Scan:
     lines: int = 0
     skipped: list[str] = field(default_factory=list)
@@ -80,7 +125,8 @@ class Scan:
     stage_parents: array[int] = field(default_factory=lambda: array("q"))
     roots: dict[tuple[str, str], RootInfo] = field(default_factory=dict)
     spans_per_trace: dict[str, int] = field(default_factory=dict)
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)  # besides the memory lines
+    lines_of_memory: dict[tuple[str, str, str], _Line] = field(default_factory=dict)
     histograms: list[HistSample] = field(default_factory=list)
     device_logs: list[LogItem] = field(default_factory=list)
     points: int = 0  # metric points, all of them
@@ -110,7 +156,14 @@ class Scan:
         self.points += len(chunk.samples) + len(chunk.histograms)
         for p in chunk.samples:
             self._time(p.time_ns)
-            if used_sample(p):
+            key = _line_key(p)
+            if key is not None:
+                line = self.lines_of_memory.get(key)
+                if line is None:
+                    self.lines_of_memory[key] = _Line(p, [(p.time_ns, p.value)])
+                else:
+                    line.add(p.time_ns, p.value)
+            elif used_sample(p):
                 self.samples.append(p)
         for h in chunk.histograms:
             if h.name == DURATION:
@@ -178,6 +231,10 @@ class Scan:
                 heapq.heapreplace(heap, item)
 
     # -- results -------------------------------------------------------------------------------
+
+    def kept_samples(self) -> list[Sample]:
+        """The metric points the memory and device views read, memory lines thinned."""
+        return self.samples + [p for line in self.lines_of_memory.values() for p in line.samples()]
 
     def span_count(self) -> int:
         """Distinct spans (a file read twice, a path and its rotation, counts once)."""
