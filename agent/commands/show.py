@@ -114,7 +114,9 @@ def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
     traces = set().union(*(r.traces for r in shown))
     members = {(r.trace, r.span_id) for row in shown for r in row.flat}
     spans = [s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces]
-    found = [cs for cs in coldstarts(spans) if (cs.root.trace_id, cs.root.span_id) in members]
+    found = coldstarts(spans)
+    if len(shown) < len(rows):  # the chosen families' processes, not the other cold starts of their traces
+        found = [cs for cs in found if (cs.root.trace_id, cs.root.span_id) in members]
     probes = [s for s in spans if s.name == "infersight.probe"]
     helpers = [cs for cs in found if is_helper(cs)]
     for cs in found:

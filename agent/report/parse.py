@@ -245,8 +245,9 @@ def _metric(res: Resource, m: Any, out: Telemetry) -> None:
             out.histograms.append(HistSample(res, name, unit, _time(p.get("timeUnixNano")), hp))
 
 
-def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
-    """Every record of one request; a bad record is skipped, the rest are kept."""
+def _records(req: dict[str, Any], out: Telemetry, where: str, traces: set[str] | None = None) -> None:
+    """Every record of one request; a bad record is skipped, the rest are kept. With ``traces``,
+    only the spans of those traces (a second pass: metrics, logs and skips were read in the first)."""
     def each(top: str, scope_key: str, list_key: str) -> Iterable[tuple[Resource, Any]]:
         for raw in _list(req.get(top)):
             block = _dict(raw)
@@ -256,10 +257,15 @@ def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
                     yield res, rec
 
     for res, s in each("resourceSpans", "scopeSpans", "spans"):
+        if traces is not None and not (isinstance(s, dict) and isinstance(s.get("traceId"), str)
+                                       and s["traceId"].lower() in traces):
+            continue
         try:
             out.spans.append(_span(res, s))
         except (_BadRecordError, TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
             out.skipped.append("%s: span skipped: %s" % (where, exc))
+    if traces is not None:
+        return
     for res, m in each("resourceMetrics", "scopeMetrics", "metrics"):
         n = (len(out.samples), len(out.histograms))
         try:
@@ -313,7 +319,7 @@ def iter_lines(lines: Iterable[str], name: str = "-", traces: set[str] | None = 
             yield out
             continue
         try:
-            _records(req, out, "%s:%d" % (name, i))
+            _records(req, out, "%s:%d" % (name, i), traces)
         except (RecursionError, TypeError, AttributeError, ValueError, OverflowError) as exc:  # a resource
             out.skipped.append("%s:%d: line skipped: %s" % (name, i, "nested too deep" if isinstance(
                 exc, RecursionError) else exc))

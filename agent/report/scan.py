@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -93,7 +92,7 @@ class _Line:
     def add(self, t: int, v: float) -> None:
         self.points.append((t, v))
         if len(self.points) > 2 * SERIES_POINTS:
-            pts = sorted({t: v for t, v in self.points}.items())  # one value per time: the last, as gpu.memory
+            pts = sorted(dict(self.points).items())  # one value per time: the last, as gpu.memory
             mid = pts[1:-1]
             self.points = [pts[0], *(max(mid[i:i + 2], key=lambda p: p[1]) for i in range(0, len(mid), 2)),
                            pts[-1]]
@@ -140,7 +139,6 @@ class Scan:
     mem_per_device: dict[str, int] = field(default_factory=dict)
     mem_seen: set[int] = field(default_factory=set)
     _seq: int = 0
-    _sorted: bool = False
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -184,7 +182,6 @@ class Scan:
     def _span(self, s: SpanItem) -> None:
         key = hash((s.trace_id, s.span_id))
         self.span_keys.append(key)
-        self._sorted = False
         self._time(s.start_ns)
         self._time(s.end_ns)
         self.spans_per_trace[s.trace_id] = self.spans_per_trace.get(s.trace_id, 0) + 1
@@ -238,8 +235,7 @@ class Scan:
 
     def span_count(self) -> int:
         """Distinct spans (a file read twice, a path and its rotation, counts once)."""
-        keys = sorted(self.span_keys)
-        return sum(1 for i, k in enumerate(keys) if i == 0 or k != keys[i - 1])
+        return len(self.span_keys) - sum(repeats(self.span_keys))
 
     def oom_logs(self) -> list[LogItem]:
         """The OOMs kept, in file order (``views.ooms`` sorts and numbers them)."""
@@ -252,31 +248,26 @@ class Scan:
     def empty(self) -> bool:
         return not (self.span_keys or self.points or self.logs)
 
-    def _stage_parent(self, key: int) -> int | None:
-        """The parent hash of the ``coldstart.*`` stage with this hash; None if there is no such stage."""
-        if not self._sorted:
-            order = sorted(range(len(self.stage_keys)), key=self.stage_keys.__getitem__)
-            self.stage_keys = array("q", (self.stage_keys[i] for i in order))
-            self.stage_parents = array("q", (self.stage_parents[i] for i in order))
-            self._sorted = True
-        i = bisect_left(self.stage_keys, key)
-        if i < len(self.stage_keys) and self.stage_keys[i] == key:
-            return self.stage_parents[i]
-        return None
+    def _stage_parents(self, wanted: set[int]) -> dict[int, int]:
+        """The parent hash (0: none) of each ``coldstart.*`` stage whose hash is in ``wanted``: one
+        look through the stages' arrays, no copy of them (the first of repeated stages counts)."""
+        found: dict[int, int] = {}
+        if wanted:
+            for key, parent in zip(self.stage_keys, self.stage_parents, strict=True):
+                if key in wanted and key not in found:
+                    found[key] = parent
+        return found
 
     def families(self) -> list[ColdStartRow]:
         """The cold starts as ``views.waterfalls`` groups them, oldest top process first, from the
         compact roots alone: a root whose parent span is another root, or a stage under one (the
         same trace), nests under that root's process."""
         roots = sorted(self.roots.values(), key=lambda r: r.start_ns)
-        by_key = {hash((r.trace, r.span_id)): r for r in roots}
-        owner: dict[int, RootInfo | None] = {}
-        for r in roots:
-            owner[id(r)] = self._owner(r, by_key) if r.parent else None
+        owner = self._owners(roots)
         children: dict[int, list[RootInfo]] = {}
         tops: list[RootInfo] = []
         for r in roots:
-            parent = owner[id(r)]
+            parent = owner.get(id(r))
             if parent is None or parent is r or self._is_under(parent, r, owner):
                 tops.append(r)
             else:
@@ -293,22 +284,32 @@ class Scan:
             out.append(ColdStartRow(top, min(r.start_ns for r in flat), len(flat), flat))
         return out
 
-    def _owner(self, r: RootInfo, by_key: dict[int, RootInfo]) -> RootInfo | None:
-        key = hash((r.trace, r.parent))
-        seen: set[int] = set()
-        while key and key not in seen:
-            hit = by_key.get(key)
-            if hit is not None:
-                return hit
-            seen.add(key)
-            parent = self._stage_parent(key)
-            if parent is None:
-                return None
-            key = parent
-        return None
+    def _owners(self, roots: list[RootInfo]) -> dict[int, RootInfo]:
+        """id(root) -> the root whose process its parent span belongs to: the parent span is that
+        root, or a stage whose chain of ``coldstart.*`` parents reaches it. The chains are walked
+        up one level per look through the stages, for every root at once."""
+        by_key = {hash((r.trace, r.span_id)): r for r in roots}
+        at: dict[int, int] = {id(r): hash((r.trace, r.parent)) for r in roots if r.parent}  # where each walk is
+        owner: dict[int, RootInfo] = {}
+        seen: dict[int, set[int]] = {}
+        while at:
+            for rid, key in list(at.items()):
+                hit = by_key.get(key)
+                if hit is not None:
+                    owner[rid] = hit
+                    del at[rid]
+            parents = self._stage_parents(set(at.values()))
+            for rid, key in list(at.items()):
+                parent = parents.get(key, 0)
+                if not parent or parent in seen.setdefault(rid, set()):
+                    del at[rid]  # not a stage (or the chain ends, or it loops): no owner
+                    continue
+                seen[rid].add(key)
+                at[rid] = parent
+        return owner
 
     @staticmethod
-    def _is_under(parent: RootInfo, r: RootInfo, owner: dict[int, RootInfo | None]) -> bool:
+    def _is_under(parent: RootInfo, r: RootInfo, owner: dict[int, RootInfo]) -> bool:
         """True if ``parent`` already descends from ``r`` (a cycle in bad data)."""
         cur = parent
         for _ in range(64):
@@ -319,6 +320,21 @@ class Scan:
                 return False
             cur = nxt
         return True
+
+
+def repeats(keys: array[int], buckets: int = 16) -> bytearray:
+    """1 for each key equal to an earlier one. The keys are looked at a sixteenth at a time (by
+    their low bits), so the set that finds repeats holds a sixteenth of them."""
+    out = bytearray(len(keys))
+    for b in range(buckets):
+        seen: set[int] = set()
+        for i, k in enumerate(keys):
+            if k % buckets == b:
+                if k in seen:
+                    out[i] = 1
+                else:
+                    seen.add(k)
+    return out
 
 
 def slowest_first(rows: list[ColdStartRow]) -> list[ColdStartRow]:

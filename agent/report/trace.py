@@ -11,7 +11,6 @@ first response, the launcher's probe, OOMs and span events.
 from __future__ import annotations
 
 import heapq
-import itertools
 import json
 import math
 from array import array
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from infersight.agent.report.parse import Telemetry
-from infersight.agent.report.scan import Scan, Source, batches, collect, memory_source
+from infersight.agent.report.scan import Scan, Source, batches, collect, memory_source, repeats
 from infersight.agent.report.views import Family, is_oom, process_label, stage_name, weights_note
 from infersight.telemetry import AttrValue, LogItem, SpanItem
 
@@ -159,12 +158,7 @@ def plan_trace(source: Source) -> TracePlan:
                 names[pid] = process_label(s)
         oom_logs += (x for x in chunk.logs if is_oom(x))
     n = len(pid_of)
-    dup = bytearray(n)
-    order = sorted(range(n), key=sc.span_keys.__getitem__)  # stable: the first of equal keys first
-    for a, b in itertools.pairwise(order):
-        if sc.span_keys[a] == sc.span_keys[b]:
-            dup[b] = 1
-    del order
+    dup = repeats(sc.span_keys)
     times = [min(starts)] if n else []
     times += [x.time_ns for x in oom_logs]
     lanes = array("i", bytes(4 * n))
