@@ -4,7 +4,7 @@ The files are read one line at a time (``parse.iter_lines``) and each line's rec
 into a :class:`Scan`, which keeps, whatever the size of the files:
 
 - per cold start (a ``coldstart`` root span), a compact :class:`RootInfo` (ids, times, ready,
-  the process's label), about 400 bytes;
+  the process's label), under 1 KB with its ranking;
 - per span, 8 bytes (a hash of its trace and span id, to count distinct spans), and 8 more for a
   ``coldstart.*`` stage (its parent's hash, to tell which process started a nested cold start);
 - the metric points and log records the memory and device views use (the others are counted);
