@@ -158,3 +158,47 @@ def test_a_memory_line_is_thinned_while_read_and_keeps_its_peak_and_ends() -> No
     few = _allocated(2 * SERIES_POINTS, spike_at=3)
     (short,) = build(Telemetry(samples=few)).memory[0].series
     assert short.points == [(s.time_ns, s.value) for s in few]
+
+
+def _random_tree(rng: random.Random) -> list[SpanItem]:
+    """Cold starts with stages and nested processes (workers started during a stage, or under a
+    root), some parents in another trace, some missing, some pointing at each other (a loop)."""
+    spans: list[SpanItem] = []
+    ids = iter(range(1, 10_000))
+    for t in range(rng.randrange(1, 6)):
+        trace = "%032x" % (t + 1)
+        owners: list[str] = []  # span ids of roots and stages in this trace
+        for p in range(rng.randrange(1, 5)):
+            res = Resource.of({"service.name": "svc", "process.pid": 1000 * t + p})
+            root = "%016x" % next(ids)
+            start = rng.randrange(0, 100) * S
+            choice = rng.random()
+            parent = (rng.choice(owners) if owners and choice < 0.6 else
+                      "%016x" % rng.randrange(1, 10_000) if choice < 0.8 else None)
+            spans.append(SpanItem(res, trace, root, parent, "coldstart", start, start + rng.randrange(1, 50) * S, {}))
+            level = [root]
+            for _ in range(rng.randrange(0, 6)):
+                sid = "%016x" % next(ids)
+                spans.append(SpanItem(res, trace, sid, rng.choice(level), "coldstart.s%d" % len(level),
+                                      start, start + S, {}))
+                level.append(sid)
+            owners += level
+    rng.shuffle(spans)  # the file's order is not time order
+    return spans
+
+
+def test_the_compact_scan_groups_cold_starts_as_the_waterfalls_do() -> None:
+    """The ranking comes from the scan alone (no spans held): its families (top process, start,
+    number of processes) must be the ones views.waterfalls builds from every span."""
+    from infersight.agent.report.page import scan
+    from infersight.agent.report.scan import memory_source
+    from infersight.agent.report.views import waterfalls
+
+    rng = random.Random(13)
+    for _ in range(300):
+        spans = _random_tree(rng)
+        sc = scan(memory_source(Telemetry(spans=spans)))
+        got = [(f.top.trace, f.top.span_id, f.t0_ns, f.processes) for f in sc.families()]
+        want = [(f.processes[0].root.trace_id, f.processes[0].root.span_id, f.t0_ns, len(f.processes))
+                for f in waterfalls(spans)]
+        assert got == want
