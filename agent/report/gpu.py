@@ -52,11 +52,18 @@ def _pid_of(x: Sample | SpanItem | LogItem) -> str:
     return str(x.resource.get("process.pid") or "?")
 
 
-def _dev_key(attrs: dict[str, AttrValue], device_attr: str, pid: str) -> str:
+def dev_key(attrs: dict[str, AttrValue], device_attr: str, pid: str) -> str:
     hw = attrs.get("hw.id")
     if isinstance(hw, str) and hw:
         return hw
     return "%s (pid %s)" % (attrs.get(device_attr) or "device ?", pid)
+
+
+def used_sample(s: Sample) -> bool:
+    """Whether the memory or device views read this metric point (a streaming reader keeps no other)."""
+    if s.name in ALLOCATOR or s.name.startswith(("hw.", "infersight.device.")):
+        return True
+    return isinstance(s.attributes.get("hw.id"), str) and isinstance(s.attributes.get("hw.name"), str)
 
 
 def _points(samples: list[Sample]) -> list[tuple[int, float]]:
@@ -72,7 +79,7 @@ def memory(t: Telemetry, spans: list[SpanItem], oom_list: list[Oom]) -> list[Mem
     names: dict[str, str] = {}
     for s in t.samples:
         if s.name in ALLOCATOR:
-            key = _dev_key(s.attributes, "infersight.device", _pid_of(s))
+            key = dev_key(s.attributes, "infersight.device", _pid_of(s))
             groups.setdefault(key, {}).setdefault((ALLOCATOR[s.name], _pid_of(s)), []).append(s)
             dev = s.attributes.get("infersight.device")
             if isinstance(dev, str):
@@ -110,7 +117,7 @@ def memory(t: Telemetry, spans: list[SpanItem], oom_list: list[Oom]) -> list[Mem
     for sp in spans:
         for ev in sp.events:
             if ev.name in MEM_EVENTS:
-                c = by_key.get(_dev_key(ev.attributes, "infersight.device", _pid_of(sp)))
+                c = by_key.get(dev_key(ev.attributes, "infersight.device", _pid_of(sp)))
                 if c is not None:
                     c.events.append(_mem_event(ev, sp))
     return charts

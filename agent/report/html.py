@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from infersight import __version__
 from infersight.agent.report.gpu import MemoryChart, Series
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
-from infersight.agent.report.views import Family, Oom, human_bytes, process_label
+from infersight.agent.report.views import Oom, human_bytes, process_label
 from infersight.weights_files import describe
 
 if TYPE_CHECKING:
@@ -91,38 +91,31 @@ def _fmt_s(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else "%.*f s" % (digits, v)
 
 
-def _slowest_first(families: list[Family]) -> list[Family]:
-    return sorted(families, key=lambda f: (-f.processes[0].summary.total_s, f.t0_ns))
-
-
-def _slowest_table(families: list[Family], t0_ns: int) -> str:
+def _slowest_table(r: Report) -> str:
     """The bound's summary: the slowest cold starts in numbers, and how many more there are."""
-    ranked = _slowest_first(families)
     rows = "".join(
         '<tr class="slow-row"><td class="num">%d</td><td>%s</td><td class="num">%.3f s</td>'
         '<td class="num">%.3f s</td><td class="num">%s</td><td class="num">%d</td></tr>' % (
-            n, esc(process_label(f.processes[0].root)), (f.t0_ns - t0_ns) / 1e9,
-            f.processes[0].summary.total_s, esc(_fmt_s(f.processes[0].summary.ready_s)), len(f.processes))
-        for n, f in enumerate(ranked[:MAX_LISTED], 1))
-    more = len(ranked) - MAX_LISTED
+            n, esc(f.top.label), (f.t0_ns - r.t0_ns) / 1e9, f.top.total_s, esc(_fmt_s(f.top.ready_s)), f.processes)
+        for n, f in enumerate(r.slowest[:MAX_LISTED], 1))
+    more = r.coldstart_count - MAX_LISTED
     return ('<p class="bound">%d cold starts: this page draws the %d slowest and lists the %d slowest below '
             "(bounds of the page; <code>infersight show --format json</code> has them all).</p>"
             '<table class="slowest"><tr><th class="num">#</th><th>process</th><th class="num">start</th>'
             '<th class="num">total</th><th class="num">ready</th><th class="num">processes</th></tr>%s</table>%s' % (
-                len(families), MAX_WATERFALLS, min(MAX_LISTED, len(families)), rows,
+                r.coldstart_count, MAX_WATERFALLS, min(MAX_LISTED, r.coldstart_count), rows,
                 '<p class="more">%d more cold starts not listed.</p>' % more if more > 0 else ""))
 
 
-def _coldstart(families: list[Family], t0_ns: int = 0) -> str:
+def _coldstart(r: Report) -> str:
     out = ['<section id="coldstart"><h2>Cold start</h2>',
            legend([("bar", "stage"), ("unattributed", "unattributed (no stage)"), ("ready", "ready"),
                    ("first-response", "first response")]),
            '<p class="muted">Bars share one time axis per cold start; nested stages are indented, and processes '
            "started under another nest below it. Hover a bar for its attributes.</p>"]
-    if len(families) > MAX_WATERFALLS:
-        out.append(_slowest_table(families, t0_ns))
-        drawn = {id(f) for f in _slowest_first(families)[:MAX_WATERFALLS]}
-        families = [f for f in families if id(f) in drawn]
+    if r.coldstart_count > MAX_WATERFALLS:
+        out.append(_slowest_table(r))
+    families = r.families[:MAX_WATERFALLS]  # page.build_from draws the slowest ones, oldest first
     uid = 0
     for fam in families:
         out.append('<div class="family">')
@@ -240,9 +233,9 @@ def _ooms(r: Report) -> str:
            "<th>remedy</th></tr>"]
     for n, o in enumerate(r.ooms[:MAX_OOM_ROWS], 1):
         out.append(_oom_row(n, o, r.t0_ns))
-    if len(r.ooms) > MAX_OOM_ROWS:
+    if r.oom_count > MAX_OOM_ROWS:
         out.append('<tr class="more"><td colspan="15">%d more OOMs not listed (the page lists the first %d).</td>'
-                   "</tr>" % (len(r.ooms) - MAX_OOM_ROWS, MAX_OOM_ROWS))
+                   "</tr>" % (r.oom_count - MAX_OOM_ROWS, MAX_OOM_ROWS))
     out.append('</table><p class="muted">R requested, T device total, F free, A allocated, P reserved by PyTorch, '
                "U this process's use, O other processes, L the per-process cap.</p></section>")
     return "".join(out)
@@ -268,7 +261,7 @@ def _utc(t_ns: int) -> str:
 def render(r: Report, sources: list[str]) -> str:
     sections: list[tuple[str, str, str]] = []
     if r.families:
-        sections.append(("coldstart", "Cold start", _coldstart(r.families, r.t0_ns)))
+        sections.append(("coldstart", "Cold start", _coldstart(r)))
     if r.memory:
         sections.append(("memory", "Memory", _memory(r)))
     if r.devices.rows or r.devices.timelines:
@@ -293,6 +286,6 @@ def render(r: Report, sources: list[str]) -> str:
     foot = ['<footer><p>Written by infersight %s. Times are seconds since %s.</p>' % (esc(__version__), esc(start))]
     if r.skipped:
         foot.append('<p class="skipped">%d line(s) or record(s) skipped:</p><ul>%s</ul>' % (
-            len(r.skipped), "".join("<li><code>%s</code></li>" % esc(s[:300]) for s in r.skipped[:20])))
+            r.skipped_count, "".join("<li><code>%s</code></li>" % esc(s[:300]) for s in r.skipped[:20])))
     foot.append("</footer>")
     return head + "".join(body) + "".join(foot) + "</body></html>\n"

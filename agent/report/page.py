@@ -1,51 +1,80 @@
 """``infersight report FILE... [-o PATH]``: one self-contained HTML page from OTLP JSON files.
 
-I/O at the edge: read the files (``report.parse``), build the views (:func:`build`: ``report.views``
-for cold starts and OOMs, ``report.gpu`` for memory and devices), render the page (``report.html``),
-write it and print its path. Exit 0 with a page; 2 with one line on
+I/O at the edge: read the files one line at a time into a bounded scan (``report.scan``), read
+them again for the spans of the cold starts that are drawn, build the views (:func:`build_from`:
+``report.views`` for cold starts and OOMs, ``report.gpu`` for memory and devices), render the page
+(``report.html``), write it and print its path. Memory does not grow with the spans of the files
+(docs/report.md, "Memory"). Exit 0 with a page; 2 with one line on
 stderr when no file could be read, none holds OTLP data, or the page cannot be written.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from infersight.agent.report import html as report_html
 from infersight.agent.report.gpu import Devices, MemoryChart, devices, memory
-from infersight.agent.report.parse import Telemetry, read_file
-from infersight.agent.report.views import Family, Oom, dedupe_spans, ooms, waterfalls
+from infersight.agent.report.parse import Telemetry, iter_file
+from infersight.agent.report.scan import ColdStartRow, Scan, Source, collect, memory_source, slowest_first
+from infersight.agent.report.views import Family, Oom, ooms
 from infersight.weights_files import CeilingOf
 
 EXIT_ERROR = 2
-
 
 @dataclass(slots=True)
 class Report:
     """Everything the page shows; an empty list is a section left out."""
 
-    families: list[Family]
+    families: list[Family]  # the cold starts drawn (all of them up to html.MAX_WATERFALLS), oldest first
     memory: list[MemoryChart]
     devices: Devices
-    ooms: list[Oom]
+    ooms: list[Oom]  # the first ones in time (html.MAX_OOM_ROWS, and those marked on each chart)
     t0_ns: int  # the earliest record: times on the page are seconds since this
     t1_ns: int
     counts: dict[str, int]
-    skipped: list[str]
+    skipped: list[str]  # the first scan.MAX_SKIPPED notes
+    slowest: list[ColdStartRow] = field(default_factory=list)  # slowest first, up to html.MAX_LISTED
+    coldstart_count: int = 0  # every cold start (family) in the files
+    oom_count: int = 0  # every OOM in the files
+    skipped_count: int = 0  # every line or record skipped
+
+
+def file_source(paths: list[str]) -> Source:
+    def chunks(traces: set[str] | None) -> Iterator[Telemetry]:
+        for p in paths:
+            yield from iter_file(p, traces)
+    return chunks
+
+
+def scan(source: Source) -> Scan:
+    sc = Scan()
+    for chunk in source(None):
+        sc.add(chunk)
+    return sc
 
 
 def build(t: Telemetry, ceiling_of: CeilingOf | None = None) -> Report:
-    spans = dedupe_spans(t.spans)
-    oom_list = ooms(t.logs)
-    times = [s.start_ns for s in spans] + [s.end_ns for s in spans] + [s.time_ns for s in t.samples] + \
-        [x.time_ns for x in t.logs]
-    t0 = min(times) if times else 0
-    t1 = max(times) if times else 1
-    counts = {"spans": len(spans), "metric points": len(t.samples) + len(t.histograms), "log records": len(t.logs),
-              "lines": t.lines}
-    return Report(waterfalls(spans, ceiling_of), memory(t, spans, oom_list), devices(t), oom_list, t0, max(t1, t0 + 1),
-                  counts, list(t.skipped))
+    return build_from(memory_source(t), ceiling_of=ceiling_of)
+
+
+def build_from(source: Source, sc: Scan | None = None, ceiling_of: CeilingOf | None = None) -> Report:
+    """The report in two passes over ``source``: a bounded scan (``report.scan``), then the spans
+    of the cold starts that are drawn."""
+    sc = sc if sc is not None else scan(source)
+    rows = sc.families()
+    ranked = slowest_first(rows)
+    drawn = ranked[: report_html.MAX_WATERFALLS]
+    oom_list = ooms(sc.oom_logs())
+    kept = Telemetry(samples=sc.kept_samples(), histograms=sc.histograms, logs=sc.device_logs)
+    t0 = sc.t0_ns if sc.t0_ns is not None else 0
+    t1 = sc.t1_ns if sc.t1_ns is not None else 1
+    counts = {"spans": sc.span_count(), "metric points": sc.points, "log records": sc.logs, "lines": sc.lines}
+    return Report(collect(source, drawn, ceiling_of), memory(kept, sc.mem_spans, oom_list), devices(kept), oom_list, t0,
+                  max(t1, t0 + 1), counts, list(sc.skipped), ranked[: report_html.MAX_LISTED], len(rows),
+                  sc.oom_count(), len(sc.skipped) + sc.skipped_more)
 
 
 def default_output(path: str) -> str:
@@ -58,35 +87,48 @@ def default_output(path: str) -> str:
     return base + ".html"
 
 
-def read_all(paths: list[str], err: TextIO) -> Telemetry | None:
-    t = Telemetry()
+def scan_files(paths: list[str], err: TextIO, command: str = "report") -> Scan | None:
+    """The first pass over ``paths``, one line at a time; None (and one line on ``err``) if one cannot be read."""
+    sc = Scan()
     for p in paths:
         try:
-            t.extend(read_file(p))
+            for chunk in iter_file(p):
+                sc.add(chunk)
         except OSError as exc:
-            err.write("infersight report: cannot read %s: %s\n" % (p, exc.strerror or exc))
+            err.write("infersight %s: cannot read %s: %s\n" % (command, p, exc.strerror or exc))
             return None
-    return t
+    return sc
+
+
+def report_skips(sc: Scan, err: TextIO, command: str) -> int:
+    total = len(sc.skipped) + sc.skipped_more
+    for s in sc.skipped[:5]:
+        err.write("infersight %s: %s\n" % (command, s))
+    if total > 5:
+        err.write("infersight %s: ... %d more skipped\n" % (command, total - 5))
+    return total
 
 
 def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO,
                ceiling_of: CeilingOf | None = None) -> int:
     """``ceiling_of``: a file's cached storage ceiling, for the ceiling ratio of a cold weights
     file that lacks one (the command hands in the cold-start cache's lookup)."""
-    t = read_all(paths, err)
-    if t is None:
+    sc = scan_files(paths, err)
+    if sc is None:
         return EXIT_ERROR
-    for s in t.skipped[:5]:
-        err.write("infersight report: %s\n" % s)
-    if len(t.skipped) > 5:
-        err.write("infersight report: ... %d more skipped\n" % (len(t.skipped) - 5))
-    if t.skipped:
-        err.write("infersight report: %d line(s) or record(s) skipped in all; the page lists them\n" % len(t.skipped))
-    if t.empty():
+    skipped = report_skips(sc, err, "report")
+    if skipped:
+        err.write("infersight report: %d line(s) or record(s) skipped in all; the page lists them\n" % skipped)
+    if sc.empty():
         err.write("infersight report: no OTLP records in %s (expected OTLP JSON lines, as written by "
                   "'infersight launch' or the agent's file exporter)\n" % ", ".join(paths))
         return EXIT_ERROR
-    page = report_html.render(build(t, ceiling_of), [os.path.basename(p) for p in paths])
+    try:
+        report = build_from(file_source(paths), sc, ceiling_of)
+    except OSError as exc:  # a file removed or cut between the two passes
+        err.write("infersight report: cannot read %s again: %s\n" % (", ".join(paths), exc.strerror or exc))
+        return EXIT_ERROR
+    page = report_html.render(report, [os.path.basename(p) for p in paths])
     dest = output or default_output(paths[0])
     if any(os.path.exists(p) and os.path.exists(dest) and os.path.samefile(p, dest) for p in paths):
         err.write("infersight report: %s is an input; choose another output with -o\n" % dest)

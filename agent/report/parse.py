@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from sys import intern
 from typing import Any
@@ -244,8 +245,9 @@ def _metric(res: Resource, m: Any, out: Telemetry) -> None:
             out.histograms.append(HistSample(res, name, unit, _time(p.get("timeUnixNano")), hp))
 
 
-def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
-    """Every record of one request; a bad record is skipped, the rest are kept."""
+def _records(req: dict[str, Any], out: Telemetry, where: str, traces: set[str] | None = None) -> None:
+    """Every record of one request; a bad record is skipped, the rest are kept. With ``traces``,
+    only the spans of those traces (a second pass: metrics, logs and skips were read in the first)."""
     def each(top: str, scope_key: str, list_key: str) -> Iterable[tuple[Resource, Any]]:
         for raw in _list(req.get(top)):
             block = _dict(raw)
@@ -255,10 +257,15 @@ def _records(req: dict[str, Any], out: Telemetry, where: str) -> None:
                     yield res, rec
 
     for res, s in each("resourceSpans", "scopeSpans", "spans"):
+        if traces is not None and not (isinstance(s, dict) and isinstance(s.get("traceId"), str)
+                                       and s["traceId"].lower() in traces):
+            continue
         try:
             out.spans.append(_span(res, s))
         except (_BadRecordError, TypeError, AttributeError, ValueError, OverflowError, RecursionError) as exc:
             out.skipped.append("%s: span skipped: %s" % (where, exc))
+    if traces is not None:
+        return
     for res, m in each("resourceMetrics", "scopeMetrics", "metrics"):
         n = (len(out.samples), len(out.histograms))
         try:
@@ -279,10 +286,23 @@ OTLP_KEYS = ("resourceSpans", "resourceMetrics", "resourceLogs")
 
 def parse_lines(lines: Iterable[str], name: str = "-") -> Telemetry:
     out = Telemetry()
+    for chunk in iter_lines(lines, name):
+        out.extend(chunk)
+    return out
+
+
+def iter_lines(lines: Iterable[str], name: str = "-", traces: set[str] | None = None) -> Iterator[Telemetry]:
+    """The records of each non-empty line, one :class:`Telemetry` per line, so that a reader
+    holds one line at a time. With ``traces``, only lines that may hold a span of one of those
+    traces are parsed (the others are counted, not read): a second pass that collects a few
+    cold starts skips the rest of a large file at the speed of a regular expression."""
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        out.lines += 1
+        if traces is not None and not _may_hold(line, traces):
+            yield Telemetry(lines=1)
+            continue
+        out = Telemetry(lines=1)
         try:
             req = json.loads(line)
             if text_needs_cleaning(line):  # control characters, lone surrogates: shown as U+FFFD
@@ -292,16 +312,39 @@ def parse_lines(lines: Iterable[str], name: str = "-") -> Telemetry:
             deep = isinstance(exc, (RecursionError, TooDeepError))
             why = "line skipped: nested too deep" if deep else "not JSON%s: %s" % (cut, exc)
             out.skipped.append("%s:%d: %s" % (name, i, why))
+            yield out
             continue
         if not isinstance(req, dict) or not any(k in req for k in OTLP_KEYS):
             out.skipped.append("%s:%d: not an OTLP export request" % (name, i))
+            yield out
             continue
         try:
-            _records(req, out, "%s:%d" % (name, i))
+            _records(req, out, "%s:%d" % (name, i), traces)
         except (RecursionError, TypeError, AttributeError, ValueError, OverflowError) as exc:  # a resource
             out.skipped.append("%s:%d: line skipped: %s" % (name, i, "nested too deep" if isinstance(
                 exc, RecursionError) else exc))
-    return out
+        yield out
+
+
+_TRACE_ID = re.compile(r'"traceId"\s*:\s*"([^"\\]*)"')
+
+
+def _may_hold(line: str, traces: set[str]) -> bool:
+    """False only when no span of ``line`` can belong to ``traces``: every ``"traceId"`` key is
+    written plainly and none names one of them. An escape (``\\u``) could spell a key or an id
+    in another way, so such a line is always read."""
+    if "\\u" in line:
+        return True
+    ids = _TRACE_ID.findall(line)
+    if len(ids) != line.count('"traceId"'):
+        return True
+    return any(t.lower() in traces for t in ids)
+
+
+def iter_file(path: str, traces: set[str] | None = None) -> Iterator[Telemetry]:
+    """:func:`iter_lines` of one file; OSError (missing, a directory, unreadable) is the caller's."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        yield from iter_lines(f, path, traces)
 
 
 def read_file(path: str) -> Telemetry:

@@ -13,19 +13,15 @@ from __future__ import annotations
 import heapq
 import json
 import math
-from typing import Any
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 from infersight.agent.report.parse import Telemetry
-from infersight.agent.report.views import (
-    Family,
-    dedupe_spans,
-    is_oom,
-    process_label,
-    stage_name,
-    waterfalls,
-    weights_note,
-)
-from infersight.telemetry import AttrValue, SpanItem
+from infersight.agent.report.scan import Scan, Source, batches, collect, memory_source, repeats
+from infersight.agent.report.views import Family, is_oom, process_label, stage_name, weights_note
+from infersight.telemetry import AttrValue, LogItem, SpanItem
 
 LANE_TID_BASE = 1 << 30  # extra lanes: above any real Linux tid (pid_max <= 2^22)
 SYNTHETIC_PID_BASE = 1 << 22  # processes without process.pid: above any real pid, within int32
@@ -46,7 +42,15 @@ class _Pids:
 
 
 def _lanes(spans: list[SpanItem]) -> dict[str, int]:
-    """Lane per span id, so that every lane's spans nest properly. O(N log N).
+    """Lane per span id, so that every lane's spans nest properly. O(N log N) (:func:`lane_numbers`)."""
+    order = sorted(range(len(spans)), key=lambda i: (spans[i].start_ns, -spans[i].end_ns))
+    return {spans[i].span_id: lane for i, lane in zip(order, lane_numbers(
+        [spans[i].start_ns for i in order], [spans[i].end_ns for i in order]), strict=True)}
+
+
+def lane_numbers(starts: Sequence[int], ends: Sequence[int]) -> Iterator[int]:
+    """The lane of each span, given in start order (ties: the longer first), so that every
+    lane's spans nest properly. O(N log N).
 
     Each lane is a stack of the end times of its open spans (nested, so the innermost ends
     first). Spans go in start order; a span joins lane 0 if it nests there, else the lane of
@@ -57,7 +61,6 @@ def _lanes(spans: list[SpanItem]) -> dict[str, int]:
     stacks: list[list[int]] = []
     tops: list[tuple[int, int]] = []  # (end of a lane's top span, lane): may hold stale entries
     free: list[int] = []  # lanes with nothing open
-    out: dict[str, int] = {}
     last = 0
 
     def close_until(t: int) -> None:
@@ -77,11 +80,11 @@ def _lanes(spans: list[SpanItem]) -> dict[str, int]:
         st = stacks[lane]
         return not st or end <= st[-1]
 
-    for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns)):
-        close_until(s.start_ns)
-        if stacks and fits(0, s.end_ns):
+    for start, end in zip(starts, ends, strict=True):
+        close_until(start)
+        if stacks and fits(0, end):
             lane = 0
-        elif stacks and fits(last, s.end_ns):
+        elif stacks and fits(last, end):
             lane = last
         else:
             while free and stacks[free[0]]:
@@ -91,10 +94,10 @@ def _lanes(spans: list[SpanItem]) -> dict[str, int]:
             else:
                 stacks.append([])
                 lane = len(stacks) - 1
-        stacks[lane].append(s.end_ns)
-        heapq.heappush(tops, (s.end_ns, lane))
-        out[s.span_id] = last = lane
-    return out
+        stacks[lane].append(end)
+        heapq.heappush(tops, (end, lane))
+        last = lane
+        yield lane
 
 
 def _clean(v: Any) -> Any:
@@ -112,64 +115,134 @@ def _args(attrs: dict[str, AttrValue], **extra: Any) -> dict[str, Any]:
     return a
 
 
-def chrome_trace(t: Telemetry) -> dict[str, Any]:
-    spans = dedupe_spans(t.spans)
-    oom_logs = [x for x in t.logs if is_oom(x)]
-    times = [s.start_ns for s in spans] + [x.time_ns for x in oom_logs]
-    t0 = min(times) if times else 0
+def _thread_id(s: SpanItem) -> int | None:
+    tid = s.attributes.get("thread.id")
+    return tid if isinstance(tid, int) and not isinstance(tid, bool) else None
+
+
+@dataclass(slots=True)
+class TracePlan:
+    """What a first pass over the records learns for the Chrome trace: per span 37 bytes (its pid,
+    times, lane and whether it repeats an earlier one), per process its name, the OOM logs, and
+    the cold starts (``report.scan``) for their marks."""
+
+    scan: Scan
+    pids: _Pids
+    names: dict[int, str]
+    t0: int
+    spans: int
+    dup: bytearray  # 1 for a span that repeats an earlier (trace, span id): not written twice
+    lanes: array[int]
+    used: dict[int, set[int]]  # pid -> lanes used
+    oom_logs: list[LogItem]
+
+    def empty(self) -> bool:
+        return not (self.spans or self.oom_logs)
+
+
+def plan_trace(source: Source) -> TracePlan:
+    sc, pids = Scan(), _Pids()
+    names: dict[int, str] = {}
+    pid_of, starts, ends = array("q"), array("q"), array("q")
+    threaded = bytearray()
+    oom_logs: list[LogItem] = []
+    for chunk in source(None):
+        sc.add(chunk)
+        for s in chunk.spans:
+            pid = pids.of(s)
+            pid_of.append(pid)
+            starts.append(s.start_ns)
+            ends.append(s.end_ns)
+            threaded.append(_thread_id(s) is not None)
+            if s.name == "coldstart" or pid not in names:
+                names[pid] = process_label(s)
+        oom_logs += (x for x in chunk.logs if is_oom(x))
+    n = len(pid_of)
+    dup = repeats(sc.span_keys)
+    times = [min(starts)] if n else []
+    times += [x.time_ns for x in oom_logs]
+    lanes = array("i", bytes(4 * n))
+    used: dict[int, set[int]] = {}
+    by_pid: dict[int, array[int]] = {}
+    for i in range(n):
+        if not dup[i]:
+            used.setdefault(pid_of[i], set())
+            if not threaded[i]:
+                by_pid.setdefault(pid_of[i], array("q")).append(i)
+    for pid, idx in by_pid.items():
+        ordered = sorted(idx, key=ends.__getitem__, reverse=True)  # ties in start: the longer first
+        ordered.sort(key=starts.__getitem__)
+        for i, lane in zip(ordered, lane_numbers([starts[i] for i in ordered], [ends[i] for i in ordered]),
+                           strict=True):
+            lanes[i] = lane
+            used[pid].add(lane)
+    return TracePlan(sc, pids, names, min(times) if times else 0, n, dup, lanes, used, oom_logs)
+
+
+def chrome_events(source: Source, plan: TracePlan, batch_spans: int = 20_000) -> Iterator[dict[str, Any]]:
+    """The trace's events, one at a time: a span's as it is read again, then each process's
+    names, the cold starts' marks (a batch of cold starts per pass) and the OOMs."""
+    t0, pids, names = plan.t0, plan.pids, dict(plan.names)
 
     def us(ns: int) -> float:
         return round((ns - t0) / 1e3, 3)
 
-    pids = _Pids()
-    events: list[dict[str, Any]] = []
-    by_pid: dict[int, list[SpanItem]] = {}
-    names: dict[int, str] = {}
-    for s in spans:
-        pid = pids.of(s)
-        by_pid.setdefault(pid, []).append(s)
-        if s.name == "coldstart" or pid not in names:
-            names[pid] = process_label(s)
-    for pid, ss in sorted(by_pid.items()):
-        lanes = _lanes([s for s in ss if not isinstance(s.attributes.get("thread.id"), int)])
-        used: set[int] = set()
-        for s in ss:
-            tid_attr = s.attributes.get("thread.id")
-            if isinstance(tid_attr, int) and not isinstance(tid_attr, bool):
-                tid = tid_attr
-            else:
-                lane = lanes.get(s.span_id, 0)
-                tid = pid if lane == 0 else LANE_TID_BASE + lane
-                used.add(lane)
-            events.append({
+    i = -1
+    for chunk in source(None):
+        for s in chunk.spans:
+            i += 1
+            if i >= plan.spans or plan.dup[i]:
+                continue  # a repeat; or a file that grew between the passes
+            pid = pids.of(s)
+            tid = _thread_id(s)
+            if tid is None:
+                tid = pid if plan.lanes[i] == 0 else LANE_TID_BASE + plan.lanes[i]
+            yield {
                 "name": s.name, "cat": "coldstart" if s.name.startswith("coldstart") else "span", "ph": "X",
                 "ts": us(s.start_ns), "dur": round((s.end_ns - s.start_ns) / 1e3, 3), "pid": pid, "tid": tid,
                 "args": _args(s.attributes, span_id=s.span_id, parent_span_id=s.parent_span_id,
                               trace_id=s.trace_id, error=s.error),
-            })
+            }
             for e in s.events:
-                if e.name == "infersight.oom" and oom_logs:
+                if e.name == "infersight.oom" and plan.oom_logs:
                     continue  # the OOM log below carries the same verdict
-                events.append({"name": e.name, "cat": "event", "ph": "i", "s": "t", "ts": us(e.time_ns),
-                               "pid": pid, "tid": tid, "args": _args(e.attributes, span_id=s.span_id)})
-        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[pid]}})
-        events.extend({"name": "thread_name", "ph": "M", "pid": pid, "tid": pid if lane == 0 else LANE_TID_BASE + lane,
-                       "args": {"name": "stages" if lane == 0 else "stages (lane %d)" % lane}} for lane in sorted(used))
-    for fam in waterfalls(spans):
-        for wf in fam.processes:
-            pid = pids.of(wf.root)
-            events.extend({"name": m.label, "cat": "coldstart", "ph": "i", "s": "p", "ts": us(m.t_ns),
-                           "pid": pid, "tid": pid, "args": {"detail": m.title}} for m in wf.marks)
-    for x in oom_logs:
+                yield {"name": e.name, "cat": "event", "ph": "i", "s": "t", "ts": us(e.time_ns),
+                       "pid": pid, "tid": tid, "args": _args(e.attributes, span_id=s.span_id)}
+    for pid, used in sorted(plan.used.items()):
+        yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[pid]}}
+        yield from ({"name": "thread_name", "ph": "M", "pid": pid, "tid": pid if lane == 0 else LANE_TID_BASE + lane,
+                     "args": {"name": "stages" if lane == 0 else "stages (lane %d)" % lane}} for lane in sorted(used))
+    for batch in batches(plan.scan, plan.scan.families(), batch_spans):
+        for fam in collect(source, batch):
+            for wf in fam.processes:
+                pid = pids.of(wf.root)
+                yield from ({"name": m.label, "cat": "coldstart", "ph": "i", "s": "p", "ts": us(m.t_ns),
+                             "pid": pid, "tid": pid, "args": {"detail": m.title}} for m in wf.marks)
+    for x in plan.oom_logs:
         pid = pids.of(x)
-        events.append({"name": "OOM: %s" % x.attributes.get("infersight.oom.class", "unknown"), "cat": "oom",
-                       "ph": "i", "s": "p", "ts": us(x.time_ns), "pid": pid, "tid": pid,
-                       "args": _args(x.attributes, body=x.body)})
+        yield {"name": "OOM: %s" % x.attributes.get("infersight.oom.class", "unknown"), "cat": "oom",
+               "ph": "i", "s": "p", "ts": us(x.time_ns), "pid": pid, "tid": pid,
+               "args": _args(x.attributes, body=x.body)}
         if pid not in names:
             names[pid] = process_label(x)
-            events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[pid]}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "infersight", "t0_unix_ns": t0}}
+            yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[pid]}}
+
+
+def chrome_trace(t: Telemetry) -> dict[str, Any]:
+    """The whole trace as one object (records already in memory); ``show`` streams :func:`chrome_events`."""
+    source = memory_source(t)
+    plan = plan_trace(source)
+    return {"traceEvents": list(chrome_events(source, plan)), "displayTimeUnit": "ms",
+            "otherData": {"generator": "infersight", "t0_unix_ns": plan.t0}}
+
+
+def write_chrome_trace(source: Source, plan: TracePlan, out: TextIO) -> None:
+    """``chrome_trace`` as text, written one event at a time (the same bytes as ``dumps(chrome_trace(t))``)."""
+    out.write('{"traceEvents": [')
+    for n, ev in enumerate(chrome_events(source, plan)):
+        out.write((", " if n else "") + dumps(ev))
+    out.write('], "displayTimeUnit": "ms", "otherData": %s}' % dumps({"generator": "infersight",
+                                                                       "t0_unix_ns": plan.t0}))
 
 
 def waterfall_json(families: list[Family]) -> dict[str, Any]:
