@@ -9,22 +9,24 @@ from pathlib import Path
 from typing import Any
 
 
-def write_config(root: Path, extra: str) -> Path:
+def write_config(root: Path, extra: str, agent_keys: str = "") -> Path:
+    """The agent's config file: its socket and spool under ``root``, ``agent_keys`` (lines)
+    added to ``[agent]``, then the sections of ``extra``."""
     conf = root / "infersight.toml"
     conf.write_text(
         "[agent]\n"
         f'socket = "{root / "agent.sock"}"\n'
         f'spool_dir = "{root / "spool"}"\n'
         "health_interval_s = 0.5\n"
-        "shutdown_timeout_s = 10\n"
-        "[exporters.file]\n"
+        "shutdown_timeout_s = 10\n" + agent_keys
+        + "[exporters.file]\n"
         f'path = "{root / "out.otlp.jsonl"}"\n' + extra
     )
     return conf
 
 
-def start_agent(root: Path, env: dict[str, str], extra: str) -> subprocess.Popen[bytes]:
-    conf = write_config(root, extra)
+def start_agent(root: Path, env: dict[str, str], extra: str, agent_keys: str = "") -> subprocess.Popen[bytes]:
+    conf = write_config(root, extra, agent_keys)
     env = {k: v for k, v in env.items() if not k.startswith(("INFERSIGHT_", "OTEL_EXPORTER_OTLP"))}
     proc = subprocess.Popen(
         [sys.executable, "-m", "infersight", "agent", "--config", str(conf)],

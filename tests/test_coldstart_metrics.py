@@ -10,8 +10,13 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from infersight.agent.coldstart import storage_ceiling
 from infersight.agent.coldstart.metrics import (
+    CEILING,
+    CEILING_RATIO,
+    CEILING_RATIO_BOUNDS,
     COUNT,
+    DEVICE,
     DURATION,
     DURATION_BOUNDS_S,
     METRICS,
@@ -19,6 +24,8 @@ from infersight.agent.coldstart.metrics import (
     THROUGHPUT,
     THROUGHPUT_BOUNDS,
     ColdStartMetrics,
+    ceiling_item,
+    ceiling_ratio,
     render_reference_markdown,
     weights_throughput,
 )
@@ -26,7 +33,7 @@ from infersight.coldstart_stages import ended_by, stage_durations
 from infersight.exporters.mqtt_payload import Topics, decode, encode_batch
 from infersight.exporters.otlp_json import encode_lines
 from infersight.exporters.prometheus_endpoint import SeriesStore, metric_name
-from infersight.telemetry import ColdStart, HistogramPoint, MetricItem, NumberPoint, Resource, SpanItem
+from infersight.telemetry import ColdStart, HistogramPoint, MetricItem, NumberPoint, Resource, SpanEvent, SpanItem
 
 ROOT = Path(__file__).resolve().parent.parent
 S = 1_000_000_000
@@ -313,7 +320,7 @@ def test_mqtt_coldstart_message_carries_stage_durations() -> None:
 def test_reference_table_in_docs_is_current() -> None:
     table = render_reference_markdown()
     assert table in (ROOT / "docs" / "telemetry.md").read_text()
-    assert [m.name for m in METRICS] == [DURATION, THROUGHPUT, COUNT]
+    assert [m.name for m in METRICS] == [DURATION, THROUGHPUT, CEILING_RATIO, COUNT, CEILING]
 
 
 def test_module_prints_the_table() -> None:
@@ -331,3 +338,176 @@ def test_items_survive_the_exporter_spool_codec() -> None:
     _, items = _items()
     back = [itemcodec.from_dict(json.loads(json.dumps(itemcodec.to_dict(m)))) for m in items]
     assert back == items
+
+
+# -- against the storage ceiling --------------------------------------------------------------
+
+
+def weights_file(path: str, rate: float, read_s: float, cached: float, ratio: float | None) -> SpanEvent:
+    a: dict[str, object] = {"path": path, "bytes": int(rate * read_s), "read_s": read_s, "bytes_per_s": rate,
+                            "page_cache_ratio": cached}
+    if ratio is not None:
+        a["storage_ceiling_bytes_per_s"] = rate / ratio
+        a["ceiling_ratio"] = ratio
+    return SpanEvent("weights_file", T0, a)  # type: ignore[arg-type]
+
+
+def test_ceiling_ratio_weighs_files_by_what_their_ceiling_would_have_read() -> None:
+    r = res()
+    cs = cold_start(r, 5, [])
+    cs.root.events.extend([
+        weights_file("/nvme/a", 1e8, 2.0, 0.0, 0.5),  # ceiling 2e8: could have read 4e8 in 2 s
+        weights_file("/nvme/b", 3e8, 1.0, 0.1, 0.75),  # ceiling 4e8: 4e8 in 1 s
+        weights_file("/warm", 9e9, 1.0, 0.9, 45.0),  # warm: says nothing about the disk
+        weights_file("/unknown", 1e8, 1.0, 0.0, None),  # cold, no ceiling known
+        weights_file("/nan", 1e8, 1.0, 0.0, float("nan")),
+    ])
+    assert ceiling_ratio(cs) == pytest.approx((2e8 + 3e8) / (4e8 + 4e8))
+    acc = ColdStartMetrics()
+    acc.observe(cs, T0)
+    items = acc.observe(cs, T0 + S)
+    (m,) = [m for m in items if m.name == CEILING_RATIO]
+    (p,) = m.points
+    assert isinstance(p, HistogramPoint) and p.attributes == {} and m.unit == "1"
+    assert p.count == 2 and p.bounds == list(CEILING_RATIO_BOUNDS)
+    assert p.bucket_counts[CEILING_RATIO_BOUNDS.index(0.7)] == 2  # (0.6, 0.7]
+    store = SeriesStore(target_info=False)
+    store.add([m])
+    got = _scrape(store)
+    base = {"host_name": "gpu-01", "service_instance_id": "gpu-01", "service_name": "svc"}
+    assert got[("infersight_coldstart_weights_ceiling_ratio_bucket", _key(base, le="0.6"))] == 0
+    assert got[("infersight_coldstart_weights_ceiling_ratio_bucket", _key(base, le="0.7"))] == 2
+
+
+def test_no_ceiling_ratio_without_a_cold_file_with_a_ceiling() -> None:
+    r = res()
+    warm = cold_start(r, 5, [])
+    warm.root.events.append(weights_file("/warm", 9e9, 1.0, 1.0, 4.5))
+    unknown = cold_start(r, 5, [])
+    unknown.root.events.append(weights_file("/cold", 1e8, 1.0, 0.0, None))
+    _, spans_only = _items()  # an older root: spans with a ratio but no summaries
+    acc = ColdStartMetrics()
+    for cs in (warm, unknown):
+        assert ceiling_ratio(cs) is None
+        assert CEILING_RATIO not in {m.name for m in acc.observe(cs, T0)}
+    assert CEILING_RATIO not in {m.name for m in spans_only}
+
+
+def test_ceiling_gauge_names_and_labels() -> None:
+    agent = Resource.of({"service.name": "infersight-agent", "host.name": "gpu-01", "process.pid": 7,
+                         "infersight.agent.mode": "daemon"})
+    assert ceiling_item(agent, {}, T0, T0) is None  # no ceiling known: no series
+    item = ceiling_item(agent, {"vda": 2.2e9, "0:52": 5e8}, T0 + S, T0)
+    assert item is not None and item.kind == "gauge" and item.unit == "By/s" and item.name == CEILING
+    assert [(p.attributes[DEVICE], p.value) for p in item.points] == [("0:52", 5e8), ("vda", 2.2e9)]  # type: ignore[union-attr]
+    assert metric_name(item) == "infersight_storage_ceiling_bytes_per_second"
+    store = SeriesStore(target_info=False)
+    store.add([item])
+    base = {"host_name": "gpu-01", "service_name": "infersight-agent"}
+    got = _scrape(store)
+    assert got[("infersight_storage_ceiling_bytes_per_second", _key(base, infersight_storage_device="vda"))] == 2.2e9
+    (msg,), _ = encode_batch([item], Topics.of("infersight", "gpu-01"))
+    assert msg.topic == "infersight/gpu-01/agent"  # the agent's own metrics topic
+
+
+def _seed(cache: Path, devices: dict[str, object]) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"schema": 1, "devices": devices}))
+
+
+def test_known_ceilings_label_by_block_device_and_skip_what_is_no_measurement(tmp_path: Path) -> None:
+    sys_root = tmp_path / "sys"
+    for key, uevent in (("259:1", "MAJOR=259\nMINOR=1\nDEVNAME=nvme0n1p1\nDEVTYPE=partition\n"),
+                        ("8:1", "MAJOR=8\nMINOR=1\nDEVNAME=sd\x1b[31ma\n")):  # not a plain name
+        d = sys_root / "dev" / "block" / key
+        d.mkdir(parents=True)
+        (d / "uevent").write_text(uevent)
+    cache = tmp_path / "cache" / "infersight" / "storage_ceiling.json"
+    _seed(cache, {
+        "259:1": {"bytes_per_s": 3e9}, "8:1": {"bytes_per_s": 2e8}, "0:52": {"bytes_per_s": 5e8},
+        "evil\u001b[2J": {"bytes_per_s": 1e9}, "7:0": {"bytes_per_s": "fast"}, "7:1": {"bytes_per_s": -1},
+        "7:2": {"bytes_per_s": True}, "7:3": {}, "7:4": "not an entry", "7:5": {"bytes_per_s": 0.5},
+        "7:6": {"bytes_per_s": 0.25},
+    })
+    # Infinity and NaN, which Python's json reads back: no measurement either.
+    cache.write_text(cache.read_text().replace("0.5}", "Infinity}").replace("0.25}", "NaN}"))
+    assert storage_ceiling.known_ceilings(str(cache), str(sys_root)) == {
+        "nvme0n1p1": 3e9, "8:1": 2e8, "0:52": 5e8}  # no sysfs entry (overlay, tmpfs): major:minor
+    assert storage_ceiling.known_ceilings(str(tmp_path / "none.json"), str(sys_root)) == {}
+    cache.write_text("{not json")
+    assert storage_ceiling.known_ceilings(str(cache), str(sys_root)) == {}
+
+
+class _Capture:
+    """A sink that keeps what it gets (the agent's exporter protocol, nothing more)."""
+
+    name = "capture"
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def export(self, batch: list[object]) -> None:
+        self.items.extend(batch)
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        return True
+
+    async def shutdown(self) -> None:
+        pass
+
+    def state(self) -> dict[str, int | float | str]:
+        return {}
+
+
+async def test_agent_exports_the_cached_ceilings_and_their_changes(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real agent with the cold-start extension: the ceilings its cache holds go out as the
+    gauge on the agent's resource, a device added later (``launch`` measured one) too."""
+    import asyncio
+
+    from infersight.agent.coldstart.extension import ColdStartExtension
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("INFERSIGHT_MEASURE_STORAGE", "0")  # only what the cache holds
+    cache = Path(storage_ceiling.cache_path())
+    _seed(cache, {"0:4242": {"bytes_per_s": 1.5e9}})
+    conf = cfg.load(None, env={}, flags={
+        "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),
+        "agent.health_interval_s": 0.05, "agent.state_dir": str(tmp_path / "state"),
+    })  # fmt: skip
+    sink = _Capture()
+    coldstart = ColdStartExtension(conf)
+    coldstart.ceiling_poll_s = 0.05
+    agent = Agent(conf, [sink], [coldstart], exporter_spool_root=str(tmp_path / "xspool"))
+
+    def gauges() -> list[MetricItem]:
+        return [i for i in sink.items if isinstance(i, MetricItem) and i.name == CEILING]
+
+    async def until(pred: object) -> bool:
+        for _ in range(400):
+            if pred():  # type: ignore[operator]
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    await agent.start()
+    try:
+        assert await until(gauges)
+        first = gauges()[0]
+        assert first.resource.get("service.name") == "infersight-agent" and first.resource.get("host.name")
+        assert [(p.attributes, p.value) for p in first.points] == [({DEVICE: "0:4242"}, 1.5e9)]  # type: ignore[union-attr]
+        assert coldstart.health()["storage_ceilings"] == {"0:4242": 1.5e9}
+        _seed(cache, {"0:4242": {"bytes_per_s": 1.5e9}, "0:4243": {"bytes_per_s": 4e8}})
+        assert await until(lambda: len(gauges()[-1].points) == 2)
+        assert {p.attributes[DEVICE]: p.value for p in gauges()[-1].points} == {  # type: ignore[union-attr]
+            "0:4242": 1.5e9, "0:4243": 4e8}
+        sent = len(gauges())
+        await asyncio.sleep(0.3)  # several polls with nothing new: not re-sent before a minute
+        assert len(gauges()) == sent
+    finally:
+        await agent.shutdown(5)

@@ -4,9 +4,10 @@ returns data.
 
 FAKE NVML: two fake GPUs (tests/fake_nvml, a C libnvidia-ml.so.1 driving nvidia-ml-py's real
 bindings); GPU 1 is thermally throttled, trained at x8 and has corrected ECC errors. The rest is
-real: hooked processes (two cold starts that load weights with torch, a server that listens,
-times requests on both GPUs and reports OOMs), the agent with its Prometheus endpoint and
-routing hints, Prometheus with the shipped rule files.
+real: hooked processes (two cold starts that load weights with torch, each from a file evicted
+from the page cache, a server that listens, times requests on both GPUs and reports OOMs), the
+agent with its Prometheus endpoint and routing hints, and measuring its state directory's
+storage ceiling at start (a fresh cache, nothing seeded), Prometheus with the shipped rule files.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import pytest
 from conftest import free_port, hook_env, wait_for
 from devices_agent_runner import start_agent
 from fake_nvml.helpers import build_fake_nvml, fake_env
+
+from infersight.agent.coldstart import storage_ceiling
+from infersight.agent.commands.pagecache import evict
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "exporters" / "prometheus" / "grafana" / "infersight.json"
@@ -107,7 +111,8 @@ def test_dashboard_is_well_formed() -> None:
     for metric in ("infersight_coldstart_duration_seconds_bucket", "infersight_oom_count_total",
                    "infersight_request_duration_seconds_bucket", "infersight_device_throttle", "hw_errors_total",
                    "infersight_device_pcie_link_width", "infersight_routing_weight_ratio",
-                   "infersight_instance_settled", "service:infersight_coldstart_seconds:p95_1d"):
+                   "infersight_instance_settled", "service:infersight_coldstart_seconds:p95_1d",
+                   "infersight_storage_ceiling_bytes_per_second", "infersight_coldstart_weights_ceiling_ratio_bucket"):
         assert metric in text, metric
 
 
@@ -173,7 +178,10 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     extra = ("[nvml]\ninterval_s = 0.2\n[devices]\nevaluate_interval_s = 0.5\nwindow_s = 120\n"
              f"[exporters.prometheus]\nenabled = true\nport = {prom_port}\n"
              "[routing]\nenabled = true\nagent_check_port = 0\n")
-    agent = start_agent(tmp_path, fake_env(libdir, cfg), extra)
+    # The agent's own ceiling cache, empty: it measures its state directory's device (the
+    # weights file's too) at start, as in production (INFERSIGHT_MEASURE_STORAGE is on by default).
+    agent_env = {**fake_env(libdir, cfg), "XDG_CACHE_HOME": str(tmp_path / "agent-cache")}
+    agent = start_agent(tmp_path, agent_env, extra, agent_keys='state_dir = "%s"\n' % (tmp_path / "state"))
     prom = Prometheus(tmp_path, prom_port)
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -193,16 +201,26 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(stack: dict[str, 
     prom: Prometheus = stack["prom"]
     sock, spool = root / "agent.sock", root / "spool"
     assert wait_for(prom.ready, 60), (root / "prometheus.log").read_text()
+    # The agent measured its state directory's device: the ceiling is scraped before any load.
+    ceiling = "infersight_storage_ceiling_bytes_per_second"
+    assert wait_for(lambda: prom.query(ceiling), 120), (root / "agent.log").read_text()
     weights = root / "weights.pt"
     subprocess.run([sys.executable, "-c", "import sys, torch; torch.save({'w': torch.zeros(512, 1024)}, sys.argv[1])",
                     str(weights)], check=True, timeout=120)
     script = root / "coldstart.py"
     script.write_text(COLD_START)
-    env = hook_env(sock, spool, OTEL_SERVICE_NAME="grafana-llm")
-    assert subprocess.run([sys.executable, str(script), str(weights)], env=env, timeout=120).returncode == 0
+    # The hooks' own ceiling cache is empty: each file's ceiling ratio is the agent's figure.
+    env = hook_env(sock, spool, OTEL_SERVICE_NAME="grafana-llm", XDG_CACHE_HOME=str(root / "hooks-cache"))
+
+    def cold_start() -> None:
+        ev = evict([str(weights)])
+        assert ev.files == 1 and not ev.still_resident, ev  # the load reads from the disk
+        assert subprocess.run([sys.executable, str(script), str(weights)], env=env, timeout=120).returncode == 0
+
+    cold_start()
     # Rates need two samples that differ: the second cold start comes once the first was scraped.
     assert wait_for(lambda: prom.query('infersight_coldstart_duration_seconds_count{service_name="grafana-llm"}'), 60)
-    assert subprocess.run([sys.executable, str(script), str(weights)], env=env, timeout=120).returncode == 0
+    cold_start()
     server = root / "server.py"
     server.write_text(SERVER)
     stack["procs"].append(subprocess.Popen([sys.executable, str(server)],
@@ -231,3 +249,12 @@ def test_every_panel_query_returns_data_from_a_real_prometheus(stack: dict[str, 
     assert widths == {"0": 16.0, "1": 8.0}
     ooms = prom.query('sum by (infersight_oom_class) (infersight_oom_count_total)')
     assert ooms and all(float(r["value"][1]) >= 1 for r in ooms)
+    # The ceiling is the agent's measurement of the device the weights are on, labelled by its
+    # block device name (or major:minor), and both cold starts were compared with it.
+    key = storage_ceiling.device_key(str(weights))
+    measured = storage_ceiling.load_cache(str(root / "agent-cache" / "infersight" / "storage_ceiling.json"))
+    (point,) = prom.query('%s{infersight_storage_device="%s"}' % (ceiling, storage_ceiling.device_label(key)))
+    assert point["metric"]["service_name"] == "infersight-agent"
+    assert float(point["value"][1]) == pytest.approx(float(measured[key]["bytes_per_s"]))
+    (ratios,) = prom.query('infersight_coldstart_weights_ceiling_ratio_count{service_name="grafana-llm"}')
+    assert float(ratios["value"][1]) == 2

@@ -193,7 +193,7 @@ def test_launch_exports_over_otlp_when_endpoint_is_set(tmp_path: Path, protocol:
         assert rx.log_count() >= 1
     # The file gets the same spans, with the service name from OTEL_SERVICE_NAME.
     roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
-    res = read_otlp_lines(out)[0]["resourceSpans"][0]["resource"]
+    res = next(line for line in read_otlp_lines(out) if "resourceSpans" in line)["resourceSpans"][0]["resource"]
     assert roots and attr(res, "service.name") == "demo-svc"
 
 

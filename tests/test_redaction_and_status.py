@@ -40,7 +40,7 @@ def test_command_line_and_environment_are_not_exported(tmp_path: Path, agent_fac
     assert agent.stop() == 0
     text = agent.out.read_text()
     assert "KEY-987" not in text and "tok-123-secret" not in text and "--api-key" not in text
-    res = read_otlp_lines(agent.out)[0]["resourceSpans"][0]["resource"]
+    res = next(line for line in read_otlp_lines(agent.out) if "resourceSpans" in line)["resourceSpans"][0]["resource"]
     assert attr(res, "process.command") == "serve.py"  # the script's name only, never its arguments
 
 

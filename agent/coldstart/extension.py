@@ -8,6 +8,10 @@ Each finished cold start feeds :class:`~infersight.agent.coldstart.metrics.ColdS
 whose snapshot goes out in the cold start's own batch, right after its summary (the MQTT
 payload and ``launch`` read them together); on each heartbeat the services that did not start
 for a while are re-sent, so the series of rarely starting services stay live.
+
+The storage ceilings known (the agent measures its state directory's device at start;
+``launch`` caches those of weights files) go out as the gauge ``infersight.storage.ceiling``,
+one point per device: read from the cache off the loop, sent when they change and every minute.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 from infersight import weights_files
 from infersight.agent.coldstart import storage_ceiling
-from infersight.agent.coldstart.metrics import ColdStartMetrics
+from infersight.agent.coldstart.metrics import REFRESH_NS, ColdStartMetrics, ceiling_item
 from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply
@@ -34,6 +38,7 @@ log = logging.getLogger("infersight.agent.coldstart")
 MEASURE_NICE = 19  # the storage measurement at start: the lowest CPU priority (its thread only)
 
 PROGRESS_TICK_S = 0.2
+CEILING_POLL_S = 15.0  # the ceiling cache is re-read this often (launch may add a device)
 
 
 class ColdStartExtension:
@@ -44,6 +49,9 @@ class ColdStartExtension:
         self.tracker = ProgressTracker(history_path_from(config.get("agent.state_dir")))
         self.metrics = ColdStartMetrics()  # per service, across producers
         self.state_dir = config.get("agent.state_dir")
+        self.ceiling_poll_s = CEILING_POLL_S
+        self.ceilings: dict[str, float] = {}  # device label -> bytes/s, as last exported
+        self._measured = asyncio.Event()  # a measurement ended: read the cache now
         self._agent: AgentContext | None = None
 
     def kinds(self) -> Mapping[str, KindHandler]:
@@ -57,11 +65,11 @@ class ColdStartExtension:
         agent.on_coldstart(self.metrics.observe)
         if self.state_dir and measure_storage_enabled():
             agent.spawn(self._measure_storage(str(self.state_dir)), "coldstart-storage-ceiling")
+        agent.spawn(self._export_ceilings(agent), "coldstart-ceiling-gauge")
         agent.on_heartbeat(lambda: agent.broadcaster.publish(self.metrics.due(time.time_ns())))
         agent.spawn(self._publish_progress(agent), "coldstart-progress")
 
-    @staticmethod
-    async def _measure_storage(directory: str) -> None:
+    async def _measure_storage(self, directory: str) -> None:
         """The storage ceiling of the state directory's device, once (cached): off the hot path,
         on a thread at the lowest CPU and I/O priority, so that a first cold load already has a
         ceiling without competing with it for the disk."""
@@ -80,9 +88,31 @@ class ColdStartExtension:
             entry = await asyncio.get_running_loop().run_in_executor(pool, measure)
         finally:
             pool.shutdown(wait=False)
+            self._measured.set()
         if entry is not None:
             log.debug("storage ceiling of device %s: %.0f MiB/s", entry.get("device"),
                       float(entry.get("bytes_per_s", 0)) / 2**20)
+
+    async def _export_ceilings(self, agent: AgentContext) -> None:
+        """The ``infersight.storage.ceiling`` gauge while a ceiling is known: the cache is read on
+        a worker thread; sent at once when it changed, else every minute (a pull endpoint expires
+        series nobody refreshed)."""
+        sent_ns = 0
+        start_ns = time.time_ns()
+        while True:
+            self._measured.clear()  # a measurement that ends while the cache is read wakes the next round
+            known = await asyncio.to_thread(storage_ceiling.known_ceilings)
+            now = time.time_ns()
+            if known != self.ceilings or now - sent_ns >= REFRESH_NS:
+                self.ceilings = known
+                item = ceiling_item(agent.resource, known, now, start_ns)
+                if item is not None:
+                    agent.broadcaster.publish([item])
+                    sent_ns = now
+            try:
+                await asyncio.wait_for(self._measured.wait(), self.ceiling_poll_s)
+            except TimeoutError:
+                pass
 
     async def _publish_progress(self, agent: AgentContext) -> None:
         while True:
@@ -96,7 +126,8 @@ class ColdStartExtension:
 
     def health(self) -> Mapping[str, Any]:
         return {"coldstarts": self.tracker.snapshot(), "coldstarts_not_tracked": self.tracker.refused_warming,
-                "coldstart_history_lines_skipped": self.tracker.history.corrupt_lines}
+                "coldstart_history_lines_skipped": self.tracker.history.corrupt_lines,
+                "storage_ceilings": dict(self.ceilings)}
 
     async def aclose(self) -> None:
         """Nothing warms any more: clear what still shows as warming."""

@@ -2,7 +2,7 @@
 
 One host's trace answers "where did this start go?"; a fleet asks "what is p95 of
 ``weights_load`` for service X this week?". That is a histogram question, so every finished
-cold start also feeds three cumulative OTel metrics, per service:
+cold start also feeds four cumulative OTel metrics, per service:
 
 - ``infersight.coldstart.duration`` (histogram, ``s``): one observation per stage present,
   attribute ``infersight.stage`` (``unattributed`` included, from the root's
@@ -10,12 +10,19 @@ cold start also feeds three cumulative OTel metrics, per service:
 - ``infersight.coldstart.weights.bytes_per_s`` (histogram, ``By/s``): one observation per cold
   start that read weights (from the root's ``weights_file`` summaries: lazy loads count too),
   attribute ``infersight.weights.cache`` = ``cold`` or ``warm``;
+- ``infersight.coldstart.weights.ceiling_ratio`` (histogram, ``1``): one observation per cold
+  start whose cold weights files have a ceiling ratio (from the same summaries): how much of
+  the storage ceiling its cold reads reached;
 - ``infersight.coldstart.count`` (monotonic sum): attribute ``infersight.coldstart.ended_by``.
 
 :class:`ColdStartMetrics` accumulates across cold starts and producers (the cold-start
 extension holds one), so counts add up in one series per service and stage. The metric resource keeps only what
 names the service on this host (``service.name``, ``host.name``...; ``service.instance.id`` is
-the host), never a pid: a restart loop must not open a new series per process. Fed, as the
+the host), never a pid: a restart loop must not open a new series per process.
+
+Beside them, :func:`ceiling_item` is the agent's gauge ``infersight.storage.ceiling`` (``By/s``):
+the measured ceiling of each storage device known, on the agent's own resource, attribute
+``infersight.storage.device``: what the throughput is compared with. Fed, as the
 assembler's cold-start observer, from the one place where a cold-start root is finished
 (:mod:`infersight.agent.daemon.assemble`, and ``launch`` for a launcher-only root);
 :data:`METRICS` is the source of the table in docs/telemetry.md (regenerate with
@@ -25,8 +32,9 @@ assembler's cold-start observer, from the one place where a cold-start root is f
 from __future__ import annotations
 
 import bisect
+import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from infersight import weights_files
@@ -44,7 +52,10 @@ from infersight.telemetry import (
 DURATION = "infersight.coldstart.duration"
 THROUGHPUT = "infersight.coldstart.weights.bytes_per_s"
 COUNT = "infersight.coldstart.count"
+CEILING_RATIO = "infersight.coldstart.weights.ceiling_ratio"
+CEILING = "infersight.storage.ceiling"
 CACHE = "infersight.weights.cache"
+DEVICE = "infersight.storage.device"
 OTHER = "other"  # custom stages past MAX_STAGES fold into this one
 
 # Seconds. Dense (about x2) below 10 s, where imports and small models live; x1.5-2 from 10 s
@@ -59,6 +70,11 @@ DURATION_BOUNDS_S: tuple[float, ...] = (
 # page cache (memcpy speed, 5-30 GB/s).
 THROUGHPUT_BOUNDS: tuple[float, ...] = (
     10e6, 25e6, 50e6, 100e6, 250e6, 500e6, 1e9, 2e9, 4e9, 8e9, 16e9, 32e9, 64e9,
+)  # fmt: skip
+# Share of the storage ceiling a cold start's cold reads reached: tenths from 0 to 1, with 0.05
+# (latency-bound reads of small files). Above 1: the ceiling was measured low (a busy disk).
+CEILING_RATIO_BOUNDS: tuple[float, ...] = (
+    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25,
 )  # fmt: skip
 COLD_BELOW = 0.5  # page_cache_ratio under this is a cold read (as ceiling_ratio's rule)
 MAX_RESOURCES = 256  # services held; the least recently observed is forgotten past this
@@ -90,8 +106,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(THROUGHPUT, "histogram", "By/s",
                "Weights read throughput of one cold start (all its weights files), by page-cache state",
                attributes=(CACHE,)),
+    MetricSpec(CEILING_RATIO, "histogram", "1",
+               "Cold weights reads of one cold start over the storage ceiling of their devices (1 = at the ceiling)"),
     MetricSpec(COUNT, "sum", "{coldstart}", "Finished cold starts, by what ended them",
                monotonic=True, attributes=(ENDED_BY,)),
+    MetricSpec(CEILING, "gauge", "By/s",
+               "Sequential cold-read ceiling of a storage device, as measured and cached (the agent's "
+               "resource: service_name infersight-agent, host_name)",
+               attributes=(DEVICE,)),
 )  # fmt: skip
 SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
@@ -134,6 +156,35 @@ def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
     if nbytes <= 0 or seconds <= 0:
         return None
     return ("cold" if resident / nbytes < COLD_BELOW else "warm"), nbytes / seconds
+
+
+def ceiling_ratio(cs: ColdStart) -> float | None:
+    """The share of the storage ceiling the cold start's cold weights reads reached, or None.
+
+    Over the root's ``weights_file`` summaries that have a ``ceiling_ratio`` (cold files whose
+    device ceiling was known): the bytes they read over the bytes their devices' ceilings
+    would have delivered in the same reading times, so one file gives its own ratio and a
+    large file weighs more than a small one. One observation per cold start.
+    """
+    served = possible = 0.0
+    for e in weights_files.events(cs):
+        rate, read_s, ratio, cached = (as_number(e.attributes.get(k))
+                                       for k in ("bytes_per_s", "read_s", "ceiling_ratio", "page_cache_ratio"))
+        if rate is None or read_s is None or ratio is None or cached is None or cached >= COLD_BELOW \
+                or not all(0 < v < math.inf for v in (rate, read_s, ratio)):
+            continue  # a warm file, no ceiling known, or a figure that is no measurement
+        served += rate * read_s
+        possible += rate / ratio * read_s  # the file's device ceiling x its reading time
+    return served / possible if possible > 0 else None
+
+
+def ceiling_item(resource: Resource, ceilings: Mapping[str, float], t_ns: int, start_ns: int) -> MetricItem | None:
+    """The ``infersight.storage.ceiling`` gauge: one point per device label, None when none is known."""
+    if not ceilings:
+        return None
+    spec = SPECS[CEILING]
+    points = [NumberPoint(rate, {DEVICE: device}) for device, rate in sorted(ceilings.items())]
+    return MetricItem(resource, spec.name, spec.kind, spec.unit, spec.description, t_ns, start_ns, points)
 
 
 def is_helper(cs: ColdStart) -> bool:
@@ -186,6 +237,7 @@ class _Histogram:
 class _Service:
     durations: dict[str, _Histogram] = field(default_factory=dict)
     throughput: dict[str, _Histogram] = field(default_factory=dict)
+    ceiling_ratio: _Histogram | None = None
     counts: dict[str, int] = field(default_factory=dict)
     emitted_ns: int = 0  # time of the last snapshot that carried this service
 
@@ -239,6 +291,11 @@ class ColdStartMetrics:
         w = weights_throughput(cs)
         if w is not None:
             svc.throughput.setdefault(w[0], _Histogram(THROUGHPUT_BOUNDS)).add(w[1])
+        c = ceiling_ratio(cs)
+        if c is not None:
+            if svc.ceiling_ratio is None:
+                svc.ceiling_ratio = _Histogram(CEILING_RATIO_BOUNDS)
+            svc.ceiling_ratio.add(c)
         end = ended_by(cs)
         if end not in svc.counts and len(svc.counts) >= MAX_ENDED_BY:
             end = OTHER
@@ -272,6 +329,8 @@ class ColdStartMetrics:
         out = [item(SPECS[DURATION], [h.point({STAGE: s}) for s, h in sorted(svc.durations.items())])]
         if svc.throughput:
             out.append(item(SPECS[THROUGHPUT], [h.point({CACHE: c}) for c, h in sorted(svc.throughput.items())]))
+        if svc.ceiling_ratio is not None:
+            out.append(item(SPECS[CEILING_RATIO], [svc.ceiling_ratio.point({})]))
         out.append(item(SPECS[COUNT], [NumberPoint(n, {ENDED_BY: e}) for e, n in sorted(svc.counts.items())]))
         return out
 

@@ -16,8 +16,10 @@ The hooks read the same file (``hooks/_coldstart.storage_ceiling``, and
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -84,6 +86,43 @@ def lookup(path: str, cache: str | None = None) -> dict[str, Any] | None:
         return load_cache(cache).get(device_key(path))
     except OSError:
         return None
+
+
+MAX_DEVICES = 64  # ceilings exported at most (the cache holds one per device measured)
+_DEVICE_KEY = re.compile(r"\d{1,10}:\d{1,10}")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def device_label(key: str, sys_root: str = "/sys") -> str:
+    """The block device's kernel name (``nvme0n1p1``, node_exporter's ``device`` label) of a
+    ``major:minor`` key, from ``/sys/dev/block/<key>/uevent``; the key itself where there is
+    none (overlay, tmpfs, NFS: no block device) or the name is not plain."""
+    try:
+        with open(os.path.join(sys_root, "dev", "block", key, "uevent"), encoding="ascii", errors="replace") as f:
+            for line in f.read(4096).splitlines():
+                name, _, value = line.partition("=")
+                if name == "DEVNAME" and _DEVICE_NAME.fullmatch(value):
+                    return value
+    except OSError:
+        pass
+    return key
+
+
+def known_ceilings(cache: str | None = None, sys_root: str = "/sys") -> dict[str, float]:
+    """{device label: bytes/s} of every device the cache holds a usable ceiling for (the
+    agent's measurement of its state directory, ``launch``'s of weights files): keys that
+    are ``major:minor`` and finite positive rates only, at most :data:`MAX_DEVICES`."""
+    out: dict[str, float] = {}
+    for key, entry in sorted(load_cache(cache).items()):
+        rate = entry.get("bytes_per_s")
+        if not _DEVICE_KEY.fullmatch(key) or isinstance(rate, bool) or not isinstance(rate, (int, float)) \
+                or not math.isfinite(rate) or rate <= 0:
+            continue
+        label = device_label(key, sys_root)
+        out[label] = max(float(rate), out.get(label, 0.0))
+        if len(out) >= MAX_DEVICES:
+            break
+    return out
 
 
 def _open_direct(path: str) -> tuple[int, str]:
