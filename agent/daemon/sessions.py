@@ -131,9 +131,14 @@ class Sessions:
                     sub.send(mine)
 
     def _producer_info(self, resource: Resource) -> dict[str, Any] | None:
+        """The hello of the producer whose items carry ``resource``. A second uid that presents
+        the same producer id is kept as ``<id>@<uid>`` but its items carry the same
+        service.instance.id: the kernel's uid (process.user.id) tells the two apart."""
         pid = resource.get("service.instance.id")
         p = self.assembler.producers.get(pid) if isinstance(pid, str) else None
-        return p.info if p is not None else None
+        if p is None or p.info.get("uid") != resource.get("process.user.id"):
+            return None
+        return p.info
 
     def _visible(self, sub: Subscriber, it: Item) -> bool:
         """Only the subscriber's own uid's producers (root: any)."""
