@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.agent.daemon.identity import process_start
 from infersight.agent.routing import hints
 from infersight.instances import InstanceLatency
 from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
@@ -34,19 +35,6 @@ LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions,
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[], Mapping[str, float]]
 Alive = Callable[[int, str | None], bool]
-
-
-def process_start(pid: int) -> str | None:
-    """The start time of a live process from /proc (tells a reused pid); None when gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X", b"x"):
-        return None
-    return fields[19].decode()
 
 
 def _alive(pid: int, start: str | None) -> bool:
