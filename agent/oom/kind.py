@@ -187,6 +187,22 @@ def _int_map(v: Any, name: str) -> dict[str, int]:
 # -- the handlers ---------------------------------------------------------------------------
 
 
+def _emit(p: Producer, origin: Origin, t_ns: int, sp: str | None, cls: str, body: str, attrs: Attributes,
+          out: list[Item]) -> None:
+    """One classified OOM on every sink: the log record, the event on its span, and the
+    producer's ``infersight.oom.count`` per class."""
+    out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, attrs,
+                       p.info["trace_id"] if sp else None, sp, "oom", origin))
+    p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
+    counts: dict[str, int] = p.state.setdefault("oom_counts", {})
+    counts[cls] = counts.get(cls, 0) + 1
+    out.append(MetricItem(
+        p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
+        int(p.info.get("start_ns") or t_ns),
+        [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
+    ))
+
+
 class OomHandlers:
     """The ``oom`` and ``mem`` kind handlers, sharing a classifier and an NVML view."""
 
@@ -319,17 +335,7 @@ class OomHandlers:
         self.ooms += 1
         sp = _span_id(d) or p.info.get("root_span_id")
         attrs = self._attributes(verdict, source, dev, uuid, backend, d, snap, nvml_used, msg)
-        body = one_line(verdict, dev)
-        out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, attrs,
-                           p.info["trace_id"] if sp else None, sp, "oom", origin))
-        p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
-        counts: dict[str, int] = p.state.setdefault("oom_counts", {})
-        counts[verdict.cls] = counts.get(verdict.cls, 0) + 1
-        out.append(MetricItem(
-            p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
-            int(p.info.get("start_ns") or t_ns),
-            [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
-        ))
+        _emit(p, origin, t_ns, sp, verdict.cls, one_line(verdict, dev), attrs, out)
 
     def _seen_text(self, p: Producer, key: str, t_ns: int, source: str = "") -> str | None:
         """The source that first saw the same message in the last DEDUP_WINDOW_NS, from any
@@ -378,16 +384,7 @@ class OomHandlers:
             a["infersight.oom.engine.%s" % k] = int(x) if float(x).is_integer() else float(x)
         body = " ".join(("OOM [%s]: %s by rule %s: %s%s" % (
             f.engine, f.cls, f.rule, f.reason + " " if f.reason else "", f.remedy)).split())
-        out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, a,
-                           p.info["trace_id"] if sp else None, sp, "oom", origin))
-        p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(a)))
-        counts: dict[str, int] = p.state.setdefault("oom_counts", {})
-        counts[f.cls] = counts.get(f.cls, 0) + 1
-        out.append(MetricItem(
-            p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
-            int(p.info.get("start_ns") or t_ns),
-            [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
-        ))
+        _emit(p, origin, t_ns, sp, f.cls, body, a, out)
 
     def _duplicate(
         self, p: Producer, t_ns: int, source: str, dev: int | None, req: int | None, msg: OomMessage | None
