@@ -113,7 +113,8 @@ class RoutingExtension:
     def health(self) -> Mapping[str, Any]:
         if self.server is None:
             return {"routing": {"enabled": self.enabled, "agent_check_port": None}}
-        return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot()}}
+        return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot(),
+                            "port_claims_refused": self.table.port_claims_refused}}
 
     async def aclose(self) -> None:
         server, self.server = self.server, None

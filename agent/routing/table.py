@@ -35,11 +35,35 @@ LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions,
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[], Mapping[str, float]]
 Alive = Callable[[int, str | None], bool]
+TCP_LISTEN = "0A"
+MAX_TABLE_BYTES = 4 << 20
 
 
 def _alive(pid: int, start: str | None) -> bool:
     """Unknown (no pid, or a process this agent cannot see: another pid namespace) counts as alive."""
     return pid <= 0 or start is None or process_start(pid) == start
+
+
+def listener_uids(pid: int, port: int, proc_root: str = "/proc") -> set[int] | None:
+    """The uids owning a socket that listens on TCP ``port`` in ``pid``'s network namespace
+    (``/proc/<pid>/net/tcp{,6}``, the ``uid`` column); None when the tables cannot be read."""
+    out: set[int] = set()
+    read = False
+    for name in ("tcp", "tcp6"):
+        try:
+            with open("%s/%d/net/%s" % (proc_root, pid, name), "rb") as f:
+                text = f.read(MAX_TABLE_BYTES).decode("ascii", "replace")
+        except OSError:
+            continue
+        read = True
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            try:
+                if len(fields) > 7 and fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    out.add(int(fields[7]))
+            except (IndexError, ValueError):
+                continue
+    return out if read else None
 
 
 @dataclass
@@ -49,6 +73,7 @@ class Instance:
     pid: int
     start: str | None  # /proc start time, to tell its pid reused
     resource: Resource
+    uid: int | None = None  # the kernel's (process.user.id); None for an in-process producer
     ready_at_s: float | None = None  # Unix seconds of readiness
     port: int | None = None
     seen_s: float = 0.0  # its last stage span or request in the window
@@ -73,9 +98,10 @@ class RoutingTable:
         self.max_concurrency = max_concurrency
         self.alive = alive
         self.clock = clock
+        self.port_claims_refused = 0  # a readiness port whose listener is another uid's
         self.instances: dict[str, Instance] = {}  # producer -> instance
         self.ports: dict[int, str] = {}  # port -> producer
-        self.vacated: dict[int, tuple[str, float]] = {}  # port -> (service, since)
+        self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since)
         self.replies: dict[int, str] = {}
         self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
         self._latency: dict[str, InstanceLatency] = {}
@@ -99,22 +125,39 @@ class RoutingTable:
             pid_v = span.resource.get("process.pid")
             pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
             service = str(span.resource.get("service.name") or "unknown_service")
+            uid_v = span.resource.get("process.user.id")
             inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
-                                                       span.resource)
+                                                       span.resource, uid_v if type(uid_v) is int else None)
             self._take_vacated(inst)
         inst.seen_s = self.clock()
         if span.name == READY_STAGE and inst.ready_at_s is None:
             inst.ready_at_s = span.end_ns / 1e9
             port = span.attributes.get("server.port")
-            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and self._owns(inst, port):
                 self._assign(inst, port)
         if inst.port is not None:  # answer the new state at once, not at the next refresh
             self._decide(inst, {}, {}, self.clock())
             self.replies[inst.port] = inst.reply
 
+    def _owns(self, inst: Instance, port: int) -> bool:
+        """Whether ``inst`` may claim ``port``: the port a producer says it listens on is its
+        word, so where the kernel shows a listener on that port in its network namespace, one
+        of them must be of the instance's uid (another user cannot take over, or drain, the
+        port of someone else's server). Not checkable (an in-process producer, tables that
+        cannot be read, nobody listening yet): taken as said."""
+        if inst.uid is None or inst.uid == 0 or inst.pid <= 0:
+            return True
+        owners = listener_uids(inst.pid, port)
+        if not owners or inst.uid in owners:
+            return True
+        self.port_claims_refused += 1
+        return False
+
     def _take_vacated(self, inst: Instance) -> None:
-        """A new instance of a service whose instance left a port: its restart, on that port."""
-        mine = [(since, port) for port, (service, since) in self.vacated.items() if service == inst.service]
+        """A new instance of a service whose instance left a port: its restart, on that port
+        (the same service of the same uid: another user's process of that name is not it)."""
+        mine = [(since, port) for port, (service, uid, since) in self.vacated.items()
+                if service == inst.service and uid == inst.uid]
         if mine:
             self._assign(inst, max(mine)[1])
 
@@ -148,15 +191,15 @@ class RoutingTable:
                 del self.instances[producer]
                 if inst.port is not None and self.ports.get(inst.port) == producer:
                     del self.ports[inst.port]
-                    self.vacated[inst.port] = (inst.service, now)
+                    self.vacated[inst.port] = (inst.service, inst.uid, now)
                     self._gone.append((inst.resource, inst.service, inst.port))
-        for port, (service, since) in list(self.vacated.items()):
+        for port, (service, uid, since) in list(self.vacated.items()):
             if now - since > VACATED_TTL_S:
                 del self.vacated[port]
                 continue
             # Its restart may have started warming before this refresh saw the old process end.
             waiting = [i for i in self.instances.values()
-                       if i.service == service and i.port is None and i.ready_at_s is None]
+                       if i.service == service and i.uid == uid and i.port is None and i.ready_at_s is None]
             if waiting:
                 self._assign(waiting[-1], port)
         while len(self.vacated) > MAX_VACATED:
