@@ -590,6 +590,18 @@ def _value(name: str, raw: str, unit: str | None) -> float | None:
         return None
 
 
+def _take_values(m: re.Match[str], values: dict[str, float]) -> None:
+    """The quantities ``m``'s named groups hold, into ``values`` (a quantity found before is kept)."""
+    groups = m.groupdict()
+    unit = groups.get("unit")
+    for g, raw in groups.items():
+        if g == "unit" or raw is None or g in values:
+            continue
+        v = _value(g, raw, unit)
+        if v is not None:
+            values[g] = v
+
+
 @dataclass(slots=True)
 class _Hit:
     rule: ServingRule
@@ -614,13 +626,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
         if not text:
             text = m.group(0)
         last = max(last, _line_of(wstarts, i, m.end() - 1 if m.end() > m.start() else m.start()))
-        unit = m.groupdict().get("unit")
-        for g, raw in m.groupdict().items():
-            if g == "unit" or raw is None or g in values:
-                continue
-            v = _value(g, raw, unit)
-            if v is not None:
-                values[g] = v
+        _take_values(m, values)
     if rule.require_match and not text:
         return None
     if rule.context:
@@ -640,13 +646,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
             ln = _line_of(cstarts, c0, found.start())
             first = min(first, ln)
             last = max(last, ln)
-            unit = found.groupdict().get("unit")
-            for g, raw in found.groupdict().items():
-                if g == "unit" or raw is None or g in values:
-                    continue
-                v = _value(g, raw, unit)
-                if v is not None:
-                    values[g] = v
+            _take_values(found, values)
     if not text:
         line = lines[i].strip()
         anchor = next((a for a in rule.anchors if a in line), "")
