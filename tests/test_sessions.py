@@ -152,3 +152,31 @@ def test_a_second_uid_presenting_a_producers_id_is_not_taken_for_it() -> None:
     user, root = asyncio.run(main())
     assert user == ["mine"]
     assert root == ["mine"]
+
+
+def test_one_uid_cannot_take_every_subscription() -> None:
+    """A user that opens subscriptions and never ends them is refused past its own share; the
+    next user (and root) still subscribe."""
+
+    async def main() -> tuple[list[str], list[str]]:
+        asm = Assembler("host")
+        sess = sessions.Sessions(asm, dict, lambda _pid: False, lambda: 0)
+        held = [await subscriber(sess, 1000, ["log"]) for _ in range(sessions.MAX_SUBSCRIBERS_PER_UID)]
+        replies = []
+        for uid in (1000, 2000, 0):
+            ours, theirs = socket.socketpair()
+            reader, writer = await asyncio.open_unix_connection(sock=theirs)
+            task = asyncio.create_task(sess.serve({"t": "subscribe", "session": SESSION, "kinds": ["log"]},
+                                                  uid, reader, writer))
+            await asyncio.sleep(0.05)
+            replies.append(read_frames(ours)[0]["t"])
+            ours.close()
+            held.append((ours, task))
+        for s, _ in held:
+            s.close()
+        await asyncio.gather(*(t for _, t in held), return_exceptions=True)
+        return replies[:1], replies[1:]
+
+    first, others = asyncio.run(main())
+    assert first == ["refuse"]
+    assert others == ["subscribed", "subscribed"]

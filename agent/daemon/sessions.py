@@ -38,6 +38,7 @@ log = logging.getLogger("infersight.sessions")
 KINDS = ("coldstart", "progress", "span", "log", "metric")
 MAX_BUFFERED_BYTES = 8 << 20  # a subscriber that lets this much pile up loses items (counted)
 MAX_SUBSCRIBERS = 256
+MAX_SUBSCRIBERS_PER_UID = 16  # one user's idle subscriptions cannot take every other user's place
 END_POLL_S = 0.02
 FRAME_TARGET_BYTES = _wire.MAX_FRAME_BYTES // 2
 
@@ -113,6 +114,10 @@ class Sessions:
     def __len__(self) -> int:
         return sum(len(v) for v in self.subscribers.values())
 
+    def of_uid(self, uid: int) -> int:
+        """The subscriptions open for ``uid``."""
+        return sum(1 for subs in self.subscribers.values() for sub in subs if sub.uid == uid)
+
     def tap(self, items: Sequence[Item]) -> None:
         if not self.subscribers:
             return
@@ -157,7 +162,8 @@ class Sessions:
         session = msg.get("session")
         kinds = msg.get("kinds") or list(KINDS)
         if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(kinds, list)
-                or not all(k in KINDS for k in kinds) or len(self) >= MAX_SUBSCRIBERS):
+                or not all(k in KINDS for k in kinds) or len(self) >= MAX_SUBSCRIBERS
+                or (uid != 0 and self.of_uid(uid) >= MAX_SUBSCRIBERS_PER_UID)):
             writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION,
                                              "error": "malformed subscription (or too many)"}))
             await writer.drain()
