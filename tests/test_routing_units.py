@@ -408,3 +408,35 @@ def test_another_uid_cannot_take_over_or_drain_a_port_it_does_not_listen_on() ->
     assert w.table.reply(port) == "up 100%\n"  # another user's "llm" is not its restart: fail open
     w.table.observe([_user_span("restart", "coldstart.runtime_init", w.clock(), 21, uid)])
     assert w.table.reply(port) == "drain\n"  # the victim's restart: drained until ready
+
+
+def test_one_uid_cannot_crowd_the_table() -> None:
+    """Another user's many warming processes take at most their uid's share of the table: the
+    next instance of this user is still tracked (drained while warming, not failed open)."""
+    from infersight.agent.routing import table as rt
+
+    w = World()
+    uid = os.geteuid()
+    for n in range(rt.MAX_INSTANCES + 5):  # enough to fill the whole table
+        w.table.observe([_user_span("crowd-%d" % n, "coldstart.runtime_init", w.clock(), 100_000 + n, uid + 4242)])
+    assert len(w.table.instances) == rt.MAX_INSTANCES_PER_UID
+    w.table.observe([_user_span("mine", "coldstart.runtime_init", w.clock(), 99, uid)])
+    assert "mine" in w.table.instances
+
+
+def test_one_uid_cannot_crowd_the_request_instances() -> None:
+    """Per-instance latency (what routing weighs) keeps at most a uid's share for another
+    user's many processes: this user's instance still gets its P50."""
+    import time as _time
+
+    from infersight.agent.requests import kind as rk
+
+    stats = rk.RequestStats()
+    now = _time.time_ns()
+    ev = rk.ReqEvent("cuda:0", "m", None, "http", now, 0.02, None, None, None, None, None, None)
+    for n in range(rk.MAX_INSTANCES + 5):  # enough to fill every place
+        stats.record("crowd-%d" % n, Resource.of({"service.name": "llm", "process.pid": 100_000 + n,
+                                                  "process.user.id": 2000}), ev, now)
+    stats.record("mine", Resource.of({"service.name": "llm", "process.pid": 7, "process.user.id": 1000}), ev, now)
+    by_producer = {lat.producer: lat for lat in stats.instance_latency()}
+    assert len(by_producer) == rk.MAX_INSTANCES_PER_UID + 1 and "mine" in by_producer

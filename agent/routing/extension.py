@@ -114,7 +114,8 @@ class RoutingExtension:
         if self.server is None:
             return {"routing": {"enabled": self.enabled, "agent_check_port": None}}
         return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot(),
-                            "port_claims_refused": self.table.port_claims_refused}}
+                            "port_claims_refused": self.table.port_claims_refused,
+                            "instances_refused": self.table.instances_refused}}
 
     async def aclose(self) -> None:
         server, self.server = self.server, None

@@ -27,6 +27,7 @@ from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
 
 READY_STAGE = "coldstart.ready_wait"
 MAX_INSTANCES = 1024
+MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_VACATED = 256
 VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
 QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
@@ -99,6 +100,7 @@ class RoutingTable:
         self.alive = alive
         self.clock = clock
         self.port_claims_refused = 0  # a readiness port whose listener is another uid's
+        self.instances_refused = 0  # new instances past MAX_INSTANCES (or their uid's share)
         self.instances: dict[str, Instance] = {}  # producer -> instance
         self.ports: dict[int, str] = {}  # port -> producer
         self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since)
@@ -120,14 +122,17 @@ class RoutingTable:
         producer = span.origin.producer if span.origin else ""
         inst = self.instances.get(producer)
         if inst is None:
-            if len(self.instances) >= MAX_INSTANCES:
+            uid_v = span.resource.get("process.user.id")
+            uid = uid_v if type(uid_v) is int else None
+            of_uid = sum(1 for i in self.instances.values() if i.uid == uid) if uid is not None else 0
+            if len(self.instances) >= MAX_INSTANCES or of_uid >= MAX_INSTANCES_PER_UID:
+                self.instances_refused += 1
                 return
             pid_v = span.resource.get("process.pid")
             pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
             service = str(span.resource.get("service.name") or "unknown_service")
-            uid_v = span.resource.get("process.user.id")
             inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
-                                                       span.resource, uid_v if type(uid_v) is int else None)
+                                                       span.resource, uid)
             self._take_vacated(inst)
         inst.seen_s = self.clock()
         if span.name == READY_STAGE and inst.ready_at_s is None:
