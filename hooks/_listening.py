@@ -12,8 +12,8 @@ other processes in the same network namespace are remembered as foreign).
 The same tables come cheaper through ``sock_diag`` netlink, which filters on the LISTEN
 state in the kernel: ``/proc/net/tcp`` lists every connection of the namespace (a host with
 a thousand TIME_WAIT sockets makes it a 2 ms read), the dump only the listeners. The
-``/proc`` files are the fallback where netlink is refused (seccomp, old kernels), and for
-another network namespace.
+``/proc`` files are the fallback where netlink is refused (seccomp, old kernels), and for a
+process in another network namespace (sock_diag answers for the watcher's own only).
 
 Not readiness: a ``torch.distributed`` store on ``MASTER_PORT``, multiprocessing's sockets
 (``pymp-`` directories) and abstract unix names.
@@ -210,9 +210,24 @@ class ListenWatch:
         # (socket activation, a re-exec): listening from the start, they say nothing of readiness.
         self.foreign: Set[int] = set(inherited)
         self.skip = _skip_ports()
+        self._netns: Dict[Union[int, str], bool] = {}  # pid -> in our network namespace
+
+    def _same_netns(self, pid: Union[int, str]) -> bool:
+        """``pid`` is in this process's network namespace (the only one sock_diag answers for)."""
+        if pid == "self":
+            return True
+        seen = self._netns.get(pid)
+        if seen is None:
+            try:
+                seen = os.readlink("/proc/%s/ns/net" % pid) == os.readlink("/proc/self/ns/net")
+            except OSError:
+                seen = False  # cannot tell: its own /proc tables
+            if len(self._netns) < 64:
+                self._netns[pid] = seen
+        return seen
 
     def tables(self, pid: Union[int, str]) -> Dict[int, Found]:
-        if self.netlink:
+        if self.netlink and self._same_netns(pid):
             try:
                 return netlink_listening(self.unix, self.skip)
             except OSError:
