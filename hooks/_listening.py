@@ -43,20 +43,32 @@ def _read(path: str) -> str:
         return ""
 
 
-def tcp_listening(text: str, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
-    """inode -> ("tcp", port) for the LISTEN lines of a ``/proc/net/tcp{,6}`` table."""
-    out: Dict[int, Found] = {}
+def tcp_listeners(text: str) -> List[Tuple[int, int, int]]:
+    """(port, uid, inode) of each LISTEN line of a ``/proc/net/tcp{,6}`` table."""
+    out: List[Tuple[int, int, int]] = []
     for line in text.splitlines()[1:]:
         f = line.split()
         if len(f) < 10 or f[3] != TCP_LISTEN:
             continue
         try:
-            port, inode = int(f[1].rsplit(":", 1)[1], 16), int(f[9])
+            out.append((int(f[1].rsplit(":", 1)[1], 16), int(f[7]), int(f[9])))
         except (IndexError, ValueError):
             continue
-        if inode and port not in skip_ports:
-            out[inode] = ("tcp", port)
     return out
+
+
+def tcp_listening(text: str, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
+    """inode -> ("tcp", port) for the LISTEN lines of a ``/proc/net/tcp{,6}`` table."""
+    return {inode: ("tcp", port) for port, _uid, inode in tcp_listeners(text) if inode and port not in skip_ports}
+
+
+def listener_uids(pid: int, port: int, proc_root: str = "/proc") -> Optional[Set[int]]:
+    """The uids owning a socket that listens on TCP ``port`` in ``pid``'s network namespace
+    (``/proc/<pid>/net/tcp{,6}``); None when neither table can be read."""
+    texts = [_read("%s/%d/net/%s" % (proc_root, pid, name)) for name in ("tcp", "tcp6")]
+    if not any(texts):
+        return None
+    return {uid for text in texts for p, uid, _inode in tcp_listeners(text) if p == port}
 
 
 def unix_listening(text: str) -> Dict[int, Found]:

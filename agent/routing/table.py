@@ -22,6 +22,7 @@ from typing import Any
 
 from infersight.agent.daemon.identity import process_start
 from infersight.agent.routing import hints
+from infersight.hooks._listening import listener_uids
 from infersight.instances import InstanceLatency
 from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
 
@@ -36,35 +37,11 @@ LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions,
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[], Mapping[str, float]]
 Alive = Callable[[int, str | None], bool]
-TCP_LISTEN = "0A"
-MAX_TABLE_BYTES = 4 << 20
 
 
 def _alive(pid: int, start: str | None) -> bool:
     """Unknown (no pid, or a process this agent cannot see: another pid namespace) counts as alive."""
     return pid <= 0 or start is None or process_start(pid) == start
-
-
-def listener_uids(pid: int, port: int, proc_root: str = "/proc") -> set[int] | None:
-    """The uids owning a socket that listens on TCP ``port`` in ``pid``'s network namespace
-    (``/proc/<pid>/net/tcp{,6}``, the ``uid`` column); None when the tables cannot be read."""
-    out: set[int] = set()
-    read = False
-    for name in ("tcp", "tcp6"):
-        try:
-            with open("%s/%d/net/%s" % (proc_root, pid, name), "rb") as f:
-                text = f.read(MAX_TABLE_BYTES).decode("ascii", "replace")
-        except OSError:
-            continue
-        read = True
-        for line in text.splitlines()[1:]:
-            fields = line.split()
-            try:
-                if len(fields) > 7 and fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    out.add(int(fields[7]))
-            except (IndexError, ValueError):
-                continue
-    return out if read else None
 
 
 @dataclass
