@@ -190,12 +190,13 @@ class _FileLoader(FileLoader):
     def _check_hooks_reading(self, rules: list[tuple[int, StageRule]]) -> None:
         """The hooks read id, stage and targets without tomllib: one-line strings without
         escapes. Refuse what they would not read as tomllib does."""
+        lines = self.text.split("\n")
         for i, r in rules:
             for key in ("id", "stage", "targets"):
                 at = self.keys.find(("stage", i, key))
                 if at is None:
                     continue
-                text = self.text.split("\n")[at.line - 1]
+                text = lines[at.line - 1]
                 if "\\" in text or '"""' in text or "'''" in text:
                     self.err(at.line, f"{r.id}: {key}: write plain strings (no escapes, no multi-line strings): "
                                       "the hooks read this file without a TOML library")
