@@ -54,7 +54,7 @@ from prometheus_client.utils import floatToGoString
 
 from infersight.exporters.base import ExportError
 from infersight.metricspec import MetricSpec, prometheus_name
-from infersight.settings import Config, Key, section_settings
+from infersight.settings import Config, Key, parse_listen_host, parse_listen_port, section_settings, strip_host
 from infersight.settings import parse_bool as _p_bool
 from infersight.settings import parse_int as _p_int
 from infersight.telemetry import (
@@ -455,11 +455,6 @@ class _Collector:
 # -- the exporter ------------------------------------------------------------------------------
 
 
-def _strip_host(host: str) -> str:
-    h = host.strip()
-    return h[1:-1] if h.startswith("[") and h.endswith("]") else h
-
-
 class PrometheusExporter:
     """A ``/metrics`` endpoint (prometheus-client's threaded WSGI server) over a :class:`SeriesStore`."""
 
@@ -480,7 +475,7 @@ class PrometheusExporter:
         if max_series < 1:
             raise ValueError("max_series must be at least 1")
         self.name = "prometheus"
-        self.host = _strip_host(host) or DEFAULT_HOST
+        self.host = strip_host(host) or DEFAULT_HOST
         self.port = port
         self.store = SeriesStore(max_series, series_ttl_s, target_info, max_series_per_uid)
         self.progress = WarmingGauges()
@@ -590,19 +585,6 @@ def shipped_rule_files() -> list[Path]:
 # -- configuration -----------------------------------------------------------------------------
 
 
-def _p_port(v: Any) -> int:
-    n = _p_int(v)
-    if not 0 <= n <= 65535:
-        raise ValueError("expected a port in 0..65535 (0: any free port)")
-    return n
-
-
-def _p_host(v: Any) -> str:
-    if not isinstance(v, str) or not _strip_host(v):
-        raise ValueError("expected a host name or address (0.0.0.0 or :: for all interfaces)")
-    return _strip_host(v)
-
-
 def _p_max_series(v: Any) -> int:
     n = _p_int(v)
     if n < 1:
@@ -629,9 +611,9 @@ def _p_ttl(v: Any) -> float:
 _K = "exporters.prometheus."
 PROMETHEUS_KEYS: tuple[Key, ...] = (
     Key(_K + "enabled", _p_bool, lambda: False, "INFERSIGHT_PROMETHEUS", "serve /metrics for Prometheus to scrape"),
-    Key(_K + "host", _p_host, lambda: DEFAULT_HOST, "INFERSIGHT_PROMETHEUS_HOST",
+    Key(_K + "host", parse_listen_host, lambda: DEFAULT_HOST, "INFERSIGHT_PROMETHEUS_HOST",
         "address the endpoint binds (0.0.0.0 or :: exposes it on every interface)"),
-    Key(_K + "port", _p_port, lambda: DEFAULT_PORT, "INFERSIGHT_PROMETHEUS_PORT", "port of the endpoint"),
+    Key(_K + "port", parse_listen_port, lambda: DEFAULT_PORT, "INFERSIGHT_PROMETHEUS_PORT", "port of the endpoint"),
     Key(_K + "max_series", _p_max_series, lambda: DEFAULT_MAX_SERIES, "INFERSIGHT_PROMETHEUS_MAX_SERIES",
         "series held at most; points past it are dropped and counted"),
     Key(_K + "max_series_per_uid", _p_nonneg, lambda: 0, "INFERSIGHT_PROMETHEUS_MAX_SERIES_PER_UID",

@@ -90,11 +90,10 @@ def install_logging(logging: Any) -> None:
     warning = int(logging.WARNING)
 
     def callHandlers(self: Any, record: Any) -> None:  # noqa: N802 - the stdlib's name
-        if record.levelno >= warning:
+        # Formatted only while something can still be sent (report_text checks the needles).
+        if record.levelno >= warning and len(_seen) < MAX_REPORTS and _runtime.active():
             try:
-                text = _record_text(record)
-                if interesting(text):
-                    report_text(text, "log")
+                report_text(_record_text(record), "log")
             except Exception:
                 pass
         orig(self, record)

@@ -12,8 +12,8 @@ other processes in the same network namespace are remembered as foreign).
 The same tables come cheaper through ``sock_diag`` netlink, which filters on the LISTEN
 state in the kernel: ``/proc/net/tcp`` lists every connection of the namespace (a host with
 a thousand TIME_WAIT sockets makes it a 2 ms read), the dump only the listeners. The
-``/proc`` files are the fallback where netlink is refused (seccomp, old kernels), and for
-another network namespace.
+``/proc`` files are the fallback where netlink is refused (seccomp, old kernels), and for a
+process in another network namespace (sock_diag answers for the watcher's own only).
 
 Not readiness: a ``torch.distributed`` store on ``MASTER_PORT``, multiprocessing's sockets
 (``pymp-`` directories) and abstract unix names.
@@ -43,20 +43,32 @@ def _read(path: str) -> str:
         return ""
 
 
-def tcp_listening(text: str, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
-    """inode -> ("tcp", port) for the LISTEN lines of a ``/proc/net/tcp{,6}`` table."""
-    out: Dict[int, Found] = {}
+def tcp_listeners(text: str) -> List[Tuple[int, int, int]]:
+    """(port, uid, inode) of each LISTEN line of a ``/proc/net/tcp{,6}`` table."""
+    out: List[Tuple[int, int, int]] = []
     for line in text.splitlines()[1:]:
         f = line.split()
         if len(f) < 10 or f[3] != TCP_LISTEN:
             continue
         try:
-            port, inode = int(f[1].rsplit(":", 1)[1], 16), int(f[9])
+            out.append((int(f[1].rsplit(":", 1)[1], 16), int(f[7]), int(f[9])))
         except (IndexError, ValueError):
             continue
-        if inode and port not in skip_ports:
-            out[inode] = ("tcp", port)
     return out
+
+
+def tcp_listening(text: str, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
+    """inode -> ("tcp", port) for the LISTEN lines of a ``/proc/net/tcp{,6}`` table."""
+    return {inode: ("tcp", port) for port, _uid, inode in tcp_listeners(text) if inode and port not in skip_ports}
+
+
+def listener_uids(pid: int, port: int, proc_root: str = "/proc") -> Optional[Set[int]]:
+    """The uids owning a socket that listens on TCP ``port`` in ``pid``'s network namespace
+    (``/proc/<pid>/net/tcp{,6}``); None when neither table can be read."""
+    texts = [_read("%s/%d/net/%s" % (proc_root, pid, name)) for name in ("tcp", "tcp6")]
+    if not any(texts):
+        return None
+    return {uid for text in texts for p, uid, _inode in tcp_listeners(text) if p == port}
 
 
 def unix_listening(text: str) -> Dict[int, Found]:
@@ -210,9 +222,24 @@ class ListenWatch:
         # (socket activation, a re-exec): listening from the start, they say nothing of readiness.
         self.foreign: Set[int] = set(inherited)
         self.skip = _skip_ports()
+        self._netns: Dict[Union[int, str], bool] = {}  # pid -> in our network namespace
+
+    def _same_netns(self, pid: Union[int, str]) -> bool:
+        """``pid`` is in this process's network namespace (the only one sock_diag answers for)."""
+        if pid == "self":
+            return True
+        seen = self._netns.get(pid)
+        if seen is None:
+            try:
+                seen = os.readlink("/proc/%s/ns/net" % pid) == os.readlink("/proc/self/ns/net")
+            except OSError:
+                seen = False  # cannot tell: its own /proc tables
+            if len(self._netns) < 64:
+                self._netns[pid] = seen
+        return seen
 
     def tables(self, pid: Union[int, str]) -> Dict[int, Found]:
-        if self.netlink:
+        if self.netlink and self._same_netns(pid):
             try:
                 return netlink_listening(self.unix, self.skip)
             except OSError:

@@ -51,6 +51,27 @@ def parse_nonneg_int(v: Any) -> int:
     return n
 
 
+def parse_listen_port(v: Any) -> int:
+    """A port a server of the agent binds (0: any free one)."""
+    n = parse_int(v)
+    if not 0 <= n <= 65535:
+        raise ValueError("expected a port in 0..65535 (0: any free port)")
+    return n
+
+
+def strip_host(host: str) -> str:
+    """``host`` without surrounding blanks, and without the brackets of ``[::1]``."""
+    h = host.strip()
+    return h[1:-1] if h.startswith("[") and h.endswith("]") else h
+
+
+def parse_listen_host(v: Any) -> str:
+    """The address a server of the agent binds (brackets of an IPv6 address removed)."""
+    if not isinstance(v, str) or not strip_host(v):
+        raise ValueError("expected a host name or address (0.0.0.0 or :: for all interfaces)")
+    return strip_host(v)
+
+
 def _parse_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError("expected a number")

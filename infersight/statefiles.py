@@ -36,6 +36,22 @@ def _problem(st: os.stat_result, path: str, owner: int) -> str | None:
     return None
 
 
+def chmod_dir(path: str, mode: int, seen: os.stat_result) -> None:
+    """Set ``mode`` on the directory ``path`` that ``os.lstat`` returned as ``seen``, never
+    through a link: through a descriptor opened with ``O_NOFOLLOW`` (``os.chmod`` with
+    ``follow_symlinks=False`` raises NotImplementedError where glibc is older than 2.32, as
+    on Debian 11, Ubuntu 20.04 or RHEL 8). Raises OSError, also when what is there now is
+    not the directory that was looked at."""
+    fd = os.open(path, DIR_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino):
+            raise OSError("%s was replaced while being checked" % path)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _shared_ancestor(path: str) -> str | None:
     """The highest ancestor of ``path`` that others may write without the sticky bit (they
     could rename what lies below it and put their own in its place), or None."""
@@ -70,7 +86,10 @@ def ensure_state_dir(path: str, owner: int | None = None) -> list[str]:
         raise UnsafeStateDirError(exc.errno, "cannot make the state directory %s: %s" % (path, exc.strerror)) from exc
     why = _problem(st, path, owner)
     if why is not None and st.st_uid == owner and stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+        try:
+            chmod_dir(path, stat.S_IMODE(st.st_mode) & ~0o022, st)
+        except OSError as exc:
+            raise UnsafeStateDirError(exc.errno, "cannot fix the mode of %s: %s" % (path, exc)) from exc
         why = _problem(os.lstat(path), path, owner)
     if why is not None:
         raise UnsafeStateDirError(why)

@@ -36,8 +36,7 @@ from typing import Any, Literal, TypeAlias
 
 from infersight.errors import Location, SourceError
 from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms, parse_size
-from infersight.rules.rulefile import ENGINE_VERSION_KEY, RulesError, needed_engine
-from infersight.tomlfile import TomlKeys, loads
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
 __all__ = [
     "BASE_QUANTITIES",
@@ -814,21 +813,11 @@ _EXAMPLE_KEYS = frozenset({"kind", "numbers", "text", "backend", "class", "comme
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
 
-class _FileLoader:
+class _FileLoader(FileLoader):
     def __init__(self, path: str, text: str, names: frozenset[str], order0: int) -> None:
-        self.path = path
-        self.text = text
-        self.keys = TomlKeys(text, path)
+        super().__init__(path, text)
         self.names = names
         self.order0 = order0
-        self.errors: list[tuple[Location, str]] = []
-
-    def line(self, *key: str | int) -> int:
-        """The line of ``key`` (a path into the document), or of the nearest table around it."""
-        return self.keys.nearest(key).line
-
-    def err(self, line: int, msg: str) -> None:
-        self.errors.append((Location(self.path, line), msg))
 
     def expr_err(self, key: tuple[str | int, ...], src: str, exc: ExpressionError, msg: str) -> None:
         """An expression error at its line:column in the file, where the text of the
@@ -841,20 +830,12 @@ class _FileLoader:
         self.errors.append((self.keys.location(k + min(exc.pos, len(src))), msg))
 
     def load(self) -> tuple[list[Rule], frozenset[str]]:
-        try:
-            doc = loads(self.text, self.path)
-        except SourceError as exc:
-            self.errors.append((exc.locations[0], exc.message))
+        doc = self.document()
+        if doc is None:
             return [], self.names
         if "stage" in doc and "rule" not in doc:
             return [], self.names  # stage rules (stage_rules.py) in a shared rules directory
-        for k in doc:
-            if k not in _TOP_KEYS:
-                self.err(self.line(k), f"unknown top-level key {k!r}")
-        try:
-            needed_engine(doc.get(ENGINE_VERSION_KEY), ENGINE_VERSION)
-        except ValueError as exc:
-            self.err(self.line(ENGINE_VERSION_KEY), str(exc))
+        self.check_top(doc, _TOP_KEYS, ENGINE_VERSION)
         names = self.names
         q = doc.get("quantities", [])
         if not isinstance(q, list) or not all(

@@ -8,8 +8,11 @@ An engine loads it when the majors match and the file's minor is not newer than 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
+from typing import Any
 
-from infersight.errors import InfersightError
+from infersight.errors import InfersightError, Location, SourceError
+from infersight.tomlfile import TomlKeys, loads
 
 ENGINE_VERSION_KEY = "engine_version"
 _VERSION = re.compile(r"(\d{1,4})(?:\.(\d{1,4}))?")
@@ -31,3 +34,41 @@ def needed_engine(declared: object, engine: tuple[int, int]) -> tuple[int, int]:
     if needs[0] != engine[0] or needs[1] > engine[1]:
         raise ValueError("needs engine %d.%d, this engine is %d.%d" % (*needs, *engine))
     return needs
+
+
+class FileLoader:
+    """What every rule file's loader shares: its text, the line of each key, and the errors
+    collected with their file:line (a subclass reads its own tables)."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.text = text
+        self.keys = TomlKeys(text, path)
+        self.errors: list[tuple[Location, str]] = []
+
+    def line(self, *key: str | int) -> int:
+        """The line of ``key`` (a path into the document), or of the nearest table around it."""
+        return self.keys.nearest(key).line
+
+    def err(self, line: int, msg: str) -> None:
+        self.errors.append((Location(self.path, line), msg))
+
+    def document(self) -> dict[str, Any] | None:
+        """The file's TOML; None (the error noted) when it is not TOML."""
+        try:
+            return loads(self.text, self.path)
+        except SourceError as exc:
+            self.errors.append((exc.locations[0], exc.message))
+            return None
+
+    def check_top(self, doc: dict[str, Any], allowed: Collection[str], engine: tuple[int, int],
+                  hint: str = "") -> None:
+        """An error for each top-level key not ``allowed`` (``hint`` says what belongs there),
+        and for an ``engine_version`` that ``engine`` cannot load."""
+        for k in doc:
+            if k not in allowed:
+                self.err(self.line(k), f"unknown top-level key {k!r}{hint}")
+        try:
+            needed_engine(doc.get(ENGINE_VERSION_KEY), engine)
+        except ValueError as exc:
+            self.err(self.line(ENGINE_VERSION_KEY), str(exc))

@@ -49,8 +49,7 @@ from infersight.rules.engine import (
     render,
 )
 from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms
-from infersight.rules.rulefile import ENGINE_VERSION_KEY, RulesError, needed_engine
-from infersight.tomlfile import TomlKeys, loads
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
 __all__ = [
     "ENGINES",
@@ -259,19 +258,10 @@ _CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "r
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
 
 
-class _Loader:
+class _Loader(FileLoader):
     def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.keys = TomlKeys(text, path)
-        self.text = text
-        self.errors: list[tuple[Location, str]] = []
+        super().__init__(path, text)
         self.names: frozenset[str] = frozenset(BASE_QUANTITIES)
-
-    def line(self, *key: str | int) -> int:
-        return self.keys.nearest(key).line
-
-    def err(self, line: int, msg: str) -> None:
-        self.errors.append((Location(self.path, line), msg))
 
     def regex(self, src: object, line: int, rid: str, what: str) -> re.Pattern[str] | None:
         if not isinstance(src, str) or not src:
@@ -291,18 +281,11 @@ class _Loader:
         return pat
 
     def load(self) -> tuple[list[ServingRule], dict[str, dict[str, str]]]:
-        try:
-            doc = loads(self.text, self.path)
-        except SourceError as exc:
-            self.errors.append((exc.locations[0], exc.message))
+        doc = self.document()
+        if doc is None:
             return [], {}
-        for k in doc:
-            if k not in (ENGINE_VERSION_KEY, "description", "quantities", "rule", "engine_remedies"):
-                self.err(self.line(k), f"unknown top-level key {k!r}")
-        try:
-            needed_engine(doc.get(ENGINE_VERSION_KEY), SERVING_ENGINE_VERSION)
-        except ValueError as exc:
-            self.err(self.line(ENGINE_VERSION_KEY), str(exc))
+        self.check_top(doc, (ENGINE_VERSION_KEY, "description", "quantities", "rule", "engine_remedies"),
+                       SERVING_ENGINE_VERSION)
         q = doc.get("quantities", [])
         if not isinstance(q, list) or not all(isinstance(x, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,63}", x)
                                               for x in q):
@@ -607,6 +590,18 @@ def _value(name: str, raw: str, unit: str | None) -> float | None:
         return None
 
 
+def _take_values(m: re.Match[str], values: dict[str, float]) -> None:
+    """The quantities ``m``'s named groups hold, into ``values`` (a quantity found before is kept)."""
+    groups = m.groupdict()
+    unit = groups.get("unit")
+    for g, raw in groups.items():
+        if g == "unit" or raw is None or g in values:
+            continue
+        v = _value(g, raw, unit)
+        if v is not None:
+            values[g] = v
+
+
 @dataclass(slots=True)
 class _Hit:
     rule: ServingRule
@@ -631,13 +626,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
         if not text:
             text = m.group(0)
         last = max(last, _line_of(wstarts, i, m.end() - 1 if m.end() > m.start() else m.start()))
-        unit = m.groupdict().get("unit")
-        for g, raw in m.groupdict().items():
-            if g == "unit" or raw is None or g in values:
-                continue
-            v = _value(g, raw, unit)
-            if v is not None:
-                values[g] = v
+        _take_values(m, values)
     if rule.require_match and not text:
         return None
     if rule.context:
@@ -657,13 +646,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
             ln = _line_of(cstarts, c0, found.start())
             first = min(first, ln)
             last = max(last, ln)
-            unit = found.groupdict().get("unit")
-            for g, raw in found.groupdict().items():
-                if g == "unit" or raw is None or g in values:
-                    continue
-                v = _value(g, raw, unit)
-                if v is not None:
-                    values[g] = v
+            _take_values(found, values)
     if not text:
         line = lines[i].strip()
         anchor = next((a for a in rule.anchors if a in line), "")

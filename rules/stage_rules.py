@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from infersight.errors import Location, SourceError
-from infersight.rules.rulefile import ENGINE_VERSION_KEY, RulesError, needed_engine
-from infersight.tomlfile import TomlKeys, loads
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
 ENGINE_VERSION = (1, 0)
 SITE_RULES_DIR = "/etc/infersight/rules.d"
@@ -106,32 +105,12 @@ def split_target(target: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-class _FileLoader:
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.keys = TomlKeys(text, path)
-        self.text = text
-        self.errors: list[tuple[Location, str]] = []
-
-    def line(self, *key: str | int) -> int:
-        return self.keys.nearest(key).line
-
-    def err(self, line: int, msg: str) -> None:
-        self.errors.append((Location(self.path, line), msg))
-
+class _FileLoader(FileLoader):
     def load(self) -> list[StageRule]:
-        try:
-            doc = loads(self.text, self.path)
-        except SourceError as exc:
-            self.errors.append((exc.locations[0], exc.message))
+        doc = self.document()
+        if doc is None:
             return []
-        for k in doc:
-            if k not in _TOP_KEYS:
-                self.err(self.line(k), f"unknown top-level key {k!r} (a stage rule file holds [[stage]] tables)")
-        try:
-            needed_engine(doc.get(ENGINE_VERSION_KEY), ENGINE_VERSION)
-        except ValueError as exc:
-            self.err(self.line(ENGINE_VERSION_KEY), str(exc))
+        self.check_top(doc, _TOP_KEYS, ENGINE_VERSION, " (a stage rule file holds [[stage]] tables)")
         raw = doc.get("stage", [])
         if not isinstance(raw, list):
             self.err(self.line("stage"), "'stage' must be an array of tables ([[stage]])")
@@ -211,12 +190,13 @@ class _FileLoader:
     def _check_hooks_reading(self, rules: list[tuple[int, StageRule]]) -> None:
         """The hooks read id, stage and targets without tomllib: one-line strings without
         escapes. Refuse what they would not read as tomllib does."""
+        lines = self.text.split("\n")
         for i, r in rules:
             for key in ("id", "stage", "targets"):
                 at = self.keys.find(("stage", i, key))
                 if at is None:
                     continue
-                text = self.text.split("\n")[at.line - 1]
+                text = lines[at.line - 1]
                 if "\\" in text or '"""' in text or "'''" in text:
                     self.err(at.line, f"{r.id}: {key}: write plain strings (no escapes, no multi-line strings): "
                                       "the hooks read this file without a TOML library")

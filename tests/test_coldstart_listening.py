@@ -179,3 +179,21 @@ def test_tables_parse_and_agree_with_netlink() -> None:
         s.close()
         u.close()
         os.unlink(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a new network namespace needs root")
+def test_a_cmd_in_its_own_network_namespace_is_watched_in_that_namespace() -> None:
+    """sock_diag answers for the watcher's own network namespace: launch watching a CMD that
+    runs in another (``unshare -n``, ``ip netns exec``) reads that CMD's /proc tables instead."""
+    child = subprocess.Popen(
+        ["unshare", "-n", sys.executable, "-c",
+         "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 8123)); s.listen(); "
+         "print('listening', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "listening"
+        watch = _listening.ListenWatch(lambda: _listening.tree(child.pid))
+        assert watch.poll() == ("tcp", 8123)
+    finally:
+        child.kill()
+        child.wait()

@@ -139,3 +139,18 @@ def test_one_uid_cannot_take_the_prometheus_series_bound() -> None:
     agent_own = MetricItem(Resource.of({"service.name": "infersight-agent"}), "own", "gauge", "", "", 1, 0,
                            [NumberPoint(1.0, {})])
     assert store.add([agent_own]) == 1
+
+
+def test_one_uid_cannot_push_another_uids_history_out() -> None:
+    """The history keeps MAX_KEYS keys, least recently used out first: another user's many
+    command lines (each its own key) evict only that user's own keys past its share."""
+    from infersight.agent.coldstart.eta import Run
+
+    h = ch.History()
+    mine = ch.service_key("svc", ["serve", "model-a"], uid=1000)
+    h.add(mine, Run((("weights_load", 1.0, 4.0),), 5.0, "cold", 1.0))
+    for n in range(ch.MAX_KEYS + 10):
+        h.add(ch.service_key("svc", ["serve", "junk-%d" % n], uid=1001), Run((), 5000.0, "cold", 2.0))
+    assert len(h.of(mine)) == 1
+    assert sum(1 for k in h.runs if ch.key_uid(k) == 1001) == ch.MAX_KEYS_PER_UID
+    assert ch.key_uid(ch.service_key("a#u5", ["x"], uid=7)) == 7 and ch.key_uid(ch.service_key("a", ["x"])) is None

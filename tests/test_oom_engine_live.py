@@ -24,7 +24,7 @@ from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.oom import stderr_relay
 from infersight.agent.oom.extension import OomExtension
-from infersight.hooks import _enginelog
+from infersight.hooks import _enginelog, _runtime
 from infersight.rules import serving
 
 TESTS = Path(__file__).resolve().parent
@@ -114,11 +114,18 @@ def test_hook_needles_match_the_rules() -> None:
                 assert _enginelog.interesting(ex.text), (rule.id, ex.text[:60])
 
 
-def test_records_below_warning_are_not_even_formatted() -> None:
-    class Loud:
-        def __str__(self) -> str:
-            raise AssertionError("an INFO record was formatted by the hook")
+class _Counted:
+    """A log argument that counts how often a record holding it was formatted (the hook catches
+    what getMessage raises, so a raising __str__ would prove nothing)."""
 
+    formatted = 0
+
+    def __str__(self) -> str:
+        _Counted.formatted += 1
+        return "cache blocks"  # a needle: formatted, it would be worth sending
+
+
+def test_records_below_warning_are_not_even_formatted() -> None:
     saved = logging.Logger.callHandlers
     try:
         _enginelog.install_logging(logging)
@@ -126,7 +133,25 @@ def test_records_below_warning_are_not_even_formatted() -> None:
         log = logging.getLogger("infersight-test-enginelog")
         log.propagate = False
         log.setLevel(logging.DEBUG)
-        log.info("%s", Loud())  # no handler formats it, and neither does the hook
+        _Counted.formatted = 0
+        log.info("%s", _Counted())  # no handler formats it, and neither does the hook
+        assert _Counted.formatted == 0
+    finally:
+        logging.Logger.callHandlers = saved
+
+
+def test_a_warning_is_not_formatted_while_the_hooks_are_off() -> None:
+    """Hooks not active (no agent client, or failed): the wrapper adds one compare, as for INFO."""
+    assert not _runtime.active()
+    saved = logging.Logger.callHandlers
+    try:
+        _enginelog.install_logging(logging)
+        log = logging.getLogger("infersight-test-enginelog-off")
+        log.propagate = False
+        log.handlers[:] = [logging.NullHandler()]  # a handler that formats nothing
+        _Counted.formatted = 0
+        log.warning("%s", _Counted())
+        assert _Counted.formatted == 0
     finally:
         logging.Logger.callHandlers = saved
 

@@ -651,3 +651,23 @@ def test_an_undecided_oom_carries_a_reason_on_every_sink() -> None:
     (ev,) = p.span_events[SPAN]
     assert ev.attributes["infersight.oom.reason"] == log.attributes["infersight.oom.reason"]
     assert log.attributes["infersight.oom.engine"] == "pytorch"
+
+
+def test_an_engine_error_of_another_uid_does_not_hide_yours() -> None:
+    """The same engine text from two processes of one uid is one OOM (a worker logs it, its
+    parent re-raises it); from another uid it is that user's own OOM: a neighbour who sends the
+    text first must not make the victim's count as a duplicate."""
+    h, asm = _handlers()
+    text = "Not enough memory. Please try to increase --mem-fraction-static."
+
+    def producer(pid: int, uid: int) -> Any:
+        return asm.hello({"id": "p-%d" % pid, "pid": pid, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT},
+                         uid=uid)
+
+    attacker, victim, victims_worker = producer(1, 2000), producer(2, 1000), producer(3, 1000)
+    got = []
+    for seq, p in enumerate((attacker, victim, victims_worker), 1):
+        items = asm.events(p, [[seq, 10 + seq, "oom", {"source": "log", "text": text}]])
+        got.append([i.resource.get("process.user.id") for i in items if isinstance(i, LogItem)])
+    assert got == [[2000], [1000], []]
+    assert h.duplicates == 1

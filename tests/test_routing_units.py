@@ -5,6 +5,7 @@ connection, binds 127.0.0.1 by default, and answers from a table without waiting
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 
@@ -366,3 +367,76 @@ def test_a_restart_seen_warming_before_its_predecessor_ended_still_takes_the_por
     w.dead.add(11)
     w.table.refresh()
     assert w.table.reply(8000) == "drain\n"
+
+
+def _user_span(producer: str, name: str, t: float, pid: int, uid: int, **attrs: object) -> SpanItem:
+    """A stage span as the agent makes it: the resource carries the kernel's uid."""
+    res = Resource.of({"service.name": "llm", "process.pid": pid, "process.user.id": uid})
+    return SpanItem(res, "0" * 32, "1" * 16, "2" * 16, name, int((t - 1) * 1e9), int(t * 1e9),
+                    {"infersight.stage": name.split(".", 1)[1], **attrs}, [], None, Origin(producer, 1))
+
+
+def test_another_uid_cannot_take_over_or_drain_a_port_it_does_not_listen_on() -> None:
+    """The port a producer says it serves is its word: where the kernel shows who listens on
+    it (a real listening socket of this test's uid, 0), another user's readiness span naming
+    it is refused and counted; and a vacated port waits for a restart of the same service of
+    the same uid, not for another user's process of that name. The other user's spans name
+    this test's parent as their process: one in the same network namespace."""
+    me, neighbour = os.getpid(), os.getppid()
+    uid = os.geteuid()
+    w = World()
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        t = w.clock()
+        w.table.observe([_user_span("victim", "coldstart.runtime_init", t - 5, me, uid),
+                         _user_span("victim", "coldstart.ready_wait", t, me, uid, **{"server.port": port})])
+        w.table.refresh()
+        assert haproxy_words(w.table.reply(port))[:2] == ["up", "ready"]
+        w.table.observe([_user_span("attacker", "coldstart.runtime_init", t - 1, neighbour, uid + 4242),
+                         _user_span("attacker", "coldstart.ready_wait", t, neighbour, uid + 4242,
+                                    **{"server.port": port})])
+        w.table.refresh()
+        assert haproxy_words(w.table.reply(port))[:2] == ["up", "ready"]  # still the victim's
+        assert {s["pid"]: s["port"] for s in w.table.snapshot()} == {me: port, neighbour: None}
+        assert w.table.port_claims_refused == 1
+    w.dead.add(me)  # the victim's server ends: its port waits for its restart
+    w.table.refresh()
+    w.clock.t += 1
+    w.table.observe([_user_span("attacker2", "coldstart.runtime_init", w.clock(), 67, uid + 4242)])
+    assert w.table.reply(port) == "up 100%\n"  # another user's "llm" is not its restart: fail open
+    w.table.observe([_user_span("restart", "coldstart.runtime_init", w.clock(), 21, uid)])
+    assert w.table.reply(port) == "drain\n"  # the victim's restart: drained until ready
+
+
+def test_one_uid_cannot_crowd_the_table() -> None:
+    """Another user's many warming processes take at most their uid's share of the table: the
+    next instance of this user is still tracked (drained while warming, not failed open)."""
+    from infersight.agent.routing import table as rt
+
+    w = World()
+    uid = os.geteuid()
+    for n in range(rt.MAX_INSTANCES + 5):  # enough to fill the whole table
+        w.table.observe([_user_span("crowd-%d" % n, "coldstart.runtime_init", w.clock(), 100_000 + n, uid + 4242)])
+    assert len(w.table.instances) == rt.MAX_INSTANCES_PER_UID
+    w.table.observe([_user_span("mine", "coldstart.runtime_init", w.clock(), 99, uid)])
+    assert "mine" in w.table.instances
+
+
+def test_one_uid_cannot_crowd_the_request_instances() -> None:
+    """Per-instance latency (what routing weighs) keeps at most a uid's share for another
+    user's many processes: this user's instance still gets its P50."""
+    import time as _time
+
+    from infersight.agent.requests import kind as rk
+
+    stats = rk.RequestStats()
+    now = _time.time_ns()
+    ev = rk.ReqEvent("cuda:0", "m", None, "http", now, 0.02, None, None, None, None, None, None)
+    for n in range(rk.MAX_INSTANCES + 5):  # enough to fill every place
+        stats.record("crowd-%d" % n, Resource.of({"service.name": "llm", "process.pid": 100_000 + n,
+                                                  "process.user.id": 2000}), ev, now)
+    stats.record("mine", Resource.of({"service.name": "llm", "process.pid": 7, "process.user.id": 1000}), ev, now)
+    by_producer = {lat.producer: lat for lat in stats.instance_latency()}
+    assert len(by_producer) == rk.MAX_INSTANCES_PER_UID + 1 and "mine" in by_producer

@@ -124,3 +124,59 @@ def test_a_subscriber_that_does_not_read_loses_items_counted() -> None:
     dropped, sent = asyncio.run(main())
     assert dropped > 0 and sent > 0
     assert dropped + sent == 3000
+
+
+def test_a_second_uid_presenting_a_producers_id_is_not_taken_for_it() -> None:
+    """Another uid that says the same producer id (a dead process's spool, a peer in another pid
+    namespace) gets its own entry (``<id>@<uid>``) but items with the same service.instance.id:
+    they must not reach the session of the producer whose id it borrowed, root's included."""
+
+    async def main() -> tuple[list[str], list[str]]:
+        asm = Assembler("host")
+        mine = hello(asm, 101, 1000, SESSION)
+        borrowed = hello(asm, 101, 2000, "cd" * 16)  # the same id, from uid 2000, another session
+        assert borrowed.id != mine.id and borrowed.resource.get("service.instance.id") == "boot-101-1"
+        sess = sessions.Sessions(asm, dict, lambda _pid: False, lambda: 0)
+        sock_user, t1 = await subscriber(sess, 1000, ["log"])
+        sock_root, t2 = await subscriber(sess, 0, ["log"])
+        sess.tap([log_of(mine, "mine"), log_of(borrowed, "injected")])
+        await asyncio.sleep(0.05)
+        got = {}
+        for name, s in (("user", sock_user), ("root", sock_root)):
+            frames = read_frames(s)
+            got[name] = [itemcodec.from_dict(d).body for f in frames[1:] for d in f["i"]]  # type: ignore[union-attr]
+            s.close()
+        await asyncio.gather(t1, t2, return_exceptions=True)
+        return got["user"], got["root"]
+
+    user, root = asyncio.run(main())
+    assert user == ["mine"]
+    assert root == ["mine"]
+
+
+def test_one_uid_cannot_take_every_subscription() -> None:
+    """A user that opens subscriptions and never ends them is refused past its own share; the
+    next user (and root) still subscribe."""
+
+    async def main() -> tuple[list[str], list[str]]:
+        asm = Assembler("host")
+        sess = sessions.Sessions(asm, dict, lambda _pid: False, lambda: 0)
+        held = [await subscriber(sess, 1000, ["log"]) for _ in range(sessions.MAX_SUBSCRIBERS_PER_UID)]
+        replies = []
+        for uid in (1000, 2000, 0):
+            ours, theirs = socket.socketpair()
+            reader, writer = await asyncio.open_unix_connection(sock=theirs)
+            task = asyncio.create_task(sess.serve({"t": "subscribe", "session": SESSION, "kinds": ["log"]},
+                                                  uid, reader, writer))
+            await asyncio.sleep(0.05)
+            replies.append(read_frames(ours)[0]["t"])
+            ours.close()
+            held.append((ours, task))
+        for s, _ in held:
+            s.close()
+        await asyncio.gather(*(t for _, t in held), return_exceptions=True)
+        return replies[:1], replies[1:]
+
+    first, others = asyncio.run(main())
+    assert first == ["refuse"]
+    assert others == ["subscribed", "subscribed"]

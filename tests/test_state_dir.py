@@ -206,3 +206,32 @@ async def test_the_default_file_rotates_in_the_state_dir_and_follows_no_link(bas
         await again.start()
     assert exc.value.errno == errno.ELOOP
     assert target.read_bytes() == b"root's own\n"
+
+
+def _chmod_of_old_glibc(real):  # type: ignore[no-untyped-def]
+    """``os.chmod`` as CPython behaves on glibc < 2.32 (Debian 11, Ubuntu 20.04, RHEL 8):
+    ``follow_symlinks=False`` is not supported there (a stand-in for that platform)."""
+
+    def chmod(path, mode, *, dir_fd=None, follow_symlinks=True):  # type: ignore[no-untyped-def]
+        if not follow_symlinks:
+            raise NotImplementedError("chmod: follow_symlinks unavailable on this platform")
+        return real(path, mode, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+
+    return chmod
+
+
+def test_modes_are_fixed_without_lchmod(base: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The agent's own group-writable state dir is fixed, and the hooks' spool dir gets its
+    sticky bit, where the C library has no chmod that refuses links."""
+    from infersight.agent.daemon.lifecycle import check_hooks_spool_dir
+
+    state, spool = base / "state", base / "spool"
+    state.mkdir()
+    spool.mkdir()
+    os.chmod(state, 0o770)
+    os.chmod(spool, 0o2770)
+    monkeypatch.setattr(os, "chmod", _chmod_of_old_glibc(os.chmod))
+    assert ensure_state_dir(str(state)) == []
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o750
+    assert check_hooks_spool_dir(str(spool)) is True
+    assert stat.S_IMODE(os.stat(spool).st_mode) == 0o3770

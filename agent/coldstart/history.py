@@ -2,11 +2,13 @@
 
 One JSON object per line in ``coldstart-history.jsonl`` in the state directory, so that the
 daemon and ``launch`` share it. The newest ``MAX_RUNS`` runs per key and ``MAX_KEYS`` keys
-are kept. A finished run is appended as one line (one ``write`` with ``O_APPEND``: cheap,
-and writers do not interleave); once the file holds about twice what is kept, it is
-compacted: re-read, bounded, and rewritten through a temporary file and ``rename``, so a
-reader never sees half a file and a crash leaves the old one. Lines that do not parse (a
-crash mid-append, say) are skipped and counted, never fatal.
+are kept, at most ``MAX_KEYS_PER_UID`` of one uid (the least recently used go first), so
+that one user's many command lines never push another's history out. A finished run is
+appended as one line (one ``write`` with ``O_APPEND``: cheap, and writers do not
+interleave); once the file holds about twice what is kept, it is compacted: re-read,
+bounded, and rewritten through a temporary file and ``rename``, so a reader never sees half
+a file and a crash leaves the old one. Lines that do not parse (a crash mid-append, say) are
+skipped and counted, never fatal.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ log = logging.getLogger("infersight.coldstart.history")
 FILE_NAME = "coldstart-history.jsonl"
 MAX_RUNS = 50
 MAX_KEYS = 256
+MAX_KEYS_PER_UID = MAX_KEYS // 4
 MAX_FILE_BYTES = 8 << 20  # a history file larger than this is read only up to here
 
 
@@ -92,6 +95,14 @@ def service_key(
     return "%s#%s%s" % (service, owner, digest.hexdigest()[:12])
 
 
+def key_uid(key: str) -> int | None:
+    """The uid a :func:`service_key` names (``<service>#u<uid>#<hash>``); None without one."""
+    parts = key.rsplit("#", 2)
+    if len(parts) == 3 and parts[1][:1] == "u" and parts[1][1:].isdigit():
+        return int(parts[1][1:])
+    return None
+
+
 def cache_state(weights_page_cache_ratio: float | None, compile_cache: str | None) -> str:
     """The part of a run's conditions that changes its duration most: page cache, compile cache."""
     weights = "none" if weights_page_cache_ratio is None else ("warm" if weights_page_cache_ratio >= 0.5 else "cold")
@@ -139,9 +150,15 @@ class History:
     lines_read: int = 0  # lines the file held when it was loaded (for compaction)
 
     def add(self, key: str, run: Run) -> None:
+        new = key not in self.runs
         runs = self.runs.pop(key, [])  # re-insert: the dict's order is recency of use
         runs.append(run)
         self.runs[key] = runs[-MAX_RUNS:]
+        uid = key_uid(key) if new else None
+        if uid is not None:  # a key more for this uid: past its share, its least recently used goes
+            mine = [k for k in self.runs if key_uid(k) == uid]
+            for k in mine[: max(0, len(mine) - MAX_KEYS_PER_UID)]:
+                del self.runs[k]
         while len(self.runs) > MAX_KEYS:
             del self.runs[next(iter(self.runs))]
 

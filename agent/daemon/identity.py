@@ -53,14 +53,30 @@ def proc_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:
     return None
 
 
-def proc_start_ticks(pid: int, proc_root: str = "/proc") -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time, clock ticks since boot); None when unknown."""
+def _stat_after_comm(pid: int, proc_root: str) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``(comm)`` (state first); None when unknown."""
     try:
         with open("%s/%d/stat" % (proc_root, pid), "rb") as f:
             raw = f.read()
-        return raw[raw.rindex(b")") + 2 :].split()[19].decode()
-    except (OSError, ValueError, IndexError):
+        fields = raw[raw.rindex(b")") + 2 :].split()
+    except (OSError, ValueError):
         return None
+    return fields if len(fields) > 19 else None
+
+
+def proc_start_ticks(pid: int, proc_root: str = "/proc") -> str | None:
+    """Field 22 of ``/proc/<pid>/stat`` (start time, clock ticks since boot); None when unknown."""
+    fields = _stat_after_comm(pid, proc_root)
+    return fields[19].decode() if fields is not None else None
+
+
+def process_start(pid: int, proc_root: str = "/proc") -> str | None:
+    """The start ticks of a running process (to tell a reused pid); None when it is gone, or
+    has exited and is a zombie."""
+    fields = _stat_after_comm(pid, proc_root)
+    if fields is None or fields[0] in (b"Z", b"X", b"x"):
+        return None
+    return fields[19].decode()
 
 
 def refusal(producer_id: str, claimed_pid: int, peer: Peer, proc_root: str = "/proc") -> str | None:

@@ -26,7 +26,7 @@ from typing import Any, cast
 from infersight.agent.daemon.assemble import Assembler, Malformed, Producer
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.health import Counters
-from infersight.agent.daemon.identity import Peer, refusal
+from infersight.agent.daemon.identity import Peer, process_start, refusal
 from infersight.agent.daemon.sanitize import decode_frame
 from infersight.agent.errors import AgentError
 from infersight.hooks import _paths, _wire
@@ -130,19 +130,6 @@ def ack_frame(seq: int) -> bytes:
 
 def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
-
-
-def process_start(pid: int) -> str | None:
-    """The start time of a live process (to tell a reused pid); None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X", b"x"):  # exited; a zombie is not running
-        return None
-    return fields[19].decode()
 
 
 def fd_limit() -> int:

@@ -43,7 +43,7 @@ from infersight.agent.daemon.spool import DiskSpool
 from infersight.agent.errors import AgentError
 from infersight.exporters.base import Exporter, is_ephemeral
 from infersight.settings import Config, ConfigError
-from infersight.statefiles import UnsafeStateDirError, ensure_state_dir
+from infersight.statefiles import UnsafeStateDirError, chmod_dir, ensure_state_dir
 from infersight.telemetry import Item, Resource
 
 log = logging.getLogger("infersight.agent")
@@ -109,7 +109,7 @@ def check_hooks_spool_dir(path: str) -> bool:
         return True
     if st.st_uid == os.geteuid():
         try:
-            os.chmod(path, mode | stat.S_ISVTX, follow_symlinks=False)
+            chmod_dir(path, mode | stat.S_ISVTX, st)
             log.warning("hooks' spool directory %s was %04o: added the sticky bit (%04o) so that no group "
                         "member can remove another's spool file", path, mode, mode | stat.S_ISVTX)
             return True

@@ -38,6 +38,7 @@ log = logging.getLogger("infersight.sessions")
 KINDS = ("coldstart", "progress", "span", "log", "metric")
 MAX_BUFFERED_BYTES = 8 << 20  # a subscriber that lets this much pile up loses items (counted)
 MAX_SUBSCRIBERS = 256
+MAX_SUBSCRIBERS_PER_UID = 16  # one user's idle subscriptions cannot take every other user's place
 END_POLL_S = 0.02
 FRAME_TARGET_BYTES = _wire.MAX_FRAME_BYTES // 2
 
@@ -113,6 +114,10 @@ class Sessions:
     def __len__(self) -> int:
         return sum(len(v) for v in self.subscribers.values())
 
+    def of_uid(self, uid: int) -> int:
+        """The subscriptions open for ``uid``."""
+        return sum(1 for subs in self.subscribers.values() for sub in subs if sub.uid == uid)
+
     def tap(self, items: Sequence[Item]) -> None:
         if not self.subscribers:
             return
@@ -131,9 +136,14 @@ class Sessions:
                     sub.send(mine)
 
     def _producer_info(self, resource: Resource) -> dict[str, Any] | None:
+        """The hello of the producer whose items carry ``resource``. A second uid that presents
+        the same producer id is kept as ``<id>@<uid>`` but its items carry the same
+        service.instance.id: the kernel's uid (process.user.id) tells the two apart."""
         pid = resource.get("service.instance.id")
         p = self.assembler.producers.get(pid) if isinstance(pid, str) else None
-        return p.info if p is not None else None
+        if p is None or p.info.get("uid") != resource.get("process.user.id"):
+            return None
+        return p.info
 
     def _visible(self, sub: Subscriber, it: Item) -> bool:
         """Only the subscriber's own uid's producers (root: any)."""
@@ -152,7 +162,8 @@ class Sessions:
         session = msg.get("session")
         kinds = msg.get("kinds") or list(KINDS)
         if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(kinds, list)
-                or not all(k in KINDS for k in kinds) or len(self) >= MAX_SUBSCRIBERS):
+                or not all(k in KINDS for k in kinds) or len(self) >= MAX_SUBSCRIBERS
+                or (uid != 0 and self.of_uid(uid) >= MAX_SUBSCRIBERS_PER_UID)):
             writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION,
                                              "error": "malformed subscription (or too many)"}))
             await writer.drain()

@@ -187,6 +187,22 @@ def _int_map(v: Any, name: str) -> dict[str, int]:
 # -- the handlers ---------------------------------------------------------------------------
 
 
+def _emit(p: Producer, origin: Origin, t_ns: int, sp: str | None, cls: str, body: str, attrs: Attributes,
+          out: list[Item]) -> None:
+    """One classified OOM on every sink: the log record, the event on its span, and the
+    producer's ``infersight.oom.count`` per class."""
+    out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, attrs,
+                       p.info["trace_id"] if sp else None, sp, "oom", origin))
+    p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
+    counts: dict[str, int] = p.state.setdefault("oom_counts", {})
+    counts[cls] = counts.get(cls, 0) + 1
+    out.append(MetricItem(
+        p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
+        int(p.info.get("start_ns") or t_ns),
+        [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
+    ))
+
+
 class OomHandlers:
     """The ``oom`` and ``mem`` kind handlers, sharing a classifier and an NVML view."""
 
@@ -207,8 +223,8 @@ class OomHandlers:
         self.ooms = 0
         self.duplicates = 0
         self.not_memory = 0  # logged or uncaught texts the hooks sent that were no memory error
-        self._texts: dict[str, int] = {}  # message key -> t_ns, across producers
-        self._texts_source: dict[str, str] = {}  # message key -> the source that came first
+        # (uid, message key) -> (t_ns, the source that came first), across a uid's producers
+        self._texts: dict[tuple[int | None, str], tuple[int, str]] = {}
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
 
@@ -235,7 +251,7 @@ class OomHandlers:
                 for f in found if source in ("log", "stderr") else [first]:
                     if f.message is not None:
                         continue
-                    if self._seen_text(f.key, t_ns):
+                    if self._seen_text(p, f.key, t_ns) is not None:
                         self.duplicates += 1
                         continue
                     self._finish_engine(p, origin, t_ns, d, f, out)
@@ -243,9 +259,8 @@ class OomHandlers:
             else:
                 msg, engine = first.message, first.engine
                 # The same PyTorch text as an exception, a log record and a stderr copy: once.
-                before = self._texts_source.get(first.key)
-                seen = self._seen_text(first.key, t_ns, source)
-                if seen and (source in _STREAMS or before in _STREAMS):
+                before = self._seen_text(p, first.key, t_ns, source)
+                if before is not None and (source in _STREAMS or before in _STREAMS):
                     self.duplicates += 1
                     return
         d["_engine"] = engine
@@ -320,34 +335,26 @@ class OomHandlers:
         self.ooms += 1
         sp = _span_id(d) or p.info.get("root_span_id")
         attrs = self._attributes(verdict, source, dev, uuid, backend, d, snap, nvml_used, msg)
-        body = one_line(verdict, dev)
-        out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, attrs,
-                           p.info["trace_id"] if sp else None, sp, "oom", origin))
-        p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
-        counts: dict[str, int] = p.state.setdefault("oom_counts", {})
-        counts[verdict.cls] = counts.get(verdict.cls, 0) + 1
-        out.append(MetricItem(
-            p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
-            int(p.info.get("start_ns") or t_ns),
-            [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
-        ))
+        _emit(p, origin, t_ns, sp, verdict.cls, one_line(verdict, dev), attrs, out)
 
-    def _seen_text(self, key: str, t_ns: int, source: str = "") -> bool:
-        """True when the same message was classified in the last DEDUP_WINDOW_NS, from any
-        producer (a vLLM worker logs it, its parent re-raises it, launch sees it on stderr)."""
-        old = [k for k, t in self._texts.items() if t_ns - t > DEDUP_WINDOW_NS]
-        for k in old:
+    def _seen_text(self, p: Producer, key: str, t_ns: int, source: str = "") -> str | None:
+        """The source that first saw the same message in the last DEDUP_WINDOW_NS, from any
+        producer of ``p``'s uid (a vLLM worker logs it, its parent re-raises it, launch sees it
+        on stderr); None when it is new (then noted). Another uid's copy is that user's own
+        OOM: it never hides this one. An in-process producer (no uid: launch's stderr relay for
+        a CMD without hooks) matches any uid."""
+        for k in [k for k, (t, _src) in self._texts.items() if t_ns - t > DEDUP_WINDOW_NS]:
             del self._texts[k]
-            self._texts_source.pop(k, None)
-        if key in self._texts:
-            return True
+        uid = p.uid
+        hit = self._texts.get((uid, key)) or self._texts.get((None, key))
+        if hit is None and uid is None:
+            hit = next((v for (_u, k), v in self._texts.items() if k == key), None)
+        if hit is not None:
+            return hit[1]
         if len(self._texts) >= 4 * MAX_RECENT:
-            k0 = next(iter(self._texts))
-            del self._texts[k0]
-            self._texts_source.pop(k0, None)
-        self._texts[key] = t_ns
-        self._texts_source[key] = source
-        return False
+            del self._texts[next(iter(self._texts))]
+        self._texts[(uid, key)] = (t_ns, source)
+        return None
 
     def _finish_engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
                        out: list[Item]) -> None:
@@ -377,16 +384,7 @@ class OomHandlers:
             a["infersight.oom.engine.%s" % k] = int(x) if float(x).is_integer() else float(x)
         body = " ".join(("OOM [%s]: %s by rule %s: %s%s" % (
             f.engine, f.cls, f.rule, f.reason + " " if f.reason else "", f.remedy)).split())
-        out.append(LogItem(p.resource, t_ns, SEVERITY_ERROR, "ERROR", body, a,
-                           p.info["trace_id"] if sp else None, sp, "oom", origin))
-        p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(a)))
-        counts: dict[str, int] = p.state.setdefault("oom_counts", {})
-        counts[f.cls] = counts.get(f.cls, 0) + 1
-        out.append(MetricItem(
-            p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
-            int(p.info.get("start_ns") or t_ns),
-            [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
-        ))
+        _emit(p, origin, t_ns, sp, f.cls, body, a, out)
 
     def _duplicate(
         self, p: Producer, t_ns: int, source: str, dev: int | None, req: int | None, msg: OomMessage | None

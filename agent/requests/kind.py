@@ -61,6 +61,7 @@ MAX_SECONDS = 86400.0 * 7
 DEFAULT_CLASS = "default"
 HTTP_CLASS = "http"  # the ASGI middleware's requests (infersight.hooks.asgi.HTTP_CLASS)
 MAX_INSTANCES = 1024
+MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_INSTANCE_DEVICES = 16
 INSTANCE_P50 = "infersight.instance.request.p50"
 INSTANCE_P99 = "infersight.instance.request.p99"
@@ -181,6 +182,7 @@ class _Instance:
     service: str
     pid: int
     resource: Resource
+    uid: int | None  # the kernel's (process.user.id)
     http: bool = False  # it has HTTP requests: only those count
     window: deque[tuple[float, float]] = field(default_factory=deque)
     # Devices any of its requests ran on (an HTTP request names none): device -> last end s.
@@ -304,11 +306,14 @@ class RequestStats:
                       device: str) -> None:
         inst = self._instances.get(producer_id)
         if inst is None:
-            if len(self._instances) >= MAX_INSTANCES:
+            uid = resource.get("process.user.id")
+            if len(self._instances) >= MAX_INSTANCES or (type(uid) is int and sum(
+                    1 for i in self._instances.values() if i.uid == uid) >= MAX_INSTANCES_PER_UID):
                 return
             pid = resource.get("process.pid")
             inst = self._instances[producer_id] = _Instance(
-                str(resource.get("service.name") or "unknown_service"), pid if isinstance(pid, int) else 0, resource)
+                str(resource.get("service.name") or "unknown_service"), pid if isinstance(pid, int) else 0, resource,
+                uid if type(uid) is int else None)
         if device != "unknown" and (device in inst.devices or len(inst.devices) < MAX_INSTANCE_DEVICES):
             inst.devices[device] = end_s
         if http and not inst.http:  # from now on only the HTTP requests count

@@ -23,25 +23,21 @@ from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply
 from infersight.agent.routing.agentcheck import AgentCheckServer
 from infersight.agent.routing.table import LatencySource, RoutingTable, SlowDevices
-from infersight.settings import Config, ConfigError, Key, parse_bool, parse_int, section_settings
+from infersight.settings import (
+    Config,
+    ConfigError,
+    Key,
+    parse_bool,
+    parse_int,
+    parse_listen_host,
+    parse_listen_port,
+    section_settings,
+)
 
 log = logging.getLogger("infersight.agent.routing")
 REFRESH_S = 0.25
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9465
-
-
-def _port(v: Any) -> int:
-    n = parse_int(v)
-    if not 0 <= n <= 65535:
-        raise ValueError("expected a port in 0..65535 (0: any free port)")
-    return n
-
-
-def _host(v: Any) -> str:
-    if not isinstance(v, str) or not v.strip().strip("[]"):
-        raise ValueError("expected a host name or address (0.0.0.0 or :: for all interfaces)")
-    return v.strip().strip("[]")
 
 
 def _max_concurrency(v: Any) -> int | None:
@@ -57,9 +53,9 @@ _K = "routing."
 ROUTING_KEYS: tuple[Key, ...] = (
     Key(_K + "enabled", parse_bool, lambda: False, "INFERSIGHT_ROUTING",
         "serve routing hints: HAProxy agent-check, weight gauges (docs/routing.md)"),
-    Key(_K + "host", _host, lambda: DEFAULT_HOST, "INFERSIGHT_ROUTING_HOST",
+    Key(_K + "host", parse_listen_host, lambda: DEFAULT_HOST, "INFERSIGHT_ROUTING_HOST",
         "address the agent-check server binds (0.0.0.0 or :: exposes it on every interface)"),
-    Key(_K + "agent_check_port", _port, lambda: DEFAULT_PORT, "INFERSIGHT_ROUTING_AGENT_CHECK_PORT",
+    Key(_K + "agent_check_port", parse_listen_port, lambda: DEFAULT_PORT, "INFERSIGHT_ROUTING_AGENT_CHECK_PORT",
         "port of the HAProxy agent-check server (0: any free port, see status --json)"),
     Key(_K + "max_concurrency", _max_concurrency, lambda: None, "INFERSIGHT_ROUTING_MAX_CONCURRENCY",
         "an instance's concurrent requests at full weight: adds maxconn:N, scaled by the weight"),
@@ -117,7 +113,9 @@ class RoutingExtension:
     def health(self) -> Mapping[str, Any]:
         if self.server is None:
             return {"routing": {"enabled": self.enabled, "agent_check_port": None}}
-        return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot()}}
+        return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot(),
+                            "port_claims_refused": self.table.port_claims_refused,
+                            "instances_refused": self.table.instances_refused}}
 
     async def aclose(self) -> None:
         server, self.server = self.server, None

@@ -20,12 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.agent.daemon.identity import process_start
 from infersight.agent.routing import hints
+from infersight.hooks._listening import listener_uids
 from infersight.instances import InstanceLatency
 from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
 
 READY_STAGE = "coldstart.ready_wait"
 MAX_INSTANCES = 1024
+MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_VACATED = 256
 VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
 QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
@@ -34,19 +37,6 @@ LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions,
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[], Mapping[str, float]]
 Alive = Callable[[int, str | None], bool]
-
-
-def process_start(pid: int) -> str | None:
-    """The start time of a live process from /proc (tells a reused pid); None when gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X", b"x"):
-        return None
-    return fields[19].decode()
 
 
 def _alive(pid: int, start: str | None) -> bool:
@@ -61,6 +51,7 @@ class Instance:
     pid: int
     start: str | None  # /proc start time, to tell its pid reused
     resource: Resource
+    uid: int | None = None  # the kernel's (process.user.id); None for an in-process producer
     ready_at_s: float | None = None  # Unix seconds of readiness
     port: int | None = None
     seen_s: float = 0.0  # its last stage span or request in the window
@@ -85,9 +76,11 @@ class RoutingTable:
         self.max_concurrency = max_concurrency
         self.alive = alive
         self.clock = clock
+        self.port_claims_refused = 0  # a readiness port whose listener is another uid's
+        self.instances_refused = 0  # new instances past MAX_INSTANCES (or their uid's share)
         self.instances: dict[str, Instance] = {}  # producer -> instance
         self.ports: dict[int, str] = {}  # port -> producer
-        self.vacated: dict[int, tuple[str, float]] = {}  # port -> (service, since)
+        self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since)
         self.replies: dict[int, str] = {}
         self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
         self._latency: dict[str, InstanceLatency] = {}
@@ -106,27 +99,47 @@ class RoutingTable:
         producer = span.origin.producer if span.origin else ""
         inst = self.instances.get(producer)
         if inst is None:
-            if len(self.instances) >= MAX_INSTANCES:
+            uid_v = span.resource.get("process.user.id")
+            uid = uid_v if type(uid_v) is int else None
+            of_uid = sum(1 for i in self.instances.values() if i.uid == uid) if uid is not None else 0
+            if len(self.instances) >= MAX_INSTANCES or of_uid >= MAX_INSTANCES_PER_UID:
+                self.instances_refused += 1
                 return
             pid_v = span.resource.get("process.pid")
             pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
             service = str(span.resource.get("service.name") or "unknown_service")
             inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
-                                                       span.resource)
+                                                       span.resource, uid)
             self._take_vacated(inst)
         inst.seen_s = self.clock()
         if span.name == READY_STAGE and inst.ready_at_s is None:
             inst.ready_at_s = span.end_ns / 1e9
             port = span.attributes.get("server.port")
-            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and self._owns(inst, port):
                 self._assign(inst, port)
         if inst.port is not None:  # answer the new state at once, not at the next refresh
             self._decide(inst, {}, {}, self.clock())
             self.replies[inst.port] = inst.reply
 
+    def _owns(self, inst: Instance, port: int) -> bool:
+        """Whether ``inst`` may claim ``port``: the port a producer says it listens on is its
+        word, so where the kernel shows a listener on that port in its network namespace, one
+        of them must be of the instance's uid (another user cannot take over, or drain, the
+        port of someone else's server). Not checkable (an in-process producer, tables that
+        cannot be read, nobody listening yet): taken as said."""
+        if inst.uid is None or inst.uid == 0 or inst.pid <= 0:
+            return True
+        owners = listener_uids(inst.pid, port)
+        if not owners or inst.uid in owners:
+            return True
+        self.port_claims_refused += 1
+        return False
+
     def _take_vacated(self, inst: Instance) -> None:
-        """A new instance of a service whose instance left a port: its restart, on that port."""
-        mine = [(since, port) for port, (service, since) in self.vacated.items() if service == inst.service]
+        """A new instance of a service whose instance left a port: its restart, on that port
+        (the same service of the same uid: another user's process of that name is not it)."""
+        mine = [(since, port) for port, (service, uid, since) in self.vacated.items()
+                if service == inst.service and uid == inst.uid]
         if mine:
             self._assign(inst, max(mine)[1])
 
@@ -160,15 +173,15 @@ class RoutingTable:
                 del self.instances[producer]
                 if inst.port is not None and self.ports.get(inst.port) == producer:
                     del self.ports[inst.port]
-                    self.vacated[inst.port] = (inst.service, now)
+                    self.vacated[inst.port] = (inst.service, inst.uid, now)
                     self._gone.append((inst.resource, inst.service, inst.port))
-        for port, (service, since) in list(self.vacated.items()):
+        for port, (service, uid, since) in list(self.vacated.items()):
             if now - since > VACATED_TTL_S:
                 del self.vacated[port]
                 continue
             # Its restart may have started warming before this refresh saw the old process end.
             waiting = [i for i in self.instances.values()
-                       if i.service == service and i.port is None and i.ready_at_s is None]
+                       if i.service == service and i.uid == uid and i.port is None and i.ready_at_s is None]
             if waiting:
                 self._assign(waiting[-1], port)
         while len(self.vacated) > MAX_VACATED:
