@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
-READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket")
+READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule")
 
 
 def state() -> ColdStart:
@@ -572,7 +572,11 @@ def _at_exit() -> None:
             _finish(f, f.forward_end or time.time_ns(), "exit")
             return
         end_ns = None
-        if st.main_end_ns and os.getpid() == st.main_pid:
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            # forked from a ready server, never served: ready once its own work after the fork
+            # was done (a gunicorn worker's app load); the wait for traffic is no cold start
+            end_ns = max(st.ready_ns, st.last_end_ns)
+        elif st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, st.last_end_ns)  # exit handlers that ran since are not start-up
         finish_root(end_ns, "exit", at_readiness=True)
     except Exception as exc:
@@ -831,11 +835,51 @@ def check_listening(from_forward: bool = False) -> None:
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        if st.rule_stages_open:
+            return  # listening inside a start-up call is that call's own (rule_stage_closed)
         found = w.poll()
-        if found is not None and st.ready_ns is None:
+        if found is not None and st.ready_ns is None and not st.rule_stages_open:
             kind, where = found
             mark_ready("listening_socket", attrs={"server.port": where} if kind == "tcp" else
                        {"server.address": where, "network.transport": "unix"})
+    except Exception as exc:
+        _runtime.fail(exc)
+    finally:
+        _listen_poll.release()
+
+
+def rule_stage_opened(span: str) -> None:
+    """A stage rule's call starts (``_stagerules``) in ``span``: no readiness from the
+    kernel's tables until every such call has returned; children started meanwhile by
+    another process on our behalf nest under it (``_workers.publish_current``)."""
+    st = state()
+    with st.lock:
+        st.rule_stages_open += 1
+    if st.children_ready and st.children_dir:
+        _workers.publish_current(st.children_dir, span)
+
+
+def rule_stage_closed() -> None:
+    """A stage rule's call returned. When it was the last one running, the sockets that
+    started to listen meanwhile are the call's own machinery (Ray's core worker RPC server
+    inside ``ray.init``, a worker's inside ``connect``), never readiness: the watch takes
+    them as foreign. One table read per outermost rule call, before readiness only."""
+    st = state()
+    with st.lock:
+        st.rule_stages_open = n = max(0, st.rule_stages_open - 1)
+    if st.children_ready and st.children_dir:
+        _workers.publish_current(st.children_dir, _runtime.current_span.get() or _runtime.root_span_id)
+    if n or st.ready_ns is not None or not st.watch_listen or not root_open():
+        return
+    if not _listen_poll.acquire(True, 0.5):
+        return
+    try:
+        w = st.listen_watch
+        if w is None:
+            from . import _listening
+
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        w.absorb()
     except Exception as exc:
         _runtime.fail(exc)
     finally:
