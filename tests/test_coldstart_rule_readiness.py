@@ -114,3 +114,79 @@ def test_ready_must_be_a_bare_boolean_both_readers_agree(tmp_path: Path) -> None
     good = tmp_path / "good.toml"
     good.write_text(RULES.format(ready="true"))
     assert [r.ready for r in check_files([good]).rules] == [False, True]
+
+
+NEST_RULES = """\
+engine_version = "1.0"
+
+[[stage]]
+id = "site.cluster_start"
+stage = "cluster_start"
+targets = ["clusterlib:start_cluster"]
+[[stage.examples]]
+run = "clusterlib"
+
+[[stage]]
+id = "site.replicas_wait"
+stage = "replicas_wait"
+targets = ["clusterlib:wait_for_replicas"]
+[[stage.examples]]
+run = "clusterlib"
+"""
+
+CLUSTER = '''
+import os, subprocess, sys, time
+
+def start_cluster(go, done):
+    # a daemon that is no Python (the raylet): it starts workers later, with the environment
+    # it was given now (TRACEPARENT names this stage)
+    child = "%s %s %s" % (sys.executable, os.path.join(os.path.dirname(__file__), "replica.py"), done)
+    return subprocess.Popen(["sh", "-c", "while [ ! -e %s ]; do sleep 0.02; done; %s" % (go, child)])
+
+def wait_for_replicas(go, done):
+    open(go, "w").close()  # the daemon starts the replica now
+    while not os.path.exists(done):
+        time.sleep(0.02)
+'''
+
+NEST_APP = '''
+import json, os, sys
+import clusterlib
+
+go, done = os.path.join(os.path.dirname(sys.argv[1]), "go"), os.path.join(os.path.dirname(sys.argv[1]), "done")
+daemon = clusterlib.start_cluster(go, done)
+clusterlib.wait_for_replicas(go, done)
+daemon.wait()
+with open(sys.argv[1], "w") as f:
+    json.dump({"daemon": daemon.pid}, f)
+'''
+
+REPLICA = '''
+import json, os, sys, time
+time.sleep(0.05)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump({"replica": os.getpid()}, f)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+'''
+
+
+def test_a_worker_another_process_starts_nests_under_the_parents_span_of_the_moment(tmp_path: Path) -> None:
+    """Ray's raylet (here a shell) starts the replica the driver waits for, long after it was
+    itself started inside ray.init: the replica's root hangs under the driver's wait, not under
+    the stage the daemon's environment names. Without the parent's ``current`` span it would."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "cluster.toml").write_text(NEST_RULES)
+    (tmp_path / "clusterlib.py").write_text(textwrap.dedent(CLUSTER))
+    (tmp_path / "replica.py").write_text(textwrap.dedent(REPLICA))
+    app = tmp_path / "app.py"
+    app.write_text(textwrap.dedent(NEST_APP))
+    r = launch(str(tmp_path), [sys.executable, str(app)], "--rules-dir", str(rules),
+               env={"PYTHONPATH": str(tmp_path)})
+    assert r.rc == 0, r.output[-3000:]
+    driver = next(x for x in r.roots() if x.parent_span_id is None)
+    stages = {stage_name(s): s for s in r.stages(driver)}
+    replica = [x for x in r.roots() if x.resource.get("process.command") == "replica.py"]
+    assert len(replica) == 1, [x.resource for x in r.roots()]
+    assert replica[0].parent_span_id == stages["replicas_wait"].span_id
+    assert replica[0].trace_id == driver.trace_id
