@@ -871,7 +871,7 @@ def rule_stage_closed() -> None:
         _workers.publish_current(st.children_dir, _runtime.current_span.get() or _runtime.root_span_id)
     if n or st.ready_ns is not None or not st.watch_listen or not root_open():
         return
-    if not _listen_poll.acquire(True, 0.5):
+    if not _listen_poll.acquire(True, 0.1):  # the sampler thread polls (milliseconds): never wait long
         return
     try:
         w = st.listen_watch
