@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
-READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule")
+READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule", "fork_served")
 
 
 def state() -> ColdStart:
@@ -435,6 +435,10 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Option
         if st.first is not None or st.first_done:
             return None
         st.first = f = _First(now, source, attrs)
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            # forked from a ready server: ready once its own work after the fork was done (a
+            # worker's app load); the wait for this request is the wait for traffic
+            st.ready_ns, st.ready_source = max(st.ready_ns, min(st.last_end_ns, now)), "fork_served"
     return f
 
 
@@ -589,6 +593,28 @@ def _install_uvicorn(module: Any) -> None:
     asgi.wrap_uvicorn(module)
 
 
+def _install_gunicorn_sync(module: Any) -> None:
+    """gunicorn's sync worker: ``SyncWorker.handle`` serves one accepted connection. The first
+    one is the first request, from its arrival (a forked worker's wait for it is then the wait
+    for traffic, not its cold start) to its response."""
+    cls = getattr(module, "SyncWorker", None)
+    handle = getattr(cls, "handle", None) if cls is not None else None
+    if handle is None or getattr(handle, "__wrapped__", None) is not None:
+        return
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = request_begin("gunicorn") if pending_first() else None
+        try:
+            return handle(self, *args, **kwargs)
+        finally:
+            if first is not None:
+                first_response(first)
+
+    wrapped.__wrapped__ = handle  # type: ignore[attr-defined]
+    cls.handle = wrapped
+    add_undo(lambda: setattr(cls, "handle", handle) if cls.handle is wrapped else None)
+
+
 # -- listen() readiness heuristic --------------------------------------------------------
 
 def _install_listen(socket: Any = None) -> None:
@@ -691,6 +717,7 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     on_import("tokenizers", _install_transformers)
     on_import("sentencepiece", _install_sentencepiece)
     on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
+    on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
     _install_stage_rules()
     st.imports = imports
     st.finder = imports.Finder()
