@@ -597,9 +597,9 @@ def _install_gunicorn_sync(module: Any) -> None:
     """gunicorn's sync worker: ``SyncWorker.handle`` serves one accepted connection. The first
     one is the first request, from its arrival (a forked worker's wait for it is then the wait
     for traffic, not its cold start) to its response."""
-    cls = getattr(module, "SyncWorker", None)
-    handle = getattr(cls, "handle", None) if cls is not None else None
-    if handle is None or getattr(handle, "__wrapped__", None) is not None:
+    cls: Any = getattr(module, "SyncWorker", None)
+    handle = getattr(cls, "handle", None)
+    if cls is None or handle is None or getattr(handle, "__wrapped__", None) is not None:
         return
 
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
