@@ -1009,5 +1009,12 @@ def _after_fork_child() -> None:
             from . import _torch  # the parent took its wrappers out: this child needs them again
 
             _torch.install(sys.modules["torch"])
+        if st.collecting and _runtime.root_start_ns:
+            # the fork (the root starts at its clock tick) and the at-fork handlers, ours
+            # included: the child's runtime_init, as a new interpreter's start-up is
+            now = time.time_ns()
+            if now > _runtime.root_start_ns:
+                emit_stage("runtime_init", _runtime.new_span_id(), _runtime.root_span_id,
+                           _runtime.root_start_ns, now, {"infersight.runtime_init.forked": True})
     except Exception as exc:
         _runtime.fail(exc)

@@ -185,7 +185,7 @@ def test_gunicorn_preload_two_workers(models: str, tmp_path) -> None:
     assert all(not [s for s in w.stages if stage_name(s) == "weights_load" and s.start_ns < w.root.end_ns
                     and s.parent_span_id == w.root.span_id] for w in workers)
     idle = [w for w in workers if "first_request" not in names(w)]
-    assert all(w.root.end_ns == w.root.start_ns for w in idle)  # ready at the fork, served nothing: 0 s
+    assert all(names(w) == {"runtime_init"} for w in idle), [names(w) for w in idle]  # the fork, then nothing
     (served_by,) = [w for w in workers if "first_request" in names(w)]
     (first,) = [s for s in served_by.stages if stage_name(s) == "first_request"]
     assert first.attributes["infersight.first_request.source"] == "gunicorn"  # from the accepted connection
@@ -222,8 +222,8 @@ def test_litserve(models: str, tmp_path) -> None:
     worker = the_one_with(css, "weights_load")  # LitAPI.setup runs in LitServe's inference worker
     assert worker.root.parent_span_id is not None  # nested under the server that started it
     assert "framework_import" in names(worker)
-    settle(known, "LitServe's workers: the inference worker has no readiness signal (queues, no socket), so "
-                  "its idle loop before the first request is counted; the uvicorn process's 0.1 s start has gaps")
+    settle(known, "LitServe's inference worker has no readiness signal (queues, no socket): its idle loop "
+                  "before the first request is counted")
 
 
 def test_bentoml_serve(models: str, tmp_path) -> None:
