@@ -223,7 +223,7 @@ def test_litserve(models: str, tmp_path) -> None:
     assert worker.root.parent_span_id is not None  # nested under the server that started it
     assert "framework_import" in names(worker)
     settle(known, "LitServe's inference worker has no readiness signal (queues, no socket): its idle loop "
-                  "before the first request is counted")
+                  "before the first request is counted; its forked uvicorn process lives 0.1 s, a few ms unnamed")
 
 
 def test_bentoml_serve(models: str, tmp_path) -> None:
