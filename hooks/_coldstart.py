@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
-READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket")
+READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule", "fork_served")
 
 
 def state() -> ColdStart:
@@ -435,6 +435,10 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Option
         if st.first is not None or st.first_done:
             return None
         st.first = f = _First(now, source, attrs)
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            # forked from a ready server: ready once its own work after the fork was done (a
+            # worker's app load); the wait for this request is the wait for traffic
+            st.ready_ns, st.ready_source = max(st.ready_ns, min(st.last_end_ns, now)), "fork_served"
     return f
 
 
@@ -572,7 +576,11 @@ def _at_exit() -> None:
             _finish(f, f.forward_end or time.time_ns(), "exit")
             return
         end_ns = None
-        if st.main_end_ns and os.getpid() == st.main_pid:
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            # forked from a ready server, never served: ready once its own work after the fork
+            # was done (a gunicorn worker's app load); the wait for traffic is no cold start
+            end_ns = max(st.ready_ns, st.last_end_ns)
+        elif st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, st.last_end_ns)  # exit handlers that ran since are not start-up
         finish_root(end_ns, "exit", at_readiness=True)
     except Exception as exc:
@@ -583,6 +591,28 @@ def _install_uvicorn(module: Any) -> None:
     from . import asgi
 
     asgi.wrap_uvicorn(module)
+
+
+def _install_gunicorn_sync(module: Any) -> None:
+    """gunicorn's sync worker: ``SyncWorker.handle`` serves one accepted connection. The first
+    one is the first request, from its arrival (a forked worker's wait for it is then the wait
+    for traffic, not its cold start) to its response."""
+    cls: Any = getattr(module, "SyncWorker", None)
+    handle = getattr(cls, "handle", None)
+    if cls is None or handle is None or getattr(handle, "__wrapped__", None) is not None:
+        return
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = request_begin("gunicorn") if pending_first() else None
+        try:
+            return handle(self, *args, **kwargs)
+        finally:
+            if first is not None:
+                first_response(first)
+
+    wrapped.__wrapped__ = handle  # type: ignore[attr-defined]
+    cls.handle = wrapped
+    add_undo(lambda: setattr(cls, "handle", handle) if cls.handle is wrapped else None)
 
 
 # -- listen() readiness heuristic --------------------------------------------------------
@@ -687,6 +717,7 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     on_import("tokenizers", _install_transformers)
     on_import("sentencepiece", _install_sentencepiece)
     on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
+    on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
     _install_stage_rules()
     st.imports = imports
     st.finder = imports.Finder()
@@ -844,11 +875,51 @@ def check_listening(from_forward: bool = False) -> None:
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        if st.rule_stages_open:
+            return  # listening inside a start-up call is that call's own (rule_stage_closed)
         found = w.poll()
-        if found is not None and st.ready_ns is None:
+        if found is not None and st.ready_ns is None and not st.rule_stages_open:
             kind, where = found
             mark_ready("listening_socket", attrs={"server.port": where} if kind == "tcp" else
                        {"server.address": where, "network.transport": "unix"})
+    except Exception as exc:
+        _runtime.fail(exc)
+    finally:
+        _listen_poll.release()
+
+
+def rule_stage_opened(span: str) -> None:
+    """A stage rule's call starts (``_stagerules``) in ``span``: no readiness from the
+    kernel's tables until every such call has returned; children started meanwhile by
+    another process on our behalf nest under it (``_workers.publish_current``)."""
+    st = state()
+    with st.lock:
+        st.rule_stages_open += 1
+    if st.children_ready and st.children_dir:
+        _workers.publish_current(st.children_dir, span)
+
+
+def rule_stage_closed() -> None:
+    """A stage rule's call returned. When it was the last one running, the sockets that
+    started to listen meanwhile are the call's own machinery (Ray's core worker RPC server
+    inside ``ray.init``, a worker's inside ``connect``), never readiness: the watch takes
+    them as foreign. One table read per outermost rule call, before readiness only."""
+    st = state()
+    with st.lock:
+        st.rule_stages_open = n = max(0, st.rule_stages_open - 1)
+    if st.children_ready and st.children_dir:
+        _workers.publish_current(st.children_dir, _runtime.current_span.get() or _runtime.root_span_id)
+    if n or st.ready_ns is not None or not st.watch_listen or not root_open():
+        return
+    if not _listen_poll.acquire(True, 0.1):  # the sampler thread polls (milliseconds): never wait long
+        return
+    try:
+        w = st.listen_watch
+        if w is None:
+            from . import _listening
+
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        w.absorb()
     except Exception as exc:
         _runtime.fail(exc)
     finally:
@@ -951,5 +1022,12 @@ def _after_fork_child() -> None:
             from . import _torch  # the parent took its wrappers out: this child needs them again
 
             _torch.install(sys.modules["torch"])
+        if st.collecting and _runtime.root_start_ns:
+            # the fork (the root starts at its clock tick) and the at-fork handlers, ours
+            # included: the child's runtime_init, as a new interpreter's start-up is
+            now = time.time_ns()
+            if now > _runtime.root_start_ns:
+                emit_stage("runtime_init", _runtime.new_span_id(), _runtime.root_span_id,
+                           _runtime.root_start_ns, now, {"infersight.runtime_init.forked": True})
     except Exception as exc:
         _runtime.fail(exc)

@@ -16,7 +16,8 @@ a thousand TIME_WAIT sockets makes it a 2 ms read), the dump only the listeners.
 process in another network namespace (sock_diag answers for the watcher's own only).
 
 Not readiness: a ``torch.distributed`` store on ``MASTER_PORT``, multiprocessing's sockets
-(``pymp-`` directories) and abstract unix names.
+(``pymp-`` directories), abstract unix names, and a socket that starts listening inside a
+stage rule's call (Ray's core worker RPC server inside ``ray.init``: ``ListenWatch.absorb``).
 """
 
 from __future__ import annotations
@@ -251,20 +252,33 @@ class ListenWatch:
             found.update(unix_listening(_read(base + "unix")))
         return found
 
-    def poll(self) -> Optional[Found]:
+    def _new_owned(self) -> Tuple[Dict[int, Found], List[int]]:
+        """The listening table, and the inodes in it not seen before that the processes own
+        (the others are remembered as foreign)."""
         pids = self.pids()
         if not pids:
-            return None
+            return {}, []
         found = self.tables(pids[0])
         new = [i for i in found if i not in self.foreign]
         if not new:
-            return None
+            return found, []
         owned: Set[int] = set()
         for pid in pids:
             owned |= socket_inodes(pid, self.proc_root)
-        mine = [found[i] for i in new if i in owned]
+        self.foreign.update(i for i in new if i not in owned)
+        return found, [i for i in new if i in owned]
+
+    def poll(self) -> Optional[Found]:
+        found, new = self._new_owned()
+        mine = [found[i] for i in new]
         if mine:
             tcp = [m for m in mine if m[0] == "tcp"]
             return min(tcp or mine, key=lambda m: str(m[1]))  # a TCP port first: it names the server
-        self.foreign.update(new)
         return None
+
+    def absorb(self) -> int:
+        """Take the sockets the processes listen on now as none of readiness (a start-up
+        call's own RPC server: Ray's core worker). Returns how many were new."""
+        _found, new = self._new_owned()
+        self.foreign.update(new)
+        return len(new)

@@ -197,6 +197,11 @@ def activate() -> bool:
         parent = parse_traceparent(env.get("TRACEPARENT", ""))
         if parent:
             trace_id, root_parent = parent
+            parent_dir = _env.get("INFERSIGHT_CHILDREN_DIR")
+            if parent_dir:  # started on the hooked parent's behalf (Ray's raylet): its span now
+                from . import _workers
+
+                root_parent = _workers.parent_current(parent_dir, os.getppid()) or root_parent
         else:
             trace_id, root_parent = os.urandom(16).hex(), None
         root_span_id = new_span_id()

@@ -4,7 +4,8 @@ The rule files are TOML (``rules/stages.toml`` shipped beside these hooks, then 
 the rules directories: ``$INFERSIGHT_RULES_DIRS``, separated by ``:`` or ``,``, default
 ``/etc/infersight/rules.d``). tomllib is Python 3.11+ and the hooks run on 3.9, so this module
 reads the one subset of TOML that stage rules are written in: ``[[stage]]`` tables whose
-``id``, ``stage`` and ``targets`` are plain strings (no escapes) and an array of them; other
+``id``, ``stage`` and ``targets`` are plain strings (no escapes) and an array of them, and
+``ready`` a bare ``true``/``false`` (the process is ready when an outermost call returns); other
 keys, tables (``[[stage.examples]]``) and multi-line strings are skipped. The agent's loader
 (``infersight.rules.stage_rules``, with tomllib) validates every file with file:line errors,
 and ``infersight.agent.coldstart.stage_rules_check`` refuses a file this reader would read
@@ -33,7 +34,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    Rule = Tuple[str, str, Tuple[str, ...]]  # (id, stage, targets)
+    Rule = Tuple[str, str, Tuple[str, ...], bool]  # (id, stage, targets, ready)
 
 ENGINE_MAJOR = 1  # engine_version "1.x" files load
 SITE_DIR = "/etc/infersight/rules.d"
@@ -103,7 +104,7 @@ def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
             return
         rid, stage, targets = cur.get("id"), cur.get("stage"), cur.get("targets")
         if isinstance(rid, str) and isinstance(stage, str) and isinstance(targets, tuple) and targets:
-            rules.append((rid, stage, targets))
+            rules.append((rid, stage, targets, cur.get("ready") is True))
         else:
             errors.append((cur["line"], "a [[stage]] needs id, stage and targets"))
 
@@ -168,6 +169,10 @@ def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
             cur[key] = _array(value)
             if cur[key] is None:
                 errors.append((n, "targets: not an array of plain strings"))
+        elif key == "ready":
+            cur[key] = value == "true"
+            if value not in ("true", "false"):
+                errors.append((n, "ready: not true or false"))
     close()
     if not engine_ok:
         return [], [(1, "engine_version: not %d.x" % ENGINE_MAJOR)]
@@ -207,10 +212,10 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str]]], List[str]]:
-    """module -> {qualname: (stage, rule id)} over ``paths`` (a later rule for the same target
-    replaces an earlier one), and ``"path:line: problem"`` for what could not be read."""
-    by_module: Dict[str, Dict[str, Tuple[str, str]]] = {}
+def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str, bool]]], List[str]]:
+    """module -> {qualname: (stage, rule id, ready)} over ``paths`` (a later rule for the same
+    target replaces an earlier one), and ``"path:line: problem"`` for what could not be read."""
+    by_module: Dict[str, Dict[str, Tuple[str, str, bool]]] = {}
     problems: List[str] = []
     for path in paths:
         text = _read(path)
@@ -218,11 +223,11 @@ def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str]]], List[
             continue
         rules, errors = parse(text)
         problems.extend("%s:%d: %s" % (path, line, msg) for line, msg in errors)
-        for rid, stage, targets in rules:
+        for rid, stage, targets, ready in rules:
             for target in targets:
                 module, colon, qualname = target.partition(":")
                 if colon and module and qualname:
-                    by_module.setdefault(module, {})[qualname] = (stage, rid)
+                    by_module.setdefault(module, {})[qualname] = (stage, rid, ready)
                 else:
                     problems.append("%s: %s: target %r is not module:qualname" % (path, rid, target))
     return by_module, problems
@@ -244,22 +249,28 @@ def _open(stage: str, rule: str, target: str) -> Any:
         if stage in opened or not cs.state().collecting or not cs.root_open():
             return None
         o = cs.begin(stage, {"infersight.stage.rule": rule, "infersight.stage.target": target})
+        cs.rule_stage_opened(o.span)
         return o, _open_stages.set((*opened, stage))
     except Exception as exc:
         _runtime.fail(exc)
         return None
 
 
-def _close(token: Any, err: Optional[BaseException]) -> None:
+def _close(token: Any, err: Optional[BaseException], ready: bool = False) -> None:
     o, reset = token
     try:
         _open_stages.reset(reset)
     except ValueError:
         pass  # reset in another context (a generator's frame moved): the stage still ends
     cs.end(o, err=err)
+    if ready and err is None and not _open_stages.get():
+        # a rule that says the process is ready when its outermost call returns (Serve's
+        # replica init, serve.run): readiness now, before its own sockets are taken as foreign
+        cs.mark_ready("stage_rule", attrs={"infersight.stage.rule": o.attrs.get("infersight.stage.rule", "")})
+    cs.rule_stage_closed()
 
 
-def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str) -> Callable[..., Any]:
+def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: bool = False) -> Callable[..., Any]:
     """``fn`` whose calls are one stage each (a coroutine function: its await)."""
     if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
@@ -271,7 +282,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str) -> Callable
             except BaseException as e:
                 _close(token, e)
                 raise
-            _close(token, None)
+            _close(token, None, ready)
             return result
 
         wrapper: Callable[..., Any] = awrapper
@@ -285,7 +296,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str) -> Callable
             except BaseException as e:
                 _close(token, e)
                 raise
-            _close(token, None)
+            _close(token, None, ready)
             return result
 
         wrapper = swrapper
@@ -308,7 +319,7 @@ def _wrappable(fn: Any) -> bool:
     return code is not None and not code.co_flags & _CO_GENERATORS
 
 
-def apply(module: Any, qualname: str, stage: str, rule: str) -> bool:
+def apply(module: Any, qualname: str, stage: str, rule: str, ready: bool = False) -> bool:
     """Wrap ``module``'s ``qualname`` (True when done); the undo puts the original back."""
     parts = qualname.split(".")
     owner = module
@@ -326,7 +337,7 @@ def apply(module: Any, qualname: str, stage: str, rule: str) -> bool:
         fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
         if not _wrappable(fn):
             return False
-        w = wrap(fn, stage, rule, target)
+        w = wrap(fn, stage, rule, target, ready)
         new: Any = kind(w) if kind in (classmethod, staticmethod) else w
     elif parts[:-1]:
         return False  # a method of something that is not a class
@@ -334,7 +345,7 @@ def apply(module: Any, qualname: str, stage: str, rule: str) -> bool:
         raw = getattr(owner, name, None)
         if not _wrappable(raw):
             return False
-        new = wrap(raw, stage, rule, target)
+        new = wrap(raw, stage, rule, target, ready)
     setattr(owner, name, new)
 
     def undo() -> None:
@@ -346,13 +357,13 @@ def apply(module: Any, qualname: str, stage: str, rule: str) -> bool:
     return True
 
 
-def _installer(targets: Dict[str, Tuple[str, str]]) -> Callable[[Any], None]:
+def _installer(targets: Dict[str, Tuple[str, str, bool]]) -> Callable[[Any], None]:
     def install_module(module: Any) -> None:
         if not cs.state().collecting:
             return
-        for qualname, (stage, rule) in targets.items():
+        for qualname, (stage, rule, ready) in targets.items():
             try:
-                done = apply(module, qualname, stage, rule)
+                done = apply(module, qualname, stage, rule, ready)
             except Exception:
                 done = False  # a library object we cannot wrap: name it, never fail the hooks
             if not done:

@@ -28,8 +28,8 @@ class ColdStart:
         "explicit", "finder", "first", "first_done", "imports", "inherited_sockets", "installed", "last_end_ns",
         "listen_owned", "listen_polled_ns", "listen_watch", "lock", "main_end_ns", "main_pid", "orig_listen",
         "parent_dir", "post_import",
-        "ready_file", "ready_ns", "ready_source", "role", "sampler", "stage_seq", "tls", "undo", "warm",
-        "watch_listen", "watched",
+        "ready_file", "ready_ns", "ready_source", "role", "rule_stages_open", "sampler", "stage_seq", "tls", "undo",
+        "warm", "watch_listen", "watched",
     )
 
     def __init__(self) -> None:
@@ -68,6 +68,7 @@ class ColdStart:
         self.listen_watch: Any = None  # the _listening.ListenWatch, made on the first poll
         self.listen_polled_ns = 0  # when it was last polled
         self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
+        self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
 
     def forked(self, root_start_ns: int) -> ColdStart:
         """The state of a child forked from this process: a cold start of its own, whose

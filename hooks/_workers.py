@@ -138,6 +138,46 @@ def reports(own_dir: str) -> List[Tuple[int, int, str]]:
     return out
 
 
+CURRENT = "current"  # the parent's span that a child started through a non-hooked process nests under
+
+
+def publish_current(own_dir: str, span: str) -> None:
+    """Say which span this process is in now (a stage rule's call opened or ended), for the
+    children a non-hooked process starts for it meanwhile: Ray's raylet starts the workers a
+    driver asks for, with the environment the driver had when it started the raylet, so
+    their ``TRACEPARENT`` names a span long closed. Written whole (rename): never half read."""
+    tmp = os.path.join(own_dir, "%s.%d" % (CURRENT, os.getpid()))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, span.encode("ascii", "replace")[:16])
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(own_dir, CURRENT))
+    except OSError:
+        pass
+
+
+def parent_current(parent_dir: str, ppid: int) -> Optional[str]:
+    """The span the hooked parent that owns ``parent_dir`` is in now, when this process was
+    started by someone else on its behalf (its parent process is not the hooked one), else
+    None (a direct child's ``TRACEPARENT`` is exact)."""
+    parts = os.path.basename(parent_dir).rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) == ppid:
+        return None
+    if not _safe_dir(parent_dir, create=False):
+        return None
+    try:
+        fd = os.open(os.path.join(parent_dir, CURRENT), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        span = os.read(fd, 32).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    return span if len(span) == 16 and all(c in "0123456789abcdef" for c in span) else None
+
+
 def cleanup(own_dir: Optional[str]) -> None:
     """Remove the directory once this process's cold start is over (children may still
     report later: their write fails harmlessly)."""
@@ -145,7 +185,7 @@ def cleanup(own_dir: Optional[str]) -> None:
         return
     try:
         for name in os.listdir(own_dir):
-            if name.isdigit():
+            if name.isdigit() or name.partition(".")[0] == CURRENT:
                 os.unlink(os.path.join(own_dir, name))
         os.rmdir(own_dir)
     except OSError:

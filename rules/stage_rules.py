@@ -10,6 +10,7 @@ file does, :mod:`infersight.rules.rulefile`) and ``[[stage]]`` tables::
     stage = "kv_cache_alloc"             # a builtin stage or your own name
     targets = ["vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"]
     description = "..."                  # optional
+    ready = true                         # optional: the process is ready when the call returns
     [[stage.examples]]                   # at least one; each names how CI checks the rule
     release = "vllm==0.33.0"             # | run = "MODE" | source = "github:OWNER/REPO@TAG"
 
@@ -44,7 +45,7 @@ _RELEASE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._\-]*)==([A-Za-z0-9][A-Za-z0-9.+!
 _SOURCE = re.compile(r"github:([A-Za-z0-9_.\-]+)/([A-Za-z0-9_.\-]+)@([A-Za-z0-9_.\-/]+)")
 _RUN = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _TOP_KEYS = frozenset({ENGINE_VERSION_KEY, "description", "stage"})
-_RULE_KEYS = frozenset({"id", "stage", "targets", "description", "examples"})
+_RULE_KEYS = frozenset({"id", "stage", "targets", "description", "examples", "ready"})
 _EXAMPLE_KEYS = frozenset({"release", "run", "source", "comment"})
 
 
@@ -77,6 +78,7 @@ class StageRule:
     description: str
     examples: tuple[StageExample, ...]
     where: Location
+    ready: bool = False  # readiness when an outermost call returns (Serve's replica init, serve.run)
 
 
 @dataclass(slots=True)
@@ -153,12 +155,16 @@ class _FileLoader(FileLoader):
         desc = t.get("description", "")
         if not isinstance(desc, str):
             self.err(line("description"), f"{rid}: description must be a string")
+        ready = t.get("ready", False)
+        if not isinstance(ready, bool):
+            self.err(line("ready"), f"{rid}: ready must be true or false")
         examples = self._examples(str(rid), t.get("examples", []), i)
         if len(self.errors) == n_errors and not examples:
             self.err(start, f"{rid}: needs at least one example ([[stage.examples]] release, run or source)")
         if len(self.errors) != n_errors:
             return None
-        return StageRule(str(rid), str(stage), tuple(targets), str(desc).strip(), examples, Location(self.path, start))
+        return StageRule(str(rid), str(stage), tuple(targets), str(desc).strip(), examples, Location(self.path, start),
+                         ready is True)
 
     def _examples(self, rid: str, raw: object, i: int) -> tuple[StageExample, ...]:
         if not isinstance(raw, list):
@@ -188,11 +194,11 @@ class _FileLoader(FileLoader):
         return tuple(out)
 
     def _check_hooks_reading(self, rules: list[tuple[int, StageRule]]) -> None:
-        """The hooks read id, stage and targets without tomllib: one-line strings without
-        escapes. Refuse what they would not read as tomllib does."""
+        """The hooks read id, stage, targets and ready without tomllib: one-line strings without
+        escapes, a bare true/false. Refuse what they would not read as tomllib does."""
         lines = self.text.split("\n")
         for i, r in rules:
-            for key in ("id", "stage", "targets"):
+            for key in ("id", "stage", "targets", "ready"):
                 at = self.keys.find(("stage", i, key))
                 if at is None:
                     continue

@@ -251,3 +251,34 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
     roots = [x for x in seen if getattr(x, "name", "") == "coldstart"]
     assert [r.attributes["infersight.coldstart.ended_by"] for r in roots] == ["exit"]
     assert agent.assembler.roots_closed_for_lost == 0
+
+
+READY_THEN_KILLED = textwrap.dedent("""
+    import os, signal, sys, time
+    from infersight import hooks
+    with hooks.stage("model_setup"):
+        time.sleep(0.02)
+    hooks.mark_ready()
+    with hooks.stage("after_ready"):  # work it did after readiness (its first request)
+        time.sleep(0.05)
+    assert hooks.flush(10)
+    print("ready", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_killed_producer_that_was_ready_ends_at_readiness(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """A Ray worker SIGKILLed at shutdown after its replica was ready: the agent's root ends at
+    the readiness it was sent, as the hooks' own would have, not at its last event (what came
+    later is no cold start: the wait for traffic, the first request)."""
+    agent = agent_factory().start()
+    proc = subprocess.run([sys.executable, "-c", READY_THEN_KILLED], env=hook_env(agent.sock, agent.spool),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL and "ready" in proc.stdout, proc.stderr
+    assert wait_for(lambda: [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"], 20)
+    (root,) = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
+    by_name = {s["name"]: s for s in spans(read_otlp_lines(agent.out)) if s["traceId"] == root["traceId"]}
+    ready, later = by_name["coldstart.ready_wait"], by_name["coldstart.after_ready"]
+    assert attr(root, "infersight.coldstart.ended_by") == "ready"
+    assert int(root["endTimeUnixNano"]) == int(ready["endTimeUnixNano"]) < int(later["endTimeUnixNano"])
+    assert agent.stop() == 0

@@ -65,7 +65,8 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
     assert all(r.examples for r in rs.rules)
     hooks_view, problems = _stagerules.parse(BUILTIN.read_text())
     assert problems == []
-    assert hooks_view == [(r.id, r.stage, r.targets) for r in rs.rules]
+    assert hooks_view == [(r.id, r.stage, r.targets, r.ready) for r in rs.rules]
+    assert {r.id for r in rs.rules if r.ready} == {"ray.serve.run", "ray.serve.replica_init"}
 
 
 def test_errors_name_file_and_line(tmp_path: Path) -> None:

@@ -53,6 +53,10 @@ class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malform
     """An event or hello that does not follow the schema."""
 
 
+
+# ready_wait sources at which the hooks end a root (hooks/_coldstart.py READY_SIGNALS)
+ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule"})
+
 @dataclass(slots=True)
 class Producer:
     id: str
@@ -609,7 +613,14 @@ class Assembler:
             p.root_closed = p.lost_root_made = True
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
+            ready = [s.end_ns for s in p.pending if s.name == "coldstart.ready_wait"
+                     and s.attributes.get("infersight.ready.source") in ROOT_ENDING_READY]
             attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.ended_by": "producer_lost"}
+            if ready and min(ready) <= end:
+                # the hooks would have ended it at readiness: what it sent later (its first
+                # request) lies after the root, and the wait for traffic is in no share
+                end = min(ready)
+                attrs["infersight.coldstart.ended_by"] = "ready"
             parent = p.info.get("root_parent")
             root = SpanItem(p.resource, p.info["trace_id"], root_id,
                             parent if isinstance(parent, str) and HEX16.match(parent) else None,
