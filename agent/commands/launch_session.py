@@ -66,7 +66,7 @@ async def watch_listening(pid: int, spawn_ns: int, rd: Readiness, hooked: Callab
 
     watch = ListenWatch(lambda: list(tree(pid)))
     while not proc_done.is_set() and not hooked():
-        found = watch.poll()
+        found = await asyncio.to_thread(watch.poll)  # /proc and netlink reads: off the event loop
         if found is not None:
             rd.listening_ns, rd.listening = time.time_ns(), found
             out.write("infersight: ready after %.3f s: CMD listens on %s %s\n" % (
