@@ -254,3 +254,48 @@ def test_a_removed_spool_file_is_rescued_by_its_hook_and_counted(users, base: Pa
     assert wait_for(lambda: len(victim_events()) >= 40, 30), victim_events()
     assert victim_events() == list(range(40)), "nothing the removed file held is lost"
     assert wait_for(lambda: agent.status()["counters"]["spool_files_vanished"] == 1, 20), agent.status()["counters"]
+
+
+FLOOD_SCRIPT = r"""
+import socket, sys, time
+sock_path, n = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock_path)
+    held.append(s)
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_uid_cannot_take_every_connection(users, base: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """A member who opens connections and sends nothing holds at most a quarter of them: the
+    victim's hooks still get in, and the agent counts what it turned away by uid."""
+    gid, victim, attacker = users
+    python = system_python()
+    agent = agent_factory(root=base / "agent")
+    agent.config.write_text(agent.config.read_text().replace(
+        "[agent]\n", "[agent]\nmax_connections = 8\nallowed_gids = [%d]\n" % gid, 1))
+    os.chmod(base / "agent", 0o755)
+    agent.start()
+    os.chown(agent.sock, 0, gid)
+    script = base / "flood.py"
+    script.write_text(FLOOD_SCRIPT)
+    flood = subprocess.Popen([python, str(script), str(agent.sock), "12"], stdout=subprocess.PIPE, text=True,
+                             user=attacker.pw_uid, group=gid, extra_groups=[gid])
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "holding"
+        assert wait_for(lambda: agent.status()["counters"]["over_uid_budget"] >= 1, 30)
+        hello = ("import json, socket, struct, sys, os\n"
+                 "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])\n"
+                 "b = json.dumps({'t': 'hello', 'schema': 1, 'producer': {'id': 'v-%d' % os.getpid(),"
+                 " 'pid': os.getpid(), 'start_ns': 1, 'trace_id': 'a' * 32, 'root_span_id': 'b' * 16}}).encode()\n"
+                 "s.sendall(struct.pack('!I', len(b)) + b)\n"
+                 "print(s.recv(4096)[4:].decode())\n")
+        r = subprocess.run([python, "-c", hello, str(agent.sock)], capture_output=True, text=True, timeout=30,
+                           user=victim.pw_uid, group=gid, extra_groups=[gid])
+        assert '"welcome"' in r.stdout, (r.stdout, r.stderr)
+    finally:
+        flood.kill()
+        flood.wait()

@@ -27,6 +27,7 @@ class Counters:
     reloads: int = 0
     reload_failures: int = 0
     over_capacity: int = 0  # connections closed at the connection limit
+    over_uid_budget: int = 0  # of those, connections of a uid that held its share (a quarter) already
     idle_closed: int = 0  # producer connections closed after the idle timeout
     accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
     refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts
@@ -109,8 +110,9 @@ def health_metrics(
           [NumberPoint(c.reloads, _attr("infersight.result", "ok")),
            NumberPoint(c.reload_failures, _attr("infersight.result", "failed"))]),
         m("infersight.agent.connections.closed", "sum", "{connection}",
-          "Connections the agent closed: at the connection limit, idle producers",
-          [NumberPoint(c.over_capacity, _attr("infersight.reason", "over_capacity")),
+          "Connections the agent closed: at the connection limit, over a uid's share, idle producers",
+          [NumberPoint(c.over_capacity - c.over_uid_budget, _attr("infersight.reason", "over_capacity")),
+           NumberPoint(c.over_uid_budget, _attr("infersight.reason", "over_uid_budget")),
            NumberPoint(c.idle_closed, _attr("infersight.reason", "idle"))]),
         m("infersight.agent.accept.errors", "sum", "{error}", "accept() failures (EMFILE: out of descriptors)",
           [NumberPoint(c.accept_errors)]),

@@ -298,6 +298,8 @@ class Ingest:
         self.gate = ReadGate(gate_s)
         self.server: asyncio.Server | None = None
         self.open_connections = 0
+        self._uid_connections: dict[int, int] = {}  # open connections per peer uid
+        self.max_connections_per_uid = max(1, self.max_connections // 4)
         self.pending_completions = 0
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._rlog = RateLimitedLog()
@@ -577,11 +579,32 @@ class Ingest:
                                              "error": "uid %d is not allowed" % uid}))
             await writer.drain()
             return
+        n = self._uid_connections[uid] = self._uid_connections.get(uid, 0) + 1
+        try:
+            await self._serve_peer(reader, writer, pid, uid, n)
+        finally:
+            if self._uid_connections[uid] <= 1:
+                del self._uid_connections[uid]
+            else:
+                self._uid_connections[uid] -= 1
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int, uid: int,
+                          n_of_uid: int) -> None:
         # Over the cap, a connection may still ask for status (the health probe must work
-        # under a flood), but only briefly, and only so many at once.
+        # under a flood), but only briefly, and only so many at once. One uid (root aside) may
+        # hold a quarter of the connections: another user's flood leaves room for yours.
         over = self.open_connections - self.max_connections
-        if over > STATUS_RESERVE:
+        by_uid = False  # over this uid's share, not the total
+        if uid != 0 and n_of_uid > self.max_connections_per_uid:
+            by_uid = over <= 0
+            over = max(over, n_of_uid - self.max_connections_per_uid)
+
+        def closed_over() -> None:
             self.counters.over_capacity += 1
+            if by_uid:
+                self.counters.over_uid_budget += 1
+        if over > STATUS_RESERVE:
+            closed_over()
             self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
             return
         try:
@@ -589,7 +612,7 @@ class Ingest:
                                              timeout_s=PROBATION_S if over > 0 else self.frame_timeout_s)
         except TimeoutError:
             if over > 0:
-                self.counters.over_capacity += 1
+                closed_over()
             else:
                 self.counters.slow_peers += 1
             return
@@ -612,7 +635,7 @@ class Ingest:
             self.gate.open()
             return
         if over > 0:  # no reply: the hook retries later (a refusal would make it stop trying)
-            self.counters.over_capacity += 1
+            closed_over()
             self._rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
             return
         producer = self._hello(msg, writer, Peer(uid, pid))
