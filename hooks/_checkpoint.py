@@ -70,7 +70,7 @@ class Checkpoint:
         index = [labels.setdefault(lab, len(labels)) for _t, lab in new]
         data: Dict[str, Any] = {"t": [t for t, _lab in new], "i": index, "l": list(labels),
                                 "open": [list(s) for s in opened]}
-        _runtime.emit_urgent(KIND, data)  # sent now, with what is queued: not a batch delay later
+        _runtime.emit_soon(KIND, data)  # sent now, with what is queued: not a batch delay later
         self.shipped += len(new)
         if new:
             self.shipped_ns = new[-1][0]

@@ -329,6 +329,9 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
         a.update(attrs)
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.root_span_id, start, stop, a)
     _unlisten()
+    sampler = st.sampler
+    if sampler is not None:  # the root ends here: later stacks explain no gap (its tick goes on)
+        sampler.sample = False
     poll = st.callbacks.get("ready")
     if poll is not None:
         poll(start)

@@ -135,6 +135,19 @@ def emit_urgent(kind: str, data: Dict[str, Any]) -> None:
             fail(exc)
 
 
+def emit_soon(kind: str, data: Dict[str, Any]) -> None:
+    """``emit``, and send it now rather than at the end of the batch delay, without ringing
+    the agent's doorbell (that is for OOMs): a cold-start checkpoint must leave the process
+    before it may be killed, not jump the agent's read gate."""
+    emit(kind, data)
+    c = client
+    if c is not None and c.enabled:
+        try:
+            c.hurry()  # sets a flag and an event: never blocks
+        except Exception as exc:
+            fail(exc)
+
+
 def parse_traceparent(value: str) -> Optional[Tuple[str, str]]:
     parts = value.strip().split("-")
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:

@@ -87,6 +87,8 @@ class Sampler:
                 if self.tick is not None and n % every == 0:
                     self.tick()
                 if not self.sample:
+                    if interval < TICK_S:  # sampling stopped (readiness): only the tick, every TICK_S
+                        interval, every, n = TICK_S, 1, 0
                     continue
                 f = frames_of().get(self.main_ident)
                 if f is not None:

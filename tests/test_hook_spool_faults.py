@@ -170,6 +170,7 @@ def test_spool_fills_mid_frame_then_the_agent_gets_every_event_or_its_count(  # 
     script.write_text(
         "import os, time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
         "c = _runtime.client\n"
+        "hooks.mark_ready()\n"  # its cold start is over: no sampler checkpoints (cs_tick) join the count
         "for b in range(30):\n"
         "    for i in range(10):\n        hooks.log('e', i=b * 10 + i, pad='x' * 1000)\n"
         "    time.sleep(0.03)\n"
