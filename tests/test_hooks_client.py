@@ -130,3 +130,17 @@ def test_multiprocessing_fork_worker_flushes_before_os_exit(tmp_path: Path, agen
     assert got == list(range(500))
     roots = [s for s in spans(lines) if s["name"] == "coldstart" and attr(s, "infersight.process.forked")]
     assert len(roots) == 1, "the worker's own cold-start root is exported too"
+
+
+def test_cold_start_checkpoints_never_ring_the_urgent_doorbell(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """The sampler's checkpoints (cs_tick, every 100 ms of a cold start) are sent soon, but the
+    doorbell that opens the agent's read gate at once is an OOM's alone."""
+    agent = agent_factory().start()
+    code = "import time\nfrom infersight import hooks\nfor _ in range(8):\n    time.sleep(0.1)\nhooks.log('done')\n"
+    r = run_hooked(tmp_path, agent, code)
+    assert r.returncode == 0, r.stderr
+    st = agent.status()
+    assert agent.stop() == 0
+    kinds = [x["body"]["stringValue"] for x in log_records(read_otlp_lines(agent.out))]
+    assert "done" in kinds
+    assert st["counters"]["urgent_wakeups"] == 0
