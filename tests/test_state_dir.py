@@ -68,7 +68,7 @@ def test_the_daemon_refuses_a_state_dir_others_can_write(fault: str, agent_facto
 def test_a_state_dir_under_a_world_writable_parent_starts_with_a_warning(agent_factory, base: Path,  # type: ignore[no-untyped-def]
                                                                          monkeypatch) -> None:
     """A Kubernetes emptyDir is 0777: the agent starts there, says so, and follows no link below it."""
-    shared = base / "shared"
+    shared = base / "world-writable"
     shared.mkdir()
     os.chmod(shared, 0o777)
     state = shared / "a" / "state"
@@ -80,7 +80,7 @@ def test_a_state_dir_under_a_world_writable_parent_starts_with_a_warning(agent_f
 
 
 def test_a_state_dir_swapped_under_a_shared_parent_is_refused_not_followed(base: Path) -> None:
-    shared = base / "shared"
+    shared = base / "world-writable"
     shared.mkdir()
     os.chmod(shared, 0o777)
     state = shared / "a" / "state"
