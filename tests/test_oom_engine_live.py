@@ -8,7 +8,6 @@ classifies them, and the test reads the OTLP file.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -17,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import BOOTSTRAP, attr, hook_env, log_records, read_otlp_lines
+from conftest import attr, log_records, read_otlp_lines
+from test_oom_live import _run_child as _child
 
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.daemon import config as cfg
@@ -55,15 +55,6 @@ CHILD_RAISES = """
 import json, sys
 raise RuntimeError(json.loads(sys.argv[1]))
 """
-
-
-async def _child(code: str, arg: str, sock: Path, spool: Path) -> tuple[int, str]:
-    env = hook_env(sock, spool, PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(TESTS)]),
-                   INFERSIGHT_MEM_INTERVAL_S="0")
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, arg, env=env,
-                                                stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
-    return proc.returncode or 0, err.decode()
 
 
 async def test_logged_and_raised_engine_errors_are_classified_once(tmp_path: Path) -> None:
