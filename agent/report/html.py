@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from infersight import __version__
-from infersight.agent.report.gpu import MemoryChart, Series
+from infersight.agent.report.gpu import Devices, MemoryChart, Series
+from infersight.agent.report.scan import ColdStartRow
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
-from infersight.agent.report.views import Oom, human_bytes, process_label
+from infersight.agent.report.views import Family, Oom, human_bytes, process_label
 from infersight.weights_files import describe
-
-if TYPE_CHECKING:
-    from infersight.agent.report.page import Report
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
@@ -85,6 +83,24 @@ MAX_LISTED = 200  # cold starts listed in the table of the slowest; "M more" for
 MAX_OOM_ROWS = 200  # OOMs in the table, the first ones in time; "M more" for the rest
 MAX_MEMORY_CHARTS = 32  # devices with a memory chart, the highest peaks first
 MAX_SERIES = 16  # lines in one memory chart, the highest peaks first
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything the page shows; an empty list is a section left out."""
+
+    families: list[Family]  # the cold starts drawn (all of them up to MAX_WATERFALLS), oldest first
+    memory: list[MemoryChart]
+    devices: Devices
+    ooms: list[Oom]  # the first ones in time (MAX_OOM_ROWS, and those marked on each chart)
+    t0_ns: int  # the earliest record: times on the page are seconds since this
+    t1_ns: int
+    counts: dict[str, int]
+    skipped: list[str]  # the first scan.MAX_SKIPPED notes
+    slowest: list[ColdStartRow] = field(default_factory=list)  # slowest first, up to MAX_LISTED
+    coldstart_count: int = 0  # every cold start (family) in the files
+    oom_count: int = 0  # every OOM in the files
+    skipped_count: int = 0  # every line or record skipped
 
 
 def _fmt_s(v: float | None, digits: int = 3) -> str:
