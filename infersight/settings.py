@@ -12,6 +12,7 @@ Neutral: imports only the neutral modules (errors, redact).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,20 @@ def parse_nonneg_float(v: Any) -> float:
     if not x >= 0:
         raise ValueError("expected a non-negative number")
     return x
+
+
+def seconds_in(lo: float, hi: float) -> Callable[[Any], float]:
+    """The parser of a number of seconds in ``[lo, hi]`` (a number, or a string of one)."""
+
+    def parse(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise ValueError("expected a number of seconds")
+        x = float(v)
+        if not math.isfinite(x) or not lo <= x <= hi:
+            raise ValueError("expected a number of seconds in [%g, %g]" % (lo, hi))
+        return x
+
+    return parse
 
 
 @dataclass(frozen=True)

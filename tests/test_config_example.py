@@ -18,7 +18,7 @@ from infersight.agent.commands import config_reference as ref
 from infersight.agent.commands import extensions
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.daemon import config as cfg
-from infersight.agent.devices import job as devices_job
+from infersight.agent.devices.settings import DeviceJobConfig, parse_config
 from infersight.settings import setting
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,15 +76,10 @@ def test_shown_defaults_are_the_real_ones(full: Path) -> None:
     """Every setting shown without '# example' loads as the key's built-in default."""
     conf = cfg.load(str(full), env={})
     shown = {k.name for k in ref.all_keys() if k.name not in ref.EXAMPLE_VALUES}
-    job = devices_job.parse_config(conf, env={})
     for k in ref.all_keys():
-        if k.name not in shown:
-            continue
-        if k.name in devices_job.CONFIG_KEYS:
-            value = getattr(job, devices_job.CONFIG_KEYS[k.name][1])
-        else:
-            value = setting(conf, k, {})
-        assert value == k.default(), k.name
+        if k.name in shown:
+            assert setting(conf, k, {}) == k.default(), k.name
+    assert parse_config(conf, env={}) == DeviceJobConfig()  # the devices extension reads them so too
 
 
 def test_the_old_unknown_keys_are_gone() -> None:

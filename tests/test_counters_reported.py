@@ -74,8 +74,7 @@ def test_requests_beyond_the_series_limit_are_reported(monkeypatch: pytest.Monke
 def test_assembler_counters_become_agent_metrics() -> None:
     stats = {"gaps_forgotten": 3, "pending_stages_dropped": 4, "pending_bytes": 5,
              "coldstart_roots_closed_for_lost": 6, "producers": 1}
-    items = health_metrics(RES, 0, Counters(over_capacity=7, idle_closed=8, accept_errors=9), 0, 0, [], 0.0, 0,
-                           None, stats)
+    items = health_metrics(RES, 0, Counters(over_capacity=7, idle_closed=8, accept_errors=9), 0, 0, [], 0.0, 0, stats)
     assert metric_value(items, "infersight.events.gaps_forgotten") == 3
     assert metric_value(items, "infersight.coldstart.pending.dropped") == 4
     assert metric_value(items, "infersight.coldstart.pending.bytes") == 5

@@ -24,9 +24,10 @@ from conftest import attr, hook_env, log_records, read_otlp_lines, wait_for
 
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.assemble import Malformed
-from infersight.agent.devices.heterogeneity import SeriesKey
-from infersight.agent.devices.job import DeviceJob, parse_config
-from infersight.agent.requests.kind import DURATION, DURATION_BOUNDS, TTFT, NvmlDevice, RequestStats, parse_req
+from infersight.agent.devices.job import DeviceJob
+from infersight.agent.devices.settings import load_thresholds, parse_config
+from infersight.agent.requests.kind import DURATION, DURATION_BOUNDS, TTFT, RequestStats, parse_req
+from infersight.latency import NvmlDevice, SeriesKey
 from infersight.settings import Config, ConfigError
 from infersight.telemetry import Resource
 
@@ -259,8 +260,6 @@ def test_bad_config_names_the_key(values: dict[str, Any], key: str) -> None:
 
 
 def test_bad_rule_file_is_a_config_error(tmp_path: Path) -> None:
-    from infersight.agent.devices.job import load_thresholds
-
     bad = tmp_path / "devices.toml"
     bad.write_text("engine = 1\n[thresholds]\nslow_coefficient = 0.5\n")
     with pytest.raises(ConfigError, match=r"devices\.rules: .*devices\.toml:3"):
@@ -332,10 +331,10 @@ def test_failed_requests_stay_out_of_the_window() -> None:
 
 
 async def test_job_without_nvml_in_process() -> None:
-    """nvml.enabled = false: the reason is set once, ticks still publish request histograms."""
+    """nvml.enabled = false: the reason is set once, ticks still publish request histograms,
+    and the job's close publishes the health metric that says why."""
 
     class _Agent:
-        nvml_reason = None
         resource = Resource.of({"service.name": "a"})
 
         def __init__(self) -> None:
@@ -346,8 +345,9 @@ async def test_job_without_nvml_in_process() -> None:
             self.published += items
 
     agent = _Agent()
-    job = DeviceJob(enabled=False, interval_s=0.05, evaluate_interval_s=0.1)
-    job.requests.record("p", agent.resource, parse_req({**REQ, "d": "cpu"}), 10**18)
+    requests = RequestStats()
+    job = DeviceJob(enabled=False, interval_s=0.05, evaluate_interval_s=0.1, requests=requests)
+    requests.record("p", agent.resource, parse_req({**REQ, "d": "cpu"}), 10**18)
     import asyncio
 
     task = asyncio.create_task(job.run(agent))
@@ -355,9 +355,12 @@ async def test_job_without_nvml_in_process() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert agent.nvml_reason == "disabled by configuration (nvml.enabled = false)"
-    assert job.health()["reason"] == agent.nvml_reason
+    assert job.unavailable_reason == "disabled by configuration (nvml.enabled = false)"
+    assert job.health()["reason"] == job.unavailable_reason
     assert any(getattr(i, "name", "") == DURATION for i in agent.published)
+    (health,) = [i for i in agent.published if getattr(i, "name", "") == "infersight.nvml.available"]
+    assert [(p.value, p.attributes) for p in health.points] == [
+        (0, {"infersight.nvml.reason": job.unavailable_reason})]
 
 
 def test_hook_request_is_inert_without_hooks() -> None:
@@ -421,7 +424,7 @@ def test_the_extension_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None
     devices = DevicesExtension(conf, requests.stats, env={})
     agent = Agent(conf, [], [requests, devices])
     job = devices.job
-    assert agent.assembler.handlers["req"] == job.requests.handle
+    assert agent.assembler.handlers["req"] == requests.stats.handle
     assert devices in agent.extensions  # the agent runs the job (start) and closes it (shutdown)
     assert job.requests is requests.stats
     assert job.thresholds.slow_coefficient == 1.5
@@ -436,3 +439,36 @@ def test_the_extension_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None
     conf_file.write_text(base + "[nvml]\ninterval_s = 0\n")
     with pytest.raises(ConfigError, match=r"infersight\.toml:\d+: bad value for nvml\.interval_s"):
         DevicesExtension(cfg.load(str(conf_file), env={}), RequestStats(), env={})  # what the CLI builds
+
+
+@pytest.mark.parametrize(
+    ("section", "why"),
+    [
+        ("[nvml]\ninterval_s = 0\n", "bad value for nvml.interval_s: 0 (expected a number of seconds in [0.05, 3600])"),
+        ("[devices]\nwindw_s = 60\n", "unknown key 'devices.windw_s'"),
+    ],
+)
+def test_a_reload_refused_for_a_devices_key_logs_file_line_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, section: str, why: str
+) -> None:
+    """The devices keys go through the key tables: a reload refused for one of them logs the
+    error as the config's own errors are logged (file:line: why), not as a crash (no class name)."""
+    import logging
+
+    from infersight.agent.daemon.lifecycle import Agent
+    from infersight.agent.devices.extension import DevicesExtension
+    from infersight.agent.requests.extension import RequestsExtension
+
+    conf_file = tmp_path / "infersight.toml"
+    base = f'[agent]\nsocket = "{tmp_path / "a.sock"}"\nspool_dir = "{tmp_path / "spool"}"\n'
+    conf_file.write_text(base + "[nvml]\nenabled = false\n")
+    conf = cfg.load(str(conf_file), env={})
+    requests = RequestsExtension.from_config(conf, env={})
+    agent = Agent(conf, [], [requests, DevicesExtension(conf, requests.stats, env={})])
+    conf_file.write_text(base + section)
+    with caplog.at_level(logging.ERROR, logger="infersight.agent"):
+        assert agent.reload() is False
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == ["reload failed, keeping the running configuration: %s:5: %s" % (conf_file, why)]
+    assert agent.last_reload_error == "%s:5: %s" % (conf_file, why)
+    assert agent.config is conf

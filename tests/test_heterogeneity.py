@@ -10,18 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infersight.agent.devices.heterogeneity import (
-    LatencyWindow,
-    SeriesKey,
-    SeriesStats,
-    WindowState,
-    evaluate,
-    percentile,
-    run_example,
-    series_stats,
-    summarize_samples,
-)
+from infersight.agent.devices.heterogeneity import WindowState, evaluate, run_example, summarize_samples
 from infersight.agent.devices.nvml import DeviceSample
+from infersight.latency import LatencyWindow, SeriesKey, SeriesStats, percentile, series_stats
 from infersight.rules.device_rules import (
     CAUSES,
     WINDOW_KEYS,

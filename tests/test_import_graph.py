@@ -5,6 +5,13 @@ functions and under ``if TYPE_CHECKING:`` as well. Each import names a target: t
 ``module.name`` for ``from module import name``. A rule picks importers by their path in the
 checkout and says which targets of ours they may (``only``) or must not (``never``) import.
 A new rule is one more line in :data:`RULES`.
+
+No import cycle either, inside folders too (:func:`cycles`): every import counts, also one
+inside a function or under ``TYPE_CHECKING``, because moving an import into a function hides a
+cycle from the interpreter, not from the reader. What it cannot see: a module imported by a
+computed name (``importlib.import_module(prefix + name)``) or looked up in ``sys.modules``; and
+the packages that Python imports on the way to a module (``a/__init__.py`` for ``a.b``), which
+order the imports but are no dependency of the importer.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ NEUTRAL = (
     "infersight.statefiles",
     "infersight.sanitize",
     "infersight.weights_files",
+    "infersight.latency",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 
@@ -80,10 +88,8 @@ RULES: tuple[Rule, ...] = (
          only=DAEMON_MAY_USE),
     *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "a feature is wired by the commands, not the other way round",
            never=COMPOSITION) for f in FEATURES),
-    Rule("agent/routing/", "routing gets what other features know through neutral modules or the functions "
-         "the commands hand it", never=tuple(f for f in FEATURES if not f.endswith(".routing"))),
-    *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "no other feature imports routing", never=("infersight.agent.routing",))
-      for f in FEATURES if not f.endswith(".routing")),
+    *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "features never import one another: what they share is a neutral "
+           "module, or the commands hand it in", never=tuple(g for g in FEATURES if g != f)) for f in FEATURES),
     Rule("infersight/", "the neutral modules import no role package", never=ROLES,
          exempt=("infersight/__main__.py",)),  # `python -m infersight`: an entry point that runs the CLI
 )  # fmt: skip
@@ -138,6 +144,71 @@ def edges(root: Path) -> Iterator[tuple[str, Edge]]:
                         yield rel.as_posix(), Edge(rel.as_posix(), node.lineno, target)
 
 
+def modules(root: Path) -> set[str]:
+    return {module_name(p.relative_to(root)) for folder in FOLDERS for p in (root / folder).rglob("*.py")}
+
+
+def module_graph(root: Path) -> dict[str, dict[str, Edge]]:
+    """Importer module -> {module of ours it imports: the first import of it}. A target is the
+    longest module it names (``a.b.name`` is module ``a.b`` unless ``a.b.name`` is a module)."""
+    known = modules(root)
+    graph: dict[str, dict[str, Edge]] = {m: {} for m in known}
+    for rel, edge in edges(root):
+        importer = module_name(Path(rel))
+        target = edge.target
+        while target not in known and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target in known and target != importer:
+            graph[importer].setdefault(target, edge)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, Edge]]) -> list[list[str]]:
+    """The import cycles: each strongly connected component of more than one module, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                out.append(sorted([v, *component]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def describe(graph: dict[str, dict[str, Edge]], cycle: list[str]) -> str:
+    return "\n".join("  %s" % graph[a][b] for a in cycle for b in sorted(graph[a]) if b in cycle)
+
+
+# Cycles that other changes of the renovation are removing right now: hooks' modules around
+# _coldstart (helper hooksgraph) and launch's halves (helper rooms). The lead empties this set
+# once they are merged; a cycle found here is allowed only inside one of these, and an entry
+# that no cycle needs any more fails too, so that the set only shrinks.
+PENDING_CYCLES: frozenset[frozenset[str]] = frozenset({
+    frozenset({"infersight.hooks._runtime", "infersight.hooks._spawn"}),
+    frozenset({"infersight.hooks._build", "infersight.hooks._checkpoint", "infersight.hooks._coldstart",
+               "infersight.hooks._imports", "infersight.hooks._stagerules", "infersight.hooks._torch",
+               "infersight.hooks._weights", "infersight.hooks.asgi"}),
+    frozenset({"infersight.agent.commands.launch", "infersight.agent.commands.launch_quick"}),
+})  # fmt: skip
+
+
 def violations(root: Path, rules: tuple[Rule, ...] = RULES) -> list[str]:
     out = []
     for rel, edge in edges(root):
@@ -150,6 +221,45 @@ def violations(root: Path, rules: tuple[Rule, ...] = RULES) -> list[str]:
 def test_the_checkout_follows_the_dependency_rules() -> None:
     found = violations(ROOT)
     assert not found, "imports against the layout's rules:\n" + "\n".join(found)
+
+
+def test_no_import_cycle() -> None:
+    graph = module_graph(ROOT)
+    found = [c for c in cycles(graph) if not any(set(c) <= p for p in PENDING_CYCLES)]
+    assert not found, "import cycles:\n" + "\n".join(describe(graph, c) for c in found)
+
+
+def test_every_pending_cycle_is_still_there() -> None:
+    """A cycle that is gone leaves PENDING_CYCLES, so that it cannot come back unseen."""
+    found = cycles(module_graph(ROOT))
+    gone = [sorted(p) for p in PENDING_CYCLES if not any(set(c) <= p for c in found)]
+    assert not gone, "no longer cycles, remove them from PENDING_CYCLES: %s" % gone
+
+
+def test_a_planted_cycle_is_found_inside_a_folder_and_through_a_function(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        "hooks/__init__.py": "from . import _a\n",  # a package and its module: no cycle
+        "hooks/_a.py": "from infersight.hooks import _b\n",
+        "hooks/_b.py": "def f():\n    from ._c import g\n",  # hidden in a function: still a cycle
+        "hooks/_c.py": "from infersight.hooks._a import x\n\n\ndef g():\n    pass\n",
+        "agent/report/page.py": "from infersight.agent.report import html\n",
+        "agent/report/html.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from infersight.agent.report.page import Report\n"
+        ),
+        "agent/report/svg.py": "from infersight.agent.report.html import esc\n",  # into a cycle, not on it
+    })  # fmt: skip
+    for folder in FOLDERS:
+        (tmp_path / folder).mkdir(exist_ok=True)
+    graph = module_graph(tmp_path)
+    assert cycles(graph) == [
+        ["infersight.agent.report.html", "infersight.agent.report.page"],
+        ["infersight.hooks._a", "infersight.hooks._b", "infersight.hooks._c"],
+    ]
+    assert describe(graph, ["infersight.hooks._a", "infersight.hooks._b", "infersight.hooks._c"]).splitlines() == [
+        "  hooks/_a.py:1 imports infersight.hooks._b",
+        "  hooks/_b.py:2 imports infersight.hooks._c.g",
+        "  hooks/_c.py:1 imports infersight.hooks._a.x",
+    ]
 
 
 def test_every_rule_applies_to_some_module() -> None:

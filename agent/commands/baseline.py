@@ -21,15 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from infersight.agent.cli import command_help
-from infersight.agent.devices.heterogeneity import (
-    DeviceVerdict,
-    SeriesKey,
-    WindowState,
-    evaluate,
-    series_stats,
-    summarize_samples,
-)
+from infersight.agent.devices.heterogeneity import DeviceVerdict, WindowState, evaluate, summarize_samples
 from infersight.agent.devices.nvml import DeviceSample, Nvml
+from infersight.latency import SeriesKey, series_stats
 from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
 
 DEFAULT_REQUESTS = 100

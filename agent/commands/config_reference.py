@@ -17,7 +17,7 @@ import textwrap
 from typing import Any
 
 from infersight.agent.daemon import config as cfg
-from infersight.agent.devices import job as devices_job
+from infersight.agent.devices.settings import KEYS as DEVICE_KEYS
 from infersight.agent.routing.extension import ROUTING_KEYS
 from infersight.exporters.mqtt_settings import MQTT_KEYS
 from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
@@ -103,7 +103,7 @@ def all_keys() -> tuple[Key, ...]:
     (exporters, devices), in the order the example file lists them."""
     core = {k.name: k for k in cfg.KEYS}
     rules_dirs = core.pop("rules.dirs")
-    return (*core.values(), *MQTT_KEYS, *PROMETHEUS_KEYS, *devices_job.config_keys(), *ROUTING_KEYS, rules_dirs)
+    return (*core.values(), *MQTT_KEYS, *PROMETHEUS_KEYS, *DEVICE_KEYS, *ROUTING_KEYS, rules_dirs)
 
 
 def toml_value(v: Any) -> str:

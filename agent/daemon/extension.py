@@ -29,8 +29,6 @@ class AgentContext(Protocol):
     config: Config  # the configuration in force; a reload replaces it
     resource: Resource  # the agent's own resource (service.name infersight-agent)
     broadcaster: Broadcaster  # publish items to every exporter (or only to live/recorded ones)
-    # Why device sampling is off, once known: the agent's infersight.nvml.available metric.
-    nvml_reason: str | None
 
     def producer_info(self, producer: str) -> dict[str, Any] | None:
         """The hello of a producer the agent knows (pid, start_ns, trace and root ids)."""
@@ -66,7 +64,7 @@ class Extension(Protocol):
 
     def reload(self, config: Config) -> Apply | None:
         """Validate its part of a new configuration, changing nothing: raise the error
-        (a ``ValueError`` such as ConfigError naming file:line), or return what applies it."""
+        (an ``InfersightError`` such as ConfigError naming file:line), or return what applies it."""
 
     def health(self) -> Mapping[str, Any]:
         """Sections added to the status reply (``infersight status --json``)."""

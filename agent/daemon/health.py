@@ -1,4 +1,7 @@
-"""The agent's own counters, and their export as OTel metrics (pure apart from psutil)."""
+"""The agent's own counters, and their export as OTel metrics (pure apart from psutil).
+
+An extension's health metrics are its own: it publishes them on the agent's heartbeat
+(``AgentContext.on_heartbeat``), after these."""
 
 from __future__ import annotations
 
@@ -77,7 +80,6 @@ def health_metrics(
     workers: list[dict[str, Any]],
     cpu_s: float,
     rss: int,
-    nvml_reason: str | None = None,
     assembler: dict[str, int] | None = None,
 ) -> list[MetricItem]:
     now = time.time_ns()
@@ -156,9 +158,4 @@ def health_metrics(
             m("infersight.exporter.spool.corrupt", "sum", "{record}", "Spool records skipped as unreadable",
               [NumberPoint(int(w.get("spool_corrupt_records", 0)), attrs)]),
         ]
-    if nvml_reason is not None:
-        out.append(
-            m("infersight.nvml.available", "gauge", "1", "1 when NVML answers; reason when not",
-              [NumberPoint(0, _attr("infersight.nvml.reason", nvml_reason))])
-        )
     return out

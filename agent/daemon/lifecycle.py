@@ -41,6 +41,7 @@ from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.sessions import Sessions
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.agent.errors import AgentError
+from infersight.errors import InfersightError
 from infersight.exporters.base import Exporter, is_ephemeral
 from infersight.settings import Config, ConfigError
 from infersight.statefiles import UnsafeStateDirError, chmod_dir, ensure_state_dir
@@ -213,7 +214,6 @@ class Agent:
         self._signals = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self.listening = False
-        self.nvml_reason: str | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
         # Opened now, before any producer can take the last file descriptor.
         self._notifier = sdnotify.Notifier() if not embedded else None
@@ -358,7 +358,6 @@ class Agent:
             [{"name": w.name, **w.state()} for w in self.workers],
             cpu,
             rss,
-            self.nvml_reason,
             self.assembler.stats(),
         )
         self.broadcaster.publish(items)
@@ -485,7 +484,7 @@ class Agent:
         except Exception as exc:  # whatever a bad file causes, the agent keeps running
             self.counters.reload_failures += 1
             self.last_reload_error = str(exc) or type(exc).__name__
-            if isinstance(exc, ValueError):  # ConfigError, rule file errors: they name file:line
+            if isinstance(exc, InfersightError):  # raised on purpose (ConfigError, rule files): names file:line
                 log.error("reload failed, keeping the running configuration: %s", exc)
             else:
                 log.error("reload failed, keeping the running configuration: %s: %s", type(exc).__name__, exc)

@@ -1,9 +1,12 @@
 """Device telemetry as an agent extension: NVML sampling, Xid/ECC events and slow-device verdicts.
 
 It runs the :class:`~infersight.agent.devices.job.DeviceJob` beside ingest, over the request
-statistics of the requests extension; a reload validates the ``devices.rules`` file and swaps
-its thresholds only when the whole reload is valid. The status reply shows NVML's state and
-the slow devices under ``nvml``.
+statistics the commands hand it (:class:`~infersight.latency.RequestWindows`, the requests
+extension's); a reload validates the ``[nvml]`` and ``[devices]`` sections and the
+``devices.rules`` file, and swaps its thresholds only when the whole reload is valid. NVML's
+health is its own: the status reply shows NVML's state and the slow devices under ``nvml``,
+and while device sampling is off each heartbeat of the agent carries the
+``infersight.nvml.available`` metric (value 0, with the reason).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply
-from infersight.agent.devices.job import DeviceJob, load_thresholds, parse_config
-from infersight.agent.requests.kind import RequestStats
+from infersight.agent.devices.job import DeviceJob
+from infersight.agent.devices.settings import load_thresholds, parse_config
+from infersight.latency import RequestWindows
 from infersight.settings import Config
 
 
@@ -22,8 +26,9 @@ class DevicesExtension:
     name = "devices"
     live_keys: frozenset[str] = frozenset({"devices.rules"})
 
-    def __init__(self, config: Config, requests: RequestStats, env: Mapping[str, str] | None = None) -> None:
-        """Raises ConfigError (naming the key) on a bad ``nvml.*`` / ``devices.*`` value or rule file."""
+    def __init__(self, config: Config, requests: RequestWindows, env: Mapping[str, str] | None = None) -> None:
+        """Raises ConfigError (naming the key and file:line) on a bad ``nvml.*`` / ``devices.*``
+        value or rule file."""
         self._env = env
         c = parse_config(config, env)
         self.job = DeviceJob(
@@ -36,6 +41,7 @@ class DevicesExtension:
         return {}  # ``req`` events belong to the requests extension
 
     async def start(self, agent: AgentContext) -> None:
+        agent.on_heartbeat(self.job.publish_health)
         agent.spawn(self.job.run(agent), "devices-job")
 
     def reload(self, config: Config) -> Apply | None:

@@ -2,8 +2,8 @@
 
 Method, stated once:
 
-- **Percentiles** (P50, P99 of one device's window) are **nearest-rank**: the value at rank
-  ``ceil(p/100 * n)`` of the sorted window, so every percentile is an observed latency. With
+- **Percentiles** (P50, P99 of one device's window) are **nearest-rank**
+  (:func:`infersight.latency.percentile`): every percentile is an observed latency. With
   fewer than 100 requests P99 is the maximum.
 - **Peers** of a series are the other devices with the same ``model``, ``request_class`` and
   ``device_kind`` that have at least ``min_requests`` requests in the window.
@@ -16,81 +16,14 @@ Method, stated once:
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infersight.agent.devices.nvml import DeviceSample
+from infersight.latency import SeriesKey, SeriesStats
 from infersight.rules.device_rules import DeviceExample, DeviceThresholds
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile of an ascending sequence; ``p`` in (0, 100]."""
-    if not sorted_values:
-        raise ValueError("percentile of an empty sequence")
-    if not 0.0 < p <= 100.0:
-        raise ValueError(f"percentile {p} outside (0, 100]")
-    rank = math.ceil(round(p * len(sorted_values) / 100.0, 9))
-    return sorted_values[max(rank, 1) - 1]
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesKey:
-    device: str  # hw.id (GPU-<uuid>), or "cpu" / "cuda:N" for the baseline
-    model: str
-    request_class: str
-    device_kind: str = ""  # e.g. the product name; "" compares across kinds
-
-
-@dataclass(frozen=True, slots=True)
-class SeriesStats:
-    key: SeriesKey
-    count: int
-    p50_s: float
-    p99_s: float
-
-
-def series_stats(key: SeriesKey, latencies_s: Iterable[float]) -> SeriesStats | None:
-    values = sorted(latencies_s)
-    if not values:
-        return None
-    return SeriesStats(key, len(values), percentile(values, 50), percentile(values, 99))
-
-
-class LatencyWindow:
-    """Sliding window of request latencies per series: by age (``window_s``) and count."""
-
-    def __init__(self, window_s: float = 300.0, max_per_series: int = 4096) -> None:
-        self.window_s = window_s
-        self.max_per_series = max_per_series
-        self._series: dict[SeriesKey, deque[tuple[float, float]]] = {}
-
-    def add(self, key: SeriesKey, latency_s: float, at_s: float) -> None:
-        q = self._series.get(key)
-        if q is None:
-            q = self._series[key] = deque(maxlen=self.max_per_series)
-        q.append((at_s, latency_s))
-
-    def expire(self, now_s: float) -> None:
-        horizon = now_s - self.window_s
-        for key in list(self._series):
-            q = self._series[key]
-            while q and q[0][0] < horizon:
-                q.popleft()
-            if not q:
-                del self._series[key]
-
-    def stats(self, now_s: float) -> list[SeriesStats]:
-        self.expire(now_s)
-        out = []
-        for key, q in self._series.items():
-            s = series_stats(key, (v for _, v in q))
-            if s is not None:
-                out.append(s)
-        return out
 
 
 @dataclass(frozen=True, slots=True)

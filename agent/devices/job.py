@@ -1,7 +1,8 @@
 """The device job: NVML sampling, request histograms and slow-device verdicts in the agent.
 
 The devices extension (:mod:`infersight.agent.devices.extension`) runs it beside ingest,
-with the request statistics of the requests extension. Each interval
+with the request statistics the commands hand it (the requests extension's, seen through
+:class:`~infersight.latency.RequestWindows`). Each interval
 (``nvml.interval_s``, default 1 s) the job
 
 - samples every NVML device on a worker thread and publishes ``device_metrics`` (``hw.*`` and
@@ -18,31 +19,28 @@ Every ``devices.evaluate_interval_s`` (default 10 s) it runs
 :func:`~infersight.agent.devices.heterogeneity.evaluate` over the request windows and the devices'
 NVML windows, publishes ``infersight.device.coefficient`` per series, marks slow devices
 ``hw.state="degraded"`` and logs a ``device`` event when a series turns slow, changes cause,
-or recovers. Without NVML (no driver, or ``nvml.enabled = false``) it sets
-``agent.nvml_reason`` once and keeps evaluating requests without device samples.
+or recovers. Without NVML (no driver, or ``nvml.enabled = false``) it keeps why in
+:attr:`DeviceJob.unavailable_reason`, publishes it as the health metric
+``infersight.nvml.available`` (value 0) on each heartbeat of the agent and at its close,
+and keeps evaluating requests without device samples.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from infersight.agent.daemon.extension import AgentContext
-from infersight.agent.devices.heterogeneity import DeviceVerdict, SeriesKey, WindowState, evaluate, summarize_samples
-from infersight.agent.devices.metrics import RecordedSamples, device_metrics
+from infersight.agent.devices.heterogeneity import DeviceVerdict, WindowState, evaluate, summarize_samples
+from infersight.agent.devices.metrics import RecordedSamples, device_metrics, nvml_unavailable
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
-from infersight.agent.requests.kind import NvmlDevice, RequestStats
-from infersight.rules.device_rules import DeviceRulesError, DeviceThresholds, load_device_rules
-from infersight.settings import Config, ConfigError, Key
-from infersight.settings import parse_bool as _flag
+from infersight.latency import DEFAULT_WINDOW_S, NvmlDevice, RequestWindows, SeriesKey
+from infersight.rules.device_rules import DeviceThresholds
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
 
 T = TypeVar("T")
@@ -55,115 +53,6 @@ MAX_WINDOW_SAMPLES = 3600
 # Severity of each DeviceEvent kind.
 _EVENT_SEVERITY = {"gpu_lost": "ERROR", "ecc_double_bit": "ERROR", "xid": "WARN", "ecc_single_bit": "WARN"}
 _SEVERITY_NUMBER = {"INFO": 9, "WARN": 13, "ERROR": 17}
-
-
-# -- configuration ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceJobConfig:
-    interval_s: float = 1.0
-    export_interval_s: float = 10.0
-    enabled: bool = True
-    proc_root: str = "/proc"
-    rules: str | None = None  # None: the shipped rules/devices.toml
-    evaluate_interval_s: float = 10.0
-    window_s: float = 300.0
-
-
-# key -> (environment variable, field name)
-CONFIG_KEYS: dict[str, tuple[str, str]] = {
-    "nvml.interval_s": ("INFERSIGHT_NVML_INTERVAL_S", "interval_s"),
-    "nvml.export_interval_s": ("INFERSIGHT_NVML_EXPORT_INTERVAL_S", "export_interval_s"),
-    "nvml.enabled": ("INFERSIGHT_NVML_ENABLED", "enabled"),
-    "nvml.proc_root": ("INFERSIGHT_NVML_PROC_ROOT", "proc_root"),
-    "devices.rules": ("INFERSIGHT_DEVICES_RULES", "rules"),
-    "devices.evaluate_interval_s": ("INFERSIGHT_DEVICES_EVALUATE_INTERVAL_S", "evaluate_interval_s"),
-    "devices.window_s": ("INFERSIGHT_DEVICES_WINDOW_S", "window_s"),
-}
-CONFIG_HELP: dict[str, str] = {
-    "nvml.interval_s": "NVML sampling interval in seconds (0.05 to 3600)",
-    "nvml.export_interval_s": "device gauges to the file/OTLP/MQTT this often, changed states at once, "
-                              "all series every 6 intervals (0: every sample); Prometheus has every sample",
-    "nvml.enabled": "sample NVML devices (false: requests and verdicts only)",
-    "nvml.proc_root": "where host PIDs of GPU processes are looked up (e.g. /host/proc)",
-    "devices.rules": "slow-device rule file (default: the shipped devices.toml)",
-    "devices.evaluate_interval_s": "how often slow-device verdicts are computed",
-    "devices.window_s": "sliding window of requests and device samples for verdicts",
-}
-
-
-def _seconds(v: Any, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise ValueError("expected a number of seconds")
-    x = float(v)
-    if not math.isfinite(x) or not lo <= x <= hi:
-        raise ValueError("expected a number of seconds in [%g, %g]" % (lo, hi))
-    return x
-
-
-
-
-def _path(v: Any) -> str | None:
-    if v is None or v == "":
-        return None
-    if not isinstance(v, str):
-        raise ValueError("expected a path string")
-    return v
-
-
-_PARSE: dict[str, Callable[[Any], Any]] = {
-    "nvml.interval_s": lambda v: _seconds(v, 0.05, 3600.0),
-    "nvml.export_interval_s": lambda v: _seconds(v, 0.0, 86400.0),
-    "nvml.enabled": _flag,
-    "nvml.proc_root": lambda v: _path(v) or "/proc",
-    "devices.rules": _path,
-    "devices.evaluate_interval_s": lambda v: _seconds(v, 0.1, 86400.0),
-    "devices.window_s": lambda v: _seconds(v, 1.0, 86400.0),
-}
-
-
-def config_keys() -> tuple[Key, ...]:
-    """This job's keys as a key table (the README's and the example config's rows)."""
-    defaults = DeviceJobConfig()
-
-    def default_of(attr: str) -> Callable[[], Any]:
-        return lambda: getattr(defaults, attr)
-
-    return tuple(Key(name, _PARSE[name], default_of(attr), env, CONFIG_HELP[name])
-                 for name, (env, attr) in CONFIG_KEYS.items())
-
-
-def parse_config(config: Config, env: Mapping[str, str] | None = None) -> DeviceJobConfig:
-    """This job's keys from ``config.values`` (raw TOML) and the environment (env wins).
-
-    Raises :class:`~infersight.settings.ConfigError` naming the key (and ``file:line``)."""
-    env = os.environ if env is None else env
-    for name in config.values:
-        if name.startswith(("nvml.", "devices.")) and name not in CONFIG_KEYS:
-            where = config.sources.get(name, "config")
-            raise ConfigError("%s: unknown key %r (known: %s)" % (where, name, ", ".join(sorted(CONFIG_KEYS))))
-    fields: dict[str, Any] = {}
-    for name, (var, attr) in CONFIG_KEYS.items():
-        if env.get(var) not in (None, ""):
-            origin, raw = "env " + var, env[var]
-        elif name in config.values:
-            origin, raw = config.sources.get(name, "config"), config.values[name]
-        else:
-            continue
-        try:
-            fields[attr] = _PARSE[name](raw)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError("%s: bad value for %s: %r (%s)" % (origin, name, raw, exc)) from None
-    return DeviceJobConfig(**fields)
-
-
-def load_thresholds(path: str | None) -> DeviceThresholds:
-    """The rule file's thresholds; a bad file is a ConfigError naming ``devices.rules``."""
-    try:
-        return load_device_rules(path).thresholds
-    except DeviceRulesError as exc:
-        raise ConfigError("devices.rules: %s" % exc) from None
 
 
 # -- the job ---------------------------------------------------------------------------------
@@ -211,19 +100,20 @@ class DeviceJob:
         export_interval_s: float = 10.0,
         proc_root: str = "/proc",
         thresholds: DeviceThresholds | None = None,
-        requests: RequestStats | None = None,
+        requests: RequestWindows | None = None,
         evaluate_interval_s: float = 10.0,
-        window_s: float = 300.0,
+        window_s: float = DEFAULT_WINDOW_S,
     ) -> None:
         self.interval_s = interval_s
         self.recorded = RecordedSamples(export_interval_s)
         self.enabled = enabled
         self.nvml = nvml if nvml is not None else (Nvml(proc_root=proc_root) if enabled else None)
         self.thresholds = thresholds or DeviceThresholds()
-        self.requests = requests if requests is not None else RequestStats(window_s)
+        self.requests = requests  # None: device samples and events only, no verdicts
         self.evaluate_interval_s = evaluate_interval_s
         self.window_s = window_s
         self.status: NvmlStatus | None = None
+        self.unavailable_reason: str | None = None  # why device sampling is off, once known
         self.watcher: XidWatcher | None = None
         self.samples: dict[str, deque[DeviceSample]] = {}  # hw.id -> the window's samples
         self.names: dict[str, str | None] = {}
@@ -263,6 +153,19 @@ class DeviceJob:
             "slow_coefficient": self.thresholds.slow_coefficient,  # which device rules are in force
         }
 
+    def health_metrics(self) -> list[MetricItem]:
+        """The agent's health metric of device sampling: ``infersight.nvml.available`` while
+        it is off (none while NVML answers, or before it was asked)."""
+        if self._agent is None or self.unavailable_reason is None:
+            return []
+        return [nvml_unavailable(self._agent.resource, self.unavailable_reason, self._start_ns, time.time_ns())]
+
+    def publish_health(self) -> None:
+        """On each heartbeat of the agent, beside its own health metrics."""
+        items = self.health_metrics()
+        if items:
+            self._agent.broadcaster.publish(items)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, agent: AgentContext) -> None:
@@ -288,15 +191,13 @@ class DeviceJob:
 
     async def _start_nvml(self, agent: AgentContext) -> None:
         if self.nvml is None:
-            if agent.nvml_reason is None:
-                agent.nvml_reason = DISABLED_REASON
+            self.unavailable_reason = DISABLED_REASON
             log.info("NVML sampling is off (nvml.enabled = false); request verdicts still run")
             return
         st: NvmlStatus = await asyncio.to_thread(self.nvml.status)
         self.status = st
-        if not st.available:
-            if agent.nvml_reason is None:  # the wrapper already logged the reason, once
-                agent.nvml_reason = st.reason or "NVML not available"
+        if not st.available:  # the wrapper already logged the reason, once
+            self.unavailable_reason = st.reason or "NVML not available"
             log.info("device sampling is off; request latency and verdicts still run")
             return
         self.watcher = XidWatcher(self.nvml, self._watch_events.append)
@@ -320,7 +221,9 @@ class DeviceJob:
             await asyncio.to_thread(watcher.stop, 2.0)
         if self._agent is not None:
             items: list[Item] = self._event_items()
-            items += self.requests.collect(everything=True)
+            if self.requests is not None:
+                items += self.requests.collect(everything=True)
+            items += self.health_metrics()
             if items:
                 self._agent.broadcaster.publish(items)
         if self.nvml is not None and self.status is not None and self.status.available:
@@ -359,9 +262,10 @@ class DeviceJob:
             items += logs
         device = device_metrics(samples, resource=agent.resource, start_ns=self._start_ns, states=self.states)
         items += coefficients
-        items += self.requests.collect(now_ns, everything=evaluate_now)
-        if evaluate_now:
-            items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
+        if self.requests is not None:
+            items += self.requests.collect(now_ns, everything=evaluate_now)
+            if evaluate_now:
+                items += self.requests.self_metrics(agent.resource, self._start_ns, now_ns)
         if items:
             agent.broadcaster.publish(items)
         if device:  # live exporters get every sample, the recorded ones what RecordedSamples picks
@@ -384,7 +288,8 @@ class DeviceJob:
         for q in self.samples.values():
             while q and q[0].time_ns < horizon:
                 q.popleft()
-        self.requests.set_devices(devices)
+        if self.requests is not None:
+            self.requests.set_devices(devices)
 
     def _event_items(self) -> list[Item]:
         events: list[DeviceEvent] = []
@@ -402,10 +307,10 @@ class DeviceJob:
     def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:
         """Verdicts over the windows: coefficient gauge, degraded states, change events."""
         agent = self._agent
-        stats = self.requests.window.stats(now_ns / 1e9)
+        stats = self.requests.window.stats(now_ns / 1e9) if self.requests is not None else []
         verdicts = evaluate(stats, self.windows(), self.thresholds)
         self.verdicts = {v.key: v for v in verdicts}
-        names = {**self.requests.names, **self.names}
+        names = {**(self.requests.names if self.requests is not None else {}), **self.names}
         states: dict[str, HwState] = {}
         points: list[NumberPoint] = []
         logs: list[LogItem] = []
@@ -464,12 +369,4 @@ class DeviceJob:
         return LogItem(self._agent.resource, now_ns, _SEVERITY_NUMBER[sev], sev, body, a, event_name="device")
 
 
-__all__ = [
-    "COEFFICIENT",
-    "CONFIG_KEYS",
-    "DeviceJob",
-    "DeviceJobConfig",
-    "config_keys",
-    "load_thresholds",
-    "parse_config",
-]
+__all__ = ["COEFFICIENT", "DeviceJob"]

@@ -15,6 +15,7 @@ from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.rules.device_rules import THROTTLE_REASON_NAMES
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
+NVML_AVAILABLE = "infersight.nvml.available"
 _ID_ATTRS = ("hw.type", "hw.id", "hw.name", "hw.vendor", "infersight.device.index")
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -219,6 +220,13 @@ CONTINUOUS = frozenset({
     "infersight.device.clock.sm", "infersight.device.clock.memory", "infersight.device.power",
     "infersight.device.temperature", "infersight.device.process.memory.usage",
 })
+
+
+def nvml_unavailable(resource: Resource, reason: str, start_ns: int, now_ns: int) -> MetricItem:
+    """The health metric ``infersight.nvml.available`` of an agent whose device sampling is
+    off: value 0, and why in ``infersight.nvml.reason``."""
+    return MetricItem(resource, NVML_AVAILABLE, "gauge", "1", "1 when NVML answers; reason when not", now_ns,
+                      start_ns, [NumberPoint(0, {"infersight.nvml.reason": reason})])
 
 
 def _series_key(name: str, attrs: Attributes) -> tuple[object, ...]:

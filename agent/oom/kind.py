@@ -49,7 +49,6 @@ from infersight.rules.serving import builtin as builtin_serving
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
 
 if TYPE_CHECKING:
-    from infersight.agent.devices.nvml import DeviceSample
     from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
@@ -83,8 +82,32 @@ class RuleReloadError(AgentError, ValueError):
     """A rule file failed to load; ``str()`` names file:line for every error."""
 
 
+class GpuProcessView(Protocol):
+    """What an OOM reads of one process on a device (the devices feature's ``GpuProcess``)."""
+
+    @property
+    def host_pid(self) -> int: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def used_bytes(self) -> int | None: ...
+
+
+class DeviceView(Protocol):
+    """What an OOM reads of one NVML sample of a device (the devices feature's ``DeviceSample``)."""
+
+    @property
+    def uuid(self) -> str | None: ...
+    @property
+    def memory_total_bytes(self) -> int | None: ...
+    @property
+    def processes(self) -> Sequence[GpuProcessView] | None: ...
+
+
 class NvmlLike(Protocol):
-    def sample(self, index: int) -> DeviceSample | None: ...
+    """NVML as the commands hand it in (the devices feature's ``Nvml``)."""
+
+    def sample(self, index: int) -> DeviceView | None: ...
 
     def device_count(self) -> int: ...
 
@@ -429,7 +452,7 @@ class OomHandlers:
             numbers["O"] = sum(g.used_bytes or 0 for g in procs if g not in mine)
         return True
 
-    def _device(self, dev: int | None, uuid: str | None) -> DeviceSample | None:
+    def _device(self, dev: int | None, uuid: str | None) -> DeviceView | None:
         """NVML's sample of the device with this UUID (the CUDA index may be remapped by
         CUDA_VISIBLE_DEVICES): try the cached index, then the CUDA index, then scan once."""
         assert self.nvml is not None

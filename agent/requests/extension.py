@@ -2,20 +2,22 @@
 
 It histograms each request per device, model and request class and keeps the sliding window
 (``devices.window_s``) that the devices extension's verdicts read; the devices extension's
-job publishes the histograms with each interval's device samples. The status reply shows
-the statistics' size under ``requests``.
+job publishes the histograms with each interval's device samples. The two share only the
+neutral :mod:`infersight.latency`: the commands hand these statistics to the devices
+extension. The status reply shows the statistics' size under ``requests``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply
-from infersight.agent.devices.job import parse_config
 from infersight.agent.requests.kind import KIND, RequestStats
-from infersight.settings import Config
+from infersight.latency import WINDOW_KEY
+from infersight.settings import Config, setting
 
 
 class RequestsExtension:
@@ -27,8 +29,8 @@ class RequestsExtension:
 
     @classmethod
     def from_config(cls, config: Config, env: Mapping[str, str] | None = None) -> RequestsExtension:
-        """Raises ConfigError naming the key on a bad ``devices.*`` value."""
-        return cls(RequestStats(parse_config(config, env).window_s))
+        """Raises ConfigError naming the key (and file:line) on a bad ``devices.window_s``."""
+        return cls(RequestStats(setting(config, WINDOW_KEY, os.environ if env is None else env)))
 
     def kinds(self) -> Mapping[str, KindHandler]:
         return {KIND: self.stats.handle}

@@ -3,7 +3,7 @@
 Each ``req`` event (see ``infersight.hooks._request``) is validated (a bad one raises
 :class:`~infersight.agent.daemon.assemble.Malformed`, which the assembler counts), then
 
-- feeds the in-agent :class:`~infersight.agent.devices.heterogeneity.LatencyWindow`, keyed by device
+- feeds the in-agent :class:`~infersight.latency.LatencyWindow`, keyed by device
   (``hw.id`` when known), model and request class, for the slow-device verdicts; failed
   requests are left out of the window (a fast failure is not a fast device);
 - updates two cumulative histograms per producer and attribute set,
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
-from infersight.agent.devices.heterogeneity import LatencyWindow, SeriesKey, percentile
 from infersight.instances import RECENT_REQUESTS, InstanceLatency
+from infersight.latency import DEFAULT_WINDOW_S, LatencyWindow, NvmlDevice, SeriesKey, percentile
 from infersight.telemetry import Attributes, HistogramPoint, Item, MetricItem, NumberPoint, Origin, Resource
 
 KIND = "req"
@@ -190,17 +190,13 @@ class _Instance:
     dirty: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class NvmlDevice:
-    index: int
-    uuid: str | None
-    name: str | None
-
-
 class RequestStats:
-    """Latency windows and cumulative histograms of every producer's requests."""
+    """Latency windows and cumulative histograms of every producer's requests (the
+    :class:`~infersight.latency.RequestWindows` the device job reads)."""
 
-    def __init__(self, window_s: float = 300.0, max_per_series: int = 4096, idle_forget_s: float = 900.0) -> None:
+    def __init__(
+        self, window_s: float = DEFAULT_WINDOW_S, max_per_series: int = 4096, idle_forget_s: float = 900.0
+    ) -> None:
         self.window = LatencyWindow(window_s, max_per_series)
         self.idle_forget_s = idle_forget_s
         self._producers: dict[str, _ProducerHists] = {}
