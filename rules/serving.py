@@ -91,11 +91,13 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ollama", ("ollama", "llama runner", "reported out-of-memory during startup")),
     ("lmdeploy", ("lmdeploy", "turbomind", "[TM]")),
     ("tensorrt-llm", ("[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM", "tensorrtllm", "[TRT]")),
-    ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver")),
+    ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver",
+                "Capture cuda graph")),
     ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
              "text-generation-inference", "max-batch-prefill-tokens")),
     ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference",
-              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:")),
+              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:", "enforce_eager",
+              "Capturing cudagraphs")),
     ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
     ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
     ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
@@ -106,6 +108,7 @@ _HOSTS: dict[str, tuple[str, ...]] = {
     "pytorch": ("vllm", "sglang", "tgi", "lmdeploy", "tensorrt-llm"),
     "llama.cpp": ("ollama",),
     "xla": ("vllm", "sglang"),
+    "tensorrt-llm": ("onnxruntime",),  # ONNX Runtime's TensorRT execution provider relays TensorRT's errors
     "any": ENGINES[1:],
 }
 
@@ -766,9 +769,45 @@ def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRu
     return replace(again, note=f"{again.note}; {why}" if again.note else why)
 
 
+# vLLM and SGLang capture CUDA graphs after the weights and the KV pool took their share of the device
+# (gpu_memory_utilization, mem-fraction-static); the capture's memory is outside that share, and comes from
+# the graphs' private memory pool, which blocks cached in the general pool cannot serve. Both engines say
+# so when they start capturing ("If out-of-memory error occurs during cudagraph capture, consider
+# decreasing gpu_memory_utilization or switching to eager mode"). A PyTorch OOM raised while capturing is
+# that budget's: the fraction, the captured batch sizes or eager mode decide it, whatever the cached bytes say.
+CAPTURE_ENGINES = frozenset({"vllm", "sglang"})
+_CAPTURE_START = ("Capturing cudagraphs", "Capturing the model for CUDA graphs", "Capturing CUDA graph",
+                  "Capture cuda graph begin", "Capture cuda graph failed", "CUDA graphs can take additional")
+_CAPTURE_END = ("Graph capturing finished", "Capture cuda graph end")
+_CAPTURE_KNOB = {"vllm": "gpu_memory_utilization", "sglang": "mem-fraction-static"}
+
+
+def _during_capture(lines: list[str], first: int, last: int) -> bool:
+    """Whether the lines around an OOM (40 before, a few after: some collectors print newest first) show a
+    CUDA-graph capture that had started and not finished."""
+    around = lines[max(0, first - CONTEXT_LINES): min(len(lines), last + 4)]
+    started = any(m in line for line in around for m in _CAPTURE_START)
+    return started and not any(m in line for line in around for m in _CAPTURE_END)
+
+
+def _capture_verdict(v: Verdict, engine: str) -> Verdict:
+    """The rubric's verdict for an OOM raised during CUDA-graph capture (see CAPTURE_ENGINES)."""
+    why = (f"raised while {engine} captured CUDA graphs: their memory is outside {_CAPTURE_KNOB[engine]}'s share "
+           "and comes from the graphs' own pool, which the cached blocks cannot serve")
+    if v.cls == "reservation_conflict":
+        return replace(v, note=f"{v.note}; {why}" if v.note else why)
+    return replace(v, cls="reservation_conflict", rule=f"{engine}.cuda-graph-capture", rule_version=1, note=why,
+                   missing=(), remedy="Leave room for the CUDA graphs: capture fewer or smaller batch sizes, or "
+                   "run without them (eager mode) if the latency allows.")
+
+
 def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
     engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
     v = _pool_engine_verdict(msg, classify(msg.numbers(), rs.rubric, backend=msg.backend), engine, rs)
+    knob = None
+    if engine in CAPTURE_ENGINES and _during_capture(lines, msg.line, msg.line + 1):
+        v = _capture_verdict(v, engine)
+        knob = _CAPTURE_KNOB[engine]
     remedy = v.remedy
     extra_remedy = rs.engine_remedies.get(engine, {}).get(v.cls)
     if engine != "pytorch" and extra_remedy:
@@ -776,7 +815,7 @@ def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Fin
     reason = rubric_reason(v, msg) if v.cls == "unknown" else None
     return Finding(
         engine=engine, cls=v.cls, rule=v.rule, rule_version=v.rule_version, numbers=dict(v.numbers), extra={},
-        remedy=remedy, note=v.note, reason=reason, knob=None, text=msg.text, key="pytorch|" + msg.key,
+        remedy=remedy, note=v.note, reason=reason, knob=knob, text=msg.text, key="pytorch|" + msg.key,
         first_line=msg.line, last_line=msg.line, message=msg, verdict=v, used=dict(v.used),
         missing=tuple(v.missing),
     )
