@@ -97,6 +97,10 @@ def test_targets_on_the_collected_messages() -> None:
     "ValueError: The decoder prompt (length 9000) is longer than the maximum model length of 8192.",
     "Memory access fault by GPU node-2 (Agent handle: 0x55d4) on address 0x7f. Reason: Page not present.",
     "INFO 11-18 18:07:20 worker.py:232] Memory profiling takes 4.2 seconds; the current memory utilization is 0.9",
+    # SGLang retracting requests from a full KV pool and going on: admission control, not a failure
+    "[2025-03-07 21:49:33 TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.1474 -> 0.1845",
+    "ggml_cuda_host_malloc: failed to allocate 1900,00 MiB of pinned memory: invalid argument",
+    "Exception(3) tid(2a4c) 887A0005 The GPU device instance has been suspended.",
 ])
 def test_no_false_alarm_on_non_memory_engine_errors(text: str) -> None:
     assert analyse(text) == []
@@ -513,3 +517,32 @@ def test_a_full_llama_cpp_kv_cache_is_not_a_device_shortage() -> None:
     (f,) = analyse("update_slots : failed to find free space in the KV cache, retrying with smaller n_batch = 256")
     assert (f.engine, f.cls, f.knob) == ("llama.cpp", "unknown", "n_ctx")
     assert "no device allocation failed" in (f.reason or "")
+
+
+def test_vllm_profiling_line_and_its_raise_are_one_event() -> None:
+    profile = ("INFO 02-26 09:54:05 worker.py:267] the current vLLM instance can use total_gpu_memory (8.00GiB) x "
+               "gpu_memory_utilization (0.70) = 5.60GiB\n"
+               "INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch "
+               "activation peak memory takes 1.42GiB; the rest of the memory reserved for KV Cache is -1.05GiB.\n"
+               "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 4681\n")
+    raise_line = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                  "initializing the engine.")
+    for text in (profile, profile + raise_line):
+        (f,) = analyse(text)
+        assert (f.engine, f.cls, f.rule) == ("vllm", "reservation_conflict", "vllm.kv.no-cache-blocks/fraction")
+
+
+@pytest.mark.parametrize(("text", "rule"), [
+    ("EL0004: [PID: 1000] 2025-09-28-07:22:29.827.496 Failed to allocate memory.\n"
+     "        Failed to allocate resource[DeviceMemory] with info [size:2147483648]. Reason: Memory resources are "
+     "exhausted.", "ascend.cann-alloc"),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough memory: you tried to "
+     "allocate 34359738368 bytes.", "pytorch.cpu-allocator"),
+    ("RuntimeError: CUDA driver error: out of memory", "gpu.cuda-runtime-oom"),
+    ("ggml_vulkan: Device memory allocation of size 4294967296 failed.", "llama.cpp.cuda-buffer"),
+    ("RuntimeError: Workspace can't be allocated, no enough memory.", "deepspeed.inference-workspace"),
+])
+def test_more_formats_are_recognised_and_left_unknown_without_sizes_to_compare(text: str, rule: str) -> None:
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == ("unknown", rule)
+    assert f.reason and len(f.reason.split()) >= 8
