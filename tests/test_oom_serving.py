@@ -402,8 +402,9 @@ def test_hostile_text_never_raises_and_stays_bounded(seed: int) -> None:
 
 
 _ARENA = ("Non-zero status code returned while running Conv node. Name:'Conv_3' Status Message: "
-          "/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:376 void* onnxruntime::BFCArena::AllocateRawInternal"
-          "(size_t, bool, onnxruntime::Stream*, bool, onnxruntime::WaitNotificationFn) Failed to allocate memory for "
+          "/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:376 void* "
+          "onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, "
+          "onnxruntime::WaitNotificationFn) Failed to allocate memory for "
           "requested buffer of size 643840")
 
 
@@ -509,7 +510,8 @@ def test_tensorrt_formats_across_versions() -> None:
     (f,) = analyse("E:onnxruntime:Default, tensorrt_execution_provider.h:50 log] [ERROR] " + trt)
     assert (f.engine, f.rule) == ("onnxruntime", "tensorrt.cuda-error")  # ONNX Runtime's TensorRT provider
     (f,) = analyse("failed to load 'tensorrt_llm' version 1: Internal: unexpected error when creating "
-                   "modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMalloc(ptr, n): out of memory")
+                   "modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMalloc(ptr, n): "
+                   "out of memory")
     assert (f.engine, f.rule) == ("tensorrt-llm", "tensorrt-llm.cuda-runtime")
 
 
