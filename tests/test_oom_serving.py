@@ -543,6 +543,15 @@ def test_vllm_profiling_line_and_its_raise_are_one_event() -> None:
     ("RuntimeError: CUDA driver error: out of memory", "gpu.cuda-runtime-oom"),
     ("ggml_vulkan: Device memory allocation of size 4294967296 failed.", "llama.cpp.cuda-buffer"),
     ("RuntimeError: Workspace can't be allocated, no enough memory.", "deepspeed.inference-workspace"),
+    ("ggml_metal_graph_compute: command buffer 0 failed with status 5\n"
+     "error: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "ggml.metal-command-buffer"),
+    ("Error: 500 Internal Server Error: memory layout cannot be allocated with num_gpu = 49", "ollama.layout"),
+    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 4294967296 Bytes of memory on device",
+     "llama.cpp.cuda-buffer"),
+    ("llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers",
+     "llama.cpp.compute-buffer"),
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.31GiB.",
+     "xla.gpu.out-of-memory"),
 ])
 def test_more_formats_are_recognised_and_left_unknown_without_sizes_to_compare(text: str, rule: str) -> None:
     (f,) = analyse(text)
