@@ -756,16 +756,34 @@ def _rounding_margin_only(msg: OomMessage) -> bool:
     return c + f - r < min(0.1 * r, 256 * 2**20)
 
 
+def _held_outside_pytorch(msg: OomMessage) -> bool:
+    """This process holds most of the device outside PyTorch's allocator (N >= T/2) and the cached bytes
+    alone cannot serve the request: another allocator in the process (an engine's own pool such as
+    TurboMind's or TensorRT's, NCCL, a library workspace) holds the device, not a broken-up cache."""
+    env = derive(msg.numbers(), msg.backend)
+    r, c, n, t = env.get("R"), env.get("C"), env.get("N"), env.get("T")
+    if r is None or c is None or n is None or t is None:
+        return False
+    return n >= 0.5 * t and c < r
+
+
 def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRules) -> Verdict:
-    """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES)."""
-    if engine not in POOL_ENGINES or v.rule != _FRAGMENTATION_RULE or not _rounding_margin_only(msg):
+    """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES), or
+    for a process whose memory is mostly outside PyTorch's allocator."""
+    if v.rule != _FRAGMENTATION_RULE:
+        return v
+    if engine in POOL_ENGINES and _rounding_margin_only(msg):
+        why = (f"{engine} fills the device with its pools by design, and cached plus free bytes cover the request "
+               "only within print rounding: a full device, not fragmentation")
+    elif _held_outside_pytorch(msg):
+        why = ("this process holds most of the device outside PyTorch's allocator (another allocator or an "
+               "engine's own pool) and the cached bytes alone cannot serve the request: not fragmentation")
+    else:
         return v
     rubric = replace(rs.rubric, rules=[r for r in rs.rubric.rules if r.id != _FRAGMENTATION_RULE])
     again = classify(msg.numbers(), rubric, backend=msg.backend)
     if again.cls == "unknown":
         return v
-    why = (f"{engine} fills the device with its pools by design, and cached plus free bytes cover the request "
-           "only within print rounding: a full device, not fragmentation")
     return replace(again, note=f"{again.note}; {why}" if again.note else why)
 
 
