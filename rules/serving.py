@@ -172,6 +172,7 @@ class ServingRule:
     note: Template | None
     examples: tuple[Example, ...]
     where: Location
+    fallback: bool = False  # used only when nothing else in the text is a memory error
 
 
 @dataclass(slots=True)
@@ -255,7 +256,7 @@ def builtin_serving_path() -> resources.abc.Traversable:
 
 _RULE_KEYS = frozenset({
     "id", "version", "engine", "priority", "anchors", "patterns", "context", "window", "mechanism", "knob",
-    "class", "cases", "remedy", "reason", "note", "examples", "require_match",
+    "class", "cases", "remedy", "reason", "note", "examples", "require_match", "fallback",
 })
 _CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule"})
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
@@ -352,6 +353,10 @@ class _Loader(FileLoader):
         if not isinstance(require, bool) or (require and not pats):
             self.err(ln("require_match"), f"{rid}: require_match is true or false, and needs patterns")
             require = False
+        fallback = t.get("fallback", False)
+        if not isinstance(fallback, bool):
+            self.err(ln("fallback"), f"{rid}: fallback is true or false")
+            fallback = False
         mechanism = t.get("mechanism")
         if not isinstance(mechanism, str) or len(mechanism.split()) < 8:
             self.err(ln("mechanism"), f"{rid}: mechanism must say, in words, how the engine fails")
@@ -388,7 +393,7 @@ class _Loader(FileLoader):
             mechanism=" ".join(str(mechanism).split()),
             knob=knob, cls=str(cls), cases=tuple(cases), remedy=" ".join(str(remedy).split()),
             reason=" ".join(reason.split()) if isinstance(reason, str) else None, note=note,
-            examples=tuple(examples), where=Location(self.path, start),
+            examples=tuple(examples), where=Location(self.path, start), fallback=fallback,
         )
 
     def check_reason(self, src: object, line: int, rid: str) -> None:
@@ -857,6 +862,8 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
                     hits.append(hit)
     # Most specific rule first; a hit whose anchor lies in lines an earlier (more specific)
     # finding used is the same event; so is a second anchor of one rule within its window.
+    if findings or any(not h.rule.fallback for h in hits):
+        hits = [h for h in hits if not h.rule.fallback]  # a fallback speaks only when nothing else does
     hits.sort(key=lambda h: (h.rule.priority, h.anchor))
     accepted: list[tuple[_Hit, Finding]] = []
     for h in hits:

@@ -580,3 +580,21 @@ def test_xla_direct_allocation_is_unknown_without_the_allocator_setting() -> Non
                    "device ordinal 0")
     assert (f.cls, f.rule) == ("unknown", "xla.gpu.out-of-memory/outside-pool")
     assert "XLA_PYTHON_CLIENT_ALLOCATOR=platform" in (f.reason or "")
+
+
+@pytest.mark.parametrize("text", [
+    "[E] [TRT] ../rtSafe/cuda/cudaWorkspace.cpp (30) - Cuda Error in acquire: 2 (out of memory)",
+    "[ERROR] some_runtime: failed to allocate the scratch buffer: out of memory",
+    "Fatal: insufficient memory to load the adapter",
+])
+def test_an_unknown_format_naming_a_memory_failure_is_still_recognised(text: str) -> None:
+    (f,) = analyse(text)
+    assert f.cls == "unknown" and f.reason
+
+
+@pytest.mark.parametrize("text", [
+    "INFO: no out of memory errors in the last 24 h",
+    "the docs explain what to do when you run out of memory",
+])
+def test_the_generic_rule_needs_a_failure_word(text: str) -> None:
+    assert analyse(text) == []
