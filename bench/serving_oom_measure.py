@@ -2,13 +2,15 @@
 
     python bench/serving_oom_measure.py
 
-Four sets: the 30 given messages (``serving_ooms_given.jsonl``), the messages collected
-in the first pass (``serving_ooms_collected.jsonl``) that no rule example quotes, the messages
-collected and labelled in the second pass before its rule changes (``serving_ooms_unseen.jsonl``,
-again without those a rule example quotes: the honest estimate on unseen messages), and all of
-them. Prints recognised share, right share on the clear ones with each class's
-recall, the share of unclear ones answered ``unknown`` with a reason, and false alarms on
-the real non-memory errors; then every miss.
+The sets: the 30 given messages (``serving_ooms_given.jsonl``), the messages collected in the
+first pass (``serving_ooms_collected.jsonl``) that no rule example quotes, the second pass
+(``serving_ooms_unseen.jsonl``, labelled before its rule changes, again without those a rule
+example quotes), the third pass (``serving_ooms_collected2.jsonl``) in its two halves, split by
+URL hash before any rule ran on them (``split``: ``tune``, which rule changes could look at, and
+``held_out``), the fourth pass (``serving_ooms_collected3.jsonl``, all held out, measured once with
+the rules of that day before the changes its misses led to), and all of them. Prints recognised
+share, right share on the clear ones with each class's recall, the share of unclear ones answered
+``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
 
 from __future__ import annotations
@@ -29,11 +31,18 @@ def main() -> None:
     given = load("serving_ooms_given.jsonl")
     collected = load("serving_ooms_collected.jsonl")
     second = load("serving_ooms_unseen.jsonl")
+    third = load("serving_ooms_collected2.jsonl")
+    fourth = load("serving_ooms_collected3.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
-    everything = given + collected + second
+    tune3 = [r for r in third if r["split"] == "tune"]
+    held3 = [r for r in third if r["split"] == "held_out"]
+    everything = given + collected + second + third + fourth
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
+                        (f"third pass, tuning half ({len(tune3)})", tune3),
+                        (f"third pass, held-out half ({len(held3)})", held3),
+                        (f"fourth pass ({len(fourth)})", fourth),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

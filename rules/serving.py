@@ -91,11 +91,13 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ollama", ("ollama", "llama runner", "reported out-of-memory during startup")),
     ("lmdeploy", ("lmdeploy", "turbomind", "[TM]")),
     ("tensorrt-llm", ("[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM", "tensorrtllm", "[TRT]")),
-    ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver")),
+    ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver",
+                "Capture cuda graph")),
     ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
              "text-generation-inference", "max-batch-prefill-tokens")),
     ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference",
-              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:")),
+              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:", "enforce_eager",
+              "Capturing cudagraphs")),
     ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
     ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
     ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
@@ -106,6 +108,7 @@ _HOSTS: dict[str, tuple[str, ...]] = {
     "pytorch": ("vllm", "sglang", "tgi", "lmdeploy", "tensorrt-llm"),
     "llama.cpp": ("ollama",),
     "xla": ("vllm", "sglang"),
+    "tensorrt-llm": ("onnxruntime",),  # ONNX Runtime's TensorRT execution provider relays TensorRT's errors
     "any": ENGINES[1:],
 }
 
@@ -169,6 +172,7 @@ class ServingRule:
     note: Template | None
     examples: tuple[Example, ...]
     where: Location
+    fallback: bool = False  # used only when nothing else in the text is a memory error
 
 
 @dataclass(slots=True)
@@ -252,7 +256,7 @@ def builtin_serving_path() -> resources.abc.Traversable:
 
 _RULE_KEYS = frozenset({
     "id", "version", "engine", "priority", "anchors", "patterns", "context", "window", "mechanism", "knob",
-    "class", "cases", "remedy", "reason", "note", "examples", "require_match",
+    "class", "cases", "remedy", "reason", "note", "examples", "require_match", "fallback",
 })
 _CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule"})
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
@@ -349,6 +353,10 @@ class _Loader(FileLoader):
         if not isinstance(require, bool) or (require and not pats):
             self.err(ln("require_match"), f"{rid}: require_match is true or false, and needs patterns")
             require = False
+        fallback = t.get("fallback", False)
+        if not isinstance(fallback, bool):
+            self.err(ln("fallback"), f"{rid}: fallback is true or false")
+            fallback = False
         mechanism = t.get("mechanism")
         if not isinstance(mechanism, str) or len(mechanism.split()) < 8:
             self.err(ln("mechanism"), f"{rid}: mechanism must say, in words, how the engine fails")
@@ -385,7 +393,7 @@ class _Loader(FileLoader):
             mechanism=" ".join(str(mechanism).split()),
             knob=knob, cls=str(cls), cases=tuple(cases), remedy=" ".join(str(remedy).split()),
             reason=" ".join(reason.split()) if isinstance(reason, str) else None, note=note,
-            examples=tuple(examples), where=Location(self.path, start),
+            examples=tuple(examples), where=Location(self.path, start), fallback=fallback,
         )
 
     def check_reason(self, src: object, line: int, rid: str) -> None:
@@ -753,22 +761,76 @@ def _rounding_margin_only(msg: OomMessage) -> bool:
     return c + f - r < min(0.1 * r, 256 * 2**20)
 
 
+def _held_outside_pytorch(msg: OomMessage) -> bool:
+    """This process holds most of the device outside PyTorch's allocator (N >= T/2) and the cached bytes
+    alone cannot serve the request: another allocator in the process (an engine's own pool such as
+    TurboMind's or TensorRT's, NCCL, a library workspace) holds the device, not a broken-up cache."""
+    env = derive(msg.numbers(), msg.backend)
+    r, c, n, t = env.get("R"), env.get("C"), env.get("N"), env.get("T")
+    if r is None or c is None or n is None or t is None:
+        return False
+    return n >= 0.5 * t and c < r
+
+
 def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRules) -> Verdict:
-    """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES)."""
-    if engine not in POOL_ENGINES or v.rule != _FRAGMENTATION_RULE or not _rounding_margin_only(msg):
+    """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES), or
+    for a process whose memory is mostly outside PyTorch's allocator."""
+    if v.rule != _FRAGMENTATION_RULE:
+        return v
+    if engine in POOL_ENGINES and _rounding_margin_only(msg):
+        why = (f"{engine} fills the device with its pools by design, and cached plus free bytes cover the request "
+               "only within print rounding: a full device, not fragmentation")
+    elif _held_outside_pytorch(msg):
+        why = ("this process holds most of the device outside PyTorch's allocator (another allocator or an "
+               "engine's own pool) and the cached bytes alone cannot serve the request: not fragmentation")
+    else:
         return v
     rubric = replace(rs.rubric, rules=[r for r in rs.rubric.rules if r.id != _FRAGMENTATION_RULE])
     again = classify(msg.numbers(), rubric, backend=msg.backend)
     if again.cls == "unknown":
         return v
-    why = (f"{engine} fills the device with its pools by design, and cached plus free bytes cover the request "
-           "only within print rounding: a full device, not fragmentation")
     return replace(again, note=f"{again.note}; {why}" if again.note else why)
+
+
+# vLLM and SGLang capture CUDA graphs after the weights and the KV pool took their share of the device
+# (gpu_memory_utilization, mem-fraction-static); the capture's memory is outside that share, and comes from
+# the graphs' private memory pool, which blocks cached in the general pool cannot serve. Both engines say
+# so when they start capturing ("If out-of-memory error occurs during cudagraph capture, consider
+# decreasing gpu_memory_utilization or switching to eager mode"). A PyTorch OOM raised while capturing is
+# that budget's: the fraction, the captured batch sizes or eager mode decide it, whatever the cached bytes say.
+CAPTURE_ENGINES = frozenset({"vllm", "sglang"})
+_CAPTURE_START = ("Capturing cudagraphs", "Capturing the model for CUDA graphs", "Capturing CUDA graph",
+                  "Capture cuda graph begin", "Capture cuda graph failed", "CUDA graphs can take additional")
+_CAPTURE_END = ("Graph capturing finished", "Capture cuda graph end")
+_CAPTURE_KNOB = {"vllm": "gpu_memory_utilization", "sglang": "mem-fraction-static"}
+
+
+def _during_capture(lines: list[str], first: int, last: int) -> bool:
+    """Whether the lines around an OOM (40 before, a few after: some collectors print newest first) show a
+    CUDA-graph capture that had started and not finished."""
+    around = lines[max(0, first - CONTEXT_LINES): min(len(lines), last + 4)]
+    started = any(m in line for line in around for m in _CAPTURE_START)
+    return started and not any(m in line for line in around for m in _CAPTURE_END)
+
+
+def _capture_verdict(v: Verdict, engine: str) -> Verdict:
+    """The rubric's verdict for an OOM raised during CUDA-graph capture (see CAPTURE_ENGINES)."""
+    why = (f"raised while {engine} captured CUDA graphs: their memory is outside {_CAPTURE_KNOB[engine]}'s share "
+           "and comes from the graphs' own pool, which the cached blocks cannot serve")
+    if v.cls == "reservation_conflict":
+        return replace(v, note=f"{v.note}; {why}" if v.note else why)
+    return replace(v, cls="reservation_conflict", rule=f"{engine}.cuda-graph-capture", rule_version=1, note=why,
+                   missing=(), remedy="Leave room for the CUDA graphs: capture fewer or smaller batch sizes, or "
+                   "run without them (eager mode) if the latency allows.")
 
 
 def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
     engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
     v = _pool_engine_verdict(msg, classify(msg.numbers(), rs.rubric, backend=msg.backend), engine, rs)
+    knob = None
+    if engine in CAPTURE_ENGINES and _during_capture(lines, msg.line, msg.line + 1):
+        v = _capture_verdict(v, engine)
+        knob = _CAPTURE_KNOB[engine]
     remedy = v.remedy
     extra_remedy = rs.engine_remedies.get(engine, {}).get(v.cls)
     if engine != "pytorch" and extra_remedy:
@@ -776,7 +838,7 @@ def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Fin
     reason = rubric_reason(v, msg) if v.cls == "unknown" else None
     return Finding(
         engine=engine, cls=v.cls, rule=v.rule, rule_version=v.rule_version, numbers=dict(v.numbers), extra={},
-        remedy=remedy, note=v.note, reason=reason, knob=None, text=msg.text, key="pytorch|" + msg.key,
+        remedy=remedy, note=v.note, reason=reason, knob=knob, text=msg.text, key="pytorch|" + msg.key,
         first_line=msg.line, last_line=msg.line, message=msg, verdict=v, used=dict(v.used),
         missing=tuple(v.missing),
     )
@@ -800,6 +862,8 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
                     hits.append(hit)
     # Most specific rule first; a hit whose anchor lies in lines an earlier (more specific)
     # finding used is the same event; so is a second anchor of one rule within its window.
+    if findings or any(not h.rule.fallback for h in hits):
+        hits = [h for h in hits if not h.rule.fallback]  # a fallback speaks only when nothing else does
     hits.sort(key=lambda h: (h.rule.priority, h.anchor))
     accepted: list[tuple[_Hit, Finding]] = []
     for h in hits:
