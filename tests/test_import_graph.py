@@ -45,10 +45,9 @@ FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices"
 # Only the commands (the composition root) wire concrete exporters and extensions, by name.
 COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
-# hooks' wire format and paths (both sides of the socket), the sampler's gap summary (the
-# agent closes the gaps of a killed producer as its hooks would have), and the neutral modules.
+# hooks' wire format and paths (both sides of the socket), and the neutral modules.
 DAEMON_MAY_USE = ("infersight.agent.daemon", "infersight.agent.errors", "infersight.exporters.base",
-                  "infersight.hooks._wire", "infersight.hooks._paths", "infersight.hooks._sampler", *NEUTRAL)
+                  "infersight.hooks._wire", "infersight.hooks._paths", *NEUTRAL)
 
 
 @dataclass(frozen=True)

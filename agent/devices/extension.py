@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.devices.job import DeviceJob, load_thresholds, parse_config
 from infersight.agent.requests.kind import RequestStats
 from infersight.settings import Config
 
 
-class DevicesExtension:
+class DevicesExtension(Extension):
     name = "devices"
     live_keys: frozenset[str] = frozenset({"devices.rules"})
 
