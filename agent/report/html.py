@@ -9,18 +9,35 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from infersight import __version__
-from infersight.agent.report.gpu import MemoryChart, Series
+from infersight.agent.report.gpu import Devices, MemoryChart, Series
+from infersight.agent.report.scan import ColdStartRow
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
-from infersight.agent.report.views import Oom, human_bytes, process_label
+from infersight.agent.report.views import Family, Oom, human_bytes, process_label
 from infersight.weights_files import describe
 
-if TYPE_CHECKING:
-    from infersight.agent.report.page import Report
-
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+
+@dataclass(slots=True)
+class Report:
+    """Everything the page shows (``page.build_from`` makes it); an empty list is a section left out."""
+
+    families: list[Family]  # the cold starts drawn (all of them up to html.MAX_WATERFALLS), oldest first
+    memory: list[MemoryChart]
+    devices: Devices
+    ooms: list[Oom]  # the first ones in time (html.MAX_OOM_ROWS, and those marked on each chart)
+    t0_ns: int  # the earliest record: times on the page are seconds since this
+    t1_ns: int
+    counts: dict[str, int]
+    skipped: list[str]  # the first scan.MAX_SKIPPED notes
+    slowest: list[ColdStartRow] = field(default_factory=list)  # slowest first, up to html.MAX_LISTED
+    coldstart_count: int = 0  # every cold start (family) in the files
+    oom_count: int = 0  # every OOM in the files
+    skipped_count: int = 0  # every line or record skipped
+
 
 CSS = """
 :root{--bg:#fff;--fg:#1f2328;--muted:#59636e;--grid:#d1d9e0;--rowbg:#f6f8fa;--bar:#0969da;--nested:#54aeff;

@@ -12,34 +12,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TextIO
 
 from infersight.agent.report import html as report_html
-from infersight.agent.report.gpu import Devices, MemoryChart, devices, memory
+from infersight.agent.report.gpu import devices, memory
+from infersight.agent.report.html import Report
 from infersight.agent.report.parse import Telemetry, iter_file
-from infersight.agent.report.scan import ColdStartRow, Scan, Source, collect, memory_source, slowest_first
-from infersight.agent.report.views import Family, Oom, ooms
+from infersight.agent.report.scan import Scan, Source, collect, memory_source, slowest_first
+from infersight.agent.report.views import ooms
 from infersight.weights_files import CeilingOf
 
 EXIT_ERROR = 2
-
-@dataclass(slots=True)
-class Report:
-    """Everything the page shows; an empty list is a section left out."""
-
-    families: list[Family]  # the cold starts drawn (all of them up to html.MAX_WATERFALLS), oldest first
-    memory: list[MemoryChart]
-    devices: Devices
-    ooms: list[Oom]  # the first ones in time (html.MAX_OOM_ROWS, and those marked on each chart)
-    t0_ns: int  # the earliest record: times on the page are seconds since this
-    t1_ns: int
-    counts: dict[str, int]
-    skipped: list[str]  # the first scan.MAX_SKIPPED notes
-    slowest: list[ColdStartRow] = field(default_factory=list)  # slowest first, up to html.MAX_LISTED
-    coldstart_count: int = 0  # every cold start (family) in the files
-    oom_count: int = 0  # every OOM in the files
-    skipped_count: int = 0  # every line or record skipped
 
 
 def file_source(paths: list[str]) -> Source:
