@@ -222,9 +222,9 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
     """The producer's connection delivered its stages; its root went to its spool file (the
     agent was busy at its exit); then it died. The agent reads that spool before deciding:
     its own root goes out, no producer_lost stand-in."""
+    from infersight.agent.coldstart.extension import ColdStartExtension
     from infersight.agent.commands.compose import build_exporters
     from infersight.agent.daemon import config as cfg
-    from infersight.agent.coldstart.extension import ColdStartExtension
     from infersight.agent.daemon.lifecycle import Agent
     from infersight.hooks import _wire
 

@@ -499,13 +499,12 @@ class Assembler:
             p.resource, trace, span_id, parent, name, start, end, attributes(d.get("a")), events,
             str(err)[:MAX_STR] if err is not None else None, origin,
         )
-        if name.startswith(self._prefixes):
-            self._span_handler(name).span(p, span, t_ns, out)
-            return
+        if name.startswith(self._prefixes):  # one test for the spans no handler takes
+            for h in self.span_handlers:
+                if name.startswith(h.prefixes):
+                    h.span(p, span, t_ns, out)
+                    return
         out.append(span)
-
-    def _span_handler(self, name: str) -> SpanHandler:
-        return next(h for h in self.span_handlers if name.startswith(h.prefixes))
 
     def awaits_end(self, p: Producer) -> bool:
         """Whether the end of ``p``'s process still matters: events wait for a span, or a span
