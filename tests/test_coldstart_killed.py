@@ -146,6 +146,19 @@ def test_checkpoint_of_a_producer_that_sent_its_root_is_dropped() -> None:
     assert _hello_assembler.malformed == 0
 
 
+def test_a_producer_with_only_a_checkpoint_is_watched_and_gets_its_root() -> None:
+    """Killed before its first stage ended: the agent still watches its process (ingest asks
+    ``awaits_end``), and closes its root with the run it had open."""
+    a = coldstart_assembler("h")
+    p = _hello(a)
+    assert not a.awaits_end(p)
+    a.events(p, [_tick(1, 2_000, [["framework_import", "c" * 16, "b" * 16, 1_500, 1_900, {}]], [1_600], ["m:f"])])
+    assert a.awaits_end(p)
+    names = [getattr(x, "name", "") for x in a.producer_lost(p)]
+    assert "coldstart" in names and "coldstart.framework_import" in names
+    assert not a.awaits_end(p)
+
+
 def test_lost_producer_gets_its_open_runs_once_and_its_gaps() -> None:
     a = coldstart_assembler("h")
     p = _hello(a)

@@ -175,9 +175,11 @@ class ColdStartAssembly:
         return out
 
     def awaits_end(self, p: Producer) -> bool:
-        """Whether ``p``'s process end still matters: stages kept, or a cold start still open."""
+        """Whether ``p``'s process end still matters: stages kept, or a cold start still open
+        (stages seen, or only a checkpoint: killed before its first stage ended)."""
         st: ColdStartState | None = p.state.get(STATE_KEY)
-        return st is not None and bool(st.pending or (st.stages_seen and not p.root_closed))
+        return st is not None and bool(st.pending or ((st.stages_seen or st.checkpoint is not None)
+                                                      and not p.root_closed and not p.info.get("root_ended")))
 
     def forget(self, p: Producer) -> None:
         """``p`` leaves the producer table: keep its drop count in the totals."""
