@@ -1,10 +1,10 @@
-"""How a feature plugs into the agent: one small protocol, and what the agent offers it.
+"""How a feature plugs into the agent: one small base class, and what the agent offers it.
 
-An :class:`Extension` (cold start, OOM, requests, devices) is handed to the
+An :class:`Extension` (cold start, OOM, requests, devices, routing) is handed to the
 :class:`~infersight.agent.daemon.lifecycle.Agent` when it is built; the agent takes its
-event-kind handlers and its span handler then, starts it before it listens, asks it to validate a reloaded
-configuration (all extensions validate before any applies), merges its health into the
-status reply, and closes it at shutdown before the exporters drain. The daemon package
+event-kind handlers and its span handler then, starts it before it listens, asks it to
+validate a reloaded configuration (all extensions validate before any applies), merges its
+health into the status reply, and closes it at shutdown before the exporters drain. The daemon package
 knows no extension by name, nor their configuration keys (each declares the ones its
 reload applies live): the commands (the composition root) choose them.
 
