@@ -45,7 +45,10 @@ class Exporter(Protocol):
     shows is for the moment (the console's terminal), so the agent keeps no disk spool of
     undelivered items for it to replay later; and ``live = True`` (:func:`is_live`): it
     serves the current value (a scrape endpoint) rather than recording every item, so it gets
-    every device sample while the recording sinks get them at a coarser interval.
+    every device sample while the recording sinks get them at a coarser interval. An
+    exporter may define ``async settle(worker)``: an embedded agent awaits it when its session
+    ends, before the shutdown, for the exporter to wait (bounded) until ``worker`` delivered
+    what it holds (MQTT's ``exit_wait_s``).
     """
 
     name: str

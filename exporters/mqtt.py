@@ -390,6 +390,10 @@ class MqttExporter:
             self._logged_at[key] = now
             log.warning("mqtt %s: " + msg, self.url, *args)
 
+    async def settle(self, worker: _Worker) -> None:
+        """An embedded agent's session ended (``launch`` at exit): :func:`wait_delivered`."""
+        await wait_delivered(self, worker)
+
     async def force_flush(self, timeout_s: float) -> bool:
         """Wait for exports in flight. ``export`` itself awaits every acknowledgement."""
         if self._idle is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.coldstart.assembly import coldstart_assembler
 from infersight.agent.devices.job import DeviceJob, _event_log
 from infersight.agent.devices.metrics import device_metrics
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample
@@ -86,7 +86,7 @@ def gpu_items(base: int) -> list[Item]:
     """One FAKE GPU worker's cold start with memory, an OOM, device metrics and verdicts."""
     handlers = oom_kind.OomHandlers(oom_kind.OomClassifier([]), None)
     stats = RequestStats()
-    asm = Assembler("fakehost", {"oom": handlers.oom, "mem": handlers.mem, "req": stats.handle})
+    asm = coldstart_assembler("fakehost", {"oom": handlers.oom, "mem": handlers.mem, "req": stats.handle})
     p = asm.hello({"id": "fake-gpu-worker", "pid": FAKE_PID, "start_ns": base, "trace_id": TRACE,
                    "root_span_id": ROOT, "service_name": "fake-gpu-worker", "exe": "python"})
     raw: list[list[Any]] = []

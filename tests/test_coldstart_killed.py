@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import attr, hook_env, read_otlp_lines, spans, wait_for
 
+from infersight.agent.coldstart.assembly import coldstart_assembler, state_of
 from infersight.agent.daemon.assemble import Assembler
 
 PACKAGES = {
@@ -135,18 +136,31 @@ def _tick(seq: int, t: int, open_: list, times: list[int], labels: list[str]) ->
 
 
 def test_checkpoint_of_a_producer_that_sent_its_root_is_dropped() -> None:
-    a = _hello_assembler = Assembler("h")
+    a = _hello_assembler = coldstart_assembler("h")
     p = _hello(a)
     a.events(p, [_tick(1, 2_000, [["warmup", "c" * 16, "b" * 16, 1_500, 1_900, {}]], [1_600], ["m:f"])])
-    assert p.checkpoint is not None
+    assert state_of(p).checkpoint is not None
     a.events(p, [[2, 3_000, "span", {"n": "coldstart", "id": "b" * 16, "s": 1_000, "e": 3_000}]])
-    assert p.checkpoint is None
+    assert state_of(p).checkpoint is None
     assert not [x for x in a.producer_lost(p) if getattr(x, "name", "").startswith("coldstart")]
     assert _hello_assembler.malformed == 0
 
 
+def test_a_producer_with_only_a_checkpoint_is_watched_and_gets_its_root() -> None:
+    """Killed before its first stage ended: the agent still watches its process (ingest asks
+    ``awaits_end``), and closes its root with the run it had open."""
+    a = coldstart_assembler("h")
+    p = _hello(a)
+    assert not a.awaits_end(p)
+    a.events(p, [_tick(1, 2_000, [["framework_import", "c" * 16, "b" * 16, 1_500, 1_900, {}]], [1_600], ["m:f"])])
+    assert a.awaits_end(p)
+    names = [getattr(x, "name", "") for x in a.producer_lost(p)]
+    assert "coldstart" in names and "coldstart.framework_import" in names
+    assert not a.awaits_end(p)
+
+
 def test_lost_producer_gets_its_open_runs_once_and_its_gaps() -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     p = _hello(a)
     ms = 1_000_000
     run = ["framework_import", "c" * 16, "b" * 16, 1_000, 100 * ms, {"infersight.import.packages": ["x 0.10 s"]}]
@@ -182,7 +196,7 @@ def test_lost_producer_gets_its_open_runs_once_and_its_gaps() -> None:
     {"open": [["s", "c" * 16, "b" * 16, 1, 2, {}]] * 65, "t": [], "i": [], "l": []},  # over the bound
 ])
 def test_bad_checkpoint_is_counted_and_changes_nothing(data: dict) -> None:  # type: ignore[type-arg]
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     p = _hello(a)
     assert a.events(p, [[1, 5, "cs_tick", data]]) == []
-    assert a.malformed == 1 and p.checkpoint is None
+    assert a.malformed == 1 and state_of(p).checkpoint is None

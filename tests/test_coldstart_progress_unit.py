@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from infersight.agent.coldstart.assembly import coldstart_assembler
 from infersight.agent.coldstart.eta import MAX_STAGES
 from infersight.agent.coldstart.progress import ProgressTracker, run_of
 from infersight.agent.daemon.assemble import Assembler
@@ -31,7 +32,7 @@ def root(a: Assembler, p, seq: int, e: float):  # type: ignore[no-untyped-def]
 
 
 def test_two_workers_of_one_service_publish_one_state_then_one_clear(tmp_path) -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
     # History: one run of the service, as both workers will be keyed (same command line: none).
     p0 = hello(a, 0, 0.0)
@@ -62,7 +63,7 @@ def test_two_workers_of_one_service_publish_one_state_then_one_clear(tmp_path) -
 
 
 def test_an_agent_stopping_clears_what_it_showed(tmp_path) -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
     w = hello(a, 1, 0.0)
     t.observe(stage(a, w, 1, "model_build", 0.0, 1.0))
@@ -101,7 +102,7 @@ def test_a_cold_page_cache_is_predicted_from_cold_runs(tmp_path) -> None:
 
     model = tmp_path / "model.safetensors"
     model.write_bytes(os.urandom(1 << 20))
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
     for n, (ratio, load_s) in enumerate([(0.0, 20.0), (1.0, 2.0)]):  # one cold run, one warm run
         p = hello(a, n, 100.0 * n)
@@ -133,7 +134,7 @@ def test_a_cold_page_cache_is_predicted_from_cold_runs(tmp_path) -> None:
 def test_stages_after_readiness_do_not_restart_a_cold_start(tmp_path) -> None:
     """A worker that opens a stage per request once it is serving: its service must not show
     as warming again (a gateway would stop routing to it), nor start a run of its own."""
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
     w = hello(a, 1, 0.0)
     t.observe(stage(a, w, 1, "model_build", 0.0, 1.0))
@@ -151,7 +152,7 @@ def test_stages_after_readiness_do_not_restart_a_cold_start(tmp_path) -> None:
 def test_a_cold_start_with_many_stages_is_tracked_and_recorded_bounded(tmp_path) -> None:
     """Thousands of stages before readiness: the live state, each run in history and so each
     estimate stay bounded (the first MAX_STAGES stages), and the ETA still comes from them."""
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
     n = 3 * MAX_STAGES
     cold_starts: list[ColdStart] = []
@@ -183,7 +184,7 @@ def test_a_producer_whose_root_ended_before_the_agent_started_is_not_warming() -
     (to the agent before), so its per-request stages do not show the service as warming, and
     its death does not make up a root that would enter the history as a cold start as long
     as its life."""
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
     w = a.hello({"id": "p1", "pid": 101, "start_ns": 0, "trace_id": "%032x" % 1, "root_span_id": "%016x" % 2,
                  "service_name": "svc", "root_ended": True})
@@ -199,7 +200,7 @@ def test_a_serving_producer_stays_remembered_while_others_finish(tmp_path, monke
     import infersight.agent.coldstart.progress as progress
 
     monkeypatch.setattr(progress, "MAX_DONE", 4)
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
     server = hello(a, 0, 0.0)
     t.observe(stage(a, server, 1, "model_build", 0.0, 1.0))
@@ -218,7 +219,7 @@ def test_a_serving_producer_stays_remembered_while_others_finish(tmp_path, monke
 def test_a_live_cold_start_keeps_its_first_stages_by_start_as_history_does(tmp_path) -> None:
     """Past MAX_STAGES, the live run and the recorded run hold the same stages: the first by
     start time, whatever order they end in."""
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
     p = hello(a, 1, 0.0)
     n = MAX_STAGES + 10

@@ -8,8 +8,8 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infersight.agent.coldstart.assembly import coldstart_assembler
 from infersight.agent.coldstart.metrics import ColdStartMetrics
-from infersight.agent.daemon.assemble import Assembler
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.ingest import Ingest
@@ -26,7 +26,7 @@ json_values = st.recursive(
 
 def make() -> tuple[Ingest, Counters]:
     counters = Counters()
-    assembler = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])  # as the cold-start extension does
+    assembler = coldstart_assembler("h", observers=[ColdStartMetrics().observe])  # as the cold-start extension does
     ingest = Ingest(assembler, Broadcaster([]), counters, {0}, {0}, dict)
     return ingest, counters
 

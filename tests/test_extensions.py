@@ -12,10 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from infersight.agent.coldstart.assembly import ColdStartAssembly
 from infersight.agent.commands.extensions import EXTENSIONS
 from infersight.agent.commands.status import query_status
 from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.settings import Config, ConfigError
 
@@ -43,19 +46,14 @@ def test_the_daemon_and_launch_run_the_same_extensions(agent_factory, tmp_path: 
         assert section in launched and section in daemon.status()
 
 
-class Recorder:
+class Recorder(Extension):
     """An extension that records what the agent does with it."""
-
-    live_keys: frozenset[str] = frozenset()
 
     def __init__(self, name: str, calls: list[str]) -> None:
         self.name = name
         self.calls = calls
         self.level = 0
         self.refuse = False
-
-    def kinds(self) -> Mapping[str, Any]:
-        return {}
 
     async def start(self, agent: AgentContext) -> None:
         self.calls.append(self.name + ".start")
@@ -77,6 +75,54 @@ class Recorder:
 
     async def aclose(self) -> None:
         self.calls.append(self.name + ".aclose")
+
+
+class Bare(Extension):
+    """An extension that overrides nothing but its name."""
+
+    name = "bare"
+
+
+def test_the_base_class_defaults_do_nothing(tmp_path: Path) -> None:
+    bare = Bare()
+    assert (bare.kinds(), bare.spans(), bare.health(), bare.live_keys) == ({}, None, {}, frozenset())
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(tmp_path / "a.sock"),
+                                         "agent.spool_dir": str(tmp_path / "spool")})
+    assert bare.reload(conf) is None
+
+    async def main() -> None:
+        agent = Agent(conf, [], [bare], embedded=True, exporter_spool_root=str(tmp_path / "x"))
+        await agent.start()
+        try:
+            assert agent.health()["extensions"] == ["bare"]
+            assert agent.reload() is True
+        finally:
+            assert await agent.shutdown(5)
+
+    asyncio.run(main())
+
+
+class Spans(Extension):
+    """An extension whose span handler takes ``prefixes``."""
+
+    def __init__(self, name: str, prefixes: tuple[str, ...]) -> None:
+        self.name = name
+        self.handler = ColdStartAssembly()
+        self.handler.prefixes = prefixes
+
+    def spans(self) -> ColdStartAssembly:
+        return self.handler
+
+
+def test_two_extensions_never_share_span_names(tmp_path: Path) -> None:
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(tmp_path / "a.sock"),
+                                         "agent.spool_dir": str(tmp_path / "spool")})
+    agent = Agent(conf, [], [Spans("a", ("coldstart",)), Spans("b", ("other",))], embedded=True,
+                  exporter_spool_root=str(tmp_path / "x"))
+    assert [h.prefixes for h in agent.assembler.span_handlers] == [("coldstart",), ("other",)]
+    with pytest.raises(ValueError, match=r"two extensions \(one is b\)"):
+        Agent(conf, [], [Spans("a", ("coldstart",)), Spans("b", ("coldstart.x",))], embedded=True,
+              exporter_spool_root=str(tmp_path / "y"))
 
 
 def test_extension_health_in_status_and_reload_all_or_nothing(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ spool file's owner): here it is handed to ``Assembler.hello`` as the ingest does
 from __future__ import annotations
 
 from infersight.agent.coldstart import history as ch
+from infersight.agent.coldstart.assembly import coldstart_assembler
 from infersight.agent.coldstart.progress import MAX_WARMING_PER_UID, ProgressTracker
 from infersight.agent.daemon.assemble import (
     MAX_HELLO_BYTES,
@@ -40,7 +41,7 @@ def root(a: Assembler, p, seq: int, e: float):  # type: ignore[no-untyped-def]
 
 
 def test_a_huge_hello_is_bounded_and_what_is_cut_is_counted() -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     env = ",".join("k%d=%s" % (i, "v" * 100_000) for i in range(1000))  # ~100 MB of resource attributes
     junk = {"x%d" % i: "y" * 10_000 for i in range(500)}
     p = hello(a, 1, 1000, resource_attributes=env, nested={"deep": ["z" * 10**6] * 100}, **junk)
@@ -55,7 +56,7 @@ def test_a_huge_hello_is_bounded_and_what_is_cut_is_counted() -> None:
 
 
 def test_the_hello_uid_is_the_kernels_not_the_claimed_one() -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     p = hello(a, 1, 1000, uid=0)  # the hook claims root
     assert p.info["uid"] == 1000 and p.resource.get("process.user.id") == 1000
     q = a.hello({"id": "p2", "pid": 5, "start_ns": 1, "trace_id": "b" * 32, "root_span_id": "c" * 16,
@@ -64,7 +65,7 @@ def test_the_hello_uid_is_the_kernels_not_the_claimed_one() -> None:
 
 
 def test_one_producer_id_from_two_uids_gets_two_sequence_spaces() -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     victim, forged = hello(a, 1, 1000), hello(a, 1, 1001)
     assert victim is not forged and victim.id == "p1" and forged.id == "p1@1001"
     a.events(forged, [[i, 5, "log", {"body": "forged"}] for i in range(1, 41)])
@@ -94,7 +95,7 @@ def test_values_do_not_split_the_history_key() -> None:
 
 
 def test_another_uid_running_the_same_command_does_not_move_your_eta(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
     own = hello(a, 1, 1000)
     t.observe(stage(a, own, 1, "weights_load", 1.0, 5.0))
@@ -115,7 +116,7 @@ def test_another_uid_running_the_same_command_does_not_move_your_eta(tmp_path) -
 
 
 def test_one_uid_cannot_fill_the_warming_table() -> None:
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
     for n in range(MAX_WARMING_PER_UID + 50):
         t.observe(stage(a, hello(a, n, 1001), 1, "model_build", 1.0, 1.5))

@@ -53,10 +53,9 @@ FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices"
 # Only the commands (the composition root) wire concrete exporters and extensions, by name.
 COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
-# hooks' wire format and paths (both sides of the socket), the sampler's gap summary (the
-# agent closes the gaps of a killed producer as its hooks would have), and the neutral modules.
+# hooks' wire format and paths (both sides of the socket), and the neutral modules.
 DAEMON_MAY_USE = ("infersight.agent.daemon", "infersight.agent.errors", "infersight.exporters.base",
-                  "infersight.hooks._wire", "infersight.hooks._paths", "infersight.hooks._sampler", *NEUTRAL)
+                  "infersight.hooks._wire", "infersight.hooks._paths", *NEUTRAL)
 
 
 @dataclass(frozen=True)
@@ -197,7 +196,7 @@ def describe(graph: dict[str, dict[str, Edge]], cycle: list[str]) -> str:
 
 
 # Cycles that other changes of the renovation are removing right now: hooks' modules around
-# _coldstart (helper hooksgraph) and launch's halves (helper rooms). The lead empties this set
+# _coldstart (helper hooksgraph). The lead empties this set
 # once they are merged; a cycle found here is allowed only inside one of these, and an entry
 # that no cycle needs any more fails too, so that the set only shrinks.
 PENDING_CYCLES: frozenset[frozenset[str]] = frozenset({
@@ -205,7 +204,6 @@ PENDING_CYCLES: frozenset[frozenset[str]] = frozenset({
     frozenset({"infersight.hooks._build", "infersight.hooks._checkpoint", "infersight.hooks._coldstart",
                "infersight.hooks._imports", "infersight.hooks._stagerules", "infersight.hooks._torch",
                "infersight.hooks._weights", "infersight.hooks.asgi"}),
-    frozenset({"infersight.agent.commands.launch", "infersight.agent.commands.launch_quick"}),
 })  # fmt: skip
 
 

@@ -13,14 +13,17 @@ import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 from mosquitto import MOSQUITTO, Collector, Mosquitto, make_tls, retained, running_broker
 
+from infersight.agent.coldstart.assembly import ColdStartAssembly
 from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.assemble import KindHandler, SpanHandler
 from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.extension import Extension
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import ExportError
@@ -60,6 +63,22 @@ def first_occurrences(seqs: list[int]) -> list[int]:
 # -- delivery round trip through the agent ----------------------------------------------------
 
 
+class ColdStartSummaries(Extension):
+    """Only the cold-start extension's span assembly: the summary that goes out on .../coldstart."""
+
+    name = "coldstart"
+
+    def __init__(self) -> None:
+        self.assembly = ColdStartAssembly()
+
+    def kinds(self) -> Mapping[str, KindHandler]:
+        return {"cs_tick": self.assembly.checkpoint}
+
+    def spans(self) -> SpanHandler:
+        return self.assembly
+
+
+
 async def test_round_trip_through_agent(broker: Mosquitto, tmp_path: Path) -> None:
     host = "rt-host"
     conf = cfg.load(None, env={}, flags={
@@ -68,7 +87,7 @@ async def test_round_trip_through_agent(broker: Mosquitto, tmp_path: Path) -> No
     })  # fmt: skip
     exporter = MqttExporter(MqttSettings(broker.url, host_name=host,
                                          birth={"devices": [{"hw.id": "GPU-rt", "hw.name": "T"}]}))
-    agent = Agent(conf, [exporter], exporter_spool_root=str(tmp_path / "xspool"))
+    agent = Agent(conf, [exporter], [ColdStartSummaries()], exporter_spool_root=str(tmp_path / "xspool"))
     base = "infersight/%s/" % host
     async with Collector(broker, "infersight/#") as sub:
         await agent.start()

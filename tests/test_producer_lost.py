@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import attr, hook_env, read_otlp_lines, spans, wait_for
 
+from infersight.agent.coldstart.assembly import coldstart_assembler, state_of
 from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.daemon.assemble import Assembler, span_bytes
 
@@ -75,7 +76,7 @@ def test_killed_worker_root_nests_under_its_parent(agent_factory) -> None:  # ty
 def test_own_root_arriving_after_the_agents_is_not_a_second_root() -> None:
     """A root replayed from a spool file after the agent closed it for the dead producer:
     one span id, one root (counted)."""
-    a = Assembler("h")
+    a = coldstart_assembler("h")
     p = hello(a)
     a.events(p, [big_stage(0, 1)])
     lost = a.producer_lost(p)
@@ -117,46 +118,46 @@ def big_stage(i: int, kb: int) -> list:  # type: ignore[type-arg]
 
 
 def test_pending_stage_spans_are_bounded_by_bytes() -> None:
-    a = Assembler("h", max_pending_bytes=1 << 20, coldstart_observers=[ColdStartMetrics().observe])
+    a = coldstart_assembler("h", max_pending_bytes=1 << 20, observers=[ColdStartMetrics().observe])
     p = hello(a)
     items = a.events(p, [big_stage(i, 100) for i in range(200)])  # ~100 KB each, ~20 MB in all
     assert len(items) == 200, "every stage span is still exported"
-    assert p.pending_bytes <= 1 << 20
-    assert p.pending_bytes == sum(span_bytes(s) for s in p.pending)
-    assert 0 < len(p.pending) < 20
-    assert p.pending_dropped == 200 - len(p.pending)
-    assert a.stats()["pending_stages_dropped"] == p.pending_dropped
+    assert state_of(p).pending_bytes <= 1 << 20
+    assert state_of(p).pending_bytes == sum(span_bytes(s) for s in state_of(p).pending)
+    assert 0 < len(state_of(p).pending) < 20
+    assert state_of(p).pending_dropped == 200 - len(state_of(p).pending)
+    assert a.stats()["pending_stages_dropped"] == state_of(p).pending_dropped
     # The root still closes, over what was kept.
     out = a.events(p, [[201, 99, "span", {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3}]])
     kinds = [type(x).__name__ for x in out]
     assert kinds[:2] == ["SpanItem", "ColdStart"] and set(kinds[2:]) == {"MetricItem"}  # + fleet metrics
-    assert p.pending == [] and p.pending_bytes == 0
+    assert state_of(p).pending == [] and state_of(p).pending_bytes == 0
 
 
 def test_stages_after_the_root_closed_are_exported_but_not_kept() -> None:
     """A served process that opens a stage per request after its cold start ended: its
     summary went out, so nothing waits for it (no pending state, no per-span list shift)."""
-    a = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])
+    a = coldstart_assembler("h", observers=[ColdStartMetrics().observe])
     p = hello(a)
     a.events(p, [big_stage(0, 1), [2, 99, "span", {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3}]])
-    assert p.root_closed and p.pending == []
+    assert p.root_closed and state_of(p).pending == []
     items = a.events(p, [big_stage(i, 1) for i in range(10, 5010)])
     assert len(items) == 5000, "every later stage span is still exported"
-    assert p.pending == [] and p.pending_bytes == 0 and p.pending_dropped == 0
+    assert state_of(p).pending == [] and state_of(p).pending_bytes == 0 and state_of(p).pending_dropped == 0
 
 
 def test_pending_state_is_freed_when_the_producer_is_lost() -> None:
-    a = Assembler("h", coldstart_observers=[ColdStartMetrics().observe])
+    a = coldstart_assembler("h", observers=[ColdStartMetrics().observe])
     p = hello(a)
     a.events(p, [big_stage(i, 10) for i in range(5)])
-    assert p.pending_bytes > 50_000
+    assert state_of(p).pending_bytes > 50_000
     out = a.producer_lost(p)
     kinds = [type(x).__name__ for x in out]
     assert kinds[:2] == ["SpanItem", "ColdStart"] and set(kinds[2:]) == {"MetricItem"}  # + fleet metrics
     assert out[0].attributes["infersight.coldstart.ended_by"] == "producer_lost"  # type: ignore[union-attr]
     counts = [m for m in out[2:] if m.name == "infersight.coldstart.count"]  # type: ignore[union-attr]
     assert counts and counts[0].points[0].attributes["infersight.coldstart.ended_by"] == "producer_lost"  # type: ignore[union-attr]
-    assert p.pending == [] and p.pending_bytes == 0 and p.span_events == {}
+    assert state_of(p).pending == [] and state_of(p).pending_bytes == 0 and p.span_events == {}
     assert a.producer_lost(p) == [], "once"
 
 
@@ -221,6 +222,7 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
     """The producer's connection delivered its stages; its root went to its spool file (the
     agent was busy at its exit); then it died. The agent reads that spool before deciding:
     its own root goes out, no producer_lost stand-in."""
+    from infersight.agent.coldstart.extension import ColdStartExtension
     from infersight.agent.commands.compose import build_exporters
     from infersight.agent.daemon import config as cfg
     from infersight.agent.daemon.lifecycle import Agent
@@ -231,7 +233,7 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
     conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
                                          "exporters.file.path": str(tmp_path / "out.jsonl"), "rules.dirs": [],
                                          "agent.health_interval_s": 3600.0})
-    agent = Agent(conf, build_exporters(conf, env={}), embedded=True)
+    agent = Agent(conf, build_exporters(conf, env={}), [ColdStartExtension(conf)], embedded=True)
     seen: list = []  # type: ignore[type-arg]
     agent.broadcaster.taps.append(seen.extend)
     await agent.start()
@@ -250,7 +252,7 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
         await agent.shutdown(10)
     roots = [x for x in seen if getattr(x, "name", "") == "coldstart"]
     assert [r.attributes["infersight.coldstart.ended_by"] for r in roots] == ["exit"]
-    assert agent.assembler.roots_closed_for_lost == 0
+    assert agent.health()["assembler"]["coldstart_roots_closed_for_lost"] == 0
 
 
 READY_THEN_KILLED = textwrap.dedent("""

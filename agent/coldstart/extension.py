@@ -1,4 +1,9 @@
-"""Cold starts as an agent extension: live progress with ETAs and history, and fleet metrics.
+"""Cold starts as an agent extension: span assembly, live progress with ETAs and history,
+and fleet metrics.
+
+Its span handler (:class:`~infersight.agent.coldstart.assembly.ColdStartAssembly`) takes the
+``coldstart`` roots and ``coldstart.*`` stages from the agent's assembler, the hooks'
+``cs_tick`` checkpoints, and closes the cold start of a producer that died before its root.
 
 The tracker watches every published batch; a job publishes its updates (on each stage
 change, and at most once a second per service); the status reply lists the processes in
@@ -27,10 +32,11 @@ from typing import Any
 
 from infersight import weights_files
 from infersight.agent.coldstart import storage_ceiling
+from infersight.agent.coldstart.assembly import DEFAULT_MAX_PENDING_BYTES, ColdStartAssembly
 from infersight.agent.coldstart.metrics import REFRESH_NS, ColdStartMetrics, ceiling_item
 from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
-from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.assemble import KindHandler, SpanHandler
+from infersight.agent.daemon.extension import AgentContext, Extension
 from infersight.settings import Config
 from infersight.telemetry import ColdStart, Item, SpanEvent
 
@@ -41,13 +47,15 @@ PROGRESS_TICK_S = 0.2
 CEILING_POLL_S = 15.0  # the ceiling cache is re-read this often (launch may add a device)
 
 
-class ColdStartExtension:
-    name = "coldstart"
-    live_keys: frozenset[str] = frozenset()  # agent.state_dir applies at the next restart
+class ColdStartExtension(Extension):
+    name = "coldstart"  # agent.state_dir and agent.max_pending_bytes apply at the next restart
 
     def __init__(self, config: Config) -> None:
-        self.tracker = ProgressTracker(history_path_from(config.get("agent.state_dir")))
         self.metrics = ColdStartMetrics()  # per service, across producers
+        # The weights files go on the root first: the metrics read the summaries.
+        self.assembly = ColdStartAssembly(config.get("agent.max_pending_bytes", DEFAULT_MAX_PENDING_BYTES),
+                                          observers=[add_weights_files, self.metrics.observe])
+        self.tracker = ProgressTracker(history_path_from(config.get("agent.state_dir")))
         self.state_dir = config.get("agent.state_dir")
         self.ceiling_poll_s = CEILING_POLL_S
         self.ceilings: dict[str, float] = {}  # device label -> bytes/s, as last exported
@@ -55,14 +63,20 @@ class ColdStartExtension:
         self._agent: AgentContext | None = None
 
     def kinds(self) -> Mapping[str, KindHandler]:
-        return {}
+        return {"cs_tick": self.assembly.checkpoint}
+
+    def spans(self) -> SpanHandler:
+        return self.assembly
+
+    def finished(self, cs: ColdStart, t_ns: int) -> list[Item]:
+        """A cold start only the launcher saw (``launch``'s own root): its root, stages and
+        summary, with what the observers add (its fleet metrics), as one batch."""
+        return [cs.root, *cs.stages, cs, *self.assembly.observe(cs, t_ns)]
 
     async def start(self, agent: AgentContext) -> None:
         self._agent = agent
         self.tracker.producer_info = agent.producer_info
         agent.observe(self.tracker.observe)
-        agent.on_coldstart(add_weights_files)  # first: the metrics read the summaries
-        agent.on_coldstart(self.metrics.observe)
         if self.state_dir and measure_storage_enabled():
             agent.spawn(self._measure_storage(str(self.state_dir)), "coldstart-storage-ceiling")
         agent.spawn(self._export_ceilings(agent), "coldstart-ceiling-gauge")
@@ -120,9 +134,6 @@ class ColdStartExtension:
             updates = self.tracker.tick()
             if updates:
                 agent.broadcaster.publish(updates)
-
-    def reload(self, config: Config) -> Apply | None:
-        return None
 
     def health(self) -> Mapping[str, Any]:
         return {"coldstarts": self.tracker.snapshot(), "coldstarts_not_tracked": self.tracker.refused_warming,

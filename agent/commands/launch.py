@@ -46,52 +46,27 @@ import sys
 import time
 
 from infersight.agent.cli import command_help
+from infersight.agent.commands.launch_base import (
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    Child,
+    Joined,
+    LaunchOptions,
+    Private,
+    config_flags,
+    temp_root,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
 
-EXIT_NOT_FOUND = 127
-EXIT_NOT_EXECUTABLE = 126
-EXIT_USAGE = 2
-PRIVATE_PREFIX = "infersight-launch-"
-LOCK_NAME = "launch.lock"
-COMMAND_NAME = "command"  # CMD's argv, NUL-joined: a later launch replays only what the same command left
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-TO_GROUP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
-FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: SIGKILL to the group
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
 QUICK_EXIT_S = 0.05  # a CMD that exits this soon after its spawn may need no agent at all
-
-
-class LaunchOptions:
-    def __init__(
-        self,
-        cmd: Sequence[str],
-        otlp_file: str | None = None,
-        console: bool = True,
-        flush_timeout_s: float = 10.0,
-        ready_url: str | None = None,
-        probe: str | None = None,
-        ready_timeout_s: float = 3600.0,
-        evict: Sequence[str] = (),
-        agent: str = "auto",
-        rules_dirs: Sequence[str] = (),
-    ) -> None:
-        self.cmd = list(cmd)
-        self.otlp_file = otlp_file
-        self.console = console
-        self.flush_timeout_s = flush_timeout_s
-        self.ready_url = ready_url
-        self.probe = probe
-        self.ready_timeout_s = ready_timeout_s
-        self.evict = list(evict)
-        self.agent = agent  # auto | embedded | PATH of an agent's socket
-        self.rules_dirs = list(rules_dirs)
-        self.import_abandoned = False  # launch's quick end left the agent side's import running
 
 
 def default_output_path(now: float | None = None) -> str:
@@ -166,17 +141,6 @@ def hooks_module(name: str) -> Any:
     return importlib.import_module(LAUNCH_HOOKS_PACKAGE + "." + name)
 
 
-class Joined:
-    """A running agent that launch joined: its socket, the subscription's descriptor, the
-    session token CMD's hooks carry, and what the agent said of itself (version, sinks)."""
-
-    def __init__(self, path: str, fd: int, session: str, info: dict[str, Any]) -> None:
-        self.path = path
-        self.fd = fd
-        self.session = session
-        self.info = info
-
-
 JOIN_TIMEOUT_S = 3.0  # an agent that takes longer to answer is not joined (auto: embedded instead)
 ITEM_KINDS_CONSOLE = ["coldstart", "progress"]  # the waterfall
 ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]  # with --otlp-file: its copy
@@ -246,93 +210,6 @@ def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined |
         return EXIT_USAGE
     err.write("infersight: %s; running an embedded agent\n" % joined)
     return None
-
-
-def exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def temp_root() -> str:
-    return os.environ.get("TMPDIR") or "/tmp"
-
-
-def processes_using(sock: str) -> list[int]:
-    """Live processes started under this launch (their environment names its socket)."""
-    entry = b"\0INFERSIGHT_SOCKET=" + os.fsencode(sock) + b"\0"
-    pids: list[int] = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return pids
-    for name in names:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if entry in b"\0" + env + b"\0":
-            pids.append(int(name))
-    return pids
-
-
-class Private:
-    """launch's private directory (0700, created exclusively), locked while launch lives."""
-
-    def __init__(self, root: str | None = None, command: list[str] | None = None) -> None:
-        import fcntl
-
-        root = root or temp_root()
-        while True:
-            path = os.path.join(root, PRIVATE_PREFIX + os.urandom(6).hex())
-            try:
-                os.mkdir(path, 0o700)
-                break
-            except FileExistsError:
-                continue
-        self.path = path
-        self.sock = os.path.join(path, "agent.sock")
-        self.spool = os.path.join(path, "spool")
-        self.lock_fd = os.open(os.path.join(path, LOCK_NAME),
-                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-        os.write(self.lock_fd, b"%d\n" % os.getpid())
-        if command is not None:
-            fd = os.open(os.path.join(path, COMMAND_NAME),
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, b"\0".join(os.fsencode(a) for a in command))
-            finally:
-                os.close(fd)
-
-    def listen(self) -> int:
-        """Listen on the private socket now, so a hook can connect before the agent runs; the fd."""
-        import _socket
-
-        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        s.bind(self.sock)
-        os.chmod(self.sock, 0o600)
-        s.listen(128)
-        return int(s.detach())
-
-    def release(self) -> None:
-        if self.lock_fd >= 0:
-            os.close(self.lock_fd)
-            self.lock_fd = -1
-
-
-def config_flags(opts: LaunchOptions, path: str, private: Private) -> dict[str, Any]:
-    """What launch sets over the environment's configuration."""
-    return {
-        "agent.socket": private.sock,
-        "agent.socket_mode": 0o600,
-        "agent.spool_dir": private.spool,
-        "agent.allowed_uids": [os.getuid()],
-        "agent.allowed_gids": [os.getgid()],
-        "exporters.file.path": path,
-        "exporters.console.enabled": opts.console,
-    }
 
 
 def config_error(opts: LaunchOptions, path: str | None, private: Private) -> str | None:
@@ -407,96 +284,6 @@ def _preexec(parent: int, tty: int | None, pdeathsig: Callable[[], None] | None)
                 os._exit(128 + int(signal.SIGTERM))
 
     return run_in_child
-
-
-class Child:
-    """CMD: its own process group, reaped by :meth:`poll` (waitpid with WUNTRACED)."""
-
-    def __init__(self, popen: subprocess.Popen[bytes], tty: int | None) -> None:
-        self.popen = popen
-        self.pid = popen.pid
-        self.tty = tty
-        self.returncode: int | None = None
-        self.exit_ns = 0  # when launch saw CMD exit (before reaping it, possibly)
-        self.forwarded: list[int] = []
-        self.relay: Any = None  # the StderrRelay copying CMD's stderr, when there is one
-
-    def forward(self, sig: int) -> None:
-        """A signal launch got: to CMD's group (INT, TERM, HUP, QUIT) or CMD (USR1, USR2);
-        the second INT/TERM forces (SIGKILL to the group). After CMD exited, its group may
-        live on (workers that outlived it): it still gets the signal."""
-        forced = sig in FORCING and any(s in FORCING for s in self.forwarded)
-        self.forwarded.append(sig)
-        try:
-            if forced:
-                os.killpg(self.pid, signal.SIGKILL)
-            elif sig in TO_GROUP:
-                os.killpg(self.pid, sig)
-            elif self.returncode is None:
-                os.kill(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def poll(self) -> int | None:
-        """Reap CMD if it exited (its returncode, negative for a signal); follow it into a stop."""
-        while self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
-            except ChildProcessError:
-                self.returncode = 255  # reaped elsewhere: nothing better is known
-                break
-            if pid == 0:
-                return None
-            if os.WIFSTOPPED(status):
-                if self.tty is not None:  # job control: mirror the stop to the shell
-                    self._stopped()
-                continue
-            self.returncode = os.waitstatus_to_exitcode(status)
-            self.popen.returncode = self.returncode
-            self.exit_ns = self.exit_ns or time.time_ns()
-        return self.returncode
-
-    def stop(self, timeout_s: float) -> None:
-        """SIGTERM to CMD's group, then SIGKILL after timeout_s; reaped."""
-        self.forward(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                self.forward(signal.SIGTERM)  # the second one forces
-                deadline = float("inf")
-            time.sleep(0.02)
-        self.restore_tty()
-
-    def _stopped(self) -> None:
-        """CMD stopped (Ctrl-Z, or a background read of the terminal): stop launch too, so that
-        the shell sees its job stopped. The shell's fg/bg sends launch SIGCONT: :meth:`resume`."""
-        self.restore_tty()
-        os.kill(os.getpid(), signal.SIGTSTP)  # returns at SIGCONT; at once in an orphaned group
-        self.resume()
-
-    def resume(self) -> None:
-        """launch was continued: give CMD the terminal if launch has it (fg), and continue CMD."""
-        if self.tty is not None:
-            try:
-                if os.tcgetpgrp(self.tty) == os.getpgrp():
-                    os.tcsetpgrp(self.tty, self.pid)
-            except OSError:
-                pass
-        if self.returncode is None:
-            try:
-                os.killpg(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-
-    def restore_tty(self) -> None:
-        """Give the terminal back to launch's group, if CMD has it (SIGTTOU is ignored by then)."""
-        if self.tty is None:
-            return
-        try:
-            if os.tcgetpgrp(self.tty) == self.pid:
-                os.tcsetpgrp(self.tty, os.getpgrp())
-        except OSError:
-            pass
 
 
 def spawn(cmd: list[str], env: dict[str, str]) -> Child:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from infersight.agent.commands.launch import Child, Joined, LaunchOptions, Private, exit_status
+from infersight.agent.commands.launch_base import Child, Joined, LaunchOptions, Private, exit_status
 from infersight.agent.commands.launch_session import (
     _quiet_logging,
     _readiness_lines,

@@ -20,7 +20,7 @@ import stat
 from typing import TextIO
 
 from infersight.agent.coldstart.metrics import ColdStartMetrics
-from infersight.agent.commands.launch import (
+from infersight.agent.commands.launch_base import (
     LOCK_NAME,
     PRIVATE_PREFIX,
     Child,

@@ -9,6 +9,8 @@ the server answers) and records the time to the first body byte as an
 ``infersight.probe`` client span under the child's ``coldstart`` root. For a CMD that
 runs no hooked Python, the launcher's own root gets ``ready_wait`` and
 ``first_request`` stages from these two instead.
+
+The session uses its agent only through :class:`~infersight.agent.commands.launch_agent.EmbeddedAgent`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import shutil
 import signal
 import socket
 import stat
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -31,9 +32,8 @@ from typing import TextIO
 
 from infersight import weights_files
 from infersight.agent.coldstart.history import command_shape
-from infersight.agent.commands.compose import build_exporters
-from infersight.agent.commands.extensions import new_agent
-from infersight.agent.commands.launch import (
+from infersight.agent.commands.launch_agent import EmbeddedAgent
+from infersight.agent.commands.launch_base import (
     COMMAND_NAME,
     EXIT_USAGE,
     LOCK_NAME,
@@ -47,12 +47,10 @@ from infersight.agent.commands.launch import (
 )
 from infersight.agent.commands.launcher_root import ProbeResult, Readiness, launcher_root
 from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon.assemble import Producer
-from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
-from infersight.telemetry import Item, Origin, Resource, SpanItem
+from infersight.telemetry import Resource, SpanItem
 
 LISTEN_POLL_S = 0.05
 
@@ -308,9 +306,9 @@ def finish_private(private: Private, out: TextIO) -> None:
               % (why, private.spool))
 
 
-def replay_leftovers(agent: Agent, leftovers: list[Leftover]) -> None:
+def replay_leftovers(agent: EmbeddedAgent, leftovers: list[Leftover]) -> None:
     for lo in leftovers:
-        lo.replayed = agent.ingest.replay_spools(os.path.join(lo.path, "spool"))
+        lo.replayed = agent.replay_spools(os.path.join(lo.path, "spool"))
 
 
 def close_leftovers(leftovers: list[Leftover], out: TextIO) -> None:
@@ -371,60 +369,23 @@ async def wait_child(child: Child) -> int:
     return child.returncode
 
 
-async def wait_producers_gone(agent: Agent, sock: str, timeout_s: float) -> None:
+async def wait_producers_gone(agent: EmbeddedAgent, sock: str, timeout_s: float) -> None:
     """Wait for the connections of exiting producers to close; not for a process that lives on
     (a daemonized grandchild): at most as many connections as such processes stay open."""
     deadline = time.monotonic() + timeout_s
-    while agent.ingest.open_connections and time.monotonic() < deadline:
-        if agent.ingest.open_connections <= len(processes_using(sock)):
+    while agent.open_connections and time.monotonic() < deadline:
+        if agent.open_connections <= len(processes_using(sock)):
             return
         await asyncio.sleep(0.02)
 
 
-def stderr_consumer(agent: Agent, child: Child, loop: asyncio.AbstractEventLoop) -> Callable[[str], None]:
-    """Hand a stderr capture (from the relay's thread) to the agent's ``oom`` handler, on the
-    loop: as an event of CMD's own producer when CMD runs hooked Python, else of a producer
-    that stands for CMD (its pid and executable, like the launcher's cold-start root)."""
-    handler = agent.assembler.handlers.get("oom")
-
-    def on_loop(text: str) -> None:
-        if handler is None:
-            return
-        p = next((q for q in agent.assembler.producers.values()
-                  if q.info.get("launched") and q.info.get("pid") == child.pid), None)
-        if p is None:
-            p = _stderr_producer(agent, child)
-        out: list[Item] = []
-        try:
-            handler(p, Origin(p.id, 0), time.time_ns(), {"source": "stderr", "text": text}, out)
-        except Exception as exc:  # a capture the handler refuses is dropped, never fatal
-            logging.getLogger("infersight.launch").debug("stderr capture not classified: %s", exc)
-            return
-        if out:
-            agent.broadcaster.publish(out)
+def stderr_consumer(agent: EmbeddedAgent, child: Child, loop: asyncio.AbstractEventLoop) -> Callable[[str], None]:
+    """Hand a stderr capture (from the relay's thread) to the agent's OOM classifier, on the loop."""
 
     def on_text(text: str) -> None:
-        loop.call_soon_threadsafe(on_loop, text)
+        loop.call_soon_threadsafe(agent.classify_stderr, child, text)
 
     return on_text
-
-
-_STDERR_PRODUCERS: dict[int, Producer] = {}
-
-
-def _stderr_producer(agent: Agent, child: Child) -> Producer:
-    p = _STDERR_PRODUCERS.get(child.pid)
-    if p is None:
-        cmd = child.popen.args if isinstance(child.popen.args, list) else [str(child.popen.args)]
-        exe = os.path.basename(str(cmd[0]))
-        res = Resource.of({
-            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % exe,
-            "host.name": agent.host_name, "process.pid": child.pid, "process.executable.name": exe,
-            "telemetry.sdk.name": "infersight",
-        })
-        p = _STDERR_PRODUCERS[child.pid] = Producer("launch-stderr-%d" % child.pid,
-                                                    {"pid": child.pid, "launched": True}, res)
-    return p
 
 
 @dataclass
@@ -441,7 +402,7 @@ class Session:
     readiness: Readiness = field(default_factory=Readiness)
     leftovers: list[Leftover] = field(default_factory=list)
 
-    async def run(self, agent: Agent) -> None:
+    async def run(self, agent: EmbeddedAgent) -> None:
         """Awaited by ``agent.serve(until=...)`` once the agent is up; the agent stops when it returns."""
         opts, private, child = self.opts, self.private, self.child
         root, command = os.path.dirname(private.path), leftover_command(private.path) or []
@@ -461,7 +422,7 @@ class Session:
         listening = Readiness()
 
         def hooked() -> bool:
-            return any(p.info.get("launched") for p in agent.assembler.producers.values())
+            return bool(agent.launched())
 
         sockets = asyncio.create_task(watch_listening(child.pid, self.spawn_ns, listening, hooked, proc_done, self.out))
         self.returncode = await wait_child(child)
@@ -480,29 +441,24 @@ class Session:
         readiness.listening_ns, readiness.listening = listening.listening_ns, listening.listening
         # The child's hooks flushed at exit; let the agent read what is in flight.
         await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
-        agent.ingest.replay_spools(private.spool)
-        launched = [p for p in agent.assembler.producers.values()
-                    if p.info.get("launched") and p.info.get("pid") == child.pid]
-        launched = launched or [p for p in agent.assembler.producers.values() if p.info.get("launched")]
+        agent.replay_spools(private.spool)
+        launched = agent.launched(child.pid) or agent.launched()
         if not launched:
             cs = launcher_root(opts.cmd, child.pid, self.spawn_ns, end_ns, agent.host_name, readiness)
-            agent.broadcaster.publish([cs.root, *cs.stages, cs,
-                                       *agent.assembler.observe_coldstart(cs, end_ns)])
+            agent.publish_coldstart(cs, end_ns)
         elif readiness.probe is not None and readiness.probe.first_byte_ns:
             p0 = launched[0]
-            agent.broadcaster.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"],
-                                             p0.resource)])
-        await _wait_for_brokers(agent)
+            agent.publish([probe_span(readiness.probe, p0.info["trace_id"], p0.info["root_span_id"], p0.resource)])
+        await agent.settle()
 
 
 async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child,
                spawn_ns: int, out: TextIO) -> int:
     conf = cfg.load(None, flags=config_flags(opts, path, private))
     listener = socket.socket(fileno=listen_fd)
-    agent = new_agent(conf, build_exporters(conf, console_stream=out, embedded=True), embedded=True,
-                      listen_sock=listener, exporter_spool_root=os.path.join(private.path, "exporter-spool"))
+    agent = EmbeddedAgent.build(conf, out, listener, os.path.join(private.path, "exporter-spool"))
     session = Session(opts, private, child, spawn_ns, out)
-    ok = await agent.serve(until=session.run(agent), shutdown_timeout_s=opts.flush_timeout_s)
+    ok = await agent.serve(session.run(agent), opts.flush_timeout_s)
     for line in _readiness_lines(session.readiness, spawn_ns):
         out.write(line + "\n")
     _report(agent, path, ok, out)
@@ -511,17 +467,6 @@ async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
     _storage_note(path, out)
     assert session.returncode is not None  # the session returned: CMD was reaped
     return exit_status(session.returncode)
-
-
-async def _wait_for_brokers(agent: Agent) -> None:
-    """MQTT at exit: wait a bounded time (exporters.mqtt.exit_wait_s) for the broker."""
-    if "infersight.exporters.mqtt" not in sys.modules:
-        return  # no MQTT exporter was built (its module is imported only for one): ~0.1 s spared
-    from infersight.exporters import mqtt
-
-    for w in agent.workers:
-        if isinstance(w.exporter, mqtt.MqttExporter):
-            await mqtt.wait_delivered(w.exporter, w)
 
 
 def _quiet_logging() -> None:
@@ -538,7 +483,7 @@ def _quiet_logging() -> None:
     logging.getLogger("infersight.agent.devices.job").setLevel(logging.ERROR)
 
 
-def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
+def _report(agent: EmbeddedAgent, path: str, ok: bool, out: TextIO) -> None:
     h = agent.health()
     out.write("infersight: wrote %s\n" % os.path.abspath(path))
     problems = []
@@ -546,11 +491,10 @@ def _report(agent: Agent, path: str, ok: bool, out: TextIO) -> None:
         problems.append("%d event(s) lost" % h["lost"])
     if h["dropped_by_producers"]:
         problems.append("%d event(s) dropped by hooks" % h["dropped_by_producers"])
-    for w in agent.workers:
-        st = w.state()
+    for st in h["exporters"]:
         left = int(st["spooled_items_pending"]) + int(st["dropped_items"])
         if left:
-            problems.append("%d item(s) not delivered to %s (%s)" % (left, w.name, st["last_error"] or "peer away"))
+            problems.append("%d item(s) not delivered to %s (%s)" % (left, st["name"], st["last_error"] or "peer away"))
     if not ok:
         problems.append("flush hit its time limit")
     if problems:

@@ -1,8 +1,10 @@
 """Events from producers -> telemetry items (pure: no sockets, no clocks).
 
 Validates every event against schema 1. A malformed event is counted and dropped;
-nothing here raises on bad input. Cold-start stage spans are kept (bounded) until
-their root arrives, so the root can carry the time that no stage covers.
+nothing here raises on bad input. The assembler knows spans, logs and metrics; a feature
+adds event kinds (:data:`KindHandler`) and takes spans by name (:class:`SpanHandler`: the
+cold-start extension keeps stages until their root arrives and closes the roots of
+producers that died), both handed in by the agent's extensions.
 """
 
 from __future__ import annotations
@@ -10,21 +12,18 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from infersight import __version__
-from infersight.agent.daemon.checkpoint import Checkpoint, gap_spans
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
-from infersight.coldstart_stages import covered_ns, merge, named_intervals
 from infersight.redact import mask_value
 from infersight.sanitize import clean_key, clean_text
 from infersight.telemetry import (
     Attributes,
     AttrValue,
-    ColdStart,
     Item,
     LogItem,
     MetricItem,
@@ -38,14 +37,11 @@ from infersight.telemetry import (
 HEX16 = re.compile(r"[0-9a-f]{16}\Z")
 HEX32 = re.compile(r"[0-9a-f]{32}\Z")
 MAX_PRODUCERS = 4096
-MAX_PENDING_SPANS = 4096
+MAX_PENDING_SPANS = 4096  # spans with events waiting for them, per producer
 MAX_STR = 4096
 MAX_ATTRS = 128
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_EVENTS_PER_SPAN = 128
-MAX_OPEN_STAGES = 64  # open runs in one cold-start checkpoint
-MAX_TICK_SAMPLES = 4096  # samples in one checkpoint (about 40 s at 10 ms: a tick carries 100 ms)
-DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
 
@@ -53,37 +49,27 @@ class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malform
     """An event or hello that does not follow the schema."""
 
 
-
-# ready_wait sources at which the hooks end a root (hooks/_coldstart.py READY_SIGNALS)
-ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule"})
-
 @dataclass(slots=True)
 class Producer:
     id: str
     info: dict[str, Any]
     resource: Resource
     seq: SeqTracker = field(default_factory=SeqTracker)
-    pending: list[SpanItem] = field(default_factory=list)
     malformed: int = 0
     dropped_buffer: int = 0
     dropped_spool: int = 0
     events: int = 0
     # Span events derived in the agent (an OOM verdict, say) for a span not yet ended.
     span_events: dict[str, list[SpanEvent]] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)  # per-producer state of kind handlers
-    # Cold-start bookkeeping: stage spans wait in ``pending`` (bounded by bytes) for the root.
-    pending_bytes: int = 0
-    pending_dropped: int = 0  # stage spans not kept for the summary (bound reached)
-    stages_seen: int = 0
+    state: dict[str, Any] = field(default_factory=dict)  # per-producer state of kind and span handlers
+    # Its root span (the hello's root_span_id) went out, or was closed for it: set by the span
+    # handler that takes roots; events for the root then stay log records.
     root_closed: bool = False
-    lost_root_made: bool = False  # the agent closed the root for it (producer_lost)
     last_ns: int = 0  # the latest event time seen
     gone: bool = False  # the process has ended; its pending state was freed
     uid: int | None = None  # the kernel's word (SO_PEERCRED, a spool file's owner); None in-process
     hello_cut: int = 0  # hello keys, values and resource attributes cut to their bounds
     spool_vanished: int = 0  # its spool files that someone else removed (the hook rescued them)
-    # The hooks' cold-start checkpoint (cs_tick): open runs and samples, for a root it never sends.
-    checkpoint: Checkpoint | None = None
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
@@ -318,14 +304,37 @@ def descendants(root_id: str, spans: list[SpanItem]) -> list[SpanItem]:
     return out
 
 
-MAX_RECENT_ROOTS = 1024
-
 # A handler for an event kind beyond schema 1's core: (producer, origin, t_ns, data, out).
 # It appends items to ``out`` and raises Malformed on bad data.
 KindHandler = Callable[[Producer, Origin, int, dict[str, Any], list[Item]], None]
-# Sees each finished cold start (its summary, and the event time it finished at) and returns
-# items that go out in the same batch, right after the summary (the fleet metrics).
-ColdStartObserver = Callable[[ColdStart, int], Iterable[Item]]
+
+
+class SpanHandler(Protocol):
+    """A feature's part in span assembly (the cold-start extension's roots and stages).
+
+    It takes the spans whose name starts with one of its ``prefixes``, after they are
+    validated, and keeps per-producer state in ``Producer.state`` under a key of its own.
+    Quick; raises nothing but :class:`Malformed`.
+    """
+
+    prefixes: tuple[str, ...]  # span names it takes (``str.startswith``)
+
+    def span(self, p: Producer, span: SpanItem, t_ns: int, out: list[Item]) -> None:
+        """A span it takes: append to ``out`` what goes out (the span itself, as a rule,
+        and what it adds), or nothing to drop it."""
+
+    def producer_lost(self, p: Producer) -> list[Item]:
+        """``p``'s process has ended (once): the items that close what it left open; free its state."""
+
+    def awaits_end(self, p: Producer) -> bool:
+        """Whether :meth:`producer_lost` would still do something for ``p`` (ingest then
+        watches its process)."""
+
+    def forget(self, p: Producer) -> None:
+        """``p`` leaves the producer table (bounded): fold its counters into the totals."""
+
+    def stats(self, producers: Iterable[Producer]) -> Mapping[str, int]:
+        """Its counters over the producers in the table, added to :meth:`Assembler.stats`."""
 
 
 class Assembler:
@@ -334,25 +343,19 @@ class Assembler:
     def __init__(
         self,
         host_name: str | None = None,
-        handlers: dict[str, KindHandler] | None = None,
-        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-        coldstart_observers: Sequence[ColdStartObserver] = (),
+        handlers: Mapping[str, KindHandler] | None = None,
+        span_handlers: Sequence[SpanHandler] = (),
     ) -> None:
         self.host_name = host_name
         self.handlers: dict[str, KindHandler] = dict(handlers or {})
-        self.coldstart_observers: list[ColdStartObserver] = list(coldstart_observers)
+        self.span_handlers = tuple(span_handlers)
+        self._prefixes = tuple(p for h in self.span_handlers for p in h.prefixes)
         self.producers: OrderedDict[str, Producer] = OrderedDict()
-        self.max_pending_bytes = max_pending_bytes
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
         self.gaps_forgotten_of_forgotten = 0
-        self.pending_dropped_of_forgotten = 0
-        self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
-        self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
-        self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
         self.identity_conflicts = 0  # a producer id presented by a second uid: kept apart
         self.hello_cut = 0  # hello keys, values and resource attributes cut to their bounds
-        self.recent_covered: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()  # their trees' stages
 
     def hello(self, raw: Any, uid: int | None = None) -> Producer:
         """The producer this hello names, made on first sight. ``uid`` is the kernel's word
@@ -382,7 +385,8 @@ class Assembler:
                 _old_id, old = self.producers.popitem(last=False)
                 self.lost_of_forgotten += old.seq.lost
                 self.gaps_forgotten_of_forgotten += old.seq.gaps_forgotten
-                self.pending_dropped_of_forgotten += old.pending_dropped + len(old.pending)
+                for h in self.span_handlers:
+                    h.forget(old)
         else:
             self.producers.move_to_end(p.id)
             p.gone = False
@@ -465,8 +469,6 @@ class Assembler:
             )
         elif isinstance(kind, str) and kind in self.handlers:
             self.handlers[kind](p, origin, t_ns, d, out)
-        elif kind == "cs_tick":
-            self._checkpoint(p, d)
         elif kind == "drops":
             p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
@@ -497,197 +499,30 @@ class Assembler:
             p.resource, trace, span_id, parent, name, start, end, attributes(d.get("a")), events,
             str(err)[:MAX_STR] if err is not None else None, origin,
         )
-        if name == "coldstart":
-            if span_id == p.info.get("root_span_id"):
-                if p.lost_root_made:
-                    # Its own root came after all (a spool file replayed late): the agent's
-                    # stand-in went out under the same span id, and one span id is one span.
-                    self.late_roots_of_lost += 1
+        if name.startswith(self._prefixes):  # one test for the spans no handler takes
+            for h in self.span_handlers:
+                if name.startswith(h.prefixes):
+                    h.span(p, span, t_ns, out)
                     return
-                p.root_closed = True
-            self._close_root(p, span, out, t_ns=t_ns)
-            return
-        if name.startswith("coldstart."):
-            p.last_ns = max(p.last_ns, end)
-            p.stages_seen += 1
-            if not p.root_closed:  # else its summary went out already
-                self._keep_pending(p, span)
         out.append(span)
 
-    def _checkpoint(self, p: Producer, d: dict[str, Any]) -> None:
-        """A ``cs_tick``: the open runs replace the last ones; the samples add up (bounded)."""
-        if p.root_closed:
-            return
-        opened, times, ids, labels = d.get("open", []), d.get("t", []), d.get("i", []), d.get("l", [])
-        if not isinstance(opened, list) or len(opened) > MAX_OPEN_STAGES:
-            raise Malformed("open must be a list of at most %d stages" % MAX_OPEN_STAGES)
-        if (not isinstance(times, list) or not isinstance(ids, list) or not isinstance(labels, list)
-                or len(times) != len(ids) or len(times) > MAX_TICK_SAMPLES or len(labels) > len(times)):
-            raise Malformed("samples must be lists t and i of one length, and their labels l")
-        stages: dict[str, SpanItem] = {}
-        for o in opened:
-            if type(o) is not list or len(o) != 6:
-                raise Malformed("an open stage is [stage, span id, parent id, start, end, attributes]")
-            stage, span_id, parent = _s(o[0], "stage", 64), o[1], o[2]
-            if not isinstance(span_id, str) or not HEX16.match(span_id) or not isinstance(parent, str) \
-                    or not HEX16.match(parent):
-                raise Malformed("open stage ids must be 16 lowercase hex digits")
-            start, end = _i(o[3], "start"), _i(o[4], "end")
-            if end < start:
-                raise Malformed("an open stage ends before it starts")
-            attrs = attributes(o[5])
-            attrs["infersight.stage"] = stage
-            stages[span_id] = SpanItem(p.resource, p.info["trace_id"], span_id, parent, "coldstart." + stage,
-                                       start, end, attrs, [], None, Origin(p.id, 0))
-        label_list = [_s(lab, "label", 512) for lab in labels]
-        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in times) or any(
-                type(i) is not int or not 0 <= i < len(label_list) for i in ids):
-            raise Malformed("sample times must be integers and their label indices in range")
-        cp = p.checkpoint = p.checkpoint or Checkpoint()
-        cp.open = stages
-        cp.add_samples(times, ids, label_list)
-
-    def _close_root(
-        self, p: Producer, root: SpanItem, out: list[Item], stages: list[SpanItem] | None = None,
-        *, t_ns: int | None = None,
-    ) -> None:
-        """Export ``root``, the cold-start summary of the stages under it, and what the
-        cold-start observers add (its fleet metrics)."""
-        if stages is None:
-            stages = descendants(root.span_id, p.pending)
-        workers = self._workers_of(root, stages)
-        # An explicit ``unattributed`` span explains a gap; it never counts as covered. A
-        # worker's root is no stage of ours: its named stages cover our time in the tree's
-        # figure only, and never its whole lifetime.
-        worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
-        total = root.end_ns - root.start_ns
-        root.attributes["infersight.coldstart.unattributed_s"] = (total - covered_ns(stages, root)) / 1e9
-        if workers:
-            root.attributes["infersight.coldstart.tree_unattributed_s"] = (
-                total - covered_ns(stages, root, worker_covered)) / 1e9
-        root.attributes.setdefault("faas.coldstart", True)
-        self._remember_covered(root, named_intervals(stages), worker_covered)
-        done = {s.span_id for s in stages}
-        p.pending = [s for s in p.pending if s.span_id not in done]
-        p.checkpoint = None  # the root came (or was made): no more use for it
-        p.pending_bytes = sum(span_bytes(s) for s in p.pending)
-        out.append(root)
-        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers, merge(worker_covered))
-        out.append(cs)
-        out.extend(self.observe_coldstart(cs, root.end_ns if t_ns is None else t_ns))
-
-    def observe_coldstart(self, cs: ColdStart, t_ns: int) -> list[Item]:
-        """What the cold-start observers add for ``cs``, finished at ``t_ns``: called for each
-        root closed here, and by ``launch`` for a root only the launcher saw."""
-        return [item for observer in self.coldstart_observers for item in observer(cs, t_ns)]
-
-    def _keep_pending(self, p: Producer, span: SpanItem) -> None:
-        """Keep a stage span for its root's summary, within the per-producer byte bound:
-        the oldest pending spans give way (counted); the span itself is exported anyway."""
-        size = span_bytes(span)
-        p.pending.append(span)
-        p.pending_bytes += size
-        drop, n = 0, len(p.pending)
-        while drop < n and (p.pending_bytes > self.max_pending_bytes or n - drop > MAX_PENDING_SPANS):
-            p.pending_bytes -= span_bytes(p.pending[drop])
-            drop += 1
-        if drop:
-            del p.pending[:drop]
-            p.pending_dropped += drop
+    def awaits_end(self, p: Producer) -> bool:
+        """Whether the end of ``p``'s process still matters: events wait for a span, or a span
+        handler would close something for it (:meth:`producer_lost`)."""
+        return bool(p.span_events) or any(h.awaits_end(p) for h in self.span_handlers)
 
     def producer_lost(self, p: Producer) -> list[Item]:
-        """The producer's process has ended. If it sent cold-start stages but never its root
-        (killed before its exit handlers ran), close the root here: ended at the last event
-        seen, ``infersight.coldstart.ended_by=producer_lost``; a stage still open then (seen
-        only as the missing parent of a stage that ended) is closed with it. Then free the
-        producer's pending state. Returns the items to export."""
+        """The producer's process has ended: what the span handlers close for it (a cold
+        start it never ended), once; then its pending state is freed. Returns the items to
+        export."""
         out: list[Item] = []
         if p.gone:
             return out
         p.gone = True
-        root_id = p.info.get("root_span_id")
-        # A root that went out before an agent restart (its hello says so) is not made again.
-        cp = p.checkpoint
-        if ((p.stages_seen or cp is not None) and not p.root_closed and not p.info.get("root_ended")
-                and isinstance(root_id, str)):
-            p.root_closed = p.lost_root_made = True
-            self.roots_closed_for_lost += 1
-            end = max(p.last_ns, int(p.info["start_ns"]))
-            ready = [s.end_ns for s in p.pending if s.name == "coldstart.ready_wait"
-                     and s.attributes.get("infersight.ready.source") in ROOT_ENDING_READY]
-            attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.ended_by": "producer_lost"}
-            if ready and min(ready) <= end:
-                # the hooks would have ended it at readiness: what it sent later (its first
-                # request) lies after the root, and the wait for traffic is in no share
-                end = min(ready)
-                attrs["infersight.coldstart.ended_by"] = "ready"
-            parent = p.info.get("root_parent")
-            root = SpanItem(p.resource, p.info["trace_id"], root_id,
-                            parent if isinstance(parent, str) and HEX16.match(parent) else None,
-                            "coldstart", int(p.info["start_ns"]), end, attrs,
-                            p.span_events.pop(root_id, []), None, Origin(p.id, 0))
-            if cp is not None:  # the runs it had open at its last checkpoint, as they were then
-                seen = {s.span_id for s in p.pending}
-                for s in cp.open.values():
-                    if s.span_id not in seen:
-                        s.end_ns = min(s.end_ns, end)
-                        s.start_ns = min(s.start_ns, s.end_ns)
-                        s.events = p.span_events.pop(s.span_id, [])
-                        p.pending.append(s)
-                        out.append(s)
-            stages = self._close_open_stages(p, root, out)
-            if cp is not None:  # and the gaps, explained by the samples it had sent
-                gaps = gap_spans(cp, root, stages)
-                out.extend(gaps)
-                stages.extend(gaps)
-            self._close_root(p, root, out, stages)
-        p.checkpoint = None
-        p.pending_dropped += len(p.pending)  # stages of a root that never comes
-        p.pending = []
-        p.pending_bytes = 0
+        for h in self.span_handlers:
+            out.extend(h.producer_lost(p))
         p.span_events = {}
         return out
-
-    @staticmethod
-    def _close_open_stages(p: Producer, root: SpanItem, out: list[Item]) -> list[SpanItem]:
-        """Stages under ``root``, plus a closed stand-in for every stage that was still open:
-        the missing parent of a stage that ended (its name was never sent)."""
-        known = {s.span_id for s in p.pending} | {root.span_id}
-        children: dict[str, list[SpanItem]] = {}
-        for s in p.pending:
-            if s.parent_span_id is not None and s.parent_span_id not in known:
-                children.setdefault(s.parent_span_id, []).append(s)
-        stages = list(p.pending)
-        for span_id, kids in children.items():
-            stand_in = SpanItem(
-                p.resource, root.trace_id, span_id, root.span_id, "coldstart.interrupted",
-                min(k.start_ns for k in kids), root.end_ns,
-                {"infersight.stage": "interrupted", "infersight.coldstart.ended_by": "producer_lost"},
-                p.span_events.pop(span_id, []), "the process ended inside this stage", Origin(p.id, 0),
-            )
-            out.append(stand_in)
-            stages.append(stand_in)
-        return stages
-
-    def _remember_covered(self, root: SpanItem, own: list[tuple[int, int]],
-                          workers: list[tuple[int, int]]) -> None:
-        """What a closed root's tree covers, for its supervisor (merged intervals, bounded
-        like the roots)."""
-        self.recent_covered[root.span_id] = merge([*own, *workers])
-        while len(self.recent_covered) > MAX_RECENT_ROOTS:
-            self.recent_covered.popitem(last=False)
-
-    def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
-        """Roots of other processes (not helpers) already seen under this root or its stages;
-        remembers this root for its own parent."""
-        ids = {root.span_id, *(s.span_id for s in stages)}
-        workers = [r for r in self.recent_roots.values()
-                   if r.trace_id == root.trace_id and r.parent_span_id in ids
-                   and r.attributes.get("infersight.process.role") != "helper"]
-        self.recent_roots[root.span_id] = root
-        if len(self.recent_roots) > MAX_RECENT_ROOTS:
-            self.recent_roots.popitem(last=False)
-        return sorted(workers, key=lambda r: r.start_ns)
 
     def lost_total(self) -> int:
         return self.lost_of_forgotten + sum(p.seq.lost for p in self.producers.values())
@@ -695,21 +530,15 @@ class Assembler:
     def gaps_forgotten_total(self) -> int:
         return self.gaps_forgotten_of_forgotten + sum(p.seq.gaps_forgotten for p in self.producers.values())
 
-    def pending_dropped_total(self) -> int:
-        return self.pending_dropped_of_forgotten + sum(p.pending_dropped for p in self.producers.values())
-
-    def pending_bytes_total(self) -> int:
-        return sum(p.pending_bytes for p in self.producers.values())
-
     def stats(self) -> dict[str, int]:
-        """For ``infersight status --json`` and the agent's own metrics."""
-        return {
-            "producers": len(self.producers),
-            "pending_bytes": self.pending_bytes_total(),
-            "pending_stages_dropped": self.pending_dropped_total(),
-            "coldstart_roots_closed_for_lost": self.roots_closed_for_lost,
-            "coldstart_late_roots_of_lost": self.late_roots_of_lost,
+        """For ``infersight status --json`` and the agent's own metrics: its counters, and
+        those of its span handlers."""
+        out = {"producers": len(self.producers)}
+        for h in self.span_handlers:
+            out.update(h.stats(self.producers.values()))
+        out.update({
             "gaps_forgotten": self.gaps_forgotten_total(),
             "identity_conflicts": self.identity_conflicts,
             "hello_cut": self.hello_cut,
-        }
+        })
+        return out

@@ -1,12 +1,15 @@
-"""How a feature plugs into the agent: one small protocol, and what the agent offers it.
+"""How a feature plugs into the agent: one small base class, and what the agent offers it.
 
-An :class:`Extension` (cold start, OOM, requests, devices) is handed to the
+An :class:`Extension` (cold start, OOM, requests, devices, routing) is handed to the
 :class:`~infersight.agent.daemon.lifecycle.Agent` when it is built; the agent takes its
-event-kind handlers then, starts it before it listens, asks it to validate a reloaded
-configuration (all extensions validate before any applies), merges its health into the
-status reply, and closes it at shutdown before the exporters drain. The daemon package
+event-kind handlers and its span handler then, starts it before it listens, asks it to
+validate a reloaded configuration (all extensions validate before any applies), merges its
+health into the status reply, and closes it at shutdown before the exporters drain. The daemon package
 knows no extension by name, nor their configuration keys (each declares the ones its
 reload applies live): the commands (the composition root) choose them.
+
+:class:`Extension` is a base class whose defaults do nothing: an extension overrides only
+what its feature uses.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-from infersight.agent.daemon.assemble import ColdStartObserver, KindHandler
+from infersight.agent.daemon.assemble import KindHandler, SpanHandler
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.settings import Config
 from infersight.telemetry import Item, Resource
@@ -36,10 +39,6 @@ class AgentContext(Protocol):
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         """Show ``tap`` every batch before the exporters get it (quick, must not raise)."""
 
-    def on_coldstart(self, observer: ColdStartObserver) -> None:
-        """Let ``observer`` add items to the batch of each finished cold start, right after
-        its summary (quick, must not raise)."""
-
     def on_heartbeat(self, job: Callable[[], None]) -> None:
         """Run ``job`` on each heartbeat, after the agent's own health is published (quick,
         must not raise)."""
@@ -48,27 +47,40 @@ class AgentContext(Protocol):
         """Run ``job`` beside ingest until shutdown; a failure is logged and the agent runs on."""
 
 
-class Extension(Protocol):
-    """A feature of the agent."""
+class Extension:
+    """A feature of the agent. Subclass it, set ``name``, and override what the feature uses:
+    each default does nothing (no event kinds, no span handler, nothing to start or close,
+    nothing to reload live, no health sections)."""
 
-    name: str
+    name: str = ""  # unique among the agent's extensions: its entry in the status reply
     # Keys whose new value its reload applies to the running agent; a change to any key no
     # extension (nor the agent) applies live takes effect at the next restart (logged).
-    live_keys: frozenset[str]
+    live_keys: frozenset[str] = frozenset()
 
     def kinds(self) -> Mapping[str, KindHandler]:
-        """The event kinds it handles (``oom``, ``req``, ...), taken once when the agent is built."""
+        """The event kinds it handles (``oom``, ``req``, ...), taken once when the agent is
+        built. Default: none."""
+        return {}
+
+    def spans(self) -> SpanHandler | None:
+        """Its part in span assembly (spans by name prefix, producers that died), taken once
+        when the agent is built. Default: None."""
+        return None
 
     async def start(self, agent: AgentContext) -> None:
-        """Before the agent listens: quick; long work goes to ``agent.spawn``."""
+        """Before the agent listens: quick; long work goes to ``agent.spawn``. Default: nothing."""
 
     def reload(self, config: Config) -> Apply | None:
         """Validate its part of a new configuration, changing nothing: raise the error
-        (an ``InfersightError`` such as ConfigError naming file:line), or return what applies it."""
+        (an ``InfersightError`` such as ConfigError naming file:line), or return what applies it.
+        Default: None (nothing of it applies live)."""
+        return None
 
     def health(self) -> Mapping[str, Any]:
-        """Sections added to the status reply (``infersight status --json``)."""
+        """Sections added to the status reply (``infersight status --json``). Default: none."""
+        return {}
 
     async def aclose(self) -> None:
         """At shutdown, after producers' connections closed and before the exporters drain:
-        publish what is pending, release resources. Idempotent; also without ``start``."""
+        publish what is pending, release resources. Idempotent; also without ``start``.
+        Default: nothing."""

@@ -438,7 +438,7 @@ class Ingest:
         self._live.pop(producer.id, None)
         if pid <= 0 or producer.gone:
             return None  # cannot tell whether it lives: keep its state (bounded) for a reconnect
-        if not (producer.pending or producer.span_events or (producer.stages_seen and not producer.root_closed)):
+        if not self.assembler.awaits_end(producer):
             return None
         try:
             fd = os.pidfd_open(pid)

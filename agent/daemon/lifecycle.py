@@ -33,7 +33,7 @@ from typing import Any
 from infersight import __version__
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon import sdnotify
-from infersight.agent.daemon.assemble import Assembler, ColdStartObserver, KindHandler
+from infersight.agent.daemon.assemble import Assembler, KindHandler, Producer, SpanHandler
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
 from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
@@ -45,7 +45,7 @@ from infersight.errors import InfersightError
 from infersight.exporters.base import Exporter, is_ephemeral
 from infersight.settings import Config, ConfigError
 from infersight.statefiles import UnsafeStateDirError, chmod_dir, ensure_state_dir
-from infersight.telemetry import Item, Resource
+from infersight.telemetry import Item, Origin, Resource
 
 log = logging.getLogger("infersight.agent")
 SPOOL_SCAN_S = 5.0
@@ -165,8 +165,7 @@ class Agent:
             }
         )
         self.counters = Counters()
-        self.assembler = Assembler(self.host_name, self._kind_handlers(),
-                                   max_pending_bytes=config["agent.max_pending_bytes"])
+        self.assembler = Assembler(self.host_name, self._kind_handlers(), self._span_handlers())
         # The daemon's exporter spools are its own state: in state_dir (checked; only the agent
         # may write it), never in the hooks' group-writable spool directory. ``launch`` gives
         # its private directory; another embedded agent (tests) keeps them under its spool dir.
@@ -231,6 +230,18 @@ class Agent:
                 handlers[kind] = handler
         return handlers
 
+    def _span_handlers(self) -> list[SpanHandler]:
+        handlers: list[SpanHandler] = []
+        for ext in self.extensions:
+            handler = ext.spans()
+            if handler is None:
+                continue
+            for prefix in handler.prefixes:
+                if any(p.startswith(prefix) or prefix.startswith(p) for h in handlers for p in h.prefixes):
+                    raise ValueError("span names %r are taken by two extensions (one is %s)" % (prefix, ext.name))
+            handlers.append(handler)
+        return handlers
+
     # -- what extensions get (AgentContext) -------------------------------------------
 
     def producer_info(self, producer: str) -> dict[str, Any] | None:
@@ -239,9 +250,6 @@ class Agent:
 
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         self.broadcaster.taps.append(tap)
-
-    def on_coldstart(self, observer: ColdStartObserver) -> None:
-        self.assembler.coldstart_observers.append(observer)
 
     def on_heartbeat(self, job: Callable[[], None]) -> None:
         self._heartbeat_jobs.append(job)
@@ -256,6 +264,47 @@ class Agent:
             raise
         except Exception:
             log.exception("background job failed; the agent keeps running without it")
+
+    # -- the session API: what an embedded session (launch) uses -----------------------
+    # (agent/commands/launch_agent.py is its one user; nothing there reaches further in)
+
+    def producers(self) -> list[Producer]:
+        """The producers the agent knows now (their hello in ``info``, their ``resource``)."""
+        return list(self.assembler.producers.values())
+
+    @property
+    def open_connections(self) -> int:
+        """Producers' connections open now."""
+        return self.ingest.open_connections
+
+    def replay_spools(self, directory: str) -> int:
+        """Read the spool files in ``directory`` whose producers died (their lock is free),
+        as at start; how many."""
+        return self.ingest.replay_spools(directory)
+
+    def inject(self, p: Producer, kind: str, data: dict[str, Any]) -> list[Item] | None:
+        """An event the agent makes for ``p`` (a capture of CMD's stderr, say), now: the items
+        the handler of ``kind`` made, or None when no extension handles it. Raises what the
+        handler raises (Malformed for data it refuses). Nothing is published."""
+        handler = self.assembler.handlers.get(kind)
+        if handler is None:
+            return None
+        out: list[Item] = []
+        handler(p, Origin(p.id, 0), time.time_ns(), data, out)
+        return out
+
+    def publish(self, items: Sequence[Item]) -> None:
+        """Hand ``items`` to every exporter (and the taps), as the producers' items go."""
+        self.broadcaster.publish(items)
+
+    async def settle_exporters(self) -> None:
+        """The session's last items are published: before :meth:`shutdown`, let each exporter
+        that asks for it finish delivering what its worker holds (an exporter's optional
+        ``settle(worker)``; MQTT waits up to ``exporters.mqtt.exit_wait_s`` for its broker)."""
+        for w in self.workers:
+            settle = getattr(w.exporter, "settle", None)
+            if settle is not None:
+                await settle(w)
 
     # -- health ---------------------------------------------------------------------
 

@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.devices.job import DeviceJob
 from infersight.agent.devices.settings import load_thresholds, parse_config
 from infersight.latency import RequestWindows
 from infersight.settings import Config
 
 
-class DevicesExtension:
+class DevicesExtension(Extension):
     name = "devices"
     live_keys: frozenset[str] = frozenset({"devices.rules"})
 

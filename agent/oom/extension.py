@@ -12,14 +12,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.oom.kind import NvmlLike, OomClassifier, OomHandlers, RuleReloadError
 from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
 
 
-class OomExtension:
+class OomExtension(Extension):
     name = "oom"
     live_keys: frozenset[str] = frozenset({"rules.dirs"})
 

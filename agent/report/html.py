@@ -20,6 +20,7 @@ from infersight.weights_files import describe
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
+
 CSS = """
 :root{--bg:#fff;--fg:#1f2328;--muted:#59636e;--grid:#d1d9e0;--rowbg:#f6f8fa;--bar:#0969da;--nested:#54aeff;
 --root:#8c959f;--custom:#8250df;--un:#9a6700;--unbg:#fff8c5;--ready:#1a7f37;--resp:#bf3989;--probe:#0550ae;

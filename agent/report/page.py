@@ -24,6 +24,7 @@ from infersight.weights_files import CeilingOf
 
 EXIT_ERROR = 2
 
+
 def file_source(paths: list[str]) -> Source:
     def chunks(traces: set[str] | None) -> Iterator[Telemetry]:
         for p in paths:

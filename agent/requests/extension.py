@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.requests.kind import KIND, RequestStats
 from infersight.latency import WINDOW_KEY
 from infersight.settings import Config, setting
 
 
-class RequestsExtension:
+class RequestsExtension(Extension):
     name = "requests"
     live_keys: frozenset[str] = frozenset()  # devices.window_s applies at the next restart
 

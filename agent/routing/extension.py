@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply
+from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.routing.agentcheck import AgentCheckServer
 from infersight.agent.routing.table import LatencySource, RoutingTable, SlowDevices
 from infersight.settings import (
@@ -67,7 +67,7 @@ def parse_config(config: Config, env: Mapping[str, str] | None = None) -> dict[s
     return section_settings(config, _K, ROUTING_KEYS, os.environ if env is None else env)
 
 
-class RoutingExtension:
+class RoutingExtension(Extension):
     name = "routing"
     live_keys: frozenset[str] = frozenset()  # every routing key applies at the next restart
 

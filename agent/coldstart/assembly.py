@@ -1,0 +1,338 @@
+"""Cold starts in span assembly: roots, their pending stages, checkpoints, and the roots the
+agent closes for producers that died (pure: no sockets, no clocks).
+
+The daemon's :class:`~infersight.agent.daemon.assemble.Assembler` hands :class:`ColdStartAssembly`
+every span named ``coldstart`` or ``coldstart.*`` (it is a
+:class:`~infersight.agent.daemon.assemble.SpanHandler`), the ``cs_tick`` checkpoints (an event
+kind), the end of a producer's process, and the producers it forgets. Stage spans are kept
+(bounded) until their root arrives, so that the root can carry the time no stage covers and
+the summary (:class:`~infersight.telemetry.ColdStart`) lists them; the cold-start observers
+(the fleet metrics, weights files) add their items to the summary's batch. A producer killed
+before it sent its root gets one made here (``infersight.coldstart.ended_by=producer_lost``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.agent.coldstart.checkpoint import Checkpoint, gap_spans
+from infersight.agent.daemon.assemble import (
+    HEX16,
+    INT64_MAX,
+    Assembler,
+    KindHandler,
+    Malformed,
+    Producer,
+    attributes,
+    descendants,
+    span_bytes,
+)
+from infersight.coldstart_stages import covered_ns, merge, named_intervals
+from infersight.telemetry import Attributes, ColdStart, Item, Origin, SpanItem
+
+MAX_PENDING_SPANS = 4096
+MAX_OPEN_STAGES = 64  # open runs in one cold-start checkpoint
+MAX_TICK_SAMPLES = 4096  # samples in one checkpoint (about 40 s at 10 ms: a tick carries 100 ms)
+DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
+MAX_RECENT_ROOTS = 1024
+ROOT_NAME = "coldstart"
+STAGE_PREFIX = "coldstart."
+STATE_KEY = "coldstart"  # in ``Producer.state``
+
+# ready_wait sources at which the hooks end a root (hooks/_coldstart.py READY_SIGNALS)
+ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule"})
+
+# Sees each finished cold start (its summary, and the event time it finished at) and returns
+# items that go out in the same batch, right after the summary (the fleet metrics).
+ColdStartObserver = Callable[[ColdStart, int], Iterable[Item]]
+
+
+@dataclass(slots=True)
+class ColdStartState:
+    """One producer's cold-start bookkeeping (``Producer.state["coldstart"]``)."""
+
+    pending: list[SpanItem] = field(default_factory=list)  # stage spans waiting for the root (bounded)
+    pending_bytes: int = 0
+    pending_dropped: int = 0  # stage spans not kept for the summary (bound reached)
+    stages_seen: int = 0
+    lost_root_made: bool = False  # the agent closed the root for it (producer_lost)
+    # The hooks' cold-start checkpoint (cs_tick): open runs and samples, for a root it never sends.
+    checkpoint: Checkpoint | None = None
+
+
+def state_of(p: Producer) -> ColdStartState:
+    """``p``'s cold-start state, made on first use."""
+    st: ColdStartState | None = p.state.get(STATE_KEY)
+    if st is None:
+        st = p.state[STATE_KEY] = ColdStartState()
+    return st
+
+
+def _s(v: Any, name: str, limit: int) -> str:
+    if not isinstance(v, str):
+        raise Malformed("%s must be a string" % name)
+    return v[:limit]
+
+
+def _i(v: Any, name: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > INT64_MAX:
+        raise Malformed("%s must be a non-negative 64-bit integer" % name)
+    return v
+
+
+class ColdStartAssembly:
+    """The cold-start part of span assembly, across the producers of one agent."""
+
+    prefixes: tuple[str, ...] = (ROOT_NAME,)  # span names it takes (``str.startswith``)
+
+    def __init__(self, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 observers: Sequence[ColdStartObserver] = ()) -> None:
+        self.max_pending_bytes = max_pending_bytes
+        self.observers: list[ColdStartObserver] = list(observers)
+        self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
+        self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
+        self.pending_dropped_of_forgotten = 0
+        self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
+        self.recent_covered: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()  # their trees' stages
+
+    # -- the SpanHandler protocol ------------------------------------------------------
+
+    def span(self, p: Producer, span: SpanItem, t_ns: int, out: list[Item]) -> None:
+        """A span whose name starts with ``coldstart``: a root is closed (summary and observers'
+        items follow it), a stage is kept for its root's summary; both go out."""
+        name = span.name
+        if name == ROOT_NAME:
+            if span.span_id == p.info.get("root_span_id"):
+                if state_of(p).lost_root_made:
+                    # Its own root came after all (a spool file replayed late): the agent's
+                    # stand-in went out under the same span id, and one span id is one span.
+                    self.late_roots_of_lost += 1
+                    return
+                p.root_closed = True
+            self._close_root(p, span, out, t_ns=t_ns)
+            return
+        if name.startswith(STAGE_PREFIX):
+            st = state_of(p)
+            p.last_ns = max(p.last_ns, span.end_ns)
+            st.stages_seen += 1
+            if not p.root_closed:  # else its summary went out already
+                self._keep_pending(st, span)
+        out.append(span)
+
+    def producer_lost(self, p: Producer) -> list[Item]:
+        """The producer's process has ended. If it sent cold-start stages but never its root
+        (killed before its exit handlers ran), close the root here: ended at the last event
+        seen, ``infersight.coldstart.ended_by=producer_lost``; a stage still open then (seen
+        only as the missing parent of a stage that ended) is closed with it. Then free the
+        producer's pending state. Returns the items to export."""
+        out: list[Item] = []
+        st: ColdStartState | None = p.state.get(STATE_KEY)
+        if st is None:
+            return out
+        root_id = p.info.get("root_span_id")
+        # A root that went out before an agent restart (its hello says so) is not made again.
+        cp = st.checkpoint
+        if ((st.stages_seen or cp is not None) and not p.root_closed and not p.info.get("root_ended")
+                and isinstance(root_id, str)):
+            p.root_closed = st.lost_root_made = True
+            self.roots_closed_for_lost += 1
+            end = max(p.last_ns, int(p.info["start_ns"]))
+            ready = [s.end_ns for s in st.pending if s.name == "coldstart.ready_wait"
+                     and s.attributes.get("infersight.ready.source") in ROOT_ENDING_READY]
+            attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.ended_by": "producer_lost"}
+            if ready and min(ready) <= end:
+                # the hooks would have ended it at readiness: what it sent later (its first
+                # request) lies after the root, and the wait for traffic is in no share
+                end = min(ready)
+                attrs["infersight.coldstart.ended_by"] = "ready"
+            parent = p.info.get("root_parent")
+            root = SpanItem(p.resource, p.info["trace_id"], root_id,
+                            parent if isinstance(parent, str) and HEX16.match(parent) else None,
+                            ROOT_NAME, int(p.info["start_ns"]), end, attrs,
+                            p.span_events.pop(root_id, []), None, Origin(p.id, 0))
+            if cp is not None:  # the runs it had open at its last checkpoint, as they were then
+                seen = {s.span_id for s in st.pending}
+                for s in cp.open.values():
+                    if s.span_id not in seen:
+                        s.end_ns = min(s.end_ns, end)
+                        s.start_ns = min(s.start_ns, s.end_ns)
+                        s.events = p.span_events.pop(s.span_id, [])
+                        st.pending.append(s)
+                        out.append(s)
+            stages = self._close_open_stages(p, st, root, out)
+            if cp is not None:  # and the gaps, explained by the samples it had sent
+                gaps = gap_spans(cp, root, stages)
+                out.extend(gaps)
+                stages.extend(gaps)
+            self._close_root(p, root, out, stages)
+        st.checkpoint = None
+        st.pending_dropped += len(st.pending)  # stages of a root that never comes
+        st.pending = []
+        st.pending_bytes = 0
+        return out
+
+    def awaits_end(self, p: Producer) -> bool:
+        """Whether ``p``'s process end still matters: stages kept, or a cold start still open
+        (stages seen, or only a checkpoint: killed before its first stage ended)."""
+        st: ColdStartState | None = p.state.get(STATE_KEY)
+        return st is not None and bool(st.pending or ((st.stages_seen or st.checkpoint is not None)
+                                                      and not p.root_closed and not p.info.get("root_ended")))
+
+    def forget(self, p: Producer) -> None:
+        """``p`` leaves the producer table: keep its drop count in the totals."""
+        st: ColdStartState | None = p.state.get(STATE_KEY)
+        if st is not None:
+            self.pending_dropped_of_forgotten += st.pending_dropped + len(st.pending)
+
+    def stats(self, producers: Iterable[Producer]) -> dict[str, int]:
+        """Its counters over the producers in the table, for the assembler's stats
+        (``infersight status --json``, the agent's health metrics)."""
+        states = [st for p in producers if (st := p.state.get(STATE_KEY)) is not None]
+        return {
+            "pending_bytes": sum(st.pending_bytes for st in states),
+            "pending_stages_dropped": self.pending_dropped_of_forgotten + sum(st.pending_dropped for st in states),
+            "coldstart_roots_closed_for_lost": self.roots_closed_for_lost,
+            "coldstart_late_roots_of_lost": self.late_roots_of_lost,
+        }
+
+    # -- the cs_tick event kind ----------------------------------------------------------
+
+    def checkpoint(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], out: list[Item]) -> None:
+        """(KindHandler of ``cs_tick``) The open runs replace the last ones; the samples add up
+        (bounded)."""
+        if p.root_closed:
+            return
+        opened, times, ids, labels = d.get("open", []), d.get("t", []), d.get("i", []), d.get("l", [])
+        if not isinstance(opened, list) or len(opened) > MAX_OPEN_STAGES:
+            raise Malformed("open must be a list of at most %d stages" % MAX_OPEN_STAGES)
+        if (not isinstance(times, list) or not isinstance(ids, list) or not isinstance(labels, list)
+                or len(times) != len(ids) or len(times) > MAX_TICK_SAMPLES or len(labels) > len(times)):
+            raise Malformed("samples must be lists t and i of one length, and their labels l")
+        stages: dict[str, SpanItem] = {}
+        for o in opened:
+            if type(o) is not list or len(o) != 6:
+                raise Malformed("an open stage is [stage, span id, parent id, start, end, attributes]")
+            stage, span_id, parent = _s(o[0], "stage", 64), o[1], o[2]
+            if not isinstance(span_id, str) or not HEX16.match(span_id) or not isinstance(parent, str) \
+                    or not HEX16.match(parent):
+                raise Malformed("open stage ids must be 16 lowercase hex digits")
+            start, end = _i(o[3], "start"), _i(o[4], "end")
+            if end < start:
+                raise Malformed("an open stage ends before it starts")
+            attrs = attributes(o[5])
+            attrs["infersight.stage"] = stage
+            stages[span_id] = SpanItem(p.resource, p.info["trace_id"], span_id, parent, STAGE_PREFIX + stage,
+                                       start, end, attrs, [], None, Origin(p.id, 0))
+        label_list = [_s(lab, "label", 512) for lab in labels]
+        if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in times) or any(
+                type(i) is not int or not 0 <= i < len(label_list) for i in ids):
+            raise Malformed("sample times must be integers and their label indices in range")
+        st = state_of(p)
+        cp = st.checkpoint = st.checkpoint or Checkpoint()
+        cp.open = stages
+        cp.add_samples(times, ids, label_list)
+
+    # -- summaries -------------------------------------------------------------------------
+
+    def observe(self, cs: ColdStart, t_ns: int) -> list[Item]:
+        """What the cold-start observers add for ``cs``, finished at ``t_ns``: called for each
+        root closed here, and by ``launch`` for a root only the launcher saw."""
+        return [item for observer in self.observers for item in observer(cs, t_ns)]
+
+    def _close_root(
+        self, p: Producer, root: SpanItem, out: list[Item], stages: list[SpanItem] | None = None,
+        *, t_ns: int | None = None,
+    ) -> None:
+        """Export ``root``, the cold-start summary of the stages under it, and what the
+        cold-start observers add (its fleet metrics)."""
+        st = state_of(p)
+        if stages is None:
+            stages = descendants(root.span_id, st.pending)
+        workers = self._workers_of(root, stages)
+        # An explicit ``unattributed`` span explains a gap; it never counts as covered. A
+        # worker's root is no stage of ours: its named stages cover our time in the tree's
+        # figure only, and never its whole lifetime.
+        worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
+        total = root.end_ns - root.start_ns
+        root.attributes["infersight.coldstart.unattributed_s"] = (total - covered_ns(stages, root)) / 1e9
+        if workers:
+            root.attributes["infersight.coldstart.tree_unattributed_s"] = (
+                total - covered_ns(stages, root, worker_covered)) / 1e9
+        root.attributes.setdefault("faas.coldstart", True)
+        self._remember_covered(root, named_intervals(stages), worker_covered)
+        done = {s.span_id for s in stages}
+        st.pending = [s for s in st.pending if s.span_id not in done]
+        st.checkpoint = None  # the root came (or was made): no more use for it
+        st.pending_bytes = sum(span_bytes(s) for s in st.pending)
+        out.append(root)
+        cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers, merge(worker_covered))
+        out.append(cs)
+        out.extend(self.observe(cs, root.end_ns if t_ns is None else t_ns))
+
+    def _keep_pending(self, st: ColdStartState, span: SpanItem) -> None:
+        """Keep a stage span for its root's summary, within the per-producer byte bound:
+        the oldest pending spans give way (counted); the span itself is exported anyway."""
+        size = span_bytes(span)
+        st.pending.append(span)
+        st.pending_bytes += size
+        drop, n = 0, len(st.pending)
+        while drop < n and (st.pending_bytes > self.max_pending_bytes or n - drop > MAX_PENDING_SPANS):
+            st.pending_bytes -= span_bytes(st.pending[drop])
+            drop += 1
+        if drop:
+            del st.pending[:drop]
+            st.pending_dropped += drop
+
+    @staticmethod
+    def _close_open_stages(p: Producer, st: ColdStartState, root: SpanItem, out: list[Item]) -> list[SpanItem]:
+        """Stages under ``root``, plus a closed stand-in for every stage that was still open:
+        the missing parent of a stage that ended (its name was never sent)."""
+        known = {s.span_id for s in st.pending} | {root.span_id}
+        children: dict[str, list[SpanItem]] = {}
+        for s in st.pending:
+            if s.parent_span_id is not None and s.parent_span_id not in known:
+                children.setdefault(s.parent_span_id, []).append(s)
+        stages = list(st.pending)
+        for span_id, kids in children.items():
+            stand_in = SpanItem(
+                p.resource, root.trace_id, span_id, root.span_id, "coldstart.interrupted",
+                min(k.start_ns for k in kids), root.end_ns,
+                {"infersight.stage": "interrupted", "infersight.coldstart.ended_by": "producer_lost"},
+                p.span_events.pop(span_id, []), "the process ended inside this stage", Origin(p.id, 0),
+            )
+            out.append(stand_in)
+            stages.append(stand_in)
+        return stages
+
+    def _remember_covered(self, root: SpanItem, own: list[tuple[int, int]],
+                          workers: list[tuple[int, int]]) -> None:
+        """What a closed root's tree covers, for its supervisor (merged intervals, bounded
+        like the roots)."""
+        self.recent_covered[root.span_id] = merge([*own, *workers])
+        while len(self.recent_covered) > MAX_RECENT_ROOTS:
+            self.recent_covered.popitem(last=False)
+
+    def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
+        """Roots of other processes (not helpers) already seen under this root or its stages;
+        remembers this root for its own parent."""
+        ids = {root.span_id, *(s.span_id for s in stages)}
+        workers = [r for r in self.recent_roots.values()
+                   if r.trace_id == root.trace_id and r.parent_span_id in ids
+                   and r.attributes.get("infersight.process.role") != "helper"]
+        self.recent_roots[root.span_id] = root
+        if len(self.recent_roots) > MAX_RECENT_ROOTS:
+            self.recent_roots.popitem(last=False)
+        return sorted(workers, key=lambda r: r.start_ns)
+
+
+def coldstart_assembler(host_name: str | None = None, handlers: Mapping[str, KindHandler] | None = None, *,
+                        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                        observers: Sequence[ColdStartObserver] = ()) -> Assembler:
+    """An assembler that assembles cold starts as the agent's does (tests, benches, tools):
+    the daemon's :class:`Assembler` with a :class:`ColdStartAssembly` (``span_handlers[0]``)
+    and its ``cs_tick`` kind, beside ``handlers``."""
+    cs = ColdStartAssembly(max_pending_bytes, observers)
+    return Assembler(host_name, {"cs_tick": cs.checkpoint, **(handlers or {})}, [cs])

@@ -1,0 +1,124 @@
+"""The embedded agent as ``infersight launch`` sees it: the one interface its session uses.
+
+launch's session (:mod:`~infersight.agent.commands.launch_session`) never reaches into the
+agent's pipeline (ingest, assembler, exporter workers) nor knows an exporter by name: it
+holds an :class:`EmbeddedAgent`, and what that offers is all it does with its agent:
+
+- :meth:`~EmbeddedAgent.serve`: run the agent until the session ends;
+- :meth:`~EmbeddedAgent.replay_spools`, :attr:`~EmbeddedAgent.open_connections`: read what
+  producers spooled, wait for the connections of exiting ones;
+- :meth:`~EmbeddedAgent.launched`: CMD's own producers (their hello says ``launched``);
+- :meth:`~EmbeddedAgent.classify_stderr`: a capture of CMD's stderr, for the OOM classifier;
+- :meth:`~EmbeddedAgent.publish`, :meth:`~EmbeddedAgent.publish_coldstart`: what launch
+  itself saw (the probe span; its own cold-start root, with the fleet metrics);
+- :meth:`~EmbeddedAgent.settle`: exporters that wait for their peer at exit (MQTT);
+- :meth:`~EmbeddedAgent.health`: for launch's closing report.
+
+It is built on the agent's public session methods
+(:class:`~infersight.agent.daemon.lifecycle.Agent`: ``producers``, ``inject``, ``publish``,
+``settle_exporters``...) and the cold-start extension's ``finished``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Awaitable
+from typing import Any, TextIO
+
+from infersight.agent.coldstart.extension import ColdStartExtension
+from infersight.agent.commands.compose import build_exporters
+from infersight.agent.commands.extensions import build_extensions, new_agent
+from infersight.agent.commands.launch_base import Child
+from infersight.agent.daemon.assemble import Producer
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.settings import Config
+from infersight.telemetry import ColdStart, Item, Resource
+
+log = logging.getLogger("infersight.launch")
+
+
+class EmbeddedAgent:
+    """launch's agent: everything the session may ask of it (see the module's docstring)."""
+
+    def __init__(self, agent: Agent, coldstart: ColdStartExtension | None = None) -> None:
+        self._agent = agent
+        self._coldstart = coldstart
+        self._stand_ins: dict[int, Producer] = {}  # pid -> the producer that stands for an unhooked CMD
+
+    @classmethod
+    def build(cls, conf: Config, out: TextIO, listen_sock: socket.socket, exporter_spool_root: str) -> EmbeddedAgent:
+        """The agent of ``launch``: every extension, the exporters ``conf`` asks for (the
+        console on ``out``), listening on launch's private socket."""
+        extensions = build_extensions(conf)
+        agent = new_agent(conf, build_exporters(conf, console_stream=out, embedded=True), extensions,
+                          embedded=True, listen_sock=listen_sock, exporter_spool_root=exporter_spool_root)
+        return cls(agent, next((e for e in extensions if isinstance(e, ColdStartExtension)), None))
+
+    @property
+    def host_name(self) -> str:
+        return str(self._agent.host_name)
+
+    async def serve(self, until: Awaitable[object], shutdown_timeout_s: float) -> bool:
+        """Run the agent until ``until`` (the session) completes, then shut it down; True when
+        everything was delivered or spooled in time."""
+        return await self._agent.serve(until=until, shutdown_timeout_s=shutdown_timeout_s)
+
+    def replay_spools(self, directory: str) -> int:
+        return self._agent.replay_spools(directory)
+
+    @property
+    def open_connections(self) -> int:
+        return self._agent.open_connections
+
+    def launched(self, pid: int | None = None) -> list[Producer]:
+        """Producers of launched processes (their hello says so); with ``pid``, that process's."""
+        return [p for p in self._agent.producers()
+                if p.info.get("launched") and (pid is None or p.info.get("pid") == pid)]
+
+    def classify_stderr(self, child: Child, text: str) -> None:
+        """A capture of CMD's stderr, as an ``oom`` event: of CMD's own producer when CMD runs
+        hooked Python, else of a producer that stands for CMD (its pid and executable, like
+        the launcher's cold-start root). A capture the classifier refuses is dropped."""
+        p = next(iter(self.launched(child.pid)), None) or self._stand_in(child)
+        try:
+            items = self._agent.inject(p, "oom", {"source": "stderr", "text": text})
+        except Exception as exc:  # never fatal
+            log.debug("stderr capture not classified: %s", exc)
+            return
+        if items:
+            self._agent.publish(items)
+
+    def publish(self, items: list[Item]) -> None:
+        self._agent.publish(items)
+
+    def publish_coldstart(self, cs: ColdStart, t_ns: int) -> None:
+        """A cold start only launch saw (CMD ran no hooked Python): its root, stages and
+        summary, with what the cold-start extension adds (the fleet metrics), as one batch."""
+        if self._coldstart is not None:
+            self._agent.publish(self._coldstart.finished(cs, t_ns))
+        else:
+            self._agent.publish([cs.root, *cs.stages, cs])
+
+    async def settle(self) -> None:
+        """After the last publish: exporters that wait for their peer at exit (MQTT) do so."""
+        await self._agent.settle_exporters()
+
+    def health(self) -> dict[str, Any]:
+        """The agent's status reply (lost events, exporters' states)."""
+        return self._agent.health()
+
+    def _stand_in(self, child: Child) -> Producer:
+        p = self._stand_ins.get(child.pid)
+        if p is None:
+            cmd = child.popen.args if isinstance(child.popen.args, list) else [str(child.popen.args)]
+            exe = os.path.basename(str(cmd[0]))
+            res = Resource.of({
+                "service.name": os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % exe,
+                "host.name": self.host_name, "process.pid": child.pid, "process.executable.name": exe,
+                "telemetry.sdk.name": "infersight",
+            })
+            p = self._stand_ins[child.pid] = Producer("launch-stderr-%d" % child.pid,
+                                                      {"pid": child.pid, "launched": True}, res)
+        return p
