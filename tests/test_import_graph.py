@@ -38,6 +38,7 @@ NEUTRAL = (
     "infersight.statefiles",
     "infersight.sanitize",
     "infersight.weights_files",
+    "infersight.bytesize",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 

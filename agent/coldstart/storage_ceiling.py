@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.bytesize import human_bytes
+
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
 BLOCK = 8 << 20
@@ -41,14 +43,6 @@ class Measurement:
     @property
     def bytes_per_s(self) -> float:
         return self.nbytes / self.seconds if self.seconds > 0 else 0.0
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024
-    return str(n)
 
 
 def cache_path(env: dict[str, str] | None = None) -> str:
@@ -346,7 +340,7 @@ def doctor_lines(cache: str | None = None) -> list[str]:
         return ["storage ceiling: not measured yet (launch measures it from the first large weights file)"]
     return [
         "storage ceiling of device %s: %.0f MiB/s (%s read of %s from %s)"
-        % (k, float(v.get("bytes_per_s", 0)) / 2**20, v.get("method"), human(int(v.get("sample_bytes", 0))),
+        % (k, float(v.get("bytes_per_s", 0)) / 2**20, v.get("method"), human_bytes(int(v.get("sample_bytes", 0))),
            v.get("path"))
         for k, v in sorted(devices.items())
     ]

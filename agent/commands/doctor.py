@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from infersight import __version__
 from infersight.agent.cli import command_help
 from infersight.agent.daemon import config as cfg
+from infersight.bytesize import human_bytes
 from infersight.hooks import _bootstrap_dir, _paths
 from infersight.redact import mask_url
 from infersight.settings import Config, ConfigError
@@ -176,7 +177,7 @@ def check_storage_ceiling() -> Check:
         return Check("storage", WARN, "read ceiling of %s not measured (directory not writable)" % here,
                      "run doctor from a writable directory on the weights' disk")
     return Check("storage", OK, "device %s reads %s/s sequentially (%s read, cached in %s)" % (
-        entry.get("device"), sc.human(float(entry.get("bytes_per_s", 0))), entry.get("method"), sc.cache_path()))
+        entry.get("device"), human_bytes(float(entry.get("bytes_per_s", 0))), entry.get("method"), sc.cache_path()))
 
 
 def check_allocator() -> Check:

@@ -565,6 +565,7 @@ def _storage_note(path: str, out: TextIO) -> None:
     if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
         return
     from infersight.agent.coldstart import storage_ceiling
+    from infersight.bytesize import human_bytes
 
     cold: dict[str, float] = {}
     try:
@@ -586,7 +587,7 @@ def _storage_note(path: str, out: TextIO) -> None:
         ceiling = float(entry["bytes_per_s"])
         out.write(
             "infersight: storage ceiling of device %s (%s read of %s): %.0f MiB/s; %s loaded at %.0f MiB/s (%.0f%%)\n"
-            % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
+            % (entry["device"], entry["method"], human_bytes(int(entry["sample_bytes"])),
                ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
         )
     for device, wpath in unmeasured.items():

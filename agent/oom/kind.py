@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.errors import AgentError
+from infersight.bytesize import torch_bytes
 from infersight.rules.engine import (
     BASE_QUANTITIES,
     RuleFileError,
     RuleSet,
     Verdict,
     builtin_rules_path,
-    human_bytes,
     load_rules,
 )
 from infersight.rules.oom_parse import OomMessage
@@ -594,6 +594,6 @@ def _snap_attrs(snap: dict[str, Any]) -> Attributes:
 def one_line(v: Verdict, dev: int | None = None) -> str:
     """``OOM on cuda:0: fragmentation (rule frag-1): tried 2.00 GiB; ...`` for a log body."""
     where = " on cuda:%d" % dev if dev is not None else ""
-    req = " requested %s;" % human_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
+    req = " requested %s;" % torch_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
     note = " (%s)" % v.note if v.note else ""
     return " ".join(("OOM%s: %s by rule %s:%s %s%s" % (where, v.cls, v.rule, req, v.remedy, note)).split())

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from infersight import __version__
 from infersight.agent.report.gpu import MemoryChart, Series
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
-from infersight.agent.report.views import Oom, human_bytes, process_label
+from infersight.agent.report.views import Oom, process_label
+from infersight.bytesize import human_bytes
 from infersight.weights_files import describe
 
 if TYPE_CHECKING:

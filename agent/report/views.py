@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from infersight.bytesize import human_bytes
 from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
 from infersight.weights_files import CeilingOf, files_of
 
@@ -287,16 +288,6 @@ def weights_note(s: SpanItem) -> str:
     if a.get("infersight.weights.lazy") is True:
         out += ", lazy (mapped)"
     return out
-
-
-def human_bytes(n: float) -> str:
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return sign + (("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit)))
-        n /= 1024
-    return sign + str(n)
 
 
 # -- OOMs ---------------------------------------------------------------------------------
