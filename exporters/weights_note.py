@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from infersight.bytesize import human_bytes
-
-W = "infersight.weights."
-COLD_BELOW = 0.5  # the hooks' threshold (hooks/_weights.COLD_BELOW)
+from infersight.weights_files import COLD_BELOW, W
 
 
 def _num(a: Mapping[str, object], key: str) -> float | None:

@@ -34,7 +34,9 @@ from infersight.telemetry import AttrValue, ColdStart, SpanEvent, SpanItem
 
 EVENT = "weights_file"
 W = "infersight.weights."
-COLD_BELOW = 0.5  # the hooks' threshold (hooks/_weights.COLD_BELOW)
+# page_cache_ratio under this: a cold read, the storage served it (the ceiling applies). The
+# agent's one copy of the hooks' threshold (hooks/_weights.COLD_BELOW; a test holds them equal).
+COLD_BELOW = 0.5
 
 CeilingOf = Callable[[str], "float | None"]  # a file's storage ceiling (bytes/s), if known
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infersight.bytesize import human_bytes
+from infersight.weights_files import COLD_BELOW
 
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
@@ -259,9 +260,6 @@ def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None)
             os.unlink(scratch)
         except OSError:
             pass
-
-
-COLD_BELOW = 0.5  # infersight.weights.page_cache_ratio under this: the disk served the read
 
 
 def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:

@@ -562,7 +562,9 @@ def _storage_note(path: str, out: TextIO) -> None:
     """For each cold weights file: its throughput against the storage ceiling of its device.
     A device with no ceiling cached yet is measured by a detached process that outlives launch
     (the terminal is not held): ``infersight show`` and ``report`` quote the ratio from then on."""
-    if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
+    from infersight.agent.coldstart.extension import measure_storage_enabled
+
+    if not measure_storage_enabled():
         return
     from infersight.agent.coldstart import storage_ceiling
     from infersight.bytesize import human_bytes
