@@ -392,9 +392,6 @@ class RequestStats:
         out.extend(self.instance_metrics(now_ns, everything))
         return out
 
-    def series_count(self) -> int:
-        return self._nseries
-
     def stats(self) -> dict[str, Any]:
         """For ``infersight status --json``: counts, and each instance's P50/P99."""
         return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series,
