@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from infersight import weights_files
 from infersight.coldstart_stages import ENDED_BY, STAGE, TOTAL, UNATTRIBUTED, as_number, ended_by, stage_durations
-from infersight.metricspec import MetricSpec, prometheus_name
+from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.telemetry import (
     Attributes,
     ColdStart,
@@ -98,7 +98,7 @@ RESOURCE_KEYS = (
     "telemetry.sdk.version",
 )
 
-METRICS: tuple[MetricSpec, ...] = (
+METRICS: tuple[MetricSpec, ...] = declare(
     MetricSpec(DURATION, "histogram", "s",
                "Cold-start time per stage (stages may nest), unattributed time, and the whole (total)",
                attributes=(STAGE,)),
@@ -181,9 +181,8 @@ def ceiling_item(resource: Resource, ceilings: Mapping[str, float], t_ns: int, s
     """The ``infersight.storage.ceiling`` gauge: one point per device label, None when none is known."""
     if not ceilings:
         return None
-    spec = SPECS[CEILING]
     points = [NumberPoint(rate, {DEVICE: device}) for device, rate in sorted(ceilings.items())]
-    return MetricItem(resource, spec.name, spec.kind, spec.unit, spec.description, t_ns, start_ns, points)
+    return SPECS[CEILING].item(resource, t_ns, start_ns, points)
 
 
 def is_helper(cs: ColdStart) -> bool:
@@ -322,8 +321,7 @@ class ColdStartMetrics:
         start = self.start_ns if self.start_ns is not None else t
 
         def item(spec: MetricSpec, points: list[NumberPoint] | list[HistogramPoint]) -> MetricItem:
-            return MetricItem(res, spec.name, spec.kind, spec.unit, spec.description, t, start, points,
-                              spec.monotonic)
+            return spec.item(res, t, start, points)
 
         out = [item(SPECS[DURATION], [h.point({STAGE: s}) for s, h in sorted(svc.durations.items())])]
         if svc.throughput:

@@ -8,16 +8,17 @@ of the reference table (``docs/device_metrics.md``, regenerated with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from infersight.agent.devices.nvml import HW_STATES, DeviceSample, HwState
-from infersight.metricspec import MetricSpec, prometheus_name
+from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.rules.device_rules import THROTTLE_REASON_NAMES
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
 _ID_ATTRS = ("hw.type", "hw.id", "hw.name", "hw.vendor", "infersight.device.index")
 
-METRICS: tuple[MetricSpec, ...] = (
+METRICS: tuple[MetricSpec, ...] = declare(
     MetricSpec("hw.gpu.utilization", "gauge", "1", "GPU busy ratio (NVML utilization.gpu)",
                attributes=("hw.gpu.task",)),
     MetricSpec("hw.gpu.memory.usage", "sum", "By", "Device memory in use"),
@@ -204,7 +205,7 @@ def device_metrics(
         _points(s, state, out)
     t = time_ns if time_ns is not None else max((s.time_ns for s in samples), default=start_ns)
     return [
-        MetricItem(resource, m.name, m.kind, m.unit, m.description, t, start_ns, out[m.name], m.monotonic)
+        m.item(resource, t, start_ns, out[m.name])
         for m in METRICS
         if m.name in out
     ]
@@ -271,8 +272,7 @@ class RecordedSamples:
                     self._last[key] = p.value
                     changed.append(p)
             if changed:
-                out.append(MetricItem(it.resource, it.name, it.kind, it.unit, it.description, it.time_ns,
-                                      it.start_ns, changed, it.monotonic))
+                out.append(dataclasses.replace(it, points=changed))
         return out
 
 
