@@ -47,16 +47,17 @@ class MetricRegistry:
         self._prometheus: dict[str, str] = {}  # Prometheus name -> the OTel name that has it
 
     def declare(self, *specs: MetricSpec) -> tuple[MetricSpec, ...]:
-        """Add ``specs``; :class:`DuplicateMetricError` when a name is taken. Returns them."""
+        """Add ``specs``, all or none; :class:`DuplicateMetricError` when a name is taken. Returns them."""
+        names, proms = dict(self._specs), dict(self._prometheus)
         for spec in specs:
             prom = prometheus_name(spec)
-            if spec.name in self._specs:
+            if spec.name in names:
                 raise DuplicateMetricError("metric %s is declared twice" % spec.name)
-            if prom in self._prometheus:
+            if prom in proms:
                 raise DuplicateMetricError("metrics %s and %s are both %s in Prometheus"
-                                           % (self._prometheus[prom], spec.name, prom))
-            self._specs[spec.name] = spec
-            self._prometheus[prom] = spec.name
+                                           % (proms[prom], spec.name, prom))
+            names[spec.name], proms[prom] = spec, spec.name
+        self._specs, self._prometheus = names, proms
         return specs
 
     def __getitem__(self, name: str) -> MetricSpec:

@@ -68,6 +68,9 @@ def test_a_name_declared_twice_raises() -> None:
     reg.declare(MetricSpec("app.read", "gauge", "By", "Bytes read"))
     with pytest.raises(DuplicateMetricError, match="app_read_bytes"):
         reg.declare(MetricSpec("app.read.bytes", "gauge", "By", "Bytes read, again"))
+    # A batch with a taken name adds nothing.
+    with pytest.raises(DuplicateMetricError):
+        reg.declare(MetricSpec("app.new", "gauge", "", "New"), MetricSpec("app.new", "gauge", "", "New, again"))
     assert [s.name for s in reg] == ["app.queue.depth", "app.read"]
 
 
