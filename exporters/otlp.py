@@ -23,8 +23,8 @@ Configuration follows the standard ``OTEL_*`` variables:
   exporters themselves from ``os.environ`` (signal-specific first). Our ``headers`` argument
   (``k=v,k2=v2``) is merged over the environment's. When a custom ``env`` mapping is given
   instead of ``os.environ``, those settings are resolved from it and passed explicitly.
-- ``OTEL_SDK_DISABLED=true``: :func:`create_otlp_exporter` returns ``None`` (and
-  :class:`OtlpExporter` itself raises :class:`OtlpConfigError`).
+- ``OTEL_SDK_DISABLED=true``: :func:`otlp_requested` is false (and :class:`OtlpExporter`
+  itself raises :class:`OtlpConfigError`).
 
 Delivery is at least once: when one signal of a batch fails and another succeeded, the worker
 retries the whole batch. Header values are never logged nor put in ``state()``.
@@ -118,9 +118,12 @@ def resolve_endpoint(
     return "%s/v1/%s" % (base.rstrip("/"), signal)
 
 
-def otlp_configured(endpoint: str | None = None, env: Mapping[str, str] | None = None) -> bool:
-    """Whether any signal has an OTLP endpoint (argument or ``OTEL_EXPORTER_OTLP_*ENDPOINT``)."""
+def otlp_requested(endpoint: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether OTLP export is asked for: the SDK is not disabled and some signal has an endpoint
+    (``endpoint``, or an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable); no implicit localhost."""
     env = os.environ if env is None else env
+    if sdk_disabled(env):
+        return False
     return bool(endpoint) or any(
         env.get(v) for v in ["OTEL_EXPORTER_OTLP_ENDPOINT"] + [_sig_var(s, "ENDPOINT") for s in SIGNALS]
     )
@@ -351,8 +354,7 @@ class OtlpExporter:
 
     Raises :class:`OtlpConfigError` at construction when OTLP export cannot work as configured:
     ``OTEL_SDK_DISABLED=true``, no endpoint for any signal, an unknown protocol, or ``grpc``
-    without grpcio. Use :func:`create_otlp_exporter` to get ``None`` instead in the first two
-    cases.
+    without grpcio. :func:`otlp_requested` tells the first two cases apart beforehand.
     """
 
     def __init__(
@@ -708,24 +710,3 @@ class OtlpExporter:
             ]
         )
         return data_out, count
-
-
-def create_otlp_exporter(
-    endpoint: str | None = None,
-    protocol: str | None = None,
-    headers: str | None = None,
-    timeout_s: float | None = None,
-    env: Mapping[str, str] | None = None,
-) -> OtlpExporter | None:
-    """The OTLP exporter, or None when ``OTEL_SDK_DISABLED=true`` or no endpoint is configured.
-
-    Other configuration problems (unknown protocol, grpc extra missing, bad timeout) raise
-    :class:`OtlpConfigError`, so the CLI can exit 2 naming the setting.
-    """
-    env_map = os.environ if env is None else env
-    if sdk_disabled(env_map):
-        log.info("OTEL_SDK_DISABLED=true: OTLP export is off")
-        return None
-    if not otlp_configured(endpoint, env_map):
-        return None
-    return OtlpExporter(endpoint, protocol, headers, timeout_s, env)

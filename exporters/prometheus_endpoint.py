@@ -53,7 +53,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from infersight.exporters.base import ExportError
-from infersight.metricspec import MetricSpec, prometheus_name
+from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.settings import Config, Key, parse_listen_host, parse_listen_port, section_settings, strip_host
 from infersight.settings import parse_bool as _p_bool
 from infersight.settings import parse_int as _p_int
@@ -84,8 +84,21 @@ RESOURCE_LABELS: tuple[tuple[str, str], ...] = (
     ("service.instance.id", "service_instance_id"),
 )
 TARGET_INFO = "target_info"
-DROPPED_METRIC = "infersight_prometheus_points_dropped"  # counter: rendered with _total
-SERIES_METRIC = "infersight_prometheus_series"
+# The series the endpoint renders itself (no OTel item carries them), declared as the others
+# are; their Prometheus names are what the registry translates these to.
+POINTS_DROPPED, SERIES_HELD, COLDSTART_ETA, COLDSTART_PROGRESS, ROUTING_WEIGHT, INSTANCE_SETTLED = declare(
+    MetricSpec("infersight.prometheus.points_dropped", "sum", "{point}",
+               "Points the Prometheus endpoint refused: series bound reached", monotonic=True),
+    MetricSpec("infersight.prometheus.series", "gauge", "{series}", "Series the Prometheus endpoint holds"),
+    MetricSpec("infersight.coldstart.eta", "gauge", "s", "Predicted seconds left in the service's cold start"),
+    MetricSpec("infersight.coldstart.progress", "gauge", "1", "Share of the service's cold start done (0-1)"),
+    MetricSpec("infersight.routing.weight", "gauge", "1",
+               "Routing weight of the serving instance (0-1: agent-check percent / 100)"),
+    MetricSpec("infersight.instance.settled", "gauge", "",
+               "1 once the serving instance has settled after readiness, else 0"),
+)
+DROPPED_METRIC = prometheus_name(POINTS_DROPPED).removesuffix("_total")  # a counter: its sample has _total
+SERIES_METRIC = prometheus_name(SERIES_HELD)
 
 PromType = Literal["gauge", "counter", "histogram"]
 Labels = tuple[tuple[str, str], ...]
@@ -356,10 +369,10 @@ class SeriesStore:
                 for labels, s in rows:
                     metric.add_sample(name, dict(labels), s.value)
             out.append(metric)
-        own = Metric(DROPPED_METRIC, "Points the Prometheus endpoint refused: series bound reached", "counter")
+        own = Metric(DROPPED_METRIC, POINTS_DROPPED.description, "counter")
         own.add_sample(DROPPED_METRIC + "_total", {}, float(dropped))
         out.append(own)
-        gauge = Metric(SERIES_METRIC, "Series the Prometheus endpoint holds", "gauge")
+        gauge = Metric(SERIES_METRIC, SERIES_HELD.description, "gauge")
         gauge.add_sample(SERIES_METRIC, {}, float(count))
         out.append(gauge)
         return out
@@ -372,8 +385,8 @@ class WarmingGauges:
     warming process (workers: the service is ready when the last one is).
     """
 
-    ETA = "infersight_coldstart_eta_seconds"
-    PROGRESS = "infersight_coldstart_progress_ratio"
+    ETA = prometheus_name(COLDSTART_ETA)
+    PROGRESS = prometheus_name(COLDSTART_PROGRESS)
 
     def __init__(self) -> None:
         self.states: dict[str, dict[str, Any]] = {}
@@ -388,10 +401,8 @@ class WarmingGauges:
 
     def families(self) -> list[Metric]:
         out = []
-        for name, field, doc in (
-            (self.ETA, "eta_s", "Predicted seconds left in the service's cold start"),
-            (self.PROGRESS, "progress", "Share of the service's cold start done (0-1)"),
-        ):
+        for name, field, doc in ((self.ETA, "eta_s", COLDSTART_ETA.description),
+                                 (self.PROGRESS, "progress", COLDSTART_PROGRESS.description)):
             rows = [(svc, st[field]) for svc, st in sorted(self.states.items())
                     if isinstance(st.get(field), (int, float))]
             if rows:
@@ -406,8 +417,8 @@ class RoutingGauges:
     """``infersight_routing_weight_ratio`` (0-1) and ``infersight_instance_settled`` (0/1) per
     serving instance, labelled ``service`` and ``port`` (its listening TCP port); gone with it."""
 
-    WEIGHT = "infersight_routing_weight_ratio"
-    SETTLED = "infersight_instance_settled"
+    WEIGHT = prometheus_name(ROUTING_WEIGHT)
+    SETTLED = prometheus_name(INSTANCE_SETTLED)
 
     def __init__(self) -> None:
         self.states: dict[tuple[str, int], dict[str, Any]] = {}
@@ -422,10 +433,8 @@ class RoutingGauges:
 
     def families(self) -> list[Metric]:
         out = []
-        for name, field, doc in (
-            (self.WEIGHT, "weight_ratio", "Routing weight of the serving instance (0-1: agent-check percent / 100)"),
-            (self.SETTLED, "settled", "1 once the serving instance has settled after readiness, else 0"),
-        ):
+        for name, field, doc in ((self.WEIGHT, "weight_ratio", ROUTING_WEIGHT.description),
+                                 (self.SETTLED, "settled", INSTANCE_SETTLED.description)):
             rows = [(key, st[field]) for key, st in sorted(self.states.items())
                     if isinstance(st.get(field), (int, float))]
             if rows:

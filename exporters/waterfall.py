@@ -21,14 +21,6 @@ from infersight.telemetry import ColdStart, SpanItem
 from infersight.weights_files import CeilingOf, describe, files_of
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024
-    return str(n)
-
-
 def _depth(span: SpanItem, by_id: dict[str, SpanItem], root_id: str) -> int:
     d, cur = 0, span
     while cur.parent_span_id and cur.parent_span_id != root_id and cur.parent_span_id in by_id:

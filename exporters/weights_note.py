@@ -12,16 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-W = "infersight.weights."
-COLD_BELOW = 0.5  # the hooks' threshold (hooks/_weights.COLD_BELOW)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024
-    return str(n)
+from infersight.bytesize import human_bytes
+from infersight.weights_files import COLD_BELOW, W
 
 
 def _num(a: Mapping[str, object], key: str) -> float | None:

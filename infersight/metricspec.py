@@ -1,17 +1,22 @@
-"""What a metric is, and its Prometheus name (pure).
+"""What a metric is, the one registry of the agent's metrics, and their Prometheus names (pure).
 
-A :class:`MetricSpec` describes one OTel metric (name, kind, unit, help, the attributes
-beyond its identity); the feature modules list theirs as the single source of their reference
-tables. :func:`prometheus_name` is the OTel Collector's translation of such a name, shared by
-those tables and the Prometheus endpoint.
+A :class:`MetricSpec` describes one OTel metric (name, kind, unit, help, the attributes beyond
+its identity). Every metric the agent makes is declared once, at import, in :data:`REGISTRY`
+by the module that makes it (:func:`declare`), and made from its spec (:meth:`MetricSpec.item`):
+a second declaration of a name, or of a name that becomes the same Prometheus name, raises
+:class:`DuplicateMetricError`. The feature modules' tables (``METRICS``) are what they declared,
+and the source of their reference docs. Metrics a program sends through ``infersight.hooks.metric``
+are its own and pass through undeclared. :func:`prometheus_name` is the OTel Collector's
+translation of a name, shared by those tables and the Prometheus endpoint.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from infersight.telemetry import MetricKind
+from infersight.telemetry import HistogramPoint, MetricItem, MetricKind, NumberPoint, Resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,8 +25,65 @@ class MetricSpec:
     kind: MetricKind
     unit: str
     description: str
-    monotonic: bool = False
+    monotonic: bool = False  # for sums
     attributes: tuple[str, ...] = ()  # beyond the series' identity (for devices: hw.type, hw.id, ...)
+
+    def item(self, resource: Resource, time_ns: int, start_ns: int,
+             points: list[NumberPoint] | list[HistogramPoint]) -> MetricItem:
+        """The metric at ``time_ns`` (cumulative since ``start_ns``) with ``points``."""
+        return MetricItem(resource, self.name, self.kind, self.unit, self.description, time_ns, start_ns, points,
+                          self.monotonic if self.kind == "sum" else True)
+
+
+class DuplicateMetricError(ValueError):
+    """A metric name (or its Prometheus name) declared a second time."""
+
+
+class MetricRegistry:
+    """Metric specs by name, each declared once."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, MetricSpec] = {}
+        self._prometheus: dict[str, str] = {}  # Prometheus name -> the OTel name that has it
+
+    def declare(self, *specs: MetricSpec) -> tuple[MetricSpec, ...]:
+        """Add ``specs``, all or none; :class:`DuplicateMetricError` when a name is taken. Returns them."""
+        names, proms = dict(self._specs), dict(self._prometheus)
+        for spec in specs:
+            prom = prometheus_name(spec)
+            if spec.name in names:
+                raise DuplicateMetricError("metric %s is declared twice" % spec.name)
+            if prom in proms:
+                raise DuplicateMetricError("metrics %s and %s are both %s in Prometheus"
+                                           % (proms[prom], spec.name, prom))
+            names[spec.name], proms[prom] = spec, spec.name
+        self._specs, self._prometheus = names, proms
+        return specs
+
+    def __getitem__(self, name: str) -> MetricSpec:
+        return self._specs[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[MetricSpec]:
+        return iter(list(self._specs.values()))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+REGISTRY = MetricRegistry()
+
+
+def declare(*specs: MetricSpec) -> tuple[MetricSpec, ...]:
+    """Declare ``specs`` in :data:`REGISTRY` (at import); a name declared before raises."""
+    return REGISTRY.declare(*specs)
+
+
+def declared(name: str, kind: MetricKind, unit: str, description: str, monotonic: bool = False) -> MetricSpec:
+    """Declare one metric in :data:`REGISTRY` and return its spec."""
+    return declare(MetricSpec(name, kind, unit, description, monotonic))[0]
 
 
 # UCUM -> Prometheus unit words (the OTel collector's translator table, for the units used here).

@@ -52,10 +52,6 @@ def clean_key(s: str, limit: int = MAX_KEY) -> str:
     return s if len(s) <= limit else s[:limit]
 
 
-def is_clean(s: str) -> bool:
-    return _BAD_VALUE.search(s) is None
-
-
 MAX_DEPTH = 64
 
 

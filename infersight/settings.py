@@ -12,13 +12,17 @@ Neutral: imports only the neutral modules (errors, redact).
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from infersight.errors import Location, SourceError
 from infersight.redact import is_secret_key, scrub, shown_value
+
+log = logging.getLogger("infersight.settings")
 
 
 class ConfigError(SourceError):
@@ -33,6 +37,20 @@ def parse_bool(v: Any) -> bool:
     if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("expected true or false")
+
+
+def env_flag(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
+    """An on/off environment variable outside the config file (``INFERSIGHT_MEASURE_STORAGE``):
+    :func:`parse_bool`'s words; unset or empty is ``default``, and so is a bad value, with a
+    warning naming it (a typo never turns a feature off nor on)."""
+    raw = (os.environ if env is None else env).get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        return parse_bool(raw)
+    except ValueError:
+        log.warning("%s=%r is not 1/0, true/false, yes/no or on/off: taken as %s", name, raw, default)
+        return default
 
 
 def parse_int(v: Any) -> int:

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from infersight.bytesize import human_bytes
 from infersight.telemetry import AttrValue, ColdStart, SpanEvent, SpanItem
 
 EVENT = "weights_file"
 W = "infersight.weights."
-COLD_BELOW = 0.5  # the hooks' threshold (hooks/_weights.COLD_BELOW)
+# page_cache_ratio under this: a cold read, the storage served it (the ceiling applies). The
+# agent's one copy of the hooks' threshold (hooks/_weights.COLD_BELOW; a test holds them equal).
+COLD_BELOW = 0.5
 
 CeilingOf = Callable[[str], "float | None"]  # a file's storage ceiling (bytes/s), if known
 
@@ -123,14 +126,6 @@ def files_of(cs: ColdStart, ceiling_of: CeilingOf | None = None) -> list[dict[st
         if ceiling_of is not None and isinstance(path, str):
             add_ceiling(f, ceiling_of(path))
     return found
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024
-    return str(n)
 
 
 def describe(f: Mapping[str, AttrValue]) -> str:

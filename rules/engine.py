@@ -34,6 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from infersight.bytesize import torch_bytes
 from infersight.errors import Location, SourceError
 from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms, parse_size
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
@@ -54,7 +55,6 @@ __all__ = [
     "default_rule_paths",
     "derive",
     "evaluate",
-    "human_bytes",
     "load_default_rules",
     "load_rules",
     "parse_expression",
@@ -529,16 +529,6 @@ def parse_template(src: str, names: Iterable[str]) -> Template:
     return Template(tuple(parts))
 
 
-def human_bytes(n: float) -> str:
-    """1.70 GiB, 138.00 MiB, 512 B: the units PyTorch prints."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{n:.0f} B"
-
-
 def evaluate(e: Expr, env: Mapping[str, float | None]) -> Value:
     """Evaluate a parsed expression (unknowns propagate; three-valued logic)."""
     return _eval(e, env)
@@ -565,7 +555,7 @@ def _render(t: Template, env: Mapping[str, float | None], missing: Sequence[str]
             elif p[1] == "int":
                 out.append(f"{float(v):.0f}")
             else:
-                out.append(human_bytes(float(v)))
+                out.append(torch_bytes(float(v)))
     return "".join(out)
 
 

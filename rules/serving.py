@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from infersight.bytesize import torch_bytes
 from infersight.errors import Location, SourceError
 from infersight.rules.engine import (
     BASE_QUANTITIES,
@@ -42,7 +43,6 @@ from infersight.rules.engine import (
     classify,
     derive,
     evaluate,
-    human_bytes,
     load_rules,
     parse_expression,
     parse_template,
@@ -671,7 +671,7 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     r = values.get("R")
     if r is not None and r >= IMPOSSIBLE_BYTES:
         cls, reason, suffix = "unknown", (
-            f"the requested size ({human_bytes(r)}) is larger than any device: a shape or size computation "
+            f"the requested size ({torch_bytes(r)}) is larger than any device: a shape or size computation "
             "went wrong (an overflow, a corrupt input); this is a bug to report, not a shortage"), "impossible-size"
     else:
         for case in rule.cases:

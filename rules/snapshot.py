@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infersight.rules.engine import RuleSet, Verdict, classify, human_bytes
+from infersight.bytesize import torch_bytes
+from infersight.rules.engine import RuleSet, Verdict, classify
 from infersight.rules.rulefile import RulesError
 
 __all__ = [
@@ -303,19 +304,19 @@ def verdict_for(summary: SnapshotSummary, request: int, rules: RuleSet | None = 
     if pool.largest_free_block >= request:
         outcome = "fits"
         text = (
-            f"a free {human_bytes(pool.largest_free_block)} block in the {stype} pool "
-            f"can serve {human_bytes(request)} without a new segment"
+            f"a free {torch_bytes(pool.largest_free_block)} block in the {stype} pool "
+            f"can serve {torch_bytes(request)} without a new segment"
         )
     elif pool.free_bytes >= request:
         outcome = "fragmentation"
         text = (
-            f"the {stype} pool has {human_bytes(pool.free_bytes)} free but its largest block "
-            f"is {human_bytes(pool.largest_free_block)}: enough bytes, not in one block"
+            f"the {stype} pool has {torch_bytes(pool.free_bytes)} free but its largest block "
+            f"is {torch_bytes(pool.largest_free_block)}: enough bytes, not in one block"
         )
     else:
         outcome = "needs_new_segment"
         text = (
-            f"the {stype} pool has only {human_bytes(pool.free_bytes)} free; the allocator "
+            f"the {stype} pool has only {torch_bytes(pool.free_bytes)} free; the allocator "
             "must get a new segment from the device (device free memory decides)"
         )
     numbers = {"R": request, "A": summary.allocated_bytes, "P": summary.reserved_bytes}

@@ -10,6 +10,8 @@ of those readings is the production code path.
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +21,9 @@ from infersight.agent.devices.job import DeviceJob, _event_log
 from infersight.agent.devices.metrics import device_metrics
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample
 from infersight.agent.oom import kind as oom_kind
+from infersight.agent.report.parse import Telemetry
+from infersight.agent.report.scan import memory_source
+from infersight.agent.report.trace import plan_trace, write_chrome_trace
 from infersight.agent.requests.kind import RequestStats
 from infersight.exporters.otlp_json import encode_lines
 from infersight.telemetry import Item, Resource
@@ -142,3 +147,10 @@ def replace_resource(items: list[Item], **attrs: Any) -> list[Item]:
         res = Resource.of({**i.resource.as_dict(), **attrs}) if hasattr(i, "resource") else None
         out.append(dataclasses.replace(i, resource=res) if res is not None else i)  # type: ignore[type-var]
     return out
+
+
+def chrome_trace(t: Telemetry) -> Any:
+    """What ``show --format chrome-trace`` writes for ``t``, parsed."""
+    source, out = memory_source(t), io.StringIO()
+    write_chrome_trace(source, plan_trace(source), out)
+    return json.loads(out.getvalue())

@@ -94,8 +94,17 @@ def test_storage_ceiling_measure_cache_and_lookup(tmp_path) -> None:
     assert storage_ceiling.lookup(str(data), cache)["bytes_per_s"] == pytest.approx(entry["bytes_per_s"])
     smaller = storage_ceiling.Measurement(1, 1.0, "direct")
     assert storage_ceiling.record(str(data), smaller, cache)["sample_bytes"] == 4 << 20  # larger sample kept
-    assert "storage ceiling of device" in storage_ceiling.doctor_lines(cache)[0]
-    assert "not measured" in storage_ceiling.doctor_lines(str(tmp_path / "none.json"))[0]
+
+
+def test_doctor_quotes_the_cached_storage_ceiling(tmp_path, monkeypatch) -> None:
+    from infersight.agent.commands.doctor import OK, check_storage_ceiling
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    storage_ceiling.record(str(tmp_path), storage_ceiling.Measurement(3 << 30, 2.0, "direct"))
+    check = check_storage_ceiling()
+    assert check.status == OK
+    assert "reads 1.5 GiB/s sequentially (direct read" in check.detail
 
 
 def test_hooks_ratio_from_cache(tmp_path, monkeypatch) -> None:

@@ -71,3 +71,15 @@ def test_key_table_lists_every_key() -> None:
     table = key_table()
     for k in cfg.KEYS:
         assert "`%s`" % k.name in table
+
+
+def test_an_environment_flag_takes_its_default_when_unset_empty_or_bad(caplog: pytest.LogCaptureFixture) -> None:
+    from infersight.settings import env_flag
+
+    name = "INFERSIGHT_MEASURE_STORAGE"
+    assert env_flag(name, True, {}) is True
+    assert env_flag(name, True, {name: " "}) is True
+    assert env_flag(name, True, {name: "Off"}) is False
+    assert env_flag(name, False, {name: "yes"}) is True
+    assert env_flag(name, True, {name: "maybe"}) is True
+    assert "INFERSIGHT_MEASURE_STORAGE='maybe'" in caplog.text

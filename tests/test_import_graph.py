@@ -46,6 +46,7 @@ NEUTRAL = (
     "infersight.sanitize",
     "infersight.weights_files",
     "infersight.latency",
+    "infersight.bytesize",
 )
 ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infersight.rules")
 

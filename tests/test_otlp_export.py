@@ -15,7 +15,7 @@ from infersight.exporters.base import Exporter, ExportError
 from infersight.exporters.otlp import (
     OtlpConfigError,
     OtlpExporter,
-    create_otlp_exporter,
+    otlp_requested,
     resolve_endpoint,
     safe_url,
 )
@@ -144,8 +144,7 @@ async def test_env_headers_reach_the_receiver(rx, monkeypatch, protocol):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=team-a,authorization=Bearer%20s3cret")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint_for(rx, protocol))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
-    exp = create_otlp_exporter()
-    assert exp is not None
+    exp = OtlpExporter()
     await exp.export(make_spans(0))
     (r,) = rx.received("traces", transport(protocol))
     assert r.headers["x-tenant"] == "team-a"
@@ -178,8 +177,7 @@ async def test_custom_env_mapping(rx):
         "OTEL_EXPORTER_OTLP_HEADERS": "x-gen=all",
         "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
     }
-    exp = create_otlp_exporter(env=env)
-    assert exp is not None
+    exp = OtlpExporter(env=env)
     await exp.export([*make_spans(0), *make_logs()])
     (t,) = rx.received("traces")
     (lg,) = rx.received("logs")
@@ -201,8 +199,8 @@ async def test_per_signal_endpoint_wins(rx, monkeypatch):
 
 def test_only_per_signal_endpoint_leaves_others_unrouted(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:1/v1/traces")
-    exp = create_otlp_exporter()
-    assert exp is not None
+    assert otlp_requested()
+    exp = OtlpExporter()
     assert set(exp.routes) == {"traces"}
     asyncio.run(exp.export(make_logs()))  # no endpoint for logs: counted, not sent
     assert exp.state()["unrouted_items"] == 2
@@ -219,13 +217,16 @@ def test_endpoint_resolution():
 
 
 def test_disabled_and_unconfigured(monkeypatch):
-    assert create_otlp_exporter() is None  # no endpoint anywhere
+    assert not otlp_requested()  # no endpoint anywhere
     with pytest.raises(OtlpConfigError, match="no OTLP endpoint"):
         OtlpExporter(None)
+    assert otlp_requested("http://127.0.0.1:4318")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    assert create_otlp_exporter() is not None
+    assert otlp_requested()
+    assert OtlpExporter() is not None
     monkeypatch.setenv("OTEL_SDK_DISABLED", "TRUE")
-    assert create_otlp_exporter() is None
+    assert not otlp_requested()
+    assert not otlp_requested("http://127.0.0.1:4318")
     with pytest.raises(OtlpConfigError, match="OTEL_SDK_DISABLED"):
         OtlpExporter("http://127.0.0.1:4318")
 

@@ -98,21 +98,20 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
 
 
 def test_rules_use_the_exported_names() -> None:
-    """Every raw metric the rules read is a name the exporter produces from our OTel metrics."""
-    from infersight.agent.coldstart import metrics as coldstart_metrics
-    from infersight.agent.devices.metrics import SPECS
-    from infersight.metricspec import prometheus_name
+    """Every raw metric the rules read is a name the exporter produces from our declared metrics."""
+    import importlib
 
+    from test_metric_registry import DECLARING
+
+    from infersight.metricspec import REGISTRY, prometheus_name
+
+    for module in DECLARING:
+        importlib.import_module(module)
     text = "\n".join(p.read_text() for p in _rule_files())
-    produced = {prometheus_name(s) for s in SPECS.values()} | {
+    produced = {
         prometheus_name(s) + suffix
-        for s in coldstart_metrics.METRICS
-        for suffix in (("_bucket", "_count") if s.kind == "histogram" else ("",))
-    } | {
-        "infersight_request_duration_seconds_bucket",
-        "infersight_request_duration_seconds_count",
-        "gen_ai_server_time_to_first_token_seconds_bucket",
-        "infersight_events_lost",
+        for s in REGISTRY
+        for suffix in (("_bucket", "_count", "_sum") if s.kind == "histogram" else ("",))
     }
     exprs = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     used = set(re.findall(r"\b((?:hw|infersight|gen_ai)_[a-z0-9_]+)\s*(?:\{|\[|\)|\s|<|$)", exprs))

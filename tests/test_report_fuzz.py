@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from infersight.agent.report.html import render
 from infersight.agent.report.page import build
 from infersight.agent.report.parse import parse_lines
-from infersight.agent.report.trace import chrome_trace, dumps, waterfall_json
+from infersight.agent.report.trace import dumps, waterfall_json
 from infersight.exporters.otlp_json import encode_lines
 from infersight.telemetry import LogItem, MetricItem, SpanItem
 
@@ -66,7 +66,7 @@ def test_junk_anywhere_never_raises(line: int, path: list[int], value: Any) -> N
     t = parse_lines(lines, "fuzz")
     page = render(build(t), ["fuzz"])
     assert page.startswith("<!doctype html>") and page.endswith("</html>\n")
-    json.loads(dumps(chrome_trace(t)))
+    rd.chrome_trace(t)
     json.loads(dumps(waterfall_json(build(t).families)))
 
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from report_data import chrome_trace
 from test_report import CHROMIUM, needs_chromium, render
 from test_show import check_nesting, complete_events
 
 from infersight.agent.report import html as report_html
 from infersight.agent.report.parse import Telemetry
-from infersight.agent.report.trace import chrome_trace
 from infersight.exporters.otlp_json import logs_request, traces_request
 from infersight.telemetry import LogItem, Resource, SpanItem
 

@@ -43,6 +43,12 @@ def _root(end: float = 10.0) -> SpanItem:
     return SpanItem(Resource.of({"service.name": "s"}), "a" * 32, ROOT, None, "coldstart", 0, int(end * 1e9), {})
 
 
+def test_the_agent_calls_a_read_cold_where_the_hooks_do() -> None:
+    from infersight.hooks import _weights
+
+    assert weights_files.COLD_BELOW == _weights.COLD_BELOW
+
+
 def test_lazy_load_and_its_deferred_copy_are_one_cold_file() -> None:
     """A lazy load (1 s, 40 MiB from storage) and the copy nested in it that read the rest
     (1 s, its own /proc/self/io delta inside the outer one): 100 MiB, 2 s, counted once."""

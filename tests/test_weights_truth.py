@@ -147,17 +147,17 @@ def test_waterfall_says_warm_or_cold() -> None:
     assert note(old) == "2.0 GiB @ 1.0 GiB/s (25% of storage ceiling)"
 
 
-def test_launch_compares_only_cold_reads_with_the_storage_ceiling() -> None:
-    def span(path: str, rate: float, ratio: float | None) -> dict[str, object]:
-        attrs = [{"key": W + "path", "value": {"stringValue": path}},
-                 {"key": W + "bytes_per_s", "value": {"doubleValue": rate}}]
+def test_launch_compares_only_cold_files_with_the_storage_ceiling() -> None:
+    def event(path: str, rate: float, ratio: float | None) -> dict[str, object]:
+        attrs = [{"key": "path", "value": {"stringValue": path}},
+                 {"key": "bytes_per_s", "value": {"doubleValue": rate}}]
         if ratio is not None:
-            attrs.append({"key": W + "page_cache_ratio", "value": {"doubleValue": ratio}})
-        return {"attributes": attrs}
+            attrs.append({"key": "page_cache_ratio", "value": {"doubleValue": ratio}})
+        return {"name": "weights_file", "attributes": attrs}
 
-    req = {"resourceSpans": [{"scopeSpans": [{"spans": [
-        span("/cold", 1e8, 0.0), span("/warm", 5e9, 1.0), span("/old-hooks", 1e8, None)]}]}]}
-    assert storage_ceiling.cold_reads(req) == [("/cold", 1e8), ("/old-hooks", 1e8)]
+    req = {"resourceSpans": [{"scopeSpans": [{"spans": [{"events": [
+        event("/cold", 1e8, 0.0), event("/warm", 5e9, 1.0), event("/unsaid", 1e8, None)]}]}]}]}
+    assert storage_ceiling.cold_files(req) == {"/cold": 1e8}
 
 
 def test_a_move_to_a_device_says_it_read_the_mapped_file(tmp_path) -> None:

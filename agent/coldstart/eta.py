@@ -49,9 +49,6 @@ class Run:
     cache: str = "unknown"  # e.g. "weights=warm,compile=hit"
     ended_at: float = 0.0  # wall-clock seconds, for ordering only
 
-    def duration(self, stage: str) -> float:
-        return sum(d for s, d, _ in self.stages if s == stage)
-
     def milestones(self) -> dict[str, float]:
         return milestones([(s, e) for s, _, e in self.stages])
 

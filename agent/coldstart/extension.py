@@ -37,7 +37,7 @@ from infersight.agent.coldstart.metrics import REFRESH_NS, ColdStartMetrics, cei
 from infersight.agent.coldstart.progress import ProgressTracker, history_path_from
 from infersight.agent.daemon.assemble import KindHandler, SpanHandler
 from infersight.agent.daemon.extension import AgentContext, Extension
-from infersight.settings import Config
+from infersight.settings import Config, env_flag
 from infersight.telemetry import ColdStart, Item, SpanEvent
 
 log = logging.getLogger("infersight.agent.coldstart")
@@ -148,7 +148,7 @@ class ColdStartExtension(Extension):
 
 
 def measure_storage_enabled() -> bool:
-    return os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_flag("INFERSIGHT_MEASURE_STORAGE", True)
 
 
 def add_weights_files(cs: ColdStart, t_ns: int) -> list[Item]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from infersight.agent.coldstart.eta import MAX_STAGES, Run
 from infersight.statefiles import open_state_dir, open_state_file
+from infersight.weights_files import COLD_BELOW
 
 log = logging.getLogger("infersight.coldstart.history")
 FILE_NAME = "coldstart-history.jsonl"
@@ -105,7 +106,8 @@ def key_uid(key: str) -> int | None:
 
 def cache_state(weights_page_cache_ratio: float | None, compile_cache: str | None) -> str:
     """The part of a run's conditions that changes its duration most: page cache, compile cache."""
-    weights = "none" if weights_page_cache_ratio is None else ("warm" if weights_page_cache_ratio >= 0.5 else "cold")
+    ratio = weights_page_cache_ratio
+    weights = "none" if ratio is None else ("warm" if ratio >= COLD_BELOW else "cold")
     return "weights=%s,compile=%s" % (weights, compile_cache or "none")
 
 

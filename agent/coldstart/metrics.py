@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from infersight import weights_files
 from infersight.coldstart_stages import ENDED_BY, STAGE, TOTAL, UNATTRIBUTED, as_number, ended_by, stage_durations
-from infersight.metricspec import MetricSpec, prometheus_name
+from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.telemetry import (
     Attributes,
     ColdStart,
@@ -76,7 +76,6 @@ THROUGHPUT_BOUNDS: tuple[float, ...] = (
 CEILING_RATIO_BOUNDS: tuple[float, ...] = (
     0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25,
 )  # fmt: skip
-COLD_BELOW = 0.5  # page_cache_ratio under this is a cold read (as ceiling_ratio's rule)
 MAX_RESOURCES = 256  # services held; the least recently observed is forgotten past this
 MAX_STAGES = 64  # distinct stages per service; more custom stages count as "other"
 MAX_ENDED_BY = 16
@@ -99,7 +98,7 @@ RESOURCE_KEYS = (
     "telemetry.sdk.version",
 )
 
-METRICS: tuple[MetricSpec, ...] = (
+METRICS: tuple[MetricSpec, ...] = declare(
     MetricSpec(DURATION, "histogram", "s",
                "Cold-start time per stage (stages may nest), unattributed time, and the whole (total)",
                attributes=(STAGE,)),
@@ -155,7 +154,7 @@ def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
             resident += b * min(1.0, max(0.0, ratio))
     if nbytes <= 0 or seconds <= 0:
         return None
-    return ("cold" if resident / nbytes < COLD_BELOW else "warm"), nbytes / seconds
+    return ("cold" if resident / nbytes < weights_files.COLD_BELOW else "warm"), nbytes / seconds
 
 
 def ceiling_ratio(cs: ColdStart) -> float | None:
@@ -170,7 +169,7 @@ def ceiling_ratio(cs: ColdStart) -> float | None:
     for e in weights_files.events(cs):
         rate, read_s, ratio, cached = (as_number(e.attributes.get(k))
                                        for k in ("bytes_per_s", "read_s", "ceiling_ratio", "page_cache_ratio"))
-        if rate is None or read_s is None or ratio is None or cached is None or cached >= COLD_BELOW \
+        if rate is None or read_s is None or ratio is None or cached is None or cached >= weights_files.COLD_BELOW \
                 or not all(0 < v < math.inf for v in (rate, read_s, ratio)):
             continue  # a warm file, no ceiling known, or a figure that is no measurement
         served += rate * read_s
@@ -182,9 +181,8 @@ def ceiling_item(resource: Resource, ceilings: Mapping[str, float], t_ns: int, s
     """The ``infersight.storage.ceiling`` gauge: one point per device label, None when none is known."""
     if not ceilings:
         return None
-    spec = SPECS[CEILING]
     points = [NumberPoint(rate, {DEVICE: device}) for device, rate in sorted(ceilings.items())]
-    return MetricItem(resource, spec.name, spec.kind, spec.unit, spec.description, t_ns, start_ns, points)
+    return SPECS[CEILING].item(resource, t_ns, start_ns, points)
 
 
 def is_helper(cs: ColdStart) -> bool:
@@ -323,8 +321,7 @@ class ColdStartMetrics:
         start = self.start_ns if self.start_ns is not None else t
 
         def item(spec: MetricSpec, points: list[NumberPoint] | list[HistogramPoint]) -> MetricItem:
-            return MetricItem(res, spec.name, spec.kind, spec.unit, spec.description, t, start, points,
-                              spec.monotonic)
+            return spec.item(res, t, start, points)
 
         out = [item(SPECS[DURATION], [h.point({STAGE: s}) for s, h in sorted(svc.durations.items())])]
         if svc.throughput:

@@ -26,6 +26,7 @@ from infersight.agent.coldstart import history as ch
 from infersight.agent.coldstart.eta import MAX_STAGES, UNATTRIBUTED, Estimate, Run, predict
 from infersight.hooks._pagestate import page_cache_ratio
 from infersight.telemetry import ColdStart, ColdStartProgress, Item, Resource, SpanItem
+from infersight.weights_files import COLD_BELOW
 
 log = logging.getLogger("infersight.agent.progress")
 MIN_INTERVAL_NS = 1_000_000_000  # at most one update a second per process, but at once on a change
@@ -190,7 +191,7 @@ class ProgressTracker:
         ratio = page_cache_ratio(paths)
         if ratio is None:
             return None
-        return "weights=%s" % ("warm" if ratio >= 0.5 else "cold")
+        return "weights=%s" % ("warm" if ratio >= COLD_BELOW else "cold")
 
     def _stage(self, span: SpanItem) -> None:
         producer = span.origin.producer if span.origin else ""

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.weights_files import COLD_BELOW
+
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
 BLOCK = 8 << 20
@@ -41,14 +43,6 @@ class Measurement:
     @property
     def bytes_per_s(self) -> float:
         return self.nbytes / self.seconds if self.seconds > 0 else 0.0
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return ("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024
-    return str(n)
 
 
 def cache_path(env: dict[str, str] | None = None) -> str:
@@ -267,31 +261,6 @@ def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None)
             pass
 
 
-COLD_BELOW = 0.5  # infersight.weights.page_cache_ratio under this: the disk served the read
-
-
-def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:
-    """(path, bytes/s) of the weights reads in one OTLP JSON request that the disk served.
-
-    A read the page cache served (``page_cache_ratio`` >= 0.5) says nothing about the disk:
-    comparing it with the ceiling gave figures like 37,900%. Spans from hooks that did not
-    say (no ratio) still count.
-    """
-    found: list[tuple[str, float]] = []
-    for rs in req.get("resourceSpans", []) or []:
-        for ss in rs.get("scopeSpans", []) or []:
-            for s in ss.get("spans", []) or []:
-                attrs = {kv["key"]: kv.get("value", {}) for kv in s.get("attributes", [])}
-                p = attrs.get("infersight.weights.path", {}).get("stringValue")
-                r = attrs.get("infersight.weights.bytes_per_s", {})
-                rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
-                c = attrs.get("infersight.weights.page_cache_ratio")
-                cached = float(c.get("doubleValue", c.get("intValue", 0)) or 0) if isinstance(c, dict) else None
-                if p and rate > 0 and (cached is None or cached < COLD_BELOW):
-                    found.append((str(p), rate))
-    return found
-
-
 def cold_files(req: dict[str, Any]) -> dict[str, float]:
     """{path: bytes/s} of the cold weights files that one OTLP JSON request's roots summarise
     (``weights_file`` events with a throughput and page_cache_ratio < 0.5)."""
@@ -339,14 +308,3 @@ def measure_detached(path: str) -> int:
     return p.pid
 
 
-def doctor_lines(cache: str | None = None) -> list[str]:
-    """What ``infersight doctor`` prints: one line per cached device."""
-    devices = load_cache(cache)
-    if not devices:
-        return ["storage ceiling: not measured yet (launch measures it from the first large weights file)"]
-    return [
-        "storage ceiling of device %s: %.0f MiB/s (%s read of %s from %s)"
-        % (k, float(v.get("bytes_per_s", 0)) / 2**20, v.get("method"), human(int(v.get("sample_bytes", 0))),
-           v.get("path"))
-        for k, v in sorted(devices.items())
-    ]

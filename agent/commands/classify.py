@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from infersight.agent.cli import command_help
+from infersight.bytesize import torch_bytes
 from infersight.rules.engine import (
     RuleFileError,
     default_rule_paths,
-    human_bytes,
     load_rules,
 )
 from infersight.rules.oom_parse import NUMBER_KEYS, parse_size
@@ -138,7 +138,7 @@ def _read_text(path: str | None) -> str:
 
 
 def _fmt(n: int | None) -> str:
-    return "-" if n is None else human_bytes(n)
+    return "-" if n is None else torch_bytes(n)
 
 
 def _wrap(label: str, text: str) -> str:
@@ -187,7 +187,7 @@ def _print_human(i: int, n: int, f: Finding, out: TextIO) -> None:
 
 def _fmt_extra(key: str, v: float) -> str:
     if key.endswith("_bytes"):
-        return str(human_bytes(v))
+        return str(torch_bytes(v))
     return f"{v:g}"
 
 
@@ -242,9 +242,9 @@ def _print_snapshot(s: SnapshotSummary, sv: SnapshotVerdict | None, as_json: boo
     if s.truncated:
         print(f"  TRUNCATED: summarised the first {s.segments} segments and {s.blocks} blocks only", file=out)
     print(
-        f"  reserved {human_bytes(s.reserved_bytes)}, allocated {human_bytes(s.allocated_bytes)}"
-        f", free in cache {human_bytes(s.free_bytes)}, inactive split "
-        f"{human_bytes(s.inactive_split_bytes)}",
+        f"  reserved {torch_bytes(s.reserved_bytes)}, allocated {torch_bytes(s.allocated_bytes)}"
+        f", free in cache {torch_bytes(s.free_bytes)}, inactive split "
+        f"{torch_bytes(s.inactive_split_bytes)}",
         file=out,
     )
     print(
@@ -255,14 +255,14 @@ def _print_snapshot(s: SnapshotSummary, sv: SnapshotVerdict | None, as_json: boo
     for p in s.pools:
         print(
             f"  pool {p.name:<14} {p.segments:>5} segments, largest free block "
-            f"{human_bytes(p.largest_free_block)} of {human_bytes(p.free_bytes)} free, "
+            f"{torch_bytes(p.largest_free_block)} of {torch_bytes(p.free_bytes)} free, "
             f"ratio {p.fragmentation_ratio:.2f}",
             file=out,
         )
     for a in s.top_allocations[:5]:
-        print(f"  live {human_bytes(a.size):>12}  {a.frame or '(no frames recorded)'}", file=out)
+        print(f"  live {torch_bytes(a.size):>12}  {a.frame or '(no frames recorded)'}", file=out)
     if sv is not None:
-        print(f"  request {human_bytes(sv.request_bytes)}: {sv.outcome}", file=out)
+        print(f"  request {torch_bytes(sv.request_bytes)}: {sv.outcome}", file=out)
         print(_wrap("", sv.explanation), file=out)
         print(
             f"  rubric  {sv.rubric.cls} ({sv.rubric.rule})"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import TextIO
 
@@ -13,16 +12,14 @@ from infersight.exporters.file import FileExporter
 from infersight.settings import Config, ConfigError
 
 DEFAULT_FILE_NAME = "infersight.otlp.jsonl"
-OTLP_ENDPOINT_ENV = re.compile(r"OTEL_EXPORTER_OTLP_(TRACES_|METRICS_|LOGS_)?ENDPOINT\Z")
 
 
 def otlp_requested(config: Config, env: Mapping[str, str]) -> bool:
-    """OTLP only when an endpoint is configured: there is no implicit localhost."""
-    if str(env.get("OTEL_SDK_DISABLED", "")).strip().lower() == "true":
-        return False
-    if config.get("exporters.otlp.endpoint"):
-        return True
-    return any(OTLP_ENDPOINT_ENV.match(k) and v for k, v in env.items())
+    """OTLP only when an endpoint is configured (the file's or the environment's): there is no
+    implicit localhost."""
+    from infersight.exporters import otlp
+
+    return otlp.otlp_requested(config.get("exporters.otlp.endpoint"), env)
 
 
 def build_exporters(

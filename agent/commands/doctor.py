@@ -22,7 +22,9 @@ from typing import Any, TextIO
 
 from infersight import __version__
 from infersight.agent.cli import command_help
+from infersight.agent.commands.compose import otlp_requested
 from infersight.agent.daemon import config as cfg
+from infersight.bytesize import human_bytes
 from infersight.hooks import _bootstrap_dir, _paths
 from infersight.redact import mask_url
 from infersight.settings import Config, ConfigError
@@ -123,7 +125,10 @@ def _tcp_reachable(host: str, port: int) -> str | None:
 def check_exporters(conf: Config) -> list[Check]:
     out = []
     endpoint = conf.get("exporters.otlp.endpoint")
-    if endpoint:
+    if not otlp_requested(conf, os.environ):
+        out.append(Check("otlp", OK, "not configured (no OTEL_EXPORTER_OTLP_*ENDPOINT, or OTEL_SDK_DISABLED=true): "
+                         "file output only"))
+    elif endpoint:
         u = urllib.parse.urlsplit(endpoint if "://" in endpoint else "http://" + endpoint)
         port = u.port or (443 if u.scheme == "https" else 4318)
         err = _tcp_reachable(u.hostname or "127.0.0.1", port)
@@ -132,7 +137,7 @@ def check_exporters(conf: Config) -> list[Check]:
                          "" if err is None else "start the collector or fix OTEL_EXPORTER_OTLP_ENDPOINT; "
                          "the agent spools until it is back"))
     else:
-        out.append(Check("otlp", OK, "not configured (no OTEL_EXPORTER_OTLP_*ENDPOINT): file output only"))
+        out.append(Check("otlp", OK, "per-signal endpoints (OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT), not probed"))
     mqtt = os.environ.get("INFERSIGHT_MQTT_URL") or conf.get("exporters.mqtt.url")
     if mqtt:
         u = urllib.parse.urlsplit(str(mqtt))
@@ -176,7 +181,7 @@ def check_storage_ceiling() -> Check:
         return Check("storage", WARN, "read ceiling of %s not measured (directory not writable)" % here,
                      "run doctor from a writable directory on the weights' disk")
     return Check("storage", OK, "device %s reads %s/s sequentially (%s read, cached in %s)" % (
-        entry.get("device"), sc.human(float(entry.get("bytes_per_s", 0))), entry.get("method"), sc.cache_path()))
+        entry.get("device"), human_bytes(float(entry.get("bytes_per_s", 0))), entry.get("method"), sc.cache_path()))
 
 
 def check_allocator() -> Check:

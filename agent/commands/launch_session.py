@@ -506,9 +506,12 @@ def _storage_note(path: str, out: TextIO) -> None:
     """For each cold weights file: its throughput against the storage ceiling of its device.
     A device with no ceiling cached yet is measured by a detached process that outlives launch
     (the terminal is not held): ``infersight show`` and ``report`` quote the ratio from then on."""
-    if os.environ.get("INFERSIGHT_MEASURE_STORAGE", "1").strip().lower() in ("0", "false", "no", "off"):
+    from infersight.agent.coldstart.extension import measure_storage_enabled
+
+    if not measure_storage_enabled():
         return
     from infersight.agent.coldstart import storage_ceiling
+    from infersight.bytesize import human_bytes
 
     cold: dict[str, float] = {}
     try:
@@ -530,7 +533,7 @@ def _storage_note(path: str, out: TextIO) -> None:
         ceiling = float(entry["bytes_per_s"])
         out.write(
             "infersight: storage ceiling of device %s (%s read of %s): %.0f MiB/s; %s loaded at %.0f MiB/s (%.0f%%)\n"
-            % (entry["device"], entry["method"], storage_ceiling.human(int(entry["sample_bytes"])),
+            % (entry["device"], entry["method"], human_bytes(int(entry["sample_bytes"])),
                ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
         )
     for device, wpath in unmeasured.items():

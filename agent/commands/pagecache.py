@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from infersight.bytesize import human_bytes
 from infersight.hooks import _pagestate
 
 PAGE = mmap.PAGESIZE
@@ -91,17 +92,8 @@ def evict(paths: Sequence[str]) -> Eviction:
     return ev
 
 
-def human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return "%.0f %s" % (size, unit) if unit == "B" else "%.1f %s" % (size, unit)
-        size /= 1024
-    return "%d B" % n
-
-
 def describe(ev: Eviction) -> list[str]:
-    line = "evicted %d file(s), %s, from the page cache" % (ev.files, human(ev.bytes))
+    line = "evicted %d file(s), %s, from the page cache" % (ev.files, human_bytes(ev.bytes))
     if ev.resident_before >= 0 and ev.pages:
         line += " (resident before: %d of %d pages, %.0f%%; after: %d, %.0f%%)" % (
             ev.resident_before, ev.pages, 100.0 * ev.resident_before / ev.pages,

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from infersight.metricspec import MetricSpec, declare
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
 
@@ -71,6 +72,46 @@ def _reject(reason: str) -> Attributes:
     return _attr("infersight.reject", reason)
 
 
+def _counter(name: str, unit: str, description: str) -> MetricSpec:
+    return MetricSpec(name, "sum", unit, description, monotonic=True)
+
+
+# The agent's own metrics, declared once (NVML's health metric is the devices extension's).
+SPECS = {s.name: s for s in declare(
+    _counter("infersight.events.received", "{event}", "Valid events accepted from producers"),
+    _counter("infersight.events.exported", "{item}", "Items handed to exporters"),
+    # An up-down counter: it falls when a gap is filled late (a resend, a spool replay).
+    MetricSpec("infersight.events.lost", "sum", "{event}",
+               "Events missing from producers' sequence numbers (gaps), not yet recovered"),
+    _counter("infersight.events.dropped", "{event}", "Events producers dropped on full buffers"),
+    _counter("infersight.events.malformed", "{event}", "Events and frames rejected by validation"),
+    _counter("infersight.events.duplicates", "{event}", "Resent events dropped as duplicates"),
+    _counter("infersight.agent.reloads", "{reload}", "Config and rule reloads"),
+    _counter("infersight.agent.connections.closed", "{connection}",
+             "Connections the agent closed: at the connection limit, over a uid's share, idle producers"),
+    _counter("infersight.agent.accept.errors", "{error}", "accept() failures (EMFILE: out of descriptors)"),
+    _counter("process.cpu.time", "s", "Agent CPU time"),
+    MetricSpec("process.memory.usage", "gauge", "By", "Agent resident memory"),
+    _counter("infersight.events.gaps_forgotten", "{range}",
+             "Gap ranges merged away to bound memory (a late event there counts as a duplicate)"),
+    _counter("infersight.coldstart.pending.dropped", "{span}",
+             "Stage spans not kept for their root's summary (per-producer byte bound, or no root came)"),
+    MetricSpec("infersight.coldstart.pending.bytes", "gauge", "By", "Memory held by stage spans awaiting their root"),
+    _counter("infersight.coldstart.roots_closed", "{span}",
+             "Cold-start roots the agent closed for a producer that died first"),
+    MetricSpec("infersight.exporter.queue.depth", "gauge", "{batch}", "Batches waiting per exporter"),
+    _counter("infersight.exporter.errors", "{error}", "Failed export attempts"),
+    _counter("infersight.exporter.retries", "{retry}", "Export retries"),
+    _counter("infersight.exporter.dropped", "{item}", "Items an exporter dropped (full spool)"),
+    _counter("infersight.exporter.exported", "{item}", "Items an exporter delivered"),
+    _counter("infersight.exporter.rejected", "{item}",
+             "Items dropped because the peer refused them (for good, or agent.exporter_max_attempts times)"),
+    _counter("infersight.exporter.internal_errors", "{error}",
+             "Failures of the exporter worker itself (spool I/O, exporter bugs)"),
+    _counter("infersight.exporter.spool.corrupt", "{record}", "Spool records skipped as unreadable"),
+)}  # fmt: skip
+
+
 def health_metrics(
     resource: Resource,
     start_ns: int,
@@ -84,78 +125,53 @@ def health_metrics(
 ) -> list[MetricItem]:
     now = time.time_ns()
 
-    def m(name: str, kind: str, unit: str, desc: str, points: list[NumberPoint], monotonic: bool = True) -> MetricItem:
-        return MetricItem(resource, name, kind, unit, desc, now, start_ns, points, monotonic)  # type: ignore[arg-type]
+    def m(name: str, points: list[NumberPoint]) -> MetricItem:
+        return SPECS[name].item(resource, now, start_ns, points)
 
     c = counters
     out = [
-        m("infersight.events.received", "sum", "{event}", "Valid events accepted from producers",
-          [NumberPoint(c.events_in)]),
-        m("infersight.events.exported", "sum", "{item}", "Items handed to exporters",
-          [NumberPoint(c.items_out)]),
-        # An up-down counter: it falls when a gap is filled late (a resend, a spool replay).
-        m("infersight.events.lost", "sum", "{event}",
-          "Events missing from producers' sequence numbers (gaps), not yet recovered",
-          [NumberPoint(lost)], monotonic=False),
-        m("infersight.events.dropped", "sum", "{event}", "Events producers dropped on full buffers",
-          [NumberPoint(dropped_by_producers)]),
-        m("infersight.events.malformed", "sum", "{event}", "Events and frames rejected by validation",
+        m("infersight.events.received", [NumberPoint(c.events_in)]),
+        m("infersight.events.exported", [NumberPoint(c.items_out)]),
+        m("infersight.events.lost", [NumberPoint(lost)]),
+        m("infersight.events.dropped", [NumberPoint(dropped_by_producers)]),
+        m("infersight.events.malformed",
           [NumberPoint(c.malformed_events, _reject("event")),
            NumberPoint(c.malformed_frames, _reject("frame")),
            NumberPoint(c.oversized_frames, _reject("oversized")),
            NumberPoint(c.slow_peers, _reject("slow_peer")),
            NumberPoint(c.refused_peers, _reject("peer_uid")),
            NumberPoint(c.refused_schema, _reject("schema"))]),
-        m("infersight.events.duplicates", "sum", "{event}", "Resent events dropped as duplicates",
-          [NumberPoint(c.duplicates)]),
-        m("infersight.agent.reloads", "sum", "{reload}", "Config and rule reloads",
+        m("infersight.events.duplicates", [NumberPoint(c.duplicates)]),
+        m("infersight.agent.reloads",
           [NumberPoint(c.reloads, _attr("infersight.result", "ok")),
            NumberPoint(c.reload_failures, _attr("infersight.result", "failed"))]),
-        m("infersight.agent.connections.closed", "sum", "{connection}",
-          "Connections the agent closed: at the connection limit, over a uid's share, idle producers",
+        m("infersight.agent.connections.closed",
           [NumberPoint(c.over_capacity - c.over_uid_budget, _attr("infersight.reason", "over_capacity")),
            NumberPoint(c.over_uid_budget, _attr("infersight.reason", "over_uid_budget")),
            NumberPoint(c.idle_closed, _attr("infersight.reason", "idle"))]),
-        m("infersight.agent.accept.errors", "sum", "{error}", "accept() failures (EMFILE: out of descriptors)",
-          [NumberPoint(c.accept_errors)]),
-        m("process.cpu.time", "sum", "s", "Agent CPU time", [NumberPoint(cpu_s)]),
-        m("process.memory.usage", "gauge", "By", "Agent resident memory", [NumberPoint(rss)]),
+        m("infersight.agent.accept.errors", [NumberPoint(c.accept_errors)]),
+        m("process.cpu.time", [NumberPoint(cpu_s)]),
+        m("process.memory.usage", [NumberPoint(rss)]),
     ]
     if assembler is not None:
         out += [
-            m("infersight.events.gaps_forgotten", "sum", "{range}",
-              "Gap ranges merged away to bound memory (a late event there counts as a duplicate)",
-              [NumberPoint(int(assembler.get("gaps_forgotten", 0)))]),
-            m("infersight.coldstart.pending.dropped", "sum", "{span}",
-              "Stage spans not kept for their root's summary (per-producer byte bound, or no root came)",
-              [NumberPoint(int(assembler.get("pending_stages_dropped", 0)))]),
-            m("infersight.coldstart.pending.bytes", "gauge", "By", "Memory held by stage spans awaiting their root",
-              [NumberPoint(int(assembler.get("pending_bytes", 0)))]),
-            m("infersight.coldstart.roots_closed", "sum", "{span}",
-              "Cold-start roots the agent closed for a producer that died first",
+            m("infersight.events.gaps_forgotten", [NumberPoint(int(assembler.get("gaps_forgotten", 0)))]),
+            m("infersight.coldstart.pending.dropped", [NumberPoint(int(assembler.get("pending_stages_dropped", 0)))]),
+            m("infersight.coldstart.pending.bytes", [NumberPoint(int(assembler.get("pending_bytes", 0)))]),
+            m("infersight.coldstart.roots_closed",
               [NumberPoint(int(assembler.get("coldstart_roots_closed_for_lost", 0)),
                            _attr("infersight.coldstart.ended_by", "producer_lost"))]),
         ]
     for w in workers:
         attrs = _attr("infersight.exporter", str(w["name"]))
         out += [
-            m("infersight.exporter.queue.depth", "gauge", "{batch}", "Batches waiting per exporter",
-              [NumberPoint(int(w["queue_depth"]), attrs)]),
-            m("infersight.exporter.errors", "sum", "{error}", "Failed export attempts",
-              [NumberPoint(int(w["export_errors"]), attrs)]),
-            m("infersight.exporter.retries", "sum", "{retry}", "Export retries",
-              [NumberPoint(int(w["retries"]), attrs)]),
-            m("infersight.exporter.dropped", "sum", "{item}", "Items an exporter dropped (full spool)",
-              [NumberPoint(int(w["dropped_items"]), attrs)]),
-            m("infersight.exporter.exported", "sum", "{item}", "Items an exporter delivered",
-              [NumberPoint(int(w["exported_items"]), attrs)]),
-            m("infersight.exporter.rejected", "sum", "{item}",
-              "Items dropped because the peer refused them (for good, or agent.exporter_max_attempts times)",
-              [NumberPoint(int(w.get("rejected_items", 0)), attrs)]),
-            m("infersight.exporter.internal_errors", "sum", "{error}",
-              "Failures of the exporter worker itself (spool I/O, exporter bugs)",
-              [NumberPoint(int(w.get("internal_errors", 0)), attrs)]),
-            m("infersight.exporter.spool.corrupt", "sum", "{record}", "Spool records skipped as unreadable",
-              [NumberPoint(int(w.get("spool_corrupt_records", 0)), attrs)]),
+            m("infersight.exporter.queue.depth", [NumberPoint(int(w["queue_depth"]), attrs)]),
+            m("infersight.exporter.errors", [NumberPoint(int(w["export_errors"]), attrs)]),
+            m("infersight.exporter.retries", [NumberPoint(int(w["retries"]), attrs)]),
+            m("infersight.exporter.dropped", [NumberPoint(int(w["dropped_items"]), attrs)]),
+            m("infersight.exporter.exported", [NumberPoint(int(w["exported_items"]), attrs)]),
+            m("infersight.exporter.rejected", [NumberPoint(int(w.get("rejected_items", 0)), attrs)]),
+            m("infersight.exporter.internal_errors", [NumberPoint(int(w.get("internal_errors", 0)), attrs)]),
+            m("infersight.exporter.spool.corrupt", [NumberPoint(int(w.get("spool_corrupt_records", 0)), attrs)]),
         ]
     return out

@@ -58,9 +58,6 @@ class DiskSpool:
         self.corrupt_records = 0
         self._counts = {seg: self._scan(seg) for seg in self.segments}
 
-    def _seg_path(self, seg: int) -> str:
-        return os.path.join(self.dir, self._seg_name(seg))
-
     @staticmethod
     def _seg_name(seg: int) -> str:
         return "%012d.seg" % seg

@@ -40,6 +40,7 @@ from infersight.agent.devices.heterogeneity import DeviceVerdict, WindowState, e
 from infersight.agent.devices.metrics import RecordedSamples, device_metrics, nvml_unavailable
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
 from infersight.latency import DEFAULT_WINDOW_S, NvmlDevice, RequestWindows, SeriesKey
+from infersight.metricspec import declared
 from infersight.rules.device_rules import DeviceThresholds
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
 
@@ -47,7 +48,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 COEFFICIENT = "infersight.device.coefficient"
-COEFFICIENT_DESC = "Device P99 / median P99 of its peers (same model, request class, device kind)"
+COEFFICIENT_SPEC = declared(COEFFICIENT, "gauge", "1",
+                            "Device P99 / median P99 of its peers (same model, request class, device kind)")
 DISABLED_REASON = "disabled by configuration (nvml.enabled = false)"
 MAX_WINDOW_SAMPLES = 3600
 # Severity of each DeviceEvent kind.
@@ -338,7 +340,7 @@ class DeviceJob:
         metrics: list[MetricItem] = []
         if points:
             metrics.append(
-                MetricItem(agent.resource, COEFFICIENT, "gauge", "1", COEFFICIENT_DESC, now_ns, self._start_ns, points)
+                COEFFICIENT_SPEC.item(agent.resource, now_ns, self._start_ns, points)
             )
         return metrics, logs
 

@@ -8,17 +8,18 @@ of the reference table (``docs/device_metrics.md``, regenerated with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from infersight.agent.devices.nvml import HW_STATES, DeviceSample, HwState
-from infersight.metricspec import MetricSpec, prometheus_name
+from infersight.metricspec import MetricSpec, declare, declared, prometheus_name
 from infersight.rules.device_rules import THROTTLE_REASON_NAMES
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
 NVML_AVAILABLE = "infersight.nvml.available"
 _ID_ATTRS = ("hw.type", "hw.id", "hw.name", "hw.vendor", "infersight.device.index")
 
-METRICS: tuple[MetricSpec, ...] = (
+METRICS: tuple[MetricSpec, ...] = declare(
     MetricSpec("hw.gpu.utilization", "gauge", "1", "GPU busy ratio (NVML utilization.gpu)",
                attributes=("hw.gpu.task",)),
     MetricSpec("hw.gpu.memory.usage", "sum", "By", "Device memory in use"),
@@ -205,7 +206,7 @@ def device_metrics(
         _points(s, state, out)
     t = time_ns if time_ns is not None else max((s.time_ns for s in samples), default=start_ns)
     return [
-        MetricItem(resource, m.name, m.kind, m.unit, m.description, t, start_ns, out[m.name], m.monotonic)
+        m.item(resource, t, start_ns, out[m.name])
         for m in METRICS
         if m.name in out
     ]
@@ -222,11 +223,13 @@ CONTINUOUS = frozenset({
 })
 
 
+NVML_AVAILABLE_SPEC = declared(NVML_AVAILABLE, "gauge", "1", "1 when NVML answers; reason when not")
+
+
 def nvml_unavailable(resource: Resource, reason: str, start_ns: int, now_ns: int) -> MetricItem:
     """The health metric ``infersight.nvml.available`` of an agent whose device sampling is
     off: value 0, and why in ``infersight.nvml.reason``."""
-    return MetricItem(resource, NVML_AVAILABLE, "gauge", "1", "1 when NVML answers; reason when not", now_ns,
-                      start_ns, [NumberPoint(0, {"infersight.nvml.reason": reason})])
+    return NVML_AVAILABLE_SPEC.item(resource, now_ns, start_ns, [NumberPoint(0, {"infersight.nvml.reason": reason})])
 
 
 def _series_key(name: str, attrs: Attributes) -> tuple[object, ...]:
@@ -279,8 +282,7 @@ class RecordedSamples:
                     self._last[key] = p.value
                     changed.append(p)
             if changed:
-                out.append(MetricItem(it.resource, it.name, it.kind, it.unit, it.description, it.time_ns,
-                                      it.start_ns, changed, it.monotonic))
+                out.append(dataclasses.replace(it, points=changed))
         return out
 
 

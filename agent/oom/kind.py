@@ -34,19 +34,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.errors import AgentError
+from infersight.bytesize import torch_bytes
+from infersight.metricspec import declared
 from infersight.rules.engine import (
     BASE_QUANTITIES,
     RuleFileError,
     RuleSet,
     Verdict,
     builtin_rules_path,
-    human_bytes,
     load_rules,
 )
 from infersight.rules.oom_parse import OomMessage
 from infersight.rules.serving import Finding, ServingRules, analyse, rubric_reason
 from infersight.rules.serving import builtin as builtin_serving
-from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint, Origin, SpanEvent
+from infersight.telemetry import Attributes, Item, LogItem, NumberPoint, Origin, SpanEvent
 
 if TYPE_CHECKING:
     from infersight.settings import Config
@@ -60,7 +61,9 @@ MAX_TEXT = 16384
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
 SEVERITY_ERROR = 17
 
-GAUGES = (
+OOM_COUNT = declared("infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", monotonic=True)
+# The hooks' allocator statistics (``mem`` events): (key, the metric it is).
+GAUGES = tuple((key, declared(name, "gauge", "By", "")) for key, name in (
     ("reserved", "infersight.memory.reserved"),
     ("reserved_peak", "infersight.memory.reserved.peak"),
     ("allocated", "infersight.memory.allocated"),
@@ -68,13 +71,13 @@ GAUGES = (
     ("active", "infersight.memory.active"),
     ("active_peak", "infersight.memory.active.peak"),
     ("inactive_split", "infersight.memory.inactive_split"),
-)
-SUMS = (
+))
+SUMS = tuple((key, declared(name, "sum", "{count}", "", monotonic=True)) for key, name in (
     ("retries", "infersight.memory.alloc_retries"),
     ("device_alloc", "infersight.memory.device_allocs"),
     ("device_free", "infersight.memory.device_frees"),
     ("ooms", "infersight.memory.ooms"),
-)
+))
 MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
 
 
@@ -219,11 +222,8 @@ def _emit(p: Producer, origin: Origin, t_ns: int, sp: str | None, cls: str, body
     p.attach_event(sp, SpanEvent("infersight.oom", t_ns, dict(attrs)))
     counts: dict[str, int] = p.state.setdefault("oom_counts", {})
     counts[cls] = counts.get(cls, 0) + 1
-    out.append(MetricItem(
-        p.resource, "infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", t_ns,
-        int(p.info.get("start_ns") or t_ns),
-        [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())],
-    ))
+    out.append(OOM_COUNT.item(p.resource, t_ns, int(p.info.get("start_ns") or t_ns),
+                              [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())]))
 
 
 class OomHandlers:
@@ -537,19 +537,17 @@ class OomHandlers:
         start = int(p.info.get("start_ns") or t_ns)
         # A reset of PyTorch's accumulated stats restarts the sums.
         starts: dict[tuple[int, str], tuple[int, int]] = p.state.setdefault("mem_sum_start", {})
-        for key, name in GAUGES:
+        for key, spec in GAUGES:
             if key in st:
-                out.append(MetricItem(p.resource, name, "gauge", "By", "", t_ns, start,
-                                      [NumberPoint(st[key], dict(dattrs))]))
-        for key, name in SUMS:
+                out.append(spec.item(p.resource, t_ns, start, [NumberPoint(st[key], dict(dattrs))]))
+        for key, spec in SUMS:
             if key not in st:
                 continue
             s0, last = starts.get((dev, key), (start, 0))
             if st[key] < last:
                 s0 = t_ns
             starts[(dev, key)] = (s0, st[key])
-            out.append(MetricItem(p.resource, name, "sum", "{count}", "", t_ns, s0,
-                                  [NumberPoint(st[key], dict(dattrs))]))
+            out.append(spec.item(p.resource, t_ns, s0, [NumberPoint(st[key], dict(dattrs))]))
         ev = d.get("ev")
         if ev is None:
             return
@@ -617,6 +615,6 @@ def _snap_attrs(snap: dict[str, Any]) -> Attributes:
 def one_line(v: Verdict, dev: int | None = None) -> str:
     """``OOM on cuda:0: fragmentation (rule frag-1): tried 2.00 GiB; ...`` for a log body."""
     where = " on cuda:%d" % dev if dev is not None else ""
-    req = " requested %s;" % human_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
+    req = " requested %s;" % torch_bytes(v.requested_bytes) if v.requested_bytes is not None else ""
     note = " (%s)" % v.note if v.note else ""
     return " ".join(("OOM%s: %s by rule %s:%s %s%s" % (where, v.cls, v.rule, req, v.remedy, note)).split())

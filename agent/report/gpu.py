@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infersight.agent.report.parse import HistSample, Sample, Telemetry
-from infersight.agent.report.views import Mark, Oom, human_bytes, num, stage_name
+from infersight.agent.report.views import Mark, Oom, num, stage_name
+from infersight.bytesize import human_bytes
 from infersight.telemetry import AttrValue, HistogramPoint, LogItem, SpanEvent, SpanItem
 
 # -- memory -------------------------------------------------------------------------------

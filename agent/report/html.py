@@ -15,7 +15,8 @@ from infersight import __version__
 from infersight.agent.report.gpu import Devices, MemoryChart, Series
 from infersight.agent.report.scan import ColdStartRow
 from infersight.agent.report.svg import MAX_ROWS, esc, legend, memory_svg, oom_title, tracks_svg, waterfall_svg
-from infersight.agent.report.views import Family, Oom, human_bytes, process_label
+from infersight.agent.report.views import Family, Oom, process_label
+from infersight.bytesize import human_bytes
 from infersight.weights_files import describe
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"

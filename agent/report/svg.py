@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from html import escape
 
 from infersight.agent.report.gpu import DeviceTimeline, MemoryChart
-from infersight.agent.report.views import Family, Oom, ProcessWaterfall, human_bytes, weights_note
+from infersight.agent.report.views import Family, Oom, ProcessWaterfall, weights_note
+from infersight.bytesize import human_bytes
 from infersight.coldstart_stages import gap_frames
 from infersight.sanitize import clean_text
 from infersight.telemetry import AttrValue, SpanItem

@@ -18,8 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from infersight.agent.report.parse import Telemetry
-from infersight.agent.report.scan import Scan, Source, batches, collect, memory_source, repeats
+from infersight.agent.report.scan import Scan, Source, batches, collect, repeats
 from infersight.agent.report.views import Family, is_oom, process_label, stage_name, weights_note
 from infersight.telemetry import AttrValue, LogItem, SpanItem
 
@@ -228,16 +227,8 @@ def chrome_events(source: Source, plan: TracePlan, batch_spans: int = 20_000) ->
             yield {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": names[pid]}}
 
 
-def chrome_trace(t: Telemetry) -> dict[str, Any]:
-    """The whole trace as one object (records already in memory); ``show`` streams :func:`chrome_events`."""
-    source = memory_source(t)
-    plan = plan_trace(source)
-    return {"traceEvents": list(chrome_events(source, plan)), "displayTimeUnit": "ms",
-            "otherData": {"generator": "infersight", "t0_unix_ns": plan.t0}}
-
-
 def write_chrome_trace(source: Source, plan: TracePlan, out: TextIO) -> None:
-    """``chrome_trace`` as text, written one event at a time (the same bytes as ``dumps(chrome_trace(t))``)."""
+    """The Chrome trace (``traceEvents`` and its metadata) as JSON text, one event at a time."""
     out.write('{"traceEvents": [')
     for n, ev in enumerate(chrome_events(source, plan)):
         out.write((", " if n else "") + dumps(ev))

@@ -13,8 +13,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from infersight.bytesize import human_bytes
 from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
-from infersight.weights_files import CeilingOf, files_of
+from infersight.weights_files import COLD_BELOW, CeilingOf, files_of
 
 GAP_MIN_SHARE = 0.005  # computed unattributed gaps shorter than this share of the root are not drawn
 UNATTRIBUTED = "unattributed"
@@ -278,7 +279,7 @@ def weights_note(s: SpanItem) -> str:
         out += " @ %s/s" % human_bytes(rate)
     pcr = num(a.get("infersight.weights.page_cache_ratio"))
     if pcr is not None:
-        out += ", warm (page cache %.0f%%)" % (100 * pcr) if pcr >= 0.5 else ", cold (page cache %.0f%%)" % (100 * pcr)
+        out += ", %s (page cache %.0f%%)" % ("warm" if pcr >= COLD_BELOW else "cold", 100 * pcr)
     elif num(a.get("infersight.weights.ceiling_ratio")) is not None:
         out += ", cold"
     ceiling = num(a.get("infersight.weights.ceiling_ratio"))
@@ -287,16 +288,6 @@ def weights_note(s: SpanItem) -> str:
     if a.get("infersight.weights.lazy") is True:
         out += ", lazy (mapped)"
     return out
-
-
-def human_bytes(n: float) -> str:
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return sign + (("%.0f %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit)))
-        n /= 1024
-    return sign + str(n)
 
 
 # -- OOMs ---------------------------------------------------------------------------------

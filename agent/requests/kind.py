@@ -38,15 +38,22 @@ from typing import Any
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.instances import RECENT_REQUESTS, InstanceLatency
 from infersight.latency import DEFAULT_WINDOW_S, LatencyWindow, NvmlDevice, SeriesKey, percentile
+from infersight.metricspec import MetricSpec, declare
 from infersight.telemetry import Attributes, HistogramPoint, Item, MetricItem, NumberPoint, Origin, Resource
 
 KIND = "req"
 DURATION = "infersight.request.duration"
 TTFT = "gen_ai.server.time_to_first_token"
-DESCRIPTIONS = {
-    DURATION: "Request duration per device, model and request class",
-    TTFT: "Time to first token of streamed responses, per device and model",
-}
+INSTANCE_P50 = "infersight.instance.request.p50"
+INSTANCE_P99 = "infersight.instance.request.p99"
+SPECS = {s.name: s for s in declare(
+    MetricSpec(DURATION, "histogram", "s", "Request duration per device, model and request class"),
+    MetricSpec(TTFT, "histogram", "s", "Time to first token of streamed responses, per device and model"),
+    MetricSpec(INSTANCE_P50, "gauge", "s", "Request duration P50 of this serving instance over the window"),
+    MetricSpec(INSTANCE_P99, "gauge", "s", "Request duration P99 of this serving instance over the window"),
+    MetricSpec("infersight.requests.dropped", "sum", "{request}",
+               "Requests not histogrammed because the series limit was reached", monotonic=True),
+)}  # fmt: skip
 # Seconds. gen_ai semantic-convention boundaries, extended down to 1 ms for small models.
 DURATION_BOUNDS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
@@ -63,8 +70,6 @@ HTTP_CLASS = "http"  # the ASGI middleware's requests (infersight.hooks.asgi.HTT
 MAX_INSTANCES = 1024
 MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_INSTANCE_DEVICES = 16
-INSTANCE_P50 = "infersight.instance.request.p50"
-INSTANCE_P99 = "infersight.instance.request.p99"
 _CUDA = re.compile(r"cuda:(\d+)\Z")
 
 
@@ -353,11 +358,9 @@ class RequestStats:
             if not (inst.dirty or everything):
                 continue
             inst.dirty = False
-            for name, v, what in ((INSTANCE_P50, lat.p50_s, "P50"), (INSTANCE_P99, lat.p99_s, "P99")):
-                out.append(MetricItem(
-                    inst.resource, name, "gauge", "s", "Request duration %s of this serving instance over the window"
-                    % what, now_ns, now_ns, [NumberPoint(v, {"infersight.request.count": lat.count})],
-                ))  # fmt: skip
+            for name, v in ((INSTANCE_P50, lat.p50_s), (INSTANCE_P99, lat.p99_s)):
+                out.append(SPECS[name].item(inst.resource, now_ns, now_ns,
+                                            [NumberPoint(v, {"infersight.request.count": lat.count})]))
         return out
 
     # -- export ------------------------------------------------------------------------
@@ -378,7 +381,7 @@ class RequestStats:
                 attrs, hist = ph.series[key]
                 by_name.setdefault(key[0], []).append(hist.point(attrs))
             out.extend(
-                MetricItem(ph.resource, name, "histogram", "s", DESCRIPTIONS[name], now_ns, ph.start_ns, by_name[name])
+                SPECS[name].item(ph.resource, now_ns, ph.start_ns, by_name[name])
                 for name in (DURATION, TTFT)
                 if name in by_name
             )
@@ -388,9 +391,6 @@ class RequestStats:
         out.extend(self.instance_metrics(now_ns, everything))
         return out
 
-    def series_count(self) -> int:
-        return self._nseries
-
     def stats(self) -> dict[str, Any]:
         """For ``infersight status --json``: counts, and each instance's P50/P99."""
         return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series,
@@ -399,8 +399,5 @@ class RequestStats:
 
     def self_metrics(self, resource: Resource, start_ns: int, now_ns: int) -> list[MetricItem]:
         """The agent's own count of requests left out of the histograms (series cap reached)."""
-        return [MetricItem(
-            resource, "infersight.requests.dropped", "sum", "{request}",
-            "Requests not histogrammed because the series limit was reached", now_ns, start_ns,
-            [NumberPoint(self.dropped_series, {"infersight.reason": "series_limit"})],
-        )]
+        return [SPECS["infersight.requests.dropped"].item(
+            resource, now_ns, start_ns, [NumberPoint(self.dropped_series, {"infersight.reason": "series_limit"})])]
