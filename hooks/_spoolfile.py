@@ -21,7 +21,7 @@ import stat
 import struct  # already loaded by _wire
 import time
 
-from . import _wire
+from . import _paths, _wire
 from ._env import say
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -111,9 +111,8 @@ class SpoolFile:
             return False
         if self.fd is not None:
             return True
-        # Unguessable, so nobody can plant anything at the name first; ".spool" is what
-        # the agent's replay looks for.
-        name = "%s-%s.spool" % (self.producer["id"], os.urandom(8).hex())
+        # Unguessable, so nobody can plant anything at the name first.
+        name = _paths.spool_file_name(self.producer["id"], os.urandom(8).hex())
         dfd = fd = None
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, SpanEvent, SpanItem
 
 EVENT = "weights_file"
-W = "infersight.weights."
-COLD_BELOW = 0.5  # the hooks' threshold (hooks/_weights.COLD_BELOW)
+W = _contract.WEIGHTS
+COLD_BELOW = _contract.COLD_BELOW
 
 CeilingOf = Callable[[str], "float | None"]  # a file's storage ceiling (bytes/s), if known
 

@@ -44,29 +44,35 @@ ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infers
 FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices", "requests", "report", "routing"))
 # Only the commands (the composition root) wire concrete exporters and extensions, by name.
 COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
+# The hooks <-> agent contract (docs/wire.md): stdlib-only modules of the hooks that the agent
+# reads too. ``_contract`` (attribute names and thresholds) is constants only: even the neutral
+# modules read it, since the hooks may import nothing outside hooks/ and the names are defined once.
+CONTRACT = "infersight.hooks._contract"
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
-# hooks' wire format and paths (both sides of the socket), the sampler's gap summary (the
-# agent closes the gaps of a killed producer as its hooks would have), and the neutral modules.
+# hooks' wire format, paths and contract (both sides of the socket), the sampler's gap summary
+# (the agent closes the gaps of a killed producer as its hooks would have), and the neutral modules.
 DAEMON_MAY_USE = ("infersight.agent.daemon", "infersight.agent.errors", "infersight.exporters.base",
-                  "infersight.hooks._wire", "infersight.hooks._paths", "infersight.hooks._sampler", *NEUTRAL)
+                  "infersight.hooks._wire", "infersight.hooks._paths", CONTRACT, "infersight.hooks._sampler",
+                  *NEUTRAL)
 
 
 @dataclass(frozen=True)
 class Rule:
     """Importers under ``path`` (a file or a folder ending in ``/``), bar ``exempt``, may import
-    of ours only targets under ``only`` (when given) and none under ``never``."""
+    of ours only targets under ``only`` (when given) and none under ``never`` but those under ``unless``."""
 
     path: str
     why: str
     only: tuple[str, ...] | None = None
     never: tuple[str, ...] = ()
     exempt: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
 
     def applies_to(self, rel: str) -> bool:
         return (rel == self.path or (self.path.endswith("/") and rel.startswith(self.path))) and rel not in self.exempt
 
     def allows(self, target: str) -> bool:
-        if any(_under(target, p) for p in self.never):
+        if any(_under(target, p) for p in self.never) and not any(_under(target, p) for p in self.unless):
             return False
         return self.only is None or any(_under(target, p) for p in self.only)
 
@@ -84,7 +90,8 @@ RULES: tuple[Rule, ...] = (
          "the commands hand it", never=tuple(f for f in FEATURES if not f.endswith(".routing"))),
     *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "no other feature imports routing", never=("infersight.agent.routing",))
       for f in FEATURES if not f.endswith(".routing")),
-    Rule("infersight/", "the neutral modules import no role package", never=ROLES,
+    Rule("infersight/", "the neutral modules import no role package (the hooks' contract aside)", never=ROLES,
+         unless=(CONTRACT,),
          exempt=("infersight/__main__.py",)),  # `python -m infersight`: an entry point that runs the CLI
 )  # fmt: skip
 

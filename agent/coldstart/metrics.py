@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from infersight import weights_files
 from infersight.coldstart_stages import ENDED_BY, STAGE, TOTAL, UNATTRIBUTED, as_number, ended_by, stage_durations
+from infersight.hooks._contract import COLD_BELOW
 from infersight.metricspec import MetricSpec, prometheus_name
 from infersight.telemetry import (
     Attributes,
@@ -76,7 +77,6 @@ THROUGHPUT_BOUNDS: tuple[float, ...] = (
 CEILING_RATIO_BOUNDS: tuple[float, ...] = (
     0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25,
 )  # fmt: skip
-COLD_BELOW = 0.5  # page_cache_ratio under this is a cold read (as ceiling_ratio's rule)
 MAX_RESOURCES = 256  # services held; the least recently observed is forgotten past this
 MAX_STAGES = 64  # distinct stages per service; more custom stages count as "other"
 MAX_ENDED_BY = 16

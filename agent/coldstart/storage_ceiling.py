@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from infersight.hooks import _paths
+from infersight.hooks._contract import COLD_BELOW
+
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
 BLOCK = 8 << 20
@@ -52,9 +55,7 @@ def human(n: float) -> str:
 
 
 def cache_path(env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ) if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "infersight", "storage_ceiling.json")
+    return _paths.storage_ceiling_file(env)
 
 
 def device_key(path: str) -> str:
@@ -265,9 +266,6 @@ def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None)
             os.unlink(scratch)
         except OSError:
             pass
-
-
-COLD_BELOW = 0.5  # infersight.weights.page_cache_ratio under this: the disk served the read
 
 
 def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:

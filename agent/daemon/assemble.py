@@ -19,6 +19,7 @@ from infersight.agent.daemon.checkpoint import Checkpoint, gap_spans
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
 from infersight.coldstart_stages import covered_ns, merge, named_intervals
+from infersight.hooks import _contract
 from infersight.redact import mask_value
 from infersight.sanitize import clean_key, clean_text
 from infersight.telemetry import (
@@ -54,8 +55,7 @@ class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malform
 
 
 
-# ready_wait sources at which the hooks end a root (hooks/_coldstart.py READY_SIGNALS)
-ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule"})
+ROOT_ENDING_READY = frozenset(_contract.READY_SIGNALS)  # ready_wait sources at which the hooks end a root
 
 @dataclass(slots=True)
 class Producer:

@@ -31,6 +31,7 @@ from infersight.agent.daemon.ingest_server import Listener, fd_limit
 from infersight.agent.daemon.liveness import Liveness
 from infersight.agent.daemon.receive import Receiver
 from infersight.agent.daemon.replay import SpoolReplay
+from infersight.hooks import _paths
 
 FD_HEADROOM = 64  # descriptors kept free for the spool, exporters and status probes
 
@@ -179,7 +180,7 @@ class Ingest:
         agent was busy) is read first, so that the agent closes its root only if it really
         never came."""
         if self.spool_dir and not producer.gone:
-            self.replay_spools(self.spool_dir, producer.id + "-")
+            self.replay_spools(self.spool_dir, _paths.spool_prefix(producer.id))
         self.receiver.close_lost(producer)
 
     def _file_ended(self, producer: Producer) -> None:

@@ -23,9 +23,7 @@ from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.identity import Peer
 from infersight.agent.daemon.receive import Receiver
 from infersight.agent.daemon.sanitize import decode_frame
-from infersight.hooks import _wire
-
-SUFFIX = ".spool"
+from infersight.hooks import _paths, _wire
 
 
 def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
@@ -60,7 +58,7 @@ class SpoolReplay:
         except OSError:
             return 0
         try:
-            names = sorted(n for n in os.listdir(dfd) if n.endswith(SUFFIX) and n.startswith(prefix))
+            names = sorted(n for n in os.listdir(dfd) if n.endswith(_paths.SPOOL_SUFFIX) and n.startswith(prefix))
             return sum(1 for name in names if self._replay_one(directory, dfd, name))
         except OSError:
             return 0
