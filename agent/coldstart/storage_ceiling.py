@@ -25,8 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.hooks import _paths
-from infersight.hooks._contract import COLD_BELOW
+from infersight.hooks import _contract, _paths
 
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
@@ -280,12 +279,12 @@ def cold_reads(req: dict[str, Any]) -> list[tuple[str, float]]:
         for ss in rs.get("scopeSpans", []) or []:
             for s in ss.get("spans", []) or []:
                 attrs = {kv["key"]: kv.get("value", {}) for kv in s.get("attributes", [])}
-                p = attrs.get("infersight.weights.path", {}).get("stringValue")
-                r = attrs.get("infersight.weights.bytes_per_s", {})
+                p = attrs.get(_contract.WEIGHTS_PATH, {}).get("stringValue")
+                r = attrs.get(_contract.WEIGHTS_BYTES_PER_S, {})
                 rate = float(r.get("doubleValue", r.get("intValue", 0)) or 0)
-                c = attrs.get("infersight.weights.page_cache_ratio")
+                c = attrs.get(_contract.WEIGHTS_PAGE_CACHE_RATIO)
                 cached = float(c.get("doubleValue", c.get("intValue", 0)) or 0) if isinstance(c, dict) else None
-                if p and rate > 0 and (cached is None or cached < COLD_BELOW):
+                if p and rate > 0 and (cached is None or cached < _contract.COLD_BELOW):
                     found.append((str(p), rate))
     return found
 
@@ -303,7 +302,7 @@ def cold_files(req: dict[str, Any]) -> dict[str, float]:
                     a = {kv["key"]: _value(kv.get("value", {})) for kv in ev.get("attributes", [])}
                     p, rate, ratio = a.get("path"), a.get("bytes_per_s"), a.get("page_cache_ratio")
                     if isinstance(p, str) and isinstance(rate, float) and rate > 0 and isinstance(ratio, float) \
-                            and ratio < COLD_BELOW:
+                            and ratio < _contract.COLD_BELOW:
                         found[p] = rate
     return found
 

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from infersight.hooks import _contract
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
 
@@ -132,7 +133,7 @@ def health_metrics(
             m("infersight.coldstart.roots_closed", "sum", "{span}",
               "Cold-start roots the agent closed for a producer that died first",
               [NumberPoint(int(assembler.get("coldstart_roots_closed_for_lost", 0)),
-                           _attr("infersight.coldstart.ended_by", "producer_lost"))]),
+                           _attr(_contract.ENDED_BY, _contract.ENDED_BY_PRODUCER_LOST))]),
         ]
     for w in workers:
         attrs = _attr("infersight.exporter", str(w["name"]))
