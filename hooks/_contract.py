@@ -35,12 +35,17 @@ WEIGHTS_CEILING_RATIO = WEIGHTS + "ceiling_ratio"  # bytes_per_s over the storag
 
 # -- values ------------------------------------------------------------------------------
 
+# Stages (STAGE values; a stage span is named ``coldstart.<stage>``) that the agent reads.
+READY_WAIT = "ready_wait"  # from the start of readiness waiting to readiness (READY_SOURCE says which)
+FIRST_REQUEST = "first_request"  # the first request, from its arrival to its response
+WEIGHTS_LOAD = "weights_load"  # reading a weights file (the WEIGHTS_* attributes)
+UNATTRIBUTED = "unattributed"  # a gap no stage covers (the sampler's UNATTRIBUTED_* attributes)
+
 ROLE_HELPER = "helper"
 ENDED_BY_READY = "ready"
-ENDED_BY_FIRST_REQUEST = "first_request"
+ENDED_BY_FIRST_REQUEST = FIRST_REQUEST
 ENDED_BY_EXIT = "exit"
 ENDED_BY_PRODUCER_LOST = "producer_lost"  # the agent closed it: the process died first
-UNATTRIBUTED = "unattributed"  # the stage of a gap no stage covers
 
 # Readiness signals (READY_SOURCE values): the root ends at readiness when one of these said
 # when it came. A request that arrives first ("request") is no signal: the first response

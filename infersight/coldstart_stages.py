@@ -16,7 +16,7 @@ from infersight.telemetry import AttrValue, ColdStart, SpanItem
 STAGE = _contract.STAGE
 ENDED_BY = _contract.ENDED_BY
 UNATTRIBUTED = _contract.UNATTRIBUTED
-FIRST_REQUEST = _contract.ENDED_BY_FIRST_REQUEST
+FIRST_REQUEST = _contract.FIRST_REQUEST
 TOP = _contract.UNATTRIBUTED_TOP
 SAMPLES = _contract.UNATTRIBUTED_SAMPLES
 MIN_TOP_SAMPLES = _contract.MIN_GAP_SAMPLES
@@ -78,7 +78,7 @@ def stage_durations(cs: ColdStart) -> dict[str, float]:
         if name is not None and name not in (UNATTRIBUTED, TOTAL):
             spans.setdefault(name, []).append((s.start_ns, s.end_ns))
     hi = root.end_ns
-    if root.attributes.get(ENDED_BY) == "ready":
+    if root.attributes.get(ENDED_BY) == _contract.ENDED_BY_READY:
         hi = max([hi, *(e for _s, e in spans.get(FIRST_REQUEST, ()))])
     out = {name: union_ns(iv, root.start_ns, hi) / 1e9 for name, iv in sorted(spans.items())}
     un = as_number(root.attributes.get(_contract.UNATTRIBUTED_S))
@@ -97,9 +97,9 @@ def ended_by(cs: ColdStart) -> str:
         return v[:64]
     names = {stage_name(s) for s in cs.stages}
     if cs.root.attributes.get("infersight.coldstart.source") == "launcher":
-        if "ready_wait" in names:
-            return "ready"
-        return "first_request" if FIRST_REQUEST in names else "exit"
+        if _contract.READY_WAIT in names:
+            return _contract.ENDED_BY_READY
+        return _contract.ENDED_BY_FIRST_REQUEST if FIRST_REQUEST in names else _contract.ENDED_BY_EXIT
     return "unknown"
 
 

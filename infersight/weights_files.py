@@ -57,7 +57,7 @@ def _union_s(intervals: list[tuple[int, int]]) -> float:
 
 
 def _is_weights(s: SpanItem) -> bool:
-    return s.attributes.get(_contract.STAGE) == "weights_load" and isinstance(s.attributes.get(W + "path"), str)
+    return s.attributes.get(_contract.STAGE) == _contract.WEIGHTS_LOAD and isinstance(s.attributes.get(W + "path"), str)
 
 
 def summarize(stages: Iterable[SpanItem], ceiling_of: CeilingOf | None = None) -> list[dict[str, AttrValue]]:

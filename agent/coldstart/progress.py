@@ -33,7 +33,7 @@ MIN_INTERVAL_NS = 1_000_000_000  # at most one update a second per process, but 
 MAX_WARMING = 1024
 MAX_DONE = 4096  # producers whose cold start ended, remembered so later stages do not restart it
 MAX_AGE_NS = 3600 * 1_000_000_000  # a cold start silent this long is forgotten, not tracked forever
-READY_STAGE = "ready_wait"
+READY_STAGE = _contract.READY_WAIT
 MAX_WARMING_PER_UID = MAX_WARMING // 4
 
 

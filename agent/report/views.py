@@ -169,7 +169,7 @@ def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> li
         marks.append(Mark(root.start_ns + ready_ns, "ready", "ready after %.3f s (%s)" % (
             ready, root.attributes.get(_contract.READY_SOURCE) or "?")))
     for s in stages:
-        if stage_name(s) == "first_request":
+        if stage_name(s) == _contract.FIRST_REQUEST:
             ttfb = num(s.attributes.get(_contract.FIRST_REQUEST_TTFB_S))
             ttfb_ns = offset_ns(ttfb)
             if ttfb_ns is None:

@@ -27,7 +27,7 @@ from infersight.hooks._listening import listener_uids
 from infersight.instances import InstanceLatency
 from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
 
-READY_STAGE = "coldstart.ready_wait"
+READY_STAGE = "coldstart." + _contract.READY_WAIT
 MAX_INSTANCES = 1024
 MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_VACATED = 256
