@@ -1,4 +1,9 @@
-"""Socket and spool locations, as DESIGN defines them (stdlib only)."""
+"""Where the hooks and the agent meet, as DESIGN defines them (stdlib only; docs/wire.md).
+
+The agent's socket and the rule its directory must pass, the spool directory and the names
+of the spool files in it, and the storage ceiling cache the agent writes and the hooks read.
+Both sides take every location from here.
+"""
 
 from __future__ import annotations
 

@@ -36,15 +36,12 @@ class DeadlineOwner(Protocol):
     rlog: RateLimitedLog
 
 
-async def read_frame(reader: asyncio.StreamReader, header_s: float | None, frame_s: float, counters: Counters,
+async def read_frame(reader: asyncio.StreamReader, header_s: float, frame_s: float, counters: Counters,
                      rlog: RateLimitedLog) -> bytes | None:
-    """One payload; None after counting an oversized or slow frame. The header may take up
-    to ``header_s`` (None: no limit), the payload ``frame_s``; TimeoutError past the header's."""
-    if header_s is None:
-        hdr = await reader.readexactly(_wire.HEADER.size)
-    else:
-        hdr = await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), header_s)
-    n = _wire.frame_size(hdr)
+    """One payload (a connection's first frame); None after counting an oversized or slow
+    frame. The header may take up to ``header_s``, the payload ``frame_s``; TimeoutError past
+    the header's."""
+    n = _wire.frame_size(await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), header_s))
     if n > _wire.MAX_FRAME_BYTES:
         counters.oversized_frames += 1
         rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
