@@ -834,7 +834,7 @@ def _note_inherited_listeners() -> None:
     st = state()
     held = _listening.socket_inodes("self")
     c = _runtime.client
-    own = getattr(c, "_sock", None) if c is not None else None
+    own = c.conn.sock if c is not None else None
     if own is not None:
         try:
             held.discard(os.fstat(own.fileno()).st_ino)

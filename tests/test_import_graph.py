@@ -45,8 +45,9 @@ FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices"
 # Only the commands (the composition root) wire concrete exporters and extensions, by name.
 COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
 # The hooks <-> agent contract (docs/wire.md): stdlib-only modules of the hooks that the agent
-# reads too. ``_contract`` (attribute names and thresholds) is constants only: even the neutral
-# modules read it, since the hooks may import nothing outside hooks/ and the names are defined once.
+# reads too. ``_contract`` (attribute names and thresholds) is constants only: the neutral modules
+# and the exporters read it too, since the hooks may import nothing outside hooks/ and the names
+# are defined once.
 CONTRACT = "infersight.hooks._contract"
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
 # hooks' wire format, paths and contract (both sides of the socket), the sampler's gap summary
@@ -80,8 +81,8 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("hooks/", "hooks/ imports nothing of ours outside hooks/", only=("infersight.hooks",)),
     Rule("rules/", "rules/ is pure", never=("infersight.agent", "infersight.exporters", "infersight.hooks")),
-    Rule("exporters/", "exporters/ import only the telemetry items, neutral modules and their own settings",
-         only=("infersight.exporters", *NEUTRAL)),
+    Rule("exporters/", "exporters/ import only the telemetry items, neutral modules, the hooks' contract and "
+         "their own settings", only=("infersight.exporters", CONTRACT, *NEUTRAL)),
     Rule("agent/daemon/", "the daemon knows no feature and no concrete exporter: the commands hand them in",
          only=DAEMON_MAY_USE),
     *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "a feature is wired by the commands, not the other way round",
