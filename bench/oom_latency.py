@@ -86,8 +86,8 @@ while True:
 NO_DOORBELL = r"""
 import os
 if os.environ.get("BENCH_NO_DOORBELL"):  # the behaviour before issue 22.10: no doorbell
-    from infersight.hooks import _client
-    _client.Client._ring = lambda self: None
+    from infersight.hooks import _connection
+    _connection.Connection.ring = lambda self: None
 """
 
 CHILD_FAKE = NO_DOORBELL + r"""

@@ -109,7 +109,7 @@ def query_status(path: str) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(path)
-        s.sendall(_wire.encode_frame({"t": "status"}))
+        s.sendall(_wire.STATUS_FRAME)
         buf = b""
         while True:
             frames, buf, _bad = _wire.split_frames(buf)

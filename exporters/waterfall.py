@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from infersight.coldstart_stages import SAMPLES, coverage, gap_frames, tree_coverage, union_ns
 from infersight.exporters.weights_note import weights_note
+from infersight.hooks import _contract
 from infersight.telemetry import ColdStart, SpanItem
 from infersight.weights_files import CeilingOf, describe, files_of
 
@@ -52,7 +53,7 @@ GROUPED = frozenset({"framework_import", "model_build", "tokenizer_load", "unatt
 
 
 def _stage(s: SpanItem) -> str:
-    return str(s.attributes.get("infersight.stage") or s.name)
+    return str(s.attributes.get(_contract.STAGE) or s.name)
 
 
 def _extra(group: list[SpanItem]) -> str:
@@ -74,8 +75,8 @@ def _extra(group: list[SpanItem]) -> str:
         return ", ".join("%s %.2f s" % kv for kv in top)
     if stage == "graph_compile":
         parts = [str(a[k]) for k in ("infersight.compile.backend",) if a.get(k)]
-        caches = {str(g.attributes["infersight.compile.cache"]) for g in group
-                  if g.attributes.get("infersight.compile.cache")}
+        caches = {str(g.attributes[_contract.COMPILE_CACHE]) for g in group
+                  if g.attributes.get(_contract.COMPILE_CACHE)}
         if caches:
             parts.append("cache " + (caches.pop() if len(caches) == 1 else "mixed"))
         return ", ".join(parts)
@@ -85,8 +86,8 @@ def _extra(group: list[SpanItem]) -> str:
         return ", ".join(classes[:2]) + (" (meta)" if any(g.attributes.get("infersight.model.meta") for g in group)
                                          else "")
     note = weights_note([g.attributes for g in group])
-    rules = sorted({str(g.attributes["infersight.stage.rule"]) for g in group
-                    if g.attributes.get("infersight.stage.rule")})
+    rules = sorted({str(g.attributes[_contract.STAGE_RULE]) for g in group
+                    if g.attributes.get(_contract.STAGE_RULE)})
     if rules and not note:
         return "rule " + ", ".join(rules[:2])  # a stage rule's span: which rule named it
     return note
@@ -119,7 +120,7 @@ def _name(group: list[SpanItem], by_id: dict[str, SpanItem], root: SpanItem) -> 
     name = "  " * (1 + _depth(s, by_id, root.span_id)) + _stage(s)
     if len(group) > 1:
         name += " x%d" % len(group)
-    if s.attributes.get("infersight.stage.custom") is True:
+    if s.attributes.get(_contract.STAGE_CUSTOM) is True:
         name += "*"
     return name
 
@@ -140,7 +141,7 @@ def coverage_line(cs: ColdStart) -> str:
 
 
 def is_helper(cs: ColdStart) -> bool:
-    return cs.root.attributes.get("infersight.process.role") == "helper"
+    return cs.root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER
 
 
 def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | None = None) -> str:
@@ -156,7 +157,7 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
         "%-26s %9s %9s %6s  %-*s %s" % ("stage", "start s", "dur s", "share", width, "", "detail"),
         "%-26s %9.3f %9.3f %5.1f%%  %-*s" % ("coldstart", 0.0, total / 1e9, 100.0, width, "#" * width),
     ]
-    at_ready = root.attributes.get("infersight.coldstart.ended_by") == "ready"
+    at_ready = root.attributes.get(_contract.ENDED_BY) == _contract.ENDED_BY_READY
     later_ids = {s.span_id for s in cs.stages if at_ready and (s.start_ns >= root.end_ns or _after(s, by_id, root))}
     later: list[list[SpanItem]] = []  # rows after the root's end (it ended at readiness)
     for group in _rows(cs, by_id):
@@ -173,7 +174,7 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
             ("  worker pid %s" % w.resource.get("process.pid"))[:26], (w.start_ns - root.start_ns) / 1e9,
             dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
-            "its own waterfall: ended by %s" % (w.attributes.get("infersight.coldstart.ended_by") or "?")))
+            "its own waterfall: ended by %s" % (w.attributes.get(_contract.ENDED_BY) or "?")))
     if later:
         first = min(g[0].start_ns for g in later)
         lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
@@ -185,17 +186,17 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
             lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
                 _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, "-", width, "",
                 _extra(group)))
-    ready = root.attributes.get("infersight.coldstart.ready_s")
+    ready = root.attributes.get(_contract.READY_S)
     if isinstance(ready, (int, float)) and not isinstance(ready, bool) and 0 <= ready <= 1e9:  # not junk
         lines.append("ready after %.3f s (%s); ended by %s" % (
-            ready, root.attributes.get("infersight.ready.source") or "?",
-            root.attributes.get("infersight.coldstart.ended_by") or "?"))
-    ttfb = [s.attributes.get("infersight.first_request.ttfb_s") for s in cs.stages
-            if s.attributes.get("infersight.stage") == "first_request"]
+            ready, root.attributes.get(_contract.READY_SOURCE) or "?",
+            root.attributes.get(_contract.ENDED_BY) or "?"))
+    ttfb = [s.attributes.get(_contract.FIRST_REQUEST_TTFB_S) for s in cs.stages
+            if s.attributes.get(_contract.STAGE) == _contract.FIRST_REQUEST]
     if ttfb and isinstance(ttfb[0], (int, float)):
         lines.append("first response: first byte %.3f s after the request arrived" % ttfb[0])
 
-    un = root.attributes.get("infersight.coldstart.unattributed_s")
+    un = root.attributes.get(_contract.UNATTRIBUTED_S)
     if isinstance(un, (int, float)):
         line = "unattributed: %.3f s (%.1f%% of the cold start)" % (un, 100.0 * un * 1e9 / total)
         tree = root.attributes.get("infersight.coldstart.tree_unattributed_s")

@@ -35,9 +35,10 @@ def open_stages() -> List[Stage]:
     out: List[Stage] = []
     pkg = __name__.rsplit(".", 1)[0]
     for name in ("._imports", "._build"):
-        mod = sys.modules.get(pkg + name)
-        if mod is not None:
-            out.extend(mod.open_runs())
+        # A module another thread is still importing has no open_runs yet: nothing is open there.
+        runs = getattr(sys.modules.get(pkg + name), "open_runs", None)
+        if runs is not None:
+            out.extend(runs())
     st = cs.state()
     with st.lock:
         w = st.warm

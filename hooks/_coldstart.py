@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import _env, _proc, _runtime, _state, _workers
+from . import _contract, _env, _paths, _proc, _runtime, _state, _workers
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
-READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule", "fork_served")
+READY_SIGNALS = _contract.READY_SIGNALS
 
 
 def state() -> ColdStart:
@@ -214,8 +214,7 @@ def root_open() -> bool:
 
 
 def _cache_file() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "infersight", "storage_ceiling.json")
+    return _paths.storage_ceiling_file()
 
 
 def storage_ceiling(path: str) -> Optional[float]:
@@ -835,7 +834,7 @@ def _note_inherited_listeners() -> None:
     st = state()
     held = _listening.socket_inodes("self")
     c = _runtime.client
-    own = getattr(c, "_sock", None) if c is not None else None
+    own = c.conn.sock if c is not None else None
     if own is not None:
         try:
             held.discard(os.fstat(own.fileno()).st_ino)

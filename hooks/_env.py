@@ -143,6 +143,16 @@ VARS: Dict[str, Var] = dict((
 _reported: Dict[str, str] = {}  # variable -> the bad value already said on stderr
 
 
+def say(msg: str) -> None:
+    """One line on the process's stderr, ``infersight: <msg>``: how the hooks tell the host
+    anything (a bad variable, a refused agent, lost events). Never raises."""
+    try:
+        sys.stderr.write("infersight: %s\n" % msg)
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
 def message(var: Var, raw: str) -> str:
     return "%s=%r is not allowed: expected %s" % (var.name, raw, var.allowed())
 
@@ -158,11 +168,7 @@ def get(name: str, env: Optional[Mapping[str, str]] = None) -> Any:
     except ValueError:
         if _reported.get(name) != raw:
             _reported[name] = raw
-            try:
-                sys.stderr.write("infersight: %s; using the default (%r)\n" % (message(var, raw), var.default))
-                sys.stderr.flush()
-            except Exception:
-                pass
+            say("%s; using the default (%r)" % (message(var, raw), var.default))
         return var.default
 
 

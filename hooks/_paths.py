@@ -1,4 +1,9 @@
-"""Socket and spool locations, as DESIGN defines them (stdlib only)."""
+"""Where the hooks and the agent meet, as DESIGN defines them (stdlib only; docs/wire.md).
+
+The agent's socket and the rule its directory must pass, the spool directory and the names
+of the spool files in it, and the storage ceiling cache the agent writes and the hooks read.
+Both sides take every location from here.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,17 @@ from . import _env
 
 SYSTEM_SOCKET_DIR = "/run/infersight"
 SYSTEM_SPOOL_DIR = "/var/lib/infersight/spool"
+SPOOL_SUFFIX = ".spool"  # a producer's spool file: ``<producer id>-<16 hex digits>.spool``
+
+
+def spool_file_name(producer_id: str, token: str) -> str:
+    """The name of a spool file of ``producer_id``; ``token``: random, so nobody can plant a file there first."""
+    return "%s-%s%s" % (producer_id, token, SPOOL_SUFFIX)
+
+
+def spool_prefix(producer_id: str) -> str:
+    """What the names of ``producer_id``'s spool files begin with (the agent replays by it)."""
+    return producer_id + "-"
 
 
 def socket_path(env: os._Environ[str] | dict[str, str] | None = None) -> str:
@@ -33,6 +49,14 @@ def spool_dir(env: os._Environ[str] | dict[str, str] | None = None) -> str:
         return SYSTEM_SPOOL_DIR
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "infersight", "spool")
+
+
+def storage_ceiling_file(env: os._Environ[str] | dict[str, str] | None = None) -> str:
+    """The agent's cache of storage read ceilings per device, which the hooks read:
+    ``$XDG_CACHE_HOME/infersight/storage_ceiling.json`` (default ``~/.cache``)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "infersight", "storage_ceiling.json")
 
 
 class HooksError(Exception):

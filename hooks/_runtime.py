@@ -335,19 +335,7 @@ def _after_fork_child() -> None:
             return
         parent_span = current_span.get() or root_span_id
         client = None
-        # Drop inherited descriptors without touching the parent's connection or lock.
-        if old._sock is not None:
-            try:
-                old._sock.close()  # closes only the child's copy of the descriptor
-            except OSError:
-                pass
-        for fd in (old._spool_fd, old._spool_dir_fd):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        old.enabled = False
+        old.close_inherited()  # the child's copies only: the parent's connection and lock stay
         root_parent = parent_span
         root_span_id = new_span_id()
         root_start_ns = time.time_ns()

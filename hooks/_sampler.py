@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from . import _env
+from . import _contract, _env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ MIN_GAP_NS = 50_000_000
 MAX_SAMPLES = 200_000  # 30+ minutes at 10 ms; a sampler never grows without bound
 MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever) stops it
 TOP = 5
-MIN_SAMPLES = 5  # fewer samples in a gap name no frame (50 ms at the default 10 ms interval)
+MIN_SAMPLES = _contract.MIN_GAP_SAMPLES  # fewer samples in a gap name no frame
 TICK_S = 0.1
 
 _STDLIB = os.path.dirname(os.__file__)

@@ -28,7 +28,7 @@ import contextvars
 import os
 
 from . import _coldstart as cs
-from . import _env, _runtime
+from . import _contract, _env, _runtime
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ def _open(stage: str, rule: str, target: str) -> Any:
         opened = _open_stages.get()
         if stage in opened or not cs.state().collecting or not cs.root_open():
             return None
-        o = cs.begin(stage, {"infersight.stage.rule": rule, "infersight.stage.target": target})
+        o = cs.begin(stage, {_contract.STAGE_RULE: rule, "infersight.stage.target": target})
         cs.rule_stage_opened(o.span)
         return o, _open_stages.set((*opened, stage))
     except Exception as exc:
@@ -266,7 +266,7 @@ def _close(token: Any, err: Optional[BaseException], ready: bool = False) -> Non
     if ready and err is None and not _open_stages.get():
         # a rule that says the process is ready when its outermost call returns (Serve's
         # replica init, serve.run): readiness now, before its own sockets are taken as foreign
-        cs.mark_ready("stage_rule", attrs={"infersight.stage.rule": o.attrs.get("infersight.stage.rule", "")})
+        cs.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: o.attrs.get(_contract.STAGE_RULE, "")})
     cs.rule_stage_closed()
 
 

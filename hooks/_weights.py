@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _coldstart as cs
-from . import _runtime
+from . import _contract, _runtime
 from ._pagestate import (
     file_key,
     file_mappings,
@@ -39,7 +39,7 @@ from ._pagestate import (
     read_bytes,
 )
 
-COLD_BELOW = 0.5  # page_cache_ratio under this: a cold read (the storage ceiling applies)
+COLD_BELOW = _contract.COLD_BELOW
 
 _tls = threading.local()
 _torch: Any = None

@@ -84,9 +84,49 @@ def encode_frame(obj: Dict[str, Any]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+# -- the frames each side sends: built here only ----------------------------------------
+
+
+def hello_frame(producer: Dict[str, Any], acked: Optional[int] = None) -> bytes:
+    """The producer's first frame, on a connection and at the head of a spool file.
+    ``acked``: the last sequence number an agent acked (the spool's reader, or an agent
+    after a restart, does not count those events as lost)."""
+    if acked is not None:
+        producer = dict(producer)
+        producer["acked"] = acked
+    return encode_frame({"t": "hello", "schema": SCHEMA_VERSION, "producer": producer})
+
+
+def welcome_frame() -> bytes:
+    return encode_frame({"t": "welcome", "schema": SCHEMA_VERSION})
+
+
+def refuse_frame(error: str) -> bytes:
+    """The agent's answer to a hello (or a subscription) it will not take; it then closes."""
+    return encode_frame({"t": "refuse", "schema": SCHEMA_VERSION, "error": error})
+
+
+def ack_frame(seq: int) -> bytes:
+    """``encode_frame({"t": "ack", "seq": seq})``, formatted directly: one per frame read."""
+    payload = b'{"t":"ack","seq":%d}' % seq
+    return HEADER.pack(len(payload)) + payload
+
+
+def health_frame(health: Dict[str, Any]) -> bytes:
+    """The agent's answer to ``STATUS_FRAME``."""
+    return encode_frame({"t": "health", **health})
+
+
 def encode_batch(events: List[Event]) -> bytes:
     # "n" (count) and "l" (last seq) lead the frame so a spool replay reads only this prefix.
     return encode_frame({"t": "b", "n": len(events), "l": events[-1][0] if events else 0, "e": events})
+
+
+URGENT_FRAME = encode_frame({"t": "urgent"})  # the doorbell, alone on a fresh connection
+STATUS_FRAME = encode_frame({"t": "status"})  # asks the agent for its health
+
+
+# -- reading frames ---------------------------------------------------------------------
 
 
 def batch_header(payload: bytes) -> Optional[Dict[str, Any]]:
@@ -139,6 +179,12 @@ def decode_payload(payload: bytes) -> Optional[Dict[str, Any]]:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def frame_size(header: bytes) -> int:
+    """The payload size a 4-byte header announces (compare with ``MAX_FRAME_BYTES``)."""
+    n: int = HEADER.unpack(header)[0]
+    return n
 
 
 def split_frames(buf: bytes) -> Tuple[List[bytes], bytes, bool]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
-from . import _coldstart, _runtime
+from . import _coldstart, _contract, _runtime
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -149,7 +149,7 @@ def _queue(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
 def _finish(handle: Any, state: Dict[str, Any]) -> None:
     try:
         now = time.time_ns()
-        attrs: Dict[str, Any] = {"infersight.first_request.ttfb_s": (now - handle.start) / 1e9}
+        attrs: Dict[str, Any] = {_contract.FIRST_REQUEST_TTFB_S: (now - handle.start) / 1e9}
         if state.get("status"):
             attrs["http.response.status_code"] = state["status"]
         if state.get("headers_ns"):

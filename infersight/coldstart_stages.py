@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, SpanItem
 
-STAGE = "infersight.stage"
-ENDED_BY = "infersight.coldstart.ended_by"
+# The names the hooks set, as their contract defines them.
+STAGE = _contract.STAGE
+ENDED_BY = _contract.ENDED_BY
+UNATTRIBUTED = _contract.UNATTRIBUTED
+FIRST_REQUEST = _contract.FIRST_REQUEST
+TOP = _contract.UNATTRIBUTED_TOP
+SAMPLES = _contract.UNATTRIBUTED_SAMPLES
+MIN_TOP_SAMPLES = _contract.MIN_GAP_SAMPLES
 TOTAL = "total"
-UNATTRIBUTED = "unattributed"
-FIRST_REQUEST = "first_request"
-TOP = "infersight.unattributed.top"
-SAMPLES = "infersight.unattributed.samples"
-MIN_TOP_SAMPLES = 5  # hooks/_sampler.MIN_SAMPLES: fewer samples in a gap name no frame
 
 
 def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
@@ -76,10 +78,10 @@ def stage_durations(cs: ColdStart) -> dict[str, float]:
         if name is not None and name not in (UNATTRIBUTED, TOTAL):
             spans.setdefault(name, []).append((s.start_ns, s.end_ns))
     hi = root.end_ns
-    if root.attributes.get(ENDED_BY) == "ready":
+    if root.attributes.get(ENDED_BY) == _contract.ENDED_BY_READY:
         hi = max([hi, *(e for _s, e in spans.get(FIRST_REQUEST, ()))])
     out = {name: union_ns(iv, root.start_ns, hi) / 1e9 for name, iv in sorted(spans.items())}
-    un = as_number(root.attributes.get("infersight.coldstart.unattributed_s"))
+    un = as_number(root.attributes.get(_contract.UNATTRIBUTED_S))
     if un is None:
         covered = union_ns([iv for ivs in spans.values() for iv in ivs], root.start_ns, root.end_ns)
         un = (root.end_ns - root.start_ns - covered) / 1e9
@@ -95,9 +97,9 @@ def ended_by(cs: ColdStart) -> str:
         return v[:64]
     names = {stage_name(s) for s in cs.stages}
     if cs.root.attributes.get("infersight.coldstart.source") == "launcher":
-        if "ready_wait" in names:
-            return "ready"
-        return "first_request" if FIRST_REQUEST in names else "exit"
+        if _contract.READY_WAIT in names:
+            return _contract.ENDED_BY_READY
+        return _contract.ENDED_BY_FIRST_REQUEST if FIRST_REQUEST in names else _contract.ENDED_BY_EXIT
     return "unknown"
 
 

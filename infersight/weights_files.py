@@ -30,13 +30,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from infersight.bytesize import human_bytes
+from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, SpanEvent, SpanItem
 
 EVENT = "weights_file"
-W = "infersight.weights."
-# page_cache_ratio under this: a cold read, the storage served it (the ceiling applies). The
-# agent's one copy of the hooks' threshold (hooks/_weights.COLD_BELOW; a test holds them equal).
-COLD_BELOW = 0.5
+W = _contract.WEIGHTS
+COLD_BELOW = _contract.COLD_BELOW
 
 CeilingOf = Callable[[str], "float | None"]  # a file's storage ceiling (bytes/s), if known
 
@@ -59,7 +58,7 @@ def _union_s(intervals: list[tuple[int, int]]) -> float:
 
 
 def _is_weights(s: SpanItem) -> bool:
-    return s.attributes.get("infersight.stage") == "weights_load" and isinstance(s.attributes.get(W + "path"), str)
+    return s.attributes.get(_contract.STAGE) == _contract.WEIGHTS_LOAD and isinstance(s.attributes.get(W + "path"), str)
 
 
 def summarize(stages: Iterable[SpanItem], ceiling_of: CeilingOf | None = None) -> list[dict[str, AttrValue]]:

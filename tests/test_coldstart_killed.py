@@ -200,3 +200,15 @@ def test_bad_checkpoint_is_counted_and_changes_nothing(data: dict) -> None:  # t
     p = _hello(a)
     assert a.events(p, [[1, 5, "cs_tick", data]]) == []
     assert a.malformed == 1 and state_of(p).checkpoint is None
+
+
+def test_a_checkpoint_taken_while_build_is_still_imported_skips_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler thread checkpoints while the main thread imports ``_build``: the partly
+    initialised module (no ``open_runs`` yet) holds no open run, and is no internal error
+    (which disabled the hooks of a process under load)."""
+    import types
+
+    from infersight.hooks import _checkpoint
+
+    monkeypatch.setitem(sys.modules, "infersight.hooks._build", types.ModuleType("infersight.hooks._build"))
+    assert all(stage[0] != "model_build" for stage in _checkpoint.open_stages())

@@ -85,7 +85,7 @@ def test_valid_events_become_items() -> None:
 
 def test_wrong_schema_is_refused_clearly() -> None:
     ingest, counters = make()
-    assert ingest._hello({"t": "hello", "schema": 99, "producer": HELLO}, None) is None
+    assert ingest.hello({"t": "hello", "schema": 99, "producer": HELLO}) is None
     assert counters.refused_schema == 1
 
 

@@ -8,6 +8,7 @@ still observed (its cold start reaches the agent).
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -107,10 +108,40 @@ def test_every_variable_the_hooks_read_is_in_the_table() -> None:
         named |= set(re.findall(r"[\"'](INFERSIGHT_[A-Z_]+)[\"']", f.read_text()))
     assert named, "the scan found the hooks' variables"
     assert named <= set(_env.VARS), named - set(_env.VARS)
-    # ... and nothing reads os.environ for one of them directly any more.
-    for f in HOOKS.glob("*.py"):
-        if f.name != "_env.py":
-            assert not re.search(r"environ(\.get)?\([\"']INFERSIGHT_", f.read_text()), f
+    # ... and nothing reads one of them but through the parser (``_env.get``).
+    strays = [read for f in [*HOOKS.glob("*.py"), *HOOKS.glob("bootstrap/*.py")] if f.name != "_env.py"
+              for read in stray_reads(f)]
+    assert not strays, strays
+
+
+def _infersight_key(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("INFERSIGHT_")
+
+
+def stray_reads(path: Path) -> list[str]:
+    """Reads of an ``INFERSIGHT_*`` variable that bypass ``_env.get``: ``x.get("INFERSIGHT_...")``
+    on anything but ``_env``, ``getenv("INFERSIGHT_...")`` and ``x["INFERSIGHT_..."]`` read from
+    anything but ``_env.VARS`` (a write, ``env[...] = ...``, or a ``pop`` is no read)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        where = "%s:%d" % (path.name, getattr(node, "lineno", 0))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                and _infersight_key(node.args[0]) and node.func.attr in ("get", "getenv", "environ"):
+            receiver = node.func.value
+            if not (node.func.attr == "get" and isinstance(receiver, ast.Name) and receiver.id == "_env"):
+                out.append(where)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _infersight_key(node.slice) \
+                and not (isinstance(node.value, ast.Attribute) and node.value.attr == "VARS"):
+            out.append(where)
+    return out
+
+
+def test_the_stray_read_scan_finds_each_kind(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text("import os\nenv = os.environ\na = env.get('INFERSIGHT_X')\nb = os.environ['INFERSIGHT_Y']\n"
+                 "c = os.getenv('INFERSIGHT_Z')\nd = _env.get('INFERSIGHT_OK')\nenv['INFERSIGHT_W'] = '1'\n"
+                 "env.pop('INFERSIGHT_V', None)\ne = _env.VARS['INFERSIGHT_OK'].default\n")
+    assert stray_reads(f) == ["m.py:3", "m.py:4", "m.py:5"]
 
 
 @pytest.mark.parametrize(("name", "raw", "value"), [

@@ -9,11 +9,11 @@ import types
 import pytest
 from conftest import FlatQueue
 
-from infersight.hooks import _client, _request, _runtime
+from infersight.hooks import _buffer, _request, _runtime
 
 
 def _built(event: tuple[object, ...]) -> dict[str, object]:
-    built = _client._built(event, {})
+    built = _buffer.built(event, {})
     assert built is not None and built[2] == "req"
     return built[3]  # type: ignore[return-value]
 

@@ -178,7 +178,7 @@ def test_spool_fills_mid_frame_then_the_agent_gets_every_event_or_its_count(  # 
         "print('emitted', int(repr(c._seq)[6:-1]) - 1, 'dropped', c.dropped_spool, flush=True)\n"
         "while not os.path.exists(%r):\n    time.sleep(0.02)\n"
         "deadline = time.time() + 60\n"
-        "while (c._sock is None or c._spool_fd is not None or c._outbox or c._buf) and time.time() < deadline:\n"
+        "while (c.conn.sock is None or c.spool.fd is not None or c.conn.outbox or c._buf) and time.time() < deadline:\n"
         "    time.sleep(0.02)\n"
         "print('delivered', flush=True)\n"
         "while not os.path.exists(%r):\n    time.sleep(0.02)\n" % (str(go), str(done))

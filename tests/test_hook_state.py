@@ -109,7 +109,7 @@ def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
 
 def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     from infersight import hooks
-    from infersight.hooks import _client, _runtime
+    from infersight.hooks import _buffer, _runtime
 
     queue = FlatQueue()
     monkeypatch.setattr(_runtime, "client", queue)
@@ -123,16 +123,16 @@ def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytes
     assert all(v is None or v.__class__ in (str, int) for v in inner)  # atomic values only: the GC lets go early
     gc.collect()
     assert not gc.is_tracked(inner)
-    built = _client._built(inner, queue.held)
+    built = _buffer.built(inner, queue.held)
     assert built is not None
     data = built[3]
     assert data["n"] == "coldstart.load" and data["tr"] == "a" * 32
-    assert data["p"] == _client._built(outer, queue.held)[3]["id"] != data["id"]  # type: ignore[index]
+    assert data["p"] == _buffer.built(outer, queue.held)[3]["id"] != data["id"]  # type: ignore[index]
     assert data["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
     assert data["err"] == "ValueError"
     assert data["s"] <= data["e"] == inner[1]
     assert len(data["id"]) == 16 and int(data["id"], 16)
-    assert _client._built(outer, queue.held)[3]["p"] == "b" * 16  # type: ignore[index]
+    assert _buffer.built(outer, queue.held)[3]["p"] == "b" * 16  # type: ignore[index]
 
 
 
@@ -144,7 +144,7 @@ def test_stage_attributes_wait_beside_the_queue_and_the_tuple_is_still_untracked
     The queued tuple must still be one the garbage collector untracks at its first pass: a
     burst of queued stages must not drive full collections of the served process's heap."""
     from infersight import hooks
-    from infersight.hooks import _client, _runtime
+    from infersight.hooks import _buffer, _runtime
 
     queue = FlatQueue()
     monkeypatch.setattr(_runtime, "client", queue)
@@ -156,14 +156,14 @@ def test_stage_attributes_wait_beside_the_queue_and_the_tuple_is_still_untracked
     with hooks.stage("load", model="m", batch=8):
         pass
     flat, held = queue.events
-    assert flat[-1] is not _client.HELD and held[-1] is _client.HELD
+    assert flat[-1] is not _buffer.HELD and held[-1] is _buffer.HELD
     assert list(queue.held) == [held[0]]
     gc.collect()
     assert not gc.is_tracked(flat) and not gc.is_tracked(held)
     assert not gc.is_tracked(queue.held[held[0]])  # the dict of atomic values, too
-    built = _client._built(held, queue.held)
+    built = _buffer.built(held, queue.held)
     assert built is not None and queue.held == {}, "built once, then forgotten"
     assert built[3]["n"] == "coldstart.load"
     assert built[3]["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
-    assert _client._built(flat, queue.held)[3]["a"] == {"infersight.stage": "first",  # type: ignore[index]
+    assert _buffer.built(flat, queue.held)[3]["a"] == {"infersight.stage": "first",  # type: ignore[index]
                                                        "infersight.stage.custom": True}

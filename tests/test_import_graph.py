@@ -53,28 +53,36 @@ ROLES = ("infersight.agent", "infersight.exporters", "infersight.hooks", "infers
 FEATURES = tuple("infersight.agent." + f for f in ("coldstart", "oom", "devices", "requests", "report", "routing"))
 # Only the commands (the composition root) wire concrete exporters and extensions, by name.
 COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
+# The hooks <-> agent contract (docs/wire.md): stdlib-only modules of the hooks that the agent
+# reads too. ``_contract`` (attribute names and thresholds) is constants only: the neutral modules
+# and the exporters read it too, since the hooks may import nothing outside hooks/ and the names
+# are defined once.
+CONTRACT = "infersight.hooks._contract"
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
-# hooks' wire format and paths (both sides of the socket), and the neutral modules.
+# hooks' wire format, paths and contract (both sides of the socket),
+# and the neutral modules.
 DAEMON_MAY_USE = ("infersight.agent.daemon", "infersight.agent.errors", "infersight.exporters.base",
-                  "infersight.hooks._wire", "infersight.hooks._paths", *NEUTRAL)
+                  "infersight.hooks._wire", "infersight.hooks._paths", CONTRACT,
+                  *NEUTRAL)
 
 
 @dataclass(frozen=True)
 class Rule:
     """Importers under ``path`` (a file or a folder ending in ``/``), bar ``exempt``, may import
-    of ours only targets under ``only`` (when given) and none under ``never``."""
+    of ours only targets under ``only`` (when given) and none under ``never`` but those under ``unless``."""
 
     path: str
     why: str
     only: tuple[str, ...] | None = None
     never: tuple[str, ...] = ()
     exempt: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
 
     def applies_to(self, rel: str) -> bool:
         return (rel == self.path or (self.path.endswith("/") and rel.startswith(self.path))) and rel not in self.exempt
 
     def allows(self, target: str) -> bool:
-        if any(_under(target, p) for p in self.never):
+        if any(_under(target, p) for p in self.never) and not any(_under(target, p) for p in self.unless):
             return False
         return self.only is None or any(_under(target, p) for p in self.only)
 
@@ -82,15 +90,16 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("hooks/", "hooks/ imports nothing of ours outside hooks/", only=("infersight.hooks",)),
     Rule("rules/", "rules/ is pure", never=("infersight.agent", "infersight.exporters", "infersight.hooks")),
-    Rule("exporters/", "exporters/ import only the telemetry items, neutral modules and their own settings",
-         only=("infersight.exporters", *NEUTRAL)),
+    Rule("exporters/", "exporters/ import only the telemetry items, neutral modules, the hooks' contract and "
+         "their own settings", only=("infersight.exporters", CONTRACT, *NEUTRAL)),
     Rule("agent/daemon/", "the daemon knows no feature and no concrete exporter: the commands hand them in",
          only=DAEMON_MAY_USE),
     *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "a feature is wired by the commands, not the other way round",
            never=COMPOSITION) for f in FEATURES),
     *(Rule("agent/%s/" % f.rsplit(".", 1)[1], "features never import one another: what they share is a neutral "
            "module, or the commands hand it in", never=tuple(g for g in FEATURES if g != f)) for f in FEATURES),
-    Rule("infersight/", "the neutral modules import no role package", never=ROLES,
+    Rule("infersight/", "the neutral modules import no role package (the hooks' contract aside)", never=ROLES,
+         unless=(CONTRACT,),
          exempt=("infersight/__main__.py",)),  # `python -m infersight`: an entry point that runs the CLI
 )  # fmt: skip
 

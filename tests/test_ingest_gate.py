@@ -17,8 +17,9 @@ from conftest import log_records, read_otlp_lines
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.assemble import Assembler
 from infersight.agent.daemon.broadcast import Broadcaster
+from infersight.agent.daemon.framing import QUIET_FRAME_BYTES, ReadDeadline, ReadGate
 from infersight.agent.daemon.health import Counters
-from infersight.agent.daemon.ingest import QUIET_FRAME_BYTES, Ingest, ReadDeadline, ReadGate
+from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.exporters.file import FileExporter
 from infersight.telemetry import Item
@@ -104,7 +105,7 @@ async def test_time_held_by_the_gate_is_not_the_peers_delay() -> None:
     a, b = FakeTransport(), FakeTransport()
     for t in (a, b):
         ingest.gate.join(t)  # type: ignore[arg-type]
-    deadline = ReadDeadline(ingest, a, None)  # type: ignore[arg-type]
+    deadline = ReadDeadline(ingest.connections, a, None)  # type: ignore[arg-type]
     deadline.phase, deadline.since = ReadDeadline.FRAME, deadline.loop.time()  # a header read, its payload due
     ingest.gate.frame(b, 100, deadline.since)  # type: ignore[arg-type]
     assert ingest.gate.holds(a)
@@ -182,11 +183,10 @@ async def test_quiet_producers_are_read_together_and_nothing_is_lost(tmp_path: P
 
 
 def test_the_ack_frame_is_the_encoded_ack() -> None:
-    from infersight.agent.daemon.ingest import ack_frame
     from infersight.hooks import _wire
 
     for seq in (0, 1, 512, 2**63 - 1):
-        assert ack_frame(seq) == _wire.encode_frame({"t": "ack", "seq": seq})
+        assert _wire.ack_frame(seq) == _wire.encode_frame({"t": "ack", "seq": seq})
 
 
 async def test_an_urgent_event_is_read_at_once_while_the_gate_holds_its_producer(tmp_path: Path) -> None:

@@ -239,15 +239,15 @@ async def test_dead_producers_spooled_root_is_read_before_the_agent_closes_it(tm
     await agent.start()
     try:
         info = {"id": "boot-4242-7", "pid": 4242, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}
-        p = agent.ingest._hello({"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": info}, None)
+        p = agent.ingest.hello(_wire.decode_payload(_wire.hello_frame(info)[4:]) or {})
         assert p is not None
         stage = {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1, "e": 2}
         agent.ingest.process_batch(p, [[1, 2, "span", stage]])
         root = {"n": "coldstart", "id": "b" * 16, "s": 1, "e": 3, "a": {"infersight.coldstart.ended_by": "exit"}}
         (spool / ("%s-0123456789abcdef.spool" % p.id)).write_bytes(
-            _wire.encode_frame({"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": {**info, "acked": 1}})
+            _wire.hello_frame(info, acked=1)
             + _wire.encode_frame({"t": "b", "e": [[2, 3, "span", root]]}))
-        agent.ingest._publish_lost(p)
+        agent.ingest.publish_lost(p)
     finally:
         await agent.shutdown(10)
     roots = [x for x in seen if getattr(x, "name", "") == "coldstart"]

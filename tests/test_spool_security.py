@@ -116,9 +116,9 @@ def test_hook_unlinks_only_its_own_spool_file(shared: Path, agent_factory) -> No
         "hooks.flush(10)\nprint('spooled', flush=True)\n"
         "while not os.path.exists(%r):\n    time.sleep(0.02)\n"
         "deadline = time.time() + 60\n"
-        "while (c._sock is None or c._spool_fd is not None or c._outbox) and time.time() < deadline:\n"
+        "while (c.conn.sock is None or c.spool.fd is not None or c.conn.outbox) and time.time() < deadline:\n"
         "    time.sleep(0.02)\n"
-        "print('replayed', c._sock is not None and c._spool_fd is None, flush=True)\n" % str(go)
+        "print('replayed', c.conn.sock is not None and c.spool.fd is None, flush=True)\n" % str(go)
     )
     child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                              env=hook_env(agent.sock, spool))

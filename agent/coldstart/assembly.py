@@ -31,6 +31,7 @@ from infersight.agent.daemon.assemble import (
     span_bytes,
 )
 from infersight.coldstart_stages import covered_ns, merge, named_intervals
+from infersight.hooks import _contract
 from infersight.telemetry import Attributes, ColdStart, Item, Origin, SpanItem
 
 MAX_PENDING_SPANS = 4096
@@ -42,8 +43,7 @@ ROOT_NAME = "coldstart"
 STAGE_PREFIX = "coldstart."
 STATE_KEY = "coldstart"  # in ``Producer.state``
 
-# ready_wait sources at which the hooks end a root (hooks/_coldstart.py READY_SIGNALS)
-ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule"})
+ROOT_ENDING_READY = frozenset(_contract.READY_SIGNALS)  # ready_wait sources at which the hooks end a root
 
 # Sees each finished cold start (its summary, and the event time it finished at) and returns
 # items that go out in the same batch, right after the summary (the fleet metrics).
@@ -141,13 +141,13 @@ class ColdStartAssembly:
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
             ready = [s.end_ns for s in st.pending if s.name == "coldstart.ready_wait"
-                     and s.attributes.get("infersight.ready.source") in ROOT_ENDING_READY]
-            attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.ended_by": "producer_lost"}
+                     and s.attributes.get(_contract.READY_SOURCE) in ROOT_ENDING_READY]
+            attrs: Attributes = {"faas.coldstart": True, _contract.ENDED_BY: _contract.ENDED_BY_PRODUCER_LOST}
             if ready and min(ready) <= end:
                 # the hooks would have ended it at readiness: what it sent later (its first
                 # request) lies after the root, and the wait for traffic is in no share
                 end = min(ready)
-                attrs["infersight.coldstart.ended_by"] = "ready"
+                attrs[_contract.ENDED_BY] = _contract.ENDED_BY_READY
             parent = p.info.get("root_parent")
             root = SpanItem(p.resource, p.info["trace_id"], root_id,
                             parent if isinstance(parent, str) and HEX16.match(parent) else None,
@@ -223,7 +223,7 @@ class ColdStartAssembly:
             if end < start:
                 raise Malformed("an open stage ends before it starts")
             attrs = attributes(o[5])
-            attrs["infersight.stage"] = stage
+            attrs[_contract.STAGE] = stage
             stages[span_id] = SpanItem(p.resource, p.info["trace_id"], span_id, parent, STAGE_PREFIX + stage,
                                        start, end, attrs, [], None, Origin(p.id, 0))
         label_list = [_s(lab, "label", 512) for lab in labels]
@@ -257,7 +257,7 @@ class ColdStartAssembly:
         # figure only, and never its whole lifetime.
         worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
         total = root.end_ns - root.start_ns
-        root.attributes["infersight.coldstart.unattributed_s"] = (total - covered_ns(stages, root)) / 1e9
+        root.attributes[_contract.UNATTRIBUTED_S] = (total - covered_ns(stages, root)) / 1e9
         if workers:
             root.attributes["infersight.coldstart.tree_unattributed_s"] = (
                 total - covered_ns(stages, root, worker_covered)) / 1e9
@@ -300,7 +300,7 @@ class ColdStartAssembly:
             stand_in = SpanItem(
                 p.resource, root.trace_id, span_id, root.span_id, "coldstart.interrupted",
                 min(k.start_ns for k in kids), root.end_ns,
-                {"infersight.stage": "interrupted", "infersight.coldstart.ended_by": "producer_lost"},
+                {_contract.STAGE: "interrupted", _contract.ENDED_BY: _contract.ENDED_BY_PRODUCER_LOST},
                 p.span_events.pop(span_id, []), "the process ended inside this stage", Origin(p.id, 0),
             )
             out.append(stand_in)
@@ -321,7 +321,7 @@ class ColdStartAssembly:
         ids = {root.span_id, *(s.span_id for s in stages)}
         workers = [r for r in self.recent_roots.values()
                    if r.trace_id == root.trace_id and r.parent_span_id in ids
-                   and r.attributes.get("infersight.process.role") != "helper"]
+                   and r.attributes.get(_contract.PROCESS_ROLE) != _contract.ROLE_HELPER]
         self.recent_roots[root.span_id] = root
         if len(self.recent_roots) > MAX_RECENT_ROOTS:
             self.recent_roots.popitem(last=False)

@@ -14,6 +14,14 @@ import hashlib
 from array import array
 from dataclasses import dataclass, field
 
+from infersight.hooks._contract import (
+    ENDED_BY,
+    ENDED_BY_PRODUCER_LOST,
+    STAGE,
+    UNATTRIBUTED,
+    UNATTRIBUTED_SAMPLES,
+    UNATTRIBUTED_TOP,
+)
 from infersight.hooks._sampler import MIN_GAP_NS, top_labels, uncovered
 from infersight.telemetry import Attributes, SpanItem
 
@@ -59,18 +67,18 @@ class Checkpoint:
 def gap_spans(cp: Checkpoint, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
     """``coldstart.unattributed`` spans for the stretches of ``root`` that no stage covers
     (at least 50 ms), each with its sample count and top labels, as the hooks make them."""
-    covered = [(s.start_ns, s.end_ns) for s in stages if s.attributes.get("infersight.stage") != "unattributed"]
+    covered = [(s.start_ns, s.end_ns) for s in stages if s.attributes.get(STAGE) != UNATTRIBUTED]
     samples = cp.samples()
     out: list[SpanItem] = []
     for start, stop in uncovered(covered, root.start_ns, root.end_ns, MIN_GAP_NS):
         attrs: Attributes = {
-            "infersight.stage": "unattributed",
-            "infersight.unattributed.samples": sum(1 for t, _lab in samples if start <= t < stop),
-            "infersight.coldstart.ended_by": "producer_lost",
+            STAGE: UNATTRIBUTED,
+            UNATTRIBUTED_SAMPLES: sum(1 for t, _lab in samples if start <= t < stop),
+            ENDED_BY: ENDED_BY_PRODUCER_LOST,
         }
         top = top_labels(samples, start, stop)
         if top:
-            attrs["infersight.unattributed.top"] = top
+            attrs[UNATTRIBUTED_TOP] = top
         span_id = hashlib.blake2b(b"%s:%d" % (root.span_id.encode(), start), digest_size=8).hexdigest()
         out.append(SpanItem(root.resource, root.trace_id, span_id, root.span_id, "coldstart.unattributed",
                             start, stop, attrs, [], None, root.origin))

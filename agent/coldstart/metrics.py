@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from infersight import weights_files
 from infersight.coldstart_stages import ENDED_BY, STAGE, TOTAL, UNATTRIBUTED, as_number, ended_by, stage_durations
+from infersight.hooks import _contract
 from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.telemetry import (
     Attributes,
@@ -144,9 +145,9 @@ def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
     else:
         for s in cs.stages:
             a = s.attributes
-            b = as_number(a.get("infersight.weights.bytes"))
-            rate = as_number(a.get("infersight.weights.bytes_per_s"))
-            ratio = as_number(a.get("infersight.weights.page_cache_ratio"))
+            b = as_number(a.get(_contract.WEIGHTS_BYTES))
+            rate = as_number(a.get(_contract.WEIGHTS_BYTES_PER_S))
+            ratio = as_number(a.get(_contract.WEIGHTS_PAGE_CACHE_RATIO))
             if b is None or rate is None or ratio is None or b <= 0 or rate <= 0:
                 continue
             nbytes += b
@@ -154,7 +155,7 @@ def weights_throughput(cs: ColdStart) -> tuple[str, float] | None:
             resident += b * min(1.0, max(0.0, ratio))
     if nbytes <= 0 or seconds <= 0:
         return None
-    return ("cold" if resident / nbytes < weights_files.COLD_BELOW else "warm"), nbytes / seconds
+    return ("cold" if resident / nbytes < _contract.COLD_BELOW else "warm"), nbytes / seconds
 
 
 def ceiling_ratio(cs: ColdStart) -> float | None:
@@ -169,7 +170,7 @@ def ceiling_ratio(cs: ColdStart) -> float | None:
     for e in weights_files.events(cs):
         rate, read_s, ratio, cached = (as_number(e.attributes.get(k))
                                        for k in ("bytes_per_s", "read_s", "ceiling_ratio", "page_cache_ratio"))
-        if rate is None or read_s is None or ratio is None or cached is None or cached >= weights_files.COLD_BELOW \
+        if rate is None or read_s is None or ratio is None or cached is None or cached >= _contract.COLD_BELOW \
                 or not all(0 < v < math.inf for v in (rate, read_s, ratio)):
             continue  # a warm file, no ceiling known, or a figure that is no measurement
         served += rate * read_s
@@ -187,8 +188,8 @@ def ceiling_item(resource: Resource, ceilings: Mapping[str, float], t_ns: int, s
 
 def is_helper(cs: ColdStart) -> bool:
     """Helper processes (resource tracker, compile workers, probes) are no service cold start."""
-    role = cs.root.attributes.get("infersight.process.role") or cs.root.resource.get("infersight.process.role")
-    return role == "helper"
+    role = cs.root.attributes.get(_contract.PROCESS_ROLE) or cs.root.resource.get(_contract.PROCESS_ROLE)
+    return role == _contract.ROLE_HELPER
 
 
 def metric_resource(r: Resource) -> Resource:

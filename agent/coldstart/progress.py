@@ -24,6 +24,7 @@ from typing import Any
 
 from infersight.agent.coldstart import history as ch
 from infersight.agent.coldstart.eta import MAX_STAGES, UNATTRIBUTED, Estimate, Run, predict
+from infersight.hooks import _contract
 from infersight.hooks._pagestate import page_cache_ratio
 from infersight.telemetry import ColdStart, ColdStartProgress, Item, Resource, SpanItem
 from infersight.weights_files import COLD_BELOW
@@ -33,7 +34,7 @@ MIN_INTERVAL_NS = 1_000_000_000  # at most one update a second per process, but 
 MAX_WARMING = 1024
 MAX_DONE = 4096  # producers whose cold start ended, remembered so later stages do not restart it
 MAX_AGE_NS = 3600 * 1_000_000_000  # a cold start silent this long is forgotten, not tracked forever
-READY_STAGE = "ready_wait"
+READY_STAGE = _contract.READY_WAIT
 MAX_WARMING_PER_UID = MAX_WARMING // 4
 
 
@@ -75,21 +76,21 @@ class Warming:
 
 
 def _cache_of(stages: Sequence[SpanItem]) -> str:
-    ratios = [s.attributes.get("infersight.weights.page_cache_ratio") for s in stages]
+    ratios = [s.attributes.get(_contract.WEIGHTS_PAGE_CACHE_RATIO) for s in stages]
     nums = [float(r) for r in ratios if isinstance(r, (int, float)) and not isinstance(r, bool)]
-    compile_states = {str(s.attributes.get("infersight.compile.cache")) for s in stages
-                      if s.attributes.get("infersight.compile.cache") is not None}
+    compile_states = {str(s.attributes.get(_contract.COMPILE_CACHE)) for s in stages
+                      if s.attributes.get(_contract.COMPILE_CACHE) is not None}
     compile_cache = compile_states.pop() if len(compile_states) == 1 else ("mixed" if compile_states else None)
     return ch.cache_state(min(nums) if nums else None, compile_cache)
 
 
 def weights_paths(stages: Iterable[SpanItem]) -> list[str]:
-    paths = {s.attributes.get("infersight.weights.path") for s in stages}
+    paths = {s.attributes.get(_contract.WEIGHTS_PATH) for s in stages}
     return sorted(p for p in paths if isinstance(p, str) and p)
 
 
 def stage_name(span: SpanItem) -> str:
-    return str(span.attributes.get("infersight.stage") or span.name.removeprefix("coldstart."))
+    return str(span.attributes.get(_contract.STAGE) or span.name.removeprefix("coldstart."))
 
 
 def run_of(cs: ColdStart) -> Run:
@@ -163,7 +164,7 @@ class ProgressTracker:
         start = int(info.get("start_ns") or span.start_ns)
         w = Warming(producer, resource, service, pid, uid_of(resource), key, start, self._live_cache(key))
         w.root_span_id = info.get("root_span_id") or span.parent_span_id
-        w.helper = span.attributes.get("infersight.process.role") == "helper"
+        w.helper = span.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER
         self.warming[producer] = w
         self.warming_by_uid[uid] = self.warming_by_uid.get(uid, 0) + 1
         return w
@@ -204,7 +205,7 @@ class ProgressTracker:
             if w is None:
                 return
         stage = stage_name(span)
-        if span.attributes.get("infersight.process.role") == "helper":
+        if span.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER:
             w.helper = True
         if stage != UNATTRIBUTED and span.parent_span_id == w.root_span_id:
             # The first MAX_STAGES by start time, as history keeps a run (``run_of``).
@@ -222,7 +223,7 @@ class ProgressTracker:
         w = self._forget(producer) if producer else None
         if producer:
             self._remember_done(producer)
-        if cs.root.attributes.get("infersight.process.role") == "helper" or (w is not None and w.helper):
+        if cs.root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER or (w is not None and w.helper):
             return
         service = str(cs.root.resource.get("service.name") or "unknown_service")
         key = w.key if w is not None else self._key_of(cs.root.resource, service)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.weights_files import COLD_BELOW
+from infersight.hooks import _contract, _paths
 
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
@@ -46,9 +46,7 @@ class Measurement:
 
 
 def cache_path(env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ) if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "infersight", "storage_ceiling.json")
+    return _paths.storage_ceiling_file(env)
 
 
 def device_key(path: str) -> str:
@@ -274,7 +272,7 @@ def cold_files(req: dict[str, Any]) -> dict[str, float]:
                     a = {kv["key"]: _value(kv.get("value", {})) for kv in ev.get("attributes", [])}
                     p, rate, ratio = a.get("path"), a.get("bytes_per_s"), a.get("page_cache_ratio")
                     if isinstance(p, str) and isinstance(rate, float) and rate > 0 and isinstance(ratio, float) \
-                            and ratio < COLD_BELOW:
+                            and ratio < _contract.COLD_BELOW:
                         found[p] = rate
     return found
 

@@ -27,6 +27,7 @@ from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import parse_lines
 from infersight.coldstart_stages import merge, named_intervals
 from infersight.exporters.waterfall import is_helper, render_waterfall
+from infersight.hooks import _contract
 from infersight.telemetry import ColdStart, SpanItem
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
         stages = stages_of[r.span_id] = sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns)
         ids = {r.span_id, *(s.span_id for s in stages)}
         workers_of[r.span_id] = [w for w in roots if w.parent_span_id in ids and w.trace_id == r.trace_id
-                                 and w.attributes.get("infersight.process.role") != "helper"]
+                                 and w.attributes.get(_contract.PROCESS_ROLE) != _contract.ROLE_HELPER]
     for r in roots:
         covered = [iv for w in workers_of[r.span_id] for iv in _tree_covered(w, stages_of, workers_of, set())]
         out.append(ColdStart(r, stages_of[r.span_id], workers_of[r.span_id], merge(covered)))

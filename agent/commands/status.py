@@ -25,7 +25,7 @@ def query_status(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(path)
-        s.sendall(_wire.encode_frame({"t": "status"}))
+        s.sendall(_wire.STATUS_FRAME)
         buf = b""
         while True:
             frames, buf, bad = _wire.split_frames(buf)

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from infersight.hooks import _contract
 from infersight.metricspec import MetricSpec, declare
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
@@ -160,7 +161,7 @@ def health_metrics(
             m("infersight.coldstart.pending.bytes", [NumberPoint(int(assembler.get("pending_bytes", 0)))]),
             m("infersight.coldstart.roots_closed",
               [NumberPoint(int(assembler.get("coldstart_roots_closed_for_lost", 0)),
-                           _attr("infersight.coldstart.ended_by", "producer_lost"))]),
+                           _attr(_contract.ENDED_BY, _contract.ENDED_BY_PRODUCER_LOST))]),
         ]
     for w in workers:
         attrs = _attr("infersight.exporter", str(w["name"]))

@@ -20,7 +20,13 @@ uid's sequence space (:meth:`Assembler.hello`'s key).
 
 from __future__ import annotations
 
+import socket
+import struct
 from dataclasses import dataclass
+
+UCRED = struct.Struct("3i")
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux; Python has no constant for it
+MAX_GROUPS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +36,24 @@ class Peer:
 
     uid: int
     pid: int | None
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of a connection's peer via SO_PEERCRED."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    pid, uid, gid = UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def peer_groups(sock: socket.socket) -> set[int]:
+    """The peer's supplementary groups (SO_PEERGROUPS): producers reach the socket through
+    membership of the agent's group, which SO_PEERCRED's primary gid does not show."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * MAX_GROUPS)
+    except OSError:
+        return set()
+    n = len(raw) // 4
+    return set(struct.unpack("%dI" % n, raw[: 4 * n]))
 
 
 def id_parts(producer_id: str) -> tuple[int, str] | None:

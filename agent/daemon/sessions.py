@@ -164,8 +164,7 @@ class Sessions:
         if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(kinds, list)
                 or not all(k in KINDS for k in kinds) or len(self) >= MAX_SUBSCRIBERS
                 or (uid != 0 and self.of_uid(uid) >= MAX_SUBSCRIBERS_PER_UID)):
-            writer.write(_wire.encode_frame({"t": "refuse", "schema": _wire.SCHEMA_VERSION,
-                                             "error": "malformed subscription (or too many)"}))
+            writer.write(_wire.refuse_frame("malformed subscription (or too many)"))
             await writer.drain()
             return
         sub = Subscriber(session, uid, frozenset(kinds), writer)

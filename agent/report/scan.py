@@ -38,6 +38,7 @@ from infersight.agent.report.gpu import (
 )
 from infersight.agent.report.parse import HistSample, Sample, Telemetry
 from infersight.agent.report.views import ROOT, Family, is_oom, num, offset_ns, process_label, waterfalls
+from infersight.hooks import _contract
 from infersight.telemetry import LogItem, SpanItem
 from infersight.weights_files import CeilingOf
 
@@ -188,7 +189,7 @@ class Scan:
         self.spans_per_trace[s.trace_id] = self.spans_per_trace.get(s.trace_id, 0) + 1
         if s.name == ROOT:
             if (s.trace_id, s.span_id) not in self.roots:
-                ready = num(s.attributes.get("infersight.coldstart.ready_s"))
+                ready = num(s.attributes.get(_contract.READY_S))
                 self.roots[(s.trace_id, s.span_id)] = RootInfo(
                     s.trace_id, s.span_id, s.parent_span_id, s.start_ns, s.end_ns,
                     ready if offset_ns(ready) is not None else None, process_label(s))
@@ -207,9 +208,9 @@ class Scan:
                     self.mem_per_device[k] = n + 1
                     keep.append(e)
             if keep:
-                st = s.attributes.get("infersight.stage")
+                st = s.attributes.get(_contract.STAGE)
                 self.mem_spans.append(SpanItem(s.resource, s.trace_id, s.span_id, s.parent_span_id, s.name,
-                                               s.start_ns, s.end_ns, {"infersight.stage": st} if st else {}, keep))
+                                               s.start_ns, s.end_ns, {_contract.STAGE: st} if st else {}, keep))
 
     def _oom(self, x: LogItem) -> None:
         key = hash((x.time_ns, x.body, x.resource.get("process.pid")))

@@ -14,6 +14,7 @@ from infersight.agent.report.gpu import DeviceTimeline, MemoryChart
 from infersight.agent.report.views import Family, Oom, ProcessWaterfall, weights_note
 from infersight.bytesize import human_bytes
 from infersight.coldstart_stages import gap_frames
+from infersight.hooks import _contract
 from infersight.sanitize import clean_text
 from infersight.telemetry import AttrValue, SpanItem
 
@@ -107,7 +108,7 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
     height = AXIS_H + ROW_H * len(rows) + 8 + 12 * max(len(wf.marks), 1)
     sc = Scale(fam.t0_ns, fam.t1_ns, BAR_X0, BAR_X1)
     total = max(wf.root.end_ns - wf.root.start_ns, 1)
-    at_ready = wf.root.attributes.get("infersight.coldstart.ended_by") == "ready"
+    at_ready = wf.root.attributes.get(_contract.ENDED_BY) == "ready"
     indent = 12 * wf.depth
     out = [
         '<svg class="chart wf" viewBox="0 0 %d %d" width="100%%" role="img" aria-label="%s" '

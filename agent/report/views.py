@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from infersight.bytesize import human_bytes
+from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
 from infersight.weights_files import COLD_BELOW, CeilingOf, files_of
 
@@ -41,7 +42,7 @@ def offset_ns(seconds: float | None) -> int | None:
 
 
 def stage_name(s: SpanItem) -> str:
-    st = s.attributes.get("infersight.stage")
+    st = s.attributes.get(_contract.STAGE)
     if isinstance(st, str) and st:
         return st
     return s.name[len("coldstart."):] if s.name.startswith("coldstart.") else s.name
@@ -137,7 +138,7 @@ def _ordered_rows(root: SpanItem, stages: list[SpanItem]) -> list[Row]:
         for s in sorted(kids.get(parent_id, []), key=lambda x: (x.start_ns, -x.end_ns)):
             name = stage_name(s)
             kind = "unattributed" if name == UNATTRIBUTED else (
-                "custom" if s.attributes.get("infersight.stage.custom") is True else "stage")
+                "custom" if s.attributes.get(_contract.STAGE_CUSTOM) is True else "stage")
             rows.append(Row(s, depth, name, kind))
             if depth < 32:
                 walk(s.span_id, depth + 1)
@@ -163,14 +164,14 @@ def uncovered(lo: int, hi: int, intervals: Iterable[tuple[int, int]]) -> list[tu
 
 def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> list[Mark]:
     marks: list[Mark] = []
-    ready = num(root.attributes.get("infersight.coldstart.ready_s"))
+    ready = num(root.attributes.get(_contract.READY_S))
     ready_ns = offset_ns(ready)
     if ready is not None and ready_ns is not None:
         marks.append(Mark(root.start_ns + ready_ns, "ready", "ready after %.3f s (%s)" % (
-            ready, root.attributes.get("infersight.ready.source") or "?")))
+            ready, root.attributes.get(_contract.READY_SOURCE) or "?")))
     for s in stages:
-        if stage_name(s) == "first_request":
-            ttfb = num(s.attributes.get("infersight.first_request.ttfb_s"))
+        if stage_name(s) == _contract.FIRST_REQUEST:
+            ttfb = num(s.attributes.get(_contract.FIRST_REQUEST_TTFB_S))
             ttfb_ns = offset_ns(ttfb)
             if ttfb_ns is None:
                 ttfb = None
@@ -189,10 +190,10 @@ def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]
     top = sorted((s for s in stages if s.parent_span_id == root.span_id and stage_name(s) != UNATTRIBUTED
                   and s.start_ns < root.end_ns),  # not a first request after a root that ended at readiness
                  key=lambda s: s.end_ns - s.start_ns, reverse=True)[:3]
-    un = num(root.attributes.get("infersight.coldstart.unattributed_s"))
+    un = num(root.attributes.get(_contract.UNATTRIBUTED_S))
     if un is None:
         un = sum(e - s for s, e in gaps) / 1e9
-    ready = num(root.attributes.get("infersight.coldstart.ready_s"))
+    ready = num(root.attributes.get(_contract.READY_S))
     return Summary(total / 1e9, ready if offset_ns(ready) is not None else None,
                    [(stage_name(s), (s.end_ns - s.start_ns) / 1e9) for s in top], un, un * 1e9 / total)
 
@@ -218,8 +219,8 @@ def waterfalls(spans: list[SpanItem], ceiling_of: CeilingOf | None = None) -> li
         summary = _summary(root, stages, gaps)
         summary.weights_files = files_of(ColdStart(root, stages), ceiling_of)
         wf = ProcessWaterfall(root, _ordered_rows(root, stages), gaps, _marks(root, stages, probes), summary,
-                              helper=root.resource.get("infersight.process.role") == "helper"
-                              or root.attributes.get("infersight.process.role") == "helper")
+                              helper=root.resource.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER
+                              or root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER)
         procs.append(wf)
         for s in (root, *stages):
             owner.setdefault((root.trace_id, s.span_id), wf)
@@ -270,22 +271,22 @@ def _is_under(parent: ProcessWaterfall, wf: ProcessWaterfall, owner: dict[tuple[
 def weights_note(s: SpanItem) -> str:
     """``128.0 MiB @ 1.4 GiB/s, cold`` for weights stages; '' otherwise."""
     a = s.attributes
-    nbytes = num(a.get("infersight.weights.bytes"))
+    nbytes = num(a.get(_contract.WEIGHTS_BYTES))
     if nbytes is None:
         return ""
     out = human_bytes(nbytes)
-    rate = num(a.get("infersight.weights.bytes_per_s"))
+    rate = num(a.get(_contract.WEIGHTS_BYTES_PER_S))
     if rate is not None:
         out += " @ %s/s" % human_bytes(rate)
-    pcr = num(a.get("infersight.weights.page_cache_ratio"))
+    pcr = num(a.get(_contract.WEIGHTS_PAGE_CACHE_RATIO))
     if pcr is not None:
         out += ", %s (page cache %.0f%%)" % ("warm" if pcr >= COLD_BELOW else "cold", 100 * pcr)
-    elif num(a.get("infersight.weights.ceiling_ratio")) is not None:
+    elif num(a.get(_contract.WEIGHTS_CEILING_RATIO)) is not None:
         out += ", cold"
-    ceiling = num(a.get("infersight.weights.ceiling_ratio"))
+    ceiling = num(a.get(_contract.WEIGHTS_CEILING_RATIO))
     if ceiling is not None:
         out += ", %.0f%% of storage ceiling" % (100 * ceiling)
-    if a.get("infersight.weights.lazy") is True:
+    if a.get(_contract.WEIGHTS_LAZY) is True:
         out += ", lazy (mapped)"
     return out
 

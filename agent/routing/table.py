@@ -22,11 +22,12 @@ from typing import Any
 
 from infersight.agent.daemon.identity import process_start
 from infersight.agent.routing import hints
+from infersight.hooks import _contract
 from infersight.hooks._listening import listener_uids
 from infersight.instances import InstanceLatency
 from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
 
-READY_STAGE = "coldstart.ready_wait"
+READY_STAGE = "coldstart." + _contract.READY_WAIT
 MAX_INSTANCES = 1024
 MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_VACATED = 256
@@ -94,7 +95,7 @@ class RoutingTable:
                 self._stage(it)
 
     def _stage(self, span: SpanItem) -> None:
-        if span.attributes.get("infersight.process.role") == "helper":
+        if span.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER:
             return
         producer = span.origin.producer if span.origin else ""
         inst = self.instances.get(producer)

@@ -1,0 +1,162 @@
+"""The agent's listening socket: where it is made, and the loop that accepts connections.
+
+The socket's directory is checked before the agent listens in it (a per-user fallback
+location another user made first would hand them every producer's events). Connections
+are accepted by our own loop rather than asyncio's: out of descriptors (EMFILE), asyncio
+logs a traceback per attempt and keeps trying; ours counts, logs one line (rate-limited)
+and pauses accepting with a growing backoff. Each accepted connection goes to ``handle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import resource
+import socket
+from collections.abc import Awaitable, Callable
+
+from infersight.agent.daemon.health import Counters
+from infersight.agent.daemon.receive import RateLimitedLog
+from infersight.agent.errors import AgentError
+from infersight.hooks import _paths
+from infersight.settings import ConfigError
+
+ACCEPT_BACKOFF_MIN_S = 0.05
+ACCEPT_BACKOFF_MAX_S = 2.0
+ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+STREAM_LIMIT = 1 << 21  # a StreamReader's buffer: two frames of the largest size
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class UnsafeSocketDirError(ConfigError, AgentError):
+    """The socket's directory could be another user's: the agent will not listen there."""
+
+
+def ensure_socket_dir(path: str) -> None:
+    """Make the socket's directory (0750), and where it is a per-user fallback location check
+    the one that is there: a squatted one (e.g. ``/tmp/infersight-<uid>`` made 0777 by another
+    user) would hand every producer's events to whoever listens in it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    owner = _paths.fallback_owner(path)
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+        if owner is not None:
+            _paths.check_socket_dir(directory, owner)
+    except OSError as exc:
+        raise UnsafeSocketDirError("cannot make the socket directory %s: %s" % (directory, exc)) from exc
+    except ValueError as exc:
+        raise UnsafeSocketDirError(
+            "unsafe socket directory: %s. Remove it (or make it a directory of uid %d with mode "
+            "0750 or stricter), or set agent.socket / INFERSIGHT_SOCKET to a path in a directory "
+            "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
+
+
+def fd_limit() -> int:
+    """The soft limit on this process's descriptors (a large number when unlimited)."""
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 1 << 20
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+class Listener:
+    """``open_connections()`` tells the EMFILE log line how many connections are open."""
+
+    def __init__(self, handle: Handler, counters: Counters, rlog: RateLimitedLog,
+                 open_connections: Callable[[], int]) -> None:
+        self.handle = handle
+        self.counters = counters
+        self.rlog = rlog
+        self.open_connections = open_connections
+        self.server: asyncio.Server | None = None
+        self._listeners: list[socket.socket] = []  # our duplicates of the server's sockets
+        self._backoff = ACCEPT_BACKOFF_MIN_S
+        self.paused = False
+        self._accepting: set[asyncio.Task[None]] = set()
+
+    async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
+        """Listen at ``path`` with ``mode``, or on ``sock`` (socket activation: systemd owns
+        the path and its mode)."""
+        if sock is None:
+            ensure_socket_dir(path)
+            if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
+                os.unlink(path)  # a stale socket from a previous run
+            old = os.umask(0o777 & ~mode & 0o777)
+            try:
+                self.server = await asyncio.start_unix_server(self.handle, path=path, limit=STREAM_LIMIT)
+            finally:
+                os.umask(old)
+            os.chmod(path, mode)
+        else:
+            self.server = await asyncio.start_unix_server(self.handle, sock=sock, limit=STREAM_LIMIT)
+        self._own_accept_loop()
+
+    def _own_accept_loop(self) -> None:
+        assert self.server is not None
+        loop = asyncio.get_running_loop()
+        for tsock in self.server.sockets:
+            loop.remove_reader(tsock.fileno())
+            lsock = socket.socket(fileno=os.dup(tsock.fileno()))
+            lsock.setblocking(False)
+            self._listeners.append(lsock)
+            loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+    def _accept(self, lsock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(64):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                self.counters.accept_errors += 1
+                if exc.errno not in ERRNO_OUT_OF_RESOURCES:
+                    self.rlog.warn("accept", "accept failed: %s (%d accept errors so far)",
+                                   exc, self.counters.accept_errors)
+                    return
+                self.rlog.warn("emfile", "cannot accept connections: %s (%d accept errors so far, %d open "
+                               "connections); pausing accepts for %.2f s", exc, self.counters.accept_errors,
+                               self.open_connections(), self._backoff)
+                self._pause(loop, lsock)
+                return
+            self._backoff = ACCEPT_BACKOFF_MIN_S
+            conn.setblocking(False)
+            task = loop.create_task(self._accepted(conn))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+
+    def _pause(self, loop: asyncio.AbstractEventLoop, lsock: socket.socket) -> None:
+        loop.remove_reader(lsock.fileno())
+        self.paused = True
+
+        def resume() -> None:
+            self.paused = False
+            if lsock.fileno() >= 0 and lsock in self._listeners:
+                loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+        loop.call_later(self._backoff, resume)
+        self._backoff = min(self._backoff * 2, ACCEPT_BACKOFF_MAX_S)
+
+    async def _accepted(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=STREAM_LIMIT)
+        except OSError:
+            conn.close()
+            return
+        await self.handle(reader, writer)
+
+    def stop(self) -> None:
+        """Stop accepting (connections already open go on)."""
+        loop = asyncio.get_running_loop()
+        for lsock in self._listeners:
+            try:
+                loop.remove_reader(lsock.fileno())
+            except (ValueError, OSError):
+                pass
+            lsock.close()
+        self._listeners = []
+        if self.server is not None:
+            self.server.close()

@@ -1,0 +1,137 @@
+"""Which producers are alive: their open connections, and the processes of those that left.
+
+A producer's connection closing does not mean its process ended (the hooks reconnect after
+an agent restart, a full outbox, an idle timeout). When the last connection of a producer
+whose cold start is still open closes, its process is watched: through a pidfd (which works
+even where ``/proc`` hides other users' processes), else by polling ``/proc/<pid>/stat``'s
+start time (which also tells a reused pid). Once the process has ended, ``lost(producer)``
+runs (the ingest closes that cold start for it), unless it connected again meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+from collections.abc import Callable
+
+from infersight.agent.daemon.assemble import Producer
+from infersight.agent.daemon.identity import process_start
+
+LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process gone? then every second
+HAVE_PROC = os.path.isdir("/proc/self")
+MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+class Liveness:
+    def __init__(self, lost: Callable[[Producer], None], awaits_end: Callable[[Producer], bool]) -> None:
+        self.lost = lost
+        self.awaits_end = awaits_end  # whether the producer's end closes something (its cold start)
+        self._live: dict[str, int] = {}  # producer id -> open connections
+        # Producers that hung up with a cold start still open: (producer, pid, start time).
+        self._watch: dict[str, tuple[Producer, int, str]] = {}
+        self._pidfds: dict[str, tuple[Producer, int]] = {}
+        self._watch_task: asyncio.Task[None] | None = None
+
+    def connected(self, producer_id: str) -> bool:
+        """The producer has a connection open now."""
+        return self._live.get(producer_id, 0) > 0
+
+    def joined(self, producer: Producer, pid: int) -> str | None:
+        """A connection of ``producer`` was welcomed; returns its process's start time (to
+        tell a reused pid later), None when unknown."""
+        self._live[producer.id] = self._live.get(producer.id, 0) + 1
+        self._unwatch(producer.id)  # it is back: alive
+        return process_start(pid) if pid > 0 and HAVE_PROC else None
+
+    def left(self, producer: Producer, pid: int, start: str | None) -> None:
+        """A connection of ``producer`` closed. If it was its last one and its cold start is
+        still open, find out whether its process has ended, now or later."""
+        n = self._live.get(producer.id, 1) - 1
+        if n > 0:
+            self._live[producer.id] = n
+            return None
+        self._live.pop(producer.id, None)
+        if pid <= 0 or producer.gone:
+            return None  # cannot tell whether it lives: keep its state (bounded) for a reconnect
+        if not self.awaits_end(producer):
+            return None
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return self.lost(producer)
+        except (OSError, AttributeError):  # no pidfds here: poll /proc
+            return self._watch_by_proc(producer, pid, start)
+        if _readable(fd):  # it has exited (a zombie)
+            os.close(fd)
+            return self.lost(producer)
+        self._unwatch(producer.id)
+        if len(self._pidfds) >= MAX_WATCHED:
+            self._unwatch(next(iter(self._pidfds)))
+        self._pidfds[producer.id] = (producer, fd)
+        asyncio.get_running_loop().add_reader(fd, self._process_ended, producer.id)
+        return None
+
+    def sweep(self) -> int:
+        """Producers found dead: ``lost`` for each; returns how many."""
+        done = 0
+        for producer_id, (_producer, fd) in list(self._pidfds.items()):
+            if _readable(fd):
+                self._process_ended(producer_id)
+                done += 1
+        for producer_id, (producer, pid, start) in list(self._watch.items()):
+            if producer.id in self._live:  # it reconnected
+                del self._watch[producer_id]
+                continue
+            if process_start(pid) == start:
+                continue
+            del self._watch[producer_id]
+            self.lost(producer)
+            done += 1
+        return done
+
+    def release(self) -> None:
+        """Close the descriptors that watch departed producers (at shutdown)."""
+        for producer_id in list(self._pidfds):
+            self._unwatch(producer_id)
+
+    def cancel(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+
+    def _process_ended(self, producer_id: str) -> None:
+        entry = self._pidfds.get(producer_id)
+        self._unwatch(producer_id)
+        if entry is not None and producer_id not in self._live:
+            self.lost(entry[0])
+
+    def _unwatch(self, producer_id: str) -> None:
+        self._watch.pop(producer_id, None)
+        entry = self._pidfds.pop(producer_id, None)
+        if entry is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(entry[1])
+            except RuntimeError:  # no loop any more
+                pass
+            os.close(entry[1])
+
+    def _watch_by_proc(self, producer: Producer, pid: int, start: str | None) -> None:
+        if not HAVE_PROC or start is None:
+            return
+        if len(self._watch) >= MAX_WATCHED:
+            self._watch.pop(next(iter(self._watch)))
+        self._watch[producer.id] = (producer, pid, start)
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch_lost(), name="ingest-lost")
+
+    async def _watch_lost(self) -> None:
+        """A process's socket closes while it exits: look again shortly after, then every second."""
+        for delay in (*LOST_CHECK_S, *([1.0] * 1000000)):
+            await asyncio.sleep(delay)
+            self.sweep()
+            if not self._watch:
+                return

@@ -1,0 +1,290 @@
+"""The producer's connection to the agent's socket: checks, hello, sends, acks, reconnects.
+
+Delivery is at-least-once: every frame sent stays in ``outbox`` until the agent acks it
+and is sent again, first, after a reconnect. A lost connection is retried with a jittered
+exponential backoff (up to ``RECONNECT_MAX_S``); an agent that refuses this producer is
+not retried (the client spools instead).
+
+Local users are not trusted: in a per-user fallback location (``/tmp/infersight-<uid>``),
+the socket's directory must pass ``_paths.check_socket_dir`` and the peer must run as its
+owner, root or us; otherwise this producer tells the socket nothing.
+
+Only the drain thread (or ``close`` holding the client's lock) calls these methods.
+"""
+
+from __future__ import annotations
+
+# The C socket type, not the ``socket`` module: same methods, without ~7 ms of imports
+# (selectors, enum) on the host's start-up path. Everything the drain thread uses is
+# imported here, on the main thread: a first import on a daemon thread can race the
+# host's own imports or interpreter shutdown.
+import _socket
+import os
+import stat
+import sys
+import time
+from _collections import deque
+
+from . import _paths, _wire
+from ._env import say
+
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Deque, Dict, List, Optional, Tuple
+
+    Frame = Tuple[int, int, bytes]  # (last seq, events, frame)
+
+MAX_OUTBOX_BYTES = 16 << 20  # sent and not acked: past this, wait for acks (or spill)
+SEND_TIMEOUT_S = 2.0
+RECONNECT_MIN_S = 0.05
+RECONNECT_MAX_S = 5.0
+
+
+def peer_uid(sock: Any) -> Optional[int]:
+    """The connected peer's uid (SO_PEERCRED: pid, uid, gid as native ints), if known."""
+    opt = getattr(_socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    raw = sock.getsockopt(_socket.SOL_SOCKET, opt, 12)
+    return int.from_bytes(raw[4:8], sys.byteorder)
+
+
+class Connection:
+    def __init__(self, socket_path: str, producer: Dict[str, Any]) -> None:
+        self.socket_path = socket_path
+        self.producer = producer  # what the hello says (the client may update it)
+        self.owner = _paths.fallback_owner(socket_path)  # None: a path used as given
+        self.sock: Optional[Any] = None  # a _socket.socket, once welcomed
+        self.refused = False  # the agent refused this producer: do not retry
+        self.outbox: Deque[Frame] = deque()
+        self.outbox_bytes = 0
+        self.acked = 0  # the last sequence number the agent acked
+        self.sent_events = 0
+        self.sent_frames = 0
+        self.urgent_rings = 0
+        self._rx = b""
+        self._next_attempt = 0.0
+        self._backoff = RECONNECT_MIN_S
+        self._warned = ""
+
+    @property
+    def up(self) -> bool:
+        return self.sock is not None
+
+    def congested(self) -> bool:
+        return self.outbox_bytes >= MAX_OUTBOX_BYTES
+
+    # -- connecting ------------------------------------------------------------------
+
+    def connect(self) -> bool:
+        """Connect unless connected, refused or backing off; True when connected now. After
+        the welcome, what the last connection did not get acked is sent again, in order."""
+        if self.sock is not None:
+            return True
+        now = time.monotonic()
+        if self.refused or now < self._next_attempt:
+            return False
+        uids = self._agent_uids()
+        if uids is None:
+            self._schedule_retry(now)
+            return False
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            sock.connect(self.socket_path)
+            peer = peer_uid(sock)
+            if uids and peer is not None and peer not in uids:
+                # The path was swapped after our checks: not the agent, tell it nothing.
+                self._warn("the peer at %s runs as uid %d" % (self.socket_path, peer))
+                raise OSError("untrusted peer")
+            sock.sendall(_wire.hello_frame(self.producer, self.acked))
+            reply = self._recv_reply(sock)
+        except OSError:
+            sock.close()
+            self._schedule_retry(now)
+            return False
+        if reply is None or reply.get("t") != "welcome":
+            sock.close()
+            err = (reply or {}).get("error", "no welcome from agent")
+            if reply is not None and reply.get("t") == "refuse":
+                self.refused = True
+                say("agent refused this producer: %s; spooling instead" % err)
+            self._schedule_retry(now)
+            return False
+        self.sock = sock
+        self._backoff = RECONNECT_MIN_S
+        self._rx = b""
+        for _last, _n, frame in list(self.outbox):
+            try:
+                sock.sendall(frame)
+            except OSError:
+                self.disconnect()
+                return False
+        return True
+
+    def _agent_uids(self) -> Optional[Tuple[int, ...]]:
+        """The uids the agent may run as (empty: not checked, a path the operator chose), or
+        None when the socket is to be taken as absent: missing, or in an unsafe directory."""
+        owner = self.owner
+        if owner is None:
+            return ()
+        uid = os.geteuid()
+        try:
+            _paths.check_socket_dir(os.path.dirname(os.path.abspath(self.socket_path)), owner)
+            st = os.lstat(self.socket_path)
+        except FileNotFoundError:
+            return None  # no agent (yet): quietly spool
+        except (OSError, ValueError) as exc:
+            self._warn(str(exc))
+            return None
+        uids = (uid, 0, owner)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in uids:
+            self._warn("%s is not a socket of uid %s" % (self.socket_path, " or ".join(
+                str(u) for u in sorted(set(uids)))))
+            return None
+        return uids
+
+    def _warn(self, why: str) -> None:
+        if why != self._warned:
+            self._warned = why
+            say("not connecting to the agent: %s; spooling instead" % why)
+
+    def _schedule_retry(self, now: float) -> None:
+        jitter = int.from_bytes(os.urandom(2), "big") / 65536.0
+        self._next_attempt = now + self._backoff * (0.5 + jitter)
+        self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
+
+    def _recv_reply(self, sock: Any) -> Optional[Dict[str, Any]]:
+        buf = b""
+        while True:
+            frames, rest, bad = _wire.split_frames(buf)
+            if bad:
+                return None
+            if frames:
+                self._rx = rest
+                return _wire.decode_reply(frames[0])
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            buf += chunk
+
+    def disconnect(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+        self.sock = None
+        self._schedule_retry(time.monotonic())
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def close_inherited(self) -> None:
+        """In a forked child: close our copy of the parent's socket, nothing more."""
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+    # -- sending ---------------------------------------------------------------------
+
+    def send(self, last_seq: int, n_events: int, frame: bytes) -> None:
+        """Send one frame; it stays in the outbox until acked (a failure disconnects)."""
+        self.outbox.append((last_seq, n_events, frame))
+        self.outbox_bytes += len(frame)
+        assert self.sock is not None
+        try:
+            self.sock.sendall(frame)
+            self.sent_events += n_events
+            self.sent_frames += 1
+        except OSError:
+            self.disconnect()
+
+    def send_group(self, group: List[Frame]) -> None:
+        """Send frames in one write; each stays in the outbox until acked."""
+        if len(group) == 1:
+            self.send(*group[0])
+            return
+        for entry in group:
+            self.outbox.append(entry)
+            self.outbox_bytes += len(entry[2])
+        assert self.sock is not None
+        try:
+            self.sock.sendall(b"".join(entry[2] for entry in group))
+            self.sent_events += sum(entry[1] for entry in group)
+            self.sent_frames += len(group)
+        except OSError:
+            self.disconnect()
+
+    def take_outbox(self) -> List[Frame]:
+        """Every unacked frame, forgotten here (at exit: they go to the spool)."""
+        frames = list(self.outbox)
+        self.outbox.clear()
+        self.outbox_bytes = 0
+        return frames
+
+    def ring(self) -> None:
+        """The doorbell: a non-blocking connect and send of ``URGENT_FRAME`` on a fresh
+        connection; any failure is ignored (the report itself is on its way regardless)."""
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.connect(self.socket_path)
+            sock.send(_wire.URGENT_FRAME)
+            self.urgent_rings += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    # -- acks ------------------------------------------------------------------------
+
+    def read_acks(self, block: bool = False) -> None:
+        """Read what the agent sent (acks); ``block``: wait up to half a second for one."""
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            sock.settimeout(0.5 if block else 0.0)
+            while True:
+                try:
+                    chunk = sock.recv(65536)
+                except (BlockingIOError, _socket.timeout):  # _socket.timeout: not TimeoutError on 3.9
+                    break
+                if not chunk:
+                    self.disconnect()
+                    return
+                self._rx += chunk
+                frames, self._rx, bad = _wire.split_frames(self._rx)
+                for payload in frames:
+                    msg = _wire.decode_reply(payload)
+                    if msg and msg.get("t") == "ack" and isinstance(msg.get("seq"), int):
+                        self._on_ack(msg["seq"])
+                if bad:
+                    self.disconnect()
+                    return
+                if not block:
+                    continue
+                break
+        except OSError:
+            self.disconnect()
+            return
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(SEND_TIMEOUT_S)
+
+    def wait_room(self) -> bool:
+        """When the outbox is full, wait briefly for acks; True when there is room now."""
+        if self.congested():
+            self.read_acks(block=True)
+        return not self.congested()
+
+    def _on_ack(self, seq: int) -> None:
+        self.acked = max(self.acked, seq)
+        while self.outbox and self.outbox[0][0] <= seq:
+            _last, _n, frame = self.outbox.popleft()
+            self.outbox_bytes -= len(frame)

@@ -1,0 +1,58 @@
+"""The names and thresholds the hooks and the agent share (stdlib only, constants only).
+
+The hooks set these attributes on the spans they send; the agent (assembly, metrics, MQTT,
+the report, the exporters through :mod:`infersight.coldstart_stages` and
+:mod:`infersight.weights_files`) reads them. Both sides import them from here, so that a
+name or a threshold is defined once. With :mod:`_wire` (frames), :mod:`_paths` (where) and
+:mod:`_env` (the ``INFERSIGHT_*`` variables) this is the hooks <-> agent contract
+(``docs/wire.md``). The names are public: they are span attributes in every export.
+"""
+
+from __future__ import annotations
+
+# -- span attributes ---------------------------------------------------------------------
+
+STAGE = "infersight.stage"  # the stage a span stands for (else the name after "coldstart.")
+STAGE_CUSTOM = "infersight.stage.custom"  # True: a stage the user named (hooks.stage)
+STAGE_RULE = "infersight.stage.rule"  # the stage rule that opened it (rules.d)
+ENDED_BY = "infersight.coldstart.ended_by"  # on a root: what ended the cold start (ENDED_BY_*)
+READY_S = "infersight.coldstart.ready_s"  # on a root: seconds from its start to readiness
+UNATTRIBUTED_S = "infersight.coldstart.unattributed_s"  # on a root: seconds in no stage
+READY_SOURCE = "infersight.ready.source"  # on ready_wait and a root: which READY_SIGNALS said when
+PROCESS_ROLE = "infersight.process.role"  # on a root: ROLE_HELPER for processes that serve nothing
+FIRST_REQUEST_SOURCE = "infersight.first_request.source"
+FIRST_REQUEST_TTFB_S = "infersight.first_request.ttfb_s"
+COMPILE_CACHE = "infersight.compile.cache"  # hit, miss or mixed
+UNATTRIBUTED_TOP = "infersight.unattributed.top"  # on an unattributed gap: the sampler's top frames
+UNATTRIBUTED_SAMPLES = "infersight.unattributed.samples"  # ... and how many samples it took there
+WEIGHTS = "infersight.weights."  # the prefix of the weights attributes below
+WEIGHTS_PATH = WEIGHTS + "path"
+WEIGHTS_BYTES = WEIGHTS + "bytes"
+WEIGHTS_BYTES_PER_S = WEIGHTS + "bytes_per_s"
+WEIGHTS_LAZY = WEIGHTS + "lazy"
+WEIGHTS_PAGE_CACHE_RATIO = WEIGHTS + "page_cache_ratio"  # share of the file the page cache held
+WEIGHTS_CEILING_RATIO = WEIGHTS + "ceiling_ratio"  # bytes_per_s over the storage's ceiling
+
+# -- values ------------------------------------------------------------------------------
+
+# Stages (STAGE values; a stage span is named ``coldstart.<stage>``) that the agent reads.
+READY_WAIT = "ready_wait"  # from the start of readiness waiting to readiness (READY_SOURCE says which)
+FIRST_REQUEST = "first_request"  # the first request, from its arrival to its response
+WEIGHTS_LOAD = "weights_load"  # reading a weights file (the WEIGHTS_* attributes)
+UNATTRIBUTED = "unattributed"  # a gap no stage covers (the sampler's UNATTRIBUTED_* attributes)
+
+ROLE_HELPER = "helper"
+ENDED_BY_READY = "ready"
+ENDED_BY_FIRST_REQUEST = FIRST_REQUEST
+ENDED_BY_EXIT = "exit"
+ENDED_BY_PRODUCER_LOST = "producer_lost"  # the agent closed it: the process died first
+
+# Readiness signals (READY_SOURCE values): the root ends at readiness when one of these said
+# when it came. A request that arrives first ("request") is no signal: the first response
+# ends the root then. The agent closes a dead producer's root the same way.
+READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule", "fork_served")
+
+# -- thresholds --------------------------------------------------------------------------
+
+COLD_BELOW = 0.5  # WEIGHTS_PAGE_CACHE_RATIO under this: a cold read (the storage ceiling applies)
+MIN_GAP_SAMPLES = 5  # fewer samples in an unattributed gap name no frame (50 ms at 10 ms)

@@ -1,0 +1,259 @@
+"""This process's spool file: where batches wait while the agent is away or falls behind.
+
+The file is the wire's frame stream (:mod:`_wire`): this producer's hello, then batch
+frames, appended in order and read back in order (by :class:`~._client.Client` on
+reconnect, or by the agent once this process has died and its lock is free).
+
+Local users are not trusted: the file is created fresh (``O_EXCL|O_NOFOLLOW``, an
+unguessable name) in a directory opened without following a symlink, locked while we live,
+and truncated and unlinked only through our own descriptors. A file someone else removed is
+noticed (``vanished``) and what it still held is rescued into a new one.
+
+Only the drain thread (or ``close`` holding the client's lock) calls these methods.
+"""
+
+from __future__ import annotations
+
+import errno  # already loaded at start-up
+import fcntl
+import os
+import stat
+import struct  # already loaded by _wire
+import time
+
+from . import _paths, _wire
+from ._env import say
+
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    Handles = Tuple[Optional[int], Optional[int], str]  # (file fd, directory fd, name)
+
+RETRY_S = 5.0  # after an error, batches are dropped (and counted) this long before a retry
+READ_BYTES = 1 << 20  # what one replay step reads
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until done; a short write that cannot finish raises OSError."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError("short write")
+        view = view[n:]
+
+
+def close_fds(handles: Handles) -> None:
+    for d in handles[:2]:
+        if d is not None:
+            try:
+                os.close(d)
+            except OSError:
+                pass
+
+
+def unlink_own(fd: int, dfd: Optional[int], name: str) -> None:
+    """Unlink ``name`` in the directory we opened, only if it is still our file: whoever
+    else can write there may have swapped a symlink or another file in since."""
+    if dfd is None:
+        return
+    try:
+        mine, now = os.fstat(fd), os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+            os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
+
+
+class SpoolFile:
+    """At most one open file at a time; a new one is made when a batch needs it."""
+
+    def __init__(self, directory: str, producer: Dict[str, Any], max_bytes: int) -> None:
+        self.directory = directory
+        self.producer = producer  # shared with the connection: its hello is this file's head
+        self.max_bytes = max_bytes
+        self.fd: Optional[int] = None
+        self.dir_fd: Optional[int] = None
+        self.name = ""
+        self.size = 0  # bytes written
+        self.read = 0  # bytes sent back to the agent (or copied elsewhere)
+        self.head = 0  # the hello: what the agent must read before our frames
+        self.retry_at = 0.0  # monotonic: no writes before this, after an error
+        self.error = ""  # why the last write or open failed
+        self.vanished_count = 0  # our file was removed by someone else (its frames were rescued)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.name) if self.name else ""
+
+    def pending(self) -> bool:
+        """Frames written and not yet sent back."""
+        return self.read < self.size
+
+    def usable(self) -> bool:
+        return time.monotonic() >= self.retry_at
+
+    def fits(self, nbytes: int) -> bool:
+        return self.size + nbytes <= self.max_bytes
+
+    def _failed(self, why: str) -> None:
+        """Drop (and count) spooled batches for a while, rather than retry on every batch."""
+        self.error = why
+        self.retry_at = time.monotonic() + RETRY_S
+
+    def open(self, acked: int) -> bool:
+        """Create a fresh file, unless one is open: never an existing file, never through a
+        symlink. ``acked``: what an agent already has, written into the file's hello so that
+        the agent that replays it after our death (another launch, say) does not count those
+        events as lost."""
+        if time.monotonic() < self.retry_at:
+            return False
+        if self.fd is not None:
+            return True
+        # Unguessable, so nobody can plant anything at the name first.
+        name = _paths.spool_file_name(self.producer["id"], os.urandom(8).hex())
+        dfd = fd = None
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            mode = os.fstat(dfd).st_mode
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+                raise OSError("the directory is writable by everyone (mode %04o)" % stat.S_IMODE(mode))
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
+                         0o600, dir_fd=dfd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live
+            hello = _wire.hello_frame(self.producer, acked)
+            write_all(fd, hello)
+        except OSError as exc:
+            if fd is not None:
+                unlink_own(fd, dfd, name)
+                os.close(fd)
+            if dfd is not None:
+                os.close(dfd)
+            link = exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(self.directory)
+            why = "a symbolic link, not followed" if link else exc.strerror or str(exc)
+            self._failed("%s: %s" % (self.directory, why))
+            return False
+        self.fd, self.dir_fd, self.name = fd, dfd, name
+        self.size = self.read = self.head = len(hello)
+        return True
+
+    def vanished(self) -> bool:
+        """Our file has no name any more: someone removed it (the directory's owner, root,
+        or a group member where the directory lacks its sticky bit)."""
+        fd = self.fd
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
+    def rescue(self, acked: int) -> None:
+        """Its unsent frames are still readable through our descriptor: copy them into a
+        fresh file (with its own hello) and count the removal."""
+        rest = self.unread()
+        close_fds(self.detach())
+        self.vanished_count += 1
+        say("the spool file was removed by someone else; %d byte(s) of events rescued into a new one" % len(rest))
+        if rest and self.open(acked):
+            fd = self.fd
+            assert fd is not None
+            try:
+                write_all(fd, rest)
+                self.size += len(rest)
+            except OSError:
+                self.abandon()
+
+    def write(self, frame: bytes, acked: int) -> str:
+        """Append frames; "" when written, else why they were not (the caller counts them lost)."""
+        if self.vanished():
+            self.rescue(acked)
+        full = "the spool is full (%d bytes)" % self.max_bytes
+        if not self.fits(len(frame)) or not self.open(acked):
+            return self.error if not self.usable() else full
+        fd = self.fd
+        assert fd is not None
+        if not self.fits(len(frame)):  # the hello took the room
+            return full
+        try:
+            write_all(fd, frame)
+        except OSError as exc:
+            self._failed("%s: %s" % (self.path, exc.strerror or exc))
+            try:  # a partial frame would garble every frame after it: cut it off
+                os.ftruncate(fd, self.size)
+            except OSError:
+                self.abandon()
+            return self.error
+        self.size += len(frame)
+        return ""
+
+    def next_frames(self) -> Optional[List[bytes]]:
+        """The next unread frames (payloads, whole), at least one while any is pending; None
+        when the file cannot be read here (it is then abandoned: the agent replays it later).
+        :meth:`consumed` moves past each one once it is sent."""
+        fd = self.fd
+        if fd is None:
+            return []
+        try:
+            data = os.pread(fd, min(READ_BYTES, self.size - self.read), self.read)
+            frames, _rest, _bad = _wire.split_frames(data)
+            if not frames:
+                # A frame larger than one read: read exactly that frame.
+                (n,) = _wire.HEADER.unpack_from(data, 0)
+                frames = [os.pread(fd, n, self.read + _wire.HEADER.size)]
+        except (OSError, struct.error):
+            self.abandon()
+            return None
+        return frames
+
+    def consumed(self, payload: bytes) -> None:
+        self.read += _wire.HEADER.size + len(payload)
+
+    def unread(self) -> bytes:
+        """The frames not sent back yet (empty when unreadable)."""
+        if self.fd is None:
+            return b""
+        try:
+            return os.pread(self.fd, self.size - self.read, self.read)
+        except OSError:
+            return b""
+
+    def detach(self) -> Handles:
+        """Forget the open file, handing its descriptors and name to the caller."""
+        handles = (self.fd, self.dir_fd, self.name)
+        self.fd = self.dir_fd = None
+        self.name = ""
+        self.size = self.read = 0
+        return handles
+
+    def discard(self) -> None:
+        """Fully delivered: truncate and unlink it, through our descriptors."""
+        fd, dfd, name = self.detach()
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+            unlink_own(fd, dfd, name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+            if dfd is not None:
+                os.close(dfd)
+
+    def abandon(self) -> None:
+        """Stop using the file but keep it: closing it frees its lock, so the agent replays
+        what it holds. A later batch starts a new file."""
+        close_fds(self.detach())
+
+    def close(self) -> None:
+        """Close it as it is (at exit: the lock goes, the agent may replay it now)."""
+        if self.fd is not None:
+            close_fds(self.detach())
+
+    def close_inherited(self) -> None:
+        """In a forked child: close our copies of the parent's descriptors, nothing more."""
+        close_fds((self.fd, self.dir_fd, ""))
+        self.fd = self.dir_fd = None
