@@ -772,12 +772,32 @@ def _held_outside_pytorch(msg: OomMessage) -> bool:
     return n >= 0.5 * t and c < r
 
 
+def _device_held_outside_allocator(msg: OomMessage) -> bool:
+    """Most of the device (X = T - F - P >= T/2) is held outside this process's PyTorch allocator."""
+    env = derive(msg.numbers(), msg.backend)
+    x, t = env.get("X"), env.get("T")
+    return x is not None and t is not None and t > 0 and x >= 0.5 * t
+
+
 def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRules) -> Verdict:
     """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES), or
     for a process whose memory is mostly outside PyTorch's allocator."""
     if v.rule != _FRAGMENTATION_RULE:
         return v
-    if engine in POOL_ENGINES and _rounding_margin_only(msg):
+    only_why = False
+    if engine != "pytorch" and _device_held_outside_allocator(msg):
+        # An engine sizes its pools from the device's free memory at start; when another process, a
+        # previous instance or another allocator holds most of the device, that is what the engine lacks,
+        # not the few cached bytes its allocator could not reuse (the serving threads' diagnosis; a plain
+        # PyTorch program keeps the rubric's fragmentation-first order).
+        env = derive(msg.numbers(), msg.backend)
+        x, t, c = env.get("X") or 0.0, env.get("T") or 0.0, env.get("C")
+        cached = f" against {torch_bytes(c)} cached" if c is not None else ""
+        why = (f"in {engine}'s log, {torch_bytes(x)} of the {torch_bytes(t)} device is held outside this "
+               f"process's PyTorch allocator{cached} (another process, a previous instance, or the engine's own "
+               "pool): that memory, not the cache's fragments, is what the engine lacks")
+        only_why = True
+    elif engine in POOL_ENGINES and _rounding_margin_only(msg):
         why = (f"{engine} fills the device with its pools by design, and cached plus free bytes cover the request "
                "only within print rounding: a full device, not fragmentation")
     elif _held_outside_pytorch(msg):
@@ -789,7 +809,7 @@ def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRu
     again = classify(msg.numbers(), rubric, backend=msg.backend)
     if again.cls == "unknown":
         return v
-    return replace(again, note=f"{again.note}; {why}" if again.note else why)
+    return replace(again, note=f"{again.note}; {why}" if again.note and not only_why else why)
 
 
 # vLLM and SGLang capture CUDA graphs after the weights and the KV pool took their share of the device

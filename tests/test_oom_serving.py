@@ -71,13 +71,11 @@ def test_targets_on_the_given_messages() -> None:
     s = score(GIVEN)
     assert s.recognised == s.memory_errors == 30
     assert s.unclear_unknown >= s.unclear / 2
-    # 16 of 22: ONNX Runtime's bare arena failure (srv-049) is unknown by design since the arena's
-    # message fits a full device as well as fragmentation (most threads we hold end without either)
-    assert s.clear_right / s.clear >= 0.7, s.misses
+    # 19 of 22: srv-009 (vLLM's bare "No available memory for the cache blocks", fragmentation by its
+    # thread), srv-017 (a cut PyTorch message) and srv-058 (ollama's bare CUDA error) print no evidence
+    assert s.clear_right / s.clear >= 0.8, s.misses
     for cls, (right, n) in s.per_class.items():
-        # neither fragmentation message says so: srv-009 is vLLM's bare "No available memory for the cache
-        # blocks", srv-049 ONNX Runtime's bare arena failure; their threads found it
-        assert cls == "fragmentation" or right / n >= 0.5, (cls, s.misses)
+        assert right / n >= 0.5, (cls, s.misses)
 
 
 def test_targets_on_the_collected_messages() -> None:
@@ -413,12 +411,54 @@ _ARENA = ("Non-zero status code returned while running Conv node. Name:'Conv_3' 
           "requested buffer of size 643840")
 
 
-def test_onnxruntime_bare_arena_failure_is_unknown_unless_triton_shares_the_gpu() -> None:
+def test_onnxruntime_bare_arena_failure_is_the_arena_unless_triton_shares_the_gpu() -> None:
+    # the default kNextPowerOfTwo arena holds the device in doubled regions it never returns: the
+    # remedy is the allocator setting (kSameAsRequested), fragmentation by the rubric
     (f,) = analyse(_ARENA)
-    assert (f.engine, f.cls, f.knob, f.numbers["R"]) == ("onnxruntime", "unknown", "arena_extend_strategy", 643840)
-    assert "kSameAsRequested" in (f.reason or "") and "gpu_mem_limit" in (f.reason or "")
+    assert (f.engine, f.cls, f.knob, f.numbers["R"]) == ("onnxruntime", "fragmentation", "arena_extend_strategy",
+                                                          643840)
+    assert "kSameAsRequested" in f.remedy and "kSameAsRequested" in f.note
     (f,) = analyse("onnx runtime error 6: " + _ARENA)
     assert (f.cls, f.rule) == ("reservation_conflict", "onnxruntime.arena.extend-failed/shared-server")
+    # Triton's relay on the line before a wrapped failure line still names the shared server
+    (f,) = analyse("UNAVAILABLE: Internal: onnx runtime error 6: Exception during initialization: "
+                   "onnxruntime::BFCArena::AllocateRawInternal(size_t, bool)\n"
+                   "Failed to allocate memory for requested buffer of size 268435456 |")
+    assert (f.cls, f.numbers["R"]) == ("reservation_conflict", 268435456)
+    # the arena's name alone, with no failure, is no memory error
+    assert analyse("onnxruntime::BFCArena::AllocateRawInternal extended the arena by 1048576 bytes") == []
+
+
+def test_xla_runtime_allocation_with_less_free_than_requested_is_held_by_live_buffers() -> None:
+    (f,) = analyse("XlaRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+                   "15.65G. That was not possible. There are 11.08G free.; (0x0x0_HBM0)")
+    assert (f.cls, f.rule) == ("reservation_conflict", "xla.alloc.not-possible/held-by-live-buffers")
+    (f,) = analyse("RESOURCE_EXHAUSTED: Attempting to allocate 2.00G. That was not possible. There are 5.31G free. "
+                   "Due to fragmentation, the largest contiguous region of free memory is 1.50G")
+    assert f.cls == "fragmentation"
+    (f,) = analyse("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 8.00G. That was not "
+                   "possible.")
+    assert f.cls == "unknown" and f.reason
+
+
+_NPU_OLD = ("(VllmWorkerProcess pid=20493) ERROR 03-05 07:15:39 multiproc_worker_utils.py:240] RuntimeError: NPU out "
+            "of memory. Tried to allocate 22.00 MiB (NPU 6; 60.97 GiB total capacity; 10.24 GiB already allocated; "
+            "10.24 GiB current active; 19.79 MiB free; 10.65 GiB reserved in total by PyTorch)")
+
+
+def test_an_engine_whose_device_is_mostly_held_elsewhere_is_not_fragmentation() -> None:
+    # 50 GiB of a 61 GiB NPU outside this process's allocator, 420 MiB cached: in an engine's log the
+    # memory held elsewhere is what the engine lacks
+    (f,) = analyse(_NPU_OLD)
+    assert (f.engine, f.cls) == ("vllm", "reservation_conflict") and "held outside" in f.note
+    # a plain PyTorch program keeps the rubric's fragmentation-first order (the PyTorch corpus's labels)
+    plain = _NPU_OLD.split("] ", 1)[1]
+    (f,) = analyse(plain)
+    assert (f.engine, f.cls) == ("pytorch", "fragmentation")
+    # in the engine's log with the device held by this process's own cache, fragmentation stays
+    own = _NPU_OLD.replace("10.65 GiB reserved", "60.00 GiB reserved").replace("10.24 GiB already", "59.50 GiB already")
+    (f,) = analyse(own)
+    assert f.cls == "fragmentation"
 
 
 _OLLAMA = "Error: model requires more system memory ({r}) than is available ({f})"
