@@ -213,7 +213,8 @@ _MAX_LEN = ("ValueError: The model's max seq len ({n}) is larger than the maximu
 
 @pytest.mark.parametrize(("prefix", "n", "kv", "cls", "case"), [
     ("", 8192, 7900, "reservation_conflict", "within-fraction-headroom"),
-    ("", 8192, 6500, "unknown", "gap-undecided"),
+    ("", 8192, 6900, "unknown", "gap-undecided"),
+    ("", 8192, 6500, "capacity", "far-beyond-pool"),
     ("", 32768, 16000, "capacity", "far-beyond-pool"),
     # the printed fraction decides, whatever the gap: at the default 0.9 only the length can move
     ("Memory profiling results: total_gpu_memory=23.58GiB kv_cache_size=2.89GiB gpu_memory_utilization=0.90\n",
