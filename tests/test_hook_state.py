@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FlatQueue, hook_env
@@ -107,15 +108,21 @@ def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
     assert "hooks disabled" not in p.stderr
 
 
+def _fresh_state(monkeypatch: pytest.MonkeyPatch, client: Any) -> None:
+    """A fresh ``HookState`` whose producer is ``client``, in trace a..a under root b..b."""
+    st = _state.HookState()
+    st.runtime.client = client
+    st.runtime.trace_id = "a" * 32
+    st.runtime.root_span_id = "b" * 16
+    monkeypatch.setattr(_state, "current", st)
+
+
 def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     from infersight import hooks
-    from infersight.hooks import _client, _runtime
+    from infersight.hooks import _client
 
     queue = FlatQueue()
-    monkeypatch.setattr(_runtime, "client", queue)
-    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
-    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
-    monkeypatch.setattr(_state, "current", _state.HookState())
+    _fresh_state(monkeypatch, queue)
     with hooks.stage("outer"), pytest.raises(ValueError), hooks.stage("load", model="m", batch=8):
         raise ValueError("x")
     inner, outer = queue.events
@@ -144,13 +151,10 @@ def test_stage_attributes_wait_beside_the_queue_and_the_tuple_is_still_untracked
     The queued tuple must still be one the garbage collector untracks at its first pass: a
     burst of queued stages must not drive full collections of the served process's heap."""
     from infersight import hooks
-    from infersight.hooks import _client, _runtime
+    from infersight.hooks import _client
 
     queue = FlatQueue()
-    monkeypatch.setattr(_runtime, "client", queue)
-    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
-    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
-    monkeypatch.setattr(_state, "current", _state.HookState())
+    _fresh_state(monkeypatch, queue)
     with hooks.stage("first"):  # an empty buffer takes the call (it wakes the drain thread)
         pass
     with hooks.stage("load", model="m", batch=8):

@@ -116,7 +116,7 @@ def test_live_producer_replays_a_large_spool_within_its_memory_bound(tmp_path: P
         "import os, sys, time\n"
         "from infersight import hooks\nfrom infersight.hooks import _client, _runtime\n"
         "_client.MAX_OUTBOX_BYTES = 64 * 1024\n"
-        "c = _runtime.client\npeak = [0]\norig = c._send\n"
+        "c = _runtime.state().client\npeak = [0]\norig = c._send\n"
         "def send(*a):\n    orig(*a)\n    peak[0] = max(peak[0], c._outbox_bytes)\n"
         "c._send = send\n"
         "for i in range(20000):\n    hooks.log('e', i=i)\n"
