@@ -158,10 +158,8 @@ class Stage:
                     it.paused -= 1
                     if it.pause_t and not it.paused and it.stack:  # (pause_t: 0 but inside an import)
                         cs.imports.resumed(it, end)
-                if end > cs.last_end_ns:  # noqa: PLR1730 - cheaper than max()
-                    cs.last_end_ns = end  # where ready_wait starts
                 if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
-                    cs.covered.append((start, end if end > start else start))
+                    cs.covered.append((start, end))  # (ends before it starts after a clock step: clamped at use)
             c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict

@@ -23,7 +23,7 @@ import threading
 import time
 
 from . import _proc, _runtime, _workers
-from ._recorder import add_undo, emit_stage, flush_runs, on_import, root_open, state  # noqa: F401
+from ._recorder import add_undo, emit_stage, flush_runs, last_end, on_import, root_open, state  # noqa: F401
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
 def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:
     """``ready_wait``'s interval for readiness at ``t`` (see ``mark_ready``)."""
     st = state()
-    start = min(st.last_end_ns or t, t)
+    start = min(last_end() or t, t)
     if not asked_ns or asked_ns >= t or start <= asked_ns:
         return start, t
     if any(s < asked_ns < e for s, e in st.covered):
@@ -227,7 +227,7 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Option
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server: ready once its own work after the fork was done (a
             # worker's app load); the wait for this request is the wait for traffic
-            st.ready_ns, st.ready_source = max(st.ready_ns, min(st.last_end_ns, now)), "fork_served"
+            st.ready_ns, st.ready_source = max(st.ready_ns, min(last_end(), now)), "fork_served"
     return f
 
 
@@ -355,9 +355,9 @@ def at_exit() -> None:
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server, never served: ready once its own work after the fork
             # was done (a gunicorn worker's app load); the wait for traffic is no cold start
-            end_ns = max(st.ready_ns, st.last_end_ns)
+            end_ns = max(st.ready_ns, last_end())
         elif st.main_end_ns and os.getpid() == st.main_pid:
-            end_ns = max(st.main_end_ns, st.last_end_ns)  # exit handlers that ran since are not start-up
+            end_ns = max(st.main_end_ns, last_end())  # exit handlers that ran since are not start-up
         finish_root(end_ns, "exit", at_readiness=True)
     except Exception as exc:
         _runtime.fail(exc)
@@ -420,7 +420,7 @@ def check_workers() -> None:
                 if st.first_done or st.first is not None:
                     return
                 st.first_done = True  # no first_request of its own will end it any more
-            finish_root(max(min(r[1] for r in done), st.last_end_ns), "workers")
+            finish_root(max(min(r[1] for r in done), last_end()), "workers")
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -550,7 +550,8 @@ def _emit_unattributed(end_ns: int) -> None:
     from . import _sampler as sampler
 
     samples = s.samples if s is not None else []
-    for start, stop in sampler.uncovered(st.covered, _runtime.state().root_start_ns, end_ns):
+    covered = [(s, e if e > s else s) for s, e in st.covered]  # hooks.stage leaves a clock step as it came
+    for start, stop in sampler.uncovered(covered, _runtime.state().root_start_ns, end_ns):
         a: Dict[str, Any] = {"infersight.unattributed.samples": sum(1 for t, _ in samples if start <= t < stop)}
         top = sampler.top_labels(samples, start, stop)
         if top:

@@ -93,6 +93,21 @@ def note_end(end_ns: int) -> None:
     st.last_end_ns = max(st.last_end_ns, end_ns)
 
 
+def last_end() -> int:
+    """The end of the latest stage that finished (where ``ready_wait`` starts): noted by
+    ``note_end``, or read here from the intervals covered since the last call (``hooks.stage``
+    only appends its interval: one store less per stage)."""
+    st = state()
+    covered = st.covered
+    n = len(covered)
+    seen = st.covered_seen
+    if n > seen:
+        latest = max(e for _s, e in covered[seen:n])
+        st.last_end_ns = max(st.last_end_ns, latest)
+        st.covered_seen = n
+    return st.last_end_ns
+
+
 def begin(name: str, attrs: Optional[Dict[str, Any]] = None, start: Optional[int] = None) -> Open:
     """Open a stage under the current span and make it current."""
     prev = _runtime.current_span.get()

@@ -182,11 +182,11 @@ class ColdStart:
 
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
-        "covered", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets", "installed",
-        "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock", "main_end_ns",
-        "main_pid", "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source",
-        "role", "rule_stages_open", "run_sources", "sampler", "stage_seq", "tls", "undo", "warm",
-        "watch_listen", "watched",
+        "covered", "covered_seen", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets",
+        "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
+        "main_end_ns", "main_pid", "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns",
+        "ready_source", "role", "rule_stages_open", "run_sources", "sampler", "stage_seq", "tls", "undo",
+        "warm", "watch_listen", "watched",
     )
 
     def __init__(self) -> None:
@@ -197,7 +197,8 @@ class ColdStart:
         self.boot_ns = 0
         self.ready_ns: Optional[int] = None
         self.ready_source = ""
-        self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait)
+        self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait): _recorder.last_end
+        self.covered_seen = 0  # entries of ``covered`` that last_end_ns includes
         self.stage_seq = 0  # bumped at every stage start while collecting (splits warmup runs)
         self.explicit = False  # the user called mark_ready(): first_request ends at first_response()
         self.main_pid = os.getpid()

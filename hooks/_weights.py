@@ -595,7 +595,7 @@ class _SafeOpen:
             return
         quiet = self._quiet
         attrs = self._attrs()
-        if attrs is None or not cs.root_open() or quiet != _activity() or cs.state().last_end_ns > self._start:
+        if attrs is None or not cs.root_open() or quiet != _activity() or cs.last_end() > self._start:
             return  # other spans began or ended meanwhile: one from the open would overlap them
         cs.note_begin()
         cs.emit_stage("weights_load", _runtime.new_span_id(), quiet[0] or _runtime.state().root_span_id,
