@@ -79,6 +79,35 @@ def test_the_hook_state_follows_the_forking_thread() -> None:
     assert child.coldstart is not state.coldstart and child.alloc is not state.alloc
 
 
+def test_installing_a_fresh_state_resets_every_part_of_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The producer, import timing, nn.init runs, weights and requests all keep their state in
+    ``_state.current``: a test installs a fresh instance and every module sees a clean slate."""
+    from infersight.hooks import _build, _imports, _runtime, _weights
+
+    old = _state.HookState()
+    old.runtime.client = client = FlatQueue()
+    old.runtime.root_span_id = "b" * 16
+    monkeypatch.setattr(_state, "current", old)
+    old.imports.runs[1] = _imports._Run("p" * 16, 0, 10_000_000, {"pkg": 10_000_000}, 0)
+    old.build.init_runs[1] = ["p" * 16, 0, 10_000_000, 3, 0, "s" * 16]
+    old.build.hf_done = True
+    old.weights.mapped.append(object())
+    old.requests.hw_cache[0] = ("GPU-0", "name")
+    assert [r[0] for r in _imports.open_runs() + _build.open_runs()] == ["framework_import", "model_build"]
+    assert _runtime.state().client is client
+
+    child = old.forked(root_start_ns=5)  # a fork keeps what its memory kept, and no open run
+    assert child.runtime.client is client and child.build.hf_done and child.weights.mapped is old.weights.mapped
+    assert child.imports.runs == {} and child.build.init_runs == {}
+    assert child.requests.hw_cache == {0: ("GPU-0", "name")}
+
+    monkeypatch.setattr(_state, "current", _state.HookState())
+    assert _imports.open_runs() == [] and _build.open_runs() == []
+    assert _runtime.state().client is None and not _runtime.active()
+    assert _weights._weights().mapped == [] and not _state.current.build.hf_done
+    assert _state.current.requests.hw_cache == {}
+
+
 FORK = textwrap.dedent("""\
     import os, sys
     from infersight import hooks
