@@ -124,8 +124,8 @@ class Stage:
             if cs.collecting:  # _recorder.note_begin(start), inlined: it splits import runs and warmups
                 cs.stage_seq += 1
                 it = st.imports.main if main else st.imports.thread()  # _imports.pause(start), inlined:
-                it.paused += 1  # (the slow case only with an import in progress or a run open, so
-                if it.paused == 1 and (it.stack or it.run_open):  # with _imports installed)
+                it.paused = paused = it.paused + 1  # (the slow case only with an import in progress or
+                if paused == 1 and (it.stack or it.run_open):  # a run open, so with _imports installed)
                     cs.imports.paused_first(it, start)
         except Exception as exc:
             _runtime.fail(exc)
@@ -154,9 +154,10 @@ class Stage:
             cs = st.coldstart
             if cs.collecting:  # else the root ended: nothing is left to split or cover
                 it = st.imports.main if main else st.imports.thread()  # _imports.resume(end), inlined
-                if it.paused > 0:
-                    it.paused -= 1
-                    if it.pause_t and not it.paused and it.stack:  # (pause_t: 0 but inside an import)
+                paused = it.paused
+                if paused > 0:
+                    it.paused = paused - 1
+                    if paused == 1 and it.pause_t and it.stack:  # (pause_t: 0 but inside an import)
                         cs.imports.resumed(it, end)
                 if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
                     cs.covered.append((start, end))  # (ends before it starts after a clock step: clamped at use)

@@ -365,6 +365,7 @@ def at_exit() -> None:
 
 # -- listen() readiness heuristic --------------------------------------------------------
 
+
 def install_listen(socket: Any = None) -> None:
     """Wrap ``socket.socket.listen`` once the host imports ``socket`` (never before: ~4 ms)."""
     st = state()
@@ -405,6 +406,10 @@ def _unlisten() -> None:
         _runtime.fail(exc)
     st.orig_listen = None
 
+
+# -- supervisors, the kernel's listening sockets (the sampler thread's tick) ------------
+
+
 def check_workers() -> None:
     """(Sampler thread) A process with no request of its own whose worker served the first
     request: a supervisor. Its cold start ends there; the workers' roots cover it."""
@@ -423,6 +428,7 @@ def check_workers() -> None:
             finish_root(max(min(r[1] for r in done), last_end()), "workers")
     except Exception as exc:
         _runtime.fail(exc)
+
 
 def launched() -> bool:
     c = _runtime.state().client
