@@ -107,7 +107,7 @@ class _TimedLoader:
             loader.exec_module(module)
             cs.run_post_import(name, module)  # hooks installed because of this import: its time
         finally:
-            if pushed and st is not None:
+            if pushed and st is not None and st is _thread():  # (a fork since: the child starts afresh)
                 try:
                     _pop(st)
                 except Exception as exc:
@@ -129,7 +129,7 @@ def _charge(st: ImportThread, now: int) -> None:
 def _pop(st: ImportThread) -> None:
     stack = st.stack
     if not stack:
-        return  # cleared after a fork
+        return  # nothing pushed
     now = time.time_ns()
     if not st.paused:
         _charge(st, now)

@@ -137,6 +137,30 @@ def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
     assert "hooks disabled" not in p.stderr
 
 
+FORK_IN_AN_IMPORT = textwrap.dedent("""\
+    import os, sys
+    from infersight.hooks import _imports, _runtime
+    import forker  # forks in its body: the child finishes the import its parent was timing
+    if forker.pid == 0:
+        root = _runtime.state().root_start_ns
+        early = [r for r in _imports.open_runs() if r[3] < root]  # the parent's import, in the child
+        os._exit(3 if early else 0)
+    _, status = os.waitpid(forker.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert _imports.open_runs(), "the parent times its import"
+    """)
+
+
+def test_a_child_forked_inside_an_import_times_none_of_its_parents(tmp_path: Path) -> None:
+    (tmp_path / "forker").mkdir()
+    (tmp_path / "forker" / "__init__.py").write_text("import os, time\ntime.sleep(0.02)\npid = os.fork()\n")
+    env = hook_env(tmp_path / "none.sock", tmp_path / "spool", INFERSIGHT_EXIT_FLUSH_S="0")
+    env["PYTHONPATH"] += ":" + str(tmp_path)
+    p = subprocess.run([sys.executable, "-c", FORK_IN_AN_IMPORT], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "hooks disabled" not in p.stderr
+
+
 def _fresh_state(monkeypatch: pytest.MonkeyPatch, client: Any) -> None:
     """A fresh ``HookState`` whose producer is ``client``, in trace a..a under root b..b."""
     st = _state.HookState()
