@@ -39,6 +39,7 @@ def state() -> ColdStart:
     """This process's cold-start state (a forked child gets a new one: ``_state``)."""
     return _state.current.coldstart
 
+
 # -- stages ---------------------------------------------------------------------------
 
 
@@ -89,6 +90,7 @@ def note_stage_exit(at: int = 0) -> None:
 
 
 def note_end(end_ns: int) -> None:
+    """A stage that ``emit_stage`` sends ended at ``end_ns``."""
     st = state()
     st.last_end_ns = max(st.last_end_ns, end_ns)
 
@@ -240,24 +242,6 @@ def weights_attrs(path: str, nbytes: int, seconds: float) -> Dict[str, Any]:
     return a
 
 
-def patch(obj: Any, name: str, new: Any) -> Any:
-    """Replace ``obj.name`` with ``new``; the undo puts the original back if ours is still
-    there. Returns the original."""
-    orig = getattr(obj, name)
-    owned = name in getattr(obj, "__dict__", {})
-    setattr(obj, name, new)
-
-    def undo() -> None:
-        if getattr(obj, name, None) is new:
-            if owned:
-                setattr(obj, name, orig)
-            else:
-                delattr(obj, name)
-
-    add_undo(undo)
-    return orig
-
-
 # -- post-import callbacks (the loader wrapping lives in _imports) -------------------------
 
 
@@ -284,11 +268,29 @@ def _safe_call(cb: Callable[[Any], None], arg: Any) -> None:
         _runtime.fail(exc)
 
 
-# -- undo -------------------------------------------------------------------------------
+# -- wrapping, undone when the root ends ------------------------------------------------
 
 
 def add_undo(fn: Callable[[], None]) -> None:
     state().undo.append(fn)
+
+
+def patch(obj: Any, name: str, new: Any) -> Any:
+    """Replace ``obj.name`` with ``new``; the undo puts the original back if ours is still
+    there. Returns the original."""
+    orig = getattr(obj, name)
+    owned = name in getattr(obj, "__dict__", {})
+    setattr(obj, name, new)
+
+    def undo() -> None:
+        if getattr(obj, name, None) is new:
+            if owned:
+                setattr(obj, name, orig)
+            else:
+                delattr(obj, name)
+
+    add_undo(undo)
+    return orig
 
 
 # -- a call timed as one stage ---------------------------------------------------------
