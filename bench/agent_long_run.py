@@ -48,7 +48,7 @@ def main() -> None:
     from infersight import hooks
     from infersight.hooks import _runtime
 
-    client = _runtime.client
+    client = _runtime.state().client
     assert client is not None
     cpu_per_span: list[float] = []
     rss: list[float] = []

@@ -116,13 +116,14 @@ def run_scenario(name: str) -> dict[str, Any]:
     os.environ.pop("PYTORCH_ALLOC_CONF", None)
     import torch
 
-    from infersight.hooks import _alloc, _runtime
+    from infersight.hooks import _alloc, _runtime, _state
     from infersight.rules.engine import classify_message
     from infersight.rules.oom_parse import find_ooms
 
     rec = Recorder()
-    _runtime.client = rec  # type: ignore[assignment]
-    _runtime.trace_id, _runtime.root_span_id = TRACE, ROOT
+    rs = _state.current.runtime
+    rs.client = rec  # type: ignore[assignment]
+    rs.trace_id, rs.root_span_id = TRACE, ROOT
     torch.cuda.init()
     dev = torch.device("cuda", 0)
     total = torch.cuda.get_device_properties(0).total_memory

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
 
 from _thread import get_ident as _get_ident  # noqa: E402
 
-from . import _client, _coldstart, _runtime, _state  # noqa: E402
+from . import _client, _coldstart, _readiness, _recorder, _runtime, _state  # noqa: E402, F401
 from ._request import Request, first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
 _pop_span_id = _runtime.span_ids.pop
 _set_span = _runtime.current_span.set
 _reset_span = _runtime.current_span.reset
-_client.builders["span"] = _coldstart.stage_from_args
+_client.builders["span"] = _recorder.stage_from_args
 _HELD = _client.HELD
 
 __all__ = [
@@ -51,7 +51,7 @@ def report_oom(exc: Optional[BaseException] = None) -> bool:
     Call it in the ``except`` block; with no argument it takes the exception being handled.
     Returns True when an OOM was reported. A no-op while the hooks are inactive.
     """
-    if _runtime.client is None:
+    if _state.current.runtime.client is None:
         return False
     from . import _alloc
 
@@ -66,7 +66,7 @@ def emit(kind: str, data: Dict[str, Any]) -> None:
 
 def log(body: str, severity: str = "INFO", name: str = "", **attributes: Any) -> None:
     """Queue one log record, linked to the current span."""
-    if _runtime.client is None:
+    if _state.current.runtime.client is None:
         return
     _runtime.emit(
         "log",
@@ -76,14 +76,14 @@ def log(body: str, severity: str = "INFO", name: str = "", **attributes: Any) ->
 
 def metric(name: str, value: float, kind: str = "gauge", unit: str = "", **attributes: Any) -> None:
     """Queue one metric point (gauge or monotonic sum)."""
-    if _runtime.client is None:
+    if _state.current.runtime.client is None:
         return
     _runtime.emit("metric", {"n": name, "v": value, "k": kind, "u": unit, "a": attributes})
 
 
 def flush(timeout_s: float = 2.0) -> bool:
     """Wait until what was emitted so far reached the agent (or the spool)."""
-    c = _runtime.client
+    c = _state.current.runtime.client
     if c is None:
         return True
     try:
@@ -105,25 +105,30 @@ class Stage:
         self._span: Optional[str] = None
 
     def __enter__(self) -> Stage:
-        rt = _runtime
-        if rt.client is None:
+        st = _state.current  # this process's (a fork replaces it)
+        if st.runtime.client is None:
             return self
         try:
             try:
-                span = _pop_span_id()  # rt.new_span_id(), inlined
+                span = _pop_span_id()  # _runtime.new_span_id(), inlined
             except IndexError:
-                span = rt.draw_span_ids()
+                span = _runtime.draw_span_ids()
             self._token = _set_span(span)
             self._span = span
-            self._st = st = _state.current  # this process's (a fork replaces it)
+            self._st = st
             self._main = main = _get_ident() == st.main_ident  # a stage exits on the thread it entered
             if main:
                 st.main_span = span  # no environment write: children get it at spawn
             self._start = start = _time_ns()
-            if st.coldstart.collecting:
-                _coldstart.note_begin(start)  # splits import runs and warmups
+            cs = st.coldstart
+            if cs.collecting:  # _recorder.note_begin(start), inlined: it splits import runs and warmups
+                cs.stage_seq += 1
+                it = st.imports.main if main else st.imports.thread()  # _imports.pause(start), inlined:
+                it.paused = paused = it.paused + 1  # (the slow case only with an import in progress or
+                if paused == 1 and (it.stack or it.run_open):  # a run open, so with _imports installed)
+                    cs.imports.paused_first(it, start)
         except Exception as exc:
-            rt.fail(exc)
+            _runtime.fail(exc)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -131,29 +136,35 @@ class Stage:
         if span is None:
             return
         end = _time_ns()
-        rt = _runtime
         self._span = None
         try:
+            st = self._st
             token = self._token
             parent: Any = token.old_value
             _reset_span(token)
             if parent.__class__ is not str:
-                parent = rt.root_span_id
-            st = self._st
-            if self._main:
+                parent = st.runtime.root_span_id
+            main = self._main
+            if main:
                 st.main_span = parent
             if st is not _state.current:
                 return  # opened by the parent before a fork: the parent emits it
+            name = self._name
+            start = self._start
             cs = st.coldstart
             if cs.collecting:  # else the root ended: nothing is left to split or cover
-                _coldstart.note_stage_exit(end)
-                if end > cs.last_end_ns:  # noqa: PLR1730 - cheaper than max()
-                    cs.last_end_ns = end  # where ready_wait starts
-                _coldstart.note_covered(self._name, self._start, end)  # now, for the gap sampler
-            c = rt.client
+                it = st.imports.main if main else st.imports.thread()  # _imports.resume(end), inlined
+                paused = it.paused
+                if paused > 0:
+                    it.paused = paused - 1
+                    if paused == 1 and it.pause_t and it.stack:  # (pause_t: 0 but inside an import)
+                        cs.imports.resumed(it, end)
+                if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
+                    cs.covered.append((start, end))  # (ends before it starts after a clock step: clamped at use)
+            c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict
-                # (``_coldstart.stage_from_args``). The attributes wait beside it, in
+                # (``_recorder.stage_from_args``). The attributes wait beside it, in
                 # ``c.held`` (a dict store), where the append cannot be refused; else they
                 # are flattened into it (names, then values).
                 err = None if exc_type is None else getattr(exc_type, "__name__", "error")
@@ -164,14 +175,14 @@ class Stage:
                 if 0 < n < c.calm or c.calm_from <= n < c.calm_to:  # c.queue(event), inlined:
                     if attrs:  # nothing to wake, spill or drop
                         c.held[seq] = attrs
-                        buf.append((seq, end, "span", self._name, span, parent, self._start, end, err, _HELD))
+                        buf.append((seq, end, "span", name, span, parent, start, end, err, _HELD))
                     else:
-                        buf.append((seq, end, "span", self._name, span, parent, self._start, end, err))
+                        buf.append((seq, end, "span", name, span, parent, start, end, err))
                 else:
-                    c.queue((seq, end, "span", self._name, span, parent, self._start, end, err, *attrs,
+                    c.queue((seq, end, "span", name, span, parent, start, end, err, *attrs,
                              *attrs.values()))
         except Exception as e:
-            rt.fail(e)
+            _runtime.fail(e)
 
     def __call__(self, fn: F) -> F:
         name, attrs = self._name, self._attrs
@@ -220,10 +231,10 @@ def mark_ready() -> None:
     visible request) after readiness until ``first_response()``, or until exit; the wait for
     traffic before it is in no total.
     """
-    if _runtime.client is None:
+    if _state.current.runtime.client is None:
         return
     try:
-        _coldstart.mark_ready("mark_ready")
+        _readiness.mark_ready("mark_ready")
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -231,10 +242,10 @@ def mark_ready() -> None:
 def first_response() -> None:
     """The first response's first byte is out: ends ``first_request`` (and the cold start, when
     no readiness signal came before the request)."""
-    if _runtime.client is None:
+    if _state.current.runtime.client is None:
         return
     try:
-        _coldstart.first_response()
+        _readiness.first_response()
     except Exception as exc:
         _runtime.fail(exc)
 

@@ -73,12 +73,12 @@ def state() -> Alloc:
 
 def _current_span() -> Optional[str]:
     sp = _runtime.current_span.get()
-    return sp or (_runtime.root_span_id or None)
+    return sp or (_runtime.state().root_span_id or None)
 
 
 def _main_thread_span() -> Optional[str]:
     """The main thread's current stage, from other threads."""
-    return _state.current.main_span or _runtime.root_span_id or None
+    return _state.current.main_span or _runtime.state().root_span_id or None
 
 
 def status() -> Dict[str, Any]:
@@ -554,7 +554,7 @@ def report_oom(exc: Optional[BaseException] = None, source: str = "report") -> b
         if sp is None and last is not None and time.monotonic() - last[0] < 60:
             sp = last[1]  # unwound past the stage: link to where the observer saw it
         data: Dict[str, Any] = {
-            "source": source, "text": str(oom)[:MAX_TEXT], "sp": sp or _runtime.root_span_id or None,
+            "source": source, "text": str(oom)[:MAX_TEXT], "sp": sp or _runtime.state().root_span_id or None,
             "type": type(oom).__name__, "alloc_conf": _alloc_conf(),
         }
         if st.backend:

@@ -19,13 +19,16 @@ import sys
 import threading
 import time
 
-from . import _coldstart as cs
-from . import _runtime
-from ._torch import _patch, _timed
+from . import _recorder as cs
+from . import _runtime, _state
+from ._recorder import patch as _patch
+from ._recorder import timed as _timed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
+
+    from ._state import Build
 
 INIT_GAP_NS = 20_000_000
 MIN_RUN_NS = 2_000_000
@@ -34,11 +37,11 @@ INIT_FUNCTIONS = (
     "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
 )
 
-_tls = threading.local()
-_lock = threading.Lock()
-_init_runs: Dict[int, list] = {}  # type: ignore[type-arg]  # ident -> [parent, start, end, calls, seq]
-_hf_done = False
-_torch_done = False
+
+
+def _build() -> Build:
+    """This process's state here (``_state``): the open ``nn.init`` runs, per-thread builds."""
+    return _state.current.build
 
 
 def _patch_raw(cls: Any, name: str, new: Any) -> Any:
@@ -58,23 +61,24 @@ def _patch_raw(cls: Any, name: str, new: Any) -> Any:
 
 
 def _importing() -> bool:
-    imp = cs.state().imports
-    return bool(imp is not None and imp._tls.__dict__.get("stack"))
+    return bool(_state.current.imports.thread().stack)
 
 
 def _open_build(model: Any) -> None:
-    if getattr(_tls, "build", None) is not None or not cs.state().collecting or not cs.root_open():
+    tls = _build().tls
+    if getattr(tls, "build", None) is not None or not cs.state().collecting or not cs.root_open():
         return
     o = cs.begin("model_build", {"infersight.model.class": type(model).__name__,
                                  "infersight.model.api": "transformers"})
-    _tls.build = (o, id(model))
+    tls.build = (o, id(model))
 
 
 def _close_build(model: Any, err: Optional[BaseException] = None) -> None:
-    b = getattr(_tls, "build", None)
+    tls = _build().tls
+    b = getattr(tls, "build", None)
     if b is None or b[1] != id(model):
         return
-    _tls.build = None
+    tls.build = None
     o = b[0]
     try:
         n = 0
@@ -130,22 +134,23 @@ def _install_modeling(mu: Any) -> None:
 
 def _note_init(t0: int, t1: int) -> None:
     ident = threading.get_ident()
-    parent = _runtime.current_span.get() or _runtime.root_span_id
+    parent = _runtime.current_span.get() or _runtime.state().root_span_id
     st = cs.state()
+    bs = _build()
     seq, imp = st.stage_seq, st.imports
     # Import runs and init runs on one thread must not overlap without nesting: an init run is
     # not extended across an import piece, and a new one ends the import run open before it.
-    imported_until = imp.thread_run_end() if imp is not None else 0  # read before taking _lock
+    imported_until = imp.thread_run_end() if imp is not None else 0  # read before taking bs.lock
     done = None
-    with _lock:
-        run = _init_runs.get(ident)
+    with bs.lock:
+        run = bs.init_runs.get(ident)
         if (run is not None and run[0] == parent and run[4] == seq and t0 - run[2] <= INIT_GAP_NS
                 and imported_until <= run[2]):
             run[2] = t1
             run[3] += 1
             return
         done = run
-        _init_runs[ident] = [parent, t0, t1, 1, seq, _runtime.new_span_id()]
+        bs.init_runs[ident] = [parent, t0, t1, 1, seq, _runtime.new_span_id()]
     if done is not None:
         _emit_init_run(done)
     if imp is not None:
@@ -165,23 +170,25 @@ def _emit_init_run(run: list) -> None:  # type: ignore[type-arg]
 
 def open_runs() -> List[Tuple[str, str, str, int, int, Dict[str, Any]]]:
     """(Sampler thread) The ``nn.init`` runs not emitted yet, as ``_imports.open_runs``."""
-    with _lock:
-        runs = [list(r) for r in _init_runs.values()]
+    bs = _build()
+    with bs.lock:
+        runs = [list(r) for r in bs.init_runs.values()]
     return [("model_build", span, parent, start, end, _init_attrs(calls))
             for parent, start, end, calls, _seq, span in runs if end - start >= MIN_RUN_NS]
 
 
 def _wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if (not cs.state().collecting or getattr(_tls, "in_init", False) or getattr(_tls, "build", None) is not None
-                or _runtime.current_span.get() not in (None, _runtime.root_span_id) or _importing()):
+        tls = _build().tls
+        if (not cs.state().collecting or getattr(tls, "in_init", False) or getattr(tls, "build", None) is not None
+                or _runtime.current_span.get() not in (None, _runtime.state().root_span_id) or _importing()):
             return orig(*args, **kwargs)
-        _tls.in_init = True
+        tls.in_init = True
         t0 = time.time_ns()
         try:
             return orig(*args, **kwargs)
         finally:
-            _tls.in_init = False
+            tls.in_init = False
             try:
                 _note_init(t0, time.time_ns())
             except Exception as exc:
@@ -194,10 +201,12 @@ def _wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install_torch(torch: Any) -> None:
-    global _torch_done
-    if _torch_done:
+    """Once torch is imported: runs of ``torch.nn.init`` calls are ``model_build``."""
+    bs = _build()
+    if bs.torch_done:
         return
-    _torch_done = True
+    bs.torch_done = True
+    cs.add_run_source(flush, open_runs)
     init = getattr(getattr(torch, "nn", None), "init", None)
     if init is None:
         return
@@ -209,14 +218,15 @@ def install_torch(torch: Any) -> None:
 def flush(end_ns: int, final: bool = False) -> None:
     """Readiness or the root's end: emit the open ``nn.init`` runs; at the end, close a
     model_build left open (its ``post_init`` never came)."""
-    with _lock:
-        runs = list(_init_runs.values())
-        _init_runs.clear()
+    bs = _build()
+    with bs.lock:
+        runs = list(bs.init_runs.values())
+        bs.init_runs.clear()
     for run in runs:
         _emit_init_run(run)
-    b = getattr(_tls, "build", None)
+    b = getattr(bs.tls, "build", None)
     if b is not None and final:
-        _tls.build = None
+        bs.tls.build = None
         cs.end(b[0], end_ns=end_ns)
 
 
@@ -266,7 +276,7 @@ def _install_auto(attr: str) -> Callable[[Any], None]:
     return install
 
 
-def _install_sentencepiece(mod: Any) -> None:
+def install_sentencepiece(mod: Any) -> None:
     cls = getattr(mod, "SentencePieceProcessor", None)
     if cls is None:
         return
@@ -297,10 +307,11 @@ def _sp_describe(name: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[
 
 def install_hf() -> None:
     """transformers or tokenizers was imported: hook the modules that hold the entry points."""
-    global _hf_done
-    if _hf_done:
+    bs = _build()
+    if bs.hf_done:
         return
-    _hf_done = True
+    bs.hf_done = True
+    cs.add_run_source(flush, open_runs)  # a model_build left open is closed at the end
     cs.on_import("transformers.modeling_utils", _install_modeling)
     cs.on_import("transformers.tokenization_utils_base", _install_tok_base)
     cs.on_import("transformers.models.auto.tokenization_auto", _install_auto("AutoTokenizer"))

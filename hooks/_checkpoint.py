@@ -14,15 +14,14 @@ on the host's threads.
 
 from __future__ import annotations
 
-import sys
 import time
 
-from . import _coldstart as cs
+from . import _recorder as cs
 from . import _runtime
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Tuple
 
     Stage = Tuple[str, str, str, int, int, Dict[str, Any]]
 
@@ -32,19 +31,13 @@ MAX_OPEN = 64  # open runs sent per tick (one per thread and kind, in practice)
 
 def open_stages() -> List[Stage]:
     """The runs not emitted yet, as stages that end at their last known time."""
-    out: List[Stage] = []
-    pkg = __name__.rsplit(".", 1)[0]
-    for name in ("._imports", "._build"):
-        # A module another thread is still importing has no open_runs yet: nothing is open there.
-        runs = getattr(sys.modules.get(pkg + name), "open_runs", None)
-        if runs is not None:
-            out.extend(runs())
+    out: List[Stage] = cs.open_runs()  # import runs, nn.init runs: the run sources
     st = cs.state()
     with st.lock:
         w = st.warm
         if w is not None:
             end = w.end if w.inflight == 0 else time.time_ns()
-            out.append(("warmup", w.span, _runtime.root_span_id, w.start, max(end, w.start),
+            out.append(("warmup", w.span, _runtime.state().root_span_id, w.start, max(end, w.start),
                         {"infersight.warmup.forwards": w.n}))
     return out[:MAX_OPEN]
 
@@ -77,5 +70,3 @@ class Checkpoint:
             self.shipped_ns = new[-1][0]
         self.sent_open = opened
 
-
-current: Optional[Checkpoint] = None  # this process's (a forked child's sampler makes its own)

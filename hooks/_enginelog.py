@@ -58,7 +58,7 @@ def report_text(text: str, source: str, span: Optional[str] = None) -> bool:
             lock.release()
         data: Dict[str, Any] = {
             "source": source, "text": text[:MAX_TEXT], "sp": span or _runtime.current_span.get() or
-            _runtime.root_span_id or None,
+            _runtime.state().root_span_id or None,
         }
         _runtime.emit_urgent("oom", data)
         return True

@@ -7,7 +7,7 @@ already in ``sys.modules``) it wraps the loader, but only where that is needed:
   from the search to the end of its execution, is import time;
 - an import into another top-level package than the one being executed (``torch`` pulling
   in ``sympy``): its time moves to that package in the breakdown;
-- a watched name (post-import callbacks, see ``_coldstart.on_import``).
+- a watched name (post-import callbacks, see ``_recorder.on_import``).
 
 Anything else (``torch.nn`` inside ``torch``) is one set lookup and a string split.
 
@@ -24,20 +24,24 @@ import sys
 import threading
 import time
 
-from . import _coldstart as cs
-from . import _runtime
+from . import _recorder as cs
+from . import _runtime, _state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
+    from ._state import Imports, ImportThread
+
 MERGE_GAP_NS = 20_000_000  # outermost imports closer than this are one run
 MIN_NS = 2_000_000  # runs and per-package pieces under this are dropped
 
-_tls = threading.local()
-_lock = threading.Lock()
-_runs: Dict[int, _Run] = {}  # thread ident -> the run still open on that thread
 _getframe = sys._getframe
+
+
+def _imports() -> Imports:
+    """This process's import-timing state (``_state``): the open runs, per-thread stacks."""
+    return _state.current.imports
 
 
 class _Run:
@@ -58,19 +62,9 @@ def _top(name: str) -> str:
     return name.partition(".")[0]
 
 
-def _state() -> Any:
-    """This thread's import state: the ``stack`` of packages being executed (one entry per
-    package change), the time up to which their time is counted (``t_last``), the piece."""
-    d = _tls.__dict__
-    if "stack" not in d:
-        d["stack"] = []
-        d["paused"] = 0
-        d["pause_t"] = 0
-        d["t_last"] = 0
-        d["piece_start"] = 0
-        d["piece_parent"] = None
-        d["pkgs"] = {}
-    return _tls
+def _thread() -> ImportThread:
+    """This thread's import state (``_state.ImportThread``)."""
+    return _state.current.imports.thread()
 
 
 class _TimedLoader:
@@ -93,10 +87,10 @@ class _TimedLoader:
         except Exception:
             pass
         pushed = False
-        st: Any = None
+        st: Optional[ImportThread] = None
         try:
             if cs.state().collecting:
-                st = _state()
+                st = _thread()
                 if not st.paused:
                     stack = st.stack
                     now = time.time_ns()
@@ -113,7 +107,7 @@ class _TimedLoader:
             loader.exec_module(module)
             cs.run_post_import(name, module)  # hooks installed because of this import: its time
         finally:
-            if pushed:
+            if pushed and st is not None and st is _thread():  # (a fork since: the child starts afresh)
                 try:
                     _pop(st)
                 except Exception as exc:
@@ -123,7 +117,7 @@ class _TimedLoader:
         return getattr(self._loader, attr)
 
 
-def _charge(st: Any, now: int) -> None:
+def _charge(st: ImportThread, now: int) -> None:
     """The time since ``t_last`` belongs to the package on top of the stack."""
     stack = st.stack
     if stack and not st.paused:
@@ -132,10 +126,10 @@ def _charge(st: Any, now: int) -> None:
     st.t_last = now
 
 
-def _pop(st: Any) -> None:
+def _pop(st: ImportThread) -> None:
     stack = st.stack
     if not stack:
-        return  # cleared after a fork
+        return  # nothing pushed
     now = time.time_ns()
     if not st.paused:
         _charge(st, now)
@@ -144,24 +138,27 @@ def _pop(st: Any) -> None:
         _piece(st, st.piece_start, now)
 
 
-def _piece(st: Any, start: int, end: int) -> None:
+def _piece(st: ImportThread, start: int, end: int) -> None:
     """A stretch of import time ended on this thread: extend the open run or start one."""
     pkgs, st.pkgs = st.pkgs, {}
     if end <= start or not cs.root_open():
         return
     ident = threading.get_ident()
-    parent = st.piece_parent or _runtime.root_span_id
+    parent = st.piece_parent or _runtime.state().root_span_id
     seq = cs.state().stage_seq
     done: Optional[_Run] = None
-    with _lock:
-        run = _runs.get(ident)
+    imp = _imports()
+    with imp.lock:
+        runs = imp.runs
+        run = runs.get(ident)
         if run is not None and run.parent == parent and run.seq == seq and start - run.end <= MERGE_GAP_NS:
             run.end = max(run.end, end)
             for k, v in pkgs.items():
                 run.pkgs[k] = run.pkgs.get(k, 0) + v
             return
         done = run
-        _runs[ident] = _Run(parent, start, end, pkgs, seq)
+        runs[ident] = _Run(parent, start, end, pkgs, seq)
+        st.run_open = True  # the next stage on this thread emits it (``pause``)
     if done is not None:
         _emit(done)
 
@@ -189,8 +186,9 @@ def _emit(run: _Run) -> None:
 def open_runs() -> List[Tuple[str, str, str, int, int, Dict[str, Any]]]:
     """(Sampler thread) The runs not emitted yet, as stages so far: ``(stage, span, parent,
     start, end, attributes)``; the checkpoint that a killed process leaves the agent."""
-    with _lock:
-        runs = [(r.span, r.parent, r.start, r.end, dict(r.pkgs)) for r in _runs.values()]
+    imp = _imports()
+    with imp.lock:
+        runs = [(r.span, r.parent, r.start, r.end, dict(r.pkgs)) for r in imp.runs.values()]
     return [("framework_import", span, parent, start, end, _attrs(pkgs))
             for span, parent, start, end, pkgs in runs if end - start >= MIN_NS]
 
@@ -198,67 +196,91 @@ def open_runs() -> List[Tuple[str, str, str, int, int, Dict[str, Any]]]:
 def thread_run_end() -> int:
     """End of this thread's open import run (0: none). A stage built from runs elsewhere (the
     ``torch.nn.init`` runs of ``model_build``) must not be extended across it."""
-    with _lock:
-        run = _runs.get(threading.get_ident())
+    imp = _imports()
+    with imp.lock:
+        run = imp.runs.get(threading.get_ident())
     return run.end if run is not None else 0
 
 
 def flush(this_thread_only: bool = False) -> None:
     """Emit the open runs (all threads, or this one): a stage starts, or the root ends."""
+    imp = _imports()
     if this_thread_only:
-        with _lock:
-            run = _runs.pop(threading.get_ident(), None)
+        with imp.lock:
+            run = imp.runs.pop(threading.get_ident(), None)
         if run is not None:
             _emit(run)
         return
-    with _lock:
-        runs = list(_runs.values())
-        _runs.clear()
+    with imp.lock:
+        runs = list(imp.runs.values())
+        imp.runs.clear()
     for run in sorted(runs, key=lambda r: r.start):
         _emit(run)
 
 
+def flush_runs(_end_ns: int, _final: bool) -> None:
+    """``_recorder``'s run source: readiness or the root's end emits every open run."""
+    flush()
+
+
 def pause(at: int = 0) -> None:
-    """A stage starts on this thread (at ``at``): the import in progress stops counting."""
-    st = _state()
+    """A stage starts on this thread (at ``at``): the import in progress stops counting, and
+    the thread's open run is emitted. ``hooks.stage`` inlines the common case (another stage
+    is open, or no import is in progress and no run is open: a counter goes up) and calls
+    ``paused_first`` for the rest."""
+    st = _thread()
     st.paused += 1
-    if st.paused == 1:
-        if st.stack:
-            now = at or time.time_ns()
-            st.paused = 0
-            _charge(st, now)
-            st.paused = 1
-            st.pause_t = now
-            _piece(st, st.piece_start, now)
-        else:
-            st.pause_t = 0
+    if st.paused == 1 and (st.stack or st.run_open):
+        paused_first(st, at)
+
+
+def paused_first(st: ImportThread, at: int) -> None:
+    """The first stage open on this thread started at ``at`` (``paused`` just became 1) with
+    an import in progress or a run open on the thread. (Else there is nothing to do:
+    ``pause_t`` only counts with an import in progress, which cannot start in a stage.)"""
+    if st.stack:
+        now = at or time.time_ns()
+        st.paused = 0
+        _charge(st, now)
+        st.paused = 1
+        st.pause_t = now
+        _piece(st, st.piece_start, now)
+    else:
+        st.pause_t = 0
+    if st.run_open:  # else nothing of this thread's to emit: no lock taken
+        st.run_open = False
         flush(this_thread_only=True)
 
 
 def resume(at: int = 0) -> None:
     """The stage ended (at ``at``): the import in progress counts again from then."""
-    st = _state()
+    st = _thread()
     if st.paused <= 0:
         return
     st.paused -= 1
-    if st.paused == 0 and st.pause_t and st.stack:
-        now = max(at or time.time_ns(), st.pause_t)
-        st.t_last = now
-        st.piece_start = now
-        st.piece_parent = _runtime.current_span.get()
-        st.pause_t = 0
+    if st.pause_t and not st.paused and st.stack:
+        resumed(st, at)
+
+
+def resumed(st: ImportThread, at: int) -> None:
+    """The last stage open on this thread, inside an import, ended at ``at``."""
+    now = max(at or time.time_ns(), st.pause_t)
+    st.t_last = now
+    st.piece_start = now
+    st.piece_parent = _runtime.current_span.get()
+    st.pause_t = 0
 
 
 class Finder:
     """The meta path finder; answers only where timing or a callback needs a wrapped loader."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        d = _tls.__dict__
-        if d.get("finding"):
+        st = _thread()
+        if st.finding:
             return None
-        stack = d.get("stack")
+        stack = st.stack
         if fullname not in cs.state().watched:
-            if not cs.state().collecting or d.get("paused"):
+            if not cs.state().collecting or st.paused:
                 return None
             if stack and fullname.partition(".")[0] == stack[-1]:
                 return None
@@ -270,7 +292,7 @@ class Finder:
         except ValueError:
             return None
         t_find = 0 if stack else time.time_ns()
-        _tls.finding = True
+        st.finding = True
         try:
             spec = None
             for finder in sys.meta_path:
@@ -290,12 +312,4 @@ class Finder:
             _runtime.fail(exc)
             return None
         finally:
-            _tls.finding = False
-
-
-def after_fork_child() -> None:
-    """A forked child starts afresh (its root starts at the fork)."""
-    global _lock
-    _lock = threading.Lock()
-    _runs.clear()
-    _tls.__dict__.clear()
+            st.finding = False

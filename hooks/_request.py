@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from . import _client, _runtime
+from . import _client, _runtime, _state
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ _MAX_STR = 256
 
 _current: contextvars.ContextVar[Optional[Request]] = contextvars.ContextVar("infersight_request", default=None)
 # cuda device index -> (hw.id, hw.name), or None when torch could not say.
-_hw_cache: Dict[int, Optional[Tuple[str, Optional[str]]]] = {}
 
 
 def _text(v: Any) -> Optional[str]:
@@ -101,8 +100,9 @@ def _hw(device: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
         index = int(device[5:])
     except ValueError:
         return None
-    if index in _hw_cache:
-        return _hw_cache[index]
+    cache = _state.current.requests.hw_cache
+    if index in cache:
+        return cache[index]  # type: ignore[no-any-return]
     torch = _cuda_initialised()
     if torch is None:
         return None  # not cached: CUDA may be initialised by a later request
@@ -114,7 +114,7 @@ def _hw(device: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
             found = (uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid, _text(getattr(props, "name", None)))
     except Exception:
         found = None
-    _hw_cache[index] = found
+    cache[index] = found
     return found
 
 
@@ -169,7 +169,7 @@ class Request:
     # -- timing ----------------------------------------------------------------------
 
     def __enter__(self) -> Request:
-        if _runtime.client is None:
+        if _state.current.runtime.client is None:
             return self
         try:
             self._ttft = None
@@ -196,7 +196,7 @@ class Request:
                     _current.reset(self._token)
                 except ValueError:  # left in another context (a generator moved across tasks)
                     pass
-            c = _runtime.client
+            c = _state.current.runtime.client
             if c is not None and c.enabled:
                 device, model, n, request_class = self._args
                 if device.__class__ is not str or device.strip() == "cuda":

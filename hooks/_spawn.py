@@ -22,22 +22,28 @@ TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations
 if TYPE_CHECKING:
     from typing import Any, Callable, List
 
-installed = False
+installed = False  # process-wide, not per state: the wrappers stay in a forked child
 
 
 def _exec_traceparent() -> str:
     """For an exec, which replaces this process: a forked child that has not opened a span
     of its own never emits its root, so the new program joins where the fork happened."""
-    if _runtime.current_span.get() is None and _runtime.root_parent and not _runtime.root_ended \
-            and _runtime.root_attrs.get("infersight.process.forked"):
-        return _runtime.traceparent(_runtime.root_parent)
+    rs = _runtime.state()
+    if _runtime.current_span.get() is None and rs.root_parent and not rs.root_ended \
+            and rs.root_attrs.get("infersight.process.forked"):
+        return _runtime.traceparent(rs.root_parent)
     return _runtime.traceparent()
+
+
+def _tracing() -> bool:
+    rs = _runtime.state()
+    return bool(rs.trace_id) and rs.client is not None
 
 
 def publish(for_exec: bool = False) -> None:
     """Put the calling thread's current span in ``os.environ["TRACEPARENT"]``, if changed."""
     try:
-        if not _runtime.trace_id or _runtime.client is None:
+        if not _tracing():
             return
         tp = _exec_traceparent() if for_exec else _runtime.traceparent()
         env = os.environ
@@ -51,13 +57,13 @@ def _ours(value: Any) -> bool:
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
     parsed = _runtime.parse_traceparent(value) if isinstance(value, str) else None
-    return parsed is not None and parsed[0] == _runtime.trace_id
+    return parsed is not None and parsed[0] == _runtime.state().trace_id
 
 
 def fix_env(env: Any, for_exec: bool = False) -> Any:
     """``env`` for a child, with our current span if it carries our trace (else as given)."""
     try:
-        if env is None or env is os.environ or not _runtime.trace_id or _runtime.client is None:
+        if env is None or env is os.environ or not _tracing():
             return env
         for key in ("TRACEPARENT", b"TRACEPARENT"):
             if key in env and _ours(env[key]):
@@ -73,7 +79,7 @@ def fix_env(env: Any, for_exec: bool = False) -> Any:
 def fix_env_list(env_list: Any) -> Any:
     """The ``[b"K=V", ...]`` list ``_posixsubprocess.fork_exec`` takes, likewise."""
     try:
-        if not isinstance(env_list, list) or not _runtime.trace_id or _runtime.client is None:
+        if not isinstance(env_list, list) or not _tracing():
             return env_list
         for i, item in enumerate(env_list):
             if isinstance(item, bytes) and item.startswith(b"TRACEPARENT=") and _ours(item[12:]):

@@ -12,14 +12,14 @@ and ``infersight.agent.coldstart.stage_rules_check`` refuses a file this reader 
 differently. A file OOM rules use (``[[rule]]`` tables) has no ``[[stage]]`` and adds nothing.
 
 Nothing is wrapped up front: each target's module gets a post-import callback
-(``_coldstart.on_import``), so a process that never imports vllm pays one set lookup per
+(``_recorder.on_import``), so a process that never imports vllm pays one set lookup per
 import and nothing else. When the module is imported, each target found there is wrapped
 (a function, a method, a classmethod or staticmethod, sync or async) so that its calls
 are a ``coldstart.<stage>`` span with ``infersight.stage.rule`` and ``.target``; a call
 inside a span of the same stage opened by a rule passes through. Targets the module does
 not define (another version of the library) are listed on the root as
 ``infersight.stage_rules.missing``; unreadable files as ``infersight.stage_rules.errors``.
-Every wrapper is taken out when the root ends (``_coldstart.uninstall``).
+Every wrapper is taken out when the root ends (``_readiness.uninstall``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextvars
 import os
 
-from . import _coldstart as cs
-from . import _contract, _env, _runtime
+from . import _contract, _env, _readiness, _runtime
+from . import _recorder as cs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str, bool]]],
 
 
 def _note(key: str, item: str) -> None:
-    items = _runtime.root_attrs.setdefault(key, [])
+    items = _runtime.state().root_attrs.setdefault(key, [])
     if isinstance(items, list) and len(items) < MAX_LISTED and item not in items:
         items.append(item)
 
@@ -249,7 +249,7 @@ def _open(stage: str, rule: str, target: str) -> Any:
         if stage in opened or not cs.state().collecting or not cs.root_open():
             return None
         o = cs.begin(stage, {_contract.STAGE_RULE: rule, "infersight.stage.target": target})
-        cs.rule_stage_opened(o.span)
+        _readiness.rule_stage_opened(o.span)
         return o, _open_stages.set((*opened, stage))
     except Exception as exc:
         _runtime.fail(exc)
@@ -266,8 +266,8 @@ def _close(token: Any, err: Optional[BaseException], ready: bool = False) -> Non
     if ready and err is None and not _open_stages.get():
         # a rule that says the process is ready when its outermost call returns (Serve's
         # replica init, serve.run): readiness now, before its own sockets are taken as foreign
-        cs.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: o.attrs.get(_contract.STAGE_RULE, "")})
-    cs.rule_stage_closed()
+        _readiness.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: o.attrs.get(_contract.STAGE_RULE, "")})
+    _readiness.rule_stage_closed()
 
 
 def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: bool = False) -> Callable[..., Any]:

@@ -1,13 +1,19 @@
-"""The hooks' per-process state: cold start and allocator, one ``HookState`` (stdlib only).
+"""The hooks' per-process state, one ``HookState`` (stdlib only).
+
+One section per part of the hooks: the producer and its trace (``Runtime``: ``_runtime``,
+``_activate``), cold-start detection (``ColdStart``: ``_recorder``, ``_readiness``,
+``_coldstart``), and the instrumenters it loads on demand (``Imports``, ``Build``, ``Torch``,
+``Weights``), requests (``Requests``) and the allocator (``Alloc``).
 
 ``current`` is the one instance of this process. A forked child does not reset fields of
-its parent's state: ``_runtime``'s after-fork handler replaces ``current`` with
+its parent's state: ``_activate``'s after-fork handler replaces ``current`` with
 ``current.forked(...)``, a fresh instance that carries over, by name, only what must
-survive the fork (wrappers still installed, caches, the role). ``_coldstart`` and
-``_alloc`` then restart their threads on the new instance. Tests install a fresh one in
-its place (``monkeypatch.setattr(_state, "current", HookState())``).
+survive the fork (the client until the child's own replaces it, wrappers still installed,
+caches, the role). ``_coldstart`` and ``_alloc`` then restart their threads on the new
+instance. Tests install a fresh one in its place (``monkeypatch.setattr(_state, "current",
+HookState())``): every module reads ``_state.current`` when it runs, never a copy of it.
 
-The behaviour lives in ``_coldstart`` and ``_alloc``; this module holds data only.
+The behaviour lives in the modules named above; this module holds data only.
 """
 
 from __future__ import annotations
@@ -19,16 +25,167 @@ TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+    from ._client import Client
 
-class ColdStart:
-    """Cold-start detection (``_coldstart``): readiness, warmups, first request, wrappers."""
+
+class Runtime:
+    """The producer (``_runtime``, ``_activate``): its client, its trace and the cold-start root."""
 
     __slots__ = (
-        "boot_ns", "callbacks", "ceilings", "children_dir", "children_ready", "collecting", "covered",
-        "explicit", "finder", "first", "first_done", "imports", "inherited_sockets", "installed", "last_end_ns",
-        "listen_owned", "listen_polled_ns", "listen_watch", "lock", "main_end_ns", "main_pid", "orig_listen",
-        "parent_dir", "post_import",
-        "ready_file", "ready_ns", "ready_source", "role", "rule_stages_open", "sampler", "stage_seq", "tls", "undo",
+        "client", "failed", "mp_registered", "publish_env", "root_attrs", "root_ended", "root_parent",
+        "root_span_id", "root_start_ns", "trace_id",
+    )
+
+    def __init__(self) -> None:
+        self.client: Optional[Client] = None  # while the hooks are active
+        self.trace_id = ""
+        self.root_span_id = ""
+        self.root_parent: Optional[str] = None
+        self.root_start_ns = 0
+        self.root_ended = False
+        self.root_attrs: Dict[str, Any] = {}
+        self.failed = False  # an internal error disabled the hooks
+        self.publish_env: Optional[Callable[[], None]] = None  # _spawn.publish once active
+        self.mp_registered = False  # multiprocessing's after-fork registry knows our finalizer
+
+    def forked(self) -> Runtime:
+        """The same values: the after-fork handler then gives the child a client and root of its own."""
+        new = Runtime()
+        for name in Runtime.__slots__:
+            setattr(new, name, getattr(self, name))
+        return new
+
+
+class ImportThread:
+    """One thread's import timing (``_imports``): the packages being executed (one entry per
+    package change), the time up to which their time is counted, the piece in progress, how
+    many stages are open on the thread (they pause it), whether a run of it is open."""
+
+    __slots__ = ("finding", "pause_t", "paused", "piece_parent", "piece_start", "pkgs", "run_open", "stack",
+                 "t_last")
+
+    def __init__(self) -> None:
+        self.stack: List[str] = []
+        self.paused = 0
+        self.pause_t = 0
+        self.t_last = 0
+        self.piece_start = 0
+        self.piece_parent: Optional[str] = None
+        self.pkgs: Dict[str, int] = {}
+        self.run_open = False  # the next stage on this thread emits it
+        self.finding = False  # the finder is looking for a spec on this thread
+
+
+class Imports:
+    """Import timing (``_imports``): the runs still open, one per thread, and each thread's
+    ``ImportThread``: the main thread's in a plain slot (every stage of the cold start reads
+    it: no thread-local lookup), the others' thread-local."""
+
+    __slots__ = ("lock", "main", "main_ident", "runs", "tls")
+
+    def __init__(self, main_ident: Optional[int] = None) -> None:
+        self.lock = threading.Lock()
+        self.runs: Dict[int, Any] = {}  # thread ident -> the _imports._Run still open on that thread
+        self.main_ident = main_ident if main_ident is not None else threading.main_thread().ident
+        self.main = ImportThread()
+        self.tls = threading.local()  # other threads: ``.thread`` holds their ImportThread
+
+    def thread(self) -> ImportThread:
+        """The calling thread's."""
+        if threading.get_ident() == self.main_ident:
+            return self.main
+        tls = self.tls
+        try:
+            t: ImportThread = tls.thread
+        except AttributeError:
+            t = tls.thread = ImportThread()
+        return t
+
+
+class Build:
+    """``model_build`` and ``tokenizer_load`` (``_build``)."""
+
+    __slots__ = ("hf_done", "init_runs", "lock", "tls", "torch_done")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tls = threading.local()  # per thread: the model being built, inside an nn.init call
+        self.init_runs: Dict[int, List[Any]] = {}  # ident -> [parent, start, end, calls, seq, span]
+        self.hf_done = False  # transformers' entry points hooked
+        self.torch_done = False  # torch.nn.init wrapped
+
+    def forked(self) -> Build:
+        new = Build()
+        new.hf_done = self.hf_done
+        new.torch_done = self.torch_done
+        return new
+
+
+class Torch:
+    """PyTorch instrumentation (``_torch``)."""
+
+    __slots__ = ("backend", "cuda_seen", "module", "tls")
+
+    def __init__(self) -> None:
+        self.module: Any = None  # the torch module, once imported
+        self.tls = threading.local()  # per thread: forward depth, dynamo and capture stacks, guards
+        self.cuda_seen = False
+        self.backend = "inductor"  # the backend of the latest torch.compile() call (its default)
+
+    def forked(self) -> Torch:
+        new = Torch()
+        new.module = self.module
+        new.tls = self.tls  # the forking thread's depth and guards go on in the child
+        new.cuda_seen = self.cuda_seen
+        new.backend = self.backend
+        return new
+
+
+class Weights:
+    """Weights loads (``_weights``): the files whose tensors still map them."""
+
+    __slots__ = ("lock", "mapped", "module", "scanned", "tls")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.module: Any = None  # the torch module, once imported
+        self.tls = threading.local()  # per thread: a load in progress (``busy``)
+        self.mapped: List[Any] = []  # _weights._Mapped: files still mapped (cleared at the root's end)
+        self.scanned: Dict[int, bool] = {}  # id(module) -> looked at by a first forward already
+
+    def forked(self) -> Weights:
+        """The child maps what its parent mapped (a fresh lock: the parent's may be held)."""
+        new = Weights()
+        new.module = self.module
+        new.tls = self.tls
+        new.mapped = self.mapped
+        new.scanned = self.scanned
+        return new
+
+
+class Requests:
+    """``hooks.request`` (``_request``): what it found out about each device once."""
+
+    __slots__ = ("hw_cache",)
+
+    def __init__(self) -> None:
+        self.hw_cache: Dict[int, Any] = {}  # device index -> (product, uuid) or None
+
+    def forked(self) -> Requests:
+        new = Requests()
+        new.hw_cache = self.hw_cache
+        return new
+
+
+class ColdStart:
+    """Cold-start detection (``_recorder``, ``_readiness``, ``_coldstart``): stages, readiness, wrappers."""
+
+    __slots__ = (
+        "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
+        "covered", "covered_seen", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets",
+        "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
+        "main_end_ns", "main_pid", "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns",
+        "ready_source", "role", "rule_stages_open", "run_sources", "sampler", "stage_seq", "tls", "undo",
         "warm", "watch_listen", "watched",
     )
 
@@ -40,7 +197,8 @@ class ColdStart:
         self.boot_ns = 0
         self.ready_ns: Optional[int] = None
         self.ready_source = ""
-        self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait)
+        self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait): _recorder.last_end
+        self.covered_seen = 0  # entries of ``covered`` that last_end_ns includes
         self.stage_seq = 0  # bumped at every stage start while collecting (splits warmup runs)
         self.explicit = False  # the user called mark_ready(): first_request ends at first_response()
         self.main_pid = os.getpid()
@@ -53,11 +211,15 @@ class ColdStart:
         self.finder: Any = None  # the _imports.Finder on sys.meta_path
         self.imports: Any = None  # the _imports module, once installed
         self.sampler: Any = None  # the _sampler.Sampler while the cold start is collected
+        self.checkpoint: Any = None  # the sampler's _checkpoint.Checkpoint
+        # (flush(end_ns, final), open_runs()) of each instrumenter that holds runs not yet
+        # emitted (_imports, _build): flushed at readiness and at the end, sent by checkpoints
+        self.run_sources: List[Tuple[Callable[[int, bool], None], Callable[[], List[Any]]]] = []
         self.covered: List[Tuple[int, int]] = []  # this process's stage intervals (for the gaps)
         self.role = ""  # "helper" for resource trackers, compile workers, ``python -c`` probes
         self.ceilings: Optional[Dict[str, Any]] = None  # storage ceilings, read once from the cache
-        self.warm: Any = None  # the _coldstart._Warm run in progress
-        self.first: Any = None  # the _coldstart._First request in progress
+        self.warm: Any = None  # the _readiness._Warm run in progress
+        self.first: Any = None  # the _readiness._First request in progress
         self.first_done = False
         self.parent_dir: Optional[str] = None  # where this process reports its cold start's end
         self.children_dir: Optional[str] = None  # where this process's children report theirs
@@ -67,6 +229,7 @@ class ColdStart:
         self.watch_listen = False  # poll the kernel's listening sockets (INFERSIGHT_READY_ON_LISTEN)
         self.listen_watch: Any = None  # the _listening.ListenWatch, made on the first poll
         self.listen_polled_ns = 0  # when it was last polled
+        self.listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
         self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
         self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
 
@@ -96,6 +259,7 @@ class ColdStart:
         new.callbacks = self.callbacks
         new.finder = self.finder
         new.imports = self.imports
+        new.run_sources = self.run_sources
         new.orig_listen = self.orig_listen
         new.listen_owned = self.listen_owned
         new.watch_listen = self.watch_listen  # a new watch: the parent's foreign set is not this one's
@@ -142,28 +306,41 @@ class Alloc:
 
 
 class HookState:
-    """Everything the cold-start and allocator hooks keep, for one process: its main thread
-    (the forking thread, in a forked child) and that thread's current span, which threads
-    of ours read (the allocator's sampler tags with it); the cold-start and allocator state."""
+    """Everything the hooks keep, for one process: its main thread (the forking thread, in a
+    forked child) and that thread's current span, which threads of ours read (the
+    allocator's sampler tags with it); then one section per part of the hooks."""
 
-    __slots__ = ("alloc", "coldstart", "main_ident", "main_span")
+    __slots__ = ("alloc", "build", "coldstart", "imports", "main_ident", "main_span", "requests", "runtime",
+                 "torch", "weights")
 
     def __init__(self, coldstart: Optional[ColdStart] = None, alloc: Optional[Alloc] = None,
-                 main_ident: Optional[int] = None) -> None:
+                 main_ident: Optional[int] = None, runtime: Optional[Runtime] = None) -> None:
         self.main_ident = main_ident if main_ident is not None else threading.main_thread().ident
-        self.main_span: Optional[str] = None  # kept by hooks.stage and _coldstart.set_current
+        self.main_span: Optional[str] = None  # kept by hooks.stage and _recorder.set_current
+        self.runtime = runtime if runtime is not None else Runtime()
         self.coldstart = coldstart if coldstart is not None else ColdStart()
         self.alloc = alloc if alloc is not None else Alloc()
+        self.imports = Imports(self.main_ident)
+        self.build = Build()
+        self.torch = Torch()
+        self.weights = Weights()
+        self.requests = Requests()
 
     def forked(self, root_start_ns: int) -> HookState:
-        return HookState(self.coldstart.forked(root_start_ns), self.alloc.forked(), threading.get_ident())
+        new = HookState(self.coldstart.forked(root_start_ns), self.alloc.forked(), threading.get_ident(),
+                        self.runtime.forked())
+        new.build = self.build.forked()  # import runs start afresh (new Imports)
+        new.torch = self.torch.forked()
+        new.weights = self.weights.forked()
+        new.requests = self.requests.forked()
+        return new
 
 
 current = HookState()
 
 
 def replace_after_fork(root_start_ns: int) -> HookState:
-    """In a forked child (``_runtime``'s after-fork handler): a new instance for this process."""
+    """In a forked child (``_activate``'s after-fork handler): a new instance for this process."""
     global current
     current = current.forked(root_start_ns)
     return current

@@ -17,72 +17,47 @@ imports torch (or torch._dynamo, safetensors, onnxruntime) itself.
 | `warmup`, `first_request` | the outermost `nn.Module._call_impl` per thread (a class attribute: |
 |                     | dynamo never sees it, so taking it out later causes no recompile)         |
 
-Every wrapper is taken out when the root ends (``_coldstart.uninstall``).
+Every wrapper is taken out when the root ends (``_readiness.uninstall``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
-from . import _coldstart as cs
-from . import _runtime, _weights
+from . import _readiness, _runtime, _state
+from . import _recorder as cs
+from ._recorder import Open
+from ._recorder import patch as _patch
+from ._recorder import timed as _timed
 
-_tls = threading.local()
-_torch: Any = None
-_cuda_seen = False
+
+class WeightsReads(Protocol):
+    """What the weights instrumenter (``_weights``, handed in by ``_coldstart``) is told by the
+    wrappers here: a move or conversion of tensors that may still map a file, a forward that
+    may read them."""
+
+    def move_begin(self, module: Any) -> Any: ...
+
+    def move_attrs(self, token: Any, module: Any, seconds: float, to_device: bool) -> Dict[str, Any]: ...
+
+    def converted(self, o: Open, attrs: Dict[str, Any]) -> bool: ...
+
+    def forward_begin(self, module: Any) -> Any: ...
+
+    def forward_end(self, d: Any, err: Optional[BaseException] = None) -> None: ...
 
 
-_patch = cs.patch
+def _torch() -> _state.Torch:
+    """This process's torch state (``_state``): the module, the per-thread flags."""
+    return _state.current.torch
 
 
 def _flag(name: str) -> int:
-    v: int = getattr(_tls, name, 0)
+    v: int = getattr(_state.current.torch.tls, name, 0)
     return v
-
-
-def _timed(
-    stage: str,
-    orig: Callable[..., Any],
-    describe: Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]],
-    guard: str,
-    after: Optional[Callable[[Dict[str, Any], float, Any], None]] = None,
-) -> Callable[..., Any]:
-    """A wrapper that runs ``orig`` inside one stage; nested calls of the same kind pass through."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        o = None
-        try:
-            if cs.state().collecting and not _flag(guard) and cs.root_open():
-                o = cs.begin(stage, describe(args, kwargs))
-                setattr(_tls, guard, 1)
-        except Exception as exc:
-            _runtime.fail(exc)
-        if o is None:
-            return orig(*args, **kwargs)
-        t0 = time.perf_counter()
-        try:
-            result = orig(*args, **kwargs)
-        except BaseException as e:
-            setattr(_tls, guard, 0)
-            cs.end(o, err=e)
-            raise
-        setattr(_tls, guard, 0)
-        try:
-            if after is not None:
-                after(o.attrs, time.perf_counter() - t0, result)
-        except Exception as exc:
-            _runtime.fail(exc)
-        cs.end(o)
-        return result
-
-    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
-    wrapper.__name__ = getattr(orig, "__name__", "wrapper")
-    wrapper.__doc__ = getattr(orig, "__doc__", None)
-    return wrapper
 
 
 def _compile_describe(api: str) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, Any]]:
@@ -109,7 +84,7 @@ def _install_dynamo(mod: Any) -> None:
             if not cs.state().collecting or not cs.root_open():
                 return
             a: Dict[str, Any] = {"infersight.compile.api": "torch.compile",
-                                 "infersight.compile.backend": _backend}
+                                 "infersight.compile.backend": _torch().backend}
             a[_CACHE_SNAPSHOT] = _cache_counts()
             cid = getattr(args, "compile_id", None)
             if cid is not None:
@@ -117,7 +92,7 @@ def _install_dynamo(mod: Any) -> None:
             trig = getattr(args, "callback_trigger", None)
             if trig is not None:
                 a["infersight.compile.trigger"] = str(getattr(trig, "name", trig)).lower()
-            stack = _tls.__dict__.setdefault("dynamo", [])
+            stack = _torch().tls.__dict__.setdefault("dynamo", [])
             stack.append(cs.begin("graph_compile", a))
             tls = cs.state().tls
             tls.compile = getattr(tls, "compile", 0) + 1
@@ -126,7 +101,7 @@ def _install_dynamo(mod: Any) -> None:
 
     def on_end(args: Any = None) -> None:
         try:
-            stack = _tls.__dict__.get("dynamo")
+            stack = _torch().tls.__dict__.get("dynamo")
             if stack:
                 tls = cs.state().tls
                 tls.compile = max(0, getattr(tls, "compile", 1) - 1)
@@ -150,7 +125,6 @@ def _install_dynamo(mod: Any) -> None:
 
 
 _CACHE_SNAPSHOT = "_infersight.cache_snapshot"  # internal: popped before the span is emitted
-_backend = "inductor"  # the backend of the latest torch.compile() call (its default)
 
 
 def _cache_counts() -> Optional[Tuple[int, int]]:
@@ -191,9 +165,8 @@ def _backend_name(backend: Any) -> str:
 
 def _wrap_compile(orig: Callable[..., Any]) -> Callable[..., Any]:
     def compile(*args: Any, **kwargs: Any) -> Any:
-        global _backend
         try:
-            _backend = _backend_name(kwargs.get("backend", "inductor"))
+            _torch().backend = _backend_name(kwargs.get("backend", "inductor"))
         except Exception as exc:
             _runtime.fail(exc)
         return orig(*args, **kwargs)
@@ -231,15 +204,16 @@ def _install_onnxruntime(mod: Any) -> None:
 def _capture_open(api: str) -> None:
     """A capture starts on this thread: push the stage it opens (None when an outer capture
     covers it or nothing is collected)."""
-    stack = _tls.__dict__.setdefault("capture", [])
+    tls = _torch().tls
+    stack = tls.__dict__.setdefault("capture", [])
     o = None
     try:
         if not stack and cs.state().collecting and cs.root_open():
             o = cs.begin("graph_capture", {"infersight.capture.api": api})
             o.attrs[_GRAPHS] = _flag("graphs")
-            _tls.began = 0
-            tls = cs.state().tls
-            tls.compile = getattr(tls, "compile", 0) + 1
+            tls.began = 0
+            cst = cs.state().tls
+            cst.compile = getattr(cst, "compile", 0) + 1
     except Exception as exc:
         _runtime.fail(exc)
     stack.append(o)
@@ -248,7 +222,8 @@ def _capture_open(api: str) -> None:
 def _capture_close(err: Optional[BaseException] = None) -> None:
     """The capture that ``_capture_open`` pushed ended (``err``: by raising). A capture that
     failed before any graph was captured (no CUDA: a CPU build) leaves no stage."""
-    stack = _tls.__dict__.get("capture")
+    ttls = _torch().tls
+    stack = ttls.__dict__.get("capture")
     if not stack:
         return
     o = stack.pop()
@@ -260,7 +235,7 @@ def _capture_close(err: Optional[BaseException] = None) -> None:
         graphs = _flag("graphs") - o.attrs.pop(_GRAPHS, 0)
         o.attrs["infersight.capture.graphs"] = graphs
         cs.end(o, err=err, keep=err is None or graphs > 0 or _flag("began") > 0)
-        _tls.began = 0
+        ttls.began = 0
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -278,7 +253,7 @@ def _wrap_capture_begin(orig: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException as e:
             _capture_close(e)
             raise
-        _tls.began = _flag("began") + 1
+        _torch().tls.began = _flag("began") + 1
         return result
 
     capture_begin.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -288,14 +263,15 @@ def _wrap_capture_begin(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_capture_end(orig: Callable[..., Any]) -> Callable[..., Any]:
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _tls.__dict__.get("capture"):
+        tls = _torch().tls
+        if not tls.__dict__.get("capture"):
             return orig(self, *args, **kwargs)  # no capture_begin of ours is open here
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as e:
             _capture_close(e)
             raise
-        _tls.graphs = _flag("graphs") + 1
+        tls.graphs = _flag("graphs") + 1
         _capture_close()
         return result
 
@@ -321,7 +297,7 @@ def _wrap_graph_enter(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_graph_exit(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __exit__(self: Any, *args: Any) -> Any:  # noqa: N807
-        if not _tls.__dict__.get("capture"):
+        if not _torch().tls.__dict__.get("capture"):
             return orig(self, *args)
         try:
             result = orig(self, *args)
@@ -394,16 +370,17 @@ def _tensor_bytes(module: Any) -> Tuple[int, int, str]:
     return cpu, dev, where
 
 
-def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _make_apply(orig: Callable[..., Any], weights: WeightsReads) -> Callable[..., Any]:
     def _apply(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         o = mapped = None
+        tls = _torch().tls
         try:
             if cs.state().collecting and not _flag("apply") and cs.root_open():
                 cpu0, dev0, _ = _tensor_bytes(self)
                 if cpu0:
                     o = cs.begin("weights_to_device")
-                    mapped = _weights.move_begin(self)  # still-mapped weights: this move reads them
-                    _tls.apply = 1
+                    mapped = weights.move_begin(self)  # still-mapped weights: this move reads them
+                    tls.apply = 1
                     t0 = time.perf_counter()
         except Exception as exc:
             _runtime.fail(exc)
@@ -412,22 +389,22 @@ def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = orig(self, fn, *args, **kwargs)
         except BaseException as e:
-            _tls.apply = 0
+            tls.apply = 0
             cs.end(o, err=e, keep=False)
             raise
-        _tls.apply = 0
+        tls.apply = 0
         try:
             seconds = time.perf_counter() - t0
             _cpu1, dev1, where = _tensor_bytes(self)
             moved = dev1 - dev0
             if moved > 0:
                 o.attrs.update(cs.weights_attrs("", moved, seconds))
-                o.attrs.update(_weights.move_attrs(mapped, self, seconds, True))
+                o.attrs.update(weights.move_attrs(mapped, self, seconds, True))
                 o.attrs["infersight.weights.device"] = where
                 o.attrs["infersight.weights.module"] = type(self).__name__
                 _poll_cuda(o.start, o.span)
                 cs.end(o)
-            elif mapped is not None and _weights.converted(o, _weights.move_attrs(mapped, self, seconds, False)):
+            elif mapped is not None and weights.converted(o, weights.move_attrs(mapped, self, seconds, False)):
                 cs.end(o)  # a dtype change that read file-mapped weights: a deferred weights_load
             else:
                 cs.end(o, keep=False)  # a dtype change or a move back to the CPU
@@ -440,10 +417,10 @@ def _make_apply(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
     def _lazy_init() -> None:
-        global _cuda_seen
+        ts = _torch()
         o = None
         try:
-            if cs.state().collecting and not _cuda_seen and not _torch.cuda.is_initialized() and cs.root_open():
+            if cs.state().collecting and not ts.cuda_seen and not ts.module.cuda.is_initialized() and cs.root_open():
                 o = cs.begin("cuda_init", {"infersight.cuda_init.detected_by": "lazy_init"})
         except Exception as exc:
             _runtime.fail(exc)
@@ -454,9 +431,9 @@ def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
         except BaseException:
             cs.end(o, keep=False)  # no CUDA here (a CPU build, no driver): nothing was initialised
             raise
-        _cuda_seen = True
+        ts.cuda_seen = True
         try:
-            o.attrs["infersight.cuda.device_count"] = int(_torch.cuda.device_count())
+            o.attrs["infersight.cuda.device_count"] = int(ts.module.cuda.device_count())
         except Exception:
             pass
         cs.end(o)
@@ -467,62 +444,63 @@ def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
 
 def _poll_cuda(window_start: int, parent: Optional[str] = None) -> None:
     """Fallback: CUDA initialised without our wrapper seeing it (e.g. a saved reference)."""
-    global _cuda_seen
-    if _cuda_seen or _torch is None:
+    ts = _torch()
+    if ts.cuda_seen or ts.module is None:
         return
-    cuda = getattr(_torch, "cuda", None)
+    cuda = getattr(ts.module, "cuda", None)
     try:
         if cuda is None or not cuda.is_initialized():
             return
     except Exception:
         return
-    _cuda_seen = True
+    ts.cuda_seen = True
     now = time.time_ns()
-    cs.emit_stage("cuda_init", _runtime.new_span_id(), parent or _runtime.root_span_id,
+    cs.emit_stage("cuda_init", _runtime.new_span_id(), parent or _runtime.state().root_span_id,
                   min(window_start, now), now, {"infersight.cuda_init.detected_by": "poll"})
 
 
 # -- forwards: warmup and first_request -----------------------------------------------------
 
 
-def _make_call_impl(orig: Callable[..., Any], is_compiling: Callable[[], bool]) -> Callable[..., Any]:
-    tls = _tls
-
+def _make_call_impl(orig: Callable[..., Any], is_compiling: Callable[[], bool],
+                    weights: WeightsReads) -> Callable[..., Any]:
     def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not cs.state().collecting or is_compiling():
+        hs = _state.current
+        if not hs.coldstart.collecting or is_compiling():
             return orig(self, *args, **kwargs)
+        tls = hs.torch.tls
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
         token = None
         if not depth:
             try:
-                token = cs.forward_begin()
+                token = _readiness.forward_begin()
                 if token is not None and token[0] == "w" and token[1].n == 1:
                     _poll_cuda(token[1].start)
             except Exception as exc:
                 _runtime.fail(exc)
-        deferred = _weights.forward_begin(self) if not depth and _weights._mapped else None
+        deferred = weights.forward_begin(self) if not depth and hs.weights.mapped else None
         try:
             return orig(self, *args, **kwargs)
         finally:
             tls.depth = depth
-            _weights.forward_end(deferred)
+            weights.forward_end(deferred)
             if token is not None:
                 try:
-                    cs.forward_end(token)
+                    _readiness.forward_end(token)
                 except Exception as exc:
                     _runtime.fail(exc)
 
     return _call_impl
 
 
-def install(torch: Any) -> None:
-    """Wrap what torch offers now; hook torch._dynamo, safetensors, onnxruntime for later."""
-    global _torch
+def install(torch: Any, weights: WeightsReads) -> None:
+    """Wrap what torch offers now; hook torch._dynamo, onnxruntime for later. ``weights``
+    (``_weights``) is told of moves and forwards; ``_coldstart`` installs it, and
+    ``_build``'s torch parts, beside."""
     if not cs.state().collecting:
         return
-    _torch = torch
-    _weights.install(torch)  # weights_load: loaders, load_state_dict, safetensors, transformers
+    _torch().module = torch
     jit = getattr(torch, "jit", None)
     if jit is not None:
         for name in ("trace", "trace_module", "script"):
@@ -532,8 +510,8 @@ def install(torch: Any) -> None:
     if nn_module is not None:
         compiler = getattr(torch, "compiler", None)
         is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
-        _patch(nn_module, "_call_impl", _make_call_impl(nn_module._call_impl, is_compiling))
-        _patch(nn_module, "_apply", _make_apply(nn_module._apply))
+        _patch(nn_module, "_call_impl", _make_call_impl(nn_module._call_impl, is_compiling, weights))
+        _patch(nn_module, "_apply", _make_apply(nn_module._apply, weights))
     if callable(getattr(torch, "compile", None)):
         _patch(torch, "compile", _wrap_compile(torch.compile))
     cuda = getattr(torch, "cuda", None)
@@ -544,9 +522,6 @@ def install(torch: Any) -> None:
             initialized = True
         if not initialized:
             _patch(cuda, "_lazy_init", _make_lazy_init(cuda._lazy_init))
-    from . import _build
-
-    _build.install_torch(torch)
     cs.state().callbacks["ready"] = _poll_cuda
     cs.on_import("torch._dynamo", _install_dynamo)
     cs.on_import("torch.cuda.graphs", _install_graphs)

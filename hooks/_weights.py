@@ -23,12 +23,11 @@ Nothing here raises into user code: every wrapper catches its own errors and cal
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import _coldstart as cs
-from . import _contract, _runtime
+from . import _contract, _runtime, _state
+from . import _recorder as cs
 from ._pagestate import (
     file_key,
     file_mappings,
@@ -41,11 +40,12 @@ from ._pagestate import (
 
 COLD_BELOW = _contract.COLD_BELOW
 
-_tls = threading.local()
-_torch: Any = None
-_lock = threading.Lock()
-_mapped: List[_Mapped] = []  # files whose tensors still map them (cleared at the root's end)
-_scanned: Dict[int, bool] = {}  # id(module) -> looked at by a first forward already
+
+
+def _weights() -> _state.Weights:
+    """This process's state here (``_state``): the files whose tensors still map them (cleared
+    at the root's end), the modules a first forward looked at, the torch module."""
+    return _state.current.weights
 
 
 # -- the span attributes (pure) ----------------------------------------------------------
@@ -131,7 +131,7 @@ class _Mapped:
 
 def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
     """The tensors in a load's result: a dict/list/tuple of them, or a module's params and buffers."""
-    tensor = _torch.Tensor
+    tensor = _weights().module.Tensor
     if isinstance(obj, tensor):
         yield obj
     elif isinstance(obj, dict):
@@ -142,7 +142,7 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
         if depth < 3:
             for v in obj:
                 yield from _tensors(v, depth + 1)
-    elif isinstance(obj, _torch.nn.Module):
+    elif isinstance(obj, _weights().module.nn.Module):
         yield from obj.parameters()
         yield from obj.buffers()
 
@@ -164,10 +164,11 @@ def _all_meta(tensors: List[Any]) -> bool:
 
 def _remember(path: str, key: Tuple[str, str], used: List[Tuple[int, int]]) -> None:
     m = _Mapped(path, key, used)
-    with _lock:  # a mapping at the same addresses as an older one replaces it
-        _mapped[:] = [old for old in _mapped
+    ws = _weights()
+    with ws.lock:  # a mapping at the same addresses as an older one replaces it
+        ws.mapped[:] = [old for old in ws.mapped
                       if not any(lo < h and l0 < hi for lo, hi in used for l0, h in old.ranges)]
-        _mapped.append(m)
+        ws.mapped.append(m)
 
 
 def _any_in(sorted_ptrs: List[int], lo: int, hi: int) -> bool:
@@ -196,8 +197,9 @@ def _register(paths: Sequence[str], tensors: List[Any]) -> bool:
 
 def _mapped_chunks(tensors: Iterator[Any]) -> Tuple[List[Tuple[int, int]], List[_Mapped]]:
     """(address ranges of the tensors that map a registered file, those files)."""
-    with _lock:
-        files = list(_mapped)
+    ws = _weights()
+    with ws.lock:
+        files = list(ws.mapped)
     if not files:
         return [], []
     chunks: List[Tuple[int, int, _Mapped]] = []
@@ -218,9 +220,9 @@ def _mapped_chunks(tensors: Iterator[Any]) -> Tuple[List[Tuple[int, int]], List[
         if m.still_mapped(maps):
             hit.append(m)
         else:
-            with _lock:
-                if m in _mapped:
-                    _mapped.remove(m)
+            with ws.lock:
+                if m in ws.mapped:
+                    ws.mapped.remove(m)
     return [(p, n) for p, n, m in chunks if m in hit], hit
 
 
@@ -280,18 +282,19 @@ def _deferred_begin(by: str, tensors: Iterator[Any]) -> Optional[_Deferred]:
 def forward_begin(module: Any) -> Optional[_Deferred]:
     """At an outermost forward: the first one of a module that still maps weights reads them."""
     try:
-        if not _mapped or not cs.root_open() or _flag() or cs.state().tls.__dict__.get("compile", 0):
+        if not _weights().mapped or not cs.root_open() or _flag() or cs.state().tls.__dict__.get("compile", 0):
             return None  # a forward run by jit.trace or a compiler: its ops would be recorded
-        tracing = getattr(getattr(_torch, "jit", None), "is_tracing", None)
+        tracing = getattr(getattr(_weights().module, "jit", None), "is_tracing", None)
         if tracing is not None and tracing():
             return None
         key = id(module)
-        if key in _scanned:
+        scanned = _weights().scanned
+        if key in scanned:
             return None
-        _scanned[key] = True
+        scanned[key] = True
         d = _deferred_begin("forward", _tensors(module))
         if d is not None:
-            _tls.busy = 1
+            _weights().tls.busy = 1
         return d
     except Exception as exc:
         _runtime.fail(exc)
@@ -301,7 +304,7 @@ def forward_begin(module: Any) -> Optional[_Deferred]:
 def forward_end(d: Optional[_Deferred], err: Optional[BaseException] = None) -> None:
     if d is None:
         return
-    _tls.busy = 0
+    _weights().tls.busy = 0
     try:
         d.finish(err)
     except Exception as exc:
@@ -312,7 +315,7 @@ def move_begin(module: Any) -> Optional[Tuple[_Probe, int]]:
     """Before an outermost ``nn.Module._apply`` (``.to(device)``, ``.half()``): the bytes of the
     module's tensors that still map a file, which the move or conversion is about to read."""
     try:
-        if not _mapped:
+        if not _weights().mapped:
             return None
         chunks, files = _mapped_chunks(_tensors(module))
         if not chunks:
@@ -364,10 +367,10 @@ def _make_load_state_dict(orig: Callable[..., Any]) -> Callable[..., Any]:
         d = None
         try:
             assign = kwargs.get("assign", args[1] if len(args) > 1 else False)
-            if _mapped and not assign and not _flag() and cs.root_open() and isinstance(state_dict, dict):
+            if _weights().mapped and not assign and not _flag() and cs.root_open() and isinstance(state_dict, dict):
                 d = _deferred_begin("load_state_dict", _tensors(state_dict))
                 if d is not None:
-                    _tls.busy = 1
+                    _weights().tls.busy = 1
         except Exception as exc:
             _runtime.fail(exc)
         if d is None:
@@ -387,7 +390,7 @@ def _make_load_state_dict(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _flag() -> int:
-    v: int = getattr(_tls, "busy", 0)
+    v: int = getattr(_weights().tls, "busy", 0)
     return v
 
 
@@ -426,7 +429,7 @@ def _wrap_meta(wrapper: Callable[..., Any], orig: Callable[..., Any]) -> Callabl
 
 def _failed(o: cs.Open, probe: _Probe, api: str, size: int, err: BaseException) -> None:
     """The load raised: end its span with the error (the caller re-raises the user's error)."""
-    _tls.busy = 0
+    _weights().tls.busy = 0
     try:
         cs.end(o, probe.attrs(api, size, False), err=err)
     except Exception as exc:
@@ -447,7 +450,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
                 path, size = describe_file(f)
                 probe = _Probe([path])
                 o = cs.begin("weights_load")
-                _tls.busy = 1
+                _weights().tls.busy = 1
         except Exception as exc:
             _runtime.fail(exc)
         if o is None or probe is None:
@@ -457,7 +460,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
         except BaseException as e:
             _failed(o, probe, api, size, e)
             raise
-        _tls.busy = 0
+        _weights().tls.busy = 0
         try:
             tensors = list(_tensors(result)) if check_mapped else []
             if _all_meta(tensors):
@@ -592,10 +595,10 @@ class _SafeOpen:
             return
         quiet = self._quiet
         attrs = self._attrs()
-        if attrs is None or not cs.root_open() or quiet != _activity() or cs.state().last_end_ns > self._start:
+        if attrs is None or not cs.root_open() or quiet != _activity() or cs.last_end() > self._start:
             return  # other spans began or ended meanwhile: one from the open would overlap them
         cs.note_begin()
-        cs.emit_stage("weights_load", _runtime.new_span_id(), quiet[0] or _runtime.root_span_id,
+        cs.emit_stage("weights_load", _runtime.new_span_id(), quiet[0] or _runtime.state().root_span_id,
                       self._start, time.time_ns(), attrs)
 
     def __getattr__(self, name: str) -> Any:
@@ -659,7 +662,7 @@ def _install_transformers(mod: Any) -> None:
             if cs.state().collecting and not _flag() and cs.root_open():
                 ckpt = kwargs.get("checkpoint_files")
                 for a in args:
-                    if model is None and isinstance(a, _torch.nn.Module):
+                    if model is None and isinstance(a, _weights().module.nn.Module):
                         model = a
                     elif ckpt is None and isinstance(a, (list, tuple)) and a and all(isinstance(x, str) for x in a):
                         ckpt = a
@@ -667,7 +670,7 @@ def _install_transformers(mod: Any) -> None:
                 if files and model is not None:
                     probe = _Probe(files)
                     o = cs.begin("weights_load")
-                    _tls.busy = 1
+                    _weights().tls.busy = 1
         except Exception as exc:
             _runtime.fail(exc)
         if o is None or probe is None:
@@ -683,7 +686,7 @@ def _install_transformers(mod: Any) -> None:
         except BaseException as e:
             _failed(o, probe, "transformers.from_pretrained", size, e)
             raise
-        _tls.busy = 0
+        _weights().tls.busy = 0
         try:
             lazy = _register(files, list(_tensors(model)))
             attrs = probe.attrs("transformers.from_pretrained", size, lazy)
@@ -712,15 +715,15 @@ _patch = cs.patch
 
 
 def _forget() -> None:
-    with _lock:
-        del _mapped[:]
-    _scanned.clear()
+    ws = _weights()
+    with ws.lock:
+        del ws.mapped[:]
+    ws.scanned.clear()
 
 
 def install(torch: Any) -> None:
     """Wrap torch's loaders now; safetensors and transformers when (if) they are imported."""
-    global _torch
-    _torch = torch
+    _weights().module = torch
     ser = getattr(torch, "serialization", None)
     if ser is not None and hasattr(ser, "load"):
         orig_load = ser.load

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
-from . import _coldstart, _contract, _runtime
+from . import _contract, _readiness, _runtime, _state
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -53,7 +53,7 @@ class ColdStartMiddleware:
         self._first_pending = first_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        c = _runtime.client
+        c = _state.current.runtime.client
         if c is None or scope.get("type") != "http":
             await self.app(scope, receive, send)  # hooks off, or not HTTP
             return
@@ -75,7 +75,7 @@ class ColdStartMiddleware:
 
     def _is_first(self) -> bool:
         """The cold start's first request may be this one (once no longer, never again)."""
-        if _coldstart.pending_first():
+        if _readiness.pending_first():
             return True
         self._first_pending = False
         return False
@@ -85,7 +85,7 @@ class ColdStartMiddleware:
         handle = None
         token = None
         try:
-            handle = _coldstart.request_begin(
+            handle = _readiness.request_begin(
                 "asgi",
                 {"http.request.method": str(scope.get("method", "")), "url.path": str(scope.get("path", ""))},
             )
@@ -156,7 +156,7 @@ def _finish(handle: Any, state: Dict[str, Any]) -> None:
             attrs["infersight.first_request.headers_s"] = (state["headers_ns"] - handle.start) / 1e9
         if state.get("error"):
             attrs["error.type"] = state["error"]
-        _coldstart.first_response(handle, attrs)
+        _readiness.first_response(handle, attrs)
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -174,7 +174,7 @@ def wrap_uvicorn(module: Any) -> None:
         out = orig(self, *args, **kwargs)
         try:
             app = getattr(self, "loaded_app", None)
-            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.client is not None:
+            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.state().client is not None:
                 self.loaded_app = ColdStartMiddleware(app, first_request=False)
         except Exception as exc:
             _runtime.fail(exc)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infersight.hooks import _coldstart, _runtime, asgi
+from infersight.hooks import _readiness, _state, asgi
 
 
 class QueueClient:
@@ -32,8 +32,10 @@ class QueueClient:
 @pytest.fixture
 def client(monkeypatch: pytest.MonkeyPatch) -> QueueClient:
     c = QueueClient()
-    monkeypatch.setattr(_runtime, "client", c)
-    monkeypatch.setattr(_coldstart, "pending_first", lambda: False)  # after the first request
+    st = _state.HookState()
+    st.runtime.client = c
+    monkeypatch.setattr(_state, "current", st)
+    monkeypatch.setattr(_readiness, "pending_first", lambda: False)  # after the first request
     return c
 
 
@@ -96,7 +98,7 @@ def test_uvicorn_config_load_wraps_the_app_once(client: QueueClient, monkeypatch
 
 
 def test_nothing_is_timed_while_the_hooks_are_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_runtime, "client", None)
+    monkeypatch.setattr(_state, "current", _state.HookState())  # no client: the hooks are off
     scopes: list[dict[str, Any]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -114,8 +116,8 @@ def test_the_uvicorn_wrap_leaves_the_first_request_to_the_apps_own_middleware(
     def request_begin(source: str, attrs: Any = None) -> None:  # no handle: the request goes on as any other
         begun.append(str(attrs.get("url.path")))
 
-    monkeypatch.setattr(_coldstart, "pending_first", lambda: True)  # the cold start waits for its first request
-    monkeypatch.setattr(_coldstart, "request_begin", request_begin)
+    monkeypatch.setattr(_readiness, "pending_first", lambda: True)  # the cold start waits for its first request
+    monkeypatch.setattr(_readiness, "request_begin", request_begin)
     _call(asgi.ColdStartMiddleware(_app, first_request=False), {"type": "http", "method": "GET", "path": "/health"})
     assert begun == []  # a readiness probe through the uvicorn wrap alone is no first_request
     stacked = asgi.ColdStartMiddleware(asgi.ColdStartMiddleware(_app), first_request=False)

@@ -29,7 +29,7 @@ DIE_AFTER_CHECKPOINT = """
 def die():
     t = time.time_ns()
     deadline = time.monotonic() + 60  # (a bound, not a speed: a hang would say nothing)
-    while _checkpoint.current is None or _checkpoint.current.shipped_ns < t:
+    while _coldstart.state().checkpoint is None or _coldstart.state().checkpoint.shipped_ns < t:
         if time.monotonic() > deadline:
             sys.exit("no checkpoint was shipped")
         time.sleep(0.01)
@@ -41,7 +41,7 @@ def die():
 KILLED_IN_A_GAP = textwrap.dedent("""
     import os, signal, sys, time
     from infersight import hooks
-    from infersight.hooks import _checkpoint
+    from infersight.hooks import _coldstart
     import alpha  # noqa: F401
     with hooks.stage("load"):   # a stage that ends: it went out when it ended
         time.sleep(0.05)
@@ -57,7 +57,7 @@ KILLED_IN_A_GAP = textwrap.dedent("""
 KILLED_IN_WARMUP = textwrap.dedent("""
     import os, signal, sys, time
     from infersight import hooks
-    from infersight.hooks import _checkpoint
+    from infersight.hooks import _coldstart
     import torch
     m = torch.nn.Linear(4, 4)
     with torch.no_grad():

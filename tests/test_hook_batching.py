@@ -25,7 +25,7 @@ def test_a_quiet_process_sends_few_frames(tmp_path: Path, agent_factory) -> None
     agent = agent_factory().start()
     code = (
         "import time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
-        "c = _runtime.client\nassert c.batch_delay_s == 1.0 and c.batch_events == 512\n"
+        "c = _runtime.state().client\nassert c.batch_delay_s == 1.0 and c.batch_events == 512\n"
         "for i in range(100):\n    hooks.log('e', i=i)\n    time.sleep(0.005)\n"
         "assert hooks.flush(30)\nprint(c.sent_frames, c.sent_events)\n"
     )
@@ -45,7 +45,7 @@ def test_full_batch_goes_without_waiting_and_flush_skips_the_delay(tmp_path: Pat
     agent = agent_factory().start()
     code = (
         "import time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
-        "c = _runtime.client\n"
+        "c = _runtime.state().client\n"
         "for i in range(8):\n    hooks.log('e', i=i)\n"
         "deadline = time.time() + 60\n"
         "while c.acked < c.sent_events or c.sent_events < 8:\n"
@@ -71,7 +71,7 @@ def test_fork_and_exit_skip_the_delay(tmp_path: Path, agent_factory) -> None:  #
     agent = agent_factory().start()
     code = (
         "import os, time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
-        "c = _runtime.client\nhooks.log('before fork', i=0)\n"
+        "c = _runtime.state().client\nhooks.log('before fork', i=0)\n"
         "pid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
         "deadline = time.time() + 60\n"
         "while c.sent_events < 1:\n    assert time.time() < deadline, 'the fork did not hurry the batch'\n"
@@ -88,7 +88,7 @@ def test_fork_and_exit_skip_the_delay(tmp_path: Path, agent_factory) -> None:  #
 def test_bad_batch_settings_fall_back_with_a_note(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
     agent = agent_factory().start()
     code = ("from infersight import hooks\nfrom infersight.hooks import _runtime, _client\n"
-            "c = _runtime.client\n"
+            "c = _runtime.state().client\n"
             "assert (c.batch_events, c.batch_delay_s) == (_client.BATCH_EVENTS, _client.BATCH_DELAY_S)\n"
             "hooks.log('e', i=0)\nprint('ok')\n")
     r = run_hooked(tmp_path, agent, code, INFERSIGHT_BATCH_EVENTS="lots", INFERSIGHT_BATCH_DELAY_MS="-5")
@@ -107,7 +107,7 @@ def test_300k_burst_through_launch_arrives_whole(tmp_path: Path) -> None:
         "import sys\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
         "assert hooks.active()\n"
         "for i in range(%d):\n    hooks.log('e', i=i)\n"
-        "c = _runtime.client\nprint('dropped', c.dropped_buffer + c.dropped_spool, 'spilled', c.spilled_events,"
+        "c = _runtime.state().client\nprint('dropped', c.dropped_buffer + c.dropped_spool, 'spilled', c.spilled_events,"
         " file=sys.stderr)\n" % n
     )
     r = subprocess.run([sys.executable, "-m", "infersight", "launch", "--no-console", "--otlp-file", str(out),

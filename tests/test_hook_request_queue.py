@@ -9,7 +9,7 @@ import types
 import pytest
 from conftest import FlatQueue
 
-from infersight.hooks import _buffer, _request, _runtime
+from infersight.hooks import _buffer, _request, _runtime, _state
 
 
 def _built(event: tuple[object, ...]) -> dict[str, object]:
@@ -28,9 +28,16 @@ def _fail_a_request() -> None:
     raise AssertionError("the request swallowed the exception")
 
 
+def _producing_into(monkeypatch: pytest.MonkeyPatch, queue: FlatQueue) -> None:
+    """A fresh hook state (``_state``) whose client is ``queue``."""
+    st = _state.HookState()
+    st.runtime.client = queue
+    monkeypatch.setattr(_state, "current", st)
+
+
 def test_a_request_is_queued_flat_and_built_into_the_same_event(monkeypatch: pytest.MonkeyPatch) -> None:
     queue = FlatQueue()
-    monkeypatch.setattr(_runtime, "client", queue)
+    _producing_into(monkeypatch, queue)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     token = _runtime.current_span.set("c" * 16)
     try:
@@ -58,9 +65,8 @@ def test_cuda_is_resolved_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch)
     cuda = types.SimpleNamespace(is_initialized=lambda: True, current_device=lambda: current.index,
                                  get_device_properties=lambda i: types.SimpleNamespace(uuid="", name="x"))
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_request, "_hw_cache", {})
     queue = FlatQueue()
-    monkeypatch.setattr(_runtime, "client", queue)
+    _producing_into(monkeypatch, queue)  # a fresh state: nothing cached of any device
     current.index = 5
     with _request.request(device="cuda"):
         pass

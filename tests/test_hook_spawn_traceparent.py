@@ -38,14 +38,14 @@ def spawned(path):
 
 def mp_child(q):
     # A hooked child: its own root's parent is what it read from TRACEPARENT.
-    assert _runtime.client is not None and _runtime.root_parent
-    q.put("00-%s-%s-01" % (_runtime.trace_id, _runtime.root_parent))
+    assert _runtime.state().client is not None and _runtime.state().root_parent
+    q.put("00-%s-%s-01" % (_runtime.state().trace_id, _runtime.state().root_parent))
 
 def report(name, seen, span):
     print(name, seen or "-", span, flush=True)
 
 def main():
-    root = _runtime.root_span_id
+    root = _runtime.state().root_span_id
     at_start = os.environ["TRACEPARENT"]
     report("root", child_tp(), root)
     with hooks.stage("outer") as st:
@@ -67,7 +67,7 @@ def main():
             p.join()
         report("after_inner", child_tp(), outer)
     report("after_outer", child_tp(), root)
-    print("trace", _runtime.trace_id, flush=True)
+    print("trace", _runtime.state().trace_id, flush=True)
 
 
 if __name__ == "__main__":

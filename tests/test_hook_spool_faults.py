@@ -24,7 +24,7 @@ from conftest import BOOTSTRAP, attr, hook_env, log_records, read_otlp_lines, wa
 
 EMIT = (
     "import os, time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
-    "assert hooks.active()\nc = _runtime.client\n"
+    "assert hooks.active()\nc = _runtime.state().client\n"
     "for i in range(100):\n    hooks.log('e', i=i)\n"
     "time.sleep(1.0)\n"  # the drain thread has met the fault; a spin would show from here on
     "for i in range(100, 150):\n    hooks.log('e', i=i)\n"
@@ -169,7 +169,7 @@ def test_spool_fills_mid_frame_then_the_agent_gets_every_event_or_its_count(  # 
     script = tmp_path / "emit.py"
     script.write_text(
         "import os, time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
-        "c = _runtime.client\n"
+        "c = _runtime.state().client\n"
         "hooks.mark_ready()\n"  # its cold start is over: no sampler checkpoints (cs_tick) join the count
         "for b in range(30):\n"
         "    for i in range(10):\n        hooks.log('e', i=b * 10 + i, pad='x' * 1000)\n"

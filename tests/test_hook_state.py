@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FlatQueue, hook_env
@@ -78,6 +79,35 @@ def test_the_hook_state_follows_the_forking_thread() -> None:
     assert child.coldstart is not state.coldstart and child.alloc is not state.alloc
 
 
+def test_installing_a_fresh_state_resets_every_part_of_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The producer, import timing, nn.init runs, weights and requests all keep their state in
+    ``_state.current``: a test installs a fresh instance and every module sees a clean slate."""
+    from infersight.hooks import _build, _imports, _runtime, _weights
+
+    old = _state.HookState()
+    old.runtime.client = client = FlatQueue()
+    old.runtime.root_span_id = "b" * 16
+    monkeypatch.setattr(_state, "current", old)
+    old.imports.runs[1] = _imports._Run("p" * 16, 0, 10_000_000, {"pkg": 10_000_000}, 0)
+    old.build.init_runs[1] = ["p" * 16, 0, 10_000_000, 3, 0, "s" * 16]
+    old.build.hf_done = True
+    old.weights.mapped.append(object())
+    old.requests.hw_cache[0] = ("GPU-0", "name")
+    assert [r[0] for r in _imports.open_runs() + _build.open_runs()] == ["framework_import", "model_build"]
+    assert _runtime.state().client is client
+
+    child = old.forked(root_start_ns=5)  # a fork keeps what its memory kept, and no open run
+    assert child.runtime.client is client and child.build.hf_done and child.weights.mapped is old.weights.mapped
+    assert child.imports.runs == {} and child.build.init_runs == {}
+    assert child.requests.hw_cache == {0: ("GPU-0", "name")}
+
+    monkeypatch.setattr(_state, "current", _state.HookState())
+    assert _imports.open_runs() == [] and _build.open_runs() == []
+    assert _runtime.state().client is None and not _runtime.active()
+    assert _weights._weights().mapped == [] and not _state.current.build.hf_done
+    assert _state.current.requests.hw_cache == {}
+
+
 FORK = textwrap.dedent("""\
     import os, sys
     from infersight import hooks
@@ -107,15 +137,45 @@ def test_fork_replaces_the_state_of_a_hooked_process(tmp_path: Path) -> None:
     assert "hooks disabled" not in p.stderr
 
 
+FORK_IN_AN_IMPORT = textwrap.dedent("""\
+    import os, sys
+    from infersight.hooks import _imports, _runtime
+    import forker  # forks in its body: the child finishes the import its parent was timing
+    if forker.pid == 0:
+        root = _runtime.state().root_start_ns
+        early = [r for r in _imports.open_runs() if r[3] < root]  # the parent's import, in the child
+        os._exit(3 if early else 0)
+    _, status = os.waitpid(forker.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    assert _imports.open_runs(), "the parent times its import"
+    """)
+
+
+def test_a_child_forked_inside_an_import_times_none_of_its_parents(tmp_path: Path) -> None:
+    (tmp_path / "forker").mkdir()
+    (tmp_path / "forker" / "__init__.py").write_text("import os, time\ntime.sleep(0.02)\npid = os.fork()\n")
+    env = hook_env(tmp_path / "none.sock", tmp_path / "spool", INFERSIGHT_EXIT_FLUSH_S="0")
+    env["PYTHONPATH"] += ":" + str(tmp_path)
+    p = subprocess.run([sys.executable, "-c", FORK_IN_AN_IMPORT], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "hooks disabled" not in p.stderr
+
+
+def _fresh_state(monkeypatch: pytest.MonkeyPatch, client: Any) -> None:
+    """A fresh ``HookState`` whose producer is ``client``, in trace a..a under root b..b."""
+    st = _state.HookState()
+    st.runtime.client = client
+    st.runtime.trace_id = "a" * 32
+    st.runtime.root_span_id = "b" * 16
+    monkeypatch.setattr(_state, "current", st)
+
+
 def test_a_stage_is_queued_flat_and_built_on_the_drain_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     from infersight import hooks
-    from infersight.hooks import _buffer, _runtime
+    from infersight.hooks import _buffer
 
     queue = FlatQueue()
-    monkeypatch.setattr(_runtime, "client", queue)
-    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
-    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
-    monkeypatch.setattr(_state, "current", _state.HookState())
+    _fresh_state(monkeypatch, queue)
     with hooks.stage("outer"), pytest.raises(ValueError), hooks.stage("load", model="m", batch=8):
         raise ValueError("x")
     inner, outer = queue.events
@@ -144,13 +204,10 @@ def test_stage_attributes_wait_beside_the_queue_and_the_tuple_is_still_untracked
     The queued tuple must still be one the garbage collector untracks at its first pass: a
     burst of queued stages must not drive full collections of the served process's heap."""
     from infersight import hooks
-    from infersight.hooks import _buffer, _runtime
+    from infersight.hooks import _buffer
 
     queue = FlatQueue()
-    monkeypatch.setattr(_runtime, "client", queue)
-    monkeypatch.setattr(_runtime, "trace_id", "a" * 32)
-    monkeypatch.setattr(_runtime, "root_span_id", "b" * 16)
-    monkeypatch.setattr(_state, "current", _state.HookState())
+    _fresh_state(monkeypatch, queue)
     with hooks.stage("first"):  # an empty buffer takes the call (it wakes the drain thread)
         pass
     with hooks.stage("load", model="m", batch=8):

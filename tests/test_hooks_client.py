@@ -31,7 +31,7 @@ def test_internal_error_disables_hooks_with_one_line(tmp_path: Path, agent_facto
     agent = agent_factory().start()
     code = ("from infersight import hooks\nfrom infersight.hooks import _runtime\n"
             "def boom(*a, **k):\n    raise RuntimeError('hook bug')\n"
-            "_runtime.client.emit = boom\n"
+            "_runtime.state().client.emit = boom\n"
             "for i in range(3):\n    hooks.log('x')\n    with hooks.stage('s'):\n        pass\n"
             "print('user code still runs', hooks.active())\n")
     r = run_hooked(tmp_path, agent, code, INFERSIGHT_EXIT_FLUSH_S="1")

@@ -58,6 +58,10 @@ COMPOSITION = ("infersight.agent.commands", "infersight.agent.cli")
 # and the exporters read it too, since the hooks may import nothing outside hooks/ and the names
 # are defined once.
 CONTRACT = "infersight.hooks._contract"
+# The hooks' cold-start instrumenters, and the modules that set them up (they alone know them all).
+INSTRUMENTERS = tuple("infersight.hooks." + m for m in (
+    "_imports", "_build", "_torch", "_weights", "_stagerules", "_checkpoint", "asgi"))
+COLDSTART_SETUP = ("infersight.hooks._coldstart", "infersight.hooks._activate")
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
 # hooks' wire format, paths and contract (both sides of the socket),
 # and the neutral modules.
@@ -101,6 +105,11 @@ RULES: tuple[Rule, ...] = (
     Rule("infersight/", "the neutral modules import no role package (the hooks' contract aside)", never=ROLES,
          unless=(CONTRACT,),
          exempt=("infersight/__main__.py",)),  # `python -m infersight`: an entry point that runs the CLI
+    Rule("hooks/_recorder.py", "the cold-start recorder is the instrumenters' base: it imports none of them, nor "
+         "what sets them up", never=(*INSTRUMENTERS, *COLDSTART_SETUP)),
+    *(Rule("hooks/%s.py" % m.rsplit(".", 1)[1], "an instrumenter builds on _recorder and _readiness: it imports "
+           "neither what sets it up nor another instrumenter (_coldstart hands in what one needs of another)",
+           never=tuple(t for t in (*INSTRUMENTERS, *COLDSTART_SETUP) if t != m)) for m in INSTRUMENTERS),
 )  # fmt: skip
 
 
@@ -205,16 +214,10 @@ def describe(graph: dict[str, dict[str, Edge]], cycle: list[str]) -> str:
     return "\n".join("  %s" % graph[a][b] for a in cycle for b in sorted(graph[a]) if b in cycle)
 
 
-# Cycles that other changes of the renovation are removing right now: hooks' modules around
-# _coldstart (helper hooksgraph). The lead empties this set
-# once they are merged; a cycle found here is allowed only inside one of these, and an entry
-# that no cycle needs any more fails too, so that the set only shrinks.
-PENDING_CYCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"infersight.hooks._runtime", "infersight.hooks._spawn"}),
-    frozenset({"infersight.hooks._build", "infersight.hooks._checkpoint", "infersight.hooks._coldstart",
-               "infersight.hooks._imports", "infersight.hooks._stagerules", "infersight.hooks._torch",
-               "infersight.hooks._weights", "infersight.hooks.asgi"}),
-})  # fmt: skip
+# Cycles that other changes of the renovation are removing right now (none left). A cycle found
+# here is allowed only inside one of these, and an entry that no cycle needs any more fails
+# too, so that the set only shrinks.
+PENDING_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 def violations(root: Path, rules: tuple[Rule, ...] = RULES) -> list[str]:

@@ -97,7 +97,7 @@ def test_non_python_command_gets_launcher_root(tmp_path: Path) -> None:
 def test_root_starts_at_spawn_time(tmp_path: Path) -> None:
     """The launched child's root starts at the launcher's spawn, before the child's own exec."""
     code = ("import os, json; from infersight.hooks import _proc, _runtime; "
-            "print(json.dumps([_runtime.root_start_ns, _proc.process_start_ns()]))")
+            "print(json.dumps([_runtime.state().root_start_ns, _proc.process_start_ns()]))")
     r, out = launch(tmp_path, sys.executable, "-c", code, args=("--no-console",))
     assert r.returncode == 0, r.stderr
     root_start, proc_start = json.loads(r.stdout)

@@ -116,7 +116,7 @@ def test_live_producer_replays_a_large_spool_within_its_memory_bound(tmp_path: P
         "import os, sys, time\n"
         "from infersight import hooks\nfrom infersight.hooks import _connection, _runtime\n"
         "_connection.MAX_OUTBOX_BYTES = 64 * 1024\n"
-        "c = _runtime.client\npeak = [0]\norig = c.conn.send\n"
+        "c = _runtime.state().client\npeak = [0]\norig = c.conn.send\n"
         "def send(*a):\n    orig(*a)\n    peak[0] = max(peak[0], c.conn.outbox_bytes)\n"
         "c.conn.send = send\n"
         "for i in range(20000):\n    hooks.log('e', i=i)\n"

@@ -84,14 +84,14 @@ class FakeClient:
 def hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Fresh hook state with a FAKE client; excepthooks restored afterwards."""
     client = FakeClient()
-    monkeypatch.setattr(_runtime, "client", client)
-    monkeypatch.setattr(_runtime, "_failed", False)
-    monkeypatch.setattr(_runtime, "trace_id", TRACE)
-    monkeypatch.setattr(_runtime, "root_span_id", ROOT)
     monkeypatch.setenv("INFERSIGHT_MEM_INTERVAL_S", "0")
     monkeypatch.delenv("INFERSIGHT_MEMORY_HISTORY", raising=False)
     saved = (sys.excepthook, threading.excepthook)
-    monkeypatch.setattr(_state, "current", _state.HookState())
+    st = _state.HookState()  # not failed, no root ended
+    st.runtime.client = client
+    st.runtime.trace_id = TRACE
+    st.runtime.root_span_id = ROOT
+    monkeypatch.setattr(_state, "current", st)
     yield client
     st = _alloc.state()
     st.stop = True

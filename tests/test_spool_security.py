@@ -111,7 +111,7 @@ def test_hook_unlinks_only_its_own_spool_file(shared: Path, agent_factory) -> No
     script = shared / "live.py"
     script.write_text(
         "import os, time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
-        "c = _runtime.client\n"
+        "c = _runtime.state().client\n"
         "for i in range(300):\n    hooks.log('e', i=i)\n"
         "hooks.flush(10)\nprint('spooled', flush=True)\n"
         "while not os.path.exists(%r):\n    time.sleep(0.02)\n"

@@ -24,7 +24,7 @@ from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
 
 from infersight.agent.coldstart import storage_ceiling  # noqa: E402
 from infersight.exporters.weights_note import weights_note  # noqa: E402
-from infersight.hooks import _pagestate, _weights  # noqa: E402
+from infersight.hooks import _pagestate, _state, _weights  # noqa: E402
 
 W = "infersight.weights."
 
@@ -160,14 +160,15 @@ def test_launch_compares_only_cold_files_with_the_storage_ceiling() -> None:
     assert storage_ceiling.cold_files(req) == {"/cold": 1e8}
 
 
-def test_a_move_to_a_device_says_it_read_the_mapped_file(tmp_path) -> None:
+def test_a_move_to_a_device_says_it_read_the_mapped_file(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What weights_to_device gains when the weights still map their file (the move is the read).
     No GPU here: the move is stood in for by replacing the parameters with copies."""
     torch = pytest.importorskip("torch")
     p = str(tmp_path / "m.pt")
     torch.save({"weight": torch.randn(512, 512), "bias": torch.randn(512)}, p)
     sd = torch.load(p, mmap=True, weights_only=True)
-    _weights._torch = torch
+    monkeypatch.setattr(_state, "current", _state.HookState())  # the mapped files are forgotten with it
+    _state.current.weights.module = torch
     try:
         assert _weights._register([p], list(sd.values()))
         with torch.device("meta"):

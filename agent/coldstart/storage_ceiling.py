@@ -9,8 +9,8 @@ where the filesystem refuses ``O_DIRECT``), cache the figure per device (major:m
 (``infersight.weights.page_cache_ratio`` >= 0.5) says nothing about the disk. ``infersight
 doctor`` shows the cache and can measure a directory.
 
-The hooks read the same file (``hooks/_coldstart.storage_ceiling``, and
-``hooks/_coldstart.weights_attrs`` for ``weights_to_device``): keep the format.
+The hooks read the same file (``hooks/_recorder.storage_ceiling``, and
+``hooks/_recorder.weights_attrs`` for ``weights_to_device``): keep the format.
 """
 
 from __future__ import annotations

@@ -1,0 +1,587 @@
+"""Readiness and the end of the cold start (stdlib only).
+
+Built on ``_recorder``; the instrumenters that see readiness or requests call in here
+(``_torch``'s forwards, ``asgi``, ``_stagerules``), and ``_coldstart`` sets it up. It owns:
+
+- readiness (``mark_ready()``, the first TCP ``listen()``, launch's ``--ready-url`` file, a
+  listening socket in the kernel's tables, a stage rule), ``ready_wait``, ``warmup`` runs and
+  ``first_request``;
+- the end of the ``coldstart`` root: at readiness when a signal said when (``READY_SIGNALS``),
+  else at the end of ``first_request`` (else at exit). The root goes out once the first request
+  is answered (``first_request`` follows the wait for traffic, after the root), after which
+  every wrapper is removed (``uninstall``) so the served process pays nothing in steady state;
+- ``unattributed`` spans for the gaps (``_sampler``), and a worker's report to its supervisor.
+
+Nothing here raises into user code: every entry point catches and calls ``_runtime.fail``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from . import _contract, _proc, _runtime, _workers
+from ._recorder import add_undo, emit_stage, flush_runs, last_end, on_import, root_open, state  # noqa: F401
+
+TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional, Tuple
+
+REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
+# Readiness signals: the root ends at readiness when one of these said when it came. A
+# request that arrives first ("request") is no signal: the first response ends the root then.
+READY_SIGNALS = _contract.READY_SIGNALS
+
+
+class _Warm:
+    """A run of outermost forwards before readiness with no other stage in between."""
+
+    __slots__ = ("end", "first_end", "inflight", "n", "seq", "span", "start")
+
+    def __init__(self, start: int) -> None:
+        self.span = _runtime.new_span_id()
+        self.start = start
+        self.end = start
+        self.first_end = 0
+        self.inflight = 0
+        self.n = 0
+        self.seq = state().stage_seq
+
+
+class _First:
+    """The first request: visible (ASGI, first_response) or the first forward after readiness."""
+
+    __slots__ = ("attrs", "forward_end", "source", "span", "start")
+
+    def __init__(self, start: int, source: str, attrs: Optional[Dict[str, Any]] = None) -> None:
+        self.span = _runtime.new_span_id()
+        self.start = start
+        self.source = source
+        self.attrs: Dict[str, Any] = dict(attrs or {})
+        self.forward_end = 0  # explicit mode: the forward ended, first_response() pending
+
+
+# -- readiness, warmup, first request ---------------------------------------------------
+
+
+def _close_warm_locked(now: int) -> Optional[Tuple[str, int, int, Dict[str, Any]]]:
+    st = state()
+    w = st.warm
+    if w is None:
+        return None
+    st.warm = None
+    end_ns = w.end if w.inflight == 0 else now
+    attrs: Dict[str, Any] = {"infersight.warmup.forwards": w.n}
+    if w.first_end:
+        attrs["infersight.warmup.first_forward_s"] = (w.first_end - w.start) / 1e9
+    return (w.span, w.start, end_ns, attrs)
+
+
+def _emit_warm(closed: Optional[Tuple[str, int, int, Dict[str, Any]]]) -> None:
+    if closed is not None:
+        span, start, end_ns, attrs = closed
+        emit_stage("warmup", span, _runtime.state().root_span_id, start, end_ns, attrs)
+
+
+def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0,
+               attrs: Optional[Dict[str, Any]] = None) -> None:
+    """Readiness: emit ``ready_wait`` (last stage end -> now) once; later calls do nothing.
+    ``attrs`` go on ``ready_wait`` (``server.port``: the port that listens).
+
+    ``asked_ns``: when launch's readiness request was sent. Stages that ran after it (a
+    lazy import the health handler made) are its handling, not start-up: ``ready_wait``
+    then runs from the last stage that ended before the request to the first stage the
+    request caused, so the server's idle wait for the poll stays covered."""
+    st = state()
+    if not root_open():
+        return
+    now = time.time_ns()
+    t = t_ns if t_ns is not None else now
+    with st.lock:
+        if st.ready_ns is not None:
+            return
+        t = max(t, _runtime.state().root_start_ns)
+        st.ready_ns, st.ready_source = t, source
+        if source == "mark_ready":
+            st.explicit = True
+        closed = _close_warm_locked(now)
+    _emit_warm(closed)
+    flush_runs(t)  # import and nn.init runs so far end before ready_wait starts
+    start, stop = _ready_wait_span(t, asked_ns)
+    a: Dict[str, Any] = {_contract.READY_SOURCE: source}
+    if attrs:
+        a.update(attrs)
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
+    _unlisten()
+    sampler = st.sampler
+    if sampler is not None:  # the root ends here: later stacks explain no gap (its tick goes on)
+        sampler.sample = False
+    poll = st.callbacks.get("ready")
+    if poll is not None:
+        poll(start)
+
+
+def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:
+    """``ready_wait``'s interval for readiness at ``t`` (see ``mark_ready``)."""
+    st = state()
+    start = min(last_end() or t, t)
+    if not asked_ns or asked_ns >= t or start <= asked_ns:
+        return start, t
+    if any(s < asked_ns < e for s, e in st.covered):
+        return start, t  # a stage was running when the request came: no idle wait to cover
+    before = [e for s, e in st.covered if e <= asked_ns]
+    start = max(before) if before else min(_runtime.state().root_start_ns or asked_ns, asked_ns)
+    after = [s for s, e in st.covered if s >= start and e > asked_ns]
+    return start, max(start, min(min(after, default=t), t))
+
+
+def _check_ready_file() -> None:
+    """launch --ready-url writes the readiness time to a file; pick it up once."""
+    st = state()
+    path = st.ready_file
+    if path is None or st.ready_ns is not None:
+        return
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return
+    st.ready_file = None
+    parts = text.split()  # "READY_NS [ASKED_NS]": the ready response, when the poll was sent
+    ready_at = int(parts[0]) if parts and parts[0].isdigit() else None
+    asked = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    mark_ready("ready_url", ready_at, asked)
+
+
+def forward_begin() -> Optional[Tuple[Any, ...]]:
+    """An outermost forward starts in this thread. Returns a token for ``forward_end``."""
+    st = state()
+    if not root_open() or st.tls.__dict__.get("compile", 0):
+        return None  # a forward run by jit.trace or a compiler is part of graph_compile
+    if st.ready_ns is None and st.ready_file is not None:
+        _check_ready_file()
+    if st.ready_ns is None and st.watch_listen:
+        check_listening(from_forward=True)
+    now = time.time_ns()
+    closed = None
+    with st.lock:
+        if st.ready_ns is None:
+            w = st.warm
+            if w is None or (w.inflight == 0 and w.seq != st.stage_seq):
+                closed = _close_warm_locked(now)
+                w = st.warm = _Warm(now)
+            w.inflight += 1
+            w.n += 1
+            token: Optional[Tuple[Any, ...]] = ("w", w, _runtime.current_span.get())
+        elif st.first is None and not st.first_done:
+            st.first = _First(now, "forward")
+            token = ("f", st.first, _runtime.current_span.get())
+        else:
+            token = None  # inside a visible first request, or after it
+    _emit_warm(closed)
+    if token is not None:
+        _runtime.current_span.set(token[1].span)
+        if st.imports is not None:
+            st.imports.pause()  # a forward run by a module being imported is not import time
+    return token
+
+
+def forward_end(token: Tuple[Any, ...]) -> None:
+    st = state()
+    kind, obj, prev = token
+    _runtime.current_span.set(prev)
+    if st.imports is not None:
+        st.imports.resume()
+    now = time.time_ns()
+    if kind == "w":
+        with st.lock:
+            obj.inflight -= 1
+            obj.end = max(obj.end, now)
+            if not obj.first_end:
+                obj.first_end = now
+            obj.seq = st.stage_seq
+        return
+    if st.explicit:  # first_response() decides; this forward's end is the fallback
+        obj.forward_end = now
+        return
+    _finish(obj, now)
+
+
+def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Optional[_First]:
+    """A visible request starts (ASGI middleware). Returns a handle only for the first."""
+    st = state()
+    if not root_open() or st.first_done or st.first is not None:
+        return None
+    now = time.time_ns()
+    _check_ready_file()
+    if st.ready_ns is None and st.watch_listen:
+        check_listening()  # listening before this request came: that was readiness
+    if st.ready_ns is None:
+        mark_ready("request", now)  # a request arriving means the server is ready
+    with st.lock:
+        if st.first is not None or st.first_done:
+            return None
+        st.first = f = _First(now, source, attrs)
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            # forked from a ready server: ready once its own work after the fork was done (a
+            # worker's app load); the wait for this request is the wait for traffic
+            st.ready_ns, st.ready_source = max(st.ready_ns, min(last_end(), now)), "fork_served"
+    return f
+
+
+def pending_first() -> bool:
+    st = state()
+    return st.first is None and not st.first_done and root_open()
+
+
+def first_response(handle: Optional[_First] = None, attrs: Optional[Dict[str, Any]] = None) -> None:
+    """The first response byte left the server: end first_request and the root."""
+    st = state()
+    if not root_open() or st.first_done:
+        return
+    now = time.time_ns()
+    with st.lock:
+        f = st.first
+        if handle is not None and f is not handle:
+            return
+        if f is None:  # no request or forward seen since readiness: a marker at this point
+            f = st.first = _First(now, "first_response")
+    if attrs:
+        f.attrs.update(attrs)
+    f.attrs.setdefault(_contract.FIRST_REQUEST_TTFB_S, (now - f.start) / 1e9)
+    _finish(f, now)
+
+
+def _finish(f: _First, end_ns: int, ended_by: str = "first_request") -> None:
+    """Emit first_request, end the root at its end, and take every hook out."""
+    st = state()
+    with st.lock:
+        if st.first_done:
+            return
+        st.first_done = True
+    attrs = {_contract.FIRST_REQUEST_SOURCE: f.source}
+    attrs.update(f.attrs)
+    emit_stage("first_request", f.span, _runtime.state().root_span_id, f.start, end_ns, attrs)
+    finish_root(end_ns, ended_by, at_readiness=True)
+
+
+def ready_end() -> Optional[int]:
+    """When the root ends if readiness is known (a signal in READY_SIGNALS said when), else None."""
+    st = state()
+    return st.ready_ns if st.ready_ns is not None and st.ready_source in READY_SIGNALS else None
+
+
+def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False) -> None:
+    """End the root at ``end_ns`` (now if None), or, ``at_readiness``, at readiness when it is
+    known: the wait for traffic and the first request (emitted before, from its arrival) then
+    lie after the root. ``ended_by`` is what happened (``first_request``, ``exit``): the root
+    says ``ready`` when it ended at readiness; a supervisor is told what happened."""
+    st = state()
+    now = time.time_ns()
+    with st.lock:
+        closed = _close_warm_locked(now)
+    _emit_warm(closed)
+    ready = ready_end() if at_readiness else None
+    if ready is not None:
+        end_ns = ready
+    end_at = end_ns if end_ns is not None else now
+    try:
+        flush_runs(end_at, final=True)
+        children = _workers.reports(st.children_dir) if st.children_dir else []
+        st.covered.extend((r[0], r[1]) for r in children)  # the workers' roots nest under ours
+        _emit_unattributed(end_at)
+        if children:
+            _runtime.state().root_attrs["infersight.coldstart.workers"] = len(children)
+        if st.children_ready:
+            _workers.cleanup(st.children_dir)
+    except Exception as exc:
+        _runtime.fail(exc)
+    st.collecting = False
+    attrs: Dict[str, Any] = {_contract.ENDED_BY: "ready" if ready is not None else ended_by}
+    final_role = st.role or _proc.process_role(_proc.command_argv(), launched())
+    if final_role:
+        attrs[_contract.PROCESS_ROLE] = final_role
+    if st.ready_ns is not None:
+        attrs[_contract.READY_S] = (st.ready_ns - _runtime.state().root_start_ns) / 1e9
+        attrs[_contract.READY_SOURCE] = st.ready_source
+    start_ns = _runtime.state().root_start_ns
+    _runtime.end_root(end_ns, attrs)
+    uninstall()
+    if st.parent_dir and st.role != "helper":
+        _report_to_parent(st.parent_dir, start_ns, end_at, ended_by)
+
+
+def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> None:
+    """Tell the supervisor that this worker's cold start ended, once the agent has acked our
+    root: the supervisor's root then ends, and the agent counts our root as covering the
+    supervisor's wait only if it has seen ours first. Off the caller's thread (the ack may take
+    a batch delay); at exit, in line and bounded."""
+    c = _runtime.state().client
+
+    def send() -> None:
+        try:
+            if c is not None and c.enabled:
+                c.flush(REPORT_FLUSH_S)
+            _workers.report(parent_dir, start_ns, end_ns, ended_by)
+        except Exception as exc:
+            _runtime.fail(exc)
+
+    if ended_by == "exit":
+        send()
+        return
+    try:
+        # Not a daemon: a worker that exits right after its first response still reports
+        # (the interpreter joins it before exit handlers run; bounded by REPORT_FLUSH_S).
+        threading.Thread(target=send, name="infersight-report", daemon=False).start()
+    except RuntimeError:  # no new threads (interpreter shutting down)
+        send()
+
+
+def at_exit() -> None:
+    """Before the runtime's own exit handler: settle what is still open, then end the root."""
+    st = state()
+    try:
+        if not root_open():
+            uninstall()
+            return
+        _check_ready_file()
+        f = st.first
+        if f is not None and not st.first_done:
+            _finish(f, f.forward_end or time.time_ns(), "exit")
+            return
+        end_ns = None
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            # forked from a ready server, never served: ready once its own work after the fork
+            # was done (a gunicorn worker's app load); the wait for traffic is no cold start
+            end_ns = max(st.ready_ns, last_end())
+        elif st.main_end_ns and os.getpid() == st.main_pid:
+            end_ns = max(st.main_end_ns, last_end())  # exit handlers that ran since are not start-up
+        finish_root(end_ns, "exit", at_readiness=True)
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+# -- listen() readiness heuristic --------------------------------------------------------
+
+
+def install_listen(socket: Any = None) -> None:
+    """Wrap ``socket.socket.listen`` once the host imports ``socket`` (never before: ~4 ms)."""
+    st = state()
+    if socket is None:
+        if "socket" not in sys.modules:
+            on_import("socket", install_listen)
+            return
+        socket = sys.modules["socket"]
+    cls = socket.socket
+    st.listen_owned = "listen" in cls.__dict__
+    st.orig_listen = cls.listen
+    orig = st.orig_listen
+
+    def listen(self: Any, *args: Any) -> None:
+        orig(self, *args)
+        try:
+            st = state()
+            if (st.collecting and st.ready_ns is None and self.family in (socket.AF_INET, socket.AF_INET6)
+                    and self.type == socket.SOCK_STREAM):
+                mark_ready("listen", attrs={"server.port": self.getsockname()[1]})
+        except Exception as exc:
+            _runtime.fail(exc)
+
+    cls.listen = listen  # type: ignore[method-assign,assignment]
+
+
+def _unlisten() -> None:
+    st = state()
+    if st.orig_listen is None:
+        return
+    socket = sys.modules["socket"]
+    try:
+        if st.listen_owned:
+            socket.socket.listen = st.orig_listen  # type: ignore[method-assign]
+        elif "listen" in socket.socket.__dict__:
+            del socket.socket.listen
+    except Exception as exc:
+        _runtime.fail(exc)
+    st.orig_listen = None
+
+
+# -- supervisors, the kernel's listening sockets (the sampler thread's tick) ------------
+
+
+def check_workers() -> None:
+    """(Sampler thread) A process with no request of its own whose worker served the first
+    request: a supervisor. Its cold start ends there; the workers' roots cover it."""
+    st = state()
+    try:
+        if st.first is not None or st.first_done or not root_open() or not st.children_dir:
+            return
+        if not st.children_ready:
+            return
+        done = [r for r in _workers.reports(st.children_dir) if r[2] in _workers.SERVED]
+        if done:
+            with st.lock:
+                if st.first_done or st.first is not None:
+                    return
+                st.first_done = True  # no first_request of its own will end it any more
+            finish_root(max(min(r[1] for r in done), last_end()), "workers")
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def launched() -> bool:
+    c = _runtime.state().client
+    return bool(c is not None and c.producer.get("launched"))
+
+
+def note_inherited_listeners() -> None:
+    """Sockets that already listen when the hooks start (socket activation, a re-exec) say
+    nothing of readiness: the watch ignores them. Held but not yet listening (a supervisor's
+    bound socket that a uvicorn worker gets at spawn) they still count when they start to.
+    The table is read only when the process holds a socket besides the hooks' own."""
+    from . import _listening
+
+    st = state()
+    held = _listening.socket_inodes("self")
+    c = _runtime.state().client
+    own = c.conn.sock if c is not None else None
+    if own is not None:
+        try:
+            held.discard(os.fstat(own.fileno()).st_ino)
+        except OSError:
+            pass
+    if held:
+        st.inherited_sockets = held & set(_listening.ListenWatch(lambda: ["self"]).tables("self"))
+
+
+def tick() -> None:
+    check_workers()
+    check_listening()
+
+
+LISTEN_POLL_MIN_NS = 20_000_000  # a forward asks the kernel at most this often
+
+
+def check_listening(from_forward: bool = False) -> None:
+    """Readiness from the kernel's socket tables: a listening socket this process owns
+    (``_listening``). A server whose socket is opened in C (uvloop) never calls
+    ``socket.listen``; the ``listen()`` wrapper is exact where it does (it comes first).
+    Polled by the sampler thread every TICK_S, and by a forward or a request that comes
+    before readiness (at most every LISTEN_POLL_MIN_NS): a request served within a tick of
+    the listen is the first request, not warmup."""
+    st = state()
+    if st.ready_ns is not None or not st.watch_listen:
+        return
+    now = time.time_ns()
+    if from_forward and now - st.listen_polled_ns < LISTEN_POLL_MIN_NS:
+        return
+    poll = st.listen_poll
+    if not poll.acquire(False):
+        return
+    try:
+        st.listen_polled_ns = now
+        if not root_open():
+            return
+        w = st.listen_watch
+        if w is None:
+            from . import _listening
+
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        if st.rule_stages_open:
+            return  # listening inside a start-up call is that call's own (rule_stage_closed)
+        found = w.poll()
+        if found is not None and st.ready_ns is None and not st.rule_stages_open:
+            kind, where = found
+            mark_ready("listening_socket", attrs={"server.port": where} if kind == "tcp" else
+                       {"server.address": where, "network.transport": "unix"})
+    except Exception as exc:
+        _runtime.fail(exc)
+    finally:
+        poll.release()
+
+
+def rule_stage_opened(span: str) -> None:
+    """A stage rule's call starts (``_stagerules``) in ``span``: no readiness from the
+    kernel's tables until every such call has returned; children started meanwhile by
+    another process on our behalf nest under it (``_workers.publish_current``)."""
+    st = state()
+    with st.lock:
+        st.rule_stages_open += 1
+    if st.children_ready and st.children_dir:
+        _workers.publish_current(st.children_dir, span)
+
+
+def rule_stage_closed() -> None:
+    """A stage rule's call returned. When it was the last one running, the sockets that
+    started to listen meanwhile are the call's own machinery (Ray's core worker RPC server
+    inside ``ray.init``, a worker's inside ``connect``), never readiness: the watch takes
+    them as foreign. One table read per outermost rule call, before readiness only."""
+    st = state()
+    with st.lock:
+        st.rule_stages_open = n = max(0, st.rule_stages_open - 1)
+    if st.children_ready and st.children_dir:
+        _workers.publish_current(st.children_dir, _runtime.current_span.get() or _runtime.state().root_span_id)
+    if n or st.ready_ns is not None or not st.watch_listen or not root_open():
+        return
+    poll = st.listen_poll
+    if not poll.acquire(True, 0.1):  # the sampler thread polls (milliseconds): never wait long
+        return
+    try:
+        w = st.listen_watch
+        if w is None:
+            from . import _listening
+
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        w.absorb()
+    except Exception as exc:
+        _runtime.fail(exc)
+    finally:
+        poll.release()
+
+
+def _stop_sampler() -> Any:
+    s = state().sampler
+    if s is not None:
+        s.stop()
+    return s
+
+
+def _emit_unattributed(end_ns: int) -> None:
+    """Every stretch of the root that no stage covers (>= 50 ms): a span with the sampler's top."""
+    st = state()
+    s = _stop_sampler()
+    if st.role == "helper":
+        return
+    from . import _sampler as sampler
+
+    samples = s.samples if s is not None else []
+    covered = [(s, e if e > s else s) for s, e in st.covered]  # hooks.stage leaves a clock step as it came
+    for start, stop in sampler.uncovered(covered, _runtime.state().root_start_ns, end_ns):
+        a: Dict[str, Any] = {_contract.UNATTRIBUTED_SAMPLES: sum(1 for t, _ in samples if start <= t < stop)}
+        top = sampler.top_labels(samples, start, stop)
+        if top:
+            a[_contract.UNATTRIBUTED_TOP] = top
+        emit_stage("unattributed", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
+
+
+def uninstall() -> None:
+    """Take every wrapper out (at the end of the root); safe to call twice."""
+    st = state()
+    st.collecting = False
+    _unlisten()
+    if st.finder is not None:
+        try:
+            sys.meta_path.remove(st.finder)
+        except ValueError:
+            pass
+        st.finder = None
+    _stop_sampler()
+    st.post_import.clear()
+    st.watched.clear()
+    while st.undo:
+        fn = st.undo.pop()
+        try:
+            fn()
+        except Exception as exc:
+            _runtime.fail(exc)
