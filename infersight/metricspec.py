@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from infersight.errors import InfersightError
 from infersight.telemetry import HistogramPoint, MetricItem, MetricKind, NumberPoint, Resource
 
 
@@ -35,7 +36,7 @@ class MetricSpec:
                           self.monotonic if self.kind == "sum" else True)
 
 
-class DuplicateMetricError(ValueError):
+class DuplicateMetricError(InfersightError, ValueError):
     """A metric name (or its Prometheus name) declared a second time."""
 
 
