@@ -36,8 +36,10 @@ def open_stages() -> List[Stage]:
     pkg = __name__.rsplit(".", 1)[0]
     for name in ("._imports", "._build"):
         mod = sys.modules.get(pkg + name)
-        if mod is not None:
-            out.extend(mod.open_runs())
+        runs = getattr(mod, "open_runs", None)
+        # a module another thread is still importing (torch's import loads _build) has no runs yet
+        if runs is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            out.extend(runs())
     st = cs.state()
     with st.lock:
         w = st.warm

@@ -55,7 +55,8 @@ class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malform
 
 
 # ready_wait sources at which the hooks end a root (hooks/_coldstart.py READY_SIGNALS)
-ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule"})
+# (and "fork": a forked worker's readiness, sent when it enters its loop, for when it is killed later)
+ROOT_ENDING_READY = frozenset({"mark_ready", "listen", "ready_url", "listening_socket", "stage_rule", "fork"})
 
 @dataclass(slots=True)
 class Producer:
