@@ -221,10 +221,11 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Spec]], List[str]]:
-    """module -> {qualname: (stage, rule id, ready, role)} over ``paths`` (a later rule for the
-    same target replaces an earlier one), and ``"path:line: problem"`` for what could not be read."""
-    by_module: Dict[str, Dict[str, Spec]] = {}
+def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, List[Spec]]], List[str]]:
+    """module -> {qualname: [(stage, rule id, ready, role), ...]} over ``paths`` (a later rule for
+    the same target replaces an earlier one; a target that ends other rules' waits keeps those
+    too), and ``"path:line: problem"`` for what could not be read."""
+    by_module: Dict[str, Dict[str, List[Spec]]] = {}
     problems: List[str] = []
     for path in paths:
         text = _read(path)
@@ -238,7 +239,10 @@ def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Spec]], List[str]]:
                     (t, (stage, rid, READY_NEVER, ROLE_UNTIL)) for t in until]:
                 module, colon, qualname = target.partition(":")
                 if colon and module and qualname:
-                    by_module.setdefault(module, {})[qualname] = spec
+                    specs = by_module.setdefault(module, {}).setdefault(qualname, [])
+                    if spec[3] != ROLE_UNTIL:  # one stage per target: the later rule's
+                        specs[:] = [s for s in specs if s[3] == ROLE_UNTIL]
+                    specs.append(spec)
                 else:
                     problems.append("%s: %s: target %r is not module:qualname" % (path, rid, target))
     return by_module, problems
@@ -332,7 +336,7 @@ def _wait_begins(stage: str, rule: str, target: str) -> None:
         _runtime.fail(exc)
 
 
-def _wait_ends(rule: str) -> None:
+def _wait_ends(rule: str, until: str) -> None:
     """One of a wait rule's ``until`` targets was called (the first task arrived): the wait is a stage."""
     try:
         w = _waits.pop(rule, None)
@@ -344,7 +348,7 @@ def _wait_ends(rule: str) -> None:
         stage, target, parent, start = w
         cs.emit_stage(stage, _runtime.new_span_id(), parent, start, time.time_ns(),
                       {"infersight.stage.rule": rule, "infersight.stage.target": target,
-                       "infersight.stage.wait": True})
+                       "infersight.stage.until": until})
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -374,7 +378,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str 
     if role == ROLE_WAIT:
         wrapper: Callable[..., Any] = _before(fn, lambda: _wait_begins(stage, rule, target))
     elif role == ROLE_UNTIL:
-        wrapper = _before(fn, lambda: _wait_ends(rule))
+        wrapper = _before(fn, lambda: _wait_ends(rule, target))
     elif ready == READY_AT_ENTRY:
         wrapper = _before(fn, lambda: _entered(rule))
     elif is_async:
@@ -462,17 +466,18 @@ def apply(module: Any, qualname: str, stage: str, rule: str, ready: str = READY_
     return True
 
 
-def _installer(targets: Dict[str, Spec]) -> Callable[[Any], None]:
+def _installer(targets: Dict[str, List[Spec]]) -> Callable[[Any], None]:
     def install_module(module: Any) -> None:
         if not cs.state().collecting:
             return
-        for qualname, (stage, rule, ready, role) in targets.items():
-            try:
-                done = apply(module, qualname, stage, rule, ready, role)
-            except Exception:
-                done = False  # a library object we cannot wrap: name it, never fail the hooks
-            if not done:
-                _note("infersight.stage_rules.missing", "%s:%s" % (getattr(module, "__name__", "?"), qualname))
+        for qualname, specs in targets.items():
+            for stage, rule, ready, role in specs:  # each wraps the one before
+                try:
+                    done = apply(module, qualname, stage, rule, ready, role)
+                except Exception:
+                    done = False  # a library object we cannot wrap: name it, never fail the hooks
+                if not done:
+                    _note("infersight.stage_rules.missing", "%s:%s" % (getattr(module, "__name__", "?"), qualname))
 
     return install_module
 
@@ -513,7 +518,7 @@ def _main_script_module(modules: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def _watch_main_classes(module: str, targets: Dict[str, Spec]) -> None:
+def _watch_main_classes(module: str, targets: Dict[str, List[Spec]]) -> None:
     """Apply ``module``'s rules to the classes the main script defines, as each is built (the
     script's own calls come right after: no import to wait for). ``builtins.__build_class__``
     is wrapped only in such a process, until every targeted class is built."""

@@ -316,8 +316,8 @@ def test_ray_serve(models: str, tmp_path) -> None:
                env={**ENV, "PYTHONPATH": ""}, timeout=600)
     assert r.rc == 0, r.output[-4000:]
     assert "ray: tokens 8" in r.output
-    css, known = check_each_process(r, short=lambda cs: "replica_init" not in names(cs)
-                                    and cs.root.parent_span_id is not None)
+    css, known = check_each_process(r)
+    assert not known
     (driver,) = [cs for cs in css if cs.root.parent_span_id is None]
     by_rule = {s.attributes.get("infersight.stage.rule"): s for s in driver.stages if stage_name(s) != "ready_wait"}
     assert {"ray.init", "ray.serve.start", "ray.serve.run", "ray.serve.replicas_wait",
@@ -339,4 +339,14 @@ def test_ray_serve(models: str, tmp_path) -> None:
     (r_ready,) = [s for s in replica.stages if stage_name(s) == "ready_wait"]
     assert r_ready.attributes["infersight.stage.rule"] == "ray.serve.replica_init"
     assert replica.root.parent_span_id in {w.span_id for w in waits}, "the replica hangs elsewhere"
-    settle(known, "Ray's controller and HTTP proxy actors: their actor construction is unnamed")
+
+    controller = the_one_with(css, "serve_controller_init")  # ready when its constructor returned
+    (c_ready,) = [s for s in controller.stages if stage_name(s) == "ready_wait"]
+    assert c_ready.attributes["infersight.stage.rule"] == "ray.serve.controller_init"
+    for worker in (controller, replica):  # joined the raylet, then waited for its actor's creation task
+        (wait,) = [s for s in worker.stages if stage_name(s) == "ray_task_wait"]
+        assert wait.attributes["infersight.stage.until"].startswith("ray._private.function_manager:")
+    monitors = [cs for cs in css if cs.root.resource.get("process.command") == "log_monitor.py"]
+    assert monitors, sorted(str(cs.root.resource.get("process.command")) for cs in css)
+    for m in monitors:  # no socket: ready when its loop started, not at its death
+        assert m.root.attributes["infersight.coldstart.ended_by"] == "ready", m.root.attributes

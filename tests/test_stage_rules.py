@@ -67,10 +67,10 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
     assert problems == []
     assert hooks_view == [(r.id, r.stage, r.targets, r.ready, r.until) for r in rs.rules]
     assert {r.id for r in rs.rules if r.ready == "return"} == {"ray.serve.run", "ray.serve.replica_init",
-                                                               "ray.serve.controller_init"}
+                                                               "ray.serve.controller_init", "ray.serve.http_start"}
     assert {r.id for r in rs.rules if r.ready == "entry"} == {"litserve.serving_loop", "ray.log_monitor.loop",
                                                               "gunicorn.worker_loop"}
-    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait"}
+    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.serve.proxy_init"}
 
 
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
@@ -420,7 +420,7 @@ def test_wait_and_entry_rules_on_a_script_that_defines_its_loop(tmp_path: Path) 
     stages = r.stages(root)
     (wait,) = [s for s in stages if stage_name(s) == "task_wait"]
     assert wait.attributes["infersight.stage.rule"] == "site.task_wait"
-    assert wait.attributes["infersight.stage.wait"] is True
+    assert wait.attributes["infersight.stage.until"] == "workerlib:execute"
     assert wait.end_ns <= res["task_ns"]  # it ends when the first task arrives
     assert not [s for s in stages if stage_name(s) == "serving_loop"]  # an entry rule opens no span
     (ready,) = [s for s in stages if stage_name(s) == "ready_wait"]
