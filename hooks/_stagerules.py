@@ -322,16 +322,20 @@ def _fork_ready(rule: str) -> None:
                   {"infersight.ready.source": "fork", "infersight.stage.rule": rule})
 
 
-_waits: Dict[str, Tuple[str, str, str, int]] = {}  # rule id -> (stage, target, parent span, start): open waits
-_waits_done: Dict[str, bool] = {}  # rules whose wait has run: only the first wait of a process counts
+# open waits, rule id -> (pid, stage, target, parent span, start); rule id -> the pid whose wait
+# has run (only the first of a process counts; a forked child has its own)
+_waits: Dict[str, Tuple[int, str, str, str, int]] = {}
+_waits_done: Dict[str, int] = {}
 
 
 def _wait_begins(stage: str, rule: str, target: str) -> None:
     """A wait rule's target was called (a worker's task loop): its wait starts, once."""
     try:
-        if rule in _waits or rule in _waits_done or not cs.state().collecting or not cs.root_open():
+        pid = os.getpid()
+        if (_waits.get(rule, (0,))[0] == pid or _waits_done.get(rule) == pid or not cs.state().collecting
+                or not cs.root_open()):
             return
-        _waits[rule] = (stage, target, _runtime.current_span.get() or _runtime.root_span_id, time.time_ns())
+        _waits[rule] = (pid, stage, target, _runtime.current_span.get() or _runtime.root_span_id, time.time_ns())
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -339,13 +343,15 @@ def _wait_begins(stage: str, rule: str, target: str) -> None:
 def _wait_ends(rule: str, until: str) -> None:
     """One of a wait rule's ``until`` targets was called (the first task arrived): the wait is a stage."""
     try:
-        w = _waits.pop(rule, None)
-        if w is None:
+        pid = os.getpid()
+        w = _waits.get(rule)
+        if w is None or w[0] != pid:  # none, or the parent's (opened before the fork)
             return
-        _waits_done[rule] = True
+        del _waits[rule]
+        _waits_done[rule] = pid
         if not cs.state().collecting or not cs.root_open():
             return
-        stage, target, parent, start = w
+        _pid, stage, target, parent, start = w
         cs.emit_stage(stage, _runtime.new_span_id(), parent, start, time.time_ns(),
                       {"infersight.stage.rule": rule, "infersight.stage.target": target,
                        "infersight.stage.until": until})

@@ -70,7 +70,8 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
                                                                "ray.serve.controller_init", "ray.serve.http_start"}
     assert {r.id for r in rs.rules if r.ready == "entry"} == {"litserve.serving_loop", "ray.log_monitor.loop",
                                                               "gunicorn.worker_loop"}
-    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.serve.proxy_init"}
+    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.serve.proxy_init",
+                                                   "python.multiprocessing.bootstrap"}
 
 
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
