@@ -22,10 +22,9 @@ def test_a_stop_signal_waits_for_the_block_then_its_handler_runs() -> None:
 
     old = signal.signal(signal.SIGTERM, handler)
     try:
-        with pytest.raises(SystemExit):
-            with DeferredSignals():
-                os.kill(os.getpid(), signal.SIGTERM)
-                seen.append("work done")  # the block is not interrupted
+        with pytest.raises(SystemExit), DeferredSignals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            seen.append("work done")  # the block is not interrupted
         assert seen == ["work done", "handler %d" % signal.SIGTERM]
         assert signal.getsignal(signal.SIGTERM) is handler  # put back
     finally:
