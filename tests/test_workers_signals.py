@@ -22,9 +22,13 @@ def test_a_stop_signal_waits_for_the_block_then_its_handler_runs() -> None:
 
     old = signal.signal(signal.SIGTERM, handler)
     try:
-        with pytest.raises(SystemExit), DeferredSignals():
-            os.kill(os.getpid(), signal.SIGTERM)
-            seen.append("work done")  # the block is not interrupted
+        def stopped_mid_work() -> None:
+            with DeferredSignals():
+                os.kill(os.getpid(), signal.SIGTERM)
+                seen.append("work done")  # the block is not interrupted
+
+        with pytest.raises(SystemExit):
+            stopped_mid_work()
         assert seen == ["work done", "handler %d" % signal.SIGTERM]
         assert signal.getsignal(signal.SIGTERM) is handler  # put back
     finally:
