@@ -512,9 +512,11 @@ def _main_script_module(modules: Dict[str, Any]) -> Optional[str]:
     import sys
 
     argv = getattr(sys, "argv", None) or [""]
-    if not argv[0].endswith(".py"):
-        return None
-    path = os.path.realpath(str(argv[0]))
+    script = str(argv[0])
+    if not script.endswith(".py") or not any(
+            m.rpartition(".")[2] == os.path.basename(script)[:-3] for m in modules):
+        return None  # cheap: no rule names a module of that file name
+    path = os.path.realpath(script)
     for entry in sys.path:
         base = os.path.join(os.path.realpath(entry or "."), "")
         if path.startswith(base):
