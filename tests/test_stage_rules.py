@@ -67,7 +67,8 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
     assert problems == []
     assert hooks_view == [(r.id, r.stage, r.targets, r.ready, r.until) for r in rs.rules]
     assert {r.id for r in rs.rules if r.ready == "return"} == {"ray.serve.run", "ray.serve.replica_init",
-                                                               "ray.serve.controller_init", "ray.serve.http_start"}
+                                                               "ray.serve.controller_init", "ray.serve.http_start",
+                                                               "bentoml.service_init"}
     assert {r.id for r in rs.rules if r.ready == "entry"} == {"litserve.serving_loop", "ray.log_monitor.loop",
                                                               "gunicorn.worker_loop"}
     assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.serve.proxy_init",
