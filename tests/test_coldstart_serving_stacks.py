@@ -150,7 +150,8 @@ def check_each_process(r: LaunchRun, short: Callable[[ColdStart], bool] = lambda
     assert css, r.output[-4000:]
     low, known = [], []
     for cs in css:
-        cov = tree_coverage(cs) if cs.root.attributes.get("infersight.coldstart.ended_by") == "workers" else coverage(cs)
+        by_workers = cs.root.attributes.get("infersight.coldstart.ended_by") == "workers"
+        cov = tree_coverage(cs) if by_workers else coverage(cs)
         if cov < MIN_COVERAGE:
             gaps = [((s.end_ns - s.start_ns) / 1e9, s.attributes.get("infersight.unattributed.top"))
                     for s in cs.stages if stage_name(s) == "unattributed"]
