@@ -63,7 +63,8 @@ def _install_gunicorn_sync(module: Any) -> None:
             return handle(self, *args, **kwargs)
         finally:
             if first is not None:
-                _readiness.first_response(first)
+                with _workers.DeferredSignals():  # a stop signal now waits for first_request to go out
+                    _readiness.first_response(first)
 
     wrapped.__wrapped__ = handle  # type: ignore[attr-defined]
     cls.handle = wrapped

@@ -5,7 +5,10 @@ the rules directories: ``$INFERSIGHT_RULES_DIRS``, separated by ``:`` or ``,``, 
 ``/etc/infersight/rules.d``). tomllib is Python 3.11+ and the hooks run on 3.9, so this module
 reads the one subset of TOML that stage rules are written in: ``[[stage]]`` tables whose
 ``id``, ``stage`` and ``targets`` are plain strings (no escapes) and an array of them, and
-``ready`` a bare ``true``/``false`` (the process is ready when an outermost call returns); other
+``ready`` a bare ``true``/``false`` (the process is ready when an outermost call returns) or
+``"entry"`` (ready when the call starts: a serving loop that runs until shutdown, no span), and
+``until``, an array like ``targets`` (the stage runs from a target's call to the first call of
+one of these: a loop's wait for its first piece of work); other
 keys, tables (``[[stage.examples]]``) and multi-line strings are skipped. The agent's loader
 (``infersight.rules.stage_rules``, with tomllib) validates every file with file:line errors,
 and ``infersight.agent.coldstart.stage_rules_check`` refuses a file this reader would read
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import os
+import time
 
 from . import _contract, _env, _readiness, _runtime
 from . import _recorder as cs
@@ -34,13 +38,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Tuple
 
-    Rule = Tuple[str, str, Tuple[str, ...], bool]  # (id, stage, targets, ready)
+    Rule = Tuple[str, str, Tuple[str, ...], str, Tuple[str, ...]]  # (id, stage, targets, ready: READY_*, until)
+    Spec = Tuple[str, str, str, str]  # what a wrapped target does: (stage, rule id, ready, ROLE_*)
 
 ENGINE_MAJOR = 1  # engine_version "1.x" files load
 SITE_DIR = "/etc/infersight/rules.d"
 MAX_FILES = 64
 MAX_BYTES = 1 << 20  # a rule file larger than this is not read
 MAX_LISTED = 20  # entries of the root's missing / errors lists
+READY_NEVER, READY_AT_RETURN, READY_AT_ENTRY = "", "return", "entry"  # a rule's ``ready``
+_READY_VALUES = {"false": READY_NEVER, "true": READY_AT_RETURN, '"return"': READY_AT_RETURN,
+                 '"entry"': READY_AT_ENTRY}
+ROLE_CALL, ROLE_WAIT, ROLE_UNTIL = "", "wait", "until"  # a call is the stage / starts / ends its wait
 _CO_COROUTINE = 0x80
 _CO_GENERATORS = 0x20 | 0x200  # generator, async generator: their work runs after the call
 
@@ -104,7 +113,7 @@ def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
             return
         rid, stage, targets = cur.get("id"), cur.get("stage"), cur.get("targets")
         if isinstance(rid, str) and isinstance(stage, str) and isinstance(targets, tuple) and targets:
-            rules.append((rid, stage, targets, cur.get("ready") is True))
+            rules.append((rid, stage, targets, cur.get("ready") or READY_NEVER, cur.get("until") or ()))
         else:
             errors.append((cur["line"], "a [[stage]] needs id, stage and targets"))
 
@@ -120,9 +129,9 @@ def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
             if parts[-1].endswith("]"):
                 pending = None
                 arr = _array(" ".join(parts))
-                if cur is not None and pkey == "targets":
+                if cur is not None and pkey in ("targets", "until"):
                     if arr is None:
-                        errors.append((at, "targets: not an array of plain strings"))
+                        errors.append((at, "%s: not an array of plain strings" % pkey))
                     cur[pkey] = arr
             continue
         if not line or line[0] == "#":
@@ -165,14 +174,14 @@ def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
             cur[key] = _string(value)
             if cur[key] is None:
                 errors.append((n, "%s: not a plain string" % key))
-        elif key == "targets":
+        elif key in ("targets", "until"):
             cur[key] = _array(value)
             if cur[key] is None:
-                errors.append((n, "targets: not an array of plain strings"))
+                errors.append((n, "%s: not an array of plain strings" % key))
         elif key == "ready":
-            cur[key] = value == "true"
-            if value not in ("true", "false"):
-                errors.append((n, "ready: not true or false"))
+            cur[key] = _READY_VALUES.get(value.replace("'", '"'), READY_NEVER)
+            if value.replace("'", '"') not in _READY_VALUES:
+                errors.append((n, 'ready: not true, false or "entry"'))
     close()
     if not engine_ok:
         return [], [(1, "engine_version: not %d.x" % ENGINE_MAJOR)]
@@ -212,10 +221,11 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str, bool]]], List[str]]:
-    """module -> {qualname: (stage, rule id, ready)} over ``paths`` (a later rule for the same
-    target replaces an earlier one), and ``"path:line: problem"`` for what could not be read."""
-    by_module: Dict[str, Dict[str, Tuple[str, str, bool]]] = {}
+def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, List[Spec]]], List[str]]:
+    """module -> {qualname: [(stage, rule id, ready, role), ...]} over ``paths`` (a later rule for
+    the same target replaces an earlier one; a target that ends other rules' waits keeps those
+    too), and ``"path:line: problem"`` for what could not be read."""
+    by_module: Dict[str, Dict[str, List[Spec]]] = {}
     problems: List[str] = []
     for path in paths:
         text = _read(path)
@@ -223,11 +233,16 @@ def load(paths: List[str]) -> Tuple[Dict[str, Dict[str, Tuple[str, str, bool]]],
             continue
         rules, errors = parse(text)
         problems.extend("%s:%d: %s" % (path, line, msg) for line, msg in errors)
-        for rid, stage, targets, ready in rules:
-            for target in targets:
+        for rid, stage, targets, ready, until in rules:
+            role = ROLE_WAIT if until else ROLE_CALL
+            for target, spec in [(t, (stage, rid, ready, role)) for t in targets] + [
+                    (t, (stage, rid, READY_NEVER, ROLE_UNTIL)) for t in until]:
                 module, colon, qualname = target.partition(":")
                 if colon and module and qualname:
-                    by_module.setdefault(module, {})[qualname] = (stage, rid, ready)
+                    specs = by_module.setdefault(module, {}).setdefault(qualname, [])
+                    if spec[3] != ROLE_UNTIL:  # one stage per target: the later rule's
+                        specs[:] = [s for s in specs if s[3] == ROLE_UNTIL]
+                    specs.append(spec)
                 else:
                     problems.append("%s: %s: target %r is not module:qualname" % (path, rid, target))
     return by_module, problems
@@ -256,23 +271,125 @@ def _open(stage: str, rule: str, target: str) -> Any:
         return None
 
 
-def _close(token: Any, err: Optional[BaseException], ready: bool = False) -> None:
+def _close(token: Any, err: Optional[BaseException], ready: str = READY_NEVER) -> None:
     o, reset = token
     try:
         _open_stages.reset(reset)
     except ValueError:
         pass  # reset in another context (a generator's frame moved): the stage still ends
     cs.end(o, err=err)
-    if ready and err is None and not _open_stages.get():
+    if ready == READY_AT_RETURN and err is None and not _open_stages.get():
         # a rule that says the process is ready when its outermost call returns (Serve's
         # replica init, serve.run): readiness now, before its own sockets are taken as foreign
         _readiness.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: o.attrs.get(_contract.STAGE_RULE, "")})
     _readiness.rule_stage_closed()
 
 
-def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: bool = False) -> Callable[..., Any]:
-    """``fn`` whose calls are one stage each (a coroutine function: its await)."""
+_fork_ready_sent = 0  # the pid that sent its fork readiness (a forked child sends its own)
+
+
+def _entered(rule: str) -> None:
+    """A ``ready = "entry"`` rule's target was called: the process is ready (unless inside
+    another rule's call: a loop run while a stage is still under way is not serving yet)."""
+    try:
+        st = cs.state()
+        if _open_stages.get() or not st.collecting or not cs.root_open():
+            return
+        if st.ready_source == "fork" and st.ready_ns is not None:
+            _fork_ready(rule)
+        else:
+            _readiness.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: rule})
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def _fork_ready(rule: str) -> None:
+    """A worker forked from a ready server (gunicorn's) enters its loop: its own work after the
+    fork (an app load without ``--preload``) is done, so its readiness is known now. Send it as
+    ``ready_wait`` (source ``fork``): a worker killed later (the arbiter's SIGKILL once its
+    graceful timeout passed) has its root ended there by the agent, not at its death. The root
+    itself still ends as before: at its first request's arrival (``fork_served``) or at exit."""
+    global _fork_ready_sent
+    st = cs.state()
+    pid = os.getpid()
+    with st.lock:
+        if _fork_ready_sent == pid or st.ready_source != "fork" or st.ready_ns is None:
+            return
+        _fork_ready_sent = pid
+        st.ready_ns = ready = max(st.ready_ns, st.last_end_ns)
+    rs = _runtime.state()
+    start = max(rs.root_start_ns, min(st.last_end_ns, ready))
+    cs.emit_stage("ready_wait", _runtime.new_span_id(), rs.root_span_id, start, ready,
+                  {_contract.READY_SOURCE: "fork", _contract.STAGE_RULE: rule})
+
+
+# open waits, rule id -> (pid, stage, target, parent span, start); rule id -> the pid whose wait
+# has run (only the first of a process counts; a forked child has its own)
+_waits: Dict[str, Tuple[int, str, str, str, int]] = {}
+_waits_done: Dict[str, int] = {}
+
+
+def _wait_begins(stage: str, rule: str, target: str) -> None:
+    """A wait rule's target was called (a worker's task loop): its wait starts, once."""
+    try:
+        pid = os.getpid()
+        if (_waits.get(rule, (0,))[0] == pid or _waits_done.get(rule) == pid or not cs.state().collecting
+                or not cs.root_open()):
+            return
+        _waits[rule] = (pid, stage, target, _runtime.current_span.get() or _runtime.state().root_span_id,
+                       time.time_ns())
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def _wait_ends(rule: str, until: str) -> None:
+    """One of a wait rule's ``until`` targets was called (the first task arrived): the wait is a stage."""
+    try:
+        pid = os.getpid()
+        w = _waits.get(rule)
+        if w is None or w[0] != pid:  # none, or the parent's (opened before the fork)
+            return
+        del _waits[rule]
+        _waits_done[rule] = pid
+        if not cs.state().collecting or not cs.root_open():
+            return
+        _pid, stage, target, parent, start = w
+        cs.emit_stage(stage, _runtime.new_span_id(), parent, start, time.time_ns(),
+                      {_contract.STAGE_RULE: rule, "infersight.stage.target": target,
+                       "infersight.stage.until": until})
+    except Exception as exc:
+        _runtime.fail(exc)
+
+
+def _before(fn: Callable[..., Any], hook: Callable[[], None]) -> Callable[..., Any]:
+    """``fn`` that runs ``hook()`` first (a coroutine function: when its coroutine starts)."""
     if getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE:
+        async def abefore(*args: Any, **kwargs: Any) -> Any:
+            hook()
+            return await fn(*args, **kwargs)
+
+        return abefore
+
+    def before(*args: Any, **kwargs: Any) -> Any:
+        hook()
+        return fn(*args, **kwargs)
+
+    return before
+
+
+def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str = READY_NEVER,
+         role: str = ROLE_CALL) -> Callable[..., Any]:
+    """``fn`` whose calls are one stage each (a coroutine function: its await). A ``ready =
+    "entry"`` rule's call marks readiness and opens no stage; a wait rule's target starts its
+    wait and an ``until`` target ends it (neither is a stage itself)."""
+    is_async = getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE
+    if role == ROLE_WAIT:
+        wrapper: Callable[..., Any] = _before(fn, lambda: _wait_begins(stage, rule, target))
+    elif role == ROLE_UNTIL:
+        wrapper = _before(fn, lambda: _wait_ends(rule, target))
+    elif ready == READY_AT_ENTRY:
+        wrapper = _before(fn, lambda: _entered(rule))
+    elif is_async:
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
             token = _open(stage, rule, target)
             if token is None:
@@ -285,7 +402,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: bool
             _close(token, None, ready)
             return result
 
-        wrapper: Callable[..., Any] = awrapper
+        wrapper = awrapper
     else:
         def swrapper(*args: Any, **kwargs: Any) -> Any:
             token = _open(stage, rule, target)
@@ -319,7 +436,7 @@ def _wrappable(fn: Any) -> bool:
     return code is not None and not code.co_flags & _CO_GENERATORS
 
 
-def apply(module: Any, qualname: str, stage: str, rule: str, ready: bool = False) -> bool:
+def apply(module: Any, qualname: str, stage: str, rule: str, ready: str = READY_NEVER, role: str = ROLE_CALL) -> bool:
     """Wrap ``module``'s ``qualname`` (True when done); the undo puts the original back."""
     parts = qualname.split(".")
     owner = module
@@ -337,7 +454,7 @@ def apply(module: Any, qualname: str, stage: str, rule: str, ready: bool = False
         fn = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
         if not _wrappable(fn):
             return False
-        w = wrap(fn, stage, rule, target, ready)
+        w = wrap(fn, stage, rule, target, ready, role)
         new: Any = kind(w) if kind in (classmethod, staticmethod) else w
     elif parts[:-1]:
         return False  # a method of something that is not a class
@@ -345,7 +462,7 @@ def apply(module: Any, qualname: str, stage: str, rule: str, ready: bool = False
         raw = getattr(owner, name, None)
         if not _wrappable(raw):
             return False
-        new = wrap(raw, stage, rule, target, ready)
+        new = wrap(raw, stage, rule, target, ready, role)
     setattr(owner, name, new)
 
     def undo() -> None:
@@ -357,17 +474,18 @@ def apply(module: Any, qualname: str, stage: str, rule: str, ready: bool = False
     return True
 
 
-def _installer(targets: Dict[str, Tuple[str, str, bool]]) -> Callable[[Any], None]:
+def _installer(targets: Dict[str, List[Spec]]) -> Callable[[Any], None]:
     def install_module(module: Any) -> None:
         if not cs.state().collecting:
             return
-        for qualname, (stage, rule, ready) in targets.items():
-            try:
-                done = apply(module, qualname, stage, rule, ready)
-            except Exception:
-                done = False  # a library object we cannot wrap: name it, never fail the hooks
-            if not done:
-                _note("infersight.stage_rules.missing", "%s:%s" % (getattr(module, "__name__", "?"), qualname))
+        for qualname, specs in targets.items():
+            for stage, rule, ready, role in specs:  # each wraps the one before
+                try:
+                    done = apply(module, qualname, stage, rule, ready, role)
+                except Exception:
+                    done = False  # a library object we cannot wrap: name it, never fail the hooks
+                if not done:
+                    _note("infersight.stage_rules.missing", "%s:%s" % (getattr(module, "__name__", "?"), qualname))
 
     return install_module
 
@@ -384,3 +502,56 @@ def install(env: Any = None) -> None:
         _note("infersight.stage_rules.errors", p)
     for module, targets in by_module.items():
         cs.on_import(module, _installer(targets))
+    main = _main_script_module(by_module)
+    if main is not None:
+        _watch_main_classes(main, by_module[main])
+
+
+def _main_script_module(modules: Dict[str, Any]) -> Optional[str]:
+    """The dotted name of the main script when rules name it: Ray runs its log monitor as
+    ``python .../ray/_private/log_monitor.py``, so its classes live in ``__main__``, which is
+    never imported."""
+    import sys
+
+    argv = getattr(sys, "argv", None) or [""]
+    script = str(argv[0])
+    if not script.endswith(".py") or not any(
+            m.rpartition(".")[2] == os.path.basename(script)[:-3] for m in modules):
+        return None  # cheap: no rule names a module of that file name
+    path = os.path.realpath(script)
+    for entry in sys.path:
+        base = os.path.join(os.path.realpath(entry or "."), "")
+        if path.startswith(base):
+            name = path[len(base):-3].replace(os.sep, ".")
+            if name in modules:
+                return name
+    return None
+
+
+def _watch_main_classes(module: str, targets: Dict[str, List[Spec]]) -> None:
+    """Apply ``module``'s rules to the classes the main script defines, as each is built (the
+    script's own calls come right after: no import to wait for). ``builtins.__build_class__``
+    is wrapped only in such a process, until every targeted class is built."""
+    import builtins
+    import types
+
+    b: Any = builtins
+    orig = b.__build_class__
+    wanted = {q.split(".", 1)[0] for q in targets if "." in q}
+
+    def build_class(func: Any, name: str, *bases: Any, **kw: Any) -> Any:
+        cls = orig(func, name, *bases, **kw)
+        try:
+            if name in wanted and getattr(func, "__module__", None) == "__main__" and func.__qualname__ == name:
+                wanted.discard(name)
+                shim = types.SimpleNamespace(__name__=module)
+                setattr(shim, name, cls)
+                _installer({q: t for q, t in targets.items() if q.split(".", 1)[0] == name})(shim)
+                if not wanted and b.__build_class__ is build_class:
+                    b.__build_class__ = orig
+        except Exception as exc:
+            _runtime.fail(exc)
+        return cls
+
+    b.__build_class__ = build_class
+    cs.add_undo(lambda: setattr(b, "__build_class__", orig) if b.__build_class__ is build_class else None)

@@ -190,3 +190,50 @@ def cleanup(own_dir: Optional[str]) -> None:
         os.rmdir(own_dir)
     except OSError:
         pass
+
+
+class DeferredSignals:
+    """``with DeferredSignals():`` holds back the Python handlers of SIGINT, SIGTERM and SIGQUIT
+    on the main thread, then runs them for the signals that came meanwhile. A gunicorn worker
+    stopped right after its first response (its handler raises SystemExit wherever the main
+    thread is) would otherwise be stopped inside the hooks' own ending of its cold start, and
+    lose its first request. Elsewhere (another thread, a handler set from C) it does nothing."""
+
+    __slots__ = ("came", "saved")
+
+    def __init__(self) -> None:
+        self.saved: List[Tuple[int, object]] = []
+        self.came: List[int] = []
+
+    def __enter__(self) -> DeferredSignals:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in ("SIGINT", "SIGTERM", "SIGQUIT"):
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            try:
+                old = signal.getsignal(sig)
+                if callable(old):  # a Python handler: SIG_DFL, SIG_IGN and C handlers stay
+                    signal.signal(sig, self._hold)
+                    self.saved.append((sig, old))
+            except (OSError, ValueError):
+                pass
+        return self
+
+    def _hold(self, sig: int, _frame: object) -> None:
+        self.came.append(sig)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for sig, old in self.saved:
+            try:
+                signal.signal(sig, old)  # type: ignore[arg-type]
+            except (OSError, ValueError):
+                pass
+        for sig in self.came:  # their handlers run now, once the hooks' work is done
+            signal.raise_signal(sig)

@@ -11,6 +11,9 @@ file does, :mod:`infersight.rules.rulefile`) and ``[[stage]]`` tables::
     targets = ["vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"]
     description = "..."                  # optional
     ready = true                         # optional: the process is ready when the call returns
+                                         # ("entry": when it starts, a serving loop; no span)
+    until = ["mod:f"]                    # optional: the stage runs from a target's call to the
+                                         # first call of one of these (a loop's wait for work)
     [[stage.examples]]                   # at least one; each names how CI checks the rule
     release = "vllm==0.33.0"             # | run = "MODE" | source = "github:OWNER/REPO@TAG"
 
@@ -45,8 +48,17 @@ _RELEASE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._\-]*)==([A-Za-z0-9][A-Za-z0-9.+!
 _SOURCE = re.compile(r"github:([A-Za-z0-9_.\-]+)/([A-Za-z0-9_.\-]+)@([A-Za-z0-9_.\-/]+)")
 _RUN = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _TOP_KEYS = frozenset({ENGINE_VERSION_KEY, "description", "stage"})
-_RULE_KEYS = frozenset({"id", "stage", "targets", "description", "examples", "ready"})
+_RULE_KEYS = frozenset({"id", "stage", "targets", "description", "examples", "ready", "until"})
 _EXAMPLE_KEYS = frozenset({"release", "run", "source", "comment"})
+
+
+def _ready(value: object) -> Literal["", "return", "entry"] | None:
+    """``ready``'s TOML value as StageRule.ready (the hooks read it alike: ``_stagerules.READY_*``)."""
+    if isinstance(value, bool):
+        return "return" if value else ""
+    if value in ("return", "entry"):
+        return value  # type: ignore[return-value]
+    return None
 
 
 class StageRuleFileError(SourceError, RulesError):
@@ -78,7 +90,11 @@ class StageRule:
     description: str
     examples: tuple[StageExample, ...]
     where: Location
-    ready: bool = False  # readiness when an outermost call returns (Serve's replica init, serve.run)
+    # readiness: "return" when an outermost call returns (Serve's replica init, serve.run; TOML
+    # ``true``), "entry" when the target is called (a worker's serving loop: no span), "" never
+    ready: Literal["", "return", "entry"] = ""
+    # a wait: from a target's call to the first call of one of these (Ray's task loop until its first task)
+    until: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -152,19 +168,27 @@ class _FileLoader(FileLoader):
                 self.err(line("targets"), f"{rid}: target {x!r} is not module:qualname")
         if len(set(targets)) != len(targets):
             self.err(line("targets"), f"{rid}: a target is listed twice")
+        until = t.get("until", [])
+        if not isinstance(until, list) or not all(isinstance(x, str) and TARGET.fullmatch(x) for x in until):
+            self.err(line("until"), f"{rid}: until must be an array of \"module:qualname\" strings")
+            until = []
+        elif set(until) & set(targets):
+            self.err(line("until"), f"{rid}: a target cannot end its own wait")
         desc = t.get("description", "")
         if not isinstance(desc, str):
             self.err(line("description"), f"{rid}: description must be a string")
-        ready = t.get("ready", False)
-        if not isinstance(ready, bool):
-            self.err(line("ready"), f"{rid}: ready must be true or false")
+        ready = _ready(t.get("ready", False))
+        if ready is None:
+            self.err(line("ready"), f'{rid}: ready must be true, false or "entry"')
+        elif ready and until:
+            self.err(line("ready"), f"{rid}: a wait (until) is never readiness: drop ready")
         examples = self._examples(str(rid), t.get("examples", []), i)
         if len(self.errors) == n_errors and not examples:
             self.err(start, f"{rid}: needs at least one example ([[stage.examples]] release, run or source)")
         if len(self.errors) != n_errors:
             return None
         return StageRule(str(rid), str(stage), tuple(targets), str(desc).strip(), examples, Location(self.path, start),
-                         ready is True)
+                         ready or "", tuple(until))
 
     def _examples(self, rid: str, raw: object, i: int) -> tuple[StageExample, ...]:
         if not isinstance(raw, list):
@@ -195,10 +219,10 @@ class _FileLoader(FileLoader):
 
     def _check_hooks_reading(self, rules: list[tuple[int, StageRule]]) -> None:
         """The hooks read id, stage, targets and ready without tomllib: one-line strings without
-        escapes, a bare true/false. Refuse what they would not read as tomllib does."""
+        escapes, a bare true/false or a plain string. Refuse what they would not read as tomllib does."""
         lines = self.text.split("\n")
         for i, r in rules:
-            for key in ("id", "stage", "targets", "ready"):
+            for key in ("id", "stage", "targets", "ready", "until"):
                 at = self.keys.find(("stage", i, key))
                 if at is None:
                     continue

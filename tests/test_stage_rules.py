@@ -65,8 +65,14 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
     assert all(r.examples for r in rs.rules)
     hooks_view, problems = _stagerules.parse(BUILTIN.read_text())
     assert problems == []
-    assert hooks_view == [(r.id, r.stage, r.targets, r.ready) for r in rs.rules]
-    assert {r.id for r in rs.rules if r.ready} == {"ray.serve.run", "ray.serve.replica_init"}
+    assert hooks_view == [(r.id, r.stage, r.targets, r.ready, r.until) for r in rs.rules]
+    assert {r.id for r in rs.rules if r.ready == "return"} == {"ray.serve.run", "ray.serve.replica_init",
+                                                               "ray.serve.controller_init", "ray.serve.http_start",
+                                                               "bentoml.service_init"}
+    assert {r.id for r in rs.rules if r.ready == "entry"} == {"litserve.serving_loop", "ray.log_monitor.loop",
+                                                              "gunicorn.worker_loop"}
+    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.serve.proxy_init",
+                                                   "python.multiprocessing.bootstrap"}
 
 
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
@@ -337,6 +343,127 @@ def test_launch_refuses_invalid_rules_with_file_and_line(user_app: tuple[Path, P
     assert not marker.exists()  # the command never ran
 
 
+WORKERLIB = """\
+import time
+
+ARRIVED = {}
+
+
+def task_loop():
+    time.sleep(0.15)  # no work yet: the wait
+    execute()
+
+
+def execute():
+    ARRIVED["task"] = time.time_ns()
+    time.sleep(0.01)
+"""
+
+DAEMON = """\
+import json
+import sys
+import time
+
+import workerlib
+
+
+class Daemon:
+    def serve(self, out):
+        entered = time.time_ns()
+        time.sleep(0.1)  # its loop, until shutdown: not start-up
+        with open(out, "w") as f:
+            json.dump({"entered_ns": entered, "task_ns": workerlib.ARRIVED["task"]}, f)
+
+
+if __name__ == "__main__":
+    workerlib.task_loop()
+    Daemon().serve(sys.argv[1])
+"""
+
+LOOP_RULES = """\
+engine_version = "1.0"
+
+[[stage]]
+id = "site.task_wait"
+stage = "task_wait"
+targets = ["workerlib:task_loop"]
+until = ["workerlib:execute"]
+[[stage.examples]]
+run = "userlib"
+
+[[stage]]
+id = "site.daemon_loop"
+stage = "serving_loop"
+targets = ["pkg.daemon:Daemon.serve"]
+ready = "entry"
+[[stage.examples]]
+run = "userlib"
+"""
+
+
+def test_wait_and_entry_rules_on_a_script_that_defines_its_loop(tmp_path: Path) -> None:
+    """A worker that talks through queues: its wait for its first task (``until``) is a stage,
+    and it is ready when its serving loop starts (``ready = "entry"``), here a class of the main
+    script itself (``python pkg/daemon.py``, as Ray runs its log monitor), which is never imported."""
+    write(tmp_path, "workerlib.py", WORKERLIB)
+    (tmp_path / "pkg").mkdir()
+    write(tmp_path / "pkg", "__init__.py", "")
+    script = write(tmp_path / "pkg", "daemon.py", DAEMON)
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    write(rules, "loops.toml", LOOP_RULES)
+    assert [(r.ready, r.until) for r in check_files([rules / "loops.toml"]).rules] == [
+        ("", ("workerlib:execute",)), ("entry", ())]
+    r = launch(str(tmp_path), [sys.executable, str(script)], "--rules-dir", str(rules),
+               env={"PYTHONPATH": str(tmp_path)})
+    assert r.rc == 0, r.output[-3000:]
+    res = r.result
+    root = next(x for x in r.roots() if x.parent_span_id is None)
+    stages = r.stages(root)
+    (wait,) = [s for s in stages if stage_name(s) == "task_wait"]
+    assert wait.attributes["infersight.stage.rule"] == "site.task_wait"
+    assert wait.attributes["infersight.stage.until"] == "workerlib:execute"
+    assert wait.end_ns <= res["task_ns"]  # it ends when the first task arrives
+    assert not [s for s in stages if stage_name(s) == "serving_loop"]  # an entry rule opens no span
+    (ready,) = [s for s in stages if stage_name(s) == "ready_wait"]
+    assert ready.attributes["infersight.ready.source"] == "stage_rule"
+    assert ready.attributes["infersight.stage.rule"] == "site.daemon_loop"
+    assert root.attributes["infersight.coldstart.ended_by"] == "ready"
+    assert root.end_ns <= res["entered_ns"]  # ready when the loop started, not at exit
+    assert "stage_rules.missing" not in str(root.attributes)
+
+
+def test_ready_and_until_are_validated(tmp_path: Path) -> None:
+    bad = write(tmp_path, "bad.toml", """\
+        engine_version = "1.0"
+
+        [[stage]]
+        id = "a"
+        stage = "wait"
+        targets = ["m:f"]
+        until = ["m:f"]
+        ready = "later"
+        [[stage.examples]]
+        run = "x"
+
+        [[stage]]
+        id = "b"
+        stage = "wait"
+        targets = ["m:g"]
+        until = ["m:h"]
+        ready = true
+        [[stage.examples]]
+        run = "x"
+        """)
+    with pytest.raises(StageRuleFileError) as ei:
+        load_stage_rules([bad])
+    text = str(ei.value)
+    assert f"{bad}:7: a: a target cannot end its own wait" in text
+    assert f"{bad}:8: a: ready must be true, false or \"entry\"" in text
+    assert f"{bad}:17: b: a wait (until) is never readiness" in text
+    assert _stagerules.parse(bad.read_text())[1] == [(8, 'ready: not true, false or "entry"')]
+
+
 # -- every shipped rule's examples ---------------------------------------------------------------
 
 RELEASES = sorted({e.value for r in SHIPPED.rules for e in r.examples if e.kind == "release"})
@@ -362,7 +489,7 @@ def _wheel(release: str) -> Path:
 def _check_targets(read: dict[str, str], rules: list, label: str) -> None:
     problems = []
     for rule in rules:
-        for target in rule.targets:
+        for target in (*rule.targets, *rule.until):
             module, qualname = split_target(target)
             src = next((read[p] for p in module_paths(module) if p in read), None)
             kind = "missing module" if src is None else target_in_source(src, qualname)
@@ -376,7 +503,7 @@ def _check_targets(read: dict[str, str], rules: list, label: str) -> None:
 def test_release_examples_targets_exist_in_the_released_wheel(release: str) -> None:
     with zipfile.ZipFile(_wheel(release)) as z:
         rules = [r for r in SHIPPED.rules if any(e.value == release for e in r.examples)]
-        wanted = {p for r in rules for t in r.targets for p in module_paths(split_target(t)[0])}
+        wanted = {p for r in rules for t in (*r.targets, *r.until) for p in module_paths(split_target(t)[0])}
         read = {n: z.read(n).decode("utf-8") for n in z.namelist() if n in wanted}
     _check_targets(read, rules, release)
 
@@ -395,7 +522,7 @@ def test_source_examples_targets_exist_in_the_given_checkout(source: str) -> Non
     read = {}
     for base in (Path(given[repo]), Path(given[repo]) / "server"):
         for r in rules:
-            for t in r.targets:
+            for t in (*r.targets, *r.until):
                 for rel in module_paths(split_target(t)[0]):
                     if (base / rel).is_file():
                         read[rel] = (base / rel).read_text(encoding="utf-8")

@@ -43,7 +43,9 @@ ROOT_NAME = "coldstart"
 STAGE_PREFIX = "coldstart."
 STATE_KEY = "coldstart"  # in ``Producer.state``
 
-ROOT_ENDING_READY = frozenset(_contract.READY_SIGNALS)  # ready_wait sources at which the hooks end a root
+# ready_wait sources at which the hooks end a root, and "fork": a forked worker's readiness, sent
+# when it enters its serving loop, which ends its root if it is killed later without serving.
+ROOT_ENDING_READY = frozenset((*_contract.READY_SIGNALS, "fork"))
 
 # Sees each finished cold start (its summary, and the event time it finished at) and returns
 # items that go out in the same batch, right after the summary (the fleet metrics).

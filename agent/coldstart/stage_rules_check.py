@@ -33,11 +33,12 @@ def check_files(paths: Iterable[Path | str]) -> StageRuleSet:
             continue
         seen, problems = _stagerules.parse(text)
         errors.extend((Location(str(p), line), "the hooks cannot read this: " + msg) for line, msg in problems)
-        hooks = {rid: (stage, targets, ready) for rid, stage, targets, ready in seen}
-        errors.extend((r.where, f"{r.id}: the hooks read this rule as {hooks.get(r.id)!r}: write id, stage and "
-                                "targets as plain strings, ready as a bare true or false, each key on its own line")
+        hooks = {rid: (stage, targets, ready, until) for rid, stage, targets, ready, until in seen}
+        errors.extend((r.where, f"{r.id}: the hooks read this rule as {hooks.get(r.id)!r}: write id, stage, "
+                                "targets and until as plain strings, ready as a bare true or false or 'entry', "
+                                "each key on its own line")
                       for r in rs.rules
-                      if r.where.file == str(p) and hooks.get(r.id) != (r.stage, r.targets, r.ready))
+                      if r.where.file == str(p) and hooks.get(r.id) != (r.stage, r.targets, r.ready, r.until))
     if errors:
         raise StageRuleFileError(errors)
     return rs

@@ -16,4 +16,4 @@ app = Flask(__name__)
 
 @app.post("/generate")
 def serve() -> Any:
-    return jsonify(tokens=generate(model, int((request.get_json(silent=True) or {}).get("n", 8))))
+    return jsonify(tokens=generate(model, int((request.get_json(silent=True) or {}).get("n", 8))), pid=os.getpid())
