@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from infersight.agent.daemon import config as cfg
@@ -34,29 +30,6 @@ def test_mask_url_keeps_what_is_not_secret() -> None:
     assert mask_url("http://collector:4318") == "http://collector:4318"
     assert mask_url("mqtt://onlyuser@broker") == "mqtt://onlyuser@broker"
     assert mask_url("https://c/v1?api_key=abc&region=eu") == "https://c/v1?api_key=***&region=eu"
-
-
-@pytest.mark.parametrize(
-    "url",
-    [
-        "mqtt://bob:hunter2@broker:1883/topic",  # a path: refused
-        "ftp://bob:hunter2@broker",  # a bad scheme
-        "mqtt://bob:hun/ter2@broker:1883",  # '/' in the password: parses as a path
-        "mqtt://bob:hun@ter2@broker:99999",  # '@' in the password, bad port
-        "mqtt://bob:hunter2?x@broker",  # '?' splits it: the port parser quotes a piece
-    ],
-)
-def test_bad_mqtt_url_error_names_the_key_not_the_password(tmp_path: Path, url: str) -> None:
-    conf = tmp_path / "infersight.toml"
-    conf.write_text(f'[exporters.mqtt]\nurl = "{url}"\n')
-    r = subprocess.run(
-        [sys.executable, "-m", "infersight", "agent", "--config", str(conf), "--socket", str(tmp_path / "s")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert r.returncode == 2
-    assert "exporters.mqtt.url" in r.stderr and f"{conf}:2" in r.stderr
-    for piece in ("hunter2", "hun", "ter2"):
-        assert piece not in r.stderr + r.stdout, r.stderr
 
 
 def test_secret_keys_are_never_echoed() -> None:
