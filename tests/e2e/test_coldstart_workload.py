@@ -55,9 +55,10 @@ def test_stages_are_well_formed(auto: LaunchRun) -> None:
 
 def test_root_covers_the_child_wall_time(auto: LaunchRun) -> None:
     root = auto.root_of(auto.result["pid"])
-    assert root.start_ns <= auto.result["t_first_ns"]
-    wall = auto.result["t_end_ns"] - root.start_ns  # spawn -> the workload's last line
-    assert abs((root.end_ns - root.start_ns) - wall) <= 0.05 * wall
+    assert root.start_ns <= auto.result["t_first_ns"]  # from the spawn, before the workload's first line
+    # to its readiness: after every stage begun before it, and before the workload's last line
+    before = [s for s in auto.stages(root) if s.start_ns < root.end_ns]
+    assert max(s.end_ns for s in before) <= root.end_ns <= auto.result["t_end_ns"]
 
 
 def test_nesting_and_weights(auto: LaunchRun) -> None:
