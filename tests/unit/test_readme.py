@@ -75,3 +75,15 @@ def test_no_text_that_only_made_sense_while_building(page: Path) -> None:
     text = page.read_text()
     for phrase in ("this round", "last round", "rounds ago", "DESIGN", "this VM", "after the merges"):
         assert phrase not in text, phrase
+
+
+def test_every_tests_path_the_pages_name_exists() -> None:
+    """A test file, helper or fixture the pages point at (``tests/e2e/test_launch.py``,
+    ``tests/support/workloads/serving_*.py``) is where they say: tests move by kind."""
+    missing = []
+    for page in PAGES:
+        for m in re.finditer(r"(?<![\w/.])tests/[\w/.*-]*", page.read_text()):
+            path = m.group(0).rstrip(".")
+            if not (any(REPO.glob(path)) if "*" in path else (REPO / path).exists()):
+                missing.append("%s: %s" % (page.relative_to(REPO), path))
+    assert missing == []
