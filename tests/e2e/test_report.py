@@ -244,8 +244,9 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
     (un,) = dom.find("g", data_span_id="18" * 8)  # its unattributed stretch
     assert "unattributed" in un["attrs"]["class"]
     assert "mylib.setup:build_index 61%" in un["text"]
-    gaps = [g for g in dom.find("rect", **{"class": "gap"}) if "sampled top frames" in g["text"]]
-    assert len(gaps) == 1 and "json.decoder:raw_decode 22%" in gaps[0]["text"]  # the root row's gap, too
+    # the FAKE worker's root row's gap, too (the real demo has one as well when the machine is slow)
+    gaps = [g for g in dom.find("rect", **{"class": "gap"}) if "sampled top frames: mylib." in g["text"]]
+    assert len(gaps) == 1 and "json.decoder:raw_decode 22%" in gaps[0]["text"]
     (wl,) = [r for r in dom.find("g", data_stage="weights_load") if "2.0 GiB" in r["text"]]
     assert "warm (page cache 100%)" in wl["text"]
     assert "x.unknown.attribute = kept as is" in wl["text"]  # unknown attributes on hover
