@@ -190,7 +190,7 @@ class AgentProcess:
     def status(self) -> dict:  # type: ignore[type-arg]
         from infersight.agent.commands.status import query_status
 
-        return query_status(str(self.sock))
+        return query_status(str(self.sock), 30.0)  # a loaded machine may keep the agent busy a while
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -173,14 +173,14 @@ with hooks.stage("model_build"):
     time.sleep(0.1)
 hooks.mark_ready()
 hooks.first_response()
-assert hooks.flush(10)
+assert hooks.flush(60)
 open(sys.argv[1] + ".ready", "w").close()
 while not os.path.exists(sys.argv[1] + ".go"):  # the agent restarts meanwhile
     time.sleep(0.02)
 for i in range(50):  # it serves: a stage per request
     with hooks.stage("preprocess", request=i):
         time.sleep(0.002)
-assert hooks.flush(10)
+assert hooks.flush(60)
 open(sys.argv[1] + ".served", "w").close()
 while not os.path.exists(sys.argv[1] + ".exit"):
     time.sleep(0.02)
