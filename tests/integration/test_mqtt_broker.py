@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -165,49 +162,6 @@ async def test_embedded_exit_wait_is_bounded_and_counts_undelivered(tmp_path: Pa
     assert worker.state()["spooled_items_pending"] == 7
     await worker.drain(0.2)
     await exp.shutdown()
-
-
-# -- last will --------------------------------------------------------------------------------
-
-
-async def test_last_will_on_sigkill_and_online_after_restart(broker: Mosquitto, tmp_path: Path) -> None:
-    host = "lw-host"
-    status = "infersight/%s/status" % host
-
-    root = tmp_path / "agent"
-    root.mkdir()
-    config = root / "infersight.toml"  # the real daemon, MQTT from its config file
-    config.write_text(
-        f'[agent]\nsocket = "{root / "agent.sock"}"\nspool_dir = "{root / "spool"}"\n'
-        f'host_name = "{host}"\nhealth_interval_s = 3600\n[exporters.mqtt]\nurl = "{broker.url}"\n'
-    )
-
-    def spawn() -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT_", "OTEL_EXPORTER_OTLP"))}
-        return subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(config)], env=env,
-                                stdout=open(tmp_path / "agent.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
-
-    async with Collector(broker, status) as sub:
-        proc = spawn()
-        try:
-            assert await sub.wait_for(lambda: [m.payload for m in sub.messages][-1:] == [b"online"], 20), (
-                tmp_path / "agent.log").read_text()
-            n = len(sub.messages)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(5)
-            assert await sub.wait_for(lambda: len(sub.messages) > n, 5)
-            assert sub.messages[n].payload == b"offline"  # the last will, first thing after the kill
-            assert await retained(broker, status) == b"offline"
-            proc = spawn()
-            assert await sub.wait_for(lambda: sub.messages[-1].payload == b"online", 20)
-            assert await retained(broker, status) == b"online"
-            proc.send_signal(signal.SIGTERM)  # clean stop: offline by the agent itself
-            assert proc.wait(15) == 0
-            assert await retained(broker, status) == b"offline"
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
 
 
 # -- broker restart without loss --------------------------------------------------------------
