@@ -2,7 +2,7 @@
 
     python bench/coldstart_stacks.py [--runs 3] [--size medium] [--stacks a,b] [--compile]
 
-Models come from ``tests/workloads/stack_models.py`` (random weights, saved locally;
+Models come from ``tests/support/workloads/stack_models.py`` (random weights, saved locally;
 ``medium`` is a ~41M-parameter BERT and GPT-2 like the stacks in issue 11). For each stack,
 alternating in one run:
 
@@ -33,7 +33,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKLOADS = os.path.join(ROOT, "tests", "workloads")
+WORKLOADS = os.path.join(ROOT, "tests", "support", "workloads")
 STACKS_PY = os.path.join(WORKLOADS, "stacks.py")
 INFERSIGHT = os.path.join(os.path.dirname(sys.executable), "infersight")
 sys.path.insert(0, os.path.dirname(ROOT))

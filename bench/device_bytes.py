@@ -4,7 +4,7 @@
     python bench/device_bytes.py [--gpus 8] [--minutes 10] [--export-interval 10]
 
 Samples come from the real NVML wrapper over the FAKE ``libnvidia-ml.so.1`` of the tests
-(tests/fake_nvml, built with gcc), one per simulated second at ``nvml.interval_s`` = 1 s, and
+(tests/support/fake_nvml, built with gcc), one per simulated second at ``nvml.interval_s`` = 1 s, and
 are encoded as the file exporter writes them (one OTLP JSON line per sample interval). Both
 ways run over the same samples; the figure is extrapolated to a day. The fake's readings do
 not drift; that is the worst case for nothing: drifting gauges go out every interval either
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 SCENARIO = "count %d\n" + "".join("%d name FAKE NVIDIA H100 80GB HBM3 (fake_nvml)\n" % i for i in range(16))
 

@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_check_coldstart.sh  # from the repository root (bench/gpu_check.sh runs it)
 #
-# Runs tests/workloads/coldstart_gpu.py (CUDA first touched by model.to("cuda")) with
+# Runs tests/support/workloads/coldstart_gpu.py (CUDA first touched by model.to("cuda")) with
 # the hooks and prints every cold-start span, then checks that cuda_init and
 # weights_to_device were found, cuda_init nested inside weights_to_device, and that the
 # CUDA graph captured with torch.cuda.graph is one graph_capture span (one graph).
@@ -25,7 +25,7 @@ export PYTHONWARNINGS=ignore
 if command -v infersight >/dev/null 2>&1 && "$PY" -c 'import infersight.agent.commands.launch' 2>/dev/null; then
   echo "gpu_check: mode launch"
   INFERSIGHT_MEASURE_STORAGE=1 infersight launch --otlp-file "$work/gpu.otlp.jsonl" -- \
-    "$PY" tests/workloads/coldstart_gpu.py "$work"
+    "$PY" tests/support/workloads/coldstart_gpu.py "$work"
   infersight show "$work/gpu.otlp.jsonl" || true
   source_kind=otlp
   source_path="$work/gpu.otlp.jsonl"
@@ -35,7 +35,7 @@ else
   env PYTHONPATH="$root/hooks/bootstrap${PYTHONPATH:+:$PYTHONPATH}" \
       INFERSIGHT_SOCKET="$work/no-agent.sock" INFERSIGHT_SPOOL_DIR="$work/spool" \
       INFERSIGHT_EXIT_FLUSH_S=0 \
-      "$PY" tests/workloads/coldstart_gpu.py "$work"
+      "$PY" tests/support/workloads/coldstart_gpu.py "$work"
   source_kind=spool
   source_path="$work/spool"
 fi

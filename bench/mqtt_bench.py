@@ -2,7 +2,7 @@
 
     python bench/mqtt_bench.py [--events 20000] [--rounds 3] [--batch 512] [--verify]
 
-Starts its own mosquitto on a free 127.0.0.1 port (tests/mosquitto.py). Both sides publish
+Starts its own mosquitto on a free 127.0.0.1 port (tests/support/mosquitto.py). Both sides publish
 the same OOM events, one message each, at QoS 1, and are timed until the broker acknowledged
 the last one (PUBACK):
 
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 import aiomqtt
 from mosquitto import Mosquitto

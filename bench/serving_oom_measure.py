@@ -1,4 +1,4 @@
-"""Figures of issue 24 on the labelled serving-engine messages in tests/data.
+"""Figures of issue 24 on the labelled serving-engine messages in tests/support/data.
 
     python bench/serving_oom_measure.py
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from infersight.rules.serving_measure import score
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+DATA = Path(__file__).resolve().parent.parent / "tests" / "support" / "data"
 
 
 def load(name: str) -> list[dict]:  # type: ignore[type-arg]

@@ -20,7 +20,7 @@ only the ``top`` largest live blocks, and says ``truncated`` when it stopped ear
 split, i.e. it has a neighbour in its segment (``Block::is_split()``: prev or next), so
 every free block of a segment that holds more than one block. The hook's summary
 (``infersight.hooks._alloc.snapshot_summary``) uses the same definition and bounds;
-tests/data/snapshot_vectors.json is their shared test vector.
+tests/support/data/snapshot_vectors.json is their shared test vector.
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Shared fixtures: a real agent process, hook environments, free ports."""
+"""Shared fixtures: a real agent process, hook environments, free ports; each test's kind marker.
+
+Tests live by kind: ``unit/`` (pure, in-process), ``integration/`` (a real peer: mosquitto, an
+OTLP receiver, promtool, Prometheus, HAProxy, a socket, the agent in-process) and ``e2e/``
+(spawned processes: the agent, launch, hooked workloads, real stacks, Chromium). The folder
+sets the marker (``pytest -m unit``); helper modules and data are in ``support/``, on the
+import path (pyproject's ``pythonpath``). This is the only conftest.py: tests import its
+helpers as ``from conftest import ...``, which a second one would shadow.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP = REPO / "hooks" / "bootstrap"
+KINDS = ("unit", "integration", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's kind; a test outside the kind folders is an error."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            parts = item.path.resolve().relative_to(tests).parts
+        except ValueError:  # collected from outside tests/
+            continue
+        if len(parts) < 2 or parts[0] not in KINDS:
+            raise pytest.UsageError("%s: a test belongs in tests/unit, tests/integration or tests/e2e"
+                                    % item.nodeid)
+        item.add_marker(parts[0])
 
 
 def free_port() -> int:
@@ -166,7 +190,7 @@ class AgentProcess:
     def status(self) -> dict:  # type: ignore[type-arg]
         from infersight.agent.commands.status import query_status
 
-        return query_status(str(self.sock))
+        return query_status(str(self.sock), 30.0)  # a loaded machine may keep the agent busy a while
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -1,0 +1,164 @@
+"""The sidecar path, end to end: ``deploy/kubernetes/pod.yaml`` as written (issue 21).
+
+No cluster runs here, so the test plays kubelet, reading everything from the manifest (and
+the image's ``ENTRYPOINT`` from the Dockerfile), duplicating none of its values:
+
+- each volume is a directory under a scratch root: an ``emptyDir`` as kubelet makes one with
+  ``fsGroup`` (group fsGroup, mode 2777), the ConfigMap's keys as files (0644);
+- each container runs its command as its ``runAsUser``/``runAsGroup`` with the pod's
+  ``supplementalGroups`` and ``fsGroup`` as supplementary groups, its manifest environment, and
+  its mount paths mapped onto those directories;
+- the sidecar starts first; the model server starts once the sidecar's ``startupProbe``
+  command succeeds (a native sidecar's order).
+
+What the test changes: paths (a mount path prefix becomes its directory, in the environment,
+the commands and the ConfigMap's text, since no mount namespace maps them), the collector's
+address in the ConfigMap (the real OTLP receiver of tests/support/otlp_receiver.py stands in for
+``otel-collector.observability.svc``), the programs (``infersight`` and ``python`` are a venv
+any uid can run, see fleet_env), and ``serve.py`` (a stdlib HTTP server that answers one
+request). The model server's cold start must reach the receiver through the sidecar's agent.
+Before issue 21, ``launch`` always ran its own agent: the sidecar got nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from fleet_env import REPO, SERVE, base_env, make_dir, open_base, read_port_pid, require_root, shared_python
+from otlp_receiver import OtlpReceiver
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extra")
+
+POD = REPO / "deploy" / "kubernetes" / "pod.yaml"
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def manifest() -> tuple[dict[str, Any], dict[str, Any]]:
+    docs = list(yaml.safe_load_all(POD.read_text()))
+    return (next(d for d in docs if d["kind"] == "ConfigMap"), next(d for d in docs if d["kind"] == "Pod"))
+
+
+def entrypoint() -> list[str]:
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("ENTRYPOINT "):
+            return list(json.loads(line[len("ENTRYPOINT "):]))
+    raise AssertionError("no ENTRYPOINT in the Dockerfile")
+
+
+class Container:
+    """One container of the pod, run as kubelet would (less the namespaces)."""
+
+    def __init__(self, spec: dict[str, Any], pod_sc: dict[str, Any], volumes: dict[str, Path],
+                 programs: dict[str, list[str]], tmp: Path) -> None:
+        self.spec = spec
+        sc = spec["securityContext"]
+        self.uid, self.gid = int(sc["runAsUser"]), int(sc["runAsGroup"])
+        self.groups = sorted({*pod_sc.get("supplementalGroups", []), pod_sc["fsGroup"]})
+        self.mounts = {m["mountPath"]: volumes[m["name"]] for m in spec.get("volumeMounts", [])}
+        self.programs = programs
+        self.tmp = make_dir(tmp, 0o700, self.uid, self.gid)  # its own /tmp (the image's, or an emptyDir)
+
+    def path(self, text: str) -> str:
+        """A path inside the container, as the test's directories hold it."""
+        for mount in sorted(self.mounts, key=len, reverse=True):
+            if text == mount or text.startswith(mount + "/"):
+                return str(self.mounts[mount]) + text[len(mount):]
+        return text
+
+    def env(self) -> dict[str, str]:
+        env = base_env(TMPDIR=self.path("/tmp") if "/tmp" in self.mounts else str(self.tmp), HOME=str(self.tmp))
+        env.update({e["name"]: self.path(str(e["value"])) for e in self.spec.get("env", [])})
+        return env
+
+    def argv(self, command: list[str]) -> list[str]:
+        return [part for word in command for part in self.programs.get(word, [self.path(word)])]
+
+    def popen(self, command: list[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.argv(command), env=self.env(), cwd=cwd, user=self.uid, group=self.gid,
+                                extra_groups=self.groups, stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+    def run(self, command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(command), env=self.env(), cwd=cwd, user=self.uid, group=self.gid,
+                              extra_groups=self.groups, capture_output=True, text=True, timeout=60)
+
+
+def test_model_server_cold_start_reaches_the_collector_through_the_sidecar(tmp_path: Path) -> None:
+    require_root()
+    cm, pod = manifest()
+    spec = pod["spec"]
+    pod_sc = spec["securityContext"]
+    fs_group = int(pod_sc["fsGroup"])
+    with open_base("isf-pod-") as base, OtlpReceiver(grpc_=False) as rx:
+        # Volumes, as kubelet makes them.
+        make_dir(base / "volumes", 0o755)
+        volumes = {v["name"]: make_dir(base / "volumes" / v["name"], *((0o2777, 0, fs_group) if "emptyDir" in v
+                                                                       else (0o755,)))
+                   for v in spec["volumes"]}
+        python = str(shared_python(base))
+        programs = {"infersight": [python, "-m", "infersight"], "python": [python]}
+        sidecar_spec = next(c for c in spec["initContainers"] if c["name"] == "infersight")
+        model_spec = next(c for c in spec["containers"] if c["name"] == "model-server")
+        assert sidecar_spec["restartPolicy"] == "Always", "a native sidecar: it starts first"
+        sidecar = Container(sidecar_spec, pod_sc, volumes, programs, base / "sidecar-root-tmp")
+        model = Container(model_spec, pod_sc, volumes, programs, base / "model-root-tmp")
+
+        # The ConfigMap's files, paths as the sidecar sees them; the collector is our receiver.
+        config_text = cm["data"]["infersight.toml"]
+        endpoint = tomllib.loads(config_text)["exporters"]["otlp"]["endpoint"]
+        config_text = config_text.replace(endpoint, rx.http_endpoint)
+        for mount in sorted(sidecar.mounts, key=len, reverse=True):
+            config_text = config_text.replace('"%s' % mount, '"%s' % sidecar.mounts[mount])
+        cm_volume = next(v["name"] for v in spec["volumes"]
+                         if v.get("configMap", {}).get("name") == cm["metadata"]["name"])
+        for key in cm["data"]:
+            f = volumes[cm_volume] / key
+            f.write_text(config_text if key == "infersight.toml" else cm["data"][key])
+            f.chmod(0o644)
+
+        sidecar_log, model_log = tmp_path / "sidecar.log", tmp_path / "model.log"
+        agent = sidecar.popen(entrypoint() + sidecar_spec["args"], cwd=Path("/"), log=sidecar_log)
+        try:
+            probe = sidecar_spec["startupProbe"]["exec"]["command"]
+            assert wait_for(lambda: sidecar.run(probe, Path("/")).returncode == 0, 30, 0.1), sidecar_log.read_text()
+
+            app = make_dir(base / "app", 0o755)  # the image's working directory
+            (app / "serve.py").write_text(SERVE)
+            rw = make_dir(base / "app-rw", 0o777)
+            portfile = rw / "port"
+            command = [*model_spec["command"], str(portfile)]  # serve.py's argument: where it says its port
+            server = model.popen(command, cwd=app, log=model_log)
+            assert wait_for(portfile.exists, 60), model_log.read_text()
+            port, pid = read_port_pid(portfile)
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=30) as resp:
+                assert resp.status == 200
+            assert server.wait(120) == 0, model_log.read_text()
+            out = model_log.read_text()
+            assert "reporting to the agent at %s" % model.path("/run/infersight/agent.sock") in out, out
+            assert "infersight cold start:" in out, out  # the waterfall, in the model server's log
+
+            def root() -> Any:
+                for res, _scope, span in rx.spans():
+                    if span.name == "coldstart" and res.get("process.pid") == pid:
+                        return span
+                return None
+
+            assert rx.wait_for(lambda: root() is not None, 30), sidecar_log.read_text()
+            for probe_name in ("livenessProbe", "readinessProbe"):
+                r = sidecar.run(sidecar_spec[probe_name]["exec"]["command"], Path("/"))
+                assert r.returncode == 0, r.stdout + r.stderr
+            assert not list(app.glob("infersight-*.otlp.jsonl")), "joined: the data went to the sidecar"
+        finally:
+            agent.terminate()
+            assert agent.wait(30) == 0, sidecar_log.read_text()

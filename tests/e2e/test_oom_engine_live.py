@@ -1,0 +1,292 @@
+"""Live classification of serving engines' memory errors (issue 24, point 6).
+
+Real hooked child processes (the bootstrap on PYTHONPATH, no torch, no GPU): one logs a real
+vLLM message through ``logging`` (twice, and from a second process), one dies of an uncaught
+SGLang error, one logs a non-memory error; a real agent with the real file exporter
+classifies them, and the test reads the OTLP file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import attr, log_records, read_otlp_lines
+from test_oom_live import _run_child as _child
+
+from infersight.agent.commands.compose import build_exporters
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.oom import stderr_relay
+from infersight.agent.oom.extension import OomExtension
+from infersight.hooks import _enginelog, _runtime
+from infersight.rules import serving
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+GIVEN = SUPPORT / "data" / "serving_ooms_given.jsonl"
+
+
+def _given(rid: str) -> str:
+    for line in GIVEN.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        if d["id"] == rid:
+            return str(d["message"])
+    raise KeyError(rid)
+
+
+CHILD_LOGS = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+log = logging.getLogger("vllm.engine")
+log.info("Loading model weights took 14.99 GiB memory")   # INFO: never sent
+log.warning("this is a warning without the needles")
+msg = json.loads(sys.argv[1])
+log.error(msg)
+log.error(msg)      # the same message again: once
+log.error("AssertionError: max_num_batched_tokens (2048) is smaller than max_model_len (8192); memory")
+"""
+
+CHILD_RAISES = """
+import json, sys
+raise RuntimeError(json.loads(sys.argv[1]))
+"""
+
+
+async def test_logged_and_raised_engine_errors_are_classified_once(tmp_path: Path) -> None:
+    out = tmp_path / "out.otlp.jsonl"
+    sock, spool = tmp_path / "a.sock", tmp_path / "spool"
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
+                                         "exporters.file.path": str(out), "rules.dirs": [],
+                                         "agent.health_interval_s": 3600.0})
+    oom = OomExtension(conf)
+    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    await agent.start()
+    vllm_msg = _given("srv-025")
+    try:
+        rc, err = await _child(CHILD_LOGS, json.dumps(vllm_msg), sock, spool)
+        assert rc == 0, err
+        assert vllm_msg in err  # the user's own log output is untouched
+        rc, err = await _child(CHILD_LOGS, json.dumps(vllm_msg), sock, spool)  # a second process
+        assert rc == 0, err
+        rc, err = await _child(CHILD_RAISES, json.dumps(
+            "Not enough memory. Please try to increase --mem-fraction-static."), sock, spool)
+        assert rc == 1 and "mem-fraction-static" in err
+        await agent.ingest.wait_connections_closed(10)
+    finally:
+        await agent.shutdown(10)
+    recs = [r for r in log_records(read_otlp_lines(out)) if r.get("eventName") == "oom"]
+    by_engine: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_engine.setdefault(str(attr(r, "infersight.oom.engine")), []).append(r)
+    assert sorted(by_engine) == ["sglang", "vllm"]
+    (v,) = by_engine["vllm"]  # logged twice by two processes: classified once
+    assert attr(v, "infersight.oom.class") == "reservation_conflict"
+    assert attr(v, "infersight.oom.rule") == "vllm.startup.free-below-utilization"
+    assert attr(v, "infersight.oom.source") == "log"
+    assert attr(v, "infersight.oom.knob") == "gpu_memory_utilization"
+    assert int(attr(v, "infersight.oom.T_bytes")) == round(79.32 * (1 << 30))
+    (s,) = by_engine["sglang"]
+    assert attr(s, "infersight.oom.class") == "reservation_conflict"
+    assert attr(s, "infersight.oom.source") == "exception"
+    assert oom.handlers.duplicates == 1
+    assert oom.handlers.not_memory == 2  # the assertion line, once per process: sent, dropped
+
+
+def test_hook_needles_match_the_rules() -> None:
+    assert _enginelog.NEEDLES == serving.NEEDLES
+    for rule in serving.builtin().rules:
+        for ex in rule.examples:
+            if ex.kind == "positive":
+                assert _enginelog.interesting(ex.text), (rule.id, ex.text[:60])
+
+
+class _Counted:
+    """A log argument that counts how often a record holding it was formatted (the hook catches
+    what getMessage raises, so a raising __str__ would prove nothing)."""
+
+    formatted = 0
+
+    def __str__(self) -> str:
+        _Counted.formatted += 1
+        return "cache blocks"  # a needle: formatted, it would be worth sending
+
+
+def test_records_below_warning_are_not_even_formatted() -> None:
+    saved = logging.Logger.callHandlers
+    try:
+        _enginelog.install_logging(logging)
+        _enginelog.install_logging(logging)  # idempotent
+        log = logging.getLogger("infersight-test-enginelog")
+        log.propagate = False
+        log.setLevel(logging.DEBUG)
+        _Counted.formatted = 0
+        log.info("%s", _Counted())  # no handler formats it, and neither does the hook
+        assert _Counted.formatted == 0
+    finally:
+        logging.Logger.callHandlers = saved
+
+
+def test_a_warning_is_not_formatted_while_the_hooks_are_off() -> None:
+    """Hooks not active (no agent client, or failed): the wrapper adds one compare, as for INFO."""
+    assert not _runtime.active()
+    saved = logging.Logger.callHandlers
+    try:
+        _enginelog.install_logging(logging)
+        log = logging.getLogger("infersight-test-enginelog-off")
+        log.propagate = False
+        log.handlers[:] = [logging.NullHandler()]  # a handler that formats nothing
+        _Counted.formatted = 0
+        log.warning("%s", _Counted())
+        assert _Counted.formatted == 0
+    finally:
+        logging.Logger.callHandlers = saved
+
+
+# -- launch: CMD's stderr ------------------------------------------------------------------------
+
+CLI = [sys.executable, "-m", "infersight"]
+
+CHILD_STDERR = """
+import json, os, sys
+msg = json.loads(sys.argv[1])
+os.write(2, (msg + "\\n").encode())       # as native code writes it: fd 2, no Python logging
+print("progress 50%", file=sys.stderr)   # ordinary output, copied through
+sys.stderr.write(msg + "\\n")             # the same message again: classified once
+"""
+
+
+def _launch(tmp_path: Path, *cmd: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    out = tmp_path / "run.otlp.jsonl"
+    env = dict(os.environ)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", *cmd],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    recs = [x for x in log_records(read_otlp_lines(out)) if x.get("eventName") == "oom"]
+    return r, recs
+
+
+def test_launch_classifies_a_python_child_writing_to_stderr(tmp_path: Path) -> None:
+    msg = _given("srv-053")  # llama-cpp-python: three lines, one event
+    r, recs = _launch(tmp_path, sys.executable, "-c", CHILD_STDERR, json.dumps(msg))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("llama_kv_cache_init: failed to allocate buffer for kv cache") == 2  # copied through
+    assert "progress 50%" in r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.engine") == "llama.cpp"
+    assert attr(rec, "infersight.oom.class") == "capacity"
+    assert attr(rec, "infersight.oom.source") == "stderr"
+    assert int(attr(rec, "infersight.oom.R_bytes")) == 204800 << 20
+    assert attr(rec, "infersight.oom.knob") == "n_ctx"
+
+
+def test_launch_classifies_a_native_child_and_ignores_other_errors(tmp_path: Path) -> None:
+    script = tmp_path / "engine.sh"
+    script.write_text("#!/bin/sh\n"
+                      "echo 'RuntimeError: CUDA error: an illegal memory access was encountered' >&2\n"
+                      "echo 'Error: model requires more system memory (44.0 GiB) than is available (7.6 GiB)' >&2\n"
+                      "exit 1\n", encoding="utf-8")
+    script.chmod(0o755)
+    r, recs = _launch(tmp_path, str(script))
+    assert r.returncode == 1
+    assert "illegal memory access" in r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.engine") == "ollama"
+    assert attr(rec, "infersight.oom.class") == "capacity"
+    assert int(attr(rec, "infersight.oom.R_bytes")) == 44 << 30
+
+
+def test_launch_counts_an_uncaught_pytorch_oom_once_though_stderr_repeats_it(tmp_path: Path) -> None:
+    text = ("CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacty of 6.00 GiB of which 0 bytes "
+            "is free. Of the allocated memory 2.93 GiB is allocated by PyTorch, and 2.30 GiB is reserved by PyTorch "
+            "but unallocated.")
+    code = "import json, sys\nraise RuntimeError(json.loads(sys.argv[1]))\n"  # the traceback goes to stderr too
+    r, recs = _launch(tmp_path, sys.executable, "-c", code, json.dumps(text))
+    assert r.returncode == 1 and "Tried to allocate 1.70 GiB" in r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.class") == "fragmentation"
+    assert attr(rec, "infersight.oom.engine") == "pytorch"
+
+
+# -- the relay itself ------------------------------------------------------------------------------
+
+def _run_through(relay: Any, code: str) -> int:
+    got: list[str] = []
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=relay.child_fd)
+    relay.started()
+    relay.set_consumer(got.append)
+    rc = p.wait(timeout=60)
+    assert relay.wait_closed(30)
+    relay.got = got
+    return rc
+
+
+def test_relay_needles_are_the_rules_needles() -> None:
+    assert stderr_relay.NEEDLES == serving.NEEDLES
+
+
+def test_relay_keeps_reading_when_launch_stderr_is_gone() -> None:
+    """Fault: launch's stderr is a pipe nobody reads any more. CMD must not block, and its
+    memory error is still classified."""
+    r, w = os.pipe()
+    os.close(r)
+    relay = stderr_relay.StderrRelay(out_fd=w)
+    try:
+        code = ("import os\nfor _ in range(64): os.write(2, b'x' * 16384 + b'\\n')\n"
+                "os.write(2, b'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\\n')\n")
+        assert _run_through(relay, code) == 0
+    finally:
+        os.close(w)
+    assert relay.copy_errors > 0
+    assert any("mem-fraction-static" in t for t in relay.got)
+
+
+def test_relay_gives_cmd_a_terminal_of_launch_terminal_size() -> None:
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 123, 0, 0))
+    relay = stderr_relay.StderrRelay(out_fd=slave)
+    assert relay.tty
+    try:
+        code = "import os\nos.write(2, ('%s %d\\n' % (os.isatty(2), os.get_terminal_size(2).columns)).encode())\n"
+        assert _run_through(relay, code) == 0
+        out = os.read(master, 4096).decode()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert out.split() == ["True", "123"]
+
+
+def test_hook_reports_once_and_never_waits(monkeypatch: Any) -> None:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    from infersight.hooks import _runtime
+
+    monkeypatch.setattr(_runtime, "active", lambda: True)
+    monkeypatch.setattr(_runtime, "emit_urgent", lambda kind, data: sent.append((kind, data)))
+    monkeypatch.setattr(_enginelog, "_seen", {})
+    text = "ValueError: No available memory for the cache blocks."
+    assert _enginelog.report_text(text, "log")
+    assert not _enginelog.report_text(text, "log")  # the same text: once
+    assert not _enginelog.report_text("INFO: 200 OK", "log")  # no needle
+    assert [k for k, _ in sent] == ["oom"] and sent[0][1]["source"] == "log"
+    # Fault: another thread holds the lock (as a thread that did not survive a fork would).
+    _enginelog._lock.acquire()
+    try:
+        assert not _enginelog.report_text(text + " again", "log")  # returns at once, nothing sent
+    finally:
+        _enginelog._lock.release()
+    held = _enginelog._lock
+    held.acquire()
+    try:
+        _enginelog.after_fork_child()  # the child gets a fresh lock and forgets what was sent
+        assert _enginelog._lock is not held
+        assert _enginelog.report_text(text, "log")
+    finally:
+        held.release()

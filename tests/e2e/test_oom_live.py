@@ -1,0 +1,673 @@
+"""Live OOMs: the allocator hooks in the served process, the agent's oom/mem handlers, reload.
+
+No GPU here. The hook side runs against ``fake_torch.FakeTorch`` (a FAKE torch module that
+implements only the calls hooks/_alloc.py makes) and a FAKE client that records events.
+NVML is a FAKE too (``FakeNvml`` below, returning real ``DeviceSample`` values). The
+end-to-end tests use real hooked child processes, a real agent and the real file exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import fake_torch
+import pytest
+from conftest import BOOTSTRAP, AgentProcess, attr, hook_env, log_records, read_otlp_lines, spans, wait_for
+from fake_torch import GIB, FakeTorch, OutOfMemoryError, nested_stats
+
+from infersight.agent.commands.compose import build_exporters
+from infersight.agent.daemon import config as cfg
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.devices.nvml import DeviceSample, GpuProcess
+from infersight.agent.oom import kind as oom_kind
+from infersight.agent.oom.extension import OomExtension
+from infersight.hooks import _alloc, _runtime, _state
+from infersight.telemetry import LogItem, MetricItem, SpanItem
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+EXAMPLES = SUPPORT / "data" / "oom_examples.jsonl"  # vendored: see tests/support/data/README.md
+SPAN = "ab" * 8
+TRACE = "cd" * 16
+ROOT = "ef" * 8
+MIB = 1 << 20
+
+
+def example(ex_id: str) -> dict[str, Any]:
+    with open(EXAMPLES, encoding="utf-8") as f:
+        for line in f:
+            d = json.loads(line)
+            if d["id"] == ex_id:
+                return d
+    raise KeyError(ex_id)
+
+
+# -- hook side: FAKE torch, FAKE client ---------------------------------------------------------
+
+
+class FakeClient:
+    """FAKE hook client: records what _runtime.emit would queue."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.raise_on_emit = False
+        self.hurried_after: list[int] = []  # len(events) at each hurry(): what was sent at once
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        if self.raise_on_emit:
+            raise RuntimeError("FAKE client failure")
+        json.dumps(data)  # what goes on the wire must be JSON
+        self.events.append((kind, data))
+
+    def hurry(self) -> None:
+        self.hurried_after.append(len(self.events))
+
+    def urgent(self) -> None:  # hurry, and ring the agent's doorbell once sent (the real client)
+        self.hurry()
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [d for k, d in self.events if k == kind]
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Fresh hook state with a FAKE client; excepthooks restored afterwards."""
+    client = FakeClient()
+    monkeypatch.setenv("INFERSIGHT_MEM_INTERVAL_S", "0")
+    monkeypatch.delenv("INFERSIGHT_MEMORY_HISTORY", raising=False)
+    saved = (sys.excepthook, threading.excepthook)
+    st = _state.HookState()  # not failed, no root ended
+    st.runtime.client = client
+    st.runtime.trace_id = TRACE
+    st.runtime.root_span_id = ROOT
+    monkeypatch.setattr(_state, "current", st)
+    yield client
+    st = _alloc.state()
+    st.stop = True
+    st.wake.set()
+    sys.excepthook, threading.excepthook = saved
+
+
+def test_observer_emits_a_well_formed_oom_event(hooked: FakeClient) -> None:
+    fake = FakeTorch(total=16 * GIB)
+    fake.stats = nested_stats(allocated=9 * GIB, reserved=12 * GIB, inactive_split=3 * GIB, device_alloc=7, ooms=1)
+    fake.segments = [  # synthetic segments with the structure of memory_snapshot()
+        {"device": 0, "total_size": 4 * GIB, "segment_type": "large", "segment_pool_id": (0, 0),
+         "blocks": [{"size": 3 * GIB, "state": "active_allocated"}, {"size": GIB, "state": "inactive"}]},
+        {"device": 0, "total_size": 2 * MIB, "segment_type": "small", "segment_pool_id": (0, 0),
+         "blocks": [{"size": 2 * MIB, "state": "inactive"}]},
+    ]
+    _alloc.state().torch = fake
+    assert _alloc.start_allocator_hooks()
+    assert len(fake.observers) == 1
+    assert _alloc.status()["observer"]
+    token = _runtime.current_span.set(SPAN)
+    try:
+        with pytest.raises(OutOfMemoryError):  # the OOM itself, not anything of ours
+            fake.oom(alloc=2 * GIB, free=512 * MIB)
+    finally:
+        _runtime.current_span.reset(token)
+    (ev,) = hooked.of("oom")
+    assert ev["source"] == "observer"
+    assert ev["sp"] == SPAN
+    # sent at once, not after the batch delay (the agent's quiet-producer gate adds up to 80 ms)
+    assert hooked.hurried_after == [len(hooked.events)]
+    assert (ev["dev"], ev["req"], ev["total"], ev["free"]) == (0, 2 * GIB, 16 * GIB, 512 * MIB)
+    assert "allowed" not in ev
+    assert ev["fraction"] == 1.0
+    assert ev["backend"] == "native"
+    assert ev["stats"]["allocated"] == 9 * GIB
+    assert ev["stats"]["reserved"] == 12 * GIB
+    assert ev["uuid"] == "GPU-12345678-aaaa-bbbb-cccc-1234567890ab"
+    snap = ev["snap"]
+    assert snap["segments"] == 2
+    assert snap["top"] == [3 * GIB]
+    assert snap["inactive_split"] == GIB
+    assert snap["pools"]["large"]["largest_free"] == GIB
+    assert snap["pools"]["small"]["largest_free"] == 2 * MIB
+
+
+def test_fraction_cap_is_reported_as_allowed(hooked: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    fake = FakeTorch(total=16 * GIB)
+    fake.fraction = 0.5
+    _alloc.state().torch = fake
+    _alloc.start_allocator_hooks()
+    with pytest.raises(OutOfMemoryError):
+        fake.oom(alloc=GIB, free=10 * GIB)
+    (ev,) = hooked.of("oom")
+    assert ev["allowed"] == 8 * GIB
+    assert ev["total"] == 16 * GIB
+    assert ev["fraction"] == 0.5
+    assert ev["alloc_conf"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def test_observer_never_raises_into_the_oom(hooked: FakeClient) -> None:
+    fake = FakeTorch()
+    fake.raise_in_stats = True
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("FAKE failure")
+
+    fake.cuda.get_device_properties = broken
+    fake.cuda.memory_snapshot = broken
+    _alloc.state().torch = fake
+    _alloc.start_allocator_hooks()
+    with pytest.raises(OutOfMemoryError):
+        fake.oom(alloc=GIB, free=0)
+    (ev,) = hooked.of("oom")
+    assert "stats" not in ev
+    assert "snap" not in ev
+    assert ev["req"] == GIB
+    hooked.raise_on_emit = True  # even the client failing stays inside the observer
+    with pytest.raises(OutOfMemoryError):
+        fake.oom(alloc=GIB, free=0)
+    _alloc.state().torch = None  # and a torch that went away
+    assert fake.observers[0](0, 1, 2, 3) is None
+
+
+def test_starts_only_after_cuda_init_and_only_on_native(hooked: FakeClient) -> None:
+    fake = FakeTorch(initialized=False)
+    _alloc.state().torch = fake
+    assert not _alloc.start_allocator_hooks()
+    assert not fake.observers
+    other = FakeTorch(backend="cudaMallocAsync")
+    _alloc.state().torch = other
+    assert _alloc.start_allocator_hooks()
+    assert not other.observers
+    assert "cudaMallocAsync" in _alloc.status()["reason"]
+
+
+def test_install_waits_for_cuda_then_attaches(hooked: FakeClient) -> None:
+    fake = FakeTorch(initialized=False)
+    _alloc.install(fake)
+    time.sleep(0.05)
+    assert not fake.observers  # never initialises CUDA itself
+    fake.initialized = True
+    _alloc.notify_cuda_ready()
+    assert wait_for(lambda: len(fake.observers) == 1, 5)
+    assert sys.excepthook is _alloc._sys_excepthook
+    assert threading.excepthook is _alloc._thread_excepthook
+
+
+def test_excepthook_reports_the_oom_text_once_and_chains(hooked: FakeClient) -> None:
+    seen: list[Any] = []
+    sys.excepthook = lambda tp, v, tb: seen.append(v)
+    _alloc.state().torch = FakeTorch()
+    _alloc._install_excepthooks()
+    text = example("oom-002")["text"]
+    exc = OutOfMemoryError(text)
+    sys.excepthook(OutOfMemoryError, exc, None)
+    sys.excepthook(OutOfMemoryError, exc, None)  # the same exception again: not twice
+    sys.excepthook(ValueError, ValueError("not an OOM"), None)
+    assert len(seen) == 3  # the previous hook still runs every time
+    (ev,) = hooked.of("oom")
+    assert ev["source"] == "exception"
+    assert ev["text"] == text
+    assert ev["sp"] == ROOT
+    assert hooked.hurried_after == [1]  # the report is sent at once
+
+
+def test_thread_excepthook_reports_and_chains(hooked: FakeClient) -> None:
+    seen: list[Any] = []
+    threading.excepthook = lambda args: seen.append(args.exc_type)
+    _alloc.state().torch = FakeTorch()
+    _alloc._install_excepthooks()
+
+    def work() -> None:
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen == [OutOfMemoryError]
+    (ev,) = hooked.of("oom")
+    assert ev["text"].startswith("CUDA out of memory")
+
+
+def test_report_oom_links_the_span_and_finds_wrapped_ooms(hooked: FakeClient) -> None:
+    _alloc.state().torch = FakeTorch()
+    token = _runtime.current_span.set(SPAN)
+    try:
+        try:
+            try:
+                raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            except OutOfMemoryError as inner:
+                raise ValueError("request failed") from inner
+        except ValueError as outer:
+            first = _alloc.report_oom()  # the one being handled, found through __cause__
+            again = _alloc.report_oom(outer)  # already reported
+        assert first
+        assert not again
+        assert not _alloc.report_oom(ValueError("no OOM"))
+        assert not _alloc.report_oom(None)
+    finally:
+        _runtime.current_span.reset(token)
+    (ev,) = hooked.of("oom")
+    assert ev["sp"] == SPAN
+    assert ev["source"] == "report"
+    assert ev["type"] == "OutOfMemoryError"
+
+
+def test_exception_after_unwinding_links_to_the_observer_span(hooked: FakeClient) -> None:
+    fake = FakeTorch()
+    _alloc.state().torch = fake
+    _alloc.start_allocator_hooks()
+    _alloc._install_excepthooks()
+    sys_prev: list[Any] = []
+    _alloc.state().prev_sys_hook = lambda *a: sys_prev.append(a)
+    token = _runtime.current_span.set(SPAN)
+    try:
+        with pytest.raises(OutOfMemoryError) as info:
+            fake.oom(alloc=GIB, free=0)
+    finally:
+        _runtime.current_span.reset(token)  # the stage ended while the OOM unwound
+    sys.excepthook(OutOfMemoryError, info.value, None)
+    obs, exc = hooked.of("oom")
+    assert obs["source"] == "observer"
+    assert exc["source"] == "exception"
+    assert obs["sp"] == exc["sp"] == SPAN
+    assert len(sys_prev) == 1
+
+
+def test_sampler_emits_deltas_and_segment_events(hooked: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    _state.current.main_span = SPAN  # the main thread is in stage SPAN (the fixture's fresh state)
+    fake = FakeTorch()
+    s = _alloc.Sampler(fake, large_bytes=GIB)
+    fake.stats = nested_stats()
+    assert s.sample() == 0  # a device this process never used
+    fake.stats = nested_stats(allocated=2 * GIB, reserved=3 * GIB, device_alloc=2)
+    assert s.sample() == 1
+    assert s.sample() == 0  # nothing changed, nothing sent
+    fake.stats = nested_stats(allocated=GIB, reserved=GIB, device_alloc=2, device_free=1, retries=1)
+    assert s.sample() == 1
+    first, second = hooked.of("mem")
+    assert first["sp"] == SPAN
+    assert first["s"]["reserved"] == 3 * GIB
+    assert first["uuid"].startswith("GPU-")
+    assert {e["n"] for e in first["ev"]} == {"segment_alloc", "large_alloc"}
+    seg = next(e for e in first["ev"] if e["n"] == "segment_alloc")
+    assert seg == {"n": "segment_alloc", "count": 2, "bytes": 3 * GIB}
+    assert [e["n"] for e in second["ev"]] == ["segment_free", "alloc_retry"]
+    assert second["ev"][0]["bytes"] == 2 * GIB
+
+
+def test_snapshot_summary_is_bounded() -> None:
+    # Synthetic: more segments than the summary looks at.
+    segs = [{"total_size": 2 * MIB, "segment_type": "large", "blocks": [{"size": 2 * MIB, "state": "inactive"}]}
+            for _ in range(_alloc.MAX_SEGMENTS + 10)]
+    out = _alloc.snapshot_summary(segs)
+    assert out["segments"] == _alloc.MAX_SEGMENTS
+    assert out["truncated"]
+    assert out["inactive_split"] == 0
+
+
+# -- agent side, in-process: Assembler + handlers --------------------------------------------
+
+
+class FakeNvml:
+    """FAKE NVML: one device whose process list the test sets (real DeviceSample values)."""
+
+    def __init__(self, uuid: str, total: int, procs: list[tuple[int, int]]) -> None:
+        self.uuid, self.total, self.procs = uuid, total, procs
+
+    def device_count(self) -> int:
+        return 1
+
+    def sample(self, index: int) -> DeviceSample | None:
+        return DeviceSample(
+            time_ns=time.time_ns(), index=index, uuid=self.uuid, name="FAKE GPU", memory_total_bytes=self.total,
+            processes=tuple(GpuProcess(pid, used, pid, "python") for pid, used in self.procs),
+        )
+
+
+def _producer(asm: Assembler, pid: int = 4242) -> Any:
+    return asm.hello({"id": "p-%d" % pid, "pid": pid, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT})
+
+
+def _handlers(nvml: Any = None) -> tuple[oom_kind.OomHandlers, Assembler]:
+    h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml)
+    return h, Assembler("host", {"oom": h.oom, "mem": h.mem})
+
+
+def _observer_event(**over: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"source": "observer", "dev": 0, "req": 4 * GIB, "total": 80 * GIB, "free": GIB,
+                         "stats": {"allocated": 10 * GIB, "reserved": 10 * GIB}, "sp": SPAN,
+                         "uuid": "GPU-aaaa"}
+    d.update(over)
+    return d
+
+
+def test_nvml_other_tenants_make_a_reservation_conflict() -> None:
+    nvml = FakeNvml("GPU-aaaa", 80 * GIB, [(4242, 10 * GIB + 600 * MIB), (999, 68 * GIB)])
+    h, asm = _handlers(nvml)
+    p = _producer(asm)
+    items = asm.events(p, [[1, 10, "oom", _observer_event()]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.severity_text == "ERROR"
+    assert log.event_name == "oom"
+    assert log.span_id == SPAN
+    assert log.attributes["infersight.oom.class"] == "reservation_conflict"
+    assert log.attributes["infersight.oom.rule"] == "oom.reservation.tenants"
+    assert log.attributes["infersight.oom.O_bytes"] == 68 * GIB
+    assert log.attributes["infersight.oom.nvml"] is True
+    assert log.attributes["hw.id"] == "GPU-aaaa"
+    assert "reservation_conflict" in log.body
+    (ev,) = p.span_events[SPAN]
+    assert ev.name == "infersight.oom"
+    assert ev.attributes["infersight.oom.class"] == "reservation_conflict"
+    (count,) = [i for i in items if isinstance(i, MetricItem)]
+    assert count.name == "infersight.oom.count"
+    assert count.kind == "sum"
+
+
+def test_observer_and_exception_count_once_but_two_ooms_count_twice() -> None:
+    h, asm = _handlers()
+    p = _producer(asm)
+    text = ("CUDA out of memory. Tried to allocate 4.00 GiB. "
+            "GPU 0 has a total capacity of 80.00 GiB of which 1.00 GiB is free.")
+    batch = [
+        [1, 10, "oom", _observer_event()],
+        [2, 20, "oom", {"source": "exception", "text": text, "sp": ROOT}],
+        [3, 30, "oom", {"source": "report", "text": text, "sp": ROOT}],  # reported twice
+        [4, 40, "oom", _observer_event()],  # a second, real OOM
+    ]
+    items = asm.events(p, batch)
+    logs = [i for i in items if isinstance(i, LogItem)]
+    assert len(logs) == 2
+    assert h.duplicates == 2
+    assert p.malformed == 0
+    last = [i for i in items if isinstance(i, MetricItem)][-1]
+    assert [(pt.attributes["infersight.oom.class"], pt.value) for pt in last.points] == [("reservation_conflict", 2)]
+
+
+def test_exception_text_alone_is_classified() -> None:
+    ex = example("oom-002")
+    h, asm = _handlers()
+    p = _producer(asm)
+    items = asm.events(p, [[1, 10, "oom", {"source": "exception", "text": ex["text"], "sp": SPAN}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == ex["label"] == "fragmentation"
+    assert log.attributes["infersight.oom.R_bytes"] == ex["numbers"]["R"]
+
+
+def test_malformed_oom_and_mem_events_are_counted() -> None:
+    h, asm = _handlers()
+    p = _producer(asm)
+    asm.events(p, [[1, 1, "oom", {"req": "lots"}], [2, 2, "mem", {"s": {}}], [3, 3, "mem", {"dev": 0, "ev": [1]}]])
+    assert p.malformed == 3
+
+
+def test_mem_metrics_and_span_events() -> None:
+    h, asm = _handlers()
+    p = _producer(asm)
+    st = {"reserved": 3 * GIB, "allocated": 2 * GIB, "retries": 1, "device_alloc": 2, "device_free": 0}
+    ev = [{"n": "segment_alloc", "count": 2, "bytes": 3 * GIB}, {"n": "large_alloc", "count": 1, "bytes": 2 * GIB}]
+    items = asm.events(p, [[1, 10, "mem", {"dev": 0, "uuid": "GPU-aaaa", "s": st, "sp": SPAN, "ev": ev}]])
+    by_name = {i.name: i for i in items if isinstance(i, MetricItem)}
+    assert by_name["infersight.memory.reserved"].kind == "gauge"
+    assert by_name["infersight.memory.reserved"].unit == "By"
+    assert by_name["infersight.memory.alloc_retries"].kind == "sum"
+    assert by_name["infersight.memory.device_allocs"].points[0].attributes["hw.id"] == "GPU-aaaa"
+    # The stage span arrives afterwards and carries the events.
+    out = asm.events(p, [[2, 20, "span", {"n": "coldstart.warmup", "id": SPAN, "s": 5, "e": 20}]])
+    (span,) = [i for i in out if isinstance(i, SpanItem)]
+    assert [e.name for e in span.events] == ["infersight.memory.segment_alloc", "infersight.memory.large_alloc"]
+    # A reset of PyTorch's counters restarts the sum.
+    st2 = dict(st, retries=0)
+    items = asm.events(p, [[3, 30, "mem", {"dev": 0, "s": st2}]])
+    retries = next(i for i in items if isinstance(i, MetricItem) and i.name == "infersight.memory.alloc_retries")
+    assert retries.start_ns == 30
+
+
+SITE_RULE = textwrap.dedent('''\
+    engine_version = "1.0"
+
+    [[rule]]
+    id = "site.bigger-than-device"
+    version = 1
+    class = "capacity"
+    priority = 5
+    condition = "R > T"
+    remedy = "This request can never fit on this device: shard the model or use a larger device."
+
+    [[rule.examples]]
+    kind = "positive"
+    numbers = { R = "20 GiB", T = "12 GiB", F = 0, A = 0, P = 0 }
+
+    [[rule.examples]]
+    kind = "negative"
+    numbers = { R = "1 GiB", T = "12 GiB", F = "8 GiB", A = 0, P = 0 }
+    ''')
+BAD_RULE = (  # line 8: the condition does not parse
+    'engine_version = "1.0"\n\n[[rule]]\nid = "site.bad"\nversion = 1\nclass = "capacity"\npriority = 1\n'
+    'condition = "R >>> T"\nremedy = "x"\n'
+)
+
+
+def test_classifier_reload_keeps_old_rules_on_an_invalid_file(tmp_path: Path) -> None:
+    d = tmp_path / "rules"
+    d.mkdir()
+    (d / "site.toml").write_text(SITE_RULE)
+    c = oom_kind.OomClassifier([d])
+    assert c.rules.get("site.bigger-than-device") is not None
+    (d / "zz-bad.toml").write_text(BAD_RULE)
+    with pytest.raises(ValueError, match=r"zz-bad\.toml:8"):
+        c.reload(dirs=[d])
+    assert c.rules.get("site.bigger-than-device") is not None
+
+
+# -- end to end: hooked child processes, an in-process agent, the file exporter ------------
+
+CHILD_REPORT = """
+import json, sys
+from infersight import hooks
+from infersight.hooks import _alloc
+
+class OutOfMemoryError(RuntimeError):  # FAKE stand-in for torch.OutOfMemoryError
+    pass
+
+text = json.loads(sys.argv[1])
+with hooks.stage("warmup"):
+    try:
+        raise OutOfMemoryError(text)
+    except OutOfMemoryError as exc:
+        assert _alloc.report_oom(exc)
+"""
+
+CHILD_OBSERVER = """
+import json, sys, time
+from infersight import hooks
+from infersight.hooks import _alloc
+from fake_torch import FakeTorch, OutOfMemoryError, nested_stats  # FAKE torch
+
+ex = json.loads(sys.argv[1])
+n = ex["numbers"]
+fake = FakeTorch(total=n["T"])
+fake.stats = nested_stats(allocated=n["A"], reserved=n["P"])
+_alloc.install(fake)
+deadline = time.time() + 10
+while not fake.observers and time.time() < deadline:
+    time.sleep(0.005)
+with hooks.stage("warmup"):
+    fake.oom(alloc=n["R"], free=n["F"], text=ex["text"])  # uncaught: sys.excepthook reports it
+"""
+
+
+def _records(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    lines = read_otlp_lines(path)
+    metrics = [
+        m for req in lines for rm in req.get("resourceMetrics", []) for sm in rm["scopeMetrics"] for m in sm["metrics"]
+    ]
+    return log_records(lines), spans(lines), metrics
+
+
+async def _run_child(code: str, arg: str, sock: Path, spool: Path) -> tuple[int, str]:
+    env = hook_env(sock, spool, PYTHONPATH=os.pathsep.join([str(BOOTSTRAP), str(SUPPORT)]),
+                   INFERSIGHT_MEM_INTERVAL_S="0")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, arg, env=env,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode or 0, err.decode()
+
+
+async def test_end_to_end_oom_in_warmup(tmp_path: Path) -> None:
+    out = tmp_path / "out.otlp.jsonl"
+    sock, spool = tmp_path / "a.sock", tmp_path / "spool"
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
+                                         "exporters.file.path": str(out), "rules.dirs": [],
+                                         "agent.health_interval_s": 3600.0})
+    oom = OomExtension(conf)
+    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    handlers = oom.handlers
+    await agent.start()
+    try:
+        ex = example("oom-002")
+        rc, err = await _run_child(CHILD_REPORT, json.dumps(ex["text"]), sock, spool)
+        assert rc == 0, err
+        rc, err = await _run_child(CHILD_OBSERVER, json.dumps(ex), sock, spool)
+        assert rc == 1
+        assert "OutOfMemoryError" in err
+        await agent.ingest.wait_connections_closed(10)
+    finally:
+        await agent.shutdown(10)
+    logs, sps, metrics = _records(out)
+    ooms = [r for r in logs if r.get("eventName") == "oom"]
+    assert len(ooms) == 2
+    assert handlers.duplicates == 1
+    for rec in ooms:
+        assert rec["severityText"] == "ERROR"
+        assert attr(rec, "infersight.oom.class") == "fragmentation"
+        assert attr(rec, "infersight.oom.rule") == "oom.fragmentation"
+    assert {attr(r, "infersight.oom.source") for r in ooms} == {"report", "observer"}
+    warmups = [s for s in sps if s["name"] == "coldstart.warmup"]
+    assert len(warmups) == 2
+    for w in warmups:
+        (ev,) = [e for e in w.get("events", []) if e["name"] == "infersight.oom"]
+        assert attr(ev, "infersight.oom.class") == "fragmentation"
+        assert any(r["spanId"] == w["spanId"] for r in ooms)
+    counts = [m for m in metrics if m["name"] == "infersight.oom.count"]
+    assert len(counts) == 2
+    for m in counts:
+        (pt,) = m["sum"]["dataPoints"]
+        assert attr(pt, "infersight.oom.class") == "fragmentation"
+        assert int(pt.get("asInt", pt.get("asDouble"))) == 1
+
+
+# -- SIGHUP: a real agent process --------------------------------------------------------------
+
+
+
+
+def test_sighup_reload_keeps_old_rules_on_an_invalid_file(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    a = AgentProcess(tmp_path, '[rules]\ndirs = ["%s"]\n' % rules).start()
+    text = example("oom-072")["text"]  # 55.57 GiB asked of a 12 GiB device
+
+    def classify_once() -> str:
+        before = len([r for r in log_records(read_otlp_lines(a.out)) if r.get("eventName") == "oom"]) \
+            if a.out.exists() else 0
+        r = subprocess.run([sys.executable, "-c", CHILD_REPORT, json.dumps(text)],
+                           env=hook_env(a.sock, a.spool), capture_output=True, timeout=30, check=False)
+        assert r.returncode == 0, r.stderr
+        got: list[dict[str, Any]] = []
+
+        def arrived() -> bool:
+            got[:] = [r for r in log_records(read_otlp_lines(a.out)) if r.get("eventName") == "oom"] \
+                if a.out.exists() else []
+            return len(got) > before
+
+        assert wait_for(arrived, 10)
+        return str(attr(got[-1], "infersight.oom.rule"))
+
+    try:
+        assert classify_once() == "oom.capacity"
+        (rules / "site.toml").write_text(SITE_RULE)
+        a.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        assert wait_for(lambda: a.status()["counters"]["reloads"] == 1, 10)
+        assert classify_once() == "site.bigger-than-device"
+        (rules / "zz-bad.toml").write_text(BAD_RULE)
+        a.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        assert wait_for(lambda: a.status()["counters"]["reload_failures"] == 1, 10)
+        assert classify_once() == "site.bigger-than-device"  # the old rules keep classifying
+        assert wait_for(lambda: "zz-bad.toml:8" in a.log.read_text(), 5), a.log.read_text()
+    finally:
+        assert a.stop() == 0
+    assert "reload failed" in a.log.read_text()
+    assert fake_torch.__doc__
+    assert "FAKE" in fake_torch.__doc__
+
+
+async def test_oom_reads_nvml_off_the_event_loop_under_the_device_lock() -> None:
+    """The handler used to call NVML on the event loop, without the lock that keeps
+    sampling and nvmlShutdown apart."""
+    import threading
+
+    lock = threading.Lock()
+    seen: list[tuple[str, bool]] = []
+
+    class RecordingNvml(FakeNvml):  # FAKE NVML: records where and how it was called
+        def sample(self, index: int) -> DeviceSample | None:
+            seen.append((threading.current_thread().name, lock.locked()))
+            return super().sample(index)
+
+    def guard(fn: Any) -> Any:
+        with lock:
+            return fn()
+
+    published: list[Any] = []
+    nvml = RecordingNvml("GPU-aaaa", 80 * GIB, [(4242, 10 * GIB + 600 * MIB), (999, 68 * GIB)])
+    h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml, publish=published.extend, nvml_guard=guard)
+    asm = Assembler("host", {"oom": h.oom, "mem": h.mem})
+    p = _producer(asm)
+    items = asm.events(p, [[1, 10, "oom", _observer_event()]])
+    assert not [i for i in items if isinstance(i, LogItem)], "finished later, off the loop"
+    await h.wait_later(10)
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "reservation_conflict"
+    assert log.attributes["infersight.oom.nvml"] is True
+    assert seen and all(name != threading.current_thread().name and held for name, held in seen), seen
+
+
+def test_an_undecided_oom_carries_a_reason_on_every_sink() -> None:
+    h, asm = _handlers()
+    p = _producer(asm)
+    items = asm.events(p, [[1, 10, "oom", {"source": "observer", "dev": 0, "req": 4 * GIB, "sp": SPAN}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "unknown"
+    assert "missing" in str(log.attributes["infersight.oom.reason"])
+    (ev,) = p.span_events[SPAN]
+    assert ev.attributes["infersight.oom.reason"] == log.attributes["infersight.oom.reason"]
+    assert log.attributes["infersight.oom.engine"] == "pytorch"
+
+
+def test_an_engine_error_of_another_uid_does_not_hide_yours() -> None:
+    """The same engine text from two processes of one uid is one OOM (a worker logs it, its
+    parent re-raises it); from another uid it is that user's own OOM: a neighbour who sends the
+    text first must not make the victim's count as a duplicate."""
+    h, asm = _handlers()
+    text = "Not enough memory. Please try to increase --mem-fraction-static."
+
+    def producer(pid: int, uid: int) -> Any:
+        return asm.hello({"id": "p-%d" % pid, "pid": pid, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT},
+                         uid=uid)
+
+    attacker, victim, victims_worker = producer(1, 2000), producer(2, 1000), producer(3, 1000)
+    got = []
+    for seq, p in enumerate((attacker, victim, victims_worker), 1):
+        items = asm.events(p, [[seq, 10 + seq, "oom", {"source": "log", "text": text}]])
+        got.append([i.resource.get("process.user.id") for i in items if isinstance(i, LogItem)])
+    assert got == [[2000], [1000], []]
+    assert h.duplicates == 1

@@ -1,0 +1,385 @@
+"""OtlpExporter against a real OTLP receiver (gRPC and HTTP, opentelemetry-proto servicers)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from otlp_receiver import OtlpReceiver, attrs, free_port
+from otlp_samples import RES, T0, make_logs, make_metrics, make_spans
+
+from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.spool import DiskSpool
+from infersight.exporters.base import Exporter, ExportError
+from infersight.exporters.otlp import (
+    OtlpConfigError,
+    OtlpExporter,
+    otlp_requested,
+    resolve_endpoint,
+    safe_url,
+)
+from infersight.telemetry import (
+    ColdStart,
+    HistogramPoint,
+    MetricItem,
+    Resource,
+)
+
+PROTOCOLS = ["http/protobuf", "grpc"]
+
+
+@pytest.fixture(autouse=True)
+def clean_otel_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("OTEL_"):
+            monkeypatch.delenv(k)
+
+
+@pytest.fixture
+def rx():
+    r = OtlpReceiver().start()
+    yield r
+    r.stop()
+
+
+def endpoint_for(rx: OtlpReceiver, protocol: str) -> str:
+    return rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
+
+
+def transport(protocol: str) -> str:
+    return "grpc" if protocol == "grpc" else "http"
+
+
+async def test_protocol_conformance(rx):
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=2)
+    assert isinstance(exp, Exporter)
+    assert exp.name == "otlp"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_roundtrip_all_signals(rx, protocol):
+    exp = OtlpExporter(endpoint_for(rx, protocol), protocol=protocol, timeout_s=5)
+    await exp.start()
+    spans, logs, metrics = make_spans(), make_logs(), make_metrics()
+    cold = ColdStart(spans[0], spans[1:])
+    await exp.export([*spans, *logs, *metrics, cold])
+    t = transport(protocol)
+
+    got = {s.span_id.hex(): (res, scope, s) for res, scope, s in rx.spans(t)}
+    assert set(got) == {s.span_id for s in spans}  # ColdStart not exported a second time
+    for s in spans:
+        res, scope, p = got[s.span_id]
+        assert p.name == s.name
+        assert p.trace_id.hex() == s.trace_id
+        assert p.parent_span_id.hex() == (s.parent_span_id or "")
+        assert (p.start_time_unix_nano, p.end_time_unix_nano) == (s.start_ns, s.end_ns)
+        assert attrs(p.attributes) == s.attributes
+        assert res == {"service.name": "serve", "host.name": "gpu-01", "process.pid": 4242}
+        assert scope == "infersight"
+        assert p.status.code == (2 if s.error else 0)
+        if s.error:
+            assert p.status.message == "boom"
+    root = got[spans[0].span_id][2]
+    assert [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in root.events] == [
+        ("ready", T0 + 4_000_000_000, {"port": 8000})
+    ]
+
+    recs = rx.log_records(t)
+    assert [(lr.body.string_value, lr.severity_number, lr.severity_text) for _, _, lr in recs] == [
+        ("CUDA out of memory", 17, "ERROR"), ("model loaded", 9, "INFO")
+    ]
+    oom = recs[0][2]
+    assert oom.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c"
+    assert oom.span_id.hex() == "b7ad6b7169203331"
+    assert oom.event_name == "oom"
+    assert oom.time_unix_nano == T0 + 1
+    assert attrs(oom.attributes) == {"oom.cause": "fragmentation"}
+    assert recs[1][2].trace_id == b""
+    assert recs[0][0]["host.name"] == "gpu-01"
+
+    ms = {m.name: m for _, _, m in rx.metrics(t)}
+    assert set(ms) == {"hw.gpu.memory.usage", "infersight.events.in", "infersight.coldstart.duration"}
+    g = ms["hw.gpu.memory.usage"]
+    assert g.unit == "By"
+    assert [(dp.as_int, attrs(dp.attributes)) for dp in g.gauge.data_points] == [
+        (123456789, {"hw.id": "GPU-a"}), (5, {"hw.id": "GPU-b"})
+    ]
+    sm = ms["infersight.events.in"].sum
+    assert sm.is_monotonic
+    assert sm.aggregation_temporality == 2  # cumulative
+    assert sm.data_points[0].as_double == 42.5
+    assert sm.data_points[0].start_time_unix_nano == T0 - 10
+    h = ms["infersight.coldstart.duration"].histogram
+    assert h.aggregation_temporality == 2
+    dp = h.data_points[0]
+    assert list(dp.explicit_bounds) == [1.0, 5.0, 10.0]
+    assert list(dp.bucket_counts) == [1, 2, 0, 1]
+    assert (dp.count, dp.sum, dp.min, dp.max) == (4, 30.5, 0.5, 20.0)
+    assert attrs(dp.attributes) == {"model": "llama"}
+    assert rx.point_count(t) == 4
+
+    st = exp.state()
+    assert (st["spans_exported"], st["log_records_exported"], st["metric_points_exported"]) == (3, 2, 4)
+    assert st["skipped_items"] == 1
+    assert st["export_failures"] == 0
+    await exp.shutdown()
+    await exp.shutdown()  # idempotent
+    with pytest.raises(ExportError):
+        await exp.export(make_spans())
+
+
+async def test_histogram_without_min_max(rx):
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
+    m = MetricItem(RES, "h", "histogram", "s", "", T0, T0, [HistogramPoint([1.0], [0, 1], 1, 2.0, None, None)])
+    await exp.export([m])
+    dp = rx.metrics()[0][2].histogram.data_points[0]
+    assert not dp.HasField("min")
+    assert not dp.HasField("max")
+    assert list(dp.bucket_counts) == [0, 1]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_env_headers_reach_the_receiver(rx, monkeypatch, protocol):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=team-a,authorization=Bearer%20s3cret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint_for(rx, protocol))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    exp = OtlpExporter()
+    await exp.export(make_spans(0))
+    (r,) = rx.received("traces", transport(protocol))
+    assert r.headers["x-tenant"] == "team-a"
+    assert r.headers["authorization"] == "Bearer s3cret"
+    assert "s3cret" not in repr(exp.state())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_explicit_headers_merge_over_env(rx, monkeypatch, protocol):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-a=env,x-b=env")
+    exp = OtlpExporter(endpoint_for(rx, protocol), protocol=protocol, headers="x-b=arg", timeout_s=5)
+    await exp.export(make_logs())
+    (r,) = rx.received("logs")
+    assert (r.headers["x-a"], r.headers["x-b"]) == ("env", "arg")
+
+
+async def test_gzip_compression_from_env(rx, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
+    await exp.export(make_spans(1))
+    (r,) = rx.received("traces")
+    assert r.headers["content-encoding"] == "gzip"
+    assert rx.span_count() == 2
+
+
+async def test_custom_env_mapping(rx):
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": rx.http_endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-sig=traces",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-gen=all",
+        "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+    }
+    exp = OtlpExporter(env=env)
+    await exp.export([*make_spans(0), *make_logs()])
+    (t,) = rx.received("traces")
+    (lg,) = rx.received("logs")
+    assert t.headers["x-sig"] == "traces"
+    assert "x-gen" not in t.headers  # signal-specific wins over generic
+    assert lg.headers["x-gen"] == "all"
+    assert t.headers["content-encoding"] == "gzip"
+
+
+async def test_per_signal_endpoint_wins(rx, monkeypatch):
+    dead = "http://127.0.0.1:%d" % free_port()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rx.http_endpoint + "/v1/traces")
+    exp = OtlpExporter(dead, timeout_s=0.5)
+    await exp.export(make_spans(1))
+    assert rx.span_count() == 2
+    with pytest.raises(ExportError):
+        await exp.export(make_logs())  # logs still go to the dead base endpoint
+
+
+def test_only_per_signal_endpoint_leaves_others_unrouted(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:1/v1/traces")
+    assert otlp_requested()
+    exp = OtlpExporter()
+    assert set(exp.routes) == {"traces"}
+    asyncio.run(exp.export(make_logs()))  # no endpoint for logs: counted, not sent
+    assert exp.state()["unrouted_items"] == 2
+
+
+def test_endpoint_resolution():
+    assert resolve_endpoint("traces", "http://c:4318/", "http/protobuf", {}) == "http://c:4318/v1/traces"
+    assert resolve_endpoint("logs", None, "http/protobuf", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}) == (
+        "http://c:4318/v1/logs"
+    )
+    assert resolve_endpoint("metrics", "http://c:4317", "grpc", {}) == "http://c:4317"
+    assert resolve_endpoint("traces", None, "http/protobuf", {}) is None  # no implicit localhost
+    assert safe_url("https://user:pw@c:4318/v1/traces?token=x") == "https://c:4318/v1/traces"
+
+
+def test_disabled_and_unconfigured(monkeypatch):
+    assert not otlp_requested()  # no endpoint anywhere
+    with pytest.raises(OtlpConfigError, match="no OTLP endpoint"):
+        OtlpExporter(None)
+    assert otlp_requested("http://127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    assert otlp_requested()
+    assert OtlpExporter() is not None
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "TRUE")
+    assert not otlp_requested()
+    assert not otlp_requested("http://127.0.0.1:4318")
+    with pytest.raises(OtlpConfigError, match="OTEL_SDK_DISABLED"):
+        OtlpExporter("http://127.0.0.1:4318")
+
+
+def test_bad_protocol_and_timeout(monkeypatch):
+    with pytest.raises(OtlpConfigError, match="http/json"):
+        OtlpExporter("http://127.0.0.1:4318", protocol="http/json")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "soon")
+    with pytest.raises(OtlpConfigError, match="timeout"):
+        OtlpExporter("http://127.0.0.1:4318")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_receiver_down_fails_fast(protocol):
+    # Nothing listens: the SDK's internal retries stop at the small timeout, and the
+    # failure surfaces as a retryable ExportError (our worker owns the retrying).
+    exp = OtlpExporter("http://127.0.0.1:%d" % free_port(), protocol=protocol, timeout_s=0.5)
+    with pytest.raises(ExportError) as ei:
+        await exp.export([*make_spans(1), *make_logs(), *make_metrics()])
+    assert ei.value.retryable
+    st = exp.state()
+    assert st["export_failures"] == 3
+    assert st["failed_items"] == 7
+    assert st["spans_exported"] == 0
+    assert "traces" in str(ei.value)
+
+
+async def test_http_503_is_retryable_error(rx):
+    rx.set_fail_status(503)
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=0.5)
+    with pytest.raises(ExportError) as ei:
+        await exp.export(make_spans(0))
+    assert ei.value.retryable
+    rx.set_fail_status(None)
+    await exp.export(make_spans(0))
+    assert rx.span_count() == 1
+
+
+async def test_grpc_reconnects_after_receiver_restart(rx):
+    exp = OtlpExporter(rx.grpc_endpoint, protocol="grpc", timeout_s=1)
+    await exp.export(make_spans(0))
+    await asyncio.to_thread(rx.stop)
+    with pytest.raises(ExportError):
+        await exp.export(make_spans(0))
+    await asyncio.to_thread(rx.start)  # same port
+    # The first call may still fail fast while the gRPC channel sits in its reconnect
+    # backoff; retrying (what ExporterWorker does) gets through on the new server.
+    for _attempt in range(300):  # up to a minute, however slow the reconnect
+        try:
+            await exp.export(make_spans(0))
+            break
+        except ExportError:
+            await asyncio.sleep(0.2)
+    assert rx.span_count() == 2
+
+
+@pytest.mark.slow
+async def test_receiver_down_10s_nothing_lost(tmp_path):
+    """The receiver is down for 10 s and comes back: nothing is lost, retries are counted.
+
+    Asserts exactly-once delivery for this scenario (each batch is spooled once and popped
+    after its successful export); in general OTLP export is at-least-once.
+    """
+    rx = OtlpReceiver(grpc_=False)
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=0.5)
+    worker = ExporterWorker(exp, spool=DiskSpool(str(tmp_path / "spool")), retry_initial_s=0.1, retry_max_s=1.0)
+    worker.start()
+    expected_spans: list[str] = []
+    expected_logs = 0
+    done = 0
+
+    def on_done() -> None:
+        nonlocal done
+        done += 1
+
+    try:
+        # Healthy first: one batch goes straight through.
+        await asyncio.to_thread(rx.start)
+        first = make_spans(1)
+        expected_spans += [s.span_id for s in first]
+        c = Completion(on_done)
+        c.pending = 1
+        worker.submit(first, c)
+        n = 1
+        assert await asyncio.to_thread(rx.wait_for, lambda: rx.span_count() == 2, 10)
+        # Then the receiver is down for 10 s while batches keep coming.
+        await asyncio.to_thread(rx.stop)
+        loop = asyncio.get_running_loop()
+        t_end = loop.time() + 10.0
+        while loop.time() < t_end:
+            spans = make_spans(3)
+            logs = make_logs()
+            expected_spans += [s.span_id for s in spans]
+            expected_logs += len(logs)
+            c = Completion(on_done)
+            c.pending = 1
+            worker.submit([*spans, *logs], c)
+            n += 1
+            await asyncio.sleep(0.25)
+        assert rx.span_count() == 2  # nothing got through while down
+        assert worker.export_errors > 0
+        assert worker.state()["spooled_items_pending"] > 0
+        await asyncio.to_thread(rx.start)  # back, on the same port
+        assert await asyncio.to_thread(
+            rx.wait_for, lambda: rx.span_count() >= len(expected_spans) and rx.log_count() >= expected_logs, 30
+        )
+        assert await worker.drain(10)
+    finally:
+        await asyncio.to_thread(rx.stop)
+    got = [s.span_id.hex() for _, _, s in rx.spans()]
+    assert sorted(got) == sorted(expected_spans)  # every span, exactly once
+    assert rx.log_count() == expected_logs
+    assert done == n  # every batch completed (spooled, then delivered from the spool)
+    assert worker.retries > 0
+    st = worker.state()
+    assert st["spooled_items_pending"] == 0
+    assert st["dropped_items"] == 0
+    assert st["exporter.spans_exported"] == len(expected_spans)
+    assert st["exporter.export_failures"] > 0
+
+
+async def test_log_without_ids_ignores_current_span(rx):
+    from opentelemetry import trace
+
+    ctx = trace.SpanContext(0x1234, 0x5678, is_remote=False)
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
+    with trace.use_span(trace.NonRecordingSpan(ctx)):
+        await exp.export(make_logs()[1:])
+    (_, _, lr) = rx.log_records()[0]
+    assert lr.trace_id == b""
+    assert lr.span_id == b""
+
+
+async def test_list_valued_resource_attribute(rx):
+    res = Resource.of({"service.name": "serve", "hw.ids": ["GPU-a", "GPU-b"]})
+    span = make_spans(0)[0]
+    span.resource = res
+    m = make_metrics()[0]
+    m.resource = res
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
+    await exp.export([span, m])
+    assert rx.spans()[0][0]["hw.ids"] == ["GPU-a", "GPU-b"]
+    assert rx.metrics()[0][0]["hw.ids"] == ["GPU-a", "GPU-b"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_header_values_never_logged(caplog, monkeypatch, protocol):
+    caplog.set_level("DEBUG")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20t0ps3cret")
+    exp = OtlpExporter("http://127.0.0.1:%d" % free_port(), protocol=protocol, headers="x-key=k3y", timeout_s=0.3)
+    await exp.start()
+    with pytest.raises(ExportError) as ei:
+        await exp.export(make_spans(0))
+    text = caplog.text + str(ei.value) + repr(exp.state())
+    assert "t0ps3cret" not in text
+    assert "k3y" not in text

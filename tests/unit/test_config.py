@@ -1,0 +1,75 @@
+"""Configuration precedence (flag > env > file > default) and file:line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infersight.agent.commands.config_reference import key_table
+from infersight.agent.daemon import config as cfg
+from infersight.settings import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    p = write(tmp_path, '[agent]\nsocket = "/file.sock"\nshutdown_timeout_s = 3\n[exporters.file]\nbackups = 7\n')
+    env = {"INFERSIGHT_SOCKET": "/env.sock", "INFERSIGHT_SHUTDOWN_TIMEOUT_S": "4"}
+    c = cfg.load(str(p), env=env, flags={"agent.socket": "/flag.sock"})
+    assert c["agent.socket"] == "/flag.sock" and c.sources["agent.socket"] == "flag"
+    assert c["agent.shutdown_timeout_s"] == 4.0 and c.sources["agent.shutdown_timeout_s"].startswith("env")
+    assert c["exporters.file.backups"] == 7 and c.sources["exporters.file.backups"] == "%s:5" % p
+    assert c["exporters.file.max_bytes"] == 256 << 20 and c.sources["exporters.file.max_bytes"] == "default"
+
+
+def test_bad_value_names_key_and_file_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent]\n# comment\nhealth_interval_s = -1\n")
+    with pytest.raises(ConfigError) as e:
+        cfg.load(str(p), env={})
+    assert "%s:3" % p in str(e.value) and "agent.health_interval_s" in str(e.value)
+
+
+def test_socket_mode_must_not_open_to_others(tmp_path: Path) -> None:
+    p = write(tmp_path, '[agent]\nsocket_mode = "0666"\n')
+    with pytest.raises(ConfigError, match="0660 or stricter"):
+        cfg.load(str(p), env={})
+
+
+def test_unknown_key_is_an_error_with_line(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent]\n\nsokcet = 1\n")
+    with pytest.raises(ConfigError, match=r"c\.toml:3: unknown key 'agent\.sokcet'"):
+        cfg.load(str(p), env={})
+
+
+def test_bad_env_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="INFERSIGHT_SHUTDOWN_TIMEOUT_S"):
+        cfg.load(None, env={"INFERSIGHT_SHUTDOWN_TIMEOUT_S": "soon"})
+
+
+def test_toml_syntax_error(tmp_path: Path) -> None:
+    p = write(tmp_path, "[agent\n")
+    with pytest.raises(ConfigError, match=str(p)):
+        cfg.load(str(p), env={})
+
+
+def test_key_table_lists_every_key() -> None:
+    table = key_table()
+    for k in cfg.KEYS:
+        assert "`%s`" % k.name in table
+
+
+def test_an_environment_flag_takes_its_default_when_unset_empty_or_bad(caplog: pytest.LogCaptureFixture) -> None:
+    from infersight.settings import env_flag
+
+    name = "INFERSIGHT_MEASURE_STORAGE"
+    assert env_flag(name, True, {}) is True
+    assert env_flag(name, True, {name: " "}) is True
+    assert env_flag(name, True, {name: "Off"}) is False
+    assert env_flag(name, False, {name: "yes"}) is True
+    assert env_flag(name, True, {name: "maybe"}) is True
+    assert "INFERSIGHT_MEASURE_STORAGE='maybe'" in caplog.text

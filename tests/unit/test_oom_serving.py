@@ -1,0 +1,641 @@
+"""Serving-engine memory errors (issue 24): recognised, classified in the engine's terms,
+``unknown`` with a reason when the text does not decide, no false alarms.
+
+The data is vendored: ``tests/support/data/serving_ooms_given.jsonl`` (30 labelled messages with
+their threads), ``serving_ooms_collected.jsonl`` (more from other public threads, real
+non-memory errors of the same engines among them, each with its source) and
+``serving_ooms_unseen.jsonl`` (a second collection, labelled before the rules it measures
+were changed; records whose thread a rule example quotes are marked ``in_rule_examples``) and
+``serving_ooms_collected2.jsonl`` (a third, split by URL hash into a ``tune`` and a ``held_out``
+half before any rule ran on it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from infersight.agent.commands.classify import main
+from infersight.rules.serving import (
+    ENGINES,
+    ServingRulesError,
+    analyse,
+    builtin,
+    builtin_serving_path,
+    detect_engine,
+    load_serving_rules,
+    size_bytes,
+)
+from infersight.rules.serving_measure import score
+
+DATA = Path(__file__).resolve().parents[1] / "support" / "data"
+
+
+def _load(name: str) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(x) for x in (DATA / name).read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+GIVEN = _load("serving_ooms_given.jsonl")
+COLLECTED = _load("serving_ooms_collected.jsonl")
+UNSEEN = _load("serving_ooms_unseen.jsonl")
+THIRD = _load("serving_ooms_collected2.jsonl")
+FOURTH = _load("serving_ooms_collected3.jsonl")
+
+
+def test_the_data_is_vendored_with_sources() -> None:
+    assert len(GIVEN) == 30
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH:
+        assert r["url"].startswith("https://github.com/"), r["id"]
+    for r in GIVEN + UNSEEN + THIRD + FOURTH:
+        assert r["context"] and r["label_reason"], r["id"]
+        assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
+    assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
+
+
+def test_every_builtin_rule_carries_examples_that_pass() -> None:
+    rs = builtin()
+    assert rs.rules
+    for rule in rs.rules:
+        kinds = {e.kind for e in rule.examples}
+        assert kinds == {"positive", "negative"}, rule.id
+        assert len(rule.mechanism.split()) >= 8, rule.id
+    assert rs.check_examples() == []
+
+
+# The targets of issue 24, on every labelled message we hold (the held-out set is measured
+# elsewhere; bench/serving_oom_measure.py prints these figures per set).
+def test_targets_on_the_given_messages() -> None:
+    s = score(GIVEN)
+    assert s.recognised == s.memory_errors == 30
+    assert s.unclear_unknown >= s.unclear / 2
+    # 19 of 22: srv-009 (vLLM's bare "No available memory for the cache blocks", fragmentation by its
+    # thread), srv-017 (a cut PyTorch message) and srv-058 (ollama's bare CUDA error) print no evidence
+    assert s.clear_right / s.clear >= 0.8, s.misses
+    for cls, (right, n) in s.per_class.items():
+        assert right / n >= 0.5, (cls, s.misses)
+
+
+def test_targets_on_the_collected_messages() -> None:
+    s = score(COLLECTED)
+    assert s.recognised / s.memory_errors >= 0.9, s.misses
+    assert s.false_alarms == 0, s.misses
+    assert s.unclear_unknown >= s.unclear / 2, s.misses
+
+
+@pytest.mark.parametrize("text", [
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "torch.AcceleratorError: CUDA error: misaligned address",
+    "RuntimeError: CUDA error: device-side assert triggered",
+    "[rank0]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+    "OpType=ALLREDUCE) ran for 600086 milliseconds before timing out.",
+    "ValueError: token_to_kv_pool_allocator memory leak detected! available_size=644, evictable_size=269628",
+    "AssertionError: max_num_batched_tokens (2048) is smaller than max_model_len (8192).",
+    "ValueError: The decoder prompt (length 9000) is longer than the maximum model length of 8192.",
+    "Memory access fault by GPU node-2 (Agent handle: 0x55d4) on address 0x7f. Reason: Page not present.",
+    "INFO 11-18 18:07:20 worker.py:232] Memory profiling takes 4.2 seconds; the current memory utilization is 0.9",
+    # SGLang retracting requests from a full KV pool and going on: admission control, not a failure
+    "[2025-03-07 21:49:33 TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.1474 -> 0.1845",
+    "ggml_cuda_host_malloc: failed to allocate 1900,00 MiB of pinned memory: invalid argument",
+    "Exception(3) tid(2a4c) 887A0005 The GPU device instance has been suspended.",
+])
+def test_no_false_alarm_on_non_memory_engine_errors(text: str) -> None:
+    assert analyse(text) == []
+
+
+def test_bare_cuda_out_of_memory_is_unknown_with_a_reason(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "log"
+    p.write_text("CUDA out of memory.\n", encoding="utf-8")
+    assert main(["--json", str(p)]) == 0
+    (obj,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert obj["class"] == "unknown"
+    assert "no requested, free or total size" in obj["reason"]
+    assert obj["engine"] in ENGINES
+
+
+def test_json_contract_for_an_engine_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = next(r["message"] for r in GIVEN if r["id"] == "srv-025")
+    p = tmp_path / "log"
+    p.write_text(text, encoding="utf-8")
+    assert main(["--json", str(p)]) == 0
+    (obj,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert obj["engine"] == "vllm"
+    assert obj["class"] == "reservation_conflict"
+    assert obj["knob"] == "gpu_memory_utilization"
+    assert "--gpu-memory-utilization" in obj["remedy"]
+    nums = obj["numbers"]
+    assert list(nums)[:8] == list("RTFAPUOL")
+    assert nums["F"] == round(0.49 * (1 << 30)) and nums["T"] == round(79.32 * (1 << 30))
+    assert nums["L"] == round(47.59 * (1 << 30))
+    assert nums["fraction"] == 0.6
+    assert "reason" not in obj
+
+
+def test_unknown_always_has_a_reason_and_remedies_use_engine_knobs() -> None:
+    knobs = {
+        "vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static", "tgi": "--max-batch-prefill-tokens",
+        "onnxruntime": "arena_extend_strategy", "llama.cpp": "-c", "xla": "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    }
+    seen: set[str] = set()
+    for r in GIVEN + COLLECTED:
+        for f in analyse(r["message"]):
+            assert f.engine in ENGINES
+            if f.cls == "unknown":
+                assert f.reason and len(f.reason.split()) >= 8, f.rule
+            if f.engine in knobs and f.message is None:
+                seen.add(f.engine)
+    assert seen >= {"vllm", "sglang", "tgi", "onnxruntime", "llama.cpp", "xla"}
+    rem = {f.engine: f.remedy for r in GIVEN for f in analyse(r["message"]) if f.message is None}
+    for engine, knob in knobs.items():
+        assert knob in rem[engine] or any(knob in f.remedy for r in GIVEN + COLLECTED
+                                          for f in analyse(r["message"]) if f.engine == engine), engine
+
+
+def test_numbers_and_engine_keys() -> None:
+    (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-013"))
+    assert (f.engine, f.cls, f.knob) == ("vllm", "capacity", "gpu_memory_utilization")
+    assert f.extra["max_model_len"] == 29000 and f.extra["kv_tokens"] == 23648
+    assert f.extra["fraction"] == 0.9
+    (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-053"))
+    assert (f.engine, f.cls, f.numbers["R"]) == ("llama.cpp", "capacity", 204800 << 20)
+    (f,) = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-070"))
+    assert f.numbers["T"] == round(15.48 * (1 << 30)) and f.extra["arguments_bytes"] == round(15.90 * (1 << 30))
+
+
+def test_the_unseen_set_is_quoted_by_no_rule_example() -> None:
+    """The second collection measures the rules only if no rule example quotes its threads."""
+    rule_text = builtin_serving_path().read_text(encoding="utf-8")
+    for r in UNSEEN:
+        cited = re.search(re.escape(r["url"]) + r"(?!\d)", rule_text) is not None
+        assert cited == r["in_rule_examples"], r["id"]
+    assert sum(not r["in_rule_examples"] for r in UNSEEN) >= 30
+    assert sum(r["label"] == "not_oom" for r in UNSEEN) >= 5
+
+
+def test_the_third_collection_is_split_and_its_held_out_half_quoted_by_no_rule_example() -> None:
+    rule_text = builtin_serving_path().read_text(encoding="utf-8")
+    urls = [r["url"] for r in GIVEN + COLLECTED + UNSEEN]
+    assert len({r["url"] for r in THIRD + FOURTH}) == len(THIRD + FOURTH)
+    for r in THIRD + FOURTH:
+        assert r["split"] in ("tune", "held_out"), r["id"]
+        assert r["url"] not in urls, r["id"]  # threads of the earlier sets are not counted twice
+        cited = re.search(re.escape(r["url"]) + r"(?!\d)", rule_text) is not None
+        assert cited == r["in_rule_examples"], r["id"]
+        assert not (r["split"] == "held_out" and cited), r["id"]
+    assert len(THIRD) >= 40 and sum(r["label"] == "not_oom" for r in THIRD) >= 8
+
+
+def test_floors_on_the_third_and_fourth_collections() -> None:
+    fourth = score(FOURTH)
+    assert fourth.false_alarms == 0 and fourth.unclear_unknown >= fourth.unclear / 2, fourth.misses
+    assert fourth.recognised >= 0.8 * fourth.memory_errors, fourth.misses  # two print no memory words at all
+    for half in ("tune", "held_out"):
+        s = score([r for r in THIRD if r["split"] == half])
+        assert s.recognised == s.memory_errors, (half, s.misses)
+        assert s.false_alarms == 0, (half, s.misses)
+        assert s.unclear_unknown >= s.unclear / 2, (half, s.misses)
+
+
+def test_floors_on_the_unseen_messages() -> None:
+    s = score([r for r in UNSEEN if not r["in_rule_examples"]])
+    assert s.recognised == s.memory_errors, s.misses
+    assert s.false_alarms == 0, s.misses
+    assert s.unclear_unknown >= s.unclear / 2, s.misses
+
+
+_MAX_LEN = ("ValueError: The model's max seq len ({n}) is larger than the maximum number of tokens that can be "
+            "stored in KV cache ({kv}). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine.")
+
+
+@pytest.mark.parametrize(("prefix", "n", "kv", "cls", "case"), [
+    ("", 8192, 7900, "reservation_conflict", "within-fraction-headroom"),
+    ("", 8192, 6900, "unknown", "gap-undecided"),
+    ("", 8192, 6500, "capacity", "far-beyond-pool"),
+    ("", 32768, 16000, "capacity", "far-beyond-pool"),
+    # the printed fraction decides, whatever the gap: at the default 0.9 only the length can move
+    ("Memory profiling results: total_gpu_memory=23.58GiB kv_cache_size=2.89GiB gpu_memory_utilization=0.90\n",
+     8192, 7900, "capacity", "default-fraction"),
+])
+def test_vllm_max_model_len_is_decided_by_the_fraction_or_the_overshoot(prefix: str, n: int, kv: int, cls: str,
+                                                                       case: str) -> None:
+    (f,) = analyse(prefix + _MAX_LEN.format(n=n, kv=kv))
+    assert (f.cls, f.rule) == (cls, f"vllm.kv.max-model-len/{case}")
+    if cls == "unknown":
+        assert "gpu_memory_utilization" in (f.reason or "")
+
+
+_TIGHT = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB. GPU 0 has a total capacity of "
+          "7.75 GiB of which 1.17 GiB is free. Including non-PyTorch memory, this process has 5.02 GiB memory in use. "
+          "Of the allocated memory 4.81 GiB is allocated by PyTorch, and 18.97 MiB is reserved by PyTorch but "
+          "unallocated.")
+
+
+def test_a_rounding_margin_is_a_full_device_in_a_pool_engine_only() -> None:
+    (bare,) = analyse(_TIGHT)
+    assert (bare.engine, bare.cls) == ("pytorch", "fragmentation")  # the rubric's own tentative verdict
+    (in_vllm,) = analyse("ERROR 03-13 09:00:43 [core.py:330] " + _TIGHT
+                         + "\nCRITICAL 03-13 09:00:43 [core_client.py:260] Got fatal signal from worker processes")
+    assert (in_vllm.engine, in_vllm.cls, in_vllm.rule) == ("vllm", "reservation_conflict", "oom.reservation.tenants")
+    assert "not fragmentation" in in_vllm.note
+    # a margin well above print rounding stays fragmentation inside an engine too
+    roomy = _TIGHT.replace("Tried to allocate 1.16 GiB", "Tried to allocate 512.00 MiB")
+    (f,) = analyse("(VllmWorkerProcess pid=1) ERROR " + roomy)
+    assert (f.engine, f.cls) == ("vllm", "fragmentation")
+
+
+def test_torch_npu_prints_its_total_in_the_old_format() -> None:
+    (f,) = analyse("RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; "
+                   "58.92 GiB already allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total "
+                   "by PyTorch)")
+    assert f.numbers["T"] == round(60.97 * 2**30)
+    assert f.cls == "capacity"
+
+
+def test_xla_bottom_reservation_with_free_printed_is_unknown() -> None:
+    (f,) = analyse("RESOURCE_EXHAUSTED: Attempting to reserve 10.00G at the bottom of memory. That was not possible. "
+                   "There are 6.00G free, 0B reserved, and 6.00G reservable.")
+    assert (f.cls, f.rule) == ("unknown", "xla.program.reserve-bottom/free-below-request")
+    assert "memory_stats" in (f.reason or "")
+
+
+def test_tensorrt_builder_scratch_over_its_pool_is_unknown_with_the_numbers_in_the_reason() -> None:
+    (f,) = analyse("[TRT] [E] 4: Internal error: plugin node GPTAttention_0 requires 56405524864 bytes of scratch "
+                   "space, but only 47590277120 is available. Try increasing the workspace size with "
+                   "IBuilderConfig::setMemoryPoolLimit().")
+    assert (f.engine, f.cls) == ("tensorrt-llm", "unknown")
+    assert f.rule == "tensorrt-llm.build.scratch-over-pool/pool-vs-device"
+    assert f.numbers["R"] == 56405524864 and f.numbers["L"] == 47590277120
+    assert "52.53 GiB" in (f.reason or "") and "{" not in (f.reason or "")
+
+
+def test_reasons_name_the_printed_numbers_not_placeholders() -> None:
+    (f,) = analyse("Server error: Not enough memory to handle 256 prefill tokens. You need to decrease")
+    assert f.cls == "unknown" and "a prefill of 256 tokens" in (f.reason or "")
+
+
+def test_a_reason_naming_an_unknown_quantity_does_not_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('''engine_version = "1.0"
+[[rule]]
+id = "x.y"
+version = 1
+engine = "vllm"
+priority = 10
+anchors = ["out of memory"]
+mechanism = "a mechanism stated in enough words to pass the loader's check here"
+class = "unknown"
+reason = "needs {no_such_number}"
+remedy = "r"
+[[rule.examples]]
+kind = "positive"
+class = "unknown"
+source = "a test"
+text = "out of memory"
+[[rule.examples]]
+kind = "negative"
+text = "fine"
+''', encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="reason: unknown quantity 'no_such_number'"):
+        load_serving_rules([bad])
+
+
+def test_a_lowered_vllm_fraction_is_the_reservation() -> None:
+    text = ("Memory profiling results: total_gpu_memory=79.10GiB gpu_memory_utilization=0.50\n"
+            "ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (9.50 GiB). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == ("reservation_conflict", "vllm.kv.max-model-len/low-fraction")
+
+
+def test_one_event_printed_on_several_lines_counts_once() -> None:
+    found = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-042"))
+    assert [f.rule for f in found] == ["tensorrt-llm.alloc.requested"]
+    assert found[0].numbers["R"] == 69568823808
+    doubled = analyse("\n".join([GIVEN[3]["message"]] * 3))
+    assert len(doubled) == 1
+
+
+def test_engine_comes_from_the_log_around_a_pytorch_message() -> None:
+    found = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-028"))
+    assert [f.engine for f in found] == ["vllm", "vllm"]  # two NPUs, two messages
+    assert all("In vLLM:" in f.remedy for f in found)
+    assert detect_engine("Jan 26 ollama[1418]: ggml_backend_cuda_buffer_type_alloc_buffer") == "ollama"
+
+
+def test_size_units() -> None:
+    assert size_bytes("15.65G") == round(15.65 * (1 << 30))
+    assert size_bytes("939524096") == 939524096
+    assert size_bytes("0.49", "GiB") == round(0.49 * (1 << 30))
+    assert size_bytes("lots") is None
+
+
+def test_invalid_rule_file_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "x.y"\nversion = 1\nengine = "vllm"\n'
+                   'anchors = ["out of memory"]\npatterns = [\'\'\'(a+)+\'\'\']\nmechanism = "too short"\n'
+                   'class = "unknown"\nremedy = "r"\n', encoding="utf-8")
+    with pytest.raises(ServingRulesError) as exc:
+        load_serving_rules([bad])
+    text = str(exc.value)
+    assert f"{bad}:8:" in text and "backtracking" in text
+    assert "mechanism" in text and "reason" in text and "positive and one negative" not in text
+
+
+def test_a_rule_whose_example_fails_does_not_load(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('''engine_version = "1.0"
+[[rule]]
+id = "x.y"
+version = 1
+engine = "vllm"
+anchors = ["No available memory for the cache blocks"]
+mechanism = "a mechanism described in enough words to pass the check"
+class = "capacity"
+remedy = "r"
+[[rule.examples]]
+kind = "positive"
+source = "s"
+text = "No available memory for the cache blocks"
+[[rule.examples]]
+kind = "negative"
+text = "No available memory for the cache blocks, again"
+''', encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="negative example fired"):
+        load_serving_rules([bad])
+
+
+def test_the_pytorch_corpus_keeps_its_verdicts_through_analyse() -> None:
+    """The engine rules never take a PyTorch allocator message from the rubric: every message
+    of oom_examples.jsonl gives, as its first result, the rubric's own verdict."""
+    from infersight.rules.engine import classify_message
+    from infersight.rules.oom_parse import find_ooms
+
+    rows = _load("oom_examples.jsonl")
+    same = 0
+    for r in rows:
+        first = analyse(r["text"])[0]
+        want = classify_message(find_ooms(r["text"])[0])
+        assert first.message is not None, r["id"]
+        assert (first.cls, first.rule) == (want.cls, want.rule), r["id"]
+        same += bool(r["clear"]) and first.cls == r["label"]
+    clear = sum(1 for r in rows if r["clear"])
+    assert same >= 0.99 * clear  # the clear ones keep their labels (DESIGN: 99%)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_hostile_text_never_raises_and_stays_bounded(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    pieces = [a for rule in builtin().rules for a in rule.anchors] + [
+        "\n", " ", "(", ")", "0", "9" * 30, "GiB", "\\n", "&amp;", "[TM][", "ollama", "vllm", "Tried to allocate ",
+        "x" * 5000, "\u202e", "\x00",
+    ]
+    text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 4000)))
+    found = analyse(text)
+    assert len(found) <= 2 * 256
+    for f in found:
+        assert f.engine in ENGINES
+        assert f.cls != "unknown" or f.reason
+        json.dumps(f.to_json())
+
+
+_ARENA = ("Non-zero status code returned while running Conv node. Name:'Conv_3' Status Message: "
+          "/onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:376 void* "
+          "onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, "
+          "onnxruntime::WaitNotificationFn) Failed to allocate memory for "
+          "requested buffer of size 643840")
+
+
+def test_onnxruntime_bare_arena_failure_is_the_arena_unless_triton_shares_the_gpu() -> None:
+    # the default kNextPowerOfTwo arena holds the device in doubled regions it never returns: the
+    # remedy is the allocator setting (kSameAsRequested), fragmentation by the rubric
+    (f,) = analyse(_ARENA)
+    assert (f.engine, f.cls, f.knob, f.numbers["R"]) == ("onnxruntime", "fragmentation", "arena_extend_strategy",
+                                                          643840)
+    assert "kSameAsRequested" in f.remedy and "kSameAsRequested" in f.note
+    (f,) = analyse("onnx runtime error 6: " + _ARENA)
+    assert (f.cls, f.rule) == ("reservation_conflict", "onnxruntime.arena.extend-failed/shared-server")
+    # Triton's relay on the line before a wrapped failure line still names the shared server
+    (f,) = analyse("UNAVAILABLE: Internal: onnx runtime error 6: Exception during initialization: "
+                   "onnxruntime::BFCArena::AllocateRawInternal(size_t, bool)\n"
+                   "Failed to allocate memory for requested buffer of size 268435456 |")
+    assert (f.cls, f.numbers["R"]) == ("reservation_conflict", 268435456)
+    # the arena's name alone, with no failure, is no memory error
+    assert analyse("onnxruntime::BFCArena::AllocateRawInternal extended the arena by 1048576 bytes") == []
+
+
+def test_xla_runtime_allocation_with_less_free_than_requested_is_held_by_live_buffers() -> None:
+    (f,) = analyse("XlaRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+                   "15.65G. That was not possible. There are 11.08G free.; (0x0x0_HBM0)")
+    assert (f.cls, f.rule) == ("reservation_conflict", "xla.alloc.not-possible/held-by-live-buffers")
+    (f,) = analyse("RESOURCE_EXHAUSTED: Attempting to allocate 2.00G. That was not possible. There are 5.31G free. "
+                   "Due to fragmentation, the largest contiguous region of free memory is 1.50G")
+    assert f.cls == "fragmentation"
+    (f,) = analyse("RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate 8.00G. That was not "
+                   "possible.")
+    assert f.cls == "unknown" and f.reason
+
+
+_NPU_OLD = ("(VllmWorkerProcess pid=20493) ERROR 03-05 07:15:39 multiproc_worker_utils.py:240] RuntimeError: NPU out "
+            "of memory. Tried to allocate 22.00 MiB (NPU 6; 60.97 GiB total capacity; 10.24 GiB already allocated; "
+            "10.24 GiB current active; 19.79 MiB free; 10.65 GiB reserved in total by PyTorch)")
+
+
+def test_an_engine_whose_device_is_mostly_held_elsewhere_is_not_fragmentation() -> None:
+    # 50 GiB of a 61 GiB NPU outside this process's allocator, 420 MiB cached: in an engine's log the
+    # memory held elsewhere is what the engine lacks
+    (f,) = analyse(_NPU_OLD)
+    assert (f.engine, f.cls) == ("vllm", "reservation_conflict") and "held outside" in f.note
+    # a plain PyTorch program keeps the rubric's fragmentation-first order (the PyTorch corpus's labels)
+    plain = _NPU_OLD.split("] ", 1)[1]
+    (f,) = analyse(plain)
+    assert (f.engine, f.cls) == ("pytorch", "fragmentation")
+    # in the engine's log with the device held by this process's own cache, fragmentation stays
+    own = _NPU_OLD.replace("10.65 GiB reserved", "60.00 GiB reserved").replace("10.24 GiB already", "59.50 GiB already")
+    (f,) = analyse(own)
+    assert f.cls == "fragmentation"
+
+
+_OLLAMA = "Error: model requires more system memory ({r}) than is available ({f})"
+_OLLAMA_WARN = ('time=2026-03-25T09:45:06.861Z level=WARN source=server.go:1044 msg="model request too large for '
+                'system" requested="{r}" available="{f}" total="{t}" free="{f}" swap="0 B"\n')
+
+
+@pytest.mark.parametrize(("warn", "r", "f", "t", "cls", "case"), [
+    (False, "5.0 GiB", "3.9 GiB", "", "unknown", ""),  # free memory only: the machine's size is missing
+    (False, "44.0 GiB", "7.6 GiB", "", "capacity", "/far-beyond-free"),
+    (True, "5.3 GiB", "4.8 GiB", "10.0 GiB", "reservation_conflict", "/held-by-others"),
+    (True, "12.0 GiB", "4.8 GiB", "10.0 GiB", "capacity", "/exceeds-machine"),
+])
+def test_ollama_system_memory_is_decided_by_the_machine_total(warn: bool, r: str, f: str, t: str, cls: str,
+                                                              case: str) -> None:
+    text = (_OLLAMA_WARN.format(r=r, f=f, t=t) if warn else "") + _OLLAMA.format(r=r, f=f)
+    (found,) = analyse(text)
+    assert (found.engine, found.cls, found.rule) == ("ollama", cls, "ollama.system-memory" + case)
+    if cls == "unknown":
+        assert "total=" in (found.reason or "")
+    if warn:
+        assert found.numbers["T"] == size_bytes(t)
+
+
+_CAPTURE_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total "
+                "capacity of 44.35 GiB of which 53.38 MiB is free. Process 3663367 has 44.28 GiB memory in use. Of the "
+                "allocated memory 37.38 GiB is allocated by PyTorch, and 275.68 MiB is reserved by PyTorch but "
+                "unallocated.")
+
+
+def test_a_pytorch_oom_during_cuda_graph_capture_is_the_engine_budget() -> None:
+    capturing = ("INFO 02-03 03:43:49 model_runner.py:625] Capturing the model for CUDA graphs. This may lead to "
+                 "unexpected consequences if the model is not static. To run the model in eager mode, set "
+                 "'enforce_eager=True' or use '--enforce-eager' in the CLI.\n")
+    (f,) = analyse(capturing + "ERROR 02-03 03:44:03 engine.py:190] " + _CAPTURE_OOM)
+    assert (f.engine, f.cls, f.rule, f.knob) == ("vllm", "reservation_conflict", "vllm.cuda-graph-capture",
+                                                 "gpu_memory_utilization")
+    assert "CUDA graphs" in f.note and "In vLLM:" in f.remedy
+    # newest-first collectors print the capture line after the error
+    (f,) = analyse("ERROR 02-03 03:44:03 engine.py:190] " + _CAPTURE_OOM + "\n" + capturing)
+    assert f.rule == "vllm.cuda-graph-capture"
+    # a capture that finished before the error does not decide it: the rubric's own verdict stays
+    done = capturing + "INFO 02-03 03:44:00 model_runner.py:1500] Graph capturing finished in 5 secs, took 0.50 GiB\n"
+    (f,) = analyse(done + "ERROR 02-03 03:44:03 engine.py:190] " + _CAPTURE_OOM)
+    assert (f.cls, f.rule) == ("fragmentation", "oom.fragmentation")
+    (f,) = analyse("[2024-10-22 06:31:49 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+                   + _CAPTURE_OOM)
+    assert (f.engine, f.rule, f.knob) == ("sglang", "sglang.cuda-graph-capture", "mem-fraction-static")
+
+
+def test_xla_async_allocator_prints_free_total_and_in_use() -> None:
+    head = ("E0101 00:00:00.000000 1 gpu_cudamallocasync_allocator.cc:361] gpu_async_0 cuMemAllocAsync failed to "
+            "allocate {r} bytes: RESOURCE_EXHAUSTED: : CUDA_ERROR_OUT_OF_MEMORY: out of memory\n"
+            " Reported by CUDA: Free memory/Total memory: 1073741824/85095874560\n"
+            "E0101 00:00:00.000001 1 gpu_cudamallocasync_allocator.cc:366] Stats: Limit:                0\n"
+            "InUse:                     {a}")
+    (f,) = analyse(head.format(r=4294967296, a=82000000000))
+    assert (f.engine, f.cls, f.rule) == ("xla", "capacity", "xla.gpu.async-allocator/own-buffers")
+    assert (f.numbers["F"], f.numbers["T"], f.numbers["A"]) == (1073741824, 85095874560, 82000000000)
+    (f,) = analyse(head.format(r=4294967296, a=20000000000))
+    assert f.rule == "xla.gpu.async-allocator/held-elsewhere"
+    (f,) = analyse(head.format(r=1225195446464, a=61982909300))
+    assert (f.cls, f.rule) == ("unknown", "xla.gpu.async-allocator/implausible-size")
+
+
+def test_a_vllm_error_wrapped_by_the_terminal_keeps_its_numbers() -> None:
+    (f,) = analyse("(EngineCore pid=1) ValueError: To serve at least one request with the model's max seq len "
+                   "(100000), (9.00 GiB KV cach\ne is needed, which is larger than the available KV cache memory "
+                   "(4.00 GiB).")
+    assert (f.cls, f.rule) == ("capacity", "vllm.kv.max-model-len/far-beyond-pool")
+    assert f.extra["max_model_len"] == 100000 and f.extra["kv_available_bytes"] == 4 << 30
+
+
+def test_tensorrt_formats_across_versions() -> None:
+    (f,) = analyse("[TensorRT] ERROR: Requested amount of memory (150994944 bytes) could not be allocated. There may "
+                   "not be enough free memory for allocation to succeed.")
+    assert (f.engine, f.cls, f.numbers["R"]) == ("tensorrt-llm", "unknown", 150994944)
+    (f,) = analyse("[E] [virtualMemoryBuffer.cpp::resizePhysical::140] Error code 2: out of Memory (Requested size "
+                   "was 22942842880 bytes.)")
+    assert (f.cls, f.numbers["R"]) == ("unknown", 22942842880)
+    (f,) = analyse("WARNING: [TRT]: Requested amount of GPU memory (4294967296 bytes) could not be allocated. There "
+                   "may not be enough free memory for allocation to succeed.\nTry decreasing the workspace size with "
+                   "IBuilderConfig::setMemoryPoolLimit().")
+    assert (f.cls, f.rule) == ("reservation_conflict", "tensorrt-llm.alloc.requested/workspace-pool")
+    trt = "../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)"
+    (f,) = analyse("[E] [TRT] " + trt)
+    assert (f.engine, f.cls, f.rule) == ("tensorrt-llm", "unknown", "tensorrt.cuda-error")
+    (f,) = analyse("E:onnxruntime:Default, tensorrt_execution_provider.h:50 log] [ERROR] " + trt)
+    assert (f.engine, f.rule) == ("onnxruntime", "tensorrt.cuda-error")  # ONNX Runtime's TensorRT provider
+    (f,) = analyse("failed to load 'tensorrt_llm' version 1: Internal: unexpected error when creating "
+                   "modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMalloc(ptr, n): "
+                   "out of memory")
+    assert (f.engine, f.rule) == ("tensorrt-llm", "tensorrt-llm.cuda-runtime")
+
+
+def test_a_full_llama_cpp_kv_cache_is_not_a_device_shortage() -> None:
+    (f,) = analyse("update_slots : failed to find free space in the KV cache, retrying with smaller n_batch = 256")
+    assert (f.engine, f.cls, f.knob) == ("llama.cpp", "unknown", "n_ctx")
+    assert "no device allocation failed" in (f.reason or "")
+
+
+def test_vllm_profiling_line_and_its_raise_are_one_event() -> None:
+    profile = ("INFO 02-26 09:54:05 worker.py:267] the current vLLM instance can use total_gpu_memory (8.00GiB) x "
+               "gpu_memory_utilization (0.70) = 5.60GiB\n"
+               "INFO 02-26 09:54:05 worker.py:267] model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch "
+               "activation peak memory takes 1.42GiB; the rest of the memory reserved for KV Cache is -1.05GiB.\n"
+               "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 0, # CPU blocks: 4681\n")
+    raise_line = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                  "initializing the engine.")
+    for text in (profile, profile + raise_line):
+        (f,) = analyse(text)
+        assert (f.engine, f.cls, f.rule) == ("vllm", "reservation_conflict", "vllm.kv.no-cache-blocks/fraction")
+
+
+@pytest.mark.parametrize(("text", "rule"), [
+    ("EL0004: [PID: 1000] 2025-09-28-07:22:29.827.496 Failed to allocate memory.\n"
+     "        Failed to allocate resource[DeviceMemory] with info [size:2147483648]. Reason: Memory resources are "
+     "exhausted.", "ascend.cann-alloc"),
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough memory: you tried to "
+     "allocate 34359738368 bytes.", "pytorch.cpu-allocator"),
+    ("RuntimeError: CUDA driver error: out of memory", "gpu.cuda-runtime-oom"),
+    ("ggml_vulkan: Device memory allocation of size 4294967296 failed.", "llama.cpp.cuda-buffer"),
+    ("RuntimeError: Workspace can't be allocated, no enough memory.", "deepspeed.inference-workspace"),
+    ("ggml_metal_graph_compute: command buffer 0 failed with status 5\n"
+     "error: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "ggml.metal-command-buffer"),
+    ("Error: 500 Internal Server Error: memory layout cannot be allocated with num_gpu = 49", "ollama.layout"),
+    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 4294967296 Bytes of memory on device",
+     "llama.cpp.cuda-buffer"),
+    ("llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers",
+     "llama.cpp.compute-buffer"),
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.31GiB.",
+     "xla.gpu.out-of-memory"),
+    ("Failed to allocate memory for tensor(torch.Size([2, 80, 256, 256]), torch.float16) because no memory is "
+     "available (memory_management.py:444:lmcache.experimental.memory_management)", "lmcache.buffer-full"),
+])
+def test_more_formats_are_recognised_and_left_unknown_without_sizes_to_compare(text: str, rule: str) -> None:
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == ("unknown", rule)
+    assert f.reason and len(f.reason.split()) >= 8
+
+
+def test_a_process_holding_the_device_outside_pytorch_is_not_fragmentation() -> None:
+    # lmdeploy's TurboMind holds its weights and KV cache outside PyTorch; the vision encoder's PyTorch
+    # allocation then fails with a little cached and a little free memory that only together cover it
+    text = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 132.00 MiB. GPU 0 has a total "
+            "capacty of 21.99 GiB of which 123.00 MiB is free. Process 38517 has 21.86 GiB memory in use. Of the "
+            "allocated memory 2.85 GiB is allocated by PyTorch, and 71.87 MiB is reserved by PyTorch but "
+            "unallocated.")
+    (f,) = analyse(text)
+    assert f.cls == "reservation_conflict" and "outside PyTorch" in f.note
+    # the same shortfall with the device held by PyTorch's own tensors stays the rubric's fragmentation
+    own = text.replace("2.85 GiB is allocated by PyTorch", "21.00 GiB is allocated by PyTorch")
+    (f,) = analyse(own)
+    assert f.cls == "fragmentation"
+
+
+def test_xla_direct_allocation_is_unknown_without_the_allocator_setting() -> None:
+    (f,) = analyse("XlaRuntimeError: RESOURCE_EXHAUSTED: Failed to allocate request for 6.27GiB (6727663616B) on "
+                   "device ordinal 0")
+    assert (f.cls, f.rule) == ("unknown", "xla.gpu.out-of-memory/outside-pool")
+    assert "XLA_PYTHON_CLIENT_ALLOCATOR=platform" in (f.reason or "")
+
+
+@pytest.mark.parametrize("text", [
+    "[E] [TRT] ../rtSafe/cuda/cudaWorkspace.cpp (30) - Cuda Error in acquire: 2 (out of memory)",
+    "[ERROR] some_runtime: failed to allocate the scratch buffer: out of memory",
+    "Fatal: insufficient memory to load the adapter",
+])
+def test_an_unknown_format_naming_a_memory_failure_is_still_recognised(text: str) -> None:
+    (f,) = analyse(text)
+    assert f.cls == "unknown" and f.reason
+
+
+@pytest.mark.parametrize("text", [
+    "INFO: no out of memory errors in the last 24 h",
+    "the docs explain what to do when you run out of memory",
+])
+def test_the_generic_rule_needs_a_failure_word(text: str) -> None:
+    assert analyse(text) == []

@@ -1,0 +1,129 @@
+"""``infersight show --format text|json|chrome-trace``.
+
+The spans and the OOM come from the agent's real assembler and OOM handler (tests/support/report_data.py,
+FAKE device readings); the chrome-trace of a real launched workload is checked in
+test_report.py, beside the launch it needs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import report_data as rd
+from trace_checks import check_nesting, complete_events
+
+from infersight.agent.cli import main
+from infersight.agent.commands.show import show_file
+from infersight.agent.report.parse import parse_lines
+from infersight.exporters.otlp_json import traces_request
+from infersight.telemetry import Resource, SpanItem
+
+
+def show(path: Path, fmt: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = show_file(str(path), out, fmt, err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_chrome_trace_one_complete_event_per_span(tmp_path: Path) -> None:
+    items = rd.gpu_items(time.time_ns())
+    src = rd.write(tmp_path / "gpu.jsonl", items)
+    spans = parse_lines(src.read_text().splitlines(True)).spans
+    rc, out, err = show(src, "chrome-trace")
+    assert rc == 0, err
+    trace = json.loads(out)
+    xs = complete_events(trace)
+    assert len(xs) == len(spans)
+    t0 = min(s.start_ns for s in spans)
+    for s in spans:
+        (e,) = [e for e in xs if e["args"]["span_id"] == s.span_id]
+        assert e["name"] == s.name
+        assert abs(e["dur"] * 1000 - (s.end_ns - s.start_ns)) < 1
+        assert abs(e["ts"] * 1000 - (s.start_ns - t0)) < 1
+        assert e["pid"] == rd.FAKE_PID
+        assert {k: v for k, v in e["args"].items() if k in s.attributes} == s.attributes
+    check_nesting(xs)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names[rd.FAKE_PID] == "fake-gpu-worker (pid %d)" % rd.FAKE_PID
+    instants = {e["name"] for e in trace["traceEvents"] if e["ph"] == "i"}
+    assert {"ready", "OOM: reservation_conflict", "infersight.memory.large_alloc"} <= instants
+    (oom,) = [e for e in trace["traceEvents"] if e["name"].startswith("OOM")]
+    assert oom["args"]["infersight.oom.rule"] and oom["s"] == "p"
+    assert not [e for e in trace["traceEvents"] if e["name"] == "infersight.oom"], "the OOM is not doubled"
+
+
+def _span(pid: int, sid: str, parent: str | None, name: str, s: float, e: float, **attrs: Any) -> SpanItem:
+    return SpanItem(Resource.of({"service.name": "svc", "process.pid": pid}), "ab" * 16, sid, parent, name,
+                    int(s * 1e9), int(e * 1e9), dict(attrs))
+
+
+def test_overlapping_spans_get_their_own_lanes_and_threads_are_kept(tmp_path: Path) -> None:
+    spans = [
+        _span(7, "01" * 8, None, "coldstart", 0, 10),
+        _span(7, "02" * 8, "01" * 8, "coldstart.framework_import", 1, 5),
+        _span(7, "03" * 8, "01" * 8, "coldstart.weights_load", 4, 8),  # overlaps import, does not nest
+        _span(7, "04" * 8, "03" * 8, "coldstart.custom", 4.5, 5.5, **{"thread.id": 4242}),
+        _span(8, "05" * 8, "02" * 8, "coldstart", 2, 9),  # another process
+    ]
+    src = tmp_path / "t.jsonl"
+    src.write_text(traces_request(spans) + "\n")
+    rc, out, _ = show(src, "chrome-trace")
+    assert rc == 0
+    xs = complete_events(json.loads(out))
+    tid = {e["args"]["span_id"]: (e["pid"], e["tid"]) for e in xs}
+    assert tid["01" * 8] == tid["02" * 8] == (7, 7)
+    assert tid["03" * 8][0] == 7 and tid["03" * 8][1] != 7
+    assert tid["04" * 8] == (7, 4242)
+    assert tid["05" * 8] == (8, 8)
+    check_nesting(xs)
+    lanes = [e for e in json.loads(out)["traceEvents"] if e["name"] == "thread_name"]
+    assert {e["args"]["name"] for e in lanes} == {"stages", "stages (lane 1)"}
+
+
+def test_json_format_is_the_waterfall(tmp_path: Path) -> None:
+    src = rd.write(tmp_path / "gpu.jsonl", rd.gpu_items(time.time_ns()))
+    rc, out, _ = show(src, "json")
+    assert rc == 0
+    (cs,) = json.loads(out)["coldstarts"]
+    assert cs["service"] == "fake-gpu-worker" and cs["pid"] == rd.FAKE_PID
+    assert cs["total_s"] == rd.END_S and cs["ready_s"] == 5.4
+    assert [s["stage"] for s in cs["stages"]] == [
+        "runtime_init", "framework_import", "cuda_init", "weights_load", "weights_to_device", "warmup",
+        "graph_compile", "unattributed", "ready_wait"]
+    gc = next(s for s in cs["stages"] if s["stage"] == "graph_compile")
+    assert gc["depth"] == 2 and abs(gc["duration_s"] - 0.8) < 1e-9
+    wl = next(s for s in cs["stages"] if s["stage"] == "weights_load")
+    assert wl["weights"].startswith("2.0 GiB @ 2.0 GiB/s, warm")
+    assert next(s for s in cs["stages"] if s["stage"] == "unattributed")["kind"] == "unattributed"
+    assert [m["label"] for m in cs["marks"]] == ["ready"]
+
+
+def test_text_stays_the_default_and_a_cut_line_is_skipped(tmp_path: Path, capsys: Any) -> None:
+    src = rd.write(tmp_path / "gpu.jsonl", rd.gpu_items(time.time_ns()))
+    with open(src, "a") as f:
+        f.write('{"resourceSpans": [{"resource"')  # cut short
+    assert main(["show", str(src)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.startswith("infersight cold start: fake-gpu-worker (pid %d) 5.500 s" % rd.FAKE_PID)
+    assert "not JSON (no newline: cut short?)" in cap.err
+    assert main(["show", "--format", "chrome-trace", str(src)]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["traceEvents"] and "cut short" in cap.err  # stdout stays pure JSON
+
+
+def test_errors(tmp_path: Path, capsys: Any) -> None:
+    assert main(["show", "--format", "chrome-trace", str(tmp_path / "missing")]) == 2
+    assert "infersight show: cannot read" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["show", "--format", "chrome-trace", str(empty)]) == 1
+    assert main(["show", "--format", "json", str(empty)]) == 1
+    assert "no coldstart span" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["show", "--format", "svg", str(empty)])
+    assert exc.value.code == 2  # an unknown format is a usage error
