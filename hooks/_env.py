@@ -22,8 +22,8 @@ TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+TRUE_WORDS = ("1", "true", "yes", "on")  # a bool variable's values (the .pth line and sitecustomize use them too)
+FALSE_WORDS = ("0", "false", "no", "off")
 _HUGE = 1e300
 _UNITS = (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30))
 
@@ -70,9 +70,9 @@ class Var:
             return raw
         if kind == "bool":
             low = text.lower()
-            if low in _TRUE:
+            if low in TRUE_WORDS:
                 return True
-            if low in _FALSE:
+            if low in FALSE_WORDS:
                 return False
             raise ValueError(raw)
         if kind == "choice":
@@ -109,6 +109,9 @@ def _v(*args: Any, **kwargs: Any) -> Tuple[str, Var]:
 
 
 VARS: Dict[str, Var] = dict((
+    # The switch: the .pth bootstrap (``hooks install``) loads the hooks only when it is on;
+    # off, the bootstrap leaves the process untouched (``launch`` clears it for CMD).
+    _v("INFERSIGHT", "bool", True, "the hooks' switch: off (0/false/no/off) leaves the process unhooked"),
     # Where events go.
     _v("INFERSIGHT_SOCKET", "path", None, "the agent's socket (default: see the docs)"),
     _v("INFERSIGHT_SPOOL_DIR", "path", None, "where the hooks spool while the agent is away"),

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
-from . import _readiness, _runtime, _state
+from . import _contract, _readiness, _runtime, _state
 from . import _recorder as cs
 from ._recorder import Open
 from ._recorder import patch as _patch
@@ -149,7 +149,7 @@ def cache_attrs(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, in
         return {}
     a: Dict[str, Any] = {"infersight.compile.cache_hits": max(hits, 0),
                          "infersight.compile.cache_misses": max(misses, 0)}
-    a["infersight.compile.cache"] = "mixed" if hits > 0 and misses > 0 else ("hit" if hits > 0 else "miss")
+    a[_contract.COMPILE_CACHE] = "mixed" if hits > 0 and misses > 0 else ("hit" if hits > 0 else "miss")
     return a
 
 

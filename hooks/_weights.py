@@ -63,22 +63,22 @@ def read_attrs(
     ceiling: Optional[float] = None,
 ) -> Dict[str, Any]:
     """``infersight.weights.*`` for one read. ``seconds`` None: no real reading time (lazy)."""
-    a: Dict[str, Any] = {"infersight.weights.api": api, "infersight.weights.lazy": bool(lazy)}
+    a: Dict[str, Any] = {"infersight.weights.api": api, _contract.WEIGHTS_LAZY: bool(lazy)}
     if path:
-        a["infersight.weights.path"] = path
-    a["infersight.weights.bytes"] = max(0, int(nbytes))
+        a[_contract.WEIGHTS_PATH] = path
+    a[_contract.WEIGHTS_BYTES] = max(0, int(nbytes))
     if read_delta is not None:
         a["infersight.weights.read_bytes"] = max(0, read_delta)
     if fault_delta is not None:
         a["infersight.weights.major_faults"] = max(0, fault_delta)
     if ratio is not None:
-        a["infersight.weights.page_cache_ratio"] = round(ratio, 4)
+        a[_contract.WEIGHTS_PAGE_CACHE_RATIO] = round(ratio, 4)
     if seconds is not None and seconds > 0 and nbytes > 0:
         rate = nbytes / seconds
-        a["infersight.weights.bytes_per_s"] = rate
+        a[_contract.WEIGHTS_BYTES_PER_S] = rate
         if ceiling and ratio is not None and ratio < COLD_BELOW:
             a["infersight.weights.storage_ceiling_bytes_per_s"] = ceiling
-            a["infersight.weights.ceiling_ratio"] = rate / ceiling
+            a[_contract.WEIGHTS_CEILING_RATIO] = rate / ceiling
     return a
 
 

@@ -15,7 +15,7 @@ import sys
 from typing import Any, TextIO
 
 from infersight.agent.cli import command_help
-from infersight.hooks import _bootstrap_dir
+from infersight.hooks import _bootstrap_dir, _env
 
 PTH_NAME = "infersight-hooks.pth"
 
@@ -23,9 +23,9 @@ PTH_NAME = "infersight-hooks.pth"
 def pth_line(bootstrap: str) -> str:
     # One line: .pth files execute lines that start with "import".
     return (
-        "import os, sys; os.environ.get('INFERSIGHT') == '1' and %r not in sys.path and "
+        "import os, sys; os.environ.get('INFERSIGHT', '').strip().lower() in %r and %r not in sys.path and "
         "(sys.path.insert(0, %r) or __import__('runpy').run_path(%r))\n"
-        % (bootstrap, bootstrap, os.path.join(bootstrap, "sitecustomize.py"))
+        % (_env.TRUE_WORDS, bootstrap, bootstrap, os.path.join(bootstrap, "sitecustomize.py"))
     )
 
 

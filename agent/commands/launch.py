@@ -221,7 +221,8 @@ def config_error(opts: LaunchOptions, path: str | None, private: Private) -> str
         return None
     from infersight.hooks import _env
 
-    bad = _env.problems(os.environ)  # what CMD's hooks would read: the hooks' own parser
+    # What CMD's hooks would read, by the hooks' own parser (launch clears the switch INFERSIGHT for CMD).
+    bad = _env.problems({k: v for k, v in os.environ.items() if k != "INFERSIGHT"})
     if bad:
         return "; ".join(bad)
     if path is None:

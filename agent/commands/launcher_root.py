@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from infersight.coldstart_stages import union_ns
+from infersight.hooks import _contract
 from infersight.telemetry import Attributes, ColdStart, Resource, SpanItem
 
 
@@ -66,31 +67,31 @@ def launcher_root(
     ready_ns = 0
     ready_attrs: Attributes = {}
     if ready is not None and ready.headers_ns:
-        ready_ns, ready_attrs = ready.headers_ns, {"infersight.ready.source": "ready_url", "url.full": ready.url}
+        ready_ns, ready_attrs = ready.headers_ns, {_contract.READY_SOURCE: "ready_url", "url.full": ready.url}
     elif readiness is not None and readiness.listening is not None:  # what the kernel says CMD listens on
         kind, where = readiness.listening
         ready_ns = readiness.listening_ns
-        ready_attrs = {"infersight.ready.source": "listening_socket",
+        ready_attrs = {_contract.READY_SOURCE: "listening_socket",
                        **({"server.port": where} if kind == "tcp" else
                           {"server.address": where, "network.transport": "unix"})}
     if ready_ns:
         stages.append(SpanItem(res, trace, os.urandom(8).hex(), root_id, "coldstart.ready_wait", spawn_ns, ready_ns,
-                               {"infersight.stage": "ready_wait", **ready_attrs}))
+                               {_contract.STAGE: "ready_wait", **ready_attrs}))
     if probe is not None and probe.first_byte_ns:
         stages.append(SpanItem(
             res, trace, os.urandom(8).hex(), root_id, "coldstart.first_request", probe.start_ns,
             probe.first_byte_ns,
-            {"infersight.stage": "first_request", "infersight.first_request.source": "probe",
+            {_contract.STAGE: "first_request", _contract.FIRST_REQUEST_SOURCE: "probe",
              "url.full": probe.url, "http.response.status_code": probe.status,
-             "infersight.first_request.ttfb_s": (probe.first_byte_ns - probe.start_ns) / 1e9},
+             _contract.FIRST_REQUEST_TTFB_S: (probe.first_byte_ns - probe.start_ns) / 1e9},
         ))
         end_ns = probe.first_byte_ns
     attrs: Attributes = {"faas.coldstart": True, "infersight.coldstart.source": "launcher"}
     if ready_ns:
         end_ns = ready_ns
-        attrs.update({"infersight.coldstart.ended_by": "ready", "infersight.ready.source": ready_attrs[
-            "infersight.ready.source"], "infersight.coldstart.ready_s": (end_ns - spawn_ns) / 1e9})
+        attrs.update({_contract.ENDED_BY: "ready", _contract.READY_SOURCE: ready_attrs[
+            _contract.READY_SOURCE], _contract.READY_S: (end_ns - spawn_ns) / 1e9})
     covered = union_ns([(s.start_ns, s.end_ns) for s in stages], spawn_ns, end_ns)
-    attrs["infersight.coldstart.unattributed_s"] = (end_ns - spawn_ns - covered) / 1e9
+    attrs[_contract.UNATTRIBUTED_S] = (end_ns - spawn_ns - covered) / 1e9
     root = SpanItem(res, trace, root_id, None, "coldstart", spawn_ns, end_ns, attrs)
     return ColdStart(root, stages)

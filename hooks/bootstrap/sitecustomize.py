@@ -53,8 +53,10 @@ def _activate() -> None:
     try:
         _load_hooks()
         from infersight.hooks import _activate as act
+        from infersight.hooks import _env
 
-        act.activate_process()
+        if _env.get("INFERSIGHT"):  # a value that is no boolean: said once, and the hooks stay on
+            act.activate_process()
     except Exception as exc:
         try:
             sys.stderr.write("infersight: bootstrap failed, running without hooks: %r\n" % (exc,))
@@ -82,6 +84,10 @@ def _chain() -> None:
         sys.stderr.write("infersight: chained sitecustomize failed: %r\n" % (exc,))
 
 
-if os.environ.get("INFERSIGHT", "1") != "0":
+# The switch's "off" words (hooks/_env.py FALSE_WORDS; a test holds the two equal): checked here so
+# that a process told to stay unhooked loads nothing of ours. Any other value loads the hooks,
+# whose _env then says once if it is not a boolean (and takes the default: on).
+OFF = ("0", "false", "no", "off")
+if os.environ.get("INFERSIGHT", "").strip().lower() not in OFF:
     _activate()
 _chain()

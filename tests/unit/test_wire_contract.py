@@ -100,13 +100,6 @@ def test_shared_thresholds_and_ready_signals_are_defined_once() -> None:
     assert again == []
 
 
-# Files that still spell some of the contract's names out: each is being restructured in
-# parallel (hooks/_coldstart and the instrumenters, the daemon's cold-start assembly, the
-# launcher). Shrink this list; never grow it.
-NOT_YET = {"hooks/_weights.py", "hooks/_torch.py",
-           "agent/commands/launcher_root.py"}
-
-
 def test_the_contracts_attribute_names_are_spelled_only_there() -> None:
     names = {v for k, v in vars(_contract).items() if k.isupper() and isinstance(v, str)
              and v.startswith("infersight.") and not v.endswith(".")}
@@ -115,17 +108,9 @@ def test_the_contracts_attribute_names_are_spelled_only_there() -> None:
     for folder in ("hooks", "agent", "infersight", "exporters", "rules"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in NOT_YET or path.name == "_contract.py":
+            if path.name == "_contract.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Constant) and node.value in names:
                     spelled.append("%s:%d %s" % (rel, node.lineno, node.value))
     assert spelled == [], "use infersight.hooks._contract's names:\n" + "\n".join(spelled)
-
-
-def test_the_not_yet_list_holds_only_files_that_still_need_it() -> None:
-    names = {v for k, v in vars(_contract).items()
-             if k.isupper() and isinstance(v, str) and v.startswith("infersight.")}
-    stale = [rel for rel in sorted(NOT_YET)
-             if not (ROOT / rel).exists() or not any('"%s"' % n in (ROOT / rel).read_text() for n in names)]
-    assert stale == [], "migrated (or gone): remove from NOT_YET"
