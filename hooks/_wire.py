@@ -106,6 +106,16 @@ def refuse_frame(error: str) -> bytes:
     return encode_frame({"t": "refuse", "schema": SCHEMA_VERSION, "error": error})
 
 
+def subscribe_frame(session: str, kinds: List[str]) -> bytes:
+    """launch -> agent: stream this session's items of ``kinds`` (``agent/daemon/sessions.py``)."""
+    return encode_frame({"t": "subscribe", "schema": SCHEMA_VERSION, "session": session, "kinds": kinds})
+
+
+def subscribed_frame(info: Dict[str, Any]) -> bytes:
+    """The agent's answer to a subscription it takes: its pid, version and sinks."""
+    return encode_frame({"t": "subscribed", "schema": SCHEMA_VERSION, **info})
+
+
 def ack_frame(seq: int) -> bytes:
     """``encode_frame({"t": "ack", "seq": seq})``, formatted directly: one per frame read."""
     payload = b'{"t":"ack","seq":%d}' % seq

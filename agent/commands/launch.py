@@ -162,8 +162,7 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
 
     wire = hooks_module("_wire")
     try:
-        s.sendall(wire.encode_frame({"t": "subscribe", "schema": wire.SCHEMA_VERSION, "session": session,
-                                     "kinds": kinds}))
+        s.sendall(wire.subscribe_frame(session, list(kinds)))
     except (BrokenPipeError, ConnectionResetError):
         pass  # an agent that refuses this uid answers and closes before reading: read its answer
     (n,) = wire.HEADER.unpack(_recv_exact(s, wire.HEADER.size))

@@ -139,8 +139,7 @@ class JoinedSession:
                     asyncio.open_unix_connection(self.joined.path), SUBSCRIBE_TIMEOUT_S)
             except (OSError, TimeoutError):
                 continue
-            writer.write(_wire.encode_frame({"t": "subscribe", "schema": _wire.SCHEMA_VERSION,
-                                             "session": self.joined.session, "kinds": self.kinds}))
+            writer.write(_wire.subscribe_frame(self.joined.session, list(self.kinds)))
             try:
                 (n,) = _wire.HEADER.unpack(await asyncio.wait_for(
                     reader.readexactly(_wire.HEADER.size), SUBSCRIBE_TIMEOUT_S))

@@ -170,7 +170,7 @@ class Sessions:
         sub = Subscriber(session, uid, frozenset(kinds), writer)
         self.subscribers.setdefault(session, []).append(sub)
         try:
-            writer.write(_wire.encode_frame({"t": "subscribed", "schema": _wire.SCHEMA_VERSION, **self.info()}))
+            writer.write(_wire.subscribed_frame(self.info()))
             while True:  # no read limit: a launch may run a server for weeks; EOF ends it
                 hdr = await reader.readexactly(_wire.HEADER.size)
                 (n,) = _wire.HEADER.unpack(hdr)
