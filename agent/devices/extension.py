@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.devices.job import DeviceJob
 from infersight.agent.devices.settings import load_thresholds, parse_config
@@ -36,9 +35,6 @@ class DevicesExtension(Extension):
             requests=requests, evaluate_interval_s=c.evaluate_interval_s, window_s=c.window_s,
             export_interval_s=c.export_interval_s,
         )  # fmt: skip
-
-    def kinds(self) -> Mapping[str, KindHandler]:
-        return {}  # ``req`` events belong to the requests extension
 
     async def start(self, agent: AgentContext) -> None:
         agent.on_heartbeat(self.job.publish_health)

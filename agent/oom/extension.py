@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
@@ -48,9 +47,6 @@ class OomExtension(Extension):
 
     def reload(self, config: Config) -> Apply | None:
         return self.handlers.classifier.prepare(config)
-
-    def health(self) -> Mapping[str, Any]:
-        return {}
 
     async def aclose(self) -> None:
         await self.handlers.wait_later()

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
-from infersight.agent.daemon.extension import AgentContext, Apply, Extension
+from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.requests.kind import KIND, RequestStats
 from infersight.latency import WINDOW_KEY
 from infersight.settings import Config, setting
@@ -35,14 +35,8 @@ class RequestsExtension(Extension):
     def kinds(self) -> Mapping[str, KindHandler]:
         return {KIND: self.stats.handle}
 
-    async def start(self, agent: AgentContext) -> None:
-        return None
-
     def reload(self, config: Config) -> Apply | None:
         return None  # devices.window_s applies at the next restart
 
     def health(self) -> Mapping[str, Any]:
         return {"requests": self.stats.stats()}
-
-    async def aclose(self) -> None:
-        return None  # the devices job publishes what is left at its own close

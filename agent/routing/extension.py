@@ -19,7 +19,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.routing.agentcheck import AgentCheckServer
 from infersight.agent.routing.table import LatencySource, RoutingTable, SlowDevices
@@ -79,9 +78,6 @@ class RoutingExtension(Extension):
         self.table = RoutingTable(latency, slow_devices, self.settings["max_concurrency"])
         self.server: AgentCheckServer | None = None
         self._agent: AgentContext | None = None
-
-    def kinds(self) -> Mapping[str, KindHandler]:
-        return {}
 
     async def start(self, agent: AgentContext) -> None:
         if not self.enabled:

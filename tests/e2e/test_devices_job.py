@@ -387,7 +387,7 @@ def test_hook_request_is_inert_without_hooks() -> None:
 def test_hook_resolves_hw_id_only_when_cuda_is_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from infersight.hooks import _request
+    from infersight.hooks import _request, _state
 
     state = {"init": False, "calls": 0}
 
@@ -397,7 +397,7 @@ def test_hook_resolves_hw_id_only_when_cuda_is_initialised(monkeypatch: pytest.M
 
     cuda = SimpleNamespace(is_initialized=lambda: state["init"], get_device_properties=props, current_device=lambda: 1)
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(_request, "_hw_cache", {})
+    monkeypatch.setattr(_state.current.requests, "hw_cache", {})
     assert _request._hw("cuda:1") is None  # CUDA not initialised: the hook never initialises it
     assert state["calls"] == 0
     state["init"] = True
