@@ -214,12 +214,6 @@ def describe(graph: dict[str, dict[str, Edge]], cycle: list[str]) -> str:
     return "\n".join("  %s" % graph[a][b] for a in cycle for b in sorted(graph[a]) if b in cycle)
 
 
-# Cycles that other changes of the renovation are removing right now (none left). A cycle found
-# here is allowed only inside one of these, and an entry that no cycle needs any more fails
-# too, so that the set only shrinks.
-PENDING_CYCLES: frozenset[frozenset[str]] = frozenset()
-
-
 def violations(root: Path, rules: tuple[Rule, ...] = RULES) -> list[str]:
     out = []
     for rel, edge in edges(root):
@@ -236,15 +230,8 @@ def test_the_checkout_follows_the_dependency_rules() -> None:
 
 def test_no_import_cycle() -> None:
     graph = module_graph(ROOT)
-    found = [c for c in cycles(graph) if not any(set(c) <= p for p in PENDING_CYCLES)]
+    found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(describe(graph, c) for c in found)
-
-
-def test_every_pending_cycle_is_still_there() -> None:
-    """A cycle that is gone leaves PENDING_CYCLES, so that it cannot come back unseen."""
-    found = cycles(module_graph(ROOT))
-    gone = [sorted(p) for p in PENDING_CYCLES if not any(set(c) <= p for c in found)]
-    assert not gone, "no longer cycles, remove them from PENDING_CYCLES: %s" % gone
 
 
 def test_a_planted_cycle_is_found_inside_a_folder_and_through_a_function(tmp_path: Path) -> None:
