@@ -56,8 +56,10 @@ def _ready(value: object) -> Literal["", "return", "entry"] | None:
     """``ready``'s TOML value as StageRule.ready (the hooks read it alike: ``_stagerules.READY_*``)."""
     if isinstance(value, bool):
         return "return" if value else ""
-    if value in ("return", "entry"):
-        return value  # type: ignore[return-value]
+    if value == "return":
+        return "return"
+    if value == "entry":
+        return "entry"
     return None
 
 

@@ -29,6 +29,8 @@ from infersight.agent.daemon.assemble import (
     attributes,
     descendants,
     span_bytes,
+    text_field,
+    uint64_field,
 )
 from infersight.coldstart_stages import covered_ns, merge, named_intervals
 from infersight.hooks import _contract
@@ -71,18 +73,6 @@ def state_of(p: Producer) -> ColdStartState:
     if st is None:
         st = p.state[STATE_KEY] = ColdStartState()
     return st
-
-
-def _s(v: Any, name: str, limit: int) -> str:
-    if not isinstance(v, str):
-        raise Malformed("%s must be a string" % name)
-    return v[:limit]
-
-
-def _i(v: Any, name: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > INT64_MAX:
-        raise Malformed("%s must be a non-negative 64-bit integer" % name)
-    return v
 
 
 class ColdStartAssembly:
@@ -217,18 +207,18 @@ class ColdStartAssembly:
         for o in opened:
             if type(o) is not list or len(o) != 6:
                 raise Malformed("an open stage is [stage, span id, parent id, start, end, attributes]")
-            stage, span_id, parent = _s(o[0], "stage", 64), o[1], o[2]
+            stage, span_id, parent = text_field(o[0], "stage", 64), o[1], o[2]
             if not isinstance(span_id, str) or not HEX16.match(span_id) or not isinstance(parent, str) \
                     or not HEX16.match(parent):
                 raise Malformed("open stage ids must be 16 lowercase hex digits")
-            start, end = _i(o[3], "start"), _i(o[4], "end")
+            start, end = uint64_field(o[3], "start"), uint64_field(o[4], "end")
             if end < start:
                 raise Malformed("an open stage ends before it starts")
             attrs = attributes(o[5])
             attrs[_contract.STAGE] = stage
             stages[span_id] = SpanItem(p.resource, p.info["trace_id"], span_id, parent, STAGE_PREFIX + stage,
                                        start, end, attrs, [], None, Origin(p.id, 0))
-        label_list = [_s(lab, "label", 512) for lab in labels]
+        label_list = [text_field(lab, "label", 512) for lab in labels]
         if any(type(t) is not int or not 0 <= t <= INT64_MAX for t in times) or any(
                 type(i) is not int or not 0 <= i < len(label_list) for i in ids):
             raise Malformed("sample times must be integers and their label indices in range")

@@ -84,13 +84,15 @@ class Producer:
             evs.append(event)
 
 
-def _s(v: Any, name: str, limit: int = MAX_STR) -> str:
+def text_field(v: Any, name: str, limit: int = MAX_STR) -> str:
+    """A string field of an event, cut to ``limit``; anything else is :class:`Malformed`."""
     if not isinstance(v, str):
         raise Malformed("%s must be a string" % name)
     return v[:limit]
 
 
-def _i(v: Any, name: str) -> int:
+def uint64_field(v: Any, name: str) -> int:
+    """A non-negative 64-bit integer field of an event (not a bool); else :class:`Malformed`."""
     if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > INT64_MAX:
         raise Malformed("%s must be a non-negative 64-bit integer" % name)
     return v
@@ -253,10 +255,10 @@ def validate_hello(info: Any, cut: list[int] | None = None) -> dict[str, Any]:
     out, cuts = bound_hello(info)
     if cut is not None:
         cut[0] += cuts
-    out["id"] = _s(info.get("id"), "producer.id", 128)
-    out["pid"] = _i(info.get("pid"), "producer.pid")
-    out["start_ns"] = _i(info.get("start_ns"), "producer.start_ns")
-    out["acked"] = _i(info.get("acked", 0), "producer.acked")
+    out["id"] = text_field(info.get("id"), "producer.id", 128)
+    out["pid"] = uint64_field(info.get("pid"), "producer.pid")
+    out["start_ns"] = uint64_field(info.get("start_ns"), "producer.start_ns")
+    out["acked"] = uint64_field(info.get("acked", 0), "producer.acked")
     out["root_ended"] = info.get("root_ended") is True  # its root went out before this hello
     for key, pattern in (("trace_id", HEX32), ("root_span_id", HEX16)):
         if not isinstance(info.get(key), str) or not pattern.match(info[key]):
@@ -444,14 +446,14 @@ class Assembler:
                 out.append(LogItem(p.resource, t_ns, SEVERITY[sev], sev, body, attributes(d.get("a")),
                                    None, None, name, origin))
                 return
-            sev = _s(sev, "sev", 16).upper()
+            sev = text_field(sev, "sev", 16).upper()
             out.append(
                 LogItem(
-                    p.resource, t_ns, SEVERITY.get(sev, 9), sev, _s(d.get("body", ""), "body"),
+                    p.resource, t_ns, SEVERITY.get(sev, 9), sev, text_field(d.get("body", ""), "body"),
                     attributes(d.get("a")),
                     p.info["trace_id"] if isinstance(span_id, str) and HEX16.match(span_id) else None,
                     span_id if isinstance(span_id, str) and HEX16.match(span_id) else None,
-                    _s(d.get("name", ""), "name", 64) or None, origin,
+                    text_field(d.get("name", ""), "name", 64) or None, origin,
                 )
             )
         elif kind == "metric":
@@ -463,21 +465,21 @@ class Assembler:
                 raise Malformed("metric kind must be gauge or sum")
             out.append(
                 MetricItem(
-                    p.resource, _s(d.get("n"), "n", 255), k, _s(d.get("u", ""), "u", 32), "",
+                    p.resource, text_field(d.get("n"), "n", 255), k, text_field(d.get("u", ""), "u", 32), "",
                     t_ns, int(p.info["start_ns"]), [NumberPoint(v, attributes(d.get("a")))],
                 )
             )
         elif isinstance(kind, str) and kind in self.handlers:
             self.handlers[kind](p, origin, t_ns, d, out)
         elif kind == "drops":
-            p.dropped_buffer = max(p.dropped_buffer, _i(d.get("buffer", 0), "buffer"))
-            p.dropped_spool = max(p.dropped_spool, _i(d.get("spool", 0), "spool"))
-            p.spool_vanished = max(p.spool_vanished, _i(d.get("vanished", 0), "vanished"))
+            p.dropped_buffer = max(p.dropped_buffer, uint64_field(d.get("buffer", 0), "buffer"))
+            p.dropped_spool = max(p.dropped_spool, uint64_field(d.get("spool", 0), "spool"))
+            p.spool_vanished = max(p.spool_vanished, uint64_field(d.get("vanished", 0), "vanished"))
         else:
             raise Malformed("unknown event kind %r" % (kind,))
 
     def _span(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], out: list[Item]) -> None:
-        name = _s(d.get("n"), "n", 255)
+        name = text_field(d.get("n"), "n", 255)
         span_id = d.get("id")
         if not isinstance(span_id, str) or not HEX16.match(span_id):
             raise Malformed("span id must be 16 lowercase hex digits")
@@ -487,12 +489,12 @@ class Assembler:
         trace = d.get("tr") or p.info["trace_id"]
         if not isinstance(trace, str) or not HEX32.match(trace):
             raise Malformed("trace id must be 32 lowercase hex digits")
-        start = _i(d.get("s"), "s")
-        end = _i(d.get("e", t_ns), "e")
+        start = uint64_field(d.get("s"), "s")
+        end = uint64_field(d.get("e", t_ns), "e")
         if end < start:
             raise Malformed("span ends before it starts")
         err = d.get("err")
-        events = [SpanEvent(_s(e[0], "event name", 255), _i(e[1], "event time"), attributes(e[2]))
+        events = [SpanEvent(text_field(e[0], "event name", 255), uint64_field(e[1], "event time"), attributes(e[2]))
                   for e in _event_list(d.get("ev"))]
         events += p.span_events.pop(span_id, [])
         span = SpanItem(
