@@ -102,7 +102,7 @@ def _hw(device: Optional[str]) -> Optional[Tuple[str, Optional[str]]]:
         return None
     cache = _state.current.requests.hw_cache
     if index in cache:
-        return cache[index]  # type: ignore[no-any-return]
+        return cache[index]
     torch = _cuda_initialised()
     if torch is None:
         return None  # not cached: CUDA may be initialised by a later request

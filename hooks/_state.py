@@ -169,7 +169,7 @@ class Requests:
     __slots__ = ("hw_cache",)
 
     def __init__(self) -> None:
-        self.hw_cache: Dict[int, Any] = {}  # device index -> (product, uuid) or None
+        self.hw_cache: Dict[int, Optional[Tuple[str, Optional[str]]]] = {}  # device index -> (hw.id, hw.name) or None
 
     def forked(self) -> Requests:
         new = Requests()

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from infersight.agent.oom.stderr_relay import StderrRelay
+
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 EXIT_USAGE = 2
@@ -165,7 +167,7 @@ class Child:
         self.returncode: int | None = None
         self.exit_ns = 0  # when launch saw CMD exit (before reaping it, possibly)
         self.forwarded: list[int] = []
-        self.relay: Any = None  # the StderrRelay copying CMD's stderr, when there is one
+        self.relay: StderrRelay | None = None  # the relay copying CMD's stderr, when there is one
 
     def forward(self, sig: int) -> None:
         """A signal launch got: to CMD's group (INT, TERM, HUP, QUIT) or CMD (USR1, USR2);
