@@ -285,9 +285,6 @@ def _close(token: Any, err: Optional[BaseException], ready: str = READY_NEVER) -
     _readiness.rule_stage_closed()
 
 
-_fork_ready_sent = 0  # the pid that sent its fork readiness (a forked child sends its own)
-
-
 def _entered(rule: str) -> None:
     """A ``ready = "entry"`` rule's target was called: the process is ready (unless inside
     another rule's call: a loop run while a stage is still under way is not serving yet)."""
@@ -309,13 +306,11 @@ def _fork_ready(rule: str) -> None:
     ``ready_wait`` (source ``fork``): a worker killed later (the arbiter's SIGKILL once its
     graceful timeout passed) has its root ended there by the agent, not at its death. The root
     itself still ends as before: at its first request's arrival (``fork_served``) or at exit."""
-    global _fork_ready_sent
-    st = cs.state()
-    pid = os.getpid()
+    st = cs.state()  # a forked child's is new: it sends its own
     with st.lock:
-        if _fork_ready_sent == pid or st.ready_source != "fork" or st.ready_ns is None:
+        if st.rule_fork_ready_sent or st.ready_source != "fork" or st.ready_ns is None:
             return
-        _fork_ready_sent = pid
+        st.rule_fork_ready_sent = True
         st.ready_ns = ready = max(st.ready_ns, st.last_end_ns)
     rs = _runtime.state()
     start = max(rs.root_start_ns, min(st.last_end_ns, ready))
@@ -323,21 +318,16 @@ def _fork_ready(rule: str) -> None:
                   {_contract.READY_SOURCE: "fork", _contract.STAGE_RULE: rule})
 
 
-# open waits, rule id -> (pid, stage, target, parent span, start); rule id -> the pid whose wait
-# has run (only the first of a process counts; a forked child has its own)
-_waits: Dict[str, Tuple[int, str, str, str, int]] = {}
-_waits_done: Dict[str, int] = {}
-
-
 def _wait_begins(stage: str, rule: str, target: str) -> None:
     """A wait rule's target was called (a worker's task loop): its wait starts, once."""
     try:
-        pid = os.getpid()
-        if (_waits.get(rule, (0,))[0] == pid or _waits_done.get(rule) == pid or not cs.state().collecting
-                or not cs.root_open()):
+        st = cs.state()  # a forked child's is new: a wait opened before the fork is not its own
+        if rule in st.rule_waits or rule in st.rule_waits_done or not st.collecting or not cs.root_open():
             return
-        _waits[rule] = (pid, stage, target, _runtime.current_span.get() or _runtime.state().root_span_id,
-                       time.time_ns())
+        parent = _runtime.current_span.get() or _runtime.state().root_span_id
+        with st.lock:
+            if rule not in st.rule_waits and rule not in st.rule_waits_done:
+                st.rule_waits[rule] = (stage, target, parent, time.time_ns())
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -345,15 +335,15 @@ def _wait_begins(stage: str, rule: str, target: str) -> None:
 def _wait_ends(rule: str, until: str) -> None:
     """One of a wait rule's ``until`` targets was called (the first task arrived): the wait is a stage."""
     try:
-        pid = os.getpid()
-        w = _waits.get(rule)
-        if w is None or w[0] != pid:  # none, or the parent's (opened before the fork)
+        st = cs.state()
+        with st.lock:
+            w = st.rule_waits.pop(rule, None)
+            if w is None:
+                return
+            st.rule_waits_done.add(rule)
+        if not st.collecting or not cs.root_open():
             return
-        del _waits[rule]
-        _waits_done[rule] = pid
-        if not cs.state().collecting or not cs.root_open():
-            return
-        _pid, stage, target, parent, start = w
+        stage, target, parent, start = w
         cs.emit_stage(stage, _runtime.new_span_id(), parent, start, time.time_ns(),
                       {_contract.STAGE_RULE: rule, "infersight.stage.target": target,
                        "infersight.stage.until": until})

@@ -2,7 +2,7 @@
 
 One section per part of the hooks: the producer and its trace (``Runtime``: ``_runtime``,
 ``_activate``), cold-start detection (``ColdStart``: ``_recorder``, ``_readiness``,
-``_coldstart``), and the instrumenters it loads on demand (``Imports``, ``Build``, ``Torch``,
+``_coldstart``, ``_stagerules``), and the instrumenters it loads on demand (``Imports``, ``Build``, ``Torch``,
 ``Weights``), requests (``Requests``) and the allocator (``Alloc``).
 
 ``current`` is the one instance of this process. A forked child does not reset fields of
@@ -178,15 +178,16 @@ class Requests:
 
 
 class ColdStart:
-    """Cold-start detection (``_recorder``, ``_readiness``, ``_coldstart``): stages, readiness, wrappers."""
+    """Cold-start detection (``_recorder``, ``_readiness``, ``_coldstart``, ``_stagerules``):
+    stages, readiness, wrappers."""
 
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
         "covered", "covered_seen", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_end_ns", "main_pid", "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns",
-        "ready_source", "role", "rule_stages_open", "run_sources", "sampler", "stage_seq", "tls", "undo",
-        "warm", "watch_listen", "watched",
+        "ready_source", "role", "rule_fork_ready_sent", "rule_stages_open", "rule_waits", "rule_waits_done",
+        "run_sources", "sampler", "stage_seq", "tls", "undo", "warm", "watch_listen", "watched",
     )
 
     def __init__(self) -> None:
@@ -232,6 +233,11 @@ class ColdStart:
         self.listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
         self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
         self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
+        # ``_stagerules``' wait rules: rule id -> (stage, target, parent span, start) while open;
+        # the rules whose wait has run (only a process's first counts: a forked child has its own)
+        self.rule_waits: Dict[str, Tuple[str, str, str, int]] = {}
+        self.rule_waits_done: Set[str] = set()
+        self.rule_fork_ready_sent = False  # a ``ready = "entry"`` rule sent this fork's readiness
 
     def forked(self, root_start_ns: int) -> ColdStart:
         """The state of a child forked from this process: a cold start of its own, whose
