@@ -31,9 +31,9 @@ def main() -> int:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from infersight.hooks import _pagestate, _weights
+    from infersight.hooks import _pagestate, _state, _weights
 
-    _weights._torch = torch
+    _state.current.weights.module = torch  # as _weights.install does
     rows = args.mib * 2**20 // (1024 * 4)
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "w.safetensors")

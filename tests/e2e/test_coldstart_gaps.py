@@ -135,10 +135,10 @@ SUPERVISOR = textwrap.dedent("""\
 
     def worker(port):
         from infersight import hooks
-        from infersight.hooks import _coldstart
+        from infersight.hooks import _readiness
         # The worker tells its supervisor once the agent has acked its root (the order under
         # test), waiting REPORT_FLUSH_S at most: here, however long a loaded machine takes.
-        _coldstart.REPORT_FLUSH_S = 600.0
+        _readiness.REPORT_FLUSH_S = 600.0
         import alpha  # noqa: F401  (a worker's own cold start: imports, then serve)
         time.sleep(0.3)             # in no stage: a gap of the worker's, covered for nobody
         with hooks.stage("bind"):   # (a stage after it, else ready_wait would run from alpha's end)
