@@ -128,10 +128,6 @@ class Client:
     def urgent_rings(self) -> int:
         return self.conn.urgent_rings
 
-    @property
-    def spool_path(self) -> str:
-        return self.spool.path
-
     # -- the host's side -----------------------------------------------------------------
 
     def hurry(self) -> None:

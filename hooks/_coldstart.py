@@ -13,8 +13,9 @@ Installed by the bootstrap once the runtime is active (``_activate``). ``install
 - readiness and the root's end (``_readiness``).
 
 The layers: ``_recorder`` (the stages and state every instrumenter uses) <- the
-instrumenters and ``_readiness`` <- this module, which alone knows them all. The names
-re-exported below keep the module's former API (``_coldstart.state()``, ``mark_ready``...).
+instrumenters and ``_readiness`` <- this module, which alone knows them all. Readiness
+(``mark_ready``, ``first_response``, ``uninstall``) is ``_readiness``'s; ``state()`` and
+``weights_attrs`` stay reachable here for tests and benches.
 
 Nothing here raises into user code: every entry point catches and calls ``_runtime.fail``.
 """
@@ -28,18 +29,13 @@ import threading
 import time
 
 from . import _env, _proc, _readiness, _runtime, _state, _workers
-
-# The module's API before the split, for its callers (tests, bench, the agent's docs):
-from ._readiness import first_response, mark_ready, uninstall
-from ._recorder import add_run_source, add_undo, emit_stage, on_import, state, storage_ceiling, weights_attrs
+from ._recorder import add_run_source, add_undo, emit_stage, on_import, state, weights_attrs
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-__all__ = [
-    "first_response", "install", "mark_ready", "on_import", "state", "storage_ceiling", "uninstall", "weights_attrs",
-]
+__all__ = ["install", "on_import", "state", "weights_attrs"]
 
 
 def _install_uvicorn(module: Any) -> None:
