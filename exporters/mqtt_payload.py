@@ -54,7 +54,6 @@ from infersight.telemetry import (
 )
 
 SCHEMA_VERSION = 1
-DEFAULT_PREFIX = "infersight"
 ONLINE = b"online"
 OFFLINE = b"offline"
 EVENT_FAMILIES = ("coldstart", "oom", "memory", "device", "agent")

@@ -103,7 +103,6 @@ SERIES_METRIC = prometheus_name(SERIES_HELD)
 PromType = Literal["gauge", "counter", "histogram"]
 Labels = tuple[tuple[str, str], ...]
 
-_NAME_BAD = re.compile(r"[^a-zA-Z0-9_:]")
 _LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 

@@ -14,7 +14,7 @@ Every HTTP request is a ``req`` event of request class ``http`` (``hooks._reques
 the moment it reaches the middleware until the app returns (the whole response, streamed or
 not); an exception is its ``error.type``. The agent keeps them per serving instance (P50/P99,
 routing hints). The per-request cost is a few attribute tests, two clock reads and one
-queued tuple: see bench/asgi_request_cost.py.
+queued tuple: ``bench/emit_vs_span.py`` measures it (the middleware's added cost per request).
 
 The first HTTP request that reaches the app while the cold start is open also becomes the
 ``first_request`` stage: it starts when the request reaches the middleware and ends

@@ -185,7 +185,7 @@ def probe_line(p: SpanItem) -> str:
 
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
     shp: argparse.ArgumentParser = sub.add_parser("show", help=help_line or command_help("show"))
-    shp.add_argument("--format", choices=("text", "json", "chrome-trace"), default="text",
+    shp.add_argument("--format", choices=FORMATS, default="text",
                      help="text (default), json (the waterfall for scripts) or chrome-trace (Perfetto)")
     shp.add_argument("path", metavar="FILE")
     shp.set_defaults(func=run)

@@ -17,7 +17,6 @@ from infersight.rules.device_rules import THROTTLE_REASON_NAMES
 from infersight.telemetry import Attributes, MetricItem, NumberPoint, Resource
 
 NVML_AVAILABLE = "infersight.nvml.available"
-_ID_ATTRS = ("hw.type", "hw.id", "hw.name", "hw.vendor", "infersight.device.index")
 
 METRICS: tuple[MetricSpec, ...] = declare(
     MetricSpec("hw.gpu.utilization", "gauge", "1", "GPU busy ratio (NVML utilization.gpu)",
