@@ -236,6 +236,10 @@ def main() -> int:
     ap.add_argument("--bare-runs", type=int, default=20, help="pairs of `true` / `launch -- true`")
     ap.add_argument("--server-pairs", type=int, default=4, help="pairs of the uvicorn server (0: skip)")
     ap.add_argument("--skip-transformers", action="store_true", help="only the bare command and the server")
+    ap.add_argument("--other-hooks", metavar="BOOTSTRAP_DIR",
+                    help="a fourth transformers variant: the hooks alone from another bootstrap directory, "
+                         "e.g. an older release's (git archive REV hooks | tar -x -C /tmp/old; then "
+                         "/tmp/old/hooks/bootstrap): before/after, paired in the same rounds")
     args = ap.parse_args()
     python = sys.executable
     cli = os.path.join(os.path.dirname(python), "infersight")
@@ -286,10 +290,14 @@ def main() -> int:
         plain: list[tuple[float, float, float, float]] = []
         hooked: list[tuple[float, float, float, float]] = []
         launched: list[tuple[float, float, float, float]] = []
+        other: list[tuple[float, float, float, float]] = []
         variants = [(plain_argv, None, None, plain), (plain_argv, None, hooks_env, hooked),
                     (launch_argv, otlp, None, launched)]
+        if args.other_hooks:
+            variants.append((plain_argv, None, {**hooks_env, "PYTHONPATH": args.other_hooks}, other))
+        n = len(variants)
         for i in range(args.pairs):
-            for argv, out, env, into in variants[i % 3:] + variants[:i % 3]:
+            for argv, out, env, into in variants[i % n:] + variants[:i % n]:
                 into.append(one_run(argv, marker, out, env))
         helps, bare = help_times(cli, python, args.help_runs)
 
@@ -315,6 +323,13 @@ def main() -> int:
                              l_cold / p_cold))
     print("hooks alone (no launch) / plain: median %.3f (runs: %s)"
           % (statistics.median(hook_ratios), " ".join("%.3f" % r for r in hook_ratios)))
+    if other:
+        other_ratios = [o[0] / pr[0] for pr, o in zip(plain, other, strict=True)]
+        print("other hooks (%s) alone / plain: median %.3f (runs: %s); cold start median %.3f s, CPU median "
+              "%.3f s; hooks only / other hooks median %.3f"
+              % (args.other_hooks, statistics.median(other_ratios), " ".join("%.3f" % r for r in other_ratios),
+                 statistics.median(r[0] for r in other), statistics.median(r[3] for r in other),
+                 statistics.median(h[0] / o[0] for h, o in zip(hooked, other, strict=True))))
     print("infersight --help: median %.1f ms (python -c pass: %.1f ms; --help adds %.1f ms); budget < 60 ms"
           % (statistics.median(helps), statistics.median(bare), statistics.median(helps) - statistics.median(bare)))
     print("load average (1 min) at start %.2f, at end %.2f" % (load0[0], os.getloadavg()[0]))

@@ -126,7 +126,11 @@ def netlink_listening(unix: bool = True, skip_ports: Iterable[int] = ()) -> Dict
 
     sock = _socket.socket(AF_NETLINK, _socket.SOCK_DGRAM | getattr(_socket, "SOCK_CLOEXEC", 0), NETLINK_SOCK_DIAG)
     try:
-        sock.settimeout(1.0)
+        # Non-blocking: the kernel queues each part of a dump within the send or the receive
+        # before it (never a wait), and a timeout would add a poll() before every receive. Each
+        # system call gives the GIL up, which costs a busy main thread a switch (a blocked
+        # receive raises: the /proc files are read instead).
+        sock.setblocking(False)
         sock.connect((0, 0))
         out: Dict[int, Found] = {}
         for seq, family in enumerate((AF_INET, AF_INET6), 1):

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
+UNCHECKED_ENV = frozenset({"OTEL_SERVICE_NAME", "INFERSIGHT_MEASURE_STORAGE"})  # no config key reads them
 QUICK_EXIT_S = 0.05  # a CMD that exits this soon after its spawn may need no agent at all
 
 
@@ -216,7 +217,7 @@ def config_error(opts: LaunchOptions, path: str | None, private: Private) -> str
     a launch without INFERSIGHT_*/OTEL_* settings does not pay: its defaults are valid).
     ``path`` is None when launch joined an agent: CMD's hooks are still checked, the
     exporters are that agent's."""
-    if not any(k.startswith(("INFERSIGHT_", "OTEL_")) for k in os.environ):
+    if not any(k.startswith(("INFERSIGHT_", "OTEL_")) and k not in UNCHECKED_ENV for k in os.environ):
         return None
     from infersight.hooks import _env
 
