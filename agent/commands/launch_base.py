@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
 
 TYPE_CHECKING = False
@@ -245,3 +246,50 @@ class Child:
                 os.tcsetpgrp(self.tty, os.getpgrp())
         except OSError:
             pass
+
+
+# -- what a dead launch left ---------------------------------------------------------------
+
+
+def leftover_command(path: str) -> list[str] | None:
+    """The command an earlier launch ran (its private directory's ``command`` file); None when
+    unknown (an older launch wrote none)."""
+    try:
+        fd = os.open(os.path.join(path, COMMAND_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    return [os.fsdecode(a) for a in raw.split(b"\0")]
+
+
+def same_command(a: list[str] | None, b: list[str]) -> bool:
+    """The same command, as the ETA history sees one (values such as ports do not count)."""
+    from infersight.agent.coldstart.history import command_shape  # not on launch's way to CMD
+
+    return a is not None and command_shape(a) == command_shape(b)
+
+
+def spool_files(spool: str) -> list[str]:
+    """What is left in a hook spool directory (any name: producers choose their own), but
+    the hooks' children report directories (``children-<uid>``): they hold no events."""
+    try:
+        names = os.listdir(spool)
+    except OSError:
+        return []
+    return sorted(n for n in names if not n.startswith(".") and not is_children_dir(spool, n))
+
+
+def is_children_dir(spool: str, name: str) -> bool:
+    from infersight.hooks._workers import CHILDREN_PREFIX
+
+    return name.startswith(CHILDREN_PREFIX) and stat.S_ISDIR(_lstat_mode(os.path.join(spool, name)))
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0

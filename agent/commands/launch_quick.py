@@ -27,7 +27,10 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     exit_status,
+    leftover_command,
     processes_using,
+    same_command,
+    spool_files,
     temp_root,
 )
 from infersight.agent.commands.launcher_root import launcher_root
@@ -70,8 +73,12 @@ def _entries(path: str) -> list[str]:
 
 
 def _leftover_dirs(own: str) -> bool:
-    """A directory of ours that a launch which died left (its lock is free): the agent's path
-    replays its spools. A live launch's directory (locked) is not ours to take."""
+    """A directory of ours that a launch which died left (its lock is free) and that the
+    agent's path would act on: one of the same command (its spools are replayed, the directory
+    removed), or another command's that still holds spool files (reported). Another command's
+    empty leftovers are left alone by both paths, so they do not keep launch off its quick end.
+    A live launch's directory (locked) is not ours to take."""
+    command = leftover_command(own) or []
     root = temp_root()
     for name in _entries(root):
         if not name.startswith(PRIVATE_PREFIX) or name == os.path.basename(own):
@@ -90,7 +97,8 @@ def _leftover_dirs(own: str) -> bool:
             continue  # locked: its launch lives
         finally:
             os.close(fd)
-        return True
+        if same_command(leftover_command(path), command) or spool_files(os.path.join(path, "spool")):
+            return True
     return False
 
 

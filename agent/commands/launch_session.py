@@ -31,10 +31,8 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from infersight import weights_files
-from infersight.agent.coldstart.history import command_shape
 from infersight.agent.commands.launch_agent import EmbeddedAgent
 from infersight.agent.commands.launch_base import (
-    COMMAND_NAME,
     EXIT_USAGE,
     LOCK_NAME,
     PRIVATE_PREFIX,
@@ -43,12 +41,14 @@ from infersight.agent.commands.launch_base import (
     Private,
     config_flags,
     exit_status,
+    leftover_command,
     processes_using,
+    same_command,
+    spool_files,
 )
 from infersight.agent.commands.launcher_root import ProbeResult, Readiness, launcher_root
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.spool import DiskSpool
-from infersight.hooks._workers import CHILDREN_PREFIX
 from infersight.settings import ConfigError
 from infersight.telemetry import Resource, SpanItem
 
@@ -196,25 +196,6 @@ class Leftover:
     replayed: int = 0
 
 
-def leftover_command(path: str) -> list[str] | None:
-    """The command an earlier launch ran (its private directory's ``command`` file); None when
-    unknown (an older launch wrote none)."""
-    try:
-        fd = os.open(os.path.join(path, COMMAND_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        raw = os.read(fd, 1 << 16)
-    finally:
-        os.close(fd)
-    return [os.fsdecode(a) for a in raw.split(b"\0")]
-
-
-def same_command(a: list[str] | None, b: list[str]) -> bool:
-    """The same command, as the ETA history sees one (values such as ports do not count)."""
-    return a is not None and command_shape(a) == command_shape(b)
-
-
 def find_leftovers(root: str, own: str, command: list[str] | None = None) -> list[Leftover]:
     """Private directories of launches that died (their lock is free), ours by uid and mode;
     with ``command``, only those of the same command (another command's are left alone for a
@@ -263,27 +244,6 @@ def other_leftovers(root: str, own: str, command: list[str]) -> list[tuple[str, 
         finally:
             os.close(lo.lock_fd)
     return out
-
-
-def spool_files(spool: str) -> list[str]:
-    """What is left in a hook spool directory (any name: producers choose their own), but
-    the hooks' children report directories (``children-<uid>``): they hold no events."""
-    try:
-        names = os.listdir(spool)
-    except OSError:
-        return []
-    return sorted(n for n in names if not n.startswith(".") and not is_children_dir(spool, n))
-
-
-def is_children_dir(spool: str, name: str) -> bool:
-    return name.startswith(CHILDREN_PREFIX) and stat.S_ISDIR(_lstat_mode(os.path.join(spool, name)))
-
-
-def _lstat_mode(path: str) -> int:
-    try:
-        return os.lstat(path).st_mode
-    except OSError:
-        return 0
 
 
 def finish_private(private: Private, out: TextIO) -> None:

@@ -239,6 +239,22 @@ def test_a_command_done_at_once_needs_no_agent(tmp_path: Path, cmd: list[str], r
     assert os.listdir(tmp_path / "t") == [], "its private directory is gone"
 
 
+def test_another_commands_empty_leftover_keeps_the_quick_end(tmp_path: Path) -> None:
+    """A dead launch of another command that left nothing to replay: neither path acts on it
+    (the agent's replays only the same command's, and reports another's only with spool
+    files), so it must not cost every later ``launch -- true`` the agent's start."""
+    env = _quiet_env(tmp_path)
+    left = tmp_path / "t" / "infersight-launch-000000000000"
+    (left / "spool" / "children-0").mkdir(mode=0o700, parents=True)
+    left.chmod(0o700)
+    (left / "launch.lock").write_text("1\n")
+    (left / "command").write_bytes(b"python3\0serve.py")
+    r, out = _launch_in(tmp_path, env, "true")
+    assert r.returncode == 0, r.stderr
+    assert "infersight.events.received" not in _metric_names(read_otlp_lines(out)), "the quick end: no agent"
+    assert left.exists(), "another command's leftover is not ours to remove"
+
+
 @pytest.mark.parametrize("why", ["setting", "live_child", "leftover"])
 def test_anything_left_to_deliver_takes_the_agent(tmp_path: Path, why: str) -> None:
     """A setting the agent applies, a process CMD left running (it may still report), or an
@@ -249,14 +265,17 @@ def test_anything_left_to_deliver_takes_the_agent(tmp_path: Path, why: str) -> N
         env["INFERSIGHT_HOST_NAME"] = "quick-test-host"
     elif why == "live_child":
         cmd = ["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"]
-    else:
+    else:  # a dead launch of the same command: the agent's path replays and removes it
         left = tmp_path / "t" / "infersight-launch-000000000000"
         left.mkdir(mode=0o700)
         (left / "launch.lock").write_text("1\n")
+        (left / "command").write_bytes(b"true")
     r, out = _launch_in(tmp_path, env, *cmd)
     assert r.returncode == 0, r.stderr
     lines = read_otlp_lines(out)
     assert "infersight.events.received" in _metric_names(lines), r.stderr
+    if why == "leftover":
+        assert not left.exists(), "a delivered leftover is removed"
     if why == "live_child":
         os.kill(int(r.stdout.split()[0]), 9)  # the sleep CMD left behind
         assert "started under launch still run" in r.stderr
