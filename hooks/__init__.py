@@ -160,7 +160,7 @@ class Stage:
                     if paused == 1 and it.pause_t and it.stack:  # (pause_t: 0 but inside an import)
                         cs.imports.resumed(it, end)
                 if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
-                    cs.covered.append((start, end))  # (ends before it starts after a clock step: clamped at use)
+                    cs.covered += (start, end)  # flat, one atomic extend, no tuple kept (clock steps clamped at use)
             c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict

@@ -23,7 +23,7 @@ import threading
 import time
 
 from . import _contract, _proc, _runtime, _workers
-from ._recorder import add_undo, emit_stage, flush_runs, last_end, on_import, root_open, state  # noqa: F401
+from ._recorder import add_undo, covered_pairs, emit_stage, flush_runs, last_end, on_import, root_open, state  # noqa: F401
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -129,11 +129,12 @@ def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:
     start = min(last_end() or t, t)
     if not asked_ns or asked_ns >= t or start <= asked_ns:
         return start, t
-    if any(s < asked_ns < e for s, e in st.covered):
+    covered = covered_pairs(st)
+    if any(s < asked_ns < e for s, e in covered):
         return start, t  # a stage was running when the request came: no idle wait to cover
-    before = [e for s, e in st.covered if e <= asked_ns]
+    before = [e for s, e in covered if e <= asked_ns]
     start = max(before) if before else min(_runtime.state().root_start_ns or asked_ns, asked_ns)
-    after = [s for s, e in st.covered if s >= start and e > asked_ns]
+    after = [s for s, e in covered if s >= start and e > asked_ns]
     return start, max(start, min(min(after, default=t), t))
 
 
@@ -290,7 +291,8 @@ def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False
     try:
         flush_runs(end_at, final=True)
         children = _workers.reports(st.children_dir) if st.children_dir else []
-        st.covered.extend((r[0], r[1]) for r in children)  # the workers' roots nest under ours
+        for r in children:  # the workers' roots nest under ours
+            st.covered += (r[0], r[1])
         _emit_unattributed(end_at)
         if children:
             _runtime.state().root_attrs["infersight.coldstart.workers"] = len(children)
@@ -556,7 +558,7 @@ def _emit_unattributed(end_ns: int) -> None:
     from . import _sampler as sampler
 
     samples = s.samples if s is not None else []
-    covered = [(s, e if e > s else s) for s, e in st.covered]  # hooks.stage leaves a clock step as it came
+    covered = [(s, e if e > s else s) for s, e in covered_pairs(st)]  # hooks.stage leaves a clock step as it came
     for start, stop in sampler.uncovered(covered, _runtime.state().root_start_ns, end_ns):
         a: Dict[str, Any] = {_contract.UNATTRIBUTED_SAMPLES: sum(1 for t, _ in samples if start <= t < stop)}
         top = sampler.top_labels(samples, start, stop)

@@ -104,7 +104,7 @@ def last_end() -> int:
     n = len(covered)
     seen = st.covered_seen
     if n > seen:
-        latest = max(e for _s, e in covered[seen:n])
+        latest = max(covered[seen + 1:n:2])  # the ends of the intervals added since
         st.last_end_ns = max(st.last_end_ns, latest)
         st.covered_seen = n
     return st.last_end_ns
@@ -152,12 +152,18 @@ def emit_stage(
     _runtime.emit("span", data)
 
 
+def covered_pairs(st: ColdStart) -> List[Tuple[int, int]]:
+    """``st.covered`` (flat: start, end, start, end, ...) as (start, end) pairs."""
+    c = st.covered
+    return [(c[i], c[i + 1]) for i in range(0, len(c) - 1, 2)]
+
+
 def note_covered(name: str, start: int, end_ns: int) -> None:
     """Time a named stage covers, for the gap sampler (on the caller's thread: a stage whose
     span the drain thread builds later must already count when the root ends)."""
     st = state()
     if name != "unattributed" and st.collecting:
-        st.covered.append((start, max(end_ns, start)))
+        st.covered += (start, max(end_ns, start))
 
 
 def stage_data(

@@ -199,7 +199,7 @@ class ColdStart:
         self.ready_ns: Optional[int] = None
         self.ready_source = ""
         self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait): _recorder.last_end
-        self.covered_seen = 0  # entries of ``covered`` that last_end_ns includes
+        self.covered_seen = 0  # entries of ``covered`` (2 per interval) that last_end_ns includes
         self.stage_seq = 0  # bumped at every stage start while collecting (splits warmup runs)
         self.explicit = False  # the user called mark_ready(): first_request ends at first_response()
         self.main_pid = os.getpid()
@@ -216,7 +216,7 @@ class ColdStart:
         # (flush(end_ns, final), open_runs()) of each instrumenter that holds runs not yet
         # emitted (_imports, _build): flushed at readiness and at the end, sent by checkpoints
         self.run_sources: List[Tuple[Callable[[int, bool], None], Callable[[], List[Any]]]] = []
-        self.covered: List[Tuple[int, int]] = []  # this process's stage intervals (for the gaps)
+        self.covered: List[int] = []  # this process's stage intervals, flat: start, end, start, end, ...
         self.role = ""  # "helper" for resource trackers, compile workers, ``python -c`` probes
         self.ceilings: Optional[Dict[str, Any]] = None  # storage ceilings, read once from the cache
         self.warm: Any = None  # the _readiness._Warm run in progress
