@@ -10,6 +10,7 @@ it is imported before CMD starts.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import stat
@@ -18,7 +19,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from typing import Any
 
     from infersight.agent.oom.stderr_relay import StderrRelay
@@ -249,6 +250,35 @@ class Child:
 
 
 # -- what a dead launch left ---------------------------------------------------------------
+
+
+def dead_launch_dirs(root: str, own: str, exclusive: bool) -> Iterator[tuple[str, int]]:
+    """Private directories under ``root`` of this uid's launches that died (their lock is
+    free), ``own`` aside: (path, the lock's descriptor, held shared, or ``exclusive`` to
+    replay it). The caller closes the descriptor. A live launch's directory (locked), a
+    directory of another uid or one others may write is never yielded."""
+    try:
+        names = sorted(n for n in os.listdir(root) if n.startswith(PRIVATE_PREFIX))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        if path == own:
+            continue
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                continue  # not a directory of ours: never read or delete it
+            fd = os.open(os.path.join(path, LOCK_NAME), (os.O_RDWR if exclusive else os.O_RDONLY)
+                         | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except OSError:  # its launch is alive (or another launch is replaying it)
+            os.close(fd)
+            continue
+        yield path, fd
 
 
 def leftover_command(path: str) -> list[str] | None:

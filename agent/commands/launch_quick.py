@@ -12,20 +12,17 @@ output as the agent's path, at a fraction of the cost (``infersight launch -- tr
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
 import socket
-import stat
 from typing import TextIO
 
 from infersight.agent.coldstart.metrics import ColdStartMetrics
 from infersight.agent.commands.launch_base import (
-    LOCK_NAME,
-    PRIVATE_PREFIX,
     Child,
     LaunchOptions,
     Private,
+    dead_launch_dirs,
     exit_status,
     leftover_command,
     processes_using,
@@ -73,30 +70,13 @@ def _entries(path: str) -> list[str]:
 
 
 def _leftover_dirs(own: str) -> bool:
-    """A directory of ours that a launch which died left (its lock is free) and that the
-    agent's path would act on: one of the same command (its spools are replayed, the directory
-    removed), or another command's that still holds spool files (reported). Another command's
-    empty leftovers are left alone by both paths, so they do not keep launch off its quick end.
-    A live launch's directory (locked) is not ours to take."""
+    """A directory of ours that a launch which died left and that the agent's path would act
+    on: one of the same command (its spools are replayed, the directory removed), or another
+    command's that still holds spool files (reported). Another command's empty leftovers are
+    left alone by both paths, so they do not keep launch off its quick end."""
     command = leftover_command(own) or []
-    root = temp_root()
-    for name in _entries(root):
-        if not name.startswith(PRIVATE_PREFIX) or name == os.path.basename(own):
-            continue
-        path = os.path.join(root, name)
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-                continue  # not one the agent's path would replay either
-            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            continue  # locked: its launch lives
-        finally:
-            os.close(fd)
+    for path, fd in dead_launch_dirs(temp_root(), own, exclusive=False):
+        os.close(fd)
         if same_command(leftover_command(path), command) or spool_files(os.path.join(path, "spool")):
             return True
     return False

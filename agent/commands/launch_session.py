@@ -16,14 +16,12 @@ The session uses its agent only through :class:`~infersight.agent.commands.launc
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
 import socket
-import stat
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -34,12 +32,11 @@ from infersight import weights_files
 from infersight.agent.commands.launch_agent import EmbeddedAgent
 from infersight.agent.commands.launch_base import (
     EXIT_USAGE,
-    LOCK_NAME,
-    PRIVATE_PREFIX,
     Child,
     LaunchOptions,
     Private,
     config_flags,
+    dead_launch_dirs,
     exit_status,
     leftover_command,
     processes_using,
@@ -201,30 +198,13 @@ def find_leftovers(root: str, own: str, command: list[str] | None = None) -> lis
     with ``command``, only those of the same command (another command's are left alone for a
     launch of that command, and :func:`other_leftovers` reports them)."""
     found: list[Leftover] = []
-    try:
-        names = sorted(n for n in os.listdir(root) if n.startswith(PRIVATE_PREFIX))
-    except OSError:
-        return found
-    for name in names:
-        path = os.path.join(root, name)
-        if path == own:
-            continue
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            continue  # not a directory of ours: never read or delete it
+    for path, fd in dead_launch_dirs(root, own, exclusive=True):
         if command is not None and not same_command(leftover_command(path), command):
+            os.close(fd)
             continue
         try:
-            fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        except OSError:  # its launch is alive (or another launch is replaying it)
+        except OSError:
             os.close(fd)
             continue
         found.append(Leftover(path, fd, pid))
