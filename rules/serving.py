@@ -90,7 +90,7 @@ NEEDLES = (
 _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ollama", ("ollama", "llama runner", "reported out-of-memory during startup")),
     ("lmdeploy", ("lmdeploy", "turbomind", "[TM]")),
-    ("tensorrt-llm", ("[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM", "tensorrtllm", "[TRT]")),
+    ("tensorrt-llm", ("[TensorRT-LLM]", "tensorrt_llm", "TensorRT-LLM", "tensorrtllm", "[TRT]", "[TRT-LLM]")),
     ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver",
                 "Capture cuda graph")),
     ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
@@ -818,9 +818,14 @@ def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRu
 # so when they start capturing ("If out-of-memory error occurs during cudagraph capture, consider
 # decreasing gpu_memory_utilization or switching to eager mode"). A PyTorch OOM raised while capturing is
 # that budget's: the fraction, the captured batch sizes or eager mode decide it, whatever the cached bytes say.
+# vLLM >= 0.21 estimates the graphs' memory and takes it out of the KV budget; it names the switch of that
+# estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) when it sizes the KV cache just before capturing
+# ("CUDA graph memory profiling is enabled ... To disable, set ...=0", or the warning that it is off) and in
+# the advice it adds to an OOM of the capture (vllm#57475: "If this problem persists, try setting ...=0").
 CAPTURE_ENGINES = frozenset({"vllm", "sglang"})
 _CAPTURE_START = ("Capturing cudagraphs", "Capturing the model for CUDA graphs", "Capturing CUDA graph",
-                  "Capture cuda graph begin", "Capture cuda graph failed", "CUDA graphs can take additional")
+                  "Capture cuda graph begin", "Capture cuda graph failed", "CUDA graphs can take additional",
+                  "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
 _CAPTURE_END = ("Graph capturing finished", "Capture cuda graph end")
 _CAPTURE_KNOB = {"vllm": "gpu_memory_utilization", "sglang": "mem-fraction-static"}
 

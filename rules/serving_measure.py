@@ -2,7 +2,9 @@
 
 A record has ``message`` and ``label``: ``capacity``, ``reservation_conflict``,
 ``fragmentation`` (clear), ``unclear`` (the evidence does not decide) or ``not_oom`` (a
-non-memory error of the same engines). The figures are the ones issue 24 sets targets for.
+non-memory error of the same engines). The figures are the ones issue 24 sets targets for, and two
+that tell the misses apart: a clear message answered ``unknown`` (the text did not carry the thread's
+evidence) and a confident class that is wrong (the costlier miss).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class Score:
     per_class: dict[str, list[int]] = field(default_factory=lambda: {c: [0, 0] for c in CLEAR})
     unclear: int = 0
     unclear_unknown: int = 0
+    clear_unknown: int = 0  # clear by its thread, answered unknown
+    wrong_clear: int = 0  # clear, answered another confident class
+    wrong_unclear: int = 0  # unclear, answered a confident class
     negatives: int = 0
     false_alarms: int = 0
     misses: list[str] = field(default_factory=list)
@@ -43,6 +48,8 @@ class Score:
         for c, (right, n) in self.per_class.items():
             out.append(f"  {c:<21} recall {share(right, n)}")
         out.append(f"unclear unknown {share(self.unclear_unknown, self.unclear)}")
+        out.append(f"clear answered unknown {self.clear_unknown}; confident but wrong "
+                   f"{self.wrong_clear + self.wrong_unclear} (clear {self.wrong_clear}, unclear {self.wrong_unclear})")
         out.append(f"false alarms    {self.false_alarms}/{self.negatives}")
         return out
 
@@ -81,11 +88,17 @@ def score(records: Iterable[Mapping[str, Any]], rules: ServingRules | None = Non
                 s.clear_right += 1
                 s.per_class[label][0] += 1
             else:
+                if f.cls == "unknown":
+                    s.clear_unknown += 1
+                else:
+                    s.wrong_clear += 1
                 s.misses.append(f"{rid}: {label} answered {f.cls} ({f.rule})")
         else:
             s.unclear += 1
             if f.cls == "unknown" and f.reason:
                 s.unclear_unknown += 1
             else:
+                if f.cls != "unknown":
+                    s.wrong_unclear += 1
                 s.misses.append(f"{rid}: unclear answered {f.cls} ({f.rule})")
     return s
