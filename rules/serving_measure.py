@@ -48,6 +48,8 @@ class Score:
         for c, (right, n) in self.per_class.items():
             out.append(f"  {c:<21} recall {share(right, n)}")
         out.append(f"unclear unknown {share(self.unclear_unknown, self.unclear)}")
+        committed = self.clear_right + self.wrong_clear
+        out.append(f"clear, when a class was given: right {share(self.clear_right, committed)}")
         out.append(f"clear answered unknown {self.clear_unknown}; confident but wrong "
                    f"{self.wrong_clear + self.wrong_unclear} (clear {self.wrong_clear}, unclear {self.wrong_unclear})")
         out.append(f"false alarms    {self.false_alarms}/{self.negatives}")
