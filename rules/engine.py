@@ -49,6 +49,7 @@ __all__ = [
     "RuleFileError",
     "RuleSet",
     "Verdict",
+    "builtin_rule_set",
     "builtin_rules_path",
     "classify",
     "classify_message",
@@ -1084,7 +1085,8 @@ def load_default_rules(extra_dirs: Iterable[str | Path] = ()) -> RuleSet:
 _BUILTIN: RuleSet | None = None
 
 
-def _builtin() -> RuleSet:
+def builtin_rule_set() -> RuleSet:
+    """The builtin rubric rules, loaded (and checked) once per process; not to be changed."""
     global _BUILTIN
     if _BUILTIN is None:
         _BUILTIN = load_rules([builtin_rules_path()])
@@ -1099,7 +1101,7 @@ def classify(
     extra: Mapping[str, float | None] | None = None,
 ) -> Verdict:
     """Classify one OOM's numbers (bytes; None or absent where unknown)."""
-    return (rules or _builtin()).classify(numbers, backend=backend, extra=extra)
+    return (rules or builtin_rule_set()).classify(numbers, backend=backend, extra=extra)
 
 
 def classify_message(msg: OomMessage, rules: RuleSet | None = None) -> Verdict:

@@ -39,6 +39,7 @@ from infersight.rules.engine import (
     RuleSet,
     Template,
     Verdict,
+    builtin_rule_set,
     builtin_rules_path,
     classify,
     derive,
@@ -538,9 +539,10 @@ _BUILTIN: ServingRules | None = None
 
 
 def builtin() -> ServingRules:
+    """The builtin serving rules over the builtin rubric rules, loaded (and checked) once per process."""
     global _BUILTIN
     if _BUILTIN is None:
-        _BUILTIN = load_serving_rules()
+        _BUILTIN = load_serving_rules(rubric=builtin_rule_set())
     return _BUILTIN
 
 

@@ -9,6 +9,7 @@ holds an :class:`EmbeddedAgent`, and what that offers is all it does with its ag
   producers spooled, wait for the connections of exiting ones;
 - :meth:`~EmbeddedAgent.launched`: CMD's own producers (their hello says ``launched``);
 - :meth:`~EmbeddedAgent.classify_stderr`: a capture of CMD's stderr, for the OOM classifier;
+  :meth:`~EmbeddedAgent.prepare_oom` when one opens (the classifier's rules load then);
 - :meth:`~EmbeddedAgent.publish`, :meth:`~EmbeddedAgent.publish_coldstart`: what launch
   itself saw (the probe span; its own cold-start root, with the fleet metrics);
 - :meth:`~EmbeddedAgent.settle`: exporters that wait for their peer at exit (MQTT);
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections.abc import Awaitable
 from typing import Any, TextIO
 
@@ -33,6 +35,7 @@ from infersight.agent.commands.extensions import build_extensions, new_agent
 from infersight.agent.commands.launch_base import Child
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
+from infersight.agent.oom.extension import OomExtension
 from infersight.settings import Config
 from infersight.telemetry import ColdStart, Item, Resource
 
@@ -42,9 +45,12 @@ log = logging.getLogger("infersight.launch")
 class EmbeddedAgent:
     """launch's agent: everything the session may ask of it (see the module's docstring)."""
 
-    def __init__(self, agent: Agent, coldstart: ColdStartExtension | None = None) -> None:
+    def __init__(self, agent: Agent, coldstart: ColdStartExtension | None = None,
+                 oom: OomExtension | None = None) -> None:
         self._agent = agent
         self._coldstart = coldstart
+        self._oom = oom
+        self._oom_warming = False
         self._stand_ins: dict[int, Producer] = {}  # pid -> the producer that stands for an unhooked CMD
 
     @classmethod
@@ -54,7 +60,8 @@ class EmbeddedAgent:
         extensions = build_extensions(conf)
         agent = new_agent(conf, build_exporters(conf, console_stream=out, embedded=True), extensions,
                           embedded=True, listen_sock=listen_sock, exporter_spool_root=exporter_spool_root)
-        return cls(agent, next((e for e in extensions if isinstance(e, ColdStartExtension)), None))
+        return cls(agent, next((e for e in extensions if isinstance(e, ColdStartExtension)), None),
+                   next((e for e in extensions if isinstance(e, OomExtension)), None))
 
     @property
     def host_name(self) -> str:
@@ -89,6 +96,15 @@ class EmbeddedAgent:
             return
         if items:
             self._agent.publish(items)
+
+    def prepare_oom(self) -> None:
+        """A capture of CMD's stderr opened: load the OOM rules (~70 ms of CPU, which launch
+        does not spend unless CMD prints such a line) on a thread of their own, once, while the
+        capture runs to its end. Any thread."""
+        if self._oom is None or self._oom_warming:
+            return
+        self._oom_warming = True
+        threading.Thread(target=self._oom.warm, name="infersight-oom-rules", daemon=True).start()
 
     def publish(self, items: list[Item]) -> None:
         self._agent.publish(items)

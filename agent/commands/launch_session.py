@@ -358,7 +358,7 @@ class Session:
             watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, self.out))
         relay = child.relay
         if relay is not None:
-            relay.set_consumer(stderr_consumer(agent, child, asyncio.get_running_loop()))
+            relay.set_consumer(stderr_consumer(agent, child, asyncio.get_running_loop()), agent.prepare_oom)
         listening = Readiness()
 
         def hooked() -> bool:

@@ -32,6 +32,7 @@ class AgentContext(Protocol):
     config: Config  # the configuration in force; a reload replaces it
     resource: Resource  # the agent's own resource (service.name infersight-agent)
     broadcaster: Broadcaster  # publish items to every exporter (or only to live/recorded ones)
+    embedded: bool  # the agent of ``infersight launch`` (True), or the daemon
 
     def producer_info(self, producer: str) -> dict[str, Any] | None:
         """The hello of a producer the agent knows (pid, start_ns, trace and root ids)."""

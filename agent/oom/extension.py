@@ -3,6 +3,10 @@
 An invalid site rule file at startup is logged (file:line) and the builtin rules run until
 a reload succeeds; a reload validates ``rules.dirs`` and swaps the rules only when the whole
 reload is valid. At shutdown it waits (bounded) for OOMs still reading NVML.
+
+The daemon loads the serving-engine rules at start, so that no OOM waits for them; the
+embedded agent of ``launch`` does not spend that CPU while CMD starts: they load when launch's
+stderr relay opens a capture (:meth:`OomExtension.warm`) or at the first OOM.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class OomExtension(Extension):
             classifier = OomClassifier(dirs)
         except RuleReloadError as exc:
             log.error("%s\nclassifying OOMs with the builtin rules until a reload succeeds", exc)
-            classifier = OomClassifier([], rules=OomClassifier.load([]))
+            classifier = OomClassifier([])
             classifier.dirs = dirs
         self.handlers = OomHandlers(classifier, nvml, nvml_guard=nvml_guard)
 
@@ -44,6 +48,12 @@ class OomExtension(Extension):
 
     async def start(self, agent: AgentContext) -> None:
         self.handlers.publish = agent.broadcaster.publish
+        if not agent.embedded:
+            self.warm()
+
+    def warm(self) -> None:
+        """Load the rules now (any thread): the next OOM does not wait for them."""
+        self.handlers.classifier.warm()
 
     def reload(self, config: Config) -> Apply | None:
         return self.handlers.classifier.prepare(config)

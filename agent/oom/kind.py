@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,20 +37,15 @@ from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.errors import AgentError
 from infersight.bytesize import torch_bytes
 from infersight.metricspec import declared
-from infersight.rules.engine import (
-    BASE_QUANTITIES,
-    RuleFileError,
-    RuleSet,
-    Verdict,
-    builtin_rules_path,
-    load_rules,
-)
-from infersight.rules.oom_parse import OomMessage
-from infersight.rules.serving import Finding, ServingRules, analyse, rubric_reason
-from infersight.rules.serving import builtin as builtin_serving
 from infersight.telemetry import Attributes, Item, LogItem, NumberPoint, Origin, SpanEvent
 
+# The rule engines (rules.engine, rules.serving: ~40 ms of imports, ~70 ms to load and check
+# the serving rules) are imported when the rules are first needed: a start without site
+# rule files, and an agent that never sees an OOM, pay neither.
 if TYPE_CHECKING:
+    from infersight.rules.engine import RuleSet, Verdict
+    from infersight.rules.oom_parse import OomMessage
+    from infersight.rules.serving import Finding, ServingRules
     from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
@@ -117,6 +113,8 @@ class NvmlLike(Protocol):
 
 def rule_paths(dirs: Iterable[str | Path]) -> list[Any]:
     """The builtin rule file, then ``*.toml`` in each directory (sorted; each dir once)."""
+    from infersight.rules.engine import builtin_rules_path
+
     paths: list[Any] = [builtin_rules_path()]
     seen: set[str] = set()
     for d in dirs:
@@ -130,16 +128,41 @@ def rule_paths(dirs: Iterable[str | Path]) -> list[Any]:
 
 
 class OomClassifier:
-    """Holds the rule set; ``reload`` swaps it only when every file loads."""
+    """Holds the rule set; ``reload`` swaps it only when every file loads.
+
+    Site rule files (``*.toml`` in ``dirs``) are loaded and checked when it is built, so that
+    an invalid one is reported (file:line) at start; without any, the builtin rules load at
+    first use. The serving-engine rules load at first use, or at :meth:`warm` (the daemon's
+    start; launch's stderr relay when a capture opens, before the capture ends)."""
 
     def __init__(self, dirs: Sequence[str | Path] = (), rules: RuleSet | None = None) -> None:
         self.dirs = [str(d) for d in dirs]
-        self.rules = rules if rules is not None else self.load(self.dirs)
+        self._lock = threading.Lock()  # warm() may run on another thread than the first OOM
+        self._rules = rules
+        if rules is None and len(rule_paths(self.dirs)) > 1:
+            self._rules = self.load(self.dirs)
         self._serving: ServingRules | None = None
-        _ = self.serving  # load (and check) the serving rules now, not at the first OOM
+
+    @property
+    def rules(self) -> RuleSet:
+        rules = self._rules
+        if rules is None:
+            with self._lock:
+                if self._rules is None:
+                    from infersight.rules.engine import builtin_rule_set
+
+                    self._rules = builtin_rule_set()
+                rules = self._rules
+        return rules
+
+    @rules.setter
+    def rules(self, rules: RuleSet) -> None:
+        self._rules = rules
 
     @staticmethod
     def load(dirs: Iterable[str | Path]) -> RuleSet:
+        from infersight.rules.engine import RuleFileError, load_rules
+
         try:
             return load_rules(rule_paths(dirs))
         except RuleFileError as exc:
@@ -167,13 +190,22 @@ class OomClassifier:
     def classify(self, numbers: dict[str, int | None], backend: str = "native") -> Verdict:
         return self.rules.classify(numbers, backend=backend)
 
+    def warm(self) -> None:
+        """Load the rules now, so that the next OOM does not wait for them (any thread)."""
+        _ = self.serving
+
     @property
     def serving(self) -> ServingRules:
         """The builtin serving-engine rules over the current rubric rules."""
-        b = builtin_serving()
-        if self._serving is None or self._serving.rubric is not self.rules:
-            self._serving = ServingRules(b.rules, b.engine_remedies, self.rules, list(b.sources))
-        return self._serving
+        rubric = self.rules
+        with self._lock:
+            if self._serving is None or self._serving.rubric is not rubric:
+                from infersight.rules.serving import ServingRules
+                from infersight.rules.serving import builtin as builtin_serving
+
+                b = builtin_serving()
+                self._serving = ServingRules(b.rules, b.engine_remedies, rubric, list(b.sources))
+            return self._serving
 
 
 # -- validation helpers ---------------------------------------------------------------------
@@ -263,6 +295,8 @@ class OomHandlers:
         msg: OomMessage | None = None
         engine = "pytorch"
         if text:
+            from infersight.rules.serving import analyse
+
             found = analyse(text, self.classifier.serving)
             first = found[0] if found else None
             if first is None:
@@ -293,6 +327,8 @@ class OomHandlers:
         if self._duplicate(p, t_ns, source, dev, req, msg):
             self.duplicates += 1
             return
+        from infersight.rules.engine import BASE_QUANTITIES
+
         numbers: dict[str, int | None] = dict.fromkeys(BASE_QUANTITIES)
         if msg is not None:
             numbers.update({k: v for k, v in msg.numbers().items() if v is not None})
@@ -492,6 +528,8 @@ class OomHandlers:
         if v.missing:
             a["infersight.oom.missing"] = list(v.missing)
         if v.cls == "unknown":
+            from infersight.rules.serving import rubric_reason
+
             a["infersight.oom.reason"] = rubric_reason(v, msg)
         for k, n in v.used.items():
             a["infersight.oom.%s_bytes" % k] = n

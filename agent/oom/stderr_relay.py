@@ -48,6 +48,7 @@ class StderrRelay:
             self.read_fd, self.child_fd = os.pipe()
         os.set_inheritable(self.read_fd, False)
         self.on_text: Callable[[str], None] | None = None
+        self.on_open: Callable[[], None] | None = None  # a capture opened (its text comes later)
         self.pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING)
         self.captures = 0
         self.copy_errors = 0
@@ -73,10 +74,12 @@ class StderrRelay:
         if self.tty and self.child_fd < 0:
             _copy_winsize(self.out_fd, self.read_fd)
 
-    def set_consumer(self, fn: Callable[[str], None]) -> None:
-        """Hand captures to ``fn`` (from the relay's thread), the waiting ones first."""
+    def set_consumer(self, fn: Callable[[str], None], on_open: Callable[[], None] | None = None) -> None:
+        """Hand captures to ``fn`` (from the relay's thread), the waiting ones first; call
+        ``on_open`` (quick) when a capture opens, at least ``PAUSE_S`` before its text comes."""
         with self._lock:
             self.on_text = fn
+            self.on_open = on_open
             waiting = list(self.pending)
             self.pending.clear()
         for text in waiting:
@@ -144,6 +147,7 @@ class StderrRelay:
             if hit:
                 self._capture = [*self._before, line]
                 self._after = AFTER_LINES
+                self._opened()
             self._before.append(line)
             return
         self._capture.append(line)
@@ -154,6 +158,14 @@ class StderrRelay:
             self._after -= 1
             if self._after <= 0:
                 self._flush_capture()
+
+    def _opened(self) -> None:
+        fn = self.on_open
+        if fn is not None:
+            try:
+                fn()
+            except Exception:
+                pass
 
     def _flush_capture(self) -> None:
         if self._capture is None:

@@ -229,6 +229,27 @@ def test_relay_needles_are_the_rules_needles() -> None:
     assert stderr_relay.NEEDLES == serving.NEEDLES
 
 
+def test_relay_says_when_a_capture_opens_before_its_text_comes() -> None:
+    """launch loads the OOM rules when a capture opens: that call comes first, once a capture."""
+    r, w = os.pipe()
+    relay = stderr_relay.StderrRelay(out_fd=w)
+    events: list[str] = []
+    p = subprocess.Popen([sys.executable, "-c", (
+        "import os, time\nos.write(2, b'starting\\n')\ntime.sleep(0.3)\n"
+        "os.write(2, b'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\\n')\n"
+        "time.sleep(0.3)\nos.write(2, b'ValueError: No available memory for the cache blocks.\\n')\n")],
+        stderr=relay.child_fd)
+    relay.started()
+    relay.set_consumer(lambda text: events.append("text"), lambda: events.append("open"))
+    try:
+        assert p.wait(timeout=60) == 0
+        assert relay.wait_closed(30)
+    finally:
+        os.close(w)
+        os.close(r)
+    assert events == ["open", "text", "open", "text"]
+
+
 def test_relay_keeps_reading_when_launch_stderr_is_gone() -> None:
     """Fault: launch's stderr is a pipe nobody reads any more. CMD must not block, and its
     memory error is still classified."""

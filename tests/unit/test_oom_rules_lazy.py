@@ -1,0 +1,117 @@
+"""When the OOM classifier loads its rules: site rule files at once (an invalid one is reported
+at start, file:line), the builtin rules and the serving-engine rules at first use or warm-up;
+the daemon warms them at start, the embedded agent of ``launch`` does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infersight.agent.daemon import config as cfg
+from infersight.agent.oom import kind as oom_kind
+from infersight.agent.oom.extension import OomExtension
+from infersight.rules import engine, serving
+
+SITE_RULE = '''engine_version = "1.0"
+
+[[rule]]
+id = "site.bigger-than-device"
+version = 1
+class = "capacity"
+priority = 5
+condition = "R > T"
+remedy = "This request can never fit on this device: shard the model or use a larger device."
+
+[[rule.examples]]
+kind = "positive"
+numbers = { R = "20 GiB", T = "12 GiB", F = 0, A = 0, P = 0 }
+
+[[rule.examples]]
+kind = "negative"
+numbers = { R = "1 GiB", T = "12 GiB", F = "8 GiB", A = 0, P = 0 }
+'''
+BAD_RULE = (  # line 8: the condition does not parse
+    'engine_version = "1.0"\n\n[[rule]]\nid = "site.bad"\nversion = 1\nclass = "capacity"\npriority = 1\n'
+    'condition = "R >>> T"\nremedy = "x"\n'
+)
+VLLM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.15 GiB of which 1.06 GiB is free. Of the allocated memory 75.73 GiB is allocated by PyTorch, and "
+        "1.55 GiB is reserved by PyTorch but unallocated.")
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the loads of the builtin serving rules and of rule files."""
+    n = {"serving": 0, "rule_files": 0}
+    real_serving, real_load = serving.load_serving_rules, engine.load_rules
+
+    def load_serving(*a: Any, **k: Any) -> serving.ServingRules:
+        n["serving"] += 1
+        return real_serving(*a, **k)
+
+    def load_rules(*a: Any, **k: Any) -> engine.RuleSet:
+        n["rule_files"] += 1
+        return real_load(*a, **k)
+
+    monkeypatch.setattr(serving, "_BUILTIN", None)
+    monkeypatch.setattr(serving, "load_serving_rules", load_serving)
+    monkeypatch.setattr(engine, "_BUILTIN", None)
+    monkeypatch.setattr(engine, "load_rules", load_rules)
+    return n
+
+
+def test_without_site_files_nothing_loads_until_the_first_oom(loads: dict[str, int], tmp_path: Path) -> None:
+    c = oom_kind.OomClassifier([tmp_path / "absent", tmp_path])  # no *.toml anywhere
+    assert loads == {"serving": 0, "rule_files": 0}
+    found = serving.analyse(VLLM, c.serving)
+    assert found and found[0].cls in engine.CLASSES
+    assert loads == {"serving": 1, "rule_files": 1}  # the builtin rubric, once, shared with the serving rules
+    c.warm()
+    assert c.classify({"R": 20 << 30, "T": 12 << 30, "F": 0, "A": 0, "P": 0}).rule == "oom.capacity"
+    assert loads == {"serving": 1, "rule_files": 1}
+
+
+def test_site_files_load_and_are_checked_when_built(loads: dict[str, int], tmp_path: Path) -> None:
+    (tmp_path / "site.toml").write_text(SITE_RULE)
+    c = oom_kind.OomClassifier([tmp_path])
+    assert loads["rule_files"] == 1 and loads["serving"] == 0
+    (tmp_path / "site.toml").unlink()  # loaded already: the classifier keeps it
+    assert c.rules.get("site.bigger-than-device") is not None
+    (tmp_path / "zz-bad.toml").write_text(BAD_RULE)
+    with pytest.raises(oom_kind.RuleReloadError, match=r"zz-bad\.toml:8"):
+        oom_kind.OomClassifier([tmp_path])
+
+
+def test_an_invalid_site_file_at_start_is_logged_and_the_builtin_rules_run(
+        loads: dict[str, int], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "zz-bad.toml").write_text(BAD_RULE)
+    conf = cfg.load(None, env={}, flags={"rules.dirs": [str(tmp_path)]})
+    with caplog.at_level("ERROR", logger="infersight.agent.oom"):
+        ext = OomExtension(conf)
+    assert "zz-bad.toml:8" in caplog.text
+    c = ext.handlers.classifier
+    assert c.dirs == [str(tmp_path)]
+    assert c.classify({"R": 1 << 30, "T": 12 << 30, "F": 8 << 30, "A": 0, "P": 0}).rule != "site.bad"
+
+
+class _Broadcaster:
+    def publish(self, items: list[Any]) -> None:
+        pass
+
+
+class _Context:
+    def __init__(self, embedded: bool) -> None:
+        self.embedded = embedded
+        self.broadcaster = _Broadcaster()
+
+
+@pytest.mark.parametrize("embedded", [False, True])
+async def test_the_daemon_loads_the_serving_rules_at_start_the_embedded_agent_does_not(
+        loads: dict[str, int], embedded: bool) -> None:
+    ext = OomExtension(cfg.load(None, env={}, flags={"rules.dirs": []}))
+    await ext.start(_Context(embedded))  # type: ignore[arg-type]
+    assert loads["serving"] == (0 if embedded else 1)
+    ext.warm()  # what launch calls when its stderr relay opens a capture
+    assert loads["serving"] == 1
