@@ -185,6 +185,15 @@ def setting(config: Config, key: Key, env: Mapping[str, str]) -> Any:
         raise bad_value(origin, key.name, raw, exc) from None
 
 
+def section_unset(config: Config, prefix: str, env_prefix: str, env: Mapping[str, str]) -> bool:
+    """Whether section ``prefix`` is all defaults, from nothing set: no key of it in ``config``
+    (file, flag or a resolved default), no non-empty environment variable named
+    ``env_prefix...`` (every key of the section has its variable there). The section's module
+    need not be imported to know that :func:`section_settings` would return its defaults."""
+    return (not any(n.startswith(prefix) for n in config.values)
+            and not any(v != "" and k.startswith(env_prefix) for k, v in env.items()))
+
+
 def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:
     """Every key of section ``prefix`` (e.g. ``exporters.mqtt.``), by its name inside the
     section; an unknown key in the file is an error naming it and its file:line."""

@@ -9,17 +9,25 @@ from typing import TextIO
 from infersight.exporters.base import Exporter, is_ephemeral, is_live
 from infersight.exporters.console import ConsoleExporter
 from infersight.exporters.file import FileExporter
-from infersight.settings import Config, ConfigError
+from infersight.settings import Config, ConfigError, section_unset
 
 DEFAULT_FILE_NAME = "infersight.otlp.jsonl"
+# The sections of the exporters that are off unless configured, and the prefix of their
+# environment variables: an unset one costs no import (~50 ms for Prometheus, ~15 ms for MQTT).
+MQTT_SECTION = ("exporters.mqtt.", "INFERSIGHT_MQTT_")
+PROMETHEUS_SECTION = ("exporters.prometheus.", "INFERSIGHT_PROMETHEUS")
 
 
 def otlp_requested(config: Config, env: Mapping[str, str]) -> bool:
     """OTLP only when an endpoint is configured (the file's or the environment's): there is no
     implicit localhost."""
+    endpoint = config.get("exporters.otlp.endpoint")
+    if not endpoint and not any(v and k.startswith("OTEL_EXPORTER_OTLP_") and k.endswith("ENDPOINT")
+                                for k, v in env.items()):
+        return False  # no endpoint anywhere: the OTLP exporter's module is not imported
     from infersight.exporters import otlp
 
-    return otlp.otlp_requested(config.get("exporters.otlp.endpoint"), env)
+    return otlp.otlp_requested(endpoint, env)
 
 
 def build_exporters(
@@ -47,20 +55,22 @@ def build_exporters(
             )
         except (ImportError, ValueError) as exc:
             raise ConfigError("exporters.otlp: %s" % exc) from exc
-    from infersight.exporters.mqtt_settings import settings_from_config as mqtt_settings
-    from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
-
     launch_pid = os.getpid() if embedded else None
-    if mqtt_settings(config, env=env, embedded=embedded, launch_pid=launch_pid) is not None:
-        from infersight.exporters import mqtt  # aiomqtt and paho: ~0.1 s, only for a broker
+    if not section_unset(config, *MQTT_SECTION, env):
+        from infersight.exporters.mqtt_settings import settings_from_config as mqtt_settings
 
-        broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=launch_pid)
-        if broker is not None:
-            out.append(broker)
+        if mqtt_settings(config, env=env, embedded=embedded, launch_pid=launch_pid) is not None:
+            from infersight.exporters import mqtt  # aiomqtt and paho: ~0.1 s, only for a broker
 
-    prometheus = prometheus_from_config(config, env=env)
-    if prometheus is not None:
-        out.append(prometheus)
+            broker = mqtt.from_config(config, env=env, embedded=embedded, launch_pid=launch_pid)
+            if broker is not None:
+                out.append(broker)
+    if not section_unset(config, *PROMETHEUS_SECTION, env):
+        from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
+
+        prometheus = prometheus_from_config(config, env=env)
+        if prometheus is not None:
+            out.append(prometheus)
     if config.get("exporters.console.enabled"):
         out.append(ConsoleExporter(console_stream))
     path = file_path(config, recording=any(records(e) for e in out))
@@ -109,12 +119,15 @@ def check_exporter_settings(config: Config, env: Mapping[str, str] | None = None
     """Check what :func:`build_exporters` would read, without starting any exporter (no
     bind, no connection): ``launch`` calls it before CMD starts. Raises ConfigError."""
     env = os.environ if env is None else env
-    from infersight.exporters.mqtt_settings import settings_from_config
-    from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
-    from infersight.settings import section_settings
+    if not section_unset(config, *MQTT_SECTION, env):
+        from infersight.exporters.mqtt_settings import settings_from_config
 
-    settings_from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
-    section_settings(config, "exporters.prometheus.", PROMETHEUS_KEYS, env)
+        settings_from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
+    if not section_unset(config, *PROMETHEUS_SECTION, env):
+        from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
+        from infersight.settings import section_settings
+
+        section_settings(config, PROMETHEUS_SECTION[0], PROMETHEUS_KEYS, env)
     if otlp_requested(config, env):
         from infersight.exporters import otlp
 

@@ -115,7 +115,12 @@ def rule_paths(dirs: Iterable[str | Path]) -> list[Any]:
     """The builtin rule file, then ``*.toml`` in each directory (sorted; each dir once)."""
     from infersight.rules.engine import builtin_rules_path
 
-    paths: list[Any] = [builtin_rules_path()]
+    return [builtin_rules_path(), *site_rule_files(dirs)]
+
+
+def site_rule_files(dirs: Iterable[str | Path]) -> list[Path]:
+    """``*.toml`` in each directory (sorted; each dir once): the site's rule files."""
+    paths: list[Path] = []
     seen: set[str] = set()
     for d in dirs:
         p = Path(d)
@@ -139,7 +144,7 @@ class OomClassifier:
         self.dirs = [str(d) for d in dirs]
         self._lock = threading.Lock()  # warm() may run on another thread than the first OOM
         self._rules = rules
-        if rules is None and len(rule_paths(self.dirs)) > 1:
+        if rules is None and site_rule_files(self.dirs):
             self._rules = self.load(self.dirs)
         self._serving: ServingRules | None = None
 

@@ -73,3 +73,35 @@ def test_an_environment_flag_takes_its_default_when_unset_empty_or_bad(caplog: p
     assert env_flag(name, False, {name: "yes"}) is True
     assert env_flag(name, True, {name: "maybe"}) is True
     assert "INFERSIGHT_MEASURE_STORAGE='maybe'" in caplog.text
+
+
+def test_an_unset_exporter_section_is_known_without_its_module(tmp_path: Path) -> None:
+    """compose skips importing the MQTT and Prometheus modules when their section is unset:
+    that must mean exactly what their own parsing says (off), and a set one is still checked."""
+    from infersight.agent.commands.compose import (
+        MQTT_SECTION,
+        PROMETHEUS_SECTION,
+        build_exporters,
+        check_exporter_settings,
+    )
+    from infersight.exporters.mqtt_settings import MQTT_KEYS, settings_from_config
+    from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
+    from infersight.exporters.prometheus_endpoint import from_config as prometheus_from_config
+    from infersight.settings import section_unset
+
+    for (prefix, env_prefix), keys in ((MQTT_SECTION, MQTT_KEYS), (PROMETHEUS_SECTION, PROMETHEUS_KEYS)):
+        assert all(k.name.startswith(prefix) and k.env and k.env.startswith(env_prefix) for k in keys)
+    out = str(tmp_path / "o.jsonl")
+    c = cfg.load(None, env={}, flags={"exporters.file.path": out})
+    assert section_unset(c, *MQTT_SECTION, {}) and section_unset(c, *PROMETHEUS_SECTION, {})
+    assert settings_from_config(c, env={}) is None and prometheus_from_config(c, env={}) is None
+    assert [type(e).__name__ for e in build_exporters(c, env={})] == ["FileExporter"]
+    assert not section_unset(c, *MQTT_SECTION, {"INFERSIGHT_MQTT_QOS": "1"})
+    assert section_unset(c, *MQTT_SECTION, {"INFERSIGHT_MQTT_URL": ""})  # empty: as if unset
+    with pytest.raises(ConfigError, match="INFERSIGHT_PROMETHEUS_PORT"):
+        check_exporter_settings(c, {"INFERSIGHT_PROMETHEUS_PORT": "not a port"})
+    with pytest.raises(ConfigError, match="exporters.mqtt.qos"):
+        check_exporter_settings(c, {"INFERSIGHT_MQTT_QOS": "7"})
+    f = write(tmp_path, "[exporters.prometheus]\nport = 0\nnonsense = 1\n")
+    with pytest.raises(ConfigError, match="nonsense"):
+        check_exporter_settings(cfg.load(str(f), env={}), {})
