@@ -34,9 +34,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from infersight.bytesize import torch_bytes
+from infersight.bytesize import BYTE_UNITS, parse_bytes, torch_bytes
 from infersight.errors import Location, SourceError
-from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms, parse_size
+from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
 __all__ = [
@@ -152,17 +152,8 @@ class Known:
 
 Expr: TypeAlias = Num | BoolLit | Name | Neg | Arith | Compare | Logic | Not | Call | Known
 
-_UNIT_BYTES = {
-    "B": 1,
-    "KiB": 1 << 10,
-    "MiB": 1 << 20,
-    "GiB": 1 << 30,
-    "TiB": 1 << 40,
-    "KB": 1000,
-    "MB": 1000**2,
-    "GB": 1000**3,
-    "TB": 1000**4,
-}
+# Units a number may carry in an expression (``2 GiB``), as written: reserved names.
+_UNIT_BYTES = {u: BYTE_UNITS[u.lower()] for u in ("B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB")}
 _KEYWORDS = frozenset({"and", "or", "not", "true", "false", "max", "min", "abs", "known"})
 _MAX_EXPR_CHARS = 4000
 # Depth of the expression tree: parentheses, unary operators and each operator of a chain
@@ -999,7 +990,7 @@ def _size_value(v: object) -> int | None:
     if isinstance(v, float):
         return round(v)
     if isinstance(v, str):
-        return parse_size(v)
+        return parse_bytes(v)
     return None
 
 

@@ -38,24 +38,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["NUMBER_KEYS", "OomMessage", "ProcessUse", "decoded_lines", "find_ooms", "parse_size"]
+from infersight.bytesize import BYTE_UNITS
+
+__all__ = ["NUMBER_KEYS", "OomMessage", "ProcessUse", "decoded_lines", "find_ooms"]
 
 NUMBER_KEYS = ("R", "T", "F", "A", "P", "U", "O", "L")
 
-_UNITS = {
-    "b": 1,
-    "bytes": 1,
-    "byte": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "pib": 1 << 50,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-}
 
 # The cudaMallocAsync backend prints 2**64 bytes (17179869184.00 GiB) when no limit is set.
 _NO_LIMIT_BYTES = 1 << 62
@@ -195,20 +183,8 @@ class OomMessage:
         return {k: getattr(self, k) for k in NUMBER_KEYS}
 
 
-def parse_size(text: str) -> int | None:
-    """Parse "1.70 GiB", "1.7GiB", "512 MiB", "0 bytes" or "1073741824" into bytes."""
-    m = re.fullmatch(r"\s{0,8}(\d{1,18}(?:\.\d{1,9})?)\s{0,8}([A-Za-z]{0,5})\s{0,8}", text)
-    if m is None:
-        return None
-    unit = m.group(2).lower() or "b"
-    mult = _UNITS.get(unit)
-    if mult is None:
-        return None
-    return round(float(m.group(1)) * mult)
-
-
 def _size(num: str, unit: str) -> int:
-    return round(float(num) * _UNITS[unit.lower()])
+    return round(float(num) * BYTE_UNITS[unit.lower()])
 
 
 def _decode(text: str) -> str:

@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from infersight.bytesize import torch_bytes
+from infersight.bytesize import parse_bytes, torch_bytes
 from infersight.errors import Location, SourceError
 from infersight.rules.engine import (
     BASE_QUANTITIES,
@@ -115,11 +115,6 @@ _HOSTS: dict[str, tuple[str, ...]] = {
 
 # A quantified group that holds a quantifier: the shape of catastrophic backtracking.
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
-_SIZE_TEXT = re.compile(r"\s{0,4}(\d{1,25}(?:\.\d{1,9})?)\s{0,4}([KMGTP]i?B?|bytes?|B)?\s{0,4}", re.IGNORECASE)
-_UNIT = {"": 1, "b": 1, "byte": 1, "bytes": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-         "p": 1 << 50, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
-         "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5,
-         "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 _WS = re.compile(r"[ \t]+")
 
 
@@ -225,18 +220,6 @@ class Finding:
         d["used"] = dict(self.used)
         d["missing"] = list(self.missing)
         return d
-
-
-def size_bytes(text: str, unit: str | None = None) -> int | None:
-    """``"1.63 GiB"``, ``"15.65G"`` (XLA: binary), ``"939524096"`` (bytes) -> bytes."""
-    m = _SIZE_TEXT.fullmatch(text)
-    if m is None:
-        return None
-    u = (m.group(2) or unit or "").lower()
-    mult = _UNIT.get(u)
-    if mult is None:
-        return None
-    return round(float(m.group(1)) * mult)
 
 
 def detect_engine(text: str) -> str | None:
@@ -592,7 +575,7 @@ def _line_of(starts: list[int], base: int, offset: int) -> int:
 
 def _value(name: str, raw: str, unit: str | None) -> float | None:
     if name in BASE_QUANTITIES or name.endswith("_bytes"):
-        b = size_bytes(raw, unit)
+        b = parse_bytes(raw, unit)
         return None if b is None else float(b)
     try:
         return float(raw)

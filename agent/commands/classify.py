@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from infersight.agent.cli import command_help
-from infersight.bytesize import torch_bytes
+from infersight.bytesize import parse_bytes, torch_bytes
 from infersight.rules.engine import (
     RuleFileError,
     default_rule_paths,
     load_rules,
 )
-from infersight.rules.oom_parse import NUMBER_KEYS, parse_size
+from infersight.rules.oom_parse import NUMBER_KEYS
 from infersight.rules.serving import Finding, ServingRulesError, analyse, load_serving_rules
 from infersight.rules.snapshot import (
     SnapshotError,
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.request is not None:
         if args.snapshot is None:
             return _fail("--request needs --snapshot", err)
-        request = parse_size(args.request)
+        request = parse_bytes(args.request)
         if request is None:
             return _fail(f"--request {args.request!r} is not a size (e.g. 1.5GiB)", err)
     for d in args.rules_dir:

@@ -8,9 +8,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from infersight.bytesize import parse_bytes
 from infersight.rules import oom_parse
 from infersight.rules.engine import classify_message
-from infersight.rules.oom_parse import OomMessage, find_ooms, parse_size
+from infersight.rules.oom_parse import OomMessage, find_ooms
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -167,12 +168,18 @@ def test_no_oom_in_prose() -> None:
 
 
 def test_parse_size() -> None:
-    assert parse_size("1.70 GiB") == round(1.7 * GIB)
-    assert parse_size("1.5GiB") == round(1.5 * GIB)
-    assert parse_size("512") == 512
-    assert parse_size("0 bytes") == 0
-    assert parse_size("2 furlongs") is None
-    assert parse_size("GiB") is None
+    assert parse_bytes("1.70 GiB") == round(1.7 * GIB)
+    assert parse_bytes("1.5GiB") == round(1.5 * GIB)
+    assert parse_bytes("512") == 512
+    assert parse_bytes("0 bytes") == 0
+    assert parse_bytes("2 furlongs") is None
+    assert parse_bytes("GiB") is None
+    # The serving rules' sizes read through the same parser: binary letters, decimal xB (ggml's
+    # "MB", which means MiB, is read by its rules as a MiB count, not here).
+    assert parse_bytes("15.65G") == round(15.65 * GIB)
+    assert parse_bytes(" 512 MB ") == 512 * 1000**2
+    assert parse_bytes("3 PiB") == 3 << 50 and parse_bytes("2 pb") == 2 * 1000**5
+    assert parse_bytes("0.5", "MiB") == MIB // 2 and parse_bytes("1 KiB", "GiB") == 1024
 
 
 # ---------------------------------------------------------------- never raises

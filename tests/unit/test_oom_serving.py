@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from infersight.agent.commands.classify import main
+from infersight.bytesize import parse_bytes
 from infersight.rules.serving import (
     ENGINES,
     ServingRulesError,
@@ -29,7 +30,6 @@ from infersight.rules.serving import (
     builtin_serving_path,
     detect_engine,
     load_serving_rules,
-    size_bytes,
 )
 from infersight.rules.serving_measure import score
 
@@ -344,10 +344,10 @@ def test_engine_comes_from_the_log_around_a_pytorch_message() -> None:
 
 
 def test_size_units() -> None:
-    assert size_bytes("15.65G") == round(15.65 * (1 << 30))
-    assert size_bytes("939524096") == 939524096
-    assert size_bytes("0.49", "GiB") == round(0.49 * (1 << 30))
-    assert size_bytes("lots") is None
+    assert parse_bytes("15.65G") == round(15.65 * (1 << 30))
+    assert parse_bytes("939524096") == 939524096
+    assert parse_bytes("0.49", "GiB") == round(0.49 * (1 << 30))
+    assert parse_bytes("lots") is None
 
 
 def test_invalid_rule_file_names_file_and_line(tmp_path: Path) -> None:
@@ -504,7 +504,7 @@ def test_ollama_system_memory_is_decided_by_the_machine_total(warn: bool, r: str
     if cls == "unknown":
         assert "total=" in (found.reason or "")
     if warn:
-        assert found.numbers["T"] == size_bytes(t)
+        assert found.numbers["T"] == parse_bytes(t)
 
 
 _CAPTURE_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total "
@@ -569,7 +569,7 @@ def test_tensorrt_llm_executor_stage_decides_only_the_weights_on_a_free_device(c
             f"Free GPU memory before component creation attempt (GiB): {free}\n")
     (f,) = analyse(text)
     assert (f.engine, f.cls, f.rule) == ("tensorrt-llm", cls, "tensorrt-llm.executor.insufficient-memory" + rule)
-    assert f.numbers["T"] == size_bytes("79.11 GiB") and f.numbers["F"] == size_bytes(free + " GiB")
+    assert f.numbers["T"] == parse_bytes("79.11 GiB") and f.numbers["F"] == parse_bytes(free + " GiB")
     if cls == "unknown":
         assert f.reason and len(f.reason.split()) >= 8
 
