@@ -36,7 +36,7 @@ from infersight.coldstart_stages import covered_ns, merge, named_intervals
 from infersight.hooks import _contract
 from infersight.telemetry import Attributes, ColdStart, Item, Origin, SpanItem
 
-MAX_PENDING_SPANS = 4096
+MAX_PENDING_STAGE_SPANS = 4096  # per producer: stage spans kept for their root's summary
 MAX_OPEN_STAGES = 64  # open runs in one cold-start checkpoint
 MAX_TICK_SAMPLES = 4096  # samples in one checkpoint (about 40 s at 10 ms: a tick carries 100 ms)
 DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
@@ -271,7 +271,7 @@ class ColdStartAssembly:
         st.pending.append(span)
         st.pending_bytes += size
         drop, n = 0, len(st.pending)
-        while drop < n and (st.pending_bytes > self.max_pending_bytes or n - drop > MAX_PENDING_SPANS):
+        while drop < n and (st.pending_bytes > self.max_pending_bytes or n - drop > MAX_PENDING_STAGE_SPANS):
             st.pending_bytes -= span_bytes(st.pending[drop])
             drop += 1
         if drop:

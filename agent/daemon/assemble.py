@@ -37,7 +37,7 @@ from infersight.telemetry import (
 HEX16 = re.compile(r"[0-9a-f]{16}\Z")
 HEX32 = re.compile(r"[0-9a-f]{32}\Z")
 MAX_PRODUCERS = 4096
-MAX_PENDING_SPANS = 4096  # spans with events waiting for them, per producer
+MAX_SPANS_WITH_WAITING_EVENTS = 4096  # per producer: spans not yet arrived that events wait for
 MAX_STR = 4096
 MAX_ATTRS = 128
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -77,7 +77,7 @@ class Producer:
             return  # that span has ended already: the event stays a log record only
         evs = self.span_events.get(span_id)
         if evs is None:
-            if len(self.span_events) >= MAX_PENDING_SPANS:
+            if len(self.span_events) >= MAX_SPANS_WITH_WAITING_EVENTS:
                 return
             evs = self.span_events[span_id] = []
         if len(evs) < MAX_EVENTS_PER_SPAN:

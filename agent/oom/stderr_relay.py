@@ -32,7 +32,7 @@ CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read a
 AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
 MAX_LINE = 16384
-MAX_PENDING = 64  # captures waiting for the agent side (launch imports it while CMD starts)
+MAX_PENDING_CAPTURES = 64  # captures waiting for the agent side (launch imports it while CMD starts)
 
 
 class StderrRelay:
@@ -49,7 +49,7 @@ class StderrRelay:
         os.set_inheritable(self.read_fd, False)
         self.on_text: Callable[[str], None] | None = None
         self.on_open: Callable[[], None] | None = None  # a capture opened (its text comes later)
-        self.pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING)
+        self.pending: collections.deque[str] = collections.deque(maxlen=MAX_PENDING_CAPTURES)
         self.captures = 0
         self.copy_errors = 0
         self._lock = threading.Lock()
