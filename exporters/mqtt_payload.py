@@ -387,6 +387,15 @@ class _Snapshot:
         self.metrics: dict[str, dict[str, Any]] = {}
 
 
+def _retain(out: list[Outgoing | tuple[str, _Snapshot] | None], retained: dict[str, int], msg: Outgoing) -> None:
+    """Append a retained message; the older one of its topic in this batch, if any, goes."""
+    before = retained.get(msg.topic)
+    if before is not None:
+        out[before] = None
+    retained[msg.topic] = len(out)
+    out.append(msg)
+
+
 def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing], int]:
     """The messages for one batch, in batch order, and the count of items with no topic.
 
@@ -394,7 +403,10 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
     plain spans (the root and stages travel inside their ``ColdStart``) and other items are
     not. Metrics of one batch that share topic, resource and time form one snapshot message.
     """
-    out: list[Outgoing | tuple[str, _Snapshot]] = []
+    out: list[Outgoing | tuple[str, _Snapshot] | None] = []
+    # Retained state: only the newest per topic matters, so an older one in the same batch
+    # is dropped (its slot emptied) and can never overwrite it on the broker.
+    retained: dict[str, int] = {}  # topic -> the slot of its newest retained message
     snapshots: dict[tuple[str, Resource, int], _Snapshot] = {}
     skipped = 0
     host = topics.host
@@ -413,17 +425,13 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
                 topic = family_topics.get(fam) or family_topics.setdefault(fam, topics.family(fam))
             out.append(_new_tuple(Outgoing, (topic, payload, False, producer, seq, 1)))  # Outgoing(...), in C
         elif isinstance(item, ColdStartProgress):
-            # Retained state: only the newest per topic matters, so an older one in the same
-            # batch is dropped and can never overwrite it on the broker.
             topic = topics.coldstart_progress(item.service)
-            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
             payload = b"" if item.state is None else dumps(progress_payload(item, host))
-            out.append(Outgoing(topic, payload, True, None, None))
+            _retain(out, retained, Outgoing(topic, payload, True, None, None))
         elif isinstance(item, RoutingHint):
-            topic = topics.routing(item.service, item.port)  # retained: the newest per topic only
-            out = [o for o in out if not (isinstance(o, Outgoing) and o.retain and o.topic == topic)]
+            topic = topics.routing(item.service, item.port)
             payload = b"" if item.state is None else dumps(routing_payload(item, host))
-            out.append(Outgoing(topic, payload, True, None, None))
+            _retain(out, retained, Outgoing(topic, payload, True, None, None))
         elif isinstance(item, ColdStart):
             d = coldstart_payload(item, host)
             out.append(
@@ -455,6 +463,8 @@ def encode_batch(batch: Sequence[Item], topics: Topics) -> tuple[list[Outgoing],
             skipped += 1
     msgs: list[Outgoing] = []
     for o in out:
+        if o is None:  # a retained message a newer one replaced
+            continue
         if isinstance(o, Outgoing):
             msgs.append(o)
             continue

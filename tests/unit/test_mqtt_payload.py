@@ -323,3 +323,44 @@ def test_an_event_message_is_the_named_tuple_it_would_be_built_as() -> None:
     assert skipped == 0 and type(msg) is mp.Outgoing
     assert msg == mp.Outgoing(msg.topic, msg.payload, False, "p", 7) and msg.items == 1
     assert msg.topic == "infersight/h/oom"
+
+
+class _CountingTopic(str):
+    """A topic that counts how often it is compared (the dedupe's work)."""
+
+    compared = 0
+
+    def __eq__(self, other: object) -> bool:
+        _CountingTopic.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+class _CountingTopics(mp.Topics):
+    def coldstart_progress(self, service: str) -> str:
+        return _CountingTopic(super().coldstart_progress(service))
+
+
+def test_retained_messages_keep_the_newest_per_topic_in_linear_work() -> None:
+    from infersight.telemetry import ColdStartProgress, RoutingHint
+
+    n = 3000
+    batch: list = []  # type: ignore[type-arg]
+    for i in range(n):
+        batch.append(ColdStartProgress(RES, "svc-%d" % (i % 1000), 42, i, {"phase": "loading", "i": i}))
+        if i % 500 == 0:
+            batch.append(oom(i + 1))
+    batch.append(RoutingHint(RES, "svc-0", 8000, n, {"weight_ratio": 1.0}))
+    batch.append(RoutingHint(RES, "svc-0", 8000, n + 1, None))  # gone: the newest clears the topic
+    topics = _CountingTopics("infersight", "gpu-1")
+    _CountingTopic.compared = 0
+    msgs, skipped = mp.encode_batch(batch, topics)
+    assert _CountingTopic.compared <= 2 * n, "dedupe compares each topic a bounded number of times"
+    retained = [m for m in msgs if m.retain]
+    assert len(retained) == 1000 + 1 and skipped == 0
+    assert len({m.topic for m in retained}) == len(retained)
+    progress = [json.loads(m.payload) for m in retained[:-1]]
+    assert [p["i"] for p in progress] == list(range(n - 1000, n)), "the newest per topic, in batch order"
+    assert retained[-1].topic.endswith("/routing/svc-0/8000") and retained[-1].payload == b""
+    assert [m.retain for m in msgs].count(False) == 6  # the OOM events stay, in place
