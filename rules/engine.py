@@ -850,16 +850,9 @@ class _FileLoader(FileLoader):
         if not isinstance(t, dict):
             self.err(start, "a rule must be a table")
             return None
-        for k in t:
-            if k not in _RULE_KEYS:
-                self.err(line(k), f"unknown rule key {k!r}")
-        rid = t.get("id")
-        if not isinstance(rid, str) or not _ID.fullmatch(rid):
-            self.err(line("id"), "rule id must be a string of letters, digits, '.', '_', '-'")
-            rid = f"<rule {i + 1}>"
-        version = t.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            self.err(line("version"), f"{rid}: version must be a positive integer")
+        rid = self.rule_id(t, _RULE_KEYS, line, what="rule", pattern=_ID, fallback=f"<rule {i + 1}>",
+                           id_error="rule id must be a string of letters, digits, '.', '_', '-'")
+        version = self.rule_version(t, line, rid)
         cls = t.get("class")
         if cls not in CLASSES:
             self.err(line("class"), f"{rid}: class must be one of {', '.join(CLASSES)}")
@@ -893,7 +886,7 @@ class _FileLoader(FileLoader):
             return None
         return Rule(
             id=str(rid),
-            version=version if isinstance(version, int) else 0,
+            version=version,
             cls=str(cls),
             priority=prio if isinstance(prio, int) else 0,
             condition_src=str(cond_src),

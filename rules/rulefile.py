@@ -8,7 +8,7 @@ An engine loads it when the majors match and the file's minor is not newer than 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from infersight.errors import InfersightError, Location, SourceError
@@ -72,3 +72,25 @@ class FileLoader:
             needed_engine(doc.get(ENGINE_VERSION_KEY), engine)
         except ValueError as exc:
             self.err(self.line(ENGINE_VERSION_KEY), str(exc))
+
+    def rule_id(self, t: Mapping[str, object], allowed: Collection[str], line: Callable[[str], int], *, what: str,
+                pattern: re.Pattern[str], id_error: str, fallback: str) -> str:
+        """What every rule table opens with: an error for each key not ``allowed`` (``unknown
+        {what} key 'k'``), then its ``id`` when ``pattern`` matches it whole; else the error
+        ``id_error`` and ``fallback`` (the name its other errors give it)."""
+        for k in t:
+            if k not in allowed:
+                self.err(line(k), f"unknown {what} key {k!r}")
+        rid = t.get("id")
+        if not isinstance(rid, str) or not pattern.fullmatch(rid):
+            self.err(line("id"), id_error)
+            return fallback
+        return rid
+
+    def rule_version(self, t: Mapping[str, object], line: Callable[[str], int], rid: str) -> int:
+        """The rule's ``version``, a positive integer; else the error, and 0."""
+        version = t.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            self.err(line("version"), f"{rid}: version must be a positive integer")
+            return 0
+        return version

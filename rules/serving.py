@@ -242,6 +242,7 @@ _RULE_KEYS = frozenset({
     "id", "version", "engine", "priority", "anchors", "patterns", "context", "window", "mechanism", "knob",
     "class", "cases", "remedy", "reason", "note", "examples", "require_match", "fallback",
 })
+_ID = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,127}")
 _CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule"})
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
 
@@ -302,16 +303,9 @@ class _Loader(FileLoader):
         def ln(key: str) -> int:
             return self.line("rule", i, key)
 
-        for k in t:
-            if k not in _RULE_KEYS:
-                self.err(ln(k), f"unknown rule key {k!r}")
-        rid = t.get("id")
-        if not isinstance(rid, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]{0,127}", rid):
-            self.err(ln("id"), "rule id must be lower-case letters, digits, '.', '_', '-'")
-            rid = f"<rule {i + 1}>"
-        version = t.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            self.err(ln("version"), f"{rid}: version must be a positive integer")
+        rid = self.rule_id(t, _RULE_KEYS, ln, what="rule", pattern=_ID, fallback=f"<rule {i + 1}>",
+                           id_error="rule id must be lower-case letters, digits, '.', '_', '-'")
+        version = self.rule_version(t, ln, rid)
         engine = t.get("engine")
         if engine not in ENGINES and engine != "any":
             self.err(ln("engine"), f"{rid}: engine must be one of {', '.join(ENGINES)} or 'any'")
@@ -325,9 +319,9 @@ class _Loader(FileLoader):
         for a in anchors:
             if not any(n in a.lower() for n in NEEDLES):
                 self.err(ln("anchors"), f"{rid}: anchor {a!r} holds none of the prefilter needles {NEEDLES}")
-        pats = [p for j, s in enumerate(t.get("patterns", [])) if (p := self.regex(s, ln("patterns"), str(rid),
+        pats = [p for j, s in enumerate(t.get("patterns", [])) if (p := self.regex(s, ln("patterns"), rid,
                                                                                      f"patterns[{j}]"))]
-        ctx = [p for j, s in enumerate(t.get("context", [])) if (p := self.regex(s, ln("context"), str(rid),
+        ctx = [p for j, s in enumerate(t.get("context", [])) if (p := self.regex(s, ln("context"), rid,
                                                                                    f"context[{j}]"))]
         window = t.get("window", WINDOW_LINES)
         if not isinstance(window, int) or not 1 <= window <= 40:
@@ -358,20 +352,20 @@ class _Loader(FileLoader):
             self.err(ln("reason"), f"{rid}: reason must be a string")
         if cls == "unknown" and not reason:
             self.err(ln("reason"), f"{rid}: class unknown needs a reason (what is missing, what to look at)")
-        self.check_reason(reason, ln("reason"), str(rid))
-        note = self.template(t.get("note"), ln("note"), str(rid))
+        self.check_reason(reason, ln("reason"), rid)
+        note = self.template(t.get("note"), ln("note"), rid)
         cases = []
         for j, c in enumerate(t.get("cases", [])):
-            case = self.case(c, self.line("rule", i, "cases", j), str(rid), reason)
+            case = self.case(c, self.line("rule", i, "cases", j), rid, reason)
             if case is not None:
                 cases.append(case)
-        examples = self.examples(t.get("examples", []), i, str(rid))
+        examples = self.examples(t.get("examples", []), i, rid)
         if len(self.errors) == n0 and {e.kind for e in examples} != {"positive", "negative"}:
             self.err(start, f"{rid}: needs at least one positive and one negative example")
         if len(self.errors) != n0:
             return None
         return ServingRule(
-            id=str(rid), version=version if isinstance(version, int) else 0, engine=str(engine),
+            id=rid, version=version, engine=str(engine),
             priority=int(prio), anchors=tuple(anchors),
             patterns=tuple(pats), context=tuple(ctx), window=window, require_match=bool(require),
             mechanism=" ".join(str(mechanism).split()),

@@ -149,13 +149,8 @@ class _FileLoader(FileLoader):
         if not isinstance(t, dict):
             self.err(start, "a stage rule must be a table")
             return None
-        for k in t:
-            if k not in _RULE_KEYS:
-                self.err(line(k), f"unknown stage rule key {k!r}")
-        rid = t.get("id")
-        if not isinstance(rid, str) or not _ID.fullmatch(rid):
-            self.err(line("id"), "id must be a string of letters, digits, '.', '_', '-'")
-            rid = f"<stage rule {i + 1}>"
+        rid = self.rule_id(t, _RULE_KEYS, line, what="stage rule", pattern=_ID, fallback=f"<stage rule {i + 1}>",
+                           id_error="id must be a string of letters, digits, '.', '_', '-'")
         stage = t.get("stage")
         if not isinstance(stage, str) or not _STAGE.fullmatch(stage):
             self.err(line("stage"), f"{rid}: stage must be a lower-case name ([a-z][a-z0-9_]*)")

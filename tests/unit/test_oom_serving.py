@@ -362,6 +362,18 @@ def test_invalid_rule_file_names_file_and_line(tmp_path: Path) -> None:
     assert "mechanism" in text and "reason" in text and "positive and one negative" not in text
 
 
+def test_a_rule_table_s_keys_id_and_version_are_checked_with_their_lines(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "Not-Lower"\nversion = 0\nengine = "vllm"\n'
+                   'colour = "red"\n', encoding="utf-8")
+    with pytest.raises(ServingRulesError) as exc:
+        load_serving_rules([bad])
+    text = str(exc.value)
+    assert f"{bad}:7: unknown rule key 'colour'" in text
+    assert f"{bad}:4: rule id must be lower-case letters" in text
+    assert f"{bad}:5: <rule 1>: version must be a positive integer" in text
+
+
 def test_a_rule_whose_example_fails_does_not_load(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('''engine_version = "1.0"
