@@ -9,7 +9,9 @@ holds an :class:`EmbeddedAgent`, and what that offers is all it does with its ag
   producers spooled, wait for the connections of exiting ones;
 - :meth:`~EmbeddedAgent.launched`: CMD's own producers (their hello says ``launched``);
 - :meth:`~EmbeddedAgent.classify_stderr`: a capture of CMD's stderr, for the OOM classifier;
-  :meth:`~EmbeddedAgent.prepare_oom` when one opens (the classifier's rules load then);
+  :meth:`~EmbeddedAgent.prepare_oom` when one opens. The classifier's rules (~70 ms of CPU)
+  load then, or once a process of CMD is ready (its cold start ended by readiness), or at
+  the first OOM: not while CMD starts;
 - :meth:`~EmbeddedAgent.publish`, :meth:`~EmbeddedAgent.publish_coldstart`: what launch
   itself saw (the probe span; its own cold-start root, with the fleet metrics);
 - :meth:`~EmbeddedAgent.settle`: exporters that wait for their peer at exit (MQTT);
@@ -22,11 +24,12 @@ It is built on the agent's public session methods
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TextIO
 
 from infersight.agent.coldstart.extension import ColdStartExtension
@@ -36,8 +39,11 @@ from infersight.agent.commands.launch_base import Child
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.oom.extension import OomExtension
+from infersight.hooks._contract import ENDED_BY, ENDED_BY_FIRST_REQUEST, ENDED_BY_READY
 from infersight.settings import Config
 from infersight.telemetry import ColdStart, Item, Resource
+
+SERVING = (ENDED_BY_READY, ENDED_BY_FIRST_REQUEST)  # a cold start that ended so: the process serves
 
 log = logging.getLogger("infersight.launch")
 
@@ -50,7 +56,9 @@ class EmbeddedAgent:
         self._agent = agent
         self._coldstart = coldstart
         self._oom = oom
-        self._oom_warming = False
+        self._oom_warm: threading.Thread | None = None
+        if oom is not None:
+            agent.observe(self._watch_ready)
         self._stand_ins: dict[int, Producer] = {}  # pid -> the producer that stands for an unhooked CMD
 
     @classmethod
@@ -98,13 +106,21 @@ class EmbeddedAgent:
             self._agent.publish(items)
 
     def prepare_oom(self) -> None:
-        """A capture of CMD's stderr opened: load the OOM rules (~70 ms of CPU, which launch
-        does not spend unless CMD prints such a line) on a thread of their own, once, while the
-        capture runs to its end. Any thread."""
-        if self._oom is None or self._oom_warming:
+        """Load the OOM rules on a thread of their own now, once (any thread): a capture of
+        CMD's stderr opened (it ends at least 50 ms later), or a process of CMD serves."""
+        if self._oom is None or self._oom_warm is not None:
             return
-        self._oom_warming = True
-        threading.Thread(target=self._oom.warm, name="infersight-oom-rules", daemon=True).start()
+        self._oom_warm = threading.Thread(target=self._oom.warm, name="infersight-oom-rules", daemon=True)
+        self._oom_warm.start()
+
+    def _watch_ready(self, batch: Sequence[Item]) -> None:
+        """A tap: the first cold start that ended by readiness (not by exit) loads the OOM rules."""
+        if self._oom_warm is not None:
+            return
+        for it in batch:
+            if isinstance(it, ColdStart) and it.root.attributes.get(ENDED_BY) in SERVING:
+                self.prepare_oom()
+                return
 
     def publish(self, items: list[Item]) -> None:
         self._agent.publish(items)
@@ -118,7 +134,10 @@ class EmbeddedAgent:
             self._agent.publish([cs.root, *cs.stages, cs])
 
     async def settle(self) -> None:
-        """After the last publish: exporters that wait for their peer at exit (MQTT) do so."""
+        """After the last publish: exporters that wait for their peer at exit (MQTT) do so;
+        the OOM rules' load, if one runs, ends (not in the middle of interpreter shutdown)."""
+        if self._oom_warm is not None:
+            await asyncio.to_thread(self._oom_warm.join, 10.0)
         await self._agent.settle_exporters()
 
     def health(self) -> dict[str, Any]:

@@ -115,3 +115,45 @@ async def test_the_daemon_loads_the_serving_rules_at_start_the_embedded_agent_do
     assert loads["serving"] == (0 if embedded else 1)
     ext.warm()  # what launch calls when its stderr relay opens a capture
     assert loads["serving"] == 1
+
+
+class _FakeAgent:
+    def __init__(self) -> None:
+        self.taps: list[Any] = []
+
+    def observe(self, tap: Any) -> None:
+        self.taps.append(tap)
+
+
+class _FakeOom:
+    def __init__(self) -> None:
+        self.warmed = 0
+
+    def warm(self) -> None:
+        self.warmed += 1
+
+
+def _coldstart(ended_by: str) -> Any:
+    from infersight.hooks import _contract
+    from infersight.telemetry import ColdStart, Resource, SpanItem
+
+    res = Resource.of({"service.name": "svc"})
+    root = SpanItem(res, "a" * 32, "b" * 16, None, "coldstart", 1, 2, {_contract.ENDED_BY: ended_by})
+    return ColdStart(root, [])
+
+
+async def test_launch_loads_the_oom_rules_once_a_process_serves_not_when_it_exits() -> None:
+    from infersight.agent.commands.launch_agent import EmbeddedAgent
+
+    agent, oom = _FakeAgent(), _FakeOom()
+    emb = EmbeddedAgent(agent, None, oom)  # type: ignore[arg-type]
+    (tap,) = agent.taps
+    tap([_coldstart("exit"), _coldstart("producer_lost")])
+    assert emb._oom_warm is None and oom.warmed == 0
+    tap([_coldstart("ready")])
+    assert emb._oom_warm is not None
+    emb._oom_warm.join(5)
+    assert oom.warmed == 1
+    tap([_coldstart("first_request")])
+    emb.prepare_oom()  # a capture of CMD's stderr opened: loaded already
+    assert oom.warmed == 1
