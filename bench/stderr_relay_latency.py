@@ -89,12 +89,13 @@ print((res["at"] - wrote) / 1e6, (res["classified"] - wrote) / 1e6)
 
 def first_oom(n: int) -> None:
     runs: dict[str, list[tuple[float, float]]] = {"warm-up on capture": [], "load at first use": []}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # .pyc files, as installed
     with tempfile.TemporaryDirectory() as tmp:
         stamp = os.path.join(tmp, "stamp")
         for i in range(n):
             for name, warm in (("warm-up on capture", "1"), ("load at first use", "0"))[:: 1 if i % 2 else -1]:
-                out = subprocess.run([sys.executable, "-c", FIRST, warm, stamp, CHILD, MSG],
-                                     check=True, capture_output=True, text=True).stdout.split()
+                out = subprocess.run([sys.executable, "-c", FIRST, warm, stamp, CHILD, MSG], check=True,
+                                     capture_output=True, text=True, env=env).stdout.split()
                 runs[name].append((float(out[0]), float(out[1])))
     for name, rs in runs.items():
         for i, what in enumerate(("capture handed over", "and classified")):
