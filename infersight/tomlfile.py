@@ -35,6 +35,7 @@ _HEADER = re.compile(rf"\s*(\[\[?)\s*({_KEY})\s*\]\]?\s*(?:#.*)?$")
 _ASSIGN = re.compile(rf"\s*({_KEY})\s*=")
 _PARTS = re.compile(_PART)
 _AT_LINE = re.compile(r"\(at line (\d+)")
+_NEWLINE = re.compile("\n")
 
 
 def loads(text: str, file: str) -> dict[str, Any]:
@@ -69,10 +70,8 @@ class TomlKeys:
 
     def __init__(self, text: str, file: str) -> None:
         self.file = file
-        self._starts = [0]  # character offset of each line's start; lines end at "\n" as in TOML
-        for i, ch in enumerate(text):
-            if ch == "\n":
-                self._starts.append(i + 1)
+        # character offset of each line's start; lines end at "\n" as in TOML
+        self._starts = [0, *(m.end() for m in _NEWLINE.finditer(text))]
         self._at: dict[KeyPath, Location] = {}
         arrays: dict[KeyPath, int] = {}  # [[array]] path -> elements seen
         table: KeyPath = ()
