@@ -48,6 +48,7 @@ BATCH_DELAY_S: float = _env.VARS["INFERSIGHT_BATCH_DELAY_MS"].default / 1e3  # .
 DEFAULT_SPOOL_MAX_BYTES: int = _env.VARS["INFERSIGHT_SPOOL_MAX_BYTES"].default
 SPOOL_RETRY_S = _spoolfile.RETRY_S
 IDLE_WAIT_S = 0.2
+IDLE_LONG_S = 5.0  # ... when nothing is owed (``_idle_wait``)
 EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in I/O
 
 _say = _env.say  # the hooks' one stderr line (``_runtime`` says its own through this name)
@@ -99,6 +100,7 @@ class Client:
         self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
         self._urgent = False  # an urgent event (an OOM) is queued: ring the agent once it is sent
         self._lock = threading.Lock()  # guards connection + spool state for close()
+        self.wakeups = 0  # the drain thread's rounds (tests: none while nothing is owed)
         self._thread = threading.Thread(target=self._run, name="infersight-drain", daemon=True)
         self._thread.start()
 
@@ -218,7 +220,8 @@ class Client:
         try:
             while not self._stop:
                 if not self._buf:
-                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.wait(self._idle_wait())
+                self.wakeups += 1
                 self._wake.clear()
                 self._gather()
                 self._hurry = False
@@ -237,6 +240,18 @@ class Client:
             if not sys.is_finalizing():  # at interpreter shutdown, stay quiet
                 _say("hook drain thread disabled: %r" % (exc,))
             self._idle.set()
+
+    def _idle_wait(self) -> float:
+        """How long the drain thread sleeps with nothing queued: IDLE_WAIT_S while something
+        is owed (acks for frames sent, a spool to replay, drops to report: a read or a
+        reconnect is due; the agent away: until its next try), else IDLE_LONG_S. An event wakes it at once either way; every wake-up
+        for nothing costs the host's busy main thread a GIL switch or more."""
+        conn = self.conn
+        if not (conn.outbox or self.spool.pending() or self._unreported()) or conn.refused:
+            return IDLE_LONG_S
+        if conn.up:
+            return IDLE_WAIT_S
+        return min(IDLE_LONG_S, max(IDLE_WAIT_S, conn.retry_in()))  # the agent away: its next try
 
     def _gather(self) -> None:
         """Wait until a batch is full, or its oldest event is ``batch_delay_s`` old."""
@@ -285,7 +300,8 @@ class Client:
                 conn.send_group(group)
             else:
                 self._spool_group(group, users)
-        conn.read_acks()
+        # No read of acks right after sending (the agent has not read it yet: a receive for
+        # nothing); the next pump reads them first, and ``_idle_wait`` makes sure it comes.
 
     def _spool_group(self, group: List[Frame], users: List[int]) -> None:
         """Spool frames in one write if they fit, else one by one (what fits is kept)."""
