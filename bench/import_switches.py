@@ -1,18 +1,19 @@
 """How often the hooks' background threads take the CPU from a busy main thread, side by side.
 
-    python bench/import_switches.py [--rounds 6] [--variants plain,hooks,launch] [--env hooks:K=V]
+    python bench/import_switches.py [--rounds 6] [--variants plain,hooks,launch] [--env NAME:K=V]
 
 Each run does the import phase of the transformers workload (``import torch; from
 transformers import BertModel``) and reports, from inside the process: its wall time, the
-main thread's CPU time, and the main thread's involuntary context switches over it
-(``/proc/thread-self/status``). A hooks thread that makes a system call gives the GIL up;
-when it wants it back, the busy main thread is switched out (CPython's forced switch): that
-count is what the hooks' wake-ups cost, and it is far less noisy than wall time on a shared
-machine; so are the main thread's voluntary switches (waits for the GIL back) and the
-other threads' switches (their wake-ups), which load hardly moves. Variants run in rotating order within each round: ``plain``, ``hooks`` (the bootstrap
-on PYTHONPATH, no agent: they spool) and ``launch`` (``infersight launch -- python ...``).
-``--env NAME:K=V`` adds a variant NAME, a copy of hooks (or ``launch`` when NAME starts with
-``launch``) with the variable set.
+main thread's CPU time, its involuntary and voluntary context switches over it
+(``/proc/thread-self/status``) and the other threads' switches. A hooks thread that makes a
+system call gives the GIL up; when it wants it back, the busy main thread is switched out
+(CPython's forced switch) and waits for it: the main thread's voluntary switches count
+those waits (a handful plain), and load moves them far less than wall time on a shared
+machine. Variants run in rotating order within each round: ``plain``, ``hooks`` (the
+bootstrap on PYTHONPATH, no agent: they spool), ``launch`` (``infersight launch -- python
+...``). ``--env NAME:K=V`` adds a variant NAME, a copy of ``hooks`` (``launch`` when NAME
+starts with it) with the variable set; ``--env old:PYTHONPATH=/tmp/old/hooks/bootstrap``
+runs another release's hooks (``git archive REV hooks | tar -x -C /tmp/old``).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ with open(sys.argv[1], "w") as f:
 
 
 def clean_env() -> dict[str, str]:
+    drop = ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("INFERSIGHT", "OTEL_EXPORTER_OTLP")) and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+           if not k.startswith(("INFERSIGHT", "OTEL_EXPORTER_OTLP")) and k not in drop}
     env.update(PYTHONWARNINGS="ignore", INFERSIGHT_MEASURE_STORAGE="0", TRANSFORMERS_VERBOSITY="error",
                HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
     return env
@@ -117,6 +119,14 @@ def main() -> int:
             name, statistics.median(x["wall"] for x in r), statistics.median(x["cpu"] for x in r),
             statistics.median(x["switches"] for x in r), statistics.median(x["vol"] for x in r),
             statistics.median(x["bg"] for x in r), " ".join("%d" % x["switches"] for x in r)))
+    if "plain" in runs:
+        base = runs["plain"]
+        for name in chosen:
+            if name == "plain":
+                continue
+            ratios = sorted(x["wall"] / p["wall"] for x, p in zip(runs[name], base, strict=True))
+            print("%-18s wall / plain in the same round: median %.3f (%s)" % (
+                name, statistics.median(ratios), " ".join("%.3f" % r for r in ratios)))
     print("load average (1 min) at start %.2f, at end %.2f" % (load0[0], os.getloadavg()[0]))
     return 0
 

@@ -2,9 +2,12 @@
 
 A daemon thread, alive only while the cold start is being collected: every
 ``INTERVAL_S`` it takes the main thread's stack (``sys._current_frames``) and keeps one
-label per sample (inside an import, which the import run covers, ever more sparsely, down
-to once per ``TICK_S``: each wake-up takes the GIL from the busy main thread), ``"module:function"`` of the innermost frame outside the standard
-library and these hooks (the code that is really running, not ``posixpath.join``).
+label per sample, ``"module:function"`` of the innermost frame outside the standard
+library and these hooks (the code that is really running, not ``posixpath.join``). Inside
+an import, which the import run covers, ever more sparsely, down to once per ``TICK_S``,
+and its tick (``tick``: the checkpoint, supervisors, the kernel's listening sockets) every
+``IMPORT_TICK_S``: each wake-up, and each system call of the tick, takes the GIL from the
+busy main thread (a forced switch).
 At the end of the cold start, every stretch of at least ``MIN_GAP_NS`` that no stage
 covers becomes a ``coldstart.unattributed`` span with its sample count and, from
 ``MIN_SAMPLES`` samples on, the top labels of its samples: one or two samples of a gap
@@ -32,6 +35,7 @@ TOP = 5
 MIN_SAMPLES = _contract.MIN_GAP_SAMPLES  # fewer samples in a gap name no frame
 TICK_S = 0.1
 IMPORT_INTERVAL_S = TICK_S  # the longest sleep while the main thread is inside an import
+IMPORT_TICK_S = 0.3  # the tick's period meanwhile
 MAX_DEPTH = 512
 
 _STDLIB = os.path.dirname(os.__file__)
@@ -58,6 +62,7 @@ class Sampler:
         self._labels: Dict[Any, Optional[str]] = {}
         self._thread: Optional[threading.Thread] = None
         self.slowed = 0  # sleeps lengthened inside an import (tests)
+        self.ticks = 0
 
     def start(self) -> None:
         t = threading.Thread(target=self._run, name="infersight-coldstart-sampler", daemon=True)
@@ -82,29 +87,34 @@ class Sampler:
         samples = self.samples
         now = time.monotonic
         deadline = now() + MAX_RUN_S
-        next_tick = now() + TICK_S
+        last_tick = now()
         try:
             while True:
                 sleep(interval)
                 if stopped():
                     return
-                t = now()
-                if self.tick is not None and t >= next_tick - interval / 2:  # about every TICK_S
-                    next_tick = t + TICK_S
-                    self.tick()
-                if not self.sample:
-                    interval = TICK_S  # sampling stopped (readiness): only the tick
-                    continue
                 f = frames_of().get(self.main_ident)
+                # Inside an import the import run covers the time: its samples explain no gap,
+                # and each wake-up takes the GIL from the busy main thread (a forced switch;
+                # the tick's system calls one each). So a long import is sampled ever more
+                # sparsely, down to one wake-up per TICK_S, and ticks every IMPORT_TICK_S;
+                # out of it, the base interval and TICK_S again.
+                in_import = f is not None and importing(f)
+                t = now()
+                every = IMPORT_TICK_S if in_import else TICK_S
+                if self.tick is not None and t - last_tick >= every - interval / 2:
+                    last_tick = t
+                    self.tick()
+                    self.ticks += 1
+                if not self.sample:
+                    interval = TICK_S  # sampling stopped (readiness), or off: the tick only
+                    del f
+                    continue
                 if f is not None:
                     samples.append((time.time_ns(), self.label(f)))
-                    # Inside an import the import run covers the time: its samples explain
-                    # no gap. Each wake-up takes the GIL from the busy main thread (a forced
-                    # switch), so a long import is sampled ever more sparsely, down to one
-                    # wake-up per tick; out of it, at the base interval again.
-                    interval = min(interval * 2, IMPORT_INTERVAL_S) if importing(f) else base
+                    interval = min(interval * 2, IMPORT_INTERVAL_S) if in_import else base
                     self.slowed += interval > base
-                    del f
+                del f
                 if len(samples) >= MAX_SAMPLES or t > deadline:
                     return
         except Exception:

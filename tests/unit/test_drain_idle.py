@@ -82,3 +82,50 @@ def test_acks_are_read_without_a_timeout_switch() -> None:
     assert conn.acked == 7 and not conn.outbox and a.gettimeout() == 0.0
     a.close()
     b.close()
+
+
+def _parked_client(tmp_path):  # type: ignore[no-untyped-def]
+    """A client whose drain thread has stopped, its connection a socketpair: the test pumps."""
+    c = Client(str(tmp_path / "absent.sock"), str(tmp_path / "spool"), {"id": "t"}, batch_delay_s=0.0)
+    c._stop = True
+    c._wake.set()
+    c._thread.join(5)
+    c._stop = False
+    a, b = socket.socketpair()
+    a.settimeout(0.0)
+    c.conn.sock = a
+    reads: list[bool] = []
+    orig = c.conn.read_acks
+
+    def counted(block: bool = False) -> None:
+        reads.append(block)
+        orig(block)
+
+    c.conn.read_acks = counted  # type: ignore[method-assign]
+    return c, b, reads
+
+
+def test_acks_are_read_when_they_matter_not_before_every_send(tmp_path) -> None:
+    from infersight.hooks import _wire
+
+    c, agent, reads = _parked_client(tmp_path)
+    try:
+        c.emit("log", {"m": "1"})
+        c._pump()
+        assert c.conn.sent_frames == 1 and reads == []  # sent, no receive for acks not there yet
+        payload = b'{"t":"ack","seq":1}'
+        agent.sendall(_wire.HEADER.pack(len(payload)) + payload)
+        c.emit("log", {"m": "2"})
+        c._pump()
+        assert c.conn.sent_frames == 2 and reads == [] and len(c.conn.outbox) == 2
+        c._pump()  # nothing to send: the idle wake-up reads them
+        assert reads == [False] and c.conn.acked == 1 and len(c.conn.outbox) == 1
+        c._flushing = 1
+        c.emit("log", {"m": "3"})
+        c._pump()
+        assert reads == [False, False]  # a flush reads at every pump
+        c._flushing = 0
+        assert c._idle_wait() == _client.IDLE_WAIT_S  # frames unacked: the thread comes back for them
+    finally:
+        c.conn.sock = None
+        agent.close()

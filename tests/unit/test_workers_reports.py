@@ -12,7 +12,6 @@ import pytest
 from infersight.hooks import _workers
 
 
-
 def test_an_unchanged_directory_is_not_read_again(tmp_path, monkeypatch) -> None:
     own = _workers.children_dir(str(tmp_path / "spool"), "p1")
     assert _workers.prepare(own)
