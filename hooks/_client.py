@@ -152,8 +152,15 @@ class Client:
         self._flushing += 1  # the pumps read acks now, whatever the outbox holds
         try:
             while time.monotonic() < deadline:
-                if not self._buf and not self.conn.outbox and self._idle.is_set():
-                    return True
+                if not self._buf and self._idle.is_set():
+                    conn = self.conn
+                    if not conn.outbox:
+                        return True
+                    if not conn.up and (conn.refused or conn.retry_in() > 0):
+                        # Sent, unacked, and the agent went away (a send failed: it is not read
+                        # for nothing any more, so that is how a dead agent shows): no ack can
+                        # come before a reconnect; at exit they go to the spool (``close``).
+                        return False
                 self.hurry()
                 time.sleep(0.005)
             return False

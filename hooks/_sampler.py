@@ -147,7 +147,8 @@ class Sampler:
         return leaf or "?"
 
 
-_IMPORT_FILE = "<frozen importlib._bootstrap>"
+# The import machinery's code: frozen, or its source where frozen modules are off.
+_IMPORT_FILES = frozenset(("<frozen importlib._bootstrap>", os.path.join(_STDLIB, "importlib", "_bootstrap.py")))
 
 
 def importing(frame: Any) -> bool:
@@ -156,7 +157,7 @@ def importing(frame: Any) -> bool:
     f = frame
     depth = 0
     while f is not None and depth < MAX_DEPTH:
-        if f.f_code.co_filename == _IMPORT_FILE:
+        if f.f_code.co_filename in _IMPORT_FILES:
             return True
         f = f.f_back
         depth += 1

@@ -129,3 +129,18 @@ def test_acks_are_read_when_they_matter_not_before_every_send(tmp_path) -> None:
     finally:
         c.conn.sock = None
         agent.close()
+
+
+def test_a_flush_does_not_wait_for_acks_from_an_agent_that_went_away(tmp_path) -> None:
+    """Nothing reads the socket for nothing any more, so a dead agent shows at the next send
+    (EPIPE): that frame is unacked for good. A flush (at exit: then the spool takes it) says
+    so at once instead of waiting out its time for an ack that cannot come."""
+    c, agent, _reads = _parked_client(tmp_path)
+    agent.close()  # the agent is gone
+    c.emit("log", {"m": "after"})
+    c._pump()
+    assert not c.conn.up and len(c.conn.outbox) == 1
+    hurries: list[int] = []
+    c.hurry = lambda: hurries.append(1)  # type: ignore[method-assign]
+    assert c.flush(0.5) is False
+    assert hurries == []  # no round of waiting for the ack
