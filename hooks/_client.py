@@ -48,6 +48,8 @@ BATCH_DELAY_S: float = _env.VARS["INFERSIGHT_BATCH_DELAY_MS"].default / 1e3  # .
 DEFAULT_SPOOL_MAX_BYTES: int = _env.VARS["INFERSIGHT_SPOOL_MAX_BYTES"].default
 SPOOL_RETRY_S = _spoolfile.RETRY_S
 IDLE_WAIT_S = 0.2
+IDLE_LONG_S = 5.0  # ... when nothing is owed (``_idle_wait``)
+READ_ACKS_BYTES = 256 << 10  # unacked bytes past which every pump reads acks (``_pump``)
 EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in I/O
 
 _say = _env.say  # the hooks' one stderr line (``_runtime`` says its own through this name)
@@ -98,7 +100,9 @@ class Client:
         self._stop = False
         self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
         self._urgent = False  # an urgent event (an OOM) is queued: ring the agent once it is sent
+        self._flushing = 0  # callers in flush(): read acks at every pump
         self._lock = threading.Lock()  # guards connection + spool state for close()
+        self.wakeups = 0  # the drain thread's rounds (tests: none while nothing is owed)
         self._thread = threading.Thread(target=self._run, name="infersight-drain", daemon=True)
         self._thread.start()
 
@@ -145,12 +149,23 @@ class Client:
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything emitted so far was sent and acked, or spooled (or counted)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._buf and not self.conn.outbox and self._idle.is_set():
-                return True
-            self.hurry()
-            time.sleep(0.005)
-        return False
+        self._flushing += 1  # the pumps read acks now, whatever the outbox holds
+        try:
+            while time.monotonic() < deadline:
+                if not self._buf and self._idle.is_set():
+                    conn = self.conn
+                    if not conn.outbox:
+                        return True
+                    if not conn.up and (conn.refused or conn.retry_in() > 0):
+                        # Sent, unacked, and the agent went away (a send failed: it is not read
+                        # for nothing any more, so that is how a dead agent shows): no ack can
+                        # come before a reconnect; at exit they go to the spool (``close``).
+                        return False
+                self.hurry()
+                time.sleep(0.005)
+            return False
+        finally:
+            self._flushing -= 1
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush within the time limit, then spool whatever is left (at exit)."""
@@ -218,7 +233,8 @@ class Client:
         try:
             while not self._stop:
                 if not self._buf:
-                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.wait(self._idle_wait())
+                self.wakeups += 1
                 self._wake.clear()
                 self._gather()
                 self._hurry = False
@@ -238,6 +254,19 @@ class Client:
                 _say("hook drain thread disabled: %r" % (exc,))
             self._idle.set()
 
+    def _idle_wait(self) -> float:
+        """How long the drain thread sleeps with nothing queued: IDLE_WAIT_S while something
+        is owed (acks for frames sent, a spool to replay, drops to report: a read or a
+        reconnect is due; the agent away: until its next try), else IDLE_LONG_S. An event
+        wakes it at once either way; every wake-up for nothing costs the host's busy main
+        thread a GIL switch or more."""
+        conn = self.conn
+        if not (conn.outbox or self.spool.pending() or self._unreported()) or conn.refused:
+            return IDLE_LONG_S
+        if conn.up:
+            return IDLE_WAIT_S
+        return min(IDLE_LONG_S, max(IDLE_WAIT_S, conn.retry_in()))  # the agent away: its next try
+
     def _gather(self) -> None:
         """Wait until a batch is full, or its oldest event is ``batch_delay_s`` old."""
         buf, delay = self.buffer, self.batch_delay_s
@@ -255,7 +284,11 @@ class Client:
         """Connect if we can, replay the spool, then send or spool the buffer."""
         conn, spool, buf = self.conn, self.spool, self.buffer
         if conn.connect():
-            conn.read_acks()
+            # Acks are read when they matter: a pump with nothing to send (the idle wake-up
+            # after frames went out), a flush, an outbox past READ_ACKS_BYTES; not before each
+            # send of a busy cold start (one receive per checkpoint, for nothing that counts).
+            if not self._buf or self._flushing or conn.outbox_bytes >= READ_ACKS_BYTES:
+                conn.read_acks()
             if spool.pending():
                 self._replay_spool()
             # Drops are reported only where they cannot be dropped again (a report that is
@@ -285,7 +318,8 @@ class Client:
                 conn.send_group(group)
             else:
                 self._spool_group(group, users)
-        conn.read_acks()
+        # No read of acks right after sending (the agent has not read it yet: a receive for
+        # nothing); the next pump reads them first, and ``_idle_wait`` makes sure it comes.
 
     def _spool_group(self, group: List[Frame], users: List[int]) -> None:
         """Spool frames in one write if they fit, else one by one (what fits is kept)."""

@@ -196,9 +196,17 @@ def _start_sampler() -> None:
             _runtime.fail(exc)
 
     s.tick = tick
+    s.done = _close_netlink
     st.checkpoint = checkpoint
     st.sampler = s
     s.start()
+
+
+def _close_netlink() -> None:
+    """(Sampler thread, at its end) The polls of the kernel's tables are over: close their socket."""
+    lst = sys.modules.get(__name__.rpartition(".")[0] + "._listening")  # imported only if it polled
+    if lst is not None:
+        lst.close_netlink()
 
 
 def _install_sentencepiece(mod: Any) -> None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 MAX_OUTBOX_BYTES = 16 << 20  # sent and not acked: past this, wait for acks (or spill)
 SEND_TIMEOUT_S = 2.0
+RECV_BYTES = 65536
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 5.0
 
@@ -120,6 +121,11 @@ class Connection:
             except OSError:
                 self.disconnect()
                 return False
+        try:
+            sock.settimeout(0.0)  # connected: non-blocking from now on (see _sendall)
+        except OSError:
+            self.disconnect()
+            return False
         return True
 
     def _agent_uids(self) -> Optional[Tuple[int, ...]]:
@@ -148,6 +154,10 @@ class Connection:
         if why != self._warned:
             self._warned = why
             say("not connecting to the agent: %s; spooling instead" % why)
+
+    def retry_in(self) -> float:
+        """Seconds until ``connect`` tries again (0: now)."""
+        return max(0.0, self._next_attempt - time.monotonic())
 
     def _schedule_retry(self, now: float) -> None:
         jitter = int.from_bytes(os.urandom(2), "big") / 65536.0
@@ -192,13 +202,33 @@ class Connection:
 
     # -- sending ---------------------------------------------------------------------
 
+    def _sendall(self, data: bytes) -> None:
+        """Send all of ``data`` on the connected, non-blocking socket (raises OSError). The
+        drain thread's every system call gives the GIL up, which costs a busy main thread a
+        switch to get it back: one ``send`` when the socket takes it all (nearly always), and
+        only otherwise a wait of up to SEND_TIMEOUT_S for room, as a blocking socket would
+        (a timeout on the socket would add a ``poll`` before every send and receive, and
+        switching it on and off an ``ioctl`` each way)."""
+        sock = self.sock
+        assert sock is not None
+        try:
+            n = sock.send(data)
+        except BlockingIOError:
+            n = 0
+        if n >= len(data):
+            return
+        sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            sock.sendall(memoryview(data)[n:])
+        finally:
+            sock.settimeout(0.0)
+
     def send(self, last_seq: int, n_events: int, frame: bytes) -> None:
         """Send one frame; it stays in the outbox until acked (a failure disconnects)."""
         self.outbox.append((last_seq, n_events, frame))
         self.outbox_bytes += len(frame)
-        assert self.sock is not None
         try:
-            self.sock.sendall(frame)
+            self._sendall(frame)
             self.sent_events += n_events
             self.sent_frames += 1
         except OSError:
@@ -212,9 +242,8 @@ class Connection:
         for entry in group:
             self.outbox.append(entry)
             self.outbox_bytes += len(entry[2])
-        assert self.sock is not None
         try:
-            self.sock.sendall(b"".join(entry[2] for entry in group))
+            self._sendall(b"".join(entry[2] for entry in group))
             self.sent_events += sum(entry[1] for entry in group)
             self.sent_frames += len(group)
         except OSError:
@@ -244,15 +273,17 @@ class Connection:
     # -- acks ------------------------------------------------------------------------
 
     def read_acks(self, block: bool = False) -> None:
-        """Read what the agent sent (acks); ``block``: wait up to half a second for one."""
+        """Read what the agent sent (acks); ``block``: wait up to half a second for one. The
+        socket is non-blocking: one ``recv`` when what is waiting fits in it."""
         sock = self.sock
         if sock is None:
             return
         try:
-            sock.settimeout(0.5 if block else 0.0)
+            if block:
+                sock.settimeout(0.5)
             while True:
                 try:
-                    chunk = sock.recv(65536)
+                    chunk = sock.recv(RECV_BYTES)
                 except (BlockingIOError, _socket.timeout):  # _socket.timeout: not TimeoutError on 3.9
                     break
                 if not chunk:
@@ -267,15 +298,17 @@ class Connection:
                 if bad:
                     self.disconnect()
                     return
-                if not block:
-                    continue
-                break
+                if block or len(chunk) < RECV_BYTES:
+                    break  # a short read took all there was: no second recv to hear "nothing"
         except OSError:
             self.disconnect()
             return
         finally:
-            if self.sock is not None:
-                self.sock.settimeout(SEND_TIMEOUT_S)
+            if block and self.sock is not None:
+                try:
+                    self.sock.settimeout(0.0)
+                except OSError:
+                    self.disconnect()
 
     def wait_room(self) -> bool:
         """When the outbox is full, wait briefly for acks; True when there is room now."""

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+    from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
     Found = Tuple[str, Union[int, str]]  # ("tcp", port) or ("unix", path)
 
@@ -109,9 +110,12 @@ def _dump(sock: object, family: int, request: bytes, seq: int) -> List[bytes]:
             return out
         off = 0
         while off + _HDR.size <= len(data):
-            length, kind, _flags, _seq, _pid = _HDR.unpack_from(data, off)
+            length, kind, _flags, mseq, _pid = _HDR.unpack_from(data, off)
             if length < _HDR.size:
                 return out
+            if mseq != seq:  # a reply to an earlier, abandoned dump: not ours
+                off += (length + 3) & ~3
+                continue
             if kind == NLMSG_DONE:
                 return out
             if kind == NLMSG_ERROR:
@@ -120,49 +124,195 @@ def _dump(sock: object, family: int, request: bytes, seq: int) -> List[bytes]:
             off += (length + 3) & ~3
 
 
+class _Netlink:
+    """The process's one sock_diag socket, kept between polls: making and closing one per
+    poll was four of its system calls (socket, non-blocking, connect, close), and each
+    system call on a hooks thread costs a busy main thread a switch to hand the GIL back.
+    A forked child makes its own (the inherited one is the parent's: their dumps would mix);
+    a dump that fails drops it (a half-read dump would be left in it)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.sock: Optional[Any] = None
+        self.pid = 0
+        self.seq = 0
+        self.made = 0  # sockets made (tests)
+
+    def get(self) -> Any:
+        """(Holding ``lock``) the socket, made here when missing or inherited across a fork."""
+        pid = os.getpid()
+        if self.sock is not None and self.pid != pid:
+            self._drop()  # our copy of the parent's descriptor: closing it leaves the parent's open
+        if self.sock is None:
+            import _socket
+
+            sock = _socket.socket(AF_NETLINK, _socket.SOCK_DGRAM | getattr(_socket, "SOCK_CLOEXEC", 0),
+                                  NETLINK_SOCK_DIAG)
+            try:
+                # Non-blocking: the kernel queues each part of a dump within the send or the
+                # receive before it (never a wait), and a timeout would add a poll() before
+                # every receive (a blocked receive raises: the /proc files are read instead).
+                sock.setblocking(False)
+                sock.connect((0, 0))
+            except OSError:
+                sock.close()
+                raise
+            self.sock, self.pid = sock, pid
+            self.made += 1
+        return self.sock
+
+    def _drop(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        with self.lock:
+            self._drop()
+
+    def next_seq(self) -> int:
+        self.seq = self.seq % 0x7FFFFFFF + 1
+        return self.seq
+
+
+_netlink = _Netlink()
+
+
+def close_netlink() -> None:
+    """Close the kept sock_diag socket and counter files (the cold start's polls are over); a
+    later poll opens them again."""
+    _netlink.close()
+    while _gates:
+        _gates.pop().close()
+
+
 def netlink_listening(unix: bool = True, skip_ports: Iterable[int] = ()) -> Dict[int, Found]:
     """inode -> found, for the listening sockets of this network namespace (sock_diag)."""
-    import _socket
+    nl = _netlink
+    with nl.lock:
+        sock = nl.get()
+        try:
+            return _netlink_dumps(sock, nl, unix, skip_ports)
+        except Exception:
+            nl._drop()  # whatever is left of the dump in it would be read by the next one
+            raise
 
-    sock = _socket.socket(AF_NETLINK, _socket.SOCK_DGRAM | getattr(_socket, "SOCK_CLOEXEC", 0), NETLINK_SOCK_DIAG)
-    try:
-        # Non-blocking: the kernel queues each part of a dump within the send or the receive
-        # before it (never a wait), and a timeout would add a poll() before every receive. Each
-        # system call gives the GIL up, which costs a busy main thread a switch (a blocked
-        # receive raises: the /proc files are read instead).
-        sock.setblocking(False)
-        sock.connect((0, 0))
-        out: Dict[int, Found] = {}
-        for seq, family in enumerate((AF_INET, AF_INET6), 1):
-            req = struct.pack("=BBBBI48x", family, 6, 0, 0, 1 << LISTEN_STATE)  # IPPROTO_TCP, any address
-            for msg in _dump(sock, family, req, seq):
-                if len(msg) >= 72:
-                    port = struct.unpack_from("!H", msg, 4)[0]
-                    inode = struct.unpack_from("=I", msg, 68)[0]
-                    if inode and port not in skip_ports:
-                        out[inode] = ("tcp", port)
-        if unix:
-            req = struct.pack("=BBHIIIII", AF_UNIX, 0, 0, 1 << LISTEN_STATE, 0, UDIAG_SHOW_NAME, 0xFFFFFFFF,
-                              0xFFFFFFFF)
-            for msg in _dump(sock, AF_UNIX, req, 3):
-                if len(msg) < 16:
+
+def _netlink_dumps(sock: Any, nl: _Netlink, unix: bool, skip_ports: Iterable[int]) -> Dict[int, Found]:
+    out: Dict[int, Found] = {}
+    for family in (AF_INET, AF_INET6):
+        req = struct.pack("=BBBBI48x", family, 6, 0, 0, 1 << LISTEN_STATE)  # IPPROTO_TCP, any address
+        for msg in _dump(sock, family, req, nl.next_seq()):
+            if len(msg) >= 72:
+                port = struct.unpack_from("!H", msg, 4)[0]
+                inode = struct.unpack_from("=I", msg, 68)[0]
+                if inode and port not in skip_ports:
+                    out[inode] = ("tcp", port)
+    if unix:
+        req = struct.pack("=BBHIIIII", AF_UNIX, 0, 0, 1 << LISTEN_STATE, 0, UDIAG_SHOW_NAME, 0xFFFFFFFF,
+                          0xFFFFFFFF)
+        for msg in _dump(sock, AF_UNIX, req, nl.next_seq()):
+            if len(msg) < 16:
+                continue
+            inode = struct.unpack_from("=I", msg, 4)[0]
+            off, name = 16, ""
+            while off + 4 <= len(msg):
+                rlen, rtype = struct.unpack_from("=HH", msg, off)
+                if rlen < 4:
+                    break
+                if rtype == 0:  # UNIX_DIAG_NAME
+                    raw = msg[off + 4:off + rlen]
+                    name = "@" + raw[1:].decode("utf-8", "replace") if raw[:1] == b"\0" else \
+                        raw.rstrip(b"\0").decode("utf-8", "replace")
+                off += (rlen + 3) & ~3
+            if inode and name and not name.startswith("@") and "/pymp-" not in name:
+                out[inode] = ("unix", name)
+    return out
+
+
+SOCKSTAT = ("/proc/self/net/sockstat", "/proc/self/net/sockstat6")
+SETTLE_S = 0.5  # after a change, look every time for this long (a socket made, then listening)
+FULL_POLL_S = 1.0  # and look at least this often whatever the counters say
+
+
+class Gate:
+    """Whether a look at the listening sockets can find anything new: the network
+    namespace's socket counters (``/proc/self/net/sockstat{,6}``: sockets in use, TCP and
+    TCPv6 sockets hashed) moved since the last look. A TCP socket that starts to listen is
+    hashed then, so it moves them exactly; a unix socket moves them when it is made, not when
+    it listens: after any move the watch looks every time for SETTLE_S, and it looks at least
+    every FULL_POLL_S (a move masked by another socket closing meanwhile, or a socket that
+    listens long after it was made). Two ``pread`` calls instead of a dump's nine system
+    calls: each one on the sampler thread costs the busy main thread a switch to hand the
+    GIL back. The files are kept open (re-opened in a forked child)."""
+
+    def __init__(self) -> None:
+        self.fds: List[int] = []
+        self.pid = 0
+        self.key = b""
+        self.changed_at = 0.0
+        self.looked_at = 0.0
+        self.skipped = 0  # looks saved (tests)
+
+    def _read(self) -> bytes:
+        pid = os.getpid()
+        if self.pid != pid:
+            self.close()  # a forked child: its own descriptors (closing ours leaves the parent's)
+            self.pid = pid
+            for path in SOCKSTAT:
+                try:
+                    self.fds.append(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+                except OSError:
                     continue
-                inode = struct.unpack_from("=I", msg, 4)[0]
-                off, name = 16, ""
-                while off + 4 <= len(msg):
-                    rlen, rtype = struct.unpack_from("=HH", msg, off)
-                    if rlen < 4:
-                        break
-                    if rtype == 0:  # UNIX_DIAG_NAME
-                        raw = msg[off + 4:off + rlen]
-                        name = "@" + raw[1:].decode("utf-8", "replace") if raw[:1] == b"\0" else \
-                            raw.rstrip(b"\0").decode("utf-8", "replace")
-                    off += (rlen + 3) & ~3
-                if inode and name and not name.startswith("@") and "/pymp-" not in name:
-                    out[inode] = ("unix", name)
-        return out
-    finally:
-        sock.close()
+            if len(_gates) < 64:
+                _gates.append(self)
+        if not self.fds:
+            return b""
+        try:
+            return b"".join(_counts(os.pread(fd, 512, 0)) for fd in self.fds)
+        except OSError:
+            self.pid = 0  # re-opened at the next look
+            return b""
+
+    def changed(self) -> bool:
+        """Whether to look now (and note the counters for the next call)."""
+        key = self._read()
+        now = time.monotonic()
+        if not key or key != self.key:
+            self.key = key
+            self.changed_at = now
+        elif now - self.changed_at >= SETTLE_S and now - self.looked_at < FULL_POLL_S:
+            self.skipped += 1
+            return False
+        self.looked_at = now
+        return True
+
+    def close(self) -> None:
+        fds, self.fds, self.pid = self.fds, [], 0
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_gates: List[Gate] = []  # those holding descriptors (closed with the netlink socket)
+
+
+def _counts(text: bytes) -> bytes:
+    """The counters that move when a socket is made or starts to listen: ``sockets: used``,
+    ``TCP: inuse``, ``TCP6: inuse`` (not memory, time-wait or orphans)."""
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[0] in (b"sockets:", b"TCP:", b"TCP6:"):
+            out.append(f[0] + f[2])
+    return b" ".join(out) + b";"
 
 
 def socket_inodes(pid: Union[int, str], proc_root: str = "/proc") -> Set[int]:
@@ -228,6 +378,7 @@ class ListenWatch:
         self.foreign: Set[int] = set(inherited)
         self.skip = _skip_ports()
         self._netns: Dict[Union[int, str], bool] = {}  # pid -> in our network namespace
+        self.gate = Gate()  # a hooked process's own watch: look only when the counters moved
 
     def _same_netns(self, pid: Union[int, str]) -> bool:
         """``pid`` is in this process's network namespace (the only one sock_diag answers for)."""
@@ -256,10 +407,11 @@ class ListenWatch:
             found.update(unix_listening(_read(base + "unix")))
         return found
 
-    def _new_owned(self) -> Tuple[Dict[int, Found], List[int]]:
+    def _new_owned(self, pids: Optional[List[Union[int, str]]] = None) -> Tuple[Dict[int, Found], List[int]]:
         """The listening table, and the inodes in it not seen before that the processes own
         (the others are remembered as foreign)."""
-        pids = self.pids()
+        if pids is None:
+            pids = self.pids()
         if not pids:
             return {}, []
         found = self.tables(pids[0])
@@ -273,7 +425,10 @@ class ListenWatch:
         return found, [i for i in new if i in owned]
 
     def poll(self) -> Optional[Found]:
-        found, new = self._new_owned()
+        pids = self.pids()
+        if pids == ["self"] and self.netlink and not self.gate.changed():
+            return None  # no socket can have started to listen since the last look
+        found, new = self._new_owned(pids)
         mine = [found[i] for i in new]
         if mine:
             tcp = [m for m in mine if m[0] == "tcp"]

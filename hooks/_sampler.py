@@ -3,7 +3,11 @@
 A daemon thread, alive only while the cold start is being collected: every
 ``INTERVAL_S`` it takes the main thread's stack (``sys._current_frames``) and keeps one
 label per sample, ``"module:function"`` of the innermost frame outside the standard
-library and these hooks (the code that is really running, not ``posixpath.join``).
+library and these hooks (the code that is really running, not ``posixpath.join``). Inside
+an import, which the import run covers, ever more sparsely, down to once per ``TICK_S``,
+and its tick (``tick``: the checkpoint, supervisors, the kernel's listening sockets) every
+``IMPORT_TICK_S``: each wake-up, and each system call of the tick, takes the GIL from the
+busy main thread (a forced switch).
 At the end of the cold start, every stretch of at least ``MIN_GAP_NS`` that no stage
 covers becomes a ``coldstart.unattributed`` span with its sample count and, from
 ``MIN_SAMPLES`` samples on, the top labels of its samples: one or two samples of a gap
@@ -30,6 +34,9 @@ MAX_RUN_S = 3600.0  # a cold start that never ends (a helper that lives forever)
 TOP = 5
 MIN_SAMPLES = _contract.MIN_GAP_SAMPLES  # fewer samples in a gap name no frame
 TICK_S = 0.1
+IMPORT_INTERVAL_S = TICK_S  # the longest sleep while the main thread is inside an import
+IMPORT_TICK_S = 0.3  # the tick's period meanwhile
+MAX_DEPTH = 512
 
 _STDLIB = os.path.dirname(os.__file__)
 _HOOKS = os.path.dirname(os.path.abspath(__file__))
@@ -47,12 +54,15 @@ class Sampler:
                  tick: Optional[Callable[[], None]] = None, sample: bool = True) -> None:
         self.main_ident = main_ident
         self.tick = tick  # called about every TICK_S (the supervisor check, the listening sockets)
+        self.done: Optional[Callable[[], None]] = None  # called when the thread ends
         self.sample = sample  # False (INFERSIGHT_SAMPLER=0): only the tick, every TICK_S
         self.interval_s = interval_s if interval_s is not None else (_env_interval() if sample else TICK_S)
         self.samples: List[Tuple[int, str]] = []
         self._stop = threading.Event()
         self._labels: Dict[Any, Optional[str]] = {}
         self._thread: Optional[threading.Thread] = None
+        self.slowed = 0  # sleeps lengthened inside an import (tests)
+        self.ticks = 0
 
     def start(self) -> None:
         t = threading.Thread(target=self._run, name="infersight-coldstart-sampler", daemon=True)
@@ -71,33 +81,50 @@ class Sampler:
         # time.sleep, not Event.wait: a plain sleep is the cheapest way to give up the GIL
         # for an interval (Event.wait runs Condition's Python code); stop() is seen within one.
         sleep = time.sleep
-        interval = self.interval_s
+        base = interval = self.interval_s
         stopped = self._stop.is_set
         frames_of = sys._current_frames
         samples = self.samples
-        deadline = time.monotonic() + MAX_RUN_S
-        every = max(1, int(TICK_S / self.interval_s))
-        n = 0
+        now = time.monotonic
+        deadline = now() + MAX_RUN_S
+        last_tick = now()
         try:
             while True:
                 sleep(interval)
                 if stopped():
                     return
-                n += 1
-                if self.tick is not None and n % every == 0:
-                    self.tick()
-                if not self.sample:
-                    if interval < TICK_S:  # sampling stopped (readiness): only the tick, every TICK_S
-                        interval, every, n = TICK_S, 1, 0
-                    continue
                 f = frames_of().get(self.main_ident)
+                # Inside an import the import run covers the time: its samples explain no gap,
+                # and each wake-up takes the GIL from the busy main thread (a forced switch;
+                # the tick's system calls one each). So a long import is sampled ever more
+                # sparsely, down to one wake-up per TICK_S, and ticks every IMPORT_TICK_S;
+                # out of it, the base interval and TICK_S again.
+                in_import = f is not None and importing(f)
+                t = now()
+                every = IMPORT_TICK_S if in_import else TICK_S
+                if self.tick is not None and t - last_tick >= every - interval / 2:
+                    last_tick = t
+                    self.tick()
+                    self.ticks += 1
+                if not self.sample:
+                    interval = TICK_S  # sampling stopped (readiness), or off: the tick only
+                    del f
+                    continue
                 if f is not None:
                     samples.append((time.time_ns(), self.label(f)))
-                    del f
-                if len(samples) >= MAX_SAMPLES or time.monotonic() > deadline:
+                    interval = min(interval * 2, IMPORT_INTERVAL_S) if in_import else base
+                    self.slowed += interval > base
+                del f
+                if len(samples) >= MAX_SAMPLES or t > deadline:
                     return
         except Exception:
             return  # never disturb the host; an unexplained gap is better than a crash
+        finally:
+            if self.done is not None:
+                try:
+                    self.done()
+                except Exception:
+                    pass
 
     def label(self, frame: Any) -> str:
         """The innermost frame that is neither the standard library nor the hooks."""
@@ -118,6 +145,23 @@ class Sampler:
             f = f.f_back
             depth += 1
         return leaf or "?"
+
+
+# The import machinery's code: frozen, or its source where frozen modules are off.
+_IMPORT_FILES = frozenset(("<frozen importlib._bootstrap>", os.path.join(_STDLIB, "importlib", "_bootstrap.py")))
+
+
+def importing(frame: Any) -> bool:
+    """The stack is inside an import (a frame of ``importlib._bootstrap``'s import machinery).
+    Walks at most MAX_DEPTH frames."""
+    f = frame
+    depth = 0
+    while f is not None and depth < MAX_DEPTH:
+        if f.f_code.co_filename in _IMPORT_FILES:
+            return True
+        f = f.f_back
+        depth += 1
+    return False
 
 
 def _raw_label(code: Any, glob: Dict[str, Any]) -> str:

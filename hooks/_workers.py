@@ -18,10 +18,11 @@ process of this uid removes those whose producer no longer runs.
 from __future__ import annotations
 
 import os
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import List, Optional, Tuple
+    from typing import Dict, List, Optional, Tuple
 
 ENV = "INFERSIGHT_CHILDREN_DIR"
 CHILDREN_PREFIX = "children-"  # in the spool directory: not a spool file
@@ -113,11 +114,36 @@ def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
     return True
 
 
+# own_dir -> ((dev, inode, uid, mode, ctime), reports): ``reports`` reads the directory again
+# only when it changed. A report is a new name in it (O_EXCL), which moves its ctime (so do
+# a chown, a chmod); a directory changed less than RECENT_NS ago is read every time: a file
+# created but not yet written, or a second one in the same coarse clock tick, moves nothing.
+_seen: Dict[str, Tuple[Tuple[int, ...], List[Tuple[int, int, str]]]] = {}
+RECENT_NS = 2_000_000_000
+reads = 0  # full reads of a directory (tests)
+
+
 def reports(own_dir: str) -> List[Tuple[int, int, str]]:
-    """(start_ns, end_ns, ended_by) of the children's cold starts reported so far."""
-    if not own_dir or not _safe_dir(own_dir, create=False):
+    """(start_ns, end_ns, ended_by) of the children's cold starts reported so far. Polled by
+    the sampler thread every tick: one ``lstat`` while the directory has not changed (each
+    system call there costs the busy main thread a switch to hand the GIL back)."""
+    global reads
+    if not own_dir:
         return []
+    try:
+        st = os.lstat(own_dir)
+    except OSError:
+        return []
+    key = (st.st_dev, st.st_ino, st.st_uid, st.st_mode, st.st_ctime_ns)
+    seen = _seen.get(own_dir)
+    if seen is not None and seen[0] == key and time.time_ns() - st.st_ctime_ns > RECENT_NS:
+        return list(seen[1])
+    _seen.pop(own_dir, None)
+    if not _safe_dir(own_dir, create=False):
+        return []
+    reads += 1
     out: List[Tuple[int, int, str]] = []
+    whole = True
     try:
         names = os.listdir(own_dir)
     except OSError:
@@ -128,6 +154,7 @@ def reports(own_dir: str) -> List[Tuple[int, int, str]]:
         try:
             fd = os.open(os.path.join(own_dir, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
+            whole = False
             continue
         try:
             parts = os.read(fd, 128).split()
@@ -135,7 +162,11 @@ def reports(own_dir: str) -> List[Tuple[int, int, str]]:
             os.close(fd)
         if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
             out.append((int(parts[0]), int(parts[1]), parts[2].decode("ascii", "replace")))
-    return out
+        else:
+            whole = False  # being written: read again
+    if whole and len(_seen) < 16:
+        _seen[own_dir] = (key, out)
+    return list(out)
 
 
 CURRENT = "current"  # the parent's span that a child started through a non-hooked process nests under

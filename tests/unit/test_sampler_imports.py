@@ -1,0 +1,57 @@
+"""The cold-start sampler inside an import (issue 23): the import run covers that time, so its
+samples explain no gap; each wake-up takes the GIL from the busy main thread, so a long import
+is sampled ever more sparsely (down to one wake-up per TICK_S) and ticks every IMPORT_TICK_S;
+out of it, the base interval and TICK_S again."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import time
+
+from infersight.hooks import _sampler
+
+
+def test_importing_sees_the_import_machinery(tmp_path, monkeypatch) -> None:
+    (tmp_path / "probe_mod_a.py").write_text(
+        "import sys\nfrom infersight.hooks import _sampler\nSEEN = _sampler.importing(sys._getframe())\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("probe_mod_a")
+    assert mod.SEEN is True
+    assert _sampler.importing(sys._getframe()) is False
+
+
+def test_a_long_import_is_sampled_sparsely_and_still_ticks(tmp_path, monkeypatch) -> None:
+    (tmp_path / "probe_mod_slow.py").write_text("import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.2:\n"
+                                                "    time.sleep(0.001)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    marks: dict[str, int] = {}
+
+    def work() -> None:
+        marks["import_start"] = time.time_ns()
+        importlib.import_module("probe_mod_slow")
+        marks["import_end"] = time.time_ns()
+        t = time.monotonic()
+        while time.monotonic() - t < 0.4:
+            time.sleep(0.001)
+        marks["end"] = time.time_ns()
+
+    ticks: list[int] = []
+    th = threading.Thread(target=work)
+    th.start()
+    s = _sampler.Sampler(th.ident or 0, interval_s=0.01, tick=lambda: ticks.append(time.time_ns()))
+    s.start()
+    th.join()
+    s.stop()
+    inside = [t for t, _lab in s.samples if marks["import_start"] <= t < marks["import_end"]]
+    after = [t for t, _lab in s.samples if marks["import_end"] <= t < marks["end"]]
+    assert s.slowed > 0
+    assert len(inside) <= 25  # 120 at the base interval
+    assert len(after) >= 15  # the base interval again (40 on an idle machine)
+    assert len(after) * 1.2 > len(inside) * 0.4  # per second: sparser inside than after
+    in_import = sum(1 for t in ticks if marks["import_start"] <= t < marks["import_end"])
+    # every IMPORT_TICK_S (0.3 s; at least 0.25 s apart, whatever the load): 12 at TICK_S
+    assert 2 <= in_import <= 1.2 / (_sampler.IMPORT_TICK_S - 0.05) + 1
+    after_ticks = sum(1 for t in ticks if marks["import_end"] <= t < marks["end"])
+    assert after_ticks >= 2  # every TICK_S again (4 on an idle machine)

@@ -1,0 +1,69 @@
+"""``_workers.reports``, polled by the sampler thread every tick, reads the children's directory
+again only when it changed (one ``lstat`` otherwise): each system call on that thread costs the
+busy main thread a switch to hand the GIL back."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from infersight.hooks import _workers
+
+
+def test_an_unchanged_directory_is_not_read_again(tmp_path, monkeypatch) -> None:
+    own = _workers.children_dir(str(tmp_path / "spool"), "p1")
+    assert _workers.prepare(own)
+    assert _workers.report(own, 1, 2, "first_request")
+    monkeypatch.setattr(_workers, "RECENT_NS", 0)  # any change is old enough to trust the cache
+    n = _workers.reads
+    assert _workers.reports(own) == [(1, 2, "first_request")]
+    assert _workers.reads == n + 1
+    for _ in range(5):
+        assert _workers.reports(own) == [(1, 2, "first_request")]
+    assert _workers.reads == n + 1  # five polls, no read
+    time.sleep(0.01)  # a coarse clock tick: the new name moves the ctime
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if _workers.report(own, 3, 4, "workers") else 1)
+    assert os.waitpid(child, 0)[1] == 0
+    assert sorted(_workers.reports(own)) == [(1, 2, "first_request"), (3, 4, "workers")]
+    assert _workers.reads == n + 2
+
+
+def test_a_recent_change_is_read_every_time(tmp_path, monkeypatch) -> None:
+    """A report created but not yet written moves nothing when it is written: while the
+    directory changed less than RECENT_NS ago, every poll reads it."""
+    own = _workers.children_dir(str(tmp_path / "spool"), "p2")
+    assert _workers.prepare(own)
+    fd = os.open(os.path.join(own, "123"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    monkeypatch.setattr(_workers, "RECENT_NS", 3600 * 10**9)
+    n = _workers.reads
+    assert _workers.reports(own) == []  # created, empty
+    os.write(fd, b"5 6 first_request\n")
+    os.close(fd)
+    assert _workers.reports(own) == [(5, 6, "first_request")]
+    assert _workers.reads == n + 2
+
+
+def test_a_half_written_report_is_not_cached(tmp_path, monkeypatch) -> None:
+    own = _workers.children_dir(str(tmp_path / "spool"), "p3")
+    assert _workers.prepare(own)
+    fd = os.open(os.path.join(own, "124"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    monkeypatch.setattr(_workers, "RECENT_NS", 0)
+    assert _workers.reports(own) == []
+    os.write(fd, b"7 8 workers\n")
+    os.close(fd)
+    assert _workers.reports(own) == [(7, 8, "workers")]  # the directory did not change: read again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_a_chown_is_a_change(tmp_path, monkeypatch) -> None:
+    own = _workers.children_dir(str(tmp_path / "spool"), "p4")
+    assert _workers.prepare(own)
+    assert _workers.report(own, 1, 2, "first_request")
+    monkeypatch.setattr(_workers, "RECENT_NS", 0)
+    assert _workers.reports(own) == [(1, 2, "first_request")]
+    os.chown(own, 65534, 65534)
+    assert _workers.reports(own) == []  # squatted: refused, not served from the cache
