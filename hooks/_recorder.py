@@ -70,7 +70,7 @@ def note_begin(at: int = 0) -> None:
     """A stage starts on this thread at ``at`` (builtin or user's): it splits import runs
     and warmups."""
     st = state()
-    st.stage_seq += 1
+    st.stage_mark = object()  # a new value (hooks.stage sets its span id)
     imp = st.imports
     if imp is not None and st.collecting:
         try:
