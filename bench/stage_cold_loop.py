@@ -29,7 +29,9 @@ def main() -> None:
 
     _coldstart.install(time.time_ns(), from_bootstrap=False)
     st = _coldstart.state()
-    assert st.collecting and st.sampler is not None and st.finder is not None
+    assert st.collecting
+    assert st.sampler is not None, "no stack sampler"
+    assert st.finder is not None, "no import timing"
 
     def stages(k: int) -> None:
         s = hooks.stage
@@ -39,7 +41,8 @@ def main() -> None:
 
     stages(3000)  # warm: specialized bytecode, span ids drawn
     client = _runtime.state().client
-    assert client is not None and client.flush(60)
+    assert client is not None
+    assert client.flush(60)
     client._stop = True  # the drain thread ends; the client stays enabled
     client._wake.set()
     client._thread.join(10)

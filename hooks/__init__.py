@@ -164,6 +164,10 @@ class Stage:
                         cs.main_paused = paused - 1
                         if cs.main_busy and paused == 1:
                             cs.imports.unpaused(st.imports.main, end)
+                    if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
+                        cov = cs.main_covered  # this thread's alone: two list appends, no tuple
+                        cov.append(start)
+                        cov.append(end)  # (clock steps clamped at use)
                 else:
                     it = st.imports.thread()
                     paused = it.paused
@@ -171,8 +175,8 @@ class Stage:
                         it.paused = paused - 1
                         if it.busy and paused == 1:
                             cs.imports.unpaused(it, end)
-                if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
-                    cs.covered += (start, end)  # flat, one atomic extend, no tuple kept (clock steps clamped at use)
+                    if name != "unattributed":
+                        cs.covered += (start, end)  # flat, one atomic extend: threads share it
             c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict

@@ -18,7 +18,9 @@ from infersight.hooks import _imports, _recorder, _state
 def st(monkeypatch: pytest.MonkeyPatch) -> _state.HookState:
     """A fresh hook state, its cold start collected, with import timing installed."""
     hs = _state.HookState()
-    hs.runtime.client = FlatQueue()  # type: ignore[assignment]
+    q = FlatQueue()
+    q.emit = lambda kind, data: q.events.append((0, 0, kind, data))  # type: ignore[attr-defined]
+    hs.runtime.client = q  # type: ignore[assignment]
     hs.runtime.root_span_id = "r" * 16
     hs.coldstart.collecting = True
     hs.coldstart.imports = _imports
@@ -67,7 +69,20 @@ def test_stages_change_the_mark_and_count_per_thread(st: _state.HookState) -> No
     before = cs.stage_mark
     _recorder.note_begin()
     assert cs.stage_mark != before  # a stage of the recorder's changes it too
-    assert len(cs.covered) == 6 and cs.covered[0] < cs.covered[1]  # three intervals, flat
+    pairs = _recorder.covered_pairs(cs)
+    assert len(pairs) == 3 and all(s < e for s, e in pairs)  # three intervals, two on the main thread
+    assert len(cs.main_covered) == 4 and len(cs.covered) == 2  # each thread's on its own list
+    assert _recorder.last_end() == max(e for _s, e in pairs)
+
+
+def test_a_half_written_interval_is_not_read(st: _state.HookState) -> None:
+    cs = st.coldstart
+    cs.main_covered += (10, 20, 30)  # the main thread between its two appends
+    cs.covered += (5, 15)
+    assert _recorder.covered_pairs(cs) == [(5, 15), (10, 20)]
+    assert _recorder.last_end() == 20
+    cs.main_covered.append(40)
+    assert _recorder.last_end() == 40 and (30, 40) in _recorder.covered_pairs(cs)
 
 
 def test_a_stage_opened_before_collecting_leaves_the_count_at_zero(st: _state.HookState) -> None:
@@ -89,7 +104,7 @@ def test_a_stage_in_an_import_cuts_it_and_the_import_resumes_after(st: _state.Ho
         with hooks.stage("nested"):
             pass
         assert it.pause_t == start  # only the outermost stage resumes it
-    assert it.pause_t == 0 and it.piece_start == st.coldstart.covered[-1]  # resumed at the stage's end
+    assert it.pause_t == 0 and it.piece_start == st.coldstart.main_covered[-1]  # resumed at the stage's end
     assert it.busy  # still inside the import
     it.stack.pop()
     with hooks.stage("after"):
