@@ -122,11 +122,16 @@ class Stage:
             self._start = start = _time_ns()
             cs = st.coldstart
             if cs.collecting:  # _recorder.note_begin(start), inlined: it splits import runs and warmups
-                cs.stage_seq += 1
-                it = st.imports.main if main else st.imports.thread()  # _imports.pause(start), inlined:
-                it.paused = paused = it.paused + 1  # (the slow case only with an import in progress or
-                if paused == 1 and (it.stack or it.run_open):  # a run open, so with _imports installed)
-                    cs.imports.paused_first(it, start)
+                cs.stage_mark = span  # "a stage started since": a value already made, no counter
+                if main:  # _imports.pause(start), inlined: the main thread's count and flag are on cs
+                    cs.main_paused = paused = cs.main_paused + 1
+                    if cs.main_busy and paused == 1:  # (busy: an import in progress or a run open)
+                        cs.imports.paused_first(st.imports.main, start)
+                else:
+                    it = st.imports.thread()
+                    it.paused = paused = it.paused + 1
+                    if it.busy and paused == 1:
+                        cs.imports.paused_first(it, start)
         except Exception as exc:
             _runtime.fail(exc)
         return self
@@ -153,14 +158,25 @@ class Stage:
             start = self._start
             cs = st.coldstart
             if cs.collecting:  # else the root ended: nothing is left to split or cover
-                it = st.imports.main if main else st.imports.thread()  # _imports.resume(end), inlined
-                paused = it.paused
-                if paused > 0:
-                    it.paused = paused - 1
-                    if paused == 1 and it.pause_t and it.stack:  # (pause_t: 0 but inside an import)
-                        cs.imports.resumed(it, end)
-                if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
-                    cs.covered += (start, end)  # flat, one atomic extend, no tuple kept (clock steps clamped at use)
+                if main:  # _imports.resume(end), inlined
+                    paused = cs.main_paused
+                    if paused > 0:
+                        cs.main_paused = paused - 1
+                        if cs.main_busy and paused == 1:
+                            cs.imports.unpaused(st.imports.main, end)
+                    if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
+                        cov = cs.main_covered  # this thread's alone: two list appends, no tuple
+                        cov.append(start)
+                        cov.append(end)  # (clock steps clamped at use)
+                else:
+                    it = st.imports.thread()
+                    paused = it.paused
+                    if paused > 0:
+                        it.paused = paused - 1
+                        if it.busy and paused == 1:
+                            cs.imports.unpaused(it, end)
+                    if name != "unattributed":
+                        cs.covered += (start, end)  # flat, one atomic extend: threads share it
             c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict

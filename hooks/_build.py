@@ -137,7 +137,7 @@ def _note_init(t0: int, t1: int) -> None:
     parent = _runtime.current_span.get() or _runtime.state().root_span_id
     st = cs.state()
     bs = _build()
-    seq, imp = st.stage_seq, st.imports
+    seq, imp = st.stage_mark, st.imports
     # Import runs and init runs on one thread must not overlap without nesting: an init run is
     # not extended across an import piece, and a new one ends the import run open before it.
     imported_until = imp.thread_run_end() if imp is not None else 0  # read before taking bs.lock

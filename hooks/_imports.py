@@ -52,7 +52,7 @@ class _Run:
 
     __slots__ = ("end", "parent", "pkgs", "seq", "span", "start")
 
-    def __init__(self, parent: str, start: int, end: int, pkgs: Dict[str, int], seq: int) -> None:
+    def __init__(self, parent: str, start: int, end: int, pkgs: Dict[str, int], seq: object) -> None:
         self.span = _runtime.new_span_id()  # fixed now: a checkpoint names it before it is emitted
         self.parent = parent
         self.start = start
@@ -124,6 +124,7 @@ def _begin(spec: Any) -> None:
                 else:
                     _charge(st, now)
                 stack.append(_top(spec.name))
+                st.busy = True
                 spec.__dict__[_PUSHED] = st
     except Exception as exc:
         _runtime.fail(exc)
@@ -175,7 +176,7 @@ def _piece(st: ImportThread, start: int, end: int) -> None:
         return
     ident = threading.get_ident()
     parent = st.piece_parent or _runtime.state().root_span_id
-    seq = cs.state().stage_seq
+    seq = cs.state().stage_mark
     done: Optional[_Run] = None
     imp = _imports()
     with imp.lock:
@@ -189,6 +190,7 @@ def _piece(st: ImportThread, start: int, end: int) -> None:
         done = run
         runs[ident] = _Run(parent, start, end, pkgs, seq)
         st.run_open = True  # the next stage on this thread emits it (``pause``)
+        st.busy = True
     if done is not None:
         _emit(done)
 
@@ -256,8 +258,8 @@ def flush_runs(_end_ns: int, _final: bool) -> None:
 def pause(at: int = 0) -> None:
     """A stage starts on this thread (at ``at``): the import in progress stops counting, and
     the thread's open run is emitted. ``hooks.stage`` inlines the common case (another stage
-    is open, or no import is in progress and no run is open: a counter goes up) and calls
-    ``paused_first`` for the rest."""
+    is open, or the thread is not ``busy``: a counter goes up) and calls ``paused_first``
+    for the rest."""
     st = _thread()
     st.paused += 1
     if st.paused == 1 and (st.stack or st.run_open):
@@ -280,6 +282,14 @@ def paused_first(st: ImportThread, at: int) -> None:
     if st.run_open:  # else nothing of this thread's to emit: no lock taken
         st.run_open = False
         flush(this_thread_only=True)
+    settle(st)
+
+
+def settle(st: ImportThread) -> None:
+    """``busy`` as it is now: a stage's start or end on the thread has nothing to do while it
+    is False (only this thread's stages and imports change these fields)."""
+    if st.busy and not (st.stack or st.run_open or st.pause_t):
+        st.busy = False
 
 
 def resume(at: int = 0) -> None:
@@ -299,6 +309,13 @@ def resumed(st: ImportThread, at: int) -> None:
     st.piece_start = now
     st.piece_parent = _runtime.current_span.get()
     st.pause_t = 0
+
+
+def unpaused(st: ImportThread, at: int) -> None:
+    """The last stage open on this ``busy`` thread ended at ``at`` (``hooks.stage``)."""
+    if st.pause_t and st.stack:  # (pause_t: 0 but inside an import)
+        resumed(st, at)
+    settle(st)
 
 
 class Finder:

@@ -47,7 +47,7 @@ class _Warm:
         self.first_end = 0
         self.inflight = 0
         self.n = 0
-        self.seq = state().stage_seq
+        self.seq = state().stage_mark
 
 
 class _First:
@@ -170,7 +170,7 @@ def forward_begin() -> Optional[Tuple[Any, ...]]:
     with st.lock:
         if st.ready_ns is None:
             w = st.warm
-            if w is None or (w.inflight == 0 and w.seq != st.stage_seq):
+            if w is None or (w.inflight == 0 and w.seq != st.stage_mark):
                 closed = _close_warm_locked(now)
                 w = st.warm = _Warm(now)
             w.inflight += 1
@@ -202,7 +202,7 @@ def forward_end(token: Tuple[Any, ...]) -> None:
             obj.end = max(obj.end, now)
             if not obj.first_end:
                 obj.first_end = now
-            obj.seq = st.stage_seq
+            obj.seq = st.stage_mark
         return
     if st.explicit:  # first_response() decides; this forward's end is the fallback
         obj.forward_end = now

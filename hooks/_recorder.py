@@ -70,7 +70,7 @@ def note_begin(at: int = 0) -> None:
     """A stage starts on this thread at ``at`` (builtin or user's): it splits import runs
     and warmups."""
     st = state()
-    st.stage_seq += 1
+    st.stage_mark = object()  # a new value (hooks.stage sets its span id)
     imp = st.imports
     if imp is not None and st.collecting:
         try:
@@ -101,12 +101,18 @@ def last_end() -> int:
     only appends its interval: one store less per stage)."""
     st = state()
     covered = st.covered
-    n = len(covered)
+    n = len(covered) & ~1  # whole pairs
     seen = st.covered_seen
     if n > seen:
         latest = max(covered[seen + 1:n:2])  # the ends of the intervals added since
         st.last_end_ns = max(st.last_end_ns, latest)
         st.covered_seen = n
+    covered = st.main_covered
+    n = len(covered) & ~1
+    seen = st.main_covered_seen
+    if n > seen:
+        st.last_end_ns = max(st.last_end_ns, *covered[seen + 1:n:2])
+        st.main_covered_seen = n
     return st.last_end_ns
 
 
@@ -153,9 +159,10 @@ def emit_stage(
 
 
 def covered_pairs(st: ColdStart) -> List[Tuple[int, int]]:
-    """``st.covered`` (flat: start, end, start, end, ...) as (start, end) pairs."""
-    c = st.covered
-    return [(c[i], c[i + 1]) for i in range(0, len(c) - 1, 2)]
+    """``st.covered`` and ``st.main_covered`` (flat: start, end, start, end, ...) as (start,
+    end) pairs."""
+    c, m = st.covered, st.main_covered
+    return [(c[i], c[i + 1]) for i in range(0, len(c) - 1, 2)] + [(m[i], m[i + 1]) for i in range(0, len(m) - 1, 2)]
 
 
 def note_covered(name: str, start: int, end_ns: int) -> None:

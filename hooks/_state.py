@@ -61,8 +61,8 @@ class ImportThread:
     package change), the time up to which their time is counted, the piece in progress, how
     many stages are open on the thread (they pause it), whether a run of it is open."""
 
-    __slots__ = ("finding", "pause_t", "paused", "piece_parent", "piece_start", "pkgs", "run_open", "stack",
-                 "t_last")
+    __slots__ = ("busy", "finding", "pause_t", "paused", "piece_parent", "piece_start", "pkgs", "run_open",
+                 "stack", "t_last")
 
     def __init__(self) -> None:
         self.stack: List[str] = []
@@ -73,21 +73,52 @@ class ImportThread:
         self.piece_parent: Optional[str] = None
         self.pkgs: Dict[str, int] = {}
         self.run_open = False  # the next stage on this thread emits it
+        # True whenever ``stack``, ``run_open`` or ``pause_t`` is (and maybe a while after: the
+        # next stage settles it): a stage's start or end on the thread has something to do
+        self.busy = False
         self.finding = False  # the finder is looking for a spec on this thread
+
+
+class MainImportThread(ImportThread):
+    """The main thread's ``ImportThread``: its ``paused`` and ``busy`` live on the process's
+    ``ColdStart`` (``main_paused``, ``main_busy``), where ``hooks.stage`` already holds the
+    object: no load of this one per stage."""
+
+    __slots__ = ("cold",)
+
+    def __init__(self, cold: ColdStart) -> None:
+        self.cold = cold
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def paused(self) -> int:
+        return self.cold.main_paused
+
+    @paused.setter
+    def paused(self, value: int) -> None:
+        self.cold.main_paused = value
+
+    @property  # type: ignore[override]
+    def busy(self) -> bool:
+        return self.cold.main_busy
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self.cold.main_busy = value
 
 
 class Imports:
     """Import timing (``_imports``): the runs still open, one per thread, and each thread's
-    ``ImportThread``: the main thread's in a plain slot (every stage of the cold start reads
-    it: no thread-local lookup), the others' thread-local."""
+    ``ImportThread``: the main thread's in a plain slot (its stage count on ``cold``), the
+    others' thread-local."""
 
     __slots__ = ("lock", "main", "main_ident", "runs", "tls")
 
-    def __init__(self, main_ident: Optional[int] = None) -> None:
+    def __init__(self, cold: ColdStart, main_ident: Optional[int] = None) -> None:
         self.lock = threading.Lock()
         self.runs: Dict[int, Any] = {}  # thread ident -> the _imports._Run still open on that thread
         self.main_ident = main_ident if main_ident is not None else threading.main_thread().ident
-        self.main = ImportThread()
+        self.main: ImportThread = MainImportThread(cold)
         self.tls = threading.local()  # other threads: ``.thread`` holds their ImportThread
 
     def thread(self) -> ImportThread:
@@ -185,9 +216,10 @@ class ColdStart:
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
         "covered", "covered_seen", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
-        "main_end_ns", "main_pid", "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns",
-        "ready_source", "role", "rule_fork_ready_sent", "rule_stages_open", "rule_waits", "rule_waits_done",
-        "run_sources", "sampler", "stage_seq", "tls", "undo", "warm", "watch_listen", "watched",
+        "main_busy", "main_covered", "main_covered_seen", "main_end_ns", "main_paused", "main_pid",
+        "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
+        "rule_fork_ready_sent", "rule_stages_open", "rule_waits", "rule_waits_done", "run_sources", "sampler",
+        "stage_mark", "tls", "undo", "warm", "watch_listen", "watched",
     )
 
     def __init__(self) -> None:
@@ -200,7 +232,11 @@ class ColdStart:
         self.ready_source = ""
         self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait): _recorder.last_end
         self.covered_seen = 0  # entries of ``covered`` (2 per interval) that last_end_ns includes
-        self.stage_seq = 0  # bumped at every stage start while collecting (splits warmup runs)
+        # Changes at every stage start while collecting (splits import, init and warmup runs):
+        # the span id of hooks.stage's latest, a fresh object for others. Compared, never ordered.
+        self.stage_mark: object = None
+        self.main_paused = 0  # stages open on the main thread (its ImportThread's ``paused``)
+        self.main_busy = False  # its ``busy``: hooks.stage checks these two per stage
         self.explicit = False  # the user called mark_ready(): first_request ends at first_response()
         self.main_pid = os.getpid()
         self.main_end_ns = 0  # when the main script ended (threading's shutdown, before atexit)
@@ -217,6 +253,10 @@ class ColdStart:
         # emitted (_imports, _build): flushed at readiness and at the end, sent by checkpoints
         self.run_sources: List[Tuple[Callable[[int, bool], None], Callable[[], List[Any]]]] = []
         self.covered: List[int] = []  # this process's stage intervals, flat: start, end, start, end, ...
+        # hooks.stage's on the main thread, flat too: two appends, as that thread alone writes
+        # here (a reader may find a start without its end yet: it takes whole pairs)
+        self.main_covered: List[int] = []
+        self.main_covered_seen = 0  # as covered_seen, for main_covered
         self.role = ""  # "helper" for resource trackers, compile workers, ``python -c`` probes
         self.ceilings: Optional[Dict[str, Any]] = None  # storage ceilings, read once from the cache
         self.warm: Any = None  # the _readiness._Warm run in progress
@@ -248,7 +288,7 @@ class ColdStart:
         new.installed = self.installed
         new.collecting = self.collecting  # the parent's (its wrappers are in place); the child's is decided on start
         new.boot_ns = self.boot_ns
-        new.stage_seq = self.stage_seq
+        new.stage_mark = self.stage_mark
         new.role = self.role
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
@@ -326,7 +366,7 @@ class HookState:
         self.runtime = runtime if runtime is not None else Runtime()
         self.coldstart = coldstart if coldstart is not None else ColdStart()
         self.alloc = alloc if alloc is not None else Alloc()
-        self.imports = Imports(self.main_ident)
+        self.imports = Imports(self.coldstart, self.main_ident)
         self.build = Build()
         self.torch = Torch()
         self.weights = Weights()

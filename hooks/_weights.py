@@ -613,7 +613,7 @@ def _activity() -> Tuple[Any, ...]:
     starts, the warmup run in progress and its forwards, the first request."""
     st = cs.state()
     warm = st.warm
-    return (_runtime.current_span.get(), st.stage_seq, id(warm), getattr(warm, "n", 0), id(st.first))
+    return (_runtime.current_span.get(), st.stage_mark, id(warm), getattr(warm, "n", 0), id(st.first))
 
 
 def _install_safetensors(mod: Any) -> None:

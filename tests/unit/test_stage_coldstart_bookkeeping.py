@@ -1,0 +1,134 @@
+"""What ``hooks.stage`` notes while a cold start is collected, inline on the caller's thread:
+the stage mark (a stage started since), each thread's count of open stages (the main
+thread's on ``ColdStart``, read by its ``ImportThread``), the import cut when the thread is
+``busy``, and the covered interval."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import FlatQueue
+
+from infersight import hooks
+from infersight.hooks import _imports, _recorder, _state
+
+
+@pytest.fixture
+def st(monkeypatch: pytest.MonkeyPatch) -> _state.HookState:
+    """A fresh hook state, its cold start collected, with import timing installed."""
+    hs = _state.HookState()
+    q = FlatQueue()
+    q.emit = lambda kind, data: q.events.append((0, 0, kind, data))  # type: ignore[attr-defined]
+    hs.runtime.client = q  # type: ignore[assignment]
+    hs.runtime.root_span_id = "r" * 16
+    hs.coldstart.collecting = True
+    hs.coldstart.imports = _imports
+    monkeypatch.setattr(_state, "current", hs)
+    return hs
+
+
+def test_the_main_threads_import_state_is_the_cold_starts() -> None:
+    hs = _state.HookState()
+    main, cs = hs.imports.main, hs.coldstart
+    main.paused += 2
+    main.busy = True
+    assert (cs.main_paused, cs.main_busy) == (2, True)
+    cs.main_paused, cs.main_busy = 0, False
+    assert (main.paused, main.busy) == (0, False)
+    child = hs.forked(5)  # a forked child counts afresh, on its own cold start
+    assert child.imports.main.paused == 0 and child.imports.main.cold is child.coldstart  # type: ignore[attr-defined]
+
+
+def test_stages_change_the_mark_and_count_per_thread(st: _state.HookState) -> None:
+    cs = st.coldstart
+    seen: list[object] = []
+    with hooks.stage("outer") as outer:
+        seen.append(cs.stage_mark)
+        assert cs.main_paused == 1 and cs.stage_mark == outer._span
+        with hooks.stage("inner"):
+            seen.append(cs.stage_mark)
+            assert cs.main_paused == 2
+        assert cs.main_paused == 1
+    assert cs.main_paused == 0
+
+    def other() -> None:
+        it = st.imports.thread()
+        with hooks.stage("elsewhere"):
+            seen.append(cs.stage_mark)
+            seen.append(it.paused)
+        seen.append(it.paused)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert cs.main_paused == 0
+    assert seen[3:] == [1, 0]  # the other thread's count, not the main thread's
+    marks = seen[:3]
+    assert len(set(marks)) == 3 and all(isinstance(m, str) for m in marks)  # each stage's own span id
+    before = cs.stage_mark
+    _recorder.note_begin()
+    assert cs.stage_mark != before  # a stage of the recorder's changes it too
+    pairs = _recorder.covered_pairs(cs)
+    assert len(pairs) == 3 and all(s < e for s, e in pairs)  # three intervals, two on the main thread
+    assert len(cs.main_covered) == 4 and len(cs.covered) == 2  # each thread's on its own list
+    assert _recorder.last_end() == max(e for _s, e in pairs)
+
+
+def test_a_half_written_interval_is_not_read(st: _state.HookState) -> None:
+    cs = st.coldstart
+    cs.main_covered += (10, 20, 30)  # the main thread between its two appends
+    cs.covered += (5, 15)
+    assert _recorder.covered_pairs(cs) == [(5, 15), (10, 20)]
+    assert _recorder.last_end() == 20
+    cs.main_covered.append(40)
+    assert _recorder.last_end() == 40 and (30, 40) in _recorder.covered_pairs(cs)
+
+
+def test_a_stage_opened_before_collecting_leaves_the_count_at_zero(st: _state.HookState) -> None:
+    cs = st.coldstart
+    cs.collecting = False
+    with hooks.stage("early"):
+        cs.collecting = True
+    assert cs.main_paused == 0
+
+
+def test_a_stage_in_an_import_cuts_it_and_the_import_resumes_after(st: _state.HookState) -> None:
+    it = st.imports.main
+    it.stack.append("alpha")  # as _imports._begin leaves an outermost import in progress
+    it.busy = True
+    it.piece_start = it.t_last = 1
+    with hooks.stage("load") as s:
+        start = s._start
+        assert it.pause_t == start and it.pkgs == {}  # the piece so far was charged and cut at the start
+        with hooks.stage("nested"):
+            pass
+        assert it.pause_t == start  # only the outermost stage resumes it
+    assert it.pause_t == 0 and it.piece_start == st.coldstart.main_covered[-1]  # resumed at the stage's end
+    assert it.busy  # still inside the import
+    it.stack.pop()
+    with hooks.stage("after"):
+        pass
+    assert not it.busy  # settled: nothing in progress, no run open
+
+
+def test_an_idle_thread_takes_no_slow_path(st: _state.HookState, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(_imports, "paused_first", lambda *a: calls.append("pause"))
+    monkeypatch.setattr(_imports, "unpaused", lambda *a: calls.append("resume"))
+    with hooks.stage("plain"):
+        pass
+    assert calls == []
+    st.imports.main.run_open = True  # as _imports._piece leaves a run open
+    st.imports.main.busy = True
+    with hooks.stage("after_a_run"):
+        pass
+    assert calls == ["pause", "resume"]
+
+
+def test_a_run_left_open_is_emitted_by_the_next_stage_and_busy_clears(st: _state.HookState) -> None:
+    it = st.imports.main
+    it.run_open = True
+    it.busy = True
+    with hooks.stage("next"):
+        assert not it.run_open and not it.busy
