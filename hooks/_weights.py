@@ -597,9 +597,11 @@ class _SafeOpen:
         attrs = self._attrs()
         if attrs is None or not cs.root_open() or quiet != _activity() or cs.last_end() > self._start:
             return  # other spans began or ended meanwhile: one from the open would overlap them
-        cs.note_begin()
+        end = time.time_ns()
+        cs.note_begin(end)  # a stage began (warmups and import runs split here) and ends at once:
         cs.emit_stage("weights_load", _runtime.new_span_id(), quiet[0] or _runtime.state().root_span_id,
-                      self._start, time.time_ns(), attrs)
+                      self._start, end, attrs)
+        cs.note_stage_exit(end)  # the thread's imports are timed again
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)

@@ -132,3 +132,27 @@ def test_a_run_left_open_is_emitted_by_the_next_stage_and_busy_clears(st: _state
     it.busy = True
     with hooks.stage("next"):
         assert not it.run_open and not it.busy
+
+
+def test_a_safetensors_handle_closed_without_with_leaves_import_timing_on(
+        st: _state.HookState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers opens a ``safe_open`` handle and closes it itself: its ``weights_load`` is
+    emitted at the close, a stage that begins and ends there. The thread's import timing is
+    paused for it and resumed after (it once stayed paused: no import timed again)."""
+    from infersight.hooks import _runtime, _weights
+
+    monkeypatch.setattr(_runtime, "active", lambda: True)
+
+    class Probe:
+        def attrs(self, *_a: object, **_k: object) -> dict[str, object]:
+            return {"infersight.weights.bytes": 100}
+
+    h = _weights._SafeOpen(None, "/m.safetensors")
+    h._probe, h._nbytes, h._start = Probe(), 100, 1  # type: ignore[assignment]
+    h._quiet = _weights._activity()
+    mark = st.coldstart.stage_mark
+    h._close(None)
+    spans = [d for *_x, kind, d in st.runtime.client.events if kind == "span"]  # type: ignore[union-attr]
+    assert [d["n"] for d in spans] == ["coldstart.weights_load"]
+    assert st.coldstart.stage_mark is not mark  # the stage split warmups and import runs
+    assert st.coldstart.main_paused == 0  # import timing resumed
