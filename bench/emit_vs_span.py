@@ -6,7 +6,8 @@ request: its added cost per request (a request through the middleware minus the 
 request straight to the app, both measured here) must stay within the same budget.
 Everything runs in this process, in turns (hook op, SDK span, hook op, ...), timed by the
 calling thread's CPU clock; each figure is the median of the rounds, and each ratio is SDK
-span / hook op, measured side by side.
+span / hook op, measured side by side: the ratio of the medians, and (``paired_ratio_*``)
+the median and lowest of each round's ratio against the SDK round that ran right after it.
 
 Two phases (issue 25): first ``stage`` while a cold start is being collected, as in a
 process that ``launch`` started (the stack sampler and its checkpoints, import timing and
@@ -161,6 +162,14 @@ def coldstart_phase(stage: Callable[[int], None]) -> tuple[list[float], list[flo
     return rounds, spans
 
 
+def paired(ops: list[float], spans: list[float]) -> dict[str, float]:
+    """Each round's ratio, SDK span over the hook op, against the SDK round run right after it:
+    the machine's speed drifts between rounds (on a shared VM by up to 1.5x within a run), and
+    a round and its neighbour see the same. The median and the lowest of the rounds."""
+    r = [sp / op for op, sp in zip(ops, spans)]
+    return {"median": round(statistics.median(r), 1), "min": round(min(r), 1)}
+
+
 def timed(fn: Callable[[int], None], n: int) -> float:
     from infersight.hooks import _runtime
 
@@ -182,12 +191,14 @@ def main() -> None:
     funcs = ops()
     cold_rounds, cold_spans = coldstart_phase(funcs["stage"])
     rounds: dict[str, list[float]] = {name: [] for name in funcs}
+    after: dict[str, list[float]] = {name: [] for name in funcs}  # the SDK round right after each
     spans: list[float] = []
     for _ in range(REPEAT):
         for name, fn in funcs.items():
             rounds[name].append(timed(fn, N))
             gc.collect()
             spans.append(sdk_span_seconds(N // 4, 1, clock=CLOCK))
+            after[name].append(spans[-1])
     client = _runtime.state().client
     assert client is not None
     assert client.dropped_buffer == 0
@@ -198,12 +209,14 @@ def main() -> None:
         "otel_span_coldstart_us": round(cold_s * 1e6, 3),
         "stage_coldstart_us": round(cold_stage * 1e6, 3),
         "ratio_span_over_stage_coldstart": round(cold_s / cold_stage, 1),
+        "paired_ratio_stage_coldstart": paired(cold_rounds, cold_spans),
         "otel_span_us": round(s * 1e6, 3),
     }
     for name, per in rounds.items():
         m = statistics.median(per)
         out[name + "_us"] = round(m * 1e6, 3)
         out["ratio_span_over_" + name] = round(s / m, 1)
+        out["paired_ratio_" + name] = paired(per, after[name])
     added = statistics.median(rounds["asgi_request"]) - statistics.median(rounds["asgi_bare"])
     out["asgi_added_us"] = round(added * 1e6, 3)
     out["ratio_span_over_asgi_added"] = round(s / added, 1) if added > 0 else None
