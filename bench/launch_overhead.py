@@ -330,8 +330,9 @@ def main() -> int:
               % (args.other_hooks, statistics.median(other_ratios), " ".join("%.3f" % r for r in other_ratios),
                  statistics.median(r[0] for r in other), statistics.median(r[3] for r in other),
                  statistics.median(h[0] / o[0] for h, o in zip(hooked, other, strict=True))))
-    print("infersight --help: median %.1f ms (python -c pass: %.1f ms; --help adds %.1f ms); budget < 60 ms"
-          % (statistics.median(helps), statistics.median(bare), statistics.median(helps) - statistics.median(bare)))
+    if helps:  # --help-runs 0: not measured
+        print("infersight --help: median %.1f ms (python -c pass: %.1f ms; --help adds %.1f ms); budget < 60 ms"
+              % (statistics.median(helps), statistics.median(bare), statistics.median(helps) - statistics.median(bare)))
     print("load average (1 min) at start %.2f, at end %.2f" % (load0[0], os.getloadavg()[0]))
     return 0
 
