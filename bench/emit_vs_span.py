@@ -166,7 +166,7 @@ def paired(ops: list[float], spans: list[float]) -> dict[str, float]:
     """Each round's ratio, SDK span over the hook op, against the SDK round run right after it:
     the machine's speed drifts between rounds (on a shared VM by up to 1.5x within a run), and
     a round and its neighbour see the same. The median and the lowest of the rounds."""
-    r = [sp / op for op, sp in zip(ops, spans)]
+    r = [sp / op for op, sp in zip(ops, spans, strict=True)]
     return {"median": round(statistics.median(r), 1), "min": round(min(r), 1)}
 
 
