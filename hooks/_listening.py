@@ -183,6 +183,18 @@ class _Netlink:
 _netlink = _Netlink()
 
 
+def _after_fork_child() -> None:
+    """The parent's sampler thread may have held the lock at the fork (mid-dump): that
+    thread is not in the child, which would wait for it forever."""
+    import threading
+
+    _netlink.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_child)
+
+
 def close_netlink() -> None:
     """Close the kept sock_diag socket and counter files (the cold start's polls are over); a
     later poll opens them again."""
