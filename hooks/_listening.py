@@ -137,14 +137,15 @@ class _Netlink:
         self.lock = threading.Lock()
         self.sock: Optional[Any] = None
         self.pid = 0
+        self.ino = 0  # its inode: the number may be the host's after it closed ours (closerange)
         self.seq = 0
         self.made = 0  # sockets made (tests)
 
     def get(self) -> Any:
         """(Holding ``lock``) the socket, made here when missing or inherited across a fork."""
         pid = os.getpid()
-        if self.sock is not None and self.pid != pid:
-            self._drop()  # our copy of the parent's descriptor: closing it leaves the parent's open
+        if self.sock is not None and (self.pid != pid or not _same(self.sock.fileno(), self.ino)):
+            self._drop()  # our copy of the parent's descriptor (closing it leaves the parent's open), or gone
         if self.sock is None:
             import _socket
 
@@ -159,7 +160,7 @@ class _Netlink:
             except OSError:
                 sock.close()
                 raise
-            self.sock, self.pid = sock, pid
+            self.sock, self.pid, self.ino = sock, pid, os.fstat(sock.fileno()).st_ino
             self.made += 1
         return self.sock
 
@@ -167,7 +168,10 @@ class _Netlink:
         sock, self.sock = self.sock, None
         if sock is not None:
             try:
-                sock.close()
+                if _same(sock.fileno(), self.ino):
+                    sock.close()
+                else:
+                    sock.detach()  # the host closed ours; the number is its own now: never closed here
             except OSError:
                 pass
 
@@ -180,7 +184,28 @@ class _Netlink:
         return self.seq
 
 
+def _same(fd: int, ino: int) -> bool:
+    """``fd`` is still the descriptor opened with inode ``ino`` (not the host's own since it
+    closed ours and the number was reused: one ``fstat``)."""
+    try:
+        return os.fstat(fd).st_ino == ino
+    except OSError:
+        return False
+
+
 _netlink = _Netlink()
+
+
+def _after_fork_child() -> None:
+    """The parent's sampler thread may have held the lock at the fork (mid-dump): that
+    thread is not in the child, which would wait for it forever."""
+    import threading
+
+    _netlink.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_child)
 
 
 def close_netlink() -> None:
@@ -253,6 +278,7 @@ class Gate:
 
     def __init__(self) -> None:
         self.fds: List[int] = []
+        self.inos: List[int] = []  # theirs: a number the host reused after closing ours is not closed
         self.pid = 0
         self.key = b""
         self.changed_at = 0.0
@@ -266,9 +292,15 @@ class Gate:
             self.pid = pid
             for path in SOCKSTAT:
                 try:
-                    self.fds.append(os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 except OSError:
                     continue
+                try:
+                    self.inos.append(os.fstat(fd).st_ino)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self.fds.append(fd)
             if len(_gates) < 64:
                 _gates.append(self)
         if not self.fds:
@@ -293,12 +325,13 @@ class Gate:
         return True
 
     def close(self) -> None:
-        fds, self.fds, self.pid = self.fds, [], 0
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        fds, inos, self.fds, self.inos, self.pid = self.fds, self.inos, [], [], 0
+        for i, fd in enumerate(fds):  # (zip(strict=) is 3.10's)
+            if _same(fd, inos[i]):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 _gates: List[Gate] = []  # those holding descriptors (closed with the netlink socket)

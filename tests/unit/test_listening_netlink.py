@@ -89,3 +89,51 @@ def test_close_then_a_poll_makes_a_new_one() -> None:
     made = nl.made
     _listening.netlink_listening()
     assert nl.made == made + 1 and nl.sock is not None
+
+
+def test_a_child_forked_while_the_sampler_dumps_can_still_poll() -> None:
+    """The parent's sampler thread held the socket's lock at the fork (mid-dump): that thread
+    does not exist in the child, so the child must not wait for it forever."""
+    import threading
+
+    _netlink_or_skip()
+    held, release = threading.Event(), threading.Event()
+
+    def dumping() -> None:
+        with nl.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=dumping)
+    t.start()
+    assert held.wait(5)
+    r, w = os.pipe()
+    try:
+        child = os.fork()
+        if child == 0:
+            ok = b"0"
+            try:
+                done = threading.Event()
+
+                def poll() -> None:
+                    try:
+                        _listening.netlink_listening()
+                    except OSError:
+                        pass
+                    done.set()
+
+                threading.Thread(target=poll, daemon=True).start()
+                ok = b"1" if done.wait(3) else b"0"
+            finally:
+                os.write(w, ok)
+                os._exit(0)
+        os.close(w)
+        w = -1
+        assert os.read(r, 1) == b"1"  # the child's poll returned
+        os.waitpid(child, 0)
+    finally:
+        release.set()
+        t.join()
+        os.close(r)
+        if w >= 0:
+            os.close(w)
