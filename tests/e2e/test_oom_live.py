@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import fake_torch
 import pytest
 from conftest import BOOTSTRAP, AgentProcess, attr, hook_env, log_records, read_otlp_lines, spans, wait_for
 from fake_torch import GIB, FakeTorch, OutOfMemoryError, nested_stats
+from site_rules import BAD_RULE, SITE_RULE
 
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.daemon import config as cfg
@@ -429,31 +429,6 @@ def test_mem_metrics_and_span_events() -> None:
     items = asm.events(p, [[3, 30, "mem", {"dev": 0, "s": st2}]])
     retries = next(i for i in items if isinstance(i, MetricItem) and i.name == "infersight.memory.alloc_retries")
     assert retries.start_ns == 30
-
-
-SITE_RULE = textwrap.dedent('''\
-    engine_version = "1.0"
-
-    [[rule]]
-    id = "site.bigger-than-device"
-    version = 1
-    class = "capacity"
-    priority = 5
-    condition = "R > T"
-    remedy = "This request can never fit on this device: shard the model or use a larger device."
-
-    [[rule.examples]]
-    kind = "positive"
-    numbers = { R = "20 GiB", T = "12 GiB", F = 0, A = 0, P = 0 }
-
-    [[rule.examples]]
-    kind = "negative"
-    numbers = { R = "1 GiB", T = "12 GiB", F = "8 GiB", A = 0, P = 0 }
-    ''')
-BAD_RULE = (  # line 8: the condition does not parse
-    'engine_version = "1.0"\n\n[[rule]]\nid = "site.bad"\nversion = 1\nclass = "capacity"\npriority = 1\n'
-    'condition = "R >>> T"\nremedy = "x"\n'
-)
 
 
 def test_classifier_reload_keeps_old_rules_on_an_invalid_file(tmp_path: Path) -> None:

@@ -8,34 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from site_rules import BAD_RULE, SITE_RULE
 
 from infersight.agent.daemon import config as cfg
 from infersight.agent.oom import kind as oom_kind
 from infersight.agent.oom.extension import OomExtension
 from infersight.rules import engine, serving
 
-SITE_RULE = '''engine_version = "1.0"
-
-[[rule]]
-id = "site.bigger-than-device"
-version = 1
-class = "capacity"
-priority = 5
-condition = "R > T"
-remedy = "This request can never fit on this device: shard the model or use a larger device."
-
-[[rule.examples]]
-kind = "positive"
-numbers = { R = "20 GiB", T = "12 GiB", F = 0, A = 0, P = 0 }
-
-[[rule.examples]]
-kind = "negative"
-numbers = { R = "1 GiB", T = "12 GiB", F = "8 GiB", A = 0, P = 0 }
-'''
-BAD_RULE = (  # line 8: the condition does not parse
-    'engine_version = "1.0"\n\n[[rule]]\nid = "site.bad"\nversion = 1\nclass = "capacity"\npriority = 1\n'
-    'condition = "R >>> T"\nremedy = "x"\n'
-)
 VLLM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
         "79.15 GiB of which 1.06 GiB is free. Of the allocated memory 75.73 GiB is allocated by PyTorch, and "
         "1.55 GiB is reserved by PyTorch but unallocated.")
