@@ -186,7 +186,8 @@ def _start_sampler() -> None:
     from . import _sampler as sampler
 
     checkpoint = _checkpoint.Checkpoint()
-    s = sampler.Sampler(_state.current.main_ident or 0, sample=_env.get("INFERSIGHT_SAMPLER"))
+    s = sampler.Sampler(_state.current.main_ident or 0, sample=_env.get("INFERSIGHT_SAMPLER"),
+                        in_import=lambda: bool(_state.current.imports.main.stack))  # as _import timing has it
 
     def tick() -> None:  # on the sampler thread, every TICK_S
         _readiness.tick()

@@ -4,7 +4,8 @@ A daemon thread, alive only while the cold start is being collected: every
 ``INTERVAL_S`` it takes the main thread's stack (``sys._current_frames``) and keeps one
 label per sample, ``"module:function"`` of the innermost frame outside the standard
 library and these hooks (the code that is really running, not ``posixpath.join``). Inside
-an import, which the import run covers, ever more sparsely, down to once per ``TICK_S``,
+a timed import (``in_import``: the import timing's own stack for the main thread), which
+the import run covers, ever more sparsely, down to once per ``TICK_S``,
 and its tick (``tick``: the checkpoint, supervisors, the kernel's listening sockets) every
 ``IMPORT_TICK_S``: each wake-up, and each system call of the tick, takes the GIL from the
 busy main thread (a forced switch).
@@ -36,7 +37,6 @@ MIN_SAMPLES = _contract.MIN_GAP_SAMPLES  # fewer samples in a gap name no frame
 TICK_S = 0.1
 IMPORT_INTERVAL_S = TICK_S  # the longest sleep while the main thread is inside an import
 IMPORT_TICK_S = 0.3  # the tick's period meanwhile
-MAX_DEPTH = 512
 
 _STDLIB = os.path.dirname(os.__file__)
 _HOOKS = os.path.dirname(os.path.abspath(__file__))
@@ -51,8 +51,11 @@ class Sampler:
     """Samples the main thread until ``stop()``; ``samples`` holds (t_ns, label)."""
 
     def __init__(self, main_ident: int, interval_s: Optional[float] = None,
-                 tick: Optional[Callable[[], None]] = None, sample: bool = True) -> None:
+                 tick: Optional[Callable[[], None]] = None, sample: bool = True,
+                 in_import: Optional[Callable[[], bool]] = None) -> None:
         self.main_ident = main_ident
+        # whether the main thread is inside an import the import timing covers (None: never)
+        self.in_import = in_import
         self.tick = tick  # called about every TICK_S (the supervisor check, the listening sockets)
         self.done: Optional[Callable[[], None]] = None  # called when the thread ends
         self.sample = sample  # False (INFERSIGHT_SAMPLER=0): only the tick, every TICK_S
@@ -84,6 +87,7 @@ class Sampler:
         base = interval = self.interval_s
         stopped = self._stop.is_set
         frames_of = sys._current_frames
+        importing = self.in_import
         samples = self.samples
         now = time.monotonic
         deadline = now() + MAX_RUN_S
@@ -93,13 +97,12 @@ class Sampler:
                 sleep(interval)
                 if stopped():
                     return
-                f = frames_of().get(self.main_ident)
                 # Inside an import the import run covers the time: its samples explain no gap,
                 # and each wake-up takes the GIL from the busy main thread (a forced switch;
                 # the tick's system calls one each). So a long import is sampled ever more
                 # sparsely, down to one wake-up per TICK_S, and ticks every IMPORT_TICK_S;
                 # out of it, the base interval and TICK_S again.
-                in_import = f is not None and importing(f)
+                in_import = importing is not None and importing()
                 t = now()
                 every = IMPORT_TICK_S if in_import else TICK_S
                 if self.tick is not None and t - last_tick >= every - interval / 2:
@@ -108,8 +111,8 @@ class Sampler:
                     self.ticks += 1
                 if not self.sample:
                     interval = TICK_S  # sampling stopped (readiness), or off: the tick only
-                    del f
                     continue
+                f = frames_of().get(self.main_ident)
                 if f is not None:
                     samples.append((time.time_ns(), self.label(f)))
                     interval = min(interval * 2, IMPORT_INTERVAL_S) if in_import else base
@@ -145,23 +148,6 @@ class Sampler:
             f = f.f_back
             depth += 1
         return leaf or "?"
-
-
-# The import machinery's code: frozen, or its source where frozen modules are off.
-_IMPORT_FILES = frozenset(("<frozen importlib._bootstrap>", os.path.join(_STDLIB, "importlib", "_bootstrap.py")))
-
-
-def importing(frame: Any) -> bool:
-    """The stack is inside an import (a frame of ``importlib._bootstrap``'s import machinery).
-    Walks at most MAX_DEPTH frames."""
-    f = frame
-    depth = 0
-    while f is not None and depth < MAX_DEPTH:
-        if f.f_code.co_filename in _IMPORT_FILES:
-            return True
-        f = f.f_back
-        depth += 1
-    return False
 
 
 def _raw_label(code: Any, glob: Dict[str, Any]) -> str:

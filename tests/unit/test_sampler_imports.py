@@ -6,20 +6,34 @@ out of it, the base interval and TICK_S again."""
 from __future__ import annotations
 
 import importlib
-import sys
 import threading
 import time
+
+import pytest
 
 from infersight.hooks import _sampler
 
 
-def test_importing_sees_the_import_machinery(tmp_path, monkeypatch) -> None:
-    (tmp_path / "probe_mod_a.py").write_text(
-        "import sys\nfrom infersight.hooks import _sampler\nSEEN = _sampler.importing(sys._getframe())\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    mod = importlib.import_module("probe_mod_a")
-    assert mod.SEEN is True
-    assert _sampler.importing(sys._getframe()) is False
+def test_the_cold_starts_sampler_reads_the_import_timings_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What 'inside an import' means: the main thread's stack of the import timing (the time
+    its run covers), not any frame of the import machinery (a plugin's ``exec_module`` is
+    untimed: its gap is sampled at the full rate)."""
+    from infersight.hooks import _coldstart, _state
+
+    hs = _state.HookState()
+    hs.main_ident = threading.get_ident()
+    monkeypatch.setattr(_state, "current", hs)
+    started: list[_sampler.Sampler] = []
+
+    def start(self: _sampler.Sampler) -> None:  # no thread: the signal only
+        started.append(self)
+
+    monkeypatch.setattr(_sampler.Sampler, "start", start)
+    _coldstart._start_sampler()
+    s = started[0]
+    assert s.in_import is not None and s.in_import() is False
+    hs.imports.main.stack.append("torch")  # _imports pushed the package being executed
+    assert s.in_import() is True
 
 
 def test_a_long_import_is_sampled_sparsely_and_still_ticks(tmp_path, monkeypatch) -> None:
@@ -27,10 +41,13 @@ def test_a_long_import_is_sampled_sparsely_and_still_ticks(tmp_path, monkeypatch
                                                 "    time.sleep(0.001)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     marks: dict[str, int] = {}
+    importing = [False]  # the import timing's stack for that thread, as _coldstart gives it
 
     def work() -> None:
         marks["import_start"] = time.time_ns()
+        importing[0] = True
         importlib.import_module("probe_mod_slow")
+        importing[0] = False
         marks["import_end"] = time.time_ns()
         t = time.monotonic()
         while time.monotonic() - t < 0.4:
@@ -40,7 +57,8 @@ def test_a_long_import_is_sampled_sparsely_and_still_ticks(tmp_path, monkeypatch
     ticks: list[int] = []
     th = threading.Thread(target=work)
     th.start()
-    s = _sampler.Sampler(th.ident or 0, interval_s=0.01, tick=lambda: ticks.append(time.time_ns()))
+    s = _sampler.Sampler(th.ident or 0, interval_s=0.01, tick=lambda: ticks.append(time.time_ns()),
+                         in_import=lambda: importing[0])
     s.start()
     th.join()
     s.stop()
