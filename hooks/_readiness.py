@@ -490,9 +490,18 @@ def check_listening(from_forward: bool = False) -> None:
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        if st.rule_absorb_owed:  # a rule's call returned while another poll held the watch
+            st.rule_absorb_owed = False
+            w.absorb()
         if st.rule_stages_open:
             return  # listening inside a start-up call is that call's own (rule_stage_closed)
+        closes = st.rule_closes
         found = w.poll()
+        if st.rule_closes != closes:
+            # A rule's call returned while the tables were read: what they showed may have
+            # listened inside it. Its sockets are the call's, never readiness.
+            w.absorb()
+            return
         if found is not None and st.ready_ns is None and not st.rule_stages_open:
             kind, where = found
             mark_ready("listening_socket", attrs={"server.port": where} if kind == "tcp" else
@@ -522,12 +531,14 @@ def rule_stage_closed() -> None:
     st = state()
     with st.lock:
         st.rule_stages_open = n = max(0, st.rule_stages_open - 1)
+        st.rule_closes += 1  # before taking the watch: a poll holding it now sees the change
     if st.children_ready and st.children_dir:
         _workers.publish_current(st.children_dir, _runtime.current_span.get() or _runtime.state().root_span_id)
     if n or st.ready_ns is not None or not st.watch_listen or not root_open():
         return
     poll = st.listen_poll
     if not poll.acquire(True, 0.1):  # the sampler thread polls (milliseconds): never wait long
+        st.rule_absorb_owed = True  # that poll, or the next one, absorbs before it reads anything
         return
     try:
         w = st.listen_watch

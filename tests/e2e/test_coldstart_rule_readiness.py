@@ -91,7 +91,8 @@ def test_a_socket_listening_inside_a_rule_call_is_not_readiness(tmp_path: Path) 
     r, root, stages = run(tmp_path, "false")
     ready = stages["ready_wait"]
     assert ready.attributes["infersight.ready.source"] == "listening_socket"
-    assert ready.attributes["server.port"] == r.result["server_port"] != r.result["rpc_port"]
+    assert ready.attributes["server.port"] == r.result["server_port"] != r.result["rpc_port"], (
+        root.attributes, {stage_name(s): (s.start_ns, s.end_ns) for s in stages.values()}, r.result, r.output[-2000:])
     assert ready.end_ns >= r.result["t_server"]  # not inside or right after rpc_start
     assert root.attributes["infersight.coldstart.ended_by"] == "ready"
 

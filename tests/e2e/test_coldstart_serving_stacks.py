@@ -230,11 +230,17 @@ def test_gunicorn_worker_killed_after_its_graceful_timeout(models: str, tmp_path
 
     killed: list[int] = []
 
-    def kill_idle(master: int, answer: Any) -> None:
-        kids = [int(k) for t in os.listdir("/proc/%d/task" % master)
+    def kids(master: int) -> list[int]:
+        return [int(k) for t in os.listdir("/proc/%d/task" % master)
                 for k in open("/proc/%d/task/%s/children" % (master, t)).read().split()]  # noqa: SIM115
-        idle = [k for k in kids if k != answer["pid"]]
-        assert len(idle) == 1, (kids, answer["pid"])
+
+    def kill_idle(master: int, answer: Any) -> None:
+        # The arbiter forks its workers one by one (up to 0.1 s apart) after the socket
+        # listens: the first one can answer before the second exists. Wait for it.
+        deadline = time.monotonic() + 30
+        while len(idle := [k for k in kids(master) if k != answer["pid"]]) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(idle) == 1, (kids(master), answer["pid"])
         time.sleep(0.3)  # its loop has started (the arbiter's timeout is 30 s)
         os.kill(idle[0], signal.SIGKILL)
         killed.append(idle[0])
