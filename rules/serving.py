@@ -138,6 +138,7 @@ class Case:
     note: Template | None = None
     reason: str | None = None
     rule_suffix: str = ""
+    knob: str | None = None  # the setting that sized the reservation, when it differs from the rule's
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +244,7 @@ _RULE_KEYS = frozenset({
     "class", "cases", "remedy", "reason", "note", "examples", "require_match", "fallback",
 })
 _ID = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,127}")
-_CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule"})
+_CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule", "knob"})
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
 
 
@@ -425,9 +426,14 @@ class _Loader(FileLoader):
         if not isinstance(suffix, str) or not re.fullmatch(r"[a-z0-9_\-]{0,32}", suffix):
             self.err(line, f"{rid}: case rule must be a short lower-case suffix")
             suffix = ""
+        knob = c.get("knob")
+        if knob is not None and (not isinstance(knob, str) or not knob.strip()):
+            self.err(line, f"{rid}: case knob must be a non-empty string")
+            knob = None
         return Case(cls=str(cls), when=when, match=match, engine=engine,
                     note=self.template(c.get("note"), line, rid),
-                    reason=" ".join(reason.split()) if isinstance(reason, str) else None, rule_suffix=suffix)
+                    reason=" ".join(reason.split()) if isinstance(reason, str) else None, rule_suffix=suffix,
+                    knob=knob)
 
     def examples(self, raw: object, i: int, rid: str) -> list[Example]:
         out: list[Example] = []
@@ -650,7 +656,7 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     rule = hit.rule
     values = hit.values
     env: dict[str, float | None] = {k: values.get(k) for k in rs_names(rule, values)}
-    cls, reason, note_t, suffix = rule.cls, rule.reason, rule.note, ""
+    cls, reason, note_t, suffix, knob = rule.cls, rule.reason, rule.note, "", rule.knob
     r = values.get("R")
     if r is not None and r >= IMPOSSIBLE_BYTES:
         cls, reason, suffix = "unknown", (
@@ -668,6 +674,7 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
             reason = case.reason or rule.reason
             note_t = case.note or rule.note
             suffix = case.rule_suffix
+            knob = case.knob or rule.knob
             break
     numbers: dict[str, int | None] = {k: (round(values[k]) if k in values else None) for k in BASE_QUANTITIES}
     extra = {k: v for k, v in values.items() if k not in BASE_QUANTITIES}
@@ -681,7 +688,7 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     return Finding(
         engine=engine, cls=cls, rule=rule.id + (f"/{suffix}" if suffix else ""), rule_version=rule.version,
         numbers=numbers, extra=extra, remedy=remedy, note=note, reason=reason if cls == "unknown" else None,
-        knob=rule.knob, text=hit.text, key=key, first_line=hit.first, last_line=hit.last,
+        knob=knob, text=hit.text, key=key, first_line=hit.first, last_line=hit.last,
         mechanism=rule.mechanism,
     )
 

@@ -715,3 +715,40 @@ def test_an_unknown_format_naming_a_memory_failure_is_still_recognised(text: str
 ])
 def test_the_generic_rule_needs_a_failure_word(text: str) -> None:
     assert analyse(text) == []
+
+
+_REMAT = ("W external/xla/xla/hlo/transforms/simplifiers/hlo_rematerialization.cc:3183] Can't reduce memory use below "
+          "{lim:.2f}GiB ({lim_b} bytes) by rematerialization; only reduced to {m:.2f}GiB ({m_b} bytes), down from "
+          "{m:.2f}GiB ({m_b} bytes) originally\n"
+          "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+          "{m_b} bytes.")
+
+
+@pytest.mark.parametrize(("lim", "m", "cls", "case"), [
+    (10.0, 40.0, "capacity", "beyond-device-after-remat"),  # 4x the limit: more than the device at any fraction >= 1/3
+    (20.0, 30.0, "unknown", "over-remat-limit"),  # a full device or a higher fraction may hold 1.5x
+    (0.0, 30.0, "unknown", ""),  # XLA's own miscalculation, no device size
+])
+def test_xla_rematerialisation_limit_decides_only_far_beyond_it(lim: float, m: float, cls: str, case: str) -> None:
+    text = _REMAT.format(lim=lim, lim_b=int(lim * 2**30), m=m, m_b=int(m * 2**30))
+    (f,) = analyse(text)
+    assert (f.engine, f.cls) == ("xla", cls)
+    assert f.rule == "xla.gpu.out-of-memory" + (f"/{case}" if case else "")
+    if cls == "unknown":
+        assert f.reason
+    # the warning alone is no failure
+    assert analyse(text.splitlines()[0]) == []
+
+
+def test_cuda_runtime_oom_in_a_vllm_log_is_the_budget_and_bare_it_is_unknown() -> None:
+    err = ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other "
+           "API call, so the stacktrace below might be incorrect.")
+    (bare,) = analyse(err)
+    assert (bare.cls, bare.rule) == ("unknown", "gpu.cuda-runtime-oom") and bare.reason
+    (f,) = analyse("\n".join(f"(VllmWorker rank=0 pid=7) ERROR 06-05 06:18:13 [multiproc_executor.py:470] {x}"
+                             for x in err.splitlines()))
+    assert (f.engine, f.cls, f.rule, f.knob) == (
+        "vllm", "reservation_conflict", "gpu.cuda-runtime-oom/outside-vllm-budget", "gpu_memory_utilization")
+    assert "--gpu-memory-utilization" in f.remedy
+    (o,) = analyse("Error: llama runner process has terminated: CUDA error: out of memory")
+    assert (o.engine, o.cls, o.knob) == ("ollama", "unknown", None)
