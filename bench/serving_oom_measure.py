@@ -10,7 +10,9 @@ URL hash before any rule ran on them (``split``: ``tune``, which rule changes co
 ``held_out``), the fourth pass (``serving_ooms_collected3.jsonl``, all held out, measured once with
 the rules of that day before the changes its misses led to), the fifth pass
 (``serving_ooms_collected4.jsonl``, split like the third by URL hash, the first hex digit of the SHA-256
-of ``url`` below 8 giving ``tune``, before any rule ran on it), and all of them. Prints recognised
+of ``url`` below 8 giving ``tune``, before any rule ran on it), the sixth pass
+(``serving_ooms_collected5.jsonl``, split the same way and committed before any rule ran on it), and all
+of them. Prints recognised
 share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -36,13 +38,16 @@ def main() -> None:
     third = load("serving_ooms_collected2.jsonl")
     fourth = load("serving_ooms_collected3.jsonl")
     fifth = load("serving_ooms_collected4.jsonl")
+    sixth = load("serving_ooms_collected5.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
     held3 = [r for r in third if r["split"] == "held_out"]
     tune5 = [r for r in fifth if r["split"] == "tune"]
     held5 = [r for r in fifth if r["split"] == "held_out"]
-    everything = given + collected + second + third + fourth + fifth
+    tune6 = [r for r in sixth if r["split"] == "tune"]
+    held6 = [r for r in sixth if r["split"] == "held_out"]
+    everything = given + collected + second + third + fourth + fifth + sixth
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -50,6 +55,9 @@ def main() -> None:
                         (f"fourth pass ({len(fourth)})", fourth),
                         (f"fifth pass, tuning half ({len(tune5)})", tune5),
                         (f"fifth pass, held-out half ({len(held5)})", held5),
+                        (f"sixth pass ({len(sixth)})", sixth),
+                        (f"sixth pass, tuning half ({len(tune6)})", tune6),
+                        (f"sixth pass, held-out half ({len(held6)})", held6),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

@@ -139,6 +139,9 @@ class Case:
     reason: str | None = None
     rule_suffix: str = ""
     knob: str | None = None  # the setting that sized the reservation, when it differs from the rule's
+    # searched in the lines before the anchor too (the 40 context lines): a phase or site named by the
+    # frames or log lines that precede the error
+    match_before: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +247,7 @@ _RULE_KEYS = frozenset({
     "class", "cases", "remedy", "reason", "note", "examples", "require_match", "fallback",
 })
 _ID = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,127}")
-_CASE_KEYS = frozenset({"class", "when", "match", "engine", "note", "reason", "rule", "knob"})
+_CASE_KEYS = frozenset({"class", "when", "match", "match_before", "engine", "note", "reason", "rule", "knob"})
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
 
 
@@ -415,6 +418,7 @@ class _Loader(FileLoader):
                 self.err(line, f"{rid}: case when: {exc}")
                 return None
         match = self.regex(c["match"], line, rid, "case match") if "match" in c else None
+        before = self.regex(c["match_before"], line, rid, "case match_before") if "match_before" in c else None
         engine = c.get("engine")
         if engine is not None and engine not in ENGINES:
             self.err(line, f"{rid}: case engine must be one of {', '.join(ENGINES)}")
@@ -433,7 +437,7 @@ class _Loader(FileLoader):
         return Case(cls=str(cls), when=when, match=match, engine=engine,
                     note=self.template(c.get("note"), line, rid),
                     reason=" ".join(reason.split()) if isinstance(reason, str) else None, rule_suffix=suffix,
-                    knob=knob)
+                    knob=knob, match_before=before)
 
     def examples(self, raw: object, i: int, rid: str) -> list[Example]:
         out: list[Example] = []
@@ -608,6 +612,7 @@ class _Hit:
     values: dict[str, float]
     window: str
     text: str
+    around: str = ""  # the context lines and the window, for cases that read the lines before the anchor
 
 
 def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
@@ -626,9 +631,11 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
         _take_values(m, values)
     if rule.require_match and not text:
         return None
-    if rule.context:
+    around = ""
+    if rule.context or any(c.match_before is not None for c in rule.cases):
         c0 = max(0, i - CONTEXT_LINES)
         ctx, cstarts = _joined(lines, c0, end, CONTEXT_CHARS)
+        around = ctx
         anchor_end = cstarts[i - c0 + 1] if i - c0 + 1 < len(cstarts) else len(ctx)
         for pat in rule.context:
             found = None
@@ -649,7 +656,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
         anchor = next((a for a in rule.anchors if a in line), "")
         k = line.find(anchor) if anchor else 0
         text = line[k: k + len(anchor) + 200]
-    return _Hit(rule, i, first, last, values, window, " ".join(text.split()))
+    return _Hit(rule, i, first, last, values, window, " ".join(text.split()), around)
 
 
 def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
@@ -667,6 +674,8 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
             if case.engine is not None and case.engine != engine:
                 continue
             if case.match is not None and case.match.search(hit.window) is None:
+                continue
+            if case.match_before is not None and case.match_before.search(hit.around) is None:
                 continue
             if case.when is not None and evaluate(case.when, env) is not True:
                 continue
