@@ -119,7 +119,8 @@ class ReadGate:
     fleet of quiet producers, each sending a few events per frame at its own time, wakes
     the agent once per frame. After a quiet producer's frame, while two or more quiet
     producers are connected, the gate stops reading from every quiet producer for
-    ``window_s``; then their sockets are read together, in one wake-up. A producer that
+    ``window_s`` (one that joins or turns quiet meanwhile is held at its first frame); then
+    their sockets are read together, in one wake-up. A producer that
     sent ``QUIET_FRAME_BYTES`` or more within a window (a busy one, or a backlog) is not
     held, a lone producer is not held (there is nothing to coalesce), and the gate costs
     nothing while nothing arrives: it closes only after a frame. What waits meanwhile waits
@@ -162,7 +163,13 @@ class ReadGate:
             self.busy.add(transport)
             return
         self.busy.discard(transport)
-        if self._handle is None and self.window_s > 0 and len(self.members) - len(self.busy) > 1:
+        if self._handle is not None:
+            # Closed, and this quiet producer was not held (it joined, or turned quiet, after
+            # the gate closed): it waits for the opening like the others.
+            if transport not in self._held and transport.is_reading():
+                transport.pause_reading()
+                self._held.add(transport)
+        elif self.window_s > 0 and len(self.members) - len(self.busy) > 1:
             self._close()
 
     def _close(self) -> None:

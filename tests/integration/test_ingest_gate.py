@@ -66,6 +66,24 @@ async def test_a_small_frame_holds_every_quiet_producer_for_the_window() -> None
     assert not gate.closed and all(t.is_reading() for t in ts)
 
 
+async def test_a_producer_that_joins_while_the_gate_is_closed_waits_for_the_opening() -> None:
+    """The agent processes hellos as they come: on a loaded host a producer's hello can be read
+    after the gate closed. Its first frame holds it too (before, it was read frame by frame
+    for the whole window: one export per frame, what a loaded CI run saw)."""
+    gate, (a, b) = gate_of(0.05, 2)
+    gate.frame(a, 100, 0.0)  # type: ignore[arg-type]
+    assert gate.closed and not a.is_reading() and not b.is_reading()
+    late = FakeTransport()
+    gate.join(late)  # type: ignore[arg-type]
+    assert late.is_reading(), "joining holds nothing: its hello is read"
+    gate.frame(late, 100, 0.01)  # type: ignore[arg-type]
+    assert not late.is_reading() and gate.holds(late)  # type: ignore[arg-type]
+    gate.frame(late, 100, 0.01)  # type: ignore[arg-type]  # buffered already: no second pause
+    assert late.pauses == 1
+    gate.open()
+    assert all(t.is_reading() for t in (a, b, late))
+
+
 async def test_busy_and_lone_producers_are_never_held() -> None:
     gate, (quiet, busy) = gate_of(0.05, 2)
     gate.frame(busy, QUIET_FRAME_BYTES, 0.0)  # type: ignore[arg-type]

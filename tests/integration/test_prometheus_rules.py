@@ -101,7 +101,7 @@ def test_rules_use_the_exported_names() -> None:
     """Every raw metric the rules read is a name the exporter produces from our declared metrics."""
     import importlib
 
-    from test_metric_registry import DECLARING
+    from metric_modules import DECLARING
 
     from infersight.metricspec import REGISTRY, prometheus_name
 

@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 import report_data as rd
+from metric_modules import DECLARING  # the modules that declare metrics: importing them all fills the registry
 
 from infersight.metricspec import REGISTRY, DuplicateMetricError, MetricRegistry, MetricSpec, prometheus_name
 from infersight.telemetry import ColdStart, MetricItem
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("agent", "exporters", "infersight", "rules")
-# The modules that declare metrics: importing them all fills the registry.
-DECLARING = (
-    "infersight.agent.coldstart.metrics",
-    "infersight.agent.daemon.health",
-    "infersight.agent.devices.job",
-    "infersight.agent.devices.metrics",
-    "infersight.agent.oom.kind",
-    "infersight.agent.requests.kind",
-    "infersight.exporters.prometheus_endpoint",
-)
 # Where a MetricItem may be built from parts rather than from a declared spec: the spec itself,
 # the spool's decoder (items the agent made before), the hooks' own metrics (named by the program).
 MAKERS = {"infersight/metricspec.py", "agent/daemon/itemcodec.py", "agent/daemon/assemble.py"}
