@@ -299,12 +299,14 @@ def help_times(cli: str, python: str, runs: int) -> tuple[list[float], list[floa
 
 
 def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list[Run], other_name: str | None,
-           iters: int, work_s: float) -> None:
+           iters: int, work_s: float, other_launch: list[Run] | None = None) -> None:
     """The transformers rounds: medians per variant, then each variant against plain, paired by
     round, by every measure (wall time, and the CPU and switch counts that load moves less)."""
     cols = [("plain", plain), ("hooks only", hooked), ("launch", launched)]
     if other:
         cols.append(("other hooks", other))
+    if other_launch:
+        cols.append(("other launch", other_launch))
     print("workload: import torch + BertModel.from_pretrained (4 layers) + forward + %d matmuls (%.1f s work), "
           "%d rounds" % (iters, work_s, len(plain)))
     print("%-38s" % "" + "".join("%12s" % c for c, _v in cols))
@@ -325,7 +327,10 @@ def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list
     p_cold = statistics.median(r.cold for r in plain)
     print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
                                                                                            100 * pre / p_cold))
-    loads = [r.load for v in (plain, hooked, launched, other) for r in v]
+    loads = [r.load for _c, v in cols for r in v]
+    if other_launch:
+        print("other launch's own cost before CMD starts: %.0f ms (`python -m infersight`)"
+              % (statistics.median(r.pre for r in other_launch) * 1e3))
     print("load average (1 min) before each run: %.2f-%.2f (median %.2f)" % (min(loads), max(loads),
                                                                              statistics.median(loads)))
     print("paired by round (CI: a distribution-free interval of the median with at least 90% coverage, from "
@@ -346,6 +351,11 @@ def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list
         print("other hooks: %s" % other_name)
         for mname, get in measures[:2] + measures[3:]:
             print("  " + paired("hooks/other hooks %s" % mname, [get(r) for r in hooked], [get(r) for r in other]))
+    if other_launch:
+        print("launch / other launch, paired by round:")
+        for mname, get in measures:
+            print("  " + paired("launch/other launch %s" % mname, [get(r) for r in launched],
+                                [get(r) for r in other_launch]))
 
 
 def main() -> int:
@@ -360,6 +370,10 @@ def main() -> int:
                     help="a fourth transformers variant: the hooks alone from another bootstrap directory, "
                          "e.g. an older release's (git archive REV hooks | tar -x -C /tmp/old; then "
                          "/tmp/old/hooks/bootstrap): before/after, paired in the same rounds")
+    ap.add_argument("--other-launch", metavar="PACKAGE_DIR",
+                    help="a fifth transformers variant: `python -m infersight launch` of another tree, its hooks "
+                         "included, from PYTHONPATH=PACKAGE_DIR (a directory holding an `infersight` package laid "
+                         "out as installed: the tree's infersight/ with agent, hooks, exporters and rules inside)")
     args = ap.parse_args()
     python = sys.executable
     cli = os.path.join(os.path.dirname(python), "infersight")
@@ -413,10 +427,15 @@ def main() -> int:
         hooked: list[Run] = []
         launched: list[Run] = []
         other: list[Run] = []
+        other_launch: list[Run] = []
         variants = [(plain_argv, None, None, plain), (plain_argv, None, hooks_env, hooked),
                     (launch_argv, otlp, None, launched)]
         if args.other_hooks:
             variants.append((plain_argv, None, {**hooks_env, "PYTHONPATH": args.other_hooks}, other))
+        if args.other_launch:
+            other_launch_argv = [python, "-m", "infersight", "launch", "--no-console", "--otlp-file", otlp, "--",
+                                 *plain_argv]
+            variants.append((other_launch_argv, otlp, {"PYTHONPATH": args.other_launch}, other_launch))
         n = len(variants)
         for i in range(args.pairs):
             for argv, out, env, into in variants[i % n:] + variants[:i % n]:
@@ -424,7 +443,7 @@ def main() -> int:
         helps, bare = help_times(cli, python, args.help_runs)
 
     if plain:
-        report(plain, hooked, launched, other, args.other_hooks, iters, args.work_s)
+        report(plain, hooked, launched, other, args.other_hooks, iters, args.work_s, other_launch)
     if helps:  # --help-runs 0: not measured
         print("infersight --help: median %.1f ms (python -c pass: %.1f ms; --help adds %.1f ms); budget < 60 ms"
               % (statistics.median(helps), statistics.median(bare), statistics.median(helps) - statistics.median(bare)))
