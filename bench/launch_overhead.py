@@ -26,6 +26,15 @@ the hooks and the embedded agent competing for the CPU are all counted; launch's
 after CMD exits is reported apart (``wall``), and so is the CPU time of each command
 (launcher, agent and CMD together): on a shared, loaded VM the wall-time ratio is mostly
 load noise, while the CPU that launch adds is what a saturated host would pay in wall time.
+The workload also writes, at its ready time, its process's CPU (all its threads: the hooks'
+included), its main thread's CPU and the main thread's voluntary and involuntary switches
+(``/proc/thread-self/status``: a voluntary one is mostly a wait for the GIL that a hooks
+thread took); ``getrusage`` gives the switches of every process of the command. Each
+variant is then paired with plain of the same round, by each measure: the median of the
+paired ratios with a distribution-free interval of that median (order statistics: at least
+90% coverage, which takes 6 rounds or more) and whether the interval lies within the
+budget, over it, or across it (not resolved). The 1-minute load average before each run is
+reported too.
 DESIGN budget: ratio <= 1.02; --help < 60 ms.
 """
 
@@ -40,6 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 WORKLOAD = r"""
 import json, os, sys, time
@@ -52,8 +63,17 @@ with torch.no_grad():
 a = torch.randn(256, 256)
 for _ in range(int(sys.argv[2])):
     a = torch.tanh(a @ a)
+ready_ns = time.time_ns()
+sw = {}
+with open("/proc/thread-self/status") as f:  # the main thread's switches: waits for the GIL, mostly
+    for line in f:
+        if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+            k, v = line.split(":")
+            sw[k] = int(v)
 with open(sys.argv[3], "w") as f:
-    json.dump({"ready_ns": time.time_ns()}, f)
+    json.dump({"ready_ns": ready_ns, "main_cpu": time.thread_time(), "proc_cpu": time.process_time(),
+               "main_vol": sw.get("voluntary_ctxt_switches", 0),
+               "main_invol": sw.get("nonvoluntary_ctxt_switches", 0)}, f)
 """
 
 MAKE_MODEL = r"""
@@ -95,13 +115,25 @@ def spawn_ns(otlp: str) -> int:
     return 0
 
 
-def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str, str] | None = None
-            ) -> tuple[float, float, float, float]:
-    """(cold start s, wall s, launcher's own time before spawn s (0 when plain), CPU s of the
-    whole command: launcher, agent and CMD)."""
+class Run(NamedTuple):
+    cold: float  # the caller's start of the command -> the workload's ready time, s
+    wall: float  # ... -> the command's exit (launch's flush included), s
+    pre: float  # launch's own time before CMD's spawn, s (0 when plain)
+    cpu: float  # user+sys of the whole command to its exit (launcher, agent, CMD), s
+    cmd_cpu: float  # CMD's process to its ready time (all its threads), s
+    main_cpu: float  # CMD's main thread to its ready time, s
+    main_vol: int  # CMD's main thread's voluntary switches to its ready time (GIL waits, I/O)
+    main_invol: int  # ... and involuntary ones (preempted: the load)
+    tree_vol: int  # voluntary switches of every process of the command (getrusage)
+    tree_invol: int
+    load: float  # 1-minute load average just before the run
+
+
+def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str, str] | None = None) -> Run:
     for path in (marker, otlp):
         if path and os.path.exists(path):
             os.unlink(path)
+    load = os.getloadavg()[0]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time_ns()
     subprocess.run(argv, check=True, env={**clean_env(), **(env or {})}, stdout=subprocess.DEVNULL,
@@ -112,7 +144,45 @@ def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str
     with open(marker) as f:
         m = json.load(f)
     pre = (spawn_ns(otlp) - t0) / 1e9 if otlp else 0.0
-    return (m["ready_ns"] - t0) / 1e9, wall, pre, cpu
+    return Run((m["ready_ns"] - t0) / 1e9, wall, pre, cpu, m["proc_cpu"], m["main_cpu"], m["main_vol"],
+               m["main_invol"], r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw, load)
+
+
+def median_ci(xs: list[float], level: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free confidence interval of the median (order statistics, binomial):
+    the narrowest pair (x_k, x_n-k+1) whose coverage is still at least ``level``, and its
+    coverage; the extremes when n is too small for it (coverage under ``level``)."""
+    xs = sorted(xs)
+    n = len(xs)
+    from math import comb
+
+    def below(k: int) -> float:  # P(Binomial(n, 1/2) < k)
+        return float(sum(comb(n, i) for i in range(k))) / float(2 ** n)
+
+    k = 1
+    while k + 1 <= n // 2 and 1 - 2 * below(k + 1) >= level:
+        k += 1
+    return xs[k - 1], xs[n - k], 1 - 2 * below(k)
+
+
+def paired(name: str, num: list[float], den: list[float], budget: float | None = None) -> str:
+    """Median of the paired ratios num/den, its 90% interval and quartiles, and the ratio of
+    the medians; with a budget, whether the interval resolves it."""
+    ratios = [a / b for a, b in zip(num, den, strict=True) if b]
+    if not ratios:
+        return "%s: -" % name
+    lo, hi, cover = median_ci(ratios)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    verdict = ""
+    if budget is not None and cover < 0.9:
+        verdict = "; too few pairs for a 90%% interval (%.0f%%)" % (100 * cover)
+    elif budget is not None:
+        verdict = ("; within %.2f (shown)" % budget if hi <= budget else
+                   "; over %.2f (shown)" % budget if lo > budget else "; %.2f not resolved" % budget)
+    return ("%-40s median %.3f, CI %.3f-%.3f, quartiles %.3f-%.3f, range %.3f-%.3f, ratio of medians "
+            "%.3f%s" % (name, statistics.median(ratios), lo, hi, q[0], q[2], min(ratios), max(ratios),
+                        statistics.median(num) / statistics.median(den) if statistics.median(den) else 0.0,
+                        verdict))
 
 
 def bare_times(cli: str, runs: int, tmp: str) -> tuple[list[float], list[float], list[float]]:
@@ -228,6 +298,66 @@ def help_times(cli: str, python: str, runs: int) -> tuple[list[float], list[floa
     return helps, bare
 
 
+def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list[Run], other_name: str | None,
+           iters: int, work_s: float, other_launch: list[Run] | None = None) -> None:
+    """The transformers rounds: medians per variant, then each variant against plain, paired by
+    round, by every measure (wall time, and the CPU and switch counts that load moves less)."""
+    cols = [("plain", plain), ("hooks only", hooked), ("launch", launched)]
+    if other:
+        cols.append(("other hooks", other))
+    if other_launch:
+        cols.append(("other launch", other_launch))
+    print("workload: import torch + BertModel.from_pretrained (4 layers) + forward + %d matmuls (%.1f s work), "
+          "%d rounds" % (iters, work_s, len(plain)))
+    print("%-38s" % "" + "".join("%12s" % c for c, _v in cols))
+    rows: list[tuple[str, Callable[[Run], float], str]] = [
+        ("cold start, median s", lambda r: r.cold, "%12.3f"),
+        ("wall to exit, median s", lambda r: r.wall, "%12.3f"),
+        ("CPU of the whole command, median s", lambda r: r.cpu, "%12.3f"),
+        ("CMD's CPU to ready, median s", lambda r: r.cmd_cpu, "%12.3f"),
+        ("CMD main thread CPU to ready, s", lambda r: r.main_cpu, "%12.3f"),
+        ("main thread voluntary switches", lambda r: r.main_vol, "%12.0f"),
+        ("main thread involuntary switches", lambda r: r.main_invol, "%12.0f"),
+        ("switches, whole command (vol)", lambda r: r.tree_vol, "%12.0f"),
+        ("switches, whole command (invol)", lambda r: r.tree_invol, "%12.0f"),
+    ]
+    for label, get, fmt in rows:
+        print("%-38s" % label + "".join(fmt % statistics.median(get(r) for r in v) for _c, v in cols))
+    pre = statistics.median(r.pre for r in launched)
+    p_cold = statistics.median(r.cold for r in plain)
+    print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
+                                                                                           100 * pre / p_cold))
+    loads = [r.load for _c, v in cols for r in v]
+    if other_launch:
+        print("other launch's own cost before CMD starts: %.0f ms (`python -m infersight`)"
+              % (statistics.median(r.pre for r in other_launch) * 1e3))
+    print("load average (1 min) before each run: %.2f-%.2f (median %.2f)" % (min(loads), max(loads),
+                                                                             statistics.median(loads)))
+    print("paired by round (CI: a distribution-free interval of the median with at least 90% coverage, from "
+          "order statistics; budget <= 1.02):")
+    measures: list[tuple[str, Callable[[Run], float]]] = [
+        ("cold start", lambda r: r.cold), ("CPU, whole command", lambda r: r.cpu),
+        ("CMD's CPU to ready", lambda r: r.cmd_cpu), ("CMD main thread CPU", lambda r: r.main_cpu)]
+    for name, v in cols[1:]:
+        for mname, get in measures:
+            print("  " + paired("%s/plain %s" % (name, mname), [get(r) for r in v], [get(r) for r in plain], 1.02))
+        print("  %s: main thread voluntary switches over plain, median of pairs %+.0f"
+              % (name, statistics.median(r.main_vol - p.main_vol for r, p in zip(v, plain, strict=True))))
+    print("  per pair, launch/plain cold start: %s" % " ".join(
+        "%.3f" % (lr.cold / pr.cold) for pr, lr in zip(plain, launched, strict=True)))
+    print("  per pair, hooks/plain cold start:  %s" % " ".join(
+        "%.3f" % (hr.cold / pr.cold) for pr, hr in zip(plain, hooked, strict=True)))
+    if other:
+        print("other hooks: %s" % other_name)
+        for mname, get in measures[:2] + measures[3:]:
+            print("  " + paired("hooks/other hooks %s" % mname, [get(r) for r in hooked], [get(r) for r in other]))
+    if other_launch:
+        print("launch / other launch, paired by round:")
+        for mname, get in measures:
+            print("  " + paired("launch/other launch %s" % mname, [get(r) for r in launched],
+                                [get(r) for r in other_launch]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=6, help="rounds (each: plain, hooks only, launch)")
@@ -240,19 +370,25 @@ def main() -> int:
                     help="a fourth transformers variant: the hooks alone from another bootstrap directory, "
                          "e.g. an older release's (git archive REV hooks | tar -x -C /tmp/old; then "
                          "/tmp/old/hooks/bootstrap): before/after, paired in the same rounds")
+    ap.add_argument("--other-launch", metavar="PACKAGE_DIR",
+                    help="a fifth transformers variant: `python -m infersight launch` of another tree, its hooks "
+                         "included, from PYTHONPATH=PACKAGE_DIR (a directory holding an `infersight` package laid "
+                         "out as installed: the tree's infersight/ with agent, hooks, exporters and rules inside)")
     args = ap.parse_args()
     python = sys.executable
     cli = os.path.join(os.path.dirname(python), "infersight")
     load0 = os.getloadavg()
+    iters = 0
     with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
         subprocess.run([cli, "launch", "--no-console", "--otlp-file", os.path.join(tmp, "w.jsonl"), "--", "true"],
                        check=True, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # warm
         bare_plain, bare_launch, bare_cpu = bare_times(cli, args.bare_runs, tmp)
         diffs = [b - a for a, b in zip(bare_plain, bare_launch, strict=True)]
-        print("bare command: `true` median %.3f s, `launch -- true` median %.3f s: launch adds %.3f s "
-              "(median of %d pairs, min %.3f s; budget < 0.15 s); launch's CPU median %.3f s"
-              % (statistics.median(bare_plain), statistics.median(bare_launch), statistics.median(diffs), len(diffs),
-                 min(diffs), statistics.median(bare_cpu)))
+        if diffs:  # --bare-runs 0: not measured
+            print("bare command: `true` median %.3f s, `launch -- true` median %.3f s: launch adds %.3f s "
+                  "(median of %d pairs, min %.3f s; budget < 0.15 s); launch's CPU median %.3f s"
+                  % (statistics.median(bare_plain), statistics.median(bare_launch), statistics.median(diffs),
+                     len(diffs), min(diffs), statistics.median(bare_cpu)))
         if args.server_pairs:
             sp, sh, sl = server_times(cli, python, args.server_pairs, tmp)
             ready_ratios = [b[0] / a[0] for a, b in zip(sp, sl, strict=True)]
@@ -287,49 +423,27 @@ def main() -> int:
         hooks_env = {"PYTHONPATH": bootstrap_dir(), "INFERSIGHT_SOCKET": os.path.join(tmp, "absent.sock"),
                      "INFERSIGHT_SPOOL_DIR": os.path.join(tmp, "hook-spool")}
         one_run(plain_argv, marker)  # warm the page cache and .pyc files for all
-        plain: list[tuple[float, float, float, float]] = []
-        hooked: list[tuple[float, float, float, float]] = []
-        launched: list[tuple[float, float, float, float]] = []
-        other: list[tuple[float, float, float, float]] = []
+        plain: list[Run] = []
+        hooked: list[Run] = []
+        launched: list[Run] = []
+        other: list[Run] = []
+        other_launch: list[Run] = []
         variants = [(plain_argv, None, None, plain), (plain_argv, None, hooks_env, hooked),
                     (launch_argv, otlp, None, launched)]
         if args.other_hooks:
             variants.append((plain_argv, None, {**hooks_env, "PYTHONPATH": args.other_hooks}, other))
+        if args.other_launch:
+            other_launch_argv = [python, "-m", "infersight", "launch", "--no-console", "--otlp-file", otlp, "--",
+                                 *plain_argv]
+            variants.append((other_launch_argv, otlp, {"PYTHONPATH": args.other_launch}, other_launch))
         n = len(variants)
         for i in range(args.pairs):
             for argv, out, env, into in variants[i % n:] + variants[:i % n]:
                 into.append(one_run(argv, marker, out, env))
         helps, bare = help_times(cli, python, args.help_runs)
 
-    ratios = [lr[0] / pr[0] for pr, lr in zip(plain, launched, strict=True)]
-    hook_ratios = [hr[0] / pr[0] for pr, hr in zip(plain, hooked, strict=True)]
-    p_cold = statistics.median(r[0] for r in plain)
-    h_cold = statistics.median(r[0] for r in hooked)
-    l_cold = statistics.median(r[0] for r in launched)
-    print("workload: import torch + BertModel.from_pretrained (4 layers) + forward + %d matmuls (%.1f s work)"
-          % (iters, args.work_s))
-    print("%-34s %10s %10s %10s" % ("", "plain", "hooks only", "launch"))
-    print("%-34s %10.3f %10.3f %10.3f" % ("cold start, median s", p_cold, h_cold, l_cold))
-    print("%-34s %10.3f %10.3f %10.3f" % ("wall to exit, median s", *(statistics.median(r[1] for r in v)
-                                                                     for v in (plain, hooked, launched))))
-    print("%-34s %10.3f %10.3f %10.3f" % ("CPU user+sys, median s", *(statistics.median(r[3] for r in v)
-                                                                     for v in (plain, hooked, launched))))
-    pre = statistics.median(r[2] for r in launched)
-    print("%-34s %10s %10s %10.3f" % ("launch start -> CMD spawned, s", "-", "-", pre))
-    print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
-                                                                                           100 * pre / p_cold))
-    print("cold-start ratio launch/plain: median of %d pairs %.3f (pairs: %s); ratio of medians %.3f; "
-          "budget <= 1.02" % (len(ratios), statistics.median(ratios), " ".join("%.3f" % r for r in ratios),
-                             l_cold / p_cold))
-    print("hooks alone (no launch) / plain: median %.3f (runs: %s)"
-          % (statistics.median(hook_ratios), " ".join("%.3f" % r for r in hook_ratios)))
-    if other:
-        other_ratios = [o[0] / pr[0] for pr, o in zip(plain, other, strict=True)]
-        print("other hooks (%s) alone / plain: median %.3f (runs: %s); cold start median %.3f s, CPU median "
-              "%.3f s; hooks only / other hooks median %.3f"
-              % (args.other_hooks, statistics.median(other_ratios), " ".join("%.3f" % r for r in other_ratios),
-                 statistics.median(r[0] for r in other), statistics.median(r[3] for r in other),
-                 statistics.median(h[0] / o[0] for h, o in zip(hooked, other, strict=True))))
+    if plain:
+        report(plain, hooked, launched, other, args.other_hooks, iters, args.work_s, other_launch)
     if helps:  # --help-runs 0: not measured
         print("infersight --help: median %.1f ms (python -c pass: %.1f ms; --help adds %.1f ms); budget < 60 ms"
               % (statistics.median(helps), statistics.median(bare), statistics.median(helps) - statistics.median(bare)))

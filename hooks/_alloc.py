@@ -103,11 +103,24 @@ def install(torch: Any = None) -> None:
                 return
             st.installed = True
         _install_excepthooks()
+        if not cuda_possible(torch):
+            return  # no allocator to hook or sample: no thread polling for a CUDA that cannot come
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_child)
         _start_thread()
     except Exception as exc:
         _runtime.fail(exc)
+
+
+def cuda_possible(torch: Any) -> bool:
+    """False for a torch built without CUDA or ROCm (``torch.version.cuda`` and ``.hip`` both
+    None): ``torch.cuda`` can never be initialised there, and the allocator thread would wake
+    up (10 ms, growing to 1 s) for the life of the process, each time taking the GIL from a
+    busy main thread. True when unknown."""
+    version = getattr(torch, "version", None)
+    if version is None:
+        return True
+    return getattr(version, "cuda", "?") is not None or getattr(version, "hip", "?") is not None
 
 
 def _start_thread() -> None:

@@ -48,7 +48,8 @@ BATCH_DELAY_S: float = _env.VARS["INFERSIGHT_BATCH_DELAY_MS"].default / 1e3  # .
 DEFAULT_SPOOL_MAX_BYTES: int = _env.VARS["INFERSIGHT_SPOOL_MAX_BYTES"].default
 SPOOL_RETRY_S = _spoolfile.RETRY_S
 IDLE_WAIT_S = 0.2
-IDLE_LONG_S = 5.0  # ... when nothing is owed (``_idle_wait``)
+ACK_WAIT_S = 1.0  # ... when only acks are owed, connected (``_idle_wait``)
+IDLE_LONG_S = 5.0  # ... when nothing is owed
 READ_ACKS_BYTES = 256 << 10  # unacked bytes past which every pump reads acks (``_pump``)
 EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in I/O
 
@@ -256,15 +257,17 @@ class Client:
 
     def _idle_wait(self) -> float:
         """How long the drain thread sleeps with nothing queued: IDLE_WAIT_S while something
-        is owed (acks for frames sent, a spool to replay, drops to report: a read or a
-        reconnect is due; the agent away: until its next try), else IDLE_LONG_S. An event
-        wakes it at once either way; every wake-up for nothing costs the host's busy main
-        thread a GIL switch or more."""
+        is owed (a spool to replay, drops to report: a read or a reconnect is due; the agent
+        away: until its next try), ACK_WAIT_S when only the acks of frames sent are (connected:
+        reading them only frees the outbox, which a flush and READ_ACKS_BYTES read anyway; the
+        cold-start checkpoints come every 0.1-0.3 s, so a shorter wait woke the thread for one
+        receive between each two), else IDLE_LONG_S. An event wakes it at once either way;
+        every wake-up costs the host's busy main thread a GIL switch or more."""
         conn = self.conn
         if not (conn.outbox or self.spool.pending() or self._unreported()) or conn.refused:
             return IDLE_LONG_S
         if conn.up:
-            return IDLE_WAIT_S
+            return ACK_WAIT_S if not (self.spool.pending() or self._unreported()) else IDLE_WAIT_S
         return min(IDLE_LONG_S, max(IDLE_WAIT_S, conn.retry_in()))  # the agent away: its next try
 
     def _gather(self) -> None:

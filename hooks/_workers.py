@@ -116,11 +116,22 @@ def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
 
 # own_dir -> ((dev, inode, uid, mode, ctime), reports): ``reports`` reads the directory again
 # only when it changed. A report is a new name in it (O_EXCL), which moves its ctime (so do
-# a chown, a chmod); a directory changed less than RECENT_NS ago is read every time: a file
-# created but not yet written, or a second one in the same coarse clock tick, moves nothing.
+# a chown, a chmod); a directory changed more recently than its ctime's resolution is read
+# every time: a second name made in the same tick of that clock moves nothing. The kernel
+# stamps a ctime from its coarse clock (one scheduler tick: 10 ms at most), which a file
+# system may round further (to the second on some): FINE_RECENT_NS for a ctime with digits
+# below the millisecond, else RECENT_NS. (A report created but not yet written is never
+# cached: ``whole``.) The directory is made at the process's start, so with RECENT_NS for
+# all, every tick of the first 2 s of a cold start read it again: a dozen system calls each.
 _seen: Dict[str, Tuple[Tuple[int, ...], List[Tuple[int, int, str]]]] = {}
 RECENT_NS = 2_000_000_000
+FINE_RECENT_NS = 100_000_000
 reads = 0  # full reads of a directory (tests)
+
+
+def recent_ns(ctime_ns: int) -> int:
+    """How long after a change to ``ctime_ns`` the directory must still be read every time."""
+    return FINE_RECENT_NS if ctime_ns % 1_000_000 else RECENT_NS
 
 
 def reports(own_dir: str) -> List[Tuple[int, int, str]]:
@@ -136,7 +147,7 @@ def reports(own_dir: str) -> List[Tuple[int, int, str]]:
         return []
     key = (st.st_dev, st.st_ino, st.st_uid, st.st_mode, st.st_ctime_ns)
     seen = _seen.get(own_dir)
-    if seen is not None and seen[0] == key and time.time_ns() - st.st_ctime_ns > RECENT_NS:
+    if seen is not None and seen[0] == key and time.time_ns() - st.st_ctime_ns > recent_ns(st.st_ctime_ns):
         return list(seen[1])
     _seen.pop(own_dir, None)
     if not _safe_dir(own_dir, create=False):

@@ -59,6 +59,7 @@ class StderrRelay:
         self._capture: list[str] | None = None
         self._after = 0
         self._partial = b""
+        self.wakeups = 0  # the thread's returns from select (tests)
 
     # -- launch side ------------------------------------------------------------------------
 
@@ -94,7 +95,11 @@ class StderrRelay:
     def _run(self) -> None:
         try:
             while True:
-                ready, _, _ = select.select([self.read_fd], [], [], PAUSE_S)
+                # A pause ends only an open capture: with none, wait for CMD's next bytes (a
+                # timeout woke this thread 20 times a second for CMD's whole life, each wake-up
+                # taking a core, CMD's on a busy host).
+                ready, _, _ = select.select([self.read_fd], [], [], PAUSE_S if self._capture is not None else None)
+                self.wakeups += 1
                 if not ready:
                     self._flush_capture()
                     continue

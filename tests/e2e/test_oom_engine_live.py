@@ -13,10 +13,11 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from conftest import attr, log_records, read_otlp_lines
+from conftest import attr, log_records, read_otlp_lines, wait_for
 from test_oom_live import _run_child as _child
 
 from infersight.agent.commands.compose import build_exporters
@@ -248,6 +249,40 @@ def test_relay_says_when_a_capture_opens_before_its_text_comes() -> None:
         os.close(w)
         os.close(r)
     assert events == ["open", "text", "open", "text"]
+
+
+def test_relay_sleeps_while_cmd_is_quiet_and_no_capture_is_open() -> None:
+    """With no capture open, the relay's thread waits for CMD's bytes, not for a pause: it does
+    not wake up while CMD says nothing (it did 20 times a second). A capture still ends on a
+    pause (PAUSE_S), as before: its text comes while CMD is still quiet."""
+    r, w = os.pipe()
+    relay = stderr_relay.StderrRelay(out_fd=w)
+    texts: list[str] = []
+    p = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\nos.write(2, b'starting\\n')\nsys.stdin.readline()\n"
+        "os.write(2, b'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\\n')\n"
+        "sys.stdin.readline()\n")], stdin=subprocess.PIPE, stderr=relay.child_fd)
+    relay.started()
+    relay.set_consumer(texts.append)
+    assert p.stdin is not None
+    try:
+        assert os.read(r, 4096) == b"starting\n"  # copied through
+        n = relay.wakeups
+        time.sleep(10 * stderr_relay.PAUSE_S)  # CMD quiet, no capture open
+        assert relay.wakeups == n
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert wait_for(lambda: len(texts) == 1, 30)  # ended by the pause, CMD still running
+        assert p.poll() is None and "mem-fraction-static" in texts[0]
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert p.wait(timeout=60) == 0
+        assert relay.wait_closed(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(w)
+        os.close(r)
 
 
 def test_relay_keeps_reading_when_launch_stderr_is_gone() -> None:

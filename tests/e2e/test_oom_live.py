@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,21 @@ def test_install_waits_for_cuda_then_attaches(hooked: FakeClient) -> None:
     assert wait_for(lambda: len(fake.observers) == 1, 5)
     assert sys.excepthook is _alloc._sys_excepthook
     assert threading.excepthook is _alloc._thread_excepthook
+
+
+def test_a_torch_built_without_cuda_gets_the_excepthooks_and_no_thread(hooked: FakeClient) -> None:
+    """A CPU-only build (torch.version.cuda and .hip None) can never initialise CUDA: no thread
+    polls for it (its wake-ups would take the GIL from the busy main thread for the process's
+    life). A build with either, or a torch without ``version``, still gets the thread."""
+    cpu = FakeTorch(initialized=False)
+    cpu.version = types.SimpleNamespace(cuda=None, hip=None)  # type: ignore[attr-defined]
+    _alloc.install(cpu)
+    assert _alloc.state().thread is None
+    assert sys.excepthook is _alloc._sys_excepthook
+    assert not _alloc.cuda_possible(cpu)
+    assert _alloc.cuda_possible(types.SimpleNamespace(version=types.SimpleNamespace(cuda="12.4", hip=None)))
+    assert _alloc.cuda_possible(types.SimpleNamespace(version=types.SimpleNamespace(cuda=None, hip="6.2")))
+    assert _alloc.cuda_possible(FakeTorch())  # no torch.version: unknown, polled as before
 
 
 def test_excepthook_reports_the_oom_text_once_and_chains(hooked: FakeClient) -> None:

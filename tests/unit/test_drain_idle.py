@@ -126,7 +126,10 @@ def test_acks_are_read_when_they_matter_not_before_every_send(tmp_path) -> None:
         c._pump()
         assert reads == [False, False]  # a flush reads at every pump
         c._flushing = 0
-        assert c._idle_wait() == _client.IDLE_WAIT_S  # frames unacked: the thread comes back for them
+        # frames unacked, nothing else owed: the thread comes back for them, after ACK_WAIT_S
+        # (longer than the cold start's checkpoint period: no wake-up between two of them)
+        assert c._idle_wait() == _client.ACK_WAIT_S
+        assert _client.IDLE_WAIT_S < _client.ACK_WAIT_S < _client.IDLE_LONG_S
     finally:
         c.conn.sock = None
         agent.close()

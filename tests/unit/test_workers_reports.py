@@ -17,6 +17,7 @@ def test_an_unchanged_directory_is_not_read_again(tmp_path, monkeypatch) -> None
     assert _workers.prepare(own)
     assert _workers.report(own, 1, 2, "first_request")
     monkeypatch.setattr(_workers, "RECENT_NS", 0)  # any change is old enough to trust the cache
+    monkeypatch.setattr(_workers, "FINE_RECENT_NS", 0)
     n = _workers.reads
     assert _workers.reports(own) == [(1, 2, "first_request")]
     assert _workers.reads == n + 1
@@ -39,6 +40,7 @@ def test_a_recent_change_is_read_every_time(tmp_path, monkeypatch) -> None:
     assert _workers.prepare(own)
     fd = os.open(os.path.join(own, "123"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     monkeypatch.setattr(_workers, "RECENT_NS", 3600 * 10**9)
+    monkeypatch.setattr(_workers, "FINE_RECENT_NS", 3600 * 10**9)
     n = _workers.reads
     assert _workers.reports(own) == []  # created, empty
     os.write(fd, b"5 6 first_request\n")
@@ -52,6 +54,7 @@ def test_a_half_written_report_is_not_cached(tmp_path, monkeypatch) -> None:
     assert _workers.prepare(own)
     fd = os.open(os.path.join(own, "124"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     monkeypatch.setattr(_workers, "RECENT_NS", 0)
+    monkeypatch.setattr(_workers, "FINE_RECENT_NS", 0)
     assert _workers.reports(own) == []
     os.write(fd, b"7 8 workers\n")
     os.close(fd)
@@ -64,6 +67,35 @@ def test_a_chown_is_a_change(tmp_path, monkeypatch) -> None:
     assert _workers.prepare(own)
     assert _workers.report(own, 1, 2, "first_request")
     monkeypatch.setattr(_workers, "RECENT_NS", 0)
+    monkeypatch.setattr(_workers, "FINE_RECENT_NS", 0)
     assert _workers.reports(own) == [(1, 2, "first_request")]
     os.chown(own, 65534, 65534)
     assert _workers.reports(own) == []  # squatted: refused, not served from the cache
+
+
+def test_the_recency_guard_follows_the_ctime_resolution() -> None:
+    """A ctime with digits below the millisecond comes from a file system that keeps them:
+    only the kernel's coarse clock tick to wait out. One rounded to the millisecond or more
+    (a second, on some file systems) keeps the long guard."""
+    assert _workers.recent_ns(1_700_000_000_123_456_789) == _workers.FINE_RECENT_NS
+    assert _workers.recent_ns(1_700_000_000_000_000_000) == _workers.RECENT_NS
+    assert _workers.recent_ns(1_700_000_000_123_000_000) == _workers.RECENT_NS
+    assert _workers.FINE_RECENT_NS < _workers.RECENT_NS
+
+
+def test_a_directory_made_at_start_is_cached_within_the_first_seconds(tmp_path, monkeypatch) -> None:
+    """The children's directory is made when the cold start begins: once its ctime is older
+    than the fine guard (a ctime with nanoseconds, as tmpfs and ext4 keep), the sampler's ticks
+    in the first seconds lstat it instead of reading it every time."""
+    own = _workers.children_dir(str(tmp_path / "spool"), "p5")
+    assert _workers.prepare(own)
+    ctime = os.lstat(own).st_ctime_ns
+    if not ctime % 1_000_000:
+        pytest.skip("this file system rounds ctimes to the millisecond or more")
+    monkeypatch.setattr(_workers, "FINE_RECENT_NS", 1)
+    monkeypatch.setattr(_workers, "RECENT_NS", 3600 * 10**9)  # the old rule would read every time
+    n = _workers.reads
+    assert _workers.reports(own) == []
+    assert _workers.reports(own) == []
+    assert _workers.reports(own) == []
+    assert _workers.reads == n + 1
