@@ -389,7 +389,13 @@ current = HookState()
 
 
 def replace_after_fork(root_start_ns: int) -> HookState:
-    """In a forked child (``_activate``'s after-fork handler): a new instance for this process."""
+    """In a forked child (``_activate``'s after-fork handler): a new instance for this process.
+
+    The parent's state stops collecting here (in the child's copy only): a ``hooks.stage``
+    the parent opened before the fork ends in the child on that state, with no bookkeeping,
+    and is not emitted (the parent's client is closed in the child): the parent emits it."""
     global current
-    current = current.forked(root_start_ns)
+    old = current
+    current = old.forked(root_start_ns)
+    old.coldstart.collecting = False
     return current

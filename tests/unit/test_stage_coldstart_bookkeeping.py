@@ -156,3 +156,18 @@ def test_a_safetensors_handle_closed_without_with_leaves_import_timing_on(
     assert [d["n"] for d in spans] == ["coldstart.weights_load"]
     assert st.coldstart.stage_mark is not mark  # the stage split warmups and import runs
     assert st.coldstart.main_paused == 0  # import timing resumed
+
+
+def test_a_stage_opened_before_a_fork_ends_in_the_child_with_no_trace(st: _state.HookState) -> None:
+    """The parent emits it: the child neither counts it, nor covers it, nor queues it."""
+    parent_client = st.runtime.client
+    with hooks.stage("across_the_fork"):
+        child = _state.replace_after_fork(5)  # as _activate's after-fork handler does
+        parent_client.enabled = False  # type: ignore[union-attr]  # close_inherited, in the child
+        child_client = FlatQueue()
+        child.runtime.client = child_client  # type: ignore[assignment]
+        assert child.coldstart.collecting and not st.coldstart.collecting
+    assert _state.current is child
+    assert child.coldstart.main_paused == 0 and child.coldstart.main_covered == []
+    assert st.coldstart.main_covered == []  # the parent's state (the child's copy) is left alone too
+    assert child_client.events == [] and parent_client.events == []  # type: ignore[union-attr]
