@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 from _thread import get_ident as _get_ident  # noqa: E402
 
-from . import _client, _coldstart, _readiness, _recorder, _runtime, _state  # noqa: E402, F401
+from . import _buffer, _client, _coldstart, _readiness, _recorder, _runtime, _state  # noqa: E402, F401
 from ._request import Request, first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
@@ -38,6 +38,7 @@ _set_span = _runtime.current_span.set
 _get_span = _runtime.current_span.get
 _reset_span = _runtime.current_span.reset
 _client.builders["span"] = _recorder.stage_from_args
+_buffer.before_take = _recorder.cover_queued
 _HELD = _client.HELD
 
 __all__ = [
@@ -161,10 +162,6 @@ class Stage:
                         cs.main_paused = paused - 1
                         if cs.main_busy and paused == 1:
                             cs.imports.unpaused(st.imports.main, end)
-                    if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
-                        cov = cs.main_covered  # this thread's alone: two list appends, no tuple
-                        cov.append(start)
-                        cov.append(end)  # (clock steps clamped at use)
                 else:
                     it = st.imports.thread()
                     paused = it.paused
@@ -172,8 +169,10 @@ class Stage:
                         it.paused = paused - 1
                         if it.busy and paused == 1:
                             cs.imports.unpaused(it, end)
-                    if name != "unattributed":
-                        cs.covered += (start, end)  # flat, one atomic extend: threads share it
+            # The interval it covers (for the gap sampler and ``ready_wait``) is read from the
+            # queued tuple: by ``_recorder.covered_pairs`` while it waits, and noted in
+            # ``cs.covered`` by the drain thread before it leaves the queue
+            # (``_recorder.cover_queued``); here only when it is not queued.
             c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict
@@ -192,8 +191,12 @@ class Stage:
                     else:
                         buf.append((seq, end, "span", name, span, parent, start, end, err))
                 else:
-                    c.queue((seq, end, "span", name, span, parent, start, end, err, *attrs,
-                             *attrs.values()))
+                    queued = c.queue((seq, end, "span", name, span, parent, start, end, err, *attrs,
+                                      *attrs.values()))
+                    if not queued and cs.collecting and name != "unattributed":  # a full buffer refused it
+                        cs.covered += (start, end)  # flat, one atomic extend: threads share it
+            elif cs.collecting and name != "unattributed":
+                cs.covered += (start, end)
         except Exception as e:
             _runtime.fail(e)
 
@@ -224,9 +227,11 @@ def stage(name: str, **attrs: Any) -> Stage:
     (a contextvar), so stages nest per thread and per asyncio task. A stage opened before a
     ``fork`` is emitted by the parent only. Costs the caller a span id, two clock reads, a
     contextvar set and reset, a few slot writes and one flat tuple appended to the queue: the
-    span's dict is built on the drain thread, the cold-start bookkeeping runs only while the
-    cold start is collected, and the environment is not touched (a child process gets
-    ``TRACEPARENT`` when it is spawned).
+    span's dict is built on the drain thread, the cold-start bookkeeping (a stage mark and the
+    thread's count of open stages) runs only while the cold start is collected, the interval
+    the stage covers is read from the queued tuple (and noted by the drain thread as it takes
+    it), and the environment is not touched (a child process gets ``TRACEPARENT`` when it is
+    spawned).
 
     The queued tuple holds atomic values and, where the append cannot be refused, ends with a
     marker while the attributes dict waits in ``client.held``; else the attribute names and
