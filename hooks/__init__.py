@@ -119,18 +119,23 @@ class Stage:
             self._token = _set_span(span)
             self._span = span
             self._st = st
-            self._main = main = _get_ident() == st.main_ident  # a stage exits on the thread it entered
-            if main:
-                st.main_span = span  # no environment write: children get it at spawn
             self._start = start = _time_ns()
             cs = st.coldstart
-            if cs.collecting:  # _recorder.note_begin(start), inlined: it splits import runs and warmups
-                cs.stage_mark = span  # "a stage started since": a value already made, no counter
-                if main:  # _imports.pause(start), inlined: the main thread's count and flag are on cs
+            # While collecting: _recorder.note_begin(start), inlined (it splits import runs and
+            # warmups): the stage mark ("a stage started since": its span id, a value already
+            # made) and _imports.pause(start) (the main thread's count and flag are on cs).
+            if _get_ident() == st.main_ident:  # a stage exits on the thread it entered
+                self._main = True
+                st.main_span = span  # no environment write: children get it at spawn
+                if cs.collecting:
+                    cs.stage_mark = span
                     cs.main_paused = paused = cs.main_paused + 1
                     if cs.main_busy and paused == 1:  # (busy: an import in progress or a run open)
                         cs.imports.paused_first(st.imports.main, start)
-                else:
+            else:
+                self._main = False
+                if cs.collecting:
+                    cs.stage_mark = span
                     it = st.imports.thread()
                     it.paused = paused = it.paused + 1
                     if it.busy and paused == 1:
@@ -149,26 +154,26 @@ class Stage:
             st = self._st
             parent = self._parent
             _reset_span(self._token)
-            main = self._main
-            if main:
-                st.main_span = parent
             name = self._name
             start = self._start
             cs = st.coldstart
-            if cs.collecting:  # else the root ended: nothing is left to split or cover
-                if main:  # _imports.resume(end), inlined
+            # While collecting (else the root ended: nothing is left to split or cover):
+            # _imports.resume(end), inlined.
+            if self._main:
+                st.main_span = parent
+                if cs.collecting:
                     paused = cs.main_paused
                     if paused > 0:
                         cs.main_paused = paused - 1
                         if cs.main_busy and paused == 1:
                             cs.imports.unpaused(st.imports.main, end)
-                else:
-                    it = st.imports.thread()
-                    paused = it.paused
-                    if paused > 0:
-                        it.paused = paused - 1
-                        if it.busy and paused == 1:
-                            cs.imports.unpaused(it, end)
+            elif cs.collecting:
+                it = st.imports.thread()
+                paused = it.paused
+                if paused > 0:
+                    it.paused = paused - 1
+                    if it.busy and paused == 1:
+                        cs.imports.unpaused(it, end)
             # The interval it covers (for the gap sampler and ``ready_wait``) is read from the
             # queued tuple: by ``_recorder.covered_pairs`` while it waits, and noted in
             # ``cs.covered`` by the drain thread before it leaves the queue
