@@ -29,14 +29,16 @@ if TYPE_CHECKING:
 
 from _thread import get_ident as _get_ident  # noqa: E402
 
-from . import _client, _coldstart, _readiness, _recorder, _runtime, _state  # noqa: E402, F401
+from . import _buffer, _client, _coldstart, _readiness, _recorder, _runtime, _state  # noqa: E402, F401
 from ._request import Request, first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
 _pop_span_id = _runtime.span_ids.pop
 _set_span = _runtime.current_span.set
+_get_span = _runtime.current_span.get
 _reset_span = _runtime.current_span.reset
 _client.builders["span"] = _recorder.stage_from_args
+_buffer.before_take = _recorder.cover_queued
 _HELD = _client.HELD
 
 __all__ = [
@@ -97,7 +99,7 @@ class Stage:
     """What ``stage(...)`` returns: the context manager and decorator of one stage.
     ``_span`` is None until entered while the hooks are active."""
 
-    __slots__ = ("_attrs", "_main", "_name", "_span", "_st", "_start", "_token")
+    __slots__ = ("_attrs", "_main", "_name", "_parent", "_span", "_st", "_start", "_token")
 
     def __init__(self, name: str, **attrs: Any) -> None:  # ``hooks.Stage(...)``; ``stage()`` skips the call
         self._name = name
@@ -113,21 +115,27 @@ class Stage:
                 span = _pop_span_id()  # _runtime.new_span_id(), inlined
             except IndexError:
                 span = _runtime.draw_span_ids()
+            self._parent = _get_span()  # None at the top: the root (the drain thread fills it in)
             self._token = _set_span(span)
             self._span = span
             self._st = st
-            self._main = main = _get_ident() == st.main_ident  # a stage exits on the thread it entered
-            if main:
-                st.main_span = span  # no environment write: children get it at spawn
             self._start = start = _time_ns()
             cs = st.coldstart
-            if cs.collecting:  # _recorder.note_begin(start), inlined: it splits import runs and warmups
-                cs.stage_mark = span  # "a stage started since": a value already made, no counter
-                if main:  # _imports.pause(start), inlined: the main thread's count and flag are on cs
+            # While collecting: _recorder.note_begin(start), inlined (it splits import runs and
+            # warmups): the stage mark ("a stage started since": its span id, a value already
+            # made) and _imports.pause(start) (the main thread's count and flag are on cs).
+            if _get_ident() == st.main_ident:  # a stage exits on the thread it entered
+                self._main = True
+                st.main_span = span  # no environment write: children get it at spawn
+                if cs.collecting:
+                    cs.stage_mark = span
                     cs.main_paused = paused = cs.main_paused + 1
                     if cs.main_busy and paused == 1:  # (busy: an import in progress or a run open)
                         cs.imports.paused_first(st.imports.main, start)
-                else:
+            else:
+                self._main = False
+                if cs.collecting:
+                    cs.stage_mark = span
                     it = st.imports.thread()
                     it.paused = paused = it.paused + 1
                     if it.busy and paused == 1:
@@ -144,39 +152,32 @@ class Stage:
         self._span = None
         try:
             st = self._st
-            token = self._token
-            parent: Any = token.old_value
-            _reset_span(token)
-            if parent.__class__ is not str:
-                parent = st.runtime.root_span_id
-            main = self._main
-            if main:
-                st.main_span = parent
-            if st is not _state.current:
-                return  # opened by the parent before a fork: the parent emits it
+            parent = self._parent
+            _reset_span(self._token)
             name = self._name
             start = self._start
             cs = st.coldstart
-            if cs.collecting:  # else the root ended: nothing is left to split or cover
-                if main:  # _imports.resume(end), inlined
+            # While collecting (else the root ended: nothing is left to split or cover):
+            # _imports.resume(end), inlined.
+            if self._main:
+                st.main_span = parent
+                if cs.collecting:
                     paused = cs.main_paused
                     if paused > 0:
                         cs.main_paused = paused - 1
                         if cs.main_busy and paused == 1:
                             cs.imports.unpaused(st.imports.main, end)
-                    if name != "unattributed":  # _recorder.note_covered, inlined: now, for the gap sampler
-                        cov = cs.main_covered  # this thread's alone: two list appends, no tuple
-                        cov.append(start)
-                        cov.append(end)  # (clock steps clamped at use)
-                else:
-                    it = st.imports.thread()
-                    paused = it.paused
-                    if paused > 0:
-                        it.paused = paused - 1
-                        if it.busy and paused == 1:
-                            cs.imports.unpaused(it, end)
-                    if name != "unattributed":
-                        cs.covered += (start, end)  # flat, one atomic extend: threads share it
+            elif cs.collecting:
+                it = st.imports.thread()
+                paused = it.paused
+                if paused > 0:
+                    it.paused = paused - 1
+                    if it.busy and paused == 1:
+                        cs.imports.unpaused(it, end)
+            # The interval it covers (for the gap sampler and ``ready_wait``) is read from the
+            # queued tuple: by ``_recorder.covered_pairs`` while it waits, and noted in
+            # ``cs.covered`` by the drain thread before it leaves the queue
+            # (``_recorder.cover_queued``); here only when it is not queued.
             c = st.runtime.client
             if c is not None and c.enabled:
                 # One flat tuple of atomic values: the drain thread builds the span's dict
@@ -195,8 +196,12 @@ class Stage:
                     else:
                         buf.append((seq, end, "span", name, span, parent, start, end, err))
                 else:
-                    c.queue((seq, end, "span", name, span, parent, start, end, err, *attrs,
-                             *attrs.values()))
+                    queued = c.queue((seq, end, "span", name, span, parent, start, end, err, *attrs,
+                                      *attrs.values()))
+                    if not queued and cs.collecting and name != "unattributed":  # a full buffer refused it
+                        cs.covered += (start, end)  # flat, one atomic extend: threads share it
+            elif cs.collecting and name != "unattributed":
+                cs.covered += (start, end)
         except Exception as e:
             _runtime.fail(e)
 
@@ -211,7 +216,13 @@ class Stage:
         return wrapper  # type: ignore[return-value]
 
 
-_new_stage = object.__new__
+class _Made(Stage):
+    """What ``stage()`` makes: a ``Stage`` without ``__init__``, so that ``_Made()`` is one
+    type call with no Python frame (``object.__new__(Stage)`` goes through a slot wrapper
+    and an argument tuple: about 300 instructions more per stage)."""
+
+    __slots__ = ()
+    __init__ = object.__init__  # type: ignore[assignment]
 
 
 def stage(name: str, **attrs: Any) -> Stage:
@@ -221,9 +232,11 @@ def stage(name: str, **attrs: Any) -> Stage:
     (a contextvar), so stages nest per thread and per asyncio task. A stage opened before a
     ``fork`` is emitted by the parent only. Costs the caller a span id, two clock reads, a
     contextvar set and reset, a few slot writes and one flat tuple appended to the queue: the
-    span's dict is built on the drain thread, the cold-start bookkeeping runs only while the
-    cold start is collected, and the environment is not touched (a child process gets
-    ``TRACEPARENT`` when it is spawned).
+    span's dict is built on the drain thread, the cold-start bookkeeping (a stage mark and the
+    thread's count of open stages) runs only while the cold start is collected, the interval
+    the stage covers is read from the queued tuple (and noted by the drain thread as it takes
+    it), and the environment is not touched (a child process gets ``TRACEPARENT`` when it is
+    spawned).
 
     The queued tuple holds atomic values and, where the append cannot be refused, ends with a
     marker while the attributes dict waits in ``client.held``; else the attribute names and
@@ -232,7 +245,7 @@ def stage(name: str, **attrs: Any) -> Stage:
     collections of the served process's heap. A function that returns a ``Stage``: making the
     object without ``__init__`` saves a call per stage.
     """
-    s: Stage = _new_stage(Stage)  # Stage(name, **attrs), without the __init__ call
+    s: Stage = _Made()  # Stage(name, **attrs), without the __init__ call
     s._name = name
     s._attrs = attrs
     s._span = None

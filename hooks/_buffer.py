@@ -33,6 +33,12 @@ BATCH_EVENTS: int = _env.VARS["INFERSIGHT_BATCH_EVENTS"].default  # send once th
 # drain thread builds the dict.
 builders: Dict[str, Callable[..., Dict[str, Any]]] = {}
 
+# Called by ``take`` with the queue and how many events it is about to pop, before they
+# leave it (set by ``hooks``: while a cold start is collected, ``_recorder.cover_queued``
+# notes the intervals of the stages among them, so that a reader who looks at the queue,
+# then at what was noted, misses none, whether the drain thread has taken it yet or not).
+before_take: Optional[Callable[[Deque[Tuple[Any, ...]], int], None]] = None
+
 # The last value of a flat event whose attributes dict waits in ``Buffer.held`` under the
 # event's sequence number: one dict store instead of flattening the dict on the caller's
 # thread. A bare ``object()``: unique, and (no GC type) it lets the tuple be untracked too.
@@ -113,20 +119,22 @@ class Buffer:
         elif n >= self.spill_at:
             _yield()  # a burst: let the drain thread spill rather than drop (see _yield)
 
-    def queue(self, event: Tuple[Any, ...]) -> None:
+    def queue(self, event: Tuple[Any, ...]) -> bool:
         """Queue an event built by the caller, sequence number included: ``(seq, t_ns, kind,
         *args)`` for ``builders[kind]``. The caller appends to ``events`` itself while its
-        length is in a calm range (nothing to wake, spill or drop) and calls this otherwise."""
+        length is in a calm range (nothing to wake, spill or drop) and calls this otherwise.
+        False when a full buffer refused it."""
         buf = self.events
         n = len(buf)
         if n >= self.max_events:
             self.dropped += 1
-            return
+            return False
         buf.append(event)
         if n == 0 or n + 1 == self.batch_events or n + 1 == self.spill_at:
             self.wake.set()
         elif n >= self.spill_at:
             _yield()
+        return True
 
     # -- the drain thread --------------------------------------------------------------
 
@@ -150,8 +158,12 @@ class Buffer:
         """Up to ``limit`` events off the buffer, built (one that fails to build is dropped
         and counted: its sequence number shows the gap). Only the drain thread pops."""
         buf = self.events
+        k = min(limit, len(buf))
+        note = before_take
+        if note is not None and k:
+            note(buf, k)  # they are still queued: only this thread pops
         pop = buf.popleft
-        events = [pop() for _ in range(min(limit, len(buf)))]
+        events = [pop() for _ in range(k)]
         held = self.held
         for i, ev in enumerate(events):
             if len(ev) != 4:

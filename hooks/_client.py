@@ -62,7 +62,7 @@ class Client:
     # The hot path's names, bound to the buffer's once (``hooks.stage`` and the request
     # hooks append to ``_buf`` themselves while its length is calm: see ``Buffer.calm``).
     emit: Callable[[str, Any], None]
-    queue: Callable[[Tuple[Any, ...]], None]
+    queue: Callable[[Tuple[Any, ...]], bool]
 
     def __init__(
         self,

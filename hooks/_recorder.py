@@ -23,12 +23,13 @@ import os
 import sys
 import threading
 import time
+from itertools import islice
 
 from . import _contract, _paths, _runtime, _state
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Optional, Tuple
+    from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
     from ._state import ColdStart
 
@@ -97,9 +98,10 @@ def note_end(end_ns: int) -> None:
 
 def last_end() -> int:
     """The end of the latest stage that finished (where ``ready_wait`` starts): noted by
-    ``note_end``, or read here from the intervals covered since the last call (``hooks.stage``
-    only appends its interval: one store less per stage)."""
+    ``note_end``, or read here from the intervals covered since the last call and from
+    ``hooks.stage``'s still queued (it stores no end of its own: one store less per stage)."""
     st = state()
+    queued = queued_intervals()  # first: what the drain thread takes meanwhile is in covered by then
     covered = st.covered
     n = len(covered) & ~1  # whole pairs
     seen = st.covered_seen
@@ -107,12 +109,8 @@ def last_end() -> int:
         latest = max(covered[seen + 1:n:2])  # the ends of the intervals added since
         st.last_end_ns = max(st.last_end_ns, latest)
         st.covered_seen = n
-    covered = st.main_covered
-    n = len(covered) & ~1
-    seen = st.main_covered_seen
-    if n > seen:
-        st.last_end_ns = max(st.last_end_ns, *covered[seen + 1:n:2])
-        st.main_covered_seen = n
+    if queued:
+        st.last_end_ns = max(st.last_end_ns, *queued[1::2])
     return st.last_end_ns
 
 
@@ -159,10 +157,45 @@ def emit_stage(
 
 
 def covered_pairs(st: ColdStart) -> List[Tuple[int, int]]:
-    """``st.covered`` and ``st.main_covered`` (flat: start, end, start, end, ...) as (start,
-    end) pairs."""
-    c, m = st.covered, st.main_covered
-    return [(c[i], c[i + 1]) for i in range(0, len(c) - 1, 2)] + [(m[i], m[i + 1]) for i in range(0, len(m) - 1, 2)]
+    """Every stage interval so far as (start, end) pairs: ``st.covered`` (flat: start, end,
+    start, end, ...) and ``hooks.stage``'s still queued. The queue is read first: a stage the
+    drain thread takes meanwhile was noted in ``covered`` before it left (``cover_queued``).
+    An interval may come twice (noted, and still queued): every reader takes a union or a
+    bound, which that does not change."""
+    q = queued_intervals()
+    c = st.covered
+    return [(c[i], c[i + 1]) for i in range(0, len(c) - 1, 2)] + [(q[i], q[i + 1]) for i in range(0, len(q), 2)]
+
+
+def stage_intervals(events: Iterable[Tuple[Any, ...]]) -> List[int]:
+    """The intervals (flat: start, end, ...) of the named stages ``hooks.stage`` queued among
+    ``events``: its flat ``(seq, t_ns, "span", name, span, parent, start, end, ...)`` tuples
+    (other span events are dicts, four items)."""
+    out: List[int] = []
+    for ev in events:
+        if len(ev) > 8 and ev[2] == "span" and ev[3] != "unattributed":
+            out += ev[6:8]
+    return out
+
+
+def queued_intervals() -> List[int]:
+    """``stage_intervals`` of this process's queue, copied in one call (other threads append)."""
+    buf = getattr(_runtime.state().client, "_buf", None)  # None while inactive
+    return stage_intervals(list(buf)) if buf else []
+
+
+def cover_queued(queue: Deque[Tuple[Any, ...]], k: int) -> None:
+    """(Drain thread, ``_buffer.before_take``) The first ``k`` events are about to leave the
+    queue: while the cold start is collected, note the intervals of the stages among them in
+    ``covered`` (after the root's end nothing reads them)."""
+    try:
+        st = state()
+        if st.collecting:
+            out = stage_intervals(list(islice(queue, k)))  # one copy: other threads append meanwhile
+            if out:
+                st.covered += out  # one atomic extend
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def note_covered(name: str, start: int, end_ns: int) -> None:

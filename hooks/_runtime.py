@@ -10,7 +10,6 @@ disables the hooks and prints one line on the first internal error.
 
 from __future__ import annotations
 
-import _random  # the C generator: the random module costs ~1 ms of imports
 import contextvars
 import os
 
@@ -44,11 +43,12 @@ BUILTIN_STAGES = (
 current_span: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar(
     "infersight_span", default=None
 )
-# Span ids: a per-process generator seeded from the OS (reseeded in a forked child), not
-# one os.urandom call per id. Ids only need to be unique, not secret. They are drawn and
-# formatted 256 at a time (one hex string, split): a stage takes one with a list pop.
+# Span ids: drawn from the OS 256 at a time (one ``os.urandom`` read of 2 KiB, formatted as
+# one hex string and split), not one call per id; a stage takes one with a list pop. Ids
+# only need to be unique, not secret; the OS's bytes need no per-process seed (a forked
+# child only drops the pool it inherited), and cost the caller no big-int work.
 # (Module-level on purpose: ``hooks.stage`` binds ``span_ids.pop`` once, at import.)
-_rng = _random.Random(int.from_bytes(os.urandom(16), "big"))
+_random_bytes = os.urandom
 _IDS_PER_DRAW = 256
 _ZERO_ID = "0" * 16  # invalid in W3C trace context
 _ZERO_BYTES = bytes(8)
@@ -85,7 +85,7 @@ def new_span_id() -> str:
 
 def draw_span_ids() -> str:
     """Refill the span id pool; returns one more id."""
-    raw = _rng.getrandbits(64 * _IDS_PER_DRAW).to_bytes(8 * _IDS_PER_DRAW, "big")
+    raw = _random_bytes(8 * _IDS_PER_DRAW)
     ids = raw.hex(" ", 8).split(" ")
     if _ZERO_BYTES in raw:  # one C search, not a string comparison per id; all but never true
         ids = [i for i in ids if i != _ZERO_ID]
@@ -94,8 +94,7 @@ def draw_span_ids() -> str:
 
 
 def reseed() -> None:
-    """In a forked child: else parent and child would draw the same ids."""
-    _rng.seed(int.from_bytes(os.urandom(16), "big"))
+    """In a forked child: else parent and child would hand out the same pooled ids."""
     del span_ids[:]
 
 

@@ -216,7 +216,7 @@ class ColdStart:
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
         "covered", "covered_seen", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
-        "main_busy", "main_covered", "main_covered_seen", "main_end_ns", "main_paused", "main_pid",
+        "main_busy", "main_end_ns", "main_paused", "main_pid",
         "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
         "rule_absorb_owed", "rule_closes", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
         "rule_waits_done", "run_sources", "sampler",
@@ -253,11 +253,10 @@ class ColdStart:
         # (flush(end_ns, final), open_runs()) of each instrumenter that holds runs not yet
         # emitted (_imports, _build): flushed at readiness and at the end, sent by checkpoints
         self.run_sources: List[Tuple[Callable[[int, bool], None], Callable[[], List[Any]]]] = []
-        self.covered: List[int] = []  # this process's stage intervals, flat: start, end, start, end, ...
-        # hooks.stage's on the main thread, flat too: two appends, as that thread alone writes
-        # here (a reader may find a start without its end yet: it takes whole pairs)
-        self.main_covered: List[int] = []
-        self.main_covered_seen = 0  # as covered_seen, for main_covered
+        # This process's stage intervals, flat (start, end, start, end, ...; one atomic extend
+        # per interval). hooks.stage's are read from the queue while they wait there, and
+        # noted here by the drain thread before they leave it (``_recorder.covered_pairs``).
+        self.covered: List[int] = []
         self.role = ""  # "helper" for resource trackers, compile workers, ``python -c`` probes
         self.ceilings: Optional[Dict[str, Any]] = None  # storage ceilings, read once from the cache
         self.warm: Any = None  # the _readiness._Warm run in progress
@@ -389,7 +388,13 @@ current = HookState()
 
 
 def replace_after_fork(root_start_ns: int) -> HookState:
-    """In a forked child (``_activate``'s after-fork handler): a new instance for this process."""
+    """In a forked child (``_activate``'s after-fork handler): a new instance for this process.
+
+    The parent's state stops collecting here (in the child's copy only): a ``hooks.stage``
+    the parent opened before the fork ends in the child on that state, with no bookkeeping,
+    and is not emitted (the parent's client is closed in the child): the parent emits it."""
     global current
-    current = current.forked(root_start_ns)
+    old = current
+    current = old.forked(root_start_ns)
+    old.coldstart.collecting = False
     return current

@@ -70,8 +70,12 @@ class FlatQueue:
         self.events: list[tuple[object, ...]] = []
         self._buf = self.events
         self._seq = itertools.count(1)
-        self.queue = self.events.append
+        self.queue = self._queue
         self.held: dict[int, dict[str, object]] = {}  # attributes of events queued ``HELD``
+
+    def _queue(self, event: tuple[object, ...]) -> bool:
+        self.events.append(event)
+        return True  # queued (a full buffer returns False)
 
 
 def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:

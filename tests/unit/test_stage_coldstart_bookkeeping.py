@@ -1,7 +1,7 @@
 """What ``hooks.stage`` notes while a cold start is collected, inline on the caller's thread:
 the stage mark (a stage started since), each thread's count of open stages (the main
 thread's on ``ColdStart``, read by its ``ImportThread``), the import cut when the thread is
-``busy``, and the covered interval."""
+``busy``; the covered interval is read from the queued tuple."""
 
 from __future__ import annotations
 
@@ -71,17 +71,16 @@ def test_stages_change_the_mark_and_count_per_thread(st: _state.HookState) -> No
     assert cs.stage_mark != before  # a stage of the recorder's changes it too
     pairs = _recorder.covered_pairs(cs)
     assert len(pairs) == 3 and all(s < e for s, e in pairs)  # three intervals, two on the main thread
-    assert len(cs.main_covered) == 4 and len(cs.covered) == 2  # each thread's on its own list
+    assert cs.covered == []  # none noted by the callers: read from their queued tuples
     assert _recorder.last_end() == max(e for _s, e in pairs)
 
 
 def test_a_half_written_interval_is_not_read(st: _state.HookState) -> None:
     cs = st.coldstart
-    cs.main_covered += (10, 20, 30)  # the main thread between its two appends
-    cs.covered += (5, 15)
-    assert _recorder.covered_pairs(cs) == [(5, 15), (10, 20)]
-    assert _recorder.last_end() == 20
-    cs.main_covered.append(40)
+    cs.covered += (5, 15, 30)  # a start without its end
+    assert _recorder.covered_pairs(cs) == [(5, 15)]
+    assert _recorder.last_end() == 15
+    cs.covered.append(40)
     assert _recorder.last_end() == 40 and (30, 40) in _recorder.covered_pairs(cs)
 
 
@@ -104,7 +103,7 @@ def test_a_stage_in_an_import_cuts_it_and_the_import_resumes_after(st: _state.Ho
         with hooks.stage("nested"):
             pass
         assert it.pause_t == start  # only the outermost stage resumes it
-    assert it.pause_t == 0 and it.piece_start == st.coldstart.main_covered[-1]  # resumed at the stage's end
+    assert it.pause_t == 0 and it.piece_start == _recorder.covered_pairs(st.coldstart)[-1][1]  # resumed at its end
     assert it.busy  # still inside the import
     it.stack.pop()
     with hooks.stage("after"):
@@ -156,3 +155,18 @@ def test_a_safetensors_handle_closed_without_with_leaves_import_timing_on(
     assert [d["n"] for d in spans] == ["coldstart.weights_load"]
     assert st.coldstart.stage_mark is not mark  # the stage split warmups and import runs
     assert st.coldstart.main_paused == 0  # import timing resumed
+
+
+def test_a_stage_opened_before_a_fork_ends_in_the_child_with_no_trace(st: _state.HookState) -> None:
+    """The parent emits it: the child neither counts it, nor covers it, nor queues it."""
+    parent_client = st.runtime.client
+    with hooks.stage("across_the_fork"):
+        child = _state.replace_after_fork(5)  # as _activate's after-fork handler does
+        parent_client.enabled = False  # type: ignore[union-attr]  # close_inherited, in the child
+        child_client = FlatQueue()
+        child.runtime.client = child_client  # type: ignore[assignment]
+        assert child.coldstart.collecting and not st.coldstart.collecting
+    assert _state.current is child
+    assert child.coldstart.main_paused == 0 and child.coldstart.covered == []
+    assert st.coldstart.covered == []  # the parent's state (the child's copy) is left alone too
+    assert child_client.events == [] and parent_client.events == []  # type: ignore[union-attr]
