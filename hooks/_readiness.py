@@ -490,16 +490,16 @@ def check_listening(from_forward: bool = False) -> None:
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
-        if st.rule_absorb_owed:  # a rule's call returned while another poll held the watch
+        if st.rule_absorb_owed:  # a rule's call returned and its sockets are not absorbed yet
             st.rule_absorb_owed = False
             w.absorb()
         if st.rule_stages_open:
             return  # listening inside a start-up call is that call's own (rule_stage_closed)
-        closes = st.rule_closes
         found = w.poll()
-        if st.rule_closes != closes:
+        if st.rule_absorb_owed:
             # A rule's call returned while the tables were read: what they showed may have
             # listened inside it. Its sockets are the call's, never readiness.
+            st.rule_absorb_owed = False
             w.absorb()
             return
         if found is not None and st.ready_ns is None and not st.rule_stages_open:
@@ -530,17 +530,23 @@ def rule_stage_closed() -> None:
     them as foreign. One table read per outermost rule call, before readiness only."""
     st = state()
     with st.lock:
-        st.rule_stages_open = n = max(0, st.rule_stages_open - 1)
-        st.rule_closes += 1  # before taking the watch: a poll holding it now sees the change
+        n = max(0, st.rule_stages_open - 1)
+        if n == 0:
+            # Owed before the count drops: a poll that sees no call running absorbs first
+            # (it may hold the watch now, or take it before this thread does).
+            st.rule_absorb_owed = True
+        st.rule_stages_open = n
     if st.children_ready and st.children_dir:
         _workers.publish_current(st.children_dir, _runtime.current_span.get() or _runtime.state().root_span_id)
     if n or st.ready_ns is not None or not st.watch_listen or not root_open():
         return
     poll = st.listen_poll
     if not poll.acquire(True, 0.1):  # the sampler thread polls (milliseconds): never wait long
-        st.rule_absorb_owed = True  # that poll, or the next one, absorbs before it reads anything
-        return
+        return  # that poll, or the next one, absorbs before it reads anything (owed)
     try:
+        if not st.rule_absorb_owed:
+            return  # a poll absorbed meanwhile
+        st.rule_absorb_owed = False
         w = st.listen_watch
         if w is None:
             from . import _listening

@@ -118,17 +118,54 @@ def test_a_call_that_cannot_take_the_watch_leaves_the_absorb_to_the_next_poll(ho
     assert [r["server.port"] for r in client.ready()] == [8000]
 
 
-def test_without_the_count_the_race_would_be_readiness(hooked: tuple[Emitted, Watch]) -> None:
-    """The check can fail: a poll that ignores a call returning during its read marks the
-    call's own socket ready (a CI run on a loaded machine: the e2e test saw it once)."""
+class RacingLock:
+    """The watch's lock, with ``race`` run once just before a blocking acquire: another
+    thread's poll that takes the watch first."""
+
+    def __init__(self, race: Any) -> None:
+        self.real = threading.Lock()
+        self.race = race
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking and self.race is not None:
+            race, self.race = self.race, None
+            race()
+        return self.real.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.real.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_poll_that_takes_the_watch_before_the_returning_call_absorbs_first(hooked: tuple[Emitted, Watch]) -> None:
+    """The call's thread has lowered the count and not yet taken the watch when the sampler
+    thread polls: the poll sees no call running, and absorbs what is owed before it looks
+    (a loaded CI run saw the RPC socket taken as readiness right as the call returned)."""
     client, watch = hooked
     st = _state.current.coldstart
+    _readiness.rule_stage_opened("b" * 16)
+    watch.listening.append(RPC)
+    st.listen_poll = RacingLock(_readiness.check_listening)  # type: ignore[assignment]
+    _readiness.rule_stage_closed()
+    assert client.ready() == [] and RPC in watch.foreign and not st.rule_absorb_owed
+    assert watch.absorbs == 1, "the poll absorbed; the call's thread found nothing owed"
+    watch.listening.append(("tcp", 8000))
+    _readiness.check_listening()
+    assert [r["server.port"] for r in client.ready()] == [8000]
 
-    def call_without_counting() -> None:
-        st.rule_stages_open = 1
-        watch.listening.append(RPC)
-        st.rule_stages_open = 0  # returned, but the absorb could not run and nothing says so
 
-    watch.during = call_without_counting
+def test_without_the_owed_absorb_the_race_would_be_readiness(hooked: tuple[Emitted, Watch]) -> None:
+    """The check can fail: a call that returns with nothing owed (what the count alone said
+    before) leaves its socket for the next poll to take as readiness."""
+    client, watch = hooked
+    st = _state.current.coldstart
+    st.rule_stages_open = 1
+    watch.listening.append(RPC)
+    st.rule_stages_open = 0  # returned; its absorb not run, and nothing owed
     _readiness.check_listening()
     assert [r["server.port"] for r in client.ready()] == [RPC[1]]
