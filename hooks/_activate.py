@@ -140,13 +140,24 @@ def _exit_flush_s() -> float:
 
 
 def _at_exit() -> None:
+    """End the root and flush (or spool) what is left. The Python handlers of SIGINT, SIGTERM
+    and SIGQUIT are held back meanwhile: a handler that raises SystemExit (most do) would
+    otherwise stop the flush half way and lose what it had not spooled. A launch killed
+    with SIGKILL sends one parent-death SIGTERM per thread it had, milliseconds apart, so a
+    second signal during the exit flush is common. The held signals' handlers run after."""
+    from ._workers import DeferredSignals
+
     try:
-        _runtime.end_root(attrs={_contract.ENDED_BY: "exit"})
-        client = _runtime.state().client
-        if client is not None:
-            client.close(_exit_flush_s())
-    except Exception as exc:
-        _runtime.fail(exc)
+        with DeferredSignals():
+            try:
+                _runtime.end_root(attrs={_contract.ENDED_BY: "exit"})
+                client = _runtime.state().client
+                if client is not None:
+                    client.close(_exit_flush_s())
+            except Exception as exc:
+                _runtime.fail(exc)
+    except (SystemExit, KeyboardInterrupt):
+        pass  # a held handler's: the interpreter is exiting already (its status is set)
 
 
 def _at_process_end() -> None:
