@@ -10,25 +10,11 @@ import threading
 from typing import Any
 
 import pytest
+from hook_fakes import Emitted, collecting
 
 from infersight.hooks import _readiness, _state
 
 RPC = ("tcp", 40423)
-
-
-class Emitted:
-    """FAKE hook client: keeps what the hooks emit."""
-
-    enabled = True
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def emit(self, kind: str, data: dict[str, Any]) -> None:
-        self.events.append((kind, data))
-
-    def ready(self) -> list[dict[str, Any]]:
-        return [d["a"] for k, d in self.events if k == "span" and d["a"].get("infersight.stage") == "ready_wait"]
 
 
 class Watch:
@@ -55,16 +41,15 @@ class Watch:
 
 @pytest.fixture
 def hooked(monkeypatch: pytest.MonkeyPatch) -> tuple[Emitted, Watch]:
-    client = Emitted()
-    st = _state.HookState()
-    st.runtime.client = client  # type: ignore[assignment]
-    st.runtime.root_span_id = "a" * 16
-    st.runtime.root_start_ns = 1
-    st.coldstart.collecting = True
+    client, st = collecting(monkeypatch)
     st.coldstart.watch_listen = True
     watch = st.coldstart.listen_watch = Watch()
-    monkeypatch.setattr(_state, "current", st)
     return client, watch
+
+
+def ready_spans(client: Emitted) -> list[dict[str, Any]]:
+    """The attributes of the ``ready_wait`` spans emitted."""
+    return [a for a in client.stage_attrs() if a.get("infersight.stage") == "ready_wait"]
 
 
 def test_a_call_returning_while_the_tables_are_read_leaves_its_socket_foreign(hooked: tuple[Emitted, Watch]) -> None:
@@ -81,13 +66,13 @@ def test_a_call_returning_while_the_tables_are_read_leaves_its_socket_foreign(ho
     watch.during = whole_call
     _readiness.check_listening()
     watch.during = None
-    assert client.ready() == []
+    assert ready_spans(client) == []
     assert RPC in watch.foreign
     _readiness.check_listening()  # the next tick: still not readiness
-    assert client.ready() == []
+    assert ready_spans(client) == []
     watch.listening.append(("tcp", 8000))  # the server's own socket
     _readiness.check_listening()
-    (ready,) = client.ready()
+    (ready,) = ready_spans(client)
     assert ready["server.port"] == 8000
 
 
@@ -112,10 +97,10 @@ def test_a_call_that_cannot_take_the_watch_leaves_the_absorb_to_the_next_poll(ho
     t.join()
     assert st.rule_absorb_owed
     _readiness.check_listening()
-    assert client.ready() == [] and RPC in watch.foreign and not st.rule_absorb_owed
+    assert ready_spans(client) == [] and RPC in watch.foreign and not st.rule_absorb_owed
     watch.listening.append(("tcp", 8000))
     _readiness.check_listening()
-    assert [r["server.port"] for r in client.ready()] == [8000]
+    assert [r["server.port"] for r in ready_spans(client)] == [8000]
 
 
 class RacingLock:
@@ -152,11 +137,11 @@ def test_a_poll_that_takes_the_watch_before_the_returning_call_absorbs_first(hoo
     watch.listening.append(RPC)
     st.listen_poll = RacingLock(_readiness.check_listening)  # type: ignore[assignment]
     _readiness.rule_stage_closed()
-    assert client.ready() == [] and RPC in watch.foreign and not st.rule_absorb_owed
+    assert ready_spans(client) == [] and RPC in watch.foreign and not st.rule_absorb_owed
     assert watch.absorbs == 1, "the poll absorbed; the call's thread found nothing owed"
     watch.listening.append(("tcp", 8000))
     _readiness.check_listening()
-    assert [r["server.port"] for r in client.ready()] == [8000]
+    assert [r["server.port"] for r in ready_spans(client)] == [8000]
 
 
 def test_without_the_owed_absorb_the_race_would_be_readiness(hooked: tuple[Emitted, Watch]) -> None:
@@ -168,4 +153,4 @@ def test_without_the_owed_absorb_the_race_would_be_readiness(hooked: tuple[Emitt
     watch.listening.append(RPC)
     st.rule_stages_open = 0  # returned; its absorb not run, and nothing owed
     _readiness.check_listening()
-    assert [r["server.port"] for r in client.ready()] == [RPC[1]]
+    assert [r["server.port"] for r in ready_spans(client)] == [RPC[1]]

@@ -5,35 +5,14 @@ its own, and a wait its parent opened before the fork is not the child's to end.
 from __future__ import annotations
 
 import pytest
+from hook_fakes import Emitted, collecting
 
 from infersight.hooks import _stagerules, _state
 
 
-class Emitted:
-    """FAKE hook client: keeps what the hooks emit."""
-
-    enabled = True
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, object]]] = []
-
-    def emit(self, kind: str, data: dict[str, object]) -> None:
-        self.events.append((kind, data))
-
-    def stages(self) -> list[str]:
-        return [str(d["a"]["infersight.stage"]) for k, d in self.events if k == "span"]  # type: ignore[index]
-
-
 def _collecting(monkeypatch: pytest.MonkeyPatch) -> Emitted:
     """A fresh hook state collecting a cold start whose root is open, emitting into a fake client."""
-    client = Emitted()
-    st = _state.HookState()
-    st.runtime.client = client  # type: ignore[assignment]
-    st.runtime.root_span_id = "a" * 16
-    st.runtime.root_start_ns = 1
-    st.coldstart.collecting = True
-    monkeypatch.setattr(_state, "current", st)
-    return client
+    return collecting(monkeypatch)[0]
 
 
 def _fork(monkeypatch: pytest.MonkeyPatch, client: Emitted) -> None:
