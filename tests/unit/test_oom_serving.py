@@ -639,7 +639,8 @@ def test_tensorrt_formats_across_versions() -> None:
     assert (f.cls, f.rule) == ("reservation_conflict", "tensorrt-llm.alloc.requested/workspace-pool")
     trt = "../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)"
     (f,) = analyse("[E] [TRT] " + trt)
-    assert (f.engine, f.cls, f.rule) == ("tensorrt-llm", "unknown", "tensorrt.cuda-error")
+    assert (f.engine, f.cls, f.rule, f.knob) == ("tensorrt-llm", "reservation_conflict", "tensorrt.cuda-error",
+                                                 "workspace size")
     (f,) = analyse("E:onnxruntime:Default, tensorrt_execution_provider.h:50 log] [ERROR] " + trt)
     assert (f.engine, f.rule) == ("onnxruntime", "tensorrt.cuda-error")  # ONNX Runtime's TensorRT provider
     (f,) = analyse("failed to load 'tensorrt_llm' version 1: Internal: unexpected error when creating "
@@ -674,13 +675,12 @@ def test_vllm_profiling_line_and_its_raise_are_one_event() -> None:
     ("RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough memory: you tried to "
      "allocate 34359738368 bytes.", "pytorch.cpu-allocator"),
     ("RuntimeError: CUDA driver error: out of memory", "gpu.cuda-runtime-oom"),
-    ("ggml_vulkan: Device memory allocation of size 4294967296 failed.", "llama.cpp.cuda-buffer"),
+    ("ggml_vulkan: Device memory allocation of size 4294967296 failed.",
+     "llama.cpp.cuda-buffer/vulkan-allocation-limit"),
     ("RuntimeError: Workspace can't be allocated, no enough memory.", "deepspeed.inference-workspace"),
     ("ggml_metal_graph_compute: command buffer 0 failed with status 5\n"
      "error: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "ggml.metal-command-buffer"),
     ("Error: 500 Internal Server Error: memory layout cannot be allocated with num_gpu = 49", "ollama.layout"),
-    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 4294967296 Bytes of memory on device",
-     "llama.cpp.cuda-buffer"),
     ("llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers",
      "llama.cpp.compute-buffer"),
     ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.31GiB.",
@@ -717,7 +717,7 @@ def test_xla_direct_allocation_is_unknown_without_the_allocator_setting() -> Non
 
 
 @pytest.mark.parametrize("text", [
-    "[E] [TRT] ../rtSafe/cuda/cudaWorkspace.cpp (30) - Cuda Error in acquire: 2 (out of memory)",
+    "E0312 10:01:02.123 pool.cc:88] Error: could not grow the device pool: out of memory",
     "[ERROR] some_runtime: failed to allocate the scratch buffer: out of memory",
     "Fatal: insufficient memory to load the adapter",
 ])
@@ -801,3 +801,39 @@ def test_a_host_weight_buffer_is_unknown_without_the_machines_free_ram() -> None
                    "llama_model_load: error loading model: unable to allocate CPU buffer")
     assert (f.cls, f.rule) == ("unknown", "llama.cpp.model-buffer/host-buffer")
     assert "free -g" in (f.reason or "") and "417.66 MiB" in (f.reason or "")
+
+
+@pytest.mark.parametrize(("text", "cls", "rule"), [
+    # llama.cpp sets no fraction: the device holds what -ngl and -c put there
+    ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 46963.85 MiB on device 0: cudaMalloc failed: "
+     "out of memory", "capacity", "llama.cpp.cuda-buffer"),
+    ("ggml_vulkan: Device memory allocation of size 118497280 failed.\n"
+     "ggml_vulkan: vk::Device::allocateMemory: ErrorOutOfDeviceMemory", "capacity", "llama.cpp.cuda-buffer"),
+    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 2147483648 Bytes of memory on device",
+     "capacity", "llama.cpp.cuda-buffer"),
+    # one Vulkan allocation of several GiB: the driver's per-allocation limit is as likely as the device
+    ("Device memory allocation of size 17368219904 failed.", "unknown",
+     "llama.cpp.cuda-buffer/vulkan-allocation-limit"),
+    # ollama picked the layers from its own estimate; the compute buffer is sized after the rest
+    ("Feb 21 01:41:02 host ollama[402]: ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on "
+     "device 0: cudaMalloc failed: out of memory", "unknown", "llama.cpp.cuda-buffer/estimate"),
+    ("Error: llama runner process has terminated: cudaMalloc failed: out of memory\n"
+     "ggml_gallocr_reserve_n: failed to allocate ROCm0 buffer of size 5274339328", "unknown",
+     "llama.cpp.cuda-buffer/compute"),
+    # TensorRT's workspace is its static reservation, in either direction
+    ("[E] [TRT] C:\\source\\rtSafe\\safeRuntime.cpp (25) - Cuda Error in "
+     "nvinfer1::internal::DefaultAllocator::allocate: 2 (out of memory)", "reservation_conflict",
+     "tensorrt.cuda-error"),
+    # vLLM's sleep mode shares the GPU with another workload; while loading weights the KV share is not taken yet
+    ("cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "reservation_conflict", "vllm.sleep.cumem"),
+    ("  File \"/usr/lib/python3/dist-packages/vllm/model_executor/model_loader/default_loader.py\", line 269, in "
+     "load_weights\nCUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "unknown",
+     "vllm.sleep.cumem/loading-weights"),
+])
+def test_an_engines_own_mechanism_commits_to_its_class(text: str, cls: str, rule: str) -> None:
+    f = analyse(text)[0]  # the first event; a compute buffer's own line is a second one
+    assert (f.cls, f.rule) == (cls, rule)
+    if cls == "unknown":
+        assert f.reason and len(f.reason.split()) >= 8
+    else:
+        assert f.knob and f.remedy
