@@ -837,3 +837,26 @@ def test_an_engines_own_mechanism_commits_to_its_class(text: str, cls: str, rule
         assert f.reason and len(f.reason.split()) >= 8
     else:
         assert f.knob and f.remedy
+
+
+@pytest.mark.parametrize(("text", "cls", "rule"), [
+    # older ggml's context buffer: one host malloc the size of the weights or the KV cache
+    ("GGML_ASSERT: /home/ci/project/gpt4all-backend/llama.cpp-230511/ggml.c:4411: ctx->mem_buffer != NULL\nAborted",
+     "capacity", "ggml.context-alloc"),
+    ("GGML_ASSERT: D:\\a\\llama.cpp\\ggml.c:4411: ctx->mem_buffer != NULL", "unknown", "ggml.context-alloc/windows"),
+    # node-llama-cpp's full KV cache: no device allocation failed
+    ("[Error: could not find a KV slot for the batch (try reducing the size of the batch or increase the context)]",
+     "unknown", "llama.cpp.kv-slots-full"),
+    # the context creation cut to its last line: KV cache, compute buffer or a refused parameter
+    ("Error: llama runner process has terminated: signal: aborted (core dumped) error:failed to create context with "
+     "model '/var/lib/ollama/.ollama/models/blobs/sha256-e84e'", "unknown", "llama.cpp.context-create"),
+])
+def test_older_and_wrapped_ggml_formats_are_recognised(text: str, cls: str, rule: str) -> None:
+    from infersight.hooks import _enginelog
+
+    assert _enginelog.interesting(text)  # the hooks' prefilter passes it on
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == (cls, rule)
+    assert f.engine in ("llama.cpp", "ollama")
+    if cls == "unknown":
+        assert f.reason and len(f.reason.split()) >= 8
