@@ -48,13 +48,14 @@ THIRD = _load("serving_ooms_collected2.jsonl")
 FOURTH = _load("serving_ooms_collected3.jsonl")
 FIFTH = _load("serving_ooms_collected4.jsonl")
 SIXTH = _load("serving_ooms_collected5.jsonl")
+SEVENTH = _load("serving_ooms_collected6.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH:
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH:
         assert r["url"].startswith("https://github.com/"), r["id"]
-    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH:
+    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH:
         assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
@@ -183,7 +184,7 @@ def test_the_unseen_set_is_quoted_by_no_rule_example() -> None:
 def test_the_third_collection_is_split_and_its_held_out_half_quoted_by_no_rule_example() -> None:
     rule_text = builtin_serving_path().read_text(encoding="utf-8")
     urls = [r["url"] for r in GIVEN + COLLECTED + UNSEEN]
-    later = THIRD + FOURTH + FIFTH + SIXTH
+    later = THIRD + FOURTH + FIFTH + SIXTH + SEVENTH
     assert len({r["url"] for r in later}) == len(later)
     for r in later:
         assert r["split"] in ("tune", "held_out"), r["id"]
@@ -213,6 +214,16 @@ def test_the_sixth_collection_is_split_by_url_hash_and_repeats_no_earlier_messag
     assert 25 <= sum(r["label"] != "not_oom" for r in SIXTH) <= 40
     assert sum(r["label"] == "not_oom" for r in SIXTH) >= 5
     assert {r["split"] for r in SIXTH} == {"tune", "held_out"}
+
+
+def test_the_seventh_collection_is_split_by_url_hash_and_repeats_no_earlier_message() -> None:
+    earlier = {r["message"].strip() for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH}
+    for r in SEVENTH:
+        first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
+        assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
+        assert r["message"].strip() not in earlier, r["id"]
+    assert sum(r["label"] == "not_oom" for r in SEVENTH) >= 5
+    assert {r["split"] for r in SEVENTH} == {"tune", "held_out"}
 
 
 def test_floors_on_the_third_and_fourth_collections() -> None:
