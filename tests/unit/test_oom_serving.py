@@ -871,3 +871,25 @@ def test_older_and_wrapped_ggml_formats_are_recognised(text: str, cls: str, rule
     assert f.engine in ("llama.cpp", "ollama")
     if cls == "unknown":
         assert f.reason and len(f.reason.split()) >= 8
+
+
+@pytest.mark.parametrize(("text", "rule"), [
+    # a ggml context's arena, sized by the program's own estimate: neither RAM nor VRAM ran out
+    ("ggml_new_object: not enough space in the context's memory pool (needed 10882896, available 10650320)",
+     "ggml.context-pool"),
+    # node-llama-cpp refuses from its own estimate against the VRAM free at that moment
+    ("Error: InsufficientMemoryError: A context size of 4096 with 4 sequences is too large for the available VRAM",
+     "node-llama-cpp.insufficient-memory"),
+    # early SGLang: the scheduler had admitted the batch, so the pool's bookkeeping disagrees
+    ("Prefill out of memory. This should nerver happen.", "sglang.pool.out-of-tokens/admitted-batch"),
+])
+def test_engine_bookkeeping_and_estimates_are_recognised_and_left_unknown(text: str, rule: str) -> None:
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == ("unknown", rule)
+    assert f.reason and len(f.reason.split()) >= 8
+
+
+def test_ggml_context_pool_numbers_are_read() -> None:
+    (f,) = analyse("ggml_new_object: not enough space in the context's memory pool (needed 10882896, available "
+                   "10650320)")
+    assert (f.extra["pool_needed_bytes"], f.extra["pool_size_bytes"]) == (10882896, 10650320)
