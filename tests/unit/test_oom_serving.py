@@ -853,8 +853,8 @@ def test_an_engines_own_mechanism_commits_to_its_class(text: str, cls: str, rule
 @pytest.mark.parametrize(("text", "cls", "rule"), [
     # older ggml's context buffer: one host malloc the size of the weights or the KV cache
     ("GGML_ASSERT: /home/ci/project/gpt4all-backend/llama.cpp-230511/ggml.c:4411: ctx->mem_buffer != NULL\nAborted",
-     "capacity", "ggml.context-alloc"),
-    ("GGML_ASSERT: D:\\a\\llama.cpp\\ggml.c:4411: ctx->mem_buffer != NULL", "unknown", "ggml.context-alloc/windows"),
+     "capacity", "ggml.context-alloc/posix"),
+    ("GGML_ASSERT: D:\\a\\llama.cpp\\ggml.c:4411: ctx->mem_buffer != NULL", "unknown", "ggml.context-alloc"),
     # node-llama-cpp's full KV cache: no device allocation failed
     ("[Error: could not find a KV slot for the batch (try reducing the size of the batch or increase the context)]",
      "unknown", "llama.cpp.kv-slots-full"),
