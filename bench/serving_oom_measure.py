@@ -11,8 +11,9 @@ URL hash before any rule ran on them (``split``: ``tune``, which rule changes co
 the rules of that day before the changes its misses led to), the fifth pass
 (``serving_ooms_collected4.jsonl``, split like the third by URL hash, the first hex digit of the SHA-256
 of ``url`` below 8 giving ``tune``, before any rule ran on it), the sixth pass
-(``serving_ooms_collected5.jsonl``, split the same way and committed before any rule ran on it), and all
-of them. Prints recognised
+(``serving_ooms_collected5.jsonl``, split the same way and committed before any rule ran on it), the seventh
+pass (``serving_ooms_collected6.jsonl``, collected blind by another hand, split the same way and committed before any
+rule ran on it), and all of them. Prints recognised
 share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -39,6 +40,7 @@ def main() -> None:
     fourth = load("serving_ooms_collected3.jsonl")
     fifth = load("serving_ooms_collected4.jsonl")
     sixth = load("serving_ooms_collected5.jsonl")
+    seventh = load("serving_ooms_collected6.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -47,7 +49,9 @@ def main() -> None:
     held5 = [r for r in fifth if r["split"] == "held_out"]
     tune6 = [r for r in sixth if r["split"] == "tune"]
     held6 = [r for r in sixth if r["split"] == "held_out"]
-    everything = given + collected + second + third + fourth + fifth + sixth
+    tune7 = [r for r in seventh if r["split"] == "tune"]
+    held7 = [r for r in seventh if r["split"] == "held_out"]
+    everything = given + collected + second + third + fourth + fifth + sixth + seventh
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -58,6 +62,9 @@ def main() -> None:
                         (f"sixth pass ({len(sixth)})", sixth),
                         (f"sixth pass, tuning half ({len(tune6)})", tune6),
                         (f"sixth pass, held-out half ({len(held6)})", held6),
+                        (f"seventh pass ({len(seventh)})", seventh),
+                        (f"seventh pass, tuning half ({len(tune7)})", tune7),
+                        (f"seventh pass, held-out half ({len(held7)})", held7),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 NEEDLES = (  # = rules.serving.NEEDLES
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
-    "are available (after",
+    "are available (after", "mem_buffer", "kv slot", "failed to create context",
 )
 MAX_TEXT = 16384
 MAX_REPORTS = 64  # distinct texts sent per process: a log loop cannot flood the agent
@@ -38,7 +38,10 @@ _lock = threading.Lock()
 def interesting(text: str) -> bool:
     """The prefilter: ``text`` holds one of the needles (case-insensitive)."""
     low = text[:MAX_TEXT].lower()
-    return any(n in low for n in NEEDLES)
+    for n in NEEDLES:  # noqa: SIM110 - a plain loop: 2/3 the cost of any() over a generator, per WARNING+ record
+        if n in low:
+            return True
+    return False
 
 
 def report_text(text: str, source: str, span: Optional[str] = None) -> bool:

@@ -82,7 +82,7 @@ IMPOSSIBLE_BYTES = 1 << 50
 # per-rule test. Kept in step with serving.toml by the loader (every anchor must hold one).
 NEEDLES = (
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
-    "are available (after",
+    "are available (after", "mem_buffer", "kv slot", "failed to create context",
 )
 
 # Markers of the engine whose log a line comes from, most specific first. An engine that

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 NEEDLES = (  # = rules.serving.NEEDLES
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
-    "are available (after",
+    "are available (after", "mem_buffer", "kv slot", "failed to create context",
 )
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
 AFTER_LINES = 12  # lines kept after the last needle line

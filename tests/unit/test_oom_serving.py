@@ -48,13 +48,14 @@ THIRD = _load("serving_ooms_collected2.jsonl")
 FOURTH = _load("serving_ooms_collected3.jsonl")
 FIFTH = _load("serving_ooms_collected4.jsonl")
 SIXTH = _load("serving_ooms_collected5.jsonl")
+SEVENTH = _load("serving_ooms_collected6.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH:
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH:
         assert r["url"].startswith("https://github.com/"), r["id"]
-    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH:
+    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH:
         assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
@@ -183,7 +184,7 @@ def test_the_unseen_set_is_quoted_by_no_rule_example() -> None:
 def test_the_third_collection_is_split_and_its_held_out_half_quoted_by_no_rule_example() -> None:
     rule_text = builtin_serving_path().read_text(encoding="utf-8")
     urls = [r["url"] for r in GIVEN + COLLECTED + UNSEEN]
-    later = THIRD + FOURTH + FIFTH + SIXTH
+    later = THIRD + FOURTH + FIFTH + SIXTH + SEVENTH
     assert len({r["url"] for r in later}) == len(later)
     for r in later:
         assert r["split"] in ("tune", "held_out"), r["id"]
@@ -213,6 +214,16 @@ def test_the_sixth_collection_is_split_by_url_hash_and_repeats_no_earlier_messag
     assert 25 <= sum(r["label"] != "not_oom" for r in SIXTH) <= 40
     assert sum(r["label"] == "not_oom" for r in SIXTH) >= 5
     assert {r["split"] for r in SIXTH} == {"tune", "held_out"}
+
+
+def test_the_seventh_collection_is_split_by_url_hash_and_repeats_no_earlier_message() -> None:
+    earlier = {r["message"].strip() for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH}
+    for r in SEVENTH:
+        first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
+        assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
+        assert r["message"].strip() not in earlier, r["id"]
+    assert sum(r["label"] == "not_oom" for r in SEVENTH) >= 5
+    assert {r["split"] for r in SEVENTH} == {"tune", "held_out"}
 
 
 def test_floors_on_the_third_and_fourth_collections() -> None:
@@ -639,7 +650,8 @@ def test_tensorrt_formats_across_versions() -> None:
     assert (f.cls, f.rule) == ("reservation_conflict", "tensorrt-llm.alloc.requested/workspace-pool")
     trt = "../rtSafe/safeRuntime.cpp (25) - Cuda Error in allocate: 2 (out of memory)"
     (f,) = analyse("[E] [TRT] " + trt)
-    assert (f.engine, f.cls, f.rule) == ("tensorrt-llm", "unknown", "tensorrt.cuda-error")
+    assert (f.engine, f.cls, f.rule, f.knob) == ("tensorrt-llm", "reservation_conflict", "tensorrt.cuda-error",
+                                                 "workspace size")
     (f,) = analyse("E:onnxruntime:Default, tensorrt_execution_provider.h:50 log] [ERROR] " + trt)
     assert (f.engine, f.rule) == ("onnxruntime", "tensorrt.cuda-error")  # ONNX Runtime's TensorRT provider
     (f,) = analyse("failed to load 'tensorrt_llm' version 1: Internal: unexpected error when creating "
@@ -674,13 +686,12 @@ def test_vllm_profiling_line_and_its_raise_are_one_event() -> None:
     ("RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough memory: you tried to "
      "allocate 34359738368 bytes.", "pytorch.cpu-allocator"),
     ("RuntimeError: CUDA driver error: out of memory", "gpu.cuda-runtime-oom"),
-    ("ggml_vulkan: Device memory allocation of size 4294967296 failed.", "llama.cpp.cuda-buffer"),
+    ("ggml_vulkan: Device memory allocation of size 4294967296 failed.",
+     "llama.cpp.cuda-buffer/vulkan-allocation-limit"),
     ("RuntimeError: Workspace can't be allocated, no enough memory.", "deepspeed.inference-workspace"),
     ("ggml_metal_graph_compute: command buffer 0 failed with status 5\n"
      "error: Insufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)", "ggml.metal-command-buffer"),
     ("Error: 500 Internal Server Error: memory layout cannot be allocated with num_gpu = 49", "ollama.layout"),
-    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 4294967296 Bytes of memory on device",
-     "llama.cpp.cuda-buffer"),
     ("llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers",
      "llama.cpp.compute-buffer"),
     ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 12.31GiB.",
@@ -717,7 +728,7 @@ def test_xla_direct_allocation_is_unknown_without_the_allocator_setting() -> Non
 
 
 @pytest.mark.parametrize("text", [
-    "[E] [TRT] ../rtSafe/cuda/cudaWorkspace.cpp (30) - Cuda Error in acquire: 2 (out of memory)",
+    "E0312 10:01:02.123 pool.cc:88] Error: could not grow the device pool: out of memory",
     "[ERROR] some_runtime: failed to allocate the scratch buffer: out of memory",
     "Fatal: insufficient memory to load the adapter",
 ])
@@ -801,3 +812,84 @@ def test_a_host_weight_buffer_is_unknown_without_the_machines_free_ram() -> None
                    "llama_model_load: error loading model: unable to allocate CPU buffer")
     assert (f.cls, f.rule) == ("unknown", "llama.cpp.model-buffer/host-buffer")
     assert "free -g" in (f.reason or "") and "417.66 MiB" in (f.reason or "")
+
+
+@pytest.mark.parametrize(("text", "cls", "rule"), [
+    # llama.cpp sets no fraction: the device holds what -ngl and -c put there
+    ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 46963.85 MiB on device 0: cudaMalloc failed: "
+     "out of memory", "capacity", "llama.cpp.cuda-buffer"),
+    ("ggml_vulkan: Device memory allocation of size 118497280 failed.\n"
+     "ggml_vulkan: vk::Device::allocateMemory: ErrorOutOfDeviceMemory", "capacity", "llama.cpp.cuda-buffer"),
+    ("ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 2147483648 Bytes of memory on device",
+     "capacity", "llama.cpp.cuda-buffer"),
+    # one Vulkan allocation of several GiB: the driver's per-allocation limit is as likely as the device
+    ("Device memory allocation of size 17368219904 failed.", "unknown",
+     "llama.cpp.cuda-buffer/vulkan-allocation-limit"),
+    # ollama picked the layers from its own estimate; the compute buffer is sized after the rest
+    ("Feb 21 01:41:02 host ollama[402]: ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on "
+     "device 0: cudaMalloc failed: out of memory", "unknown", "llama.cpp.cuda-buffer/estimate"),
+    ("Error: llama runner process has terminated: cudaMalloc failed: out of memory\n"
+     "ggml_gallocr_reserve_n: failed to allocate ROCm0 buffer of size 5274339328", "unknown",
+     "llama.cpp.cuda-buffer/compute"),
+    # TensorRT's workspace is its static reservation, in either direction
+    ("[E] [TRT] C:\\source\\rtSafe\\safeRuntime.cpp (25) - Cuda Error in "
+     "nvinfer1::internal::DefaultAllocator::allocate: 2 (out of memory)", "reservation_conflict",
+     "tensorrt.cuda-error"),
+    # vLLM's sleep mode shares the GPU with another workload; while loading weights the KV share is not taken yet
+    ("cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "reservation_conflict", "vllm.sleep.cumem"),
+    ("  File \"/usr/lib/python3/dist-packages/vllm/model_executor/model_loader/default_loader.py\", line 269, in "
+     "load_weights\nCUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "unknown",
+     "vllm.sleep.cumem/loading-weights"),
+])
+def test_an_engines_own_mechanism_commits_to_its_class(text: str, cls: str, rule: str) -> None:
+    f = analyse(text)[0]  # the first event; a compute buffer's own line is a second one
+    assert (f.cls, f.rule) == (cls, rule)
+    if cls == "unknown":
+        assert f.reason and len(f.reason.split()) >= 8
+    else:
+        assert f.knob and f.remedy
+
+
+@pytest.mark.parametrize(("text", "cls", "rule"), [
+    # older ggml's context buffer: one host malloc the size of the weights or the KV cache
+    ("GGML_ASSERT: /home/ci/project/gpt4all-backend/llama.cpp-230511/ggml.c:4411: ctx->mem_buffer != NULL\nAborted",
+     "capacity", "ggml.context-alloc/posix"),
+    ("GGML_ASSERT: D:\\a\\llama.cpp\\ggml.c:4411: ctx->mem_buffer != NULL", "unknown", "ggml.context-alloc"),
+    # node-llama-cpp's full KV cache: no device allocation failed
+    ("[Error: could not find a KV slot for the batch (try reducing the size of the batch or increase the context)]",
+     "unknown", "llama.cpp.kv-slots-full"),
+    # the context creation cut to its last line: KV cache, compute buffer or a refused parameter
+    ("Error: llama runner process has terminated: signal: aborted (core dumped) error:failed to create context with "
+     "model '/var/lib/ollama/.ollama/models/blobs/sha256-e84e'", "unknown", "llama.cpp.context-create"),
+])
+def test_older_and_wrapped_ggml_formats_are_recognised(text: str, cls: str, rule: str) -> None:
+    from infersight.hooks import _enginelog
+
+    assert _enginelog.interesting(text)  # the hooks' prefilter passes it on
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == (cls, rule)
+    assert f.engine in ("llama.cpp", "ollama")
+    if cls == "unknown":
+        assert f.reason and len(f.reason.split()) >= 8
+
+
+@pytest.mark.parametrize(("text", "rule"), [
+    # a ggml context's arena, sized by the program's own estimate: neither RAM nor VRAM ran out
+    ("ggml_new_object: not enough space in the context's memory pool (needed 10882896, available 10650320)",
+     "ggml.context-pool"),
+    # node-llama-cpp refuses from its own estimate against the VRAM free at that moment
+    ("Error: InsufficientMemoryError: A context size of 4096 with 4 sequences is too large for the available VRAM",
+     "node-llama-cpp.insufficient-memory"),
+    # early SGLang: the scheduler had admitted the batch, so the pool's bookkeeping disagrees
+    ("Prefill out of memory. This should nerver happen.", "sglang.pool.out-of-tokens/admitted-batch"),
+])
+def test_engine_bookkeeping_and_estimates_are_recognised_and_left_unknown(text: str, rule: str) -> None:
+    (f,) = analyse(text)
+    assert (f.cls, f.rule) == ("unknown", rule)
+    assert f.reason and len(f.reason.split()) >= 8
+
+
+def test_ggml_context_pool_numbers_are_read() -> None:
+    (f,) = analyse("ggml_new_object: not enough space in the context's memory pool (needed 10882896, available "
+                   "10650320)")
+    assert (f.extra["pool_needed_bytes"], f.extra["pool_size_bytes"]) == (10882896, 10650320)
