@@ -41,6 +41,7 @@ def main() -> None:
     fifth = load("serving_ooms_collected4.jsonl")
     sixth = load("serving_ooms_collected5.jsonl")
     seventh = load("serving_ooms_collected6.jsonl")
+    eighth = load("serving_ooms_collected7.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -51,7 +52,9 @@ def main() -> None:
     held6 = [r for r in sixth if r["split"] == "held_out"]
     tune7 = [r for r in seventh if r["split"] == "tune"]
     held7 = [r for r in seventh if r["split"] == "held_out"]
-    everything = given + collected + second + third + fourth + fifth + sixth + seventh
+    tune8 = [r for r in eighth if r["split"] == "tune"]
+    held8 = [r for r in eighth if r["split"] == "held_out"]
+    everything = given + collected + second + third + fourth + fifth + sixth + seventh + eighth
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -65,6 +68,9 @@ def main() -> None:
                         (f"seventh pass ({len(seventh)})", seventh),
                         (f"seventh pass, tuning half ({len(tune7)})", tune7),
                         (f"seventh pass, held-out half ({len(held7)})", held7),
+                        (f"eighth pass ({len(eighth)})", eighth),
+                        (f"eighth pass, tuning half ({len(tune8)})", tune8),
+                        (f"eighth pass, held-out half ({len(held8)})", held8),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

@@ -49,13 +49,14 @@ FOURTH = _load("serving_ooms_collected3.jsonl")
 FIFTH = _load("serving_ooms_collected4.jsonl")
 SIXTH = _load("serving_ooms_collected5.jsonl")
 SEVENTH = _load("serving_ooms_collected6.jsonl")
+EIGHTH = _load("serving_ooms_collected7.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH:
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH:
         assert r["url"].startswith("https://github.com/"), r["id"]
-    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH:
+    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH:
         assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
@@ -224,6 +225,38 @@ def test_the_seventh_collection_is_split_by_url_hash_and_repeats_no_earlier_mess
         assert r["message"].strip() not in earlier, r["id"]
     assert sum(r["label"] == "not_oom" for r in SEVENTH) >= 5
     assert {r["split"] for r in SEVENTH} == {"tune", "held_out"}
+
+
+def test_the_eighth_collection_is_split_by_url_hash_and_repeats_no_earlier_thread() -> None:
+    earlier = GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH
+    messages, urls = {r["message"].strip() for r in earlier}, {r["url"] for r in earlier}
+    for r in EIGHTH:
+        first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
+        assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
+        assert r["message"].strip() not in messages and r["url"] not in urls, r["id"]
+    assert len({r["url"] for r in EIGHTH}) == len(EIGHTH)
+    assert sum(r["label"] == "not_oom" for r in EIGHTH) >= 5
+    assert {r["split"] for r in EIGHTH} == {"tune", "held_out"}
+
+
+@pytest.mark.parametrize(("before", "cls", "rule"), [
+    ("", "unknown", "tgi.warmup.tokens/any-warmup-failure"),
+    ("ERROR text_generation_launcher: Method Warmup encountered an error.\n"
+     "ValueError: rope_scaling must be a dictionary with two fields\n", "unknown",
+     "tgi.warmup.tokens/any-warmup-failure"),
+    ("ERROR text_generation_launcher: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+     "GPU 0 has a total capacity of 22.05 GiB of which 1.10 GiB is free.\n", "capacity",
+     "tgi.warmup.tokens/shard-oom-shown"),
+])
+def test_tgi_warmup_prefill_message_is_capacity_only_when_the_shard_printed_an_oom(before: str, cls: str,
+                                                                                  rule: str) -> None:
+    # TGI's Python warm-up raises this text from `except Exception:`: any failure of the first batch.
+    text = before + ("RuntimeError: Not enough memory to handle 4096 prefill tokens. "
+                     "You need to decrease `--max-batch-prefill-tokens`")
+    found = [f for f in analyse(text) if f.rule.startswith("tgi.")]
+    assert [(f.cls, f.rule) for f in found] == [(cls, rule)]
+    if cls == "unknown":
+        assert found[0].reason and "shard's own error" in found[0].reason
 
 
 def test_floors_on_the_third_and_fourth_collections() -> None:
