@@ -70,10 +70,15 @@ with open("/proc/thread-self/status") as f:  # the main thread's switches: waits
         if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
             k, v = line.split(":")
             sw[k] = int(v)
+parent_cpu = -1.0  # the launcher's own CPU (every thread) by this ready time; only under launch
+if os.environ.get("INFERSIGHT_LAUNCH_SPAWN_NS"):
+    with open("/proc/%d/stat" % os.getppid()) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    parent_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 with open(sys.argv[3], "w") as f:
     json.dump({"ready_ns": ready_ns, "main_cpu": time.thread_time(), "proc_cpu": time.process_time(),
                "main_vol": sw.get("voluntary_ctxt_switches", 0),
-               "main_invol": sw.get("nonvoluntary_ctxt_switches", 0)}, f)
+               "main_invol": sw.get("nonvoluntary_ctxt_switches", 0), "parent_cpu": parent_cpu}, f)
 """
 
 MAKE_MODEL = r"""
@@ -127,6 +132,7 @@ class Run(NamedTuple):
     tree_vol: int  # voluntary switches of every process of the command (getrusage)
     tree_invol: int
     load: float  # 1-minute load average just before the run
+    launcher_cpu: float  # launch's own process (every thread) by CMD's ready time, s (-1 when plain)
 
 
 def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str, str] | None = None) -> Run:
@@ -145,7 +151,8 @@ def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str
         m = json.load(f)
     pre = (spawn_ns(otlp) - t0) / 1e9 if otlp else 0.0
     return Run((m["ready_ns"] - t0) / 1e9, wall, pre, cpu, m["proc_cpu"], m["main_cpu"], m["main_vol"],
-               m["main_invol"], r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw, load)
+               m["main_invol"], r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw, load,
+               float(m.get("parent_cpu", -1.0)))
 
 
 def median_ci(xs: list[float], level: float = 0.9) -> tuple[float, float, float]:
@@ -327,6 +334,11 @@ def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list
     p_cold = statistics.median(r.cold for r in plain)
     print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
                                                                                            100 * pre / p_cold))
+    for cname, v in cols[2:]:
+        own = [r.launcher_cpu for r in v if r.launcher_cpu >= 0]
+        if own:
+            print("%s's own process, CPU by CMD's ready time (/proc/PPID/stat, 10 ms ticks): median %.3f s, "
+                  "range %.3f-%.3f s" % (cname, statistics.median(own), min(own), max(own)))
     loads = [r.load for _c, v in cols for r in v]
     if other_launch:
         print("other launch's own cost before CMD starts: %.0f ms (`python -m infersight`)"
