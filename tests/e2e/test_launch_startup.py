@@ -83,15 +83,16 @@ def test_cmd_is_spawned_before_the_agent_side_is_imported(tmp_path: Path) -> Non
 
 
 # What launch's agent does not import for a CMD that starts and exits (no config file, no
-# GPU driver, no routing, no verdict due): each loads at its first use instead.
+# GPU driver, no routing, no verdict due): each loads at its first use instead. Nor the
+# served process's runtime of the hooks (their package's __init__: client, recorder).
 DEFERRED = ("tomllib", "infersight.agent.routing.table", "infersight.agent.routing.agentcheck",
-            "infersight.agent.devices.heterogeneity")
+            "infersight.agent.devices.heterogeneity", "infersight.hooks._client", "infersight.hooks._recorder")
 
 
 def test_the_embedded_agent_defers_what_a_cold_start_does_not_use(tmp_path: Path) -> None:
     """Launch's whole run (agent start, CMD's cold start, the flush and the closing report)
-    without tomllib, the routing table, the device verdicts, nor pynvml where no driver is
-    installed: and the hooks' events all arrive."""
+    without tomllib, the routing table, the device verdicts, the hooks' runtime, nor pynvml
+    where no driver is installed: and the hooks' events all arrive."""
     code = ("import ctypes, sys\nfrom infersight.agent import cli\nfrom infersight.agent.commands import launch\n"
             "deferred = list(%r)\n"
             "try:\n    ctypes.CDLL('libnvidia-ml.so.1')\nexcept OSError:\n    deferred.append('pynvml')\n"
