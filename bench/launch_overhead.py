@@ -70,11 +70,9 @@ with open("/proc/thread-self/status") as f:  # the main thread's switches: waits
         if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
             k, v = line.split(":")
             sw[k] = int(v)
-parent_cpu = -1.0  # the launcher's own CPU (every thread) by this ready time; only under launch
-if os.environ.get("INFERSIGHT_LAUNCH_SPAWN_NS"):
-    with open("/proc/%d/stat" % os.getppid()) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    parent_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+with open("/proc/%d/stat" % os.getppid()) as f:  # the parent's CPU (every thread) by this ready time:
+    fields = f.read().rsplit(")", 1)[1].split()  # launch's own, when launched
+parent_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 with open(sys.argv[3], "w") as f:
     json.dump({"ready_ns": ready_ns, "main_cpu": time.thread_time(), "proc_cpu": time.process_time(),
                "main_vol": sw.get("voluntary_ctxt_switches", 0),
@@ -132,7 +130,7 @@ class Run(NamedTuple):
     tree_vol: int  # voluntary switches of every process of the command (getrusage)
     tree_invol: int
     load: float  # 1-minute load average just before the run
-    launcher_cpu: float  # launch's own process (every thread) by CMD's ready time, s (-1 when plain)
+    launcher_cpu: float  # the parent's CPU by CMD's ready time, s: launch's own process when launched
 
 
 def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str, str] | None = None) -> Run:
@@ -334,11 +332,18 @@ def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list
     p_cold = statistics.median(r.cold for r in plain)
     print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
                                                                                            100 * pre / p_cold))
-    for cname, v in cols[2:]:
+    for cname, v in cols:
         own = [r.launcher_cpu for r in v if r.launcher_cpu >= 0]
-        if own:
-            print("%s's own process, CPU by CMD's ready time (/proc/PPID/stat, 10 ms ticks): median %.3f s, "
-                  "range %.3f-%.3f s" % (cname, statistics.median(own), min(own), max(own)))
+        if own and "launch" in cname:  # plain and hooks only: the parent is this bench
+            print("%s's own process, CPU by CMD's ready time (/proc/PPID/stat, 10 ms ticks): median %.3f s "
+                  "(%.1f%% of plain CMD's CPU to ready), range %.3f-%.3f s"
+                  % (cname, statistics.median(own), 100 * statistics.median(own) / statistics.median(
+                      r.cmd_cpu for r in plain), min(own), max(own)))
+    if other_launch:
+        diffs = [a.launcher_cpu - b.launcher_cpu for a, b in zip(launched, other_launch, strict=True)]
+        lo, hi, _cover = median_ci(diffs)
+        print("launch's own CPU by ready minus other launch's, paired by round: median %+.3f s, CI %+.3f to %+.3f s"
+              % (statistics.median(diffs), lo, hi))
     loads = [r.load for _c, v in cols for r in v]
     if other_launch:
         print("other launch's own cost before CMD starts: %.0f ms (`python -m infersight`)"
