@@ -140,8 +140,10 @@ def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str
     load = os.getloadavg()[0]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time_ns()
+    # In the marker's directory: `python -m infersight` puts its working directory first on
+    # sys.path, and a checkout's infersight/ there would shadow --other-launch's PYTHONPATH.
     subprocess.run(argv, check=True, env={**clean_env(), **(env or {})}, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+                   stderr=subprocess.DEVNULL, cwd=os.path.dirname(marker))
     wall = (time.time_ns() - t0) / 1e9
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime

@@ -11,7 +11,9 @@ cold-start bench (``launch_overhead.py``), whose CMD is a 5-7 s transformers sta
 resolve a few tens of milliseconds of launch's CPU under the pairs' spread. Both launches run
 as ``python -m infersight`` (the other with ``PYTHONPATH=PACKAGE_DIR``: a tree laid out as
 installed, e.g. a ``git archive`` of an older revision, see ``launch_overhead.py --help``), in
-alternating order. Prints the medians and quartiles of both and of the paired differences.
+alternating order, from a temporary directory (``-m`` puts the working directory first on
+``sys.path``: a checkout's ``infersight/`` there would shadow ``PYTHONPATH``). Prints the
+medians and quartiles of both and of the paired differences.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def main() -> int:
                 r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 subprocess.run([py, "-m", "infersight", "launch", "--no-console", "--otlp-file", otlp, "--", py,
                                 script, marker, str(args.work_s)], env={**env, **variants[name]}, check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
                 r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 with open(marker) as f:
                     cmd_cpu, parent = (float(x) for x in f.read().split())
