@@ -70,10 +70,13 @@ with open("/proc/thread-self/status") as f:  # the main thread's switches: waits
         if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
             k, v = line.split(":")
             sw[k] = int(v)
+with open("/proc/%d/stat" % os.getppid()) as f:  # the parent's CPU (every thread) by this ready time:
+    fields = f.read().rsplit(")", 1)[1].split()  # launch's own, when launched
+parent_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 with open(sys.argv[3], "w") as f:
     json.dump({"ready_ns": ready_ns, "main_cpu": time.thread_time(), "proc_cpu": time.process_time(),
                "main_vol": sw.get("voluntary_ctxt_switches", 0),
-               "main_invol": sw.get("nonvoluntary_ctxt_switches", 0)}, f)
+               "main_invol": sw.get("nonvoluntary_ctxt_switches", 0), "parent_cpu": parent_cpu}, f)
 """
 
 MAKE_MODEL = r"""
@@ -127,6 +130,7 @@ class Run(NamedTuple):
     tree_vol: int  # voluntary switches of every process of the command (getrusage)
     tree_invol: int
     load: float  # 1-minute load average just before the run
+    launcher_cpu: float  # the parent's CPU by CMD's ready time, s: launch's own process when launched
 
 
 def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str, str] | None = None) -> Run:
@@ -136,8 +140,10 @@ def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str
     load = os.getloadavg()[0]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time_ns()
+    # In the marker's directory: `python -m infersight` puts its working directory first on
+    # sys.path, and a checkout's infersight/ there would shadow --other-launch's PYTHONPATH.
     subprocess.run(argv, check=True, env={**clean_env(), **(env or {})}, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+                   stderr=subprocess.DEVNULL, cwd=os.path.dirname(marker))
     wall = (time.time_ns() - t0) / 1e9
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
@@ -145,7 +151,8 @@ def one_run(argv: list[str], marker: str, otlp: str | None = None, env: dict[str
         m = json.load(f)
     pre = (spawn_ns(otlp) - t0) / 1e9 if otlp else 0.0
     return Run((m["ready_ns"] - t0) / 1e9, wall, pre, cpu, m["proc_cpu"], m["main_cpu"], m["main_vol"],
-               m["main_invol"], r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw, load)
+               m["main_invol"], r1.ru_nvcsw - r0.ru_nvcsw, r1.ru_nivcsw - r0.ru_nivcsw, load,
+               float(m.get("parent_cpu", -1.0)))
 
 
 def median_ci(xs: list[float], level: float = 0.9) -> tuple[float, float, float]:
@@ -327,6 +334,18 @@ def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list
     p_cold = statistics.median(r.cold for r in plain)
     print("launcher's own cost before CMD starts: %.0f ms = %.1f%% of the plain cold start" % (pre * 1e3,
                                                                                            100 * pre / p_cold))
+    for cname, v in cols:
+        own = [r.launcher_cpu for r in v if r.launcher_cpu >= 0]
+        if own and "launch" in cname:  # plain and hooks only: the parent is this bench
+            print("%s's own process, CPU by CMD's ready time (/proc/PPID/stat, 10 ms ticks): median %.3f s "
+                  "(%.1f%% of plain CMD's CPU to ready), range %.3f-%.3f s"
+                  % (cname, statistics.median(own), 100 * statistics.median(own) / statistics.median(
+                      r.cmd_cpu for r in plain), min(own), max(own)))
+    if other_launch:
+        diffs = [a.launcher_cpu - b.launcher_cpu for a, b in zip(launched, other_launch, strict=True)]
+        lo, hi, _cover = median_ci(diffs)
+        print("launch's own CPU by ready minus other launch's, paired by round: median %+.3f s, CI %+.3f to %+.3f s"
+              % (statistics.median(diffs), lo, hi))
     loads = [r.load for _c, v in cols for r in v]
     if other_launch:
         print("other launch's own cost before CMD starts: %.0f ms (`python -m infersight`)"

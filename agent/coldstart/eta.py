@@ -22,7 +22,6 @@ run is used and the estimate says so. Without history there is no ETA, only elap
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -80,6 +79,8 @@ def milestones(ended: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 
 def _median(values: Sequence[float]) -> float:
+    import statistics  # at a prediction (a command with a history), not at every agent's start
+
     return float(statistics.median(values)) if values else 0.0
 
 
@@ -88,6 +89,8 @@ def _iqr(values: Sequence[float]) -> float | None:
         return None
     if len(values) < 4:
         return max(values) - min(values)
+    import statistics
+
     q = statistics.quantiles(values, n=4, method="inclusive")
     return q[2] - q[0]
 

@@ -20,7 +20,6 @@ import math
 import mmap
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -243,6 +242,8 @@ def ensure_for_dir(directory: str, size: int = MIN_SAMPLE, cache: str | None = N
 
 def measure_dir(directory: str, size: int = 256 << 20, cache: str | None = None) -> dict[str, Any]:
     """Write a scratch file of ``size`` bytes in ``directory``, read it back directly, cache it."""
+    import tempfile  # only where a ceiling is measured: not in every agent's start
+
     fd, scratch = tempfile.mkstemp(prefix=".infersight-ceiling-", dir=directory)
     try:
         chunk = os.urandom(1 << 20)

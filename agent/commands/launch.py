@@ -142,6 +142,24 @@ def hooks_module(name: str) -> Any:
     return importlib.import_module(LAUNCH_HOOKS_PACKAGE + "." + name)
 
 
+def bare_hooks_package() -> None:
+    """``infersight.hooks`` as a bare package in launch's own process, its ``__init__`` not run:
+    the agent side uses only the package's stdlib-only submodules (``_contract``, ``_wire``,
+    ``_paths``, ``_listening``...), and the ``__init__`` is the served process's runtime (its
+    client, recorder, sampler and readiness state: 5-15 ms of CPU) that launch never runs. A
+    process that imported the hooks already keeps them."""
+    if "infersight.hooks" in sys.modules:
+        return
+    import importlib.util
+
+    spec = importlib.util.find_spec("infersight.hooks")
+    if spec is None or spec.loader is None:
+        return
+    pkg = importlib.util.module_from_spec(spec)  # __path__ and __spec__ set; nothing executed
+    sys.modules["infersight.hooks"] = pkg
+    setattr(sys.modules["infersight"], "hooks", pkg)  # noqa: B010
+
+
 JOIN_TIMEOUT_S = 3.0  # an agent that takes longer to answer is not joined (auto: embedded instead)
 ITEM_KINDS_CONSOLE = ["coldstart", "progress"]  # the waterfall
 ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]  # with --otlp-file: its copy
@@ -352,6 +370,7 @@ class AgentSide:
     def __init__(self, module_name: str = "launch_session") -> None:
         import threading
 
+        bare_hooks_package()  # here, on the main thread: before any import of the agent side
         self.module_name = module_name
         self.box: dict[str, Any] = {}
         self.done_r, self.done_w = os.pipe()  # written when the import ends: select()able
@@ -391,6 +410,7 @@ class AgentSide:
 def _quick_end(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,
                err: TextIO) -> int | None:
     """CMD exited: write what launch saw and exit, when nothing is left for an agent (None otherwise)."""
+    bare_hooks_package()
     from infersight.agent.commands import launch_quick
 
     if not launch_quick.eligible(opts, private, listen_fd, child):

@@ -141,8 +141,9 @@ class EmbeddedAgent:
         await self._agent.settle_exporters()
 
     def health(self) -> dict[str, Any]:
-        """The agent's status reply (lost events, exporters' states)."""
-        return self._agent.health()
+        """The agent's status reply (lost events, exporters' states), without the extensions'
+        sections (the devices' would load the device rules, for a report that does not show them)."""
+        return self._agent.health(extensions=False)
 
     def _stand_in(self, child: Child) -> Producer:
         p = self._stand_ins.get(child.pid)

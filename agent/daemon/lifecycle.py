@@ -330,7 +330,9 @@ class Agent:
         """What the operator should know that is not a failure (an agent with no sink)."""
         return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING])]
 
-    def health(self) -> dict[str, Any]:
+    def health(self, extensions: bool = True) -> dict[str, Any]:
+        """The status reply; ``extensions=False`` leaves out the extensions' sections (what
+        launch's closing report does not show: the device rules need not load for it)."""
         now = time.monotonic()
         exporters = [{"name": w.name, **w.state()} for w in self.workers]
         problems = self.problems(now)
@@ -355,7 +357,7 @@ class Agent:
             "subscribers": len(self.sessions),
             "extensions": [ext.name for ext in self.extensions],
         }
-        for ext in self.extensions:
+        for ext in self.extensions if extensions else ():
             for key, value in ext.health().items():
                 h.setdefault(key, value)  # an extension adds sections; it never hides the agent's
         return h
@@ -383,8 +385,15 @@ class Agent:
         if self._notifier is not None:
             self._notifier.send(*fields)
 
+    def _notifies(self) -> bool:
+        """Whether sd_notify goes anywhere: a daemon under systemd (``NOTIFY_SOCKET``)."""
+        return self._notifier is not None and self._notifier.target is not None
+
     def notify_status(self) -> None:
-        """STATUS= when the line changed since it was last sent."""
+        """STATUS= when the line changed since it was last sent (the line is the whole health:
+        not computed where nothing listens, as in launch's embedded agent)."""
+        if not self._notifies():
+            return
         text = self.status_line()
         if text != self._status_sent:
             self._status_sent = text
@@ -479,8 +488,9 @@ class Agent:
         interval = sdnotify.watchdog_interval_s()
         if interval is not None and not self.embedded:
             self._watchdog_task = loop.create_task(self._watchdog(interval), name="agent-watchdog")
-        self._status_sent = self.status_line()
-        self._notify("READY=1", "STATUS=" + self._status_sent)
+        if self._notifies():
+            self._status_sent = self.status_line()
+            self._notify("READY=1", "STATUS=" + self._status_sent)
 
     async def _heartbeat(self) -> None:
         # Spools of producers that died (their lock is free) are picked up within this long: a

@@ -18,7 +18,12 @@ from infersight.agent.daemon.extension import AgentContext, Apply, Extension
 from infersight.agent.devices.job import DeviceJob
 from infersight.agent.devices.settings import load_thresholds, parse_config
 from infersight.latency import RequestWindows
+from infersight.rules.device_rules import DeviceThresholds
 from infersight.settings import Config
+
+
+def _shipped_thresholds() -> DeviceThresholds:
+    return load_thresholds(None)
 
 
 class DevicesExtension(Extension):
@@ -30,8 +35,10 @@ class DevicesExtension(Extension):
         value or rule file."""
         self._env = env
         c = parse_config(config, env)
+        # A user's rule file is checked now (file:line); the shipped one (CI checks it) at first use.
+        thresholds = load_thresholds(c.rules) if c.rules is not None else _shipped_thresholds
         self.job = DeviceJob(
-            interval_s=c.interval_s, enabled=c.enabled, proc_root=c.proc_root, thresholds=load_thresholds(c.rules),
+            interval_s=c.interval_s, enabled=c.enabled, proc_root=c.proc_root, thresholds=thresholds,
             requests=requests, evaluate_interval_s=c.evaluate_interval_s, window_s=c.window_s,
             export_interval_s=c.export_interval_s,
         )  # fmt: skip

@@ -33,16 +33,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.extension import AgentContext
-from infersight.agent.devices.heterogeneity import DeviceVerdict, WindowState, evaluate, summarize_samples
 from infersight.agent.devices.metrics import RecordedSamples, device_metrics, nvml_unavailable
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
 from infersight.latency import DEFAULT_WINDOW_S, NvmlDevice, RequestWindows, SeriesKey
 from infersight.metricspec import declared
 from infersight.rules.device_rules import DeviceThresholds
 from infersight.telemetry import Attributes, Item, LogItem, MetricItem, NumberPoint
+
+if TYPE_CHECKING:  # the verdicts' module is imported at the first evaluation (10 s after start, by default)
+    from infersight.agent.devices.heterogeneity import DeviceVerdict, WindowState
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -101,7 +103,7 @@ class DeviceJob:
         enabled: bool = True,
         export_interval_s: float = 10.0,
         proc_root: str = "/proc",
-        thresholds: DeviceThresholds | None = None,
+        thresholds: DeviceThresholds | Callable[[], DeviceThresholds] | None = None,
         requests: RequestWindows | None = None,
         evaluate_interval_s: float = 10.0,
         window_s: float = DEFAULT_WINDOW_S,
@@ -110,7 +112,14 @@ class DeviceJob:
         self.recorded = RecordedSamples(export_interval_s)
         self.enabled = enabled
         self.nvml = nvml if nvml is not None else (Nvml(proc_root=proc_root) if enabled else None)
-        self.thresholds = thresholds or DeviceThresholds()
+        # A callable: the thresholds load at their first use (the shipped rule file: its TOML
+        # parse and tomllib's import are not paid while a launched command starts).
+        self._thresholds: DeviceThresholds | None = None
+        self._load_thresholds: Callable[[], DeviceThresholds] | None = None
+        if callable(thresholds):
+            self._load_thresholds = thresholds
+        else:
+            self._thresholds = thresholds or DeviceThresholds()
         self.requests = requests  # None: device samples and events only, no verdicts
         self.evaluate_interval_s = evaluate_interval_s
         self.window_s = window_s
@@ -129,6 +138,18 @@ class DeviceJob:
         self._nvml_lock = threading.Lock()  # sampling and nvmlShutdown never overlap
         self._start_ns = time.time_ns()
         self.tick_errors = 0
+
+    @property
+    def thresholds(self) -> DeviceThresholds:
+        t = self._thresholds
+        if t is None:
+            assert self._load_thresholds is not None
+            t = self._thresholds = self._load_thresholds()  # two threads may both load: the same value
+        return t
+
+    @thresholds.setter
+    def thresholds(self, value: DeviceThresholds) -> None:
+        self._thresholds = value
 
     # -- health ------------------------------------------------------------------------
 
@@ -304,13 +325,17 @@ class DeviceJob:
     # -- verdicts ----------------------------------------------------------------------
 
     def windows(self) -> dict[str, WindowState]:
+        from infersight.agent.devices.heterogeneity import summarize_samples
+
         return {hw: summarize_samples(list(q), self.thresholds) for hw, q in self.samples.items() if q}
 
     def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:
         """Verdicts over the windows: coefficient gauge, degraded states, change events."""
+        from infersight.agent.devices.heterogeneity import evaluate as verdicts_of
+
         agent = self._agent
         stats = self.requests.window.stats(now_ns / 1e9) if self.requests is not None else []
-        verdicts = evaluate(stats, self.windows(), self.thresholds)
+        verdicts = verdicts_of(stats, self.windows(), self.thresholds)
         self.verdicts = {v.key: v for v in verdicts}
         names = {**(self.requests.names if self.requests is not None else {}), **self.names}
         states: dict[str, HwState] = {}

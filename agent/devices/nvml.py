@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,22 @@ _THROTTLE_BY_BIT = dict(THROTTLE_REASONS)
 
 # nvml.h constants used here (kept local so this module imports without pynvml).
 _ERROR_NOT_SUPPORTED = 3
+_ERROR_LIBRARY_NOT_FOUND = 12
+LIBRARY_NOT_FOUND = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"  # pynvml's str() of it
+NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads on Linux
+
+
+def _library_loads() -> bool:
+    """Whether the loader finds the NVML library as pynvml would load it (Linux; elsewhere
+    pynvml decides). A dlopen that fails costs microseconds; importing pynvml, milliseconds."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        return False
+    return True
+
 _ERROR_TIMEOUT = 10
 _ERROR_GPU_IS_LOST = 15
 _CLOCK_SM = 1
@@ -209,6 +226,14 @@ class Nvml:
 
     def _init(self) -> NvmlStatus:
         if self._lib is None:
+            import importlib.util
+
+            if importlib.util.find_spec("pynvml") is None:
+                return self._failed("nvidia-ml-py is not installed: No module named 'pynvml'", None)
+            if not _library_loads():
+                # What pynvml's nvmlInit says then, without importing pynvml (~15 ms of CPU,
+                # paid by every launch on a host without a driver, while its command starts).
+                return self._failed(LIBRARY_NOT_FOUND, _ERROR_LIBRARY_NOT_FOUND)
             try:
                 import pynvml
             except ImportError as exc:

@@ -17,11 +17,9 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
-from infersight.agent.routing.agentcheck import AgentCheckServer
-from infersight.agent.routing.table import LatencySource, RoutingTable, SlowDevices
 from infersight.settings import (
     Config,
     ConfigError,
@@ -32,6 +30,10 @@ from infersight.settings import (
     parse_listen_port,
     section_settings,
 )
+
+if TYPE_CHECKING:  # imported when routing is enabled (off by default: ~3 ms an agent need not pay)
+    from infersight.agent.routing.agentcheck import AgentCheckServer
+    from infersight.agent.routing.table import LatencySource, RoutingTable, SlowDevices
 
 log = logging.getLogger("infersight.agent.routing")
 REFRESH_S = 0.25
@@ -75,13 +77,19 @@ class RoutingExtension(Extension):
         self._env = env
         self.settings = parse_config(config, env)
         self.enabled: bool = self.settings["enabled"]
-        self.table = RoutingTable(latency, slow_devices, self.settings["max_concurrency"])
+        self.table: RoutingTable | None = None
+        if self.enabled:
+            from infersight.agent.routing.table import RoutingTable
+
+            self.table = RoutingTable(latency, slow_devices, self.settings["max_concurrency"])
         self.server: AgentCheckServer | None = None
         self._agent: AgentContext | None = None
 
     async def start(self, agent: AgentContext) -> None:
-        if not self.enabled:
+        if self.table is None:
             return
+        from infersight.agent.routing.agentcheck import AgentCheckServer
+
         self._agent = agent
         server = AgentCheckServer(self.table.reply, self.settings["host"], self.settings["agent_check_port"])
         try:
@@ -93,12 +101,12 @@ class RoutingExtension(Extension):
         if self.settings["host"] in ("0.0.0.0", "::"):
             log.warning("routing agent-check configured on all interfaces (%s)", self.settings["host"])
         agent.observe(self.table.observe)
-        agent.spawn(self._refresh(agent), "routing-refresh")
+        agent.spawn(self._refresh(agent, self.table), "routing-refresh")
 
-    async def _refresh(self, agent: AgentContext) -> None:
+    async def _refresh(self, agent: AgentContext, table: RoutingTable) -> None:
         while True:
             await asyncio.sleep(REFRESH_S)
-            changed = self.table.refresh()
+            changed = table.refresh()
             if changed:
                 agent.broadcaster.publish(changed)
 
@@ -107,7 +115,7 @@ class RoutingExtension(Extension):
         return None
 
     def health(self) -> Mapping[str, Any]:
-        if self.server is None:
+        if self.server is None or self.table is None:
             return {"routing": {"enabled": self.enabled, "agent_check_port": None}}
         return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot(),
                             "port_claims_refused": self.table.port_claims_refused,
@@ -117,7 +125,7 @@ class RoutingExtension(Extension):
         server, self.server = self.server, None
         if server is not None:
             await server.aclose()
-        if self._agent is not None:
+        if self._agent is not None and self.table is not None:
             cleared = self.table.clear_all()
             if cleared:
                 self._agent.broadcaster.publish(cleared)

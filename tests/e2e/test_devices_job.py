@@ -268,6 +268,18 @@ def test_bad_rule_file_is_a_config_error(tmp_path: Path) -> None:
     assert load_thresholds(None).slow_coefficient == 1.2
 
 
+def test_a_users_rule_file_is_checked_at_start_and_the_shipped_one_at_first_use(tmp_path: Path) -> None:
+    from infersight.agent.devices.extension import DevicesExtension
+
+    bad = tmp_path / "devices.toml"
+    bad.write_text("engine = 1\n[thresholds]\nslow_coefficient = 0.5\n")
+    with pytest.raises(ConfigError, match=r"devices\.rules: .*devices\.toml:3"):
+        DevicesExtension(_conf({"devices.rules": str(bad)}), RequestStats(), env={})
+    ext = DevicesExtension(_conf({}), RequestStats(), env={})
+    assert ext.job.thresholds == load_thresholds(None)  # loaded now, at its first use
+    assert ext.health()["nvml"]["slow_coefficient"] == 1.2
+
+
 # -- in-process: the req handler -------------------------------------------------------------
 
 REQ = {"d": "cuda:0", "m": "m", "n": 5, "c": None, "s": 1, "dur": 0.01, "ttft": None, "sp": None, "err": None}

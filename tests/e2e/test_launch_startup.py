@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_otlp_lines, spans
+from conftest import log_records, read_otlp_lines, spans
 
 CLI = [sys.executable, "-m", "infersight"]
 # What the agent side costs (asyncio alone ~35 ms, the OTel protobufs far more).
@@ -80,6 +80,42 @@ def test_cmd_is_spawned_before_the_agent_side_is_imported(tmp_path: Path) -> Non
     # ...and the hooks that connected while the agent was still importing lost nothing.
     roots = [s for s in spans(read_otlp_lines(tmp_path / "o.jsonl")) if s["name"] == "coldstart"]
     assert len(roots) == 1
+
+
+# What launch's agent does not import for a CMD that starts and exits (no config file, no
+# GPU driver, no routing, no verdict due): each loads at its first use instead. Nor the
+# served process's runtime of the hooks (their package's __init__: client, recorder).
+DEFERRED = ("tomllib", "infersight.agent.routing.table", "infersight.agent.routing.agentcheck",
+            "infersight.agent.devices.heterogeneity", "infersight.hooks._client", "infersight.hooks._recorder")
+
+
+def test_the_embedded_agent_defers_what_a_cold_start_does_not_use(tmp_path: Path) -> None:
+    """Launch's whole run (agent start, CMD's cold start, the flush and the closing report)
+    without tomllib, the routing table, the device verdicts, the hooks' runtime, nor pynvml
+    where no driver is installed: and the hooks' events all arrive."""
+    code = ("import ctypes, sys\nfrom infersight.agent import cli\nfrom infersight.agent.commands import launch\n"
+            "deferred = list(%r)\n"
+            "try:\n    ctypes.CDLL('libnvidia-ml.so.1')\nexcept OSError:\n    deferred.append('pynvml')\n"
+            "real_module = launch.AgentSide.module\n"
+            "def module(self):\n"
+            "    m = real_module(self)\n"
+            "    real_run = m.run\n"
+            "    def run(*a, **k):\n"
+            "        rc = real_run(*a, **k)\n"
+            "        sys.stderr.write('AT-END %%s\\n' %% sorted(x for x in deferred if x in sys.modules))\n"
+            "        return rc\n"
+            "    m.run = run\n"
+            "    return m\n"
+            "launch.AgentSide.module = module\n"
+            "sys.exit(cli.main(['launch', '--no-console', '--otlp-file', 'o.jsonl', '--', sys.executable, '-c', "
+            "'import time; from infersight import hooks; hooks.log(\"x\"); time.sleep(0.5)']))\n" % (DEFERRED,))
+    r = run_py(code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "AT-END []" in r.stderr, r.stderr
+    records = read_otlp_lines(tmp_path / "o.jsonl")
+    assert len([s for s in spans(records) if s["name"] == "coldstart"]) == 1
+    assert [rec["body"]["stringValue"] for rec in log_records(records)] == ["x"]
+    assert "lost" not in r.stderr
 
 
 RESIDENCY = ("import os, sys\nfrom infersight.agent.commands import pagecache\n"
