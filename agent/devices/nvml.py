@@ -41,19 +41,6 @@ _ERROR_NOT_SUPPORTED = 3
 _ERROR_LIBRARY_NOT_FOUND = 12
 LIBRARY_NOT_FOUND = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"  # pynvml's str() of it
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads on Linux
-
-
-def _library_loads() -> bool:
-    """Whether the loader finds the NVML library as pynvml would load it (Linux; elsewhere
-    pynvml decides). A dlopen that fails costs microseconds; importing pynvml, milliseconds."""
-    if not sys.platform.startswith("linux"):
-        return True
-    try:
-        ctypes.CDLL(NVML_LIBRARY)
-    except OSError:
-        return False
-    return True
-
 _ERROR_TIMEOUT = 10
 _ERROR_GPU_IS_LOST = 15
 _CLOCK_SM = 1
@@ -70,6 +57,18 @@ EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID = 0x8
 # The init PID namespace has a fixed inode (PROC_PID_INIT_INO in the kernel).
 _INIT_PIDNS = "pid:[4026531836]"
+
+
+def _library_loads() -> bool:
+    """Whether the loader finds the NVML library as pynvml would load it (Linux; elsewhere
+    pynvml decides). A dlopen that fails costs microseconds; importing pynvml, milliseconds."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        return False
+    return True
 
 
 def decode_throttle(mask: int) -> tuple[str, ...]:

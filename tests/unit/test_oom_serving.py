@@ -196,47 +196,28 @@ def test_the_third_collection_is_split_and_its_held_out_half_quoted_by_no_rule_e
     assert len(THIRD) >= 40 and sum(r["label"] == "not_oom" for r in THIRD) >= 8
 
 
-def test_the_fifth_collection_is_split_by_url_hash_and_repeats_no_earlier_message() -> None:
-    earlier = {r["message"].strip() for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH}
-    for r in FIFTH:
-        first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
-        assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
-        assert r["message"].strip() not in earlier, r["id"]
-    assert sum(r["label"] == "not_oom" for r in FIFTH) >= 8
-    assert {r["split"] for r in FIFTH} == {"tune", "held_out"}
+# The blind collections, each with what came before it and its least number of non-memory errors.
+BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
+         ("sixth", SIXTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH, 5),
+         ("seventh", SEVENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH, 5),
+         ("eighth", EIGHTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH, 5)]
 
 
-def test_the_sixth_collection_is_split_by_url_hash_and_repeats_no_earlier_message() -> None:
-    earlier = {r["message"].strip() for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH}
-    for r in SIXTH:
-        first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
-        assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
-        assert r["message"].strip() not in earlier, r["id"]
-    assert 25 <= sum(r["label"] != "not_oom" for r in SIXTH) <= 40
-    assert sum(r["label"] == "not_oom" for r in SIXTH) >= 5
-    assert {r["split"] for r in SIXTH} == {"tune", "held_out"}
-
-
-def test_the_seventh_collection_is_split_by_url_hash_and_repeats_no_earlier_message() -> None:
-    earlier = {r["message"].strip() for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH}
-    for r in SEVENTH:
-        first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
-        assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
-        assert r["message"].strip() not in earlier, r["id"]
-    assert sum(r["label"] == "not_oom" for r in SEVENTH) >= 5
-    assert {r["split"] for r in SEVENTH} == {"tune", "held_out"}
-
-
-def test_the_eighth_collection_is_split_by_url_hash_and_repeats_no_earlier_thread() -> None:
-    earlier = GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH
+@pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
+def test_a_blind_collection_is_split_by_url_hash_and_repeats_no_earlier_thread(
+        new: list[dict], earlier: list[dict], negatives: int) -> None:  # type: ignore[type-arg]
     messages, urls = {r["message"].strip() for r in earlier}, {r["url"] for r in earlier}
-    for r in EIGHTH:
+    for r in new:
         first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
         assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
         assert r["message"].strip() not in messages and r["url"] not in urls, r["id"]
-    assert len({r["url"] for r in EIGHTH}) == len(EIGHTH)
-    assert sum(r["label"] == "not_oom" for r in EIGHTH) >= 5
-    assert {r["split"] for r in EIGHTH} == {"tune", "held_out"}
+    assert len({r["url"] for r in new}) == len(new)
+    assert sum(r["label"] == "not_oom" for r in new) >= negatives
+    assert {r["split"] for r in new} == {"tune", "held_out"}
+
+
+def test_the_sixth_collection_holds_25_to_40_memory_errors() -> None:
+    assert 25 <= sum(r["label"] != "not_oom" for r in SIXTH) <= 40
 
 
 @pytest.mark.parametrize(("before", "cls", "rule"), [
