@@ -147,17 +147,26 @@ class Client:
         self._urgent = True
         self.hurry()
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until everything emitted so far was sent and acked, or spooled (or counted)."""
+    def flush(self, timeout_s: float, wake_launch: bool = True) -> bool:
+        """Wait until everything emitted so far was sent and acked, or spooled (or counted).
+        Under a launch that holds its agent back (``Connection.held``), ``wake_launch`` rings
+        it and waits for the agent to take the spool (``hooks.flush``: the caller wants it
+        delivered); at exit (``close``) the spool is enough."""
         deadline = time.monotonic() + timeout_s
+        held = wake_launch and (self.conn.held() or self.conn.held_back)
+        if held and self.conn.held():
+            self.urgent()  # launch starts its agent; once connected, the spool is replayed
         self._flushing += 1  # the pumps read acks now, whatever the outbox holds
         try:
             while time.monotonic() < deadline:
                 if not self._buf and self._idle.is_set():
                     conn = self.conn
-                    if not conn.outbox:
+                    if held and (not conn.up or self.spool.pending()):
+                        if conn.refused:
+                            return False  # (launch's agent is on its way: wait for it)
+                    elif not conn.outbox:
                         return True
-                    if not conn.up and (conn.refused or conn.retry_in() > 0):
+                    elif not conn.up and (conn.refused or conn.retry_in() > 0):
                         # Sent, unacked, and the agent went away (a send failed: it is not read
                         # for nothing any more, so that is how a dead agent shows): no ack can
                         # come before a reconnect; at exit they go to the spool (``close``).
@@ -171,7 +180,7 @@ class Client:
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush within the time limit, then spool whatever is left (at exit)."""
         try:
-            self.flush(timeout_s)
+            self.flush(timeout_s, wake_launch=False)
         finally:
             self._stop = True
             self._wake.set()
@@ -245,8 +254,8 @@ class Client:
                         break  # close() holds the buffer now: it spools what is left
                     self._idle.clear()
                     self._pump()
-                    if urgent and self.conn.up:
-                        self.conn.ring()
+                    if urgent and (self.conn.up or self.conn.held()):
+                        self.conn.ring()  # (held: the ring starts launch's agent)
                     if not self._buf:
                         self._idle.set()
         except Exception as exc:  # fail open: never take the host down

@@ -39,6 +39,7 @@ SEND_TIMEOUT_S = 2.0
 RECV_BYTES = 65536
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 5.0
+HELD_RETRY_S = 0.1  # launch holds its agent back: look for its mark again this often
 
 
 def peer_uid(sock: Any) -> Optional[int]:
@@ -67,10 +68,20 @@ class Connection:
         self._next_attempt = 0.0
         self._backoff = RECONNECT_MIN_S
         self._warned = ""
+        self.held_back = False  # launch held its agent back when this last tried to connect
 
     @property
     def up(self) -> bool:
         return self.sock is not None
+
+    def held(self) -> bool:
+        """``launch`` holds its agent back while CMD starts (its mark lies beside the socket:
+        launch's private directory, which only its user can write): spool, do not connect
+        (no welcome could come); ring at readiness or an OOM. Every process under CMD."""
+        try:
+            return os.path.exists(os.path.join(os.path.dirname(self.socket_path), _wire.AGENT_HELD_MARK))
+        except (OSError, ValueError):
+            return False
 
     def congested(self) -> bool:
         return self.outbox_bytes >= MAX_OUTBOX_BYTES
@@ -84,6 +95,10 @@ class Connection:
             return True
         now = time.monotonic()
         if self.refused or now < self._next_attempt:
+            return False
+        if self.held():
+            self.held_back = True
+            self._next_attempt = now + HELD_RETRY_S
             return False
         uids = self._agent_uids()
         if uids is None:
@@ -113,6 +128,7 @@ class Connection:
             self._schedule_retry(now)
             return False
         self.sock = sock
+        self.held_back = False
         self._backoff = RECONNECT_MIN_S
         self._rx = b""
         for _last, _n, frame in list(self.outbox):

@@ -121,6 +121,7 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     poll = st.callbacks.get("ready")
     if poll is not None:
         poll(start)
+    _runtime.ring_launch()  # a launch that holds its agent back starts it now
 
 
 def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:

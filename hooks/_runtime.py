@@ -136,6 +136,17 @@ def emit_urgent(kind: str, data: Dict[str, Any]) -> None:
             fail(exc)
 
 
+def ring_launch() -> None:
+    """Under ``launch``: send what is queued and ring the agent's doorbell, which starts an
+    agent that launch holds back while CMD starts (this process is ready). Never blocks."""
+    c = _state.current.runtime.client
+    if c is not None and c.enabled and c.conn.held():
+        try:
+            c.urgent()
+        except Exception as exc:
+            fail(exc)
+
+
 def emit_soon(kind: str, data: Dict[str, Any]) -> None:
     """``emit``, and send it now rather than at the end of the batch delay, without ringing
     the agent's doorbell (that is for OOMs): a cold-start checkpoint must leave the process

@@ -62,7 +62,10 @@ class Sampler:
         self.interval_s = interval_s if interval_s is not None else (_env_interval() if sample else TICK_S)
         self.samples: List[Tuple[int, str]] = []
         self._stop = threading.Event()
-        self._labels: Dict[Any, Optional[str]] = {}
+        # id(code) -> (code, its label): a code object's own hash walks its bytecode and
+        # constants (12-30 us for a module's body, what an import's sample lands in); the
+        # entry holds the code, so its id is not reused while cached.
+        self._labels: Dict[int, Tuple[Any, Optional[str]]] = {}
         self._thread: Optional[threading.Thread] = None
         self.slowed = 0  # sleeps lengthened inside an import (tests)
         self.ticks = 0
@@ -137,10 +140,12 @@ class Sampler:
         f = frame
         while f is not None and depth < 128:
             code = f.f_code
-            if code in labels:
-                lab = labels[code]
+            hit = labels.get(id(code))
+            if hit is not None and hit[0] is code:
+                lab = hit[1]
             else:
-                lab = labels[code] = _code_label(code, f.f_globals)
+                lab = _code_label(code, f.f_globals)
+                labels[id(code)] = (code, lab)
             if lab is not None:
                 return lab
             if not leaf:

@@ -133,6 +133,9 @@ def encode_batch(events: List[Event]) -> bytes:
 
 
 URGENT_FRAME = encode_frame({"t": "urgent"})  # the doorbell, alone on a fresh connection
+# Beside launch's private socket while launch holds its agent back (CMD starts): the hooks
+# ring at readiness (the agent starts then) and, exiting meanwhile, spool at once (no ack can come).
+AGENT_HELD_MARK = "agent-held"
 STATUS_FRAME = encode_frame({"t": "status"})  # asks the agent for its health
 
 

@@ -125,6 +125,9 @@ class ProgressTracker:
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
+        # pid -> the command line it was started with, for a process that may be gone when its
+        # events are read (launch holds its agent back while CMD starts: ``launch_hold``)
+        self.known_commands: dict[int, list[str]] = {}
         # Each uid's share of the table: one user's processes cannot starve another's progress.
         self.max_warming_per_uid = max_warming_per_uid
         self.warming_by_uid: dict[int | None, int] = {}
@@ -255,6 +258,8 @@ class ProgressTracker:
         kernel's), and its command line's shape (``argv0`` when /proc says nothing)."""
         pid_v = resource.get("process.pid")
         command = cmdline_of(pid_v, self.proc_root) if isinstance(pid_v, int) and pid_v else None
+        if not command and isinstance(pid_v, int):  # (a zombie's cmdline is empty)
+            command = self.known_commands.get(pid_v)  # exited before its events were read (launch's CMD)
         return ch.service_key(service, command or [str(resource.get("process.command") or "")], uid=uid_of(resource))
 
     # -- output --------------------------------------------------------------------------

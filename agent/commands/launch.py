@@ -47,6 +47,7 @@ import time
 
 from infersight.agent.cli import command_help
 from infersight.agent.commands.launch_base import (
+    AGENT_HOLD_S,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_USAGE,
@@ -418,6 +419,27 @@ def _quick_end(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
     return launch_quick.run(opts, path, private, child, spawn_ns, err)
 
 
+def _hold(opts: LaunchOptions, child: Child, listen_fd: int, spawn_ns: int, private: Private, err: TextIO) -> Any:
+    """Hold the embedded agent back while CMD starts (``launch_hold``); None where launch's
+    agent has work during the cold start (``--ready-url``/``--probe`` poll CMD) or the hold is off."""
+    hold_s = opts.hold_s
+    if hold_s is None:  # the default: a terminal shows the agent's live "warming:" line, so no hold there
+        hold_s = 0.0 if opts.console and _isatty(err) else AGENT_HOLD_S
+    if hold_s <= 0 or opts.ready_url or opts.probe:
+        return None
+    bare_hooks_package()
+    from infersight.agent.commands import launch_hold
+
+    return launch_hold.hold(child, listen_fd, spawn_ns, private.path, hold_s)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def check_stage_rules(dirs: Sequence[str]) -> str | None:
     """The stage rules the child's hooks will read, ``dirs`` included: None when valid, else
     one ``file:line: problem`` line each."""
@@ -527,14 +549,19 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
                 return quick
-        agent_side = AgentSide()  # CMD runs: now the heavy part
-        if child.exit_ns == 0 and agent_side.wait_or_exit(child):
+        held = _hold(opts, child, listen_fd, spawn_ns, private, err) if child.exit_ns == 0 else None
+        if held is not None and held.why == "exited" and not held.connections:
+            quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
+            if quick is not None:
+                return quick
+        agent_side = AgentSide()  # CMD runs (or is done): now the heavy part
+        if child.exit_ns == 0 and agent_side.wait_or_exit(child) and not (held is not None and held.connections):
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
                 opts.import_abandoned = True  # the agent side is still being imported: not needed
                 return quick
         launch_session = agent_side.module()
-        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err)
+        rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err, held)
         return rc
     finally:
         if child is not None:
@@ -563,6 +590,11 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
     lp.add_argument("--rules-dir", metavar="DIR", action="append", default=[],
                     help="also read stage rules (*.toml with [[stage]] tables) from DIR, after the shipped "
                          "rules and $INFERSIGHT_RULES_DIRS (default /etc/infersight/rules.d); repeatable")
+    lp.add_argument("--agent-hold", metavar="SECONDS", type=_seconds, default=None,
+                    help="embedded agent: start it only once CMD is ready, reports an OOM or exits, or at "
+                         "most this long after CMD starts, so that it does not compete with CMD's cold "
+                         "start (default 20, or 0 when the console shows the live 'warming:' line on a "
+                         "terminal; 0: start it at once)")
     lp.add_argument("--console", action=argparse.BooleanOptionalAction, default=True,
                     help="print the cold-start waterfall (default: on)")
     lp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
@@ -570,10 +602,22 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
     return lp
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError("expected a number of seconds >= 0, got %r" % text)
+    return v
+
+
 def run(args: argparse.Namespace) -> int:
     opts = LaunchOptions(args.cmd, otlp_file=args.otlp_file, console=args.console,
                          ready_url=args.ready_url, probe=args.probe, evict=args.evict or (),
                          agent=args.agent, rules_dirs=args.rules_dir or ())
+    if args.agent_hold is not None:
+        opts.hold_s = args.agent_hold
     rc = launch(opts)
     if opts.import_abandoned:
         # Everything is written and launch's directory is gone: exit now, not after an

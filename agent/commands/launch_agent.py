@@ -80,6 +80,16 @@ class EmbeddedAgent:
         everything was delivered or spooled in time."""
         return await self._agent.serve(until=until, shutdown_timeout_s=shutdown_timeout_s)
 
+    def know_command(self, pid: int, argv: list[str]) -> None:
+        """CMD's command line, for its cold-start history key should it exit before its events
+        are read (what /proc says while it runs: launch exec'd ``argv`` as given)."""
+        if self._coldstart is not None:
+            self._coldstart.tracker.known_commands[pid] = list(argv)
+
+    def adopt(self, conns: list[socket.socket]) -> None:
+        """The hooks' connections that launch accepted while it held the agent back."""
+        self._agent.adopt(conns)
+
     def replay_spools(self, directory: str) -> int:
         return self._agent.replay_spools(directory)
 

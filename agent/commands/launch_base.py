@@ -34,6 +34,9 @@ TO_GROUP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: SIGKILL to the group
 
 
+AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
+
+
 class LaunchOptions:
     def __init__(
         self,
@@ -59,6 +62,7 @@ class LaunchOptions:
         self.agent = agent  # auto | embedded | PATH of an agent's socket
         self.rules_dirs = list(rules_dirs)
         self.import_abandoned = False  # launch's quick end left the agent side's import running
+        self.hold_s: float | None = None  # None: AGENT_HOLD_S, unless the terminal shows the warming line
 
 
 class Joined:

@@ -26,7 +26,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from infersight import weights_files
 from infersight.agent.commands.launch_agent import EmbeddedAgent
@@ -43,6 +43,7 @@ from infersight.agent.commands.launch_base import (
     same_command,
     spool_files,
 )
+from infersight.agent.commands.launch_hold import Held
 from infersight.agent.commands.launcher_root import ProbeResult, Readiness, launcher_root
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.spool import DiskSpool
@@ -63,15 +64,19 @@ async def watch_listening(pid: int, spawn_ns: int, rd: Readiness, hooked: Callab
     while not proc_done.is_set() and not hooked():
         found = await asyncio.to_thread(watch.poll)  # /proc and netlink reads: off the event loop
         if found is not None:
-            rd.listening_ns, rd.listening = time.time_ns(), found
-            out.write("infersight: ready after %.3f s: CMD listens on %s %s\n" % (
-                (rd.listening_ns - spawn_ns) / 1e9, "tcp port" if found[0] == "tcp" else "unix socket", found[1]))
-            out.flush()
+            note_listening(rd, found, time.time_ns(), spawn_ns, out)
             return
         try:
             await asyncio.wait_for(proc_done.wait(), LISTEN_POLL_S)
         except asyncio.TimeoutError:
             pass
+
+
+def note_listening(rd: Readiness, found: tuple[str, Any], t_ns: int, spawn_ns: int, out: TextIO) -> None:
+    rd.listening_ns, rd.listening = t_ns, found
+    out.write("infersight: ready after %.3f s: CMD listens on %s %s\n" % (
+        (t_ns - spawn_ns) / 1e9, "tcp port" if found[0] == "tcp" else "unix socket", found[1]))
+    out.flush()
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> ProbeResult:
@@ -341,10 +346,13 @@ class Session:
     returncode: int | None = None
     readiness: Readiness = field(default_factory=Readiness)
     leftovers: list[Leftover] = field(default_factory=list)
+    held: Held | None = None  # what launch saw while it held the agent back (launch_hold)
 
     async def run(self, agent: EmbeddedAgent) -> None:
         """Awaited by ``agent.serve(until=...)`` once the agent is up; the agent stops when it returns."""
-        opts, private, child = self.opts, self.private, self.child
+        opts, private, child, held = self.opts, self.private, self.child, self.held
+        if held is not None and held.connections:
+            agent.adopt(held.connections)  # the hooks' connections: their frames wait unread
         root, command = os.path.dirname(private.path), leftover_command(private.path) or []
         self.leftovers = find_leftovers(root, private.path, command)
         replay_leftovers(agent, self.leftovers)
@@ -364,7 +372,11 @@ class Session:
         def hooked() -> bool:
             return bool(agent.launched())
 
-        sockets = asyncio.create_task(watch_listening(child.pid, self.spawn_ns, listening, hooked, proc_done, self.out))
+        if held is not None and held.listening is not None:  # found while held, when it happened
+            note_listening(listening, held.listening, held.listening_ns, self.spawn_ns, self.out)
+        watching = held is None or not (held.hooked or held.listening)  # hooked processes watch their own
+        sockets = asyncio.create_task(watch_listening(child.pid, self.spawn_ns, listening, hooked, proc_done, self.out)
+                                      if watching else asyncio.sleep(0))
         self.returncode = await wait_child(child)
         end_ns = child.exit_ns or time.time_ns()  # seen by launch's cheap half, if CMD exited during our imports
         if relay is not None:  # what CMD wrote last is copied (and classified) before our own lines
@@ -393,11 +405,12 @@ class Session:
 
 
 async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child,
-               spawn_ns: int, out: TextIO) -> int:
+               spawn_ns: int, out: TextIO, held: Held | None) -> int:
     conf = cfg.load(None, flags=config_flags(opts, path, private))
     listener = socket.socket(fileno=listen_fd)
     agent = EmbeddedAgent.build(conf, out, listener, os.path.join(private.path, "exporter-spool"))
-    session = Session(opts, private, child, spawn_ns, out)
+    agent.know_command(child.pid, opts.cmd)  # before any event of CMD's is read
+    session = Session(opts, private, child, spawn_ns, out, held=held)
     ok = await agent.serve(session.run(agent), opts.flush_timeout_s)
     for line in _readiness_lines(session.readiness, spawn_ns):
         out.write(line + "\n")
@@ -484,10 +497,10 @@ def _storage_note(path: str, out: TextIO) -> None:
 
 
 def run(opts: LaunchOptions, path: str, private: Private, listen_fd: int, child: Child, spawn_ns: int,
-        out: TextIO) -> int:
+        out: TextIO, held: Held | None = None) -> int:
     _quiet_logging()
     try:
-        return asyncio.run(_run(opts, path, private, listen_fd, child, spawn_ns, out))
+        return asyncio.run(_run(opts, path, private, listen_fd, child, spawn_ns, out, held))
     except ConfigError as exc:
         out.write("infersight launch: %s\n" % exc)
         # An exporter setting that only the exporters check: CMD had started already.

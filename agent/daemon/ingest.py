@@ -132,6 +132,9 @@ class Ingest:
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         await self.listener.start(path, mode, sock)
 
+    def adopt(self, conns: list[socket.socket]) -> None:
+        self.listener.adopt(conns)
+
     async def stop_accepting(self) -> None:
         self.listener.stop()
 

@@ -140,6 +140,16 @@ class Listener:
         loop.call_later(self._backoff, resume)
         self._backoff = min(self._backoff * 2, ACCEPT_BACKOFF_MAX_S)
 
+    def adopt(self, conns: list[socket.socket]) -> None:
+        """Serve connections accepted before the agent started (``launch`` holds its agent
+        back while CMD starts and accepts the hooks' connections meanwhile)."""
+        loop = asyncio.get_running_loop()
+        for conn in conns:
+            conn.setblocking(False)
+            task = loop.create_task(self._accepted(conn))
+            self._accepting.add(task)
+            task.add_done_callback(self._accepting.discard)
+
     async def _accepted(self, conn: socket.socket) -> None:
         try:
             reader, writer = await asyncio.open_unix_connection(sock=conn, limit=STREAM_LIMIT)

@@ -282,6 +282,10 @@ class Agent:
         as at start; how many."""
         return self.ingest.replay_spools(directory)
 
+    def adopt(self, conns: list[socket.socket]) -> None:
+        """Serve connections that were accepted before the agent started (``launch``)."""
+        self.ingest.adopt(conns)
+
     def inject(self, p: Producer, kind: str, data: dict[str, Any]) -> list[Item] | None:
         """An event the agent makes for ``p`` (a capture of CMD's stderr, say), now: the items
         the handler of ``kind`` made, or None when no extension handles it. Raises what the

@@ -75,6 +75,11 @@ class StderrRelay:
         if self.tty and self.child_fd < 0:
             _copy_winsize(self.out_fd, self.read_fd)
 
+    @property
+    def memory_error_seen(self) -> bool:
+        """A capture opened (CMD's stderr showed a memory error), whether or not it ended."""
+        return self.captures > 0 or self._capture is not None
+
     def set_consumer(self, fn: Callable[[str], None], on_open: Callable[[], None] | None = None) -> None:
         """Hand captures to ``fn`` (from the relay's thread), the waiting ones first; call
         ``on_open`` (quick) when a capture opens, at least ``PAUSE_S`` before its text comes."""

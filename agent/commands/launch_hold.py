@@ -1,0 +1,170 @@
+"""``launch`` holds its embedded agent back while CMD starts.
+
+The agent side costs launch's process about 0.2 s of CPU (its imports, then its event loop),
+which a busy host pays out of CMD's cold start. Nothing in a cold start needs the agent live:
+the hooks time every stage themselves and send it all later. So launch waits, on its main
+thread and with stdlib calls only, until one of these (``Held.why``):
+
+- ``doorbell``: a hooked process of CMD rang the agent's doorbell (``hooks._wire.URGENT_FRAME``
+  on a fresh connection): its hooks saw readiness, or it reports an OOM;
+- ``listening``: a CMD that runs no hooked Python listens (the kernel's socket tables, as the
+  agent's own watch reads them: the time is noted here, where it happens);
+- ``stderr``: CMD's stderr shows a memory error (the relay opened a capture);
+- ``exited``: CMD exited;
+- ``deadline``: ``hold_s`` after CMD's spawn (a cold start that long pays the agent's start
+  as 1-2% at most; a job that never serves gets its agent then).
+
+Meanwhile the hooks of CMD's processes see the mark ``HELD_MARK`` beside launch's socket and
+do not connect: they spool, as when an agent is away (never blocking the process; a process
+that exits spools what it holds at once), ring the doorbell at readiness and at an OOM, and
+connect once the mark is gone; the agent replays their spools in order. The doorbells are
+accepted here and peeked (never read); a connection that says anything else (a hook that does
+not know the mark) is handed to the agent.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infersight.agent.commands.launch_base import AGENT_HOLD_S, Child
+from infersight.hooks import _wire
+
+HELD_MARK = _wire.AGENT_HELD_MARK  # in launch's private directory while the agent is held back
+POLL_S = 0.1  # the stderr relay's captures are looked at this often
+LISTEN_POLL_S = 0.05  # ... and the socket tables, while no hooked process has connected
+MAX_HELD = 4096  # connections accepted while held (one or two per process of CMD)
+
+
+@dataclass
+class Held:
+    """What the hold saw: why it ended, and what the agent takes over."""
+
+    why: str = "deadline"
+    connections: list[socket.socket] = field(default_factory=list)
+    hooked: bool = False  # a hooked process of CMD connected (said hello)
+    listening: tuple[str, Any] | None = None  # an unhooked CMD's first listening socket
+    listening_ns: int = 0
+
+
+def mark_path(private_dir: str) -> str:
+    return os.path.join(private_dir, HELD_MARK)
+
+
+def _first_frame(conn: socket.socket) -> bytes | None:
+    """The first bytes a connection sent (peeked: the agent reads them later); None while
+    none came. A closed connection with nothing sent gives b""."""
+    try:
+        return conn.recv(len(_wire.URGENT_FRAME), socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
+def _set_mark(private_dir: str) -> None:
+    try:
+        with open(mark_path(private_dir), "w", encoding="ascii") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass  # the hooks then wait for acks at exit, as with an agent that is slow
+
+
+def clear_mark(private_dir: str) -> None:
+    try:
+        os.unlink(mark_path(private_dir))
+    except OSError:
+        pass
+
+
+def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: float = AGENT_HOLD_S) -> Held:
+    """Wait as the module says; the caller starts the agent after, with ``Held.connections``."""
+    held = Held()
+    pidfd_open = getattr(os, "pidfd_open", None)
+    try:
+        pidfd = pidfd_open(child.pid) if pidfd_open is not None else -1
+    except OSError:
+        pidfd = -1
+    if pidfd < 0:  # an old kernel: no hold (the agent's path as before)
+        held.why = "no pidfd"
+        return held
+    listener = socket.socket(fileno=os.dup(listen_fd))
+    listener.setblocking(False)
+    _set_mark(private_dir)
+    unseen: list[socket.socket] = []  # accepted, first frame not peeked yet
+    spool = os.path.join(private_dir, "spool")
+    watch = None
+    pid = child.pid
+    deadline = spawn_ns / 1e9 + hold_s
+    try:
+        while True:
+            now = time.time()
+            if now >= deadline:
+                held.why = "deadline"
+                return held
+            relay = child.relay
+            if relay is not None and relay.memory_error_seen:
+                held.why = "stderr"
+                return held
+            wait = min(deadline - now, LISTEN_POLL_S if not held.hooked else POLL_S)
+            readable, _, _ = select.select([pidfd, listener, *unseen], [], [], wait)
+            if pidfd in readable:
+                child.exit_ns = time.time_ns()
+                held.why = "exited"
+                return held
+            if listener in readable:
+                _accept_all(listener, unseen, held)
+            for conn in [c for c in unseen if c in readable]:
+                first = _first_frame(conn)
+                if first is None or (first and _wire.URGENT_FRAME.startswith(first) and first != _wire.URGENT_FRAME):
+                    continue  # nothing yet, or a doorbell's first bytes only
+                unseen.remove(conn)
+                if first == _wire.URGENT_FRAME:
+                    conn.close()  # the doorbell did its work: the agent starts now
+                    held.why = "doorbell"
+                    return held
+                if first:
+                    held.connections.append(conn)
+                    held.hooked = True
+                else:
+                    conn.close()
+            if not held.hooked:
+                held.hooked = _entries(spool)  # a hooked process spools while the mark is there
+            if not held.hooked:
+                if watch is None:
+                    from infersight.hooks._listening import ListenWatch, tree
+
+                    watch = ListenWatch(lambda: list(tree(pid)))
+                found = watch.poll()
+                if found is not None:
+                    held.listening, held.listening_ns = found, time.time_ns()
+                    held.why = "listening"
+                    return held
+    finally:
+        held.connections.extend(unseen)
+        listener.close()
+        os.close(pidfd)
+        clear_mark(private_dir)
+
+
+def _entries(path: str) -> bool:
+    try:
+        return bool(os.listdir(path))
+    except OSError:
+        return False
+
+
+def _accept_all(listener: socket.socket, into: list[socket.socket], held: Held) -> None:
+    while len(into) + len(held.connections) < MAX_HELD:
+        try:
+            conn, _addr = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return  # out of descriptors: the rest wait in the backlog for the agent
+        conn.setblocking(False)
+        into.append(conn)
