@@ -354,8 +354,8 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
                     FRACTION_KNOBS[frac[0]], frac[1], _gib(d.total_bytes), _gib(int(frac[1] * d.total_bytes)),
                     _gib(max(0, d.total_bytes - d.other_bytes)), room)
             knob = FRACTION_KNOBS.get(frac[0] if frac else _ENGINE_FRACTION.get(f.engine, ""), "")
-            remedy = ("Move or stop %s, which holds %s of %s, or give this engine a device of its own%s%s." % (
-                _tenant(t), _gib(t.used_bytes), d.device,
+            remedy = ("Move or stop pid %d%s, which holds %s of %s, or give this engine a device of its own%s%s." % (
+                t.pid, " (%s)" % t.name if t.name else "", _gib(t.used_bytes), d.device,
                 "; or lower %s so that the engine fits beside it" % knob if knob else "", fit))
             return _decided(f, "reservation_conflict", "context.other-process",
                             "another process holds memory on the engine's device: %s" % shown, remedy, attrs)
