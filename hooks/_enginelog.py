@@ -19,11 +19,11 @@ from __future__ import annotations
 import sys
 import threading
 
-from . import _runtime
+from . import _proc, _runtime
 
 TYPE_CHECKING = False  # the typing module costs milliseconds at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional
+    from typing import Any, Dict, List, Optional
 
 NEEDLES = (  # = rules.serving.NEEDLES
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
@@ -31,6 +31,7 @@ NEEDLES = (  # = rules.serving.NEEDLES
 )
 MAX_TEXT = 16384
 MAX_REPORTS = 64  # distinct texts sent per process: a log loop cannot flood the agent
+MAX_ARGS = 128  # command-line arguments sent with a report (knob_args)
 _seen: Dict[int, bool] = {}
 _lock = threading.Lock()
 
@@ -61,12 +62,32 @@ def report_text(text: str, source: str, span: Optional[str] = None) -> bool:
             lock.release()
         data: Dict[str, Any] = {
             "source": source, "text": text[:MAX_TEXT], "sp": span or _runtime.current_span.get() or
-            _runtime.state().root_span_id or None,
+            _runtime.state().root_span_id or None, "args": knob_args(_proc.command_argv()),
         }
         _runtime.emit_urgent("oom", data)
         return True
     except Exception:
         return False
+
+
+def _numeric(v: str) -> bool:
+    return 0 < len(v) <= 24 and v.replace(".", "", 1).replace("e-", "", 1).isdigit()
+
+
+def knob_args(argv: List[str]) -> List[str]:
+    """The command line's flags and numbers, for the agent to read the engine's knobs from should
+    this process be gone when it looks (``/proc/<pid>/cmdline`` first). Every other value (a
+    path, a model name, a token) is sent as ``""``: its position kept, its text not."""
+    out: List[str] = []
+    for a in argv[:MAX_ARGS]:
+        if not isinstance(a, str) or len(a) > 64:
+            out.append("")
+        elif a.startswith("-"):
+            name, eq, value = a.partition("=")
+            out.append(name + "=" + value if eq and _numeric(value) else name + "=" if eq else name)
+        else:
+            out.append(a if _numeric(a) else "")
+    return out
 
 
 def _record_text(record: Any) -> str:

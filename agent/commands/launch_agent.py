@@ -165,6 +165,8 @@ class EmbeddedAgent:
                 "host.name": self.host_name, "process.pid": child.pid, "process.executable.name": exe,
                 "telemetry.sdk.name": "infersight",
             })
+            # CMD's argv (bounded) for the OOM classifier's engine knobs once CMD has exited
+            argv = [str(a)[:256] for a in cmd[:512]]
             p = self._stand_ins[child.pid] = Producer("launch-stderr-%d" % child.pid,
-                                                      {"pid": child.pid, "launched": True}, res)
+                                                      {"pid": child.pid, "launched": True, "argv": argv}, res)
         return p

@@ -12,11 +12,11 @@ stderr relay opens a capture (:meth:`OomExtension.warm`) or at the first OOM.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
-from infersight.agent.oom.kind import NvmlLike, OomClassifier, OomHandlers, RuleReloadError
+from infersight.agent.oom.kind import NvmlGuard, NvmlLike, OomClassifier, OomHandlers, RuleReloadError
 from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
@@ -30,7 +30,7 @@ class OomExtension(Extension):
         self,
         config: Config,
         nvml: NvmlLike | None = None,
-        nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+        nvml_guard: NvmlGuard | None = None,
     ) -> None:
         """``nvml``/``nvml_guard``: the devices extension's NVML and the lock that keeps
         reads and nvmlShutdown apart (None: OOMs are classified without NVML's numbers)."""

@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.errors import AgentError
@@ -46,9 +46,11 @@ if TYPE_CHECKING:
     from infersight.rules.engine import RuleSet, Verdict
     from infersight.rules.oom_parse import OomMessage
     from infersight.rules.serving import Finding, ServingRules
+    from infersight.rules.serving_context import LiveContext
     from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
+_T = TypeVar("_T")
 
 DEDUP_WINDOW_NS = 30_000_000_000
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
@@ -109,6 +111,13 @@ class NvmlLike(Protocol):
     def sample(self, index: int) -> DeviceView | None: ...
 
     def device_count(self) -> int: ...
+
+
+class NvmlGuard(Protocol):
+    """Runs NVML reads under the lock that keeps them and nvmlShutdown apart (the device job's
+    ``nvml_call``); None once NVML is shut down."""
+
+    def __call__(self, fn: Callable[[], _T]) -> _T | None: ...
 
 
 def rule_paths(dirs: Iterable[str | Path]) -> list[Any]:
@@ -271,7 +280,7 @@ class OomHandlers:
         classifier: OomClassifier,
         nvml: NvmlLike | None = None,
         publish: Callable[[list[Item]], None] | None = None,
-        nvml_guard: Callable[[Callable[[], bool]], bool | None] | None = None,
+        nvml_guard: NvmlGuard | None = None,
     ) -> None:
         self.classifier = classifier
         self.nvml = nvml
@@ -287,6 +296,8 @@ class OomHandlers:
         self._texts: dict[tuple[int | None, str], tuple[int, str]] = {}
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
+        self.context_decided = 0  # engine OOMs whose class the live context decided
+        self.proc_root = "/proc"
 
     # -- oom ------------------------------------------------------------------------------
 
@@ -316,7 +327,7 @@ class OomHandlers:
                     if self._seen_text(p, f.key, t_ns) is not None:
                         self.duplicates += 1
                         continue
-                    self._finish_engine(p, origin, t_ns, d, f, out)
+                    self._engine(p, origin, t_ns, d, f, out)
                 return
             else:
                 msg, engine = first.message, first.engine
@@ -420,25 +431,74 @@ class OomHandlers:
         self._texts[(uid, key)] = (t_ns, source)
         return None
 
+    def _engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
+                out: list[Item]) -> None:
+        """An engine's own memory error, new in the window: its live context (the producer's
+        command line; NVML's view of the devices its process tree uses) is read once, off the
+        event loop when the agent runs one, then the verdict goes out."""
+        if self.publish is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                task = loop.create_task(self._engine_later(p, origin, t_ns, dict(d), f))
+                self._later.add(task)
+                task.add_done_callback(self._later.discard)
+                return
+        self._finish_engine(p, origin, t_ns, d, f, out, self._context(p, d))
+
+    def _context(self, p: Producer, d: dict[str, Any]) -> LiveContext | None:
+        from infersight.agent.oom.engine_context import gather, sent_args
+
+        try:
+            return gather(p, self.nvml, self.nvml_guard, self.proc_root, sent_args(d.get("args")))
+        except Exception as exc:  # never fatal: the message's own verdict goes out
+            log.debug("live context of an engine OOM failed: %s", exc)
+            return None
+
+    async def _engine_later(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding) -> None:
+        try:
+            ctx = await asyncio.to_thread(self._context, p, d)
+        except Exception as exc:
+            log.debug("live context of an engine OOM failed: %s", exc)
+            ctx = None
+        items: list[Item] = []
+        self._finish_engine(p, origin, t_ns, d, f, items, ctx)
+        if self.publish is not None:
+            self.publish(items)
+
     def _finish_engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
-                       out: list[Item]) -> None:
-        """An engine's own memory error: the finding's verdict on every sink, like a PyTorch OOM."""
+                       out: list[Item], ctx: LiveContext | None = None) -> None:
+        """An engine's own memory error: the finding's verdict on every sink, like a PyTorch OOM;
+        with its live context, refined where the context decides (rules/serving_context.py)."""
         self.ooms += 1
         source = _opt_str(d, "source", 32) or "exception"
         sp = _span_id(d) or p.info.get("root_span_id")
+        cls, rule, remedy, note, reason = f.cls, f.rule, f.remedy, f.note, f.reason
+        extra: dict[str, Any] = {}
+        if ctx is not None:
+            from infersight.rules.serving_context import refine
+
+            r = refine(f, ctx, self.classifier.serving.engine_remedies.get(f.engine, {}))
+            cls, rule, remedy, note, reason = r.cls, r.rule, r.remedy, r.note, r.reason
+            extra = dict(r.attributes)
+            extra["infersight.oom.context_decided"] = r.decided
+            if r.decided:
+                self.context_decided += 1
         a: Attributes = {
-            "infersight.oom.class": f.cls,
-            "infersight.oom.rule": f.rule,
+            "infersight.oom.class": cls,
+            "infersight.oom.rule": rule,
             "infersight.oom.rule_version": f.rule_version,
-            "infersight.oom.remedy": f.remedy,
+            "infersight.oom.remedy": remedy,
             "infersight.oom.source": source,
             "infersight.oom.engine": f.engine,
             "infersight.oom.message": f.text[:2048],
         }
-        if f.note:
-            a["infersight.oom.note"] = f.note
-        if f.reason:
-            a["infersight.oom.reason"] = f.reason
+        if note:
+            a["infersight.oom.note"] = note
+        if reason:
+            a["infersight.oom.reason"] = reason
         if f.knob:
             a["infersight.oom.knob"] = f.knob
         for k, v in f.numbers.items():
@@ -446,9 +506,10 @@ class OomHandlers:
                 a["infersight.oom.%s_bytes" % k] = v
         for k, x in f.extra.items():
             a["infersight.oom.engine.%s" % k] = int(x) if float(x).is_integer() else float(x)
+        a.update(extra)
         body = " ".join(("OOM [%s]: %s by rule %s: %s%s" % (
-            f.engine, f.cls, f.rule, f.reason + " " if f.reason else "", f.remedy)).split())
-        _emit(p, origin, t_ns, sp, f.cls, body, a, out)
+            f.engine, cls, rule, reason + " " if reason else "", remedy)).split())
+        _emit(p, origin, t_ns, sp, cls, body, a, out)
 
     def _duplicate(
         self, p: Producer, t_ns: int, source: str, dev: int | None, req: int | None, msg: OomMessage | None

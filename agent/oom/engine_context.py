@@ -1,0 +1,205 @@
+"""Reading the live context of an engine's memory error (the I/O edge of rules/serving_context.py).
+
+Two reads, both bounded, both skipped when they fail:
+
+- **The engine's knobs** from the producer's command line: ``/proc/<pid>/cmdline`` (at most
+  ``MAX_CMDLINE`` bytes, NUL-split, decoded with replacement; text only, never run or
+  interpreted beyond :func:`~infersight.rules.serving_context.parse_knobs`). The pid is the
+  producer's kernel-checked one; a hooks-made producer id carries the process's start ticks,
+  and a pid whose start differs (reused) is not read. Without knobs there (a vLLM engine core
+  or worker runs ``python -c ...``), up to ``MAX_ANCESTORS`` parents of the same uid are read:
+  the server that spawned it holds the flags. launch's stand-in producer (a CMD without hooks)
+  also carries CMD's argv.
+- **NVML** (the devices feature's, under its lock, off the event loop): every device NVML
+  lists (at most ``MAX_DEVICES``); a device counts when a process of the engine's tree holds
+  memory on it. The tree: the producer, its ancestors below pid 1, and every process whose
+  chain of parents reaches the producer (its workers). Every other process on that device is a
+  tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from infersight.agent.daemon.identity import id_parts, proc_start_ticks, proc_uids
+from infersight.rules.serving_context import DeviceContext, LiveContext, Number, Tenant, parse_knobs
+
+if TYPE_CHECKING:
+    from infersight.agent.daemon.assemble import Producer
+    from infersight.agent.oom.kind import NvmlLike
+
+log = logging.getLogger("infersight.agent.oom")
+
+MAX_CMDLINE = 65536
+MAX_ANCESTORS = 4  # parents read for knobs
+MAX_DEPTH = 32  # parents walked to place a GPU process in the tree
+MAX_DEVICES = 64
+MAX_SENT_ARGS = 128  # = hooks._enginelog.MAX_ARGS
+MAX_SENT_ARG_CHARS = 64
+
+
+def read_cmdline(pid: int, proc_root: str = "/proc", limit: int = MAX_CMDLINE) -> list[str] | None:
+    """A process's argv as text (at most ``limit`` bytes); None when it cannot be read."""
+    try:
+        with open("%s/%d/cmdline" % (proc_root, pid), "rb") as f:
+            raw = f.read(limit)
+    except OSError:
+        return None
+    if not raw:
+        return None  # a kernel thread, or a zombie
+    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
+
+
+def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
+    """Field 4 of ``/proc/<pid>/stat``; None when unknown."""
+    try:
+        with open("%s/%d/stat" % (proc_root, pid), "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(p: Producer, pid: int, proc_root: str = "/proc") -> bool:
+    """The pid names the producer's process here: its start ticks match the producer id's (a
+    reused pid, or a pid of another pid namespace, does not). A producer made in-process
+    (launch's stand-in for CMD: no uid) is trusted; another id without ticks is not."""
+    parts = id_parts(str(p.info.get("id") or p.id))
+    if parts is None or parts[0] != pid:
+        return p.uid is None
+    return proc_start_ticks(pid, proc_root) == parts[1]
+
+
+def sent_args(v: Any) -> list[str] | None:
+    """The ``args`` an oom event carries (the hooks' ``knob_args``), bounded; None when malformed."""
+    if not isinstance(v, list) or len(v) > MAX_SENT_ARGS or not all(isinstance(a, str) for a in v):
+        return None
+    return [a[:MAX_SENT_ARG_CHARS] for a in v]
+
+
+def producer_knobs(p: Producer, proc_root: str = "/proc",
+                   sent: Sequence[str] | None = None) -> tuple[dict[str, Number], int | None]:
+    """The engine knobs of the producer's command line (``/proc``; once it is gone, what its
+    hooks ``sent`` with the event), else of its nearest same-uid parent that has some; and
+    whose they were."""
+    pid = p.info.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return {}, None
+    alive = same_process(p, pid, proc_root)  # else gone, reused, or not this namespace's pid
+    argv = read_cmdline(pid, proc_root) if alive else None
+    if argv is None:
+        given = p.info.get("argv") if p.uid is None else None  # launch's stand-in: CMD's argv
+        if isinstance(given, list) and all(isinstance(a, str) for a in given):
+            argv = list(given)
+        elif sent is not None:
+            argv = list(sent)
+    knobs = parse_knobs(argv or [])
+    if knobs:
+        return knobs, pid
+    if not alive:
+        return {}, None
+    uid = p.uid if p.uid is not None else _uid(pid, proc_root)
+    cur = pid
+    for _ in range(MAX_ANCESTORS):
+        parent = parent_pid(cur, proc_root)
+        if parent is None or parent <= 1 or uid is None or _uid(parent, proc_root) != uid:
+            break
+        knobs = parse_knobs(read_cmdline(parent, proc_root) or [])
+        if knobs:
+            return knobs, parent
+        cur = parent
+    return {}, None
+
+
+def _uid(pid: int, proc_root: str) -> int | None:
+    uids = proc_uids(pid, proc_root)
+    return uids[0] if uids else None
+
+
+def _ancestors(pid: int, proc_root: str, depth: int = MAX_DEPTH) -> list[int]:
+    out: list[int] = []
+    cur = pid
+    for _ in range(depth):
+        parent = parent_pid(cur, proc_root)
+        if parent is None or parent <= 1 or parent in out:
+            break
+        out.append(parent)
+        cur = parent
+    return out
+
+
+def nvml_devices(nvml: NvmlLike, pid: int, proc_root: str = "/proc",
+                 ancestors: Callable[[int], Sequence[int]] | None = None) -> list[DeviceContext]:
+    """The devices the process tree of ``pid`` holds memory on, with every other process there."""
+    chain = ancestors or (lambda q: _ancestors(q, proc_root))
+    tree_up = {pid, *chain(pid)}
+    placed: dict[int, bool] = {}
+
+    def own(g: Any) -> bool:
+        for q in (g.pid, g.host_pid):
+            if q is None:
+                continue
+            if q in tree_up:
+                return True
+        q = g.pid
+        if q is None:
+            return False
+        if q not in placed:
+            placed[q] = pid in chain(q)
+        return placed[q]
+
+    out: list[DeviceContext] = []
+    for i in range(min(nvml.device_count(), MAX_DEVICES)):
+        s = nvml.sample(i)
+        if s is None or not s.processes:
+            continue
+        mine = [g for g in s.processes if own(g)]
+        if not mine:
+            continue
+        others = sorted((Tenant(g.pid if g.pid is not None else g.host_pid, g.used_bytes or 0,
+                                _name(g)) for g in s.processes if g not in mine),
+                        key=lambda t: -t.used_bytes)
+        out.append(DeviceContext(s.uuid or "nvml:%d" % i, s.memory_total_bytes,
+                                 sum(g.used_bytes or 0 for g in mine), tuple(others)))
+    return out
+
+
+def _name(g: Any) -> str | None:
+    name = getattr(g, "name", None)
+    if not isinstance(name, str):
+        return None
+    clean = "".join(c for c in name[:32] if c.isprintable())
+    return clean or None
+
+
+def gather(p: Producer, nvml: NvmlLike | None, guard: Callable[[Callable[[], Any]], Any] | None,
+           proc_root: str = "/proc", sent: Sequence[str] | None = None) -> LiveContext:
+    """The live context of ``p``'s memory error (blocking: run it off the event loop)."""
+    pid = p.info.get("pid")
+    pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 else None
+    try:
+        knobs, knobs_pid = producer_knobs(p, proc_root, sent)
+    except Exception as exc:  # never fatal: the message's own verdict goes out
+        log.debug("reading the engine's command line failed: %s", exc)
+        knobs, knobs_pid = {}, None
+    devices: list[DeviceContext] = []
+    read = False
+    if pid is not None and not same_process(p, pid, proc_root):
+        pid = None  # gone, or the pid is not the producer's here: NVML's view of it would be another's
+    if nvml is not None and pid is not None:
+        def sample() -> list[DeviceContext]:
+            return nvml_devices(nvml, pid, proc_root)
+
+        try:
+            got = guard(sample) if guard is not None else sample()
+            if got is not None:
+                devices, read = list(got), True
+        except Exception as exc:
+            log.debug("NVML sample for an engine OOM failed: %s", exc)
+    return LiveContext(pid=pid, devices=tuple(devices), nvml=read, knobs=knobs, knobs_pid=knobs_pid)

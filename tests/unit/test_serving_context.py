@@ -1,0 +1,433 @@
+"""The live context of an engine's memory error (rules/serving_context.py, agent/oom/engine_context.py).
+
+The findings come from real engine messages (tests/support/data, each with its thread) run
+through the real rules; the context is built by hand (pure function) or read from a fake
+/proc tree and a FAKE NVML (a stand-in for absent hardware, returning the devices feature's
+real DeviceSample values).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.devices.nvml import DeviceSample, GpuProcess
+from infersight.agent.oom import engine_context
+from infersight.agent.oom.kind import OomClassifier, OomHandlers
+from infersight.rules.serving import Finding, analyse
+from infersight.rules.serving_context import (
+    DEVICE_SHORTAGE_RULES,
+    MAX_ARG_CHARS,
+    DeviceContext,
+    LiveContext,
+    Tenant,
+    material_bytes,
+    names_other_accelerator,
+    parse_knobs,
+    refine,
+)
+from infersight.telemetry import LogItem
+
+GIB = 1 << 30
+DATA = Path(__file__).resolve().parents[1] / "support" / "data"
+SERVING = OomClassifier([]).serving
+
+
+def _record(rid: str) -> str:
+    for path in sorted(DATA.glob("serving_ooms_*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            d = json.loads(line)
+            if d.get("id") == rid:
+                return str(d["message"])
+    raise KeyError(rid)
+
+
+def _finding(text: str) -> Finding:
+    (f, *_) = analyse(text, SERVING)
+    assert f.message is None  # an engine's own message, not PyTorch's allocator text
+    return f
+
+
+# c5-006 (vllm-project/vllm, EngineCore): a CUDA driver OOM while vLLM repacked the weights: unknown.
+VLLM_LOADING = "c5-006"
+# srv-056 (llama.cpp): a compute buffer of 8900 MiB (9332334592 bytes) could not be allocated: unknown.
+LLAMA_BUFFER = "srv-056"
+# srv-025 (vLLM): free memory below the utilization's share: reservation_conflict from the text.
+VLLM_FREE_BELOW = "srv-025"
+# srv-053 (llama.cpp): 200 GiB of KV cache asked of one device: capacity from the text.
+LLAMA_CAPACITY = "srv-053"
+# srv-034 (SGLang): the pool had 5248 tokens for 127: bookkeeping, not a shortage (unknown, not eligible).
+SGLANG_BOOKKEEPING = "srv-034"
+# SGLang's own raise, the first line of c7-016 (its counts cut): the token pool was full: unknown.
+SGLANG_POOL_FULL = "RuntimeError: Prefill out of memory. Try to lower your batch size."
+
+
+def _dev(total: int = 80 * GIB, own: int = 10 * GIB, others: tuple[Tenant, ...] = ()) -> DeviceContext:
+    return DeviceContext("GPU-aaaa", total, own, others)
+
+
+def _ctx(*devices: DeviceContext, knobs: dict[str, Any] | None = None) -> LiveContext:
+    return LiveContext(pid=4242, devices=tuple(devices), nvml=bool(devices), knobs=knobs or {}, knobs_pid=4242)
+
+
+# -- the pure decision -----------------------------------------------------------------------------
+
+
+def test_the_eligible_message_is_unknown_without_context() -> None:
+    f = _finding(_record(VLLM_LOADING))
+    assert f.cls == "unknown" and f.rule in DEVICE_SHORTAGE_RULES and f.engine == "vllm"
+
+
+def test_another_process_on_the_device_decides_a_reservation_conflict() -> None:
+    f = _finding(_record(VLLM_LOADING))
+    ctx = _ctx(_dev(own=30 * GIB, others=(Tenant(999, 40 * GIB, "python"),)),
+               knobs={"gpu_memory_utilization": 0.9})
+    r = refine(f, ctx, SERVING.engine_remedies["vllm"])
+    assert r.decided and r.cls == "reservation_conflict"
+    assert r.rule == f.rule + "+context.other-process"
+    assert r.reason is not None and "pid 999 python (40.00 GiB)" in r.reason
+    assert "Move or stop pid 999" in r.remedy and "--gpu-memory-utilization" in r.remedy
+    assert "0.50" in r.remedy  # what is left beside the tenant: 40 of 80 GiB
+    assert r.attributes["infersight.oom.context.other_pids"] == [999]
+    assert r.attributes["infersight.oom.context.other_bytes"] == 40 * GIB
+    assert r.attributes["infersight.oom.context.knob.gpu_memory_utilization"] == 0.9
+    assert "unknown" in r.note  # says what the message alone gave
+
+
+def test_a_small_tenant_does_not_decide() -> None:
+    """A bare CUDA context (a monitor) is no tenant: 600 MiB < 1 GiB floor; 3 GiB < 5% of 80 GiB."""
+    f = _finding(_record(VLLM_LOADING))
+    assert material_bytes(80 * GIB) == 4 * GIB and material_bytes(8 * GIB) == GIB
+    for used in (600 << 20, 3 * GIB):
+        r = refine(f, _ctx(_dev(own=70 * GIB, others=(Tenant(7, used, "dcgm"),))))
+        assert not r.decided and r.cls == "unknown"
+        assert r.reason is not None and r.reason.startswith(str(f.reason).rstrip(". "))
+        assert "pid 7 dcgm" in r.reason and "NVML at the error" in r.reason
+
+
+def test_a_tenant_decides_nothing_when_the_request_would_not_fit_without_it() -> None:
+    f = _finding(_record(LLAMA_BUFFER))  # 8.69 GiB asked
+    assert f.cls == "unknown" and f.numbers["R"] == 9332334592
+    r = refine(f, _ctx(_dev(total=12 * GIB, own=4 * GIB, others=(Tenant(5, 2 * GIB, "x"),))))
+    assert not r.decided and r.cls == "unknown"  # 8.69 GiB > 12 - 4: capacity or the engine's own use
+
+
+def test_a_request_larger_than_the_device_is_capacity() -> None:
+    f = _finding(_record(LLAMA_BUFFER))
+    r = refine(f, _ctx(_dev(total=8 * GIB, own=7 * GIB)), {"capacity": "ENGINE-CAPACITY"})
+    assert r.decided and r.cls == "capacity" and r.rule.endswith("+context.request-exceeds-device")
+    assert "8.69 GiB" in str(r.reason) and "8.00 GiB" in str(r.reason)
+    assert r.remedy.endswith("ENGINE-CAPACITY")
+    # a device larger than the request: no capacity from the context
+    assert not refine(f, _ctx(_dev(total=24 * GIB, own=7 * GIB))).decided
+
+
+def test_a_fraction_that_fences_off_an_unshared_device_is_a_reservation() -> None:
+    f = _finding(SGLANG_POOL_FULL)
+    assert f.engine == "sglang" and f.cls == "unknown" and f.knob == "mem-fraction-static"
+    ctx = _ctx(_dev(total=80 * GIB, own=41 * GIB), knobs={"mem_fraction_static": 0.5})
+    r = refine(f, ctx)
+    assert r.decided and r.cls == "reservation_conflict" and r.rule.endswith("+context.fraction-fences-device")
+    assert "--mem-fraction-static 0.5" in str(r.reason) and "Raise --mem-fraction-static" in r.remedy
+    assert r.attributes["infersight.oom.context.fraction_knob"] == "mem_fraction_static"
+    # the default-like 0.88 leaves 12%: not fenced; nor when the device was full at the error
+    assert not refine(f, _ctx(_dev(own=41 * GIB), knobs={"mem_fraction_static": 0.88})).decided
+    assert not refine(f, _ctx(_dev(own=75 * GIB), knobs={"mem_fraction_static": 0.5})).decided
+    # without NVML nothing says the device was unshared and unused
+    assert not refine(f, LiveContext(pid=1, knobs={"mem_fraction_static": 0.5})).decided
+
+
+def test_the_fraction_rule_needs_the_rules_own_pool_knob() -> None:
+    """A generic CUDA OOM under vLLM with a low utilization: the device had room; no class."""
+    f = _finding(_record(VLLM_LOADING))
+    assert f.knob is None
+    r = refine(f, _ctx(_dev(own=40 * GIB), knobs={"gpu_memory_utilization": 0.5}))
+    assert not r.decided and r.cls == "unknown"
+    assert "--gpu-memory-utilization 0.5" in str(r.reason)
+
+
+def test_a_message_that_is_no_shortage_is_never_refined() -> None:
+    f = _finding(_record(SGLANG_BOOKKEEPING))
+    assert f.cls == "unknown" and f.rule not in DEVICE_SHORTAGE_RULES
+    r = refine(f, _ctx(_dev(own=30 * GIB, others=(Tenant(9, 40 * GIB, "x"),)), knobs={"mem_fraction_static": 0.5}))
+    assert not r.decided and r.cls == "unknown" and "pid 9 x" in str(r.reason)
+
+
+def test_an_accelerator_nvml_does_not_see_is_never_set_against_nvml() -> None:
+    f = _finding("(VllmWorkerProcess pid=270962) ERROR 07-03 19:33:28 [multiproc_worker_utils.py:238] "
+                 "RuntimeError: NPU out of memory.")
+    assert f.cls == "unknown" and f.rule in DEVICE_SHORTAGE_RULES
+    assert not refine(f, _ctx(_dev(own=30 * GIB, others=(Tenant(9, 40 * GIB, "x"),)))).decided
+    assert names_other_accelerator("TPU7x HBM") and names_other_accelerator("Vulkan Device memory")
+    assert not names_other_accelerator("INPUT and OUTPUT tensors; RELATIONSHIP")
+
+
+def test_a_class_the_message_decided_is_kept_with_the_context_in_the_note() -> None:
+    f = _finding(_record(VLLM_FREE_BELOW))
+    assert f.cls == "reservation_conflict"
+    r = refine(f, _ctx(_dev(own=GIB), knobs={"gpu_memory_utilization": 0.6}))
+    assert (r.cls, r.rule, r.decided) == (f.cls, f.rule, False)
+    assert r.note.startswith(f.note) and "live context: NVML at the error" in r.note
+    assert "--gpu-memory-utilization 0.6" in r.note
+    assert "infersight.oom.context.conflict" not in r.attributes
+
+
+def test_a_context_that_contradicts_the_message_keeps_the_class_and_says_so() -> None:
+    f = _finding(_record(LLAMA_CAPACITY))
+    assert f.cls == "capacity"
+    r = refine(f, _ctx(_dev(own=20 * GIB, others=(Tenant(31, 50 * GIB, "ollama"),))))
+    assert r.cls == "capacity" and not r.decided
+    assert "the context conflicts (class kept from the message)" in r.note and "pid 31 ollama" in r.note
+    assert "pid 31" in str(r.attributes["infersight.oom.context.conflict"])
+    g = _finding(_record(VLLM_FREE_BELOW))  # reservation by the text; nothing in the context says capacity
+    assert "infersight.oom.context.conflict" not in refine(g, _ctx(_dev(own=GIB))).attributes
+
+
+def test_no_context_at_all_changes_nothing() -> None:
+    f = _finding(_record(VLLM_LOADING))
+    r = refine(f, LiveContext())
+    assert (r.cls, r.rule, r.reason, r.remedy, r.note, r.decided) == (f.cls, f.rule, f.reason, f.remedy, f.note,
+                                                                         False)
+    assert r.attributes == {}
+
+
+# -- argv --------------------------------------------------------------------------------------------
+
+
+def test_knobs_in_both_spellings_and_the_underscore_form() -> None:
+    argv = ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+            "--gpu-memory-utilization", "0.95", "--max_model_len=8192", "--max-num-seqs=64", "--enforce-eager",
+            "--tensor-parallel-size", "2"]
+    assert parse_knobs(argv) == {"gpu_memory_utilization": 0.95, "max_model_len": 8192, "max_num_seqs": 64,
+                                 "enforce_eager": True, "tensor_parallel_size": 2}
+    assert parse_knobs(["sglang", "--mem-fraction-static=0.7", "--chunked-prefill-size", "4096"]) == {
+        "mem_fraction_static": 0.7, "chunked_prefill_size": 4096}
+    assert parse_knobs(["text-generation-launcher", "--cuda-memory-fraction", "0.8",
+                        "--max-batch-prefill-tokens", "4096"]) == {"cuda_memory_fraction": 0.8,
+                                                                   "max_batch_prefill_tokens": 4096}
+    assert parse_knobs(["lmdeploy", "serve", "--cache-max-entry-count", "0.5"]) == {"cache_max_entry_count": 0.5}
+
+
+def test_llama_short_flags_only_for_llama() -> None:
+    assert parse_knobs(["/opt/llama-server", "-ngl", "99", "-c", "4096"]) == {"n_gpu_layers": 99, "ctx_size": 4096}
+    assert parse_knobs(["python3", "-c", "4096"]) == {}  # python -c is code, not a context size
+
+
+def test_bad_values_are_ignored() -> None:
+    argv = ["vllm", "--gpu-memory-utilization", "1.5", "--max-model-len", "8k", "--max-num-seqs", "-3",
+            "--mem-fraction-static", "nan", "--cuda-memory-fraction=inf", "--num-shard", "2" * 40,
+            "--enforce-eager=maybe", "--chunked-prefill-size"]
+    assert parse_knobs(argv) == {}
+    assert parse_knobs(["vllm", "--gpu-memory-utilization", "0.9", "--gpu-memory-utilization", "x"]) == {
+        "gpu_memory_utilization": 0.9}  # the bad one is skipped, the good one stays
+
+
+def test_a_huge_command_line_is_bounded() -> None:
+    junk = ["--x"] * 100_000
+    t0 = time.perf_counter()
+    assert parse_knobs(["vllm", *junk, "--gpu-memory-utilization", "0.9"]) == {}  # past the bound: unseen
+    assert time.perf_counter() - t0 < 1.0
+    long = "--gpu-memory-utilization=" + "0" * MAX_ARG_CHARS + "9"
+    assert parse_knobs(["vllm", long]) == {}
+    assert parse_knobs(["vllm", "--max-model-len", "9" * 100]) == {}
+
+
+# -- the agent's reads: a fake /proc, a FAKE NVML -----------------------------------------------------
+
+
+def _proc(root: Path, pid: int, ppid: int, argv: list[str], uid: int = 1000, ticks: int = 777) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    # stat fields after "(comm)": state, ppid, ... field 22 is the start time
+    fields = ["S", str(ppid)] + ["0"] * 17 + [str(ticks)]
+    (d / "stat").write_text("%d (py thon) %s\n" % (pid, " ".join(fields)))
+    (d / "status").write_text("Name:\tpython\nUid:\t%d\t%d\t%d\t%d\n" % (uid, uid, uid, uid))
+
+
+class FakeNvml:
+    """FAKE NVML (no GPU here): devices whose process lists the test sets (real DeviceSample values)."""
+
+    def __init__(self, devices: list[tuple[str, int, list[tuple[int, int]]]]) -> None:
+        self.devices = devices
+
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def sample(self, index: int) -> DeviceSample | None:
+        uuid, total, procs = self.devices[index]
+        return DeviceSample(time_ns=time.time_ns(), index=index, uuid=uuid, name="FAKE GPU",
+                            memory_total_bytes=total,
+                            processes=tuple(GpuProcess(pid, used, pid, "proc%d" % pid) for pid, used in procs))
+
+
+def _producer(asm: Assembler, pid: int, pid_id: str | None = None) -> Any:
+    return asm.hello({"id": pid_id or "p-%d" % pid, "pid": pid, "start_ns": 1, "trace_id": "1" * 32,
+                      "root_span_id": "2" * 16})
+
+
+def test_knobs_come_from_the_server_when_the_worker_has_none(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    _proc(root, 100, 1, ["python", "-m", "vllm.entrypoints.openai.api_server", "--gpu-memory-utilization=0.93"])
+    _proc(root, 200, 100, ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"])
+    _proc(root, 300, 1, ["vllm", "--gpu-memory-utilization", "0.5"], uid=0)  # another uid's parent
+    _proc(root, 400, 300, ["python", "-c", "x"])
+    asm = Assembler("host")
+    knobs, whose = engine_context.producer_knobs(_producer(asm, 200), str(root))
+    assert (knobs, whose) == ({"gpu_memory_utilization": 0.93}, 100)
+    assert engine_context.producer_knobs(_producer(asm, 400), str(root)) == ({}, None)  # not read across uids
+    assert engine_context.producer_knobs(_producer(asm, 999), str(root)) == ({}, None)  # gone: skipped
+
+
+def test_a_reused_pid_is_not_read(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    _proc(root, 200, 1, ["vllm", "--gpu-memory-utilization", "0.9"], ticks=555)
+    asm = Assembler("host")
+    same = _producer(asm, 200, "boot-200-555")
+    other = _producer(asm, 200, "boot-200-556")  # the producer started at another tick: pid reused
+    assert engine_context.producer_knobs(same, str(root))[0] == {"gpu_memory_utilization": 0.9}
+    assert engine_context.producer_knobs(other, str(root)) == ({}, None)
+    ctx = engine_context.gather(other, FakeNvml([("GPU-a", 80 * GIB, [(200, GIB)])]), None, str(root))
+    assert ctx == engine_context.LiveContext()  # neither its command line nor NVML's view of pid 200
+
+
+def test_nvml_finds_the_engines_devices_and_tells_its_workers_from_tenants(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    _proc(root, 100, 1, ["vllm", "--tensor-parallel-size", "2"])  # the server, producer
+    _proc(root, 101, 100, ["python", "-c", "worker"])  # its workers, one per device
+    _proc(root, 102, 100, ["python", "-c", "worker"])
+    _proc(root, 500, 1, ["python", "train.py"])  # another user's job on device 1
+    nvml = FakeNvml([("GPU-0", 80 * GIB, [(101, 70 * GIB)]), ("GPU-1", 80 * GIB, [(102, 50 * GIB), (500, 20 * GIB)]),
+                     ("GPU-2", 80 * GIB, [(500, 10 * GIB)])])
+    devs = engine_context.nvml_devices(nvml, 100, str(root))
+    assert [(d.device, d.own_bytes, d.other_bytes) for d in devs] == [("GPU-0", 70 * GIB, 0),
+                                                                      ("GPU-1", 50 * GIB, 20 * GIB)]
+    assert devs[1].others == (Tenant(500, 20 * GIB, "proc500"),)
+    # a worker's own OOM: its server is an ancestor, its sibling worker on another device is not seen as its own
+    assert [d.device for d in engine_context.nvml_devices(nvml, 101, str(root))] == ["GPU-0"]
+
+
+def test_handlers_refine_an_engine_oom_and_emit_the_context() -> None:
+    """In-process: the real handlers with a FAKE NVML; this test process stands for the engine,
+    its real /proc entry is read for the knobs (pytest's argv has none)."""
+    import os
+
+    me = os.getpid()
+    nvml = FakeNvml([("GPU-aaaa", 80 * GIB, [(me, 30 * GIB), (1, 45 * GIB)])])  # pid 1 is never our tree
+    h = OomHandlers(OomClassifier([]), nvml)
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, me)
+    items = asm.events(p, [[1, 10, "oom", {"source": "log", "text": _record(VLLM_LOADING)}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    a = log.attributes
+    assert a["infersight.oom.class"] == "reservation_conflict"
+    assert a["infersight.oom.context_decided"] is True
+    assert a["infersight.oom.context.other_pids"] == [1]
+    assert a["infersight.oom.context.total_bytes"] == 80 * GIB
+    assert a["infersight.oom.context.own_bytes"] == 30 * GIB
+    assert a["infersight.oom.context.nvml"] is True
+    assert "reservation_conflict" in log.body and "pid 1" in log.body
+    assert h.context_decided == 1
+    # the same text again in the window: no second read, no second record
+    again = asm.events(p, [[2, 20, "oom", {"source": "log", "text": _record(VLLM_LOADING)}]])
+    assert not [i for i in again if isinstance(i, LogItem)]
+
+
+@pytest.mark.parametrize("nvml", [None, FakeNvml([])])
+def test_without_nvml_the_message_verdict_stands(nvml: Any) -> None:
+    h = OomHandlers(OomClassifier([]), nvml)
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, 4242424)  # no such process: nothing to read either
+    items = asm.events(p, [[1, 10, "oom", {"source": "log", "text": _record(VLLM_LOADING)}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "unknown"
+    assert log.attributes["infersight.oom.context_decided"] is False
+    assert h.context_decided == 0
+
+
+def test_the_hook_sends_flags_and_numbers_only() -> None:
+    from infersight.hooks._enginelog import MAX_ARGS, knob_args
+
+    argv = ["-m", "vllm.entrypoints.openai.api_server", "--model", "/models/private", "--api-key", "sk-secret",
+            "--gpu-memory-utilization", "0.95", "--max_model_len=8192", "--hf-token=hf_abc", "--enforce-eager",
+            "x" * 100]
+    sent = knob_args(argv)
+    assert sent == ["-m", "", "--model", "", "--api-key", "", "--gpu-memory-utilization", "0.95",
+                    "--max_model_len=8192", "--hf-token=", "--enforce-eager", ""]
+    assert parse_knobs(sent) == {"gpu_memory_utilization": 0.95, "max_model_len": 8192, "enforce_eager": True}
+    assert len(knob_args(["--x"] * 10_000)) == MAX_ARGS == engine_context.MAX_SENT_ARGS
+
+
+def test_a_gone_process_is_read_from_what_its_hooks_sent(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    asm = Assembler("host")
+    p = asm.hello({"id": "p-77", "pid": 77, "start_ns": 1, "trace_id": "1" * 32, "root_span_id": "2" * 16},
+                  uid=1000)  # over a socket: a uid, so the hello's own keys are not taken as launch's argv
+    sent = engine_context.sent_args(["--gpu-memory-utilization", "0.8"])
+    assert engine_context.producer_knobs(p, str(root), sent) == ({"gpu_memory_utilization": 0.8}, 77)
+    _proc(root, 77, 1, ["vllm", "--gpu-memory-utilization", "0.5"])
+    # no ticks in its id: pid 77 here may be another process; what its hooks sent is its own
+    assert engine_context.producer_knobs(p, str(root), sent) == ({"gpu_memory_utilization": 0.8}, 77)
+    shutil.rmtree(root / "77")
+    q = asm.hello({"id": "boot-77-5", "pid": 77, "start_ns": 1, "trace_id": "1" * 32, "root_span_id": "2" * 16},
+                  uid=1000)
+    _proc(root, 77, 1, ["python", "-c", "x"], ticks=5)  # alive, without knobs of its own: /proc wins
+    assert engine_context.producer_knobs(q, str(root), sent) == ({}, None)
+    (root / "77" / "cmdline").write_bytes(b"")  # a zombie's cmdline is empty
+    assert engine_context.producer_knobs(q, str(root), sent) == ({"gpu_memory_utilization": 0.8}, 77)
+    shutil.rmtree(root / "77")  # gone
+    assert engine_context.producer_knobs(q, str(root), sent) == ({"gpu_memory_utilization": 0.8}, 77)
+    ctx = engine_context.gather(q, FakeNvml([("GPU-a", 80 * GIB, [(77, GIB)])]), None, str(root), sent)
+    assert ctx.pid is None and not ctx.nvml and ctx.knobs == {"gpu_memory_utilization": 0.8}
+    assert engine_context.sent_args(["a"] * 1000) is None and engine_context.sent_args([1, 2]) is None
+
+
+def test_a_huge_proc_cmdline_is_read_bounded(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    _proc(root, 100, 1, ["vllm"])
+    huge = b"\0".join([b"--x" * 1000] * 2000) + b"\0--gpu-memory-utilization\x000.9\0"  # 6 MB, knob at the end
+    (root / "100" / "cmdline").write_bytes(huge)
+    argv = engine_context.read_cmdline(100, str(root))
+    assert argv is not None and sum(len(a) + 1 for a in argv) <= engine_context.MAX_CMDLINE + 1
+    assert parse_knobs(argv) == {}  # beyond the bound: not read, not a crash
+    (root / "100" / "cmdline").write_bytes(b"vllm\0--gpu-memory-utilization\0\xff\xfe0.9\0--max-num-seqs\x0064\0")
+    assert engine_context.read_cmdline(100, str(root)) == ["vllm", "--gpu-memory-utilization", "\ufffd\ufffd0.9",
+                                                           "--max-num-seqs", "64"]
+    assert parse_knobs(engine_context.read_cmdline(100, str(root)) or []) == {"max_num_seqs": 64}
+
+
+async def test_the_engine_context_is_read_off_the_event_loop_under_the_device_lock() -> None:
+    import os
+    import threading
+
+    lock = threading.Lock()
+    seen: list[tuple[str, bool]] = []
+    me = os.getpid()
+
+    class RecordingNvml(FakeNvml):  # FAKE NVML: records where and how it was called
+        def sample(self, index: int) -> DeviceSample | None:
+            seen.append((threading.current_thread().name, lock.locked()))
+            return super().sample(index)
+
+    def guard(fn: Any) -> Any:
+        with lock:
+            return fn()
+
+    published: list[Any] = []
+    nvml = RecordingNvml([("GPU-aaaa", 80 * GIB, [(me, 30 * GIB), (1, 45 * GIB)])])
+    h = OomHandlers(OomClassifier([]), nvml, publish=published.extend, nvml_guard=guard)
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, me)
+    items = asm.events(p, [[1, 10, "oom", {"source": "log", "text": _record(VLLM_LOADING)}]])
+    assert not [i for i in items if isinstance(i, LogItem)], "finished later, off the loop"
+    await h.wait_later(10)
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "reservation_conflict"
+    assert seen and all(name != threading.current_thread().name and held for name, held in seen), seen
