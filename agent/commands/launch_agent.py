@@ -86,7 +86,7 @@ class EmbeddedAgent:
         if self._coldstart is not None:
             self._coldstart.tracker.known_commands[pid] = list(argv)
 
-    def adopt(self, conns: list[socket.socket]) -> None:
+    def adopt(self, conns: Sequence[Any]) -> None:
         """The hooks' connections that launch accepted while it held the agent back."""
         self._agent.adopt(conns)
 

@@ -24,11 +24,10 @@ not know the mark) is handed to the agent.
 
 from __future__ import annotations
 
+import _socket  # not ``socket`` (5 ms) nor ``dataclasses`` (11 ms): this runs while CMD starts
 import os
 import select
-import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from infersight.agent.commands.launch_base import AGENT_HOLD_S, Child
@@ -37,29 +36,33 @@ from infersight.hooks import _wire
 HELD_MARK = _wire.AGENT_HELD_MARK  # in launch's private directory while the agent is held back
 POLL_S = 0.1  # the stderr relay's captures are looked at this often
 LISTEN_POLL_S = 0.05  # ... and the socket tables, while no hooked process has connected
+LISTEN_FROM_S = 0.2  # from this long after the spawn (as the agent's own watch did): a hooked
+# CMD has spooled by then, and launch need not load the watch at all
 MAX_HELD = 4096  # connections accepted while held (one or two per process of CMD)
 
 
-@dataclass
 class Held:
     """What the hold saw: why it ended, and what the agent takes over."""
 
-    why: str = "deadline"
-    connections: list[socket.socket] = field(default_factory=list)
-    hooked: bool = False  # a hooked process of CMD connected (said hello)
-    listening: tuple[str, Any] | None = None  # an unhooked CMD's first listening socket
-    listening_ns: int = 0
+    __slots__ = ("connections", "hooked", "listening", "listening_ns", "why")
+
+    def __init__(self) -> None:
+        self.why = "deadline"
+        self.connections: list[Any] = []  # _socket.socket: accepted here, for the agent
+        self.hooked = False  # a hooked process of CMD spooled or connected
+        self.listening: tuple[str, Any] | None = None  # an unhooked CMD's first listening socket
+        self.listening_ns = 0
 
 
 def mark_path(private_dir: str) -> str:
     return os.path.join(private_dir, HELD_MARK)
 
 
-def _first_frame(conn: socket.socket) -> bytes | None:
+def _first_frame(conn: Any) -> bytes | None:
     """The first bytes a connection sent (peeked: the agent reads them later); None while
     none came. A closed connection with nothing sent gives b""."""
     try:
-        return conn.recv(len(_wire.URGENT_FRAME), socket.MSG_PEEK)
+        return bytes(conn.recv(len(_wire.URGENT_FRAME), _socket.MSG_PEEK))
     except (BlockingIOError, InterruptedError):
         return None
     except OSError:
@@ -92,10 +95,10 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
     if pidfd < 0:  # an old kernel: no hold (the agent's path as before)
         held.why = "no pidfd"
         return held
-    listener = socket.socket(fileno=os.dup(listen_fd))
+    listener = _socket.socket(fileno=os.dup(listen_fd))
     listener.setblocking(False)
     _set_mark(private_dir)
-    unseen: list[socket.socket] = []  # accepted, first frame not peeked yet
+    unseen: list[Any] = []  # accepted, first frame not peeked yet
     spool = os.path.join(private_dir, "spool")
     watch = None
     pid = child.pid
@@ -134,7 +137,7 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                     conn.close()
             if not held.hooked:
                 held.hooked = _entries(spool)  # a hooked process spools while the mark is there
-            if not held.hooked:
+            if not held.hooked and now - spawn_ns / 1e9 >= LISTEN_FROM_S:
                 if watch is None:
                     from infersight.hooks._listening import ListenWatch, tree
 
@@ -158,13 +161,14 @@ def _entries(path: str) -> bool:
         return False
 
 
-def _accept_all(listener: socket.socket, into: list[socket.socket], held: Held) -> None:
+def _accept_all(listener: Any, into: list[Any], held: Held) -> None:
     while len(into) + len(held.connections) < MAX_HELD:
         try:
-            conn, _addr = listener.accept()
+            fd, _addr = listener._accept()
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             return  # out of descriptors: the rest wait in the backlog for the agent
+        conn = _socket.socket(fileno=fd)
         conn.setblocking(False)
         into.append(conn)

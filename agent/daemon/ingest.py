@@ -18,7 +18,7 @@ import asyncio
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from infersight.agent.daemon.assemble import Assembler, Producer
@@ -132,7 +132,7 @@ class Ingest:
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         await self.listener.start(path, mode, sock)
 
-    def adopt(self, conns: list[socket.socket]) -> None:
+    def adopt(self, conns: Sequence[Any]) -> None:
         self.listener.adopt(conns)
 
     async def stop_accepting(self) -> None:

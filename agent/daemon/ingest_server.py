@@ -14,7 +14,8 @@ import errno
 import os
 import resource
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.receive import RateLimitedLog
@@ -140,11 +141,13 @@ class Listener:
         loop.call_later(self._backoff, resume)
         self._backoff = min(self._backoff * 2, ACCEPT_BACKOFF_MAX_S)
 
-    def adopt(self, conns: list[socket.socket]) -> None:
+    def adopt(self, conns: Sequence[Any]) -> None:
         """Serve connections accepted before the agent started (``launch`` holds its agent
-        back while CMD starts and accepts the hooks' connections meanwhile)."""
+        back while CMD starts and accepts the hooks' connections meanwhile: ``_socket``
+        objects, made ``socket.socket`` here)."""
         loop = asyncio.get_running_loop()
-        for conn in conns:
+        for raw in conns:
+            conn = raw if isinstance(raw, socket.socket) else socket.socket(fileno=raw.detach())
             conn.setblocking(False)
             task = loop.create_task(self._accepted(conn))
             self._accepting.add(task)

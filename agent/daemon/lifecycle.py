@@ -282,7 +282,7 @@ class Agent:
         as at start; how many."""
         return self.ingest.replay_spools(directory)
 
-    def adopt(self, conns: list[socket.socket]) -> None:
+    def adopt(self, conns: Sequence[Any]) -> None:
         """Serve connections that were accepted before the agent started (``launch``)."""
         self.ingest.adopt(conns)
 

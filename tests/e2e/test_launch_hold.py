@@ -127,3 +127,30 @@ def test_a_bad_hold_is_a_usage_error(tmp_path: Path) -> None:
                        timeout=30, cwd=tmp_path)
     assert r.returncode == 2
     assert "--agent-hold" in r.stderr and "seconds" in r.stderr
+
+
+def test_a_connection_accepted_while_held_is_served_by_the_agent(tmp_path: Path) -> None:
+    # A producer that does not know the mark (a raw one here) connects and says hello while
+    # launch holds its agent back: launch accepts it unread, and the agent, once started by the
+    # doorbell, answers it.
+    r, _ = launch(tmp_path, r"""
+import json, socket
+from infersight.hooks import _wire
+path = os.environ["INFERSIGHT_SOCKET"]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
+    "id": "raw-1", "pid": os.getpid(), "start_ns": time.time_ns(), "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+time.sleep(0.3)
+before = agent_loaded()
+d = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+d.connect(path)
+d.sendall(_wire.URGENT_FRAME)
+d.close()
+s.settimeout(15)
+reply = s.recv(4096)
+print(json.dumps({"before": before, "welcome": b"welcome" in reply}))
+""")
+    assert r.returncode == 0, r.stderr
+    got = results(r)
+    assert got == {"before": False, "welcome": True}
