@@ -10,6 +10,7 @@ thread and with stdlib calls only, until one of these (``Held.why``):
 - ``listening``: a CMD that runs no hooked Python listens (the kernel's socket tables, as the
   agent's own watch reads them: the time is noted here, where it happens);
 - ``stderr``: CMD's stderr shows a memory error (the relay opened a capture);
+- ``request``: a client asks the agent something (``status``: a CMD that queries its agent);
 - ``exited``: CMD exited;
 - ``deadline``: ``hold_s`` after CMD's spawn (a cold start that long pays the agent's start
   as 1-2% at most; a job that never serves gets its agent then).
@@ -18,8 +19,8 @@ Meanwhile the hooks of CMD's processes see the mark ``HELD_MARK`` beside launch'
 do not connect: they spool, as when an agent is away (never blocking the process; a process
 that exits spools what it holds at once), ring the doorbell at readiness and at an OOM, and
 connect once the mark is gone; the agent replays their spools in order. The doorbells are
-accepted here and peeked (never read); a connection that says anything else (a hook that does
-not know the mark) is handed to the agent.
+accepted here and peeked (never read); a producer's connection (a hook that does not know the
+mark) is handed to the agent when it starts, and any other request starts it at once.
 """
 
 from __future__ import annotations
@@ -58,15 +59,33 @@ def mark_path(private_dir: str) -> str:
     return os.path.join(private_dir, HELD_MARK)
 
 
+HELLO = b'{"t":"hello"'  # how a producer's first frame begins, after its length
+PEEK = 4 + 16  # bytes peeked: a frame's length and the start of its payload
+
+
 def _first_frame(conn: Any) -> bytes | None:
     """The first bytes a connection sent (peeked: the agent reads them later); None while
     none came. A closed connection with nothing sent gives b""."""
     try:
-        return bytes(conn.recv(len(_wire.URGENT_FRAME), _socket.MSG_PEEK))
+        return bytes(conn.recv(PEEK, _socket.MSG_PEEK))
     except (BlockingIOError, InterruptedError):
         return None
     except OSError:
         return b""
+
+
+def what_it_wants(first: bytes) -> str | None:
+    """``doorbell``, ``hello`` (a producer: it can wait), ``request`` (``status``, a joined
+    launch's ``subscribe``...: someone wants the agent now), ``closed``; None: too few bytes yet."""
+    if not first:
+        return "closed"
+    if first.startswith(_wire.URGENT_FRAME):
+        return "doorbell"
+    if first[4:].startswith(HELLO):
+        return "hello"
+    if len(first) < PEEK and (_wire.URGENT_FRAME.startswith(first) or HELLO.startswith(first[4:])):
+        return None
+    return "request"
 
 
 def _set_mark(private_dir: str) -> None:
@@ -98,7 +117,8 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
     listener = _socket.socket(fileno=os.dup(listen_fd))
     listener.setblocking(False)
     _set_mark(private_dir)
-    unseen: list[Any] = []  # accepted, first frame not peeked yet
+    unseen: list[Any] = []  # accepted, nothing sent yet
+    partial: list[Any] = []  # accepted, too few bytes sent to tell what it wants
     spool = os.path.join(private_dir, "spool")
     watch = None
     pid = child.pid
@@ -113,7 +133,7 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
             if relay is not None and relay.memory_error_seen:
                 held.why = "stderr"
                 return held
-            wait = min(deadline - now, LISTEN_POLL_S if not held.hooked else POLL_S)
+            wait = min(deadline - now, LISTEN_POLL_S if not held.hooked or partial else POLL_S)
             readable, _, _ = select.select([pidfd, listener, *unseen], [], [], wait)
             if pidfd in readable:
                 child.exit_ns = time.time_ns()
@@ -121,20 +141,29 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                 return held
             if listener in readable:
                 _accept_all(listener, unseen, held)
-            for conn in [c for c in unseen if c in readable]:
+            # A connection that sent a few bytes, too few to tell, leaves the select (it would
+            # stay readable: a spin) and is peeked again at each turn.
+            for conn in [c for c in unseen if c in readable] + partial:
                 first = _first_frame(conn)
-                if first is None or (first and _wire.URGENT_FRAME.startswith(first) and first != _wire.URGENT_FRAME):
-                    continue  # nothing yet, or a doorbell's first bytes only
-                unseen.remove(conn)
-                if first == _wire.URGENT_FRAME:
+                wants = None if first is None else what_it_wants(first)
+                if wants is None:
+                    if first and conn in unseen:
+                        unseen.remove(conn)
+                        partial.append(conn)
+                    continue
+                (unseen if conn in unseen else partial).remove(conn)
+                if wants == "closed":
+                    conn.close()
+                elif wants == "doorbell":
                     conn.close()  # the doorbell did its work: the agent starts now
                     held.why = "doorbell"
                     return held
-                if first:
-                    held.connections.append(conn)
-                    held.hooked = True
                 else:
-                    conn.close()
+                    held.connections.append(conn)  # for the agent, unread
+                    if wants == "request":
+                        held.why = "request"
+                        return held
+                    held.hooked = True
             if not held.hooked:
                 held.hooked = _entries(spool)  # a hooked process spools while the mark is there
             if not held.hooked and now - spawn_ns / 1e9 >= LISTEN_FROM_S:
@@ -148,7 +177,7 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                     held.why = "listening"
                     return held
     finally:
-        held.connections.extend(unseen)
+        held.connections.extend(unseen + partial)
         listener.close()
         os.close(pidfd)
         clear_mark(private_dir)

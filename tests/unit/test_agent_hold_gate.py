@@ -184,3 +184,31 @@ def test_a_launched_producer_does_not_connect_while_the_mark_is_there(tmp_path: 
     assert s.recv(64) == _wire.URGENT_FRAME
     s.close()
     listener.close()
+
+
+def test_what_a_connection_wants_is_told_from_its_first_bytes() -> None:
+    hello = _wire.hello_frame({"id": "p", "pid": 1})
+    assert launch_hold.what_it_wants(_wire.URGENT_FRAME) == "doorbell"
+    assert launch_hold.what_it_wants(hello[:launch_hold.PEEK]) == "hello"
+    assert launch_hold.what_it_wants(_wire.STATUS_FRAME) == "request"
+    assert launch_hold.what_it_wants(b"") == "closed"
+    assert launch_hold.what_it_wants(_wire.URGENT_FRAME[:7]) is None  # too few bytes yet
+    assert launch_hold.what_it_wants(hello[:9]) is None
+    assert launch_hold.what_it_wants(b"\x00\x00\x00\x05garbage!!!!!!!!!!!!") == "request"
+
+
+def test_a_status_request_ends_the_hold_and_a_trickling_peer_does_not_spin(cmds) -> None:  # type: ignore[no-untyped-def]
+    c = cmds("import time; time.sleep(30)")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(c.sock_path)
+    s.sendall(_wire.URGENT_FRAME[:3])  # a peer that sends three bytes and stalls
+    status = ring_later(c.sock_path, 0.8, _wire.STATUS_FRAME)
+    t0, cpu0 = time.monotonic(), time.process_time()
+    held = c.hold()
+    status.join()
+    assert held.why == "request"
+    assert len(held.connections) == 2  # the status request and the stalled peer, for the agent
+    assert time.process_time() - cpu0 < 0.5 * (time.monotonic() - t0)  # it waited, it did not spin
+    for conn in held.connections:
+        conn.close()
+    s.close()
