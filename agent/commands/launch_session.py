@@ -51,6 +51,7 @@ from infersight.settings import ConfigError
 from infersight.telemetry import Resource, SpanItem
 
 LISTEN_POLL_S = 0.05
+HELD_SPOOLS_WAIT_S = 5.0  # how long launch waits at the end for live processes that spooled while held
 
 
 async def watch_listening(pid: int, spawn_ns: int, rd: Readiness, hooked: Callable[[], bool],
@@ -314,6 +315,40 @@ async def wait_child(child: Child) -> int:
     return child.returncode
 
 
+def live_spools(directory: str) -> int:
+    """Spool files in ``directory`` whose producer lives (it holds the file's lock; a spool
+    file is unlinked once all of it was delivered)."""
+    import fcntl
+
+    n = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
+async def wait_held_spools(directory: str, timeout_s: float) -> None:
+    """After launch held its agent back: processes of CMD that live on (a daemon CMD left)
+    spooled meanwhile, and connect once the hold ends; wait until they delivered, bounded."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not await asyncio.to_thread(live_spools, directory):
+            return
+        await asyncio.sleep(0.05)
+
+
 async def wait_producers_gone(agent: EmbeddedAgent, sock: str, timeout_s: float) -> None:
     """Wait for the connections of exiting producers to close; not for a process that lives on
     (a daemonized grandchild): at most as many connections as such processes stay open."""
@@ -391,6 +426,8 @@ class Session:
                 readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
         await sockets
         readiness.listening_ns, readiness.listening = listening.listening_ns, listening.listening
+        if held is not None:
+            await wait_held_spools(private.spool, min(HELD_SPOOLS_WAIT_S, opts.flush_timeout_s))
         # The child's hooks flushed at exit; let the agent read what is in flight.
         await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
         agent.replay_spools(private.spool)
