@@ -28,7 +28,7 @@ from infersight.rules.serving_context import DeviceContext, LiveContext, Number,
 
 if TYPE_CHECKING:
     from infersight.agent.daemon.assemble import Producer
-    from infersight.agent.oom.kind import NvmlLike
+    from infersight.agent.oom.nvml_views import NvmlLike
 
 log = logging.getLogger("infersight.agent.oom")
 

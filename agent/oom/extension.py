@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
-from infersight.agent.oom.kind import NvmlGuard, NvmlLike, OomClassifier, OomHandlers, RuleReloadError
+from infersight.agent.oom.kind import OomClassifier, OomHandlers, RuleReloadError
+from infersight.agent.oom.nvml_views import NvmlGuard, NvmlLike
 from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")

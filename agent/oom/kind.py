@@ -31,10 +31,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.errors import AgentError
+from infersight.agent.oom.nvml_views import DeviceView, NvmlGuard, NvmlLike
 from infersight.bytesize import torch_bytes
 from infersight.metricspec import declared
 from infersight.telemetry import Attributes, Item, LogItem, NumberPoint, Origin, SpanEvent
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
-_T = TypeVar("_T")
 
 DEDUP_WINDOW_NS = 30_000_000_000
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
@@ -81,43 +81,6 @@ MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
 
 class RuleReloadError(AgentError, ValueError):
     """A rule file failed to load; ``str()`` names file:line for every error."""
-
-
-class GpuProcessView(Protocol):
-    """What an OOM reads of one process on a device (the devices feature's ``GpuProcess``)."""
-
-    @property
-    def host_pid(self) -> int: ...
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def used_bytes(self) -> int | None: ...
-
-
-class DeviceView(Protocol):
-    """What an OOM reads of one NVML sample of a device (the devices feature's ``DeviceSample``)."""
-
-    @property
-    def uuid(self) -> str | None: ...
-    @property
-    def memory_total_bytes(self) -> int | None: ...
-    @property
-    def processes(self) -> Sequence[GpuProcessView] | None: ...
-
-
-class NvmlLike(Protocol):
-    """NVML as the commands hand it in (the devices feature's ``Nvml``)."""
-
-    def sample(self, index: int) -> DeviceView | None: ...
-
-    def device_count(self) -> int: ...
-
-
-class NvmlGuard(Protocol):
-    """Runs NVML reads under the lock that keeps them and nvmlShutdown apart (the device job's
-    ``nvml_call``); None once NVML is shut down."""
-
-    def __call__(self, fn: Callable[[], _T]) -> _T | None: ...
 
 
 def rule_paths(dirs: Iterable[str | Path]) -> list[Any]:
