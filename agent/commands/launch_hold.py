@@ -88,12 +88,13 @@ def what_it_wants(first: bytes) -> str | None:
     return "request"
 
 
-def _set_mark(private_dir: str) -> None:
+def _set_mark(private_dir: str) -> bool:
     try:
         with open(mark_path(private_dir), "w", encoding="ascii") as f:
             f.write(str(os.getpid()))
     except OSError:
-        pass  # the hooks then wait for acks at exit, as with an agent that is slow
+        return False  # no hold then: the hooks would connect and wait for a welcome
+    return True
 
 
 def clear_mark(private_dir: str) -> None:
@@ -114,9 +115,12 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
     if pidfd < 0:  # an old kernel: no hold (the agent's path as before)
         held.why = "no pidfd"
         return held
+    if not _set_mark(private_dir):
+        os.close(pidfd)
+        held.why = "no mark"
+        return held
     listener = _socket.socket(fileno=os.dup(listen_fd))
     listener.setblocking(False)
-    _set_mark(private_dir)
     unseen: list[Any] = []  # accepted, nothing sent yet
     partial: list[Any] = []  # accepted, too few bytes sent to tell what it wants
     spool = os.path.join(private_dir, "spool")

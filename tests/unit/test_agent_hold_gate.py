@@ -212,3 +212,11 @@ def test_a_status_request_ends_the_hold_and_a_trickling_peer_does_not_spin(cmds)
     for conn in held.connections:
         conn.close()
     s.close()
+
+
+def test_no_hold_where_the_mark_cannot_be_written(cmds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    c = cmds("import time; time.sleep(30)")
+    t0 = time.monotonic()
+    held = launch_hold.hold(c.child, c.listener.fileno(), c.spawn_ns, str(tmp_path / "gone" / "dir"))
+    assert held.why == "no mark"  # the hooks would not spool: they must find an agent at once
+    assert time.monotonic() - t0 < 1.0
