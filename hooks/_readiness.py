@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Tuple
 
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
-REPORT_FLUSH_HELD_S = 10.0  # ... when launch held its agent back (it starts on the worker's ring: imports)
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
 READY_SIGNALS = _contract.READY_SIGNALS
@@ -327,8 +326,7 @@ def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str
     def send() -> None:
         try:
             if c is not None and c.enabled:
-                held = c.conn.held() or c.conn.held_back  # launch's agent starts on our ring first
-                c.flush(max(REPORT_FLUSH_S, REPORT_FLUSH_HELD_S) if held else REPORT_FLUSH_S)
+                c.flush(REPORT_FLUSH_S)
             _workers.report(parent_dir, start_ns, end_ns, ended_by)
         except Exception as exc:
             _runtime.fail(exc)
