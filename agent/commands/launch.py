@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
+STILL_STARTING = ("workers", "deadline")  # why a hold ended while CMD's cold start may go on (launch_hold)
 UNCHECKED_ENV = frozenset({"OTEL_SERVICE_NAME", "INFERSIGHT_MEASURE_STORAGE"})  # no config key reads them
 QUICK_EXIT_S = 0.05  # a CMD that exits this soon after its spawn may need no agent at all
 
@@ -368,11 +369,12 @@ class AgentSide:
     not compete with CMD's own start. Only that thread is niced (Linux priorities are per
     thread), and it ends with the import: the agent itself runs at launch's priority."""
 
-    def __init__(self, module_name: str = "launch_session") -> None:
+    def __init__(self, module_name: str = "launch_session", nice: bool = True) -> None:
         import threading
 
         bare_hooks_package()  # here, on the main thread: before any import of the agent side
         self.module_name = module_name
+        self.nice = nice
         self.box: dict[str, Any] = {}
         self.done_r, self.done_w = os.pipe()  # written when the import ends: select()able
         self.thread = threading.Thread(target=self._load, name="infersight-import", daemon=True)
@@ -382,7 +384,8 @@ class AgentSide:
         import threading
 
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
+            if self.nice:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
         except (OSError, AttributeError):
             pass
         try:
@@ -554,7 +557,8 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
                 return quick
-        agent_side = AgentSide()  # CMD runs (or is done): now the heavy part
+        # CMD runs (or is done): now the heavy part; at low priority while CMD may still start
+        agent_side = AgentSide(nice=held is None or held.why in STILL_STARTING)
         if child.exit_ns == 0 and agent_side.wait_or_exit(child) and not (held is not None and held.connections):
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:

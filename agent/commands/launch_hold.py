@@ -10,6 +10,10 @@ thread and with stdlib calls only, until one of these (``Held.why``):
 - ``listening``: a CMD that runs no hooked Python listens (the kernel's socket tables, as the
   agent's own watch reads them: the time is noted here, where it happens);
 - ``stderr``: CMD's stderr shows a memory error (the relay opened a capture);
+- ``workers``: a second hooked process spools: CMD is a supervisor with workers (uvicorn or
+  gunicorn workers, Ray, a multiprocessing pool), whose reports to each other go through the
+  agent (a worker's root must reach it before its supervisor's ends), so it runs from then on
+  as without a hold, at low priority;
 - ``request``: a client asks the agent something (``status``: a CMD that queries its agent);
 - ``exited``: CMD exited;
 - ``deadline``: ``hold_s`` after CMD's spawn (a cold start that long pays the agent's start
@@ -32,7 +36,7 @@ import time
 from typing import Any
 
 from infersight.agent.commands.launch_base import AGENT_HOLD_S, Child
-from infersight.hooks import _wire
+from infersight.hooks import _paths, _wire
 
 HELD_MARK = _wire.AGENT_HELD_MARK  # in launch's private directory while the agent is held back
 POLL_S = 0.1  # the stderr relay's captures are looked at this often
@@ -168,8 +172,11 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                         held.why = "request"
                         return held
                     held.hooked = True
-            if not held.hooked:
-                held.hooked = _entries(spool)  # a hooked process spools while the mark is there
+            producers = _entries(spool)  # a hooked process spools while the mark is there
+            held.hooked = held.hooked or producers > 0
+            if producers > 1:
+                held.why = "workers"
+                return held
             if not held.hooked and now - spawn_ns / 1e9 >= LISTEN_FROM_S:
                 if watch is None:
                     from infersight.hooks._listening import ListenWatch, tree
@@ -187,11 +194,13 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
         clear_mark(private_dir)
 
 
-def _entries(path: str) -> bool:
+def _entries(path: str) -> int:
+    """Spool files in ``path``: one per hooked process that spooled (not the supervisors'
+    ``children-N`` directories beside them)."""
     try:
-        return bool(os.listdir(path))
+        return sum(1 for name in os.listdir(path) if name.endswith(_paths.SPOOL_SUFFIX))
     except OSError:
-        return False
+        return 0
 
 
 def _accept_all(listener: Any, into: list[Any], held: Held) -> None:

@@ -133,6 +133,7 @@ def test_an_unhooked_cmd_that_listens_ends_the_hold_with_its_time(cmds) -> None:
 def test_a_spooling_hooked_process_stops_the_listen_watch(cmds) -> None:  # type: ignore[no-untyped-def]
     c = cmds("import socket, time; time.sleep(0.6); s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen();"
              " time.sleep(30)")
+    Path(c.dir, "spool", "children-0").mkdir()  # a supervisor's workers' directory: no producer
     Path(c.dir, "spool", "producer.spool").write_bytes(b"")  # what a held hooked process writes
     held = c.hold(hold_s=1.5)
     assert held.hooked
@@ -220,3 +221,12 @@ def test_no_hold_where_the_mark_cannot_be_written(cmds, tmp_path: Path) -> None:
     held = launch_hold.hold(c.child, c.listener.fileno(), c.spawn_ns, str(tmp_path / "gone" / "dir"))
     assert held.why == "no mark"  # the hooks would not spool: they must find an agent at once
     assert time.monotonic() - t0 < 1.0
+
+
+def test_a_second_hooked_process_ends_the_hold(cmds) -> None:  # type: ignore[no-untyped-def]
+    c = cmds("import time; time.sleep(30)")
+    spool = Path(c.dir, "spool")
+    (spool / "supervisor.spool").write_bytes(b"")
+    threading.Timer(0.4, lambda: (spool / "worker.spool").write_bytes(b"")).start()
+    held = c.hold()
+    assert held.why == "workers" and held.hooked  # a supervisor's workers report through the agent
