@@ -15,10 +15,12 @@ config errors, such as an unwritable ``--otlp-file``, all before CMD starts).
 
 This module is the cheap half, stdlib only: it checks the output path, evicts
 ``--evict`` files from the page cache, makes the private directory, listens on the
-private socket and spawns CMD. Only then does it import the agent side
-(:mod:`infersight.agent.commands.launch_session`: asyncio, the exporters, the OTel protobufs),
-while CMD starts. A hook that connects meanwhile waits in the listen backlog; one that
-gives up first spools to the private spool directory, which the agent replays.
+private socket and spawns CMD. Then it holds the agent side back while CMD starts
+(:mod:`infersight.agent.commands.launch_hold`: until CMD is ready, reports an OOM, exits, or
+starts workers, at most ``--agent-hold`` seconds; CMD's hooks spool meanwhile), and only then
+imports it (:mod:`infersight.agent.commands.launch_session`: asyncio, the exporters, the OTel
+protobufs). A hook that connects before the agent listens waits in the listen backlog; one
+that gives up first spools to the private spool directory, which the agent replays.
 
 How CMD is run:
 - In its own process group, made the terminal's foreground group when launch has one,
