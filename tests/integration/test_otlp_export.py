@@ -274,13 +274,19 @@ async def test_grpc_reconnects_after_receiver_restart(rx):
     await asyncio.to_thread(rx.start)  # same port
     # The first call may still fail fast while the gRPC channel sits in its reconnect
     # backoff; retrying (what ExporterWorker does) gets through on the new server.
+    attempts = 0
     for _attempt in range(300):  # up to a minute, however slow the reconnect
+        attempts += 1
         try:
             await exp.export(make_spans(0))
             break
         except ExportError:
             await asyncio.sleep(0.2)
-    assert rx.span_count() == 2
+    else:
+        raise AssertionError("no export got through after the receiver came back")
+    # The one before the stop, and the one that got through; OTLP export is at-least-once: an
+    # attempt that timed out on a loaded machine (1 s) may have reached the receiver too.
+    assert 2 <= rx.span_count() <= 1 + attempts
 
 
 @pytest.mark.slow
