@@ -196,11 +196,21 @@ class Client:
                 finally:
                     self._lock.release()
             else:
-                self.buffer.dropped += user_events(list(self._buf)) + sum(n for _l, n, _f in list(self.conn.outbox))
+                self.buffer.dropped += self._left_behind()
             lost = self.dropped_buffer + self.dropped_spool
             if lost and (not connected or unreported or self._unreported()):
                 _say("%d event(s) lost in this process (%d on a full buffer, %d that could not be "
                      "spooled)" % (lost, self.dropped_buffer, self.dropped_spool))
+
+    def _left_behind(self) -> int:
+        """Events still buffered or unacked, counted while the drain thread may still take from
+        both (a copy of a deque another thread changes can fail: then an estimate)."""
+        for _ in range(3):
+            try:
+                return user_events(list(self._buf)) + sum(n for _l, n, _f in list(self.conn.outbox))
+            except RuntimeError:
+                continue
+        return len(self._buf) + len(self.conn.outbox)
 
     def close_inherited(self) -> None:
         """In a forked child: stop using this client, closing only the child's copies of its

@@ -14,6 +14,8 @@ thread and with stdlib calls only, until one of these (``Held.why``):
   gunicorn workers, Ray, a multiprocessing pool), whose reports to each other go through the
   agent (a worker's root must reach it before its supervisor's ends), so it runs from then on
   as without a hold, at low priority;
+- ``spooling``: the spools hold more than ``MAX_SPOOLED_BYTES`` (a process that logs in bulk
+  while it starts), at low priority too;
 - ``request``: a client asks the agent something (``status``: a CMD that queries its agent);
 - ``exited``: CMD exited;
 - ``deadline``: ``hold_s`` after CMD's spawn (a cold start that long pays the agent's start
@@ -44,6 +46,9 @@ LISTEN_POLL_S = 0.05  # ... and the socket tables, while no hooked process has c
 LISTEN_FROM_S = 0.2  # from this long after the spawn (as the agent's own watch did): a hooked
 # CMD has spooled by then, and launch need not load the watch at all
 MAX_HELD = 4096  # connections accepted while held (one or two per process of CMD)
+# A process that logs in bulk while it starts: past this much spooled, the agent takes it live
+# (a spool is written and replayed several times slower than the agent reads a socket).
+MAX_SPOOLED_BYTES = 4 << 20
 
 
 class Held:
@@ -172,10 +177,13 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                         held.why = "request"
                         return held
                     held.hooked = True
-            producers = _entries(spool)  # a hooked process spools while the mark is there
+            producers, spooled = _spools(spool)  # a hooked process spools while the mark is there
             held.hooked = held.hooked or producers > 0
             if producers > 1:
                 held.why = "workers"
+                return held
+            if spooled > MAX_SPOOLED_BYTES:
+                held.why = "spooling"
                 return held
             if not held.hooked and now - spawn_ns / 1e9 >= LISTEN_FROM_S:
                 if watch is None:
@@ -194,13 +202,21 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
         clear_mark(private_dir)
 
 
-def _entries(path: str) -> int:
-    """Spool files in ``path``: one per hooked process that spooled (not the supervisors'
-    ``children-N`` directories beside them)."""
+def _spools(path: str) -> tuple[int, int]:
+    """Spool files in ``path`` (one per hooked process that spooled; not the supervisors'
+    ``children-N`` directories beside them) and their bytes."""
+    n = size = 0
     try:
-        return sum(1 for name in os.listdir(path) if name.endswith(_paths.SPOOL_SUFFIX))
+        names = [name for name in os.listdir(path) if name.endswith(_paths.SPOOL_SUFFIX)]
     except OSError:
-        return 0
+        return 0, 0
+    for name in names:
+        n += 1
+        try:
+            size += os.stat(os.path.join(path, name)).st_size
+        except OSError:
+            pass
+    return n, size
 
 
 def _accept_all(listener: Any, into: list[Any], held: Held) -> None:

@@ -230,3 +230,12 @@ def test_a_second_hooked_process_ends_the_hold(cmds) -> None:  # type: ignore[no
     threading.Timer(0.4, lambda: (spool / "worker.spool").write_bytes(b"")).start()
     held = c.hold()
     assert held.why == "workers" and held.hooked  # a supervisor's workers report through the agent
+
+
+def test_a_process_that_spools_in_bulk_ends_the_hold(cmds) -> None:  # type: ignore[no-untyped-def]
+    c = cmds("import time; time.sleep(30)")
+    big = Path(c.dir, "spool", "producer.spool")
+    big.write_bytes(b"")
+    threading.Timer(0.4, lambda: big.write_bytes(b"x" * (launch_hold.MAX_SPOOLED_BYTES + 1))).start()
+    held = c.hold()
+    assert held.why == "spooling"  # the agent takes a burst live: a spool is slower to write and replay

@@ -148,3 +148,22 @@ def test_a_flush_does_not_wait_for_acks_from_an_agent_that_went_away(tmp_path) -
     c.hurry = lambda: hurries.append(1)  # type: ignore[method-assign]
     assert c.flush(0.5) is False
     assert hurries == []  # no round of waiting for the ack
+
+
+def test_counting_what_is_left_at_exit_survives_a_deque_the_drain_thread_changes(tmp_path) -> None:
+    """At exit, with the drain thread stuck in I/O, close() counts what it leaves behind while
+    that thread may still take from the buffer: copying a deque another thread changes raises
+    RuntimeError ('deque mutated during iteration'), which disabled the hooks and lost the rest."""
+    from collections import deque
+
+    class Mutating(deque):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("deque mutated during iteration")
+
+    c = Client(str(tmp_path / "absent.sock"), str(tmp_path / "spool"), {"id": "t"})
+    try:
+        c._buf = Mutating([(1, 0, "log", {}), (2, 0, "log", {})])  # type: ignore[assignment]
+        assert c._left_behind() == 2  # an estimate, not an exception
+    finally:
+        c._buf = deque()  # type: ignore[assignment]
+        c.close(0.1)
