@@ -153,8 +153,9 @@ class Client:
         it and waits for the agent to take the spool (``hooks.flush``: the caller wants it
         delivered); at exit (``close``) the spool is enough."""
         deadline = time.monotonic() + timeout_s
-        held = wake_launch and (self.conn.held() or self.conn.held_back)
-        if held and self.conn.held():
+        held_now = wake_launch and self.conn.held()
+        held = held_now or (wake_launch and self.conn.held_back)
+        if held_now:
             self.urgent()  # launch starts its agent; once connected, the spool is replayed
         self._flushing += 1  # the pumps read acks now, whatever the outbox holds
         try:

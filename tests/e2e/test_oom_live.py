@@ -604,23 +604,12 @@ def test_sighup_reload_keeps_old_rules_on_an_invalid_file(tmp_path: Path) -> Non
 async def test_oom_reads_nvml_off_the_event_loop_under_the_device_lock() -> None:
     """The handler used to call NVML on the event loop, without the lock that keeps
     sampling and nvmlShutdown apart."""
-    import threading
+    from nvml_calls import NvmlCalls
 
-    lock = threading.Lock()
-    seen: list[tuple[str, bool]] = []
-
-    class RecordingNvml(FakeNvml):  # FAKE NVML: records where and how it was called
-        def sample(self, index: int) -> DeviceSample | None:
-            seen.append((threading.current_thread().name, lock.locked()))
-            return super().sample(index)
-
-    def guard(fn: Any) -> Any:
-        with lock:
-            return fn()
-
+    calls = NvmlCalls()
     published: list[Any] = []
-    nvml = RecordingNvml("GPU-aaaa", 80 * GIB, [(4242, 10 * GIB + 600 * MIB), (999, 68 * GIB)])
-    h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml, publish=published.extend, nvml_guard=guard)
+    nvml = calls.watch(FakeNvml("GPU-aaaa", 80 * GIB, [(4242, 10 * GIB + 600 * MIB), (999, 68 * GIB)]))
+    h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml, publish=published.extend, nvml_guard=calls.guard)
     asm = Assembler("host", {"oom": h.oom, "mem": h.mem})
     p = _producer(asm)
     items = asm.events(p, [[1, 10, "oom", _observer_event()]])
@@ -629,7 +618,7 @@ async def test_oom_reads_nvml_off_the_event_loop_under_the_device_lock() -> None
     (log,) = [i for i in published if isinstance(i, LogItem)]
     assert log.attributes["infersight.oom.class"] == "reservation_conflict"
     assert log.attributes["infersight.oom.nvml"] is True
-    assert seen and all(name != threading.current_thread().name and held for name, held in seen), seen
+    assert calls.off_this_thread_under_the_lock(), calls.seen
 
 
 def test_an_undecided_oom_carries_a_reason_on_every_sink() -> None:

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,13 +87,12 @@ def test_the_mark_lies_beside_the_socket_while_held_and_a_doorbell_ends_the_hold
     t = threading.Thread(target=lambda: (time.sleep(0.3), seen.append(os.path.exists(launch_hold.mark_path(c.dir)))))
     t.start()
     ringer = ring_later(c.sock_path, 0.6)
-    t0 = time.monotonic()
     held = c.hold()
     ringer.join()
     t.join()
-    assert held.why == "doorbell"
+    assert held.why == "doorbell"  # (not the deadline, nor CMD's exit: it still runs)
+    assert c.child.popen.poll() is None
     assert seen == [True]
-    assert time.monotonic() - t0 < 10  # not the 20 s deadline
     assert held.connections == []  # the doorbell is closed: it did its work
     assert not os.path.exists(launch_hold.mark_path(c.dir))
 
@@ -167,12 +167,11 @@ def test_a_launched_producer_does_not_connect_while_the_mark_is_there(tmp_path: 
     mark.write_text("1")
     conn = _connection.Connection(path, {"launched": True, "pid": os.getpid()})
     assert conn.held()
-    t0 = time.monotonic()
     assert conn.connect() is False
-    assert time.monotonic() - t0 < 0.5  # no wait for a welcome that cannot come
+    assert not conn.up and conn.held_back
     assert 0 < conn.retry_in() <= _connection.HELD_RETRY_S  # it looks again soon
     with pytest.raises(socket.timeout):
-        listener.accept()  # it did not even connect
+        listener.accept()  # it did not even connect: no wait for a welcome that cannot come
     worker = _connection.Connection(path, {"pid": os.getpid()})  # a process CMD started: held too
     assert worker.held()
     elsewhere = _connection.Connection(str(tmp_path / "d" / "agent.sock"), {"pid": os.getpid()})
@@ -198,18 +197,28 @@ def test_what_a_connection_wants_is_told_from_its_first_bytes() -> None:
     assert launch_hold.what_it_wants(b"\x00\x00\x00\x05garbage!!!!!!!!!!!!") == "request"
 
 
-def test_a_status_request_ends_the_hold_and_a_trickling_peer_does_not_spin(cmds) -> None:  # type: ignore[no-untyped-def]
+def test_a_status_request_ends_the_hold_and_a_trickling_peer_does_not_spin(cmds, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import select as real_select
+
+    turns = [0]
+
+    class CountingSelect:  # the hold's own select, counted: a readable peer it cannot read yet would spin it
+        @staticmethod
+        def select(*args: Any) -> Any:
+            turns[0] += 1
+            return real_select.select(*args)
+
+    monkeypatch.setattr(launch_hold, "select", CountingSelect)
     c = cmds("import time; time.sleep(30)")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(c.sock_path)
     s.sendall(_wire.URGENT_FRAME[:3])  # a peer that sends three bytes and stalls
     status = ring_later(c.sock_path, 0.8, _wire.STATUS_FRAME)
-    t0, cpu0 = time.monotonic(), time.process_time()
     held = c.hold()
     status.join()
     assert held.why == "request"
     assert len(held.connections) == 2  # the status request and the stalled peer, for the agent
-    assert time.process_time() - cpu0 < 0.5 * (time.monotonic() - t0)  # it waited, it did not spin
+    assert turns[0] <= 0.8 / launch_hold.LISTEN_POLL_S * 3  # a turn per poll, not one per readable wake-up
     for conn in held.connections:
         conn.close()
     s.close()
@@ -217,10 +226,9 @@ def test_a_status_request_ends_the_hold_and_a_trickling_peer_does_not_spin(cmds)
 
 def test_no_hold_where_the_mark_cannot_be_written(cmds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     c = cmds("import time; time.sleep(30)")
-    t0 = time.monotonic()
     held = launch_hold.hold(c.child, c.listener.fileno(), c.spawn_ns, str(tmp_path / "gone" / "dir"))
     assert held.why == "no mark"  # the hooks would not spool: they must find an agent at once
-    assert time.monotonic() - t0 < 1.0
+    assert c.child.popen.poll() is None  # returned at once, not at CMD's exit
 
 
 def test_a_second_hooked_process_ends_the_hold(cmds) -> None:  # type: ignore[no-untyped-def]

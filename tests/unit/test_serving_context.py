@@ -405,24 +405,14 @@ def test_a_huge_proc_cmdline_is_read_bounded(tmp_path: Path) -> None:
 
 async def test_the_engine_context_is_read_off_the_event_loop_under_the_device_lock() -> None:
     import os
-    import threading
 
-    lock = threading.Lock()
-    seen: list[tuple[str, bool]] = []
+    from nvml_calls import NvmlCalls
+
+    calls = NvmlCalls()
     me = os.getpid()
-
-    class RecordingNvml(FakeNvml):  # FAKE NVML: records where and how it was called
-        def sample(self, index: int) -> DeviceSample | None:
-            seen.append((threading.current_thread().name, lock.locked()))
-            return super().sample(index)
-
-    def guard(fn: Any) -> Any:
-        with lock:
-            return fn()
-
     published: list[Any] = []
-    nvml = RecordingNvml([("GPU-aaaa", 80 * GIB, [(me, 30 * GIB), (1, 45 * GIB)])])
-    h = OomHandlers(OomClassifier([]), nvml, publish=published.extend, nvml_guard=guard)
+    nvml = calls.watch(FakeNvml([("GPU-aaaa", 80 * GIB, [(me, 30 * GIB), (1, 45 * GIB)])]))
+    h = OomHandlers(OomClassifier([]), nvml, publish=published.extend, nvml_guard=calls.guard)
     asm = Assembler("host", {"oom": h.oom})
     p = _producer(asm, me)
     items = asm.events(p, [[1, 10, "oom", {"source": "log", "text": _record(VLLM_LOADING)}]])
@@ -430,4 +420,4 @@ async def test_the_engine_context_is_read_off_the_event_loop_under_the_device_lo
     await h.wait_later(10)
     (log,) = [i for i in published if isinstance(i, LogItem)]
     assert log.attributes["infersight.oom.class"] == "reservation_conflict"
-    assert seen and all(name != threading.current_thread().name and held for name, held in seen), seen
+    assert calls.off_this_thread_under_the_lock(), calls.seen
