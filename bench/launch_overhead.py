@@ -362,6 +362,18 @@ def report(plain: list[Run], hooked: list[Run], launched: list[Run], other: list
             print("  " + paired("%s/plain %s" % (name, mname), [get(r) for r in v], [get(r) for r in plain], 1.02))
         print("  %s: main thread voluntary switches over plain, median of pairs %+.0f"
               % (name, statistics.median(r.main_vol - p.main_vol for r, p in zip(v, plain, strict=True))))
+    # The budget "launch itself" (DESIGN): what launch adds over the same hooks without it.
+    for mname, get in measures[:1] + measures[2:]:
+        print("  " + paired("launch/hooks only %s" % mname, [get(r) for r in launched], [get(r) for r in hooked],
+                            1.02))
+    # Measured directly: launch's wall time before the spawn plus all of its CPU by CMD's ready time
+    # (which holds that start again: counted twice, so a bound) is the most it can take from CMD.
+    own = [r.pre + r.launcher_cpu for r in launched if r.launcher_cpu >= 0]
+    if own:
+        p_cold = statistics.median(r.cold for r in plain)
+        print("  launch itself, measured directly: (its time before the spawn + its own process's CPU by CMD's "
+              "ready time) / plain cold start: median %.1f%%, largest %.1f%% (budget 2%%)"
+              % (100 * statistics.median(own) / p_cold, 100 * max(own) / p_cold))
     print("  per pair, launch/plain cold start: %s" % " ".join(
         "%.3f" % (lr.cold / pr.cold) for pr, lr in zip(plain, launched, strict=True)))
     print("  per pair, hooks/plain cold start:  %s" % " ".join(

@@ -177,8 +177,9 @@ def _register_main_end() -> None:
 
 
 def _start_sampler() -> None:
-    """The sampler thread: stacks for the gaps (unless INFERSIGHT_SAMPLER=0), and every
-    TICK_S the supervisor check and the kernel's listening sockets."""
+    """The sampler thread: stacks for the gaps (unless INFERSIGHT_SAMPLER=0), every TICK_S
+    the checkpoint, and the supervisor check and the kernel's listening sockets (every
+    IMPORT_TICK_S inside an import)."""
     st = state()
     if st.role == "helper":
         return
@@ -189,14 +190,14 @@ def _start_sampler() -> None:
     s = sampler.Sampler(_state.current.main_ident or 0, sample=_env.get("INFERSIGHT_SAMPLER"),
                         in_import=lambda: bool(_state.current.imports.main.stack))  # as _import timing has it
 
-    def tick() -> None:  # on the sampler thread, every TICK_S
-        _readiness.tick()
+    def ship() -> None:  # on the sampler thread, every TICK_S (inside imports too)
         try:
             checkpoint.tick(s.samples)
         except Exception as exc:
             _runtime.fail(exc)
 
-    s.tick = tick
+    s.tick = _readiness.tick  # every TICK_S; every IMPORT_TICK_S inside an import
+    s.ship = ship
     s.done = _close_netlink
     st.checkpoint = checkpoint
     st.sampler = s

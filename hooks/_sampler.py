@@ -6,9 +6,10 @@ label per sample, ``"module:function"`` of the innermost frame outside the stand
 library and these hooks (the code that is really running, not ``posixpath.join``). Inside
 a timed import (``in_import``: the import timing's own stack for the main thread), which
 the import run covers, ever more sparsely, down to once per ``TICK_S``,
-and its tick (``tick``: the checkpoint, supervisors, the kernel's listening sockets) every
+and its tick (``tick``: supervisors, the kernel's listening sockets) every
 ``IMPORT_TICK_S``: each wake-up, and each system call of the tick, takes the GIL from the
-busy main thread (a forced switch).
+busy main thread (a forced switch). The checkpoint (``ship``) keeps its ``TICK_S`` there too:
+a process SIGKILLed inside an import loses at most that much of its samples.
 At the end of the cold start, every stretch of at least ``MIN_GAP_NS`` that no stage
 covers becomes a ``coldstart.unattributed`` span with its sample count and, from
 ``MIN_SAMPLES`` samples on, the top labels of its samples: one or two samples of a gap
@@ -52,11 +53,13 @@ class Sampler:
 
     def __init__(self, main_ident: int, interval_s: Optional[float] = None,
                  tick: Optional[Callable[[], None]] = None, sample: bool = True,
-                 in_import: Optional[Callable[[], bool]] = None) -> None:
+                 in_import: Optional[Callable[[], bool]] = None,
+                 ship: Optional[Callable[[], None]] = None) -> None:
         self.main_ident = main_ident
         # whether the main thread is inside an import the import timing covers (None: never)
         self.in_import = in_import
         self.tick = tick  # called about every TICK_S (the supervisor check, the listening sockets)
+        self.ship = ship  # called about every TICK_S, inside imports too (the checkpoint)
         self.done: Optional[Callable[[], None]] = None  # called when the thread ends
         self.sample = sample  # False (INFERSIGHT_SAMPLER=0): only the tick, every TICK_S
         self.interval_s = interval_s if interval_s is not None else (_env_interval() if sample else TICK_S)
@@ -69,6 +72,7 @@ class Sampler:
         self._thread: Optional[threading.Thread] = None
         self.slowed = 0  # sleeps lengthened inside an import (tests)
         self.ticks = 0
+        self.ships = 0
 
     def start(self) -> None:
         t = threading.Thread(target=self._run, name="infersight-coldstart-sampler", daemon=True)
@@ -94,7 +98,7 @@ class Sampler:
         samples = self.samples
         now = time.monotonic
         deadline = now() + MAX_RUN_S
-        last_tick = now()
+        last_tick = last_ship = now()
         try:
             while True:
                 sleep(interval)
@@ -112,6 +116,10 @@ class Sampler:
                     last_tick = t
                     self.tick()
                     self.ticks += 1
+                if self.ship is not None and t - last_ship >= TICK_S - interval / 2:
+                    last_ship = t
+                    self.ship()
+                    self.ships += 1
                 if not self.sample:
                     interval = TICK_S  # sampling stopped (readiness), or off: the tick only
                     continue

@@ -65,6 +65,27 @@ KILLED_IN_WARMUP = textwrap.dedent("""
         m(torch.zeros(1, 4))    # two warmup forwards; readiness never came
 """) + DIE_AFTER_CHECKPOINT + "die()\n"
 
+# Killed inside a long import (a worker's ``import torch`` at shutdown): the import is still
+# open, so no run of it went out; its time is a gap explained by the samples taken inside it,
+# which the checkpoint ships every TICK_S there too (a slower tick inside imports once kept up
+# to 300 ms of them).
+KILLED_IN_AN_IMPORT_PKG = textwrap.dedent("""
+    import os, signal, sys, time
+    from infersight import hooks
+    from infersight.hooks import _coldstart
+
+    def crunch_in_import():
+        t = time.monotonic()
+        while time.monotonic() - t < 1.2:
+            pass
+    crunch_in_import()
+""") + DIE_AFTER_CHECKPOINT + "die()\n"
+
+KILLED_IN_AN_IMPORT = textwrap.dedent("""
+    import alpha  # noqa: F401
+    import slowpkg  # noqa: F401  (it dies in its body)
+""")
+
 
 def _run_killed(agent_factory, tmp_path: Path, script: str) -> tuple[dict, list[dict]]:  # type: ignore[no-untyped-def,type-arg]
     for rel, text in PACKAGES.items():
@@ -113,6 +134,20 @@ def test_worker_killed_in_a_gap_keeps_its_stages_open_runs_and_samples(agent_fac
     assert int(attr(crunch_gap[0], "infersight.unattributed.samples")) > 0
     load = _named(stages, "load")[0]
     assert int(crunch_gap[0]["startTimeUnixNano"]) >= int(load["endTimeUnixNano"])
+
+
+def test_worker_killed_inside_an_import_keeps_the_samples_taken_there(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "slowpkg").mkdir()
+    (tmp_path / "slowpkg" / "__init__.py").write_text(KILLED_IN_AN_IMPORT_PKG)
+    root, stages = _run_killed(agent_factory, tmp_path, KILLED_IN_AN_IMPORT)
+    packages = [p["stringValue"].split()[0] for s in _named(stages, "framework_import")
+                for p in attr(s, "infersight.import.packages")["values"]]
+    assert "alpha" in packages and "slowpkg" not in packages  # slowpkg's import never ended
+    named = [g for g in _named(stages, "unattributed")
+             if any("crunch_in_import" in v["stringValue"]
+                    for v in (attr(g, "infersight.unattributed.top") or {"values": []})["values"])]
+    assert named, "the open import's time is explained by its samples: %r" % _named(stages, "unattributed")
+    assert int(attr(named[0], "infersight.unattributed.samples")) >= 5
 
 
 def test_worker_killed_in_its_warmup_keeps_the_warmup(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

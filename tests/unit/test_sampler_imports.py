@@ -55,10 +55,11 @@ def test_a_long_import_is_sampled_sparsely_and_still_ticks(tmp_path, monkeypatch
         marks["end"] = time.time_ns()
 
     ticks: list[int] = []
+    ships: list[int] = []
     th = threading.Thread(target=work)
     th.start()
     s = _sampler.Sampler(th.ident or 0, interval_s=0.01, tick=lambda: ticks.append(time.time_ns()),
-                         in_import=lambda: importing[0])
+                         in_import=lambda: importing[0], ship=lambda: ships.append(time.time_ns()))
     s.start()
     th.join()
     s.stop()
@@ -73,3 +74,11 @@ def test_a_long_import_is_sampled_sparsely_and_still_ticks(tmp_path, monkeypatch
     assert 2 <= in_import <= 1.2 / (_sampler.IMPORT_TICK_S - 0.05) + 1
     after_ticks = sum(1 for t in ticks if marks["import_end"] <= t < marks["end"])
     assert after_ticks >= 2  # every TICK_S again (4 on an idle machine)
+    # The checkpoint keeps TICK_S inside the import: a process SIGKILLed there loses at most
+    # about that much of its samples (issue 23, point 2). No two ships closer than half of it.
+    in_ships = [t for t in ships if marks["import_start"] <= t < marks["import_end"]]
+    assert len(in_ships) > in_import and len(in_ships) >= 6  # 12 on an idle machine
+    assert all(b - a >= 0.04e9 for a, b in zip(ships, ships[1:]))
+    # no stretch of the import without a ship longer than a few TICK_S, whatever the load
+    edges = [marks["import_start"], *in_ships, marks["import_end"]]
+    assert max(b - a for a, b in zip(edges, edges[1:])) < 0.45e9
