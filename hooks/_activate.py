@@ -19,14 +19,14 @@ from ._client import Client
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Dict
+    from typing import Any, Dict, Optional
 
 
-def _producer_info(launched: bool) -> Dict[str, Any]:
+def _producer_info(launched: bool, exec_ns: int = 0) -> Dict[str, Any]:
     env = os.environ
     rs = _runtime.state()
     return {
-        "id": _proc.producer_id(),
+        "id": _proc.producer_id(exec_ns=exec_ns),
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "uid": os.getuid(),
@@ -49,6 +49,19 @@ def _producer_info(launched: bool) -> Dict[str, Any]:
     }
 
 
+def _exec_start(env: Any) -> Optional[int]:
+    """When a hooked program exec'd this one in this process (``_spawn.note_exec``): the
+    exec's time, if it is this pid's and lies between the process's fork and now."""
+    pid = _env.get("INFERSIGHT_EXEC_PID", env)
+    ns = _env.get("INFERSIGHT_EXEC_NS", env)
+    env.pop("INFERSIGHT_EXEC_PID", None)  # not for this program's children
+    env.pop("INFERSIGHT_EXEC_NS", None)
+    if pid != os.getpid() or not ns:
+        return None
+    fork_ns = _proc.process_start_ns() or 0
+    return ns if fork_ns - 20_000_000 <= ns <= time.time_ns() else None  # (fork_ns: clock ticks)
+
+
 def activate() -> bool:
     """Start the hooks in this process. Returns False (and stays inert) on any trouble."""
     rs = _runtime.state()
@@ -59,11 +72,12 @@ def activate() -> bool:
         launched = False
         spawn = _env.get("INFERSIGHT_LAUNCH_SPAWN_NS")
         env.pop("INFERSIGHT_LAUNCH_SPAWN_NS", None)
+        exec_ns = _exec_start(env)
         if spawn:
             rs.root_start_ns = spawn  # launched: the launcher's spawn time
             launched = True
-        else:
-            rs.root_start_ns = _proc.process_start_ns() or time.time_ns()
+        else:  # an exec'd program's cold start begins at the exec, else at the fork
+            rs.root_start_ns = exec_ns or _proc.process_start_ns() or time.time_ns()
         parent = _runtime.parse_traceparent(env.get("TRACEPARENT", ""))
         if parent:
             rs.trace_id, rs.root_parent = parent
@@ -82,7 +96,7 @@ def activate() -> bool:
         rs.client = Client(
             _paths.socket_path(),
             _paths.spool_dir(),
-            _producer_info(launched),
+            _producer_info(launched, exec_ns or 0),
             max_buffer=max_buffer,
             spool_max_bytes=spool_max,
             batch_events=_env.get("INFERSIGHT_BATCH_EVENTS"),

@@ -139,6 +139,9 @@ VARS: Dict[str, Var] = dict((
        internal=True),
     _v("INFERSIGHT_LAUNCH_SPAWN_NS", "int", None, "launch: when CMD was spawned", internal=True),
     _v("INFERSIGHT_CHILDREN_DIR", "path", None, "where a supervisor's workers report", internal=True),
+    _v("INFERSIGHT_EXEC_PID", "int", None, "an exec's pid: the new program's cold start begins at the exec",
+       internal=True),
+    _v("INFERSIGHT_EXEC_NS", "int", None, "when that exec happened (not the process's fork)", internal=True),
     _v("INFERSIGHT_LAUNCH_SESSION", "path", None, "launch joined an agent: the session its hooks name",
        internal=True),
 ))

@@ -49,10 +49,13 @@ def boot_id(proc_root: str = "/proc") -> str:
     return (text or "noboot").strip().replace("-", "")[:12]
 
 
-def producer_id(pid: int = 0) -> str:
-    """boot id + pid + start ticks: unique per process across reboots and pid reuse."""
+def producer_id(pid: int = 0, exec_ns: int = 0) -> str:
+    """boot id + pid + start ticks: unique per process across reboots and pid reuse. A program
+    another hooked one exec'd (same pid, same start) adds the exec's time to the first part,
+    which nothing parses: the agent keeps the two programs' events apart."""
     pid = pid or os.getpid()
-    return "%s-%d-%s" % (boot_id(), pid, stat_starttime_ticks(pid) or 0)
+    boot = boot_id() + ("x%x" % exec_ns if exec_ns else "")
+    return "%s-%d-%s" % (boot, pid, stat_starttime_ticks(pid) or 0)
 
 
 HELPER_ENTRY_POINTS = ("_inductor/compile_worker/",)  # script paths of known helper processes

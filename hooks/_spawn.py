@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from . import _runtime
 
@@ -35,6 +36,13 @@ def _exec_traceparent() -> str:
     return _runtime.traceparent()
 
 
+def note_exec(env: Any) -> None:
+    """An exec keeps this pid and its fork time: the new program's cold start begins now (its
+    hooks read this), not at the fork, or its root would cover this program's whole life."""
+    env["INFERSIGHT_EXEC_PID"] = str(os.getpid())
+    env["INFERSIGHT_EXEC_NS"] = str(time.time_ns())
+
+
 def _tracing() -> bool:
     rs = _runtime.state()
     return bool(rs.trace_id) and rs.client is not None
@@ -49,6 +57,8 @@ def publish(for_exec: bool = False) -> None:
         env = os.environ
         if env.get("TRACEPARENT") != tp:
             env["TRACEPARENT"] = tp
+        if for_exec:
+            note_exec(env)
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -70,6 +80,8 @@ def fix_env(env: Any, for_exec: bool = False) -> Any:
                 tp = _exec_traceparent() if for_exec else _runtime.traceparent()
                 env = dict(env)
                 env[key] = tp if isinstance(key, str) else tp.encode("ascii")
+                if for_exec and isinstance(key, str):
+                    note_exec(env)
                 break
     except Exception as exc:
         _runtime.fail(exc)
