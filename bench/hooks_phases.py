@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+from launch_overhead import MAKE_MODEL, clean_env  # bench/ is on sys.path when run as a script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BOOT = os.path.join(ROOT, "hooks", "bootstrap")
 PHASES = ("imports", "load+forward", "matmuls")
@@ -43,21 +45,10 @@ T.append(time.thread_time())
 print(json.dumps([T[i + 1] - T[i] for i in range(3)]))
 """
 
-MAKE_MODEL = r"""
-import sys
-from transformers import BertConfig, BertModel
-BertModel(BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                     vocab_size=8000)).save_pretrained(sys.argv[1])
-"""
-
 
 def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("INFERSIGHT", "OTEL_", "TRACEPARENT")) and k not in ("PYTHONPATH",
-                                                                                "PYTHONDONTWRITEBYTECODE")}
-    env.update(PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1",
-               INFERSIGHT_MEASURE_STORAGE="0")
-    return env
+    """launch_overhead's environment, without a PYTHONPATH or a trace of the caller's."""
+    return {k: v for k, v in clean_env().items() if k not in ("PYTHONPATH", "TRACEPARENT")}
 
 
 def main() -> int:
