@@ -95,7 +95,7 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang", ("sglang", "sgl_jax", "sgl-jax", "mem-fraction-static", "mem_fraction_static", "torch_memory_saver",
                 "Capture cuda graph")),
     ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
-             "text-generation-inference", "max-batch-prefill-tokens")),
+             "text_generation_client", "text-generation-inference", "max-batch-prefill-tokens")),
     ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference",
               "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:", "enforce_eager",
               "Capturing cudagraphs")),

@@ -48,7 +48,7 @@ def test_without_site_files_nothing_loads_until_the_first_oom(loads: dict[str, i
     assert found and found[0].cls in engine.CLASSES
     assert loads == {"serving": 1, "rule_files": 1}  # the builtin rubric, once, shared with the serving rules
     c.warm()
-    assert c.classify({"R": 20 << 30, "T": 12 << 30, "F": 0, "A": 0, "P": 0}).rule == "oom.capacity"
+    assert c.classify({"R": 20 << 30, "T": 12 << 30, "F": 0, "A": 0, "P": 0}).rule == "oom.capacity.beyond-device"
     assert loads == {"serving": 1, "rule_files": 1}
 
 

@@ -383,6 +383,12 @@ def test_engine_comes_from_the_log_around_a_pytorch_message() -> None:
     assert [f.engine for f in found] == ["vllm", "vllm"]  # two NPUs, two messages
     assert all("In vLLM:" in f.remedy for f in found)
     assert detect_engine("Jan 26 ollama[1418]: ggml_backend_cuda_buffer_type_alloc_buffer") == "ollama"
+    # TGI's router relays a shard's error through its gRPC client crate (router/client/src/lib.rs)
+    relayed = ("2023-12-22T00:21:35.318928Z ERROR batch{batch_size=1}:prefill:prefill{id=1 size=1}: "
+               "text_generation_client: router/client/src/lib.rs:33: Server error: CUDA out of memory. Tried to "
+               "allocate 222.00 MiB. GPU 0 has a total capacty of 39.39 GiB of which 217.94 MiB is free.")
+    (f,) = analyse(relayed)
+    assert (f.engine, f.cls) == ("tgi", "unknown") and f.reason  # cut before A and P
 
 
 def test_size_units() -> None:
@@ -533,10 +539,39 @@ def test_an_engine_whose_device_is_mostly_held_elsewhere_is_not_fragmentation() 
     plain = _NPU_OLD.split("] ", 1)[1]
     (f,) = analyse(plain)
     assert (f.engine, f.cls) == ("pytorch", "fragmentation")
-    # in the engine's log with the device held by this process's own cache, fragmentation stays
-    own = _NPU_OLD.replace("10.65 GiB reserved", "60.00 GiB reserved").replace("10.24 GiB already", "59.50 GiB already")
+    # in the engine's log with the device held by this process's own cache (20 GiB of it cached, live
+    # tensors on 66% of the device), fragmentation stays
+    own = _NPU_OLD.replace("10.65 GiB reserved", "60.00 GiB reserved").replace("10.24 GiB already", "40.00 GiB already")
     (f,) = analyse(own)
     assert f.cls == "fragmentation"
+
+
+@pytest.mark.parametrize(("text", "needed", "room"), [
+    ("ggml_allocr_alloc: not enough space in the buffer (needed 561259008, largest block available 102924288)",
+     561259008, ("largest_free_bytes", 102924288)),
+    ("ggml_tallocr_alloc: not enough space in the buffer to allocate blk.17.ffn_down.weight (needed 27525120, "
+     "available 27521024)", 27525120, ("pool_size_bytes", 27521024)),
+    ("ggml_dyn_tallocr_alloc: not enough space in the buffer to allocate 268435456 bytes, largest block available "
+     "134217728 bytes", 268435456, ("largest_free_bytes", 134217728)),
+])
+def test_ggml_tensor_allocator_buffer_is_the_engines_own_sizing(text: str, needed: int, room: tuple[str, int]) -> None:
+    # the buffer was sized by ggml's own measure: neither RAM nor VRAM was asked, and the largest free block
+    # does not tell a split free list from a short estimate
+    (f,) = analyse(text + '\nGGML_ASSERT: ggml-alloc.c:114: !"not enough space in the buffer"')
+    assert (f.engine, f.cls, f.rule) == ("llama.cpp", "unknown", "ggml.tensor-allocator-buffer")
+    assert f.extra["pool_needed_bytes"] == needed and f.extra[room[0]] == room[1]
+    assert f.reason and "not a shortage of RAM or VRAM" in f.reason
+    assert analyse("ggml_gallocr_reserve_n: reallocating CUDA0 buffer from size 0.00 MiB to 1580.00 MiB") == []
+
+
+def test_a_request_larger_than_the_device_is_capacity_even_when_cut() -> None:
+    # dots.ocr#179 under vLLM: the message cut after the free bytes still decides it
+    (f,) = analyse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 74.16 GiB. GPU 0 has a total "
+                   "capacity of 47.51 GiB of which 22.65 GiB is free.")
+    assert (f.cls, f.rule) == ("capacity", "oom.capacity.beyond-device") and "larger than the whole device" in f.note
+    (f,) = analyse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.16 GiB. GPU 0 has a total "
+                   "capacity of 47.51 GiB of which 2.65 GiB is free.")
+    assert f.cls == "unknown" and f.reason
 
 
 _OLLAMA = "Error: model requires more system memory ({r}) than is available ({f})"

@@ -65,6 +65,7 @@ numbers = { R = "1 GiB" }
 
 def test_builtin_rules_are_the_rubric_in_order() -> None:
     assert [r.id for r in BUILTIN.ordered()] == [
+        "oom.capacity.beyond-device",
         "oom.fragmentation",
         "oom.reservation.cap",
         "oom.reservation.tenants",
