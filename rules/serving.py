@@ -97,7 +97,8 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tgi", ("text_generation_server", "text_generation_router", "text_generation_launcher",
              "text_generation_client", "text-generation-inference", "max-batch-prefill-tokens")),
     ("vllm", ("vllm", "vLLM", "VLLM", "Vllm", "EngineCore", "gpu_memory_utilization", "tpu_inference",
-              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:", "enforce_eager",
+              "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:", "[gpu_model_runner.py:",
+              "[gpu_worker.py:", "enforce_eager",
               "Capturing cudagraphs")),
     ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
     ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
@@ -848,6 +849,48 @@ def _capture_verdict(v: Verdict, engine: str) -> Verdict:
                    "run without them (eager mode) if the latency allows.")
 
 
+# vLLM (V1, since 0.11) catches a PyTorch OOM raised while it loads the weights and logs "Failed to load model -
+# not enough GPU memory. Try lowering --gpu-memory-utilization ..., increasing --tensor-parallel-size, or using
+# --quantization. ... (original error: <the PyTorch message>)" before re-raising it (gpu_model_runner.load_model).
+# The weights load before the KV cache is sized, and after the worker's start-up check refused to start unless
+# gpu_memory_utilization of the device was free ("Free memory on device ... is less than desired GPU memory
+# utilization"): what fills the device then is this process's weights, unless the message shows another process
+# holding memory (one started during the load). The cached bytes the rubric's first step sees are the loader's,
+# and the fraction only sizes the KV cache, after the weights (vllm#38553: lowering it makes no room for them).
+_WEIGHT_LOAD_FAILED = re.compile(r"Failed to load model\s*[-\u2013\u2014]+\s*not enough GPU memory")
+_OTHER_TENANT_BYTES = 1 << 30
+
+
+def _during_weight_load(lines: list[str], first: int, last: int) -> bool:
+    """Whether vLLM's load-phase line sits on the OOM's line or within 4 lines of it (it wraps the message, or
+    follows the traceback's last line)."""
+    return any(_WEIGHT_LOAD_FAILED.search(line) for line in lines[max(0, first - 4): min(len(lines), last + 4)])
+
+
+def _weight_load_verdict(msg: OomMessage, v: Verdict) -> Verdict:
+    """The verdict for a PyTorch OOM vLLM raised while loading the weights (see _WEIGHT_LOAD_FAILED)."""
+    env = derive(msg.numbers(), msg.backend)
+    o, u, t, f = env.get("O"), env.get("U"), env.get("T"), env.get("F")
+    if o is not None and o >= _OTHER_TENANT_BYTES:
+        why = (f"raised while vLLM loaded the weights, with {torch_bytes(o)} of the device held by other processes: "
+               "one started after vLLM's start-up check found the device free")
+        if v.cls == "reservation_conflict":
+            return replace(v, note=f"{v.note}; {why}" if v.note else why)
+        return replace(v, cls="reservation_conflict", rule="vllm.load.other-tenant", rule_version=1, note=why,
+                       missing=(), remedy="Give the engine its own GPU, or start the other process after the engine "
+                       "has loaded and sized its KV cache (each instance checks the free memory only at its start).")
+    if t is None:
+        return v
+    held = f"this process holds {torch_bytes(u)} of the {torch_bytes(t)} device" if u is not None else (
+        f"{torch_bytes(t - f)} of the {torch_bytes(t)} device is in use" if f is not None else "")
+    why = ("raised while vLLM loaded the weights, before it sizes the KV cache and after its start-up check found "
+           f"gpu_memory_utilization of the device free{': ' + held if held else ''}; the weights do not fit this "
+           "device at this parallelism")
+    return replace(v, cls="capacity", rule="vllm.load.weights-exceed-device", rule_version=1, note=why, missing=(),
+                   remedy="The weights do not fit one device: shard them (--tensor-parallel-size or "
+                   "--pipeline-parallel-size), load a quantised checkpoint (--quantization), or use a larger GPU.")
+
+
 def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
     engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
     v = _pool_engine_verdict(msg, classify(msg.numbers(), rs.rubric, backend=msg.backend), engine, rs)
@@ -855,9 +898,13 @@ def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Fin
     if engine in CAPTURE_ENGINES and _during_capture(lines, msg.line, msg.line + 1):
         v = _capture_verdict(v, engine)
         knob = _CAPTURE_KNOB[engine]
+    elif engine in ("vllm", "pytorch") and _during_weight_load(lines, msg.line, msg.line):
+        engine = "vllm"  # the load-phase line is vLLM's own
+        v = _weight_load_verdict(msg, v)
+        knob = "tensor_parallel_size" if v.cls == "capacity" else None
     remedy = v.remedy
     extra_remedy = rs.engine_remedies.get(engine, {}).get(v.cls)
-    if engine != "pytorch" and extra_remedy:
+    if engine != "pytorch" and extra_remedy and not v.rule.startswith("vllm.load."):  # those name vLLM's knobs
         remedy = f"{remedy} {extra_remedy}"
     reason = rubric_reason(v, msg) if v.cls == "unknown" else None
     return Finding(

@@ -29,26 +29,33 @@ def test_a_reused_netlink_number_is_not_sent_on_nor_closed() -> None:
         pytest.skip("sock_diag refused here")
     sock = nl.sock
     assert sock is not None
-    os.close(sock.fileno())  # the host's closerange
-    a, b = socket.socketpair()  # the host's: one end takes the freed number
+    fd = sock.fileno()
+    os.close(fd)  # the host's closerange
+    a, b = socket.socketpair()  # the host's socket; its end `a` takes the freed number, as the lowest free one
+    # would (placed there with dup2: another thread of this test process may take a lower free number first)
+    host_fd = a.fileno()
+    if host_fd != fd:
+        os.dup2(a.fileno(), fd)
+        host_fd = fd
     try:
-        assert sock.fileno() in (a.fileno(), b.fileno())
         import threading
 
         t = threading.Thread(target=_poll, daemon=True)
         t.start()
         t.join(3)
         assert not t.is_alive()  # not stuck reading the host's socket
-        mine = b if a.fileno() == sock.fileno() else a
-        mine.setblocking(False)
+        b.setblocking(False)
         with pytest.raises(BlockingIOError):
-            mine.recv(4096)  # no netlink request written to the host's socket
+            b.recv(4096)  # no netlink request written to the host's socket
         _listening.close_netlink()
-        os.fstat(a.fileno())  # both ends still open
+        os.fstat(host_fd)  # still open
         os.fstat(b.fileno())
-        a.sendall(b"x")
+        os.write(host_fd, b"x")
+        b.setblocking(True)
         assert b.recv(1) == b"x"
     finally:
+        if host_fd != a.fileno():
+            os.close(host_fd)
         a.close()
         b.close()
 

@@ -564,6 +564,37 @@ def test_ggml_tensor_allocator_buffer_is_the_engines_own_sizing(text: str, neede
     assert analyse("ggml_gallocr_reserve_n: reallocating CUDA0 buffer from size 0.00 MiB to 1580.00 MiB") == []
 
 
+_VLLM_LOAD = ("(EngineCore pid=3670) ERROR 04-07 15:58:28 [gpu_model_runner.py:4818] Failed to load model - not enough "
+              "GPU memory. Try lowering --gpu-memory-utilization to free memory for weights, increasing "
+              "--tensor-parallel-size, or using --quantization. See https://docs.vllm.ai/en/latest/configuration/"
+              "conserving_memory/ for more tips. (original error: CUDA out of memory. Tried to allocate 112.00 MiB. "
+              "GPU 0 has a total capacity of 31.36 GiB of which 53.06 MiB is free. Including non-PyTorch memory, this "
+              "process has 31.30 GiB memory in use.{others} Of the allocated memory 30.35 GiB is allocated by "
+              "PyTorch, and 319.13 MiB is reserved by PyTorch but unallocated.)")
+
+
+def test_a_vllm_weight_load_oom_is_capacity_unless_another_process_holds_the_device() -> None:
+    # vLLM's load-phase line (gpu_model_runner.load_model): the weights fill the card; the 319 MiB cached would
+    # make the bare rubric say fragmentation
+    (f,) = analyse(_VLLM_LOAD.format(others=""))
+    assert (f.engine, f.cls, f.rule, f.knob) == ("vllm", "capacity", "vllm.load.weights-exceed-device",
+                                                 "tensor_parallel_size")
+    assert "31.30 GiB of the 31.36 GiB" in f.note and "--tensor-parallel-size" in f.remedy
+    assert "--max-model-len" not in f.remedy  # the KV cache is not sized yet: its knobs are not the remedy
+    # another process holds 9 GiB: one started after the engine's start-up check
+    (f,) = analyse(_VLLM_LOAD.format(others=" Process 4242 has 9.00 GiB memory in use.")
+                   .replace("31.30 GiB memory in use", "22.30 GiB memory in use"))
+    assert (f.engine, f.cls) == ("vllm", "reservation_conflict") and "started after" in f.note
+    # the load-phase line after the traceback's last line, with an em dash, no word "vllm" anywhere
+    (f,) = analyse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1008.00 MiB.\n"
+                   "GPU 2 has a total capacity of 79.19 GiB of which 993.44 MiB is free.\n"
+                   "[gpu_model_runner.py:4957] Failed to load model \u2014 not enough GPU memory.")
+    assert (f.engine, f.cls) == ("vllm", "capacity") and "78.22 GiB of the 79.19 GiB" in f.note
+    # the same PyTorch message outside the load phase keeps the rubric
+    (f,) = analyse(_VLLM_LOAD.format(others="").split("(original error: ", 1)[1])
+    assert (f.engine, f.cls) == ("pytorch", "fragmentation")
+
+
 def test_a_request_larger_than_the_device_is_capacity_even_when_cut() -> None:
     # dots.ocr#179 under vLLM: the message cut after the free bytes still decides it
     (f,) = analyse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 74.16 GiB. GPU 0 has a total "
