@@ -28,6 +28,11 @@ NEEDLES = (  # = rules.serving.NEEDLES
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
 )
+# Lines that hold a needle but report no failure: PyTorch >= 2.13's caching allocator logs this warning on every
+# failed cudaMalloc attempt, the ones it recovers from by freeing its cache and retrying included
+# (pytorch#193195); vLLM, which fills the device by design, prints it thousands of times while it starts. An
+# attempt that stays failed raises torch.OutOfMemoryError, whose own line opens a capture.
+NOT_FAILURES = ("memory allocation failed with OOM on device",)
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
 AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
@@ -152,7 +157,8 @@ class StderrRelay:
 
     def _line(self, raw: bytes) -> None:
         line = raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
-        hit = any(n in line.lower() for n in NEEDLES)
+        low = line.lower()
+        hit = any(n in low for n in NEEDLES) and not any(q in line for q in NOT_FAILURES)
         if self._capture is None:
             if hit:
                 self._capture = [*self._before, line]

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import attr, log_records, read_otlp_lines, wait_for
 from test_oom_live import _run_child as _child
 
@@ -249,6 +250,47 @@ def test_relay_says_when_a_capture_opens_before_its_text_comes() -> None:
         os.close(w)
         os.close(r)
     assert events == ["open", "text", "open", "text"]
+
+
+# PyTorch 2.13's caching allocator warns on every failed cudaMalloc attempt, recovered ones included
+# (pytorch#193195: thousands of lines while vLLM starts)
+_RETRY_WARNING = (b"[rank1]:[W812 16:00:28.643448608 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM "
+                  b"on device 1 while trying to allocate 20971520 bytes (free: 15794176, total: 150111977472).\n")
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_relay_opens_no_capture_for_the_allocators_recoverable_retry_warning(fails: bool) -> None:
+    r, w = os.pipe()
+    relay = stderr_relay.StderrRelay(out_fd=w)
+    texts: list[str] = []
+    oom = (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 1 has a total capacity "
+           b"of 139.80 GiB of which 15.06 MiB is free.\n")
+    code = f"import os\nfor _ in range(200): os.write(2, {_RETRY_WARNING!r})\n"
+    if fails:
+        code += f"os.write(2, {oom!r})\n"
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=relay.child_fd)
+    relay.started()
+    relay.set_consumer(texts.append)
+    copied = b""
+    try:
+        assert p.wait(timeout=60) == 0
+        assert relay.wait_closed(30)
+        os.close(w)
+        w = -1
+        while chunk := os.read(r, 1 << 16):
+            copied += chunk
+    finally:
+        if w >= 0:
+            os.close(w)
+        os.close(r)
+    assert copied.count(b"memory allocation failed with OOM") == 200  # copied through unchanged (under a pipe's 64 KiB)
+    assert relay.memory_error_seen is fails and relay.captures == int(fails)
+    if fails:
+        (text,) = texts
+        assert "Tried to allocate 20.00 MiB" in text
+        assert serving.analyse(text)[0].message is not None  # the PyTorch message; the warnings before it are context
+    else:
+        assert texts == []
 
 
 def test_relay_sleeps_while_cmd_is_quiet_and_no_capture_is_open() -> None:
