@@ -597,8 +597,9 @@ def test_a_vllm_weight_load_oom_is_capacity_unless_another_process_holds_the_dev
 
 def test_the_allocators_recoverable_retry_warning_is_no_memory_error() -> None:
     # PyTorch 2.13 logs it on every failed cudaMalloc attempt, those it recovers from included (pytorch#193195)
-    assert analyse("[rank1]:[W812 16:00:28.643448608 CUDACachingAllocator.cpp:3933] memory allocation failed with "
-                   "OOM on device 1 while trying to allocate 20971520 bytes (free: 15794176, total: 150111977472).") == []
+    warning = ("[rank1]:[W812 16:00:28.643448608 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on "
+               "device 1 while trying to allocate 20971520 bytes (free: 15794176, total: 150111977472).")
+    assert analyse(warning) == []
 
 
 def test_a_request_larger_than_the_device_is_capacity_even_when_cut() -> None:
