@@ -55,6 +55,7 @@ from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 __all__ = [
     "ENGINES",
     "Finding",
+    "NotMemory",
     "ServingRule",
     "ServingRules",
     "ServingRulesError",
@@ -83,6 +84,7 @@ IMPOSSIBLE_BYTES = 1 << 50
 NEEDLES = (
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
+    "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
 )
 
 # Markers of the engine whose log a line comes from, most specific first. An engine that
@@ -101,7 +103,8 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "[gpu_worker.py:", "enforce_eager",
               "Capturing cudagraphs")),
     ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
-    ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp")),
+    ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp", "ggml-cuda", "ggml-vulkan",
+                   "ggml-metal")),
     ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
              "bfc_allocator", "stream_executor", "from device: CUDA_ERROR_OUT_OF_MEMORY")),
 )
@@ -174,6 +177,20 @@ class ServingRule:
     examples: tuple[Example, ...]
     where: Location
     fallback: bool = False  # used only when nothing else in the text is a memory error
+
+
+@dataclass(frozen=True, slots=True)
+class NotMemory:
+    """Lines that hold a prefilter needle but are no memory error: a warning the engine recovers from (a
+    skipped tactic, a retry, a tolerated allocation), or a failure of something other than memory. A line
+    that matches one of ``lines`` anchors no rule (a PyTorch allocator message is found all the same)."""
+
+    id: str
+    engine: str
+    lines: tuple[re.Pattern[str], ...]
+    mechanism: str
+    examples: tuple[Example, ...]  # "quiet": analyse finds nothing; "found": a memory error beside it still is
+    where: Location
 
 
 @dataclass(slots=True)
@@ -256,6 +273,7 @@ class _Loader(FileLoader):
     def __init__(self, path: str, text: str) -> None:
         super().__init__(path, text)
         self.names: frozenset[str] = frozenset(BASE_QUANTITIES)
+        self.quiet: list[NotMemory] = []
 
     def regex(self, src: object, line: int, rid: str, what: str) -> re.Pattern[str] | None:
         if not isinstance(src, str) or not src:
@@ -278,8 +296,8 @@ class _Loader(FileLoader):
         doc = self.document()
         if doc is None:
             return [], {}
-        self.check_top(doc, (ENGINE_VERSION_KEY, "description", "quantities", "rule", "engine_remedies"),
-                       SERVING_ENGINE_VERSION)
+        self.check_top(doc, (ENGINE_VERSION_KEY, "description", "quantities", "rule", "engine_remedies",
+                             "not_memory"), SERVING_ENGINE_VERSION)
         q = doc.get("quantities", [])
         if not isinstance(q, list) or not all(isinstance(x, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,63}", x)
                                               for x in q):
@@ -296,7 +314,57 @@ class _Loader(FileLoader):
                     continue
                 out_rem[eng] = {c: " ".join(str(t).split()) for c, t in by_cls.items()}
         rules = [r for i, t in enumerate(doc.get("rule", [])) if (r := self.rule(i, t)) is not None]
+        raw_quiet = doc.get("not_memory", [])
+        if not isinstance(raw_quiet, list):
+            self.err(self.line("not_memory"), "not_memory must be an array of tables")
+            raw_quiet = []
+        self.quiet = [q for i, t in enumerate(raw_quiet) if (q := self.not_memory(i, t)) is not None]
         return rules, out_rem
+
+    def not_memory(self, i: int, t: object) -> NotMemory | None:
+        start = self.line("not_memory", i)
+        if not isinstance(t, dict):
+            self.err(start, "a not_memory entry must be a table")
+            return None
+        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples"}
+        if extra:
+            self.err(start, f"not_memory: unknown keys {sorted(extra)}")
+        qid = t.get("id")
+        if not isinstance(qid, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]{0,80}", qid):
+            self.err(start, "not_memory: id must be a short lower-case name")
+            return None
+        engine = t.get("engine")
+        if engine not in ENGINES and engine != "any":
+            self.err(start, f"{qid}: engine must be one of {', '.join(ENGINES)} or any")
+        mechanism = t.get("mechanism")
+        if not isinstance(mechanism, str) or not mechanism.strip():
+            self.err(start, f"{qid}: mechanism says why these lines are no memory error")
+        raw = t.get("lines")
+        if not isinstance(raw, list) or not raw or not all(isinstance(x, str) for x in raw):
+            self.err(start, f"{qid}: lines must be a non-empty list of regular expressions")
+            return None
+        pats = [p for x in raw if (p := self.regex(x, self.line("not_memory", i, "lines"), qid, "line")) is not None]
+        examples: list[Example] = []
+        raw_ex = t.get("examples")
+        if not isinstance(raw_ex, list) or not raw_ex:
+            self.err(start, f"{qid}: examples are required (kind quiet, and kind found)")
+            raw_ex = []
+        for j, ex in enumerate(raw_ex):
+            line = self.line("not_memory", i, "examples", j)
+            if not isinstance(ex, dict) or ex.get("kind") not in ("quiet", "found") or not isinstance(
+                    ex.get("text"), str):
+                self.err(line, f"{qid}: example {j + 1}: kind (quiet or found) and text are required")
+                continue
+            unknown = sorted(set(ex) - {"kind", "text", "source", "comment"})
+            if unknown:
+                self.err(line, f"{qid}: example {j + 1}: unknown keys {unknown}")
+            if ex["kind"] == "quiet" and not isinstance(ex.get("source"), str):
+                self.err(line, f"{qid}: example {j + 1}: a quiet example names its source")
+            examples.append(Example(str(ex["kind"]), ex["text"], None, Location(self.path, line)))
+        if not any(e.kind == "quiet" for e in examples):
+            self.err(start, f"{qid}: needs a quiet example")
+        return NotMemory(qid, str(engine), tuple(pats), " ".join(str(mechanism).split()), tuple(examples),
+                         Location(self.path, start))
 
     def rule(self, i: int, t: object) -> ServingRule | None:
         start = self.line("rule", i)
@@ -471,6 +539,18 @@ class ServingRules:
     engine_remedies: dict[str, dict[str, str]]
     rubric: RuleSet
     sources: list[str] = field(default_factory=list)
+    not_memory: list[NotMemory] = field(default_factory=list)
+
+    def check_not_memory(self, entries: Iterable[NotMemory] | None = None) -> list[tuple[Location, str]]:
+        failures: list[tuple[Location, str]] = []
+        for q in self.not_memory if entries is None else entries:
+            for ex in q.examples:
+                found = analyse(ex.text, self)
+                if ex.kind == "quiet" and found:
+                    failures.append((ex.where, f"{q.id}: quiet example gave {', '.join(f.rule for f in found)}"))
+                elif ex.kind == "found" and not found:
+                    failures.append((ex.where, f"{q.id}: the memory error beside these lines was not found"))
+        return failures
 
     def check_examples(self, rules: Iterable[ServingRule] | None = None) -> list[tuple[Location, str]]:
         failures: list[tuple[Location, str]] = []
@@ -512,14 +592,20 @@ def load_serving_rules(paths: Iterable[Path | str | resources.abc.Traversable] |
             if r.id in ids:
                 errors.append((r.where, f"duplicate rule id {r.id!r}"))
             ids.add(r.id)
+        for q in loader.quiet:
+            if q.id in ids:
+                errors.append((q.where, f"duplicate id {q.id!r}"))
+            ids.add(q.id)
         if loader.errors:
             continue
         rs.rules = sorted([*rs.rules, *rules], key=lambda r: r.priority)
+        rs.not_memory = [*rs.not_memory, *loader.quiet]
         for eng, by_cls in remedies.items():
             rs.engine_remedies.setdefault(eng, {}).update(by_cls)
         rs.sources.append(name)
         if run_examples:
             errors.extend(rs.check_examples(rules))
+            errors.extend(rs.check_not_memory(loader.quiet))
     if errors:
         raise ServingRulesError(errors)
     return rs
@@ -547,11 +633,13 @@ def prefilter_needles() -> tuple[str, ...]:
 # Matching
 
 
-def _candidate_lines(lines: list[str]) -> list[int]:
+def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[int]:
+    """The lines that may anchor a rule: they hold a needle and no not_memory entry claims them."""
+    pats = [p for q in quiet for p in q.lines]
     out = []
     for i, line in enumerate(lines):
         low = line.lower()
-        if any(n in low for n in NEEDLES):
+        if any(n in low for n in NEEDLES) and not any(p.search(line) for p in pats):
             out.append(i)
     return out
 
@@ -924,7 +1012,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     findings: list[Finding] = [_pytorch_finding(m, lines, rs) for m in find_ooms(text)]
     taken: list[tuple[int, int]] = [(f.first_line, f.last_line) for f in findings]
     hits: list[_Hit] = []
-    for i in _candidate_lines(lines):
+    for i in _candidate_lines(lines, rs.not_memory):
         line = lines[i]
         for rule in rs.rules:
             if any(a in line for a in rule.anchors):
