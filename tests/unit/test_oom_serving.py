@@ -50,13 +50,14 @@ FIFTH = _load("serving_ooms_collected4.jsonl")
 SIXTH = _load("serving_ooms_collected5.jsonl")
 SEVENTH = _load("serving_ooms_collected6.jsonl")
 EIGHTH = _load("serving_ooms_collected7.jsonl")
+NINTH = _load("serving_ooms_collected8.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH:
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH:
         assert r["url"].startswith("https://github.com/"), r["id"]
-    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH:
+    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH:
         assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
@@ -200,7 +201,8 @@ def test_the_third_collection_is_split_and_its_held_out_half_quoted_by_no_rule_e
 BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
          ("sixth", SIXTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH, 5),
          ("seventh", SEVENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH, 5),
-         ("eighth", EIGHTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH, 5)]
+         ("eighth", EIGHTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH, 5),
+         ("ninth", NINTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH, 5)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
