@@ -33,6 +33,8 @@ def test_a_reused_netlink_number_is_not_sent_on_nor_closed() -> None:
     os.close(fd)  # the host's closerange
     a, b = socket.socketpair()  # the host's socket; its end `a` takes the freed number, as the lowest free one
     # would (placed there with dup2: another thread of this test process may take a lower free number first)
+    if b.fileno() == fd:
+        a, b = b, a
     host_fd = a.fileno()
     if host_fd != fd:
         os.dup2(a.fileno(), fd)
