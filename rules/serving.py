@@ -944,7 +944,8 @@ def _capture_verdict(v: Verdict, engine: str) -> Verdict:
 # gpu_memory_utilization of the device was free ("Free memory on device ... is less than desired GPU memory
 # utilization"): what fills the device then is this process's weights, unless the message shows another process
 # holding memory (one started during the load). The cached bytes the rubric's first step sees are the loader's,
-# and the fraction only sizes the KV cache, after the weights (the pull request vllm#38553 asks to drop vLLM's hint to lower it for that reason).
+# and the fraction only sizes the KV cache, after the weights (the pull request vllm#38553 asks to drop vLLM's hint
+# to lower it for that reason).
 _WEIGHT_LOAD_FAILED = re.compile(r"Failed to load model\s*[-\u2013\u2014]+\s*not enough GPU memory")
 _OTHER_TENANT_BYTES = 1 << 30
 
