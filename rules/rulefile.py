@@ -40,15 +40,25 @@ class FileLoader:
     """What every rule file's loader shares: its text, the line of each key, and the errors
     collected with their file:line (a subclass reads its own tables)."""
 
-    def __init__(self, path: str, text: str) -> None:
+    def __init__(self, path: str, text: str, lines: bool = True) -> None:
         self.path = path
         self.text = text
-        self.keys = TomlKeys(text, path)
+        # lines=False: every line is 0 and the key index is not built (a third of a large file's load); for a
+        # file known to be valid, whose loader reloads it with lines when it finds an error after all
+        self.lines = lines
+        self._keys: TomlKeys | None = None
         self.errors: list[tuple[Location, str]] = []
+
+    @property
+    def keys(self) -> TomlKeys:
+        """Where each key is written, built at first use."""
+        if self._keys is None:
+            self._keys = TomlKeys(self.text, self.path)
+        return self._keys
 
     def line(self, *key: str | int) -> int:
         """The line of ``key`` (a path into the document), or of the nearest table around it."""
-        return self.keys.nearest(key).line
+        return self.keys.nearest(key).line if self.lines else 0
 
     def err(self, line: int, msg: str) -> None:
         self.errors.append((Location(self.path, line), msg))

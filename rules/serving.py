@@ -270,8 +270,8 @@ _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
 
 
 class _Loader(FileLoader):
-    def __init__(self, path: str, text: str) -> None:
-        super().__init__(path, text)
+    def __init__(self, path: str, text: str, lines: bool = True) -> None:
+        super().__init__(path, text, lines)
         self.names: frozenset[str] = frozenset(BASE_QUANTITIES)
         self.quiet: list[NotMemory] = []
 
@@ -573,7 +573,19 @@ class ServingRules:
 def load_serving_rules(paths: Iterable[Path | str | resources.abc.Traversable] | None = None,
                        rubric: RuleSet | None = None, run_examples: bool = True) -> ServingRules:
     """Load serving rule files (default: the builtin one); raise ServingRulesError (file:line).
-    ``run_examples=False`` skips running the rules' examples (the shipped file's run in CI)."""
+    ``run_examples=False`` skips running the rules' examples (the shipped file's run in CI) and the index of
+    where each key is written (only errors need it: a file that has one is loaded again with it)."""
+    todo = list(paths) if paths is not None else None
+    if not run_examples:
+        try:
+            return _load_serving_rules(todo, rubric, run_examples=False, lines=False)
+        except ServingRulesError:
+            pass  # again with the lines, for the errors' file:line
+    return _load_serving_rules(todo, rubric, run_examples, lines=True)
+
+
+def _load_serving_rules(paths: list[Path | str | resources.abc.Traversable] | None, rubric: RuleSet | None,
+                        run_examples: bool, lines: bool) -> ServingRules:
     errors: list[tuple[Location, str]] = []
     rs = ServingRules([], {}, rubric if rubric is not None else load_rules([builtin_rules_path()]))
     ids: set[str] = set()
@@ -585,7 +597,7 @@ def load_serving_rules(paths: Iterable[Path | str | resources.abc.Traversable] |
         except (OSError, UnicodeDecodeError) as exc:
             errors.append((Location(name, 1), f"cannot read rule file: {exc}"))
             continue
-        loader = _Loader(name, text)
+        loader = _Loader(name, text, lines)
         rules, remedies = loader.load()
         errors.extend(loader.errors)
         for r in rules:

@@ -469,6 +469,20 @@ def test_the_builtin_not_memory_entries_hold_their_examples() -> None:
         assert len(q.mechanism.split()) >= 8 and any(e.kind == "quiet" for e in q.examples), q.id
 
 
+def test_without_examples_a_file_loads_without_its_line_index_and_an_error_still_names_its_line(
+        tmp_path: Path) -> None:
+    fast = load_serving_rules(run_examples=False)  # the builtin file, as a process loads it
+    assert fast.rules and {r.where.line for r in fast.rules} == {0}  # no index built
+    assert [r.id for r in fast.rules] == [r.id for r in load_serving_rules().rules]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "x.y"\nversion = 1\nengine = "vllm"\n'
+                   'anchors = ["out of memory"]\npatterns = [\'\'\'(a+)+\'\'\']\nmechanism = "too short"\n'
+                   'class = "unknown"\nremedy = "r"\n', encoding="utf-8")
+    with pytest.raises(ServingRulesError) as exc:
+        load_serving_rules([bad], run_examples=False)
+    assert f"{bad}:8:" in str(exc.value)  # loaded again with the index for the message
+
+
 def test_a_rule_table_s_keys_id_and_version_are_checked_with_their_lines(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "Not-Lower"\nversion = 0\nengine = "vllm"\n'
