@@ -178,10 +178,22 @@ def stage_intervals(events: Iterable[Tuple[Any, ...]]) -> List[int]:
     return out
 
 
+def _copy(queue: Deque[Tuple[Any, ...]], k: Optional[int] = None) -> List[Tuple[Any, ...]]:
+    """The first ``k`` (or all) items of a deque other threads append to. One C call holds the GIL,
+    but a garbage collection inside it can run Python code and let another thread append: the
+    iteration then raises RuntimeError ("deque mutated during iteration"), and a second try copies it."""
+    for _ in range(8):
+        try:
+            return list(islice(queue, k)) if k is not None else list(queue)
+        except RuntimeError:
+            continue
+    return []
+
+
 def queued_intervals() -> List[int]:
     """``stage_intervals`` of this process's queue, copied in one call (other threads append)."""
     buf = getattr(_runtime.state().client, "_buf", None)  # None while inactive
-    return stage_intervals(list(buf)) if buf else []
+    return stage_intervals(_copy(buf)) if buf else []
 
 
 def cover_queued(queue: Deque[Tuple[Any, ...]], k: int) -> None:
@@ -191,7 +203,7 @@ def cover_queued(queue: Deque[Tuple[Any, ...]], k: int) -> None:
     try:
         st = state()
         if st.collecting:
-            out = stage_intervals(list(islice(queue, k)))  # one copy: other threads append meanwhile
+            out = stage_intervals(_copy(queue, k))  # one copy: other threads append meanwhile
             if out:
                 st.covered += out  # one atomic extend
     except Exception as exc:
