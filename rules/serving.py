@@ -267,6 +267,7 @@ _RULE_KEYS = frozenset({
 _ID = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,127}")
 _CASE_KEYS = frozenset({"class", "when", "match", "match_before", "engine", "note", "reason", "rule", "knob"})
 _EXAMPLE_KEYS = frozenset({"kind", "text", "class", "source", "comment"})
+_QUIET_EXAMPLE_KEYS = _EXAMPLE_KEYS - {"class"}
 
 
 class _Loader(FileLoader):
@@ -344,23 +345,8 @@ class _Loader(FileLoader):
             self.err(start, f"{qid}: lines must be a non-empty list of regular expressions")
             return None
         pats = [p for x in raw if (p := self.regex(x, self.line("not_memory", i, "lines"), qid, "line")) is not None]
-        examples: list[Example] = []
-        raw_ex = t.get("examples")
-        if not isinstance(raw_ex, list) or not raw_ex:
-            self.err(start, f"{qid}: examples are required (kind quiet, and kind found)")
-            raw_ex = []
-        for j, ex in enumerate(raw_ex):
-            line = self.line("not_memory", i, "examples", j)
-            if not isinstance(ex, dict) or ex.get("kind") not in ("quiet", "found") or not isinstance(
-                    ex.get("text"), str):
-                self.err(line, f"{qid}: example {j + 1}: kind (quiet or found) and text are required")
-                continue
-            unknown = sorted(set(ex) - {"kind", "text", "source", "comment"})
-            if unknown:
-                self.err(line, f"{qid}: example {j + 1}: unknown keys {unknown}")
-            if ex["kind"] == "quiet" and not isinstance(ex.get("source"), str):
-                self.err(line, f"{qid}: example {j + 1}: a quiet example names its source")
-            examples.append(Example(str(ex["kind"]), ex["text"], None, Location(self.path, line)))
+        examples = self.examples(t.get("examples", []), i, qid, section="not_memory", kinds=("quiet", "found"),
+                                 keys=_QUIET_EXAMPLE_KEYS)
         if not any(e.kind == "quiet" for e in examples):
             self.err(start, f"{qid}: needs a quiet example")
         return NotMemory(qid, str(engine), tuple(pats), " ".join(str(mechanism).split()), tuple(examples),
@@ -508,22 +494,24 @@ class _Loader(FileLoader):
                     reason=" ".join(reason.split()) if isinstance(reason, str) else None, rule_suffix=suffix,
                     knob=knob, match_before=before)
 
-    def examples(self, raw: object, i: int, rid: str) -> list[Example]:
+    def examples(self, raw: object, i: int, rid: str, section: str = "rule",
+                 kinds: tuple[str, str] = ("positive", "negative"),
+                 keys: frozenset[str] = _EXAMPLE_KEYS) -> list[Example]:
+        """The examples of a ``[[rule]]`` (or ``[[not_memory]]``) table; the first of ``kinds`` names its source."""
         out: list[Example] = []
         if not isinstance(raw, list):
-            self.err(self.line("rule", i, "examples"), f"{rid}: examples must be an array of tables")
+            self.err(self.line(section, i, "examples"), f"{rid}: examples must be an array of tables")
             return out
         for j, ex in enumerate(raw):
-            line = self.line("rule", i, "examples", j)
-            if not isinstance(ex, dict) or ex.get("kind") not in ("positive", "negative") or not isinstance(
-                    ex.get("text"), str):
-                self.err(line, f"{rid}: example {j + 1} needs kind (positive|negative) and text")
+            line = self.line(section, i, "examples", j)
+            if not isinstance(ex, dict) or ex.get("kind") not in kinds or not isinstance(ex.get("text"), str):
+                self.err(line, f"{rid}: example {j + 1} needs kind ({'|'.join(kinds)}) and text")
                 continue
-            extra = set(ex) - _EXAMPLE_KEYS
+            extra = set(ex) - keys
             if extra:
                 self.err(line, f"{rid}: example {j + 1}: unknown keys {sorted(extra)}")
-            if ex["kind"] == "positive" and not isinstance(ex.get("source"), str):
-                self.err(line, f"{rid}: example {j + 1}: a positive example names its source")
+            if ex["kind"] == kinds[0] and not isinstance(ex.get("source"), str):
+                self.err(line, f"{rid}: example {j + 1}: a {kinds[0]} example names its source")
             cls = ex.get("class")
             if cls is not None and cls not in CLASSES:
                 self.err(line, f"{rid}: example {j + 1}: class must be one of {', '.join(CLASSES)}")

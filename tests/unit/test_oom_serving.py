@@ -402,11 +402,15 @@ def test_size_units() -> None:
     assert parse_bytes("lots") is None
 
 
+# A rule file with errors: a pattern that backtracks (its line, 8, is named), a short mechanism, no reason.
+_BAD_RULE_FILE = ('engine_version = "1.0"\n\n[[rule]]\nid = "x.y"\nversion = 1\nengine = "vllm"\n'
+                  'anchors = ["out of memory"]\npatterns = [\'\'\'(a+)+\'\'\']\nmechanism = "too short"\n'
+                  'class = "unknown"\nremedy = "r"\n')
+
+
 def test_invalid_rule_file_names_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "x.y"\nversion = 1\nengine = "vllm"\n'
-                   'anchors = ["out of memory"]\npatterns = [\'\'\'(a+)+\'\'\']\nmechanism = "too short"\n'
-                   'class = "unknown"\nremedy = "r"\n', encoding="utf-8")
+    bad.write_text(_BAD_RULE_FILE, encoding="utf-8")
     with pytest.raises(ServingRulesError) as exc:
         load_serving_rules([bad])
     text = str(exc.value)
@@ -475,9 +479,7 @@ def test_without_examples_a_file_loads_without_its_line_index_and_an_error_still
     assert fast.rules and {r.where.line for r in fast.rules} == {0}  # no index built
     assert [r.id for r in fast.rules] == [r.id for r in load_serving_rules().rules]
     bad = tmp_path / "bad.toml"
-    bad.write_text('engine_version = "1.0"\n\n[[rule]]\nid = "x.y"\nversion = 1\nengine = "vllm"\n'
-                   'anchors = ["out of memory"]\npatterns = [\'\'\'(a+)+\'\'\']\nmechanism = "too short"\n'
-                   'class = "unknown"\nremedy = "r"\n', encoding="utf-8")
+    bad.write_text(_BAD_RULE_FILE, encoding="utf-8")
     with pytest.raises(ServingRulesError) as exc:
         load_serving_rules([bad], run_examples=False)
     assert f"{bad}:8:" in str(exc.value)  # loaded again with the index for the message
