@@ -24,11 +24,11 @@ lines, and a rule file may not hold a quantified group that holds a quantifier.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from infersight.bytesize import parse_bytes, torch_bytes
 from infersight.errors import Location, SourceError
@@ -50,6 +50,7 @@ from infersight.rules.engine import (
     render,
 )
 from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms
+from infersight.rules.preparsed import read_shipped
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
 __all__ = [
@@ -122,6 +123,36 @@ _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]
 _WS = re.compile(r"[ \t]+")
 
 
+class LazyPattern:
+    """A regular expression compiled at its first use: the shipped rules as CI checked them (their
+    pre-parsed document), where a first OOM needs only the patterns of the rules its lines anchor."""
+
+    __slots__ = ("_compiled", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._compiled: re.Pattern[str] | None = None
+
+    def compiled(self) -> re.Pattern[str]:
+        c = self._compiled
+        if c is None:  # two threads may both compile it: the same pattern either way
+            c = self._compiled = re.compile(self.pattern)
+        return c
+
+    def search(self, string: str) -> re.Match[str] | None:
+        return self.compiled().search(string)
+
+    def finditer(self, string: str) -> Iterator[re.Match[str]]:
+        return self.compiled().finditer(string)
+
+    @property
+    def groupindex(self) -> Mapping[str, int]:
+        return self.compiled().groupindex
+
+
+Pattern: TypeAlias = "re.Pattern[str] | LazyPattern"
+
+
 class ServingRulesError(SourceError, RulesError):
     """Invalid serving rule file(s): one ``file:line: message`` line per problem."""
 
@@ -137,7 +168,7 @@ class Case:
 
     cls: str
     when: Expr | None = None
-    match: re.Pattern[str] | None = None
+    match: Pattern | None = None
     engine: str | None = None
     note: Template | None = None
     reason: str | None = None
@@ -145,7 +176,7 @@ class Case:
     knob: str | None = None  # the setting that sized the reservation, when it differs from the rule's
     # searched in the lines before the anchor too (the 40 context lines): a phase or site named by the
     # frames or log lines that precede the error
-    match_before: re.Pattern[str] | None = None
+    match_before: Pattern | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +194,8 @@ class ServingRule:
     engine: str
     priority: int
     anchors: tuple[str, ...]
-    patterns: tuple[re.Pattern[str], ...]
-    context: tuple[re.Pattern[str], ...]
+    patterns: tuple[Pattern, ...]
+    context: tuple[Pattern, ...]
     window: int
     require_match: bool
     mechanism: str
@@ -187,7 +218,7 @@ class NotMemory:
 
     id: str
     engine: str
-    lines: tuple[re.Pattern[str], ...]
+    lines: tuple[Pattern, ...]
     mechanism: str
     examples: tuple[Example, ...]  # "quiet": analyse finds nothing; "found": a memory error beside it still is
     where: Location
@@ -271,12 +302,20 @@ _QUIET_EXAMPLE_KEYS = _EXAMPLE_KEYS - {"class"}
 
 
 class _Loader(FileLoader):
-    def __init__(self, path: str, text: str, lines: bool = True) -> None:
+    def __init__(self, path: str, text: str, lines: bool = True, parsed: dict[str, Any] | None = None) -> None:
+        """``parsed``: the document of ``text`` as CI checked it (the shipped file's pre-parsed JSON):
+        not parsed again, and its patterns compile at first use."""
         super().__init__(path, text, lines)
         self.names: frozenset[str] = frozenset(BASE_QUANTITIES)
         self.quiet: list[NotMemory] = []
+        self.parsed = parsed
 
-    def regex(self, src: object, line: int, rid: str, what: str) -> re.Pattern[str] | None:
+    def document(self) -> dict[str, Any] | None:
+        return self.parsed if self.parsed is not None else super().document()
+
+    def regex(self, src: object, line: int, rid: str, what: str) -> Pattern | None:
+        if self.parsed is not None and isinstance(src, str) and src:
+            return LazyPattern(src)
         if not isinstance(src, str) or not src:
             self.err(line, f"{rid}: {what} must be a non-empty string")
             return None
@@ -585,7 +624,9 @@ def _load_serving_rules(paths: list[Path | str | resources.abc.Traversable] | No
         except (OSError, UnicodeDecodeError) as exc:
             errors.append((Location(name, 1), f"cannot read rule file: {exc}"))
             continue
-        loader = _Loader(name, text, lines)
+        # the shipped file, unchanged since it was pre-parsed (and checked whole by CI): its JSON document
+        parsed = read_shipped(text) if paths is None and not lines and not run_examples else None
+        loader = _Loader(name, text, lines, parsed)
         rules, remedies = loader.load()
         errors.extend(loader.errors)
         for r in rules:

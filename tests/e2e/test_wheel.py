@@ -126,6 +126,10 @@ def test_the_installed_wheel_runs_from_a_fresh_venv(built: Built, tmp_path: Path
     r = run(cli, "classify", "--json", "-", stdin=OOM)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout.splitlines()[0])["class"] == "fragmentation"
+    # An agent's serving rules come from the pre-parsed copy that ships beside serving.toml.
+    r = run(str(py), "-c", "from infersight.rules.serving import LazyPattern, builtin\n"
+            "print(all(isinstance(p, LazyPattern) for r in builtin().rules for p in r.patterns))")
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr
     # The unit files ship with the program: install-service plans from them, no checkout needed.
     r = run(cli, "install-service", "--dry-run", "--prefix", str(tmp_path / "root"))
     assert r.returncode == 0, r.stdout + r.stderr
