@@ -152,6 +152,12 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                 child.exit_ns = time.time_ns()
                 held.why = "exited"
                 return held
+            # Job control (a terminal): CMD stopped by Ctrl-Z or a background read of the terminal
+            # stops launch too within a turn, as after the hold (the shell must see its job stop),
+            # not at the hold's end; the pidfd says nothing of a stop.
+            if child.tty is not None and child.poll() is not None:
+                held.why = "exited"
+                return held
             if listener in readable:
                 _accept_all(listener, unseen, held)
             # A connection that sent a few bytes, too few to tell, leaves the select (it would

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -92,7 +93,9 @@ open(sys.argv[1], "w").write(str(n[0]))
 def _read_until(fd: int, needle: bytes, sink: list[bytes], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while needle not in b"".join(sink):
-        assert time.monotonic() < deadline, b"".join(sink).decode(errors="replace")
+        left = deadline - time.monotonic()
+        # (a read that would block past the deadline fails here, not whenever output comes)
+        assert left > 0 and select.select([fd], [], [], left)[0], b"".join(sink).decode(errors="replace")
         try:
             chunk = os.read(fd, 4096)
         except OSError:
@@ -195,8 +198,10 @@ def test_ctrl_z_stops_the_job_and_fg_resumes_it(tmp_path: Path) -> None:
     sees its job stopped); fg resumes both, and CMD has the terminal again."""
     count = tmp_path / "count"
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, "fg", *CLI, "launch", "--no-console", "--otlp-file",
-                          str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", COUNT_SIGINT, str(count)],
+    # A hold longer than any wait here: the stop must be mirrored while launch holds its agent back.
+    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, "fg", *CLI, "launch", "--no-console", "--agent-hold",
+                          "600", "--otlp-file", str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", COUNT_SIGINT,
+                          str(count)],
                          stdin=slave, stdout=slave, stderr=slave,
                          preexec_fn=_controlling_tty,  # noqa: PLW1509 - no threads yet
                          env=launch_env(tmp_path))
@@ -227,8 +232,8 @@ def test_background_job_that_reads_the_terminal_stops_and_fg_resumes_it(tmp_path
     stops with it so the shell sees the job stopped, and fg hands CMD the terminal."""
     master, slave = pty.openpty()
     reader = "import sys; print('got', sys.stdin.readline().strip(), flush=True)"
-    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, "bg", *CLI, "launch", "--no-console", "--otlp-file",
-                          str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", reader],
+    p = subprocess.Popen([sys.executable, "-c", MINI_SHELL, "bg", *CLI, "launch", "--no-console", "--agent-hold",
+                          "600", "--otlp-file", str(tmp_path / "o.jsonl"), "--", sys.executable, "-c", reader],
                          stdin=slave, stdout=slave, stderr=slave,
                          preexec_fn=_controlling_tty,  # noqa: PLW1509 - no threads yet
                          env=launch_env(tmp_path))

@@ -125,8 +125,10 @@ def test_live_producer_replays_a_large_spool_within_its_memory_bound(tmp_path: P
         "print('spooled', flush=True)\n"
         "while not os.path.exists(%r):\n    time.sleep(0.02)\n"
         "deadline = time.time() + 60\n"
-        "while (c.spool.pending() or c.conn.outbox or c.conn.sock is None) and time.time() < deadline:\n"
+        "while (c.spool.pending() or c.conn.sock is None) and time.time() < deadline:\n"
         "    time.sleep(0.05)\n"
+        # the replay is sent; an idle process reads its acks only when asked (a flush) or at exit
+        "print('flushed', hooks.flush(10), flush=True)\n"
         "print('peak', peak[0], flush=True)\n" % str(go)
     )
     child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
@@ -137,6 +139,7 @@ def test_live_producer_replays_a_large_spool_within_its_memory_bound(tmp_path: P
     go.write_text("")
     out, _ = child.communicate(timeout=120)
     assert child.returncode == 0
+    assert "flushed True" in out, out
     peak = int(out.split()[-1])
     assert peak <= 64 * 1024 + (1 << 20), "replay stays within the outbox bound (plus one read)"
     assert agent.stop() == 0
