@@ -80,8 +80,16 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+SUN_PATH_MAX = 107  # bytes of an AF_UNIX socket's path (sun_path holds 108 with its NUL)
+
+
 def temp_root() -> str:
-    return os.environ.get("TMPDIR") or "/tmp"
+    """Where launch makes its private directory (and looks for dead launches' ones): ``$TMPDIR``,
+    or ``/tmp`` when its socket's path under ``$TMPDIR`` would be too long for AF_UNIX (a deep
+    per-job or per-test temporary directory); the directory is 0700 and made exclusively either way."""
+    root = os.environ.get("TMPDIR") or "/tmp"
+    sock = os.path.join(root, PRIVATE_PREFIX + "0" * 12, "agent.sock")
+    return root if len(os.fsencode(sock)) <= SUN_PATH_MAX else "/tmp"
 
 
 def processes_using(sock: str) -> list[int]:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BOOTSTRAP, attr, read_otlp_lines, spans
+from conftest import BOOTSTRAP, attr, log_records, read_otlp_lines, spans
 from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -113,6 +113,21 @@ def test_private_socket_even_with_daemon_env(tmp_path: Path) -> None:
     assert r.returncode == 0
     assert r.stdout.strip() != str(tmp_path / "daemon.sock")
     assert "infersight-launch-" in r.stdout
+
+
+def test_a_tmpdir_too_deep_for_a_socket_path_falls_back_to_tmp(tmp_path: Path) -> None:
+    """AF_UNIX paths hold 107 bytes: under a deeper $TMPDIR launch makes its private directory in
+    /tmp (0700, made exclusively, as anywhere), and CMD's hooked events still arrive."""
+    deep = tmp_path / ("d" * (110 - len(str(tmp_path))))
+    deep.mkdir()
+    code = ("import os\nfrom infersight import hooks\nhooks.log('from deep', i=7)\n"
+            "print(os.environ['INFERSIGHT_SOCKET'])\n")
+    r, out = launch(tmp_path, sys.executable, "-c", code, env={"TMPDIR": str(deep)}, args=("--no-console",))
+    assert r.returncode == 0, r.stderr
+    sock = Path(r.stdout.strip())
+    assert sock.parent.parent == Path("/tmp") and sock.parent.name.startswith("infersight-launch-"), sock
+    assert not sock.parent.exists()  # removed at exit, as under $TMPDIR
+    assert [str(attr(x, "i")) for x in log_records(read_otlp_lines(out))] == ["7"]
 
 
 def test_no_implicit_otlp_endpoint() -> None:
