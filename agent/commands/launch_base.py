@@ -19,7 +19,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
     from infersight.agent.oom.stderr_relay import StderrRelay
@@ -83,11 +83,11 @@ def exit_status(returncode: int) -> int:
 SUN_PATH_MAX = 107  # bytes of an AF_UNIX socket's path (sun_path holds 108 with its NUL)
 
 
-def temp_root() -> str:
+def temp_root(environ: Mapping[str, str] = os.environ) -> str:
     """Where launch makes its private directory (and looks for dead launches' ones): ``$TMPDIR``,
     or ``/tmp`` when its socket's path under ``$TMPDIR`` would be too long for AF_UNIX (a deep
     per-job or per-test temporary directory); the directory is 0700 and made exclusively either way."""
-    root = os.environ.get("TMPDIR") or "/tmp"
+    root = environ.get("TMPDIR") or "/tmp"
     sock = os.path.join(root, PRIVATE_PREFIX + "0" * 12, "agent.sock")
     return root if len(os.fsencode(sock)) <= SUN_PATH_MAX else "/tmp"
 
