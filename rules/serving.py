@@ -121,6 +121,7 @@ _HOSTS: dict[str, tuple[str, ...]] = {
 # A quantified group that holds a quantifier: the shape of catastrophic backtracking.
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
 _WS = re.compile(r"[ \t]+")
+_NEVER = re.compile(r"(?!)")  # matches nothing
 
 
 class LazyPattern:
@@ -136,7 +137,11 @@ class LazyPattern:
     def compiled(self) -> re.Pattern[str]:
         c = self._compiled
         if c is None:  # two threads may both compile it: the same pattern either way
-            c = self._compiled = re.compile(self.pattern)
+            try:
+                c = re.compile(self.pattern)
+            except re.error:  # (another Python's re than CI's): the rule stays silent, analyse never raises;
+                c = _NEVER  # `infersight classify` loads the file checked and names the pattern
+            self._compiled = c
         return c
 
     def search(self, string: str) -> re.Match[str] | None:

@@ -82,3 +82,11 @@ def test_pre_parsed_and_toml_rules_give_the_same_findings(run: str) -> None:
         assert a == _findings(t, second), t[:300]
         found += bool(a)
     assert found > 450
+
+
+def test_a_pattern_that_does_not_compile_at_first_use_matches_nothing_and_raises_nothing() -> None:
+    bad = LazyPattern("(unclosed")
+    assert bad.search("(unclosed") is None and list(bad.finditer("x")) == [] and dict(bad.groupindex) == {}
+    good = LazyPattern(r"(?P<R>\d+) MiB")
+    m = good.search("tried 20 MiB")
+    assert m is not None and m.group("R") == "20" and "R" in good.groupindex
