@@ -227,6 +227,10 @@ class NotMemory:
     mechanism: str
     examples: tuple[Example, ...]  # "quiet": analyse finds nothing; "found": a memory error beside it still is
     where: Location
+    # A line that says the engine retries what just failed (another way): the failure printed in the lines
+    # right before it (at most this many, each holding a needle) anchors no rule either. A retry that fails
+    # prints its own lines after it, which are found.
+    retried_lines_before: int = 0
 
 
 @dataclass(slots=True)
@@ -371,7 +375,7 @@ class _Loader(FileLoader):
         if not isinstance(t, dict):
             self.err(start, "a not_memory entry must be a table")
             return None
-        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples"}
+        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples", "retried_lines_before"}
         if extra:
             self.err(start, f"not_memory: unknown keys {sorted(extra)}")
         qid = t.get("id")
@@ -389,12 +393,17 @@ class _Loader(FileLoader):
             self.err(start, f"{qid}: lines must be a non-empty list of regular expressions")
             return None
         pats = [p for x in raw if (p := self.regex(x, self.line("not_memory", i, "lines"), qid, "line")) is not None]
+        retried = t.get("retried_lines_before", 0)
+        if not isinstance(retried, int) or isinstance(retried, bool) or not 0 <= retried <= WINDOW_LINES * 2:
+            self.err(self.line("not_memory", i, "retried_lines_before"),
+                     f"{qid}: retried_lines_before must be 0..{WINDOW_LINES * 2} lines")
+            retried = 0
         examples = self.examples(t.get("examples", []), i, qid, section="not_memory", kinds=("quiet", "found"),
                                  keys=_QUIET_EXAMPLE_KEYS)
         if not any(e.kind == "quiet" for e in examples):
             self.err(start, f"{qid}: needs a quiet example")
         return NotMemory(qid, str(engine), tuple(pats), " ".join(str(mechanism).split()), tuple(examples),
-                         Location(self.path, start))
+                         Location(self.path, start), retried)
 
     def rule(self, i: int, t: object) -> ServingRule | None:
         start = self.line("rule", i)
@@ -680,13 +689,23 @@ def prefilter_needles() -> tuple[str, ...]:
 
 
 def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[int]:
-    """The lines that may anchor a rule: they hold a needle and no not_memory entry claims them."""
-    pats = [p for q in quiet for p in q.lines]
-    out = []
+    """The lines that may anchor a rule: they hold a needle and no not_memory entry claims them (nor
+    the lines of a failure that the engine retried, right before a line that says so)."""
+    pats = [(p, q.retried_lines_before) for q in quiet for p in q.lines]
+    out: list[int] = []
     for i, line in enumerate(lines):
         low = line.lower()
-        if any(n in low for n in NEEDLES) and not any(p.search(line) for p in pats):
+        if not any(n in low for n in NEEDLES):
+            continue
+        claimed = next((back for p, back in pats if p.search(line)), None)
+        if claimed is None:
             out.append(i)
+            continue
+        # the retried failure: the candidate lines right before this one, back to the first that is none
+        j = i - 1
+        while claimed > 0 and out and out[-1] == j:
+            out.pop()
+            j, claimed = j - 1, claimed - 1
     return out
 
 
@@ -1073,7 +1092,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     hits.sort(key=lambda h: (h.rule.priority, h.anchor))
     accepted: list[tuple[_Hit, Finding]] = []
     for h in hits:
-        if any(a <= h.anchor <= b for a, b in taken):
+        if any(a <= h.anchor <= b for a, b in taken) or _goes_on(h, [hh for hh, _ in accepted]):
             same = next((f for hh, f in accepted if hh.rule is h.rule and hh.first <= h.anchor <= hh.last + 1), None)
             if same is not None:
                 for k, v in h.values.items():  # fold the numbers a later line of the event adds
@@ -1098,6 +1117,17 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
         keys.add(f.key)
         out.append(f)
     return out
+
+
+def _goes_on(h: _Hit, accepted: list[_Hit]) -> bool:
+    """``h`` is the closing line of an event of its rule found just before it: its lines reach back into
+    that event's, it is anchored on the line right after them, and it names the same request (llama.cpp's
+    "failed to initialize the context" after the allocation it could not do; a size printed in MiB with two
+    decimals reads a few KiB off the same size in bytes)."""
+    r = h.values.get("R")
+    return r is not None and any(
+        hh.rule is h.rule and h.first <= hh.last and h.anchor == hh.last + 1
+        and abs(hh.values.get("R", -1.0) - r) <= r * 1e-3 for hh in accepted)
 
 
 def _span(h: _Hit) -> int:

@@ -177,11 +177,12 @@ class OomClassifier:
         rubric = self.rules
         with self._lock:
             if self._serving is None or self._serving.rubric is not rubric:
-                from infersight.rules.serving import ServingRules
+                from dataclasses import replace
+
                 from infersight.rules.serving import builtin as builtin_serving
 
-                b = builtin_serving()
-                self._serving = ServingRules(b.rules, b.engine_remedies, rubric, list(b.sources))
+                # every part of the builtin rules (their [[not_memory]] lines too), over this rubric
+                self._serving = replace(builtin_serving(), rubric=rubric)
             return self._serving
 
 

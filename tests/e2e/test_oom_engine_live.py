@@ -202,6 +202,39 @@ def test_launch_classifies_a_native_child_and_ignores_other_errors(tmp_path: Pat
     assert int(attr(rec, "infersight.oom.R_bytes")) == 44 << 30
 
 
+CUDA_OOM = "cudaMalloc failed: out of memory"
+RETRIED = f"""ggml_backend_cuda_buffer_type_alloc_buffer: allocating 808.35 MiB on device 1: {CUDA_OOM}
+ggml_gallocr_reserve_n: failed to allocate CUDA1 buffer of size 847617024
+graph_reserve: failed to allocate compute buffers
+sched_reserve: compute buffer allocation failed, retrying without pipeline parallelism
+"""
+RETRY_FAILED = f"""ggml_backend_cuda_buffer_type_alloc_buffer: allocating 408.09 MiB on device 1: {CUDA_OOM}
+ggml_gallocr_reserve_n: failed to allocate CUDA1 buffer of size 427909632
+graph_reserve: failed to allocate compute buffers
+llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers
+"""
+
+
+@pytest.mark.parametrize("retry", ["recovered", "failed"])
+def test_launch_reports_a_retried_llama_cpp_reservation_only_when_the_retry_fails(tmp_path: Path, retry: str) -> None:
+    """llama.cpp with several GPUs retries a compute-buffer reservation without pipeline parallelism: the
+    failure before that retry is no OOM; a retry that fails too is one, the retry's own request."""
+    script = tmp_path / "llama-server.sh"
+    tail = "echo 'main: server is listening on http://127.0.0.1:8080' >&2\nexit 0\n" if retry == "recovered" else (
+        "cat >&2 <<'EOF'\n%sEOF\nexit 1\n" % RETRY_FAILED)
+    script.write_text("#!/bin/sh\ncat >&2 <<'EOF'\n%sEOF\n%s" % (RETRIED, tail), encoding="utf-8")
+    script.chmod(0o755)
+    r, recs = _launch(tmp_path, str(script))
+    assert "retrying without pipeline parallelism" in r.stderr  # copied through either way
+    if retry == "recovered":
+        assert r.returncode == 0 and recs == [], recs
+        return
+    assert r.returncode == 1
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.engine") == "llama.cpp"
+    assert int(attr(rec, "infersight.oom.R_bytes")) == 427909632
+
+
 def test_launch_counts_an_uncaught_pytorch_oom_once_though_stderr_repeats_it(tmp_path: Path) -> None:
     text = ("CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacty of 6.00 GiB of which 0 bytes "
             "is free. Of the allocated memory 2.93 GiB is allocated by PyTorch, and 2.30 GiB is reserved by PyTorch "

@@ -473,6 +473,35 @@ def test_the_builtin_not_memory_entries_hold_their_examples() -> None:
         assert len(q.mechanism.split()) >= 8 and any(e.kind == "quiet" for e in q.examples), q.id
 
 
+_RETRIED = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 808.35 MiB on device 1: cudaMalloc failed: "
+            "out of memory\nggml_gallocr_reserve_n: failed to allocate CUDA1 buffer of size 847617024\n"
+            "graph_reserve: failed to allocate compute buffers\n"
+            "sched_reserve: compute buffer allocation failed, retrying without pipeline parallelism")
+
+
+def test_a_failure_the_engine_retried_is_no_memory_error_but_a_failed_retry_is_found_once() -> None:
+    assert analyse(_RETRIED) == []
+    # the claimed lines are those right before the retry line: an earlier, separate failure is still found
+    earlier = "llama_kv_cache_init: failed to allocate buffer for kv cache\nllama_context: pipeline parallelism enabled"
+    (f,) = analyse(earlier + "\n" + _RETRIED)
+    assert f.first_line == 0 and f.engine == "llama.cpp"
+    # as is the retry's own failure after it, once (its closing line joins the allocation it follows)
+    failed = (_RETRIED + "\nggml_backend_cuda_buffer_type_alloc_buffer: allocating 408.09 MiB on device 1: cudaMalloc"
+              " failed: out of memory\nggml_gallocr_reserve_n: failed to allocate CUDA1 buffer of size 427909632\n"
+              "graph_reserve: failed to allocate compute buffers\n"
+              "llama_init_from_model: failed to initialize the context: failed to allocate compute pp buffers")
+    (f,) = analyse(failed)
+    assert f.first_line == 4 and f.numbers["R"] == 427909632
+
+
+def test_retried_lines_before_is_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+        'mechanism = "the allocator', 'retried_lines_before = 99\nmechanism = "the allocator'), encoding="utf-8")
+    with pytest.raises(ServingRulesError, match=r"retried_lines_before must be 0\.\.16 lines"):
+        load_serving_rules([builtin_serving_path(), bad])
+
+
 def test_without_examples_a_file_loads_without_its_line_index_and_an_error_still_names_its_line(
         tmp_path: Path) -> None:
     fast = load_serving_rules(run_examples=False)  # the builtin file, as a process loads it
