@@ -14,7 +14,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port  # noqa: F401 - tests import it from here too
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP = REPO / "hooks" / "bootstrap"
@@ -43,10 +43,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(parts[0])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def launch_tmpdir(path: Path) -> str:
+    """A TMPDIR of the test's own for launch: its private directories and leftovers stay in it. (Under a
+    TMPDIR too deep for launch's socket path they would go to /tmp, which parallel tests share.)"""
+    from infersight.agent.commands.launch_base import temp_root
+
+    path.mkdir(exist_ok=True)
+    assert temp_root({"TMPDIR": str(path)}) == str(path), "run pytest with a shorter --basetemp: %s is too deep" % path
+    return str(path)
 
 
 def wait_for(pred, timeout: float = 10.0, interval: float = 0.02) -> bool:  # type: ignore[no-untyped-def]

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
 from launchutil import HERE, assert_well_formed, launch, stage_name  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ports import free_port  # noqa: E402
 
 
 def test_ready_url_and_probe_hooked(tmp_path) -> None:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BOOTSTRAP, attr, log_records, read_otlp_lines, spans
+from conftest import BOOTSTRAP, attr, launch_tmpdir, log_records, read_otlp_lines, spans
 from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -218,8 +218,7 @@ def test_launch_exports_over_otlp_when_endpoint_is_set(tmp_path: Path, protocol:
 def _quiet_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """No INFERSIGHT_*/OTEL_* setting, and a TMPDIR of its own (no other launch's directory)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT_", "OTEL_"))}
-    (tmp_path / "t").mkdir(exist_ok=True)
-    env["TMPDIR"] = str(tmp_path / "t")
+    env["TMPDIR"] = launch_tmpdir(tmp_path / "t")
     env.update(extra)
     return env
 

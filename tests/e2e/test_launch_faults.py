@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import log_records, read_otlp_lines, wait_for
-
-from infersight.agent.commands.launch_base import temp_root
+from conftest import launch_tmpdir, log_records, read_otlp_lines, wait_for
 
 CLI = [sys.executable, "-m", "infersight"]
 
@@ -28,9 +26,7 @@ def launch_env(tmp: Path) -> dict[str, str]:
     """TMPDIR scoped to the test: leftover launch directories stay inside it (not in the /tmp that
     launch takes when a TMPDIR is too deep for its socket's path: shared by parallel tests)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
-    e["TMPDIR"] = str(tmp / "t")
-    assert temp_root(e) == e["TMPDIR"], "run pytest with a shorter --basetemp: %s is too deep" % tmp
-    (tmp / "t").mkdir(exist_ok=True)
+    e["TMPDIR"] = launch_tmpdir(tmp / "t")
     e["INFERSIGHT_MEASURE_STORAGE"] = "0"
     return e
 

@@ -27,17 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd")
 
 needs_mosquitto = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (apt-get install mosquitto)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ Both parse into ``Export*ServiceRequest`` messages and store them with the reque
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 import time
 import zlib
@@ -36,6 +35,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from ports import free_port
 
 REQUEST_TYPES: dict[str, tuple[Any, Any]] = {
     "traces": (trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse),
@@ -45,12 +45,6 @@ REQUEST_TYPES: dict[str, tuple[Any, Any]] = {
     ),
     "logs": (logs_service_pb2.ExportLogsServiceRequest, logs_service_pb2.ExportLogsServiceResponse),
 }
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def any_value(v: AnyValue) -> Any:
