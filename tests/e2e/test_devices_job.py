@@ -63,7 +63,7 @@ CHILD = textwrap.dedent(
         with request(device="cuda:1", model="llama-fake", input_len=16):
             time.sleep(0.002)
             first_token()
-            time.sleep(0.06 if i % 20 == 19 else 0.001)
+            time.sleep(0.25 if i % 20 == 19 else 0.001)  # (well past a loaded machine's scheduling delays)
     try:
         with request(device="cuda:0", model="llama-fake"):
             raise ValueError("bad input")
@@ -187,7 +187,7 @@ def test_request_histograms_per_device(run: dict[str, Any]) -> None:
     assert int(d1["count"]) == 60
     assert [float(b) for b in d0["explicitBounds"]] == list(DURATION_BOUNDS)
     assert sum(int(c) for c in d1["bucketCounts"]) == 60
-    assert float(d1["max"]) >= 0.06
+    assert float(d1["max"]) >= 0.25
     assert attr(d0, "gen_ai.request.model") == "llama-fake"
     assert attr(d0, "infersight.model") == "llama-fake"
     assert attr(d0, "infersight.request.class") == "default"
@@ -196,8 +196,8 @@ def test_request_histograms_per_device(run: dict[str, Any]) -> None:
     assert int(last[(UUID % 0, "ValueError")]["count"]) == 1  # failed requests counted apart
     ttft = [p for p in metric_points(run["lines"], TTFT) if attr(p, "hw.id") == UUID % 1]
     assert int(ttft[-1]["count"]) == 60
-    # the tail came after the first token: 3 requests slept 0.06 s and 57 slept 0.001 s after it
-    assert float(d1["sum"]) - float(ttft[-1]["sum"]) >= 3 * 0.06 + 57 * 0.001
+    # the tail came after the first token: 3 requests slept 0.25 s and 57 slept 0.001 s after it
+    assert float(d1["sum"]) - float(ttft[-1]["sum"]) >= 3 * 0.25 + 57 * 0.001
 
 
 def test_slow_verdict_degrades_the_device(run: dict[str, Any]) -> None:
