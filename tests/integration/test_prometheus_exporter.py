@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from infersight.agent.daemon.config import load
@@ -366,16 +366,10 @@ def test_module_and_rule_folder_do_not_clash() -> None:
 # -- live: a real Prometheus scrapes the endpoint ----------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _prometheus(tmp: Path, target_port: int) -> Iterator[str]:
     assert PROMETHEUS is not None
-    port = _free_port()
+    port = free_port()
     rules = "\n".join("  - %s" % p for p in shipped_rule_files())
     (tmp / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -423,7 +417,7 @@ def _query(base: str, q: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus)")
 async def test_live_scrape_by_prometheus(tmp_path: Path) -> None:
-    exporter = PrometheusExporter(port=_free_port())
+    exporter = PrometheusExporter(port=free_port())
     await exporter.start()
     assert exporter._server is not None
     assert exporter._server.server_address[0] == "127.0.0.1"

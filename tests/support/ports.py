@@ -26,16 +26,22 @@ def _ephemeral_start() -> int:
         return 32768
 
 
+_GIVEN: set[int] = set()  # this process's picks: two servers started together never get one port
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     top = _ephemeral_start() - 1
     for _ in range(200) if top > _LOWEST + 1000 else ():
         port = _RNG.randint(_LOWEST, top)
+        if port in _GIVEN:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
-            return port
+        _GIVEN.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a narrow range: the kernel's pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
