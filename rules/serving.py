@@ -140,8 +140,9 @@ class LazyPattern:
         if c is None:  # two threads may both compile it: the same pattern either way
             try:
                 c = re.compile(self.pattern)
-            except re.error:  # (another Python's re than CI's): the rule stays silent, analyse never raises;
-                c = _NEVER  # `infersight classify` loads the file checked and names the pattern
+            except re.error:  # (another Python's re than CI's): analyse never raises; the pattern matches
+                c = _NEVER  # nothing (a rule's stays silent, a not_memory line's hides nothing); `infersight
+                # classify` loads the file checked and names the pattern
             self._compiled = c
         return c
 
@@ -640,7 +641,7 @@ def _load_serving_rules(paths: list[Path | str | resources.abc.Traversable] | No
             errors.append((Location(name, 1), f"cannot read rule file: {exc}"))
             continue
         # the shipped file, unchanged since it was pre-parsed (and checked whole by CI): its JSON document
-        parsed = read_shipped(text) if paths is None and not lines and not run_examples else None
+        parsed = read_shipped(text) if paths is None and not lines else None  # (no lines: no examples run)
         loader = _Loader(name, text, lines, parsed)
         rules, remedies = loader.load()
         errors.extend(loader.errors)
@@ -1093,7 +1094,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     hits.sort(key=lambda h: (h.rule.priority, h.anchor))
     accepted: list[tuple[_Hit, Finding]] = []
     for h in hits:
-        if any(a <= h.anchor <= b for a, b in taken) or _goes_on(h, [hh for hh, _ in accepted]):
+        if any(a <= h.anchor <= b for a, b in taken) or _goes_on(h, accepted):
             same = next((f for hh, f in accepted if hh.rule is h.rule and hh.first <= h.anchor <= hh.last + 1), None)
             if same is not None:
                 for k, v in h.values.items():  # fold the numbers a later line of the event adds
@@ -1120,7 +1121,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     return out
 
 
-def _goes_on(h: _Hit, accepted: list[_Hit]) -> bool:
+def _goes_on(h: _Hit, accepted: list[tuple[_Hit, Finding]]) -> bool:
     """``h`` is the closing line of an event of its rule found just before it: its lines reach back into
     that event's, it is anchored on the line right after them, and it names the same request (llama.cpp's
     "failed to initialize the context" after the allocation it could not do; a size printed in MiB with two
@@ -1128,7 +1129,7 @@ def _goes_on(h: _Hit, accepted: list[_Hit]) -> bool:
     r = h.values.get("R")
     return r is not None and any(
         hh.rule is h.rule and h.first <= hh.last and h.anchor == hh.last + 1
-        and abs(hh.values.get("R", -1.0) - r) <= r * 1e-3 for hh in accepted)
+        and abs(hh.values.get("R", -1.0) - r) <= r * 1e-3 for hh, _ in accepted)
 
 
 def _span(h: _Hit) -> int:
