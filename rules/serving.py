@@ -934,6 +934,31 @@ def _device_held_outside_allocator(msg: OomMessage) -> bool:
     return x is not None and t is not None and t > 0 and x >= 0.5 * t
 
 
+# An engine's pools leave it a headroom of about a tenth of the device (vLLM's 0.9 default); slack below half of
+# that (the cached and free bytes together, the most any allocator setting could give back) is what is left of a
+# device the pools filled. The rubric still calls it fragmentation (the PyTorch corpus is labelled by that rule
+# whatever prints it), but the serving threads settle such a case as often by a lower fraction as by an allocator
+# setting: the note says so, and names the engine's knob.
+FULL_DEVICE_SLACK_SHARE = 0.05
+_POOL_KNOB_FLAG = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static",
+                   "tgi": "--cuda-memory-fraction (or --max-batch-prefill-tokens)",
+                   "lmdeploy": "--cache-max-entry-count", "tensorrt-llm": "kv_cache_free_gpu_mem_fraction"}
+
+
+def _full_device_note(msg: OomMessage, engine: str) -> str | None:
+    """The note for a fragmentation verdict in an engine's full device (see FULL_DEVICE_SLACK_SHARE), or None."""
+    env = derive(msg.numbers(), msg.backend)
+    t = env.get("T")
+    slack = (env.get("C") or 0.0) + (env.get("F_prime") or 0.0)
+    if t is None or t <= 0 or slack >= FULL_DEVICE_SLACK_SHARE * t:
+        return None
+    flag = _POOL_KNOB_FLAG[engine]
+    return (f"{engine} fills the device with its pools by design, and only {torch_bytes(slack)} ({slack / t:.1%} of "
+            f"the device) was cached or free: if expandable_segments:True does not clear it, the pools left too "
+            f"little room for what runs beside them (CUDA graphs, the batch's activations, another process): "
+            f"lower {flag}")
+
+
 def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRules) -> Verdict:
     """The rubric's verdict, re-read for an engine whose pools fill the device (see POOL_ENGINES), or
     for a process whose memory is mostly outside PyTorch's allocator."""
@@ -958,6 +983,8 @@ def _pool_engine_verdict(msg: OomMessage, v: Verdict, engine: str, rs: ServingRu
     elif _held_outside_pytorch(msg):
         why = ("this process holds most of the device outside PyTorch's allocator (another allocator or an "
                "engine's own pool) and the cached bytes alone cannot serve the request: not fragmentation")
+    elif engine in POOL_ENGINES and (full := _full_device_note(msg, engine)) is not None:
+        return replace(v, note=f"{v.note}; {full}" if v.note else full)
     else:
         return v
     rubric = replace(rs.rubric, rules=[r for r in rs.rubric.rules if r.id != _FRAGMENTATION_RULE])
