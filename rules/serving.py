@@ -233,6 +233,9 @@ class NotMemory:
     # right before it (at most this many, each holding a needle) anchors no rule either. A retry that fails
     # prints its own lines after it, which are found.
     retried_lines_before: int = 0
+    # Lines the engine may print between the failure and the retry line while it recovers (freeing an idle
+    # slot's cache, say): passed over (at most WINDOW_LINES of them) on the way back to the failure.
+    retried_between: tuple[Pattern, ...] = ()
 
 
 @dataclass(slots=True)
@@ -377,7 +380,7 @@ class _Loader(FileLoader):
         if not isinstance(t, dict):
             self.err(start, "a not_memory entry must be a table")
             return None
-        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples", "retried_lines_before"}
+        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples", "retried_lines_before", "retried_between"}
         if extra:
             self.err(start, f"not_memory: unknown keys {sorted(extra)}")
         qid = t.get("id")
@@ -400,12 +403,21 @@ class _Loader(FileLoader):
             self.err(self.line("not_memory", i, "retried_lines_before"),
                      f"{qid}: retried_lines_before must be 0..{WINDOW_LINES * 2} lines")
             retried = 0
+        raw_between = t.get("retried_between", [])
+        between: list[Pattern] = []
+        if not isinstance(raw_between, list) or not all(isinstance(x, str) for x in raw_between) or (
+                raw_between and not retried):
+            self.err(self.line("not_memory", i, "retried_between"),
+                     f"{qid}: retried_between is a list of regular expressions, with retried_lines_before")
+        else:
+            between = [p for x in raw_between
+                       if (p := self.regex(x, self.line("not_memory", i, "retried_between"), qid, "line")) is not None]
         examples = self.examples(t.get("examples", []), i, qid, section="not_memory", kinds=("quiet", "found"),
                                  keys=_QUIET_EXAMPLE_KEYS)
         if not any(e.kind == "quiet" for e in examples):
             self.err(start, f"{qid}: needs a quiet example")
         return NotMemory(qid, str(engine), tuple(pats), " ".join(str(mechanism).split()), tuple(examples),
-                         Location(self.path, start), retried)
+                         Location(self.path, start), retried, tuple(between))
 
     def rule(self, i: int, t: object) -> ServingRule | None:
         start = self.line("rule", i)
@@ -693,18 +705,25 @@ def prefilter_needles() -> tuple[str, ...]:
 def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[int]:
     """The lines that may anchor a rule: they hold a needle and no not_memory entry claims them (nor
     the lines of a failure that the engine retried, right before a line that says so)."""
-    pats = [(p, q.retried_lines_before) for q in quiet for p in q.lines]
+    pats = [(p, q) for q in quiet for p in q.lines]
     out: list[int] = []
     for i, line in enumerate(lines):
         low = line.lower()
         if not any(n in low for n in NEEDLES):
             continue
-        claimed = next((back for p, back in pats if p.search(line)), None)
-        if claimed is None:
+        q = next((q for p, q in pats if p.search(line)), None)
+        if q is None:
             out.append(i)
             continue
-        # the retried failure: the candidate lines right before this one, back to the first that is none
-        j = i - 1
+        # the retried failure: the candidate lines right before this one (past the engine's recovery lines),
+        # back to the first that is none
+        claimed, j = q.retried_lines_before, i - 1
+        if claimed and q.retried_between:
+            floor = max(0, i - 1 - WINDOW_LINES)
+            while j >= floor and any(b.search(lines[j]) for b in q.retried_between):
+                if out and out[-1] == j:  # a recovery line with a needle of its own
+                    out.pop()
+                j -= 1
         while claimed > 0 and out and out[-1] == j:
             out.pop()
             j, claimed = j - 1, claimed - 1

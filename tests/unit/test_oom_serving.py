@@ -494,11 +494,39 @@ def test_a_failure_the_engine_retried_is_no_memory_error_but_a_failed_retry_is_f
     assert f.first_line == 4 and f.numbers["R"] == 427909632
 
 
+_PURGED = ("decode: failed to find a memory slot for batch of size 2048\n"
+           "srv  try_clear_id: purging slot 1 with 6143 tokens\n"
+           "slot  prompt_clear: id  1 | task -1 | clearing prompt with 6143 tokens\n"
+           "srv  update_slots: failed to find free space in the KV cache, retrying with smaller batch size, i = 0, "
+           "n_batch = 2048, ret = 1")
+
+
+def test_a_kv_batch_retried_after_llama_cpp_purged_an_idle_slot_is_no_memory_error() -> None:
+    # llama-server with a unified KV cache frees an idle slot's cells between the failure and its retry line
+    assert analyse(_PURGED) == []
+    # without the retry line the failure is found; a line between them that is no recovery step keeps it found
+    (f,) = analyse(_PURGED.rsplit("\n", 1)[0])
+    assert f.rule == "llama.cpp.kv-slots-full"
+    lines = _PURGED.split("\n")
+    (f,) = analyse("\n".join([lines[0], "srv  log_server_r: request: POST /completion 200", *lines[1:]]))
+    assert f.rule == "llama.cpp.kv-slots-full" and f.first_line == 0
+    # the recovery lines are passed over for at most a window's worth
+    many = [lines[0], *(lines[1:3] * 5), lines[3]]
+    (f,) = analyse("\n".join(many))
+    assert f.first_line == 0
+
+
 def test_retried_lines_before_is_checked(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
         'mechanism = "the allocator', 'retried_lines_before = 99\nmechanism = "the allocator'), encoding="utf-8")
     with pytest.raises(ServingRulesError, match=r"retried_lines_before must be 0\.\.16 lines"):
+        load_serving_rules([builtin_serving_path(), bad])
+    bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+        'mechanism = "the allocator', "retried_between = ['slot \\\\d+ freed']\nmechanism = \"the allocator"),
+        encoding="utf-8")
+    with pytest.raises(ServingRulesError, match=r"retried_between is a list of regular expressions, with "
+                                                r"retried_lines_before"):
         load_serving_rules([builtin_serving_path(), bad])
 
 
