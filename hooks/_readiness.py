@@ -354,6 +354,11 @@ def at_exit() -> None:
         if f is not None and not st.first_done:
             _finish(f, f.forward_end or time.time_ns(), "exit")
             return
+        # A supervisor stopped after its worker served (it joined the worker, whose report is written by
+        # then) may exit before the sampler's next tick reads that report: read it now.
+        check_workers()
+        if not root_open():
+            return
         end_ns = None
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server, never served: ready once its own work after the fork

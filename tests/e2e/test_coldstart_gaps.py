@@ -168,6 +168,26 @@ SUPERVISOR = textwrap.dedent("""\
     """)
 
 
+def test_a_supervisor_that_exits_right_after_its_worker_served_still_ends_by_its_workers(tmp_path) -> None:
+    # uvicorn's supervisor, stopped after the first response, joins its workers and exits at once: the
+    # worker's report is written before the supervisor's exit, but maybe after the sampler's last tick
+    from conftest import free_port
+
+    tmp = str(tmp_path)
+    write_tree(tmp)
+    with open(os.path.join(tmp, "sup.py"), "w") as f:
+        f.write(SUPERVISOR.replace("    time.sleep(0.5)             # after its worker served: not the supervisor's "
+                                   "cold start\n", ""))
+    r = launch(tmp, [sys.executable, os.path.join(tmp, "sup.py"), str(free_port())], result=False,
+               env={"PYTHONPATH": tmp})
+    assert r.rc == 0, r.output
+    roots = [x for x in r.roots() if x.attributes.get("infersight.process.role") != "helper"]
+    parent = next(x for x in roots if x.parent_span_id is None)
+    child = next(x for x in roots if x.parent_span_id is not None)
+    assert parent.attributes["infersight.coldstart.ended_by"] == "workers", r.output
+    assert parent.end_ns == child.end_ns
+
+
 def test_process_role_rules() -> None:
     assert _proc.process_role(["-c"], launched=False, env={}) == "helper"
     assert _proc.process_role(["-c", "--multiprocessing-fork"], launched=False, env={}) == ""
