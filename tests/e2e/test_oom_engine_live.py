@@ -235,6 +235,37 @@ def test_launch_reports_a_retried_llama_cpp_reservation_only_when_the_retry_fail
     assert int(attr(rec, "infersight.oom.R_bytes")) == 427909632
 
 
+_KV_RETRY = "srv        decode: failed to find free space in the KV cache, retrying with smaller batch size, off = 0, "
+KV_PURGED = ("decode: failed to find a memory slot for batch of size 2048\n"
+             "srv  try_clear_id: purging slot 1 with 6143 tokens\n"
+             f"{_KV_RETRY}n_batch = 2048, ret = 1\n")
+KV_EXHAUSTED = ("decode: failed to find a memory slot for batch of size 2\n"
+                f"{_KV_RETRY}n_batch = 1, ret = 1\n"
+                "decode: failed to find a memory slot for batch of size 1\n"
+                "srv        decode: Context size has been exceeded. off = 0, n_batch = 1, ret = 1\n")
+
+
+@pytest.mark.parametrize("retry", ["recovered", "failed"])
+def test_launch_reports_a_llama_cpp_kv_batch_only_when_no_slot_purge_or_halving_saved_it(tmp_path: Path,
+                                                                                       retry: str) -> None:
+    """llama-server with a shared KV cache purges an idle slot and retries a batch that found no free cells: no
+    OOM; a batch that still finds none at one token fails the request, which is one (the last failure's)."""
+    script = tmp_path / "llama-server.sh"
+    tail = "exit 0\n" if retry == "recovered" else "cat >&2 <<'EOF'\n%sEOF\nexit 1\n" % KV_EXHAUSTED
+    script.write_text("#!/bin/sh\ncat >&2 <<'EOF'\n%sEOF\n%s" % (KV_PURGED, tail), encoding="utf-8")
+    script.chmod(0o755)
+    r, recs = _launch(tmp_path, str(script))
+    assert "purging slot 1 with 6143 tokens" in r.stderr  # copied through either way
+    if retry == "recovered":
+        assert r.returncode == 0 and recs == [], recs
+        return
+    assert r.returncode == 1
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.engine") == "llama.cpp"
+    assert attr(rec, "infersight.oom.rule") == "llama.cpp.kv-slots-full"
+    assert "batch of size 1" in attr(rec, "infersight.oom.message")
+
+
 def test_launch_counts_an_uncaught_pytorch_oom_once_though_stderr_repeats_it(tmp_path: Path) -> None:
     text = ("CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacty of 6.00 GiB of which 0 bytes "
             "is free. Of the allocated memory 2.93 GiB is allocated by PyTorch, and 2.30 GiB is reserved by PyTorch "
