@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from . import _contract, _proc, _runtime, _workers
+from . import _contract, _proc, _runtime, _state, _workers
 from ._recorder import add_undo, covered_pairs, emit_stage, flush_runs, last_end, on_import, root_open, state  # noqa: F401
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Optional, Tuple
 
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
+FINISH_WAIT_S = 2.0  # the exit handler waits this long at most for another thread that ends the root
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
 READY_SIGNALS = _contract.READY_SIGNALS
@@ -281,6 +282,19 @@ def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False
     lie after the root. ``ended_by`` is what happened (``first_request``, ``exit``): the root
     says ``ready`` when it ended at readiness; a supervisor is told what happened."""
     st = state()
+    with st.lock:
+        second = st.finishing
+        st.finishing = True
+    if second:  # another thread ends it (the sampler's tick, the exit handler): once is enough
+        st.finished.wait(FINISH_WAIT_S)
+        return
+    try:
+        _finish_root(st, end_ns, ended_by, at_readiness)
+    finally:
+        st.finished.set()
+
+
+def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_readiness: bool) -> None:
     now = time.time_ns()
     with st.lock:
         closed = _close_warm_locked(now)
@@ -331,7 +345,7 @@ def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str
         except Exception as exc:
             _runtime.fail(exc)
 
-    if ended_by == "exit":
+    if ended_by == "exit" or state().exiting:  # a thread started by an exit handler is never joined
         send()
         return
     try:
@@ -345,8 +359,11 @@ def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str
 def at_exit() -> None:
     """Before the runtime's own exit handler: settle what is still open, then end the root."""
     st = state()
+    st.exiting = True
     try:
         if not root_open():
+            if st.finishing:  # the sampler's tick is ending it: let it finish before the runtime's exit
+                st.finished.wait(FINISH_WAIT_S)
             uninstall()
             return
         _check_ready_file()
@@ -419,7 +436,7 @@ def _unlisten() -> None:
 
 
 def check_workers() -> None:
-    """(Sampler thread) A process with no request of its own whose worker served the first
+    """(Sampler thread; the exit handler too) A process with no request of its own whose worker served the first
     request: a supervisor. Its cold start ends there; the workers' roots cover it."""
     st = state()
     try:

@@ -214,7 +214,8 @@ class ColdStart:
 
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
-        "covered", "covered_seen", "explicit", "finder", "first", "first_done", "imports", "inherited_sockets",
+        "covered", "covered_seen", "exiting", "explicit", "finder", "finished", "finishing", "first", "first_done",
+        "imports", "inherited_sockets",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
         "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
@@ -262,6 +263,11 @@ class ColdStart:
         self.warm: Any = None  # the _readiness._Warm run in progress
         self.first: Any = None  # the _readiness._First request in progress
         self.first_done = False
+        # The root's end is claimed once (``finishing``, under ``lock``); ``finished`` is set when it is done, for
+        # a thread that came second to wait on (the sampler's tick and the exit handler may both end it).
+        self.finishing = False
+        self.finished = threading.Event()
+        self.exiting = False  # the exit handler runs: threads started now are never joined
         self.parent_dir: Optional[str] = None  # where this process reports its cold start's end
         self.children_dir: Optional[str] = None  # where this process's children report theirs
         self.children_ready = False  # that directory exists

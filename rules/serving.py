@@ -406,12 +406,16 @@ class _Loader(FileLoader):
         raw_between = t.get("retried_between", [])
         between: list[Pattern] = []
         if not isinstance(raw_between, list) or not all(isinstance(x, str) for x in raw_between) or (
-                raw_between and not retried):
+                raw_between and not t.get("retried_lines_before")):
             self.err(self.line("not_memory", i, "retried_between"),
                      f"{qid}: retried_between is a list of regular expressions, with retried_lines_before")
         else:
             between = [p for x in raw_between
                        if (p := self.regex(x, self.line("not_memory", i, "retried_between"), qid, "line")) is not None]
+            if any(isinstance(p, re.Pattern) and p.search("") for p in between):
+                self.err(self.line("not_memory", i, "retried_between"),
+                         f"{qid}: a retried_between pattern matches an empty line (it would pass over any line)")
+                between = []
         examples = self.examples(t.get("examples", []), i, qid, section="not_memory", kinds=("quiet", "found"),
                                  keys=_QUIET_EXAMPLE_KEYS)
         if not any(e.kind == "quiet" for e in examples):
@@ -719,7 +723,7 @@ def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[
         # back to the first that is none
         claimed, j = q.retried_lines_before, i - 1
         if claimed and q.retried_between:
-            floor = max(0, i - 1 - WINDOW_LINES)
+            floor = max(0, i - WINDOW_LINES)
             while j >= floor and any(b.search(lines[j]) for b in q.retried_between):
                 if out and out[-1] == j:  # a recovery line with a needle of its own
                     out.pop()

@@ -188,6 +188,63 @@ def test_a_supervisor_that_exits_right_after_its_worker_served_still_ends_by_its
     assert parent.end_ns == child.end_ns
 
 
+NESTED = textwrap.dedent("""\
+    import multiprocessing as mp, socket, sys, time
+
+    def worker(port):
+        from infersight import hooks
+        from infersight.hooks import _readiness
+        _readiness.REPORT_FLUSH_S = 600.0  # the order under test, however long a loaded machine takes
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        c, _ = s.accept()
+        c.sendall(b"ok")
+        hooks.first_response()
+        c.close()
+
+    if __name__ == "__main__" and sys.argv[1] == "supervisor":
+        # started by another hooked process (a command, not a multiprocessing child: it leaves through the
+        # interpreter's exit handlers), it reports to that one in turn
+        from infersight.hooks import _readiness
+        _readiness.REPORT_FLUSH_S = 600.0
+        p = mp.get_context("spawn").Process(target=worker, args=(int(sys.argv[2]),))
+        p.start()
+        p.join()  # and exits at once, as uvicorn's supervisor does once stopped
+    elif __name__ == "__main__":
+        import subprocess
+        port = int(sys.argv[1])
+        p = subprocess.Popen([sys.executable, __file__, "supervisor", str(port)])
+        while True:
+            try:
+                c = socket.create_connection(("127.0.0.1", port))
+                c.recv(2)
+                break
+            except OSError:
+                time.sleep(0.05)
+        p.wait()
+    """)
+
+
+def test_a_supervisor_ended_by_its_workers_at_exit_still_reports_to_its_own_parent(tmp_path) -> None:
+    # the middle process ends its root in its exit handler: its report to the top one is sent in line there
+    # (a thread started by an exit handler is never joined)
+    from conftest import free_port
+
+    tmp = str(tmp_path)
+    with open(os.path.join(tmp, "nested.py"), "w") as f:
+        f.write(NESTED)
+    r = launch(tmp, [sys.executable, os.path.join(tmp, "nested.py"), str(free_port())], result=False)
+    assert r.rc == 0, r.output
+    roots = [x for x in r.roots() if x.attributes.get("infersight.process.role") != "helper"]
+    assert len(roots) == 3, r.roots()
+    top = next(x for x in roots if x.parent_span_id is None)
+    middle = next(x for x in roots if x.parent_span_id == top.span_id)
+    assert middle.attributes["infersight.coldstart.ended_by"] == "workers", r.output
+    assert top.attributes["infersight.coldstart.ended_by"] == "workers", r.output
+
+
 def test_process_role_rules() -> None:
     assert _proc.process_role(["-c"], launched=False, env={}) == "helper"
     assert _proc.process_role(["-c", "--multiprocessing-fork"], launched=False, env={}) == ""

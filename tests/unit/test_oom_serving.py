@@ -510,10 +510,30 @@ def test_a_kv_batch_retried_after_llama_cpp_purged_an_idle_slot_is_no_memory_err
     lines = _PURGED.split("\n")
     (f,) = analyse("\n".join([lines[0], "srv  log_server_r: request: POST /completion 200", *lines[1:]]))
     assert f.rule == "llama.cpp.kv-slots-full" and f.first_line == 0
-    # the recovery lines are passed over for at most a window's worth
-    many = [lines[0], *(lines[1:3] * 5), lines[3]]
-    (f,) = analyse("\n".join(many))
+    # the recovery lines are passed over for at most a window's worth (8 lines)
+    assert analyse("\n".join([lines[0], *(lines[1:3] * 4), lines[3]])) == []
+    (f,) = analyse("\n".join([lines[0], *(lines[1:3] * 4), lines[1], lines[3]]))
     assert f.first_line == 0
+
+
+def test_a_recovery_line_is_checked_and_one_with_a_needle_anchors_nothing_either(tmp_path: Path) -> None:
+    between = "retried_lines_before = 1\nretried_between = ['freed [0-9]+ bytes of cached memory']\n"
+    entry = _QUIET_ENTRY.replace('mechanism = "the allocator', between + 'mechanism = "the allocator')
+    site = tmp_path / "quiet.toml"
+    site.write_text('engine_version = "1.0"\n' + entry, encoding="utf-8")
+    rs = load_serving_rules([builtin_serving_path(), site])
+    failed = "ValueError: No available memory for the cache blocks."
+    freed = "allocator: freed 1048576 bytes of cached memory"
+    retry = "allocator: CUDA error: out of memory, retrying the allocation of 4096 bytes"
+    # the recovery line holds a needle ("memory") but is the engine's own step: neither it nor the failure is found
+    assert analyse("\n".join([failed, freed, retry]), rs) == []
+    (f,) = analyse("\n".join([failed, freed]), rs)  # no retry: the failure is found
+    assert f.rule.startswith("vllm.kv.no-cache-blocks")
+    # a pattern that matches an empty line would pass over anything: refused
+    site.write_text('engine_version = "1.0"\n' + entry.replace("freed [0-9]+ bytes of cached memory", "(?:freed)?"),
+                    encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="retried_between pattern matches an empty line"):
+        load_serving_rules([builtin_serving_path(), site])
 
 
 def test_retried_lines_before_is_checked(tmp_path: Path) -> None:
