@@ -14,7 +14,8 @@ of ``url`` below 8 giving ``tune``, before any rule ran on it), the sixth pass
 (``serving_ooms_collected5.jsonl``, split the same way and committed before any rule ran on it), the seventh
 pass (``serving_ooms_collected6.jsonl``, collected blind by another hand, split the same way and committed before any
 rule ran on it), the ninth pass (``serving_ooms_collected8.jsonl``, collected blind by a hand that did not run or
-read the rules, split the same way and committed before any rule ran on it), and all of them. Prints recognised
+read the rules, split the same way and committed before any rule ran on it), the tenth pass
+(``serving_ooms_collected9.jsonl``, collected, split and committed the same way), and all of them. Prints recognised
 share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -44,6 +45,7 @@ def main() -> None:
     seventh = load("serving_ooms_collected6.jsonl")
     eighth = load("serving_ooms_collected7.jsonl")
     ninth = load("serving_ooms_collected8.jsonl")
+    tenth = load("serving_ooms_collected9.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -58,7 +60,9 @@ def main() -> None:
     held8 = [r for r in eighth if r["split"] == "held_out"]
     tune9 = [r for r in ninth if r["split"] == "tune"]
     held9 = [r for r in ninth if r["split"] == "held_out"]
-    everything = given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth
+    tune10 = [r for r in tenth if r["split"] == "tune"]
+    held10 = [r for r in tenth if r["split"] == "held_out"]
+    everything = given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -78,6 +82,9 @@ def main() -> None:
                         (f"ninth pass ({len(ninth)})", ninth),
                         (f"ninth pass, tuning half ({len(tune9)})", tune9),
                         (f"ninth pass, held-out half ({len(held9)})", held9),
+                        (f"tenth pass ({len(tenth)})", tenth),
+                        (f"tenth pass, tuning half ({len(tune10)})", tune10),
+                        (f"tenth pass, held-out half ({len(held10)})", held10),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

@@ -86,7 +86,7 @@ NEEDLES = (
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
-    "failed to decode the batch",
+    "failed to decode the batch", "cache entries", "the profiled value",
 )
 
 # Markers of the engine whose log a line comes from, most specific first. An engine that
@@ -104,7 +104,7 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "[core_client.py:", "[multiproc_executor.py:", "multiproc_worker_utils.py:", "[gpu_model_runner.py:",
               "[gpu_worker.py:", "enforce_eager",
               "Capturing cudagraphs")),
-    ("onnxruntime", ("onnxruntime", "ONNXRuntime", "BFCArena", "onnx runtime error")),
+    ("onnxruntime", ("onnxruntime", "ONNXRuntime", "OnnxRuntime", "BFCArena", "onnx runtime error")),
     ("llama.cpp", ("ggml_", "llama_", "llm_load_", "load_tensors:", "llama.cpp", "ggml-cuda", "ggml-vulkan",
                    "ggml-metal")),
     ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",

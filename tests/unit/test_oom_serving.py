@@ -51,13 +51,14 @@ SIXTH = _load("serving_ooms_collected5.jsonl")
 SEVENTH = _load("serving_ooms_collected6.jsonl")
 EIGHTH = _load("serving_ooms_collected7.jsonl")
 NINTH = _load("serving_ooms_collected8.jsonl")
+TENTH = _load("serving_ooms_collected9.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH:
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH:
         assert r["url"].startswith("https://github.com/"), r["id"]
-    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH:
+    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH:
         assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
@@ -202,17 +203,21 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
          ("sixth", SIXTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH, 5),
          ("seventh", SEVENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH, 5),
          ("eighth", EIGHTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH, 5),
-         ("ninth", NINTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH, 5)]
+         ("ninth", NINTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH, 5),
+         ("tenth", TENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH, 5)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
 def test_a_blind_collection_is_split_by_url_hash_and_repeats_no_earlier_thread(
         new: list[dict], earlier: list[dict], negatives: int) -> None:  # type: ignore[type-arg]
     messages, urls = {r["message"].strip() for r in earlier}, {r["url"] for r in earlier}
+    rule_text = builtin_serving_path().read_text(encoding="utf-8")
     for r in new:
         first = hashlib.sha256(r["url"].encode()).hexdigest()[0]
         assert r["split"] == ("tune" if first in "01234567" else "held_out"), r["id"]
         assert r["message"].strip() not in messages and r["url"] not in urls, r["id"]
+        if r["split"] == "held_out":  # no rule example quotes a held-out thread
+            assert re.search(re.escape(r["url"]) + r"(?!\d)", rule_text) is None, r["id"]
     assert len({r["url"] for r in new}) == len(new)
     assert sum(r["label"] == "not_oom" for r in new) >= negatives
     assert {r["split"] for r in new} == {"tune", "held_out"}
