@@ -331,8 +331,7 @@ def test_ray_serve(models: str, tmp_path) -> None:
     returns; the replica's constructor (its ``import torch`` on Serve's user-code thread and
     its model load) is its own cold start, ready when the replica reports to the controller,
     and nests under the driver's wait for replicas although the C++ raylet started it."""
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]'): "
-                                            "its 240 MB are not in the test extra")
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]', in the test extra)")
     from conftest import free_port
 
     r = launch(str(tmp_path), [sys.executable, STACKS, "ray", models, str(free_port())], result=False,
