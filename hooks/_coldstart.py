@@ -168,7 +168,12 @@ def _register_main_end() -> None:
         return
 
     def main_ended() -> None:
-        state().main_end_ns = time.time_ns()
+        st = state()
+        st.main_end_ns = time.time_ns()
+        # The interpreter is exiting: a thread started from now on may never be joined (the exit handlers run
+        # after threading's shutdown joined its threads), so a report to a supervisor is sent in line
+        # (_readiness._report_to_parent).
+        st.exiting = True
 
     try:
         reg(main_ended)

@@ -288,10 +288,17 @@ def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False
     if second:  # another thread ends it (the sampler's tick, the exit handler): once is enough
         st.finished.wait(FINISH_WAIT_S)
         return
+    done = st.finished
     try:
         _finish_root(st, end_ns, ended_by, at_readiness)
+    except BaseException:
+        if not _runtime.state().root_ended:  # interrupted half way (a signal's exception): the next may end it
+            with st.lock:
+                st.finishing = False
+                st.finished = threading.Event()
+        raise
     finally:
-        st.finished.set()
+        done.set()
 
 
 def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_readiness: bool) -> None:
@@ -362,8 +369,8 @@ def at_exit() -> None:
     st.exiting = True
     try:
         if not root_open():
-            if st.finishing:  # the sampler's tick is ending it: let it finish before the runtime's exit
-                st.finished.wait(FINISH_WAIT_S)
+            if st.finishing and not st.finished.wait(FINISH_WAIT_S):
+                return  # the sampler's tick is still ending it (it uninstalls at its end)
             uninstall()
             return
         _check_ready_file()

@@ -194,7 +194,7 @@ NESTED = textwrap.dedent("""\
     def worker(port):
         from infersight import hooks
         from infersight.hooks import _readiness
-        _readiness.REPORT_FLUSH_S = 600.0  # the order under test, however long a loaded machine takes
+        _readiness.REPORT_FLUSH_S = 600.0  # report after the agent's ack (the order under test)
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,48 @@ def test_stage_attributes_wait_beside_the_queue_and_the_tuple_is_still_untracked
     assert built[3]["a"] == {"infersight.stage": "load", "infersight.stage.custom": True, "model": "m", "batch": 8}
     assert _buffer.built(flat, queue.held)[3]["a"] == {"infersight.stage": "first",  # type: ignore[index]
                                                        "infersight.stage.custom": True}
+
+
+def test_a_root_end_interrupted_half_way_can_be_ended_again_and_a_second_caller_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root's end is claimed once (the sampler's tick and the exit handler may both try); one interrupted
+    by a signal's exception before the root ended gives the claim back, so the exit handler still ends it."""
+    from infersight.hooks import _readiness
+
+    st = _state.HookState()
+    monkeypatch.setattr(_state, "current", st)
+    cs = st.coldstart
+    calls: list[str] = []
+
+    def interrupted(_st: Any, _end: Any, ended_by: str, _at: bool) -> None:
+        calls.append(ended_by)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_readiness, "_finish_root", interrupted)
+    first = cs.finished
+    with pytest.raises(KeyboardInterrupt):
+        _readiness.finish_root(None, "workers")
+    assert first.is_set()  # whoever waited is released
+    assert not cs.finishing and cs.finished is not first and not cs.finished.is_set()
+
+    ended = threading.Event()
+
+    def slow(_st: Any, _end: Any, ended_by: str, _at: bool) -> None:
+        calls.append(ended_by)
+        ended.wait(5)
+
+    monkeypatch.setattr(_readiness, "_finish_root", slow)
+    t = threading.Thread(target=_readiness.finish_root, args=(None, "workers"))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not cs.finishing and time.monotonic() < deadline:
+        time.sleep(0.001)
+    waiter = threading.Thread(target=_readiness.finish_root, args=(None, "exit"))
+    waiter.start()  # the second caller waits for the first, and does not end the root again
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    ended.set()
+    t.join(5)
+    waiter.join(5)
+    assert calls == ["workers", "workers"]
+    assert cs.finished.is_set()
