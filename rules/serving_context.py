@@ -13,7 +13,11 @@ context decides it by the rubric:
   ``--mem-fraction-static``, ``--cuda-memory-fraction``) that fenced off a material share of a
   device nobody else uses: ``reservation_conflict``, naming the knob and its value;
 - the printed **request alone is at least the device's total**: ``capacity`` (no share of
-  any device would do).
+  any device would do);
+- vLLM's KV cache **a little short of one request** (``vllm.kv.max-model-len``'s small gap, at most
+  15% of the pool) with ``--gpu-memory-utilization`` on the command line: at 0.95 or more
+  ``capacity`` (no room left to raise it), at 0.82 or less ``reservation_conflict`` (raising it to
+  0.95 adds at least that gap); between, it stays ``unknown``.
 
 It decides only for messages that the rules left ``unknown`` *and* that report a device memory
 shortage whose cause the text does not show (:data:`DEVICE_SHORTAGE_RULES`); an ``unknown``
@@ -321,6 +325,36 @@ def _fraction_knob(f: Finding, ctx: LiveContext, engine_default: bool = True) ->
     return None
 
 
+# vLLM's "max seq len N is larger than ... KV cache (K)" with N <= 1.15 K: the gap is at most 15% of a pool of at most
+# f x the device. Raising f to KV_GAP_TOP adds (KV_GAP_TOP - f) of the device, at least 0.15 f of it while
+# f <= KV_GAP_TOP / 1.15 (KV_GAP_ROOM); above KV_GAP_TOP the rest of the device is CUDA graphs', activations' and
+# the context's (vLLM's own advice: lower it when graph capture runs out).
+KV_GAP_RULE = "vllm.kv.max-model-len/within-fraction-headroom"
+KV_GAP_TOP = 0.95
+KV_GAP_ROOM = 0.82
+
+
+def _kv_gap(f: Finding, frac: float, shown: str,
+            attrs: dict[str, int | float | bool | str | list[str] | list[int]],
+            engine_remedies: Mapping[str, str] | None) -> Refined | None:
+    """The small max-model-len gap decided by the utilization on vLLM's command line (see KV_GAP_TOP)."""
+    if frac >= KV_GAP_TOP:
+        reason = ("--gpu-memory-utilization is already %g (the command line): no room is left to raise it, so one "
+                  "request of the configured length does not fit beside the weights. %s" % (frac, shown)).strip()
+        remedy = " ".join(("Lower --max-model-len to at most the tokens the KV cache holds, or give each sequence more "
+                           "memory (a quantised model or KV cache, --tensor-parallel-size).",
+                           (engine_remedies or {}).get("capacity", ""))).strip()
+        return _decided(f, "capacity", "context.fraction-at-top", reason, remedy, attrs)
+    if frac <= KV_GAP_ROOM:
+        reason = ("--gpu-memory-utilization is %g (the command line): raising it to %g adds more than the at most 15%% "
+                  "of the KV pool that one request lacks. %s" % (frac, KV_GAP_TOP, shown)).strip()
+        remedy = ("Raise --gpu-memory-utilization from %g towards 0.9 (up to %g): the KV cache then holds one request "
+                  "of the configured length." % (frac, KV_GAP_TOP))
+        return _decided(f, "reservation_conflict", "context.fraction-has-room", reason, remedy, attrs,
+                        knob="gpu_memory_utilization")
+    return None
+
+
 CAPACITY_REMEDY = ("Plan capacity: a smaller or quantised model, a shorter context or smaller batch, or more or "
                    "larger devices (tensor parallelism).")
 
@@ -334,6 +368,11 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
     devices = ctx.devices if ctx.nvml and not names_other_accelerator(f.text) else ()
     if f.cls != "unknown":
         return _kept(f, shown, _conflict(f, devices), attrs)
+    frac_set = ctx.knobs.get("gpu_memory_utilization")
+    if f.rule == KV_GAP_RULE and isinstance(frac_set, float):
+        gap = _kv_gap(f, frac_set, shown, attrs, engine_remedies)
+        if gap is not None:
+            return gap
     if f.rule in DEVICE_SHORTAGE_RULES and devices:
         r = f.numbers.get("R")
         top = max(d.total_bytes or 0 for d in devices)

@@ -421,3 +421,30 @@ async def test_the_engine_context_is_read_off_the_event_loop_under_the_device_lo
     (log,) = [i for i in published if isinstance(i, LogItem)]
     assert log.attributes["infersight.oom.class"] == "reservation_conflict"
     assert calls.off_this_thread_under_the_lock(), calls.seen
+
+
+_KV_GAP = ("ValueError: The model's max seq len (8192) is larger than the maximum number of tokens that can be stored "
+           "in KV cache (7900). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+           "initializing the engine.")
+
+
+@pytest.mark.parametrize(("frac", "cls", "suffix"), [
+    (0.98, "capacity", "+context.fraction-at-top"),
+    (0.95, "capacity", "+context.fraction-at-top"),
+    (0.6, "reservation_conflict", "+context.fraction-has-room"),
+    (0.82, "reservation_conflict", "+context.fraction-has-room"),
+    (0.9, "unknown", ""),  # the default: raising to 0.95 may or may not cover 15% of the pool
+])
+def test_vllm_s_small_kv_gap_is_decided_by_the_utilization_on_its_command_line(frac: float, cls: str,
+                                                                               suffix: str) -> None:
+    f = _finding(_KV_GAP)
+    assert (f.cls, f.rule) == ("unknown", "vllm.kv.max-model-len/within-fraction-headroom")
+    r = refine(f, LiveContext(pid=1, knobs={"gpu_memory_utilization": frac}))  # no NVML needed
+    assert (r.cls, r.rule, r.decided) == (cls, f.rule + suffix, bool(suffix))
+    if cls == "capacity":
+        assert "--max-model-len" in r.remedy and "%g" % frac in str(r.reason)
+    elif cls == "reservation_conflict":
+        assert r.remedy.startswith("Raise --gpu-memory-utilization from %g" % frac)
+        assert r.attributes["infersight.oom.context.fraction_knob"] == "gpu_memory_utilization"
+    # no utilization on the command line: the message's unknown stands
+    assert not refine(f, LiveContext(pid=1)).decided
