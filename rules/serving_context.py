@@ -368,9 +368,8 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
     devices = ctx.devices if ctx.nvml and not names_other_accelerator(f.text) else ()
     if f.cls != "unknown":
         return _kept(f, shown, _conflict(f, devices), attrs)
-    frac_set = ctx.knobs.get("gpu_memory_utilization")
-    if f.rule == KV_GAP_RULE and isinstance(frac_set, float):
-        gap = _kv_gap(f, frac_set, shown, attrs, engine_remedies)
+    if f.rule == KV_GAP_RULE and (frac := _fraction_knob(f, ctx)) is not None and frac[0] == "gpu_memory_utilization":
+        gap = _kv_gap(f, frac[1], shown, attrs, engine_remedies)
         if gap is not None:
             return gap
     if f.rule in DEVICE_SHORTAGE_RULES and devices:

@@ -152,17 +152,20 @@ SUPERVISOR = textwrap.dedent("""\
         hooks.first_response()      # and served its first request
         c.close()
 
-    if __name__ == "__main__":      # the supervisor: starts the worker, waits
-        port = int(sys.argv[1])
-        p = mp.get_context("spawn").Process(target=worker, args=(port,))
-        p.start()
+    def request(port):              # the first request, once the worker listens
         while True:
             try:
                 c = socket.create_connection(("127.0.0.1", port))
                 c.recv(2)
-                break
+                return
             except OSError:
                 time.sleep(0.05)
+
+    if __name__ == "__main__":      # the supervisor: starts the worker, waits
+        port = int(sys.argv[1])
+        p = mp.get_context("spawn").Process(target=worker, args=(port,))
+        p.start()
+        request(port)
         p.join()
         time.sleep(0.5)             # after its worker served: not the supervisor's cold start
     """)
@@ -189,40 +192,21 @@ def test_a_supervisor_that_exits_right_after_its_worker_served_still_ends_by_its
 
 
 NESTED = textwrap.dedent("""\
-    import multiprocessing as mp, socket, sys, time
-
-    def worker(port):
-        from infersight import hooks
-        from infersight.hooks import _readiness
-        _readiness.REPORT_FLUSH_S = 600.0  # report after the agent's ack (the order under test)
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
-        c, _ = s.accept()
-        c.sendall(b"ok")
-        hooks.first_response()
-        c.close()
+    import multiprocessing as mp, subprocess, sys
+    from sup import request, worker  # SUPERVISOR's
 
     if __name__ == "__main__" and sys.argv[1] == "supervisor":
         # started by another hooked process (a command, not a multiprocessing child: it leaves through the
         # interpreter's exit handlers), it reports to that one in turn
         from infersight.hooks import _readiness
-        _readiness.REPORT_FLUSH_S = 600.0
+        _readiness.REPORT_FLUSH_S = 600.0  # report after the agent's ack (the order under test)
         p = mp.get_context("spawn").Process(target=worker, args=(int(sys.argv[2]),))
         p.start()
         p.join()  # and exits at once, as uvicorn's supervisor does once stopped
     elif __name__ == "__main__":
-        import subprocess
         port = int(sys.argv[1])
         p = subprocess.Popen([sys.executable, __file__, "supervisor", str(port)])
-        while True:
-            try:
-                c = socket.create_connection(("127.0.0.1", port))
-                c.recv(2)
-                break
-            except OSError:
-                time.sleep(0.05)
+        request(port)
         p.wait()
     """)
 
@@ -233,9 +217,12 @@ def test_a_supervisor_ended_by_its_workers_at_exit_still_reports_to_its_own_pare
     from conftest import free_port
 
     tmp = str(tmp_path)
-    with open(os.path.join(tmp, "nested.py"), "w") as f:
-        f.write(NESTED)
-    r = launch(tmp, [sys.executable, os.path.join(tmp, "nested.py"), str(free_port())], result=False)
+    write_tree(tmp)
+    for name, text in (("sup.py", SUPERVISOR), ("nested.py", NESTED)):
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    r = launch(tmp, [sys.executable, os.path.join(tmp, "nested.py"), str(free_port())], result=False,
+               env={"PYTHONPATH": tmp})
     assert r.rc == 0, r.output
     roots = [x for x in r.roots() if x.attributes.get("infersight.process.role") != "helper"]
     assert len(roots) == 3, r.roots()

@@ -215,16 +215,24 @@ llama_init_from_model: failed to initialize the context: failed to allocate comp
 """
 
 
+def _launch_llama_server(tmp_path: Path, *stderr: str,
+                         rc: int) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """``launch`` a fake llama-server that prints each of ``stderr`` on its stderr and exits with ``rc``."""
+    script = tmp_path / "llama-server.sh"
+    script.write_text("#!/bin/sh\n" + "".join("cat >&2 <<'EOF'\n%sEOF\n" % text for text in stderr) + "exit %d\n" % rc,
+                      encoding="utf-8")
+    script.chmod(0o755)
+    return _launch(tmp_path, str(script))
+
+
 @pytest.mark.parametrize("retry", ["recovered", "failed"])
 def test_launch_reports_a_retried_llama_cpp_reservation_only_when_the_retry_fails(tmp_path: Path, retry: str) -> None:
     """llama.cpp with several GPUs retries a compute-buffer reservation without pipeline parallelism: the
     failure before that retry is no OOM; a retry that fails too is one, the retry's own request."""
-    script = tmp_path / "llama-server.sh"
-    tail = "echo 'main: server is listening on http://127.0.0.1:8080' >&2\nexit 0\n" if retry == "recovered" else (
-        "cat >&2 <<'EOF'\n%sEOF\nexit 1\n" % RETRY_FAILED)
-    script.write_text("#!/bin/sh\ncat >&2 <<'EOF'\n%sEOF\n%s" % (RETRIED, tail), encoding="utf-8")
-    script.chmod(0o755)
-    r, recs = _launch(tmp_path, str(script))
+    recovered = retry == "recovered"
+    r, recs = _launch_llama_server(
+        tmp_path, RETRIED, "main: server is listening on http://127.0.0.1:8080\n" if recovered else RETRY_FAILED,
+        rc=0 if recovered else 1)
     assert "retrying without pipeline parallelism" in r.stderr  # copied through either way
     if retry == "recovered":
         assert r.returncode == 0 and recs == [], recs
@@ -250,11 +258,9 @@ def test_launch_reports_a_llama_cpp_kv_batch_only_when_no_slot_purge_or_halving_
                                                                                        retry: str) -> None:
     """llama-server with a shared KV cache purges an idle slot and retries a batch that found no free cells: no
     OOM; a batch that still finds none at one token fails the request, which is one (the last failure's)."""
-    script = tmp_path / "llama-server.sh"
-    tail = "exit 0\n" if retry == "recovered" else "cat >&2 <<'EOF'\n%sEOF\nexit 1\n" % KV_EXHAUSTED
-    script.write_text("#!/bin/sh\ncat >&2 <<'EOF'\n%sEOF\n%s" % (KV_PURGED, tail), encoding="utf-8")
-    script.chmod(0o755)
-    r, recs = _launch(tmp_path, str(script))
+    recovered = retry == "recovered"
+    r, recs = _launch_llama_server(tmp_path, KV_PURGED, *(() if recovered else (KV_EXHAUSTED,)),
+                                   rc=0 if recovered else 1)
     assert "purging slot 1 with 6143 tokens" in r.stderr  # copied through either way
     if retry == "recovered":
         assert r.returncode == 0 and recs == [], recs
