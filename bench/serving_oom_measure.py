@@ -15,7 +15,8 @@ of ``url`` below 8 giving ``tune``, before any rule ran on it), the sixth pass
 pass (``serving_ooms_collected6.jsonl``, collected blind by another hand, split the same way and committed before any
 rule ran on it), the ninth pass (``serving_ooms_collected8.jsonl``, collected blind by a hand that did not run or
 read the rules, split the same way and committed before any rule ran on it), the tenth pass
-(``serving_ooms_collected9.jsonl``, collected, split and committed the same way), and all of them. Prints recognised
+(``serving_ooms_collected9.jsonl``, collected, split and committed the same way), the eleventh pass
+(``serving_ooms_collected10.jsonl``, the same), and all of them. Prints recognised
 share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -46,6 +47,7 @@ def main() -> None:
     eighth = load("serving_ooms_collected7.jsonl")
     ninth = load("serving_ooms_collected8.jsonl")
     tenth = load("serving_ooms_collected9.jsonl")
+    eleventh = load("serving_ooms_collected10.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -62,7 +64,10 @@ def main() -> None:
     held9 = [r for r in ninth if r["split"] == "held_out"]
     tune10 = [r for r in tenth if r["split"] == "tune"]
     held10 = [r for r in tenth if r["split"] == "held_out"]
-    everything = given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
+    tune11 = [r for r in eleventh if r["split"] == "tune"]
+    held11 = [r for r in eleventh if r["split"] == "held_out"]
+    everything = (given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
+                  + eleventh)
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -85,6 +90,9 @@ def main() -> None:
                         (f"tenth pass ({len(tenth)})", tenth),
                         (f"tenth pass, tuning half ({len(tune10)})", tune10),
                         (f"tenth pass, held-out half ({len(held10)})", held10),
+                        (f"eleventh pass ({len(eleventh)})", eleventh),
+                        (f"eleventh pass, tuning half ({len(tune11)})", tune11),
+                        (f"eleventh pass, held-out half ({len(held11)})", held11),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

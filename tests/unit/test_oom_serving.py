@@ -52,13 +52,14 @@ SEVENTH = _load("serving_ooms_collected6.jsonl")
 EIGHTH = _load("serving_ooms_collected7.jsonl")
 NINTH = _load("serving_ooms_collected8.jsonl")
 TENTH = _load("serving_ooms_collected9.jsonl")
+ELEVENTH = _load("serving_ooms_collected10.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
     assert len(GIVEN) == 30
-    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH:
+    for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH:
         assert r["url"].startswith("https://github.com/"), r["id"]
-    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH:
+    for r in GIVEN + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH:
         assert r["context"] and r["label_reason"], r["id"]
         assert r["label"] in ("capacity", "reservation_conflict", "fragmentation", "unclear", "not_oom")
     assert sum(r["label"] == "not_oom" for r in COLLECTED) >= 10
@@ -204,7 +205,9 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
          ("seventh", SEVENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH, 5),
          ("eighth", EIGHTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH, 5),
          ("ninth", NINTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH, 5),
-         ("tenth", TENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH, 5)]
+         ("tenth", TENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH, 5),
+         ("eleventh", ELEVENTH,
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH, 7)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
