@@ -1167,3 +1167,38 @@ def test_ggml_context_pool_numbers_are_read() -> None:
     (f,) = analyse("ggml_new_object: not enough space in the context's memory pool (needed 10882896, available "
                    "10650320)")
     assert (f.extra["pool_needed_bytes"], f.extra["pool_size_bytes"]) == (10882896, 10650320)
+
+
+_CONV = ('%cudnn-conv = (f32[1,112,112,64]{2,1,3,0}, u8[0]{0}) custom-call(f32[1,224,224,3]{2,1,3,0} %p0), '
+         'custom_call_target="__cudnn$convForward"')
+_CONV_HEADER = ("jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: "
+                "Failed to determine best cudnn convolution algorithm for:\n")
+_ALL_TRIED = ("\n\nOriginal error: INTERNAL: All algorithms tried for " + _CONV + " failed. Falling back to default "
+              "algorithm.  Per-algorithm errors:\n  Profiling failure on cuDNN engine eng34{k2=1}: UNKNOWN: {status}\n")
+
+
+@pytest.mark.parametrize(("text", "rules"), [
+    ("Failed to determine best cudnn convolution algorithm", ["xla.gpu.conv-autotune"]),
+    # cuDNN's own memory outside the pool, or a cuDNN build that does not support the GPU: unknown
+    (_CONV_HEADER + _CONV + _ALL_TRIED.replace("{status}", "CUDNN_STATUS_EXECUTION_FAILED"), ["xla.gpu.conv-autotune"]),
+    (_CONV_HEADER + _CONV + _ALL_TRIED.replace("{status}", "<unknown cudnn status: 5003>"), ["xla.gpu.conv-autotune"]),
+    # the pool's own memory error: one finding, XLA's memory rule's
+    (_CONV_HEADER + _CONV + "\n\nOriginal error: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+     "1073741824 bytes.", ["xla.gpu.out-of-memory"]),
+    (_CONV_HEADER + _CONV + _ALL_TRIED.replace("{status}", "Scratch allocation failed: RESOURCE_EXHAUSTED: Out of "
+                                               "memory while trying to allocate 1073741824 bytes."),
+     ["xla.gpu.out-of-memory"]),
+    # no memory error: another status, TensorFlow's older warning (XLA went on), prose
+    (_CONV_HEADER + _CONV + "\n\nOriginal error: UNIMPLEMENTED: DNN library does not support this convolution", []),
+    ("W gpu_conv_algorithm_picker.cc:729] Failed to determine best cudnn convolution algorithm: Internal: All "
+     "algorithms tried for convolution %cudnn-conv failed.  Falling back to default algorithm.", []),
+    ("Failed to determine best cudnn convolution algorithm. Falling back to default. Performance may be sub optimal.",
+     []),
+    ("if you see `Failed to determine best cudnn convolution algorithm/No GPU/TPU found`, export "
+     "XLA_PYTHON_CLIENT_PREALLOCATE=false", []),
+])
+def test_xla_conv_autotune_failure_is_unknown_only_without_a_deciding_status(text: str, rules: list[str]) -> None:
+    found = analyse(text)
+    assert [f.rule.split("/")[0] for f in found] == rules
+    if rules == ["xla.gpu.conv-autotune"]:
+        assert found[0].cls == "unknown" and "5003" in (found[0].reason or "")
