@@ -58,6 +58,7 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     config_flags,
+    engine_command,
     temp_root,
 )
 
@@ -426,10 +427,13 @@ def _quick_end(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
 
 def _hold(opts: LaunchOptions, child: Child, listen_fd: int, spawn_ns: int, private: Private, err: TextIO) -> Any:
     """Hold the embedded agent back while CMD starts (``launch_hold``); None where launch's
-    agent has work during the cold start (``--ready-url``/``--probe`` poll CMD) or the hold is off."""
+    agent has work during the cold start (``--ready-url``/``--probe`` poll CMD; a serving engine,
+    whose memory errors come while it starts) or the hold is off."""
     hold_s = opts.hold_s
     if hold_s is None:  # the default: a terminal shows the agent's live "warming:" line, so no hold there
         hold_s = 0.0 if opts.console and _isatty(err) else AGENT_HOLD_S
+        if engine_command(opts.cmd) is not None:  # ~0.2 s of CPU against a cold start of tens of seconds
+            hold_s = 0.0
     if hold_s <= 0 or opts.ready_url or opts.probe:
         return None
     bare_hooks_package()

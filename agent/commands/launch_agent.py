@@ -11,7 +11,8 @@ holds an :class:`EmbeddedAgent`, and what that offers is all it does with its ag
 - :meth:`~EmbeddedAgent.classify_stderr`: a capture of CMD's stderr, for the OOM classifier;
   :meth:`~EmbeddedAgent.prepare_oom` when one opens. The classifier's rules (~70 ms of CPU)
   load then, or once a process of CMD is ready (its cold start ended by readiness), or at
-  the first OOM: not while CMD starts;
+  the first OOM: not while CMD starts, unless CMD is a serving engine (its command line, or a
+  stage of an engine's stage rule, says so), whose memory errors come while it starts;
 - :meth:`~EmbeddedAgent.publish`, :meth:`~EmbeddedAgent.publish_coldstart`: what launch
   itself saw (the probe span; its own cold-start root, with the fleet metrics);
 - :meth:`~EmbeddedAgent.settle`: exporters that wait for their peer at exit (MQTT);
@@ -39,11 +40,16 @@ from infersight.agent.commands.launch_base import Child
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.oom.extension import OomExtension
-from infersight.hooks._contract import ENDED_BY, ENDED_BY_FIRST_REQUEST, ENDED_BY_READY
+from infersight.hooks._contract import ENDED_BY, ENDED_BY_FIRST_REQUEST, ENDED_BY_READY, STAGE_RULE
 from infersight.settings import Config
-from infersight.telemetry import ColdStart, Item, Resource
+from infersight.telemetry import ColdStart, Item, Resource, SpanItem
 
 SERVING = (ENDED_BY_READY, ENDED_BY_FIRST_REQUEST)  # a cold start that ended so: the process serves
+# A serving engine's memory errors come while it starts (the KV cache is sized after the weights load, from a
+# profile of the device), before any readiness: the OOM rules load when a stage of an engine's stage rule ends
+# (rules/stages.toml names them by engine: vllm.load_model...), or at once when CMD's command line names an engine
+# (launch_base.engine_command).
+ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.", "lmdeploy.", "tensorrt_llm.", "llama_cpp.", "onnxruntime.", "jax.")
 
 log = logging.getLogger("infersight.launch")
 
@@ -115,21 +121,28 @@ class EmbeddedAgent:
         if items:
             self._agent.publish(items)
 
-    def prepare_oom(self) -> None:
+    def prepare_oom(self, why: str = "a capture of CMD's stderr opened") -> None:
         """Load the OOM rules on a thread of their own now, once (any thread): a capture of
-        CMD's stderr opened (it ends at least 50 ms later), or a process of CMD serves."""
+        CMD's stderr opened (it ends at least 50 ms later), a process of CMD serves, or CMD is a
+        serving engine (``why`` says which, in launch's debug log)."""
         if self._oom is None or self._oom_warm is not None:
             return
+        log.debug("loading the OOM rules now: %s", why)
         self._oom_warm = threading.Thread(target=self._oom.warm, name="infersight-oom-rules", daemon=True)
         self._oom_warm.start()
 
     def _watch_ready(self, batch: Sequence[Item]) -> None:
-        """A tap: the first cold start that ended by readiness (not by exit) loads the OOM rules."""
+        """A tap: the first cold start that ended by readiness (not by exit), or the first stage of a
+        serving engine's stage rule (see ENGINE_STAGE_RULES), loads the OOM rules."""
         if self._oom_warm is not None:
             return
         for it in batch:
             if isinstance(it, ColdStart) and it.root.attributes.get(ENDED_BY) in SERVING:
-                self.prepare_oom()
+                self.prepare_oom("a process of CMD serves")
+                return
+            rule = str(it.attributes.get(STAGE_RULE, "")) if isinstance(it, SpanItem) else ""
+            if rule.startswith(ENGINE_STAGE_RULES):
+                self.prepare_oom("a serving engine's stage ended (%s)" % rule)
                 return
 
     def publish(self, items: list[Item]) -> None:

@@ -37,6 +37,23 @@ FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: S
 AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 
+# CMD's program, or the module after ``-m``, that starts a serving engine: launch does not hold its agent back for
+# one, and loads the OOM rules at once (an engine's memory errors come while it starts, and its cold start is long).
+ENGINE_COMMANDS = frozenset({"vllm", "sglang", "text-generation-launcher", "text_generation_server", "lmdeploy",
+                             "llama-server", "llama_cpp", "trtllm-serve", "trtllm-llmapi-launch", "tensorrt_llm",
+                             "ollama"})
+
+
+def engine_command(argv: Sequence[str]) -> str | None:
+    """The serving engine a command line starts, by its program (``vllm serve``, ``llama-server``,
+    ``text-generation-launcher``) or the module after ``-m`` (``python -m sglang.launch_server``); None if none."""
+    if not argv:
+        return None
+    names = [os.path.basename(str(argv[0]))]
+    names += [str(argv[i + 1]) for i in range(min(len(argv) - 1, 64)) if argv[i] == "-m"]
+    return next((n for n in names if n in ENGINE_COMMANDS or n.partition(".")[0] in ENGINE_COMMANDS), None)
+
+
 class LaunchOptions:
     def __init__(
         self,

@@ -37,6 +37,7 @@ from infersight.agent.commands.launch_base import (
     Private,
     config_flags,
     dead_launch_dirs,
+    engine_command,
     exit_status,
     leftover_command,
     processes_using,
@@ -398,6 +399,9 @@ class Session:
         relay = child.relay
         if relay is not None:
             relay.set_consumer(stderr_consumer(agent, child, asyncio.get_running_loop()), agent.prepare_oom)
+        engine = engine_command(opts.cmd)
+        if engine is not None:  # an engine's memory errors come while it starts
+            agent.prepare_oom("CMD is a serving engine (%s)" % engine)
         listening = Readiness()
 
         def hooked() -> bool:

@@ -458,3 +458,65 @@ def test_hook_reports_once_and_never_waits(monkeypatch: Any) -> None:
         assert _enginelog.report_text(text, "log")
     finally:
         held.release()
+
+
+# -- launch loads the OOM rules while a serving engine starts -------------------------------------
+
+FAKE_RUNNER = """
+import time
+
+
+class GPUModelRunner:  # a stand-in for vLLM's (rules/stages.toml: vllm.load_model), no torch
+    def load_model(self):
+        time.sleep(0.05)
+"""
+
+FAKE_ENGINE = """
+import logging, time
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+GPUModelRunner().load_model()
+time.sleep(0.5)  # the memory profile
+logging.getLogger("vllm.v1.engine.core").error(
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+    "initializing the engine.")
+"""
+
+
+def _fake_vllm(tmp_path: Path) -> None:
+    pkg = tmp_path / "vllm"
+    for sub in ("", "v1", "v1/worker", "entrypoints", "entrypoints/openai"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "v1" / "worker" / "gpu_model_runner.py").write_text(FAKE_RUNNER)
+    (pkg / "entrypoints" / "openai" / "api_server.py").write_text(FAKE_ENGINE)
+    (tmp_path / "serve.py").write_text(FAKE_ENGINE)
+
+
+@pytest.mark.parametrize(("cmd", "why"), [
+    (["serve.py"], "a serving engine's stage ended (vllm.load_model)"),  # a script that runs the engine
+    (["-m", "vllm.entrypoints.openai.api_server"], "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
+])
+def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path, cmd: list[str], why: str) -> None:
+    # an engine's memory errors come while it starts, before any readiness: the rules load early
+    _fake_vllm(tmp_path)
+    out = tmp_path / "run.otlp.jsonl"
+    env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG", PYTHONPATH=str(tmp_path))
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", sys.executable, *cmd],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "loading the OOM rules now: " + why in r.stderr
+    (rec,) = [x for x in log_records(read_otlp_lines(out)) if x.get("eventName") == "oom"]
+    assert attr(rec, "infersight.oom.rule") == "vllm.kv.no-cache-blocks"
+    assert attr(rec, "infersight.oom.source") == "log"
+
+
+def test_launch_of_a_plain_script_loads_no_oom_rules_while_it_starts(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("print('done')\n")
+    env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG")
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
+                        sys.executable, "job.py"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "loading the OOM rules now" not in r.stderr

@@ -136,3 +136,48 @@ async def test_launch_loads_the_oom_rules_once_a_process_serves_not_when_it_exit
     tap([_coldstart("first_request")])
     emb.prepare_oom()  # a capture of CMD's stderr opened: loaded already
     assert oom.warmed == 1
+
+
+def _stage(rule: str) -> Any:
+    from infersight.hooks import _contract
+    from infersight.telemetry import Resource, SpanItem
+
+    res = Resource.of({"service.name": "svc"})
+    return SpanItem(res, "a" * 32, "c" * 16, "b" * 16, "weights_load", 1, 2,
+                    {_contract.STAGE_RULE: rule, "infersight.stage.target": "m:f"})
+
+
+async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -> None:
+    # an engine's memory errors come while it starts (its KV cache is sized after the weights load)
+    from infersight.agent.commands.launch_agent import EmbeddedAgent
+
+    agent, oom = _FakeAgent(), _FakeOom()
+    emb = EmbeddedAgent(agent, None, oom)  # type: ignore[arg-type]
+    (tap,) = agent.taps
+    tap([_stage("accelerate.load_checkpoint"), _stage("ray.serve.run"), _stage("")])  # not an engine's stage
+    assert emb._oom_warm is None and oom.warmed == 0
+    tap([_stage("vllm.load_model")])
+    assert emb._oom_warm is not None
+    emb._oom_warm.join(5)
+    assert oom.warmed == 1
+    tap([_stage("sglang.load_model")])
+    assert oom.warmed == 1
+
+
+@pytest.mark.parametrize(("argv", "engine"), [
+    (["vllm", "serve", "Qwen/Qwen3-8B"], "vllm"),
+    (["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"],
+     "vllm.entrypoints.openai.api_server"),
+    (["python", "-m", "sglang.launch_server", "--model-path", "m"], "sglang.launch_server"),
+    (["/usr/local/bin/text-generation-launcher", "--model-id", "m"], "text-generation-launcher"),
+    (["llama-server", "-m", "model.gguf"], "llama-server"),
+    (["lmdeploy", "serve", "api_server", "m"], "lmdeploy"),
+    (["python", "serve.py"], None),
+    (["python", "-m", "uvicorn", "app:app"], None),
+    (["python", "vllm_bench.py"], None),  # a script of that name is no engine's own entry point
+    ([], None),
+])
+def test_a_command_line_that_starts_a_serving_engine_is_told(argv: list[str], engine: str | None) -> None:
+    from infersight.agent.commands.launch_base import engine_command
+
+    assert engine_command(argv) == engine
