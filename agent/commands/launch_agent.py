@@ -49,7 +49,7 @@ SERVING = (ENDED_BY_READY, ENDED_BY_FIRST_REQUEST)  # a cold start that ended so
 # profile of the device), before any readiness: the OOM rules load when a stage of an engine's stage rule ends
 # (rules/stages.toml names them by engine: vllm.load_model...), or at once when CMD's command line names an engine
 # (launch_base.engine_command).
-ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.", "lmdeploy.", "tensorrt_llm.", "llama_cpp.", "onnxruntime.", "jax.")
+ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.")
 
 log = logging.getLogger("infersight.launch")
 
@@ -63,6 +63,7 @@ class EmbeddedAgent:
         self._coldstart = coldstart
         self._oom = oom
         self._oom_warm: threading.Thread | None = None
+        self._oom_lock = threading.Lock()
         if oom is not None:
             agent.observe(self._watch_ready)
         self._stand_ins: dict[int, Producer] = {}  # pid -> the producer that stands for an unhooked CMD
@@ -125,10 +126,11 @@ class EmbeddedAgent:
         """Load the OOM rules on a thread of their own now, once (any thread): a capture of
         CMD's stderr opened (it ends at least 50 ms later), a process of CMD serves, or CMD is a
         serving engine (``why`` says which, in launch's debug log)."""
-        if self._oom is None or self._oom_warm is not None:
-            return
+        with self._oom_lock:  # the relay's thread and the event loop both call it
+            if self._oom is None or self._oom_warm is not None:
+                return
+            self._oom_warm = threading.Thread(target=self._oom.warm, name="infersight-oom-rules", daemon=True)
         log.debug("loading the OOM rules now: %s", why)
-        self._oom_warm = threading.Thread(target=self._oom.warm, name="infersight-oom-rules", daemon=True)
         self._oom_warm.start()
 
     def _watch_ready(self, batch: Sequence[Item]) -> None:

@@ -143,7 +143,7 @@ def _stage(rule: str) -> Any:
     from infersight.telemetry import Resource, SpanItem
 
     res = Resource.of({"service.name": "svc"})
-    return SpanItem(res, "a" * 32, "c" * 16, "b" * 16, "weights_load", 1, 2,
+    return SpanItem(res, "a" * 32, "c" * 16, "b" * 16, "coldstart.weights_load", 1, 2,
                     {_contract.STAGE_RULE: rule, "infersight.stage.target": "m:f"})
 
 
@@ -166,15 +166,21 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -
 
 @pytest.mark.parametrize(("argv", "engine"), [
     (["vllm", "serve", "Qwen/Qwen3-8B"], "vllm"),
+    (["/opt/venv/bin/vllm", "serve", "m"], "vllm"),
     (["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"],
      "vllm.entrypoints.openai.api_server"),
-    (["python", "-m", "sglang.launch_server", "--model-path", "m"], "sglang.launch_server"),
+    (["python3.11", "-u", "-m", "sglang.launch_server", "--model-path", "m"], "sglang.launch_server"),
     (["/usr/local/bin/text-generation-launcher", "--model-id", "m"], "text-generation-launcher"),
+    (["text-generation-server", "serve", "m"], "text-generation-server"),
     (["llama-server", "-m", "model.gguf"], "llama-server"),
     (["lmdeploy", "serve", "api_server", "m"], "lmdeploy"),
+    (["vllm", "bench", "serve"], None),  # a client, not the engine
+    (["ollama", "pull", "llama3"], None),
+    (["python", "-m", "sglang.bench_serving"], None),
+    (["python", "train.py", "-m", "vllm.yaml"], None),  # the script's own -m
     (["python", "serve.py"], None),
     (["python", "-m", "uvicorn", "app:app"], None),
-    (["python", "vllm_bench.py"], None),  # a script of that name is no engine's own entry point
+    (["./vllm.py"], None),
     ([], None),
 ])
 def test_a_command_line_that_starts_a_serving_engine_is_told(argv: list[str], engine: str | None) -> None:
