@@ -48,6 +48,7 @@ import sys
 import time
 
 from infersight.agent.cli import command_help
+from infersight.agent.commands.engine_cmdline import engine_command
 from infersight.agent.commands.launch_base import (
     AGENT_HOLD_S,
     EXIT_NOT_EXECUTABLE,
@@ -58,7 +59,6 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     config_flags,
-    engine_command,
     temp_root,
 )
 

@@ -48,7 +48,7 @@ SERVING = (ENDED_BY_READY, ENDED_BY_FIRST_REQUEST)  # a cold start that ended so
 # A serving engine's memory errors come while it starts (the KV cache is sized after the weights load, from a
 # profile of the device), before any readiness: the OOM rules load when a stage of an engine's stage rule ends
 # (rules/stages.toml names them by engine: vllm.load_model...), or at once when CMD's command line names an engine
-# (launch_base.engine_command).
+# (engine_cmdline.engine_command).
 ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.")
 
 log = logging.getLogger("infersight.launch")

@@ -37,33 +37,6 @@ FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: S
 AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 
-# CMD's program, or the module after ``-m``, that starts a serving engine: launch does not hold its agent back for
-# one, and loads the OOM rules at once (an engine's memory errors come while it starts, and its cold start is long).
-ENGINE_COMMANDS = frozenset({"text-generation-launcher", "text-generation-server", "llama-server", "trtllm-serve"})
-ENGINE_SERVE = frozenset({"vllm", "lmdeploy", "ollama"})  # an engine only with their ``serve`` subcommand
-ENGINE_MODULES = frozenset({"vllm", "sglang", "text_generation_server", "lmdeploy", "llama_cpp", "tensorrt_llm"})
-
-
-def engine_command(argv: Sequence[str]) -> str | None:
-    """The serving engine a command line starts, by its program (``vllm serve``, ``llama-server``,
-    ``text-generation-launcher``) or the module of ``python -m`` (``python -m sglang.launch_server``,
-    before the script's own arguments); None if none. Wrappers (``uv run``, ``env``) are not looked through."""
-    if not argv:
-        return None
-    prog = os.path.basename(str(argv[0]))
-    if prog in ENGINE_COMMANDS or (prog in ENGINE_SERVE and len(argv) > 1 and argv[1] == "serve"):
-        return prog
-    if not prog.startswith("python"):
-        return None
-    for i, a in enumerate(argv[1:64], 1):
-        if a == "-m" and i + 1 < len(argv):
-            mod = str(argv[i + 1])
-            return mod if mod.partition(".")[0] in ENGINE_MODULES and "bench" not in mod else None
-        if not a.startswith("-"):
-            return None  # the script: what follows is its own
-    return None
-
-
 class LaunchOptions:
     def __init__(
         self,

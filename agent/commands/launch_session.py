@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from infersight import weights_files
+from infersight.agent.commands.engine_cmdline import engine_command
 from infersight.agent.commands.launch_agent import EmbeddedAgent
 from infersight.agent.commands.launch_base import (
     EXIT_USAGE,
@@ -37,7 +38,6 @@ from infersight.agent.commands.launch_base import (
     Private,
     config_flags,
     dead_launch_dirs,
-    engine_command,
     exit_status,
     leftover_command,
     processes_using,

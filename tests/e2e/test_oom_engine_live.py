@@ -496,6 +496,9 @@ def _fake_vllm(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("cmd", "why"), [
     (["serve.py"], "a serving engine's stage ended (vllm.load_model)"),  # a script that runs the engine
     (["-m", "vllm.entrypoints.openai.api_server"], "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
+    # as a pod's command often reads: behind env and a shell
+    (["env", "VLLM_LOGGING_LEVEL=INFO", "/bin/sh", "-c", "exec {python} -m vllm.entrypoints.openai.api_server"],
+     "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
 ])
 def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path, cmd: list[str], why: str) -> None:
     # an engine's memory errors come while it starts, before any readiness: the rules load early
@@ -503,7 +506,8 @@ def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path,
     out = tmp_path / "run.otlp.jsonl"
     env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG", PYTHONPATH=str(tmp_path))
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", sys.executable, *cmd],
+    argv = [a.format(python=sys.executable) for a in cmd] if cmd[0] == "env" else [sys.executable, *cmd]
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", *argv],
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "loading the OOM rules now: " + why in r.stderr

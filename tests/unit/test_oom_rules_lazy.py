@@ -182,8 +182,35 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -
     (["python", "-m", "uvicorn", "app:app"], None),
     (["./vllm.py"], None),
     ([], None),
+    # behind wrappers: the command they run
+    (["env", "CUDA_VISIBLE_DEVICES=0", "-u", "HF_TOKEN", "vllm", "serve", "m"], "vllm"),
+    (["/usr/bin/env", "-i", "PATH=/usr/bin", "python3", "-m", "sglang.launch_server"], "sglang.launch_server"),
+    (["uv", "run", "--with", "vllm", "--python", "3.12", "vllm", "serve", "m"], "vllm"),
+    (["uv", "run", "--", "python", "-m", "vllm.entrypoints.openai.api_server"], "vllm.entrypoints.openai.api_server"),
+    (["uvx", "--from", "vllm==0.11", "vllm", "serve", "m"], "vllm"),
+    (["conda", "run", "-n", "serve", "--no-capture-output", "text-generation-launcher"], "text-generation-launcher"),
+    (["poetry", "run", "lmdeploy", "serve", "api_server", "m"], "lmdeploy"),
+    (["sudo", "-u", "svc", "-E", "nohup", "nice", "-n", "5", "llama-server", "-m", "x.gguf"], "llama-server"),
+    (["numactl", "--cpunodebind=0", "-m", "0", "taskset-less", "vllm", "serve"], None),  # an unknown program
+    (["numactl", "--cpunodebind=0", "-m", "0", "vllm", "serve", "m"], "vllm"),
+    (["mpirun", "-n", "4", "--allow-run-as-root", "--mca", "btl", "^openib", "trtllm-serve", "m"], "trtllm-serve"),
+    (["bash", "-c", "pip install -q x && HF_HOME=/m exec vllm serve m --port 8000"], "vllm"),
+    (["/bin/sh", "-ec", "set -x; python3 -m sglang.launch_server --model-path m"], "sglang.launch_server"),
+    (["bash", "-o", "pipefail", "-lc", "ollama serve | tee log"], "ollama"),
+    (["timeout", "-k", "10", "2h", "taskset", "-c", "0-7", "vllm", "serve", "m"], "vllm"),
+    (["taskset", "0x3", "llama-server"], "llama-server"),
+    # wrappers of things that are no engine
+    (["env", "VLLM=1", "python", "serve.py"], None),
+    (["uv", "run", "vllm", "bench", "serve"], None),
+    (["uv", "pip", "install", "vllm"], None),
+    (["bash", "-c", "echo vllm serve"], None),  # the words are an argument
+    (["bash", "serve.sh", "-c", "vllm serve"], None),  # a script file: its arguments are its own
+    (["bash", "-c", "unbalanced 'quote"], None),
+    (["sudo", "-u"], None),
+    (["env"], None),
+    (["timeout", "vllm"], None),  # vllm is the duration here: nothing runs
 ])
 def test_a_command_line_that_starts_a_serving_engine_is_told(argv: list[str], engine: str | None) -> None:
-    from infersight.agent.commands.launch_base import engine_command
+    from infersight.agent.commands.engine_cmdline import engine_command
 
     assert engine_command(argv) == engine
