@@ -73,6 +73,7 @@ RUN_WRAPPERS["mamba"] = RUN_WRAPPERS["micromamba"] = RUN_WRAPPERS["conda"]
 UVX_VALUES = RUN_WRAPPERS["uv"] | frozenset({"--from"})  # ``uvx`` = ``uv tool run``
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash"})
+SHELL_LONG_FLAGS = frozenset({"--login", "--noprofile", "--norc", "--posix"})
 MAX_DEPTH = 6  # wrappers in wrappers: ``sudo -u svc env X=1 uv run vllm serve``
 
 
@@ -150,6 +151,8 @@ def _after_options(args: Sequence[str], takes_value: frozenset[str], assignments
 def _shell_string(argv: Sequence[str], depth: int) -> str | None:
     """``sh -c "pip install x && exec vllm serve m"``: each simple command of the string, in order."""
     for i, a in enumerate(argv[1:8], 1):
+        if a in SHELL_LONG_FLAGS:
+            continue
         if not a.startswith("-") or a.startswith("--"):
             return None  # a script file, or an option this does not read
         if "c" in a[1:]:

@@ -197,6 +197,8 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -
     (["bash", "-c", "pip install -q x && HF_HOME=/m exec vllm serve m --port 8000"], "vllm"),
     (["/bin/sh", "-ec", "set -x; python3 -m sglang.launch_server --model-path m"], "sglang.launch_server"),
     (["bash", "-o", "pipefail", "-lc", "ollama serve | tee log"], "ollama"),
+    (["bash", "--login", "-c", "cd /app && exec python3 -m vllm.entrypoints.openai.api_server 2>&1"],
+     "vllm.entrypoints.openai.api_server"),
     (["timeout", "-k", "10", "2h", "taskset", "-c", "0-7", "vllm", "serve", "m"], "vllm"),
     (["taskset", "0x3", "llama-server"], "llama-server"),
     # wrappers of things that are no engine
