@@ -12,8 +12,8 @@ context decides it by the rubric:
 - the engine's pool is sized by a **whole-device fraction** (``--gpu-memory-utilization``,
   ``--mem-fraction-static``, ``--cuda-memory-fraction``) that fenced off a material share of a
   device nobody else uses: ``reservation_conflict``, naming the knob and its value;
-- the printed **request alone is at least the device's total**: ``capacity`` (no share of
-  any device would do);
+- the printed **request alone is at least the device's total**, or XLA's buffer assignment for
+  the whole program ('total allocation') is: ``capacity`` (no share of any device would do);
 - vLLM's KV cache **a little short of one request** (``vllm.kv.max-model-len``'s small gap, at most
   15% of the pool) with ``--gpu-memory-utilization`` on the command line: at 0.95 or more
   ``capacity`` (no room left to raise it), at 0.82 or less ``reservation_conflict`` (raising it to
@@ -76,6 +76,8 @@ DEVICE_SHORTAGE_RULES = frozenset({
     # or the scheduler had admitted the batch: those are bookkeeping): mem-fraction-static sizes it
     "sglang.pool.out-of-tokens",
 })
+# XLA's memory error on a GPU: its BufferAssignment stats ('total allocation') give what the whole program needs.
+XLA_POOL_RULE = "xla.gpu.out-of-memory"
 # Accelerators NVML does not see: a message that names one is never set against NVML's devices.
 # (Not a letter before it: INPUT and OUTPUT name no NPU or TPU.)
 _NOT_NVML = re.compile(r"(?<![A-Za-z])(?:NPU|TPU|Vulkan|Metal|HIP|ROCm|hipMalloc)")
@@ -379,6 +381,13 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
             return _decided(f, "capacity", "context.request-exceeds-device",
                             "the request of %s is at least the whole device (%s, NVML): no share of it would "
                             "do. %s" % (_gib(r), _gib(top), shown),
+                            " ".join((CAPACITY_REMEDY, (engine_remedies or {}).get("capacity", ""))).strip(), attrs)
+        program = f.extra.get("program_bytes") if f.rule.startswith(XLA_POOL_RULE) else None
+        if program is not None and top and program >= top:
+            return _decided(f, "capacity", "context.program-exceeds-device",
+                            "XLA's buffer assignment for the program totals %s, at least the whole device (%s, "
+                            "NVML): no XLA_PYTHON_CLIENT_MEM_FRACTION would hold it. %s" % (
+                                _gib(int(program)), _gib(top), shown),
                             " ".join((CAPACITY_REMEDY, (engine_remedies or {}).get("capacity", ""))).strip(), attrs)
         tenants = [(d, t) for d in devices for t in d.others if t.used_bytes >= material_bytes(d.total_bytes)]
         if tenants and not (r is not None and all(d.total_bytes and r > d.total_bytes - d.own_bytes

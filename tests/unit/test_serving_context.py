@@ -128,6 +128,30 @@ def test_a_request_larger_than_the_device_is_capacity() -> None:
     assert not refine(f, _ctx(_dev(total=24 * GIB, own=7 * GIB))).decided
 
 
+XLA_PROGRAM = """jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate \
+4770354232 bytes.
+BufferAssignment OOM Debugging.
+BufferAssignment stats:
+             parameter allocation:  372.76MiB
+              constant allocation:    48.5KiB
+        maybe_live_out allocation:    9.64GiB
+     preallocated temp allocation:    4.44GiB
+                 total allocation:   14.44GiB"""
+
+
+def test_an_xla_program_larger_than_the_device_is_capacity() -> None:
+    # XLA's buffer assignment prints what the whole program needs; the 4.4 GiB request alone fits either device
+    f = _finding(XLA_PROGRAM)
+    assert f.rule == "xla.gpu.out-of-memory" and f.cls == "unknown"
+    r = refine(f, _ctx(_dev(total=12 * GIB, own=9 * GIB)))
+    assert r.decided and r.cls == "capacity" and r.rule.endswith("+context.program-exceeds-device")
+    assert "14.44 GiB" in str(r.reason) and "12.00 GiB" in str(r.reason)
+    # a device that holds the program: the pool fraction may be what is short, so no class from the context
+    assert not refine(f, _ctx(_dev(total=24 * GIB, own=18 * GIB))).decided
+    # the program's total alone, without the device's size: still unknown
+    assert not refine(f, LiveContext(pid=1)).decided
+
+
 def test_a_fraction_that_fences_off_an_unshared_device_is_a_reservation() -> None:
     f = _finding(SGLANG_POOL_FULL)
     assert f.engine == "sglang" and f.cls == "unknown" and f.knob == "mem-fraction-static"
