@@ -202,4 +202,17 @@ def gather(p: Producer, nvml: NvmlLike | None, guard: Callable[[Callable[[], Any
                 devices, read = list(got), True
         except Exception as exc:
             log.debug("NVML sample for an engine OOM failed: %s", exc)
-    return LiveContext(pid=pid, devices=tuple(devices), nvml=read, knobs=knobs, knobs_pid=knobs_pid)
+    return LiveContext(pid=pid, devices=tuple(devices), nvml=read, knobs=knobs, knobs_pid=knobs_pid,
+                       program=_program(p, pid, proc_root))
+
+
+def _program(p: Producer, pid: int | None, proc_root: str) -> str | None:
+    """The producer's program: argv[0]'s base name (its command line, or launch's stand-in's CMD)."""
+    argv = read_cmdline(pid, proc_root, 4096) if pid is not None else None
+    if argv is None:
+        given = p.info.get("argv") if p.uid is None else None
+        argv = given if isinstance(given, list) and given and isinstance(given[0], str) else None
+    if not argv:
+        return None
+    name = argv[0].rsplit("/", 1)[-1][:64]
+    return "".join(c for c in name if c.isprintable()) or None

@@ -152,6 +152,26 @@ def test_an_xla_program_larger_than_the_device_is_capacity() -> None:
     assert not refine(f, LiveContext(pid=1)).decided
 
 
+def test_a_llama_cpp_compute_buffer_that_does_not_fit_beside_its_own_weights_is_capacity() -> None:
+    f = _finding(_record(LLAMA_BUFFER))  # 8.69 GiB compute buffer, the free memory after weights and KV not printed
+    assert f.rule == "llama.cpp.compute-buffer" and f.cls == "unknown"
+    full = _dev(total=24 * GIB, own=20 * GIB)  # weights and KV of this process; 4 GiB left
+    r = refine(f, _ctx(full), {"capacity": "ENGINE-CAPACITY"})
+    assert r.decided and r.cls == "capacity" and r.rule.endswith("+context.own-buffers-fill-device")
+    assert "8.69 GiB" in str(r.reason) and "4.00 GiB" in str(r.reason) and "-ub" in r.remedy
+    assert r.remedy.endswith("ENGINE-CAPACITY")
+    # room for the buffer at the error (the engine freed its weights, or it was never short): no class
+    assert not refine(f, _ctx(_dev(total=24 * GIB, own=12 * GIB))).decided
+    # a material tenant: the tenant's rule decides (reservation), not this one
+    tenant = refine(f, _ctx(_dev(total=24 * GIB, own=12 * GIB, others=(Tenant(77, 8 * GIB, "python3"),))))
+    assert tenant.cls == "reservation_conflict" and tenant.rule.endswith("+context.other-process")
+    # under ollama its tree holds other models' runners, and it picked the layers itself: no class
+    under_ollama = LiveContext(pid=1, devices=(full,), nvml=True, program="ollama")
+    assert not refine(f, under_ollama).decided
+    # several devices, one with room: which one failed is not known
+    assert not refine(f, _ctx(full, _dev(total=24 * GIB, own=6 * GIB))).decided
+
+
 def test_a_fraction_that_fences_off_an_unshared_device_is_a_reservation() -> None:
     f = _finding(SGLANG_POOL_FULL)
     assert f.engine == "sglang" and f.cls == "unknown" and f.knob == "mem-fraction-static"
@@ -335,6 +355,12 @@ def test_nvml_finds_the_engines_devices_and_tells_its_workers_from_tenants(tmp_p
     assert devs[1].others == (Tenant(500, 20 * GIB, "proc500"),)
     # a worker's own OOM: its server is an ancestor, its sibling worker on another device is not seen as its own
     assert [d.device for d in engine_context.nvml_devices(nvml, 101, str(root))] == ["GPU-0"]
+    # the producer's program, for the rules that tell an engine by it (ollama's tree holds other models' runners)
+    asm = Assembler("host")
+    _proc(root, 600, 1, ["/usr/local/bin/ollama", "serve"])
+    assert engine_context.gather(_producer(asm, 600), nvml, None, str(root)).program == "ollama"
+    assert engine_context.gather(_producer(asm, 100), nvml, None, str(root)).program == "vllm"
+    assert engine_context.gather(_producer(asm, 999), nvml, None, str(root)).program is None  # gone
 
 
 def test_handlers_refine_an_engine_oom_and_emit_the_context() -> None:
