@@ -16,7 +16,8 @@ pass (``serving_ooms_collected6.jsonl``, collected blind by another hand, split 
 rule ran on it), the ninth pass (``serving_ooms_collected8.jsonl``, collected blind by a hand that did not run or
 read the rules, split the same way and committed before any rule ran on it), the tenth pass
 (``serving_ooms_collected9.jsonl``, collected, split and committed the same way), the eleventh pass
-(``serving_ooms_collected10.jsonl``, the same), and all of them. Prints recognised
+(``serving_ooms_collected10.jsonl``, the same), the twelfth pass (``serving_ooms_collected11.jsonl``, the same),
+and all of them. Prints recognised
 share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -48,6 +49,7 @@ def main() -> None:
     ninth = load("serving_ooms_collected8.jsonl")
     tenth = load("serving_ooms_collected9.jsonl")
     eleventh = load("serving_ooms_collected10.jsonl")
+    twelfth = load("serving_ooms_collected11.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -66,8 +68,10 @@ def main() -> None:
     held10 = [r for r in tenth if r["split"] == "held_out"]
     tune11 = [r for r in eleventh if r["split"] == "tune"]
     held11 = [r for r in eleventh if r["split"] == "held_out"]
+    tune12 = [r for r in twelfth if r["split"] == "tune"]
+    held12 = [r for r in twelfth if r["split"] == "held_out"]
     everything = (given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
-                  + eleventh)
+                  + eleventh + twelfth)
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -93,6 +97,9 @@ def main() -> None:
                         (f"eleventh pass ({len(eleventh)})", eleventh),
                         (f"eleventh pass, tuning half ({len(tune11)})", tune11),
                         (f"eleventh pass, held-out half ({len(held11)})", held11),
+                        (f"twelfth pass ({len(twelfth)})", twelfth),
+                        (f"twelfth pass, tuning half ({len(tune12)})", tune12),
+                        (f"twelfth pass, held-out half ({len(held12)})", held12),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

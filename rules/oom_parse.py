@@ -186,6 +186,14 @@ def _size(num: str, unit: str) -> int:
     return round(float(num) * BYTE_UNITS[unit.lower()])
 
 
+_UNICODE_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+
+
+def _unescaped(m: re.Match[str]) -> str:
+    code = int(m.group(1), 16)
+    return m.group(0) if 0xD800 <= code <= 0xDFFF else chr(code)  # a surrogate half stays escaped: no lone one
+
+
 def _decode(text: str) -> str:
     """Undo JSON-string and HTML escaping, a fixed number of linear passes."""
     if "\\" in text:
@@ -196,6 +204,8 @@ def _decode(text: str) -> str:
             .replace('\\"', '"')
             .replace("\\/", "/")
         )
+        if "\\u" in text:  # a JSON string's \uXXXX (json.dumps writes non-ASCII so: vLLM's em dash)
+            text = _UNICODE_ESCAPE.sub(_unescaped, text)
     if "&" in text:
         import html  # at first use: html.entities' table costs ~12 ms to import, and few texts hold "&"
 
@@ -209,7 +219,7 @@ _MAX_PREFIX = 64
 _MESSAGE_WORDS = ("memory", "allocat", "gpu", "capac", "free", "process", "pytorch")
 
 
-def _log_prefix(first: str, second: str) -> str:
+def log_prefix(first: str, second: str, words_allowed: bool = False) -> str:
     """The log prefix two consecutive lines share, digits masked ("" when none).
 
     A prefix ends with one of ``] : > | )`` and a space, as in "[rank0]: ",
@@ -232,7 +242,7 @@ def _log_prefix(first: str, second: str) -> str:
     # A shared prefix that holds message words is message text (a repeated message), not a
     # log prefix: cutting it would lose numbers.
     low = prefix.lower()
-    if any(w in low for w in _MESSAGE_WORDS):
+    if not words_allowed and any(w in low for w in _MESSAGE_WORDS):
         return ""
     return prefix
 
@@ -255,7 +265,7 @@ def _regions(lines: list[str]) -> Iterator[tuple[int, str]]:
                 end = min(n, j + 1 + _REGION_LINES)
             j += 1
         chunk = lines[i:end]
-        prefix = _log_prefix(chunk[0], chunk[1]) if len(chunk) > 1 else ""
+        prefix = log_prefix(chunk[0], chunk[1]) if len(chunk) > 1 else ""
         if prefix:
             masked_len = len(prefix)
             cut: list[str] = [chunk[0]]

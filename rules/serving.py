@@ -49,7 +49,7 @@ from infersight.rules.engine import (
     parse_template,
     render,
 )
-from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms
+from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms, log_prefix
 from infersight.rules.preparsed import read_shipped
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
@@ -122,6 +122,7 @@ _HOSTS: dict[str, tuple[str, ...]] = {
 # A quantified group that holds a quantifier: the shape of catastrophic backtracking.
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
 _WS = re.compile(r"[ \t]+")
+_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # CSI sequences: colours, cursor moves
 _NEVER = re.compile(r"(?!)")  # matches nothing
 
 
@@ -794,48 +795,109 @@ class _Hit:
     around: str = ""  # the context lines and the window, for cases that read the lines before the anchor
 
 
-def _scan(rule: ServingRule, lines: list[str], i: int) -> _Hit | None:
+class _Unprefixed:
+    """The lines with the log prefix each shares with a neighbour cut ("Nov 25 06:44:10 host ollama[95]: ",
+    "vllm-1  | ", "> "), computed on demand: a pattern that spans lines, or reads a line from its start, is tried
+    on them when the lines as printed do not match (line indexes are the same)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self._cut: dict[int, str] = {}
+
+    def line(self, i: int) -> str:
+        got = self._cut.get(i)
+        if got is None:
+            got = self.lines[i]
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(self.lines):
+                    got = _cut_shared(self.lines[i], self.lines[j])
+                    if got is not self.lines[i]:
+                        break
+            self._cut[i] = got
+        return got
+
+    def joined(self, start: int, end: int, limit: int) -> tuple[str, list[int]]:
+        return _joined([self.line(k) for k in range(start, end)], 0, end - start, limit)
+
+
+def _cut_shared(line: str, neighbour: str) -> str:
+    """``line`` without the log prefixes it shares with ``neighbour``: up to three, one in another (journald's
+    around docker's, compose's around vLLM's). A host or unit may be named gpu-node-3, so message words do not
+    stop a cut: the lines as printed were tried first, and a cut that takes a repeated message's words only loses
+    a match that was not there."""
+    for _ in range(3):
+        prefix = log_prefix(line, neighbour, words_allowed=True)
+        if not prefix:
+            break
+        line, neighbour = line[len(prefix):], neighbour[len(prefix):]
+    return line
+
+
+def _scan(rule: ServingRule, lines: list[str], i: int, cut: _Unprefixed | None = None) -> _Hit | None:
     end = min(len(lines), i + rule.window)
     window, wstarts = _joined(lines, i, end, WINDOW_CHARS)
+    cut = cut if cut is not None else _Unprefixed(lines)
+    plain: tuple[str, list[int]] | None = None
     values: dict[str, float] = {}
     first = last = i
     text = ""
     for pat in rule.patterns:
-        m = pat.search(window)
+        m, starts = pat.search(window), wstarts
+        if m is None:
+            plain = plain or cut.joined(i, end, WINDOW_CHARS)
+            if plain[0] != window:
+                m, starts = pat.search(plain[0]), plain[1]
         if m is None:
             continue
         if not text:
             text = m.group(0)
-        last = max(last, _line_of(wstarts, i, m.end() - 1 if m.end() > m.start() else m.start()))
+        last = max(last, _line_of(starts, i, m.end() - 1 if m.end() > m.start() else m.start()))
         _take_values(m, values)
     if rule.require_match and not text:
         return None
+    if plain is not None and plain[0] != window:
+        window = window + "\n" + plain[0]  # the cases' ``match`` reads either
     around = ""
     if rule.context or any(c.match_before is not None for c in rule.cases):
         c0 = max(0, i - CONTEXT_LINES)
         ctx, cstarts = _joined(lines, c0, end, CONTEXT_CHARS)
         around = ctx
         anchor_end = cstarts[i - c0 + 1] if i - c0 + 1 < len(cstarts) else len(ctx)
+        cut_ctx: tuple[str, list[int]] | None = None
         for pat in rule.context:
-            found = None
-            for m in pat.finditer(ctx):
-                if found is not None and m.start() >= anchor_end:
-                    break  # the nearest: the last one up to the anchor line, else the first after it
-                found = m
-                if m.start() >= anchor_end:
-                    break
+            found, starts = _nearest(pat, ctx, anchor_end), cstarts
+            if found is None:
+                cut_ctx = cut_ctx or cut.joined(c0, end, CONTEXT_CHARS)
+                if cut_ctx[0] != ctx:
+                    k = i - c0 + 1
+                    found = _nearest(pat, cut_ctx[0], cut_ctx[1][k] if k < len(cut_ctx[1]) else len(cut_ctx[0]))
+                    starts = cut_ctx[1]
             if found is None:
                 continue
-            ln = _line_of(cstarts, c0, found.start())
+            ln = _line_of(starts, c0, found.start())
             first = min(first, ln)
             last = max(last, ln)
             _take_values(found, values)
+        if cut_ctx is not None and cut_ctx[0] != ctx:
+            around = ctx + "\n" + cut_ctx[0]
     if not text:
         line = lines[i].strip()
         anchor = next((a for a in rule.anchors if a in line), "")
         k = line.find(anchor) if anchor else 0
         text = line[k: k + len(anchor) + 200]
     return _Hit(rule, i, first, last, values, window, " ".join(text.split()), around)
+
+
+def _nearest(pat: re.Pattern[str] | LazyPattern, ctx: str, anchor_end: int) -> re.Match[str] | None:
+    """The match of a context pattern nearest the anchor: the last one up to the anchor line, else the first after."""
+    found = None
+    for m in pat.finditer(ctx):
+        if found is not None and m.start() >= anchor_end:
+            break
+        found = m
+        if m.start() >= anchor_end:
+            break
+    return found
 
 
 def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
@@ -1127,6 +1189,9 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     if not isinstance(text, str) or not text:
         return []
     lines = decoded_lines(text)
+    if any("\x1b" in line for line in lines):  # terminal colours: no meaning, and they split what patterns read
+        lines = [_ANSI.sub("", line) for line in lines]
+    cut = _Unprefixed(lines)
     findings: list[Finding] = [_pytorch_finding(m, lines, rs) for m in find_ooms(text)]
     taken: list[tuple[int, int]] = [(f.first_line, f.last_line) for f in findings]
     hits: list[_Hit] = []
@@ -1134,7 +1199,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
         line = lines[i]
         for rule in rs.rules:
             if any(a in line for a in rule.anchors):
-                hit = _scan(rule, lines, i)
+                hit = _scan(rule, lines, i, cut)
                 if hit is not None:
                     hits.append(hit)
     # Most specific rule first; a hit whose anchor lies in lines an earlier (more specific)

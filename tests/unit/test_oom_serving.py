@@ -53,6 +53,7 @@ EIGHTH = _load("serving_ooms_collected7.jsonl")
 NINTH = _load("serving_ooms_collected8.jsonl")
 TENTH = _load("serving_ooms_collected9.jsonl")
 ELEVENTH = _load("serving_ooms_collected10.jsonl")
+TWELFTH = _load("serving_ooms_collected11.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
@@ -207,7 +208,9 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
          ("ninth", NINTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH, 5),
          ("tenth", TENTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH, 5),
          ("eleventh", ELEVENTH,
-          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH, 7)]
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH, 7),
+         ("twelfth", TWELFTH,
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH, 7)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
@@ -1202,3 +1205,44 @@ def test_xla_conv_autotune_failure_is_unknown_only_without_a_deciding_status(tex
     assert [f.rule.split("/")[0] for f in found] == rules
     if rules == ["xla.gpu.conv-autotune"]:
         assert found[0].cls == "unknown" and "5003" in (found[0].reason or "")
+
+
+# How people paste a log: each line under a journald, docker-compose or markdown-quote prefix, in terminal colours,
+# or inside a JSON error body (json.dumps escapes the newlines and writes non-ASCII as \\uXXXX).
+PASTED_FORMS = {
+    "journald": lambda m: "\n".join("Nov 25 06:44:10 gpu-host app[95]: " + line for line in m.split("\n")),
+    "compose": lambda m: "\n".join("app-1  | " + line for line in m.split("\n")),
+    "quoted": lambda m: "\n".join("> " + line for line in m.split("\n")),
+    "colours": lambda m: "\n".join("\x1b[31m" + line + "\x1b[0m" for line in m.split("\n")),
+    "json-body": lambda m: json.dumps({"error": {"message": m}}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PASTED_FORMS))
+def test_a_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
+    """Every labelled memory error the rules find: the same rule and class under each pasted form (a pattern that
+    spans lines is tried on the lines with their shared log prefix cut, colours are dropped, JSON unescaped)."""
+    records = [r for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH
+               + TENTH + ELEVENTH + TWELFTH if r["label"] != "not_oom"]
+    changed = []
+    for r in records:
+        plain = analyse(r["message"])
+        if not plain:
+            continue
+        pasted = analyse(PASTED_FORMS[form](r["message"]))
+        want = (plain[0].rule.split("/")[0], plain[0].cls)
+        if not pasted or (pasted[0].rule.split("/")[0], pasted[0].cls) != want:
+            changed.append((r["id"], want, (pasted[0].rule, pasted[0].cls) if pasted else None))
+    assert changed == []
+
+
+def test_a_pattern_over_two_lines_matches_under_a_journald_prefix() -> None:
+    text = """Aug 13 16:58:56 gpu-host llama-server[301]: CUDA error: out of memory
+Aug 13 16:58:56 gpu-host llama-server[301]:   current device: 0, in function alloc at ggml/src/ggml-cuda.cu:420
+Aug 13 16:58:56 gpu-host llama-server[301]:   ggml_cuda_device_malloc(&ptr, look_ahead_size, device)"""
+    (f,) = analyse(text)
+    assert f.rule == "ggml.cuda-error" and f.engine == "llama.cpp"
+    # the lines as printed are tried first: a pattern that reads a prefix the lines share still matches
+    trt = ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMalloc(ptr, n): out of memory\n"
+           "[TensorRT-LLM][ERROR] 1 0x7f")
+    assert analyse(trt)[0].rule.startswith("tensorrt-llm.cuda-runtime")
