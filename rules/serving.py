@@ -86,7 +86,7 @@ NEEDLES = (
     "memory", "alloc", "kv cache", "kvcache", "cache blocks", "resource_exhausted", "resource exhausted",
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
-    "failed to decode the batch", "cache entries", "cudnn convolution algorithm",
+    "failed to decode the batch", "cache entries", "cudnn convolution algorithm", "no enough blocks",
 )
 
 # Markers of the engine whose log a line comes from, most specific first. An engine that
