@@ -239,6 +239,7 @@ class DeviceContext:
     total_bytes: int | None
     own_bytes: int  # this engine's process tree
     others: tuple[Tenant, ...] = ()
+    own_names: tuple[str, ...] = ()  # NVML's names of the tree's processes on it (at most 32 characters each)
 
     @property
     def other_bytes(self) -> int:
@@ -415,8 +416,7 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
                 "; or lower %s so that the engine fits beside it" % knob if knob else "", fit))
             return _decided(f, "reservation_conflict", "context.other-process",
                             "another process holds memory on the engine's device: %s" % shown, remedy, attrs)
-        if (f.rule in SELF_SIZED_RULES and f.engine == "llama.cpp" and r is not None
-                and not (ctx.program or "").startswith("ollama")
+        if (f.rule in SELF_SIZED_RULES and f.engine == "llama.cpp" and r is not None and not _under_ollama(ctx, devices)
                 and not any(t.used_bytes >= material_bytes(d.total_bytes) for d in devices for t in d.others)
                 and all(d.total_bytes and r > d.total_bytes - d.own_bytes - d.other_bytes for d in devices)):
             d = max(devices, key=lambda x: x.own_bytes)
@@ -449,6 +449,11 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
     if shown:
         reason = "%s. %s" % (reason.rstrip(". "), shown) if reason else shown
     return Refined(f.cls, f.rule, reason, f.remedy, f.note, False, attrs)
+
+
+def _under_ollama(ctx: LiveContext, devices: Sequence[DeviceContext]) -> bool:
+    """The producer is ollama, or ollama's runners hold the tree's memory (``sh -c "ollama serve"``)."""
+    return (ctx.program or "").startswith("ollama") or any("ollama" in n for d in devices for n in d.own_names)
 
 
 def _decided(f: Finding, cls: str, suffix: str, reason: str, remedy: str,

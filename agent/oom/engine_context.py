@@ -166,7 +166,8 @@ def nvml_devices(nvml: NvmlLike, pid: int, proc_root: str = "/proc",
                                 _name(g)) for g in s.processes if g not in mine),
                         key=lambda t: -t.used_bytes)
         out.append(DeviceContext(s.uuid or "nvml:%d" % i, s.memory_total_bytes,
-                                 sum(g.used_bytes or 0 for g in mine), tuple(others)))
+                                 sum(g.used_bytes or 0 for g in mine), tuple(others),
+                                 tuple(n for g in mine[:8] if (n := _name(g)) is not None)))
     return out
 
 

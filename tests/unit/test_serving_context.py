@@ -168,6 +168,9 @@ def test_a_llama_cpp_compute_buffer_that_does_not_fit_beside_its_own_weights_is_
     # under ollama its tree holds other models' runners, and it picked the layers itself: no class
     under_ollama = LiveContext(pid=1, devices=(full,), nvml=True, program="ollama")
     assert not refine(f, under_ollama).decided
+    # ollama started by a shell: its runner holds the memory
+    runner = DeviceContext("GPU-aaaa", 24 * GIB, 20 * GIB, (), ("/usr/local/bin/ollama",))
+    assert not refine(f, LiveContext(pid=1, devices=(runner,), nvml=True, program="sh")).decided
     # several devices, one with room: which one failed is not known
     assert not refine(f, _ctx(full, _dev(total=24 * GIB, own=6 * GIB))).decided
 
@@ -361,6 +364,7 @@ def test_nvml_finds_the_engines_devices_and_tells_its_workers_from_tenants(tmp_p
     assert engine_context.gather(_producer(asm, 600), nvml, None, str(root)).program == "ollama"
     assert engine_context.gather(_producer(asm, 100), nvml, None, str(root)).program == "vllm"
     assert engine_context.gather(_producer(asm, 999), nvml, None, str(root)).program is None  # gone
+    assert [d.own_names for d in devs] == [("proc101",), ("proc102",)]  # NVML's names of the tree's processes
 
 
 def test_handlers_refine_an_engine_oom_and_emit_the_context() -> None:
