@@ -50,6 +50,11 @@ SERVING = (ENDED_BY_READY, ENDED_BY_FIRST_REQUEST)  # a cold start that ended so
 # (rules/stages.toml names them by engine: vllm.load_model...), or at once when CMD's command line names an engine
 # (engine_cmdline.engine_command).
 ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.")
+# The packages of those engines: a process that imported one (its framework_import stage names the packages it
+# imported, longest first) loads the rules before the engine's first stage, whose OOM (weights larger than the
+# device, in vllm.load_model) would otherwise come before any stage of it ended.
+ENGINE_PACKAGES = frozenset({"vllm", "sglang", "text_generation_server"})
+IMPORT_PACKAGES = "infersight.import.packages"  # hooks/_imports.py: ["vllm 3.21 s", "torch 1.90 s", ...]
 
 log = logging.getLogger("infersight.launch")
 
@@ -135,16 +140,22 @@ class EmbeddedAgent:
 
     def _watch_ready(self, batch: Sequence[Item]) -> None:
         """A tap: the first cold start that ended by readiness (not by exit), or the first stage of a
-        serving engine's stage rule (see ENGINE_STAGE_RULES), loads the OOM rules."""
+        serving engine's stage rule (see ENGINE_STAGE_RULES) or the import of its package, loads the OOM rules."""
         if self._oom_warm is not None:
             return
         for it in batch:
             if isinstance(it, ColdStart) and it.root.attributes.get(ENDED_BY) in SERVING:
                 self.prepare_oom("a process of CMD serves")
                 return
-            rule = str(it.attributes.get(STAGE_RULE, "")) if isinstance(it, SpanItem) else ""
+            if not isinstance(it, SpanItem):
+                continue
+            rule = str(it.attributes.get(STAGE_RULE, ""))
             if rule.startswith(ENGINE_STAGE_RULES):
                 self.prepare_oom("a serving engine's stage ended (%s)" % rule)
+                return
+            engine = _engine_imported(it.attributes.get(IMPORT_PACKAGES))
+            if engine is not None:
+                self.prepare_oom("a serving engine's package was imported (%s)" % engine)
                 return
 
     def publish(self, items: list[Item]) -> None:
@@ -185,3 +196,14 @@ class EmbeddedAgent:
             p = self._stand_ins[child.pid] = Producer("launch-stderr-%d" % child.pid,
                                                       {"pid": child.pid, "launched": True, "argv": argv}, res)
         return p
+
+
+def _engine_imported(packages: object) -> str | None:
+    """The serving engine among a framework_import stage's packages ("vllm 3.21 s"), if any."""
+    if not isinstance(packages, (list, tuple)):
+        return None
+    for entry in packages[:64]:
+        name = str(entry).partition(" ")[0]
+        if name in ENGINE_PACKAGES:
+            return name
+    return None

@@ -494,13 +494,16 @@ def _fake_vllm(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("cmd", "why"), [
-    (["serve.py"], "a serving engine's stage ended (vllm.load_model)"),  # a script that runs the engine
+    # a script that runs the engine: its import of vllm (when it takes over 2 ms) or the engine's first stage
+    (["serve.py"], ("a serving engine's package was imported (vllm)",
+                    "a serving engine's stage ended (vllm.load_model)")),
     (["-m", "vllm.entrypoints.openai.api_server"], "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
     # as a pod's command often reads: behind env and a shell
     (["env", "VLLM_LOGGING_LEVEL=INFO", "/bin/sh", "-c", "exec {python} -m vllm.entrypoints.openai.api_server"],
      "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
 ])
-def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path, cmd: list[str], why: str) -> None:
+def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path, cmd: list[str],
+                                                                 why: str | tuple[str, ...]) -> None:
     # an engine's memory errors come while it starts, before any readiness: the rules load early
     _fake_vllm(tmp_path)
     out = tmp_path / "run.otlp.jsonl"
@@ -510,10 +513,37 @@ def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path,
     r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", *argv],
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "loading the OOM rules now: " + why in r.stderr
+    whys = (why,) if isinstance(why, str) else why
+    assert any("loading the OOM rules now: " + w in r.stderr for w in whys), r.stderr[-2000:]
     (rec,) = [x for x in log_records(read_otlp_lines(out)) if x.get("eventName") == "oom"]
     assert attr(rec, "infersight.oom.rule") == "vllm.kv.no-cache-blocks"
     assert attr(rec, "infersight.oom.source") == "log"
+
+
+EARLY_OOM = """
+import logging, time
+import sglang  # the engine's package: its import is a framework_import stage of its own
+
+time.sleep(0.5)  # before any stage of the engine ended: the weights load
+logging.getLogger("sglang.srt.managers.scheduler").error(
+    "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
+"""
+
+
+def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imported(tmp_path: Path) -> None:
+    pkg = tmp_path / "sglang"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import time\ntime.sleep(0.05)  # a stand-in for SGLang, no torch\n")
+    (tmp_path / "early.py").write_text(EARLY_OOM)
+    out = tmp_path / "run.otlp.jsonl"
+    env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG", PYTHONPATH=str(tmp_path))
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", sys.executable, "early.py"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "loading the OOM rules now: a serving engine's package was imported (sglang)" in r.stderr
+    (rec,) = [x for x in log_records(read_otlp_lines(out)) if x.get("eventName") == "oom"]
+    assert str(attr(rec, "infersight.oom.rule")).startswith("sglang.")
 
 
 def test_launch_of_a_plain_script_loads_no_oom_rules_while_it_starts(tmp_path: Path) -> None:

@@ -164,6 +164,29 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -
     assert oom.warmed == 1
 
 
+def _imports(*packages: str) -> Any:
+    from infersight.telemetry import Resource, SpanItem
+
+    res = Resource.of({"service.name": "svc"})
+    return SpanItem(res, "a" * 32, "d" * 16, "b" * 16, "coldstart.framework_import", 1, 2,
+                    {"infersight.import.packages": list(packages), "infersight.framework": packages[0]})
+
+
+async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imported() -> None:
+    # before the engine's first stage ends: an OOM in vllm.load_model (weights larger than the device) comes first
+    from infersight.agent.commands.launch_agent import EmbeddedAgent
+
+    agent, oom = _FakeAgent(), _FakeOom()
+    emb = EmbeddedAgent(agent, None, oom)  # type: ignore[arg-type]
+    (tap,) = agent.taps
+    tap([_imports("torch 1.90 s", "transformers 0.80 s"), _imports("vllm_client 0.30 s")])  # no engine
+    assert emb._oom_warm is None and oom.warmed == 0
+    tap([_imports("torch 1.90 s", "vllm 3.21 s")])
+    assert emb._oom_warm is not None
+    emb._oom_warm.join(5)
+    assert oom.warmed == 1
+
+
 @pytest.mark.parametrize(("argv", "engine"), [
     (["vllm", "serve", "Qwen/Qwen3-8B"], "vllm"),
     (["/opt/venv/bin/vllm", "serve", "m"], "vllm"),
