@@ -11,7 +11,10 @@ early). Two ways to start the same engine, alternating:
 - ``engine``: ``python -m vllm.entrypoints.openai.api_server``: a command line that names an engine,
   so launch does not hold its agent back and loads the OOM rules at once;
 - ``script``: ``python serve.py`` running the same code: launch holds its agent back until the
-  OOM's doorbell, then starts it, replays the spool and loads the rules for the OOM.
+  OOM's doorbell, then starts it, replays the spool and loads the rules for the OOM;
+- ``multiproc``: ``python serve_mp.py``, a server process that starts the same code as an engine core in a
+  spawned process (as vLLM's EngineCore and SGLang's scheduler run): the second hooked process ends the hold,
+  and the rules load when the core's import of ``vllm`` or its first stage reaches the agent.
 
 ``--other-pkg DIR``: a third row, ``engine`` again with another tree's infersight (DIR holds an
 ``infersight`` package laid out as installed, e.g. from ``git archive``), in the same rounds.
@@ -56,6 +59,17 @@ time.sleep(float(os.environ.get("STAY_S", "3")))
 """
 
 
+SERVER = """
+import multiprocessing as mp
+
+
+if __name__ == "__main__":
+    core = mp.get_context("spawn").Process(target=__import__, args=("engine_core",))
+    core.start()
+    core.join()
+"""
+
+
 def lay_out(root: Path) -> None:
     pkg = root / "vllm"
     for sub in ("", "v1", "v1/worker", "entrypoints", "entrypoints/openai"):
@@ -64,6 +78,8 @@ def lay_out(root: Path) -> None:
     (pkg / "v1" / "worker" / "gpu_model_runner.py").write_text(RUNNER)
     (pkg / "entrypoints" / "openai" / "api_server.py").write_text(ENGINE)
     (root / "serve.py").write_text(ENGINE)
+    (root / "engine_core.py").write_text(ENGINE)
+    (root / "serve_mp.py").write_text(SERVER)
 
 
 def oom_in(path: Path) -> bool:
@@ -76,7 +92,7 @@ def oom_in(path: Path) -> bool:
 
 def one(root: Path, mode: str, i: int, other: str | None = None) -> float | None:
     out, stamp = root / f"{mode}{i}.otlp.jsonl", root / f"{mode}{i}.stamp"
-    cmd = ["serve.py"] if mode == "script" else ["-m", "vllm.entrypoints.openai.api_server"]
+    cmd = {"script": ["serve.py"], "multiproc": ["serve_mp.py"]}.get(mode, ["-m", "vllm.entrypoints.openai.api_server"])
     path = os.pathsep.join([other, str(root)]) if mode == "other" and other else str(root)
     env = dict(os.environ, PYTHONPATH=path, STAMP=str(stamp))
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
@@ -101,7 +117,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--other-pkg", default=None)
     args = ap.parse_args()
-    res: dict[str, list[float]] = {"engine": [], "script": []}
+    res: dict[str, list[float]] = {"engine": [], "script": [], "multiproc": []}
     if args.other_pkg:
         res["other"] = []
     with tempfile.TemporaryDirectory(prefix="isf-") as d:
