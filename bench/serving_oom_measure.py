@@ -17,8 +17,8 @@ rule ran on it), the ninth pass (``serving_ooms_collected8.jsonl``, collected bl
 read the rules, split the same way and committed before any rule ran on it), the tenth pass
 (``serving_ooms_collected9.jsonl``, collected, split and committed the same way), the eleventh pass
 (``serving_ooms_collected10.jsonl``, the same), the twelfth pass (``serving_ooms_collected11.jsonl``, the same),
-and all of them. Prints recognised
-share, right share on the clear ones with each class's recall, the share of unclear ones answered
+the thirteenth (``serving_ooms_collected12.jsonl``, the same, the issue's engines only), and all of them.
+Prints recognised share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
 
@@ -50,6 +50,7 @@ def main() -> None:
     tenth = load("serving_ooms_collected9.jsonl")
     eleventh = load("serving_ooms_collected10.jsonl")
     twelfth = load("serving_ooms_collected11.jsonl")
+    thirteenth = load("serving_ooms_collected12.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -70,8 +71,10 @@ def main() -> None:
     held11 = [r for r in eleventh if r["split"] == "held_out"]
     tune12 = [r for r in twelfth if r["split"] == "tune"]
     held12 = [r for r in twelfth if r["split"] == "held_out"]
+    tune13 = [r for r in thirteenth if r["split"] == "tune"]
+    held13 = [r for r in thirteenth if r["split"] == "held_out"]
     everything = (given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
-                  + eleventh + twelfth)
+                  + eleventh + twelfth + thirteenth)
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -100,6 +103,9 @@ def main() -> None:
                         (f"twelfth pass ({len(twelfth)})", twelfth),
                         (f"twelfth pass, tuning half ({len(tune12)})", tune12),
                         (f"twelfth pass, held-out half ({len(held12)})", held12),
+                        (f"thirteenth pass ({len(thirteenth)})", thirteenth),
+                        (f"thirteenth pass, tuning half ({len(tune13)})", tune13),
+                        (f"thirteenth pass, held-out half ({len(held13)})", held13),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

@@ -190,8 +190,13 @@ _UNICODE_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 
 
 def _unescaped(m: re.Match[str]) -> str:
+    """The character, but a surrogate half (no lone one) and a control that would split or reshape a line stay
+    escaped: only a tab and ESC (terminal colours, dropped later) among the controls are undone."""
     code = int(m.group(1), 16)
-    return m.group(0) if 0xD800 <= code <= 0xDFFF else chr(code)  # a surrogate half stays escaped: no lone one
+    if 0xD800 <= code <= 0xDFFF or code in (0x2028, 0x2029) or (
+            (code < 0x20 or 0x7F <= code <= 0x9F) and code not in (0x09, 0x1B)):
+        return m.group(0)
+    return chr(code)
 
 
 def _decode(text: str) -> str:

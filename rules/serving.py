@@ -122,6 +122,8 @@ _HOSTS: dict[str, tuple[str, ...]] = {
 # A quantified group that holds a quantifier: the shape of catastrophic backtracking.
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
 _WS = re.compile(r"[ \t]+")
+_DIGITS = re.compile(r"\d")
+_LOG_PREFIX_END = re.compile(r"[\]:>|)] ")  # where a log prefix may end (rules/oom_parse.py's log_prefix)
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # CSI sequences: colours, cursor moves
 _NEVER = re.compile(r"(?!)")  # matches nothing
 
@@ -820,6 +822,68 @@ class _Unprefixed:
         return _joined([self.line(k) for k in range(start, end)], 0, end - start, limit)
 
 
+def _untabled(lines: list[str]) -> list[str]:
+    """The lines with each row of a text table whose last cell wraps onto continuation rows (Triton's model status
+    table: "| tensorrt_llm | 1 | UNAVAILABLE: ... CUDA runtime error |", then "|   |   |  in ::cudaMallocAsync(...):
+    out of memory |") joined into its first row, the wrapped cell's pieces run together as the printer cut them
+    (mid-word); the continuation rows become empty lines, so that line indexes stay. A row loses its closing border
+    (a message in a cell ends its line, as printed without the table). Other lines as they are."""
+    out = list(lines)
+    head = -1
+    for k, line in enumerate(lines):
+        row = line if _table_row(line) else _prefixed_row(lines, k) if "|" in line else None
+        if row is None and "|" in line and k + 1 < len(lines) and _table_row(lines[k + 1]) and _table_cells(
+                lines[k + 1])[1]:
+            row = line[line.find("|"):]  # the table's first row after text of its own (a JSON string's opening)
+            row = row if _table_row(row) else None
+        if row is None:
+            head = -1
+            continue
+        prefix = line[:len(line) - len(row)]  # a log prefix before the table (docker-compose's "triton-1  | ")
+        cells, continued = _table_cells(row)
+        if continued and head >= 0:
+            out[head] += cells[-1]
+            out[k] = ""
+            continue
+        head = k
+        out[k] = prefix + "|" + "|".join(cells[:-1]) + "| " + cells[-1]  # without its closing border
+    return [line.rstrip() if line is not lines[k] else line for k, line in enumerate(out)]
+
+
+def _prefixed_row(lines: list[str], k: int) -> str | None:
+    """Line ``k`` from the first table border after a log prefix it shares with a neighbour (docker-compose's
+    "triton-1  | ", journald's "... unit[pid]: "), when that is a table row; else None."""
+    line = lines[k]
+    for j in (k - 1, k + 1):
+        if not 0 <= j < len(lines):
+            continue
+        a, b = _DIGITS.sub("0", line[:200]), _DIGITS.sub("0", lines[j][:200])
+        n = next((x for x, (ca, cb) in enumerate(zip(a, b, strict=False)) if ca != cb), min(len(a), len(b)))
+        for m in _LOG_PREFIX_END.finditer(a[:n]):  # the shortest prefix that leaves a table row
+            row = line[m.end():]
+            if _table_row(row):
+                return row
+    return None
+
+
+def _table_row(line: str) -> bool:
+    s = line.lstrip()
+    return s.startswith("|") and s.count("|") >= 2
+
+
+def _table_cells(line: str) -> tuple[list[str], bool]:
+    """A table row's cells (the last with its one padding space taken off each side, the others as printed), and
+    whether it continues the row above (every cell but the last empty)."""
+    s = line.strip()[1:]
+    if s.endswith("|"):
+        s = s[:-1]
+    cells = s.split("|")
+    last = cells[-1]
+    last = last[1:] if last.startswith(" ") else last
+    last = last[:-1] if last.endswith(" ") else last
+    return [*cells[:-1], last], len(cells) > 1 and all(not c.strip() for c in cells[:-1])
+
+
 def _cut_shared(line: str, neighbour: str) -> str:
     """``line`` without the log prefixes it shares with ``neighbour``: up to three, one in another (journald's
     around docker's, compose's around vLLM's). A host or unit may be named gpu-node-3, so message words do not
@@ -1188,9 +1252,21 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     rs = rs if rs is not None else builtin()
     if not isinstance(text, str) or not text:
         return []
+    if "\x1b" in text:  # terminal colours: no meaning, and they split what patterns read
+        text = _ANSI.sub("", text)
+    tabled = False
+    if "|" in text:  # a text table may have wrapped the message: join its rows before anything reads them
+        raw = text.splitlines()
+        untabled = _untabled(raw)
+        if untabled != raw:
+            text, tabled = "\n".join(untabled), True
     lines = decoded_lines(text)
-    if any("\x1b" in line for line in lines):  # terminal colours: no meaning, and they split what patterns read
+    if any("\x1b" in line for line in lines):  # colours a JSON string held as \u001b
         lines = [_ANSI.sub("", line) for line in lines]
+    if not tabled and "|" in text:  # a table inside a JSON string: its rows are lines once decoded
+        untabled = _untabled(lines)
+        if untabled != lines:
+            lines, text = untabled, "\n".join(untabled)
     cut = _Unprefixed(lines)
     findings: list[Finding] = [_pytorch_finding(m, lines, rs) for m in find_ooms(text)]
     taken: list[tuple[int, int]] = [(f.first_line, f.last_line) for f in findings]

@@ -14,9 +14,9 @@ context decides it by the rubric:
   device nobody else uses: ``reservation_conflict``, naming the knob and its value;
 - the printed **request alone is at least the device's total**, or XLA's buffer assignment for
   the whole program ('total allocation') is: ``capacity`` (no share of any device would do);
-- llama.cpp's **compute buffer did not fit beside its own weights and KV cache** on a device no
-  other process holds a material share of (llama.cpp sizes nothing to the device; not under
-  ollama): ``capacity``;
+- llama.cpp's **compute buffer does not fit beside its own weights and KV cache** on the device,
+  whatever other processes hold (llama.cpp sizes nothing to the device; not under ollama):
+  ``capacity``;
 - vLLM's KV cache **a little short of one request** (``vllm.kv.max-model-len``'s small gap, at most
   15% of the pool) with ``--gpu-memory-utilization`` on the command line: at 0.95 or more
   ``capacity`` (no room left to raise it), at 0.82 or less ``reservation_conflict`` (raising it to
@@ -82,9 +82,9 @@ DEVICE_SHORTAGE_RULES = frozenset({
 # XLA's memory error on a GPU: its BufferAssignment stats ('total allocation') give what the whole program needs.
 XLA_POOL_RULE = "xla.gpu.out-of-memory"
 # llama.cpp's compute buffer, reserved after the weights and the KV cache: llama.cpp sizes nothing to the device (no
-# fraction, no pool), so when no other process holds a material share and the buffer did not fit in what the
-# engine's own processes left, its own weights, KV cache and buffer exceed the device (-ngl, -c, -ub as set). Not under
-# ollama, which picks the layers from its own estimate and whose tree holds the runners of other loaded models.
+# fraction, no pool), so when the buffer does not fit in what the engine's own processes leave of the device (other
+# processes aside), its own weights, KV cache and buffer exceed it (-ngl, -c, -ub as set). Not under ollama, which
+# picks the layers from its own estimate and whose tree holds the runners of other loaded models.
 SELF_SIZED_RULES = frozenset({"llama.cpp.compute-buffer"})
 # Accelerators NVML does not see: a message that names one is never set against NVML's devices.
 # (Not a letter before it: INPUT and OUTPUT name no NPU or TPU.)
@@ -417,13 +417,12 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
             return _decided(f, "reservation_conflict", "context.other-process",
                             "another process holds memory on the engine's device: %s" % shown, remedy, attrs)
         if (f.rule in SELF_SIZED_RULES and f.engine == "llama.cpp" and r is not None and not _under_ollama(ctx, devices)
-                and not any(t.used_bytes >= material_bytes(d.total_bytes) for d in devices for t in d.others)
-                and all(d.total_bytes and r > d.total_bytes - d.own_bytes - d.other_bytes for d in devices)):
+                and all(d.total_bytes and r > d.total_bytes - d.own_bytes for d in devices)):
             d = max(devices, key=lambda x: x.own_bytes)
             return _decided(f, "capacity", "context.own-buffers-fill-device",
-                            "the buffer of %s did not fit in the %s the engine's own weights and KV cache left "
-                            "of the %s device, and no other process holds a material share: %s" % (
-                                _gib(r), _gib(max(0, (d.total_bytes or 0) - d.own_bytes - d.other_bytes)),
+                            "the buffer of %s does not fit in the %s the engine's own weights and KV cache leave "
+                            "of the %s device, whatever other processes hold: %s" % (
+                                _gib(r), _gib(max(0, (d.total_bytes or 0) - d.own_bytes)),
                                 _gib(d.total_bytes or 0), shown),
                             " ".join((f.remedy, (engine_remedies or {}).get("capacity", ""))).strip(), attrs)
         # only where the rule's own mechanism is a pool that this fraction sizes (its knob)

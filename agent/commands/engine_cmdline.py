@@ -3,8 +3,8 @@
 ``infersight launch`` asks this before CMD runs: an engine is not held back and gets the OOM rules at
 once (launch_base). A miss costs little (the default hold and the deferred rules: the engine's memory
 errors are still classified, later); a false hit costs ~0.2 s of CPU in the cold start. So the reading is
-conservative: a wrapper's options are skipped only where their arity is known, and anything unread
-answers None. Pure and stdlib only: launch imports it before CMD starts.
+conservative: a wrapper's options are skipped only where their arity is known, a package's tools are no
+server, and anything unread answers None. Pure and stdlib only: launch imports it before CMD starts.
 """
 
 from __future__ import annotations
@@ -16,9 +16,19 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 # CMD's program, or the module after ``-m``, that starts a serving engine.
-ENGINE_COMMANDS = frozenset({"text-generation-launcher", "text-generation-server", "llama-server", "trtllm-serve"})
-ENGINE_SERVE = frozenset({"vllm", "lmdeploy", "ollama"})  # an engine only with their ``serve`` subcommand
-ENGINE_MODULES = frozenset({"vllm", "sglang", "text_generation_server", "lmdeploy", "llama_cpp", "tensorrt_llm"})
+ENGINE_COMMANDS = frozenset({"text-generation-launcher", "llama-server", "trtllm-serve"})
+# An engine only with their ``serve`` subcommand (``vllm bench``, ``lmdeploy lite``, ``text-generation-server
+# download-weights`` are not).
+ENGINE_SERVE = frozenset({"vllm", "lmdeploy", "ollama", "text-generation-server"})
+MODULE_SERVE = frozenset({"vllm", "lmdeploy", "text_generation_server.cli"})  # ``python -m vllm serve``
+# The servers' own modules (``python -m sglang.launch_server``); a package's other modules are its tools
+# (``sglang.check_env``, ``tensorrt_llm.commands.build``, ``vllm.collect_env``).
+SERVER_MODULES = ("vllm.entrypoints", "sglang.launch_server", "sglang.srt.entrypoints", "lmdeploy.serve",
+                  "llama_cpp.server", "tensorrt_llm.commands.serve", "text_generation_server.server")
+MAX_ARGS = 4096
+MAX_SCRIPT = 65536
+SCRIPT_SEPARATORS = ";&|()\n"
+SHELL_KEYWORDS = frozenset({"then", "do", "else", "elif", "if", "while", "until", "{", "!", "time"})
 
 # Wrappers that run their first non-option argument: the options that take a separate value.
 PREFIX_WRAPPERS: dict[str, frozenset[str]] = {
@@ -77,14 +87,21 @@ SHELL_LONG_FLAGS = frozenset({"--login", "--noprofile", "--norc", "--posix"})
 MAX_DEPTH = 6  # wrappers in wrappers: ``sudo -u svc env X=1 uv run vllm serve``
 
 
-def engine_command(argv: Sequence[str], depth: int = 0) -> str | None:
+def engine_command(argv: Sequence[object]) -> str | None:
     """The serving engine a command line starts, by its program (``vllm serve``, ``llama-server``,
     ``text-generation-launcher``) or the module of ``python -m`` (``python -m sglang.launch_server``,
     before the script's own arguments), also behind wrappers (``env``, ``uv run``, ``conda run``, ``sudo``,
-    ``mpirun``, ``sh -c "..."``); None if none."""
+    ``mpirun``, ``sh -c "..."``); None if none. Never raises: a command line this cannot read is no engine."""
+    try:
+        return _engine([str(a) for a in list(argv)[:MAX_ARGS]], 0)
+    except Exception:  # a malformed argv must not stop launch
+        return None
+
+
+def _engine(argv: list[str], depth: int) -> str | None:
     if not argv or depth > MAX_DEPTH:
         return None
-    prog = os.path.basename(str(argv[0]))
+    prog = os.path.basename(argv[0])
     if prog in ENGINE_COMMANDS or (prog in ENGINE_SERVE and len(argv) > 1 and argv[1] == "serve"):
         return prog
     if prog.startswith("python"):
@@ -92,7 +109,7 @@ def engine_command(argv: Sequence[str], depth: int = 0) -> str | None:
     if prog in SHELLS:
         return _shell_string(argv, depth)
     inner = _unwrapped(prog, argv)
-    return engine_command(inner, depth + 1) if inner else None
+    return _engine(inner, depth + 1) if inner else None
 
 
 def _assignment(word: str) -> bool:
@@ -104,10 +121,12 @@ def _assignment(word: str) -> bool:
 def _python_module(argv: Sequence[str]) -> str | None:
     for i, a in enumerate(argv[1:64], 1):
         if a == "-m" and i + 1 < len(argv):
-            mod = str(argv[i + 1])
-            return mod if mod.partition(".")[0] in ENGINE_MODULES and "bench" not in mod else None
-        if not a.startswith("-"):
-            return None  # the script: what follows is its own
+            mod = argv[i + 1]
+            if mod in MODULE_SERVE:  # ``python -m vllm serve``: the CLI, an engine only with its serve subcommand
+                return mod if i + 2 < len(argv) and argv[i + 2] == "serve" else None
+            return mod if mod.startswith(SERVER_MODULES) and "bench" not in mod else None
+        if a == "-c" or not a.startswith("-"):
+            return None  # code, or the script: what follows is its own
     return None
 
 
@@ -150,22 +169,25 @@ def _after_options(args: Sequence[str], takes_value: frozenset[str], assignments
 
 def _shell_string(argv: Sequence[str], depth: int) -> str | None:
     """``sh -c "pip install x && exec vllm serve m"``: each simple command of the string, in order."""
-    for i, a in enumerate(argv[1:8], 1):
+    i = 1
+    while i < min(len(argv), 16):
+        a = argv[i]
         if a in SHELL_LONG_FLAGS:
+            i += 1
             continue
         if not a.startswith("-") or a.startswith("--"):
             return None  # a script file, or an option this does not read
         if "c" in a[1:]:
-            return _in_script(str(argv[i + 1]), depth) if i + 1 < len(argv) else None
-        if a == "-o":  # ``bash -o pipefail -c ...``
-            return _shell_string([argv[0], *argv[i + 2:]], depth)
+            return _in_script(argv[i + 1], depth) if i + 1 < len(argv) else None
+        i += 2 if a in ("-o", "+o") else 1  # ``bash -o pipefail -c ...``
     return None
 
 
 def _in_script(script: str, depth: int) -> str | None:
     import shlex
 
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer = shlex.shlex(script[:MAX_SCRIPT], posix=True, punctuation_chars=SCRIPT_SEPARATORS)
+    lexer.whitespace = " \t\r"  # a newline separates commands, as ; does
     lexer.whitespace_split = True
     try:
         tokens = list(lexer)
@@ -173,10 +195,10 @@ def _in_script(script: str, depth: int) -> str | None:
         return None
     command: list[str] = []
     for token in [*tokens, ";"]:
-        if token and set(token) <= set(";&|()"):
-            while command and _assignment(command[0]):
+        if token and set(token) <= set(SCRIPT_SEPARATORS):
+            while command and (_assignment(command[0]) or command[0] in SHELL_KEYWORDS):
                 command.pop(0)
-            found = engine_command(command, depth + 1)
+            found = _engine(command, depth + 1)
             if found is not None:
                 return found
             command = []

@@ -234,8 +234,34 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imp
     (["sudo", "-u"], None),
     (["env"], None),
     (["timeout", "vllm"], None),  # vllm is the duration here: nothing runs
+    # a pod's multi-line script, and shell keywords before a command
+    (["sh", "-c", "set -e\ncd /app\nvllm serve m --port 8000\n"], "vllm"),
+    (["bash", "-c", "if [ -n \"$X\" ]; then exec python3 -m sglang.launch_server --model-path m; fi"],
+     "sglang.launch_server"),
+    (["sh", "-c", "echo 'a\nvllm serve'"], None),  # a newline inside quotes is the argument's
+    # an engine package's tools are no server
+    (["python", "-m", "vllm", "collect-env"], None),
+    (["python", "-m", "vllm", "serve", "m"], "vllm"),
+    (["python", "-m", "lmdeploy", "lite", "auto_awq", "m"], None),
+    (["python", "-m", "lmdeploy.serve.openai.api_server", "m"], "lmdeploy.serve.openai.api_server"),
+    (["python", "-m", "tensorrt_llm.commands.build", "--checkpoint_dir", "c"], None),
+    (["python", "-m", "sglang.check_env"], None),
+    (["python", "-c", "-m", "vllm"], None),  # code
+    (["text-generation-server", "download-weights", "m"], None),
+    (["python", "-m", "llama_cpp.server", "--model", "m.gguf"], "llama_cpp.server"),
 ])
+
 def test_a_command_line_that_starts_a_serving_engine_is_told(argv: list[str], engine: str | None) -> None:
     from infersight.agent.commands.engine_cmdline import engine_command
 
     assert engine_command(argv) == engine
+
+
+@pytest.mark.parametrize("argv", [
+    ["bash", *["-o", "x"] * 2000, "-c", "vllm serve m"],  # no recursion to run out of
+    ["python", None], ["bash", None], ["python", b"-u"], [None], ["env", *["A=1"] * 100000, "vllm", "serve"],
+])
+def test_a_command_line_that_cannot_be_read_is_no_engine_and_raises_nothing(argv: list[object]) -> None:
+    from infersight.agent.commands.engine_cmdline import engine_command
+
+    assert engine_command(argv) in (None, "vllm")

@@ -54,6 +54,7 @@ NINTH = _load("serving_ooms_collected8.jsonl")
 TENTH = _load("serving_ooms_collected9.jsonl")
 ELEVENTH = _load("serving_ooms_collected10.jsonl")
 TWELFTH = _load("serving_ooms_collected11.jsonl")
+THIRTEENTH = _load("serving_ooms_collected12.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
@@ -210,7 +211,10 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
          ("eleventh", ELEVENTH,
           GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH, 7),
          ("twelfth", TWELFTH,
-          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH, 7)]
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH, 7),
+         ("thirteenth", THIRTEENTH,
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
+          + TWELFTH, 8)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
@@ -1207,23 +1211,38 @@ def test_xla_conv_autotune_failure_is_unknown_only_without_a_deciding_status(tex
         assert found[0].cls == "unknown" and "5003" in (found[0].reason or "")
 
 
+def _triton_table(message: str, width: int = 100) -> str:
+    """Triton's model status table: the status cell cut every ``width`` characters, mid-word as its printer cuts,
+    onto rows whose other cells are empty (a message of one line; more lines go in as they are)."""
+    if "\n" in message:
+        return message
+    pieces = [message[k:k + width] for k in range(0, len(message), width)]
+    rows = ["| %-12s | %-7s | %-*s |" % ("my_model" if k == 0 else "", "1" if k == 0 else "", width, p)
+            for k, p in enumerate(pieces)]
+    rule = "+%s+%s+%s+" % ("-" * 14, "-" * 9, "-" * (width + 2))
+    return "\n".join([rule, "| %-12s | %-7s | %-*s |" % ("Model", "Version", width, "Status"), rule, *rows, rule])
+
+
 # How people paste a log: each line under a journald, docker-compose or markdown-quote prefix, in terminal colours,
-# or inside a JSON error body (json.dumps escapes the newlines and writes non-ASCII as \\uXXXX).
+# inside a JSON error body (json.dumps escapes the newlines and writes non-ASCII as \\uXXXX), or in Triton's model
+# status table.
 PASTED_FORMS = {
     "journald": lambda m: "\n".join("Nov 25 06:44:10 gpu-host app[95]: " + line for line in m.split("\n")),
     "compose": lambda m: "\n".join("app-1  | " + line for line in m.split("\n")),
     "quoted": lambda m: "\n".join("> " + line for line in m.split("\n")),
     "colours": lambda m: "\n".join("\x1b[31m" + line + "\x1b[0m" for line in m.split("\n")),
     "json-body": lambda m: json.dumps({"error": {"message": m}}),
+    "triton-table": _triton_table,
 }
 
 
 @pytest.mark.parametrize("form", sorted(PASTED_FORMS))
 def test_a_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
     """Every labelled memory error the rules find: the same rule and class under each pasted form (a pattern that
-    spans lines is tried on the lines with their shared log prefix cut, colours are dropped, JSON unescaped)."""
+    spans lines is tried on the lines with their shared log prefix cut, colours are dropped, JSON unescaped, a wrapped
+    table cell joined)."""
     records = [r for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH
-               + TENTH + ELEVENTH + TWELFTH if r["label"] != "not_oom"]
+               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH if r["label"] != "not_oom"]
     changed = []
     for r in records:
         plain = analyse(r["message"])
@@ -1246,3 +1265,18 @@ Aug 13 16:58:56 gpu-host llama-server[301]:   ggml_cuda_device_malloc(&ptr, look
     trt = ("[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMalloc(ptr, n): out of memory\n"
            "[TensorRT-LLM][ERROR] 1 0x7f")
     assert analyse(trt)[0].rule.startswith("tensorrt-llm.cuda-runtime")
+
+
+def test_triton_s_wrapped_status_cell_is_read_as_one_message() -> None:
+    # Triton's model table cuts the status cell mid-word ("tllmB" / "uffers.h"), here under a docker-compose prefix
+    text = """triton-1  | +----------------+---------+--------------------------------------------------------------+
+triton-1  | | Model          | Version | Status                                                       |
+triton-1  | +----------------+---------+--------------------------------------------------------------+
+triton-1  | | tensorrt_llm   | 1       | UNAVAILABLE: Internal: [TensorRT-LLM][ERROR] CUDA runtime er |
+triton-1  | |                |         | ror in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of |
+triton-1  | |                |         |  memory (/app/tensorrt_llm/runtime/tllmBuffers.h:112)        |
+triton-1  | +----------------+---------+--------------------------------------------------------------+"""
+    (f,) = analyse(text)
+    assert f.rule == "tensorrt-llm.cuda-runtime" and f.engine == "tensorrt-llm"
+    # an ordinary table (no wrapped cell) is read as it is, and says nothing
+    assert analyse("| GPU | Memory |\n| --- | --- |\n| A100 | 80 GiB |\n| L4 | 24 GiB |") == []

@@ -115,7 +115,12 @@ def test_a_tenant_decides_nothing_when_the_request_would_not_fit_without_it() ->
     f = _finding(_record(LLAMA_BUFFER))  # 8.69 GiB asked
     assert f.cls == "unknown" and f.numbers["R"] == 9332334592
     r = refine(f, _ctx(_dev(total=12 * GIB, own=4 * GIB, others=(Tenant(5, 2 * GIB, "x"),))))
-    assert not r.decided and r.cls == "unknown"  # 8.69 GiB > 12 - 4: capacity or the engine's own use
+    # 8.69 GiB > 12 - 4: not the tenant's doing; llama.cpp's own weights and KV cache leave too little (capacity)
+    assert r.cls == "capacity" and r.rule.endswith("+context.own-buffers-fill-device")
+    # under ollama (its own estimate picked the layers) nothing decides
+    r = refine(f, LiveContext(pid=1, devices=(_dev(total=12 * GIB, own=4 * GIB, others=(Tenant(5, 2 * GIB, "x"),)),),
+                              nvml=True, program="ollama"))
+    assert not r.decided and r.cls == "unknown"
 
 
 def test_a_request_larger_than_the_device_is_capacity() -> None:
@@ -165,6 +170,9 @@ def test_a_llama_cpp_compute_buffer_that_does_not_fit_beside_its_own_weights_is_
     # a material tenant: the tenant's rule decides (reservation), not this one
     tenant = refine(f, _ctx(_dev(total=24 * GIB, own=12 * GIB, others=(Tenant(77, 8 * GIB, "python3"),))))
     assert tenant.cls == "reservation_conflict" and tenant.rule.endswith("+context.other-process")
+    # many small processes, none material, that hold what the buffer needed: not the engine's own size
+    small = tuple(Tenant(100 + k, int(1.1 * GIB), "x") for k in range(9))
+    assert not refine(f, _ctx(_dev(total=24 * GIB, own=10 * GIB, others=small))).decided
     # under ollama its tree holds other models' runners, and it picked the layers itself: no class
     under_ollama = LiveContext(pid=1, devices=(full,), nvml=True, program="ollama")
     assert not refine(f, under_ollama).decided
