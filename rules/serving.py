@@ -831,8 +831,11 @@ def _untabled(lines: list[str]) -> list[str]:
     out = list(lines)
     head = -1
     for k, line in enumerate(lines):
-        row = line if _table_row(line) else _prefixed_row(lines, k) if "|" in line else None
-        if row is None and "|" in line and k + 1 < len(lines) and _table_row(lines[k + 1]) and _table_cells(
+        if line.count("|") < 2:  # no row: a row has a border on each side of a cell (most lines stop here)
+            head = -1
+            continue
+        row = line if _table_row(line) else _prefixed_row(lines, k)
+        if row is None and k + 1 < len(lines) and _table_row(lines[k + 1]) and _table_cells(
                 lines[k + 1])[1]:
             row = line[line.find("|"):]  # the table's first row after text of its own (a JSON string's opening)
             row = row if _table_row(row) else None
@@ -1263,7 +1266,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     lines = decoded_lines(text)
     if any("\x1b" in line for line in lines):  # colours a JSON string held as \u001b
         lines = [_ANSI.sub("", line) for line in lines]
-    if not tabled and "|" in text:  # a table inside a JSON string: its rows are lines once decoded
+    if not tabled and "|" in text and "\\" in text:  # a table inside a JSON string: its rows are lines once decoded
         untabled = _untabled(lines)
         if untabled != lines:
             lines, text = untabled, "\n".join(untabled)
