@@ -822,6 +822,40 @@ class _Unprefixed:
         return _joined([self.line(k) for k in range(start, end)], 0, end - start, limit)
 
 
+# The field that holds the line in a log shipped as JSON: the container runtime's ("log"), Loki's and most
+# shippers' ("message", "msg"), journalctl -o json's ("MESSAGE"), Rust tracing's (TGI's --json-output) under "fields".
+RECORD_FIELDS = ("log", "message", "msg", "MESSAGE")
+MAX_RECORD_CHARS = 1 << 20
+
+
+def _record_messages(text: str) -> str:
+    """``text`` with each line that is a JSON record holding a message field replaced by that message (a
+    container's ``{"log": "...\\n", "stream": "stderr", ...}``); other lines as they are. An error body such as
+    ``{"error": {"message": ...}}`` has no such field at its top and stays (the JSON unescaping reads it)."""
+    import json
+
+    out: list[str] = []
+    changed = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s[:2] == '{"' and s[-1:] == "}" and len(s) <= MAX_RECORD_CHARS:
+            try:
+                record = json.loads(s)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                fields = record.get("fields")  # Rust's tracing (TGI's --json-output): {"fields": {"message": ...}}
+                if isinstance(fields, dict) and isinstance(fields.get("message"), str):
+                    record = fields
+                message = next((v for k in RECORD_FIELDS if isinstance(v := record.get(k), str)), None)
+                if message is not None:
+                    out.append(message.rstrip("\n"))
+                    changed = True
+                    continue
+        out.append(line)
+    return "\n".join(out) if changed else text
+
+
 def _untabled(lines: list[str]) -> list[str]:
     """The lines with each row of a text table whose last cell wraps onto continuation rows (Triton's model status
     table: "| tensorrt_llm | 1 | UNAVAILABLE: ... CUDA runtime error |", then "|   |   |  in ::cudaMallocAsync(...):
@@ -1255,6 +1289,8 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     rs = rs if rs is not None else builtin()
     if not isinstance(text, str) or not text:
         return []
+    if '{"' in text:  # a log shipped as JSON records, one per line: each record's message
+        text = _record_messages(text)
     if "\x1b" in text:  # terminal colours: no meaning, and they split what patterns read
         text = _ANSI.sub("", text)
     tabled = False

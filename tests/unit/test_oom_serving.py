@@ -1224,8 +1224,8 @@ def _triton_table(message: str, width: int = 100) -> str:
 
 
 # How people paste a log: each line under a journald, docker-compose or markdown-quote prefix, in terminal colours,
-# inside a JSON error body (json.dumps escapes the newlines and writes non-ASCII as \\uXXXX), or in Triton's model
-# status table.
+# inside a JSON error body (json.dumps escapes the newlines and writes non-ASCII as \\uXXXX), in Triton's model
+# status table, or as the container runtime's JSON log records.
 PASTED_FORMS = {
     "journald": lambda m: "\n".join("Nov 25 06:44:10 gpu-host app[95]: " + line for line in m.split("\n")),
     "compose": lambda m: "\n".join("app-1  | " + line for line in m.split("\n")),
@@ -1233,6 +1233,9 @@ PASTED_FORMS = {
     "colours": lambda m: "\n".join("\x1b[31m" + line + "\x1b[0m" for line in m.split("\n")),
     "json-body": lambda m: json.dumps({"error": {"message": m}}),
     "triton-table": _triton_table,
+    "container-json": lambda m: "\n".join(json.dumps({"log": line + "\n", "stream": "stderr",
+                                                      "time": "2026-11-30T10:00:00.000000001Z"})
+                                           for line in m.split("\n")),
 }
 
 
@@ -1280,3 +1283,18 @@ triton-1  | +----------------+---------+----------------------------------------
     assert f.rule == "tensorrt-llm.cuda-runtime" and f.engine == "tensorrt-llm"
     # an ordinary table (no wrapped cell) is read as it is, and says nothing
     assert analyse("| GPU | Memory |\n| --- | --- |\n| A100 | 80 GiB |\n| L4 | 24 GiB |") == []
+
+
+def test_a_log_shipped_as_json_records_is_read_by_its_messages() -> None:
+    # TGI's --json-output (Rust tracing): the message sits under "fields"
+    tgi = ('{"timestamp":"2026-11-30T10:00:00.000001Z","level":"ERROR","fields":{"message":"Server error: Not enough '
+           'memory to handle 4096 prefill tokens. You need to decrease `--max-batch-prefill-tokens`"},'
+           '"target":"text_generation_launcher"}')
+    (f,) = analyse(tgi)
+    assert f.rule.startswith("tgi.warmup.tokens")
+    # journalctl -o json: MESSAGE, two records that make one ggml error
+    journal = "\n".join(json.dumps({"_SYSTEMD_UNIT": "llama.service", "MESSAGE": m}) for m in (
+        "CUDA error: out of memory", "  current device: 0, in function alloc at ggml/src/ggml-cuda.cu:420"))
+    assert [x.rule for x in analyse(journal)] == ["ggml.cuda-error"]
+    # a record without a message field, or a line that is no JSON, stays as it is
+    assert analyse('{"level": "INFO", "tokens": 12}\n{"log": 5}\n{"oops') == []
