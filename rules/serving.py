@@ -841,31 +841,52 @@ def _record_messages(text: str) -> str:
         if s[:2] == '{"' and s[-1:] == "}" and len(s) <= MAX_RECORD_CHARS:
             try:
                 record = json.loads(s)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
                 record = None
             if isinstance(record, dict):
                 fields = record.get("fields")  # Rust's tracing (TGI's --json-output): {"fields": {"message": ...}}
-                if isinstance(fields, dict) and isinstance(fields.get("message"), str):
-                    record = fields
-                message = next((v for k in RECORD_FIELDS if isinstance(v := record.get(k), str)), None)
-                if message is not None:
-                    out.append(message.rstrip("\n"))
+                inner = fields if isinstance(fields, dict) and isinstance(fields.get("message"), str) else record
+                key = next((k for k in RECORD_FIELDS if isinstance(inner.get(k), str)), None)
+                if key is not None:
+                    out.append(str(inner[key]).rstrip("\n"))
+                    # the record's other text that may hold the error (exc_info, error, err, stack): after it
+                    out.extend(v.rstrip("\n") for k, v in (*record.items(), *(fields.items() if inner is fields
+                                                                               else ()))
+                               if k not in (key, "fields") and isinstance(v, str) and _holds_needle(v))
                     changed = True
                     continue
         out.append(line)
     return "\n".join(out) if changed else text
 
 
+def _holds_needle(value: str) -> bool:
+    low = value.lower()
+    return any(n in low for n in NEEDLES) or "out of memory" in low
+
+
+MAX_WRAPPED_ROWS = 32  # continuation rows joined to one row
+MAX_WRAPPED_CHARS = 3000  # a wrapped cell's text: an error message, not a log kept in a table
+
+
 def _untabled(lines: list[str]) -> list[str]:
     """The lines with each row of a text table whose last cell wraps onto continuation rows (Triton's model status
     table: "| tensorrt_llm | 1 | UNAVAILABLE: ... CUDA runtime error |", then "|   |   |  in ::cudaMallocAsync(...):
     out of memory |") joined into its first row, the wrapped cell's pieces run together as the printer cut them
-    (mid-word); the continuation rows become empty lines, so that line indexes stay. A row loses its closing border
-    (a message in a cell ends its line, as printed without the table). Other lines as they are."""
+    (mid-word); the continuation rows become empty lines, so that line indexes stay. A continuation row repeats the
+    head row's borders, at the same places, around empty cells (a fixed-width table); at most MAX_WRAPPED_ROWS rows
+    and MAX_WRAPPED_CHARS characters are joined (a cell's message, not a log kept in a table). A row loses its closing
+    border (a message in a cell ends its line, as printed without the table). Other lines as they are."""
     out = list(lines)
-    head = -1
+    head, joined, rows, head_row = -1, 0, 0, ""
+    pieces: list[str] = []
+
+    def close() -> None:
+        if head >= 0 and len(pieces) > 1:
+            out[head] = "".join(pieces)
+
     for k, line in enumerate(lines):
         if line.count("|") < 2:  # no row: a row has a border on each side of a cell (most lines stop here)
+            close()
             head = -1
             continue
         row = line if _table_row(line) else _prefixed_row(lines, k)
@@ -874,16 +895,23 @@ def _untabled(lines: list[str]) -> list[str]:
             row = line[line.find("|"):]  # the table's first row after text of its own (a JSON string's opening)
             row = row if _table_row(row) else None
         if row is None:
+            close()
             head = -1
             continue
         prefix = line[:len(line) - len(row)]  # a log prefix before the table (docker-compose's "triton-1  | ")
-        cells, continued = _table_cells(row)
-        if continued and head >= 0:
-            out[head] += cells[-1]
+        piece = _continued_cell(row, head_row) if head >= 0 else None
+        if piece is not None and rows < MAX_WRAPPED_ROWS and joined + len(piece) <= MAX_WRAPPED_CHARS:
+            pieces.append(piece)
+            joined += len(piece)
+            rows += 1
             out[k] = ""
             continue
-        head = k
-        out[k] = prefix + "|" + "|".join(cells[:-1]) + "| " + cells[-1]  # without its closing border
+        close()
+        cells = _table_cells(row)[0]
+        head, head_row, rows, joined = k, row, 0, len(cells[-1])
+        pieces = [prefix + "|" + "|".join(cells[:-1]) + "| " + cells[-1]]  # without its closing border
+        out[k] = pieces[0]
+    close()
     return [line.rstrip() if line is not lines[k] else line for k, line in enumerate(out)]
 
 
@@ -900,6 +928,26 @@ def _prefixed_row(lines: list[str], k: int) -> str | None:
             row = line[m.end():]
             if _table_row(row):
                 return row
+    return None
+
+
+def _continued_cell(row: str, head: str) -> str | None:
+    """The text a continuation row adds to the last cell of the table row ``head`` above it, or None when ``row``
+    is none: a fixed-width table repeats the head's borders, at the same places, around empty cells, and the
+    wrapped text follows (it may hold bars of its own: "e == cudaSuccess || e == ...")."""
+    run = len(row) - len(row.lstrip("| "))  # the row's leading borders and blanks
+    bars = [i for i in range(run) if row[i] == "|"]
+    head_bars = [i for i, c in enumerate(head[:run + 1]) if c == "|"]
+    for n in range(len(bars), 1, -1):  # the most cells first; at least one empty cell before the text
+        end = bars[n - 1]
+        if [i for i in head_bars if i <= end] == bars[:n]:
+            cell = row[end + 1:]
+            if cell.rstrip().endswith("|"):  # one padding space each side of the text, as the printer put it
+                cell = cell.rstrip()[:-1]
+                cell = cell[:-1] if cell.endswith(" ") else cell
+            else:  # the table's last row, its border cut off
+                cell = cell.rstrip()
+            return cell[1:] if cell.startswith(" ") else cell
     return None
 
 

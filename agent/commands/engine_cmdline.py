@@ -20,7 +20,8 @@ ENGINE_COMMANDS = frozenset({"text-generation-launcher", "llama-server", "trtllm
 # An engine only with their ``serve`` subcommand (``vllm bench``, ``lmdeploy lite``, ``text-generation-server
 # download-weights`` are not).
 ENGINE_SERVE = frozenset({"vllm", "lmdeploy", "ollama", "text-generation-server"})
-MODULE_SERVE = frozenset({"vllm", "lmdeploy", "text_generation_server.cli"})  # ``python -m vllm serve``
+# ``python -m vllm serve``: a CLI module, an engine only with its serve subcommand
+MODULE_SERVE = frozenset({"vllm", "vllm.entrypoints.cli.main", "lmdeploy", "text_generation_server.cli"})
 # The servers' own modules (``python -m sglang.launch_server``); a package's other modules are its tools
 # (``sglang.check_env``, ``tensorrt_llm.commands.build``, ``vllm.collect_env``).
 SERVER_MODULES = ("vllm.entrypoints", "sglang.launch_server", "sglang.srt.entrypoints", "lmdeploy.serve",
@@ -175,11 +176,14 @@ def _shell_string(argv: Sequence[str], depth: int) -> str | None:
         if a in SHELL_LONG_FLAGS:
             i += 1
             continue
-        if not a.startswith("-") or a.startswith("--"):
+        if a in ("-o", "+o"):  # ``bash -o pipefail -c ...``
+            i += 2
+            continue
+        if a[:1] not in ("-", "+") or a.startswith("--"):
             return None  # a script file, or an option this does not read
-        if "c" in a[1:]:
+        if a[0] == "-" and "c" in a[1:]:
             return _in_script(argv[i + 1], depth) if i + 1 < len(argv) else None
-        i += 2 if a in ("-o", "+o") else 1  # ``bash -o pipefail -c ...``
+        i += 1
     return None
 
 

@@ -249,6 +249,9 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imp
     (["python", "-c", "-m", "vllm"], None),  # code
     (["text-generation-server", "download-weights", "m"], None),
     (["python", "-m", "llama_cpp.server", "--model", "m.gguf"], "llama_cpp.server"),
+    (["bash", "+o", "history", "-c", "llama-server -m m.gguf"], "llama-server"),
+    (["python", "-m", "vllm.entrypoints.cli.main", "bench", "serve"], None),
+    (["python", "-m", "vllm.entrypoints.cli.main", "serve", "m"], "vllm.entrypoints.cli.main"),
 ])
 
 def test_a_command_line_that_starts_a_serving_engine_is_told(argv: list[str], engine: str | None) -> None:

@@ -1298,3 +1298,26 @@ def test_a_log_shipped_as_json_records_is_read_by_its_messages() -> None:
     assert [x.rule for x in analyse(journal)] == ["ggml.cuda-error"]
     # a record without a message field, or a line that is no JSON, stays as it is
     assert analyse('{"level": "INFO", "tokens": 12}\n{"log": 5}\n{"oops') == []
+
+
+def test_json_records_keep_an_error_held_in_another_field_and_odd_json_is_no_error() -> None:
+    # python-json-logger puts the traceback in exc_info, beside the message
+    record = json.dumps({"levelname": "ERROR", "message": "EngineCore failed to start.",
+                         "exc_info": "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. "
+                                     "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+                                     "1.10 GiB is free."})
+    assert [f.rule.split("/")[0] for f in analyse(record)] and analyse(record)[0].numbers["R"] == 2 * 1024 ** 3
+    err = json.dumps({"msg": "request failed", "err": "RuntimeError: CUDA error: out of memory"})
+    assert [f.rule for f in analyse(err)] == ["gpu.cuda-runtime-oom"]
+    assert analyse('{"a":' * 1000 + "1" + "}" * 1000) == []  # nested past the parser's depth: no error
+
+
+def test_a_wrapped_table_joins_a_bounded_text_and_a_log_kept_in_a_table_stays_readable() -> None:
+    rows = ["|   | INFO 01-01 10:00:%02d step %d took 0.1s |" % (k % 60, k) for k in range(300)]
+    rows.append("|   | ValueError: Free memory on device (1.5/79.2 GiB) on startup is less than desired GPU memory "
+                "utilization (0.9, 71.3 GiB). |")
+    (f,) = analyse("| time | log |\n" + "\n".join(rows))
+    assert f.rule == "vllm.startup.free-below-utilization"
+    # one head row and many continuation rows: linear (the pieces are joined once)
+    many = "| a | b |\n" + "\n".join("|   | x%d |" % k for k in range(20000))
+    assert analyse(many) == []
