@@ -222,6 +222,8 @@ _DIGIT = re.compile(r"\d")
 _PREFIX_END = re.compile(r"[\]:>|)] ")
 _MAX_PREFIX = 64
 _MESSAGE_WORDS = ("memory", "allocat", "gpu", "capac", "free", "process", "pytorch")
+# journald's and syslog's "Nov 25 06:44:10 host " (digits masked to 0 where it is matched)
+_SYSLOG_HEADER = re.compile(r"^[A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d \S{1,64} ")
 
 
 def log_prefix(first: str, second: str, words_allowed: bool = False) -> str:
@@ -246,7 +248,8 @@ def log_prefix(first: str, second: str, words_allowed: bool = False) -> str:
     prefix = common[: last.end()]
     # A shared prefix that holds message words is message text (a repeated message), not a
     # log prefix: cutting it would lose numbers.
-    low = prefix.lower()
+    # (a syslog header's host is a name, not message words: gpu-node-3)
+    low = _SYSLOG_HEADER.sub("", prefix).lower()
     if not words_allowed and any(w in low for w in _MESSAGE_WORDS):
         return ""
     return prefix

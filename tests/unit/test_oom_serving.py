@@ -1258,6 +1258,20 @@ def test_a_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
     assert changed == []
 
 
+@pytest.mark.parametrize("form", sorted(PASTED_FORMS))
+def test_a_pytorch_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
+    """The PyTorch corpus (messages wrapped over lines by terminals and issue editors) under each pasted form; a
+    journald header's host may hold a message word (gpu-host) and is still a log prefix."""
+    changed = []
+    for r in _load("oom_examples.jsonl"):
+        plain, pasted = analyse(r["text"]), analyse(PASTED_FORMS[form](r["text"]))
+        want = (plain[0].rule, plain[0].cls) if plain else None
+        got = (pasted[0].rule, pasted[0].cls) if pasted else None
+        if got != want:
+            changed.append((r["id"], want, got))
+    assert changed == []
+
+
 def test_a_pattern_over_two_lines_matches_under_a_journald_prefix() -> None:
     text = """Aug 13 16:58:56 gpu-host llama-server[301]: CUDA error: out of memory
 Aug 13 16:58:56 gpu-host llama-server[301]:   current device: 0, in function alloc at ggml/src/ggml-cuda.cu:420
