@@ -226,26 +226,27 @@ _MESSAGE_WORDS = ("memory", "allocat", "gpu", "capac", "free", "process", "pytor
 _SYSLOG_HEADER = re.compile(r"^[A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d \S{1,64} ")
 
 
-def log_prefix(first: str, second: str, words_allowed: bool = False) -> str:
-    """The log prefix two consecutive lines share, digits masked ("" when none).
-
-    A prefix ends with one of ``] : > | )`` and a space, as in "[rank0]: ",
-    "ERROR 07-30 18:15:55 engine.py:400] " or "> ".
-    """
-    a = _DIGIT.sub("0", first[:200])
-    b = _DIGIT.sub("0", second[:200])
+def prefix_ends(first: str, second: str, limit: int = 200) -> list[int]:
+    """Where a log prefix that two consecutive lines share may end, shortest first: after each ``] : > | )`` and a
+    space in their common start (digits masked, at most ``limit`` characters), as in "[rank0]: ",
+    "ERROR 07-30 18:15:55 engine.py:400] " or "> "."""
+    a = _DIGIT.sub("0", first[:limit])
+    b = _DIGIT.sub("0", second[:limit])
     n = 0
     for ca, cb in zip(a, b, strict=False):
         if ca != cb:
             break
         n += 1
-    common = a[: min(n, _MAX_PREFIX)]
-    last = None
-    for m in _PREFIX_END.finditer(common):
-        last = m
-    if last is None:
+    return [m.end() for m in _PREFIX_END.finditer(a[:n])]
+
+
+def log_prefix(first: str, second: str, words_allowed: bool = False) -> str:
+    """The log prefix two consecutive lines share, digits masked ("" when none): the longest that
+    :func:`prefix_ends` finds within ``_MAX_PREFIX`` characters."""
+    ends = prefix_ends(first, second, _MAX_PREFIX)
+    if not ends:
         return ""
-    prefix = common[: last.end()]
+    prefix = _DIGIT.sub("0", first[: ends[-1]])
     # A shared prefix that holds message words is message text (a repeated message), not a
     # log prefix: cutting it would lose numbers.
     # (a syslog header's host is a name, not message words: gpu-node-3)

@@ -49,7 +49,7 @@ from infersight.rules.engine import (
     parse_template,
     render,
 )
-from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms, log_prefix
+from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms, log_prefix, prefix_ends
 from infersight.rules.preparsed import read_shipped
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
 
@@ -122,8 +122,6 @@ _HOSTS: dict[str, tuple[str, ...]] = {
 # A quantified group that holds a quantifier: the shape of catastrophic backtracking.
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
 _WS = re.compile(r"[ \t]+")
-_DIGITS = re.compile(r"\d")
-_LOG_PREFIX_END = re.compile(r"[\]:>|)] ")  # where a log prefix may end (rules/oom_parse.py's log_prefix)
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # CSI sequences: colours, cursor moves
 _NEVER = re.compile(r"(?!)")  # matches nothing
 
@@ -715,8 +713,7 @@ def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[
     pats = [(p, q) for q in quiet for p in q.lines]
     out: list[int] = []
     for i, line in enumerate(lines):
-        low = line.lower()
-        if not any(n in low for n in NEEDLES):
+        if not _holds_needle(line):
             continue
         q = next((q for p, q in pats if p.search(line)), None)
         if q is None:
@@ -859,9 +856,9 @@ def _record_messages(text: str) -> str:
     return "\n".join(out) if changed else text
 
 
-def _holds_needle(value: str) -> bool:
-    low = value.lower()
-    return any(n in low for n in NEEDLES) or "out of memory" in low
+def _holds_needle(text: str) -> bool:
+    low = text.lower()
+    return any(n in low for n in NEEDLES)
 
 
 MAX_WRAPPED_ROWS = 32  # continuation rows joined to one row
@@ -922,10 +919,8 @@ def _prefixed_row(lines: list[str], k: int) -> str | None:
     for j in (k - 1, k + 1):
         if not 0 <= j < len(lines):
             continue
-        a, b = _DIGITS.sub("0", line[:200]), _DIGITS.sub("0", lines[j][:200])
-        n = next((x for x, (ca, cb) in enumerate(zip(a, b, strict=False)) if ca != cb), min(len(a), len(b)))
-        for m in _LOG_PREFIX_END.finditer(a[:n]):  # the shortest prefix that leaves a table row
-            row = line[m.end():]
+        for end in prefix_ends(line, lines[j]):  # the shortest prefix that leaves a table row
+            row = line[end:]
             if _table_row(row):
                 return row
     return None
@@ -982,10 +977,9 @@ def _cut_shared(line: str, neighbour: str) -> str:
     return line
 
 
-def _scan(rule: ServingRule, lines: list[str], i: int, cut: _Unprefixed | None = None) -> _Hit | None:
+def _scan(rule: ServingRule, lines: list[str], i: int, cut: _Unprefixed) -> _Hit | None:
     end = min(len(lines), i + rule.window)
     window, wstarts = _joined(lines, i, end, WINDOW_CHARS)
-    cut = cut if cut is not None else _Unprefixed(lines)
     plain: tuple[str, list[int]] | None = None
     values: dict[str, float] = {}
     first = last = i

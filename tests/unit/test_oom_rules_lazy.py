@@ -121,12 +121,35 @@ def _coldstart(ended_by: str) -> Any:
     return ColdStart(root, [])
 
 
-async def test_launch_loads_the_oom_rules_once_a_process_serves_not_when_it_exits() -> None:
+def _embedded() -> tuple[Any, _FakeOom, Any]:
+    """launch's embedded agent over a fake agent and OOM extension: (it, the extension, the tap it observes with)."""
     from infersight.agent.commands.launch_agent import EmbeddedAgent
 
     agent, oom = _FakeAgent(), _FakeOom()
     emb = EmbeddedAgent(agent, None, oom)  # type: ignore[arg-type]
     (tap,) = agent.taps
+    return emb, oom, tap
+
+
+def _span(name: str, attributes: dict[str, Any]) -> Any:
+    from infersight.telemetry import Resource, SpanItem
+
+    return SpanItem(Resource.of({"service.name": "svc"}), "a" * 32, "c" * 16, "b" * 16, name, 1, 2, attributes)
+
+
+def _stage(rule: str) -> Any:
+    from infersight.hooks import _contract
+
+    return _span("coldstart.weights_load", {_contract.STAGE_RULE: rule, "infersight.stage.target": "m:f"})
+
+
+def _imports(*packages: str) -> Any:
+    return _span("coldstart.framework_import",
+                 {"infersight.import.packages": list(packages), "infersight.framework": packages[0]})
+
+
+async def test_launch_loads_the_oom_rules_once_a_process_serves_not_when_it_exits() -> None:
+    emb, oom, tap = _embedded()
     tap([_coldstart("exit"), _coldstart("producer_lost")])
     assert emb._oom_warm is None and oom.warmed == 0
     tap([_coldstart("ready")])
@@ -138,22 +161,9 @@ async def test_launch_loads_the_oom_rules_once_a_process_serves_not_when_it_exit
     assert oom.warmed == 1
 
 
-def _stage(rule: str) -> Any:
-    from infersight.hooks import _contract
-    from infersight.telemetry import Resource, SpanItem
-
-    res = Resource.of({"service.name": "svc"})
-    return SpanItem(res, "a" * 32, "c" * 16, "b" * 16, "coldstart.weights_load", 1, 2,
-                    {_contract.STAGE_RULE: rule, "infersight.stage.target": "m:f"})
-
-
 async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -> None:
     # an engine's memory errors come while it starts (its KV cache is sized after the weights load)
-    from infersight.agent.commands.launch_agent import EmbeddedAgent
-
-    agent, oom = _FakeAgent(), _FakeOom()
-    emb = EmbeddedAgent(agent, None, oom)  # type: ignore[arg-type]
-    (tap,) = agent.taps
+    emb, oom, tap = _embedded()
     tap([_stage("accelerate.load_checkpoint"), _stage("ray.serve.run"), _stage("")])  # not an engine's stage
     assert emb._oom_warm is None and oom.warmed == 0
     tap([_stage("vllm.load_model")])
@@ -164,21 +174,9 @@ async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_stage_ends() -
     assert oom.warmed == 1
 
 
-def _imports(*packages: str) -> Any:
-    from infersight.telemetry import Resource, SpanItem
-
-    res = Resource.of({"service.name": "svc"})
-    return SpanItem(res, "a" * 32, "d" * 16, "b" * 16, "coldstart.framework_import", 1, 2,
-                    {"infersight.import.packages": list(packages), "infersight.framework": packages[0]})
-
-
 async def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imported() -> None:
     # before the engine's first stage ends: an OOM in vllm.load_model (weights larger than the device) comes first
-    from infersight.agent.commands.launch_agent import EmbeddedAgent
-
-    agent, oom = _FakeAgent(), _FakeOom()
-    emb = EmbeddedAgent(agent, None, oom)  # type: ignore[arg-type]
-    (tap,) = agent.taps
+    emb, oom, tap = _embedded()
     tap([_imports("torch 1.90 s", "transformers 0.80 s"), _imports("vllm_client 0.30 s")])  # no engine
     assert emb._oom_warm is None and oom.warmed == 0
     tap([_imports("torch 1.90 s", "vllm 3.21 s")])
