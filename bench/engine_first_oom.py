@@ -4,20 +4,23 @@ the classified record in launch's OTLP file.
     python bench/engine_first_oom.py [--runs 8] [--other-pkg DIR]
 
 A stand-in engine (a package named ``vllm`` with the module and class that vLLM's stage rule
-``vllm.load_model`` watches, no torch) loads its "weights", profiles for 0.5 s, then logs vLLM's
+``vllm.load_model`` watches, no torch; its import takes 0.2 s, real vLLM's seconds) loads its "weights",
+profiles for 0.5 s, then logs vLLM's
 "No available memory for the cache blocks" through ``logging`` and stays up (no exit ends anything
 early). Two ways to start the same engine, alternating:
 
 - ``engine``: ``python -m vllm.entrypoints.openai.api_server``: a command line that names an engine,
   so launch does not hold its agent back and loads the OOM rules at once;
 - ``script``: ``python serve.py`` running the same code: launch holds its agent back until the
-  OOM's doorbell, then starts it, replays the spool and loads the rules for the OOM;
+  hooks ring its doorbell when ``vllm``'s import ends (before, until the OOM's doorbell: the agent's start, the
+  spool's replay and the rules' load came after the OOM);
 - ``multiproc``: ``python serve_mp.py``, a server process that starts the same code as an engine core in a
   spawned process (as vLLM's EngineCore and SGLang's scheduler run): the second hooked process ends the hold,
   and the rules load when the core's import of ``vllm`` or its first stage reaches the agent.
 
-``--other-pkg DIR``: a third row, ``engine`` again with another tree's infersight (DIR holds an
-``infersight`` package laid out as installed, e.g. from ``git archive``), in the same rounds.
+``--other-pkg DIR``: one more row, ``--other-mode`` (``script`` by default) again with another tree's
+infersight (DIR holds an ``infersight`` package laid out as installed, e.g. from ``git archive``), in the
+same rounds.
 
 This process stamps the record when it appears in the file (poll: 1 ms). Prints the median and
 worst latency of each. DESIGN's budget: OOM to classified result exported under 100 ms.
@@ -70,11 +73,15 @@ if __name__ == "__main__":
 """
 
 
+IMPORT_S = 0.2  # the stand-in's import: real vLLM's (torch, transformers...) takes seconds
+
+
 def lay_out(root: Path) -> None:
     pkg = root / "vllm"
     for sub in ("", "v1", "v1/worker", "entrypoints", "entrypoints/openai"):
         (pkg / sub).mkdir(parents=True, exist_ok=True)
         (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(f"import time\ntime.sleep({IMPORT_S})\n")
     (pkg / "v1" / "worker" / "gpu_model_runner.py").write_text(RUNNER)
     (pkg / "entrypoints" / "openai" / "api_server.py").write_text(ENGINE)
     (root / "serve.py").write_text(ENGINE)
@@ -90,9 +97,10 @@ def oom_in(path: Path) -> bool:
     return '"eventName": "oom"' in text or '"eventName":"oom"' in text
 
 
-def one(root: Path, mode: str, i: int, other: str | None = None) -> float | None:
+def one(root: Path, mode: str, i: int, other: str | None = None, other_mode: str = "script") -> float | None:
     out, stamp = root / f"{mode}{i}.otlp.jsonl", root / f"{mode}{i}.stamp"
-    cmd = {"script": ["serve.py"], "multiproc": ["serve_mp.py"]}.get(mode, ["-m", "vllm.entrypoints.openai.api_server"])
+    cmds = {"script": ["serve.py"], "multiproc": ["serve_mp.py"]}
+    cmd = cmds.get(other_mode if mode == "other" else mode, ["-m", "vllm.entrypoints.openai.api_server"])
     path = os.pathsep.join([other, str(root)]) if mode == "other" and other else str(root)
     env = dict(os.environ, PYTHONPATH=path, STAMP=str(stamp))
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
@@ -116,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--other-pkg", default=None)
+    ap.add_argument("--other-mode", default="script", choices=("engine", "script", "multiproc"))
     args = ap.parse_args()
     res: dict[str, list[float]] = {"engine": [], "script": [], "multiproc": []}
     if args.other_pkg:
@@ -126,7 +135,7 @@ def main() -> None:
         for i in range(args.runs):
             modes = list(res)
             for mode in (modes if i % 2 == 0 else modes[::-1]):
-                ms = one(root, mode, i, args.other_pkg)
+                ms = one(root, mode, i, args.other_pkg, args.other_mode)
                 if ms is not None:
                     res[mode].append(ms)
     for mode, xs in res.items():

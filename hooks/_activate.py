@@ -127,6 +127,19 @@ def _install_engine_log(logging: object) -> None:
     _enginelog.install_logging(logging)
 
 
+# Serving engines whose package's import ends launch's hold on its embedded agent (= ENGINE_PACKAGES of
+# agent.commands.launch_agent, which loads the OOM rules on the same import). An engine's memory errors come
+# while it starts (weights too large, no room for the KV cache), often within launch's hold: held, the agent
+# would start only at the OOM's doorbell and classify it a few hundred ms late. An engine's cold start runs
+# for tens of seconds, so the agent's start (about 0.2 s of launch's CPU) is a small part of it. (An import
+# done before launch's hold begins, 50 ms after the spawn, rings nothing: the OOM's own doorbell still does.)
+ENGINE_PACKAGES = ("vllm", "sglang", "text_generation_server")
+
+
+def _engine_imported(module: object) -> None:
+    _runtime.ring_launch()  # a no-op unless launch holds its agent back
+
+
 def activate_process() -> bool:
     if _proc.is_own_cli(_proc.command_argv()):
         return False  # infersight's own CLI (``INFERSIGHT=1 infersight status``) is no producer
@@ -138,6 +151,8 @@ def activate_process() -> bool:
         _coldstart.install(_BOOT_NS, from_bootstrap=True)
         _recorder.on_import("torch", _install_allocator_hooks)
         _recorder.on_import("logging", _install_engine_log)
+        for name in ENGINE_PACKAGES:
+            _recorder.on_import(name, _engine_imported)
         from . import _enginelog
 
         _enginelog.install_excepthooks()  # chained: an engine's uncaught memory error, torch or not

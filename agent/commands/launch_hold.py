@@ -6,7 +6,8 @@ the hooks time every stage themselves and send it all later. So launch waits, on
 thread and with stdlib calls only, until one of these (``Held.why``):
 
 - ``doorbell``: a hooked process of CMD rang the agent's doorbell (``hooks._wire.URGENT_FRAME``
-  on a fresh connection): its hooks saw readiness, or it reports an OOM;
+  on a fresh connection): its hooks saw readiness, it reports an OOM, or it imported a serving
+  engine's package (``hooks._activate.ENGINE_PACKAGES``: an engine's memory errors come while it starts);
 - ``listening``: a CMD that runs no hooked Python listens (the kernel's socket tables, as the
   agent's own watch reads them: the time is noted here, where it happens);
 - ``stderr``: CMD's stderr shows a memory error (the relay opened a capture);

@@ -383,6 +383,8 @@ class Session:
     async def run(self, agent: EmbeddedAgent) -> None:
         """Awaited by ``agent.serve(until=...)`` once the agent is up; the agent stops when it returns."""
         opts, private, child, held = self.opts, self.private, self.child, self.held
+        if held is not None:
+            logging.getLogger("infersight.launch").debug("the agent starts: launch held it back until %s", held.why)
         if held is not None and held.connections:
             agent.adopt(held.connections)  # the hooks' connections: their frames wait unread
         root, command = os.path.dirname(private.path), leftover_command(private.path) or []
@@ -402,6 +404,12 @@ class Session:
         engine = engine_command(opts.cmd)
         if engine is not None:  # an engine's memory errors come while it starts
             agent.prepare_oom("CMD is a serving engine (%s)" % engine)
+        elif held is not None and held.why == "doorbell":
+            # a process of CMD is ready, reports a memory error, or imported a serving engine's package
+            # (hooks._activate.ENGINE_PACKAGES): each is what the rules are for, and the hooks' doorbell
+            # does not say which
+            agent.prepare_oom("a process of CMD rang the agent's doorbell "
+                              "(ready, a memory error, or an engine's import)")
         listening = Readiness()
 
         def hooked() -> bool:

@@ -494,9 +494,8 @@ def _fake_vllm(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("cmd", "why"), [
-    # a script that runs the engine: its import of vllm (when it takes over 2 ms) or the engine's first stage
-    (["serve.py"], ("a serving engine's package was imported (vllm)",
-                    "a serving engine's stage ended (vllm.load_model)")),
+    # a script that runs the engine: its import of vllm rings the held agent's doorbell
+    (["serve.py"], "a process of CMD rang the agent's doorbell"),
     (["-m", "vllm.entrypoints.openai.api_server"], "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
     # as a pod's command often reads: behind env and a shell
     (["env", "VLLM_LOGGING_LEVEL=INFO", "/bin/sh", "-c", "exec {python} -m vllm.entrypoints.openai.api_server"],
@@ -524,21 +523,27 @@ EARLY_OOM = """
 import logging, time
 import sglang  # the engine's package: its import is a framework_import stage of its own
 
-time.sleep(0.5)  # before any stage of the engine ended: the weights load
+time.sleep(0.05)
+import later  # a later import: the engine's import run is emitted
+time.sleep(1.0)  # before any stage of the engine ended: the weights load
 logging.getLogger("sglang.srt.managers.scheduler").error(
     "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
 """
 
 
 def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imported(tmp_path: Path) -> None:
+    # the agent not held back (a terminal's console, or a hold that ended for another reason): the
+    # framework_import stage that names the engine's package loads the rules
     pkg = tmp_path / "sglang"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("import time\ntime.sleep(0.05)  # a stand-in for SGLang, no torch\n")
+    (tmp_path / "later.py").write_text("import time\ntime.sleep(0.01)\n")
     (tmp_path / "early.py").write_text(EARLY_OOM)
     out = tmp_path / "run.otlp.jsonl"
     env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG", PYTHONPATH=str(tmp_path))
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", sys.executable, "early.py"],
+    r = subprocess.run([*CLI, "launch", "--no-console", "--agent-hold", "0", "--otlp-file", str(out), "--",
+                        sys.executable, "early.py"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "loading the OOM rules now: a serving engine's package was imported (sglang)" in r.stderr
@@ -554,3 +559,27 @@ def test_launch_of_a_plain_script_loads_no_oom_rules_while_it_starts(tmp_path: P
                         sys.executable, "job.py"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "loading the OOM rules now" not in r.stderr
+
+
+@pytest.mark.parametrize(("package", "why"), [("vllm", "doorbell"), ("notanengine", "exited")])
+def test_an_engine_s_import_ends_launch_s_hold_on_its_agent(tmp_path: Path, package: str, why: str) -> None:
+    # a single-process engine from a script: its memory errors come while it starts, so the agent starts
+    # on the engine's import rather than at the OOM's doorbell; any other package leaves the hold as it was
+    pkg = tmp_path / package
+    pkg.mkdir()
+    # an engine's import takes seconds; the hold begins 50 ms after the spawn
+    (pkg / "__init__.py").write_text("import time\ntime.sleep(0.2)\n")
+    (tmp_path / "job.py").write_text(f"import time\nimport {package}\ntime.sleep(1.5)\n")
+    env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG", PYTHONPATH=str(tmp_path))
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
+                        sys.executable, "job.py"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"the agent starts: launch held it back until {why}" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_hooks_and_launch_name_the_same_engine_packages() -> None:
+    from infersight.agent.commands.launch_agent import ENGINE_PACKAGES
+    from infersight.hooks._activate import ENGINE_PACKAGES as HOOKED
+
+    assert set(HOOKED) == ENGINE_PACKAGES
