@@ -17,7 +17,8 @@ rule ran on it), the ninth pass (``serving_ooms_collected8.jsonl``, collected bl
 read the rules, split the same way and committed before any rule ran on it), the tenth pass
 (``serving_ooms_collected9.jsonl``, collected, split and committed the same way), the eleventh pass
 (``serving_ooms_collected10.jsonl``, the same), the twelfth pass (``serving_ooms_collected11.jsonl``, the same),
-the thirteenth (``serving_ooms_collected12.jsonl``, the same, the issue's engines only), and all of them.
+the thirteenth (``serving_ooms_collected12.jsonl``, the same, the issue's engines only), the fourteenth
+(``serving_ooms_collected13.jsonl``, the same), and all of them.
 Prints recognised share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -51,6 +52,7 @@ def main() -> None:
     eleventh = load("serving_ooms_collected10.jsonl")
     twelfth = load("serving_ooms_collected11.jsonl")
     thirteenth = load("serving_ooms_collected12.jsonl")
+    fourteenth = load("serving_ooms_collected13.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -73,8 +75,10 @@ def main() -> None:
     held12 = [r for r in twelfth if r["split"] == "held_out"]
     tune13 = [r for r in thirteenth if r["split"] == "tune"]
     held13 = [r for r in thirteenth if r["split"] == "held_out"]
+    tune14 = [r for r in fourteenth if r["split"] == "tune"]
+    held14 = [r for r in fourteenth if r["split"] == "held_out"]
     everything = (given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
-                  + eleventh + twelfth + thirteenth)
+                  + eleventh + twelfth + thirteenth + fourteenth)
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -106,6 +110,9 @@ def main() -> None:
                         (f"thirteenth pass ({len(thirteenth)})", thirteenth),
                         (f"thirteenth pass, tuning half ({len(tune13)})", tune13),
                         (f"thirteenth pass, held-out half ({len(held13)})", held13),
+                        (f"fourteenth pass ({len(fourteenth)})", fourteenth),
+                        (f"fourteenth pass, tuning half ({len(tune14)})", tune14),
+                        (f"fourteenth pass, held-out half ({len(held14)})", held14),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

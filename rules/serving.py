@@ -237,6 +237,11 @@ class NotMemory:
     # Lines the engine may print between the failure and the retry line while it recovers (freeing an idle
     # slot's cache, say): passed over (at most WINDOW_LINES of them) on the way back to the failure.
     retried_between: tuple[Pattern, ...] = ()
+    # A line that refuses a setting (llama.cpp's "V cache quantization requires flash_attn") ends in a generic
+    # failure that holds a needle ("failed to create context with model"): a line that matches one of
+    # ``ends_in`` anchors no rule when one of ``lines`` is on it or at most ``ends_in_lines_after`` lines before.
+    ends_in: tuple[Pattern, ...] = ()
+    ends_in_lines_after: int = 0
 
 
 @dataclass(slots=True)
@@ -381,7 +386,8 @@ class _Loader(FileLoader):
         if not isinstance(t, dict):
             self.err(start, "a not_memory entry must be a table")
             return None
-        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples", "retried_lines_before", "retried_between"}
+        extra = set(t) - {"id", "engine", "lines", "mechanism", "examples", "retried_lines_before", "retried_between",
+                          "ends_in", "ends_in_lines_after"}
         if extra:
             self.err(start, f"not_memory: unknown keys {sorted(extra)}")
         qid = t.get("id")
@@ -417,12 +423,30 @@ class _Loader(FileLoader):
                 self.err(self.line("not_memory", i, "retried_between"),
                          f"{qid}: a retried_between pattern matches an empty line (it would pass over any line)")
                 between = []
+        ends_in, ends_after = self.ends_in(t, i, qid)
         examples = self.examples(t.get("examples", []), i, qid, section="not_memory", kinds=("quiet", "found"),
                                  keys=_QUIET_EXAMPLE_KEYS)
         if not any(e.kind == "quiet" for e in examples):
             self.err(start, f"{qid}: needs a quiet example")
         return NotMemory(qid, str(engine), tuple(pats), " ".join(str(mechanism).split()), tuple(examples),
-                         Location(self.path, start), retried, tuple(between))
+                         Location(self.path, start), retried, tuple(between), ends_in, ends_after)
+
+    def ends_in(self, t: dict[str, Any], i: int, qid: str) -> tuple[tuple[Pattern, ...], int]:
+        """A not_memory entry's ``ends_in`` patterns and ``ends_in_lines_after`` (see NotMemory)."""
+        raw, after = t.get("ends_in", []), t.get("ends_in_lines_after", 0)
+        if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= WINDOW_LINES * 2:
+            self.err(self.line("not_memory", i, "ends_in_lines_after"),
+                     f"{qid}: ends_in_lines_after must be 0..{WINDOW_LINES * 2} lines")
+            after = 0
+        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw) or (raw and not after):
+            self.err(self.line("not_memory", i, "ends_in"),
+                     f"{qid}: ends_in is a list of regular expressions, with ends_in_lines_after")
+            return (), 0
+        pats = tuple(p for x in raw if (p := self.regex(x, self.line("not_memory", i, "ends_in"), qid, "line")))
+        if any(isinstance(p, re.Pattern) and p.search("") for p in pats):
+            self.err(self.line("not_memory", i, "ends_in"), f"{qid}: an ends_in pattern matches an empty line")
+            return (), 0
+        return pats, after
 
     def rule(self, i: int, t: object) -> ServingRule | None:
         start = self.line("rule", i)
@@ -711,13 +735,15 @@ def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[
     """The lines that may anchor a rule: they hold a needle and no not_memory entry claims them (nor
     the lines of a failure that the engine retried, right before a line that says so)."""
     pats = [(p, q) for q in quiet for p in q.lines]
+    refusals = [q for q in quiet if q.ends_in]
     out: list[int] = []
     for i, line in enumerate(lines):
         if not _holds_needle(line):
             continue
         q = next((q for p, q in pats if p.search(line)), None)
         if q is None:
-            out.append(i)
+            if not any(_ends_a_refusal(r, lines, i) for r in refusals):
+                out.append(i)
             continue
         # the retried failure: the candidate lines right before this one (past the engine's recovery lines),
         # back to the first that is none
@@ -732,6 +758,12 @@ def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[
             out.pop()
             j, claimed = j - 1, claimed - 1
     return out
+
+
+def _ends_a_refusal(q: NotMemory, lines: list[str], i: int) -> bool:
+    """Whether line ``i`` is the generic failure (``q.ends_in``) of a setting refused on it or just before it."""
+    return any(p.search(lines[i]) for p in q.ends_in) and any(
+        p.search(lines[j]) for j in range(max(0, i - q.ends_in_lines_after), i + 1) for p in q.lines)
 
 
 def _joined(lines: list[str], start: int, end: int, limit: int) -> tuple[str, list[int]]:

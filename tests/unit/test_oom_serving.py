@@ -55,6 +55,7 @@ TENTH = _load("serving_ooms_collected9.jsonl")
 ELEVENTH = _load("serving_ooms_collected10.jsonl")
 TWELFTH = _load("serving_ooms_collected11.jsonl")
 THIRTEENTH = _load("serving_ooms_collected12.jsonl")
+FOURTEENTH = _load("serving_ooms_collected13.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
@@ -214,7 +215,10 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
           GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH, 7),
          ("thirteenth", THIRTEENTH,
           GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
-          + TWELFTH, 8)]
+          + TWELFTH, 8),
+         ("fourteenth", FOURTEENTH,
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
+          + TWELFTH + THIRTEENTH, 8)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
@@ -562,6 +566,48 @@ def test_retried_lines_before_is_checked(tmp_path: Path) -> None:
         encoding="utf-8")
     with pytest.raises(ServingRulesError, match=r"retried_between is a list of regular expressions, with "
                                                 r"retried_lines_before"):
+        load_serving_rules([builtin_serving_path(), bad])
+
+
+_REFUSED = ("llama_init_from_model: V cache quantization requires flash_attn\n"
+            "common_init_from_params: failed to create context with model 'models/gemma-3-12b-it-q4_0.gguf'")
+
+
+def test_a_context_llama_cpp_refused_for_a_setting_is_no_memory_error() -> None:
+    # llama_init_from_model refuses a quantised V cache without flash attention before it allocates anything;
+    # its caller's "failed to create context" is the setting's, whichever wording of the refusal came first
+    assert analyse(_REFUSED) == []
+    newer = ("llama_init_from_model: failed to initialize the context: quantized V cache was requested, but this "
+             "requires Flash Attention\ncommon_init_from_params: failed to create context with model 'm.gguf'")
+    assert analyse(newer) == []
+    refusal, failed = _REFUSED.split("\n")
+    # the refusal at most 6 lines before: further away, or none, the failure is found again
+    assert analyse("\n".join([refusal, *["llama_context: n_ctx = 4096"] * 5, failed])) == []
+    (f,) = analyse("\n".join([refusal, *["llama_context: n_ctx = 4096"] * 6, failed]))
+    assert f.rule == "llama.cpp.context-create"
+    (f,) = analyse(failed)
+    assert f.rule == "llama.cpp.context-create" and f.cls == "unknown"
+    # a memory error beside the refusal is found all the same
+    oom = "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8192.00 MiB on device 0: cudaMalloc failed: out of memory"
+    (f,) = analyse(_REFUSED + "\n" + oom)
+    assert f.engine == "llama.cpp" and f.numbers["R"] == 8192 << 20
+
+
+def test_ends_in_is_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+        'mechanism = "the allocator', "ends_in = ['failed to create context']\nmechanism = \"the allocator"),
+        encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="ends_in is a list of regular expressions, with ends_in_lines_after"):
+        load_serving_rules([builtin_serving_path(), bad])
+    bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+        'mechanism = "the allocator', "ends_in = ['(?:x)?']\nends_in_lines_after = 2\nmechanism = \"the allocator"),
+        encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="an ends_in pattern matches an empty line"):
+        load_serving_rules([builtin_serving_path(), bad])
+    bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+        'mechanism = "the allocator', "ends_in_lines_after = 99\nmechanism = \"the allocator"), encoding="utf-8")
+    with pytest.raises(ServingRulesError, match=r"ends_in_lines_after must be 0\.\.16 lines"):
         load_serving_rules([builtin_serving_path(), bad])
 
 
@@ -1245,7 +1291,7 @@ def test_a_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
     spans lines is tried on the lines with their shared log prefix cut, colours are dropped, JSON unescaped, a wrapped
     table cell joined)."""
     records = [r for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH
-               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH if r["label"] != "not_oom"]
+               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH + FOURTEENTH if r["label"] != "not_oom"]
     changed = []
     for r in records:
         plain = analyse(r["message"])
