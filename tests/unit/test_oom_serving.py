@@ -588,7 +588,8 @@ def test_a_context_llama_cpp_refused_for_a_setting_is_no_memory_error() -> None:
     (f,) = analyse(failed)
     assert f.rule == "llama.cpp.context-create" and f.cls == "unknown"
     # a memory error beside the refusal is found all the same
-    oom = "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8192.00 MiB on device 0: cudaMalloc failed: out of memory"
+    oom = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8192.00 MiB on device 0: cudaMalloc failed: "
+           "out of memory")
     (f,) = analyse(_REFUSED + "\n" + oom)
     assert f.engine == "llama.cpp" and f.numbers["R"] == 8192 << 20
 
