@@ -137,7 +137,7 @@ ENGINE_PACKAGES = ("vllm", "sglang", "text_generation_server")
 
 
 def _engine_imported(module: object) -> None:
-    _runtime.ring_launch()  # a no-op unless launch holds its agent back
+    _runtime.ring_launch_engine()  # a no-op unless launch holds its agent back
 
 
 def activate_process() -> bool:

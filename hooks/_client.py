@@ -101,6 +101,7 @@ class Client:
         self._stop = False
         self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
         self._urgent = False  # an urgent event (an OOM) is queued: ring the agent once it is sent
+        self._engine = False  # a serving engine's package was imported: ring a held launch (ENGINE_FRAME)
         self._flushing = 0  # callers in flush(): read acks at every pump
         self._lock = threading.Lock()  # guards connection + spool state for close()
         self.wakeups = 0  # the drain thread's rounds (tests: none while nothing is owed)
@@ -145,6 +146,12 @@ class Client:
         (``_wire.URGENT_FRAME`` on a fresh connection), which makes the agent read every
         producer at once: an OOM report is never held by its read gate. Never blocks."""
         self._urgent = True
+        self.hurry()
+
+    def engine_imported(self) -> None:
+        """``hurry``, and ring a held launch's doorbell with ``_wire.ENGINE_FRAME``: its agent starts
+        while the engine starts, niced, and loads the OOM rules. Never blocks."""
+        self._engine = True
         self.hurry()
 
     def flush(self, timeout_s: float, wake_launch: bool = True) -> bool:
@@ -260,6 +267,7 @@ class Client:
                 self._gather()
                 self._hurry = False
                 urgent, self._urgent = self._urgent, False  # queued before the flag was set
+                engine, self._engine = self._engine, False
                 with self._lock:
                     if self._stop:
                         break  # close() holds the buffer now: it spools what is left
@@ -267,6 +275,8 @@ class Client:
                     self._pump()
                     if urgent and (self.conn.up or self.conn.held()):
                         self.conn.ring()  # (held: the ring starts launch's agent)
+                    elif engine and self.conn.held():
+                        self.conn.ring(_wire.ENGINE_FRAME)
                     if not self._buf:
                         self._idle.set()
         except Exception as exc:  # fail open: never take the host down

@@ -272,14 +272,15 @@ class Connection:
         self.outbox_bytes = 0
         return frames
 
-    def ring(self) -> None:
-        """The doorbell: a non-blocking connect and send of ``URGENT_FRAME`` on a fresh
-        connection; any failure is ignored (the report itself is on its way regardless)."""
+    def ring(self, frame: bytes = _wire.URGENT_FRAME) -> None:
+        """The doorbell: a non-blocking connect and send of ``frame`` (``URGENT_FRAME``, or
+        ``ENGINE_FRAME`` for a held launch) on a fresh connection; any failure is ignored (the
+        report itself is on its way regardless)."""
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             sock.connect(self.socket_path)
-            sock.send(_wire.URGENT_FRAME)
+            sock.send(frame)
             self.urgent_rings += 1
         except OSError:
             pass

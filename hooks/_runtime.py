@@ -147,6 +147,17 @@ def ring_launch() -> None:
             fail(exc)
 
 
+def ring_launch_engine() -> None:
+    """Under ``launch``, while it holds its agent back: this process imported a serving engine's package;
+    ring with ``_wire.ENGINE_FRAME`` (the agent starts niced and loads its OOM rules). Never blocks."""
+    c = _state.current.runtime.client
+    if c is not None and c.enabled and c.conn.held():
+        try:
+            c.engine_imported()
+        except Exception as exc:
+            fail(exc)
+
+
 def emit_soon(kind: str, data: Dict[str, Any]) -> None:
     """``emit``, and send it now rather than at the end of the batch delay, without ringing
     the agent's doorbell (that is for OOMs): a cold-start checkpoint must leave the process

@@ -133,6 +133,9 @@ def encode_batch(events: List[Event]) -> bytes:
 
 
 URGENT_FRAME = encode_frame({"t": "urgent"})  # the doorbell, alone on a fresh connection
+# The doorbell a process rings, while launch holds its agent back, when it imports a serving engine's package: the
+# agent starts (niced: CMD is still starting) and loads its OOM rules. A running agent reads it as URGENT_FRAME.
+ENGINE_FRAME = encode_frame({"t": "urgent", "w": "engine"})
 # Beside launch's private socket while launch holds its agent back (CMD starts): the hooks
 # ring at readiness (the agent starts then) and, exiting meanwhile, spool at once (no ack can come).
 AGENT_HELD_MARK = "agent-held"

@@ -432,15 +432,16 @@ class _Loader(FileLoader):
                          Location(self.path, start), retried, tuple(between), ends_in, ends_after)
 
     def ends_in(self, t: dict[str, Any], i: int, qid: str) -> tuple[tuple[Pattern, ...], int]:
-        """A not_memory entry's ``ends_in`` patterns and ``ends_in_lines_after`` (see NotMemory)."""
+        """A not_memory entry's ``ends_in`` patterns and ``ends_in_lines_after`` (see NotMemory): both or neither."""
         raw, after = t.get("ends_in", []), t.get("ends_in_lines_after", 0)
+        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw) or (
+                bool(raw) != ("ends_in_lines_after" in t)):
+            self.err(self.line("not_memory", i, "ends_in"),
+                     f"{qid}: ends_in is a list of regular expressions, with ends_in_lines_after")
+            return (), 0
         if not isinstance(after, int) or isinstance(after, bool) or not 0 <= after <= WINDOW_LINES * 2:
             self.err(self.line("not_memory", i, "ends_in_lines_after"),
                      f"{qid}: ends_in_lines_after must be 0..{WINDOW_LINES * 2} lines")
-            after = 0
-        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw) or (raw and not after):
-            self.err(self.line("not_memory", i, "ends_in"),
-                     f"{qid}: ends_in is a list of regular expressions, with ends_in_lines_after")
             return (), 0
         pats = tuple(p for x in raw if (p := self.regex(x, self.line("not_memory", i, "ends_in"), qid, "line")))
         if any(isinstance(p, re.Pattern) and p.search("") for p in pats):
@@ -736,13 +737,14 @@ def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[
     the lines of a failure that the engine retried, right before a line that says so)."""
     pats = [(p, q) for q in quiet for p in q.lines]
     refusals = [q for q in quiet if q.ends_in]
+    refused: dict[tuple[int, int], bool] = {}  # (entry, line): the line refuses that entry's setting
     out: list[int] = []
     for i, line in enumerate(lines):
         if not _holds_needle(line):
             continue
         q = next((q for p, q in pats if p.search(line)), None)
         if q is None:
-            if not any(_ends_a_refusal(r, lines, i) for r in refusals):
+            if not any(_ends_a_refusal(k, r, lines, i, refused) for k, r in enumerate(refusals)):
                 out.append(i)
             continue
         # the retried failure: the candidate lines right before this one (past the engine's recovery lines),
@@ -760,10 +762,18 @@ def _candidate_lines(lines: list[str], quiet: Iterable[NotMemory] = ()) -> list[
     return out
 
 
-def _ends_a_refusal(q: NotMemory, lines: list[str], i: int) -> bool:
-    """Whether line ``i`` is the generic failure (``q.ends_in``) of a setting refused on it or just before it."""
-    return any(p.search(lines[i]) for p in q.ends_in) and any(
-        p.search(lines[j]) for j in range(max(0, i - q.ends_in_lines_after), i + 1) for p in q.lines)
+def _ends_a_refusal(k: int, q: NotMemory, lines: list[str], i: int, refused: dict[tuple[int, int], bool]) -> bool:
+    """Whether line ``i`` is the generic failure (``q.ends_in``) of a setting refused on it or just before it;
+    ``refused`` keeps what each line was found to be (a log of many failures reads each line once)."""
+    if not any(p.search(lines[i]) for p in q.ends_in):
+        return False
+    for j in range(max(0, i - q.ends_in_lines_after), i + 1):
+        hit = refused.get((k, j))
+        if hit is None:
+            hit = refused[(k, j)] = any(p.search(lines[j]) for p in q.lines)
+        if hit:
+            return True
+    return False
 
 
 def _joined(lines: list[str], start: int, end: int, limit: int) -> tuple[str, list[int]]:

@@ -70,7 +70,8 @@ if TYPE_CHECKING:
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1
 IMPORT_NICE = 10
-STILL_STARTING = ("workers", "spooling", "deadline")  # why a hold ended while CMD's cold start may go on (launch_hold)
+# why a hold ended while CMD's cold start may go on (launch_hold)
+STILL_STARTING = ("workers", "spooling", "deadline", "engine")
 UNCHECKED_ENV = frozenset({"OTEL_SERVICE_NAME", "INFERSIGHT_MEASURE_STORAGE"})  # no config key reads them
 QUICK_EXIT_S = 0.05  # a CMD that exits this soon after its spawn may need no agent at all
 

@@ -6,8 +6,11 @@ the hooks time every stage themselves and send it all later. So launch waits, on
 thread and with stdlib calls only, until one of these (``Held.why``):
 
 - ``doorbell``: a hooked process of CMD rang the agent's doorbell (``hooks._wire.URGENT_FRAME``
-  on a fresh connection): its hooks saw readiness, it reports an OOM, or it imported a serving
-  engine's package (``hooks._activate.ENGINE_PACKAGES``: an engine's memory errors come while it starts);
+  on a fresh connection): its hooks saw readiness, or it reports an OOM;
+- ``engine``: a hooked process of CMD imported a serving engine's package
+  (``hooks._activate.ENGINE_PACKAGES``; its doorbell is ``hooks._wire.ENGINE_FRAME``): an engine's
+  memory errors come while it starts, so the agent starts then (at low priority: CMD still starts)
+  and loads its OOM rules;
 - ``listening``: a CMD that runs no hooked Python listens (the kernel's socket tables, as the
   agent's own watch reads them: the time is noted here, where it happens);
 - ``stderr``: CMD's stderr shows a memory error (the relay opened a capture);
@@ -85,15 +88,19 @@ def _first_frame(conn: Any) -> bytes | None:
 
 
 def what_it_wants(first: bytes) -> str | None:
-    """``doorbell``, ``hello`` (a producer: it can wait), ``request`` (``status``, a joined
-    launch's ``subscribe``...: someone wants the agent now), ``closed``; None: too few bytes yet."""
+    """``doorbell``, ``engine`` (the doorbell of an engine's import), ``hello`` (a producer: it can
+    wait), ``request`` (``status``, a joined launch's ``subscribe``...: someone wants the agent now),
+    ``closed``; None: too few bytes yet."""
     if not first:
         return "closed"
     if first.startswith(_wire.URGENT_FRAME):
         return "doorbell"
+    if first.startswith(_wire.ENGINE_FRAME[:PEEK]):
+        return "engine"
     if first[4:].startswith(HELLO):
         return "hello"
-    if len(first) < PEEK and (_wire.URGENT_FRAME.startswith(first) or HELLO.startswith(first[4:])):
+    if len(first) < PEEK and (_wire.URGENT_FRAME.startswith(first) or _wire.ENGINE_FRAME.startswith(first)
+                              or HELLO.startswith(first[4:])):
         return None
     return "request"
 
@@ -174,9 +181,9 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
                 (unseen if conn in unseen else partial).remove(conn)
                 if wants == "closed":
                     conn.close()
-                elif wants == "doorbell":
+                elif wants in ("doorbell", "engine"):
                     conn.close()  # the doorbell did its work: the agent starts now
-                    held.why = "doorbell"
+                    held.why = wants
                     return held
                 else:
                     held.connections.append(conn)  # for the agent, unread

@@ -404,12 +404,8 @@ class Session:
         engine = engine_command(opts.cmd)
         if engine is not None:  # an engine's memory errors come while it starts
             agent.prepare_oom("CMD is a serving engine (%s)" % engine)
-        elif held is not None and held.why == "doorbell":
-            # a process of CMD is ready, reports a memory error, or imported a serving engine's package
-            # (hooks._activate.ENGINE_PACKAGES): each is what the rules are for, and the hooks' doorbell
-            # does not say which
-            agent.prepare_oom("a process of CMD rang the agent's doorbell "
-                              "(ready, a memory error, or an engine's import)")
+        elif held is not None and held.why == "engine":  # (hooks._activate.ENGINE_PACKAGES)
+            agent.prepare_oom("a process of CMD imported a serving engine's package")
         listening = Readiness()
 
         def hooked() -> bool:

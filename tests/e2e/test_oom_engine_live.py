@@ -488,14 +488,16 @@ def _fake_vllm(tmp_path: Path) -> None:
     for sub in ("", "v1", "v1/worker", "entrypoints", "entrypoints/openai"):
         (pkg / sub).mkdir(parents=True, exist_ok=True)
         (pkg / sub / "__init__.py").write_text("")
+    # real vLLM's import takes seconds; launch's hold begins 50 ms after the spawn
+    (pkg / "__init__.py").write_text("import time\ntime.sleep(0.2)\n")
     (pkg / "v1" / "worker" / "gpu_model_runner.py").write_text(FAKE_RUNNER)
     (pkg / "entrypoints" / "openai" / "api_server.py").write_text(FAKE_ENGINE)
     (tmp_path / "serve.py").write_text(FAKE_ENGINE)
 
 
 @pytest.mark.parametrize(("cmd", "why"), [
-    # a script that runs the engine: its import of vllm rings the held agent's doorbell
-    (["serve.py"], "a process of CMD rang the agent's doorbell"),
+    # a script that runs the engine: its import of vllm (it takes 0.2 s here) rings the held agent's doorbell
+    (["serve.py"], "a process of CMD imported a serving engine's package"),
     (["-m", "vllm.entrypoints.openai.api_server"], "CMD is a serving engine (vllm.entrypoints.openai.api_server)"),
     # as a pod's command often reads: behind env and a shell
     (["env", "VLLM_LOGGING_LEVEL=INFO", "/bin/sh", "-c", "exec {python} -m vllm.entrypoints.openai.api_server"],
@@ -552,7 +554,8 @@ def test_launch_loads_the_oom_rules_when_a_serving_engine_s_package_is_imported(
 
 
 def test_launch_of_a_plain_script_loads_no_oom_rules_while_it_starts(tmp_path: Path) -> None:
-    (tmp_path / "job.py").write_text("print('done')\n")
+    # hooks.flush() under the hold rings the plain doorbell: the agent starts, but no rules load for it
+    (tmp_path / "job.py").write_text("import infersight.hooks as h\nh.flush()\nprint('done')\n")
     env = dict(os.environ, INFERSIGHT_LOG_LEVEL="DEBUG")
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(tmp_path / "o.jsonl"), "--",
@@ -561,7 +564,7 @@ def test_launch_of_a_plain_script_loads_no_oom_rules_while_it_starts(tmp_path: P
     assert "loading the OOM rules now" not in r.stderr
 
 
-@pytest.mark.parametrize(("package", "why"), [("vllm", "doorbell"), ("notanengine", "exited")])
+@pytest.mark.parametrize(("package", "why"), [("vllm", "engine"), ("notanengine", "exited")])
 def test_an_engine_s_import_ends_launch_s_hold_on_its_agent(tmp_path: Path, package: str, why: str) -> None:
     # a single-process engine from a script: its memory errors come while it starts, so the agent starts
     # on the engine's import rather than at the OOM's doorbell; any other package leaves the hold as it was

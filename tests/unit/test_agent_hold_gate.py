@@ -97,6 +97,20 @@ def test_the_mark_lies_beside_the_socket_while_held_and_a_doorbell_ends_the_hold
     assert not os.path.exists(launch_hold.mark_path(c.dir))
 
 
+def test_an_engine_s_import_ends_the_hold_as_its_own_reason(cmds) -> None:  # type: ignore[no-untyped-def]
+    # a process of CMD imported vllm (hooks._activate): the agent starts while CMD still starts, so launch
+    # starts it niced and loads the OOM rules (launch.STILL_STARTING, launch_session)
+    from infersight.agent.commands.launch import STILL_STARTING
+
+    c = cmds("import time; time.sleep(30)")
+    ringer = ring_later(c.sock_path, 0.3, _wire.ENGINE_FRAME)
+    held = c.hold()
+    ringer.join()
+    assert held.why == "engine" and "engine" in STILL_STARTING
+    assert held.connections == [] and c.child.popen.poll() is None
+    assert not os.path.exists(launch_hold.mark_path(c.dir))
+
+
 def test_the_hold_ends_at_its_deadline(cmds) -> None:  # type: ignore[no-untyped-def]
     c = cmds("import time; time.sleep(30)")
     held = c.hold(hold_s=0.4)
@@ -193,6 +207,8 @@ def test_what_a_connection_wants_is_told_from_its_first_bytes() -> None:
     assert launch_hold.what_it_wants(_wire.STATUS_FRAME) == "request"
     assert launch_hold.what_it_wants(b"") == "closed"
     assert launch_hold.what_it_wants(_wire.URGENT_FRAME[:7]) is None  # too few bytes yet
+    assert launch_hold.what_it_wants(_wire.ENGINE_FRAME[:launch_hold.PEEK]) == "engine"
+    assert launch_hold.what_it_wants(_wire.ENGINE_FRAME[:7]) is None
     assert launch_hold.what_it_wants(hello[:9]) is None
     assert launch_hold.what_it_wants(b"\x00\x00\x00\x05garbage!!!!!!!!!!!!") == "request"
 

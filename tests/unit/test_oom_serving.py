@@ -607,9 +607,26 @@ def test_ends_in_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ServingRulesError, match="an ends_in pattern matches an empty line"):
         load_serving_rules([builtin_serving_path(), bad])
     bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
-        'mechanism = "the allocator', "ends_in_lines_after = 99\nmechanism = \"the allocator"), encoding="utf-8")
+        'mechanism = "the allocator', "ends_in = ['x']\nends_in_lines_after = 99\nmechanism = \"the allocator"),
+        encoding="utf-8")
     with pytest.raises(ServingRulesError, match=r"ends_in_lines_after must be 0\.\.16 lines"):
         load_serving_rules([builtin_serving_path(), bad])
+    # the count alone does nothing: refused; with 0 the refusal must be on the failure's own line
+    bad.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+        'mechanism = "the allocator', "ends_in_lines_after = 2\nmechanism = \"the allocator"), encoding="utf-8")
+    with pytest.raises(ServingRulesError, match="ends_in is a list of regular expressions, with ends_in_lines_after"):
+        load_serving_rules([builtin_serving_path(), bad])
+    retry = "allocator: CUDA error: out of memory, retrying the allocation of 4096 bytes"
+    failed = "ValueError: No available memory for the cache blocks."
+    for after, found in ((0, ["vllm.kv.no-cache-blocks"]), (1, [])):  # 0: the failure's own line only
+        good = tmp_path / f"good{after}.toml"
+        good.write_text('engine_version = "1.0"\n' + _QUIET_ENTRY.replace(
+            'mechanism = "the allocator', "ends_in = ['No available memory for the cache blocks']\n"
+            f"ends_in_lines_after = {after}\nmechanism = \"the allocator").replace(
+            'kind = "found"', 'kind = "found"' if after == 0 else 'kind = "quiet"\nsource = "the same wrapper"'),
+            encoding="utf-8")
+        rs = load_serving_rules([builtin_serving_path(), good])
+        assert [f.rule.split("/")[0] for f in analyse(retry + "\n" + failed, rs)] == found
 
 
 def test_without_examples_a_file_loads_without_its_line_index_and_an_error_still_names_its_line(
