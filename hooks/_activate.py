@@ -133,7 +133,7 @@ def _install_engine_log(logging: object) -> None:
 # would start only at the OOM's doorbell and classify it a few hundred ms late. An engine's cold start runs
 # for tens of seconds, so the agent's start (about 0.2 s of launch's CPU) is a small part of it. (An import
 # done before launch's hold begins, 50 ms after the spawn, rings nothing: the OOM's own doorbell still does.)
-ENGINE_PACKAGES = ("vllm", "sglang", "text_generation_server")
+ENGINE_PACKAGES = ("vllm", "sglang", "text_generation_server", "lmdeploy", "tensorrt_llm")
 
 
 def _engine_imported(module: object) -> None:

@@ -53,7 +53,7 @@ ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.")
 # The packages of those engines: a process that imported one (its framework_import stage names the packages it
 # imported, longest first) loads the rules before the engine's first stage, whose OOM (weights larger than the
 # device, in vllm.load_model) would otherwise come before any stage of it ended.
-ENGINE_PACKAGES = frozenset({"vllm", "sglang", "text_generation_server"})
+ENGINE_PACKAGES = frozenset({"vllm", "sglang", "text_generation_server", "lmdeploy", "tensorrt_llm"})
 IMPORT_PACKAGES = "infersight.import.packages"  # hooks/_imports.py: ["vllm 3.21 s", "torch 1.90 s", ...]
 
 log = logging.getLogger("infersight.launch")

@@ -564,7 +564,8 @@ def test_launch_of_a_plain_script_loads_no_oom_rules_while_it_starts(tmp_path: P
     assert "loading the OOM rules now" not in r.stderr
 
 
-@pytest.mark.parametrize(("package", "why"), [("vllm", "engine"), ("notanengine", "exited")])
+@pytest.mark.parametrize(("package", "why"), [("vllm", "engine"), ("tensorrt_llm", "engine"),
+                                              ("notanengine", "exited")])
 def test_an_engine_s_import_ends_launch_s_hold_on_its_agent(tmp_path: Path, package: str, why: str) -> None:
     # a single-process engine from a script: its memory errors come while it starts, so the agent starts
     # on the engine's import rather than at the OOM's doorbell; any other package leaves the hold as it was
