@@ -56,6 +56,7 @@ ELEVENTH = _load("serving_ooms_collected10.jsonl")
 TWELFTH = _load("serving_ooms_collected11.jsonl")
 THIRTEENTH = _load("serving_ooms_collected12.jsonl")
 FOURTEENTH = _load("serving_ooms_collected13.jsonl")
+FIFTEENTH = _load("serving_ooms_collected14.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
@@ -218,7 +219,10 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
           + TWELFTH, 8),
          ("fourteenth", FOURTEENTH,
           GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
-          + TWELFTH + THIRTEENTH, 8)]
+          + TWELFTH + THIRTEENTH, 8),
+         ("fifteenth", FIFTEENTH,
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
+          + TWELFTH + THIRTEENTH + FOURTEENTH, 8)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
@@ -1309,7 +1313,7 @@ def test_a_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
     spans lines is tried on the lines with their shared log prefix cut, colours are dropped, JSON unescaped, a wrapped
     table cell joined)."""
     records = [r for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH
-               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH + FOURTEENTH if r["label"] != "not_oom"]
+               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH + FOURTEENTH + FIFTEENTH if r["label"] != "not_oom"]
     changed = []
     for r in records:
         plain = analyse(r["message"])
