@@ -471,9 +471,9 @@ def _eval(e: Expr, env: Mapping[str, float | None]) -> Value:
 
 
 # --------------------------------------------------------------------------------------
-# Note templates: "{expr}" or "{expr:fmt}" with fmt bytes | pct | int; "{missing}".
+# Note templates: "{expr}" or "{expr:fmt}" with fmt bytes | pct | int | num; "{missing}".
 
-_FMTS = ("bytes", "pct", "int")
+_FMTS = ("bytes", "pct", "int", "num")
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +546,8 @@ def _render(t: Template, env: Mapping[str, float | None], missing: Sequence[str]
                 out.append(f"{100 * float(v):.0f}%")
             elif p[1] == "int":
                 out.append(f"{float(v):.0f}")
+            elif p[1] == "num":  # a plain number as an engine prints a fraction: up to 4 decimals
+                out.append(f"{float(v):.4f}".rstrip("0").rstrip("."))
             else:
                 out.append(torch_bytes(float(v)))
     return "".join(out)

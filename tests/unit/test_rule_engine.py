@@ -283,7 +283,12 @@ def test_bad_note_template_is_reported(tmp_path: Path) -> None:
     p = _write(tmp_path, text)
     line = len(text.splitlines()) - 1
     # The text's own line and the column of its '{' (the note's table starts one line up).
-    assert _errors([p]) == [f"{p}:{line + 1}:9: site.x: note 1: unknown format 'furlongs' (use bytes, pct, int)"]
+    assert _errors([p]) == [f"{p}:{line + 1}:9: site.x: note 1: unknown format 'furlongs' (use bytes, pct, int, num)"]
+
+
+def test_a_template_prints_a_fraction_as_the_engine_does() -> None:
+    t = engine.parse_template("{f:num} / {m:num} / {m:pct} / {n:num}", ["f", "m", "n"])
+    assert engine.render(t, {"f": 0.77, "m": 0.7726, "n": 3.0}) == "0.77 / 0.7726 / 77% / 3"
 
 
 def test_unreadable_file(tmp_path: Path) -> None:
