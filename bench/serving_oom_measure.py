@@ -18,8 +18,8 @@ read the rules, split the same way and committed before any rule ran on it), the
 (``serving_ooms_collected9.jsonl``, collected, split and committed the same way), the eleventh pass
 (``serving_ooms_collected10.jsonl``, the same), the twelfth pass (``serving_ooms_collected11.jsonl``, the same),
 the thirteenth (``serving_ooms_collected12.jsonl``, the same, the issue's engines only), the fourteenth
-(``serving_ooms_collected13.jsonl``, the same), the fifteenth (``serving_ooms_collected14.jsonl``, the same), and all
-of them.
+(``serving_ooms_collected13.jsonl``, the same), the fifteenth (``serving_ooms_collected14.jsonl``, the same), the
+sixteenth (``serving_ooms_collected15.jsonl``, the same, mostly downstream projects), and all of them.
 Prints recognised share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """
@@ -55,6 +55,7 @@ def main() -> None:
     thirteenth = load("serving_ooms_collected12.jsonl")
     fourteenth = load("serving_ooms_collected13.jsonl")
     fifteenth = load("serving_ooms_collected14.jsonl")
+    sixteenth = load("serving_ooms_collected15.jsonl")
     unseen = [r for r in collected if not r.get("in_rule_examples")]
     unseen2 = [r for r in second if not r.get("in_rule_examples")]
     tune3 = [r for r in third if r["split"] == "tune"]
@@ -81,8 +82,10 @@ def main() -> None:
     held14 = [r for r in fourteenth if r["split"] == "held_out"]
     tune15 = [r for r in fifteenth if r["split"] == "tune"]
     held15 = [r for r in fifteenth if r["split"] == "held_out"]
+    tune16 = [r for r in sixteenth if r["split"] == "tune"]
+    held16 = [r for r in sixteenth if r["split"] == "held_out"]
     everything = (given + collected + second + third + fourth + fifth + sixth + seventh + eighth + ninth + tenth
-                  + eleventh + twelfth + thirteenth + fourteenth + fifteenth)
+                  + eleventh + twelfth + thirteenth + fourteenth + fifteenth + sixteenth)
     for title, recs in (("given (30)", given), (f"collected, in no rule example ({len(unseen)})", unseen),
                         (f"second pass, labelled before its rules, in no rule example ({len(unseen2)})", unseen2),
                         (f"third pass, tuning half ({len(tune3)})", tune3),
@@ -120,6 +123,9 @@ def main() -> None:
                         (f"fifteenth pass ({len(fifteenth)})", fifteenth),
                         (f"fifteenth pass, tuning half ({len(tune15)})", tune15),
                         (f"fifteenth pass, held-out half ({len(held15)})", held15),
+                        (f"sixteenth pass ({len(sixteenth)})", sixteenth),
+                        (f"sixteenth pass, tuning half ({len(tune16)})", tune16),
+                        (f"sixteenth pass, held-out half ({len(held16)})", held16),
                         (f"all ({len(everything)})", everything)):
         s = score(recs)
         print(f"== {title}")

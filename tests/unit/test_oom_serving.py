@@ -57,6 +57,7 @@ TWELFTH = _load("serving_ooms_collected11.jsonl")
 THIRTEENTH = _load("serving_ooms_collected12.jsonl")
 FOURTEENTH = _load("serving_ooms_collected13.jsonl")
 FIFTEENTH = _load("serving_ooms_collected14.jsonl")
+SIXTEENTH = _load("serving_ooms_collected15.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
@@ -222,7 +223,10 @@ BLIND = [("fifth", FIFTH, GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH, 8),
           + TWELFTH + THIRTEENTH, 8),
          ("fifteenth", FIFTEENTH,
           GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
-          + TWELFTH + THIRTEENTH + FOURTEENTH, 8)]
+          + TWELFTH + THIRTEENTH + FOURTEENTH, 8),
+         ("sixteenth", SIXTEENTH,
+          GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH + TENTH + ELEVENTH
+          + TWELFTH + THIRTEENTH + FOURTEENTH + FIFTEENTH, 7)]
 
 
 @pytest.mark.parametrize(("new", "earlier", "negatives"), [b[1:] for b in BLIND], ids=[b[0] for b in BLIND])
@@ -1313,7 +1317,8 @@ def test_a_message_keeps_its_verdict_however_it_was_pasted(form: str) -> None:
     spans lines is tried on the lines with their shared log prefix cut, colours are dropped, JSON unescaped, a wrapped
     table cell joined)."""
     records = [r for r in GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH + FIFTH + SIXTH + SEVENTH + EIGHTH + NINTH
-               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH + FOURTEENTH + FIFTEENTH if r["label"] != "not_oom"]
+               + TENTH + ELEVENTH + TWELFTH + THIRTEENTH + FOURTEENTH + FIFTEENTH + SIXTEENTH
+               if r["label"] != "not_oom"]
     changed = []
     for r in records:
         plain = analyse(r["message"])
