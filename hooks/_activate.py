@@ -127,17 +127,13 @@ def _install_engine_log(logging: object) -> None:
     _enginelog.install_logging(logging)
 
 
-# Serving engines whose package's import ends launch's hold on its embedded agent (= ENGINE_PACKAGES of
-# agent.commands.launch_agent, which loads the OOM rules on the same import). An engine's memory errors come
-# while it starts (weights too large, no room for the KV cache), often within launch's hold: held, the agent
-# would start only at the OOM's doorbell and classify it a few hundred ms late. An engine's cold start runs
-# for tens of seconds, so the agent's start (about 0.2 s of launch's CPU) is a small part of it. (An import
-# done before launch's hold begins, 50 ms after the spawn, rings nothing: the OOM's own doorbell still does.)
-ENGINE_PACKAGES = ("vllm", "sglang", "text_generation_server", "lmdeploy", "tensorrt_llm")
-
-
+# A serving engine's package's import (_contract.ENGINE_PACKAGES) ends launch's hold on its embedded agent: an
+# engine's memory errors come while it starts, often within launch's hold, and held, the agent would start only
+# at the OOM's doorbell and classify it a few hundred ms late. An engine's cold start runs for tens of seconds,
+# so the agent's start (about 0.2 s of launch's CPU) is a small part of it. (An import done before launch's hold
+# begins, 50 ms after the spawn, rings nothing: the OOM's own doorbell still does.)
 def _engine_imported(module: object) -> None:
-    _runtime.ring_launch_engine()  # a no-op unless launch holds its agent back
+    _runtime.ring_launch(engine=True)  # a no-op unless launch holds its agent back
 
 
 def activate_process() -> bool:
@@ -151,7 +147,7 @@ def activate_process() -> bool:
         _coldstart.install(_BOOT_NS, from_bootstrap=True)
         _recorder.on_import("torch", _install_allocator_hooks)
         _recorder.on_import("logging", _install_engine_log)
-        for name in ENGINE_PACKAGES:
+        for name in _contract.ENGINE_PACKAGES:
             _recorder.on_import(name, _engine_imported)
         from . import _enginelog
 

@@ -52,6 +52,12 @@ ENDED_BY_PRODUCER_LOST = "producer_lost"  # the agent closed it: the process die
 # ends the root then. The agent closes a dead producer's root the same way.
 READY_SIGNALS = ("mark_ready", "listen", "ready_url", "listening_socket", "stage_rule", "fork_served")
 
+# Serving engines' packages: a process that imports one rings a held launch's doorbell (hooks._activate, with
+# _wire.ENGINE_FRAME), and the agent loads its OOM rules when a framework_import stage names one
+# (agent.commands.launch_agent). An engine's memory errors come while it starts (weights too large, no room for
+# the KV cache).
+ENGINE_PACKAGES = ("vllm", "sglang", "text_generation_server", "lmdeploy", "tensorrt_llm")
+
 # -- thresholds --------------------------------------------------------------------------
 
 COLD_BELOW = 0.5  # WEIGHTS_PAGE_CACHE_RATIO under this: a cold read (the storage ceiling applies)

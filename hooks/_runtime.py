@@ -136,24 +136,18 @@ def emit_urgent(kind: str, data: Dict[str, Any]) -> None:
             fail(exc)
 
 
-def ring_launch() -> None:
+def ring_launch(engine: bool = False) -> None:
     """Under ``launch``: send what is queued and ring the agent's doorbell, which starts an
-    agent that launch holds back while CMD starts (this process is ready). Never blocks."""
+    agent that launch holds back while CMD starts (this process is ready). ``engine``: this
+    process imported a serving engine's package instead; the ring is ``_wire.ENGINE_FRAME`` (the
+    agent starts niced and loads its OOM rules). Never blocks."""
     c = _state.current.runtime.client
     if c is not None and c.enabled and c.conn.held():
         try:
-            c.urgent()
-        except Exception as exc:
-            fail(exc)
-
-
-def ring_launch_engine() -> None:
-    """Under ``launch``, while it holds its agent back: this process imported a serving engine's package;
-    ring with ``_wire.ENGINE_FRAME`` (the agent starts niced and loads its OOM rules). Never blocks."""
-    c = _state.current.runtime.client
-    if c is not None and c.enabled and c.conn.held():
-        try:
-            c.engine_imported()
+            if engine:
+                c.engine_imported()
+            else:
+                c.urgent()
         except Exception as exc:
             fail(exc)
 

@@ -40,7 +40,7 @@ from infersight.agent.commands.launch_base import Child
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.oom.extension import OomExtension
-from infersight.hooks._contract import ENDED_BY, ENDED_BY_FIRST_REQUEST, ENDED_BY_READY, STAGE_RULE
+from infersight.hooks._contract import ENDED_BY, ENDED_BY_FIRST_REQUEST, ENDED_BY_READY, ENGINE_PACKAGES, STAGE_RULE
 from infersight.settings import Config
 from infersight.telemetry import ColdStart, Item, Resource, SpanItem
 
@@ -50,10 +50,9 @@ SERVING = (ENDED_BY_READY, ENDED_BY_FIRST_REQUEST)  # a cold start that ended so
 # (rules/stages.toml names them by engine: vllm.load_model...), or at once when CMD's command line names an engine
 # (engine_cmdline.engine_command).
 ENGINE_STAGE_RULES = ("vllm.", "sglang.", "tgi.")
-# The packages of those engines: a process that imported one (its framework_import stage names the packages it
-# imported, longest first) loads the rules before the engine's first stage, whose OOM (weights larger than the
-# device, in vllm.load_model) would otherwise come before any stage of it ended.
-ENGINE_PACKAGES = frozenset({"vllm", "sglang", "text_generation_server", "lmdeploy", "tensorrt_llm"})
+# The engines' packages (hooks._contract.ENGINE_PACKAGES): a process that imported one (its framework_import stage
+# names the packages it imported, longest first) loads the rules before the engine's first stage, whose OOM
+# (weights larger than the device, in vllm.load_model) would otherwise come before any stage of it ended.
 IMPORT_PACKAGES = "infersight.import.packages"  # hooks/_imports.py: ["vllm 3.21 s", "torch 1.90 s", ...]
 
 log = logging.getLogger("infersight.launch")

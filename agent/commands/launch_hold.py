@@ -8,7 +8,7 @@ thread and with stdlib calls only, until one of these (``Held.why``):
 - ``doorbell``: a hooked process of CMD rang the agent's doorbell (``hooks._wire.URGENT_FRAME``
   on a fresh connection): its hooks saw readiness, or it reports an OOM;
 - ``engine``: a hooked process of CMD imported a serving engine's package
-  (``hooks._activate.ENGINE_PACKAGES``; its doorbell is ``hooks._wire.ENGINE_FRAME``): an engine's
+  (``hooks._contract.ENGINE_PACKAGES``; its doorbell is ``hooks._wire.ENGINE_FRAME``): an engine's
   memory errors come while it starts, so the agent starts then (at low priority: CMD still starts)
   and loads its OOM rules;
 - ``listening``: a CMD that runs no hooked Python listens (the kernel's socket tables, as the

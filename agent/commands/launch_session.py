@@ -404,7 +404,7 @@ class Session:
         engine = engine_command(opts.cmd)
         if engine is not None:  # an engine's memory errors come while it starts
             agent.prepare_oom("CMD is a serving engine (%s)" % engine)
-        elif held is not None and held.why == "engine":  # (hooks._activate.ENGINE_PACKAGES)
+        elif held is not None and held.why == "engine":  # (hooks._contract.ENGINE_PACKAGES)
             agent.prepare_oom("a process of CMD imported a serving engine's package")
         listening = Readiness()
 

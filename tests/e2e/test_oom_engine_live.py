@@ -581,9 +581,3 @@ def test_an_engine_s_import_ends_launch_s_hold_on_its_agent(tmp_path: Path, pack
     assert r.returncode == 0, r.stderr
     assert f"the agent starts: launch held it back until {why}" in r.stderr, r.stderr[-2000:]
 
-
-def test_the_hooks_and_launch_name_the_same_engine_packages() -> None:
-    from infersight.agent.commands.launch_agent import ENGINE_PACKAGES
-    from infersight.hooks._activate import ENGINE_PACKAGES as HOOKED
-
-    assert set(HOOKED) == ENGINE_PACKAGES
