@@ -30,7 +30,7 @@ NEEDLES = (  # = rules.serving.NEEDLES
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
     "failed to decode the batch", "cache entries", "cudnn convolution algorithm", "no enough blocks",
-    "buffer maximum",
+    "buffer maximum", "capacity of block_manager",
 )
 MAX_TEXT = 16384
 MAX_REPORTS = 64  # distinct texts sent per process: a log loop cannot flood the agent

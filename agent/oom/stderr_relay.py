@@ -29,13 +29,15 @@ NEEDLES = (  # = rules.serving.NEEDLES
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
     "failed to decode the batch", "cache entries", "cudnn convolution algorithm", "no enough blocks",
-    "buffer maximum",
+    "buffer maximum", "capacity of block_manager",
 )
 # Lines that hold a needle but report no failure: PyTorch >= 2.13's caching allocator logs this warning on every
 # failed cudaMalloc attempt, the ones it recovers from by freeing its cache and retrying included
-# (pytorch#193195); vLLM, which fills the device by design, prints it thousands of times while it starts. An
-# attempt that stays failed raises torch.OutOfMemoryError, whose own line opens a capture.
-NOT_FAILURES = ("memory allocation failed with OOM on device",)
+# (pytorch#193195); vLLM, which fills the device by design, prints it thousands of times while it starts. With
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True the same retry logs "expandable_segments: memory mapping failed
+# with OOM on device N while trying to map ..." (CUDACachingAllocator.cpp, mapping a 20 MiB page). An attempt that
+# stays failed raises torch.OutOfMemoryError, whose own line opens a capture.
+NOT_FAILURES = ("memory allocation failed with OOM on device", "memory mapping failed with OOM on device")
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
 AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)

@@ -323,19 +323,23 @@ def test_relay_says_when_a_capture_opens_before_its_text_comes() -> None:
 
 
 # PyTorch 2.13's caching allocator warns on every failed cudaMalloc attempt, recovered ones included
-# (pytorch#193195: thousands of lines while vLLM starts)
+# (pytorch#193195: thousands of lines while vLLM starts); with expandable segments, on every failed page mapping
 _RETRY_WARNING = (b"[rank1]:[W812 16:00:28.643448608 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM "
                   b"on device 1 while trying to allocate 20971520 bytes (free: 15794176, total: 150111977472).\n")
+_MAP_RETRY_WARNING = (b"[rank4]:[W827 22:16:08.199727429 CUDACachingAllocator.cpp:508] expandable_segments: memory "
+                      b"mapping failed with OOM on device 1 while trying to map 20971520 bytes (free: 17235968, total: "
+                      b"150111977472).\n")
 
 
+@pytest.mark.parametrize("warning", [_RETRY_WARNING, _MAP_RETRY_WARNING], ids=["cudaMalloc", "expandable-segments"])
 @pytest.mark.parametrize("fails", [False, True])
-def test_relay_opens_no_capture_for_the_allocators_recoverable_retry_warning(fails: bool) -> None:
+def test_relay_opens_no_capture_for_the_allocators_recoverable_retry_warning(fails: bool, warning: bytes) -> None:
     r, w = os.pipe()
     relay = stderr_relay.StderrRelay(out_fd=w)
     texts: list[str] = []
     oom = (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 1 has a total capacity "
            b"of 139.80 GiB of which 15.06 MiB is free.\n")
-    code = f"import os\nfor _ in range(200): os.write(2, {_RETRY_WARNING!r})\n"
+    code = f"import os\nfor _ in range(200): os.write(2, {warning!r})\n"
     if fails:
         code += f"os.write(2, {oom!r})\n"
     p = subprocess.Popen([sys.executable, "-c", code], stderr=relay.child_fd)
@@ -353,7 +357,7 @@ def test_relay_opens_no_capture_for_the_allocators_recoverable_retry_warning(fai
         if w >= 0:
             os.close(w)
         os.close(r)
-    assert copied.count(b"memory allocation failed with OOM") == 200  # copied through unchanged (under a pipe's 64 KiB)
+    assert copied.count(warning) == 200  # copied through unchanged (under a pipe's 64 KiB)
     assert relay.memory_error_seen is fails and relay.captures == int(fails)
     if fails:
         (text,) = texts
