@@ -8,7 +8,7 @@ rule changes), each without the messages a rule example quotes; the third pass (
 split by URL hash before any rule ran on it (``split``: ``tune``, which rule changes could look at, and
 ``held_out``); the fourth (``serving_ooms_collected3.jsonl``, all held out, measured once with the rules of that day
 before the changes its misses led to); and from the fifth on (``serving_ooms_collected4.jsonl`` to
-``serving_ooms_collected16.jsonl``) passes collected and labelled by hands that did not run or read the rules, split
+``serving_ooms_collected17.jsonl``) passes collected and labelled by hands that did not run or read the rules, split
 the same way (the first hex digit of the SHA-256 of ``url`` below 8 giving ``tune``) and committed before any rule
 ran on them, each whole and in its two halves; then all of them together.
 Prints recognised share, right share on the clear ones with each class's recall, the share of unclear ones answered
@@ -25,8 +25,8 @@ from infersight.rules.serving_measure import score
 DATA = Path(__file__).resolve().parent.parent / "tests" / "support" / "data"
 
 ORDINALS = ("fifth", "sixth", "seventh", "eighth", "ninth", "tenth", "eleventh", "twelfth", "thirteenth",
-            "fourteenth", "fifteenth", "sixteenth", "seventeenth")
-# The blind passes from the fifth on: serving_ooms_collected4.jsonl ... serving_ooms_collected16.jsonl.
+            "fourteenth", "fifteenth", "sixteenth", "seventeenth", "eighteenth")
+# The blind passes from the fifth on: serving_ooms_collected4.jsonl ... serving_ooms_collected17.jsonl.
 BLIND_FILES = tuple((name, f"serving_ooms_collected{n}.jsonl") for n, name in enumerate(ORDINALS, start=4))
 # Passes printed whole as well as in halves (the fifth was printed in halves only).
 WHOLE_TOO = frozenset(ORDINALS[1:])

@@ -59,6 +59,7 @@ FOURTEENTH = _load("serving_ooms_collected13.jsonl")
 FIFTEENTH = _load("serving_ooms_collected14.jsonl")
 SIXTEENTH = _load("serving_ooms_collected15.jsonl")
 SEVENTEENTH = _load("serving_ooms_collected16.jsonl")
+EIGHTEENTH = _load("serving_ooms_collected17.jsonl")
 
 
 def test_the_data_is_vendored_with_sources() -> None:
@@ -209,7 +210,8 @@ def test_the_third_collection_is_split_and_its_held_out_half_quoted_by_no_rule_e
 _BLIND_SETS = [("fifth", FIFTH, 8), ("sixth", SIXTH, 5), ("seventh", SEVENTH, 5), ("eighth", EIGHTH, 5),
                ("ninth", NINTH, 5), ("tenth", TENTH, 5), ("eleventh", ELEVENTH, 7), ("twelfth", TWELFTH, 7),
                ("thirteenth", THIRTEENTH, 8), ("fourteenth", FOURTEENTH, 8), ("fifteenth", FIFTEENTH, 8),
-               ("sixteenth", SIXTEENTH, 7), ("seventeenth", SEVENTEENTH, 8)]
+               ("sixteenth", SIXTEENTH, 7), ("seventeenth", SEVENTEENTH, 8),
+               ("eighteenth", EIGHTEENTH, 8)]
 # Each blind collection with what came before it; ALL_SETS: every labelled record.
 BLIND: list[tuple[str, list[dict], list[dict], int]] = []  # type: ignore[type-arg]
 ALL_SETS = GIVEN + COLLECTED + UNSEEN + THIRD + FOURTH
