@@ -10,7 +10,7 @@ split by URL hash before any rule ran on it (``split``: ``tune``, which rule cha
 before the changes its misses led to); and from the fifth on (``serving_ooms_collected4.jsonl`` to
 ``serving_ooms_collected17.jsonl``) passes collected and labelled by hands that did not run or read the rules, split
 the same way (the first hex digit of the SHA-256 of ``url`` below 8 giving ``tune``) and committed before any rule
-ran on them, each whole and in its two halves; then all of them together.
+ran on them, each in its two halves and (from the sixth on) whole; then all of them together.
 Prints recognised share, right share on the clear ones with each class's recall, the share of unclear ones answered
 ``unknown`` with a reason, and false alarms on the real non-memory errors; then every miss.
 """

@@ -1397,3 +1397,52 @@ def test_a_wrapped_table_joins_a_bounded_text_and_a_log_kept_in_a_table_stays_re
     # one head row and many continuation rows: linear (the pieces are joined once)
     many = "| a | b |\n" + "\n".join("|   | x%d |" % k for k in range(20000))
     assert analyse(many) == []
+
+
+_CUDNN = ("E0101 10:00:00.000000   1234 cuda_dnn.cc:535] Could not create cudnn handle: {status}\n"
+          "E0101 10:00:00.000000   1234 cuda_dnn.cc:539] Memory usage: {free} bytes free, 16928342016 bytes total.")
+
+
+@pytest.mark.parametrize(("before", "status", "free", "after", "want"), [
+    ("", "CUDNN_STATUS_INTERNAL_ERROR", 65536000, "", ("reservation_conflict", "xla.cudnn-handle/device-held")),
+    # the ALLOC_FAILED status is cuDNN's own word for it: one finding, not a second from the cuBLAS/cuDNN rule
+    ("", "CUDNN_STATUS_ALLOC_FAILED", 65536000, "", ("reservation_conflict", "xla.cudnn-handle/device-held")),
+    ("I0101 10:00:00.000000   1234 se_gpu_pjrt_client.cc:900] XLA backend allocating 15235478528 bytes on device 0 "
+     "for BFCAllocator.\n", "CUDNN_STATUS_INTERNAL_ERROR", 65536000, "",
+     ("reservation_conflict", "xla.cudnn-handle/pool-took-device")),
+    ("", "CUDNN_STATUS_NOT_INITIALIZED", 65536000,
+     "\nE0101 10:00:00.000000   1234 cuda_dnn.cc:543] Possibly insufficient driver version: 470.57.2",
+     ("unknown", "xla.cudnn-handle/driver")),
+    # most of the device free: a cuDNN that does not match, no memory error (ALLOC_FAILED keeps its own rule)
+    ("", "CUDNN_STATUS_INTERNAL_ERROR", 16154099712, "", None),
+    ("", "CUDNN_STATUS_ALLOC_FAILED", 16154099712, "", ("reservation_conflict", "cublas.alloc-failed")),
+])
+def test_xlas_cudnn_handle_failure_is_read_with_the_memory_it_logs(before: str, status: str, free: int, after: str,
+                                                                   want: tuple[str, str] | None) -> None:
+    found = analyse(before + _CUDNN.format(status=status, free=free) + after)
+    assert [(f.cls, f.rule) for f in found] == ([want] if want else [])
+    if want and want[1].endswith("pool-took-device"):
+        assert found[0].extra["reserved_bytes"] == 15235478528
+        assert found[0].note.startswith("XLA's pool took 14.19 GiB (90% of the 15.77 GiB device)")
+
+
+def test_sglangs_balance_check_is_unknown_when_raised_and_quiet_when_only_logged() -> None:
+    head = "The memory capacity is unbalanced. Some GPUs may be occupied by other processes. "
+    nums = "pre_model_load_memory=70.51234567890123, local_gpu_memory=78.9, local_gpu_memory * 0.9=71.01"
+    (f,) = analyse("RuntimeError: " + head + nums)
+    assert (f.cls, f.rule, f.knob) == ("unknown", "sglang.memory-unbalanced", "mem-fraction-static")
+    assert f.extra == {"min_gpu_bytes": round(70.512345 * 2**30), "local_gpu_bytes": round(78.9 * 2**30)}
+    assert "GPUs of different sizes" in (f.reason or "")
+    (old,) = analyse("ValueError: " + head + "min_per_gpu_memory=20.5, local_gpu_memory=78.9, "
+                     "local_gpu_memory * 0.9=71.01")
+    assert old.extra["min_gpu_bytes"] == 20.5 * 2**30
+    assert [g.rule for g in analyse(head.strip())] == ["sglang.memory-unbalanced"]  # quoted alone (a title)
+    assert analyse("[2026-01-01 10:00:00 TP1] " + head + nums) == []  # SGLang's warning: it goes on starting
+
+
+def test_vllm_v0_drops_a_prompt_its_whole_kv_cache_cannot_admit() -> None:
+    (f,) = analyse("WARNING 05-01 10:00:00 scheduler.py:1089] Input prompt (40000 tokens) + lookahead slots (0) is too "
+                   "long and exceeds the capacity of block_manager")
+    assert (f.engine, f.cls, f.rule, f.extra) == ("vllm", "unknown", "vllm.v0.prompt-exceeds-cache",
+                                                   {"prompt_tokens": 40000.0})
+    assert "# GPU blocks" in (f.reason or "")
