@@ -144,7 +144,7 @@ def coldstart_phase(stage: Callable[[int], None]) -> tuple[list[float], list[flo
     from infersight import hooks
     from infersight.hooks import _coldstart
 
-    _coldstart.install(time.time_ns(), from_bootstrap=False)
+    _coldstart.install(time.time_ns())
     st = _coldstart.state()
     assert st.collecting, "no cold start collected"
     assert st.sampler is not None, "no stack sampler (and so no checkpoints)"

@@ -27,7 +27,7 @@ def main() -> None:
     from infersight import hooks
     from infersight.hooks import _coldstart, _runtime
 
-    _coldstart.install(time.time_ns(), from_bootstrap=False)
+    _coldstart.install(time.time_ns())
     st = _coldstart.state()
     assert st.collecting
     assert st.sampler is not None, "no stack sampler"

@@ -142,16 +142,19 @@ def activate_process() -> bool:
     if not activate():
         return False
     try:
-        from . import _BOOT_NS
+        # _enginelog before the import timing starts: the hooks' own set-up, not an import of the program
+        from . import _BOOT_NS, _enginelog
 
-        _coldstart.install(_BOOT_NS, from_bootstrap=True)
+        _coldstart.install(_BOOT_NS)
         _recorder.on_import("torch", _install_allocator_hooks)
         _recorder.on_import("logging", _install_engine_log)
         for name in _contract.ENGINE_PACKAGES:
             _recorder.on_import(name, _engine_imported)
-        from . import _enginelog
-
         _enginelog.install_excepthooks()  # chained: an engine's uncaught memory error, torch or not
+    except Exception as exc:
+        _runtime.fail(exc)
+    try:
+        _coldstart.set_up_done()  # runtime_init goes on to the main program's first line
     except Exception as exc:
         _runtime.fail(exc)
     return True

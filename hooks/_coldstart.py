@@ -2,7 +2,7 @@
 
 Installed by the bootstrap once the runtime is active (``_activate``). ``install`` starts:
 
-- ``runtime_init`` (process start -> the bootstrap's first line);
+- ``runtime_init`` (process start -> the main program's first line, ``_mainstart``);
 - ``framework_import`` (every outermost import, ``_imports``) and post-import hooks that
   load each instrumenter when, and only if, its library is imported: torch (``_torch``,
   ``_weights``, ``_build``'s ``nn.init`` runs), transformers/tokenizers (``_build``:
@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 
-from . import _env, _proc, _readiness, _runtime, _state, _workers
-from ._recorder import add_run_source, add_undo, emit_stage, on_import, state, weights_attrs
+from . import _env, _mainstart, _proc, _readiness, _runtime, _state, _workers
+from ._recorder import add_run_source, add_undo, emit_stage, end_runtime_init, on_import, state, weights_attrs
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def _install_gunicorn_sync(module: Any) -> None:
     add_undo(lambda: setattr(cls, "handle", handle) if cls.handle is wrapped else None)
 
 
-def install(boot: int, from_bootstrap: bool = True) -> None:
+def install(boot: int) -> None:
     """Start cold-start detection in this process (after ``_activate.activate``)."""
     st = state()
     if st.installed or not _runtime.active():
@@ -130,12 +130,19 @@ def install(boot: int, from_bootstrap: bool = True) -> None:
     _register_main_end()
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
+
+
+def set_up_done() -> None:
+    """The bootstrap's set-up is over: ``runtime_init`` (interpreter start-up, these hooks'
+    share apart) runs on to the main program's first line, which the rest of the
+    interpreter's start-up still precedes (``_mainstart``)."""
+    st = state()
     rs = _runtime.state()
-    if from_bootstrap and rs.root_start_ns and st.boot_ns > rs.root_start_ns:
-        # Interpreter start-up up to the end of these hooks' own set-up (their share apart).
-        now = time.time_ns()
-        emit_stage("runtime_init", _runtime.new_span_id(), rs.root_span_id,
-                   rs.root_start_ns, now, {"infersight.runtime_init.hooks_s": (now - st.boot_ns) / 1e9})
+    if not st.collecting or st.init_pending or not rs.root_start_ns or st.boot_ns <= rs.root_start_ns:
+        return
+    st.init_pending.append(time.time_ns())
+    if not _mainstart.watch(end_runtime_init):
+        end_runtime_init(0)
 
 
 def _set_children_dirs(parent_dir: Optional[str]) -> None:

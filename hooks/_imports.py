@@ -25,8 +25,8 @@ import threading
 import time
 from importlib.machinery import ModuleSpec
 
+from . import _mainstart, _runtime, _state
 from . import _recorder as cs
-from . import _runtime, _state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -327,8 +327,8 @@ class Finder:
             return None
         stack = st.stack
         if fullname not in cs.state().watched:
-            if not cs.state().collecting or st.paused:
-                return None
+            if not cs.state().collecting or st.paused or _mainstart.waiting():
+                return None  # (before the program's first line: runtime_init's, runpy's for -m)
             if stack and fullname.partition(".")[0] == stack[-1]:
                 return None
         try:

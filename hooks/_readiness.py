@@ -23,7 +23,17 @@ import threading
 import time
 
 from . import _contract, _proc, _runtime, _state, _workers
-from ._recorder import add_undo, covered_pairs, emit_stage, flush_runs, last_end, on_import, root_open, state  # noqa: F401
+from ._recorder import (  # noqa: F401
+    add_undo,
+    covered_pairs,
+    emit_stage,
+    end_runtime_init,
+    flush_runs,
+    last_end,
+    on_import,
+    root_open,
+    state,
+)
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -239,12 +249,12 @@ def pending_first() -> bool:
     return st.first is None and not st.first_done and root_open()
 
 
-def first_response(handle: Optional[_First] = None, attrs: Optional[Dict[str, Any]] = None) -> None:
-    """The first response byte left the server: end first_request and the root."""
+def first_response(handle: Optional[_First] = None, attrs: Optional[Dict[str, Any]] = None, t_ns: int = 0) -> None:
+    """The first response byte left the server (at ``t_ns``; 0: now): end first_request and the root."""
     st = state()
     if not root_open() or st.first_done:
         return
-    now = time.time_ns()
+    now = t_ns or time.time_ns()
     with st.lock:
         f = st.first
         if handle is not None and f is not handle:
@@ -302,6 +312,7 @@ def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False
 
 
 def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_readiness: bool) -> None:
+    end_runtime_init(0)  # the main program's start was not seen: up to the hooks' set-up
     now = time.time_ns()
     with st.lock:
         closed = _close_warm_locked(now)

@@ -5,7 +5,8 @@ The base of the cold-start hooks. ``_imports``, ``_build``, ``_torch``, ``_weigh
 none of them. It holds:
 
 - this process's cold-start state (``state()``: ``_state.current.coldstart``);
-- stages: ``begin``/``end`` (an ``Open`` stage made current), ``emit_stage``, and the
+- stages: ``begin``/``end`` (an ``Open`` stage made current), ``emit_stage``,
+  ``end_runtime_init``, and the
   notes every stage leaves while the cold start is collected (``note_begin``, ...);
 - ``timed``: a wrapper that runs a call inside one stage;
 - wrapping with undo (``patch``, ``add_undo``) and post-import callbacks (``on_import``);
@@ -154,6 +155,27 @@ def emit_stage(
     note_end(data["e"])
     note_covered(name, start, data["e"])
     _runtime.emit("span", data)
+
+
+def end_runtime_init(main_ns: int) -> None:
+    """Emit ``runtime_init``, once: from the root's start to the main program's first line
+    (``main_ns``, from ``_mainstart``), or, where that was not seen (0), to the end of the
+    hooks' set-up. Takes no lock (it runs inside a profile callback of the main thread)."""
+    try:
+        st = state()
+        try:
+            hooks_end = st.init_pending.pop()  # the claim: whoever pops it emits
+        except IndexError:
+            return
+        rs = _runtime.state()
+        attrs: Dict[str, Any] = {"infersight.runtime_init.hooks_s": (hooks_end - st.boot_ns) / 1e9}
+        end = hooks_end
+        if main_ns > hooks_end:
+            end = main_ns
+            attrs["infersight.runtime_init.after_hooks_s"] = (main_ns - hooks_end) / 1e9
+        emit_stage("runtime_init", _runtime.new_span_id(), rs.root_span_id, rs.root_start_ns, end, attrs)
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def covered_pairs(st: ColdStart) -> List[Tuple[int, int]]:

@@ -215,7 +215,7 @@ class ColdStart:
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
         "covered", "covered_seen", "exiting", "explicit", "finder", "finished", "finishing", "first", "first_done",
-        "imports", "inherited_sockets",
+        "imports", "inherited_sockets", "init_pending",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
         "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
@@ -242,6 +242,9 @@ class ColdStart:
         self.explicit = False  # the user called mark_ready(): first_request ends at first_response()
         self.main_pid = os.getpid()
         self.main_end_ns = 0  # when the main script ended (threading's shutdown, before atexit)
+        # runtime_init not emitted yet: [when the hooks' set-up ended] until the main program's
+        # first line or the root's end (one list.pop claims it, no lock: _recorder.end_runtime_init)
+        self.init_pending: List[int] = []
         self.ready_file: Optional[str] = None
         self.undo: List[Callable[[], None]] = []
         self.post_import: Dict[str, List[Callable[[Any], None]]] = {}

@@ -1,0 +1,78 @@
+"""When the main program's first line runs: the end of the interpreter's start-up (stdlib only).
+
+The bootstrap runs inside ``site``. After it, the interpreter still finishes its start-up on
+the main thread before the program runs: ``usercustomize``, the check whether the script is a
+zip application (zipimport reads the script's tail; a page-cache miss costs tens of ms on a
+loaded host), reading and compiling the script (a main script is never cached as bytecode),
+or importing ``runpy`` for ``-m``. ``watch`` sets a profile function on the main thread that
+sees the first Python frame of the program: the script's (or ``-c``'s) ``<module>`` code in
+``__main__``, or ``runpy._run_module_as_main`` for ``-m`` and zip applications. It then takes
+itself out, so nothing is profiled once the program runs. It gives up after ``MAX_EVENTS``
+callbacks (an embedding host that never runs a ``__main__``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, List
+
+__all__ = ["MAX_EVENTS", "is_program_start", "waiting", "watch"]
+
+MAX_EVENTS = 10_000  # profile callbacks before giving up: a few ms of Python calls at most
+_profile: List[Any] = [None]  # the watch's profile function while it waits
+
+
+def is_program_start(frame: Any) -> bool:
+    """Whether ``frame`` is the first frame of the main program (pure: read only)."""
+    co_name: str = frame.f_code.co_name
+    name: object = frame.f_globals.get("__name__")
+    if co_name == "<module>":
+        return name == "__main__"
+    return co_name == "_run_module_as_main" and name == "runpy"
+
+
+def waiting() -> bool:
+    """Whether this thread is the main thread before its program's first line, watched: the
+    import timing leaves such imports (``usercustomize``, ``runpy`` for ``-m``) to runtime_init.
+    False once a profiler displaced the watch."""
+    f = _profile[0]
+    return f is not None and sys.getprofile() is f
+
+
+def watch(on_start: Callable[[int], None]) -> bool:
+    """Call ``on_start(t_ns)`` on the main thread when the main program starts. Returns False
+    where nothing can be watched: not the main thread, or a profile function is already set (a
+    profiler's: never displaced). No call comes after ``MAX_EVENTS`` callbacks without the
+    program's start, nor where a profiler replaced this one first: the caller's fallback (the
+    root's end) covers those. ``on_start`` runs at the program's first frame, outside any code
+    of the hooks, so it may not take a lock the main thread could hold: it takes none."""
+    if threading.current_thread() is not threading.main_thread() or sys.getprofile() is not None:
+        return False
+    left = [MAX_EVENTS]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and is_program_start(frame):
+            _stop(profile)
+            try:
+                on_start(time.time_ns())
+            except Exception:
+                pass
+            return
+        left[0] -= 1
+        if left[0] <= 0:
+            _stop(profile)
+
+    _profile[0] = profile
+    sys.setprofile(profile)
+    return True
+
+
+def _stop(profile: Any) -> None:
+    _profile[0] = None
+    if sys.getprofile() is profile:
+        sys.setprofile(None)

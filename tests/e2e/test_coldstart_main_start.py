@@ -1,0 +1,88 @@
+"""``runtime_init`` runs to the main program's first line, not to the end of the hooks' set-up:
+what the interpreter does between the two (compiling a large main script, ``-m``'s ``runpy``,
+the zip-application check on the script) is start-up, named, never an ``unattributed`` gap.
+Real interpreters under ``infersight launch``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
+from launchutil import LaunchRun, assert_well_formed, launch, stage_name  # noqa: E402
+
+from infersight.telemetry import SpanItem  # noqa: E402
+
+# The first line notes the time; then 60,000 assignments: about half a second of compiling here,
+# done before that line runs (a main script is compiled whole and never cached as bytecode).
+FIRST = "import json, os, sys, time\nT0 = time.time_ns()\n"
+LAST = 'json.dump({"pid": os.getpid(), "t_first_line_ns": T0}, open(sys.argv[1], "w"))\n'
+
+
+def write(path: str, text: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def one(run: LaunchRun, name: str) -> tuple[SpanItem, list[SpanItem], SpanItem]:
+    assert run.rc == 0, run.output
+    root = run.root_of(run.result["pid"])
+    stages = run.stages(root)
+    assert_well_formed(root, stages)
+    (init,) = [s for s in stages if stage_name(s) == name]
+    return root, stages, init
+
+
+def test_a_large_script_compiles_inside_runtime_init(tmp_path) -> None:
+    body = "".join("v%d = %d\n" % (i, i) for i in range(60_000))
+    script = write(str(tmp_path / "big_main.py"), FIRST + body + LAST)
+    run = launch(str(tmp_path), [sys.executable, script])
+    root, stages, init = one(run, "runtime_init")
+    first_line = run.result["t_first_line_ns"]
+    # ends at the program's first frame, just before its first line ran
+    assert init.end_ns <= first_line < init.end_ns + 50_000_000, (init.end_ns, first_line)
+    after = float(init.attributes["infersight.runtime_init.after_hooks_s"])
+    hooks = float(init.attributes["infersight.runtime_init.hooks_s"])
+    assert after > 0.05  # the compile: ~0.5 s here, a fraction of it on any machine
+    assert hooks + after <= (init.end_ns - init.start_ns) / 1e9
+    gaps = [s for s in stages if stage_name(s) == "unattributed" and s.start_ns < first_line]
+    assert not gaps, [(g.start_ns, g.end_ns, g.attributes) for g in gaps]
+
+
+def test_dash_m_runs_runpy_inside_runtime_init(tmp_path) -> None:
+    """``python -m pkg``: runtime_init ends when runpy starts the module; the package's own
+    import (its ``__init__``, run by runpy) is a framework_import after it, never before."""
+    write(str(tmp_path / "slowpkg" / "__init__.py"), "import time\ntime.sleep(0.05)\n")
+    write(str(tmp_path / "slowpkg" / "__main__.py"), FIRST + LAST)
+    run = launch(str(tmp_path), [sys.executable, "-m", "slowpkg"], env={"PYTHONPATH": str(tmp_path)})
+    root, stages, init = one(run, "runtime_init")
+    assert "infersight.runtime_init.after_hooks_s" in init.attributes
+    imports = [s for s in stages if stage_name(s) == "framework_import"]
+    mine = [s for s in imports if any(str(p).startswith("slowpkg ")
+                                      for p in s.attributes.get("infersight.import.packages", []))]
+    assert mine, [s.attributes for s in imports]
+    assert all(s.start_ns >= init.end_ns for s in imports), [(s.start_ns - init.end_ns) for s in imports]
+    assert init.end_ns <= run.result["t_first_line_ns"]
+
+
+def test_a_profiler_set_first_keeps_the_old_end(tmp_path) -> None:
+    """A profile function set by the site's own sitecustomize (chained after ours) displaces the
+    watch: runtime_init then ends where the hooks' set-up did, and imports are timed as ever."""
+    site = tmp_path / "site"
+    write(str(site / "sitecustomize.py"), "import sys\nsys.setprofile(lambda frame, event, arg: None)\n")
+    write(str(tmp_path / "slowpkg2" / "__init__.py"), "import time\ntime.sleep(0.05)\n")
+    script = write(str(tmp_path / "prof_main.py"), textwrap.dedent("""\
+        import sys
+        sys.setprofile(None)
+        import slowpkg2  # noqa: F401
+        """) + FIRST + LAST)
+    run = launch(str(tmp_path), [sys.executable, script], env={"PYTHONPATH": "%s:%s" % (site, tmp_path)})
+    root, stages, init = one(run, "runtime_init")
+    assert "infersight.runtime_init.after_hooks_s" not in init.attributes
+    assert init.end_ns < run.result["t_first_line_ns"]
+    packages = [p for s in stages if stage_name(s) == "framework_import"
+                for p in s.attributes.get("infersight.import.packages", [])]
+    assert any(str(p).startswith("slowpkg2 ") for p in packages), packages
