@@ -99,6 +99,7 @@ class ColdStartMiddleware:
         state: Dict[str, Any] = {"done": False, "status": 0, "headers_ns": 0}
 
         async def timed_send(message: Message) -> None:
+            end_ns = 0
             try:
                 if not state["done"]:
                     kind = message.get("type")
@@ -107,10 +108,14 @@ class ColdStartMiddleware:
                         state["headers_ns"] = time.time_ns()
                     elif kind == "http.response.body" and (message.get("body") or not message.get("more_body")):
                         state["done"] = True
-                        _finish(handle, state)
+                        end_ns = time.time_ns()
             except Exception as exc:
                 _runtime.fail(exc)
-            await send(message)
+            try:
+                await send(message)
+            finally:
+                if end_ns:  # the byte went out first: ending the cold start never delays it
+                    _finish(handle, state, end_ns)
 
         try:
             await self.app(scope, receive, timed_send)
@@ -146,9 +151,10 @@ def _queue(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
         _runtime.fail(exc)
 
 
-def _finish(handle: Any, state: Dict[str, Any]) -> None:
+def _finish(handle: Any, state: Dict[str, Any], now: int = 0) -> None:
+    """End ``first_request`` at ``now`` (0: this moment)."""
     try:
-        now = time.time_ns()
+        now = now or time.time_ns()
         attrs: Dict[str, Any] = {_contract.FIRST_REQUEST_TTFB_S: (now - handle.start) / 1e9}
         if state.get("status"):
             attrs["http.response.status_code"] = state["status"]
@@ -156,7 +162,7 @@ def _finish(handle: Any, state: Dict[str, Any]) -> None:
             attrs["infersight.first_request.headers_s"] = (state["headers_ns"] - handle.start) / 1e9
         if state.get("error"):
             attrs["error.type"] = state["error"]
-        _readiness.first_response(handle, attrs)
+        _readiness.first_response(handle, attrs, now)
     except Exception as exc:
         _runtime.fail(exc)
 
