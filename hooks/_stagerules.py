@@ -469,7 +469,9 @@ def _installer(targets: Dict[str, List[Spec]]) -> Callable[[Any], None]:
         if not cs.state().collecting:
             return
         for qualname, specs in targets.items():
-            for stage, rule, ready, role in specs:  # each wraps the one before
+            # each wraps the one before; the ends of waits outermost, so that a wait this call ends
+            # is over before the call's own stage or wait begins
+            for stage, rule, ready, role in sorted(specs, key=lambda spec: spec[3] == ROLE_UNTIL):
                 try:
                     done = apply(module, qualname, stage, rule, ready, role)
                 except Exception:

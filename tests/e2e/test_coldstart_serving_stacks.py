@@ -368,6 +368,13 @@ def test_ray_serve(models: str, tmp_path) -> None:
     for worker in (controller, replica):  # joined the raylet, then waited for its actor's creation task
         (wait,) = [s for s in worker.stages if stage_name(s) == "ray_task_wait"]
         assert wait.attributes["infersight.stage.until"].startswith("ray._private.function_manager:")
+        # its session handle and its connect are ray_init; its log set-up runs on to the task loop
+        joins = {s.attributes["infersight.stage.target"] for s in worker.stages if stage_name(s) == "ray_init"}
+        assert joins == {"ray._private.node:Node.__init__", "ray._private.worker:connect"}, joins
+        (setup,) = [s for s in worker.stages if stage_name(s) == "ray_worker_setup"]
+        assert setup.attributes["infersight.stage.until"] == "ray._private.worker:Worker.main_loop"
+        assert setup.end_ns <= wait.start_ns
+    assert not [s for s in driver.stages if stage_name(s) == "ray_worker_setup"]  # no task loop: no span
     monitors = [cs for cs in css if cs.root.resource.get("process.command") == "log_monitor.py"]
     assert monitors, sorted(str(cs.root.resource.get("process.command")) for cs in css)
     for m in monitors:  # no socket: ready when its loop started, not at its death

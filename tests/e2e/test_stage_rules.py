@@ -71,8 +71,8 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
                                                                "bentoml.service_init"}
     assert {r.id for r in rs.rules if r.ready == "entry"} == {"litserve.serving_loop", "ray.log_monitor.loop",
                                                               "gunicorn.worker_loop"}
-    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.serve.proxy_init",
-                                                   "python.multiprocessing.bootstrap"}
+    assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.worker.log_setup",
+                                                   "ray.serve.proxy_init", "python.multiprocessing.bootstrap"}
 
 
 def test_errors_name_file_and_line(tmp_path: Path) -> None:

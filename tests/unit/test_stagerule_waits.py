@@ -60,3 +60,36 @@ def test_fork_readiness_is_sent_once_per_child(monkeypatch: pytest.MonkeyPatch) 
     _stagerules._entered("r")
     assert client.stages() == ["ready_wait", "ready_wait"]
     assert not _state.current.runtime.failed
+
+
+@pytest.mark.parametrize("a_first", [True, False])
+def test_a_call_that_ends_one_wait_and_starts_another_ends_the_first_before(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path, a_first: bool) -> None:
+    """``loop`` ends rule a's wait (its ``until``) and starts rule b's: a's stage ends before b's
+    begins, whatever the order of the rules in the file (the ends of waits wrap outermost)."""
+    import time
+    import types
+
+    rules = tmp_path / "r.toml"
+    a = '[[stage]]\nid = "a"\nstage = "setup"\ntargets = ["m:begin"]\nuntil = ["m:loop"]\n'
+    b = '[[stage]]\nid = "b"\nstage = "task_wait"\ntargets = ["m:loop"]\nuntil = ["m:task"]\n'
+    rules.write_text('engine_version = "1"\n' + (a + b if a_first else b + a))
+    targets, problems = _stagerules.load([str(rules)])
+    assert not problems
+    client = _collecting(monkeypatch)
+    module = types.ModuleType("m")
+    module.begin = lambda: None  # type: ignore[attr-defined]
+
+    def loop() -> None:
+        module.task()  # the wrapped task, looked up at the call
+
+    module.loop = loop  # type: ignore[attr-defined]
+    module.task = lambda: time.sleep(0.001)  # type: ignore[attr-defined]
+    _stagerules._installer(targets["m"])(module)
+    module.begin()
+    time.sleep(0.001)
+    module.loop()
+    spans = {d["a"]["infersight.stage"]: d for kind, d in client.events if kind == "span"}
+    assert set(spans) == {"setup", "task_wait"}, client.events
+    assert spans["setup"]["e"] <= spans["task_wait"]["s"]
+    assert not _state.current.runtime.failed
