@@ -141,8 +141,28 @@ def set_up_done() -> None:
     if not st.collecting or st.init_pending or not rs.root_start_ns or st.boot_ns <= rs.root_start_ns:
         return
     st.init_pending.append(time.time_ns())
-    if not _mainstart.watch(end_runtime_init):
+    if _interactive() or not _mainstart.watch(_program_started):
         end_runtime_init(0)
+
+
+def _interactive() -> bool:
+    """An interactive prompt: its first frame waits for what the user types, no start-up."""
+    if _proc.command_argv():
+        return False
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except Exception:
+        return False
+
+
+def _program_started(t_ns: int, seen: bool) -> None:
+    """The watch's end (inside its profile callback). At the program's first frame, which no
+    code of the hooks is under, ``runtime_init`` goes out; a give-up may come inside any call,
+    the hooks' own (holding their locks) included, so it only notes the time for the root's end."""
+    if seen:
+        end_runtime_init(t_ns)
+    else:
+        state().init_gave_up.append(t_ns)
 
 
 def _set_children_dirs(parent_dir: Optional[str]) -> None:

@@ -113,7 +113,7 @@ def _plain(spec: Any) -> Any:
 def _begin(spec: Any) -> None:
     """The module's body is about to run: it is the package on top of this thread's stack."""
     try:
-        if cs.state().collecting:
+        if cs.state().collecting and not _mainstart.waiting():  # (a watched module before the program: no time)
             st = _thread()
             if not st.paused:
                 stack = st.stack

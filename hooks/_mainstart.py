@@ -8,7 +8,7 @@ or importing ``runpy`` for ``-m``. ``watch`` sets a profile function on the main
 sees the first Python frame of the program: the script's (or ``-c``'s) ``<module>`` code in
 ``__main__``, or ``runpy._run_module_as_main`` for ``-m`` and zip applications. It then takes
 itself out, so nothing is profiled once the program runs. It gives up after ``MAX_EVENTS``
-callbacks (an embedding host that never runs a ``__main__``).
+callbacks (an embedding host or a REPL, which run no ``__main__`` frame at first).
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_EVENTS", "is_program_start", "waiting", "watch"]
 
-MAX_EVENTS = 10_000  # profile callbacks before giving up: a few ms of Python calls at most
+# Profile callbacks before giving up (~150 ns each here: 15 ms at most). Under launch a script
+# starts after ~450 and -m after ~570; with the .pth line, the site's later .pth files count too
+# (one that imports ssl: ~27,000). bench/mainstart_watch.py measures both.
+MAX_EVENTS = 100_000
 _profile: List[Any] = [None]  # the watch's profile function while it waits
 
 
@@ -44,28 +47,39 @@ def waiting() -> bool:
     return f is not None and sys.getprofile() is f
 
 
-def watch(on_start: Callable[[int], None]) -> bool:
-    """Call ``on_start(t_ns)`` on the main thread when the main program starts. Returns False
-    where nothing can be watched: not the main thread, or a profile function is already set (a
-    profiler's: never displaced). No call comes after ``MAX_EVENTS`` callbacks without the
-    program's start, nor where a profiler replaced this one first: the caller's fallback (the
-    root's end) covers those. ``on_start`` runs at the program's first frame, outside any code
-    of the hooks, so it may not take a lock the main thread could hold: it takes none."""
+def watch(on_start: Callable[[int, bool], None]) -> bool:
+    """Call ``on_start(t_ns, True)`` on the main thread when the main program starts, or
+    ``on_start(t_ns, False)`` when the watch gives up after ``MAX_EVENTS`` callbacks without it
+    (an embedding host, a REPL: what ran until then was start-up all the same, and its imports
+    were not timed). Returns False where nothing can be watched: not the main thread, or a
+    profile function is already set (a profiler's: never displaced). Where a profiler replaces
+    this one first, no call comes: the caller's fallback (the root's end) covers that.
+    ``on_start`` runs inside a profile callback, at the program's first frame (none of the hooks'
+    code below it) or at the give-up (anywhere): it must not take a lock the hooks hold."""
     if threading.current_thread() is not threading.main_thread() or sys.getprofile() is not None:
         return False
     left = [MAX_EVENTS]
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and is_program_start(frame):
+        if left[0] <= 0:
+            return  # over (only where taking it out failed)
+        try:
+            if event == "call" and is_program_start(frame):
+                seen = True
+            else:
+                left[0] -= 1
+                if left[0] > 0:
+                    return
+                seen = False
+            left[0] = 0
             _stop(profile)
+            on_start(time.time_ns(), seen)
+        except Exception:  # never into the program: the watch ends instead
+            left[0] = 0
             try:
-                on_start(time.time_ns())
+                _stop(profile)
             except Exception:
                 pass
-            return
-        left[0] -= 1
-        if left[0] <= 0:
-            _stop(profile)
 
     _profile[0] = profile
     sys.setprofile(profile)

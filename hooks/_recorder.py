@@ -157,10 +157,12 @@ def emit_stage(
     _runtime.emit("span", data)
 
 
-def end_runtime_init(main_ns: int) -> None:
-    """Emit ``runtime_init``, once: from the root's start to the main program's first line
-    (``main_ns``, from ``_mainstart``), or, where that was not seen (0), to the end of the
-    hooks' set-up. Takes no lock (it runs inside a profile callback of the main thread)."""
+def end_runtime_init(end_ns: int) -> None:
+    """Emit ``runtime_init``, once: from the root's start to the main program's first frame
+    (``end_ns``, from ``_mainstart``); with ``end_ns`` 0 (the root ends first), to where that
+    watch gave up (``init_gave_up``: its imports were not timed either), else to the end of the
+    hooks' set-up. Claims with one ``list.pop``, no lock of its own (it runs inside a profile
+    callback at the program's first frame)."""
     try:
         st = state()
         try:
@@ -170,9 +172,12 @@ def end_runtime_init(main_ns: int) -> None:
         rs = _runtime.state()
         attrs: Dict[str, Any] = {"infersight.runtime_init.hooks_s": (hooks_end - st.boot_ns) / 1e9}
         end = hooks_end
-        if main_ns > hooks_end:
-            end = main_ns
-            attrs["infersight.runtime_init.after_hooks_s"] = (main_ns - hooks_end) / 1e9
+        if not end_ns and st.init_gave_up:
+            end_ns = st.init_gave_up[0]
+            attrs["infersight.runtime_init.program_start_seen"] = False
+        if end_ns > hooks_end:
+            end = end_ns
+            attrs["infersight.runtime_init.after_hooks_s"] = (end_ns - hooks_end) / 1e9
         emit_stage("runtime_init", _runtime.new_span_id(), rs.root_span_id, rs.root_start_ns, end, attrs)
     except Exception as exc:
         _runtime.fail(exc)

@@ -113,8 +113,12 @@ class ColdStartMiddleware:
                 _runtime.fail(exc)
             try:
                 await send(message)
+            except BaseException as exc:
+                if end_ns:  # the server could not take it (the client went away): no response went out
+                    state["error"] = type(exc).__name__
+                raise
             finally:
-                if end_ns:  # the byte went out first: ending the cold start never delays it
+                if end_ns:  # the chunk went out first: ending the cold start never delays it
                     _finish(handle, state, end_ns)
 
         try:

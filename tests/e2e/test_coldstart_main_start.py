@@ -14,9 +14,10 @@ from launchutil import LaunchRun, assert_well_formed, launch, stage_name  # noqa
 
 from infersight.telemetry import SpanItem  # noqa: E402
 
-# The first line notes the time; then 60,000 assignments: about half a second of compiling here,
-# done before that line runs (a main script is compiled whole and never cached as bytecode).
-FIRST = "import json, os, sys, time\nT0 = time.time_ns()\n"
+# The first line notes the time (``time`` is loaded at start-up: no import to wait for); then
+# 60,000 assignments: about half a second of compiling here, done before that line runs (a main
+# script is compiled whole and never cached as bytecode).
+FIRST = "import time\nT0 = time.time_ns()\nimport json, os, sys\n"
 LAST = 'json.dump({"pid": os.getpid(), "t_first_line_ns": T0}, open(sys.argv[1], "w"))\n'
 
 
@@ -86,3 +87,44 @@ def test_a_profiler_set_first_keeps_the_old_end(tmp_path) -> None:
     packages = [p for s in stages if stage_name(s) == "framework_import"
                 for p in s.attributes.get("infersight.import.packages", [])]
     assert any(str(p).startswith("slowpkg2 ") for p in packages), packages
+
+
+def test_the_pth_line_watches_from_inside_site(tmp_path) -> None:
+    """``hooks install``'s ``.pth`` line starts the hooks while ``site`` still reads ``.pth``
+    files: a later one that imports (here ``ssl``, ``urllib.request`` and more, as certificate
+    helpers do: over 10,000 callbacks) is start-up, inside the watch's budget, and runtime_init
+    still ends at the program's first frame. The program reads its own process's hook state (no
+    agent: nothing to send to)."""
+    import json
+    import subprocess
+
+    from conftest import BOOTSTRAP, hook_env
+
+    from infersight.agent.commands.hooks_install import pth_line
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    write(os.path.join(purelib, "infersight-hooks.pth"), pth_line(str(BOOTSTRAP)))
+    write(os.path.join(purelib, "zz-later.pth"),
+          "import ipaddress, typing, ssl, http.client, email.message, urllib.request\n")
+    script = write(str(tmp_path / "pth_main.py"), FIRST + textwrap.dedent("""\
+        from infersight.hooks import _recorder, _state
+        cs = _state.current.coldstart
+        pairs = _recorder.covered_pairs(cs)
+        print(json.dumps({"t_first_line_ns": T0, "pending": cs.init_pending, "gave_up": cs.init_gave_up,
+                          "collecting": cs.collecting, "profile": sys.getprofile() is not None,
+                          "root_start": _state.current.runtime.root_start_ns, "pairs": pairs}))
+        """))
+    env = hook_env(tmp_path / "none.sock", tmp_path / "spool", INFERSIGHT="1", INFERSIGHT_EXIT_FLUSH_S="0")
+    env.pop("PYTHONPATH")  # the .pth line, not launch's PYTHONPATH, loads the hooks
+    p = subprocess.run([python, script], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["collecting"] and not got["profile"], got
+    assert got["pending"] == [] and got["gave_up"] == [], got  # emitted, at the program's first frame
+    first = got["t_first_line_ns"]
+    init = [(s, e) for s, e in got["pairs"] if s == got["root_start"]]
+    assert init and init[0][1] <= first < init[0][1] + 50_000_000, (init, first)

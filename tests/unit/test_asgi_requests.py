@@ -124,3 +124,63 @@ def test_the_uvicorn_wrap_leaves_the_first_request_to_the_apps_own_middleware(
     _call(stacked, {"type": "http", "method": "GET", "path": "/v1/completions"})
     assert begun == ["/v1/completions"]  # the app's own middleware still sees it
     assert len(client.queued) == 2  # and each request was timed once
+
+
+class FirstHandle:
+    """FAKE first-request handle of ``_readiness``: when it began, the span it is."""
+
+    start = 1
+    span = "b" * 16
+
+
+def _first_request(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, dict[str, Any], list[str]]]:
+    """The first request's path with a FAKE readiness: records each first_response as (its
+    time, its attributes, what the server had been handed by then)."""
+    sent: list[str] = []
+    ended: list[tuple[int, dict[str, Any], list[str]]] = []
+    monkeypatch.setattr(_readiness, "pending_first", lambda: True)
+    monkeypatch.setattr(_readiness, "request_begin", lambda source, attrs=None: FirstHandle())
+    monkeypatch.setattr(_readiness, "first_response",
+                        lambda handle, attrs, t_ns=0: ended.append((t_ns, dict(attrs), list(sent))))
+    return ended
+
+
+def test_the_first_chunk_goes_out_before_the_cold_start_ends(client: QueueClient,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ending the cold start flushes every stage: the client must not wait for it. The chunk is
+    handed over first; first_request ends at the moment it was."""
+    import time
+
+    ended = _first_request(monkeypatch)
+    handed: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def send(m: Any) -> None:
+        handed.append(time.time_ns())
+        if m["type"] == "http.response.body":
+            assert ended == []  # not ended yet while the server takes the chunk
+
+    asyncio.run(asgi.ColdStartMiddleware(_app)({"type": "http", "method": "GET", "path": "/"}, receive, send))
+    (t_ns, attrs, _), = ended
+    assert 0 < t_ns <= handed[-1]  # the moment it was handed over, not after the flush
+    assert attrs["http.response.status_code"] == 200 and "error.type" not in attrs
+
+
+def test_a_chunk_the_server_could_not_take_ends_first_request_with_the_error(
+    client: QueueClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ended = _first_request(monkeypatch)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def send(m: Any) -> None:
+        if m["type"] == "http.response.body":
+            raise OSError("client went away")
+
+    with pytest.raises(OSError, match="client went away"):
+        asyncio.run(asgi.ColdStartMiddleware(_app)({"type": "http", "method": "GET", "path": "/"}, receive, send))
+    (_, attrs, _), = ended
+    assert attrs["error.type"] == "OSError"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -35,24 +36,42 @@ def no_profile():
     _mainstart._profile[0] = None
 
 
+def note(seen: list) -> Callable[[int, bool], None]:  # type: ignore[type-arg]
+    return lambda t_ns, started: seen.append((t_ns, started))
+
+
 def test_the_program_frame_ends_the_watch(no_profile) -> None:
-    seen: list[int] = []
-    assert _mainstart.watch(seen.append)
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
     assert _mainstart.waiting()
     exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
-    assert len(seen) == 1 and seen[0] > 0
+    assert len(seen) == 1 and seen[0][0] > 0 and seen[0][1] is True
     assert sys.getprofile() is None and not _mainstart.waiting()
 
 
 def test_it_gives_up_after_its_budget(no_profile, monkeypatch) -> None:
     monkeypatch.setattr(_mainstart, "MAX_EVENTS", 50)
-    seen: list[int] = []
-    assert _mainstart.watch(seen.append)
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
     for _ in range(100):
         len([])  # C calls: profile events
     assert sys.getprofile() is None and not _mainstart.waiting()
     exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
-    assert seen == []
+    assert len(seen) == 1 and seen[0][1] is False  # the give-up, once; the later program frame: nothing
+
+
+def test_a_failure_inside_the_watch_never_reaches_the_program(no_profile, monkeypatch) -> None:
+    def broken(frame) -> bool:  # type: ignore[no-untyped-def]
+        raise RuntimeError("odd frame")
+
+    monkeypatch.setattr(_mainstart, "is_program_start", broken)
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
+    def python_call() -> None:
+        return None
+
+    python_call()  # a Python call: would raise RuntimeError here if the callback let it out
+    assert sys.getprofile() is None and not _mainstart.waiting() and seen == []
 
 
 def test_never_over_another_profiler_nor_off_the_main_thread(no_profile) -> None:
@@ -61,12 +80,12 @@ def test_never_over_another_profiler_nor_off_the_main_thread(no_profile) -> None
 
     sys.setprofile(other)
     try:
-        assert not _mainstart.watch(lambda t: None)
+        assert not _mainstart.watch(lambda t, started: None)
         assert sys.getprofile() is other
     finally:
         sys.setprofile(None)
     got: list[bool] = []
-    t = threading.Thread(target=lambda: got.append(_mainstart.watch(lambda t: None)))
+    t = threading.Thread(target=lambda: got.append(_mainstart.watch(lambda t, started: None)))
     t.start()
     t.join()
     assert got == [False]
@@ -75,10 +94,33 @@ def test_never_over_another_profiler_nor_off_the_main_thread(no_profile) -> None
 def test_a_displaced_watch_is_not_waiting(no_profile) -> None:
     """A profiler set after the watch: imports are timed again (``waiting`` is False), and no
     call comes."""
-    seen: list[int] = []
-    assert _mainstart.watch(seen.append)
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
     sys.setprofile(lambda frame, event, arg: None)
     assert not _mainstart.waiting()
     sys.setprofile(None)
     exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
     assert seen == []
+
+
+def test_runtime_init_goes_out_once_to_the_give_up_at_the_roots_end(monkeypatch) -> None:
+    """The give-up only notes its time (it may come inside the hooks' own locked code); the
+    root's end then emits runtime_init to it, once, marked as not having seen the program."""
+    from hook_fakes import collecting
+
+    from infersight.hooks import _coldstart, _recorder
+
+    client, st = collecting(monkeypatch)
+    st.coldstart.boot_ns = 10
+    st.coldstart.init_pending.append(1_000)
+    _coldstart._program_started(5_000, False)
+    assert client.events == []  # nothing emitted inside the callback
+    _recorder.end_runtime_init(0)  # the root's end
+    _recorder.end_runtime_init(0)
+    _coldstart._program_started(9_000, True)
+    spans = [d for kind, d in client.events if kind == "span"]
+    assert len(spans) == 1, spans
+    (span,) = spans
+    assert (span["s"], span["e"]) == (1, 5_000)
+    assert span["a"]["infersight.runtime_init.program_start_seen"] is False
+    assert span["a"]["infersight.runtime_init.after_hooks_s"] == 4_000 / 1e9
