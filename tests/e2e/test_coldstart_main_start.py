@@ -43,8 +43,9 @@ def test_a_large_script_compiles_inside_runtime_init(tmp_path) -> None:
     run = launch(str(tmp_path), [sys.executable, script])
     root, stages, init = one(run, "runtime_init")
     first_line = run.result["t_first_line_ns"]
-    # ends at the program's first frame, just before its first line ran
-    assert init.end_ns <= first_line < init.end_ns + 50_000_000, (init.end_ns, first_line)
+    # ends at the program's first frame, just before its first line ran (the compile, ~0.5 s, is before it;
+    # the bound leaves room for a loaded host between the two)
+    assert init.end_ns <= first_line < init.end_ns + 200_000_000, (init.end_ns, first_line)
     after = float(init.attributes["infersight.runtime_init.after_hooks_s"])
     hooks = float(init.attributes["infersight.runtime_init.hooks_s"])
     assert after > 0.05  # the compile: ~0.5 s here, a fraction of it on any machine
@@ -127,4 +128,4 @@ def test_the_pth_line_watches_from_inside_site(tmp_path) -> None:
     assert got["pending"] == [] and got["gave_up"] == [], got  # emitted, at the program's first frame
     first = got["t_first_line_ns"]
     init = [(s, e) for s, e in got["pairs"] if s == got["root_start"]]
-    assert init and init[0][1] <= first < init[0][1] + 50_000_000, (init, first)
+    assert init and init[0][1] <= first < init[0][1] + 200_000_000, (init, first)
