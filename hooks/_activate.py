@@ -141,6 +141,8 @@ def activate_process() -> bool:
         return False  # infersight's own CLI (``INFERSIGHT=1 infersight status``) is no producer
     if not activate():
         return False
+    if _coldstart.state().installed:
+        return True  # the bootstrap ran again (the .pth line, then site's own sitecustomize import): set up once
     try:
         # _enginelog before the import timing starts: the hooks' own set-up, not an import of the program
         from . import _BOOT_NS, _enginelog
