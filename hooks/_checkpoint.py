@@ -21,7 +21,7 @@ from . import _runtime
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Tuple
+    from typing import Any, Dict, List, Optional, Tuple
 
     Stage = Tuple[str, str, str, int, int, Dict[str, Any]]
 
@@ -33,6 +33,9 @@ def open_stages() -> List[Stage]:
     """The runs not emitted yet, as stages that end at their last known time."""
     out: List[Stage] = cs.open_runs()  # import runs, nn.init runs: the run sources
     st = cs.state()
+    init = pending_runtime_init(st)
+    if init is not None:
+        out.insert(0, init)
     with st.lock:
         w = st.warm
         if w is not None:
@@ -40,6 +43,19 @@ def open_stages() -> List[Stage]:
             out.append(("warmup", w.span, _runtime.state().root_span_id, w.start, max(end, w.start),
                         {"infersight.warmup.forwards": w.n}))
     return out[:MAX_OPEN]
+
+
+def pending_runtime_init(st: Any) -> Optional[Stage]:
+    """``runtime_init`` while it waits for the program's first frame (``_mainstart``), as the root's
+    end would emit it now: to where the watch gave up, else to the end of the hooks' set-up (the
+    part known to be start-up: a watch a profiler displaced never says when the program began)."""
+    try:
+        hooks_end = st.init_pending[0]  # (the main thread may claim it meanwhile: then nothing)
+    except IndexError:
+        return None
+    rs = _runtime.state()
+    end, attrs = cs.runtime_init_extent(st, hooks_end, 0)
+    return ("runtime_init", st.init_span, rs.root_span_id, rs.root_start_ns, max(end, rs.root_start_ns), attrs)
 
 
 class Checkpoint:

@@ -140,6 +140,7 @@ def set_up_done() -> None:
     rs = _runtime.state()
     if not st.collecting or st.init_pending or not rs.root_start_ns or st.boot_ns <= rs.root_start_ns:
         return
+    st.init_span = _runtime.new_span_id()
     st.init_pending.append(time.time_ns())
     if _interactive() or not _mainstart.watch(_program_started):
         end_runtime_init(0)

@@ -28,6 +28,8 @@ __all__ = ["MAX_EVENTS", "is_program_start", "waiting", "watch"]
 # (one that imports ssl: ~27,000). bench/mainstart_watch.py measures both.
 MAX_EVENTS = 100_000
 _profile: List[Any] = [None]  # the watch's profile function while it waits
+_left = [0]  # callbacks left before it gives up; 0: over (seen, given up, or displaced)
+_main = [0]  # the watched thread's ident
 
 
 def is_program_start(frame: Any) -> bool:
@@ -42,9 +44,23 @@ def is_program_start(frame: Any) -> bool:
 def waiting() -> bool:
     """Whether this thread is the main thread before its program's first line, watched: the
     import timing leaves such imports (``usercustomize``, ``runpy`` for ``-m``) to runtime_init.
-    False once a profiler displaced the watch."""
+    False once a profiler displaced the watch, and from then on: the watch is over, even where
+    that profiler later puts it back (a save-and-restore), which would find it inside the program."""
     f = _profile[0]
-    return f is not None and sys.getprofile() is f
+    if f is None:
+        return False
+    if sys.getprofile() is f:
+        return True
+    if threading.get_ident() == _main[0]:
+        abandon()  # displaced on its own thread
+    return False
+
+
+def abandon() -> None:
+    """End the watch without a verdict (displaced, or the cold start ended first): a profile call
+    that still reaches it takes it out and does nothing else."""
+    _left[0] = 0
+    _profile[0] = None
 
 
 def watch(on_start: Callable[[int, bool], None]) -> bool:
@@ -58,11 +74,18 @@ def watch(on_start: Callable[[int, bool], None]) -> bool:
     code below it) or at the give-up (anywhere): it must not take a lock the hooks hold."""
     if threading.current_thread() is not threading.main_thread() or sys.getprofile() is not None:
         return False
-    left = [MAX_EVENTS]
+    left = _left
+    left[0] = MAX_EVENTS
+    _main[0] = threading.get_ident()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if left[0] <= 0:
-            return  # over (only where taking it out failed)
+        if left[0] <= 0:  # over: abandoned, or put back by a profiler that had displaced it
+            try:
+                if sys.getprofile() is profile:
+                    sys.setprofile(None)
+            except Exception:
+                pass
+            return
         try:
             if event == "call" and is_program_start(frame):
                 seen = True

@@ -26,7 +26,7 @@ import threading
 import time
 from itertools import islice
 
-from . import _contract, _paths, _runtime, _state
+from . import _contract, _mainstart, _paths, _runtime, _state
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -157,6 +157,21 @@ def emit_stage(
     _runtime.emit("span", data)
 
 
+def runtime_init_extent(st: ColdStart, hooks_end: int, end_ns: int) -> Tuple[int, Dict[str, Any]]:
+    """Where ``runtime_init`` ends and its attributes: at ``end_ns`` (the program's first frame), or with
+    ``end_ns`` 0 where the watch gave up (``init_gave_up``), else at the end of the hooks' set-up."""
+    attrs: Dict[str, Any] = {"infersight.runtime_init.hooks_s": (hooks_end - st.boot_ns) / 1e9}
+    end = hooks_end
+    gave_up = st.init_gave_up[:1]
+    if not end_ns and gave_up:
+        end_ns = gave_up[0]
+        attrs["infersight.runtime_init.program_start_seen"] = False
+    if end_ns > hooks_end:
+        end = end_ns
+        attrs["infersight.runtime_init.after_hooks_s"] = (end_ns - hooks_end) / 1e9
+    return end, attrs
+
+
 def end_runtime_init(end_ns: int) -> None:
     """Emit ``runtime_init``, once: from the root's start to the main program's first frame
     (``end_ns``, from ``_mainstart``); with ``end_ns`` 0 (the root ends first), to where that
@@ -169,16 +184,12 @@ def end_runtime_init(end_ns: int) -> None:
             hooks_end = st.init_pending.pop()  # the claim: whoever pops it emits
         except IndexError:
             return
+        if not end_ns:
+            _mainstart.abandon()  # the root's end came first: a watch put back later must not resume
         rs = _runtime.state()
-        attrs: Dict[str, Any] = {"infersight.runtime_init.hooks_s": (hooks_end - st.boot_ns) / 1e9}
-        end = hooks_end
-        if not end_ns and st.init_gave_up:
-            end_ns = st.init_gave_up[0]
-            attrs["infersight.runtime_init.program_start_seen"] = False
-        if end_ns > hooks_end:
-            end = end_ns
-            attrs["infersight.runtime_init.after_hooks_s"] = (end_ns - hooks_end) / 1e9
-        emit_stage("runtime_init", _runtime.new_span_id(), rs.root_span_id, rs.root_start_ns, end, attrs)
+        end, attrs = runtime_init_extent(st, hooks_end, end_ns)
+        emit_stage("runtime_init", st.init_span or _runtime.new_span_id(), rs.root_span_id, rs.root_start_ns, end,
+                   attrs)
     except Exception as exc:
         _runtime.fail(exc)
 

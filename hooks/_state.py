@@ -215,7 +215,7 @@ class ColdStart:
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
         "covered", "covered_seen", "exiting", "explicit", "finder", "finished", "finishing", "first", "first_done",
-        "imports", "inherited_sockets", "init_gave_up", "init_pending",
+        "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
         "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
@@ -246,6 +246,7 @@ class ColdStart:
         # first line or the root's end (one list.pop claims it, no lock: _recorder.end_runtime_init)
         self.init_pending: List[int] = []
         self.init_gave_up: List[int] = []  # [when _mainstart's watch gave up] (the program's start unseen)
+        self.init_span = ""  # runtime_init's span id, fixed at set-up: a checkpoint sends it while pending
         self.ready_file: Optional[str] = None
         self.undo: List[Callable[[], None]] = []
         self.post_import: Dict[str, List[Callable[[Any], None]]] = {}

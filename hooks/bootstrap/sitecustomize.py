@@ -65,7 +65,13 @@ def _activate() -> None:
 
 
 def _chain() -> None:
-    """Run the next sitecustomize on sys.path, the one ours shadows."""
+    """Run the next sitecustomize on sys.path, the one ours shadows, once: only where ``site``
+    imported ours as ``sitecustomize``. ``hooks install``'s ``.pth`` line runs this file first with
+    ``runpy`` (``__name__`` is then not ``sitecustomize``), while ``site`` still reads the later
+    ``.pth`` files; ``site`` imports it again after them, and that run chains, when the paths those
+    files add are in place."""
+    if __name__ != "sitecustomize":
+        return
     path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     if not any(os.path.exists(os.path.join(p or ".", "sitecustomize.py")) or
                os.path.isdir(os.path.join(p or ".", "sitecustomize")) for p in path):

@@ -247,3 +247,27 @@ def test_a_checkpoint_taken_while_build_is_still_imported_skips_it(monkeypatch: 
 
     monkeypatch.setitem(sys.modules, "infersight.hooks._build", types.ModuleType("infersight.hooks._build"))
     assert all(stage[0] != "model_build" for stage in _checkpoint.open_stages())
+
+
+# A profiler set by the environment's own sitecustomize (chained after the hooks' set-up) displaces the
+# watch for the program's first frame: runtime_init then waits for the root's end, which a killed worker
+# never reaches. Its checkpoints carry it.
+KILLED_WITH_ITS_START_UNSEEN = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.setprofile(None)
+    from infersight import hooks
+    from infersight.hooks import _coldstart
+    import alpha  # noqa: F401
+    with hooks.stage("load"):
+        time.sleep(0.05)
+""") + DIE_AFTER_CHECKPOINT + "die()\n"
+
+
+def test_worker_killed_with_its_program_start_unseen_keeps_runtime_init(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.setprofile(lambda frame, event, arg: None)\n")
+    root, stages = _run_killed(agent_factory, tmp_path, KILLED_WITH_ITS_START_UNSEEN)
+    (init,) = _named(stages, "runtime_init")
+    assert int(init["startTimeUnixNano"]) == int(root["startTimeUnixNano"])
+    assert attr(init, "infersight.runtime_init.hooks_s") is not None
+    (load,) = _named(stages, "load")
+    assert int(init["endTimeUnixNano"]) <= int(load["startTimeUnixNano"])

@@ -92,10 +92,10 @@ def test_a_profiler_set_first_keeps_the_old_end(tmp_path) -> None:
     assert any(str(p).startswith("slowpkg2 ") for p in packages), packages
 
 
-def pth_run(tmp_path, extra_pth: dict[str, str]) -> dict:  # type: ignore[type-arg]
-    """A venv whose site-packages holds ``hooks install``'s ``.pth`` line and ``extra_pth``; runs a
-    script there that reads its own process's hook state at its first lines (no agent: nothing
-    to send to)."""
+def pth_run(tmp_path, extra_pth: dict[str, str], **env_extra: str) -> dict:  # type: ignore[type-arg]
+    """A venv whose site-packages holds ``hooks install``'s ``.pth`` line and ``extra_pth`` (other files
+    there too: a ``.pth`` name is read by ``site``); runs a script there that reads its own process's
+    hook state at its first lines (no agent: nothing to send to). ``stderr`` holds the run's."""
     import json
     import subprocess
 
@@ -122,7 +122,8 @@ def pth_run(tmp_path, extra_pth: dict[str, str]) -> dict:  # type: ignore[type-a
                           "pairs": _recorder.covered_pairs(cs),
                           "callbacks": {k: [cb.__qualname__ for cb in v] for k, v in cs.post_import.items()}}))
         """))
-    env = hook_env(tmp_path / "none.sock", tmp_path / "spool", INFERSIGHT="1", INFERSIGHT_EXIT_FLUSH_S="0")
+    env = hook_env(tmp_path / "none.sock", tmp_path / "spool", INFERSIGHT="1", INFERSIGHT_EXIT_FLUSH_S="0",
+                   **env_extra)
     env.pop("PYTHONPATH")  # the .pth line, not launch's PYTHONPATH, loads the hooks
     p = subprocess.run([python, script], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -130,6 +131,7 @@ def pth_run(tmp_path, extra_pth: dict[str, str]) -> dict:  # type: ignore[type-a
     assert got["collecting"], got
     # the bootstrap runs twice (the .pth line, then site's import of sitecustomize): set up once
     assert all(len(set(names)) == len(names) for names in got["callbacks"].values()), got["callbacks"]
+    got["stderr"] = p.stderr
     return got
 
 
@@ -158,3 +160,20 @@ def test_the_pth_line_beside_a_profiler_emits_runtime_init_once(tmp_path) -> Non
     assert got["pending"] == [] and got["gave_up"] == [], got
     init = [(s, e) for s, e in got["pairs"] if s == got["root_start"]]
     assert len(init) == 1, got["pairs"]
+
+
+def test_the_pth_line_chains_the_sites_sitecustomize_once_after_every_pth(tmp_path) -> None:
+    """The environment's own ``sitecustomize`` (shadowed by the bootstrap) runs once, as ``site`` would
+    run it: after every ``.pth`` file, so a path a later one adds is there. The ``.pth`` line's run of
+    the bootstrap (inside ``site``'s reading of ``.pth`` files) used to chain it too: twice in all, the
+    first time before the later paths existed."""
+    later = tmp_path / "later"
+    write(str(later / "laterlib.py"), "VALUE = 1\n")
+    log = tmp_path / "chain.log"
+    got = pth_run(tmp_path, {
+        "sitecustomize.py": "import os, laterlib\nopen(os.environ['CHAIN_LOG'], 'a').write('ran\\n')\n",
+        "zz-later.pth": str(later) + "\n",
+    }, CHAIN_LOG=str(log))
+    assert log.read_text() == "ran\n", (log.read_text(), got["stderr"])
+    assert "chained sitecustomize failed" not in got["stderr"], got["stderr"]
+    assert got["pending"] == [] and got["gave_up"] == [], got

@@ -124,3 +124,65 @@ def test_runtime_init_goes_out_once_to_the_give_up_at_the_roots_end(monkeypatch)
     assert (span["s"], span["e"]) == (1, 5_000)
     assert span["a"]["infersight.runtime_init.program_start_seen"] is False
     assert span["a"]["infersight.runtime_init.after_hooks_s"] == 4_000 / 1e9
+
+
+def test_a_watch_put_back_after_it_was_displaced_stays_over(no_profile) -> None:
+    """A profiler that saved the watch, replaced it and puts it back (save-and-restore) once the
+    program runs: the watch, found displaced by an import on its thread, is over. Put back, it
+    takes itself out at its next call and says nothing; imports are timed (``waiting`` False)."""
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
+    saved = sys.getprofile()
+    sys.setprofile(lambda frame, event, arg: None)
+    assert not _mainstart.waiting()  # an import on the main thread asks: displaced, so over
+    sys.setprofile(saved)  # the profiler restores what it found
+    assert not _mainstart.waiting()
+    exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
+    assert seen == [] and sys.getprofile() is None
+
+
+def test_the_roots_end_ends_a_displaced_watch(no_profile, monkeypatch) -> None:
+    """The root ended with the watch displaced (no import asked meanwhile): runtime_init goes out to
+    the hooks' set-up, and the watch put back later takes itself out without a call."""
+    from hook_fakes import collecting
+
+    from infersight.hooks import _recorder
+
+    client, st = collecting(monkeypatch)
+    st.coldstart.boot_ns = 10
+    st.coldstart.init_pending.append(1_000)
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
+    saved = sys.getprofile()
+    sys.setprofile(None)
+    _recorder.end_runtime_init(0)  # the root's end
+    sys.setprofile(saved)
+    exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
+    assert seen == [] and sys.getprofile() is None
+    spans = [d for kind, d in client.events if kind == "span"]
+    assert [(s["s"], s["e"]) for s in spans] == [(1, 1_000)]
+
+
+@pytest.mark.parametrize(("gave_up", "end", "seen_attr"), [([], 1_000, None), ([5_000], 5_000, False)])
+def test_a_checkpoint_carries_runtime_init_while_it_waits(monkeypatch, gave_up, end, seen_attr) -> None:
+    """A process killed before its program's first frame (or with a watch that gave up or was
+    displaced) never reaches the root's end: every checkpoint carries runtime_init as the root's end
+    would emit it now, under the span id it will have, so the agent can close the root with it."""
+    from hook_fakes import collecting
+
+    from infersight.hooks import _checkpoint, _recorder
+
+    client, st = collecting(monkeypatch)
+    cs = st.coldstart
+    cs.boot_ns = 10
+    cs.init_span = "b" * 16
+    cs.init_pending.append(1_000)
+    cs.init_gave_up.extend(gave_up)
+    (stage,) = [s for s in _checkpoint.open_stages() if s[0] == "runtime_init"]
+    name, span, parent, start, stop, attrs = stage
+    assert (span, parent, start, stop) == ("b" * 16, "a" * 16, 1, end)
+    assert attrs.get("infersight.runtime_init.program_start_seen") is seen_attr
+    _recorder.end_runtime_init(0)  # then emitted: the same span, the same extent
+    (emitted,) = [d for kind, d in client.events if kind == "span"]
+    assert (emitted["s"], emitted["e"]) == (start, stop) and emitted["id"] == span
+    assert [s for s in _checkpoint.open_stages() if s[0] == "runtime_init"] == []
