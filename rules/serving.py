@@ -65,6 +65,7 @@ __all__ = [
     "detect_engine",
     "load_serving_rules",
     "prefilter_needles",
+    "quiet_lines",
     "rubric_reason",
 ]
 
@@ -1433,6 +1434,25 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
             continue
         keys.add(f.key)
         out.append(f)
+    return out
+
+
+def quiet_lines(text: str, rs: ServingRules | None = None, limit: int = 8) -> list[tuple[int, NotMemory]]:
+    """The lines of ``text`` (0-based) that look like a memory error but that a ``not_memory`` entry
+    names as none (a warning the runtime recovers from), with that entry: what ``classify`` says when
+    it finds no error. At most ``limit``; never raises on text."""
+    rs = rs if rs is not None else builtin()
+    if not isinstance(text, str) or not text:
+        return []
+    out: list[tuple[int, NotMemory]] = []
+    for i, line in enumerate(decoded_lines(_ANSI.sub("", text) if "\x1b" in text else text)):
+        if not _holds_needle(line):
+            continue
+        q = next((q for q in rs.not_memory if any(p.search(line) for p in q.lines)), None)
+        if q is not None:
+            out.append((i, q))
+            if len(out) >= limit:
+                break
     return out
 
 

@@ -23,7 +23,7 @@ from infersight.rules.engine import (
     load_rules,
 )
 from infersight.rules.oom_parse import NUMBER_KEYS
-from infersight.rules.serving import Finding, ServingRulesError, analyse, load_serving_rules
+from infersight.rules.serving import Finding, ServingRulesError, analyse, load_serving_rules, quiet_lines
 from infersight.rules.snapshot import (
     SnapshotError,
     SnapshotSummary,
@@ -122,6 +122,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     findings = analyse(text, serving)
     if not findings:
         print(f"{_PROG}: no OOM message found", file=err)
+        for line, entry in quiet_lines(text, serving):
+            print(f"  line {line + 1}: not an out-of-memory error ({entry.id}): {first_sentence(entry.mechanism)}",
+                  file=err)
         return 1
     for i, f in enumerate(findings, 1):
         if args.json:
@@ -129,6 +132,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         else:
             _print_human(i, len(findings), f, out)
     return 0
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a rule's prose, on one line (pure)."""
+    flat = " ".join(text.split())
+    end = flat.find(". ")
+    return flat if end < 0 else flat[: end + 1]
 
 
 def _read_text(path: str | None) -> str:

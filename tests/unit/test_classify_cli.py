@@ -89,6 +89,31 @@ def test_no_oom_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "no OOM" in capsys.readouterr().err
 
 
+RETRY_WARNING = ("[rank1]:[W101 10:00:00.000000000 CUDACachingAllocator.cpp:3933] memory allocation failed with OOM on "
+                 "device 1 while trying to allocate 4337916928 bytes (free: 3779919872, total: 287431131136).")
+
+
+def test_a_warning_that_is_no_oom_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A line that looks like an OOM but is a warning the runtime recovers from (PyTorch's allocator retries
+    after it): no finding, exit 1, and the line is named with the reason, on stderr (stdout stays empty)."""
+    assert main([_file(tmp_path, "INFO start\n" + RETRY_WARNING + "\nINFO served\n")]) == 1
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    assert "no OOM message found" in cap.err
+    assert ("line 2: not an out-of-memory error (pytorch.alloc-retry.warning): A warning PyTorch's caching "
+            "allocator logs before it frees its cached blocks and retries") in cap.err
+
+
+def test_the_error_after_a_retry_warning_is_the_finding(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.04 GiB. GPU 1 has a total capacity of "
+           "267.69 GiB of which 3.52 GiB is free. Including non-PyTorch memory, this process has 264.16 GiB memory in "
+           "use. Of the allocated memory 262.00 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but "
+           "unallocated.")
+    assert main(["--json", _file(tmp_path, RETRY_WARNING + "\n" + err + "\n")]) == 0
+    (found,) = _json_lines(capsys.readouterr().out)
+    assert found["class"] == "capacity" and found["engine"] == "pytorch"
+
+
 def test_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     class _Stdin:
         buffer = io.BytesIO(CAP.encode())
