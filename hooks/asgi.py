@@ -25,6 +25,7 @@ there too. A request also implies readiness if nothing else declared it.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
@@ -111,15 +112,21 @@ class ColdStartMiddleware:
                         end_ns = time.time_ns()
             except Exception as exc:
                 _runtime.fail(exc)
+            # The chunk goes out first: ending the cold start (it flushes every stage) never delays it. It ends
+            # from the loop, once this task yields or the send returns: a send held by backpressure (a server
+            # that drains its writer) does not hold the cold start open, nor lose it if the send is cancelled.
+            later = _finish_soon(handle, state, end_ns) if end_ns else None
             try:
                 await send(message)
             except BaseException as exc:
-                if end_ns:  # the server could not take it (the client went away): no response went out
+                if end_ns and not state.get("finished"):  # the server could not take it: no response went out
+                    if later is not None:
+                        later.cancel()
                     state["error"] = type(exc).__name__
-                raise
-            finally:
-                if end_ns:  # the chunk went out first: ending the cold start never delays it
                     _finish(handle, state, end_ns)
+                raise
+            if end_ns and later is None:  # no asyncio loop (another event loop): after the send
+                _finish(handle, state, end_ns)
 
         try:
             await self.app(scope, receive, timed_send)
@@ -155,8 +162,21 @@ def _queue(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
         _runtime.fail(exc)
 
 
+def _finish_soon(handle: Any, state: Dict[str, Any], end_ns: int) -> Any:
+    """``_finish`` scheduled on the running asyncio loop (its handle), or None where there is none (asyncio
+    is not imported here: an ASGI server on asyncio has loaded it)."""
+    aio = sys.modules.get("asyncio")
+    try:
+        return aio.get_running_loop().call_soon(_finish, handle, state, end_ns) if aio is not None else None
+    except RuntimeError:
+        return None
+
+
 def _finish(handle: Any, state: Dict[str, Any], now: int = 0) -> None:
-    """End ``first_request`` at ``now`` (0: this moment)."""
+    """End ``first_request`` at ``now`` (0: this moment), once."""
+    if state.get("finished"):
+        return
+    state["finished"] = True
     try:
         now = now or time.time_ns()
         attrs: Dict[str, Any] = {_contract.FIRST_REQUEST_TTFB_S: (now - handle.start) / 1e9}

@@ -184,3 +184,39 @@ def test_a_chunk_the_server_could_not_take_ends_first_request_with_the_error(
         asyncio.run(asgi.ColdStartMiddleware(_app)({"type": "http", "method": "GET", "path": "/"}, receive, send))
     (_, attrs, _), = ended
     assert attrs["error.type"] == "OSError"
+
+
+def test_a_send_held_by_backpressure_does_not_hold_the_cold_start(
+    client: QueueClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that drains its writer may hold the first chunk's send open: the chunk was handed over,
+    so the cold start ends from the loop meanwhile, without an error, and a later cancellation of that
+    send (the server shutting down) does not tag it."""
+    ended = _first_request(monkeypatch)
+    pending: list[bool] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def main() -> None:
+        held = asyncio.Event()
+
+        async def send(m: Any) -> None:
+            if m["type"] == "http.response.body":
+                pending.append(True)
+                await held.wait()  # never set: backpressure that does not clear
+
+        task = asyncio.ensure_future(
+            asgi.ColdStartMiddleware(_app)({"type": "http", "method": "GET", "path": "/"}, receive, send))
+        for _ in range(20):
+            await asyncio.sleep(0)
+            if ended:
+                break
+        assert pending and ended and not task.done()  # ended while the send was still held
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    (_, attrs, _), = ended
+    assert attrs["http.response.status_code"] == 200 and "error.type" not in attrs
