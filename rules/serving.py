@@ -126,6 +126,7 @@ _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]
 _WS = re.compile(r"[ \t]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # CSI sequences: colours, cursor moves
 _NEVER = re.compile(r"(?!)")  # matches nothing
+_DIGITS = re.compile(r"\d+")
 
 
 class LazyPattern:
@@ -1121,7 +1122,9 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     if "?" in note:  # a number the note needs was not printed: no note rather than a "?"
         note = ""
     remedy = rule.remedy
-    key = f"{rule.id}|{hit.text}|" + ",".join(f"{k}={v:g}" for k, v in sorted(values.items()))
+    # The message's identity for "once per distinct message": its rule, its text with digit runs masked (a
+    # timestamp or pid the match took from a log prefix, a counter) and the numbers the rule read.
+    key = f"{rule.id}|{_DIGITS.sub('0', hit.text)}|" + ",".join(f"{k}={v:g}" for k, v in sorted(values.items()))
     return Finding(
         engine=engine, cls=cls, rule=rule.id + (f"/{suffix}" if suffix else ""), rule_version=rule.version,
         numbers=numbers, extra=extra, remedy=remedy, note=note, reason=reason if cls == "unknown" else None,

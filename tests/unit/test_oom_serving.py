@@ -1446,3 +1446,18 @@ def test_vllm_v0_drops_a_prompt_its_whole_kv_cache_cannot_admit() -> None:
     assert (f.engine, f.cls, f.rule, f.extra) == ("vllm", "unknown", "vllm.v0.prompt-exceeds-cache",
                                                    {"prompt_tokens": 40000.0})
     assert "# GPU blocks" in (f.reason or "")
+
+
+def test_a_message_repeated_with_another_timestamp_is_one_message() -> None:
+    """'At most once per distinct message': a rule whose match takes in the log prefix (the generic one
+    starts at the level word) keys the text with digit runs masked, so the same failure logged again a
+    second later is the same message; the numbers a rule reads still tell two apart."""
+    a = "ERROR 05-01 10:00:00 [engine.py:160] Error in model execution: insufficient memory"
+    b = "ERROR 05-01 10:00:07 [engine.py:160] Error in model execution: insufficient memory"
+    (fa,), (fb,) = analyse(a), analyse(b)
+    assert fa.rule == "memory.generic" and fa.key == fb.key
+    assert len(analyse(a + "\n" + b)) == 1
+    small = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1024.00 MiB on device 0: cudaMalloc failed: "
+             "out of memory")
+    (fs,), (fl,) = analyse(small), analyse(small.replace("1024.00", "4096.00"))
+    assert fs.key != fl.key
