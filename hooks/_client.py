@@ -56,6 +56,10 @@ EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in 
 _say = _env.say  # the hooks' one stderr line (``_runtime`` says its own through this name)
 
 
+# Memory-error texts the logging hook did not send, over its budget (``_enginelog.dropped``, the same list):
+# reported with the events' drops.
+TEXT_DROPS = [0]
+
 class Client:
     """One per process (re-created in a forked child)."""
 
@@ -94,7 +98,7 @@ class Client:
         self.enabled = True
         self.spilled_events = 0  # sent to the spool while connected (a burst), replayed later
         self.dropped_spool = 0  # events neither sent nor spooled
-        self._reported = (0, 0, 0)  # (buffer, spool, vanished) drops the agent was told of
+        self._reported = (0, 0, 0, 0)  # (buffer, spool, vanished, texts) drops the agent was told of
         self._warned_loss = False
         self._idle = threading.Event()
         self._idle.set()
@@ -229,16 +233,21 @@ class Client:
 
     # -- drops ---------------------------------------------------------------------------
 
-    def _drops(self) -> Tuple[int, int, int]:
-        return self.dropped_buffer, self.dropped_spool, self.spool_vanished
+    def _drops(self) -> Tuple[int, int, int, int]:
+        return self.dropped_buffer, self.dropped_spool, self.spool_vanished, TEXT_DROPS[0]
 
     def _unreported(self) -> bool:
         return self._drops() != self._reported
 
     def _report_drops(self) -> None:
         """Queue a ``drops`` event with the counts so far."""
-        self._reported = b, s, v = self._drops()
-        self.buffer.append_report("drops", {"buffer": b, "spool": s, "vanished": v} if v else {"buffer": b, "spool": s})
+        self._reported = b, s, v, t = self._drops()
+        d: Dict[str, int] = {"buffer": b, "spool": s}
+        if v:
+            d["vanished"] = v
+        if t:
+            d["texts"] = t
+        self.buffer.append_report("drops", d)
 
     def _lose(self, n_events: int, why: str) -> None:
         """Count events that could be neither sent nor spooled; say so once."""

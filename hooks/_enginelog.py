@@ -6,12 +6,17 @@ increase --mem-fraction-static", a wrapped PyTorch OOM...) through ``logging`` o
 exception; the agent classifies them with ``rules/serving.toml`` like a PyTorch OOM.
 
 The cost stays off the hot path: ``logging.Logger.callHandlers`` is wrapped once, and for a
-record below WARNING the wrapper is one integer compare. A WARNING+ record is formatted
-(``getMessage``, as its handlers will do anyway) and checked against a few lower-case
-needles, fixed strings that every anchor of the serving rules holds (``NEEDLES``; a test
-keeps them in step with ``infersight.rules.serving.NEEDLES``). Only a record that holds one
-is sent, at most once per distinct text and at most ``MAX_REPORTS`` per process; the agent
-decides whether it is a memory error. Never raises, never blocks.
+record below WARNING the wrapper is one integer compare. A WARNING+ record is checked against
+a few lower-case needles, fixed strings that every anchor of the serving rules holds
+(``NEEDLES``; a test keeps them in step with ``infersight.rules.serving.NEEDLES``): its format
+string and string arguments first, and it is formatted (``getMessage``) only when one of them
+holds a needle or an argument is an exception; an object argument is never made a string
+(a CUDA tensor's would synchronise the device). Only a text that holds one is sent, at most
+once per distinct text; the agent decides whether it is a memory error. Warnings and errors
+have a budget each (``MAX_REPORTS`` per process): a loop of warnings whose counters change
+(vLLM's preemption notice) is one text with its digits masked, and cannot use up the errors'
+budget. A text over budget is counted and the count goes to the agent with the hooks' other
+drops. Never raises, never blocks.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from . import _proc, _runtime
+from . import _client, _proc, _runtime
 
 TYPE_CHECKING = False  # the typing module costs milliseconds at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -33,10 +38,15 @@ NEEDLES = (  # = rules.serving.NEEDLES
     "buffer maximum", "capacity of block_manager",
 )
 MAX_TEXT = 16384
-MAX_REPORTS = 64  # distinct texts sent per process: a log loop cannot flood the agent
+MAX_REPORTS = 64  # distinct texts sent per process and kind (warnings, errors): a log loop cannot flood the agent
 MAX_ARGS = 128  # command-line arguments sent with a report (knob_args)
+MAX_SCANNED_ARGS = 16  # a record's arguments checked for needles
+ERROR_LEVEL = 40  # logging.ERROR
 _seen: Dict[int, bool] = {}
+_sent = {"warning": 0, "error": 0}  # texts sent, per budget
+dropped = _client.TEXT_DROPS  # texts with a needle not sent: over their budget (the client reports it with its drops)
 _lock = threading.Lock()
+_digit_runs: List[Any] = []  # the compiled pattern, at the first warning worth sending (re is not loaded before)
 
 
 def interesting(text: str) -> bool:
@@ -48,19 +58,35 @@ def interesting(text: str) -> bool:
     return False
 
 
-def report_text(text: str, source: str, span: Optional[str] = None) -> bool:
-    """Send ``text`` (a log record or an exception) for the agent to classify; True when sent."""
+def _masked(text: str) -> str:
+    """``text`` with each run of digits as one 0: a warning's identity whatever its counters and ids."""
+    if not _digit_runs:
+        import re
+
+        _digit_runs.append(re.compile(r"\d+"))
+    return _digit_runs[0].sub("0", text)
+
+
+def report_text(text: str, source: str, span: Optional[str] = None, warning: bool = False) -> bool:
+    """Send ``text`` (a log record or an exception) for the agent to classify; True when sent.
+    ``warning``: a record below ERROR, from the warnings' budget, its digits masked for its identity."""
     try:
         if not text or not _runtime.active() or not interesting(text):
             return False
-        key = hash(text[:MAX_TEXT])
+        head = text[:MAX_TEXT]
+        budget = "warning" if warning else "error"
+        key = hash((budget, _masked(head) if warning else head))
         lock = _lock
         if not lock.acquire(blocking=False):  # never wait in the user's thread
             return False
         try:
-            if key in _seen or len(_seen) >= MAX_REPORTS:
+            if key in _seen:
+                return False
+            if _sent[budget] >= MAX_REPORTS:
+                dropped[0] += 1
                 return False
             _seen[key] = True
+            _sent[budget] += 1
         finally:
             lock.release()
         data: Dict[str, Any] = {
@@ -93,6 +119,31 @@ def knob_args(argv: List[str]) -> List[str]:
     return out
 
 
+def worth_formatting(record: Any) -> bool:
+    """Whether a record may hold a needle, without formatting it: its format string or a string
+    argument holds one, or an argument (or the record's exception) is an exception, whose text is
+    cheap. Any other object argument is not made a string here (pure but for ``str`` checks)."""
+    msg = getattr(record, "msg", None)
+    if isinstance(msg, str):
+        if interesting(msg):
+            return True
+    elif isinstance(msg, BaseException):
+        return True
+    exc = getattr(record, "exc_info", None)
+    if exc and len(exc) > 1 and exc[1] is not None:
+        return True
+    args = getattr(record, "args", None)
+    if not args:
+        return False
+    values = args.values() if isinstance(args, dict) else args if isinstance(args, tuple) else (args,)
+    for i, a in enumerate(values):
+        if i >= MAX_SCANNED_ARGS:
+            break
+        if isinstance(a, BaseException) or (isinstance(a, str) and interesting(a)):
+            return True
+    return False
+
+
 def _record_text(record: Any) -> str:
     try:
         text = record.getMessage()
@@ -117,10 +168,11 @@ def install_logging(logging: Any) -> None:
     warning = int(logging.WARNING)
 
     def callHandlers(self: Any, record: Any) -> None:  # noqa: N802 - the stdlib's name
-        # Formatted only while something can still be sent (report_text checks the needles).
-        if record.levelno >= warning and len(_seen) < MAX_REPORTS and _runtime.active():
+        level = record.levelno
+        if level >= warning and _runtime.active():
             try:
-                report_text(_record_text(record), "log")
+                if worth_formatting(record):  # report_text checks the needles in the formatted text
+                    report_text(_record_text(record), "log", warning=level < ERROR_LEVEL)
             except Exception:
                 pass
         orig(self, record)
@@ -177,3 +229,5 @@ def after_fork_child() -> None:
     global _lock
     _lock = threading.Lock()
     _seen.clear()
+    _sent["warning"] = _sent["error"] = 0
+    dropped[0] = 0

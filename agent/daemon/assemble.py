@@ -58,6 +58,7 @@ class Producer:
     malformed: int = 0
     dropped_buffer: int = 0
     dropped_spool: int = 0
+    dropped_texts: int = 0  # memory-error texts its logging hook did not send (over its budget)
     events: int = 0
     # Span events derived in the agent (an OOM verdict, say) for a span not yet ended.
     span_events: dict[str, list[SpanEvent]] = field(default_factory=dict)
@@ -475,6 +476,7 @@ class Assembler:
             p.dropped_buffer = max(p.dropped_buffer, uint64_field(d.get("buffer", 0), "buffer"))
             p.dropped_spool = max(p.dropped_spool, uint64_field(d.get("spool", 0), "spool"))
             p.spool_vanished = max(p.spool_vanished, uint64_field(d.get("vanished", 0), "vanished"))
+            p.dropped_texts = max(p.dropped_texts, uint64_field(d.get("texts", 0), "texts"))
         else:
             raise Malformed("unknown event kind %r" % (kind,))
 

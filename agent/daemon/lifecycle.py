@@ -320,7 +320,7 @@ class Agent:
                 "spool_dir": self.config["agent.spool_dir"]}
 
     def dropped_by_producers(self) -> int:
-        return sum(p.dropped_buffer + p.dropped_spool for p in self.assembler.producers.values())
+        return sum(p.dropped_buffer + p.dropped_spool + p.dropped_texts for p in self.assembler.producers.values())
 
     def problems(self, now: float | None = None) -> list[dict[str, str]]:
         """What makes the agent unhealthy: each exporter that is not doing its job, and why."""

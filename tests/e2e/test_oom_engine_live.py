@@ -99,6 +99,43 @@ async def test_logged_and_raised_engine_errors_are_classified_once(tmp_path: Pat
     assert oom.handlers.not_memory == 2  # the assertion line, once per process: sent, dropped
 
 
+CHILD_FLOODS = """
+import logging, string, sys
+logging.basicConfig(level=logging.INFO)
+log = logging.getLogger("vllm.core.scheduler")
+for i in range(300):   # one notice whose counters change: one text
+    log.warning("Sequence group %d is preempted by PreemptionMode.RECOMPUTE mode because there is not "
+                "enough KV cache space. total_num_cumulative_preemption=%d", i, i + 1)
+letters = string.ascii_letters
+for i in range(70):    # 70 warnings that differ in words: 63 fit the warnings' budget beside the notice
+    log.warning("swap space of worker %s is low", letters[i % 52] * (1 + i // 52))
+log.error(sys.argv[1])  # a memory error at ERROR: its own budget
+"""
+
+
+async def test_a_flood_of_warnings_neither_hides_a_memory_error_nor_goes_uncounted(tmp_path: Path) -> None:
+    """A real agent: a process logs hundreds of warnings that hold a needle, then a memory error. The
+    error is classified; the warnings over the budget are counted, and the agent's status says so."""
+    out = tmp_path / "out.otlp.jsonl"
+    sock, spool = tmp_path / "a.sock", tmp_path / "spool"
+    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
+                                         "exporters.file.path": str(out), "rules.dirs": [],
+                                         "agent.health_interval_s": 3600.0})
+    oom = OomExtension(conf)
+    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    await agent.start()
+    try:
+        rc, err = await _child(CHILD_FLOODS, _given("srv-025"), sock, spool)
+        assert rc == 0, err
+        await agent.ingest.wait_connections_closed(10)
+        dropped = agent.health()["dropped_by_producers"]
+    finally:
+        await agent.shutdown(10)
+    recs = [r for r in log_records(read_otlp_lines(out)) if r.get("eventName") == "oom"]
+    assert [attr(r, "infersight.oom.rule") for r in recs] == ["vllm.startup.free-below-utilization"]
+    assert dropped == 70 + 1 - _enginelog.MAX_REPORTS, dropped
+
+
 def test_hook_needles_match_the_rules() -> None:
     assert _enginelog.NEEDLES == serving.NEEDLES
     for rule in serving.builtin().rules:
@@ -462,6 +499,71 @@ def test_hook_reports_once_and_never_waits(monkeypatch: Any) -> None:
         assert _enginelog.report_text(text, "log")
     finally:
         held.release()
+
+
+def _fresh_budgets(monkeypatch: Any) -> list[tuple[str, dict[str, Any]]]:
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(_runtime, "active", lambda: True)
+    monkeypatch.setattr(_runtime, "emit_urgent", lambda kind, data: sent.append((kind, data)))
+    monkeypatch.setattr(_enginelog, "_seen", {})
+    monkeypatch.setattr(_enginelog, "_sent", {"warning": 0, "error": 0})
+    _enginelog.dropped[0] = 0  # (shared with the client: reset, not replaced)
+    return sent
+
+
+def test_a_flood_of_warnings_leaves_the_errors_budget_and_what_it_drops_is_counted(monkeypatch: Any) -> None:
+    """vLLM's preemption notice holds a needle ("KV cache") and changes its ids and counts at every print:
+    one text with its digits masked. Warnings that differ in words use up only the warnings' budget; a
+    memory error logged at ERROR, or raised, still goes out; each text over budget is counted, and the
+    count rides the client's drops report."""
+    from infersight.hooks import _client
+
+    sent = _fresh_budgets(monkeypatch)
+    for i in range(200):
+        _enginelog.report_text("WARNING 05-01 scheduler.py:1560] Sequence group %d is preempted by "
+                               "PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. "
+                               "total_num_cumulative_preemption=%d" % (i, i + 1), "log", warning=True)
+    assert len(sent) == 1  # one notice, whatever its counters
+    for i in range(_enginelog.MAX_REPORTS + 10):
+        _enginelog.report_text("WARNING: swap space of worker %s is low" % chr(65 + i % 26) * (1 + i // 26),
+                               "log", warning=True)
+    assert len(sent) == _enginelog.MAX_REPORTS and _enginelog.dropped[0] == 11
+    assert _enginelog.report_text("ValueError: No available memory for the cache blocks.", "log")
+    assert _enginelog.report_uncaught(RuntimeError("Not enough memory. Please try to increase --mem-fraction-static."))
+    assert len(sent) == _enginelog.MAX_REPORTS + 2
+    assert _client.TEXT_DROPS[0] == 11  # what the client's next drops report carries as "texts"
+
+
+class _Formats:
+    """An object argument whose ``str`` counts (a CUDA tensor's synchronises the device)."""
+
+    calls = 0
+
+    def __str__(self) -> str:
+        _Formats.calls += 1
+        return "KV cache"
+
+
+def test_a_warning_is_formatted_only_when_its_words_may_hold_a_needle(monkeypatch: Any) -> None:
+    """With the hooks active, a WARNING+ record's format string and string arguments are checked first;
+    an object argument is not made a string unless they hold a needle; an exception argument is (its text
+    is cheap) and a memory error in it goes out."""
+    sent = _fresh_budgets(monkeypatch)
+    saved = logging.Logger.callHandlers
+    try:
+        _enginelog.install_logging(logging)
+        log = logging.getLogger("infersight-test-enginelog-cheap")
+        log.propagate = False
+        log.handlers[:] = [logging.NullHandler()]
+        _Formats.calls = 0
+        log.warning("step %d took %s", 3, _Formats())
+        assert _Formats.calls == 0 and sent == []
+        log.warning("KV cache usage %s", _Formats())  # the format string holds a needle: formatted
+        assert _Formats.calls == 1 and len(sent) == 1
+        log.error("engine failed: %s", RuntimeError("No available memory for the cache blocks."))
+        assert len(sent) == 2 and "cache blocks" in sent[1][1]["text"]
+    finally:
+        logging.Logger.callHandlers = saved
 
 
 # -- launch loads the OOM rules while a serving engine starts -------------------------------------
