@@ -64,7 +64,7 @@ def _masked(text: str) -> str:
         import re
 
         _digit_runs.append(re.compile(r"\d+"))
-    return _digit_runs[0].sub("0", text)
+    return str(_digit_runs[0].sub("0", text))
 
 
 def report_text(text: str, source: str, span: Optional[str] = None, warning: bool = False) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from infersight.agent.daemon.assemble import KindHandler
 from infersight.agent.daemon.extension import AgentContext, Apply, Extension
@@ -58,6 +59,11 @@ class OomExtension(Extension):
 
     def reload(self, config: Config) -> Apply | None:
         return self.handlers.classifier.prepare(config)
+
+    def health(self) -> Mapping[str, Any]:
+        h = self.handlers
+        return {"oom": {"classified": h.ooms, "duplicates": h.duplicates, "not_memory": h.not_memory,
+                        "over_budget": h.over_budget}}
 
     async def aclose(self) -> None:
         await self.handlers.wait_later()

@@ -55,6 +55,10 @@ log = logging.getLogger("infersight.agent.oom")
 DEDUP_WINDOW_NS = 30_000_000_000
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
+MAX_TEXTS_PER_UID = 64  # of the 4 * MAX_RECENT messages remembered for deduplication, one uid's share
+# Distinct memory errors from logs and stderr that one uid may report in DEDUP_WINDOW_NS: a log that
+# floods the agent with messages it cannot tell apart costs that uid the rest, counted (``over_budget``).
+MAX_NEW_PER_UID = 16
 MAX_TEXT = 16384
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
 SEVERITY_ERROR = 17
@@ -258,6 +262,8 @@ class OomHandlers:
         self.not_memory = 0  # logged or uncaught texts the hooks sent that were no memory error
         # (uid, message key) -> (t_ns, the source that came first), across a uid's producers
         self._texts: dict[tuple[int | None, str], tuple[int, str]] = {}
+        self._new_by_uid: dict[int | None, list[int]] = {}  # per uid: when its recent new messages came
+        self.over_budget = 0  # memory errors from logs and stderr not reported: over their uid's budget
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
         self.context_decided = 0  # engine OOMs whose class the live context decided
@@ -291,6 +297,9 @@ class OomHandlers:
                     if self._seen_text(p, f.key, t_ns) is not None:
                         self.duplicates += 1
                         continue
+                    if source in _STREAMS and not self._admit(p, t_ns):
+                        self.over_budget += 1
+                        continue
                     self._engine(p, origin, t_ns, d, f, out)
                 return
             else:
@@ -299,6 +308,9 @@ class OomHandlers:
                 before = self._seen_text(p, first.key, t_ns, source)
                 if before is not None and (source in _STREAMS or before in _STREAMS):
                     self.duplicates += 1
+                    return
+                if before is None and source in _STREAMS and not self._admit(p, t_ns):
+                    self.over_budget += 1
                     return
         d["_engine"] = engine
         if msg is not None:
@@ -390,10 +402,27 @@ class OomHandlers:
             hit = next((v for (_u, k), v in self._texts.items() if k == key), None)
         if hit is not None:
             return hit[1]
-        if len(self._texts) >= 4 * MAX_RECENT:
+        own = [k for k in self._texts if k[0] == uid]
+        if len(own) >= MAX_TEXTS_PER_UID:  # a uid's flood forgets its own oldest, never another uid's
+            del self._texts[own[0]]
+        elif len(self._texts) >= 4 * MAX_RECENT:
             del self._texts[next(iter(self._texts))]
         self._texts[(uid, key)] = (t_ns, source)
         return None
+
+    def _admit(self, p: Producer, t_ns: int) -> bool:
+        """Whether ``p``'s uid may report one more new memory error from a log or stderr now (at most
+        MAX_NEW_PER_UID in DEDUP_WINDOW_NS); noted when it may."""
+        times = [t for t in self._new_by_uid.get(p.uid, []) if t_ns - t <= DEDUP_WINDOW_NS]
+        if len(times) >= MAX_NEW_PER_UID:
+            self._new_by_uid[p.uid] = times
+            return False
+        times.append(t_ns)
+        self._new_by_uid[p.uid] = times
+        if len(self._new_by_uid) > 4 * MAX_RECENT:  # uids gone quiet
+            for uid in [u for u, ts in self._new_by_uid.items() if not ts or t_ns - ts[-1] > DEDUP_WINDOW_NS]:
+                del self._new_by_uid[uid]
+        return True
 
     def _engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
                 out: list[Item]) -> None:

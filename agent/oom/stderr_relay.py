@@ -22,6 +22,7 @@ import errno
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 
 NEEDLES = (  # = rules.serving.NEEDLES
@@ -41,7 +42,13 @@ NOT_FAILURES = ("memory allocation failed with OOM on device", "memory mapping f
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
 AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
-MAX_LINE = 16384
+MAX_LINE = 16384  # a longer line keeps its head and its tail (an error ends a JSON record or a traceback line)
+# A capture is handed over when it would grow past this (the agent reads this much of a text), and a new one goes
+# on from the next line that holds a needle: an error at the end of a long busy stream is never cut off.
+MAX_CAPTURE_CHARS = 16384
+# At most this many full captures are handed over per second (the agent spends ~0.1 s of its loop on each): past
+# that, a full capture rolls (its oldest lines go, counted in ``rolled_lines``) until the stream pauses or ends.
+MAX_FULL_PER_S = 4
 MAX_PENDING_CAPTURES = 64  # captures waiting for the agent side (launch imports it while CMD starts)
 
 
@@ -67,6 +74,9 @@ class StderrRelay:
         self._thread: threading.Thread | None = None
         self._before: collections.deque[str] = collections.deque(maxlen=CONTEXT_LINES)
         self._capture: list[str] | None = None
+        self._capture_chars = 0
+        self._full_times: collections.deque[float] = collections.deque(maxlen=MAX_FULL_PER_S)
+        self.rolled_lines = 0  # lines a rolling capture let go (a needle stream faster than the agent reads)
         self._after = 0
         self._partial = b""
         self.wakeups = 0  # the thread's returns from select (tests)
@@ -161,17 +171,31 @@ class StderrRelay:
             self._line(raw)
 
     def _line(self, raw: bytes) -> None:
-        line = raw[:MAX_LINE].decode("utf-8", "replace").rstrip("\r")
+        if len(raw) > MAX_LINE:
+            half = MAX_LINE // 2
+            raw = raw[:half] + b" [...] " + raw[-half:]
+        line = raw.decode("utf-8", "replace").rstrip("\r")
         low = line.lower()
         hit = any(n in low for n in NEEDLES) and not any(q in line for q in NOT_FAILURES)
+        if self._capture is not None and self._capture_chars + len(line) + 1 > MAX_CAPTURE_CHARS:
+            now = time.monotonic()
+            if len(self._full_times) < MAX_FULL_PER_S or now - self._full_times[0] > 1.0:
+                self._full_times.append(now)
+                self._flush_capture()  # full: handed over; the next needle line opens the next one
+            else:
+                while self._capture and self._capture_chars + len(line) + 1 > MAX_CAPTURE_CHARS:
+                    self._capture_chars -= len(self._capture.pop(0)) + 1
+                    self.rolled_lines += 1
         if self._capture is None:
             if hit:
-                self._capture = [*self._before, line]
+                self._capture = [*self._context(MAX_CAPTURE_CHARS // 2 - len(line)), line]
+                self._capture_chars = sum(len(x) + 1 for x in self._capture)
                 self._after = AFTER_LINES
                 self._opened()
             self._before.append(line)
             return
         self._capture.append(line)
+        self._capture_chars += len(line) + 1
         self._before.append(line)
         if hit:
             self._after = AFTER_LINES
@@ -179,6 +203,17 @@ class StderrRelay:
             self._after -= 1
             if self._after <= 0:
                 self._flush_capture()
+
+    def _context(self, budget: int) -> list[str]:
+        """The latest lines before this one, as many as fit in ``budget`` characters."""
+        out: list[str] = []
+        for line in reversed(self._before):
+            budget -= len(line) + 1
+            if budget < 0:
+                break
+            out.append(line)
+        out.reverse()
+        return out
 
     def _opened(self) -> None:
         fn = self.on_open

@@ -13,6 +13,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -687,3 +688,55 @@ def test_an_engine_s_import_ends_launch_s_hold_on_its_agent(tmp_path: Path, pack
     assert r.returncode == 0, r.stderr
     assert f"the agent starts: launch held it back until {why}" in r.stderr, r.stderr[-2000:]
 
+
+
+def _relay_run(code: str) -> tuple[stderr_relay.StderrRelay, list[str]]:
+    """CMD (``python -c code``) writing to a relay; the texts it handed over."""
+    r, w = os.pipe()
+    relay = stderr_relay.StderrRelay(out_fd=w)
+    texts: list[str] = []
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=relay.child_fd)
+    relay.started()
+    relay.set_consumer(texts.append)
+    done = threading.Event()
+
+    def drain() -> None:  # launch's stderr, read so that CMD never blocks on it
+        while os.read(r, 1 << 16):
+            pass
+        done.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        assert p.wait(timeout=60) == 0
+        assert relay.wait_closed(30)
+    finally:
+        os.close(w)
+        done.wait(10)
+        os.close(r)
+    return relay, texts
+
+
+_GGML_OOM = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 8900.01 MiB on device 0: cudaMalloc failed: "
+             "out of memory")
+
+
+def test_relay_hands_over_a_busy_stream_in_pieces_the_agent_reads_whole() -> None:
+    """A server that logs needle lines without a pause (llama-server's slot and KV-cache lines), then a
+    memory error: the capture never grows past what the agent reads, so the error at its end is read."""
+    code = ("import os, time\n"
+            "for i in range(600):\n"
+            "    os.write(2, b'slot update_slots: id  0 | task %d | kv cache rm [%d, end)\\n' % (i, i))\n"
+            f"os.write(2, {(_GGML_OOM + chr(10)).encode()!r})\n")
+    relay, texts = _relay_run(code)
+    assert all(len(t) <= stderr_relay.MAX_CAPTURE_CHARS for t in texts), [len(t) for t in texts]
+    found = [f.rule for t in texts for f in serving.analyse(t)]
+    assert "ggml.cuda-error" in found or "llama.cpp.cuda-buffer" in found, found
+
+
+def test_relay_reads_the_end_of_a_line_longer_than_its_limit() -> None:
+    """One JSON log record of 23 KB whose message ends in the error: the line keeps its head and its tail."""
+    code = ("import json, os\n"
+            f"rec = json.dumps({{'ctx': 'x' * 23000, 'msg': {_GGML_OOM!r}}})\n"
+            "os.write(2, rec.encode() + b'\\n')\n")
+    relay, texts = _relay_run(code)
+    assert relay.captures == 1 and "cudaMalloc failed: out of memory" in texts[0]

@@ -510,3 +510,32 @@ def test_vllm_s_small_kv_gap_is_decided_by_the_utilization_on_its_command_line(f
         assert r.attributes["infersight.oom.context.fraction_knob"] == "gpu_memory_utilization"
     # no utilization on the command line: the message's unknown stands
     assert not refine(f, LiveContext(pid=1)).decided
+
+
+def test_one_uid_flooding_logs_with_distinct_errors_is_capped_and_cannot_evict_another_uids_messages() -> None:
+    """A stderr capture or a log may hold many distinct memory errors: one uid reports at most
+    MAX_NEW_PER_UID of them per dedup window (the rest counted as over budget), and its flood forgets only
+    its own remembered messages, so another uid's repeat inside the window stays a duplicate."""
+    from infersight.agent.oom import kind
+
+    h = OomHandlers(OomClassifier([]), None)
+    asm = Assembler("host", {"oom": h.oom})
+    quiet = asm.hello({"id": "quiet", "pid": 11, "start_ns": 1, "trace_id": "1" * 32, "root_span_id": "2" * 16},
+                      uid=1001)
+    noisy = asm.hello({"id": "noisy", "pid": 12, "start_ns": 1, "trace_id": "3" * 32, "root_span_id": "4" * 16},
+                      uid=1002)
+    mine = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 512.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory")
+    first = [i for i in asm.events(quiet, [[1, 10, "oom", {"source": "stderr", "text": mine}]])
+             if isinstance(i, LogItem)]
+    assert len(first) == 1
+    flood = "\n".join("ggml_backend_cuda_buffer_type_alloc_buffer: allocating %d.00 MiB on device 0: cudaMalloc "
+                      "failed: out of memory" % (1000 + i) for i in range(300))
+    items = []
+    for k in range(3):
+        items += asm.events(noisy, [[2 + k, 20 + k, "oom", {"source": "stderr", "text": flood}]])
+    logs = [i for i in items if isinstance(i, LogItem)]
+    assert len(logs) == kind.MAX_NEW_PER_UID and h.over_budget > 0
+    again = [i for i in asm.events(quiet, [[2, 30, "oom", {"source": "stderr", "text": mine}]])
+             if isinstance(i, LogItem)]
+    assert again == [] and h.duplicates >= 1
