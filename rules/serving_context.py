@@ -17,6 +17,11 @@ context decides it by the rubric:
 - llama.cpp's **compute buffer does not fit beside its own weights and KV cache** on the device,
   whatever other processes hold (llama.cpp sizes nothing to the device; not under ollama):
   ``capacity``;
+- vLLM's KV cache **1.2x or more short of one request** (``vllm.kv.max-model-len``'s far-beyond-pool case,
+  ``capacity`` from the default 0.9) with ``--gpu-memory-utilization`` f below 0.9 on the command line: the pool
+  is at most f of the device, so 0.9 covers the gap when (ratio - 1) f <= 0.9 - f, or when the bytes lacking fit
+  in (0.9 - f) of the device (NVML): ``reservation_conflict``; undecided: ``unknown``. The one case where the
+  context changes a class the message decided: the command line breaks the premise it was decided on;
 - vLLM's KV cache **a little short of one request** (``vllm.kv.max-model-len``'s small gap, at most
   15% of the pool) with ``--gpu-memory-utilization`` on the command line: at 0.95 or more
   ``capacity`` (no room left to raise it), at 0.82 or less ``reservation_conflict`` (raising it to
@@ -367,6 +372,66 @@ def _kv_gap(f: Finding, frac: float, shown: str,
     return None
 
 
+# vLLM's max-model-len error with a gap of 1.2x or more: the message alone answers capacity, reasoning from the
+# default gpu_memory_utilization of 0.9 (a few points left to raise it). A command line that sets it lower breaks
+# that premise: raising it to 0.9 adds (0.9 - f) of the device, which the rule's own low-fraction case compares with
+# the KV cache one request lacks when the profiling line prints the fraction and the device's size.
+KV_FAR_RULE = "vllm.kv.max-model-len/far-beyond-pool"
+KV_DEFAULT_FRACTION = 0.9
+
+
+def _kv_ratio_and_lacks(f: Finding) -> tuple[float | None, int | None]:
+    """From vLLM's message: how many times the pool one request needs (length / tokens, or needed / available),
+    and the KV cache bytes it lacks (needed - available, or the tokens' share of the pool's bytes)."""
+    needed, avail = f.extra.get("kv_needed_bytes"), f.extra.get("kv_available_bytes")
+    tokens, length = f.extra.get("kv_tokens"), f.extra.get("max_model_len")
+    ratio = length / tokens if tokens and length else needed / avail if needed and avail else None
+    lacks = int(needed - avail) if needed is not None and avail is not None else (
+        int((ratio - 1) * avail) if ratio is not None and avail is not None else None)
+    return ratio, lacks
+
+
+def _kv_far(f: Finding, frac: float, devices: Sequence[DeviceContext], shown: str,
+            attrs: dict[str, int | float | bool | str | list[str] | list[int]]) -> Refined | None:
+    """The far-beyond-pool verdict re-read with a command-line fraction below the default (see KV_FAR_RULE). The
+    pool is part of what the fraction gives, so it is at most f x the device: one request lacks at most
+    (ratio - 1) x f of the device, which raising the fraction to 0.9 covers when that is at most 0.9 - f."""
+    if frac >= KV_DEFAULT_FRACTION:
+        return None
+    ratio, lacks = _kv_ratio_and_lacks(f)
+    if ratio is None:
+        return None
+    a = dict(attrs, **{"infersight.oom.context.fraction_knob": "gpu_memory_utilization"})
+    rule = "%s+context.fraction-below-default" % f.rule
+    total = max((d.total_bytes or 0 for d in devices), default=0)
+    adds = int((KV_DEFAULT_FRACTION - frac) * total) if total else None
+    covered = (ratio - 1) * frac <= KV_DEFAULT_FRACTION - frac or (
+        lacks is not None and adds is not None and lacks <= adds)
+    if covered:
+        reason = ("--gpu-memory-utilization is %g (the command line), not the default %g the message's verdict "
+                  "assumes: one request needs %.2fx the KV pool, which is at most %g of the device, and raising the "
+                  "fraction to %g adds %g of it%s. %s" % (
+                      frac, KV_DEFAULT_FRACTION, ratio, frac, KV_DEFAULT_FRACTION, KV_DEFAULT_FRACTION - frac,
+                      " (%s of the %s device, against %s lacking)" % (_gib(adds), _gib(total), _gib(lacks))
+                      if adds is not None and lacks is not None else "", shown)).strip()
+        remedy = ("Raise --gpu-memory-utilization from %g towards %g (when nothing else needs the device's memory): "
+                  "the KV cache then holds one request of the configured length." % (frac, KV_DEFAULT_FRACTION))
+        return Refined("reservation_conflict", rule, reason, remedy,
+                       "re-decided with the command line's fraction (the message alone: capacity, from the default "
+                       "%g)" % KV_DEFAULT_FRACTION, True, a)
+    if lacks is not None and adds is not None:
+        note = ("--gpu-memory-utilization is %g (the command line) of a %s device: even %g adds only %s of the %s one "
+                "request lacks" % (frac, _gib(total), KV_DEFAULT_FRACTION, _gib(adds), _gib(lacks)))
+        return Refined(f.cls, f.rule, f.reason, f.remedy,
+                       "; ".join(b for b in (note, "live context: " + shown if shown else "") if b), False, attrs)
+    reason = ("--gpu-memory-utilization is %g on the command line, not the default %g the message's verdict assumes; "
+              "one request needs %.2fx the KV pool, and whether raising the fraction covers that depends on how much "
+              "of it the weights and activations take, which the message does not print: read vLLM's profiling line "
+              "('model weights take ...; the rest of the memory reserved for KV Cache is ...'). %s" % (
+                  frac, KV_DEFAULT_FRACTION, ratio, shown)).strip()
+    return Refined("unknown", rule, reason, f.remedy, f.note, True, a)
+
+
 CAPACITY_REMEDY = ("Plan capacity: a smaller or quantised model, a shorter context or smaller batch, or more or "
                    "larger devices (tensor parallelism).")
 
@@ -378,6 +443,10 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
     attrs = attributes(ctx)
     shown = summary(ctx)
     devices = ctx.devices if ctx.nvml and not names_other_accelerator(f.text) else ()
+    if f.rule == KV_FAR_RULE and (frac := _fraction_knob(f, ctx)) is not None and frac[0] == "gpu_memory_utilization":
+        far = _kv_far(f, frac[1], devices, shown, attrs)
+        if far is not None:
+            return far
     if f.cls != "unknown":
         return _kept(f, shown, _conflict(f, devices), attrs)
     if f.rule == KV_GAP_RULE and (frac := _fraction_knob(f, ctx)) is not None and frac[0] == "gpu_memory_utilization":

@@ -539,3 +539,35 @@ def test_one_uid_flooding_logs_with_distinct_errors_is_capped_and_cannot_evict_a
     again = [i for i in asm.events(quiet, [[2, 30, "oom", {"source": "stderr", "text": mine}]])
              if isinstance(i, LogItem)]
     assert again == [] and h.duplicates >= 1
+
+
+_FAR = ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be stored in "
+        "KV cache (20512). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+        "engine.")
+_FAR_BYTES = ("ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache "
+              "is needed, which is larger than the available KV cache memory (12.00 GiB). Try increasing "
+              "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+
+
+@pytest.mark.parametrize(("text", "frac", "total_gib", "cls", "decided"), [
+    (_FAR, 0.5, None, "reservation_conflict", True),   # 1.6x a pool of at most 0.5 of the device: 0.4 more covers it
+    (_FAR, 0.85, None, "unknown", True),               # 0.05 more may or may not: the pool's bytes are not printed
+    (_FAR, 0.92, None, "capacity", False),             # at or above the default: the message's verdict stands
+    (_FAR_BYTES, 0.86, 80, "capacity", False),         # 4 GiB lacking; 0.04 of 80 GiB adds 3.2 GiB: kept
+    (_FAR_BYTES, 0.8, 80, "reservation_conflict", True),  # 0.1 of 80 GiB adds 8 GiB, more than the 4 GiB lacking
+])
+def test_a_far_max_model_len_gap_is_re_read_with_the_command_lines_fraction(
+        text: str, frac: float, total_gib: int | None, cls: str, decided: bool) -> None:
+    """vLLM's max-model-len error with a gap of 1.2x or more is capacity from the default 0.9; a command line that
+    sets gpu_memory_utilization lower breaks that premise: the pool is at most that share of the device, so
+    raising the fraction to 0.9 covers the gap when (ratio - 1) x f <= 0.9 - f, or when the bytes lacking fit
+    in what it adds of the device's size (NVML)."""
+    (f,) = analyse(text)
+    assert f.rule == "vllm.kv.max-model-len/far-beyond-pool" and f.cls == "capacity"
+    devices = (DeviceContext("GPU-a", total_gib * GIB, 60 * GIB),) if total_gib else ()
+    r = refine(f, LiveContext(pid=1, devices=devices, nvml=bool(devices), knobs={"gpu_memory_utilization": frac}))
+    assert (r.cls, r.decided) == (cls, decided), (r.rule, r.reason, r.note)
+    if cls == "reservation_conflict":
+        assert "--gpu-memory-utilization" in r.remedy and r.attributes["infersight.oom.context.fraction_knob"]
+    if cls == "unknown":
+        assert r.reason and "profiling line" in r.reason
