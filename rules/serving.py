@@ -628,6 +628,32 @@ class ServingRules:
     rubric: RuleSet
     sources: list[str] = field(default_factory=list)
     not_memory: list[NotMemory] = field(default_factory=list)
+    # (the ``rules`` list it was built for, needle -> the indices in it of the rules one of whose anchors holds
+    # that needle): built at first use, again when ``rules`` is another list (the loader replaces it per file)
+    _by_needle: tuple[list[ServingRule], dict[str, tuple[int, ...]]] | None = field(
+        default=None, repr=False, compare=False)
+
+    def rules_for(self, line: str) -> list[ServingRule]:
+        """The rules one of whose anchors may be in ``line``, in priority order: those with an anchor that
+        holds a needle the line holds (every anchor holds one, a load check), never more than ``rules``."""
+        rules = self.rules
+        cached = self._by_needle
+        if cached is not None and cached[0] is rules:
+            index = cached[1]
+        else:
+            built: dict[str, list[int]] = {n: [] for n in NEEDLES}
+            for k, rule in enumerate(rules):
+                for n in NEEDLES:
+                    if any(n in a.lower() for a in rule.anchors):
+                        built[n].append(k)
+            index = {n: tuple(ks) for n, ks in built.items()}
+            self._by_needle = (rules, index)
+        low = line.lower()
+        picked: set[int] = set()
+        for n, ks in index.items():
+            if ks and n in low:
+                picked.update(ks)
+        return [rules[k] for k in sorted(picked)]
 
     def check_not_memory(self, entries: Iterable[NotMemory] | None = None) -> list[tuple[Location, str]]:
         failures: list[tuple[Location, str]] = []
@@ -1401,7 +1427,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     hits: list[_Hit] = []
     for i in _candidate_lines(lines, rs.not_memory):
         line = lines[i]
-        for rule in rs.rules:
+        for rule in rs.rules_for(line):
             if any(a in line for a in rule.anchors):
                 hit = _scan(rule, lines, i, cut)
                 if hit is not None:

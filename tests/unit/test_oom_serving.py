@@ -23,6 +23,7 @@ import pytest
 
 from infersight.agent.commands.classify import main
 from infersight.bytesize import parse_bytes
+from infersight.rules import serving
 from infersight.rules.serving import (
     ENGINES,
     ServingRulesError,
@@ -1461,3 +1462,18 @@ def test_a_message_repeated_with_another_timestamp_is_one_message() -> None:
              "out of memory")
     (fs,), (fl,) = analyse(small), analyse(small.replace("1024.00", "4096.00"))
     assert fs.key != fl.key
+
+
+def test_the_needle_index_picks_every_rule_an_anchor_could_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``analyse`` tries on a line only the rules one of whose anchors holds a needle the line holds: on every
+    example of every rule and not_memory entry, the findings are the same as with every rule tried."""
+    rs = serving.builtin()
+    texts = [e.text for r in rs.rules for e in r.examples] + [e.text for q in rs.not_memory for e in q.examples]
+
+    def found() -> list[list[tuple[str, str, str]]]:
+        return [[(f.rule, f.cls, f.key) for f in serving.analyse(t, rs)] for t in texts]
+
+    indexed = found()
+    monkeypatch.setattr(serving.ServingRules, "rules_for", lambda self, line: self.rules)
+    assert indexed == found()
+    assert sum(map(len, indexed)) > 200  # the examples do find things
