@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, List
 
-__all__ = ["MAX_EVENTS", "is_program_start", "waiting", "watch"]
+__all__ = ["MAX_EVENTS", "abandon", "is_program_start", "pause", "resume", "waiting", "watch"]
 
 # Profile callbacks before giving up (~150 ns each here: 15 ms at most). Under launch a script
 # starts after ~450 and -m after ~570; with the .pth line, the site's later .pth files count too
@@ -29,6 +29,7 @@ __all__ = ["MAX_EVENTS", "is_program_start", "waiting", "watch"]
 MAX_EVENTS = 100_000
 _profile: List[Any] = [None]  # the watch's profile function while it waits
 _left = [0]  # callbacks left before it gives up; 0: over (seen, given up, or displaced)
+_paused = [False]  # taken out for a while by the hooks themselves (pause/resume): still waiting
 _main = [0]  # the watched thread's ident
 
 
@@ -49,11 +50,37 @@ def waiting() -> bool:
     f = _profile[0]
     if f is None:
         return False
-    if sys.getprofile() is f:
+    if sys.getprofile() is f or _paused[0]:
         return True
     if threading.get_ident() == _main[0]:
         abandon()  # displaced on its own thread
     return False
+
+
+def pause() -> bool:
+    """Take the watch out while the bootstrap runs the environment's own ``sitecustomize`` (it may import a
+    large package: each call would cost a callback and use up the budget meant for the interpreter's own
+    start-up). Still waiting: its imports stay start-up. True when paused (``resume`` then)."""
+    f = _profile[0]
+    if f is None or _paused[0] or sys.getprofile() is not f:
+        return False
+    sys.setprofile(None)
+    _paused[0] = True
+    return True
+
+
+def resume() -> None:
+    """Put the paused watch back; where a profiler was set meanwhile, it displaced the watch: over."""
+    if not _paused[0]:
+        return
+    _paused[0] = False
+    f = _profile[0]
+    if f is None:
+        return
+    if sys.getprofile() is None:
+        sys.setprofile(f)
+    else:
+        abandon()
 
 
 def abandon() -> None:
@@ -61,6 +88,7 @@ def abandon() -> None:
     that still reaches it takes it out and does nothing else."""
     _left[0] = 0
     _profile[0] = None
+    _paused[0] = False
 
 
 def watch(on_start: Callable[[int, bool], None]) -> bool:

@@ -82,12 +82,26 @@ def _chain() -> None:
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
+    # The hooks' watch for the program's first line is paused meanwhile: what this file imports (a large
+    # package, at times) is start-up all the same, but not worth a profile call per Python call.
+    watch = sys.modules.get("infersight.hooks._mainstart")
+    paused = False
+    try:
+        paused = bool(watch is not None and watch.pause())
+    except Exception:
+        pass
     try:
         module = importlib.util.module_from_spec(spec)
         sys.modules["_infersight_chained_sitecustomize"] = module
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.stderr.write("infersight: chained sitecustomize failed: %r\n" % (exc,))
+    finally:
+        if paused:
+            try:
+                watch.resume()  # type: ignore[union-attr]
+            except Exception:
+                pass
 
 
 # The switch's "off" words (hooks/_env.py FALSE_WORDS; a test holds the two equal): checked here so

@@ -92,6 +92,22 @@ def test_a_profiler_set_first_keeps_the_old_end(tmp_path) -> None:
     assert any(str(p).startswith("slowpkg2 ") for p in packages), packages
 
 
+def test_a_busy_site_sitecustomize_does_not_use_up_the_watch(tmp_path) -> None:
+    """The environment's own sitecustomize (chained after ours) runs more Python calls than the watch's
+    whole budget (a large package imported there): the watch is paused meanwhile, so it still sees the
+    program's first frame; that work is start-up, inside runtime_init, and no import is timed before it."""
+    site = tmp_path / "site"
+    write(str(site / "busy_site_pkg.py"), "def f():\n    return 1\nfor _ in range(250_000):\n    f()\n")
+    write(str(site / "sitecustomize.py"), "import busy_site_pkg  # noqa: F401\n")
+    script = write(str(tmp_path / "busy_main.py"), FIRST + LAST)
+    run = launch(str(tmp_path), [sys.executable, script], env={"PYTHONPATH": str(site)})
+    root, stages, init = one(run, "runtime_init")
+    assert "infersight.runtime_init.program_start_seen" not in init.attributes, init.attributes  # seen
+    assert init.end_ns <= run.result["t_first_line_ns"]
+    assert all(s.start_ns >= init.end_ns for s in stages if s is not init), [
+        (stage_name(s), s.attributes.get("infersight.import.packages")) for s in stages if s.start_ns < init.end_ns]
+
+
 def pth_run(tmp_path, extra_pth: dict[str, str], **env_extra: str) -> dict:  # type: ignore[type-arg]
     """A venv whose site-packages holds ``hooks install``'s ``.pth`` line and ``extra_pth`` (other files
     there too: a ``.pth`` name is read by ``site``); runs a script there that reads its own process's

@@ -186,3 +186,25 @@ def test_a_checkpoint_carries_runtime_init_while_it_waits(monkeypatch, gave_up, 
     (emitted,) = [d for kind, d in client.events if kind == "span"]
     assert (emitted["s"], emitted["e"]) == (start, stop) and emitted["id"] == span
     assert [s for s in _checkpoint.open_stages() if s[0] == "runtime_init"] == []
+
+
+def test_a_paused_watch_still_waits_and_comes_back_unless_a_profiler_took_its_place(no_profile) -> None:
+    """The bootstrap pauses the watch while the environment's own sitecustomize runs: still waiting (its
+    imports are start-up), no profile calls meanwhile, and back after; a profiler set meanwhile displaced it."""
+    seen: list[tuple[int, bool]] = []
+    assert _mainstart.watch(note(seen))
+    assert _mainstart.pause() and sys.getprofile() is None and _mainstart.waiting()
+    assert not _mainstart.pause()  # once
+    _mainstart.resume()
+    assert _mainstart.waiting() and sys.getprofile() is not None
+    assert _mainstart.pause()
+
+    def other(frame, event, arg) -> None:  # type: ignore[no-untyped-def]
+        return None
+
+    sys.setprofile(other)  # the environment's sitecustomize sets a profiler
+    _mainstart.resume()
+    assert sys.getprofile() is other and not _mainstart.waiting()
+    sys.setprofile(None)
+    exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
+    assert seen == []
