@@ -8,10 +8,10 @@ exception; the agent classifies them with ``rules/serving.toml`` like a PyTorch 
 The cost stays off the hot path: ``logging.Logger.callHandlers`` is wrapped once, and for a
 record below WARNING the wrapper is one integer compare. A WARNING+ record is checked against
 a few lower-case needles, fixed strings that every anchor of the serving rules holds
-(``NEEDLES``; a test keeps them in step with ``infersight.rules.serving.NEEDLES``): its format
-string and string arguments first, and it is formatted (``getMessage``) only when one of them
-holds a needle or an argument is an exception; an object argument is never made a string
-(a CUDA tensor's would synchronise the device). Only a text that holds one is sent, at most
+(``NEEDLES``; a test keeps them in step with ``infersight.rules.serving.NEEDLES``): its message
+and arguments first, and it is formatted (``getMessage``) only when one may hold a needle
+(``_may_hold``); an array argument is never made a string (a CUDA tensor's would synchronise
+the device). Only a text that holds one is sent, at most
 once per distinct text; the agent decides whether it is a memory error. Warnings and errors
 have a budget each (``MAX_REPORTS`` per process): a loop of warnings whose counters change
 (vLLM's preemption notice) is one text with its digits masked, and cannot use up the errors'
@@ -43,6 +43,8 @@ MAX_ARGS = 128  # command-line arguments sent with a report (knob_args)
 MAX_SCANNED_ARGS = 16  # a record's arguments checked for needles
 ERROR_LEVEL = 40  # logging.ERROR
 _seen: Dict[int, bool] = {}
+_refused: Dict[int, bool] = {}  # texts over budget already counted (bounded: past it, each repeat counts)
+MAX_REFUSED = 4096
 _sent = {"warning": 0, "error": 0}  # texts sent, per budget
 dropped = _client.TEXT_DROPS  # texts with a needle not sent: over their budget (the client reports it with its drops)
 _lock = threading.Lock()
@@ -83,7 +85,10 @@ def report_text(text: str, source: str, span: Optional[str] = None, warning: boo
             if key in _seen:
                 return False
             if _sent[budget] >= MAX_REPORTS:
-                dropped[0] += 1
+                if key not in _refused:  # each text over budget counted once, however often it repeats
+                    if len(_refused) < MAX_REFUSED:
+                        _refused[key] = True
+                    dropped[0] += 1
                 return False
             _seen[key] = True
             _sent[budget] += 1
@@ -119,29 +124,46 @@ def knob_args(argv: List[str]) -> List[str]:
     return out
 
 
-def worth_formatting(record: Any) -> bool:
-    """Whether a record may hold a needle, without formatting it: its format string or a string
-    argument holds one, or an argument (or the record's exception) is an exception, whose text is
-    cheap. Any other object argument is not made a string here (pure but for ``str`` checks)."""
-    msg = getattr(record, "msg", None)
-    if isinstance(msg, str):
-        if interesting(msg):
-            return True
-    elif isinstance(msg, BaseException):
+_ARRAY_MODULES = ("torch", "numpy", "jax", "jaxlib", "cupy", "tensorflow", "paddle", "mlx")
+_PLAIN = (int, float, bool, type(None))
+_BYTES_NEEDLES = tuple(n.encode() for n in NEEDLES)
+
+
+def _may_hold(v: Any, depth: int = 0) -> bool:
+    """Whether ``v``, formatted, may hold a needle, without formatting it: a string or bytes is checked, an
+    exception may (its text is cheap), a number cannot, an array (torch, numpy...: its text would copy, for a
+    CUDA tensor synchronise, the device) is taken not to; a list, tuple or mapping is looked into once; any other
+    object may."""
+    if isinstance(v, str):
+        return interesting(v)
+    if isinstance(v, BaseException):
         return True
+    if isinstance(v, _PLAIN):
+        return False
+    if isinstance(v, (bytes, bytearray)):
+        low = bytes(v[:MAX_TEXT]).lower()
+        return any(n in low for n in _BYTES_NEEDLES)
+    if isinstance(v, (list, tuple, dict)):
+        if depth:
+            return True
+        items = v.values() if isinstance(v, dict) else v
+        return any(_may_hold(x, 1) for i, x in enumerate(items) if i < MAX_SCANNED_ARGS)
+    return not (type(v).__module__ or "").startswith(_ARRAY_MODULES)
+
+
+def worth_formatting(record: Any) -> bool:
+    """Whether a record may hold a needle, without formatting it (``_may_hold``): its message (a format
+    string, or an object: structlog hands over a dict), its arguments, or its exception."""
     exc = getattr(record, "exc_info", None)
     if exc and len(exc) > 1 and exc[1] is not None:
+        return True
+    if _may_hold(getattr(record, "msg", None)):
         return True
     args = getattr(record, "args", None)
     if not args:
         return False
     values = args.values() if isinstance(args, dict) else args if isinstance(args, tuple) else (args,)
-    for i, a in enumerate(values):
-        if i >= MAX_SCANNED_ARGS:
-            break
-        if isinstance(a, BaseException) or (isinstance(a, str) and interesting(a)):
-            return True
-    return False
+    return any(_may_hold(a) for i, a in enumerate(values) if i < MAX_SCANNED_ARGS)
 
 
 def _record_text(record: Any) -> str:
@@ -229,5 +251,6 @@ def after_fork_child() -> None:
     global _lock
     _lock = threading.Lock()
     _seen.clear()
+    _refused.clear()
     _sent["warning"] = _sent["error"] = 0
     dropped[0] = 0

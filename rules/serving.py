@@ -126,7 +126,13 @@ _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]
 _WS = re.compile(r"[ \t]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # CSI sequences: colours, cursor moves
 _NEVER = re.compile(r"(?!)")  # matches nothing
-_DIGITS = re.compile(r"\d+")
+_KEY_NOISE = re.compile(
+    r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"  # ISO dates and times
+    r"|\b\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"  # vLLM's "05-01 10:00:00"
+    r"|\b\d\d:\d\d:\d\d(?:[.,]\d+)?"  # a time of day
+    r"|\b(?:pid|tid)[=: ]\d+"  # a process or thread id
+    r"|\.(?:py|cc|cpp|cu|go|rs|c|h):\d+"  # a source line
+    r"|\b\d{9,}\b")  # a nanosecond stamp, a long id
 
 
 class LazyPattern:
@@ -1148,9 +1154,10 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     if "?" in note:  # a number the note needs was not printed: no note rather than a "?"
         note = ""
     remedy = rule.remedy
-    # The message's identity for "once per distinct message": its rule, its text with digit runs masked (a
-    # timestamp or pid the match took from a log prefix, a counter) and the numbers the rule read.
-    key = f"{rule.id}|{_DIGITS.sub('0', hit.text)}|" + ",".join(f"{k}={v:g}" for k, v in sorted(values.items()))
+    # The message's identity for "once per distinct message": its rule, its text with a log prefix's changing
+    # parts masked (timestamps, a pid, a source line the match took in) and the numbers the rule read; a device
+    # or rank ordinal stays: eight workers failing on eight devices are eight messages.
+    key = f"{rule.id}|{_KEY_NOISE.sub('#', hit.text)}|" + ",".join(f"{k}={v:g}" for k, v in sorted(values.items()))
     return Finding(
         engine=engine, cls=cls, rule=rule.id + (f"/{suffix}" if suffix else ""), rule_version=rule.version,
         numbers=numbers, extra=extra, remedy=remedy, note=note, reason=reason if cls == "unknown" else None,

@@ -125,6 +125,10 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--enforce-eager": ("enforce_eager", "flag"),
     "--tensor-parallel-size": ("tensor_parallel_size", "int"),
     "-tp": ("tensor_parallel_size", "int"),
+    # set the KV pool's size whatever gpu_memory_utilization says (vLLM logs that it is not respected)
+    "--num-gpu-blocks-override": ("num_gpu_blocks_override", "set"),
+    "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", "set"),
+    "--kv-cache-memory": ("kv_cache_memory_bytes", "set"),
     # SGLang
     "--mem-fraction-static": ("mem_fraction_static", "fraction"),
     "--chunked-prefill-size": ("chunked_prefill_size", "int"),
@@ -171,6 +175,8 @@ def _value(kind: str, raw: str | None) -> Number | None:
         return False if raw.lower() in ("0", "false", "no") else None
     if raw is None or not raw or len(raw) > 24:
         return None
+    if kind == "set":  # present with a value: what the value is does not matter here (8G, 1000...)
+        return True
     try:
         if kind == "int":
             n = int(raw, 10)
@@ -377,6 +383,7 @@ def _kv_gap(f: Finding, frac: float, shown: str,
 # that premise: raising it to 0.9 adds (0.9 - f) of the device, which the rule's own low-fraction case compares with
 # the KV cache one request lacks when the profiling line prints the fraction and the device's size.
 KV_FAR_RULE = "vllm.kv.max-model-len/far-beyond-pool"
+KV_POOL_FIXED_KNOBS = ("num_gpu_blocks_override", "kv_cache_memory_bytes")  # the pool's size set outright
 KV_DEFAULT_FRACTION = 0.9
 
 
@@ -394,42 +401,45 @@ def _kv_ratio_and_lacks(f: Finding) -> tuple[float | None, int | None]:
 def _kv_far(f: Finding, frac: float, devices: Sequence[DeviceContext], shown: str,
             attrs: dict[str, int | float | bool | str | list[str] | list[int]]) -> Refined | None:
     """The far-beyond-pool verdict re-read with a command-line fraction below the default (see KV_FAR_RULE). The
-    pool is part of what the fraction gives, so it is at most f x the device: one request lacks at most
-    (ratio - 1) x f of the device, which raising the fraction to 0.9 covers when that is at most 0.9 - f."""
+    pool is part of what the fraction gives, so it is at most f x the device, and one request lacks at most
+    (ratio - 1) x f of it. Raising the fraction to 0.9 adds (0.9 - f) of the device, and never more than NVML saw
+    free beside this engine and the other processes. None: the message's verdict stands (with the context's
+    notes, a tenant's among them)."""
     if frac >= KV_DEFAULT_FRACTION:
         return None
     ratio, lacks = _kv_ratio_and_lacks(f)
     if ratio is None:
         return None
-    a = dict(attrs, **{"infersight.oom.context.fraction_knob": "gpu_memory_utilization"})
-    rule = "%s+context.fraction-below-default" % f.rule
-    total = max((d.total_bytes or 0 for d in devices), default=0)
-    adds = int((KV_DEFAULT_FRACTION - frac) * total) if total else None
-    covered = (ratio - 1) * frac <= KV_DEFAULT_FRACTION - frac or (
-        lacks is not None and adds is not None and lacks <= adds)
-    if covered:
-        reason = ("--gpu-memory-utilization is %g (the command line), not the default %g the message's verdict "
-                  "assumes: one request needs %.2fx the KV pool, which is at most %g of the device, and raising the "
-                  "fraction to %g adds %g of it%s. %s" % (
-                      frac, KV_DEFAULT_FRACTION, ratio, frac, KV_DEFAULT_FRACTION, KV_DEFAULT_FRACTION - frac,
-                      " (%s of the %s device, against %s lacking)" % (_gib(adds), _gib(total), _gib(lacks))
-                      if adds is not None and lacks is not None else "", shown)).strip()
-        remedy = ("Raise --gpu-memory-utilization from %g towards %g (when nothing else needs the device's memory): "
-                  "the KV cache then holds one request of the configured length." % (frac, KV_DEFAULT_FRACTION))
-        return Refined("reservation_conflict", rule, reason, remedy,
-                       "re-decided with the command line's fraction (the message alone: capacity, from the default "
-                       "%g)" % KV_DEFAULT_FRACTION, True, a)
-    if lacks is not None and adds is not None:
-        note = ("--gpu-memory-utilization is %g (the command line) of a %s device: even %g adds only %s of the %s one "
-                "request lacks" % (frac, _gib(total), KV_DEFAULT_FRACTION, _gib(adds), _gib(lacks)))
-        return Refined(f.cls, f.rule, f.reason, f.remedy,
-                       "; ".join(b for b in (note, "live context: " + shown if shown else "") if b), False, attrs)
-    reason = ("--gpu-memory-utilization is %g on the command line, not the default %g the message's verdict assumes; "
-              "one request needs %.2fx the KV pool, and whether raising the fraction covers that depends on how much "
-              "of it the weights and activations take, which the message does not print: read vLLM's profiling line "
-              "('model weights take ...; the rest of the memory reserved for KV Cache is ...'). %s" % (
-                  frac, KV_DEFAULT_FRACTION, ratio, shown)).strip()
-    return Refined("unknown", rule, reason, f.remedy, f.note, True, a)
+    measured = [d for d in devices if d.total_bytes]
+    if measured:
+        adds = min(min(int((KV_DEFAULT_FRACTION - frac) * (d.total_bytes or 0)),
+                       max(0, (d.total_bytes or 0) - d.own_bytes - d.other_bytes)) for d in measured)
+        total = min(d.total_bytes or 0 for d in measured)
+        needs = int((ratio - 1) * frac * total) if lacks is None else lacks
+        if needs > adds:
+            return None
+        how = "; NVML: raising it to %g adds %s of the %s device (what is free beside the others), against %s %s" % (
+            KV_DEFAULT_FRACTION, _gib(adds), _gib(total), "at most" if lacks is None else "", _gib(needs))
+    elif (ratio - 1) * frac <= KV_DEFAULT_FRACTION - frac:
+        how = "; raising it to %g adds %g of the device, more than that" % (KV_DEFAULT_FRACTION,
+                                                                            KV_DEFAULT_FRACTION - frac)
+    else:
+        reason = ("--gpu-memory-utilization is %g on the command line, not the default %g the message's verdict "
+                  "assumes; one request needs %.2fx the KV pool, and whether raising the fraction covers that "
+                  "depends on how much of it the weights and activations take, which the message does not print: "
+                  "read vLLM's profiling line ('model weights take ...; the rest of the memory reserved for KV Cache "
+                  "is ...'). %s" % (frac, KV_DEFAULT_FRACTION, ratio, shown)).strip()
+        return Refined("unknown", "%s+context.fraction-below-default" % f.rule, reason, f.remedy, f.note, True,
+                       dict(attrs, **{"infersight.oom.context.fraction_knob": "gpu_memory_utilization"}))
+    reason = ("--gpu-memory-utilization is %g (the command line), not the default %g the message's verdict assumes: "
+              "one request needs %.2fx the KV pool, which is at most %g of the device%s. %s" % (
+                  frac, KV_DEFAULT_FRACTION, ratio, frac, how.replace("  ", " "), shown)).strip()
+    remedy = ("Raise --gpu-memory-utilization from %g towards %g: the KV cache then holds one request of the "
+              "configured length." % (frac, KV_DEFAULT_FRACTION))
+    return Refined("reservation_conflict", "%s+context.fraction-below-default" % f.rule, reason, remedy,
+                   "re-decided with the command line's fraction (the message alone: capacity, from the default %g)"
+                   % KV_DEFAULT_FRACTION, True,
+                   dict(attrs, **{"infersight.oom.context.fraction_knob": "gpu_memory_utilization"}))
 
 
 CAPACITY_REMEDY = ("Plan capacity: a smaller or quantised model, a shorter context or smaller batch, or more or "
@@ -443,7 +453,8 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
     attrs = attributes(ctx)
     shown = summary(ctx)
     devices = ctx.devices if ctx.nvml and not names_other_accelerator(f.text) else ()
-    if f.rule == KV_FAR_RULE and (frac := _fraction_knob(f, ctx)) is not None and frac[0] == "gpu_memory_utilization":
+    if (f.rule == KV_FAR_RULE and (frac := _fraction_knob(f, ctx)) is not None and frac[0] == "gpu_memory_utilization"
+            and not any(k in ctx.knobs for k in KV_POOL_FIXED_KNOBS)):
         far = _kv_far(f, frac[1], devices, shown, attrs)
         if far is not None:
             return far

@@ -56,9 +56,9 @@ DEDUP_WINDOW_NS = 30_000_000_000
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
 MAX_TEXTS_PER_UID = 64  # of the 4 * MAX_RECENT messages remembered for deduplication, one uid's share
-# Distinct memory errors from logs and stderr that one uid may report in DEDUP_WINDOW_NS: a log that
-# floods the agent with messages it cannot tell apart costs that uid the rest, counted (``over_budget``).
-MAX_NEW_PER_UID = 16
+# Distinct memory errors from logs and stderr that one producer may report in DEDUP_WINDOW_NS: a log that
+# floods the agent with messages it cannot tell apart costs that producer the rest, counted (``over_budget``).
+MAX_NEW_PER_PRODUCER = 16
 MAX_TEXT = 16384
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
 SEVERITY_ERROR = 17
@@ -262,8 +262,9 @@ class OomHandlers:
         self.not_memory = 0  # logged or uncaught texts the hooks sent that were no memory error
         # (uid, message key) -> (t_ns, the source that came first), across a uid's producers
         self._texts: dict[tuple[int | None, str], tuple[int, str]] = {}
-        self._new_by_uid: dict[int | None, list[int]] = {}  # per uid: when its recent new messages came
-        self.over_budget = 0  # memory errors from logs and stderr not reported: over their uid's budget
+        # per producer (uid, id): when its recent new messages came
+        self._new_by_producer: dict[tuple[int | None, str], list[int]] = {}
+        self.over_budget = 0  # memory errors from logs and stderr not reported: over their producer's budget
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
         self.context_decided = 0  # engine OOMs whose class the live context decided
@@ -294,24 +295,27 @@ class OomHandlers:
                 for f in found if source in ("log", "stderr") else [first]:
                     if f.message is not None:
                         continue
-                    if self._seen_text(p, f.key, t_ns) is not None:
+                    if self._seen_text(p, f.key, t_ns, remember=False) is not None:
                         self.duplicates += 1
                         continue
                     if source in _STREAMS and not self._admit(p, t_ns):
-                        self.over_budget += 1
+                        self.over_budget += 1  # not remembered: a copy from another source still counts
                         continue
+                    self._seen_text(p, f.key, t_ns)
                     self._engine(p, origin, t_ns, d, f, out)
                 return
             else:
                 msg, engine = first.message, first.engine
                 # The same PyTorch text as an exception, a log record and a stderr copy: once.
-                before = self._seen_text(p, first.key, t_ns, source)
+                before = self._seen_text(p, first.key, t_ns, source, remember=False)
                 if before is not None and (source in _STREAMS or before in _STREAMS):
                     self.duplicates += 1
                     return
-                if before is None and source in _STREAMS and not self._admit(p, t_ns):
-                    self.over_budget += 1
-                    return
+                if before is None:
+                    if source in _STREAMS and not self._admit(p, t_ns):
+                        self.over_budget += 1
+                        return
+                    self._seen_text(p, first.key, t_ns, source)
         d["_engine"] = engine
         if msg is not None:
             dev = dev if dev is not None else msg.device_index
@@ -388,7 +392,7 @@ class OomHandlers:
         attrs = self._attributes(verdict, source, dev, uuid, backend, d, snap, nvml_used, msg)
         _emit(p, origin, t_ns, sp, verdict.cls, one_line(verdict, dev), attrs, out)
 
-    def _seen_text(self, p: Producer, key: str, t_ns: int, source: str = "") -> str | None:
+    def _seen_text(self, p: Producer, key: str, t_ns: int, source: str = "", remember: bool = True) -> str | None:
         """The source that first saw the same message in the last DEDUP_WINDOW_NS, from any
         producer of ``p``'s uid (a vLLM worker logs it, its parent re-raises it, launch sees it
         on stderr); None when it is new (then noted). Another uid's copy is that user's own
@@ -402,6 +406,8 @@ class OomHandlers:
             hit = next((v for (_u, k), v in self._texts.items() if k == key), None)
         if hit is not None:
             return hit[1]
+        if not remember:
+            return None
         own = [k for k in self._texts if k[0] == uid]
         if len(own) >= MAX_TEXTS_PER_UID:  # a uid's flood forgets its own oldest, never another uid's
             del self._texts[own[0]]
@@ -411,17 +417,19 @@ class OomHandlers:
         return None
 
     def _admit(self, p: Producer, t_ns: int) -> bool:
-        """Whether ``p``'s uid may report one more new memory error from a log or stderr now (at most
-        MAX_NEW_PER_UID in DEDUP_WINDOW_NS); noted when it may."""
-        times = [t for t in self._new_by_uid.get(p.uid, []) if t_ns - t <= DEDUP_WINDOW_NS]
-        if len(times) >= MAX_NEW_PER_UID:
-            self._new_by_uid[p.uid] = times
+        """Whether producer ``p`` may report one more new memory error from a log or stderr now (at most
+        MAX_NEW_PER_PRODUCER in DEDUP_WINDOW_NS); noted when it may. Per producer: eight engines of one user
+        failing at once each keep their own."""
+        who = (p.uid, str(p.info.get("id")))
+        times = [t for t in self._new_by_producer.get(who, []) if t_ns - t <= DEDUP_WINDOW_NS]
+        if len(times) >= MAX_NEW_PER_PRODUCER:
+            self._new_by_producer[who] = times
             return False
         times.append(t_ns)
-        self._new_by_uid[p.uid] = times
-        if len(self._new_by_uid) > 4 * MAX_RECENT:  # uids gone quiet
-            for uid in [u for u, ts in self._new_by_uid.items() if not ts or t_ns - ts[-1] > DEDUP_WINDOW_NS]:
-                del self._new_by_uid[uid]
+        self._new_by_producer[who] = times
+        if len(self._new_by_producer) > 4 * MAX_RECENT:  # producers gone quiet
+            for k in [k for k, ts in self._new_by_producer.items() if not ts or t_ns - ts[-1] > DEDUP_WINDOW_NS]:
+                del self._new_by_producer[k]
         return True
 
     def _engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,

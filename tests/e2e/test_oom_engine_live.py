@@ -508,6 +508,7 @@ def _fresh_budgets(monkeypatch: Any) -> list[tuple[str, dict[str, Any]]]:
     monkeypatch.setattr(_runtime, "emit_urgent", lambda kind, data: sent.append((kind, data)))
     monkeypatch.setattr(_enginelog, "_seen", {})
     monkeypatch.setattr(_enginelog, "_sent", {"warning": 0, "error": 0})
+    monkeypatch.setattr(_enginelog, "_refused", {})
     _enginelog.dropped[0] = 0  # (shared with the client: reset, not replaced)
     return sent
 
@@ -535,6 +536,54 @@ def test_a_flood_of_warnings_leaves_the_errors_budget_and_what_it_drops_is_count
     assert _client.TEXT_DROPS[0] == 11  # what the client's next drops report carries as "texts"
 
 
+class _ErrorText:
+    """A plain object whose text is the engine's error (a wrapper some servers log)."""
+
+    def __str__(self) -> str:
+        return "No available memory for the cache blocks."
+
+
+class FakeTensor:
+    """FAKE: stands in for a torch tensor (its module says torch): its text is never asked for."""
+
+    __module__ = "torch"
+    calls = 0
+
+    def __str__(self) -> str:
+        FakeTensor.calls += 1
+        return "tensor(KV cache)"
+
+
+@pytest.mark.parametrize(("msg", "args"), [
+    ({"event": "engine failed: No available memory for the cache blocks."}, ()),   # structlog's dict message
+    ("child stderr: %s", (b"CUDA error: out of memory\n",)),                        # captured bytes
+    ("ranks failed: %s", ([RuntimeError("No available memory for the cache blocks.")],)),  # one per rank
+    ("engine failed: %s", (_ErrorText(),)),                                          # an object's text
+])
+def test_memory_errors_in_every_shape_of_record_still_go_out(monkeypatch: Any, msg: Any, args: tuple) -> None:
+    sent = _fresh_budgets(monkeypatch)
+    record = logging.LogRecord("vllm", logging.ERROR, __file__, 1, msg, args, None)
+    assert _enginelog.worth_formatting(record)
+    _enginelog.report_text(_enginelog._record_text(record), "log")
+    assert len(sent) == 1
+
+
+def test_an_array_argument_is_never_made_a_string(monkeypatch: Any) -> None:
+    _fresh_budgets(monkeypatch)
+    FakeTensor.calls = 0
+    record = logging.LogRecord("vllm", logging.WARNING, __file__, 1, "logits %s", (FakeTensor(),), None)
+    assert not _enginelog.worth_formatting(record) and FakeTensor.calls == 0
+
+
+def test_a_text_over_budget_is_counted_once_however_often_it_repeats(monkeypatch: Any) -> None:
+    _fresh_budgets(monkeypatch)
+    monkeypatch.setitem(_enginelog._sent, "error", _enginelog.MAX_REPORTS)
+    for _ in range(1000):
+        _enginelog.report_text("ValueError: No available memory for the cache blocks.", "log")
+    _enginelog.report_text("ValueError: No available memory for the cache blocks. (rank 1)", "log")
+    assert _enginelog.dropped[0] == 2
+
+
 class _Formats:
     """An object argument whose ``str`` counts (a CUDA tensor's synchronises the device)."""
 
@@ -547,8 +596,8 @@ class _Formats:
 
 def test_a_warning_is_formatted_only_when_its_words_may_hold_a_needle(monkeypatch: Any) -> None:
     """With the hooks active, a WARNING+ record's format string and string arguments are checked first;
-    an object argument is not made a string unless they hold a needle; an exception argument is (its text
-    is cheap) and a memory error in it goes out."""
+    an array argument (a tensor's text would synchronise the device) is not made a string unless they hold
+    a needle; an exception argument is (its text is cheap) and a memory error in it goes out."""
     sent = _fresh_budgets(monkeypatch)
     saved = logging.Logger.callHandlers
     try:
@@ -556,9 +605,9 @@ def test_a_warning_is_formatted_only_when_its_words_may_hold_a_needle(monkeypatc
         log = logging.getLogger("infersight-test-enginelog-cheap")
         log.propagate = False
         log.handlers[:] = [logging.NullHandler()]
-        _Formats.calls = 0
-        log.warning("step %d took %s", 3, _Formats())
-        assert _Formats.calls == 0 and sent == []
+        _Formats.calls = FakeTensor.calls = 0
+        log.warning("step %d took %s", 3, FakeTensor())  # an array: never made a string for the check
+        assert FakeTensor.calls == 0 and sent == []
         log.warning("KV cache usage %s", _Formats())  # the format string holds a needle: formatted
         assert _Formats.calls == 1 and len(sent) == 1
         log.error("engine failed: %s", RuntimeError("No available memory for the cache blocks."))

@@ -1477,3 +1477,11 @@ def test_the_needle_index_picks_every_rule_an_anchor_could_hold(monkeypatch: pyt
     monkeypatch.setattr(serving.ServingRules, "rules_for", lambda self, line: self.rules)
     assert indexed == found()
     assert sum(map(len, indexed)) > 200  # the examples do find things
+
+
+def test_a_device_ordinal_keeps_two_messages_apart() -> None:
+    """Masking a log prefix's timestamps must not mask the device: eight llama.cpp servers failing on eight
+    devices print the same words but for 'current device: N', and are eight messages."""
+    keys = {analyse("CUDA error: out of memory\n  current device: %d, in function ggml_cuda_pool_malloc_vmm at "
+                    "ggml-cuda.cu:8583" % n)[0].key for n in range(8)}
+    assert len(keys) == 8

@@ -535,7 +535,7 @@ def test_one_uid_flooding_logs_with_distinct_errors_is_capped_and_cannot_evict_a
     for k in range(3):
         items += asm.events(noisy, [[2 + k, 20 + k, "oom", {"source": "stderr", "text": flood}]])
     logs = [i for i in items if isinstance(i, LogItem)]
-    assert len(logs) == kind.MAX_NEW_PER_UID and h.over_budget > 0
+    assert len(logs) == kind.MAX_NEW_PER_PRODUCER and h.over_budget > 0
     again = [i for i in asm.events(quiet, [[2, 30, "oom", {"source": "stderr", "text": mine}]])
              if isinstance(i, LogItem)]
     assert again == [] and h.duplicates >= 1
@@ -571,3 +571,54 @@ def test_a_far_max_model_len_gap_is_re_read_with_the_command_lines_fraction(
         assert "--gpu-memory-utilization" in r.remedy and r.attributes["infersight.oom.context.fraction_knob"]
     if cls == "unknown":
         assert r.reason and "profiling line" in r.reason
+
+
+def test_the_far_gap_re_reading_counts_other_processes_and_pools_set_outright() -> None:
+    """Two replicas at 0.45 on one 80 GiB device: raising either's fraction could take only what is free beside
+    the other, 8 GiB, short of the pool's 0.6x: the message's capacity stands, with the tenant noted. A pool sized
+    outright (--num-gpu-blocks-override, --kv-cache-memory-bytes) does not follow the fraction: no re-reading."""
+    (f,) = analyse(_FAR)
+    other = Tenant(4242, 36 * GIB, "python")
+    shared = DeviceContext("GPU-a", 80 * GIB, 36 * GIB, (other,))
+    r = refine(f, LiveContext(pid=1, devices=(shared,), nvml=True, knobs={"gpu_memory_utilization": 0.45}))
+    assert (r.cls, r.decided) == ("capacity", False)
+    assert "pid 4242" in r.attributes.get("infersight.oom.context.conflict", ""), r.attributes
+    for flag in (["--num-gpu-blocks-override", "2000"], ["--kv-cache-memory-bytes", "8G"]):
+        knobs = parse_knobs(["vllm", "serve", "m", "--gpu-memory-utilization", "0.5", *flag])
+        r = refine(f, LiveContext(pid=1, knobs=knobs))
+        assert (r.cls, r.decided) == ("capacity", False), flag
+
+
+def test_the_budget_is_per_producer_and_what_it_refuses_is_not_remembered() -> None:
+    """Eight engines of one user failing at once, each with its own numbers, each report their errors; a message
+    a flooding producer's budget refused is not remembered, so the same error raised as an exception goes out."""
+    from infersight.agent.oom import kind
+
+    h = OomHandlers(OomClassifier([]), None)
+    asm = Assembler("host", {"oom": h.oom})
+
+    def engine(n: int) -> Any:
+        return asm.hello({"id": "llama-%d" % n, "pid": 100 + n, "start_ns": 1, "trace_id": "%032x" % (n + 1),
+                          "root_span_id": "%016x" % (n + 1)}, uid=1000)
+
+    def err(mib: int, dev: int) -> str:
+        return ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating %d.00 MiB on device %d: cudaMalloc failed: "
+                "out of memory" % (mib, dev))
+
+    logs = []
+    for n in range(8):
+        p = engine(n)
+        for k in range(3):  # the load, then two smaller retries
+            logs += [i for i in asm.events(p, [[1 + k, 10 + k, "oom", {"source": "stderr", "text": err(9000 - k * 1000,
+                                                                                                       n)}]])
+                     if isinstance(i, LogItem)]
+    assert len(logs) == 24 and h.over_budget == 0
+    flood = engine(99)
+    filler = "\n".join("request %d served" % i for i in range(12))  # past a rule's window: separate events
+    text = "\n".join(err(20000 + i, 0) + "\n" + filler for i in range(kind.MAX_NEW_PER_PRODUCER + 1))
+    asm.events(flood, [[1, 50, "oom", {"source": "stderr", "text": text}]])
+    assert h.over_budget == 1
+    refused = err(20000 + kind.MAX_NEW_PER_PRODUCER, 0)
+    raised = [i for i in asm.events(flood, [[2, 60, "oom", {"source": "exception", "text": refused}]])
+              if isinstance(i, LogItem)]
+    assert len(raised) == 1
