@@ -43,12 +43,20 @@ CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read a
 AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
 MAX_LINE = 16384  # a longer line keeps its head and its tail (an error ends a JSON record or a traceback line)
-# A capture is handed over when it would grow past this (the agent reads this much of a text), and a new one goes
-# on from the next line that holds a needle: an error at the end of a long busy stream is never cut off.
+ELLIPSIS = b" [...] "
+# A capture never grows past what the agent reads of a text. Past SOFT_CAPTURE_CHARS it is handed over at a
+# quiet point (WINDOW_BACK lines after its last needle line); at MAX_CAPTURE_CHARS it is handed over up to
+# WINDOW_BACK lines before its last needle line, and those lines start the next capture: a multi-line error
+# stays in one piece.
 MAX_CAPTURE_CHARS = 16384
-# At most this many full captures are handed over per second (the agent spends ~0.1 s of its loop on each): past
-# that, a full capture rolls (its oldest lines go, counted in ``rolled_lines``) until the stream pauses or ends.
+SOFT_CAPTURE_CHARS = 14336
+WINDOW_BACK = 16
+# At most this many full captures are handed over per second (the agent spends ~10 ms of its loop on each): past
+# that, the part that would have gone rolls instead: its lines that report a failure are kept (up to
+# PINNED_CHARS, the latest), the rest go, counted in ``rolled_lines``, until the stream pauses or ends.
 MAX_FULL_PER_S = 4
+PINNED_CHARS = 4096
+FAILURE_WORDS = ("error", "failed", "failure", "fatal", "exception", "out of memory", "abort")
 MAX_PENDING_CAPTURES = 64  # captures waiting for the agent side (launch imports it while CMD starts)
 
 
@@ -75,6 +83,7 @@ class StderrRelay:
         self._before: collections.deque[str] = collections.deque(maxlen=CONTEXT_LINES)
         self._capture: list[str] | None = None
         self._capture_chars = 0
+        self._last_hit = -1  # the open capture's latest needle line (its index)
         self._full_times: collections.deque[float] = collections.deque(maxlen=MAX_FULL_PER_S)
         self.rolled_lines = 0  # lines a rolling capture let go (a needle stream faster than the agent reads)
         self._after = 0
@@ -172,30 +181,26 @@ class StderrRelay:
 
     def _line(self, raw: bytes) -> None:
         if len(raw) > MAX_LINE:
-            half = MAX_LINE // 2
-            raw = raw[:half] + b" [...] " + raw[-half:]
+            half = (MAX_LINE - len(ELLIPSIS)) // 2
+            raw = raw[:half] + ELLIPSIS + raw[-half:]
         line = raw.decode("utf-8", "replace").rstrip("\r")
         low = line.lower()
         hit = any(n in low for n in NEEDLES) and not any(q in line for q in NOT_FAILURES)
-        if self._capture is not None and self._capture_chars + len(line) + 1 > MAX_CAPTURE_CHARS:
-            now = time.monotonic()
-            if len(self._full_times) < MAX_FULL_PER_S or now - self._full_times[0] > 1.0:
-                self._full_times.append(now)
-                self._flush_capture()  # full: handed over; the next needle line opens the next one
-            else:
-                while self._capture and self._capture_chars + len(line) + 1 > MAX_CAPTURE_CHARS:
-                    self._capture_chars -= len(self._capture.pop(0)) + 1
-                    self.rolled_lines += 1
+        if self._capture is not None:
+            self._make_room(len(line) + 1)
         if self._capture is None:
             if hit:
                 self._capture = [*self._context(MAX_CAPTURE_CHARS // 2 - len(line)), line]
                 self._capture_chars = sum(len(x) + 1 for x in self._capture)
+                self._last_hit = len(self._capture) - 1
                 self._after = AFTER_LINES
                 self._opened()
             self._before.append(line)
             return
         self._capture.append(line)
         self._capture_chars += len(line) + 1
+        if hit:
+            self._last_hit = len(self._capture) - 1
         self._before.append(line)
         if hit:
             self._after = AFTER_LINES
@@ -203,6 +208,49 @@ class StderrRelay:
             self._after -= 1
             if self._after <= 0:
                 self._flush_capture()
+
+    def _make_room(self, n: int) -> None:
+        """Before a line of ``n`` characters joins the open capture: hand over (or roll) what keeps it under
+        MAX_CAPTURE_CHARS, at a quiet point past SOFT_CAPTURE_CHARS, else short of the latest needle line's
+        neighbourhood."""
+        cap = self._capture
+        assert cap is not None
+        if self._capture_chars + n <= MAX_CAPTURE_CHARS:
+            if self._capture_chars > SOFT_CAPTURE_CHARS and len(cap) - 1 - self._last_hit >= WINDOW_BACK:
+                self._hand_over(len(cap), n)
+            return
+        self._hand_over(max(0, self._last_hit - WINDOW_BACK), n)
+
+    def _hand_over(self, split: int, n: int) -> None:
+        """Send the open capture's lines before ``split`` (or, over MAX_FULL_PER_S, roll them, keeping the
+        ones that report a failure); the rest stay open, trimmed from the front to leave ``n`` characters."""
+        cap = self._capture
+        assert cap is not None
+        head, tail = cap[:split], cap[split:]
+        now = time.monotonic()
+        if len(self._full_times) < MAX_FULL_PER_S or now - self._full_times[0] > 1.0:
+            if head:
+                self._full_times.append(now)
+                self._send("\n".join(head))
+        else:
+            pinned: list[str] = []
+            room = PINNED_CHARS
+            for x in reversed(head):
+                if len(x) < room and any(w in x.lower() for w in FAILURE_WORDS):
+                    pinned.append(x)
+                    room -= len(x) + 1
+            pinned.reverse()
+            self.rolled_lines += len(head) - len(pinned)
+            tail = pinned + tail
+            self._last_hit += len(pinned)
+        self._last_hit -= split
+        chars = sum(len(x) + 1 for x in tail)
+        while tail and chars + n > MAX_CAPTURE_CHARS:
+            chars -= len(tail.pop(0)) + 1
+            self._last_hit -= 1
+            self.rolled_lines += 1
+        self._capture, self._capture_chars = tail, chars
+        self._last_hit = max(self._last_hit, -1)
 
     def _context(self, budget: int) -> list[str]:
         """The latest lines before this one, as many as fit in ``budget`` characters."""
@@ -228,6 +276,10 @@ class StderrRelay:
             return
         text = "\n".join(self._capture)
         self._capture = None
+        if text:
+            self._send(text)
+
+    def _send(self, text: str) -> None:
         self.captures += 1
         with self._lock:
             fn = self.on_text

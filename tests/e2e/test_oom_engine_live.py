@@ -789,3 +789,45 @@ def test_relay_reads_the_end_of_a_line_longer_than_its_limit() -> None:
             "os.write(2, rec.encode() + b'\\n')\n")
     relay, texts = _relay_run(code)
     assert relay.captures == 1 and "cudaMalloc failed: out of memory" in texts[0]
+
+
+def _fed(chunks: list[bytes]) -> tuple[stderr_relay.StderrRelay, list[str]]:
+    """A relay fed directly (its reading thread's own steps), then closed: the texts it handed over."""
+    relay = stderr_relay.StderrRelay(out_fd=os.open(os.devnull, os.O_WRONLY))
+    texts: list[str] = []
+    relay.set_consumer(texts.append)
+    for c in chunks:
+        relay._scan(c)
+    relay._flush_capture()
+    return relay, texts
+
+
+_TRT_WARN = ("[TensorRT-LLM][WARNING] kv cache block reuse: %05d blocks evicted from the KV cache to make room for "
+             "new requests\n")
+_TRT_ERR = ("RuntimeError: Executor creation failed due to insufficient GPU memory.\n\nThe following component could "
+            "not be created: Model\nTotal GPU memory (GiB): 79.11\nFree GPU memory before component creation attempt "
+            "(GiB): 78.52\n\nPreviously created components and free GPU memory before/after creation (GiB):\n")
+
+
+def test_relay_keeps_a_multi_line_error_in_one_capture_when_it_fills_one() -> None:
+    """A needle stream fills a capture just as a multi-line error comes: the capture is handed over short of the
+    error's lines, which start the next one, so the error is read whole, once."""
+    lines = [(_TRT_WARN % i).encode() for i in range(
+        (stderr_relay.MAX_CAPTURE_CHARS - 200) // len(_TRT_WARN % 0))]
+    relay, texts = _fed([*lines, _TRT_ERR.encode()])
+    found = [(f.rule, f.cls) for t in texts for f in serving.analyse(t)]
+    assert found == [("tensorrt-llm.executor.insufficient-memory/model-exceeds-device", "capacity")], found
+    assert all(len(t) <= stderr_relay.MAX_CAPTURE_CHARS for t in texts)
+
+
+def test_relay_rolling_past_its_rate_keeps_the_line_that_reports_the_failure() -> None:
+    """Past MAX_FULL_PER_S full captures a second the relay rolls instead of handing over; a line that reports
+    a failure is kept while the notices around it go, so the error is still read at the stream's end."""
+    warn = (b"WARNING 05-01 scheduler.py:1560] Sequence group %d is preempted by PreemptionMode.RECOMPUTE mode "
+            b"because there is not enough KV cache space.\n")
+    before = [warn % i for i in range(2000)]
+    after = [warn % i for i in range(2000, 2200)]
+    relay, texts = _fed([*before, (_GGML_OOM + "\n").encode(), *after])
+    assert relay.rolled_lines > 0
+    assert any("cudaMalloc failed: out of memory" in t for t in texts)
+    assert [f.rule for t in texts for f in serving.analyse(t)] == ["llama.cpp.cuda-buffer"]
