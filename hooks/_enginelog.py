@@ -48,6 +48,16 @@ MAX_REFUSED = 4096
 _sent = {"warning": 0, "error": 0}  # texts sent, per budget
 dropped = _client.TEXT_DROPS  # texts with a needle not sent: over their budget (the client reports it with its drops)
 _lock = threading.Lock()
+# An engine's sizing lines come at INFO (vLLM's memory profiling, "# GPU blocks", SGLang's "Load weight end ...
+# avail mem="): the numbers its later error leaves out and the serving rules read as context. The latest few
+# from an engine's loggers are kept, formatted (they are rare: start-up, a profile run) and sent before a report.
+CONTEXT_LOGGERS = ("vllm", "sglang", "lmdeploy", "text_generation_server", "tensorrt_llm", "aphrodite")
+CONTEXT_NEEDLES = ("memory", "kv cache", "gpu blocks", "avail mem", "weights take", "weights took", "loading took",
+                   "gpu_memory_utilization", "mem_fraction")
+MAX_CONTEXT_LINES = 12
+MAX_CONTEXT_LINE = 1024
+_context: Any = None  # a deque of lines (collections is imported with logging; made at install)
+INFO_LEVEL = 20  # logging.INFO
 _digit_runs: List[Any] = []  # the compiled pattern, at the first warning worth sending (re is not loaded before)
 
 
@@ -94,6 +104,10 @@ def report_text(text: str, source: str, span: Optional[str] = None, warning: boo
             _sent[budget] += 1
         finally:
             lock.release()
+        ctx = _context
+        if source in ("log", "exception") and ctx:  # the engine's sizing lines, in order, before the error
+            before = "\n".join(list(ctx))[: MAX_TEXT // 2]
+            text = before + "\n" + text
         data: Dict[str, Any] = {
             "source": source, "text": text[:MAX_TEXT], "sp": span or _runtime.current_span.get() or
             _runtime.state().root_span_id or None, "args": knob_args(_proc.command_argv()),
@@ -166,6 +180,26 @@ def worth_formatting(record: Any) -> bool:
     return any(_may_hold(a) for i, a in enumerate(values) if i < MAX_SCANNED_ARGS)
 
 
+def keep_context(record: Any) -> None:
+    """(An INFO record of an engine's logger) keep it when its format string names the engine's sizing."""
+    msg = record.msg
+    if not isinstance(msg, str):
+        return
+    low = msg.lower()
+    for n in CONTEXT_NEEDLES:  # a plain loop, as in interesting()
+        if n in low:
+            break
+    else:
+        return
+    try:
+        text = record.getMessage()
+    except Exception:
+        return
+    ctx = _context
+    if ctx is not None:
+        ctx.append(text[:MAX_CONTEXT_LINE])
+
+
 def _record_text(record: Any) -> str:
     try:
         text = record.getMessage()
@@ -188,13 +222,24 @@ def install_logging(logging: Any) -> None:
     if getattr(orig, "_infersight", False):
         return
     warning = int(logging.WARNING)
+    global _context
+    if _context is None:
+        import collections
+
+        _context = collections.deque(maxlen=MAX_CONTEXT_LINES)
 
     def callHandlers(self: Any, record: Any) -> None:  # noqa: N802 - the stdlib's name
         level = record.levelno
-        if level >= warning and _runtime.active():
+        if level >= warning:
+            if _runtime.active():
+                try:
+                    if worth_formatting(record):  # report_text checks the needles in the formatted text
+                        report_text(_record_text(record), "log", warning=level < ERROR_LEVEL)
+                except Exception:
+                    pass
+        elif level >= INFO_LEVEL and record.name.startswith(CONTEXT_LOGGERS) and _runtime.active():
             try:
-                if worth_formatting(record):  # report_text checks the needles in the formatted text
-                    report_text(_record_text(record), "log", warning=level < ERROR_LEVEL)
+                keep_context(record)
             except Exception:
                 pass
         orig(self, record)
@@ -252,5 +297,7 @@ def after_fork_child() -> None:
     _lock = threading.Lock()
     _seen.clear()
     _refused.clear()
+    if _context is not None:
+        _context.clear()
     _sent["warning"] = _sent["error"] = 0
     dropped[0] = 0

@@ -833,3 +833,36 @@ def test_relay_rolling_past_its_rate_keeps_the_line_that_reports_the_failure() -
     assert relay.rolled_lines > 0
     assert any("cudaMalloc failed: out of memory" in t for t in texts)
     assert [f.rule for t in texts for f in serving.analyse(t)] == ["llama.cpp.cuda-buffer"]
+
+
+def test_an_engines_sizing_lines_at_info_go_with_its_error(monkeypatch: Any) -> None:
+    """vLLM logs its memory profiling at INFO and then raises 'No available memory for the cache blocks': the
+    error alone leaves the fraction and the sizes out. The hook keeps the engine loggers' sizing lines and sends
+    them before the error, so the live verdict reads what `infersight classify` reads in the whole log."""
+    sent = _fresh_budgets(monkeypatch)
+    if _enginelog._context is not None:
+        _enginelog._context.clear()
+    saved = logging.Logger.callHandlers
+    try:
+        _enginelog.install_logging(logging)
+        log = logging.getLogger("vllm.worker.worker")
+        log.propagate = False
+        log.handlers[:] = [logging.NullHandler()]
+        log.setLevel(logging.INFO)
+        log.info("Received request %s", "cmpl-1")  # no sizing words: not kept
+        log.info("the current vLLM instance can use total_gpu_memory (%.2fGiB) x gpu_memory_utilization (%.2f) = "
+                 "%.2fGiB", 8.0, 0.7, 5.6)
+        log.info("model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch activation peak memory takes "
+                 "1.42GiB; the rest of the memory reserved for KV Cache is -1.05GiB.")
+        logging.getLogger("myapp").info("cache memory stats: fine")  # not an engine's logger: not kept
+        log.error("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                  "when initializing the engine.")
+    finally:
+        logging.Logger.callHandlers = saved
+    (kind_, data), = sent
+    assert "gpu_memory_utilization (0.70)" in data["text"] and "Received request" not in data["text"]
+    assert "cache memory stats" not in data["text"]
+    (f,) = serving.analyse(data["text"])
+    assert (f.rule, f.cls) == ("vllm.kv.no-cache-blocks/fraction", "reservation_conflict"), (f.rule, f.cls)
+    (alone,) = serving.analyse(data["text"].splitlines()[-1])
+    assert alone.rule == "vllm.kv.no-cache-blocks"  # what the error alone gives: no numbers
