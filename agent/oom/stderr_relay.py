@@ -44,12 +44,11 @@ AFTER_LINES = 12  # lines kept after the last needle line
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
 MAX_LINE = 16384  # a longer line keeps its head and its tail (an error ends a JSON record or a traceback line)
 ELLIPSIS = b" [...] "
-# A capture never grows past what the agent reads of a text. Past SOFT_CAPTURE_CHARS it is handed over at a
-# quiet point (WINDOW_BACK lines after its last needle line); at MAX_CAPTURE_CHARS it is handed over up to
-# WINDOW_BACK lines before its last needle line, and those lines start the next capture: a multi-line error
-# stays in one piece.
+# A capture never grows past what the agent reads of a text: before a line would take it past MAX_CAPTURE_CHARS,
+# its lines up to WINDOW_BACK lines before its latest needle line are handed over (more when the rest still would
+# not leave room), and the rest start the next capture: a multi-line error stays in one piece, and no line is
+# let go unsent (but past the rate below).
 MAX_CAPTURE_CHARS = 16384
-SOFT_CAPTURE_CHARS = 14336
 WINDOW_BACK = 16
 # At most this many full captures are handed over per second (the agent spends ~10 ms of its loop on each): past
 # that, the part that would have gone rolls instead: its lines that report a failure are kept (up to
@@ -210,47 +209,42 @@ class StderrRelay:
                 self._flush_capture()
 
     def _make_room(self, n: int) -> None:
-        """Before a line of ``n`` characters joins the open capture: hand over (or roll) what keeps it under
-        MAX_CAPTURE_CHARS, at a quiet point past SOFT_CAPTURE_CHARS, else short of the latest needle line's
-        neighbourhood."""
+        """Before a line of ``n`` characters joins the open capture: when it would take the capture past
+        MAX_CAPTURE_CHARS, hand over its lines up to WINDOW_BACK before the latest needle line, or as many
+        more as leave room (all of them, for a line that needs the whole of it)."""
         cap = self._capture
         assert cap is not None
         if self._capture_chars + n <= MAX_CAPTURE_CHARS:
-            if self._capture_chars > SOFT_CAPTURE_CHARS and len(cap) - 1 - self._last_hit >= WINDOW_BACK:
-                self._hand_over(len(cap), n)
             return
-        self._hand_over(max(0, self._last_hit - WINDOW_BACK), n)
+        split, chars = 0, self._capture_chars
+        while split < len(cap) and chars + n > MAX_CAPTURE_CHARS:  # the fewest first lines that leave room
+            chars -= len(cap[split]) + 1
+            split += 1
+        self._hand_over(max(split, min(self._last_hit - WINDOW_BACK, len(cap))), n)
 
     def _hand_over(self, split: int, n: int) -> None:
-        """Send the open capture's lines before ``split`` (or, over MAX_FULL_PER_S, roll them, keeping the
-        ones that report a failure); the rest stay open, trimmed from the front to leave ``n`` characters."""
+        """Send the open capture's lines before ``split`` (over MAX_FULL_PER_S a second, roll them instead,
+        keeping those that report a failure while they leave room for a line of ``n``); the rest stay open."""
         cap = self._capture
         assert cap is not None
         head, tail = cap[:split], cap[split:]
         now = time.monotonic()
+        kept: list[str] = []
         if len(self._full_times) < MAX_FULL_PER_S or now - self._full_times[0] > 1.0:
             if head:
                 self._full_times.append(now)
                 self._send("\n".join(head))
         else:
-            pinned: list[str] = []
-            room = PINNED_CHARS
+            room = min(PINNED_CHARS, MAX_CAPTURE_CHARS - n - sum(len(x) + 1 for x in tail))
             for x in reversed(head):
-                if len(x) < room and any(w in x.lower() for w in FAILURE_WORDS):
-                    pinned.append(x)
+                if len(x) + 1 <= room and any(w in x.lower() for w in FAILURE_WORDS):
+                    kept.append(x)
                     room -= len(x) + 1
-            pinned.reverse()
-            self.rolled_lines += len(head) - len(pinned)
-            tail = pinned + tail
-            self._last_hit += len(pinned)
-        self._last_hit -= split
-        chars = sum(len(x) + 1 for x in tail)
-        while tail and chars + n > MAX_CAPTURE_CHARS:
-            chars -= len(tail.pop(0)) + 1
-            self._last_hit -= 1
-            self.rolled_lines += 1
-        self._capture, self._capture_chars = tail, chars
-        self._last_hit = max(self._last_hit, -1)
+            kept.reverse()
+            self.rolled_lines += len(head) - len(kept)
+        self._capture = kept + tail
+        self._capture_chars = sum(len(x) + 1 for x in self._capture)
+        self._last_hit = max(self._last_hit - split + len(kept), -1)
 
     def _context(self, budget: int) -> list[str]:
         """The latest lines before this one, as many as fit in ``budget`` characters."""

@@ -866,3 +866,14 @@ def test_an_engines_sizing_lines_at_info_go_with_its_error(monkeypatch: Any) -> 
     assert (f.rule, f.cls) == ("vllm.kv.no-cache-blocks/fraction", "reservation_conflict"), (f.rule, f.cls)
     (alone,) = serving.analyse(data["text"].splitlines()[-1])
     assert alone.rule == "vllm.kv.no-cache-blocks"  # what the error alone gives: no numbers
+
+
+def test_relay_never_lets_an_error_line_go_unsent_to_make_room() -> None:
+    """An error line, then lines that fill the capture at once (one near 16 KiB, or a dozen of 2 KiB): the
+    capture is handed over before them, never trimmed, so the error reaches the agent."""
+    big = b'{"ctx": "' + b"x" * 16000 + b'"}\n'
+    mid = [b"progress " + b"y" * 2000 + b"\n"] * 12
+    for tail in ([big], mid):
+        relay, texts = _fed([(_GGML_OOM + "\n").encode(), *tail])
+        assert any("cudaMalloc failed: out of memory" in t for t in texts), [len(t) for t in texts]
+        assert all(len(t) <= stderr_relay.MAX_CAPTURE_CHARS for t in texts)
