@@ -50,12 +50,19 @@ dropped = _client.TEXT_DROPS  # texts with a needle not sent: over their budget 
 _lock = threading.Lock()
 # An engine's sizing lines come at INFO (vLLM's memory profiling, "# GPU blocks", SGLang's "Load weight end ...
 # avail mem="): the numbers its later error leaves out and the serving rules read as context. The latest few
-# from an engine's loggers are kept, formatted (they are rare: start-up, a profile run) and sent before a report.
+# from an engine's loggers (the package's own name or a child of it) are kept, formatted (they are rare:
+# start-up, a profile run, a graph capture's start and end) and sent with a report as ``ctx``: the agent reads
+# them for numbers, never as an error of their own.
 CONTEXT_LOGGERS = ("vllm", "sglang", "lmdeploy", "text_generation_server", "tensorrt_llm", "aphrodite")
-CONTEXT_NEEDLES = ("memory", "kv cache", "gpu blocks", "avail mem", "weights take", "weights took", "loading took",
-                   "gpu_memory_utilization", "mem_fraction")
+_CONTEXT_CHILDREN = tuple(n + "." for n in CONTEXT_LOGGERS)
+CONTEXT_NEEDLES = (  # words of the sizing messages, not of the periodic stats ("GPU KV cache usage: 3.1%")
+    "gpu_memory_utilization", "weights take", "weights took", "loading took", "reserved for kv cache",
+    "gpu blocks", "available kv cache memory", "gpu kv cache size", "memory profiling", "maximum concurrency",
+    "avail mem=", "kv cache is allocated", "mem_fraction", "graph capturing finished", "capture cuda graph",
+    "capturing cudagraphs", "capturing cuda graph")
 MAX_CONTEXT_LINES = 12
 MAX_CONTEXT_LINE = 1024
+MAX_CONTEXT_CHARS = 8192
 _context: Any = None  # a deque of lines (collections is imported with logging; made at install)
 INFO_LEVEL = 20  # logging.INFO
 _digit_runs: List[Any] = []  # the compiled pattern, at the first warning worth sending (re is not loaded before)
@@ -104,14 +111,13 @@ def report_text(text: str, source: str, span: Optional[str] = None, warning: boo
             _sent[budget] += 1
         finally:
             lock.release()
-        ctx = _context
-        if source in ("log", "exception") and ctx:  # the engine's sizing lines, in order, before the error
-            before = "\n".join(list(ctx))[: MAX_TEXT // 2]
-            text = before + "\n" + text
         data: Dict[str, Any] = {
             "source": source, "text": text[:MAX_TEXT], "sp": span or _runtime.current_span.get() or
             _runtime.state().root_span_id or None, "args": knob_args(_proc.command_argv()),
         }
+        ctx = _context
+        if ctx:  # the engine's sizing lines, in the order it logged them (the newest kept)
+            data["ctx"] = "\n".join(list(ctx))[-MAX_CONTEXT_CHARS:]
         _runtime.emit_urgent("oom", data)
         return True
     except Exception:
@@ -180,6 +186,11 @@ def worth_formatting(record: Any) -> bool:
     return any(_may_hold(a) for i, a in enumerate(values) if i < MAX_SCANNED_ARGS)
 
 
+def _engine_logger(name: str) -> bool:
+    """An engine's own logger: its package's name, or a child of it (not 'vllm_bench_client')."""
+    return name.startswith(_CONTEXT_CHILDREN) or name in CONTEXT_LOGGERS
+
+
 def keep_context(record: Any) -> None:
     """(An INFO record of an engine's logger) keep it when its format string names the engine's sizing."""
     msg = record.msg
@@ -237,7 +248,7 @@ def install_logging(logging: Any) -> None:
                         report_text(_record_text(record), "log", warning=level < ERROR_LEVEL)
                 except Exception:
                     pass
-        elif level >= INFO_LEVEL and record.name.startswith(CONTEXT_LOGGERS) and _runtime.active():
+        elif level >= INFO_LEVEL and _engine_logger(record.name) and _runtime.active():
             try:
                 keep_context(record)
             except Exception:

@@ -50,7 +50,7 @@ def waiting() -> bool:
     f = _profile[0]
     if f is None:
         return False
-    if sys.getprofile() is f or _paused[0]:
+    if sys.getprofile() is f or (_paused[0] and threading.get_ident() == _main[0]):
         return True
     if threading.get_ident() == _main[0]:
         abandon()  # displaced on its own thread

@@ -60,6 +60,7 @@ MAX_TEXTS_PER_UID = 64  # of the 4 * MAX_RECENT messages remembered for deduplic
 # floods the agent with messages it cannot tell apart costs that producer the rest, counted (``over_budget``).
 MAX_NEW_PER_PRODUCER = 16
 MAX_TEXT = 16384
+MAX_CONTEXT = 8192  # an oom event's ``ctx``: the engine's sizing lines the hooks kept
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
 SEVERITY_ERROR = 17
 
@@ -284,7 +285,14 @@ class OomHandlers:
         if text:
             from infersight.rules.serving import analyse
 
-            found = analyse(text, self.classifier.serving)
+            # The engine's sizing lines (logged at INFO before the error): read for their numbers, as the lines
+            # before an error in a log are, never as an error of their own (only what reaches into ``text``).
+            ctx = _opt_str(d, "ctx", MAX_CONTEXT)
+            if ctx:
+                skip = ctx.count("\n") + 1
+                found = [f for f in analyse(ctx + "\n" + text, self.classifier.serving) if f.last_line >= skip]
+            else:
+                found = analyse(text, self.classifier.serving)
             first = found[0] if found else None
             if first is None:
                 if source != "observer":

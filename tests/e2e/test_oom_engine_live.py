@@ -860,12 +860,57 @@ def test_an_engines_sizing_lines_at_info_go_with_its_error(monkeypatch: Any) -> 
     finally:
         logging.Logger.callHandlers = saved
     (kind_, data), = sent
-    assert "gpu_memory_utilization (0.70)" in data["text"] and "Received request" not in data["text"]
-    assert "cache memory stats" not in data["text"]
-    (f,) = serving.analyse(data["text"])
+    ctx = data["ctx"]
+    assert "gpu_memory_utilization (0.70)" in ctx and "Received request" not in ctx
+    assert "cache memory stats" not in ctx and "No available memory" in data["text"]
+    (f,) = serving.analyse(ctx + "\n" + data["text"])  # as the agent reads it
     assert (f.rule, f.cls) == ("vllm.kv.no-cache-blocks/fraction", "reservation_conflict"), (f.rule, f.cls)
-    (alone,) = serving.analyse(data["text"].splitlines()[-1])
+    (alone,) = serving.analyse(data["text"])
     assert alone.rule == "vllm.kv.no-cache-blocks"  # what the error alone gives: no numbers
+
+
+def test_kept_sizing_lines_are_read_for_numbers_never_as_an_error(tmp_path: Path) -> None:
+    """A real agent: a worker's profiling lines said its KV share was negative (kept as context), and a later,
+    unrelated PyTorch OOM is logged: the agent classifies the OOM, not the stale context; the periodic stats
+    line ('GPU KV cache usage') is not kept; a logger that only starts like an engine's is not read."""
+    import asyncio
+
+    code = """
+import logging, sys
+logging.basicConfig(level=logging.INFO)
+log = logging.getLogger("vllm.worker.worker")
+log.info("the current vLLM instance can use total_gpu_memory (8.00GiB) x gpu_memory_utilization (0.70) = 5.60GiB")
+log.info("model weights take 5.20GiB; non_torch_memory takes 0.03GiB; PyTorch activation peak memory takes "
+         "1.42GiB; the rest of the memory reserved for KV Cache is -1.05GiB.")
+for i in range(20):
+    logging.getLogger("vllm.engine.metrics").info("Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 3.1%%")
+logging.getLogger("vllm_bench_client").info("model weights take 99GiB")
+log.error(sys.argv[1])
+"""
+    oom_text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.70 GiB. GPU 0 has a total capacity of "
+                "7.79 GiB of which 0 bytes is free. Including non-PyTorch memory, this process has 7.79 GiB memory in "
+                "use. Of the allocated memory 2.93 GiB is allocated by PyTorch, and 2.30 GiB is reserved by PyTorch "
+                "but unallocated.")
+
+    async def run() -> list[dict[str, Any]]:
+        out = tmp_path / "out.otlp.jsonl"
+        sock, spool = tmp_path / "a.sock", tmp_path / "spool"
+        conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
+                                             "exporters.file.path": str(out), "rules.dirs": [],
+                                             "agent.health_interval_s": 3600.0})
+        agent = Agent(conf, build_exporters(conf, env={}), [OomExtension(conf)], embedded=True)
+        await agent.start()
+        try:
+            rc, err = await _child(code, oom_text, sock, spool)
+            assert rc == 0, err
+            await agent.ingest.wait_connections_closed(10)
+        finally:
+            await agent.shutdown(10)
+        return [r for r in log_records(read_otlp_lines(out)) if r.get("eventName") == "oom"]
+
+    (rec,) = asyncio.run(run())
+    assert attr(rec, "infersight.oom.class") == "fragmentation"  # the OOM's own numbers: 2.30 GiB cached
+    assert attr(rec, "infersight.oom.engine") == "vllm"
 
 
 def test_relay_never_lets_an_error_line_go_unsent_to_make_room() -> None:

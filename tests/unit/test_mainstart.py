@@ -208,3 +208,18 @@ def test_a_paused_watch_still_waits_and_comes_back_unless_a_profiler_took_its_pl
     sys.setprofile(None)
     exec(compile("x = 1\n", "<program>", "exec"), {"__name__": "__main__"})
     assert seen == []
+
+
+def test_a_paused_watch_waits_only_on_its_own_thread(no_profile) -> None:
+    """A thread the environment's sitecustomize starts (an APM agent's) times its imports while the watch is
+    paused: only the main thread is before its program's first line."""
+    assert _mainstart.watch(note([]))
+    assert _mainstart.pause()
+    try:
+        got: list[bool] = []
+        t = threading.Thread(target=lambda: got.append(_mainstart.waiting()))
+        t.start()
+        t.join()
+        assert got == [False] and _mainstart.waiting()
+    finally:
+        _mainstart.resume()
