@@ -129,12 +129,13 @@ async def test_a_flood_of_warnings_neither_hides_a_memory_error_nor_goes_uncount
         rc, err = await _child(CHILD_FLOODS, _given("srv-025"), sock, spool)
         assert rc == 0, err
         await agent.ingest.wait_connections_closed(10)
-        dropped = agent.health()["dropped_by_producers"]
+        health = agent.health()
     finally:
         await agent.shutdown(10)
     recs = [r for r in log_records(read_otlp_lines(out)) if r.get("eventName") == "oom"]
     assert [attr(r, "infersight.oom.rule") for r in recs] == ["vllm.startup.free-below-utilization"]
-    assert dropped == 70 + 1 - _enginelog.MAX_REPORTS, dropped
+    assert health["dropped_by_producers"] == 70 + 1 - _enginelog.MAX_REPORTS, health
+    assert health["oom"]["classified"] == 1 and health["oom"]["over_budget"] == 0, health["oom"]
 
 
 def test_hook_needles_match_the_rules() -> None:
