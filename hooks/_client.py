@@ -60,6 +60,7 @@ _say = _env.say  # the hooks' one stderr line (``_runtime`` says its own through
 # reported with the events' drops.
 TEXT_DROPS = [0]
 
+
 class Client:
     """One per process (re-created in a forked child)."""
 

@@ -5,14 +5,15 @@ errors ("No available memory for the cache blocks", "Not enough memory. Please t
 increase --mem-fraction-static", a wrapped PyTorch OOM...) through ``logging`` or as an
 exception; the agent classifies them with ``rules/serving.toml`` like a PyTorch OOM.
 
-The cost stays off the hot path: ``logging.Logger.callHandlers`` is wrapped once, and for a
-record below WARNING the wrapper is one integer compare. A WARNING+ record is checked against
-a few lower-case needles, fixed strings that every anchor of the serving rules holds
-(``NEEDLES``; a test keeps them in step with ``infersight.rules.serving.NEEDLES``): its message
-and arguments first, and it is formatted (``getMessage``) only when one may hold a needle
-(``_may_hold``); an array argument is never made a string (a CUDA tensor's would synchronise
-the device). Only a text that holds one is sent, at most
-once per distinct text; the agent decides whether it is a memory error. Warnings and errors
+The cost stays off the hot path: ``logging.Logger.callHandlers`` is wrapped once; for a record
+below INFO the wrapper is one integer compare, for an INFO record two and a logger-name check
+(an engine's sizing lines are kept: ``keep_context``). A WARNING+ record is checked against a
+few lower-case needles, fixed strings that every anchor of the serving rules holds (``NEEDLES``;
+a test keeps them in step with ``infersight.rules.serving.NEEDLES``): its message and arguments
+first, and it is formatted (``getMessage``) only when one may hold a needle (``_may_hold``); an
+array argument is never made a string (a CUDA tensor's would synchronise the device). Only a
+text that holds one is sent, at most once per distinct text; the agent decides whether it is a
+memory error. Warnings and errors
 have a budget each (``MAX_REPORTS`` per process): a loop of warnings whose counters change
 (vLLM's preemption notice) is one text with its digits masked, and cannot use up the errors'
 budget. A text over budget is counted and the count goes to the agent with the hooks' other

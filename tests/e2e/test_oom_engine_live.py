@@ -20,13 +20,10 @@ from typing import Any
 
 import pytest
 from conftest import attr, log_records, read_otlp_lines, wait_for
+from test_oom_live import _embedded_agent
 from test_oom_live import _run_child as _child
 
-from infersight.agent.commands.compose import build_exporters
-from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.oom import stderr_relay
-from infersight.agent.oom.extension import OomExtension
 from infersight.hooks import _enginelog, _runtime
 from infersight.rules import serving
 
@@ -61,13 +58,7 @@ raise RuntimeError(json.loads(sys.argv[1]))
 
 
 async def test_logged_and_raised_engine_errors_are_classified_once(tmp_path: Path) -> None:
-    out = tmp_path / "out.otlp.jsonl"
-    sock, spool = tmp_path / "a.sock", tmp_path / "spool"
-    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
-                                         "exporters.file.path": str(out), "rules.dirs": [],
-                                         "agent.health_interval_s": 3600.0})
-    oom = OomExtension(conf)
-    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    agent, oom, out, sock, spool = _embedded_agent(tmp_path)
     await agent.start()
     vllm_msg = _given("srv-025")
     try:
@@ -117,13 +108,7 @@ log.error(sys.argv[1])  # a memory error at ERROR: its own budget
 async def test_a_flood_of_warnings_neither_hides_a_memory_error_nor_goes_uncounted(tmp_path: Path) -> None:
     """A real agent: a process logs hundreds of warnings that hold a needle, then a memory error. The
     error is classified; the warnings over the budget are counted, and the agent's status says so."""
-    out = tmp_path / "out.otlp.jsonl"
-    sock, spool = tmp_path / "a.sock", tmp_path / "spool"
-    conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
-                                         "exporters.file.path": str(out), "rules.dirs": [],
-                                         "agent.health_interval_s": 3600.0})
-    oom = OomExtension(conf)
-    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    agent, oom, out, sock, spool = _embedded_agent(tmp_path)
     await agent.start()
     try:
         rc, err = await _child(CHILD_FLOODS, _given("srv-025"), sock, spool)
@@ -823,9 +808,18 @@ def test_relay_keeps_a_multi_line_error_in_one_capture_when_it_fills_one() -> No
     assert all(len(t) <= stderr_relay.MAX_CAPTURE_CHARS for t in texts)
 
 
-def test_relay_rolling_past_its_rate_keeps_the_line_that_reports_the_failure() -> None:
+class _StoppedClock:
+    """FAKE ``time`` for the relay: every handover falls in the same second, whatever the host's speed."""
+
+    @staticmethod
+    def monotonic() -> float:
+        return 1000.0
+
+
+def test_relay_rolling_past_its_rate_keeps_the_line_that_reports_the_failure(monkeypatch: Any) -> None:
     """Past MAX_FULL_PER_S full captures a second the relay rolls instead of handing over; a line that reports
     a failure is kept while the notices around it go, so the error is still read at the stream's end."""
+    monkeypatch.setattr(stderr_relay, "time", _StoppedClock)
     warn = (b"WARNING 05-01 scheduler.py:1560] Sequence group %d is preempted by PreemptionMode.RECOMPUTE mode "
             b"because there is not enough KV cache space.\n")
     before = [warn % i for i in range(2000)]
@@ -894,12 +888,7 @@ log.error(sys.argv[1])
                 "but unallocated.")
 
     async def run() -> list[dict[str, Any]]:
-        out = tmp_path / "out.otlp.jsonl"
-        sock, spool = tmp_path / "a.sock", tmp_path / "spool"
-        conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
-                                             "exporters.file.path": str(out), "rules.dirs": [],
-                                             "agent.health_interval_s": 3600.0})
-        agent = Agent(conf, build_exporters(conf, env={}), [OomExtension(conf)], embedded=True)
+        agent, _oom, out, sock, spool = _embedded_agent(tmp_path)
         await agent.start()
         try:
             rc, err = await _child(code, oom_text, sock, spool)

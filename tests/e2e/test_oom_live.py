@@ -513,14 +513,20 @@ async def _run_child(code: str, arg: str, sock: Path, spool: Path) -> tuple[int,
     return proc.returncode or 0, err.decode()
 
 
-async def test_end_to_end_oom_in_warmup(tmp_path: Path) -> None:
+def _embedded_agent(tmp_path: Path) -> tuple[Agent, OomExtension, Path, Path, Path]:
+    """An embedded agent with the OOM extension writing OTLP JSON to a file under ``tmp_path`` (not started):
+    the agent, its extension, the file, its socket and its spool directory."""
     out = tmp_path / "out.otlp.jsonl"
     sock, spool = tmp_path / "a.sock", tmp_path / "spool"
     conf = cfg.load(None, env={}, flags={"agent.socket": str(sock), "agent.spool_dir": str(spool),
                                          "exporters.file.path": str(out), "rules.dirs": [],
                                          "agent.health_interval_s": 3600.0})
     oom = OomExtension(conf)
-    agent = Agent(conf, build_exporters(conf, env={}), [oom], embedded=True)
+    return Agent(conf, build_exporters(conf, env={}), [oom], embedded=True), oom, out, sock, spool
+
+
+async def test_end_to_end_oom_in_warmup(tmp_path: Path) -> None:
+    agent, oom, out, sock, spool = _embedded_agent(tmp_path)
     handlers = oom.handlers
     await agent.start()
     try:
