@@ -27,6 +27,9 @@ ACCEPT_BACKOFF_MIN_S = 0.05
 ACCEPT_BACKOFF_MAX_S = 2.0
 ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 STREAM_LIMIT = 1 << 21  # a StreamReader's buffer: two frames of the largest size
+# The listen backlog: producers that connect during an agent restart or a burst wait here instead of being
+# refused (systemd/infersight.socket's Backlog=512 says the same); the kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = max(512, socket.SOMAXCONN)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -87,12 +90,16 @@ class Listener:
                 os.unlink(path)  # a stale socket from a previous run
             old = os.umask(0o777 & ~mode & 0o777)
             try:
-                self.server = await asyncio.start_unix_server(self.handle, path=path, limit=STREAM_LIMIT)
+                self.server = await asyncio.start_unix_server(self.handle, path=path, limit=STREAM_LIMIT,
+                                                              backlog=LISTEN_BACKLOG)
             finally:
                 os.umask(old)
             os.chmod(path, mode)
         else:
-            self.server = await asyncio.start_unix_server(self.handle, sock=sock, limit=STREAM_LIMIT)
+            # asyncio listens again on the inherited socket: with its default backlog (100) that would
+            # shrink the socket unit's Backlog= for the socket's whole life
+            self.server = await asyncio.start_unix_server(self.handle, sock=sock, limit=STREAM_LIMIT,
+                                                          backlog=LISTEN_BACKLOG)
         self._own_accept_loop()
 
     def _own_accept_loop(self) -> None:
