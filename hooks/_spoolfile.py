@@ -44,6 +44,35 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+# POSIX ACLs in the kernel's extended-attribute form (linux/posix_acl_xattr.h: little-endian version 2, then
+# (tag, permissions, id) entries in tag order).
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_ACL_NO_ID = 0xFFFFFFFF
+
+
+def reader_acl(uid: int) -> bytes:
+    """An access ACL: the owner reads and writes, ``uid`` reads, nobody else has anything."""
+    entries = ((_ACL_USER_OBJ, 6, _ACL_NO_ID), (_ACL_USER, 4, uid), (_ACL_GROUP_OBJ, 0, _ACL_NO_ID),
+               (_ACL_MASK, 4, _ACL_NO_ID), (_ACL_OTHER, 0, _ACL_NO_ID))
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def let_directory_owner_read(fd: int, dir_uid: int) -> str:
+    """The shared spool directory belongs to the agent's user (tmpfiles.d makes it infersight's, 3770): our
+    file (0600, ours) must be readable by that user, or the agent cannot replay it once we have died; and by
+    that user alone, not by the other members of the directory's group (other tenants of the host). A POSIX
+    ACL says exactly that. Nothing to do when the directory is ours or root's (root reads anyway). Returns
+    why it could not be done ("" when done or not needed)."""
+    if dir_uid in (os.geteuid(), 0):
+        return ""
+    try:
+        os.setxattr(fd, _ACL_XATTR, reader_acl(dir_uid))
+    except (OSError, AttributeError) as exc:  # AttributeError: no os.setxattr (not Linux)
+        return getattr(exc, "strerror", None) or str(exc)
+    return ""
+
+
 def close_fds(handles: Handles) -> None:
     for d in handles[:2]:
         if d is not None:
@@ -82,6 +111,7 @@ class SpoolFile:
         self.retry_at = 0.0  # monotonic: no writes before this, after an error
         self.error = ""  # why the last write or open failed
         self.vanished_count = 0  # our file was removed by someone else (its frames were rescued)
+        self.acl_warned = False  # said once: the directory's owner (the agent) cannot be let read our file
 
     @property
     def path(self) -> str:
@@ -117,12 +147,19 @@ class SpoolFile:
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            mode = os.fstat(dfd).st_mode
+            dst = os.fstat(dfd)
+            mode = dst.st_mode
             if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
                 raise OSError("the directory is writable by everyone (mode %04o)" % stat.S_IMODE(mode))
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
                          0o600, dir_fd=dfd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live
+            unreadable = let_directory_owner_read(fd, dst.st_uid)
+            if unreadable and not self.acl_warned:
+                self.acl_warned = True
+                say("the spool file in %s cannot be made readable by its owner, uid %d (the agent): %s; if this "
+                    "process dies before the agent is back, what it spooled is not replayed"
+                    % (self.directory, dst.st_uid, unreadable))
             hello = _wire.hello_frame(self.producer, acked)
             write_all(fd, hello)
         except OSError as exc:

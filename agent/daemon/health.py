@@ -28,7 +28,8 @@ class Counters:
     refused_schema: int = 0
     duplicates: int = 0
     spool_files_replayed: int = 0
-    spool_files_refused: int = 0
+    spool_files_refused: int = 0  # spool files not replayed: not a regular file, or an owner not allowed (once each)
+    spool_files_unreadable: int = 0  # spool files the agent may not read (made before the hooks let it; once each)
     reloads: int = 0
     reload_failures: int = 0
     over_capacity: int = 0  # connections closed at the connection limit

@@ -25,6 +25,8 @@ from infersight.agent.daemon.receive import Receiver
 from infersight.agent.daemon.sanitize import decode_frame
 from infersight.hooks import _paths, _wire
 
+MAX_PASSED_OVER = 4096  # files remembered as counted already (the oldest forgotten first)
+
 
 def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
     """Unlink ``directory/name`` only if it is still the file we read (device, inode)."""
@@ -50,6 +52,7 @@ class SpoolReplay:
         self.receiver = receiver
         self.ended = ended
         self._replaying: set[str] = set()  # files published but not yet exported
+        self._passed_over: dict[tuple[int, int], str] = {}  # (device, inode) of files refused: counted once
 
     def replay(self, directory: str, prefix: str = "") -> int:
         """Replay the spool files whose producer has died (its lock is free); returns files done."""
@@ -72,21 +75,22 @@ class SpoolReplay:
         rx, counters = self.receiver, self.receiver.counters
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+        except PermissionError:
+            self._unreadable(directory, dfd, name)
+            return False
         except OSError:
             return False  # gone, or a symlink (ELOOP)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                counters.spool_files_refused += 1
-                rx.rlog.warn("spool", "not replaying %s: not a regular file with one link", path)
+                self._refuse(st, path, "not a regular file with one link")
                 return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return False  # its producer is alive and replays it itself
             if not rx.allowed(st.st_uid, st.st_gid):
-                counters.spool_files_refused += 1
-                rx.rlog.warn("spool", "not replaying %s: owner uid %d is not allowed", path, st.st_uid)
+                self._refuse(st, path, "owner uid %d is not allowed" % st.st_uid)
                 return False
             frames = self._read_frames(fd)
             producer: Producer | None = None
@@ -122,6 +126,39 @@ class SpoolReplay:
             return True
         finally:
             os.close(fd)
+
+    def _refuse(self, st: os.stat_result, path: str, why: str) -> None:
+        """Count and say a file passed over, once per file (every scan finds it again)."""
+        key = (st.st_dev, st.st_ino)
+        if key in self._passed_over:
+            return
+        self._remember(key, path)
+        self.receiver.counters.spool_files_refused += 1
+        self.receiver.rlog.warn("spool", "not replaying %s: %s", path, why)
+
+    def _unreadable(self, directory: str, dfd: int, name: str) -> None:
+        """A file the agent may not read: spooled by hooks older than the reader ACL (0600, its owner's
+        alone), or on a file system without ACLs. Its events stay on disk: say so once, with the fix."""
+        path = os.path.join(directory, name)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino)
+        if key in self._passed_over:
+            return
+        self._remember(key, path)
+        self.receiver.counters.spool_files_unreadable += 1
+        self.receiver.rlog.warn(
+            "spool-unreadable", "cannot replay %s (owner uid %d, mode %04o): this agent (uid %d) may not read it; "
+            "hooks of this version grant the spool directory's owner read access (a POSIX ACL): upgrade the "
+            "served process's infersight, and check that the file system supports ACLs", path, st.st_uid,
+            stat.S_IMODE(st.st_mode), os.geteuid())
+
+    def _remember(self, key: tuple[int, int], path: str) -> None:
+        if len(self._passed_over) >= MAX_PASSED_OVER:
+            self._passed_over.pop(next(iter(self._passed_over)))
+        self._passed_over[key] = path
 
     def _read_frames(self, fd: int) -> list[bytes]:
         data = b""

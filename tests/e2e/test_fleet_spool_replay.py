@@ -1,0 +1,117 @@
+"""Spool files of a served process that ran as another uid, replayed by the service's agent (its own uid).
+
+The fleet layout of ``systemd/tmpfiles.d/infersight.conf``: the spool directory is the agent's
+(``infersight``), 3770, and every model server's uid is in its group. A hooked process that found no agent
+spools there and exits; the agent, started later, must replay the file into its sink. Before, the hooks
+made the file 0600 (their uid's alone): the agent could not open it, said nothing and counted nothing, and
+the events stayed on disk for good. Now the hooks grant the directory's owner read access with a POSIX ACL,
+which no other member of the group gets (another tenant of the host must not read them), and a file the
+agent still cannot read (an older hook's) is counted once and named in its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import BOOTSTRAP, attr, log_records, read_otlp_lines, wait_for
+from fleet_env import base_env, make_dir, open_base, require_root, shared_python
+
+from infersight.agent.daemon.lifecycle import SPOOL_SCAN_S
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_CONFIG = REPO / "systemd" / "infersight.toml"
+AGENT_UID, SERVED_UID, OTHER_UID, GROUP_GID = 42911, 42912, 42913, 42910
+SPOOLED = "from infersight import hooks\nhooks.log('spooled-while-away', k=7)\n"
+READ_IT = ("import sys\ntry:\n    open(sys.argv[1], 'rb').read(1)\n    print('read')\n"
+           "except PermissionError:\n    print('denied')\n")
+
+
+def _layout(base: Path) -> tuple[Path, Path, Path]:
+    run = make_dir(base / "run" / "infersight", 0o750, AGENT_UID, GROUP_GID)
+    state = make_dir(base / "lib" / "infersight", 0o750, AGENT_UID, GROUP_GID)
+    spool = make_dir(state / "spool", 0o3770, AGENT_UID, GROUP_GID)
+    os.chmod(base / "run", 0o755)
+    os.chmod(base / "lib", 0o755)
+    return run / "agent.sock", state, spool
+
+
+def _agent(python: Path, sock: Path, state: Path, spool: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = base_env(INFERSIGHT_SOCKET=str(sock), INFERSIGHT_STATE_DIR=str(state), INFERSIGHT_SPOOL_DIR=str(spool))
+    return subprocess.Popen([str(python), "-m", "infersight", "agent", "--config", str(SHIPPED_CONFIG)], env=env,
+                            user=AGENT_UID, group=GROUP_GID, extra_groups=[], umask=0o027, cwd="/",
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+
+
+def _status(sock: Path) -> dict:  # type: ignore[type-arg]
+    r = subprocess.run([sys.executable, "-m", "infersight", "status", "--socket", str(sock), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        return json.loads(r.stdout)  # type: ignore[no-any-return]
+    except ValueError:
+        return {}
+
+
+def test_the_agent_replays_a_spool_file_of_another_uid(tmp_path: Path) -> None:
+    require_root()
+    with open_base("isf-spool-") as base:
+        sock, state, spool = _layout(base)
+        python = shared_python(base)
+        env = base_env(INFERSIGHT_SOCKET=str(sock), INFERSIGHT_SPOOL_DIR=str(spool), INFERSIGHT_EXIT_FLUSH_S="0.2",
+                       PYTHONPATH=str(BOOTSTRAP), HOME=str(make_dir(base / "home", 0o777)))
+        r = subprocess.run([str(python), "-c", SPOOLED], env=env, user=SERVED_UID, group=SERVED_UID,
+                           extra_groups=[GROUP_GID], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "infersight" not in r.stderr, r.stderr  # no agent yet: it spooled quietly
+        [f] = list(spool.glob("*.spool"))
+        assert f.stat().st_uid == SERVED_UID
+        # another tenant in the same group may not read it
+        other = subprocess.run([str(python), "-c", READ_IT, str(f)], user=OTHER_UID, group=OTHER_UID,
+                               extra_groups=[GROUP_GID], capture_output=True, text=True, timeout=60)
+        assert other.stdout.strip() == "denied", other.stdout + other.stderr
+
+        log = tmp_path / "agent.log"
+        agent = _agent(python, sock, state, spool, log)
+        try:
+            default = state / "infersight.otlp.jsonl"
+
+            def replayed() -> bool:
+                records = log_records(read_otlp_lines(default)) if default.exists() else []
+                return any(rec.get("body", {}).get("stringValue") == "spooled-while-away" and attr(rec, "k") == "7"
+                           for rec in records)
+
+            assert wait_for(replayed, 30), log.read_text()
+            assert wait_for(lambda: not f.exists(), 30), "a replayed file is removed once exported"
+            c = _status(sock)["counters"]
+            assert c["spool_files_replayed"] >= 1 and c["spool_files_unreadable"] == 0, c
+        finally:
+            agent.terminate()
+            assert agent.wait(30) == 0, log.read_text()
+
+
+def test_a_spool_file_the_agent_may_not_read_is_counted_once_and_named(tmp_path: Path) -> None:
+    """What hooks without the ACL left (0600, the served uid's alone): counted once, however many scans."""
+    require_root()
+    with open_base("isf-spool-") as base:
+        sock, state, spool = _layout(base)
+        python = shared_python(base)
+        legacy = spool / "p-legacy-0123456789abcdef.spool"
+        legacy.write_bytes(b"")
+        os.chown(legacy, SERVED_UID, GROUP_GID)
+        os.chmod(legacy, 0o600)
+        log = tmp_path / "agent.log"
+        agent = _agent(python, sock, state, spool, log)
+        try:
+            assert wait_for(lambda: _status(sock).get("counters", {}).get("spool_files_unreadable") == 1, 30), \
+                log.read_text()
+            time.sleep(SPOOL_SCAN_S + 1)  # the agent scans the spool again meanwhile: the file is not counted twice
+            assert _status(sock)["counters"]["spool_files_unreadable"] == 1
+            text = log.read_text()
+            assert "cannot replay %s (owner uid %d" % (legacy, SERVED_UID) in text, text
+            assert legacy.exists(), "a file the agent cannot read is left where it is"
+        finally:
+            agent.terminate()
+            assert agent.wait(30) == 0, log.read_text()
