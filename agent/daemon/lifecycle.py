@@ -96,15 +96,31 @@ def check_state_dir(path: str) -> list[str]:
         raise StateDirError("cannot use the state directory %s: %s" % (path, exc)) from None
 
 
+SHARED_SPOOL_MODE = 0o3770  # setgid (the group follows the directory's), sticky, no access for others
+
+
 def check_hooks_spool_dir(path: str) -> bool:
     """The hooks' spool directory is shared with the socket group: without the sticky bit a
     member could remove or rename another's spool file. One of the agent's own gets the bit
-    (logged); another's is reported (the hooks then rescue and count a removed file).
-    True when the directory is safe as it is now."""
+    (logged); another's is reported (the hooks then rescue and count a removed file). A missing
+    one whose parent exists is made, 3770 (a Kubernetes emptyDir is 2777, which the hooks refuse
+    to spool in: the pod's manifest names a subdirectory of it). True when the directory is safe
+    as it is now."""
     try:
         st = os.lstat(path)
+    except FileNotFoundError:
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            return True  # nothing to make it in: the hooks make a private one where they can
+        try:
+            os.mkdir(path, 0o700)
+            chmod_dir(path, SHARED_SPOOL_MODE, os.lstat(path))
+        except OSError as exc:
+            log.warning("cannot make the hooks' spool directory %s: %s (the hooks make a private one)", path, exc)
+            return True
+        log.info("made the hooks' spool directory %s (%04o)", path, SHARED_SPOOL_MODE)
+        return True
     except OSError:
-        return True  # not made yet: the hooks make a private (0700) one
+        return True
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISDIR(st.st_mode) or not mode & 0o022 or mode & stat.S_ISVTX:
         return True

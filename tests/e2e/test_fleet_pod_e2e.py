@@ -23,6 +23,7 @@ Before issue 21, ``launch`` always ran its own agent: the sidecar got nothing.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -94,71 +95,128 @@ class Container:
                               extra_groups=self.groups, capture_output=True, text=True, timeout=60)
 
 
-def test_model_server_cold_start_reaches_the_collector_through_the_sidecar(tmp_path: Path) -> None:
-    require_root()
-    cm, pod = manifest()
-    spec = pod["spec"]
-    pod_sc = spec["securityContext"]
-    fs_group = int(pod_sc["fsGroup"])
-    with open_base("isf-pod-") as base, OtlpReceiver(grpc_=False) as rx:
+def remap_config(text: str, container: Container) -> str:
+    """Each quoted absolute path of the ConfigMap's text, as ``container`` sees it (one pass: a path
+    already mapped under the scratch root is never mapped again by a shorter mount such as /tmp)."""
+    return re.sub(r'"(/[^"]*)"', lambda m: '"%s"' % container.path(m.group(1)), text)
+
+
+class Pod:
+    """The manifest's pod, played on this host: volumes, the ConfigMap, the two containers."""
+
+    def __init__(self, base: Path, rx: OtlpReceiver, logs: Path) -> None:
+        cm, pod = manifest()
+        spec = pod["spec"]
+        pod_sc = spec["securityContext"]
+        fs_group = int(pod_sc["fsGroup"])
         # Volumes, as kubelet makes them.
         make_dir(base / "volumes", 0o755)
-        volumes = {v["name"]: make_dir(base / "volumes" / v["name"], *((0o2777, 0, fs_group) if "emptyDir" in v
-                                                                       else (0o755,)))
-                   for v in spec["volumes"]}
+        self.volumes = {v["name"]: make_dir(base / "volumes" / v["name"],
+                                            *((0o2777, 0, fs_group) if "emptyDir" in v else (0o755,)))
+                        for v in spec["volumes"]}
         python = str(shared_python(base))
         programs = {"infersight": [python, "-m", "infersight"], "python": [python]}
-        sidecar_spec = next(c for c in spec["initContainers"] if c["name"] == "infersight")
-        model_spec = next(c for c in spec["containers"] if c["name"] == "model-server")
-        assert sidecar_spec["restartPolicy"] == "Always", "a native sidecar: it starts first"
-        sidecar = Container(sidecar_spec, pod_sc, volumes, programs, base / "sidecar-root-tmp")
-        model = Container(model_spec, pod_sc, volumes, programs, base / "model-root-tmp")
+        self.sidecar_spec = next(c for c in spec["initContainers"] if c["name"] == "infersight")
+        self.model_spec = next(c for c in spec["containers"] if c["name"] == "model-server")
+        assert self.sidecar_spec["restartPolicy"] == "Always", "a native sidecar: it starts first"
+        self.sidecar = Container(self.sidecar_spec, pod_sc, self.volumes, programs, base / "sidecar-root-tmp")
+        self.model = Container(self.model_spec, pod_sc, self.volumes, programs, base / "model-root-tmp")
 
         # The ConfigMap's files, paths as the sidecar sees them; the collector is our receiver.
         config_text = cm["data"]["infersight.toml"]
-        endpoint = tomllib.loads(config_text)["exporters"]["otlp"]["endpoint"]
-        config_text = config_text.replace(endpoint, rx.http_endpoint)
-        for mount in sorted(sidecar.mounts, key=len, reverse=True):
-            config_text = config_text.replace('"%s' % mount, '"%s' % sidecar.mounts[mount])
+        self.config = tomllib.loads(config_text)
+        config_text = config_text.replace(self.config["exporters"]["otlp"]["endpoint"], rx.http_endpoint)
+        config_text = remap_config(config_text, self.sidecar)
         cm_volume = next(v["name"] for v in spec["volumes"]
                          if v.get("configMap", {}).get("name") == cm["metadata"]["name"])
         for key in cm["data"]:
-            f = volumes[cm_volume] / key
+            f = self.volumes[cm_volume] / key
             f.write_text(config_text if key == "infersight.toml" else cm["data"][key])
             f.chmod(0o644)
+        self.sidecar_log, self.model_log = logs / "sidecar.log", logs / "model.log"
+        self.app = make_dir(base / "app", 0o755)  # the image's working directory
+        (self.app / "serve.py").write_text(SERVE)
+        self.rw = make_dir(base / "app-rw", 0o777)
 
-        sidecar_log, model_log = tmp_path / "sidecar.log", tmp_path / "model.log"
-        agent = sidecar.popen(entrypoint() + sidecar_spec["args"], cwd=Path("/"), log=sidecar_log)
+    def start_sidecar(self) -> subprocess.Popen[bytes]:
+        agent = self.sidecar.popen(entrypoint() + self.sidecar_spec["args"], cwd=Path("/"), log=self.sidecar_log)
+        probe = self.sidecar_spec["startupProbe"]["exec"]["command"]
+        assert wait_for(lambda: agent.poll() is not None or self.sidecar.run(probe, Path("/")).returncode == 0,
+                        30, 0.1), self.sidecar_log.read_text()
+        assert agent.poll() is None, "the sidecar exited: " + self.sidecar_log.read_text()
+        return agent
+
+    def start_model(self, portfile: Path) -> subprocess.Popen[bytes]:
+        command = [*self.model_spec["command"], str(portfile)]  # serve.py's argument: where it says its port
+        server = self.model.popen(command, cwd=self.app, log=self.model_log)
+        assert wait_for(portfile.exists, 60), self.model_log.read_text()
+        return server
+
+
+def _coldstart_root(rx: OtlpReceiver, pid: int) -> Any:
+    for res, _scope, span in rx.spans():
+        if span.name == "coldstart" and res.get("process.pid") == pid:
+            return span
+    return None
+
+
+def test_model_server_cold_start_reaches_the_collector_through_the_sidecar(tmp_path: Path) -> None:
+    require_root()
+    with open_base("isf-pod-") as base, OtlpReceiver(grpc_=False) as rx:
+        pod = Pod(base, rx, tmp_path)
+        agent = pod.start_sidecar()
         try:
-            probe = sidecar_spec["startupProbe"]["exec"]["command"]
-            assert wait_for(lambda: sidecar.run(probe, Path("/")).returncode == 0, 30, 0.1), sidecar_log.read_text()
-
-            app = make_dir(base / "app", 0o755)  # the image's working directory
-            (app / "serve.py").write_text(SERVE)
-            rw = make_dir(base / "app-rw", 0o777)
-            portfile = rw / "port"
-            command = [*model_spec["command"], str(portfile)]  # serve.py's argument: where it says its port
-            server = model.popen(command, cwd=app, log=model_log)
-            assert wait_for(portfile.exists, 60), model_log.read_text()
+            portfile = pod.rw / "port"
+            server = pod.start_model(portfile)
             port, pid = read_port_pid(portfile)
             with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=30) as resp:
                 assert resp.status == 200
-            assert server.wait(120) == 0, model_log.read_text()
-            out = model_log.read_text()
-            assert "reporting to the agent at %s" % model.path("/run/infersight/agent.sock") in out, out
+            assert server.wait(120) == 0, pod.model_log.read_text()
+            out = pod.model_log.read_text()
+            assert "reporting to the agent at %s" % pod.model.path("/run/infersight/agent.sock") in out, out
             assert "infersight cold start:" in out, out  # the waterfall, in the model server's log
-
-            def root() -> Any:
-                for res, _scope, span in rx.spans():
-                    if span.name == "coldstart" and res.get("process.pid") == pid:
-                        return span
-                return None
-
-            assert rx.wait_for(lambda: root() is not None, 30), sidecar_log.read_text()
+            assert rx.wait_for(lambda: _coldstart_root(rx, pid) is not None, 30), pod.sidecar_log.read_text()
             for probe_name in ("livenessProbe", "readinessProbe"):
-                r = sidecar.run(sidecar_spec[probe_name]["exec"]["command"], Path("/"))
+                r = pod.sidecar.run(pod.sidecar_spec[probe_name]["exec"]["command"], Path("/"))
                 assert r.returncode == 0, r.stdout + r.stderr
-            assert not list(app.glob("infersight-*.otlp.jsonl")), "joined: the data went to the sidecar"
+            assert not list(pod.app.glob("infersight-*.otlp.jsonl")), "joined: the data went to the sidecar"
+            # the agent's state and the hooks' spool are where the ConfigMap says, inside the pod's volumes
+            assert Path(pod.sidecar.path(pod.config["agent"]["state_dir"])).is_dir()
+            assert Path(pod.sidecar.path(pod.config["agent"]["spool_dir"])).is_dir()
         finally:
             agent.terminate()
-            assert agent.wait(30) == 0, sidecar_log.read_text()
+            assert agent.wait(30) == 0, pod.sidecar_log.read_text()
+
+
+def test_a_sidecar_restart_during_the_model_servers_life_loses_nothing(tmp_path: Path) -> None:
+    """The sidecar dies (OOM-killed, say) while the model server runs, and kubelet restarts it: the hooks
+    spool to the shared spool volume meanwhile and hand it over, so the request served while the agent was
+    away reaches the collector. Before, the hooks refused the volume (an emptyDir, 2777 without the
+    sticky bit) and dropped those events."""
+    require_root()
+    with open_base("isf-pod-") as base, OtlpReceiver(grpc_=False) as rx:
+        pod = Pod(base, rx, tmp_path)
+        agent = pod.start_sidecar()
+        try:
+            portfile = pod.rw / "port"
+            server = pod.start_model(portfile)
+            port, pid = read_port_pid(portfile)
+            agent.kill()  # SIGKILL, while the model server is listening: no goodbye
+            agent.wait(30)
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=30) as resp:
+                assert resp.status == 200  # served while no agent listens: its events are spooled
+            assert server.wait(120) == 0, pod.model_log.read_text()
+            out = pod.model_log.read_text()
+            assert "cannot spool" not in out and "lost" not in out, out
+            agent = pod.start_sidecar()  # kubelet's restart: it replays what the model server spooled
+
+            assert rx.wait_for(lambda: _coldstart_root(rx, pid) is not None, 30), (pod.model_log.read_text()
+                                                                                  + pod.sidecar_log.read_text())
+            stages = {span.name for res, _scope, span in rx.spans() if res.get("process.pid") == pid}
+            assert {"coldstart.runtime_init", "coldstart.ready_wait"} <= stages, stages
+            status = pod.sidecar.run(["infersight", "status", "--json"], Path("/"))
+            assert json.loads(status.stdout)["counters"]["spool_files_replayed"] >= 1, status.stdout
+            assert not list(Path(pod.sidecar.path(pod.config["agent"]["spool_dir"])).glob("*.spool"))
+        finally:
+            agent.terminate()
+            assert agent.wait(30) == 0, pod.sidecar_log.read_text()

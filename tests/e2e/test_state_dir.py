@@ -235,3 +235,19 @@ def test_modes_are_fixed_without_lchmod(base: Path, monkeypatch) -> None:  # typ
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o750
     assert check_hooks_spool_dir(str(spool)) is True
     assert stat.S_IMODE(os.stat(spool).st_mode) == 0o3770
+
+
+def test_a_missing_hooks_spool_dir_is_made_shared_and_sticky(base: Path) -> None:
+    """The pod's spool volume is an emptyDir (2777, no sticky bit), where the hooks refuse to spool: the
+    agent makes the configured subdirectory 3770 at start; nothing is made where the parent is missing."""
+    from infersight.agent.daemon.lifecycle import check_hooks_spool_dir
+
+    volume = base / "volume"
+    volume.mkdir()
+    os.chmod(volume, 0o2777)
+    spool = volume / "hooks"
+    assert check_hooks_spool_dir(str(spool)) is True
+    st = os.lstat(spool)
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o3770 and st.st_uid == os.geteuid()
+    assert check_hooks_spool_dir(str(base / "absent" / "hooks")) is True
+    assert not (base / "absent").exists()
