@@ -151,7 +151,12 @@ def test_service_records_a_hooked_process_to_the_default_file(tmp_path: Path) ->
             assert attr(root(), "faas.coldstart") is True
             h = json.loads(status(sock, "--json").stdout)
             assert h["healthy"] is True and h["events_in"] > 0 and h["counters"]["refused_peers"] == 0
-            assert oct(default.stat().st_mode & 0o777) == "0o640", "the unit's UMask=0027 applies"
+            assert oct(default.stat().st_mode & 0o777) == "0o600", "the unit's UMask=0077 applies"
+            # a member of the socket group (another tenant: the model server's uid) may not read it
+            peek = subprocess.run([str(python), "-c", "open(%r).read(1)" % str(default)], user=SERVED_UID,
+                                  group=SERVED_UID, extra_groups=[GROUP_GID], capture_output=True, text=True,
+                                  timeout=60)
+            assert peek.returncode != 0 and "PermissionError" in peek.stderr, peek.stderr
         finally:
             agent.terminate()
             assert agent.wait(30) == 0, log.read_text()
