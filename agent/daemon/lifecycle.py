@@ -164,6 +164,8 @@ class Agent:
         check_config: Callable[[Config], None] | None = None,
     ) -> None:
         self.config = config
+        self.started_values = dict(config.values)  # what runs until a restart (a reload swaps only live keys)
+        self.pending_restart: list[str] = []  # settings the file changed that apply at the next restart
         self.embedded = embedded
         self.listen_sock = listen_sock
         self.extensions = tuple(extensions)
@@ -348,7 +350,9 @@ class Agent:
 
     def warnings(self) -> list[str]:
         """What the operator should know that is not a failure (an agent with no sink)."""
-        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING])]
+        pending = (["changed in the config file, waiting for a restart: %s" % ", ".join(self.pending_restart)]
+                   if self.pending_restart else [])
+        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING]), *pending]
 
     def health(self, extensions: bool = True) -> dict[str, Any]:
         """The status reply; ``extensions=False`` leaves out the extensions' sections (what
@@ -572,17 +576,23 @@ class Agent:
             if apply is not None:
                 apply()
         self.last_reload_error = None
-        old, self.config = self.config, new
+        self.config = new
         self.ingest.allowed_uids = set(new["agent.allowed_uids"])
         self.ingest.allowed_gids = set(new["agent.allowed_gids"])
         self.ingest.frame_timeout_s = new["agent.frame_timeout_s"]
         logging.getLogger("infersight").setLevel(new["agent.log_level"])
         self.counters.reloads += 1
         log.info("configuration reloaded from %s", path or "environment")
-        later = sorted(k for k in set(old.values) | set(new.values)
-                       if k not in self.live_keys and old.values.get(k) != new.values.get(k))
+        # Against what runs (the values at start), not the last file read: a setting changed and changed
+        # back waits for nothing.
+        started = self.started_values
+        later = sorted(k for k in set(started) | set(new.values)
+                       if k not in self.live_keys and started.get(k) != new.values.get(k))
         if later:  # names only: values may be secrets
             log.warning("changed setting(s) that apply at the next restart: %s", ", ".join(later))
+        elif self.pending_restart:
+            log.info("the file's settings are again those running: nothing waits for a restart")
+        self.pending_restart = later
         return True
 
     def install_signal_handlers(self) -> None:

@@ -118,6 +118,27 @@ def test_exporter_sections_are_validated_and_restart_only_keys_named(agent_facto
     assert agent.stop() == 0
 
 
+def test_a_restart_only_key_changed_back_waits_for_nothing(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """What waits for a restart is measured against what runs, not against the last file read: a sink
+    enabled and then commented out again by the next reload leaves nothing pending (before, the second
+    reload named it once more), and while something waits, ``status`` says so among its warnings."""
+    agent, _, _ = setup(agent_factory, tmp_path)
+    agent.start()
+    good = agent.config.read_text()
+    agent.config.write_text(good + '[exporters.mqtt]\nurl = "mqtt://127.0.0.1:1"\n')
+    agent.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: agent.status()["counters"]["reloads"] == 1, 10)
+    waiting = [w for w in agent.status()["warnings"] if "waiting for a restart" in w]
+    assert waiting and "exporters.mqtt.url" in waiting[0], agent.status()["warnings"]
+    agent.config.write_text(good)
+    agent.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: agent.status()["counters"]["reloads"] == 2, 10)
+    assert wait_for(lambda: "nothing waits for a restart" in agent.log.read_text(), 5)
+    assert agent.log.read_text().count("apply at the next restart") == 1
+    assert not [w for w in agent.status()["warnings"] if "waiting for a restart" in w]
+    assert agent.stop() == 0
+
+
 def test_reload_keeps_command_line_flags(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """`--socket` beats the file at start and after SIGHUP: the agent keeps serving, and
     later removes, the socket it listens on, not the file's."""
