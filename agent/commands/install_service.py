@@ -76,6 +76,30 @@ def resolve_exec() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "infersight"]
 
 
+def hidden_by_protect_home(command: list[str]) -> list[tuple[str, str]]:
+    """What the service must run that ProtectHome=yes hides: the program, and the interpreter it runs
+    on as the kernel resolves it (a venv's ``python`` is a link to the Python it was made from, and a
+    console script's ``#!`` line names that link)."""
+    found: list[tuple[str, str]] = []
+    exe = command[0]
+    interpreters = [sys.executable] if len(command) > 1 else []
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(4096)
+        if first.startswith(b"#!"):
+            words = first[2:].decode("utf-8", "replace").split()
+            if words:
+                interpreters.append(words[0])
+    except OSError:
+        pass
+    for path, what in [(exe, "the program"), *((p, "its interpreter") for p in interpreters)]:
+        for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+            if candidate.startswith(_PROTECTED) and (candidate, what) not in found:
+                found.append((candidate, what))
+                break
+    return found
+
+
 def _quote(word: str) -> str:
     """One word of a systemd command line: specifiers and variables escaped, quoted if needed."""
     word = word.replace("%", "%%").replace("$", "$$")
@@ -147,7 +171,6 @@ def run(args: argparse.Namespace) -> int:
     root = Path(getattr(args, "prefix", None) or "/")
     dry = bool(getattr(args, "dry_run", False))
     command = resolve_exec()
-    exe = command[0]
     out = sys.stdout
     try:
         actions = plan(root, command)
@@ -155,10 +178,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"infersight install-service: cannot read unit files: {exc}", file=sys.stderr)
         return 1
     print(f"ExecStart={shlex.join(command)} agent --config {CONFIG_PATH}", file=out)
-    if exe.startswith(_PROTECTED):
+    for path, what in hidden_by_protect_home(command):
         print(
-            f"warning: {exe} is under a home directory, which ProtectHome=yes hides from the"
-            " service; install infersight under /usr, /usr/local or /opt instead",
+            f"warning: {what} {path} is under a home directory, which ProtectHome=yes hides from the"
+            " service (it would fail with 203/EXEC); install infersight under /usr, /usr/local or /opt,"
+            " in a venv made from a Python outside home directories (pyenv, conda and uv keep theirs"
+            " there)",
             file=sys.stderr,
         )
     prefix = "would " if dry else ""

@@ -129,6 +129,24 @@ def test_home_directory_warning(
     assert "ProtectHome=yes" in capsys.readouterr().err
 
 
+def test_home_directory_warning_for_the_interpreter_a_venv_links_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A venv under /opt made from pyenv's Python: its program is outside home directories, but its
+    ``python`` links into one, which ProtectHome=yes hides (203/EXEC). Before, nothing was said."""
+    venv_bin = tmp_path / "opt" / "infersight" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to("/home/ops/.pyenv/versions/3.12.7/bin/python3.12")
+    script = venv_bin / "infersight"
+    script.write_text("#!%s\nfrom infersight.agent.cli import main\nmain()\n" % (venv_bin / "python"))
+    script.chmod(0o755)
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: [str(script)])
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    err = capsys.readouterr().err
+    assert "its interpreter /home/ops/.pyenv/versions/3.12.7/bin/python3.12 is under a home directory" in err, err
+    assert "the program" not in err
+
+
 def test_unwritable_root_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "etc"
     blocker.write_text("a file where a directory must go")
