@@ -92,6 +92,34 @@ def check_writable(path: str) -> str | None:
     return None
 
 
+def fallback_output(name: str) -> tuple[str | None, list[str]]:
+    """Where the default output file goes when the working directory cannot hold it (a container's
+    read-only image directory): this user's state directory, else the temporary directory (made there
+    0600, exclusively, never through a link: others can write /tmp). (None, reasons) when neither can:
+    CMD then runs with the console waterfall alone: an unwritable default never keeps it from starting."""
+    reasons: list[str] = []
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    private = os.path.join(state, "infersight")
+    candidate = os.path.join(private, name)
+    why = check_writable(candidate)
+    if why is None:
+        return candidate, reasons
+    reasons.append("%s: %s" % (private, why))
+    temp = temp_root()
+    for attempt in range(3):
+        unique = name if attempt == 0 else name.replace(".otlp", "-%s.otlp" % os.urandom(3).hex())
+        candidate = os.path.join(temp, unique)
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            return candidate, reasons
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            reasons.append("%s: %s" % (temp, exc.strerror or exc))
+            break
+    return None, reasons
+
+
 def bootstrap_dir() -> str:
     """The hooks' bootstrap directory, found without importing the hooks (~15 ms)."""
     import importlib.util
@@ -492,9 +520,15 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
     # Joined: the agent's sinks record; a local file only when asked for (--otlp-file).
     path = opts.otlp_file or (None if joined is not None else default_output_path())
     reason = check_writable(path) if path is not None else None
-    if reason is not None:
+    if reason is not None and opts.otlp_file:
         err.write("infersight launch: cannot write the output file %s: %s\n" % (path, reason))
         return EXIT_USAGE
+    if reason is not None and path is not None:  # the default, in a working directory it cannot write
+        elsewhere, tried = fallback_output(os.path.basename(path))
+        err.write("infersight: cannot write %s in the working directory (%s); %s\n" % (
+            os.path.basename(path), reason, "writing the cold start to %s" % elsewhere if elsewhere else
+            "no OTLP file this run (%s): the waterfall is printed below" % "; ".join(tried)))
+        path = elsewhere or ""  # "": none to keep; the embedded agent writes into launch's private directory
     if opts.evict:
         from infersight.agent.commands import pagecache
 
@@ -516,6 +550,8 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
     except OSError as exc:
         err.write("infersight launch: cannot make a private directory in %s: %s\n" % (temp_root(), exc))
         return EXIT_USAGE
+    if path == "":
+        path = os.path.join(private.path, default_output_path())  # removed with the directory at the end
     child: Child | None = None
     try:
         listen_fd = -1
