@@ -9,6 +9,7 @@ producers that died), both handed in by the agent's extensions.
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 from collections import OrderedDict
@@ -37,6 +38,9 @@ from infersight.telemetry import (
 HEX16 = re.compile(r"[0-9a-f]{16}\Z")
 HEX32 = re.compile(r"[0-9a-f]{32}\Z")
 MAX_PRODUCERS = 4096
+# One uid (root and in-process producers aside) holds at most a quarter of the producer table:
+# another user's flood of hellos evicts only its own entries, never yours.
+MAX_PRODUCERS_PER_UID = MAX_PRODUCERS // 4
 MAX_SPANS_WITH_WAITING_EVENTS = 4096  # per producer: spans not yet arrived that events wait for
 MAX_STR = 4096
 MAX_ATTRS = 128
@@ -47,6 +51,12 @@ SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR
 
 class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malformed(...)"
     """An event or hello that does not follow the schema."""
+
+
+class ProducerTableFull(Malformed):
+    """A hello refused: its uid holds its share of the producer table and none of it may go
+    (a Malformed, so that every caller of :meth:`Assembler.hello` refuses it as it refuses a
+    bad hello)."""
 
 
 @dataclass(slots=True)
@@ -219,17 +229,60 @@ def bound_hello(info: dict[str, Any]) -> tuple[dict[str, Any], int]:
     return out, cuts
 
 
-def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int] | None = None) -> Resource:
+# Resource attributes producer_resource always sets from what it detects (and the kernel's uid).
+DETECTED = frozenset({
+    "host.name", "process.pid", "process.parent_pid", "process.executable.name", "process.runtime.name",
+    "process.runtime.version", "service.instance.id", "process.user.id",
+})
+
+
+def resource_defaults(env: Mapping[str, str]) -> Attributes:
+    """The agent's own ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` (``env``: the
+    agent's environment, read once at start), as defaults under every producer's resource:
+    within the same bounds and cleaning as a producer's, without what the agent detects for
+    each producer (:data:`DETECTED`: ``process.user.id`` is the kernel's word); ``service.name``
+    is ``OTEL_SERVICE_NAME`` when set (Resource.create() semantics), else the attribute's."""
+    out = parse_resource_env(str(env.get("OTEL_RESOURCE_ATTRIBUTES") or ""))
+    for k in DETECTED:  # what the agent detects for each producer wins anyway: no slot taken
+        out.pop(k, None)
+    service = clean_text(str(env.get("OTEL_SERVICE_NAME") or "").strip(), MAX_RESOURCE_VALUE)
+    if service:
+        out["service.name"] = service
+    elif not out.get("service.name"):
+        out.pop("service.name", None)
+    return out
+
+
+def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int] | None = None,
+                      defaults: Mapping[str, AttrValue] | None = None) -> Resource:
     """``Resource.create()`` semantics: env attributes, then what we detect, wins. The uid is
-    the kernel's (``info["uid"]`` as :meth:`Assembler.hello` sets it), never the hello's."""
+    the kernel's (``info["uid"]`` as :meth:`Assembler.hello` sets it), never the hello's.
+
+    ``defaults`` (:func:`resource_defaults`: the agent's own ``OTEL_*`` variables) lie under
+    the producer's own attributes: a key the producer set keeps the producer's value, and the
+    env-given attributes stay within MAX_RESOURCE_ATTRS (the producer's first). The agent's
+    ``service.name`` replaces only the default ``unknown_service:<exe>``: a producer that named
+    its service (``OTEL_SERVICE_NAME``, or ``service.name`` in its attributes) keeps it."""
     attrs: Attributes = {
         "telemetry.sdk.name": "infersight",
         "telemetry.sdk.language": "python",
         "telemetry.sdk.version": __version__,
     }
-    attrs.update(parse_resource_env(str(info.get("resource_attributes") or ""), cut))
+    own = parse_resource_env(str(info.get("resource_attributes") or ""), cut)
+    if defaults:
+        room = MAX_RESOURCE_ATTRS - len(own)
+        for k, v in defaults.items():
+            if k == "service.name" or k in own:
+                continue
+            if room <= 0:
+                break
+            attrs[k] = v
+            room -= 1
+    attrs.update(own)
     attrs.pop("process.user.id", None)
-    service = str(info.get("service_name") or "") or str(attrs.get("service.name") or "")
+    service = str(info.get("service_name") or "") or str(own.get("service.name") or "")
+    if not service and defaults:
+        service = str(defaults.get("service.name") or "")
     attrs["service.name"] = service or "unknown_service:%s" % (info.get("exe") or "python")
     attrs.update(
         {
@@ -348,24 +401,43 @@ class Assembler:
         host_name: str | None = None,
         handlers: Mapping[str, KindHandler] | None = None,
         span_handlers: Sequence[SpanHandler] = (),
+        resource_env: Mapping[str, str] | None = None,
     ) -> None:
         self.host_name = host_name
         self.handlers: dict[str, KindHandler] = dict(handlers or {})
         self.span_handlers = tuple(span_handlers)
         self._prefixes = tuple(p for h in self.span_handlers for p in h.prefixes)
         self.producers: OrderedDict[str, Producer] = OrderedDict()
+        # The same producers by uid, oldest first (the per-uid budget, MAX_PRODUCERS_PER_UID).
+        self._by_uid: dict[int | None, OrderedDict[str, None]] = {}
+        # Whether a producer has a connection open now (the ingest's liveness, wired in by the
+        # agent: ``sessions.Sessions`` sets it); a connected producer is not evicted.
+        self.live: Callable[[str], bool] | None = None
+        # The agent's own OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME, read once, here: the
+        # defaults under every producer's resource (:func:`producer_resource`).
+        self.resource_defaults = resource_defaults(os.environ if resource_env is None else resource_env)
         self.malformed = 0
         self.lost_of_forgotten = 0  # gaps of producers evicted from the table
         self.gaps_forgotten_of_forgotten = 0
         self.identity_conflicts = 0  # a producer id presented by a second uid: kept apart
         self.hello_cut = 0  # hello keys, values and resource attributes cut to their bounds
+        self.producers_evicted = 0  # producers that left the table for a newer one (all reasons)
+        self.producers_evicted_uid_budget = 0  # of those, a uid at its budget evicting its own oldest
+        self.producers_evicted_protected = 0  # of those, connected or in a cold start: nothing else could go
+        self.over_uid_producers = 0  # hellos refused: the uid held its budget, none of it could go
 
     def hello(self, raw: Any, uid: int | None = None) -> Producer:
         """The producer this hello names, made on first sight. ``uid`` is the kernel's word
         (the peer's SO_PEERCRED, a spool file's owner): the hello's own ``uid`` is replaced
         by it, and a producer id already held by another uid gets its own entry,
         ``<id>@<uid>``, so that two uids never share one sequence space (counted). A producer
-        made in-process (no uid: tests, ``launch``'s own) matches any uid."""
+        made in-process (no uid: tests, ``launch``'s own) matches any uid.
+
+        The table is bounded (:data:`MAX_PRODUCERS`) and so is each uid's part of it
+        (:data:`MAX_PRODUCERS_PER_UID`, root and in-process producers aside): a new producer
+        of a uid at its budget evicts that uid's oldest entry that is neither connected nor
+        waiting for its process's end (a cold start open, stages kept); when it has none, the
+        hello is refused (:class:`ProducerTableFull`, counted as ``over_uid_producers``)."""
         cut = [0]
         info = validate_hello(raw, cut)
         info.pop("uid", None)
@@ -378,23 +450,73 @@ class Assembler:
             key = "%s@%d" % (info["id"], uid)
             p = self.producers.get(key)
         if p is None:
-            p = Producer(key, info, producer_resource(info, self.host_name, cut), uid=uid)
+            self._make_room(uid)
+            p = Producer(key, info, producer_resource(info, self.host_name, cut, self.resource_defaults), uid=uid)
             info.pop("resource_attributes", None)  # it lives on in the resource: not kept twice
             p.hello_cut = cut[0]
             self.hello_cut += cut[0]
             p.seq.resume_after(info["acked"])
             self.producers[p.id] = p
-            if len(self.producers) > MAX_PRODUCERS:
-                _old_id, old = self.producers.popitem(last=False)
-                self.lost_of_forgotten += old.seq.lost
-                self.gaps_forgotten_of_forgotten += old.seq.gaps_forgotten
-                for h in self.span_handlers:
-                    h.forget(old)
+            self._by_uid.setdefault(uid, OrderedDict())[p.id] = None
         else:
             self.producers.move_to_end(p.id)
+            self._by_uid.setdefault(p.uid, OrderedDict())[p.id] = None
+            self._by_uid[p.uid].move_to_end(p.id)
             p.gone = False
             p.info["root_ended"] = p.info.get("root_ended") or info["root_ended"]
         return p
+
+    # -- the producer table's bounds -------------------------------------------------------
+
+    def protected(self, p: Producer) -> bool:
+        """Whether ``p`` must stay while another entry could go: it is connected, or its
+        process's end still matters (a cold start open, stages kept, events waiting)."""
+        return (self.live is not None and self.live(p.id)) or self.awaits_end(p)
+
+    def _oldest_evictable(self, ids: Iterable[str]) -> str | None:
+        for pid in ids:
+            p = self.producers.get(pid)
+            if p is not None and not self.protected(p):
+                return pid
+        return None
+
+    def _make_room(self, uid: int | None) -> None:
+        """Before a producer of ``uid`` is added: its uid's budget, then the table's bound."""
+        mine = self._by_uid.get(uid)
+        if uid not in (None, 0) and mine is not None and len(mine) >= MAX_PRODUCERS_PER_UID:
+            victim = self._oldest_evictable(mine)
+            if victim is None:
+                self.over_uid_producers += 1
+                raise ProducerTableFull(
+                    "uid %s holds its share of the producer table (%d producers), all connected or in "
+                    "a cold start" % (uid, MAX_PRODUCERS_PER_UID))
+            self.producers_evicted_uid_budget += 1
+            self._evict(victim)
+        if len(self.producers) < MAX_PRODUCERS:
+            return
+        # The table is full: the uid holding the most entries gives up its oldest that may go;
+        # a connected producer, or one in its cold start, goes only when none other could.
+        heaviest = sorted(self._by_uid.items(), key=lambda kv: len(kv[1]), reverse=True)
+        for _uid, ids in heaviest:
+            victim = self._oldest_evictable(ids)
+            if victim is not None:
+                self._evict(victim)
+                return
+        self.producers_evicted_protected += 1
+        self._evict(next(iter(heaviest[0][1])))
+
+    def _evict(self, producer_id: str) -> None:
+        old = self.producers.pop(producer_id)
+        ids = self._by_uid.get(old.uid)
+        if ids is not None:
+            ids.pop(producer_id, None)
+            if not ids:
+                del self._by_uid[old.uid]
+        self.producers_evicted += 1
+        self.lost_of_forgotten += old.seq.lost
+        self.gaps_forgotten_of_forgotten += old.seq.gaps_forgotten
+        for h in self.span_handlers:
+            h.forget(old)
 
     def events(self, p: Producer, raw_events: Any) -> list[Item]:
         """Items from one batch. Bad events are counted on the producer and skipped."""
@@ -544,5 +666,9 @@ class Assembler:
             "gaps_forgotten": self.gaps_forgotten_total(),
             "identity_conflicts": self.identity_conflicts,
             "hello_cut": self.hello_cut,
+            "producers_evicted": self.producers_evicted,
+            "producers_evicted_uid_budget": self.producers_evicted_uid_budget,
+            "producers_evicted_protected": self.producers_evicted_protected,
+            "over_uid_producers": self.over_uid_producers,
         })
         return out

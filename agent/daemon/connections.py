@@ -45,6 +45,8 @@ class Connections:
         self.counters = receiver.counters
         self.rlog = receiver.rlog
         self.liveness = liveness
+        if liveness.counters is None:
+            liveness.counters = self.counters  # it counts the producers it ends without a visible pid
         self.health = health
         self.max_connections = max_connections
         self.max_connections_per_uid = max(1, max_connections // 4)

@@ -39,6 +39,13 @@ class Counters:
     refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts
     spool_files_vanished: int = 0  # producers' spool files removed by someone else (their hooks report it)
     urgent_wakeups: int = 0  # urgent doorbells (an OOM sent): the read gate opened at once
+    # Producers whose pid the agent cannot see (another pid namespace) taken as ended: their last
+    # connection closed and they did not connect again within liveness.PIDLESS_GRACE_S.
+    producers_lost_unseen: int = 0
+    # Events whose sequence number jumps further than a producer can (sequence.MAX_MISSING): malformed.
+    seq_implausible: int = 0
+    # ``drops`` reports claiming more than their producer can have dropped (receive.py): malformed.
+    drops_implausible: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -101,6 +108,11 @@ SPECS = {s.name: s for s in declare(
     _counter("infersight.agent.connections.closed", "{connection}",
              "Connections the agent closed: at the connection limit, over a uid's share, idle producers"),
     _counter("infersight.agent.accept.errors", "{error}", "accept() failures (EMFILE: out of descriptors)"),
+    _counter("infersight.agent.producers.evicted", "{producer}",
+             "Producers evicted from the producer table: a uid at its share, the table full, or (protected) "
+             "connected or in a cold start when nothing else could go"),
+    _counter("infersight.agent.producers.refused", "{producer}",
+             "Hellos refused: the uid held its share of the producer table and none of it could go"),
     _counter("process.cpu.time", "s", "Agent CPU time"),
     MetricSpec("process.memory.usage", "gauge", "By", "Agent resident memory"),
     _counter("infersight.events.gaps_forgotten", "{range}",
@@ -165,10 +177,19 @@ def health_metrics(
         m("process.memory.usage", [NumberPoint(rss)]),
     ]
     if assembler is not None:
+        evicted = int(assembler.get("producers_evicted", 0))
+        evicted_uid = int(assembler.get("producers_evicted_uid_budget", 0))
+        evicted_protected = int(assembler.get("producers_evicted_protected", 0))
         out += [
             m("infersight.events.gaps_forgotten", [NumberPoint(int(assembler.get("gaps_forgotten", 0)))]),
             m("infersight.coldstart.pending.dropped", [NumberPoint(int(assembler.get("pending_stages_dropped", 0)))]),
             m("infersight.coldstart.pending.bytes", [NumberPoint(int(assembler.get("pending_bytes", 0)))]),
+            m("infersight.agent.producers.evicted",
+              [NumberPoint(evicted_uid, _attr("infersight.reason", "uid_budget")),
+               NumberPoint(evicted_protected, _attr("infersight.reason", "protected")),
+               NumberPoint(max(0, evicted - evicted_uid - evicted_protected),
+                           _attr("infersight.reason", "table_full"))]),
+            m("infersight.agent.producers.refused", [NumberPoint(int(assembler.get("over_uid_producers", 0)))]),
             m("infersight.coldstart.roots_closed",
               [NumberPoint(int(assembler.get("coldstart_roots_closed_for_lost", 0)),
                            _attr(_contract.ENDED_BY, _contract.ENDED_BY_PRODUCER_LOST))]),

@@ -60,6 +60,8 @@ class Ingest:
         self.listener = Listener(self.connections.handle, counters, self.receiver.rlog,
                                  lambda: self.connections.open)
         self.spool_dir: str | None = None  # the hooks' spool directory (agent.spool_dir)
+        # The producer table keeps connected producers when it must evict (assemble.py).
+        assembler.live = self.connected
 
     # -- what the rest of the agent reads and sets ---------------------------------------
 

@@ -6,6 +6,13 @@ whose cold start is still open closes, its process is watched: through a pidfd (
 even where ``/proc`` hides other users' processes), else by polling ``/proc/<pid>/stat``'s
 start time (which also tells a reused pid). Once the process has ended, ``lost(producer)``
 runs (the ingest closes that cold start for it), unless it connected again meanwhile.
+
+A producer whose pid the agent cannot see (``SO_PEERCRED`` gives pid 0: a model server in
+another pid namespace, the sidecar case) has no process to watch. There the end of its last
+connection is the evidence: a live hook reconnects after any hang-up (an agent-side close, an
+idle timeout) within its backoff, so one that has not connected again within
+``PIDLESS_GRACE_S`` is taken as ended (``lost``, counted in ``Counters.producers_lost_unseen``);
+one that reconnects in time is not.
 """
 
 from __future__ import annotations
@@ -16,11 +23,19 @@ import select
 from collections.abc import Callable
 
 from infersight.agent.daemon.assemble import Producer
+from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.identity import process_start
 
 LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process gone? then every second
 HAVE_PROC = os.path.isdir("/proc/self")
 MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
+# A producer whose pid the agent cannot see, gone from its last connection this long without
+# connecting again, has ended. A live hook comes back well before: it reconnects with a
+# jittered backoff of at most hooks/_connection.py's RECONNECT_MAX_S (5 s) x 1.5, and an idle
+# hook notices a close by the agent at its next wake-up, at most hooks/_client.py's
+# IDLE_LONG_S (5 s) later: 12.5 s at worst; 30 s is more than twice that (checked against the
+# hooks' constants in tests/integration/test_pidns_producer_lost.py).
+PIDLESS_GRACE_S = 30.0
 
 
 def _readable(fd: int) -> bool:
@@ -35,7 +50,11 @@ class Liveness:
         # Producers that hung up with a cold start still open: (producer, pid, start time).
         self._watch: dict[str, tuple[Producer, int, str]] = {}
         self._pidfds: dict[str, tuple[Producer, int]] = {}
+        # Producers without a visible pid that hung up with a cold start open: their grace timer.
+        self._pidless: dict[str, tuple[Producer, asyncio.TimerHandle]] = {}
         self._watch_task: asyncio.Task[None] | None = None
+        self.grace_s = PIDLESS_GRACE_S
+        self.counters: Counters | None = None  # the agent's (set by Connections): counts pidless ends
 
     def connected(self, producer_id: str) -> bool:
         """The producer has a connection open now."""
@@ -56,10 +75,10 @@ class Liveness:
             self._live[producer.id] = n
             return None
         self._live.pop(producer.id, None)
-        if pid <= 0 or producer.gone:
-            return None  # cannot tell whether it lives: keep its state (bounded) for a reconnect
-        if not self.awaits_end(producer):
+        if producer.gone or not self.awaits_end(producer):
             return None
+        if pid <= 0:  # no process to watch (another pid namespace): wait for it to reconnect
+            return self._await_reconnect(producer)
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -95,8 +114,9 @@ class Liveness:
         return done
 
     def release(self) -> None:
-        """Close the descriptors that watch departed producers (at shutdown)."""
-        for producer_id in list(self._pidfds):
+        """Close the descriptors that watch departed producers, and cancel the grace timers of
+        those without a visible pid (at shutdown)."""
+        for producer_id in [*self._pidfds, *self._pidless]:
             self._unwatch(producer_id)
 
     def cancel(self) -> None:
@@ -109,8 +129,30 @@ class Liveness:
         if entry is not None and producer_id not in self._live:
             self.lost(entry[0])
 
+    def _await_reconnect(self, producer: Producer) -> None:
+        self._unwatch(producer.id)
+        if len(self._pidless) >= MAX_WATCHED:
+            self._unwatch(next(iter(self._pidless)))
+        handle = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over, producer.id)
+        self._pidless[producer.id] = (producer, handle)
+
+    def _grace_over(self, producer_id: str) -> None:
+        """A producer without a visible pid did not connect again within the grace: it ended."""
+        entry = self._pidless.pop(producer_id, None)
+        if entry is None or producer_id in self._live:
+            return
+        producer = entry[0]
+        if producer.gone or not self.awaits_end(producer):
+            return  # closed meanwhile (its spool file replayed, its own root arrived)
+        if self.counters is not None:
+            self.counters.producers_lost_unseen += 1
+        self.lost(producer)
+
     def _unwatch(self, producer_id: str) -> None:
         self._watch.pop(producer_id, None)
+        timer = self._pidless.pop(producer_id, None)
+        if timer is not None:
+            timer[1].cancel()
         entry = self._pidfds.pop(producer_id, None)
         if entry is not None:
             try:

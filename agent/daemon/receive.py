@@ -20,9 +20,19 @@ from infersight.agent.daemon.assemble import Assembler, Malformed, Producer
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.identity import Peer, refusal
+from infersight.agent.daemon.sequence import MAX_MISSING
 from infersight.hooks import _wire
 
 log = logging.getLogger("infersight.ingest")
+
+# A ``drops`` report carries its producer's totals so far (the agent keeps the largest). What
+# one report may claim is bounded by what its producer can have dropped: every event dropped
+# by the buffer (``buffer``) or lost for want of spool (``spool``) had a sequence number below
+# the report's own, so each is at most the report's number; every count (``texts`` and
+# ``vanished`` too) is at most MAX_MISSING, the most numbers a producer may have missing. Since
+# the agent keeps the largest, that bounds the producer's totals as well. A report past these
+# bounds is malformed: counted (``drops_implausible``, and as a malformed event), not taken.
+MAX_DROPS = MAX_MISSING
 
 
 class RateLimitedLog:
@@ -107,8 +117,24 @@ class Receiver:
         """Assemble one batch and publish it. Once every exporter has it, its entry in
         ``acks`` (``[last seq, done]``) is marked done and ``send_acks``, then ``on_done``, run."""
         before_bad, before_dup, before_n = producer.malformed, producer.seq.duplicates, producer.events
-        before_vanished = producer.spool_vanished
+        before_vanished, before_implausible = producer.spool_vanished, producer.seq.implausible
+        last = 0
+        if isinstance(events, list):
+            bad_drops = False
+            for ev in events:
+                if isinstance(ev, list) and ev and isinstance(ev[0], int) and not isinstance(ev[0], bool):
+                    last = max(last, ev[0])
+                    if len(ev) == 4 and ev[2] == "drops" and not plausible_drops(ev[0], ev[3]):
+                        bad_drops = True
+            if bad_drops:
+                events = self._refuse_drops(producer, events)
         items = self.assembler.events(producer, events)
+        implausible = producer.seq.implausible - before_implausible
+        if implausible:
+            self.counters.seq_implausible += implausible
+            self.counters.malformed_events += implausible
+            self.rlog.warn("seq", "producer %s sent sequence numbers too far ahead to be gaps (%d so far: "
+                           "malformed, not counted as lost)", producer.id, producer.seq.implausible)
         if producer.spool_vanished > before_vanished:
             self.counters.spool_files_vanished += producer.spool_vanished - before_vanished
             self.rlog.warn("vanished", "producer %s: someone removed its spool file (%d so far; the hook "
@@ -119,12 +145,9 @@ class Receiver:
         if producer.malformed > before_bad:
             self.rlog.warn("event", "producer %s sent malformed events (counted, dropped)", producer.id)
         self.counters.items_out += len(items)
-        last = 0
-        if isinstance(events, list):
-            for ev in events:
-                if isinstance(ev, list) and ev and isinstance(ev[0], int) and not isinstance(ev[0], bool):
-                    last = max(last, ev[0])
-        entry = [last, 0]
+        # Acked: up to the highest number the batch held that the producer's sequence took (not
+        # one refused as too far ahead: the ack would tell the hook to forget what never counted).
+        entry = [min(last, producer.seq.next_expected - 1), 0]
         if acks is not None:
             acks.append(entry)
         self.pending_completions += 1
@@ -139,9 +162,38 @@ class Receiver:
 
         self.broadcaster.publish(items, done)
 
+    def _refuse_drops(self, producer: Producer, events: list[Any]) -> list[Any]:
+        """``events`` with each implausible ``drops`` report replaced by one the assembler
+        refuses as malformed (its sequence number still taken: it was no gap)."""
+        out: list[Any] = []
+        for ev in events:
+            if isinstance(ev, list) and len(ev) == 4 and ev[2] == "drops" and type(ev[0]) is int \
+                    and not plausible_drops(ev[0], ev[3]):
+                self.counters.drops_implausible += 1
+                self.rlog.warn("drops", "producer %s reported more drops than it can have made (report seq %d): "
+                               "malformed, not counted", producer.id, ev[0])
+                out.append([ev[0], ev[1], "drops", None])  # "data must be an object": counted, dropped
+            else:
+                out.append(ev)
+        return out
+
     def close_lost(self, producer: Producer) -> None:
         """Its process has ended: close its open cold start (the assembler's ``producer_lost``)."""
         items = self.assembler.producer_lost(producer)
         if items:
             self.counters.items_out += len(items)
             self.broadcaster.publish(items)
+
+
+def plausible_drops(seq: int, data: Any) -> bool:
+    """Whether a ``drops`` report numbered ``seq`` claims no more than its producer can have
+    dropped (see MAX_DROPS). Values of the wrong type are the assembler's to refuse."""
+    if type(data) is not dict:
+        return True
+    for key in ("buffer", "spool", "texts", "vanished"):
+        v = data.get(key, 0)
+        if type(v) is not int:
+            continue
+        if v > MAX_DROPS or (key in ("buffer", "spool") and v > seq):
+            return False
+    return True

@@ -4,6 +4,14 @@ Producers number events 1, 2, 3, ... A missing number is a gap: counted as lost
 until it arrives late (resend after a reconnect, spool replay), when it is recovered.
 A number seen before is a duplicate: dropped and counted, so at-least-once delivery
 from the hooks becomes exactly-once into the exporters.
+
+A number further ahead than any producer can get is not a gap but a malformed event
+(``implausible``: dropped, not processed, not counted as lost, and not acked): one producer
+has at most ``MAX_MISSING`` numbers missing at a time, a jump that would pass it is refused.
+A hook's numbers go missing only as events it dropped (a full buffer, a full spool: each
+counted in its ``drops`` reports) or that are still on their way; 2**32 of them is over
+eleven hours of dropping at 100 000 events a second, without a single one arriving. So a
+peer's one frame (seq 10**18 after seq 1) cannot move the fleet's loss counters by more.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_GAPS = 4096
+MAX_MISSING = 1 << 32  # numbers one producer may have missing at once: a jump past it is malformed
 
 
 @dataclass(slots=True)
@@ -20,6 +29,7 @@ class SeqTracker:
     duplicates: int = 0
     gaps: list[tuple[int, int]] = field(default_factory=list)  # [start, end) ranges, sorted
     gaps_forgotten: int = 0  # gap ranges merged away once MAX_GAPS was exceeded
+    implausible: int = 0  # numbers refused: they would leave more than MAX_MISSING missing
 
     def resume_after(self, acked: int) -> None:
         """A producer new to this agent says everything up to ``acked`` was delivered."""
@@ -32,6 +42,9 @@ class SeqTracker:
             self.next_expected += 1
             return True
         if seq > self.next_expected:
+            if self.lost + (seq - self.next_expected) > MAX_MISSING:
+                self.implausible += 1  # no producer gets this far ahead: malformed, not lost
+                return False
             self.gaps.append((self.next_expected, seq))
             self.lost += seq - self.next_expected
             self.next_expected = seq + 1
@@ -54,7 +67,10 @@ class SeqTracker:
                 hi = mid
         if lo < len(self.gaps):
             start, end = self.gaps[lo]
-            if start <= seq < end:
+            if start <= seq < end and self.lost > 0:
+                # (In a merged range a number that did arrive looks missing too: its resent
+                # copy would "recover" what was never counted. This producer's count stops at
+                # zero, so it can never take from the others' in the fleet's total.)
                 pieces = [(s, e) for s, e in ((start, seq), (seq + 1, end)) if s < e]
                 self.gaps[lo : lo + 1] = pieces
                 self.lost -= 1
