@@ -125,6 +125,9 @@ def test_a_receiver_answering_500_makes_the_agent_unhealthy_until_it_recovers(  
         r = unhealthy_naming(agent.sock, "otlp", "500")
         assert "no progress for" in r.stdout or "refused" in r.stdout
         status_says(notify, "otlp", "500")
+        # the pod's liveness probe: the agent answers, so no restart (it would not mend the collector)
+        alive = status(agent.sock, "--alive")
+        assert alive.returncode == 0 and "UNHEALTHY" in alive.stdout, alive.stdout
         rx.set_fail_status(None)  # the receiver recovers: so does the verdict
         assert wait_for(lambda: status(agent.sock).returncode == 0, 60, 0.2), status(agent.sock).stdout
         assert wait_for(lambda: any(s.startswith("healthy") for s in notify.status_lines()[-1:]), 30, 0.1)

@@ -176,6 +176,7 @@ def test_model_server_cold_start_reaches_the_collector_through_the_sidecar(tmp_p
             assert "reporting to the agent at %s" % pod.model.path("/run/infersight/agent.sock") in out, out
             assert "infersight cold start:" in out, out  # the waterfall, in the model server's log
             assert rx.wait_for(lambda: _coldstart_root(rx, pid) is not None, 30), pod.sidecar_log.read_text()
+            assert pod.sidecar_spec["livenessProbe"]["exec"]["command"][-1] == "--alive"
             for probe_name in ("livenessProbe", "readinessProbe"):
                 r = pod.sidecar.run(pod.sidecar_spec[probe_name]["exec"]["command"], Path("/"))
                 assert r.returncode == 0, r.stdout + r.stderr
