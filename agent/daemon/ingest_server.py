@@ -66,6 +66,19 @@ def fd_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+def answers(path: str) -> bool:
+    """Whether something listens on the Unix socket at ``path`` (a stale file refuses the connect)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 class Listener:
     """``open_connections()`` tells the EMFILE log line how many connections are open."""
 
@@ -80,6 +93,7 @@ class Listener:
         self._backoff = ACCEPT_BACKOFF_MIN_S
         self.paused = False
         self._accepting: set[asyncio.Task[None]] = set()
+        self.bound: tuple[int, int] | None = None  # (device, inode) of the socket file this listener made
 
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         """Listen at ``path`` with ``mode``, or on ``sock`` (socket activation: systemd owns
@@ -87,6 +101,9 @@ class Listener:
         if sock is None:
             ensure_socket_dir(path)
             if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
+                if answers(path):
+                    raise OSError(errno.EADDRINUSE, "another agent is listening on %s: stop it first, or give "
+                                  "this one another agent.socket" % path)
                 os.unlink(path)  # a stale socket from a previous run
             old = os.umask(0o777 & ~mode & 0o777)
             try:
@@ -95,12 +112,26 @@ class Listener:
             finally:
                 os.umask(old)
             os.chmod(path, mode)
+            st = os.lstat(path)
+            self.bound = (st.st_dev, st.st_ino)
         else:
             # asyncio listens again on the inherited socket: with its default backlog (100) that would
             # shrink the socket unit's Backlog= for the socket's whole life
             self.server = await asyncio.start_unix_server(self.handle, sock=sock, limit=STREAM_LIMIT,
                                                           backlog=LISTEN_BACKLOG)
         self._own_accept_loop()
+
+    def unlink_own(self, path: str) -> None:
+        """Remove the socket at ``path`` if it is still the one this listener bound: a newer agent may
+        have bound its own there since (never remove another agent's socket)."""
+        if self.bound is None:
+            return
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == self.bound:
+                os.unlink(path)
+        except OSError:
+            pass
 
     def _own_accept_loop(self) -> None:
         assert self.server is not None

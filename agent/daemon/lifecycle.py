@@ -641,8 +641,5 @@ class Agent:
                 ok = False
                 log.warning("exporter %s did not shut down cleanly: %s", w.name, exc)
         if not self.embedded and self.listen_sock is None:
-            try:
-                os.unlink(self.config["agent.socket"])
-            except OSError:
-                pass
+            self.ingest.listener.unlink_own(self.config["agent.socket"])
         return ok
