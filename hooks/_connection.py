@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 MAX_OUTBOX_BYTES = 16 << 20  # sent and not acked: past this, wait for acks (or spill)
 SEND_TIMEOUT_S = 2.0
 RECV_BYTES = 65536
+DRAIN_RECVS = 16  # at a disconnect: receives, at most, for the acks already queued (see ``_drain_acks``)
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 5.0
 HELD_RETRY_S = 0.1  # launch holds its agent back: look for its mark again this often
@@ -49,6 +50,59 @@ def peer_uid(sock: Any) -> Optional[int]:
         return None
     raw = sock.getsockopt(_socket.SOL_SOCKET, opt, 12)
     return int.from_bytes(raw[4:8], sys.byteorder)
+
+
+def connect_failure(path: str, exc: OSError) -> Optional[str]:
+    """Why connecting to the socket at ``path`` failed, in one line for the host's stderr; None
+    when it only means that no agent is there now (no socket file, nobody listening: spool
+    quietly, an agent may start later) or that it is busy (a full backlog: the next try may
+    get in). A permission error names the group that would let this user in."""
+    import errno
+
+    code = exc.errno
+    if isinstance(exc, _socket.timeout) or code in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN, errno.EINTR):
+        return None  # (a timeout: the backlog full)
+    if code is None:  # raised by Python itself (a path too long for AF_UNIX)
+        return "cannot connect to %s: %s" % (path, exc)
+    why = "cannot connect to %s: %s (%s)" % (path, os.strerror(code), errno.errorcode.get(code, code))
+    if code not in (errno.EACCES, errno.EPERM):
+        return why
+    try:
+        return "%s; %s" % (why, _access_hint(path))
+    except Exception:  # the hint is a courtesy: never let it cost the hooks
+        return why
+
+
+def _access_hint(path: str) -> str:
+    """What lets this user reach the socket: membership of the group of the socket (or of its
+    directory, when that is what cannot be searched)."""
+    uid = os.geteuid()
+    st, where = None, path
+    for where in (path, os.path.dirname(os.path.abspath(path))):
+        try:
+            st = os.stat(where)
+            break
+        except OSError:
+            continue
+    if st is None:
+        return "check the permissions of %s and its directories for uid %d" % (path, uid)
+    try:
+        import grp
+
+        group = grp.getgrgid(st.st_gid).gr_name
+    except (ImportError, KeyError, OverflowError):
+        group = str(st.st_gid)
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError, OverflowError):
+        user = "USER"
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return "this process (uid %d) is in the socket's group %s already: check the mode of %s (%04o)" % (
+            uid, group, where, stat.S_IMODE(st.st_mode))
+    return "add this user (uid %d) to the socket's group %s, e.g. usermod -aG %s %s, and restart this process" % (
+        uid, group, group, user)
 
 
 class Connection:
@@ -108,6 +162,14 @@ class Connection:
         sock.settimeout(SEND_TIMEOUT_S)
         try:
             sock.connect(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            self._schedule_retry(now)
+            why = connect_failure(self.socket_path, exc)
+            if why:
+                self._warn(why)  # once per reason: the next tries fail alike
+            return False
+        try:
             peer = peer_uid(sock)
             if uids and peer is not None and peer not in uids:
                 # The path was swapped after our checks: not the agent, tell it nothing.
@@ -194,14 +256,46 @@ class Connection:
                 return None
             buf += chunk
 
-    def disconnect(self) -> None:
+    def disconnect(self, drain: bool = True) -> None:
+        """Close the connection (a failed send, the agent gone) and back off. First, ``drain``:
+        take the acks it already holds (``_drain_acks``), so that a reconnect resends only what
+        was not acked."""
         if self.sock is not None:
+            if drain:
+                self._drain_acks(self.sock)
             try:
                 self.sock.close()
             except OSError:
                 pass
         self.sock = None
         self._schedule_retry(time.monotonic())
+
+    def _drain_acks(self, sock: Any) -> None:
+        """Read, without waiting, what the agent sent before it went away. Acks are read lazily
+        (``read_acks``), so a dead agent's last ones may still be queued here: a Unix stream
+        socket keeps what the peer sent readable after the peer closed or was killed (then EOF,
+        or ECONNRESET when it left data of ours unread). Without them, the new agent would get
+        frames the old one had already exported, and write their spans twice. At most
+        DRAIN_RECVS receives; any error ends it."""
+        try:
+            sock.settimeout(0.0)
+            for _ in range(DRAIN_RECVS):
+                chunk = sock.recv(RECV_BYTES)
+                if not chunk:
+                    return
+                self._rx += chunk
+                frames, self._rx, bad = _wire.split_frames(self._rx)
+                self._take_acks(frames)
+                if bad:
+                    return
+        except OSError:  # BlockingIOError: nothing more; ECONNRESET: after the data, as EOF
+            return
+
+    def _take_acks(self, frames: List[bytes]) -> None:
+        for payload in frames:
+            msg = _wire.decode_reply(payload)
+            if msg and msg.get("t") == "ack" and isinstance(msg.get("seq"), int):
+                self._on_ack(msg["seq"])
 
     def close(self) -> None:
         if self.sock is not None:
@@ -308,12 +402,9 @@ class Connection:
                     return
                 self._rx += chunk
                 frames, self._rx, bad = _wire.split_frames(self._rx)
-                for payload in frames:
-                    msg = _wire.decode_reply(payload)
-                    if msg and msg.get("t") == "ack" and isinstance(msg.get("seq"), int):
-                        self._on_ack(msg["seq"])
+                self._take_acks(frames)
                 if bad:
-                    self.disconnect()
+                    self.disconnect(drain=False)  # the stream is broken: nothing more to read in it
                     return
                 if block or len(chunk) < RECV_BYTES:
                     break  # a short read took all there was: no second recv to hear "nothing"

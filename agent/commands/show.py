@@ -10,7 +10,10 @@
 
 The file is read as a stream, in passes (``report.scan``): memory does not grow with its spans.
 
-Lines that do not parse (a last line cut short) are skipped with a note on stderr.
+Lines that do not parse (a last line cut short) are skipped with a note on stderr. A span that
+is in the file more than once (the same ``traceId`` and ``spanId``: a producer resent it to a
+restarted agent, delivery is at least once) counts once, the first; a note on stderr says how
+many repeats were skipped.
 Exit 0; 1 when the file holds no cold start (text, json) or nothing to trace; 2 when it
 cannot be read.
 """
@@ -25,6 +28,7 @@ from infersight.agent.cli import command_help
 from infersight.agent.coldstart import storage_ceiling
 from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import parse_lines
+from infersight.agent.report.views import dedupe_spans
 from infersight.coldstart_stages import merge, named_intervals
 from infersight.exporters.waterfall import is_helper, render_waterfall
 from infersight.hooks import _contract
@@ -41,6 +45,7 @@ def spans_from_lines(lines: list[str]) -> list[SpanItem]:
 
 
 def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
+    spans = dedupe_spans(spans)  # a span resent after a reconnect is in the file twice: count it once
     staged = [s for s in spans if s.name.startswith("coldstart.")]
     roots = sorted((s for s in spans if s.name == "coldstart"), key=lambda s: s.start_ns)
     out = []
@@ -97,12 +102,16 @@ def show_file(path: str, out: TextIO, fmt: str = "text", err: TextIO | None = No
     return 0
 
 
-def _skips(sc: Scan, err: TextIO) -> None:
+def _skips(sc: Scan, err: TextIO, repeated: int | None = None) -> None:
     total = len(sc.skipped) + sc.skipped_more
     for s in sc.skipped[:5]:
         err.write("infersight show: %s\n" % s)
     if total > 5:
         err.write("infersight show: ... %d more skipped\n" % (total - 5))
+    repeated = len(sc.span_keys) - sc.span_count() if repeated is None else repeated
+    if repeated:
+        err.write("infersight show: %d duplicate span%s skipped (the same traceId and spanId again, as a producer "
+                  "resends after a reconnect): each counts once\n" % (repeated, "" if repeated == 1 else "s"))
 
 
 def _json(sc: Scan, source: Source, out: TextIO) -> None:
@@ -132,7 +141,7 @@ def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
                   % (len(rows), path, len(shown)))
     traces = set().union(*(r.traces for r in shown))
     members = {(r.trace, r.span_id) for row in shown for r in row.flat}
-    spans = [s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces]
+    spans = dedupe_spans(s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces)
     found = coldstarts(spans)
     if len(shown) < len(rows):  # the chosen families' processes, not the other cold starts of their traces
         found = [cs for cs in found if (cs.root.trace_id, cs.root.span_id) in members]
@@ -164,7 +173,7 @@ def _chrome(path: str, out: TextIO, err: TextIO) -> int:
     except OSError as exc:
         err.write("infersight show: cannot read %s: %s\n" % (path, exc.strerror or exc))
         return 2
-    _skips(plan.scan, err)
+    _skips(plan.scan, err, sum(plan.dup))
     if plan.empty():
         err.write("infersight show: no spans or OOMs to trace in %s\n" % path)
         return 1

@@ -1,0 +1,87 @@
+"""A served process whose user may not reach the agent's socket says so, once, and spools.
+
+As root: a real agent runs with the socket group's gid (its socket 0660, in a directory of that
+group: 0750 as tmpfiles.d makes ``/run/infersight``, or 0755 with only the socket closed), and a
+hooked process runs as another uid that is not in the group. Its connects fail with EACCES; the
+hook must say so on stderr in one line that names the socket, the error and the group to join,
+however often it retries, keep the events in its spool and leave the process's exit status alone.
+Before the fix the failure was swallowed: nothing said, and the spool went to a per-user place
+the system agent never reads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BOOTSTRAP, AgentProcess, wait_for
+from fleet_env import base_env, make_dir, open_base, require_root, system_python
+
+SERVED_UID, GROUP_GID = 42912, 42910  # the model server's uid (in no group of ours), group infersight
+
+# Emits, then waits (as events, not time) until the hook has failed to connect at least four
+# times: one line must cover every retry. Then it exits normally.
+SERVED = """\
+import sys, time
+from infersight import hooks
+from infersight.hooks import _runtime
+c = _runtime.state().client
+assert c is not None, "the hooks are not active"
+for i in range(50):
+    hooks.log("kept", i=i)
+deadline = time.monotonic() + 60  # a bound, not a speed
+while c.conn._backoff < 0.8 or c.conn.up:
+    if time.monotonic() > deadline:
+        sys.exit("no four connect attempts")
+    hooks.flush(0.05)
+print("tried", flush=True)
+"""
+
+
+@pytest.mark.parametrize("dir_mode", [0o750, 0o755], ids=["dir-0750", "socket-only"])
+def test_a_user_outside_the_socket_group_is_told_once_and_spools(tmp_path: Path, dir_mode: int) -> None:
+    require_root()
+    python = system_python()  # the test's own interpreter may be under a 0700 /root
+    with open_base("isf-acl-") as base:
+        make_dir(base / "run", 0o755)
+        run = make_dir(base / "run" / "infersight", dir_mode, 0, GROUP_GID)
+        agent = AgentProcess(make_dir(base / "agent", 0o700))
+        agent.sock = run / "agent.sock"
+        agent.config.write_text(agent.config.read_text().replace(
+            'socket = "%s"' % (agent.root / "agent.sock"), 'socket = "%s"' % agent.sock))
+        env = dict(os.environ)
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        # Root, with the socket group as its gid: the socket is made 0660 root:GROUP_GID.
+        agent.proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(agent.config)],
+                                      stdout=open(agent.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                      env=env, group=GROUP_GID, extra_groups=[])
+        try:
+            assert wait_for(agent._listening, 30), agent.log.read_text()
+            st = agent.sock.stat()
+            assert st.st_gid == GROUP_GID and st.st_mode & 0o777 == 0o660, oct(st.st_mode)
+
+            home = make_dir(base / "home", 0o700, SERVED_UID, SERVED_UID)
+            spool = make_dir(base / "spool", 0o700, SERVED_UID, SERVED_UID)
+            (home / "served.py").write_text(SERVED)
+            served_env = base_env(INFERSIGHT="1", PYTHONPATH=str(BOOTSTRAP), INFERSIGHT_SOCKET=str(agent.sock),
+                                  INFERSIGHT_SPOOL_DIR=str(spool), INFERSIGHT_EXIT_FLUSH_S="0.5", HOME=str(home))
+            r = subprocess.run([python, str(home / "served.py")], env=served_env, cwd=str(home),
+                               user=SERVED_UID, group=SERVED_UID, extra_groups=[],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert r.stdout.strip() == "tried", r.stdout + r.stderr
+            said = [line for line in r.stderr.splitlines() if line.startswith("infersight:")]
+            assert len(said) == 1, r.stderr
+            (line,) = said
+            assert str(agent.sock) in line and "Permission denied" in line, line
+            assert "uid %d" % SERVED_UID in line and "usermod -aG %d" % GROUP_GID in line, line
+            assert "spooling instead" in line, line
+            assert r.stderr.strip() == line, "nothing else on stderr: %r" % r.stderr
+            spooled = list(spool.glob("*.spool"))
+            assert spooled and any(b"kept" in p.read_bytes() for p in spooled), "the events were spooled"
+            assert agent.status()["producers"] == 0  # it never got in
+        finally:
+            agent.stop()

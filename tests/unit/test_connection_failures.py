@@ -1,0 +1,86 @@
+"""``hooks._connection``: what a failed connect says, and the acks a closed connection still holds.
+
+The end-to-end checks are tests/e2e/test_hook_socket_access.py (another uid, EACCES) and
+tests/e2e/test_hook_reconnect_acks.py (an agent restart mid cold start); these pin the parts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from infersight.hooks import _wire
+from infersight.hooks._connection import Connection, connect_failure
+
+
+def _ack(seq: int) -> bytes:
+    payload = b'{"t":"ack","seq":%d}' % seq
+    return _wire.HEADER.pack(len(payload)) + payload
+
+
+@pytest.mark.parametrize("code", [errno.ENOENT, errno.ECONNREFUSED])
+def test_no_agent_listening_is_quiet(code: int) -> None:
+    assert connect_failure("/x/agent.sock", OSError(code, os.strerror(code))) is None
+
+
+def test_a_permission_error_names_the_socket_the_error_and_the_group(tmp_path: Path) -> None:
+    sock = tmp_path / "agent.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    try:
+        gid = 42931 if os.geteuid() == 0 else os.getegid()
+        if os.geteuid() == 0:
+            os.chown(sock, -1, gid)
+        why = connect_failure(str(sock), PermissionError(errno.EACCES, "Permission denied"))
+    finally:
+        s.close()
+    assert why is not None and "\n" not in why
+    assert str(sock) in why and "Permission denied (EACCES)" in why
+    if os.geteuid() == 0:  # root is in no group 42931: the hint says which to join
+        assert "uid 0" in why and "group 42931" in why and "usermod -aG 42931" in why, why
+    else:
+        assert "in the socket's group" in why, why
+
+
+def test_another_error_is_said_without_a_hint() -> None:
+    why = connect_failure("/x/agent.sock", OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
+    assert why == "cannot connect to /x/agent.sock: %s (ENOTDIR)" % os.strerror(errno.ENOTDIR)
+
+
+def _connected(outbox: int) -> tuple[Connection, socket.socket]:
+    ours, agent = socket.socketpair()
+    ours.settimeout(0.0)
+    conn = Connection("/nonexistent", {"id": "t"})
+    conn.sock = ours
+    for seq in range(1, outbox + 1):
+        conn.outbox.append((seq, 1, b"f%d" % seq))
+        conn.outbox_bytes += 2
+    return conn, agent
+
+
+@pytest.mark.parametrize("unread", [False, True], ids=["eof", "econnreset"])
+def test_a_failed_send_takes_the_acks_the_dead_agent_left(unread: bool) -> None:
+    conn, agent = _connected(3)
+    agent.sendall(_ack(1) + _ack(2)[:5])  # the second ack cut in two reads
+    agent.sendall(_ack(2)[5:])
+    if unread:
+        conn.sock.send(b"never read")  # type: ignore[union-attr]  # the agent dies with it unread: ECONNRESET
+    agent.close()
+    conn.send(4, 1, b"f4")  # EPIPE: disconnects
+    assert not conn.up
+    assert conn.acked == 2 and [f[0] for f in conn.outbox] == [3, 4]  # only those are resent
+
+
+
+def test_a_timeout_is_quiet_and_a_path_python_refuses_is_said() -> None:
+    assert connect_failure("/x/agent.sock", TimeoutError("timed out")) is None
+    long_path = "/tmp/" + "x" * 200 + "/agent.sock"
+    conn = Connection(long_path, {"id": "t"})
+    said: list[str] = []
+    conn._warn = said.append  # type: ignore[method-assign]
+    assert conn.connect() is False
+    assert len(said) == 1 and long_path in said[0] and "too long" in said[0], said
