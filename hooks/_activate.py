@@ -143,6 +143,11 @@ def activate_process() -> bool:
         return False
     if _coldstart.state().installed:
         return True  # the bootstrap ran again (the .pth line, then site's own sitecustomize import): set up once
+    try:  # an INFERSIGHT_* name that nothing reads is a typo: said once per process, and ignored
+        for name, suggestion in _env.unknown(os.environ):
+            _env.say(_env.unknown_message(name, suggestion) + "; ignored")
+    except Exception:
+        pass  # a check that failed is no reason to stop the hooks
     try:
         # _enginelog before the import timing starts: the hooks' own set-up, not an import of the program
         from . import _BOOT_NS, _enginelog

@@ -5,6 +5,9 @@ read a value with :func:`get`; a bad value never switches the hooks off: the pro
 stderr gets one line naming the variable, the value and what is allowed (once per
 variable), and that key takes its default. ``launch`` calls :func:`problems` on its own
 environment before CMD starts and refuses a bad value there (exit 2): the same parser.
+An ``INFERSIGHT_*`` name that infersight does not read at all (:func:`unknown`: a typo such
+as ``INFERSIGHT_SPOOL_MAX_BYTE``) is one stderr line when the hooks activate, with the known
+name it likely means, a refusal of ``launch``, and a warning of the agent at its start.
 
 Kinds: ``bool`` (1/0, true/false, yes/no, on/off), ``int`` and ``float`` with a lower
 bound, ``bytes`` (a whole number, optionally with a KiB/MiB/GiB or K/M/G suffix), ``choice``
@@ -30,12 +33,14 @@ _UNITS = (("kib", 1 << 10), ("mib", 1 << 20), ("gib", 1 << 30), ("k", 1 << 10), 
 
 class Var:
     """One variable: ``kind`` in bool/int/float/bytes/choice/path; ``low`` the least number
-    allowed; ``above`` True when the bound itself is excluded; ``choices`` for a choice."""
+    allowed; ``above`` True when the bound itself is excluded; ``choices`` for a choice;
+    ``shown`` the docs' default where the value alone would mislead."""
 
-    __slots__ = ("above", "choices", "default", "help", "internal", "kind", "low", "name")
+    __slots__ = ("above", "choices", "default", "help", "internal", "kind", "low", "name", "shown")
 
     def __init__(self, name: str, kind: str, default: Any, help: str, low: float = 0,
-                 above: bool = False, choices: Tuple[str, ...] = (), internal: bool = False) -> None:
+                 above: bool = False, choices: Tuple[str, ...] = (), internal: bool = False,
+                 shown: str = "") -> None:
         self.name = name
         self.kind = kind
         self.default = default
@@ -44,6 +49,7 @@ class Var:
         self.above = above
         self.choices = choices
         self.internal = internal
+        self.shown = shown
 
     def allowed(self) -> str:
         """What a value must be, in words (for the error line)."""
@@ -109,9 +115,14 @@ def _v(*args: Any, **kwargs: Any) -> Tuple[str, Var]:
 
 
 VARS: Dict[str, Var] = dict((
-    # The switch: the .pth bootstrap (``hooks install``) loads the hooks only when it is on;
-    # off, the bootstrap leaves the process untouched (``launch`` clears it for CMD).
-    _v("INFERSIGHT", "bool", True, "the hooks' switch: off (0/false/no/off) leaves the process unhooked"),
+    # The switch: the .pth bootstrap (``hooks install``) loads the hooks only when it is on
+    # (unset, empty or off: nothing of ours loads; any other value: one stderr line, and off);
+    # the bootstrap directory on PYTHONPATH is on unless it is off (a bad value: said, and on).
+    # infersight's CLI drops it at its start: ``launch`` neither checks it nor passes it to CMD.
+    _v("INFERSIGHT", "bool", True, "the hooks' switch: off (0/false/no/off) leaves the process unhooked; "
+       "a value neither on nor off is said on stderr (see above)",
+       shown="unset: off under the `.pth` line (`hooks install`), on with the bootstrap on `PYTHONPATH`; "
+             "launch ignores it (CMD is hooked)"),
     # Where events go.
     _v("INFERSIGHT_SOCKET", "path", None, "the agent's socket (default: see the docs)"),
     _v("INFERSIGHT_SPOOL_DIR", "path", None, "where the hooks spool while the agent is away"),
@@ -145,6 +156,41 @@ VARS: Dict[str, Var] = dict((
     _v("INFERSIGHT_LAUNCH_SESSION", "path", None, "launch joined an agent: the session its hooks name",
        internal=True),
 ))
+
+# Every other INFERSIGHT_* name that infersight reads. The hooks neither read nor check these
+# (their values are someone else's business), but know their names: an INFERSIGHT_* name
+# that nothing reads is a typo, said on stderr (``unknown``), and refused by ``launch``.
+# tests/unit/test_env_unknown_names.py holds this set equal to the agent's key tables plus
+# the names below them, and finds every name written in the tree known.
+OTHER_NAMES = frozenset((
+    # The agent's configuration keys (agent/daemon/config.py KEYS).
+    "INFERSIGHT_SOCKET_MODE", "INFERSIGHT_ALLOWED_UIDS", "INFERSIGHT_ALLOWED_GIDS", "INFERSIGHT_STATE_DIR",
+    "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES", "INFERSIGHT_EXPORTER_MAX_ATTEMPTS", "INFERSIGHT_EXPORTER_STALL_S",
+    "INFERSIGHT_SHUTDOWN_TIMEOUT_S", "INFERSIGHT_HEALTH_INTERVAL_S", "INFERSIGHT_FRAME_TIMEOUT_S",
+    "INFERSIGHT_MAX_CONNECTIONS", "INFERSIGHT_IDLE_TIMEOUT_S", "INFERSIGHT_MAX_PENDING_BYTES",
+    "INFERSIGHT_LOG_LEVEL", "INFERSIGHT_HOST_NAME", "INFERSIGHT_OTLP_FILE_ENABLED", "INFERSIGHT_OTLP_FILE",
+    "INFERSIGHT_OTLP_FILE_MAX_BYTES", "INFERSIGHT_OTLP_FILE_BACKUPS", "INFERSIGHT_CONSOLE",
+    # The sections their own modules own: MQTT, Prometheus, NVML and devices, routing.
+    "INFERSIGHT_MQTT_URL", "INFERSIGHT_MQTT_USERNAME", "INFERSIGHT_MQTT_PASSWORD", "INFERSIGHT_MQTT_PASSWORD_FILE",
+    "INFERSIGHT_MQTT_CA_FILE", "INFERSIGHT_MQTT_CERT_FILE", "INFERSIGHT_MQTT_KEY_FILE", "INFERSIGHT_MQTT_TLS_VERIFY",
+    "INFERSIGHT_MQTT_CLIENT_ID", "INFERSIGHT_MQTT_CONNECT_TIMEOUT_S", "INFERSIGHT_MQTT_EXIT_WAIT_S",
+    "INFERSIGHT_MQTT_KEEPALIVE", "INFERSIGHT_MQTT_MAX_PAYLOAD_BYTES", "INFERSIGHT_MQTT_PROTOCOL",
+    "INFERSIGHT_MQTT_QOS", "INFERSIGHT_MQTT_SESSION_EXPIRY_S", "INFERSIGHT_MQTT_TOPIC_PREFIX",
+    "INFERSIGHT_PROMETHEUS", "INFERSIGHT_PROMETHEUS_HOST", "INFERSIGHT_PROMETHEUS_PORT",
+    "INFERSIGHT_PROMETHEUS_MAX_SERIES", "INFERSIGHT_PROMETHEUS_MAX_SERIES_PER_UID",
+    "INFERSIGHT_PROMETHEUS_SERIES_TTL_S", "INFERSIGHT_PROMETHEUS_TARGET_INFO",
+    "INFERSIGHT_NVML_ENABLED", "INFERSIGHT_NVML_INTERVAL_S", "INFERSIGHT_NVML_EXPORT_INTERVAL_S",
+    "INFERSIGHT_NVML_PROC_ROOT", "INFERSIGHT_DEVICES_RULES", "INFERSIGHT_DEVICES_WINDOW_S",
+    "INFERSIGHT_DEVICES_EVALUATE_INTERVAL_S",
+    "INFERSIGHT_ROUTING", "INFERSIGHT_ROUTING_HOST", "INFERSIGHT_ROUTING_AGENT_CHECK_PORT",
+    "INFERSIGHT_ROUTING_MAX_CONCURRENCY",
+    # The commands' own: the agent's and doctor's config file, launch's and the agent's storage
+    # measurement, classify's site rules directory.
+    "INFERSIGHT_CONFIG", "INFERSIGHT_MEASURE_STORAGE", "INFERSIGHT_RULES_DIR",
+    # The developers' knobs (scripts/check, the test suite): a hooked test process inherits them.
+    "INFERSIGHT_TEST_WORKERS", "INFERSIGHT_STAGE_RULE_SOURCES", "INFERSIGHT_OOM_EXAMPLES",
+))
+PREFIX = "INFERSIGHT_"
 
 _reported: Dict[str, str] = {}  # variable -> the bad value already said on stderr
 
@@ -192,11 +238,36 @@ def problems(env: Mapping[str, str], internal: bool = False) -> List[str]:
     return out
 
 
+def unknown(env: Mapping[str, str]) -> List[Tuple[str, Optional[str]]]:
+    """Each ``INFERSIGHT_*`` name of ``env`` that infersight does not read (a typo), sorted,
+    with the closest known name or None. Cheap when there is none: difflib is imported only
+    for an unknown name."""
+    names = sorted(k for k in env if k.startswith(PREFIX) and k not in VARS and k not in OTHER_NAMES)
+    if not names:
+        return []
+    import difflib
+
+    n = len(PREFIX)
+    known = sorted({k[n:] for k in VARS if k.startswith(PREFIX)} | {k[n:] for k in OTHER_NAMES})
+    out: List[Tuple[str, Optional[str]]] = []
+    for name in names:
+        close = difflib.get_close_matches(name[n:], known, n=1)
+        out.append((name, PREFIX + close[0] if close else None))
+    return out
+
+
+def unknown_message(name: str, suggestion: Optional[str]) -> str:
+    """The line for an unknown name: it, and the name it likely means."""
+    return "%s is not a variable infersight reads%s" % (
+        name, " (did you mean %s?)" % suggestion if suggestion else "")
+
+
 def reference_markdown() -> str:
     """The table of ``docs/hooks-env.md`` (a test keeps the two equal)."""
     lines = ["| variable | default | allowed | what it does |", "| --- | --- | --- | --- |"]
     for var in VARS.values():
-        default = "-" if var.default is None else ("`%s`" % (var.default if var.default != "" else '""'))
+        default = var.shown or ("-" if var.default is None else
+                                ("`%s`" % (var.default if var.default != "" else '""')))
         lines.append("| `%s` | %s | %s | %s%s |" % (var.name, default, var.allowed(), var.help,
                                                    " (set by launch or the hooks)" if var.internal else ""))
     return "\n".join(lines) + "\n"

@@ -1,8 +1,11 @@
 """``infersight hooks install|uninstall --python PY``: the ``.pth`` bootstrap.
 
-The ``.pth`` line runs at every start of that interpreter but does nothing unless
-``INFERSIGHT=1`` is set; then it puts the bootstrap directory on ``sys.path`` and
-runs it, as ``launch`` does through PYTHONPATH.
+The ``.pth`` line runs at every start of that interpreter but does nothing while
+``INFERSIGHT`` is unset, empty or off (one environment lookup, no import); on (``1``,
+``true``...), it puts the bootstrap directory on ``sys.path`` and runs it, as ``launch``
+does through PYTHONPATH; any other value is one stderr line naming the variable, the value
+and the allowed words, and the hooks stay off. The line never raises. Re-running ``hooks
+install`` rewrites the line of an older install.
 """
 
 from __future__ import annotations
@@ -20,12 +23,43 @@ from infersight.hooks import _bootstrap_dir, _env
 PTH_NAME = "infersight-hooks.pth"
 
 
+# What the .pth line runs once INFERSIGHT is set and not off (``w``: its value, stripped and
+# lowercased). The bootstrap directory already on sys.path (PYTHONPATH) runs itself as
+# ``sitecustomize`` and says a bad value there itself. site may read a venv's site-packages,
+# and so this line, twice (Python 3.11: once from its venv set-up): a bad value is said once,
+# marked on ``sys``.
+_PTH_CODE = """\
+try:
+    if w in %(on)r:
+        if %(dir)r not in sys.path:
+            sys.path.insert(0, %(dir)r)
+            __import__('runpy').run_path(%(file)r)
+    elif %(dir)r not in sys.path and not getattr(sys, '_infersight_switch_said', False):
+        sys._infersight_switch_said = True
+        sys.stderr.write(%(bad)r %% (os.environ.get('INFERSIGHT'),))
+        sys.stderr.flush()
+except Exception as e:
+    try:
+        sys.stderr.write('infersight: bootstrap failed, running without hooks: %%r\\n' %% (e,))
+    except Exception:
+        pass
+"""
+
+
 def pth_line(bootstrap: str) -> str:
-    # One line: .pth files execute lines that start with "import".
+    """The ``.pth`` line (site executes lines that start with "import"): unset, empty or an off
+    word costs one environment lookup; the rest runs in a ``try`` of its own (``_PTH_CODE``)."""
+    code = _PTH_CODE % {
+        "on": _env.TRUE_WORDS,
+        "dir": bootstrap,
+        "file": os.path.join(bootstrap, "sitecustomize.py"),
+        "bad": "infersight: INFERSIGHT=%%r is not allowed: expected %s; the hooks stay off\n"
+               % _env.VARS["INFERSIGHT"].allowed(),
+    }
     return (
-        "import os, sys; os.environ.get('INFERSIGHT', '').strip().lower() in %r and %r not in sys.path and "
-        "(sys.path.insert(0, %r) or __import__('runpy').run_path(%r))\n"
-        % (_env.TRUE_WORDS, bootstrap, bootstrap, os.path.join(bootstrap, "sitecustomize.py"))
+        "import os, sys; os.environ.get('INFERSIGHT', '').strip().lower() in %r or "
+        "exec(%r, {'os': os, 'sys': sys, 'w': os.environ['INFERSIGHT'].strip().lower()})\n"
+        % (("", *_env.FALSE_WORDS), code)
     )
 
 

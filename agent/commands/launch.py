@@ -273,8 +273,11 @@ def config_error(opts: LaunchOptions, path: str | None, private: Private) -> str
         return None
     from infersight.hooks import _env
 
-    # What CMD's hooks would read, by the hooks' own parser (launch clears the switch INFERSIGHT for CMD).
+    # What CMD's hooks would read, by the hooks' own parser (the switch INFERSIGHT is not CMD's:
+    # the CLI drops it at its start, and CMD is always hooked). An INFERSIGHT_* name that nothing
+    # of infersight reads is a typo, refused as a bad value is, with the name it likely means.
     bad = _env.problems({k: v for k, v in os.environ.items() if k != "INFERSIGHT"})
+    bad += [_env.unknown_message(name, suggestion) for name, suggestion in _env.unknown(os.environ)]
     if bad:
         return "; ".join(bad)
     if path is None:

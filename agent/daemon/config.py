@@ -12,6 +12,7 @@ table of every key, the README's and the example file's, is composed in
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infersight.errors import Location, SourceError
-from infersight.hooks import _paths
+from infersight.hooks import _env, _paths
 from infersight.settings import (
     Config,
     ConfigError,
@@ -233,6 +234,29 @@ def read_config_text(path: str) -> str:
         raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
 
 
+log = logging.getLogger("infersight.config")
+_warned_names: set[str] = set()  # the unknown-name lines this process has logged
+
+
+def unknown_env_warnings(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``INFERSIGHT_*`` name of ``env`` (default: this process's environment) that
+    nothing of infersight reads (a typo: ``INFERSIGHT_PROMETHEUS_PROT``), with the known name it
+    likely means. The hooks' list of names (``hooks/_env.py``) is the one list: it holds the
+    agent's keys, the exporters' and the hooks' own."""
+    env = os.environ if env is None else env
+    return ["environment: %s; ignored" % _env.unknown_message(name, suggestion)
+            for name, suggestion in _env.unknown(env)]
+
+
+def _warn_unknown_env() -> None:
+    """Log each unknown name of this process's environment once (at the agent's start; a
+    reload, whose environment is the same, says nothing again). The agent starts all the same."""
+    for line in unknown_env_warnings():
+        if line not in _warned_names:
+            _warned_names.add(line)
+            log.warning("%s", line)
+
+
 def load(
     path: str | None = None,
     env: Mapping[str, str] | None = None,
@@ -240,7 +264,10 @@ def load(
     require_file: bool = False,
     extra_keys: tuple[Key, ...] = (),
 ) -> Config:
-    """Resolve every key: flag > env > file > default."""
+    """Resolve every key: flag > env > file > default. With this process's environment
+    (``env`` None), an ``INFERSIGHT_*`` name that nothing reads is logged once as a warning."""
+    if env is None:
+        _warn_unknown_env()
     env = os.environ if env is None else env
     keys = KEYS + extra_keys
     known = {k.name: k for k in keys}

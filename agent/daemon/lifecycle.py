@@ -166,6 +166,7 @@ class Agent:
         self.config = config
         self.started_values = dict(config.values)  # what runs until a restart (a reload swaps only live keys)
         self.pending_restart: list[str] = []  # settings the file changed that apply at the next restart
+        self.env_warnings = cfg.unknown_env_warnings()  # INFERSIGHT_* names nothing reads (typos), in status
         self.embedded = embedded
         self.listen_sock = listen_sock
         self.extensions = tuple(extensions)
@@ -352,7 +353,8 @@ class Agent:
         """What the operator should know that is not a failure (an agent with no sink)."""
         pending = (["changed in the config file, waiting for a restart: %s" % ", ".join(self.pending_restart)]
                    if self.pending_restart else [])
-        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING]), *pending]
+        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING]), *pending,
+                *self.env_warnings]
 
     def health(self, extensions: bool = True) -> dict[str, Any]:
         """The status reply; ``extensions=False`` leaves out the extensions' sections (what

@@ -106,7 +106,9 @@ def _chain() -> None:
 
 # The switch's "off" words (hooks/_env.py FALSE_WORDS; a test holds the two equal): checked here so
 # that a process told to stay unhooked loads nothing of ours. Any other value loads the hooks,
-# whose _env then says once if it is not a boolean (and takes the default: on).
+# whose _env then says once if it is not a boolean (and takes the default here: on, as this
+# directory is on PYTHONPATH). The .pth line runs this file only for an "on" word: it says a
+# bad value itself and leaves the hooks off, its own default.
 OFF = ("0", "false", "no", "off")
 if os.environ.get("INFERSIGHT", "").strip().lower() not in OFF:
     _activate()

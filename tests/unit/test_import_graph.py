@@ -63,10 +63,10 @@ INSTRUMENTERS = tuple("infersight.hooks." + m for m in (
     "_imports", "_build", "_torch", "_weights", "_stagerules", "_checkpoint", "asgi"))
 COLDSTART_SETUP = ("infersight.hooks._coldstart", "infersight.hooks._activate")
 # What the daemon may use outside itself: the agent's error base, the exporter protocol, the
-# hooks' wire format, paths and contract (both sides of the socket),
+# hooks' wire format, paths, table of INFERSIGHT_* names and contract (both sides of the socket),
 # and the neutral modules.
 DAEMON_MAY_USE = ("infersight.agent.daemon", "infersight.agent.errors", "infersight.exporters.base",
-                  "infersight.hooks._wire", "infersight.hooks._paths", CONTRACT,
+                  "infersight.hooks._wire", "infersight.hooks._paths", "infersight.hooks._env", CONTRACT,
                   *NEUTRAL)
 
 
