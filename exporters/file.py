@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Sequence
 
 from infersight.exporters.base import ExportError
@@ -14,6 +15,33 @@ from infersight.telemetry import Item
 log = logging.getLogger("infersight.exporters.file")
 INLINE_BYTES = 64 << 10  # smaller writes stay on the event loop
 INLINE_ITEMS = 256  # larger batches are encoded in the worker thread too
+
+
+def current_umask() -> int | None:
+    """This process's umask, read without changing it (``os.umask`` sets it, racing other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _narrow_to_umask(fd: int) -> None:
+    """A file of the agent's state directory made before a stricter umask (an upgrade from
+    UMask=0027 to 0077 left the default OTLP file group-readable by every model server's uid)
+    loses the bits the umask now denies; a file the umask allows is left as it is."""
+    mask = current_umask()
+    if mask is None:
+        return
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & mask:
+            os.fchmod(fd, mode & ~mask)
+    except OSError:
+        pass
 
 
 class FileExporter:
@@ -65,6 +93,7 @@ class FileExporter:
             flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
             if self.state_dir is not None:
                 fd = open_state_file(self.state_dir, self._rel, flags, 0o666)
+                _narrow_to_umask(fd)
             else:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 fd = os.open(self.path, flags, 0o666)

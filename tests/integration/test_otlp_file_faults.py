@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +132,23 @@ async def test_partial_line_left_by_a_crash_is_removed_and_counted(tmp_path: Pat
     assert len(lines) == 1 + 3
     for line in lines:
         parse_line(line)
+
+
+@pytest.mark.parametrize(("umask", "want"), [(0o077, 0o600), (0o027, 0o640)])
+def test_a_state_file_made_under_a_looser_umask_is_narrowed(tmp_path: Path, umask: int, want: int) -> None:
+    """The service's UMask went from 0027 to 0077 (group infersight is every model server's): the default
+    OTLP file an older agent made 0640 loses its group bits when the agent opens it again; under the old
+    umask it is left as it was."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    out = state / "infersight.otlp.jsonl"
+    out.write_text('{"resourceSpans": []}\n')
+    out.chmod(0o640)
+    old = os.umask(umask)
+    try:
+        exp = FileExporter(str(out), state_dir=str(state))
+        exp._open()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == want
+    assert out.read_text() == '{"resourceSpans": []}\n'
