@@ -54,10 +54,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         h = query_status(path)
     except OSError as exc:
+        why = str(exc)
+        if isinstance(exc, TimeoutError):  # connected, no answer: a socket held with no agent behind it
+            why = ("timed out: the socket accepts but no agent answers; under systemd the socket unit holds it "
+                   "while infersight.service is stopped or starting: systemctl status infersight.service")
         if args.json:
-            print(json.dumps({"healthy": False, "socket": path, "error": str(exc)}))
+            print(json.dumps({"healthy": False, "socket": path, "error": why}))
         else:
-            print("infersight agent: not reachable at %s (%s)" % (path, exc))
+            print("infersight agent: not reachable at %s (%s)" % (path, why))
         return 1
     if h.get("t") == "refuse":
         print("infersight agent refused the status query: %s" % h.get("error"))

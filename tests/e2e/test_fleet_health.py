@@ -238,3 +238,17 @@ def test_file_enabled_true_keeps_the_default_file_beside_another_sink(tmp_path: 
     assert got[0].state()["path"] == str(tmp_path / "infersight.otlp.jsonl")
     with pytest.raises(cfg.ConfigError, match="exporters.file.enabled"):
         cfg.load(None, env={"INFERSIGHT_OTLP_FILE_ENABLED": "sometimes"})
+
+
+def test_a_socket_held_with_no_agent_behind_it_is_named(tmp_path: Path) -> None:
+    """systemd's socket unit holds the socket while the service is stopped: a connect succeeds and nothing
+    answers. status says so and where to look, not only "timed out"."""
+    import socket
+
+    path = tmp_path / "agent.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as held:
+        held.bind(str(path))
+        held.listen(8)
+        r = status(path)
+    assert r.returncode == 1
+    assert "no agent answers" in r.stdout and "systemctl status infersight.service" in r.stdout, r.stdout
