@@ -62,10 +62,16 @@ def test_unwritable_otlp_file_is_a_usage_error_before_cmd(tmp_path: Path, read_o
     assert "wrote" not in r.stderr
 
 
-def test_default_output_in_unwritable_cwd_is_a_usage_error(tmp_path: Path, read_only_dir: Path) -> None:
+def test_default_output_in_unwritable_cwd_moves_and_cmd_runs(tmp_path: Path, read_only_dir: Path) -> None:
+    """The default file (not asked for) never keeps CMD from starting: it goes to the state directory
+    (tests/e2e/test_launch_output_fallback.py walks the other places as another uid)."""
+    env = dict(launch_env(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
     r = subprocess.run([*CLI, "launch", "--", "true"], capture_output=True, text=True, timeout=60,
-                       cwd=read_only_dir, env=launch_env(tmp_path))
-    assert r.returncode == 2 and "cannot write the output file" in r.stderr
+                       cwd=read_only_dir, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "in the working directory (Read-only file system)" in r.stderr, r.stderr
+    [f] = list((tmp_path / "state" / "infersight").glob("infersight-*.otlp.jsonl"))
+    assert "writing the cold start to %s" % f in r.stderr
 
 
 # -- Ctrl-C reaches CMD once ---------------------------------------------------------

@@ -118,8 +118,10 @@ def test_sidecar_probes_and_hardening() -> None:
     side = containers(spec)["infersight"]
     if side in spec.get("initContainers", []):
         assert side["restartPolicy"] == "Always", "a native sidecar, not a one-shot init"
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert side[probe]["exec"]["command"] == ["infersight", "status"]
+    # liveness: the agent answers (a restart does not mend a collector outage)
+    assert side["livenessProbe"]["exec"]["command"] == ["infersight", "status", "--alive"]
     sc = side["securityContext"]
     assert sc["runAsNonRoot"] is True
     assert sc["runAsUser"] != 0
