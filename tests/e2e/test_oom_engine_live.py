@@ -660,7 +660,9 @@ def test_launch_loads_the_oom_rules_when_cmd_is_a_serving_engine(tmp_path: Path,
     assert any("loading the OOM rules now: " + w in r.stderr for w in whys), r.stderr[-2000:]
     (rec,) = [x for x in log_records(read_otlp_lines(out)) if x.get("eventName") == "oom"]
     assert attr(rec, "infersight.oom.rule") == "vllm.kv.no-cache-blocks"
-    assert attr(rec, "infersight.oom.source") == "log"
+    # the logging hook's copy, or launch's stderr relay's when a loaded machine delays the hook's batch:
+    # the same message is classified once, from whichever reached the agent first
+    assert attr(rec, "infersight.oom.source") in ("log", "stderr")
 
 
 EARLY_OOM = """
