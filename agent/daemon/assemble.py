@@ -53,10 +53,11 @@ class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malform
     """An event or hello that does not follow the schema."""
 
 
-class ProducerTableFull(Malformed):
-    """A hello refused: its uid holds its share of the producer table and none of it may go
-    (a Malformed, so that every caller of :meth:`Assembler.hello` refuses it as it refuses a
-    bad hello)."""
+class ProducerTableFull(AgentError):  # noqa: N818 - reads as "raise ProducerTableFull(...)"
+    """A hello turned away for now: its uid holds its share of the producer table and none of it
+    may go. Not a bad hello: the socket closes without a ``refuse`` (which would stop the hook
+    trying for good: it retries later, and spools meanwhile), and a spool file stays on disk for a
+    later scan."""
 
 
 @dataclass(slots=True)

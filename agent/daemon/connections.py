@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from infersight.agent.daemon.assemble import Producer
+from infersight.agent.daemon.assemble import Producer, ProducerTableFull
 from infersight.agent.daemon.framing import GATE_S, ReadDeadline, ReadGate, read_frame
 from infersight.agent.daemon.identity import Peer, peer_credentials, peer_groups
 from infersight.agent.daemon.liveness import Liveness
@@ -152,7 +152,11 @@ class Connections:
             closed_over()
             self.rlog.warn("cap", "connection limit (%d) reached: closing new connections", self.max_connections)
             return
-        producer = self.receiver.hello(msg, writer, Peer(uid, pid))
+        try:
+            producer = self.receiver.hello(msg, writer, Peer(uid, pid))
+        except ProducerTableFull as exc:  # no reply, as at the connection cap: the hook retries later
+            self.receiver.rlog.warn("producers", "turned a hello of uid %d away for now: %s", uid, exc)
+            return
         if producer is None:
             await writer.drain()
             return

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infersight.agent.daemon.assemble import Assembler, Producer
+from infersight.agent.daemon.assemble import Assembler, Producer, ProducerTableFull
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.agent.daemon.connections import STATUS_RESERVE, Connections, Subscribe
 from infersight.agent.daemon.framing import GATE_S, ReadGate
@@ -159,8 +159,12 @@ class Ingest:
     # -- producers -----------------------------------------------------------------------
 
     def hello(self, msg: dict[str, Any], peer: Peer | None = None) -> Producer | None:
-        """The producer of a hello (``peer`` None: in-process, trusted); None when refused."""
-        return self.receiver.hello(msg, None, peer)
+        """The producer of a hello (``peer`` None: in-process, trusted); None when refused, or
+        turned away for now (its uid holds its share of the producer table)."""
+        try:
+            return self.receiver.hello(msg, None, peer)
+        except ProducerTableFull:
+            return None
 
     def process_batch(
         self,

@@ -72,7 +72,8 @@ class Receiver:
     def hello(self, msg: dict[str, Any], writer: asyncio.StreamWriter | None, peer: Peer | None = None
               ) -> Producer | None:
         """The producer of a hello from ``peer`` (None: in-process, trusted); None when refused
-        (with a ``refuse`` frame to ``writer``, if any)."""
+        (with a ``refuse`` frame to ``writer``, if any). Raises :class:`ProducerTableFull` when
+        the uid holds its share of the producer table: a "not now", not a refusal."""
         def refuse(error: str) -> None:
             if writer is not None:
                 writer.write(_wire.refuse_frame(error))

@@ -19,7 +19,7 @@ import os
 import stat
 from collections.abc import Callable
 
-from infersight.agent.daemon.assemble import Producer
+from infersight.agent.daemon.assemble import Producer, ProducerTableFull
 from infersight.agent.daemon.identity import Peer
 from infersight.agent.daemon.receive import Receiver
 from infersight.agent.daemon.sanitize import decode_frame
@@ -110,7 +110,12 @@ class SpoolReplay:
                     counters.malformed_frames += 1
                     continue
                 if producer is None:
-                    producer = rx.hello(msg, None, Peer(st.st_uid, None))
+                    try:
+                        producer = rx.hello(msg, None, Peer(st.st_uid, None))
+                    except ProducerTableFull as exc:  # nothing published yet: the file waits for a later scan
+                        self._replaying.discard(path)
+                        rx.rlog.warn("spool-later", "replaying %s later: %s", path, exc)
+                        return False
                     if producer is None:
                         break
                     continue

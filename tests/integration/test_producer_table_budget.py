@@ -32,7 +32,7 @@ from infersight.telemetry import Resource
 
 # (looked up so that, on an assembler without a per-uid budget, the tests fail on what it does)
 MAX_PRODUCERS_PER_UID: int = getattr(assemble, "MAX_PRODUCERS_PER_UID", MAX_PRODUCERS // 4)
-ProducerTableFull: type[Exception] = getattr(assemble, "ProducerTableFull", assemble.Malformed)
+ProducerTableFull = assemble.ProducerTableFull
 UID_B = 54321  # the neighbour: never the uid the tests run as
 SESSION = "5e" * 16
 ROOT_SPAN = "b" * 16
@@ -137,7 +137,7 @@ async def test_a_uid_whose_producers_may_not_go_is_refused_and_counted(tmp_path:
         st = agent.health()["assembler"]
         assert st["over_uid_producers"] == 1 and st["producers_evicted"] == 0
         assert "b-0" in agent.assembler.producers and "b-more" not in agent.assembler.producers
-        assert agent.counters.malformed_frames == malformed_before + 1  # the refusal path of a bad hello
+        assert agent.counters.malformed_frames == malformed_before  # "not now", not a bad hello
         other = agent.ingest.hello({"t": "hello", "schema": 1, "producer": producer(299_998, "c-1")},
                                    Peer(UID_B + 1, 0))
         assert other is not None and other.uid == UID_B + 1
@@ -202,9 +202,94 @@ def test_a_uid_at_its_budget_with_nothing_to_give_is_refused() -> None:
         hello(asm, i, UID_B)
     with pytest.raises(ProducerTableFull) as refused:
         hello(asm, MAX_PRODUCERS_PER_UID, UID_B)
-    assert isinstance(refused.value, assemble.Malformed), "refused where every caller refuses a bad hello"
+    assert not isinstance(refused.value, assemble.Malformed), "not a bad hello: the hook may come back later"
     assert asm.stats()["over_uid_producers"] == 1 and len(asm.producers) == MAX_PRODUCERS_PER_UID
     # Root and in-process producers are not held to a uid's share (root may speak for anyone).
     for i in range(MAX_PRODUCERS_PER_UID + 10):
         hello(asm, i, 0, "root")
     assert sum(1 for p in asm.producers.values() if p.uid == 0) == MAX_PRODUCERS_PER_UID + 10
+
+
+async def _full_share(tmp_path: Path, base: Path) -> Any:
+    """An embedded agent whose uid UID_B holds its whole share, every producer in its cold start;
+    its socket and spool under ``base`` (which other uids can traverse)."""
+    from infersight.agent.coldstart.extension import ColdStartExtension
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
+
+    spool = base / "spool"
+    spool.mkdir(mode=0o700)
+    conf = cfg.load(None, env={}, flags={
+        "agent.socket": str(base / "run" / "a.sock"), "agent.spool_dir": str(spool),
+        "agent.state_dir": str(tmp_path / "state"), "agent.health_interval_s": 3600,
+    })  # fmt: skip
+    agent = Agent(conf, [], [ColdStartExtension(conf)], embedded=True)
+    await agent.start()
+    for i in range(MAX_PRODUCERS_PER_UID):
+        p = agent.ingest.hello({"t": "hello", "schema": 1, "producer": producer(300_000 + i, "b-%d" % i)},
+                               Peer(UID_B, 0))
+        assert p is not None
+        agent.ingest.process_batch(p, [stage(1, i + 1)])
+    return agent
+
+
+async def test_a_spool_file_of_a_uid_at_its_share_waits_for_a_later_scan(tmp_path: Path) -> None:
+    """Before, the turned-away hello broke the replay, which then counted the file as replayed and
+    unlinked it: a dead producer's events were deleted unread."""
+    from infersight.hooks import _paths
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the spool file another owner")
+    agent = await _full_share(tmp_path, tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        f = spool / _paths.spool_file_name("dead-b", "00" * 8)
+        f.write_bytes(_wire.hello_frame(producer(299_000, "dead-b"), 0)
+                      + _wire.encode_frame({"t": "b", "e": [[1, 5, "log", {"m": "kept"}]]}))
+        os.chown(f, UID_B, -1)
+        assert agent.ingest.replay_spools(str(spool)) == 0
+        assert f.exists(), "a spool file was deleted without its events being replayed"
+        assert agent.counters.spool_files_replayed == 0
+    finally:
+        await agent.shutdown(5)
+
+
+async def test_a_hello_of_a_uid_at_its_share_is_closed_without_a_refusal(tmp_path: Path) -> None:
+    """A ``refuse`` frame makes the hooks stop trying for the rest of their process's life: at the
+    share, the agent closes the connection without one (as at its connection cap), and the hook
+    comes back later."""
+
+    from fleet_env import open_base, system_python
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to connect as the neighbour's uid")
+    with open_base("isf-share-") as base:
+        await _hello_at_full_share(tmp_path, base, system_python())
+
+
+async def _hello_at_full_share(tmp_path: Path, base: Path, python: str) -> None:
+    import subprocess
+
+    agent = await _full_share(tmp_path, base)
+    try:
+        sock = agent.config["agent.socket"]
+        os.chmod(os.path.dirname(sock), 0o755)
+        os.chmod(sock, 0o777)
+        # the hello speaks for the connecting process itself (its own pid), as a hook's does
+        code = ("import json, os, socket, struct, sys\n"
+                "p = {'id': 'b-more', 'pid': os.getpid(), 'start_ns': 1, 'trace_id': '9' * 32, "
+                "'root_span_id': 'b' * 16}\n"
+                "body = json.dumps({'t': 'hello', 'schema': 1, 'producer': p}).encode()\n"
+                "s = socket.socket(socket.AF_UNIX)\ns.settimeout(20)\ns.connect(%r)\n"
+                "s.sendall(struct.pack('>I', len(body)) + body)\nbuf = b''\nwhile True:\n"
+                "    c = s.recv(65536)\n    if not c:\n        break\n    buf += c\n"
+                "sys.stdout.write(buf.hex())\n" % sock)
+        proc = await asyncio.create_subprocess_exec(python, "-c", code, user=UID_B,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        reply = bytes.fromhex(out.decode())
+        assert b"refuse" not in reply and reply == b"", reply
+        assert agent.assembler.stats()["over_uid_producers"] == 1
+    finally:
+        await agent.shutdown(5)
