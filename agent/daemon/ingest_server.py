@@ -67,13 +67,18 @@ def fd_limit() -> int:
 
 
 def answers(path: str) -> bool:
-    """Whether something listens on the Unix socket at ``path`` (a stale file refuses the connect)."""
+    """Whether something listens on the Unix socket at ``path``. Only a refused connect (nobody
+    listens: a stale file) or a vanished path says no; a full backlog (EAGAIN, or a connect that
+    times out), no permission or anything else is taken as a live agent, whose socket is not ours
+    to remove."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
         probe.connect(path)
-    except OSError:
+    except (ConnectionRefusedError, FileNotFoundError):
         return False
+    except OSError:
+        return True
     finally:
         probe.close()
     return True

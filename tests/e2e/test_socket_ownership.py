@@ -70,3 +70,32 @@ def test_a_stale_socket_file_is_replaced(agent_factory, tmp_path: Path) -> None:
     again.start()
     assert again.status()["healthy"] is True
     assert again.stop() == 0
+
+
+def test_a_live_agent_with_a_full_backlog_is_not_taken_for_a_stale_socket(tmp_path: Path) -> None:
+    """A listener whose backlog is full (an agent backing off accept at EMFILE, a reconnect storm)
+    does not take connects at once: that is not a stale file, and its socket is not removed."""
+    import socket as socket_
+
+    from infersight.agent.daemon.ingest_server import answers
+
+    path = tmp_path / "busy.sock"
+    busy = socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM)
+    busy.bind(str(path))
+    busy.listen(0)
+    waiting = []
+    try:
+        for _ in range(4):  # fill the backlog: nobody accepts
+            c = socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM)
+            c.setblocking(False)
+            try:
+                c.connect(str(path))
+            except BlockingIOError:
+                pass
+            waiting.append(c)
+        assert answers(str(path)) is True
+    finally:
+        for c in waiting:
+            c.close()
+        busy.close()
+    assert answers(str(path)) is False, "nobody listens now: a stale file"
