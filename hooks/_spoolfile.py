@@ -58,13 +58,18 @@ def reader_acl(uid: int) -> bytes:
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
 
 
-def let_directory_owner_read(fd: int, dir_uid: int) -> str:
+OVERFLOW_UID = 65534  # how an owner outside this user namespace reads: nobody's, never granted
+
+
+def let_directory_owner_read(fd: int, dir_uid: int, dir_mode: int) -> str:
     """The shared spool directory belongs to the agent's user (tmpfiles.d makes it infersight's, 3770): our
     file (0600, ours) must be readable by that user, or the agent cannot replay it once we have died; and by
     that user alone, not by the other members of the directory's group (other tenants of the host). A POSIX
-    ACL says exactly that. Nothing to do when the directory is ours or root's (root reads anyway). Returns
-    why it could not be done ("" when done or not needed)."""
-    if dir_uid in (os.geteuid(), 0):
+    ACL says exactly that. Nothing to do when the directory is ours or root's (root reads anyway), and
+    nothing granted where anyone may have made the directory (writable by others, as a sticky /tmp is:
+    its owner is then whoever came first) or where its owner is unmapped. Returns why it could not be done
+    ("" when done or not needed)."""
+    if dir_uid in (os.geteuid(), 0, OVERFLOW_UID) or dir_mode & stat.S_IWOTH:
         return ""
     try:
         os.setxattr(fd, _ACL_XATTR, reader_acl(dir_uid))
@@ -154,7 +159,7 @@ class SpoolFile:
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
                          0o600, dir_fd=dfd)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live
-            unreadable = let_directory_owner_read(fd, dst.st_uid)
+            unreadable = let_directory_owner_read(fd, dst.st_uid, mode)
             if unreadable and not self.acl_warned:
                 self.acl_warned = True
                 say("the spool file in %s cannot be made readable by its owner, uid %d (the agent): %s; if this "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -115,3 +116,23 @@ def test_a_spool_file_the_agent_may_not_read_is_counted_once_and_named(tmp_path:
         finally:
             agent.terminate()
             assert agent.wait(30) == 0, log.read_text()
+
+
+def test_a_world_writable_spool_directory_grants_its_owner_nothing(tmp_path: Path) -> None:
+    """Anyone may make a directory in a sticky world-writable place (/tmp): its owner is whoever came
+    first, so a hook spooling there (INFERSIGHT_SPOOL_DIR=/tmp/...) grants that owner nothing."""
+    require_root()
+    with open_base("isf-spool-") as base:
+        python = shared_python(base)
+        squatted = make_dir(base / "squatted", 0o1777, OTHER_UID, OTHER_UID)
+        env = base_env(INFERSIGHT_SOCKET=str(base / "none.sock"), INFERSIGHT_SPOOL_DIR=str(squatted),
+                       INFERSIGHT_EXIT_FLUSH_S="0.2", PYTHONPATH=str(BOOTSTRAP),
+                       HOME=str(make_dir(base / "home", 0o777)))
+        r = subprocess.run([str(python), "-c", SPOOLED], env=env, user=SERVED_UID, group=SERVED_UID,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        [f] = list(squatted.glob("*.spool"))
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, "an ACL was added for the directory's owner"
+        peek = subprocess.run([str(python), "-c", READ_IT, str(f)], user=OTHER_UID, group=OTHER_UID,
+                              capture_output=True, text=True, timeout=60)
+        assert peek.stdout.strip() == "denied", peek.stdout + peek.stderr
