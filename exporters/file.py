@@ -94,6 +94,13 @@ class FileExporter:
             if self.state_dir is not None:
                 fd = open_state_file(self.state_dir, self._rel, flags, 0o666)
                 _narrow_to_umask(fd)
+                for n in range(1, self.backups + 1):  # and the rotated ones an older agent left
+                    try:
+                        bfd = open_state_file(self.state_dir, "%s.%d" % (self._rel, n), os.O_RDONLY | os.O_CLOEXEC, 0)
+                    except OSError:
+                        continue
+                    _narrow_to_umask(bfd)
+                    os.close(bfd)
             else:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 fd = os.open(self.path, flags, 0o666)

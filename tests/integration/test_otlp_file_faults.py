@@ -144,6 +144,9 @@ def test_a_state_file_made_under_a_looser_umask_is_narrowed(tmp_path: Path, umas
     out = state / "infersight.otlp.jsonl"
     out.write_text('{"resourceSpans": []}\n')
     out.chmod(0o640)
+    rotated = state / "infersight.otlp.jsonl.2"
+    rotated.write_text('{"resourceSpans": []}\n')
+    rotated.chmod(0o640)
     old = os.umask(umask)
     try:
         exp = FileExporter(str(out), state_dir=str(state))
@@ -151,4 +154,5 @@ def test_a_state_file_made_under_a_looser_umask_is_narrowed(tmp_path: Path, umas
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == want
+    assert stat.S_IMODE(rotated.stat().st_mode) == want, "the rotated files an older agent left too"
     assert out.read_text() == '{"resourceSpans": []}\n'
