@@ -101,10 +101,12 @@ def fallback_output(name: str) -> tuple[str | None, list[str]]:
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     private = os.path.join(state, "infersight")
     candidate = os.path.join(private, name)
-    why = check_writable(candidate)
-    if why is None:
+    try:
+        os.makedirs(private, mode=0o700, exist_ok=True)
+        os.close(os.open(candidate, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         return candidate, reasons
-    reasons.append("%s: %s" % (private, why))
+    except OSError as exc:
+        reasons.append("%s: %s" % (private, exc.strerror or exc))
     temp = temp_root()
     for attempt in range(3):
         unique = name if attempt == 0 else name.replace(".otlp", "-%s.otlp" % os.urandom(3).hex())

@@ -109,8 +109,12 @@ def check_hooks_spool_dir(path: str) -> bool:
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        try:
+            parent = os.stat(os.path.dirname(os.path.abspath(path)))
+        except OSError:
             return True  # nothing to make it in: the hooks make a private one where they can
+        if not stat.S_ISDIR(parent.st_mode) or not parent.st_mode & (stat.S_ISGID | stat.S_IWGRP):
+            return True  # not a shared place (a user's own state directory): the hooks make a private one
         try:
             os.mkdir(path, 0o700)
             chmod_dir(path, SHARED_SPOOL_MODE, os.lstat(path))

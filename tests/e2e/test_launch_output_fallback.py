@@ -40,6 +40,7 @@ def test_an_unwritable_working_directory_moves_the_default_file(tmp_path: Path) 
         state = home / ".local" / "state" / "infersight"
         files = list(state.glob("infersight-*.otlp.jsonl"))
         assert len(files) == 1 and files[0].stat().st_size > 0, r.stderr
+        assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
         assert "writing the cold start to %s" % files[0] in r.stderr, r.stderr
         assert not list(image.glob("*.otlp.jsonl"))
 

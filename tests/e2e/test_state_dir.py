@@ -251,3 +251,9 @@ def test_a_missing_hooks_spool_dir_is_made_shared_and_sticky(base: Path) -> None
     assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o3770 and st.st_uid == os.geteuid()
     assert check_hooks_spool_dir(str(base / "absent" / "hooks")) is True
     assert not (base / "absent").exists()
+    # a user's own state directory is no shared place: nothing is made there (its group may be shared)
+    own = base / "own"
+    own.mkdir(mode=0o750)
+    os.chmod(own, 0o750)
+    assert check_hooks_spool_dir(str(own / "spool")) is True
+    assert not (own / "spool").exists()
