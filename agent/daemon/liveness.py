@@ -132,7 +132,11 @@ class Liveness:
     def _await_reconnect(self, producer: Producer) -> None:
         self._unwatch(producer.id)
         if len(self._pidless) >= MAX_WATCHED:
-            self._unwatch(next(iter(self._pidless)))
+            # the longest waiting ends now rather than never (an unwatched one would hold its cold
+            # start, and its place in the producer table, for good)
+            oldest = next(iter(self._pidless))
+            self._pidless[oldest][1].cancel()
+            self._grace_over(oldest)
         handle = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over, producer.id)
         self._pidless[producer.id] = (producer, handle)
 
