@@ -29,13 +29,10 @@ def current_umask() -> int | None:
     return None
 
 
-def _narrow_to_umask(fd: int) -> None:
+def _narrow_to_umask(fd: int, mask: int) -> None:
     """A file of the agent's state directory made before a stricter umask (an upgrade from
     UMask=0027 to 0077 left the default OTLP file group-readable by every model server's uid)
-    loses the bits the umask now denies; a file the umask allows is left as it is."""
-    mask = current_umask()
-    if mask is None:
-        return
+    loses the bits the umask ``mask`` now denies; a file the umask allows is left as it is."""
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & mask:
@@ -93,14 +90,16 @@ class FileExporter:
             flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
             if self.state_dir is not None:
                 fd = open_state_file(self.state_dir, self._rel, flags, 0o666)
-                _narrow_to_umask(fd)
-                for n in range(1, self.backups + 1):  # and the rotated ones an older agent left
-                    try:
-                        bfd = open_state_file(self.state_dir, "%s.%d" % (self._rel, n), os.O_RDONLY | os.O_CLOEXEC, 0)
-                    except OSError:
-                        continue
-                    _narrow_to_umask(bfd)
-                    os.close(bfd)
+                mask = current_umask()
+                if mask:
+                    _narrow_to_umask(fd, mask)
+                    for n in range(1, self.backups + 1):  # and the rotated ones an older agent left
+                        try:
+                            bfd = open_state_file(self.state_dir, "%s.%d" % (self._rel, n), os.O_RDONLY, 0)
+                        except OSError:
+                            continue
+                        _narrow_to_umask(bfd, mask)
+                        os.close(bfd)
             else:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 fd = os.open(self.path, flags, 0o666)

@@ -412,7 +412,7 @@ class Assembler:
         # The same producers by uid, oldest first (the per-uid budget, MAX_PRODUCERS_PER_UID).
         self._by_uid: dict[int | None, OrderedDict[str, None]] = {}
         # Whether a producer has a connection open now (the ingest's liveness, wired in by the
-        # agent: ``sessions.Sessions`` sets it); a connected producer is not evicted.
+        # agent: the ingest sets it); a connected producer is not evicted.
         self.live: Callable[[str], bool] | None = None
         # The agent's own OTEL_RESOURCE_ATTRIBUTES / OTEL_SERVICE_NAME, read once, here: the
         # defaults under every producer's resource (:func:`producer_resource`).

@@ -103,9 +103,10 @@ def check_hooks_spool_dir(path: str) -> bool:
     """The hooks' spool directory is shared with the socket group: without the sticky bit a
     member could remove or rename another's spool file. One of the agent's own gets the bit
     (logged); another's is reported (the hooks then rescue and count a removed file). A missing
-    one whose parent exists is made, 3770 (a Kubernetes emptyDir is 2777, which the hooks refuse
-    to spool in: the pod's manifest names a subdirectory of it). True when the directory is safe
-    as it is now."""
+    one in a shared place (a setgid or group-writable parent: a Kubernetes emptyDir is 2777,
+    which the hooks refuse to spool in, so the pod's manifest names a subdirectory of it) is
+    made, 3770; elsewhere the hooks make a private one. True when the directory is safe as it
+    is now."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -52,7 +52,7 @@ class SpoolReplay:
         self.receiver = receiver
         self.ended = ended
         self._replaying: set[str] = set()  # files published but not yet exported
-        self._passed_over: dict[tuple[int, int], str] = {}  # (device, inode) of files refused: counted once
+        self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
 
     def replay(self, directory: str, prefix: str = "") -> int:
         """Replay the spool files whose producer has died (its lock is free); returns files done."""
@@ -134,12 +134,9 @@ class SpoolReplay:
 
     def _refuse(self, st: os.stat_result, path: str, why: str) -> None:
         """Count and say a file passed over, once per file (every scan finds it again)."""
-        key = (st.st_dev, st.st_ino)
-        if key in self._passed_over:
-            return
-        self._remember(key, path)
-        self.receiver.counters.spool_files_refused += 1
-        self.receiver.rlog.warn("spool", "not replaying %s: %s", path, why)
+        if self._first_time(st):
+            self.receiver.counters.spool_files_refused += 1
+            self.receiver.rlog.warn("spool", "not replaying %s: %s", path, why)
 
     def _unreadable(self, directory: str, dfd: int, name: str) -> None:
         """A file the agent may not read: spooled by hooks older than the reader ACL (0600, its owner's
@@ -149,10 +146,8 @@ class SpoolReplay:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except OSError:
             return
-        key = (st.st_dev, st.st_ino)
-        if key in self._passed_over:
+        if not self._first_time(st):
             return
-        self._remember(key, path)
         self.receiver.counters.spool_files_unreadable += 1
         self.receiver.rlog.warn(
             "spool-unreadable", "cannot replay %s (owner uid %d, mode %04o): this agent (uid %d) may not read it; "
@@ -160,10 +155,15 @@ class SpoolReplay:
             "served process's infersight, and check that the file system supports ACLs", path, st.st_uid,
             stat.S_IMODE(st.st_mode), os.geteuid())
 
-    def _remember(self, key: tuple[int, int], path: str) -> None:
+    def _first_time(self, st: os.stat_result) -> bool:
+        """Whether this file (device, inode) is passed over for the first time; remembered."""
+        key = (st.st_dev, st.st_ino)
+        if key in self._passed_over:
+            return False
         if len(self._passed_over) >= MAX_PASSED_OVER:
             self._passed_over.pop(next(iter(self._passed_over)))
-        self._passed_over[key] = path
+        self._passed_over[key] = None
+        return True
 
     def _read_frames(self, fd: int) -> list[bytes]:
         data = b""

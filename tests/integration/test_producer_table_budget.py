@@ -49,6 +49,21 @@ def stage(seq: int, span_id: int) -> list[Any]:
                                  "s": 1_000, "e": 2_000}]
 
 
+async def _embedded_agent(tmp_path: Path, sock: Path, spool: Path) -> Any:
+    """The agent in this process, with its cold-start extension, started."""
+    from infersight.agent.coldstart.extension import ColdStartExtension
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
+
+    conf = cfg.load(None, env={}, flags={
+        "agent.socket": str(sock), "agent.spool_dir": str(spool),
+        "agent.state_dir": str(tmp_path / "state"), "agent.health_interval_s": 3600,
+    })  # fmt: skip
+    agent = Agent(conf, [], [ColdStartExtension(conf)], embedded=True)
+    await agent.start()
+    return agent
+
+
 async def read_ack(sock: socket.socket, seq: int) -> None:
     loop = asyncio.get_running_loop()
     want, buf = _wire.ack_frame(seq), b""
@@ -59,21 +74,12 @@ async def read_ack(sock: socket.socket, seq: int) -> None:
 
 
 async def test_another_uids_flood_of_hellos_cannot_evict_a_producer_in_its_cold_start(tmp_path: Path) -> None:
-    from infersight.agent.coldstart.extension import ColdStartExtension
-    from infersight.agent.daemon import config as cfg
-    from infersight.agent.daemon.lifecycle import Agent
-
-    conf = cfg.load(None, env={}, flags={
-        "agent.socket": str(tmp_path / "a.sock"), "agent.spool_dir": str(tmp_path / "spool"),
-        "agent.state_dir": str(tmp_path / "state"), "agent.health_interval_s": 3600,
-    })  # fmt: skip
-    agent = Agent(conf, [], [ColdStartExtension(conf)], embedded=True)
-    await agent.start()
+    agent = await _embedded_agent(tmp_path, tmp_path / "a.sock", tmp_path / "spool")
     loop = asyncio.get_running_loop()
     victim = socket.socket(socket.AF_UNIX)
     victim.setblocking(False)
     try:
-        await loop.sock_connect(victim, conf["agent.socket"])
+        await loop.sock_connect(victim, agent.config["agent.socket"])
         await loop.sock_sendall(victim, _wire.hello_frame(producer(os.getpid(), "victim", session=SESSION)))
         await loop.sock_sendall(victim, _wire.encode_frame({"t": "b", "e": [stage(1, 1), stage(2, 2)]}))
         await read_ack(victim, 2)
@@ -114,16 +120,7 @@ async def test_another_uids_flood_of_hellos_cannot_evict_a_producer_in_its_cold_
 async def test_a_uid_whose_producers_may_not_go_is_refused_and_counted(tmp_path: Path) -> None:
     """The neighbour's own producers are all in their cold start: its next hello is refused
     (the ingest's refusal path), counted; another uid's hello still gets in."""
-    from infersight.agent.coldstart.extension import ColdStartExtension
-    from infersight.agent.daemon import config as cfg
-    from infersight.agent.daemon.lifecycle import Agent
-
-    conf = cfg.load(None, env={}, flags={
-        "agent.socket": str(tmp_path / "a.sock"), "agent.spool_dir": str(tmp_path / "spool"),
-        "agent.state_dir": str(tmp_path / "state"), "agent.health_interval_s": 3600,
-    })  # fmt: skip
-    agent = Agent(conf, [], [ColdStartExtension(conf)], embedded=True)
-    await agent.start()
+    agent = await _embedded_agent(tmp_path, tmp_path / "a.sock", tmp_path / "spool")
     try:
         for i in range(MAX_PRODUCERS_PER_UID):
             p = agent.ingest.hello({"t": "hello", "schema": 1, "producer": producer(300_000 + i, "b-%d" % i)},
@@ -213,18 +210,9 @@ def test_a_uid_at_its_budget_with_nothing_to_give_is_refused() -> None:
 async def _full_share(tmp_path: Path, base: Path) -> Any:
     """An embedded agent whose uid UID_B holds its whole share, every producer in its cold start;
     its socket and spool under ``base`` (which other uids can traverse)."""
-    from infersight.agent.coldstart.extension import ColdStartExtension
-    from infersight.agent.daemon import config as cfg
-    from infersight.agent.daemon.lifecycle import Agent
-
     spool = base / "spool"
     spool.mkdir(mode=0o700)
-    conf = cfg.load(None, env={}, flags={
-        "agent.socket": str(base / "run" / "a.sock"), "agent.spool_dir": str(spool),
-        "agent.state_dir": str(tmp_path / "state"), "agent.health_interval_s": 3600,
-    })  # fmt: skip
-    agent = Agent(conf, [], [ColdStartExtension(conf)], embedded=True)
-    await agent.start()
+    agent = await _embedded_agent(tmp_path, base / "run" / "a.sock", spool)
     for i in range(MAX_PRODUCERS_PER_UID):
         p = agent.ingest.hello({"t": "hello", "schema": 1, "producer": producer(300_000 + i, "b-%d" % i)},
                                Peer(UID_B, 0))
