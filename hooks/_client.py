@@ -398,9 +398,12 @@ class Client:
     def _spool_leftovers(self) -> None:
         """At exit: unacked frames and buffered events go to the spool for the agent.
 
-        Order on disk stays: unacked frames, then the unread spool, then the buffer.
+        Order on disk stays: unacked frames, then the unread spool, then the buffer. Acks the
+        agent sent since the last pump are read first: the frames they cover were exported
+        already, and a replay would export their spans again.
         """
         spool = self.spool
+        self.conn.read_acks()  # connected: without waiting; else the disconnect drained them
         if spool.vanished():
             spool.rescue(self.conn.acked)
         partly_sent = spool.pending() and spool.read > spool.head

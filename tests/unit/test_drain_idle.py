@@ -167,3 +167,22 @@ def test_counting_what_is_left_at_exit_survives_a_deque_the_drain_thread_changes
     finally:
         c._buf = deque()  # type: ignore[assignment]
         c.close(0.1)
+
+
+def test_at_exit_acks_already_queued_keep_their_frames_out_of_the_spool(tmp_path) -> None:
+    """The flush at exit gives up at its deadline; acks that came after its last pump are
+    read before the unacked frames go to the spool, or the agent replays (and exports) them
+    a second time."""
+    from infersight.hooks import _wire
+
+    c, peer, _reads = _parked_client(tmp_path)
+    c.conn.send(7, 1, b"frame seven")
+    c.conn.send(8, 1, b"frame eight")
+    payload = b'{"t":"ack","seq":7}'
+    peer.sendall(_wire.HEADER.pack(len(payload)) + payload)
+    with c._lock:
+        c._spool_leftovers()
+    spooled = b"".join(f.read_bytes() for f in (tmp_path / "spool").rglob("*") if f.is_file())
+    assert b"frame eight" in spooled, "the unacked frame is kept"
+    assert b"frame seven" not in spooled, "the acked frame is not replayed"
+    peer.close()
