@@ -47,7 +47,8 @@ DIES_IN_A_STAGE = textwrap.dedent("""
 """)
 
 # Cuts its own connection mid cold start with its backoff at the hooks' longest, so it is away
-# for a while (2.5 to 7.5 s), reconnects, then outlives the agent's grace before it exits cleanly.
+# for a while (its next idle wake-up, up to 5 s, then 2.5 to 7.5 s), reconnects, then outlives the
+# agent's grace before it exits cleanly.
 RECONNECTS = textwrap.dedent("""
     import socket, sys, time
     from infersight import hooks
@@ -126,10 +127,15 @@ def roots(agent: AgentProcess) -> list[dict]:  # type: ignore[type-arg]
     return [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
 
 
+# The hook's longest way back after the cut: it notices the close at its next idle wake-up
+# (IDLE_LONG_S at the most), then waits out its backoff (RECONNECT_MAX_S, jittered up to 1.5x).
+LONGEST_WAY_BACK_S = IDLE_LONG_S + 1.5 * RECONNECT_MAX_S
+
+
 def test_grace_outlasts_the_hooks_reconnect() -> None:
     """A live hook is back within its longest jittered backoff after it noticed the close (at its
     next idle wake-up at the latest): the grace leaves room for that twice over."""
-    assert PIDLESS_GRACE_S >= 2 * (IDLE_LONG_S + 1.5 * RECONNECT_MAX_S)
+    assert PIDLESS_GRACE_S >= 2 * LONGEST_WAY_BACK_S
 
 
 def test_unseen_producer_killed_mid_cold_start_gets_its_root_closed(pidns_agent) -> None:  # type: ignore[no-untyped-def]
@@ -150,8 +156,11 @@ def test_unseen_producer_killed_mid_cold_start_gets_its_root_closed(pidns_agent)
 
 
 def test_unseen_producer_that_reconnects_is_not_closed(pidns_agent) -> None:  # type: ignore[no-untyped-def]
-    agent = pidns_agent(PIDLESS_GRACE_S)  # the real grace: a shorter one failed under a loaded machine
-    alive_s = PIDLESS_GRACE_S + 5  # from its hang-up: past the grace that its hang-up started
+    # A grace 5 s above the hook's longest way back (a 12 s grace, under it, failed now and then).
+    grace_s = LONGEST_WAY_BACK_S + 5
+    assert grace_s <= PIDLESS_GRACE_S
+    agent = pidns_agent(grace_s)
+    alive_s = grace_s + 5  # from its hang-up: past the grace that its hang-up started
     proc = subprocess.run([sys.executable, "-c", RECONNECTS, str(alive_s)], env=hook_env(agent.sock, agent.spool),
                           capture_output=True, text=True, timeout=alive_s + 120)
     assert proc.returncode == 0 and "back after" in proc.stdout and "done" in proc.stdout, proc.stdout + proc.stderr
