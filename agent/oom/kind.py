@@ -30,6 +30,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ DEDUP_WINDOW_NS = 30_000_000_000
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
 MAX_TEXTS_PER_UID = 64  # of the 4 * MAX_RECENT messages remembered for deduplication, one uid's share
+MAX_LINEAGE = 16  # ancestors looked up for a copy's process family
 # Distinct memory errors from logs and stderr that one producer may report in DEDUP_WINDOW_NS: a log that
 # floods the agent with messages it cannot tell apart costs that producer the rest, counted (``over_budget``).
 MAX_NEW_PER_PRODUCER = 16
@@ -225,6 +227,27 @@ def _int_map(v: Any, name: str) -> dict[str, int]:
     return {str(k): x for k, x in v.items() if isinstance(x, int) and not isinstance(x, bool)}
 
 
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One process family's copy of a memory error's text: when, from which source, and who sent it."""
+
+    t_ns: int
+    source: str
+    pid: int | None
+    lineage: tuple[int, ...]  # pid, then its ancestors as far as known (below pid 1)
+    trace: str
+    here: bool  # the pid is of this pid namespace (its start time checked): its ancestors are /proc's
+
+    def related(self, other: Seen) -> bool:
+        """One process is the other or one of its ancestors. Pids of another pid namespace (a container's
+        pid 1, say) only count within one trace: two containers' pids may be equal."""
+        if self.pid is None or other.pid is None:
+            return False
+        if not (self.here and other.here) and self.trace != other.trace:
+            return False
+        return self.pid in other.lineage or other.pid in self.lineage
+
+
 # -- the handlers ---------------------------------------------------------------------------
 
 
@@ -261,8 +284,8 @@ class OomHandlers:
         self.ooms = 0
         self.duplicates = 0
         self.not_memory = 0  # logged or uncaught texts the hooks sent that were no memory error
-        # (uid, message key) -> (t_ns, the source that came first), across a uid's producers
-        self._texts: dict[tuple[int | None, str], tuple[int, str]] = {}
+        # (uid, message key) -> the copies seen in the last DEDUP_WINDOW_NS, one per process family
+        self._texts: dict[tuple[int | None, str], list[Seen]] = {}
         # per producer (uid, id): when its recent new messages came
         self._new_by_producer: dict[tuple[int | None, str], list[int]] = {}
         self.over_budget = 0  # memory errors from logs and stderr not reported: over their producer's budget
@@ -401,28 +424,63 @@ class OomHandlers:
         _emit(p, origin, t_ns, sp, verdict.cls, one_line(verdict, dev), attrs, out)
 
     def _seen_text(self, p: Producer, key: str, t_ns: int, source: str = "", remember: bool = True) -> str | None:
-        """The source that first saw the same message in the last DEDUP_WINDOW_NS, from any
-        producer of ``p``'s uid (a vLLM worker logs it, its parent re-raises it, launch sees it
-        on stderr); None when it is new (then noted). Another uid's copy is that user's own
-        OOM: it never hides this one. An in-process producer (no uid: launch's stderr relay for
-        a CMD without hooks) matches any uid."""
-        for k in [k for k, (t, _src) in self._texts.items() if t_ns - t > DEDUP_WINDOW_NS]:
-            del self._texts[k]
+        """The source that first saw the same message in the last DEDUP_WINDOW_NS in ``p``'s process
+        family (a vLLM worker logs it, its parent re-raises it, launch sees it on stderr: one of them is
+        the other or its ancestor); None when it is new (then noted). Another process of the same uid
+        that is not of the family (a second service, a restart) has its own OOM, and so does another
+        uid. An in-process producer (no uid: launch's stderr relay for a CMD without hooks) is of
+        every family: launch's own agent serves CMD's processes only."""
+        for k in list(self._texts):
+            kept = [c for c in self._texts[k] if t_ns - c.t_ns <= DEDUP_WINDOW_NS]
+            if kept:
+                self._texts[k] = kept
+            else:
+                del self._texts[k]
         uid = p.uid
-        hit = self._texts.get((uid, key)) or self._texts.get((None, key))
-        if hit is None and uid is None:
-            hit = next((v for (_u, k), v in self._texts.items() if k == key), None)
+        me = self._family(p, t_ns, source)
+        if uid is None:
+            hit = next((c for (_u, k), cs in self._texts.items() if k == key for c in cs), None)
+        else:
+            hit = next(iter(self._texts.get((None, key), ())), None) or next(
+                (c for c in self._texts.get((uid, key), ()) if c.related(me)), None)
         if hit is not None:
-            return hit[1]
+            return hit.source
         if not remember:
             return None
         own = [k for k in self._texts if k[0] == uid]
-        if len(own) >= MAX_TEXTS_PER_UID:  # a uid's flood forgets its own oldest, never another uid's
-            del self._texts[own[0]]
-        elif len(self._texts) >= 4 * MAX_RECENT:
-            del self._texts[next(iter(self._texts))]
-        self._texts[(uid, key)] = (t_ns, source)
+        if sum(len(self._texts[k]) for k in own) >= MAX_TEXTS_PER_UID:
+            # a uid's flood forgets its own oldest, never another uid's
+            oldest = min(own, key=lambda k: self._texts[k][0].t_ns)
+            del self._texts[oldest][0]
+            if not self._texts[oldest]:
+                del self._texts[oldest]
+        elif sum(len(cs) for cs in self._texts.values()) >= 4 * MAX_RECENT:
+            first = next(iter(self._texts))
+            del self._texts[first][0]
+            if not self._texts[first]:
+                del self._texts[first]
+        self._texts.setdefault((uid, key), []).append(me)
         return None
+
+    def _family(self, p: Producer, t_ns: int, source: str) -> Seen:
+        """Who sent this copy: its pid, the pids above it (``/proc`` while it runs in this pid namespace,
+        else its hello's parent) and its trace."""
+        from infersight.agent.oom.engine_context import parent_pid, same_process
+
+        pid = p.info.get("pid")
+        trace = str(p.info.get("trace_id") or "")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return Seen(t_ns, source, None, (), trace, False)
+        here = same_process(p, pid, self.proc_root)
+        chain = [pid]
+        ppid = p.info.get("ppid")
+        for _ in range(MAX_LINEAGE):
+            parent = parent_pid(chain[-1], self.proc_root) if here else (
+                ppid if len(chain) == 1 and isinstance(ppid, int) else None)
+            if parent is None or parent <= 1 or parent in chain:
+                break
+            chain.append(parent)
+        return Seen(t_ns, source, pid, tuple(chain), trace, here)
 
     def _admit(self, p: Producer, t_ns: int) -> bool:
         """Whether producer ``p`` may report one more new memory error from a log or stderr now (at most

@@ -65,7 +65,7 @@ async def test_logged_and_raised_engine_errors_are_classified_once(tmp_path: Pat
         rc, err = await _child(CHILD_LOGS, json.dumps(vllm_msg), sock, spool)
         assert rc == 0, err
         assert vllm_msg in err  # the user's own log output is untouched
-        rc, err = await _child(CHILD_LOGS, json.dumps(vllm_msg), sock, spool)  # a second process
+        rc, err = await _child(CHILD_LOGS, json.dumps(vllm_msg), sock, spool)  # a second process: its own OOM
         assert rc == 0, err
         rc, err = await _child(CHILD_RAISES, json.dumps(
             "Not enough memory. Please try to increase --mem-fraction-static."), sock, spool)
@@ -78,17 +78,47 @@ async def test_logged_and_raised_engine_errors_are_classified_once(tmp_path: Pat
     for r in recs:
         by_engine.setdefault(str(attr(r, "infersight.oom.engine")), []).append(r)
     assert sorted(by_engine) == ["sglang", "vllm"]
-    (v,) = by_engine["vllm"]  # logged twice by two processes: classified once
-    assert attr(v, "infersight.oom.class") == "reservation_conflict"
-    assert attr(v, "infersight.oom.rule") == "vllm.startup.free-below-utilization"
-    assert attr(v, "infersight.oom.source") == "log"
-    assert attr(v, "infersight.oom.knob") == "gpu_memory_utilization"
-    assert int(attr(v, "infersight.oom.T_bytes")) == round(79.32 * (1 << 30))
+    # logged twice by each of two processes (one after the other, unrelated): once per process
+    assert len(by_engine["vllm"]) == 2
+    for v in by_engine["vllm"]:
+        assert attr(v, "infersight.oom.class") == "reservation_conflict"
+        assert attr(v, "infersight.oom.rule") == "vllm.startup.free-below-utilization"
+        assert attr(v, "infersight.oom.source") == "log"
+        assert attr(v, "infersight.oom.knob") == "gpu_memory_utilization"
+        assert int(attr(v, "infersight.oom.T_bytes")) == round(79.32 * (1 << 30))
     (s,) = by_engine["sglang"]
     assert attr(s, "infersight.oom.class") == "reservation_conflict"
     assert attr(s, "infersight.oom.source") == "exception"
-    assert oom.handlers.duplicates == 1
+    assert oom.handlers.duplicates == 0  # each process's second log the hook itself did not send
     assert oom.handlers.not_memory == 2  # the assertion line, once per process: sent, dropped
+
+
+FAMILY = """
+import json, logging, subprocess, sys
+logging.basicConfig(level=logging.INFO)
+log = logging.getLogger("vllm.engine")
+msg = json.loads(sys.argv[1])
+log.error(msg)  # the engine process logs it ...
+child = "import logging, sys; logging.basicConfig(); logging.getLogger('vllm.worker').error(sys.argv[1])"
+subprocess.run([sys.executable, "-c", child, msg], check=True)  # ... its worker logs it too ...
+raise RuntimeError(msg)  # ... and it dies of it
+"""
+
+
+async def test_one_error_logged_by_a_process_and_its_worker_then_raised_is_one_oom(tmp_path: Path) -> None:
+    """A real process tree of one uid: the engine logs the message, its child (a worker) logs the same
+    text, and the engine dies of it. One OOM, whoever's copy came first; the other two are duplicates."""
+    agent, oom, out, sock, spool = _embedded_agent(tmp_path)
+    await agent.start()
+    try:
+        rc, err = await _child(FAMILY, json.dumps(_given("srv-025")), sock, spool)
+        assert rc == 1, err
+        await agent.ingest.wait_connections_closed(10)
+    finally:
+        await agent.shutdown(10)
+    recs = [r for r in log_records(read_otlp_lines(out)) if r.get("eventName") == "oom"]
+    assert [attr(r, "infersight.oom.rule") for r in recs] == ["vllm.startup.free-below-utilization"]
+    assert oom.handlers.duplicates == 2
 
 
 CHILD_FLOODS = """

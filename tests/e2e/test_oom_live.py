@@ -640,20 +640,47 @@ def test_an_undecided_oom_carries_a_reason_on_every_sink() -> None:
 
 
 def test_an_engine_error_of_another_uid_does_not_hide_yours() -> None:
-    """The same engine text from two processes of one uid is one OOM (a worker logs it, its
-    parent re-raises it); from another uid it is that user's own OOM: a neighbour who sends the
-    text first must not make the victim's count as a duplicate."""
+    """The same engine text from a process and its child is one OOM (a worker logs it, its parent
+    re-raises it); from another uid it is that user's own OOM: a neighbour who sends the text first
+    must not make the victim's count as a duplicate."""
     h, asm = _handlers()
     text = "Not enough memory. Please try to increase --mem-fraction-static."
 
-    def producer(pid: int, uid: int) -> Any:
-        return asm.hello({"id": "p-%d" % pid, "pid": pid, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT},
-                         uid=uid)
+    def producer(pid: int, uid: int, ppid: int = 1) -> Any:
+        return asm.hello({"id": "p-%d" % pid, "pid": pid, "ppid": ppid, "start_ns": 1, "trace_id": TRACE,
+                          "root_span_id": ROOT}, uid=uid)
 
-    attacker, victim, victims_worker = producer(1, 2000), producer(2, 1000), producer(3, 1000)
+    attacker, victim, victims_worker = producer(7001, 2000), producer(7002, 1000), producer(7003, 1000, ppid=7002)
     got = []
     for seq, p in enumerate((attacker, victim, victims_worker), 1):
         items = asm.events(p, [[seq, 10 + seq, "oom", {"source": "log", "text": text}]])
         got.append([i.resource.get("process.user.id") for i in items if isinstance(i, LogItem)])
     assert got == [[2000], [1000], []]
     assert h.duplicates == 1
+
+
+OTHER_TRACE = "c" * 32
+
+
+@pytest.mark.parametrize("case", ["second service or a restart", "sibling worker", "other container, same pid"])
+def test_the_same_engine_error_from_an_unrelated_process_of_the_uid_is_its_own_oom(case: str) -> None:
+    """Two services of one uid (one vLLM per GPU under the ``llm`` user), a crash-looping service's next
+    run, or a supervisor's restarted worker: each process that is not the other or its ancestor has an OOM
+    of its own, counted and on every sink, however alike the texts. Pids of another pid namespace (each
+    container's own pid 7) are compared within one trace only."""
+    h, asm = _handlers()
+    text = "Not enough memory. Please try to increase --mem-fraction-static."
+    first = {"id": "p-a", "pid": 7101, "ppid": 1, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT}
+    second = {"id": "p-b", "pid": 7102, "ppid": 1, "start_ns": 2, "trace_id": OTHER_TRACE, "root_span_id": ROOT}
+    if case == "sibling worker":
+        first["ppid"] = second["ppid"] = 7100  # one master's workers: its trace
+        second["trace_id"] = TRACE
+    elif case == "other container, same pid":
+        second["pid"] = first["pid"]
+    got = []
+    for seq, info in enumerate((first, second), 1):
+        p = asm.hello(dict(info), uid=1000)
+        items = asm.events(p, [[seq, 10 + seq, "oom", {"source": "log", "text": text}]])
+        got.append(len([i for i in items if isinstance(i, LogItem)]))
+    assert got == [1, 1], case
+    assert h.duplicates == 0
