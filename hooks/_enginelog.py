@@ -36,7 +36,7 @@ NEEDLES = (  # = rules.serving.NEEDLES
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
     "failed to decode the batch", "cache entries", "cudnn convolution algorithm", "no enough blocks",
-    "buffer maximum", "capacity of block_manager",
+    "buffer maximum", "capacity of block_manager", "context size has been exceeded",
 )
 MAX_TEXT = 16384
 MAX_REPORTS = 64  # distinct texts sent per process and kind (warnings, errors): a log loop cannot flood the agent
@@ -167,8 +167,7 @@ def _may_hold(v: Any, depth: int = 0) -> bool:
     if isinstance(v, (list, tuple, dict)):
         if depth:
             return True
-        items = v.values() if isinstance(v, dict) else v
-        return any(_may_hold(x, 1) for i, x in enumerate(items) if i < MAX_SCANNED_ARGS)
+        return _any_of_first(v.values() if isinstance(v, dict) else v, 1)
     return not (type(v).__module__ or "").startswith(_ARRAY_MODULES)
 
 
@@ -184,7 +183,18 @@ def worth_formatting(record: Any) -> bool:
     if not args:
         return False
     values = args.values() if isinstance(args, dict) else args if isinstance(args, tuple) else (args,)
-    return any(_may_hold(a) for i, a in enumerate(values) if i < MAX_SCANNED_ARGS)
+    return _any_of_first(values, 0)
+
+
+def _any_of_first(items: Any, depth: int) -> bool:
+    """``_may_hold`` of the first MAX_SCANNED_ARGS items only: a list of a million token ids costs as
+    much as one of sixteen (the rest is not even stepped through)."""
+    for i, x in enumerate(items):
+        if i >= MAX_SCANNED_ARGS:
+            return False
+        if _may_hold(x, depth):
+            return True
+    return False
 
 
 def _engine_logger(name: str) -> bool:
