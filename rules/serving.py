@@ -88,7 +88,7 @@ NEEDLES = (
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
     "failed to decode the batch", "cache entries", "cudnn convolution algorithm", "no enough blocks",
-    "buffer maximum", "capacity of block_manager",
+    "buffer maximum", "capacity of block_manager", "context size has been exceeded",
 )
 
 # Markers of the engine whose log a line comes from, most specific first. An engine that

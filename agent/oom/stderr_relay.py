@@ -30,7 +30,7 @@ NEEDLES = (  # = rules.serving.NEEDLES
     "are available (after", "mem_buffer", "kv slot", "failed to create context",
     "swap space", "no space left for only one request", "not enough vram", "insufficient workspace",
     "failed to decode the batch", "cache entries", "cudnn convolution algorithm", "no enough blocks",
-    "buffer maximum", "capacity of block_manager",
+    "buffer maximum", "capacity of block_manager", "context size has been exceeded",
 )
 # Lines that hold a needle but report no failure: PyTorch >= 2.13's caching allocator logs this warning on every
 # failed cudaMalloc attempt, the ones it recovers from by freeing its cache and retrying included
