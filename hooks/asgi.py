@@ -12,7 +12,8 @@ middleware it goes through; the one the app added itself still finds the first r
 
 Every HTTP request is a ``req`` event of request class ``http`` (``hooks._request``): from
 the moment it reaches the middleware until the app returns (the whole response, streamed or
-not); an exception is its ``error.type``. The agent keeps them per serving instance (P50/P99,
+not); an exception, or a response status of 500 or more (a server that answers 503 while its
+engine is down), is its ``error.type``. The agent keeps them per serving instance (P50/P99,
 routing hints). The per-request cost is a few attribute tests, two clock reads and one
 queued tuple: ``bench/emit_vs_span.py`` measures it (the middleware's added cost per request).
 
@@ -41,6 +42,7 @@ __all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
 TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
+SERVER_ERROR = 500  # a response with this status or above is a failed request, as an exception is
 
 
 class ColdStartMiddleware:
@@ -66,12 +68,21 @@ class ColdStartMiddleware:
         start = time.time_ns()
         t0 = time.perf_counter_ns()
         err = None
+        status = [0]
+
+        async def status_send(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                status[0] = message.get("status", 0)
+            await send(message)
+
         try:
-            await (self._first(scope, receive, send) if first else self.app(scope, receive, send))
+            await (self._first(scope, receive, status_send) if first else self.app(scope, receive, status_send))
         except BaseException as exc:
             err = type(exc).__name__
             raise
         finally:
+            if err is None and type(status[0]) is int and status[0] >= SERVER_ERROR:
+                err = str(status[0])  # OpenTelemetry's error.type of an HTTP server error: its status code
             _queue(c, start, time.perf_counter_ns() - t0, err)
 
     def _is_first(self) -> bool:

@@ -1,7 +1,7 @@
 """Per-instance request latency: the value the requests feature offers others (routing).
 
-An *instance* is one serving process on this host (one producer of the agent): its requests'
-P50/P99 over the sliding window, and the P50 of its most recent requests. Neutral: plain
+An *instance* is one serving process on this host (one producer of the agent): its successful
+requests' P50/P99 over the sliding window, the P50 of its most recent ones, and how many failed. Neutral: plain
 values, so a feature that reads them never imports the one that computes them.
 """
 
@@ -22,4 +22,10 @@ class InstanceLatency:
     p99_s: float
     recent_p50_s: float | None  # over the last RECENT_REQUESTS requests; None with fewer
     devices: tuple[str, ...]  # devices its requests ran on (hw.id, else "cuda:N"/"cpu"), in the window
+    failed: int = 0  # failed requests in the window (an exception, a 5xx status): not in count nor the P50s
+
+    def failed_share(self) -> float:
+        """Its failed requests' share of all its requests in the window."""
+        total = self.count + self.failed
+        return self.failed / total if total else 0.0
 

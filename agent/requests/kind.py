@@ -182,14 +182,14 @@ class _ProducerHists:
 
 @dataclass(slots=True)
 class _Instance:
-    """One serving process's successful requests in the window: (end s, duration s, device)."""
+    """One serving process's requests in the window: (end s, duration s, failed)."""
 
     service: str
     pid: int
     resource: Resource
     uid: int | None  # the kernel's (process.user.id)
     http: bool = False  # it has HTTP requests: only those count
-    window: deque[tuple[float, float]] = field(default_factory=deque)
+    window: deque[tuple[float, float, bool]] = field(default_factory=deque)
     # Devices any of its requests ran on (an HTTP request names none): device -> last end s.
     devices: dict[str, float] = field(default_factory=dict)
     dirty: bool = False
@@ -266,7 +266,9 @@ class RequestStats:
         if ev.error is None:
             kind = hw_name or (device.split(":", 1)[0] if hw_id is None else "gpu")
             self.window.add(SeriesKey(hw_id or device, model, klass, kind), ev.duration_s, end_s)
-            self._instance_add(producer_id, resource, klass == HTTP_CLASS, end_s, ev.duration_s, hw_id or device)
+        # A failed request is no latency sample, but its instance's share of failures weighs it (routing).
+        self._instance_add(producer_id, resource, klass == HTTP_CLASS, end_s, ev.duration_s, hw_id or device,
+                           ev.error is not None)
         attrs: Attributes = {"infersight.device": device}
         if hw_id is not None:
             attrs["hw.type"] = "gpu"
@@ -304,7 +306,7 @@ class RequestStats:
     # -- per instance ------------------------------------------------------------------
 
     def _instance_add(self, producer_id: str, resource: Resource, http: bool, end_s: float, dur: float,
-                      device: str) -> None:
+                      device: str, failed: bool = False) -> None:
         inst = self._instances.get(producer_id)
         if inst is None:
             uid = resource.get("process.user.id")
@@ -322,7 +324,7 @@ class RequestStats:
             inst.window.clear()
         elif inst.http and not http:
             return
-        inst.window.append((end_s, dur))
+        inst.window.append((end_s, dur, failed))
         if len(inst.window) > self.max_per_instance:
             inst.window.popleft()
         inst.dirty = True
@@ -341,11 +343,13 @@ class RequestStats:
             horizon = now_s - self.window_s
             for dev in [d for d, t in inst.devices.items() if t < horizon]:
                 del inst.devices[dev]
-            durs = sorted(d for _e, d in w)
-            recent = sorted(d for _e, d in list(w)[-RECENT_REQUESTS:]) if len(w) >= RECENT_REQUESTS else None
+            durs = sorted(d for _e, d, failed in w if not failed)
+            last = [d for _e, d, failed in w if not failed][-RECENT_REQUESTS:]
+            recent = sorted(last) if len(last) >= RECENT_REQUESTS else None
             out.append(InstanceLatency(
-                producer_id, inst.service, inst.pid, len(durs), percentile(durs, 50), percentile(durs, 99),
-                percentile(recent, 50) if recent else None, tuple(sorted(inst.devices)),
+                producer_id, inst.service, inst.pid, len(durs), percentile(durs, 50) if durs else 0.0,
+                percentile(durs, 99) if durs else 0.0, percentile(recent, 50) if recent else None,
+                tuple(sorted(inst.devices)), len(w) - len(durs),
             ))  # fmt: skip
         return out
 
@@ -355,7 +359,7 @@ class RequestStats:
         out: list[MetricItem] = []
         for lat in self.instance_latency(now_ns / 1e9):
             inst = self._instances[lat.producer]
-            if not (inst.dirty or everything):
+            if not (inst.dirty or everything) or not lat.count:  # (only failures: no latency to say)
                 continue
             inst.dirty = False
             for name, v in ((INSTANCE_P50, lat.p50_s), (INSTANCE_P99, lat.p99_s)):

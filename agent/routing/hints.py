@@ -11,10 +11,12 @@ the first ``\\r`` or ``\\n``, of words delimited by spaces, tabs or commas: a pe
 - a port no instance is known on: ``up 100%`` (fail open);
 - a ready instance: ``up ready W%`` (with `` maxconn:N`` when ``max_concurrency`` is set).
 
-W is 100 x (median P50 of its peers, the other ready instances of its ``service.name``) /
-(its own P50), clamped to 10-100, then lowered for a slow device verdict (x min(0.5,
-1/coefficient), floor 10). Until it has *settled* (the P50 of its last 20 requests within
-1.2x its peers', or 60 s after readiness), W ramps linearly from 25 to that value.
+W is 100 x (median P50 of its peers, the other ready instances of its ``service.name`` and its
+user) / (its own P50), clamped to 10-100, then lowered for its failed requests (x the share that
+succeeded, once it has MIN_REQUESTS in the window: an exception or a 5xx status; P50s are of the
+successful ones) and for a slow device verdict (x min(0.5, 1/coefficient)), floor 10. Until it
+has *settled* (the P50 of its last 20 requests within 1.2x its peers', or 60 s after readiness),
+W ramps linearly from 25 to that value.
 """
 
 from __future__ import annotations
@@ -52,12 +54,15 @@ def parse_request(line: bytes) -> int | None:
     return port if 0 < port < 65536 else None
 
 
-def full_weight(own_p50_s: float | None, peer_p50s_s: Sequence[float], slow_coefficient: float | None) -> int:
-    """The settled weight in percent: relative speed to the peers, lowered for a slow device."""
+def full_weight(own_p50_s: float | None, peer_p50s_s: Sequence[float], slow_coefficient: float | None,
+                failed_share: float = 0.0) -> int:
+    """The settled weight in percent: relative speed to the peers, lowered for a slow device and
+    for the share of its requests that failed (a server that answers 503 at once is not fast)."""
     w = float(MAX_WEIGHT)
     if own_p50_s is not None and own_p50_s > 0 and peer_p50s_s:
         w = MAX_WEIGHT * statistics.median(peer_p50s_s) / own_p50_s
     w = min(float(MAX_WEIGHT), max(float(MIN_WEIGHT), w))
+    w *= 1.0 - min(1.0, max(0.0, failed_share))
     if slow_coefficient is not None:
         w *= min(SLOW_FACTOR, 1.0 / slow_coefficient) if slow_coefficient > 0 else SLOW_FACTOR
     return max(MIN_WEIGHT, min(MAX_WEIGHT, round(w)))

@@ -34,6 +34,7 @@ MAX_VACATED = 256
 VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
 QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
 LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions, every refresh)
+OWNERS_EVERY_S = 10.0  # the held ports' listeners are checked this often (a table read per port)
 
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[], Mapping[str, float]]
@@ -78,6 +79,8 @@ class RoutingTable:
         self.alive = alive
         self.clock = clock
         self.port_claims_refused = 0  # a readiness port whose listener is another uid's
+        self.ports_contested = 0  # ports let go: listeners of two uids on the port number
+        self._owners_at = -1e18
         self.instances_refused = 0  # new instances past MAX_INSTANCES (or their uid's share)
         self.instances: dict[str, Instance] = {}  # producer -> instance
         self.ports: dict[int, str] = {}  # port -> producer
@@ -124,17 +127,50 @@ class RoutingTable:
 
     def _owns(self, inst: Instance, port: int) -> bool:
         """Whether ``inst`` may claim ``port``: the port a producer says it listens on is its
-        word, so where the kernel shows a listener on that port in its network namespace, one
-        of them must be of the instance's uid (another user cannot take over, or drain, the
-        port of someone else's server). Not checkable (an in-process producer, tables that
-        cannot be read, nobody listening yet): taken as said."""
+        word, so where the kernel shows listeners on that port in its network namespace, they
+        must all be of the instance's uid: another user cannot take over, or drain, the port of
+        someone else's server, not even by listening on the same port number at another address
+        (``[::1]:P`` beside ``0.0.0.0:P``). Listeners of two uids on one port number: which one
+        the balancer reaches cannot be told here, so neither holds it (the port's reply fails
+        open), and a holder of another uid lets it go. Not checkable (an in-process producer,
+        tables that cannot be read, nobody listening yet): taken as said, but never from a
+        holder of another uid."""
         if inst.uid is None or inst.uid == 0 or inst.pid <= 0:
             return True
         owners = listener_uids(inst.pid, port)
-        if not owners or inst.uid in owners:
+        if owners and owners <= {inst.uid}:
+            return True
+        holder = self.instances.get(self.ports.get(port, ""))
+        if not owners and (holder is None or holder is inst or holder.uid == inst.uid):
             return True
         self.port_claims_refused += 1
+        if owners and inst.uid in owners and holder is not None and holder.uid != inst.uid:
+            self._release(port)
         return False
+
+    def _release(self, port: int) -> None:
+        """Nobody holds ``port`` any more (contested): its hint goes, its reply fails open."""
+        holder = self.instances.get(self.ports.pop(port, ""))
+        if holder is not None:
+            self._gone.append((holder.resource, holder.service, port))
+            holder.port, holder.sent = None, None
+        self.replies.pop(port, None)
+        self.vacated.pop(port, None)
+        self.ports_contested += 1
+
+    def _check_holders(self, now: float) -> None:
+        """Every OWNERS_EVERY_S: a port whose listeners are no longer all of its holder's uid (another
+        user bound the same port number since the claim) is let go."""
+        if now - self._owners_at < OWNERS_EVERY_S:
+            return
+        self._owners_at = now
+        for port, producer in list(self.ports.items()):
+            inst = self.instances.get(producer)
+            if inst is None or inst.uid is None or inst.uid == 0 or inst.pid <= 0:
+                continue
+            owners = listener_uids(inst.pid, port)
+            if owners and not owners <= {inst.uid}:
+                self._release(port)
 
     def _take_vacated(self, inst: Instance) -> None:
         """A new instance of a service whose instance left a port: its restart, on that port
@@ -153,6 +189,7 @@ class RoutingTable:
         if holder is not None and holder is not inst:
             holder.port = None  # the port moved on: that process no longer serves it
             holder.sent = None
+            self._gone.append((holder.resource, holder.service, port))  # its hint goes (another service's topic)
         self.ports[port] = inst.producer
         self.vacated.pop(port, None)
         inst.port = port
@@ -187,6 +224,7 @@ class RoutingTable:
                 self._assign(waiting[-1], port)
         while len(self.vacated) > MAX_VACATED:
             del self.vacated[next(iter(self.vacated))]
+        self._check_holders(now)
         slow = self.slow_devices()
         for inst in self.instances.values():
             self._decide(inst, by_producer, slow, now)
@@ -197,7 +235,8 @@ class RoutingTable:
         out = []
         for other in self.instances.values():
             lat = by_producer.get(other.producer)
-            if (other is not inst and other.service == inst.service and other.ready_at_s is not None
+            if (other is not inst and other.service == inst.service and other.uid == inst.uid
+                    and other.ready_at_s is not None
                     and lat is not None and lat.count >= hints.MIN_REQUESTS):
                 out.append(lat.p50_s)
         return out
@@ -211,7 +250,8 @@ class RoutingTable:
         peers = self._peer_p50s(inst, by_producer)
         own = lat.p50_s if lat is not None and lat.count >= hints.MIN_REQUESTS else None
         coefficients = [slow[d] for d in (lat.devices if lat is not None else ()) if d in slow]
-        full = hints.full_weight(own, peers, max(coefficients) if coefficients else None)
+        failed = lat.failed_share() if lat is not None and lat.count + lat.failed >= hints.MIN_REQUESTS else 0.0
+        full = hints.full_weight(own, peers, max(coefficients) if coefficients else None, failed)
         since = max(0.0, now - inst.ready_at_s)
         inst.settled = inst.settled or hints.has_settled(lat.recent_p50_s if lat else None, peers, since)
         percent = hints.ramped(full, since, inst.settled)

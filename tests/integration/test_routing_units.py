@@ -8,8 +8,10 @@ import asyncio
 import os
 import re
 import socket
+import subprocess
 
 import pytest
+from fleet_env import system_python
 
 from infersight.agent.routing import hints
 from infersight.agent.routing.agentcheck import AgentCheckServer
@@ -73,6 +75,49 @@ def test_full_weight_is_relative_speed_clamped_and_lowered_for_slow_devices() ->
     assert hints.full_weight(0.4, [0.1], 4.0) == 10  # never below 10
 
 
+def test_failed_requests_lower_the_weight() -> None:
+    assert hints.full_weight(0.1, [0.1], None, 0.0) == 100
+    assert hints.full_weight(0.1, [0.1], None, 0.5) == 50  # half its requests failed
+    assert hints.full_weight(None, [0.1], None, 1.0) == 10  # all failed (no P50 of its own): never below 10
+    assert hints.full_weight(0.1, [0.1], 2.0, 0.5) == 25  # and a slow device on top
+
+
+def test_a_backend_that_fails_fast_is_not_weighted_as_the_fastest() -> None:
+    """A backend that answers 503 at once beside a healthy one: its failures are no latency samples
+    (so its near-zero P50 is no reference for its peer) and its weight falls with its failed share."""
+    w = World()
+    w.ready("healthy", 11, 8000)
+    w.ready("broken", 12, 8001)
+    w.clock.t += hints.SETTLE_S
+    w.lat = [_lat("healthy", 0.05, 0.05, ("cuda:0",)), _lat("broken", 0.0, None, ("cuda:1",), count=0, failed=60)]
+    w.table.refresh()
+    assert percent(w.table.reply(8000)) == 100
+    assert percent(w.table.reply(8001)) == hints.MIN_WEIGHT
+
+
+def test_instance_latency_keeps_failed_requests_out_of_the_p50_and_counts_them() -> None:
+    import time as _time
+
+    from infersight.agent.requests.kind import ReqEvent, RequestStats
+
+    stats = RequestStats()
+    res = Resource.of({"service.name": "llm", "process.pid": 42})
+    now = _time.time_ns()
+    for i in range(40):
+        failed = i % 4 == 0
+        stats.record("p", res, ReqEvent(None, "m", None, "http", now, 0.0004 if failed else 0.05, None, None,
+                                        "503" if failed else None, None, None, None), now)
+    (lat,) = stats.instance_latency()
+    assert (lat.count, lat.failed, lat.p50_s) == (30, 10, 0.05)
+    assert lat.failed_share() == 0.25
+    only_failed = RequestStats()
+    only_failed.record("q", res, ReqEvent(None, "m", None, "http", now, 0.0004, None, None, "503", None, None, None),
+                       now)
+    (lat,) = only_failed.instance_latency()
+    assert (lat.count, lat.failed) == (0, 1)
+    assert only_failed.instance_metrics(everything=True) == [], "no P50 gauge without a successful request"
+
+
 def test_ramp_from_25_until_settled() -> None:
     assert hints.ramped(100, 0.0, False) == 25
     assert hints.ramped(100, 30.0, False) == 62
@@ -110,8 +155,8 @@ def _span(producer: str, name: str, t: float, pid: int, service: str = "llm", **
 
 
 def _lat(producer: str, p50: float, recent: float | None = None, devices: tuple[str, ...] = ("cuda:0",),
-         count: int = 50) -> InstanceLatency:
-    return InstanceLatency(producer, "llm", 0, count, p50, p50 * 2, recent, devices)
+         count: int = 50, failed: int = 0) -> InstanceLatency:
+    return InstanceLatency(producer, "llm", 0, count, p50, p50 * 2, recent, devices, failed)
 
 
 class World:
@@ -440,3 +485,139 @@ def test_one_uid_cannot_crowd_the_request_instances() -> None:
     stats.record("mine", Resource.of({"service.name": "llm", "process.pid": 7, "process.user.id": 1000}), ev, now)
     by_producer = {lat.producer: lat for lat in stats.instance_latency()}
     assert len(by_producer) == rk.MAX_INSTANCES_PER_UID + 1 and "mine" in by_producer
+
+
+def _uid_lat(producer: str, p50: float) -> InstanceLatency:
+    return InstanceLatency(producer, "llm", 0, 50, p50, p50 * 2, p50, ("cuda:0",))
+
+
+def test_another_uids_instances_of_the_same_service_name_are_not_peers() -> None:
+    """Peers set an instance's weight (their median P50 over its own): another user's processes that
+    call themselves "llm" and answer in 1 ms must not cut this user's two identical backends to 10%."""
+    w = World()
+    t = w.clock()
+    for producer, pid, uid, port in (("a", 11, 1000, 8000), ("b", 12, 1000, 8001),
+                                     ("x1", 21, 2000, None), ("x2", 22, 2000, None), ("x3", 23, 2000, None)):
+        attrs = {"server.port": port} if port else {}
+        w.table.observe([_user_span(producer, "coldstart.runtime_init", t - 5, pid, uid),
+                         _user_span(producer, "coldstart.ready_wait", t, pid, uid, **attrs)])
+    w.clock.t += hints.SETTLE_S
+    w.lat = [_uid_lat("a", 0.05), _uid_lat("b", 0.05), _uid_lat("x1", 0.001), _uid_lat("x2", 0.001),
+             _uid_lat("x3", 0.001)]
+    w.table.refresh()
+    assert [percent(w.table.reply(p)) for p in (8000, 8001)] == [100, 100]
+
+
+# -- ports two users listen on: real listening sockets of two uids (root only) -------------
+
+LISTENER = """
+import socket, sys, time
+family = socket.AF_INET6 if sys.argv[1] == "v6" else socket.AF_INET
+s = socket.socket(family)
+if family == socket.AF_INET6:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::1" if family == socket.AF_INET6 else "0.0.0.0", int(sys.argv[2])))
+s.listen()
+print("listening", flush=True)
+time.sleep(120)
+"""
+
+
+class Listeners:
+    """Processes of given uids listening on one TCP port number (IPv4 any, or IPv6 loopback only)."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, uid: int, family: str, port: int) -> int:
+        p = subprocess.Popen([system_python(), "-c", LISTENER, family, str(port)], stdout=subprocess.PIPE, text=True,
+                             user=uid)  # (this venv's interpreter may live where other uids cannot run it)
+        self.procs.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "listening"
+        return p.pid
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.fixture
+def listeners():  # type: ignore[no-untyped-def]
+    if os.geteuid() != 0:
+        pytest.skip("needs root: listeners of two uids")
+    if not socket.has_ipv6:
+        pytest.skip("needs IPv6")
+    ls = Listeners()
+    yield ls
+    ls.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _claim(w: World, producer: str, pid: int, uid: int, port: int | None, service: str = "llm") -> None:
+    t = w.clock()
+    res = Resource.of({"service.name": service, "process.pid": pid, "process.user.id": uid})
+    attrs: dict[str, object] = {"server.port": port} if port else {}
+    for name, at in (("coldstart.runtime_init", t - 5), ("coldstart.ready_wait", t)):
+        w.table.observe([SpanItem(res, "0" * 32, "1" * 16, "2" * 16, name, int((at - 1) * 1e9), int(at * 1e9),
+                                  {"infersight.stage": name.split(".", 1)[1], **attrs}, [], None,
+                                  Origin(producer, 1))])
+
+
+def test_a_port_number_another_uid_also_listens_on_is_held_by_nobody(listeners: Listeners) -> None:
+    """Another user binds [::1]:P beside the victim's 0.0.0.0:P (Linux allows it) and says its hooked
+    process is ready on P: it does not take P over (and cannot later drain it through a warming
+    process of its own), and the victim's claim is let go too, since which server the balancer
+    reaches cannot be told: the port fails open and is counted."""
+    port = _free_port()
+    w = World()
+    victim = listeners.start(1000, "v4", port)
+    _claim(w, "victim", victim, 1000, port)
+    w.table.refresh()
+    assert haproxy_words(w.table.reply(port))[:2] == ["up", "ready"]
+    attacker = listeners.start(2000, "v6", port)
+    _claim(w, "attacker", attacker, 2000, port, service="evil")
+    w.table.refresh()
+    assert w.table.reply(port) == hints.UNKNOWN_REPLY  # neither holds it
+    assert (w.table.port_claims_refused, w.table.ports_contested) == (1, 1)
+    w.dead.add(attacker)  # its listener leaves; its other process starts warming
+    w.table.observe([_user_span("attacker2", "coldstart.runtime_init", w.clock(), 4242, 2000)])
+    w.table.refresh()
+    assert w.table.reply(port) == hints.UNKNOWN_REPLY, "never drained through another user's process"
+
+
+def test_a_squatter_that_claimed_the_port_first_lets_it_go(listeners: Listeners) -> None:
+    port = _free_port()
+    w = World()
+    squatter = listeners.start(2000, "v6", port)
+    _claim(w, "squatter", squatter, 2000, port)  # alone on the port number for now: its claim holds
+    w.table.refresh()
+    assert haproxy_words(w.table.reply(port))[:2] == ["up", "ready"]
+    victim = listeners.start(1000, "v4", port)
+    _claim(w, "victim", victim, 1000, port)
+    w.table.refresh()
+    assert w.table.reply(port) == hints.UNKNOWN_REPLY
+    assert w.table.ports_contested == 1
+
+
+def test_a_held_port_another_uid_binds_later_is_let_go_at_the_next_check(listeners: Listeners) -> None:
+    """The victim's server is not hooked; a squatter's hooked process holds the port number. Once the
+    victim listens on it too, the periodic check lets the port go: the squatter cannot drain it."""
+    from infersight.agent.routing import table as rt
+
+    port = _free_port()
+    w = World()
+    squatter = listeners.start(2000, "v6", port)
+    _claim(w, "squatter", squatter, 2000, port)
+    w.table.refresh()
+    listeners.start(1000, "v4", port)
+    w.clock.t += rt.OWNERS_EVERY_S
+    w.table.refresh()
+    assert w.table.reply(port) == hints.UNKNOWN_REPLY
+    assert w.table.ports_contested == 1

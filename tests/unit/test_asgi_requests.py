@@ -73,6 +73,19 @@ def test_a_failed_request_carries_its_error_and_the_error_propagates(client: Que
     assert [e[11] for e in client.queued] == ["ValueError"]
 
 
+@pytest.mark.parametrize(("status", "error"), [(200, None), (404, None), (499, None), (500, "500"), (503, "503")])
+def test_a_server_error_response_is_a_failed_request(client: QueueClient, status: int, error: str | None) -> None:
+    """A server that answers 503 at once (its engine down, a FastAPI exception handler) did not
+    serve the request fast: a status of 500 or more is the request's error.type, as an exception is."""
+
+    async def answers(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    _call(asgi.ColdStartMiddleware(asgi.ColdStartMiddleware(answers)), {"type": "http", "method": "GET", "path": "/"})
+    assert [e[11] for e in client.queued] == [error]
+
+
 def test_the_event_builds_into_a_valid_req(client: QueueClient) -> None:
     from infersight.agent.requests.kind import parse_req
     from infersight.hooks import _request
