@@ -1120,16 +1120,24 @@ def _nearest(pat: re.Pattern[str] | LazyPattern, ctx: str, anchor_end: int) -> r
     return found
 
 
+FREE_OVER_TOTAL_SLACK = 0.01  # free above total by more than print rounding: no device's numbers
+
+
 def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
     rule = hit.rule
     values = hit.values
     env: dict[str, float | None] = {k: values.get(k) for k in rs_names(rule, values)}
     cls, reason, note_t, suffix, knob = rule.cls, rule.reason, rule.note, "", rule.knob
-    r = values.get("R")
+    r, t, f = values.get("R"), values.get("T"), values.get("F")
     if r is not None and r >= IMPOSSIBLE_BYTES:
         cls, reason, suffix = "unknown", (
             f"the requested size ({torch_bytes(r)}) is larger than any device: a shape or size computation "
             "went wrong (an overflow, a corrupt input); this is a bug to report, not a shortage"), "impossible-size"
+    elif t is not None and f is not None and f > t * (1 + FREE_OVER_TOTAL_SLACK):
+        cls, reason, suffix = "unknown", (
+            f"the free memory printed ({torch_bytes(round(f))}) is more than the device's total "
+            f"({torch_bytes(round(t))}): the numbers are not one device's (an edited or mixed-up paste); "
+            "classify the engine's own, whole message"), "free-over-total"
     else:
         for case in rule.cases:
             if case.engine is not None and case.engine != engine:

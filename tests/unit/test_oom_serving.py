@@ -1152,6 +1152,19 @@ def test_xla_compile_time_failures_decide_only_for_hbm_and_possible_sizes(text: 
     assert f.cls != "unknown" or f.reason
 
 
+def test_free_memory_above_the_devices_total_is_no_evidence() -> None:
+    """No engine prints more free memory than its device has: such numbers (an edited or mixed-up paste)
+    decide nothing, and the answer says so; rounding in the print is allowed."""
+    text = ("ValueError: Free memory on device ({free}/79.15 GiB) on startup is less than desired GPU memory "
+            "utilization (0.9, 71.24 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+            "processes.")
+    (f,) = analyse(text.format(free="80.5"))
+    assert (f.cls, f.rule) == ("unknown", "vllm.startup.free-below-utilization/free-over-total")
+    assert "more than the device's total" in (f.reason or "")
+    (g,) = analyse(text.format(free="30.5"))
+    assert (g.cls, g.rule) == ("reservation_conflict", "vllm.startup.free-below-utilization")
+
+
 def test_a_host_weight_buffer_is_unknown_without_the_machines_free_ram() -> None:
     (f,) = analyse("alloc_tensor_range: failed to allocate CPU buffer of size 437944320\n"
                    "llama_model_load: error loading model: unable to allocate CPU buffer")
