@@ -9,7 +9,7 @@ written for it keep working; a file may not set both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +66,10 @@ class DeviceRulesError(SourceError, RulesError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DeviceThresholds:
-    slow_coefficient: float = 1.2  # P99 / peers' median P99 above this is slow
-    min_requests: int = 20  # fewer requests in the window: insufficient_data, and not a peer
+    slow_coefficient: float = 1.2  # P99 (its lower confidence bound) / peers' median P99 above this is slow
+    recover_coefficient: float = 1.1  # a slow series stays slow until it is at or below this
+    slow_evaluations: int = 3  # evaluations in a row over slow_coefficient before a series turns slow
+    min_requests: int = 100  # fewer requests in the window: insufficient_data, and not a peer
     throttle_share: float = 0.2  # share of samples with a thermal/power reason active
     pcie_below_max_share: float = 0.5  # share of busy samples with link gen/width below max
     clock_ratio: float = 0.9  # SM clock below this fraction of max counts as "below max"
@@ -137,18 +139,24 @@ def _thresholds(ctx: _Ctx, raw: Any) -> DeviceThresholds:
                     key,
                 )
             values[key] = tuple(v)
-        elif key in ("min_requests", "busy_utilization_pct", "ecc_min_errors"):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ctx.fail(f"{key} must be a non-negative integer", "thresholds", key)
+        elif key in ("min_requests", "busy_utilization_pct", "ecc_min_errors", "slow_evaluations"):
+            low = 1 if key == "slow_evaluations" else 0
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ctx.fail(f"{key} must be an integer >= {low}", "thresholds", key)
             values[key] = v
         else:
             x = _num(ctx, v, "thresholds", key)
-            if key == "slow_coefficient" and x <= 1.0:
-                raise ctx.fail("slow_coefficient must be above 1.0", "thresholds", key)
-            if key != "slow_coefficient" and not 0.0 <= x <= 1.0:
+            if key in ("slow_coefficient", "recover_coefficient") and x <= 1.0:
+                raise ctx.fail(f"{key} must be above 1.0", "thresholds", key)
+            if key not in ("slow_coefficient", "recover_coefficient") and not 0.0 <= x <= 1.0:
                 raise ctx.fail(f"{key} must lie in [0, 1]", "thresholds", key)
             values[key] = x
-    return DeviceThresholds(**values)
+    th = DeviceThresholds(**values)
+    if th.recover_coefficient > th.slow_coefficient:
+        if "recover_coefficient" in raw:
+            raise ctx.fail("recover_coefficient must not exceed slow_coefficient", "thresholds", "recover_coefficient")
+        th = replace(th, recover_coefficient=th.slow_coefficient)  # the default follows a low slow_coefficient
+    return th
 
 
 def _example(ctx: _Ctx, raw: Any, nth: int) -> DeviceExample:

@@ -47,7 +47,8 @@ def _oom(conf: Config, built: Mapping[str, Extension]) -> Extension:
 def _routing(conf: Config, built: Mapping[str, Extension]) -> Extension:
     # Routing reads the requests' per-instance latency and the devices' slow verdicts.
     stats = _built(built, "requests", RequestsExtension).stats
-    return RoutingExtension(conf, stats.instance_latency, _built(built, "devices", DevicesExtension).job.slow_devices)
+    job = _built(built, "devices", DevicesExtension).job
+    return RoutingExtension(conf, stats.instance_latency, job.slow_devices_of)  # a uid's own verdicts
 
 
 EXTENSIONS: dict[str, Factory] = {

@@ -4,14 +4,22 @@ Method, stated once:
 
 - **Percentiles** (P50, P99 of one device's window) are **nearest-rank**
   (:func:`infersight.latency.percentile`): every percentile is an observed latency. With
-  fewer than 100 requests P99 is the maximum.
-- **Peers** of a series are the other devices with the same ``model``, ``request_class`` and
-  ``device_kind`` that have at least ``min_requests`` requests in the window.
+  fewer than 100 requests P99 is the maximum, hence ``min_requests`` (default 100).
+- **Series are per uid**: a series' key holds its producers' uid, and its **peers** are the
+  same uid's series on other devices with the same ``model``, ``request_class`` and
+  ``device_kind`` that have at least ``min_requests`` requests in the window. One uid's
+  requests never weigh in another uid's verdicts.
 - **Coefficient** = the device's P99 / the median of its peers' P99 (``statistics.median``: the
-  mean of the two middle values for an even count). No peer: ``no_peers``, coefficient None.
-- **Verdict**: ``slow`` when the coefficient exceeds ``slow_coefficient``, else ``ok``;
-  ``insufficient_data`` below ``min_requests``. A slow verdict's cause is the first of
-  :data:`~infersight.rules.device_rules.CAUSES` that the device's NVML window supports.
+  mean of the two middle values for an even count), at most :data:`MAX_COEFFICIENT`. No peer:
+  ``no_peers``, coefficient None.
+- **Verdict**: judged on the P99's lower confidence bound
+  (:func:`infersight.latency.p99_lower_bound`) over the same median: ``slow`` when it exceeds
+  ``slow_coefficient``, else ``ok``; ``insufficient_data`` below ``min_requests``. With the
+  previous evaluation's verdicts (``before``, the device job) there is hysteresis: a series
+  turns slow after ``slow_evaluations`` evaluations in a row over ``slow_coefficient`` and
+  stays slow while the judged coefficient stays above ``recover_coefficient``. A slow
+  verdict's cause is the first of :data:`~infersight.rules.device_rules.CAUSES` that the
+  device's NVML window supports; throttling and link and clock shares are of busy samples.
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ class WindowState:
 
     samples: int = 0
     busy_samples: int = 0  # GPU utilization >= busy_utilization_pct (or unknown)
-    thermal_samples: int = 0  # a thermal reason active
-    power_samples: int = 0  # a power reason active
+    thermal_samples: int = 0  # busy, a thermal reason active
+    power_samples: int = 0  # busy, a power reason active
     pcie_below_max_samples: int = 0  # busy, link generation or width below max
     clocks_below_max_samples: int = 0  # busy, SM clock < clock_ratio * max, no reason at all
     ecc_errors: int = 0  # rise of volatile ECC errors (corrected + uncorrected) in the window
@@ -53,14 +61,14 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> 
         if s.lost:
             lost = True
             continue
-        reasons = set(s.throttle_reasons)
-        therm += bool(reasons & thermal)
-        pwr += bool(reasons & power)
         if s.ecc_corrected_volatile is not None or s.ecc_uncorrected_volatile is not None:
             ecc.append((s.ecc_corrected_volatile or 0) + (s.ecc_uncorrected_volatile or 0))
         if s.utilization_gpu_pct is not None and s.utilization_gpu_pct < th.busy_utilization_pct:
             continue
         busy += 1
+        reasons = set(s.throttle_reasons)
+        therm += bool(reasons & thermal)
+        pwr += bool(reasons & power)
         gen, gmax, width, wmax = (
             s.pcie_link_gen, s.pcie_link_gen_max, s.pcie_link_width, s.pcie_link_width_max
         )  # fmt: skip
@@ -91,11 +99,11 @@ def causes(w: WindowState | None, th: DeviceThresholds) -> list[tuple[str, str]]
     if w is None or w.samples == 0:
         return [("unknown", "no device samples in the window")]
     out: list[tuple[str, str]] = []
-    n, busy = w.samples, w.busy_samples
-    if w.thermal_samples / n >= th.throttle_share:
-        out.append(("thermal_throttling", f"thermal throttling in {w.thermal_samples}/{n} samples"))
-    if w.power_samples / n >= th.throttle_share:
-        out.append(("power_throttling", f"power throttling in {w.power_samples}/{n} samples"))
+    busy = w.busy_samples
+    if busy and w.thermal_samples / busy >= th.throttle_share:
+        out.append(("thermal_throttling", f"thermal throttling in {w.thermal_samples}/{busy} busy samples"))
+    if busy and w.power_samples / busy >= th.throttle_share:
+        out.append(("power_throttling", f"power throttling in {w.power_samples}/{busy} busy samples"))
     if busy and w.pcie_below_max_samples / busy >= th.pcie_below_max_share:
         link = w.pcie_detail or "link below max"
         msg = f"PCIe {link} in {w.pcie_below_max_samples}/{busy} busy samples"
@@ -124,19 +132,25 @@ class DeviceVerdict:
     cause: str | None  # the first cause, for slow verdicts only
     causes: tuple[str, ...] = ()
     detail: str = ""
+    over: int = 0  # evaluations in a row over slow_coefficient (this one included)
 
 
-def _peer_key(k: SeriesKey) -> tuple[str, str, str]:
-    return (k.model, k.request_class, k.device_kind)
+MAX_COEFFICIENT = 100.0  # a coefficient past this is published as this (it says "broken", not how much)
+
+
+def _peer_key(k: SeriesKey) -> tuple[int | None, str, str, str]:
+    return (k.uid, k.model, k.request_class, k.device_kind)
 
 
 def evaluate(
     series: Sequence[SeriesStats],
     windows: Mapping[str, WindowState],
     th: DeviceThresholds,
+    before: Mapping[SeriesKey, DeviceVerdict] | None = None,
 ) -> list[DeviceVerdict]:
-    """One verdict per series. ``windows`` is keyed by ``SeriesKey.device``."""
-    groups: dict[tuple[str, str, str], list[SeriesStats]] = {}
+    """One verdict per series. ``windows`` is keyed by ``SeriesKey.device``. ``before`` (the
+    previous evaluation's verdicts) turns hysteresis on; None judges this window alone."""
+    groups: dict[tuple[int | None, str, str, str], list[SeriesStats]] = {}
     for s in series:
         groups.setdefault(_peer_key(s.key), []).append(s)
     out: list[DeviceVerdict] = []
@@ -144,7 +158,8 @@ def evaluate(
         peers = [
             o.p99_s for o in groups[_peer_key(s.key)] if o.key.device != s.key.device and o.count >= th.min_requests
         ]
-        out.append(_verdict(s, peers, windows.get(s.key.device), th))
+        prev = None if before is None else before.get(s.key)
+        out.append(_verdict(s, peers, windows.get(s.key.device), th, before is not None, prev))
     return out
 
 
@@ -157,14 +172,24 @@ def _make(
     peers: int = 0,
     found: Sequence[tuple[str, str]] = (),
     detail: str = "",
+    over: int = 0,
 ) -> DeviceVerdict:
     return DeviceVerdict(
         s.key, s.count, s.p50_s, s.p99_s, coefficient, median, peers, verdict,
-        found[0][0] if found else None, tuple(c for c, _ in found), detail,
+        found[0][0] if found else None, tuple(c for c, _ in found), detail, over,
     )  # fmt: skip
 
 
-def _verdict(s: SeriesStats, peer_p99s: Sequence[float], w: WindowState | None, th: DeviceThresholds) -> DeviceVerdict:
+def _is_slow(judged: float, over: int, prev: DeviceVerdict | None, th: DeviceThresholds) -> bool:
+    """Hysteresis: enter after ``slow_evaluations`` in a row over the threshold, leave at or
+    below ``recover_coefficient``."""
+    if prev is not None and prev.verdict == "slow" and judged > th.recover_coefficient:
+        return True
+    return over >= th.slow_evaluations
+
+
+def _verdict(s: SeriesStats, peer_p99s: Sequence[float], w: WindowState | None, th: DeviceThresholds,
+             hysteresis: bool = False, prev: DeviceVerdict | None = None) -> DeviceVerdict:
     n = len(peer_p99s)
     if s.count < th.min_requests:
         msg = f"{s.count} requests < min_requests {th.min_requests}"
@@ -175,13 +200,17 @@ def _verdict(s: SeriesStats, peer_p99s: Sequence[float], w: WindowState | None, 
     median = statistics.median(peer_p99s)
     if median <= 0:
         return _make(s, "insufficient_data", median=median, peers=n, detail="peers' P99 is 0")
-    coef = s.p99_s / median
-    if coef <= th.slow_coefficient:
-        msg = f"P99 {coef:.2f}x peers (threshold {th.slow_coefficient})"
-        return _make(s, "ok", coefficient=coef, median=median, peers=n, detail=msg)
+    coef = min(s.p99_s / median, MAX_COEFFICIENT)
+    judged = min((s.p99_s if s.p99_low_s is None else s.p99_low_s) / median, MAX_COEFFICIENT)
+    over = judged > th.slow_coefficient
+    streak = (prev.over if prev is not None else 0) + 1 if over else 0
+    if not (_is_slow(judged, streak, prev, th) if hysteresis else over):
+        msg = f"P99 {coef:.2f}x peers, at least {judged:.2f}x (threshold {th.slow_coefficient}"
+        msg += f"; over it {streak} of {th.slow_evaluations} evaluations)" if over else ")"
+        return _make(s, "ok", coefficient=coef, median=median, peers=n, detail=msg, over=streak)
     found = causes(w, th)
     msg = f"P99 {coef:.2f}x peers: " + "; ".join(d for _, d in found)
-    return _make(s, "slow", coefficient=coef, median=median, peers=n, found=found, detail=msg)
+    return _make(s, "slow", coefficient=coef, median=median, peers=n, found=found, detail=msg, over=streak)
 
 
 def run_example(ex: DeviceExample, th: DeviceThresholds) -> DeviceVerdict:

@@ -16,10 +16,11 @@ with the request statistics the commands hand it (the requests extension's, seen
 - publishes the request histograms that changed.
 
 Every ``devices.evaluate_interval_s`` (default 10 s) it runs
-:func:`~infersight.agent.devices.heterogeneity.evaluate` over the request windows and the devices'
-NVML windows, publishes ``infersight.device.coefficient`` per series, marks slow devices
-``hw.state="degraded"`` and logs a ``device`` event when a series turns slow, changes cause,
-or recovers. Without NVML (no driver, or ``nvml.enabled = false``) it keeps why in
+:func:`~infersight.agent.devices.heterogeneity.evaluate` over the request windows (per uid) and
+the devices' NVML windows, with the previous verdicts (hysteresis), publishes
+``infersight.device.coefficient`` per series, marks ``hw.state="degraded"`` the devices one uid
+finds slow and none finds ok (:func:`degraded_devices`), and logs a ``device`` event when a series
+turns slow, changes cause, or recovers. Without NVML (no driver, or ``nvml.enabled = false``) it keeps why in
 :attr:`DeviceJob.unavailable_reason`, publishes it as the health metric
 ``infersight.nvml.available`` (value 0) on each heartbeat of the agent and at its close,
 and keeps evaluating requests without device samples.
@@ -32,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.extension import AgentContext
@@ -89,7 +90,23 @@ def _series_attrs(key: SeriesKey, names: Mapping[str, str | None]) -> Attributes
         attrs["infersight.model"] = key.model
         attrs["gen_ai.request.model"] = key.model
     attrs["infersight.request.class"] = key.request_class
+    if key.uid is not None:
+        attrs["process.user.id"] = key.uid  # whose requests: verdicts are per uid
     return attrs
+
+
+def degraded_devices(verdicts: Iterable[DeviceVerdict]) -> dict[str, float]:
+    """Devices slow for a uid and ``ok`` for none (the device-wide state: ``hw.state``, routing):
+    device -> its largest coefficient. One uid's slow verdict does not override another's
+    ``ok`` on the same device."""
+    slow: dict[str, float] = {}
+    ok: set[str] = set()
+    for v in verdicts:
+        if v.verdict == "slow":
+            slow[v.key.device] = max(slow.get(v.key.device, 0.0), v.coefficient or 0.0)
+        elif v.verdict == "ok":
+            ok.add(v.key.device)
+    return {d: c for d, c in slow.items() if d not in ok}
 
 
 class DeviceJob:
@@ -154,13 +171,14 @@ class DeviceJob:
     # -- health ------------------------------------------------------------------------
 
     def slow_devices(self) -> dict[str, float]:
-        """Devices with a slow verdict now: device (hw.id, else ``cuda:N``/``cpu``) -> its
-        largest coefficient (P99 / peers'); routing lowers their instances' weights."""
-        out: dict[str, float] = {}
-        for v in self.verdicts.values():
-            if v.verdict == "slow":
-                out[v.key.device] = max(out.get(v.key.device, 0.0), v.coefficient or 0.0)
-        return out
+        """Devices slow now (:func:`degraded_devices`): device (hw.id, else ``cuda:N``/``cpu``)
+        -> its largest coefficient (P99 / peers'); routing lowers their instances' weights."""
+        return degraded_devices(self.verdicts.values())
+
+    def slow_devices_of(self, uid: int | None) -> dict[str, float]:
+        """The devices ``uid``'s own requests find slow (only its verdicts): what routing
+        should weigh that uid's instances by."""
+        return degraded_devices(v for v in self.verdicts.values() if v.key.uid == uid)
 
     def health(self) -> dict[str, Any]:
         """What ``infersight status --json`` shows under ``nvml``."""
@@ -335,18 +353,18 @@ class DeviceJob:
 
         agent = self._agent
         stats = self.requests.window.stats(now_ns / 1e9) if self.requests is not None else []
-        verdicts = verdicts_of(stats, self.windows(), self.thresholds)
+        verdicts = verdicts_of(stats, self.windows(), self.thresholds, self.verdicts)  # (hysteresis)
         self.verdicts = {v.key: v for v in verdicts}
         names = {**(self.requests.names if self.requests is not None else {}), **self.names}
         states: dict[str, HwState] = {}
         points: list[NumberPoint] = []
         logs: list[LogItem] = []
+        for device in degraded_devices(verdicts):
+            states[device] = "degraded"
         for v in verdicts:
             attrs = _series_attrs(v.key, names)
             if v.coefficient is not None:
                 points.append(NumberPoint(v.coefficient, dict(attrs)))
-            if v.verdict == "slow":
-                states[v.key.device] = "degraded"
             now = (v.verdict, v.cause if v.verdict == "slow" else None)
             before = self._last.get(v.key)
             self._last[v.key] = now

@@ -37,7 +37,15 @@ from typing import Any
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.instances import RECENT_REQUESTS, InstanceLatency
-from infersight.latency import DEFAULT_WINDOW_S, LatencyWindow, NvmlDevice, SeriesKey, percentile
+from infersight.latency import (
+    DEFAULT_WINDOW_S,
+    MAX_HISTOGRAM_SERIES,
+    LatencyWindow,
+    NvmlDevice,
+    SeriesKey,
+    owner,
+    percentile,
+)
 from infersight.metricspec import MetricSpec, declare
 from infersight.telemetry import Attributes, HistogramPoint, Item, MetricItem, NumberPoint, Origin, Resource
 
@@ -62,7 +70,7 @@ DURATION_BOUNDS: tuple[float, ...] = (
 TTFT_BOUNDS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
 )  # fmt: skip
-MAX_SERIES = 4096  # histogram series in all (producer x attribute set)
+MAX_SERIES = MAX_HISTOGRAM_SERIES  # histogram series in all (producer x attribute set); a quarter per uid
 MAX_STR = 256
 MAX_SECONDS = 86400.0 * 7
 DEFAULT_CLASS = "default"
@@ -226,7 +234,11 @@ class RequestStats:
     def resolve(self, ev: ReqEvent) -> tuple[str | None, str | None]:
         """(hw.id, hw.name) of the request's device; (None, None) when unknown."""
         if ev.hw_id is not None:
-            return ev.hw_id, ev.hw_name or self.names.get(ev.hw_id)
+            if not self._by_index:  # no NVML view: the hook's word is all there is
+                return ev.hw_id, ev.hw_name or self.names.get(ev.hw_id)
+            listed = [d for d in self._by_index.values() if d.uuid == ev.hw_id]
+            # NVML's name, not the hook's; a hw.id NVML does not list is not believed (MIG, or a claim).
+            return (listed[0].uuid, listed[0].name) if listed else (None, None)
         m = _CUDA.match(ev.device or "")
         if m is None:
             return None, None
@@ -265,7 +277,7 @@ class RequestStats:
         end_s = (t_ns if t_ns is not None else ev.start_ns) / 1e9
         if ev.error is None:
             kind = hw_name or (device.split(":", 1)[0] if hw_id is None else "gpu")
-            self.window.add(SeriesKey(hw_id or device, model, klass, kind), ev.duration_s, end_s)
+            self.window.add(SeriesKey(hw_id or device, model, klass, kind, owner(resource)), ev.duration_s, end_s)
         # A failed request is no latency sample, but its instance's share of failures weighs it (routing).
         self._instance_add(producer_id, resource, klass == HTTP_CLASS, end_s, ev.duration_s, hw_id or device,
                            ev.error is not None)
@@ -295,7 +307,11 @@ class RequestStats:
         key = (name, tuple(sorted(attrs.items())))
         entry = ph.series.get(key)
         if entry is None:
-            if self._nseries >= MAX_SERIES:
+            share = self.window.histograms  # a quarter of MAX_SERIES per uid; refusals per uid
+            if share.held != self._nseries:  # producers were forgotten (collect): count again
+                share.recount(owner(p.resource) for p in self._producers.values() for _ in p.series)
+            uid = owner(ph.resource)
+            if not (share.take(uid) if self._nseries < MAX_SERIES else share.refuse(uid)):
                 self.dropped_series += 1
                 return
             entry = ph.series[key] = (attrs, _Hist.new(bounds))
@@ -398,8 +414,11 @@ class RequestStats:
     def stats(self) -> dict[str, Any]:
         """For ``infersight status --json``: counts, and each instance's P50/P99."""
         return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series,
-                "instances": [{"service": i.service, "pid": i.pid, "count": i.count, "p50_s": round(i.p50_s, 6),
-                               "p99_s": round(i.p99_s, 6)} for i in self.instance_latency()]}
+                # what the per-uid budgets of the request tables refused, per table and uid ("-": none)
+                "refused": self.window.refusals(),
+                "instances": [{"service": i.service, "pid": i.pid, "count": i.count, "failed": i.failed,
+                               "p50_s": round(i.p50_s, 6), "p99_s": round(i.p99_s, 6)}
+                              for i in self.instance_latency()]}
 
     def self_metrics(self, resource: Resource, start_ns: int, now_ns: int) -> list[MetricItem]:
         """The agent's own count of requests left out of the histograms (series cap reached)."""

@@ -8,7 +8,8 @@ service that starts warming is taken to be its restart on that port (drained unt
 so a restarted server is kept out of rotation even while a TCP health check passes.
 
 :meth:`RoutingTable.refresh` recomputes every port's reply from the instances' latency
-(the requests feature's windows) and the slow devices (the devices feature's verdicts), both
+(the requests feature's windows) and the slow devices (the devices feature's verdicts on the
+instance's own uid's requests: another user's requests cannot make your device slow), both
 handed in as functions; :meth:`reply` is then a dictionary lookup, so answering HAProxy
 never waits on anything.
 """
@@ -37,7 +38,7 @@ LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions,
 OWNERS_EVERY_S = 10.0  # the held ports' listeners are checked this often (a table read per port)
 
 LatencySource = Callable[[], Sequence[InstanceLatency]]
-SlowDevices = Callable[[], Mapping[str, float]]
+SlowDevices = Callable[[int | None], Mapping[str, float]]  # a uid's own slow devices -> coefficient
 Alive = Callable[[int, str | None], bool]
 
 
@@ -225,9 +226,11 @@ class RoutingTable:
         while len(self.vacated) > MAX_VACATED:
             del self.vacated[next(iter(self.vacated))]
         self._check_holders(now)
-        slow = self.slow_devices()
+        slow: dict[int | None, Mapping[str, float]] = {}  # per uid: its own requests' verdicts weigh its instances
         for inst in self.instances.values():
-            self._decide(inst, by_producer, slow, now)
+            if inst.uid not in slow:
+                slow[inst.uid] = self.slow_devices(inst.uid)
+            self._decide(inst, by_producer, slow[inst.uid], now)
         self.replies = {port: self.instances[p].reply for port, p in self.ports.items() if p in self.instances}
         return self._hints(now)
 

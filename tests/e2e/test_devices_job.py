@@ -108,7 +108,11 @@ def run(fake_libdir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     root = tmp_path_factory.mktemp("devjob")
     cfg_file = root / "fake_nvml.cfg"
     cfg_file.write_text(SCENARIO)
-    extra = "[nvml]\ninterval_s = 0.1\n[devices]\nevaluate_interval_s = 0.5\nwindow_s = 120\n"
+    # 60 requests per device: below the shipped min_requests (100), so a rule file that asks for 20.
+    rules = root / "devices.toml"
+    rules.write_text('engine_version = "1.0"\n[thresholds]\nmin_requests = 20\n')
+    extra = (f"[nvml]\ninterval_s = 0.1\n[devices]\nevaluate_interval_s = 0.5\nwindow_s = 120\n"
+             f"rules = \"{rules}\"\n")
     agent = start_agent(root, fake_env(fake_libdir, cfg_file), extra)
     try:
         child = subprocess.run(
@@ -330,7 +334,10 @@ def test_device_mapping_through_visible_devices() -> None:
     assert rs.resolve(parse_req({**REQ, "d": "cuda:2"})) == (UUID % 2, "G")
     assert rs.resolve(parse_req({**REQ, "d": "cpu"})) == (None, None)
     hooked = parse_req({**REQ, "d": "cuda:0", "h": "GPU-abc", "hn": "H200"})
-    assert rs.resolve(hooked) == ("GPU-abc", "H200")
+    assert rs.resolve(hooked) == (None, None)  # a hw.id NVML does not list is not believed
+    listed = parse_req({**REQ, "d": "cuda:0", "h": UUID % 1, "hn": "H200"})
+    assert rs.resolve(listed) == (UUID % 1, "G")  # NVML's name, not the hook's
+    assert RequestStats().resolve(hooked) == ("GPU-abc", "H200")  # without NVML, the hook's word
 
 
 def test_failed_requests_stay_out_of_the_window() -> None:

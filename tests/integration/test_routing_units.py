@@ -165,7 +165,7 @@ class World:
         self.lat: list[InstanceLatency] = []
         self.slow: dict[str, float] = {}
         self.dead: set[int] = set()
-        self.table = RoutingTable(lambda: self.lat, lambda: self.slow, max_concurrency,
+        self.table = RoutingTable(lambda: self.lat, lambda _uid: self.slow, max_concurrency,
                                   alive=lambda pid, _start: pid not in self.dead, clock=self.clock)
 
     def ready(self, producer: str, pid: int, port: int | None) -> None:
@@ -317,11 +317,11 @@ def test_default_host_is_loopback_and_a_taken_port_is_a_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        ext = RoutingExtension(Config({}), list, dict,
+        ext = RoutingExtension(Config({}), list, lambda _uid: {},
                                env={"INFERSIGHT_ROUTING": "1", "INFERSIGHT_ROUTING_AGENT_CHECK_PORT": str(busy)})
         with pytest.raises(ConfigError, match="routing: cannot listen on 127.0.0.1:%d" % busy):
             asyncio.run(ext.start(_Agent()))  # type: ignore[arg-type]
-    off = RoutingExtension(Config({}), list, dict, env={})
+    off = RoutingExtension(Config({}), list, lambda _uid: {}, env={})
     assert off.health() == {"routing": {"enabled": False, "agent_check_port": None}}
 
 
@@ -621,3 +621,20 @@ def test_a_held_port_another_uid_binds_later_is_let_go_at_the_next_check(listene
     w.table.refresh()
     assert w.table.reply(port) == hints.UNKNOWN_REPLY
     assert w.table.ports_contested == 1
+
+
+def test_a_slow_verdict_from_another_uids_requests_does_not_lower_your_instance() -> None:
+    """Routing weighs an instance by the verdicts of its own uid's requests (the device job's
+    ``slow_devices_of``): another user who finds the shared GPU slow moves only its own instances."""
+    per_uid = {2000: {"cuda:0": 4.0}}
+    w = World()
+    w.table.slow_devices = lambda uid: per_uid.get(uid, {})
+    t = w.clock()
+    for producer, pid, uid, port in (("mine", 11, 1000, 8000), ("theirs", 12, 2000, 8001)):
+        w.table.observe([_user_span(producer, "coldstart.runtime_init", t - 5, pid, uid),
+                         _user_span(producer, "coldstart.ready_wait", t, pid, uid, **{"server.port": port})])
+    w.clock.t += hints.SETTLE_S
+    w.lat = [_lat("mine", 0.05, 0.05), _lat("theirs", 0.05, 0.05)]
+    w.table.refresh()
+    assert percent(w.table.reply(8000)) == 100
+    assert percent(w.table.reply(8001)) == 25

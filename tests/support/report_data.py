@@ -26,6 +26,7 @@ from infersight.agent.report.scan import memory_source
 from infersight.agent.report.trace import plan_trace, write_chrome_trace
 from infersight.agent.requests.kind import RequestStats
 from infersight.exporters.otlp_json import encode_lines
+from infersight.rules.device_rules import DeviceThresholds
 from infersight.telemetry import Item, Resource
 
 GIB = 1 << 30
@@ -117,7 +118,8 @@ def gpu_items(base: int) -> list[Item]:
     raw.sort(key=lambda e: e[1])
     items: list[Item] = asm.events(p, [[n + 1, t, kind, d] for n, (kind, t, d) in enumerate(raw)])
     assert p.malformed == 0, "the fixture sent a malformed event"
-    job = DeviceJob(enabled=False, requests=stats)
+    # 60 requests a device and one evaluation: below the shipped min_requests (100) and hysteresis (3)
+    job = DeviceJob(enabled=False, requests=stats, thresholds=DeviceThresholds(min_requests=20, slow_evaluations=1))
     job._agent = SimpleNamespace(resource=AGENT)  # the job's agent: only its resource is used here
     for i in range(23):
         t = base + int(0.25 * i * S)

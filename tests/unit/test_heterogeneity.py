@@ -127,7 +127,7 @@ def test_slow_verdict_takes_its_cause_from_the_window() -> None:
     assert c.verdict == "slow"
     assert c.cause == "power_throttling"
     assert c.causes == ("power_throttling", "pcie_link_degraded")
-    assert "power throttling in 5/10 samples" in c.detail
+    assert "power throttling in 5/10 busy samples" in c.detail  # a share of busy samples
 
 
 def test_latency_window_slides_by_age_and_count() -> None:
