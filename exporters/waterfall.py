@@ -21,6 +21,12 @@ from infersight.hooks import _contract
 from infersight.telemetry import ColdStart, SpanItem
 from infersight.weights_files import CeilingOf, describe, files_of
 
+# How a cold start that saw no readiness ended (the root's ended_by), in the waterfall's words.
+NEVER_READY = {
+    _contract.ENDED_BY_EXIT: "the process exited before any readiness signal",
+    _contract.ENDED_BY_PRODUCER_LOST: "the process was killed (or lost) before any readiness signal",
+}
+
 
 def _depth(span: SpanItem, by_id: dict[str, SpanItem], root_id: str) -> int:
     d, cur = 0, span
@@ -187,10 +193,14 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
                 _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, "-", width, "",
                 _extra(group)))
     ready = root.attributes.get(_contract.READY_S)
+    ended = root.attributes.get(_contract.ENDED_BY)
     if isinstance(ready, (int, float)) and not isinstance(ready, bool) and 0 <= ready <= 1e9:  # not junk
         lines.append("ready after %.3f s (%s); ended by %s" % (
-            ready, root.attributes.get(_contract.READY_SOURCE) or "?",
-            root.attributes.get(_contract.ENDED_BY) or "?"))
+            ready, root.attributes.get(_contract.READY_SOURCE) or "?", ended or "?"))
+    elif ended in NEVER_READY:  # the whole life was cold start: say so, not an ordinary-looking total
+        lines.append("never ready: %s" % NEVER_READY[str(ended)])
+    elif isinstance(ended, str) and ended:
+        lines.append("ended by %s" % ended)
     ttfb = [s.attributes.get(_contract.FIRST_REQUEST_TTFB_S) for s in cs.stages
             if s.attributes.get(_contract.STAGE) == _contract.FIRST_REQUEST]
     if ttfb and isinstance(ttfb[0], (int, float)):

@@ -460,8 +460,8 @@ def check_workers() -> None:
     try:
         if st.first is not None or st.first_done or not root_open() or not st.children_dir:
             return
-        if not st.children_ready:
-            return
+        if not st.children_ready or st.ready_rules_open:
+            return  # a ``ready = true`` call (serve.run deploying) decides this process's readiness: its return
         done = [r for r in _workers.reports(st.children_dir) if r[2] in _workers.SERVED]
         if done:
             with st.lock:
@@ -553,24 +553,30 @@ def check_listening(from_forward: bool = False) -> None:
         poll.release()
 
 
-def rule_stage_opened(span: str) -> None:
+def rule_stage_opened(span: str, awaits_ready: bool = False) -> None:
     """A stage rule's call starts (``_stagerules``) in ``span``: no readiness from the
     kernel's tables until every such call has returned; children started meanwhile by
-    another process on our behalf nest under it (``_workers.publish_current``)."""
+    another process on our behalf nest under it (``_workers.publish_current``). A call whose
+    return is readiness (``awaits_ready``: Serve's deploy) also keeps a served worker from
+    ending this process's cold start (``check_workers``): a request a client sent as soon as
+    the port opened can be served by a replica while the deploy is still under way."""
     st = state()
     with st.lock:
         st.rule_stages_open += 1
+        st.ready_rules_open += 1 if awaits_ready else 0
     if st.children_ready and st.children_dir:
         _workers.publish_current(st.children_dir, span)
 
 
-def rule_stage_closed() -> None:
+def rule_stage_closed(awaited_ready: bool = False) -> None:
     """A stage rule's call returned. When it was the last one running, the sockets that
     started to listen meanwhile are the call's own machinery (Ray's core worker RPC server
     inside ``ray.init``, a worker's inside ``connect``), never readiness: the watch takes
     them as foreign. One table read per outermost rule call, before readiness only."""
     st = state()
     with st.lock:
+        if awaited_ready:
+            st.ready_rules_open = max(0, st.ready_rules_open - 1)
         n = max(0, st.rule_stages_open - 1)
         if n == 0:
             # Owed before the count drops: a poll that sees no call running absorbs first

@@ -257,22 +257,23 @@ def _note(key: str, item: str) -> None:
         items.append(item)
 
 
-def _open(stage: str, rule: str, target: str) -> Any:
+def _open(stage: str, rule: str, target: str, ready: str = READY_NEVER) -> Any:
     """Open the rule's stage (None: nothing collected, or a rule's span of this stage is open)."""
     try:
         opened = _open_stages.get()
         if stage in opened or not cs.state().collecting or not cs.root_open():
             return None
         o = cs.begin(stage, {_contract.STAGE_RULE: rule, "infersight.stage.target": target})
-        _readiness.rule_stage_opened(o.span)
-        return o, _open_stages.set((*opened, stage))
+        awaits = ready == READY_AT_RETURN
+        _readiness.rule_stage_opened(o.span, awaits)
+        return o, _open_stages.set((*opened, stage)), awaits
     except Exception as exc:
         _runtime.fail(exc)
         return None
 
 
 def _close(token: Any, err: Optional[BaseException], ready: str = READY_NEVER) -> None:
-    o, reset = token
+    o, reset, awaits = token
     try:
         _open_stages.reset(reset)
     except ValueError:
@@ -282,7 +283,7 @@ def _close(token: Any, err: Optional[BaseException], ready: str = READY_NEVER) -
         # a rule that says the process is ready when its outermost call returns (Serve's
         # replica init, serve.run): readiness now, before its own sockets are taken as foreign
         _readiness.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: o.attrs.get(_contract.STAGE_RULE, "")})
-    _readiness.rule_stage_closed()
+    _readiness.rule_stage_closed(awaits)
 
 
 def _entered(rule: str) -> None:
@@ -381,7 +382,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str 
         wrapper = _before(fn, lambda: _entered(rule))
     elif is_async:
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
-            token = _open(stage, rule, target)
+            token = _open(stage, rule, target, ready)
             if token is None:
                 return await fn(*args, **kwargs)
             try:
@@ -395,7 +396,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str 
         wrapper = awrapper
     else:
         def swrapper(*args: Any, **kwargs: Any) -> Any:
-            token = _open(stage, rule, target)
+            token = _open(stage, rule, target, ready)
             if token is None:
                 return fn(*args, **kwargs)
             try:

@@ -219,7 +219,7 @@ class ColdStart:
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
         "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
-        "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
+        "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "ready_rules_open", "rule_waits",
         "rule_waits_done", "run_sources", "sampler",
         "stage_mark", "tls", "undo", "warm", "watch_listen", "watched",
     )
@@ -284,6 +284,7 @@ class ColdStart:
         self.listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
         self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
         self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
+        self.ready_rules_open = 0  # of those, ``ready = true`` ones: readiness comes at their return
         # The outermost rule call returned and the sockets it made listen are not yet taken as
         # foreign: whoever holds the watch next (the call's thread, or a poll) absorbs first.
         self.rule_absorb_owed = False

@@ -328,7 +328,7 @@ def test_bentoml_serve(models: str, tmp_path) -> None:
 
 def test_ray_serve(models: str, tmp_path) -> None:
     """ray.init, serve.start, serve.run named in the driver, which is ready when serve.run
-    returns; the replica's constructor (its ``import torch`` on Serve's user-code thread and
+    returns (though a request sent as soon as the proxy answered was served meanwhile); the replica's constructor (its ``import torch`` on Serve's user-code thread and
     its model load) is its own cold start, ready when the replica reports to the controller,
     and nests under the driver's wait for replicas although the C++ raylet started it."""
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]', in the test extra)")
@@ -337,7 +337,7 @@ def test_ray_serve(models: str, tmp_path) -> None:
     r = launch(str(tmp_path), [sys.executable, STACKS, "ray", models, str(free_port())], result=False,
                env={**ENV, "PYTHONPATH": ""}, timeout=600)
     assert r.rc == 0, r.output[-4000:]
-    assert "ray: tokens 8" in r.output
+    assert "ray: tokens 8" in r.output and "ray: early tokens 8" in r.output
     css, known = check_each_process(r)
     assert not known
     (driver,) = [cs for cs in css if cs.root.parent_span_id is None]
@@ -350,6 +350,10 @@ def test_ray_serve(models: str, tmp_path) -> None:
     (ready,) = [s for s in driver.stages if stage_name(s) == "ready_wait"]
     assert ready.attributes["infersight.ready.source"] == "stage_rule"
     assert driver.root.end_ns <= ready.end_ns  # not at exit, past the response and the shutdown
+    # The early request, served by the replica while serve.run still deployed, did not end the
+    # driver's cold start half way: it ends at the deploy's return, every stage inside it.
+    assert deploy.end_ns <= driver.root.end_ns, "the driver ended while serve.run still deployed"
+    assert driver.root.attributes["infersight.coldstart.ended_by"] in ("ready", "workers")
 
     replica = the_one_with(css, "replica_init")
     (init,) = [s for s in replica.stages if stage_name(s) == "replica_init"]

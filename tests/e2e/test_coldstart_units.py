@@ -7,6 +7,7 @@ import glob
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -59,6 +60,23 @@ def test_waterfall_columns_and_summary() -> None:
     assert "biggest stages: warmup 3.000 s, framework_import 2.500 s, weights_load 2.000 s" in text
     assert "ready after 9.000 s (listen); ended by first_request" in text
     assert "first byte 1.000 s" in text
+
+
+@pytest.mark.parametrize(("ended_by", "line"), [
+    ("producer_lost", "never ready: the process was killed (or lost) before any readiness signal"),
+    ("exit", "never ready: the process exited before any readiness signal"),
+    ("workers", "ended by workers"),
+])
+def test_a_cold_start_without_readiness_says_how_it_ended(ended_by: str, line: str) -> None:
+    """A process killed or exited before readiness: its waterfall says it was never ready, instead of
+    an ordinary-looking total with no word of readiness."""
+    cs = sample()
+    attrs = {k: v for k, v in cs.root.attributes.items() if k not in ("infersight.coldstart.ready_s",
+                                                                         "infersight.ready.source")}
+    attrs["infersight.coldstart.ended_by"] = ended_by
+    text = render_waterfall(ColdStart(replace(cs.root, attributes=attrs), cs.stages))
+    assert line in text.splitlines()
+    assert "ready after" not in text
 
 
 def test_show_reads_back_the_file_exporter_output(tmp_path) -> None:

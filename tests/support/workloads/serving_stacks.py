@@ -8,7 +8,9 @@
     python serving_litserve.py PORT                            LitServe (STACK_MODELS=DIR)
 
 The servers run until SIGTERM (the test sends its request first); the Ray driver sends its own
-request through Serve's HTTP proxy and shuts the cluster down, as a script run by a user does.
+request through Serve's HTTP proxy and shuts the cluster down, as a script run by a user does
+(with another request sent as soon as the proxy answers, while serve.run still deploys, as a
+load balancer's).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -63,13 +67,29 @@ def ray_stack(models: str, port: str) -> None:
             body = await request.json()
             return {"tokens": generate(self.model, int(body.get("n", 8)))}
 
+    def ask() -> int:
+        req = urllib.request.Request("http://127.0.0.1:%s/generate" % port, data=json.dumps({"n": 8}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return len(json.load(resp)["tokens"])
+
+    def eager_client() -> None:
+        """A load balancer's request, sent as soon as the proxy answers for the route: while serve.run
+        still deploys, the proxy holds it until a replica can serve it."""
+        for _ in range(6000):
+            try:
+                print("ray: early tokens", ask(), flush=True)
+                return
+            except (OSError, ValueError):  # not listening yet, or 404/503 before the route exists
+                time.sleep(0.02)
+
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": int(port)})
+    early = threading.Thread(target=eager_client, daemon=True)
+    early.start()
     serve.run(Generator.bind(models), route_prefix="/generate")
-    req = urllib.request.Request("http://127.0.0.1:%s/generate" % port, data=json.dumps({"n": 8}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        print("ray: tokens", len(json.load(resp)["tokens"]))
+    print("ray: tokens", ask())
+    early.join(120)
     serve.shutdown()
     ray.shutdown()
 
