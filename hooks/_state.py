@@ -218,8 +218,8 @@ class ColdStart:
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
-        "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_source", "role",
-        "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "ready_rules_open", "rule_waits",
+        "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_rules_open", "ready_source",
+        "role", "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
         "rule_waits_done", "run_sources", "sampler",
         "stage_mark", "tls", "undo", "warm", "watch_listen", "watched",
     )
