@@ -328,8 +328,9 @@ def test_bentoml_serve(models: str, tmp_path) -> None:
 
 def test_ray_serve(models: str, tmp_path) -> None:
     """ray.init, serve.start, serve.run named in the driver, which is ready when serve.run
-    returns (though a request sent as soon as the proxy answered was served meanwhile); the replica's constructor (its ``import torch`` on Serve's user-code thread and
-    its model load) is its own cold start, ready when the replica reports to the controller,
+    returns (though a request sent as soon as the proxy answered was served meanwhile); the
+    replica's constructor (its ``import torch`` on Serve's user-code thread and its model load)
+    is its own cold start, ready when the replica reports to the controller,
     and nests under the driver's wait for replicas although the C++ raylet started it."""
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ray[serve]', in the test extra)")
     from conftest import free_port
