@@ -73,6 +73,7 @@ TTFT_BOUNDS: tuple[float, ...] = (
 MAX_SERIES = MAX_HISTOGRAM_SERIES  # histogram series in all (producer x attribute set); a quarter per uid
 MAX_STR = 256
 MAX_SECONDS = 86400.0 * 7
+TTFT_SLACK_S = 0.001  # a first token after the request's end by more than clock rounding: impossible
 DEFAULT_CLASS = "default"
 HTTP_CLASS = "http"  # the ASGI middleware's requests (infersight.hooks.asgi.HTTP_CLASS)
 MAX_INSTANCES = 1024
@@ -131,6 +132,8 @@ def parse_req(d: Mapping[str, Any]) -> ReqEvent:
     dur = _seconds(d, "dur", True)
     assert dur is not None
     ttft = _seconds(d, "ttft", False)
+    if ttft is not None and ttft > dur + TTFT_SLACK_S:
+        raise Malformed("req.ttft (%g s) is after the request ended (dur %g s)" % (ttft, dur))
     hw_id = _opt_str(d, "h", 128)
     if hw_id is not None and not hw_id.startswith(("GPU-", "MIG-")):
         raise Malformed("req.h must be GPU-<uuid> or MIG-<uuid>")

@@ -294,11 +294,17 @@ REQ = {"d": "cuda:0", "m": "m", "n": 5, "c": None, "s": 1, "dur": 0.01, "ttft": 
     [
         {"dur": -1}, {"dur": "1"}, {"dur": math.inf}, {"dur": None}, {"s": -5}, {"s": 1.5},
         {"n": -1}, {"n": True}, {"d": 7}, {"sp": "XYZ"}, {"ttft": "x"}, {"h": "abc"}, {"m": ["x"]},
+        {"ttft": 0.5},  # a first token 0.49 s after the 0.01 s request ended: impossible
     ],
 )  # fmt: skip
 def test_malformed_req(bad: dict[str, Any]) -> None:
     with pytest.raises(Malformed):
         parse_req({**REQ, **bad})
+
+
+def test_a_first_token_at_the_requests_end_is_kept() -> None:
+    assert parse_req({**REQ, "ttft": 0.01}).ttft_s == 0.01
+    assert parse_req({**REQ, "ttft": 0.0105}).ttft_s == 0.0105  # within clock rounding
 
 
 def test_histogram_buckets_are_cumulative_and_bounded() -> None:
