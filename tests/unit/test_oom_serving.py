@@ -1152,6 +1152,16 @@ def test_xla_compile_time_failures_decide_only_for_hbm_and_possible_sizes(text: 
     assert f.cls != "unknown" or f.reason
 
 
+def test_tgis_not_enough_memory_names_one_knob_in_either_form() -> None:
+    """The router's NotEnoughMemory(N) prints as "Not enough memory to handle `max_total_tokens=N`"
+    (Display) or "NotEnoughMemory(N)" (Debug, from main): one error, one knob."""
+    (display,) = analyse("Error: Not enough memory to handle `max_total_tokens=32768`")
+    (debug,) = analyse("Error: Backend(NotEnoughMemory(32768))")
+    assert display.knob == debug.knob == "max-total-tokens"
+    assert display.cls == debug.cls == "capacity"
+    assert display.extra["total_tokens"] == debug.extra["total_tokens"] == 32768
+
+
 def test_free_memory_above_the_devices_total_is_no_evidence() -> None:
     """No engine prints more free memory than its device has: such numbers (an edited or mixed-up paste)
     decide nothing, and the answer says so; rounding in the print is allowed."""
