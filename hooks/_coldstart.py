@@ -48,7 +48,9 @@ def _install_uvicorn_server(module: Any) -> None:
     """uvicorn's ``Server.startup`` has run the app's lifespan startup and started serving on
     its sockets when it returns, whatever the event loop (uvloop listens in C): read the
     kernel's socket tables right then, instead of at the sampler's next tick (up to 100 ms
-    later: most of a forked worker's short start, LitServe's uvicorn process)."""
+    later: most of a forked worker's short start, LitServe's uvicorn process). Its sockets
+    count even where another process holds them too (a ``--workers`` worker's inherited
+    socket, a forked copy), which the tables alone never say (``_readiness.server_started``)."""
     cls: Any = getattr(module, "Server", None)
     startup = getattr(cls, "startup", None)
     if cls is None or startup is None or getattr(startup, "__wrapped__", None) is not None:
@@ -57,7 +59,12 @@ def _install_uvicorn_server(module: Any) -> None:
     async def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = await startup(self, *args, **kwargs)
         try:
-            _readiness.check_listening()
+            if getattr(self, "started", True):
+                # a worker forked from a ready server (gunicorn's UvicornWorker) serves now: its
+                # app load and lifespan after the fork are done (its fork readiness was provisional)
+                _readiness.fork_ready("uvicorn.Server.startup")
+            # its sockets, passed in (a --workers worker's, inherited) or its own, serve now
+            _readiness.server_started(self, args[0] if args else kwargs.get("sockets"))
         except Exception as exc:
             _runtime.fail(exc)
         return out
@@ -68,26 +75,72 @@ def _install_uvicorn_server(module: Any) -> None:
 
 
 def _install_gunicorn_sync(module: Any) -> None:
-    """gunicorn's sync worker: ``SyncWorker.handle`` serves one accepted connection. The first
-    one is the first request, from its arrival (a forked worker's wait for it is then the wait
-    for traffic, not its cold start) to its response."""
+    """gunicorn's sync worker: ``SyncWorker.handle`` serves one accepted connection, and calls
+    ``handle_request`` once a request on it was parsed. The first connection that carried a
+    request is the first request (a bare TCP connect, a load balancer's TCP check, a probe that
+    hangs up: no request, never gets there), from the connection's accept (a forked worker's
+    wait for it is then the wait for traffic, not its cold start) to the first bytes of its
+    response (``Response.send_headers``; without a response, the end of ``handle_request``).
+    One connection at a time per worker process: the times live in this closure."""
     cls: Any = getattr(module, "SyncWorker", None)
     handle = getattr(cls, "handle", None)
-    if cls is None or handle is None or getattr(handle, "__wrapped__", None) is not None:
+    handle_request = getattr(cls, "handle_request", None)
+    resp_cls: Any = getattr(getattr(module, "wsgi", None), "Response", None)
+    send_headers = getattr(resp_cls, "send_headers", None)
+    if (cls is None or handle is None or handle_request is None or send_headers is None
+            or getattr(handle, "__wrapped__", None) is not None):
         return
+    accepted = [0]  # when the connection being handled was accepted, while the first request is pending
+    sent = [0]  # when the first request's response started to go out
+    watching = [False]  # the first request is being handled
 
-    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        first = _readiness.request_begin("gunicorn") if _readiness.pending_first() else None
+    def wrapped_handle(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return handle(self, *args, **kwargs)
-        finally:
-            if first is not None:
-                with _workers.DeferredSignals():  # a stop signal now waits for first_request to go out
-                    _readiness.first_response(first)
+            accepted[0] = time.time_ns() if _readiness.pending_first() else 0
+        except Exception as exc:
+            _runtime.fail(exc)
+        return handle(self, *args, **kwargs)
 
-    wrapped.__wrapped__ = handle  # type: ignore[attr-defined]
-    cls.handle = wrapped
-    add_undo(lambda: setattr(cls, "handle", handle) if cls.handle is wrapped else None)
+    def wrapped_handle_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = None
+        try:
+            if accepted[0] and _readiness.pending_first():
+                first = _readiness.request_begin("gunicorn", None, accepted[0])
+        except Exception as exc:
+            _runtime.fail(exc)
+        if first is None:
+            return handle_request(self, *args, **kwargs)
+        sent[0] = 0
+        watching[0] = True
+        err = ""
+        try:
+            return handle_request(self, *args, **kwargs)
+        except BaseException as exc:
+            err = type(exc).__name__
+            raise
+        finally:
+            watching[0] = False
+            try:
+                with _workers.DeferredSignals():  # a stop signal now waits for first_request to go out
+                    _readiness.first_response(first, {"error.type": err} if err and not sent[0] else None, sent[0])
+            except Exception as exc:
+                _runtime.fail(exc)
+
+    def wrapped_send_headers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not watching[0] or sent[0] or getattr(self, "headers_sent", True):
+            return send_headers(self, *args, **kwargs)
+        out = send_headers(self, *args, **kwargs)
+        sent[0] = time.time_ns()  # ends first_request once handle_request returns: nothing delays the body
+        return out
+
+    def put(owner: Any, name: str, orig: Any, new: Any) -> None:
+        new.__wrapped__ = orig
+        setattr(owner, name, new)
+        add_undo(lambda: setattr(owner, name, orig) if owner.__dict__.get(name) is new else None)
+
+    put(cls, "handle", handle, wrapped_handle)
+    put(cls, "handle_request", handle_request, wrapped_handle_request)
+    put(resp_cls, "send_headers", send_headers, wrapped_send_headers)
 
 
 def install(boot: int) -> None:

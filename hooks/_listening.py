@@ -18,6 +18,14 @@ process in another network namespace (sock_diag answers for the watcher's own on
 Not readiness: a ``torch.distributed`` store on ``MASTER_PORT``, multiprocessing's sockets
 (``pymp-`` directories), abstract unix names, and a socket that starts listening inside a
 stage rule's call (Ray's core worker RPC server inside ``ray.init``: ``ListenWatch.absorb``).
+
+Nor, from the tables alone, a socket the process shares: one it held when its hooks started
+(``inherited``: a supervisor's bound socket that a ``uvicorn --workers`` worker gets at spawn,
+systemd's) or one its parent holds too (a forked child's copy: LitServe's processes). The
+kernel shows such an inode LISTEN, and held by this process, as soon as *any* of its holders
+listens: a sibling's listen would make a worker still loading its model "ready". It counts
+only once this process says it serves on it (``ListenWatch.claim``: uvicorn's
+``Server.startup`` returned), and ``absorb`` never takes it as foreign.
 """
 
 from __future__ import annotations
@@ -406,9 +414,13 @@ class ListenWatch:
         self.proc_root = proc_root
         self.unix = unix
         self.netlink = netlink and proc_root == "/proc"  # this namespace's tables (see the module doc)
-        # Listening inodes of other processes, and sockets the process held when it started
-        # (socket activation, a re-exec): listening from the start, they say nothing of readiness.
-        self.foreign: Set[int] = set(inherited)
+        self.foreign: Set[int] = set()  # listening inodes of other processes (and absorbed ones)
+        # Sockets the process shares: held when it started (socket activation, a re-exec, a
+        # supervisor's bound socket), or held by its parent too. Listening, they say nothing of
+        # readiness (another holder may have listened) until the process claims them.
+        self.shared: Set[int] = set(inherited)
+        self.claimed: Set[int] = set()  # inodes this process said it serves on (``claim``)
+        self.force = False  # the next poll reads the tables whatever the gate says (a claim)
         self.skip = _skip_ports()
         self._netns: Dict[Union[int, str], bool] = {}  # pid -> in our network namespace
         self.gate = Gate()  # a hooked process's own watch: look only when the counters moved
@@ -448,21 +460,38 @@ class ListenWatch:
         if not pids:
             return {}, []
         found = self.tables(pids[0])
-        new = [i for i in found if i not in self.foreign]
+        new = [i for i in found if i not in self.foreign and i not in self.shared]
         if not new:
             return found, []
         owned: Set[int] = set()
         for pid in pids:
             owned |= socket_inodes(pid, self.proc_root)
         self.foreign.update(i for i in new if i not in owned)
-        return found, [i for i in new if i in owned]
+        mine = [i for i in new if i in owned]
+        if mine and pids == ["self"]:
+            # A copy of the parent's socket (a fork after it bound one): whichever of its
+            # holders listened, the kernel shows it listening here too. One read of the
+            # parent's descriptors, only when a listening socket of ours appears.
+            ppid = os.getppid()
+            theirs = socket_inodes(ppid, self.proc_root) if ppid > 0 else set()
+            self.shared.update(i for i in mine if i in theirs)
+            mine = [i for i in mine if i not in theirs]
+        return found, mine
+
+    def claim(self, inodes: Iterable[int]) -> None:
+        """This process serves on these sockets now (its server's start-up returned): shared
+        ones count from the next poll, which reads the tables whatever the gate says."""
+        self.claimed.update(inodes)
+        self.force = True
 
     def poll(self) -> Optional[Found]:
         pids = self.pids()
-        if pids == ["self"] and self.netlink and not self.gate.changed():
+        force, self.force = self.force, False
+        if not force and pids == ["self"] and self.netlink and not self.gate.changed():
             return None  # no socket can have started to listen since the last look
         found, new = self._new_owned(pids)
         mine = [found[i] for i in new]
+        mine += [found[i] for i in self.claimed if i in found and i not in new]
         if mine:
             tcp = [m for m in mine if m[0] == "tcp"]
             return min(tcp or mine, key=lambda m: str(m[1]))  # a TCP port first: it names the server
@@ -470,7 +499,9 @@ class ListenWatch:
 
     def absorb(self) -> int:
         """Take the sockets the processes listen on now as none of readiness (a start-up
-        call's own RPC server: Ray's core worker). Returns how many were new."""
+        call's own RPC server: Ray's core worker). Returns how many were new. Shared sockets
+        (another holder may have listened meanwhile) and claimed ones are never taken."""
         _found, new = self._new_owned()
+        new = [i for i in new if i not in self.claimed]
         self.foreign.update(new)
         return len(new)

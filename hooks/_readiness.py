@@ -37,7 +37,7 @@ from ._recorder import (  # noqa: F401
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
 if TYPE_CHECKING:
-    from typing import Any, Dict, Optional, Tuple
+    from typing import Any, Dict, Optional, Set, Tuple
 
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
 FINISH_WAIT_S = 2.0  # the exit handler waits this long at most for another thread that ends the root
@@ -180,7 +180,9 @@ def forward_begin() -> Optional[Tuple[Any, ...]]:
     now = time.time_ns()
     closed = None
     with st.lock:
-        if st.ready_ns is None:
+        # Forked from a ready server, a worker is ready only when its own work after the fork is
+        # done: until something says so (fork_ready, a request), its forwards are warmup.
+        if st.ready_ns is None or (st.ready_source == "fork" and not st.rule_fork_ready_sent):
             w = st.warm
             if w is None or (w.inflight == 0 and w.seq != st.stage_mark):
                 closed = _close_warm_locked(now)
@@ -215,6 +217,8 @@ def forward_end(token: Tuple[Any, ...]) -> None:
             if not obj.first_end:
                 obj.first_end = now
             obj.seq = st.stage_mark
+            if st.ready_source == "fork":  # a ready = "entry" rule's fork readiness comes after it
+                st.last_end_ns = max(st.last_end_ns, now)
         return
     if st.explicit:  # first_response() decides; this forward's end is the fallback
         obj.forward_end = now
@@ -222,26 +226,79 @@ def forward_end(token: Tuple[Any, ...]) -> None:
     _finish(obj, now)
 
 
-def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None) -> Optional[_First]:
-    """A visible request starts (ASGI middleware). Returns a handle only for the first."""
+def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int = 0) -> Optional[_First]:
+    """A visible request starts (ASGI middleware, gunicorn's sync worker), at ``t_ns`` (0: now).
+    Returns a handle only for the first."""
     st = state()
     if not root_open() or st.first_done or st.first is not None:
         return None
-    now = time.time_ns()
+    now = t_ns or time.time_ns()
     _check_ready_file()
     if st.ready_ns is None and st.watch_listen:
         check_listening()  # listening before this request came: that was readiness
     if st.ready_ns is None:
         mark_ready("request", now)  # a request arriving means the server is ready
+    closed = None
     with st.lock:
         if st.first is not None or st.first_done:
             return None
         st.first = f = _First(now, source, attrs)
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server: ready once its own work after the fork was done (a
-            # worker's app load); the wait for this request is the wait for traffic
-            st.ready_ns, st.ready_source = max(st.ready_ns, min(last_end(), now)), "fork_served"
+            # worker's app load and warmup, whose run ends here); the wait for this request is
+            # the wait for traffic
+            closed = _close_warm_locked(now)
+            done = max(last_end(), closed[2] if closed is not None else 0)
+            st.ready_ns, st.ready_source = max(st.ready_ns, min(done, now)), "fork_served"
+    _emit_warm(closed)
     return f
+
+
+def fork_ready(via: str, attrs: Optional[Dict[str, Any]] = None) -> bool:
+    """A worker forked from a ready server serves now (uvicorn's ``Server.startup`` returned, it
+    called ``listen()``): its own work after the fork (a gunicorn worker's app load without
+    ``--preload``, its lifespan) is done. Until then its fork readiness was provisional and its
+    forwards warmup. Sends that readiness as ``ready_wait`` (source ``fork``, ``via``): a worker
+    killed later has its root ended there by the agent; its first request's arrival then makes
+    it ``fork_served``, or its exit ends the root there. False: not a worker waiting for that."""
+    st = state()
+    if st.ready_source != "fork" or st.rule_fork_ready_sent or not root_open():
+        return False
+    now = time.time_ns()
+    with st.lock:
+        if st.ready_source != "fork" or st.rule_fork_ready_sent or st.ready_ns is None:
+            return False
+        st.rule_fork_ready_sent = True  # sent: a ready = "entry" rule sends nothing more
+        closed = _close_warm_locked(now)
+        st.ready_ns = max(st.ready_ns, now)
+    _emit_warm(closed)
+    flush_runs(now)  # import and nn.init runs so far end before ready_wait starts
+    start = max(_runtime.state().root_start_ns, min(last_end() or now, now))
+    a: Dict[str, Any] = {_contract.READY_SOURCE: "fork", "infersight.ready.via": via}
+    if attrs:
+        a.update(attrs)
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, now, a)
+    sampler = st.sampler
+    if sampler is not None:  # the root ends here (or at the first request's readiness): no gap after it
+        sampler.sample = False
+    poll = st.callbacks.get("ready")
+    if poll is not None:
+        poll(start)
+    return True
+
+
+def ready_for_request() -> bool:
+    """(uvicorn's own wrap of the app, ``asgi``) Whether a request that arrives now is the first
+    request: readiness is known already, from a signal other than a request (a listening socket,
+    ``--ready-url``, a mark, a stage rule, the fork of a ready server). A readiness probe that
+    arrives before is not: it would end the cold start at the probe."""
+    st = state()
+    if st.ready_ns is None:
+        if st.ready_file is not None:
+            _check_ready_file()
+        if st.ready_ns is None and st.watch_listen:
+            check_listening(from_forward=True)  # at most every LISTEN_POLL_MIN_NS
+    return st.ready_ns is not None and st.ready_source != "request"
 
 
 def pending_first() -> bool:
@@ -397,8 +454,12 @@ def at_exit() -> None:
         end_ns = None
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server, never served: ready once its own work after the fork
-            # was done (a gunicorn worker's app load); the wait for traffic is no cold start
-            end_ns = max(st.ready_ns, last_end())
+            # was done (a gunicorn worker's app load and warmup, whose run ends here); the wait
+            # for traffic is no cold start
+            with st.lock:
+                closed = _close_warm_locked(time.time_ns())
+            _emit_warm(closed)
+            end_ns = max(st.ready_ns, last_end(), closed[2] if closed is not None else 0)
         elif st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, last_end())  # exit handlers that ran since are not start-up
         finish_root(end_ns, "exit", at_readiness=True)
@@ -426,9 +487,12 @@ def install_listen(socket: Any = None) -> None:
         orig(self, *args)
         try:
             st = state()
-            if (st.collecting and st.ready_ns is None and self.family in (socket.AF_INET, socket.AF_INET6)
-                    and self.type == socket.SOCK_STREAM):
-                mark_ready("listen", attrs={"server.port": self.getsockname()[1]})
+            if (st.collecting and (st.ready_ns is None or st.ready_source == "fork")
+                    and self.family in (socket.AF_INET, socket.AF_INET6) and self.type == socket.SOCK_STREAM):
+                if st.ready_ns is None:
+                    mark_ready("listen", attrs={"server.port": self.getsockname()[1]})
+                else:  # a worker forked from a ready server listens on its own: it serves now
+                    fork_ready("listen", {"server.port": self.getsockname()[1]})
         except Exception as exc:
             _runtime.fail(exc)
 
@@ -479,10 +543,13 @@ def launched() -> bool:
 
 
 def note_inherited_listeners() -> None:
-    """Sockets that already listen when the hooks start (socket activation, a re-exec) say
-    nothing of readiness: the watch ignores them. Held but not yet listening (a supervisor's
-    bound socket that a uvicorn worker gets at spawn) they still count when they start to.
-    The table is read only when the process holds a socket besides the hooks' own."""
+    """Sockets the process holds when the hooks start are inherited: already listening
+    (socket activation, a re-exec) they say nothing of readiness; held but not yet listening
+    (a supervisor's bound socket that a ``uvicorn --workers`` worker gets at spawn) the kernel
+    shows them listening, and held here, as soon as *any* holder listens (the first worker),
+    whatever this process is doing. Either way the kernel's tables are no readiness for them:
+    this process's own signal is (its ``listen()`` call, uvicorn's ``Server.startup``
+    returning: ``server_started``). No table is read here."""
     from . import _listening
 
     st = state()
@@ -494,8 +561,32 @@ def note_inherited_listeners() -> None:
             held.discard(os.fstat(own.fileno()).st_ino)
         except OSError:
             pass
-    if held:
-        st.inherited_sockets = held & set(_listening.ListenWatch(lambda: ["self"]).tables("self"))
+    st.inherited_sockets = held
+
+
+def server_started(server: Any, sockets: Any = None) -> None:
+    """(uvicorn's ``Server.startup`` returned) The server serves now on its sockets: the ones
+    passed in (a ``--workers`` worker's, inherited) and its servers'. They count as this
+    process's readiness even where another process holds them too; then the tables are read
+    at once (uvloop listens in C), not at the sampler's next tick."""
+    try:
+        st = state()
+        if st.ready_ns is not None or not st.watch_listen:
+            return
+        if not getattr(server, "started", True):
+            return  # it did not start serving (an exit requested during start-up)
+        socks = list(sockets or ())
+        for srv in getattr(server, "servers", None) or ():
+            socks.extend(getattr(srv, "sockets", None) or ())
+        inodes = set()
+        for sock in socks:
+            try:
+                inodes.add(os.fstat(sock.fileno()).st_ino)
+            except (OSError, AttributeError, TypeError, ValueError):
+                continue
+        check_listening(claim=inodes)
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def tick() -> None:
@@ -506,13 +597,14 @@ def tick() -> None:
 LISTEN_POLL_MIN_NS = 20_000_000  # a forward asks the kernel at most this often
 
 
-def check_listening(from_forward: bool = False) -> None:
+def check_listening(from_forward: bool = False, claim: Optional[Set[int]] = None) -> None:
     """Readiness from the kernel's socket tables: a listening socket this process owns
     (``_listening``). A server whose socket is opened in C (uvloop) never calls
     ``socket.listen``; the ``listen()`` wrapper is exact where it does (it comes first).
     Polled by the sampler thread every TICK_S, and by a forward or a request that comes
     before readiness (at most every LISTEN_POLL_MIN_NS): a request served within a tick of
-    the listen is the first request, not warmup."""
+    the listen is the first request, not warmup. ``claim``: inodes this process now serves
+    on (``server_started``), counted even where shared (inherited, or the parent's too)."""
     st = state()
     if st.ready_ns is not None or not st.watch_listen:
         return
@@ -520,7 +612,8 @@ def check_listening(from_forward: bool = False) -> None:
     if from_forward and now - st.listen_polled_ns < LISTEN_POLL_MIN_NS:
         return
     poll = st.listen_poll
-    if not poll.acquire(False):
+    # A claim waits for a poll of the sampler thread in progress (milliseconds), never long.
+    if not (poll.acquire(True, 0.1) if claim else poll.acquire(False)):
         return
     try:
         st.listen_polled_ns = now
@@ -531,6 +624,8 @@ def check_listening(from_forward: bool = False) -> None:
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+        if claim:
+            w.claim(claim)  # kept: a poll held back by a rule's call counts them later
         if st.rule_absorb_owed:  # a rule's call returned and its sockets are not absorbed yet
             st.rule_absorb_owed = False
             w.absorb()

@@ -6,7 +6,8 @@ the rules directories: ``$INFERSIGHT_RULES_DIRS``, separated by ``:`` or ``,``, 
 reads the one subset of TOML that stage rules are written in: ``[[stage]]`` tables whose
 ``id``, ``stage`` and ``targets`` are plain strings (no escapes) and an array of them, and
 ``ready`` a bare ``true``/``false`` (the process is ready when an outermost call returns) or
-``"entry"`` (ready when the call starts: a serving loop that runs until shutdown, no span), and
+``"entry"`` (ready when the call starts: a serving loop that runs until shutdown, no span) or
+``"helper"`` (as ``"entry"``, and the process is a helper: a multiprocessing manager's loop), and
 ``until``, an array like ``targets`` (the stage runs from a target's call to the first call of
 one of these: a loop's wait for its first piece of work); other
 keys, tables (``[[stage.examples]]``) and multi-line strings are skipped. The agent's loader
@@ -46,9 +47,9 @@ SITE_DIR = "/etc/infersight/rules.d"
 MAX_FILES = 64
 MAX_BYTES = 1 << 20  # a rule file larger than this is not read
 MAX_LISTED = 20  # entries of the root's missing / errors lists
-READY_NEVER, READY_AT_RETURN, READY_AT_ENTRY = "", "return", "entry"  # a rule's ``ready``
+READY_NEVER, READY_AT_RETURN, READY_AT_ENTRY, READY_AS_HELPER = "", "return", "entry", "helper"  # a rule's ``ready``
 _READY_VALUES = {"false": READY_NEVER, "true": READY_AT_RETURN, '"return"': READY_AT_RETURN,
-                 '"entry"': READY_AT_ENTRY}
+                 '"entry"': READY_AT_ENTRY, '"helper"': READY_AS_HELPER}
 ROLE_CALL, ROLE_WAIT, ROLE_UNTIL = "", "wait", "until"  # a call is the stage / starts / ends its wait
 _CO_COROUTINE = 0x80
 _CO_GENERATORS = 0x20 | 0x200  # generator, async generator: their work runs after the call
@@ -181,7 +182,7 @@ def parse(text: str) -> Tuple[List[Rule], List[Tuple[int, str]]]:
         elif key == "ready":
             cur[key] = _READY_VALUES.get(value.replace("'", '"'), READY_NEVER)
             if value.replace("'", '"') not in _READY_VALUES:
-                errors.append((n, 'ready: not true, false or "entry"'))
+                errors.append((n, 'ready: not true, false, "entry" or "helper"'))
     close()
     if not engine_ok:
         return [], [(1, "engine_version: not %d.x" % ENGINE_MAJOR)]
@@ -286,13 +287,17 @@ def _close(token: Any, err: Optional[BaseException], ready: str = READY_NEVER) -
     _readiness.rule_stage_closed(awaits)
 
 
-def _entered(rule: str) -> None:
+def _entered(rule: str, helper: bool = False) -> None:
     """A ``ready = "entry"`` rule's target was called: the process is ready (unless inside
-    another rule's call: a loop run while a stage is still under way is not serving yet)."""
+    another rule's call: a loop run while a stage is still under way is not serving yet).
+    ``ready = "helper"``: also a helper process from here (a multiprocessing manager's server
+    loop serves its parent's shared objects, no request of its own)."""
     try:
         st = cs.state()
         if _open_stages.get() or not st.collecting or not cs.root_open():
             return
+        if helper:
+            st.role = _contract.ROLE_HELPER
         if st.ready_source == "fork" and st.ready_ns is not None:
             _fork_ready(rule)
         else:
@@ -378,8 +383,8 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str 
         wrapper: Callable[..., Any] = _before(fn, lambda: _wait_begins(stage, rule, target))
     elif role == ROLE_UNTIL:
         wrapper = _before(fn, lambda: _wait_ends(rule, target))
-    elif ready == READY_AT_ENTRY:
-        wrapper = _before(fn, lambda: _entered(rule))
+    elif ready in (READY_AT_ENTRY, READY_AS_HELPER):
+        wrapper = _before(fn, lambda: _entered(rule, ready == READY_AS_HELPER))
     elif is_async:
         async def awrapper(*args: Any, **kwargs: Any) -> Any:
             token = _open(stage, rule, target, ready)

@@ -308,10 +308,15 @@ class ColdStart:
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
         if self.ready_ns is not None:
-            # It inherited a server that was already ready: no readiness signal of its own
-            # (its root ends at its first response, what it loads after the fork included).
+            # It inherited a server that was already ready: no readiness signal of its own.
+            # Provisional: it is ready when its own work after the fork (a gunicorn worker's app
+            # load, its warmup) is done, which its request hooks, a serving loop's entry,
+            # uvicorn's startup or a listen() tell (``_readiness.fork_ready``, ``request_begin``).
+            # Where the parent's cold start had ended, those wrappers are gone: it is final at
+            # the fork (its first forward is then its first request).
             new.ready_ns = root_start_ns
             new.ready_source = "fork"
+            new.rule_fork_ready_sent = not self.collecting
         new.last_end_ns = root_start_ns
         new.parent_dir = self.children_dir  # the parent's children dir is this child's parent dir
         new.undo = self.undo

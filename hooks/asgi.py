@@ -6,9 +6,11 @@
 
 No code change is needed under uvicorn (FastAPI, vLLM's API server, ...): the hooks wrap
 ``uvicorn.config.Config.load`` when uvicorn is imported, so the app uvicorn serves is wrapped
-in this middleware, for request timing only (``first_request=False``: the cold start's first
-request stays what it was without it). A request is timed once however many layers of this
-middleware it goes through; the one the app added itself still finds the first request.
+in this middleware (``first_request=False``: the first request is the first HTTP request that
+arrives once readiness is known from another signal: a listening socket, ``--ready-url``, a
+mark, a stage rule, the fork of a ready server; a readiness probe before that is not, and
+says nothing of readiness). A request is timed once however many layers of this middleware it
+goes through; the one the app added itself still finds the first request.
 
 Every HTTP request is a ``req`` event of request class ``http`` (``hooks._request``): from
 the moment it reaches the middleware until the app returns (the whole response, streamed or
@@ -17,11 +19,13 @@ engine is down), is its ``error.type``. The agent keeps them per serving instanc
 routing hints). The per-request cost is a few attribute tests, two clock reads and one
 queued tuple: ``bench/emit_vs_span.py`` measures it (the middleware's added cost per request).
 
-The first HTTP request that reaches the app while the cold start is open also becomes the
-``first_request`` stage: it starts when the request reaches the middleware and ends
+The first HTTP request that reaches the app while the cold start is open (through the uvicorn
+wrap: the first once readiness is known) also becomes the ``first_request`` stage: it starts
+when the request reaches the middleware, lazy imports and loads it makes included, and ends
 when the app sends the first non-empty body chunk (or the end of an empty body), which
-for a streaming response is the first token, not the last. The ``coldstart`` root ends
-there too. A request also implies readiness if nothing else declared it.
+for a streaming response is the first token, not the last. The root ends at readiness when a
+signal said when, else there. A request through a middleware the app added also implies
+readiness if nothing else declared it.
 """
 
 from __future__ import annotations
@@ -51,9 +55,11 @@ class ColdStartMiddleware:
 
     def __init__(self, app: ASGIApp, first_request: bool = True) -> None:
         self.app = app
-        # Whether the cold start's first request is looked for here (the uvicorn wrap: no, so a
-        # readiness probe never becomes first_request where the app did not ask for that).
-        self._first_pending = first_request
+        self._first_pending = True  # the cold start's first request may still come through here
+        # True: the first HTTP request is the first request (and readiness, if nothing said it
+        # before). False (the uvicorn wrap): only one that arrives once readiness is known from
+        # another signal, so that a readiness probe before it never becomes first_request.
+        self._any_request = first_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         c = _state.current.runtime.client
@@ -87,8 +93,11 @@ class ColdStartMiddleware:
 
     def _is_first(self) -> bool:
         """The cold start's first request may be this one (once no longer, never again)."""
-        if _readiness.pending_first():
-            return True
+        try:
+            if _readiness.pending_first():
+                return self._any_request or _readiness.ready_for_request()
+        except Exception as exc:
+            _runtime.fail(exc)
         self._first_pending = False
         return False
 

@@ -11,7 +11,9 @@ file does, :mod:`infersight.rules.rulefile`) and ``[[stage]]`` tables::
     targets = ["vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"]
     description = "..."                  # optional
     ready = true                         # optional: the process is ready when the call returns
-                                         # ("entry": when it starts, a serving loop; no span)
+                                         # ("entry": when it starts, a serving loop; no span;
+                                         # "helper": as "entry", and the process serves another's
+                                         # start-up, a multiprocessing manager: role helper)
     until = ["mod:f"]                    # optional: the stage runs from a target's call to the
                                          # first call of one of these (a loop's wait for work)
     [[stage.examples]]                   # at least one; each names how CI checks the rule
@@ -52,7 +54,7 @@ _RULE_KEYS = frozenset({"id", "stage", "targets", "description", "examples", "re
 _EXAMPLE_KEYS = frozenset({"release", "run", "source", "comment"})
 
 
-def _ready(value: object) -> Literal["", "return", "entry"] | None:
+def _ready(value: object) -> Literal["", "return", "entry", "helper"] | None:
     """``ready``'s TOML value as StageRule.ready (the hooks read it alike: ``_stagerules.READY_*``)."""
     if isinstance(value, bool):
         return "return" if value else ""
@@ -60,6 +62,8 @@ def _ready(value: object) -> Literal["", "return", "entry"] | None:
         return "return"
     if value == "entry":
         return "entry"
+    if value == "helper":
+        return "helper"
     return None
 
 
@@ -94,7 +98,7 @@ class StageRule:
     where: Location
     # readiness: "return" when an outermost call returns (Serve's replica init, serve.run; TOML
     # ``true``), "entry" when the target is called (a worker's serving loop: no span), "" never
-    ready: Literal["", "return", "entry"] = ""
+    ready: Literal["", "return", "entry", "helper"] = ""
     # a wait: from a target's call to the first call of one of these (Ray's task loop until its first task)
     until: tuple[str, ...] = ()
 
@@ -176,7 +180,7 @@ class _FileLoader(FileLoader):
             self.err(line("description"), f"{rid}: description must be a string")
         ready = _ready(t.get("ready", False))
         if ready is None:
-            self.err(line("ready"), f'{rid}: ready must be true, false or "entry"')
+            self.err(line("ready"), f'{rid}: ready must be true, false, "entry" or "helper"')
         elif ready and until:
             self.err(line("ready"), f"{rid}: a wait (until) is never readiness: drop ready")
         examples = self._examples(str(rid), t.get("examples", []), i)

@@ -110,7 +110,8 @@ def test_a_ready_rule_makes_the_process_ready_when_its_call_returns(tmp_path: Pa
 def test_ready_must_be_a_bare_boolean_both_readers_agree(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(RULES.format(ready='"yes"'))
-    with pytest.raises(StageRuleFileError, match=r'bad.toml:\d+: site.deploy: ready must be true, false or "entry"'):
+    with pytest.raises(StageRuleFileError,
+                       match=r'bad.toml:\d+: site.deploy: ready must be true, false, "entry" or "helper"'):
         check_files([bad])
     good = tmp_path / "good.toml"
     good.write_text(RULES.format(ready="true"))

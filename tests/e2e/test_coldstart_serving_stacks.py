@@ -289,12 +289,16 @@ def test_litserve(models: str, tmp_path) -> None:
     worker = the_one_with(css, "weights_load")  # LitAPI.setup runs in LitServe's inference worker
     assert worker.root.parent_span_id is not None  # nested under the server that started it
     assert "framework_import" in names(worker)
-    check_run_examples(css, "litserve")
+    check_run_examples(coldstarts(r.spans), "litserve")  # helpers too: its multiprocessing manager is one
     (ready,) = [s for s in worker.stages if stage_name(s) == "ready_wait"]  # queues, no socket: its loop
     assert ready.attributes["infersight.stage.rule"] == "litserve.serving_loop"
     assert worker.root.attributes["infersight.coldstart.ended_by"] == "ready"  # not its idle loop, nor exit
     assert worker.root.end_ns - worker.root.start_ns < 60e9
     assert pid(worker) not in {row[0] for row in known}  # the inference worker is never short
+    managers = [cs for cs in coldstarts(r.spans) if any(
+        s.attributes.get("infersight.stage.rule") == "python.multiprocessing.manager" for s in cs.stages)]
+    assert managers and all(is_helper(cs) for cs in managers), "its manager process is a helper, not a server"
+    assert all(cs.root.attributes["infersight.coldstart.ended_by"] == "ready" for cs in managers)
     settle(known, "the uvicorn process LitServe forks lives about 0.1 s and listens on a socket its parent "
                   "bound: its readiness is seen by the sampler's poll (every 100 ms), and in some runs "
                   "20-45 ms between its server's start and that poll are in no stage")

@@ -459,9 +459,9 @@ def test_ready_and_until_are_validated(tmp_path: Path) -> None:
         load_stage_rules([bad])
     text = str(ei.value)
     assert f"{bad}:7: a: a target cannot end its own wait" in text
-    assert f"{bad}:8: a: ready must be true, false or \"entry\"" in text
+    assert f"{bad}:8: a: ready must be true, false, \"entry\" or \"helper\"" in text
     assert f"{bad}:17: b: a wait (until) is never readiness" in text
-    assert _stagerules.parse(bad.read_text())[1] == [(8, 'ready: not true, false or "entry"')]
+    assert _stagerules.parse(bad.read_text())[1] == [(8, 'ready: not true, false, "entry" or "helper"')]
 
 
 # -- every shipped rule's examples ---------------------------------------------------------------

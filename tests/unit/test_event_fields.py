@@ -57,12 +57,12 @@ def _rule_file(tmp_path: Path, ready: str) -> Path:
 
 
 @pytest.mark.parametrize(("toml", "ready"), [("true", "return"), ("false", ""), ('"return"', "return"),
-                                            ('"entry"', "entry")])
+                                            ('"entry"', "entry"), ('"helper"', "helper")])
 def test_a_stage_rules_ready_values(tmp_path: Path, toml: str, ready: str) -> None:
     (rule,) = load_stage_rules([_rule_file(tmp_path, toml)]).rules
     assert rule.ready == ready
 
 
 def test_a_stage_rules_ready_refuses_other_words(tmp_path: Path) -> None:
-    with pytest.raises(StageRuleFileError, match='ready must be true, false or "entry"'):
+    with pytest.raises(StageRuleFileError, match='ready must be true, false, "entry" or "helper"'):
         load_stage_rules([_rule_file(tmp_path, '"later"')])

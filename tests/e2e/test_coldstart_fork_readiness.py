@@ -1,0 +1,252 @@
+"""Readiness of workers forked from a ready server, and which request is the first one, on real
+gunicorn and uvicorn processes under ``infersight launch`` (tiny apps: ``workloads/fork_apps.py``).
+
+- gunicorn without ``--preload`` (sync and ``UvicornWorker``): the master listens before it forks,
+  so a worker's fork readiness is provisional: its app load and warmup after the fork are its cold
+  start, the warmup forward is ``warmup``, and the HTTP request is ``first_request``.
+- gunicorn ``--preload`` with ``UvicornWorker``: a worker is ready when uvicorn's startup returns;
+  the one that served is ``fork_served``, the idle one ends at its readiness, not at its death.
+- uvicorn with a model loaded by the first request: ``first_request`` runs from the request's
+  arrival, the lazy ``import torch`` and the load inside it.
+- gunicorn's sync worker: a bare TCP connect (a tcpSocket probe) carries no request and is not the
+  first request.
+
+Each test waits for the port with a bare TCP connect (a probe that carries no request), sends one
+HTTP request, then stops the stack with SIGINT to its process group, as a terminal does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
+from launchutil import HERE, INFERSIGHT, LaunchRun, stage_name  # noqa: E402
+
+from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
+from infersight.exporters.waterfall import is_helper  # noqa: E402
+from infersight.telemetry import ColdStart, SpanItem  # noqa: E402
+
+pytest.importorskip("gunicorn")
+pytest.importorskip("uvicorn")
+
+pytestmark = [pytest.mark.slow]
+
+BIN = os.path.dirname(sys.executable)
+SLEEP_S = 0.3  # every request of fork_apps sleeps this long: the first request's floor
+ENV = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "FORK_APP_SLEEP": str(SLEEP_S)}
+
+
+def cmd_group(launch_pid: int) -> int:
+    """CMD, launch's child (it leads its own process group)."""
+    for tid in os.listdir("/proc/%d/task" % launch_pid):
+        with open("/proc/%d/task/%s/children" % (launch_pid, tid)) as f:
+            for w in f.read().split():
+                if os.getpgid(int(w)) == int(w):
+                    return int(w)
+    return 0
+
+
+def bare_connect(port: int) -> bool:
+    """A TCP connect that carries no request (a load balancer's check, a k8s tcpSocket probe)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def serve(tmp: str, argv: list[str], port: int, env: dict[str, str], idle_s: float = 0.5,
+          timeout: float = 120) -> tuple[LaunchRun, Any]:
+    """Launch ``argv``; wait for its port with bare connects; one more bare connect, then one GET;
+    ``idle_s`` later, SIGINT to CMD's process group; read what launch wrote."""
+    otlp = os.path.join(tmp, "out.otlp.jsonl")
+    tmpdir = os.path.join(tempfile.gettempdir(), "isl-" + hashlib.sha1(tmp.encode()).hexdigest()[:12])
+    os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0", TMPDIR=tmpdir,
+             **ENV, **env)
+    log = open(os.path.join(tmp, "launch.log"), "w+", encoding="utf-8")  # noqa: SIM115 (a pipe would wait for CMD's orphans)
+    p = subprocess.Popen([*INFERSIGHT, "launch", "--otlp-file", otlp, "--", *argv], cwd=HERE, env=e,
+                         stdout=log, stderr=subprocess.STDOUT)
+    group = 0
+    answer: Any = None
+    deadline = time.monotonic() + timeout
+    try:
+        while not bare_connect(port):
+            assert p.poll() is None, "the stack exited before listening"
+            assert time.monotonic() < deadline, "port %d never listened" % port
+            time.sleep(0.05)
+        group = cmd_group(p.pid)
+        time.sleep(0.2)
+        assert bare_connect(port)  # another probe, once a --preload worker is in its loop
+        time.sleep(0.1)
+        with urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=60) as resp:
+            answer = json.load(resp)
+        time.sleep(idle_s)  # the other workers are up and idle
+        os.killpg(group, signal.SIGINT)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if group:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.seek(0)
+        out = log.read()
+        log.close()
+    with open(otlp, encoding="utf-8") as f:
+        spans = spans_from_lines(f.readlines())
+    return LaunchRun(p.returncode, out, spans), answer
+
+
+def processes(r: LaunchRun) -> list[ColdStart]:
+    css = [cs for cs in coldstarts(r.spans) if not is_helper(cs)]
+    assert css, r.output[-4000:]
+    return css
+
+
+def pid(cs: ColdStart) -> int:
+    return int(cs.root.resource.get("process.pid") or 0)
+
+
+def the(cs: ColdStart, stage: str) -> list[SpanItem]:
+    return [s for s in cs.stages if stage_name(s) == stage]
+
+
+def one(cs: ColdStart, stage: str, r: LaunchRun) -> SpanItem:
+    found = the(cs, stage)
+    assert len(found) == 1, (stage, [stage_name(s) for s in cs.stages], r.output[-3000:])
+    return found[0]
+
+
+def check_served_worker(w: ColdStart, r: LaunchRun, source: str) -> SpanItem:
+    """The worker that served: ready when its own work after the fork was done (``fork_served``),
+    its wait for the request outside its root, and ``first_request`` that request (its sleep)."""
+    first = one(w, "first_request", r)
+    assert first.attributes["infersight.first_request.source"] == source, r.output[-3000:]
+    assert first.end_ns - first.start_ns >= SLEEP_S * 1e9 * 0.9  # the HTTP request, not a forward or a probe
+    assert w.root.attributes["infersight.ready.source"] == "fork_served", w.root.attributes
+    assert w.root.attributes["infersight.coldstart.ended_by"] == "ready"
+    assert w.root.end_ns <= first.start_ns  # the wait for traffic is no cold start
+    return first
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("worker", ["sync", "uvicorn"])
+def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> None:
+    """Without --preload the master listens, then forks: the worker loads torch and its model
+    and runs a warmup forward after the fork. That is its cold start (warmup, not first_request),
+    ready when it serves (its accept loop, uvicorn's startup), and the HTTP request is its first."""
+    pytest.importorskip("torch")
+    from conftest import free_port
+
+    port = free_port()
+    if worker == "sync":
+        argv, env = ["fork_apps:wsgi"], {"FORK_APP_MODEL": "import"}
+    else:
+        argv, env = ["-k", "uvicorn.workers.UvicornWorker", "fork_apps:asgi"], {"FORK_APP_MODEL": "lifespan"}
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "-w", "1", "-b", "127.0.0.1:%d" % port, *argv],
+                      port, env)
+    assert answer["served"] == 1
+    css = processes(r)
+    (w,) = [cs for cs in css if pid(cs) == answer["pid"]]
+    assert w.root.parent_span_id is not None  # nested under the master
+    warm = one(w, "warmup", r)  # the warmup forward, after the fork
+    assert warm.end_ns <= w.root.end_ns
+    ready = one(w, "ready_wait", r)
+    assert ready.attributes["infersight.ready.source"] == "fork"
+    if worker == "sync":
+        assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop"
+    else:
+        assert ready.attributes["infersight.ready.via"] == "uvicorn.Server.startup"
+    assert ready.end_ns >= warm.end_ns  # ready once the warmup is done
+    check_served_worker(w, r, "gunicorn" if worker == "sync" else "asgi")
+    (master,) = [cs for cs in css if cs.root.parent_span_id is None]
+    assert master.root.attributes["infersight.coldstart.ended_by"] == "workers"
+    assert master.root.end_ns == w.root.end_ns  # its first worker's readiness
+
+
+@pytest.mark.torch
+def test_gunicorn_preload_uvicorn_workers(tmp_path) -> None:
+    """--preload: the master loads the model and warms it up, then forks two UvicornWorkers. Each is
+    ready when uvicorn's startup returns; the one that served ends its root there (its wait for the
+    request is no cold start), the idle one too (SIGINT kills it: the agent ends it at the
+    readiness it sent, not at its death)."""
+    pytest.importorskip("torch")
+    from conftest import free_port
+
+    port = free_port()
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "2", "-k",
+                                      "uvicorn.workers.UvicornWorker", "-b", "127.0.0.1:%d" % port, "fork_apps:asgi"],
+                      port, {"FORK_APP_MODEL": "import"}, idle_s=1.0)
+    css = processes(r)
+    (master,) = [cs for cs in css if cs.root.parent_span_id is None]
+    assert the(master, "warmup") and master.root.attributes["infersight.coldstart.ended_by"] == "workers"
+    workers = [cs for cs in css if cs.root.parent_span_id is not None]
+    assert len(workers) == 2, [pid(cs) for cs in css]
+    (served,) = [w for w in workers if pid(w) == answer["pid"]]
+    (idle,) = [w for w in workers if w is not served]
+    check_served_worker(served, r, "asgi")
+    for w in workers:
+        ready = one(w, "ready_wait", r)
+        assert ready.attributes["infersight.ready.source"] == "fork"
+        assert ready.attributes["infersight.ready.via"] == "uvicorn.Server.startup"
+        assert not the(w, "warmup")  # the model came loaded and warm from the master
+        assert w.root.end_ns - w.root.start_ns < 2e9, r.output[-3000:]  # never its life until shutdown
+    assert not the(idle, "first_request")
+    assert idle.root.attributes["infersight.coldstart.ended_by"] == "ready", idle.root.attributes
+    assert idle.root.end_ns == one(idle, "ready_wait", r).end_ns
+    assert master.root.end_ns == served.root.end_ns
+
+
+@pytest.mark.torch
+def test_uvicorn_model_loaded_by_the_first_request(tmp_path) -> None:
+    """uvicorn listens, then the first request imports torch and builds the model: first_request
+    runs from that request's arrival (the lazy import inside it), after the wait for traffic."""
+    pytest.importorskip("torch")
+    from conftest import free_port
+
+    port = free_port()
+    r, answer = serve(str(tmp_path), [sys.executable, "-m", "uvicorn", "fork_apps:asgi", "--port", str(port),
+                                      "--log-level", "warning"], port, {"FORK_APP_MODEL": "lazy"})
+    assert answer["served"] == 1
+    (cs,) = processes(r)
+    assert cs.root.attributes["infersight.coldstart.ended_by"] == "ready"
+    assert cs.root.attributes["infersight.ready.source"] in ("listen", "listening_socket")
+    first = one(cs, "first_request", r)
+    assert first.attributes["infersight.first_request.source"] == "asgi", r.output[-3000:]
+    assert cs.root.end_ns <= first.start_ns
+    lazy = [s for s in the(cs, "framework_import") if s.parent_span_id == first.span_id
+            and any(p.startswith("torch ") for p in s.attributes.get("infersight.import.packages", []))]
+    assert lazy, [(stage_name(s), s.attributes) for s in cs.stages]  # import torch, inside the first request
+    assert first.start_ns <= lazy[0].start_ns and lazy[0].end_ns <= first.end_ns
+    assert not the(cs, "warmup")
+
+
+def test_gunicorn_sync_tcp_probe_is_no_request(tmp_path) -> None:
+    """A bare TCP connect to a sync worker (a tcpSocket probe) carries no request: the first request
+    is the first connection that carried one, from its accept to its response's first bytes."""
+    from conftest import free_port
+
+    port = free_port()
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "1", "-b",
+                                      "127.0.0.1:%d" % port, "fork_apps:wsgi"], port, {})
+    css = processes(r)
+    (w,) = [cs for cs in css if pid(cs) == answer["pid"]]
+    first = check_served_worker(w, r, "gunicorn")
+    ttfb = first.attributes["infersight.first_request.ttfb_s"]
+    assert SLEEP_S * 0.9 <= ttfb <= (first.end_ns - first.start_ns) / 1e9 + 1e-6
+    assert "error.type" not in first.attributes

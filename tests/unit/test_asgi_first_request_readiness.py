@@ -1,0 +1,98 @@
+"""Which request is the first one through uvicorn's own wrap of the app (``first_request=False``):
+the first that arrives once readiness is known from a signal other than a request. A readiness
+probe before that is not, and does not stop the wrap from finding the next one. And a worker
+forked from a ready server has provisional readiness only where its parent's hooks are in place."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from infersight.hooks import _readiness, _state, asgi
+
+
+class QueueClient:
+    """FAKE hook client: the parts the request path queues into."""
+
+    enabled = True
+    calm = 0
+    calm_from = 1
+    calm_to = 0
+
+    def __init__(self) -> None:
+        self._seq = itertools.count(1)
+        self._buf: list[Any] = []
+        self.queued: list[tuple[Any, ...]] = []
+
+    def queue(self, event: tuple[Any, ...]) -> None:
+        self.queued.append(event)
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _call(app: Any, path: str) -> None:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request"}
+
+    async def send(m: Any) -> None:
+        return None
+
+    asyncio.run(app({"type": "http", "method": "GET", "path": path}, receive, send))
+
+
+@pytest.fixture
+def begun(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A fresh state (no readiness yet, no listening watch, no ready file) whose cold start waits
+    for its first request; FAKE request_begin records the paths it was asked for."""
+    st = _state.HookState()
+    st.runtime.client = QueueClient()
+    monkeypatch.setattr(_state, "current", st)
+    monkeypatch.setattr(_readiness, "pending_first", lambda: True)
+    paths: list[str] = []
+
+    def request_begin(source: str, attrs: Any = None) -> None:  # no handle: served as any other
+        paths.append(str(attrs.get("url.path")))
+
+    monkeypatch.setattr(_readiness, "request_begin", request_begin)
+    return paths
+
+
+@pytest.mark.parametrize("source", ["listening_socket", "listen", "ready_url", "mark_ready", "stage_rule", "fork"])
+def test_the_uvicorn_wrap_finds_the_first_request_after_readiness(begun: list[str], source: str) -> None:
+    wrap = asgi.ColdStartMiddleware(_app, first_request=False)
+    _call(wrap, "/health")  # a readiness probe before readiness: not the first request
+    assert begun == []
+    cs = _state.current.coldstart
+    cs.ready_ns, cs.ready_source = 1, source
+    _call(wrap, "/generate")
+    assert begun == ["/generate"]
+
+
+def test_a_request_that_marked_readiness_is_no_signal_for_the_wrap(begun: list[str]) -> None:
+    cs = _state.current.coldstart
+    cs.ready_ns, cs.ready_source = 1, "request"
+    _call(asgi.ColdStartMiddleware(_app, first_request=False), "/")
+    assert begun == []
+
+
+def test_an_app_added_middleware_takes_the_first_request_before_readiness(begun: list[str]) -> None:
+    _call(asgi.ColdStartMiddleware(_app), "/")
+    assert begun == ["/"]
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_fork_readiness_is_provisional_while_the_parents_hooks_are_in_place(collecting: bool) -> None:
+    parent = _state.ColdStart()
+    parent.installed, parent.collecting = True, collecting
+    parent.ready_ns, parent.ready_source = 5, "listen"
+    child = parent.forked(root_start_ns=100)
+    assert (child.ready_ns, child.ready_source) == (100, "fork")
+    # provisional (not yet sent): its request hooks, loop entry, uvicorn's startup or a listen tell
+    # when it is ready; where the parent's cold start ended those wrappers are gone: final at the fork
+    assert child.rule_fork_ready_sent is (not collecting)
