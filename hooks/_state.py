@@ -19,9 +19,14 @@ The behaviour lives in the modules named above; this module holds data only.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
+# Servers whose hooks tell when a worker forked from a ready master is itself ready (gunicorn's
+# serving-loop rules and request hooks, uvicorn's Server.startup): with neither imported at the
+# fork, fork readiness is final (``ColdStart.forked``).
+FORK_CONFIRMING_MODULES = ("gunicorn.workers.base", "uvicorn.server")
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -312,11 +317,14 @@ class ColdStart:
             # Provisional: it is ready when its own work after the fork (a gunicorn worker's app
             # load, its warmup) is done, which its request hooks, a serving loop's entry,
             # uvicorn's startup or a listen() tell (``_readiness.fork_ready``, ``request_begin``).
-            # Where the parent's cold start had ended, those wrappers are gone: it is final at
-            # the fork (its first forward is then its first request).
+            # Where the parent's cold start had ended, those wrappers are gone, and where no server
+            # whose hooks confirm it was imported (a fork pool's worker, ForkingMixIn, a queue-fed
+            # worker: nothing would ever say so), it is final at the fork: its first forward is
+            # then its first request, as before, and its hooks leave with it.
             new.ready_ns = root_start_ns
             new.ready_source = "fork"
-            new.rule_fork_ready_sent = not self.collecting
+            confirmable = any(m in sys.modules for m in FORK_CONFIRMING_MODULES)
+            new.rule_fork_ready_sent = not (self.collecting and confirmable)
         new.last_end_ns = root_start_ns
         new.parent_dir = self.children_dir  # the parent's children dir is this child's parent dir
         new.undo = self.undo

@@ -250,3 +250,46 @@ def test_gunicorn_sync_tcp_probe_is_no_request(tmp_path) -> None:
     ttfb = first.attributes["infersight.first_request.ttfb_s"]
     assert SLEEP_S * 0.9 <= ttfb <= (first.end_ns - first.start_ns) / 1e9 + 1e-6
     assert "error.type" not in first.attributes
+
+
+FORK_POOL = """
+import os, socket, sys, time
+import torch
+m = torch.nn.Linear(16, 16)
+x = torch.randn(2, 16)
+with torch.no_grad():
+    m(x)  # the parent's warmup
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()  # the parent is ready
+time.sleep(0.2)
+pid = os.fork()
+if pid == 0:  # a queue-fed inference worker: no HTTP server, no listen of its own
+    for _ in range(4):
+        with torch.no_grad():
+            m(x)
+        time.sleep(0.3)
+    print("threads", sorted(t.name for t in __import__("threading").enumerate()), flush=True)
+    sys.exit(0)  # its exit handlers flush what its hooks hold
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_fork_pool_worker_of_a_ready_server_is_ready_at_its_fork(tmp_path) -> None:
+    """No gunicorn nor uvicorn, whose hooks would confirm a forked worker's own readiness: the
+    worker of a ready parent is ready at its fork, its first forward is its first request, and
+    its cold-start hooks (the sampler) leave then, not a cold start of its whole life."""
+    from launchutil import launch
+
+    script = tmp_path / "fork_pool.py"  # a script: a python -c process is a helper (a probe)
+    script.write_text(FORK_POOL)
+    r = launch(str(tmp_path), [sys.executable, str(script)], result=False, env=ENV)
+    assert r.rc == 0, r.output[-3000:]
+    children = [cs for cs in coldstarts(r.spans) if cs.root.parent_span_id is not None and not is_helper(cs)]
+    assert len(children) == 1, r.output[-3000:]
+    (child,) = children
+    assert child.root.attributes["infersight.coldstart.ended_by"] == "first_request", child.root.attributes
+    assert "warmup" not in {stage_name(s) for s in child.stages}
+    assert (child.root.end_ns - child.root.start_ns) / 1e9 < 0.9, "its serving counted as cold start"
+    threads = next(line for line in r.output.splitlines() if line.startswith("threads"))
+    assert "infersight-coldstart-sampler" not in threads, threads
