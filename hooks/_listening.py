@@ -72,6 +72,19 @@ def tcp_listening(text: str, skip_ports: Iterable[int] = ()) -> Dict[int, Found]
     return {inode: ("tcp", port) for port, _uid, inode in tcp_listeners(text) if inode and port not in skip_ports}
 
 
+def listeners_by_port(pid: int, proc_root: str = "/proc") -> Optional[Dict[int, Set[int]]]:
+    """Every listening TCP port in ``pid``'s network namespace -> the uids owning a socket on it
+    (one read of ``/proc/<pid>/net/tcp{,6}`` for all ports); None when neither table can be read."""
+    texts = [_read("%s/%d/net/%s" % (proc_root, pid, name)) for name in ("tcp", "tcp6")]
+    if not any(texts):
+        return None
+    out: Dict[int, Set[int]] = {}
+    for text in texts:
+        for p, uid, _inode in tcp_listeners(text):
+            out.setdefault(p, set()).add(uid)
+    return out
+
+
 def listener_uids(pid: int, port: int, proc_root: str = "/proc") -> Optional[Set[int]]:
     """The uids owning a socket that listens on TCP ``port`` in ``pid``'s network namespace
     (``/proc/<pid>/net/tcp{,6}``); None when neither table can be read."""

@@ -16,6 +16,7 @@ never waits on anything.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 from infersight.agent.daemon.identity import process_start
 from infersight.agent.routing import hints
 from infersight.hooks import _contract
-from infersight.hooks._listening import listener_uids
+from infersight.hooks._listening import listener_uids, listeners_by_port
 from infersight.instances import InstanceLatency
 from infersight.telemetry import Item, Resource, RoutingHint, SpanItem
 
@@ -35,7 +36,8 @@ MAX_VACATED = 256
 VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
 QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
 LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions, every refresh)
-OWNERS_EVERY_S = 10.0  # the held ports' listeners are checked this often (a table read per port)
+MAX_CANDIDATES = 8  # instances remembered per contested port
+OWNERS_EVERY_S = 10.0  # held and contested ports' listeners are checked this often (a table read per netns)
 
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[int | None], Mapping[str, float]]  # a uid's own slow devices -> coefficient
@@ -81,6 +83,9 @@ class RoutingTable:
         self.clock = clock
         self.port_claims_refused = 0  # a readiness port whose listener is another uid's
         self.ports_contested = 0  # ports let go: listeners of two uids on the port number
+        # port -> its candidates (producer, service, uid, since): instances that listen on a port two uids
+        # listen on; the one whose uid is alone on it again gets it back
+        self.contested: dict[int, list[tuple[str, str, int | None, float]]] = {}
         self._owners_at = -1e18
         self.instances_refused = 0  # new instances past MAX_INSTANCES (or their uid's share)
         self.instances: dict[str, Instance] = {}  # producer -> instance
@@ -145,33 +150,76 @@ class RoutingTable:
         if not owners and (holder is None or holder is inst or holder.uid == inst.uid):
             return True
         self.port_claims_refused += 1
-        if owners and inst.uid in owners and holder is not None and holder.uid != inst.uid:
-            self._release(port)
+        if owners and inst.uid in owners:  # it listens there too: a candidate once the port is one uid's again
+            if holder is not None and holder.uid != inst.uid:
+                self._release(port)
+            self._contest(port, inst)
         return False
 
     def _release(self, port: int) -> None:
-        """Nobody holds ``port`` any more (contested): its hint goes, its reply fails open."""
+        """Nobody holds ``port`` for now (contested): its hint goes, its reply fails open. Its holder
+        gets it back once the port number is its uid's alone again (``_check_holders``)."""
         holder = self.instances.get(self.ports.pop(port, ""))
         if holder is not None:
             self._gone.append((holder.resource, holder.service, port))
             holder.port, holder.sent = None, None
+            self._contest(port, holder)
         self.replies.pop(port, None)
         self.vacated.pop(port, None)
         self.ports_contested += 1
 
+    def _contest(self, port: int, inst: Instance) -> None:
+        """``inst`` listens on contested ``port``: it is a candidate to hold it again (bounded)."""
+        cands = self.contested.setdefault(port, [])
+        if all(c[0] != inst.producer for c in cands) and len(cands) < MAX_CANDIDATES:
+            cands.append((inst.producer, inst.service, inst.uid, self.clock()))
+        while len(self.contested) > MAX_VACATED:
+            del self.contested[next(iter(self.contested))]
+
     def _check_holders(self, now: float) -> None:
         """Every OWNERS_EVERY_S: a port whose listeners are no longer all of its holder's uid (another
-        user bound the same port number since the claim) is let go."""
+        user bound the same port number since the claim) is let go; a contested port whose listeners
+        are its last holder's uid's alone again goes back to it (or, the holder gone, waits for its
+        restart as a vacated port). One table read per network namespace, not per port."""
         if now - self._owners_at < OWNERS_EVERY_S:
             return
         self._owners_at = now
+        tables: dict[str, dict[int, set[int]] | None] = {}
+
+        def owners(pid: int, port: int) -> set[int] | None:
+            try:
+                ns = os.readlink("/proc/%d/ns/net" % pid)
+            except OSError:
+                return None
+            if ns not in tables:
+                tables[ns] = listeners_by_port(pid)
+            by_port = tables[ns]
+            return None if by_port is None else by_port.get(port, set())
+
         for port, producer in list(self.ports.items()):
             inst = self.instances.get(producer)
             if inst is None or inst.uid is None or inst.uid == 0 or inst.pid <= 0:
                 continue
-            owners = listener_uids(inst.pid, port)
-            if owners and not owners <= {inst.uid}:
+            got = owners(inst.pid, port)
+            if got and not got <= {inst.uid}:
                 self._release(port)
+        for port, cands in list(self.contested.items()):
+            live = [(self.instances[c[0]], c) for c in cands if c[0] in self.instances]
+            back = None
+            for inst, (_p, _s, uid, _t) in live:
+                got = owners(inst.pid, port) if inst.pid > 0 else None
+                if got and uid is not None and got <= {uid}:
+                    back = inst  # the port number is this candidate's uid's alone again
+                    break
+            if back is not None and port not in self.ports:
+                del self.contested[port]
+                self._assign(back, port)
+            elif not live:  # every candidate ended: the last one's restart may take the port
+                del self.contested[port]
+                _p, service, uid, _t = cands[0]  # the holder when the contest began, if it held it
+                self.vacated[port] = (service, uid, now)
+            elif now - max(c[3] for c in cands) > VACATED_TTL_S:
+                del self.contested[port]  # contested for long: forget it (bounded)
 
     def _take_vacated(self, inst: Instance) -> None:
         """A new instance of a service whose instance left a port: its restart, on that port

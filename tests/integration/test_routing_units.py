@@ -638,3 +638,35 @@ def test_a_slow_verdict_from_another_uids_requests_does_not_lower_your_instance(
     w.table.refresh()
     assert percent(w.table.reply(8000)) == 100
     assert percent(w.table.reply(8001)) == 25
+
+
+def test_a_contested_port_goes_back_to_its_holder_once_the_other_uid_leaves(listeners: Listeners) -> None:
+    """A brief bind of the same port number by another user must not cancel the victim's routing for
+    good: once the victim's uid is alone on the port again, its instance holds it again (the next
+    check); and had the victim ended meanwhile, its restart would be drained on it."""
+    from infersight.agent.routing import table as rt
+
+    port = _free_port()
+    w = World()
+    victim = listeners.start(1000, "v4", port)
+    _claim(w, "victim", victim, 1000, port)
+    w.table.refresh()
+    listeners.start(2000, "v6", port)
+    w.clock.t += rt.OWNERS_EVERY_S
+    w.table.refresh()
+    assert w.table.reply(port) == hints.UNKNOWN_REPLY  # contested: fails open
+    intruder = listeners.procs.pop()
+    intruder.kill()
+    intruder.wait(10)
+    w.clock.t += rt.OWNERS_EVERY_S
+    w.table.refresh()
+    assert haproxy_words(w.table.reply(port))[:2] == ["up", "ready"], "the victim holds its port again"
+    assert {s["pid"]: s["port"] for s in w.table.snapshot()} == {victim: port}
+    listeners.start(2000, "v6", port)  # contested again; then the victim's process ends
+    w.clock.t += rt.OWNERS_EVERY_S
+    w.table.refresh()
+    w.dead.add(victim)
+    w.clock.t += rt.OWNERS_EVERY_S
+    w.table.refresh()
+    w.table.observe([_user_span("restart", "coldstart.runtime_init", w.clock(), 4321, 1000)])
+    assert w.table.reply(port) == hints.WARMING_REPLY, "its restart is drained on the port"
