@@ -96,17 +96,16 @@ def _series_attrs(key: SeriesKey, names: Mapping[str, str | None]) -> Attributes
 
 
 def degraded_devices(verdicts: Iterable[DeviceVerdict]) -> dict[str, float]:
-    """Devices slow for a uid and ``ok`` for none (the device-wide state: ``hw.state``, routing):
-    device -> its largest coefficient. One uid's slow verdict does not override another's
-    ``ok`` on the same device."""
+    """Devices some uid's requests find slow (the device-wide state: ``hw.state``,
+    ``slow_devices``): device -> its largest coefficient. Another uid's ``ok`` does not hide it
+    (a neighbour's claimed fast requests on your GPU would): each slow verdict is logged with the
+    uid whose requests found it, and routing weighs an instance by its own uid's verdicts only
+    (``slow_devices_of``)."""
     slow: dict[str, float] = {}
-    ok: set[str] = set()
     for v in verdicts:
         if v.verdict == "slow":
             slow[v.key.device] = max(slow.get(v.key.device, 0.0), v.coefficient or 0.0)
-        elif v.verdict == "ok":
-            ok.add(v.key.device)
-    return {d: c for d, c in slow.items() if d not in ok}
+    return slow
 
 
 class DeviceJob:
