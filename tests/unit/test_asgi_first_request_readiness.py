@@ -86,13 +86,23 @@ def test_an_app_added_middleware_takes_the_first_request_before_readiness(begun:
     assert begun == ["/"]
 
 
+@pytest.mark.parametrize("server", ["uvicorn.server", "gunicorn.workers.base", None])
 @pytest.mark.parametrize("collecting", [True, False])
-def test_fork_readiness_is_provisional_while_the_parents_hooks_are_in_place(collecting: bool) -> None:
+def test_fork_readiness_is_provisional_while_the_parents_hooks_are_in_place(
+        collecting: bool, server: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    for name in _state.FORK_CONFIRMING_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    if server is not None:
+        monkeypatch.setitem(sys.modules, server, types.ModuleType(server))
     parent = _state.ColdStart()
     parent.installed, parent.collecting = True, collecting
     parent.ready_ns, parent.ready_source = 5, "listen"
     child = parent.forked(root_start_ns=100)
     assert (child.ready_ns, child.ready_source) == (100, "fork")
-    # provisional (not yet sent): its request hooks, loop entry, uvicorn's startup or a listen tell
-    # when it is ready; where the parent's cold start ended those wrappers are gone: final at the fork
-    assert child.rule_fork_ready_sent is (not collecting)
+    # provisional (not yet sent) where a server whose hooks confirm it runs (its request hooks, loop
+    # entry, uvicorn's startup or a listen tell when it is ready); where the parent's cold start ended
+    # those wrappers are gone, and with no such server nothing would tell: final at the fork
+    assert child.rule_fork_ready_sent is (not (collecting and server is not None))
