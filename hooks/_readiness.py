@@ -612,6 +612,9 @@ def check_listening(from_forward: bool = False, claim: Optional[Set[int]] = None
     if from_forward and now - st.listen_polled_ns < LISTEN_POLL_MIN_NS:
         return
     poll = st.listen_poll
+    if claim:
+        with st.lock:  # kept until a poll takes it: this one, or the sampler's next (never lost)
+            st.claims_pending = st.claims_pending | set(claim)
     # A claim waits for a poll of the sampler thread in progress (milliseconds), never long.
     if not (poll.acquire(True, 0.1) if claim else poll.acquire(False)):
         return
@@ -624,8 +627,10 @@ def check_listening(from_forward: bool = False, claim: Optional[Set[int]] = None
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
-        if claim:
-            w.claim(claim)  # kept: a poll held back by a rule's call counts them later
+        if st.claims_pending:
+            with st.lock:
+                pending, st.claims_pending = st.claims_pending, set()
+            w.claim(pending)  # kept: a poll held back by a rule's call counts them later
         if st.rule_absorb_owed:  # a rule's call returned and its sockets are not absorbed yet
             st.rule_absorb_owed = False
             w.absorb()

@@ -218,7 +218,8 @@ class ColdStart:
     stages, readiness, wrappers."""
 
     __slots__ = (
-        "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "collecting",
+        "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "claims_pending",
+        "collecting",
         "covered", "covered_seen", "exiting", "explicit", "finder", "finished", "finishing", "first", "first_done",
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
@@ -289,6 +290,7 @@ class ColdStart:
         self.listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
         self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
         self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
+        self.claims_pending: Set[int] = set()  # sockets a server said it serves on, for the next poll
         self.ready_rules_open = 0  # of those, ``ready = true`` ones: readiness comes at their return
         # The outermost rule call returned and the sockets it made listen are not yet taken as
         # foreign: whoever holds the watch next (the call's thread, or a poll) absorbs first.

@@ -106,3 +106,33 @@ def test_fork_readiness_is_provisional_while_the_parents_hooks_are_in_place(
     # entry, uvicorn's startup or a listen tell when it is ready); where the parent's cold start ended
     # those wrappers are gone, and with no such server nothing would tell: final at the fork
     assert child.rule_fork_ready_sent is (not (collecting and server is not None))
+
+
+def test_a_claim_made_while_the_sampler_polls_is_kept_for_its_next_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn's Server.startup claims its sockets once per process: when the sampler thread's poll
+    holds the lock past the claim's short wait, the claim waits for the next poll instead of being
+    lost (a uvicorn --workers worker then never became ready)."""
+
+    class Watch:  # FAKE listen watch: records what it is told
+        def __init__(self) -> None:
+            self.claimed: list[int] = []
+
+        def claim(self, inodes: Any) -> None:
+            self.claimed.extend(inodes)
+
+        def absorb(self) -> None:
+            pass
+
+        def poll(self) -> None:
+            return None
+
+    st = _state.ColdStart()
+    st.watch_listen = True
+    st.listen_watch = watch = Watch()
+    monkeypatch.setattr(_readiness, "state", lambda: st)
+    monkeypatch.setattr(_readiness, "root_open", lambda: True)
+    with st.listen_poll:  # the sampler's poll is reading the tables
+        _readiness.check_listening(claim={4242})
+    assert watch.claimed == []
+    _readiness.check_listening()  # the sampler's next poll
+    assert watch.claimed == [4242]
