@@ -8,6 +8,7 @@ Usage: ``infersight classify [--json] [--snapshot FILE] [--request SIZE] [--rule
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 import textwrap
@@ -142,9 +143,24 @@ def first_sentence(text: str) -> str:
 
 
 def _read_text(path: str | None) -> str:
-    if path is None or path == "-":
-        return sys.stdin.buffer.read().decode("utf-8", errors="replace")
-    return Path(path).read_bytes().decode("utf-8", errors="replace")
+    data = sys.stdin.buffer.read() if path is None or path == "-" else Path(path).read_bytes()
+    return decode_log(data)
+
+
+def decode_log(data: bytes) -> str:
+    """A log's text: UTF-8, or UTF-16 where it says so (a byte-order mark: what Windows
+    PowerShell's ``>`` writes) or looks so (every other byte NUL in its first KiB, either way); bytes that
+    do not decode are replaced, never fatal (pure)."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16", errors="replace")
+    head = data[:1024]
+    if len(head) >= 16:
+        even, odd = head[0::2], head[1::2]
+        if odd.count(0) > 0.9 * len(odd) and even.count(0) < len(even) // 4:
+            return data.decode("utf-16-le", errors="replace")
+        if even.count(0) > 0.9 * len(even) and odd.count(0) < len(odd) // 4:
+            return data.decode("utf-16-be", errors="replace")
+    return data.decode("utf-8-sig", errors="replace")
 
 
 def _fmt(n: int | None) -> str:

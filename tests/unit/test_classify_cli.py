@@ -58,6 +58,22 @@ def test_json_has_the_design_keys(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert objs[0]["numbers"]["U"] is None
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-8-sig", "utf-8"])
+def test_a_log_saved_as_utf16_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str], encoding: str) -> None:
+    """Windows PowerShell's ``>`` writes UTF-16 with a byte-order mark; a log converted without one
+    is every other byte NUL: both are read as text (they were 'no OOM message found')."""
+    path = tmp_path / "server.log"
+    path.write_bytes(("starting\r\n" + FRAG + "\r\n").encode(encoding))
+    assert main(["--json", str(path)]) == 0
+    assert [o["class"] for o in _json_lines(capsys.readouterr().out)] == ["fragmentation"]
+
+
+def test_undecodable_bytes_are_replaced_never_fatal() -> None:
+    assert classify_cmd.decode_log(b"\xff\xfe") == ""
+    assert "\ufffd" in classify_cmd.decode_log(b"ok \xc3\x28 ok")
+    assert classify_cmd.decode_log(bytes(range(256)) * 8)  # binary: text with replacements, no exception
+
+
 def test_repeated_message_counts_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = "\n".join([FRAG, "retrying...", FRAG, json.dumps({"detail": FRAG})])
     assert main(["--json", _file(tmp_path, text)]) == 0
