@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for cat whose reader left
 DEFAULT_CONFIG_PATH = "/etc/infersight/infersight.toml"  # = config.DEFAULT_CONFIG_PATH (a test checks)
 
 
@@ -103,3 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return rc
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (``| head``): end quietly, as cat does, instead of a
+        # traceback; what is still buffered goes nowhere (the interpreter's last flush would raise).
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE

@@ -239,3 +239,4 @@ def test_add_parser_mounts_on_a_subcommand_parser(tmp_path: Path, capsys: pytest
     assert args.func is classify_cmd.run
     assert args.func(args) == 0
     assert _json_lines(capsys.readouterr().out)[0]["class"] == "capacity"
+
