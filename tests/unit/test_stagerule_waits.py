@@ -4,6 +4,9 @@ its own, and a wait its parent opened before the fork is not the child's to end.
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 from hook_fakes import Emitted, collecting
 
@@ -16,6 +19,9 @@ def _collecting(monkeypatch: pytest.MonkeyPatch) -> Emitted:
 
 
 def _fork(monkeypatch: pytest.MonkeyPatch, client: Emitted) -> None:
+    # a server whose hooks confirm a forked worker's readiness (gunicorn's entry rules) is loaded:
+    # its fork readiness is provisional, for the entry rule to send (not whatever other tests imported)
+    monkeypatch.setitem(sys.modules, "gunicorn.workers.base", types.ModuleType("gunicorn.workers.base"))
     child = _state.current.forked(2)
     child.runtime.client = client  # type: ignore[assignment]
     child.coldstart.collecting = True
