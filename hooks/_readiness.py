@@ -126,12 +126,7 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
         a.update(attrs)
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
     _unlisten()
-    sampler = st.sampler
-    if sampler is not None:  # the root ends here: later stacks explain no gap (its tick goes on)
-        sampler.sample = False
-    poll = st.callbacks.get("ready")
-    if poll is not None:
-        poll(start)
+    _readiness_reached(st, start)  # (the sampler's tick goes on: only its stacks stop)
     _runtime.ring_launch()  # a launch that holds its agent back starts it now
 
 
@@ -254,13 +249,15 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int
     return f
 
 
-def fork_ready(via: str, attrs: Optional[Dict[str, Any]] = None) -> bool:
+def fork_ready(via: str = "", attrs: Optional[Dict[str, Any]] = None, at_last_stage: bool = False) -> bool:
     """A worker forked from a ready server serves now (uvicorn's ``Server.startup`` returned, it
-    called ``listen()``): its own work after the fork (a gunicorn worker's app load without
-    ``--preload``, its lifespan) is done. Until then its fork readiness was provisional and its
-    forwards warmup. Sends that readiness as ``ready_wait`` (source ``fork``, ``via``): a worker
-    killed later has its root ended there by the agent; its first request's arrival then makes
-    it ``fork_served``, or its exit ends the root there. False: not a worker waiting for that."""
+    called ``listen()``, it entered a ``ready = "entry"`` rule's serving loop: ``at_last_stage``,
+    ready when its last stage ended): its own work after the fork (a gunicorn worker's app load
+    without ``--preload``, its lifespan, its warmup) is done. Until then its fork readiness was
+    provisional and its forwards warmup. Sends that readiness as ``ready_wait`` (source ``fork``,
+    ``via``): a worker killed later has its root ended there by the agent; its first request's
+    arrival then makes it ``fork_served``, or its exit ends the root there. False: not a worker
+    waiting for that (or it was sent already)."""
     st = state()
     if st.ready_source != "fork" or st.rule_fork_ready_sent or not root_open():
         return False
@@ -268,23 +265,37 @@ def fork_ready(via: str, attrs: Optional[Dict[str, Any]] = None) -> bool:
     with st.lock:
         if st.ready_source != "fork" or st.rule_fork_ready_sent or st.ready_ns is None:
             return False
-        st.rule_fork_ready_sent = True  # sent: a ready = "entry" rule sends nothing more
+        st.rule_fork_ready_sent = True  # sent once, whichever signal comes first
         closed = _close_warm_locked(now)
-        st.ready_ns = max(st.ready_ns, now)
+        if at_last_stage:
+            done = max(st.last_end_ns, closed[2] if closed is not None else 0)
+            ready = max(st.ready_ns, min(done, now))
+        else:
+            ready = max(st.ready_ns, now)
+        st.ready_ns = ready
     _emit_warm(closed)
-    flush_runs(now)  # import and nn.init runs so far end before ready_wait starts
-    start = max(_runtime.state().root_start_ns, min(last_end() or now, now))
-    a: Dict[str, Any] = {_contract.READY_SOURCE: "fork", "infersight.ready.via": via}
+    flush_runs(ready)  # import and nn.init runs so far end before ready_wait starts
+    start = max(_runtime.state().root_start_ns, min(last_end() or ready, ready))
+    a: Dict[str, Any] = {_contract.READY_SOURCE: "fork"}
+    if via:
+        a["infersight.ready.via"] = via
     if attrs:
         a.update(attrs)
-    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, now, a)
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, ready, a)
+    _readiness_reached(st, start)
+    return True
+
+
+def _readiness_reached(st: _state.ColdStart, start: int) -> None:
+    """What readiness ends, however it came: the stack sampler (the root ends here, or at the
+    first request's readiness: no gap after it to explain), and the readiness callback (the CUDA
+    context's state at ``start``)."""
     sampler = st.sampler
-    if sampler is not None:  # the root ends here (or at the first request's readiness): no gap after it
+    if sampler is not None:
         sampler.sample = False
     poll = st.callbacks.get("ready")
     if poll is not None:
         poll(start)
-    return True
 
 
 def ready_for_request() -> bool:

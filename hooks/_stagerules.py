@@ -299,29 +299,13 @@ def _entered(rule: str, helper: bool = False) -> None:
         if helper:
             st.role = _contract.ROLE_HELPER
         if st.ready_source == "fork" and st.ready_ns is not None:
-            _fork_ready(rule)
+            # a worker forked from a ready server (gunicorn's) enters its loop: its own work after
+            # the fork is done; a worker killed later has its root ended there by the agent
+            _readiness.fork_ready(attrs={_contract.STAGE_RULE: rule}, at_last_stage=True)
         else:
             _readiness.mark_ready("stage_rule", attrs={_contract.STAGE_RULE: rule})
     except Exception as exc:
         _runtime.fail(exc)
-
-
-def _fork_ready(rule: str) -> None:
-    """A worker forked from a ready server (gunicorn's) enters its loop: its own work after the
-    fork (an app load without ``--preload``) is done, so its readiness is known now. Send it as
-    ``ready_wait`` (source ``fork``): a worker killed later (the arbiter's SIGKILL once its
-    graceful timeout passed) has its root ended there by the agent, not at its death. The root
-    itself still ends as before: at its first request's arrival (``fork_served``) or at exit."""
-    st = cs.state()  # a forked child's is new: it sends its own
-    with st.lock:
-        if st.rule_fork_ready_sent or st.ready_source != "fork" or st.ready_ns is None:
-            return
-        st.rule_fork_ready_sent = True
-        st.ready_ns = ready = max(st.ready_ns, st.last_end_ns)
-    rs = _runtime.state()
-    start = max(rs.root_start_ns, min(st.last_end_ns, ready))
-    cs.emit_stage("ready_wait", _runtime.new_span_id(), rs.root_span_id, start, ready,
-                  {_contract.READY_SOURCE: "fork", _contract.STAGE_RULE: rule})
 
 
 def _wait_begins(stage: str, rule: str, target: str) -> None:
