@@ -1,8 +1,10 @@
 """FAKE hook parts for in-process unit tests of the cold-start code: a client that keeps what
-the hooks emit, and a fresh hook state collecting a cold start whose root is open."""
+the hooks emit, one that keeps what the request path queues, and a fresh hook state collecting
+a cold start whose root is open."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -27,6 +29,23 @@ class Emitted:
 
     def stages(self) -> list[str]:
         return [str(a["infersight.stage"]) for a in self.stage_attrs()]
+
+
+class QueueClient:
+    """FAKE hook client: the parts the request path (``hooks.asgi``, ``_request``) queues into."""
+
+    enabled = True
+    calm = 0  # nothing counts as calm: every event goes through queue()
+    calm_from = 1
+    calm_to = 0
+
+    def __init__(self) -> None:
+        self._seq = itertools.count(1)
+        self._buf: list[Any] = []
+        self.queued: list[tuple[Any, ...]] = []
+
+    def queue(self, event: tuple[Any, ...]) -> None:
+        self.queued.append(event)
 
 
 def collecting(monkeypatch: pytest.MonkeyPatch) -> tuple[Emitted, _state.HookState]:

@@ -4,29 +4,12 @@ uvicorn's loaded app is wrapped without a code change."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import pytest
+from hook_fakes import QueueClient
 
 from infersight.hooks import _readiness, _state, asgi
-
-
-class QueueClient:
-    """FAKE hook client: the parts the request path queues into."""
-
-    enabled = True
-    calm = 0  # nothing counts as calm: every event goes through queue()
-    calm_from = 1
-    calm_to = 0
-
-    def __init__(self) -> None:
-        self._seq = itertools.count(1)
-        self._buf: list[Any] = []
-        self.queued: list[tuple[Any, ...]] = []
-
-    def queue(self, event: tuple[Any, ...]) -> None:
-        self.queued.append(event)
 
 
 @pytest.fixture
