@@ -205,7 +205,8 @@ def test_gunicorn_preload_uvicorn_workers(tmp_path) -> None:
         assert ready.attributes["infersight.ready.source"] == "fork"
         assert ready.attributes["infersight.ready.via"] == "uvicorn.Server.startup"
         assert not the(w, "warmup")  # the model came loaded and warm from the master
-        assert w.root.end_ns - w.root.start_ns < 2e9, r.output[-3000:]  # never its life until shutdown
+        # ended at its readiness, never its life until shutdown (exit, or the agent's producer_lost)
+        assert w.root.attributes["infersight.coldstart.ended_by"] == "ready", (w.root.attributes, r.output[-3000:])
     assert not the(idle, "first_request")
     assert idle.root.attributes["infersight.coldstart.ended_by"] == "ready", idle.root.attributes
     assert idle.root.end_ns == one(idle, "ready_wait", r).end_ns
@@ -289,7 +290,6 @@ def test_a_fork_pool_worker_of_a_ready_server_is_ready_at_its_fork(tmp_path) -> 
     assert len(children) == 1, r.output[-3000:]
     (child,) = children
     assert child.root.attributes["infersight.coldstart.ended_by"] == "first_request", child.root.attributes
-    assert "warmup" not in {stage_name(s) for s in child.stages}
-    assert (child.root.end_ns - child.root.start_ns) / 1e9 < 0.9, "its serving counted as cold start"
+    assert "warmup" not in {stage_name(s) for s in child.stages}  # its serving forwards: no cold start
     threads = next(line for line in r.output.splitlines() if line.startswith("threads"))
     assert "infersight-coldstart-sampler" not in threads, threads
