@@ -30,7 +30,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,8 +184,6 @@ class OomClassifier:
         rubric = self.rules
         with self._lock:
             if self._serving is None or self._serving.rubric is not rubric:
-                from dataclasses import replace
-
                 from infersight.rules.serving import builtin as builtin_serving
 
                 # every part of the builtin rules (their [[not_memory]] lines too), over this rubric
@@ -464,7 +462,16 @@ class OomHandlers:
 
     def _family(self, p: Producer, t_ns: int, source: str) -> Seen:
         """Who sent this copy: its pid, the pids above it (``/proc`` while it runs in this pid namespace,
-        else its hello's parent) and its trace."""
+        else its hello's parent) and its trace. Looked up once per event (the check before the budget and
+        the note after it ask alike)."""
+        cached = p.state.get("oom_family")
+        if isinstance(cached, Seen) and cached.t_ns == t_ns:
+            return replace(cached, source=source)
+        seen = self._lookup_family(p, t_ns, source)
+        p.state["oom_family"] = seen
+        return seen
+
+    def _lookup_family(self, p: Producer, t_ns: int, source: str) -> Seen:
         from infersight.agent.oom.engine_context import parent_pid, same_process
 
         pid = p.info.get("pid")
