@@ -70,7 +70,8 @@ _CLAUSES: dict[str, str] = {
     "head": r"\b(CUDA|HIP|XPU|NPU) out of memory\b",
     "async_head": r"Allocation on device (\d{1,4}) would exceed allowed memory",
     "req": r"Tried to allocate " + _SIZE,
-    "cap_new": r"GPU (\d{1,4}) has a total capac(?:i)?ty of " + _SIZE,
+    # The index can be missing: "GPU  has" (two spaces) is printed where the device has no index to name.
+    "cap_new": r"GPU ?(\d{1,4})? has a total capac(?:i)?ty of " + _SIZE,
     "free_new": r"of which " + _SIZE + r" is free",
     "proc": r"Process (\d{1,10}) has " + _SIZE + r" memory in use",
     "this": r"this process has " + _SIZE + r" memory in use",
@@ -301,7 +302,7 @@ class _Token:
 # Where a clause can start: a cheap prefilter (a first-character lookahead, then short
 # literals), so the full alternation runs only at candidate positions.
 _CANDIDATE = re.compile(
-    r"(?=[CHXNATGoPtwO(;0-9RDF])(?:CUDA |HIP |XPU |NPU |Allocation on|Tried to|GPU \d|of which"
+    r"(?=[CHXNATGoPtwO(;0-9RDF])(?:CUDA |HIP |XPU |NPU |Allocation on|Tried to|GPU \d|GPU has|of which"
     r"|Process \d|this process|Of the allocated|with \d|\(GPU|\(NPU|; \d|Currently|Requested"
     r"|Device limit|Free \(|PyTorch limit|(?<![\d.])\d)"
 )
@@ -385,8 +386,9 @@ def _apply(msg: OomMessage, t: _Token, procs: list[ProcessUse]) -> None:
     elif k in ("req", "async_req"):
         msg.R = _size(v[0], v[1])
     elif k in ("cap_new", "old_open"):
-        msg.device_index = int(v[0])
-        msg.T = _size(v[1], v[2])
+        if len(v) == 3:  # "GPU  has": no index printed (the values keep only the groups that matched)
+            msg.device_index = int(v[0])
+        msg.T = _size(v[-2], v[-1])
         msg.fmt = "2.x" if k == "cap_new" else "1.x-reserved"
     elif k in ("free_new", "old_free", "async_free"):
         msg.F = _size(v[0], v[1])

@@ -132,6 +132,15 @@ def test_hip_xpu_and_capacty_typo() -> None:
     assert classify_message(m).cls == "fragmentation"
 
 
+def test_a_device_printed_without_its_index_keeps_its_total() -> None:
+    # TGI's shard (text-generation-inference#2246) printed "GPU  has a total capacity of 44.53 GiB": the
+    # total, and the other processes' use derived from it, were lost
+    m = _one(NEW.replace("GPU 0 has", "GPU  has"))
+    assert (m.device_index, m.T) == (None, round(22.16 * GIB))
+    assert m.O is not None and m.clauses[:3] == ("head", "req", "cap_new")
+    assert _one(NEW).device_index == 0
+
+
 def test_json_html_and_markdown_wrappers() -> None:
     body = json.dumps({"error": {"message": NEW.replace(". ", ".\n")}})
     assert round(4.62 * GIB) == _one(body).R
