@@ -74,15 +74,38 @@ def _install_uvicorn_server(module: Any) -> None:
     add_undo(lambda: setattr(cls, "startup", startup) if cls.startup is wrapped else None)
 
 
+class _GunicornRequest(threading.local):
+    """The first request as one gunicorn worker thread handles it (the sync worker's one thread,
+    or one of a gthread worker's pool threads)."""
+
+    accepted = 0  # when the connection being handled was accepted, while the first request is pending
+    sent = 0  # when the first request's response started to go out
+    watching = False  # this thread handles the first request
+
+
+_gunicorn = _GunicornRequest()
+
+
 def _install_gunicorn_sync(module: Any) -> None:
-    """gunicorn's sync worker: ``SyncWorker.handle`` serves one accepted connection, and calls
-    ``handle_request`` once a request on it was parsed. The first connection that carried a
-    request is the first request (a bare TCP connect, a load balancer's TCP check, a probe that
-    hangs up: no request, never gets there), from the connection's accept (a forked worker's
-    wait for it is then the wait for traffic, not its cold start) to the first bytes of its
-    response (``Response.send_headers``; without a response, the end of ``handle_request``).
-    One connection at a time per worker process: the times live in this closure."""
-    cls: Any = getattr(module, "SyncWorker", None)
+    _install_gunicorn_worker(module, "SyncWorker")
+
+
+def _install_gunicorn_gthread(module: Any) -> None:
+    _install_gunicorn_worker(module, "ThreadWorker")
+
+
+def _install_gunicorn_worker(module: Any, name: str) -> None:
+    """gunicorn's sync and gthread workers (``--threads N`` above 1 picks gthread): ``handle``
+    serves one accepted connection (gthread: in a pool thread, once per request of a kept-alive
+    one), and calls ``handle_request`` once a request on it was parsed. The first connection that
+    carried a request is the first request (a bare TCP connect, a load balancer's TCP check, a
+    probe that hangs up: no request, never gets there), from the connection's accept (a forked
+    worker's wait for it is then the wait for traffic, not its cold start) to the first bytes of
+    its response (``Response.send_headers``; without a response, the end of ``handle_request``).
+    The times live per thread (``_GunicornRequest``); ``_readiness.request_begin`` hands the first
+    request to one thread only. gthread's HTTP/2 connections have no ``handle_request``: their
+    first forward is the first request."""
+    cls: Any = getattr(module, name, None)
     handle = getattr(cls, "handle", None)
     handle_request = getattr(cls, "handle_request", None)
     resp_cls: Any = getattr(getattr(module, "wsgi", None), "Response", None)
@@ -90,13 +113,11 @@ def _install_gunicorn_sync(module: Any) -> None:
     if (cls is None or handle is None or handle_request is None or send_headers is None
             or getattr(handle, "__wrapped__", None) is not None):
         return
-    accepted = [0]  # when the connection being handled was accepted, while the first request is pending
-    sent = [0]  # when the first request's response started to go out
-    watching = [False]  # the first request is being handled
+    now = _gunicorn
 
     def wrapped_handle(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            accepted[0] = time.time_ns() if _readiness.pending_first() else 0
+            now.accepted = time.time_ns() if _readiness.pending_first() else 0
         except Exception as exc:
             _runtime.fail(exc)
         return handle(self, *args, **kwargs)
@@ -104,14 +125,14 @@ def _install_gunicorn_sync(module: Any) -> None:
     def wrapped_handle_request(self: Any, *args: Any, **kwargs: Any) -> Any:
         first = None
         try:
-            if accepted[0] and _readiness.pending_first():
-                first = _readiness.request_begin("gunicorn", None, accepted[0])
+            if now.accepted and _readiness.pending_first():
+                first = _readiness.request_begin("gunicorn", None, now.accepted)
         except Exception as exc:
             _runtime.fail(exc)
         if first is None:
             return handle_request(self, *args, **kwargs)
-        sent[0] = 0
-        watching[0] = True
+        now.sent = 0
+        now.watching = True
         err = ""
         try:
             return handle_request(self, *args, **kwargs)
@@ -119,27 +140,30 @@ def _install_gunicorn_sync(module: Any) -> None:
             err = type(exc).__name__
             raise
         finally:
-            watching[0] = False
+            now.watching = False
             try:
                 with _workers.DeferredSignals():  # a stop signal now waits for first_request to go out
-                    _readiness.first_response(first, {"error.type": err} if err and not sent[0] else None, sent[0])
+                    _readiness.first_response(first, {"error.type": err} if err and not now.sent else None, now.sent)
             except Exception as exc:
                 _runtime.fail(exc)
 
-    def wrapped_send_headers(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not watching[0] or sent[0] or getattr(self, "headers_sent", True):
-            return send_headers(self, *args, **kwargs)
-        out = send_headers(self, *args, **kwargs)
-        sent[0] = time.time_ns()  # ends first_request once handle_request returns: nothing delays the body
-        return out
-
-    def put(owner: Any, name: str, orig: Any, new: Any) -> None:
+    def put(owner: Any, attr: str, orig: Any, new: Any) -> None:
         new.__wrapped__ = orig
-        setattr(owner, name, new)
-        add_undo(lambda: setattr(owner, name, orig) if owner.__dict__.get(name) is new else None)
+        setattr(owner, attr, new)
+        add_undo(lambda: setattr(owner, attr, orig) if owner.__dict__.get(attr) is new else None)
 
     put(cls, "handle", handle, wrapped_handle)
     put(cls, "handle_request", handle_request, wrapped_handle_request)
+    if getattr(send_headers, "__wrapped__", None) is not None:
+        return  # the other worker class's hook wrapped the shared Response already
+
+    def wrapped_send_headers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not now.watching or now.sent or getattr(self, "headers_sent", True):
+            return send_headers(self, *args, **kwargs)
+        out = send_headers(self, *args, **kwargs)
+        now.sent = time.time_ns()  # ends first_request once handle_request returns: nothing delays the body
+        return out
+
     put(resp_cls, "send_headers", send_headers, wrapped_send_headers)
 
 
@@ -173,6 +197,7 @@ def install(boot: int) -> None:
     on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
     on_import("uvicorn.server", _install_uvicorn_server)  # readiness as soon as it serves
     on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
+    on_import("gunicorn.workers.gthread", _install_gunicorn_gthread)  # a gthread worker's (--threads)
     _install_stage_rules()
     st.imports = imports
     add_run_source(imports.flush_runs, imports.open_runs)

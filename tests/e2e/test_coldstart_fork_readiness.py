@@ -8,8 +8,8 @@ gunicorn and uvicorn processes under ``infersight launch`` (tiny apps: ``workloa
   the one that served is ``fork_served``, the idle one ends at its readiness, not at its death.
 - uvicorn with a model loaded by the first request: ``first_request`` runs from the request's
   arrival, the lazy ``import torch`` and the load inside it.
-- gunicorn's sync worker: a bare TCP connect (a tcpSocket probe) carries no request and is not the
-  first request.
+- gunicorn's sync and gthread workers: a bare TCP connect (a tcpSocket probe) carries no request
+  and is not the first request.
 
 Each test waits for the port with a bare TCP connect (a probe that carries no request), sends one
 HTTP request, then stops the stack with SIGINT to its process group, as a terminal does."""
@@ -145,7 +145,7 @@ def check_served_worker(w: ColdStart, r: LaunchRun, source: str) -> SpanItem:
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("worker", ["sync", "uvicorn"])
+@pytest.mark.parametrize("worker", ["sync", "gthread", "uvicorn"])
 def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> None:
     """Without --preload the master listens, then forks: the worker loads torch and its model
     and runs a warmup forward after the fork. That is its cold start (warmup, not first_request),
@@ -154,8 +154,8 @@ def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> Non
     from conftest import free_port
 
     port = free_port()
-    if worker == "sync":
-        argv, env = ["fork_apps:wsgi"], {"FORK_APP_MODEL": "import"}
+    if worker in ("sync", "gthread"):
+        argv, env = ["--threads", "4" if worker == "gthread" else "1", "fork_apps:wsgi"], {"FORK_APP_MODEL": "import"}
     else:
         argv, env = ["-k", "uvicorn.workers.UvicornWorker", "fork_apps:asgi"], {"FORK_APP_MODEL": "lifespan"}
     r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "-w", "1", "-b", "127.0.0.1:%d" % port, *argv],
@@ -168,12 +168,13 @@ def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> Non
     assert warm.end_ns <= w.root.end_ns
     ready = one(w, "ready_wait", r)
     assert ready.attributes["infersight.ready.source"] == "fork"
-    if worker == "sync":
-        assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop"
-    else:
+    if worker == "uvicorn":
         assert ready.attributes["infersight.ready.via"] == "uvicorn.Server.startup"
+    else:
+        assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop"
+        assert answer["threaded"] is (worker == "gthread")
     assert ready.end_ns >= warm.end_ns  # ready once the warmup is done
-    check_served_worker(w, r, "gunicorn" if worker == "sync" else "asgi")
+    check_served_worker(w, r, "asgi" if worker == "uvicorn" else "gunicorn")
     (master,) = [cs for cs in css if cs.root.parent_span_id is None]
     assert master.root.attributes["infersight.coldstart.ended_by"] == "workers"
     assert master.root.end_ns == w.root.end_ns  # its first worker's readiness
@@ -237,16 +238,19 @@ def test_uvicorn_model_loaded_by_the_first_request(tmp_path) -> None:
     assert not the(cs, "warmup")
 
 
-def test_gunicorn_sync_tcp_probe_is_no_request(tmp_path) -> None:
-    """A bare TCP connect to a sync worker (a tcpSocket probe) carries no request: the first request
-    is the first connection that carried one, from its accept to its response's first bytes."""
+@pytest.mark.parametrize("threads", [1, 4])
+def test_gunicorn_tcp_probe_is_no_request(tmp_path, threads: int) -> None:
+    """A bare TCP connect to a sync worker or a gthread one (``--threads 4``) carries no request (a
+    tcpSocket probe): the first request is the first connection that carried one, from its accept to
+    its response's first bytes, and the worker's wait for it is no cold start."""
     from conftest import free_port
 
     port = free_port()
-    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "1", "-b",
-                                      "127.0.0.1:%d" % port, "fork_apps:wsgi"], port, {})
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "1", "--threads", str(threads),
+                                      "-b", "127.0.0.1:%d" % port, "fork_apps:wsgi"], port, {})
     css = processes(r)
     (w,) = [cs for cs in css if pid(cs) == answer["pid"]]
+    assert answer["threaded"] is (threads > 1)  # gunicorn picked the gthread worker
     first = check_served_worker(w, r, "gunicorn")
     ttfb = first.attributes["infersight.first_request.ttfb_s"]
     assert SLEEP_S * 0.9 <= ttfb <= (first.end_ns - first.start_ns) / 1e9 + 1e-6

@@ -10,7 +10,7 @@
 - unset: no model, no torch.
 
 Every request sleeps ``FORK_APP_SLEEP`` seconds (default 0.3), runs the model if there is one,
-and answers ``{"pid": ..., "served": n}``."""
+and answers ``{"pid": ..., "served": n}`` (WSGI: and ``"threaded"``, gunicorn's gthread worker)."""
 
 from __future__ import annotations
 
@@ -45,17 +45,17 @@ if MODE == "import":
     infer()  # a warmup forward
 
 
-def answer() -> bytes:
+def answer(**extra: Any) -> bytes:
     time.sleep(SLEEP)
     if MODE == "lazy" and "model" not in state:
         load()
     infer()
     state["served"] += 1
-    return json.dumps({"pid": os.getpid(), "served": state["served"]}).encode()
+    return json.dumps({"pid": os.getpid(), "served": state["served"], **extra}).encode()
 
 
 def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    body = answer()
+    body = answer(threaded=bool(environ.get("wsgi.multithread")))  # gunicorn's gthread worker
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
     return [body]
 
