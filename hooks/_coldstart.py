@@ -44,6 +44,12 @@ def _install_uvicorn(module: Any) -> None:
     asgi.wrap_uvicorn(module)
 
 
+def _install_gunicorn_asgi(module: Any) -> None:
+    from . import asgi  # every request of gunicorn's own ASGI worker (-k asgi) is timed
+
+    asgi.wrap_gunicorn_asgi(module)
+
+
 def _install_uvicorn_server(module: Any) -> None:
     """uvicorn's ``Server.startup`` has run the app's lifespan startup and started serving on
     its sockets when it returns, whatever the event loop (uvloop listens in C): read the
@@ -198,6 +204,7 @@ def install(boot: int) -> None:
     on_import("uvicorn.server", _install_uvicorn_server)  # readiness as soon as it serves
     on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
     on_import("gunicorn.workers.gthread", _install_gunicorn_gthread)  # a gthread worker's (--threads)
+    on_import("gunicorn.workers.gasgi", _install_gunicorn_asgi)  # gunicorn's own ASGI worker (-k asgi)
     _install_stage_rules()
     st.imports = imports
     add_run_source(imports.flush_runs, imports.open_runs)

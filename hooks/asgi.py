@@ -42,7 +42,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_uvicorn"]
+__all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_gunicorn_asgi", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
 TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
@@ -234,3 +234,27 @@ def wrap_uvicorn(module: Any) -> None:
 
     load._infersight = True  # type: ignore[attr-defined]
     cls.load = load  # type: ignore[union-attr]
+
+
+def wrap_gunicorn_asgi(module: Any) -> None:
+    """Make gunicorn's own ASGI worker (``-k asgi``, ``gunicorn.workers.gasgi.ASGIWorker``) wrap the
+    app it loads in each worker (``load_wsgi``, after the fork) in :class:`ColdStartMiddleware`,
+    as uvicorn's ``Config.load`` is wrapped: every request is timed, and the first one that arrives
+    once readiness is known is the first request (the worker's wait for it is no cold start)."""
+    cls = getattr(module, "ASGIWorker", None)
+    orig = getattr(cls, "load_wsgi", None)
+    if orig is None or getattr(orig, "_infersight", False):
+        return
+
+    def load_wsgi(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig(self, *args, **kwargs)
+        try:
+            app = getattr(self, "asgi", None)
+            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.state().client is not None:
+                self.asgi = ColdStartMiddleware(app, first_request=False)
+        except Exception as exc:
+            _runtime.fail(exc)
+        return out
+
+    load_wsgi._infersight = True  # type: ignore[attr-defined]
+    cls.load_wsgi = load_wsgi  # type: ignore[union-attr]

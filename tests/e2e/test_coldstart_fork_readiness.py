@@ -8,6 +8,8 @@ gunicorn and uvicorn processes under ``infersight launch`` (tiny apps: ``workloa
   the one that served is ``fork_served``, the idle one ends at its readiness, not at its death.
 - uvicorn with a model loaded by the first request: ``first_request`` runs from the request's
   arrival, the lazy ``import torch`` and the load inside it.
+- gunicorn's own ASGI worker (``-k asgi``): its app is wrapped as uvicorn's is, the HTTP request is
+  its first request.
 - gunicorn's sync and gthread workers: a bare TCP connect (a tcpSocket probe) carries no request
   and is not the first request.
 
@@ -255,6 +257,26 @@ def test_gunicorn_tcp_probe_is_no_request(tmp_path, threads: int) -> None:
     ttfb = first.attributes["infersight.first_request.ttfb_s"]
     assert SLEEP_S * 0.9 <= ttfb <= (first.end_ns - first.start_ns) / 1e9 + 1e-6
     assert "error.type" not in first.attributes
+
+
+@pytest.mark.torch
+def test_gunicorn_own_asgi_worker(tmp_path) -> None:
+    """gunicorn's own ASGI worker (``-k asgi``) forked from a --preload master that loaded and warmed
+    up the model: ready at its serving loop's first heartbeat (``Worker.notify``); the app it loads is
+    wrapped like uvicorn's, so the HTTP request is its first request and its wait for it no cold start."""
+    pytest.importorskip("torch")
+    from conftest import free_port
+
+    port = free_port()
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "1", "-k", "asgi", "-b",
+                                      "127.0.0.1:%d" % port, "fork_apps:asgi"], port, {"FORK_APP_MODEL": "import"})
+    assert answer["served"] == 1
+    (w,) = [cs for cs in processes(r) if pid(cs) == answer["pid"]]
+    ready = one(w, "ready_wait", r)
+    assert ready.attributes["infersight.ready.source"] == "fork"
+    assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop"
+    assert not the(w, "warmup")  # the model came loaded and warm from the master
+    check_served_worker(w, r, "asgi")
 
 
 FORK_POOL = """
