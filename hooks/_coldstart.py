@@ -112,6 +112,10 @@ def _install_gunicorn_worker(module: Any, name: str) -> None:
     request to one thread only. gthread's HTTP/2 connections have no ``handle_request``: their
     first forward is the first request."""
     cls: Any = getattr(module, name, None)
+    if cls is not None:
+        from . import wsgi  # every request of the worker is timed, for its life (not undone at readiness)
+
+        wsgi.wrap_gunicorn_worker(cls)
     handle = getattr(cls, "handle", None)
     handle_request = getattr(cls, "handle_request", None)
     resp_cls: Any = getattr(getattr(module, "wsgi", None), "Response", None)

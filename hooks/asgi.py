@@ -42,7 +42,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["HTTP_CLASS", "ColdStartMiddleware", "wrap_gunicorn_asgi", "wrap_uvicorn"]
+__all__ = ["HTTP_CLASS", "SERVER_ERROR", "ColdStartMiddleware", "queue_request", "wrap_gunicorn_asgi", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
 TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
@@ -91,7 +91,7 @@ class ColdStartMiddleware:
         finally:
             if err is None and type(status[0]) is int and status[0] >= SERVER_ERROR:
                 err = str(status[0])  # OpenTelemetry's error.type of an HTTP server error: its status code
-            _queue(c, start, time.perf_counter_ns() - t0, err)
+            queue_request(c, start, time.perf_counter_ns() - t0, err)
 
     def _is_first(self) -> bool:
         """The cold start's first request may be this one (once no longer, never again)."""
@@ -169,8 +169,9 @@ class ColdStartMiddleware:
             _finish(handle, state)
 
 
-def _queue(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
-    """One ``req`` event (the tuple ``_request`` queues; built into a dict on the drain thread)."""
+def queue_request(c: Any, start: int, dur_ns: int, err: Optional[str]) -> None:
+    """One ``req`` event of an HTTP request (the tuple ``_request`` queues; built into a dict on the drain
+    thread); the WSGI middleware's too."""
     try:
         if c.enabled:
             event = (next(c._seq), start + dur_ns, "req", None, None, None, HTTP_CLASS, start, dur_ns, None, None, err)

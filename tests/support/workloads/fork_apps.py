@@ -10,7 +10,8 @@
 - unset: no model, no torch.
 
 Every request sleeps ``FORK_APP_SLEEP`` seconds (default 0.3), runs the model if there is one,
-and answers ``{"pid": ..., "served": n}`` (WSGI: and ``"threaded"``, gunicorn's gthread worker)."""
+and answers ``{"pid": ..., "served": n}`` (WSGI: and ``"threaded"``, gunicorn's gthread worker;
+``/fail`` answers 503 at once)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def answer(**extra: Any) -> bytes:
 
 
 def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+    if environ.get("PATH_INFO") == "/fail":  # a server whose engine is down answers 503 at once
+        start_response("503 Service Unavailable", [("Content-Length", "0")])
+        return []
     body = answer(threaded=bool(environ.get("wsgi.multithread")))  # gunicorn's gthread worker
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
     return [body]
