@@ -108,6 +108,8 @@ def _install_gunicorn_worker(module: Any, name: str) -> None:
     probe that hangs up: no request, never gets there), from the connection's accept (a forked
     worker's wait for it is then the wait for traffic, not its cold start) to the first bytes of
     its response (``Response.send_headers``; without a response, the end of ``handle_request``).
+    A gthread connection that sent nothing within gthread's wait for data goes back to its poller
+    and is timed from when its data came (its idle wait is the client's, not the server's).
     The times live per thread (``_GunicornRequest``); ``_readiness.request_begin`` hands the first
     request to one thread only. gthread's HTTP/2 connections have no ``handle_request``: their
     first forward is the first request."""

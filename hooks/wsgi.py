@@ -68,32 +68,42 @@ class RequestTimingMiddleware:
 class _TimedBody:
     """The app's response: its status, and its iterable timed until the server closes it."""
 
-    __slots__ = ("body", "client", "done", "respond", "start", "status", "t0")
+    __slots__ = ("body", "client", "closed", "done", "respond", "start", "status", "t0")
 
     def __init__(self, client: Any, respond: Callable[..., Any]) -> None:
         self.client = client
         self.respond = respond
         self.body: Iterable[bytes] = ()
         self.status = 0
-        self.done = False
+        self.done = False  # its event was queued
+        self.closed = False
         self.start = _wall_ns()
         self.t0 = _clock_ns()
 
     def start_response(self, status: str, headers: Any, exc_info: Any = None) -> Any:
         try:
             self.status = int(status[:3])  # PEP 3333: "200 OK"
-        except ValueError:
-            pass
+        except (TypeError, ValueError):
+            pass  # not PEP 3333's "200 OK": the server says so
         return self.respond(status, headers) if exc_info is None else self.respond(status, headers, exc_info)
 
     def __iter__(self) -> Iterator[bytes]:
+        # A loop, not ``yield from``: when the server stops (its client went away) and this generator is
+        # dropped, GeneratorExit must not reach the app's iterable (werkzeug's would run its close twice,
+        # Flask's call_on_close callbacks too); the server's close() closes it, once.
         try:
-            yield from self.body
+            for chunk in self.body:  # noqa: UP028 (see above: yield from would forward the close)
+                yield chunk
+        except GeneratorExit:
+            raise  # the server stopped iterating: no failure of the app's (a client that left)
         except BaseException as exc:
             self.finish(type(exc).__name__)
             raise
 
     def close(self) -> None:
+        if self.closed:
+            return  # the body's close runs once
+        self.closed = True
         try:
             close = getattr(self.body, "close", None)
             if close is not None:

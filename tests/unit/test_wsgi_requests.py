@@ -138,3 +138,51 @@ def test_a_gunicorn_worker_class_wraps_the_app_it_loads_once(client: QueueClient
     assert Worker.load_wsgi is not SyncWorker.load_wsgi  # the base class (UvicornWorker's too) is left alone
     serve(w.wsgi, "/")
     assert len(client.queued) == 1
+
+
+class ClosingIterator:
+    """werkzeug's shape (Flask's response body): its own iterator, with callbacks run by close()."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.it = iter(chunks)
+        self.closed = 0
+
+    def __iter__(self) -> ClosingIterator:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self.it)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_client_that_leaves_mid_stream_is_no_failure_and_the_body_closes_once(client: QueueClient) -> None:
+    """gunicorn stops iterating when its write fails (EPIPE: the client went away) and closes the body:
+    the dropped iteration must not close the app's iterable a second time (Flask's call_on_close
+    callbacks would run twice), nor count the request as failed."""
+    inner = ClosingIterator([b"token1", b"token2", b"token3"])
+    body = wsgi.RequestTimingMiddleware(lambda environ, sr: inner)({"PATH_INFO": "/"}, lambda *a: None)
+    it = iter(body)
+    assert next(it) == b"token1"
+    del it  # the server's loop ends on OSError: the generator is dropped
+    import gc
+
+    gc.collect()
+    body.close()  # type: ignore[attr-defined]
+    body.close()  # type: ignore[attr-defined]
+    assert inner.closed == 1
+    assert [e[11] for e in client.queued] == [None]
+
+
+def test_a_body_that_fails_is_still_closed(client: QueueClient) -> None:
+    class Failing(ClosingIterator):
+        def __next__(self) -> bytes:
+            raise RuntimeError("the model died")
+
+    inner = Failing([])
+    body = wsgi.RequestTimingMiddleware(lambda environ, sr: inner)({"PATH_INFO": "/"}, lambda *a: None)
+    with pytest.raises(RuntimeError):
+        list(body)
+    body.close()  # type: ignore[attr-defined]
+    assert inner.closed == 1 and [e[11] for e in client.queued] == ["RuntimeError"]
