@@ -42,7 +42,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["HTTP_CLASS", "SERVER_ERROR", "ColdStartMiddleware", "queue_request", "wrap_gunicorn_asgi", "wrap_uvicorn"]
+__all__ = ["HTTP_CLASS", "SERVER_ERROR", "ColdStartMiddleware", "queue_request", "wrap_gunicorn_asgi",
+           "wrap_loaded_app", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
 TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
@@ -215,26 +216,39 @@ def _finish(handle: Any, state: Dict[str, Any], now: int = 0) -> None:
 
 
 
-def wrap_uvicorn(module: Any) -> None:
-    """Make ``uvicorn.config.Config.load`` wrap the loaded app in :class:`ColdStartMiddleware`
-    (a post-import callback of the hooks: nothing to change in the served code)."""
-    cls = getattr(module, "Config", None)
-    orig = getattr(cls, "load", None)
+def wrap_loaded_app(cls: Any, method: str, attr: str, middleware: Callable[[Any], Any], kind: type) -> None:
+    """Make ``cls.<method>`` (a server's app loader) wrap the app it leaves in ``self.<attr>`` with
+    ``middleware``: once (not a ``kind`` already, not twice patched), and only while the hooks report.
+    Never undone: the requests are timed for the server's life. Shared by uvicorn's ``Config.load``,
+    gunicorn's ASGI worker here and gunicorn's WSGI workers (``hooks.wsgi``)."""
+    orig = getattr(cls, method, None)
     if orig is None or getattr(orig, "_infersight", False):
         return
 
     def load(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig(self, *args, **kwargs)
         try:
-            app = getattr(self, "loaded_app", None)
-            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.state().client is not None:
-                self.loaded_app = ColdStartMiddleware(app, first_request=False)
+            app = getattr(self, attr, None)
+            if app is not None and not isinstance(app, kind) and _runtime.state().client is not None:
+                setattr(self, attr, middleware(app))
         except Exception as exc:
             _runtime.fail(exc)
         return out
 
     load._infersight = True  # type: ignore[attr-defined]
-    cls.load = load  # type: ignore[union-attr]
+    setattr(cls, method, load)
+
+
+def _timing_only(app: ASGIApp) -> ColdStartMiddleware:
+    return ColdStartMiddleware(app, first_request=False)
+
+
+def wrap_uvicorn(module: Any) -> None:
+    """Make ``uvicorn.config.Config.load`` wrap the loaded app in :class:`ColdStartMiddleware`
+    (a post-import callback of the hooks: nothing to change in the served code)."""
+    cls = getattr(module, "Config", None)
+    if cls is not None:
+        wrap_loaded_app(cls, "load", "loaded_app", _timing_only, ColdStartMiddleware)
 
 
 def wrap_gunicorn_asgi(module: Any) -> None:
@@ -243,19 +257,5 @@ def wrap_gunicorn_asgi(module: Any) -> None:
     as uvicorn's ``Config.load`` is wrapped: every request is timed, and the first one that arrives
     once readiness is known is the first request (the worker's wait for it is no cold start)."""
     cls = getattr(module, "ASGIWorker", None)
-    orig = getattr(cls, "load_wsgi", None)
-    if orig is None or getattr(orig, "_infersight", False):
-        return
-
-    def load_wsgi(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = orig(self, *args, **kwargs)
-        try:
-            app = getattr(self, "asgi", None)
-            if app is not None and not isinstance(app, ColdStartMiddleware) and _runtime.state().client is not None:
-                self.asgi = ColdStartMiddleware(app, first_request=False)
-        except Exception as exc:
-            _runtime.fail(exc)
-        return out
-
-    load_wsgi._infersight = True  # type: ignore[attr-defined]
-    cls.load_wsgi = load_wsgi  # type: ignore[union-attr]
+    if cls is not None:
+        wrap_loaded_app(cls, "load_wsgi", "asgi", _timing_only, ColdStartMiddleware)

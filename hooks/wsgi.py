@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from . import _state
-from .asgi import SERVER_ERROR, queue_request
+from .asgi import SERVER_ERROR, queue_request, wrap_loaded_app
 
 __all__ = ["RequestTimingMiddleware", "wrap_gunicorn_worker"]
 
@@ -125,23 +125,6 @@ class _TimedBody:
 
 def wrap_gunicorn_worker(cls: Any) -> None:
     """Make a gunicorn WSGI worker class (sync, gthread) wrap the app each worker loads
-    (``load_wsgi``, after the fork) in :class:`RequestTimingMiddleware`, for the worker's life."""
-    orig = getattr(cls, "load_wsgi", None)
-    if orig is None or getattr(orig, "_infersight", False):
-        return
-
-    def load_wsgi(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = orig(self, *args, **kwargs)
-        try:
-            app = getattr(self, "wsgi", None)
-            if app is not None and not isinstance(app, RequestTimingMiddleware) and (
-                    _state.current.runtime.client is not None):
-                self.wsgi = RequestTimingMiddleware(app)
-        except Exception as exc:
-            from . import _runtime
-
-            _runtime.fail(exc)
-        return out
-
-    load_wsgi._infersight = True  # type: ignore[attr-defined]
-    cls.load_wsgi = load_wsgi
+    (``load_wsgi``, after the fork) in :class:`RequestTimingMiddleware`, for the worker's life.
+    Patched on that class only: gunicorn's base ``Worker`` (UvicornWorker's) keeps its loader."""
+    wrap_loaded_app(cls, "load_wsgi", "wsgi", RequestTimingMiddleware, RequestTimingMiddleware)
