@@ -368,6 +368,9 @@ if os.fork() == 0:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)  # as a daemon does: launch's caller is not kept waiting on its pipes
+        with open(release + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(release + ".tmp", release + ".pid")  # whole, once it is there
         hooks.log("daemon before launch exits")
         hooks.flush(5)
         while not os.path.exists(release):
@@ -390,9 +393,15 @@ def test_daemonized_grandchild_events_are_kept_then_replayed(tmp_path: Path) -> 
     assert "still run" in r.stderr and "next launch replays" in r.stderr
     kept = list((tmp_path / "t").glob("infersight-launch-*"))
     assert len(kept) == 1 and (kept[0] / "spool").is_dir()
+    pid_file = tmp_path / "release.pid"
+    assert wait_for(lambda: pid_file.exists() and pid_file.read_text().isdigit(), 30)
+    daemon = int(pid_file.read_text())
     release.write_text("go")
-    # The daemon exits after spooling its event into the kept directory.
-    assert wait_for(lambda: any((kept[0] / "spool").iterdir()) and not _locked_spools(kept[0] / "spool"), 30)
+    # The daemon exits after spooling its event into the kept directory. Its spool file exists, unlocked
+    # and empty, for a moment before the hooks lock it (O_EXCL, then flock): wait for the daemon's end,
+    # not only for an unlocked file (the second launch once replayed that empty file).
+    assert wait_for(lambda: not _alive(daemon), 30)
+    assert any((kept[0] / "spool").iterdir()) and not _locked_spools(kept[0] / "spool")
 
     second = tmp_path / "second.jsonl"  # a launch of the same command replays what it left
     r2 = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(second), "--",
@@ -403,6 +412,15 @@ def test_daemonized_grandchild_events_are_kept_then_replayed(tmp_path: Path) -> 
     assert "daemon after launch exited" in bodies(second)
     assert "lost" not in r2.stderr, "events the first launch delivered are not counted as lost"
     assert not kept[0].exists()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it has ended)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _locked_spools(spool: Path) -> bool:
