@@ -72,8 +72,10 @@ __all__ = [
 SERVING_ENGINE_VERSION = (1, 0)
 ENGINES = (
     "pytorch", "vllm", "sglang", "tgi", "tensorrt-llm", "onnxruntime", "llama.cpp", "ollama", "lmdeploy", "xla",
+    "ray",
 )
-WINDOW_LINES = 8  # lines from the anchor line on that patterns see (a rule may ask for up to 40)
+WINDOW_LINES = 8  # lines from the anchor line on that patterns see (a rule may ask for up to MAX_WINDOW_LINES)
+MAX_WINDOW_LINES = 40
 CONTEXT_LINES = 40  # lines before the anchor that context patterns see
 WINDOW_CHARS = 4000
 CONTEXT_CHARS = 8000
@@ -111,10 +113,12 @@ _ENGINE_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "ggml-metal")),
     ("xla", ("XlaRuntimeError", "RESOURCE_EXHAUSTED", "jaxlib", "xla_extension", "XLA:", "XLA_PYTHON_CLIENT",
              "bfc_allocator", "stream_executor", "from device: CUDA_ERROR_OUT_OF_MEMORY")),
+    # Ray last: vLLM, SGLang and others run on it and name themselves too.
+    ("ray", ("ray.exceptions.", "(raylet)", "ServeReplica", "ray::", "RAY_memory_")),
 )
 # Engines that may print (or wrap) a rule's engine's message, and so take the finding over.
 _HOSTS: dict[str, tuple[str, ...]] = {
-    "pytorch": ("vllm", "sglang", "tgi", "lmdeploy", "tensorrt-llm"),
+    "pytorch": ("vllm", "sglang", "tgi", "lmdeploy", "tensorrt-llm", "ray"),
     "llama.cpp": ("ollama",),
     "xla": ("vllm", "sglang"),
     "tensorrt-llm": ("onnxruntime",),  # ONNX Runtime's TensorRT execution provider relays TensorRT's errors
@@ -489,8 +493,8 @@ class _Loader(FileLoader):
         ctx = [p for j, s in enumerate(t.get("context", [])) if (p := self.regex(s, ln("context"), rid,
                                                                                    f"context[{j}]"))]
         window = t.get("window", WINDOW_LINES)
-        if not isinstance(window, int) or not 1 <= window <= 40:
-            self.err(ln("window"), f"{rid}: window must be 1..40 lines")
+        if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW_LINES:
+            self.err(ln("window"), f"{rid}: window must be 1..{MAX_WINDOW_LINES} lines")
             window = WINDOW_LINES
         require = t.get("require_match", False)
         if not isinstance(require, bool) or (require and not pats):

@@ -40,7 +40,10 @@ NEEDLES = (  # = rules.serving.NEEDLES
 # stays failed raises torch.OutOfMemoryError, whose own line opens a capture.
 NOT_FAILURES = ("memory allocation failed with OOM on device", "memory mapping failed with OOM on device")
 CONTEXT_LINES = 40  # lines kept before a needle line (what serving rules read as context)
-AFTER_LINES = 12  # lines kept after the last needle line
+# Lines kept after the last needle line: every line a serving rule may read from its anchor line on (its window,
+# at most 40 lines with the anchor's), so a stderr copy carries the numbers the exception or log copy does (Ray's
+# memory monitor prints the killed task's size 28 lines after its first line) and the two are one OOM.
+AFTER_LINES = 39
 PAUSE_S = 0.05  # a capture also ends when CMD pauses this long (DESIGN: OOM to result < 100 ms)
 MAX_LINE = 16384  # a longer line keeps its head and its tail (an error ends a JSON record or a traceback line)
 ELLIPSIS = b" [...] "

@@ -355,6 +355,11 @@ def test_relay_needles_are_the_rules_needles() -> None:
     assert stderr_relay.NEEDLES == serving.NEEDLES
 
 
+def test_relay_keeps_every_line_a_rule_may_read_after_its_anchor() -> None:
+    # else a stderr copy lacks numbers the exception's copy has, and the two count as two OOMs
+    assert stderr_relay.AFTER_LINES >= serving.MAX_WINDOW_LINES - 1
+
+
 def test_relay_says_when_a_capture_opens_before_its_text_comes() -> None:
     """launch loads the OOM rules when a capture opens: that call comes first, once a capture."""
     r, w = os.pipe()

@@ -1508,3 +1508,38 @@ def test_a_device_ordinal_keeps_two_messages_apart() -> None:
     keys = {analyse("CUDA error: out of memory\n  current device: %d, in function ggml_cuda_pool_malloc_vmm at "
                     "ggml-cuda.cu:8583" % n)[0].key for n in range(8)}
     assert len(keys) == 8
+
+
+# A PyTorch OOM in a Ray Serve replica, as Ray's worker log prefix prints it (format of
+# ray/_private/log.py's "(ServeReplica:app:Deployment pid=N)"); the sizes chosen for the case.
+_RAY_SERVE_OOM = (
+    "(ServeReplica:default:LLM pid=4242) ERROR 2026-12-04 08:00:00,000 default_LLM replica.py:1012 - "
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.15 GiB of which 1.12 GiB is free. Process 4242 has 38.10 GiB memory in use. Process 4343 has 39.90 GiB "
+    "memory in use. Of the allocated memory 37.50 GiB is allocated by PyTorch, and 120.00 MiB is reserved by "
+    "PyTorch but unallocated.")
+
+
+def test_a_pytorch_oom_in_a_ray_serve_replica_names_rays_knobs() -> None:
+    (f,) = analyse(_RAY_SERVE_OOM)
+    assert (f.engine, f.cls) == ("ray", "reservation_conflict")  # another replica holds 39.90 GiB
+    assert "num_gpus" in f.remedy and "In Ray Serve:" in f.remedy
+    # vLLM's Ray executor prints Ray's prefixes too: the engine is still vLLM, with its own knobs
+    (v,) = analyse("(RayWorkerWrapper pid=77) ray::RayWorkerWrapper.execute_method() vllm/worker/worker.py:190 "
+                   + _RAY_SERVE_OOM.split(" - ", 1)[1])
+    assert v.engine == "vllm" and "In vLLM:" in v.remedy
+
+
+def test_rays_memory_monitor_kill_is_host_memory_in_gib() -> None:
+    text = ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+            "Memory on the node (IP: 10.0.0.7, ID: ab12) where the task (task ID: cd34, name=LLM.__init__, pid=9, "
+            "memory used=12.00GB) was running was 30.50GB / 32.00GB (0.953125), which exceeds the memory usage "
+            "threshold of 0.95. Ray killed this worker (ID: ef56) because it was the most recently scheduled task")
+    (f,) = analyse(text)
+    assert (f.engine, f.rule, f.cls, f.knob) == ("ray", "ray.memory-monitor", "unknown", "RAY_memory_usage_threshold")
+    assert f.numbers["T"] == 32 << 30 and f.numbers["U"] == 12 << 30  # Ray's "GB" are GiB
+    assert f.extra["used_bytes"] == round(30.5 * (1 << 30)) and f.extra["fraction"] == 0.95
+    assert f.reason and "Top 10 memory users" in f.reason
+    # the same node with the killed task alone over 0.95 of it: no neighbour could have made room
+    (g,) = analyse(text.replace("memory used=12.00GB", "memory used=30.40GB"))
+    assert (g.cls, g.rule) == ("capacity", "ray.memory-monitor/task-beyond-threshold")
