@@ -180,6 +180,10 @@ class Ingest:
         """Replay spool files whose producer has died (its lock is free); returns files done."""
         return self.spools.replay(directory, prefix)
 
+    async def replay_spools_async(self, directory: str) -> int:
+        """:meth:`replay_spools` for the whole directory, giving the event loop back as it goes."""
+        return await self.spools.replay_async(directory)
+
     def sweep_lost(self) -> int:
         """Producers found dead: close their open cold start and free their state."""
         return self.liveness.sweep()

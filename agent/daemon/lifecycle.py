@@ -229,7 +229,7 @@ class Agent:
         self.ingest.spool_dir = config["agent.spool_dir"]
         # Joined launches subscribe to their CMD's items (sessions.py); a tap like any other.
         self.sessions = Sessions(self.assembler, self._session_info, self.ingest.connected,
-                                 lambda: self.ingest.replay_spools(self.config["agent.spool_dir"]))
+                                 lambda: self.ingest.replay_spools_async(self.config["agent.spool_dir"]))
         self.broadcaster.taps.append(self.sessions.tap)
         self.ingest.subscribe = self.sessions.serve
         self.proc_stats = ProcessStats()
@@ -511,11 +511,12 @@ class Agent:
         self.listening = True
         if not self.embedded:
             check_hooks_spool_dir(self.config["agent.spool_dir"])
-        replayed = self.ingest.replay_spools(self.config["agent.spool_dir"])
+        replayed = await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
         if replayed:
             log.info("replayed %d spool file(s) of producers that had died", replayed)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._heartbeat(), name="agent-heartbeat"))
+        self._tasks.append(loop.create_task(self._spool_scan(), name="agent-spool-scan"))
         interval = sdnotify.watchdog_interval_s()
         if interval is not None and not self.embedded:
             self._watchdog_task = loop.create_task(self._watchdog(interval), name="agent-watchdog")
@@ -524,21 +525,22 @@ class Agent:
             self._notify("READY=1", "STATUS=" + self._status_sent)
 
     async def _heartbeat(self) -> None:
-        # Spools of producers that died (their lock is free) are picked up within this long: a
-        # directory scan and a lock probe per file, cheap enough to keep a dead producer's last
-        # events from waiting half a minute.
-        replay_every = SPOOL_SCAN_S
-        last_replay = time.monotonic()
         while True:
-            interval = float(self.config["agent.health_interval_s"])  # reloadable
-            await asyncio.sleep(min(interval, replay_every))
+            # reloadable; at least as often as the spool scan (the jobs' cadence before it had a task of its own)
+            await asyncio.sleep(min(float(self.config["agent.health_interval_s"]), SPOOL_SCAN_S))
             self.publish_health()
             for job in self._heartbeat_jobs:
                 job()
             self.notify_status()
-            if time.monotonic() - last_replay >= replay_every:
-                last_replay = time.monotonic()
-                self.ingest.replay_spools(self.config["agent.spool_dir"])
+
+    async def _spool_scan(self) -> None:
+        # Spools of producers that died (their lock is free) are picked up within this long: a
+        # directory scan and a lock probe per file, cheap enough to keep a dead producer's last
+        # events from waiting half a minute. A task of its own: a long file's replay (given back
+        # to the loop as it goes) delays no health publication.
+        while True:
+            await asyncio.sleep(SPOOL_SCAN_S)
+            await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
 
     def request_stop(self) -> None:
         self._signals += 1

@@ -9,15 +9,22 @@ owner), then each batch, and unlinks it once every exporter has all of it.
 Whoever may write the directory (its group, by design) is not trusted with our reads and
 unlinks: names are opened relative to the directory without following a symlink or blocking
 on a FIFO, only a regular file with one link is read, and it is unlinked only if the name
-still holds that same file.
+still holds that same file. Nor with the agent's time: a file is read in pieces and its frames
+taken one at a time (a planted 256 MiB sparse file had the agent read, split and decode it in one
+go, holding the event loop for minutes); a run of frames that are not the wire's ends the file
+(refused, counted once); and the scans of the whole directory (at start, every few seconds, at a
+joined launch's end) give the loop back every few hundred frames (``replay_async``). Only the
+replay of one ended producer's own files runs in one go, and only for files no larger than the
+hooks write by default.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 
 from infersight.agent.daemon.assemble import Producer, ProducerTableFull
 from infersight.agent.daemon.identity import Peer
@@ -26,6 +33,38 @@ from infersight.agent.daemon.sanitize import decode_frame
 from infersight.hooks import _paths, _wire
 
 MAX_PASSED_OVER = 4096  # files remembered as counted already (the oldest forgotten first)
+READ_CHUNK = 1 << 20
+MAX_MALFORMED_RUN = 64  # frames in a row that are not the wire's: the file is not a spool the hooks wrote
+STEP_FRAMES = 256  # frames between two returns of the loop in an asynchronous replay
+# The replay of one ended producer's files runs in one go (its events come before its end is decided): up to the
+# hooks' default spool size; a larger file (a raised INFERSIGHT_SPOOL_MAX_BYTES, or planted under its prefix) waits
+# for the next scan, which gives the loop back as it goes.
+SYNC_MAX_BYTES = 64 << 20
+
+Step = Generator[None, None, bool]  # one file's replay: yields between pieces of work, returns whether it was done
+
+
+def iter_frames(fd: int) -> Iterator[bytes | None]:
+    """The payloads of the wire's frames in ``fd``, read a piece at a time; None once for a frame
+    longer than the wire allows (the rest of the file is not read)."""
+    buf = bytearray()
+    while True:
+        chunk = os.read(fd, READ_CHUNK)
+        if not chunk:
+            return
+        buf += chunk
+        pos = 0
+        while len(buf) - pos >= _wire.HEADER.size:
+            (n,) = _wire.HEADER.unpack_from(buf, pos)
+            if n > _wire.MAX_FRAME_BYTES:
+                yield None
+                return
+            if len(buf) - pos - _wire.HEADER.size < n:
+                break
+            start = pos + _wire.HEADER.size
+            yield bytes(buf[start:start + n])
+            pos = start + n
+        del buf[:pos]
 
 
 def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
@@ -55,20 +94,48 @@ class SpoolReplay:
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
 
     def replay(self, directory: str, prefix: str = "") -> int:
-        """Replay the spool files whose producer has died (its lock is free); returns files done."""
+        """Replay, in one go, the spool files whose producer has died (its lock is free) and that are no
+        larger than SYNC_MAX_BYTES (the rest wait for :meth:`replay_async`); returns files done."""
+        done = 0
+        for name, dfd in self._names(directory, prefix):
+            step = self._replay_one(directory, dfd, name, SYNC_MAX_BYTES)
+            try:
+                while True:
+                    next(step)
+            except StopIteration as end:
+                done += bool(end.value)
+        return done
+
+    async def replay_async(self, directory: str, prefix: str = "") -> int:
+        """:meth:`replay` for a whole directory: any size, the event loop given back every
+        STEP_FRAMES frames; returns files done."""
+        done = 0
+        for name, dfd in self._names(directory, prefix):
+            step = self._replay_one(directory, dfd, name, None)
+            try:
+                while True:
+                    next(step)
+                    await asyncio.sleep(0)
+            except StopIteration as end:
+                done += bool(end.value)
+        return done
+
+    def _names(self, directory: str, prefix: str) -> Iterator[tuple[str, int]]:
+        """The spool file names in ``directory`` that begin with ``prefix``, each with the directory's fd."""
         try:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
-            return 0
+            return
         try:
             names = sorted(n for n in os.listdir(dfd) if n.endswith(_paths.SPOOL_SUFFIX) and n.startswith(prefix))
-            return sum(1 for name in names if self._replay_one(directory, dfd, name))
+            for name in names:
+                yield name, dfd
         except OSError:
-            return 0
+            return
         finally:
             os.close(dfd)
 
-    def _replay_one(self, directory: str, dfd: int, name: str) -> bool:
+    def _replay_one(self, directory: str, dfd: int, name: str, max_bytes: int | None) -> Step:
         path = os.path.join(directory, name)
         if path in self._replaying:
             return False
@@ -85,6 +152,8 @@ class SpoolReplay:
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                 self._refuse(st, path, "not a regular file with one link")
                 return False
+            if max_bytes is not None and st.st_size > max_bytes:
+                return False  # the next scan reads it, a piece at a time
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -92,7 +161,6 @@ class SpoolReplay:
             if not rx.allowed(st.st_uid, st.st_gid):
                 self._refuse(st, path, "owner uid %d is not allowed" % st.st_uid)
                 return False
-            frames = self._read_frames(fd)
             producer: Producer | None = None
             self._replaying.add(path)
             outstanding = [1]  # batches not yet complete, +1 until all are published
@@ -104,11 +172,26 @@ class SpoolReplay:
                     self._replaying.discard(path)
                     unlink_if_same(directory, name, identity)
 
-            for payload in frames:
+            malformed_run = 0
+            for k, payload in enumerate(iter_frames(fd), 1):
+                if k % STEP_FRAMES == 0:
+                    yield
+                if payload is None:
+                    counters.oversized_frames += 1
+                    break
                 msg = decode_frame(payload)
-                if msg is None:
+                if msg is None or (producer is not None and msg.get("t") != "b"):
                     counters.malformed_frames += 1
+                    malformed_run += 1
+                    if malformed_run >= MAX_MALFORMED_RUN:
+                        self._refuse(st, path, "%d frames in a row are not the wire's: not a spool the hooks "
+                                               "wrote" % malformed_run)
+                        if producer is None:  # nothing published: the file stays, passed over by later scans
+                            self._replaying.discard(path)
+                            return False
+                        break
                     continue
+                malformed_run = 0
                 if producer is None:
                     try:
                         producer = rx.hello(msg, None, Peer(st.st_uid, None))
@@ -119,11 +202,8 @@ class SpoolReplay:
                     if producer is None:
                         break
                     continue
-                if msg.get("t") == "b":
-                    outstanding[0] += 1
-                    rx.process_batch(producer, msg.get("e"), on_done=one_done)
-                else:
-                    counters.malformed_frames += 1
+                outstanding[0] += 1
+                rx.process_batch(producer, msg.get("e"), on_done=one_done)
             counters.spool_files_replayed += 1
             if producer is not None:
                 self.ended(producer)
@@ -164,15 +244,3 @@ class SpoolReplay:
             self._passed_over.pop(next(iter(self._passed_over)))
         self._passed_over[key] = None
         return True
-
-    def _read_frames(self, fd: int) -> list[bytes]:
-        data = b""
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            data += chunk
-        frames, _rest, bad = _wire.split_frames(data)
-        if bad:
-            self.receiver.counters.oversized_frames += 1
-        return frames

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from infersight.agent.daemon import itemcodec
@@ -104,7 +104,7 @@ class Sessions:
     """The subscriptions of joined launches; :meth:`tap` is one of the broadcaster's taps."""
 
     def __init__(self, assembler: Assembler, info: Callable[[], dict[str, Any]],
-                 live: Callable[[str], bool], replay: Callable[[], int]) -> None:
+                 live: Callable[[str], bool], replay: Callable[[], Awaitable[int]]) -> None:
         self.assembler = assembler
         self.info = info  # what ``subscribed`` tells launch (version, pid, sinks)
         self.live = live  # producer id -> has an open connection
@@ -192,7 +192,7 @@ class Sessions:
         deadline = time.monotonic() + max(0.0, min(limit, 600.0))
         while self._session_open(sub.session) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(END_POLL_S)
-        self.replay()  # producers of the session that died with a spool: theirs go out now
+        await self.replay()  # producers of the session that died with a spool: theirs go out now
         open_now = self._session_open(sub.session)
         sub.writer.write(_wire.encode_frame({"t": "ended", "open": open_now, "dropped": sub.dropped,
                                              "sent": sub.sent}))

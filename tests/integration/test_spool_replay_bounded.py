@@ -1,0 +1,118 @@
+"""A spool file costs the agent bounded work, and no file holds its event loop.
+
+The spool directory is writable by the socket group, so any member can plant a file there. A
+sparse 32 MiB ``*.spool`` file (no disk blocks: ``truncate -s``) is 8 Mi empty frames, and the
+agent used to read the whole file, split it and decode every frame in one go on its event loop
+(28 s without answering; 256 MiB: minutes, SIGTERM ignored). Now a run of frames that are not
+the wire's ends the file (refused and counted once), frames are taken a piece at a time, and a
+scan of the whole directory gives the loop back every few hundred frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infersight.agent.daemon import replay
+from infersight.hooks import _paths, _wire
+
+ROOT_SPAN = "b" * 16
+
+
+async def _agent(tmp_path: Path) -> Any:
+    from infersight.agent.coldstart.extension import ColdStartExtension
+    from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import Agent
+
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    conf = cfg.load(None, env={}, flags={
+        "agent.socket": str(tmp_path / "a.sock"), "agent.spool_dir": str(spool),
+        "agent.state_dir": str(tmp_path / "state"), "agent.health_interval_s": 3600,
+    })  # fmt: skip
+    agent = Agent(conf, [], [ColdStartExtension(conf)], embedded=True)
+    await agent.start()
+    return agent
+
+
+def _spool_file(spool: Path, producer_id: str, batches: int) -> Path:
+    """A dead producer's spool file as the hooks write it: its hello, then ``batches`` batches."""
+    f = spool / _paths.spool_file_name(producer_id, "00" * 8)
+    hello = {"id": producer_id, "pid": 299_000, "start_ns": 1, "trace_id": "%032x" % 299_001,
+             "root_span_id": ROOT_SPAN}
+    frames = [_wire.hello_frame(hello, 0)]
+    frames += [_wire.encode_frame({"t": "b", "e": [[k + 1, 2_000, "log", {"m": "line %d" % k}]]})
+               for k in range(batches)]
+    f.write_bytes(b"".join(frames))
+    return f
+
+
+async def test_a_planted_sparse_file_is_refused_after_a_few_frames_and_the_victims_file_still_replays(
+        tmp_path: Path) -> None:
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        planted = spool / "0000-attack.spool"  # sorted first: read before the victim's file
+        with open(planted, "wb") as f:
+            f.truncate(32 << 20)  # 8 Mi frames of length 0, none of them on disk
+        victim = _spool_file(spool, "dead-victim", 3)
+        counters = agent.counters
+        malformed_before = counters.malformed_frames
+        assert await agent.ingest.replay_spools_async(str(spool)) == 1  # the victim's, not the planted one
+        assert counters.malformed_frames - malformed_before == replay.MAX_MALFORMED_RUN  # not 8 Mi of them
+        assert counters.spool_files_refused == 1
+        assert planted.exists()  # not ours to delete; passed over
+        await agent.ingest.replay_spools_async(str(spool))  # the next scan: counted once
+        assert counters.spool_files_refused == 1
+        for _ in range(100):
+            if not victim.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert not victim.exists(), "the victim's replayed spool file was not removed once exported"
+    finally:
+        await agent.shutdown(5)
+
+
+async def test_a_directory_scan_gives_the_event_loop_back_while_it_replays(tmp_path: Path) -> None:
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        _spool_file(spool, "dead-long", 10 * replay.STEP_FRAMES)
+        ticks, done = [0], [False]
+
+        async def ticker() -> None:
+            while not done[0]:
+                ticks[0] += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.get_running_loop().create_task(ticker())
+        await asyncio.sleep(0)
+        ticks[0] = 0
+        assert await agent.ingest.replay_spools_async(str(spool)) == 1
+        done[0] = True
+        await t
+        assert ticks[0] >= 9, "the replay of a long file held the event loop"
+    finally:
+        await agent.shutdown(5)
+
+
+async def test_a_file_too_long_to_replay_in_one_go_waits_for_the_scan(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay of one ended producer's files runs in one go: a file above the hooks' default
+    size (raised INFERSIGHT_SPOOL_MAX_BYTES, or planted under the producer's prefix) is left to the
+    scan, which reads it a piece at a time."""
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        f = _spool_file(spool, "dead-big", 50)
+        monkeypatch.setattr(replay, "SYNC_MAX_BYTES", os.path.getsize(f) - 1)
+        assert agent.ingest.replay_spools(str(spool), _paths.spool_prefix("dead-big")) == 0
+        assert f.exists() and agent.counters.spool_files_replayed == 0
+        assert await agent.ingest.replay_spools_async(str(spool)) == 1
+        assert agent.counters.spool_files_replayed == 1
+    finally:
+        await agent.shutdown(5)
