@@ -17,6 +17,8 @@ INLINE_BYTES = 64 << 10  # smaller writes stay on the event loop
 INLINE_ITEMS = 256  # larger batches are encoded in the worker thread too
 
 
+PRIVATE_MASK = 0o077  # a file in the agent's state directory: no group or other bits
+
 def current_umask() -> int | None:
     """This process's umask, read without changing it (``os.umask`` sets it, racing other threads)."""
     try:
@@ -89,17 +91,20 @@ class FileExporter:
         if self._fd is None:
             flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
             if self.state_dir is not None:
-                fd = open_state_file(self.state_dir, self._rel, flags, 0o666)
-                mask = current_umask()
-                if mask:
-                    _narrow_to_umask(fd, mask)
-                    for n in range(1, self.backups + 1):  # and the rotated ones an older agent left
-                        try:
-                            bfd = open_state_file(self.state_dir, "%s.%d" % (self._rel, n), os.O_RDONLY, 0)
-                        except OSError:
-                            continue
-                        _narrow_to_umask(bfd, mask)
-                        os.close(bfd)
+                # The agent's alone, whatever the umask: the state directory's group is the socket group
+                # (every model server's), and only systemd's UMask=0077 made the file private before (an
+                # agent run by hand made it 0644, and a member read another's spans). A file an older agent
+                # or a looser umask left is narrowed, its rotated copies too.
+                fd = open_state_file(self.state_dir, self._rel, flags, 0o600)
+                mask = (current_umask() or 0) | PRIVATE_MASK
+                _narrow_to_umask(fd, mask)
+                for n in range(1, self.backups + 1):
+                    try:
+                        bfd = open_state_file(self.state_dir, "%s.%d" % (self._rel, n), os.O_RDONLY, 0)
+                    except OSError:
+                        continue
+                    _narrow_to_umask(bfd, mask)
+                    os.close(bfd)
             else:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 fd = os.open(self.path, flags, 0o666)

@@ -134,11 +134,11 @@ async def test_partial_line_left_by_a_crash_is_removed_and_counted(tmp_path: Pat
         parse_line(line)
 
 
-@pytest.mark.parametrize(("umask", "want"), [(0o077, 0o600), (0o027, 0o640)])
+@pytest.mark.parametrize(("umask", "want"), [(0o077, 0o600), (0o027, 0o600), (0o022, 0o600)])
 def test_a_state_file_made_under_a_looser_umask_is_narrowed(tmp_path: Path, umask: int, want: int) -> None:
-    """The service's UMask went from 0027 to 0077 (group infersight is every model server's): the default
-    OTLP file an older agent made 0640 loses its group bits when the agent opens it again; under the old
-    umask it is left as it was."""
+    """The state directory's group is the socket group (every model server's): the default OTLP file is
+    the agent's alone whatever the umask (an agent run by hand, umask 0022, made it 0644 and a member read
+    another's spans), and one an older agent made 0640 loses its group bits when the agent opens it again."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     out = state / "infersight.otlp.jsonl"
@@ -156,3 +156,17 @@ def test_a_state_file_made_under_a_looser_umask_is_narrowed(tmp_path: Path, umas
     assert stat.S_IMODE(out.stat().st_mode) == want
     assert stat.S_IMODE(rotated.stat().st_mode) == want, "the rotated files an older agent left too"
     assert out.read_text() == '{"resourceSpans": []}\n'
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_a_new_state_file_is_private_under_any_umask(tmp_path: Path, umask: int) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o750)
+    out = state / "infersight.otlp.jsonl"
+    old = os.umask(umask)
+    try:
+        exp = FileExporter(str(out), state_dir=str(state))
+        exp._open()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
