@@ -9,7 +9,8 @@ so every decoded string is made plain text here, once:
 - valid Unicode: a lone surrogate (``\\ud800`` in JSON, or a non-UTF-8 byte that Python
   carried as ``surrogateescape``) becomes U+FFFD;
 - no control characters: C0 (bar tab and newline in values, which log bodies and OOM messages
-  need; every sink escapes them), DEL and C1 become U+FFFD; keys keep neither tab nor newline;
+  need; every sink escapes them), DEL, C1 and the bidirectional overrides and isolates become
+  U+FFFD; keys and names keep neither tab nor newline;
 - bounded: a value keeps at most :data:`MAX_TEXT` characters, a key :data:`MAX_KEY`.
 
 :func:`needs_cleaning` looks at the raw JSON bytes first, so that the usual frame (ASCII, no
@@ -30,8 +31,11 @@ MAX_TEXT = 16384  # characters of one value: the largest field bound of the agen
 MAX_KEY = 256  # characters of one object key (an attribute name)
 REPLACEMENT = "\ufffd"
 
-_BAD_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-_BAD_KEY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Unicode's bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) reorder what a
+# terminal or page shows after them ("Trojan Source"): a name could show another's, or hide its own end.
+_BIDI = "\u202a-\u202e\u2066-\u2069"
+_BAD_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff" + _BIDI + "]")
+_BAD_KEY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff" + _BIDI + "]")
 
 
 class TooDeepError(InfersightError, ValueError):
@@ -77,8 +81,8 @@ def clean_tree(v: Any, limit: int = MAX_TEXT, depth: int = 0) -> Any:
 
 # In JSON text already decoded to str: an escape of a C0/C1/DEL character or of a surrogate,
 # or such a character itself (raw C0 cannot be inside a JSON string: json.loads refuses it).
-_TEXT_ESCAPE = re.compile(r"\\(?:u(?:00[01]|007[fF]|00[89]|[dD][89a-fA-F])|[bfr])")
-_TEXT_RAW = re.compile("[\x7f-\x9f\ud800-\udfff]")
+_TEXT_ESCAPE = re.compile(r"\\(?:u(?:00[01]|007[fF]|00[89]|[dD][89a-fA-F]|202[a-eA-E]|206[6-9])|[bfr])")
+_TEXT_RAW = re.compile("[\x7f-\x9f\ud800-\udfff" + _BIDI + "]")
 
 
 def text_needs_cleaning(text: str) -> bool:

@@ -103,6 +103,11 @@ def text_field(v: Any, name: str, limit: int = MAX_STR) -> str:
     return v[:limit]
 
 
+def name_field(v: Any, name: str, limit: int = MAX_STR) -> str:
+    """A name (a span's, a metric's): a string field on one line, no tab either (:func:`clean_key`)."""
+    return clean_key(text_field(v, name, limit), limit)
+
+
 def uint64_field(v: Any, name: str) -> int:
     """A non-negative 64-bit integer field of an event (not a bool); else :class:`Malformed`."""
     if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > INT64_MAX:
@@ -300,7 +305,10 @@ def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int
         attrs["process.command"] = str(info["argv0"])
     if type(info.get("uid")) is int:
         attrs["process.user.id"] = info["uid"]
-    return Resource.of({k: (mask_value(k, v) if isinstance(v, str) else v) for k, v in attrs.items()})
+    # A resource attribute names something (a service, a host, a command): one line, so that no name can
+    # forge lines where an operator reads it (``infersight show`` printed a service name's newline as is).
+    return Resource.of({k: (mask_value(k, clean_key(v, MAX_RESOURCE_VALUE)) if isinstance(v, str) else v)
+                        for k, v in attrs.items()})
 
 
 def validate_hello(info: Any, cut: list[int] | None = None) -> dict[str, Any]:
@@ -589,7 +597,7 @@ class Assembler:
                 raise Malformed("metric kind must be gauge or sum")
             out.append(
                 MetricItem(
-                    p.resource, text_field(d.get("n"), "n", 255), k, text_field(d.get("u", ""), "u", 32), "",
+                    p.resource, name_field(d.get("n"), "n", 255), k, text_field(d.get("u", ""), "u", 32), "",
                     t_ns, int(p.info["start_ns"]), [NumberPoint(v, attributes(d.get("a")))],
                 )
             )
@@ -604,7 +612,7 @@ class Assembler:
             raise Malformed("unknown event kind %r" % (kind,))
 
     def _span(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], out: list[Item]) -> None:
-        name = text_field(d.get("n"), "n", 255)
+        name = name_field(d.get("n"), "n", 255)
         span_id = d.get("id")
         if not isinstance(span_id, str) or not HEX16.match(span_id):
             raise Malformed("span id must be 16 lowercase hex digits")

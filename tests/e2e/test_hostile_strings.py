@@ -33,7 +33,8 @@ from infersight.hooks import _wire
 from infersight.sanitize import MAX_TEXT, clean_key, clean_text, clean_tree, needs_cleaning, text_needs_cleaning
 
 PROMTOOL = shutil.which("promtool")
-BAD_CHARS = {*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0))} - {"\t", "\n"}
+BIDI = {*map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A))}  # embeddings, overrides, isolates
+BAD_CHARS = ({*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0))} - {"\t", "\n"}) | BIDI
 
 WORKLOAD = """
 from infersight import hooks
@@ -201,6 +202,38 @@ def test_control_characters_in_every_string_of_a_raw_peer_are_cleaned(agent_fact
     assert all(_plain(s) for s in strings)
     c = agent.status()["counters"]
     assert c["malformed_events"] == 0 and c["malformed_frames"] == 0
+
+
+def test_a_name_cannot_forge_lines_or_reorder_what_show_prints(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """A member's service and span names with a newline, a forged waterfall line and a right-to-left
+    override (U+202E): ``infersight show`` printed them as they were, so the operator read a line that
+    no process wrote, and the override reordered the rest of the header. Names are one line now, and
+    the bidirectional controls are gone from every string."""
+    agent = agent_factory().start()
+    forged = "  victim-svc  ready in 0.001 s  (all good)"
+    evil = "victim-svc\n" + forged + "\u202egnp.x"
+    now = time.time_ns()
+    hello = {"t": "hello", "schema": 1, "producer": {
+        "id": "raw-2", "pid": os.getpid(), "start_ns": now - 10**9, "trace_id": "e" * 32, "root_span_id": "f" * 16,
+        "exe": "python3", "service_name": evil}}
+    batch = {"t": "b", "e": [
+        [1, now, "span", {"n": "coldstart.x\n" + forged, "id": "a" * 16, "p": "f" * 16, "s": now - 10**8, "e": now}],
+        [2, now, "span", {"n": "coldstart", "id": "f" * 16, "s": now - 10**9, "e": now}],
+    ]}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(agent.sock))
+        s.sendall(_wire.encode_frame(hello) + _wire.encode_frame(batch))
+        assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 2, 15), agent.status()
+    assert wait_for(lambda: "coldstart" in agent.out.read_text() if agent.out.exists() else False, 15)
+    r = subprocess.run([sys.executable, "-m", "infersight", "show", str(agent.out)], capture_output=True,
+                       text=True, timeout=60)
+    assert "victim-svc" in r.stdout, r.stdout + r.stderr
+    assert not any(line.startswith(forged) for line in r.stdout.splitlines()), r.stdout
+    assert "\u202e" not in r.stdout and not BIDI & set(r.stdout)
+    strings = [x for line in read_otlp_lines(agent.out) for x in _strings(line)]
+    assert all(_plain(x) for x in strings)
+    assert not any(forged in x and "\n" in x for x in strings)
 
 
 def test_point_attributes_cannot_pass_a_series_off_as_another_service_or_host(agent_factory) -> None:  # type: ignore[no-untyped-def]
