@@ -17,8 +17,9 @@ OTel -> Prometheus translation (the same rules as
 - attribute keys: the same dot-to-underscore treatment (a leading digit gets ``key_``, a
   leading ``__`` gets ``key``; keys that collide after sanitising join their values with ``;``);
   values are strings (booleans ``true``/``false``, lists as JSON);
-- resource attributes ``host.name``, ``service.name``, ``service.instance.id`` become the
-  labels ``host_name``, ``service_name``, ``service_instance_id`` on every series (a point
+- resource attributes ``host.name``, ``service.name``, ``service.instance.id`` and
+  ``process.user.id`` become the labels ``host_name``, ``service_name``, ``service_instance_id``,
+  ``process_user_id`` on every series that has them (a point
   attribute of the same name never overrides them: it becomes ``exported_<label>``); all
   resource attributes are also on one ``target_info`` gauge per resource (value 1), to join on when needed.
 
@@ -82,6 +83,9 @@ RESOURCE_LABELS: tuple[tuple[str, str], ...] = (
     ("host.name", "host_name"),
     ("service.name", "service_name"),
     ("service.instance.id", "service_instance_id"),
+    # The kernel's uid of the producer (absent on the agent's own series): another user's runs under the
+    # same service name are series of their own, never added into this user's.
+    ("process.user.id", "process_user_id"),
 )
 TARGET_INFO = "target_info"
 # The series the endpoint renders itself (no OTel item carries them), declared as the others

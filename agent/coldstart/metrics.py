@@ -78,6 +78,10 @@ CEILING_RATIO_BOUNDS: tuple[float, ...] = (
     0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25,
 )  # fmt: skip
 MAX_RESOURCES = 256  # services held; the least recently observed is forgotten past this
+# A uid's share of them: one user's many service names forget its own oldest, never another user's
+# (300 short runs under distinct names reset a neighbour's cumulative count to 1).
+MAX_RESOURCES_PER_UID = MAX_RESOURCES // 4
+UID = "process.user.id"
 MAX_STAGES = 64  # distinct stages per service; more custom stages count as "other"
 MAX_ENDED_BY = 16
 # Re-export a service's cumulative snapshot after this long without a cold start, as an OTel
@@ -90,6 +94,7 @@ _RESERVED = (UNATTRIBUTED, TOTAL, OTHER)  # always kept; not counted against MAX
 # the regression alert compares the last hour with the last week across a rollout.
 RESOURCE_KEYS = (
     "service.name",
+    UID,  # the kernel's (never the hello's): another user's runs under the same name are its own series
     "service.namespace",
     "deployment.environment",
     "deployment.environment.name",
@@ -250,8 +255,10 @@ class ColdStartMetrics:
     Timestamps come from the caller (event time), kept non-decreasing; nothing here reads a clock.
     """
 
-    def __init__(self, max_resources: int = MAX_RESOURCES, max_stages: int = MAX_STAGES) -> None:
+    def __init__(self, max_resources: int = MAX_RESOURCES, max_stages: int = MAX_STAGES,
+                 max_per_uid: int = MAX_RESOURCES_PER_UID) -> None:
         self.max_resources = max_resources
+        self.max_per_uid = max_per_uid
         self.max_stages = max_stages
         self.start_ns: int | None = None
         self.last_ns = 0
@@ -278,10 +285,8 @@ class ColdStartMetrics:
         res = metric_resource(cs.root.resource)
         svc = self._services.get(res)
         if svc is None:
+            self._make_room(res.get(UID))
             svc = self._services[res] = _Service()
-            if len(self._services) > self.max_resources:
-                self._services.popitem(last=False)
-                self.services_forgotten += 1
         else:
             self._services.move_to_end(res)
         for name, seconds in stage_durations(cs).items():
@@ -301,6 +306,22 @@ class ColdStartMetrics:
         svc.counts[end] = svc.counts.get(end, 0) + 1
         self.observed += 1
         return self._items(res, svc, t)
+
+    def _make_room(self, uid: object) -> None:
+        """Before a new service of ``uid``: past the uid's share its own least recently observed service
+        is forgotten; past the table's bound, that of the uid holding the most."""
+        by_uid: dict[object, list[Resource]] = {}
+        for r in self._services:  # least recently observed first
+            by_uid.setdefault(r.get(UID), []).append(r)
+        own = by_uid.get(uid, [])
+        if len(own) >= self.max_per_uid:
+            victim = own[0]
+        elif len(self._services) >= self.max_resources:
+            victim = max(by_uid.values(), key=len)[0]
+        else:
+            return
+        del self._services[victim]
+        self.services_forgotten += 1
 
     @staticmethod
     def _stages(svc: _Service) -> int:

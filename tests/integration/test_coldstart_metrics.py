@@ -19,6 +19,7 @@ from infersight.agent.coldstart.metrics import (
     DEVICE,
     DURATION,
     DURATION_BOUNDS_S,
+    MAX_RESOURCES_PER_UID,
     METRICS,
     OTHER,
     THROUGHPUT,
@@ -511,3 +512,44 @@ async def test_agent_exports_the_cached_ceilings_and_their_changes(tmp_path: Pat
         assert len(gauges()) == sent
     finally:
         await agent.shutdown(5)
+
+
+def _uid_res(service: str, uid: int, pid: int) -> Resource:
+    return Resource.of({"service.name": service, "host.name": "gpu-01", "process.pid": pid,
+                        "service.instance.id": "producer-%d" % pid, "process.user.id": uid})
+
+
+def _count(items: list[MetricItem]) -> int:
+    return sum(int(p.value) for p in points(items, COUNT).values())  # type: ignore[union-attr]
+
+
+def test_one_users_many_services_forget_its_own_never_anothers() -> None:
+    """A member of the socket group ran 300 short processes under distinct service names: the table of
+    256 services, shared by every uid, forgot the victim's, whose cumulative count began again at 1."""
+    acc = ColdStartMetrics()
+    victim = _uid_res("victim-svc", 1002, 1)
+    for _ in range(7):
+        acc.observe(cold_start(victim, 1.0, []), T0)
+    for i in range(300):
+        acc.observe(cold_start(_uid_res("flood-%d" % i, 1003, 100 + i), 1.0, []), T0)
+    assert _count(acc.observe(cold_start(victim, 1.0, []), T0)) == 8
+    assert acc.services_forgotten == 300 - MAX_RESOURCES_PER_UID
+    held = [m.resource.get("process.user.id") for m in acc.snapshot(T0) if m.name == COUNT]
+    assert held.count(1003) == MAX_RESOURCES_PER_UID and held.count(1002) == 1
+
+
+def test_another_users_runs_under_the_same_name_are_series_of_their_own() -> None:
+    """The same service name from another uid went into the victim's series (3 runs made its count 6):
+    the metric resource holds the kernel's uid, and the Prometheus series carry it as a label."""
+    acc = ColdStartMetrics()
+    for pid in (1, 2, 3):
+        acc.observe(cold_start(_uid_res("victim-svc", 1002, pid), 1.0, []), T0)
+    for pid in (4, 5, 6):
+        mine = acc.observe(cold_start(_uid_res("victim-svc", 1003, pid), 1.0, []), T0)
+    assert _count(mine) == 3
+    store = SeriesStore(target_info=False)
+    store.add(acc.snapshot(T0))
+    got = _scrape(store)
+    counts = {dict(k[1]).get("process_user_id"): v for k, v in got.items()
+              if k[0] == "infersight_coldstart_count_total"}
+    assert counts == {"1002": 3, "1003": 3}, got
