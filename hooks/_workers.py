@@ -29,7 +29,31 @@ CHILDREN_PREFIX = "children-"  # in the spool directory: not a spool file
 
 
 def children_dir(spool_dir: str, producer_id: str) -> str:
-    return os.path.join(spool_dir, "%s%d" % (CHILDREN_PREFIX, os.getuid()), producer_id)
+    return os.path.join(children_base(spool_dir), producer_id)
+
+
+def children_base(spool_dir: str) -> str:
+    """``<spool>/children-<uid>``, where this uid's processes keep their children's directories;
+    one that another user made first (the spool directory is shared with the socket group, and
+    the name is easy to guess: a member who took it turned off every worker report of this uid for
+    good) gives way to a private one of a name nobody can guess, made now (0700)."""
+    base = os.path.join(spool_dir, "%s%d" % (CHILDREN_PREFIX, os.getuid()))
+    try:
+        st = os.lstat(base)
+    except OSError:
+        return base  # made by prepare(), as ever
+    if not os.path.islink(base) and os.path.isdir(base) and st.st_uid == os.getuid():
+        return base
+    for _ in range(3):
+        alt = "%s-%s" % (base, os.urandom(8).hex())
+        try:
+            os.mkdir(alt, 0o700)
+            return alt
+        except FileExistsError:
+            continue
+        except OSError:
+            break
+    return base
 
 
 def _safe_dir(path: str, create: bool) -> bool:
@@ -230,6 +254,9 @@ def cleanup(own_dir: Optional[str]) -> None:
             if name.isdigit() or name.partition(".")[0] == CURRENT:
                 os.unlink(os.path.join(own_dir, name))
         os.rmdir(own_dir)
+        parent = os.path.dirname(own_dir)
+        if "-" in os.path.basename(parent)[len(CHILDREN_PREFIX):]:  # a private base (children_base): empty now?
+            os.rmdir(parent)
     except OSError:
         pass
 

@@ -99,3 +99,28 @@ def test_a_directory_made_at_start_is_cached_within_the_first_seconds(tmp_path, 
     assert _workers.reports(own) == []
     assert _workers.reports(own) == []
     assert _workers.reads == n + 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another uid needs root")
+def test_a_squatted_children_directory_gives_way_to_a_private_one(tmp_path) -> None:
+    """The spool directory is shared with the socket group, and ``children-<uid>`` is easy to guess: a
+    member who made it first (0777, theirs) turned off this uid's worker reports for good (the hooks
+    rightly refuse it, and the sticky directory keeps them from removing it)."""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o3770)
+    squat = spool / ("children-%d" % os.getuid())
+    squat.mkdir(mode=0o777)
+    os.chown(squat, 65534, 65534)
+    own = _workers.children_dir(str(spool), "boot-1-2")
+    assert not own.startswith(str(squat) + os.sep)
+    assert _workers.prepare(own), "no directory for the children to report in"
+    base = os.path.dirname(own)
+    assert os.stat(base).st_uid == os.getuid() and os.stat(base).st_mode & 0o777 == 0o700
+    assert _workers.report(own, 1, 2, "first_request")
+    assert _workers.reports(own) == [(1, 2, "first_request")]
+    _workers.cleanup(own)
+    assert not os.path.exists(base), "the private base is removed with the last directory in it"
+    # unsquatted, the usual name is used
+    other = tmp_path / "spool2"
+    other.mkdir(mode=0o3770)
+    assert _workers.children_dir(str(other), "boot-1-3") == str(other / ("children-%d" % os.getuid()) / "boot-1-3")
