@@ -42,6 +42,16 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
+def fairest_victim(entries: dict[str, tuple[Producer, object]] | dict[str, tuple[Producer, int, str]]) -> str:
+    """The entry to let go when a watch table is full: the oldest of the uid holding the most, so that
+    one user's many departed producers push out their own, never another user's watch (whose process
+    would then end with its cold start left open, or be taken as ended while it lives)."""
+    by_uid: dict[int | None, list[str]] = {}
+    for producer_id, entry in entries.items():  # oldest first
+        by_uid.setdefault(entry[0].uid, []).append(producer_id)
+    return max(by_uid.values(), key=len)[0]
+
+
 class Liveness:
     def __init__(self, lost: Callable[[Producer], None], awaits_end: Callable[[Producer], bool]) -> None:
         self.lost = lost
@@ -90,7 +100,7 @@ class Liveness:
             return self.lost(producer)
         self._unwatch(producer.id)
         if len(self._pidfds) >= MAX_WATCHED:
-            self._unwatch(next(iter(self._pidfds)))
+            self._unwatch(fairest_victim(self._pidfds))
         self._pidfds[producer.id] = (producer, fd)
         asyncio.get_running_loop().add_reader(fd, self._process_ended, producer.id)
         return None
@@ -134,7 +144,7 @@ class Liveness:
         if len(self._pidless) >= MAX_WATCHED:
             # the longest waiting ends now rather than never (an unwatched one would hold its cold
             # start, and its place in the producer table, for good)
-            oldest = next(iter(self._pidless))
+            oldest = fairest_victim(self._pidless)
             self._pidless[oldest][1].cancel()
             self._grace_over(oldest)
         handle = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over, producer.id)
@@ -169,7 +179,7 @@ class Liveness:
         if not HAVE_PROC or start is None:
             return
         if len(self._watch) >= MAX_WATCHED:
-            self._watch.pop(next(iter(self._watch)))
+            self._watch.pop(fairest_victim(self._watch))
         self._watch[producer.id] = (producer, pid, start)
         if self._watch_task is None or self._watch_task.done():
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_lost(), name="ingest-lost")
