@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from infersight.agent.daemon.assemble import Producer
 from infersight.agent.daemon.health import Counters
@@ -42,7 +43,7 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def fairest_victim(entries: dict[str, tuple[Producer, object]] | dict[str, tuple[Producer, int, str]]) -> str:
+def fairest_victim(entries: Mapping[str, tuple[Producer, Any] | tuple[Producer, int, str]]) -> str:
     """The entry to let go when a watch table is full: the oldest of the uid holding the most, so that
     one user's many departed producers push out their own, never another user's watch (whose process
     would then end with its cold start left open, or be taken as ended while it lives)."""
