@@ -197,6 +197,8 @@ def bare_hooks_package() -> None:
 
 
 JOIN_TIMEOUT_S = 3.0  # an agent that takes longer to answer is not joined (auto: embedded instead)
+AGENT_WAIT_S = 30.0  # for a named socket that no agent answers yet (see agent_wait_s)
+AGENT_POLL_S = 0.2
 ITEM_KINDS_CONSOLE = ["coldstart", "progress"]  # the waterfall
 ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]  # with --otlp-file: its copy
 
@@ -249,20 +251,45 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
     return Joined(path, int(s.detach()), session, reply)
 
 
+def agent_wait_s(opts: LaunchOptions) -> float:
+    """How long to wait for an agent that is not up yet: ``--agent-wait``, else AGENT_WAIT_S where the
+    socket was named (INFERSIGHT_SOCKET, or --agent PATH: a sidecar starting beside CMD, as on a cluster
+    without native sidecars), else 0 (a workstation without an agent starts at once)."""
+    if opts.agent_wait_s is not None:
+        return opts.agent_wait_s
+    return AGENT_WAIT_S if opts.agent != "auto" or os.environ.get("INFERSIGHT_SOCKET") else 0.0
+
+
 def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined | int | None:
     """``--agent``: the agent to join, None to embed one, or EXIT_USAGE (said on ``err``)."""
     if opts.agent == "embedded":
         return None
+    named = opts.agent != "auto" or bool(os.environ.get("INFERSIGHT_SOCKET"))
     path = hooks_module("_paths").socket_path() if opts.agent == "auto" else os.path.abspath(opts.agent)
-    if opts.agent == "auto" and not os.path.exists(path):
+    wait_s = agent_wait_s(opts)
+    if opts.agent == "auto" and not named and not os.path.exists(path):
         return None  # the common workstation case: no agent, no wait
-    joined = join_agent(path, kinds)
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        joined: Joined | str = (join_agent(path, kinds) if os.path.exists(path)
+                                else "no agent listens at %s (no socket)" % path)
+        # Only an agent that is not there (yet) is waited for: one that answers and refuses this launch will not
+        # change its mind.
+        if isinstance(joined, Joined) or not joined.startswith("no agent") or time.monotonic() >= deadline:
+            break
+        if not said:
+            err.write("infersight: waiting up to %g s for the agent at %s\n" % (wait_s, path))
+            err.flush()
+            said = True
+        time.sleep(AGENT_POLL_S)
     if isinstance(joined, Joined):
         return joined
     if opts.agent != "auto":
         err.write("infersight launch: --agent %s: %s\n" % (path, joined))
         return EXIT_USAGE
-    err.write("infersight: %s; running an embedded agent\n" % joined)
+    err.write("infersight: %s%s; running an embedded agent: this run's telemetry goes to its own file, not to "
+              "that agent\n" % (joined, " after %g s" % wait_s if said else ""))
     return None
 
 
@@ -639,6 +666,10 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
                     help="auto (default): join the agent on INFERSIGHT_SOCKET or the default socket when "
                          "one answers and accepts this uid, else embed one; embedded: always embed; "
                          "PATH: join the agent at PATH or fail")
+    lp.add_argument("--agent-wait", metavar="SECONDS", type=_seconds, default=None,
+                    help="wait up to this long for an agent that is not up yet (a sidecar starting beside CMD) "
+                         "before embedding one (auto) or failing (PATH); default %g when INFERSIGHT_SOCKET or "
+                         "--agent PATH names the socket, else 0" % AGENT_WAIT_S)
     lp.add_argument("--rules-dir", metavar="DIR", action="append", default=[],
                     help="also read stage rules (*.toml with [[stage]] tables) from DIR, after the shipped "
                          "rules and $INFERSIGHT_RULES_DIRS (default /etc/infersight/rules.d); repeatable")
@@ -670,6 +701,7 @@ def run(args: argparse.Namespace) -> int:
                          agent=args.agent, rules_dirs=args.rules_dir or ())
     if args.agent_hold is not None:
         opts.hold_s = args.agent_hold
+    opts.agent_wait_s = args.agent_wait
     rc = launch(opts)
     if opts.import_abandoned:
         # Everything is written and launch's directory is gone: exit now, not after an

@@ -63,6 +63,7 @@ class LaunchOptions:
         self.rules_dirs = list(rules_dirs)
         self.import_abandoned = False  # launch's quick end left the agent side's import running
         self.hold_s: float | None = None  # None: AGENT_HOLD_S, unless the terminal shows the warming line
+        self.agent_wait_s: float | None = None  # None: AGENT_WAIT_S when INFERSIGHT_SOCKET names the socket, else 0
 
 
 class Joined:

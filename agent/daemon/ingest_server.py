@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import resource
 import socket
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -22,6 +24,8 @@ from infersight.agent.daemon.receive import RateLimitedLog
 from infersight.agent.errors import AgentError
 from infersight.hooks import _paths
 from infersight.settings import ConfigError
+
+log = logging.getLogger("infersight.agent")
 
 ACCEPT_BACKOFF_MIN_S = 0.05
 ACCEPT_BACKOFF_MAX_S = 2.0
@@ -48,6 +52,8 @@ def ensure_socket_dir(path: str) -> None:
         os.makedirs(directory, mode=0o750, exist_ok=True)
         if owner is not None:
             _paths.check_socket_dir(directory, owner)
+        else:
+            warn_replaceable_socket_dir(directory)
     except OSError as exc:
         raise UnsafeSocketDirError("cannot make the socket directory %s: %s" % (directory, exc)) from exc
     except ValueError as exc:
@@ -55,6 +61,30 @@ def ensure_socket_dir(path: str) -> None:
             "unsafe socket directory: %s. Remove it (or make it a directory of uid %d with mode "
             "0750 or stricter), or set agent.socket / INFERSIGHT_SOCKET to a path in a directory "
             "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
+
+
+def socket_dir_problem(st: os.stat_result, uid: int) -> str | None:
+    """Why another user could remove or replace a socket in a directory of this ``lstat``, or None."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (uid, 0):
+        return "it belongs to uid %d" % st.st_uid
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        return "it is %04o: writable by %s without the sticky bit" % (mode, "others" if mode & 0o002 else "its group")
+    return None
+
+
+def warn_replaceable_socket_dir(directory: str) -> None:
+    """An operator's socket directory is used as configured, but one where another user could
+    remove or replace the socket (a Kubernetes emptyDir is 2777) is said at start."""
+    try:
+        problem = socket_dir_problem(os.lstat(directory), os.geteuid())
+    except OSError:
+        return
+    if problem is not None:
+        log.warning("the socket's directory %s: %s, so another user could remove or replace the agent's socket "
+                    "(and answer the hooks and probes in its place): put the socket in a directory only the "
+                    "agent can write, e.g. a subdirectory the agent makes (agent.socket = %s)", directory, problem,
+                    os.path.join(directory, "agent", "agent.sock"))
 
 
 def fd_limit() -> int:

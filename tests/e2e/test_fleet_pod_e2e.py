@@ -23,6 +23,7 @@ Before issue 21, ``launch`` always ran its own agent: the sidecar got nothing.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -173,11 +174,15 @@ def test_model_server_cold_start_reaches_the_collector_through_the_sidecar(tmp_p
                 assert resp.status == 200
             assert server.wait(120) == 0, pod.model_log.read_text()
             out = pod.model_log.read_text()
-            assert "reporting to the agent at %s" % pod.model.path("/run/infersight/agent.sock") in out, out
+            sock = pod.model.path(pod.config["agent"]["socket"])
+            assert "reporting to the agent at %s" % sock in out, out
             assert "infersight cold start:" in out, out  # the waterfall, in the model server's log
             assert rx.wait_for(lambda: _coldstart_root(rx, pid) is not None, 30), pod.sidecar_log.read_text()
             assert pod.sidecar_spec["livenessProbe"]["exec"]["command"][-1] == "--alive"
-            for probe_name in ("livenessProbe", "readinessProbe"):
+            # the socket's directory, made by the agent in the 2777 emptyDir: no other uid may replace the socket
+            sock_dir = os.stat(os.path.dirname(sock))
+            assert not sock_dir.st_mode & 0o022 and sock_dir.st_uid == os.stat(sock).st_uid, oct(sock_dir.st_mode)
+            for probe_name in ("startupProbe", "livenessProbe"):
                 r = pod.sidecar.run(pod.sidecar_spec[probe_name]["exec"]["command"], Path("/"))
                 assert r.returncode == 0, r.stdout + r.stderr
             assert not list(pod.app.glob("infersight-*.otlp.jsonl")), "joined: the data went to the sidecar"

@@ -109,7 +109,8 @@ def test_root_starts_at_spawn_time(tmp_path: Path) -> None:
 
 def test_private_socket_even_with_daemon_env(tmp_path: Path) -> None:
     r, out = launch(tmp_path, sys.executable, "-c", "import os; print(os.environ['INFERSIGHT_SOCKET'])",
-                    env={"INFERSIGHT_SOCKET": str(tmp_path / "daemon.sock")}, args=("--no-console",))
+                    env={"INFERSIGHT_SOCKET": str(tmp_path / "daemon.sock")},
+                    args=("--no-console", "--agent-wait", "0"))
     assert r.returncode == 0
     assert r.stdout.strip() != str(tmp_path / "daemon.sock")
     assert "infersight-launch-" in r.stdout

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from conftest import attr, read_otlp_lines, spans, wait_for
@@ -106,7 +107,7 @@ def test_no_agent_answering_means_an_embedded_agent(tmp_path: Path) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(stale))
     s.close()  # bound, never listening: connect() is refused
-    r = subprocess.run([*CLI, "launch", "--", sys.executable, "-c", "pass"], cwd=tmp_path,
+    r = subprocess.run([*CLI, "launch", "--agent-wait", "0", "--", sys.executable, "-c", "pass"], cwd=tmp_path,
                        env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(stale)), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -150,12 +151,37 @@ def test_agent_path_joins_that_agent_or_fails_before_cmd(tmp_path: Path, agent_f
     assert r.stdout.strip() == str(agent.sock) and "reporting to the agent at %s" % agent.sock in r.stderr
     marker = tmp_path / "ran"
     absent = tmp_path / "no-agent.sock"
-    r = subprocess.run([*CLI, "launch", "--agent", str(absent), "--", sys.executable, "-c",
+    r = subprocess.run([*CLI, "launch", "--agent", str(absent), "--agent-wait", "0.5", "--", sys.executable, "-c",
                         "open(%r, 'w').close()" % str(marker)], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert "--agent %s: no agent answers at %s" % (absent, absent) in r.stderr
+    assert "waiting up to 0.5 s for the agent at %s" % absent in r.stderr
+    assert "--agent %s: no agent listens at %s (no socket)" % (absent, absent) in r.stderr
     assert not marker.exists(), "CMD must not start when the named agent is not there"
+
+
+def test_a_named_socket_whose_agent_is_not_up_yet_is_waited_for(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """A cluster without native sidecars starts the model server and the agent side by side: with
+    INFERSIGHT_SOCKET naming a socket that is not there yet, launch waits for it (and says so), then
+    joins, instead of embedding an agent whose telemetry the sidecar never sees."""
+    agent = agent_factory()
+    proc = subprocess.Popen([*CLI, "launch", "--agent-wait", "60", "--", sys.executable, "-c", "print('served')"],
+                            cwd=tmp_path, env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None, "launch did not wait for the named agent"
+        agent.start()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "waiting up to 60 s for the agent at %s" % agent.sock in err
+    assert "reporting to the agent at %s" % agent.sock in err and "embedded" not in err
+    assert "served" in out
+    assert wait_for(lambda: agent.status()["events_in"] > 0, 20)
+    assert not list(tmp_path.glob("infersight-*.otlp.jsonl")), "an embedded agent's file was written"
 
 
 def test_agent_killed_mid_run_and_restarted_loses_nothing(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
