@@ -132,6 +132,21 @@ MAX_REFUSALS_HELD = 4096  # refusals of publishes whose task went away before it
 _last_mid: contextvars.ContextVar[int] = contextvars.ContextVar("infersight_mqtt_last_mid", default=-1)
 
 
+
+def tls_context(st: MqttSettings) -> ssl.SSLContext:
+    """The TLS context of ``st``'s files; MqttConfigError when one cannot be read (a reload checks
+    it too, so that a file the next start would refuse is refused at once)."""
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=st.ca_file)
+        if st.cert_file:
+            ctx.load_cert_chain(st.cert_file, st.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise MqttConfigError("MQTT TLS files: %s" % exc) from None
+    if not st.tls_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
 class Refusals:
     """The broker's refusals (a PUBACK/PUBREC reason code >= 0x80), by message id.
 
@@ -233,17 +248,7 @@ class MqttExporter:
     # -- setup ---------------------------------------------------------------------------------
 
     def _tls_context(self) -> ssl.SSLContext:
-        st = self.settings
-        try:
-            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=st.ca_file)
-            if st.cert_file:
-                ctx.load_cert_chain(st.cert_file, st.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise MqttConfigError("MQTT TLS files: %s" % exc) from None
-        if not self.settings.tls_verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        return ctx
+        return tls_context(self.settings)
 
     def _new_client(self) -> aiomqtt.Client:
         v5 = self.protocol == "5"

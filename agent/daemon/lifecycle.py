@@ -358,7 +358,11 @@ class Agent:
         """What the operator should know that is not a failure (an agent with no sink)."""
         pending = (["changed in the config file, waiting for a restart: %s" % ", ".join(self.pending_restart)]
                    if self.pending_restart else [])
-        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING]), *pending,
+        # A reload that failed keeps the running configuration: an operator who edited the file and checks
+        # with `status` must not take the edit for live.
+        failed = (["the last reload failed, the running configuration is the one before it: %s"
+                   % self.last_reload_error] if self.last_reload_error else [])
+        return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING]), *failed, *pending,
                 *self.env_warnings]
 
     def health(self, extensions: bool = True) -> dict[str, Any]:
@@ -406,9 +410,7 @@ class Agent:
         if down:
             line += "; exporter(s) down: " + ", ".join(down)
         for w in h["warnings"]:
-            line += "; WARNING " + w
-        if self.last_reload_error:
-            line += "; last reload failed"
+            line += "; WARNING " + (w.split(":", 1)[0] if w.startswith("the last reload failed") else w)
         return line
 
     def _notify(self, *fields: str) -> None:

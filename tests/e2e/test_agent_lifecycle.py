@@ -41,6 +41,33 @@ def test_sighup_reloads_valid_config_and_keeps_old_on_invalid(agent_factory, tmp
     assert agent.stop() == 0
 
 
+def test_a_reload_refuses_an_mqtt_file_the_next_start_could_not_read_and_status_says_so(
+        agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """docs/mqtt.md recommends a password_file; one the service's user cannot read passed a reload
+    ("configuration reloaded") and the next restart exited 2, leaving the service down. The reload now
+    reads what the exporters read at start, and a failed reload shows in `status`, not only in a counter."""
+    agent = agent_factory().start()
+    good = agent.config.read_text()
+    missing = tmp_path / "mqtt.password"  # never made: as unreadable for the agent as root's 0600 file
+    agent.config.write_text(good + '\n[exporters.mqtt]\nurl = "mqtt://127.0.0.1:1"\nusername = "infersight"\n'
+                            'password_file = "%s"\n' % missing)
+    agent.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    assert wait_for(lambda: counters(agent)["reload_failures"] == 1, 10), agent.log.read_text()
+    assert "password_file" in agent.log.read_text()
+    assert counters(agent)["reloads"] == 0
+    warnings = agent.status()["warnings"]
+    assert any("last reload failed" in w and "password_file" in w for w in warnings), warnings
+    r = subprocess.run([sys.executable, "-m", "infersight", "status", "--socket", str(agent.sock)],
+                       capture_output=True, text=True, timeout=30)
+    assert "WARNING the last reload failed" in r.stdout, r.stdout
+    # the file back as it was: the next reload succeeds and the warning goes
+    agent.config.write_text(good)
+    agent.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    assert wait_for(lambda: counters(agent)["reloads"] == 1, 10)
+    assert not any("reload failed" in w for w in agent.status()["warnings"])
+    assert agent.stop() == 0
+
+
 def test_sigterm_drains_flushes_and_exits_0(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     agent = agent_factory().start()
     script = tmp_path / "w.py"
