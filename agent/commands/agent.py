@@ -48,9 +48,13 @@ def run(args: argparse.Namespace) -> int:
         exporters = build_exporters(conf)
         default = file_is_default(conf, exporters)
         if default:
+            # "no sink configured" only where the file is the only sink (exporters.file.enabled = true beside
+            # OTLP or MQTT records there too, and said so wrongly).
+            alone = all(getattr(e, "path", None) == default for e in exporters)
             logging.getLogger("infersight.agent").info(
-                "no sink configured: recording to the default file %s (rotated past %d bytes, %d kept)",
-                default, conf["exporters.file.max_bytes"], conf["exporters.file.backups"])
+                "%s the default file %s (rotated past %d bytes, %d kept)",
+                "no sink configured: recording to" if alone else "recording also to", default,
+                conf["exporters.file.max_bytes"], conf["exporters.file.backups"])
         return asyncio.run(serve(conf, exporters, extensions))
     except ConfigError as exc:  # also found at start, e.g. an unsafe socket directory
         sys.stderr.write("infersight agent: %s\n" % exc)

@@ -135,10 +135,24 @@ def plan(root: Path, command: list[str] | None = None) -> list[Action]:
     return actions
 
 
+def make_dirs(directory: Path) -> None:
+    """Make ``directory`` and its missing parents 0755 whatever the umask: under a hardened root umask
+    (027, 077) a new /etc/infersight came out 0750 or 0700 root, and the service's user could not read
+    its config (exit 2). A directory that exists is left as the operator made it."""
+    missing: list[Path] = []
+    d = directory
+    while not d.exists() and not d.is_symlink() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for m in reversed(missing):
+        m.mkdir(exist_ok=True)
+        os.chmod(m, 0o755)  # noqa: S103 - config and unit directories: read by systemd and the service
+
+
 def _write(action: Action) -> None:
     """Write atomically; a file that must not be overwritten is linked in with O_EXCL semantics."""
     assert action.content is not None
-    action.dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(action.dest.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{action.dest.name}.", dir=action.dest.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

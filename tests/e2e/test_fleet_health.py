@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import read_otlp_lines, spans, wait_for
+from conftest import free_port, read_otlp_lines, spans, wait_for
 from otlp_receiver import OtlpReceiver
 
 CLI = [sys.executable, "-m", "infersight"]
@@ -179,6 +179,20 @@ def run_agent(tmp_path: Path, config_text: str | None, **env: str) -> tuple[subp
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     assert proc.wait(30) == 0
+
+
+def test_the_default_file_beside_another_sink_is_no_missing_sink(tmp_path: Path) -> None:
+    """exporters.file.enabled = true beside an OTLP endpoint: the log said "no sink configured" while
+    status listed both sinks (a review of the systemd path)."""
+    port = free_port()
+    proc, sock, log = run_agent(tmp_path, '[exporters.file]\nenabled = true\n[exporters.otlp]\n'
+                                          'endpoint = "http://127.0.0.1:%d"\n' % port)
+    default = tmp_path / "state" / "infersight.otlp.jsonl"
+    try:
+        assert "recording also to the default file %s" % default in log.read_text()
+        assert "no sink configured" not in log.read_text()
+    finally:
+        stop(proc)
 
 
 def test_no_sink_configured_records_to_the_default_file(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,19 @@ def test_unwritable_root_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFix
     blocker.write_text("a file where a directory must go")
     assert run_cli("--prefix", str(tmp_path)) == 1
     assert "install-service" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("umask", [0o027, 0o077])
+def test_directories_it_makes_are_readable_under_a_hardened_umask(tmp_path: Path, umask: int,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """CIS-style hosts run root with umask 027 or 077: /etc/infersight came out 0750/0700 root, and
+    User=infersight could not read its config (the agent exited 2)."""
+    old = os.umask(umask)
+    try:
+        assert run_cli("--prefix", str(tmp_path)) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    for rel in ("etc/infersight", "etc/systemd/system", "etc/sysusers.d", "etc/tmpfiles.d"):
+        assert stat.S_IMODE((tmp_path / rel).stat().st_mode) == 0o755, rel
+    assert stat.S_IMODE((tmp_path / "etc/infersight/infersight.toml").stat().st_mode) == 0o644
