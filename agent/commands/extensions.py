@@ -87,7 +87,7 @@ def validate_exporters(conf: Config) -> None:
         from infersight.exporters.mqtt_settings import settings_from_config
 
         st = settings_from_config(conf, env=os.environ)
-        if st.address.tls:
+        if st is not None and st.address.tls:
             tls_context(st)
 
 
