@@ -417,6 +417,10 @@ class Assembler:
         self.span_handlers = tuple(span_handlers)
         self._prefixes = tuple(p for h in self.span_handlers for p in h.prefixes)
         self.producers: OrderedDict[str, Producer] = OrderedDict()
+        # What the previous agent had taken of each producer's numbers (its sequence state, carried across a
+        # restart: :meth:`sequences`), taken by the producer's next hello: what it sends again is a duplicate.
+        self.resume_hints: dict[str, object] = {}
+        self.resumed = 0  # producers whose numbers went on from the previous agent's
         # The same producers by uid, oldest first (the per-uid budget, MAX_PRODUCERS_PER_UID).
         self._by_uid: dict[int | None, OrderedDict[str, None]] = {}
         # Whether a producer has a connection open now (the ingest's liveness, wired in by the
@@ -434,6 +438,15 @@ class Assembler:
         self.producers_evicted_uid_budget = 0  # of those, a uid at its budget evicting its own oldest
         self.producers_evicted_protected = 0  # of those, connected or in a cold start: nothing else could go
         self.over_uid_producers = 0  # hellos refused: the uid held its budget, none of it could go
+
+    def sequences(self) -> dict[str, object]:
+        """Each producer's sequence state, for the next agent (:attr:`resume_hints`)."""
+        out: dict[str, object] = {}
+        for key, p in self.producers.items():
+            st = p.seq.state()
+            if st is not None:
+                out[key] = st
+        return out
 
     def hello(self, raw: Any, uid: int | None = None) -> Producer:
         """The producer this hello names, made on first sight. ``uid`` is the kernel's word
@@ -465,6 +478,9 @@ class Assembler:
             p.hello_cut = cut[0]
             self.hello_cut += cut[0]
             p.seq.resume_after(info["acked"])
+            hint = self.resume_hints.pop(p.id, None)
+            if hint is not None and p.seq.restore(hint, info["acked"]):
+                self.resumed += 1
             self.producers[p.id] = p
             self._by_uid.setdefault(uid, OrderedDict())[p.id] = None
         else:

@@ -32,7 +32,7 @@ from typing import Any
 
 from infersight import __version__
 from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon import sdnotify
+from infersight.agent.daemon import sdnotify, seqstate
 from infersight.agent.daemon.assemble import Assembler, KindHandler, Producer, SpanHandler
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
 from infersight.agent.daemon.extension import Apply, Extension
@@ -509,6 +509,8 @@ class Agent:
             log.warning("%s", NO_SINK_WARNING)
         for ext in self.extensions:  # before the socket: their taps see the first replayed spool
             await ext.start(self)
+        if not self.embedded and self.config.get("agent.state_dir"):
+            self.assembler.resume_hints = seqstate.load(str(self.config["agent.state_dir"]))
         await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)
         self.listening = True
         if not self.embedded:
@@ -653,4 +655,7 @@ class Agent:
                 log.warning("exporter %s did not shut down cleanly: %s", w.name, exc)
         if not self.embedded and self.listen_sock is None:
             self.ingest.listener.unlink_own(self.config["agent.socket"])
+        if not self.embedded and self.config.get("agent.state_dir"):
+            # After the drain: every number processed is exported or spooled (or counted as dropped).
+            seqstate.save(str(self.config["agent.state_dir"]), self.assembler.sequences())
         return ok

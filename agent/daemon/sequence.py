@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_GAPS = 4096
+MAX_KEPT_GAPS = 64  # gaps of one producer carried across an agent restart (more: not carried)
 MAX_MISSING = 1 << 32  # numbers one producer may have missing at once: a jump past it is malformed
 
 
@@ -35,6 +36,36 @@ class SeqTracker:
         """A producer new to this agent says everything up to ``acked`` was delivered."""
         if acked >= self.next_expected:
             self.next_expected = acked + 1
+
+    def state(self) -> list[object] | None:
+        """What this tracker has taken, to carry across an agent restart: ``[next_expected, gaps]``;
+        None when it holds more than MAX_KEPT_GAPS gaps (too much to keep: that producer is back to
+        at-least-once)."""
+        if len(self.gaps) > MAX_KEPT_GAPS:
+            return None
+        return [self.next_expected, [list(g) for g in self.gaps]]
+
+    def restore(self, state: object, acked: int) -> bool:
+        """Take what a previous agent had taken (:meth:`state`), on a tracker new to this agent whose
+        producer says ``acked`` was delivered: a resent number the previous agent already processed is a
+        duplicate, one it was missing still fills its gap. False (nothing changed) for a malformed state."""
+        if not (isinstance(state, list) and len(state) == 2 and type(state[0]) is int and isinstance(state[1], list)
+                and len(state[1]) <= MAX_KEPT_GAPS):
+            return False
+        nxt = state[0]
+        gaps: list[tuple[int, int]] = []
+        for g in state[1]:
+            if not (isinstance(g, list) and len(g) == 2 and all(type(x) is int for x in g)
+                    and 1 <= g[0] < g[1] <= nxt):
+                return False
+            gaps.append((g[0], g[1]))
+        if nxt < 1 or nxt - 1 > acked + MAX_MISSING or gaps != sorted(gaps):
+            return False
+        gaps = [(max(a, acked + 1), b) for a, b in gaps if b > acked + 1]  # delivered up to acked: no gap there
+        self.next_expected = max(nxt, acked + 1, self.next_expected)
+        self.gaps = gaps
+        self.lost = sum(b - a for a, b in gaps)
+        return True
 
     def observe(self, seq: int) -> bool:
         """Record ``seq``; True if it is new and should be processed."""
