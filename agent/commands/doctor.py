@@ -51,9 +51,9 @@ def check_torch() -> list[Check]:
     try:
         import torch
     except ImportError:
-        return [Check("torch", WARN, "not installed in this interpreter",
-                      "install torch in the served interpreter (pip install 'infersight[torch]'); "
-                      "launch still traces any Python process")]
+        return [Check("torch", WARN, "not installed in this interpreter (the agent needs none)",
+                      "the model server's interpreter needs it, not the agent's: check there with "
+                      "`<its python> -m infersight doctor`; launch still traces any Python process")]
     out = [Check("torch", OK, "torch %s" % torch.__version__)]
     cuda = getattr(torch.version, "cuda", None)
     if not cuda:

@@ -59,7 +59,11 @@ def _activate() -> None:
             act.activate_process()
     except Exception as exc:
         try:
-            sys.stderr.write("infersight: bootstrap failed, running without hooks: %r\n" % (exc,))
+            where = ""
+            if isinstance(exc, OSError):  # e.g. infersight's install not readable by this process's user
+                where = " (%s: this user, uid %d, must be able to read infersight's install, %s)" % (
+                    exc.filename or "?", os.getuid(), os.path.dirname(os.path.dirname(_HERE)))
+            sys.stderr.write("infersight: bootstrap failed, running without hooks: %r%s\n" % (exc, where))
         except Exception:
             pass
 
