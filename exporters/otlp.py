@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -283,6 +284,19 @@ HTTP_FINAL = frozenset({400, 413, 415, 422})
 HTTP_AWAY = frozenset({401, 403, 404, 407, 408, 429, 502, 503, 504})
 
 
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]{1,120}")
+
+
+def transport_error(exc: BaseException) -> str:
+    """A transport failure in a few words: the OS error inside requests' wrapping when there is one
+    ("[Errno 111] Connection refused"), else the exception's type and the start of its text."""
+    text = str(exc)
+    m = _ERRNO.search(text)
+    if m is not None:
+        return m.group(0).strip()
+    return ("%s: %s" % (type(exc).__name__, text))[:160]
+
+
 def _record_http_status(sdk: Any) -> Any:
     client: Any = getattr(sdk, "_client", None)
     export = getattr(client, "export", None)
@@ -291,8 +305,15 @@ def _record_http_status(sdk: Any) -> Any:
 
     def recording_export(data: bytes) -> Any:
         _http_status.sent = True
-        result = export(data)
+        try:
+            result = export(data)
+        except Exception as exc:  # the SDK catches it, logs it and retries: status shows why
+            _http_status.error = transport_error(exc)
+            raise
         _http_status.code = getattr(result, "status_code", None)
+        err = getattr(result, "error", None)  # the SDK's result carries the transport's exception
+        if isinstance(err, BaseException) and _http_status.code is None:
+            _http_status.error = transport_error(err)
         return result
 
     client.export = recording_export
@@ -496,6 +517,7 @@ class OtlpExporter:
         _http_status.code = None
         _http_status.grpc = None
         _http_status.sent = False
+        _http_status.error = None
         try:
             if signal == "traces":
                 data: Any = self._spans(items)
@@ -530,6 +552,8 @@ class OtlpExporter:
             why += " (HTTP %d)" % status
         elif grpc_code is not None:
             why += " (gRPC %s)" % grpc_code
+        elif getattr(_http_status, "error", None):
+            why += " (%s)" % _http_status.error  # no answer at all: refused, unreachable, timed out
         elif getattr(route.exporter, "_infersight_records_status", False) and not _http_status.sent:
             kind = "final"  # the SDK could not encode the batch (a lone surrogate, too large)
             why += " (not encodable)"

@@ -252,6 +252,8 @@ async def test_receiver_down_fails_fast(protocol):
     assert st["failed_items"] == 7
     assert st["spans_exported"] == 0
     assert "traces" in str(ei.value)
+    if protocol != "grpc":  # why, not only "export result FAILURE" (the SDK logs the cause and retries)
+        assert "Connection refused" in str(ei.value), str(ei.value)
 
 
 async def test_http_503_is_retryable_error(rx):
