@@ -24,6 +24,7 @@ An OOM report is urgent (``urgent``): sent at once, then the agent's doorbell is
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -104,6 +105,7 @@ class Client:
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
+        self._adopted = False  # leftover private spool files looked for (once, after the first connect)
         self._hurry = False  # flush, fork or exit: send now, do not wait for a full batch
         self._urgent = False  # an urgent event (an OOM) is queued: ring the agent once it is sent
         self._engine = False  # a serving engine's package was imported: ring a held launch (ENGINE_FRAME)
@@ -289,11 +291,27 @@ class Client:
                         self.conn.ring(_wire.ENGINE_FRAME)
                     if not self._buf:
                         self._idle.set()
+                if not self._adopted and self.conn.up:
+                    self._adopted = True
+                    self._adopt_leftovers()
         except Exception as exc:  # fail open: never take the host down
             self.enabled = False
             if not sys.is_finalizing():  # at interpreter shutdown, stay quiet
                 _say("hook drain thread disabled: %r" % (exc,))
             self._idle.set()
+
+    def _adopt_leftovers(self) -> None:
+        """Once, after the first connect, outside the lock: spool files this user's earlier processes
+        left in its private spool (not yet in the socket's group then) go where the agent replays them."""
+        from . import _paths, _spool_adopt
+
+        private = _paths.private_spool_dir()
+        if os.path.abspath(private) == os.path.abspath(self.spool_dir) or not os.path.isdir(private):
+            return
+        n = _spool_adopt.adopt(private, self.spool_dir)
+        if n:
+            _say("moved %d spool file(s) that earlier processes of this user left in %s (the agent does not "
+                 "read it) to %s, where the agent replays them" % (n, private, self.spool_dir))
 
     def _idle_wait(self) -> float:
         """How long the drain thread sleeps with nothing queued: IDLE_WAIT_S while something

@@ -47,6 +47,14 @@ def spool_dir(env: os._Environ[str] | dict[str, str] | None = None) -> str:
         return explicit
     if os.access(SYSTEM_SPOOL_DIR, os.W_OK):
         return SYSTEM_SPOOL_DIR
+    return private_spool_dir(env)
+
+
+def private_spool_dir(env: os._Environ[str] | dict[str, str] | None = None) -> str:
+    """Where a user's hooks spool when the system spool is not theirs to write (not yet in the
+    socket's group): the agent does not read it; a later process of this user that can write the
+    system spool moves what ended processes left there (``_spool_adopt``)."""
+    env = os.environ if env is None else env
     state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "infersight", "spool")
 

@@ -1,0 +1,86 @@
+"""Spool files a user's earlier processes left where the agent does not look (stdlib only).
+
+A served process whose user is not yet in the socket's group cannot write the system spool, so
+its hooks spool under the user's own state directory (``_paths.private_spool_dir``), which the
+agent never reads (and systemd's ProtectHome hides from it). After the operator's documented fix
+(``usermod -aG infersight <user>``, a restart of the server) those events stayed there for good.
+A later process of the same user that reaches the agent and spools in the system spool moves them
+there: each file whose process has ended (its lock is free) is copied under a name the agent
+skips, given the same reader ACL the hooks give their own spool files, linked to its name (the
+agent then replays it as it replays any ended producer's spool) and removed from the private
+directory. It runs once per process, on the drain thread, after the first connect.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from . import _paths, _spoolfile
+
+MAX_FILES = 64  # files moved by one process (the rest: by the next one)
+CHUNK = 1 << 20
+
+
+def adopt(private: str, shared: str) -> int:
+    """Move the spool files of ended processes of this uid from ``private`` into ``shared``;
+    returns how many. Never raises."""
+    try:
+        pfd = os.open(private, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    moved = 0
+    try:
+        if os.fstat(pfd).st_uid != os.getuid():
+            return 0
+        sfd = os.open(shared, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            sst = os.fstat(sfd)
+            names = sorted(n for n in os.listdir(pfd) if n.endswith(_paths.SPOOL_SUFFIX))
+            for name in names[:MAX_FILES]:
+                moved += _move(pfd, sfd, sst, name)
+        finally:
+            os.close(sfd)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
+    return moved
+
+
+def _move(pfd: int, sfd: int, sst: os.stat_result, name: str) -> int:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
+    except OSError:
+        return 0
+    tmp = ".%s.%d.adopt" % (name, os.getpid())  # not *.spool: the agent leaves it alone meanwhile
+    out = -1
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000 and st.st_nlink == 1 and st.st_uid == os.getuid()):
+            return 0
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # its process is alive: it replays the file itself
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=sfd)
+        _spoolfile.let_directory_owner_read(out, sst.st_uid, sst.st_mode)
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            _spoolfile.write_all(out, chunk)
+        os.fsync(out)
+        os.link(tmp, name, src_dir_fd=sfd, dst_dir_fd=sfd)  # FileExistsError: a name taken, left as is
+        os.unlink(name, dir_fd=pfd)
+        return 1
+    except OSError:
+        return 0
+    finally:
+        if out >= 0:
+            os.close(out)
+            try:
+                os.unlink(tmp, dir_fd=sfd)
+            except OSError:
+                pass
+        os.close(fd)
