@@ -269,7 +269,9 @@ class ExporterWorker:
         self._backoff = self.retry_initial_s
         self.exported_items += len(batch)
         self.progress_at = time.monotonic()
-        if self.start_error:
+        # A pull endpoint's export succeeds without a listener (it fills a registry): "delivering" only
+        # once the exporter itself has nothing to say (it listens), not at the first export after a failed bind.
+        if self.start_error and not exporter_problem(self.exporter):
             log.info("exporter %s: delivering now (it could not start: %s)", self.name, self.start_error)
             self.start_error = ""
         return OK
