@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infersight.agent.cli import command_help
+from infersight.agent.cli import EXIT_USAGE, command_help
 
 __all__ = ["DATA_FILES", "Action", "add_parser", "data_dir", "plan", "resolve_exec", "run"]
 
@@ -192,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"infersight install-service: cannot read unit files: {exc}", file=sys.stderr)
         return 1
     print(f"ExecStart={shlex.join(command)} agent --config {CONFIG_PATH}", file=out)
-    for path, what in hidden_by_protect_home(command):
+    hidden = hidden_by_protect_home(command)
+    for path, what in hidden:
         print(
             f"warning: {what} {path} is under a home directory, which ProtectHome=yes hides from the"
             " service (it would fail with 203/EXEC); install infersight under /usr, /usr/local or /opt,"
@@ -200,6 +201,12 @@ def run(args: argparse.Namespace) -> int:
             " there)",
             file=sys.stderr,
         )
+    if hidden and not dry and not getattr(args, "force", False):
+        # A unit that cannot start is no install: say so before writing anything (--force installs it anyway,
+        # e.g. with a drop-in that sets ProtectHome=read-only).
+        print("infersight install-service: not installing a unit whose ExecStart the service cannot run "
+              "(above); --force installs it anyway", file=sys.stderr)
+        return EXIT_USAGE
     prefix = "would " if dry else ""
     for action in actions:
         if action.content is None:
@@ -239,5 +246,8 @@ def add_parser(
         help="root to install under, as DESTDIR (default: /)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print every action, change nothing")
+    parser.add_argument("--force", action="store_true",
+                        help="install even when the service could not run ExecStart (an interpreter under a "
+                             "home directory, which ProtectHome=yes hides)")
     parser.set_defaults(func=run)
     return parser

@@ -23,6 +23,11 @@ FILES = [
 ]
 
 
+# A real install from this test's interpreter: under CI it may be pyenv's, in /root, which ProtectHome hides, and
+# install-service then refuses without --force (tested on its own below).
+FORCE = ("--force",)
+
+
 def run_cli(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="infersight")
     install_service.add_parser(parser.add_subparsers(dest="command"))
@@ -57,7 +62,7 @@ def test_dry_run_touches_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_install_then_keep_existing_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_cli("--prefix", str(tmp_path)) == 0
+    assert run_cli("--prefix", str(tmp_path), *FORCE) == 0
     for rel in FILES:
         path = tmp_path / rel
         assert path.is_file(), rel
@@ -68,7 +73,7 @@ def test_install_then_keep_existing_config(
     unit = tmp_path / "etc/systemd/system/infersight.service"
     unit.write_text("stale")
     capsys.readouterr()
-    assert run_cli("--prefix", str(tmp_path)) == 0
+    assert run_cli("--prefix", str(tmp_path), *FORCE) == 0
     assert cfg.read_text() == "[agent]\nspool_max_bytes = 1\n"
     assert "ExecStart=" in unit.read_text(), "units are replaced"
     out = capsys.readouterr().out
@@ -88,7 +93,7 @@ def test_exec_start_names_the_real_executable(
     monkeypatch.setattr(sys, "argv", [str(exe), "install-service"])
     assert install_service.resolve_exec() == [str(exe)]
     root = tmp_path / "root"
-    assert run_cli("--prefix", str(root)) == 0
+    assert run_cli("--prefix", str(root), *FORCE) == 0
     text = (root / "etc/systemd/system/infersight.service").read_text()
     assert f"\nExecStart={exe} agent --config /etc/infersight/infersight.toml\n" in text
     analyze = shutil.which("systemd-analyze")
@@ -130,6 +135,19 @@ def test_home_directory_warning(
     assert "ProtectHome=yes" in capsys.readouterr().err
 
 
+def test_a_unit_the_service_cannot_run_is_not_installed_without_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The warning was all: the run exited 0 and installed a unit that fails with 203/EXEC (a review
+    of the systemd path, with pyenv's python3 behind the README's venv)."""
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/home/me/.venv/bin/infersight"])
+    assert run_cli("--prefix", str(tmp_path)) == 2
+    assert "--force installs it anyway" in capsys.readouterr().err
+    assert not any(tmp_path.rglob("*.service")), "nothing written"
+    assert run_cli("--prefix", str(tmp_path), "--force") == 0
+    assert (tmp_path / "etc/systemd/system/infersight.service").is_file()
+
+
 def test_home_directory_warning_for_the_interpreter_a_venv_links_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -151,7 +169,7 @@ def test_home_directory_warning_for_the_interpreter_a_venv_links_to(
 def test_unwritable_root_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "etc"
     blocker.write_text("a file where a directory must go")
-    assert run_cli("--prefix", str(tmp_path)) == 1
+    assert run_cli("--prefix", str(tmp_path), *FORCE) == 1
     assert "install-service" in capsys.readouterr().err
 
 
@@ -162,7 +180,7 @@ def test_directories_it_makes_are_readable_under_a_hardened_umask(tmp_path: Path
     User=infersight could not read its config (the agent exited 2)."""
     old = os.umask(umask)
     try:
-        assert run_cli("--prefix", str(tmp_path)) == 0
+        assert run_cli("--prefix", str(tmp_path), *FORCE) == 0
     finally:
         os.umask(old)
     capsys.readouterr()
