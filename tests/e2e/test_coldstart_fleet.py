@@ -110,7 +110,9 @@ def test_launch_of_a_non_python_command_records_the_launcher_root(tmp_path: Path
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback test endpoint
         text = resp.read().decode()
-    host = ("host_name", "service_instance_id")  # one host here: leave them out of the keys
+    # One host and one uid here: leave them out of the keys (process_user_id: tested on its own, in
+    # tests/integration/test_coldstart_metrics.py, where two uids share a service name).
+    host = ("host_name", "service_instance_id", "process_user_id")
     return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in host))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
