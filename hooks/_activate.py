@@ -102,7 +102,8 @@ def activate() -> bool:
             batch_events=_env.get("INFERSIGHT_BATCH_EVENTS"),
             batch_delay_s=_env.get("INFERSIGHT_BATCH_DELAY_MS") / 1e3,
         )
-        atexit.register(_at_exit)
+        atexit.register(at_exit)
+        rs.exit_flush = at_exit
         _spawn.install()
         rs.publish_env = _spawn.publish
         if hasattr(os, "register_at_fork"):
@@ -174,6 +175,18 @@ def _exit_flush_s() -> float:
     return float(_env.get("INFERSIGHT_EXIT_FLUSH_S"))
 
 
+_exit_done = [False]
+
+
+def at_exit() -> None:
+    """The exit flush, once per process: at exit, or earlier where the process is about to end without
+    atexit (uvicorn giving SIGTERM back to its default action)."""
+    if _exit_done[0]:
+        return
+    _exit_done[0] = True
+    _at_exit()
+
+
 def _at_exit() -> None:
     """End the root and flush (or spool) what is left. The Python handlers of SIGINT, SIGTERM
     and SIGQUIT are held back meanwhile: a handler that raises SystemExit (most do) would
@@ -203,7 +216,7 @@ def _at_process_end() -> None:
         _readiness.at_exit()
     except Exception as exc:
         _runtime.fail(exc)
-    _at_exit()
+    at_exit()
 
 
 # -- forks -------------------------------------------------------------------------------

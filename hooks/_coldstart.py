@@ -78,6 +78,46 @@ def _install_uvicorn_server(module: Any) -> None:
     wrapped.__wrapped__ = startup  # type: ignore[attr-defined]
     cls.startup = wrapped
     add_undo(lambda: setattr(cls, "startup", startup) if cls.startup is wrapped else None)
+    _install_uvicorn_signal_exit(module, cls)
+
+
+def _install_uvicorn_signal_exit(module: Any, cls: Any) -> None:
+    """uvicorn (0.29 and later) shuts down gracefully on SIGTERM, then restores the handlers it found
+    and raises the signal again: with SIGTERM's default action that ends the process at once, without
+    atexit, so the hooks' exit flush (the root's end, what is buffered or unacked spooled, the count of
+    what was lost) never ran under `systemctl stop` or a pod's termination. Just before uvicorn gives the
+    signal back, when the handler it restores is the default one (the process ends with it), the exit
+    flush runs there."""
+    capture = getattr(cls, "capture_signals", None)
+    if capture is None or getattr(capture, "_infersight_exit", False):  # (contextmanager sets __wrapped__)
+        return
+    import contextlib  # uvicorn.server imported it already
+    import signal
+
+    handled = tuple(getattr(module, "HANDLED_SIGNALS", ()))
+
+    @contextlib.contextmanager
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            before = {s: signal.getsignal(s) for s in handled}
+        except Exception:
+            before = {}
+        with capture(self, *args, **kwargs):
+            try:
+                yield
+            finally:
+                try:
+                    flush = _runtime.state().exit_flush
+                    if flush is not None and any(before.get(s) == signal.SIG_DFL
+                                                 for s in getattr(self, "_captured_signals", ())):
+                        _readiness.at_exit()  # as at a normal exit: the cold start settles first
+                        flush()
+                except Exception as exc:
+                    _runtime.fail(exc)
+
+    wrapped._infersight_exit = True  # type: ignore[attr-defined]
+    cls.capture_signals = wrapped
+    add_undo(lambda: setattr(cls, "capture_signals", capture) if cls.capture_signals is wrapped else None)
 
 
 class _GunicornRequest(threading.local):

@@ -462,7 +462,7 @@ def at_exit() -> None:
         check_workers()
         if not root_open():
             return
-        end_ns = None
+        end_ns, ended_by = None, "exit"
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server, never served: ready once its own work after the fork
             # was done (a gunicorn worker's app load and warmup, whose run ends here); the wait
@@ -471,9 +471,10 @@ def at_exit() -> None:
                 closed = _close_warm_locked(time.time_ns())
             _emit_warm(closed)
             end_ns = max(st.ready_ns, last_end(), closed[2] if closed is not None else 0)
+            ended_by = "ready"  # its cold start ended there, as the agent says of one that dies unflushed
         elif st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, last_end())  # exit handlers that ran since are not start-up
-        finish_root(end_ns, "exit", at_readiness=True)
+        finish_root(end_ns, ended_by, at_readiness=True)
     except Exception as exc:
         _runtime.fail(exc)
 

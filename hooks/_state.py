@@ -37,7 +37,7 @@ class Runtime:
     """The producer (``_runtime``, ``_activate``): its client, its trace and the cold-start root."""
 
     __slots__ = (
-        "client", "failed", "mp_registered", "publish_env", "root_attrs", "root_ended", "root_parent",
+        "client", "exit_flush", "failed", "mp_registered", "publish_env", "root_attrs", "root_ended", "root_parent",
         "root_span_id", "root_start_ns", "trace_id",
     )
 
@@ -51,6 +51,7 @@ class Runtime:
         self.root_attrs: Dict[str, Any] = {}
         self.failed = False  # an internal error disabled the hooks
         self.publish_env: Optional[Callable[[], None]] = None  # _spawn.publish once active
+        self.exit_flush: Optional[Callable[[], None]] = None  # _activate.at_exit once active (once per process)
         self.mp_registered = False  # multiprocessing's after-fork registry knows our finalizer
 
     def forked(self) -> Runtime:
