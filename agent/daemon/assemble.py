@@ -103,6 +103,11 @@ def text_field(v: Any, name: str, limit: int = MAX_STR) -> str:
     return v[:limit]
 
 
+def hint_key(producer_id: str, uid: int) -> str:
+    """A producer's key in the sequence state carried across a restart: its id and its kernel uid."""
+    return "%s@%d" % (producer_id, uid)
+
+
 def name_field(v: Any, name: str, limit: int = MAX_STR) -> str:
     """A name (a span's, a metric's): a string field on one line, no tab either (:func:`clean_key`)."""
     return clean_key(text_field(v, name, limit), limit)
@@ -440,12 +445,14 @@ class Assembler:
         self.over_uid_producers = 0  # hellos refused: the uid held its budget, none of it could go
 
     def sequences(self) -> dict[str, object]:
-        """Each producer's sequence state, for the next agent (:attr:`resume_hints`)."""
+        """Each producer's sequence state, for the next agent (:attr:`resume_hints`), keyed by its id and
+        its kernel uid (:func:`hint_key`): only a hello of the same id from the same uid takes it, so another
+        user who says hello with a victim's id (first, in either agent) neither takes nor gives a state."""
         out: dict[str, object] = {}
-        for key, p in self.producers.items():
+        for p in self.producers.values():
             st = p.seq.state()
-            if st is not None:
-                out[key] = st
+            if st is not None and p.uid is not None:
+                out[hint_key(str(p.info.get("id")), p.uid)] = st
         return out
 
     def hello(self, raw: Any, uid: int | None = None) -> Producer:
@@ -478,7 +485,7 @@ class Assembler:
             p.hello_cut = cut[0]
             self.hello_cut += cut[0]
             p.seq.resume_after(info["acked"])
-            hint = self.resume_hints.pop(p.id, None)
+            hint = self.resume_hints.pop(hint_key(info["id"], uid), None) if uid is not None else None
             if hint is not None and p.seq.restore(hint, info["acked"]):
                 self.resumed += 1
             self.producers[p.id] = p

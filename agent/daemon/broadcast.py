@@ -325,6 +325,11 @@ class ExporterWorker:
                 self._spill(batch)
                 if self.full and not self.reachable():
                     self._spill_queue()  # it went away while full: stop holding producers back
+        except asyncio.CancelledError:
+            # drain() gave up on it at its deadline (an export in a down collector's retries): spooled, or
+            # counted as dropped, never gone unseen; its producer's resend is a duplicate for the next agent
+            self._spill(batch)
+            raise
         finally:
             self._busy = False
             for c in completions:

@@ -643,8 +643,12 @@ class Agent:
                 log.exception("extension %s did not close cleanly", ext.name)
         self.publish_health()
         ok = True
+        dropped_before = sum(w.dropped_items for w in self.workers)
         for w in self.workers:
             ok = await w.drain(max(0.1, deadline - time.monotonic())) and ok
+        # What the drain could neither deliver nor spool is gone: its producers' resends must not be taken for
+        # duplicates by the next agent, so no sequence state is kept then (at-least-once, as before).
+        keep_sequences = sum(w.dropped_items for w in self.workers) == dropped_before
         for w in self.workers:
             try:
                 await asyncio.wait_for(w.exporter.force_flush(max(0.1, deadline - time.monotonic())),
@@ -655,7 +659,7 @@ class Agent:
                 log.warning("exporter %s did not shut down cleanly: %s", w.name, exc)
         if not self.embedded and self.listen_sock is None:
             self.ingest.listener.unlink_own(self.config["agent.socket"])
-        if not self.embedded and self.config.get("agent.state_dir"):
-            # After the drain: every number processed is exported or spooled (or counted as dropped).
+        if not self.embedded and self.config.get("agent.state_dir") and keep_sequences:
+            # After the drain: every number processed is exported or spooled.
             seqstate.save(str(self.config["agent.state_dir"]), self.assembler.sequences())
         return ok

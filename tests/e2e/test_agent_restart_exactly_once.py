@@ -40,8 +40,9 @@ def test_a_restart_during_a_collector_outage_exports_a_live_producers_cold_start
         agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     rx = OtlpReceiver(grpc_=False)  # not started yet: the collector is down
     state = tmp_path / "state"
-    agent = agent_factory('[exporters.otlp]\nendpoint = "%s"\nprotocol = "http/protobuf"\n'
-                          'timeout_s = 5\n' % rx.http_endpoint)
+    # The default OTLP timeout (10 s, the SDK retrying inside it) against the default shutdown timeout (10 s):
+    # the drain gives up on the batch in flight, which is spooled, not lost.
+    agent = agent_factory('[exporters.otlp]\nendpoint = "%s"\nprotocol = "http/protobuf"\n' % rx.http_endpoint)
     agent.config.write_text(agent.config.read_text().replace("[agent]\n", '[agent]\nstate_dir = "%s"\n' % state))
     agent.start()
     script = tmp_path / "w.py"

@@ -158,3 +158,21 @@ def test_the_encoder_writes_equal_resources_once_even_as_distinct_objects() -> N
     doc = json.loads(encode_lines(a)[0])
     assert len(doc["resourceLogs"]) == 1
     assert len(doc["resourceLogs"][0]["scopeLogs"][0]["logRecords"]) == 20
+
+
+async def test_a_batch_in_flight_at_the_drain_deadline_is_spooled_not_lost(tmp_path: Path) -> None:
+    """drain() cancels a worker whose export outlives its deadline (a down collector's SDK retries: 10 s
+    by default, as long as the agent's whole shutdown): the batch was marked done, neither spooled nor
+    counted, and with the sequence state carried across a restart its producer's resend is a duplicate
+    there. It goes to the spool now."""
+    exporter = SlowFileExporter(str(tmp_path / "o.jsonl"), 3600.0)  # an export that never ends in time
+    await exporter.start()
+    spool = DiskSpool(str(tmp_path / "spool"))
+    worker = ExporterWorker(exporter, spool)
+    broadcaster = Broadcaster([worker])
+    worker.start()
+    broadcaster.publish(logs(0, 3))
+    await asyncio.sleep(0.05)  # taken from the queue: in flight
+    assert not worker.queue
+    assert await worker.drain(0.1) is False
+    assert spool.items == 3 and worker.dropped_items == 0

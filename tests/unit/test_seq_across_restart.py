@@ -53,3 +53,27 @@ def test_the_file_is_read_once_and_a_foreign_one_is_ignored(tmp_path: Path) -> N
     assert seqstate.load(str(state)) == {} and not f.exists()
     os.symlink("/etc/passwd", f)  # a link is not followed
     assert seqstate.load(str(state)) == {}
+
+
+def test_a_state_goes_only_to_the_same_id_from_the_same_uid() -> None:
+    """Keyed by the table key, the state went to whoever said hello first with the bare id: another user
+    who said hello with a victim's id (and acked near 2**32) in the old agent had every event of the
+    victim dropped as a duplicate by the next one (a review reproduced it: 0 of 199 kept)."""
+    from infersight.agent.daemon.assemble import Assembler
+
+    def hello(a: Assembler, uid: int, acked: int):  # type: ignore[no-untyped-def]
+        return a.hello({"id": "boot-4242-987654", "pid": 4242, "start_ns": 1, "trace_id": "a" * 32,
+                        "root_span_id": "b" * 16, "acked": acked}, uid)
+
+    old = Assembler("h")
+    hello(old, 2000, 4_000_000_000)  # the attacker, first, with the victim's id
+    victim = hello(old, 1000, 0)
+    for n in range(1, 6):
+        victim.seq.observe(n)
+    new = Assembler("h")
+    new.resume_hints = json.loads(json.dumps(old.sequences()))  # as the file carries it
+    again = hello(new, 1000, 0)  # the victim first this time: the bare id is its own here
+    assert again.seq.next_expected == 6  # its own state: 1..5 are duplicates, 6 goes on
+    assert [again.seq.observe(n) for n in (5, 6)] == [False, True]
+    other = hello(new, 2000, 0)
+    assert other.seq.next_expected == 4_000_000_001  # the attacker's state went to the attacker only
