@@ -305,6 +305,8 @@ class Client:
         left in its private spool (not yet in the socket's group then) go where the agent replays them."""
         from . import _paths, _spool_adopt
 
+        if self.producer.get("launched"):
+            return  # launch's own spool (its private directory, its own output): not where the agent replays
         private = _paths.private_spool_dir()
         if os.path.abspath(private) == os.path.abspath(self.spool_dir) or not os.path.isdir(private):
             return

@@ -44,6 +44,15 @@ def children_base(spool_dir: str) -> str:
         return base  # made by prepare(), as ever
     if not os.path.islink(base) and os.path.isdir(base) and st.st_uid == os.getuid():
         return base
+    try:  # one made by an earlier process of this uid: reused, so that no process leaves one more behind
+        for name in os.listdir(spool_dir):
+            if name.startswith(os.path.basename(base) + "-"):
+                alt = os.path.join(spool_dir, name)
+                ast = os.lstat(alt)
+                if (ast.st_uid == os.getuid() and ast.st_mode & 0o170777 == 0o040700):  # a real 0700 directory
+                    return alt
+    except OSError:
+        pass
     for _ in range(3):
         alt = "%s-%s" % (base, os.urandom(8).hex())
         try:

@@ -231,6 +231,19 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
     return reply
 
 
+class JoinFailure(str):
+    """Why launch did not join: the text, and whether no agent listens there yet (no socket file, or one
+    nobody listens on: a sidecar starting, an agent restarting), the only case worth waiting for; a
+    socket this user may not connect to, or an agent too busy to answer, does not change by waiting."""
+
+    not_there: bool
+
+    def __new__(cls, text: str, not_there: bool) -> JoinFailure:
+        out = super().__new__(cls, text)
+        out.not_there = not_there
+        return out
+
+
 def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -> Joined | str:
     """Subscribe to the agent listening at ``path``: the :class:`Joined`, or why not."""
     import _socket
@@ -243,7 +256,8 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
         reply = subscribe(s, session, kinds)
     except (OSError, ValueError) as exc:
         s.close()
-        return "no agent answers at %s (%s)" % (path, getattr(exc, "strerror", None) or exc)
+        return JoinFailure("no agent answers at %s (%s)" % (path, getattr(exc, "strerror", None) or exc),
+                           isinstance(exc, (ConnectionRefusedError, FileNotFoundError)))
     if reply.get("t") != "subscribed":
         s.close()
         return "the agent at %s does not take this launch: %s" % (path, reply.get("error") or reply.get("t"))
@@ -273,10 +287,10 @@ def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined |
     said = False
     while True:
         joined: Joined | str = (join_agent(path, kinds) if os.path.exists(path)
-                                else "no agent listens at %s (no socket)" % path)
-        # Only an agent that is not there (yet) is waited for: one that answers and refuses this launch will not
-        # change its mind.
-        if isinstance(joined, Joined) or not joined.startswith("no agent") or time.monotonic() >= deadline:
+                                else JoinFailure("no agent listens at %s (no socket)" % path, True))
+        # Only an agent that is not there (yet) is waited for: one that refuses this launch, a socket this user
+        # may not connect to, or an agent too busy to answer will not change by waiting.
+        if isinstance(joined, Joined) or not getattr(joined, "not_there", False) or time.monotonic() >= deadline:
             break
         if not said:
             err.write("infersight: waiting up to %g s for the agent at %s\n" % (wait_s, path))

@@ -193,7 +193,10 @@ class Ingest:
         agent was busy) is read first, so that the agent closes its root only if it really
         never came."""
         if self.spool_dir and not producer.gone:
-            self.replay_spools(self.spool_dir, _paths.spool_prefix(producer.id))
+            prefix = _paths.spool_prefix(producer.id)
+            self.replay_spools(self.spool_dir, prefix)
+            if self.spools.reading(prefix):
+                return  # the scan is reading its file (a piece at a time): the file's end closes it, if need be
         self.receiver.close_lost(producer)
 
     def _file_ended(self, producer: Producer) -> None:

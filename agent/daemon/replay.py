@@ -91,6 +91,7 @@ class SpoolReplay:
         self.receiver = receiver
         self.ended = ended
         self._replaying: set[str] = set()  # files published but not yet exported
+        self._reading: set[str] = set()  # names of files a replay is reading now (it gives the loop back)
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
 
     def replay(self, directory: str, prefix: str = "") -> int:
@@ -173,6 +174,7 @@ class SpoolReplay:
                     unlink_if_same(directory, name, identity)
 
             malformed_run = 0
+            self._reading.add(name)
             for k, payload in enumerate(iter_frames(fd), 1):
                 if k % STEP_FRAMES == 0:
                     yield
@@ -210,7 +212,12 @@ class SpoolReplay:
             one_done()
             return True
         finally:
+            self._reading.discard(name)
             os.close(fd)
+
+    def reading(self, prefix: str) -> bool:
+        """Whether a replay is reading a file of ``prefix`` now (its end, then, decides the producer's)."""
+        return any(n.startswith(prefix) for n in self._reading)
 
     def _refuse(self, st: os.stat_result, path: str, why: str) -> None:
         """Count and say a file passed over, once per file (every scan finds it again)."""

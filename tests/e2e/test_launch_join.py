@@ -184,6 +184,44 @@ def test_a_named_socket_whose_agent_is_not_up_yet_is_waited_for(tmp_path: Path, 
     assert not list(tmp_path.glob("infersight-*.otlp.jsonl")), "an embedded agent's file was written"
 
 
+def test_an_agent_that_does_not_answer_is_not_waited_for(tmp_path: Path) -> None:
+    """Only an agent that is not there yet is waited for (no socket, or one nobody listens on). A socket
+    this user may not connect to, or an agent too busy to answer, had every launch wait 30 s (a review, as
+    a user outside the socket group with INFERSIGHT_SOCKET set)."""
+    import socket
+
+    mute = tmp_path / "mute.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(mute))
+    s.listen(8)  # accepts into its backlog, never answers: the join times out
+    try:
+        r = subprocess.run([*CLI, "launch", "--agent-wait", "60", "--", sys.executable, "-c", "pass"], cwd=tmp_path,
+                           env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(mute)), capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        s.close()
+    assert r.returncode == 0, r.stderr
+    assert "waiting up to" not in r.stderr and "running an embedded agent" in r.stderr, r.stderr
+
+
+def test_an_embedded_launch_leaves_the_users_private_spool_alone(tmp_path: Path) -> None:
+    """The files a user's earlier processes left in its private spool belong to the system agent (after the
+    user joins the socket group): an embedded launch's hooks moved them into launch's own temporary spool,
+    where they went into this run's file or were deleted with launch's directory (a review)."""
+    state_home = tmp_path / "xdg"
+    private = state_home / "infersight" / "spool"
+    private.mkdir(parents=True)
+    left = private / "0123456789ab-999-1-deadbeef.spool"
+    left.write_bytes(b"x")
+    script = ("import time\nfrom infersight import hooks\nhooks.mark_ready()\nhooks.first_response()\n"
+              "hooks.flush(5)\ntime.sleep(3)\n")
+    r = subprocess.run([*CLI, "launch", "--agent", "embedded", "--", sys.executable, "-c", script], cwd=tmp_path,
+                       env=launch_env(tmp_path, XDG_STATE_HOME=str(state_home)), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert left.exists() and "moved" not in r.stderr, r.stderr
+
+
 def test_agent_killed_mid_run_and_restarted_loses_nothing(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
     """SIGKILL the agent between two stages; the hooks keep their events (buffer, spool) and
     send them when it is back; launch re-subscribes, prints the waterfall, exits with CMD's status."""

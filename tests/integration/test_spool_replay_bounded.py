@@ -116,3 +116,30 @@ async def test_a_file_too_long_to_replay_in_one_go_waits_for_the_scan(tmp_path: 
         assert agent.counters.spool_files_replayed == 1
     finally:
         await agent.shutdown(5)
+
+
+async def test_a_producer_found_dead_while_the_scan_reads_its_file_is_closed_by_the_files_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan now gives the loop back while it reads: a producer found dead meanwhile was closed as lost
+    at once (its one-go replay skips a file being read), before the scan had read the rest of its file (its
+    root, often). Its close now waits for the file's end, which closes it if it is still not connected."""
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        _spool_file(spool, "dead-mid", 4 * replay.STEP_FRAMES)
+        closed: list[str] = []
+        real = agent.ingest.receiver.close_lost
+        monkeypatch.setattr(agent.ingest.receiver, "close_lost", lambda p: (closed.append(p.id), real(p)))
+        task = asyncio.get_running_loop().create_task(agent.ingest.replay_spools_async(str(spool)))
+        for _ in range(100):  # until the scan has taken the producer's hello and paused in its file
+            await asyncio.sleep(0)
+            producer = agent.assembler.producers.get("dead-mid")
+            if producer is not None and agent.ingest.spools.reading(_paths.spool_prefix("dead-mid")):
+                break
+        assert producer is not None
+        agent.ingest.publish_lost(producer)  # liveness found it dead meanwhile
+        assert closed == [], "closed before its file was read to the end"
+        assert await task == 1
+        assert closed == ["dead-mid"]  # by the file's end
+    finally:
+        await agent.shutdown(5)

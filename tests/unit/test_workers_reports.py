@@ -124,3 +124,17 @@ def test_a_squatted_children_directory_gives_way_to_a_private_one(tmp_path) -> N
     other = tmp_path / "spool2"
     other.mkdir(mode=0o3770)
     assert _workers.children_dir(str(other), "boot-1-3") == str(other / ("children-%d" % os.getuid()) / "boot-1-3")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another uid needs root")
+def test_the_private_directory_is_reused_not_made_again_by_every_process(tmp_path) -> None:
+    """With children-<uid> squatted, every hooked process made a private directory of its own, and
+    nothing removed the ones whose process left it non-empty or never used it: the shared spool grew
+    without bound (a review made five with five calls)."""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o3770)
+    squat = spool / ("children-%d" % os.getuid())
+    squat.mkdir(mode=0o777)
+    os.chown(squat, 65534, 65534)
+    dirs = {os.path.dirname(_workers.children_dir(str(spool), "boot-1-%d" % n)) for n in range(5)}
+    assert len(dirs) == 1 and len([p for p in spool.iterdir() if p != squat]) == 1
