@@ -86,6 +86,23 @@ SUMS = tuple((key, declared(name, "sum", "{count}", "", monotonic=True)) for key
 MEM_EVENTS = ("segment_alloc", "segment_free", "alloc_retry", "large_alloc")
 
 
+
+def same_message(a: str, b: str) -> bool:
+    """Two copies of one message (keys ``rule|text|k=v,...``, ``Finding.key``): the same rule and text, and
+    the numbers of one are among the other's. A copy may carry fewer: launch's stderr relay cuts a capture
+    at a pause of the writer, and Ray prints the killed task's size 28 lines after its first line, so the
+    stderr copy of a Ray kill had the node's numbers and the exception's copy the task's too (two OOMs)."""
+    if a == b:
+        return True
+    if a.count("|") < 2 or b.count("|") < 2:  # not a serving rule's key (a PyTorch message's): exact only
+        return False
+    ha, _, va = a.rpartition("|")
+    hb, _, vb = b.rpartition("|")
+    if ha != hb:
+        return False
+    sa, sb = set(filter(None, va.split(","))), set(filter(None, vb.split(",")))
+    return sa <= sb or sb <= sa
+
 class RuleReloadError(AgentError, ValueError):
     """A rule file failed to load; ``str()`` names file:line for every error."""
 
@@ -437,10 +454,11 @@ class OomHandlers:
         uid = p.uid
         me = self._family(p, t_ns, source)
         if uid is None:
-            hit = next((c for (_u, k), cs in self._texts.items() if k == key for c in cs), None)
+            hit = next((c for (_u, k), cs in self._texts.items() if same_message(k, key) for c in cs), None)
         else:
-            hit = next(iter(self._texts.get((None, key), ())), None) or next(
-                (c for c in self._texts.get((uid, key), ()) if c.related(me)), None)
+            hit = next((c for (u, k), cs in self._texts.items() if u is None and same_message(k, key) for c in cs),
+                       None) or next((c for (u, k), cs in self._texts.items() if u == uid and same_message(k, key)
+                                      for c in cs if c.related(me)), None)
         if hit is not None:
             return hit.source
         if not remember:
