@@ -19,12 +19,13 @@ import os
 from . import _paths, _spoolfile
 
 MAX_FILES = 64  # files moved by one process (the rest: by the next one)
+MAX_BYTES = 64 << 20  # bytes copied by one process: the drain thread sends nothing meanwhile
 CHUNK = 1 << 20
 
 
 def adopt(private: str, shared: str) -> int:
-    """Move the spool files of ended processes of this uid from ``private`` into ``shared``;
-    returns how many. Never raises."""
+    """Move the spool files of ended processes of this uid from ``private`` into ``shared``, at most
+    MAX_FILES files and (past the first file) MAX_BYTES; returns how many. Never raises."""
     try:
         pfd = os.open(private, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -37,8 +38,14 @@ def adopt(private: str, shared: str) -> int:
         try:
             sst = os.fstat(sfd)
             names = sorted(n for n in os.listdir(pfd) if n.endswith(_paths.SPOOL_SUFFIX))
+            budget = MAX_BYTES
             for name in names[:MAX_FILES]:
-                moved += _move(pfd, sfd, sst, name)
+                size = _move(pfd, sfd, sst, name, budget if moved else None)
+                if size is not None:
+                    moved += 1
+                    budget -= size
+                    if budget <= 0:
+                        break
         finally:
             os.close(sfd)
     except OSError:
@@ -48,21 +55,25 @@ def adopt(private: str, shared: str) -> int:
     return moved
 
 
-def _move(pfd: int, sfd: int, sst: os.stat_result, name: str) -> int:
+def _move(pfd: int, sfd: int, sst: os.stat_result, name: str, budget: int | None) -> int | None:
+    """Move one file (its size), or None: not an ended process's file of ours, larger than ``budget``
+    (left for the next process), or a failure."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=pfd)
     except OSError:
-        return 0
+        return None
     tmp = ".%s.%d.adopt" % (name, os.getpid())  # not *.spool: the agent leaves it alone meanwhile
     out = -1
     try:
         st = os.fstat(fd)
         if not (st.st_mode & 0o170000 == 0o100000 and st.st_nlink == 1 and st.st_uid == os.getuid()):
-            return 0
+            return None
+        if budget is not None and st.st_size > budget:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return 0  # its process is alive: it replays the file itself
+            return None  # its process is alive: it replays the file itself
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=sfd)
         _spoolfile.let_directory_owner_read(out, sst.st_uid, sst.st_mode)
         while True:
@@ -73,9 +84,9 @@ def _move(pfd: int, sfd: int, sst: os.stat_result, name: str) -> int:
         os.fsync(out)
         os.link(tmp, name, src_dir_fd=sfd, dst_dir_fd=sfd)  # FileExistsError: a name taken, left as is
         os.unlink(name, dir_fd=pfd)
-        return 1
+        return st.st_size
     except OSError:
-        return 0
+        return None
     finally:
         if out >= 0:
             os.close(out)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from infersight.exporters.base import Exporter, is_ephemeral, is_live
 from infersight.exporters.console import ConsoleExporter
 from infersight.exporters.file import FileExporter
 from infersight.settings import Config, ConfigError, section_unset
+
+if TYPE_CHECKING:
+    from infersight.exporters.mqtt_settings import MqttSettings
 
 DEFAULT_FILE_NAME = "infersight.otlp.jsonl"
 # The sections of the exporters that are off unless configured, and the prefix of their
@@ -115,14 +118,17 @@ def file_is_default(config: Config, exporters: list[Exporter]) -> str | None:
     return None
 
 
-def check_exporter_settings(config: Config, env: Mapping[str, str] | None = None, *, embedded: bool = False) -> None:
+def check_exporter_settings(config: Config, env: Mapping[str, str] | None = None, *,
+                            embedded: bool = False) -> MqttSettings | None:
     """Check what :func:`build_exporters` would read, without starting any exporter (no
-    bind, no connection): ``launch`` calls it before CMD starts. Raises ConfigError."""
+    bind, no connection): ``launch`` calls it before CMD starts. Raises ConfigError. Returns the
+    MQTT settings it read (its password file among them), None without an MQTT section."""
     env = os.environ if env is None else env
+    mqtt: MqttSettings | None = None
     if not section_unset(config, *MQTT_SECTION, env):
         from infersight.exporters.mqtt_settings import settings_from_config
 
-        settings_from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
+        mqtt = settings_from_config(config, env=env, embedded=embedded, launch_pid=os.getpid() if embedded else None)
     if not section_unset(config, *PROMETHEUS_SECTION, env):
         from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
         from infersight.settings import section_settings
@@ -137,3 +143,4 @@ def check_exporter_settings(config: Config, env: Mapping[str, str] | None = None
                 otlp.resolve_timeout(signal, config.get("exporters.otlp.timeout_s"), env)
         except ValueError as exc:
             raise ConfigError("exporters.otlp: %s" % exc) from None
+    return mqtt

@@ -74,21 +74,17 @@ def validate_exporters(conf: Config) -> None:
     values, and the files the exporters read at start (MQTT's password_file and TLS files, as
     the service's user reads them; a root-only 0600 password file once passed a reload and took
     the agent down at the next restart)."""
-    from infersight.agent.commands.compose import MQTT_SECTION, check_exporter_settings
+    from infersight.agent.commands.compose import check_exporter_settings
     from infersight.exporters.mqtt_settings import MQTT_KEYS
     from infersight.exporters.prometheus_endpoint import PROMETHEUS_KEYS
-    from infersight.settings import section_unset
 
     section_settings(conf, "exporters.mqtt.", MQTT_KEYS, os.environ)
     section_settings(conf, "exporters.prometheus.", PROMETHEUS_KEYS, os.environ)
-    check_exporter_settings(conf)
-    if not section_unset(conf, *MQTT_SECTION, os.environ):
+    mqtt = check_exporter_settings(conf)  # its password file read once, here
+    if mqtt is not None and mqtt.address.tls:
         from infersight.exporters.mqtt import tls_context
-        from infersight.exporters.mqtt_settings import settings_from_config
 
-        st = settings_from_config(conf, env=os.environ)
-        if st is not None and st.address.tls:
-            tls_context(st)
+        tls_context(mqtt)
 
 
 def new_agent(

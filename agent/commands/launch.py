@@ -197,7 +197,7 @@ def bare_hooks_package() -> None:
 
 
 JOIN_TIMEOUT_S = 3.0  # an agent that takes longer to answer is not joined (auto: embedded instead)
-AGENT_WAIT_S = 30.0  # for a named socket that no agent answers yet (see agent_wait_s)
+AGENT_WAIT_S = 30.0  # for a named socket that no agent answers yet (see choose_agent)
 AGENT_POLL_S = 0.2
 ITEM_KINDS_CONSOLE = ["coldstart", "progress"]  # the waterfall
 ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]  # with --otlp-file: its copy
@@ -265,22 +265,16 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
     return Joined(path, int(s.detach()), session, reply)
 
 
-def agent_wait_s(opts: LaunchOptions) -> float:
-    """How long to wait for an agent that is not up yet: ``--agent-wait``, else AGENT_WAIT_S where the
-    socket was named (INFERSIGHT_SOCKET, or --agent PATH: a sidecar starting beside CMD, as on a cluster
-    without native sidecars), else 0 (a workstation without an agent starts at once)."""
-    if opts.agent_wait_s is not None:
-        return opts.agent_wait_s
-    return AGENT_WAIT_S if opts.agent != "auto" or os.environ.get("INFERSIGHT_SOCKET") else 0.0
-
-
 def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined | int | None:
     """``--agent``: the agent to join, None to embed one, or EXIT_USAGE (said on ``err``)."""
     if opts.agent == "embedded":
         return None
+    # A named socket (INFERSIGHT_SOCKET, or --agent PATH) is waited for, AGENT_WAIT_S unless --agent-wait says:
+    # a sidecar starting beside CMD, as on a cluster without native sidecars. The default one is not: a
+    # workstation without an agent starts at once.
     named = opts.agent != "auto" or bool(os.environ.get("INFERSIGHT_SOCKET"))
     path = hooks_module("_paths").socket_path() if opts.agent == "auto" else os.path.abspath(opts.agent)
-    wait_s = agent_wait_s(opts)
+    wait_s = opts.agent_wait_s if opts.agent_wait_s is not None else (AGENT_WAIT_S if named else 0.0)
     if opts.agent == "auto" and not named and not os.path.exists(path):
         return None  # the common workstation case: no agent, no wait
     deadline = time.monotonic() + wait_s

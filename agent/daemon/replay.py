@@ -44,6 +44,15 @@ SYNC_MAX_BYTES = 64 << 20
 Step = Generator[None, None, bool]  # one file's replay: yields between pieces of work, returns whether it was done
 
 
+def _advance(step: Step) -> bool | None:
+    """One piece of a file's replay: None while more is left, else whether the file was done."""
+    try:
+        next(step)
+    except StopIteration as end:
+        return bool(end.value)
+    return None
+
+
 def iter_frames(fd: int) -> Iterator[bytes | None]:
     """The payloads of the wire's frames in ``fd``, read a piece at a time; None once for a frame
     longer than the wire allows (the rest of the file is not read)."""
@@ -100,11 +109,9 @@ class SpoolReplay:
         done = 0
         for name, dfd in self._names(directory, prefix):
             step = self._replay_one(directory, dfd, name, SYNC_MAX_BYTES)
-            try:
-                while True:
-                    next(step)
-            except StopIteration as end:
-                done += bool(end.value)
+            while (finished := _advance(step)) is None:
+                pass
+            done += finished
         return done
 
     async def replay_async(self, directory: str, prefix: str = "") -> int:
@@ -113,12 +120,9 @@ class SpoolReplay:
         done = 0
         for name, dfd in self._names(directory, prefix):
             step = self._replay_one(directory, dfd, name, None)
-            try:
-                while True:
-                    next(step)
-                    await asyncio.sleep(0)
-            except StopIteration as end:
-                done += bool(end.value)
+            while (finished := _advance(step)) is None:  # noqa: ASYNC110 - yields the loop, waits on nothing
+                await asyncio.sleep(0)
+            done += finished
         return done
 
     def _names(self, directory: str, prefix: str) -> Iterator[tuple[str, int]]:
