@@ -303,13 +303,17 @@ class Client:
     def _adopt_leftovers(self) -> None:
         """Once, after the first connect, outside the lock: spool files this user's earlier processes
         left in its private spool (not yet in the socket's group then) go where the agent replays them."""
-        from . import _paths, _spool_adopt
+        from . import _paths  # imported at start already
 
         if self.producer.get("launched"):
             return  # launch's own spool (its private directory, its own output): not where the agent replays
         private = _paths.private_spool_dir()
         if os.path.abspath(private) == os.path.abspath(self.spool_dir) or not os.path.isdir(private):
             return
+        # Only now, with leftovers possible: an import in a worker's short cold start shows in its waterfall
+        # (a forked gunicorn worker's first connect falls inside it).
+        from . import _spool_adopt
+
         n = _spool_adopt.adopt(private, self.spool_dir)
         if n:
             _say("moved %d spool file(s) that earlier processes of this user left in %s (the agent does not "
