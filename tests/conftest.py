@@ -43,6 +43,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(parts[0])
 
 
+def pytest_report_header() -> str | None:
+    """Warn when an agent already listens where the tests' hooked processes look by default: tests that
+    start them without ``INFERSIGHT_SOCKET`` (launch's embedded default among them) would reach it."""
+    import socket
+
+    from infersight.hooks._paths import socket_path
+
+    path = socket_path({k: v for k, v in os.environ.items() if k != "INFERSIGHT_SOCKET"})
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(path)
+        except OSError:
+            return None
+    return ("WARNING: an agent listens at %s: tests that expect no agent there will join it and fail; "
+            "stop it (systemctl stop infersight) before running the suite" % path)
+
+
 def launch_tmpdir(path: Path) -> str:
     """A TMPDIR of the test's own for launch: its private directories and leftovers stay in it. (Under a
     TMPDIR too deep for launch's socket path they would go to /tmp, which parallel tests share.)"""
