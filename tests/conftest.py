@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from ports import free_port  # noqa: F401 - tests import it from here too
+from short_tmp import remove_short_tmpdirs
 
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP = REPO / "hooks" / "bootstrap"
@@ -41,6 +42,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError("%s: a test belongs in tests/unit, tests/integration or tests/e2e"
                                     % item.nodeid)
         item.add_marker(parts[0])
+
+
+@pytest.fixture(autouse=True)
+def _remove_short_tmpdirs() -> Iterator[None]:
+    """launch's short TMPDIRs (``short_tmp``) go when their test ends, with what CMD left in them."""
+    yield
+    remove_short_tmpdirs()
 
 
 def pytest_report_header() -> str | None:

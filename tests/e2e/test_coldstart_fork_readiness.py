@@ -18,14 +18,12 @@ HTTP request, then stops the stack with SIGINT to its process group, as a termin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from typing import Any
@@ -34,6 +32,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
 from launchutil import HERE, INFERSIGHT, LaunchRun, stage_name  # noqa: E402
+from short_tmp import short_tmpdir  # noqa: E402
 
 from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
 from infersight.exporters.waterfall import is_helper  # noqa: E402
@@ -73,8 +72,7 @@ def serve(tmp: str, argv: list[str], port: int, env: dict[str, str], idle_s: flo
     """Launch ``argv``; wait for its port with bare connects; one more bare connect, then one GET;
     ``idle_s`` later, SIGINT to CMD's process group; read what launch wrote."""
     otlp = os.path.join(tmp, "out.otlp.jsonl")
-    tmpdir = os.path.join(tempfile.gettempdir(), "isl-" + hashlib.sha1(tmp.encode()).hexdigest()[:12])
-    os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    tmpdir = short_tmpdir(tmp)
     e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0", TMPDIR=tmpdir,
              **ENV, **env)
     log = open(os.path.join(tmp, "launch.log"), "w+", encoding="utf-8")  # noqa: SIM115 (a pipe would wait for CMD's orphans)

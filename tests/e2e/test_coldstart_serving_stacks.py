@@ -8,13 +8,11 @@ that process's own cold start, never a timing."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +23,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
 from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
+from short_tmp import short_tmpdir  # noqa: E402
 
 from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
 from infersight.exporters.waterfall import coverage, is_helper, tree_coverage  # noqa: E402
@@ -70,8 +69,7 @@ def serve_once(tmp: str, argv: list[str], url: str, body: dict[str, object], env
     killed (a test leaves no process behind)."""
     otlp = os.path.join(tmp, "out.otlp.jsonl")
     # a TMPDIR of its own: launch replays leftovers of dead launches found there (as launchutil)
-    tmpdir = os.path.join(tempfile.gettempdir(), "isl-" + hashlib.sha1(tmp.encode()).hexdigest()[:12])
-    os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    tmpdir = short_tmpdir(tmp)
     e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0", TMPDIR=tmpdir,
              **ENV, **env)
     e.pop("PYTHONPATH", None)

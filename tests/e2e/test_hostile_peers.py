@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import socket
 import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,12 +73,19 @@ def test_wrong_schema_gets_a_clear_refusal(agent_factory) -> None:  # type: igno
     assert agent.status()["counters"]["refused_schema"] == 1
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a peer as another user")
-def test_disallowed_uid_is_refused(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    nobody = pwd.getpwnam("nobody")
-    root = Path(tempfile.mkdtemp(prefix="infersight-uid-"))  # pytest's tmp is private to root
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory another user can enter (pytest's tmp is private to root), removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="infersight-uid-"))
     os.chmod(root, 0o755)
-    agent = agent_factory(root=root).start()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a peer as another user")
+def test_disallowed_uid_is_refused(agent_factory, open_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    nobody = pwd.getpwnam("nobody")
+    agent = agent_factory(root=open_dir).start()
     os.chmod(agent.sock, 0o666)  # let the other user reach the socket: the uid check must still refuse
     code = (
         "import socket\n"

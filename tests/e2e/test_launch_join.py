@@ -9,15 +9,14 @@ mid-run loses nothing: the hooks spool and replay, launch re-subscribes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from conftest import attr, read_otlp_lines, spans, wait_for
+from short_tmp import short_tmpdir
 
 CLI = [sys.executable, "-m", "infersight"]
 
@@ -46,8 +45,7 @@ sys.exit(int(sys.argv[2]))
 def launch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_EXPORTER_OTLP", "INFERSIGHT_SOCKET"))}
     # launch's private directory in a TMPDIR of this test only (leftovers of other runs stay out)
-    tmpdir = os.path.join(tempfile.gettempdir(), "isj-" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12])
-    os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    tmpdir = short_tmpdir(str(tmp_path), "isj-")
     e.update({"TMPDIR": tmpdir, "INFERSIGHT_MEASURE_STORAGE": "0", "INFERSIGHT_SPOOL_DIR": str(tmp_path / "spool"),
               **extra})
     return e

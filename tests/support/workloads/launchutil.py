@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from short_tmp import short_tmpdir
 
 from infersight.agent.commands.show import coldstarts, spans_from_lines
 from infersight.telemetry import SpanItem
@@ -53,8 +53,7 @@ def launch(tmp: str, argv: list[str], *flags: str, result: bool = True, timeout:
     # launch replays the leftover directories of dead launches (same uid) in $TMPDIR into its
     # output: a test's own TMPDIR keeps other tests' and other runs' leftovers out of it
     # (short: the socket path must fit AF_UNIX's 108 bytes)
-    tmpdir = os.path.join(tempfile.gettempdir(), "isl-" + hashlib.sha1(tmp.encode()).hexdigest()[:12])
-    os.makedirs(tmpdir, mode=0o700, exist_ok=True)
+    tmpdir = short_tmpdir(tmp)
     e.update({"XDG_CACHE_HOME": os.path.join(tmp, "cache"), "INFERSIGHT_MEASURE_STORAGE": "0", "TMPDIR": tmpdir})
     e.update(env or {})
     t0 = time.monotonic()
