@@ -10,12 +10,15 @@ helpers as ``from conftest import ...``, which a second one would shadow.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +28,14 @@ from ports import free_port  # noqa: F401 - tests import it from here too
 from short_tmp import remove_short_tmpdirs
 
 REPO = Path(__file__).resolve().parent.parent
+
+# What the agents and hooks that tests start keep in the user's home (the ETA history, producer sequences,
+# the storage ceiling cache, a private spool) goes to a directory of this run, removed at its end: a
+# developer's own history stays out of the tests, and the tests' runs out of it.
+_XDG = tempfile.mkdtemp(prefix="infersight-tests-xdg-")
+os.environ["XDG_STATE_HOME"] = os.path.join(_XDG, "state")
+os.environ["XDG_CACHE_HOME"] = os.path.join(_XDG, "cache")
+atexit.register(shutil.rmtree, _XDG, True)
 BOOTSTRAP = REPO / "hooks" / "bootstrap"
 KINDS = ("unit", "integration", "e2e")
 

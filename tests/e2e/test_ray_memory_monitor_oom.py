@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import attr, log_records, read_otlp_lines
+from short_tmp import short_tmpdir
 
 CLI = [sys.executable, "-m", "infersight"]
 
@@ -36,7 +37,7 @@ def test_rays_memory_monitor_kill_is_classified_live(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="Ray is not installed (in the test extra)")
     out = tmp_path / "run.otlp.jsonl"
     env = dict(os.environ, RAY_memory_usage_threshold="0.05", RAY_memory_monitor_refresh_ms="100",
-               RAY_USAGE_STATS_ENABLED="0")
+               RAY_USAGE_STATS_ENABLED="0", TMPDIR=short_tmpdir(str(tmp_path)))  # Ray's session: /tmp/ray else
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     r = subprocess.run([*CLI, "launch", "--no-console", "--otlp-file", str(out), "--", sys.executable, "-c", DRIVER],
                        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
