@@ -40,7 +40,7 @@ def system_python() -> str:
     pytest.skip("no system python3 for the other users' processes")
 
 
-def ensure_user(name: str, gid: int) -> pwd.struct_passwd:
+def ensure_user(name: str, gid: int, made: list[list[str]]) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
     except KeyError:
@@ -48,19 +48,27 @@ def ensure_user(name: str, gid: int) -> pwd.struct_passwd:
                            capture_output=True, text=True)
         if r.returncode != 0:
             pytest.skip("cannot make user %s: %s" % (name, r.stderr.strip()))
+        made.append(["userdel", name])
         return pwd.getpwnam(name)
 
 
-@pytest.fixture
-def users() -> tuple[int, pwd.struct_passwd, pwd.struct_passwd]:
+@pytest.fixture(scope="module")
+def users() -> Iterator[tuple[int, pwd.struct_passwd, pwd.struct_passwd]]:
+    """The socket's group and its two members; what this made is removed after the module's tests."""
+    made: list[list[str]] = []
     try:
-        gid = grp.getgrnam(GROUP).gr_gid
-    except KeyError:
-        r = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip("cannot make group %s: %s" % (GROUP, r.stderr.strip()))
-        gid = grp.getgrnam(GROUP).gr_gid
-    return gid, ensure_user(VICTIM, gid), ensure_user(ATTACKER, gid)
+        try:
+            gid = grp.getgrnam(GROUP).gr_gid
+        except KeyError:
+            r = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip("cannot make group %s: %s" % (GROUP, r.stderr.strip()))
+            made.append(["groupdel", GROUP])
+            gid = grp.getgrnam(GROUP).gr_gid
+        yield gid, ensure_user(VICTIM, gid, made), ensure_user(ATTACKER, gid, made)
+    finally:
+        for cmd in reversed(made):  # the users before their group
+            subprocess.run(cmd, capture_output=True)
 
 
 @pytest.fixture
