@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from infersight.agent.daemon.assemble import Producer, ProducerTableFull
+from infersight.agent.daemon.frame_budget import FrameBudget, FrameShare
 from infersight.agent.daemon.framing import GATE_S, ReadDeadline, ReadGate, read_frame
 from infersight.agent.daemon.identity import Peer, peer_credentials, peer_groups
 from infersight.agent.daemon.liveness import Liveness
@@ -53,6 +54,7 @@ class Connections:
         self.frame_timeout_s = frame_timeout_s
         self.idle_timeout_s = idle_timeout_s or None
         self.gate = ReadGate(gate_s)
+        self.frame_budget = FrameBudget(self.counters)
         self.subscribe: Subscribe | None = None
         self.open = 0  # connections open now
         self._per_uid: dict[int, int] = {}  # open connections per peer uid
@@ -123,7 +125,7 @@ class Connections:
             return
         try:
             payload = await read_frame(reader, PROBATION_S if over > 0 else self.frame_timeout_s,
-                                       self.frame_timeout_s, self.counters, self.rlog)
+                                       self.frame_timeout_s, self.counters, self.rlog, self._frame_share(uid))
         except TimeoutError:
             if over > 0:
                 closed_over()
@@ -162,12 +164,22 @@ class Connections:
             return
         started = self.liveness.joined(producer, pid)
         try:
-            await self._serve_producer(producer, reader, writer)
+            await self._serve_producer(producer, uid, reader, writer)
         finally:
             self.liveness.left(producer, pid, started)
 
+    def _frame_share(self, uid: int) -> FrameShare:
+        """A connection of ``uid``: its large frames wait for their share of the bytes being read."""
+        return FrameShare(self.frame_budget, uid, lambda: self.frame_timeout_s, self._frame_refused)
+
+    def _frame_refused(self, uid: int) -> None:
+        b = self.frame_budget
+        self.rlog.warn("frame_budget", "a frame of uid %d waited %.0f s for its share of the large frames being "
+                       "read (%d MiB a uid, %d MiB in all); closing", uid, self.frame_timeout_s, b.per_uid >> 20,
+                       b.total >> 20)
+
     async def _serve_producer(
-        self, producer: Producer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, producer: Producer, uid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         writer.write(_wire.welcome_frame())
         acks: deque[list[int]] = deque()  # [last seq, done]
@@ -185,7 +197,7 @@ class Connections:
         transport = cast(asyncio.Transport, writer.transport)
         self.gate.join(transport)
         try:
-            await self._producer_loop(producer, reader, writer, deadline, acks, send_acks)
+            await self._producer_loop(producer, uid, reader, writer, deadline, acks, send_acks)
         except (asyncio.IncompleteReadError, ConnectionError):
             if not deadline.expired:
                 raise
@@ -194,10 +206,11 @@ class Connections:
             deadline.cancel()
 
     async def _producer_loop(
-        self, producer: Producer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        self, producer: Producer, uid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         deadline: ReadDeadline, acks: deque[list[int]], send_acks: Callable[[], None],
     ) -> None:
         loop = deadline.loop
+        share = self._frame_share(uid)
         broadcaster = self.receiver.broadcaster
         readexactly = reader.readexactly
         gate, transport = self.gate, cast(asyncio.Transport, writer.transport)
@@ -211,8 +224,18 @@ class Connections:
                 self.counters.oversized_frames += 1
                 self.rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
                 return
-            deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
-            payload = await readexactly(n)
+            if share.needs(n):  # the agent holds it while it waits, not the peer: no frame timeout yet
+                deadline.phase = ReadDeadline.HELD
+                if not await share.take(n):
+                    return
+                deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
+                try:
+                    payload = await readexactly(n)
+                finally:
+                    share.give_back(n)
+            else:
+                deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
+                payload = await readexactly(n)
             gate.frame(transport, n, deadline.since)
             msg = decode_frame(payload)
             if msg is None or msg.get("t") != "b":

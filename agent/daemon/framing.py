@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from infersight.agent.daemon.frame_budget import FrameShare
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.receive import RateLimitedLog
 from infersight.hooks import _wire
@@ -37,15 +38,27 @@ class DeadlineOwner(Protocol):
 
 
 async def read_frame(reader: asyncio.StreamReader, header_s: float, frame_s: float, counters: Counters,
-                     rlog: RateLimitedLog) -> bytes | None:
+                     rlog: RateLimitedLog, share: FrameShare | None = None) -> bytes | None:
     """One payload (a connection's first frame); None after counting an oversized or slow
-    frame. The header may take up to ``header_s``, the payload ``frame_s``; TimeoutError past
-    the header's."""
+    frame, or a large one that did not get its ``share`` of the bytes being read. The header may
+    take up to ``header_s``, the payload ``frame_s``; TimeoutError past the header's."""
     n = _wire.frame_size(await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), header_s))
     if n > _wire.MAX_FRAME_BYTES:
         counters.oversized_frames += 1
         rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
         return None
+    if share is not None and share.needs(n):
+        if not await share.take(n):
+            return None
+        try:
+            return await _read_payload(reader, n, frame_s, counters, rlog)
+        finally:
+            share.give_back(n)
+    return await _read_payload(reader, n, frame_s, counters, rlog)
+
+
+async def _read_payload(reader: asyncio.StreamReader, n: int, frame_s: float, counters: Counters,
+                        rlog: RateLimitedLog) -> bytes | None:
     try:
         return await asyncio.wait_for(reader.readexactly(n), frame_s)
     except TimeoutError:

@@ -34,6 +34,10 @@ class Counters:
     reload_failures: int = 0
     over_capacity: int = 0  # connections closed at the connection limit
     over_uid_budget: int = 0  # of those, connections of a uid that held its share (a quarter) already
+    # Connections closed because a large frame waited a frame timeout for its uid's (or the total) share of
+    # the bytes of frames being read (frame_budget.py); each of those waits is also in frames_waited_budget.
+    over_frame_budget: int = 0
+    frames_waited_budget: int = 0
     idle_closed: int = 0  # producer connections closed after the idle timeout
     accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
     refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts
@@ -171,7 +175,8 @@ def health_metrics(
         m("infersight.agent.connections.closed",
           [NumberPoint(c.over_capacity - c.over_uid_budget, _attr("infersight.reason", "over_capacity")),
            NumberPoint(c.over_uid_budget, _attr("infersight.reason", "over_uid_budget")),
-           NumberPoint(c.idle_closed, _attr("infersight.reason", "idle"))]),
+           NumberPoint(c.idle_closed, _attr("infersight.reason", "idle")),
+           NumberPoint(c.over_frame_budget, _attr("infersight.reason", "over_frame_budget"))]),
         m("infersight.agent.accept.errors", [NumberPoint(c.accept_errors)]),
         m("process.cpu.time", [NumberPoint(cpu_s)]),
         m("process.memory.usage", [NumberPoint(rss)]),

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from infersight.agent.daemon.frame_budget import SMALL_FRAME_BYTES
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.receive import RateLimitedLog
 from infersight.agent.errors import AgentError
@@ -30,7 +31,10 @@ log = logging.getLogger("infersight.agent")
 ACCEPT_BACKOFF_MIN_S = 0.05
 ACCEPT_BACKOFF_MAX_S = 2.0
 ERRNO_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
-STREAM_LIMIT = 1 << 21  # a StreamReader's buffer: two frames of the largest size
+# A StreamReader's buffer: a connection reads ahead at most twice this while the agent is not reading it
+# (asyncio pauses the socket there). It was 2 MiB: 4 MiB of agent memory per connection, whatever it sent.
+# A frame larger than this is read whole only with its share of frame_budget's bytes.
+STREAM_LIMIT = SMALL_FRAME_BYTES
 # The listen backlog: producers that connect during an agent restart or a burst wait here instead of being
 # refused (systemd/infersight.socket's Backlog=512 says the same); the kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = max(512, socket.SOMAXCONN)

@@ -100,3 +100,49 @@ def test_disallowed_uid_is_refused(agent_factory, open_dir: Path) -> None:  # ty
                        user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/")
     assert '"refuse"' in r.stdout and "not allowed" in r.stdout, r.stderr
     assert agent.status()["counters"]["refused_peers"] == 1
+
+
+def vm_kib(pid: int, key: str) -> int:
+    with open("/proc/%d/status" % pid, encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+def test_frames_announced_large_and_never_finished_hold_a_bounded_share(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """150 connections each announce a 1 MiB frame and send all of it but its last byte. The agent
+    used to buffer every one (4 MiB of read-ahead a connection, then the frame): its peak RSS grew by
+    more than 150 MiB. Now large frames share 64 MiB (frame_budget), the rest wait without being read
+    and are closed after the frame timeout; small frames (another producer's batch) still flow."""
+    agent = agent_factory().start()
+    pid = agent.proc.pid  # type: ignore[union-attr]
+    agent.status()
+    base_kib = vm_kib(pid, "VmRSS")
+    body = _wire.HEADER.pack(_wire.MAX_FRAME_BYTES) + b" " * (_wire.MAX_FRAME_BYTES - 1)
+    floods: dict[socket.socket, int] = {}
+    for _ in range(150):
+        s = connect(agent.sock)
+        s.setblocking(False)
+        floods[s] = 0
+    try:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline and any(sent < len(body) for sent in floods.values()):
+            for s, sent in floods.items():
+                if sent < len(body):
+                    try:
+                        floods[s] = sent + s.send(body[sent:sent + (256 << 10)])
+                    except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+                        pass
+            time.sleep(0.01)
+        with connect(agent.sock) as victim:  # a producer whose batches are small: read at once
+            victim.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
+                "id": "victim", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+            victim.sendall(_wire.encode_frame({"t": "b", "e": [[1, 5, "log", {"body": "victim-ok"}]]}))
+            assert wait_for(lambda: agent.status()["counters"]["events_in"] == 1, 20)
+        assert wait_for(lambda: agent.status()["counters"]["over_frame_budget"] >= 1, 30)
+    finally:
+        for s in floods:
+            s.close()
+    peak_mib = (vm_kib(pid, "VmHWM") - base_kib) / 1024
+    assert peak_mib < 120, "the agent's peak RSS grew by %.0f MiB" % peak_mib
+    c = agent.status()["counters"]
+    assert c["frames_waited_budget"] >= 150 - 64  # 64 frames of 1 MiB fill the total
+    assert agent.status()["healthy"] is True
