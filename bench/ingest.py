@@ -54,11 +54,15 @@ while True:  # wait for the final ack
 
 
 async def run(n: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="ingest-bench-") as d:
+        return await _run_in(d, n)
+
+
+async def _run_in(d: str, n: int) -> dict[str, float]:
     from infersight.agent.daemon import config as cfg
     from infersight.agent.daemon.lifecycle import Agent
     from infersight.exporters.file import FileExporter
 
-    d = tempfile.mkdtemp()
     out = os.path.join(d, "out.jsonl")
     conf = cfg.load(None, env={}, flags={"agent.socket": os.path.join(d, "a.sock"),
                                          "agent.spool_dir": os.path.join(d, "spool"),
@@ -92,8 +96,6 @@ async def run(n: int) -> dict[str, float]:
         "file_bytes_per_event": round(size / n, 1),
         "goal_per_core": 100_000,
     }
-
-
 
 
 SMALL_RUN = 2048  # the reference for bytes per record: nothing queues up
