@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,6 +63,13 @@ MAX_LINEAGE = 16  # ancestors looked up for a copy's process family
 # Distinct memory errors from logs and stderr that one producer may report in DEDUP_WINDOW_NS: a log that
 # floods the agent with messages it cannot tell apart costs that producer the rest, counted (``over_budget``).
 MAX_NEW_PER_PRODUCER = 16
+# The event loop's time one uid's texts may take to analyse (the serving rules cost 0.5-5 ms a text, whatever
+# it turns out to be) in ANALYSIS_WINDOW_NS, on the agent's clock: a member of the socket group who sent 30,000
+# distinct texts held the loop 14 s, and another user's OOM report waited up to 2 s. Past it a text of that uid
+# is not read (``over_uid_budget``). A process's hooks send at most 64 warnings and 64 errors (tens of ms).
+ANALYSIS_NS_PER_UID = 250_000_000
+ANALYSIS_WINDOW_NS = 30_000_000_000
+MAX_UIDS_ANALYSED = 256  # uids whose recent analyses are remembered (the least recent go first)
 MAX_TEXT = 16384
 MAX_CONTEXT = 8192  # an oom event's ``ctx``: the engine's sizing lines the hooks kept
 MAX_MEM_SPAN_EVENTS = 1024  # memory span events waiting for their span, per producer
@@ -304,6 +313,8 @@ class OomHandlers:
         # per producer (uid, id): when its recent new messages came
         self._new_by_producer: dict[tuple[int | None, str], list[int]] = {}
         self.over_budget = 0  # memory errors from logs and stderr not reported: over their producer's budget
+        self.over_uid_budget = 0  # texts not analysed: their uid had MAX_ANALYSED_PER_UID analysed in the window
+        self._analysis_by_uid: dict[int, deque[tuple[int, int]]] = {}  # uid -> (when, cost) on the agent's clock
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
         self.context_decided = 0  # engine OOMs whose class the live context decided
@@ -321,7 +332,15 @@ class OomHandlers:
         msg: OomMessage | None = None
         engine = "pytorch"
         if text:
+            if source in _STREAMS and self._at_budget(p, t_ns):
+                self.over_budget += 1  # nothing a stream's text can give would go out: not analysed
+                return
+            if not self._may_analyse(p.uid):
+                self.over_uid_budget += 1
+                return
             from infersight.rules.serving import analyse
+
+            began = time.monotonic_ns()
 
             # The engine's sizing lines (logged at INFO before the error): read for their numbers, as the lines
             # before an error in a log are, never as an error of their own (only what reaches into ``text``).
@@ -331,6 +350,7 @@ class OomHandlers:
                 found = [f for f in analyse(ctx + "\n" + text, self.classifier.serving) if f.last_line >= skip]
             else:
                 found = analyse(text, self.classifier.serving)
+            self._charge(p.uid, began)
             first = found[0] if found else None
             if first is None:
                 if source != "observer":
@@ -506,6 +526,38 @@ class OomHandlers:
                 break
             chain.append(parent)
         return Seen(t_ns, source, pid, tuple(chain), trace, here)
+
+    def _at_budget(self, p: Producer, t_ns: int) -> bool:
+        """Whether producer ``p`` has reported MAX_NEW_PER_PRODUCER new memory errors from logs or stderr in
+        the window (``_admit`` would refuse the next): a duplicate or a non-memory text would not go out either."""
+        times = self._new_by_producer.get((p.uid, str(p.info.get("id"))), [])
+        return sum(1 for t in times if t_ns - t <= DEDUP_WINDOW_NS) >= MAX_NEW_PER_PRODUCER
+
+    def _may_analyse(self, uid: int | None) -> bool:
+        """Whether ``uid``'s texts took less than ANALYSIS_NS_PER_UID of the loop in the last window; the agent's
+        own in-process producers (no uid) always may."""
+        if uid is None:
+            return True
+        costs = self._analysis_by_uid.get(uid)
+        if not costs:
+            return True
+        horizon = time.monotonic_ns() - ANALYSIS_WINDOW_NS
+        while costs and costs[0][0] < horizon:
+            costs.popleft()
+        return sum(c for _, c in costs) < ANALYSIS_NS_PER_UID
+
+    def _charge(self, uid: int | None, began: int) -> None:
+        """Note what one analysis of ``uid``'s text cost (begun at ``began``, the agent's clock)."""
+        if uid is None:
+            return
+        now = time.monotonic_ns()
+        costs = self._analysis_by_uid.pop(uid, None) or deque()
+        costs.append((now, now - began))
+        self._analysis_by_uid[uid] = costs  # the most recent last
+        if len(costs) > 4096:  # cheap texts: the oldest are not what decides
+            costs.popleft()
+        if len(self._analysis_by_uid) > MAX_UIDS_ANALYSED:
+            del self._analysis_by_uid[next(iter(self._analysis_by_uid))]
 
     def _admit(self, p: Producer, t_ns: int) -> bool:
         """Whether producer ``p`` may report one more new memory error from a log or stderr now (at most

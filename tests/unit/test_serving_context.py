@@ -622,3 +622,32 @@ def test_the_budget_is_per_producer_and_what_it_refuses_is_not_remembered() -> N
     raised = [i for i in asm.events(flood, [[2, 60, "oom", {"source": "exception", "text": refused}]])
               if isinstance(i, LogItem)]
     assert len(raised) == 1
+
+
+def test_one_uids_distinct_texts_cost_the_loop_a_bounded_time_and_another_uids_oom_still_goes_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Texts are analysed before any producer budget can tell them apart, and analysis runs on the event
+    loop: a member of the socket group sending distinct texts (as exceptions, which no producer budget
+    covers, from many producers) held the loop 14 s for 30,000. Now one uid's texts take at most
+    ANALYSIS_NS_PER_UID of the loop per window (on the agent's clock, not the events'); past it they are not
+    read, counted, and another uid's OOM is classified as before."""
+    from infersight.agent.oom import kind
+
+    monkeypatch.setattr(kind, "ANALYSIS_NS_PER_UID", 20_000_000)  # 20 ms: a few dozen texts here
+    h = OomHandlers(OomClassifier([]), None)
+    asm = Assembler("host", {"oom": h.oom})
+    floods = [asm.hello({"id": "f%d" % i, "pid": 100 + i, "start_ns": 1, "trace_id": "%032x" % (i + 1),
+                         "root_span_id": "%016x" % (i + 1)}, uid=1002) for i in range(50)]
+    victim = asm.hello({"id": "victim", "pid": 11, "start_ns": 1, "trace_id": "1" * 32, "root_span_id": "2" * 16},
+                       uid=1001)
+    text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating %d.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory " + "padding " * 1500)
+    for i, p in enumerate(floods):  # 2,000 distinct texts, spread over an hour of the events' own clock
+        n = i * 40
+        asm.events(p, [[k + 1, (n + k) * 31_000_000_000, "oom", {"source": "exception", "text": text % (n + k)}]
+                       for k in range(40)])
+    assert h.over_uid_budget > 1900, h.over_uid_budget  # not read: a few dozen were, at ~1 ms each
+    assert h.ooms < 100
+    mine = [i for i in asm.events(victim, [[1, 10, "oom", {"source": "exception", "text": text % 7}]])
+            if isinstance(i, LogItem)]
+    assert len(mine) == 1
