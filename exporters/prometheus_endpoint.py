@@ -263,14 +263,18 @@ class SeriesStore:
         return kept
 
     def _family(self, name: str, typ: PromType, doc: str) -> bool:
+        """Whether points of ``name`` as ``typ`` may be kept: a name has one type, the first kept."""
         fam = self._families.get(name)
-        if fam is None:
-            self._families[name] = _Family(typ, doc)
-            return True
-        if fam.type != typ:
+        if fam is not None and fam.type != typ:
             self.type_conflicts += 1
             return False
         return True
+
+    def _kept(self, name: str, typ: PromType, doc: str) -> None:
+        """A series of ``name`` was kept: its family exists from now on. (A family made before any series
+        was, one per distinct name refused by the series budget, had grown the agent by 150 MiB.)"""
+        if name not in self._families:
+            self._families[name] = _Family(typ, doc)
 
     def _put(self, key: SeriesKey, series: _Series, owner: int | None = None) -> bool:
         if key not in self._series:
@@ -307,7 +311,8 @@ class SeriesStore:
         owner = uid if type(uid) is int else None
         if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
             info = {**labels_of(m.resource.as_dict()), **base}
-            self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now), owner)
+            if self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now), owner):
+                self._kept(TARGET_INFO, "gauge", "Target metadata")
         kept = 0
         for p in m.points:
             labels = {**point_labels(p.attributes), **base}
@@ -326,6 +331,8 @@ class SeriesStore:
             else:
                 continue
             kept += self._put((name, tuple(sorted(labels.items()))), series, owner)
+        if kept:
+            self._kept(name, typ, m.description or m.name)
         return kept
 
     def expire(self, now: float | None = None) -> None:

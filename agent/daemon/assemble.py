@@ -49,6 +49,13 @@ MAX_EVENTS_PER_SPAN = 128
 SEVERITY = {"TRACE": 1, "DEBUG": 5, "INFO": 9, "WARN": 13, "WARNING": 13, "ERROR": 17, "FATAL": 21}
 
 
+def agents_name(name: str) -> bool:
+    """Whether a producer's metric name falls in the agent's namespace (``infersight.*``, in any spelling
+    Prometheus maps there: ``infersight_request.duration``): another user's gauge of that name had taken
+    the type of ``infersight_request_duration_seconds`` and removed every other user's series from the scrape."""
+    return name[:10].lower() == "infersight" and (len(name) == 10 or not name[10].isalnum())
+
+
 class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malformed(...)"
     """An event or hello that does not follow the schema."""
 
@@ -618,9 +625,12 @@ class Assembler:
             k = d.get("k", "gauge")
             if k not in ("gauge", "sum"):
                 raise Malformed("metric kind must be gauge or sum")
+            name = name_field(d.get("n"), "n", 255)
+            if agents_name(name):
+                raise Malformed("metric names infersight.* are the agent's")
             out.append(
                 MetricItem(
-                    p.resource, name_field(d.get("n"), "n", 255), k, text_field(d.get("u", ""), "u", 32), "",
+                    p.resource, name, k, text_field(d.get("u", ""), "u", 32), "",
                     t_ns, int(p.info["start_ns"]), [NumberPoint(v, attributes(d.get("a")))],
                 )
             )

@@ -142,6 +142,30 @@ def test_one_uid_cannot_take_the_prometheus_series_bound() -> None:
     assert store.add([agent_own]) == 1
 
 
+def test_metric_names_refused_by_the_series_budget_leave_nothing_behind() -> None:
+    """A family used to be made before its first series was admitted: 200,000 distinct names from a uid at
+    its series budget grew the agent by 150 MiB while every point was refused."""
+    store = SeriesStore(max_series=1000, target_info=False)
+    store.add([_metric(1001, i) for i in range(250)])  # the uid's share is full
+    res = Resource.of({"service.name": "s", "process.user.id": 1001})
+    store.add([MetricItem(res, "name_%d" % i, "gauge", "", "", 1, 0, [NumberPoint(1.0, {})]) for i in range(3000)])
+    assert store.points_refused_uid_budget == 3000
+    assert len(store._families) == 1  # "flood" only
+
+
+def test_a_producer_cannot_send_a_metric_in_the_agents_namespace() -> None:
+    """Another user's gauge named infersight.request.duration had taken that Prometheus name's type, and the
+    agent's request histograms of every other user were dropped from the scrape (type_conflicts)."""
+    a = Assembler("h")
+    p = hello(a, 1, 1001)
+    for i, name in enumerate(("infersight.request.duration", "INFERSIGHT_request.duration", "infersight",
+                              "infersight-x"), start=1):
+        assert a.events(p, [[i, 5, "metric", {"n": name, "v": 1.0, "k": "gauge"}]]) == []
+    assert a.malformed == 4
+    kept = a.events(p, [[5, 5, "metric", {"n": "infersightful.queue", "v": 1.0}]])
+    assert [m.name for m in kept if isinstance(m, MetricItem)] == ["infersightful.queue"]
+
+
 def test_one_uid_cannot_push_another_uids_history_out() -> None:
     """The history keeps MAX_KEYS keys, least recently used out first: another user's many
     command lines (each its own key) evict only that user's own keys past its share."""
