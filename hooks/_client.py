@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_DELAY_S", "BATCH_EVENTS", "HELD", "MAX_BUFFER_EVENTS", "Client", "builders"]
 
-MAX_BATCH_EVENTS = 512  # per frame: bounds a frame well under _wire.MAX_FRAME_BYTES
+MAX_BATCH_EVENTS = _wire.MAX_BATCH_EVENTS  # per frame
 WRITE_FRAMES = 16  # frames per write or send, at most, while the buffer is long
 WRITE_FRAMES_PRESSED = 64  # ... and past the spill mark (~3 MiB of log events a write)
 BATCH_DELAY_S: float = _env.VARS["INFERSIGHT_BATCH_DELAY_MS"].default / 1e3  # ... or once the oldest is this old

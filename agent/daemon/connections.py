@@ -242,7 +242,13 @@ class Connections:
                 self.counters.malformed_frames += 1
                 self.rlog.warn("frame", "producer %s sent a malformed frame", producer.id)
                 continue
-            self.receiver.process_batch(producer, msg.get("e"), acks, send_acks)
+            events = msg.get("e")
+            if isinstance(events, list) and len(events) > _wire.MAX_BATCH_EVENTS_READ:
+                self.counters.malformed_frames += 1
+                self.rlog.warn("frame", "producer %s sent a batch of %d events (no hook sends more than %d); "
+                               "refused whole", producer.id, len(events), _wire.MAX_BATCH_EVENTS)
+                continue
+            self.receiver.process_batch(producer, events, acks, send_acks)
             if writer.transport.get_write_buffer_size() > 1 << 20:
                 deadline.phase = ReadDeadline.HELD  # as before: no limit on a peer reading its acks
                 await writer.drain()

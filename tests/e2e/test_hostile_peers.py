@@ -146,3 +146,17 @@ def test_frames_announced_large_and_never_finished_hold_a_bounded_share(agent_fa
     c = agent.status()["counters"]
     assert c["frames_waited_budget"] >= 150 - 64  # 64 frames of 1 MiB fill the total
     assert agent.status()["healthy"] is True
+
+
+def test_a_batch_larger_than_any_hooks_is_refused_whole(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """350,000 empty events fit one 1 MiB frame; refusing them one at a time cost the event loop 0.3 s a frame.
+    A batch of more events than a hook ever sends is refused whole, once; the connection goes on."""
+    agent = agent_factory().start()
+    with connect(agent.sock) as s:
+        s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
+            "id": "wide", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+        s.sendall(_wire.encode_frame({"t": "b", "e": [[]] * 300_000}))
+        s.sendall(_wire.encode_frame({"t": "b", "e": [[1, 7, "log", {"body": "fine"}]]}))
+        assert wait_for(lambda: agent.status()["counters"]["events_in"] == 1, 20)
+    c = agent.status()["counters"]
+    assert c["malformed_frames"] == 1 and c["malformed_events"] == 0, c
