@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 from infersight.errors import InfersightError
 from infersight.telemetry import Item
 
+OWNER_ATTR = "process.user.id"  # a resource's producer uid, set by the agent from the kernel's word
+
 
 class ExporterError(InfersightError):
     """The base of the exporters' errors. Only :class:`ExportError` means "not delivered,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections import deque
 from collections.abc import Sequence
 
-from infersight.exporters.base import ExportError
+from infersight.exporters.base import OWNER_ATTR, ExportError
 from infersight.exporters.otlp_json import encode_lines
 from infersight.statefiles import open_state_dir, open_state_file
 from infersight.telemetry import Item
@@ -15,6 +16,16 @@ from infersight.telemetry import Item
 log = logging.getLogger("infersight.exporters.file")
 INLINE_BYTES = 64 << 10  # smaller writes stay on the event loop
 INLINE_ITEMS = 256  # larger batches are encoded in the worker thread too
+UID_SHARE = 4  # one uid over a quarter of what the file and its rotations keep may not push out another's
+
+
+def by_uid(batch: Sequence[Item]) -> list[tuple[int | None, list[Item]]]:
+    """``batch`` in groups of one producer uid each (None: the agent's own), in the order they first come."""
+    groups: dict[int | None, list[Item]] = {}
+    for it in batch:
+        uid = it.resource.get(OWNER_ATTR)
+        groups.setdefault(uid if type(uid) is int else None, []).append(it)
+    return list(groups.items())
 
 
 PRIVATE_MASK = 0o077  # a file in the agent's state directory: no group or other bits
@@ -80,7 +91,10 @@ class FileExporter:
         self.rotations = 0
         self.partial_writes = 0  # writes cut back to the last complete line
         self.partial_lines_removed = 0  # partial lines found at open (records lost before)
+        self.records_refused_uid_budget = 0  # records of a uid over its share whose write would push out another's
         self.last_error = ""
+        # Bytes each uid wrote to the file (first) and to each rotation of this run, newest first.
+        self._uid_bytes: deque[dict[int, int]] = deque([{}])
 
     async def start(self) -> None:
         import asyncio  # here, not at the top: launch's quick end writes without an event loop
@@ -163,11 +177,29 @@ class FileExporter:
             if dfd is not None:
                 os.close(dfd)
         self.rotations += 1
+        self._uid_bytes.appendleft({})
+        while len(self._uid_bytes) > self.backups + 1:
+            self._uid_bytes.pop()
         self._open()
 
-    def _write(self, lines: list[str], data: bytes, n_items: int) -> None:
+    def _may_rotate(self, uid: int | None) -> bool:
+        """Whether a write of ``uid`` may rotate the file. A rotation deletes the oldest file once every
+        rotation exists: not for a uid that holds more than its share of what is kept, when that file holds
+        another uid's records (a member's flood of logs rotated a victim's records out of every file within
+        a second). A uid alone on the host, or under its share, rotates as before."""
+        if uid is None or len(self._uid_bytes) <= self.backups:
+            return True
+        if not any(n for u, n in self._uid_bytes[-1].items() if u != uid):
+            return True
+        held = sum(d.get(uid, 0) for d in self._uid_bytes)
+        return held <= self.max_bytes * (self.backups + 1) // UID_SHARE
+
+    def _write(self, lines: list[str], data: bytes, n_items: int, uid: int | None = None) -> None:
         self._open()
         if self._size and self._size + len(data) > self.max_bytes:
+            if not self._may_rotate(uid):
+                self.records_refused_uid_budget += n_items
+                return
             self._rotate()
         assert self._fd is not None
         fd, start = self._fd, self._size
@@ -183,27 +215,35 @@ class FileExporter:
         self._size += len(data)
         self.lines += len(lines)
         self.items += n_items
+        if uid is not None:
+            now = self._uid_bytes[0]
+            now[uid] = now.get(uid, 0) + len(data)
 
     def _encode_write(self, batch: Sequence[Item]) -> None:
-        lines = encode_lines(batch)
+        for uid, items in by_uid(batch):
+            self._encode_write_one(items, uid)
+
+    def _encode_write_one(self, items: Sequence[Item], uid: int | None) -> None:
+        lines = encode_lines(items)
         if lines:
-            self._write(lines, ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace"), len(batch))
+            self._write(lines, ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace"), len(items), uid)
 
     async def export(self, batch: Sequence[Item]) -> None:
         import asyncio
 
         try:
-            if len(batch) > INLINE_ITEMS or self._fd is None:  # large, or to be opened: off the loop
-                await asyncio.to_thread(self._encode_write, batch)
-            else:
-                lines = encode_lines(batch)
+            for uid, items in by_uid(batch):  # each uid's records apart: one may be over its share
+                if len(items) > INLINE_ITEMS or self._fd is None:  # large, or to be opened: off the loop
+                    await asyncio.to_thread(self._encode_write_one, items, uid)
+                    continue
+                lines = encode_lines(items)
                 if not lines:
-                    return
+                    continue
                 data = ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace")
                 if len(data) < self.inline_bytes:
-                    self._write(lines, data, len(batch))
+                    self._write(lines, data, len(items), uid)
                 else:
-                    await asyncio.to_thread(self._write, lines, data, len(batch))
+                    await asyncio.to_thread(self._write, lines, data, len(items), uid)
         except OSError as exc:  # disk full, permissions: the worker counts and spools
             self.errors += 1
             self.last_error = str(exc)
@@ -246,5 +286,6 @@ class FileExporter:
             "rotations": self.rotations,
             "partial_writes": self.partial_writes,
             "partial_lines_removed": self.partial_lines_removed,
+            "records_refused_uid_budget": self.records_refused_uid_budget,
             "last_error": self.last_error,
         }

@@ -53,7 +53,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
-from infersight.exporters.base import ExportError
+from infersight.exporters.base import OWNER_ATTR, ExportError
 from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.settings import Config, Key, parse_listen_host, parse_listen_port, section_settings, strip_host
 from infersight.settings import parse_bool as _p_bool
@@ -75,7 +75,6 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
 DEFAULT_MAX_SERIES = 10_000
 UID_SHARE = 4  # by default one uid may hold a quarter of the series bound
-OWNER_ATTR = "process.user.id"  # the producer's uid, set by the agent from the kernel's word
 DEFAULT_SERIES_TTL_S = 300.0
 REBIND_INTERVAL_S = 10.0
 

@@ -170,3 +170,46 @@ def test_a_new_state_file_is_private_under_any_umask(tmp_path: Path, umask: int)
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+def _log(uid: int, body: str) -> LogItem:
+    return LogItem(Resource.of({"service.name": "u%d" % uid, "process.user.id": uid}), 1, 9, "INFO", body)
+
+
+def _bodies(path: Path) -> list[str]:
+    out = []
+    for f in sorted(path.parent.glob(path.name + "*")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            for rl in json.loads(line)["resourceLogs"]:
+                out += [r["body"]["stringValue"] for sl in rl["scopeLogs"] for r in sl["logRecords"]]
+    return out
+
+
+async def test_one_uids_flood_does_not_rotate_another_uids_records_out_of_the_file(tmp_path: Path) -> None:
+    """A member of the socket group wrote 24,000 large log records: the file rotated five times in a second
+    and a victim's record was in none of the file and its rotations. A uid over a quarter of what the file and
+    its rotations keep may no longer rotate away a file that holds another uid's records: its records are
+    counted and dropped; the victim's stays. (One uid alone on the host rotates as before: below.)"""
+    path = tmp_path / "out.otlp.jsonl"
+    fe = FileExporter(str(path), max_bytes=16 << 10, backups=2)
+    await fe.start()
+    await fe.export([_log(1002, "victim-record")])
+    for i in range(400):
+        await fe.export([_log(1001, "flood-%d " % i + "x" * 1000)])
+    await fe.export([_log(1003, "third-uid-after-the-flood")])
+    await fe.shutdown()
+    bodies = _bodies(path)
+    assert "victim-record" in bodies and "third-uid-after-the-flood" in bodies
+    assert fe.records_refused_uid_budget > 300, fe.state()
+    assert fe.rotations >= 2  # the flood rotated until it was the one to push the victim out
+
+
+async def test_one_uid_alone_rotates_its_own_records_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "out.otlp.jsonl"
+    fe = FileExporter(str(path), max_bytes=16 << 10, backups=2)
+    await fe.start()
+    for i in range(400):
+        await fe.export([_log(1001, "run-%d " % i + "x" * 1000)])
+    await fe.shutdown()
+    assert fe.records_refused_uid_budget == 0 and fe.rotations > 20
+    assert "run-399 " + "x" * 1000 in _bodies(path)
