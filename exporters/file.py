@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from infersight.exporters.base import OWNER_ATTR, ExportError
 from infersight.exporters.otlp_json import encode_lines
 from infersight.statefiles import open_state_dir, open_state_file
-from infersight.telemetry import Item
+from infersight.telemetry import ColdStart, Item
 
 log = logging.getLogger("infersight.exporters.file")
 INLINE_BYTES = 64 << 10  # smaller writes stay on the event loop
@@ -23,7 +23,8 @@ def by_uid(batch: Sequence[Item]) -> list[tuple[int | None, list[Item]]]:
     """``batch`` in groups of one producer uid each (None: the agent's own), in the order they first come."""
     groups: dict[int | None, list[Item]] = {}
     for it in batch:
-        uid = it.resource.get(OWNER_ATTR)
+        res = it.root.resource if isinstance(it, ColdStart) else it.resource
+        uid = res.get(OWNER_ATTR)
         groups.setdefault(uid if type(uid) is int else None, []).append(it)
     return list(groups.items())
 

@@ -22,7 +22,7 @@ from infersight.agent.daemon.assemble import Assembler
 from infersight.exporters.base import ExportError
 from infersight.exporters.file import FileExporter
 from infersight.exporters.otlp_json import encode_lines
-from infersight.telemetry import LogItem, MetricItem, NumberPoint, Origin, Resource, SpanItem
+from infersight.telemetry import ColdStart, LogItem, MetricItem, NumberPoint, Origin, Resource, SpanItem
 
 RES = Resource.of({"service.name": "file-faults", "big": 1 << 70})
 REQUESTS = {"resourceSpans": ExportTraceServiceRequest, "resourceMetrics": ExportMetricsServiceRequest,
@@ -194,12 +194,14 @@ async def test_one_uids_flood_does_not_rotate_another_uids_records_out_of_the_fi
     fe = FileExporter(str(path), max_bytes=16 << 10, backups=2)
     await fe.start()
     await fe.export([_log(1002, "victim-record")])
+    root = SpanItem(Resource.of({"process.user.id": 1002}), "a" * 32, "b" * 16, None, "coldstart", 1, 2)
+    await fe.export([ColdStart(root, []), _log(1002, "with-a-derived-item")])  # grouped by the root's uid
     for i in range(400):
         await fe.export([_log(1001, "flood-%d " % i + "x" * 1000)])
     await fe.export([_log(1003, "third-uid-after-the-flood")])
     await fe.shutdown()
     bodies = _bodies(path)
-    assert "victim-record" in bodies and "third-uid-after-the-flood" in bodies
+    assert {"victim-record", "with-a-derived-item", "third-uid-after-the-flood"} <= set(bodies)
     assert fe.records_refused_uid_budget > 300, fe.state()
     assert fe.rotations >= 2  # the flood rotated until it was the one to push the victim out
 
