@@ -55,6 +55,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(parts[0])
 
 
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory under /tmp that other users can enter (pytest's tmp is root's only), removed afterwards."""
+    made = Path(tempfile.mkdtemp(prefix="infersight-open-"))
+    os.chmod(made, 0o755)
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _remove_short_tmpdirs() -> Iterator[None]:
     """launch's short TMPDIRs (``short_tmp``) go when their test ends, with what CMD left in them."""

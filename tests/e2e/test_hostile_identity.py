@@ -15,9 +15,7 @@ import grp
 import json
 import os
 import pwd
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,11 +70,8 @@ def users() -> Iterator[tuple[int, pwd.struct_passwd, pwd.struct_passwd]]:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    b = Path(tempfile.mkdtemp(prefix="infersight-hostile-id-"))
-    os.chmod(b, 0o755)
-    yield b
-    shutil.rmtree(b, ignore_errors=True)
+def base(open_dir: Path) -> Path:
+    return open_dir
 
 
 def shared_spool(base: Path, gid: int) -> Path:

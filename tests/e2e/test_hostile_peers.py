@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,15 +68,6 @@ def test_wrong_schema_gets_a_clear_refusal(agent_factory) -> None:  # type: igno
     msg = _wire.decode_payload(frames[0])
     assert msg is not None and msg["t"] == "refuse" and "schema 1" in msg["error"]
     assert agent.status()["counters"]["refused_schema"] == 1
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory another user can enter (pytest's tmp is private to root), removed afterwards."""
-    root = Path(tempfile.mkdtemp(prefix="infersight-uid-"))
-    os.chmod(root, 0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a peer as another user")

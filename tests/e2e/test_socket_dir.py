@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,12 +52,9 @@ def system_python() -> str:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """Our XDG_RUNTIME_DIR, open to every user like /tmp (pytest's tmp is root's only)."""
-    b = Path(tempfile.mkdtemp(prefix="infersight-sockdir-"))
-    os.chmod(b, 0o755)
-    yield b
-    shutil.rmtree(b, ignore_errors=True)
+def base(open_dir: Path) -> Path:
+    """Our XDG_RUNTIME_DIR, open to every user like /tmp."""
+    return open_dir
 
 
 def squat(base: Path) -> Path:

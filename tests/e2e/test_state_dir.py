@@ -11,10 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
-import shutil
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +23,8 @@ pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant en
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    b = Path(tempfile.mkdtemp(prefix="infersight-statedir-"))
-    os.chmod(b, 0o755)
-    yield b
-    shutil.rmtree(b, ignore_errors=True)
+def base(open_dir: Path) -> Path:
+    return open_dir
 
 
 def nobody() -> pwd.struct_passwd:
