@@ -35,7 +35,8 @@ def test_gaps_forgotten_reach_status_and_metrics(agent_factory) -> None:  # type
         s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
             "id": "gappy", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
         events = [[2 * i, 5, "log", {"body": "x"}] for i in range(1, MAX_GAPS + 10)]  # a gap before each
-        s.sendall(_wire.encode_frame({"t": "b", "e": events}))
+        for k in range(0, len(events), _wire.MAX_BATCH_EVENTS):  # in batches as a hook sends them
+            s.sendall(_wire.encode_frame({"t": "b", "e": events[k:k + _wire.MAX_BATCH_EVENTS]}))
         assert wait_for(lambda: agent.status()["assembler"]["gaps_forgotten"] >= 9, 20)
     st = agent.status()
     assert st["lost"] >= MAX_GAPS
