@@ -222,7 +222,8 @@ class RequestWindows(Protocol):
     """What the device job reads from the request statistics, and tells them."""
 
     window: LatencyWindow  # the successful requests of the window, per series
-    names: dict[str, str | None]  # hw.id -> hw.name, as the hooks reported them
+    def name_of(self, uid: int | None, hw_id: str) -> str | None:
+        """The name of device ``hw_id`` in ``uid``'s series: NVML's, else what that uid's hooks said."""
 
     def set_devices(self, devices: list[NvmlDevice]) -> None:
         """The devices NVML lists now (resolves ``cuda:N`` to ``hw.id``)."""

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.extension import AgentContext
@@ -76,12 +76,12 @@ def _event_log(agent: Any, ev: DeviceEvent) -> LogItem:
     return LogItem(agent.resource, ev.time_ns, _SEVERITY_NUMBER[sev], sev, ev.message, attrs, event_name="device")
 
 
-def _series_attrs(key: SeriesKey, names: Mapping[str, str | None]) -> Attributes:
+def _series_attrs(key: SeriesKey, name_of: Callable[[int | None, str], str | None]) -> Attributes:
     attrs: Attributes = {}
     if key.device.startswith(("GPU-", "MIG-")):
         attrs["hw.type"] = "gpu"
         attrs["hw.id"] = key.device
-        name = names.get(key.device)
+        name = name_of(key.uid, key.device)
         if name:
             attrs["hw.name"] = name
     else:
@@ -354,7 +354,10 @@ class DeviceJob:
         stats = self.requests.window.stats(now_ns / 1e9) if self.requests is not None else []
         verdicts = verdicts_of(stats, self.windows(), self.thresholds, self.verdicts)  # (hysteresis)
         self.verdicts = {v.key: v for v in verdicts}
-        names = {**(self.requests.names if self.requests is not None else {}), **self.names}
+        requests = self.requests
+
+        def names(uid: int | None, hw_id: str) -> str | None:  # NVML's, else that uid's hooks' word
+            return self.names.get(hw_id) or (requests.name_of(uid, hw_id) if requests is not None else None)
         states: dict[str, HwState] = {}
         points: list[NumberPoint] = []
         logs: list[LogItem] = []

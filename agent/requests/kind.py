@@ -221,7 +221,10 @@ class RequestStats:
         self.requests = 0
         # Set by the device job from NVML: index -> device, and hw.id -> name.
         self._by_index: dict[int, NvmlDevice] = {}
-        self.names: dict[str, str | None] = {}
+        self.names: dict[str, str | None] = {}  # NVML's word
+        # Without NVML, the name a hook gave with its hw.id, per uid: another uid's claim never names your device.
+        self.claimed_names: dict[tuple[int | None, str], str] = {}
+        self._claims_of_uid: dict[int | None, int] = {}
         self.window_s = window_s
         self.max_per_instance = max_per_series
         self._instances: dict[str, _Instance] = {}
@@ -234,11 +237,15 @@ class RequestStats:
             if d.uuid:
                 self.names[d.uuid] = d.name
 
-    def resolve(self, ev: ReqEvent) -> tuple[str | None, str | None]:
-        """(hw.id, hw.name) of the request's device; (None, None) when unknown."""
+    def name_of(self, uid: int | None, hw_id: str) -> str | None:
+        """The name of device ``hw_id`` for ``uid``'s series: NVML's, else what that uid's hooks said."""
+        return self.names.get(hw_id) or self.claimed_names.get((uid, hw_id))
+
+    def resolve(self, ev: ReqEvent, uid: int | None = None) -> tuple[str | None, str | None]:
+        """(hw.id, hw.name) of the request's device (of ``uid``'s producer); (None, None) when unknown."""
         if ev.hw_id is not None:
             if not self._by_index:  # no NVML view: the hook's word is all there is
-                return ev.hw_id, ev.hw_name or self.names.get(ev.hw_id)
+                return ev.hw_id, ev.hw_name or self.name_of(uid, ev.hw_id)
             listed = [d for d in self._by_index.values() if d.uuid == ev.hw_id]
             # NVML's name, not the hook's; a hw.id NVML does not list is not believed (MIG, or a claim).
             return (listed[0].uuid, listed[0].name) if listed else (None, None)
@@ -271,16 +278,20 @@ class RequestStats:
         self.record(p.id, p.resource, ev, t_ns)
 
     def record(self, producer_id: str, resource: Resource, ev: ReqEvent, t_ns: int | None = None) -> None:
-        hw_id, hw_name = self.resolve(ev)
-        if ev.hw_id is not None and ev.hw_name and len(self.names) < MAX_SERIES:
-            self.names.setdefault(ev.hw_id, ev.hw_name)
+        uid = owner(resource)
+        hw_id, hw_name = self.resolve(ev, uid)
+        if ev.hw_id is not None and ev.hw_name and (uid, ev.hw_id) not in self.claimed_names:
+            held = self._claims_of_uid.get(uid, 0)
+            if held < MAX_SERIES // 4 and len(self.claimed_names) < MAX_SERIES:
+                self.claimed_names[(uid, ev.hw_id)] = ev.hw_name
+                self._claims_of_uid[uid] = held + 1
         model = ev.model or ""
         klass = ev.request_class or DEFAULT_CLASS
         device = ev.device or "unknown"
         end_s = (t_ns if t_ns is not None else ev.start_ns) / 1e9
         if ev.error is None:
             kind = hw_name or (device.split(":", 1)[0] if hw_id is None else "gpu")
-            self.window.add(SeriesKey(hw_id or device, model, klass, kind, owner(resource)), ev.duration_s, end_s)
+            self.window.add(SeriesKey(hw_id or device, model, klass, kind, uid), ev.duration_s, end_s)
         # A failed request is no latency sample, but its instance's share of failures weighs it (routing).
         self._instance_add(producer_id, resource, klass == HTTP_CLASS, end_s, ev.duration_s, hw_id or device,
                            ev.error is not None)

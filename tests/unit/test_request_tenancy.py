@@ -148,3 +148,20 @@ def test_the_verdict_window_is_bounded_per_uid_and_in_all() -> None:
         stats.record("evil", EVIL, _req(None, 0.01, NOW, m="x%d" % (i % 256)), int(NOW * 1e9))
     held = sum(s.count for s in stats.window.stats(NOW) if s.key.uid == 2000)
     assert held <= (1 << 19) // 4
+
+
+def test_without_nvml_another_uids_device_name_never_names_yours() -> None:
+    """Without NVML a request's hw.name is the hook's word. A hook that gives none used to take the first name
+    any uid had claimed for that hw.id: another user could name your GPU in your series and verdicts."""
+    stats = RequestStats()
+    attacker = Resource.of({"service.name": "a", "process.user.id": 1001})
+    victim = Resource.of({"service.name": "v", "process.user.id": 1002})
+    claim = parse_req({"s": 1, "dur": 0.05, "m": "llama", "d": "cuda:0", "h": "GPU-a", "hn": "Broken GPU"})
+    stats.record("att", attacker, claim, 2)
+    unnamed = parse_req({"s": 1, "dur": 0.05, "m": "llama", "d": "cuda:0", "h": "GPU-a"})
+    assert stats.resolve(unnamed, 1002) == ("GPU-a", None)
+    assert stats.resolve(unnamed, 1001) == ("GPU-a", "Broken GPU")  # the claimer's own series keep its word
+    stats.record("vic", victim, unnamed, 2)
+    assert stats.name_of(1002, "GPU-a") is None and stats.name_of(1001, "GPU-a") == "Broken GPU"
+    stats.set_devices([NvmlDevice(0, "GPU-a", "NVIDIA H100")])  # NVML's word wins for everyone
+    assert stats.name_of(1001, "GPU-a") == "NVIDIA H100"
