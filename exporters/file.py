@@ -7,6 +7,7 @@ import os
 import stat
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from infersight.exporters.base import OWNER_ATTR, ExportError
 from infersight.exporters.otlp_json import encode_lines
@@ -19,14 +20,30 @@ INLINE_ITEMS = 256  # larger batches are encoded in the worker thread too
 UID_SHARE = 4  # one uid over a quarter of what the file and its rotations keep may not push out another's
 
 
-def by_uid(batch: Sequence[Item]) -> list[tuple[int | None, list[Item]]]:
-    """``batch`` in groups of one producer uid each (None: the agent's own), in the order they first come."""
+class _Part(NamedTuple):
+    """One producer uid's records of a batch, encoded (uid None: the agent's own)."""
+
+    uid: int | None
+    data: bytes
+    lines: int
+    items: int
+
+
+def encode_parts(batch: Sequence[Item]) -> list[_Part]:
+    """``batch`` encoded in one part per producer uid, in the order the uids first come: the file keeps
+    each uid's share apart (``FileExporter._may_rotate``)."""
     groups: dict[int | None, list[Item]] = {}
     for it in batch:
         res = it.root.resource if isinstance(it, ColdStart) else it.resource
         uid = res.get(OWNER_ATTR)
         groups.setdefault(uid if type(uid) is int else None, []).append(it)
-    return list(groups.items())
+    parts = []
+    for uid, items in groups.items():
+        lines = encode_lines(items)
+        if lines:
+            parts.append(_Part(uid, ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace"), len(lines),
+                               len(items)))
+    return parts
 
 
 PRIVATE_MASK = 0o077  # a file in the agent's state directory: no group or other bits
@@ -195,15 +212,22 @@ class FileExporter:
         held = sum(d.get(uid, 0) for d in self._uid_bytes)
         return held <= self.max_bytes * (self.backups + 1) // UID_SHARE
 
-    def _write(self, lines: list[str], data: bytes, n_items: int, uid: int | None = None) -> None:
+    def _write(self, parts: list[_Part]) -> None:
+        """One write of every part, so that a batch is written whole or retried whole (never half of it
+        twice). A part whose uid may not rotate the file (``_may_rotate``) is left out when the batch would."""
         self._open()
-        if self._size and self._size + len(data) > self.max_bytes:
-            if not self._may_rotate(uid):
-                self.records_refused_uid_budget += n_items
+        if self._size and self._size + sum(len(p.data) for p in parts) > self.max_bytes:
+            refused = [p for p in parts if not self._may_rotate(p.uid)]
+            if refused:
+                self.records_refused_uid_budget += sum(p.items for p in refused)
+                parts = [p for p in parts if p not in refused]
+            if not parts:
                 return
-            self._rotate()
+            if self._size + sum(len(p.data) for p in parts) > self.max_bytes:
+                self._rotate()
         assert self._fd is not None
         fd, start = self._fd, self._size
+        data = parts[0].data if len(parts) == 1 else b"".join(p.data for p in parts)
         view = memoryview(data)
         try:
             while view:
@@ -214,37 +238,32 @@ class FileExporter:
                 os.ftruncate(fd, start)
             raise
         self._size += len(data)
-        self.lines += len(lines)
-        self.items += n_items
-        if uid is not None:
-            now = self._uid_bytes[0]
-            now[uid] = now.get(uid, 0) + len(data)
+        now = self._uid_bytes[0]
+        for part in parts:
+            self.lines += part.lines
+            self.items += part.items
+            if part.uid is not None:
+                now[part.uid] = now.get(part.uid, 0) + len(part.data)
 
     def _encode_write(self, batch: Sequence[Item]) -> None:
-        for uid, items in by_uid(batch):
-            self._encode_write_one(items, uid)
-
-    def _encode_write_one(self, items: Sequence[Item], uid: int | None) -> None:
-        lines = encode_lines(items)
-        if lines:
-            self._write(lines, ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace"), len(items), uid)
+        parts = encode_parts(batch)
+        if parts:
+            self._write(parts)
 
     async def export(self, batch: Sequence[Item]) -> None:
         import asyncio
 
         try:
-            for uid, items in by_uid(batch):  # each uid's records apart: one may be over its share
-                if len(items) > INLINE_ITEMS or self._fd is None:  # large, or to be opened: off the loop
-                    await asyncio.to_thread(self._encode_write_one, items, uid)
-                    continue
-                lines = encode_lines(items)
-                if not lines:
-                    continue
-                data = ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace")
-                if len(data) < self.inline_bytes:
-                    self._write(lines, data, len(items), uid)
+            if len(batch) > INLINE_ITEMS or self._fd is None:  # large, or to be opened: off the loop
+                await asyncio.to_thread(self._encode_write, batch)
+            else:
+                parts = encode_parts(batch)
+                if not parts:
+                    return
+                if sum(len(p.data) for p in parts) < self.inline_bytes:
+                    self._write(parts)
                 else:
-                    await asyncio.to_thread(self._write, lines, data, len(items), uid)
+                    await asyncio.to_thread(self._write, parts)
         except OSError as exc:  # disk full, permissions: the worker counts and spools
             self.errors += 1
             self.last_error = str(exc)

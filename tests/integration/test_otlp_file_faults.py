@@ -215,3 +215,21 @@ async def test_one_uid_alone_rotates_its_own_records_as_before(tmp_path: Path) -
     await fe.shutdown()
     assert fe.records_refused_uid_budget == 0 and fe.rotations > 20
     assert "run-399 " + "x" * 1000 in _bodies(path)
+
+
+async def test_a_batch_of_several_uids_is_written_whole_or_not_at_all(tiny_fs: Path) -> None:
+    """Each uid's records are encoded apart, but a batch is still one write: on a full disk it fails whole
+    and is retried whole (written per uid, its first uid's records were in the file and would come again)."""
+    out = tiny_fs / "out.jsonl"
+    fe = FileExporter(str(out))
+    await fe.start()
+    failed = 0
+    for i in range(200):
+        try:
+            await fe.export([_log(1001, "a-%d %s" % (i, "x" * 300)), _log(1002, "b-%d %s" % (i, "y" * 300))])
+        except ExportError:
+            failed += 1
+    await fe.shutdown()
+    assert failed > 0, "the disk must fill up during the test"
+    heads = {b.split(" ", 1)[0] for b in _bodies(out)}
+    assert heads and all(("a-" + h[2:] in heads) == ("b-" + h[2:] in heads) for h in heads), sorted(heads)
