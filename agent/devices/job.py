@@ -356,7 +356,7 @@ class DeviceJob:
         self.verdicts = {v.key: v for v in verdicts}
         requests = self.requests
 
-        def names(uid: int | None, hw_id: str) -> str | None:  # NVML's, else that uid's hooks' word
+        def name_of(uid: int | None, hw_id: str) -> str | None:  # NVML's, else that uid's hooks' word
             return self.names.get(hw_id) or (requests.name_of(uid, hw_id) if requests is not None else None)
         states: dict[str, HwState] = {}
         points: list[NumberPoint] = []
@@ -364,7 +364,7 @@ class DeviceJob:
         for device in degraded_devices(verdicts):
             states[device] = "degraded"
         for v in verdicts:
-            attrs = _series_attrs(v.key, names)
+            attrs = _series_attrs(v.key, name_of)
             if v.coefficient is not None:
                 points.append(NumberPoint(v.coefficient, dict(attrs)))
             now = (v.verdict, v.cause if v.verdict == "slow" else None)
@@ -377,7 +377,7 @@ class DeviceJob:
                 logs.append(self._verdict_log(v, attrs, now_ns, "INFO"))
         for key in [k for k in self._last if k not in self.verdicts]:  # series aged out
             if self._last.pop(key)[0] == "slow":
-                attrs = _series_attrs(key, names)
+                attrs = _series_attrs(key, name_of)
                 attrs["infersight.device.verdict"] = "insufficient_data"
                 msg = "%s no longer slow: no requests left in the window" % key.device
                 logs.append(LogItem(agent.resource, now_ns, 9, "INFO", msg, attrs, event_name="device"))

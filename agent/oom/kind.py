@@ -313,7 +313,7 @@ class OomHandlers:
         # per producer (uid, id): when its recent new messages came
         self._new_by_producer: dict[tuple[int | None, str], list[int]] = {}
         self.over_budget = 0  # memory errors from logs and stderr not reported: over their producer's budget
-        self.over_uid_budget = 0  # texts not analysed: their uid had MAX_ANALYSED_PER_UID analysed in the window
+        self.over_uid_budget = 0  # texts not analysed: their uid's took ANALYSIS_NS_PER_UID of the loop in the window
         self._analysis_by_uid: dict[int, deque[tuple[int, int]]] = {}  # uid -> (when, cost) on the agent's clock
         self._uuid_index: dict[str, int] = {}
         self._later: set[asyncio.Task[None]] = set()
@@ -341,7 +341,6 @@ class OomHandlers:
             from infersight.rules.serving import analyse
 
             began = time.monotonic_ns()
-
             # The engine's sizing lines (logged at INFO before the error): read for their numbers, as the lines
             # before an error in a log are, never as an error of their own (only what reaches into ``text``).
             ctx = _opt_str(d, "ctx", MAX_CONTEXT)
