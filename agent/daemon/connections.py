@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -23,6 +24,7 @@ from infersight.agent.daemon.frame_budget import FrameBudget, FrameShare
 from infersight.agent.daemon.framing import GATE_S, ReadDeadline, ReadGate, read_frame
 from infersight.agent.daemon.identity import Peer, peer_credentials, peer_groups
 from infersight.agent.daemon.liveness import Liveness
+from infersight.agent.daemon.loop_share import LoopShare
 from infersight.agent.daemon.receive import Receiver
 from infersight.agent.daemon.sanitize import decode_frame
 from infersight.hooks import _wire
@@ -55,6 +57,7 @@ class Connections:
         self.idle_timeout_s = idle_timeout_s or None
         self.gate = ReadGate(gate_s)
         self.frame_budget = FrameBudget(self.counters)
+        self.loop_share = LoopShare(self.counters)
         self.subscribe: Subscribe | None = None
         self.open = 0  # connections open now
         self._per_uid: dict[int, int] = {}  # open connections per peer uid
@@ -125,7 +128,8 @@ class Connections:
             return
         try:
             payload = await read_frame(reader, PROBATION_S if over > 0 else self.frame_timeout_s,
-                                       self.frame_timeout_s, self.counters, self.rlog, self._frame_share(uid))
+                                       self.frame_timeout_s, self.counters, self.rlog, self._frame_share(uid),
+                                       self.loop_share)
         except TimeoutError:
             if over > 0:
                 closed_over()
@@ -134,7 +138,7 @@ class Connections:
             return
         if payload is None:
             return
-        msg = decode_frame(payload)
+        msg = self._decode_first(uid, payload)
         if msg is None:
             self.counters.malformed_frames += 1
             self.rlog.warn("frame", "peer pid %d sent a frame that is not a JSON object", pid)
@@ -167,6 +171,19 @@ class Connections:
             await self._serve_producer(producer, uid, reader, writer)
         finally:
             self.liveness.left(producer, pid, started)
+
+    def _decode_first(self, uid: int, payload: bytes) -> dict[str, Any] | None:
+        """A connection's first frame, decoded. A large one is charged to its uid's share of the loop
+        (it waited for it); a small one (a status probe, a hello, a doorbell) is not, nor does it make its
+        uid compete for the loop."""
+        if not FrameShare.needs(len(payload)):
+            return decode_frame(payload)
+        pace, started = self.loop_share, time.perf_counter()
+        estimate = pace.reserve(uid, len(payload))
+        try:
+            return decode_frame(payload)
+        finally:
+            pace.settle(uid, len(payload), estimate, time.perf_counter() - started)
 
     def _frame_share(self, uid: int) -> FrameShare:
         """A connection of ``uid``: its large frames wait for their share of the bytes being read."""
@@ -205,12 +222,29 @@ class Connections:
             self.gate.leave(transport)
             deadline.cancel()
 
+    def _process_frame(self, producer: Producer, payload: bytes, acks: deque[list[int]],
+                       send_acks: Callable[[], None]) -> None:
+        """Decode one batch frame and assemble its events (the loop time its uid is charged)."""
+        msg = decode_frame(payload)
+        if msg is None or msg.get("t") != "b":
+            self.counters.malformed_frames += 1
+            self.rlog.warn("frame", "producer %s sent a malformed frame", producer.id)
+            return
+        events = msg.get("e")
+        if isinstance(events, list) and len(events) > _wire.MAX_BATCH_EVENTS_READ:
+            self.counters.malformed_frames += 1
+            self.rlog.warn("frame", "producer %s sent a batch of %d events (no hook sends more than %d); "
+                           "refused whole", producer.id, len(events), _wire.MAX_BATCH_EVENTS)
+            return
+        self.receiver.process_batch(producer, events, acks, send_acks)
+
     async def _producer_loop(
         self, producer: Producer, uid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         deadline: ReadDeadline, acks: deque[list[int]], send_acks: Callable[[], None],
     ) -> None:
         loop = deadline.loop
         share = self._frame_share(uid)
+        pace, clock = self.loop_share, time.perf_counter
         broadcaster = self.receiver.broadcaster
         readexactly = reader.readexactly
         gate, transport = self.gate, cast(asyncio.Transport, writer.transport)
@@ -224,6 +258,9 @@ class Connections:
                 self.counters.oversized_frames += 1
                 self.rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
                 return
+            if pace.over(uid):  # its uid took more than its share of the loop: the agent holds it
+                deadline.phase = ReadDeadline.HELD
+                await pace.wait(uid)
             if share.needs(n):  # the agent holds it while it waits, not the peer: no frame timeout yet
                 deadline.phase = ReadDeadline.HELD
                 if not await share.take(n):
@@ -237,18 +274,12 @@ class Connections:
                 deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
                 payload = await readexactly(n)
             gate.frame(transport, n, deadline.since)
-            msg = decode_frame(payload)
-            if msg is None or msg.get("t") != "b":
-                self.counters.malformed_frames += 1
-                self.rlog.warn("frame", "producer %s sent a malformed frame", producer.id)
-                continue
-            events = msg.get("e")
-            if isinstance(events, list) and len(events) > _wire.MAX_BATCH_EVENTS_READ:
-                self.counters.malformed_frames += 1
-                self.rlog.warn("frame", "producer %s sent a batch of %d events (no hook sends more than %d); "
-                               "refused whole", producer.id, len(events), _wire.MAX_BATCH_EVENTS)
-                continue
-            self.receiver.process_batch(producer, events, acks, send_acks)
+            started = clock()
+            estimate = pace.reserve(uid, n)
+            try:
+                self._process_frame(producer, payload, acks, send_acks)
+            finally:
+                pace.settle(uid, n, estimate, clock() - started)
             if writer.transport.get_write_buffer_size() > 1 << 20:
                 deadline.phase = ReadDeadline.HELD  # as before: no limit on a peer reading its acks
                 await writer.drain()

@@ -302,3 +302,83 @@ def test_one_uid_cannot_take_every_connection(users, base: Path, agent_factory) 
     finally:
         flood.kill()
         flood.wait()
+
+
+COSTLY_FRAMES_SCRIPT = r"""
+import json, os, socket, struct, sys, time
+sock_path, conns = sys.argv[1], int(sys.argv[2])
+# The costliest batches the wire allows to decode and assemble: wide events filling 1 MiB frames.
+event = {"body": "x", "a": {"k%d" % j: "v" * 6 for j in range(100)}}
+per_frame = 600
+
+def frame(obj):
+    b = json.dumps(obj).encode()
+    return struct.pack("!I", len(b)) + b
+
+for c in range(conns):
+    if os.fork() == 0:
+        s = socket.socket(socket.AF_UNIX); s.connect(sock_path)
+        s.sendall(frame({"t": "hello", "schema": 1, "producer": {"id": "costly-%d" % os.getpid(),
+                         "pid": os.getpid(), "start_ns": 1, "trace_id": "c" * 32, "root_span_id": "d" * 16}}))
+        seq = 1
+        try:
+            while True:
+                s.sendall(frame({"t": "b", "e": [[seq + i, 5, "log", event] for i in range(per_frame)]}))
+                seq += per_frame
+                s.setblocking(False)
+                try:
+                    while s.recv(65536):  # the acks
+                        pass
+                except BlockingIOError:
+                    pass
+                s.setblocking(True)
+        except OSError:
+            os._exit(0)
+print("sending", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_uid_streaming_costly_frames_gets_its_share_of_the_loop_while_another_sends(  # type: ignore[no-untyped-def]
+        users, base: Path, agent_factory) -> None:
+    """The attacker's producers stream the costliest frames the wire allows on four connections. Alone,
+    it is never paced (no one waits for it). Once the victim's hooks send too, the attacker's frames wait
+    for its share of the event loop (loop_share.py; `bench/loop_share.py` has the latencies), and every
+    event of the victim arrives."""
+    gid, victim, attacker = users
+    python = system_python()
+    agent = agent_factory(root=base / "agent")
+    agent.config.write_text(agent.config.read_text().replace(
+        "[agent]\n", "[agent]\nallowed_gids = [%d]\n" % gid, 1))
+    os.chmod(base / "agent", 0o755)
+    agent.start()
+    os.chown(agent.sock, 0, gid)
+    script = base / "costly.py"
+    script.write_text(COSTLY_FRAMES_SCRIPT)
+    flood = subprocess.Popen([python, str(script), str(agent.sock), "4"], stdout=subprocess.PIPE, text=True,
+                             user=attacker.pw_uid, group=gid, extra_groups=[gid], start_new_session=True)
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "sending"
+        assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 10_000, 60)
+        assert agent.status()["counters"]["frames_paced"] == 0, "a lone uid is not paced"
+        go = base / "go"
+        go.touch()  # the victim logs at once
+        victim_script = base / "victim.py"
+        victim_script.write_text(VICTIM_SCRIPT)
+        env = hook_env(agent.sock, base / "spool", OTEL_SERVICE_NAME="victim-svc", INFERSIGHT_EXIT_FLUSH_S="10")
+        env.pop("INFERSIGHT_STATE_DIR", None)
+        r = subprocess.run([python, str(victim_script), str(go)], env=env, cwd="/", capture_output=True, text=True,
+                           timeout=60, user=victim.pw_uid, group=gid, extra_groups=[gid])
+        assert r.returncode == 0, r.stderr
+        assert wait_for(lambda: agent.status()["counters"]["frames_paced"] >= 1, 30), agent.status()["counters"]
+    finally:
+        os.killpg(flood.pid, 9)
+        flood.wait()
+
+    def victim_events() -> list[int]:
+        return sorted(int(attr(r, "i")) for r in log_records(read_otlp_lines(agent.out))
+                      if r["body"].get("stringValue") == "victim-event")
+
+    assert wait_for(lambda: len(victim_events()) >= N_EVENTS, 30), len(victim_events())
+    assert victim_events() == list(range(N_EVENTS))
+    assert agent.status()["healthy"] is True
