@@ -12,13 +12,17 @@ A hook's numbers go missing only as events it dropped (a full buffer, a full spo
 counted in its ``drops`` reports) or that are still on their way; 2**32 of them is over
 eleven hours of dropping at 100 000 events a second, without a single one arriving. So a
 peer's one frame (seq 10**18 after seq 1) cannot move the fleet's loss counters by more.
+
+Its missing ranges are bounded too (``MAX_GAPS``), however they come: a jump ahead adds one, and
+so does a late number inside a range (it splits it in two: seq 1, 2e9, then 3, 5, 7, ...). Past
+the bound the oldest two ranges merge (``gaps_forgotten``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MAX_GAPS = 4096
+MAX_GAPS = 256  # a uid may hold 1024 producers: 256 ranges each is about 34 MiB at most, 4096 was 530 MiB
 MAX_KEPT_GAPS = 64  # gaps of one producer carried across an agent restart (more: not carried)
 MAX_MISSING = 1 << 32  # numbers one producer may have missing at once: a jump past it is malformed
 
@@ -29,7 +33,7 @@ class SeqTracker:
     lost: int = 0  # currently missing
     duplicates: int = 0
     gaps: list[tuple[int, int]] = field(default_factory=list)  # [start, end) ranges, sorted
-    gaps_forgotten: int = 0  # gap ranges merged away once MAX_GAPS was exceeded
+    gaps_forgotten: int = 0  # gap ranges merged away to stay within MAX_GAPS (new gaps and split ones)
     implausible: int = 0  # numbers refused: they would leave more than MAX_MISSING missing
 
     def resume_after(self, acked: int) -> None:
@@ -79,14 +83,20 @@ class SeqTracker:
             self.gaps.append((self.next_expected, seq))
             self.lost += seq - self.next_expected
             self.next_expected = seq + 1
-            if len(self.gaps) > MAX_GAPS:
-                # Keep memory bounded: merge the two oldest ranges. Numbers between them
-                # count as missing; a late one there is then taken as a duplicate.
-                (a, _b), (_c, d) = self.gaps[0], self.gaps[1]
-                self.gaps[0:2] = [(a, d)]
-                self.gaps_forgotten += 1
+            self._bound_gaps()
             return True
         return self._fill(seq)
+
+    def _bound_gaps(self, split_at: int | None = None) -> None:
+        """Keep at most MAX_GAPS ranges (memory: one producer's numbers add a range each): merge the two
+        oldest, counted in ``gaps_forgotten``. Numbers that arrived between them then look missing (see
+        :meth:`_fill`). When the oldest range was just split at ``split_at`` by a late number, the next
+        pair merges instead, so that number stays remembered and its resent copy is still a duplicate."""
+        while len(self.gaps) > MAX_GAPS:
+            i = 1 if split_at == 0 and len(self.gaps) > 2 else 0
+            (a, _b), (_c, d) = self.gaps[i], self.gaps[i + 1]
+            self.gaps[i : i + 2] = [(a, d)]
+            self.gaps_forgotten += 1
 
     def _fill(self, seq: int) -> bool:
         lo, hi = 0, len(self.gaps)
@@ -105,6 +115,7 @@ class SeqTracker:
                 pieces = [(s, e) for s, e in ((start, seq), (seq + 1, end)) if s < e]
                 self.gaps[lo : lo + 1] = pieces
                 self.lost -= 1
+                self._bound_gaps(split_at=lo)  # a number inside a range splits it: one range more
                 return True
         self.duplicates += 1
         return False
