@@ -16,7 +16,10 @@ Per serving instance (producer) it also keeps the latencies of the window, for
 :meth:`RequestStats.instance_latency` (P50/P99, the P50 of the last 20 requests: routing
 hints) and the gauges ``infersight.instance.request.p50``/``.p99``. An instance's figures are
 those of its HTTP requests (class ``http``, timed by the ASGI middleware: the whole request as
-clients see it) when it has any, else of all its requests (``hooks.request``).
+clients see it) when it has any, else of all its requests (``hooks.request``). Those windows hold
+at most ``MAX_INSTANCE_SAMPLES`` requests in all, a quarter per uid (``UidShare``, refusals in
+``status`` as ``refused.instance_samples``), and an instance's figures are computed again only
+when its window changed.
 
 Device resolution, in order: the ``hw.id`` the hook found through torch (``h``); else
 ``cuda:N`` mapped through the producer's ``CUDA_VISIBLE_DEVICES`` (``vis``: indices or UUID
@@ -40,9 +43,11 @@ from infersight.instances import RECENT_REQUESTS, InstanceLatency
 from infersight.latency import (
     DEFAULT_WINDOW_S,
     MAX_HISTOGRAM_SERIES,
+    MAX_WINDOW_SAMPLES,
     LatencyWindow,
     NvmlDevice,
     SeriesKey,
+    UidShare,
     owner,
     percentile,
 )
@@ -79,6 +84,7 @@ HTTP_CLASS = "http"  # the ASGI middleware's requests (infersight.hooks.asgi.HTT
 MAX_INSTANCES = 1024
 MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_INSTANCE_DEVICES = 16
+MAX_INSTANCE_SAMPLES = MAX_WINDOW_SAMPLES  # requests in all instances' windows; a quarter per uid
 _CUDA = re.compile(r"cuda:(\d+)\Z")
 
 
@@ -191,6 +197,27 @@ class _ProducerHists:
     dirty: set[tuple[str, tuple[tuple[str, Any], ...]]] = field(default_factory=set)
 
 
+@dataclass(frozen=True, slots=True)
+class _WindowFigures:
+    """An instance window's figures (:class:`InstanceLatency` but the process and its devices)."""
+
+    count: int  # successful requests
+    p50_s: float
+    p99_s: float
+    recent_p50_s: float | None
+    failed: int
+
+
+def window_figures(window: deque[tuple[float, float, bool]]) -> _WindowFigures:
+    """The figures of one instance's window: a sort of all its requests (kept until the window changes)."""
+    ok = [d for _e, d, failed in window if not failed]
+    durs = sorted(ok)
+    last = ok[-RECENT_REQUESTS:]
+    recent = sorted(last) if len(last) >= RECENT_REQUESTS else None
+    return _WindowFigures(len(durs), percentile(durs, 50) if durs else 0.0, percentile(durs, 99) if durs else 0.0,
+                          percentile(recent, 50) if recent else None, len(window) - len(durs))
+
+
 @dataclass(slots=True)
 class _Instance:
     """One serving process's requests in the window: (end s, duration s, failed)."""
@@ -204,6 +231,9 @@ class _Instance:
     # Devices any of its requests ran on (an HTTP request names none): device -> last end s.
     devices: dict[str, float] = field(default_factory=dict)
     dirty: bool = False
+    # The window's figures until it changes: every device tick, routing refresh and status reads
+    # every instance, and sorting all their requests each time kept an idle agent busy.
+    figures: _WindowFigures | None = None
 
 
 class RequestStats:
@@ -228,6 +258,7 @@ class RequestStats:
         self.window_s = window_s
         self.max_per_instance = max_per_series
         self._instances: dict[str, _Instance] = {}
+        self.instance_samples = UidShare(MAX_INSTANCE_SAMPLES)  # the requests in the instances' windows
 
     # -- NVML view ---------------------------------------------------------------------
 
@@ -351,36 +382,48 @@ class RequestStats:
             inst.devices[device] = end_s
         if http and not inst.http:  # from now on only the HTTP requests count
             inst.http = True
-            inst.window.clear()
+            self._instance_expire(inst, math.inf)
         elif inst.http and not http:
             return
+        if len(inst.window) >= self.max_per_instance:
+            inst.window.popleft()  # the oldest goes: the uid's count is unchanged
+        elif not self.instance_samples.take(inst.uid):  # refused: counted per uid
+            if not inst.window:
+                del self._instances[producer_id]
+            return
         inst.window.append((end_s, dur, failed))
-        if len(inst.window) > self.max_per_instance:
-            inst.window.popleft()
+        inst.figures = None
         inst.dirty = True
+
+    def _instance_expire(self, inst: _Instance, horizon: float) -> None:
+        """Take the requests that ended before ``horizon`` out of ``inst``'s window and its uid's budget."""
+        w = inst.window
+        n = 0
+        while w and w[0][0] < horizon:
+            w.popleft()
+            n += 1
+        if n:
+            self.instance_samples.give(inst.uid, n)
+            inst.figures = None
 
     def instance_latency(self, now_s: float | None = None) -> list[InstanceLatency]:
         """Every instance with requests in the window: P50/P99, and the P50 of its last 20."""
         now_s = time.time() if now_s is None else now_s
         out: list[InstanceLatency] = []
+        horizon = now_s - self.window_s
         for producer_id, inst in list(self._instances.items()):
+            self._instance_expire(inst, horizon)
             w = inst.window
-            while w and w[0][0] < now_s - self.window_s:
-                w.popleft()
             if not w:
                 del self._instances[producer_id]
                 continue
-            horizon = now_s - self.window_s
             for dev in [d for d, t in inst.devices.items() if t < horizon]:
                 del inst.devices[dev]
-            durs = sorted(d for _e, d, failed in w if not failed)
-            last = [d for _e, d, failed in w if not failed][-RECENT_REQUESTS:]
-            recent = sorted(last) if len(last) >= RECENT_REQUESTS else None
-            out.append(InstanceLatency(
-                producer_id, inst.service, inst.pid, len(durs), percentile(durs, 50) if durs else 0.0,
-                percentile(durs, 99) if durs else 0.0, percentile(recent, 50) if recent else None,
-                tuple(sorted(inst.devices)), len(w) - len(durs),
-            ))  # fmt: skip
+            if inst.figures is None:  # changed since the last call: sort again
+                inst.figures = window_figures(w)
+            f = inst.figures
+            out.append(InstanceLatency(producer_id, inst.service, inst.pid, f.count, f.p50_s, f.p99_s,
+                                       f.recent_p50_s, tuple(sorted(inst.devices)), f.failed))
         return out
 
     def instance_metrics(self, now_ns: int | None = None, everything: bool = False) -> list[MetricItem]:
@@ -429,7 +472,7 @@ class RequestStats:
         """For ``infersight status --json``: counts, and each instance's P50/P99."""
         return {"requests": self.requests, "series": self._nseries, "dropped_series": self.dropped_series,
                 # what the per-uid budgets of the request tables refused, per table and uid ("-": none)
-                "refused": self.window.refusals(),
+                "refused": {**self.window.refusals(), "instance_samples": self.instance_samples.refusals()},
                 "instances": [{"service": i.service, "pid": i.pid, "count": i.count, "failed": i.failed,
                                "p50_s": round(i.p50_s, 6), "p99_s": round(i.p99_s, 6)}
                               for i in self.instance_latency()]}
