@@ -120,6 +120,7 @@ class RoutingExtension(Extension):
         return {"routing": {"enabled": True, **self.server.state(), "instances": self.table.snapshot(),
                             "port_claims_refused": self.table.port_claims_refused,
                             "ports_contested": self.table.ports_contested,
+                            "vacated_dropped": self.table.vacated_dropped,
                             "instances_refused": self.table.instances_refused}}
 
     async def aclose(self) -> None:

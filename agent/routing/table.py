@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ READY_STAGE = "coldstart." + _contract.READY_WAIT
 MAX_INSTANCES = 1024
 MAX_INSTANCES_PER_UID = MAX_INSTANCES // 4  # one user's many processes never crowd another's out
 MAX_VACATED = 256
+MAX_VACATED_PER_UID = MAX_VACATED // 4  # one user's churn pushes out only its own vacated ports
 VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service to restart
 QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
 LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions, every refresh)
@@ -90,7 +92,8 @@ class RoutingTable:
         self.instances_refused = 0  # new instances past MAX_INSTANCES (or their uid's share)
         self.instances: dict[str, Instance] = {}  # producer -> instance
         self.ports: dict[int, str] = {}  # port -> producer
-        self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since)
+        self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since), oldest first
+        self.vacated_dropped = 0  # vacated ports forgotten before their window ended: their uid's share was full
         self.replies: dict[int, str] = {}
         self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
         self._latency: dict[str, InstanceLatency] = {}
@@ -140,14 +143,15 @@ class RoutingTable:
         the balancer reaches cannot be told here, so neither holds it (the port's reply fails
         open), and a holder of another uid lets it go. Not checkable (an in-process producer,
         tables that cannot be read, nobody listening yet): taken as said, but never from a
-        holder of another uid."""
+        holder of another uid, nor from another uid's vacated port in its window."""
         if inst.uid is None or inst.uid == 0 or inst.pid <= 0:
             return True
         owners = listener_uids(inst.pid, port)
         if owners and owners <= {inst.uid}:
             return True
         holder = self.instances.get(self.ports.get(port, ""))
-        if not owners and (holder is None or holder is inst or holder.uid == inst.uid):
+        if not owners and (holder is None or holder is inst or holder.uid == inst.uid) \
+                and not self._vacated_by_other(inst, port):
             return True
         self.port_claims_refused += 1
         if owners and inst.uid in owners:  # it listens there too: a candidate once the port is one uid's again
@@ -155,6 +159,30 @@ class RoutingTable:
                 self._release(port)
             self._contest(port, inst)
         return False
+
+    def _vacated_by_other(self, inst: Instance, port: int) -> bool:
+        """``port`` was left by another uid's instance within VACATED_TTL_S: it is kept for that uid's
+        restart, so naming it is not enough to take it (the port numbers show in ``status``); listening
+        on it is (the kernel's word, checked before this)."""
+        left = self.vacated.get(port)
+        return left is not None and left[1] != inst.uid and self.clock() - left[2] <= VACATED_TTL_S
+
+    def _vacate(self, port: int, service: str, uid: int | None, now: float) -> None:
+        """``port`` waits for a restart of ``service`` of ``uid``. A uid keeps at most MAX_VACATED_PER_UID
+        vacated ports: past it, its own oldest goes, so another user's churn of short-lived servers
+        never pushes yours out. The table full (more uids than shares), a uid holding the most gives one."""
+        self.vacated.pop(port, None)  # vacated again: the newest of its uid
+        of_uid = Counter(v[1] for v in self.vacated.values())
+        if of_uid[uid] >= MAX_VACATED_PER_UID:
+            self._drop_vacated(uid)
+        elif len(self.vacated) >= MAX_VACATED:
+            self._drop_vacated(max(of_uid, key=lambda u: of_uid[u]))
+        self.vacated[port] = (service, uid, now)
+
+    def _drop_vacated(self, uid: int | None) -> None:
+        """Forget ``uid``'s oldest vacated port before its window ends (counted)."""
+        del self.vacated[next(p for p, v in self.vacated.items() if v[1] == uid)]
+        self.vacated_dropped += 1
 
     def _release(self, port: int) -> None:
         """Nobody holds ``port`` for now (contested): its hint goes, its reply fails open. Its holder
@@ -217,7 +245,7 @@ class RoutingTable:
             elif not live:  # every candidate ended: the last one's restart may take the port
                 del self.contested[port]
                 _p, service, uid, _t = cands[0]  # the holder when the contest began, if it held it
-                self.vacated[port] = (service, uid, now)
+                self._vacate(port, service, uid, now)
             elif now - max(c[3] for c in cands) > VACATED_TTL_S:
                 del self.contested[port]  # contested for long: forget it (bounded)
 
@@ -260,7 +288,7 @@ class RoutingTable:
                 del self.instances[producer]
                 if inst.port is not None and self.ports.get(inst.port) == producer:
                     del self.ports[inst.port]
-                    self.vacated[inst.port] = (inst.service, inst.uid, now)
+                    self._vacate(inst.port, inst.service, inst.uid, now)
                     self._gone.append((inst.resource, inst.service, inst.port))
         for port, (service, uid, since) in list(self.vacated.items()):
             if now - since > VACATED_TTL_S:
@@ -271,8 +299,6 @@ class RoutingTable:
                        if i.service == service and i.uid == uid and i.port is None and i.ready_at_s is None]
             if waiting:
                 self._assign(waiting[-1], port)
-        while len(self.vacated) > MAX_VACATED:
-            del self.vacated[next(iter(self.vacated))]
         self._check_holders(now)
         slow: dict[int | None, Mapping[str, float]] = {}  # per uid: its own requests' verdicts weigh its instances
         for inst in self.instances.values():

@@ -1,0 +1,196 @@
+"""A vacated port (its instance ended) waits for a restart of the same service and uid, which is
+drained while it warms. Another uid can neither push that wait out of the table with many
+short-lived instances of its own (each uid keeps a quarter of it) nor end it by naming the port
+in a readiness span: within the window, only a listener the kernel shows takes the port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from fleet_env import system_python
+
+from infersight.agent.routing import hints
+from infersight.agent.routing import table as rt
+from infersight.telemetry import Origin, Resource, SpanItem
+
+VICTIM, ATTACKER = 1000, 2000
+PORT = 8000
+
+
+def _ready(reply: str) -> bool:
+    return reply.split()[:2] == ["up", "ready"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class World:
+    """A routing table with a fake clock, fake process liveness and a fake kernel listener table."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch | None) -> None:
+        self.clock = Clock()
+        self.dead: set[int] = set()
+        self.kernel: dict[int, set[int]] = {}  # port -> uids listening on it
+        if monkeypatch is not None:
+            monkeypatch.setattr(rt, "listener_uids", lambda _pid, port: set(self.kernel.get(port, set())))
+        self.table = rt.RoutingTable(list, lambda _uid: {}, alive=lambda pid, _start: pid not in self.dead,
+                                     clock=self.clock)
+
+    def span(self, producer: str, name: str, pid: int, uid: int, service: str, **attrs: int | str) -> None:
+        t = self.clock()
+        res = Resource.of({"service.name": service, "process.pid": pid, "process.user.id": uid})
+        self.table.observe([SpanItem(res, "0" * 32, "1" * 16, "2" * 16, name, int((t - 1) * 1e9), int(t * 1e9),
+                                     {"infersight.stage": name.split(".", 1)[1], **attrs}, [], None,
+                                     Origin(producer, 1))])
+
+    def ready(self, producer: str, pid: int, uid: int, port: int, service: str = "llm") -> None:
+        self.span(producer, "coldstart.runtime_init", pid, uid, service)
+        self.span(producer, "coldstart.ready_wait", pid, uid, service, **{"server.port": port})
+
+    def warm(self, producer: str, pid: int, uid: int, service: str = "llm") -> None:
+        self.span(producer, "coldstart.runtime_init", pid, uid, service)
+
+    def victim_leaves(self) -> None:
+        """The victim's server is ready on PORT, then ends: PORT is vacated, nobody listens on it."""
+        self.kernel[PORT] = {VICTIM}
+        self.ready("victim", 11, VICTIM, PORT)
+        self.table.refresh()
+        assert _ready(self.table.reply(PORT))
+        self.dead.add(11)
+        del self.kernel[PORT]
+        self.clock.t += 1
+        self.table.refresh()
+        assert PORT in self.table.vacated
+
+
+def test_another_uids_churn_does_not_push_the_victims_vacated_port_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    w.victim_leaves()
+    n = rt.MAX_VACATED + 4  # more than the whole table
+    for i in range(n):
+        w.kernel[40_000 + i] = {ATTACKER}
+        w.ready("flood-%d" % i, 100_000 + i, ATTACKER, 40_000 + i, service="flood-%d" % i)
+        w.dead.add(100_000 + i)
+        if i % 32 == 31 or i == n - 1:
+            w.clock.t += 0.25
+            w.table.refresh()
+    w.warm("restart", 21, VICTIM)
+    assert w.table.reply(PORT) == hints.WARMING_REPLY, "the victim's restart is drained while it warms"
+    assert sum(1 for v in w.table.vacated.values() if v[1] == ATTACKER) == rt.MAX_VACATED_PER_UID
+    assert w.table.vacated_dropped == n - rt.MAX_VACATED_PER_UID  # what its full share pushed out: counted
+
+
+def test_the_table_full_of_many_uids_a_uid_holding_the_most_gives_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    w.victim_leaves()
+    pid, port = 200_000, 40_000
+    for uid in range(5000, 5000 + 5):  # five uids, each its full share: more than the table
+        for _ in range(rt.MAX_VACATED_PER_UID):
+            w.ready("p%d" % pid, pid, uid, port, service="s%d" % pid)
+            w.dead.add(pid)
+            pid, port = pid + 1, port + 1
+        w.table.refresh()
+    assert len(w.table.vacated) <= rt.MAX_VACATED
+    assert w.table.vacated.get(PORT, ("", None))[1] == VICTIM
+    assert w.table.vacated_dropped > 0
+
+
+def test_another_uid_cannot_claim_a_vacated_port_it_does_not_listen_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    w.victim_leaves()
+    w.ready("evil", 31, ATTACKER, PORT, service="evil")  # names the port (seen in status), listens nowhere
+    assert w.table.port_claims_refused == 1
+    assert w.table.reply(PORT) == hints.UNKNOWN_REPLY
+    w.warm("restart", 21, VICTIM)
+    assert w.table.reply(PORT) == hints.WARMING_REPLY, "the victim's restart is drained while it warms"
+
+
+def test_another_uid_that_really_listens_takes_the_vacated_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first server left for good and another user's service now serves the port."""
+    w = World(monkeypatch)
+    w.victim_leaves()
+    w.kernel[PORT] = {ATTACKER}
+    w.ready("other", 31, ATTACKER, PORT, service="other")
+    assert w.table.port_claims_refused == 0
+    assert _ready(w.table.reply(PORT))
+    assert PORT not in w.table.vacated
+
+
+def test_once_the_window_ends_another_uids_claim_is_taken_as_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    w.victim_leaves()
+    w.clock.t += rt.VACATED_TTL_S + 1
+    w.ready("other", 31, ATTACKER, PORT, service="other")  # not checkable (nobody listens yet): believed
+    assert w.table.port_claims_refused == 0
+    assert _ready(w.table.reply(PORT))
+
+
+def test_the_same_uids_other_service_may_take_its_own_vacated_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(monkeypatch)
+    w.victim_leaves()
+    w.ready("mine", 41, VICTIM, PORT, service="embed")
+    assert w.table.port_claims_refused == 0
+    assert _ready(w.table.reply(PORT))
+
+
+# -- the kernel's real listener table -------------------------------------------------------
+
+
+def test_a_real_port_nobody_listens_on_is_refused_to_another_uid_while_vacated() -> None:
+    """The claimant is a live process (this test's) whose network namespace shows nobody on the port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening
+        w = World(None)
+        w.ready("victim", 0, VICTIM, port)  # no pid: not checkable, taken as said
+        w.dead.add(0)
+        w.table.refresh()
+        w.ready("evil", os.getpid(), ATTACKER, port, service="evil")
+        assert w.table.port_claims_refused == 1
+        w.warm("restart", 21, VICTIM)
+        assert w.table.reply(port) == hints.WARMING_REPLY
+
+
+LISTENER = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def listener_of_another_uid() -> Iterator[tuple[int, int]]:
+    """(pid, port) of a process of uid ATTACKER listening on a TCP port (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a listener of another uid")
+    p = subprocess.Popen([system_python(), "-c", LISTENER], stdout=subprocess.PIPE, text=True, user=ATTACKER)
+    try:
+        assert p.stdout is not None
+        yield p.pid, int(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+def test_a_real_listener_of_another_uid_takes_the_vacated_port(listener_of_another_uid: tuple[int, int]) -> None:
+    pid, port = listener_of_another_uid
+    w = World(None)
+    w.ready("victim", 0, VICTIM, port)
+    w.dead.add(0)
+    w.table.refresh()
+    assert port in w.table.vacated
+    w.ready("other", pid, ATTACKER, port, service="other")
+    assert w.table.port_claims_refused == 0
+    assert _ready(w.table.reply(port))
