@@ -714,8 +714,7 @@ async def wait_delivered(exporter: MqttExporter, worker: _Worker, timeout_s: flo
     left = 0
     if not worker.idle():
         st = worker.state()
-        queued = sum(len(items) for items, _ in getattr(worker, "queue", ()))
-        left = int(st.get("spooled_items_pending", 0)) + queued
+        left = int(st.get("spooled_items_pending", 0)) + int(getattr(worker, "queue_items", 0))
     exporter.undelivered_at_exit = left
     return left
 

@@ -18,9 +18,9 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
+from infersight.agent.daemon.fair_queue import FairQueue
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import Exporter, ExportError, is_live
 from infersight.telemetry import Item
@@ -47,6 +47,14 @@ class Completion:
 # when it filled, batches published from elsewhere) before it spills anyway.
 HARD_QUEUE_FACTOR = 4
 
+# A producer uid (root aside) whose batches fill a quarter of an exporter's queue bound is not read
+# until that exporter takes some: one uid's flood toward a slow sink no longer fills the queue and
+# holds every producer. While a queue is full nonetheless (several uids together), a uid with less
+# than 1/64 of the bound queued is still read: its few batches wait in their own lane (FairQueue).
+UID_QUEUE_SHARE = 4
+UID_QUEUE_FLOOR = 64
+CONTENDED_S = 1.0  # after batches of two uids waited together, exports stay one batch a lane this long
+
 # What one export attempt came to.
 OK, AWAY, REJECTED, FINAL = "ok", "away", "rejected", "final"
 
@@ -70,7 +78,7 @@ class ExporterWorker:
     ) -> None:
         self.exporter = exporter
         self.spool = spool
-        self.queue: deque[tuple[Sequence[Item], Completion]] = deque()
+        self.queue: FairQueue[tuple[Sequence[Item], Completion]] = FairQueue()
         self.queue_items = 0
         self.queue_max_items = queue_max_items
         self.max_batch_items = max_batch_items
@@ -110,6 +118,8 @@ class ExporterWorker:
         self.last_error = ""
         self.full = False  # pushing back: the ingest waits until the queue is half empty
         self.on_full_change: Callable[[], None] | None = None
+        self.on_dequeued: Callable[[], None] | None = None  # a batch left the queue
+        self._contended_until = 0.0  # exports take one batch a lane until then (_take)
 
     @property
     def name(self) -> str:
@@ -160,14 +170,16 @@ class ExporterWorker:
     def _dequeued(self) -> None:
         if self.full and self.queue_items <= self.queue_max_items // 2:
             self._set_full(False)
+        if self.on_dequeued is not None:
+            self.on_dequeued()
 
-    def submit(self, items: Sequence[Item], completion: Completion) -> None:
+    def submit(self, items: Sequence[Item], completion: Completion, uid: int | None = None) -> None:
         if self.idle():  # it starts holding data now: "no progress" counts from here
             self.progress_at = time.monotonic()
         if self.queue_items + len(items) > self.queue_max_items:
             if self.reachable() and self.queue_items < self.queue_max_items * HARD_QUEUE_FACTOR:
                 # Healthy but behind: hold it and push back on the producers (no spill).
-                self.queue.append((items, completion))
+                self.queue.append((items, completion), len(items), uid)
                 self.queue_items += len(items)
                 self._set_full(True)
                 self._wake.set()
@@ -179,7 +191,7 @@ class ExporterWorker:
             completion.done()
             self._wake.set()
             return
-        self.queue.append((items, completion))
+        self.queue.append((items, completion), len(items), uid)
         self.queue_items += len(items)
         self._wake.set()
 
@@ -349,10 +361,20 @@ class ExporterWorker:
         return None
 
     def _take(self) -> tuple[list[Sequence[Item]], list[Completion]]:
+        """The next export: queued batches up to ``max_batch_items``. While several lanes (uids) wait, or
+        did within ``CONTENDED_S``, one batch of each at most: a batch is acked only once its whole export
+        is done, and another uid's batch of one item must not wait for 4,096 of a flood's items (a second
+        of MQTT messages) to go out with it, or before it. A lone uid's batches are merged as before."""
         parts: list[Sequence[Item]] = []
         completions: list[Completion] = []
         n = 0
-        while self.queue and (not parts or n + len(self.queue[0][0]) <= self.max_batch_items):
+        lanes = self.queue.lane_count()
+        now = time.monotonic()
+        if lanes > 1:
+            self._contended_until = now + CONTENDED_S
+        entries = lanes if now < self._contended_until else len(self.queue)
+        while self.queue and len(parts) < entries and (
+                not parts or n + len(self.queue.head()[0]) <= self.max_batch_items):
             items, c = self.queue.popleft()
             self.queue_items -= len(items)
             parts.append(items)
@@ -476,14 +498,45 @@ class Broadcaster:
         self.taps: list[Callable[[Sequence[Item]], None]] = []
         self._ready = asyncio.Event()  # clear while some reachable exporter is full
         self._ready.set()
+        self._moved: asyncio.Event | None = None  # set when a queue moved, while a uid waits for its share
+        self.uid_bound = min((w.queue_max_items for w in workers), default=0)
         for w in workers:
             w.on_full_change = self._recheck
+            w.on_dequeued = self._queue_moved
 
     def _recheck(self) -> None:
         if any(w.full for w in self.workers):
             self._ready.clear()
         else:
             self._ready.set()
+        self._queue_moved()
+
+    def _queue_moved(self) -> None:
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = None
+
+    def queued_of(self, uid: int) -> int:
+        """Items of producers of ``uid`` waiting in the fullest exporter queue."""
+        return max((w.queue.items_of(uid) for w in self.workers), default=0)
+
+    def over_share(self, uid: int) -> bool:
+        """``uid`` (root aside) has a quarter of an exporter queue's bound waiting."""
+        return uid != 0 and self.queued_of(uid) >= self.uid_bound // UID_QUEUE_SHARE
+
+    def must_wait(self, uid: int) -> bool:
+        """Whether ``uid``'s producers must not be read now: its share of the queues is full, or a queue
+        is full and ``uid`` has more than a trickle in it (root: whenever a queue is full)."""
+        if not self._ready.is_set():
+            return uid == 0 or self.queued_of(uid) >= self.uid_bound // UID_QUEUE_FLOOR
+        return self.over_share(uid)
+
+    async def wait_turn(self, uid: int) -> None:
+        """Until ``uid``'s producers may be read again (:meth:`must_wait`)."""
+        while self.must_wait(uid):
+            if self._moved is None:
+                self._moved = asyncio.Event()
+            await self._moved.wait()
 
     @property
     def congested(self) -> bool:
@@ -493,7 +546,10 @@ class Broadcaster:
     async def wait_ready(self) -> None:
         await self._ready.wait()
 
-    def publish(self, items: Sequence[Item], on_done: Callable[[], None] | None = None) -> None:
+    def publish(self, items: Sequence[Item], on_done: Callable[[], None] | None = None,
+                uid: int | None = None) -> None:
+        """Show ``items`` to the taps and hand them to every exporter, in the lane of ``uid`` (the
+        producer's; None for the agent's own); ``on_done`` once every exporter completed them."""
         for tap in self.taps:
             try:
                 tap(items)
@@ -506,7 +562,7 @@ class Broadcaster:
             return
         c.pending = len(self.workers)
         for w in self.workers:
-            w.submit(items, c)
+            w.submit(items, c, uid)
 
     def publish_to(self, items: Sequence[Item], live: bool) -> None:
         """Only to the exporters that show live values (``live``: Prometheus), or only to

@@ -249,9 +249,11 @@ class Connections:
         readexactly = reader.readexactly
         gate, transport = self.gate, cast(asyncio.Transport, writer.transport)
         while True:
-            if broadcaster.congested:  # an exporter is full: its acks are held, and so is our reading
+            if broadcaster.must_wait(uid):  # an exporter is full, or this uid's share of it: reading waits
                 deadline.phase = ReadDeadline.HELD
-                await broadcaster.wait_ready()
+                if broadcaster.over_share(uid):
+                    self.counters.frames_waited_queue_share += 1
+                await broadcaster.wait_turn(uid)
             deadline.phase, deadline.since = ReadDeadline.IDLE, loop.time()
             n = _wire.frame_size(await readexactly(_wire.HEADER.size))
             if n > _wire.MAX_FRAME_BYTES:

@@ -40,6 +40,8 @@ class Counters:
     frames_waited_budget: int = 0
     # Frames that waited for their uid's share of the event loop while several uids sent (loop_share.py).
     frames_paced: int = 0
+    # Frames not read while their uid's batches filled a quarter of an exporter's queue (broadcast.py).
+    frames_waited_queue_share: int = 0
     idle_closed: int = 0  # producer connections closed after the idle timeout
     accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
     refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts

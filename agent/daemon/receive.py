@@ -161,7 +161,7 @@ class Receiver:
             if on_done is not None:
                 on_done()
 
-        self.broadcaster.publish(items, done)
+        self.broadcaster.publish(items, done, producer.uid)
 
     def _refuse_drops(self, producer: Producer, events: list[Any]) -> list[Any]:
         """``events`` with each implausible ``drops`` report replaced by one the assembler

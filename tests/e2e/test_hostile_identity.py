@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import attr, hook_env, log_records, read_otlp_lines, spans, wait_for
+from mosquitto import MOSQUITTO, running_broker
 
 from infersight.hooks import _proc
 
@@ -382,3 +383,87 @@ def test_a_uid_streaming_costly_frames_gets_its_share_of_the_loop_while_another_
     assert wait_for(lambda: len(victim_events()) >= N_EVENTS, 30), len(victim_events())
     assert victim_events() == list(range(N_EVENTS))
     assert agent.status()["healthy"] is True
+
+
+SLOW_SINK_FLOOD_SCRIPT = r"""
+import json, os, socket, struct, sys, time
+sock_path, conns = sys.argv[1], int(sys.argv[2])
+
+def frame(obj):
+    b = json.dumps(obj).encode()
+    return struct.pack("!I", len(b)) + b
+
+for c in range(conns):
+    if os.fork() == 0:
+        s = socket.socket(socket.AF_UNIX); s.connect(sock_path)
+        s.sendall(frame({"t": "hello", "schema": 1, "producer": {"id": "sink-flood-%d" % os.getpid(),
+                         "pid": os.getpid(), "start_ns": 1, "trace_id": "c" * 32, "root_span_id": "d" * 16}}))
+        seq = 1
+        try:
+            while True:  # 512 log records a batch, each its own MQTT message: more than the broker takes
+                batch = [[seq + i, time.time_ns(), "log", {"body": "flood", "name": "oom", "sev": "ERROR"}]
+                         for i in range(512)]
+                seq += 512
+                s.sendall(frame({"t": "b", "e": batch}))
+                s.setblocking(False)
+                try:
+                    while s.recv(65536):
+                        pass
+                except BlockingIOError:
+                    pass
+                s.setblocking(True)
+        except OSError:
+            os._exit(0)
+print("sending", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed")
+def test_a_uid_flooding_a_slow_sink_holds_only_its_own_producers(  # type: ignore[no-untyped-def]
+        users, base: Path, agent_factory) -> None:
+    """The attacker floods log records toward MQTT (one message each), faster than the broker takes
+    them. Its batches once filled the exporter's one queue, and every producer was held until it
+    drained (the victim's acks took 8-10 s). Now the attacker waits once its batches fill a quarter of
+    the queue (`frames_waited_queue_share`), the queue never fills for everyone, and the victim's
+    batches wait in their own lane: every event of the victim's hooks reaches the broker and the file."""
+    gid, victim, attacker = users
+    python = system_python()
+    with running_broker(base / "mosquitto") as broker:
+        agent = agent_factory(f'[exporters.mqtt]\nurl = "{broker.url}"\n', root=base / "agent")
+        agent.config.write_text(agent.config.read_text().replace(
+            "[agent]\n", "[agent]\nallowed_gids = [%d]\n" % gid, 1))
+        os.chmod(base / "agent", 0o755)
+        agent.start()
+        os.chown(agent.sock, 0, gid)
+        script = base / "sink_flood.py"
+        script.write_text(SLOW_SINK_FLOOD_SCRIPT)
+        flood = subprocess.Popen([python, str(script), str(agent.sock), "4"], stdout=subprocess.PIPE, text=True,
+                                 user=attacker.pw_uid, group=gid, extra_groups=[gid], start_new_session=True)
+        try:
+            assert flood.stdout is not None and flood.stdout.readline().strip() == "sending"
+            assert wait_for(lambda: agent.status()["counters"]["frames_waited_queue_share"] >= 1, 60), \
+                agent.status()["counters"]
+            go = base / "go"
+            go.touch()
+            victim_script = base / "victim.py"
+            victim_script.write_text(VICTIM_SCRIPT)
+            env = hook_env(agent.sock, base / "spool", OTEL_SERVICE_NAME="victim-svc", INFERSIGHT_EXIT_FLUSH_S="30")
+            env.pop("INFERSIGHT_STATE_DIR", None)
+            r = subprocess.run([python, str(victim_script), str(go)], env=env, cwd="/", capture_output=True,
+                               text=True, timeout=90, user=victim.pw_uid, group=gid, extra_groups=[gid])
+            assert r.returncode == 0, r.stderr
+
+            def victim_events() -> list[int]:
+                return sorted(int(attr(r, "i")) for r in log_records(read_otlp_lines(agent.out))
+                              if r["body"].get("stringValue") == "victim-event")
+
+            # While the flood goes on: the victim is not held behind it.
+            assert wait_for(lambda: len(victim_events()) >= N_EVENTS, 60), len(victim_events())
+            assert flood.poll() is None, "the flood was still running"
+            st = agent.status()
+            assert not any(w["pushbacks"] for w in st["exporters"]), "no queue filled for everyone"
+        finally:
+            os.killpg(flood.pid, 9)
+            flood.wait()
+    assert victim_events() == list(range(N_EVENTS))

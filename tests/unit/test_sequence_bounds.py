@@ -23,7 +23,7 @@ class StubBroadcaster:
     def __init__(self) -> None:
         self.items: list[Item] = []
 
-    def publish(self, items: list[Item], done: Callable[[], None] | None = None) -> None:
+    def publish(self, items: list[Item], done: Callable[[], None] | None = None, uid: int | None = None) -> None:
         self.items += items
         if done is not None:
             done()

@@ -1,0 +1,120 @@
+"""The exporters' queues per producer uid (fair_queue.py, broadcast.py): one uid's flood toward a
+slow sink neither fills the queue for everyone nor puts another uid's batches behind it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from infersight.agent.daemon.broadcast import UID_QUEUE_FLOOR, UID_QUEUE_SHARE, Broadcaster, ExporterWorker
+from infersight.agent.daemon.fair_queue import FairQueue
+from infersight.exporters.base import Exporter
+from infersight.telemetry import Item, LogItem, Resource
+
+RES = Resource.of({"service.name": "t"})
+ATTACKER, VICTIM = 1001, 1002
+
+
+def test_lanes_are_taken_in_turn_each_in_its_own_order() -> None:
+    q: FairQueue[str] = FairQueue()
+    for i in range(4):
+        q.append("a%d" % i, 100, ATTACKER)
+    q.append("v0", 1, VICTIM)
+    q.append("v1", 1, VICTIM)
+    q.append("agent", 3)
+    assert len(q) == 7
+    assert q.items_of(ATTACKER) == 400 and q.items_of(VICTIM) == 2 and q.items_of(None) == 3
+    taken = [q.popleft() for _ in range(7)]
+    assert taken == ["a0", "v0", "agent", "a1", "v1", "a2", "a3"]
+    assert not q and q.items_of(ATTACKER) == 0
+
+
+def test_head_is_what_popleft_takes() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.append("a0", 1, ATTACKER)
+    q.append("v0", 1, VICTIM)
+    q.popleft()
+    assert q.head() == "v0" == q.popleft()
+
+
+class SlowExporter(Exporter):
+    """Takes a batch only when the test lets it: a sink slower than the producers."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.batches: list[list[Item]] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        await self.gate.wait()
+        self.gate.clear()
+        self.batches.append(list(batch))
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        return True
+
+    async def shutdown(self) -> None:
+        pass
+
+    def state(self) -> dict[str, int | float | str]:
+        return {}
+
+
+def items(n: int, body: str) -> list[Item]:
+    return [LogItem(RES, 1, 9, "INFO", body) for _ in range(n)]
+
+
+async def until(predicate, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within %s s" % timeout_s)
+
+
+async def test_a_uid_past_a_quarter_of_the_queue_waits_and_another_uid_does_not() -> None:
+    exporter = SlowExporter()
+    worker = ExporterWorker(exporter, None, queue_max_items=1024, max_batch_items=64)
+    b = Broadcaster([worker])
+    worker.start()
+    try:
+        for _ in range(1024 // UID_QUEUE_SHARE // 64 + 1):  # a quarter of the bound and one batch, by 64
+            b.publish(items(64, "flood"), uid=ATTACKER)
+        b.publish(items(1, "victim"), uid=VICTIM)
+        await until(lambda: b.queued_of(ATTACKER) == 256)  # the sink holds the first batch
+        assert b.over_share(ATTACKER) and b.must_wait(ATTACKER)
+        assert not b.congested, "one uid alone no longer fills the queue for everyone"
+        assert not b.must_wait(VICTIM)
+        assert not b.must_wait(0) and not b.over_share(0)  # root has no share
+        waiter = asyncio.ensure_future(b.wait_turn(ATTACKER))
+        exporter.gate.set()
+        await until(lambda: len(exporter.batches) == 1)
+        exporter.gate.set()  # the next turn is the victim's lane, not the attacker's next batch
+        await until(lambda: len(exporter.batches) == 2)
+        assert [it.body for it in exporter.batches[1]] == ["victim"], [len(x) for x in exporter.batches]
+        await asyncio.wait_for(waiter, 30)  # the attacker's next batch left the queue: under its share
+        assert not b.must_wait(ATTACKER)
+    finally:
+        exporter.gate.set()
+        assert worker._task is not None
+        worker._task.cancel()
+
+
+async def test_while_a_queue_is_full_a_uid_with_a_trickle_queued_is_still_read() -> None:
+    exporter = SlowExporter()
+    worker = ExporterWorker(exporter, None, queue_max_items=1024, max_batch_items=64)
+    b = Broadcaster([worker])
+    worker.peer_up = True
+    for uid in range(2000, 2005):  # five uids together fill it, each under its share
+        for _ in range(4):
+            b.publish(items(60, "many"), uid=uid)
+    assert b.congested
+    assert b.must_wait(2000), "a uid with more than a trickle queued waits while the queue is full"
+    assert b.must_wait(0), "root waits while a queue is full, as before"
+    b.publish(items(1, "victim"), uid=VICTIM)
+    assert b.queued_of(VICTIM) < 1024 // UID_QUEUE_FLOOR
+    assert not b.must_wait(VICTIM)
