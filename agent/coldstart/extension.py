@@ -138,6 +138,8 @@ class ColdStartExtension(Extension):
     def health(self) -> Mapping[str, Any]:
         return {"coldstarts": self.tracker.snapshot(), "coldstarts_not_tracked": self.tracker.refused_warming,
                 "coldstart_history_lines_skipped": self.tracker.history.corrupt_lines,
+                "coldstart_history_runs_cut": self.tracker.history.runs_cut,
+                "coldstart_history_runs_pushed_out": self.tracker.history.runs_pushed_out,
                 "storage_ceilings": dict(self.ceilings)}
 
     async def aclose(self) -> None:

@@ -90,7 +90,8 @@ def weights_paths(stages: Iterable[SpanItem]) -> list[str]:
 
 
 def stage_name(span: SpanItem) -> str:
-    return str(span.attributes.get(_contract.STAGE) or span.name.removeprefix("coldstart."))
+    """Cut as history keeps it (:func:`history.stage_label`): live milestones match recorded ones."""
+    return ch.stage_label(str(span.attributes.get(_contract.STAGE) or span.name.removeprefix("coldstart.")))
 
 
 def run_of(cs: ColdStart) -> Run:
@@ -120,6 +121,7 @@ class ProgressTracker:
         self.history_path = history_path
         self.history = ch.load(history_path) if history_path else ch.History()
         self.lines_on_disk = self.history.lines_read
+        self.bytes_on_disk = self.history.bytes_read
         self.weights_of: dict[str, list[str]] = {}  # key -> weights paths of its latest run
         self.producer_info = producer_info or (lambda _p: None)
         self.clock = clock
@@ -230,23 +232,32 @@ class ProgressTracker:
             return
         service = str(cs.root.resource.get("service.name") or "unknown_service")
         key = w.key if w is not None else self._key_of(cs.root.resource, service)
-        run = run_of(cs)
-        self.history.add(key, run)
+        run = self.history.add(key, run_of(cs))  # as kept: bounded
         self.weights_of[key] = weights_paths(cs.stages)
         self.recorded += 1
         if self.history_path:
             try:
-                ch.append(self.history_path, key, run)
-                self.lines_on_disk += 1
-                if ch.needs_compaction(self.lines_on_disk, self.history):
-                    merged = ch.load(self.history_path)  # what other writers (launch) appended too
-                    ch.save(self.history_path, merged)
-                    self.history = merged
-                    self.lines_on_disk = sum(len(r) for r in merged.runs.values())
+                self._write(self.history_path, key, run)
             except OSError as e:
                 self.record_errors += 1
                 if self.record_errors == 1:
                     log.warning("cannot write the cold-start history %s: %s", self.history_path, e)
+
+    def _write(self, path: str, key: str, run: Run) -> None:
+        """Append the run; compact the file when it holds twice what is kept, or has no room for
+        the line (it never passes ``MAX_FILE_BYTES``, so a load reads back every run kept)."""
+        size = ch.append(path, key, run)
+        if size is not None:
+            self.lines_on_disk += 1
+            self.bytes_on_disk = size
+            if not ch.needs_compaction(self.lines_on_disk, self.history, self.bytes_on_disk):
+                return
+        # What other writers (launch) appended too; the run itself when the file had no room for it.
+        merged = ch.compact(path, key, run) if size is None else ch.compact(path)
+        merged.runs_cut, merged.runs_pushed_out = self.history.runs_cut, self.history.runs_pushed_out  # not twice
+        self.history = merged
+        self.lines_on_disk = sum(len(r) for r in merged.runs.values())
+        self.bytes_on_disk = merged.bytes
 
     def _remember_done(self, producer: str) -> None:
         self.done[producer] = None
