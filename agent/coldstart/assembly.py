@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infersight.agent.coldstart.checkpoint import Checkpoint, gap_spans
+from infersight.agent.coldstart.checkpoint import MAX_SAMPLES, Checkpoint, gap_spans
 from infersight.agent.daemon.assemble import (
     HEX16,
     INT64_MAX,
@@ -40,6 +40,14 @@ MAX_PENDING_STAGE_SPANS = 4096  # per producer: stage spans kept for their root'
 MAX_OPEN_STAGES = 64  # open runs in one cold-start checkpoint
 MAX_TICK_SAMPLES = 4096  # samples in one checkpoint (about 40 s at 10 ms: a tick carries 100 ms)
 DEFAULT_MAX_PENDING_BYTES = 8 << 20  # per producer: stage spans waiting for their root
+# All producers' cold-start state (pending stages and checkpoints), and one uid's share of it: a quarter, as
+# for the producer table (root and in-process producers aside). One uid's 1024 producers at their own bound
+# once held 10 GiB. The share (16 MiB) holds two producers at their own bound, or a few hundred honest cold
+# starts (a stage span is about 500 bytes: a cold start keeps a few hundred KiB at most).
+DEFAULT_MAX_COLDSTART_BYTES = 64 << 20
+UID_SHARES = 4
+SAMPLE_BYTES = 12  # a checkpoint sample: its time (8) and label index (4)
+LABEL_BYTES = 128  # a checkpoint label's overhead beside its characters (the str, its list and index slots)
 MAX_RECENT_ROOTS = 1024
 ROOT_NAME = "coldstart"
 STAGE_PREFIX = "coldstart."
@@ -65,6 +73,19 @@ class ColdStartState:
     lost_root_made: bool = False  # the agent closed the root for it (producer_lost)
     # The hooks' cold-start checkpoint (cs_tick): open runs and samples, for a root it never sends.
     checkpoint: Checkpoint | None = None
+    checkpoint_bytes: int = 0  # about what the checkpoint holds (open runs, samples, labels)
+    label_bytes: int = 0  # of which its labels
+    charged: int = 0  # bytes charged to its uid's share (ColdStartAssembly._settle)
+
+
+def budgeted(uid: int | None) -> bool:
+    """Whether ``uid`` has a share of cold-start state: root and in-process producers (None) aside."""
+    return uid not in (None, 0)
+
+
+def checkpoint_bytes(cp: Checkpoint, label_bytes: int) -> int:
+    """About what ``cp`` holds in memory, its labels' ``label_bytes`` included."""
+    return sum(span_bytes(s) for s in cp.open.values()) + len(cp.times) * SAMPLE_BYTES + label_bytes
 
 
 def state_of(p: Producer) -> ColdStartState:
@@ -81,8 +102,16 @@ class ColdStartAssembly:
     prefixes: tuple[str, ...] = (ROOT_NAME,)  # span names it takes (``str.startswith``)
 
     def __init__(self, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                 observers: Sequence[ColdStartObserver] = ()) -> None:
+                 observers: Sequence[ColdStartObserver] = (), *, max_total_bytes: int | None = None) -> None:
         self.max_pending_bytes = max_pending_bytes
+        # A raised per-producer bound raises the total with it: a uid's share still holds two producers.
+        self.max_total_bytes = (max(DEFAULT_MAX_COLDSTART_BYTES, 2 * UID_SHARES * max_pending_bytes)
+                                if max_total_bytes is None else max_total_bytes)
+        self.max_uid_bytes = self.max_total_bytes // UID_SHARES
+        self._uid_bytes: dict[int | None, int] = {}  # what each budgeted uid's producers hold
+        self._budgeted_bytes = 0  # their sum
+        self.stages_refused_budget = 0  # stage spans not kept: their uid's share (or the total) was full
+        self.ticks_refused_budget = 0  # checkpoints not kept, for the same reason
         self.observers: list[ColdStartObserver] = list(observers)
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
         self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
@@ -111,7 +140,7 @@ class ColdStartAssembly:
             p.last_ns = max(p.last_ns, span.end_ns)
             st.stages_seen += 1
             if not p.root_closed:  # else its summary went out already
-                self._keep_pending(st, span)
+                self._keep_pending(p, st, span)
         out.append(span)
 
     def producer_lost(self, p: Producer) -> list[Item]:
@@ -161,9 +190,11 @@ class ColdStartAssembly:
                 stages.extend(gaps)
             self._close_root(p, root, out, stages)
         st.checkpoint = None
+        st.checkpoint_bytes = st.label_bytes = 0
         st.pending_dropped += len(st.pending)  # stages of a root that never comes
         st.pending = []
         st.pending_bytes = 0
+        self._settle(p, st)
         return out
 
     def awaits_end(self, p: Producer) -> bool:
@@ -178,6 +209,9 @@ class ColdStartAssembly:
         st: ColdStartState | None = p.state.get(STATE_KEY)
         if st is not None:
             self.pending_dropped_of_forgotten += st.pending_dropped + len(st.pending)
+            # Out of the table, its state is no longer its uid's to hold (a watch may still close it).
+            self._charge(p.uid, -st.charged)
+            st.charged = 0
 
     def stats(self, producers: Iterable[Producer]) -> dict[str, int]:
         """Its counters over the producers in the table, for the assembler's stats
@@ -185,7 +219,10 @@ class ColdStartAssembly:
         states = [st for p in producers if (st := p.state.get(STATE_KEY)) is not None]
         return {
             "pending_bytes": sum(st.pending_bytes for st in states),
+            "checkpoint_bytes": sum(st.checkpoint_bytes for st in states),
             "pending_stages_dropped": self.pending_dropped_of_forgotten + sum(st.pending_dropped for st in states),
+            "pending_stages_refused_uid_budget": self.stages_refused_budget,
+            "coldstart_ticks_refused_uid_budget": self.ticks_refused_budget,
             "coldstart_roots_closed_for_lost": self.roots_closed_for_lost,
             "coldstart_late_roots_of_lost": self.late_roots_of_lost,
         }
@@ -223,9 +260,51 @@ class ColdStartAssembly:
                 type(i) is not int or not 0 <= i < len(label_list) for i in ids):
             raise Malformed("sample times must be integers and their label indices in range")
         st = state_of(p)
+        if not self._fits(p, self._tick_growth(st.checkpoint, stages, len(times), label_list)):
+            self.ticks_refused_budget += 1  # the last checkpoint kept stays
+            return
         cp = st.checkpoint = st.checkpoint or Checkpoint()
         cp.open = stages
+        known = len(cp.labels)
         cp.add_samples(times, ids, label_list)
+        st.label_bytes += sum(len(lab) + LABEL_BYTES for lab in cp.labels[known:])
+        st.checkpoint_bytes = checkpoint_bytes(cp, st.label_bytes)
+        self._settle(p, st)
+
+    @staticmethod
+    def _tick_growth(cp: Checkpoint | None, opened: dict[str, SpanItem], samples: int, labels: list[str]) -> int:
+        """At most how many bytes a tick adds to the checkpoint ``cp`` (its open runs replace the last)."""
+        if cp is None:
+            cp = Checkpoint()
+        growth = sum(span_bytes(s) for s in opened.values()) - sum(span_bytes(s) for s in cp.open.values())
+        growth += min(samples, max(MAX_SAMPLES - len(cp.times), 0)) * SAMPLE_BYTES
+        return growth + sum(len(lab) + LABEL_BYTES for lab in set(labels) if lab not in cp.index)
+
+    # -- the per-uid budget ----------------------------------------------------------------
+
+    def _fits(self, p: Producer, growth: int) -> bool:
+        """Whether ``p``'s cold-start state may grow by ``growth`` bytes: within its uid's share and
+        the total. Past them only that uid's new state is refused: no other uid's gives way."""
+        if growth <= 0 or not budgeted(p.uid):
+            return True
+        return (self._uid_bytes.get(p.uid, 0) + growth <= self.max_uid_bytes
+                and self._budgeted_bytes + growth <= self.max_total_bytes)
+
+    def _settle(self, p: Producer, st: ColdStartState) -> None:
+        """Charge ``p``'s uid with what its cold-start state holds now."""
+        held = st.pending_bytes + st.checkpoint_bytes
+        self._charge(p.uid, held - st.charged)
+        st.charged = held
+
+    def _charge(self, uid: int | None, delta: int) -> None:
+        if not delta or not budgeted(uid):
+            return
+        left = self._uid_bytes.get(uid, 0) + delta
+        if left > 0:
+            self._uid_bytes[uid] = left
+        else:
+            self._uid_bytes.pop(uid, None)
+        self._budgeted_bytes += delta
 
     # -- summaries -------------------------------------------------------------------------
 
@@ -258,16 +337,24 @@ class ColdStartAssembly:
         done = {s.span_id for s in stages}
         st.pending = [s for s in st.pending if s.span_id not in done]
         st.checkpoint = None  # the root came (or was made): no more use for it
+        st.checkpoint_bytes = st.label_bytes = 0
         st.pending_bytes = sum(span_bytes(s) for s in st.pending)
+        self._settle(p, st)
         out.append(root)
         cs = ColdStart(root, sorted(stages, key=lambda s: s.start_ns), workers, merge(worker_covered))
         out.append(cs)
         out.extend(self.observe(cs, root.end_ns if t_ns is None else t_ns))
 
-    def _keep_pending(self, st: ColdStartState, span: SpanItem) -> None:
+    def _keep_pending(self, p: Producer, st: ColdStartState, span: SpanItem) -> None:
         """Keep a stage span for its root's summary, within the per-producer byte bound:
-        the oldest pending spans give way (counted); the span itself is exported anyway."""
+        the oldest pending spans give way (counted); the span itself is exported anyway.
+        Past its uid's share the span is not kept (counted): one uid's many producers
+        once held 8 MiB each."""
         size = span_bytes(span)
+        if not self._fits(p, size):
+            st.pending_dropped += 1
+            self.stages_refused_budget += 1
+            return
         st.pending.append(span)
         st.pending_bytes += size
         drop, n = 0, len(st.pending)
@@ -277,6 +364,7 @@ class ColdStartAssembly:
         if drop:
             del st.pending[:drop]
             st.pending_dropped += drop
+        self._settle(p, st)
 
     @staticmethod
     def _close_open_stages(p: Producer, st: ColdStartState, root: SpanItem, out: list[Item]) -> list[SpanItem]:
@@ -322,9 +410,10 @@ class ColdStartAssembly:
 
 def coldstart_assembler(host_name: str | None = None, handlers: Mapping[str, KindHandler] | None = None, *,
                         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
-                        observers: Sequence[ColdStartObserver] = ()) -> Assembler:
+                        observers: Sequence[ColdStartObserver] = (),
+                        max_total_bytes: int | None = None) -> Assembler:
     """An assembler that assembles cold starts as the agent's does (tests, benches, tools):
     the daemon's :class:`Assembler` with a :class:`ColdStartAssembly` (``span_handlers[0]``)
     and its ``cs_tick`` kind, beside ``handlers``."""
-    cs = ColdStartAssembly(max_pending_bytes, observers)
+    cs = ColdStartAssembly(max_pending_bytes, observers, max_total_bytes=max_total_bytes)
     return Assembler(host_name, {"cs_tick": cs.checkpoint, **(handlers or {})}, [cs])

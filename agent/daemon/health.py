@@ -50,6 +50,10 @@ class Counters:
     # Producers whose pid the agent cannot see (another pid namespace) taken as ended: their last
     # connection closed and they did not connect again within liveness.PIDLESS_GRACE_S.
     producers_lost_unseen: int = 0
+    # Watches of departed producers pushed out of a full table (liveness.py): checked at once, else polled
+    # each second; and those pushed out of the full poll too while their process lived (not watched any more).
+    watches_polled: int = 0
+    watches_dropped: int = 0
     # Events whose sequence number jumps further than a producer can (sequence.MAX_MISSING): malformed.
     seq_implausible: int = 0
     # ``drops`` reports claiming more than their producer can have dropped (receive.py): malformed.

@@ -13,6 +13,12 @@ connection is the evidence: a live hook reconnects after any hang-up (an agent-s
 idle timeout) within its backoff, so one that has not connected again within
 ``PIDLESS_GRACE_S`` is taken as ended (``lost``, counted in ``Counters.producers_lost_unseen``);
 one that reconnects in time is not.
+
+The watch tables are bounded (``MAX_WATCHED`` each: a pidfd is a descriptor). A watch pushed out
+(one uid's departed producers push out their own first) is not forgotten, which held the
+producer's cold-start state and its place in the producer table for good: its process is
+checked at once (ended: ``lost`` now), else it joins the overflow poll, checked every second
+without a descriptor (``MAX_POLLED``, a quarter of it per uid: the producer table's figures).
 """
 
 from __future__ import annotations
@@ -20,16 +26,20 @@ from __future__ import annotations
 import asyncio
 import os
 import select
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from infersight.agent.daemon.assemble import Producer
+from infersight.agent.daemon.assemble import MAX_PRODUCERS, MAX_PRODUCERS_PER_UID, Producer
 from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.identity import process_start
 
 LOST_CHECK_S = (0.05, 0.2, 0.5, 1.0)  # a producer that hung up: is its process gone? then every second
 HAVE_PROC = os.path.isdir("/proc/self")
 MAX_WATCHED = 256  # departed producers whose process is watched (one descriptor each)
+# Watches pushed out of those, polled without a descriptor: no more than the producer table holds
+# (one uid's share included), so only producers already evicted from it can overflow this too.
+MAX_POLLED = MAX_PRODUCERS
+MAX_POLLED_PER_UID = MAX_PRODUCERS_PER_UID
 # A producer whose pid the agent cannot see, gone from its last connection this long without
 # connecting again, has ended. A live hook comes back well before: it reconnects with a
 # jittered backoff of at most hooks/_connection.py's RECONNECT_MAX_S (5 s) x 1.5, and an idle
@@ -43,7 +53,24 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def fairest_victim(entries: Mapping[str, tuple[Producer, Any] | tuple[Producer, int, str]]) -> str:
+def process_ended(pid: int, start: str | None) -> bool:
+    """Whether process ``pid`` (started at ``start``, when known) has ended: its /proc start time
+    (which tells a reused pid), else a pidfd opened and closed at once (where /proc hides it)."""
+    if start is not None and HAVE_PROC:
+        return process_start(pid) != start
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (OSError, AttributeError):  # cannot tell: it may live
+        return False
+    try:
+        return _readable(fd)  # a zombie
+    finally:
+        os.close(fd)
+
+
+def fairest_victim(entries: Mapping[str, Sequence[Any]]) -> str:
     """The entry to let go when a watch table is full: the oldest of the uid holding the most, so that
     one user's many departed producers push out their own, never another user's watch (whose process
     would then end with its cold start left open, or be taken as ended while it lives)."""
@@ -60,7 +87,11 @@ class Liveness:
         self._live: dict[str, int] = {}  # producer id -> open connections
         # Producers that hung up with a cold start still open: (producer, pid, start time).
         self._watch: dict[str, tuple[Producer, int, str]] = {}
-        self._pidfds: dict[str, tuple[Producer, int]] = {}
+        self._pidfds: dict[str, tuple[Producer, int, int, str | None]] = {}  # (producer, fd, pid, start)
+        # Watches pushed out of the tables above, polled every second: (producer, pid, start time).
+        self._polled: dict[str, tuple[Producer, int, str | None]] = {}
+        self.watches_polled = 0  # watches pushed out of a full table into the poll (or found ended then)
+        self.watches_dropped = 0  # pushed out of the full poll too, their process alive: not watched any more
         # Producers without a visible pid that hung up with a cold start open: their grace timer.
         self._pidless: dict[str, tuple[Producer, asyncio.TimerHandle]] = {}
         self._watch_task: asyncio.Task[None] | None = None
@@ -101,17 +132,26 @@ class Liveness:
             return self.lost(producer)
         self._unwatch(producer.id)
         if len(self._pidfds) >= MAX_WATCHED:
-            self._unwatch(fairest_victim(self._pidfds))
-        self._pidfds[producer.id] = (producer, fd)
+            victim, _fd, vpid, vstart = self._pidfds[fairest_victim(self._pidfds)]
+            self._unwatch(victim.id)
+            self._poll(victim, vpid, vstart)
+        self._pidfds[producer.id] = (producer, fd, pid, start)
         asyncio.get_running_loop().add_reader(fd, self._process_ended, producer.id)
         return None
 
     def sweep(self) -> int:
         """Producers found dead: ``lost`` for each; returns how many."""
         done = 0
-        for producer_id, (_producer, fd) in list(self._pidfds.items()):
+        for producer_id, (_producer, fd, _pid, _start) in list(self._pidfds.items()):
             if _readable(fd):
                 self._process_ended(producer_id)
+                done += 1
+        for producer_id, (producer, pid, polled_start) in list(self._polled.items()):
+            if producer.id in self._live or producer.gone or not self.awaits_end(producer):
+                del self._polled[producer_id]  # it reconnected, or nothing waits for its end any more
+            elif process_ended(pid, polled_start):
+                del self._polled[producer_id]
+                self.lost(producer)
                 done += 1
         for producer_id, (producer, pid, start) in list(self._watch.items()):
             if producer.id in self._live:  # it reconnected
@@ -165,6 +205,7 @@ class Liveness:
 
     def _unwatch(self, producer_id: str) -> None:
         self._watch.pop(producer_id, None)
+        self._polled.pop(producer_id, None)
         timer = self._pidless.pop(producer_id, None)
         if timer is not None:
             timer[1].cancel()
@@ -180,8 +221,34 @@ class Liveness:
         if not HAVE_PROC or start is None:
             return
         if len(self._watch) >= MAX_WATCHED:
-            self._watch.pop(fairest_victim(self._watch))
+            victim, vpid, vstart = self._watch.pop(fairest_victim(self._watch))
+            self._poll(victim, vpid, vstart)
         self._watch[producer.id] = (producer, pid, start)
+        self._start_sweeps()
+
+    def _poll(self, producer: Producer, pid: int, start: str | None) -> None:
+        """A watch pushed out of a full table: ``lost`` now if its process has ended, else polled.
+        A uid past its share of the poll (or the poll full) lets go of its own oldest the same way."""
+        self.watches_polled += 1
+        if self.counters is not None:
+            self.counters.watches_polled += 1
+        if process_ended(pid, start):
+            return self.lost(producer)
+        mine = [k for k, entry in self._polled.items() if entry[0].uid == producer.uid]
+        if len(mine) >= MAX_POLLED_PER_UID or len(self._polled) >= MAX_POLLED:
+            victim, vpid, vstart = self._polled.pop(mine[0] if len(mine) >= MAX_POLLED_PER_UID
+                                                    else fairest_victim(self._polled))
+            if process_ended(vpid, vstart):
+                self.lost(victim)
+            else:
+                self.watches_dropped += 1  # only producers already evicted from the table get here
+                if self.counters is not None:
+                    self.counters.watches_dropped += 1
+        self._polled[producer.id] = (producer, pid, start)
+        self._start_sweeps()
+        return None
+
+    def _start_sweeps(self) -> None:
         if self._watch_task is None or self._watch_task.done():
             self._watch_task = asyncio.get_running_loop().create_task(self._watch_lost(), name="ingest-lost")
 
@@ -190,5 +257,5 @@ class Liveness:
         for delay in (*LOST_CHECK_S, *([1.0] * 1000000)):
             await asyncio.sleep(delay)
             self.sweep()
-            if not self._watch:
+            if not self._watch and not self._polled:
                 return
