@@ -26,7 +26,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from infersight.settings import Key, seconds_in
 from infersight.telemetry import MetricItem, Resource
@@ -46,6 +46,18 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
         raise ValueError(f"percentile {p} outside (0, 100]")
     rank = math.ceil(round(p * len(sorted_values) / 100.0, 9))
     return sorted_values[max(rank, 1) - 1]
+
+
+_Entry = TypeVar("_Entry", bound=tuple[Any, ...])
+
+
+def drop_ended_before(window: deque[_Entry], horizon: float) -> int:
+    """Take the entries (end s first) that ended before ``horizon`` off the front of ``window``; how many."""
+    n = 0
+    while window and window[0][0] < horizon:
+        window.popleft()
+        n += 1
+    return n
 
 
 def p99_lower_bound(sorted_values: Sequence[float]) -> float:
@@ -180,10 +192,7 @@ class LatencyWindow:
         horizon = now_s - self.window_s
         for key in list(self._series):
             q = self._series[key]
-            n = 0
-            while q and q[0][0] < horizon:
-                q.popleft()
-                n += 1
+            n = drop_ended_before(q, horizon)
             if n:
                 self.samples.give(key.uid, n)
                 self._stats.pop(key, None)

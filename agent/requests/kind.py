@@ -48,6 +48,7 @@ from infersight.latency import (
     NvmlDevice,
     SeriesKey,
     UidShare,
+    drop_ended_before,
     owner,
     percentile,
 )
@@ -397,11 +398,7 @@ class RequestStats:
 
     def _instance_expire(self, inst: _Instance, horizon: float) -> None:
         """Take the requests that ended before ``horizon`` out of ``inst``'s window and its uid's budget."""
-        w = inst.window
-        n = 0
-        while w and w[0][0] < horizon:
-            w.popleft()
-            n += 1
+        n = drop_ended_before(inst.window, horizon)
         if n:
             self.instance_samples.give(inst.uid, n)
             inst.figures = None

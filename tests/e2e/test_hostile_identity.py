@@ -305,12 +305,16 @@ def test_one_uid_cannot_take_every_connection(users, base: Path, agent_factory) 
         flood.wait()
 
 
-COSTLY_FRAMES_SCRIPT = r"""
+STREAM_SCRIPT = r"""
 import json, os, socket, struct, sys, time
-sock_path, conns = sys.argv[1], int(sys.argv[2])
-# The costliest batches the wire allows to decode and assemble: wide events filling 1 MiB frames.
-event = {"body": "x", "a": {"k%d" % j: "v" * 6 for j in range(100)}}
-per_frame = 600
+sock_path, conns, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+WIDE = {"body": "x", "a": {"k%d" % j: "v" * 6 for j in range(100)}}
+
+def batch(seq):
+    if kind == "wide":  # the costliest batches the wire allows to decode and assemble: 1 MiB frames
+        return [[seq + i, 5, "log", WIDE] for i in range(600)]
+    # 512 log records, each its own MQTT message
+    return [[seq + i, time.time_ns(), "log", {"body": "flood", "name": "oom", "sev": "ERROR"}] for i in range(512)]
 
 def frame(obj):
     b = json.dumps(obj).encode()
@@ -319,13 +323,14 @@ def frame(obj):
 for c in range(conns):
     if os.fork() == 0:
         s = socket.socket(socket.AF_UNIX); s.connect(sock_path)
-        s.sendall(frame({"t": "hello", "schema": 1, "producer": {"id": "costly-%d" % os.getpid(),
+        s.sendall(frame({"t": "hello", "schema": 1, "producer": {"id": "flood-%d" % os.getpid(),
                          "pid": os.getpid(), "start_ns": 1, "trace_id": "c" * 32, "root_span_id": "d" * 16}}))
         seq = 1
         try:
             while True:
-                s.sendall(frame({"t": "b", "e": [[seq + i, 5, "log", event] for i in range(per_frame)]}))
-                seq += per_frame
+                events = batch(seq)
+                seq += len(events)
+                s.sendall(frame({"t": "b", "e": events}))
                 s.setblocking(False)
                 try:
                     while s.recv(65536):  # the acks
@@ -340,6 +345,47 @@ time.sleep(120)
 """
 
 
+def group_agent(agent_factory, base: Path, gid: int, extra_toml: str = ""):  # type: ignore[no-untyped-def]
+    """A root agent whose socket is the group's (0660 root:gid), as the packaged units make it."""
+    agent = agent_factory(extra_toml, root=base / "agent")
+    agent.config.write_text(agent.config.read_text().replace("[agent]\n", "[agent]\nallowed_gids = [%d]\n" % gid, 1))
+    os.chmod(base / "agent", 0o755)
+    agent.start()
+    os.chown(agent.sock, 0, gid)
+    return agent
+
+
+def start_flood(python: str, base: Path, agent, attacker: pwd.struct_passwd, gid: int,  # type: ignore[no-untyped-def]
+                kind: str) -> subprocess.Popen[str]:
+    """Four connections of the attacker streaming ``kind`` batches (STREAM_SCRIPT) until killed."""
+    script = base / ("stream_%s.py" % kind)
+    script.write_text(STREAM_SCRIPT)
+    flood = subprocess.Popen([python, str(script), str(agent.sock), "4", kind], stdout=subprocess.PIPE, text=True,
+                             user=attacker.pw_uid, group=gid, extra_groups=[gid], start_new_session=True)
+    assert flood.stdout is not None and flood.stdout.readline().strip() == "sending"
+    return flood
+
+
+def run_victim(python: str, base: Path, agent, victim: pwd.struct_passwd, gid: int) -> None:  # type: ignore[no-untyped-def]
+    """The victim's hooked process logs N_EVENTS at once and exits (its hooks flush at exit)."""
+    go = base / "go"
+    go.touch()
+    script = base / "victim.py"
+    script.write_text(VICTIM_SCRIPT)
+    env = hook_env(agent.sock, base / "spool", OTEL_SERVICE_NAME="victim-svc", INFERSIGHT_EXIT_FLUSH_S="30")
+    env.pop("INFERSIGHT_STATE_DIR", None)
+    r = subprocess.run([python, str(script), str(go)], env=env, cwd="/", capture_output=True, text=True, timeout=90,
+                       user=victim.pw_uid, group=gid, extra_groups=[gid])
+    assert r.returncode == 0, r.stderr
+
+
+def victim_events(agent) -> list[int]:  # type: ignore[no-untyped-def]
+    return sorted(int(attr(r, "i")) for r in log_records(read_otlp_lines(agent.out))
+                  if r["body"].get("stringValue") == "victim-event")
+
+
+
+
 def test_a_uid_streaming_costly_frames_gets_its_share_of_the_loop_while_another_sends(  # type: ignore[no-untyped-def]
         users, base: Path, agent_factory) -> None:
     """The attacker's producers stream the costliest frames the wire allows on four connections. Alone,
@@ -348,75 +394,19 @@ def test_a_uid_streaming_costly_frames_gets_its_share_of_the_loop_while_another_
     event of the victim arrives."""
     gid, victim, attacker = users
     python = system_python()
-    agent = agent_factory(root=base / "agent")
-    agent.config.write_text(agent.config.read_text().replace(
-        "[agent]\n", "[agent]\nallowed_gids = [%d]\n" % gid, 1))
-    os.chmod(base / "agent", 0o755)
-    agent.start()
-    os.chown(agent.sock, 0, gid)
-    script = base / "costly.py"
-    script.write_text(COSTLY_FRAMES_SCRIPT)
-    flood = subprocess.Popen([python, str(script), str(agent.sock), "4"], stdout=subprocess.PIPE, text=True,
-                             user=attacker.pw_uid, group=gid, extra_groups=[gid], start_new_session=True)
+    agent = group_agent(agent_factory, base, gid)
+    flood = start_flood(python, base, agent, attacker, gid, "wide")
     try:
-        assert flood.stdout is not None and flood.stdout.readline().strip() == "sending"
         assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 10_000, 60)
         assert agent.status()["counters"]["frames_paced"] == 0, "a lone uid is not paced"
-        go = base / "go"
-        go.touch()  # the victim logs at once
-        victim_script = base / "victim.py"
-        victim_script.write_text(VICTIM_SCRIPT)
-        env = hook_env(agent.sock, base / "spool", OTEL_SERVICE_NAME="victim-svc", INFERSIGHT_EXIT_FLUSH_S="10")
-        env.pop("INFERSIGHT_STATE_DIR", None)
-        r = subprocess.run([python, str(victim_script), str(go)], env=env, cwd="/", capture_output=True, text=True,
-                           timeout=60, user=victim.pw_uid, group=gid, extra_groups=[gid])
-        assert r.returncode == 0, r.stderr
+        run_victim(python, base, agent, victim, gid)
         assert wait_for(lambda: agent.status()["counters"]["frames_paced"] >= 1, 30), agent.status()["counters"]
     finally:
         os.killpg(flood.pid, 9)
         flood.wait()
-
-    def victim_events() -> list[int]:
-        return sorted(int(attr(r, "i")) for r in log_records(read_otlp_lines(agent.out))
-                      if r["body"].get("stringValue") == "victim-event")
-
-    assert wait_for(lambda: len(victim_events()) >= N_EVENTS, 30), len(victim_events())
-    assert victim_events() == list(range(N_EVENTS))
+    assert wait_for(lambda: len(victim_events(agent)) >= N_EVENTS, 30), len(victim_events(agent))
+    assert victim_events(agent) == list(range(N_EVENTS))
     assert agent.status()["healthy"] is True
-
-
-SLOW_SINK_FLOOD_SCRIPT = r"""
-import json, os, socket, struct, sys, time
-sock_path, conns = sys.argv[1], int(sys.argv[2])
-
-def frame(obj):
-    b = json.dumps(obj).encode()
-    return struct.pack("!I", len(b)) + b
-
-for c in range(conns):
-    if os.fork() == 0:
-        s = socket.socket(socket.AF_UNIX); s.connect(sock_path)
-        s.sendall(frame({"t": "hello", "schema": 1, "producer": {"id": "sink-flood-%d" % os.getpid(),
-                         "pid": os.getpid(), "start_ns": 1, "trace_id": "c" * 32, "root_span_id": "d" * 16}}))
-        seq = 1
-        try:
-            while True:  # 512 log records a batch, each its own MQTT message: more than the broker takes
-                batch = [[seq + i, time.time_ns(), "log", {"body": "flood", "name": "oom", "sev": "ERROR"}]
-                         for i in range(512)]
-                seq += 512
-                s.sendall(frame({"t": "b", "e": batch}))
-                s.setblocking(False)
-                try:
-                    while s.recv(65536):
-                        pass
-                except BlockingIOError:
-                    pass
-                s.setblocking(True)
-        except OSError:
-            os._exit(0)
-print("sending", flush=True)
-time.sleep(120)
-"""
 
 
 @pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed")
@@ -424,46 +414,24 @@ def test_a_uid_flooding_a_slow_sink_holds_only_its_own_producers(  # type: ignor
         users, base: Path, agent_factory) -> None:
     """The attacker floods log records toward MQTT (one message each), faster than the broker takes
     them. Its batches once filled the exporter's one queue, and every producer was held until it
-    drained (the victim's acks took 8-10 s). Now the attacker waits once its batches fill a quarter of
+    drained (the victim's acks took 6-8 s). Now the attacker waits once its batches fill a quarter of
     the queue (`frames_waited_queue_share`), the queue never fills for everyone, and the victim's
     batches wait in their own lane: every event of the victim's hooks reaches the broker and the file."""
     gid, victim, attacker = users
     python = system_python()
     with running_broker(base / "mosquitto") as broker:
-        agent = agent_factory(f'[exporters.mqtt]\nurl = "{broker.url}"\n', root=base / "agent")
-        agent.config.write_text(agent.config.read_text().replace(
-            "[agent]\n", "[agent]\nallowed_gids = [%d]\n" % gid, 1))
-        os.chmod(base / "agent", 0o755)
-        agent.start()
-        os.chown(agent.sock, 0, gid)
-        script = base / "sink_flood.py"
-        script.write_text(SLOW_SINK_FLOOD_SCRIPT)
-        flood = subprocess.Popen([python, str(script), str(agent.sock), "4"], stdout=subprocess.PIPE, text=True,
-                                 user=attacker.pw_uid, group=gid, extra_groups=[gid], start_new_session=True)
+        agent = group_agent(agent_factory, base, gid, f'[exporters.mqtt]\nurl = "{broker.url}"\n')
+        flood = start_flood(python, base, agent, attacker, gid, "records")
         try:
-            assert flood.stdout is not None and flood.stdout.readline().strip() == "sending"
             assert wait_for(lambda: agent.status()["counters"]["frames_waited_queue_share"] >= 1, 60), \
                 agent.status()["counters"]
-            go = base / "go"
-            go.touch()
-            victim_script = base / "victim.py"
-            victim_script.write_text(VICTIM_SCRIPT)
-            env = hook_env(agent.sock, base / "spool", OTEL_SERVICE_NAME="victim-svc", INFERSIGHT_EXIT_FLUSH_S="30")
-            env.pop("INFERSIGHT_STATE_DIR", None)
-            r = subprocess.run([python, str(victim_script), str(go)], env=env, cwd="/", capture_output=True,
-                               text=True, timeout=90, user=victim.pw_uid, group=gid, extra_groups=[gid])
-            assert r.returncode == 0, r.stderr
-
-            def victim_events() -> list[int]:
-                return sorted(int(attr(r, "i")) for r in log_records(read_otlp_lines(agent.out))
-                              if r["body"].get("stringValue") == "victim-event")
-
+            run_victim(python, base, agent, victim, gid)
             # While the flood goes on: the victim is not held behind it.
-            assert wait_for(lambda: len(victim_events()) >= N_EVENTS, 60), len(victim_events())
+            assert wait_for(lambda: len(victim_events(agent)) >= N_EVENTS, 60), len(victim_events(agent))
             assert flood.poll() is None, "the flood was still running"
             st = agent.status()
             assert not any(w["pushbacks"] for w in st["exporters"]), "no queue filled for everyone"
         finally:
             os.killpg(flood.pid, 9)
             flood.wait()
-    assert victim_events() == list(range(N_EVENTS))
+    assert victim_events(agent) == list(range(N_EVENTS))
