@@ -53,7 +53,9 @@ HARD_QUEUE_FACTOR = 4
 # than 1/64 of the bound queued is still read: its few batches wait in their own lane (FairQueue).
 UID_QUEUE_SHARE = 4
 UID_QUEUE_FLOOR = 64
-CONTENDED_S = 1.0  # after batches of two uids waited together, exports stay one batch a lane this long
+CONTENDED_S = 1.0  # lanes competed this recently: exports are kept short
+CONTENDED_EXPORT_S = 0.1  # while lanes compete, an export holds what this exporter sends in this long
+CONTENDED_FLOOR_ITEMS = 512  # and at least this (a hook's batch): a slow peer's round trip is no reason to split
 
 # What one export attempt came to.
 OK, AWAY, REJECTED, FINAL = "ok", "away", "rejected", "final"
@@ -119,7 +121,9 @@ class ExporterWorker:
         self.full = False  # pushing back: the ingest waits until the queue is half empty
         self.on_full_change: Callable[[], None] | None = None
         self.on_dequeued: Callable[[], None] | None = None  # a batch left the queue
-        self._contended_until = 0.0  # exports take one batch a lane until then (_take)
+        self._item_s = 0.0  # seconds per item of recent whole (uncapped) exports (0: none yet)
+        self._contended_until = 0.0  # exports are kept short until then (_take)
+        self._capped = False  # the export being made was kept short
 
     @property
     def name(self) -> str:
@@ -324,7 +328,11 @@ class ExporterWorker:
         batch = [it for p in parts for it in p]
         self._busy = True
         try:
+            began = time.monotonic()
             out = await self._export(batch)
+            if out == OK and batch and not self._capped:
+                per_item = (time.monotonic() - began) / len(batch)
+                self._item_s = per_item if not self._item_s else self._item_s + 0.25 * (per_item - self._item_s)
             attempts = 0
             while out in (AWAY, REJECTED) and self.spool is None and attempts < self.memory_retries:
                 attempts += 1
@@ -361,20 +369,24 @@ class ExporterWorker:
         return None
 
     def _take(self) -> tuple[list[Sequence[Item]], list[Completion]]:
-        """The next export: queued batches up to ``max_batch_items``. While several lanes (uids) wait, or
-        did within ``CONTENDED_S``, one batch of each at most: a batch is acked only once its whole export
-        is done, and another uid's batch of one item must not wait for 4,096 of a flood's items (a second
-        of MQTT messages) to go out with it, or before it. A lone uid's batches are merged as before."""
+        """The next export: queued batches, a lane at a time in turn, up to ``max_batch_items``. While
+        several lanes (uids) wait, or did within ``CONTENDED_S``, up to what this exporter sends in
+        ``CONTENDED_EXPORT_S`` too (at least ``CONTENDED_FLOOR_ITEMS``): a batch is acked only once its
+        whole export is done, and another uid's batch of one item must not wait for 4,096 of a flood's
+        items (a second of MQTT messages) to go out with it, or before it. The sink's speed is read from
+        whole exports only (a capped one's round trip would shrink the cap on and on): a fast sink's
+        exports stay whole, and a lone lane's are merged as before."""
         parts: list[Sequence[Item]] = []
         completions: list[Completion] = []
         n = 0
-        lanes = self.queue.lane_count()
+        limit = self.max_batch_items
         now = time.monotonic()
-        if lanes > 1:
+        if self.queue.lane_count() > 1:
             self._contended_until = now + CONTENDED_S
-        entries = lanes if now < self._contended_until else len(self.queue)
-        while self.queue and len(parts) < entries and (
-                not parts or n + len(self.queue.head()[0]) <= self.max_batch_items):
+        if now < self._contended_until and self._item_s > 0:
+            limit = min(limit, max(CONTENDED_FLOOR_ITEMS, int(CONTENDED_EXPORT_S / self._item_s)))
+        self._capped = limit < self.max_batch_items
+        while self.queue and (not parts or n + len(self.queue.head()[0]) <= limit):
             items, c = self.queue.popleft()
             self.queue_items -= len(items)
             parts.append(items)
@@ -521,14 +533,16 @@ class Broadcaster:
         return max((w.queue.items_of(uid) for w in self.workers), default=0)
 
     def over_share(self, uid: int) -> bool:
-        """``uid`` (root aside) has a quarter of an exporter queue's bound waiting."""
-        return uid != 0 and self.queued_of(uid) >= self.uid_bound // UID_QUEUE_SHARE
+        """``uid`` (root aside) has a quarter of an exporter queue's bound waiting (no exporter: no queue)."""
+        if uid == 0 or not self.workers:
+            return False
+        return self.queued_of(uid) >= max(1, self.uid_bound // UID_QUEUE_SHARE)
 
     def must_wait(self, uid: int) -> bool:
         """Whether ``uid``'s producers must not be read now: its share of the queues is full, or a queue
         is full and ``uid`` has more than a trickle in it (root: whenever a queue is full)."""
         if not self._ready.is_set():
-            return uid == 0 or self.queued_of(uid) >= self.uid_bound // UID_QUEUE_FLOOR
+            return uid == 0 or self.queued_of(uid) >= max(1, self.uid_bound // UID_QUEUE_FLOOR)
         return self.over_share(uid)
 
     async def wait_turn(self, uid: int) -> None:

@@ -128,8 +128,7 @@ class Connections:
             return
         try:
             payload = await read_frame(reader, PROBATION_S if over > 0 else self.frame_timeout_s,
-                                       self.frame_timeout_s, self.counters, self.rlog, self._frame_share(uid),
-                                       self.loop_share)
+                                       self.frame_timeout_s, self.counters, self.rlog, self._frame_share(uid))
         except TimeoutError:
             if over > 0:
                 closed_over()
@@ -138,6 +137,8 @@ class Connections:
             return
         if payload is None:
             return
+        if FrameShare.needs(len(payload)) and self.loop_share.over(uid):
+            await self.loop_share.wait(uid)  # a large first frame waits for its uid's share, as any frame
         msg = self._decode_first(uid, payload)
         if msg is None:
             self.counters.malformed_frames += 1
@@ -260,9 +261,6 @@ class Connections:
                 self.counters.oversized_frames += 1
                 self.rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
                 return
-            if pace.over(uid):  # its uid took more than its share of the loop: the agent holds it
-                deadline.phase = ReadDeadline.HELD
-                await pace.wait(uid)
             if share.needs(n):  # the agent holds it while it waits, not the peer: no frame timeout yet
                 deadline.phase = ReadDeadline.HELD
                 if not await share.take(n):
@@ -276,6 +274,11 @@ class Connections:
                 deadline.phase, deadline.since = ReadDeadline.FRAME, loop.time()
                 payload = await readexactly(n)
             gate.frame(transport, n, deadline.since)
+            if pace.over(uid):  # its uid took more than its share of the loop: the agent holds the frame
+                deadline.phase = ReadDeadline.HELD
+                await pace.wait(uid)
+            # No await from here to the charge: connections of one uid that wake together each see the
+            # debt the one before them reserved.
             started = clock()
             estimate = pace.reserve(uid, n)
             try:

@@ -14,7 +14,6 @@ from typing import Protocol
 
 from infersight.agent.daemon.frame_budget import FrameShare
 from infersight.agent.daemon.health import Counters
-from infersight.agent.daemon.loop_share import LoopShare
 from infersight.agent.daemon.receive import RateLimitedLog
 from infersight.hooks import _wire
 
@@ -39,21 +38,16 @@ class DeadlineOwner(Protocol):
 
 
 async def read_frame(reader: asyncio.StreamReader, header_s: float, frame_s: float, counters: Counters,
-                     rlog: RateLimitedLog, share: FrameShare | None = None,
-                     pace: LoopShare | None = None) -> bytes | None:
+                     rlog: RateLimitedLog, share: FrameShare | None = None) -> bytes | None:
     """One payload (a connection's first frame); None after counting an oversized or slow
-    frame, or a large one that did not get its ``share`` of the bytes being read. A large one
-    first waits while its uid is past its ``pace`` (its share of the loop); a small one (a
-    status probe, a hello) never does. The header may take up to ``header_s``, the payload
-    ``frame_s``; TimeoutError past the header's."""
+    frame, or a large one that did not get its ``share`` of the bytes being read. The header may
+    take up to ``header_s``, the payload ``frame_s``; TimeoutError past the header's."""
     n = _wire.frame_size(await asyncio.wait_for(reader.readexactly(_wire.HEADER.size), header_s))
     if n > _wire.MAX_FRAME_BYTES:
         counters.oversized_frames += 1
         rlog.warn("oversized", "peer sent a %d-byte frame (max %d); closing", n, _wire.MAX_FRAME_BYTES)
         return None
     if share is not None and share.needs(n):
-        if pace is not None and pace.over(share.uid):
-            await pace.wait(share.uid)
         if not await share.take(n):
             return None
         try:

@@ -19,9 +19,11 @@ connections of one uid that wake together do not all pass on one reading of the 
 What a frame costs the agent does not end on the loop: reading its bytes, the exporters' encoding (in
 threads, under the GIL) and the rest come after. Timing them per uid would reach into every exporter,
 so the agent's whole CPU time is laid on the frames instead: every ``RESCALE_S`` the process's CPU
-seconds over the loop time charged to frames meanwhile give a factor (1 to ``MAX_SCALE``) that each
-frame's loop time is multiplied by. One uid's frames of wide events, whose file encoding costs twice
-their decoding, were paced as half what they cost without it.
+seconds over the loop time charged to frames meanwhile give a factor (1 to ``MAX_SCALE``) that the
+frames of the uid that took the most loop time in that window are multiplied by. One uid's frames of
+wide events, whose file encoding costs twice their decoding, were paced as half what they cost
+without it. Only the heaviest uid bears it: the CPU no frame is charged for (another user's status
+probes, the agent's own work) must not make a light victim look expensive and get it paced.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ class LoopShare:
         self._active = 0
         self._active_at = -1e9
         self.scale = 1.0  # the agent's CPU time per second of frames' loop time, recently
+        self.heaviest: int | None = None  # the uid that took the most loop time last window: it bears the scale
         self._charged = 0.0  # frames' loop time since the last rescale
+        self._by_uid: dict[int, float] = {}  # and each uid's part of it
         self._rescaled_at = clock()
         self._cpu_at = cpu()
 
@@ -121,9 +125,12 @@ class LoopShare:
         now = self.clock()
         use = self._decayed(uid, now)
         use.seen = now
-        estimate = n * use.per_byte * self.scale
+        estimate = n * use.per_byte * self._factor(uid)
         use.debt += estimate
         return estimate
+
+    def _factor(self, uid: int) -> float:
+        return self.scale if uid == self.heaviest else 1.0
 
     def settle(self, uid: int, n: int, estimate: float, cost: float) -> None:
         """The frame reserved with ``estimate`` took ``cost`` seconds of the loop."""
@@ -131,16 +138,19 @@ class LoopShare:
         use = self.uses.get(uid)
         if use is None:  # swept meanwhile
             use = self.uses[uid] = _Use(now)
-        use.debt = max(0.0, use.debt + cost * self.scale - estimate)
+        use.debt = max(0.0, use.debt + cost * self._factor(uid) - estimate)
         if n > 0:
             use.per_byte += _COST_WEIGHT * (cost / n - use.per_byte)
         self._charged += cost
+        self._by_uid[uid] = self._by_uid.get(uid, 0.0) + cost
         if now - self._rescaled_at >= RESCALE_S:
             self._rescale(now)
 
     def _rescale(self, now: float) -> None:
         cpu = self.cpu()
         wall, spent, charged = now - self._rescaled_at, cpu - self._cpu_at, self._charged
+        by_uid, self._by_uid = self._by_uid, {}
         self._rescaled_at, self._cpu_at, self._charged = now, cpu, 0.0
+        self.heaviest = max(by_uid, key=by_uid.__getitem__) if by_uid else None
         if charged >= _BUSY * wall:  # mostly frames: the rest of the agent's time is theirs
             self.scale = min(MAX_SCALE, max(1.0, (self.scale + spent / charged) / 2))

@@ -118,3 +118,39 @@ async def test_while_a_queue_is_full_a_uid_with_a_trickle_queued_is_still_read()
     b.publish(items(1, "victim"), uid=VICTIM)
     assert b.queued_of(VICTIM) < 1024 // UID_QUEUE_FLOOR
     assert not b.must_wait(VICTIM)
+
+
+def test_an_agent_with_no_exporter_holds_no_producer() -> None:
+    """No sink configured: there is no queue, so no uid has filled a share of it (every non-root
+    producer was held for good, its batches never acked)."""
+    b = Broadcaster([])
+    assert not b.over_share(ATTACKER) and not b.must_wait(ATTACKER) and not b.must_wait(0)
+
+
+class CountingExporter(SlowExporter):
+    """Takes every batch at once, counting the exports."""
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        self.batches.append(list(batch))
+
+
+async def test_another_lane_does_not_split_a_fast_sinks_exports() -> None:
+    """While lanes compete an export holds what the sink sends in 0.1 s: a fast sink's exports stay
+    merged. One batch a lane, as before, let one item a second from another uid cut a heavy uid's
+    exports to one of its batches each (200x slower to a sink with a cost per export)."""
+    exporter = CountingExporter()
+    worker = ExporterWorker(exporter, None, queue_max_items=1 << 16, max_batch_items=4096)
+    b = Broadcaster([worker])
+    b.publish(items(10, "warm"), uid=VICTIM)
+    worker.start()
+    try:
+        await until(lambda: len(exporter.batches) == 1)  # the sink's speed is known
+        for i in range(500):
+            b.publish(items(10, "victim"), uid=VICTIM)
+            if i % 100 == 0:
+                b.publish(items(1, "other"), uid=ATTACKER)
+        await until(lambda: sum(len(x) for x in exporter.batches) == 10 + 5000 + 5)
+        assert len(exporter.batches) <= 12, [len(x) for x in exporter.batches]
+    finally:
+        assert worker._task is not None
+        worker._task.cancel()

@@ -149,3 +149,22 @@ def test_a_quiet_agents_housekeeping_does_not_inflate_the_factor() -> None:
         cpu[0] += 0.05
         frame(s, VICTIM, 100, 0.0001)
     assert s.scale == 1.0
+
+
+def test_only_the_heaviest_uid_bears_the_scale() -> None:
+    """CPU no frame is charged for (another user's status probes) raised one global factor for every
+    uid: a victim using 15% of the loop was charged 60% against its 40% share, and paced."""
+    clock, cpu = Clock(), [0.0]
+    s = LoopShare(Counters(), clock, lambda: cpu[0])
+    for _ in range(10):  # the attacker takes most of the loop; the agent burns 4x what frames are charged
+        clock.now += 0.11
+        cpu[0] += 0.4
+        frame(s, ATTACKER, 1 << 20, 0.08)
+        frame(s, VICTIM, 1000, 0.02)
+    assert s.scale > 2 and s.heaviest == ATTACKER
+    before = s.uses[VICTIM].debt
+    frame(s, VICTIM, 1000, 0.02)
+    assert s.uses[VICTIM].debt - before == pytest.approx(0.02, abs=0.005), "the victim pays its own loop time"
+    before = s.uses[ATTACKER].debt
+    frame(s, ATTACKER, 1 << 20, 0.08)
+    assert s.uses[ATTACKER].debt - before > 0.15
