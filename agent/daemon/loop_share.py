@@ -8,10 +8,11 @@ being read, not the time their processing takes.
 
 So the time each frame takes (decode and assembly, on the loop) is charged to its peer's uid. While
 more than one uid has sent frames within ``ACTIVE_S``, a uid (root aside) may take at most its share
-of the loop, ``(1 - HEADROOM) / n`` for ``n`` such uids, with a burst of ``BURST_S``; a uid past it
-waits, unread, before its next frame, until its use has decayed (the agent holds the connection; no
-frame or idle timeout runs against the peer). What waits waits in the socket: nothing is dropped
-here; the hooks' own queues decide what a paced producer keeps. A lone uid is never paced: no one
+of the loop, ``(1 - HEADROOM) / n`` for ``n`` such uids but never less than ``(1 - HEADROOM) /
+MAX_PARTS``, with a burst of ``BURST_S``; a uid past it waits, unread, before its next frame, until
+its use has decayed (the agent holds the connection; no frame or idle timeout runs against the peer).
+What waits waits in the socket: nothing is dropped here; the hooks' own queues decide what a paced
+producer keeps. A lone uid is never paced: no one
 waits for it. A frame's cost is known only once it was processed, so each frame first reserves an
 estimate (its size times its uid's recent cost per byte) and settles the difference after: several
 connections of one uid that wake together do not all pass on one reading of the debt.
@@ -37,6 +38,7 @@ from infersight.agent.daemon.health import Counters
 
 ACTIVE_S = 2.0  # a uid that sent a frame this recently competes for the loop
 HEADROOM = 0.2  # of the loop, kept for exporters, timers and status probes when uids compete
+MAX_PARTS = 2  # a uid's share is at least (1 - HEADROOM) / MAX_PARTS, however many uids send
 BURST_S = 0.05  # loop time a uid may run ahead of its share before it waits
 _COST_WEIGHT = 0.25  # weight of the newest frame in a uid's cost per byte
 _PRUNE_EVERY = 256  # uids kept at most between sweeps of idle ones
@@ -89,8 +91,9 @@ class LoopShare:
         return self._active
 
     def rate(self, now: float) -> float:
-        """The share of the loop one uid may take now."""
-        return (1.0 - HEADROOM) / max(1, self._competing(now))
+        """The share of the loop one uid may take now: its part of the loop's (1 - HEADROOM), never less
+        than half of it (many quiet uids must not shrink a busy honest one to a sliver)."""
+        return (1.0 - HEADROOM) / min(MAX_PARTS, max(1, self._competing(now)))
 
     def _decayed(self, uid: int, now: float) -> _Use:
         use = self.uses.get(uid)

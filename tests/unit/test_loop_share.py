@@ -168,3 +168,12 @@ def test_only_the_heaviest_uid_bears_the_scale() -> None:
     before = s.uses[ATTACKER].debt
     frame(s, ATTACKER, 1 << 20, 0.08)
     assert s.uses[ATTACKER].debt - before > 0.15
+
+
+def test_many_quiet_uids_do_not_shrink_a_busy_ones_share_below_half() -> None:
+    s, clock = share()
+    for uid in range(2000, 2008):  # eight quiet neighbours send a little
+        frame(s, uid, 100, 0.0)
+    frame(s, ATTACKER, 1 << 20, 0.0)
+    clock.now += 0.2
+    assert s.rate(clock.now) == pytest.approx((1 - HEADROOM) / 2)
