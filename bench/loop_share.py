@@ -155,17 +155,19 @@ def pct(xs: list[float], q: float) -> float:
 def arm(paced: bool, seconds: float, conns: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="loopshare-"))
     proc, sock = start_agent(root, paced)
-    flood = subprocess.Popen([system_python(), "-c", FLOOD, str(sock), str(conns)], stdout=subprocess.PIPE,
-                             text=True, user="nobody", start_new_session=True, cwd="/")
+    flood: subprocess.Popen[str] | None = None
     try:
+        flood = subprocess.Popen([system_python(), "-c", FLOOD, str(sock), str(conns)], stdout=subprocess.PIPE,
+                                 text=True, user="nobody", start_new_session=True, cwd="/")
         assert flood.stdout is not None
         assert flood.stdout.readline().strip() == "sending"
         time.sleep(2.0)  # the flood is under way
         acks, status = victim(sock, seconds)
         counters = query_status(str(sock), 30.0)["counters"]
-    finally:
-        os.killpg(flood.pid, signal.SIGKILL)
-        flood.wait()
+    finally:  # the agent goes whatever failed (a flood that could not start left it running)
+        if flood is not None:
+            os.killpg(flood.pid, signal.SIGKILL)
+            flood.wait()
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(root, ignore_errors=True)
