@@ -137,9 +137,7 @@ class Connections:
             return
         if payload is None:
             return
-        if FrameShare.needs(len(payload)) and self.loop_share.over(uid):
-            await self.loop_share.wait(uid)  # a large first frame waits for its uid's share, as any frame
-        msg = self._decode_first(uid, payload)
+        msg = await self._decode_first(uid, payload)
         if msg is None:
             self.counters.malformed_frames += 1
             self.rlog.warn("frame", "peer pid %d sent a frame that is not a JSON object", pid)
@@ -173,13 +171,16 @@ class Connections:
         finally:
             self.liveness.left(producer, pid, started)
 
-    def _decode_first(self, uid: int, payload: bytes) -> dict[str, Any] | None:
-        """A connection's first frame, decoded. A large one is charged to its uid's share of the loop
-        (it waited for it); a small one (a status probe, a hello, a doorbell) is not, nor does it make its
-        uid compete for the loop."""
+    async def _decode_first(self, uid: int, payload: bytes) -> dict[str, Any] | None:
+        """A connection's first frame, decoded. A large one waits for its uid's share of the loop and is
+        charged to it, as any frame; a small one (a status probe, a hello, a doorbell) neither waits nor
+        makes its uid compete for the loop."""
         if not FrameShare.needs(len(payload)):
             return decode_frame(payload)
-        pace, started = self.loop_share, time.perf_counter()
+        pace = self.loop_share
+        if pace.over(uid):
+            await pace.wait(uid)
+        started = time.perf_counter()  # no await from here to the charge (see _producer_loop)
         estimate = pace.reserve(uid, len(payload))
         try:
             return decode_frame(payload)

@@ -12,10 +12,10 @@ of the loop, ``(1 - HEADROOM) / n`` for ``n`` such uids but never less than ``(1
 MAX_PARTS``, with a burst of ``BURST_S``; a uid past it waits, unread, before its next frame, until
 its use has decayed (the agent holds the connection; no frame or idle timeout runs against the peer).
 What waits waits in the socket: nothing is dropped here; the hooks' own queues decide what a paced
-producer keeps. A lone uid is never paced: no one
-waits for it. A frame's cost is known only once it was processed, so each frame first reserves an
-estimate (its size times its uid's recent cost per byte) and settles the difference after: several
-connections of one uid that wake together do not all pass on one reading of the debt.
+producer keeps. A lone uid is never paced: no one waits for it. A frame's cost is known only once it
+was processed, so each frame first reserves an estimate (its size times its uid's recent cost per
+byte), in the same step as the test, and settles the difference after: several connections of one
+uid that wake together do not all pass on one reading of the debt.
 
 What a frame costs the agent does not end on the loop: reading its bytes, the exporters' encoding (in
 threads, under the GIL) and the rest come after. Timing them per uid would reach into every exporter,

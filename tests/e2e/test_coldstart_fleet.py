@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from capture_exporter import CaptureExporter
 from conftest import attr, free_port, hook_env, read_otlp_lines, spans, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -172,30 +173,6 @@ def spans_of(lines: list[dict[str, Any]], service: str) -> list[dict[str, Any]]:
     return out
 
 
-class _Capture:
-    """A sink that keeps what it gets (the agent's exporter protocol, nothing more)."""
-
-    name = "capture"
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def export(self, batch: Any) -> None:
-        self.items.extend(batch)
-
-    async def force_flush(self, timeout_s: float) -> bool:
-        return True
-
-    async def shutdown(self) -> None:
-        pass
-
-    def state(self) -> dict[str, int | float | str]:
-        return {}
-
-
 async def test_agent_republishes_a_quiet_service(tmp_path: Path) -> None:
     """A service with no cold start for a minute is exported again (its series stay live)."""
     import asyncio
@@ -210,7 +187,7 @@ async def test_agent_republishes_a_quiet_service(tmp_path: Path) -> None:
         "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),
         "agent.health_interval_s": 0.05, "agent.state_dir": str(tmp_path / "state"),
     })  # fmt: skip
-    sink = _Capture()
+    sink = CaptureExporter()
     coldstart = ColdStartExtension(conf)
     agent = Agent(conf, [sink], [coldstart], exporter_spool_root=str(tmp_path / "xspool"))
     long_ago = time.time_ns() - 120 * 10**9

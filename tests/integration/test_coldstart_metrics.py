@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from capture_exporter import CaptureExporter
 from google.protobuf import json_format
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
@@ -439,30 +440,6 @@ def test_known_ceilings_label_by_block_device_and_skip_what_is_no_measurement(tm
     assert storage_ceiling.known_ceilings(str(cache), str(sys_root)) == {}
 
 
-class _Capture:
-    """A sink that keeps what it gets (the agent's exporter protocol, nothing more)."""
-
-    name = "capture"
-
-    def __init__(self) -> None:
-        self.items: list[object] = []
-
-    async def start(self) -> None:
-        pass
-
-    async def export(self, batch: list[object]) -> None:
-        self.items.extend(batch)
-
-    async def force_flush(self, timeout_s: float) -> bool:
-        return True
-
-    async def shutdown(self) -> None:
-        pass
-
-    def state(self) -> dict[str, int | float | str]:
-        return {}
-
-
 async def test_agent_exports_the_cached_ceilings_and_their_changes(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A real agent with the cold-start extension: the ceilings its cache holds go out as the
@@ -481,7 +458,7 @@ async def test_agent_exports_the_cached_ceilings_and_their_changes(tmp_path: Pat
         "agent.socket": str(tmp_path / "agent.sock"), "agent.spool_dir": str(tmp_path / "spool"),
         "agent.health_interval_s": 0.05, "agent.state_dir": str(tmp_path / "state"),
     })  # fmt: skip
-    sink = _Capture()
+    sink = CaptureExporter()
     coldstart = ColdStartExtension(conf)
     coldstart.ceiling_poll_s = 0.05
     agent = Agent(conf, [sink], [coldstart], exporter_spool_root=str(tmp_path / "xspool"))

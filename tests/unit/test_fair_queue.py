@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from capture_exporter import CaptureExporter
+
 from infersight.agent.daemon.broadcast import UID_QUEUE_FLOOR, UID_QUEUE_SHARE, Broadcaster, ExporterWorker
 from infersight.agent.daemon.fair_queue import FairQueue
-from infersight.exporters.base import Exporter
 from infersight.telemetry import Item, LogItem, Resource
 
 RES = Resource.of({"service.name": "t"})
@@ -37,31 +38,17 @@ def test_head_is_what_popleft_takes() -> None:
     assert q.head() == "v0" == q.popleft()
 
 
-class SlowExporter(Exporter):
+class SlowExporter(CaptureExporter):
     """Takes a batch only when the test lets it: a sink slower than the producers."""
 
-    name = "slow"
-
     def __init__(self) -> None:
+        super().__init__()
         self.gate = asyncio.Event()
-        self.batches: list[list[Item]] = []
-
-    async def start(self) -> None:
-        pass
 
     async def export(self, batch: Sequence[Item]) -> None:
         await self.gate.wait()
         self.gate.clear()
-        self.batches.append(list(batch))
-
-    async def force_flush(self, timeout_s: float) -> bool:
-        return True
-
-    async def shutdown(self) -> None:
-        pass
-
-    def state(self) -> dict[str, int | float | str]:
-        return {}
+        await super().export(batch)
 
 
 def items(n: int, body: str) -> list[Item]:
@@ -127,18 +114,11 @@ def test_an_agent_with_no_exporter_holds_no_producer() -> None:
     assert not b.over_share(ATTACKER) and not b.must_wait(ATTACKER) and not b.must_wait(0)
 
 
-class CountingExporter(SlowExporter):
-    """Takes every batch at once, counting the exports."""
-
-    async def export(self, batch: Sequence[Item]) -> None:
-        self.batches.append(list(batch))
-
-
 async def test_another_lane_does_not_split_a_fast_sinks_exports() -> None:
     """While lanes compete an export holds what the sink sends in 0.1 s: a fast sink's exports stay
     merged. One batch a lane, as before, let one item a second from another uid cut a heavy uid's
     exports to one of its batches each (200x slower to a sink with a cost per export)."""
-    exporter = CountingExporter()
+    exporter = CaptureExporter()  # takes every batch at once
     worker = ExporterWorker(exporter, None, queue_max_items=1 << 16, max_batch_items=4096)
     b = Broadcaster([worker])
     b.publish(items(10, "warm"), uid=VICTIM)
