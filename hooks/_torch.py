@@ -420,17 +420,23 @@ def _make_lazy_init(orig: Callable[[], None]) -> Callable[[], None]:
         ts = _torch()
         o = None
         try:
-            if cs.state().collecting and not ts.cuda_seen and not ts.module.cuda.is_initialized() and cs.root_open():
+            # torch's _lazy_init runs its queued calls (seeds, device properties) before it marks CUDA
+            # initialised, and they call _lazy_init again on this thread: one cuda_init, the outer call's
+            if (cs.state().collecting and not ts.cuda_seen and not getattr(ts.tls, "cuda_init_open", False)
+                    and not ts.module.cuda.is_initialized() and cs.root_open()):
                 o = cs.begin("cuda_init", {"infersight.cuda_init.detected_by": "lazy_init"})
         except Exception as exc:
             _runtime.fail(exc)
         if o is None:
             return orig()
+        ts.tls.cuda_init_open = True
         try:
             orig()
         except BaseException:
             cs.end(o, keep=False)  # no CUDA here (a CPU build, no driver): nothing was initialised
             raise
+        finally:
+            ts.tls.cuda_init_open = False
         ts.cuda_seen = True
         try:
             o.attrs["infersight.cuda.device_count"] = int(ts.module.cuda.device_count())

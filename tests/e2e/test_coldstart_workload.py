@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,14 @@ def test_fork_and_threads_neither_lost_nor_duplicated(explicit: LaunchRun) -> No
     assert "child_stage" not in parent_names
     assert parent_names.count("spawn_workers") == 1 and parent_names.count("thread_stage") == 1
     assert_well_formed(child, explicit.stages(child))
+
+
+def test_a_reentrant_lazy_init_is_one_cuda_init(tmp_path: Path) -> None:
+    """torch's _lazy_init calls itself from its queued calls before CUDA counts as initialised: on an H200
+    (bench/gpu_check.sh, torch 2.11) that gave a second, empty cuda_init inside the first."""
+    run = launch(str(tmp_path), [sys.executable, os.path.join(HERE, "lazy_init_reentrant.py")],
+                 env={"PYTHONWARNINGS": "ignore"})
+    assert run.rc == 0, run.output
+    assert run.result["calls"] == 2  # the stand-in did call the wrapper again from inside
+    inits = [s for s in run.stages(run.root_of(run.result["pid"])) if stage_name(s) == "cuda_init"]
+    assert len(inits) == 1, [(s.start_ns, s.end_ns) for s in inits]
