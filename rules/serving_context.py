@@ -79,13 +79,19 @@ DEVICE_SHORTAGE_RULES = frozenset({
     "ggml.cuda-error", "llama.cpp.compute-buffer", "llama.cpp.compute-buffer/estimate",
     "llama.cpp.model-buffer/estimate", "tensorrt-llm.cuda-runtime", "tensorrt-llm.alloc.requested",
     "lmdeploy.turbomind.cuda-oom", "onnxruntime.cuda-failure", "xla.gpu.out-of-memory",
-    "xla.gpu.out-of-memory/outside-pool", "tgi.warmup.tokens/small-batch",
+    "xla.gpu.out-of-memory/outside-pool", "xla.gpu.out-of-memory/over-pool-limit", "tgi.warmup.tokens/small-batch",
     # SGLang's token pool, full, its counts not printed (not the cases that show the pool had room
     # or the scheduler had admitted the batch: those are bookkeeping): mem-fraction-static sizes it
     "sglang.pool.out-of-tokens",
 })
 # XLA's memory error on a GPU: its BufferAssignment stats ('total allocation') give what the whole program needs.
 XLA_POOL_RULE = "xla.gpu.out-of-memory"
+# ... and the request is more than the pool's limit, which the scheduler printed (its base limit): the device decides.
+XLA_OVER_POOL_RULE = "xla.gpu.out-of-memory/over-pool-limit"
+XLA_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+# The pool and the request together within this share of what the other processes leave of the device: a larger
+# fraction would have held the request even with the pool full (its use was not printed), the CUDA context aside.
+XLA_ROOM_SHARE = 0.95
 # llama.cpp's compute buffer, reserved after the weights and the KV cache: llama.cpp sizes nothing to the device (no
 # fraction, no pool), so when the buffer does not fit in what the engine's own processes leave of the device (other
 # processes aside), its own weights, KV cache and buffer exceed it (-ngl, -c, -ub as set). Not under ollama, which
@@ -268,6 +274,7 @@ class LiveContext:
     knobs: Mapping[str, Number] = field(default_factory=dict)
     knobs_pid: int | None = None  # whose command line held the knobs (the producer, or an ancestor)
     program: str | None = None  # the producer's program (argv[0]'s base name), where it was read
+    early: bool = False  # read as the error was being printed, not at its classification (the engine had gone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +311,8 @@ def summary(ctx: LiveContext) -> str:
         parts.append("%s: this engine's processes %s%s%s" % (d.device, _gib(d.own_bytes), total, others))
     if not parts and ctx.nvml:
         parts.append("NVML showed none of this engine's processes on a device")
-    text = ("NVML at the error: " + "; ".join(parts)) if ctx.devices else (parts[0] if parts else "")
+    at = "as the error was printed (the engine had exited when it was classified)" if ctx.early else "at the error"
+    text = ("NVML %s: %s" % (at, "; ".join(parts))) if ctx.devices else (parts[0] if parts else "")
     if ctx.knobs:
         text += ("; " if text else "") + "command line: " + format_knobs(ctx.knobs)
     return text
@@ -316,6 +324,8 @@ def attributes(ctx: LiveContext) -> dict[str, int | float | bool | str | list[st
         a["infersight.oom.context.pid"] = ctx.pid
     if ctx.nvml:
         a["infersight.oom.context.nvml"] = True
+    if ctx.early:
+        a["infersight.oom.context.early"] = True
     if ctx.devices:
         a["infersight.oom.context.devices"] = [d.device for d in ctx.devices]
         d = _worst(ctx.devices)
@@ -496,6 +506,21 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
                 "; or lower %s so that the engine fits beside it" % knob if knob else "", fit))
             return _decided(f, "reservation_conflict", "context.other-process",
                             "another process holds memory on the engine's device: %s" % shown, remedy, attrs)
+        limit = f.numbers.get("L")
+        if f.rule == XLA_OVER_POOL_RULE and r is not None and limit:
+            d = max(devices, key=lambda x: x.own_bytes)
+            free_of_others = (d.total_bytes or 0) - d.other_bytes
+            if d.total_bytes and r < d.total_bytes and limit + r <= XLA_ROOM_SHARE * free_of_others:
+                need = min(XLA_ROOM_SHARE, (limit + r) / d.total_bytes)
+                return _decided(f, "reservation_conflict", "context.pool-below-device",
+                                "XLA's pool limit of %s (%s about %.2f of the %s device) is below the request of %s, "
+                                "and the device has room for a full pool and the request beside the other processes' "
+                                "%s: the fraction fenced it off. %s" % (
+                                    _gib(limit), XLA_FRACTION, limit / d.total_bytes, _gib(d.total_bytes), _gib(r),
+                                    _gib(d.other_bytes), shown),
+                                "Raise %s to %.2f or more (the pool's use plus the request, over the device), or set "
+                                "XLA_PYTHON_CLIENT_PREALLOCATE=false with a fraction that leaves the other frameworks "
+                                "in the process what they need." % (XLA_FRACTION, need), attrs, knob=XLA_FRACTION)
         if (f.rule in SELF_SIZED_RULES and f.engine == "llama.cpp" and r is not None and not _under_ollama(ctx, devices)
                 and all(d.total_bytes and r > d.total_bytes - d.own_bytes for d in devices)):
             d = max(devices, key=lambda x: x.own_bytes)

@@ -126,6 +126,21 @@ class EmbeddedAgent:
         if items:
             self._agent.publish(items)
 
+    def relay_started(self) -> None:
+        """CMD's stderr goes through launch's relay (its processes inherit it): an engine error that their hooks
+        report undecided waits a little for the relay's copy, which holds what the engine printed around it."""
+        if self._oom is not None:
+            self._oom.handlers.relayed = _launched
+
+    def read_context_early(self, child: Child) -> None:
+        """A capture of CMD's stderr opened (on the loop): the OOM classifier reads the engine's live context now,
+        on a thread, while the process that prints the error still holds its memory (it may exit before the
+        capture's text is classified)."""
+        if self._oom is None:
+            return
+        p = next(iter(self.launched(child.pid)), None) or self._stand_in(child)
+        self._oom.handlers.read_early(p)
+
     def prepare_oom(self, why: str = "a capture of CMD's stderr opened") -> None:
         """Load the OOM rules on a thread of their own now, once (any thread): a capture of
         CMD's stderr opened (it ends at least 50 ms later), a process of CMD serves, or CMD is a
@@ -195,6 +210,10 @@ class EmbeddedAgent:
             p = self._stand_ins[child.pid] = Producer("launch-stderr-%d" % child.pid,
                                                       {"pid": child.pid, "launched": True, "argv": argv}, res)
         return p
+
+
+def _launched(p: Producer) -> bool:
+    return bool(p.info.get("launched"))
 
 
 def _engine_imported(packages: object) -> str | None:

@@ -365,6 +365,17 @@ def stderr_consumer(agent: EmbeddedAgent, child: Child, loop: asyncio.AbstractEv
     return on_text
 
 
+def capture_opener(agent: EmbeddedAgent, child: Child, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """When the relay opens a capture (its thread): the OOM rules load, and the engine's live context is read
+    while it still runs."""
+
+    def on_open() -> None:
+        agent.prepare_oom()
+        loop.call_soon_threadsafe(agent.read_context_early, child)
+
+    return on_open
+
+
 @dataclass
 class Session:
     """What ``launch`` does while its agent serves: replay what earlier launches left, wait for
@@ -400,7 +411,8 @@ class Session:
             watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, self.out))
         relay = child.relay
         if relay is not None:
-            relay.set_consumer(stderr_consumer(agent, child, asyncio.get_running_loop()), agent.prepare_oom)
+            loop = asyncio.get_running_loop()
+            relay.set_consumer(stderr_consumer(agent, child, loop), capture_opener(agent, child, loop))
         engine = engine_command(opts.cmd)
         if engine is not None:  # an engine's memory errors come while it starts
             agent.prepare_oom("CMD is a serving engine (%s)" % engine)
@@ -451,6 +463,8 @@ async def _run(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
     listener = socket.socket(fileno=listen_fd)
     agent = EmbeddedAgent.build(conf, out, listener, os.path.join(private.path, "exporter-spool"))
     agent.know_command(child.pid, opts.cmd)  # before any event of CMD's is read
+    if child.relay is not None:
+        agent.relay_started()  # likewise: CMD's stderr copies will come
     session = Session(opts, private, child, spawn_ns, out, held=held)
     ok = await agent.serve(session.run(agent), opts.flush_timeout_s)
     for line in _readiness_lines(session.readiness, spawn_ns):

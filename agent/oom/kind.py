@@ -68,6 +68,18 @@ MAX_NEW_PER_PRODUCER = 16
 # distinct texts held the loop 14 s, and another user's OOM report waited up to 2 s. Past it a text of that uid
 # is not read (``over_uid_budget``). A process's hooks send at most 64 warnings and 64 errors (tens of ms).
 ANALYSIS_NS_PER_UID = 250_000_000
+# An engine's live context read early (``read_early``: a capture of its stderr opened under launch) stands in for the
+# one read at classification when the engine has gone by then (it printed its error and exited: NVML no longer lists
+# it), for this long; one producer's early reads are remembered, at most MAX_EARLY of them.
+EARLY_CONTEXT_NS = 60_000_000_000
+MAX_EARLY = 64
+EARLY_WAIT_S = 0.5  # a classification waits this long for an early read still in flight
+# Under launch, an engine's error that the hooks report (its exception, its log record) and that the message alone
+# leaves ``unknown`` waits this long for launch's copy of CMD's stderr: the same error with the lines the engine
+# printed around it (JAX logs its pool's limit 10 s before it raises; the exception holds none of it). The stderr
+# copy, when it comes, goes out instead; else the held one does. At most MAX_HELD wait at once.
+HOLD_FOR_STDERR_S = 0.5
+MAX_HELD = 64
 ANALYSIS_WINDOW_NS = 30_000_000_000
 MAX_UIDS_ANALYSED = 256  # uids whose recent analyses are remembered (the least recent go first)
 MAX_TEXT = 16384
@@ -288,6 +300,18 @@ def _emit(p: Producer, origin: Origin, t_ns: int, sp: str | None, cls: str, body
                               [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())]))
 
 
+@dataclass(slots=True)
+class _Held:
+    """An engine error the hooks reported, waiting for launch's stderr copy of it."""
+
+    timer: asyncio.TimerHandle
+    p: Producer
+    origin: Origin
+    t_ns: int
+    d: dict[str, Any]
+    f: Finding
+
+
 class OomHandlers:
     """The ``oom`` and ``mem`` kind handlers, sharing a classifier and an NVML view."""
 
@@ -319,6 +343,15 @@ class OomHandlers:
         self._later: set[asyncio.Task[None]] = set()
         self.context_decided = 0  # engine OOMs whose class the live context decided
         self.proc_root = "/proc"
+        # (uid, producer id) -> (monotonic ns, context) read early; and the reads in flight
+        self._early: dict[tuple[int | None, str], tuple[int, LiveContext]] = {}
+        self._early_running: dict[tuple[int | None, str], threading.Event] = {}
+        self._early_lock = threading.Lock()
+        self.early_used = 0  # engine OOMs classified with the context read early
+        # launch: whether a producer's stderr goes through launch's relay (its copies come as "stderr")
+        self.relayed: Callable[[Producer], bool] | None = None
+        self._held: dict[tuple[int | None, str], _Held] = {}  # (uid, message key) -> a copy waiting for stderr's
+        self.stderr_preferred = 0  # held copies that launch's stderr copy replaced
 
     # -- oom ------------------------------------------------------------------------------
 
@@ -362,11 +395,16 @@ class OomHandlers:
                         continue
                     if self._seen_text(p, f.key, t_ns, remember=False) is not None:
                         self.duplicates += 1
+                        if source == "stderr" and self._unhold(p, f.key):
+                            self.stderr_preferred += 1
+                            self._engine(p, origin, t_ns, d, f, out)  # the same error, with what surrounds it
                         continue
                     if source in _STREAMS and not self._admit(p, t_ns):
                         self.over_budget += 1  # not remembered: a copy from another source still counts
                         continue
                     self._seen_text(p, f.key, t_ns)
+                    if source != "stderr" and f.cls == "unknown" and self._hold(p, origin, t_ns, d, f):
+                        continue
                     self._engine(p, origin, t_ns, d, f, out)
                 return
             else:
@@ -434,8 +472,44 @@ class OomHandlers:
         if self.publish is not None:
             self.publish(items)
 
+    def _hold(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding) -> bool:
+        """Hold an undecided engine error that the hooks reported, for launch's stderr copy of it (see
+        HOLD_FOR_STDERR_S); False when it goes out now (no relay for ``p``, no event loop, too many held)."""
+        if self.relayed is None or self.publish is None or len(self._held) >= MAX_HELD:
+            return False
+        try:
+            if not self.relayed(p):
+                return False
+            loop = asyncio.get_running_loop()
+        except Exception:
+            return False
+        key = (p.uid, f.key)
+        timer = loop.call_later(HOLD_FOR_STDERR_S, self._release, key)
+        self._held[key] = _Held(timer, p, origin, t_ns, dict(d), f)
+        return True
+
+    def _unhold(self, p: Producer, key: str) -> bool:
+        """A held copy of the message ``key`` (its uid's) is dropped: the stderr copy goes out instead."""
+        for k in list(self._held):
+            if (p.uid is None or k[0] == p.uid) and same_message(k[1], key):
+                self._held.pop(k).timer.cancel()
+                return True
+        return False
+
+    def _release(self, key: tuple[int | None, str]) -> None:
+        h = self._held.pop(key, None)
+        if h is None:
+            return
+        items: list[Item] = []
+        self._engine(h.p, h.origin, h.t_ns, h.d, h.f, items)
+        if items and self.publish is not None:
+            self.publish(items)
+
     async def wait_later(self, timeout_s: float = 2.0) -> None:
-        """At shutdown: let OOMs still reading NVML finish and publish."""
+        """At shutdown: held copies go out now; let OOMs still reading NVML finish and publish."""
+        for key in list(self._held):
+            self._held[key].timer.cancel()
+            self._release(key)
         if self._later:
             await asyncio.wait(list(self._later), timeout=timeout_s)
 
@@ -595,10 +669,66 @@ class OomHandlers:
         from infersight.agent.oom.engine_context import gather, sent_args
 
         try:
-            return gather(p, self.nvml, self.nvml_guard, self.proc_root, sent_args(d.get("args")))
+            ctx = gather(p, self.nvml, self.nvml_guard, self.proc_root, sent_args(d.get("args")))
         except Exception as exc:  # never fatal: the message's own verdict goes out
             log.debug("live context of an engine OOM failed: %s", exc)
+            ctx = None
+        if ctx is None or not ctx.devices:
+            early = self._early_context(p)
+            if early is not None:
+                self.early_used += 1
+                return early
+        return ctx
+
+    def read_early(self, p: Producer) -> threading.Event | None:
+        """Read ``p``'s live context now, on a thread of its own, for a memory error that is being printed
+        (launch: a capture of CMD's stderr opened; its text comes at least 50 ms later): an engine that prints
+        its error and exits is gone from NVML's process list by the time the text is classified. Any thread.
+        Returns the read's end (None: one for ``p`` is already in flight)."""
+        key = (p.uid, str(p.info.get("id")))
+        with self._early_lock:
+            if key in self._early_running:
+                return None
+            done = self._early_running[key] = threading.Event()
+
+        def run() -> None:
+            try:
+                ctx = self._context_now(p)
+                if ctx is not None and ctx.devices:
+                    with self._early_lock:
+                        self._early.pop(key, None)
+                        self._early[key] = (time.monotonic_ns(), replace(ctx, early=True))
+                        while len(self._early) > MAX_EARLY:
+                            del self._early[next(iter(self._early))]
+            finally:
+                with self._early_lock:
+                    self._early_running.pop(key, None)
+                done.set()
+
+        threading.Thread(target=run, name="infersight-oom-context", daemon=True).start()
+        return done
+
+    def _context_now(self, p: Producer) -> LiveContext | None:
+        from infersight.agent.oom.engine_context import gather
+
+        try:
+            return gather(p, self.nvml, self.nvml_guard, self.proc_root)
+        except Exception as exc:
+            log.debug("early live context of an engine failed: %s", exc)
             return None
+
+    def _early_context(self, p: Producer) -> LiveContext | None:
+        """The context :meth:`read_early` read for ``p`` (waiting a little for one in flight), if recent."""
+        key = (p.uid, str(p.info.get("id")))
+        with self._early_lock:
+            running = self._early_running.get(key)
+        if running is not None:
+            running.wait(EARLY_WAIT_S)
+        with self._early_lock:
+            got = self._early.get(key)
+        if got is None or time.monotonic_ns() - got[0] > EARLY_CONTEXT_NS:
+            return None
+        return got[1]
 
     async def _engine_later(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding) -> None:
         try:

@@ -338,6 +338,56 @@ def test_launch_counts_an_uncaught_pytorch_oom_once_though_stderr_repeats_it(tmp
     assert attr(rec, "infersight.oom.engine") == "pytorch"
 
 
+# JAX 0.11.2 on an H200 (bench/gpu_check_engines.py, XLA_PYTHON_CLIENT_MEM_FRACTION=0.10): the pool's limit is on
+# stderr, 10 s before the error; the exception's text holds none of it.
+XLA_STDERR = [
+    "E1204 17:22:47.754138     910 gpu_hlo_schedule.cc:1068] The byte size of input/output arguments (30150964020) "
+    "exceeds the base limit (15011414016). This indicates an error in the calculation!",
+    "W1204 17:22:57.811386     910 bfc_allocator.cc:598] Allocator (GPU_0_bfc) ran out of memory trying to allocate "
+    "28.08GiB (rounded to 30150964224) from the lower end requested by op ",
+    "If this is caused by memory fragmentation, the environment variable 'TF_GPU_ALLOCATOR=cuda_malloc_async' may "
+    "improve the situation.",
+    "Current allocation summary follows.",
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 28.08GiB with allocator GPU_0_bfc on device 0. "
+    "[executable_name='jit_broadcast_in_dim'] [tf-allocator-allocation-error='']",
+]
+
+
+# The hooks' copy reaches the agent first (flushed), the stderr copy 0.2 s later: as an uncaught exception's report
+# comes before its traceback is printed.
+HOOKS_FIRST = """import json, logging, sys, time
+from infersight import hooks
+lines = json.loads(sys.argv[1])
+sys.stderr.write(lines[0] + "\\n"); sys.stderr.flush(); time.sleep(0.3)
+log = logging.getLogger("jax._src.xla_bridge")
+log.propagate = False
+log.addHandler(logging.NullHandler())
+log.error(lines[-1])  # the hooks' copy: the error's text alone
+hooks.flush(5)
+time.sleep(0.2)
+sys.stderr.write("\\n".join(lines[1:]) + "\\n"); sys.stderr.flush()
+"""
+
+
+@pytest.mark.parametrize("order", ["hooks first", "uncaught"])
+def test_launch_sends_the_stderr_copy_of_an_undecided_engine_error_the_hooks_reported(tmp_path: Path,
+                                                                                       order: str) -> None:
+    """JAX printed its pool's limit on stderr before the error; the hooks' copy (an exception's, a log record's) has
+    none of it and is ``unknown`` by its own text: it waits for launch's stderr copy, and that one goes out."""
+    code = HOOKS_FIRST if order == "hooks first" else (
+        "import json, sys, time\nlines = json.loads(sys.argv[1])\n"
+        "sys.stderr.write(lines[0] + '\\n'); sys.stderr.flush(); time.sleep(0.3)\n"
+        "sys.stderr.write('\\n'.join(lines[1:-1]) + '\\n'); sys.stderr.flush()\n"
+        "raise RuntimeError(lines[-1])\n")
+    r, recs = _launch(tmp_path, sys.executable, "-c", code, json.dumps(XLA_STDERR))
+    assert "exceeds the base limit" in r.stderr, r.stderr
+    (rec,) = recs
+    assert attr(rec, "infersight.oom.source") == "stderr"
+    assert attr(rec, "infersight.oom.rule") == "xla.gpu.out-of-memory/over-pool-limit"
+    assert int(attr(rec, "infersight.oom.L_bytes")) == 15011414016
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in str(attr(rec, "infersight.oom.reason"))
+
+
 # -- the relay itself ------------------------------------------------------------------------------
 
 def _run_through(relay: Any, code: str) -> int:

@@ -157,6 +157,39 @@ def test_an_xla_program_larger_than_the_device_is_capacity() -> None:
     assert not refine(f, LiveContext(pid=1)).decided
 
 
+# Real, JAX 0.11.2 on an H200 (bench/gpu_check_engines.py): XLA_PYTHON_CLIENT_MEM_FRACTION=0.10, then 0.20 of the device
+# asked; the scheduler's base limit is the pool's limit (0.10 of the device).
+XLA_OVER_POOL = """E1204 17:14:28.461440     938 gpu_hlo_schedule.cc:1068] The byte size of input/output arguments \
+(30150964020) exceeds the base limit (15011414016). This indicates an error in the calculation!
+W1204 17:14:38.518676     938 bfc_allocator.cc:598] Allocator (GPU_0_bfc) ran out of memory trying to allocate \
+28.08GiB (rounded to 30150964224) from the lower end requested by op
+jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 28.08GiB with allocator \
+GPU_0_bfc on device 0. [executable_name='jit_broadcast_in_dim'] [tf-allocator-allocation-error='']"""
+
+
+def test_an_xla_request_over_the_pool_limit_is_decided_by_the_device() -> None:
+    f = _finding(XLA_OVER_POOL)
+    assert f.rule == "xla.gpu.out-of-memory/over-pool-limit" and f.cls == "unknown"
+    assert f.numbers["L"] == 15011414016 and "XLA_PYTHON_CLIENT_MEM_FRACTION" in str(f.reason)
+    h200 = 150754820096
+    # the device holds a full pool and the request, nobody else on it: the fraction fenced the request off
+    r = refine(f, _ctx(_dev(total=h200, own=15 * GIB)))
+    assert r.decided and r.cls == "reservation_conflict" and r.rule.endswith("+context.pool-below-device")
+    assert "about 0.10" in str(r.reason) and "XLA_PYTHON_CLIENT_MEM_FRACTION to 0.30" in r.remedy
+    assert r.attributes["infersight.oom.context.fraction_knob"] == "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    # a device smaller than the request: capacity, whatever the fraction
+    small = refine(f, _ctx(_dev(total=24 * GIB, own=3 * GIB)))
+    assert small.decided and small.cls == "capacity" and small.rule.endswith("+context.request-exceeds-device")
+    # the request fits the device, but not beside a full pool and what many small processes hold: undecided
+    crowd = tuple(Tenant(100 + k, int(2.5 * GIB), "x") for k in range(8))  # 20 GiB, none material (3 GiB on 60)
+    assert not refine(f, _ctx(_dev(total=60 * GIB, own=15 * GIB, others=crowd))).decided
+    # a material tenant: the tenant decides (reservation), not the fraction
+    t = refine(f, _ctx(_dev(total=h200, own=15 * GIB, others=(Tenant(7, 100 * GIB, "python3"),))))
+    assert t.cls == "reservation_conflict" and t.rule.endswith("+context.other-process")
+    # no device read: still unknown
+    assert not refine(f, LiveContext(pid=1)).decided
+
+
 def test_a_llama_cpp_compute_buffer_that_does_not_fit_beside_its_own_weights_is_capacity() -> None:
     f = _finding(_record(LLAMA_BUFFER))  # 8.69 GiB compute buffer, the free memory after weights and KV not printed
     assert f.rule == "llama.cpp.compute-buffer" and f.cls == "unknown"
@@ -413,6 +446,37 @@ def test_without_nvml_the_message_verdict_stands(nvml: Any) -> None:
     assert h.context_decided == 0
 
 
+def test_a_context_read_as_the_error_was_printed_stands_in_once_the_engine_has_gone(tmp_path: Path) -> None:
+    """launch reads the context when a capture of CMD's stderr opens: on an H200, JAX printed its error and
+    exited (bench/gpu_check_engines.py) before the capture was classified, and NVML no longer listed it."""
+    root = tmp_path / "proc"
+    _proc(root, 300, 1, ["python", "train.py"])
+    nvml = FakeNvml([("GPU-h200", 140 * GIB, [(300, 15 * GIB)])])
+    h = OomHandlers(OomClassifier([]), nvml)
+    h.proc_root = str(root)
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, 300)
+    done = h.read_early(p)
+    assert done is not None and done.wait(10)
+    assert h.read_early(p) is not None  # one read at a time per producer, not one per producer ever
+    shutil.rmtree(root / "300")  # it printed its error and exited
+    nvml.devices = [("GPU-h200", 140 * GIB, [])]
+    items = asm.events(p, [[1, 10, "oom", {"source": "stderr", "text": XLA_OVER_POOL}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    a = log.attributes
+    assert a["infersight.oom.class"] == "reservation_conflict"
+    assert str(a["infersight.oom.rule"]).endswith("+context.pool-below-device")
+    assert a["infersight.oom.context.early"] is True and h.early_used == 1
+    assert "as the error was printed" in log.body
+    # the same, its context never read early: the message's own verdict
+    h2 = OomHandlers(OomClassifier([]), nvml)
+    h2.proc_root = str(root)
+    asm2 = Assembler("host", {"oom": h2.oom})
+    items = asm2.events(_producer(asm2, 300), [[1, 10, "oom", {"source": "stderr", "text": XLA_OVER_POOL}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "unknown" and h2.early_used == 0
+
+
 def test_the_hook_sends_flags_and_numbers_only() -> None:
     from infersight.hooks._enginelog import MAX_ARGS, knob_args
 
@@ -651,3 +715,46 @@ def test_one_uids_distinct_texts_cost_the_loop_a_bounded_time_and_another_uids_o
     mine = [i for i in asm.events(victim, [[1, 10, "oom", {"source": "exception", "text": text % 7}]])
             if isinstance(i, LogItem)]
     assert len(mine) == 1
+
+
+XLA_EXCEPTION = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 28.08GiB with allocator GPU_0_bfc on "
+                 "device 0. [executable_name='jit_broadcast_in_dim'] [tf-allocator-allocation-error='']")
+
+
+async def test_an_undecided_engine_error_held_for_launchs_stderr_copy_goes_out_when_none_comes() -> None:
+    """Under launch (``relayed``) an undecided error the hooks reported waits HOLD_FOR_STDERR_S for the stderr copy;
+    none comes (the engine's stderr went to a file): it goes out, once. A decided one never waits."""
+    import asyncio
+
+    from infersight.agent.oom import kind
+
+    published: list[Any] = []
+    h = OomHandlers(OomClassifier([]), None, publish=published.extend)
+    h.relayed = lambda p: True
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, 4242424)
+    items = asm.events(p, [[1, 10, "oom", {"source": "exception", "text": XLA_EXCEPTION}]])
+    assert not [i for i in items if isinstance(i, LogItem)]
+    await asyncio.sleep(kind.HOLD_FOR_STDERR_S / 2)
+    assert not published  # held
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if published:
+            break
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.source"] == "exception"
+    assert log.attributes["infersight.oom.class"] == "unknown" and h.stderr_preferred == 0
+    # a class the message decides goes out at once (through the context read, off the loop)
+    published.clear()
+    asm.events(p, [[2, 20, "oom", {"source": "exception", "text": "Not enough memory. Please try to increase "
+                                   "--mem-fraction-static."}]])
+    assert not h._held
+    await h.wait_later()
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] != "unknown"
+    # at shutdown a held copy goes out at once
+    published.clear()
+    asm.events(p, [[3, 30, "oom", {"source": "log", "text": XLA_EXCEPTION.replace("28.08GiB", "9.00GiB")}]])
+    assert h._held
+    await h.wait_later()
+    assert [i for i in published if isinstance(i, LogItem)] and not h._held
