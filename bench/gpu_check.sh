@@ -7,6 +7,16 @@
 # 2. OOM classes forced for real: capacity, fragmentation, reservation conflict by another
 #    tenant and by set_per_process_memory_fraction, with infersight's verdicts (gpu_check_oom.py)
 # 3. `infersight baseline --json` on every visible GPU, and one NVML sample per device
+# 4. engines' own memory errors forced for real (JAX/XLA, ONNX Runtime's CUDA arena where it has one),
+#    classified live under `launch` and as text (gpu_check_engines.py; issue 24)
+# 5. OOM to classified record in the file with real CUDA OOMs (oom_latency.py --real; budget 100 ms)
+#
+# GPU_CHECK_OUT=DIR keeps part 4's stderr and verdicts (the real messages) in DIR/engines.json.
+#
+# On the lent H200 (no registry): build the wheels here (infersight and the agent's dependencies that
+# its image lacks) into .whl/, then run in one command, carrying .whl:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+#   PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH GPU_CHECK_OUT=$OUT bash bench/gpu_check.sh
 #
 # Where infersight is not pip-installed (the lent H200 has no registry), the script imports it
 # from this checkout through a temporary namespace tree; the OTel/aiomqtt wheels are only
@@ -16,6 +26,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 PY=${PYTHON:-python3}
+# This checkout's ./infersight holds only the top-level modules (agent/, hooks/... sit beside it):
+# with the repository root as the working directory, `python -c`, `-m` and `-` would put it first on
+# sys.path and hide the installed package. Python >= 3.11 leaves the working directory off.
+export PYTHONSAFEPATH=1
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 if ! "$PY" -c 'import infersight.agent.devices.nvml' 2>/dev/null; then
@@ -49,6 +63,12 @@ PYEOF
 
 echo "== 3b. infersight baseline --json"
 timeout 300 "$PY" -m infersight baseline --json || rc=1
+
+echo "== 4. engines' memory errors forced on the device"
+timeout 400 "$PY" bench/gpu_check_engines.py ${GPU_CHECK_OUT:+--out "$GPU_CHECK_OUT/engines.json"} || rc=1
+
+echo "== 5. OOM to classified record, real CUDA OOMs"
+timeout 180 "$PY" bench/oom_latency.py --real --n 30 || rc=1
 
 echo "gpu_check: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
 exit $rc

@@ -283,6 +283,9 @@ def run(args: argparse.Namespace, doorbell: bool) -> tuple[int, float]:
     med, p99 = statistics.median(lat), pct(lat, 0.99)
     print("  OOMs %d, classified %d" % (len(sent), len(lat)))
     print("  median %.2f ms  p99 %.2f ms  max %.2f ms" % (med, p99, max(lat)))
+    slow = sorted(range(len(lat)), key=lambda i: -lat[i])[:3]
+    print("  the first OOM %.2f ms; the slowest: %s" % (lat[0], ", ".join("#%d %.2f ms" % (i + 1, lat[i])
+                                                                           for i in slow)))
     print("  goal < %.0f ms: p99 is %.1fx under the goal -> %s" % (GOAL_MS, GOAL_MS / max(p99, 1e-6),
                                                                  "OK" if p99 < GOAL_MS else "OVER"))
     return 0, p99
