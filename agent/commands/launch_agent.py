@@ -133,12 +133,15 @@ class EmbeddedAgent:
             self._oom.handlers.relayed = _launched
 
     def read_context_early(self, child: Child) -> None:
-        """A capture of CMD's stderr opened (on the loop): the OOM classifier reads the engine's live context now,
-        on a thread, while the process that prints the error still holds its memory (it may exit before the
-        capture's text is classified)."""
+        """A capture of CMD's stderr opened (the relay's thread, at once: the event loop may be busy): the OOM
+        classifier reads the live context of CMD's process tree now, on a thread of its own, while the process
+        that prints the error still holds its memory (it may exit before the capture's text is classified)."""
         if self._oom is None:
             return
-        p = next(iter(self.launched(child.pid)), None) or self._stand_in(child)
+        # in-process (no uid): CMD's pid is launch's own child, its command line read from /proc
+        cmd = child.popen.args if isinstance(child.popen.args, list) else [str(child.popen.args)]
+        p = Producer("launch-early-%d" % child.pid, {"pid": child.pid, "launched": True,
+                                                      "argv": [str(a)[:256] for a in cmd[:512]]}, Resource.of({}))
         self._oom.handlers.read_early(p)
 
     def prepare_oom(self, why: str = "a capture of CMD's stderr opened") -> None:

@@ -365,13 +365,13 @@ def stderr_consumer(agent: EmbeddedAgent, child: Child, loop: asyncio.AbstractEv
     return on_text
 
 
-def capture_opener(agent: EmbeddedAgent, child: Child, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+def capture_opener(agent: EmbeddedAgent, child: Child) -> Callable[[], None]:
     """When the relay opens a capture (its thread): the OOM rules load, and the engine's live context is read
     while it still runs."""
 
     def on_open() -> None:
         agent.prepare_oom()
-        loop.call_soon_threadsafe(agent.read_context_early, child)
+        agent.read_context_early(child)
 
     return on_open
 
@@ -412,7 +412,7 @@ class Session:
         relay = child.relay
         if relay is not None:
             loop = asyncio.get_running_loop()
-            relay.set_consumer(stderr_consumer(agent, child, loop), capture_opener(agent, child, loop))
+            relay.set_consumer(stderr_consumer(agent, child, loop), capture_opener(agent, child))
         engine = engine_command(opts.cmd)
         if engine is not None:  # an engine's memory errors come while it starts
             agent.prepare_oom("CMD is a serving engine (%s)" % engine)

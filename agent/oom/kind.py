@@ -300,6 +300,11 @@ def _emit(p: Producer, origin: Origin, t_ns: int, sp: str | None, cls: str, body
                               [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())]))
 
 
+def _pid(p: Producer) -> int | None:
+    pid = p.info.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 else None
+
+
 @dataclass(slots=True)
 class _Held:
     """An engine error the hooks reported, waiting for launch's stderr copy of it."""
@@ -343,15 +348,16 @@ class OomHandlers:
         self._later: set[asyncio.Task[None]] = set()
         self.context_decided = 0  # engine OOMs whose class the live context decided
         self.proc_root = "/proc"
-        # (uid, producer id) -> (monotonic ns, context) read early; and the reads in flight
-        self._early: dict[tuple[int | None, str], tuple[int, LiveContext]] = {}
-        self._early_running: dict[tuple[int | None, str], threading.Event] = {}
+        # pid -> (monotonic ns, context) read early; and the reads in flight
+        self._early: dict[int, tuple[int, LiveContext]] = {}
+        self._early_running: dict[int, threading.Event] = {}
         self._early_lock = threading.Lock()
         self.early_used = 0  # engine OOMs classified with the context read early
         # launch: whether a producer's stderr goes through launch's relay (its copies come as "stderr")
         self.relayed: Callable[[Producer], bool] | None = None
         self._held: dict[tuple[int | None, str], _Held] = {}  # (uid, message key) -> a copy waiting for stderr's
         self.stderr_preferred = 0  # held copies that launch's stderr copy replaced
+        self._launch_recent: dict[int, list[dict[str, Any]]] = {}  # pid -> launch's producers' recent OOMs
 
     # -- oom ------------------------------------------------------------------------------
 
@@ -675,6 +681,8 @@ class OomHandlers:
             ctx = None
         if ctx is None or not ctx.devices:
             early = self._early_context(p)
+            log.debug("live context at classification: pid %s, NVML %s, no device; read early: %s",
+                      ctx.pid if ctx else None, ctx.nvml if ctx else None, "used" if early else "none")
             if early is not None:
                 self.early_used += 1
                 return early
@@ -684,16 +692,23 @@ class OomHandlers:
         """Read ``p``'s live context now, on a thread of its own, for a memory error that is being printed
         (launch: a capture of CMD's stderr opened; its text comes at least 50 ms later): an engine that prints
         its error and exits is gone from NVML's process list by the time the text is classified. Any thread.
-        Returns the read's end (None: one for ``p`` is already in flight)."""
-        key = (p.uid, str(p.info.get("id")))
+        The read stands for every producer of that pid. Returns the read's end (None: one for that pid is already
+        in flight, or ``p`` has no pid)."""
+        key = _pid(p)
+        if key is None:
+            return None
         with self._early_lock:
             if key in self._early_running:
                 return None
             done = self._early_running[key] = threading.Event()
 
         def run() -> None:
+            began = time.monotonic_ns()
             try:
                 ctx = self._context_now(p)
+                log.debug("live context of pid %d read early in %.1f ms: pid %s, NVML %s, %d device(s)", key,
+                          (time.monotonic_ns() - began) / 1e6, ctx.pid if ctx else None, ctx.nvml if ctx else None,
+                          len(ctx.devices) if ctx else 0)
                 if ctx is not None and ctx.devices:
                     with self._early_lock:
                         self._early.pop(key, None)
@@ -718,8 +733,10 @@ class OomHandlers:
             return None
 
     def _early_context(self, p: Producer) -> LiveContext | None:
-        """The context :meth:`read_early` read for ``p`` (waiting a little for one in flight), if recent."""
-        key = (p.uid, str(p.info.get("id")))
+        """The context :meth:`read_early` read for ``p``'s pid (waiting a little for one in flight), if recent."""
+        key = _pid(p)
+        if key is None:
+            return None
         with self._early_lock:
             running = self._early_running.get(key)
         if running is not None:
@@ -789,16 +806,40 @@ class OomHandlers:
     ) -> bool:
         recent: list[dict[str, Any]] = p.state.setdefault("oom_recent", [])
         recent[:] = [r for r in recent if t_ns - r["t"] <= DEDUP_WINDOW_NS][-MAX_RECENT:]
+        pool = recent
+        # launch: its copy of CMD's stderr may come as its stand-in for CMD (in-process, no uid: the hooked
+        # process's hello was not read yet) while the hooks' copies come as CMD's own producer: one OOM of one pid
+        pid = _pid(p)
+        inproc = p.uid is None
+        shared = None
+        if pid is not None and (inproc or p.info.get("launched")):
+            shared = self._launch_recent.setdefault(pid, [])
+            shared[:] = [r for r in shared if t_ns - r["t"] <= DEDUP_WINDOW_NS][-MAX_RECENT:]
+            pool = recent + [r for r in shared if r["inproc"] != inproc]
         key = msg.key if msg is not None else None
         if source != "observer":
-            if key is not None and any(r["key"] == key for r in recent):
+            if key is not None and any(r["key"] == key for r in pool):
                 return True  # the same text again (report_oom, then the excepthook)
-            for r in recent:
+            for r in pool:
                 if r["source"] == "observer" and not r["matched"] and _same(r["dev"], dev) and _close(r["req"], req):
                     r["matched"] = True
                     r["key"] = key
                     return True
-        recent.append({"t": t_ns, "source": source, "dev": dev, "req": req, "key": key, "matched": False})
+        elif req is not None:
+            # the text came first (launch's stderr copy, or the exception's, reached the agent before the hooks
+            # sent the observer's event with its snapshot: seen on an H200 under launch): the same OOM
+            for r in pool:
+                if (r["source"] != "observer" and not r["matched"] and r["req"] is not None and _same(r["dev"], dev)
+                        and _close(r["req"], req)):
+                    r["matched"] = True
+                    return True
+        entry = {"t": t_ns, "source": source, "dev": dev, "req": req, "key": key, "matched": False, "inproc": inproc}
+        recent.append(entry)
+        if shared is not None:
+            shared.append(entry)
+            if len(self._launch_recent) > 4 * MAX_RECENT:  # processes gone quiet
+                for k in [k for k, rs in self._launch_recent.items() if not rs or t_ns - rs[-1]["t"] > DEDUP_WINDOW_NS]:
+                    del self._launch_recent[k]
         return False
 
     def _nvml(self, p: Producer, dev: int | None, uuid: str | None, numbers: dict[str, int | None]) -> bool:

@@ -28,13 +28,13 @@ from site_rules import BAD_RULE, SITE_RULE
 
 from infersight.agent.commands.compose import build_exporters
 from infersight.agent.daemon import config as cfg
-from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.assemble import Assembler, Producer
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.devices.nvml import DeviceSample, GpuProcess
 from infersight.agent.oom import kind as oom_kind
 from infersight.agent.oom.extension import OomExtension
 from infersight.hooks import _alloc, _runtime, _state
-from infersight.telemetry import LogItem, MetricItem, SpanItem
+from infersight.telemetry import LogItem, MetricItem, Origin, Resource, SpanItem
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 EXAMPLES = SUPPORT / "data" / "oom_examples.jsonl"  # vendored: see tests/support/data/README.md
@@ -625,6 +625,61 @@ async def test_oom_reads_nvml_off_the_event_loop_under_the_device_lock() -> None
     assert log.attributes["infersight.oom.class"] == "reservation_conflict"
     assert log.attributes["infersight.oom.nvml"] is True
     assert calls.off_this_thread_under_the_lock(), calls.seen
+
+
+H200_TEXT = ("CUDA out of memory. Tried to allocate 141.40 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+             "139.29 GiB is free. Including non-PyTorch memory, this process has 518.00 MiB memory in use. Of the "
+             "allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated.")
+
+
+@pytest.mark.parametrize("order", ["observer first", "text first"])
+def test_an_uncaught_oom_is_one_record_whichever_copy_comes_first(order: str) -> None:
+    """An uncaught OOM under launch reaches the agent as the observer's event, the exception's text and launch's
+    stderr copy; on an H200 (bench/gpu_check_engines.py torch_uncaught) the text came first once and two records
+    went out. The next OOM, of another size, is its own."""
+    h, asm = _handlers()
+    p = _producer(asm)
+    observer = [1, 10, "oom", _observer_event(req=151829610496, total=150109880320, free=149557477376)]
+    text = [2, 11, "oom", {"source": "stderr", "text": H200_TEXT}]
+    exc = [3, 12, "oom", {"source": "exception", "text": H200_TEXT, "sp": SPAN}]
+    batches = [[observer], [text], [exc]] if order == "observer first" else [[text], [observer], [exc]]
+    logs = [i for b in batches for i in asm.events(p, b) if isinstance(i, LogItem)]
+    assert len(logs) == 1 and logs[0].attributes["infersight.oom.class"] == "capacity"
+    assert h.duplicates == 2
+    other = _observer_event(req=151829610496 // 2, total=150109880320, free=1 << 30)
+    assert [i for i in asm.events(p, [[4, 20, "oom", other]]) if isinstance(i, LogItem)]
+
+
+@pytest.mark.parametrize("order", ["observer first", "text first"])
+def test_launchs_stand_in_and_the_hooked_process_report_one_oom(order: str) -> None:
+    """launch's stderr copy comes as its stand-in for CMD (no uid) when the hooked process's hello was not read yet
+    (seen on an H200: two records); the hooks' observer event comes as CMD's own producer: one OOM of one pid.
+    Two producers of the agent's socket with the same pid (two containers) and no stand-in stay two."""
+    h, asm = _handlers()
+    hooked = asm.hello({"id": "p-4242", "pid": 4242, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT,
+                        "launched": True}, uid=1000)
+    stand_in = Producer("launch-stderr-4242", {"pid": 4242, "launched": True}, Resource.of({}))
+    observer = (hooked, [1, 10, "oom", _observer_event(req=151829610496, total=150109880320, free=149557477376)])
+    text = (stand_in, [2, 11, "oom", {"source": "stderr", "text": H200_TEXT}])
+    sends = [observer, text] if order == "observer first" else [text, observer]
+    logs = [i for who, ev in sends for i in h_events(h, asm, who, ev) if isinstance(i, LogItem)]
+    assert len(logs) == 1 and h.duplicates == 1
+    h, asm = _handlers()
+    one = asm.hello({"id": "a-1", "pid": 1, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT}, uid=1000)
+    two = asm.hello({"id": "b-1", "pid": 1, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT}, uid=1000)
+    logs = [i for who, ev in [(one, text[1]), (two, observer[1])] for i in asm.events(who, [ev])
+            if isinstance(i, LogItem)]
+    assert len(logs) == 2
+
+
+def h_events(h: oom_kind.OomHandlers, asm: Assembler, who: Any, ev: list[Any]) -> list[Any]:
+    """An event of ``who``: a hooked producer's through the assembler, launch's stand-in straight to the handler
+    (launch injects its stderr copies so)."""
+    if who.uid is None:
+        out: list[Any] = []
+        h.oom(who, Origin(who.id, 0), ev[1], ev[3], out)
+        return out
+    return asm.events(who, [ev])
 
 
 def test_an_undecided_oom_carries_a_reason_on_every_sink() -> None:

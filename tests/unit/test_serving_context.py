@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.assemble import Assembler, Producer
 from infersight.agent.devices.nvml import DeviceSample, GpuProcess
 from infersight.agent.oom import engine_context
 from infersight.agent.oom.kind import OomClassifier, OomHandlers
@@ -32,7 +32,7 @@ from infersight.rules.serving_context import (
     parse_knobs,
     refine,
 )
-from infersight.telemetry import LogItem
+from infersight.telemetry import LogItem, Resource
 
 GIB = 1 << 30
 DATA = Path(__file__).resolve().parents[1] / "support" / "data"
@@ -456,9 +456,11 @@ def test_a_context_read_as_the_error_was_printed_stands_in_once_the_engine_has_g
     h.proc_root = str(root)
     asm = Assembler("host", {"oom": h.oom})
     p = _producer(asm, 300)
-    done = h.read_early(p)
+    # launch reads it for CMD's pid (its own producer: the hooked process's may not have said hello yet)
+    early = Producer("launch-early-300", {"pid": 300, "launched": True}, Resource.of({}))
+    done = h.read_early(early)
     assert done is not None and done.wait(10)
-    assert h.read_early(p) is not None  # one read at a time per producer, not one per producer ever
+    assert h.read_early(early) is not None  # one read at a time per pid, not one per pid ever
     shutil.rmtree(root / "300")  # it printed its error and exited
     nvml.devices = [("GPU-h200", 140 * GIB, [])]
     items = asm.events(p, [[1, 10, "oom", {"source": "stderr", "text": XLA_OVER_POOL}]])
