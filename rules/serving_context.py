@@ -275,6 +275,7 @@ class LiveContext:
     knobs_pid: int | None = None  # whose command line held the knobs (the producer, or an ancestor)
     program: str | None = None  # the producer's program (argv[0]'s base name), where it was read
     early: bool = False  # read as the error was being printed, not at its classification (the engine had gone)
+    host_largest: int | None = None  # the largest device NVML lists on the host, read when none of the tree's was
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +327,8 @@ def attributes(ctx: LiveContext) -> dict[str, int | float | bool | str | list[st
         a["infersight.oom.context.nvml"] = True
     if ctx.early:
         a["infersight.oom.context.early"] = True
+    if ctx.host_largest is not None:
+        a["infersight.oom.context.host_largest_bytes"] = ctx.host_largest
     if ctx.devices:
         a["infersight.oom.context.devices"] = [d.device for d in ctx.devices]
         d = _worst(ctx.devices)
@@ -474,6 +477,14 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
         gap = _kv_gap(f, frac[1], shown, attrs, engine_remedies)
         if gap is not None:
             return gap
+    r_any = f.numbers.get("R")
+    if (f.rule in DEVICE_SHORTAGE_RULES and not devices and ctx.host_largest and r_any is not None
+            and r_any >= ctx.host_largest and not names_other_accelerator(f.text)):
+        return _decided(f, "capacity", "context.request-exceeds-every-device",
+                        "the request of %s is at least the largest device on this host (%s, NVML; the engine's own "
+                        "device was not read: it had exited): no share of any of them would do. %s" % (
+                            _gib(r_any), _gib(ctx.host_largest), shown),
+                        " ".join((CAPACITY_REMEDY, (engine_remedies or {}).get("capacity", ""))).strip(), attrs)
     if f.rule in DEVICE_SHORTAGE_RULES and devices:
         r = f.numbers.get("R")
         top = max(d.total_bytes or 0 for d in devices)

@@ -332,6 +332,24 @@ class Nvml:
             self._mark_lost(index, now, str(exc))
             return self._lost_sample(index, now)
 
+    def memory_view(self, index: int) -> DeviceSample | None:
+        """The device's processes, then its memory, and nothing else (three NVML calls, the identity cached): what
+        an OOM's context reads, at once, before the process that failed exits. The other fields are None."""
+        if not self.status().available or index in self._lost:
+            return None
+        try:
+            h = self._handle(index)
+            if h is None:
+                return None
+            procs = self._processes(h)  # first: they go when the failed process exits
+            mem = self._raw("nvmlDeviceGetMemoryInfo", h)
+            uuid, name = self._identity(index, h)
+        except _GpuLostError:
+            return None
+        return DeviceSample(time_ns=self._clock(), index=index, uuid=uuid, name=name,
+                            memory_used_bytes=None if mem is None else int(mem.used),
+                            memory_total_bytes=None if mem is None else int(mem.total), processes=procs)
+
     def _read(self, index: int, h: Any, now: int) -> DeviceSample:
         r = self._raw
         uuid, name = self._identity(index, h)

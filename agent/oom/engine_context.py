@@ -155,8 +155,9 @@ def nvml_devices(nvml: NvmlLike, pid: int, proc_root: str = "/proc",
         return placed[q]
 
     out: list[DeviceContext] = []
+    read = _reader(nvml)
     for i in range(min(nvml.device_count(), MAX_DEVICES)):
-        s = nvml.sample(i)
+        s = read(i)
         if s is None or not s.processes:
             continue
         mine = [g for g in s.processes if own(g)]
@@ -169,6 +170,21 @@ def nvml_devices(nvml: NvmlLike, pid: int, proc_root: str = "/proc",
                                  sum(g.used_bytes or 0 for g in mine), tuple(others),
                                  tuple(n for g in mine[:8] if (n := _name(g)) is not None)))
     return out
+
+
+def _reader(nvml: NvmlLike) -> Callable[[int], Any]:
+    """The devices feature's light read (processes and memory: ``Nvml.memory_view``) where NVML has one, else a
+    whole sample."""
+    light = getattr(nvml, "memory_view", None)
+    return light if callable(light) else nvml.sample
+
+
+def host_largest_device(nvml: NvmlLike) -> int | None:
+    """The largest device total NVML lists on this host (None: none read)."""
+    read = _reader(nvml)
+    totals = [t for i in range(min(nvml.device_count(), MAX_DEVICES))
+              if (s := read(i)) is not None and isinstance(t := s.memory_total_bytes, int)]
+    return max(totals) if totals else None
 
 
 def _name(g: Any) -> str | None:
@@ -193,18 +209,22 @@ def gather(p: Producer, nvml: NvmlLike | None, guard: Callable[[Callable[[], Any
     read = False
     if pid is not None and not same_process(p, pid, proc_root):
         pid = None  # gone, or the pid is not the producer's here: NVML's view of it would be another's
-    if nvml is not None and pid is not None:
-        def sample() -> list[DeviceContext]:
-            return nvml_devices(nvml, pid, proc_root)
+    largest = None
+    if nvml is not None:
+        def sample() -> tuple[list[DeviceContext], int | None]:
+            found = nvml_devices(nvml, pid, proc_root) if pid is not None else []
+            # the engine gone (or on no device NVML shows): the host's devices still bound what any of them holds
+            return found, (None if found else host_largest_device(nvml))
 
         try:
             got = guard(sample) if guard is not None else sample()
             if got is not None:
-                devices, read = list(got), True
+                devices, largest = list(got[0]), got[1]
+                read = pid is not None
         except Exception as exc:
             log.debug("NVML sample for an engine OOM failed: %s", exc)
     return LiveContext(pid=pid, devices=tuple(devices), nvml=read, knobs=knobs, knobs_pid=knobs_pid,
-                       program=_program(p, pid, proc_root))
+                       program=_program(p, pid, proc_root), host_largest=largest)
 
 
 def _program(p: Producer, pid: int | None, proc_root: str) -> str | None:

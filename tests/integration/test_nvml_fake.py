@@ -187,6 +187,19 @@ def test_nested_pid_namespace_marks_processes_unmapped(fake_libdir: Path, tmp_pa
     assert "nested PID namespace" in p["unmapped_reason"]
 
 
+def test_the_oom_contexts_light_read_has_the_samples_processes_and_memory(fake_libdir: Path, tmp_path: Path) -> None:
+    """An engine's OOM context reads processes and memory only (``memory_view``), before the process exits."""
+    proc = make_proc_root(tmp_path / "proc", {4242: "python3", 77: "sleep"})
+    rep = run_driver(fake_libdir, f"count 2\n0 procs 4242:{GIB},77:{2 * GIB}\n", tmp_path, "--proc-root", str(proc))
+    full, views = rep["rounds"][0], rep["memory_views"]
+    assert len(views) == 2
+    for s, v in zip(full, views, strict=True):
+        assert (v["uuid"], v["memory_total_bytes"], v["processes"]) == (s["uuid"], s["memory_total_bytes"],
+                                                                        s["processes"])
+        assert v["power_w"] is None and v["clock_sm_mhz"] is None  # nothing else was read
+    assert [p["pid"] for p in views[0]["processes"]] == [4242, 77]
+
+
 def test_sample_cost_per_device(fake_libdir: Path, tmp_path: Path) -> None:
     """Reported, not asserted tightly: benchmarks live in bench/. A sanity bound only."""
     rep = run_driver(fake_libdir, "count 2\n", tmp_path, "--cost-rounds", "500")

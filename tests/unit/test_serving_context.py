@@ -382,7 +382,8 @@ def test_a_reused_pid_is_not_read(tmp_path: Path) -> None:
     assert engine_context.producer_knobs(same, str(root))[0] == {"gpu_memory_utilization": 0.9}
     assert engine_context.producer_knobs(other, str(root)) == ({}, None)
     ctx = engine_context.gather(other, FakeNvml([("GPU-a", 80 * GIB, [(200, GIB)])]), None, str(root))
-    assert ctx == engine_context.LiveContext()  # neither its command line nor NVML's view of pid 200
+    # neither its command line nor NVML's view of pid 200: only the host's largest device
+    assert ctx == engine_context.LiveContext(host_largest=80 * GIB)
 
 
 def test_nvml_finds_the_engines_devices_and_tells_its_workers_from_tenants(tmp_path: Path) -> None:
@@ -444,6 +445,31 @@ def test_without_nvml_the_message_verdict_stands(nvml: Any) -> None:
     assert log.attributes["infersight.oom.class"] == "unknown"
     assert log.attributes["infersight.oom.context_decided"] is False
     assert h.context_decided == 0
+
+
+# Real, JAX 0.11.2 on an H200 (140.4 GiB), preallocation off: one buffer of the device + 1 GiB.
+XLA_BEYOND_DEVICE = """E1204 17:14:15.508211     838 gpu_hlo_schedule.cc:1068] The byte size of input/output arguments \
+(151828561921) exceeds the base limit (112583507968). This indicates an error in the calculation!
+jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 141.40GiB with allocator \
+GPU_0_bfc on device 0. [executable_name='jit_broadcast_in_dim'] [tf-allocator-allocation-error='']"""
+
+
+def test_a_request_beyond_every_device_of_the_host_is_capacity_though_the_engine_has_gone(tmp_path: Path) -> None:
+    f = _finding(XLA_BEYOND_DEVICE)
+    assert f.rule == "xla.gpu.out-of-memory/over-pool-limit"
+    r = refine(f, LiveContext(host_largest=150754820096))  # the H200's, as NVML reads it
+    assert r.decided and r.cls == "capacity" and r.rule.endswith("+context.request-exceeds-every-device")
+    assert "141.40 GiB" in str(r.reason) and r.attributes["infersight.oom.context.host_largest_bytes"] == 150754820096
+    assert not refine(f, LiveContext(host_largest=192 * GIB)).decided  # a larger device on the host may hold it
+    # read by the agent: the engine gone, NVML lists the host's devices
+    root = tmp_path / "proc"
+    root.mkdir()
+    h = OomHandlers(OomClassifier([]), FakeNvml([("GPU-a", 80 * GIB, []), ("GPU-b", 140 * GIB, [])]))
+    h.proc_root = str(root)
+    asm = Assembler("host", {"oom": h.oom})
+    items = asm.events(_producer(asm, 4242), [[1, 10, "oom", {"source": "stderr", "text": XLA_BEYOND_DEVICE}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.class"] == "capacity"
 
 
 def test_a_context_read_as_the_error_was_printed_stands_in_once_the_engine_has_gone(tmp_path: Path) -> None:

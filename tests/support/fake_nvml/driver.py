@@ -32,6 +32,8 @@ def main() -> None:
     report["events"] = events
 
     last = nv.sample_all()
+    views = [nv.memory_view(i) for i in range(nv.device_count())]
+    report["memory_views"] = [dataclasses.asdict(v) if v is not None else None for v in views]
     items = device_metrics(last, resource=Resource.of({"service.name": "t"}), start_ns=1)
     report["metrics"] = [
         {
