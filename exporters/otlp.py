@@ -59,6 +59,21 @@ log = logging.getLogger("infersight.exporters.otlp")
 
 Signal = Literal["traces", "metrics", "logs"]
 SIGNALS: tuple[Signal, ...] = ("traces", "metrics", "logs")
+MAX_DELIVERED_REMEMBERED = 256  # batches whose signals went out in part
+
+
+def _fingerprint(items: Sequence[Any]) -> int:
+    """What tells one signal's items of a batch from another's, within this process (a spooled batch read back
+    gives the same): spans by their ids and end, log records by time, body and ids, metrics by name and time."""
+    keys: list[tuple[Any, ...]] = []
+    for it in items:
+        if isinstance(it, SpanItem):
+            keys.append((it.trace_id, it.span_id, it.end_ns))
+        elif isinstance(it, LogItem):
+            keys.append((it.time_ns, it.body, it.trace_id, it.span_id, it.event_name))
+        elif isinstance(it, MetricItem):
+            keys.append((it.name, it.time_ns, len(it.points)))
+    return hash(tuple(keys))
 PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_PROTOCOL = "http/protobuf"
 DEFAULT_TIMEOUT_S = 10.0
@@ -424,7 +439,11 @@ class OtlpExporter:
         self.skipped_items = 0  # ColdStart summaries: their spans travel as SpanItems
         self.unrouted_items = 0  # a signal without any endpoint
         self.invalid_items = 0  # bad ids that cannot be encoded
+        self.not_resent_items = 0  # items of a signal that went out while another failed: not sent again on a retry
         self.last_error = ""
+        # (signal, fingerprint of its items) -> a batch's signal that went out while another signal of it failed;
+        # the retry of that batch (from memory or from the spool) sends the others only
+        self._delivered: dict[tuple[Signal, int], None] = {}
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -462,6 +481,12 @@ class OtlpExporter:
             if signal not in self.routes:
                 self.unrouted_items += len(items)
                 continue
+            if self._delivered:
+                key = (signal, _fingerprint(items))
+                if key in self._delivered:  # this batch's retry: that signal went out last time
+                    del self._delivered[key]
+                    self.not_resent_items += len(items)
+                    continue
             jobs.append((signal, items))
         if not jobs:
             return
@@ -472,8 +497,14 @@ class OtlpExporter:
         if errors:
             self.last_error = "; ".join(why for why, _kind in errors)
             kinds = {kind for _why, kind in errors}
-            # Signals that went out are sent again on a retry. A signal whose peer is away
-            # keeps the batch retried; otherwise a refusal decides.
+            # A signal that went out is remembered, and the retry of the same batch sends only the others (a
+            # batch regrouped on its way back, or retried after the agent restarted, is sent whole again:
+            # at-least-once). A signal whose peer is away keeps the batch retried; otherwise a refusal decides.
+            for (sig, items), res in zip(jobs, results, strict=True):
+                if res is None:
+                    self._delivered[(sig, _fingerprint(items))] = None
+            while len(self._delivered) > MAX_DELIVERED_REMEMBERED:
+                del self._delivered[next(iter(self._delivered))]
             if "away" in kinds:
                 raise ExportError(self.last_error)
             raise ExportError(self.last_error, retryable="final" not in kinds, rejected=True)
@@ -503,6 +534,7 @@ class OtlpExporter:
             "skipped_items": self.skipped_items,
             "unrouted_items": self.unrouted_items,
             "invalid_items": self.invalid_items,
+            "not_resent_items": self.not_resent_items,
             "last_error": self.last_error,
         }
         for r in self.routes.values():
