@@ -156,6 +156,26 @@ for i in range(n):
 """
 
 
+# The same OOMs with no hooks in the process (not even the bootstrap): torch's own OOM handling alone, for the
+# served process's share of the figures above (the first CUDA OOM of a process is slower in torch itself).
+CHILD_PLAIN = r"""
+import sys, time, statistics
+import torch
+n = int(sys.argv[1])
+torch.cuda.init()
+total = torch.cuda.get_device_properties(0).total_memory
+took = []
+for i in range(n):
+    req = total + (i + 1) * (2 << 20)
+    t0 = time.time_ns()
+    try:
+        torch.empty(req, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        took.append((time.time_ns() - t0) / 1e6)
+print("%.2f %.2f %.2f" % (took[0], statistics.median(took), max(took)))
+"""
+
+
 class Tail(threading.Thread):
     """Stamp every OOM log record as it lands in the file: R_bytes -> wall clock."""
 
@@ -291,6 +311,15 @@ def run(args: argparse.Namespace, doorbell: bool) -> tuple[int, float]:
         print("  of which in the served process (the allocation to the exception caught: torch's OOM handling with "
               "the hooks' observer): median %.2f ms, first %.2f ms, max %.2f ms"
               % (statistics.median(in_process), in_process[0], max(in_process)))
+        plain_env = {k: v for k, v in os.environ.items() if not k.startswith("INFERSIGHT")}
+        p = subprocess.run([sys.executable, "-c", CHILD_PLAIN, str(min(args.n, 30))], env=plain_env,
+                           capture_output=True, text=True, timeout=300, check=False)
+        if p.returncode == 0 and p.stdout.split():
+            first, med_plain, worst = (float(x) for x in p.stdout.split())
+            print("  the same OOMs without hooks (torch alone, another process): median %.2f ms, first %.2f ms, "
+                  "max %.2f ms" % (med_plain, first, worst))
+        else:
+            print("  the same OOMs without hooks: failed (%s)" % p.stderr.strip()[-200:])
     slow = sorted(range(len(lat)), key=lambda i: -lat[i])[:3]
     print("  the first OOM %.2f ms; the slowest: %s" % (lat[0], ", ".join("#%d %.2f ms" % (i + 1, lat[i])
                                                                            for i in slow)))
