@@ -371,7 +371,7 @@ class OomHandlers:
         msg: OomMessage | None = None
         engine = "pytorch"
         if text:
-            if source in _STREAMS and self._at_budget(p, t_ns):
+            if source in _STREAMS and self._at_budget(p, time.monotonic_ns()):
                 self.over_budget += 1  # nothing a stream's text can give would go out: not analysed
                 return
             if not self._may_analyse(p.uid):
@@ -405,7 +405,7 @@ class OomHandlers:
                             self.stderr_preferred += 1
                             self._engine(p, origin, t_ns, d, f, out)  # the same error, with what surrounds it
                         continue
-                    if source in _STREAMS and not self._admit(p, t_ns):
+                    if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
                         self.over_budget += 1  # not remembered: a copy from another source still counts
                         continue
                     self._seen_text(p, f.key, t_ns)
@@ -421,7 +421,7 @@ class OomHandlers:
                     self.duplicates += 1
                     return
                 if before is None:
-                    if source in _STREAMS and not self._admit(p, t_ns):
+                    if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
                         self.over_budget += 1
                         return
                     self._seen_text(p, first.key, t_ns, source)
@@ -641,7 +641,8 @@ class OomHandlers:
     def _admit(self, p: Producer, t_ns: int) -> bool:
         """Whether producer ``p`` may report one more new memory error from a log or stderr now (at most
         MAX_NEW_PER_PRODUCER in DEDUP_WINDOW_NS); noted when it may. Per producer: eight engines of one user
-        failing at once each keep their own."""
+        failing at once each keep their own. ``t_ns`` is the agent's clock (monotonic), never the event's: a
+        producer writes its events' timestamps, and spacing them an hour apart would reopen its window."""
         who = (p.uid, str(p.info.get("id")))
         times = [t for t in self._new_by_producer.get(who, []) if t_ns - t <= DEDUP_WINDOW_NS]
         if len(times) >= MAX_NEW_PER_PRODUCER:

@@ -716,6 +716,25 @@ def test_the_budget_is_per_producer_and_what_it_refuses_is_not_remembered() -> N
     assert len(raised) == 1
 
 
+def test_a_producer_cannot_reopen_its_budget_with_event_timestamps_an_hour_apart() -> None:
+    """The per-producer budget runs on the agent's clock: a member of the socket group writes its events'
+    timestamps, and one hour between each reopened the window for every text (all went out)."""
+    from infersight.agent.oom import kind
+
+    h = OomHandlers(OomClassifier([]), None)
+    asm = Assembler("host", {"oom": h.oom})
+    p = asm.hello({"id": "forger", "pid": 13, "start_ns": 1, "trace_id": "5" * 32, "root_span_id": "6" * 16},
+                  uid=1003)
+    hour = 3600 * 10**9
+    logs = []
+    for i in range(kind.MAX_NEW_PER_PRODUCER + 4):
+        text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating %d.00 MiB on device 0: cudaMalloc failed: "
+                "out of memory" % (30000 + i))
+        logs += [x for x in asm.events(p, [[1 + i, (1 + i) * hour, "oom", {"source": "stderr", "text": text}]])
+                 if isinstance(x, LogItem)]
+    assert len(logs) == kind.MAX_NEW_PER_PRODUCER and h.over_budget == 4
+
+
 def test_one_uids_distinct_texts_cost_the_loop_a_bounded_time_and_another_uids_oom_still_goes_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Texts are analysed before any producer budget can tell them apart, and analysis runs on the event
