@@ -55,14 +55,8 @@ x.block_until_ready()
 print("no OOM: %d bytes allocated" % n, file=sys.stderr, flush=True)
 """
 
-HOLDER = r"""
-import sys, torch
-t = torch.cuda.get_device_properties(0).total_memory
-x = torch.empty(int(float(sys.argv[1]) * t), dtype=torch.uint8, device="cuda")
-torch.cuda.synchronize()
-print("ready", flush=True)
-sys.stdin.read()  # hold until the parent closes stdin
-"""
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpu_check.sh sets PYTHONSAFEPATH
+from gpu_check_oom import HOLDER  # noqa: E402  (another tenant: holds a share of the device until stdin closes)
 
 ORT_ARENA = r"""
 import sys
