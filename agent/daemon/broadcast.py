@@ -20,6 +20,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from infersight.agent.daemon.export_cost import ExportCost
 from infersight.agent.daemon.fair_queue import FairQueue
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import Exporter, ExportError, is_live
@@ -121,7 +122,7 @@ class ExporterWorker:
         self.full = False  # pushing back: the ingest waits until the queue is half empty
         self.on_full_change: Callable[[], None] | None = None
         self.on_dequeued: Callable[[], None] | None = None  # a batch left the queue
-        self._item_s = 0.0  # seconds per item of recent whole (uncapped) exports (0: none yet)
+        self._cost = ExportCost()  # recent whole (uncapped) exports: their size and time
         self._contended_until = 0.0  # exports are kept short until then (_take)
         self._capped = False  # the export being made was kept short
 
@@ -331,8 +332,7 @@ class ExporterWorker:
             began = time.monotonic()
             out = await self._export(batch)
             if out == OK and batch and not self._capped:
-                per_item = (time.monotonic() - began) / len(batch)
-                self._item_s = per_item if not self._item_s else self._item_s + 0.25 * (per_item - self._item_s)
+                self._cost.add(len(batch), time.monotonic() - began)
             attempts = 0
             while out in (AWAY, REJECTED) and self.spool is None and attempts < self.memory_retries:
                 attempts += 1
@@ -374,8 +374,9 @@ class ExporterWorker:
         ``CONTENDED_EXPORT_S`` too (at least ``CONTENDED_FLOOR_ITEMS``): a batch is acked only once its
         whole export is done, and another uid's batch of one item must not wait for 4,096 of a flood's
         items (a second of MQTT messages) to go out with it, or before it. The sink's speed is read from
-        whole exports only (a capped one's round trip would shrink the cap on and on): a fast sink's
-        exports stay whole, and a lone lane's are merged as before."""
+        whole exports only (a capped one's round trip would shrink the cap on and on), and only what grows
+        with an export's size counts (export_cost.py: a round trip is paid by every export, split or not): a
+        fast sink's exports stay whole, a distant collector's too, and a lone lane's are merged as before."""
         parts: list[Sequence[Item]] = []
         completions: list[Completion] = []
         n = 0
@@ -383,8 +384,10 @@ class ExporterWorker:
         now = time.monotonic()
         if self.queue.lane_count() > 1:
             self._contended_until = now + CONTENDED_S
-        if now < self._contended_until and self._item_s > 0:
-            limit = min(limit, max(CONTENDED_FLOOR_ITEMS, int(CONTENDED_EXPORT_S / self._item_s)))
+        if now < self._contended_until and self._cost.known:
+            per_item = self._cost.per_item_s()  # the part that grows with the size (export_cost.py)
+            if per_item > 0:
+                limit = min(limit, max(CONTENDED_FLOOR_ITEMS, int(CONTENDED_EXPORT_S / per_item)))
         self._capped = limit < self.max_batch_items
         while self.queue and (not parts or n + len(self.queue.head()[0]) <= limit):
             items, c = self.queue.popleft()

@@ -134,3 +134,58 @@ async def test_another_lane_does_not_split_a_fast_sinks_exports() -> None:
     finally:
         assert worker._task is not None
         worker._task.cancel()
+
+
+def test_the_cost_per_item_is_the_slope_not_the_round_trip() -> None:
+    from infersight.agent.daemon.export_cost import ExportCost
+
+    sizes = [10, 50, 100, 500, 1000, 2000, 3000, 4000]
+    distant = ExportCost()  # a collector 200 ms away, 10 us an item
+    near = ExportCost()  # an MQTT broker next door: 100 us an item, nothing per export
+    for n in sizes:
+        distant.add(n, 0.2 + 1e-5 * n)
+        near.add(n, 1e-4 * n)
+    assert abs(distant.per_item_s() - 1e-5) < 1e-7  # not 0.2 / 4000 = 5e-5, nor the mean over sizes
+    assert abs(near.per_item_s() - 1e-4) < 1e-7
+    same = ExportCost()  # every export the same size: the two parts cannot be told apart
+    for _ in range(10):
+        same.add(4000, 0.24)
+    assert same.per_item_s() == same.mean_item_s() and abs(same.mean_item_s() - 0.24 / 4000) < 1e-12
+    few = ExportCost()
+    few.add(100, 0.3)
+    assert few.per_item_s() == 0.003  # too few to fit: the whole time per item, as before
+
+
+class DistantExporter(CaptureExporter):
+    """FAKE distant sink: 0.2 s a round trip, 1 us an item."""
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        await asyncio.sleep(0.2 + 1e-6 * len(batch))
+        await super().export(batch)
+
+
+async def test_another_lane_does_not_split_a_distant_sinks_exports() -> None:
+    """A round trip is paid by every export, split or not: while another uid sends, a distant collector's
+    exports stay whole (before, the round trip counted per item capped them at a tenth of its size)."""
+    exporter = DistantExporter()
+    worker = ExporterWorker(exporter, None, queue_max_items=1 << 16, max_batch_items=4096)
+    b = Broadcaster([worker])
+    worker.start()
+    try:
+        for n in (10, 50, 100, 500, 1000, 2000, 3000, 4000):  # whole exports of several sizes: the cost is known
+            b.publish(items(n, "warm"), uid=VICTIM)
+            await until(lambda n=n: bool(exporter.batches) and len(exporter.batches[-1]) == n)
+        start = len(exporter.batches)
+        for _ in range(40):
+            b.publish(items(400, "victim"), uid=VICTIM)
+        for _ in range(300):  # 30 s at most
+            if sum(1 for x in exporter.batches[start:] for it in x if it.body == "victim") == 16000:
+                break
+            b.publish(items(1, "other"), uid=ATTACKER)  # another uid all along: the lanes compete
+            await asyncio.sleep(0.1)
+        sizes = [len(x) for x in exporter.batches[start:] if len(x) > 2]
+        # about 4,000 a time: not 512 (the round trip counted per item: 0.1 s of it is a few items)
+        assert sorted(sizes)[len(sizes) // 2] >= 3000, sizes
+    finally:
+        assert worker._task is not None
+        worker._task.cancel()
