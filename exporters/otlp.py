@@ -37,6 +37,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -60,20 +61,17 @@ log = logging.getLogger("infersight.exporters.otlp")
 Signal = Literal["traces", "metrics", "logs"]
 SIGNALS: tuple[Signal, ...] = ("traces", "metrics", "logs")
 MAX_DELIVERED_REMEMBERED = 256  # batches whose signals went out in part
+DELIVERED_TTL_S = 600.0  # and for this long: a batch not retried by then (refused, regrouped) is forgotten
 
 
-def _fingerprint(items: Sequence[Any]) -> int:
-    """What tells one signal's items of a batch from another's, within this process (a spooled batch read back
-    gives the same): spans by their ids and end, log records by time, body and ids, metrics by name and time."""
-    keys: list[tuple[Any, ...]] = []
-    for it in items:
-        if isinstance(it, SpanItem):
-            keys.append((it.trace_id, it.span_id, it.end_ns))
-        elif isinstance(it, LogItem):
-            keys.append((it.time_ns, it.body, it.trace_id, it.span_id, it.event_name))
-        elif isinstance(it, MetricItem):
-            keys.append((it.name, it.time_ns, len(it.points)))
-    return hash(tuple(keys))
+def _fingerprint(items: Sequence[Any]) -> str:
+    """What tells one signal's items of a batch from another's (a spooled batch read back gives the same): the
+    items' whole content, resource and attributes included, as text (computed only while a batch is remembered)."""
+    return repr([(type(it).__name__, repr(it.resource), *(
+        (it.trace_id, it.span_id, it.name, it.start_ns, it.end_ns, repr(it.attributes)) if isinstance(it, SpanItem)
+        else (it.time_ns, it.body, it.trace_id, it.span_id, it.event_name, repr(it.attributes))
+        if isinstance(it, LogItem) else (it.name, it.time_ns, it.start_ns, repr(it.points))
+        if isinstance(it, MetricItem) else (repr(it),))) for it in items])
 PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_PROTOCOL = "http/protobuf"
 DEFAULT_TIMEOUT_S = 10.0
@@ -443,7 +441,7 @@ class OtlpExporter:
         self.last_error = ""
         # (signal, fingerprint of its items) -> a batch's signal that went out while another signal of it failed;
         # the retry of that batch (from memory or from the spool) sends the others only
-        self._delivered: dict[tuple[Signal, int], None] = {}
+        self._delivered: dict[tuple[Signal, str], float] = {}  # -> when (monotonic)
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -470,6 +468,7 @@ class OtlpExporter:
             elif isinstance(it, ColdStart):
                 self.skipped_items += 1
         jobs: list[tuple[Signal, Sequence[Any]]] = []
+        delivered: list[tuple[Signal, Sequence[Any]]] = []  # went out on an earlier attempt of this batch
         grouped: tuple[tuple[Signal, Sequence[Any]], ...] = (
             ("traces", spans),
             ("metrics", metrics),
@@ -482,13 +481,16 @@ class OtlpExporter:
                 self.unrouted_items += len(items)
                 continue
             if self._delivered:
-                key = (signal, _fingerprint(items))
-                if key in self._delivered:  # this batch's retry: that signal went out last time
-                    del self._delivered[key]
+                now = time.monotonic()
+                for k in [k for k, at in self._delivered.items() if now - at > DELIVERED_TTL_S]:
+                    del self._delivered[k]
+                if (signal, _fingerprint(items)) in self._delivered:  # this batch's retry: it went out last time
+                    delivered.append((signal, items))
                     self.not_resent_items += len(items)
                     continue
             jobs.append((signal, items))
         if not jobs:
+            self._forget(delivered)
             return
         results = await asyncio.gather(
             *(asyncio.to_thread(self._export_signal, sig, items) for sig, items in jobs)
@@ -500,14 +502,22 @@ class OtlpExporter:
             # A signal that went out is remembered, and the retry of the same batch sends only the others (a
             # batch regrouped on its way back, or retried after the agent restarted, is sent whole again:
             # at-least-once). A signal whose peer is away keeps the batch retried; otherwise a refusal decides.
+            now = time.monotonic()
             for (sig, items), res in zip(jobs, results, strict=True):
                 if res is None:
-                    self._delivered[(sig, _fingerprint(items))] = None
+                    self._delivered[(sig, _fingerprint(items))] = now
             while len(self._delivered) > MAX_DELIVERED_REMEMBERED:
                 del self._delivered[next(iter(self._delivered))]
             if "away" in kinds:
                 raise ExportError(self.last_error)
             raise ExportError(self.last_error, retryable="final" not in kinds, rejected=True)
+        self._forget(delivered)
+
+    def _forget(self, delivered: Sequence[tuple[Signal, Sequence[Any]]]) -> None:
+        """The batch went out whole at last: its signals sent on an earlier attempt are forgotten (a later
+        batch of the same content is its own)."""
+        for sig, items in delivered:
+            self._delivered.pop((sig, _fingerprint(items)), None)
 
     async def force_flush(self, timeout_s: float) -> bool:
         # Nothing is buffered here: each export() call goes out synchronously.

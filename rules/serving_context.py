@@ -482,7 +482,8 @@ def refine(f: Finding, ctx: LiveContext, engine_remedies: Mapping[str, str] | No
             and r_any >= ctx.host_largest and not names_other_accelerator(f.text)):
         return _decided(f, "capacity", "context.request-exceeds-every-device",
                         "the request of %s is at least the largest device on this host (%s, NVML; the engine's own "
-                        "device was not read: it had exited): no share of any of them would do. %s" % (
+                        "device was not read: it had exited, or NVML could not place its processes): no share of any "
+                        "of them would do. %s" % (
                             _gib(r_any), _gib(ctx.host_largest), shown),
                         " ".join((CAPACITY_REMEDY, (engine_remedies or {}).get("capacity", ""))).strip(), attrs)
     if f.rule in DEVICE_SHORTAGE_RULES and devices:

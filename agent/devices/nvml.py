@@ -344,7 +344,8 @@ class Nvml:
             procs = self._processes(h)  # first: they go when the failed process exits
             mem = self._raw("nvmlDeviceGetMemoryInfo", h)
             uuid, name = self._identity(index, h)
-        except _GpuLostError:
+        except _GpuLostError as exc:
+            self._mark_lost(index, self._clock(), str(exc))
             return None
         return DeviceSample(time_ns=self._clock(), index=index, uuid=uuid, name=name,
                             memory_used_bytes=None if mem is None else int(mem.used),

@@ -68,10 +68,11 @@ MAX_NEW_PER_PRODUCER = 16
 # distinct texts held the loop 14 s, and another user's OOM report waited up to 2 s. Past it a text of that uid
 # is not read (``over_uid_budget``). A process's hooks send at most 64 warnings and 64 errors (tens of ms).
 ANALYSIS_NS_PER_UID = 250_000_000
-# An engine's live context read early (``read_early``: a capture of its stderr opened under launch) stands in for the
-# one read at classification when the engine has gone by then (it printed its error and exited: NVML no longer lists
-# it), for this long; one producer's early reads are remembered, at most MAX_EARLY of them.
-EARLY_CONTEXT_NS = 60_000_000_000
+# An engine's live context read early (``read_early``: a capture of its stderr opened under launch, or its error was
+# held) stands in for the one read at classification when the engine has gone by then (it printed its error and
+# exited: NVML no longer lists it), for this long; a pid's latest early read is kept (an empty one too: an older one
+# is no evidence), at most MAX_EARLY of them.
+EARLY_CONTEXT_NS = 15_000_000_000
 MAX_EARLY = 64
 EARLY_WAIT_S = 0.5  # a classification waits this long for an early read still in flight
 # Under launch, an engine's error that the hooks report (its exception, its log record) and that the message alone
@@ -80,6 +81,9 @@ EARLY_WAIT_S = 0.5  # a classification waits this long for an early read still i
 # copy, when it comes, goes out instead; else the held one does. At most MAX_HELD wait at once.
 HOLD_FOR_STDERR_S = 0.5
 MAX_HELD = 64
+# An observer's event after a text copy of its OOM: the text came at most this long before (launch's stderr copy
+# comes within a few hundred ms of the error); an older text of the same size is another OOM.
+TEXT_BEFORE_OBSERVER_S = 2.0
 ANALYSIS_WINDOW_NS = 30_000_000_000
 MAX_UIDS_ANALYSED = 256  # uids whose recent analyses are remembered (the least recent go first)
 MAX_TEXT = 16384
@@ -355,7 +359,7 @@ class OomHandlers:
         self.early_used = 0  # engine OOMs classified with the context read early
         # launch: whether a producer's stderr goes through launch's relay (its copies come as "stderr")
         self.relayed: Callable[[Producer], bool] | None = None
-        self._held: dict[tuple[int | None, str], _Held] = {}  # (uid, message key) -> a copy waiting for stderr's
+        self._held: dict[tuple[int | None, str, str], _Held] = {}  # (uid, producer, message) -> a copy waiting
         self.stderr_preferred = 0  # held copies that launch's stderr copy replaced
         self._launch_recent: dict[int, list[dict[str, Any]]] = {}  # pid -> launch's producers' recent OOMs
 
@@ -401,9 +405,10 @@ class OomHandlers:
                         continue
                     if self._seen_text(p, f.key, t_ns, remember=False) is not None:
                         self.duplicates += 1
-                        if source == "stderr" and self._unhold(p, f.key):
+                        held = self._unhold(p, f.key) if source == "stderr" else None
+                        if held is not None:  # the same error with what surrounds it, as its process's
                             self.stderr_preferred += 1
-                            self._engine(p, origin, t_ns, d, f, out)  # the same error, with what surrounds it
+                            self._engine(held.p, held.origin, held.t_ns, {**held.d, "source": "stderr"}, f, out)
                         continue
                     if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
                         self.over_budget += 1  # not remembered: a copy from another source still counts
@@ -489,20 +494,25 @@ class OomHandlers:
             loop = asyncio.get_running_loop()
         except Exception:
             return False
-        key = (p.uid, f.key)
+        key = (p.uid, str(p.info.get("id")), f.key)
+        if key in self._held:
+            return False  # the same message of the same producer is held already: this one goes now
         timer = loop.call_later(HOLD_FOR_STDERR_S, self._release, key)
         self._held[key] = _Held(timer, p, origin, t_ns, dict(d), f)
+        self.read_early(p)  # while it waits, the process may exit: its context is read now
         return True
 
-    def _unhold(self, p: Producer, key: str) -> bool:
-        """A held copy of the message ``key`` (its uid's) is dropped: the stderr copy goes out instead."""
+    def _unhold(self, p: Producer, key: str) -> _Held | None:
+        """A held copy of the message ``key`` (of ``p``'s uid; launch's stand-in has none) is taken back: the
+        stderr copy goes out instead, as the held one's producer's."""
         for k in list(self._held):
-            if (p.uid is None or k[0] == p.uid) and same_message(k[1], key):
-                self._held.pop(k).timer.cancel()
-                return True
-        return False
+            if (p.uid is None or k[0] == p.uid) and same_message(k[2], key):
+                h = self._held.pop(k)
+                h.timer.cancel()
+                return h
+        return None
 
-    def _release(self, key: tuple[int | None, str]) -> None:
+    def _release(self, key: tuple[int | None, str, str]) -> None:
         h = self._held.pop(key, None)
         if h is None:
             return
@@ -710,10 +720,10 @@ class OomHandlers:
                 log.debug("live context of pid %d read early in %.1f ms: pid %s, NVML %s, %d device(s)", key,
                           (time.monotonic_ns() - began) / 1e6, ctx.pid if ctx else None, ctx.nvml if ctx else None,
                           len(ctx.devices) if ctx else 0)
-                if ctx is not None and ctx.devices:
+                if ctx is not None:  # the latest read, empty or not: an older one is no evidence now
                     with self._early_lock:
                         self._early.pop(key, None)
-                        self._early[key] = (time.monotonic_ns(), replace(ctx, early=True))
+                        self._early[key] = (began, replace(ctx, early=True))
                         while len(self._early) > MAX_EARLY:
                             del self._early[next(iter(self._early))]
             finally:
@@ -744,7 +754,7 @@ class OomHandlers:
             running.wait(EARLY_WAIT_S)
         with self._early_lock:
             got = self._early.get(key)
-        if got is None or time.monotonic_ns() - got[0] > EARLY_CONTEXT_NS:
+        if got is None or not got[1].devices or time.monotonic_ns() - got[0] > EARLY_CONTEXT_NS:
             return None
         return got[1]
 
@@ -810,12 +820,15 @@ class OomHandlers:
         pool = recent
         # launch: its copy of CMD's stderr may come as its stand-in for CMD (in-process, no uid: the hooked
         # process's hello was not read yet) while the hooks' copies come as CMD's own producer: one OOM of one pid
+        # (launch's own agent only: the daemon has no in-process producer, and a hello's ``launched`` is the
+        # producer's word)
         pid = _pid(p)
         inproc = p.uid is None
         shared = None
-        if pid is not None and (inproc or p.info.get("launched")):
+        now = time.monotonic()
+        if self.relayed is not None and pid is not None and (inproc or p.info.get("launched")):
             shared = self._launch_recent.setdefault(pid, [])
-            shared[:] = [r for r in shared if t_ns - r["t"] <= DEDUP_WINDOW_NS][-MAX_RECENT:]
+            shared[:] = [r for r in shared if now - r["at"] <= DEDUP_WINDOW_NS / 1e9][-MAX_RECENT:]
             pool = recent + [r for r in shared if r["inproc"] != inproc]
         key = msg.key if msg is not None else None
         if source != "observer":
@@ -831,15 +844,17 @@ class OomHandlers:
             # sent the observer's event with its snapshot: seen on an H200 under launch): the same OOM
             for r in pool:
                 if (r["source"] != "observer" and not r["matched"] and r["req"] is not None and _same(r["dev"], dev)
-                        and _close(r["req"], req)):
+                        and _close(r["req"], req) and now - r["at"] <= TEXT_BEFORE_OBSERVER_S):
                     r["matched"] = True
                     return True
-        entry = {"t": t_ns, "source": source, "dev": dev, "req": req, "key": key, "matched": False, "inproc": inproc}
+        entry = {"t": t_ns, "at": now, "source": source, "dev": dev, "req": req, "key": key, "matched": False,
+                 "inproc": inproc}
         recent.append(entry)
         if shared is not None:
             shared.append(entry)
             if len(self._launch_recent) > 4 * MAX_RECENT:  # processes gone quiet
-                for k in [k for k, rs in self._launch_recent.items() if not rs or t_ns - rs[-1]["t"] > DEDUP_WINDOW_NS]:
+                for k in [k for k, rs in self._launch_recent.items()
+                          if not rs or now - rs[-1]["at"] > DEDUP_WINDOW_NS / 1e9]:
                     del self._launch_recent[k]
         return False
 

@@ -656,6 +656,7 @@ def test_launchs_stand_in_and_the_hooked_process_report_one_oom(order: str) -> N
     (seen on an H200: two records); the hooks' observer event comes as CMD's own producer: one OOM of one pid.
     Two producers of the agent's socket with the same pid (two containers) and no stand-in stay two."""
     h, asm = _handlers()
+    h.relayed = lambda p: True  # launch's own agent (the daemon shares nothing across producers)
     hooked = asm.hello({"id": "p-4242", "pid": 4242, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT,
                         "launched": True}, uid=1000)
     stand_in = Producer("launch-stderr-4242", {"pid": 4242, "launched": True}, Resource.of({}))
@@ -670,6 +671,24 @@ def test_launchs_stand_in_and_the_hooked_process_report_one_oom(order: str) -> N
     logs = [i for who, ev in [(one, text[1]), (two, observer[1])] for i in asm.events(who, [ev])
             if isinstance(i, LogItem)]
     assert len(logs) == 2
+
+
+def test_a_text_copy_older_than_two_seconds_is_another_oom_for_a_later_observer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The observer-after-text match holds on the agent's clock for TEXT_BEFORE_OBSERVER_S: launch's stderr copy of a
+    worker's OOM (attributed to CMD), then CMD's own OOM of the same size 10 s later, are two OOMs."""
+    clock = [1000.0]
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock[0], monotonic_ns=lambda: int(clock[0] * 1e9),
+                                      time_ns=time.time_ns, time=time.time)
+    monkeypatch.setattr(oom_kind, "time", fake_time)  # the agent's clock, stepped by the test
+    h, asm = _handlers()
+    p = _producer(asm)
+    text = [1, 10, "oom", {"source": "stderr", "text": H200_TEXT}]
+    assert [i for i in asm.events(p, [text]) if isinstance(i, LogItem)]
+    clock[0] += 10.0
+    later = [2, 11, "oom", _observer_event(req=151829610496, total=150109880320, free=149557477376)]
+    assert [i for i in asm.events(p, [later]) if isinstance(i, LogItem)], "folded into an older OOM"
+    assert h.duplicates == 0
 
 
 def h_events(h: oom_kind.OomHandlers, asm: Assembler, who: Any, ev: list[Any]) -> list[Any]:

@@ -363,24 +363,33 @@ async def test_a_retry_sends_only_the_signals_that_did_not_go_out(rx):
     retried: its spans are not sent again (the full runs' duplicates of test_receiver_down_10s_nothing_lost)."""
     exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
     real = exp._export_signal
-    fail_logs = [True]
+    fail_logs = [2]
 
-    def flaky(signal, items):  # FAULT: the logs' request fails once, the receiver is real
+    def flaky(signal, items):  # FAULT: the logs' request fails twice, the receiver is real
         if signal == "logs" and fail_logs[0]:
-            fail_logs[0] = False
+            fail_logs[0] -= 1
             return ("connection refused (injected)", "away")
         return real(signal, items)
 
     exp._export_signal = flaky
     spans, logs = make_spans(3), make_logs()
-    with pytest.raises(ExportError):
-        await exp.export([*spans, *logs])
+    for _ in range(2):  # the first attempt and a retry that fails again
+        with pytest.raises(ExportError):
+            await exp.export([*spans, *logs])
     assert rx.span_count() == 4 and rx.log_count() == 0
     await exp.export([*spans, *logs])  # the retry, as the worker or its spool makes it: the same items
     assert rx.span_count() == 4 and rx.log_count() == len(logs)
-    assert exp.state()["not_resent_items"] == 4
+    assert exp.state()["not_resent_items"] == 8
     await exp.export([*spans, *logs])  # a later export of the same items (no failure between): sent whole
     assert rx.span_count() == 8
+    # a batch remembered and never retried (refused for good) does not hide another batch's different content
+    fail_logs[0] = 1
+    m1, m2 = make_metrics()[0], make_metrics()[0]
+    m2.points = [type(p)(p.value + 1, dict(p.attributes)) for p in m2.points]  # same name and time, another value
+    with pytest.raises(ExportError):
+        await exp.export([m1, *logs])
+    await exp.export([m2])
+    assert len(rx.metrics()) == 2
 
 
 async def test_log_without_ids_ignores_current_span(rx):

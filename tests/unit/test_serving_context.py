@@ -805,3 +805,58 @@ async def test_an_undecided_engine_error_held_for_launchs_stderr_copy_goes_out_w
     assert h._held
     await h.wait_later()
     assert [i for i in published if isinstance(i, LogItem)] and not h._held
+
+
+async def test_two_processes_held_undecided_errors_are_two_records_each_with_its_context(tmp_path: Path) -> None:
+    """Two workers of CMD (not one process family) hold the same undecided text at once: two records, neither
+    replacing the other; and each held one's context is read when it is held (the worker may exit during the
+    hold: here its pid leaves NVML's list and /proc before the hold ends)."""
+    import asyncio
+
+    from infersight.agent.oom import kind
+
+    root = tmp_path / "proc"
+    _proc(root, 301, 1, ["python", "worker.py"])
+    _proc(root, 302, 1, ["python", "worker.py"])
+    nvml = FakeNvml([("GPU-h200", 140 * GIB, [(301, 2 * GIB), (302, 2 * GIB), (999, 100 * GIB)])])
+    published: list[Any] = []
+    h = OomHandlers(OomClassifier([]), nvml, publish=published.extend)
+    h.proc_root = str(root)
+    h.relayed = lambda p: True
+    asm = Assembler("host", {"oom": h.oom})
+    one, two = (asm.hello({"id": "boot-%d-777" % pid, "pid": pid, "start_ns": 1, "trace_id": "%032x" % pid,
+                           "root_span_id": "%016x" % pid}, uid=1000) for pid in (301, 302))
+    for p in (one, two):
+        asm.events(p, [[1, 10, "oom", {"source": "exception", "text": XLA_EXCEPTION}]])
+    assert len(h._held) == 2
+    await asyncio.sleep(0.2)  # the early reads (one per held producer) are done by now
+    shutil.rmtree(root / "301")
+    shutil.rmtree(root / "302")
+    nvml.devices = [("GPU-h200", 140 * GIB, [(999, 100 * GIB)])]  # both exited
+    await asyncio.sleep(kind.HOLD_FOR_STDERR_S)
+    await h.wait_later()
+    logs = [i for i in published if isinstance(i, LogItem)]
+    assert len(logs) == 2
+    assert {x.attributes["infersight.oom.class"] for x in logs} == {"reservation_conflict"}  # pid 999's 100 GiB
+    assert all(x.attributes["infersight.oom.context.early"] is True for x in logs)
+
+
+def test_an_older_early_read_is_no_evidence_once_a_later_one_found_nothing(tmp_path: Path) -> None:
+    """Captures open on common words: an early read from before the engine's pool was allocated must not stand in
+    for the context of a later error (the latest read, empty, is kept)."""
+    root = tmp_path / "proc"
+    _proc(root, 300, 1, ["python", "serve.py"])
+    nvml = FakeNvml([("GPU-h200", 140 * GIB, [(300, 2 * GIB)])])
+    h = OomHandlers(OomClassifier([]), nvml)
+    h.proc_root = str(root)
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, 300)
+    done = h.read_early(p)
+    assert done is not None and done.wait(10)
+    shutil.rmtree(root / "300")
+    nvml.devices = [("GPU-h200", 140 * GIB, [])]
+    done = h.read_early(p)  # a later capture opened as the engine was gone
+    assert done is not None and done.wait(10)
+    items = asm.events(p, [[1, 10, "oom", {"source": "stderr", "text": XLA_OVER_POOL}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert "infersight.oom.context.early" not in log.attributes and h.early_used == 0
