@@ -64,14 +64,22 @@ MAX_DELIVERED_REMEMBERED = 256  # batches whose signals went out in part
 DELIVERED_TTL_S = 600.0  # and for this long: a batch not retried by then (refused, regrouped) is forgotten
 
 
+def _item_key(it: Any) -> tuple[Any, ...]:
+    if isinstance(it, SpanItem):
+        return (it.trace_id, it.span_id, it.name, it.start_ns, it.end_ns, repr(it.attributes))
+    if isinstance(it, LogItem):
+        return (it.time_ns, it.body, it.trace_id, it.span_id, it.event_name, repr(it.attributes))
+    if isinstance(it, MetricItem):
+        return (it.name, it.time_ns, it.start_ns, repr(it.points))
+    return (repr(it),)
+
+
 def _fingerprint(items: Sequence[Any]) -> str:
     """What tells one signal's items of a batch from another's (a spooled batch read back gives the same): the
     items' whole content, resource and attributes included, as text (computed only while a batch is remembered)."""
-    return repr([(type(it).__name__, repr(it.resource), *(
-        (it.trace_id, it.span_id, it.name, it.start_ns, it.end_ns, repr(it.attributes)) if isinstance(it, SpanItem)
-        else (it.time_ns, it.body, it.trace_id, it.span_id, it.event_name, repr(it.attributes))
-        if isinstance(it, LogItem) else (it.name, it.time_ns, it.start_ns, repr(it.points))
-        if isinstance(it, MetricItem) else (repr(it),))) for it in items])
+    return repr([(type(it).__name__, repr(getattr(it, "resource", None)), *_item_key(it)) for it in items])
+
+
 PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_PROTOCOL = "http/protobuf"
 DEFAULT_TIMEOUT_S = 10.0

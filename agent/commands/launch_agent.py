@@ -139,9 +139,8 @@ class EmbeddedAgent:
         if self._oom is None:
             return
         # in-process (no uid): CMD's pid is launch's own child, its command line read from /proc
-        cmd = child.popen.args if isinstance(child.popen.args, list) else [str(child.popen.args)]
-        p = Producer("launch-early-%d" % child.pid, {"pid": child.pid, "launched": True,
-                                                      "argv": [str(a)[:256] for a in cmd[:512]]}, Resource.of({}))
+        p = Producer("launch-early-%d" % child.pid, {"pid": child.pid, "launched": True, "argv": _cmd_argv(child)},
+                     Resource.of({}))
         self._oom.handlers.read_early(p)
 
     def prepare_oom(self, why: str = "a capture of CMD's stderr opened") -> None:
@@ -201,18 +200,22 @@ class EmbeddedAgent:
     def _stand_in(self, child: Child) -> Producer:
         p = self._stand_ins.get(child.pid)
         if p is None:
-            cmd = child.popen.args if isinstance(child.popen.args, list) else [str(child.popen.args)]
-            exe = os.path.basename(str(cmd[0]))
+            argv = _cmd_argv(child)  # for the OOM classifier's engine knobs once CMD has exited
+            exe = os.path.basename(argv[0]) if argv else ""
             res = Resource.of({
                 "service.name": os.environ.get("OTEL_SERVICE_NAME") or "unknown_service:%s" % exe,
                 "host.name": self.host_name, "process.pid": child.pid, "process.executable.name": exe,
                 "telemetry.sdk.name": "infersight",
             })
-            # CMD's argv (bounded) for the OOM classifier's engine knobs once CMD has exited
-            argv = [str(a)[:256] for a in cmd[:512]]
             p = self._stand_ins[child.pid] = Producer("launch-stderr-%d" % child.pid,
                                                       {"pid": child.pid, "launched": True, "argv": argv}, res)
         return p
+
+
+def _cmd_argv(child: Child) -> list[str]:
+    """CMD's argv as launch started it, bounded (512 arguments of 256 characters)."""
+    cmd = child.popen.args if isinstance(child.popen.args, list) else [child.popen.args]
+    return [str(a)[:256] for a in cmd[:512]]
 
 
 def _launched(p: Producer) -> bool:

@@ -472,16 +472,21 @@ def test_a_request_beyond_every_device_of_the_host_is_capacity_though_the_engine
     assert log.attributes["infersight.oom.class"] == "capacity"
 
 
-def test_a_context_read_as_the_error_was_printed_stands_in_once_the_engine_has_gone(tmp_path: Path) -> None:
-    """launch reads the context when a capture of CMD's stderr opens: on an H200, JAX printed its error and
-    exited (bench/gpu_check_engines.py) before the capture was classified, and NVML no longer listed it."""
+def _engine_on_a_device(tmp_path: Path, own: int) -> tuple[Path, FakeNvml, OomHandlers, Assembler, Any]:
+    """pid 300 (a fake /proc entry) holds ``own`` bytes of a FAKE 140 GiB device; the handlers read both."""
     root = tmp_path / "proc"
-    _proc(root, 300, 1, ["python", "train.py"])
-    nvml = FakeNvml([("GPU-h200", 140 * GIB, [(300, 15 * GIB)])])
+    _proc(root, 300, 1, ["python", "serve.py"])
+    nvml = FakeNvml([("GPU-h200", 140 * GIB, [(300, own)])])
     h = OomHandlers(OomClassifier([]), nvml)
     h.proc_root = str(root)
     asm = Assembler("host", {"oom": h.oom})
-    p = _producer(asm, 300)
+    return root, nvml, h, asm, _producer(asm, 300)
+
+
+def test_a_context_read_as_the_error_was_printed_stands_in_once_the_engine_has_gone(tmp_path: Path) -> None:
+    """launch reads the context when a capture of CMD's stderr opens: on an H200, JAX printed its error and
+    exited (bench/gpu_check_engines.py) before the capture was classified, and NVML no longer listed it."""
+    root, nvml, h, asm, p = _engine_on_a_device(tmp_path, 15 * GIB)
     # launch reads it for CMD's pid (its own producer: the hooked process's may not have said hello yet)
     early = Producer("launch-early-300", {"pid": 300, "launched": True}, Resource.of({}))
     done = h.read_early(early)
@@ -829,7 +834,10 @@ async def test_two_processes_held_undecided_errors_are_two_records_each_with_its
     for p in (one, two):
         asm.events(p, [[1, 10, "oom", {"source": "exception", "text": XLA_EXCEPTION}]])
     assert len(h._held) == 2
-    await asyncio.sleep(0.2)  # the early reads (one per held producer) are done by now
+    for _ in range(1000):  # the early reads (one per held producer, on threads) end
+        if not h._early_running and len(h._early) == 2:
+            break
+        await asyncio.sleep(0.01)
     shutil.rmtree(root / "301")
     shutil.rmtree(root / "302")
     nvml.devices = [("GPU-h200", 140 * GIB, [(999, 100 * GIB)])]  # both exited
@@ -844,13 +852,7 @@ async def test_two_processes_held_undecided_errors_are_two_records_each_with_its
 def test_an_older_early_read_is_no_evidence_once_a_later_one_found_nothing(tmp_path: Path) -> None:
     """Captures open on common words: an early read from before the engine's pool was allocated must not stand in
     for the context of a later error (the latest read, empty, is kept)."""
-    root = tmp_path / "proc"
-    _proc(root, 300, 1, ["python", "serve.py"])
-    nvml = FakeNvml([("GPU-h200", 140 * GIB, [(300, 2 * GIB)])])
-    h = OomHandlers(OomClassifier([]), nvml)
-    h.proc_root = str(root)
-    asm = Assembler("host", {"oom": h.oom})
-    p = _producer(asm, 300)
+    root, nvml, h, asm, p = _engine_on_a_device(tmp_path, 2 * GIB)
     done = h.read_early(p)
     assert done is not None and done.wait(10)
     shutil.rmtree(root / "300")
