@@ -27,7 +27,9 @@ Configuration follows the standard ``OTEL_*`` variables:
   itself raises :class:`OtlpConfigError`).
 
 Delivery is at least once: when one signal of a batch fails and another succeeded, the worker
-retries the whole batch. Header values are never logged nor put in ``state()``.
+retries the whole batch, and the retry sends only the items that did not go out
+(:mod:`~infersight.exporters.otlp_delivered`, bounded: an item forgotten is sent twice).
+Header values are never logged nor put in ``state()``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from urllib.parse import urlsplit
 
 from infersight import __version__
 from infersight.exporters.base import ExporterError, ExportError
+from infersight.exporters.otlp_delivered import DeliveredItems
 from infersight.telemetry import (
     ColdStart,
     HistogramPoint,
@@ -60,26 +63,6 @@ log = logging.getLogger("infersight.exporters.otlp")
 
 Signal = Literal["traces", "metrics", "logs"]
 SIGNALS: tuple[Signal, ...] = ("traces", "metrics", "logs")
-MAX_DELIVERED_REMEMBERED = 256  # batches whose signals went out in part
-DELIVERED_TTL_S = 600.0  # and for this long: a batch not retried by then (refused, regrouped) is forgotten
-
-
-def _item_key(it: Any) -> tuple[Any, ...]:
-    if isinstance(it, SpanItem):
-        return (it.trace_id, it.span_id, it.name, it.start_ns, it.end_ns, repr(it.attributes))
-    if isinstance(it, LogItem):
-        return (it.time_ns, it.body, it.trace_id, it.span_id, it.event_name, repr(it.attributes))
-    if isinstance(it, MetricItem):
-        return (it.name, it.time_ns, it.start_ns, repr(it.points))
-    return (repr(it),)
-
-
-def _fingerprint(items: Sequence[Any]) -> str:
-    """What tells one signal's items of a batch from another's (a spooled batch read back gives the same): the
-    items' whole content, resource and attributes included, as text (computed only while a batch is remembered)."""
-    return repr([(type(it).__name__, repr(getattr(it, "resource", None)), *_item_key(it)) for it in items])
-
-
 PROTOCOLS = ("http/protobuf", "grpc")
 DEFAULT_PROTOCOL = "http/protobuf"
 DEFAULT_TIMEOUT_S = 10.0
@@ -447,9 +430,9 @@ class OtlpExporter:
         self.invalid_items = 0  # bad ids that cannot be encoded
         self.not_resent_items = 0  # items of a signal that went out while another failed: not sent again on a retry
         self.last_error = ""
-        # (signal, fingerprint of its items) -> a batch's signal that went out while another signal of it failed;
-        # the retry of that batch (from memory or from the spool) sends the others only
-        self._delivered: dict[tuple[Signal, str], float] = {}  # -> when (monotonic)
+        # items that went out while another signal of their batch failed: the retry of that batch (from memory or
+        # from the spool, regrouped or not) sends the others only
+        self._delivered = DeliveredItems()
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -476,29 +459,26 @@ class OtlpExporter:
             elif isinstance(it, ColdStart):
                 self.skipped_items += 1
         jobs: list[tuple[Signal, Sequence[Any]]] = []
-        delivered: list[tuple[Signal, Sequence[Any]]] = []  # went out on an earlier attempt of this batch
+        skipped: list[bytes] = []  # items that went out on an earlier attempt of this batch
         grouped: tuple[tuple[Signal, Sequence[Any]], ...] = (
             ("traces", spans),
             ("metrics", metrics),
             ("logs", logs),
         )
-        for signal, items in grouped:
-            if not items:
+        now = time.monotonic()
+        for signal, all_items in grouped:
+            if not all_items:
                 continue
             if signal not in self.routes:
-                self.unrouted_items += len(items)
+                self.unrouted_items += len(all_items)
                 continue
-            if self._delivered:
-                now = time.monotonic()
-                for k in [k for k, at in self._delivered.items() if now - at > DELIVERED_TTL_S]:
-                    del self._delivered[k]
-                if (signal, _fingerprint(items)) in self._delivered:  # this batch's retry: it went out last time
-                    delivered.append((signal, items))
-                    self.not_resent_items += len(items)
-                    continue
-            jobs.append((signal, items))
+            items, already = self._delivered.split(all_items, now)
+            skipped += already
+            self.not_resent_items += len(already)
+            if items:
+                jobs.append((signal, items))
         if not jobs:
-            self._forget(delivered)
+            self._delivered.forget(skipped)
             return
         results = await asyncio.gather(
             *(asyncio.to_thread(self._export_signal, sig, items) for sig, items in jobs)
@@ -507,25 +487,18 @@ class OtlpExporter:
         if errors:
             self.last_error = "; ".join(why for why, _kind in errors)
             kinds = {kind for _why, kind in errors}
-            # A signal that went out is remembered, and the retry of the same batch sends only the others (a
-            # batch regrouped on its way back, or retried after the agent restarted, is sent whole again:
+            # The items of a signal that went out are remembered, and the retry of the batch sends only the others,
+            # however it is regrouped (an item forgotten, or retried after the agent restarted, is sent again:
             # at-least-once). A signal whose peer is away keeps the batch retried; otherwise a refusal decides.
             now = time.monotonic()
-            for (sig, items), res in zip(jobs, results, strict=True):
+            self._delivered.touch(skipped, now)
+            for (_sig, sent), res in zip(jobs, results, strict=True):
                 if res is None:
-                    self._delivered[(sig, _fingerprint(items))] = now
-            while len(self._delivered) > MAX_DELIVERED_REMEMBERED:
-                del self._delivered[next(iter(self._delivered))]
+                    self._delivered.remember(sent, now)
             if "away" in kinds:
                 raise ExportError(self.last_error)
             raise ExportError(self.last_error, retryable="final" not in kinds, rejected=True)
-        self._forget(delivered)
-
-    def _forget(self, delivered: Sequence[tuple[Signal, Sequence[Any]]]) -> None:
-        """The batch went out whole at last: its signals sent on an earlier attempt are forgotten (a later
-        batch of the same content is its own)."""
-        for sig, items in delivered:
-            self._delivered.pop((sig, _fingerprint(items)), None)
+        self._delivered.forget(skipped)
 
     async def force_flush(self, timeout_s: float) -> bool:
         # Nothing is buffered here: each export() call goes out synchronously.
