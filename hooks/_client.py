@@ -322,17 +322,25 @@ class Client:
     def _idle_wait(self) -> float:
         """How long the drain thread sleeps with nothing queued: IDLE_WAIT_S while something
         is owed (a spool to replay, drops to report: a read or a reconnect is due; the agent
-        away: until its next try), ACK_WAIT_S when only the acks of frames sent are (connected:
-        reading them only frees the outbox, which a flush and READ_ACKS_BYTES read anyway; the
-        cold-start checkpoints come every 0.1-0.3 s, so a shorter wait woke the thread for one
-        receive between each two), else IDLE_LONG_S. An event wakes it at once either way;
-        every wake-up costs the host's busy main thread a GIL switch or more."""
+        away, or gone after it welcomed this producer: until its next try), ACK_WAIT_S when
+        only the acks of frames sent are (connected: reading them only frees the outbox, which
+        a flush and READ_ACKS_BYTES read anyway; the cold-start checkpoints come every
+        0.1-0.3 s, so a shorter wait woke the thread for one receive between each two), else
+        IDLE_LONG_S. An event wakes it at once either way; every wake-up costs the host's busy
+        main thread a GIL switch or more."""
         conn = self.conn
-        if not (conn.outbox or self.spool.pending() or self._unreported()) or conn.refused:
+        if conn.refused:
             return IDLE_LONG_S
+        owed = conn.outbox or self.spool.pending() or self._unreported()
         if conn.up:
+            if not owed:
+                return IDLE_LONG_S
             return ACK_WAIT_S if not (self.spool.pending() or self._unreported()) else IDLE_WAIT_S
-        return min(IDLE_LONG_S, max(IDLE_WAIT_S, conn.retry_in()))  # the agent away: its next try
+        if not owed and not conn.welcomed:
+            return IDLE_LONG_S  # an agent that never knew this process counts nothing: no hurry
+        # The agent away: its next try. Owed nothing, a producer the agent knew is back within its grace for a
+        # pid it cannot see (agent/daemon/liveness.py), not at the first IDLE_LONG_S wake-up past its backoff.
+        return min(IDLE_LONG_S, max(IDLE_WAIT_S, conn.retry_in()))
 
     def _gather(self) -> None:
         """Wait until a batch is full, or its oldest event is ``batch_delay_s`` old."""

@@ -112,6 +112,7 @@ class Connection:
         self.owner = _paths.fallback_owner(socket_path)  # None: a path used as given
         self.sock: Optional[Any] = None  # a _socket.socket, once welcomed
         self.refused = False  # the agent refused this producer: do not retry
+        self.welcomed = False  # an agent welcomed this producer once: it knows it, and counts its absence
         self.outbox: Deque[Frame] = deque()
         self.outbox_bytes = 0
         self.acked = 0  # the last sequence number the agent acked
@@ -190,6 +191,7 @@ class Connection:
             self._schedule_retry(now)
             return False
         self.sock = sock
+        self.welcomed = True
         self.held_back = False
         self._backoff = RECONNECT_MIN_S
         self._rx = b""

@@ -42,11 +42,11 @@ MAX_POLLED = MAX_PRODUCERS
 MAX_POLLED_PER_UID = MAX_PRODUCERS_PER_UID
 POLL_PER_SWEEP = 256
 # A producer whose pid the agent cannot see, gone from its last connection this long without
-# connecting again, has ended. A live hook comes back well before: it reconnects with a
-# jittered backoff of at most hooks/_connection.py's RECONNECT_MAX_S (5 s) x 1.5, and an idle
-# hook notices a close by the agent at its next wake-up, at most hooks/_client.py's
-# IDLE_LONG_S (5 s) later: 12.5 s at worst; 30 s is more than twice that (checked against the
-# hooks' constants in tests/integration/test_pidns_producer_lost.py).
+# connecting again, has ended. A live hook comes back well before: an idle hook notices a close
+# by the agent at its next wake-up, at most hooks/_client.py's IDLE_LONG_S (5 s) later, then
+# reconnects after a jittered backoff of at most hooks/_connection.py's RECONNECT_MAX_S (5 s)
+# x 1.5, woken for that try (Client._idle_wait): 12.5 s at worst; 30 s is more than twice that
+# (checked against the hooks' constants in tests/integration/test_pidns_producer_lost.py).
 PIDLESS_GRACE_S = 30.0
 
 

@@ -47,13 +47,16 @@ DIES_IN_A_STAGE = textwrap.dedent("""
 """)
 
 # Cuts its own connection mid cold start with its backoff at the hooks' longest, so it is away
-# for a while (its next idle wake-up, up to 5 s, then 2.5 to 7.5 s), reconnects, then outlives the
-# agent's grace before it exits cleanly.
+# for a while (its next idle wake-up, then its next try: see ``longest_way_back``), reconnects,
+# then outlives the agent's grace before it exits cleanly. argv: how long it lives from the cut,
+# then the hooks' IDLE_LONG_S and RECONNECT_MAX_S, scaled down as the agent's grace is: the same
+# code paths, waits of the same shape, in a fifth of the time.
 RECONNECTS = textwrap.dedent("""
     import socket, sys, time
     from infersight import hooks
-    from infersight.hooks import _state
-    from infersight.hooks._connection import RECONNECT_MAX_S
+    from infersight.hooks import _client, _connection, _state
+    _client.IDLE_LONG_S = float(sys.argv[2])
+    _connection.RECONNECT_MAX_S = RECONNECT_MAX_S = float(sys.argv[3])
     with hooks.stage("model_setup"):
         pass
     assert hooks.flush(10)
@@ -127,9 +130,18 @@ def roots(agent: AgentProcess) -> list[dict]:  # type: ignore[type-arg]
     return [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
 
 
-# The hook's longest way back after the cut: it notices the close at its next idle wake-up
-# (IDLE_LONG_S at the most), then waits out its backoff (RECONNECT_MAX_S, jittered up to 1.5x).
-LONGEST_WAY_BACK_S = IDLE_LONG_S + 1.5 * RECONNECT_MAX_S
+def longest_way_back(idle_long_s: float, reconnect_max_s: float) -> float:
+    """The hook's longest way back after the cut: it notices the close at its next idle wake-up
+    (``idle_long_s`` at the most), then waits out its backoff (``reconnect_max_s``, jittered up
+    to 1.5x), woken for that try (``Client._idle_wait``; it used to sleep ``idle_long_s`` at a
+    time with nothing owed, and came back 10 or 15 s after the cut, not within 12.5 s)."""
+    return idle_long_s + 1.5 * reconnect_max_s
+
+
+LONGEST_WAY_BACK_S = longest_way_back(IDLE_LONG_S, RECONNECT_MAX_S)
+# The reconnect test runs the hook with both waits scaled down alike (1 s each, as they are 5 s each:
+# a way back of 2.5 s at most), and the agent's grace with them: the hook's code paths are the same.
+SCALED_IDLE_LONG_S = SCALED_RECONNECT_MAX_S = 1.0
 
 
 def test_grace_outlasts_the_hooks_reconnect() -> None:
@@ -156,12 +168,14 @@ def test_unseen_producer_killed_mid_cold_start_gets_its_root_closed(pidns_agent)
 
 
 def test_unseen_producer_that_reconnects_is_not_closed(pidns_agent) -> None:  # type: ignore[no-untyped-def]
-    # A grace 5 s above the hook's longest way back (a 12 s grace, under it, failed now and then).
-    grace_s = LONGEST_WAY_BACK_S + 5
+    # A grace 3 s above the hook's longest way back (a loaded machine's delays; at full scale, a 12 s grace
+    # failed now and then).
+    grace_s = longest_way_back(SCALED_IDLE_LONG_S, SCALED_RECONNECT_MAX_S) + 3
     assert grace_s <= PIDLESS_GRACE_S
     agent = pidns_agent(grace_s)
-    alive_s = grace_s + 5  # from its hang-up: past the grace that its hang-up started
-    proc = subprocess.run([sys.executable, "-c", RECONNECTS, str(alive_s)], env=hook_env(agent.sock, agent.spool),
+    alive_s = grace_s + 2.5  # from its hang-up: past the grace that its hang-up started
+    proc = subprocess.run([sys.executable, "-c", RECONNECTS, str(alive_s), str(SCALED_IDLE_LONG_S),
+                           str(SCALED_RECONNECT_MAX_S)], env=hook_env(agent.sock, agent.spool),
                           capture_output=True, text=True, timeout=alive_s + 120)
     assert proc.returncode == 0 and "back after" in proc.stdout and "done" in proc.stdout, proc.stdout + proc.stderr
     assert wait_for(lambda: roots(agent), 30, 0.2), agent.log.read_text()

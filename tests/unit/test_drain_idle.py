@@ -41,6 +41,23 @@ def test_with_the_agent_away_a_spooling_client_wakes_for_its_next_try_only(tmp_p
         c.close(0.1)
 
 
+def test_gone_after_a_welcome_a_client_owed_nothing_wakes_for_its_next_try(tmp_path) -> None:
+    """The agent knew this producer and lost its connection: the producer must be back within the agent's grace
+    for a pid it cannot see (liveness.PIDLESS_GRACE_S), so it wakes for its next try even with nothing owed. It
+    slept IDLE_LONG_S at a time, and came back at the first wake-up past its backoff: 10 or 15 s, not 12.5."""
+    c = Client(str(tmp_path / "absent.sock"), str(tmp_path / "spool"), {"id": "t"})
+    try:
+        assert not (c.conn.outbox or c.spool.pending() or c._unreported())  # owed nothing
+        c.conn.retry_in = lambda: 1.5  # type: ignore[method-assign]
+        assert c._idle_wait() == _client.IDLE_LONG_S  # never welcomed: no agent counts its absence
+        c.conn.welcomed = True
+        assert c._idle_wait() == 1.5
+        c.conn.refused = True  # refused: it does not try again
+        assert c._idle_wait() == _client.IDLE_LONG_S
+    finally:
+        c.close(0.1)
+
+
 def test_a_send_larger_than_the_socket_buffer_waits_for_room() -> None:
     """Non-blocking, one ``send`` takes what fits; the rest waits for room as a blocking
     socket's ``sendall`` did, and arrives whole and in order."""
