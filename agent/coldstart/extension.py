@@ -123,10 +123,14 @@ class ColdStartExtension(Extension):
                 if item is not None:
                     agent.broadcaster.publish([item])
                     sent_ns = now
+            # Not wait_for: before Python 3.12 it swallows a cancellation that comes as the event is set (the
+            # measurement's end, which a shutdown also cancels), and the agent's shutdown then waited its
+            # whole timeout (10 s) for this task.
+            measured = asyncio.ensure_future(self._measured.wait())
             try:
-                await asyncio.wait_for(self._measured.wait(), self.ceiling_poll_s)
-            except TimeoutError:
-                pass
+                await asyncio.wait((measured,), timeout=self.ceiling_poll_s)
+            finally:
+                measured.cancel()
 
     async def _publish_progress(self, agent: AgentContext) -> None:
         while True:

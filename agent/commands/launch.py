@@ -494,16 +494,43 @@ def _quick_end(opts: LaunchOptions, path: str, private: Private, listen_fd: int,
     return launch_quick.run(opts, path, private, child, spawn_ns, err)
 
 
-def _hold(opts: LaunchOptions, child: Child, listen_fd: int, spawn_ns: int, private: Private, err: TextIO) -> Any:
-    """Hold the embedded agent back while CMD starts (``launch_hold``); None where launch's
-    agent has work during the cold start (``--ready-url``/``--probe`` poll CMD; a serving engine,
-    whose memory errors come while it starts) or the hold is off."""
+def _hold_s(opts: LaunchOptions, err: TextIO) -> float:
+    """How long launch holds its embedded agent back while CMD starts (``launch_hold``); 0 where
+    launch's agent has work during the cold start (``--ready-url``/``--probe`` poll CMD; a serving
+    engine, whose memory errors come while it starts) or the hold is off."""
+    if opts.ready_url or opts.probe:
+        return 0.0
     hold_s = opts.hold_s
     if hold_s is None:  # the default: a terminal shows the agent's live "warming:" line, so no hold there
         hold_s = 0.0 if opts.console and _isatty(err) else AGENT_HOLD_S
         if engine_command(opts.cmd) is not None:  # ~0.2 s of CPU against a cold start of tens of seconds
             hold_s = 0.0
-    if hold_s <= 0 or opts.ready_url or opts.probe:
+    return max(hold_s, 0.0)
+
+
+def _mark_hold(private: Private) -> bool:
+    """The hold's mark, down before CMD starts (``launch_hold`` writes it again): a hook that looked
+    for it before it was there connected, and waited for a welcome that the held agent never sends;
+    CMD's exit then waited out the hooks' flush (2 s). False where there is no hold to mark."""
+    if not hasattr(os, "pidfd_open"):
+        return False  # no hold (``launch_hold``: "no pidfd")
+    bare_hooks_package()
+    from infersight.agent.commands import launch_hold
+
+    return launch_hold.set_mark(private.path)
+
+
+def _clear_hold_mark(private: Private) -> None:
+    bare_hooks_package()
+    from infersight.agent.commands import launch_hold
+
+    launch_hold.clear_mark(private.path)
+
+
+def _hold(opts: LaunchOptions, child: Child, listen_fd: int, spawn_ns: int, private: Private, hold_s: float) -> Any:
+    """Hold the embedded agent back while CMD starts (``launch_hold``) for at most ``hold_s``
+    (``_hold_s``); None where it is 0."""
+    if hold_s <= 0:
         return None
     bare_hooks_package()
     from infersight.agent.commands import launch_hold
@@ -593,6 +620,7 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
     if path == "":
         path = os.path.join(private.path, default_output_path())  # removed with the directory at the end
     child: Child | None = None
+    marked = False
     try:
         listen_fd = -1
         if joined is None:
@@ -607,6 +635,8 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
                 os.close(listen_fd)
             err.write("infersight launch: %s\n" % bad)
             return EXIT_USAGE
+        hold_s = _hold_s(opts, err) if joined is None else 0.0
+        marked = hold_s > 0 and _mark_hold(private)
         ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
         spawn_ns = time.time_ns()
         if joined is None:
@@ -635,7 +665,9 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
                 return quick
-        held = _hold(opts, child, listen_fd, spawn_ns, private, err) if child.exit_ns == 0 else None
+        held = _hold(opts, child, listen_fd, spawn_ns, private, hold_s) if child.exit_ns == 0 else None
+        if marked and held is None:
+            _clear_hold_mark(private)  # CMD exited at once: no hold, what it left goes to the agent now
         if held is not None and held.why == "exited" and not held.connections:
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
@@ -653,6 +685,8 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
     finally:
         if child is not None:
             child.restore_tty()
+        if marked:
+            _clear_hold_mark(private)
         if os.path.isdir(private.path) and not os.path.exists(os.path.join(private.path, "spool")):
             import shutil
 

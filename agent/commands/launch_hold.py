@@ -105,7 +105,7 @@ def what_it_wants(first: bytes) -> str | None:
     return "request"
 
 
-def _set_mark(private_dir: str) -> bool:
+def set_mark(private_dir: str) -> bool:
     try:
         with open(mark_path(private_dir), "w", encoding="ascii") as f:
             f.write(str(os.getpid()))
@@ -130,10 +130,12 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
     except OSError:
         pidfd = -1
     if pidfd < 0:  # an old kernel: no hold (the agent's path as before)
+        clear_mark(private_dir)  # launch put it down before CMD's spawn
         held.why = "no pidfd"
         return held
-    if not _set_mark(private_dir):
+    if not set_mark(private_dir):
         os.close(pidfd)
+        clear_mark(private_dir)
         held.why = "no mark"
         return held
     listener = _socket.socket(fileno=os.dup(listen_fd))

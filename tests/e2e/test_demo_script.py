@@ -3,7 +3,10 @@
 scripts/demo installs torch and the project into the checkout's .venv; a bare ``python`` in
 CMD used to be whatever PATH found first (or nothing at all on hosts without ``python``).
 The script runs here from a scratch root whose .venv is a real virtualenv, already marked
-as set up, so that nothing is installed; PATH holds no virtualenv.
+as set up, so that nothing is installed; PATH holds no virtualenv. No agent is named
+(INFERSIGHT_SOCKET unset: a named socket that nothing answers is waited for, 30 s) and the
+default socket is one in the test's own XDG_RUNTIME_DIR, where none listens: launch embeds its
+agent at once, as on a workstation.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def test_python_in_cmd_is_the_checkouts_venv(tmp_path: Path) -> None:
     os.utime(root / "pyproject.toml", (1, 1))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT", "PYTHON", "VIRTUAL_ENV"))}
-    env.update(PATH="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", INFERSIGHT_SOCKET=str(tmp_path / "none.sock"))
+    env.update(PATH="/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", XDG_RUNTIME_DIR=str(tmp_path / "run"))
     r = subprocess.run([str(root / "scripts" / "demo"), "python", "-c", "import sys; print('prefix=' + sys.prefix)"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

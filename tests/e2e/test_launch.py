@@ -15,6 +15,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from infersight.hooks._wire import AGENT_HELD_MARK
+
 CLI = [sys.executable, "-m", "infersight"]
 
 
@@ -177,13 +179,28 @@ def test_hooks_import_without_infersight_installed(python: Path, tmp_path: Path)
     """Python 3.9-3.13, no infersight installed there: the bootstrap still loads the hooks."""
     if not python.exists():
         pytest.skip("%s is not on this machine" % python)
-    r, out = launch(tmp_path, str(python), "-I" if False else "-c",
+    r, out = launch(tmp_path, str(python), "-c",
                     "import infersight.hooks as h, sys; print(h.active(), sys.version_info[:2])",
                     args=("--no-console",))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("True"), r.stdout + r.stderr
     roots = [s for s in spans(read_otlp_lines(out)) if s["name"] == "coldstart"]
     assert len(roots) == 1
+
+
+def test_the_hold_is_marked_before_cmd_starts(tmp_path: Path) -> None:
+    """launch holds its agent back while CMD starts, and its mark beside the socket makes CMD's hooks
+    spool meanwhile. The mark came after CMD's spawn: hooks that looked first connected, waited for a
+    welcome that the held agent never sends, and CMD's exit waited 2 s for them (most short runs).
+    CMD here reads at once (``-S``: no site, no hooks) what its hooks would; no hold, no mark."""
+    code = "import os; print(os.path.exists(os.path.join(os.path.dirname(os.environ['INFERSIGHT_SOCKET']), %r)))" % (
+        AGENT_HELD_MARK)
+    r, _ = launch(tmp_path, sys.executable, "-S", "-c", code, args=("--no-console",))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"
+    r, _ = launch(tmp_path, sys.executable, "-S", "-c", code, args=("--no-console", "--agent-hold", "0"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
 
 
 def test_bootstrap_is_on_pythonpath_only_for_children(tmp_path: Path) -> None:
