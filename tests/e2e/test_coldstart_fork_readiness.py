@@ -46,6 +46,14 @@ pytestmark = [pytest.mark.slow]
 BIN = os.path.dirname(sys.executable)
 SLEEP_S = 0.3  # every request of fork_apps sleeps this long: the first request's floor
 ENV = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "FORK_APP_SLEEP": str(SLEEP_S)}
+# gunicorn's gthread worker can deadlock on the group SIGINT: its SIGINT handler is inside
+# ThreadPoolExecutor.shutdown (holding the pool's non-reentrant _shutdown_lock) when the
+# master's SIGQUIT runs the same handler, which waits for that lock forever. The master then
+# waits its graceful timeout (30 s by default) and SIGKILLs the worker. Everything asserted is
+# delivered by then (the worker's root ended at its readiness, its first request at its
+# response, 50 ms batches): a shorter wait changes only how long the stop takes. 5 s still
+# leaves a worker that exits normally (well under 1 s here) its whole exit flush (3 s).
+GTHREAD_STOP = ["--graceful-timeout", "5"]
 
 
 def cmd_group(launch_pid: int) -> int:
@@ -155,7 +163,8 @@ def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> Non
 
     port = free_port()
     if worker in ("sync", "gthread"):
-        argv, env = ["--threads", "4" if worker == "gthread" else "1", "fork_apps:wsgi"], {"FORK_APP_MODEL": "import"}
+        argv, env = [*GTHREAD_STOP, "--threads", "4" if worker == "gthread" else "1", "fork_apps:wsgi"], {
+            "FORK_APP_MODEL": "import"}
     else:
         argv, env = ["-k", "uvicorn.workers.UvicornWorker", "fork_apps:asgi"], {"FORK_APP_MODEL": "lifespan"}
     r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "-w", "1", "-b", "127.0.0.1:%d" % port, *argv],
@@ -246,8 +255,9 @@ def test_gunicorn_tcp_probe_is_no_request(tmp_path, threads: int) -> None:
     from conftest import free_port
 
     port = free_port()
-    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "1", "--threads", str(threads),
-                                      "-b", "127.0.0.1:%d" % port, "fork_apps:wsgi"], port, {})
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "--preload", "-w", "1", *GTHREAD_STOP,
+                                      "--threads", str(threads), "-b", "127.0.0.1:%d" % port, "fork_apps:wsgi"],
+                      port, {})
     css = processes(r)
     (w,) = [cs for cs in css if pid(cs) == answer["pid"]]
     assert answer["threaded"] is (threads > 1)  # gunicorn picked the gthread worker
