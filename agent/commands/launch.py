@@ -508,23 +508,30 @@ def _hold_s(opts: LaunchOptions, err: TextIO) -> float:
     return max(hold_s, 0.0)
 
 
+def _hold_mark(private: Private) -> str:
+    """``launch_hold.mark_path``, without importing the agent side before CMD starts."""
+    return os.path.join(private.path, hooks_module("_wire").AGENT_HELD_MARK)
+
+
 def _mark_hold(private: Private) -> bool:
-    """The hold's mark, down before CMD starts (``launch_hold`` writes it again): a hook that looked
-    for it before it was there connected, and waited for a welcome that the held agent never sends;
-    CMD's exit then waited out the hooks' flush (2 s). False where there is no hold to mark."""
+    """The hold's mark, down before CMD starts (``launch_hold.set_mark`` writes it again): a hook that
+    looked for it before it was there connected, and waited for a welcome that the held agent never
+    sends; CMD's exit then waited out the hooks' flush (2 s). False where there is no hold to mark."""
     if not hasattr(os, "pidfd_open"):
         return False  # no hold (``launch_hold``: "no pidfd")
-    bare_hooks_package()
-    from infersight.agent.commands import launch_hold
-
-    return launch_hold.set_mark(private.path)
+    try:
+        with open(_hold_mark(private), "w", encoding="ascii") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        return False
+    return True
 
 
 def _clear_hold_mark(private: Private) -> None:
-    bare_hooks_package()
-    from infersight.agent.commands import launch_hold
-
-    launch_hold.clear_mark(private.path)
+    try:
+        os.unlink(_hold_mark(private))
+    except OSError:
+        pass
 
 
 def _hold(opts: LaunchOptions, child: Child, listen_fd: int, spawn_ns: int, private: Private, hold_s: float) -> Any:
