@@ -358,20 +358,26 @@ async def test_receiver_down_10s_nothing_lost(tmp_path):
     assert st["exporter.export_failures"] > 0
 
 
+def failing_logs(exp: OtlpExporter, times: int) -> list[int]:
+    """FAULT: the exporter's next ``times`` logs requests fail as refused; the returned counter may be set again."""
+    real = exp._export_signal
+    left = [times]
+
+    def flaky(signal, items):  # type: ignore[no-untyped-def]
+        if signal == "logs" and left[0]:
+            left[0] -= 1
+            return ("connection refused (injected)", "away")
+        return real(signal, items)
+
+    exp._export_signal = flaky  # type: ignore[method-assign]
+    return left
+
+
 async def test_a_retry_sends_only_the_signals_that_did_not_go_out(rx):
     """A batch whose spans went out and whose logs failed (the receiver restarting between the two requests) is
     retried: its spans are not sent again (the full runs' duplicates of test_receiver_down_10s_nothing_lost)."""
     exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
-    real = exp._export_signal
-    fail_logs = [2]
-
-    def flaky(signal, items):  # FAULT: the logs' request fails twice, the receiver is real
-        if signal == "logs" and fail_logs[0]:
-            fail_logs[0] -= 1
-            return ("connection refused (injected)", "away")
-        return real(signal, items)
-
-    exp._export_signal = flaky
+    fail_logs = failing_logs(exp, 2)  # FAULT: the logs' request fails twice, the receiver is real
     spans, logs = make_spans(3), make_logs()
     for _ in range(2):  # the first attempt and a retry that fails again
         with pytest.raises(ExportError):
@@ -397,16 +403,7 @@ async def test_a_regrouped_retry_sends_only_the_items_that_did_not_go_out(rx):
     and the retry read the spool back with the batches spooled meanwhile. Its 112 spans were sent again; now each
     item goes out once."""
     exp = OtlpExporter(rx.http_endpoint, timeout_s=5)
-    real = exp._export_signal
-    fail_logs = [1]
-
-    def flaky(signal, items):  # FAULT: the logs' request fails once, the receiver is real
-        if signal == "logs" and fail_logs[0]:
-            fail_logs[0] -= 1
-            return ("connection refused (injected)", "away")
-        return real(signal, items)
-
-    exp._export_signal = flaky
+    failing_logs(exp, 1)  # FAULT: the logs' request fails once, the receiver is real
     first = [*make_spans(3), *make_logs()]
     later = [*make_spans(2), *make_logs()]  # spooled while the first attempt was out
     with pytest.raises(ExportError):
