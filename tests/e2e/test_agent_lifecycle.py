@@ -92,7 +92,8 @@ def test_second_sigterm_forces_exit(agent_factory, tmp_path: Path) -> None:  # t
     agent.config.write_text(agent.config.read_text().replace("shutdown_timeout_s = 10", "shutdown_timeout_s = 120"))
     agent.start()
     script = tmp_path / "w.py"
-    script.write_text("from infersight import hooks\nhooks.log('stuck')\nhooks.flush(5)\n")
+    # its event is sent at once and never acked (the export is stuck): a short flush, and no exit flush to wait out
+    script.write_text("import os\nfrom infersight import hooks\nhooks.log('stuck')\nhooks.flush(2)\nos._exit(0)\n")
     subprocess.run([sys.executable, str(script)], env=hook_env(agent.sock, agent.spool), timeout=60)
     time.sleep(0.5)
     agent.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
