@@ -67,10 +67,11 @@ class DeliveredItems:
         while len(self._at) > self.max_items:
             self._drop(next(iter(self._at)))
 
-    def split(self, items: Sequence[Any], now: float) -> tuple[list[Any], list[bytes]]:
-        """(the items to send, the digests of those that went out before and are skipped)."""
+    def split(self, items: Sequence[Any], now: float) -> tuple[Sequence[Any], list[bytes]]:
+        """(the items to send, the digests of those that went out before and are skipped); ``items`` itself
+        while nothing is remembered (every export but a failed one's retries)."""
         if not self._at:
-            return list(items), []
+            return items, []
         while self._at:  # oldest first: the expired ones lead
             first = next(iter(self._at))
             if now - self._at[first] <= self.ttl_s:

@@ -331,12 +331,10 @@ class Client:
         conn = self.conn
         if conn.refused:
             return IDLE_LONG_S
-        owed = conn.outbox or self.spool.pending() or self._unreported()
+        replay = self.spool.pending() or self._unreported()
         if conn.up:
-            if not owed:
-                return IDLE_LONG_S
-            return ACK_WAIT_S if not (self.spool.pending() or self._unreported()) else IDLE_WAIT_S
-        if not owed and not conn.welcomed:
+            return IDLE_WAIT_S if replay else ACK_WAIT_S if conn.outbox else IDLE_LONG_S
+        if not (replay or conn.outbox or conn.welcomed):
             return IDLE_LONG_S  # an agent that never knew this process counts nothing: no hurry
         # The agent away: its next try. Owed nothing, a producer the agent knew is back within its grace for a
         # pid it cannot see (agent/daemon/liveness.py), not at the first IDLE_LONG_S wake-up past its backoff.

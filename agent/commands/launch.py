@@ -514,7 +514,7 @@ def _hold_mark(private: Private) -> str:
 
 
 def _mark_hold(private: Private) -> bool:
-    """The hold's mark, down before CMD starts (``launch_hold.set_mark`` writes it again): a hook that
+    """The hold's mark, down before CMD starts (``launch_hold.hold`` writes it again): a hook that
     looked for it before it was there connected, and waited for a welcome that the held agent never
     sends; CMD's exit then waited out the hooks' flush (2 s). False where there is no hold to mark."""
     if not hasattr(os, "pidfd_open"):

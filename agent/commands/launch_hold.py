@@ -105,7 +105,7 @@ def what_it_wants(first: bytes) -> str | None:
     return "request"
 
 
-def set_mark(private_dir: str) -> bool:
+def _set_mark(private_dir: str) -> bool:
     try:
         with open(mark_path(private_dir), "w", encoding="ascii") as f:
             f.write(str(os.getpid()))
@@ -133,7 +133,7 @@ def hold(child: Child, listen_fd: int, spawn_ns: int, private_dir: str, hold_s: 
         clear_mark(private_dir)  # launch put it down before CMD's spawn
         held.why = "no pidfd"
         return held
-    if not set_mark(private_dir):
+    if not _set_mark(private_dir):
         os.close(pidfd)
         clear_mark(private_dir)
         held.why = "no mark"
