@@ -34,6 +34,7 @@ Linear time by construction (the text is untrusted and may be megabytes):
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -176,7 +177,7 @@ class OomMessage:
     private_pools: int | None = None  # "with Z allocated in private pools"
     self_from_process_line: bool = False  # U taken from the only "Process N" line
     clauses: tuple[str, ...] = field(default=())
-    line: int = 0  # index of the first line of the region it was found in (after decoding)
+    line: int = 0  # index of the line its first clause is on (after decoding)
 
     def numbers(self) -> dict[str, int | None]:
         """The rubric numbers R T F A P U O L, in that order."""
@@ -257,8 +258,9 @@ def log_prefix(first: str, second: str, words_allowed: bool = False) -> str:
     return prefix
 
 
-def _regions(lines: list[str]) -> Iterator[tuple[int, str]]:
-    """Yield (first line index, joined text) of each anchor region (module docstring, steps 2-3)."""
+def _regions(lines: list[str]) -> Iterator[tuple[int, str, list[int]]]:
+    """Yield (first line index, joined text, where each of its lines starts in that text) of each anchor
+    region (module docstring, steps 2-3)."""
     i = 0
     n = len(lines)
     while i < n:
@@ -283,8 +285,28 @@ def _regions(lines: list[str]) -> Iterator[tuple[int, str]]:
                 head = _DIGIT.sub("0", line[:masked_len])
                 cut.append(line[masked_len:] if head == prefix else line)
             chunk = cut
-        yield i, _WS.sub(" ", " ".join(chunk))
+        yield (i, *_joined_region(chunk))
         i = end
+
+
+def _joined_region(chunk: list[str]) -> tuple[str, list[int]]:
+    """``chunk`` joined by spaces with every run of whitespace made one space (what the tokens are read
+    from), and the offset in it at which each line's text begins: a message's own line, not its region's."""
+    parts: list[str] = []
+    starts: list[int] = []
+    n = 0
+    for k, line in enumerate(chunk):
+        piece = _WS.sub(" ", line)
+        if k:
+            if not (parts and parts[-1].endswith(" ")):
+                parts.append(" ")
+                n += 1
+            piece = piece.lstrip(" ")  # the separator, and blanks on either side of it, are one run
+        starts.append(n)
+        if piece:
+            parts.append(piece)
+            n += len(piece)
+    return "".join(parts), starts
 
 
 _WS = re.compile(r"\s+")
@@ -457,19 +479,19 @@ def _find(text: str) -> list[OomMessage]:
     lines = decoded_lines(text)
     out: list[OomMessage] = []
     keys: set[str] = set()
-    for first, region in _regions(lines):
+    for first, region, starts in _regions(lines):
         builder: _Builder | None = None
         for tok in _tokens(region):
             if builder is not None and builder.accepts(tok):
                 builder.add(tok)
                 continue
             if builder is not None:
-                _emit(builder.build(region, first), out, keys)
+                _emit(builder.build(region, first + bisect_right(starts, builder.tokens[0].start) - 1), out, keys)
                 builder = None
             if tok.kind in _STARTS:
                 builder = _Builder(tok)
         if builder is not None:
-            _emit(builder.build(region, first), out, keys)
+            _emit(builder.build(region, first + bisect_right(starts, builder.tokens[0].start) - 1), out, keys)
     return out
 
 

@@ -171,6 +171,32 @@ def test_repeated_messages_count_once_distinct_ones_do_not() -> None:
     assert [m.R for m in find_ooms(OLD + "\n" + other + "\n" + OLD)] == [20 * MIB, 40 * MIB]
 
 
+def test_a_message_is_placed_on_its_own_line_not_on_its_regions_first() -> None:
+    """An engine's "... cudaMalloc failed: out of memory" on the line before opened the region the PyTorch
+    message was read from, and the message was placed on that line: classify then took the engine's line as
+    part of the PyTorch event and dropped the engine's own error."""
+    ggml = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory")
+    for between in ([], ["  some other line", ""]):
+        lines = [ggml, *between, "torch.OutOfMemoryError: " + OLD]
+        (m,) = find_ooms("\n".join(lines))
+        assert m.line == len(lines) - 1
+    wrapped = ["noise: out of memory", "RuntimeError: CUDA out of memory.", "  Tried to allocate 20.00 MiB (GPU 0;",
+               "  8.00 GiB total capacity; 1.00 GiB already allocated; 10.00 MiB free; 2.00 GiB reserved in total)"]
+    (m,) = find_ooms("\n".join(wrapped))
+    assert m.line == 1 and m.R == 20 * MIB
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.text(alphabet=st.sampled_from(list("ab \t\x0b\u00a0\u2003")), max_size=8), min_size=1, max_size=6))
+def test_a_region_is_joined_as_before_and_knows_where_each_line_starts(chunk: list[str]) -> None:
+    text, starts = oom_parse._joined_region(chunk)
+    assert text == oom_parse._WS.sub(" ", " ".join(chunk))
+    for line, at in zip(chunk, starts):
+        body = oom_parse._WS.sub(" ", line).strip(" ")
+        assert text[at:].lstrip(" ").startswith(body)
+
+
 def test_no_oom_in_prose() -> None:
     assert find_ooms("The GPU ran out of memory; 1.72G reserved in total by PyTorch?") == []
     assert find_ooms("") == []

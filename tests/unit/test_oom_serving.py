@@ -1543,3 +1543,15 @@ def test_rays_memory_monitor_kill_is_host_memory_in_gib() -> None:
     # the same node with the killed task alone over 0.95 of it: no neighbour could have made room
     (g,) = analyse(text.replace("memory used=12.00GB", "memory used=30.40GB"))
     assert (g.cls, g.rule) == ("capacity", "ray.memory-monitor/task-beyond-threshold")
+
+
+def test_an_engine_error_right_before_a_pytorch_message_is_its_own_event() -> None:
+    """Two engines' errors on adjacent lines (a docker compose log of a shared GPU): both are found, in order."""
+    text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory\n"
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of "
+            "23.69 GiB of which 301.94 MiB is free. Including non-PyTorch memory, this process has 23.38 GiB memory "
+            "in use. Of the allocated memory 22.91 GiB is allocated by PyTorch, and 164.26 MiB is reserved by PyTorch "
+            "but unallocated.")
+    found = analyse(text)
+    assert [(f.engine, f.first_line) for f in found] == [("llama.cpp", 0), ("pytorch", 1)]
