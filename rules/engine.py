@@ -61,6 +61,7 @@ __all__ = [
     "parse_expression",
     "parse_template",
     "render",
+    "site_rule_dirs",
 ]
 
 ENGINE_VERSION = (1, 0)
@@ -1053,15 +1054,27 @@ def builtin_rules_path() -> resources.abc.Traversable:
 def default_rule_paths(
     extra_dirs: Iterable[str | Path] = (), site_dir: str | Path | None = None
 ) -> list[Path | resources.abc.Traversable]:
-    """Builtin file, then ``site_dir/*.toml`` (default: $INFERSIGHT_RULES_DIR or
-    /etc/infersight/rules.d), then each of ``extra_dirs``, files sorted by name."""
+    """Builtin file, then ``site_dir/*.toml`` (default: the site directories, as the agent's
+    ``rules.dirs`` reads them), then each of ``extra_dirs``, files sorted by name."""
     paths: list[Path | resources.abc.Traversable] = [builtin_rules_path()]
-    site = Path(site_dir or os.environ.get("INFERSIGHT_RULES_DIR") or SITE_RULES_DIR)
-    dirs = [site] if site.is_dir() else []
+    dirs = [Path(site_dir)] if site_dir else site_rule_dirs()
+    dirs = [d for d in dirs if d.is_dir()]
     dirs.extend(Path(d) for d in extra_dirs)
     for d in dirs:
         paths.extend(sorted(Path(d).glob("*.toml")))
     return paths
+
+
+def site_rule_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
+    """``$INFERSIGHT_RULES_DIRS`` (``:`` or ``,`` separated: the variable of the agent's ``rules.dirs``),
+    after ``$INFERSIGHT_RULES_DIR`` (one directory: what ``classify`` read before); neither set:
+    /etc/infersight/rules.d."""
+    env = os.environ if env is None else env
+    one, many = env.get("INFERSIGHT_RULES_DIR"), env.get("INFERSIGHT_RULES_DIRS")
+    dirs = [Path(one)] if one else []
+    if many is not None:
+        dirs.extend(Path(d) for d in re.split(r"[,:]", many) if d)
+    return dirs if one or many is not None else [Path(SITE_RULES_DIR)]
 
 
 def load_default_rules(extra_dirs: Iterable[str | Path] = ()) -> RuleSet:

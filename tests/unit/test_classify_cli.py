@@ -31,6 +31,7 @@ def _no_site_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "site-rules"
     empty.mkdir()
     monkeypatch.setenv("INFERSIGHT_RULES_DIR", str(empty))
+    monkeypatch.delenv("INFERSIGHT_RULES_DIRS", raising=False)
 
 
 def _file(tmp_path: Path, text: str, name: str = "log.txt") -> str:
@@ -164,8 +165,13 @@ def test_invalid_rule_file_exits_2_with_file_line(tmp_path: Path, capsys: pytest
     assert main(["--rules-dir", str(tmp_path / "nodir"), _file(tmp_path, FRAG)]) == 2
 
 
+@pytest.mark.parametrize(("variable", "value"), [
+    ("INFERSIGHT_RULES_DIR", "{site}"),  # classify's own, before it read the agent's
+    ("INFERSIGHT_RULES_DIRS", "{site}"),  # the agent's rules.dirs (README): the same rules live and pasted
+    ("INFERSIGHT_RULES_DIRS", "/nonexistent:{site}"),
+])
 def test_site_rules_dir_from_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], variable: str, value: str
 ) -> None:
     site = tmp_path / "etc-rules"
     site.mkdir()
@@ -175,7 +181,8 @@ def test_site_rules_dir_from_environment(
         '[[rule.examples]]\nkind = "positive"\nnumbers = { R = "2 GiB" }\n'
         '[[rule.examples]]\nkind = "negative"\nnumbers = { R = "2 MiB" }\n'
     )
-    monkeypatch.setenv("INFERSIGHT_RULES_DIR", str(site))
+    monkeypatch.delenv("INFERSIGHT_RULES_DIR", raising=False)
+    monkeypatch.setenv(variable, value.format(site=site))
     assert main(["--json", _file(tmp_path, FRAG)]) == 0
     (o,) = _json_lines(capsys.readouterr().out)
     assert (o["class"], o["rule"], o["remedy"]) == ("capacity", "site.all-capacity", "site policy")
