@@ -85,18 +85,25 @@ def read_attrs(
 class _Probe:
     """Counters at the start of a read; ``attrs`` turns them into the span's attributes."""
 
-    __slots__ = ("faults", "paths", "ratio", "read", "t0")
+    __slots__ = ("done_ns", "elapsed", "faults", "paths", "ratio", "read", "t0")
 
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = [p for p in paths if p]
         self.ratio = page_cache_ratio(self.paths) if self.paths else None  # before the clock starts
         self.read = read_bytes()
         self.faults = major_faults()
+        self.elapsed: Optional[float] = None
+        self.done_ns: Optional[int] = None
         self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        """The read returned: its time, and where its span ends (what follows is our bookkeeping)."""
+        self.elapsed = time.perf_counter() - self.t0
+        self.done_ns = time.time_ns()
 
     def attrs(self, api: str, nbytes: int, lazy: bool, seconds: Optional[float] = None,
               path: str = "") -> Dict[str, Any]:
-        elapsed = time.perf_counter() - self.t0
+        elapsed = time.perf_counter() - self.t0 if self.elapsed is None else self.elapsed
         r1, f1 = read_bytes(), major_faults()
         path = path or (self.paths[0] if len(self.paths) == 1 else os.path.dirname(self.paths[0])
                         if self.paths else "")
@@ -450,6 +457,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
                 path, size = describe_file(f)
                 probe = _Probe([path])
                 o = cs.begin("weights_load")
+                probe.t0 = time.perf_counter()  # the span and the rate's clock start together
                 _weights().tls.busy = 1
         except Exception as exc:
             _runtime.fail(exc)
@@ -460,6 +468,7 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
         except BaseException as e:
             _failed(o, probe, api, size, e)
             raise
+        probe.stop()
         _weights().tls.busy = 0
         try:
             tensors = list(_tensors(result)) if check_mapped else []
@@ -467,7 +476,8 @@ def _load_wrapper(orig: Callable[..., Any], api: str, key: str, check_mapped: bo
                 cs.end(o, keep=False)  # a header read onto the meta device
                 return result
             lazy = bool(path) and check_mapped and _register([path], tensors)
-            cs.end(o, probe.attrs(api, size, lazy))
+            # the span is the call: its end where the rate's clock stopped, so the two agree
+            cs.end(o, probe.attrs(api, size, lazy), end_ns=probe.done_ns)
         except Exception as exc:
             _runtime.fail(exc)
             cs.end(o, keep=False)  # put the current span back; what we measured is unsure
