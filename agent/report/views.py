@@ -187,15 +187,20 @@ def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> li
 
 def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]) -> Summary:
     total = max(root.end_ns - root.start_ns, 1)
-    top = sorted((s for s in stages if s.parent_span_id == root.span_id and stage_name(s) != UNATTRIBUTED
-                  and s.start_ns < root.end_ns),  # not a first request after a root that ended at readiness
-                 key=lambda s: s.end_ns - s.start_ns, reverse=True)[:3]
+    # per stage, its top-level spans' time added up (a stage run twice is one entry), as ``show`` says it
+    per_stage: dict[str, int] = {}
+    for s in stages:
+        name = stage_name(s)
+        if (s.parent_span_id == root.span_id and name and name != UNATTRIBUTED
+                and s.start_ns < root.end_ns):  # not a first request after a root that ended at readiness
+            per_stage[name] = per_stage.get(name, 0) + s.end_ns - s.start_ns
+    top = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
     un = num(root.attributes.get(_contract.UNATTRIBUTED_S))
     if un is None:
         un = sum(e - s for s, e in gaps) / 1e9
     ready = num(root.attributes.get(_contract.READY_S))
     return Summary(total / 1e9, ready if offset_ns(ready) is not None else None,
-                   [(stage_name(s), (s.end_ns - s.start_ns) / 1e9) for s in top], un, un * 1e9 / total)
+                   [(name, ns / 1e9) for name, ns in top], un, un * 1e9 / total)
 
 
 def waterfalls(spans: list[SpanItem], ceiling_of: CeilingOf | None = None) -> list[Family]:

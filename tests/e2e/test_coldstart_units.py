@@ -196,3 +196,16 @@ def test_bootstrap_runs_on_python39(tmp_path) -> None:
     p = subprocess.run([found[0], "-c", code], env=env, timeout=60, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "hooks disabled" not in p.stderr
+
+
+def test_show_and_the_report_name_the_same_biggest_stages() -> None:
+    """A stage run twice at the top level (two imports around a model build) is one entry of its added time in
+    ``show`` and, since this test, in the report and ``show --format json``: they ranked single spans."""
+    from infersight.agent.report.views import waterfalls
+
+    cs = sample()
+    again = span("coldstart.framework_import", "7" * 16, R, 8.5, 9.0)
+    cs = ColdStart(cs.root, [*cs.stages, again])
+    assert "biggest stages: framework_import 3.000 s, warmup 3.000 s, weights_load 2.000 s" in render_waterfall(cs)
+    (family,) = waterfalls([cs.root, *cs.stages])
+    assert family.processes[0].summary.biggest == [("framework_import", 3.0), ("warmup", 3.0), ("weights_load", 2.0)]
