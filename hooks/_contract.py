@@ -18,6 +18,9 @@ STAGE_RULE = "infersight.stage.rule"  # the stage rule that opened it (rules.d)
 ENDED_BY = "infersight.coldstart.ended_by"  # on a root: what ended the cold start (ENDED_BY_*)
 READY_S = "infersight.coldstart.ready_s"  # on a root: seconds from its start to readiness
 UNATTRIBUTED_S = "infersight.coldstart.unattributed_s"  # on a root: seconds in no stage
+# on a root, from the hooks: seconds its own stages covered (an agent restarted during the cold start holds
+# only the stages sent after it came back, and would count the rest as time in no stage)
+COVERED_S = "infersight.coldstart.covered_s"
 READY_SOURCE = "infersight.ready.source"  # on ready_wait and a root: which READY_SIGNALS said when
 PROCESS_ROLE = "infersight.process.role"  # on a root: ROLE_HELPER for processes that serve nothing
 FIRST_REQUEST_SOURCE = "infersight.first_request.source"

@@ -389,8 +389,10 @@ def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_
     if ready is not None:
         end_ns = ready
     end_at = end_ns if end_ns is not None else now
+    covered_s: Optional[float] = None
     try:
         flush_runs(end_at, final=True)
+        covered_s = _own_covered_s(st, end_at)  # before the workers' roots join the covered intervals
         children = _workers.reports(st.children_dir) if st.children_dir else []
         for r in children:  # the workers' roots nest under ours
             st.covered += (r[0], r[1])
@@ -403,6 +405,8 @@ def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_
         _runtime.fail(exc)
     st.collecting = False
     attrs: Dict[str, Any] = {_contract.ENDED_BY: "ready" if ready is not None else ended_by}
+    if covered_s is not None:
+        attrs[_contract.COVERED_S] = covered_s
     final_role = st.role or _proc.process_role(_proc.command_argv(), launched())
     if final_role:
         attrs[_contract.PROCESS_ROLE] = final_role
@@ -723,6 +727,17 @@ def _stop_sampler() -> Any:
     if s is not None:
         s.stop()
     return s
+
+
+def _own_covered_s(st: _state.ColdStart, end_ns: int) -> Optional[float]:
+    """Seconds of the root, up to ``end_ns``, that this process's stages covered (their union)."""
+    from . import _sampler as sampler
+
+    lo = _runtime.state().root_start_ns
+    if not lo or end_ns <= lo:
+        return None
+    gaps = sampler.uncovered([(s, e) for s, e in covered_pairs(st) if e > s], lo, end_ns, min_ns=0)
+    return (end_ns - lo - sum(b - a for a, b in gaps)) / 1e9
 
 
 def _emit_unattributed(end_ns: int) -> None:

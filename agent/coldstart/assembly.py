@@ -13,6 +13,7 @@ before it sent its root gets one made here (``infersight.coldstart.ended_by=prod
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from infersight.agent.daemon.assemble import (
     text_field,
     uint64_field,
 )
-from infersight.coldstart_stages import covered_ns, merge, named_intervals
+from infersight.coldstart_stages import as_number, covered_ns, merge, named_intervals
 from infersight.hooks import _contract
 from infersight.telemetry import Attributes, ColdStart, Item, Origin, SpanItem
 
@@ -328,10 +329,13 @@ class ColdStartAssembly:
         # figure only, and never its whole lifetime.
         worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
         total = root.end_ns - root.start_ns
-        root.attributes[_contract.UNATTRIBUTED_S] = (total - covered_ns(stages, root)) / 1e9
+        # The hooks' own figure when it is the larger: stages sent to an agent before a restart are not here.
+        said = as_number(root.attributes.get(_contract.COVERED_S))
+        hooks_ns = int(min(total, max(0.0, said * 1e9))) if said is not None and math.isfinite(said) else 0
+        root.attributes[_contract.UNATTRIBUTED_S] = (total - max(covered_ns(stages, root), hooks_ns)) / 1e9
         if workers:
             root.attributes["infersight.coldstart.tree_unattributed_s"] = (
-                total - covered_ns(stages, root, worker_covered)) / 1e9
+                total - max(covered_ns(stages, root, worker_covered), hooks_ns)) / 1e9
         root.attributes.setdefault("faas.coldstart", True)
         self._remember_covered(root, named_intervals(stages), worker_covered)
         done = {s.span_id for s in stages}
