@@ -12,10 +12,13 @@ Use :func:`open_state_file` to open a file there (any module: it is stdlib only)
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 
 from infersight.errors import InfersightError
+
+log = logging.getLogger("infersight.statefiles")
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -30,7 +33,9 @@ def _problem(st: os.stat_result, path: str, owner: int) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return "%s is not a directory" % path
     if st.st_uid not in (owner, 0):
-        return "%s is owned by uid %d, not by the agent's uid %d (or root)" % (path, st.st_uid, owner)
+        if owner == 0:
+            return "%s is owned by uid %d, not by root (the agent's uid)" % (path, st.st_uid)
+        return "%s is owned by uid %d, neither by the agent's uid %d nor by root" % (path, st.st_uid, owner)
     if stat.S_IMODE(st.st_mode) & 0o022:
         return "%s is writable by group or others (mode %04o)" % (path, stat.S_IMODE(st.st_mode))
     return None
@@ -67,11 +72,26 @@ def _shared_ancestor(path: str) -> str | None:
     return None
 
 
+def refusal(path: str, owner: int | None = None) -> str | None:
+    """Why :func:`ensure_state_dir` would refuse the existing ``path`` (a symbolic link, not a
+    directory, another owner), or None: it is usable as it is, fixable (a mode of the agent's own
+    to tighten) or absent. A default location is chosen with it (``/var/lib/infersight`` is
+    writable by root, but a service's, owned by its user, is not root's state directory)."""
+    owner = os.geteuid() if owner is None else owner
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    why = _problem(st, os.path.abspath(path), owner)
+    fixable = st.st_uid == owner and stat.S_ISDIR(st.st_mode)
+    return None if why is None or fixable else why
+
+
 def ensure_state_dir(path: str, owner: int | None = None) -> list[str]:
     """Make ``path`` (0700) if absent, and check it: raise :class:`UnsafeStateDirError` when
     another user could write it. A directory of ours that is group- or world-writable is
-    fixed (its write bits for group and others are removed): the agent's own mistake, say an
-    older version's mode, is not a reason to stop. A symbolic link or another owner is refused.
+    fixed (its write bits for group and others are removed, logged): the agent's own mistake, say
+    an older version's mode, is not a reason to stop. A symbolic link or another owner is refused.
 
     An ancestor that others may write without the sticky bit (a Kubernetes ``emptyDir`` is
     0777) is not refused but returned as a warning: every later open walks the components
@@ -86,11 +106,15 @@ def ensure_state_dir(path: str, owner: int | None = None) -> list[str]:
         raise UnsafeStateDirError(exc.errno, "cannot make the state directory %s: %s" % (path, exc.strerror)) from exc
     why = _problem(st, path, owner)
     if why is not None and st.st_uid == owner and stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        fixed = stat.S_IMODE(st.st_mode) & ~0o022
         try:
-            chmod_dir(path, stat.S_IMODE(st.st_mode) & ~0o022, st)
+            chmod_dir(path, fixed, st)
         except OSError as exc:
             raise UnsafeStateDirError(exc.errno, "cannot fix the mode of %s: %s" % (path, exc)) from exc
         why = _problem(os.lstat(path), path, owner)
+        if why is None:
+            log.warning("state directory %s was writable by group or others (mode %04o): those bits are "
+                        "removed (now %04o)", path, stat.S_IMODE(st.st_mode), fixed)
     if why is not None:
         raise UnsafeStateDirError(why)
     shared = _shared_ancestor(path)

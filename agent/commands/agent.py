@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from infersight.agent.commands.compose import build_exporters, file_is_default
     from infersight.agent.commands.extensions import build_extensions
     from infersight.agent.daemon import config as cfg
+    from infersight.agent.daemon.lifecycle import check_state_dir
     from infersight.settings import ConfigError
 
     explicit = args.config is not None
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         level=conf["agent.log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        # The state directory is checked (and a mode of its own fixed) before anything reads it: the
+        # extensions load the cold-start history there, and the exporters their spools.
+        check_state_dir(conf["agent.state_dir"])
         extensions = build_extensions(conf)  # checks their keys and rule files before anything starts
         exporters = build_exporters(conf)
         default = file_is_default(conf, exporters)

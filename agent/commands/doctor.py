@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from infersight import __version__
-from infersight.agent.cli import command_help
+from infersight.agent.cli import EXIT_USAGE, command_help
 from infersight.agent.commands.compose import otlp_requested
 from infersight.agent.daemon import config as cfg
 from infersight.bytesize import human_bytes
@@ -47,31 +47,78 @@ def check_python() -> Check:
     return Check("python", OK, "%s (%s)" % (platform.python_version(), sys.executable))
 
 
-def check_torch() -> list[Check]:
+# What check_torch reads in another interpreter (``--python``): one JSON line, torch or not.
+_TORCH_PROBE = """\
+import json
+try:
+    import torch
+except ImportError:
+    print(json.dumps(None))
+else:
+    out = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None), "n": 0, "why": "", "init": False}
+    if out["cuda"]:
+        try:
+            out["n"] = torch.cuda.device_count()
+            out["init"] = bool(torch.cuda.is_initialized())
+        except Exception as exc:
+            out["why"] = str(exc)
+    print(json.dumps(out))
+"""
+
+
+def _torch_facts(python: str | None) -> dict[str, Any] | None:
+    """torch's version, CUDA build and devices in ``python`` (None: this interpreter); None when
+    it has no torch. Raises OSError/ValueError when ``python`` does not answer."""
+    if python is None:
+        try:
+            import torch
+        except ImportError:
+            return None
+        facts: dict[str, Any] = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None),
+                                 "n": 0, "why": "", "init": False}
+        if facts["cuda"]:
+            try:
+                facts["n"] = torch.cuda.device_count()
+                facts["init"] = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                facts["why"] = str(exc)
+        return facts
+    r = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=120, check=False)
+    if r.returncode != 0:
+        raise ValueError((r.stderr.strip().splitlines() or ["exit status %d" % r.returncode])[-1])
+    lines = r.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines else None
+    if answer is not None and not isinstance(answer, dict):
+        raise ValueError("unexpected answer %r" % lines[-1])
+    return answer
+
+
+def check_torch(python: str | None = None) -> list[Check]:
+    """torch and CUDA in this interpreter, or in ``python`` (the model server's: ``--python``)."""
+    where = "this interpreter" if python is None else python
     try:
-        import torch
-    except ImportError:
-        return [Check("torch", WARN, "not installed in this interpreter (the agent needs none)",
-                      "the model server's interpreter needs it, not the agent's: check there with "
-                      "`<its python> -m infersight doctor`; launch still traces any Python process")]
-    out = [Check("torch", OK, "torch %s" % torch.__version__)]
-    cuda = getattr(torch.version, "cuda", None)
+        facts = _torch_facts(python)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return [Check("torch", WARN, "cannot run %s: %s" % (python, exc), "pass the model server's interpreter "
+                      "to --python (its venv's bin/python)")]
+    if facts is None:
+        if python is None:
+            return [Check("torch", WARN, "not installed in this interpreter (the agent needs none)",
+                          "the model server's interpreter needs it, not the agent's: check there with "
+                          "`infersight doctor --python <its python>`; launch still traces any Python process")]
+        return [Check("torch", WARN, "not installed in %s" % where,
+                      "install torch there if it serves models on GPUs; launch still traces any Python process")]
+    out = [Check("torch", OK, "torch %s%s" % (facts["version"], "" if python is None else " in %s" % python))]
+    cuda = facts.get("cuda")
     if not cuda:
         out.append(Check("cuda", WARN, "torch is a CPU build: CUDA is not compiled in",
                          "install a CUDA build of torch on GPU hosts"))
+    elif facts.get("n"):
+        out.append(Check("cuda", OK, "CUDA %s compiled in, %d device(s), initialised here: %s"
+                         % (cuda, facts["n"], facts.get("init"))))
     else:
-        try:
-            n = torch.cuda.device_count()
-        except Exception as exc:
-            n, why = 0, str(exc)
-        else:
-            why = "no device visible"
-        if n:
-            out.append(Check("cuda", OK, "CUDA %s compiled in, %d device(s), initialised here: %s"
-                             % (cuda, n, torch.cuda.is_initialized())))  # type: ignore[no-untyped-call]
-        else:
-            out.append(Check("cuda", WARN, "CUDA %s compiled in, but %s" % (cuda, why),
-                             "check the driver and CUDA_VISIBLE_DEVICES"))
+        out.append(Check("cuda", WARN, "CUDA %s compiled in, but %s" % (cuda, facts.get("why") or "no device visible"),
+                         "check the driver and CUDA_VISIBLE_DEVICES"))
     return out
 
 
@@ -192,7 +239,9 @@ def check_allocator() -> Check:
                  "expandable_segments:True helps against fragmentation OOMs")
 
 
-def check_launch() -> Check:
+def check_launch(python: str | None = None) -> Check:
+    """The hooks activate from infersight's own install (through PYTHONPATH, as ``launch`` sets
+    it) in this interpreter, or in ``python``, where infersight need not be installed."""
     boot = _bootstrap_dir()
     if not os.path.isfile(os.path.join(boot, "sitecustomize.py")):
         return Check("launch", FAIL, "bootstrap missing at %s" % boot, "reinstall infersight")
@@ -203,8 +252,12 @@ def check_launch() -> Check:
         s.close()
         env = dict(os.environ, PYTHONPATH=boot, INFERSIGHT_SOCKET=os.path.join(d, "none.sock"),
                    INFERSIGHT_SPOOL_DIR=os.path.join(d, "spool"), INFERSIGHT_EXIT_FLUSH_S="0.1")
-        r = subprocess.run([sys.executable, "-c", "import infersight.hooks as h; print(h.active())"],
-                           capture_output=True, text=True, env=env, timeout=30, check=False)
+        try:
+            r = subprocess.run([python or sys.executable, "-c", "import infersight.hooks as h; print(h.active())"],
+                               capture_output=True, text=True, env=env, timeout=30, check=False)
+        except OSError as exc:
+            return Check("launch", FAIL, "cannot run %s: %s" % (python or sys.executable, exc),
+                         "pass the model server's interpreter to --python (its venv's bin/python)")
         if r.stdout.strip() != "True":
             return Check("launch", FAIL, "hooks did not activate: %s" % (r.stderr.strip()[-200:]),
                          "report this with `infersight doctor --json`")
@@ -212,10 +265,11 @@ def check_launch() -> Check:
         return Check("launch", FAIL, "cannot create a private socket: %s" % exc, "check TMPDIR permissions")
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    return Check("launch", OK, "hooks activate through %s" % boot)
+    return Check("launch", OK, "hooks activate through %s%s" % (boot, " in %s" % python if python else ""))
 
 
-def run_doctor(out: TextIO, as_json: bool = False) -> int:
+def run_doctor(out: TextIO, as_json: bool = False, python: str | None = None) -> int:
+    """``python``: the model server's interpreter, where the torch/CUDA and hooks checks run."""
     logging.getLogger("infersight").setLevel(logging.ERROR)  # findings go in the table, once
     try:
         conf = cfg.load(os.environ.get("INFERSIGHT_CONFIG") or cfg.DEFAULT_CONFIG_PATH)
@@ -224,7 +278,7 @@ def run_doctor(out: TextIO, as_json: bool = False) -> int:
         bad = Check("config", WARN, str(exc), "fix the config file; the agent refuses to start with it")
     else:
         bad = Check("config", OK, conf.path or "no config file: defaults and environment")
-    checks = [check_python(), check_launch(), bad, *check_torch(), check_nvml(), *check_socket(conf),
+    checks = [check_python(), check_launch(python), bad, *check_torch(python), check_nvml(), *check_socket(conf),
               *check_exporters(conf), check_spool(conf), check_storage_ceiling(), check_allocator()]
     failed = any(c.status == FAIL for c in checks)
     if as_json:
@@ -243,6 +297,9 @@ def run_doctor(out: TextIO, as_json: bool = False) -> int:
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
     dp: argparse.ArgumentParser = sub.add_parser("doctor", help=help_line or command_help("doctor"))
     dp.add_argument("--json", action="store_true")
+    dp.add_argument("--python", metavar="PATH",
+                    help="the model server's interpreter: check torch, CUDA and the hooks there "
+                         "(infersight need not be installed in it)")
     dp.set_defaults(func=run)
     return dp
 
@@ -250,4 +307,11 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from infersight.agent.commands.doctor import run_doctor
 
-    return run_doctor(sys.stdout, as_json=args.json)
+    python = getattr(args, "python", None)
+    if python is not None:
+        found = shutil.which(python)
+        if found is None:
+            sys.stderr.write("infersight doctor: --python %s: not an executable\n" % python)
+            return EXIT_USAGE
+        python = os.path.abspath(found)
+    return run_doctor(sys.stdout, as_json=args.json, python=python)

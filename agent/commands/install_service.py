@@ -37,7 +37,11 @@ _CHECKOUT_NAMES = {
     "sysusers-infersight.conf": "sysusers.d/infersight.conf",
     "tmpfiles-infersight.conf": "tmpfiles.d/infersight.conf",
 }
-_PROTECTED = ("/home/", "/root/", "/run/user/")  # hidden by ProtectHome=yes
+# Directories the unit's sandbox hides from the service, and the setting that hides them.
+_HIDDEN: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("/home/", "/root/", "/run/user/"), "a home directory", "ProtectHome=yes"),
+    (("/tmp/", "/var/tmp/"), "a temporary directory", "PrivateTmp=yes"),
+)
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,12 @@ def resolve_exec() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "infersight"]
 
 
-def hidden_by_protect_home(command: list[str]) -> list[tuple[str, str]]:
-    """What the service must run that ProtectHome=yes hides: the program, and the interpreter it runs
-    on as the kernel resolves it (a venv's ``python`` is a link to the Python it was made from, and a
-    console script's ``#!`` line names that link)."""
-    found: list[tuple[str, str]] = []
+def hidden_by_sandbox(command: list[str]) -> list[tuple[str, str, str, str]]:
+    """What the service must run that the unit's sandbox hides (ProtectHome=yes: home directories;
+    PrivateTmp=yes: /tmp and /var/tmp): the program, and the interpreter it runs on as the kernel
+    resolves it (a venv's ``python`` is a link to the Python it was made from, and a console
+    script's ``#!`` line names that link). Each as (path, what, where, setting)."""
+    found: list[tuple[str, str, str, str]] = []
     exe = command[0]
     interpreters = [sys.executable] if len(command) > 1 else []
     try:
@@ -93,10 +98,13 @@ def hidden_by_protect_home(command: list[str]) -> list[tuple[str, str]]:
     except OSError:
         pass
     for path, what in [(exe, "the program"), *((p, "its interpreter") for p in interpreters)]:
-        for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
-            if candidate.startswith(_PROTECTED) and (candidate, what) not in found:
-                found.append((candidate, what))
-                break
+        settings: set[str] = set()  # the resolved path first; the link's own only where another setting hides it
+        for candidate in dict.fromkeys((os.path.realpath(path), os.path.abspath(path))):
+            for prefixes, where, setting in _HIDDEN:
+                if candidate.startswith(prefixes) and setting not in settings:
+                    settings.add(setting)
+                    if not any(f[0] == candidate and f[1] == what for f in found):
+                        found.append((candidate, what, where, setting))
     return found
 
 
@@ -167,14 +175,17 @@ def _write(action: Action) -> None:
             os.unlink(tmp)
 
 
-def next_steps(root: Path) -> list[str]:
+def next_steps(root: Path, command: list[str] | None = None) -> list[str]:
+    """What the operator runs next. ``status`` by the absolute command ExecStart runs: after an
+    install into a venv (/opt/infersight) ``infersight`` is on neither root's PATH nor sudo's."""
+    status = shlex.join([*(command or resolve_exec()), "status"])
     steps = [
         "systemd-sysusers /etc/sysusers.d/infersight.conf",
         "systemd-tmpfiles --create /etc/tmpfiles.d/infersight.conf",
         "systemctl daemon-reload",
         "systemctl enable --now infersight.socket infersight.service",
         "usermod -aG infersight <model-server-user>   # lets its hooks use the socket",
-        "infersight status",
+        status,
     ]
     if root != Path("/"):
         steps.insert(0, f"# files were staged under {root}; copy them to / first")
@@ -192,20 +203,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"infersight install-service: cannot read unit files: {exc}", file=sys.stderr)
         return 1
     print(f"ExecStart={shlex.join(command)} agent --config {CONFIG_PATH}", file=out)
-    hidden = hidden_by_protect_home(command)
-    for path, what in hidden:
+    hidden = hidden_by_sandbox(command)
+    for path, what, where, setting in hidden:
         print(
-            f"warning: {what} {path} is under a home directory, which ProtectHome=yes hides from the"
-            " service (it would fail with 203/EXEC); install infersight under /usr, /usr/local or /opt,"
-            " in a venv made from a Python outside home directories (pyenv, conda and uv keep theirs"
-            " there)",
+            f"warning: {what} {path} is under {where}, which {setting} hides from the service (it would"
+            " fail with 203/EXEC); install infersight under /usr, /usr/local or /opt, in a venv made from"
+            " a Python outside home and temporary directories (pyenv, conda and uv keep theirs in home"
+            " directories)",
             file=sys.stderr,
         )
-    if hidden and not dry and not getattr(args, "force", False):
+    if hidden and not getattr(args, "force", False):
         # A unit that cannot start is no install: say so before writing anything (--force installs it anyway,
-        # e.g. with a drop-in that sets ProtectHome=read-only).
-        print("infersight install-service: not installing a unit whose ExecStart the service cannot run "
-              "(above); --force installs it anyway", file=sys.stderr)
+        # e.g. with a drop-in that sets ProtectHome=read-only or PrivateTmp=no). A dry run says and exits as the real
+        # run would.
+        print(f"infersight install-service: {'would not install' if dry else 'not installing'} a unit whose"
+              " ExecStart the service cannot run (above); --force installs it anyway", file=sys.stderr)
         return EXIT_USAGE
     prefix = "would " if dry else ""
     for action in actions:
@@ -223,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"infersight install-service: {action.dest}: {exc}", file=sys.stderr)
             return 1
     print("\nnext steps (as root):", file=out)
-    for step in next_steps(root):
+    for step in next_steps(root, command):
         print(f"  {step}", file=out)
     return 0
 
@@ -248,6 +260,6 @@ def add_parser(
     parser.add_argument("--dry-run", action="store_true", help="print every action, change nothing")
     parser.add_argument("--force", action="store_true",
                         help="install even when the service could not run ExecStart (an interpreter under a "
-                             "home directory, which ProtectHome=yes hides)")
+                             "home directory, /tmp or /var/tmp, which ProtectHome=yes and PrivateTmp=yes hide)")
     parser.set_defaults(func=run)
     return parser

@@ -35,11 +35,14 @@ from infersight.settings import (
 from infersight.tomlfile import TomlKeys, loads
 
 
-def _default_state_dir() -> str:
-    """``/var/lib/infersight`` when writable, else the XDG state dir (the environment
-    variable is the key's own, resolved before any default)."""
-    if os.access("/var/lib/infersight", os.W_OK):
-        return "/var/lib/infersight"
+def _default_state_dir(system: str = "/var/lib/infersight") -> str:
+    """``/var/lib/infersight`` when writable and the agent's own to use, else the XDG state dir (the
+    environment variable is the key's own, resolved before any default). Root can write the service's
+    directory, owned by its user, but would refuse it as its state directory: not its default."""
+    from infersight.statefiles import refusal
+
+    if os.access(system, os.W_OK) and refusal(system) is None:
+        return system
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.environ.get("HOME") or "/tmp", ".local", "state")
     return os.path.join(base, "infersight")
 

@@ -83,7 +83,10 @@ class StateDirError(ConfigError, AgentError):
 
 def check_state_dir(path: str) -> list[str]:
     """The daemon's start check of ``agent.state_dir`` (exit 2 with the reason); returns the
-    warnings to log (an ancestor that others may write: see ``ensure_state_dir``)."""
+    warnings to log (an ancestor that others may write: see ``ensure_state_dir``). ``infersight
+    agent`` runs it before building the extensions, which read the state directory (the
+    cold-start history): a mode it fixes is fixed (and logged) before that read; the agent
+    checks again here when it starts."""
     try:
         return ensure_state_dir(path)
     except UnsafeStateDirError as exc:

@@ -47,3 +47,45 @@ def test_doctor_asks_whether_otlp_is_requested_as_the_agent_does(monkeypatch: py
     assert "per-signal endpoints" in check_exporters(cfg.load(None, env={}))[0].detail
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert "not configured" in check_exporters(cfg.load(None, env={}))[0].detail
+
+
+def test_the_torch_hint_works_where_infersight_is_not_in_the_servers_interpreter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint was `<its python> -m infersight doctor`: infersight need not be installed there (the hooks load
+    from its own install), and then that command fails."""
+    from infersight.agent.commands.doctor import check_torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # no torch in the doctor's own interpreter
+    (check,) = check_torch()
+    assert check.status == "warn"
+    assert "`infersight doctor --python <its python>`" in check.fix, check.fix
+    assert "-m infersight" not in check.fix
+
+
+def test_doctor_checks_the_model_servers_interpreter_without_infersight_in_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--python``: the hooks activate in that interpreter from infersight's own install; torch is looked for
+    there, not in the agent's."""
+    import argparse
+
+    from infersight.agent.commands import doctor
+
+    srv = tmp_path / "srv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(srv)], check=True, timeout=120)
+    py = str(srv / "bin" / "python")
+    monkeypatch.chdir(tmp_path)  # not the checkout, whose infersight/ a plain `python -c` would import
+    monkeypatch.setenv("INFERSIGHT_SPOOL_DIR", str(tmp_path / "spool"))
+    assert subprocess.run([py, "-c", "import infersight"], capture_output=True, timeout=60).returncode != 0
+    launch = doctor.check_launch(py)
+    assert launch.status == "ok" and launch.detail.endswith(" in %s" % py), launch
+    assert [(c.name, c.status, c.detail) for c in doctor.check_torch(py)] == [
+        ("torch", "warn", "not installed in %s" % py)]
+    # The CLI passes it on (resolved), and refuses one that is not there.
+    parser = argparse.ArgumentParser(prog="infersight")
+    doctor.add_parser(parser.add_subparsers(dest="command"))
+    seen: list[str | None] = []
+    monkeypatch.setattr(doctor, "run_doctor", lambda out, as_json=False, python=None: seen.append(python) or 0)
+    args = parser.parse_args(["doctor", "--python", "srv/bin/python"])
+    assert args.func(args) == 0 and seen == [py]
+    args = parser.parse_args(["doctor", "--python", str(tmp_path / "absent" / "python")])
+    assert args.func(args) == 2 and seen == [py]

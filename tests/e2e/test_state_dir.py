@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from infersight.statefiles import UnsafeStateDirError, ensure_state_dir, open_state_file
+from infersight.statefiles import UnsafeStateDirError, ensure_state_dir, open_state_file, refusal
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to plant entries as another user")
 
@@ -106,6 +106,47 @@ def test_a_state_dir_of_the_agents_own_is_fixed_not_refused(agent_factory, base:
     agent = start_with_state_dir(agent_factory, base, state).start()
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o755
     assert agent.status()["healthy"] is True
+    # Said in the log, and fixed before the cold-start history is read there: it was read first, met the
+    # mode ("is unreadable ... starting without it": ETAs from nothing), and the fix went unsaid.
+    log = agent.log.read_text()
+    assert "was writable by group or others (mode 0777): those bits are removed (now 0755)" in log, log
+    assert "unreadable" not in log, log
+
+
+def test_a_state_dir_another_uid_owns_is_refused_in_plain_words(base: Path) -> None:
+    """Root running ``launch`` on a host with the service installed was told /var/lib/infersight "is owned by
+    uid 995, not by the agent's uid 0 (or root)"; and :func:`refusal` lets a default skip such a directory."""
+    state = base / "service-state"
+    state.mkdir(mode=0o750)
+    os.chown(state, nobody().pw_uid, nobody().pw_gid)
+    why = refusal(str(state))
+    assert why == "%s is owned by uid %d, not by root (the agent's uid)" % (state, nobody().pw_uid)
+    with pytest.raises(UnsafeStateDirError, match=r"not by root \(the agent's uid\)"):
+        ensure_state_dir(str(state))
+    other = nobody().pw_uid + 1
+    assert refusal(str(state), owner=other) == "%s is owned by uid %d, neither by the agent's uid %d nor by root" % (
+        state, nobody().pw_uid, other)
+    assert refusal(str(state), owner=nobody().pw_uid) is None
+    # Usable as it is, fixable, or absent: no refusal. A link is refused.
+    own = base / "own"
+    own.mkdir()
+    os.chmod(own, 0o770)
+    assert refusal(str(own)) is None and refusal(str(base / "absent")) is None
+    os.symlink(own, base / "link")
+    assert refusal(str(base / "link")) == "%s is a symbolic link" % (base / "link")
+
+
+def test_the_default_state_dir_skips_the_services_owned_by_another_uid(base: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Root's ``launch`` chose /var/lib/infersight (root can write it), then refused it (the service user owns
+    it): no cold-start history, ever, and two warnings on every run. The default now passes over it."""
+    from infersight.agent.daemon.config import _default_state_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "xdg"))
+    system = base / "var-lib-infersight"
+    system.mkdir(mode=0o750)
+    assert _default_state_dir(str(system)) == str(system)  # root's own: used
+    os.chown(system, nobody().pw_uid, nobody().pw_gid)
+    assert _default_state_dir(str(system)) == str(base / "xdg" / "infersight")
 
 
 def test_files_in_the_state_dir_are_opened_without_following_links(base: Path) -> None:

@@ -131,6 +131,6 @@ def test_the_installed_wheel_runs_from_a_fresh_venv(built: Built, tmp_path: Path
             "print(all(isinstance(p, LazyPattern) for r in builtin().rules for p in r.patterns))")
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr
     # The unit files ship with the program: install-service plans from them, no checkout needed.
-    r = run(cli, "install-service", "--dry-run", "--prefix", str(tmp_path / "root"))
+    r = run(cli, "install-service", "--dry-run", "--force", "--prefix", str(tmp_path / "root"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "infersight.service" in r.stdout and "infersight.toml" in r.stdout

@@ -42,7 +42,10 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-def test_dry_run_touches_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_touches_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # An ExecStart the service can run (this test's interpreter may be under /root, and tmp_path is under /tmp).
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/opt/infersight/bin/infersight"])
     (tmp_path / "etc").mkdir()
     before = snapshot(tmp_path)
     assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
@@ -79,7 +82,7 @@ def test_install_then_keep_existing_config(
     out = capsys.readouterr().out
     assert f"keep     {cfg}" in out
     # --dry-run over an existing config says it would keep it.
-    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    assert run_cli("--prefix", str(tmp_path), "--dry-run", *FORCE) == 0
     assert f"would keep     {cfg}" in capsys.readouterr().out
 
 
@@ -131,7 +134,7 @@ def test_home_directory_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/home/me/.venv/bin/infersight"])
-    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 2  # as the real run (below)
     assert "ProtectHome=yes" in capsys.readouterr().err
 
 
@@ -160,10 +163,72 @@ def test_home_directory_warning_for_the_interpreter_a_venv_links_to(
     script.write_text("#!%s\nfrom infersight.agent.cli import main\nmain()\n" % (venv_bin / "python"))
     script.chmod(0o755)
     monkeypatch.setattr(install_service, "resolve_exec", lambda: [str(script)])
-    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 2
     err = capsys.readouterr().err
     assert "its interpreter /home/ops/.pyenv/versions/3.12.7/bin/python3.12 is under a home directory" in err, err
-    assert "the program" not in err
+    # The program itself is outside home directories (tmp_path may be under /tmp, which PrivateTmp hides: below).
+    assert not [line for line in err.splitlines() if line.startswith("warning: the program")
+                and "under a home directory" in line]
+
+
+def test_a_dry_run_refuses_as_the_real_run_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dry-run printed "would install ..." and exited 0 where the real run refuses (exit 2)."""
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/home/me/.venv/bin/infersight"])
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 2
+    out, err = capsys.readouterr()
+    assert "--force installs it anyway" in err
+    assert "would install" not in out
+    assert not any(tmp_path.rglob("*")), "nothing written"
+    assert run_cli("--prefix", str(tmp_path), "--dry-run", "--force") == 0
+    assert "would install" in capsys.readouterr().out
+    assert not any(tmp_path.rglob("*")), "nothing written"
+
+
+@pytest.mark.parametrize("exe", ["/tmp/build/.venv/bin/infersight", "/var/tmp/ci/venv/bin/infersight"])
+def test_a_program_under_a_temporary_directory_is_not_installed_without_force(
+    exe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The unit's PrivateTmp=yes gives the service an empty /tmp and /var/tmp: an ExecStart there fails
+    203/EXEC, and nothing was said."""
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: [exe])
+    assert run_cli("--prefix", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert f"the program {exe} is under a temporary directory, which PrivateTmp=yes hides" in err, err
+    assert "ProtectHome" not in err
+    assert not any(tmp_path.rglob("*.service")), "nothing written"
+    assert run_cli("--prefix", str(tmp_path), "--force") == 0
+    assert (tmp_path / "etc/systemd/system/infersight.service").is_file()
+
+
+def test_an_interpreter_linked_into_var_tmp_is_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The venv's ``python`` links to a Python under /var/tmp: resolved as for home directories."""
+    venv_bin = tmp_path / "opt" / "infersight" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to("/var/tmp/uv/python/cpython-3.12/bin/python3.12")
+    script = venv_bin / "infersight"
+    script.write_text("#!%s\nfrom infersight.agent.cli import main\nmain()\n" % (venv_bin / "python"))
+    script.chmod(0o755)
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: [str(script)])
+    assert run_cli("--prefix", str(tmp_path / "root")) == 2
+    err = capsys.readouterr().err
+    assert ("its interpreter /var/tmp/uv/python/cpython-3.12/bin/python3.12 is under a temporary directory, "
+            "which PrivateTmp=yes hides") in err, err
+
+
+def test_next_steps_name_the_installed_executable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After the documented install into /opt/infersight, a bare `infersight` is on neither root's PATH nor
+    sudo's secure_path: the step to verify names what ExecStart runs."""
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/opt/infersight/bin/infersight"])
+    assert run_cli("--prefix", str(tmp_path), "--dry-run") == 0
+    steps = capsys.readouterr().out.split("next steps", 1)[1].splitlines()
+    assert "  /opt/infersight/bin/infersight status" in steps, steps
+    assert "  infersight status" not in steps
 
 
 def test_unwritable_root_fails_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
