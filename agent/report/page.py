@@ -11,6 +11,7 @@ stderr when no file could be read, none holds OTLP data, or the page cannot be w
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -100,8 +101,8 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO,
     if sc is None:
         return EXIT_ERROR
     skipped = report_skips(sc, err, "report")
-    if skipped:
-        err.write("infersight report: %d line(s) or record(s) skipped in all; the page lists them\n" % skipped)
+    if skipped:  # the page lists them too, when there is one
+        err.write("infersight report: %d line(s) or record(s) skipped in all\n" % skipped)
     if sc.empty():
         err.write("infersight report: no OTLP records in %s (expected OTLP JSON lines, as written by "
                   "'infersight launch' or the agent's file exporter)\n" % ", ".join(paths))
@@ -116,19 +117,30 @@ def run_report(paths: list[str], output: str | None, out: TextIO, err: TextIO,
     if any(os.path.exists(p) and os.path.exists(dest) and os.path.samefile(p, dest) for p in paths):
         err.write("infersight report: %s is an input; choose another output with -o\n" % dest)
         return EXIT_ERROR
-    tmp = "%s.tmp-%d" % (dest, os.getpid())
+    tmp = None
     try:
-        with open(tmp, "w", encoding="utf-8", errors="replace") as f:
+        # a new file of our own beside the page (O_EXCL: a name planted there, a link to another user's
+        # file, is never opened), then renamed over it
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dest) + ".tmp-", dir=os.path.dirname(dest) or ".")
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # as open() would have made it
             f.write(page)
         os.replace(tmp, dest)
     except BaseException as exc:  # never leave the temporary file, whatever stopped the write
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         if not isinstance(exc, OSError):
             raise
         err.write("infersight report: cannot write %s: %s\n" % (dest, exc.strerror or exc))
         return EXIT_ERROR
     out.write(dest + "\n")
     return 0
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

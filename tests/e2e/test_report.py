@@ -390,6 +390,7 @@ def test_no_otlp_data_is_a_clear_error(tmp_path: Path, content: str) -> None:
     assert p.returncode == 2
     assert "infersight report: no OTLP records in" in p.stderr
     assert not (tmp_path / "x.html").exists()
+    assert "the page lists them" not in p.stderr, "no page was written"
 
 
 def test_unreadable_input_and_unwritable_output(demo: Path, tmp_path: Path) -> None:
@@ -505,6 +506,36 @@ def test_output_never_overwrites_an_input(demo: Path, tmp_path: Path) -> None:
     p = report(src, out=src)
     assert p.returncode == 2 and "is an input" in p.stderr
     assert src.read_bytes() == before
+
+
+def test_a_link_planted_at_the_temporary_name_is_never_followed(demo: Path, tmp_path: Path) -> None:
+    """The page was written to "<page>.tmp-<pid>" opened without O_EXCL: a link planted there for the coming
+    pids (another user, in a shared directory) made the report overwrite the link's target, a file of the
+    user who ran it."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    page = tmp_path / "r.html"
+    os.symlink(victim, "%s.tmp-%d" % (page, os.getpid()))  # the name the old code would open
+    p = report(demo, out=page)
+    assert p.returncode == 0, p.stderr
+    assert victim.read_text() == "keep me"
+    assert "<html" in page.read_text() and not page.is_symlink()
+    assert oct(page.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert sorted(x.name for x in tmp_path.iterdir() if ".tmp-" in x.name) == ["r.html.tmp-%d" % os.getpid()]
+
+
+def test_a_report_that_writes_no_page_does_not_say_the_page_lists_its_skips(tmp_path: Path) -> None:
+    src = tmp_path / "garbage.jsonl"
+    src.write_text("not json\n")
+    p = report(src, out=tmp_path / "x.html")
+    assert p.returncode == 2 and "skipped in all" in p.stderr and "the page" not in p.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def test_a_flood_of_stages_keeps_the_page_small(tmp_path: Path) -> None:
