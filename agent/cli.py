@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any, NoReturn
 
 EXIT_USAGE = 2
@@ -23,7 +24,31 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for cat whose read
 DEFAULT_CONFIG_PATH = "/etc/infersight/infersight.toml"  # = config.DEFAULT_CONFIG_PATH (a test checks)
 
 
+# reStructuredText in a module docstring used as a command's description: ``literal`` and
+# :role:`target` (with an optional ~); --help prints them plain.
+_RST_LITERAL = re.compile(r"``(.+?)``", re.S)
+_RST_ROLE = re.compile(r":(?:py:)?(func|meth|class|mod|attr|data|obj|exc|ref|doc|envvar|term):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """``text`` with the reStructuredText markup of docstrings removed: what --help prints."""
+
+    def role(m: re.Match[str]) -> str:
+        target = m.group(2)
+        if "<" in target and target.endswith(">"):  # :ref:`title <target>`
+            return target.split("<", 1)[0].strip()
+        return target + "()" if m.group(1) in ("func", "meth") else target
+
+    return _RST_LITERAL.sub(r"\1", _RST_ROLE.sub(role, text))
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("description"):
+            kwargs["description"] = plain_text(kwargs["description"])
+        super().__init__(*args, **kwargs)
+        self.commands: Mapping[str, argparse.ArgumentParser] = {}  # the top level's: name -> its parser
+
     def error(self, message: str) -> NoReturn:  # usage errors exit 2, as DESIGN says
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, "%s: error: %s\n" % (self.prog, message))
@@ -66,7 +91,7 @@ def _add_command(sub: Any, module: str, help_line: str) -> None:
     importlib.import_module(module).add_parser(sub, help_line)
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> _Parser:
     """The full parser; with ``only``, that command in full and the others by name and help."""
     p = _Parser(prog="infersight", description=(
         "Telemetry for hosts that serve PyTorch models on GPUs: cold-start spans, "
@@ -80,6 +105,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             _add_command(sub, module, help_line)
         else:
             sub.add_parser(name, help=help_line, add_help=False)
+    p.commands = sub.choices
     return p
 
 
@@ -95,7 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # in infersight's own (the bootstrap skips this one), nor in the ones it starts (a probe).
     os.environ.pop("INFERSIGHT", None)
     parser = build_parser(only=_command_name(args_in))
-    args = parser.parse_args(args_in)
+    args, unknown = parser.parse_known_args(args_in)
+    if unknown:  # after the command's name: said by that command's parser, with its usage
+        name = getattr(args, "command", None) or ""
+        top = args_in[:args_in.index(name)] if name in args_in else args_in
+        owner = parser if any(u in top for u in unknown) else parser.commands.get(name, parser)
+        owner.error("unrecognized arguments: %s" % " ".join(unknown))
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

@@ -1,8 +1,10 @@
 """The demo workload for ``infersight launch -- python examples/demo_serve.py``.
 
 A small model server with the stages a real one has, and no infersight call: import
-torch, build a model (64 MiB of fp32 weights), save and load its weights, warm it up,
-listen on 127.0.0.1, answer one HTTP request, exit. A few seconds on a CPU.
+torch, build a model (128 MiB of fp32 weights), save and load its weights, warm it up,
+listen on 127.0.0.1, answer one HTTP request, exit. A few seconds on a CPU. The weights go to a
+temporary directory, removed at the end (also when the demo fails or gets Ctrl-C), unless
+--weights-dir names one.
 
     python examples/demo_serve.py                 # sends its own request, then exits
     python examples/demo_serve.py --port 8000     # waits for one request from outside
@@ -16,6 +18,7 @@ import argparse
 import http.server
 import json
 import os
+import shutil
 import tempfile
 import threading
 import urllib.request
@@ -36,8 +39,17 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--weights-dir", default=None)
     args = ap.parse_args()
+    if args.weights_dir:
+        serve(args, args.weights_dir)
+        return
+    workdir = tempfile.mkdtemp(prefix="demo-weights-")
+    try:
+        serve(args, workdir)
+    finally:  # the weights (128 MiB by default) are not left behind in /tmp
+        shutil.rmtree(workdir, ignore_errors=True)
 
-    workdir = args.weights_dir or tempfile.mkdtemp(prefix="demo-weights-")
+
+def serve(args: argparse.Namespace, workdir: str) -> None:
     path = os.path.join(workdir, "model.pt")
     if not os.path.exists(path):
         torch.save(build(args.hidden).state_dict(), path)

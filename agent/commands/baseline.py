@@ -1,10 +1,10 @@
-"""``infersight baseline``: the same fixed requests on every visible device, P50/P99 per device,
+"""infersight baseline: the same fixed requests on every visible device, P50/P99 per device,
 the coefficient against peers of the same kind, and verdicts.
 
 One request is a fixed sequence: a matmul ladder (128, 256, 512), a small conv and a small
 transformer encoder block, with fixed seeds and shapes. Warmup requests are excluded. Peers of a
-device are the other devices with the same product name; a CPU-only run has none (``no_peers``).
-torch is optional: it is imported inside :func:`run`.
+device are the other devices with the same product name; a CPU-only run has none (verdict
+no_peers). torch is optional: it is imported only when the command runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""``infersight classify``: find every OOM message in text and say which of the three it was.
+"""infersight classify: find every OOM message in text and say which of the three it was.
 
-Usage: ``infersight classify [--json] [--snapshot FILE] [--request SIZE] [--rules-dir DIR]...
-[PATH|-]``. Exit status: 0 when at least one OOM was found (or a snapshot was summarised),
+Usage: infersight classify [--json] [--snapshot FILE] [--request SIZE] [--rules-dir DIR]...
+[PATH|-]. Exit status: 0 when at least one OOM was found (or a snapshot was summarised),
 1 when none, 2 on bad usage, an unreadable file or an invalid rule file (file:line).
 """
 
@@ -55,7 +55,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="extra rule files (DIR/*.toml), loaded after the builtin rules and "
-        "$INFERSIGHT_RULES_DIR (default /etc/infersight/rules.d); repeatable",
+        "the site directories ($INFERSIGHT_RULES_DIRS, as the agent's rules.dirs; default "
+        "/etc/infersight/rules.d); repeatable",
     )
     p.add_argument("path", nargs="?", metavar="PATH|-", help="text to scan; - or absent: stdin")
     p.set_defaults(func=run)

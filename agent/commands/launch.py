@@ -664,31 +664,31 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             return EXIT_NOT_EXECUTABLE
         if joined is not None:  # CMD runs and reports to the joined agent: now the heavy part
             joined_rc: int = AgentSide("launch_join").module().run(opts, path, private, joined, child, spawn_ns, err)
-            return joined_rc
+            return _ended(joined_rc, child, joined, path, err)
         assert path is not None
         # A CMD that is done at once (``true``, a failed exec) leaves nothing for an agent: a
         # short grace before the heavy import, so that it need not compete with the quick end.
         if exited_within(child, QUICK_EXIT_S):
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
-                return quick
+                return _ended(quick, child, None, path, err)
         held = _hold(opts, child, listen_fd, spawn_ns, private, hold_s) if child.exit_ns == 0 else None
         if marked and held is None:
             _clear_hold_mark(private)  # CMD exited at once: no hold, what it left goes to the agent now
         if held is not None and held.why == "exited" and not held.connections:
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
-                return quick
+                return _ended(quick, child, None, path, err)
         # CMD runs (or is done): now the heavy part; at low priority while CMD may still start
         agent_side = AgentSide(nice=held is None or held.why in STILL_STARTING)
         if child.exit_ns == 0 and agent_side.wait_or_exit(child) and not (held is not None and held.connections):
             quick = _quick_end(opts, path, private, listen_fd, child, spawn_ns, err)
             if quick is not None:
                 opts.import_abandoned = True  # the agent side is still being imported: not needed
-                return quick
+                return _ended(quick, child, None, path, err)
         launch_session = agent_side.module()
         rc: int = launch_session.run(opts, path, private, listen_fd, child, spawn_ns, err, held)
-        return rc
+        return _ended(rc, child, None, path, err)
     finally:
         if child is not None:
             child.restore_tty()
@@ -701,13 +701,40 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
         private.release()
 
 
+def end_lines(returncode: int | None, joined: Joined | None, path: str | None) -> list[str]:
+    """The summary's last lines: how CMD failed (not when it succeeded), and, joined without a local
+    copy, where this run's events went instead of the file that the embedded default writes."""
+    lines = []
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "signal %d" % -returncode
+        lines.append("CMD was killed by %s (exit status %d)" % (name, 128 - returncode))
+    elif returncode:
+        lines.append("CMD exited with status %d" % returncode)
+    if joined is not None and not path:
+        sinks = ", ".join(joined.info.get("sinks") or []) or "none"
+        lines.append("no local file written; events went to the agent at %s (its sinks: %s; --otlp-file PATH "
+                     "writes a local copy too)" % (joined.path, sinks))
+    return ["infersight: " + line for line in lines]
+
+
+def _ended(rc: int, child: Child, joined: Joined | None, path: str | None, err: TextIO) -> int:
+    """``rc``, once the summary's last lines (:func:`end_lines`) are written."""
+    for line in end_lines(child.returncode, joined, path):
+        err.write(line + "\n")
+    err.flush()
+    return rc
+
+
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
     lp: argparse.ArgumentParser = sub.add_parser("launch", help=help_line or command_help("launch"))
     lp.add_argument("--otlp-file", metavar="PATH", help="output file (default: infersight-<time>.otlp.jsonl)")
-    lp.add_argument("--ready-url", metavar="URL",
-                    help="poll URL (2xx/3xx) as the readiness probe; ends ready_wait there")
-    lp.add_argument("--probe", metavar="URL",
-                    help="after readiness, GET URL once and record the time to its first byte")
+    lp.add_argument("--ready-url", metavar="URL", type=_http_url,
+                    help="poll URL (http:// or https://; 2xx/3xx) as the readiness probe; ends ready_wait there")
+    lp.add_argument("--probe", metavar="URL", type=_http_url,
+                    help="after readiness, GET URL (http:// or https://) once and record the time to its first byte")
     lp.add_argument("--evict", metavar="PATH", nargs="+", action="extend",
                     help="drop these files (directories recursively) from the page cache before CMD "
                          "starts, for a truly cold start without root")
@@ -742,6 +769,21 @@ def _seconds(text: str) -> float:
     if not v >= 0 or v == float("inf"):
         raise argparse.ArgumentTypeError("expected a number of seconds >= 0, got %r" % text)
     return v
+
+
+def _http_url(text: str) -> str:
+    """An http:// or https:// URL with a host (what ``launch_session.http_get`` can request)."""
+    import urllib.parse
+
+    try:
+        u = urllib.parse.urlsplit(text)
+        # .port raises ValueError on a port that is not a number in 0-65535
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or u.port >= 0)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError("expected an http:// or https:// URL with a host, got %r" % text)
+    return text
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -41,3 +43,19 @@ def test_python_in_cmd_is_the_checkouts_venv(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "prefix=%s\n" % venv in r.stdout
     assert list(tmp_path.glob("infersight-*.otlp.jsonl")), "launch wrote no OTLP file in the current directory"
+
+
+@pytest.mark.parametrize(("extra", "rc"), [((), 0), (("--device", "no-such-device"), 1)])
+def test_the_demo_leaves_no_weights_behind(tmp_path: Path, extra: tuple[str, ...], rc: int) -> None:
+    """Every run left its demo-weights-* directory (128 MiB at the default size) in the temporary
+    directory, when it served and when it failed (here: after saving the weights)."""
+    pytest.importorskip("torch")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT", "OTEL_"))}
+    env["TMPDIR"] = str(tmp)
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "demo_serve.py"), "--hidden", "64", *extra],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    assert r.returncode == rc, r.stdout[-3000:] + r.stderr[-3000:]
+    assert ("demo: served" in r.stdout) == (rc == 0)
+    assert list(tmp.iterdir()) == []

@@ -78,6 +78,38 @@ def test_usage_errors_give_2(tmp_path: Path) -> None:
     assert subprocess.run([*CLI, "launch", "--nope", "--", "true"], capture_output=True, timeout=30).returncode == 2
 
 
+@pytest.mark.parametrize(("option", "url"), [
+    ("--ready-url", "notaurl"), ("--probe", "ftp://127.0.0.1:8799/"), ("--ready-url", "http:///health"),
+    ("--probe", "http://127.0.0.1:99999/"),
+])
+def test_a_ready_or_probe_url_that_is_not_http_is_a_usage_error_before_cmd(tmp_path: Path, option: str, url: str
+                                                                          ) -> None:
+    """It was taken as given: "never ready at notaurl" at the end, exit 0; an ftp:// probe silently ignored."""
+    started = tmp_path / "started"
+    r = subprocess.run([*CLI, "launch", option, url, "--", "touch", str(started)], capture_output=True, text=True,
+                       timeout=30, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("usage: infersight launch ")
+    assert "infersight launch: error: argument %s: expected an http:// or https:// URL with a host, got %r" % (
+        option, url) in r.stderr
+    assert not started.exists(), "CMD never starts"
+    assert not list(tmp_path.glob("infersight-*.otlp.jsonl"))
+
+
+@pytest.mark.parametrize(("cmd", "rc", "said"), [
+    (["true"], 0, ""),
+    (["false"], 1, "infersight: CMD exited with status 1\n"),
+    (["sh", "-c", "kill -TERM $$"], 143, "infersight: CMD was killed by SIGTERM (exit status 143)\n"),
+    ([sys.executable, "-c", "import sys; sys.exit(3)"], 3, "infersight: CMD exited with status 3\n"),  # agent side
+])
+def test_a_failed_command_is_said_at_the_end_of_the_summary(tmp_path: Path, cmd: list[str], rc: int, said: str
+                                                            ) -> None:
+    """A failed CMD printed the same summary as a success: only the exit status told them apart."""
+    r, out = launch(tmp_path, *cmd)
+    assert r.returncode == rc, r.stderr
+    assert r.stderr.endswith("infersight: wrote %s\n%s" % (out, said)), r.stderr[-2000:]
+
+
 def test_default_output_name_in_cwd(tmp_path: Path) -> None:
     r = subprocess.run([*CLI, "launch", "--no-console", "--", "true"], capture_output=True, text=True,
                        timeout=60, cwd=tmp_path)

@@ -82,6 +82,20 @@ def test_auto_joins_the_running_agent(tmp_path: Path, agent_factory) -> None:  #
     assert agent.status()["events_in"] > 0 and agent.status()["subscribers"] == 0
 
 
+def test_a_joined_launch_ends_saying_where_its_events_went(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """The quick start's ``infersight show <file>`` needs the local file that a joined launch does not
+    write: the summary's last line says so, where the events went, and how to get a file."""
+    agent = agent_factory().start()
+    r = subprocess.run([*CLI, "launch", "--", sys.executable, "-c", "pass"], cwd=tmp_path,
+                       env=launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock)), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.endswith(
+        "infersight: no local file written; events went to the agent at %s (its sinks: file %s; --otlp-file PATH "
+        "writes a local copy too)\n" % (agent.sock, agent.out)), r.stderr[-2000:]
+    assert not list(tmp_path.glob("infersight-*.otlp.jsonl"))
+
+
 def test_joined_with_otlp_file_writes_a_local_copy_too(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
     agent = agent_factory().start()
     out = tmp_path / "local.otlp.jsonl"
