@@ -442,8 +442,9 @@ class Session:
                 readiness.notes.append("readiness watch: %s" % (exc or type(exc).__name__))
         await sockets
         readiness.listening_ns, readiness.listening = listening.listening_ns, listening.listening
-        if held is not None:
-            await wait_held_spools(private.spool, min(HELD_SPOOLS_WAIT_S, opts.flush_timeout_s))
+        # Processes of CMD that live on (a daemon it left) and spooled while the hold's mark was up: launch writes
+        # the mark before CMD starts, so they did even where CMD exited before a hold began (``held`` None)
+        await wait_held_spools(private.spool, min(HELD_SPOOLS_WAIT_S, opts.flush_timeout_s))
         # The child's hooks flushed at exit; let the agent read what is in flight.
         await wait_producers_gone(agent, private.sock, opts.flush_timeout_s)
         agent.replay_spools(private.spool)
