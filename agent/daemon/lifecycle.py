@@ -49,6 +49,10 @@ from infersight.telemetry import Item, Origin, Resource
 
 log = logging.getLogger("infersight.agent")
 SPOOL_SCAN_S = 5.0
+# Startup waits this long at most for the first scan of the hooks' spool directory; a longer one (a huge
+# file, planted or real) goes on in the scan's task, after READY=1 and with the watchdog's pings.
+START_SCAN_WAIT_S = 10.0
+SCAN_LISTING_SPACING = 4  # a scan starts at least this many times its listing's duration after the last
 # Keys a reload applies to the running agent, with those its extensions apply
 # (``Extension.live_keys``); a change to any other key (socket, spools, exporters, NVML
 # sampling) is validated, and applies at the next restart (logged).
@@ -230,6 +234,7 @@ class Agent:
             idle_timeout_s=config["agent.idle_timeout_s"],
         )
         self.ingest.spool_dir = config["agent.spool_dir"]
+        self.ingest.spools.loop_share = self.ingest.connections.loop_share  # a scan's time is its files' owners'
         # Joined launches subscribe to their CMD's items (sessions.py); a tap like any other.
         self.sessions = Sessions(self.assembler, self._session_info, self.ingest.connected,
                                  lambda: self.ingest.replay_spools_async(self.config["agent.spool_dir"]))
@@ -518,12 +523,11 @@ class Agent:
         self.listening = True
         if not self.embedded:
             check_hooks_spool_dir(self.config["agent.spool_dir"])
-        replayed = await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
-        if replayed:
-            log.info("replayed %d spool file(s) of producers that had died", replayed)
         loop = asyncio.get_running_loop()
+        first = loop.create_task(self._first_spool_scan(), name="agent-spool-first-scan")
+        await asyncio.wait({first}, timeout=START_SCAN_WAIT_S)
         self._tasks.append(loop.create_task(self._heartbeat(), name="agent-heartbeat"))
-        self._tasks.append(loop.create_task(self._spool_scan(), name="agent-spool-scan"))
+        self._tasks.append(loop.create_task(self._spool_scan(first), name="agent-spool-scan"))
         interval = sdnotify.watchdog_interval_s()
         if interval is not None and not self.embedded:
             self._watchdog_task = loop.create_task(self._watchdog(interval), name="agent-watchdog")
@@ -540,13 +544,23 @@ class Agent:
                 job()
             self.notify_status()
 
-    async def _spool_scan(self) -> None:
+    async def _first_spool_scan(self) -> None:
+        replayed = await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
+        if replayed:
+            log.info("replayed %d spool file(s) of producers that had died", replayed)
+
+    async def _spool_scan(self, first: asyncio.Task[None]) -> None:
         # Spools of producers that died (their lock is free) are picked up within this long: a
         # directory scan and a lock probe per file, cheap enough to keep a dead producer's last
         # events from waiting half a minute. A task of its own: a long file's replay (given back
-        # to the loop as it goes) delays no health publication.
+        # to the loop as it goes) delays no health publication. The listing runs in a thread; one of
+        # a huge directory (planted names) spaces the scans, so that it does not take a core.
+        try:
+            await first  # the startup's scan, if it outlasted the startup's wait
+        except Exception:
+            log.exception("the first scan of the spool directory failed; the next one runs in %.0f s", SPOOL_SCAN_S)
         while True:
-            await asyncio.sleep(SPOOL_SCAN_S)
+            await asyncio.sleep(max(SPOOL_SCAN_S, SCAN_LISTING_SPACING * self.ingest.spools.list_s))
             await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
 
     def request_stop(self) -> None:

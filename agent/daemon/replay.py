@@ -12,10 +12,15 @@ on a FIFO, only a regular file with one link is read, and it is unlinked only if
 still holds that same file. Nor with the agent's time: a file is read in pieces and its frames
 taken one at a time (a planted 256 MiB sparse file had the agent read, split and decode it in one
 go, holding the event loop for minutes); a run of frames that are not the wire's ends the file
-(refused, counted once); and the scans of the whole directory (at start, every few seconds, at a
-joined launch's end) give the loop back every few hundred frames (``replay_async``). Only the
-replay of one ended producer's own files runs in one go, and only for files no larger than the
-hooks write by default.
+(refused, counted once); a batch of more events than the wire allows is refused whole, as over a
+connection. The scans of the whole directory (at start, every few seconds, at a joined launch's end)
+list it in a thread, consider at most MAX_SCAN_NAMES names each (past that, each owner uid in turn),
+and give the loop back every SLICE_S of loop time (or STEP_FRAMES frames): one planted file of 512
+frames of 2,048 events had held the loop for over a minute, and 1.5 million planted names 7 s a scan.
+A scan's loop time is charged to the file owner's uid (``loop_share.py``, as a connection's frames),
+and it reads on only while that uid's batches fit its share of the exporters' queues. Only the replay
+of one ended producer's own files runs in one go, and only for files no larger than the hooks write by
+default.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ import asyncio
 import fcntl
 import os
 import stat
+import time
 from collections.abc import Callable, Generator, Iterator
+from typing import NamedTuple
 
 from infersight.agent.daemon.assemble import Producer, ProducerTableFull
 from infersight.agent.daemon.identity import Peer
+from infersight.agent.daemon.loop_share import LoopShare
 from infersight.agent.daemon.receive import Receiver
 from infersight.agent.daemon.sanitize import decode_frame
 from infersight.hooks import _paths, _wire
@@ -35,13 +43,19 @@ from infersight.hooks import _paths, _wire
 MAX_PASSED_OVER = 4096  # files remembered as counted already (the oldest forgotten first)
 READ_CHUNK = 1 << 20
 MAX_MALFORMED_RUN = 64  # frames in a row that are not the wire's: the file is not a spool the hooks wrote
-STEP_FRAMES = 256  # frames between two returns of the loop in an asynchronous replay
+STEP_FRAMES = 256  # frames at most between two returns of the loop in an asynchronous replay
+SLICE_S = 0.015  # loop time at most (give or take one frame) between two returns of the loop
+GIVE_S = 0.001  # how long it then gives it: a reply that takes a few turns of the loop is not one per slice
+MAX_SCAN_NAMES = 1024  # names one scan considers; past it, owner uids take turns and the rest waits
+_MAX_ODD = 64  # hard links and the like a large listing reports (one per file), to be counted once
+_MAX_UIDS_COUNTED = 256
 # The replay of one ended producer's files runs in one go (its events come before its end is decided): up to the
 # hooks' default spool size; a larger file (a raised INFERSIGHT_SPOOL_MAX_BYTES, or planted under its prefix) waits
 # for the next scan, which gives the loop back as it goes.
 SYNC_MAX_BYTES = 64 << 20
 
-Step = Generator[None, None, bool]  # one file's replay: yields between pieces of work, returns whether it was done
+Step = Generator[int | None, None, bool]  # one file's replay: yields its owner's uid after each piece of work,
+# returns whether it was done
 
 
 def _advance(step: Step) -> bool | None:
@@ -76,6 +90,121 @@ def iter_frames(fd: int) -> Iterator[bytes | None]:
         del buf[:pos]
 
 
+class Listing(NamedTuple):
+    """What a scan found in the directory (:func:`list_spool`)."""
+
+    names: list[str]  # to consider now, in this order
+    total: int  # spool names found
+    waiting: dict[int, int]  # per owner uid: names left for later scans (a large directory only)
+    odd: list[tuple[str, os.stat_result]]  # a large directory's hard links and non-files: one name per file
+    cursors: dict[int, str]  # per owner uid: the last name considered (the next scan goes on after it)
+
+
+class _Owned:
+    """One uid's names in a large directory: the ``limit`` first after its cursor, and the first overall."""
+
+    __slots__ = ("after", "before", "count", "cursor", "limit")
+
+    def __init__(self, cursor: str, limit: int) -> None:
+        self.cursor, self.limit, self.count = cursor, limit, 0
+        self.after: list[str] = []
+        self.before: list[str] = []
+
+    def add(self, name: str) -> None:
+        self.count += 1
+        kept = self.after if name > self.cursor else self.before
+        kept.append(name)
+        if len(kept) >= 2 * self.limit:  # amortised: a sort every `limit` names keeps memory bounded
+            kept.sort()
+            del kept[self.limit:]
+
+    def order(self) -> list[str]:
+        return sorted(self.after)[:self.limit] + sorted(self.before)[:self.limit]
+
+
+def list_spool(directory: str, prefix: str, limit: int, cursors: dict[int, str]) -> Listing:
+    """The spool names in ``directory`` that begin with ``prefix``, at most ``limit`` of them (blocking:
+    run it in a thread). Within ``limit`` they are listed only, sorted. Past it, each name is looked at
+    (``lstat``) and the owner uids take ``limit`` in turn, each from after its cursor on: another user's
+    planted names (hard links to their own files: 1.5 million of them) leave a victim's file its turn.
+    Memory stays bounded by ``limit`` names per uid, whatever the directory holds."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return Listing([], 0, {}, [], {})
+    kept: list[str] = []
+    owners: dict[int, _Owned] = {}
+    odd: dict[tuple[int, int], tuple[str, os.stat_result]] = {}
+    odd_uids: dict[int, int] = {}
+    total = 0
+
+    def look(name: str) -> None:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            return
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # refused anyway: counted once per file
+            odd_uids[st.st_uid] = odd_uids.get(st.st_uid, 0) + 1
+            if len(odd) < _MAX_ODD:
+                odd.setdefault((st.st_dev, st.st_ino), (name, st))
+            return
+        owned = owners.get(st.st_uid)
+        if owned is None:
+            owned = owners[st.st_uid] = _Owned(cursors.get(st.st_uid, ""), limit)
+        owned.add(name)
+
+    try:
+        with os.scandir(dfd) as entries:
+            for entry in entries:
+                name = entry.name
+                if not (name.endswith(_paths.SPOOL_SUFFIX) and name.startswith(prefix)):
+                    continue
+                total += 1
+                if total <= limit:
+                    kept.append(name)
+                    continue
+                if total == limit + 1:  # a large directory: from here on, by owner
+                    for k in kept:
+                        look(k)
+                    kept = []
+                look(name)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+    if total <= limit:
+        return Listing(sorted(kept), total, {}, [], {})
+    queues = {uid: owners[uid].order() for uid in sorted(owners)}
+    names: list[str] = []
+    taken: dict[int, int] = dict.fromkeys(queues, 0)
+    while len(names) < limit and any(taken[u] < len(q) for u, q in queues.items()):
+        for uid, q in queues.items():  # one name of each uid in turn
+            if taken[uid] < len(q) and len(names) < limit:
+                names.append(q[taken[uid]])
+                taken[uid] += 1
+    waiting = {uid: owners[uid].count - taken[uid] for uid in queues if owners[uid].count > taken[uid]}
+    for uid, n in odd_uids.items():
+        waiting[uid] = waiting.get(uid, 0) + n
+    new_cursors = {uid: queues[uid][taken[uid] - 1] for uid in queues if taken[uid]}
+    return Listing(names, total, waiting, list(odd.values()), new_cursors)
+
+
+def list_small(dfd: int, prefix: str, limit: int) -> list[str] | None:
+    """The spool names that begin with ``prefix``, sorted, if the directory is small (at most ``limit``
+    of them among at most 4 x ``limit`` names: a millisecond or two, fine on the loop); else None."""
+    names: list[str] = []
+    with os.scandir(dfd) as entries:
+        for k, entry in enumerate(entries):
+            name = entry.name
+            if k >= 4 * limit:
+                return None
+            if name.endswith(_paths.SPOOL_SUFFIX) and name.startswith(prefix):
+                if len(names) >= limit:
+                    return None
+                names.append(name)
+    return sorted(names)
+
+
 def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
     """Unlink ``directory/name`` only if it is still the file we read (device, inode)."""
     try:
@@ -92,6 +221,37 @@ def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None
         os.close(dfd)
 
 
+class _Pace:
+    """When an asynchronous replay gives the loop back: after SLICE_S of loop time or STEP_FRAMES
+    frames, whichever first; then its uid waits for its share of the loop (``loop_share``), and at
+    any step while its batches fill their share of the exporters' queues (memory stays bounded)."""
+
+    def __init__(self, owner: SpoolReplay) -> None:
+        self.owner = owner
+        self.clock = owner.clock
+        self.began = self.clock()
+        self.steps = 0
+
+    async def step(self, uid: int | None) -> None:
+        self.steps += 1
+        broadcaster = self.owner.receiver.broadcaster
+        full = uid is not None and broadcaster.must_wait(uid)
+        spent = self.clock() - self.began
+        if spent < SLICE_S and self.steps < STEP_FRAMES and not full:
+            return
+        share = self.owner.loop_share
+        if share is not None and uid is not None:  # charged as a connection's frames are
+            share.settle(uid, 0, share.reserve(uid, 0), spent)
+        self.owner.gave_back += 1
+        await asyncio.sleep(GIVE_S)  # not one turn: a chain of callbacks (a status probe's) runs to its end
+        if uid is not None:
+            if broadcaster.must_wait(uid):
+                await broadcaster.wait_turn(uid)
+            if share is not None and share.over(uid):
+                await share.wait(uid)
+        self.began, self.steps = self.clock(), 0
+
+
 class SpoolReplay:
     """``ended(producer)`` runs after a file is read: its process has ended (its lock was
     free), so the ingest closes what it left open, unless it is connected again."""
@@ -99,6 +259,15 @@ class SpoolReplay:
     def __init__(self, receiver: Receiver, ended: Callable[[Producer], None]) -> None:
         self.receiver = receiver
         self.ended = ended
+        self.loop_share: LoopShare | None = None  # the connections' (set by the agent): a scan's uid is charged
+        self.clock: Callable[[], float] = time.perf_counter
+        self.gave_back = 0  # times an asynchronous replay gave the loop back
+        self.names_waiting: dict[int, int] = {}  # per owner uid: names the last large scan left for later
+        self.last_listing = Listing([], 0, {}, [], {})
+        self.list_s = 0.0  # how long the last scan's listing took (a thread's time: the scans are spaced by it)
+        self._deferred: set[str] = set()  # prefixes whose files a task looks for (a large directory)
+        self._later: set[asyncio.Task[None]] = set()
+        self._cursors: dict[int, str] = {}
         self._replaying: set[str] = set()  # files published but not yet exported
         self._reading: set[str] = set()  # names of files a replay is reading now (it gives the loop back)
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
@@ -106,39 +275,107 @@ class SpoolReplay:
     def replay(self, directory: str, prefix: str = "") -> int:
         """Replay, in one go, the spool files whose producer has died (its lock is free) and that are no
         larger than SYNC_MAX_BYTES (the rest wait for :meth:`replay_async`); returns files done."""
-        done = 0
-        for name, dfd in self._names(directory, prefix):
-            step = self._replay_one(directory, dfd, name, SYNC_MAX_BYTES)
-            while (finished := _advance(step)) is None:
-                pass
-            done += finished
-        return done
-
-    async def replay_async(self, directory: str, prefix: str = "") -> int:
-        """:meth:`replay` for a whole directory: any size, the event loop given back every
-        STEP_FRAMES frames; returns files done."""
-        done = 0
-        for name, dfd in self._names(directory, prefix):
-            step = self._replay_one(directory, dfd, name, None)
-            while (finished := _advance(step)) is None:  # noqa: ASYNC110 - yields the loop, waits on nothing
-                await asyncio.sleep(0)
-            done += finished
-        return done
-
-    def _names(self, directory: str, prefix: str) -> Iterator[tuple[str, int]]:
-        """The spool file names in ``directory`` that begin with ``prefix``, each with the directory's fd."""
         try:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
-            return
+            return 0
+        done = 0
         try:
-            names = sorted(n for n in os.listdir(dfd) if n.endswith(_paths.SPOOL_SUFFIX) and n.startswith(prefix))
+            names = list_small(dfd, prefix, MAX_SCAN_NAMES)
+            if names is None:  # a large directory (planted names): never listed whole on the loop if it can wait
+                if prefix and self._defer(directory, prefix):
+                    return 0
+                names = sorted(n for n in os.listdir(dfd) if n.endswith(_paths.SPOOL_SUFFIX) and n.startswith(prefix))
             for name in names:
-                yield name, dfd
+                step = self._replay_one(directory, dfd, name, SYNC_MAX_BYTES)
+                while (finished := _advance(step)) is None:
+                    pass
+                done += finished
         except OSError:
-            return
+            pass
         finally:
             os.close(dfd)
+        return done
+
+    async def replay_async(self, directory: str, prefix: str = "") -> int:
+        """:meth:`replay` for a whole directory, any size (a large one listed in a thread), at most MAX_SCAN_NAMES names
+        considered, the event loop given back as it goes (:class:`_Pace`); returns files done."""
+        try:
+            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return 0
+        try:
+            small = list_small(dfd, prefix, MAX_SCAN_NAMES)
+        except OSError:
+            small = []
+        if small is None:  # a large directory: listed in a thread
+            os.close(dfd)
+            began = time.monotonic()
+            listing = await asyncio.to_thread(list_spool, directory, prefix, MAX_SCAN_NAMES, dict(self._cursors))
+            self.list_s = time.monotonic() - began
+            self._listed(directory, listing)
+            try:
+                dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                return 0
+        else:
+            self.list_s = 0.0
+            listing = Listing(small, len(small), {}, [], self._cursors)
+        done, pace = 0, _Pace(self)
+        try:
+            for name in listing.names:
+                step = self._replay_one(directory, dfd, name, None)
+                try:
+                    while True:
+                        try:
+                            uid = next(step)
+                        except StopIteration as end:
+                            done += bool(end.value)
+                            break
+                        await pace.step(uid)
+                finally:
+                    step.close()  # cancelled mid-file: the file is free for a later scan
+                await pace.step(None)  # a name's open and checks are work too
+        finally:
+            os.close(dfd)
+        return done
+
+    def _defer(self, directory: str, prefix: str) -> bool:
+        """In a large directory (planted names), an ended producer's files are looked for by a task (its listing
+        in a thread), not in one go on the loop: :meth:`reading` holds the producer's close until it is done."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if prefix not in self._deferred:
+            self._deferred.add(prefix)
+            task = loop.create_task(self._replay_later(directory, prefix), name="agent-spool-replay-ended")
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+        return True
+
+    async def _replay_later(self, directory: str, prefix: str) -> None:
+        try:
+            await self.replay_async(directory, prefix)
+        finally:
+            self._deferred.discard(prefix)
+            for p in list(self.receiver.assembler.producers.values()):
+                if not p.gone and _paths.spool_prefix(p.id) == prefix:  # no file of it was read to its end
+                    self.ended(p)
+
+    def _listed(self, directory: str, listing: Listing) -> None:
+        """Take a scan's listing: cursors, and what a large directory left for later (counted per uid, said)."""
+        self.last_listing = listing
+        self._cursors = listing.cursors
+        for name, st in listing.odd:
+            self._refuse(st, os.path.join(directory, name), "not a regular file with one link")
+        if not listing.waiting:
+            return
+        self.names_waiting = dict(sorted(listing.waiting.items(), key=lambda kv: -kv[1])[:_MAX_UIDS_COUNTED])
+        self.receiver.rlog.warn(
+            "spool-names", "spool directory %s holds %d spool names, more than the %d a scan considers: %s wait "
+            "for later scans", directory, listing.total, MAX_SCAN_NAMES,
+            ", ".join("uid %d: %d" % kv for kv in list(self.names_waiting.items())[:8]))
 
     def _replay_one(self, directory: str, dfd: int, name: str, max_bytes: int | None) -> Step:
         path = os.path.join(directory, name)
@@ -170,6 +407,7 @@ class SpoolReplay:
             self._replaying.add(path)
             outstanding = [1]  # batches not yet complete, +1 until all are published
             identity = (st.st_dev, st.st_ino)
+            uid = st.st_uid
 
             def one_done() -> None:
                 outstanding[0] -= 1
@@ -179,9 +417,8 @@ class SpoolReplay:
 
             malformed_run = 0
             self._reading.add(name)
-            for k, payload in enumerate(iter_frames(fd), 1):
-                if k % STEP_FRAMES == 0:
-                    yield
+            for payload in iter_frames(fd):
+                yield uid  # after every piece of work: the caller decides when the loop gets it back
                 if payload is None:
                     counters.oversized_frames += 1
                     break
@@ -208,20 +445,29 @@ class SpoolReplay:
                     if producer is None:
                         break
                     continue
+                events = msg.get("e")
+                if isinstance(events, list) and len(events) > _wire.MAX_BATCH_EVENTS_READ:
+                    counters.malformed_frames += 1  # as over a connection: refused whole
+                    rx.rlog.warn("frame", "spool file %s holds a batch of %d events (no hook sends more than %d); "
+                                 "refused whole", path, len(events), _wire.MAX_BATCH_EVENTS)
+                    continue
                 outstanding[0] += 1
-                rx.process_batch(producer, msg.get("e"), on_done=one_done)
+                rx.process_batch(producer, events, on_done=one_done)
             counters.spool_files_replayed += 1
             if producer is not None:
                 self.ended(producer)
             one_done()
             return True
+        except GeneratorExit:  # stopped mid-file (a cancelled scan): a later scan reads it again; what this one
+            self._replaying.discard(path)  # published is then a duplicate by its sequence numbers, dropped
+            raise
         finally:
             self._reading.discard(name)
             os.close(fd)
 
     def reading(self, prefix: str) -> bool:
         """Whether a replay is reading a file of ``prefix`` now (its end, then, decides the producer's)."""
-        return any(n.startswith(prefix) for n in self._reading)
+        return prefix in self._deferred or any(n.startswith(prefix) for n in self._reading)
 
     def _refuse(self, st: os.stat_result, path: str, why: str) -> None:
         """Count and say a file passed over, once per file (every scan finds it again)."""
