@@ -102,3 +102,31 @@ def needs_cleaning(raw: bytes) -> bool:
     surrogates are non-ASCII), no DEL (raw C0 is not valid JSON inside a string). Three scans
     in C, a few nanoseconds per event; it says nothing of length (see :func:`clean_tree`)."""
     return not raw.isascii() or b"\\" in raw or b"\x7f" in raw
+
+
+MAX_LOG_TEXT = 512  # characters of another user's text in one log line or error reply (before escaping)
+_LOG_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _log_char(c: str) -> str:
+    if c in _LOG_ESCAPES:
+        return _LOG_ESCAPES[c]
+    if c.isprintable():
+        return c
+    n = ord(c)
+    return "\\x%02x" % n if n < 0x100 else "\\u%04x" % n if n < 0x10000 else "\\U%08x" % n
+
+
+def log_text(v: object, limit: int = MAX_LOG_TEXT) -> str:
+    """``v`` (another user's text: a producer id, a service name, a file name) as one bounded line
+    for a log or an error reply: backslash and every character that is not printable (newline, CR,
+    ESC, bidirectional controls, line separators) escaped as ``repr`` does, at most ``limit``
+    characters of it kept (the rest counted). Apply it once, where such text enters a log line: a
+    producer id ``x\\n2026-12-04 ... ERROR ...`` had written a whole forged line into the log."""
+    s = v if isinstance(v, str) else str(v)
+    more = len(s) - limit
+    if more > 0:
+        s = s[:limit]
+    if "\\" in s or not s.isprintable():
+        s = "".join(_log_char(c) for c in s)
+    return s + "...(%d more)" % more if more > 0 else s

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infersight import __version__
+from infersight.agent.daemon.identity import PRODUCER_ID
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
 from infersight.redact import mask_value
@@ -111,7 +112,9 @@ def text_field(v: Any, name: str, limit: int = MAX_STR) -> str:
 
 
 def hint_key(producer_id: str, uid: int) -> str:
-    """A producer's key in the sequence state carried across a restart: its id and its kernel uid."""
+    """A producer's id and its kernel uid, as one key: the sequence state carried across a restart
+    is keyed so, and the producer table so keys a second uid's producer of an id. No id holds "@"
+    (:data:`~infersight.agent.daemon.identity.PRODUCER_ID`): only ``uid`` can name this key."""
     return "%s@%d" % (producer_id, uid)
 
 
@@ -330,7 +333,10 @@ def validate_hello(info: Any, cut: list[int] | None = None) -> dict[str, Any]:
     out, cuts = bound_hello(info)
     if cut is not None:
         cut[0] += cuts
-    out["id"] = text_field(info.get("id"), "producer.id", 128)
+    pid_id = info.get("id")
+    if not isinstance(pid_id, str) or not PRODUCER_ID.match(pid_id):
+        raise Malformed("producer.id must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+    out["id"] = pid_id
     out["pid"] = uint64_field(info.get("pid"), "producer.pid")
     out["start_ns"] = uint64_field(info.get("start_ns"), "producer.start_ns")
     out["acked"] = uint64_field(info.get("acked", 0), "producer.acked")
@@ -466,8 +472,11 @@ class Assembler:
         """The producer this hello names, made on first sight. ``uid`` is the kernel's word
         (the peer's SO_PEERCRED, a spool file's owner): the hello's own ``uid`` is replaced
         by it, and a producer id already held by another uid gets its own entry,
-        ``<id>@<uid>``, so that two uids never share one sequence space (counted). A producer
-        made in-process (no uid: tests, ``launch``'s own) matches any uid.
+        ``<id>@<uid>`` (:func:`hint_key`), so that two uids never share one sequence space
+        (counted). No id can spell that key (:func:`validate_hello`): a spool file of one uid
+        had said hello as ``<victim id>@<victim uid>``, and the victim's events then counted as
+        its duplicates. A producer made in-process (no uid: tests, ``launch``'s own) matches any
+        uid (:meth:`find`).
 
         The table is bounded (:data:`MAX_PRODUCERS`) and so is each uid's part of it
         (:data:`MAX_PRODUCERS_PER_UID`, root and in-process producers aside): a new producer
@@ -480,11 +489,10 @@ class Assembler:
         if uid is not None:
             info["uid"] = uid
         key = info["id"]
-        p = self.producers.get(key)
-        if p is not None and p.uid is not None and uid is not None and p.uid != uid:
-            self.identity_conflicts += 1
-            key = "%s@%d" % (info["id"], uid)
-            p = self.producers.get(key)
+        p = self.find(key, uid)
+        if p is None and uid is not None and key in self.producers:
+            self.identity_conflicts += 1  # held by another uid: this one's entry is its own
+            key = hint_key(key, uid)
         if p is None:
             self._make_room(uid)
             p = Producer(key, info, producer_resource(info, self.host_name, cut, self.resource_defaults), uid=uid)
@@ -503,6 +511,19 @@ class Assembler:
             self._by_uid[p.uid].move_to_end(p.id)
             p.gone = False
             p.info["root_ended"] = p.info.get("root_ended") or info["root_ended"]
+        return p
+
+    def find(self, producer_id: str, uid: int | None) -> Producer | None:
+        """The producer of ``producer_id`` from ``uid`` (the kernel's word): its own entry
+        (``<id>@<uid>`` once another uid held the id first, else the id), never another uid's.
+        In-process producers (no uid) and an in-process caller (``uid`` None) match any uid."""
+        if uid is not None:
+            p = self.producers.get(hint_key(producer_id, uid))
+            if p is not None:
+                return p
+        p = self.producers.get(producer_id)
+        if p is not None and p.uid is not None and uid is not None and p.uid != uid:
+            return None
         return p
 
     # -- the producer table's bounds -------------------------------------------------------

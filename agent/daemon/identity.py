@@ -4,7 +4,9 @@ A connection's uid and pid come from ``SO_PEERCRED``; a spool file's uid is its 
 hello names a pid and a producer id (``<boot id>-<pid>-<start ticks>`` from the hooks). A
 hello is refused when what it claims contradicts the kernel:
 
-- the producer id names another pid than the hello (``<boot>-<pid>-<ticks>`` ids only);
+- the producer id names another pid than the hello (``<boot>-<pid>-<ticks>`` ids only,
+  :data:`HOOKS_ID`; an id of another form can never equal one the hooks made, and no id spells
+  another uid's key in the producer table: :data:`PRODUCER_ID`);
 - over a connection, the hello's pid is not the peer's own and is not a live process of the
   peer's uid (read from ``/proc/<pid>/status``; one the agent cannot see is not believed);
 - the pid is a live process whose start time is the id's, and its uid is not the peer's
@@ -13,13 +15,18 @@ hello is refused when what it claims contradicts the kernel:
 
 Root (uid 0) may speak for any process. A peer in another pid namespace (``SO_PEERCRED``
 reports pid 0: a sidecar's model server) cannot have its pid checked; its hello is taken as
-it comes, and still keyed by its uid. A spool file of a process that has ended cannot be
-checked either; what it holds is kept under its owner's uid, so it never enters another
-uid's sequence space (:meth:`Assembler.hello`'s key).
+it comes (any id the grammar allows), and still keyed by its uid. A spool file of a process that
+has ended cannot be checked beyond its id's pid; what it holds is kept under its owner's uid, so
+it never enters another uid's sequence space (:meth:`Assembler.hello`'s key: no id can spell
+another uid's).
+
+The reasons name the hello's id as it came: whoever logs or replies with one makes it a single
+bounded line (``infersight.sanitize.log_text``).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 from dataclasses import dataclass
@@ -27,6 +34,12 @@ from dataclasses import dataclass
 UCRED = struct.Struct("3i")
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux; Python has no constant for it
 MAX_GROUPS = 256
+# A producer id: at most 128 of these characters. No "@": the producer table keys a second uid's
+# producer of an id as "<id>@<uid>", which no id may spell (another uid's events had joined it).
+PRODUCER_ID = re.compile(r"[0-9A-Za-z._:-]{1,128}\Z")
+# As the hooks make it (hooks/_proc.producer_id): the boot id's first 12 hex digits (and an exec's
+# "x<hex>"), the pid, its start ticks. ASCII digits only (str.isdigit() takes "²", which int() refuses).
+HOOKS_ID = re.compile(r"([0-9A-Za-z._:-]{1,96})-([0-9]{1,10})-([0-9]{1,20})\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +71,8 @@ def peer_groups(sock: socket.socket) -> set[int]:
 
 def id_parts(producer_id: str) -> tuple[int, str] | None:
     """(pid, start ticks) of a hooks-made producer id ``<boot id>-<pid>-<ticks>``; None otherwise."""
-    parts = producer_id.rsplit("-", 2)
-    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-        return None
-    return int(parts[1]), parts[2]
+    m = HOOKS_ID.match(producer_id)
+    return None if m is None else (int(m.group(2)), m.group(3))
 
 
 def proc_uids(pid: int, proc_root: str = "/proc") -> tuple[int, int] | None:

@@ -22,6 +22,7 @@ from infersight.agent.daemon.health import Counters
 from infersight.agent.daemon.identity import Peer, refusal
 from infersight.agent.daemon.sequence import MAX_MISSING
 from infersight.hooks import _wire
+from infersight.sanitize import log_text
 
 log = logging.getLogger("infersight.ingest")
 
@@ -36,7 +37,10 @@ MAX_DROPS = MAX_MISSING
 
 
 class RateLimitedLog:
-    """At most one line per ``every_s`` per key; says how many were suppressed."""
+    """At most one line per ``every_s`` per key; says how many were suppressed. Every argument
+    but a number is another user's word, as often as not (a producer id, a spool file's name, an
+    error quoting a hello): each is made one bounded line here (:func:`log_text`), so that no
+    producer can write a line of its own into the agent's log."""
 
     def __init__(self, every_s: float = 10.0) -> None:
         self.every_s = every_s
@@ -48,7 +52,7 @@ class RateLimitedLog:
         if now - self._last.get(key, -1e9) >= self.every_s:
             n = self._suppressed.pop(key, 0)
             suffix = " (%d similar suppressed)" % n if n else ""
-            log.warning(msg + suffix, *args)
+            log.warning(msg + suffix, *(a if isinstance(a, (int, float)) else log_text(a) for a in args))
             self._last[key] = now
         else:
             self._suppressed[key] = self._suppressed.get(key, 0) + 1
@@ -75,8 +79,8 @@ class Receiver:
         (with a ``refuse`` frame to ``writer``, if any). Raises :class:`ProducerTableFull` when
         the uid holds its share of the producer table: a "not now", not a refusal."""
         def refuse(error: str) -> None:
-            if writer is not None:
-                writer.write(_wire.refuse_frame(error))
+            if writer is not None:  # the reply quotes the hello (its id, its schema): one bounded line
+                writer.write(_wire.refuse_frame(log_text(error)))
 
         if msg.get("t") != "hello":
             self.counters.malformed_frames += 1

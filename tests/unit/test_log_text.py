@@ -1,0 +1,19 @@
+"""Another user's text in a log line or an error reply: one line, bounded (``log_text``)."""
+
+from __future__ import annotations
+
+from infersight.sanitize import MAX_LOG_TEXT, log_text
+
+
+def test_no_character_of_a_producer_can_start_a_line_of_its_own() -> None:
+    forged = "x\n2026-12-04 10:00:00,000 ERROR infersight.agent: FORGED\r\x1b[2K\u2028\u2029\x85\u202e\ud800\\n"
+    out = log_text(forged)
+    assert out.isprintable() and len(out.splitlines()) == 1
+    assert out.startswith("x\\n2026-12-04") and "\\x1b" in out and "\\u2028" in out and out.endswith("\\\\n")
+    assert log_text("svc-é 1") == "svc-é 1" and log_text(42) == "42"
+
+
+def test_long_text_is_cut_and_says_how_much() -> None:
+    out = log_text("a" * (MAX_LOG_TEXT + 100))
+    assert out == "a" * MAX_LOG_TEXT + "...(100 more)"
+    assert len(log_text("\n" * 10_000)) <= 2 * MAX_LOG_TEXT + 20
