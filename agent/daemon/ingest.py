@@ -193,7 +193,7 @@ class Ingest:
         agent was busy) is read first, so that the agent closes its root only if it really
         never came."""
         if self.spool_dir and not producer.gone:
-            prefix = _paths.spool_prefix(producer.id)
+            prefix = _paths.spool_prefix(str(producer.info.get("id", producer.id)))  # the id it said, not its key
             self.replay_spools(self.spool_dir, prefix)
             if self.spools.reading(prefix):
                 return  # the scan is reading its file (a piece at a time): the file's end closes it, if need be

@@ -360,7 +360,8 @@ class SpoolReplay:
         finally:
             self._deferred.discard(prefix)
             for p in list(self.receiver.assembler.producers.values()):
-                if not p.gone and _paths.spool_prefix(p.id) == prefix:  # no file of it was read to its end
+                # no file of it was read to its end (its files are named by the id it said, not by its table key)
+                if not p.gone and _paths.spool_prefix(str(p.info.get("id", p.id))) == prefix:
                     self.ended(p)
 
     def _listed(self, directory: str, listing: Listing) -> None:

@@ -139,9 +139,11 @@ class Sessions:
         """The hello of the producer whose items carry ``resource``. A second uid that presents
         the same producer id is kept as ``<id>@<uid>`` but its items carry the same
         service.instance.id: the kernel's uid (process.user.id) tells the two apart."""
-        pid = resource.get("service.instance.id")
-        p = self.assembler.producers.get(pid) if isinstance(pid, str) else None
-        if p is None or p.info.get("uid") != resource.get("process.user.id"):
+        pid, uid = resource.get("service.instance.id"), resource.get("process.user.id")
+        if not isinstance(pid, str):
+            return None
+        p = self.assembler.find(pid, uid if type(uid) is int else None)  # its uid's own entry, never another's
+        if p is None or p.info.get("uid") != uid:
             return None
         return p.info
 

@@ -154,6 +154,28 @@ def test_a_second_uid_presenting_a_producers_id_is_not_taken_for_it() -> None:
     assert root == ["mine"]
 
 
+def test_a_producer_whose_id_another_uid_took_first_still_reaches_its_session() -> None:
+    """The other way round: another uid said the id first (a file planted in the spool, read before the real
+    producer's hello), so the real producer is kept as ``<id>@<uid>``; its items went to no session, since the
+    lookup found the other uid's entry under the plain id."""
+
+    async def main() -> list[str]:
+        asm = Assembler("host")
+        hello(asm, 101, 2000, "cd" * 16)  # the squatter, first
+        mine = hello(asm, 101, 1000, SESSION)
+        assert mine.id == "boot-101-1@1000"
+        sess = sessions.Sessions(asm, dict, lambda _pid: False, lambda: 0)
+        sock_user, t1 = await subscriber(sess, 1000, ["log"])
+        sess.tap([log_of(mine, "mine")])
+        await asyncio.sleep(0.05)
+        frames = read_frames(sock_user)
+        sock_user.close()
+        await asyncio.gather(t1, return_exceptions=True)
+        return [itemcodec.from_dict(d).body for f in frames[1:] for d in f["i"]]  # type: ignore[union-attr]
+
+    assert asyncio.run(main()) == ["mine"]
+
+
 def test_one_uid_cannot_take_every_subscription() -> None:
     """A user that opens subscriptions and never ends them is refused past its own share; the
     next user (and root) still subscribe."""

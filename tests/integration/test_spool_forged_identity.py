@@ -199,3 +199,33 @@ async def test_a_producers_words_cannot_forge_a_line_of_the_agents_log(
             assert len(line) < 2000
     finally:
         await agent.shutdown(5)
+
+
+async def test_a_producer_kept_under_its_uids_key_has_its_spool_read_when_it_ends(tmp_path: Path) -> None:
+    """A producer another uid's hello of its id had preceded is kept as ``<id>@<uid>``; its spool files are
+    named by the id it said. When it ended, the agent looked for files named by its table key, found none, and
+    closed its cold start before reading what it had spooled (its root, often)."""
+    agent = await _agent(tmp_path)
+    got: list[LogItem] = []
+    agent.observe(lambda items: got.extend(it for it in items if isinstance(it, LogItem)))
+    try:
+        rx = agent.ingest.receiver
+        vpid = dead_pid()
+        vid = "0123456789ab-%d-4242" % vpid
+        assert rx.hello({"t": "hello", "schema": 1, "producer": hello(vid, vpid, "s")}, None,
+                        Peer(ATTACKER_UID, None)) is not None  # the other uid, first
+        victim = rx.hello({"t": "hello", "schema": 1, "producer": hello(vid, vpid, "victim-svc")}, None,
+                          Peer(VICTIM_UID, None))
+        assert victim is not None and victim.id == "%s@%d" % (vid, VICTIM_UID)
+        spool = Path(agent.config["agent.spool_dir"])
+        f = plant(spool, _paths.spool_file_name(vid, "5a" * 8), VICTIM_UID, hello(vid, vpid, "victim-svc"),
+                  [[1, 5, "log", {"body": "SPOOLED-AT-EXIT"}]])
+        agent.ingest.publish_lost(victim)
+        for _ in range(100):
+            if any(it.body == "SPOOLED-AT-EXIT" for it in got):
+                break
+            await asyncio.sleep(0.02)
+        assert [it.resource.get("process.user.id") for it in got if it.body == "SPOOLED-AT-EXIT"] == [VICTIM_UID]
+        assert not f.exists()
+    finally:
+        await agent.shutdown(5)
