@@ -60,6 +60,7 @@ from infersight.exporters.mqtt_settings import (
     settings_from_config,
 )
 from infersight.redact import mask_url
+from infersight.sanitize import log_text
 from infersight.settings import Config, ConfigError
 from infersight.telemetry import ColdStartProgress, Item, MetricItem, RoutingHint
 
@@ -393,7 +394,9 @@ class MqttExporter:
         now = time.monotonic()
         if now - self._logged_at.get(key, -1e9) >= 60.0:
             self._logged_at[key] = now
-            log.warning("mqtt %s: " + msg, self.url, *args)
+            # a topic or an error quotes producers' text: one bounded line each (infersight.sanitize.log_text)
+            log.warning("mqtt %s: " + msg, self.url,
+                        *(a if isinstance(a, (int, float)) else log_text(a) for a in args))
 
     async def settle(self, worker: _Worker) -> None:
         """An embedded agent's session ended (``launch`` at exit): :func:`wait_delivered`."""
@@ -600,7 +603,7 @@ class MqttExporter:
         self.last_error = text
         if text != self._logged_error:
             self._logged_error = text
-            log.warning("mqtt %s: %s", self.url, text)
+            log.warning("mqtt %s: %s", self.url, log_text(text))
 
     async def _run(self) -> None:
         assert self._closing is not None

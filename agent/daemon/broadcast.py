@@ -24,6 +24,7 @@ from infersight.agent.daemon.export_cost import ExportCost
 from infersight.agent.daemon.fair_queue import FairQueue
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.exporters.base import Exporter, ExportError, is_live
+from infersight.sanitize import log_text
 from infersight.telemetry import Item
 
 log = logging.getLogger("infersight.pipeline")
@@ -244,10 +245,11 @@ class ExporterWorker:
         if self.fault_since is None:
             self.fault_since = time.monotonic()
         self.fault = "%s: %s" % (where, exc)
+        said = log_text(exc)  # an exporter's error may quote an item's value: one bounded line
         if n == 1:
-            log.error("exporter %s: %s: %s", self.name, where, exc, exc_info=exc if traceback else None)
+            log.error("exporter %s: %s: %s", self.name, where, said, exc_info=exc if traceback else None)
         elif n in (10, 100) or n % 1000 == 0:
-            log.error("exporter %s: %s: %s (%d times so far)", self.name, where, exc, n)
+            log.error("exporter %s: %s: %s (%d times so far)", self.name, where, said, n)
 
     def _clear_fault(self) -> None:
         if self.fault_since is not None:

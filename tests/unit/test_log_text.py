@@ -17,3 +17,25 @@ def test_long_text_is_cut_and_says_how_much() -> None:
     out = log_text("a" * (MAX_LOG_TEXT + 100))
     assert out == "a" * MAX_LOG_TEXT + "...(100 more)"
     assert len(log_text("\n" * 10_000)) <= 2 * MAX_LOG_TEXT + 20
+
+
+def test_an_exporters_fault_is_logged_on_one_line(caplog) -> None:  # type: ignore[no-untyped-def]
+    """An exporter's exception can quote an item's value (a producer's text): the worker logged it as it came,
+    and a value holding a newline wrote a line of its own into the agent's log."""
+    import asyncio
+    import logging
+
+    from infersight.agent.daemon.broadcast import ExporterWorker
+
+    class Quiet:
+        name = "x"
+
+    async def main() -> None:
+        w = ExporterWorker(Quiet())  # type: ignore[arg-type]
+        with caplog.at_level(logging.ERROR, logger="infersight.agent"):
+            w._note_fault("worker", ValueError("bad value 'a\n2026-12-04 ERROR infersight.agent: FORGED'"),
+                          traceback=False)
+
+    asyncio.run(main())
+    (rec,) = [r for r in caplog.records if "bad value" in r.getMessage()]
+    assert "\n" not in rec.getMessage() and "\\n2026-12-04" in rec.getMessage()
