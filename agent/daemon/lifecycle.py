@@ -561,7 +561,10 @@ class Agent:
             log.exception("the first scan of the spool directory failed; the next one runs in %.0f s", SPOOL_SCAN_S)
         while True:
             await asyncio.sleep(max(SPOOL_SCAN_S, SCAN_LISTING_SPACING * self.ingest.spools.list_s))
-            await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
+            try:
+                await self.ingest.replay_spools_async(self.config["agent.spool_dir"])
+            except Exception:  # one failed scan must not end replay until a restart
+                log.exception("a scan of the spool directory failed; the next one runs in %.0f s", SPOOL_SCAN_S)
 
     def request_stop(self) -> None:
         self._signals += 1
@@ -651,6 +654,7 @@ class Agent:
             t.cancel()
         if self._tasks:  # a job finishes what it holds on cancellation (the device job publishes)
             await asyncio.wait(self._tasks, timeout=max(0.1, deadline - time.monotonic()))
+        await self.ingest.spools.close()  # deferred replays of ended producers' files: none past this point
         self.ingest.close_connections()
         await self.ingest.wait_connections_closed(max(0.0, min(1.0, deadline - time.monotonic())))
         for ext in self.extensions:  # what they still hold (OOMs waiting on NVML, progress) goes out

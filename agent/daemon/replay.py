@@ -266,7 +266,10 @@ class SpoolReplay:
         self.last_listing = Listing([], 0, {}, [], {})
         self.list_s = 0.0  # how long the last scan's listing took (a thread's time: the scans are spaced by it)
         self._deferred: set[str] = set()  # prefixes whose files a task looks for (a large directory)
+        self._waiting: dict[str, set[str]] = {}  # prefix -> the producers (table keys) whose end waits for that task
         self._later: set[asyncio.Task[None]] = set()
+        self._later_lock: asyncio.Lock | None = None  # one deferred listing at a time (each walks the whole directory)
+        self._closing = False  # the agent stops: no more deferred replays (the next agent reads the files)
         self._cursors: dict[int, str] = {}
         self._replaying: set[str] = set()  # files published but not yet exported
         self._reading: set[str] = set()  # names of files a replay is reading now (it gives the loop back)
@@ -308,18 +311,22 @@ class SpoolReplay:
             small = list_small(dfd, prefix, MAX_SCAN_NAMES)
         except OSError:
             small = []
+        whole = not prefix  # the periodic scan's: its cursors, what it left waiting, its listing's time
         if small is None:  # a large directory: listed in a thread
             os.close(dfd)
             began = time.monotonic()
-            listing = await asyncio.to_thread(list_spool, directory, prefix, MAX_SCAN_NAMES, dict(self._cursors))
-            self.list_s = time.monotonic() - began
-            self._listed(directory, listing)
+            listing = await asyncio.to_thread(list_spool, directory, prefix, MAX_SCAN_NAMES,
+                                              dict(self._cursors) if whole else {})
+            if whole:
+                self.list_s = time.monotonic() - began
+            self._listed(directory, listing, whole)
             try:
                 dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             except OSError:
                 return 0
         else:
-            self.list_s = 0.0
+            if whole:
+                self.list_s = 0.0
             listing = Listing(small, len(small), {}, [], self._cursors)
         done, pace = 0, _Pace(self)
         try:
@@ -342,7 +349,10 @@ class SpoolReplay:
 
     def _defer(self, directory: str, prefix: str) -> bool:
         """In a large directory (planted names), an ended producer's files are looked for by a task (its listing
-        in a thread), not in one go on the loop: :meth:`reading` holds the producer's close until it is done."""
+        in a thread), not in one go on the loop: :meth:`reading` holds the producer's close until it is done.
+        Once the agent stops, none is started: the producer's end is not held, its files wait for the next agent."""
+        if self._closing:
+            return True
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -351,25 +361,67 @@ class SpoolReplay:
             self._deferred.add(prefix)
             task = loop.create_task(self._replay_later(directory, prefix), name="agent-spool-replay-ended")
             self._later.add(task)
-            task.add_done_callback(self._later.discard)
+            task.add_done_callback(self._later_done)
         return True
 
+    def wait_for(self, prefix: str, key: str) -> None:
+        """The producer ``key`` ended while a replay reads (or looks for) its files: the deferred replay's end
+        closes it, unless a file it names is then still being read (that file's end does)."""
+        self._waiting.setdefault(prefix, set()).add(key)
+        if prefix not in self._deferred:  # the periodic scan reads it: look again once that file is done
+            try:
+                asyncio.get_running_loop().call_later(0.2, self._close_waiting, prefix)
+            except RuntimeError:
+                pass
+
     async def _replay_later(self, directory: str, prefix: str) -> None:
+        if self._later_lock is None:
+            self._later_lock = asyncio.Lock()
         try:
-            await self.replay_async(directory, prefix)
+            async with self._later_lock:  # many producers ending together: one directory walk at a time
+                await self.replay_async(directory, prefix)
         finally:
             self._deferred.discard(prefix)
-            for p in list(self.receiver.assembler.producers.values()):
-                # no file of it was read to its end (its files are named by the id it said, not by its table key)
-                if not p.gone and _paths.spool_prefix(str(p.info.get("id", p.id))) == prefix:
-                    self.ended(p)
+            self._close_waiting(prefix)
 
-    def _listed(self, directory: str, listing: Listing) -> None:
-        """Take a scan's listing: cursors, and what a large directory left for later (counted per uid, said)."""
-        self.last_listing = listing
-        self._cursors = listing.cursors
+    def _close_waiting(self, prefix: str) -> None:
+        """End the producers that waited for ``prefix``'s deferred replay; while another replay still reads a file
+        of that prefix (the periodic scan, mid-file: the root is often the last frames), look again shortly."""
+        if self._closing:
+            self._waiting.pop(prefix, None)
+            return
+        if any(n.startswith(prefix) for n in self._reading):
+            asyncio.get_running_loop().call_later(0.2, self._close_waiting, prefix)
+            return
+        for key in self._waiting.pop(prefix, ()):
+            p = self.receiver.assembler.producers.get(key)  # only those that ended: never another uid's of the id
+            if p is not None and not p.gone:
+                self.ended(p)
+
+    def _later_done(self, task: asyncio.Task[None]) -> None:
+        self._later.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.receiver.rlog.warn("spool-replay", "a replay of an ended producer's spool files failed: %r",
+                                    task.exception())
+
+    async def close(self) -> None:
+        """The agent stops: no more deferred replays; those running are cancelled (their files stay on disk)."""
+        self._closing = True
+        later = list(self._later)
+        for t in later:
+            t.cancel()
+        if later:
+            await asyncio.gather(*later, return_exceptions=True)
+
+    def _listed(self, directory: str, listing: Listing, whole: bool = True) -> None:
+        """Take a scan's listing: cursors, and what a large directory left for later (counted per uid, said); a
+        prefix's listing (an ended producer's files) leaves the periodic scan's cursors and counts alone."""
         for name, st in listing.odd:
             self._refuse(st, os.path.join(directory, name), "not a regular file with one link")
+        if not whole:
+            return
+        self.last_listing = listing
+        self._cursors = listing.cursors
         if not listing.waiting:
             return
         self.names_waiting = dict(sorted(listing.waiting.items(), key=lambda kv: -kv[1])[:_MAX_UIDS_COUNTED])

@@ -246,3 +246,115 @@ def test_owner_uids_take_turns_and_a_uid_goes_on_after_its_cursor(tmp_path: Path
     assert first.waiting == {54_321: 41}
     second = replay.list_spool(str(tmp_path), "", 10, first.cursors)
     assert not set(second.names) & (set(first.names) - {"z-victim.spool"})  # the attacker's next names
+
+
+# -- an ended producer's files in a large directory (deferred to a task) -------------------------------
+
+ENDED_ID = "boot-299000-1"
+ENDED_HELLO = {"id": ENDED_ID, "pid": 299_000, "start_ns": 1, "trace_id": "%032x" % 299_001, "root_span_id": "b" * 16}
+
+
+def _ended_file(spool: Path, frames: int) -> Path:
+    f = spool / _paths.spool_file_name(ENDED_ID, "00" * 8)
+    with open(f, "wb") as out:
+        out.write(_wire.hello_frame(ENDED_HELLO, 0))
+        for s in range(1, frames + 1):
+            out.write(_wire.encode_frame({"t": "b", "e": [[s, 2_000, "log", {"m": "x%d" % s}]]}))
+    for k in range(30):  # a large directory, for MAX_SCAN_NAMES = 4: names of others
+        (spool / ("zz-%02d" % k)).write_bytes(b"")
+    return f
+
+
+async def test_an_ended_producer_is_not_closed_while_the_scan_still_reads_its_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan was mid-file (the root is often its last frames) when the producer's process ended; the
+    deferred look for its files found that file taken, and closed the producer as lost at once."""
+    from infersight.agent.daemon.identity import Peer
+
+    monkeypatch.setattr(replay, "MAX_SCAN_NAMES", 4)
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        ingest = agent.ingest
+        p = ingest.receiver.hello({"t": "hello", "schema": 1, "producer": ENDED_HELLO}, None, Peer(0, None))
+        assert p is not None
+        _ended_file(spool, 40)
+        now = [0.0]
+
+        def clock() -> float:  # every frame takes a whole slice: the scan gives the loop back after each
+            now[0] += replay.SLICE_S
+            return now[0]
+
+        ingest.spools.clock = clock
+        gone_while_reading: list[bool] = []
+        real_step = replay._Pace.step
+
+        async def step(self: Any, uid: Any) -> None:
+            if ingest.spools._reading:
+                gone_while_reading.append(p.gone)
+            await real_step(self, uid)
+
+        monkeypatch.setattr(replay._Pace, "step", step)
+        scan = asyncio.get_running_loop().create_task(ingest.replay_spools_async(str(spool)))
+        for _ in range(5):
+            await asyncio.sleep(0.002)
+        assert ingest.spools._reading, "the scan is mid-file"
+        ingest.publish_lost(p)
+        assert not p.gone
+        await scan
+        assert gone_while_reading and not any(gone_while_reading)
+        for _ in range(50):  # its end closes it, once read
+            if p.gone:
+                break
+            await asyncio.sleep(0.02)
+        assert p.gone
+    finally:
+        await agent.shutdown(5)
+
+
+async def test_the_agents_stop_ends_the_deferred_replays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deferred replay of an ended producer's files went on publishing after the drain and the exporters'
+    shutdown (and the sequence state saved for the next agent, which would then take its events for
+    duplicates). The stop now cancels and awaits it; the file stays for the next agent."""
+    from infersight.agent.daemon.identity import Peer
+
+    monkeypatch.setattr(replay, "MAX_SCAN_NAMES", 4)
+    agent = await _agent(tmp_path, sink=True)
+    ingest = agent.ingest
+    p = ingest.receiver.hello({"t": "hello", "schema": 1, "producer": ENDED_HELLO}, None, Peer(0, None))
+    f = _ended_file(Path(agent.config["agent.spool_dir"]), 200)
+    real_step = replay._Pace.step
+
+    async def slow_step(self: Any, uid: Any) -> None:  # busy exporters: each frame takes a while
+        await asyncio.sleep(0.01)
+        await real_step(self, uid)
+
+    monkeypatch.setattr(replay._Pace, "step", slow_step)
+    ingest.publish_lost(p)
+    await asyncio.sleep(0.05)
+    await agent.shutdown(1)
+    at_end = agent.counters.events_in
+    assert not [t for t in ingest.spools._later if not t.done()]
+    await asyncio.sleep(0.3)
+    assert agent.counters.events_in == at_end, "nothing published after the stop"
+    assert f.exists()
+
+
+async def test_an_ended_producers_listing_leaves_the_scans_turns_alone(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deferred replay's listing (one prefix) replaced the periodic scan's per-uid cursors and its listing
+    time: every producer's end started the scan's turns over from the first names."""
+    monkeypatch.setattr(replay, "MAX_SCAN_NAMES", 4)
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        for k in range(30):
+            (spool / ("a-%03d.spool" % k)).write_bytes(b"")  # empty: refused, stay
+        spools = agent.ingest.spools
+        await spools.replay_async(str(spool))
+        cursors, list_s = dict(spools._cursors), spools.list_s
+        assert cursors
+        await spools.replay_async(str(spool), "boot-1-2-")
+        assert spools._cursors == cursors and spools.list_s == list_s
+    finally:
+        await agent.shutdown(5)
