@@ -33,10 +33,12 @@ class ExportError(ExporterError):
     means the peer is away: retried without limit, spooled to disk meanwhile.
     """
 
-    def __init__(self, message: str, *, retryable: bool = True, rejected: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, rejected: bool = False,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.rejected = rejected
+        self.retry_after_s = retry_after_s  # the peer asked to wait this long before the next try (Retry-After)
 
 
 @runtime_checkable

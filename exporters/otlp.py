@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 
 from infersight import __version__
 from infersight.exporters.base import ExporterError, ExportError
+from infersight.exporters.log_repeats import quiet
 from infersight.exporters.otlp_delivered import DeliveredItems
 from infersight.telemetry import (
     ColdStart,
@@ -288,7 +289,63 @@ HTTP_FINAL = frozenset({400, 413, 415, 422})
 HTTP_AWAY = frozenset({401, 403, 404, 407, 408, 429, 502, 503, 504})
 
 
+SDK_LOGGERS = tuple("opentelemetry.exporter.otlp.proto." + m for m in (
+    "http._common", "http.trace_exporter", "http._log_exporter", "http.metric_exporter",
+    "grpc.exporter", "grpc.trace_exporter", "grpc.metric_exporter", "grpc._log_exporter"))
+
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]{1,120}")
+
+
+MAX_RETRY_AFTER_S = 300.0  # a longer (or odd) Retry-After is taken as this
+
+
+def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """A ``Retry-After`` header in seconds (delay-seconds or an HTTP-date), at most MAX_RETRY_AFTER_S; None
+    when absent or unreadable."""
+    raw = headers.get("Retry-After") if hasattr(headers, "get") else None
+    if not raw:
+        return None
+    raw = str(raw).strip()
+    if raw.isdigit():
+        return min(float(raw), MAX_RETRY_AFTER_S)
+    try:
+        from email.utils import parsedate_to_datetime
+
+        when = parsedate_to_datetime(raw).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, min(when - (time.time() if now is None else now), MAX_RETRY_AFTER_S))
+
+
+def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The proxy (without credentials) that ``HTTP(S)_PROXY``/``NO_PROXY`` put between us and ``url``; None
+    when there is none. requests and gRPC both take it from the environment."""
+    env = os.environ if env is None else env
+    try:
+        u = urlsplit(url)
+        scheme = "https" if u.scheme in ("https", "grpcs") else "http"
+        proxy = env.get(scheme + "_proxy") or env.get(scheme.upper() + "_PROXY") or env.get("all_proxy") \
+            or env.get("ALL_PROXY")
+        if not proxy or not u.hostname:
+            return None
+        no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
+        host = u.hostname.lower()
+        for entry in (e.strip().lower().split(":")[0].lstrip(".") for e in no_proxy.split(",")):
+            if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
+                return None
+    except ValueError:
+        return None
+    return safe_url(proxy)
+
+
+def _headers_of(result: Any) -> Mapping[str, str]:
+    """A response's headers: a method of the SDK's transport result, an attribute of requests' response."""
+    try:
+        h = getattr(result, "headers", None)
+        h = h() if callable(h) else h
+    except Exception:  # "may raise if the returned headers are malformed"
+        return {}
+    return h if isinstance(h, Mapping) or hasattr(h, "get") else {}
 
 
 def transport_error(exc: BaseException) -> str:
@@ -321,6 +378,17 @@ def _record_http_status(sdk: Any) -> Any:
         return result
 
     client.export = recording_export
+    transport: Any = getattr(client, "_transport", None)
+    request = getattr(transport, "request", None)
+    if request is not None:  # each HTTP answer (the SDK's result keeps none of its headers)
+
+        def recording_request(*args: Any, **kwargs: Any) -> Any:
+            result = request(*args, **kwargs)
+            if getattr(result, "status_code", None) in (429, 503):  # throttled, overloaded: when to call again
+                _http_status.retry_after = retry_after_s(_headers_of(result))
+            return result
+
+        transport.request = recording_request
     sdk._infersight_records_status = True
     return sdk
 
@@ -414,7 +482,10 @@ class OtlpExporter:
                 "no OTLP endpoint: set OTEL_EXPORTER_OTLP_ENDPOINT (or a per-signal "
                 "OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT); there is no implicit localhost"
             )
+        # The SDK logs an error per failed request, and per retry while the collector is away: once a minute
+        quiet(*SDK_LOGGERS)
         self._resources: dict[Resource, Any] = {}
+        self._retry_after: float | None = None  # the longest Retry-After of the last export's answers
         self._scope: Any = None
         self._lock = threading.Lock()
         self._closed = False
@@ -480,6 +551,7 @@ class OtlpExporter:
         if not jobs:
             self._delivered.forget(skipped)
             return
+        self._retry_after = None
         results = await asyncio.gather(
             *(asyncio.to_thread(self._export_signal, sig, items) for sig, items in jobs)
         )
@@ -496,7 +568,7 @@ class OtlpExporter:
                 if res is None:
                     self._delivered.remember(sent, now)
             if "away" in kinds:
-                raise ExportError(self.last_error)
+                raise ExportError(self.last_error, retry_after_s=self._retry_after)
             raise ExportError(self.last_error, retryable="final" not in kinds, rejected=True)
         self._delivered.forget(skipped)
 
@@ -541,6 +613,7 @@ class OtlpExporter:
         _http_status.grpc = None
         _http_status.sent = False
         _http_status.error = None
+        _http_status.retry_after = None
         try:
             if signal == "traces":
                 data: Any = self._spans(items)
@@ -568,6 +641,10 @@ class OtlpExporter:
                 return None
             self.export_failures += 1
             self.failed_items += len(items)
+        asked = getattr(_http_status, "retry_after", None)
+        if asked is not None:
+            with self._lock:
+                self._retry_after = max(self._retry_after or 0.0, asked)
         status = getattr(_http_status, "code", None) if route.protocol != "grpc" else None
         grpc_code = getattr(_http_status, "grpc", None) if route.protocol == "grpc" else None
         kind = classify_grpc_failure(grpc_code) if route.protocol == "grpc" else classify_failure(status)
@@ -577,6 +654,8 @@ class OtlpExporter:
             why += " (gRPC %s)" % grpc_code
         elif getattr(_http_status, "error", None):
             why += " (%s)" % _http_status.error  # no answer at all: refused, unreachable, timed out
+        if status is None and (proxy := proxy_for(route.endpoint)) is not None:
+            why += " through the proxy %s (HTTP(S)_PROXY; NO_PROXY does not name this host)" % proxy
         elif getattr(route.exporter, "_infersight_records_status", False) and not _http_status.sent:
             kind = "final"  # the SDK could not encode the batch (a lone surrogate, too large)
             why += " (not encodable)"

@@ -56,6 +56,7 @@ HARD_QUEUE_FACTOR = 4
 UID_QUEUE_SHARE = 4
 UID_QUEUE_FLOOR = 64
 CONTENDED_S = 1.0  # lanes competed this recently: exports are kept short
+REJECTED_LOG_EVERY_S = 60.0  # a peer that refuses batches is said again after this long (counted meanwhile)
 CONTENDED_EXPORT_S = 0.1  # while lanes compete, an export holds what this exporter sends in this long
 CONTENDED_FLOOR_ITEMS = 512  # and at least this (a hook's batch): a slow peer's round trip is no reason to split
 
@@ -105,6 +106,8 @@ class ExporterWorker:
         # The last delivery, or when the worker last began to hold data: what "no progress" counts from.
         self.progress_at = time.monotonic()
         self.rejected_at: float | None = None  # when the peer's refusals last cost items
+        self._rejected_said_at: float | None = None  # when the log last said so
+        self._retry_after: float | None = None  # seconds the peer asked to wait (Retry-After), for the next sleep
         self._fault_kinds: dict[str, int] = {}
         # The spooled record at the head and how often the peer rejected it.
         self._head: tuple[int, int] | None = None
@@ -230,6 +233,9 @@ class ExporterWorker:
     async def _sleep_backoff(self) -> None:
         delay = self._backoff * (0.5 + random.random() / 2)
         self._backoff = min(self._backoff * 2, self.retry_max_s)
+        if self._retry_after is not None:  # the peer's Retry-After (429/503), beyond the backoff's cap if it asks
+            delay = max(delay, self._retry_after)
+            self._retry_after = None
         try:  # cut short only by drain(), not by new submissions
             await asyncio.wait_for(self._stop_evt.wait(), delay)
         except TimeoutError:
@@ -275,6 +281,7 @@ class ExporterWorker:
                 log.warning("exporter %s: %s", self.name, exc)
                 self.down_since = time.monotonic()
             self.peer_up = False
+            self._retry_after = exc.retry_after_s  # a throttled peer says when: the next try waits that long
             return AWAY
         except Exception as exc:  # an exporter bug on this data must not kill the worker
             self.export_errors += 1
@@ -296,11 +303,17 @@ class ExporterWorker:
         return OK
 
     def _drop_rejected(self, items: Sequence[Item], why: str) -> None:
-        self.rejected_at = time.monotonic()
+        """Count a refused batch; say so the first time, then at most once a minute (a collector that refuses
+        every batch wrote a line per batch)."""
+        now = time.monotonic()
+        self.rejected_at = now
         self.rejected_items += len(items)
         self.dropped_items += len(items)
-        log.warning("exporter %s: dropped %d item(s) the peer %s (%d dropped so far): %s",
-                    self.name, len(items), why, self.rejected_items, self.last_error)
+        if self._rejected_said_at is not None and now - self._rejected_said_at < REJECTED_LOG_EVERY_S:
+            return
+        self._rejected_said_at = now
+        log.warning("exporter %s: dropped %d item(s) the peer %s (%d dropped so far; said at most once a "
+                    "minute): %s", self.name, len(items), why, self.rejected_items, self.last_error)
 
     async def _run(self) -> None:
         while True:

@@ -451,3 +451,68 @@ async def test_header_values_never_logged(caplog, monkeypatch, protocol):
     text = caplog.text + str(ei.value) + repr(exp.state())
     assert "t0ps3cret" not in text
     assert "k3y" not in text
+
+
+def test_retry_after_in_seconds_or_as_a_date() -> None:
+    from infersight.exporters.otlp import MAX_RETRY_AFTER_S, retry_after_s
+
+    assert retry_after_s({"Retry-After": "7"}) == 7.0
+    assert retry_after_s({"Retry-After": "99999"}) == MAX_RETRY_AFTER_S
+    assert retry_after_s({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, now=1445412470.0) == 10.0
+    assert retry_after_s({"Retry-After": "soon"}) is None and retry_after_s({}) is None
+
+
+async def test_a_throttled_collectors_retry_after_is_waited_for(rx):
+    """A collector answering 429 (or 503) with Retry-After was called again after the worker's own backoff
+    (0.2 s, then doubling), by every agent of a fleet at once; the worker now waits as long as it asks."""
+    from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+
+    rx.set_fail_status(429, {"Retry-After": "2"})
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=1)
+    with pytest.raises(ExportError) as ei:
+        await exp.export(make_spans(0))
+    assert ei.value.retryable and ei.value.retry_after_s == 2.0
+
+    rx.store.refused_at.clear()
+    w = ExporterWorker(exp, retry_initial_s=0.05, retry_max_s=0.1)
+    w.start()
+    w.submit(make_spans(0), Completion())
+    try:
+        for _ in range(200):
+            if len(rx.store.refused_at) >= 2:
+                break
+            await asyncio.sleep(0.02)
+        refused = list(rx.store.refused_at)
+        rx.set_fail_status(None)
+        for _ in range(300):
+            if rx.span_count() >= 1:
+                break
+            await asyncio.sleep(0.02)
+        assert rx.span_count() == 1
+        assert len(refused) >= 2 and refused[1] - refused[0] >= 1.9, refused  # the worker's first two tries
+    finally:
+        await w.drain(2)
+
+
+def test_the_proxy_the_environment_puts_in_front_is_named() -> None:
+    from infersight.exporters.otlp import proxy_for
+
+    env = {"HTTP_PROXY": "http://user:secret@proxy.corp:3128", "NO_PROXY": "localhost,.internal"}
+    assert proxy_for("http://collector.example:4318/v1/traces", env) == "http://proxy.corp:3128"
+    assert proxy_for("http://otel.svc.internal:4318", env) is None and proxy_for("http://localhost:4318", env) is None
+    assert proxy_for("https://collector.example:4318", env) is None  # HTTPS_PROXY is not set
+    assert proxy_for("http://collector.example:4318", {}) is None
+
+
+async def test_a_dead_proxy_is_named_in_the_reason(rx, monkeypatch):
+    """A dead proxy made the reason "[Errno 111] Connection refused" for the collector's URL, though the
+    collector was healthy: nothing said a proxy stood between them."""
+    dead = "http://127.0.0.1:%d" % free_port()
+    monkeypatch.setenv("HTTP_PROXY", dead)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    exp = OtlpExporter(rx.http_endpoint, timeout_s=0.5)
+    with pytest.raises(ExportError) as ei:
+        await exp.export(make_spans(0))
+    assert "through the proxy %s" % dead in str(ei.value), str(ei.value)
+    assert rx.span_count() == 0

@@ -75,6 +75,7 @@ class _Store:
         self.lock = threading.Lock()
         self.requests: list[Received] = []
         self.grpc_fail: grpc.StatusCode | None = None  # set to refuse gRPC exports with this code
+        self.refused_at: list[float] = []  # when HTTP exports were refused (monotonic)
 
     def add(self, r: Received) -> None:
         with self.lock:
@@ -111,6 +112,7 @@ class _HttpServer(ThreadingHTTPServer):
     allow_reuse_address = True
     store: _Store
     fail_status: int | None
+    fail_headers: dict[str, str]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -139,7 +141,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, b"unknown path", "text/plain")
             return
         if self.server.fail_status is not None:
-            self._reply(self.server.fail_status, b"", "text/plain")
+            self.server.store.refused_at.append(time.monotonic())
+            self.send_response(self.server.fail_status)
+            for k, v in self.server.fail_headers.items():  # e.g. Retry-After
+                self.send_header(k, v)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         enc = (self.headers.get("Content-Encoding") or "").lower()
         try:
@@ -173,6 +181,7 @@ class OtlpReceiver:
         self.grpc_port = free_port(host) if grpc_ else 0
         self.store = _Store()
         self.fail_status: int | None = None  # set to e.g. 503 to refuse HTTP exports
+        self.fail_headers: dict[str, str] = {}  # headers of those refusals (Retry-After)
         self._http: _HttpServer | None = None
         self._http_thread: threading.Thread | None = None
         self._grpc: grpc.Server | None = None
@@ -204,6 +213,7 @@ class OtlpReceiver:
                     time.sleep(0.05)
             srv.store = self.store
             srv.fail_status = self.fail_status
+            srv.fail_headers = self.fail_headers
             self._http = srv
             self._http_thread = threading.Thread(
                 target=srv.serve_forever, kwargs={"poll_interval": 0.05}, name="otlp-rx-http", daemon=True
@@ -233,10 +243,12 @@ class OtlpReceiver:
             self._grpc.stop(grace=None).wait(5)
             self._grpc = None
 
-    def set_fail_status(self, status: int | None) -> None:
+    def set_fail_status(self, status: int | None, headers: dict[str, str] | None = None) -> None:
         self.fail_status = status
+        self.fail_headers = dict(headers or {})
         if self._http is not None:
             self._http.fail_status = status
+            self._http.fail_headers = self.fail_headers
 
     def set_grpc_fail(self, code: grpc.StatusCode | None) -> None:
         """Refuse gRPC exports with ``code`` (None: accept again)."""
