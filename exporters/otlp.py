@@ -345,7 +345,7 @@ def _headers_of(result: Any) -> Mapping[str, str]:
         h = h() if callable(h) else h
     except Exception:  # "may raise if the returned headers are malformed"
         return {}
-    return h if isinstance(h, Mapping) or hasattr(h, "get") else {}
+    return cast("Mapping[str, str]", h) if isinstance(h, Mapping) or hasattr(h, "get") else {}
 
 
 def transport_error(exc: BaseException) -> str:
