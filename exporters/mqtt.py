@@ -109,6 +109,20 @@ AUTH_REASONS = {4, 5, 134, 135}  # 3.1.1 and v5 codes for bad credentials / not 
 CONTROL_TIMEOUT_S = 5.0  # status, birth and the final offline publish
 
 
+def _retrieve_disconnect(client: Any) -> None:
+    """aiomqtt sets its client's disconnect future's exception when a link breaks; a client we leave (a stalled
+    broker's, after a connect timeout) never has it awaited, and asyncio logged "Future exception was never
+    retrieved" at the agent's stop. Read it: its error is already said (``last_error``)."""
+    fut = getattr(client, "_disconnected", None)
+    if isinstance(fut, asyncio.Future):
+        fut.add_done_callback(_read_exception)  # now if done, else when paho says the link is gone
+
+
+def _read_exception(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, MqttConnectError) and exc.rc is not None:
         code = getattr(exc.rc, "value", exc.rc)
@@ -637,6 +651,7 @@ class MqttExporter:
                     self.connect_failures += 1
                 self._note_error(("connection lost: " if conn is not None else "cannot connect: ") + _describe(exc))
             finally:
+                _retrieve_disconnect(client)
                 if conn is not None:
                     conn.lost.set()
                     if not self._closing.is_set():

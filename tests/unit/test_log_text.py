@@ -39,3 +39,40 @@ def test_an_exporters_fault_is_logged_on_one_line(caplog) -> None:  # type: igno
     asyncio.run(main())
     (rec,) = [r for r in caplog.records if "bad value" in r.getMessage()]
     assert "\n" not in rec.getMessage() and "\\n2026-12-04" in rec.getMessage()
+
+
+def test_a_left_mqtt_clients_disconnect_error_is_read() -> None:
+    """A stalled broker's client, left after a connect timeout, had its disconnect future's exception never
+    awaited: asyncio logged "Future exception was never retrieved" (an ERROR) at the agent's stop."""
+    import asyncio
+    import gc
+
+    from infersight.exporters.mqtt import _retrieve_disconnect
+
+    unread: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, ctx: unread.append(ctx.get("message", "")))
+
+        class Client:
+            def __init__(self) -> None:
+                self._disconnected: asyncio.Future[None] = loop.create_future()
+
+        for early in (True, False):
+            c = Client()
+            if early:
+                c._disconnected.set_exception(RuntimeError("Unexpected disconnection"))
+            _retrieve_disconnect(c)
+            if not early:
+                c._disconnected.set_exception(RuntimeError("Unexpected disconnection"))
+                await asyncio.sleep(0)  # its callbacks run
+            del c
+            gc.collect()
+        c2 = Client()  # not given to _retrieve_disconnect: asyncio says so, as before
+        c2._disconnected.set_exception(RuntimeError("Unexpected disconnection"))
+        del c2
+        gc.collect()
+
+    asyncio.run(main())
+    assert unread == ["Future exception was never retrieved"]
