@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -387,6 +388,48 @@ class SeriesStore:
         return out
 
 
+IDLE_TIMEOUT_S = 10.0  # a scrape connection that sends nothing this long is closed (its thread freed)
+MAX_SCRAPE_CONNECTIONS = 32  # served at once; past it a connection is closed at once (counted)
+
+
+def guard_connections(server: Any, counts: Any) -> None:
+    """prometheus_client's server serves each connection on a thread of its own and waits for a request
+    without limit: 150 idle clients held 154 threads, and enough of them would have taken the agent's threads
+    or descriptors. Each connection now gets IDLE_TIMEOUT_S, and at most MAX_SCRAPE_CONNECTIONS are served at
+    once; ``counts.scrape_connections_refused`` counts the others."""
+    server.RequestHandlerClass = type("TimedHandler", (server.RequestHandlerClass,), {"timeout": IDLE_TIMEOUT_S})
+    active = threading.BoundedSemaphore(MAX_SCRAPE_CONNECTIONS)
+    spawn, serve_one = server.process_request, server.process_request_thread
+
+    def process_request(request: Any, client_address: Any) -> None:
+        if not active.acquire(blocking=False):
+            counts.scrape_connections_refused += 1
+            server.shutdown_request(request)
+            return
+        try:
+            spawn(request, client_address)
+        except BaseException:
+            active.release()
+            raise
+
+    def process_request_thread(request: Any, client_address: Any) -> None:
+        try:
+            serve_one(request, client_address)
+        finally:
+            active.release()
+
+    server.process_request = process_request
+    server.process_request_thread = process_request_thread
+    say_error = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (TimeoutError, ConnectionError)):  # an idle or gone client: no traceback
+            return
+        say_error(request, client_address)
+
+    server.handle_error = handle_error
+
+
 class WarmingGauges:
     """``infersight_coldstart_eta_seconds`` and ``..._progress_ratio``, only while a cold start runs.
 
@@ -501,6 +544,7 @@ class PrometheusExporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self.scrapes = 0
+        self.scrape_connections_refused = 0  # past MAX_SCRAPE_CONNECTIONS served at once (guard_connections)
         self.last_error = ""
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -533,6 +577,7 @@ class PrometheusExporter:
             self.last_error = "cannot listen on %s:%d: %s" % (self.host, self.port, exc)
             raise
         thread.name = "infersight-prometheus"
+        guard_connections(server, self)
         self._server, self._thread = server, thread
         self.last_error = ""
         log.info("prometheus endpoint on %s", self.url)
@@ -591,6 +636,7 @@ class PrometheusExporter:
             "malformed_points": self.store.malformed,
             "series_expired": self.store.expired,
             "scrapes": self.scrapes,
+            "scrape_connections_refused": self.scrape_connections_refused,
             "last_error": self.last_error,
         }
 

@@ -316,6 +316,54 @@ async def test_shutdown_releases_the_port_and_bind_failure_is_reported() -> None
     await again.shutdown()
 
 
+async def test_idle_scrape_connections_are_closed_and_capped(monkeypatch: pytest.MonkeyPatch,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    """Each scrape connection took a thread and waited for its request without limit (150 idle clients held
+    154 threads): past MAX_SCRAPE_CONNECTIONS at once a connection is now closed at once, counted, and an idle
+    one is closed after IDLE_TIMEOUT_S, with no traceback on stderr; a scrape still gets through."""
+    import socket
+    import urllib.request
+
+    from infersight.exporters import prometheus_endpoint as pe
+
+    async def idle_clients(e: PrometheusExporter, n: int) -> list[socket.socket]:
+        return [await asyncio.to_thread(socket.create_connection, ("127.0.0.1", e.bound_port), 5) for _ in range(n)]
+
+    monkeypatch.setattr(pe, "IDLE_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(pe, "MAX_SCRAPE_CONNECTIONS", 4)
+    capped = PrometheusExporter(port=0)
+    await capped.start()
+    idle = await idle_clients(capped, 8)
+    try:
+        for _ in range(250):  # the server accepts them one by one
+            if int(capped.state()["scrape_connections_refused"]) >= 4:
+                break
+            await asyncio.sleep(0.02)
+        assert capped.state()["scrape_connections_refused"] == 4
+    finally:
+        for c in idle:
+            c.close()
+        await capped.shutdown()
+
+    monkeypatch.setattr(pe, "IDLE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(pe, "MAX_SCRAPE_CONNECTIONS", 32)
+    e = PrometheusExporter(port=0)
+    await e.start()
+    idle = await idle_clients(e, 3)
+    try:
+        for c in idle:  # closed by the server once idle that long (they sent nothing: nothing to answer)
+            c.settimeout(5)
+            assert await asyncio.to_thread(c.recv, 1) == b""
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(e.url, timeout=5).read())
+        assert b"infersight_prometheus_series" in body
+        assert e.state()["scrape_connections_refused"] == 0
+    finally:
+        for c in idle:
+            c.close()
+        await e.shutdown()
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_from_config_off_by_default() -> None:
     assert from_config(load(None, env={}), env={}) is None
 
