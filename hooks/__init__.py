@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 from _thread import get_ident as _get_ident  # noqa: E402
 
-from . import _buffer, _client, _coldstart, _readiness, _recorder, _runtime, _state  # noqa: E402, F401
+from . import _buffer, _client, _coldstart, _readiness, _recorder, _runtime, _state, _wire  # noqa: E402, F401
 from ._request import Request, first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
@@ -61,15 +61,67 @@ def report_oom(exc: Optional[BaseException] = None) -> bool:
 
 
 
+# What the host hands ``log``, ``metric`` and ``emit`` is made JSON-safe and bounded here, on the caller's
+# thread (``_wire.safe_value``), so that one value cannot spoil a batch on the drain thread, nor make a frame
+# the agent refuses. Flat values within bounds (the usual: a few short strings and numbers) are only checked,
+# with ``type`` and ``len``: no copy, no encoding.
+_MAX_STR = _wire.MAX_STR
+_MAX_ITEMS = _wire.MAX_ITEMS
+_INT_BOUND = _wire.INT_BOUND
+_FLAT = frozenset((float, bool, type(None)))
+_safe_value = _wire.safe_value
+
+
+def _flat(d: Dict[str, Any]) -> bool:
+    """Whether ``d`` (a dict of string keys: keyword arguments) needs no conversion: values strings,
+    integers within INT_BOUND, floats, booleans or None; at most MAX_ITEMS of them and MAX_STR
+    characters of strings in all (a few type checks and a ``len``: no copy, no encoding)."""
+    if len(d) > _MAX_ITEMS:
+        return False
+    total = 0
+    for v in d.values():
+        t = type(v)
+        if t is str:
+            total += len(v)
+        elif t is int:
+            if not -_INT_BOUND < v < _INT_BOUND:
+                return False
+        elif t not in _FLAT:
+            return False
+    return total <= _MAX_STR
+
+
+def _text(v: Any, limit: int) -> str:
+    return v if type(v) is str and len(v) <= limit else _wire.text_of(v, limit)
+
+
 def emit(kind: str, data: Dict[str, Any]) -> None:
-    """Queue one raw event (see ``_wire`` for kinds). Never blocks, never raises."""
-    _runtime.emit(kind, data)
+    """Queue one raw event (see ``_wire`` for kinds). Never blocks, never raises. ``data`` is made
+    JSON-safe and bounded as ``log``'s attributes are."""
+    if _state.current.runtime.client is None:
+        return
+    try:
+        if type(data) is not dict or not _flat(data) or not all(type(k) is str for k in data):
+            data = _safe_value(data)
+        _runtime.emit(_text(kind, 64), data)
+    except Exception as exc:
+        _runtime.fail(exc)
 
 
 def log(body: str, severity: str = "INFO", name: str = "", **attributes: Any) -> None:
-    """Queue one log record, linked to the current span."""
+    """Queue one log record, linked to the current span.
+
+    Never raises for what it is given: a string longer than 4096 characters is cut (it ends with
+    ``...[cut N chars]``), attribute values JSON cannot hold become JSON-safe (non-string keys and
+    other objects their ``str()``, integers past 2**64 their digits, nesting past 8 levels, 128
+    items or 64 Ki characters in all cut, a cycle ``"<cycle>"``)."""
     if _state.current.runtime.client is None:
         return
+    if type(body) is not str or type(severity) is not str or type(name) is not str or len(body) > _MAX_STR \
+            or len(severity) > 16 or len(name) > 64:
+        body, severity, name = _text(body, _MAX_STR), _text(severity, 16), _text(name, 64)
+    if attributes and not _flat(attributes):
+        attributes = _safe_value(attributes)
     _runtime.emit(
         "log",
         {"body": body, "sev": severity, "name": name, "a": attributes, "sp": _runtime.current_span.get()},
@@ -77,9 +129,19 @@ def log(body: str, severity: str = "INFO", name: str = "", **attributes: Any) ->
 
 
 def metric(name: str, value: float, kind: str = "gauge", unit: str = "", **attributes: Any) -> None:
-    """Queue one metric point (gauge or monotonic sum)."""
+    """Queue one metric point (gauge or monotonic sum). Values are made safe as ``log``'s are."""
     if _state.current.runtime.client is None:
         return
+    if type(name) is not str or len(name) > 255:
+        name = _wire.text_of(name, 255)
+    if type(value) is not float and (type(value) is not int or not -_INT_BOUND < value < _INT_BOUND):
+        value = _safe_value(value)
+    if type(kind) is not str or len(kind) > 16:
+        kind = _wire.text_of(kind, 16)
+    if type(unit) is not str or len(unit) > 32:
+        unit = _wire.text_of(unit, 32)
+    if attributes and not _flat(attributes):
+        attributes = _safe_value(attributes)
     _runtime.emit("metric", {"n": name, "v": value, "k": kind, "u": unit, "a": attributes})
 
 

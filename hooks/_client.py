@@ -102,6 +102,8 @@ class Client:
         self.dropped_spool = 0  # events neither sent nor spooled
         self._reported = (0, 0, 0, 0)  # (buffer, spool, vanished, texts) drops the agent was told of
         self._warned_loss = False
+        self.unencodable = 0  # events no frame could hold (counted in dropped_buffer too: ``_encode``)
+        self._warned_bad: set = set()  # type: ignore[type-arg]  # the reasons said on stderr
         self._idle = threading.Event()
         self._idle.set()
         self._stop = False
@@ -214,8 +216,9 @@ class Client:
                 self.buffer.dropped += self._left_behind()
             lost = self.dropped_buffer + self.dropped_spool
             if lost and (not connected or unreported or self._unreported()):
-                _say("%d event(s) lost in this process (%d on a full buffer, %d that could not be "
-                     "spooled)" % (lost, self.dropped_buffer, self.dropped_spool))
+                bad = " or that could not be encoded (%d)" % self.unencodable if self.unencodable else ""
+                _say("%d event(s) lost in this process (%d on a full buffer%s, %d that could not be "
+                     "spooled)" % (lost, self.dropped_buffer, bad, self.dropped_spool))
 
     def _left_behind(self) -> int:
         """Events still buffered or unacked, counted while the drain thread may still take from
@@ -381,9 +384,8 @@ class Client:
             group: List[Frame] = []
             users: List[int] = []
             while self._buf and len(group) < (WRITE_FRAMES_PRESSED if pressed else WRITE_FRAMES):
-                events = buf.take(MAX_BATCH_EVENTS)
-                if events:
-                    group.append((events[-1][0], len(events), _wire.encode_batch(events)))
+                for events, frame in self._encode(buf.take(MAX_BATCH_EVENTS)):
+                    group.append((events[-1][0], len(events), frame))
                     users.append(user_events(events))
             if not group:
                 continue
@@ -393,6 +395,34 @@ class Client:
                 self._spool_group(group, users)
         # No read of acks right after sending (the agent has not read it yet: a receive for
         # nothing); the next pump reads them first, and ``_idle_wait`` makes sure it comes.
+
+    def _encode(self, events: List[_wire.Event]) -> List[Tuple[List[_wire.Event], bytes]]:
+        """Batch frames of ``events`` taken off the buffer, each within ``_wire.MAX_FRAME_BYTES``
+        (a frame the agent refuses would close the connection, be resent at every reconnect, and
+        hold every later event back). An event no frame can hold (too large, or a value JSON
+        cannot encode: only the drain thread's own builds and ``hooks.stage`` attributes can
+        hold one, ``hooks.log`` and the like make theirs safe) is dropped and counted with the
+        buffer's drops, which reach the agent; one stderr line per reason."""
+        if not events:
+            return []
+        frames, bad = _wire.encode_batches(events)
+        if bad:
+            self._unencodable(bad)
+        return frames
+
+    def _unencodable(self, bad: List[Tuple[_wire.Event, str, str]]) -> None:
+        n = user_events([ev for ev, _why, _detail in bad])
+        self.buffer.dropped += n
+        self.unencodable += n
+        for ev, why, detail in bad:
+            if why not in self._warned_bad:
+                self._warned_bad.add(why)
+                try:
+                    kind = str(ev[2])[:32]
+                except Exception:
+                    kind = "?"
+                _say("a %s event could not be sent (%s): dropped and counted, the hooks go on (said once "
+                     "for this reason)" % (kind, detail))
 
     def _spool_group(self, group: List[Frame], users: List[int]) -> None:
         """Spool frames in one write if they fit, else one by one (what fits is kept)."""
@@ -459,9 +489,8 @@ class Client:
                 _spoolfile.unlink_own(fd, dfd, name)
             _spoolfile.close_fds(old)
         while self._buf:
-            chunk = self.buffer.take(MAX_BATCH_EVENTS)
-            if chunk:
-                self._spool_write(_wire.encode_batch(chunk), user_events(chunk))
+            for events, frame in self._encode(self.buffer.take(MAX_BATCH_EVENTS)):
+                self._spool_write(frame, user_events(events))
         self._close_spool_and_socket()
 
     def _close_spool_and_socket(self) -> None:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
-MAX_BATCH_EVENTS = 512  # events a hook puts in one batch frame: bounds a frame well under MAX_FRAME_BYTES
+MAX_BATCH_EVENTS = 512  # events a hook puts in one batch frame, at most; a batch whose frame would pass
+# MAX_FRAME_BYTES is split by size (``encode_batches``), and an event no frame can hold is dropped and counted.
 # A batch of more events is no hook's: the agent refuses it whole (350,000 empty events in one 1 MiB frame
 # had cost 0.3 s of the agent's event loop to refuse one at a time).
 MAX_BATCH_EVENTS_READ = 4 * MAX_BATCH_EVENTS
@@ -134,6 +135,176 @@ def health_frame(health: Dict[str, Any]) -> bytes:
 def encode_batch(events: List[Event]) -> bytes:
     # "n" (count) and "l" (last seq) lead the frame so a spool replay reads only this prefix.
     return encode_frame({"t": "b", "n": len(events), "l": events[-1][0] if events else 0, "e": events})
+
+
+# Bytes of a batch frame's payload besides its events: '{"t":"b","n":N,"l":L,"e":[' and ']}', with N and L
+# of up to 20 digits each.
+BATCH_OVERHEAD = 72
+
+
+def _batch_payload(parts: List[bytes], last: int) -> bytes:
+    """The payload ``encode_batch`` makes of the events whose encodings are ``parts``."""
+    return b'{"t":"b","n":%d,"l":%d,"e":[' % (len(parts), last) + b",".join(parts) + b"]}"
+
+
+def encode_batches(
+    events: List[Event], max_bytes: int = MAX_FRAME_BYTES
+) -> Tuple[List[Tuple[List[Event], bytes]], List[Tuple[Event, str, str]]]:
+    """Batch frames of ``events``, in order, each payload at most ``max_bytes``: ``(frames, bad)``,
+    ``frames`` a list of (the frame's events, the frame), ``bad`` the events no frame holds, as
+    (event, why, detail): ``why`` is ``"oversize"`` (its encoding alone is over the bound) or the
+    name of the exception encoding it raised (a value JSON cannot hold: a cycle, a key of another
+    type, an object whose ``__str__`` raises, ...). Never raises for what the events hold.
+
+    The whole batch is encoded once, as before; only a batch that fails or is too large is
+    encoded event by event and packed into frames by size."""
+    if not events:
+        return [], []
+    try:
+        frame = encode_batch(events)
+        if len(frame) - HEADER.size <= max_bytes:
+            return [(events, frame)], []
+    except Exception:  # (a RecursionError too) one event spoils the batch: find it below
+        pass
+    frames: List[Tuple[List[Event], bytes]] = []
+    bad: List[Tuple[Event, str, str]] = []
+    parts: List[bytes] = []
+    taken: List[Event] = []
+    size = BATCH_OVERHEAD
+    for ev in events:
+        try:
+            part = _dumps(ev).encode("ascii")
+        except Exception as exc:
+            try:
+                detail = "%s: %s" % (type(exc).__name__, str(exc)[:200])
+            except Exception:
+                detail = type(exc).__name__
+            bad.append((ev, type(exc).__name__, detail))
+            continue
+        if len(part) + BATCH_OVERHEAD > max_bytes:
+            bad.append((ev, "oversize", "%d bytes encoded, over the %d-byte frame bound" % (len(part), max_bytes)))
+            continue
+        if parts and size + len(part) + 1 > max_bytes:
+            frames.append((taken, _frame(_batch_payload(parts, taken[-1][0]))))
+            parts, taken, size = [], [], BATCH_OVERHEAD
+        parts.append(part)
+        taken.append(ev)
+        size += len(part) + 1
+    if parts:
+        frames.append((taken, _frame(_batch_payload(parts, taken[-1][0]))))
+    return frames, bad
+
+
+def _frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+# -- values the host hands the hooks (``hooks.log``, ``metric``, ``emit``): made JSON-safe -----------
+#
+# The agent cuts strings at 4096 characters and takes at most 128 attributes (``agent/daemon/assemble.py``);
+# the hooks cut before sending, with a marker, so that a value the host hands them costs a bounded frame.
+MAX_STR = 4096  # characters of a string value, the marker included
+MAX_KEY = 256  # characters of a key
+MAX_ITEMS = 128  # keys of an object, items of a list
+MAX_DEPTH = 8  # nested objects and lists
+MAX_VALUE_CHARS = 64 << 10  # characters in all of one value (strings and keys), then the rest is cut
+INT_BOUND = 1 << 64  # an integer at or past this (in magnitude) is sent as its digits, a string
+CUT = "...[cut %d chars]"  # the marker at the end of a string cut to MAX_STR
+
+
+def cut_str(s: str, limit: int = MAX_STR) -> str:
+    """``s`` (a str, or a subclass: made a plain str) cut to ``limit`` characters with the marker."""
+    if len(s) <= limit:
+        return str.__str__(s)
+    keep = max(0, limit - len(CUT % len(s)))  # (the marker's longest)
+    return str.__str__(s[:keep]) + CUT % (len(s) - keep)
+
+
+def text_of(v: Any, limit: int = MAX_STR) -> str:
+    """A string for any object, cut to ``limit``: its ``str()``, else its ``repr()``, else its type's
+    name. Never raises (the object's own ``__str__`` or ``__repr__`` may)."""
+    for conv in (str, repr):
+        try:
+            s = conv(v)
+            if isinstance(s, str):
+                return cut_str(s, limit)
+        except Exception:
+            pass
+    try:
+        return "<unprintable %s>" % (type(v).__name__,)
+    except Exception:
+        return "<unprintable>"
+
+
+def _int_text(v: int) -> str:
+    try:
+        if v.bit_length() <= 12000:  # ~3600 digits: under sys.int_info's default str() limit (4300)
+            return cut_str(int.__repr__(v))
+        return "<int of %d bits>" % v.bit_length()
+    except Exception:
+        return "<int>"
+
+
+def safe_value(v: Any) -> Any:
+    """``v`` as a value JSON holds and the agent takes, within bounds: strings cut to MAX_STR
+    (with the marker), integers past INT_BOUND as strings, objects and lists at most MAX_ITEMS
+    items and MAX_DEPTH deep (deeper: their text), keys made strings, a cycle cut (the repeated
+    container becomes its text), MAX_VALUE_CHARS characters in all, other objects their text
+    (``text_of``). Never raises. The caller's thread runs it, only for values that are not flat
+    and small already (``hooks.log`` checks those with ``len``)."""
+    try:
+        return _safe(v, MAX_DEPTH, [MAX_VALUE_CHARS], set())
+    except Exception:  # (a RecursionError, a dict changed while read by another thread, ...)
+        return text_of(v)
+
+
+def _safe(v: Any, depth: int, budget: List[int], path: set) -> Any:  # type: ignore[type-arg]
+    t = type(v)
+    if t is str:
+        s = cut_str(v, min(MAX_STR, max(budget[0], 32)))
+        budget[0] -= len(s)
+        return s
+    if t is int:
+        return v if -INT_BOUND < v < INT_BOUND else _int_text(v)
+    if t is float or t is bool or v is None:
+        return v
+    if isinstance(v, (dict, list, tuple, set, frozenset)):
+        if id(v) in path:
+            return "<cycle>"
+        if depth <= 0 or budget[0] <= 0:  # (not its str(): that walks all of it)
+            try:
+                return "<%s of %d items>" % (type(v).__name__, len(v))
+            except Exception:
+                return "<container>"
+        path.add(id(v))
+        try:
+            if isinstance(v, dict):
+                out: Dict[str, Any] = {}
+                for k, x in v.items():
+                    if len(out) >= MAX_ITEMS or budget[0] <= 0:
+                        break
+                    key = cut_str(k, MAX_KEY) if isinstance(k, str) else text_of(k, MAX_KEY)
+                    budget[0] -= len(key) + 1
+                    out[key] = _safe(x, depth - 1, budget, path)
+                return out
+            items: List[Any] = []
+            for x in v:
+                if len(items) >= MAX_ITEMS or budget[0] <= 0:
+                    break
+                budget[0] -= 1
+                items.append(_safe(x, depth - 1, budget, path))
+            return items
+        finally:
+            path.discard(id(v))
+    if isinstance(v, str):
+        return _safe(str.__str__(v), depth, budget, path)
+    if isinstance(v, int):  # bool is handled above; an IntEnum, another subclass: its value
+        return _safe(int.__index__(v), depth, budget, path)
+    if isinstance(v, float):
+        return float.__float__(v)
+    s = text_of(v, min(MAX_STR, max(budget[0], 32)))
+    budget[0] -= len(s)
+    return s
 
 
 URGENT_FRAME = encode_frame({"t": "urgent"})  # the doorbell, alone on a fresh connection
