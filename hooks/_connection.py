@@ -25,7 +25,7 @@ import sys
 import time
 from _collections import deque
 
-from . import _paths, _wire
+from . import _fds, _paths, _wire
 from ._env import say
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -110,7 +110,9 @@ class Connection:
         self.socket_path = socket_path
         self.producer = producer  # what the hello says (the client may update it)
         self.owner = _paths.fallback_owner(socket_path)  # None: a path used as given
-        self.sock: Optional[Any] = None  # a _socket.socket, once welcomed
+        self._sock: Optional[Any] = None  # a _socket.socket, once welcomed (``sock``)
+        self._ident: Optional[Tuple[int, int]] = None  # its identity (_fds): its number may become the host's
+        self.lost = 0  # our socket found closed or reused by the host (os.closerange): dropped, reconnected
         self.refused = False  # the agent refused this producer: do not retry
         self.welcomed = False  # an agent welcomed this producer once: it knows it, and counts its absence
         self.outbox: Deque[Frame] = deque()
@@ -126,8 +128,18 @@ class Connection:
         self.held_back = False  # launch held its agent back when this last tried to connect
 
     @property
+    def sock(self) -> Optional[Any]:
+        return self._sock
+
+    @sock.setter
+    def sock(self, sock: Optional[Any]) -> None:
+        """Setting the socket records its identity (``own`` checks it before each use)."""
+        self._sock = sock
+        self._ident = None if sock is None else _fds.sock_ident(sock)
+
+    @property
     def up(self) -> bool:
-        return self.sock is not None
+        return self._sock is not None
 
     def held(self) -> bool:
         """``launch`` holds its agent back while CMD starts (its mark lies beside the socket:
@@ -160,11 +172,12 @@ class Connection:
             self._schedule_retry(now)
             return False
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        ident = _fds.sock_ident(sock)
         sock.settimeout(SEND_TIMEOUT_S)
         try:
             sock.connect(self.socket_path)
         except OSError as exc:
-            sock.close()
+            _fds.close_sock(sock, ident)
             self._schedule_retry(now)
             why = connect_failure(self.socket_path, exc)
             if why:
@@ -178,19 +191,21 @@ class Connection:
                 raise OSError("untrusted peer")
             sock.sendall(_wire.hello_frame(self.producer, self.acked))
             reply = self._recv_reply(sock)
+            if not _fds.same(sock.fileno(), ident):  # the host closed it meanwhile (a welcome read from its file?)
+                raise OSError("the socket is no longer ours")
         except OSError:
-            sock.close()
+            _fds.close_sock(sock, ident)
             self._schedule_retry(now)
             return False
         if reply is None or reply.get("t") != "welcome":
-            sock.close()
+            _fds.close_sock(sock, ident)
             err = (reply or {}).get("error", "no welcome from agent")
             if reply is not None and reply.get("t") == "refuse":
                 self.refused = True
                 say("agent refused this producer: %s; spooling instead" % err)
             self._schedule_retry(now)
             return False
-        self.sock = sock
+        self._sock, self._ident = sock, ident
         self.welcomed = True
         self.held_back = False
         self._backoff = RECONNECT_MIN_S
@@ -258,18 +273,44 @@ class Connection:
                 return None
             buf += chunk
 
+    def own(self) -> bool:
+        """Connected, on a socket still ours (one ``fstat``). A host that closed its descriptors
+        (``os.closerange``, daemonizing) closed ours, and its next file may have its number: then
+        the socket is dropped without closing that number (``_lose``); False."""
+        sock = self.sock
+        if sock is None:
+            return False
+        try:
+            fd = sock.fileno()
+        except (OSError, ValueError):
+            fd = -1
+        if _fds.same(fd, self._ident):
+            return True
+        self._lose()
+        return False
+
+    def _lose(self) -> None:
+        """Our socket is gone (closed by the host, its number perhaps reused): forget it without
+        closing anything, count it, and reconnect at once (the agent is not known to be away).
+        Unacked frames stay in the outbox and are sent again after the welcome."""
+        sock, self._sock, self._ident = self._sock, None, None
+        _fds.close_sock(sock, None)  # never ours now: detached, not closed
+        self.lost += 1
+        self._rx = b""
+        self._backoff = RECONNECT_MIN_S
+        self._next_attempt = 0.0
+
     def disconnect(self, drain: bool = True) -> None:
         """Close the connection (a failed send, the agent gone) and back off. First, ``drain``:
         take the acks it already holds (``_drain_acks``), so that a reconnect resends only what
-        was not acked."""
+        was not acked. A socket no longer ours is dropped, never closed (``own``)."""
         if self.sock is not None:
+            if not self.own():
+                return  # lost: reconnect at once, no backoff (the agent did not go away)
             if drain:
                 self._drain_acks(self.sock)
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-        self.sock = None
+            _fds.close_sock(self.sock, self._ident)
+        self._sock, self._ident = None, None
         self._schedule_retry(time.monotonic())
 
     def _drain_acks(self, sock: Any) -> None:
@@ -300,17 +341,17 @@ class Connection:
                 self._on_ack(msg["seq"])
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        """Close the socket, if it is still ours (else only forget it)."""
+        sock, ident = self._sock, self._ident
+        self._sock, self._ident = None, None
+        if sock is not None and not _fds.close_sock(sock, ident):
+            self.lost += 1
 
     def close_inherited(self) -> None:
-        """In a forked child: close our copy of the parent's socket, nothing more."""
+        """In a forked child: close our copy of the parent's socket (if the number is still
+        that socket's), nothing more."""
         if self.sock is not None:
-            try:
-                self.sock.close()
-            except OSError:
-                pass
+            _fds.close_sock(self.sock, self._ident)
 
     # -- sending ---------------------------------------------------------------------
 
@@ -339,12 +380,14 @@ class Connection:
         """Send one frame; it stays in the outbox until acked (a failure disconnects)."""
         self.outbox.append((last_seq, n_events, frame))
         self.outbox_bytes += len(frame)
+        if not self.own():  # one fstat: never send into the host's file (lost: sent after the reconnect)
+            return
         try:
             self._sendall(frame)
             self.sent_events += n_events
             self.sent_frames += 1
         except OSError:
-            self.disconnect()
+            self.disconnect()  # (a lost socket: dropped, not closed; the outbox goes again)
 
     def send_group(self, group: List[Frame]) -> None:
         """Send frames in one write; each stays in the outbox until acked."""
@@ -354,6 +397,8 @@ class Connection:
         for entry in group:
             self.outbox.append(entry)
             self.outbox_bytes += len(entry[2])
+        if not self.own():  # (see ``send``)
+            return
         try:
             self._sendall(b"".join(entry[2] for entry in group))
             self.sent_events += sum(entry[1] for entry in group)
@@ -373,15 +418,17 @@ class Connection:
         ``ENGINE_FRAME`` for a held launch) on a fresh connection; any failure is ignored (the
         report itself is on its way regardless)."""
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        ident = _fds.sock_ident(sock)
         try:
             sock.setblocking(False)
             sock.connect(self.socket_path)
-            sock.send(frame)
-            self.urgent_rings += 1
+            if _fds.same(sock.fileno(), ident):
+                sock.send(frame)
+                self.urgent_rings += 1
         except OSError:
             pass
         finally:
-            sock.close()
+            _fds.close_sock(sock, ident)
 
     # -- acks ------------------------------------------------------------------------
 
@@ -389,7 +436,7 @@ class Connection:
         """Read what the agent sent (acks); ``block``: wait up to half a second for one. The
         socket is non-blocking: one ``recv`` when what is waiting fits in it."""
         sock = self.sock
-        if sock is None:
+        if sock is None or not self.own():  # one fstat: never read the host's file
             return
         try:
             if block:

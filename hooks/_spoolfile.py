@@ -9,6 +9,12 @@ unguessable name) in a directory opened without following a symlink, locked whil
 and truncated and unlinked only through our own descriptors. A file someone else removed is
 noticed (``vanished``) and what it still held is rescued into a new one.
 
+Descriptors are checked by identity (:mod:`_fds`), not trusted by number: a host that closed
+them (``os.closerange``, daemonizing) may have its own files at those numbers by now. Before each
+use the file's identity is checked (one ``fstat``, on the drain thread); a descriptor no longer
+ours is forgotten without being closed, counted (``lost_count``), and the file is opened again
+by its name if it is still the same file, else left for the agent (its lock is free).
+
 Only the drain thread (or ``close`` holding the client's lock) calls these methods.
 """
 
@@ -21,7 +27,7 @@ import stat
 import struct  # already loaded by _wire
 import time
 
-from . import _paths, _wire
+from . import _fds, _paths, _wire
 from ._env import say
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -29,6 +35,11 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
     Handles = Tuple[Optional[int], Optional[int], str]  # (file fd, directory fd, name)
+    Ident = Tuple[int, int]
+
+# Every descriptor a SpoolFile opened -> its identity: ``close_fds`` and ``unlink_own`` get bare
+# numbers (``Handles``) and must not touch one that is the host's now.
+_OWNED: Dict[int, Ident] = {}
 
 RETRY_S = 5.0  # after an error, batches are dropped (and counted) this long before a retry
 READ_BYTES = 1 << 20  # what one replay step reads
@@ -78,19 +89,28 @@ def let_directory_owner_read(fd: int, dir_uid: int, dir_mode: int) -> str:
     return ""
 
 
+def _own(fd: int, ident: Ident) -> None:
+    _OWNED[fd] = ident
+
+
+def _mine(fd: Optional[int]) -> bool:
+    """``fd`` is a descriptor a SpoolFile opened and it is still that one (one ``fstat``)."""
+    return fd is not None and _fds.same(fd, _OWNED.get(fd))
+
+
 def close_fds(handles: Handles) -> None:
+    """Close the file's and the directory's descriptors, each only if still ours (a number the
+    host reused is left to it, and counted)."""
     for d in handles[:2]:
         if d is not None:
-            try:
-                os.close(d)
-            except OSError:
-                pass
+            _fds.close_own(d, _OWNED.pop(d, None))
 
 
 def unlink_own(fd: int, dfd: Optional[int], name: str) -> None:
     """Unlink ``name`` in the directory we opened, only if it is still our file: whoever
-    else can write there may have swapped a symlink or another file in since."""
-    if dfd is None:
+    else can write there may have swapped a symlink or another file in since (and both
+    descriptors must still be ours, not host files that took their numbers)."""
+    if dfd is None or not (_mine(fd) and _mine(dfd)):
         return
     try:
         mine, now = os.fstat(fd), os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -117,6 +137,10 @@ class SpoolFile:
         self.error = ""  # why the last write or open failed
         self.vanished_count = 0  # our file was removed by someone else (its frames were rescued)
         self.acl_warned = False  # said once: the directory's owner (the agent) cannot be let read our file
+        self.ident: Optional[Ident] = None  # the file's identity (st_dev, st_ino), while open
+        self.dir_ident: Optional[Ident] = None
+        self.lost_count = 0  # our descriptors found closed or reused by the host (os.closerange)
+        self.reopened_count = 0  # ... of which the file was opened again by its name
 
     @property
     def path(self) -> str:
@@ -153,11 +177,15 @@ class SpoolFile:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             dfd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             dst = os.fstat(dfd)
+            dir_ident = (dst.st_dev, dst.st_ino)
+            _own(dfd, dir_ident)
             mode = dst.st_mode
             if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
                 raise OSError("the directory is writable by everyone (mode %04o)" % stat.S_IMODE(mode))
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND,
                          0o600, dir_fd=dfd)
+            ident = _fds.ident(fd)
+            _own(fd, ident)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held while we live
             unreadable = let_directory_owner_read(fd, dst.st_uid, mode)
             if unreadable and not self.acl_warned:
@@ -170,27 +198,90 @@ class SpoolFile:
         except OSError as exc:
             if fd is not None:
                 unlink_own(fd, dfd, name)
-                os.close(fd)
-            if dfd is not None:
-                os.close(dfd)
+            close_fds((fd, dfd, name))
             link = exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(self.directory)
             why = "a symbolic link, not followed" if link else exc.strerror or str(exc)
             self._failed("%s: %s" % (self.directory, why))
             return False
+        if not _mine(fd):  # the host closed it while we wrote the hello: never ours to use
+            close_fds((fd, dfd, name))
+            self._failed("%s: the spool file was closed by the host" % self.directory)
+            return False
         self.fd, self.dir_fd, self.name = fd, dfd, name
+        self.ident, self.dir_ident = ident, dir_ident
         self.size = self.read = self.head = len(hello)
+        return True
+
+    def _check(self) -> Optional[os.stat_result]:
+        """The open file's status, read through a descriptor verified to be still ours (one
+        ``fstat``); None when no file is open, or ours was lost (``_lost``: reopened by name
+        when it can be, and then checked again)."""
+        fd = self.fd
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == self.ident:
+                return st
+        except OSError:
+            pass
+        if self._lost():
+            try:
+                return os.fstat(self.fd)  # type: ignore[arg-type]
+            except OSError:
+                pass
+        return None
+
+    def _lost(self) -> bool:
+        """The host closed our descriptors (their numbers may be its own files now): forget them
+        without closing them, count it, and open the same file again by its name (still our
+        file: same device and inode; locked again), keeping our place in it. True when
+        reopened; else the file is left where it is, unlocked: the agent replays it."""
+        fd, dfd, name, ident, dir_ident = self.fd, self.dir_fd, self.name, self.ident, self.dir_ident
+        if fd is not None and not _mine(fd):
+            _OWNED.pop(fd, None)
+        if dfd is not None and not _mine(dfd):
+            _OWNED.pop(dfd, None)
+            dfd = None  # not ours either: open the directory again
+        self.fd = self.dir_fd = None
+        self.ident = self.dir_ident = None
+        self.lost_count += 1
+        _fds.lost += 1
+        made: List[Tuple[int, Ident]] = []  # opened here, closed again on failure
+        try:
+            if dfd is None:
+                d = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                made.append((d, _fds.ident(d)))
+                if made[-1][1] != dir_ident:
+                    raise OSError("another directory")
+                dfd = d
+            f = os.open(name, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            made.append((f, _fds.ident(f)))
+            if made[-1][1] != ident:
+                raise OSError("another file")
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: the agent replays it already
+            if os.fstat(f).st_size < self.size:
+                raise OSError("cut short")
+        except (OSError, ValueError):
+            for d, did in made:
+                _fds.close_own(d, did)
+            if dfd is not None and all(dfd != d for d, _ in made):
+                close_fds((None, dfd, ""))
+            self.name = ""
+            self.size = self.read = self.head = 0
+            return False
+        for d, did in made:
+            _own(d, did)
+        self.fd, self.dir_fd, self.ident, self.dir_ident = f, dfd, ident, dir_ident
+        self.reopened_count += 1
         return True
 
     def vanished(self) -> bool:
         """Our file has no name any more: someone removed it (the directory's owner, root,
-        or a group member where the directory lacks its sticky bit)."""
-        fd = self.fd
-        if fd is None:
-            return False
-        try:
-            return os.fstat(fd).st_nlink == 0
-        except OSError:
-            return False
+        or a group member where the directory lacks its sticky bit). Checks, too, that our
+        descriptor is still ours (``_check``): the one ``fstat`` of a write."""
+        st = self._check()
+        return st is not None and st.st_nlink == 0
 
     def rescue(self, acked: int) -> None:
         """Its unsent frames are still readable through our descriptor: copy them into a
@@ -235,9 +326,10 @@ class SpoolFile:
         """The next unread frames (payloads, whole), at least one while any is pending; None
         when the file cannot be read here (it is then abandoned: the agent replays it later).
         :meth:`consumed` moves past each one once it is sent."""
+        if self._check() is None:
+            return [] if self.fd is None and not self.pending() else None
         fd = self.fd
-        if fd is None:
-            return []
+        assert fd is not None
         try:
             data = os.pread(fd, min(READ_BYTES, self.size - self.read), self.read)
             frames, _rest, _bad = _wire.split_frames(data)
@@ -255,7 +347,7 @@ class SpoolFile:
 
     def unread(self) -> bytes:
         """The frames not sent back yet (empty when unreadable)."""
-        if self.fd is None:
+        if self._check() is None or self.fd is None:
             return b""
         try:
             return os.pread(self.fd, self.size - self.read, self.read)
@@ -266,24 +358,25 @@ class SpoolFile:
         """Forget the open file, handing its descriptors and name to the caller."""
         handles = (self.fd, self.dir_fd, self.name)
         self.fd = self.dir_fd = None
+        self.ident = self.dir_ident = None
         self.name = ""
         self.size = self.read = 0
         return handles
 
     def discard(self) -> None:
         """Fully delivered: truncate and unlink it, through our descriptors."""
+        self._check()  # (lost: reopened by name when it can be, so that it is emptied and removed)
         fd, dfd, name = self.detach()
         if fd is None:
             return
         try:
-            os.ftruncate(fd, 0)
-            unlink_own(fd, dfd, name)
+            if _mine(fd):
+                os.ftruncate(fd, 0)
+                unlink_own(fd, dfd, name)
         except OSError:
             pass
         finally:
-            os.close(fd)
-            if dfd is not None:
-                os.close(dfd)
+            close_fds((fd, dfd, name))
 
     def abandon(self) -> None:
         """Stop using the file but keep it: closing it frees its lock, so the agent replays
@@ -299,3 +392,4 @@ class SpoolFile:
         """In a forked child: close our copies of the parent's descriptors, nothing more."""
         close_fds((self.fd, self.dir_fd, ""))
         self.fd = self.dir_fd = None
+        self.ident = self.dir_ident = None
