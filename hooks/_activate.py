@@ -14,7 +14,20 @@ import os
 import sys
 import time
 
-from . import _client, _coldstart, _contract, _env, _paths, _proc, _readiness, _recorder, _runtime, _spawn, _state
+from . import (
+    _client,
+    _coldstart,
+    _contract,
+    _env,
+    _forkexit,
+    _paths,
+    _proc,
+    _readiness,
+    _recorder,
+    _runtime,
+    _spawn,
+    _state,
+)
 from ._client import Client
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -295,3 +308,7 @@ def _after_fork_child() -> None:
         )
     except Exception as exc:
         _runtime.fail(exc)
+        return
+    # Forked from a thread other than the main program's: when that thread ends, no interpreter exit comes,
+    # and the hooks' threads would keep the child alive for ever (``_forkexit``). Its exit flush then.
+    _forkexit.after_fork_child(_at_process_end)
