@@ -37,7 +37,7 @@ from typing import Any, Literal, TypeAlias
 from infersight.bytesize import BYTE_UNITS, parse_bytes, torch_bytes
 from infersight.errors import Location, SourceError
 from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms
-from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, SITE_RULES_DIR, FileLoader, RulesError, env_rules_dirs
 
 __all__ = [
     "BASE_QUANTITIES",
@@ -75,7 +75,6 @@ DERIVED_QUANTITIES: dict[str, tuple[str, ...]] = {
     "F_prime": ("F", "L", "P", "A"),
     "X": ("T", "F", "P", "A"),
 }
-SITE_RULES_DIR = "/etc/infersight/rules.d"
 GIB = 1 << 30
 
 Value: TypeAlias = float | bool | None
@@ -1070,10 +1069,10 @@ def site_rule_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
     after ``$INFERSIGHT_RULES_DIR`` (one directory: what ``classify`` read before); neither set:
     /etc/infersight/rules.d."""
     env = os.environ if env is None else env
-    one, many = env.get("INFERSIGHT_RULES_DIR"), env.get("INFERSIGHT_RULES_DIRS")
+    one, many = env.get("INFERSIGHT_RULES_DIR"), env_rules_dirs(env)
     dirs = [Path(one)] if one else []
     if many is not None:
-        dirs.extend(Path(d) for d in re.split(r"[,:]", many) if d)
+        dirs.extend(Path(d) for d in many)
     return dirs if one or many is not None else [Path(SITE_RULES_DIR)]
 
 

@@ -14,6 +14,14 @@ from typing import Any
 from infersight.errors import InfersightError, Location, SourceError
 from infersight.tomlfile import TomlKeys, loads
 
+SITE_RULES_DIR = "/etc/infersight/rules.d"  # the site's rule files (OOM rubric and stage rules)
+
+
+def env_rules_dirs(env: Mapping[str, str]) -> list[str] | None:
+    """``$INFERSIGHT_RULES_DIRS`` (the agent's ``rules.dirs``), ``:`` or ``,`` separated; None when unset."""
+    raw = env.get("INFERSIGHT_RULES_DIRS")
+    return None if raw is None else [d for d in re.split(r"[,:]", raw) if d]
+
 ENGINE_VERSION_KEY = "engine_version"
 _VERSION = re.compile(r"(\d{1,4})(?:\.(\d{1,4}))?")
 

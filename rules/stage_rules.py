@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Literal
 
 from infersight.errors import Location, SourceError
-from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
+from infersight.rules.rulefile import ENGINE_VERSION_KEY, SITE_RULES_DIR, FileLoader, RulesError, env_rules_dirs
 
 ENGINE_VERSION = (1, 0)
-SITE_RULES_DIR = "/etc/infersight/rules.d"
 # Stages a rule may not produce: the lifecycle ones the hooks derive themselves.
 RESERVED_STAGES = frozenset({"runtime_init", "framework_import", "ready_wait", "first_request", "unattributed",
                              "total"})
@@ -271,9 +270,8 @@ def builtin_stage_rules_path() -> resources.abc.Traversable:
 def rules_dirs(extra: Iterable[str | Path] = (), env: dict[str, str] | None = None) -> list[Path]:
     """The rules directories as the hooks see them: ``$INFERSIGHT_RULES_DIRS`` (``:`` or ``,``
     separated) else /etc/infersight/rules.d, then ``extra``."""
-    env = dict(os.environ) if env is None else env
-    raw = env.get("INFERSIGHT_RULES_DIRS")
-    dirs = [Path(d) for d in re.split(r"[,:]", raw) if d] if raw is not None else [Path(SITE_RULES_DIR)]
+    named = env_rules_dirs(os.environ if env is None else env)
+    dirs = [Path(d) for d in named] if named is not None else [Path(SITE_RULES_DIR)]
     return [*dirs, *(Path(d) for d in extra)]
 
 
