@@ -317,22 +317,17 @@ def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float
     return max(0.0, min(when - (time.time() if now is None else now), MAX_RETRY_AFTER_S))
 
 
-def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
-    """The proxy (without credentials) that ``HTTP(S)_PROXY``/``NO_PROXY`` put between us and ``url``; None
-    when there is none. requests and gRPC both take it from the environment."""
-    env = os.environ if env is None else env
+def proxy_for(url: str) -> str | None:
+    """The proxy (without credentials) that the environment's ``HTTP(S)_PROXY``/``NO_PROXY`` put between
+    us and ``url`` (requests and gRPC both take it from there); None when there is none."""
+    from urllib.request import getproxies, proxy_bypass  # (what requests consults too)
+
     try:
         u = urlsplit(url)
-        scheme = "https" if u.scheme in ("https", "grpcs") else "http"
-        proxy = env.get(scheme + "_proxy") or env.get(scheme.upper() + "_PROXY") or env.get("all_proxy") \
-            or env.get("ALL_PROXY")
-        if not proxy or not u.hostname:
+        proxies = getproxies()
+        proxy = proxies.get("https" if u.scheme in ("https", "grpcs") else "http") or proxies.get("all")
+        if not proxy or not u.hostname or proxy_bypass(u.hostname):
             return None
-        no_proxy = env.get("no_proxy") or env.get("NO_PROXY") or ""
-        host = u.hostname.lower()
-        for entry in (e.strip().lower().split(":")[0].lstrip(".") for e in no_proxy.split(",")):
-            if entry == "*" or (entry and (host == entry or host.endswith("." + entry))):
-                return None
     except ValueError:
         return None
     return safe_url(proxy)

@@ -494,14 +494,18 @@ async def test_a_throttled_collectors_retry_after_is_waited_for(rx):
         await w.drain(2)
 
 
-def test_the_proxy_the_environment_puts_in_front_is_named() -> None:
+def test_the_proxy_the_environment_puts_in_front_is_named(monkeypatch) -> None:
     from infersight.exporters.otlp import proxy_for
 
-    env = {"HTTP_PROXY": "http://user:secret@proxy.corp:3128", "NO_PROXY": "localhost,.internal"}
-    assert proxy_for("http://collector.example:4318/v1/traces", env) == "http://proxy.corp:3128"
-    assert proxy_for("http://otel.svc.internal:4318", env) is None and proxy_for("http://localhost:4318", env) is None
-    assert proxy_for("https://collector.example:4318", env) is None  # HTTPS_PROXY is not set
-    assert proxy_for("http://collector.example:4318", {}) is None
+    for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy",
+              "no_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    assert proxy_for("http://collector.example:4318") is None
+    monkeypatch.setenv("HTTP_PROXY", "http://user:secret@proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,.internal")
+    assert proxy_for("http://collector.example:4318/v1/traces") == "http://proxy.corp:3128"
+    assert proxy_for("http://otel.svc.internal:4318") is None and proxy_for("http://localhost:4318") is None
+    assert proxy_for("https://collector.example:4318") is None  # HTTPS_PROXY is not set
 
 
 async def test_a_dead_proxy_is_named_in_the_reason(rx, monkeypatch):
