@@ -47,43 +47,36 @@ def check_python() -> Check:
     return Check("python", OK, "%s (%s)" % (platform.python_version(), sys.executable))
 
 
-# What check_torch reads in another interpreter (``--python``): one JSON line, torch or not.
-_TORCH_PROBE = """\
-import json
-try:
-    import torch
-except ImportError:
-    print(json.dumps(None))
-else:
-    out = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None), "n": 0, "why": "", "init": False}
+# What check_torch reads, in this interpreter or in another one (``--python``: it prints one JSON line):
+# torch's version, its CUDA build and devices; None without torch. One source for both.
+_TORCH_FACTS = """\
+def torch_facts():
+    try:
+        import torch
+    except ImportError:
+        return None
+    out = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None), "n": 0, "why": "",
+           "init": False}
     if out["cuda"]:
         try:
             out["n"] = torch.cuda.device_count()
             out["init"] = bool(torch.cuda.is_initialized())
         except Exception as exc:
             out["why"] = str(exc)
-    print(json.dumps(out))
+    return out
 """
 
 
 def _torch_facts(python: str | None) -> dict[str, Any] | None:
-    """torch's version, CUDA build and devices in ``python`` (None: this interpreter); None when
-    it has no torch. Raises OSError/ValueError when ``python`` does not answer."""
+    """``_TORCH_FACTS`` run here (``python`` None) or in ``python``. Raises OSError/ValueError when
+    ``python`` does not answer."""
     if python is None:
-        try:
-            import torch
-        except ImportError:
-            return None
-        facts: dict[str, Any] = {"version": torch.__version__, "cuda": getattr(torch.version, "cuda", None),
-                                 "n": 0, "why": "", "init": False}
-        if facts["cuda"]:
-            try:
-                facts["n"] = torch.cuda.device_count()
-                facts["init"] = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                facts["why"] = str(exc)
+        ns: dict[str, Any] = {}
+        exec(_TORCH_FACTS, ns)  # noqa: S102 - our own source, above
+        facts: dict[str, Any] | None = ns["torch_facts"]()
         return facts
-    r = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=120, check=False)
+    probe = _TORCH_FACTS + "import json\nprint(json.dumps(torch_facts()))\n"
+    r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     if r.returncode != 0:
         raise ValueError((r.stderr.strip().splitlines() or ["exit status %d" % r.returncode])[-1])
     lines = r.stdout.strip().splitlines()
