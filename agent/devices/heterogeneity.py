@@ -49,20 +49,46 @@ class WindowState:
     pcie_detail: str | None = None  # e.g. "Gen3 x8 of Gen5 x16", from the last degraded sample
 
 
+def _link_text(gen: int | None, width: int | None, gmax: int | None, wmax: int | None) -> str:
+    """``Gen3 x8 of Gen5 x16``, with only the parts NVML gave (never ``xNone``)."""
+    def part(g: int | None, w: int | None) -> str:
+        return " ".join(x for x in ("" if g is None else f"Gen{g}", "" if w is None else f"x{w}") if x)
+    return f"{part(gen, width) or '?'} of {part(gmax, wmax) or '?'}"
+
+
+class _Rise:
+    """The rise of one volatile counter over the window: the increases between its successive
+    readings. A reading NVML did not give (None) is skipped, not taken for 0; a fall (the
+    driver reloaded) starts again from the new value."""
+
+    __slots__ = ("last", "total")
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.total = 0
+
+    def add(self, value: int | None) -> None:
+        if value is None:
+            return
+        if self.last is not None and value > self.last:
+            self.total += value - self.last
+        self.last = value
+
+
 def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> WindowState:
     """Fold one device's samples of the window (oldest first) into a :class:`WindowState`."""
     thermal = set(th.thermal_reasons)
     power = set(th.power_reasons)
     busy = therm = pwr = pcie = clocks = 0
     detail: str | None = None
-    ecc: list[int] = []
+    ecc = _Rise(), _Rise()  # corrected, uncorrected
     lost = False
     for s in samples:
         if s.lost:
             lost = True
             continue
-        if s.ecc_corrected_volatile is not None or s.ecc_uncorrected_volatile is not None:
-            ecc.append((s.ecc_corrected_volatile or 0) + (s.ecc_uncorrected_volatile or 0))
+        ecc[0].add(s.ecc_corrected_volatile)
+        ecc[1].add(s.ecc_uncorrected_volatile)
         if s.utilization_gpu_pct is not None and s.utilization_gpu_pct < th.busy_utilization_pct:
             continue
         busy += 1
@@ -76,9 +102,10 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> 
             width is not None and wmax is not None and width < wmax
         ):
             pcie += 1
-            detail = f"Gen{gen} x{width} of Gen{gmax} x{wmax}"
+            detail = _link_text(gen, width, gmax, wmax)
         sm, sm_max = s.clock_sm_mhz, s.clock_sm_max_mhz
-        if sm is not None and sm_max and sm < th.clock_ratio * sm_max and not s.throttle_mask:
+        # "no throttle reason" needs the reasons read: an unknown mask is no evidence of none
+        if sm is not None and sm_max and sm < th.clock_ratio * sm_max and s.throttle_mask == 0:
             clocks += 1
     return WindowState(
         samples=sum(1 for s in samples if not s.lost),
@@ -87,7 +114,7 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> 
         power_samples=pwr,
         pcie_below_max_samples=pcie,
         clocks_below_max_samples=clocks,
-        ecc_errors=max(ecc) - min(ecc) if len(ecc) > 1 else 0,
+        ecc_errors=ecc[0].total + ecc[1].total,
         lost=lost,
         pcie_detail=detail,
     )

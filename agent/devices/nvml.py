@@ -42,7 +42,11 @@ _ERROR_LIBRARY_NOT_FOUND = 12
 LIBRARY_NOT_FOUND = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"  # pynvml's str() of it
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads on Linux
 _ERROR_TIMEOUT = 10
+_ERROR_FUNCTION_NOT_FOUND = 13  # the driver's library lacks the symbol (an older driver)
 _ERROR_GPU_IS_LOST = 15
+# The clock-event (throttle) reasons: the name since NVML 12.2 (driver R535), then the older name
+# of the same call and bits, which older drivers export alone (R470, R525 are still in fleets).
+_CLOCK_EVENT_CALLS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 _CLOCK_SM = 1
 _CLOCK_MEM = 2
 _TEMPERATURE_GPU = 0
@@ -213,6 +217,7 @@ class Nvml:
         self._lost: set[int] = set()
         self._events: list[DeviceEvent] = []
         self._host_pidns: bool | None = None
+        self._clock_event_call = _CLOCK_EVENT_CALLS[0]  # the older name once the driver lacks this one
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -358,7 +363,7 @@ class Nvml:
         mem = r("nvmlDeviceGetMemoryInfo", h)
         power_mw = r("nvmlDeviceGetPowerUsage", h)
         limit_mw = r("nvmlDeviceGetEnforcedPowerLimit", h)
-        mask = r("nvmlDeviceGetCurrentClocksEventReasons", h)
+        mask = self._clock_events(h)
         remap = r("nvmlDeviceGetRemappedRows", h)
         sbe = r("nvmlDeviceGetRetiredPages", h, _RETIRED_SBE)
         dbe = r("nvmlDeviceGetRetiredPages", h, _RETIRED_DBE)
@@ -398,6 +403,26 @@ class Nvml:
         )
         state = health_state(s)
         return s if state == "ok" else replace(s, state=state)
+
+    def _clock_events(self, h: Any) -> int | None:
+        """The clock-event (throttle) reason mask. A driver before R535 has no
+        ``nvmlDeviceGetCurrentClocksEventReasons`` (NVML_ERROR_FUNCTION_NOT_FOUND, and a binding
+        may lack it too): from then on the older ``...ThrottleReasons`` answers, with the same bits."""
+        name = self._clock_event_call
+        fn = getattr(self._lib, name, None)
+        if fn is not None:
+            try:
+                return int(fn(h))
+            except Exception as exc:
+                code = getattr(exc, "value", None)
+                if code == _ERROR_GPU_IS_LOST:
+                    raise _GpuLostError(str(exc)) from None
+                if code != _ERROR_FUNCTION_NOT_FOUND:
+                    return None
+        if name == _CLOCK_EVENT_CALLS[-1]:
+            return None
+        self._clock_event_call = _CLOCK_EVENT_CALLS[-1]
+        return self._clock_events(h)
 
     def _nvlink(self, index: int, h: Any) -> tuple[bool, ...] | None:
         links = self._nvlinks.get(index)

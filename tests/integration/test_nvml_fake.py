@@ -206,3 +206,28 @@ def test_sample_cost_per_device(fake_libdir: Path, tmp_path: Path) -> None:
     cost = rep["cost_us_per_device"]
     print(f"fake-driven sample() cost: {cost:.1f} us per device")
     assert 0 < cost < 50_000
+
+
+def test_throttle_reasons_on_a_driver_before_r535(tmp_path: Path) -> None:
+    """A FAKE library built as a driver before R535 exports the clock-event reasons only as
+    nvmlDeviceGetCurrentClocksThrottleReasons: through the real bindings the mask still arrives,
+    and the throttle metric and the thermal cause with it (they were absent, and a throttled GPU
+    read as "SM clock below max with no throttle reason")."""
+    from infersight.agent.devices.heterogeneity import causes, summarize_samples
+    from infersight.agent.devices.nvml import DeviceSample
+    from infersight.rules.device_rules import DeviceThresholds
+
+    try:
+        libdir = build_fake_nvml(tmp_path / "lib", pre_r535=True)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    scenario = "# FAKE NVML, R525-style\ncount 1\n0 name FAKE NVIDIA A100 (fake_nvml)\n0 throttle 0x40\n0 clk_sm 1200\n"
+    rep = run_driver(libdir, scenario, tmp_path, "--rounds", "3")
+    samples = [DeviceSample(**{**s, "throttle_reasons": tuple(s["throttle_reasons"])})
+               for r in rep["rounds"] for s in r]  # fmt: skip
+    assert [s.throttle_mask for s in samples] == [0x40] * 3
+    assert samples[0].throttle_reasons == ("hw_thermal_slowdown",)
+    throttle = [m for m in rep["metrics"] if m["name"] == "infersight.device.throttle"]
+    assert throttle, "no throttle series"
+    th = DeviceThresholds()
+    assert causes(summarize_samples(samples, th), th)[0][0] == "thermal_throttling"

@@ -254,7 +254,13 @@ nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t h, unsigned int *v) { r
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t h, unsigned int *v) { return get_uint(h, F_PCIE_WIDTH_MAX, v); }
 nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t h, unsigned int *v) { return get_uint(h, F_PCIE_REPLAY, v); }
 
+/* A driver before R535 (compiled with -DFAKE_NVML_PRE_R535) exports this call under its
+ * older name only; nvidia-ml-py then raises NVML_ERROR_FUNCTION_NOT_FOUND for the new one. */
+#ifdef FAKE_NVML_PRE_R535
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t h, unsigned long long *mask) {
+#else
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t h, unsigned long long *mask) {
+#endif
     struct fake_dev *d;
     nvmlReturn_t r = dev_check(h, &d);
     if (r) return r;

@@ -21,15 +21,17 @@ DRIVER = HERE / "driver.py"
 INIT_PIDNS = "pid:[4026531836]"
 
 
-def build_fake_nvml(dest: Path) -> Path:
-    """Compile the fake into ``dest/libnvidia-ml.so.1``; returns ``dest``."""
+def build_fake_nvml(dest: Path, pre_r535: bool = False) -> Path:
+    """Compile the fake into ``dest/libnvidia-ml.so.1``; returns ``dest``. ``pre_r535``: as a
+    driver before R535, whose library has the clock-event reasons under their older name only."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc) to build the fake NVML library")
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / "libnvidia-ml.so.1"
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(FAKE_SRC)],
+        [cc, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", *(["-DFAKE_NVML_PRE_R535"] if pre_r535 else []),
+         "-o", str(out), str(FAKE_SRC)],
         check=True,
         capture_output=True,
         text=True,
