@@ -150,3 +150,14 @@ def test_coldstart_regression_min_count_is_what_keeps_a_rare_slow_start_silent(t
     r = _promtool("test", "rules", "coldstart.yml", cwd=tmp_path / "tests" / "support" / "prometheus")
     assert r.returncode != 0
     assert 'service_name="rare"' in r.stdout + r.stderr
+
+
+def test_fleet_p99_needs_as_many_requests_as_the_agents_verdicts() -> None:
+    """The per-device P50/P99 rules keep devices with min_requests (rules/devices.toml) requests
+    in their 5 m window, as the agent does: below it a P99 is the slowest request or two, and the
+    fleet alert paged on it (the rules said 20 after the agent had moved to 100)."""
+    from infersight.rules.device_rules import load_device_rules
+
+    floors = re.findall(r"_count:rate5m \* 300 >= (\d+)\)", (RULES / "recording.yml").read_text())
+    assert len(floors) == 2  # P50 and P99
+    assert {int(f) for f in floors} == {load_device_rules().thresholds.min_requests}
