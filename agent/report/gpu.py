@@ -138,6 +138,10 @@ def _mem_event(ev: SpanEvent, sp: SpanItem) -> Mark:
 DURATION = "infersight.request.duration"
 COEFFICIENT = "infersight.device.coefficient"
 BENIGN_THROTTLE = ("gpu_idle",)
+# A series with latencies but neither a coefficient nor a verdict log: it may have had peers with
+# too few requests in the window (min_requests), or no evaluation ran while it was recorded.
+NO_VERDICT = ("no verdict in these records: the agent publishes a coefficient for a device with "
+              "min_requests requests in its window and a peer of the same kind")
 
 
 @dataclass(slots=True)
@@ -285,8 +289,8 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
         c = num(a.get("infersight.device.coefficient"))
         row.coefficient = c if c is not None else row.coefficient
     for row in rows.values():
-        if not row.verdict:
-            row.verdict = "no_peers" if row.count else ""
+        if not row.verdict and row.count:  # the agent logs no no_peers verdict: none is known, not "no peer"
+            row.detail = NO_VERDICT
     return sorted(rows.values(), key=lambda r: (r.device, r.model, r.request_class))
 
 
