@@ -35,6 +35,8 @@ MAX_WINDOW_SERIES = 1024  # verdict-window series in all ((uid, device, model, c
 MAX_WINDOW_SAMPLES = 1 << 19  # latencies in the window in all (about 60 MiB)
 MAX_HISTOGRAM_SERIES = 4096  # the requests feature's histogram series in all
 UID_SHARE = 4  # one uid holds at most a quarter of each table
+MAX_SERIES_PIDS = 64  # producer PIDs remembered per series; past it the series' processes are not all known
+UNKNOWN_PID = -1  # a request whose producer's process the agent cannot name (spool, another PID namespace)
 Z95 = 1.6449  # one-sided 95% normal quantile
 
 
@@ -160,14 +162,17 @@ class LatencyWindow:
         self.max_per_series = max_per_series
         self._series: dict[SeriesKey, deque[tuple[float, float]]] = {}
         self._stats: dict[SeriesKey, SeriesStats] = {}  # the unchanged series' statistics
+        # Per series, the kernel's PIDs of the processes whose requests it holds -> their last request's end.
+        self._pids: dict[SeriesKey, dict[int, float]] = {}
         self.series = UidShare(max_series)
         self.samples = UidShare(max_samples)
         # The request histograms' series (kept by the requests feature, counted here so that
         # both request tables' refusals are read in one place).
         self.histograms = UidShare(MAX_HISTOGRAM_SERIES)
 
-    def add(self, key: SeriesKey, latency_s: float, at_s: float) -> bool:
-        """Window one latency; False when the uid's (or the window's) budget refuses it."""
+    def add(self, key: SeriesKey, latency_s: float, at_s: float, pid: int | None = None) -> bool:
+        """Window one latency; False when the uid's (or the window's) budget refuses it. ``pid``:
+        the kernel's PID (in the agent's namespace) of the process that timed it; None or 0: unknown."""
         q = self._series.get(key)
         if q is None:
             if not self.series.take(key.uid):
@@ -181,11 +186,28 @@ class LatencyWindow:
             return False
         q.append((at_s, latency_s))
         self._stats.pop(key, None)
+        pids = self._pids.setdefault(key, {})
+        who = pid if pid is not None and pid > 0 else UNKNOWN_PID
+        if who not in pids and len(pids) >= MAX_SERIES_PIDS:
+            who = UNKNOWN_PID  # too many to name: the series' processes are not all known
+        pids[who] = max(pids.get(who, at_s), at_s)
         return True
+
+    def pids(self, key: SeriesKey, now_s: float) -> frozenset[int] | None:
+        """The PIDs of the processes whose requests the series holds in the window (the kernel's, as
+        the agent sees them); None when one of them is unknown, or the series has none."""
+        pids = self._pids.get(key)
+        if not pids:
+            return None
+        horizon = now_s - self.window_s
+        for pid in [p for p, t in pids.items() if t < horizon]:
+            del pids[pid]
+        return None if not pids or UNKNOWN_PID in pids else frozenset(pids)
 
     def _drop(self, key: SeriesKey) -> None:
         del self._series[key]
         self._stats.pop(key, None)
+        self._pids.pop(key, None)
         self.series.give(key.uid)
 
     def expire(self, now_s: float) -> None:

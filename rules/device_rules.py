@@ -43,6 +43,7 @@ CAUSES = (
     "power_throttling",
     "pcie_link_degraded",
     "ecc_errors",
+    "other_process",  # measured: other processes' SM use; mere presence ranks after clocks_below_max
     "clocks_below_max",
     "unknown",
 )
@@ -56,6 +57,8 @@ WINDOW_KEYS: dict[str, type] = {
     "pcie_below_max_samples": int,
     "clocks_below_max_samples": int,
     "ecc_errors": int,
+    "other_process_samples": int,
+    "other_present_samples": int,
     "lost": bool,
 }
 
@@ -76,6 +79,9 @@ class DeviceThresholds:
     clocks_below_max_share: float = 0.5  # share of busy samples below max with no reason
     busy_utilization_pct: int = 10  # a sample is busy at or above this GPU utilization
     ecc_min_errors: int = 1  # new volatile ECC errors in the window
+    other_process_sm_pct: int = 20  # other processes' SM utilisation (summed) counts from this ...
+    other_process_share: float = 0.2  # ... in this share of busy samples
+    other_present_share: float = 0.5  # no per-process utilisation: another compute process present this often
     thermal_reasons: tuple[str, ...] = ("sw_thermal_slowdown", "hw_thermal_slowdown")
     power_reasons: tuple[str, ...] = ("sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown")
 
@@ -139,8 +145,9 @@ def _thresholds(ctx: _Ctx, raw: Any) -> DeviceThresholds:
                     key,
                 )
             values[key] = tuple(v)
-        elif key in ("min_requests", "busy_utilization_pct", "ecc_min_errors", "slow_evaluations"):
-            low = 1 if key == "slow_evaluations" else 0
+        elif key in ("min_requests", "busy_utilization_pct", "ecc_min_errors", "slow_evaluations",
+                     "other_process_sm_pct"):
+            low = 1 if key in ("slow_evaluations", "other_process_sm_pct") else 0  # (0% SM is no use)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ctx.fail(f"{key} must be an integer >= {low}", "thresholds", key)
             values[key] = v

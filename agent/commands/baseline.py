@@ -159,6 +159,12 @@ class _Sampler:
                 return
 
 
+def _during(samples: Sequence[DeviceSample], span: tuple[int, int]) -> list[DeviceSample]:
+    """The samples taken while the device ran its own requests (the devices run one after another)."""
+    t0, t1 = span
+    return [s for s in samples if t0 <= s.time_ns <= t1 + int(SAMPLE_INTERVAL_S * 1e9)]
+
+
 def _thresholds(requests: int) -> DeviceThresholds:
     try:
         th = load_device_rules().thresholds
@@ -206,12 +212,16 @@ def run(args: argparse.Namespace) -> int:
     gpus = any(d.device.startswith("cuda") for d in devices)
     nv_status = nvml.status() if gpus else None
     series = []
+    spans: dict[str, tuple[int, int]] = {}  # device -> its own run (ns): the samples that judge it
     sampler = _Sampler(nvml) if nv_status is not None and nv_status.available else None
     if sampler is not None:
         sampler.__enter__()
     try:
         for d in devices:
-            latencies = _measure(_workload(torch, d.device), requests)
+            request = _workload(torch, d.device)
+            t0 = time.time_ns()
+            latencies = _measure(request, requests)
+            spans[d.device] = (t0, time.time_ns())
             stats = series_stats(SeriesKey(d.device, "baseline", "baseline", d.name), latencies)
             assert stats is not None
             series.append(stats)
@@ -220,9 +230,10 @@ def run(args: argparse.Namespace) -> int:
             sampler.__exit__()
     windows: dict[str, WindowState] = {}
     if sampler is not None:
+        own = {os.getpid()}  # the requests run in this process: any other process on the device is another's
         for d in devices:
             if d.hw_id and d.hw_id in sampler.samples:
-                windows[d.device] = summarize_samples(sampler.samples[d.hw_id], th)
+                windows[d.device] = summarize_samples(_during(sampler.samples[d.hw_id], spans[d.device]), th, own)
     verdicts = evaluate(series, windows, th)
     rows = [_row(d, v) for d, v in zip(devices, verdicts, strict=True)]
     note = _note(torch, devices, requests, nv_status.reason if nv_status else None, gpus)

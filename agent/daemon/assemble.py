@@ -88,6 +88,9 @@ class Producer:
     last_ns: int = 0  # the latest event time seen
     gone: bool = False  # the process has ended; its pending state was freed
     uid: int | None = None  # the kernel's word (SO_PEERCRED, a spool file's owner); None in-process
+    # The kernel's word on its process: SO_PEERCRED's pid, in the agent's PID namespace (0: one the agent
+    # cannot see); None in-process, or known from a spool file only.
+    peer_pid: int | None = None
     hello_cut: int = 0  # hello keys, values and resource attributes cut to their bounds
     spool_vanished: int = 0  # its spool files that someone else removed (the hook rescued them)
 

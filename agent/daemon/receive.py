@@ -104,12 +104,15 @@ class Receiver:
                 refuse("identity refused: %s" % why)
                 return None
         try:
-            return self.assembler.hello(raw, None if peer is None else peer.uid)
+            producer = self.assembler.hello(raw, None if peer is None else peer.uid)
         except Malformed as exc:
             self.counters.malformed_frames += 1
             self.rlog.warn("hello", "malformed hello: %s", exc)
             refuse("malformed hello: %s" % exc)
             return None
+        if peer is not None and peer.pid is not None:  # a connection (a spool file's hello names none)
+            producer.peer_pid = peer.pid
+        return producer
 
     def process_batch(
         self,

@@ -20,16 +20,20 @@ Method, stated once:
   stays slow while the judged coefficient stays above ``recover_coefficient``. A slow
   verdict's cause is the first of :data:`~infersight.rules.device_rules.CAUSES` that the
   device's NVML window supports; throttling and link and clock shares are of busy samples.
+- **Other processes** (``other_process``) are judged per series: a GPU process is the series'
+  own when it, or one of its parents, is a process whose requests the series holds (``own``:
+  PIDs as the agent sees them); it is *other* only when NVML's PID was mapped and its parent
+  chain read; a process it cannot place counts for neither side.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infersight.agent.devices.nvml import DeviceSample
+from infersight.agent.devices.nvml import DeviceSample, GpuProcess
 from infersight.latency import SeriesKey, SeriesStats
 from infersight.rules.device_rules import DeviceExample, DeviceThresholds
 
@@ -45,8 +49,92 @@ class WindowState:
     pcie_below_max_samples: int = 0  # busy, link generation or width below max
     clocks_below_max_samples: int = 0  # busy, SM clock < clock_ratio * max, no reason at all
     ecc_errors: int = 0  # rise of volatile ECC errors (corrected + uncorrected) in the window
+    # busy, per-process use read, other processes' SM (summed) >= other_process_sm_pct
+    other_process_samples: int = 0
+    # busy, another compute process present, and no sample of the window had per-process use read
+    other_present_samples: int = 0
     lost: bool = False
     pcie_detail: str | None = None  # e.g. "Gen3 x8 of Gen5 x16", from the last degraded sample
+    other_detail: str | None = None  # the other processes seen most, e.g. "pid 4242 (uid 1001, python3) ..."
+
+
+MAX_TRACKED_PIDS = 64  # other processes followed per window summary (a neighbour may start thousands)
+MAX_NAMED_PIDS = 3  # of which a detail names at most this many
+_NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+:@/")
+
+
+def _is_other(g: GpuProcess, own: Collection[int]) -> bool | None:
+    """Whether ``g`` is another process than ``own`` and their children; None when it cannot be placed
+    (NVML's PID not mapped, or its parents not read)."""
+    if g.pid is None or g.ancestors is None:
+        return None if g.pid not in own else False
+    return g.pid not in own and not any(a in own for a in g.ancestors)
+
+
+def _label(g: GpuProcess) -> str:
+    """``pid 4242 (uid 1001, python3)``: the name cut to 16 characters of a safe set (a process names
+    itself: no newline, no forged words of ours)."""
+    name = "".join(c if c in _NAME_OK else "_" for c in (g.name or "")[:16])
+    who = ", ".join(x for x in ("" if g.uid is None else f"uid {g.uid}", name) if x)
+    return f"pid {g.pid}" + (f" ({who})" if who else "")
+
+
+class _Others:
+    """Per other PID over the window: busy samples seen computing (or present), and SM % summed."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[Any]] = {}  # pid -> [label, samples, SM % summed]
+        self.untracked = 0  # other PIDs past MAX_TRACKED_PIDS
+
+    def add(self, g: GpuProcess, sm: int) -> None:
+        assert g.pid is not None
+        entry = self.seen.get(g.pid)
+        if entry is None:
+            if len(self.seen) >= MAX_TRACKED_PIDS:
+                self.untracked += 1
+                return
+            entry = self.seen[g.pid] = [_label(g), 0, 0]
+        entry[1] += 1
+        entry[2] += sm
+
+    def detail(self, busy: int, measured: bool) -> str | None:
+        if not self.seen:
+            return None
+        ranked = sorted(self.seen.values(), key=lambda e: (-e[2], -e[1], e[0]))
+        parts = []
+        for label, n, total in ranked[:MAX_NAMED_PIDS]:
+            share = f"{n / busy:.0%} of busy samples"
+            parts.append(f"{label} used {total // n}% SM in {share}" if measured else f"{label} in {share}")
+        more = max(0, len(ranked) - MAX_NAMED_PIDS)
+        if more or self.untracked:  # "+61+ more": past MAX_TRACKED_PIDS others were not followed
+            return ", ".join(parts) + f", +{more}{'+' if self.untracked else ''} more"
+        return ", ".join(parts)
+
+
+def _neighbours(samples: Sequence[DeviceSample], th: DeviceThresholds,
+                own: Collection[int]) -> tuple[int, int, str | None]:
+    """(busy samples where other processes used >= other_process_sm_pct SM, busy samples with another
+    compute process present where no per-process use was read, the detail) over one device's window."""
+    measured, present, busy, read = 0, 0, 0, False
+    used, seen = _Others(), _Others()
+    for s in samples:
+        if s.lost or (s.utilization_gpu_pct is not None and s.utilization_gpu_pct < th.busy_utilization_pct):
+            continue
+        busy += 1
+        others = [g for g in s.processes or () if _is_other(g, own)]
+        if s.process_util_read:
+            read = True
+            computing = [g for g in others if g.sm_pct]
+            measured += sum(g.sm_pct or 0 for g in computing) >= th.other_process_sm_pct
+            for g in computing:
+                used.add(g, g.sm_pct or 0)
+        elif others:
+            present += 1
+            for g in others:
+                seen.add(g, 0)
+    if read:  # measured use outranks presence: an idle neighbour is no evidence
+        return measured, 0, used.detail(busy, True)
+    return 0, present, seen.detail(busy, False)
 
 
 def _link_text(gen: int | None, width: int | None, gmax: int | None, wmax: int | None) -> str:
@@ -75,8 +163,11 @@ class _Rise:
         self.last = value
 
 
-def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> WindowState:
-    """Fold one device's samples of the window (oldest first) into a :class:`WindowState`."""
+def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds,
+                      own: Collection[int] | None = None) -> WindowState:
+    """Fold one device's samples of the window (oldest first) into a :class:`WindowState`.
+    ``own``: the PIDs whose requests the judged series holds (their children count as theirs);
+    None (not known) leaves the other-process fields at 0: nobody can be called other."""
     thermal = set(th.thermal_reasons)
     power = set(th.power_reasons)
     busy = therm = pwr = pcie = clocks = 0
@@ -107,6 +198,7 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> 
         # "no throttle reason" needs the reasons read: an unknown mask is no evidence of none
         if sm is not None and sm_max and sm < th.clock_ratio * sm_max and s.throttle_mask == 0:
             clocks += 1
+    measured, present, others = _neighbours(samples, th, own) if own is not None else (0, 0, None)
     return WindowState(
         samples=sum(1 for s in samples if not s.lost),
         busy_samples=busy,
@@ -115,8 +207,11 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds) -> 
         pcie_below_max_samples=pcie,
         clocks_below_max_samples=clocks,
         ecc_errors=ecc[0].total + ecc[1].total,
+        other_process_samples=measured,
+        other_present_samples=present,
         lost=lost,
         pcie_detail=detail,
+        other_detail=others,
     )
 
 
@@ -137,12 +232,23 @@ def causes(w: WindowState | None, th: DeviceThresholds) -> list[tuple[str, str]]
         out.append(("pcie_link_degraded", msg))
     if w.ecc_errors >= th.ecc_min_errors > 0:
         out.append(("ecc_errors", f"{w.ecc_errors} new volatile ECC errors"))
+    others = f": {w.other_detail}" if w.other_detail else ""
+    measured = busy and w.other_process_samples / busy >= th.other_process_share
+    if measured:
+        msg = (f"other processes used >= {th.other_process_sm_pct}% SM in "
+               f"{w.other_process_samples}/{busy} busy samples{others}")
+        out.append(("other_process", msg))
     if busy and w.clocks_below_max_samples / busy >= th.clocks_below_max_share:
         msg = (
             f"SM clock below {th.clock_ratio:.0%} of max with no throttle reason in "
             f"{w.clocks_below_max_samples}/{busy} busy samples"
         )
         out.append(("clocks_below_max", msg))
+    if not measured and busy and w.other_present_samples / busy >= th.other_present_share:
+        # weaker: NVML measured no per-process use here, so this says only that another process was there
+        msg = (f"another compute process present in {w.other_present_samples}/{busy} busy samples "
+               f"(per-process utilisation not supported: presence, not measured use){others}")
+        out.append(("other_process", msg))
     return out or [("unknown", "no NVML signal in the window explains it")]
 
 
@@ -169,14 +275,20 @@ def _peer_key(k: SeriesKey) -> tuple[int | None, str, str, str]:
     return (k.uid, k.model, k.request_class, k.device_kind)
 
 
+WindowOf = Callable[[SeriesKey], "WindowState | None"]
+
+
 def evaluate(
     series: Sequence[SeriesStats],
-    windows: Mapping[str, WindowState],
+    windows: Mapping[str, WindowState] | WindowOf,
     th: DeviceThresholds,
     before: Mapping[SeriesKey, DeviceVerdict] | None = None,
 ) -> list[DeviceVerdict]:
-    """One verdict per series. ``windows`` is keyed by ``SeriesKey.device``. ``before`` (the
-    previous evaluation's verdicts) turns hysteresis on; None judges this window alone."""
+    """One verdict per series. ``windows`` is keyed by ``SeriesKey.device``, or is a function of
+    the series (its window as that series' requests see it: who is another process), asked only
+    for a slow verdict's cause. ``before`` (the previous evaluation's verdicts) turns hysteresis
+    on; None judges this window alone."""
+    window_of: WindowOf = windows if callable(windows) else (lambda k: windows.get(k.device))
     groups: dict[tuple[int | None, str, str, str], list[SeriesStats]] = {}
     for s in series:
         groups.setdefault(_peer_key(s.key), []).append(s)
@@ -186,7 +298,7 @@ def evaluate(
             o.p99_s for o in groups[_peer_key(s.key)] if o.key.device != s.key.device and o.count >= th.min_requests
         ]
         prev = None if before is None else before.get(s.key)
-        out.append(_verdict(s, peers, windows.get(s.key.device), th, before is not None, prev))
+        out.append(_verdict(s, peers, window_of, th, before is not None, prev))
     return out
 
 
@@ -215,7 +327,7 @@ def _is_slow(judged: float, over: int, prev: DeviceVerdict | None, th: DeviceThr
     return over >= th.slow_evaluations
 
 
-def _verdict(s: SeriesStats, peer_p99s: Sequence[float], w: WindowState | None, th: DeviceThresholds,
+def _verdict(s: SeriesStats, peer_p99s: Sequence[float], window_of: WindowOf, th: DeviceThresholds,
              hysteresis: bool = False, prev: DeviceVerdict | None = None) -> DeviceVerdict:
     n = len(peer_p99s)
     if s.count < th.min_requests:
@@ -235,7 +347,7 @@ def _verdict(s: SeriesStats, peer_p99s: Sequence[float], w: WindowState | None, 
         msg = f"P99 {coef:.2f}x peers, at least {judged:.2f}x (threshold {th.slow_coefficient}"
         msg += f"; over it {streak} of {th.slow_evaluations} evaluations)" if over else ")"
         return _make(s, "ok", coefficient=coef, median=median, peers=n, detail=msg, over=streak)
-    found = causes(w, th)
+    found = causes(window_of(s.key), th)
     msg = f"P99 {coef:.2f}x peers: " + "; ".join(d for _, d in found)
     return _make(s, "slow", coefficient=coef, median=median, peers=n, found=found, detail=msg, over=streak)
 

@@ -346,13 +346,36 @@ class DeviceJob:
 
         return {hw: summarize_samples(list(q), self.thresholds) for hw, q in self.samples.items() if q}
 
+    def series_windows(self, now_ns: int) -> Callable[[SeriesKey], WindowState | None]:
+        """Each series' window: its device's, with the other processes as that series' requests see
+        them (their producers' PIDs and those processes' children are its own). Computed when a slow
+        verdict asks, once per device and set of PIDs."""
+        from infersight.agent.devices.heterogeneity import summarize_samples
+
+        devices = self.windows()
+        memo: dict[tuple[str, frozenset[int]], WindowState] = {}
+        requests = self.requests
+
+        def window_of(key: SeriesKey) -> WindowState | None:
+            base = devices.get(key.device)
+            own = requests.window.pids(key, now_ns / 1e9) if requests is not None else None
+            q = self.samples.get(key.device)
+            if base is None or own is None or not q:
+                return base
+            w = memo.get((key.device, own))
+            if w is None:
+                w = memo[(key.device, own)] = summarize_samples(list(q), self.thresholds, own)
+            return w
+
+        return window_of
+
     def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:
         """Verdicts over the windows: coefficient gauge, degraded states, change events."""
         from infersight.agent.devices.heterogeneity import evaluate as verdicts_of
 
         agent = self._agent
         stats = self.requests.window.stats(now_ns / 1e9) if self.requests is not None else []
-        verdicts = verdicts_of(stats, self.windows(), self.thresholds, self.verdicts)  # (hysteresis)
+        verdicts = verdicts_of(stats, self.series_windows(now_ns), self.thresholds, self.verdicts)  # (hysteresis)
         self.verdicts = {v.key: v for v in verdicts}
         requests = self.requests
 

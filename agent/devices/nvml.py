@@ -11,6 +11,9 @@ Rules of this module:
 - NVML reports host PIDs. They are mapped to the PIDs of ``proc_root`` (configurable, so tests can
   use a fake ``/proc``) only when the agent shares the host PID namespace; otherwise each process
   says why it is unmapped.
+- Per-process SM utilisation (``nvmlDeviceGetProcessUtilization``) joins the compute processes of a
+  full sample; the busiest :data:`MAX_DETAILED_PROCESSES` mapped ones also get their uid and parent
+  chain (``/proc``), which tell a device's other tenants from the processes a series' requests ran in.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _THROTTLE_BY_BIT = dict(THROTTLE_REASONS)
 
 # nvml.h constants used here (kept local so this module imports without pynvml).
 _ERROR_NOT_SUPPORTED = 3
+_ERROR_NOT_FOUND = 6  # nvmlDeviceGetProcessUtilization: no sample newer than the timestamp given
 _ERROR_LIBRARY_NOT_FOUND = 12
 LIBRARY_NOT_FOUND = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"  # pynvml's str() of it
 NVML_LIBRARY = "libnvidia-ml.so.1"  # the name pynvml loads on Linux
@@ -61,6 +65,10 @@ EVENT_DOUBLE_BIT_ECC = 0x2
 EVENT_XID = 0x8
 # The init PID namespace has a fixed inode (PROC_PID_INIT_INO in the kernel).
 _INIT_PIDNS = "pid:[4026531836]"
+# Compute processes per device and sample that get their uid and parent chain read (the busiest by SM,
+# then memory): a neighbour that starts thousands of processes costs at most this many /proc reads.
+MAX_DETAILED_PROCESSES = 16
+MAX_ANCESTRY = 8  # parents followed up from a GPU process (a worker of a worker of a server)
 
 
 def _library_loads() -> bool:
@@ -107,6 +115,13 @@ class GpuProcess:
     pid: int | None  # the PID under proc_root; None when it cannot be mapped
     name: str | None  # /proc/<pid>/comm when mapped
     unmapped_reason: str | None = None
+    # SM utilisation (%) since the previous full sample (nvmlDeviceGetProcessUtilization; 0: no
+    # sample, the process did not compute); None when it was not read (not supported, a light read).
+    sm_pct: int | None = None
+    uid: int | None = None  # real uid from /proc/<pid>/status; None when not read
+    # Parent, grandparent... (PIDs under proc_root, at most MAX_ANCESTRY, init excluded); None when
+    # not read: unmapped, gone, hidden (hidepid), or past the MAX_DETAILED_PROCESSES busiest.
+    ancestors: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +163,7 @@ class DeviceSample:
     remap_failure: bool | None = None
     nvlink_active: tuple[bool, ...] | None = None  # per link that exists; None without NVLink
     processes: tuple[GpuProcess, ...] | None = None
+    process_util_read: bool = False  # the processes' sm_pct was read (else per-process use is unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +189,9 @@ def health_state(s: DeviceSample) -> HwState:
     if (s.ecc_uncorrected_volatile or 0) > 0 or s.remap_failure:
         return "degraded"
     return "ok"
+
+
+_Lineage = tuple[bytes, int | None, tuple[int, ...] | None]  # start ticks, uid, parents
 
 
 class _GpuLostError(AgentError):
@@ -218,6 +237,10 @@ class Nvml:
         self._events: list[DeviceEvent] = []
         self._host_pidns: bool | None = None
         self._clock_event_call = _CLOCK_EVENT_CALLS[0]  # the older name once the driver lacks this one
+        self._util_seen: dict[int, int] = {}  # device index -> newest per-process sample timestamp (us)
+        self._util_unsupported: set[int] = set()  # devices whose per-process utilisation is not supported
+        # device index -> PID -> (start ticks, uid, parents) of its detailed processes, read once per process
+        self._lineage: dict[int, dict[int, _Lineage]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -367,6 +390,7 @@ class Nvml:
         remap = r("nvmlDeviceGetRemappedRows", h)
         sbe = r("nvmlDeviceGetRetiredPages", h, _RETIRED_SBE)
         dbe = r("nvmlDeviceGetRetiredPages", h, _RETIRED_DBE)
+        procs, util_read = self._processes_with_use(index, h)
         s = DeviceSample(
             time_ns=now,
             index=index,
@@ -399,7 +423,8 @@ class Nvml:
             remap_pending=None if remap is None else bool(remap[2]),
             remap_failure=None if remap is None else bool(remap[3]),
             nvlink_active=self._nvlink(index, h),
-            processes=self._processes(h),
+            processes=procs,
+            process_util_read=util_read,
         )
         state = health_state(s)
         return s if state == "ok" else replace(s, state=state)
@@ -441,6 +466,99 @@ class Nvml:
         if procs is None:
             return None
         return tuple(self._map(int(p.pid), p.usedGpuMemory) for p in procs)
+
+    def _process_sm(self, index: int, h: Any) -> dict[int, int] | None:
+        """Host PID -> mean SM % of its samples newer than the last ones read; {} when NVML has none
+        (NVML_ERROR_NOT_FOUND; nvidia-ml-py also raises NVMLError(NVML_SUCCESS) for an empty first
+        answer); None when not supported (some GPUs, MIG, vGPU: not asked again) or on another error."""
+        if index in self._util_unsupported:
+            return None
+        fn = getattr(self._lib, "nvmlDeviceGetProcessUtilization", None)
+        if fn is None:
+            self._util_unsupported.add(index)
+            return None
+        try:
+            samples = fn(h, self._util_seen.get(index, 0))
+        except Exception as exc:
+            code = getattr(exc, "value", None)
+            if code == _ERROR_GPU_IS_LOST:
+                raise _GpuLostError(str(exc)) from None
+            if code in (_ERROR_NOT_FOUND, 0):
+                return {}
+            if code in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+                self._util_unsupported.add(index)
+            return None
+        sums: dict[int, list[int]] = {}
+        newest = self._util_seen.get(index, 0)
+        for u in samples:
+            pid, ts = int(u.pid), int(u.timeStamp)
+            newest = max(newest, ts)
+            acc = sums.setdefault(pid, [0, 0])
+            acc[0] += min(int(u.smUtil), 100)
+            acc[1] += 1
+        self._util_seen[index] = newest
+        return {pid: total // n for pid, (total, n) in sums.items()}
+
+    def _processes_with_use(self, index: int, h: Any) -> tuple[tuple[GpuProcess, ...] | None, bool]:
+        """The compute processes with their SM use; the busiest mapped ones with uid and parents."""
+        procs = self._processes(h)
+        if not procs:  # (the utilisation of processes that hold no compute context is not asked)
+            self._lineage.pop(index, None)
+            return procs, False
+        sm = self._process_sm(index, h)
+        if sm is not None:
+            procs = tuple(replace(g, sm_pct=sm.get(g.host_pid, 0)) for g in procs)
+        busiest = sorted((i for i, g in enumerate(procs) if g.pid is not None),
+                         key=lambda i: (-(procs[i].sm_pct or 0), -(procs[i].used_bytes or 0)))
+        before = self._lineage.get(index, {})
+        kept: dict[int, _Lineage] = {}
+        detailed = list(procs)
+        for i in busiest[:MAX_DETAILED_PROCESSES]:
+            g = procs[i]
+            assert g.pid is not None
+            stat = self._stat(g.pid)
+            if stat is None:
+                continue
+            known = before.get(g.pid)
+            if known is None or known[0] != stat[1]:  # new, or the PID was reused
+                known = (stat[1], self._uid_of(g.pid), self._ancestors(g.pid, stat[0]))
+            kept[g.pid] = known
+            detailed[i] = replace(g, uid=known[1], ancestors=known[2])
+        self._lineage[index] = kept
+        return tuple(detailed), sm is not None
+
+    def _stat(self, pid: int) -> tuple[int, bytes] | None:
+        """(parent PID, start ticks) from ``/proc/<pid>/stat`` (fields 4 and 22, after the
+        parenthesised comm, which may hold anything); None when unreadable."""
+        try:
+            with open(f"{self._proc_root_s}/{pid}/stat", "rb") as f:
+                raw = f.read(4096)
+            fields = raw[raw.rindex(b")") + 2:].split()
+            return int(fields[1]), fields[19]
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _ancestors(self, pid: int, parent: int) -> tuple[int, ...] | None:
+        """The parent chain of ``pid`` (whose parent is ``parent``) up to init, excluded, at most
+        MAX_ANCESTRY; None when a link of it cannot be read (gone, or hidden: hidepid)."""
+        out: list[int] = []
+        while parent > 1 and parent != pid and parent not in out and len(out) < MAX_ANCESTRY:
+            out.append(parent)
+            stat = self._stat(parent)
+            if stat is None:
+                return None
+            parent = stat[0]
+        return tuple(out)
+
+    def _uid_of(self, pid: int) -> int | None:
+        try:
+            with open(f"{self._proc_root_s}/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
 
     # -- PID mapping ---------------------------------------------------------------------------
 

@@ -307,9 +307,12 @@ class RequestStats:
     def handle(self, p: Producer, origin: Origin, t_ns: int, data: dict[str, Any], out: list[Item]) -> None:
         """``KindHandler`` for ``req``: validate, window, histogram. Emits nothing itself."""
         ev = parse_req(data)
-        self.record(p.id, p.resource, ev, t_ns)
+        self.record(p.id, p.resource, ev, t_ns, p.peer_pid)
 
-    def record(self, producer_id: str, resource: Resource, ev: ReqEvent, t_ns: int | None = None) -> None:
+    def record(self, producer_id: str, resource: Resource, ev: ReqEvent, t_ns: int | None = None,
+               pid: int | None = None) -> None:
+        """``pid``: the kernel's PID of the producer's process (SO_PEERCRED), None when unknown: the
+        device verdicts tell its GPU work from other processes' by it."""
         uid = owner(resource)
         hw_id, hw_name = self.resolve(ev, uid)
         if ev.hw_id is not None and ev.hw_name and (uid, ev.hw_id) not in self.claimed_names:
@@ -323,7 +326,7 @@ class RequestStats:
         end_s = (t_ns if t_ns is not None else ev.start_ns) / 1e9
         if ev.error is None:
             kind = hw_name or (device.split(":", 1)[0] if hw_id is None else "gpu")
-            self.window.add(SeriesKey(hw_id or device, model, klass, kind, uid), ev.duration_s, end_s)
+            self.window.add(SeriesKey(hw_id or device, model, klass, kind, uid), ev.duration_s, end_s, pid)
         # A failed request is no latency sample, but its instance's share of failures weighs it (routing).
         self._instance_add(producer_id, resource, klass == HTTP_CLASS, end_s, ev.duration_s, hw_id or device,
                            ev.error is not None)

@@ -106,7 +106,8 @@ def test_unsupported_readings_are_none(report: dict) -> None:
 
 def test_processes_mapped_through_fake_proc(report: dict) -> None:
     procs = _dev(report["rounds"][0], 0)["processes"]
-    assert procs[0] == {"host_pid": 4242, "used_bytes": GIB, "pid": 4242, "name": "python3", "unmapped_reason": None}
+    assert procs[0] == {"host_pid": 4242, "used_bytes": GIB, "pid": 4242, "name": "python3", "unmapped_reason": None,
+                        "sm_pct": 0, "uid": None, "ancestors": None}  # (no per-process sample: 0% SM; no stat)
     assert procs[1]["host_pid"] == 77777
     assert procs[1]["pid"] is None
     assert "no PID 77777" in procs[1]["unmapped_reason"]
@@ -194,8 +195,11 @@ def test_the_oom_contexts_light_read_has_the_samples_processes_and_memory(fake_l
     full, views = rep["rounds"][0], rep["memory_views"]
     assert len(views) == 2
     for s, v in zip(full, views, strict=True):
-        assert (v["uuid"], v["memory_total_bytes"], v["processes"]) == (s["uuid"], s["memory_total_bytes"],
-                                                                        s["processes"])
+        nvml_said = ("host_pid", "used_bytes", "pid", "name", "unmapped_reason")  # (not the per-sample SM use)
+        assert (v["uuid"], v["memory_total_bytes"]) == (s["uuid"], s["memory_total_bytes"])
+        assert [{k: g[k] for k in nvml_said} for g in v["processes"]] == [{k: g[k] for k in nvml_said}
+                                                                          for g in s["processes"]]
+        assert all(g["sm_pct"] is None for g in v["processes"])  # the light read asks no utilisation
         assert v["power_w"] is None and v["clock_sm_mhz"] is None  # nothing else was read
     assert [p["pid"] for p in views[0]["processes"]] == [4242, 77]
 
@@ -231,3 +235,28 @@ def test_throttle_reasons_on_a_driver_before_r535(tmp_path: Path) -> None:
     assert throttle, "no throttle series"
     th = DeviceThresholds()
     assert causes(summarize_samples(samples, th), th)[0][0] == "thermal_throttling"
+
+
+def test_per_process_utilisation_through_the_real_bindings(fake_libdir: Path, tmp_path: Path) -> None:
+    """nvmlDeviceGetProcessUtilization of the FAKE library, through nvidia-ml-py's real two-call
+    binding: the samples, then NVML_ERROR_NOT_FOUND (nothing newer than the timestamp passed back)
+    read as "no use", and NVML_ERROR_NOT_SUPPORTED as "not read"; with the processes' uid and parents
+    from a FAKE /proc."""
+    proc = make_proc_root(tmp_path / "proc", {4242: "python3", 5151: "worker", 100: "server"},
+                          parents={4242: 1, 5151: 100, 100: 1}, uids={4242: 1001, 5151: 1000})
+    scenario = (f"count 3\n0 procs 4242:{GIB},5151:{GIB}\n0 procutil 4242:45:10,5151:30:5\n"
+                f"1 procs 4242:{GIB}\n1 procutil 4242:70:1\n1 procutil_ts 123456\n"
+                f"2 procs 4242:{GIB}\n2 procutil 4242:70:1\n2 procutil_ts -\n")
+    rep = run_driver(fake_libdir, scenario, tmp_path, "--rounds", "2", "--proc-root", str(proc))
+    first, second = rep["rounds"]
+    d0 = {g["pid"]: g for g in _dev(first, 0)["processes"]}
+    assert _dev(first, 0)["process_util_read"] is True
+    assert (d0[4242]["sm_pct"], d0[4242]["uid"], d0[4242]["ancestors"]) == (45, 1001, [])
+    assert (d0[5151]["sm_pct"], d0[5151]["uid"], d0[5151]["ancestors"]) == (30, 1000, [100])
+    assert [g["sm_pct"] for g in _dev(second, 0)["processes"]] == [45, 30]  # newer samples each call
+    assert [g["sm_pct"] for g in _dev(first, 1)["processes"]] == [70]
+    assert [g["sm_pct"] for g in _dev(second, 1)["processes"]] == [0]  # NOT_FOUND: nothing since 123456
+    assert _dev(second, 1)["process_util_read"] is True
+    for rnd in (first, second):
+        assert _dev(rnd, 2)["process_util_read"] is False  # NOT_SUPPORTED
+        assert [g["sm_pct"] for g in _dev(rnd, 2)["processes"]] == [None]

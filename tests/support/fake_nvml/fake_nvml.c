@@ -13,6 +13,11 @@
  * 'lost_after N' makes every device query after the N-th return
  * NVML_ERROR_GPU_IS_LOST. 'xid C' queues an Xid event with data C.
  * 'procs pid:bytes,pid:bytes' lists compute processes.
+ * 'procutil pid:sm:mem,...' lists the per-process utilisation samples that the FAKE
+ * nvmlDeviceGetProcessUtilization returns (no real sampling: the same values each call),
+ * stamped with the current time in microseconds, or with 'procutil_ts N' (then a second
+ * call, asking for samples newer than N, gets NVML_ERROR_NOT_FOUND); 'procutil_ts -'
+ * makes the call NVML_ERROR_NOT_SUPPORTED (as on GPUs without it, and MIG).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +27,8 @@
 typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NOT_FOUND = 6, NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_UNKNOWN = 999
 };
 
@@ -37,6 +43,11 @@ typedef struct {
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
 } nvmlProcessInfo_v2_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
 typedef struct {
     nvmlDevice_t device;
     unsigned long long eventType;
@@ -56,19 +67,19 @@ enum {
     F_CLK_MEM_MAX, F_POWER_MW, F_POWER_LIMIT_MW, F_TEMP, F_THROTTLE, F_PCIE_GEN,
     F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX, F_PCIE_REPLAY, F_ECC_CORR, F_ECC_UNCORR,
     F_RETIRED_SBE, F_RETIRED_DBE, F_REMAP_CORR, F_REMAP_UNCORR, F_REMAP_PENDING,
-    F_REMAP_FAILURE, F_NVLINKS, F_NVLINK_DOWN, F_LOST_AFTER, F_COUNT
+    F_REMAP_FAILURE, F_NVLINKS, F_NVLINK_DOWN, F_LOST_AFTER, F_PROCUTIL_TS, F_COUNT
 };
 static const char *field_names[F_COUNT] = {
     "util_gpu", "util_mem", "mem_total", "mem_used", "clk_sm", "clk_sm_max", "clk_mem",
     "clk_mem_max", "power_mw", "power_limit_mw", "temp", "throttle", "pcie_gen",
     "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_replay", "ecc_corr", "ecc_uncorr",
     "retired_sbe", "retired_dbe", "remap_corr", "remap_uncorr", "remap_pending",
-    "remap_failure", "nvlinks", "nvlink_down", "lost_after"
+    "remap_failure", "nvlinks", "nvlink_down", "lost_after", "procutil_ts"
 };
 /* a healthy, idle-free device */
 static const long long defaults[F_COUNT] = {
     50, 20, 80LL << 30, 10LL << 30, 1980, 1980, 2619, 2619, 300000, 700000, 55, 0, 5, 5, 16,
-    16, 0, 0, 0, NS, NS, 0, 0, 0, 0, 0, 0, -1
+    16, 0, 0, 0, NS, NS, 0, 0, 0, 0, 0, 0, -1, 0
 };
 
 struct fake_dev {
@@ -79,6 +90,8 @@ struct fake_dev {
     long long calls;
     unsigned int nproc;
     nvmlProcessInfo_v2_t procs[MAXPROC];
+    unsigned int nutil;
+    nvmlProcessUtilizationSample_t util[MAXPROC];
 };
 static struct fake_dev devs[MAXDEV];
 static unsigned int ndev = 0;
@@ -105,6 +118,18 @@ static void fake_set(unsigned int i, const char *key, const char *val) {
             p->pid = (unsigned int)strtoul(tok, &tok, 10);
             p->usedGpuMemory = (*tok == ':') ? strtoull(tok + 1, NULL, 0) : 0;
             p->gpuInstanceId = p->computeInstanceId = 0xFFFFFFFFu;
+        }
+        return;
+    }
+    if (!strcmp(key, "procutil")) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", val);
+        for (char *tok = strtok(buf, ","); tok && d->nutil < MAXPROC; tok = strtok(NULL, ",")) {
+            nvmlProcessUtilizationSample_t *u = &d->util[d->nutil++];
+            memset(u, 0, sizeof *u);
+            u->pid = (unsigned int)strtoul(tok, &tok, 10);
+            if (*tok == ':') u->smUtil = (unsigned int)strtoul(tok + 1, &tok, 10);
+            if (*tok == ':') u->memUtil = (unsigned int)strtoul(tok + 1, &tok, 10);
         }
         return;
     }
@@ -177,6 +202,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_TIMEOUT: return "Timeout";
     default: return "Unknown Error (fake_nvml)";
@@ -329,6 +355,32 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned in
     if (!infos || *count < d->nproc) { *count = d->nproc; return NVML_ERROR_INSUFFICIENT_SIZE; }
     memcpy(infos, d->procs, d->nproc * sizeof *infos);
     *count = d->nproc;
+    return NVML_SUCCESS;
+}
+
+/* FAKE: the configured 'procutil' samples, newer than lastSeen or NVML_ERROR_NOT_FOUND. As
+ * nvidia-ml-py expects of the real library: a NULL buffer (or one too small) gets the count
+ * and NVML_ERROR_INSUFFICIENT_SIZE. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *count, unsigned long long lastSeen) {
+    struct fake_dev *d;
+    nvmlReturn_t r = dev_check(h, &d);
+    if (r) return r;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->f[F_PROCUTIL_TS] == NS) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned long long ts = (unsigned long long)d->f[F_PROCUTIL_TS];
+    if (ts == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        ts = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000ULL;
+    }
+    if (d->nutil == 0 || ts <= lastSeen) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *count < d->nutil) { *count = d->nutil; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    for (unsigned int k = 0; k < d->nutil; k++) {
+        utilization[k] = d->util[k];
+        utilization[k].timeStamp = ts;
+    }
+    *count = d->nutil;
     return NVML_SUCCESS;
 }
 

@@ -39,17 +39,35 @@ def build_fake_nvml(dest: Path, pre_r535: bool = False) -> Path:
     return dest
 
 
-def make_proc_root(root: Path, procs: dict[int, str], host_pidns: bool = True) -> Path:
-    """A fake /proc: ``self/ns/pid`` (init namespace or not) and ``<pid>/comm`` per process."""
+def make_proc_root(root: Path, procs: dict[int, str], host_pidns: bool = True,
+                   parents: dict[int, int] | None = None, uids: dict[int, int] | None = None) -> Path:
+    """A FAKE /proc: ``self/ns/pid`` (init namespace or not) and ``<pid>/comm`` per process; with
+    ``parents`` (pid -> parent pid) a ``<pid>/stat`` too, and with ``uids`` a ``<pid>/status``."""
     (root / "self" / "ns").mkdir(parents=True, exist_ok=True)
     link = root / "self" / "ns" / "pid"
     if link.is_symlink():
         link.unlink()
     link.symlink_to(INIT_PIDNS if host_pidns else "pid:[4026532999]")
     for pid, comm in procs.items():
-        (root / str(pid)).mkdir(parents=True, exist_ok=True)
-        (root / str(pid) / "comm").write_text(comm + "\n")
+        add_fake_process(root, pid, comm, (parents or {}).get(pid), (uids or {}).get(pid))
     return root
+
+
+def add_fake_process(root: Path, pid: int, comm: str, parent: int | None = None, uid: int | None = None,
+                     start_ticks: int = 4711) -> None:
+    """One process of a FAKE /proc: ``comm``; ``stat`` (state, parent, start ticks) when ``parent`` is
+    given; ``status`` (its ``Uid:`` line) when ``uid`` is. ``stat`` goes last: a reader that finds it
+    finds the rest."""
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "comm").write_text(comm + "\n")
+    if uid is not None:
+        (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    if parent is not None:
+        rest = " ".join(["0"] * 17)  # pgrp .. itrealvalue
+        tmp = d / "stat.tmp"
+        tmp.write_text(f"{pid} ({comm}) S {parent} {rest} {start_ticks} 0 0\n")
+        tmp.replace(d / "stat")
 
 
 def fake_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
