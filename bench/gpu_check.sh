@@ -10,6 +10,7 @@
 # 4. engines' own memory errors forced for real (JAX/XLA, ONNX Runtime's CUDA arena where it has one),
 #    classified live under `launch` and as text (gpu_check_engines.py; issue 24)
 # 5. OOM to classified record in the file with real CUDA OOMs (oom_latency.py --real; budget 100 ms)
+# 6. a neighbour computing on cuda:0: NVML's per-process SM use, and the other_process cause (gpu_check_neighbour.py)
 #
 # GPU_CHECK_OUT=DIR keeps part 4's stderr and verdicts (the real messages) in DIR/engines.json.
 #
@@ -69,6 +70,9 @@ timeout 400 "$PY" bench/gpu_check_engines.py ${GPU_CHECK_OUT:+--out "$GPU_CHECK_
 
 echo "== 5. OOM to classified record, real CUDA OOMs"
 timeout 180 "$PY" bench/oom_latency.py --real --n 30 || rc=1
+
+echo "== 6. another process computing on the device (other_process)"
+timeout 180 "$PY" bench/gpu_check_neighbour.py || rc=1
 
 echo "gpu_check: $([ $rc -eq 0 ] && echo PASS || echo FAIL)"
 exit $rc
