@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 REPORT_FLUSH_S = 1.0  # a worker waits this long at most for the agent's ack before telling its supervisor
 FINISH_WAIT_S = 2.0  # the exit handler waits this long at most for another thread that ends the root
+REPORT_JOIN_S = REPORT_FLUSH_S + 1.0  # ... and for a report to the supervisor in flight (its flush, one write)
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
 READY_SIGNALS = _contract.READY_SIGNALS
@@ -441,15 +442,29 @@ def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str
     try:
         # Not a daemon: a worker that exits right after its first response still reports
         # (the interpreter joins it before exit handlers run; bounded by REPORT_FLUSH_S).
-        threading.Thread(target=send, name="infersight-report", daemon=False).start()
+        t = threading.Thread(target=send, name="infersight-report", daemon=False)
+        state().reporting = t
+        t.start()
     except RuntimeError:  # no new threads (interpreter shutting down)
         send()
+
+
+def _join_report(st: _state.ColdStart) -> None:
+    """At exit: a report to the supervisor still in flight is written before the process goes. An exit by
+    the interpreter has joined it already (it is no daemon); a uvicorn worker stopped by SIGTERM raises it
+    again with its default action once it has shut down (the exit flush runs just before): that kills the
+    process at once, and its supervisor, which joined it, found no report (its cold start then ended at its
+    readiness, not by its workers) whenever the agent was slow to ack (the flush waits REPORT_FLUSH_S)."""
+    t = st.reporting
+    if t is not None and t is not threading.current_thread():
+        t.join(REPORT_JOIN_S)
 
 
 def at_exit() -> None:
     """Before the runtime's own exit handler: settle what is still open, then end the root."""
     st = state()
     st.exiting = True
+    _join_report(st)
     try:
         if not root_open():
             if st.finishing and not st.finished.wait(FINISH_WAIT_S):

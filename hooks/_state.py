@@ -226,7 +226,7 @@ class ColdStart:
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
         "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_rules_open", "ready_source",
-        "role", "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
+        "reporting", "role", "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
         "rule_waits_done", "run_sources", "sampler",
         "stage_mark", "tls", "undo", "warm", "watch_listen", "watched",
     )
@@ -281,6 +281,7 @@ class ColdStart:
         self.finished = threading.Event()
         self.exiting = False  # the exit handler runs: threads started now are never joined
         self.parent_dir: Optional[str] = None  # where this process reports its cold start's end
+        self.reporting: Optional[threading.Thread] = None  # that report, sent off the caller's thread
         self.children_dir: Optional[str] = None  # where this process's children report theirs
         self.children_ready = False  # that directory exists
         self.orig_listen: Any = None  # socket.socket.listen before our wrapper
