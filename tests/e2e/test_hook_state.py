@@ -253,20 +253,21 @@ def test_a_root_end_interrupted_half_way_can_be_ended_again_and_a_second_caller_
 
     def slow(_st: Any, _end: Any, ended_by: str, _at: bool) -> None:
         calls.append(ended_by)
-        ended.wait(5)
+        ended.wait(30)  # until the test has seen the second caller wait
 
     monkeypatch.setattr(_readiness, "_finish_root", slow)
     t = threading.Thread(target=_readiness.finish_root, args=(None, "workers"))
     t.start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while not cs.finishing and time.monotonic() < deadline:
         time.sleep(0.001)
+    assert cs.finishing  # the first caller holds the claim before the second comes
     waiter = threading.Thread(target=_readiness.finish_root, args=(None, "exit"))
     waiter.start()  # the second caller waits for the first, and does not end the root again
     waiter.join(0.2)
     assert waiter.is_alive()
     ended.set()
-    t.join(5)
-    waiter.join(5)
+    t.join(30)
+    waiter.join(30)
     assert calls == ["workers", "workers"]
     assert cs.finished.is_set()

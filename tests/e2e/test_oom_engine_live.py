@@ -415,17 +415,30 @@ def test_relay_says_when_a_capture_opens_before_its_text_comes() -> None:
     r, w = os.pipe()
     relay = stderr_relay.StderrRelay(out_fd=w)
     events: list[str] = []
-    p = subprocess.Popen([sys.executable, "-c", (
-        "import os, time\nos.write(2, b'starting\\n')\ntime.sleep(0.3)\n"
-        "os.write(2, b'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\\n')\n"
-        "time.sleep(0.3)\nos.write(2, b'ValueError: No available memory for the cache blocks.\\n')\n")],
-        stderr=relay.child_fd)
-    relay.started()
+    # before CMD starts: set later, a capture that opened meanwhile (a loaded machine may run this thread again
+    # after CMD's first error) has told nobody, and its text waits as pending
     relay.set_consumer(lambda text: events.append("text"), lambda: events.append("open"))
+    # CMD writes its second error once the first capture has ended (on the pause it makes, waiting for stdin):
+    # two errors 0.3 s apart were one capture when the relay's thread ran late and read both at once
+    p = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\nos.write(2, b'starting\\n')\nsys.stdin.readline()\n"
+        "os.write(2, b'RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\\n')\n"
+        "sys.stdin.readline()\nos.write(2, b'ValueError: No available memory for the cache blocks.\\n')\n")],
+        stdin=subprocess.PIPE, stderr=relay.child_fd)
+    relay.started()
+    assert p.stdin is not None
     try:
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert wait_for(lambda: len(events) >= 2, 30)  # the first capture ended, CMD still waiting
+        assert events == ["open", "text"]
+        p.stdin.write(b"\n")
+        p.stdin.flush()
         assert p.wait(timeout=60) == 0
         assert relay.wait_closed(30)
     finally:
+        if p.poll() is None:
+            p.kill()
         os.close(w)
         os.close(r)
     assert events == ["open", "text", "open", "text"]

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import struct
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -236,10 +237,10 @@ async def test_an_urgent_event_is_read_at_once_while_the_gate_holds_its_producer
                 "id": "quiet-%d" % p, "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32,
                 "root_span_id": "b" * 16}}))
             quiet.append(s)
-        for _ in range(200):  # both quiet producers joined the gate
-            if len(agent.ingest.gate.members) == 3:
-                break
+        deadline = time.monotonic() + 30  # both quiet producers joined the gate
+        while len(agent.ingest.gate.members) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        assert len(agent.ingest.gate.members) == 3, "both quiet producers' hellos were read"
         await loop.sock_sendall(quiet[0], frame({"t": "b", "e": [[1, 1, "log", {"body": "q"}]]}))
         for _ in range(2000):
             if agent.ingest.gate.closed:

@@ -296,16 +296,18 @@ async def test_an_ended_producer_is_not_closed_while_the_scan_still_reads_its_fi
 
         monkeypatch.setattr(replay._Pace, "step", step)
         scan = asyncio.get_running_loop().create_task(ingest.replay_spools_async(str(spool)))
-        for _ in range(5):
+        # until it reads the file (a large directory: listed in a thread first, late on a loaded machine); it then
+        # gives the loop back after each of its 40 frames, so this sees it mid-file
+        deadline = time.monotonic() + 30
+        while not ingest.spools._reading and not scan.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.002)
         assert ingest.spools._reading, "the scan is mid-file"
         ingest.publish_lost(p)
         assert not p.gone
         await scan
         assert gone_while_reading and not any(gone_while_reading)
-        for _ in range(50):  # its end closes it, once read
-            if p.gone:
-                break
+        deadline = time.monotonic() + 30  # its end closes it, once read
+        while not p.gone and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert p.gone
     finally:

@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,8 @@ async def test_a_forged_id_cannot_take_another_uids_spooled_events(tmp_path: Pat
         assert sorted(os.listdir(spool))[-1] == victim.name
 
         await agent.ingest.replay_spools_async(str(spool))
-        for _ in range(200):
-            if not victim.exists():
-                break
+        deadline = time.monotonic() + 30
+        while victim.exists() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
         mine = [it for it in got if it.body.startswith("VICTIM-LOG-")]
@@ -221,9 +221,8 @@ async def test_a_producer_kept_under_its_uids_key_has_its_spool_read_when_it_end
         f = plant(spool, _paths.spool_file_name(vid, "5a" * 8), VICTIM_UID, hello(vid, vpid, "victim-svc"),
                   [[1, 5, "log", {"body": "SPOOLED-AT-EXIT"}]])
         agent.ingest.publish_lost(victim)
-        for _ in range(100):
-            if any(it.body == "SPOOLED-AT-EXIT" for it in got):
-                break
+        deadline = time.monotonic() + 30
+        while not any(it.body == "SPOOLED-AT-EXIT" for it in got) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert [it.resource.get("process.user.id") for it in got if it.body == "SPOOLED-AT-EXIT"] == [VICTIM_UID]
         assert not f.exists()

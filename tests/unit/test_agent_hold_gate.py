@@ -57,12 +57,19 @@ def cmds(tmp_path: Path):  # type: ignore[no-untyped-def]
         c.close()
 
 
-def ring_later(path: str, delay_s: float, frame: bytes = _wire.URGENT_FRAME) -> threading.Thread:
+def ring_later(path: str, delay_s: float, frame: bytes = _wire.URGENT_FRAME, after: threading.Event | None = None,
+               sent: threading.Event | None = None) -> threading.Thread:
+    """Send ``frame`` on a fresh connection ``delay_s`` from now (from ``after``, when given: another thread's
+    step that must come first whatever the load), then set ``sent``."""
     def ring() -> None:
+        if after is not None:
+            after.wait(30)
         time.sleep(delay_s)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(path)
         s.sendall(frame)
+        if sent is not None:
+            sent.set()
         if frame != _wire.URGENT_FRAME:
             time.sleep(1.0)  # a producer's connection stays open
         s.close()
@@ -84,9 +91,18 @@ def test_the_hold_ends_when_cmd_exits_and_leaves_no_mark(cmds) -> None:  # type:
 def test_the_mark_lies_beside_the_socket_while_held_and_a_doorbell_ends_the_hold(cmds) -> None:  # type: ignore[no-untyped-def]
     c = cmds("import time; time.sleep(30)")
     seen: list[bool] = []
-    t = threading.Thread(target=lambda: (time.sleep(0.3), seen.append(os.path.exists(launch_hold.mark_path(c.dir)))))
+    looked = threading.Event()
+
+    def look() -> None:  # while the hold waits (the doorbell rings only after this look, whatever the load)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(launch_hold.mark_path(c.dir)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(os.path.exists(launch_hold.mark_path(c.dir)))
+        looked.set()
+
+    t = threading.Thread(target=look)
     t.start()
-    ringer = ring_later(c.sock_path, 0.6)
+    ringer = ring_later(c.sock_path, 0.0, after=looked)
     held = c.hold()
     ringer.join()
     t.join()
@@ -122,8 +138,9 @@ def test_the_hold_ends_at_its_deadline(cmds) -> None:  # type: ignore[no-untyped
 def test_a_connection_that_says_hello_is_kept_for_the_agent_unread(cmds) -> None:  # type: ignore[no-untyped-def]
     c = cmds("import time; time.sleep(30)")
     hello = _wire.encode_frame({"t": "hello", "schema": 1})
-    producer = ring_later(c.sock_path, 0.2, hello)
-    doorbell = ring_later(c.sock_path, 0.6)
+    said_hello = threading.Event()
+    producer = ring_later(c.sock_path, 0.2, hello, sent=said_hello)
+    doorbell = ring_later(c.sock_path, 0.4, after=said_hello)  # after the hello, however late its thread ran
     held = c.hold()
     producer.join()
     doorbell.join()
@@ -230,11 +247,13 @@ def test_a_status_request_ends_the_hold_and_a_trickling_peer_does_not_spin(cmds,
     s.connect(c.sock_path)
     s.sendall(_wire.URGENT_FRAME[:3])  # a peer that sends three bytes and stalls
     status = ring_later(c.sock_path, 0.8, _wire.STATUS_FRAME)
+    began = time.monotonic()
     held = c.hold()
+    took = time.monotonic() - began  # 0.8 s, or more where the ringing thread ran late
     status.join()
     assert held.why == "request"
     assert len(held.connections) == 2  # the status request and the stalled peer, for the agent
-    assert turns[0] <= 0.8 / launch_hold.LISTEN_POLL_S * 3  # a turn per poll, not one per readable wake-up
+    assert turns[0] <= took / launch_hold.LISTEN_POLL_S * 3  # a turn per poll, not one per readable wake-up
     for conn in held.connections:
         conn.close()
     s.close()

@@ -44,7 +44,7 @@ def test_a_reused_netlink_number_is_not_sent_on_nor_closed() -> None:
 
         t = threading.Thread(target=_poll, daemon=True)
         t.start()
-        t.join(3)
+        t.join(30)  # at once, or never
         assert not t.is_alive()  # not stuck reading the host's socket
         b.setblocking(False)
         with pytest.raises(BlockingIOError):

@@ -123,7 +123,7 @@ def test_a_child_forked_while_the_sampler_dumps_can_still_poll() -> None:
                     done.set()
 
                 threading.Thread(target=poll, daemon=True).start()
-                ok = b"1" if done.wait(3) else b"0"
+                ok = b"1" if done.wait(30) else b"0"  # at once, or never (a lock held forever)
             finally:
                 os.write(w, ok)
                 os._exit(0)
