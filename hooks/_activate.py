@@ -214,7 +214,8 @@ def _at_exit() -> None:
                 _runtime.end_root(attrs={_contract.ENDED_BY: "exit"})
                 client = _runtime.state().client
                 if client is not None:
-                    client.close(_exit_flush_s())
+                    # less what the cold start's exit handler waited already for a report in flight
+                    client.close(max(0.0, _exit_flush_s() - _recorder.state().exit_waited_s))
             except Exception as exc:
                 _runtime.fail(exc)
     except (SystemExit, KeyboardInterrupt):

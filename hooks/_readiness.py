@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from . import _contract, _proc, _runtime, _state, _workers
+from . import _contract, _env, _proc, _runtime, _state, _workers
 from ._recorder import (  # noqa: F401
     add_undo,
     covered_pairs,
@@ -443,8 +443,8 @@ def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str
         # Not a daemon: a worker that exits right after its first response still reports
         # (the interpreter joins it before exit handlers run; bounded by REPORT_FLUSH_S).
         t = threading.Thread(target=send, name="infersight-report", daemon=False)
-        state().reporting = t
         t.start()
+        state().reporting = t  # (only once started: a thread that never ran cannot be joined)
     except RuntimeError:  # no new threads (interpreter shutting down)
         send()
 
@@ -454,18 +454,27 @@ def _join_report(st: _state.ColdStart) -> None:
     the interpreter has joined it already (it is no daemon); a uvicorn worker stopped by SIGTERM raises it
     again with its default action once it has shut down (the exit flush runs just before): that kills the
     process at once, and its supervisor, which joined it, found no report (its cold start then ended at its
-    readiness, not by its workers) whenever the agent was slow to ack (the flush waits REPORT_FLUSH_S)."""
+    readiness, not by its workers) whenever the agent was slow to ack (the flush waits REPORT_FLUSH_S).
+    The wait is part of the exit's delivery budget (``INFERSIGHT_EXIT_FLUSH_S``): at most that long, and the
+    exit flush that follows gets what is left of it (``exit_waited_s``)."""
     t = st.reporting
-    if t is not None and t is not threading.current_thread():
-        t.join(REPORT_JOIN_S)
+    if t is None or t is threading.current_thread() or not t.is_alive():
+        return
+    try:
+        budget = float(_env.get("INFERSIGHT_EXIT_FLUSH_S"))
+    except Exception:
+        budget = REPORT_JOIN_S
+    t0 = time.monotonic()
+    t.join(max(0.0, min(REPORT_JOIN_S, budget)))
+    st.exit_waited_s += time.monotonic() - t0
 
 
 def at_exit() -> None:
     """Before the runtime's own exit handler: settle what is still open, then end the root."""
     st = state()
     st.exiting = True
-    _join_report(st)
     try:
+        _join_report(st)
         if not root_open():
             if st.finishing and not st.finished.wait(FINISH_WAIT_S):
                 return  # the sampler's tick is still ending it (it uninstalls at its end)

@@ -221,7 +221,8 @@ class ColdStart:
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "claims_pending",
         "collecting",
-        "covered", "covered_seen", "exiting", "explicit", "finder", "finished", "finishing", "first", "first_done",
+        "covered", "covered_seen", "exit_waited_s", "exiting", "explicit", "finder", "finished", "finishing", "first",
+        "first_done",
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
@@ -280,6 +281,7 @@ class ColdStart:
         self.finishing = False
         self.finished = threading.Event()
         self.exiting = False  # the exit handler runs: threads started now are never joined
+        self.exit_waited_s = 0.0  # what the exit handler waited for a report in flight (of INFERSIGHT_EXIT_FLUSH_S)
         self.parent_dir: Optional[str] = None  # where this process reports its cold start's end
         self.reporting: Optional[threading.Thread] = None  # that report, sent off the caller's thread
         self.children_dir: Optional[str] = None  # where this process's children report theirs
