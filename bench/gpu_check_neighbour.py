@@ -54,6 +54,10 @@ def start_neighbour(seconds: float, d: Path) -> int:
             raise SystemExit(f"gpu_check_neighbour: the neighbour exited before computing on cuda:0:\n"
                              f"{log.read_text()[-2000:]}") from None
         time.sleep(0.2)
+    try:  # (it would compute on cuda:0 through the next checks)
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
     raise SystemExit("gpu_check_neighbour: the neighbour did not start on cuda:0 in 120 s")
 
 
@@ -91,6 +95,10 @@ def main() -> int:
     ok = True
     read = [s for s in samples if s.process_util_read]
     mine = [g for s in read for g in s.processes or () if g.pid == neighbour]
+    unmapped = {str(g.unmapped_reason) for s in samples for g in s.processes or () if g.pid is None}
+    if not mine and unmapped:  # (a nested PID namespace: NVML's host PIDs are not ours) say why, not "no SM use"
+        print(f"FAIL: the neighbour was not found among the mapped GPU processes; unmapped: {sorted(unmapped)}")
+        ok = False
     if not read:
         print("FAIL: per-process utilisation was not read on this GPU (process_util_read False in every sample)")
         ok = False
