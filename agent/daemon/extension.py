@@ -37,6 +37,9 @@ class AgentContext(Protocol):
     def producer_info(self, producer: str) -> dict[str, Any] | None:
         """The hello of a producer the agent knows (pid, start_ns, trace and root ids)."""
 
+    def hooked_pids(self, uid: int | None) -> frozenset[int]:
+        """The kernel's PIDs (SO_PEERCRED, in the agent's namespace) of ``uid``'s live producers."""
+
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         """Show ``tap`` every batch before the exporters get it (quick, must not raise)."""
 

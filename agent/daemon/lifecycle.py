@@ -280,6 +280,10 @@ class Agent:
         p = self.assembler.producers.get(producer)
         return p.info if p is not None else None
 
+    def hooked_pids(self, uid: int | None) -> frozenset[int]:
+        return frozenset(p.peer_pid for p in self.assembler.producers.values()
+                         if p.uid == uid and not p.gone and p.peer_pid)
+
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         self.broadcaster.taps.append(tap)
 

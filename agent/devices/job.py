@@ -362,12 +362,24 @@ class DeviceJob:
             q = self.samples.get(key.device)
             if base is None or own is None or not q:
                 return base
+            own = self._with_hooked_ancestors(own, key.uid)
             w = memo.get((key.device, own))
             if w is None:
                 w = memo[(key.device, own)] = summarize_samples(list(q), self.thresholds, own)
             return w
 
         return window_of
+
+    def _with_hooked_ancestors(self, own: frozenset[int], uid: int | None) -> frozenset[int]:
+        """``own`` and its ancestors that are hooked producers of the same uid: what those start is the same
+        application's (vLLM's engine core beside the API servers that time the requests, under ``vllm
+        serve``; Ray's workers, under the driver that started the raylet; whatever runs under ``launch``)."""
+        pids_of = getattr(self._agent, "hooked_pids", None)  # (an AgentContext of an older make has none)
+        hooked = pids_of(uid) if pids_of is not None else frozenset()
+        if not hooked or self.nvml is None:
+            return own
+        found = {a for pid in own for a in self.nvml.ancestors_of(pid) or () if a in hooked}
+        return own | found if found else own
 
     def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:
         """Verdicts over the windows: coefficient gauge, degraded states, change events."""

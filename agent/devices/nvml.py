@@ -538,6 +538,11 @@ class Nvml:
         except (OSError, ValueError, IndexError):
             return None
 
+    def ancestors_of(self, pid: int) -> tuple[int, ...] | None:
+        """The parent chain of ``pid`` (under proc_root), as :meth:`_ancestors`; None when unreadable."""
+        stat = self._stat(pid)
+        return None if stat is None else self._ancestors(pid, stat[0])
+
     def _ancestors(self, pid: int, parent: int) -> tuple[int, ...] | None:
         """The parent chain of ``pid`` (whose parent is ``parent``) up to init, excluded, at most
         MAX_ANCESTRY; None when a link of it cannot be read (gone, or hidden: hidepid)."""

@@ -360,3 +360,33 @@ def test_baseline_judges_each_device_on_its_own_run() -> None:
     times = (0, 5 * second, 10 * second, 15 * second, 20 * second + after, 20 * second + after + 1)
     samples = [_sample((), time_ns=t) for t in times]
     assert [s.time_ns for s in baseline._during(samples, (10 * second, 20 * second))] == list(times[2:5])
+
+
+def test_an_engine_started_beside_the_request_timing_processes_is_its_own(tmp_path: Path) -> None:
+    """vLLM with --api-server-count 2: `vllm serve` (MAIN, hooked) starts the API servers that time the requests
+    (API) and the engine core that computes (ENGINE), siblings; Ray's workers hang off the driver's raylet the
+    same way. The engine is the series' own through their hooked common parent; a stranger stays other."""
+    from collections import deque
+
+    from infersight.agent.devices.job import DeviceJob
+
+    main, api, engine = 300, 301, 302
+    proc = make_proc_root(tmp_path, {main: "vllm", api: "api", engine: "engine", NEIGHBOUR: "python3"},
+                          parents={main: 1, api: main, engine: main, NEIGHBOUR: 1})
+    key = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001)
+    window = LatencyWindow(window_s=60)
+    window.add(key, 0.1, 10.0, api)
+    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
+                    nvml=Nvml(lib=_fake_lib([], None), proc_root=proc))
+    busy = _proc(engine, 80, parents=(main,))
+    job.samples["GPU-c"] = deque([_sample((busy,))] * 30 + [_sample((busy, _proc(NEIGHBOUR, 50)))] * 30)
+    hooked = {1001: frozenset({main, api}), 1002: frozenset({9})}
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: hooked.get(uid, frozenset()))
+    w = job.series_windows(int(20e9))(key)
+    assert w is not None and w.other_process_samples == 30  # the neighbour's samples only
+    detail = str(w.other_detail)
+    assert f"pid {NEIGHBOUR} " in detail and f"pid {engine} " not in detail
+    # a common parent that is no hooked producer of the series' uid makes nothing its own
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({api}))
+    w = job.series_windows(int(20e9))(key)
+    assert w is not None and w.other_process_samples == 60 and f"pid {engine} " in str(w.other_detail)
