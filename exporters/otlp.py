@@ -649,11 +649,11 @@ class OtlpExporter:
             why += " (gRPC %s)" % grpc_code
         elif getattr(_http_status, "error", None):
             why += " (%s)" % _http_status.error  # no answer at all: refused, unreachable, timed out
-        if status is None and (proxy := proxy_for(route.endpoint)) is not None:
-            why += " through the proxy %s (HTTP(S)_PROXY; NO_PROXY does not name this host)" % proxy
         elif getattr(route.exporter, "_infersight_records_status", False) and not _http_status.sent:
             kind = "final"  # the SDK could not encode the batch (a lone surrogate, too large)
             why += " (not encodable)"
+        if status is None and kind != "final" and (proxy := proxy_for(route.endpoint)) is not None:
+            why += " through the proxy %s (HTTP(S)_PROXY; NO_PROXY does not name this host)" % proxy
         return ("OTLP %s %s to %s failed: %s" % (route.protocol, signal, safe_url(route.endpoint), why),
                 kind)
 

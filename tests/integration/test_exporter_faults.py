@@ -207,6 +207,26 @@ async def test_unencodable_record_is_isolated_and_dropped_alone(tmp_path: Path, 
         rx.stop()
 
 
+async def test_an_unencodable_record_is_final_behind_a_proxy_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With HTTP_PROXY set, the reason that names the proxy had taken the place of the "not encodable" verdict: a
+    record that never left was called the collector's absence, and retried for ever."""
+    from infersight.exporters.base import ExportError
+
+    rx = OtlpReceiver().start()
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # never reached: the batch is not sent
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    exp = exporter_for(rx, "http/protobuf", 0.5)
+    try:
+        with pytest.raises(ExportError) as ei:
+            await exp.export(logs("poison", 1, "bad \ud800 body"))
+        assert not ei.value.retryable and "(not encodable)" in str(ei.value), str(ei.value)
+        assert "proxy" not in str(ei.value)
+    finally:
+        await exp.shutdown()
+        rx.stop()
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_record_rejected_max_attempts_times_is_dropped(tmp_path: Path, protocol: str) -> None:
     """A peer answering 500 (gRPC INTERNAL) to one record: retried, then dropped after max_attempts."""
