@@ -184,10 +184,6 @@ def activate_process() -> bool:
 # -- exit --------------------------------------------------------------------------------
 
 
-def _exit_flush_s() -> float:
-    return float(_env.get("INFERSIGHT_EXIT_FLUSH_S"))
-
-
 _exit_done = [False]
 
 
@@ -215,7 +211,7 @@ def _at_exit() -> None:
                 client = _runtime.state().client
                 if client is not None:
                     # less what the cold start's exit handler waited already for a report in flight
-                    client.close(max(0.0, _exit_flush_s() - _recorder.state().exit_waited_s))
+                    client.close(max(0.0, _env.exit_flush_s() - _recorder.state().exit_waited_s))
             except Exception as exc:
                 _runtime.fail(exc)
     except (SystemExit, KeyboardInterrupt):

@@ -224,6 +224,11 @@ def get(name: str, env: Optional[Mapping[str, str]] = None) -> Any:
         return var.default
 
 
+def exit_flush_s() -> float:
+    """``INFERSIGHT_EXIT_FLUSH_S``: how long a process waits at exit to deliver, all waits together."""
+    return float(get("INFERSIGHT_EXIT_FLUSH_S"))
+
+
 def problems(env: Mapping[str, str], internal: bool = False) -> List[str]:
     """One line per variable of ``env`` with a value that is not allowed (``launch``)."""
     out = []

@@ -460,12 +460,8 @@ def _join_report(st: _state.ColdStart) -> None:
     t = st.reporting
     if t is None or t is threading.current_thread() or not t.is_alive():
         return
-    try:
-        budget = float(_env.get("INFERSIGHT_EXIT_FLUSH_S"))
-    except Exception:
-        budget = REPORT_JOIN_S
     t0 = time.monotonic()
-    t.join(max(0.0, min(REPORT_JOIN_S, budget)))
+    t.join(max(0.0, min(REPORT_JOIN_S, _env.exit_flush_s())))
     st.exit_waited_s += time.monotonic() - t0
 
 
