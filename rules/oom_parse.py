@@ -486,13 +486,18 @@ def _find(text: str) -> list[OomMessage]:
                 builder.add(tok)
                 continue
             if builder is not None:
-                _emit(builder.build(region, first + bisect_right(starts, builder.tokens[0].start) - 1), out, keys)
+                _emit(_built(builder, region, first, starts), out, keys)
                 builder = None
             if tok.kind in _STARTS:
                 builder = _Builder(tok)
         if builder is not None:
-            _emit(builder.build(region, first + bisect_right(starts, builder.tokens[0].start) - 1), out, keys)
+            _emit(_built(builder, region, first, starts), out, keys)
     return out
+
+
+def _built(builder: _Builder, region: str, first: int, starts: list[int]) -> OomMessage | None:
+    """The message ``builder`` holds, with the line its first clause is on (``starts``: each line's offset)."""
+    return builder.build(region, first + bisect_right(starts, builder.tokens[0].start) - 1)
 
 
 def _emit(msg: OomMessage | None, out: list[OomMessage], keys: set[str]) -> None:
