@@ -83,8 +83,12 @@ def refusal(path: str, owner: int | None = None) -> str | None:
     except OSError:
         return None
     why = _problem(st, os.path.abspath(path), owner)
-    fixable = st.st_uid == owner and stat.S_ISDIR(st.st_mode)
-    return None if why is None or fixable else why
+    return None if why is None or _fixable(st, owner) else why
+
+
+def _fixable(st: os.stat_result, owner: int) -> bool:
+    """A directory of ours (``lstat``'s: never a link): a wrong mode is ours to fix, not a refusal."""
+    return st.st_uid == owner and stat.S_ISDIR(st.st_mode)
 
 
 def ensure_state_dir(path: str, owner: int | None = None) -> list[str]:
@@ -105,7 +109,7 @@ def ensure_state_dir(path: str, owner: int | None = None) -> list[str]:
     except OSError as exc:
         raise UnsafeStateDirError(exc.errno, "cannot make the state directory %s: %s" % (path, exc.strerror)) from exc
     why = _problem(st, path, owner)
-    if why is not None and st.st_uid == owner and stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+    if why is not None and _fixable(st, owner):
         fixed = stat.S_IMODE(st.st_mode) & ~0o022
         try:
             chmod_dir(path, fixed, st)
