@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from infersight.agent.devices.nvml import DeviceSample, GpuProcess
@@ -198,8 +198,7 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds,
         # "no throttle reason" needs the reasons read: an unknown mask is no evidence of none
         if sm is not None and sm_max and sm < th.clock_ratio * sm_max and s.throttle_mask == 0:
             clocks += 1
-    measured, present, others = _neighbours(samples, th, own) if own is not None else (0, 0, None)
-    return WindowState(
+    w = WindowState(
         samples=sum(1 for s in samples if not s.lost),
         busy_samples=busy,
         thermal_samples=therm,
@@ -207,12 +206,18 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds,
         pcie_below_max_samples=pcie,
         clocks_below_max_samples=clocks,
         ecc_errors=ecc[0].total + ecc[1].total,
-        other_process_samples=measured,
-        other_present_samples=present,
         lost=lost,
         pcie_detail=detail,
-        other_detail=others,
     )
+    return w if own is None else with_neighbours(w, samples, th, own)
+
+
+def with_neighbours(w: WindowState, samples: Sequence[DeviceSample], th: DeviceThresholds,
+                    own: Collection[int]) -> WindowState:
+    """``w`` (the device's window, folded from ``samples``) with its other-process fields as a series whose
+    processes are ``own`` sees them: only those are read again, not the whole window."""
+    measured, present, others = _neighbours(samples, th, own)
+    return replace(w, other_process_samples=measured, other_present_samples=present, other_detail=others)
 
 
 def causes(w: WindowState | None, th: DeviceThresholds) -> list[tuple[str, str]]:

@@ -350,7 +350,7 @@ class DeviceJob:
         """Each series' window: its device's, with the other processes as that series' requests see
         them (their producers' PIDs and those processes' children are its own). Computed when a slow
         verdict asks, once per device and set of PIDs."""
-        from infersight.agent.devices.heterogeneity import summarize_samples
+        from infersight.agent.devices.heterogeneity import with_neighbours
 
         devices = self.windows()
         memo: dict[tuple[str, frozenset[int]], WindowState] = {}
@@ -365,7 +365,7 @@ class DeviceJob:
             own = self._with_hooked_ancestors(own, key.uid)
             w = memo.get((key.device, own))
             if w is None:
-                w = memo[(key.device, own)] = summarize_samples(list(q), self.thresholds, own)
+                w = memo[(key.device, own)] = with_neighbours(base, list(q), self.thresholds, own)
             return w
 
         return window_of
