@@ -1470,7 +1470,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
         engine = _engine_for(h.rule.engine, lines, h.first, h.last)
         f = _decide(h, engine, rs)
         accepted.append((h, f))
-        taken.append((min(h.first, h.anchor), max(h.last, h.anchor + _span(h))))
+        taken.append((h.first, h.last))  # the event ends on the last line its patterns read
         if len(accepted) >= MAX_FINDINGS:
             break
     findings.extend(f for _, f in accepted)
@@ -1513,8 +1513,3 @@ def _goes_on(h: _Hit, accepted: list[tuple[_Hit, Finding]]) -> bool:
     return r is not None and any(
         hh.rule is h.rule and h.first <= hh.last and h.anchor == hh.last + 1
         and abs(hh.values.get("R", -1.0) - r) <= r * 1e-3 for hh, _ in accepted)
-
-
-def _span(h: _Hit) -> int:
-    """Lines after the anchor that belong to the same event (what the patterns used, at least 1)."""
-    return max(1, h.last - h.anchor)

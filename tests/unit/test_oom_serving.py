@@ -401,6 +401,31 @@ def test_one_event_printed_on_several_lines_counts_once() -> None:
     assert len(doubled) == 1
 
 
+# Two failures of one engine logged on consecutive lines (two engine cores of one vLLM server, two
+# TGI warmups); the messages follow vLLM's kv_cache_utils.py and TGI's launcher, the sizes chosen here.
+_VLLM_PREFIX = "ERROR 12-05 10:00:0%d [core.py:708] ValueError: "
+_VLLM_NO_BLOCKS = ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                   "initializing the engine.")
+_VLLM_MAX_LEN = ("To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is "
+                 "needed, which is larger than the available KV cache memory (1.00 GiB). Based on the available "
+                 "memory, the estimated maximum model length is 8192. Try increasing `gpu_memory_utilization` or "
+                 "decreasing `max_model_len` when initializing the engine.")
+_TGI_PREFILL = ("2024-01-01T00:00:0%dZ ERROR text_generation_launcher: Not enough memory to handle %d prefill "
+                "tokens. You need to decrease `--max-batch-prefill-tokens`")
+
+
+def test_two_errors_on_consecutive_lines_are_two_findings() -> None:
+    """A rule's event ends on the last line its patterns read: the next line, when it holds an error of its own,
+    is a second finding (it was taken as part of the first and lost, on every sink of the live path too)."""
+    found = analyse(_VLLM_PREFIX % 0 + _VLLM_NO_BLOCKS + "\n" + _VLLM_PREFIX % 1 + _VLLM_MAX_LEN)
+    assert [f.rule.split("/")[0] for f in found] == ["vllm.kv.no-cache-blocks", "vllm.kv.max-model-len"]
+    assert [f.first_line for f in found] == [0, 1]
+    two = analyse(_TGI_PREFILL % (0, 4096) + "\n" + _TGI_PREFILL % (1, 8192))
+    assert [f.extra.get("prefill_tokens") for f in two] == [4096, 8192]
+    # the same message on consecutive lines (logged and printed) is still one
+    assert len(analyse(_TGI_PREFILL % (0, 4096) + "\n" + _TGI_PREFILL % (1, 4096))) == 1
+
+
 def test_engine_comes_from_the_log_around_a_pytorch_message() -> None:
     found = analyse(next(r["message"] for r in GIVEN if r["id"] == "srv-028"))
     assert [f.engine for f in found] == ["vllm", "vllm"]  # two NPUs, two messages
