@@ -873,6 +873,7 @@ class _Hit:
     window: str
     text: str
     around: str = ""  # the context lines and the window, for cases that read the lines before the anchor
+    matched: bool = True  # a pattern matched: the hit's text is a message of its own, not only an anchor
 
 
 class _Unprefixed:
@@ -1104,12 +1105,13 @@ def _scan(rule: ServingRule, lines: list[str], i: int, cut: _Unprefixed) -> _Hit
             _take_values(found, values)
         if cut_ctx is not None and cut_ctx[0] != ctx:
             around = ctx + "\n" + cut_ctx[0]
+    matched = bool(text)
     if not text:
         line = lines[i].strip()
         anchor = next((a for a in rule.anchors if a in line), "")
         k = line.find(anchor) if anchor else 0
         text = line[k: k + len(anchor) + 200]
-    return _Hit(rule, i, first, last, values, window, " ".join(text.split()), around)
+    return _Hit(rule, i, first, last, values, window, " ".join(text.split()), around, matched)
 
 
 def _nearest(pat: re.Pattern[str] | LazyPattern, ctx: str, anchor_end: int) -> re.Match[str] | None:
@@ -1505,11 +1507,16 @@ def quiet_lines(text: str, rs: ServingRules | None = None, limit: int = 8) -> li
 
 
 def _goes_on(h: _Hit, accepted: list[tuple[_Hit, Finding]]) -> bool:
-    """``h`` is the closing line of an event of its rule found just before it: its lines reach back into
-    that event's, it is anchored on the line right after them, and it names the same request (llama.cpp's
-    "failed to initialize the context" after the allocation it could not do; a size printed in MiB with two
-    decimals reads a few KiB off the same size in bytes)."""
+    """``h`` is the closing line of an event of its rule found just before it: anchored on the line right after
+    that event's lines, with no message of its own (only an anchor matched: llama-server's "Context size has been
+    exceeded" after the batch that found no KV cell), or naming the same request with its lines reaching back into
+    that event's (llama.cpp's "failed to initialize the context" after the allocation it could not do; a size printed
+    in MiB with two decimals reads a few KiB off the same size in bytes). A line with a message of its own is another
+    event (a second warmup's token count)."""
     r = h.values.get("R")
-    return r is not None and any(
-        hh.rule is h.rule and h.first <= hh.last and h.anchor == hh.last + 1
-        and abs(hh.values.get("R", -1.0) - r) <= r * 1e-3 for hh, _ in accepted)
+    for hh, _ in accepted:
+        if hh.rule is not h.rule or h.anchor != hh.last + 1:
+            continue
+        if not h.matched or (r is not None and h.first <= hh.last and abs(hh.values.get("R", -1.0) - r) <= r * 1e-3):
+            return True
+    return False

@@ -424,6 +424,10 @@ def test_two_errors_on_consecutive_lines_are_two_findings() -> None:
     assert [f.extra.get("prefill_tokens") for f in two] == [4096, 8192]
     # the same message on consecutive lines (logged and printed) is still one
     assert len(analyse(_TGI_PREFILL % (0, 4096) + "\n" + _TGI_PREFILL % (1, 4096))) == 1
+    # and a closing line with no message of its own stays the event's (llama-server's dropped request)
+    (kv,) = analyse("decode: failed to find a memory slot for batch of size 1\n"
+                    "srv  update_slots: Context size has been exceeded. off = 0, n_batch = 1, ret = 1")
+    assert kv.rule == "llama.cpp.kv-slots-full" and "batch of size 1" in kv.text
 
 
 def test_engine_comes_from_the_log_around_a_pytorch_message() -> None:
