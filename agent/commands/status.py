@@ -86,6 +86,10 @@ def describe(h: dict[str, Any]) -> str:
     lines += ["  %-22s %s" % (k, h.get(k)) for k in keys]
     sinks = h.get("sinks")
     lines.append("  %-22s %s" % ("sinks", ", ".join(sinks) if sinks else "none"))
+    nv = h.get("nvml")
+    if isinstance(nv, dict):
+        lines.append("  %-22s %s" % ("nvml", "driver %s, %s device(s)" % (nv.get("driver_version"), nv.get("devices"))
+                                     if nv.get("available") else "not available: %s" % nv.get("reason")))
     lines += ["  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
         e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"), e.get("retries"),
         e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items"))

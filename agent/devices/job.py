@@ -24,6 +24,12 @@ turns slow, changes cause, or recovers. Without NVML (no driver, or ``nvml.enabl
 :attr:`DeviceJob.unavailable_reason`, publishes it as the health metric
 ``infersight.nvml.available`` (value 0) on each heartbeat of the agent and at its close,
 and keeps evaluating requests without device samples.
+
+A driver that stops answering (NVML calls block for minutes on a GPU that fell off the bus) stops
+nothing else: an interval waits for its sample at most ``sample_wait_s`` and goes on without one,
+no new sample starts while that call is out, the OOM feature's reads give up at once
+(:meth:`DeviceJob.nvml_call`), and the close skips ``nvmlShutdown``. Until the call returns,
+``status`` and the health metric say NVML is not answering, and for how long.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.extension import AgentContext
+from infersight.agent.daemon.offloop import in_daemon_thread, within
 from infersight.agent.devices.metrics import RecordedSamples, device_metrics, nvml_unavailable
 from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
 from infersight.latency import DEFAULT_WINDOW_S, NvmlDevice, RequestWindows, SeriesKey
@@ -55,6 +62,9 @@ COEFFICIENT_SPEC = declared(COEFFICIENT, "gauge", "1",
                             "Device P99 / median P99 of its peers (same model, request class, device kind)")
 DISABLED_REASON = "disabled by configuration (nvml.enabled = false)"
 MAX_WINDOW_SAMPLES = 3600
+SAMPLE_WAIT_S = 5.0  # an interval waits this long for its sample (at least two intervals) before going on without
+NVML_LOCK_WAIT_S = 2.0  # another NVML read waits this long for the one in progress, then gives up (None)
+NVML_START_WAIT_S = 30.0  # nvmlInit and the event watcher's set-up, at the job's start
 # Severity of each DeviceEvent kind.
 _EVENT_SEVERITY = {"gpu_lost": "ERROR", "ecc_double_bit": "ERROR", "xid": "WARN", "ecc_single_bit": "WARN"}
 _SEVERITY_NUMBER = {"INFO": 9, "WARN": 13, "ERROR": 17}
@@ -154,6 +164,11 @@ class DeviceJob:
         self._nvml_lock = threading.Lock()  # sampling and nvmlShutdown never overlap
         self._start_ns = time.time_ns()
         self.tick_errors = 0
+        self.sample_wait_s = max(SAMPLE_WAIT_S, 2 * interval_s)
+        self._sampling: asyncio.Future[list[DeviceSample]] | None = None  # the sample in a worker thread
+        self.hung_since: float | None = None  # monotonic: since when a sample has not returned
+        self.hangs = 0  # times NVML stopped answering
+        self.reads_given_up = 0  # NVML reads of other features that did not wait for a hung or busy NVML
 
     @property
     def thresholds(self) -> DeviceThresholds:
@@ -183,9 +198,13 @@ class DeviceJob:
         """What ``infersight status --json`` shows under ``nvml``."""
         st = self.status
         reason = DISABLED_REASON if not self.enabled else (st.reason if st is not None else None)
+        hung = self.hung_reason()
+        since = self.hung_since
         return {
-            "available": bool(st is not None and st.available),
-            "reason": reason,
+            "available": bool(st is not None and st.available and hung is None),
+            "reason": hung or reason or self.unavailable_reason,
+            "hung_s": None if since is None else round(time.monotonic() - since, 1),
+            "hangs": self.hangs,
             "driver_version": st.driver_version if st is not None else None,
             "devices": st.device_count if st is not None else 0,
             "xid_watcher": bool(self.watcher is not None and self.watcher.running),
@@ -193,12 +212,22 @@ class DeviceJob:
             "slow_coefficient": self.thresholds.slow_coefficient,  # which device rules are in force
         }
 
+    def hung_reason(self) -> str | None:
+        """Why samples stopped, while an NVML call has not returned; else None."""
+        since = self.hung_since
+        if since is None:
+            return None
+        return ("an NVML call has not returned for %.0f s (a driver that stopped answering: look for Xid errors "
+                "in the kernel log, and at nvidia-smi); device samples wait for it, request verdicts go on"
+                % (time.monotonic() - since))
+
     def health_metrics(self) -> list[MetricItem]:
         """The agent's health metric of device sampling: ``infersight.nvml.available`` while
-        it is off (none while NVML answers, or before it was asked)."""
-        if self._agent is None or self.unavailable_reason is None:
+        it is off or not answering (none while NVML answers, or before it was asked)."""
+        reason = self.unavailable_reason or self.hung_reason()
+        if self._agent is None or reason is None:
             return []
-        return [nvml_unavailable(self._agent.resource, self.unavailable_reason, self._start_ns, time.time_ns())]
+        return [nvml_unavailable(self._agent.resource, reason, self._start_ns, time.time_ns())]
 
     def publish_health(self) -> None:
         """On each heartbeat of the agent, beside its own health metrics."""
@@ -234,14 +263,21 @@ class DeviceJob:
             self.unavailable_reason = DISABLED_REASON
             log.info("NVML sampling is off (nvml.enabled = false); request verdicts still run")
             return
-        st: NvmlStatus = await asyncio.to_thread(self.nvml.status)
+        done, got = await within(in_daemon_thread(self.nvml.status, "infersight-nvml-init"), NVML_START_WAIT_S)
+        if not done or got is None:
+            self.unavailable_reason = "NVML did not answer within %.0f s of the agent's start" % NVML_START_WAIT_S
+            log.warning("device sampling is off: %s (a driver that stopped answering: look for Xid errors in the "
+                        "kernel log); request latency and verdicts still run", self.unavailable_reason)
+            return
+        st: NvmlStatus = got
         self.status = st
         if not st.available:  # the wrapper already logged the reason, once
             self.unavailable_reason = st.reason or "NVML not available"
             log.info("device sampling is off; request latency and verdicts still run")
             return
         self.watcher = XidWatcher(self.nvml, self._watch_events.append)
-        if not await asyncio.to_thread(self.watcher.start):
+        done, started = await within(in_daemon_thread(self.watcher.start, "infersight-nvml-init"), NVML_START_WAIT_S)
+        if not (done and started):
             self.watcher = None
         log.info(
             "NVML: driver %s, %d device(s), sampling every %gs",
@@ -267,23 +303,59 @@ class DeviceJob:
             if items:
                 self._agent.broadcaster.publish(items)
         if self.nvml is not None and self.status is not None and self.status.available:
-            await asyncio.to_thread(self._close_nvml)
+            await within(in_daemon_thread(self._close_nvml, "infersight-nvml-close"), 2 * NVML_LOCK_WAIT_S)
 
     def _sample(self) -> list[DeviceSample]:
         assert self.nvml is not None
         with self._nvml_lock:
             return [] if self._closed else self.nvml.sample_all()
 
+    async def _sample_within(self) -> list[DeviceSample]:
+        """This interval's samples, waited for at most ``sample_wait_s``: a call that has not returned
+        by then stays out on its own daemon thread (no second one starts beside it; the agent still
+        exits) and the interval goes on without samples."""
+        fut = self._sampling
+        if fut is None:
+            fut = self._sampling = in_daemon_thread(self._sample, "infersight-nvml-sample")
+        try:
+            got = await within(fut, self.sample_wait_s)
+        finally:
+            if fut.done():  # returned or raised: the next interval starts a new sample
+                self._sampling = None
+                if self.hung_since is not None:
+                    log.warning("NVML answers again, after %.0f s", time.monotonic() - self.hung_since)
+                    self.hung_since = None
+        done, samples = got
+        if not done:
+            if self.hung_since is None:
+                self.hung_since = time.monotonic() - self.sample_wait_s
+                self.hangs += 1
+                log.warning("NVML is not answering: a device sample has not returned for %.0f s; device samples "
+                            "wait for it, request histograms and verdicts go on", self.sample_wait_s)
+            return []
+        return samples or []
+
     def nvml_call(self, fn: Callable[[], T]) -> T | None:
         """Run ``fn`` (NVML reads, in a worker thread) under the lock that keeps sampling and
-        nvmlShutdown apart; None once NVML is shut down."""
-        with self._nvml_lock:
+        nvmlShutdown apart; None once NVML is shut down, and at once while it is not answering or
+        when the read in progress holds it past ``NVML_LOCK_WAIT_S`` (the caller goes on without)."""
+        if self.hung_since is not None or not self._nvml_lock.acquire(timeout=NVML_LOCK_WAIT_S):
+            self.reads_given_up += 1
+            return None
+        try:
             return None if self._closed else fn()
+        finally:
+            self._nvml_lock.release()
 
     def _close_nvml(self) -> None:
         assert self.nvml is not None
-        with self._nvml_lock:
-            self.nvml.close()
+        if self.hung_since is None and self._nvml_lock.acquire(timeout=NVML_LOCK_WAIT_S):
+            try:
+                self.nvml.close()
+            finally:
+                self._nvml_lock.release()
+        else:  # a call that never returned holds it: nvmlShutdown would wait behind it
+            log.warning("NVML is not answering: closing without nvmlShutdown")
 
     # -- one interval ------------------------------------------------------------------
 
@@ -293,8 +365,9 @@ class DeviceJob:
         now_ns = time.time_ns()
         samples: list[DeviceSample] = []
         if self.nvml is not None and self.status is not None and self.status.available:
-            samples = await asyncio.to_thread(self._sample)
-            self._keep(samples, now_ns)
+            samples = await self._sample_within()
+            if samples or self.hung_since is None:  # a hung interval keeps the device map it had
+                self._keep(samples, now_ns)
         items: list[Item] = self._event_items()
         coefficients: list[MetricItem] = []
         if evaluate_now:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
+from infersight.agent.daemon.offloop import in_daemon_thread, within
 from infersight.agent.errors import AgentError
 from infersight.agent.oom.nvml_views import DeviceView, NvmlGuard, NvmlLike
 from infersight.bytesize import torch_bytes
@@ -75,6 +76,7 @@ ANALYSIS_NS_PER_UID = 250_000_000
 EARLY_CONTEXT_NS = 15_000_000_000
 MAX_EARLY = 64
 EARLY_WAIT_S = 0.5  # a classification waits this long for an early read still in flight
+NVML_READ_WAIT_S = 5.0  # an OOM waits this long for its NVML read (a hung driver): then it goes out without
 # Under launch, an engine's error that the hooks report (its exception, its log record) and that the message alone
 # leaves ``unknown`` waits this long for launch's copy of CMD's stderr: the same error with the lines the engine
 # printed around it (JAX logs its pool's limit 10 s before it raises; the exception holds none of it). The stderr
@@ -346,6 +348,7 @@ class OomHandlers:
         # per producer (uid, id): when its recent new messages came
         self._new_by_producer: dict[tuple[int | None, str], list[int]] = {}
         self.over_budget = 0  # memory errors from logs and stderr not reported: over their producer's budget
+        self.nvml_late = 0  # OOMs that went out without their NVML read: it did not come within NVML_READ_WAIT_S
         self.over_uid_budget = 0  # texts not analysed: their uid's took ANALYSIS_NS_PER_UID of the loop in the window
         self._analysis_by_uid: dict[int, deque[tuple[int, int]]] = {}  # uid -> (when, cost) on the agent's clock
         self._uuid_index: dict[str, int] = {}
@@ -467,17 +470,25 @@ class OomHandlers:
         self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], dev: int | None, req: int | None,
         uuid: str | None, numbers: dict[str, int | None], snap: dict[str, Any] | None, msg: OomMessage | None,
     ) -> None:
-        def read() -> bool:
-            return self._nvml(p, dev, uuid, numbers)
+        read_into = dict(numbers)  # a read that comes back late must not change what went out
 
+        def read() -> bool:
+            return self._nvml(p, dev, uuid, read_into)
+
+        guard = self.nvml_guard
         try:
-            if self.nvml_guard is not None:
-                nvml_used = bool(await asyncio.to_thread(self.nvml_guard, read))
-            else:
-                nvml_used = await asyncio.to_thread(read)
+            done, used = await within(in_daemon_thread(read if guard is None else lambda: guard(read),
+                                                       "infersight-oom-nvml"), NVML_READ_WAIT_S)
+            nvml_used = bool(done and used)
+            if not done:
+                self.nvml_late += 1
+                log.warning("NVML did not answer within %g s: the OOM goes out without its per-process view",
+                            NVML_READ_WAIT_S)
         except Exception as exc:
             log.debug("NVML sample for an OOM failed: %s", exc)
             nvml_used = False
+        if nvml_used:
+            numbers.update(read_into)
         items: list[Item] = []
         self._finish(p, origin, t_ns, d, dev, uuid, numbers, snap, msg, nvml_used, items)
         if self.publish is not None:
@@ -760,7 +771,12 @@ class OomHandlers:
 
     async def _engine_later(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding) -> None:
         try:
-            ctx = await asyncio.to_thread(self._context, p, d)
+            done, ctx = await within(in_daemon_thread(lambda: self._context(p, d), "infersight-oom-context"),
+                                     NVML_READ_WAIT_S)
+            if not done:
+                self.nvml_late += 1
+                log.warning("the live context of an engine's memory error did not come within %g s (NVML not "
+                            "answering?): its verdict goes out from the message alone", NVML_READ_WAIT_S)
         except Exception as exc:
             log.debug("live context of an engine OOM failed: %s", exc)
             ctx = None

@@ -11,7 +11,10 @@
  * '#' starts a comment. Numeric keys take a decimal/hex number, or '-' for
  * NVML_ERROR_NOT_SUPPORTED. Keys: see the table in fake_set() below.
  * 'lost_after N' makes every device query after the N-th return
- * NVML_ERROR_GPU_IS_LOST. 'xid C' queues an Xid event with data C.
+ * NVML_ERROR_GPU_IS_LOST. 'hang_after N' makes every device query after the N-th
+ * block while the file named by FAKE_NVML_HANG_FILE exists (a driver that stops
+ * answering, as NVML calls do on a GPU that fell off the bus), creating
+ * "<file>.entered" as it starts to; the test ends the hang by removing the file. 'xid C' queues an Xid event with data C.
  * 'procs pid:bytes,pid:bytes' lists compute processes.
  * 'procutil pid:sm:mem,...' lists the per-process utilisation samples that the FAKE
  * nvmlDeviceGetProcessUtilization returns (no real sampling: the same values each call),
@@ -23,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -67,19 +71,19 @@ enum {
     F_CLK_MEM_MAX, F_POWER_MW, F_POWER_LIMIT_MW, F_TEMP, F_THROTTLE, F_PCIE_GEN,
     F_PCIE_GEN_MAX, F_PCIE_WIDTH, F_PCIE_WIDTH_MAX, F_PCIE_REPLAY, F_ECC_CORR, F_ECC_UNCORR,
     F_RETIRED_SBE, F_RETIRED_DBE, F_REMAP_CORR, F_REMAP_UNCORR, F_REMAP_PENDING,
-    F_REMAP_FAILURE, F_NVLINKS, F_NVLINK_DOWN, F_LOST_AFTER, F_PROCUTIL_TS, F_COUNT
+    F_REMAP_FAILURE, F_NVLINKS, F_NVLINK_DOWN, F_LOST_AFTER, F_PROCUTIL_TS, F_HANG_AFTER, F_COUNT
 };
 static const char *field_names[F_COUNT] = {
     "util_gpu", "util_mem", "mem_total", "mem_used", "clk_sm", "clk_sm_max", "clk_mem",
     "clk_mem_max", "power_mw", "power_limit_mw", "temp", "throttle", "pcie_gen",
     "pcie_gen_max", "pcie_width", "pcie_width_max", "pcie_replay", "ecc_corr", "ecc_uncorr",
     "retired_sbe", "retired_dbe", "remap_corr", "remap_uncorr", "remap_pending",
-    "remap_failure", "nvlinks", "nvlink_down", "lost_after", "procutil_ts"
+    "remap_failure", "nvlinks", "nvlink_down", "lost_after", "procutil_ts", "hang_after"
 };
 /* a healthy, idle-free device */
 static const long long defaults[F_COUNT] = {
     50, 20, 80LL << 30, 10LL << 30, 1980, 1980, 2619, 2619, 300000, 700000, 55, 0, 5, 5, 16,
-    16, 0, 0, 0, NS, NS, 0, 0, 0, 0, 0, 0, -1, 0
+    16, 0, 0, 0, NS, NS, 0, 0, 0, 0, 0, 0, -1, 0, -1
 };
 
 struct fake_dev {
@@ -180,6 +184,17 @@ static nvmlReturn_t dev_check(nvmlDevice_t h, struct fake_dev **out) {
     if (!d || d < devs || d >= devs + ndev || d->self != d) return NVML_ERROR_INVALID_ARGUMENT;
     d->calls++;
     if (d->f[F_LOST_AFTER] >= 0 && d->calls > d->f[F_LOST_AFTER]) return NVML_ERROR_GPU_IS_LOST;
+    if (d->f[F_HANG_AFTER] >= 0 && d->calls > d->f[F_HANG_AFTER]) {
+        const char *hang = getenv("FAKE_NVML_HANG_FILE");
+        struct timespec tick = {0, 10 * 1000 * 1000};
+        if (hang && access(hang, F_OK) == 0) { /* say so: "<file>.entered" */
+            char entered[4096];
+            snprintf(entered, sizeof entered, "%s.entered", hang);
+            FILE *mark = fopen(entered, "w");
+            if (mark) fclose(mark);
+        }
+        while (hang && access(hang, F_OK) == 0) nanosleep(&tick, NULL);
+    }
     *out = d;
     return NVML_SUCCESS;
 }

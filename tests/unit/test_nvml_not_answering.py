@@ -1,0 +1,133 @@
+"""NVML calls that do not return (a driver that stopped answering), in-process: what waits for them
+and what does not. NVML is a FAKE here (a ``sample`` that blocks on an event); the real agent
+against the FAKE C library is ``tests/e2e/test_devices_nvml_hang.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from infersight.agent.daemon.assemble import Assembler
+from infersight.agent.daemon.offloop import in_daemon_thread, within
+from infersight.agent.devices import job as job_mod
+from infersight.agent.devices.job import DeviceJob
+from infersight.agent.devices.nvml import DeviceSample
+from infersight.agent.oom import kind as oom_kind
+from infersight.telemetry import Item, LogItem
+
+GIB = 1 << 30
+
+
+class BlockedNvml:
+    """FAKE NVML whose every sample blocks until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def device_count(self) -> int:
+        return 1
+
+    def sample(self, index: int) -> DeviceSample | None:
+        self.entered.set()
+        self.release.wait(30)
+        return DeviceSample(time_ns=time.time_ns(), index=index, uuid="GPU-aaaa", name="FAKE GPU",
+                            memory_total_bytes=80 * GIB, processes=())
+
+
+async def test_an_oom_goes_out_without_an_nvml_read_that_does_not_return(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(oom_kind, "NVML_READ_WAIT_S", 0.3)
+    nvml = BlockedNvml()
+    published: list[Item] = []
+    h = oom_kind.OomHandlers(oom_kind.OomClassifier([]), nvml, publish=published.extend)
+    asm = Assembler("host", {"oom": h.oom, "mem": h.mem})
+    p = asm.hello({"id": "p-1", "pid": 4242, "start_ns": 1, "trace_id": "cd" * 16, "root_span_id": "ef" * 8})
+    event = {"source": "observer", "dev": 0, "req": 4 * GIB, "total": 80 * GIB, "free": GIB,
+             "stats": {"allocated": 10 * GIB, "reserved": 10 * GIB}, "uuid": "GPU-aaaa"}
+    try:
+        asm.events(p, [[1, 10, "oom", event]])  # needs NVML's per-process view: finished off the loop
+        for _ in range(200):
+            if published:
+                break
+            await asyncio.sleep(0.05)
+        (log,) = [i for i in published if isinstance(i, LogItem)]
+        assert nvml.entered.is_set()  # the read began, and did not return
+        assert not log.attributes.get("infersight.oom.nvml")  # classified without NVML's view
+        assert h.nvml_late == 1
+    finally:
+        nvml.release.set()
+
+
+def test_other_reads_give_up_while_nvml_is_not_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(job_mod, "NVML_LOCK_WAIT_S", 0.1)
+    job = DeviceJob(nvml=None, enabled=False)
+    calls: list[int] = []
+    assert job.nvml_call(lambda: calls.append(1) or 7) == 7
+    job.hung_since = time.monotonic()  # a sample is out and has not returned
+    assert job.nvml_call(lambda: calls.append(2)) is None
+    job.hung_since = None
+    holder = threading.Thread(target=lambda: job.nvml_call(lambda: time.sleep(1.0)))
+    holder.start()
+    time.sleep(0.1)
+    assert job.nvml_call(lambda: calls.append(3)) is None  # the read in progress held the lock past the wait
+    holder.join()
+    assert calls == [1] and job.reads_given_up == 2
+    health = job.health()
+    assert health["hung_s"] is None and health["hangs"] == 0
+
+
+async def test_a_late_sample_is_waited_for_once_and_its_return_ends_the_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml: Any = BlockedNvml()
+    nvml.sample_all = lambda: [nvml.sample(0)]
+    job = DeviceJob(nvml=nvml)
+    job.sample_wait_s = 0.2
+    started: list[int] = []
+    real = job._sample
+
+    def counted() -> list[DeviceSample]:
+        started.append(1)
+        return real()
+
+    monkeypatch.setattr(job, "_sample", counted)
+    assert await job._sample_within() == []  # late: the interval goes on without
+    assert job.hung_since is not None and job.hangs == 1
+    assert job.health()["available"] is False and "has not returned" in job.health()["reason"]
+    assert await job._sample_within() == []  # still out: no second call beside it
+    assert len(started) == 1 and job.hangs == 1
+    nvml.release.set()
+    (s,) = await job._sample_within()  # the late one comes back: the hang is over
+    assert s.uuid == "GPU-aaaa" and job.hung_since is None and len(started) == 1
+    job.status = None
+
+
+def test_a_call_that_never_returns_does_not_keep_the_process_from_exiting() -> None:
+    """asyncio.to_thread's pool threads are joined at exit: a call stuck in a driver kept the agent alive."""
+    code = textwrap.dedent("""
+        import asyncio, threading
+        from infersight.agent.daemon.offloop import in_daemon_thread, within
+
+        async def main():
+            done, _ = await within(in_daemon_thread(threading.Event().wait, "stuck"), 0.1)
+            print("done" if done else "late")
+
+        asyncio.run(main())
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert (r.returncode, r.stdout.strip()) == (0, "late"), r.stderr
+
+
+async def test_a_daemon_call_hands_back_its_result_and_its_exception() -> None:
+    assert await within(in_daemon_thread(lambda: 42, "t"), 5) == (True, 42)
+
+    def fails() -> None:
+        raise OSError("driver")
+
+    with pytest.raises(OSError, match="driver"):
+        await within(in_daemon_thread(fails, "t"), 5)
