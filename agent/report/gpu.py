@@ -150,6 +150,7 @@ class DeviceRow:
     name: str
     model: str
     request_class: str
+    user: str  # whose requests (process.user.id; "" when the records carry none): the agent's verdicts are per uid
     count: int | None
     p50_s: float | None
     p99_s: float | None
@@ -208,10 +209,16 @@ def hist_quantile(bounds: list[float], counts: list[int], q: float, lo: float | 
     return hi
 
 
-def _series_key(a: dict[str, AttrValue]) -> tuple[str, str, str]:
+SeriesKey = tuple[str, str, str, str]  # device, model, request class, user
+
+
+def _series_key(a: dict[str, AttrValue], uid: object = None) -> SeriesKey:
+    """A series as the agent keys its verdicts: device, model, request class and uid (``process.user.id`` of
+    the point, else ``uid``: a histogram's producer's resource). Two users of one GPU are two rows."""
     dev = a.get("hw.id") or a.get("infersight.device") or "?"
+    user = a.get("process.user.id", uid)
     return (str(dev), str(a.get("infersight.model") or a.get("gen_ai.request.model") or "-"),
-            str(a.get("infersight.request.class") or "default"))
+            str(a.get("infersight.request.class") or "default"), "" if user is None else str(user))
 
 
 def devices(t: Telemetry) -> Devices:
@@ -225,10 +232,10 @@ def devices(t: Telemetry) -> Devices:
     return Devices(rows, timelines)
 
 
-def _latest(hs: list[HistSample]) -> dict[tuple[str, str, str, str], HistSample]:
-    out: dict[tuple[str, str, str, str], HistSample] = {}
+def _latest(hs: list[HistSample]) -> dict[tuple[SeriesKey, str], HistSample]:
+    out: dict[tuple[SeriesKey, str], HistSample] = {}
     for h in hs:
-        k = (*_series_key(h.point.attributes), _pid_of_res(h))
+        k = (_series_key(h.point.attributes, h.resource.get("process.user.id")), _pid_of_res(h))
         if k not in out or out[k].time_ns <= h.time_ns:
             out[k] = h
     return out
@@ -244,11 +251,11 @@ def _opt(f: Callable[..., float], a: float | None, b: float | None) -> float | N
 
 
 def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
-    rows: dict[tuple[str, str, str], DeviceRow] = {}
+    rows: dict[SeriesKey, DeviceRow] = {}
     # Histograms are cumulative per producer: add up the latest point of each producer per series.
-    merged: dict[tuple[str, str, str], HistogramPoint] = {}
-    for (dev, model, rc, _), h in _latest([h for h in t.histograms if h.name == DURATION]).items():
-        p, k = h.point, (dev, model, rc)
+    merged: dict[SeriesKey, HistogramPoint] = {}
+    for (k, _), h in _latest([h for h in t.histograms if h.name == DURATION]).items():
+        p = h.point
         m = merged.get(k)
         if m is None:
             merged[k] = HistogramPoint(list(p.bounds), list(p.bucket_counts), p.count, p.sum, p.min, p.max)
@@ -257,18 +264,18 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
             m.count, m.sum = m.count + p.count, m.sum + p.sum
             m.min, m.max = _opt(min, m.min, p.min), _opt(max, m.max, p.max)
     for k, m in merged.items():
-        rows[k] = DeviceRow(k[0], names.get(k[0], ""), k[1], k[2], m.count,
+        rows[k] = DeviceRow(k[0], names.get(k[0], ""), k[1], k[2], k[3], m.count,
                             hist_quantile(m.bounds, m.bucket_counts, 0.5, m.min, m.max),
                             hist_quantile(m.bounds, m.bucket_counts, 0.99, m.min, m.max), "histogram", None, "", "", "")
-    coef: dict[tuple[str, str, str], tuple[int, float]] = {}
+    coef: dict[SeriesKey, tuple[int, float]] = {}
     for s in t.samples:
         if s.name == COEFFICIENT:
             k = _series_key(s.attributes)
             if k not in coef or coef[k][0] <= s.time_ns:
                 coef[k] = (s.time_ns, s.value)
     for k, (_, v) in coef.items():
-        row = rows.setdefault(k, DeviceRow(k[0], names.get(k[0], ""), k[1], k[2], None, None, None, "", None, "", "",
-                                           ""))
+        row = rows.setdefault(k, DeviceRow(k[0], names.get(k[0], ""), k[1], k[2], k[3], None, None, None, "", None, "",
+                                           "", ""))
         row.coefficient = v
         row.verdict = row.verdict or "ok"
         row.detail = row.detail or "coefficient published, no slow verdict logged"
@@ -276,8 +283,8 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
     for x in verdict_logs:
         a = x.attributes
         k = _series_key(a)
-        row = rows.setdefault(k, DeviceRow(k[0], str(a.get("hw.name") or names.get(k[0], "")), k[1], k[2], None,
-                                           None, None, "", None, "", "", ""))
+        row = rows.setdefault(k, DeviceRow(k[0], str(a.get("hw.name") or names.get(k[0], "")), k[1], k[2], k[3],
+                                           None, None, None, "", None, "", "", ""))
         row.verdict = str(a.get("infersight.device.verdict"))
         row.cause = str(a.get("infersight.device.cause") or "") if row.verdict == "slow" else ""
         row.detail = x.body
@@ -291,7 +298,7 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
     for row in rows.values():
         if not row.verdict and row.count:  # the agent logs no no_peers verdict: none is known, not "no peer"
             row.detail = NO_VERDICT
-    return sorted(rows.values(), key=lambda r: (r.device, r.model, r.request_class))
+    return sorted(rows.values(), key=lambda r: (r.device, r.model, r.request_class, r.user))
 
 
 def _timelines(t: Telemetry, names: dict[str, str]) -> list[DeviceTimeline]:

@@ -220,13 +220,15 @@ def _devices(r: Report) -> str:
         out.append('<table class="device-table"><tr><th>device</th><th>model</th><th>class</th>'
                    '<th class="num">requests</th><th class="num">P50</th><th class="num">P99</th>'
                    '<th class="num">coefficient vs peers</th><th>verdict</th><th>cause</th></tr>')
+        users = len({row.user for row in d.rows}) > 1  # several users' series: say whose each row is
         for row in d.rows:
             src = " (from histogram buckets)" if row.source == "histogram" else ""
+            model = esc(row.model) + ("<br><small>uid %s</small>" % esc(row.user or "?") if users else "")
             out.append(
                 '<tr class="device-row" data-device="%s"><td>%s<br><code>%s</code></td><td>%s</td><td>%s</td>'
                 '<td class="num">%s</td><td class="num" title="%s">%s</td><td class="num" title="%s">%s</td>'
                 '<td class="num">%s</td><td class="verdict-%s" title="%s">%s</td><td>%s</td></tr>' % (
-                    esc(row.device), esc(row.name), esc(row.device), esc(row.model), esc(row.request_class),
+                    esc(row.device), esc(row.name), esc(row.device), model, esc(row.request_class),
                     row.count if row.count is not None else "-", esc(src), _fmt_s(row.p50_s, 4), esc(src),
                     _fmt_s(row.p99_s, 4), "-" if row.coefficient is None else "%.2f" % row.coefficient,
                     esc(row.verdict), esc(row.detail), esc(row.verdict or "-"), esc(row.cause or "-")))
