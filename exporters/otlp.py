@@ -317,6 +317,36 @@ def retry_after_s(headers: Mapping[str, str], now: float | None = None) -> float
     return max(0.0, min(when - (time.time() if now is None else now), MAX_RETRY_AFTER_S))
 
 
+GRPC_STATUS_DETAILS = "grpc-status-details-bin"  # a google.rpc.Status: OTLP's place for RetryInfo
+GRPC_RETRY_INFO = "google.rpc.retryinfo-bin"  # RetryInfo alone, as the OTel SDK's exporter also reads it
+
+
+def grpc_retry_delay_s(metadata: Any) -> float | None:
+    """The delay a refused gRPC export asks for: ``google.rpc.RetryInfo`` in the status details of the answer's
+    trailing metadata (the OTLP specification's throttling signal) or under its own key; at most
+    MAX_RETRY_AFTER_S; None when there is none or it does not parse."""
+    try:
+        from google.rpc.error_details_pb2 import RetryInfo
+        from google.rpc.status_pb2 import Status
+
+        for key, value in metadata or ():
+            info = None
+            if key == GRPC_STATUS_DETAILS and isinstance(value, bytes):
+                for detail in Status.FromString(value).details:
+                    if detail.Is(RetryInfo.DESCRIPTOR):
+                        info = RetryInfo()
+                        detail.Unpack(info)
+                        break
+            elif key == GRPC_RETRY_INFO and isinstance(value, bytes):
+                info = RetryInfo.FromString(value)
+            if info is not None and info.HasField("retry_delay"):
+                delay = float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+                return max(0.0, min(delay, MAX_RETRY_AFTER_S))
+    except Exception:  # a malformed detail is no delay: the worker's own backoff applies
+        return None
+    return None
+
+
 def proxy_for(url: str) -> str | None:
     """The proxy (without credentials) that the environment's ``HTTP(S)_PROXY``/``NO_PROXY`` put between
     us and ``url`` (requests and gRPC both take it from there); None when there is none."""
@@ -399,6 +429,7 @@ class _RecordingStub:
     def __init__(self, stub: Any, rpc_error: type[Exception]) -> None:
         self._stub = stub
         self._rpc_error = rpc_error
+        self._asked_delay: type[_AskedDelayError] = type("AskedDelayError", (_AskedDelayError, rpc_error), {})
 
     def Export(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - the stub's name
         _http_status.sent = True
@@ -407,7 +438,41 @@ class _RecordingStub:
         except self._rpc_error as exc:
             code = getattr(exc, "code", None)
             _http_status.grpc = getattr(code(), "name", None) if callable(code) else None
+            trailing = getattr(exc, "trailing_metadata", None)
+            metadata = tuple(trailing() or ()) if callable(trailing) else ()
+            asked = _http_status.retry_after = grpc_retry_delay_s(metadata)
+            if asked is not None and not any(k == GRPC_RETRY_INFO for k, _ in metadata):
+                # The SDK's own retry loop reads RetryInfo only under its own key: hand it the delay there, so
+                # that it waits as asked (or leaves the wait to the worker) instead of calling back within 1 s.
+                raise self._asked_delay(exc, metadata, asked) from exc
             raise
+
+
+class _AskedDelayError(Exception):
+    """A refused gRPC export whose answer asked for a delay, as the SDK's retry loop reads it (each stub makes it a
+    subclass of the transport's ``RpcError``, so that the SDK catches it)."""
+
+    def __init__(self, exc: Exception, metadata: tuple[Any, ...], delay_s: float) -> None:
+        super().__init__(str(exc))
+        self._exc = exc
+        self._metadata = (*metadata, (GRPC_RETRY_INFO, _retry_info_bytes(delay_s)))
+
+    def code(self) -> Any:
+        return self._exc.code()  # type: ignore[attr-defined]
+
+    def details(self) -> Any:
+        return self._exc.details()  # type: ignore[attr-defined]
+
+    def trailing_metadata(self) -> tuple[Any, ...]:
+        return self._metadata
+
+
+def _retry_info_bytes(delay_s: float) -> bytes:
+    from google.rpc.error_details_pb2 import RetryInfo
+
+    info = RetryInfo()
+    info.retry_delay.FromNanoseconds(int(delay_s * 1e9))
+    return bytes(info.SerializeToString())
 
 
 def _record_grpc_status(sdk: Any, rpc_error: type[Exception]) -> Any:

@@ -493,6 +493,70 @@ async def test_a_throttled_collectors_retry_after_is_waited_for(rx):
         await w.drain(2)
 
 
+async def test_a_throttling_grpc_collectors_retry_info_is_waited_for(rx):
+    """The gRPC form of Retry-After: UNAVAILABLE (or RESOURCE_EXHAUSTED) with a google.rpc.RetryInfo in the
+    status details, as the OTLP specification has a throttling server answer. It was not read: the worker
+    called again after its own 0.2 s backoff."""
+    import grpc
+
+    from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+
+    rx.set_grpc_fail(grpc.StatusCode.UNAVAILABLE, retry_delay_s=2.5)
+    exp = OtlpExporter(rx.grpc_endpoint, protocol="grpc", timeout_s=1)
+    await exp.start()
+    try:
+        with pytest.raises(ExportError) as ei:
+            await exp.export(make_spans(0))
+        assert ei.value.retryable and ei.value.retry_after_s == 2.5
+        assert "gRPC UNAVAILABLE" in str(ei.value)
+
+        rx.store.refused_at.clear()
+        w = ExporterWorker(exp, retry_initial_s=0.05, retry_max_s=0.1)
+        w.start()
+        w.submit(make_spans(0), Completion())
+        try:
+            deadline = time.monotonic() + 30
+            while len(rx.store.refused_at) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            refused = list(rx.store.refused_at)
+            rx.set_grpc_fail(None)
+            deadline = time.monotonic() + 30
+            while rx.span_count() < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert rx.span_count() == 1
+            assert len(refused) >= 2 and refused[1] - refused[0] >= 2.4, refused  # the worker's first two tries
+        finally:
+            await w.drain(2)
+    finally:
+        await exp.shutdown()
+
+
+def test_grpc_retry_info_is_read_where_a_server_puts_it() -> None:
+    from google.protobuf import any_pb2
+    from google.rpc.error_details_pb2 import ErrorInfo, RetryInfo
+    from google.rpc.status_pb2 import Status
+
+    from infersight.exporters.otlp import MAX_RETRY_AFTER_S, grpc_retry_delay_s
+
+    def details(*msgs: object) -> bytes:
+        packed = []
+        for m in msgs:
+            a = any_pb2.Any()
+            a.Pack(m)
+            packed.append(a)
+        return Status(code=14, message="throttled", details=packed).SerializeToString()
+
+    info = RetryInfo()
+    info.retry_delay.FromMilliseconds(1500)
+    assert grpc_retry_delay_s([("grpc-status-details-bin", details(ErrorInfo(reason="x"), info))]) == 1.5
+    assert grpc_retry_delay_s([("google.rpc.retryinfo-bin", info.SerializeToString())]) == 1.5
+    info.retry_delay.FromSeconds(86400)
+    assert grpc_retry_delay_s([("grpc-status-details-bin", details(info))]) == MAX_RETRY_AFTER_S
+    assert grpc_retry_delay_s([("grpc-status-details-bin", details(ErrorInfo(reason="x")))]) is None
+    assert grpc_retry_delay_s([("grpc-status-details-bin", b"\xff\xfe not a status")]) is None
+    assert grpc_retry_delay_s(None) is None and grpc_retry_delay_s([("x-other", "v")]) is None
+
+
 def test_the_proxy_the_environment_puts_in_front_is_named(monkeypatch) -> None:
     from infersight.exporters.otlp import proxy_for
 

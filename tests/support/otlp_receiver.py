@@ -30,7 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import any_pb2, json_format
+from google.rpc.error_details_pb2 import RetryInfo
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -75,7 +77,8 @@ class _Store:
         self.lock = threading.Lock()
         self.requests: list[Received] = []
         self.grpc_fail: grpc.StatusCode | None = None  # set to refuse gRPC exports with this code
-        self.refused_at: list[float] = []  # when HTTP exports were refused (monotonic)
+        self.grpc_retry_delay_s: float | None = None  # with it, a google.rpc.RetryInfo in the refusal's status details
+        self.refused_at: list[float] = []  # when exports were refused (monotonic)
 
     def add(self, r: Received) -> None:
         with self.lock:
@@ -88,6 +91,15 @@ def _make_servicers(store: _Store) -> list[tuple[Callable[[Any, Any], None], Any
 
         def export(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
             if store.grpc_fail is not None:
+                store.refused_at.append(time.monotonic())
+                if store.grpc_retry_delay_s is not None:  # as a throttling collector answers (OTLP specification)
+                    info = RetryInfo()
+                    info.retry_delay.FromNanoseconds(int(store.grpc_retry_delay_s * 1e9))
+                    detail = any_pb2.Any()
+                    detail.Pack(info)
+                    status = Status(code=store.grpc_fail.value[0], message="refused by the test receiver",
+                                    details=[detail])
+                    context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
                 context.abort(store.grpc_fail, "refused by the test receiver")
             md = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
             store.add(Received(signal, "grpc", request, md))
@@ -250,8 +262,9 @@ class OtlpReceiver:
             self._http.fail_status = status
             self._http.fail_headers = self.fail_headers
 
-    def set_grpc_fail(self, code: grpc.StatusCode | None) -> None:
-        """Refuse gRPC exports with ``code`` (None: accept again)."""
+    def set_grpc_fail(self, code: grpc.StatusCode | None, retry_delay_s: float | None = None) -> None:
+        """Refuse gRPC exports with ``code`` (None: accept again), asking for ``retry_delay_s`` (RetryInfo) if given."""
+        self.store.grpc_retry_delay_s = retry_delay_s
         self.store.grpc_fail = code
 
     def __enter__(self) -> OtlpReceiver:
