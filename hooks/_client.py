@@ -52,7 +52,8 @@ IDLE_WAIT_S = 0.2
 ACK_WAIT_S = 1.0  # ... when only acks are owed, connected (``_idle_wait``)
 IDLE_LONG_S = 5.0  # ... when nothing is owed
 READ_ACKS_BYTES = 256 << 10  # unacked bytes past which every pump reads acks (``_pump``)
-EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in I/O
+EXIT_LOCK_WAIT_S = 1.0  # at exit, how long to wait for a drain thread stuck in I/O, at most
+EXIT_GRACE_S = 0.3  # at exit, past the flush budget: for the drain thread to leave an abandoned wait
 
 _say = _env.say  # the hooks' one stderr line (``_runtime`` says its own through this name)
 
@@ -196,15 +197,20 @@ class Client:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush within the time limit, then spool whatever is left (at exit)."""
+        deadline = time.monotonic() + timeout_s
         try:
             self.flush(timeout_s, wake_launch=False)
         finally:
             self._stop = True
+            self.conn.abandoned = True  # a wait on an agent that does not answer ends now
             self._wake.set()
-            self._thread.join(timeout=1.0)
+            # Within the budget, and a short grace past it for the drain thread to leave the wait it was in
+            # (an agent that accepts and never answers held the exit two seconds past a budget of 0.2).
+            end = max(deadline, time.monotonic()) + EXIT_GRACE_S
+            self._thread.join(timeout=min(EXIT_LOCK_WAIT_S, max(0.0, end - time.monotonic())))
             # A drain thread stuck in I/O holds the lock: do not wait on it past a bound.
             connected, unreported = self.conn.up, self._unreported()
-            if self._lock.acquire(timeout=EXIT_LOCK_WAIT_S):
+            if self._lock.acquire(timeout=min(EXIT_LOCK_WAIT_S, max(0.0, end - time.monotonic()))):
                 try:
                     self.spool.retry_at = 0.0  # one last try, whatever failed before
                     if unreported:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 MAX_OUTBOX_BYTES = 16 << 20  # sent and not acked: past this, wait for acks (or spill)
 SEND_TIMEOUT_S = 2.0
+WAIT_SLICE_S = 0.1  # a wait on the agent (its welcome, room to send) looks at ``abandoned`` this often
 RECV_BYTES = 65536
 DRAIN_RECVS = 16  # at a disconnect: receives, at most, for the acks already queued (see ``_drain_acks``)
 RECONNECT_MIN_S = 0.05
@@ -126,6 +127,10 @@ class Connection:
         self._backoff = RECONNECT_MIN_S
         self._warned = ""
         self.held_back = False  # launch held its agent back when this last tried to connect
+        # Set by the exit (``Client.close``) once its flush is over: a wait on an agent that does not answer
+        # ends within WAIT_SLICE_S, so that the drain thread frees the lock and the exit spools what is left
+        # within its budget (each wait held the exit up to SEND_TIMEOUT_S).
+        self.abandoned = False
 
     @property
     def sock(self) -> Optional[Any]:
@@ -261,6 +266,8 @@ class Connection:
 
     def _recv_reply(self, sock: Any) -> Optional[Dict[str, Any]]:
         buf = b""
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        sock.settimeout(WAIT_SLICE_S)
         while True:
             frames, rest, bad = _wire.split_frames(buf)
             if bad:
@@ -268,7 +275,12 @@ class Connection:
             if frames:
                 self._rx = rest
                 return _wire.decode_reply(frames[0])
-            chunk = sock.recv(65536)
+            try:
+                chunk = sock.recv(65536)
+            except _socket.timeout:  # (an OSError: the caller gives the connection up)
+                if self.abandoned or time.monotonic() >= deadline:
+                    raise
+                continue
             if not chunk:
                 return None
             buf += chunk
@@ -370,9 +382,16 @@ class Connection:
             n = 0
         if n >= len(data):
             return
-        sock.settimeout(SEND_TIMEOUT_S)
+        view = memoryview(data)[n:]
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        sock.settimeout(WAIT_SLICE_S)
         try:
-            sock.sendall(memoryview(data)[n:])
+            while view:
+                try:
+                    view = view[sock.send(view):]
+                except _socket.timeout:  # no room: the frame is cut, the caller disconnects (it goes again)
+                    if self.abandoned or time.monotonic() >= deadline:
+                        raise
         finally:
             sock.settimeout(0.0)
 
