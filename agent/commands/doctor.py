@@ -115,14 +115,31 @@ def check_torch(python: str | None = None) -> list[Check]:
     return out
 
 
-def check_nvml() -> Check:
-    from infersight.agent.devices.nvml import Nvml
+NVML_WAIT_S = 10.0  # nvmlInit takes seconds on a large host without persistence mode; a hung driver, for ever
 
-    nv = Nvml()
-    try:
-        st = nv.status()
-    finally:
-        nv.close()
+
+def check_nvml() -> Check:
+    import threading
+
+    from infersight.agent.devices.nvml import Nvml, NvmlStatus
+
+    got: list[NvmlStatus] = []
+
+    def ask() -> None:  # on a daemon thread: a driver that does not answer must not hold doctor (nor its exit)
+        nv = Nvml()
+        try:
+            got.append(nv.status())
+        finally:
+            nv.close()
+
+    t = threading.Thread(target=ask, name="doctor-nvml", daemon=True)
+    t.start()
+    t.join(NVML_WAIT_S)
+    if not got:
+        return Check("nvml", WARN, "NVML did not answer within %.0f s (nvmlInit): a driver that stopped answering"
+                     % NVML_WAIT_S, "look for Xid errors in the kernel log (dmesg) and run nvidia-smi; the agent "
+                     "goes on without device samples meanwhile")
+    st = got[0]
     if st.available:
         return Check("nvml", OK, "driver %s, %d device(s)" % (st.driver_version, st.device_count))
     return Check("nvml", WARN, "absent: %s" % st.reason,

@@ -89,3 +89,33 @@ def test_doctor_checks_the_model_servers_interpreter_without_infersight_in_it(
     assert args.func(args) == 0 and seen == [py]
     args = parser.parse_args(["doctor", "--python", str(tmp_path / "absent" / "python")])
     assert args.func(args) == 2 and seen == [py]
+
+
+def test_doctor_says_when_nvml_does_not_answer_and_does_not_wait_for_it(tmp_path: Path) -> None:
+    """A driver that stopped answering (nvmlInit blocks: the FAKE libnvidia-ml.so.1 with ``hang_init``): doctor,
+    which an operator runs just then, waited for ever. It now says so after its wait, and ends."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    from fake_nvml.helpers import build_fake_nvml, fake_env
+
+    from infersight.agent.commands.doctor import NVML_WAIT_S
+
+    try:
+        libdir = build_fake_nvml(tmp_path / "fake_nvml")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    cfg, hang = tmp_path / "fake_nvml.cfg", tmp_path / "nvml.hang"
+    cfg.write_text("hang_init 1\n")
+    hang.touch()
+    env = fake_env(libdir, cfg)
+    env.update(FAKE_NVML_HANG_FILE=str(hang), INFERSIGHT_SPOOL_DIR=str(tmp_path / "spool"),
+               INFERSIGHT_SOCKET=str(tmp_path / "none.sock"))
+    try:
+        r = subprocess.run([sys.executable, "-m", "infersight", "doctor", "--json"], capture_output=True, text=True,
+                           timeout=NVML_WAIT_S + 60, env=env)
+        assert (tmp_path / "nvml.hang.entered").exists()  # nvmlInit was called, and blocked
+    finally:
+        hang.unlink()
+    assert r.returncode == 0, r.stdout + r.stderr  # launch can still run: its agent goes on without NVML
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["nvml"]["status"] == "warn"
+    assert "NVML did not answer within" in checks["nvml"]["detail"] and "Xid" in checks["nvml"]["fix"]

@@ -14,7 +14,8 @@
  * NVML_ERROR_GPU_IS_LOST. 'hang_after N' makes every device query after the N-th
  * block while the file named by FAKE_NVML_HANG_FILE exists (a driver that stops
  * answering, as NVML calls do on a GPU that fell off the bus), creating
- * "<file>.entered" as it starts to; the test ends the hang by removing the file. 'xid C' queues an Xid event with data C.
+ * "<file>.entered" as it starts to; the test ends the hang by removing the file.
+ * A line 'hang_init 1' makes nvmlInit itself block so. 'xid C' queues an Xid event with data C.
  * 'procs pid:bytes,pid:bytes' lists compute processes.
  * 'procutil pid:sm:mem,...' lists the per-process utilisation samples that the FAKE
  * nvmlDeviceGetProcessUtilization returns (no real sampling: the same values each call),
@@ -100,6 +101,7 @@ struct fake_dev {
 static struct fake_dev devs[MAXDEV];
 static unsigned int ndev = 0;
 static int initialised = 0;
+static unsigned int hang_init = 0; /* 'hang_init 1': nvmlInit blocks like a device query after hang_after */
 static unsigned long long xid_data[MAXXID];
 static unsigned int xid_dev[MAXXID];
 static unsigned int nxid = 0, xid_next = 0;
@@ -148,6 +150,7 @@ static void fake_set(unsigned int i, const char *key, const char *val) {
 
 static void fake_load(void) {
     ndev = 2;
+    hang_init = 0;
     nxid = xid_next = 0;
     for (unsigned int i = 0; i < MAXDEV; i++) {
         memset(&devs[i], 0, sizeof devs[i]);
@@ -168,6 +171,7 @@ static void fake_load(void) {
         char key[64], rest[900];
         unsigned int idx;
         if (sscanf(line, " count %u", &idx) == 1) { ndev = idx > MAXDEV ? MAXDEV : idx; continue; }
+        if (sscanf(line, " hang_init %u", &idx) == 1) { hang_init = idx; continue; }
         if (sscanf(line, " %u %63s %899[^\n]", &idx, key, rest) == 3) {
             char *end = rest + strlen(rest);
             while (end > rest && (end[-1] == ' ' || end[-1] == '\t')) *--end = '\0';
@@ -177,6 +181,18 @@ static void fake_load(void) {
     fclose(fp);
 }
 
+/* Block while FAKE_NVML_HANG_FILE exists, creating "<file>.entered" first. */
+static void hang_while_file(void) {
+    const char *hang = getenv("FAKE_NVML_HANG_FILE");
+    struct timespec tick = {0, 10 * 1000 * 1000};
+    if (!hang || access(hang, F_OK) != 0) return;
+    char entered[4096];
+    snprintf(entered, sizeof entered, "%s.entered", hang);
+    FILE *mark = fopen(entered, "w");
+    if (mark) fclose(mark);
+    while (access(hang, F_OK) == 0) nanosleep(&tick, NULL);
+}
+
 /* Every device query goes through here: validity, lost-after countdown. */
 static nvmlReturn_t dev_check(nvmlDevice_t h, struct fake_dev **out) {
     struct fake_dev *d = (struct fake_dev *)h;
@@ -184,17 +200,7 @@ static nvmlReturn_t dev_check(nvmlDevice_t h, struct fake_dev **out) {
     if (!d || d < devs || d >= devs + ndev || d->self != d) return NVML_ERROR_INVALID_ARGUMENT;
     d->calls++;
     if (d->f[F_LOST_AFTER] >= 0 && d->calls > d->f[F_LOST_AFTER]) return NVML_ERROR_GPU_IS_LOST;
-    if (d->f[F_HANG_AFTER] >= 0 && d->calls > d->f[F_HANG_AFTER]) {
-        const char *hang = getenv("FAKE_NVML_HANG_FILE");
-        struct timespec tick = {0, 10 * 1000 * 1000};
-        if (hang && access(hang, F_OK) == 0) { /* say so: "<file>.entered" */
-            char entered[4096];
-            snprintf(entered, sizeof entered, "%s.entered", hang);
-            FILE *mark = fopen(entered, "w");
-            if (mark) fclose(mark);
-        }
-        while (hang && access(hang, F_OK) == 0) nanosleep(&tick, NULL);
-    }
+    if (d->f[F_HANG_AFTER] >= 0 && d->calls > d->f[F_HANG_AFTER]) hang_while_file();
     *out = d;
     return NVML_SUCCESS;
 }
@@ -209,7 +215,13 @@ static nvmlReturn_t get_uint(nvmlDevice_t h, int field, unsigned int *out) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; fake_load(); initialised = 1; return NVML_SUCCESS; }
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    fake_load();
+    if (hang_init) hang_while_file();
+    initialised = 1;
+    return NVML_SUCCESS;
+}
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) { initialised = 0; return NVML_SUCCESS; }
 
