@@ -64,7 +64,6 @@ DISABLED_REASON = "disabled by configuration (nvml.enabled = false)"
 MAX_WINDOW_SAMPLES = 3600
 SAMPLE_WAIT_S = 5.0  # an interval waits this long for its sample (at least two intervals) before going on without
 NVML_LOCK_WAIT_S = 2.0  # another NVML read waits this long for the one in progress, then gives up (None)
-NVML_START_WAIT_S = 30.0  # nvmlInit and the event watcher's set-up, at the job's start
 # Severity of each DeviceEvent kind.
 _EVENT_SEVERITY = {"gpu_lost": "ERROR", "ecc_double_bit": "ERROR", "xid": "WARN", "ecc_single_bit": "WARN"}
 _SEVERITY_NUMBER = {"INFO": 9, "WARN": 13, "ERROR": 17}
@@ -168,6 +167,8 @@ class DeviceJob:
         self._sampling: asyncio.Future[list[DeviceSample]] | None = None  # the sample in a worker thread
         self.hung_since: float | None = None  # monotonic: since when a sample has not returned
         self.hangs = 0  # times NVML stopped answering
+        self._init: asyncio.Future[NvmlStatus] | None = None  # nvmlInit, while it has not returned
+        self._init_since = 0.0
         self.reads_given_up = 0  # NVML reads of other features that did not wait for a hung or busy NVML
 
     @property
@@ -259,32 +260,57 @@ class DeviceJob:
             await self.aclose()
 
     async def _start_nvml(self, agent: AgentContext) -> None:
+        """Ask NVML to start (on a daemon thread) and wait for it as long as for a sample; a driver that has
+        not answered by then is picked up by a later interval once it does (:meth:`_nvml_ready`)."""
         if self.nvml is None:
             self.unavailable_reason = DISABLED_REASON
             log.info("NVML sampling is off (nvml.enabled = false); request verdicts still run")
             return
-        done, got = await within(in_daemon_thread(self.nvml.status, "infersight-nvml-init"), NVML_START_WAIT_S)
-        if not done or got is None:
-            self.unavailable_reason = "NVML did not answer within %.0f s of the agent's start" % NVML_START_WAIT_S
-            log.warning("device sampling is off: %s (a driver that stopped answering: look for Xid errors in the "
-                        "kernel log); request latency and verdicts still run", self.unavailable_reason)
-            return
-        st: NvmlStatus = got
+        self._init = in_daemon_thread(self.nvml.status, "infersight-nvml-init")
+        self._init_since = time.monotonic()
+        await asyncio.wait({self._init}, timeout=self.sample_wait_s)
+        await self._nvml_ready()
+
+    async def _nvml_ready(self) -> bool:
+        """Whether NVML answers; finishes its start (status, the event watcher) once nvmlInit has returned."""
+        fut = self._init
+        if fut is None:
+            return self.nvml is not None and self.status is not None and self.status.available
+        if not fut.done():
+            first = self.unavailable_reason is None
+            self.unavailable_reason = ("NVML has not answered nvmlInit for %.0f s (a driver that stopped answering: "
+                                       "look for Xid errors in the kernel log); sampling starts when it does"
+                                       % (time.monotonic() - self._init_since))
+            if first:
+                log.warning("device sampling waits: %s; request latency and verdicts still run",
+                            self.unavailable_reason)
+            return False
+        self._init = None
+        late = self.unavailable_reason is not None
+        self.unavailable_reason = None
+        try:
+            st: NvmlStatus = fut.result()
+        except Exception as exc:  # (the wrapper does not raise: kept for a binding that does)
+            st = NvmlStatus(False, "%s: %s" % (type(exc).__name__, exc))
         self.status = st
         if not st.available:  # the wrapper already logged the reason, once
             self.unavailable_reason = st.reason or "NVML not available"
             log.info("device sampling is off; request latency and verdicts still run")
-            return
+            return False
+        assert self.nvml is not None
         self.watcher = XidWatcher(self.nvml, self._watch_events.append)
-        done, started = await within(in_daemon_thread(self.watcher.start, "infersight-nvml-init"), NVML_START_WAIT_S)
+        done, started = await within(in_daemon_thread(self.watcher.start, "infersight-nvml-events"),
+                                     self.sample_wait_s)
         if not (done and started):
             self.watcher = None
         log.info(
-            "NVML: driver %s, %d device(s), sampling every %gs",
+            "NVML%s: driver %s, %d device(s), sampling every %gs",
+            " answered after %.0f s" % (time.monotonic() - self._init_since) if late else "",
             st.driver_version,
             st.device_count,
             self.interval_s,
         )
+        return True
 
     async def aclose(self) -> None:
         """Stop the watcher, publish what is pending, shut NVML down. Idempotent."""
@@ -364,7 +390,7 @@ class DeviceJob:
         agent = self._agent
         now_ns = time.time_ns()
         samples: list[DeviceSample] = []
-        if self.nvml is not None and self.status is not None and self.status.available:
+        if self.nvml is not None and await self._nvml_ready():
             samples = await self._sample_within()
             if samples or self.hung_since is None:  # a hung interval keeps the device map it had
                 self._keep(samples, now_ns)

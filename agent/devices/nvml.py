@@ -228,7 +228,8 @@ class Nvml:
         self._proc_root = Path(proc_root)
         self._proc_root_s = os.fspath(proc_root)
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the handles, lost devices and events: held briefly, never over a driver call
+        self._init_lock = threading.Lock()  # nvmlInit, which a driver that stopped answering holds for ever
         self._status: NvmlStatus | None = None
         self._handles: dict[int, Any] = {}
         self._ident: dict[int, tuple[str | None, str | None]] = {}
@@ -245,8 +246,12 @@ class Nvml:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def status(self) -> NvmlStatus:
-        """Initialise NVML once; the result (success or the exact failure) is kept."""
-        with self._lock:
+        """Initialise NVML once; the result (success or the exact failure) is kept. Waits for an
+        nvmlInit in progress; :meth:`pop_events` (the event loop's) does not."""
+        st = self._status
+        if st is not None:
+            return st
+        with self._init_lock:
             if self._status is None:
                 self._status = self._init()
             return self._status
@@ -285,11 +290,12 @@ class Nvml:
 
     def close(self) -> None:
         """Shut NVML down if it was initialised. Safe to call more than once."""
-        with self._lock:
+        with self._init_lock:
             if self._status is not None and self._status.available:
                 self._raw("nvmlShutdown")
                 self._status = NvmlStatus(available=False, reason="closed")
-            self._handles.clear()
+            with self._lock:
+                self._handles.clear()
 
     # -- raw calls -----------------------------------------------------------------------------
 

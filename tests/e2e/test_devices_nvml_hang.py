@@ -139,3 +139,39 @@ def test_a_hung_nvml_stops_neither_requests_nor_ooms_nor_the_agents_exit(fake_li
             agent.wait(5)
     assert rc == 0, _log(tmp_path)
     assert "closing without nvmlShutdown" in _log(tmp_path)
+
+
+def test_an_nvml_that_answers_its_start_late_is_picked_up_then(fake_libdir: Path, tmp_path: Path) -> None:
+    """nvmlInit blocks (``hang_init``): the agent starts anyway, its request histograms go out, status says why
+    there are no device samples; when nvmlInit returns, sampling starts without a restart."""
+    hang = tmp_path / "nvml.hang"
+    hang.touch()
+    cfg = tmp_path / "fake_nvml.cfg"
+    cfg.write_text("hang_init 1\ncount 2\n")
+    env = fake_env(fake_libdir, cfg)
+    env["FAKE_NVML_HANG_FILE"] = str(hang)
+    agent = start_agent(tmp_path, env, "[nvml]\ninterval_s = 0.1\n[devices]\nevaluate_interval_s = 0.5\n")
+    out = tmp_path / "out.otlp.jsonl"
+    try:
+        assert wait_for((tmp_path / "nvml.hang.entered").exists, 60, 0.05), _log(tmp_path)
+        child = subprocess.run([sys.executable, "-c", CHILD, OOM_TEXT],
+                               env=hook_env(tmp_path / "agent.sock", tmp_path / "spool"),
+                               capture_output=True, text=True, timeout=60, check=False)
+        assert child.returncode == 0 and "flushed True" in child.stdout, child.stdout + child.stderr
+        assert wait_for(lambda: len([p for p in metric_points(read_otlp_lines(out) if out.exists() else [], DURATION)
+                                     if int(p["count"]) >= 30]) >= 2, 60, 0.2), _log(tmp_path)
+        assert wait_for(lambda: "has not answered nvmlInit" in str(_nvml_status(tmp_path).get("reason")), 60, 0.2)
+        assert _nvml_status(tmp_path)["available"] is False
+        assert not metric_points(read_otlp_lines(out), "hw.gpu.utilization")
+        hang.unlink()
+        assert wait_for(lambda: _nvml_status(tmp_path).get("available") is True, 60, 0.2), _log(tmp_path)
+        assert _nvml_status(tmp_path)["reason"] is None and _nvml_status(tmp_path)["devices"] == 2
+        assert wait_for(lambda: metric_points(read_otlp_lines(out), "hw.gpu.utilization"), 60, 0.2), _log(tmp_path)
+        assert "NVML answered after" in _log(tmp_path)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(60) == 0
+    finally:
+        hang.unlink(missing_ok=True)
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(5)
