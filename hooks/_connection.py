@@ -217,7 +217,7 @@ class Connection:
         self._rx = b""
         for _last, _n, frame in list(self.outbox):
             try:
-                sock.sendall(frame)
+                self._send_sliced(sock, memoryview(frame))
             except OSError:
                 self.disconnect()
                 return False
@@ -278,7 +278,7 @@ class Connection:
             try:
                 chunk = sock.recv(65536)
             except _socket.timeout:  # (an OSError: the caller gives the connection up)
-                if self.abandoned or time.monotonic() >= deadline:
+                if not self._may_wait(deadline):
                     raise
                 continue
             if not chunk:
@@ -382,18 +382,27 @@ class Connection:
             n = 0
         if n >= len(data):
             return
-        view = memoryview(data)[n:]
-        deadline = time.monotonic() + SEND_TIMEOUT_S
-        sock.settimeout(WAIT_SLICE_S)
         try:
-            while view:
-                try:
-                    view = view[sock.send(view):]
-                except _socket.timeout:  # no room: the frame is cut, the caller disconnects (it goes again)
-                    if self.abandoned or time.monotonic() >= deadline:
-                        raise
+            self._send_sliced(sock, memoryview(data)[n:])
         finally:
             sock.settimeout(0.0)
+
+    def _send_sliced(self, sock: Any, view: memoryview) -> None:
+        """Send all of ``view``, waiting for room up to SEND_TIMEOUT_S in WAIT_SLICE_S slices (as a blocking send
+        with that timeout would), and no longer once ``abandoned``; raises OSError (the frame is cut: the caller
+        disconnects, and it goes again). Leaves the socket's timeout at WAIT_SLICE_S."""
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        sock.settimeout(WAIT_SLICE_S)
+        while view:
+            try:
+                view = view[sock.send(view):]
+            except _socket.timeout:
+                if not self._may_wait(deadline):
+                    raise
+
+    def _may_wait(self, deadline: float) -> bool:
+        """Whether a wait on the agent goes on: before ``deadline``, and while the exit has not abandoned it."""
+        return not self.abandoned and time.monotonic() < deadline
 
     def send(self, last_seq: int, n_events: int, frame: bytes) -> None:
         """Send one frame; it stays in the outbox until acked (a failure disconnects)."""

@@ -84,3 +84,64 @@ def test_a_timeout_is_quiet_and_a_path_python_refuses_is_said() -> None:
     conn._warn = said.append  # type: ignore[method-assign]
     assert conn.connect() is False
     assert len(said) == 1 and long_path in said[0] and "too long" in said[0], said
+
+
+def _slow_agent(path: Path, read_after_s: float, got: list[int]) -> socket.socket:
+    """An agent that welcomes at once, then reads nothing for ``read_after_s`` (busy), then everything."""
+    import threading
+    import time
+
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve() -> None:
+        c, _ = srv.accept()
+        with c:
+            c.recv(65536)  # the hello
+            c.sendall(_wire.welcome_frame())
+            time.sleep(read_after_s)
+            while True:
+                chunk = c.recv(1 << 20)
+                if not chunk:
+                    return
+                got[0] += len(chunk)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+def test_a_reconnect_replays_a_large_backlog_to_an_agent_that_reads_a_moment_later(tmp_path: Path) -> None:
+    """The frames not acked before a reconnect go again right after the welcome; an agent busy for half a second
+    must not make the producer give the connection up (each frame waits up to SEND_TIMEOUT_S for room, as
+    before the welcome's wait was cut into slices: it was left at 0.1 s, and 2 MiB then failed every time)."""
+    got = [0]
+    srv = _slow_agent(tmp_path / "a.sock", 0.5, got)
+    conn = Connection(str(tmp_path / "a.sock"), {"id": "t"})
+    for seq in range(1, 5):
+        conn.outbox.append((seq, 1, b"x" * (512 << 10)))
+    try:
+        assert conn.connect() is True and conn.up
+    finally:
+        conn.disconnect()
+        srv.close()
+
+
+def test_an_abandoned_wait_for_room_ends_at_once(tmp_path: Path) -> None:
+    """At exit (``abandoned``), a send with no room ends within a slice instead of SEND_TIMEOUT_S."""
+    import time
+
+    from infersight.hooks._connection import SEND_TIMEOUT_S, WAIT_SLICE_S
+
+    ours, agent = socket.socketpair()  # the agent never reads
+    conn = Connection("/nonexistent", {"id": "t"})
+    conn.abandoned = True
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            conn._send_sliced(ours, memoryview(b"x" * (16 << 20)))
+        assert time.monotonic() - t0 < SEND_TIMEOUT_S  # (one slice, WAIT_SLICE_S, and the sends before it)
+        assert ours.gettimeout() == WAIT_SLICE_S
+    finally:
+        ours.close()
+        agent.close()
