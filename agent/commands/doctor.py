@@ -123,14 +123,17 @@ def check_nvml() -> Check:
 
     from infersight.agent.devices.nvml import Nvml, NvmlStatus
 
-    got: list[NvmlStatus] = []
+    got: list[NvmlStatus | BaseException] = []
 
     def ask() -> None:  # on a daemon thread: a driver that does not answer must not hold doctor (nor its exit)
-        nv = Nvml()
         try:
-            got.append(nv.status())
-        finally:
-            nv.close()
+            nv = Nvml()
+            try:
+                got.append(nv.status())
+            finally:
+                nv.close()
+        except Exception as exc:  # (the wrapper does not raise: said as what it is if it does)
+            got.append(exc)
 
     t = threading.Thread(target=ask, name="doctor-nvml", daemon=True)
     t.start()
@@ -140,6 +143,9 @@ def check_nvml() -> Check:
                      % NVML_WAIT_S, "look for Xid errors in the kernel log (dmesg) and run nvidia-smi; the agent "
                      "goes on without device samples meanwhile")
     st = got[0]
+    if isinstance(st, BaseException):
+        return Check("nvml", WARN, "NVML failed: %s: %s" % (type(st).__name__, st),
+                     "device metrics and verdicts need NVML; the agent goes on without it")
     if st.available:
         return Check("nvml", OK, "driver %s, %d device(s)" % (st.driver_version, st.device_count))
     return Check("nvml", WARN, "absent: %s" % st.reason,

@@ -88,8 +88,9 @@ def describe(h: dict[str, Any]) -> str:
     lines.append("  %-22s %s" % ("sinks", ", ".join(sinks) if sinks else "none"))
     nv = h.get("nvml")
     if isinstance(nv, dict):
+        hung = " (for %s s)" % nv["hung_s"] if nv.get("hung_s") is not None else ""
         lines.append("  %-22s %s" % ("nvml", "driver %s, %s device(s)" % (nv.get("driver_version"), nv.get("devices"))
-                                     if nv.get("available") else "not available: %s" % nv.get("reason")))
+                                     if nv.get("available") else "not available%s: %s" % (hung, nv.get("reason"))))
     lines += ["  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
         e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"), e.get("retries"),
         e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items"))

@@ -64,6 +64,10 @@ DISABLED_REASON = "disabled by configuration (nvml.enabled = false)"
 MAX_WINDOW_SAMPLES = 3600
 SAMPLE_WAIT_S = 5.0  # an interval waits this long for its sample (at least two intervals) before going on without
 NVML_LOCK_WAIT_S = 2.0  # another NVML read waits this long for the one in progress, then gives up (None)
+_NOT_ANSWERING = "a driver that stopped answering: look for Xid errors in the kernel log, and at nvidia-smi"
+HUNG_REASON = ("an NVML call has not returned (%s); device samples wait for it, request verdicts go on"
+               % _NOT_ANSWERING)
+INIT_PENDING_REASON = "NVML has not answered nvmlInit (%s); sampling starts when it does" % _NOT_ANSWERING
 # Severity of each DeviceEvent kind.
 _EVENT_SEVERITY = {"gpu_lost": "ERROR", "ecc_double_bit": "ERROR", "xid": "WARN", "ecc_single_bit": "WARN"}
 _SEVERITY_NUMBER = {"INFO": 9, "WARN": 13, "ERROR": 17}
@@ -214,13 +218,9 @@ class DeviceJob:
         }
 
     def hung_reason(self) -> str | None:
-        """Why samples stopped, while an NVML call has not returned; else None."""
-        since = self.hung_since
-        if since is None:
-            return None
-        return ("an NVML call has not returned for %.0f s (a driver that stopped answering: look for Xid errors "
-                "in the kernel log, and at nvidia-smi); device samples wait for it, request verdicts go on"
-                % (time.monotonic() - since))
+        """Why samples stopped, while an NVML call has not returned; else None. The same words all along (the
+        health metric's reason is a label: how long is ``status``'s ``hung_s``)."""
+        return None if self.hung_since is None else HUNG_REASON
 
     def health_metrics(self) -> list[MetricItem]:
         """The agent's health metric of device sampling: ``infersight.nvml.available`` while
@@ -277,13 +277,10 @@ class DeviceJob:
         if fut is None:
             return self.nvml is not None and self.status is not None and self.status.available
         if not fut.done():
-            first = self.unavailable_reason is None
-            self.unavailable_reason = ("NVML has not answered nvmlInit for %.0f s (a driver that stopped answering: "
-                                       "look for Xid errors in the kernel log); sampling starts when it does"
-                                       % (time.monotonic() - self._init_since))
-            if first:
-                log.warning("device sampling waits: %s; request latency and verdicts still run",
-                            self.unavailable_reason)
+            if self.unavailable_reason is None:
+                self.unavailable_reason = INIT_PENDING_REASON
+                log.warning("device sampling waits %.0f s already: %s; request latency and verdicts still run",
+                            time.monotonic() - self._init_since, INIT_PENDING_REASON)
             return False
         self._init = None
         late = self.unavailable_reason is not None
@@ -302,6 +299,7 @@ class DeviceJob:
         done, started = await within(in_daemon_thread(self.watcher.start, "infersight-nvml-events"),
                                      self.sample_wait_s)
         if not (done and started):
+            self.watcher.stop(0)  # a start that returns late then starts a thread that ends at once
             self.watcher = None
         log.info(
             "NVML%s: driver %s, %d device(s), sampling every %gs",
@@ -343,8 +341,8 @@ class DeviceJob:
         fut = self._sampling
         if fut is None:
             fut = self._sampling = in_daemon_thread(self._sample, "infersight-nvml-sample")
-        try:
-            got = await within(fut, self.sample_wait_s)
+        try:  # once hung, an interval only looks: it does not wait for the call again
+            got = await within(fut, 0.0 if self.hung_since is not None else self.sample_wait_s)
         finally:
             if fut.done():  # returned or raised: the next interval starts a new sample
                 self._sampling = None
@@ -365,7 +363,7 @@ class DeviceJob:
         """Run ``fn`` (NVML reads, in a worker thread) under the lock that keeps sampling and
         nvmlShutdown apart; None once NVML is shut down, and at once while it is not answering or
         when the read in progress holds it past ``NVML_LOCK_WAIT_S`` (the caller goes on without)."""
-        if self.hung_since is not None or not self._nvml_lock.acquire(timeout=NVML_LOCK_WAIT_S):
+        if self._init is not None or not self._lock_answering():  # (nvmlInit out: every read would wait on it)
             self.reads_given_up += 1
             return None
         try:
@@ -373,9 +371,14 @@ class DeviceJob:
         finally:
             self._nvml_lock.release()
 
+    def _lock_answering(self) -> bool:
+        """Take the NVML lock, unless a call has not returned (it holds it, or will want it) or the read in
+        progress holds it past NVML_LOCK_WAIT_S."""
+        return self.hung_since is None and self._nvml_lock.acquire(timeout=NVML_LOCK_WAIT_S)
+
     def _close_nvml(self) -> None:
         assert self.nvml is not None
-        if self.hung_since is None and self._nvml_lock.acquire(timeout=NVML_LOCK_WAIT_S):
+        if self._lock_answering():
             try:
                 self.nvml.close()
             finally:

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.daemon.offloop import in_daemon_thread, within
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from infersight.settings import Config
 
 log = logging.getLogger("infersight.agent.oom")
+_T = TypeVar("_T")
 
 DEDUP_WINDOW_NS = 30_000_000_000
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
@@ -476,19 +477,10 @@ class OomHandlers:
             return self._nvml(p, dev, uuid, read_into)
 
         guard = self.nvml_guard
-        try:
-            done, used = await within(in_daemon_thread(read if guard is None else lambda: guard(read),
-                                                       "infersight-oom-nvml"), NVML_READ_WAIT_S)
-            nvml_used = bool(done and used)
-            if not done:
-                self.nvml_late += 1
-                log.warning("NVML did not answer within %g s: the OOM goes out without its per-process view",
-                            NVML_READ_WAIT_S)
-        except Exception as exc:
-            log.debug("NVML sample for an OOM failed: %s", exc)
-            nvml_used = False
-        if nvml_used:
+        done, used = await self._read_off_loop(read if guard is None else lambda: guard(read), "NVML sample")
+        if done:  # (T is read even where this process is not placed among NVML's processes)
             numbers.update(read_into)
+        nvml_used = bool(used)
         items: list[Item] = []
         self._finish(p, origin, t_ns, d, dev, uuid, numbers, snap, msg, nvml_used, items)
         if self.publish is not None:
@@ -770,20 +762,26 @@ class OomHandlers:
         return got[1]
 
     async def _engine_later(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding) -> None:
-        try:
-            done, ctx = await within(in_daemon_thread(lambda: self._context(p, d), "infersight-oom-context"),
-                                     NVML_READ_WAIT_S)
-            if not done:
-                self.nvml_late += 1
-                log.warning("the live context of an engine's memory error did not come within %g s (NVML not "
-                            "answering?): its verdict goes out from the message alone", NVML_READ_WAIT_S)
-        except Exception as exc:
-            log.debug("live context of an engine OOM failed: %s", exc)
-            ctx = None
+        _, ctx = await self._read_off_loop(lambda: self._context(p, d), "live context")
         items: list[Item] = []
         self._finish_engine(p, origin, t_ns, d, f, items, ctx)
         if self.publish is not None:
             self.publish(items)
+
+    async def _read_off_loop(self, read: Callable[[], _T], what: str) -> tuple[bool, _T | None]:
+        """``read()`` (NVML, /proc) on a daemon thread, waited for at most NVML_READ_WAIT_S: (came back, its
+        result). A read that fails, or does not come (a driver that stopped answering), lets the OOM go out
+        without it; a late one is counted (``nvml_late``)."""
+        try:
+            done, got = await within(in_daemon_thread(read, "infersight-oom-read"), NVML_READ_WAIT_S)
+        except Exception as exc:
+            log.debug("%s for an OOM failed: %s", what, exc)
+            return False, None
+        if not done:
+            self.nvml_late += 1
+            log.warning("the %s of an OOM did not come within %g s (NVML not answering?): the OOM goes out "
+                        "without it", what, NVML_READ_WAIT_S)
+        return done, got
 
     def _finish_engine(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding,
                        out: list[Item], ctx: LiveContext | None = None) -> None:
