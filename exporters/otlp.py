@@ -448,7 +448,7 @@ class _RecordingStub:
             raise
 
 
-class _AskedDelayError(Exception):
+class _AskedDelayError(ExporterError):
     """A refused gRPC export whose answer asked for a delay, as the SDK's retry loop reads it (each stub makes it a
     subclass of the transport's ``RpcError``, so that the SDK catches it)."""
 

@@ -130,7 +130,8 @@ VARS: Dict[str, Var] = dict((
     _v("INFERSIGHT_BUFFER_EVENTS", "int", 0, "events the in-process buffer holds (0: 131072)"),
     _v("INFERSIGHT_BATCH_EVENTS", "int", 512, "send once this many events are queued", low=1),
     _v("INFERSIGHT_BATCH_DELAY_MS", "float", 50.0, "... or once the oldest queued event is this old"),
-    _v("INFERSIGHT_EXIT_FLUSH_S", "float", 3.0, "how long a process waits at exit to deliver"),
+    _v("INFERSIGHT_EXIT_FLUSH_S", "float", 3.0, "how long a process waits at exit to deliver (then it spools the "
+       "rest: at most 0.3 s more, even with an agent that accepts and never answers)"),
     # Cold start.
     _v("INFERSIGHT_READY_ON_LISTEN", "bool", True, "a listening TCP socket means ready"),
     _v("INFERSIGHT_SAMPLER", "bool", True, "the stack sampler that explains unattributed gaps"),

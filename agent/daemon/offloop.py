@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from infersight.agent.errors import AgentError
+
 T = TypeVar("T")
 
 MAX_CALLS_OUT = 64  # calls on their own threads at once (a storm of OOMs while NVML hangs): past it, refused
@@ -20,7 +22,7 @@ _out = [0]
 _out_lock = threading.Lock()
 
 
-class TooManyCallsError(RuntimeError):
+class TooManyCallsError(AgentError):
     """MAX_CALLS_OUT calls are out and have not returned: this one is not started."""
 
 
