@@ -244,6 +244,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+P99_MIN_REQUESTS = 100  # nearest rank: below this many, the 99th percentile is the maximum
+
+
 def _note(torch: Any, devices: Sequence[_Device], requests: int, nvml_reason: str | None, gpus: bool) -> str:
     parts = []
     if not gpus:
@@ -260,6 +263,10 @@ def _note(torch: Any, devices: Sequence[_Device], requests: int, nvml_reason: st
         "d128 h4 on 4x32; P50/P99 nearest-rank; coefficient = P99 / median P99 of peers "
         "(same product name)"
     )
+    if requests < P99_MIN_REQUESTS:
+        parts.append(f"with {requests} requests the P99 is the slowest one (nearest rank needs "
+                     f"{P99_MIN_REQUESTS} for it to be any other): a single slow request decides the coefficient; "
+                     f"the agent asks min_requests ({DeviceThresholds().min_requests} by default)")
     if os.environ.get("CUDA_VISIBLE_DEVICES") is not None and gpus:
         parts.append(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}")
     return "; ".join(parts)

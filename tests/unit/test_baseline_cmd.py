@@ -44,6 +44,7 @@ def test_json_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["verdict"] == "no_peers"
     assert row["cause"] is None
     assert "cpu" in doc["note"]
+    assert "with 20 requests the P99 is the slowest one" in doc["note"]
 
 
 @pytest.mark.torch
