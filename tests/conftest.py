@@ -258,6 +258,18 @@ class AgentProcess:
         return self.proc.wait(timeout)
 
 
+
+@pytest.fixture(scope="session")
+def fake_libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The FAKE libnvidia-ml.so.1 (tests/support/fake_nvml), built once per test process; skips without a C
+    compiler."""
+    from fake_nvml.helpers import build_fake_nvml
+
+    try:
+        return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
 @pytest.fixture
 def agent_factory(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     made: list[AgentProcess] = []

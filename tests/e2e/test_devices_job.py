@@ -33,7 +33,7 @@ from infersight.telemetry import Resource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from devices_agent_runner import metric_points, start_agent, value  # noqa: E402
-from fake_nvml.helpers import build_fake_nvml, fake_env  # noqa: E402
+from fake_nvml.helpers import fake_env  # noqa: E402
 
 UUID = "GPU-fa4e0000-0000-4000-8000-00000000000%d"
 SCENARIO = """\
@@ -82,13 +82,6 @@ def device_logs(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def body(r: dict[str, Any]) -> str:
     return str(r.get("body", {}).get("stringValue", ""))
 
-
-@pytest.fixture(scope="module")
-def fake_libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
 
 
 def _done(out: Path) -> bool:

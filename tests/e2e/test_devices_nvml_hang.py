@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import attr, hook_env, log_records, read_otlp_lines, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from devices_agent_runner import metric_points, start_agent  # noqa: E402
-from fake_nvml.helpers import build_fake_nvml, fake_env  # noqa: E402
+from fake_nvml.helpers import fake_env  # noqa: E402
 
 from infersight.agent.commands.status import query_status  # noqa: E402
 from infersight.agent.requests.kind import DURATION  # noqa: E402
@@ -60,13 +59,6 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def fake_libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
 
 def _log(root: Path) -> str:
     return (root / "agent.log").read_text(errors="replace")
@@ -79,22 +71,31 @@ def _nvml_status(root: Path) -> dict[str, Any]:
         return {}
 
 
-def test_a_hung_nvml_stops_neither_requests_nor_ooms_nor_the_agents_exit(fake_libdir: Path, tmp_path: Path) -> None:
-    hang = tmp_path / "nvml.hang"
+def _agent_on_a_hanging_nvml(libdir: Path, root: Path, scenario: str) -> tuple[Path, subprocess.Popen[bytes]]:
+    """A real agent on the FAKE NVML of ``scenario``, whose hangs last while the returned file exists."""
+    hang = root / "nvml.hang"
     hang.touch()
-    cfg = tmp_path / "fake_nvml.cfg"
-    cfg.write_text(SCENARIO)
-    env = fake_env(fake_libdir, cfg)
+    cfg = root / "fake_nvml.cfg"
+    cfg.write_text(scenario)
+    env = fake_env(libdir, cfg)
     env["FAKE_NVML_HANG_FILE"] = str(hang)
-    agent = start_agent(tmp_path, env, "[nvml]\ninterval_s = 0.1\n[devices]\nevaluate_interval_s = 0.5\n")
+    return hang, start_agent(root, env, "[nvml]\ninterval_s = 0.1\n[devices]\nevaluate_interval_s = 0.5\n")
+
+
+def _child_once_nvml_hangs(root: Path) -> None:
+    """Once the FAKE NVML hangs, the hooked child's requests on cuda:0 and cuda:1 and its OOM, flushed."""
+    assert wait_for((root / "nvml.hang.entered").exists, 60, 0.05), _log(root)
+    child = subprocess.run([sys.executable, "-c", CHILD, OOM_TEXT], env=hook_env(root / "agent.sock", root / "spool"),
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert child.returncode == 0 and "flushed True" in child.stdout, child.stdout + child.stderr
+
+
+def test_a_hung_nvml_stops_neither_requests_nor_ooms_nor_the_agents_exit(fake_libdir: Path, tmp_path: Path) -> None:
+    hang, agent = _agent_on_a_hanging_nvml(fake_libdir, tmp_path, SCENARIO)
     out = tmp_path / "out.otlp.jsonl"
     try:
         # NVML stops answering after a few samples; a hooked child's requests and OOM still go out
-        assert wait_for((tmp_path / "nvml.hang.entered").exists, 60, 0.05), _log(tmp_path)
-        child = subprocess.run([sys.executable, "-c", CHILD, OOM_TEXT],
-                               env=hook_env(tmp_path / "agent.sock", tmp_path / "spool"),
-                               capture_output=True, text=True, timeout=60, check=False)
-        assert child.returncode == 0 and "flushed True" in child.stdout, child.stdout + child.stderr
+        _child_once_nvml_hangs(tmp_path)
 
         def sent() -> bool:
             lines = read_otlp_lines(out) if out.exists() else []
@@ -148,20 +149,10 @@ def test_a_hung_nvml_stops_neither_requests_nor_ooms_nor_the_agents_exit(fake_li
 def test_an_nvml_that_answers_its_start_late_is_picked_up_then(fake_libdir: Path, tmp_path: Path) -> None:
     """nvmlInit blocks (``hang_init``): the agent starts anyway, its request histograms go out, status says why
     there are no device samples; when nvmlInit returns, sampling starts without a restart."""
-    hang = tmp_path / "nvml.hang"
-    hang.touch()
-    cfg = tmp_path / "fake_nvml.cfg"
-    cfg.write_text("hang_init 1\ncount 2\n")
-    env = fake_env(fake_libdir, cfg)
-    env["FAKE_NVML_HANG_FILE"] = str(hang)
-    agent = start_agent(tmp_path, env, "[nvml]\ninterval_s = 0.1\n[devices]\nevaluate_interval_s = 0.5\n")
+    hang, agent = _agent_on_a_hanging_nvml(fake_libdir, tmp_path, "hang_init 1\ncount 2\n")
     out = tmp_path / "out.otlp.jsonl"
     try:
-        assert wait_for((tmp_path / "nvml.hang.entered").exists, 60, 0.05), _log(tmp_path)
-        child = subprocess.run([sys.executable, "-c", CHILD, OOM_TEXT],
-                               env=hook_env(tmp_path / "agent.sock", tmp_path / "spool"),
-                               capture_output=True, text=True, timeout=60, check=False)
-        assert child.returncode == 0 and "flushed True" in child.stdout, child.stdout + child.stderr
+        _child_once_nvml_hangs(tmp_path)
         assert wait_for(lambda: len([p for p in metric_points(read_otlp_lines(out) if out.exists() else [], DURATION)
                                      if int(p["count"]) >= 30]) >= 2, 60, 0.2), _log(tmp_path)
         assert wait_for(lambda: "has not answered nvmlInit" in str(_nvml_status(tmp_path).get("reason")), 60, 0.2)

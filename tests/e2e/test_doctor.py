@@ -91,18 +91,14 @@ def test_doctor_checks_the_model_servers_interpreter_without_infersight_in_it(
     assert args.func(args) == 2 and seen == [py]
 
 
-def test_doctor_says_when_nvml_does_not_answer_and_does_not_wait_for_it(tmp_path: Path) -> None:
+def test_doctor_says_when_nvml_does_not_answer_and_does_not_wait_for_it(fake_libdir: Path, tmp_path: Path) -> None:
     """A driver that stopped answering (nvmlInit blocks: the FAKE libnvidia-ml.so.1 with ``hang_init``): doctor,
     which an operator runs just then, waited for ever. It now says so after its wait, and ends."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    from fake_nvml.helpers import build_fake_nvml, fake_env
+    from fake_nvml.helpers import fake_env
 
     from infersight.agent.commands.doctor import NVML_WAIT_S
 
-    try:
-        libdir = build_fake_nvml(tmp_path / "fake_nvml")
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    libdir = fake_libdir
     cfg, hang = tmp_path / "fake_nvml.cfg", tmp_path / "nvml.hang"
     cfg.write_text("hang_init 1\n")
     hang.touch()

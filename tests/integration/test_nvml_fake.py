@@ -36,13 +36,6 @@ count 3
 """
 
 
-@pytest.fixture(scope="session")
-def fake_libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
 
 @pytest.fixture(scope="module")
 def report(fake_libdir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from otlp_receiver import OtlpReceiver, attrs, free_port
@@ -466,29 +468,36 @@ def test_retry_after_in_seconds_or_as_a_date() -> None:
 async def test_a_throttled_collectors_retry_after_is_waited_for(rx):
     """A collector answering 429 (or 503) with Retry-After was called again after the worker's own backoff
     (0.2 s, then doubling), by every agent of a fleet at once; the worker now waits as long as it asks."""
-    from infersight.agent.daemon.broadcast import Completion, ExporterWorker
-
     rx.set_fail_status(429, {"Retry-After": "2"})
     exp = OtlpExporter(rx.http_endpoint, timeout_s=1)
     with pytest.raises(ExportError) as ei:
         await exp.export(make_spans(0))
     assert ei.value.retryable and ei.value.retry_after_s == 2.0
 
+    refused = await _worker_tries(rx, exp, lambda: rx.set_fail_status(None))
+    assert len(refused) >= 2 and refused[1] - refused[0] >= 1.9, refused  # the worker's first two tries
+
+
+async def _worker_tries(rx: Any, exp: OtlpExporter, accept: Callable[[], None]) -> list[float]:
+    """A worker with a short backoff (0.05-0.1 s) sends one batch to the refusing receiver: when its first two
+    tries were refused (``rx.store.refused_at``), once ``accept`` has the receiver take it and the batch arrived."""
+    from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+
     rx.store.refused_at.clear()
     w = ExporterWorker(exp, retry_initial_s=0.05, retry_max_s=0.1)
     w.start()
     w.submit(make_spans(0), Completion())
     try:
-        deadline = time.monotonic() + 30  # the second try comes 2 s after the first (Retry-After)
+        deadline = time.monotonic() + 30  # the second try comes as long after the first as the receiver asked
         while len(rx.store.refused_at) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         refused = list(rx.store.refused_at)
-        rx.set_fail_status(None)
+        accept()
         deadline = time.monotonic() + 30
         while rx.span_count() < 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert rx.span_count() == 1
-        assert len(refused) >= 2 and refused[1] - refused[0] >= 1.9, refused  # the worker's first two tries
+        return refused
     finally:
         await w.drain(2)
 
@@ -499,8 +508,6 @@ async def test_a_throttling_grpc_collectors_retry_info_is_waited_for(rx):
     called again after its own 0.2 s backoff."""
     import grpc
 
-    from infersight.agent.daemon.broadcast import Completion, ExporterWorker
-
     rx.set_grpc_fail(grpc.StatusCode.UNAVAILABLE, retry_delay_s=2.5)
     exp = OtlpExporter(rx.grpc_endpoint, protocol="grpc", timeout_s=1)
     await exp.start()
@@ -510,23 +517,8 @@ async def test_a_throttling_grpc_collectors_retry_info_is_waited_for(rx):
         assert ei.value.retryable and ei.value.retry_after_s == 2.5
         assert "gRPC UNAVAILABLE" in str(ei.value)
 
-        rx.store.refused_at.clear()
-        w = ExporterWorker(exp, retry_initial_s=0.05, retry_max_s=0.1)
-        w.start()
-        w.submit(make_spans(0), Completion())
-        try:
-            deadline = time.monotonic() + 30
-            while len(rx.store.refused_at) < 2 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            refused = list(rx.store.refused_at)
-            rx.set_grpc_fail(None)
-            deadline = time.monotonic() + 30
-            while rx.span_count() < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            assert rx.span_count() == 1
-            assert len(refused) >= 2 and refused[1] - refused[0] >= 2.4, refused  # the worker's first two tries
-        finally:
-            await w.drain(2)
+        refused = await _worker_tries(rx, exp, lambda: rx.set_grpc_fail(None))
+        assert len(refused) >= 2 and refused[1] - refused[0] >= 2.4, refused  # the worker's first two tries
     finally:
         await exp.shutdown()
 
