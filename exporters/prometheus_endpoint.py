@@ -71,6 +71,11 @@ from infersight.telemetry import (
 )
 
 log = logging.getLogger("infersight.exporters.prometheus")
+MAX_CONFLICTS_SAID = 256  # type clashes logged (each name and pair of uids once): a bound on what is remembered
+
+
+def _whose(uid: int | None) -> str:
+    return "the agent (or a producer of unknown uid)" if uid is None else "uid %d" % uid
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
@@ -208,6 +213,7 @@ def cumulative_buckets(p: HistogramPoint) -> list[tuple[str, float]] | None:
 class _Family:
     type: PromType
     doc: str
+    owner: int | None = None  # the uid whose series made it (None: the agent's own)
 
 
 @dataclass(slots=True)
@@ -246,6 +252,8 @@ class SeriesStore:
         self._series: dict[SeriesKey, _Series] = {}
         self.points_dropped = 0  # refused by the series bound
         self.type_conflicts = 0  # same Prometheus name, different type: the first type wins
+        self.type_conflicts_between_uids = 0  # of them, points of one uid refused for another uid's type
+        self._conflicts_said: set[tuple[str, int | None, int | None]] = set()  # (name, holder, refused): logged
         self.malformed = 0  # histogram points with inconsistent buckets
         self.expired = 0
 
@@ -262,19 +270,29 @@ class SeriesStore:
                     kept += self._add_item(it, now)
         return kept
 
-    def _family(self, name: str, typ: PromType, doc: str) -> bool:
-        """Whether points of ``name`` as ``typ`` may be kept: a name has one type, the first kept."""
+    def _family(self, name: str, typ: PromType, doc: str, owner: int | None = None) -> bool:
+        """Whether points of ``name`` as ``typ`` may be kept: a name has one type, the first kept. A refusal is
+        counted, and said once per name and pair of uids (another uid holding the name is a clash an operator
+        must see: that user's series of the name are what the scrape has)."""
         fam = self._families.get(name)
-        if fam is not None and fam.type != typ:
-            self.type_conflicts += 1
-            return False
-        return True
+        if fam is None or fam.type == typ:
+            return True
+        self.type_conflicts += 1
+        other = fam.owner != owner
+        self.type_conflicts_between_uids += other
+        said = (name, fam.owner, owner)
+        if said not in self._conflicts_said and len(self._conflicts_said) < MAX_CONFLICTS_SAID:
+            self._conflicts_said.add(said)
+            log.warning("Prometheus: %s's %s %s is not exported: %s %s holds that name (a name has one type; "
+                        "rename one of them)", _whose(owner), typ, name,
+                        ("%s's" % _whose(fam.owner)) if other else "its own", fam.type)
+        return False
 
-    def _kept(self, name: str, typ: PromType, doc: str) -> None:
+    def _kept(self, name: str, typ: PromType, doc: str, owner: int | None = None) -> None:
         """A series of ``name`` was kept: its family exists from now on. (A family made before any series
         was, one per distinct name refused by the series budget, had grown the agent by 150 MiB.)"""
         if name not in self._families:
-            self._families[name] = _Family(typ, doc)
+            self._families[name] = _Family(typ, doc, owner)
 
     def _put(self, key: SeriesKey, series: _Series, owner: int | None = None) -> bool:
         if key not in self._series:
@@ -304,11 +322,11 @@ class SeriesStore:
 
     def _add_item(self, m: MetricItem, now: float) -> int:
         name, typ = metric_name(m), prom_type(m)
-        if not m.points or not self._family(name, typ, m.description or m.name):
-            return 0
-        base = resource_labels(m.resource)
         uid = m.resource.get(OWNER_ATTR)
         owner = uid if type(uid) is int else None
+        if not m.points or not self._family(name, typ, m.description or m.name, owner):
+            return 0
+        base = resource_labels(m.resource)
         if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
             info = {**labels_of(m.resource.as_dict()), **base}
             if self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now), owner):
@@ -332,7 +350,7 @@ class SeriesStore:
                 continue
             kept += self._put((name, tuple(sorted(labels.items()))), series, owner)
         if kept:
-            self._kept(name, typ, m.description or m.name)
+            self._kept(name, typ, m.description or m.name, owner)
         return kept
 
     def expire(self, now: float | None = None) -> None:
@@ -633,6 +651,7 @@ class PrometheusExporter:
             "points_dropped": self.store.points_dropped,
             "points_refused_uid_budget": self.store.points_refused_uid_budget,
             "type_conflicts": self.store.type_conflicts,
+            "type_conflicts_between_uids": self.store.type_conflicts_between_uids,
             "malformed_points": self.store.malformed,
             "series_expired": self.store.expired,
             "scrapes": self.scrapes,

@@ -209,6 +209,27 @@ def test_type_conflict_and_malformed_histogram() -> None:
     assert store.malformed == 1
 
 
+def test_a_name_held_by_another_uids_type_is_said_with_both_uids(caplog: pytest.LogCaptureFixture) -> None:
+    """One user's gauge and another's histogram of one name: Prometheus has one type per name, so the second
+    user's series are not exported. That was counted only; it is now said (once per name and pair of uids),
+    naming who holds the name, and counted apart from a user's clash with itself."""
+    caplog.set_level("WARNING", logger="infersight.exporters.prometheus")
+    first, second = (Resource.of({"service.name": "s", "process.user.id": u}) for u in (1001, 1002))
+    store = SeriesStore()
+    hist = [HistogramPoint([1.0], [1, 1], 2, 1.0, None, None)]
+    store.add([item("vllm.queue", "gauge", "", [NumberPoint(1)], res=first)])
+    for _ in range(3):
+        store.add([item("vllm.queue", "histogram", "", hist, res=second)])
+    store.add([item("vllm.queue", "histogram", "", hist, res=first)])  # the holder's own other type
+    assert (store.type_conflicts, store.type_conflicts_between_uids) == (4, 3)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "Prometheus: uid 1002's histogram vllm_queue is not exported: uid 1001's gauge holds that name (a name "
+        "has one type; rename one of them)",
+        "Prometheus: uid 1001's histogram vllm_queue is not exported: its own gauge holds that name (a name has "
+        "one type; rename one of them)"], said
+
+
 def test_real_agent_items_render() -> None:
     """Everything device_metrics() and health_metrics() produce renders and parses."""
     agent_res = Resource.of({"host.name": "node-1", "service.name": "infersight-agent"})
