@@ -71,7 +71,8 @@ from infersight.telemetry import (
 )
 
 log = logging.getLogger("infersight.exporters.prometheus")
-MAX_CONFLICTS_SAID = 256  # type clashes logged (each name and pair of uids once): a bound on what is remembered
+MAX_CONFLICTS_SAID_PER_UID = 16  # type clashes logged per refused uid (each name once while it lives)
+MAX_CONFLICT_UIDS = 1024  # uids whose clashes are remembered
 
 
 def _whose(uid: int | None) -> str:
@@ -213,7 +214,6 @@ def cumulative_buckets(p: HistogramPoint) -> list[tuple[str, float]] | None:
 class _Family:
     type: PromType
     doc: str
-    owner: int | None = None  # the uid whose series made it (None: the agent's own)
 
 
 @dataclass(slots=True)
@@ -252,8 +252,9 @@ class SeriesStore:
         self._series: dict[SeriesKey, _Series] = {}
         self.points_dropped = 0  # refused by the series bound
         self.type_conflicts = 0  # same Prometheus name, different type: the first type wins
-        self.type_conflicts_between_uids = 0  # of them, points of one uid refused for another uid's type
-        self._conflicts_said: set[tuple[str, int | None, int | None]] = set()  # (name, holder, refused): logged
+        self.type_conflicts_between_uids = 0  # of them, points of a uid that holds no series of the name
+        self._holders: dict[str, dict[int | None, int]] = {}  # name -> uid (None: no uid) -> its series of it
+        self._conflicts_said: dict[int | None, set[str]] = {}  # refused uid -> the clashing names said for it
         self.malformed = 0  # histogram points with inconsistent buckets
         self.expired = 0
 
@@ -278,21 +279,25 @@ class SeriesStore:
         if fam is None or fam.type == typ:
             return True
         self.type_conflicts += 1
-        other = fam.owner != owner
-        self.type_conflicts_between_uids += other
-        said = (name, fam.owner, owner)
-        if said not in self._conflicts_said and len(self._conflicts_said) < MAX_CONFLICTS_SAID:
-            self._conflicts_said.add(said)
+        holders = self._holders.get(name, {})
+        own = owner in holders
+        self.type_conflicts_between_uids += not own
+        said = self._conflicts_said.get(owner)
+        if said is None and len(self._conflicts_said) < MAX_CONFLICT_UIDS:
+            said = self._conflicts_said[owner] = set()
+        if said is not None and name not in said and len(said) < MAX_CONFLICTS_SAID_PER_UID:
+            said.add(name)
             log.warning("Prometheus: %s's %s %s is not exported: %s %s holds that name (a name has one type; "
-                        "rename one of them)", _whose(owner), typ, name,
-                        ("%s's" % _whose(fam.owner)) if other else "its own", fam.type)
+                        "rename one of them)", _whose(owner), typ, name, "its own" if own else " and ".join(
+                            "%s's" % _whose(u) for u in sorted(holders, key=lambda u: -1 if u is None else u)[:3]),
+                        fam.type)
         return False
 
-    def _kept(self, name: str, typ: PromType, doc: str, owner: int | None = None) -> None:
+    def _kept(self, name: str, typ: PromType, doc: str) -> None:
         """A series of ``name`` was kept: its family exists from now on. (A family made before any series
         was, one per distinct name refused by the series budget, had grown the agent by 150 MiB.)"""
         if name not in self._families:
-            self._families[name] = _Family(typ, doc, owner)
+            self._families[name] = _Family(typ, doc)
 
     def _put(self, key: SeriesKey, series: _Series, owner: int | None = None) -> bool:
         if key not in self._series:
@@ -307,6 +312,8 @@ class SeriesStore:
                     return False
                 self.series_of_uid[owner] = held + 1
                 self._owner_of[key] = owner
+            holders = self._holders.setdefault(key[0], {})
+            holders[owner] = holders.get(owner, 0) + 1
         self._series[key] = series
         return True
 
@@ -319,6 +326,15 @@ class SeriesStore:
                 self.series_of_uid[owner] = n
             else:
                 self.series_of_uid.pop(owner, None)
+        holders = self._holders.get(key[0])
+        if holders is not None:
+            left = holders.get(owner, 1) - 1
+            if left > 0:
+                holders[owner] = left
+            else:
+                holders.pop(owner, None)
+                if not holders:
+                    del self._holders[key[0]]
 
     def _add_item(self, m: MetricItem, now: float) -> int:
         name, typ = metric_name(m), prom_type(m)
@@ -350,7 +366,7 @@ class SeriesStore:
                 continue
             kept += self._put((name, tuple(sorted(labels.items()))), series, owner)
         if kept:
-            self._kept(name, typ, m.description or m.name, owner)
+            self._kept(name, typ, m.description or m.name)
         return kept
 
     def expire(self, now: float | None = None) -> None:
@@ -366,6 +382,8 @@ class SeriesStore:
                 live = {k[0] for k in self._series}
                 for name in [n for n in self._families if n not in live]:
                     del self._families[name]
+                    for said in self._conflicts_said.values():  # a name free again may clash anew: said again
+                        said.discard(name)
 
     def families(self) -> list[Metric]:
         """prometheus-client metric families for one scrape, names sorted."""

@@ -275,6 +275,8 @@ class Connection:
             if frames:
                 self._rx = rest
                 return _wire.decode_reply(frames[0])
+            if buf and not self._may_wait(deadline):  # a welcome that trickles in: the same bound
+                raise _socket.timeout("timed out")
             try:
                 chunk = sock.recv(65536)
             except _socket.timeout:  # (an OSError: the caller gives the connection up)
@@ -399,6 +401,9 @@ class Connection:
             except _socket.timeout:
                 if not self._may_wait(deadline):
                     raise
+                continue
+            if view and not self._may_wait(deadline):  # an agent that takes a little at a time: the same bound
+                raise _socket.timeout("timed out")
 
     def _may_wait(self, deadline: float) -> bool:
         """Whether a wait on the agent goes on: before ``deadline``, and while the exit has not abandoned it."""

@@ -258,7 +258,6 @@ class AgentProcess:
         return self.proc.wait(timeout)
 
 
-
 @pytest.fixture(scope="session")
 def fake_libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The FAKE libnvidia-ml.so.1 (tests/support/fake_nvml), built once per test process; skips without a C
@@ -269,6 +268,7 @@ def fake_libdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
     except RuntimeError as exc:
         pytest.skip(str(exc))
+
 
 @pytest.fixture
 def agent_factory(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]

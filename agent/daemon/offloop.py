@@ -17,7 +17,7 @@ from infersight.agent.errors import AgentError
 
 T = TypeVar("T")
 
-MAX_CALLS_OUT = 64  # calls on their own threads at once (a storm of OOMs while NVML hangs): past it, refused
+MAX_CALLS_OUT = 64  # capped calls on their own threads at once (a storm of OOMs while NVML hangs): past it, refused
 _out = [0]
 _out_lock = threading.Lock()
 
@@ -26,20 +26,22 @@ class TooManyCallsError(AgentError):
     """MAX_CALLS_OUT calls are out and have not returned: this one is not started."""
 
 
-def in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+def in_daemon_thread(fn: Callable[[], T], name: str, capped: bool = False) -> asyncio.Future[T]:
     """``fn()`` on a daemon thread of its own, as a future of the running loop. A result that comes
     after the loop closed is dropped; an exception nobody awaits is retrieved (no "never retrieved" log).
-    With MAX_CALLS_OUT calls out already, the future holds :class:`TooManyCallsError` at once."""
+    ``capped`` (calls made per event, as an OOM's reads): with MAX_CALLS_OUT of them out already, the
+    future holds :class:`TooManyCallsError` at once. The device job's own calls, one at a time, are not."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
     fut.add_done_callback(_retrieve)
-    with _out_lock:
-        full = _out[0] >= MAX_CALLS_OUT
-        if not full:
-            _out[0] += 1
-    if full:
-        fut.set_exception(TooManyCallsError("%d calls are out and have not returned" % MAX_CALLS_OUT))
-        return fut
+    if capped:
+        with _out_lock:
+            full = _out[0] >= MAX_CALLS_OUT
+            if not full:
+                _out[0] += 1
+        if full:
+            fut.set_exception(TooManyCallsError("%d calls are out and have not returned" % MAX_CALLS_OUT))
+            return fut
 
     def settle(value: T | None, exc: BaseException | None) -> None:
         if fut.done():
@@ -55,8 +57,9 @@ def in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
         except BaseException as e:  # handed to the awaiting side, whatever it is
             value, exc = None, e
         finally:
-            with _out_lock:
-                _out[0] -= 1
+            if capped:
+                with _out_lock:
+                    _out[0] -= 1
         try:
             loop.call_soon_threadsafe(settle, value, exc)
         except RuntimeError:  # the loop closed while the call was out
@@ -64,9 +67,10 @@ def in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
 
     try:
         threading.Thread(target=run, name=name, daemon=True).start()
-    except BaseException as exc:  # no thread to be had (RuntimeError: can't start new thread)
-        with _out_lock:
-            _out[0] -= 1
+    except RuntimeError as exc:  # can't start new thread (the limit of threads or memory)
+        if capped:
+            with _out_lock:
+                _out[0] -= 1
         fut.set_exception(exc)
     return fut
 

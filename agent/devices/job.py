@@ -29,7 +29,7 @@ A driver that stops answering (NVML calls block for minutes on a GPU that fell o
 nothing else: an interval waits for its sample at most ``sample_wait_s`` and goes on without one,
 no new sample starts while that call is out, the OOM feature's reads give up at once
 (:meth:`DeviceJob.nvml_call`), and the close skips ``nvmlShutdown``. Until the call returns,
-``status`` and the health metric say NVML is not answering, and for how long.
+``status`` and the health metric say NVML is not answering (``status``: for how long).
 """
 
 from __future__ import annotations
@@ -296,10 +296,14 @@ class DeviceJob:
             return False
         assert self.nvml is not None
         self.watcher = XidWatcher(self.nvml, self._watch_events.append)
-        done, started = await within(in_daemon_thread(self.watcher.start, "infersight-nvml-events"),
-                                     self.sample_wait_s)
+        try:
+            done, started = await within(in_daemon_thread(self.watcher.start, "infersight-nvml-events"),
+                                         self.sample_wait_s)
+        except Exception as exc:  # no event watcher: samples and verdicts go on without Xid events
+            log.warning("NVML's event watcher did not start: %s: %s", type(exc).__name__, exc)
+            done = started = False
         if not (done and started):
-            self.watcher.stop(0)  # a start that returns late then starts a thread that ends at once
+            self.watcher.request_stop()  # a start that returns late then starts a thread that ends at once
             self.watcher = None
         log.info(
             "NVML%s: driver %s, %d device(s), sampling every %gs",

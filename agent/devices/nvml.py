@@ -684,6 +684,11 @@ class XidWatcher:
         self._thread.start()
         return True
 
+    def request_stop(self) -> None:
+        """Ask the thread to end, without waiting (nor needing it started: a start still in progress then
+        starts a thread that ends at once)."""
+        self._stop.set()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -63,7 +63,8 @@ class OomExtension(Extension):
     def health(self) -> Mapping[str, Any]:
         h = self.handlers
         return {"oom": {"classified": h.ooms, "duplicates": h.duplicates, "not_memory": h.not_memory,
-                        "over_budget": h.over_budget, "over_uid_budget": h.over_uid_budget}}
+                        "over_budget": h.over_budget, "over_uid_budget": h.over_uid_budget,
+                        "nvml_late": h.nvml_late, "reads_refused": h.reads_refused}}
 
     async def aclose(self) -> None:
         await self.handlers.wait_later()

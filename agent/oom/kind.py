@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
-from infersight.agent.daemon.offloop import in_daemon_thread, within
+from infersight.agent.daemon.offloop import TooManyCallsError, in_daemon_thread, within
 from infersight.agent.errors import AgentError
 from infersight.agent.oom.nvml_views import DeviceView, NvmlGuard, NvmlLike
 from infersight.bytesize import torch_bytes
@@ -350,6 +350,7 @@ class OomHandlers:
         self._new_by_producer: dict[tuple[int | None, str], list[int]] = {}
         self.over_budget = 0  # memory errors from logs and stderr not reported: over their producer's budget
         self.nvml_late = 0  # OOMs that went out without their NVML read: it did not come within NVML_READ_WAIT_S
+        self.reads_refused = 0  # OOMs that went out without it: too many reads were out (offloop.MAX_CALLS_OUT)
         self.over_uid_budget = 0  # texts not analysed: their uid's took ANALYSIS_NS_PER_UID of the loop in the window
         self._analysis_by_uid: dict[int, deque[tuple[int, int]]] = {}  # uid -> (when, cost) on the agent's clock
         self._uuid_index: dict[str, int] = {}
@@ -771,9 +772,13 @@ class OomHandlers:
     async def _read_off_loop(self, read: Callable[[], _T], what: str) -> tuple[bool, _T | None]:
         """``read()`` (NVML, /proc) on a daemon thread, waited for at most NVML_READ_WAIT_S: (came back, its
         result). A read that fails, or does not come (a driver that stopped answering), lets the OOM go out
-        without it; a late one is counted (``nvml_late``)."""
+        without it; a late one is counted (``nvml_late``), one refused for the reads out already too
+        (``reads_refused``)."""
         try:
-            done, got = await within(in_daemon_thread(read, "infersight-oom-read"), NVML_READ_WAIT_S)
+            done, got = await within(in_daemon_thread(read, "infersight-oom-read", capped=True), NVML_READ_WAIT_S)
+        except TooManyCallsError:
+            self.reads_refused += 1  # MAX_CALLS_OUT reads are out and have not returned: this OOM goes without
+            return False, None
         except Exception as exc:
             log.debug("%s for an OOM failed: %s", what, exc)
             return False, None

@@ -211,16 +211,17 @@ def test_type_conflict_and_malformed_histogram() -> None:
 
 def test_a_name_held_by_another_uids_type_is_said_with_both_uids(caplog: pytest.LogCaptureFixture) -> None:
     """One user's gauge and another's histogram of one name: Prometheus has one type per name, so the second
-    user's series are not exported. That was counted only; it is now said (once per name and pair of uids),
-    naming who holds the name, and counted apart from a user's clash with itself."""
+    user's series are not exported. That was counted only; it is now said (once per name and refused uid while
+    the name lives), naming the uids whose series hold the name now, and counted apart from a user's clash with
+    itself."""
     caplog.set_level("WARNING", logger="infersight.exporters.prometheus")
-    first, second = (Resource.of({"service.name": "s", "process.user.id": u}) for u in (1001, 1002))
-    store = SeriesStore()
+    res = {u: Resource.of({"service.name": "s", "process.user.id": u}) for u in (1001, 1002, 1003, 1004)}
+    store = SeriesStore(series_ttl_s=60)
     hist = [HistogramPoint([1.0], [1, 1], 2, 1.0, None, None)]
-    store.add([item("vllm.queue", "gauge", "", [NumberPoint(1)], res=first)])
+    store.add([item("vllm.queue", "gauge", "", [NumberPoint(1)], res=res[1001])], now=1000.0)
     for _ in range(3):
-        store.add([item("vllm.queue", "histogram", "", hist, res=second)])
-    store.add([item("vllm.queue", "histogram", "", hist, res=first)])  # the holder's own other type
+        store.add([item("vllm.queue", "histogram", "", hist, res=res[1002])], now=1000.0)
+    store.add([item("vllm.queue", "histogram", "", hist, res=res[1001])], now=1000.0)  # the holder's own other type
     assert (store.type_conflicts, store.type_conflicts_between_uids) == (4, 3)
     said = [r.getMessage() for r in caplog.records]
     assert said == [
@@ -228,6 +229,32 @@ def test_a_name_held_by_another_uids_type_is_said_with_both_uids(caplog: pytest.
         "has one type; rename one of them)",
         "Prometheus: uid 1001's histogram vllm_queue is not exported: its own gauge holds that name (a name has "
         "one type; rename one of them)"], said
+    # 1003 keeps a gauge of the name alive; 1001's expires: the holder named is who holds it now
+    store.add([item("vllm.queue", "gauge", "", [NumberPoint(2)], res=res[1003])], now=1050.0)
+    store.expire(now=1070.0)
+    caplog.clear()
+    store.add([item("vllm.queue", "histogram", "", hist, res=res[1004])], now=1070.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Prometheus: uid 1004's histogram vllm_queue is not exported: uid 1003's gauge holds that name (a name "
+        "has one type; rename one of them)"]  # (1001, the first holder, holds none of it any more)
+    assert store.type_conflicts_between_uids == 4
+
+
+def test_one_uids_own_clashes_do_not_use_up_what_is_said_of_others(caplog: pytest.LogCaptureFixture) -> None:
+    from infersight.exporters.prometheus_endpoint import MAX_CONFLICTS_SAID_PER_UID
+
+    caplog.set_level("WARNING", logger="infersight.exporters.prometheus")
+    a, b = (Resource.of({"service.name": "s", "process.user.id": u}) for u in (1001, 1002))
+    store = SeriesStore()
+    hist = [HistogramPoint([1.0], [1, 1], 2, 1.0, None, None)]
+    for n in range(3 * MAX_CONFLICTS_SAID_PER_UID):  # 1001 clashes with itself on many names
+        store.add([item("own.%d" % n, "gauge", "", [NumberPoint(1)], res=a)])
+        store.add([item("own.%d" % n, "histogram", "", hist, res=a)])
+    store.add([item("shared", "gauge", "", [NumberPoint(1)], res=a)])
+    store.add([item("shared", "histogram", "", hist, res=b)])
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == MAX_CONFLICTS_SAID_PER_UID + 1
+    assert said[-1].startswith("Prometheus: uid 1002's histogram shared is not exported: uid 1001's gauge")
 
 
 def test_real_agent_items_render() -> None:

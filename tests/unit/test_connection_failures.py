@@ -10,6 +10,7 @@ import errno
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,9 +123,21 @@ def test_a_reconnect_replays_a_large_backlog_to_an_agent_that_reads_a_moment_lat
         conn.outbox.append((seq, 1, b"x" * (512 << 10)))
     try:
         assert conn.connect() is True and conn.up
+        assert _wait(lambda: got[0] >= 4 * (512 << 10))  # the whole backlog arrived
     finally:
         conn.disconnect()
         srv.close()
+
+
+def _wait(pred: Any, timeout_s: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return bool(pred())
 
 
 def test_an_abandoned_wait_for_room_ends_at_once(tmp_path: Path) -> None:
@@ -145,3 +158,39 @@ def test_an_abandoned_wait_for_room_ends_at_once(tmp_path: Path) -> None:
     finally:
         ours.close()
         agent.close()
+
+
+def test_an_agent_that_takes_a_little_at_a_time_is_bounded_too(tmp_path: Path) -> None:
+    """Each send moving a few bytes never times out: the bound is checked after a partial send as well, so at exit
+    (``abandoned``) a frame to an agent that trickles stops within a slice."""
+    import threading
+    import time
+
+    from infersight.hooks._connection import SEND_TIMEOUT_S
+
+    ours, agent = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle() -> None:  # 64 KiB every 30 ms: each wait for room ends well within a slice
+        while not stop.is_set():
+            try:
+                if not agent.recv(65536):
+                    return
+            except OSError:
+                return
+            time.sleep(0.03)
+
+    reader = threading.Thread(target=trickle, daemon=True)
+    reader.start()
+    conn = Connection("/nonexistent", {"id": "t"})
+    conn.abandoned = True
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            conn._send_sliced(ours, memoryview(b"x" * (8 << 20)))
+        assert time.monotonic() - t0 < SEND_TIMEOUT_S  # (it sent all 8 MiB at ~2 MiB/s: about 4 s, no error)
+    finally:
+        stop.set()
+        ours.close()
+        agent.close()
+        reader.join(5)
