@@ -207,10 +207,14 @@ class Client:
             # Within the budget, and a short grace past it for the drain thread to leave the wait it was in
             # (an agent that accepts and never answers held the exit two seconds past a budget of 0.2).
             end = max(deadline, time.monotonic()) + EXIT_GRACE_S
-            self._thread.join(timeout=min(EXIT_LOCK_WAIT_S, max(0.0, end - time.monotonic())))
+
+            def left() -> float:
+                return min(EXIT_LOCK_WAIT_S, max(0.0, end - time.monotonic()))
+
+            self._thread.join(timeout=left())
             # A drain thread stuck in I/O holds the lock: do not wait on it past a bound.
             connected, unreported = self.conn.up, self._unreported()
-            if self._lock.acquire(timeout=min(EXIT_LOCK_WAIT_S, max(0.0, end - time.monotonic()))):
+            if self._lock.acquire(timeout=left()):
                 try:
                     self.spool.retry_at = 0.0  # one last try, whatever failed before
                     if unreported:

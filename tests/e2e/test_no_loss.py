@@ -87,30 +87,26 @@ def test_producer_spools_while_agent_is_down_and_agent_replays(tmp_path: Path, a
     assert sorted(got) == list(range(5000))
 
 
-def test_an_agent_that_never_answers_holds_the_exit_no_longer_than_its_budget(tmp_path: Path,
-                                                                              agent_factory) -> None:  # type: ignore[no-untyped-def]
+def test_an_agent_that_never_answers_loses_nothing_at_exit(tmp_path: Path,
+                                                          agent_factory) -> None:  # type: ignore[no-untyped-def]
     """A socket that takes connections in the kernel and never answers (a hung agent): the exit flush waits its
-    budget (0.2 s) and spools the rest; every event is replayed once a real agent starts. The drain thread,
-    waiting for the welcome with the lock held, kept the exit about 2 s past the budget."""
+    budget (0.2 s), cuts the drain thread's wait on the agent short and spools the rest; every event is replayed
+    once a real agent starts. (How long the exit takes: ``bench/exit_hung_agent.py``; the cut wait itself:
+    tests/unit/test_connection_failures.py.)"""
     agent = agent_factory()
     agent.sock.parent.mkdir(parents=True, exist_ok=True)
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.bind(str(agent.sock))
     silent.listen(64)  # accepts into its backlog, never reads, never answers
     script = tmp_path / "emit.py"
-    # atexit runs last-in first: this runs just before the hooks' exit flush
-    script.write_text(EMIT.format(n=5000, tail="import atexit, time\n"
-                                              "atexit.register(lambda: print('exit', time.monotonic(), flush=True))\n"))
+    script.write_text(EMIT.format(n=5000, tail=""))
     env = hook_env(agent.sock, agent.spool, INFERSIGHT_EXIT_FLUSH_S="0.2")
     try:
         r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
-        ended = time.monotonic()
     finally:
         silent.close()
     assert r.returncode == 0, r.stderr
     assert "lost" not in r.stderr, r.stderr
-    exit_s = ended - float(r.stdout.split()[-1])
-    assert exit_s < 1.2, exit_s  # the budget, a grace of 0.3 s and the interpreter's end (it was 2.2 s and more)
     os.unlink(agent.sock)
     agent.start()
     assert wait_for(lambda: not list(agent.spool.glob("*.spool")), 20)

@@ -10,9 +10,9 @@ import errno
 import os
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
+from conftest import wait_for
 
 from infersight.hooks import _wire
 from infersight.hooks._connection import Connection, connect_failure
@@ -123,74 +123,44 @@ def test_a_reconnect_replays_a_large_backlog_to_an_agent_that_reads_a_moment_lat
         conn.outbox.append((seq, 1, b"x" * (512 << 10)))
     try:
         assert conn.connect() is True and conn.up
-        assert _wait(lambda: got[0] >= 4 * (512 << 10))  # the whole backlog arrived
+        assert wait_for(lambda: got[0] >= 4 * (512 << 10), 30)  # the whole backlog arrived
     finally:
         conn.disconnect()
         srv.close()
 
 
-def _wait(pred: Any, timeout_s: float = 30.0) -> bool:
-    import time
+class _NoRoomSocket:
+    """FAKE socket of an agent that reads nothing (every send times out) or takes ``take`` bytes a send (one
+    that trickles, so that no send ever times out); counts the sends."""
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
+    def __init__(self, take: int = 0) -> None:
+        self.take, self.sends, self.timeout = take, 0, None
+
+    def settimeout(self, t: float) -> None:
+        self.timeout = t
+
+    def send(self, view: memoryview) -> int:
+        self.sends += 1
+        if not self.take:
+            raise TimeoutError("timed out")
+        return min(self.take, len(view))
 
 
-def test_an_abandoned_wait_for_room_ends_at_once(tmp_path: Path) -> None:
-    """At exit (``abandoned``), a send with no room ends within a slice instead of SEND_TIMEOUT_S."""
-    import time
+@pytest.mark.parametrize("take", [0, 4096], ids=["no-room", "trickle"])
+def test_an_abandoned_wait_on_the_agent_ends_after_one_slice(take: int) -> None:
+    """At exit (``abandoned``), a send to an agent that takes nothing, or a little at a time (each send moving a
+    few bytes, so that no wait ever times out), stops after one send instead of going on to SEND_TIMEOUT_S (no
+    room: about 20 slices) or for ever (a trickle: 8 MiB in 4 KiB sends)."""
+    from infersight.hooks._connection import WAIT_SLICE_S
 
-    from infersight.hooks._connection import SEND_TIMEOUT_S, WAIT_SLICE_S
-
-    ours, agent = socket.socketpair()  # the agent never reads
     conn = Connection("/nonexistent", {"id": "t"})
     conn.abandoned = True
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(OSError):
-            conn._send_sliced(ours, memoryview(b"x" * (16 << 20)))
-        assert time.monotonic() - t0 < SEND_TIMEOUT_S  # (one slice, WAIT_SLICE_S, and the sends before it)
-        assert ours.gettimeout() == WAIT_SLICE_S
-    finally:
-        ours.close()
-        agent.close()
-
-
-def test_an_agent_that_takes_a_little_at_a_time_is_bounded_too(tmp_path: Path) -> None:
-    """Each send moving a few bytes never times out: the bound is checked after a partial send as well, so at exit
-    (``abandoned``) a frame to an agent that trickles stops within a slice."""
-    import threading
-    import time
-
-    from infersight.hooks._connection import SEND_TIMEOUT_S
-
-    ours, agent = socket.socketpair()
-    stop = threading.Event()
-
-    def trickle() -> None:  # 64 KiB every 30 ms: each wait for room ends well within a slice
-        while not stop.is_set():
-            try:
-                if not agent.recv(65536):
-                    return
-            except OSError:
-                return
-            time.sleep(0.03)
-
-    reader = threading.Thread(target=trickle, daemon=True)
-    reader.start()
-    conn = Connection("/nonexistent", {"id": "t"})
-    conn.abandoned = True
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(OSError):
-            conn._send_sliced(ours, memoryview(b"x" * (8 << 20)))
-        assert time.monotonic() - t0 < SEND_TIMEOUT_S  # (it sent all 8 MiB at ~2 MiB/s: about 4 s, no error)
-    finally:
-        stop.set()
-        ours.close()
-        agent.close()
-        reader.join(5)
+    sock = _NoRoomSocket(take)
+    with pytest.raises(OSError):
+        conn._send_sliced(sock, memoryview(b"x" * (8 << 20)))
+    assert sock.sends == 1 and sock.timeout == WAIT_SLICE_S
+    # not abandoned, a trickle goes on: every byte is sent
+    conn.abandoned = False
+    sock = _NoRoomSocket(1 << 20)
+    conn._send_sliced(sock, memoryview(b"x" * (8 << 20)))
+    assert sock.sends == 8

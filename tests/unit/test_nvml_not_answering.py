@@ -42,6 +42,13 @@ class BlockedNvml:
                             memory_total_bytes=80 * GIB, processes=())
 
 
+async def _published(items: list[Item], timeout_s: float = 10.0) -> None:
+    """Until the OOM finished off the event loop published its items (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not items and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
 async def test_an_oom_goes_out_without_an_nvml_read_that_does_not_return(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(oom_kind, "NVML_READ_WAIT_S", 0.3)
     nvml = BlockedNvml()
@@ -53,10 +60,7 @@ async def test_an_oom_goes_out_without_an_nvml_read_that_does_not_return(monkeyp
              "stats": {"allocated": 10 * GIB, "reserved": 10 * GIB}, "uuid": "GPU-aaaa"}
     try:
         asm.events(p, [[1, 10, "oom", event]])  # needs NVML's per-process view: finished off the loop
-        for _ in range(200):
-            if published:
-                break
-            await asyncio.sleep(0.05)
+        await _published(published)
         (log,) = [i for i in published if isinstance(i, LogItem)]
         assert nvml.entered.is_set()  # the read began, and did not return
         assert not log.attributes.get("infersight.oom.nvml")  # classified without NVML's view
@@ -116,9 +120,16 @@ async def test_a_late_sample_is_waited_for_once_and_its_return_ends_the_hang(mon
     assert job.hung_since is not None and job.hangs == 1
     health = job.health()
     assert health["available"] is False and health["reason"] == job_mod.HUNG_REASON and health["hung_s"] > 0
-    t0 = time.monotonic()
+    waits: list[float] = []
+    real_within = job_mod.within
+
+    async def recorded(fut: Any, timeout_s: float) -> Any:
+        waits.append(timeout_s)
+        return await real_within(fut, timeout_s)
+
+    monkeypatch.setattr(job_mod, "within", recorded)
     assert await job._sample_within() == []  # still out: no second call beside it, and no second wait for it
-    assert len(started) == 1 and job.hangs == 1 and time.monotonic() - t0 < job.sample_wait_s
+    assert len(started) == 1 and job.hangs == 1 and waits == [0.0]
     nvml.release.set()
     fut = job._sampling
     assert fut is not None
@@ -209,10 +220,7 @@ async def test_the_devices_total_from_nvml_is_kept_though_the_process_is_not_pla
     event = {"source": "observer", "dev": 0, "req": 90 * GIB, "free": GIB, "uuid": "GPU-aaaa",
              "stats": {"allocated": 0, "reserved": 0}}
     asm.events(p, [[1, 10, "oom", event]])
-    for _ in range(200):
-        if published:
-            break
-        await asyncio.sleep(0.05)
+    await _published(published)
     (log,) = [i for i in published if isinstance(i, LogItem)]
     assert log.attributes["infersight.oom.T_bytes"] == 80 * GIB
     assert log.attributes["infersight.oom.class"] == "capacity"
