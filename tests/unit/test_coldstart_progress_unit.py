@@ -12,6 +12,9 @@ from infersight.exporters.mqtt_payload import Topics, encode_batch
 from infersight.telemetry import ColdStart, ColdStartProgress, Resource
 
 S = 1_000_000_000
+# The producers' PIDs here are made up (100 + n): a /proc that does not exist keeps the tracker from keying a
+# run by the command line of whatever real process holds that PID on the test machine.
+NO_PROC = "/nonexistent-proc"
 
 
 def hello(a: Assembler, n: int, start_s: float):  # type: ignore[no-untyped-def]
@@ -33,7 +36,7 @@ def root(a: Assembler, p, seq: int, e: float):  # type: ignore[no-untyped-def]
 
 def test_two_workers_of_one_service_publish_one_state_then_one_clear(tmp_path) -> None:
     a = coldstart_assembler("h")
-    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     # History: one run of the service, as both workers will be keyed (same command line: none).
     p0 = hello(a, 0, 0.0)
     t.observe(stage(a, p0, 1, "model_build", 0.0, 1.0))
@@ -64,7 +67,7 @@ def test_two_workers_of_one_service_publish_one_state_then_one_clear(tmp_path) -
 
 def test_an_agent_stopping_clears_what_it_showed(tmp_path) -> None:
     a = coldstart_assembler("h")
-    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     w = hello(a, 1, 0.0)
     t.observe(stage(a, w, 1, "model_build", 0.0, 1.0))
     assert len(t.tick(int(1.1 * S))) == 1
@@ -103,7 +106,7 @@ def test_a_cold_page_cache_is_predicted_from_cold_runs(tmp_path) -> None:
     model = tmp_path / "model.safetensors"
     model.write_bytes(os.urandom(1 << 20))
     a = coldstart_assembler("h")
-    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     for n, (ratio, load_s) in enumerate([(0.0, 20.0), (1.0, 2.0)]):  # one cold run, one warm run
         p = hello(a, n, 100.0 * n)
         t.observe(stage(a, p, 1, "model_build", 100.0 * n, 100.0 * n + 1))
@@ -135,7 +138,7 @@ def test_stages_after_readiness_do_not_restart_a_cold_start(tmp_path) -> None:
     """A worker that opens a stage per request once it is serving: its service must not show
     as warming again (a gateway would stop routing to it), nor start a run of its own."""
     a = coldstart_assembler("h")
-    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     w = hello(a, 1, 0.0)
     t.observe(stage(a, w, 1, "model_build", 0.0, 1.0))
     assert [u.state is not None for u in t.tick(int(1.1 * S))] == [True]
@@ -153,7 +156,7 @@ def test_a_cold_start_with_many_stages_is_tracked_and_recorded_bounded(tmp_path)
     """Thousands of stages before readiness: the live state, each run in history and so each
     estimate stay bounded (the first MAX_STAGES stages), and the ETA still comes from them."""
     a = coldstart_assembler("h")
-    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     n = 3 * MAX_STAGES
     cold_starts: list[ColdStart] = []
     for run in range(2):
@@ -185,7 +188,7 @@ def test_a_producer_whose_root_ended_before_the_agent_started_is_not_warming() -
     its death does not make up a root that would enter the history as a cold start as long
     as its life."""
     a = coldstart_assembler("h")
-    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     w = a.hello({"id": "p1", "pid": 101, "start_ns": 0, "trace_id": "%032x" % 1, "root_span_id": "%016x" % 2,
                  "service_name": "svc", "root_ended": True})
     for seq in range(1, 20):
@@ -201,7 +204,7 @@ def test_a_serving_producer_stays_remembered_while_others_finish(tmp_path, monke
 
     monkeypatch.setattr(progress, "MAX_DONE", 4)
     a = coldstart_assembler("h")
-    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     server = hello(a, 0, 0.0)
     t.observe(stage(a, server, 1, "model_build", 0.0, 1.0))
     t.observe(root(a, server, 2, 2.0))
@@ -220,7 +223,7 @@ def test_a_live_cold_start_keeps_its_first_stages_by_start_as_history_does(tmp_p
     """Past MAX_STAGES, the live run and the recorded run hold the same stages: the first by
     start time, whatever order they end in."""
     a = coldstart_assembler("h")
-    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     p = hello(a, 1, 0.0)
     n = MAX_STAGES + 10
     for i in range(1, n):

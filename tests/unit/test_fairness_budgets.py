@@ -19,6 +19,9 @@ from infersight.exporters.prometheus_endpoint import SeriesStore
 from infersight.telemetry import MetricItem, NumberPoint, Resource
 
 S = 1_000_000_000
+# The producers' PIDs here are made up (100 + n): a /proc that does not exist keeps the tracker from keying a
+# run by the command line of whatever real process holds that PID on the test machine.
+NO_PROC = "/nonexistent-proc"
 
 
 def hello(a: Assembler, n: int, kernel_uid: int | None, **extra: object):  # type: ignore[no-untyped-def]
@@ -96,7 +99,7 @@ def test_values_do_not_split_the_history_key() -> None:
 
 def test_another_uid_running_the_same_command_does_not_move_your_eta(tmp_path) -> None:  # type: ignore[no-untyped-def]
     a = coldstart_assembler("h")
-    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(str(tmp_path / "h.jsonl"), producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     own = hello(a, 1, 1000)
     t.observe(stage(a, own, 1, "weights_load", 1.0, 5.0))
     t.observe(root(a, own, 2, 6.0))
@@ -117,7 +120,7 @@ def test_another_uid_running_the_same_command_does_not_move_your_eta(tmp_path) -
 
 def test_one_uid_cannot_fill_the_warming_table() -> None:
     a = coldstart_assembler("h")
-    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info)
+    t = ProgressTracker(None, producer_info=lambda pid: a.producers[pid].info, proc_root=NO_PROC)
     for n in range(MAX_WARMING_PER_UID + 50):
         t.observe(stage(a, hello(a, n, 1001), 1, "model_build", 1.0, 1.5))
     assert len(t.warming) == MAX_WARMING_PER_UID and t.refused_warming == 50
