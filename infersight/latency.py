@@ -204,6 +204,14 @@ class LatencyWindow:
             del pids[pid]
         return None if not pids or UNKNOWN_PID in pids else frozenset(pids)
 
+    def other_model_pids(self, key: SeriesKey, now_s: float) -> frozenset[int]:
+        """The known PIDs timing requests of another model for the same uid in the window, less the
+        series' own: the processes of the uid's other servers."""
+        horizon = now_s - self.window_s
+        out = {pid for k, pids in self._pids.items() if k.uid == key.uid and k.model != key.model
+               for pid, t in pids.items() if t >= horizon and pid != UNKNOWN_PID}
+        return frozenset(out - self._pids.get(key, {}).keys())
+
     def _drop(self, key: SeriesKey) -> None:
         del self._series[key]
         self._stats.pop(key, None)

@@ -23,7 +23,11 @@ Method, stated once:
 - **Other processes** (``other_process``) are judged per series: a GPU process is the series'
   own when it, or one of its parents, is a process whose requests the series holds (``own``:
   PIDs as the agent sees them); it is *other* only when NVML's PID was mapped and its parent
-  chain read; a process it cannot place counts for neither side.
+  chain read; a process it cannot place counts for neither side. A process that times another
+  model's requests for the same uid (``apart``) is another server: it and what it starts are
+  other, even under a parent that makes the rest of the tree the series' own (two servers
+  started by one hooked supervisor share a GPU as strangers would). Up its parent chain, the
+  nearest of the two decides.
 """
 
 from __future__ import annotations
@@ -63,12 +67,19 @@ MAX_NAMED_PIDS = 3  # of which a detail names at most this many
 _NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+:@/")
 
 
-def _is_other(g: GpuProcess, own: Collection[int]) -> bool | None:
+def _is_other(g: GpuProcess, own: Collection[int], apart: Collection[int] = ()) -> bool | None:
     """Whether ``g`` is another process than ``own`` and their children; None when it cannot be placed
-    (NVML's PID not mapped, or its parents not read)."""
+    (NVML's PID not mapped, or its parents not read). ``apart``: another server's processes (another
+    model's, same uid), other with their children wherever they hang: of ``g`` and its parents, the
+    nearest in ``own`` or ``apart`` decides."""
     if g.pid is None or g.ancestors is None:
-        return None if g.pid not in own else False
-    return g.pid not in own and not any(a in own for a in g.ancestors)
+        return False if g.pid in own else True if g.pid in apart else None
+    for pid in (g.pid, *g.ancestors):
+        if pid in own:
+            return False
+        if pid in apart:
+            return True
+    return True
 
 
 def _label(g: GpuProcess) -> str:
@@ -111,8 +122,8 @@ class _Others:
         return ", ".join(parts)
 
 
-def _neighbours(samples: Sequence[DeviceSample], th: DeviceThresholds,
-                own: Collection[int]) -> tuple[int, int, str | None]:
+def _neighbours(samples: Sequence[DeviceSample], th: DeviceThresholds, own: Collection[int],
+                apart: Collection[int] = ()) -> tuple[int, int, str | None]:
     """(busy samples where other processes used >= other_process_sm_pct SM, busy samples with another
     compute process present where no per-process use was read, the detail) over one device's window."""
     measured, present, busy, read = 0, 0, 0, False
@@ -121,7 +132,7 @@ def _neighbours(samples: Sequence[DeviceSample], th: DeviceThresholds,
         if s.lost or (s.utilization_gpu_pct is not None and s.utilization_gpu_pct < th.busy_utilization_pct):
             continue
         busy += 1
-        others = [g for g in s.processes or () if _is_other(g, own)]
+        others = [g for g in s.processes or () if _is_other(g, own, apart)]
         if s.process_util_read:
             read = True
             computing = [g for g in others if g.sm_pct]
@@ -213,10 +224,11 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds,
 
 
 def with_neighbours(w: WindowState, samples: Sequence[DeviceSample], th: DeviceThresholds,
-                    own: Collection[int]) -> WindowState:
+                    own: Collection[int], apart: Collection[int] = ()) -> WindowState:
     """``w`` (the device's window, folded from ``samples``) with its other-process fields as a series whose
-    processes are ``own`` sees them: only those are read again, not the whole window."""
-    measured, present, others = _neighbours(samples, th, own)
+    processes are ``own`` sees them (``apart``: another server's, see :func:`_is_other`): only those are
+    read again, not the whole window."""
+    measured, present, others = _neighbours(samples, th, own, apart)
     return replace(w, other_process_samples=measured, other_present_samples=present, other_detail=others)
 
 

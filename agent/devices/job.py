@@ -454,12 +454,12 @@ class DeviceJob:
 
     def series_windows(self, now_ns: int) -> Callable[[SeriesKey], WindowState | None]:
         """Each series' window: its device's, with the other processes as that series' requests see
-        them (their producers' PIDs and those processes' children are its own). Computed when a slow
-        verdict asks, once per device and set of PIDs."""
+        them (their producers' PIDs and those processes' children are its own; the same uid's servers of
+        another model are others). Computed when a slow verdict asks, once per device and sets of PIDs."""
         from infersight.agent.devices.heterogeneity import with_neighbours
 
         devices = self.windows()
-        memo: dict[tuple[str, frozenset[int]], WindowState] = {}
+        memo: dict[tuple[str, frozenset[int], frozenset[int]], WindowState] = {}
         requests = self.requests
 
         def window_of(key: SeriesKey) -> WindowState | None:
@@ -468,10 +468,11 @@ class DeviceJob:
             q = self.samples.get(key.device)
             if base is None or own is None or not q:
                 return base
+            apart = requests.window.other_model_pids(key, now_ns / 1e9) if requests is not None else frozenset()
             own = self._with_hooked_ancestors(own, key.uid)
-            w = memo.get((key.device, own))
+            w = memo.get((key.device, own, apart))
             if w is None:
-                w = memo[(key.device, own)] = with_neighbours(base, list(q), self.thresholds, own)
+                w = memo[(key.device, own, apart)] = with_neighbours(base, list(q), self.thresholds, own, apart)
             return w
 
         return window_of

@@ -225,6 +225,61 @@ def test_latency_window_knows_the_series_processes() -> None:
     assert w3.pids(k, 2.0) is None
 
 
+def test_latency_window_names_the_uids_servers_of_other_models() -> None:
+    w = LatencyWindow(window_s=60)
+    m, n = SeriesKey("GPU-c", "m", "c", "g", 1001), SeriesKey("GPU-c", "n", "c", "g", 1001)
+    w.add(m, 0.1, 10.0, 100)
+    w.add(n, 0.1, 10.0, 200)
+    w.add(SeriesKey("GPU-d", "n", "other class", "g", 1001), 0.1, 30.0, 201)
+    w.add(SeriesKey("GPU-c", "n", "c", "g", 1002), 0.1, 10.0, 300)  # another uid's: a stranger anyway
+    w.add(SeriesKey("GPU-c", "m", "c2", "g", 1001), 0.1, 10.0, 101)  # the same model: the same server
+    w.add(n, 0.1, 10.0, None)  # an unnamed producer names no PID
+    assert w.other_model_pids(m, 20.0) == {200, 201}
+    assert w.other_model_pids(m, 75.0) == {201}  # 200's requests left the window
+    w.add(n, 0.1, 20.0, 100)  # one process serving both models is the series' own
+    assert w.other_model_pids(n, 30.0) == {101}  # m's other process; 100 is n's own too
+    assert w.other_model_pids(m, 30.0) == {200, 201}  # not 100: m's own
+
+
+def test_two_servers_under_one_hooked_supervisor_are_each_others_neighbours(tmp_path: Path) -> None:
+    """One uid's supervisor (SUP, hooked) starts two model servers on one GPU: A times model m's requests
+    and computes in its child A_GPU; B times model n's and computes in B_GPU. Their common hooked parent
+    makes the supervisor's tree the series' own, but B and what it starts compute for another model:
+    strangers to A's series, as A's are to B's. A helper of the supervisor's own (HELPER) stays own."""
+    from collections import deque
+
+    from infersight.agent.devices.job import DeviceJob
+
+    sup, a, a_gpu, b, b_gpu, helper = 400, 401, 402, 403, 404, 405
+    proc = make_proc_root(tmp_path, {sup: "sup", a: "a", a_gpu: "a", b: "b", b_gpu: "b", helper: "h"},
+                          parents={sup: 1, a: sup, a_gpu: a, b: sup, b_gpu: b, helper: sup})
+    key_a, key_b = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001), SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001)
+    window = LatencyWindow(window_s=60)
+    window.add(key_a, 0.1, 10.0, a)
+    window.add(key_b, 0.1, 10.0, b)
+    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
+                    nvml=Nvml(lib=_fake_lib([], None), proc_root=proc))
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({sup, a, b}) if uid == 1001 else frozenset())
+    a_busy, b_busy = _proc(a_gpu, 60, parents=(a, sup)), _proc(b_gpu, 40, parents=(b, sup))
+    job.samples["GPU-c"] = deque([_sample((a_busy, _proc(helper, 30, parents=(sup,))))] * 20
+                                 + [_sample((a_busy, b_busy))] * 40)
+    windows = job.series_windows(int(20e9))
+    wa, wb = windows(key_a), windows(key_b)
+    assert wa is not None and wa.other_process_samples == 40  # B's samples only: not the helper's
+    assert f"pid {b_gpu} " in str(wa.other_detail) and f"pid {a_gpu} " not in str(wa.other_detail)
+    assert f"pid {helper} " not in str(wa.other_detail)
+    assert wb is not None and wb.other_process_samples == 60 and f"pid {a_gpu} " in str(wb.other_detail)
+    assert f"pid {b_gpu} " not in str(wb.other_detail)
+
+
+def test_another_servers_process_is_other_even_with_its_parents_unread() -> None:
+    b = _proc(4500, 60, parents=None)  # its parent chain not read (hidepid): still known as B's own process
+    w = summarize_samples([_sample((b,))] * 10, TH, frozenset({SERVER}))
+    assert w.other_process_samples == 0  # unplaced without knowing it
+    w = heterogeneity.with_neighbours(w, [_sample((b,))] * 10, TH, frozenset({SERVER}), frozenset({4500}))
+    assert w.other_process_samples == 10
+
+
 # ---- the NVML wrapper, against a FAKE pynvml -----------------------------------------------
 
 
