@@ -23,18 +23,19 @@ from infersight.agent.report.views import Family, is_oom, process_label, stage_n
 from infersight.telemetry import AttrValue, LogItem, SpanItem
 
 LANE_TID_BASE = 1 << 30  # extra lanes: above any real Linux tid (pid_max <= 2^22)
-SYNTHETIC_PID_BASE = 1 << 22  # processes without process.pid: above any real pid, within int32
+SYNTHETIC_PID_BASE = 1 << 22  # processes without process.pid: above any real pid (PID_MAX_LIMIT), within int32
 
 
 class _Pids:
-    """process.pid where known; a stable synthetic id per resource otherwise."""
+    """process.pid where it is one (0 to Linux's PID_MAX_LIMIT); a stable synthetic id per resource
+    otherwise (a file's pid of 2**63 would not fit the trace's 64-bit arrays, nor Chrome's int32)."""
 
     def __init__(self) -> None:
         self.synthetic: dict[str, int] = {}
 
     def of(self, x: Any) -> int:
         pid = x.resource.get("process.pid")
-        if isinstance(pid, int) and not isinstance(pid, bool):
+        if isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < SYNTHETIC_PID_BASE:
             return pid
         key = str(x.resource.get("service.instance.id") or x.resource.attributes)
         return self.synthetic.setdefault(key, SYNTHETIC_PID_BASE + len(self.synthetic))

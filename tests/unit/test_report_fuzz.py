@@ -80,3 +80,17 @@ def test_times_past_int64_are_skipped_not_fatal() -> None:
         assert not t.spans and not t.samples and not t.logs
         assert t.skipped and all("time out of range" in s or "not an integer" in s for s in t.skipped), t.skipped[:3]
         render(build(t), ["big"])
+
+
+def test_a_pid_that_is_no_pid_gets_a_synthetic_one_in_the_trace() -> None:
+    """Regression (found by the property test above): a process.pid of 2**63 reached the trace's
+    64-bit arrays and raised OverflowError; a negative one or one past PID_MAX_LIMIT is no PID either."""
+    text = json.dumps(BASE)
+    assert '{"key": "process.pid", "value": {"intValue": "424242"}}' in text
+    for bad in (2**63, 2**40, -7):
+        docs = json.loads(text.replace('"intValue": "424242"', '"intValue": "%d"' % bad))
+        t = parse_lines([json.dumps(d) + "\n" for d in docs], "pid")
+        pids = {e["pid"] for e in rd.chrome_trace(t)["traceEvents"] if "pid" in e}
+        assert pids and bad not in pids and all(0 <= p < 2**31 for p in pids)
+    t = parse_lines([json.dumps(d) + "\n" for d in BASE], "pid")
+    assert 424242 in {e["pid"] for e in rd.chrome_trace(t)["traceEvents"] if "pid" in e}
