@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infersight.agent.devices.nvml import DeviceSample, GpuProcess
+from infersight.agent.devices.nvml import MAX_DETAILED_PROCESSES, DeviceSample, GpuProcess, busiest_mapped
 from infersight.latency import SeriesKey, SeriesStats
 from infersight.rules.device_rules import DeviceExample, DeviceThresholds
 
@@ -80,6 +80,19 @@ def _is_other(g: GpuProcess, own: Collection[int], apart: Collection[int] = ()) 
         if pid in apart:
             return True
     return True
+
+
+def kept_in_window(s: DeviceSample) -> DeviceSample:
+    """What a verdict window keeps of a sample: the processes whose uid and parents were read (the
+    busiest :data:`~infersight.agent.devices.nvml.MAX_DETAILED_PROCESSES` mapped), the only ones
+    :func:`_is_other` places but by PID. A neighbour's hundreds of compute processes would otherwise be
+    held for every sample of the window (300 to 3600 per device); the exported metrics read the whole
+    sample before."""
+    procs = s.processes
+    if not procs or len(procs) <= MAX_DETAILED_PROCESSES:
+        return s
+    keep = sorted(busiest_mapped(procs)[:MAX_DETAILED_PROCESSES])
+    return replace(s, processes=tuple(procs[i] for i in keep))
 
 
 def _label(g: GpuProcess) -> str:

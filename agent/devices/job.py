@@ -420,6 +420,8 @@ class DeviceJob:
         return device + items
 
     def _keep(self, samples: list[DeviceSample], now_ns: int) -> None:
+        from infersight.agent.devices.heterogeneity import kept_in_window
+
         horizon = now_ns - int(self.window_s * 1e9)
         devices: list[NvmlDevice] = []
         for s in samples:
@@ -430,7 +432,7 @@ class DeviceJob:
             q = self.samples.get(s.uuid)
             if q is None:
                 q = self.samples[s.uuid] = deque(maxlen=MAX_WINDOW_SAMPLES)
-            q.append(s)
+            q.append(kept_in_window(s))
         for q in self.samples.values():
             while q and q[0].time_ns < horizon:
                 q.popleft()

@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +69,13 @@ _INIT_PIDNS = "pid:[4026531836]"
 # then memory): a neighbour that starts thousands of processes costs at most this many /proc reads.
 MAX_DETAILED_PROCESSES = 16
 MAX_ANCESTRY = 8  # parents followed up from a GPU process (a worker of a worker of a server)
+
+
+def busiest_mapped(procs: Sequence[GpuProcess]) -> list[int]:
+    """The indexes of the processes whose PID was mapped, busiest first (SM use, then memory): the first
+    :data:`MAX_DETAILED_PROCESSES` get their uid and parent chain read."""
+    return sorted((i for i, g in enumerate(procs) if g.pid is not None),
+                  key=lambda i: (-(procs[i].sm_pct or 0), -(procs[i].used_bytes or 0)))
 
 
 def _library_loads() -> bool:
@@ -514,8 +521,7 @@ class Nvml:
         sm = self._process_sm(index, h)
         if sm is not None:
             procs = tuple(replace(g, sm_pct=sm.get(g.host_pid, 0)) for g in procs)
-        busiest = sorted((i for i, g in enumerate(procs) if g.pid is not None),
-                         key=lambda i: (-(procs[i].sm_pct or 0), -(procs[i].used_bytes or 0)))
+        busiest = busiest_mapped(procs)
         before = self._lineage.get(index, {})
         kept: dict[int, _Lineage] = {}
         detailed = list(procs)

@@ -280,6 +280,30 @@ def test_another_servers_process_is_other_even_with_its_parents_unread() -> None
     assert w.other_process_samples == 10
 
 
+def test_the_window_keeps_only_the_processes_a_verdict_can_place() -> None:
+    """A neighbour with 400 compute processes on the device: each kept sample holds the busiest mapped ones
+    (those the wrapper read parents for), not 400, and the verdict is the one the whole samples give."""
+    from infersight.agent.devices.job import DeviceJob
+
+    crowd = tuple(_proc(5000 + i, 0, parents=None) for i in range(400))  # idle, never detailed
+    busy = tuple(_proc(6000 + i, 10 + i, parents=(1,)) for i in range(MAX_DETAILED_PROCESSES - 2))
+    unmapped = GpuProcess(7000, 1 << 30, None, None, "another pid namespace", sm_pct=90)
+    hidden = _proc(6500, 5, parents=None)  # among the busiest, its parents hidden (hidepid)
+    worker = _proc(WORKER, 50, parents=(SERVER,))
+    samples = [_sample((*crowd, unmapped, *busy, hidden, worker), time_ns=i) for i in range(30)]
+    job = DeviceJob(thresholds=TH)
+    job._keep(samples, 30)
+    kept = list(job.samples["GPU-c"])
+    assert len(kept) == 30
+    assert {g.pid for g in kept[0].processes or ()} == {WORKER, 6500, *(g.pid for g in busy)}
+    assert len(kept[0].processes or ()) == MAX_DETAILED_PROCESSES
+    assert kept[0].utilization_gpu_pct == 90 and kept[0].process_util_read  # the rest of the sample as it was
+    own = frozenset({SERVER})
+    assert summarize_samples(kept, TH, own) == summarize_samples(samples, TH, own)
+    few = _sample((worker,))
+    assert heterogeneity.kept_in_window(few) is few  # a sample that holds no more than that is kept whole
+
+
 # ---- the NVML wrapper, against a FAKE pynvml -----------------------------------------------
 
 
