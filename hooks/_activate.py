@@ -19,6 +19,7 @@ from . import (
     _coldstart,
     _contract,
     _env,
+    _fds,
     _forkexit,
     _paths,
     _proc,
@@ -287,6 +288,7 @@ def _after_fork_child() -> None:
     try:
         rs.client = None
         old.close_inherited()  # the child's copies only: the parent's connection and lock stay
+        _fds.lost = 0  # a new producer: it reports the descriptors its own host takes, not its parent's
         rs.root_parent = parent_span
         rs.root_span_id = _runtime.new_span_id()
         rs.root_start_ns = root_start_ns

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from . import _env, _spoolfile, _wire
+from . import _env, _fds, _spoolfile, _wire
 from ._buffer import BATCH_EVENTS, HELD, MAX_BUFFER_EVENTS, Buffer, builders, user_events
 from ._connection import Connection
 from ._spoolfile import SpoolFile
@@ -101,7 +101,7 @@ class Client:
         self.enabled = True
         self.spilled_events = 0  # sent to the spool while connected (a burst), replayed later
         self.dropped_spool = 0  # events neither sent nor spooled
-        self._reported = (0, 0, 0, 0)  # (buffer, spool, vanished, texts) drops the agent was told of
+        self._reported = (0, 0, 0, 0, 0)  # (buffer, spool, vanished, texts, fds) drops the agent was told of
         self._warned_loss = False
         self.unencodable = 0  # events no frame could hold (counted in dropped_buffer too: ``_encode``)
         self._warned_bad: set = set()  # type: ignore[type-arg]  # the reasons said on stderr
@@ -249,20 +249,22 @@ class Client:
 
     # -- drops ---------------------------------------------------------------------------
 
-    def _drops(self) -> Tuple[int, int, int, int]:
-        return self.dropped_buffer, self.dropped_spool, self.spool_vanished, TEXT_DROPS[0]
+    def _drops(self) -> Tuple[int, int, int, int, int]:
+        return self.dropped_buffer, self.dropped_spool, self.spool_vanished, TEXT_DROPS[0], _fds.lost
 
     def _unreported(self) -> bool:
         return self._drops() != self._reported
 
     def _report_drops(self) -> None:
         """Queue a ``drops`` event with the counts so far."""
-        self._reported = b, s, v, t = self._drops()
+        self._reported = b, s, v, t, f = self._drops()
         d: Dict[str, int] = {"buffer": b, "spool": s}
         if v:
             d["vanished"] = v
         if t:
             d["texts"] = t
+        if f:  # the hooks' descriptors the host closed or took (``_fds``): nothing lost, but the host said so
+            d["fds"] = f
         self.buffer.append_report("drops", d)
 
     def _lose(self, n_events: int, why: str) -> None:

@@ -93,6 +93,7 @@ class Producer:
     peer_pid: int | None = None
     hello_cut: int = 0  # hello keys, values and resource attributes cut to their bounds
     spool_vanished: int = 0  # its spool files that someone else removed (the hook rescued them)
+    fds_lost: int = 0  # its hooks' descriptors its host closed or took over (os.closerange): reopened
 
     def attach_event(self, span_id: str | None, event: SpanEvent) -> None:
         """Attach ``event`` to span ``span_id`` when it arrives (bounded)."""
@@ -665,6 +666,7 @@ class Assembler:
             p.dropped_spool = max(p.dropped_spool, uint64_field(d.get("spool", 0), "spool"))
             p.spool_vanished = max(p.spool_vanished, uint64_field(d.get("vanished", 0), "vanished"))
             p.dropped_texts = max(p.dropped_texts, uint64_field(d.get("texts", 0), "texts"))
+            p.fds_lost = max(p.fds_lost, uint64_field(d.get("fds", 0), "fds"))
         else:
             raise Malformed("unknown event kind %r" % (kind,))
 

@@ -46,6 +46,9 @@ class Counters:
     accept_errors: int = 0  # accept() failures (EMFILE: out of descriptors)
     refused_identity: int = 0  # hellos whose pid or producer id the kernel contradicts
     spool_files_vanished: int = 0  # producers' spool files removed by someone else (their hooks report it)
+    # Producers' hook descriptors (socket, spool file) their host closed or reused (os.closerange when it
+    # daemonizes): the hooks noticed, left the number to the host and reopened theirs (their hooks report it).
+    producer_fds_lost: int = 0
     urgent_wakeups: int = 0  # urgent doorbells (an OOM sent): the read gate opened at once
     # Producers whose pid the agent cannot see (another pid namespace) taken as ended: their last
     # connection closed and they did not connect again within liveness.PIDLESS_GRACE_S.

@@ -126,6 +126,7 @@ class Receiver:
         ``acks`` (``[last seq, done]``) is marked done and ``send_acks``, then ``on_done``, run."""
         before_bad, before_dup, before_n = producer.malformed, producer.seq.duplicates, producer.events
         before_vanished, before_implausible = producer.spool_vanished, producer.seq.implausible
+        before_fds = producer.fds_lost
         last = 0
         if isinstance(events, list):
             bad_drops = False
@@ -147,6 +148,11 @@ class Receiver:
             self.counters.spool_files_vanished += producer.spool_vanished - before_vanished
             self.rlog.warn("vanished", "producer %s: someone removed its spool file (%d so far; the hook "
                            "rescued what it held)", producer.id, producer.spool_vanished)
+        if producer.fds_lost > before_fds:
+            self.counters.producer_fds_lost += producer.fds_lost - before_fds
+            self.rlog.warn("fds", "producer %s: its host closed or took over the hooks' descriptors (%d so far: "
+                           "a daemonizing os.closerange?); the hooks left them to the host and reopened theirs",
+                           producer.id, producer.fds_lost)
         self.counters.malformed_events += producer.malformed - before_bad
         self.counters.duplicates += producer.seq.duplicates - before_dup
         self.counters.events_in += producer.events - before_n
@@ -198,7 +204,7 @@ def plausible_drops(seq: int, data: Any) -> bool:
     dropped (see MAX_DROPS). Values of the wrong type are the assembler's to refuse."""
     if type(data) is not dict:
         return True
-    for key in ("buffer", "spool", "texts", "vanished"):
+    for key in ("buffer", "spool", "texts", "vanished", "fds"):
         v = data.get(key, 0)
         if type(v) is not int:
             continue

@@ -88,6 +88,9 @@ def test_closerange_connected(agent_factory, tmp_path: Path) -> None:  # type: i
     result = run_child("agent", agent.sock, agent.spool, tmp_path / "files")
     check_files(result)
     assert wait_for(lambda: len(after_events(agent.out)) == 1000, 30), len(after_events(agent.out))
+    # the hooks told the agent (their drops report), which counts it and says it once
+    assert wait_for(lambda: agent.status()["counters"]["producer_fds_lost"] >= 1, 20), agent.status()["counters"]
+    assert "closed or took over the hooks' descriptors" in agent.log.read_text()
 
 
 def test_closerange_spooling(agent_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

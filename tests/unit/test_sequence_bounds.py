@@ -151,4 +151,5 @@ def test_plausible_drops() -> None:
     assert not plausible_drops(10, {"spool": 11})
     assert not plausible_drops(10**18, {"buffer": MAX_DROPS + 1})
     assert not plausible_drops(1, {"vanished": MAX_DROPS + 1})
+    assert plausible_drops(1, {"fds": 40}) and not plausible_drops(1, {"fds": MAX_DROPS + 1})
     assert plausible_drops(1, {"buffer": "x"}), "a wrong type is the assembler's to refuse"
