@@ -39,6 +39,7 @@ VACATED_TTL_S = 600.0  # a vacated port waits this long at most for its service 
 QUIET_TTL_S = 900.0  # an instance whose process cannot be checked is forgotten after this long unseen
 LATENCY_EVERY_S = 1.0  # the latency windows are read this often (the decisions, every refresh)
 MAX_CANDIDATES = 8  # instances remembered per contested port
+MAX_CANDIDATES_PER_UID = 2  # of them live per uid: another user's processes never crowd out your restart
 OWNERS_EVERY_S = 10.0  # held and contested ports' listeners are checked this often (a table read per netns)
 
 LatencySource = Callable[[], Sequence[InstanceLatency]]
@@ -197,10 +198,21 @@ class RoutingTable:
         self.ports_contested += 1
 
     def _contest(self, port: int, inst: Instance) -> None:
-        """``inst`` listens on contested ``port``: it is a candidate to hold it again (bounded)."""
+        """``inst`` listens on contested ``port``: it is a candidate to hold it again. Bounded: at most
+        MAX_CANDIDATES_PER_UID live ones of a uid (a user who starts many processes on the port number
+        cannot fill the list before the holder's restart comes), and past MAX_CANDIDATES one that ended
+        makes room, never the first (the holder when the contest began: its service is vacated)."""
         cands = self.contested.setdefault(port, [])
-        if all(c[0] != inst.producer for c in cands) and len(cands) < MAX_CANDIDATES:
-            cands.append((inst.producer, inst.service, inst.uid, self.clock()))
+        if any(c[0] == inst.producer for c in cands):
+            return
+        if sum(1 for c in cands if c[2] == inst.uid and c[0] in self.instances) >= MAX_CANDIDATES_PER_UID:
+            return
+        if len(cands) >= MAX_CANDIDATES:
+            ended = next((i for i in range(1, len(cands)) if cands[i][0] not in self.instances), None)
+            if ended is None:
+                return
+            del cands[ended]
+        cands.append((inst.producer, inst.service, inst.uid, self.clock()))
         while len(self.contested) > MAX_VACATED:
             del self.contested[next(iter(self.contested))]
 

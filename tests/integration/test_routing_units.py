@@ -623,6 +623,38 @@ def test_a_held_port_another_uid_binds_later_is_let_go_at_the_next_check(listene
     assert w.table.ports_contested == 1
 
 
+def test_another_uids_many_claims_do_not_crowd_out_the_holders_restart(listeners: Listeners) -> None:
+    """Another user binds [::1]:P beside the victim's server and has eight hooked processes say they are ready
+    on P: the port is contested (fails open). The victim's server restarts meanwhile; once the other user
+    leaves the port number, the restart holds P again. Before, the other user's claims filled the candidates
+    before the restart came: P was left vacated with nobody to hold it (its reply failing open, its hints
+    gone) until the victim's next restart."""
+    from infersight.agent.routing import table as rt
+
+    port = _free_port()
+    w = World()
+    victim = listeners.start(1000, "v4", port)
+    _claim(w, "victim", victim, 1000, port)
+    w.table.refresh()
+    attacker = listeners.start(2000, "v6", port)
+    for n in range(rt.MAX_CANDIDATES):
+        _claim(w, "attacker%d" % n, attacker, 2000, port, service="evil")
+    assert sum(1 for c in w.table.contested[port] if c[2] == 2000) == rt.MAX_CANDIDATES_PER_UID
+    w.dead.add(victim)  # the victim's process ends (its socket stays bound: the restart's, in this test)
+    w.table.refresh()
+    restart = listeners.start(1000, "v4", _free_port())  # a live process of the victim's uid in this netns
+    _claim(w, "restart", restart, 1000, port)  # refused for now: the port is contested
+    assert w.table.reply(port) == hints.UNKNOWN_REPLY
+    intruder = listeners.procs[1]
+    intruder.kill()
+    intruder.wait(10)
+    w.dead.add(attacker)
+    w.clock.t += rt.OWNERS_EVERY_S
+    w.table.refresh()
+    assert {s["pid"]: s["port"] for s in w.table.snapshot() if s["port"] is not None} == {restart: port}
+    assert haproxy_words(w.table.reply(port))[:2] == ["up", "ready"]
+
+
 def test_a_slow_verdict_from_another_uids_requests_does_not_lower_your_instance() -> None:
     """Routing weighs an instance by the verdicts of its own uid's requests (the device job's
     ``slow_devices_of``): another user who finds the shared GPU slow moves only its own instances."""
