@@ -100,3 +100,34 @@ def test_closerange_spooling(agent_factory, tmp_path: Path) -> None:  # type: ig
     check_files(result)
     agent.start()  # replays the ended process's spool
     assert wait_for(lambda: len(after_events(agent.out)) == 1000, 30), len(after_events(agent.out))
+
+
+FORKER = """\
+import os
+from infersight import hooks
+from infersight.hooks import _fds
+
+_fds.lost = 3  # as if this process's host had taken three of the hooks' descriptors
+hooks.log("parent")
+hooks.flush(5)
+pid = os.fork()
+if pid == 0:  # a new producer: it reports its own count (none), not its parent's three again
+    hooks.log("child")
+    hooks.flush(5)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_does_not_report_its_parents_lost_descriptors(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    agent = agent_factory().start()
+    r = subprocess.run([sys.executable, "-c", FORKER], env=hook_env(agent.sock, agent.spool), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    def bodies() -> set[str]:
+        return {str(x.get("body", {}).get("stringValue", "")) for x in log_records(read_otlp_lines(agent.out))}
+
+    assert wait_for(lambda: {"parent", "child"} <= bodies(), 30), bodies()
+    assert wait_for(lambda: agent.status()["counters"]["producer_fds_lost"] >= 3, 20)
+    assert agent.status()["counters"]["producer_fds_lost"] == 3
