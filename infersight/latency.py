@@ -205,12 +205,20 @@ class LatencyWindow:
         return None if not pids or UNKNOWN_PID in pids else frozenset(pids)
 
     def other_model_pids(self, key: SeriesKey, now_s: float) -> frozenset[int]:
-        """The known PIDs timing requests of another model for the same uid in the window, less the
-        series' own: the processes of the uid's other servers."""
+        """The known PIDs timing requests of another model for the same uid in the window, less those that
+        time the series' model too (in any request class, on any device): the uid's other servers."""
         horizon = now_s - self.window_s
-        out = {pid for k, pids in self._pids.items() if k.uid == key.uid and k.model != key.model
-               for pid, t in pids.items() if t >= horizon and pid != UNKNOWN_PID}
-        return frozenset(out - self._pids.get(key, {}).keys())
+        other: set[int] = set()
+        same: set[int] = set()
+        for k, pids in self._pids.items():
+            if k.uid == key.uid:
+                (same if k.model == key.model else other).update(
+                    pid for pid, t in pids.items() if t >= horizon and pid != UNKNOWN_PID)
+        return frozenset(other - same)
+
+    def timing_pids(self) -> frozenset[int]:
+        """Every known PID that times requests in the window (any series, any uid)."""
+        return frozenset(pid for pids in self._pids.values() for pid in pids if pid != UNKNOWN_PID)
 
     def _drop(self, key: SeriesKey) -> None:
         del self._series[key]

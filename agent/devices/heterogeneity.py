@@ -22,12 +22,13 @@ Method, stated once:
   device's NVML window supports; throttling and link and clock shares are of busy samples.
 - **Other processes** (``other_process``) are judged per series: a GPU process is the series'
   own when it, or one of its parents, is a process whose requests the series holds (``own``:
-  PIDs as the agent sees them); it is *other* only when NVML's PID was mapped and its parent
-  chain read; a process it cannot place counts for neither side. A process that times another
-  model's requests for the same uid (``apart``) is another server: it and what it starts are
-  other, even under a parent that makes the rest of the tree the series' own (two servers
-  started by one hooked supervisor share a GPU as strangers would). Up its parent chain, the
-  nearest of the two decides.
+  PIDs as the agent sees them); it is *other* when NVML's PID was mapped and its parent chain
+  read and none of them is the series', or when it is a live producer of the same uid that times
+  another model's requests and none of this one's (``apart``: another server), or descends from
+  one: even under a parent that makes the rest of the tree the series' own (two servers started by
+  one hooked supervisor, or one server started by another, share a GPU as strangers would). Up
+  its parent chain, the nearest of the two decides. A process it cannot place counts for neither
+  side.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infersight.agent.devices.nvml import MAX_DETAILED_PROCESSES, DeviceSample, GpuProcess, busiest_mapped
+from infersight.agent.devices.nvml import DeviceSample, GpuProcess
 from infersight.latency import SeriesKey, SeriesStats
 from infersight.rules.device_rules import DeviceExample, DeviceThresholds
 
@@ -80,19 +81,6 @@ def _is_other(g: GpuProcess, own: Collection[int], apart: Collection[int] = ()) 
         if pid in apart:
             return True
     return True
-
-
-def kept_in_window(s: DeviceSample) -> DeviceSample:
-    """What a verdict window keeps of a sample: the processes whose uid and parents were read (the
-    busiest :data:`~infersight.agent.devices.nvml.MAX_DETAILED_PROCESSES` mapped), the only ones
-    :func:`_is_other` places but by PID. A neighbour's hundreds of compute processes would otherwise be
-    held for every sample of the window (300 to 3600 per device); the exported metrics read the whole
-    sample before."""
-    procs = s.processes
-    if not procs or len(procs) <= MAX_DETAILED_PROCESSES:
-        return s
-    keep = sorted(busiest_mapped(procs)[:MAX_DETAILED_PROCESSES])
-    return replace(s, processes=tuple(procs[i] for i in keep))
 
 
 def _label(g: GpuProcess) -> str:

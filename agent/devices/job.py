@@ -45,7 +45,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from infersight.agent.daemon.extension import AgentContext
 from infersight.agent.daemon.offloop import in_daemon_thread, within
 from infersight.agent.devices.metrics import RecordedSamples, device_metrics, nvml_unavailable
-from infersight.agent.devices.nvml import DeviceEvent, DeviceSample, HwState, Nvml, NvmlStatus, XidWatcher
+from infersight.agent.devices.nvml import (
+    DeviceEvent,
+    DeviceSample,
+    HwState,
+    Nvml,
+    NvmlStatus,
+    XidWatcher,
+    kept_in_window,
+)
 from infersight.latency import DEFAULT_WINDOW_S, NvmlDevice, RequestWindows, SeriesKey
 from infersight.metricspec import declared
 from infersight.rules.device_rules import DeviceThresholds
@@ -420,9 +428,8 @@ class DeviceJob:
         return device + items
 
     def _keep(self, samples: list[DeviceSample], now_ns: int) -> None:
-        from infersight.agent.devices.heterogeneity import kept_in_window
-
         horizon = now_ns - int(self.window_s * 1e9)
+        timing = self.requests.window.timing_pids() if self.requests is not None else frozenset()
         devices: list[NvmlDevice] = []
         for s in samples:
             devices.append(NvmlDevice(s.index, s.uuid, s.name))
@@ -432,7 +439,7 @@ class DeviceJob:
             q = self.samples.get(s.uuid)
             if q is None:
                 q = self.samples[s.uuid] = deque(maxlen=MAX_WINDOW_SAMPLES)
-            q.append(kept_in_window(s))
+            q.append(kept_in_window(s, timing))
         for q in self.samples.values():
             while q and q[0].time_ns < horizon:
                 q.popleft()
@@ -471,7 +478,10 @@ class DeviceJob:
             if base is None or own is None or not q:
                 return base
             apart = requests.window.other_model_pids(key, now_ns / 1e9) if requests is not None else frozenset()
-            own = self._with_hooked_ancestors(own, key.uid)
+            hooked = self._hooked_pids(key.uid)
+            if hooked is not None:  # a live producer's, not a PID an ended one left for reuse
+                apart &= hooked
+            own = self._with_hooked_ancestors(own, hooked, apart)
             w = memo.get((key.device, own, apart))
             if w is None:
                 w = memo[(key.device, own, apart)] = with_neighbours(base, list(q), self.thresholds, own, apart)
@@ -479,15 +489,20 @@ class DeviceJob:
 
         return window_of
 
-    def _with_hooked_ancestors(self, own: frozenset[int], uid: int | None) -> frozenset[int]:
-        """``own`` and its ancestors that are hooked producers of the same uid: what those start is the same
-        application's (vLLM's engine core beside the API servers that time the requests, under ``vllm
-        serve``; Ray's workers, under the driver that started the raylet; whatever runs under ``launch``)."""
+    def _hooked_pids(self, uid: int | None) -> frozenset[int] | None:
+        """The kernel's PIDs of ``uid``'s live producers; None where the agent cannot say."""
         pids_of = getattr(self._agent, "hooked_pids", None)  # (an AgentContext of an older make has none)
-        hooked = pids_of(uid) if pids_of is not None else frozenset()
+        return pids_of(uid) if pids_of is not None else None
+
+    def _with_hooked_ancestors(self, own: frozenset[int], hooked: frozenset[int] | None,
+                               apart: frozenset[int]) -> frozenset[int]:
+        """``own`` and its ancestors that are hooked producers of the same uid (``hooked``): what those start is
+        the same application's (vLLM's engine core beside the API servers that time the requests, under ``vllm
+        serve``; Ray's workers, under the driver that started the raylet; whatever runs under ``launch``).
+        Not one that times another model's requests (``apart``): a server that started this one is another."""
         if not hooked or self.nvml is None:
             return own
-        found = {a for pid in own for a in self.nvml.ancestors_of(pid) or () if a in hooked}
+        found = {a for pid in own for a in self.nvml.ancestors_of(pid) or () if a in hooked and a not in apart}
         return own | found if found else own
 
     def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:

@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -76,6 +76,20 @@ def busiest_mapped(procs: Sequence[GpuProcess]) -> list[int]:
     :data:`MAX_DETAILED_PROCESSES` get their uid and parent chain read."""
     return sorted((i for i, g in enumerate(procs) if g.pid is not None),
                   key=lambda i: (-(procs[i].sm_pct or 0), -(procs[i].used_bytes or 0)))
+
+
+def kept_in_window(s: DeviceSample, timing: Collection[int] = ()) -> DeviceSample:
+    """What a verdict window keeps of a sample: the busiest MAX_DETAILED_PROCESSES mapped processes (those
+    whose uid and parents were read, which a verdict places by their parent chain) and those whose PID times
+    requests (``timing``: a verdict places them by PID alone, as a series' own or another model's server).
+    The rest no verdict can place; a neighbour's hundreds of compute processes would otherwise be held for
+    every sample of the window (300 to 3600 per device). The exported metrics read the whole sample before."""
+    procs = s.processes
+    if not procs or len(procs) <= MAX_DETAILED_PROCESSES:
+        return s
+    keep = set(busiest_mapped(procs)[:MAX_DETAILED_PROCESSES])
+    keep.update(i for i, g in enumerate(procs) if g.pid is not None and g.pid in timing)
+    return replace(s, processes=tuple(procs[i] for i in sorted(keep)))
 
 
 def _library_loads() -> bool:

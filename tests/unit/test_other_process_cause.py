@@ -18,7 +18,7 @@ import pytest
 
 from infersight.agent.devices import heterogeneity
 from infersight.agent.devices.heterogeneity import WindowState, causes, evaluate, summarize_samples
-from infersight.agent.devices.nvml import MAX_DETAILED_PROCESSES, DeviceSample, GpuProcess, Nvml
+from infersight.agent.devices.nvml import MAX_DETAILED_PROCESSES, DeviceSample, GpuProcess, Nvml, kept_in_window
 from infersight.latency import MAX_SERIES_PIDS, LatencyWindow, SeriesKey, SeriesStats
 from infersight.rules.device_rules import CAUSES, DeviceThresholds, parse_device_rules
 
@@ -239,6 +239,9 @@ def test_latency_window_names_the_uids_servers_of_other_models() -> None:
     w.add(n, 0.1, 20.0, 100)  # one process serving both models is the series' own
     assert w.other_model_pids(n, 30.0) == {101}  # m's other process; 100 is n's own too
     assert w.other_model_pids(m, 30.0) == {200, 201}  # not 100: m's own
+    w.add(SeriesKey("GPU-d", "m", "c3", "g", 1001), 0.1, 20.0, 201)  # 201 times m too, in another class elsewhere
+    assert w.other_model_pids(m, 30.0) == {200}  # a process that serves m is no other server of m's
+    assert w.timing_pids() == {100, 101, 200, 201, 300}
 
 
 def test_two_servers_under_one_hooked_supervisor_are_each_others_neighbours(tmp_path: Path) -> None:
@@ -282,7 +285,9 @@ def test_another_servers_process_is_other_even_with_its_parents_unread() -> None
 
 def test_the_window_keeps_only_the_processes_a_verdict_can_place() -> None:
     """A neighbour with 400 compute processes on the device: each kept sample holds the busiest mapped ones
-    (those the wrapper read parents for), not 400, and the verdict is the one the whole samples give."""
+    (those the wrapper read parents for) and those that time requests (placed by PID: another model's server
+    of the same uid, past the busiest, its parents unread), not 400; every verdict is the one the whole
+    samples give."""
     from infersight.agent.devices.job import DeviceJob
 
     crowd = tuple(_proc(5000 + i, 0, parents=None) for i in range(400))  # idle, never detailed
@@ -290,18 +295,74 @@ def test_the_window_keeps_only_the_processes_a_verdict_can_place() -> None:
     unmapped = GpuProcess(7000, 1 << 30, None, None, "another pid namespace", sm_pct=90)
     hidden = _proc(6500, 5, parents=None)  # among the busiest, its parents hidden (hidepid)
     worker = _proc(WORKER, 50, parents=(SERVER,))
-    samples = [_sample((*crowd, unmapped, *busy, hidden, worker), time_ns=i) for i in range(30)]
-    job = DeviceJob(thresholds=TH)
+    other_model = tuple(_proc(8000 + i, 4, parents=None) for i in range(4))  # model n's server: 16% SM in all
+    samples = [_sample((*crowd, unmapped, *busy, hidden, worker, *other_model), time_ns=i) for i in range(30)]
+    window = LatencyWindow(window_s=60)
+    window.add(SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001), 0.1, 0.0, SERVER)
+    for g in other_model:
+        window.add(SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001), 0.1, 0.0, g.pid)
+    job = DeviceJob(requests=SimpleNamespace(window=window, set_devices=lambda devices: None),  # type: ignore[arg-type]
+                    thresholds=TH)
     job._keep(samples, 30)
     kept = list(job.samples["GPU-c"])
     assert len(kept) == 30
-    assert {g.pid for g in kept[0].processes or ()} == {WORKER, 6500, *(g.pid for g in busy)}
-    assert len(kept[0].processes or ()) == MAX_DETAILED_PROCESSES
+    assert {g.pid for g in kept[0].processes or ()} == {WORKER, 6500, *(g.pid for g in busy + other_model)}
     assert kept[0].utilization_gpu_pct == 90 and kept[0].process_util_read  # the rest of the sample as it was
-    own = frozenset({SERVER})
+    own, apart = frozenset({SERVER}), frozenset(g.pid for g in other_model)
     assert summarize_samples(kept, TH, own) == summarize_samples(samples, TH, own)
+    whole = heterogeneity.with_neighbours(summarize_samples(samples, TH), samples, TH, own, apart)
+    assert whole.other_process_samples == 30  # model n's server, placed by PID
+    assert heterogeneity.with_neighbours(summarize_samples(kept, TH), kept, TH, own, apart) == whole
     few = _sample((worker,))
-    assert heterogeneity.kept_in_window(few) is few  # a sample that holds no more than that is kept whole
+    assert kept_in_window(few) is few  # a sample that holds no more than that is kept whole
+
+
+def test_a_server_that_started_this_one_is_another_when_it_times_another_model(tmp_path: Path) -> None:
+    """Server B (times model n, hooked) starts server A (times model m) on the same GPU: B is A's hooked
+    ancestor, but it is another server: its GPU work is other to A's series as A's is to B's."""
+    from collections import deque
+
+    from infersight.agent.devices.job import DeviceJob
+
+    b, b_gpu, a, a_gpu = 500, 501, 502, 503
+    proc = make_proc_root(tmp_path, {b: "b", b_gpu: "b", a: "a", a_gpu: "a"},
+                          parents={b: 1, b_gpu: b, a: b, a_gpu: a})
+    key_a, key_b = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001), SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001)
+    window = LatencyWindow(window_s=60)
+    window.add(key_a, 0.1, 10.0, a)
+    window.add(key_b, 0.1, 10.0, b)
+    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
+                    nvml=Nvml(lib=_fake_lib([], None), proc_root=proc))
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({a, b}) if uid == 1001 else frozenset())
+    job.samples["GPU-c"] = deque([_sample((_proc(a_gpu, 50, parents=(a, b)), _proc(b_gpu, 40, parents=(b,))))] * 20)
+    windows = job.series_windows(int(20e9))
+    wa, wb = windows(key_a), windows(key_b)
+    assert wa is not None and wa.other_process_samples == 20 and f"pid {b_gpu} " in str(wa.other_detail)
+    assert wb is not None and wb.other_process_samples == 20 and f"pid {a_gpu} " in str(wb.other_detail)
+
+
+def test_an_ended_servers_pid_is_no_other_server_once_its_producer_is_gone(tmp_path: Path) -> None:
+    """Model n's server ended within the window; its PID went to a new process of the series' own (a worker,
+    not yet timing requests). Only a live producer's PID names another server: PID reuse hides a cause at
+    worst, never invents one."""
+    from collections import deque
+
+    from infersight.agent.devices.job import DeviceJob
+
+    proc = make_proc_root(tmp_path, {SERVER: "server", 5000: "python"}, parents={SERVER: 1, 5000: SERVER})
+    key = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001)
+    window = LatencyWindow(window_s=60)
+    window.add(key, 0.1, 10.0, SERVER)
+    window.add(SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001), 0.1, 10.0, 5000)  # the ended server's
+    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
+                    nvml=Nvml(lib=_fake_lib([], None), proc_root=proc))
+    job.samples["GPU-c"] = deque([_sample((_proc(5000, 70, parents=(SERVER,)),))] * 20)
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({SERVER}))  # 5000's producer is gone
+    w = job.series_windows(int(20e9))(key)
+    assert w is not None and w.other_process_samples == 0
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({SERVER, 5000}))  # while it lived: another's
+    w = job.series_windows(int(20e9))(key)
+    assert w is not None and w.other_process_samples == 20
 
 
 # ---- the NVML wrapper, against a FAKE pynvml -----------------------------------------------
