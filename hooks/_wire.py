@@ -44,7 +44,7 @@ HEADER = struct.Struct("!I")
 #   other kinds (oom, mem, req, ...) are handled by agent-side kind handlers.
 #   log:    body, sev (INFO|WARN|ERROR|...), a attributes, name (event family), sp span id
 #   metric: n name, v value, k kind (gauge|sum), u unit, a attributes
-#   drops:  buffer, spool (counts the producer dropped since it last reported); vanished, texts, fds when not 0
+#   drops:  buffer, spool (what the producer dropped, its totals so far); vanished, texts, fds when not 0
 #   cs_tick: open [[stage, span id, parent id, start, end, attrs], ...] (runs not emitted yet),
 #           t [sample ns, ...], i [label index, ...], l [labels of this tick] (``_checkpoint``)
 EVENT_KINDS = ("span", "log", "metric", "drops", "cs_tick")

@@ -29,8 +29,8 @@ log = logging.getLogger("infersight.ingest")
 # A ``drops`` report carries its producer's totals so far (the agent keeps the largest). What
 # one report may claim is bounded by what its producer can have dropped: every event dropped
 # by the buffer (``buffer``) or lost for want of spool (``spool``) had a sequence number below
-# the report's own, so each is at most the report's number; every count (``texts`` and
-# ``vanished`` too) is at most MAX_MISSING, the most numbers a producer may have missing. Since
+# the report's own, so each is at most the report's number; every count (``texts``, ``vanished``
+# and ``fds`` too) is at most MAX_MISSING, the most numbers a producer may have missing. Since
 # the agent keeps the largest, that bounds the producer's totals as well. A report past these
 # bounds is malformed: counted (``drops_implausible``, and as a malformed event), not taken.
 MAX_DROPS = MAX_MISSING
