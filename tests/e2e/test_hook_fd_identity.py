@@ -100,6 +100,8 @@ def test_closerange_spooling(agent_factory, tmp_path: Path) -> None:  # type: ig
     check_files(result)
     agent.start()  # replays the ended process's spool
     assert wait_for(lambda: len(after_events(agent.out)) == 1000, 30), len(after_events(agent.out))
+    # the drops report was spooled with the events: the replay tells the agent too
+    assert wait_for(lambda: agent.status()["counters"]["producer_fds_lost"] >= 1, 20), agent.status()["counters"]
 
 
 FORKER = """\
