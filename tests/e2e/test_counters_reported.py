@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -32,8 +33,9 @@ def test_gaps_forgotten_reach_status_and_metrics(agent_factory) -> None:  # type
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(str(agent.sock))
+        # its own pid, as a hook's: a non-root agent takes another pid only if it is a live process of this uid
         s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
-            "id": "gappy", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+            "id": "gappy", "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
         events = [[2 * i, 5, "log", {"body": "x"}] for i in range(1, MAX_GAPS + 10)]  # a gap before each
         for k in range(0, len(events), _wire.MAX_BATCH_EVENTS):  # in batches as a hook sends them
             s.sendall(_wire.encode_frame({"t": "b", "e": events[k:k + _wire.MAX_BATCH_EVENTS]}))

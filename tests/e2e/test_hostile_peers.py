@@ -41,8 +41,9 @@ def test_oversized_garbage_and_slow_peers_are_counted(agent_factory) -> None:  #
         assert s.recv(100) == b""
     # Hello, then malformed events inside a valid batch.
     with connect(agent.sock) as s:
+        # its own pid, as a hook's: a non-root agent takes another pid only if it is a live process of this uid
         s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
-            "id": "hostile", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+            "id": "hostile", "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
         s.sendall(_wire.encode_frame({"t": "b", "e": [[1, 5, "span", {"n": 3}], "junk", [2, 6, "nope", {}]]}))
         s.sendall(_wire.encode_frame({"t": "b", "e": [[3, 7, "log", {"body": "fine"}]]}))
         time.sleep(0.3)
@@ -121,8 +122,9 @@ def test_frames_announced_large_and_never_finished_hold_a_bounded_share(agent_fa
                         pass
             time.sleep(0.01)
         with connect(agent.sock) as victim:  # a producer whose batches are small: read at once
+            # its own pid, as a hook's: a non-root agent takes another pid only if it is a live process of this uid
             victim.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
-                "id": "victim", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+                "id": "victim", "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
             victim.sendall(_wire.encode_frame({"t": "b", "e": [[1, 5, "log", {"body": "victim-ok"}]]}))
             assert wait_for(lambda: agent.status()["counters"]["events_in"] == 1, 20)
         assert wait_for(lambda: agent.status()["counters"]["over_frame_budget"] >= 1, 30)
@@ -141,8 +143,9 @@ def test_a_batch_larger_than_any_hooks_is_refused_whole(agent_factory) -> None: 
     A batch of more events than a hook ever sends is refused whole, once; the connection goes on."""
     agent = agent_factory().start()
     with connect(agent.sock) as s:
+        # its own pid, as a hook's: a non-root agent takes another pid only if it is a live process of this uid
         s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
-            "id": "wide", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+            "id": "wide", "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
         s.sendall(_wire.encode_frame({"t": "b", "e": [[]] * 300_000}))
         s.sendall(_wire.encode_frame({"t": "b", "e": [[1, 7, "log", {"body": "fine"}]]}))
         assert wait_for(lambda: agent.status()["counters"]["events_in"] == 1, 20)

@@ -4,6 +4,7 @@ producer keeps pending is bounded by bytes and freed when it goes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -208,8 +209,9 @@ def test_one_peer_cannot_grow_pending_state_past_the_bound(agent_factory) -> Non
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(str(agent.sock))
+        # its own pid, as a hook's: a non-root agent takes another pid only if it is a live process of this uid
         s.sendall(_wire.encode_frame({"t": "hello", "schema": 1, "producer": {
-            "id": "greedy", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
+            "id": "greedy", "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}}))
         for f in range(40):  # 40 frames x 5 stages x ~100 KB: ~20 MB of pending stages
             s.sendall(_wire.encode_frame({"t": "b", "e": [big_stage(f * 5 + i, 100) for i in range(5)]}))
         assert wait_for(lambda: agent.status()["events_in"] >= 200, 30)

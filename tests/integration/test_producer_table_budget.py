@@ -36,6 +36,7 @@ ProducerTableFull = assemble.ProducerTableFull
 UID_B = 54321  # the neighbour: never the uid the tests run as
 SESSION = "5e" * 16
 ROOT_SPAN = "b" * 16
+DEAD_PID = 4_194_305  # above any pid_max (4194304): never a live process the identity check could find
 
 
 def producer(pid: int, pid_id: str, **extra: Any) -> dict[str, Any]:
@@ -232,7 +233,7 @@ async def test_a_spool_file_of_a_uid_at_its_share_waits_for_a_later_scan(tmp_pat
     try:
         spool = Path(agent.config["agent.spool_dir"])
         f = spool / _paths.spool_file_name("dead-b", "00" * 8)
-        f.write_bytes(_wire.hello_frame(producer(299_000, "dead-b"), 0)
+        f.write_bytes(_wire.hello_frame(producer(DEAD_PID, "dead-b"), 0)
                       + _wire.encode_frame({"t": "b", "e": [[1, 5, "log", {"m": "kept"}]]}))
         os.chown(f, UID_B, -1)
         assert agent.ingest.replay_spools(str(spool)) == 0

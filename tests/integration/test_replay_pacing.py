@@ -21,6 +21,8 @@ import pytest
 from infersight.agent.daemon import replay
 from infersight.hooks import _paths, _wire
 
+DEAD_PID = 4_194_305  # above any pid_max (4194304): never a live process the identity check could find
+
 
 async def _agent(tmp_path: Path, sink: bool = False) -> Any:
     from infersight.agent.daemon import config as cfg
@@ -42,7 +44,7 @@ def _wide_file(spool: Path, producer_id: str, frames: int, events: int = _wire.M
                width: int = 400) -> Path:
     """A spool file of ``frames`` batches of ``events`` log events (the attack's, smaller)."""
     f = spool / _paths.spool_file_name(producer_id, "00" * 8)
-    hello = {"id": producer_id, "pid": 299_000, "start_ns": 1, "trace_id": "%032x" % 299_001,
+    hello = {"id": producer_id, "pid": DEAD_PID, "start_ns": 1, "trace_id": "%032x" % 299_001,
              "root_span_id": "b" * 16}
     with open(f, "wb") as out:
         out.write(_wire.hello_frame(hello, 0))

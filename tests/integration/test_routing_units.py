@@ -414,6 +414,9 @@ def test_a_restart_seen_warming_before_its_predecessor_ended_still_takes_the_por
     assert w.table.reply(8000) == "drain\n"
 
 
+NO_PID = 4_194_305  # above any pid_max (4194304): never a live process whose netns's listeners the table reads
+
+
 def _user_span(producer: str, name: str, t: float, pid: int, uid: int, **attrs: object) -> SpanItem:
     """A stage span as the agent makes it: the resource carries the kernel's uid."""
     res = Resource.of({"service.name": "llm", "process.pid": pid, "process.user.id": uid})
@@ -496,7 +499,7 @@ def test_another_uids_instances_of_the_same_service_name_are_not_peers() -> None
     call themselves "llm" and answer in 1 ms must not cut this user's two identical backends to 10%."""
     w = World()
     t = w.clock()
-    for producer, pid, uid, port in (("a", 11, 1000, 8000), ("b", 12, 1000, 8001),
+    for producer, pid, uid, port in (("a", NO_PID + 11, 1000, 8000), ("b", NO_PID + 12, 1000, 8001),
                                      ("x1", 21, 2000, None), ("x2", 22, 2000, None), ("x3", 23, 2000, None)):
         attrs = {"server.port": port} if port else {}
         w.table.observe([_user_span(producer, "coldstart.runtime_init", t - 5, pid, uid),
@@ -662,7 +665,7 @@ def test_a_slow_verdict_from_another_uids_requests_does_not_lower_your_instance(
     w = World()
     w.table.slow_devices = lambda uid: per_uid.get(uid, {})
     t = w.clock()
-    for producer, pid, uid, port in (("mine", 11, 1000, 8000), ("theirs", 12, 2000, 8001)):
+    for producer, pid, uid, port in (("mine", NO_PID + 11, 1000, 8000), ("theirs", NO_PID + 12, 2000, 8001)):
         w.table.observe([_user_span(producer, "coldstart.runtime_init", t - 5, pid, uid),
                          _user_span(producer, "coldstart.ready_wait", t, pid, uid, **{"server.port": port})])
     w.clock.t += hints.SETTLE_S

@@ -4,6 +4,7 @@ malformed (not counted); the honest events around them still count, gaps include
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -48,8 +49,9 @@ def test_far_jumps_and_huge_drops_reports_are_malformed_not_counted(agent_factor
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(str(agent.sock))
+        # its own pid, as a hook's: a non-root agent takes another pid only if it is a live process of this uid
         send(s, {"t": "hello", "schema": 1, "producer": {
-            "id": "neighbour", "pid": 1, "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}})
+            "id": "neighbour", "pid": os.getpid(), "start_ns": 1, "trace_id": "a" * 32, "root_span_id": "b" * 16}})
         send(s, {"t": "b", "e": [log(1)]})
         assert 1 in acks_until(s, 1)
         send(s, {"t": "b", "e": [log(10**18)]})

@@ -22,6 +22,7 @@ from infersight.agent.daemon import replay
 from infersight.hooks import _paths, _wire
 
 ROOT_SPAN = "b" * 16
+DEAD_PID = 4_194_305  # above any pid_max (4194304): never a live process the identity check could find
 
 
 async def _agent(tmp_path: Path) -> Any:
@@ -43,7 +44,7 @@ async def _agent(tmp_path: Path) -> Any:
 def _spool_file(spool: Path, producer_id: str, batches: int) -> Path:
     """A dead producer's spool file as the hooks write it: its hello, then ``batches`` batches."""
     f = spool / _paths.spool_file_name(producer_id, "00" * 8)
-    hello = {"id": producer_id, "pid": 299_000, "start_ns": 1, "trace_id": "%032x" % 299_001,
+    hello = {"id": producer_id, "pid": DEAD_PID, "start_ns": 1, "trace_id": "%032x" % 299_001,
              "root_span_id": ROOT_SPAN}
     frames = [_wire.hello_frame(hello, 0)]
     frames += [_wire.encode_frame({"t": "b", "e": [[k + 1, 2_000, "log", {"m": "line %d" % k}]]})

@@ -19,6 +19,7 @@ from infersight.telemetry import Origin, Resource, SpanItem
 
 VICTIM, ATTACKER = 1000, 2000
 PORT = 8000
+VICTIM_PID = 4_194_305  # above any pid_max (4194304): never a live process whose netns's listeners the table reads
 
 
 def _ready(reply: str) -> bool:
@@ -62,10 +63,10 @@ class World:
     def victim_leaves(self) -> None:
         """The victim's server is ready on PORT, then ends: PORT is vacated, nobody listens on it."""
         self.kernel[PORT] = {VICTIM}
-        self.ready("victim", 11, VICTIM, PORT)
+        self.ready("victim", VICTIM_PID, VICTIM, PORT)
         self.table.refresh()
         assert _ready(self.table.reply(PORT))
-        self.dead.add(11)
+        self.dead.add(VICTIM_PID)
         del self.kernel[PORT]
         self.clock.t += 1
         self.table.refresh()
