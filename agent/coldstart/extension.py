@@ -76,6 +76,7 @@ class ColdStartExtension(Extension):
     async def start(self, agent: AgentContext) -> None:
         self._agent = agent
         self.tracker.producer_info = agent.producer_info
+        self.tracker.visible_pid = getattr(agent, "visible_pid", None)  # (an AgentContext of an older make has none)
         agent.observe(self.tracker.observe)
         if self.state_dir and measure_storage_enabled():
             agent.spawn(self._measure_storage(str(self.state_dir)), "coldstart-storage-ceiling")

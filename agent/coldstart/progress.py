@@ -124,6 +124,9 @@ class ProgressTracker:
         self.bytes_on_disk = self.history.bytes_read
         self.weights_of: dict[str, list[str]] = {}  # key -> weights paths of its latest run
         self.producer_info = producer_info or (lambda _p: None)
+        # The PID this agent's /proc shows a producer's process under (None: another PID namespace, where the
+        # hello's pid names some other process here); without it, the resource's process.pid.
+        self.visible_pid: Callable[[str], int | None] | None = None
         self.clock = clock
         self.proc_root = proc_root
         self.warming: dict[str, Warming] = {}
@@ -165,7 +168,7 @@ class ProgressTracker:
         service = str(resource.get("service.name") or "unknown_service")
         pid_v = resource.get("process.pid")
         pid = int(pid_v) if isinstance(pid_v, int) else 0
-        key = self._key_of(resource, service)
+        key = self._key_of(resource, service, self._pid_here(producer, resource))
         start = int(info.get("start_ns") or span.start_ns)
         w = Warming(producer, resource, service, pid, uid_of(resource), key, start, self._live_cache(key))
         w.root_span_id = info.get("root_span_id") or span.parent_span_id
@@ -231,7 +234,8 @@ class ProgressTracker:
         if cs.root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER or (w is not None and w.helper):
             return
         service = str(cs.root.resource.get("service.name") or "unknown_service")
-        key = w.key if w is not None else self._key_of(cs.root.resource, service)
+        key = w.key if w is not None else self._key_of(cs.root.resource, service,
+                                                      self._pid_here(producer or "", cs.root.resource))
         run = self.history.add(key, run_of(cs))  # as kept: bounded
         self.weights_of[key] = weights_paths(cs.stages)
         self.recorded += 1
@@ -264,13 +268,21 @@ class ProgressTracker:
         if len(self.done) > MAX_DONE:
             del self.done[next(iter(self.done))]  # the one longest without a stage
 
-    def _key_of(self, resource: Resource, service: str) -> str:
+    def _pid_here(self, producer: str, resource: Resource) -> int | None:
+        """The producer's PID in this agent's /proc (``visible_pid``), else its resource's process.pid (no
+        producer behind it: launch's own root of CMD, whose pid launch itself saw)."""
+        if self.visible_pid is not None and producer and self.producer_info(producer) is not None:
+            return self.visible_pid(producer)
+        pid = resource.get("process.pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+    def _key_of(self, resource: Resource, service: str, pid: int | None) -> str:
         """The history key (:func:`history.service_key`): the service, the producer's uid (the
-        kernel's), and its command line's shape (``argv0`` when /proc says nothing)."""
-        pid_v = resource.get("process.pid")
-        command = cmdline_of(pid_v, self.proc_root) if isinstance(pid_v, int) and pid_v else None
-        if not command and isinstance(pid_v, int):  # (a zombie's cmdline is empty)
-            command = self.known_commands.get(pid_v)  # exited before its events were read (launch's CMD)
+        kernel's), and its command line's shape: /proc's for ``pid`` (the process as this agent sees it;
+        None: it cannot), else ``argv0``."""
+        command = cmdline_of(pid, self.proc_root) if pid else None
+        if not command and pid:  # (a zombie's cmdline is empty)
+            command = self.known_commands.get(pid)  # exited before its events were read (launch's CMD)
         return ch.service_key(service, command or [str(resource.get("process.command") or "")], uid=uid_of(resource))
 
     # -- output --------------------------------------------------------------------------

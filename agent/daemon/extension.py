@@ -40,6 +40,11 @@ class AgentContext(Protocol):
     def hooked_pids(self, uid: int | None) -> frozenset[int]:
         """The kernel's PIDs (SO_PEERCRED, in the agent's namespace) of ``uid``'s live producers."""
 
+    def visible_pid(self, producer: str) -> int | None:
+        """The PID under which this agent's /proc shows ``producer``'s process: its hello's, unless the kernel
+        put it in another PID namespace (SO_PEERCRED gave 0: the hello's pid is its container's, and the same
+        number here is some other process); None then, or for a producer the agent does not know."""
+
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         """Show ``tap`` every batch before the exporters get it (quick, must not raise)."""
 

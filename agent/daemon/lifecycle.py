@@ -284,6 +284,13 @@ class Agent:
         return frozenset(p.peer_pid for p in self.assembler.producers.values()
                          if p.uid == uid and not p.gone and p.peer_pid)
 
+    def visible_pid(self, producer: str) -> int | None:
+        p = self.assembler.producers.get(producer)
+        if p is None or p.peer_pid == 0:
+            return None
+        pid = p.info.get("pid")
+        return pid if type(pid) is int and pid > 0 else None
+
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         self.broadcaster.taps.append(tap)
 

@@ -100,6 +100,7 @@ class RoutingExtension(Extension):
         self.server = server
         if self.settings["host"] in ("0.0.0.0", "::"):
             log.warning("routing agent-check configured on all interfaces (%s)", self.settings["host"])
+        self.table.visible_pid = getattr(agent, "visible_pid", None)  # (an AgentContext of an older make has none)
         agent.observe(self.table.observe)
         agent.spawn(self._refresh(agent, self.table), "routing-refresh")
 

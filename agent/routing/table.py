@@ -45,6 +45,7 @@ OWNERS_EVERY_S = 10.0  # held and contested ports' listeners are checked this of
 LatencySource = Callable[[], Sequence[InstanceLatency]]
 SlowDevices = Callable[[int | None], Mapping[str, float]]  # a uid's own slow devices -> coefficient
 Alive = Callable[[int, str | None], bool]
+VisiblePid = Callable[[str], int | None]  # producer -> its PID in this agent's /proc, None when none
 
 
 def _alive(pid: int, start: str | None) -> bool:
@@ -78,12 +79,16 @@ class RoutingTable:
         *,
         alive: Alive = _alive,
         clock: Callable[[], float] = time.time,
+        visible_pid: VisiblePid | None = None,
     ) -> None:
         self.latency = latency
         self.slow_devices = slow_devices
         self.max_concurrency = max_concurrency
         self.alive = alive
         self.clock = clock
+        # The PID this agent's /proc shows a producer's process under (None: none, another PID namespace);
+        # without it (tests, launch), the resource's process.pid.
+        self.visible_pid = visible_pid
         self.port_claims_refused = 0  # a readiness port whose listener is another uid's
         self.ports_contested = 0  # ports let go: listeners of two uids on the port number
         # port -> its candidates (producer, service, uid, since): instances that listen on a port two uids
@@ -119,7 +124,9 @@ class RoutingTable:
             if len(self.instances) >= MAX_INSTANCES or of_uid >= MAX_INSTANCES_PER_UID:
                 self.instances_refused += 1
                 return
-            pid_v = span.resource.get("process.pid")
+            pid_v = span.resource.get("process.pid") if self.visible_pid is None else self.visible_pid(producer)
+            # 0 where this agent cannot see the process (a sidecar's model server in its own PID namespace):
+            # taken as alive, its port claims as said, rather than judged by whatever holds that number here
             pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
             service = str(span.resource.get("service.name") or "unknown_service")
             inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
@@ -356,7 +363,7 @@ class RoutingTable:
 
     def state_of(self, inst: Instance) -> dict[str, Any]:
         return {
-            "pid": inst.pid,
+            "pid": inst.pid or inst.resource.get("process.pid"),  # the hello's where this agent sees none
             "state": "ready" if inst.ready_at_s is not None else "warming",
             "weight_ratio": inst.percent / 100.0,
             "settled": inst.settled,
