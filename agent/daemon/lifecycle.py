@@ -547,12 +547,19 @@ class Agent:
             self._notify("READY=1", "STATUS=" + self._status_sent)
 
     async def _heartbeat(self) -> None:
+        """Every ``agent.health_interval_s``: the agent's own metrics, then the extensions' heartbeat jobs.
+        It wakes at least every SPOOL_SCAN_S, so that a reloaded interval applies that soon and systemd's
+        STATUS= line stays current; it used to publish on each of those wakes, every 5 s whatever the
+        interval said."""
+        last = time.monotonic()
         while True:
-            # reloadable; at least as often as the spool scan (the jobs' cadence before it had a task of its own)
-            await asyncio.sleep(min(float(self.config["agent.health_interval_s"]), SPOOL_SCAN_S))
-            self.publish_health()
-            for job in self._heartbeat_jobs:
-                job()
+            interval = float(self.config["agent.health_interval_s"])  # reloadable
+            await asyncio.sleep(max(0.0, min(interval - (time.monotonic() - last), SPOOL_SCAN_S)))
+            if time.monotonic() - last >= float(self.config["agent.health_interval_s"]):
+                last = time.monotonic()
+                self.publish_health()
+                for job in self._heartbeat_jobs:
+                    job()
             self.notify_status()
 
     async def _first_spool_scan(self) -> None:
