@@ -102,6 +102,10 @@ def _access_hint(path: str) -> str:
     if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
         return "this process (uid %d) is in the socket's group %s already: check the mode of %s (%04o)" % (
             uid, group, where, stat.S_IMODE(st.st_mode))
+    if st.st_gid == 0:  # joining root's group to reach one socket would give this user far more
+        return ("the socket belongs to group root (an agent run as root outside its service?): do not add users "
+                "to group root; run the agent as its service (systemctl start infersight), whose socket's group "
+                "is infersight, then add this user (uid %d) to that group" % uid)
     return "add this user (uid %d) to the socket's group %s, e.g. usermod -aG %s %s, and restart this process" % (
         uid, group, group, user)
 

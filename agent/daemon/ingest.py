@@ -134,6 +134,11 @@ class Ingest:
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         await self.listener.start(path, mode, sock)
 
+    @property
+    def socket_group(self) -> int | None:
+        """The group a root agent gave its socket (its directory's), None when it gave none."""
+        return self.listener.socket_group
+
     def adopt(self, conns: Sequence[Any]) -> None:
         self.listener.adopt(conns)
 

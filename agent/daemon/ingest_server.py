@@ -77,6 +77,26 @@ def socket_dir_problem(st: os.stat_result, uid: int) -> str | None:
     return None
 
 
+def _group_as_directory(path: str) -> int | None:
+    """An agent run as root outside its service (in the foreground, after ``systemd-tmpfiles --create``)
+    binds its socket as group root: the hooks of the directory's group (``/run/infersight``, group
+    infersight) could not connect, and their hint would have been to join group root. Its socket takes
+    the directory's group instead, as ``infersight.socket`` gives it (``SocketGroup=``). A directory of
+    group root changes nothing; another user's agent cannot give its socket a group it is not in.
+    Returns the group given, None when none was."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        gid = os.stat(os.path.dirname(os.path.abspath(path))).st_gid
+        if gid == 0 or gid == os.getegid():
+            return None
+        os.chown(path, -1, gid, follow_symlinks=False)
+        return gid
+    except OSError as exc:
+        log.warning("cannot give the socket %s its directory's group: %s", path, exc)
+        return None
+
+
 def warn_replaceable_socket_dir(directory: str) -> None:
     """An operator's socket directory is used as configured, but one where another user could
     remove or replace the socket (a Kubernetes emptyDir is 2777) is said at start."""
@@ -133,6 +153,7 @@ class Listener:
         self.paused = False
         self._accepting: set[asyncio.Task[None]] = set()
         self.bound: tuple[int, int] | None = None  # (device, inode) of the socket file this listener made
+        self.socket_group: int | None = None  # the directory's group, given to the socket by a root agent
 
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:
         """Listen at ``path`` with ``mode``, or on ``sock`` (socket activation: systemd owns
@@ -151,6 +172,7 @@ class Listener:
             finally:
                 os.umask(old)
             os.chmod(path, mode)
+            self.socket_group = _group_as_directory(path)
             st = os.lstat(path)
             self.bound = (st.st_dev, st.st_ino)
         else:

@@ -531,6 +531,7 @@ class Agent:
         if not self.embedded and self.config.get("agent.state_dir"):
             self.assembler.resume_hints = seqstate.load(str(self.config["agent.state_dir"]))
         await self.ingest.start(self.config["agent.socket"], self.config["agent.socket_mode"], self.listen_sock)
+        self.ingest.allowed_gids = self._allowed_gids(self.config)
         self.listening = True
         if not self.embedded:
             check_hooks_spool_dir(self.config["agent.spool_dir"])
@@ -545,6 +546,15 @@ class Agent:
         if self._notifies():
             self._status_sent = self.status_line()
             self._notify("READY=1", "STATUS=" + self._status_sent)
+
+    def _allowed_gids(self, config: Config) -> set[int]:
+        """``agent.allowed_gids``; left at its default (the agent's gid), with the group a root agent gave its
+        socket (its directory's: the socket's audience, as a service agent's gid is)."""
+        gids = set(config["agent.allowed_gids"])
+        given = self.ingest.socket_group
+        if given is not None and config.sources.get("agent.allowed_gids", "default") == "default":
+            gids.add(given)
+        return gids
 
     async def _heartbeat(self) -> None:
         """Every ``agent.health_interval_s``: the agent's own metrics, then the extensions' heartbeat jobs.
@@ -629,7 +639,7 @@ class Agent:
         self.last_reload_error = None
         self.config = new
         self.ingest.allowed_uids = set(new["agent.allowed_uids"])
-        self.ingest.allowed_gids = set(new["agent.allowed_gids"])
+        self.ingest.allowed_gids = self._allowed_gids(new)
         self.ingest.frame_timeout_s = new["agent.frame_timeout_s"]
         logging.getLogger("infersight").setLevel(new["agent.log_level"])
         self.counters.reloads += 1

@@ -85,3 +85,47 @@ def test_a_user_outside_the_socket_group_is_told_once_and_spools(tmp_path: Path,
             assert agent.status()["producers"] == 0  # it never got in
         finally:
             agent.stop()
+
+
+MEMBER = """\
+from infersight import hooks
+hooks.log("member")
+assert hooks.flush(10), "not delivered"
+"""
+
+
+def test_an_agent_run_as_root_gives_its_socket_the_directorys_group() -> None:
+    """The operator runs the agent as root in the foreground (``/run/infersight`` made by tmpfiles.d, group
+    infersight), not as its service: its socket used to be root:root, and a member of group infersight got
+    EACCES and the hint to join group root. The socket now takes the directory's group, as the socket unit's
+    SocketGroup= does, and the member's events arrive."""
+    require_root()
+    python = system_python()
+    with open_base("isf-root-") as base:
+        make_dir(base / "run", 0o755)
+        run = make_dir(base / "run" / "infersight", 0o750, 0, GROUP_GID)
+        agent = AgentProcess(make_dir(base / "agent", 0o700))
+        agent.sock = run / "agent.sock"
+        agent.config.write_text(agent.config.read_text().replace(
+            'socket = "%s"' % (agent.root / "agent.sock"), 'socket = "%s"' % agent.sock))
+        env = dict(os.environ)
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        agent.proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(agent.config)],
+                                      stdout=open(agent.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                      env=env, group=0)  # root's own group
+        try:
+            assert wait_for(agent._listening, 30), agent.log.read_text()
+            st = agent.sock.stat()
+            assert st.st_gid == GROUP_GID and st.st_mode & 0o777 == 0o660, (st.st_gid, oct(st.st_mode))
+            home = make_dir(base / "home", 0o700, SERVED_UID, SERVED_UID)
+            spool = make_dir(base / "spool", 0o700, SERVED_UID, SERVED_UID)
+            (home / "member.py").write_text(MEMBER)
+            served_env = base_env(INFERSIGHT="1", PYTHONPATH=str(BOOTSTRAP), INFERSIGHT_SOCKET=str(agent.sock),
+                                  INFERSIGHT_SPOOL_DIR=str(spool), HOME=str(home))
+            r = subprocess.run([python, str(home / "member.py")], env=served_env, cwd=str(home),
+                               user=SERVED_UID, group=SERVED_UID, extra_groups=[GROUP_GID],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0 and "infersight:" not in r.stderr, r.stdout + r.stderr
+            assert wait_for(lambda: agent.status()["producers"] >= 1, 20), agent.status()
+        finally:
+            agent.stop()

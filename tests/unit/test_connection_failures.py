@@ -47,6 +47,27 @@ def test_a_permission_error_names_the_socket_the_error_and_the_group(tmp_path: P
         assert "in the socket's group" in why, why
 
 
+def test_a_socket_of_group_root_gets_no_hint_to_join_group_root(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent run as root outside its service binds its socket as group root: joining root's group to
+    reach it would give the user far more; the hint says to run the agent as its service instead."""
+    sock = tmp_path / "agent.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    try:
+        if sock.stat().st_gid != 0:
+            if os.geteuid() != 0:
+                pytest.skip("needs a socket of group root")
+            os.chown(sock, -1, 0)
+        monkeypatch.setattr(os, "getegid", lambda: 42931)  # a user in no group of root's
+        monkeypatch.setattr(os, "getgroups", lambda: [42931])
+        why = connect_failure(str(sock), PermissionError(errno.EACCES, "Permission denied"))
+    finally:
+        s.close()
+    assert why is not None and "group root" in why and "usermod -aG root" not in why, why
+    assert "systemctl start infersight" in why, why
+
+
 def test_another_error_is_said_without_a_hint() -> None:
     why = connect_failure("/x/agent.sock", OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
     assert why == "cannot connect to /x/agent.sock: %s (ENOTDIR)" % os.strerror(errno.ENOTDIR)
