@@ -42,6 +42,7 @@ How CMD is run:
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -661,6 +662,12 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
             return EXIT_NOT_FOUND
         except PermissionError:
             err.write("infersight: permission denied: %s\n" % cmd[0])
+            return EXIT_NOT_EXECUTABLE
+        except OSError as exc:  # ENOEXEC (a script without #!, another machine's binary), ELOOP, E2BIG...
+            err.write("infersight: cannot execute %s: %s%s\n" % (
+                cmd[0], exc.strerror or exc,
+                " (a script needs a #! line, or run it as: infersight launch -- sh %s)" % cmd[0]
+                if exc.errno == errno.ENOEXEC else ""))
             return EXIT_NOT_EXECUTABLE
         if joined is not None:  # CMD runs and reports to the joined agent: now the heavy part
             joined_rc: int = AgentSide("launch_join").module().run(opts, path, private, joined, child, spawn_ns, err)

@@ -73,6 +73,20 @@ def test_missing_command_gives_127(tmp_path: Path) -> None:
     assert r.returncode == 127 and "not found" in r.stderr
 
 
+def test_a_command_that_cannot_be_executed_gives_126_and_says_why(tmp_path: Path) -> None:
+    """Found in a README walkthrough: an executable script without #! (ENOEXEC) raised a traceback and
+    exit 1; a file that is not executable gave 126, as the shell does."""
+    script = tmp_path / "noshebang.sh"
+    script.write_text("echo hi\n")
+    script.chmod(0o755)
+    r, _ = launch(tmp_path, str(script))
+    assert r.returncode == 126 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot execute %s: Exec format error" % script in r.stderr and "#!" in r.stderr, r.stderr
+    script.chmod(0o644)  # no x bit: EACCES, even for root
+    r, _ = launch(tmp_path, str(script))
+    assert r.returncode == 126 and "permission denied" in r.stderr, r.stderr
+
+
 def test_usage_errors_give_2(tmp_path: Path) -> None:
     assert subprocess.run([*CLI, "launch"], capture_output=True, timeout=30).returncode == 2
     assert subprocess.run([*CLI, "launch", "--nope", "--", "true"], capture_output=True, timeout=30).returncode == 2
