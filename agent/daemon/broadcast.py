@@ -485,7 +485,8 @@ class ExporterWorker:
     def state(self) -> dict[str, int | float | str]:
         sp = self.spool
         out: dict[str, int | float | str] = {
-            "peer_up": int(self.peer_up),
+            # an endpoint that never started (Prometheus's port in use) is down too: its exports do not fail
+            "peer_up": int(self.peer_up and not self.start_error and not exporter_problem(self.exporter)),
             "queue_depth": len(self.queue),
             "exported_items": self.exported_items,
             "export_errors": self.export_errors,

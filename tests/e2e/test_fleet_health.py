@@ -98,6 +98,10 @@ def test_a_taken_prometheus_port_makes_the_agent_unhealthy(agent_factory, notify
         h = json.loads(status(agent.sock, "--json").stdout)
         assert h["healthy"] is False
         assert h["problems"][0]["exporter"] == "prometheus"
+        # the exporter's own line agrees (it said peer_up=1 beside the PROBLEM line: a README walkthrough)
+        (prom,) = [e for e in h["exporters"] if e["name"] == "prometheus"]
+        assert prom["peer_up"] == 0
+        assert "exporter prometheus   peer_up=0" in r.stdout, r.stdout
         assert agent.proc.poll() is None, "a bind failure is a degraded state, not an exit"
         assert "file %s" % agent.out in h["sinks"]
     finally:
