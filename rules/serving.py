@@ -1161,6 +1161,8 @@ def _decide(hit: _Hit, engine: str, rs: ServingRules) -> Finding:
             knob = case.knob or rule.knob
             break
     numbers: dict[str, int | None] = {k: (round(values[k]) if k in values else None) for k in BASE_QUANTITIES}
+    if numbers["T"] is None and values.get("total_gpu_bytes") is not None:  # the device total, in the engine's words
+        numbers["T"] = round(values["total_gpu_bytes"])
     extra = {k: v for k, v in values.items() if k not in BASE_QUANTITIES}
     note = render(note_t, env) if note_t is not None else ""
     if cls == "unknown" and reason is not None:

@@ -1584,3 +1584,16 @@ def test_an_engine_error_right_before_a_pytorch_message_is_its_own_event() -> No
             "but unallocated.")
     found = analyse(text)
     assert [(f.engine, f.first_line) for f in found] == [("llama.cpp", 0), ("pytorch", 1)]
+
+
+def test_the_device_total_an_engine_prints_fills_the_numbers_total() -> None:
+    """vLLM's profile line says the device total (``total_gpu_memory=23.68GiB``): it is T of the numbers object,
+    not only an engine key (a README walkthrough found ``T=-`` beside ``total_gpu_bytes=23.68 GiB``)."""
+    text = ("INFO 11-18 09:12:05 worker.py:232] Memory profiling results: total_gpu_memory=23.68GiB "
+            "initial_memory_usage=15.55GiB peak_torch_memory=16.24GiB memory_usage_post_profile=15.63GiB "
+            "non_torch_memory=0.63GiB kv_cache_size=4.44GiB gpu_memory_utilization=0.90\n"
+            "ERROR 11-18 09:12:05 engine.py:366] No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine.\n")
+    (f,) = analyse(text, builtin())
+    assert f.engine == "vllm" and f.extra["total_gpu_bytes"] == parse_bytes("23.68GiB")
+    assert f.numbers["T"] == round(parse_bytes("23.68GiB"))
