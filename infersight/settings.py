@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +194,18 @@ def section_unset(config: Config, prefix: str, env_prefix: str, env: Mapping[str
             and not any(v != "" and k.startswith(env_prefix) for k, v in env.items()))
 
 
+def unknown_key(name: str, known: Iterable[str]) -> str:
+    """``unknown key 'agent.log_levle' (did you mean 'agent.log_level'?)``: the message for a key nothing
+    reads, with the closest known one (difflib, imported only for an error)."""
+    import difflib
+
+    section, _, leaf = name.rpartition(".")
+    # within the key's section, by its last part: a shared long prefix makes any two names look alike
+    same = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
+    close = difflib.get_close_matches(leaf, sorted(same), n=1, cutoff=0.75)
+    return "unknown key %r%s" % (name, " (did you mean %r?)" % same[close[0]] if close else "")
+
+
 def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:
     """Every key of section ``prefix`` (e.g. ``exporters.mqtt.``), by its name inside the
     section; an unknown key in the file is an error naming it and its file:line."""
@@ -202,7 +214,8 @@ def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Ma
     if unknown:
         name = unknown[0]
         where = config.locations.get(name)
+        message = unknown_key(name, (prefix + n for n in values))
         if where is not None:
-            raise ConfigError("unknown key %r" % name, where)
-        raise ConfigError("%s: unknown key %r" % (config.sources.get(name, "config"), name))
+            raise ConfigError(message, where)
+        raise ConfigError("%s: %s" % (config.sources.get(name, "config"), message))
     return values

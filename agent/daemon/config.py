@@ -31,6 +31,7 @@ from infersight.settings import (
     parse_nonneg_float,
     parse_nonneg_int,
     parse_pos_float,
+    unknown_key,
 )
 from infersight.tomlfile import TomlKeys, loads
 
@@ -300,7 +301,7 @@ def load(
             locations = {name: Location(path, where.nearest(name).line) for name in file_values}
     for name in file_values:
         if name not in known and not name.startswith(EXTENSION_SECTIONS):
-            raise ConfigError("unknown key %r" % name, locations[name])
+            raise ConfigError(unknown_key(name, known), locations[name])
     for k in keys:
         origin: str | Location = "default"
         raw_value = None

@@ -464,7 +464,7 @@ def test_the_extension_wires_the_agent_and_reloads_rules(tmp_path: Path) -> None
     ("section", "why"),
     [
         ("[nvml]\ninterval_s = 0\n", "bad value for nvml.interval_s: 0 (expected a number of seconds in [0.05, 3600])"),
-        ("[devices]\nwindw_s = 60\n", "unknown key 'devices.windw_s'"),
+        ("[devices]\nwindw_s = 60\n", "unknown key 'devices.windw_s' (did you mean 'devices.window_s'?)"),
     ],
 )
 def test_a_reload_refused_for_a_devices_key_logs_file_line_and_why(

@@ -42,8 +42,25 @@ def test_socket_mode_must_not_open_to_others(tmp_path: Path) -> None:
 
 def test_unknown_key_is_an_error_with_line(tmp_path: Path) -> None:
     p = write(tmp_path, "[agent]\n\nsokcet = 1\n")
-    with pytest.raises(ConfigError, match=r"c\.toml:3: unknown key 'agent\.sokcet'"):
+    with pytest.raises(ConfigError, match=r"c\.toml:3: unknown key 'agent\.sokcet' \(did you mean 'agent\.socket'\?\)"):
         cfg.load(str(p), env={})
+
+
+def test_an_unknown_key_names_the_key_it_likely_means_in_its_section_only(tmp_path: Path) -> None:
+    """As the environment's typos are (``did you mean``); a name far from every key of its section gets
+    no guess (``exporters.mqtt.enabeld``: MQTT has no ``enabled``, and ``username`` is no answer)."""
+    from infersight.exporters.mqtt_settings import MQTT_KEYS
+    from infersight.settings import section_settings
+
+    p = write(tmp_path, "[agent]\nlog_levle = \"info\"\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'agent\.log_levle' \(did you mean 'agent\.log_level'\?\)"):
+        cfg.load(str(p), env={})
+    for text, want in (("[exporters.mqtt]\nenabeld = true\n", "unknown key 'exporters.mqtt.enabeld'"),
+                       ("[exporters.mqtt]\nkeepalve = 30\n", "(did you mean 'exporters.mqtt.keepalive'?)")):
+        conf = cfg.load(str(write(tmp_path, text)), env={})
+        with pytest.raises(ConfigError) as e:
+            section_settings(conf, "exporters.mqtt.", MQTT_KEYS, {})
+        assert str(e.value).endswith(want) and ("did you mean" in want) == ("did you mean" in str(e.value)), e.value
 
 
 def test_bad_env_value_names_the_variable() -> None:
