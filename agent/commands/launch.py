@@ -276,8 +276,9 @@ def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined |
     named = opts.agent != "auto" or bool(os.environ.get("INFERSIGHT_SOCKET"))
     path = hooks_module("_paths").socket_path() if opts.agent == "auto" else os.path.abspath(opts.agent)
     wait_s = opts.agent_wait_s if opts.agent_wait_s is not None else (AGENT_WAIT_S if named else 0.0)
-    if opts.agent == "auto" and not named and not os.path.exists(path):
-        return None  # the common workstation case: no agent, no wait
+    if opts.agent == "auto" and not named and not os.path.exists(os.path.dirname(path)):
+        return None  # the common workstation case: no agent, no wait, nothing to say
+    # (a socket directory without its socket, /run/infersight on a host whose service is stopped: said below)
     deadline = time.monotonic() + wait_s
     said = False
     while True:

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import attr, read_otlp_lines, spans, wait_for
 from short_tmp import short_tmpdir
 
@@ -125,6 +126,30 @@ def test_no_agent_answering_means_an_embedded_agent(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "no agent answers at %s" % stale in r.stderr and "running an embedded agent" in r.stderr
     assert len(list(tmp_path.glob("infersight-*.otlp.jsonl"))) == 1
+
+
+def test_a_socket_directory_without_its_socket_is_said_a_workstation_without_one_is_not(tmp_path: Path) -> None:
+    """The default socket's directory there (a host with the service installed but stopped: its tmpfiles.d
+    directory, here XDG_RUNTIME_DIR's) and no socket in it: launch says why it embeds (a README walkthrough
+    found it silent, as docs/operations.md promised otherwise). No directory at all, the workstation case:
+    nothing is said."""
+    from infersight.hooks import _paths
+
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    env = launch_env(tmp_path, XDG_RUNTIME_DIR=str(runtime))
+    path = _paths.socket_path({k: v for k, v in env.items() if k != "INFERSIGHT_SOCKET"})
+    if not path.startswith(str(runtime)):
+        pytest.skip("this machine has %s: the default socket is not XDG_RUNTIME_DIR's" % path)
+    r = subprocess.run([*CLI, "launch", "--", sys.executable, "-c", "pass"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "infersight:" not in r.stderr.replace("infersight: wrote", ""), r.stderr
+    (runtime / "infersight").mkdir(mode=0o700)
+    r = subprocess.run([*CLI, "launch", "--", sys.executable, "-c", "pass"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "no agent listens at %s (no socket)" % path in r.stderr and "running an embedded agent" in r.stderr, \
+        r.stderr
 
 
 def test_an_agent_that_refuses_this_uid_means_an_embedded_agent(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
