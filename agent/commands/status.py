@@ -83,7 +83,10 @@ def describe(h: dict[str, Any]) -> str:
         lines.append("  PROBLEM %s: %s" % (who, p.get("reason")))
     lines += ["  WARNING %s" % w for w in h.get("warnings") or []]
     keys = ("uptime_s", "socket", "producers", "events_in", "items_out", "lost", "dropped_by_producers")
-    lines += ["  %-22s %s" % (k, h.get(k)) for k in keys]
+    shown = dict(h)
+    if h.get("producers_connected") is not None:  # the table keeps producers that left: say how many are here
+        shown["producers"] = "%s (%s connected)" % (h.get("producers"), h["producers_connected"])
+    lines += ["  %-22s %s" % (k, shown.get(k)) for k in keys]
     sinks = h.get("sinks")
     lines.append("  %-22s %s" % ("sinks", ", ".join(sinks) if sinks else "none"))
     nv = h.get("nvml")

@@ -129,6 +129,10 @@ class Ingest:
         """The producer has a connection open now."""
         return self.liveness.connected(producer_id)
 
+    def connected_producers(self) -> int:
+        """How many producers have a connection open now (the producer table also keeps those that left)."""
+        return self.liveness.connected_count()
+
     # -- start and stop ------------------------------------------------------------------
 
     async def start(self, path: str, mode: int, sock: socket.socket | None = None) -> None:

@@ -399,7 +399,8 @@ class Agent:
             "pid": os.getpid(),
             "uptime_s": round(now - self.started_mono, 3),
             "socket": self.config["agent.socket"],
-            "producers": len(self.assembler.producers),
+            "producers": len(self.assembler.producers),  # every producer the table holds, those that left too
+            "producers_connected": self.ingest.connected_producers(),
             "events_in": self.counters.events_in,
             "items_out": self.counters.items_out,
             "lost": self.assembler.lost_total(),

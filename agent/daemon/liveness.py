@@ -103,6 +103,9 @@ class Liveness:
         """The producer has a connection open now."""
         return self._live.get(producer_id, 0) > 0
 
+    def connected_count(self) -> int:
+        return sum(1 for n in self._live.values() if n > 0)
+
     def joined(self, producer: Producer, pid: int) -> str | None:
         """A connection of ``producer`` was welcomed; returns its process's start time (to
         tell a reused pid later), None when unknown."""
