@@ -78,7 +78,9 @@ def pth_path(python: str, out: TextIO) -> str | None:
         return None
 
 
-def install(python: str, out: TextIO) -> int:
+def install(python: str, out: TextIO, named: bool = True) -> int:
+    """Write the ``.pth`` into ``python``'s site-packages. ``named``: the user named the interpreter
+    (``--python``); without it this one is used, infersight's own, which is seldom the model server's."""
     target = pth_path(python, out)
     if target is None:
         return 2
@@ -88,7 +90,11 @@ def install(python: str, out: TextIO) -> int:
     except OSError as exc:
         out.write("infersight hooks: cannot write %s: %s\n" % (target, exc))
         return 1
-    out.write("installed %s\nstart the service with INFERSIGHT=1 to activate the hooks\n" % target)
+    out.write("installed %s\n" % target)
+    if not named:
+        out.write("(into %s, the interpreter infersight runs in: for a model server's own, run again with "
+                  "--python /path/to/its/python)\n" % python)
+    out.write("start the service with INFERSIGHT=1 to activate the hooks\n")
     return 0
 
 
@@ -111,7 +117,8 @@ def uninstall(python: str, out: TextIO) -> int:
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:
     hp: argparse.ArgumentParser = sub.add_parser("hooks", help=help_line or command_help("hooks"))
     hp.add_argument("action", choices=("install", "uninstall"))
-    hp.add_argument("--python", default=sys.executable, metavar="PATH", help="target interpreter")
+    hp.add_argument("--python", metavar="PATH",
+                    help="the model server's interpreter (default: the one infersight runs in)")
     hp.set_defaults(func=run)
     return hp
 
@@ -119,6 +126,7 @@ def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParse
 def run(args: argparse.Namespace) -> int:
     from infersight.agent.commands import hooks_install
 
+    python = args.python or sys.executable
     if args.action == "install":
-        return hooks_install.install(args.python, sys.stdout)
-    return hooks_install.uninstall(args.python, sys.stdout)
+        return hooks_install.install(python, sys.stdout, named=args.python is not None)
+    return hooks_install.uninstall(python, sys.stdout)
