@@ -73,7 +73,8 @@ def test_config_errors_carry_the_file_location(tmp_path: Path) -> None:
     assert err.locations == [Location(str(conf), 4)]
     conf.write_text("[agent]\n\nsokcet = 1\n")
     err = _raised(lambda: cfg.load(str(conf), env={}))
-    assert err.locations == [Location(str(conf), 3)] and err.message == "unknown key 'agent.sokcet'"
+    assert err.locations == [Location(str(conf), 3)]
+    assert err.message == "unknown key 'agent.sokcet' (did you mean 'agent.socket'?)"
     err = _raised(lambda: cfg.load(None, env={"INFERSIGHT_SHUTDOWN_TIMEOUT_S": "soon"}))
     assert err.locations == []  # from the environment: the message names the variable
 
