@@ -41,23 +41,30 @@ print("tried", flush=True)
 """
 
 
+def _root_agent_in(base: Path, dir_mode: int, group: int) -> AgentProcess:
+    """A real agent as root with gid ``group``, its socket in ``base``/run/infersight (``dir_mode``, root:GROUP_GID,
+    as tmpfiles.d makes it). The caller waits for it and stops it."""
+    make_dir(base / "run", 0o755)
+    run = make_dir(base / "run" / "infersight", dir_mode, 0, GROUP_GID)
+    agent = AgentProcess(make_dir(base / "agent", 0o700))
+    agent.sock = run / "agent.sock"
+    agent.config.write_text(agent.config.read_text().replace(
+        'socket = "%s"' % (agent.root / "agent.sock"), 'socket = "%s"' % agent.sock))
+    env = dict(os.environ)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    agent.proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(agent.config)],
+                                  stdout=open(agent.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                  env=env, group=group, extra_groups=[])
+    return agent
+
+
 @pytest.mark.parametrize("dir_mode", [0o750, 0o755], ids=["dir-0750", "socket-only"])
 def test_a_user_outside_the_socket_group_is_told_once_and_spools(tmp_path: Path, dir_mode: int) -> None:
     require_root()
     python = system_python()  # the test's own interpreter may be under a 0700 /root
     with open_base("isf-acl-") as base:
-        make_dir(base / "run", 0o755)
-        run = make_dir(base / "run" / "infersight", dir_mode, 0, GROUP_GID)
-        agent = AgentProcess(make_dir(base / "agent", 0o700))
-        agent.sock = run / "agent.sock"
-        agent.config.write_text(agent.config.read_text().replace(
-            'socket = "%s"' % (agent.root / "agent.sock"), 'socket = "%s"' % agent.sock))
-        env = dict(os.environ)
-        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         # Root, with the socket group as its gid: the socket is made 0660 root:GROUP_GID.
-        agent.proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(agent.config)],
-                                      stdout=open(agent.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                      env=env, group=GROUP_GID, extra_groups=[])
+        agent = _root_agent_in(base, dir_mode, group=GROUP_GID)
         try:
             assert wait_for(agent._listening, 30), agent.log.read_text()
             st = agent.sock.stat()
@@ -102,17 +109,7 @@ def test_an_agent_run_as_root_gives_its_socket_the_directorys_group() -> None:
     require_root()
     python = system_python()
     with open_base("isf-root-") as base:
-        make_dir(base / "run", 0o755)
-        run = make_dir(base / "run" / "infersight", 0o750, 0, GROUP_GID)
-        agent = AgentProcess(make_dir(base / "agent", 0o700))
-        agent.sock = run / "agent.sock"
-        agent.config.write_text(agent.config.read_text().replace(
-            'socket = "%s"' % (agent.root / "agent.sock"), 'socket = "%s"' % agent.sock))
-        env = dict(os.environ)
-        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-        agent.proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", str(agent.config)],
-                                      stdout=open(agent.log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                                      env=env, group=0)  # root's own group
+        agent = _root_agent_in(base, 0o750, group=0)  # root's own group
         try:
             assert wait_for(agent._listening, 30), agent.log.read_text()
             st = agent.sock.stat()

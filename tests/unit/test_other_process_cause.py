@@ -244,6 +244,21 @@ def test_latency_window_names_the_uids_servers_of_other_models() -> None:
     assert w.timing_pids() == {100, 101, 200, 201, 300}
 
 
+def _two_servers_job(proc: Path, a: int, b: int, hooked: frozenset[int]) -> tuple[Any, SeriesKey, SeriesKey]:
+    """A device job whose window holds uid 1001's requests of model m timed by ``a`` and of model n by ``b``,
+    with ``hooked`` as that uid's live producers and a FAKE /proc at ``proc``."""
+    from infersight.agent.devices.job import DeviceJob
+
+    key_a, key_b = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001), SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001)
+    window = LatencyWindow(window_s=60)
+    window.add(key_a, 0.1, 10.0, a)
+    window.add(key_b, 0.1, 10.0, b)
+    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
+                    nvml=Nvml(lib=_fake_lib([], None), proc_root=str(proc)))
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: hooked if uid == 1001 else frozenset())
+    return job, key_a, key_b
+
+
 def test_two_servers_under_one_hooked_supervisor_are_each_others_neighbours(tmp_path: Path) -> None:
     """One uid's supervisor (SUP, hooked) starts two model servers on one GPU: A times model m's requests
     and computes in its child A_GPU; B times model n's and computes in B_GPU. Their common hooked parent
@@ -251,18 +266,11 @@ def test_two_servers_under_one_hooked_supervisor_are_each_others_neighbours(tmp_
     strangers to A's series, as A's are to B's. A helper of the supervisor's own (HELPER) stays own."""
     from collections import deque
 
-    from infersight.agent.devices.job import DeviceJob
 
     sup, a, a_gpu, b, b_gpu, helper = 400, 401, 402, 403, 404, 405
     proc = make_proc_root(tmp_path, {sup: "sup", a: "a", a_gpu: "a", b: "b", b_gpu: "b", helper: "h"},
                           parents={sup: 1, a: sup, a_gpu: a, b: sup, b_gpu: b, helper: sup})
-    key_a, key_b = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001), SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001)
-    window = LatencyWindow(window_s=60)
-    window.add(key_a, 0.1, 10.0, a)
-    window.add(key_b, 0.1, 10.0, b)
-    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
-                    nvml=Nvml(lib=_fake_lib([], None), proc_root=proc))
-    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({sup, a, b}) if uid == 1001 else frozenset())
+    job, key_a, key_b = _two_servers_job(proc, a, b, hooked=frozenset({sup, a, b}))
     a_busy, b_busy = _proc(a_gpu, 60, parents=(a, sup)), _proc(b_gpu, 40, parents=(b, sup))
     job.samples["GPU-c"] = deque([_sample((a_busy, _proc(helper, 30, parents=(sup,))))] * 20
                                  + [_sample((a_busy, b_busy))] * 40)
@@ -322,18 +330,11 @@ def test_a_server_that_started_this_one_is_another_when_it_times_another_model(t
     ancestor, but it is another server: its GPU work is other to A's series as A's is to B's."""
     from collections import deque
 
-    from infersight.agent.devices.job import DeviceJob
 
     b, b_gpu, a, a_gpu = 500, 501, 502, 503
     proc = make_proc_root(tmp_path, {b: "b", b_gpu: "b", a: "a", a_gpu: "a"},
                           parents={b: 1, b_gpu: b, a: b, a_gpu: a})
-    key_a, key_b = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001), SeriesKey("GPU-c", "n", "c", "FAKE GPU", 1001)
-    window = LatencyWindow(window_s=60)
-    window.add(key_a, 0.1, 10.0, a)
-    window.add(key_b, 0.1, 10.0, b)
-    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
-                    nvml=Nvml(lib=_fake_lib([], None), proc_root=proc))
-    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({a, b}) if uid == 1001 else frozenset())
+    job, key_a, key_b = _two_servers_job(proc, a, b, hooked=frozenset({a, b}))
     job.samples["GPU-c"] = deque([_sample((_proc(a_gpu, 50, parents=(a, b)), _proc(b_gpu, 40, parents=(b,))))] * 20)
     windows = job.series_windows(int(20e9))
     wa, wb = windows(key_a), windows(key_b)
