@@ -281,8 +281,9 @@ class ProgressTracker:
         kernel's), and its command line's shape: /proc's for ``pid`` (the process as this agent sees it;
         None: it cannot), else ``argv0``."""
         command = cmdline_of(pid, self.proc_root) if pid else None
-        if not command and pid:  # (a zombie's cmdline is empty)
-            command = self.known_commands.get(pid)  # exited before its events were read (launch's CMD)
+        if not command:  # (a zombie's cmdline is empty) exited before its events were read: launch's CMD, whose
+            said = resource.get("process.pid")  # pid launch saw spawning it, in its own namespace
+            command = self.known_commands.get(said) if isinstance(said, int) else None
         return ch.service_key(service, command or [str(resource.get("process.command") or "")], uid=uid_of(resource))
 
     # -- output --------------------------------------------------------------------------

@@ -257,6 +257,10 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
         reply = subscribe(s, session, kinds)
     except (OSError, ValueError) as exc:
         s.close()
+        if isinstance(exc, PermissionError):  # the socket, or its directory, is closed to this user: say which group
+            why = hooks_module("_connection").connect_failure(path, exc)
+            if why:
+                return JoinFailure(why, False)
         return JoinFailure("no agent answers at %s (%s)" % (path, getattr(exc, "strerror", None) or exc),
                            isinstance(exc, (ConnectionRefusedError, FileNotFoundError)))
     if reply.get("t") != "subscribed":
@@ -264,6 +268,17 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
         return "the agent at %s does not take this launch: %s" % (path, reply.get("error") or reply.get("t"))
     s.settimeout(None)
     return Joined(path, int(s.detach()), session, reply)
+
+
+# execve's errors that say CMD cannot be executed (126, as a shell says): not a binary or script this machine
+# runs, a loop of links, arguments too long, a path through a file, a binary being written.
+EXEC_ERRORS = frozenset({errno.ENOEXEC, errno.ELOOP, errno.E2BIG, errno.ENAMETOOLONG, errno.ENOTDIR, errno.ETXTBSY,
+                         errno.EISDIR})
+
+
+def _searchable(path: str) -> bool:
+    """Whether this user may look into the socket's directory (``/run/infersight`` is 0750, group infersight)."""
+    return os.access(os.path.dirname(path) or ".", os.X_OK)
 
 
 def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined | int | None:
@@ -282,7 +297,8 @@ def choose_agent(opts: LaunchOptions, kinds: list[str], err: TextIO) -> Joined |
     deadline = time.monotonic() + wait_s
     said = False
     while True:
-        joined: Joined | str = (join_agent(path, kinds) if os.path.exists(path)
+        # (a directory this user may not search hides the socket from os.path.exists: connecting says so)
+        joined: Joined | str = (join_agent(path, kinds) if os.path.exists(path) or not _searchable(path)
                                 else JoinFailure("no agent listens at %s (no socket)" % path, True))
         # Only an agent that is not there (yet) is waited for: one that refuses this launch, a socket this user
         # may not connect to, or an agent too busy to answer will not change by waiting.
@@ -664,7 +680,10 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
         except PermissionError:
             err.write("infersight: permission denied: %s\n" % cmd[0])
             return EXIT_NOT_EXECUTABLE
-        except OSError as exc:  # ENOEXEC (a script without #!, another machine's binary), ELOOP, E2BIG...
+        except OSError as exc:
+            if exc.errno not in EXEC_ERRORS:  # the spawn itself failed (EMFILE, EAGAIN, ENOMEM): not CMD's fault
+                err.write("infersight launch: cannot start %s: %s\n" % (cmd[0], exc.strerror or exc))
+                return EXIT_USAGE
             err.write("infersight: cannot execute %s: %s%s\n" % (
                 cmd[0], exc.strerror or exc,
                 " (a script needs a #! line, or run it as: infersight launch -- sh %s)" % cmd[0]

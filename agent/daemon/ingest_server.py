@@ -87,11 +87,14 @@ def _group_as_directory(path: str) -> int | None:
     if os.geteuid() != 0:
         return None
     try:
-        gid = os.stat(os.path.dirname(os.path.abspath(path))).st_gid
-        if gid == 0 or gid == os.getegid():
+        directory = os.path.dirname(os.path.abspath(path))
+        st = os.stat(directory)
+        if st.st_gid in (0, os.getegid()) or st.st_mode & stat.S_IWOTH:  # (anyone's directory: its group says nothing)
             return None
-        os.chown(path, -1, gid, follow_symlinks=False)
-        return gid
+        os.chown(path, -1, st.st_gid, follow_symlinks=False)
+        log.info("the socket %s takes its directory's group, gid %d (as infersight.socket's SocketGroup= would): "
+                 "its members may connect, and send unless agent.allowed_gids says otherwise", path, st.st_gid)
+        return st.st_gid
     except OSError as exc:
         log.warning("cannot give the socket %s its directory's group: %s", path, exc)
         return None

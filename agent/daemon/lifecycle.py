@@ -37,6 +37,7 @@ from infersight.agent.daemon.assemble import Assembler, KindHandler, Producer, S
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
 from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
+from infersight.agent.daemon.identity import id_parts, proc_start_ticks
 from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.sessions import Sessions
 from infersight.agent.daemon.spool import DiskSpool
@@ -289,7 +290,14 @@ class Agent:
         if p is None or p.peer_pid == 0:
             return None
         pid = p.info.get("pid")
-        return pid if type(pid) is int and pid > 0 else None
+        if type(pid) is not int or pid <= 0:
+            return None
+        if p.peer_pid is None:  # a spool file's hello (a pod's spool is shared across PID namespaces): only a
+            # live process here whose start is the one its id says is that producer's
+            parts = id_parts(str(p.info.get("id", "")))
+            if parts is None or parts[0] != pid or parts[1] in ("", "0") or proc_start_ticks(pid) != parts[1]:
+                return None
+        return pid
 
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         self.broadcaster.taps.append(tap)
@@ -426,7 +434,8 @@ class Agent:
         if h["problems"]:
             line = "UNHEALTHY: %s; %s" % (
                 "; ".join(problem_text(p) for p in h["problems"]), line.split(": ", 1)[1])
-        down = [e["name"] for e in h["exporters"] if not e.get("peer_up", True)]
+        named = {p.get("exporter") for p in h["problems"]}  # (a problem names its exporter already)
+        down = [e["name"] for e in h["exporters"] if not e.get("peer_up", True) and e["name"] not in named]
         if down:
             line += "; exporter(s) down: " + ", ".join(down)
         for w in h["warnings"]:

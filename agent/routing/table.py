@@ -152,9 +152,10 @@ class RoutingTable:
         open), and a holder of another uid lets it go. Not checkable (an in-process producer,
         tables that cannot be read, nobody listening yet): taken as said, but never from a
         holder of another uid, nor from another uid's vacated port in its window."""
-        if inst.uid is None or inst.uid == 0 or inst.pid <= 0:
+        if inst.uid is None or inst.uid == 0:
             return True
-        owners = listener_uids(inst.pid, port)
+        # a process this agent cannot see (another PID namespace: pid 0) has no listeners to read: as said
+        owners = listener_uids(inst.pid, port) if inst.pid > 0 else None
         if owners and owners <= {inst.uid}:
             return True
         holder = self.instances.get(self.ports.get(port, ""))

@@ -95,6 +95,7 @@ def test_a_taken_prometheus_port_makes_the_agent_unhealthy(agent_factory, notify
         assert "Address already in use" in r.stdout
         line = status_says(notify, "prometheus", "cannot listen on 127.0.0.1:%d" % port)
         assert "Address already in use" in line
+        assert "exporter(s) down" not in line, line  # named once, by its problem
         h = json.loads(status(agent.sock, "--json").stdout)
         assert h["healthy"] is False
         assert h["problems"][0]["exporter"] == "prometheus"

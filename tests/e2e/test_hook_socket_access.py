@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BOOTSTRAP, AgentProcess, wait_for
-from fleet_env import base_env, make_dir, open_base, require_root, system_python
+from fleet_env import base_env, make_dir, open_base, require_root, shared_python, system_python
 
 SERVED_UID, GROUP_GID = 42912, 42910  # the model server's uid (in no group of ours), group infersight
 
@@ -124,5 +124,30 @@ def test_an_agent_run_as_root_gives_its_socket_the_directorys_group() -> None:
                                capture_output=True, text=True, timeout=120)
             assert r.returncode == 0 and "infersight:" not in r.stderr, r.stdout + r.stderr
             assert wait_for(lambda: agent.status()["producers"] >= 1, 20), agent.status()
+        finally:
+            agent.stop()
+
+
+def test_launch_outside_the_socket_group_says_which_group_not_that_no_agent_listens() -> None:
+    """``/run/infersight`` is 0750 group infersight: to a user outside the group the socket is hidden, and
+    launch said "no agent listens ... (no socket)" while the service ran (a review). It says which group
+    to join instead, and runs its own agent."""
+    require_root()
+    if os.path.exists("/run/infersight"):
+        pytest.skip("/run/infersight exists here: launch's default socket is that one")
+    with open_base("isf-lnch-") as base:
+        agent = _root_agent_in(base, 0o750, group=GROUP_GID)
+        try:
+            assert wait_for(agent._listening, 30), agent.log.read_text()
+            python = shared_python(base)
+            home = make_dir(base / "home", 0o700, SERVED_UID, SERVED_UID)
+            env = base_env(XDG_RUNTIME_DIR=str(base / "run"), HOME=str(home), TMPDIR=str(home),
+                           INFERSIGHT_MEASURE_STORAGE="0")
+            r = subprocess.run([str(python), "-m", "infersight", "launch", "--", str(python), "-c", "pass"],
+                               env=env, cwd=str(home), user=SERVED_UID, group=SERVED_UID, extra_groups=[],
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "no socket" not in r.stderr, r.stderr
+            assert "usermod -aG %d" % GROUP_GID in r.stderr and "running an embedded agent" in r.stderr, r.stderr
         finally:
             agent.stop()

@@ -8,11 +8,13 @@ The /proc trees here are FAKE directories, standing for the agent's namespace.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
 from infersight.agent.coldstart.assembly import coldstart_assembler
 from infersight.agent.coldstart.progress import ProgressTracker
+from infersight.agent.daemon.identity import proc_start_ticks
 from infersight.agent.daemon.lifecycle import Agent
 from infersight.agent.routing import hints
 from infersight.agent.routing.table import RoutingTable
@@ -22,8 +24,8 @@ S = 1_000_000_000
 CONTAINER_PID = 7  # the model server's pid in its own container
 
 
-def _hello(a, producer_id: str, peer_pid: int | None):  # type: ignore[no-untyped-def]
-    p = a.hello({"id": producer_id, "pid": CONTAINER_PID, "start_ns": S, "trace_id": "a" * 32,
+def _hello(a, producer_id: str, peer_pid: int | None, pid: int = CONTAINER_PID):  # type: ignore[no-untyped-def]
+    p = a.hello({"id": producer_id, "pid": pid, "start_ns": S, "trace_id": "a" * 32,
                  "root_span_id": "b" * 16, "service_name": "svc", "argv0": "serve.py"}, 1000)
     p.peer_pid = peer_pid  # as the receiver sets it from SO_PEERCRED (None: a spool file's hello)
     return p
@@ -34,10 +36,17 @@ def test_the_agent_names_no_pid_for_a_producer_in_another_pid_namespace() -> Non
     agent = SimpleNamespace(assembler=a)
     _hello(a, "sidecar", 0)
     _hello(a, "host", CONTAINER_PID)
-    _hello(a, "replayed", None)
+    # A spool file's hello names no peer (a pod's spool is shared across PID namespaces): its pid is this
+    # agent's only where a live process here started when its id says (this test's own process, here).
+    me, ticks = os.getpid(), proc_start_ticks(os.getpid())
+    _hello(a, "boot-%d-%s" % (me, ticks), None, pid=me)
+    _hello(a, "boot-%d-%d" % (me, int(str(ticks)) + 1), None, pid=me)  # another process of that pid: not here
+    _hello(a, "replayed", None)  # no start in its id: nothing to check it by
     assert Agent.visible_pid(agent, "sidecar") is None  # type: ignore[arg-type]
     assert Agent.visible_pid(agent, "host") == CONTAINER_PID  # type: ignore[arg-type]
-    assert Agent.visible_pid(agent, "replayed") == CONTAINER_PID  # type: ignore[arg-type]
+    assert Agent.visible_pid(agent, "boot-%d-%s" % (me, ticks)) == me  # type: ignore[arg-type]
+    assert Agent.visible_pid(agent, "boot-%d-%d" % (me, int(str(ticks)) + 1)) is None  # type: ignore[arg-type]
+    assert Agent.visible_pid(agent, "replayed") is None  # type: ignore[arg-type]
     assert Agent.visible_pid(agent, "unknown") is None  # type: ignore[arg-type]
 
 
@@ -100,3 +109,21 @@ def test_routing_does_not_judge_a_sidecars_server_by_the_process_its_pid_names_h
                     _span("sidecar", "coldstart.ready_wait", 100.0, **{"server.port": 8000})])
     before.refresh()
     assert before.ports.get(8000) is None
+
+
+def _claim(producer: str, uid: int) -> list[SpanItem]:
+    res = Resource.of({"service.name": "llm", "process.pid": CONTAINER_PID, "process.user.id": uid})
+    return [SpanItem(res, "0" * 32, "1" * 16, "2" * 16, name, int((t - 1) * 1e9), int(t * 1e9),
+                     {"infersight.stage": name.split(".", 1)[1], **attrs}, [], None, Origin(producer, 1))
+            for name, t, attrs in (("coldstart.runtime_init", 95.0, {}),
+                                   ("coldstart.ready_wait", 100.0, {"server.port": 8000}))]
+
+
+def test_a_producer_this_agent_cannot_see_takes_no_port_another_uid_holds() -> None:
+    """Its listeners cannot be read, so its claim is taken as said, but never over a holder of another uid
+    (a review found the unseen pid let any claim through)."""
+    table = RoutingTable(list, lambda _uid: {}, clock=lambda: 100.0, visible_pid=lambda producer: None)
+    table.observe(_claim("server", 1000))
+    assert table.ports.get(8000) == "server"
+    table.observe(_claim("stranger", 2000))
+    assert table.ports.get(8000) == "server" and table.port_claims_refused == 1
