@@ -199,11 +199,14 @@ def unknown_key(name: str, known: Iterable[str]) -> str:
     reads, with the closest known one (difflib, imported only for an error)."""
     import difflib
 
+    known = sorted(known)
     section, _, leaf = name.rpartition(".")
     # within the key's section, by its last part: a shared long prefix makes any two names look alike
     same = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
-    close = difflib.get_close_matches(leaf, sorted(same), n=1, cutoff=0.75)
-    return "unknown key %r%s" % (name, " (did you mean %r?)" % same[close[0]] if close else "")
+    close = [same[c] for c in difflib.get_close_matches(leaf, sorted(same), n=1, cutoff=0.75)]
+    if not same:  # a section nothing has (misspelled, ``[agnet]``): the whole name, among every key
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+    return "unknown key %r%s" % (name, " (did you mean %r?)" % close[0] if close else "")
 
 
 def section_settings(config: Config, prefix: str, keys: tuple[Key, ...], env: Mapping[str, str]) -> dict[str, Any]:

@@ -429,8 +429,9 @@ class Agent:
         """One short line of health for ``systemctl status`` (STATUS=): what is wrong first,
         each unhealthy exporter with its reason, as ``infersight status`` names them."""
         h = self.health()
-        line = "%s: %d producer(s), %d events in, %d items out, %d lost" % (
-            "healthy" if h["healthy"] else "UNHEALTHY", h["producers"], h["events_in"], h["items_out"], h["lost"])
+        line = "%s: %d producer(s) (%d connected), %d events in, %d items out, %d lost" % (
+            "healthy" if h["healthy"] else "UNHEALTHY", h["producers"], h["producers_connected"], h["events_in"],
+            h["items_out"], h["lost"])
         if h["problems"]:
             line = "UNHEALTHY: %s; %s" % (
                 "; ".join(problem_text(p) for p in h["problems"]), line.split(": ", 1)[1])

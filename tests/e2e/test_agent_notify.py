@@ -84,7 +84,7 @@ def test_ready_watchdog_reload_stopping(agent_factory, notify: Notifications) ->
     ready = notify.wait("READY")
     # READY=1 only once the socket listens: the agent answers status right away.
     assert agent.sock.exists() and agent.status()["healthy"] is True
-    assert ready["STATUS"].startswith("healthy: 0 producer(s), 0 events in")
+    assert ready["STATUS"].startswith("healthy: 0 producer(s) (0 connected), 0 events in")
     assert not any("WATCHDOG" in m for m in notify.got[:-1]), "no ping before READY=1"
     # Pings keep coming from the event loop.
     for _ in range(3):

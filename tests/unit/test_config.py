@@ -55,6 +55,9 @@ def test_an_unknown_key_names_the_key_it_likely_means_in_its_section_only(tmp_pa
     p = write(tmp_path, "[agent]\nlog_levle = \"info\"\n")
     with pytest.raises(ConfigError, match=r"unknown key 'agent\.log_levle' \(did you mean 'agent\.log_level'\?\)"):
         cfg.load(str(p), env={})
+    p = write(tmp_path, "[agnet]\nlog_level = \"info\"\n")  # a misspelled section: the whole name
+    with pytest.raises(ConfigError, match=r"unknown key 'agnet\.log_level' \(did you mean 'agent\.log_level'\?\)"):
+        cfg.load(str(p), env={})
     for text, want in (("[exporters.mqtt]\nenabeld = true\n", "unknown key 'exporters.mqtt.enabeld'"),
                        ("[exporters.mqtt]\nkeepalve = 30\n", "(did you mean 'exporters.mqtt.keepalive'?)")):
         conf = cfg.load(str(write(tmp_path, text)), env={})
