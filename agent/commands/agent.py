@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         # The state directory is checked (and a mode of its own fixed) before anything reads it: the
         # extensions load the cold-start history there, and the exporters their spools.
         check_state_dir(conf["agent.state_dir"])
+        _say_why_not_the_service_state_dir(conf)
         extensions = build_extensions(conf)  # checks their keys and rule files before anything starts
         exporters = build_exporters(conf)
         default = file_is_default(conf, exporters)
@@ -63,6 +64,27 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # also found at start, e.g. an unsafe socket directory
         sys.stderr.write("infersight agent: %s\n" % exc)
         return EXIT_USAGE
+
+
+SERVICE_STATE_DIR = "/var/lib/infersight"
+
+
+def _say_why_not_the_service_state_dir(conf: Config) -> None:
+    """An agent whose default state directory is not the service's, though that one is there (root in the
+    foreground after systemd-tmpfiles: /var/lib/infersight is the infersight user's), says so: the README's
+    ``show /var/lib/infersight/infersight.otlp.jsonl`` would find nothing, and the log said not why."""
+    if conf.sources.get("agent.state_dir", "default") != "default" or conf["agent.state_dir"] == SERVICE_STATE_DIR:
+        return
+    if not os.path.isdir(SERVICE_STATE_DIR):
+        return
+    import logging
+
+    from infersight.statefiles import refusal
+
+    why = refusal(SERVICE_STATE_DIR) or "not writable by uid %d" % os.geteuid()
+    logging.getLogger("infersight.agent").warning(
+        "state directory %s, not the service's %s (%s): run the agent as its service (systemctl start "
+        "infersight), or set agent.state_dir", conf["agent.state_dir"], SERVICE_STATE_DIR, why)
 
 
 async def serve(conf: Config, exporters: list[Exporter], extensions: list[Extension]) -> int:
