@@ -70,6 +70,7 @@ COEFFICIENT_SPEC = declared(COEFFICIENT, "gauge", "1",
                             "Device P99 / median P99 of its peers (same model, request class, device kind)")
 DISABLED_REASON = "disabled by configuration (nvml.enabled = false)"
 MAX_WINDOW_SAMPLES = 3600
+RAYLET = "raylet"  # the comm of Ray's node manager, the parent of every worker of a Ray node
 SAMPLE_WAIT_S = 5.0  # an interval waits this long for its sample (at least two intervals) before going on without
 NVML_LOCK_WAIT_S = 2.0  # another NVML read waits this long for the one in progress, then gives up (None)
 _NOT_ANSWERING = "a driver that stopped answering: look for Xid errors in the kernel log, and at nvidia-smi"
@@ -481,7 +482,7 @@ class DeviceJob:
             hooked = self._hooked_pids(key.uid)
             if hooked is not None:  # a live producer's, not a PID an ended one left for reuse
                 apart &= hooked
-            own = self._with_hooked_ancestors(own, hooked, apart)
+            own = self._with_hooked_ancestors(own, hooked, apart, key.uid)
             w = memo.get((key.device, own, apart))
             if w is None:
                 w = memo[(key.device, own, apart)] = with_neighbours(base, list(q), self.thresholds, own, apart)
@@ -495,14 +496,29 @@ class DeviceJob:
         return pids_of(uid) if pids_of is not None else None
 
     def _with_hooked_ancestors(self, own: frozenset[int], hooked: frozenset[int] | None,
-                               apart: frozenset[int]) -> frozenset[int]:
+                               apart: frozenset[int], uid: int | None = None) -> frozenset[int]:
         """``own`` and its ancestors that are hooked producers of the same uid (``hooked``): what those start is
         the same application's (vLLM's engine core beside the API servers that time the requests, under ``vllm
         serve``; Ray's workers, under the driver that started the raylet; whatever runs under ``launch``).
-        Not one that times another model's requests (``apart``): a server that started this one is another."""
-        if not hooked or self.nvml is None:
+        A Ray cluster started by ``ray start`` has no hooked parent: its raylet, of the same uid, stands for
+        one (the workers it starts for a Serve replica, vLLM's tensor-parallel actors among them). Not one
+        that times another model's requests (``apart``): a server that started this one is another."""
+        if self.nvml is None or (not hooked and uid is None):
             return own
-        found = {a for pid in own for a in self.nvml.ancestors_of(pid) or () if a in hooked and a not in apart}
+        nvml = self.nvml
+        seen: dict[int, bool] = {}  # ancestor -> whether it stands for the application
+
+        def parent_of_app(a: int) -> bool:
+            if a in apart:
+                return False
+            if hooked and a in hooked:
+                return True
+            if a not in seen:
+                owner, name = nvml.owner_and_name(a)
+                seen[a] = name == RAYLET and owner is not None and owner == uid
+            return seen[a]
+
+        found = {a for pid in own for a in nvml.ancestors_of(pid) or () if parent_of_app(a)}
         return own | found if found else own
 
     def evaluate(self, now_ns: int) -> tuple[list[MetricItem], list[LogItem]]:

@@ -581,6 +581,15 @@ class Nvml:
             parent = stat[0]
         return tuple(out)
 
+    def owner_and_name(self, pid: int) -> tuple[int | None, str | None]:
+        """The real uid and ``comm`` of ``pid`` under proc_root; None for what cannot be read."""
+        try:
+            with open(f"{self._proc_root_s}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                comm: str | None = f.read().strip()
+        except OSError:
+            comm = None
+        return self._uid_of(pid), comm
+
     def _uid_of(self, pid: int) -> int | None:
         try:
             with open(f"{self._proc_root_s}/{pid}/status", "rb") as f:

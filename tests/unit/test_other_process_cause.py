@@ -342,6 +342,35 @@ def test_a_server_that_started_this_one_is_another_when_it_times_another_model(t
     assert wb is not None and wb.other_process_samples == 20 and f"pid {a_gpu} " in str(wb.other_detail)
 
 
+def test_a_ray_cluster_started_by_ray_start_is_the_replicas_own(tmp_path: Path) -> None:
+    """``ray start`` (no hooked parent): a Serve replica times the requests on its GPU, vLLM's tensor-parallel
+    actor computes beside it on another, both started by the raylet of the same uid. The actor is the series'
+    own; another uid's raylet makes nothing its own, nor does a raylet process of another uid's name."""
+    from collections import deque
+
+    from infersight.agent.devices.job import DeviceJob
+
+    raylet, replica, actor = 600, 601, 602
+    proc = make_proc_root(tmp_path, {raylet: "raylet", replica: "ray::ServeRepl", actor: "ray::RayWorkerW",
+                                     NEIGHBOUR: "python3"},
+                          parents={raylet: 1, replica: raylet, actor: raylet, NEIGHBOUR: 1},
+                          uids={raylet: 1001, replica: 1001, actor: 1001, NEIGHBOUR: 1002})
+    key = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1001)
+    window = LatencyWindow(window_s=60)
+    window.add(key, 0.1, 10.0, replica)
+    job = DeviceJob(requests=SimpleNamespace(window=window), thresholds=TH,  # type: ignore[arg-type]
+                    nvml=Nvml(lib=_fake_lib([], None), proc_root=str(proc)))
+    job._agent = SimpleNamespace(hooked_pids=lambda uid: frozenset({replica}) if uid == 1001 else frozenset())
+    busy = _proc(actor, 80, parents=(raylet,))
+    job.samples["GPU-c"] = deque([_sample((busy,))] * 30 + [_sample((busy, _proc(NEIGHBOUR, 50, uid=1002)))] * 30)
+    w = job.series_windows(int(20e9))(key)
+    assert w is not None and w.other_process_samples == 30 and f"pid {actor} " not in str(w.other_detail)
+    other = SeriesKey("GPU-c", "m", "c", "FAKE GPU", 1003)  # a uid whose raylet this is not
+    window.add(other, 0.1, 10.0, replica)
+    w = job.series_windows(int(20e9))(other)
+    assert w is not None and f"pid {actor} " in str(w.other_detail)
+
+
 def test_an_ended_servers_pid_is_no_other_server_once_its_producer_is_gone(tmp_path: Path) -> None:
     """Model n's server ended within the window; its PID went to a new process of the series' own (a worker,
     not yet timing requests). Only a live producer's PID names another server: PID reuse hides a cause at
