@@ -41,7 +41,7 @@ def held_bytes(samples: int, crowd: int, keep: bool) -> int:
     for t in range(samples):
         for d in range(DEVICES):
             s = sample(d, t, crowd)
-            windows[d].append(kept_in_window(s, TIMING) if keep else s)
+            windows[d].append(kept_in_window(s, lambda: TIMING) if keep else s)
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()

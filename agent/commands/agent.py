@@ -66,25 +66,24 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-SERVICE_STATE_DIR = "/var/lib/infersight"
-
-
 def _say_why_not_the_service_state_dir(conf: Config) -> None:
     """An agent whose default state directory is not the service's, though that one is there (root in the
     foreground after systemd-tmpfiles: /var/lib/infersight is the infersight user's), says so: the README's
     ``show /var/lib/infersight/infersight.otlp.jsonl`` would find nothing, and the log said not why."""
-    if conf.sources.get("agent.state_dir", "default") != "default" or conf["agent.state_dir"] == SERVICE_STATE_DIR:
-        return
-    if not os.path.isdir(SERVICE_STATE_DIR):
-        return
     import logging
 
+    from infersight.agent.daemon import config as cfg
     from infersight.statefiles import refusal
 
-    why = refusal(SERVICE_STATE_DIR) or "not writable by uid %d" % os.geteuid()
+    service = cfg.SERVICE_STATE_DIR
+    if conf.sources.get("agent.state_dir", "default") != "default" or conf["agent.state_dir"] == service:
+        return
+    if not os.path.isdir(service):
+        return
+    why = refusal(service) or "not writable by uid %d" % os.geteuid()
     logging.getLogger("infersight.agent").warning(
         "state directory %s, not the service's %s (%s): run the agent as its service (systemctl start "
-        "infersight), or set agent.state_dir", conf["agent.state_dir"], SERVICE_STATE_DIR, why)
+        "infersight), or set agent.state_dir", conf["agent.state_dir"], service, why)
 
 
 async def serve(conf: Config, exporters: list[Exporter], extensions: list[Extension]) -> int:

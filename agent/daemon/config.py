@@ -35,8 +35,10 @@ from infersight.settings import (
 )
 from infersight.tomlfile import TomlKeys, loads
 
+SERVICE_STATE_DIR = "/var/lib/infersight"  # the service's StateDirectory= (tmpfiles.d: its user's)
 
-def _default_state_dir(system: str = "/var/lib/infersight") -> str:
+
+def _default_state_dir(system: str = SERVICE_STATE_DIR) -> str:
     """``/var/lib/infersight`` when writable and the agent's own to use, else the XDG state dir (the
     environment variable is the key's own, resolved before any default). Root can write the service's
     directory, owned by its user, but would refuse it as its state directory: not its default."""

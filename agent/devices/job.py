@@ -35,6 +35,7 @@ no new sample starts while that call is out, the OOM feature's reads give up at 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -430,7 +431,9 @@ class DeviceJob:
 
     def _keep(self, samples: list[DeviceSample], now_ns: int) -> None:
         horizon = now_ns - int(self.window_s * 1e9)
-        timing = self.requests.window.timing_pids() if self.requests is not None else frozenset()
+        requests = self.requests
+        # every series' PIDs: read at most once a tick, and only for a sample crowded enough to be cut
+        timing = functools.cache(lambda: requests.window.timing_pids() if requests is not None else frozenset())
         devices: list[NvmlDevice] = []
         for s in samples:
             devices.append(NvmlDevice(s.index, s.uuid, s.name))
@@ -514,8 +517,7 @@ class DeviceJob:
             if hooked and a in hooked:
                 return True
             if a not in seen:
-                owner, name = nvml.owner_and_name(a)
-                seen[a] = name == RAYLET and owner is not None and owner == uid
+                seen[a] = nvml.comm_of(a) == RAYLET and uid is not None and nvml.uid_of(a) == uid
             return seen[a]
 
         found = {a for pid in own for a in nvml.ancestors_of(pid) or () if parent_of_app(a)}

@@ -78,17 +78,19 @@ def busiest_mapped(procs: Sequence[GpuProcess]) -> list[int]:
                   key=lambda i: (-(procs[i].sm_pct or 0), -(procs[i].used_bytes or 0)))
 
 
-def kept_in_window(s: DeviceSample, timing: Collection[int] = ()) -> DeviceSample:
+def kept_in_window(s: DeviceSample, timing: Callable[[], Collection[int]] = frozenset) -> DeviceSample:
     """What a verdict window keeps of a sample: the busiest MAX_DETAILED_PROCESSES mapped processes (those
     whose uid and parents were read, which a verdict places by their parent chain) and those whose PID times
-    requests (``timing``: a verdict places them by PID alone, as a series' own or another model's server).
-    The rest no verdict can place; a neighbour's hundreds of compute processes would otherwise be held for
-    every sample of the window (300 to 3600 per device). The exported metrics read the whole sample before."""
+    requests (``timing()``, asked only for a sample that holds more: a verdict places them by PID alone, as a
+    series' own or another model's server). The rest no verdict can place; a neighbour's hundreds of compute
+    processes would otherwise be held for every sample of the window (300 to 3600 per device). The exported
+    metrics read the whole sample before."""
     procs = s.processes
     if not procs or len(procs) <= MAX_DETAILED_PROCESSES:
         return s
     keep = set(busiest_mapped(procs)[:MAX_DETAILED_PROCESSES])
-    keep.update(i for i, g in enumerate(procs) if g.pid is not None and g.pid in timing)
+    pids = timing()
+    keep.update(i for i, g in enumerate(procs) if g.pid is not None and g.pid in pids)
     return replace(s, processes=tuple(procs[i] for i in sorted(keep)))
 
 
@@ -547,7 +549,7 @@ class Nvml:
                 continue
             known = before.get(g.pid)
             if known is None or known[0] != stat[1]:  # new, or the PID was reused
-                known = (stat[1], self._uid_of(g.pid), self._ancestors(g.pid, stat[0]))
+                known = (stat[1], self.uid_of(g.pid), self._ancestors(g.pid, stat[0]))
             kept[g.pid] = known
             detailed[i] = replace(g, uid=known[1], ancestors=known[2])
         self._lineage[index] = kept
@@ -581,16 +583,16 @@ class Nvml:
             parent = stat[0]
         return tuple(out)
 
-    def owner_and_name(self, pid: int) -> tuple[int | None, str | None]:
-        """The real uid and ``comm`` of ``pid`` under proc_root; None for what cannot be read."""
+    def comm_of(self, pid: int) -> str | None:
+        """``/proc/<pid>/comm`` under proc_root; None when it cannot be read."""
         try:
             with open(f"{self._proc_root_s}/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                comm: str | None = f.read().strip()
+                return f.read().strip()
         except OSError:
-            comm = None
-        return self._uid_of(pid), comm
+            return None
 
-    def _uid_of(self, pid: int) -> int | None:
+    def uid_of(self, pid: int) -> int | None:
+        """The real uid of ``pid`` under proc_root; None when it cannot be read."""
         try:
             with open(f"{self._proc_root_s}/{pid}/status", "rb") as f:
                 for line in f:
@@ -616,13 +618,8 @@ class Nvml:
                 "agent is in a nested PID namespace: host PIDs are not visible "
                 "(run it in the host PID namespace to map them)",
             )  # fmt: skip
-        proc = f"{self._proc_root_s}/{host_pid}"
-        try:
-            with open(f"{proc}/comm", encoding="utf-8", errors="replace") as f:
-                comm = f.read().strip()
-        except OSError:
-            if os.path.isdir(proc):
-                return GpuProcess(host_pid, used_bytes, host_pid, None)
+        comm = self.comm_of(host_pid)
+        if comm is None and not os.path.isdir(f"{self._proc_root_s}/{host_pid}"):
             return GpuProcess(host_pid, used_bytes, None, None, f"no PID {host_pid} under {self._proc_root}")
         return GpuProcess(host_pid, used_bytes, host_pid, comm)
 

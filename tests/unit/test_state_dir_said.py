@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from infersight.agent.commands import agent as agent_cmd
+from infersight.agent.daemon import config as cfg
 from infersight.settings import Config
 
 
@@ -26,7 +27,7 @@ def test_the_agent_says_why_it_records_elsewhere_than_the_service(tmp_path: Path
     service = tmp_path / "var-lib-infersight"
     service.mkdir(mode=0o750)
     os.chown(service, 42912, 42912)  # the service user's
-    monkeypatch.setattr(agent_cmd, "SERVICE_STATE_DIR", str(service))
+    monkeypatch.setattr(cfg, "SERVICE_STATE_DIR", str(service))
     with caplog.at_level(logging.WARNING, logger="infersight.agent"):
         agent_cmd._say_why_not_the_service_state_dir(_conf(str(tmp_path / "xdg"), "default"))
     (said,) = [r.getMessage() for r in caplog.records]
@@ -35,6 +36,6 @@ def test_the_agent_says_why_it_records_elsewhere_than_the_service(tmp_path: Path
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="infersight.agent"):
         agent_cmd._say_why_not_the_service_state_dir(_conf(str(tmp_path / "mine"), "file x.toml:3"))  # chosen
-        monkeypatch.setattr(agent_cmd, "SERVICE_STATE_DIR", str(tmp_path / "absent"))
+        monkeypatch.setattr(cfg, "SERVICE_STATE_DIR", str(tmp_path / "absent"))
         agent_cmd._say_why_not_the_service_state_dir(_conf(str(tmp_path / "xdg"), "default"))  # no service here
     assert not caplog.records
