@@ -1,4 +1,4 @@
-"""Console summary: the cold-start waterfall in the terminal."""
+"""Console summary: the cold-start waterfall in the terminal, and a line for each classified OOM."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from infersight.exporters.waterfall import is_helper, render_waterfall
-from infersight.telemetry import ColdStart, ColdStartProgress, Item
+from infersight.telemetry import ColdStart, ColdStartProgress, Item, LogItem
 
 KEEP_COLDSTARTS = 64
 
@@ -27,8 +27,9 @@ def progress_line(state: dict[str, object]) -> str:
 
 class ConsoleExporter:
     """Prints a waterfall for every completed cold start (to stderr by default), except
-    helper processes' (resource trackers, compile workers, ``python -c`` probes). The last
-    few are kept (``coldstarts``) for an embedding program; a long-lived agent keeps no more."""
+    helper processes' (resource trackers, compile workers, ``python -c`` probes), and one line
+    for every classified OOM (its class, rule and remedy) as it comes. The last few cold starts
+    are kept (``coldstarts``) for an embedding program; a long-lived agent keeps no more."""
 
     ephemeral = True  # a terminal shows the present: nothing is spooled to show it later
 
@@ -39,6 +40,7 @@ class ConsoleExporter:
         self.printed = 0
         self._progress_shown = False
         self.helpers = 0
+        self.ooms = 0
 
     async def start(self) -> None:
         return None
@@ -63,6 +65,10 @@ class ConsoleExporter:
             if isinstance(it, ColdStartProgress):
                 self._progress(it)
                 continue
+            if isinstance(it, LogItem):
+                if it.event_name == "oom":
+                    self._oom(it)
+                continue
             if isinstance(it, ColdStart):
                 if self._progress_shown:
                     self._progress(ColdStartProgress(it.root.resource, "", 0, 0, None))
@@ -75,6 +81,16 @@ class ConsoleExporter:
                 out.flush()
                 self.printed += 1
 
+    def _oom(self, it: LogItem) -> None:
+        """``infersight: pid 4242: OOM [vllm]: reservation_conflict by rule ...: <reason> <remedy>``."""
+        if self._progress_shown:
+            self._progress(ColdStartProgress(it.resource, "", 0, 0, None))
+        pid = it.resource.get("process.pid")
+        out = self.stream or sys.stderr
+        out.write("infersight: %s%s\n" % ("pid %d: " % pid if type(pid) is int else "", it.body))
+        out.flush()
+        self.ooms += 1
+
     async def force_flush(self, timeout_s: float) -> bool:
         return True
 
@@ -82,4 +98,4 @@ class ConsoleExporter:
         return None
 
     def state(self) -> dict[str, int | float | str]:
-        return {"printed": self.printed, "helpers": self.helpers}
+        return {"printed": self.printed, "helpers": self.helpers, "ooms": self.ooms}

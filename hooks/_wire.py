@@ -111,9 +111,13 @@ def refuse_frame(error: str) -> bytes:
     return encode_frame({"t": "refuse", "schema": SCHEMA_VERSION, "error": error})
 
 
-def subscribe_frame(session: str, kinds: List[str]) -> bytes:
-    """launch -> agent: stream this session's items of ``kinds`` (``agent/daemon/sessions.py``)."""
-    return encode_frame({"t": "subscribe", "schema": SCHEMA_VERSION, "session": session, "kinds": kinds})
+def subscribe_frame(session: str, kinds: List[str], relay: bool = False) -> bytes:
+    """launch -> agent: stream this session's items of ``kinds`` (``agent/daemon/sessions.py``);
+    ``relay``: launch copies CMD's stderr and will send its captures (``stderr`` frames)."""
+    msg: Dict[str, Any] = {"t": "subscribe", "schema": SCHEMA_VERSION, "session": session, "kinds": kinds}
+    if relay:
+        msg["relay"] = True
+    return encode_frame(msg)
 
 
 def subscribed_frame(info: Dict[str, Any]) -> bytes:

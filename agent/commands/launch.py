@@ -55,6 +55,8 @@ from infersight.agent.commands.launch_base import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_USAGE,
+    ITEM_KINDS_ALL,
+    ITEM_KINDS_CONSOLE,
     Child,
     Joined,
     LaunchOptions,
@@ -200,8 +202,6 @@ def bare_hooks_package() -> None:
 JOIN_TIMEOUT_S = 3.0  # an agent that takes longer to answer is not joined (auto: embedded instead)
 AGENT_WAIT_S = 30.0  # for a named socket that no agent answers yet (see choose_agent)
 AGENT_POLL_S = 0.2
-ITEM_KINDS_CONSOLE = ["coldstart", "progress"]  # the waterfall
-ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]  # with --otlp-file: its copy
 
 
 def _recv_exact(s: Any, n: int) -> bytes:
@@ -220,7 +220,7 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
 
     wire = hooks_module("_wire")
     try:
-        s.sendall(wire.subscribe_frame(session, list(kinds)))
+        s.sendall(wire.subscribe_frame(session, list(kinds), relay=True))
     except (BrokenPipeError, ConnectionResetError):
         pass  # an agent that refuses this uid answers and closes before reading: read its answer
     (n,) = wire.HEADER.unpack(_recv_exact(s, wire.HEADER.size))

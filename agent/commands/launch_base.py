@@ -34,6 +34,9 @@ TO_GROUP = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: SIGKILL to the group
 
 
+# What a joined launch subscribes to: the waterfall and the OOMs' lines (the console); with --otlp-file, its copy
+ITEM_KINDS_CONSOLE = ["coldstart", "progress", "log"]
+ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]
 AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 

@@ -18,11 +18,18 @@ replayed when the agent is back: nothing is lost) and exits with CMD's status.
 A CMD that runs no hooked Python gets the launcher's ``coldstart`` root, printed and written
 to ``--otlp-file``; it does not reach the agent's sinks (launch is not a producer). The
 ``--probe`` span is launch's own too: it goes to ``--otlp-file`` only.
+
+CMD's stderr goes through launch's relay as under the embedded agent, and each capture of a
+memory error there goes to the agent on the subscription (``stderr`` frames,
+:mod:`infersight.agent.daemon.sessions`): the agent classifies it as CMD's, for every sink, and
+launch prints its line with the others it gets back. Captures made while the agent is away wait
+(``MAX_WAITING_CAPTURES``) and go when launch has re-subscribed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import socket
 import time
@@ -30,7 +37,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from infersight.agent.commands.launch_base import Child, Joined, LaunchOptions, Private, exit_status
+from infersight.agent.commands.launch_base import (
+    ITEM_KINDS_ALL,
+    ITEM_KINDS_CONSOLE,
+    Child,
+    Joined,
+    LaunchOptions,
+    Private,
+    exit_status,
+)
 from infersight.agent.commands.launch_session import (
     _quiet_logging,
     _readiness_lines,
@@ -50,6 +65,8 @@ from infersight.telemetry import ColdStart, Item
 
 REJOIN_S = 0.2  # how often launch tries to re-subscribe while the agent is away
 SUBSCRIBE_TIMEOUT_S = 3.0
+MAX_WAITING_CAPTURES = 64  # stderr captures kept while the agent is away (the relay makes at most 4 a second)
+RELAY_CLOSE_WAIT_S = 2.0  # at CMD's exit: what it wrote last is captured before the session ends
 
 
 @dataclass
@@ -71,6 +88,10 @@ class JoinedSession:
     ended: dict[str, Any] | None = None
     end_deadline: float | None = None  # set once CMD has exited
     connected: bool = False
+    argv: list[str] = field(default_factory=list)  # CMD's, for a capture's producer when CMD runs no hooks
+    captures: int = 0  # stderr captures sent to the agent
+    waiting: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=MAX_WAITING_CAPTURES))
+    captures_lost: int = 0  # pushed out of ``waiting`` while the agent was away, or left there at the end
     _writer: asyncio.StreamWriter | None = None
 
     async def run(self) -> None:
@@ -81,6 +102,9 @@ class JoinedSession:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         while True:
             self._writer, self.connected = writer, True
+            while self.waiting:
+                writer.write(self.waiting.popleft())
+                self.captures += 1
             if self.end_deadline is not None:
                 self._send_end()
             try:
@@ -139,7 +163,7 @@ class JoinedSession:
                     asyncio.open_unix_connection(self.joined.path), SUBSCRIBE_TIMEOUT_S)
             except (OSError, TimeoutError):
                 continue
-            writer.write(_wire.subscribe_frame(self.joined.session, list(self.kinds)))
+            writer.write(_wire.subscribe_frame(self.joined.session, list(self.kinds), relay=True))
             try:
                 (n,) = _wire.HEADER.unpack(await asyncio.wait_for(
                     reader.readexactly(_wire.HEADER.size), SUBSCRIBE_TIMEOUT_S))
@@ -152,6 +176,18 @@ class JoinedSession:
                 return reader, writer
             writer.close()
         return None
+
+    def send_capture(self, text: str) -> None:
+        """A capture of CMD's stderr (the relay made it): to the agent now, or once launch has re-subscribed."""
+        frame = _wire.encode_frame({"t": "stderr", "pid": self.child_pid, "text": text, "argv": self.argv,
+                                    "service": os.environ.get("OTEL_SERVICE_NAME") or None})
+        if self._writer is not None and self.connected:
+            self._writer.write(frame)
+            self.captures += 1
+            return
+        if len(self.waiting) == self.waiting.maxlen:
+            self.captures_lost += 1
+        self.waiting.append(frame)
 
     def _send_end(self) -> None:
         if self._writer is not None and self.connected and self.end_deadline is not None:
@@ -193,9 +229,17 @@ async def _run(opts: LaunchOptions, path: str | None, private: Private, joined: 
     for w in info.get("warnings") or []:
         out.write("infersight: the agent warns: %s\n" % w)
     out.flush()
-    kinds = ["coldstart", "progress", "span", "log", "metric"] if path else ["coldstart", "progress"]
-    session = JoinedSession(opts, joined, sinks, out, kinds, child.pid)
+    kinds = ITEM_KINDS_ALL if path else ITEM_KINDS_CONSOLE
+    session = JoinedSession(opts, joined, sinks, out, kinds, child.pid, argv=[str(a)[:256] for a in opts.cmd[:512]])
     reading = asyncio.create_task(session.run())
+    relay = child.relay
+    if relay is not None:  # CMD's memory errors on stderr: the agent classifies them (sessions.py)
+        loop = asyncio.get_running_loop()
+
+        def on_text(text: str) -> None:  # the relay's thread
+            loop.call_soon_threadsafe(session.send_capture, text)
+
+        relay.set_consumer(on_text)
     ready_file = os.path.join(private.path, "ready") if opts.ready_url else None
     proc_done = asyncio.Event()
     watcher = None
@@ -203,6 +247,8 @@ async def _run(opts: LaunchOptions, path: str | None, private: Private, joined: 
         watcher = asyncio.create_task(watch_readiness(opts, ready_file, proc_done, out))
     returncode = await wait_child(child)
     end_ns = time.time_ns()
+    if relay is not None:  # what CMD wrote last is captured (and sent) before the session ends
+        await asyncio.to_thread(relay.wait_closed, min(RELAY_CLOSE_WAIT_S, opts.flush_timeout_s))
     proc_done.set()
     child.restore_tty()
     readiness = Readiness()
@@ -257,7 +303,22 @@ def _report(session: JoinedSession, path: str | None, file_sink: FileExporter | 
             out.write("infersight: the local copy %s is incomplete: %s\n" % (path, err))
     if session.undecodable:
         out.write("infersight: %d item(s) from the agent could not be read\n" % session.undecodable)
+    _report_captures(session, out)
     out.flush()
+
+
+def _report_captures(session: JoinedSession, out: TextIO) -> None:
+    """What became of the memory errors CMD printed on stderr, when not all of them were classified."""
+    j = session.joined
+    lost = session.captures_lost + len(session.waiting)
+    if session.captures and not j.info.get("captures"):
+        out.write("infersight: the agent at %s (version %s) does not classify CMD's stderr: %d memory error(s) CMD "
+                  "printed there were not classified; upgrade the agent, or run with --agent embedded\n"
+                  % (j.path, j.info.get("version"), session.captures))
+    dropped = int((session.ended or {}).get("captures_dropped") or 0)
+    if dropped or lost:
+        out.write("infersight: %d capture(s) of memory errors on CMD's stderr were not classified (%s)\n" % (
+            dropped + lost, "over the agent's rate" if dropped else "the agent was away"))
 
 
 def run(opts: LaunchOptions, path: str | None, private: Private, joined: Joined, child: Child, spawn_ns: int,

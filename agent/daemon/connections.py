@@ -37,7 +37,7 @@ STATUS_RESERVE = 32
 PROBATION_S = 1.0
 
 # A joined launch's subscription (sessions.Sessions.serve): (message, peer uid, reader, writer).
-Subscribe = Callable[[dict[str, Any], int, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Subscribe = Callable[[dict[str, Any], int, asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
 
 class Connections:
@@ -147,7 +147,7 @@ class Connections:
             await writer.drain()
             return
         if msg.get("t") == "subscribe" and self.subscribe is not None and over <= 0:
-            await self.subscribe(msg, uid, reader, writer)
+            await self.subscribe(msg, uid, reader, writer, pid)
             return
         if msg.get("t") == "urgent":  # a producer sent an urgent frame (an OOM): read everyone now
             self.counters.urgent_wakeups += 1

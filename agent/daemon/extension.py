@@ -40,6 +40,9 @@ class AgentContext(Protocol):
     def hooked_pids(self, uid: int | None) -> frozenset[int]:
         """The kernel's PIDs (SO_PEERCRED, in the agent's namespace) of ``uid``'s live producers."""
 
+    def stderr_relayed(self, info: dict[str, Any]) -> bool:
+        """Whether a joined launch copies the stderr of the producer of hello ``info`` to the agent."""
+
     def visible_pid(self, producer: str) -> int | None:
         """The PID under which this agent's /proc shows ``producer``'s process: its hello's, unless the kernel
         put it in another PID namespace (SO_PEERCRED gave 0: the hello's pid is its container's, and the same
@@ -84,6 +87,10 @@ class Extension:
         (an ``InfersightError`` such as ConfigError naming file:line), or return what applies it.
         Default: None (nothing of it applies live)."""
         return None
+
+    async def session_ended(self, session: str) -> None:
+        """A joined launch's session ``session`` ends (its CMD exited): publish now what it holds of that
+        session's producers, before launch is told ``ended``. Default: nothing."""
 
     def health(self) -> Mapping[str, Any]:
         """Sections added to the status reply (``infersight status --json``). Default: none."""

@@ -99,6 +99,15 @@ def _stat_after_comm(pid: int, proc_root: str) -> list[bytes] | None:
     return fields if len(fields) > 19 else None
 
 
+def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
+    """Field 4 of ``/proc/<pid>/stat`` (the parent's pid); None when unknown."""
+    fields = _stat_after_comm(pid, proc_root)
+    try:
+        return int(fields[1]) if fields is not None else None
+    except ValueError:
+        return None
+
+
 def proc_start_ticks(pid: int, proc_root: str = "/proc") -> str | None:
     """Field 22 of ``/proc/<pid>/stat`` (start time, clock ticks since boot); None when unknown."""
     fields = _stat_after_comm(pid, proc_root)

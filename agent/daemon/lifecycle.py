@@ -238,7 +238,8 @@ class Agent:
         self.ingest.spools.loop_share = self.ingest.connections.loop_share  # a scan's time is its files' owners'
         # Joined launches subscribe to their CMD's items (sessions.py); a tap like any other.
         self.sessions = Sessions(self.assembler, self._session_info, self.ingest.connected,
-                                 lambda: self.ingest.replay_spools_async(self.config["agent.spool_dir"]))
+                                 lambda: self.ingest.replay_spools_async(self.config["agent.spool_dir"]),
+                                 capture=self._session_capture, settle=self._session_settle)
         self.broadcaster.taps.append(self.sessions.tap)
         self.ingest.subscribe = self.sessions.serve
         self.proc_stats = ProcessStats()
@@ -362,6 +363,24 @@ class Agent:
                 await settle(w)
 
     # -- health ---------------------------------------------------------------------
+
+    def _session_capture(self, p: Producer, text: str) -> None:
+        """A joined launch's capture of its CMD's stderr, as ``p``'s: classified and published now."""
+        items = self.inject(p, "oom", {"source": "stderr", "text": text})
+        if items:
+            self.publish(items)
+
+    def stderr_relayed(self, info: dict[str, Any]) -> bool:
+        """Whether a joined launch copies the stderr of the producer of hello ``info`` (its captures come)."""
+        return self.sessions.relays(info)
+
+    async def _session_settle(self, session: str) -> None:
+        """A joined launch's session ends: what the extensions still hold of it goes out first."""
+        for ext in self.extensions:
+            try:
+                await ext.session_ended(session)
+            except Exception:
+                log.exception("extension %s failed at the end of a launch's session", ext.name)
 
     def _session_info(self) -> dict[str, Any]:
         """What a joining launch is told: who answers, and where its CMD's data goes."""

@@ -52,6 +52,14 @@ class OomExtension(Extension):
         self.handlers.publish = agent.broadcaster.publish
         if not agent.embedded:
             self.warm()
+            # a joined launch's relay sends its CMD's stderr captures: an undecided engine error the hooks
+            # report waits a little for that copy, as under launch's own agent
+            relayed = agent.stderr_relayed
+            self.handlers.relayed = lambda p: bool(p.info.get("launched")) and relayed(p.info)
+
+    async def session_ended(self, session: str) -> None:
+        """The held copies of the session's producers go out now; OOMs still reading NVML finish (bounded)."""
+        await self.handlers.session_ended(session)
 
     def warm(self) -> None:
         """Load the rules now (any thread): the next OOM does not wait for them."""

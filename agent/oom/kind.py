@@ -525,6 +525,15 @@ class OomHandlers:
         if items and self.publish is not None:
             self.publish(items)
 
+    async def session_ended(self, session: str, timeout_s: float = 1.0) -> None:
+        """A joined launch's session ends: its producers' held copies go out now (no stderr copy is coming),
+        and OOMs still reading NVML are given ``timeout_s`` to publish."""
+        for key in [k for k, h in self._held.items() if h.p.info.get("session") == session]:
+            self._held[key].timer.cancel()
+            self._release(key)
+        if self._later:
+            await asyncio.wait(list(self._later), timeout=timeout_s)
+
     async def wait_later(self, timeout_s: float = 2.0) -> None:
         """At shutdown: held copies go out now; let OOMs still reading NVML finish and publish."""
         for key in list(self._held):

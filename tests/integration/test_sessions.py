@@ -202,3 +202,92 @@ def test_one_uid_cannot_take_every_subscription() -> None:
     first, others = asyncio.run(main())
     assert first == ["refuse"]
     assert others == ["subscribed", "subscribed"]
+
+
+# -- stderr captures (a joined launch's relay) ---------------------------------------------------------------
+
+
+async def capturing(sess: sessions.Sessions, uid: int, peer_pid: int = 0,
+                    relay: bool = True) -> tuple[socket.socket, Any]:
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=theirs)
+    before = len(sess)
+    msg = {"t": "subscribe", "session": SESSION, "kinds": ["log"], "relay": relay}
+    task = asyncio.create_task(sess.serve(msg, uid, reader, writer, peer_pid))
+    while len(sess) == before:
+        await asyncio.sleep(0)
+    return ours, task
+
+
+def capture_frame(text: str, pid: int | None, **extra: Any) -> bytes:
+    return _wire.encode_frame({"t": "stderr", "pid": pid, "text": text, **extra})
+
+
+def run_captures(uid: int, frames: list[bytes], peer_pid: int = 0, relay: bool = True,
+                 producers: tuple[tuple[int, int], ...] = ()) -> tuple[list[tuple[Any, str]], dict[str, Any]]:
+    """The captures the agent's classifier got (producer, text), and the ``ended`` frame."""
+    got: list[tuple[Any, str]] = []
+
+    async def main() -> dict[str, Any]:
+        asm = Assembler("host")
+        for pid, puid in producers:
+            hello(asm, pid, puid, SESSION)
+        sess = sessions.Sessions(asm, lambda: {"pid": 1}, lambda _pid: False, lambda: asyncio.sleep(0, 0),
+                                 capture=lambda p, text: got.append((p, text)))
+        sock, task = await capturing(sess, uid, peer_pid, relay)
+        sock.sendall(b"".join(frames) + _wire.encode_frame({"t": "end", "timeout_s": 0}))
+        await asyncio.wait_for(task, 5)
+        frames_back = read_frames(sock)
+        sock.close()
+        assert frames_back[0]["t"] == "subscribed" and frames_back[0]["captures"] is True
+        assert not sess._stand_ins, "the stand-ins go with their subscription"
+        return frames_back[-1]
+
+    return got, asyncio.run(main())
+
+
+def test_a_capture_is_the_sessions_producer_of_that_pid_of_the_subscribers_uid() -> None:
+    got, ended = run_captures(1000, [capture_frame("out of memory", 101), capture_frame("out of memory", 103)],
+                              producers=((101, 1000), (103, 2000)))
+    (p1, text), (p2, _) = got
+    assert text == "out of memory" and p1.info["pid"] == 101 and p1.uid == 1000  # CMD's own producer
+    # pid 103 is another user's producer that claims this session: a stand-in of the subscriber's uid, not it
+    assert p2.uid == 1000 and p2.id.startswith("launch-stderr-") and p2.info["pid"] is None
+    assert p2.resource.get("process.user.id") == 1000 and p2.resource.get("process.pid") is None
+    assert ended["t"] == "ended" and ended["captures"] == 2 and ended["captures_dropped"] == 0
+
+
+def test_a_stand_in_keeps_a_pid_only_for_the_subscribers_own_child() -> None:
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        got, _ = run_captures(os.getuid(), [capture_frame("x", child.pid, argv=["/opt/llama-server", "-c", "4096"],
+                                                          service="llama\x1b[31m")],
+                              peer_pid=os.getpid())
+        got_other, _ = run_captures(os.getuid(), [capture_frame("x", child.pid)], peer_pid=1)  # not pid 1's child
+    finally:
+        child.kill()
+        child.wait()
+    (p, _), = got
+    assert p.info["pid"] == child.pid and p.resource.get("process.pid") == child.pid
+    assert p.resource.get("process.executable.name") == "llama-server" and p.info["argv"][1:] == ["-c", "4096"]
+    assert p.resource.get("service.name") == "llama\ufffd[31m"  # another user's string, made plain once
+    (q, _), = got_other
+    assert q.info["pid"] is None and q.resource.get("process.pid") is None
+
+
+def test_captures_over_the_rate_or_malformed_are_counted_not_classified() -> None:
+    frames = [capture_frame("line %d \x1b[31mred\x1b[0m" % i, 101) for i in range(sessions.CAPTURE_BURST + 10)]
+    frames += [capture_frame("", 101), _wire.encode_frame({"t": "stderr", "pid": "101", "text": "x"})]
+    got, ended = run_captures(1000, frames, producers=((101, 1000),))
+    assert sessions.CAPTURE_BURST <= len(got) < sessions.CAPTURE_BURST + 10
+    assert got[0][1] == "line 0 red"  # the engine's colours go before the rules read it
+    assert ended["captures"] == len(got) and ended["captures_dropped"] == len(frames) - len(got)
+
+
+def test_a_subscription_without_a_relay_sends_no_captures() -> None:
+    got, ended = run_captures(1000, [capture_frame("out of memory", 101)], relay=False, producers=((101, 1000),))
+    assert got == [] and ended["captures_dropped"] == 1

@@ -135,3 +135,21 @@ async def test_console_exporter_keeps_a_bounded_number_of_coldstarts() -> None:
     for _ in range(10):
         await exp.export([ColdStart(root, [])])
     assert exp.printed == 10 and len(exp.coldstarts) == 3
+
+
+async def test_console_exporter_prints_a_line_for_each_classified_oom_and_no_other_log() -> None:
+    """launch's terminal shows the verdict as it comes (the report was the only place that showed it)."""
+    import io
+
+    from infersight.exporters.console import ConsoleExporter
+    from infersight.telemetry import LogItem
+
+    out = io.StringIO()
+    exp = ConsoleExporter(out)
+    res = Resource.of({"service.name": "s", "process.pid": 4242})
+    body = "OOM [vllm]: reservation_conflict by rule vllm.kv.no-cache-blocks: raise --gpu-memory-utilization"
+    await exp.export([LogItem(res, 1, 17, "ERROR", body, {}, None, None, "oom", None),
+                      LogItem(res, 2, 9, "INFO", "a user's log line", {}, None, None, None, None),
+                      LogItem(Resource.of({}), 3, 9, "INFO", "gpu0 is slow", {}, None, None, "device", None)])
+    assert out.getvalue() == "infersight: pid 4242: %s\n" % body
+    assert exp.state()["ooms"] == 1

@@ -85,6 +85,9 @@ class _Context:
         self.embedded = embedded
         self.broadcaster = _Broadcaster()
 
+    def stderr_relayed(self, info: dict[str, Any]) -> bool:
+        return False
+
 
 @pytest.mark.parametrize("embedded", [False, True])
 async def test_the_daemon_loads_the_serving_rules_at_start_the_embedded_agent_does_not(
