@@ -283,12 +283,23 @@ _prev_sys: Any = None
 _prev_thread: Any = None
 
 
+MAX_CHAIN = 8  # links of an exception's cause/context chain read (as find_oom in _alloc)
+
+
 def report_uncaught(value: Any) -> bool:
-    """An uncaught exception whose text is an engine's memory error; True when sent."""
+    """An uncaught exception whose text, or a cause's, is an engine's memory error; True when sent.
+    Engines wrap it (vLLM: ``RuntimeError: Engine core initialization failed`` raised from the
+    ``ValueError: No available memory for the cache blocks``): the chain's lines go in the order
+    Python prints them, causes first; a link already reported (a PyTorch OOM) is left out."""
     try:
-        if value is None or getattr(value, "_infersight_reported", False):
-            return False
-        return report_text("%s: %s" % (type(value).__name__, value), "exception")
+        lines: List[str] = []
+        seen = 0
+        while value is not None and seen < MAX_CHAIN:
+            if not getattr(value, "_infersight_reported", False):
+                lines.append("%s: %s" % (type(value).__name__, value))
+            value = value.__cause__ or (None if value.__suppress_context__ else value.__context__)
+            seen += 1
+        return bool(lines) and report_text("\n".join(reversed(lines)), "exception")
     except Exception:
         return False
 

@@ -1038,3 +1038,29 @@ def test_relay_never_lets_an_error_line_go_unsent_to_make_room() -> None:
         relay, texts = _fed([(_GGML_OOM + "\n").encode(), *tail])
         assert any("cudaMalloc failed: out of memory" in t for t in texts), [len(t) for t in texts]
         assert all(len(t) <= stderr_relay.MAX_CAPTURE_CHARS for t in texts)
+
+
+def test_an_engine_error_wrapped_by_another_exception_is_sent_with_its_cause(monkeypatch: Any) -> None:
+    """vLLM's engine core raises ``RuntimeError: Engine core initialization failed`` from the memory error:
+    the uncaught exception's text names no memory, its cause does (review finding: nothing was sent)."""
+    sent = _fresh_budgets(monkeypatch)
+    try:
+        try:
+            raise ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.")
+        except ValueError as exc:
+            raise RuntimeError("Engine core initialization failed. See root cause above.") from exc
+    except RuntimeError as outer:
+        wrapped = outer
+    assert _enginelog.report_uncaught(wrapped)
+    ((kind, data),) = sent
+    assert kind == "oom" and data["source"] == "exception" and data["text"] == ("ValueError: No available memory for the cache blocks. Try increasing "
+                            "`gpu_memory_utilization`.\nRuntimeError: Engine core initialization failed. See root "
+                            "cause above.")
+    # a link already reported (a PyTorch OOM the allocator hooks sent) is left out; an unrelated one alone sends nothing
+    inner = ValueError("KV cache is full")
+    inner._infersight_reported = True  # type: ignore[attr-defined]
+    try:
+        raise RuntimeError("worker died") from inner
+    except RuntimeError as e:
+        assert not _enginelog.report_uncaught(e)
+    assert len(sent) == 1
