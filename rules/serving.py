@@ -79,7 +79,8 @@ MAX_WINDOW_LINES = 40
 CONTEXT_LINES = 40  # lines before the anchor that context patterns see
 WINDOW_CHARS = 4000
 CONTEXT_CHARS = 8000
-MAX_FINDINGS = 256
+MAX_FINDINGS = 256  # distinct memory errors one text yields (a message repeated is one)
+MAX_EVENTS = 16 * MAX_FINDINGS  # events read in one text, repeats included: the work one text may cost
 # A request this large is no shortage: a shape or size computation went wrong.
 IMPOSSIBLE_BYTES = 1 << 50
 
@@ -943,6 +944,46 @@ def _holds_needle(text: str) -> bool:
     return any(n in low for n in NEEDLES)
 
 
+FOCUS_BEFORE = 600  # characters kept before a needle in a line longer than a window
+FOCUS_AFTER = 1400  # and after it
+FOCUS_GAP = " [...] "
+MAX_FOCUS_SPANS = 64
+
+
+def _focused(line: str) -> str:
+    """A line longer than a rule's window (``WINDOW_CHARS``), cut to what lies around its needles, in order,
+    at most a window long: a rule reads a line's first window only, and a long line (a config dump, a JSON
+    record, a wrapped traceback) may hold its error past it. What lies around the last needle is always kept
+    (an error ends a long record); the rest of the room goes to the first ones."""
+    low = line.lower()
+    spans: list[tuple[int, int]] = []
+    for n in NEEDLES:
+        k = low.find(n)
+        while k != -1 and len(spans) < MAX_FOCUS_SPANS:
+            spans.append((max(0, k - FOCUS_BEFORE), min(len(line), k + len(n) + FOCUS_AFTER)))
+            k = low.find(n, k + len(n))
+    if not spans:
+        return line[:WINDOW_CHARS]
+    spans.sort()
+    merged = [spans[0]]
+    for a, b in spans[1:]:
+        if a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    last = merged.pop()
+    room = WINDOW_CHARS - min(last[1] - last[0], WINDOW_CHARS // 2) - len(FOCUS_GAP)
+    parts: list[str] = []
+    for a, b in merged:
+        if room <= 0:
+            break
+        parts.append(line[a: a + min(b - a, room)])
+        room -= len(parts[-1]) + len(FOCUS_GAP)
+    a, b = last
+    parts.append(line[a: b][: WINDOW_CHARS - sum(len(x) + len(FOCUS_GAP) for x in parts)])
+    return FOCUS_GAP.join(p for p in parts if p)
+
+
 MAX_WRAPPED_ROWS = 32  # continuation rows joined to one row
 MAX_WRAPPED_CHARS = 3000  # a wrapped cell's text: an error message, not a log kept in a table
 
@@ -1440,6 +1481,8 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     lines = decoded_lines(text)
     if any("\x1b" in line for line in lines):  # colours a JSON string held as \u001b
         lines = [_ANSI.sub("", line) for line in lines]
+    if any(len(line) > WINDOW_CHARS for line in lines):  # a rule reads a line's first window only
+        lines = [_focused(line) if len(line) > WINDOW_CHARS else line for line in lines]
     if not tabled and "|" in text and "\\" in text:  # a table inside a JSON string: its rows are lines once decoded
         untabled = _untabled(lines)
         if untabled != lines:
@@ -1461,6 +1504,7 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
         hits = [h for h in hits if not h.rule.fallback]  # a fallback speaks only when nothing else does
     hits.sort(key=lambda h: (h.rule.priority, h.anchor))
     accepted: list[tuple[_Hit, Finding]] = []
+    distinct: set[str] = {f.key for f in findings}
     for h in hits:
         if any(a <= h.anchor <= b for a, b in taken) or _goes_on(h, accepted):
             same = next((f for hh, f in accepted if hh.rule is h.rule and hh.first <= h.anchor <= hh.last + 1), None)
@@ -1475,7 +1519,8 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
         f = _decide(h, engine, rs)
         accepted.append((h, f))
         taken.append((h.first, h.last))  # the event ends on the last line its patterns read
-        if len(accepted) >= MAX_FINDINGS:
+        distinct.add(f.key)  # a message repeated (a scheduler's line every step) counts once
+        if len(distinct) >= MAX_FINDINGS or len(accepted) >= MAX_EVENTS:
             break
     findings.extend(f for _, f in accepted)
     findings.sort(key=lambda f: f.first_line)

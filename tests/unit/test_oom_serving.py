@@ -1597,3 +1597,41 @@ def test_the_device_total_an_engine_prints_fills_the_numbers_total() -> None:
     (f,) = analyse(text, builtin())
     assert f.engine == "vllm" and f.extra["total_gpu_bytes"] == parse_bytes("23.68GiB")
     assert f.numbers["T"] == round(parse_bytes("23.68GiB"))
+
+
+# -- long texts (review findings) -------------------------------------------------------------------------
+
+
+LLAMA_LINE = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1024.00 MiB on device 0: cudaMalloc failed: "
+              "out of memory")
+VLLM_LEN_LINE = ("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+                 "stored in KV cache (20000). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+                 "when initializing the engine.")
+
+
+@pytest.mark.parametrize("line", [LLAMA_LINE, VLLM_LEN_LINE])
+@pytest.mark.parametrize("before", [10, serving.WINDOW_CHARS + 100, 20_000])
+def test_an_error_past_the_first_window_of_a_long_line_reads_the_same(line: str, before: int) -> None:
+    """A rule reads a line's first window: an error at the end of a long line (a config dump before it)
+    was missed or read without its numbers (a confident class from none)."""
+    short = serving.analyse(line)
+    (f,) = serving.analyse("W" * before + " " + line)
+    assert (f.rule, f.cls, f.numbers) == (short[0].rule, short[0].cls, short[0].numbers)
+
+
+def test_a_long_line_keeps_what_lies_around_its_first_and_last_needles() -> None:
+    line = '{"gpu_memory_utilization": 0.9, ' + '"x": 1, ' * 3000 + '"note": "memory"} ' + LLAMA_LINE
+    focused = serving._focused(line)
+    assert len(focused) <= serving.WINDOW_CHARS
+    assert focused.startswith('{"gpu_memory_utilization"') and focused.endswith(LLAMA_LINE)
+    (f,) = serving.analyse(line)
+    assert f.rule == "llama.cpp.cuda-buffer" and f.numbers["R"] == 1 << 30
+
+
+def test_a_message_repeated_past_the_findings_bound_leaves_room_for_the_next_error() -> None:
+    """A scheduler's line logged every step counts once toward MAX_FINDINGS: an error after 600 repeats of
+    another was not read (``classify`` on a log and the live path disagreed)."""
+    repeated = "".join("ERROR 06:33:%02d,%03d [scheduler.py:100] Not enough memory. Please try to increase "
+                       "--mem-fraction-static.\n" % (i // 1000, i % 1000) for i in range(600))
+    found = serving.analyse(repeated + LLAMA_LINE + "\n")
+    assert [f.rule for f in found] == ["sglang.pool.not-enough", "llama.cpp.cuda-buffer"]
