@@ -101,10 +101,15 @@ def _stat_after_comm(pid: int, proc_root: str) -> list[bytes] | None:
 
 def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
     """Field 4 of ``/proc/<pid>/stat`` (the parent's pid); None when unknown."""
-    fields = _stat_after_comm(pid, proc_root)
     try:
-        return int(fields[1]) if fields is not None else None
-    except ValueError:
+        with open("%s/%d/stat" % (proc_root, pid), "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
         return None
 
 

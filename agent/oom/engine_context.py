@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from infersight.agent.daemon.identity import id_parts, proc_start_ticks, proc_uids
+from infersight.agent.daemon.identity import id_parts, parent_pid, proc_start_ticks, proc_uids
 from infersight.rules.serving_context import DeviceContext, LiveContext, Number, Tenant, parse_knobs
 
 if TYPE_CHECKING:
@@ -51,19 +51,6 @@ def read_cmdline(pid: int, proc_root: str = "/proc", limit: int = MAX_CMDLINE) -
         return None  # a kernel thread, or a zombie
     return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
 
-
-def parent_pid(pid: int, proc_root: str = "/proc") -> int | None:
-    """Field 4 of ``/proc/<pid>/stat``; None when unknown."""
-    try:
-        with open("%s/%d/stat" % (proc_root, pid), "rb") as f:
-            raw = f.read(4096)
-    except OSError:
-        return None
-    fields = raw[raw.rfind(b")") + 2:].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def same_process(p: Producer, pid: int, proc_root: str = "/proc") -> bool:

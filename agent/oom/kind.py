@@ -58,6 +58,7 @@ log = logging.getLogger("infersight.agent.oom")
 _T = TypeVar("_T")
 
 DEDUP_WINDOW_NS = 30_000_000_000
+SIBLINGS_NS = 1_000_000_000  # one failure's copies from a parent's children (its tensor-parallel ranks) come this close
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
 MAX_TEXTS_PER_UID = 64  # of the 4 * MAX_RECENT messages remembered for deduplication, one uid's share
@@ -282,13 +283,18 @@ class Seen:
     here: bool  # the pid is of this pid namespace (its start time checked): its ancestors are /proc's
 
     def related(self, other: Seen) -> bool:
-        """One process is the other or one of its ancestors. Pids of another pid namespace (a container's
-        pid 1, say) only count within one trace: two containers' pids may be equal."""
+        """One process is the other or one of its ancestors, or both are children of one parent in one trace
+        that report it within SIBLINGS_NS of each other (the tensor-parallel workers of one engine, which log
+        the same error at once; a supervisor's restarted worker, seconds later, has its own). Pids of another
+        pid namespace (a container's pid 1, say) only count within one trace: two containers' pids may be equal."""
         if self.pid is None or other.pid is None:
             return False
         if not (self.here and other.here) and self.trace != other.trace:
             return False
-        return self.pid in other.lineage or other.pid in self.lineage
+        if self.pid in other.lineage or other.pid in self.lineage:
+            return True
+        return (bool(self.trace) and self.trace == other.trace and len(self.lineage) > 1 and len(other.lineage) > 1
+                and self.lineage[1] == other.lineage[1] and abs(self.t_ns - other.t_ns) <= SIBLINGS_NS)
 
 
 # -- the handlers ---------------------------------------------------------------------------
@@ -612,7 +618,8 @@ class OomHandlers:
         return seen
 
     def _lookup_family(self, p: Producer, t_ns: int, source: str) -> Seen:
-        from infersight.agent.oom.engine_context import parent_pid, same_process
+        from infersight.agent.daemon.identity import parent_pid
+        from infersight.agent.oom.engine_context import same_process
 
         pid = p.info.get("pid")
         trace = str(p.info.get("trace_id") or "")

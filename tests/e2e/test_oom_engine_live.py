@@ -1053,14 +1053,52 @@ def test_an_engine_error_wrapped_by_another_exception_is_sent_with_its_cause(mon
         wrapped = outer
     assert _enginelog.report_uncaught(wrapped)
     ((kind, data),) = sent
-    assert kind == "oom" and data["source"] == "exception" and data["text"] == ("ValueError: No available memory for the cache blocks. Try increasing "
+    assert kind == "oom" and data["source"] == "exception"
+    assert data["text"] == ("ValueError: No available memory for the cache blocks. Try increasing "
                             "`gpu_memory_utilization`.\nRuntimeError: Engine core initialization failed. See root "
                             "cause above.")
     # a link already reported (a PyTorch OOM the allocator hooks sent) is left out; an unrelated one alone sends nothing
     inner = ValueError("KV cache is full")
     inner._infersight_reported = True  # type: ignore[attr-defined]
-    try:
-        raise RuntimeError("worker died") from inner
-    except RuntimeError as e:
-        assert not _enginelog.report_uncaught(e)
+    outer2 = RuntimeError("worker died")
+    outer2.__cause__ = inner
+    assert not _enginelog.report_uncaught(outer2)
     assert len(sent) == 1
+
+
+CHILD_TP_WORKERS = """
+import json, logging, multiprocessing as mp, sys
+
+def worker(msg):
+    logging.getLogger("vllm.worker").error(msg)
+
+if __name__ == "__main__":
+    msg = json.loads(sys.argv[1])
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=worker, args=(msg,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+"""
+
+
+async def test_tensor_parallel_workers_logging_the_same_error_are_one_oom(tmp_path: Path) -> None:
+    """Two workers of one engine (children of one parent, in its trace) log the same memory error each: one OOM
+    (review finding: one per worker); two unrelated runs of the same program still get one each."""
+    agent, oom, out, sock, spool = _embedded_agent(tmp_path)
+    await agent.start()
+    msg = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`."
+    script = tmp_path / "engine.py"  # (spawn re-imports the parent's main module: a file, not -c)
+    script.write_text(CHILD_TP_WORKERS)
+    try:
+        for _ in range(2):
+            rc, err = await _child("import runpy, sys; sys.argv[0] = %r; runpy.run_path(%r, run_name='__main__')"
+                                   % (str(script), str(script)), json.dumps(msg), sock, spool)
+            assert rc == 0, err
+        await agent.ingest.wait_connections_closed(10)
+    finally:
+        await agent.shutdown(10)
+    recs = [r for r in log_records(read_otlp_lines(out)) if r.get("eventName") == "oom"]
+    assert len(recs) == 2, [r["body"] for r in recs]  # one per run, not one per worker
+    assert oom.handlers.duplicates >= 2

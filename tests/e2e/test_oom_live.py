@@ -746,15 +746,32 @@ def test_the_same_engine_error_from_an_unrelated_process_of_the_uid_is_its_own_o
     text = "Not enough memory. Please try to increase --mem-fraction-static."
     first = {"id": "p-a", "pid": 7101, "ppid": 1, "start_ns": 1, "trace_id": TRACE, "root_span_id": ROOT}
     second = {"id": "p-b", "pid": 7102, "ppid": 1, "start_ns": 2, "trace_id": OTHER_TRACE, "root_span_id": ROOT}
+    start = 10
     if case == "sibling worker":
-        first["ppid"] = second["ppid"] = 7100  # one master's workers: its trace
+        first["ppid"] = second["ppid"] = 7100  # one master's workers: its trace; the restarted one's OOM 5 s later
         second["trace_id"] = TRACE
+        start = 5_000_000_000
     elif case == "other container, same pid":
         second["pid"] = first["pid"]
     got = []
     for seq, info in enumerate((first, second), 1):
         p = asm.hello(dict(info), uid=1000)
-        items = asm.events(p, [[seq, 10 + seq, "oom", {"source": "log", "text": text}]])
+        items = asm.events(p, [[seq, (seq - 1) * start + 11, "oom", {"source": "log", "text": text}]])
         got.append(len([i for i in items if isinstance(i, LogItem)]))
     assert got == [1, 1], case
     assert h.duplicates == 0
+
+
+def test_the_same_engine_error_from_two_ranks_at_once_is_one_oom() -> None:
+    """The tensor-parallel workers of one engine (children of one parent, in its trace) log the same error within
+    a second of each other: one failure, one OOM (each rank's copy was its own before)."""
+    h, asm = _handlers()
+    text = "Not enough memory. Please try to increase --mem-fraction-static."
+    got = []
+    for seq, pid in enumerate((7101, 7102, 7103), 1):
+        p = asm.hello({"id": "p-%d" % pid, "pid": pid, "ppid": 7100, "start_ns": 1, "trace_id": TRACE,
+                       "root_span_id": ROOT}, uid=1000)
+        items = asm.events(p, [[seq, 10 + seq * 200_000_000, "oom", {"source": "log", "text": text}]])
+        got.append(len([i for i in items if isinstance(i, LogItem)]))
+    assert got == [1, 0, 0]
+    assert h.duplicates == 2
