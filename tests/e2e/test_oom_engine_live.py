@@ -405,6 +405,17 @@ def test_relay_needles_are_the_rules_needles() -> None:
     assert stderr_relay.NEEDLES == serving.NEEDLES
 
 
+def test_the_docs_list_every_needle() -> None:
+    """docs/oom_live.md and docs/oom_engines.md list the needles a user's message must hold (they listed 18 and
+    21 of 22)."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for name in ("oom_live.md", "oom_engines.md"):
+        text = " ".join((docs / name).read_text(encoding="utf-8").split())
+        missing = [n for n in serving.NEEDLES if "`%s`" % n not in text]
+        assert not missing, (name, missing)
+        assert "%d in all" % len(serving.NEEDLES) in text, name
+
+
 def test_relay_keeps_every_line_a_rule_may_read_after_its_anchor() -> None:
     # else a stderr copy lacks numbers the exception's copy has, and the two count as two OOMs
     assert stderr_relay.AFTER_LINES >= serving.MAX_WINDOW_LINES - 1
