@@ -178,14 +178,17 @@ class StderrRelay:
         if len(self._partial) > MAX_LINE:
             lines.append(self._partial)
             self._partial = b""
+        if self._capture is None and not _holds_needle(buf):
+            # The common chunk: no capture open and no needle in it (a few scans in C for the whole chunk, not a
+            # decode and a lower-casing per line): its last lines are kept as the next capture's context only.
+            for raw in lines[-CONTEXT_LINES:]:
+                self._before.append(_decoded(raw))
+            return
         for raw in lines:
             self._line(raw)
 
     def _line(self, raw: bytes) -> None:
-        if len(raw) > MAX_LINE:
-            half = (MAX_LINE - len(ELLIPSIS)) // 2
-            raw = raw[:half] + ELLIPSIS + raw[-half:]
-        line = raw.decode("utf-8", "replace").rstrip("\r")
+        line = _decoded(raw)
         low = line.lower()
         hit = any(n in low for n in NEEDLES) and not any(q in line for q in NOT_FAILURES)
         if self._capture is not None:
@@ -287,6 +290,23 @@ class StderrRelay:
             fn(text)
         except Exception:
             pass
+
+
+_NEEDLE_BYTES = tuple(n.encode("ascii") for n in NEEDLES)
+
+
+def _holds_needle(chunk: bytes) -> bool:
+    """Whether a needle may be in ``chunk`` (ASCII case folded, as the needles are ASCII)."""
+    low = chunk.lower()
+    return any(n in low for n in _NEEDLE_BYTES)
+
+
+def _decoded(raw: bytes) -> str:
+    """One line of CMD's stderr as text: a line over MAX_LINE keeps its head and its tail."""
+    if len(raw) > MAX_LINE:
+        half = (MAX_LINE - len(ELLIPSIS)) // 2
+        raw = raw[:half] + ELLIPSIS + raw[-half:]
+    return raw.decode("utf-8", "replace").rstrip("\r")
 
 
 def open_relay(out_fd: int = 2) -> StderrRelay | None:
