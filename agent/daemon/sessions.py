@@ -74,13 +74,14 @@ def item_kind(it: Item) -> str:
         return "span"
     if isinstance(it, LogItem):
         return "log"
-    return "metric"
+    if isinstance(it, MetricItem):
+        return "metric"
+    return "routing"  # a RoutingHint: the agent's own, for MQTT and Prometheus; no session's
 
 
 def item_resource(it: Item) -> Resource:
     if isinstance(it, ColdStart):
         return it.root.resource
-    assert isinstance(it, (SpanItem, LogItem, MetricItem, ColdStartProgress))
     return it.resource
 
 
@@ -169,6 +170,8 @@ class Sessions:
             return
         out: dict[str, list[Item]] = {}
         for it in items:
+            if item_kind(it) not in KINDS:
+                continue
             info = self._producer_info(item_resource(it))
             if info is None:
                 continue

@@ -291,3 +291,24 @@ def test_captures_over_the_rate_or_malformed_are_counted_not_classified() -> Non
 def test_a_subscription_without_a_relay_sends_no_captures() -> None:
     got, ended = run_captures(1000, [capture_frame("out of memory", 101)], relay=False, producers=((101, 1000),))
     assert got == [] and ended["captures_dropped"] == 1
+
+
+def test_a_routing_hint_passing_the_tap_is_no_sessions_and_breaks_nothing() -> None:
+    """The agent's routing hints pass every tap: the session tap raised on them (an assertion) for as long as any
+    launch was subscribed and any instance ramped, logging a traceback each time (review finding)."""
+    from infersight.telemetry import RoutingHint
+
+    async def main() -> list[str]:
+        asm = Assembler("host")
+        mine = hello(asm, 101, 1000, SESSION)
+        sess = sessions.Sessions(asm, lambda: {"pid": 1}, lambda _pid: False, lambda: 0)
+        sock, task = await subscriber(sess, 1000, list(sessions.KINDS))
+        hint = RoutingHint(mine.resource, "llm", 8000, 1, None)
+        sess.tap([hint, log_of(mine, "mine")])
+        await asyncio.sleep(0.05)
+        frames = read_frames(sock)
+        sock.close()
+        await asyncio.gather(task, return_exceptions=True)
+        return [itemcodec.from_dict(d).body for f in frames[1:] for d in f["i"]]  # type: ignore[union-attr]
+
+    assert asyncio.run(main()) == ["mine"]
