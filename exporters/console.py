@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from infersight.exporters.waterfall import is_helper, render_waterfall
+from infersight.sanitize import terminal_line
 from infersight.telemetry import ColdStart, ColdStartProgress, Item, LogItem
 
 KEEP_COLDSTARTS = 64
@@ -87,7 +88,7 @@ class ConsoleExporter:
             self._progress(ColdStartProgress(it.resource, "", 0, 0, None))
         pid = it.resource.get("process.pid")
         out = self.stream or sys.stderr
-        out.write("infersight: %s%s\n" % ("pid %d: " % pid if type(pid) is int else "", it.body))
+        out.write("infersight: %s%s\n" % ("pid %d: " % pid if type(pid) is int else "", terminal_line(it.body)))
         out.flush()
         self.ooms += 1
 

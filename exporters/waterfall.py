@@ -18,6 +18,7 @@ from __future__ import annotations
 from infersight.coldstart_stages import SAMPLES, coverage, gap_frames, tree_coverage, union_ns
 from infersight.exporters.weights_note import weights_note
 from infersight.hooks import _contract
+from infersight.sanitize import terminal_line
 from infersight.telemetry import ColdStart, SpanItem
 from infersight.weights_files import CeilingOf, describe, files_of
 
@@ -229,4 +230,4 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
     top_stages = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
     if top_stages:
         lines.append("biggest stages: " + ", ".join("%s %.3f s" % (name, ns / 1e9) for name, ns in top_stages))
-    return "\n".join(lines)
+    return "\n".join(terminal_line(line) for line in lines)

@@ -130,3 +130,12 @@ def log_text(v: object, limit: int = MAX_LOG_TEXT) -> str:
     if "\\" in s or not s.isprintable():
         s = "".join(_log_char(c) for c in s)
     return s + "...(%d more)" % more if more > 0 else s
+
+
+def terminal_line(s: str) -> str:
+    """``s`` as one line of a terminal's output (a waterfall row, a verdict line): every character that is not
+    printable (newline, CR, ESC, bidirectional controls) escaped as ``repr`` does. An attribute value keeps its
+    newlines at ingest (log bodies need them): another user's stage name must not print lines of its own."""
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else _log_char(c) for c in s)

@@ -187,9 +187,11 @@ def _chrome(path: str, out: TextIO, err: TextIO) -> int:
 
 
 def probe_line(p: SpanItem) -> str:
-    return "probe GET %s: HTTP %s, first byte %.3f s after sending" % (
+    from infersight.sanitize import terminal_line
+
+    return terminal_line("probe GET %s: HTTP %s, first byte %.3f s after sending" % (
         p.attributes.get("url.full"), p.attributes.get("http.response.status_code"),
-        (p.end_ns - p.start_ns) / 1e9)
+        (p.end_ns - p.start_ns) / 1e9))
 
 
 def add_parser(sub: Any, help_line: str | None = None) -> argparse.ArgumentParser:

@@ -263,3 +263,32 @@ def test_point_attributes_cannot_pass_a_series_off_as_another_service_or_host(ag
         check = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True,
                                timeout=60)
         assert "error" not in (check.stdout + check.stderr).lower(), check.stdout + check.stderr
+
+
+def test_an_attribute_value_cannot_forge_lines_in_what_show_prints(agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """Attribute values keep their newlines at ingest (log bodies need them): a member's stage attribute
+    ``weights_load\\r\\n<forged line>`` printed a whole line of its own in the waterfall's "biggest stages"
+    (review finding). Every line ``show`` prints is one line now, with the newline escaped."""
+    agent = agent_factory().start()
+    forged = "2026-12-05 06:00:00 ERROR infersight.agent: forged"
+    now = time.time_ns()
+    hello = {"t": "hello", "schema": 1, "producer": {
+        "id": "raw-3", "pid": os.getpid(), "start_ns": now - 10**9, "trace_id": "d" * 32, "root_span_id": "c" * 16,
+        "exe": "python3", "service_name": "svc"}}
+    stage = "weights_load\x1b[31m\r\n" + forged
+    batch = {"t": "b", "e": [
+        [1, now, "span", {"n": "coldstart.weights_load", "id": "a" * 16, "p": "c" * 16, "s": now - 10**8, "e": now,
+                          "a": {"infersight.stage": stage}}],
+        [2, now, "span", {"n": "coldstart", "id": "c" * 16, "s": now - 10**9, "e": now}],
+    ]}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(agent.sock))
+        s.sendall(_wire.encode_frame(hello) + _wire.encode_frame(batch))
+        assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 2, 15), agent.status()
+    assert wait_for(lambda: "coldstart" in agent.out.read_text() if agent.out.exists() else False, 15)
+    r = subprocess.run([sys.executable, "-m", "infersight", "show", str(agent.out)], capture_output=True,
+                       text=True, timeout=60)
+    assert "weights_load" in r.stdout, r.stdout + r.stderr
+    assert not any(line.startswith(forged) for line in r.stdout.splitlines()), r.stdout
+    assert "\\n" + forged in r.stdout  # (CR was made U+FFFD at ingest; the newline is kept there)
