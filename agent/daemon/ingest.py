@@ -203,7 +203,7 @@ class Ingest:
         never came."""
         if self.spool_dir and not producer.gone:
             prefix = _paths.spool_prefix(str(producer.info.get("id", producer.id)))  # the id it said, not its key
-            self.replay_spools(self.spool_dir, prefix)
+            self.spools.replay(self.spool_dir, prefix, producer.uid)
             if self.spools.reading(prefix):
                 self.spools.wait_for(prefix, producer.id)
                 return  # the scan is reading its file (a piece at a time): the file's end closes it, if need be

@@ -19,8 +19,10 @@ and give the loop back every SLICE_S of loop time (or STEP_FRAMES frames): one p
 frames of 2,048 events had held the loop for over a minute, and 1.5 million planted names 7 s a scan.
 A scan's loop time is charged to the file owner's uid (``loop_share.py``, as a connection's frames),
 and it reads on only while that uid's batches fit its share of the exporters' queues. Only the replay
-of one ended producer's own files runs in one go, and only for files no larger than the hooks write by
-default.
+of one ended producer's own files runs in one go (its events come before its end is decided), and only
+files of its own uid, up to SYNC_TOTAL_BYTES in all (what a process spools at its exit): the rest is read
+a piece at a time by a task, and the producer's end waits for it. Five planted 60 MiB files under a
+member's own ended producer's prefix had held the loop 79 s, past the service's watchdog.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ _MAX_UIDS_COUNTED = 256
 # hooks' default spool size; a larger file (a raised INFERSIGHT_SPOOL_MAX_BYTES, or planted under its prefix) waits
 # for the next scan, which gives the loop back as it goes.
 SYNC_MAX_BYTES = 64 << 20
+SYNC_TOTAL_BYTES = 256 << 10  # what one ended producer's files may hold in all to be read in one go (~65 ms)
 
 Step = Generator[int | None, None, bool]  # one file's replay: yields its owner's uid after each piece of work,
 # returns whether it was done
@@ -275,9 +278,12 @@ class SpoolReplay:
         self._reading: set[str] = set()  # names of files a replay is reading now (it gives the loop back)
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
 
-    def replay(self, directory: str, prefix: str = "") -> int:
+    def replay(self, directory: str, prefix: str = "", owner_uid: int | None = None) -> int:
         """Replay, in one go, the spool files whose producer has died (its lock is free) and that are no
-        larger than SYNC_MAX_BYTES (the rest wait for :meth:`replay_async`); returns files done."""
+        larger than SYNC_MAX_BYTES (the rest wait for :meth:`replay_async`); returns files done. With a
+        ``prefix`` (an ended producer's files), at most SYNC_TOTAL_BYTES in all, and with ``owner_uid`` only
+        files of that uid: past the budget a task reads the rest a piece at a time (:meth:`reading` holds the
+        producer's end meanwhile); another uid's files wait for the periodic scan, which charges their owner."""
         try:
             dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
@@ -289,7 +295,18 @@ class SpoolReplay:
                 if prefix and self._defer(directory, prefix):
                     return 0
                 names = sorted(n for n in os.listdir(dfd) if n.endswith(_paths.SPOOL_SUFFIX) and n.startswith(prefix))
+            budget = SYNC_TOTAL_BYTES if prefix else None
             for name in names:
+                if budget is not None:
+                    try:
+                        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if owner_uid is not None and st.st_uid != owner_uid:
+                        continue  # under another's prefix: the periodic scan reads it, paced, charged to its owner
+                    if st.st_size > budget and self._defer(directory, prefix):
+                        break  # the rest a piece at a time; the producer's end waits for it
+                    budget = max(0, budget - st.st_size)
                 step = self._replay_one(directory, dfd, name, SYNC_MAX_BYTES)
                 while (finished := _advance(step)) is None:
                     pass

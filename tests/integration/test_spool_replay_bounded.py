@@ -144,3 +144,69 @@ async def test_a_producer_found_dead_while_the_scan_reads_its_file_is_closed_by_
         assert closed == ["dead-mid"]  # by the file's end
     finally:
         await agent.shutdown(5)
+
+
+def _hello(producer_id: str, trace: int) -> dict[str, Any]:
+    return {"t": "hello", "schema": _wire.SCHEMA_VERSION, "producer": {
+        "id": producer_id, "pid": DEAD_PID, "start_ns": 1, "trace_id": "%032x" % trace, "root_span_id": ROOT_SPAN}}
+
+
+async def test_an_ended_producers_files_past_a_small_budget_are_read_a_piece_at_a_time(tmp_path: Path) -> None:
+    """A member's own producer ends with large files planted under its prefix (five of 60 MiB held the loop 79 s,
+    past the service's watchdog: review finding). What is read in one go is at most SYNC_TOTAL_BYTES; the rest
+    is read by a task that gives the loop back, and the producer's end waits for it."""
+    from infersight.agent.daemon.identity import Peer
+
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        pid_id = "dead-planted"
+        producer = agent.ingest.hello(_hello(pid_id, 299_002), Peer(os.getuid(), None))
+        assert producer is not None
+        f = _spool_file(spool, pid_id, 24 * replay.STEP_FRAMES)
+        assert replay.SYNC_TOTAL_BYTES < f.stat().st_size < replay.SYNC_MAX_BYTES
+        closed: list[str] = []
+        real = agent.ingest.receiver.close_lost
+        agent.ingest.receiver.close_lost = lambda p: (closed.append(p.id), real(p))  # type: ignore[method-assign]
+        ticks, done = [0], [False]
+
+        async def ticker() -> None:
+            while not done[0]:
+                ticks[0] += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.get_running_loop().create_task(ticker())
+        await asyncio.sleep(0)
+        ticks[0] = 0
+        agent.ingest.publish_lost(producer)
+        assert ticks[0] == 0 and agent.counters.spool_files_replayed == 0, "read in one go"
+        assert closed == [], "closed before its files were read"
+        assert agent.ingest.spools.reading(_paths.spool_prefix(pid_id))
+        for _ in range(2000):
+            await asyncio.sleep(0.005)
+            if closed:
+                break
+        done[0] = True
+        await t
+        assert agent.counters.spool_files_replayed == 1 and closed == [pid_id]
+        assert ticks[0] >= 5, "the deferred replay held the event loop"
+    finally:
+        await agent.shutdown(5)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another uid")
+async def test_another_uids_file_under_an_ended_producers_prefix_is_left_to_the_paced_scan(tmp_path: Path) -> None:
+    from infersight.agent.daemon.identity import Peer
+
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        producer = agent.ingest.hello(_hello("dead-victim", 299_003), Peer(0, None))
+        assert producer is not None
+        planted = _spool_file(spool, "dead-victim", 3)
+        os.chown(planted, 65534, 65534)  # another member's file, named under the victim's prefix
+        agent.ingest.receiver.allowed = lambda uid, gid: True  # type: ignore[method-assign]  # (a member: allowed)
+        agent.ingest.publish_lost(producer)
+        assert agent.counters.spool_files_replayed == 0 and planted.exists()
+    finally:
+        await agent.shutdown(5)
