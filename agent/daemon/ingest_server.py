@@ -67,6 +67,16 @@ def ensure_socket_dir(path: str) -> None:
             "only the agent's user can write" % (exc, owner if owner is not None else os.geteuid())) from exc
 
 
+def _describe_dir(path: str) -> str:
+    """``the directory /run/x belongs to uid 1000, mode 2700``, or what is known of it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        return "the directory %s: %s" % (directory, exc.strerror or exc)
+    return "the directory %s belongs to uid %d, mode %04o" % (directory, st.st_uid, stat.S_IMODE(st.st_mode))
+
+
 def socket_dir_problem(st: os.stat_result, uid: int) -> str | None:
     """Why another user could remove or replace a socket in a directory of this ``lstat``, or None."""
     mode = stat.S_IMODE(st.st_mode)
@@ -163,15 +173,19 @@ class Listener:
         the path and its mode)."""
         if sock is None:
             ensure_socket_dir(path)
-            if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
-                if answers(path):
-                    raise OSError(errno.EADDRINUSE, "another agent is listening on %s: stop it first, or give "
-                                  "this one another agent.socket" % path)
-                os.unlink(path)  # a stale socket from a previous run
             old = os.umask(0o777 & ~mode & 0o777)
             try:
+                if os.path.lexists(path):  # noqa: ASYNC240 - startup, once
+                    if answers(path):
+                        raise OSError(errno.EADDRINUSE, "another agent is listening on %s: stop it first, or give "
+                                      "this one another agent.socket" % path)
+                    os.unlink(path)  # a stale socket from a previous run
                 self.server = await asyncio.start_unix_server(self.handle, path=path, limit=STREAM_LIMIT,
                                                               backlog=LISTEN_BACKLOG)
+            except PermissionError as exc:  # a directory another uid made (or moved) where ours was
+                raise UnsafeSocketDirError("cannot listen at %s: %s (%s): remove it, or set agent.socket / "
+                                           "INFERSIGHT_SOCKET to a path in a directory only the agent's user can "
+                                           "write" % (path, exc.strerror or exc, _describe_dir(path))) from exc
             finally:
                 os.umask(old)
             os.chmod(path, mode)

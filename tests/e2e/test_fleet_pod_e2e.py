@@ -71,9 +71,12 @@ class Container:
         self.mounts = {m["mountPath"]: volumes[m["name"]] for m in spec.get("volumeMounts", [])}
         self.programs = programs
         self.tmp = make_dir(tmp, 0o700, self.uid, self.gid)  # its own /tmp (the image's, or an emptyDir)
+        self.scratch = str(tmp.parent)  # the test's own directories (under the host's /tmp): never remapped
 
     def path(self, text: str) -> str:
         """A path inside the container, as the test's directories hold it."""
+        if text == self.scratch or text.startswith(self.scratch + "/"):
+            return text
         for mount in sorted(self.mounts, key=len, reverse=True):
             if text == mount or text.startswith(mount + "/"):
                 return str(self.mounts[mount]) + text[len(mount):]

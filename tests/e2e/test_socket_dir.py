@@ -187,3 +187,26 @@ def test_agent_starts_in_a_configured_directory_outside_the_fallbacks(base: Path
     finally:
         p.terminate()
         p.wait(30)
+
+
+async def test_a_socket_directory_the_agent_may_not_write_is_a_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod's model server renamed the agent's socket directory away and made its own: the restarted sidecar's
+    bind failed with EACCES and the agent died on a traceback (a crash loop, review finding). It now refuses
+    with the directory's owner and mode, as for a squatted one. (The EACCES is injected: root binds anywhere.)"""
+    import asyncio
+
+    from infersight.agent.daemon import ingest_server
+
+    d = tmp_path / "run"
+    d.mkdir(mode=0o700)
+    os.chown(d, 1000, 1000)
+
+    async def refused(*_a: object, **_k: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(asyncio, "start_unix_server", refused)
+    listener = ingest_server.Listener(lambda r, w: asyncio.sleep(0), None, None, lambda: 0)  # type: ignore[arg-type]
+    with pytest.raises(ingest_server.UnsafeSocketDirError) as err:
+        await listener.start(str(d / "agent.sock"), 0o660)
+    assert str(d) in str(err.value) and "uid 1000, mode 0700" in str(err.value), err.value

@@ -151,3 +151,31 @@ def test_configmap_is_valid_infersight_toml() -> None:
     assert model["securityContext"]["runAsUser"] in cfg["agent"]["allowed_uids"]
     side = containers(pod()["spec"])["infersight"]
     assert shlex.join(side["args"]) == "--config /etc/infersight/infersight.toml"
+
+
+def _size(limit: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    return int(limit[:-2]) * units[limit[-2:]]
+
+
+def test_the_model_server_cannot_rename_the_agents_socket_directory() -> None:
+    """The socket's emptyDir is 2777 without the sticky bit: writable there, the model server's uid could rename
+    the agent's socket directory away and listen in its place (a review on a played pod). Read-only, it cannot;
+    connecting to the socket needs no write."""
+    model = containers(pod()["spec"])["model-server"]
+    (run,) = [m for m in model["volumeMounts"] if m["mountPath"] == "/run/infersight"]
+    assert run.get("readOnly") is True
+
+
+def test_what_the_agent_and_the_hooks_may_write_fits_the_volumes_size_limits() -> None:
+    """An emptyDir past its sizeLimit gets the whole pod evicted, model server included: the exporters' disk
+    spool (default 256 MiB each) against the state volume's 64Mi, the hooks' spool against its volume."""
+    docs = list(yaml.safe_load_all(POD.read_text()))
+    cfg = tomllib.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["infersight.toml"])
+    spec = pod()["spec"]
+    limits = {v["name"]: _size(v["emptyDir"]["sizeLimit"]) for v in spec["volumes"] if "emptyDir" in v}
+    assert 2 * cfg["agent"]["exporter_spool_max_bytes"] <= limits["infersight-state"]  # room for the history too
+    side, model = containers(spec)["infersight"], containers(spec)["model-server"]
+    assert env(side)["INFERSIGHT_MEASURE_STORAGE"] == "0", "its 64 MiB sample would fill the state volume"
+    assert 16 * int(env(model)["INFERSIGHT_SPOOL_MAX_BYTES"]) <= limits["infersight-spool"]
+    assert {m["mountPath"] for m in model["volumeMounts"]} >= {"/tmp"}, "launch's private directory"
