@@ -152,6 +152,22 @@ def check_hooks_spool_dir(path: str) -> bool:
     return False
 
 
+def foreign_spool_dir(path: str) -> str | None:
+    """Why the agent cannot read the hooks' spool directory ``path``, when another uid made it: a served
+    process's hook that started before the agent (a pod whose sidecar came up second) makes it its own,
+    2700, and what it spools there is never replayed. None when the agent can read it (or it is absent)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid in (os.geteuid(), 0) or os.access(path, os.R_OK | os.X_OK):
+        return None
+    return ("the hooks' spool directory %s belongs to uid %d (mode %04o): a hooked process made it before the "
+            "agent did, and the agent cannot read what is spooled there; remove it and restart the agent, which "
+            "makes it %04o (in a pod: start the agent first, a native sidecar)"
+            % (path, st.st_uid, stat.S_IMODE(st.st_mode), SHARED_SPOOL_MODE))
+
+
 def short_hostname() -> str:
     return socket.gethostname().split(".")[0]
 
@@ -565,6 +581,10 @@ class Agent:
         self.listening = True
         if not self.embedded:
             check_hooks_spool_dir(self.config["agent.spool_dir"])
+            foreign = foreign_spool_dir(self.config["agent.spool_dir"])
+            if foreign:
+                log.warning("%s", foreign)
+                self.state_dir_warnings.append(foreign)
         loop = asyncio.get_running_loop()
         first = loop.create_task(self._first_spool_scan(), name="agent-spool-first-scan")
         await asyncio.wait({first}, timeout=START_SCAN_WAIT_S)

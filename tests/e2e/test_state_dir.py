@@ -292,3 +292,22 @@ def test_a_missing_hooks_spool_dir_is_made_shared_and_sticky(base: Path) -> None
     os.chmod(own, 0o750)
     assert check_hooks_spool_dir(str(own / "spool")) is True
     assert not (own / "spool").exists()
+
+
+def test_a_spool_dir_a_hook_made_before_the_agent_is_said_not_lost_silently(base: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A pod whose model server started before the sidecar (the .pth bootstrap, no native sidecar): its hook made
+    the spool directory its own (2700), the agent could not read it, and the first run's spool was never replayed
+    with nothing said (review finding). The agent says so, with the fix. (The agent's uid is played: root reads
+    any directory.)"""
+    from infersight.agent.daemon.lifecycle import foreign_spool_dir
+
+    spool = base / "hooks"
+    spool.mkdir()
+    os.chmod(spool, 0o2700)
+    os.chown(spool, 1000, 1000)
+    assert foreign_spool_dir(str(spool)) is None  # root: it reads it
+    monkeypatch.setattr(os, "geteuid", lambda: 10001)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    why = foreign_spool_dir(str(spool))
+    assert why is not None and str(spool) in why and "uid 1000 (mode 2700)" in why and "remove it" in why
+    assert foreign_spool_dir(str(base / "absent")) is None
