@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         why = str(exc)
         if isinstance(exc, TimeoutError):  # connected, no answer: a socket held with no agent behind it
-            why = ("timed out: the socket accepts but no agent answers; under systemd the socket unit holds it "
-                   "while infersight.service is stopped or starting: systemctl status infersight.service")
+            why = ("timed out: the socket accepts but no agent answers (a hung or busy agent, or a stopped one "
+                   "whose socket is held for it: under systemd the socket unit holds it while infersight.service "
+                   "is stopped or starting, see systemctl status infersight.service)")
         if args.json:
             print(json.dumps({"healthy": False, "socket": path, "error": why}))
         else:

@@ -271,3 +271,4 @@ def test_a_socket_held_with_no_agent_behind_it_is_named(tmp_path: Path) -> None:
         r = status(path)
     assert r.returncode == 1
     assert "no agent answers" in r.stdout and "systemctl status infersight.service" in r.stdout, r.stdout
+    assert "a hung or busy agent" in r.stdout, r.stdout  # a pod has no systemd: the message is not only its
