@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -425,26 +426,69 @@ class SeriesStore:
 
 
 IDLE_TIMEOUT_S = 10.0  # a scrape connection that sends nothing this long is closed (its thread freed)
-MAX_SCRAPE_CONNECTIONS = 32  # served at once; past it a connection is closed at once (counted)
+MAX_SCRAPE_CONNECTIONS = 32  # served at once; past it the longest idle one gives way, else it is refused (counted)
+EVICT_IDLE_S = 0.5  # a connection idle this long (no request under way) gives way to a new one when all are taken
+EVICT_WAIT_S = 0.5  # how long the new one then waits for the evicted one's thread to end
 
 
 def guard_connections(server: Any, counts: Any) -> None:
     """prometheus_client's server serves each connection on a thread of its own and waits for a request
     without limit: 150 idle clients held 154 threads, and enough of them would have taken the agent's threads
     or descriptors. Each connection now gets IDLE_TIMEOUT_S, and at most MAX_SCRAPE_CONNECTIONS are served at
-    once; ``counts.scrape_connections_refused`` counts the others."""
-    server.RequestHandlerClass = type("TimedHandler", (server.RequestHandlerClass,), {"timeout": IDLE_TIMEOUT_S})
+    once. When all are taken, the connection idle longest (past EVICT_IDLE_S, with no request under way) is
+    closed for the new one (``counts.scrape_connections_evicted``): any local user could otherwise hold every
+    slot with idle connections, renewed within IDLE_TIMEOUT_S, and no scrape got through (a review's attack).
+    ``counts.scrape_connections_refused`` counts the connections turned away."""
+    conns: dict[int, list[Any]] = {}  # id(socket) -> [socket, idle since (monotonic) or None while serving]
+    lock = threading.Lock()
+
+    def mark(request: Any, idle: bool) -> None:
+        with lock:
+            entry = conns.get(id(request))
+            if entry is not None:
+                entry[1] = time.monotonic() if idle else None
+
+    class TimedHandler(server.RequestHandlerClass):  # type: ignore[misc,name-defined]
+        timeout = IDLE_TIMEOUT_S
+
+        def do_GET(self) -> None:  # noqa: N802 - a request read whole: under way, never evicted (one that
+            mark(self.request, False)  # dribbles its headers is still idle: it may give way)
+            super().do_GET()
+
+        def handle_one_request(self) -> None:
+            super().handle_one_request()
+            mark(self.request, True)  # answered: idle until the next request on this connection
+
+    server.RequestHandlerClass = TimedHandler
     active = threading.BoundedSemaphore(MAX_SCRAPE_CONNECTIONS)
     spawn, serve_one = server.process_request, server.process_request_thread
 
+    def evict_idlest() -> bool:
+        cutoff = time.monotonic() - EVICT_IDLE_S
+        with lock:
+            idle = [(e[1], e[0]) for e in conns.values() if e[1] is not None and e[1] <= cutoff]
+        if not idle:
+            return False
+        try:
+            min(idle, key=lambda x: x[0])[1].shutdown(socket.SHUT_RDWR)  # its thread reads EOF and ends
+        except OSError:
+            pass
+        return True
+
     def process_request(request: Any, client_address: Any) -> None:
         if not active.acquire(blocking=False):
-            counts.scrape_connections_refused += 1
-            server.shutdown_request(request)
-            return
+            if not (evict_idlest() and active.acquire(timeout=EVICT_WAIT_S)):
+                counts.scrape_connections_refused += 1
+                server.shutdown_request(request)
+                return
+            counts.scrape_connections_evicted += 1
+        with lock:
+            conns[id(request)] = [request, time.monotonic()]
         try:
             spawn(request, client_address)
         except BaseException:
+            with lock:
+                conns.pop(id(request), None)
             active.release()
             raise
 
@@ -452,6 +496,8 @@ def guard_connections(server: Any, counts: Any) -> None:
         try:
             serve_one(request, client_address)
         finally:
+            with lock:
+                conns.pop(id(request), None)
             active.release()
 
     server.process_request = process_request
@@ -581,6 +627,7 @@ class PrometheusExporter:
         self.registry.register(_Collector(self))
         self.scrapes = 0
         self.scrape_connections_refused = 0  # past MAX_SCRAPE_CONNECTIONS served at once (guard_connections)
+        self.scrape_connections_evicted = 0  # idle ones closed for a new one when all were taken
         self.last_error = ""
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -674,6 +721,7 @@ class PrometheusExporter:
             "series_expired": self.store.expired,
             "scrapes": self.scrapes,
             "scrape_connections_refused": self.scrape_connections_refused,
+            "scrape_connections_evicted": self.scrape_connections_evicted,
             "last_error": self.last_error,
         }
 

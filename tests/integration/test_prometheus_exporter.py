@@ -379,6 +379,7 @@ async def test_idle_scrape_connections_are_closed_and_capped(monkeypatch: pytest
 
     monkeypatch.setattr(pe, "IDLE_TIMEOUT_S", 30.0)
     monkeypatch.setattr(pe, "MAX_SCRAPE_CONNECTIONS", 4)
+    monkeypatch.setattr(pe, "EVICT_IDLE_S", 60.0)  # (none is idle long enough to give way here: below)
     capped = PrometheusExporter(port=0)
     await capped.start()
     idle = await idle_clients(capped, 8)
@@ -593,3 +594,46 @@ def test_shipped_example_config(tmp_path: Path) -> None:
     e = from_config(load(str(cfg), env={}), env={})
     assert e is not None
     assert (e.host, e.port) == ("127.0.0.1", 9464)
+
+
+async def test_idle_connections_holding_every_slot_give_way_to_a_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any local user could hold every scrape slot with idle connections renewed within the idle timeout, and
+    no scrape got through (a review's attack, 32 connections). When all are taken, the one idle longest gives
+    way to the new connection; one with a request under way never does."""
+    import socket
+    import urllib.request
+
+    from infersight.exporters import prometheus_endpoint as pe
+
+    monkeypatch.setattr(pe, "IDLE_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(pe, "MAX_SCRAPE_CONNECTIONS", 4)
+    monkeypatch.setattr(pe, "EVICT_IDLE_S", 0.2)
+    e = PrometheusExporter(port=0)
+    await e.start()
+    hold = [await asyncio.to_thread(socket.create_connection, ("127.0.0.1", e.bound_port), 5) for _ in range(4)]
+    hold[0].sendall(b"GET /metrics HTTP/1.1\r\n")  # and one dribbles its headers: no less idle
+    try:
+        await asyncio.sleep(0.5)  # they hold every slot, idle
+        for i in range(3):  # scrape after scrape gets through; the holder renews what it lost
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(e.url, timeout=5).read())
+            assert b"infersight_prometheus_series" in body
+            closed = []
+            for c in hold:
+                c.settimeout(0.05)
+                try:
+                    if c.recv(1) == b"":
+                        closed.append(c)
+                except (TimeoutError, OSError):
+                    pass
+            assert len(closed) == 1, i  # the idlest one gave way; the others hold on
+            for c in closed:
+                hold.remove(c)
+                c.close()
+                hold.append(await asyncio.to_thread(socket.create_connection, ("127.0.0.1", e.bound_port), 5))
+            await asyncio.sleep(0.3)
+        state = e.state()
+        assert state["scrape_connections_evicted"] == 3 and state["scrape_connections_refused"] == 0, state
+    finally:
+        for c in hold:
+            c.close()
+        await e.shutdown()
