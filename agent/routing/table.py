@@ -48,6 +48,12 @@ Alive = Callable[[int, str | None], bool]
 VisiblePid = Callable[[str], int | None]  # producer -> its PID in this agent's /proc, None when none
 
 
+def host_listeners() -> dict[int, set[int]] | None:
+    """Every listening TCP port of this agent's network namespace -> the uids listening on it (its own
+    ``/proc/<pid>/net/tcp{,6}``: readable under any ProtectProc); None when unreadable."""
+    return listeners_by_port(os.getpid())
+
+
 def _alive(pid: int, start: str | None) -> bool:
     """Unknown (no pid, or a process this agent cannot see: another pid namespace) counts as alive."""
     return pid <= 0 or start is None or process_start(pid) == start
@@ -142,6 +148,14 @@ class RoutingTable:
             self._decide(inst, {}, {}, self.clock())
             self.replies[inst.port] = inst.reply
 
+    def _others_on_host(self, inst: Instance, port: int, table: dict[int, set[int]] | None) -> set[int]:
+        """The uids other than ``inst``'s (and root's) listening on ``port`` in this agent's network namespace,
+        where the balancer on this host connects: the kernel's word, whatever ``inst``'s own namespace shows
+        (a private one made with ``unshare -n``, where it alone listens) and whether or not this agent may
+        read other users' ``/proc`` (the service's ProtectProc=invisible). Root's sockets (docker-proxy, a
+        socket unit) forward to someone else: never held against a claim."""
+        return set() if table is None else table.get(port, set()) - {0, inst.uid}
+
     def _owns(self, inst: Instance, port: int) -> bool:
         """Whether ``inst`` may claim ``port``: the port a producer says it listens on is its
         word, so where the kernel shows listeners on that port in its network namespace, they
@@ -154,6 +168,18 @@ class RoutingTable:
         holder of another uid, nor from another uid's vacated port in its window."""
         if inst.uid is None or inst.uid == 0:
             return True
+        host = host_listeners()
+        others = self._others_on_host(inst, port, host)
+        if others:  # another user listens on this port where the balancer connects: never this claim
+            self.port_claims_refused += 1
+            if host is not None and inst.uid in host.get(port, set()):  # it listens there too: a candidate
+                holder = self.instances.get(self.ports.get(port, ""))
+                if holder is not None and holder.uid != inst.uid:
+                    self._release(port)
+                self._contest(port, inst)
+            return False
+        if host is not None and inst.uid in host.get(port, set()):
+            return True  # its uid alone (root aside) listens there, in the balancer's namespace
         # a process this agent cannot see (another PID namespace: pid 0) has no listeners to read: as said
         owners = listener_uids(inst.pid, port) if inst.pid > 0 else None
         if owners and owners <= {inst.uid}:
@@ -244,9 +270,15 @@ class RoutingTable:
             by_port = tables[ns]
             return None if by_port is None else by_port.get(port, set())
 
+        host = host_listeners()
         for port, producer in list(self.ports.items()):
             inst = self.instances.get(producer)
-            if inst is None or inst.uid is None or inst.uid == 0 or inst.pid <= 0:
+            if inst is None or inst.uid is None or inst.uid == 0:
+                continue
+            if self._others_on_host(inst, port, host):  # another user listens there now, where the balancer does
+                self._release(port)
+                continue
+            if inst.pid <= 0:
                 continue
             got = owners(inst.pid, port)
             if got and not got <= {inst.uid}:
@@ -255,8 +287,10 @@ class RoutingTable:
             live = [(self.instances[c[0]], c) for c in cands if c[0] in self.instances]
             back = None
             for inst, (_p, _s, uid, _t) in live:
+                if uid is None or self._others_on_host(inst, port, host):
+                    continue
                 got = owners(inst.pid, port) if inst.pid > 0 else None
-                if got and uid is not None and got <= {uid}:
+                if (got and got <= {uid}) or (host is not None and uid in host.get(port, set())):
                     back = inst  # the port number is this candidate's uid's alone again
                     break
             if back is not None and port not in self.ports:

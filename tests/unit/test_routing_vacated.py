@@ -185,13 +185,48 @@ def listener_of_another_uid() -> Iterator[tuple[int, int]]:
         p.wait(10)
 
 
-def test_a_real_listener_of_another_uid_takes_the_vacated_port(listener_of_another_uid: tuple[int, int]) -> None:
+def test_a_real_listener_of_another_uid_takes_the_vacated_port(listener_of_another_uid: tuple[int, int],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     pid, port = listener_of_another_uid
     w = World(None)
-    w.ready("victim", 0, VICTIM, port)
+    with monkeypatch.context() as m:  # the victim's claim, before that listener came (this host's table then)
+        m.setattr(rt, "host_listeners", dict)
+        w.ready("victim", 0, VICTIM, port)
     w.dead.add(0)
     w.table.refresh()
     assert port in w.table.vacated
     w.ready("other", pid, ATTACKER, port, service="other")
     assert w.table.port_claims_refused == 0
     assert _ready(w.table.reply(port))
+
+
+def test_a_claim_from_a_private_network_namespace_does_not_take_a_port_another_uid_listens_on_here(
+        listener_of_another_uid: tuple[int, int]) -> None:
+    """A member claimed a victim's port from a network namespace of its own (``unshare -Urn``), where it alone
+    listened: the agent read that namespace's table and gave it the port (a review's attack). The balancer
+    connects in the agent's namespace, where the kernel shows the victim on it: the claim is refused, and the
+    victim's holds."""
+    pid, port = listener_of_another_uid  # the "victim" here: uid ATTACKER's real listener on this host
+    w = World(None)
+    w.ready("evil", 0, VICTIM, port, service="evil")  # pid 0: another PID namespace, its word only
+    assert w.table.port_claims_refused == 1 and port not in w.table.ports
+    w.ready("llm", pid, ATTACKER, port)
+    assert w.table.ports[port] == "llm"
+
+
+def test_a_holder_whose_port_another_uid_listens_on_here_lets_it_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the service's ProtectProc=invisible the agent cannot read other users' /proc: a squatter that
+    claimed a port, then closed it, kept it against the real server that listened there next (a review's
+    attack). This agent's own table shows who listens: the holder lets the port go, the listener gets it."""
+    w = World(monkeypatch)
+    host: dict[int, set[int]] = {}
+    monkeypatch.setattr(rt, "host_listeners", lambda: host)
+    monkeypatch.setattr(rt, "listener_uids", lambda _pid, _port: None)  # other users' /proc: unreadable
+    w.ready("squatter", 0, ATTACKER, PORT, service="evil")  # nobody listens yet: taken as said
+    assert w.table.ports.get(PORT) == "squatter"
+    host[PORT] = {VICTIM}  # the squatter closed its socket; the victim's server listens
+    w.ready("llm", 0, VICTIM, PORT)
+    assert w.table.ports.get(PORT) == "llm"
+    w.clock.t += rt.OWNERS_EVERY_S + 1
+    w.table.refresh()
+    assert w.table.ports.get(PORT) == "llm"
