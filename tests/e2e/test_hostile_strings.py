@@ -204,6 +204,18 @@ def test_control_characters_in_every_string_of_a_raw_peer_are_cleaned(agent_fact
     assert c["malformed_events"] == 0 and c["malformed_frames"] == 0
 
 
+def _send_and_show(agent: Any, hello: dict[str, Any], batch: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """A raw peer's hello and one batch of a cold start, then ``infersight show`` of the agent's file."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(agent.sock))
+        s.sendall(_wire.encode_frame(hello) + _wire.encode_frame(batch))
+        assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 2, 15), agent.status()
+    assert wait_for(lambda: "coldstart" in agent.out.read_text() if agent.out.exists() else False, 15)
+    return subprocess.run([sys.executable, "-m", "infersight", "show", str(agent.out)], capture_output=True,
+                          text=True, timeout=60)
+
+
 def test_a_name_cannot_forge_lines_or_reorder_what_show_prints(agent_factory) -> None:  # type: ignore[no-untyped-def]
     """A member's service and span names with a newline, a forged waterfall line and a right-to-left
     override (U+202E): ``infersight show`` printed them as they were, so the operator read a line that
@@ -220,14 +232,7 @@ def test_a_name_cannot_forge_lines_or_reorder_what_show_prints(agent_factory) ->
         [1, now, "span", {"n": "coldstart.x\n" + forged, "id": "a" * 16, "p": "f" * 16, "s": now - 10**8, "e": now}],
         [2, now, "span", {"n": "coldstart", "id": "f" * 16, "s": now - 10**9, "e": now}],
     ]}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(str(agent.sock))
-        s.sendall(_wire.encode_frame(hello) + _wire.encode_frame(batch))
-        assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 2, 15), agent.status()
-    assert wait_for(lambda: "coldstart" in agent.out.read_text() if agent.out.exists() else False, 15)
-    r = subprocess.run([sys.executable, "-m", "infersight", "show", str(agent.out)], capture_output=True,
-                       text=True, timeout=60)
+    r = _send_and_show(agent, hello, batch)
     assert "victim-svc" in r.stdout, r.stdout + r.stderr
     assert not any(line.startswith(forged) for line in r.stdout.splitlines()), r.stdout
     assert "\u202e" not in r.stdout and not BIDI & set(r.stdout)
@@ -281,14 +286,7 @@ def test_an_attribute_value_cannot_forge_lines_in_what_show_prints(agent_factory
                           "a": {"infersight.stage": stage}}],
         [2, now, "span", {"n": "coldstart", "id": "c" * 16, "s": now - 10**9, "e": now}],
     ]}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(str(agent.sock))
-        s.sendall(_wire.encode_frame(hello) + _wire.encode_frame(batch))
-        assert wait_for(lambda: agent.status()["counters"]["events_in"] >= 2, 15), agent.status()
-    assert wait_for(lambda: "coldstart" in agent.out.read_text() if agent.out.exists() else False, 15)
-    r = subprocess.run([sys.executable, "-m", "infersight", "show", str(agent.out)], capture_output=True,
-                       text=True, timeout=60)
+    r = _send_and_show(agent, hello, batch)
     assert "weights_load" in r.stdout, r.stdout + r.stderr
     assert not any(line.startswith(forged) for line in r.stdout.splitlines()), r.stdout
     assert "\\n" + forged in r.stdout  # (CR was made U+FFFD at ingest; the newline is kept there)

@@ -41,6 +41,31 @@ async def _agent(tmp_path: Path) -> Any:
     return agent
 
 
+class LoopTicks:
+    """Counts the event loop's turns while the block runs: a block that holds the loop counts none."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._done = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while not self._done:
+            self.n += 1
+            await asyncio.sleep(0)
+
+    async def __aenter__(self) -> LoopTicks:
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+        await asyncio.sleep(0)
+        self.n = 0
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._done = True
+        if self._task is not None:
+            await self._task
+
+
 def _spool_file(spool: Path, producer_id: str, batches: int) -> Path:
     """A dead producer's spool file as the hooks write it: its hello, then ``batches`` batches."""
     f = spool / _paths.spool_file_name(producer_id, "00" * 8)
@@ -83,20 +108,9 @@ async def test_a_directory_scan_gives_the_event_loop_back_while_it_replays(tmp_p
     try:
         spool = Path(agent.config["agent.spool_dir"])
         _spool_file(spool, "dead-long", 10 * replay.STEP_FRAMES)
-        ticks, done = [0], [False]
-
-        async def ticker() -> None:
-            while not done[0]:
-                ticks[0] += 1
-                await asyncio.sleep(0)
-
-        t = asyncio.get_running_loop().create_task(ticker())
-        await asyncio.sleep(0)
-        ticks[0] = 0
-        assert await agent.ingest.replay_spools_async(str(spool)) == 1
-        done[0] = True
-        await t
-        assert ticks[0] >= 9, "the replay of a long file held the event loop"
+        async with LoopTicks() as ticks:
+            assert await agent.ingest.replay_spools_async(str(spool)) == 1
+        assert ticks.n >= 9, "the replay of a long file held the event loop"
     finally:
         await agent.shutdown(5)
 
@@ -168,28 +182,17 @@ async def test_an_ended_producers_files_past_a_small_budget_are_read_a_piece_at_
         closed: list[str] = []
         real = agent.ingest.receiver.close_lost
         agent.ingest.receiver.close_lost = lambda p: (closed.append(p.id), real(p))  # type: ignore[method-assign]
-        ticks, done = [0], [False]
-
-        async def ticker() -> None:
-            while not done[0]:
-                ticks[0] += 1
-                await asyncio.sleep(0)
-
-        t = asyncio.get_running_loop().create_task(ticker())
-        await asyncio.sleep(0)
-        ticks[0] = 0
-        agent.ingest.publish_lost(producer)
-        assert ticks[0] == 0 and agent.counters.spool_files_replayed == 0, "read in one go"
-        assert closed == [], "closed before its files were read"
-        assert agent.ingest.spools.reading(_paths.spool_prefix(pid_id))
-        for _ in range(2000):
-            await asyncio.sleep(0.005)
-            if closed:
-                break
-        done[0] = True
-        await t
+        async with LoopTicks() as ticks:
+            agent.ingest.publish_lost(producer)
+            assert ticks.n == 0 and agent.counters.spool_files_replayed == 0, "read in one go"
+            assert closed == [], "closed before its files were read"
+            assert agent.ingest.spools.reading(_paths.spool_prefix(pid_id))
+            for _ in range(2000):
+                await asyncio.sleep(0.005)
+                if closed:
+                    break
         assert agent.counters.spool_files_replayed == 1 and closed == [pid_id]
-        assert ticks[0] >= 5, "the deferred replay held the event loop"
+        assert ticks.n >= 5, "the deferred replay held the event loop"
     finally:
         await agent.shutdown(5)
 
