@@ -219,8 +219,8 @@ class ExporterWorker:
     def _spill(self, items: Sequence[Item]) -> None:
         if self.spool is not None:
             try:
-                self.spool.append(items)
-                self.spilled_items += len(items)
+                left_out = self.spool.append(items)  # (a uid past its share of the spool: counted there)
+                self.spilled_items += len(items) - left_out
                 return
             except Exception as exc:  # a full disk, or a value the spool cannot encode
                 self.last_error = "spool: %s" % exc
@@ -498,6 +498,7 @@ class ExporterWorker:
             "internal_errors": self.internal_errors,
             "spooled_items_pending": sp.items if sp is not None else 0,
             "spool_corrupt_records": sp.corrupt_records if sp is not None else 0,
+            "spool_over_uid_share_items": sp.over_uid_share_items if sp is not None else 0,
             "problem": self.problem() or "",
             "last_error": self.last_error,
         }

@@ -4,6 +4,12 @@ Segment files ``<n>.seg`` hold records: 8-byte header (payload length, item coun
 then JSON of the batch. The read position survives restarts in ``pos``. When the
 spool is full, the oldest segment is deleted and its items are counted as dropped.
 
+One uid (``process.user.id`` of an item's resource; the agent's own items have none) holds at
+most ``UID_SHARE`` of the spool: past it, that uid's new items are dropped at the door
+(counted in ``over_uid_share_items``), so that another user's flood while a peer is away cannot
+push your queued records out. What a uid holds is counted from this agent's start (records
+spooled before a restart count for nobody).
+
 Every file is opened relative to a descriptor of the spool's directory, never through a
 link: under ``agent.state_dir`` (the daemon) that descriptor comes from
 :func:`infersight.statefiles.open_state_dir`, which checks that only the agent can write there.
@@ -11,6 +17,7 @@ link: under ``agent.state_dir`` (the daemon) that descriptor comes from
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import os
@@ -21,9 +28,10 @@ from typing import BinaryIO
 from infersight.agent.daemon.itemcodec import from_dict, to_dict
 from infersight.agent.errors import AgentError
 from infersight.statefiles import DIR_FLAGS, open_state_dir
-from infersight.telemetry import Item
+from infersight.telemetry import ColdStart, Item
 
 REC = struct.Struct("!II")
+UID_SHARE = 0.25  # of max_bytes, per uid (as the agent's other per-user budgets: a quarter)
 
 
 class SpoolInUseError(AgentError, OSError):
@@ -56,7 +64,14 @@ class DiskSpool:
         self.dropped_items = 0
         self.spooled_items = 0
         self.corrupt_records = 0
-        self._counts = {seg: self._scan(seg) for seg in self.segments}
+        self.over_uid_share_items = 0  # items not spooled: their uid held its share of the spool
+        scanned = {seg: self._scan(seg) for seg in self.segments}
+        self._counts = {seg: items for seg, (items, _records) in scanned.items()}
+        # per segment, per record written by this agent: the bytes of each uid in it (FIFO, as records are read),
+        # after the records an earlier agent wrote there (counted for nobody)
+        self._record_uids: dict[int, collections.deque[dict[int, int]]] = {}
+        self._earlier_records = {seg: records for seg, (_items, records) in scanned.items() if records}
+        self._uid_bytes: collections.Counter[int] = collections.Counter()
 
     @staticmethod
     def _seg_name(seg: int) -> str:
@@ -99,9 +114,9 @@ class DiskSpool:
             f.write("%d %d" % (self.segments[0] if self.segments else 0, self.read_pos))
         os.replace("pos.tmp", "pos", src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
 
-    def _scan(self, seg: int) -> int:
-        """Items left in a segment (from the read position for the first one)."""
-        n = 0
+    def _scan(self, seg: int) -> tuple[int, int]:
+        """Items and records left in a segment (from the read position for the first one)."""
+        n = records = 0
         try:
             with self._reader(seg) as f:
                 if self.segments and seg == self.segments[0]:
@@ -113,9 +128,10 @@ class DiskSpool:
                     size, count = REC.unpack(hdr)
                     f.seek(size, os.SEEK_CUR)
                     n += count
+                    records += 1
         except OSError:
             pass
-        return n
+        return n, records
 
     @property
     def items(self) -> int:
@@ -140,12 +156,32 @@ class DiskSpool:
         """Where the oldest unread record is: (segment, offset)."""
         return (self.segments[0], self.read_pos) if self.segments else None
 
-    def append(self, batch: Sequence[Item]) -> None:
-        """Write a batch; raises OSError when the disk refuses (the caller counts it).
+    def append(self, batch: Sequence[Item]) -> int:
+        """Write a batch, less the items of a uid past its share (counted): how many were left out. Raises
+        OSError when the disk refuses (the caller counts it).
 
         A write that fails half way (a full disk) is cut back off, so the segment never
         keeps a torn record that would hide every record after it."""
-        payload = json.dumps([to_dict(i) for i in batch], separators=(",", ":")).encode()
+        share = int(self.max_bytes * UID_SHARE)
+        parts: list[bytes] = []
+        kept: list[Item] = []
+        by_uid: dict[int, int] = {}
+        for it in batch:
+            part = json.dumps(to_dict(it), separators=(",", ":")).encode()
+            uid = item_uid(it)
+            if uid is not None:
+                if self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
+                    self.over_uid_share_items += 1
+                    continue
+                by_uid[uid] = by_uid.get(uid, 0) + len(part)
+            parts.append(part)
+            kept.append(it)
+        left_out = len(batch) - len(kept)
+        self.dropped_items += left_out
+        if not kept:
+            return left_out
+        batch = kept
+        payload = b"[" + b",".join(parts) + b"]"
         if not self.segments or self._seg_size(self.segments[-1]) > self.segment_bytes:
             nxt = (self.segments[-1] + 1) if self.segments else 1
             self.segments.append(nxt)
@@ -166,11 +202,39 @@ class DiskSpool:
             os.close(fd)
         self._counts[seg] += len(batch)
         self.spooled_items += len(batch)
+        self._record_uids.setdefault(seg, collections.deque()).append(by_uid)
+        self._uid_bytes.update(by_uid)
         while self.size_bytes() > self.max_bytes and len(self.segments) > 1:
             self._drop_oldest()
+        return left_out
+
+    def held_by_uid(self) -> dict[int, int]:
+        """Bytes of each uid's items in the spool (those spooled since this agent started)."""
+        return {uid: n for uid, n in self._uid_bytes.items() if n > 0}
+
+    def _forget_records(self, seg: int, records: int | None) -> None:
+        """``records`` of segment ``seg``'s oldest records (None: all of them) are gone: their uids' bytes too."""
+        if records is None:
+            self._earlier_records.pop(seg, None)
+        elif seg in self._earlier_records:  # an earlier agent's records come first in their segment
+            earlier = min(records, self._earlier_records[seg])
+            records -= earlier
+            if self._earlier_records[seg] == earlier:
+                del self._earlier_records[seg]
+            else:
+                self._earlier_records[seg] -= earlier
+        q = self._record_uids.get(seg)
+        if q is None:
+            return
+        n = len(q) if records is None else min(records, len(q))
+        for _ in range(n):
+            self._uid_bytes.subtract(q.popleft())
+        if not q or records is None:
+            self._record_uids.pop(seg, None)
 
     def _drop_oldest(self) -> None:
         seg = self.segments.pop(0)
+        self._forget_records(seg, None)
         self.dropped_items += self._counts.pop(seg, 0)
         self._unlink(self._seg_name(seg))
         self.read_pos = 0
@@ -201,6 +265,7 @@ class DiskSpool:
                                 break  # return what we have; the bad one is next
                             self.corrupt_records += 1
                             self.dropped_items += count
+                            self._forget_records(seg, 1)
                             self._advance(REC.size + size, count)
                             f.seek(self.read_pos)
                             continue
@@ -224,6 +289,7 @@ class DiskSpool:
                 f.seek(size, os.SEEK_CUR)
                 nbytes += REC.size + size
                 count += n
+        self._forget_records(seg, records)
         self._advance(nbytes, count)
         if self._counts.get(seg, 0) == 0 and self.read_pos >= self._seg_size(seg):
             self._retire_first()
@@ -236,7 +302,15 @@ class DiskSpool:
 
     def _retire_first(self) -> None:
         seg = self.segments.pop(0)
+        self._forget_records(seg, None)
         self._counts.pop(seg, None)
         self._unlink(self._seg_name(seg))
         self.read_pos = 0
         self._save_pos()
+
+
+def item_uid(it: Item) -> int | None:
+    """The uid an item is of (its resource's ``process.user.id``, the kernel's word); None for the agent's own."""
+    res = it.root.resource if isinstance(it, ColdStart) else it.resource
+    uid = res.get("process.user.id")
+    return uid if type(uid) is int else None

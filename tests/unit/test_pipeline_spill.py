@@ -48,3 +48,59 @@ async def test_spill_under_pressure_keeps_every_item_once_in_order(tmp_path: Pat
     assert worker.spilled_items > 0, "the test must exercise the spill path"
     assert len(got) == n_batches * per, "nothing lost, nothing duplicated"
     assert got == list(range(n_batches * per)), "order kept through the spool"
+
+
+def _logs(uid: int | None, n: int, body: str, start: int = 0) -> list[LogItem]:
+    res = Resource.of({"service.name": "s", **({"process.user.id": uid} if uid is not None else {})})
+    return [LogItem(res, 1, 9, "INFO", body, {"i": start + j}) for j in range(n)]
+
+
+def test_one_uids_flood_cannot_push_another_uids_spooled_records_out(tmp_path: Path) -> None:
+    """A broker is away; a victim's record is spooled, then two other members flood (a review's attack: the
+    victim's record was pushed out with the oldest segment). One uid holds at most a quarter of the spool: past
+    it, its new items are left out at the door and counted; the victim's record stays, and the agent's own
+    items (no uid) are never held back."""
+    from infersight.agent.daemon import spool as sp
+
+    s = DiskSpool(str(tmp_path / "spool"), max_bytes=256 << 10)
+    assert s.append(_logs(1001, 1, "VICTIM-MARKER cuda OOM in request 42")) == 0
+    left_out = 0
+    for k in range(200):
+        for uid in (1002, 1003):
+            left_out += s.append(_logs(uid, 10, "A" * 400, k * 10))
+    assert left_out > 0 and s.over_uid_share_items == left_out
+    held = s.held_by_uid()
+    assert all(held[uid] <= sp.UID_SHARE * s.max_bytes for uid in (1002, 1003)), held
+    assert s.size_bytes() <= s.max_bytes
+    assert s.append(_logs(None, 50, "the agent's own" + "x" * 400)) == 0
+    first, _records = s.peek_many(1)
+    assert first[0].body == "VICTIM-MARKER cuda OOM in request 42"  # still the oldest, still there
+    # what is exported frees its uid's share again
+    s.pop_many(1)
+    while True:
+        items, records = s.peek_many(100)
+        if not records:
+            break
+        s.pop_many(records)
+    assert s.held_by_uid() == {}
+    assert s.append(_logs(1002, 10, "A" * 400)) == 0
+    s.close()
+
+
+def test_records_an_earlier_agent_spooled_count_for_nobody_and_keep_the_accounting_right(tmp_path: Path) -> None:
+    d = str(tmp_path / "spool")
+    s = DiskSpool(d, max_bytes=256 << 10)
+    s.append(_logs(1002, 5, "before"))
+    s.close()
+    s = DiskSpool(d, max_bytes=256 << 10)  # a restart: the same segment gets new records after the old ones
+    s.append(_logs(1002, 5, "after"))
+    assert set(s.held_by_uid()) == {1002}
+    items, records = s.peek_many(5)
+    assert [i.body for i in items] == ["before"] * 5
+    s.pop_many(records)
+    assert set(s.held_by_uid()) == {1002}, "the earlier agent's record was not this one's"
+    items, records = s.peek_many(5)
+    assert [i.body for i in items] == ["after"] * 5
+    s.pop_many(records)
+    assert s.held_by_uid() == {}
+    s.close()
