@@ -138,3 +138,41 @@ def test_the_private_directory_is_reused_not_made_again_by_every_process(tmp_pat
     os.chown(squat, 65534, 65534)
     dirs = {os.path.dirname(_workers.children_dir(str(spool), "boot-1-%d" % n)) for n in range(5)}
     assert len(dirs) == 1 and len([p for p in spool.iterdir() if p != squat]) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another uid needs root")
+def test_a_squat_beside_a_flood_of_names_costs_a_bounded_look(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A member squatted children-<uid> and planted 400k names beside it: every hooked start of the victim's
+    listed them all (0.09 -> 0.3 s, a review's measurement). At most MAX_LOOKED names are looked at now; past
+    them a new private directory is made (still 0700, the victim's)."""
+    monkeypatch.setattr(_workers, "MAX_LOOKED", 64)
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o3770)
+    squat = spool / ("children-%d" % os.getuid())
+    squat.mkdir(mode=0o777)
+    os.chown(squat, 65534, 65534)
+    for i in range(500):
+        (spool / ("planted-%04d" % i)).touch()
+    looked: list[int] = []
+    real = os.scandir
+
+    class Counting:
+        def __init__(self, path: str) -> None:
+            self._it = real(path)
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.close()
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for e in self._it:
+                looked.append(1)
+                yield e
+
+    monkeypatch.setattr(os, "scandir", Counting)
+    made = _workers.children_base(str(spool))
+    assert len(looked) <= 65 and made != str(squat)
+    st = os.lstat(made)
+    assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
