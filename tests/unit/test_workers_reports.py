@@ -176,3 +176,4 @@ def test_a_squat_beside_a_flood_of_names_costs_a_bounded_look(tmp_path, monkeypa
     assert len(looked) <= 65 and made != str(squat)
     st = os.lstat(made)
     assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+
