@@ -70,14 +70,17 @@ def _advance(step: Step) -> bool | None:
     return None
 
 
-def iter_frames(fd: int) -> Iterator[bytes | None]:
-    """The payloads of the wire's frames in ``fd``, read a piece at a time; None once for a frame
-    longer than the wire allows (the rest of the file is not read)."""
+def iter_frames(fd: int, limit: int | None = None) -> Iterator[bytes | None]:
+    """The payloads of the wire's frames in ``fd``, read a piece at a time, at most ``limit`` bytes of
+    it; None once for a frame longer than the wire allows (the rest of the file is not read)."""
     buf = bytearray()
+    left = limit
     while True:
-        chunk = os.read(fd, READ_CHUNK)
+        chunk = os.read(fd, READ_CHUNK if left is None else min(READ_CHUNK, left))
         if not chunk:
             return
+        if left is not None:
+            left -= len(chunk)
         buf += chunk
         pos = 0
         while len(buf) - pos >= _wire.HEADER.size:
@@ -277,6 +280,7 @@ class SpoolReplay:
         self._replaying: set[str] = set()  # files published but not yet exported
         self._reading: set[str] = set()  # names of files a replay is reading now (it gives the loop back)
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
+        self.too_large = False  # the last file _replay_one looked at was over its bound once locked
 
     def replay(self, directory: str, prefix: str = "", owner_uid: int | None = None) -> int:
         """Replay, in one go, the spool files whose producer has died (its lock is free) and that are no
@@ -297,6 +301,7 @@ class SpoolReplay:
                 names = sorted(n for n in os.listdir(dfd) if n.endswith(_paths.SPOOL_SUFFIX) and n.startswith(prefix))
             budget = SYNC_TOTAL_BYTES if prefix else None
             for name in names:
+                bound = SYNC_MAX_BYTES
                 if budget is not None:
                     try:
                         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -304,13 +309,19 @@ class SpoolReplay:
                         continue
                     if owner_uid is not None and st.st_uid != owner_uid:
                         continue  # under another's prefix: the periodic scan reads it, paced, charged to its owner
-                    if st.st_size > budget and self._defer(directory, prefix):
-                        break  # the rest a piece at a time; the producer's end waits for it
+                    if st.st_size > budget:
+                        if self._defer(directory, prefix):
+                            break  # the rest a piece at a time; the producer's end waits for it
+                    else:
+                        bound = min(SYNC_MAX_BYTES, budget)  # (checked again once locked: it may have grown since)
                     budget = max(0, budget - st.st_size)
-                step = self._replay_one(directory, dfd, name, SYNC_MAX_BYTES)
+                self.too_large = False
+                step = self._replay_one(directory, dfd, name, bound)
                 while (finished := _advance(step)) is None:
                     pass
                 done += finished
+                if self.too_large and prefix and self._defer(directory, prefix):
+                    break  # it grew past the budget: read a piece at a time, the producer's end waiting for it
         except OSError:
             pass
         finally:
@@ -470,6 +481,13 @@ class SpoolReplay:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 return False  # its producer is alive and replays it itself
+            # Read only what the file held once locked: its producer has ended, and a descriptor its owner
+            # kept without the lock could append for ever (a one-go read of an ended producer's file held the
+            # loop 87 s that way). What is appended later is read by a later scan, if the file is still there.
+            size = os.fstat(fd).st_size
+            if max_bytes is not None and size > max_bytes:
+                self.too_large = True
+                return False  # grown past the bound since it was looked at: the next scan reads it
             if not rx.allowed(st.st_uid, st.st_gid):
                 self._refuse(st, path, "owner uid %d is not allowed" % st.st_uid)
                 return False
@@ -487,7 +505,7 @@ class SpoolReplay:
 
             malformed_run = 0
             self._reading.add(name)
-            for payload in iter_frames(fd):
+            for payload in iter_frames(fd, size):
                 yield uid  # after every piece of work: the caller decides when the loop gets it back
                 if payload is None:
                     counters.oversized_frames += 1

@@ -213,3 +213,48 @@ async def test_another_uids_file_under_an_ended_producers_prefix_is_left_to_the_
         assert agent.counters.spool_files_replayed == 0 and planted.exists()
     finally:
         await agent.shutdown(5)
+
+
+async def test_a_file_appended_to_while_it_is_read_is_read_only_as_far_as_it_was_once_locked(
+        tmp_path: Path) -> None:
+    """The file's owner kept a descriptor without the lock and appended while the agent read its ended producer's
+    file in one go: the read went on as long as it appended (87 s, and 300 s with 2.7 GB: a review's attack).
+    Only what the file held once locked is read; the rest waits for a later scan."""
+    import threading
+
+    from infersight.agent.daemon.identity import Peer
+
+    agent = await _agent(tmp_path)
+    try:
+        spool = Path(agent.config["agent.spool_dir"])
+        pid_id = "dead-appended"
+        producer = agent.ingest.hello(_hello(pid_id, 299_004), Peer(os.getuid(), None))
+        assert producer is not None
+        f = _spool_file(spool, pid_id, 3)
+        inode = f.stat().st_ino
+        appended = [0]
+        extra = b"".join(_wire.encode_frame({"t": "b", "e": [[100 + k, 2_000, "log", {"m": "more"}]]})
+                         for k in range(2_000))
+        appender = open(f, "ab")  # noqa: SIM115 - the owner's descriptor, no lock
+        real_read = os.read
+
+        def read_and_append(fd: int, n: int) -> bytes:  # the owner appends each time the agent reads
+            got = real_read(fd, n)
+            if os.fstat(fd).st_ino == inode and not threading.current_thread().daemon and appended[0] < 50:
+                appender.write(extra)
+                appender.flush()
+                appended[0] += 1
+            return got
+
+        os.read = read_and_append  # type: ignore[assignment]
+        try:
+            agent.ingest.publish_lost(producer)
+        finally:
+            os.read = real_read  # type: ignore[assignment]
+            appender.close()
+        assert agent.counters.spool_files_replayed == 1
+        assert appended[0] >= 1  # it appended while the agent read, and the agent stopped where the file ended
+        events = [p for p in agent.assembler.producers.values() if p.info.get("id") == pid_id][0].events
+        assert events == 3
+    finally:
+        await agent.shutdown(5)
