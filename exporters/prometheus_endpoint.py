@@ -451,13 +451,12 @@ def guard_connections(server: Any, counts: Any) -> None:
     class TimedHandler(server.RequestHandlerClass):  # type: ignore[misc,name-defined]
         timeout = IDLE_TIMEOUT_S
 
-        def do_GET(self) -> None:  # noqa: N802 - a request read whole: under way, never evicted (one that
-            mark(self.request, False)  # dribbles its headers is still idle: it may give way)
-            super().do_GET()
-
-        def handle_one_request(self) -> None:
-            super().handle_one_request()
-            mark(self.request, True)  # answered: idle until the next request on this connection
+        def parse_request(self) -> bool:
+            # (wsgiref's handler reads one request a connection: its request line, then this reads the headers)
+            ok: bool = super().parse_request()
+            if ok:  # read whole: under way, never evicted; one that dribbles its headers is idle, and may give way
+                mark(self.request, False)
+            return ok
 
     server.RequestHandlerClass = TimedHandler
     active = threading.BoundedSemaphore(MAX_SCRAPE_CONNECTIONS)

@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ports import free_port
@@ -636,4 +637,43 @@ async def test_idle_connections_holding_every_slot_give_way_to_a_scrape(monkeypa
     finally:
         for c in hold:
             c.close()
+        await e.shutdown()
+
+
+async def test_a_scrape_under_way_never_gives_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an idle connection gives way: a slow scrape in progress (its collector takes a while) is the oldest
+    connection, yet it completes, and the new connection is refused instead (a review found the guard never ran:
+    wsgiref's handler reads one request without the methods first used to mark it)."""
+    import socket
+    import urllib.request
+
+    from infersight.exporters import prometheus_endpoint as pe
+
+    monkeypatch.setattr(pe, "IDLE_TIMEOUT_S", 30.0)
+    monkeypatch.setattr(pe, "MAX_SCRAPE_CONNECTIONS", 2)
+    monkeypatch.setattr(pe, "EVICT_IDLE_S", 0.1)
+    real = pe._Collector.collect
+
+    def slow(self: Any) -> Any:
+        time.sleep(1.5)
+        return real(self)
+
+    monkeypatch.setattr(pe._Collector, "collect", slow)
+    e = PrometheusExporter(port=0)
+    await e.start()
+    try:
+        scrape = asyncio.create_task(asyncio.to_thread(lambda: urllib.request.urlopen(e.url, timeout=10).read()))
+        await asyncio.sleep(0.3)  # the scrape is in its collector
+        other = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", e.bound_port), 5)
+        await asyncio.sleep(0.3)  # both slots taken: the scrape (busy) and this one (idle)
+        late = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", e.bound_port), 5)
+        assert b"infersight_prometheus_series" in await scrape  # never evicted
+        late.settimeout(5)
+        other.settimeout(5)
+        assert await asyncio.to_thread(other.recv, 1) == b""  # the idle one gave way to the late one
+        state = e.state()
+        assert state["scrape_connections_evicted"] == 1, state
+        other.close()
+        late.close()
+    finally:
         await e.shutdown()
