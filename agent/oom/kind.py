@@ -281,12 +281,15 @@ class Seen:
     lineage: tuple[int, ...]  # pid, then its ancestors as far as known (below pid 1)
     trace: str
     here: bool  # the pid is of this pid namespace (its start time checked): its ancestors are /proc's
+    producer: str = ""  # who sent it (the producer table's key and the kernel's uid): one process, pid or none
 
     def related(self, other: Seen) -> bool:
         """One process is the other or one of its ancestors, or both are children of one parent in one trace
         that report it within SIBLINGS_NS of each other (the tensor-parallel workers of one engine, which log
         the same error at once; a supervisor's restarted worker, seconds later, has its own). Pids of another
         pid namespace (a container's pid 1, say) only count within one trace: two containers' pids may be equal."""
+        if self.producer and self.producer == other.producer:
+            return True  # the same producer (a joined launch's stand-in for a CMD it cannot give a pid)
         if self.pid is None or other.pid is None:
             return False
         if not (self.here and other.here) and self.trace != other.trace:
@@ -623,8 +626,9 @@ class OomHandlers:
 
         pid = p.info.get("pid")
         trace = str(p.info.get("trace_id") or "")
+        who = "%s@%s" % (p.id, p.uid)
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-            return Seen(t_ns, source, None, (), trace, False)
+            return Seen(t_ns, source, None, (), trace, False, who)
         here = same_process(p, pid, self.proc_root)
         chain = [pid]
         ppid = p.info.get("ppid")
@@ -634,7 +638,7 @@ class OomHandlers:
             if parent is None or parent <= 1 or parent in chain:
                 break
             chain.append(parent)
-        return Seen(t_ns, source, pid, tuple(chain), trace, here)
+        return Seen(t_ns, source, pid, tuple(chain), trace, here, who)
 
     def _at_budget(self, p: Producer, t_ns: int) -> bool:
         """Whether producer ``p`` has reported MAX_NEW_PER_PRODUCER new memory errors from logs or stderr in

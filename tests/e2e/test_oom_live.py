@@ -775,3 +775,21 @@ def test_the_same_engine_error_from_two_ranks_at_once_is_one_oom() -> None:
         got.append(len([i for i in items if isinstance(i, LogItem)]))
     assert got == [1, 0, 0]
     assert h.duplicates == 2
+
+
+def test_the_same_error_from_one_producer_without_a_pid_is_one_oom() -> None:
+    """A joined launch's stand-in for an unhooked CMD has no pid where launch is in another PID namespace (the
+    pod) or CMD was reaped: each copy of the same llama.cpp error was its own OOM (a review's finding). One
+    producer is one process: the same message again from it is a duplicate."""
+    from infersight.agent.daemon.assemble import Producer
+
+    h, _asm = _handlers()
+    stand_in = Producer("launch-stderr-x", {"id": "launch-stderr-x", "pid": None, "launched": True, "uid": 1000},
+                        Resource.of({"service.name": "llama-server", "process.user.id": 1000}))
+    stand_in.uid = 1000
+    text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 1024.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory")
+    out: list[Any] = []
+    for k in range(3):
+        h.oom(stand_in, Origin(stand_in.id, 0), 10 + k, {"source": "stderr", "text": text}, out)
+    assert len([i for i in out if isinstance(i, LogItem)]) == 1 and h.duplicates == 2
