@@ -88,9 +88,10 @@ class Extension:
         Default: None (nothing of it applies live)."""
         return None
 
-    async def session_ended(self, session: str) -> None:
+    async def session_ended(self, session: str, uid: int) -> None:
         """A joined launch's session ``session`` ends (its CMD exited): publish now what it holds of that
-        session's producers, before launch is told ``ended``. Default: nothing."""
+        session's producers of ``uid`` (the launch's, the kernel's word; 0: any), before launch is told
+        ``ended``. Default: nothing."""
 
     def health(self) -> Mapping[str, Any]:
         """Sections added to the status reply (``infersight status --json``). Default: none."""

@@ -390,11 +390,11 @@ class Agent:
         """Whether a joined launch copies the stderr of the producer of hello ``info`` (its captures come)."""
         return self.sessions.relays(info)
 
-    async def _session_settle(self, session: str) -> None:
-        """A joined launch's session ends: what the extensions still hold of it goes out first."""
+    async def _session_settle(self, session: str, uid: int) -> None:
+        """A joined launch's session ends: what the extensions still hold of it (its uid's) goes out first."""
         for ext in self.extensions:
             try:
-                await ext.session_ended(session)
+                await ext.session_ended(session, uid)
             except Exception:
                 log.exception("extension %s failed at the end of a launch's session", ext.name)
 

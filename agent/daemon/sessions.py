@@ -62,7 +62,7 @@ MAX_STAND_INS = 4  # producers that stand for an unhooked CMD, per subscription 
 MAX_ARGV = 512
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # the engine's colours: no meaning to the rules
 Capture = Callable[[Producer, str], None]
-Settle = Callable[[str], Awaitable[None]]
+Settle = Callable[[str, int], Awaitable[None]]  # (session, the subscriber's uid)
 
 
 def item_kind(it: Item) -> str:
@@ -206,9 +206,11 @@ class Sessions:
         return info is not None and info.get("uid") == sub.uid
 
     def relays(self, info: dict[str, Any]) -> bool:
-        """Whether a joined launch copies the stderr of the producer of hello ``info`` (its session's)."""
-        session = info.get("session")
-        return isinstance(session, str) and any(sub.relay for sub in self.subscribers.get(session, ()))
+        """Whether a joined launch of the producer's own uid (or root's) copies the stderr of the producer of hello
+        ``info`` (its session's): another uid that learnt the token cannot make its errors wait."""
+        session, uid = info.get("session"), info.get("uid")
+        return isinstance(session, str) and any(sub.relay and sub.uid in (0, uid)
+                                                for sub in self.subscribers.get(session, ()))
 
     def _session_open(self, session: str) -> int:
         return sum(1 for p in list(self.assembler.producers.values())
@@ -316,7 +318,7 @@ class Sessions:
             await asyncio.sleep(END_POLL_S)
         await self.replay()  # producers of the session that died with a spool: theirs go out now
         if self.settle is not None:
-            await self.settle(sub.session)
+            await self.settle(sub.session, sub.uid)
         open_now = self._session_open(sub.session)
         sub.writer.write(_wire.encode_frame({"t": "ended", "open": open_now, "dropped": sub.dropped,
                                              "sent": sub.sent, "captures": sub.captures,

@@ -57,9 +57,9 @@ class OomExtension(Extension):
             relayed = agent.stderr_relayed
             self.handlers.relayed = lambda p: bool(p.info.get("launched")) and relayed(p.info)
 
-    async def session_ended(self, session: str) -> None:
+    async def session_ended(self, session: str, uid: int) -> None:
         """The held copies of the session's producers go out now; OOMs still reading NVML finish (bounded)."""
-        await self.handlers.session_ended(session)
+        await self.handlers.session_ended(session, uid)
 
     def warm(self) -> None:
         """Load the rules now (any thread): the next OOM does not wait for them."""

@@ -534,10 +534,11 @@ class OomHandlers:
         if items and self.publish is not None:
             self.publish(items)
 
-    async def session_ended(self, session: str, timeout_s: float = 1.0) -> None:
-        """A joined launch's session ends: its producers' held copies go out now (no stderr copy is coming),
-        and OOMs still reading NVML are given ``timeout_s`` to publish."""
-        for key in [k for k, h in self._held.items() if h.p.info.get("session") == session]:
+    async def session_ended(self, session: str, uid: int, timeout_s: float = 1.0) -> None:
+        """A joined launch's session ends: its producers' held copies (of the launch's ``uid``; root's: any) go out
+        now (no stderr copy is coming), and OOMs still reading NVML are given ``timeout_s`` to publish."""
+        for key in [k for k, h in self._held.items()
+                    if h.p.info.get("session") == session and uid in (0, h.p.uid)]:
             self._held[key].timer.cancel()
             self._release(key)
         if self._later:

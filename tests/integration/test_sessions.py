@@ -312,3 +312,27 @@ def test_a_routing_hint_passing_the_tap_is_no_sessions_and_breaks_nothing() -> N
         return [itemcodec.from_dict(d).body for f in frames[1:] for d in f["i"]]  # type: ignore[union-attr]
 
     assert asyncio.run(main()) == ["mine"]
+
+
+def test_only_a_launch_of_the_producers_own_uid_or_root_makes_its_errors_wait_for_a_stderr_copy() -> None:
+    """Another uid that learnt a session's token (a root launch whose CMD drops to a service user can read
+    its own environ) must not make that user's undecided errors wait, nor end their wait (review finding)."""
+
+    async def main() -> tuple[bool, bool, bool]:
+        asm = Assembler("host")
+        victim = hello(asm, 101, 1000, SESSION)
+        sess = sessions.Sessions(asm, lambda: {"pid": 1}, lambda _pid: False, lambda: 0)
+        s1, t1 = await capturing(sess, 2000)  # another uid, with the token
+        other = sess.relays(victim.info)
+        s2, t2 = await capturing(sess, 1000)  # the producer's own uid
+        own = sess.relays(victim.info)
+        s1.close()
+        s2.close()
+        await asyncio.gather(t1, t2, return_exceptions=True)
+        s3, t3 = await capturing(sess, 0)  # root's
+        root = sess.relays(victim.info)
+        s3.close()
+        await asyncio.gather(t3, return_exceptions=True)
+        return other, own, root
+
+    assert asyncio.run(main()) == (False, True, True)
