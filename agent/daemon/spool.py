@@ -177,8 +177,8 @@ class DiskSpool:
             parts.append(part)
             kept.append(it)
         left_out = len(batch) - len(kept)
-        self.dropped_items += left_out
         if not kept:
+            self.dropped_items += left_out
             return left_out
         batch = kept
         payload = b"[" + b",".join(parts) + b"]"
@@ -202,6 +202,7 @@ class DiskSpool:
             os.close(fd)
         self._counts[seg] += len(batch)
         self.spooled_items += len(batch)
+        self.dropped_items += left_out  # (only once written: a write that fails is the caller's to count, whole)
         self._record_uids.setdefault(seg, collections.deque()).append(by_uid)
         self._uid_bytes.update(by_uid)
         while self.size_bytes() > self.max_bytes and len(self.segments) > 1:
