@@ -92,6 +92,7 @@ class JoinedSession:
     captures: int = 0  # stderr captures sent to the agent
     waiting: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=MAX_WAITING_CAPTURES))
     captures_lost: int = 0  # pushed out of ``waiting`` while the agent was away, or left there at the end
+    captures_after_end: int = 0  # made after CMD exited and the session's end was asked (a daemonised child's)
     _writer: asyncio.StreamWriter | None = None
 
     async def run(self) -> None:
@@ -179,6 +180,9 @@ class JoinedSession:
 
     def send_capture(self, text: str) -> None:
         """A capture of CMD's stderr (the relay made it): to the agent now, or once launch has re-subscribed."""
+        if self.end_deadline is not None:  # the session's end is asked: the agent reads no more of it
+            self.captures_after_end += 1
+            return
         frame = _wire.encode_frame({"t": "stderr", "pid": self.child_pid, "text": text, "argv": self.argv,
                                     "service": os.environ.get("OTEL_SERVICE_NAME") or None})
         if self._writer is not None and self.connected:
@@ -315,6 +319,9 @@ def _report_captures(session: JoinedSession, out: TextIO) -> None:
         out.write("infersight: the agent at %s (version %s) does not classify CMD's stderr: %d memory error(s) CMD "
                   "printed there were not classified; upgrade the agent, or run with --agent embedded\n"
                   % (j.path, j.info.get("version"), session.captures))
+    if session.captures_after_end:
+        out.write("infersight: %d memory error(s) printed on CMD's stderr after CMD exited (by a process it left "
+                  "running) were not classified\n" % session.captures_after_end)
     dropped = int((session.ended or {}).get("captures_dropped") or 0)
     if dropped or lost:
         out.write("infersight: %d capture(s) of memory errors on CMD's stderr were not classified (%s)\n" % (
