@@ -111,12 +111,16 @@ def refuse_frame(error: str) -> bytes:
     return encode_frame({"t": "refuse", "schema": SCHEMA_VERSION, "error": error})
 
 
-def subscribe_frame(session: str, kinds: List[str], relay: bool = False) -> bytes:
+def subscribe_frame(session: str, kinds: List[str], relay: bool = False,
+                    log_events: Optional[List[str]] = None) -> bytes:
     """launch -> agent: stream this session's items of ``kinds`` (``agent/daemon/sessions.py``);
-    ``relay``: launch copies CMD's stderr and will send its captures (``stderr`` frames)."""
+    ``relay``: launch copies CMD's stderr and will send its captures (``stderr`` frames);
+    ``log_events``: of the log records, only those of these event names (an older agent sends all)."""
     msg: Dict[str, Any] = {"t": "subscribe", "schema": SCHEMA_VERSION, "session": session, "kinds": kinds}
     if relay:
         msg["relay"] = True
+    if log_events is not None:
+        msg["log_events"] = log_events
     return encode_frame(msg)
 
 

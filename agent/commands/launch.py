@@ -62,6 +62,7 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     config_flags,
+    log_events_for,
     temp_root,
 )
 
@@ -220,7 +221,7 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
 
     wire = hooks_module("_wire")
     try:
-        s.sendall(wire.subscribe_frame(session, list(kinds), relay=True))
+        s.sendall(wire.subscribe_frame(session, list(kinds), relay=True, log_events=log_events_for(kinds)))
     except (BrokenPipeError, ConnectionResetError):
         pass  # an agent that refuses this uid answers and closes before reading: read its answer
     (n,) = wire.HEADER.unpack(_recv_exact(s, wire.HEADER.size))

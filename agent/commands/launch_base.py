@@ -38,6 +38,12 @@ FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: S
 # What a joined launch subscribes to: the waterfall and the OOMs' lines (the console); with --otlp-file, its copy
 ITEM_KINDS_CONSOLE = ["coldstart", "progress", "log"]
 ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]
+
+
+def log_events_for(kinds: list[str]) -> list[str] | None:
+    """The log records a joined launch asks for: the console shows only the OOMs' lines; a local copy has all."""
+    return None if "span" in kinds else ["oom"]
+
 AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 

@@ -45,6 +45,7 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     exit_status,
+    log_events_for,
 )
 from infersight.agent.commands.launch_session import (
     _quiet_logging,
@@ -164,7 +165,8 @@ class JoinedSession:
                     asyncio.open_unix_connection(self.joined.path), SUBSCRIBE_TIMEOUT_S)
             except (OSError, TimeoutError):
                 continue
-            writer.write(_wire.subscribe_frame(self.joined.session, list(self.kinds), relay=True))
+            writer.write(_wire.subscribe_frame(self.joined.session, list(self.kinds), relay=True,
+                                               log_events=log_events_for(self.kinds)))
             try:
                 (n,) = _wire.HEADER.unpack(await asyncio.wait_for(
                     reader.readexactly(_wire.HEADER.size), SUBSCRIBE_TIMEOUT_S))

@@ -102,8 +102,8 @@ def item_frames(items: Sequence[Item]) -> list[bytes]:
 
 
 class Subscriber:
-    __slots__ = ("_tokens", "_tokens_at", "captures", "captures_dropped", "dropped", "kinds", "peer_pid", "relay",
-                 "sent", "session", "stand_ins", "uid", "writer")
+    __slots__ = ("_tokens", "_tokens_at", "captures", "captures_dropped", "dropped", "kinds", "log_events",
+                 "peer_pid", "relay", "sent", "session", "stand_ins", "uid", "writer")
 
     def __init__(self, session: str, uid: int, kinds: frozenset[str], writer: asyncio.StreamWriter,
                  peer_pid: int = 0, relay: bool = False) -> None:
@@ -113,6 +113,7 @@ class Subscriber:
         self.writer = writer
         self.peer_pid = peer_pid  # the kernel's word, in the agent's PID namespace (0: unknown)
         self.relay = relay  # launch copies CMD's stderr and sends its captures
+        self.log_events: frozenset[str] | None = None  # of the log records, only these event names (None: all)
         self.sent = 0
         self.dropped = 0
         self.captures = 0  # stderr captures handed to the classifier
@@ -180,7 +181,8 @@ class Sessions:
                 out.setdefault(session, []).append(it)
         for session, got in out.items():
             for sub in self.subscribers.get(session, ()):
-                mine = [it for it in got if item_kind(it) in sub.kinds and self._visible(sub, it)]
+                mine = [it for it in got if item_kind(it) in sub.kinds and self._visible(sub, it)
+                        and (sub.log_events is None or not isinstance(it, LogItem) or it.event_name in sub.log_events)]
                 if mine:
                     sub.send(mine)
 
@@ -228,6 +230,9 @@ class Sessions:
             await writer.drain()
             return
         sub = Subscriber(session, uid, frozenset(kinds), writer, peer_pid, msg.get("relay") is True)
+        events = msg.get("log_events")
+        if isinstance(events, list) and len(events) <= 16 and all(isinstance(e, str) for e in events):
+            sub.log_events = frozenset(events)
         self.subscribers.setdefault(session, []).append(sub)
         try:
             writer.write(_wire.subscribed_frame({**self.info(), "captures": self.capture is not None}))

@@ -336,3 +336,32 @@ def test_only_a_launch_of_the_producers_own_uid_or_root_makes_its_errors_wait_fo
         return other, own, root
 
     assert asyncio.run(main()) == (False, True, True)
+
+
+def test_a_console_subscription_gets_only_the_log_records_it_shows() -> None:
+    """A joined launch without --otlp-file subscribes to log records for its OOM lines only: every other record
+    of its CMD (``hooks.log``) was streamed back for nothing (review finding). An older launch, which names no
+    events, still gets them all."""
+
+    async def main(events: list[str] | None) -> list[str]:
+        asm = Assembler("host")
+        mine = hello(asm, 101, 1000, SESSION)
+        sess = sessions.Sessions(asm, lambda: {"pid": 1}, lambda _pid: False, lambda: 0)
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        msg: dict[str, Any] = {"t": "subscribe", "session": SESSION, "kinds": ["log"]}
+        if events is not None:
+            msg["log_events"] = events
+        task = asyncio.create_task(sess.serve(msg, 1000, reader, writer))
+        while not len(sess):
+            await asyncio.sleep(0)
+        oom = LogItem(mine.resource, 1, 17, "ERROR", "OOM [vllm]: ...", {}, None, None, "oom", None)
+        sess.tap([log_of(mine, "a user's record"), oom])
+        await asyncio.sleep(0.05)
+        frames = read_frames(ours)
+        ours.close()
+        await asyncio.gather(task, return_exceptions=True)
+        return [itemcodec.from_dict(d).body for f in frames[1:] for d in f["i"]]  # type: ignore[union-attr]
+
+    assert asyncio.run(main(["oom"])) == ["OOM [vllm]: ..."]
+    assert asyncio.run(main(None)) == ["a user's record", "OOM [vllm]: ..."]
