@@ -282,6 +282,7 @@ class Seen:
     trace: str
     here: bool  # the pid is of this pid namespace (its start time checked): its ancestors are /proc's
     producer: str = ""  # who sent it (the producer table's key and the kernel's uid): one process, pid or none
+    session: str = ""  # the launch it is of (a random token its processes' hellos say), if any
 
     def related(self, other: Seen) -> bool:
         """One process is the other or one of its ancestors, or both are children of one parent in one trace
@@ -516,10 +517,12 @@ class OomHandlers:
         return True
 
     def _unhold(self, p: Producer, key: str) -> _Held | None:
-        """A held copy of the message ``key`` (of ``p``'s uid; launch's stand-in has none) is taken back: the
-        stderr copy goes out instead, as the held one's producer's."""
+        """A held copy of the message ``key`` (of ``p``'s uid; launch's stand-in has none; a root launch's stand-in:
+        of any uid in its launch) is taken back: the stderr copy goes out instead, as the held one's producer's."""
+        session = p.info.get("session")
         for k in list(self._held):
-            if (p.uid is None or k[0] == p.uid) and same_message(k[2], key):
+            of_launch = p.uid == 0 and session is not None and self._held[k].p.info.get("session") == session
+            if (p.uid is None or k[0] == p.uid or of_launch) and same_message(k[2], key):
                 h = self._held.pop(k)
                 h.timer.cancel()
                 return h
@@ -591,6 +594,11 @@ class OomHandlers:
             hit = next((c for (u, k), cs in self._texts.items() if u is None and same_message(k, key) for c in cs),
                        None) or next((c for (u, k), cs in self._texts.items() if u == uid and same_message(k, key)
                                       for c in cs if c.related(me)), None)
+            if hit is None and me.session:
+                # a root launch whose CMD runs the engine as another user (sudo -u, runuser): its stderr copy (a
+                # producer of uid 0 standing for CMD) and the engine's own copy are one launch's, one OOM
+                hit = next((c for (u, k), cs in self._texts.items() if (u == 0) != (uid == 0)
+                            and same_message(k, key) for c in cs if c.session == me.session), None)
         if hit is not None:
             return hit.source
         if not remember:
@@ -628,8 +636,9 @@ class OomHandlers:
         pid = p.info.get("pid")
         trace = str(p.info.get("trace_id") or "")
         who = "%s@%s" % (p.id, p.uid)
+        session = str(p.info.get("session") or "")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-            return Seen(t_ns, source, None, (), trace, False, who)
+            return Seen(t_ns, source, None, (), trace, False, who, session)
         here = same_process(p, pid, self.proc_root)
         chain = [pid]
         ppid = p.info.get("ppid")
@@ -639,7 +648,7 @@ class OomHandlers:
             if parent is None or parent <= 1 or parent in chain:
                 break
             chain.append(parent)
-        return Seen(t_ns, source, pid, tuple(chain), trace, here, who)
+        return Seen(t_ns, source, pid, tuple(chain), trace, here, who, session)
 
     def _at_budget(self, p: Producer, t_ns: int) -> bool:
         """Whether producer ``p`` has reported MAX_NEW_PER_PRODUCER new memory errors from logs or stderr in

@@ -793,3 +793,28 @@ def test_the_same_error_from_one_producer_without_a_pid_is_one_oom() -> None:
     for k in range(3):
         h.oom(stand_in, Origin(stand_in.id, 0), 10 + k, {"source": "stderr", "text": text}, out)
     assert len([i for i in out if isinstance(i, LogItem)]) == 1 and h.duplicates == 2
+
+
+@pytest.mark.parametrize("stderr_first", [True, False])
+def test_a_root_launchs_stderr_copy_and_its_engines_own_copy_as_another_user_are_one_oom(stderr_first: bool) -> None:
+    """``sudo launch -- runuser -u svc vllm ...``: the stderr copy comes as a producer of uid 0 standing for CMD,
+    the engine's own copy as uid svc's producer; the two were two OOMs (a review's finding). One launch's (the
+    same session token), one of them root's: one OOM. Another user's process with the same text is not folded."""
+    from infersight.agent.daemon.assemble import Producer
+
+    h, asm = _handlers()
+    session = "ab" * 16
+    engine = asm.hello({"id": "p-7201", "pid": 7201, "ppid": 1, "start_ns": 1, "trace_id": TRACE,
+                        "root_span_id": ROOT, "launched": True, "session": session}, uid=1000)
+    stand_in = Producer("launch-stderr-y", {"id": "launch-stderr-y", "pid": None, "launched": True, "uid": 0,
+                                            "session": session}, Resource.of({"process.user.id": 0}))
+    stand_in.uid = 0
+    stranger = asm.hello({"id": "p-7301", "pid": 7301, "ppid": 1, "start_ns": 1, "trace_id": "c" * 32,
+                          "root_span_id": ROOT, "session": "cd" * 16}, uid=2000)
+    text = "Not enough memory. Please try to increase --mem-fraction-static."
+    out: list[Any] = []
+    order = [(stand_in, "stderr"), (engine, "log")]
+    for k, (p, source) in enumerate(order if stderr_first else order[::-1]):
+        h.oom(p, Origin(p.id, 0), 10 + k, {"source": source, "text": text}, out)
+    h.oom(stranger, Origin(stranger.id, 0), 20, {"source": "log", "text": text}, out)
+    assert len([i for i in out if isinstance(i, LogItem)]) == 2 and h.duplicates == 1  # ours once, the stranger's
