@@ -476,6 +476,7 @@ class SpoolReplay:
                 self._refuse(st, path, "not a regular file with one link")
                 return False
             if max_bytes is not None and st.st_size > max_bytes:
+                self.too_large = True
                 return False  # the next scan reads it, a piece at a time
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -483,7 +484,8 @@ class SpoolReplay:
                 return False  # its producer is alive and replays it itself
             # Read only what the file held once locked: its producer has ended, and a descriptor its owner
             # kept without the lock could append for ever (a one-go read of an ended producer's file held the
-            # loop 87 s that way). What is appended later is read by a later scan, if the file is still there.
+            # loop 87 s that way). What is appended later is not read: the file goes once exported. Only its
+            # owner can append, and a producer's own file is final once its lock is free.
             size = os.fstat(fd).st_size
             if max_bytes is not None and size > max_bytes:
                 self.too_large = True

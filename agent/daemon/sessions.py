@@ -60,6 +60,7 @@ CAPTURE_BURST = 16
 MAX_CAPTURE_CHARS = 20_000  # the relay's captures stay under 16 KiB of text
 MAX_STAND_INS = 4  # producers that stand for an unhooked CMD, per subscription (one per pid it names)
 MAX_ARGV = 512
+STAND_IN_PREFIX = "launch-stderr-"  # a stand-in's producer id (agent/oom/kind.py folds a root launch's by it)
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # the engine's colours: no meaning to the rules
 Capture = Callable[[Producer, str], None]
 Settle = Callable[[str, int], Awaitable[None]]  # (session, the subscriber's uid)
@@ -299,7 +300,7 @@ class Sessions:
         args = [clean_text(str(a), 256) for a in argv[:MAX_ARGV]] if isinstance(argv, list) else []
         exe = os.path.basename(args[0]) if args else ""
         name = clean_key(service, 256) if isinstance(service, str) and service else "unknown_service:%s" % exe
-        sid = "launch-stderr-%s" % os.urandom(8).hex()
+        sid = STAND_IN_PREFIX + os.urandom(8).hex()
         attrs: dict[str, Any] = {"service.name": name, "service.instance.id": sid,
                                  "host.name": self.assembler.host_name or "", "process.executable.name": exe,
                                  "process.user.id": sub.uid, "telemetry.sdk.name": "infersight"}

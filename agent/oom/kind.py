@@ -58,6 +58,7 @@ log = logging.getLogger("infersight.agent.oom")
 _T = TypeVar("_T")
 
 DEDUP_WINDOW_NS = 30_000_000_000
+STAND_IN_PREFIX = "launch-stderr-"  # = sessions.STAND_IN_PREFIX: the producer ids of a joined launch's stand-ins
 SIBLINGS_NS = 1_000_000_000  # one failure's copies from a parent's children (its tensor-parallel ranks) come this close
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64
@@ -317,6 +318,11 @@ def _emit(p: Producer, origin: Origin, t_ns: int, sp: str | None, cls: str, body
                               [NumberPoint(n, {"infersight.oom.class": c}) for c, n in sorted(counts.items())]))
 
 
+def _stands_in(seen: Seen) -> bool:
+    """The copy came from a producer that stands for a joined launch's CMD (agent/daemon/sessions.py)."""
+    return seen.producer.startswith(STAND_IN_PREFIX)
+
+
 def _pid(p: Producer) -> int | None:
     pid = p.info.get("pid")
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 else None
@@ -521,7 +527,8 @@ class OomHandlers:
         of any uid in its launch) is taken back: the stderr copy goes out instead, as the held one's producer's."""
         session = p.info.get("session")
         for k in list(self._held):
-            of_launch = p.uid == 0 and session is not None and self._held[k].p.info.get("session") == session
+            of_launch = (p.uid == 0 and session is not None and p.id.startswith(STAND_IN_PREFIX)
+                         and self._held[k].p.info.get("session") == session)
             if (p.uid is None or k[0] == p.uid or of_launch) and same_message(k[2], key):
                 h = self._held.pop(k)
                 h.timer.cancel()
@@ -596,9 +603,11 @@ class OomHandlers:
                                       for c in cs if c.related(me)), None)
             if hit is None and me.session:
                 # a root launch whose CMD runs the engine as another user (sudo -u, runuser): its stderr copy (a
-                # producer of uid 0 standing for CMD) and the engine's own copy are one launch's, one OOM
+                # producer of uid 0 standing for CMD) and the engine's own copy are one launch's, one OOM; two
+                # hooked engines of the launch, one root's, are two
                 hit = next((c for (u, k), cs in self._texts.items() if (u == 0) != (uid == 0)
-                            and same_message(k, key) for c in cs if c.session == me.session), None)
+                            and same_message(k, key) for c in cs if c.session == me.session
+                            and _stands_in(c if u == 0 else me)), None)
         if hit is not None:
             return hit.source
         if not remember:

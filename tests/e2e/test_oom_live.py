@@ -818,3 +818,19 @@ def test_a_root_launchs_stderr_copy_and_its_engines_own_copy_as_another_user_are
         h.oom(p, Origin(p.id, 0), 10 + k, {"source": source, "text": text}, out)
     h.oom(stranger, Origin(stranger.id, 0), 20, {"source": "log", "text": text}, out)
     assert len([i for i in out if isinstance(i, LogItem)]) == 2 and h.duplicates == 1  # ours once, the stranger's
+
+
+def test_two_hooked_engines_of_one_root_launch_one_of_them_roots_keep_their_own_ooms() -> None:
+    """The fold above is for a root launch's stand-in only: two hooked engines of one launch, one running as root
+    and one as another user, that log the same message are two failures (a review's counter-case)."""
+    h, asm = _handlers()
+    session = "ab" * 16
+    svc = asm.hello({"id": "p-7201", "pid": 7201, "ppid": 1, "start_ns": 1, "trace_id": TRACE,
+                     "root_span_id": ROOT, "launched": True, "session": session}, uid=1000)
+    root = asm.hello({"id": "p-7301", "pid": 7301, "ppid": 1, "start_ns": 1, "trace_id": "c" * 32,
+                      "root_span_id": ROOT, "launched": True, "session": session}, uid=0)
+    text = "Not enough memory. Please try to increase --mem-fraction-static."
+    out: list[Any] = []
+    for k, p in enumerate((svc, root)):
+        h.oom(p, Origin(p.id, 0), 10 + k * 20_000_000_000, {"source": "log", "text": text}, out)
+    assert len([i for i in out if isinstance(i, LogItem)]) == 2 and h.duplicates == 0
