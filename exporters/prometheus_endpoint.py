@@ -42,6 +42,7 @@ import math
 import os
 import re
 import socket
+import struct
 import sys
 import threading
 import time
@@ -429,6 +430,49 @@ IDLE_TIMEOUT_S = 10.0  # a scrape connection that sends nothing this long is clo
 MAX_SCRAPE_CONNECTIONS = 32  # served at once; past it the longest idle one gives way, else it is refused (counted)
 EVICT_IDLE_S = 0.5  # a connection idle this long (no request under way) gives way to a new one when all are taken
 EVICT_WAIT_S = 0.5  # how long the new one then waits for the evicted one's thread to end
+MAX_CONNECTIONS_PER_UID = 8  # a local peer's uid (the kernel's socket table) may hold this many of them at once
+
+
+def _table_key(host: str, port: int) -> tuple[str, str] | None:
+    """(table, local address as the kernel's TCP table writes it) of a loopback peer; None for a remote one."""
+    if ":" in host:  # an IPv6 peer: only ::1 and v4-mapped loopback are local
+        packed = socket.inet_pton(socket.AF_INET6, host)
+        if packed != socket.inet_pton(socket.AF_INET6, "::1") and not host.startswith("::ffff:127."):
+            return None
+        return "tcp6", "%08X%08X%08X%08X:%04X" % (*struct.unpack("=4I", packed), port)
+    if not host.startswith("127."):
+        return None
+    return "tcp", "%08X:%04X" % (struct.unpack("=I", socket.inet_aton(host))[0], port)
+
+
+def loopback_peer_uids(peers: Iterable[tuple[str, int]], net: str = "/proc/self/net") -> dict[tuple[str, int], int]:
+    """The uid owning each local socket ``(host, port)`` that connected to us (its line in this network namespace's
+    TCP tables, where the kernel writes each socket's owner; one read of each table); remote peers and ones not
+    found are left out."""
+    keys: dict[tuple[str, str], tuple[str, int]] = {}
+    for host, port in peers:
+        try:
+            key = _table_key(host, port)
+        except (OSError, ValueError, struct.error):
+            continue
+        if key is not None:
+            keys[key] = (host, port)
+    out: dict[tuple[str, int], int] = {}
+    for table in {t for t, _local in keys}:
+        try:
+            with open(os.path.join(net, table), "rb") as f:
+                text = f.read(4 << 20).decode("ascii", "replace")
+        except OSError:
+            continue
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            peer = keys.get((table, fields[1])) if len(fields) > 7 else None
+            if peer is not None:
+                try:
+                    out[peer] = int(fields[7])
+                except ValueError:
+                    pass
+    return out
 
 
 def guard_connections(server: Any, counts: Any) -> None:
@@ -439,7 +483,8 @@ def guard_connections(server: Any, counts: Any) -> None:
     closed for the new one (``counts.scrape_connections_evicted``): any local user could otherwise hold every
     slot with idle connections, renewed within IDLE_TIMEOUT_S, and no scrape got through (a review's attack).
     ``counts.scrape_connections_refused`` counts the connections turned away."""
-    conns: dict[int, list[Any]] = {}  # id(socket) -> [socket, idle since (monotonic) or None while serving]
+    # id(socket) -> [socket, idle since (monotonic) or None while serving, peer (host, port), its uid once known]
+    conns: dict[int, list[Any]] = {}
     lock = threading.Lock()
 
     def mark(request: Any, idle: bool) -> None:
@@ -474,7 +519,33 @@ def guard_connections(server: Any, counts: Any) -> None:
             pass
         return True
 
+    def uid_full(peer: tuple[str, int]) -> bool:
+        """Whether the peer's uid (a local one) holds its share of the connections already. The kernel's table is
+        read only once that many are open at all (a scrape of a quiet endpoint reads none), for the new peer and
+        the open ones whose uid is not known yet."""
+        with lock:
+            if len(conns) < MAX_CONNECTIONS_PER_UID:
+                return False
+            unknown = [e[2] for e in conns.values() if e[3] is None]
+        uids = loopback_peer_uids([peer, *unknown])
+        uid = uids.get(peer)
+        with lock:
+            for e in conns.values():
+                if e[3] is None and e[2] in uids:
+                    e[3] = uids[e[2]]
+            return uid is not None and sum(1 for e in conns.values() if e[3] == uid) >= MAX_CONNECTIONS_PER_UID
+
     def process_request(request: Any, client_address: Any) -> None:
+        try:
+            peer = (str(client_address[0]), int(client_address[1]))
+        except (IndexError, TypeError, ValueError):
+            peer = ("", 0)
+        # one local user's connections cannot take every slot, idle or writing to a reader that never reads
+        if uid_full(peer):
+            counts.scrape_connections_refused += 1
+            counts.scrape_connections_over_uid += 1
+            server.shutdown_request(request)
+            return
         if not active.acquire(blocking=False):
             if not (evict_idlest() and active.acquire(timeout=EVICT_WAIT_S)):
                 counts.scrape_connections_refused += 1
@@ -482,7 +553,7 @@ def guard_connections(server: Any, counts: Any) -> None:
                 return
             counts.scrape_connections_evicted += 1
         with lock:
-            conns[id(request)] = [request, time.monotonic()]
+            conns[id(request)] = [request, time.monotonic(), peer, None]
         try:
             spawn(request, client_address)
         except BaseException:
@@ -627,6 +698,7 @@ class PrometheusExporter:
         self.scrapes = 0
         self.scrape_connections_refused = 0  # past MAX_SCRAPE_CONNECTIONS served at once (guard_connections)
         self.scrape_connections_evicted = 0  # idle ones closed for a new one when all were taken
+        self.scrape_connections_over_uid = 0  # refused: their local uid held MAX_CONNECTIONS_PER_UID already
         self.last_error = ""
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -721,6 +793,7 @@ class PrometheusExporter:
             "scrapes": self.scrapes,
             "scrape_connections_refused": self.scrape_connections_refused,
             "scrape_connections_evicted": self.scrape_connections_evicted,
+            "scrape_connections_over_uid": self.scrape_connections_over_uid,
             "last_error": self.last_error,
         }
 

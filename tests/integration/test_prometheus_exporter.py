@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -676,4 +677,49 @@ async def test_a_scrape_under_way_never_gives_way(monkeypatch: pytest.MonkeyPatc
         other.close()
         late.close()
     finally:
+        await e.shutdown()
+
+
+HOLDER = """
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for _ in range(n):
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port), 5))
+    except OSError:
+        pass
+print(len(held), flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: connections of another uid")
+async def test_one_local_uid_holds_at_most_its_share_of_the_scrape_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends a whole request and never reads a large answer keeps its slot busy (not evictable)
+    for the socket's timeout, and reconnects: 32 of them locked every scrape out (a re-review's attack). One
+    local uid (the kernel's socket table says whose each connection is) holds at most MAX_CONNECTIONS_PER_UID."""
+    from fleet_env import system_python
+
+    from infersight.exporters import prometheus_endpoint as pe
+
+    monkeypatch.setattr(pe, "EVICT_IDLE_S", 60.0)  # (none gives way here: the cap alone keeps room)
+    e = PrometheusExporter(port=0)
+    await e.start()
+    holder = subprocess.Popen([system_python(), "-c", HOLDER, str(e.bound_port), "20"], stdout=subprocess.PIPE,
+                              text=True, user=65534)
+    try:
+        assert holder.stdout is not None
+        await asyncio.to_thread(holder.stdout.readline)
+        deadline = time.monotonic() + 10
+        over = 20 - pe.MAX_CONNECTIONS_PER_UID
+        while int(e.state()["scrape_connections_over_uid"]) < over and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        state = e.state()
+        assert state["scrape_connections_over_uid"] == over, state
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(e.url, timeout=5).read())
+        assert b"infersight_prometheus_series" in body  # root's scrape: room left
+    finally:
+        holder.kill()
+        holder.wait(10)
         await e.shutdown()
