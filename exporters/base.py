@@ -11,9 +11,16 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from infersight.errors import InfersightError
-from infersight.telemetry import Item
+from infersight.telemetry import ColdStart, Item
 
 OWNER_ATTR = "process.user.id"  # a resource's producer uid, set by the agent from the kernel's word
+
+
+def item_owner(it: Item) -> int | None:
+    """The uid whose producer an item is of (``OWNER_ATTR``); None for the agent's own items."""
+    res = it.root.resource if isinstance(it, ColdStart) else it.resource
+    uid = res.get(OWNER_ATTR)
+    return uid if type(uid) is int else None
 
 
 class ExporterError(InfersightError):

@@ -9,10 +9,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from infersight.exporters.base import OWNER_ATTR, ExportError
+from infersight.exporters.base import ExportError, item_owner
 from infersight.exporters.otlp_json import encode_lines
 from infersight.statefiles import open_state_dir, open_state_file
-from infersight.telemetry import ColdStart, Item
+from infersight.telemetry import Item
 
 log = logging.getLogger("infersight.exporters.file")
 INLINE_BYTES = 64 << 10  # smaller writes stay on the event loop
@@ -34,9 +34,7 @@ def encode_parts(batch: Sequence[Item]) -> list[_Part]:
     each uid's share apart (``FileExporter._may_rotate``)."""
     groups: dict[int | None, list[Item]] = {}
     for it in batch:
-        res = it.root.resource if isinstance(it, ColdStart) else it.resource
-        uid = res.get(OWNER_ATTR)
-        groups.setdefault(uid if type(uid) is int else None, []).append(it)
+        groups.setdefault(item_owner(it), []).append(it)
     parts = []
     for uid, items in groups.items():
         lines = encode_lines(items)

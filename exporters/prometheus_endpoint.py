@@ -57,6 +57,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from infersight.exporters.base import OWNER_ATTR, ExportError
+from infersight.hooks._listening import MAX_TABLE_BYTES
 from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.settings import Config, Key, parse_listen_host, parse_listen_port, section_settings, strip_host
 from infersight.settings import parse_bool as _p_bool
@@ -461,7 +462,7 @@ def loopback_peer_uids(peers: Iterable[tuple[str, int]], net: str = "/proc/self/
     for table in {t for t, _local in keys}:
         try:
             with open(os.path.join(net, table), "rb") as f:
-                text = f.read(4 << 20).decode("ascii", "replace")
+                text = f.read(MAX_TABLE_BYTES).decode("ascii", "replace")
         except OSError:
             continue
         for line in text.splitlines()[1:]:

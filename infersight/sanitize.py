@@ -132,6 +132,14 @@ def log_text(v: object, limit: int = MAX_LOG_TEXT) -> str:
     return s + "...(%d more)" % more if more > 0 else s
 
 
+ANSI_CSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # a terminal's CSI sequences: colours, cursor moves
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal colours and cursor moves (an engine's coloured log: no meaning to the rules)."""
+    return ANSI_CSI.sub("", text) if "\x1b" in text else text
+
+
 def terminal_line(s: str) -> str:
     """``s`` as one line of a terminal's output (a waterfall row, a verdict line): every character that is not
     printable (newline, CR, ESC, bidirectional controls) escaped as ``repr`` does. An attribute value keeps its

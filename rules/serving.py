@@ -52,6 +52,7 @@ from infersight.rules.engine import (
 from infersight.rules.oom_parse import OomMessage, decoded_lines, find_ooms, log_prefix, prefix_ends
 from infersight.rules.preparsed import read_shipped
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, FileLoader, RulesError
+from infersight.sanitize import ANSI_CSI
 
 __all__ = [
     "ENGINES",
@@ -129,7 +130,7 @@ _HOSTS: dict[str, tuple[str, ...]] = {
 # A quantified group that holds a quantifier: the shape of catastrophic backtracking.
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
 _WS = re.compile(r"[ \t]+")
-_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # CSI sequences: colours, cursor moves
+_ANSI = ANSI_CSI  # CSI sequences: colours, cursor moves
 _NEVER = re.compile(r"(?!)")  # matches nothing
 _KEY_NOISE = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"  # ISO dates and times

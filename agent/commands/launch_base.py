@@ -44,6 +44,7 @@ def log_events_for(kinds: list[str]) -> list[str] | None:
     """The log records a joined launch asks for: the console shows only the OOMs' lines; a local copy has all."""
     return None if "span" in kinds else ["oom"]
 
+RELAY_CLOSE_WAIT_S = 2.0  # at CMD's exit: what it wrote last on stderr is captured before launch's own lines
 AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 

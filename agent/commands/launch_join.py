@@ -40,6 +40,7 @@ from typing import Any, TextIO
 from infersight.agent.commands.launch_base import (
     ITEM_KINDS_ALL,
     ITEM_KINDS_CONSOLE,
+    RELAY_CLOSE_WAIT_S,
     Child,
     Joined,
     LaunchOptions,
@@ -67,7 +68,6 @@ from infersight.telemetry import ColdStart, Item
 REJOIN_S = 0.2  # how often launch tries to re-subscribe while the agent is away
 SUBSCRIBE_TIMEOUT_S = 3.0
 MAX_WAITING_CAPTURES = 64  # stderr captures kept while the agent is away (the relay makes at most 4 a second)
-RELAY_CLOSE_WAIT_S = 2.0  # at CMD's exit: what it wrote last is captured before the session ends
 
 
 @dataclass

@@ -33,6 +33,7 @@ from infersight.agent.commands.engine_cmdline import engine_command
 from infersight.agent.commands.launch_agent import EmbeddedAgent
 from infersight.agent.commands.launch_base import (
     EXIT_USAGE,
+    RELAY_CLOSE_WAIT_S,
     Child,
     LaunchOptions,
     Private,
@@ -431,7 +432,7 @@ class Session:
         self.returncode = await wait_child(child)
         end_ns = child.exit_ns or time.time_ns()  # seen by launch's cheap half, if CMD exited during our imports
         if relay is not None:  # what CMD wrote last is copied (and classified) before our own lines
-            await asyncio.to_thread(relay.wait_closed, min(2.0, opts.flush_timeout_s))
+            await asyncio.to_thread(relay.wait_closed, min(RELAY_CLOSE_WAIT_S, opts.flush_timeout_s))
         proc_done.set()
         child.restore_tty()
         readiness = self.readiness

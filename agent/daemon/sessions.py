@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -45,7 +44,7 @@ from infersight.agent.daemon import itemcodec
 from infersight.agent.daemon.assemble import Assembler, Producer
 from infersight.agent.daemon.identity import parent_pid, proc_uids
 from infersight.hooks import _wire
-from infersight.sanitize import clean_key, clean_text
+from infersight.sanitize import clean_key, clean_text, strip_ansi
 from infersight.telemetry import ColdStart, ColdStartProgress, Item, LogItem, MetricItem, Resource, SpanItem
 
 log = logging.getLogger("infersight.sessions")
@@ -61,7 +60,6 @@ MAX_CAPTURE_CHARS = 20_000  # the relay's captures stay under 16 KiB of text
 MAX_STAND_INS = 4  # producers that stand for an unhooked CMD, per subscription (one per pid it names)
 MAX_ARGV = 512
 STAND_IN_PREFIX = "launch-stderr-"  # a stand-in's producer id (agent/oom/kind.py folds a root launch's by it)
-_ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # the engine's colours: no meaning to the rules
 Capture = Callable[[Producer, str], None]
 Settle = Callable[[str, int], Awaitable[None]]  # (session, the subscriber's uid)
 
@@ -270,8 +268,7 @@ class Sessions:
                             "second, or malformed)", sub.uid, sub.captures_dropped, CAPTURE_RATE)
             return
         text = text[:MAX_CAPTURE_CHARS]
-        if "\x1b" in text:
-            text = _ANSI.sub("", text)
+        text = strip_ansi(text)
         p = self._producer_of(sub, pid, req.get("argv"), req.get("service"))
         sub.captures += 1
         try:

@@ -27,8 +27,9 @@ from typing import BinaryIO
 
 from infersight.agent.daemon.itemcodec import from_dict, to_dict
 from infersight.agent.errors import AgentError
+from infersight.exporters.base import item_owner
 from infersight.statefiles import DIR_FLAGS, open_state_dir
-from infersight.telemetry import ColdStart, Item
+from infersight.telemetry import Item
 
 REC = struct.Struct("!II")
 UID_SHARE = 0.25  # of max_bytes, per uid (as the agent's other per-user budgets: a quarter)
@@ -168,7 +169,7 @@ class DiskSpool:
         by_uid: dict[int, int] = {}
         for it in batch:
             part = json.dumps(to_dict(it), separators=(",", ":")).encode()
-            uid = item_uid(it)
+            uid = item_owner(it)
             if uid is not None:
                 if self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
                     self.over_uid_share_items += 1
@@ -309,9 +310,3 @@ class DiskSpool:
         self.read_pos = 0
         self._save_pos()
 
-
-def item_uid(it: Item) -> int | None:
-    """The uid an item is of (its resource's ``process.user.id``, the kernel's word); None for the agent's own."""
-    res = it.root.resource if isinstance(it, ColdStart) else it.resource
-    uid = res.get("process.user.id")
-    return uid if type(uid) is int else None

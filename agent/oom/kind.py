@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.assemble import HEX16, Malformed, Producer
 from infersight.agent.daemon.offloop import TooManyCallsError, in_daemon_thread, within
+from infersight.agent.daemon.sessions import STAND_IN_PREFIX
 from infersight.agent.errors import AgentError
 from infersight.agent.oom.nvml_views import DeviceView, NvmlGuard, NvmlLike
 from infersight.bytesize import torch_bytes
@@ -58,7 +59,6 @@ log = logging.getLogger("infersight.agent.oom")
 _T = TypeVar("_T")
 
 DEDUP_WINDOW_NS = 30_000_000_000
-STAND_IN_PREFIX = "launch-stderr-"  # = sessions.STAND_IN_PREFIX: the producer ids of a joined launch's stand-ins
 SIBLINGS_NS = 1_000_000_000  # one failure's copies from a parent's children (its tensor-parallel ranks) come this close
 _STREAMS = ("log", "stderr")  # text the hooks or launch copied from a log or from stderr
 MAX_RECENT = 64

@@ -155,7 +155,7 @@ def test_launch_with_its_own_agent_prints_the_verdict_too(tmp_path: Path) -> Non
 LEFT_BEHIND = """
 import os, sys, time
 if os.fork() == 0:
-    time.sleep(2.6)
+    time.sleep(3.5)  # past launch's 2 s wait for CMD's stderr to close (RELAY_CLOSE_WAIT_S), well within its 10 s flush
     os.write(2, sys.argv[1].encode())
     os._exit(0)
 """
