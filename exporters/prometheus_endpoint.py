@@ -57,7 +57,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from infersight.exporters.base import OWNER_ATTR, ExportError
-from infersight.hooks._listening import MAX_TABLE_BYTES
 from infersight.metricspec import MetricSpec, declare, prometheus_name
 from infersight.settings import Config, Key, parse_listen_host, parse_listen_port, section_settings, strip_host
 from infersight.settings import parse_bool as _p_bool
@@ -431,6 +430,7 @@ IDLE_TIMEOUT_S = 10.0  # a scrape connection that sends nothing this long is clo
 MAX_SCRAPE_CONNECTIONS = 32  # served at once; past it the longest idle one gives way, else it is refused (counted)
 EVICT_IDLE_S = 0.5  # a connection idle this long (no request under way) gives way to a new one when all are taken
 EVICT_WAIT_S = 0.5  # how long the new one then waits for the evicted one's thread to end
+TCP_TABLE_BYTES = 4 << 20  # of a kernel TCP table read at most (a host with very many sockets)
 MAX_CONNECTIONS_PER_UID = 8  # a local peer's uid (the kernel's socket table) may hold this many of them at once
 
 
@@ -462,7 +462,7 @@ def loopback_peer_uids(peers: Iterable[tuple[str, int]], net: str = "/proc/self/
     for table in {t for t, _local in keys}:
         try:
             with open(os.path.join(net, table), "rb") as f:
-                text = f.read(MAX_TABLE_BYTES).decode("ascii", "replace")
+                text = f.read(TCP_TABLE_BYTES).decode("ascii", "replace")
         except OSError:
             continue
         for line in text.splitlines()[1:]:
