@@ -198,7 +198,9 @@ def gather(p: Producer, nvml: NvmlLike | None, guard: Callable[[Callable[[], Any
         pid = None  # gone, or the pid is not the producer's here: NVML's view of it would be another's
     largest = None
     if nvml is not None:
-        def sample() -> tuple[list[DeviceContext], int | None]:
+        def sample() -> tuple[list[DeviceContext], int | None] | None:
+            if nvml.device_count() <= 0:
+                return None  # no NVML here (library absent, no device): nothing was read
             found = nvml_devices(nvml, pid, proc_root) if pid is not None else []
             # the engine gone (or on no device NVML shows): the host's devices still bound what any of them holds
             return found, (None if found else host_largest_device(nvml))

@@ -393,8 +393,6 @@ class OomHandlers:
         text = _opt_str(d, "text", MAX_TEXT)
         stats = _int_map(d.get("stats"), "stats")
         snap = d.get("snap") if isinstance(d.get("snap"), dict) else None
-        msg: OomMessage | None = None
-        engine = "pytorch"
         if text:
             if source in _STREAMS and self._at_budget(p, time.monotonic_ns()):
                 self.over_budget += 1  # nothing a stream's text can give would go out: not analysed
@@ -414,43 +412,62 @@ class OomHandlers:
             else:
                 found = analyse(text, self.classifier.serving)
             self._charge(p.uid, began)
-            first = found[0] if found else None
-            if first is None:
+            if not found:
                 if source != "observer":
                     self.not_memory += 1
                     return
-            elif first.message is None:
-                # A log record or a stderr capture may hold several distinct messages.
-                for f in found if source in ("log", "stderr") else [first]:
-                    if f.message is not None:
-                        continue
-                    if self._seen_text(p, f.key, t_ns, remember=False) is not None:
-                        self.duplicates += 1
-                        held = self._unhold(p, f.key) if source == "stderr" else None
-                        if held is not None:  # the same error with what surrounds it, as its process's
-                            self.stderr_preferred += 1
-                            self._engine(held.p, held.origin, held.t_ns, {**held.d, "source": "stderr"}, f, out)
-                        continue
-                    if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
-                        self.over_budget += 1  # not remembered: a copy from another source still counts
-                        continue
-                    self._seen_text(p, f.key, t_ns)
-                    if source != "stderr" and f.cls == "unknown" and self._hold(p, origin, t_ns, d, f):
-                        continue
-                    self._engine(p, origin, t_ns, d, f, out)
-                return
             else:
-                msg, engine = first.message, first.engine
-                # The same PyTorch text as an exception, a log record and a stderr copy: once.
-                before = self._seen_text(p, first.key, t_ns, source, remember=False)
-                if before is not None and (source in _STREAMS or before in _STREAMS):
-                    self.duplicates += 1
-                    return
-                if before is None:
-                    if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
-                        self.over_budget += 1
-                        return
-                    self._seen_text(p, first.key, t_ns, source)
+                # A log record or a stderr capture may hold several distinct messages (a shard's PyTorch OOM and
+                # the router's own error, two ranks' OOMs on two devices): each goes out. An exception's text is
+                # one error: its first finding.
+                for f in found if source in _STREAMS else found[:1]:
+                    if f.message is None:
+                        self._engine_text(p, origin, t_ns, d, f, source, out)
+                    else:
+                        self._pytorch_text(p, origin, t_ns, dict(d), f, source, dev, req, stats, snap, out)
+                return
+        self._pytorch_oom(p, origin, t_ns, d, source, dev, req, stats, snap, None, "pytorch", out)
+
+    def _engine_text(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding, source: str,
+                     out: list[Item]) -> None:
+        """An engine's memory error found in a text: once per producer family, held for launch's stderr copy when
+        the hooks' copy leaves it undecided."""
+        if self._seen_text(p, f.key, t_ns, remember=False) is not None:
+            self.duplicates += 1
+            held = self._unhold(p, f.key) if source == "stderr" else None
+            if held is not None:  # the same error with what surrounds it, as its process's
+                self.stderr_preferred += 1
+                self._engine(held.p, held.origin, held.t_ns, {**held.d, "source": "stderr"}, f, out)
+            return
+        if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
+            self.over_budget += 1  # not remembered: a copy from another source still counts
+            return
+        self._seen_text(p, f.key, t_ns)
+        if source != "stderr" and f.cls == "unknown" and self._hold(p, origin, t_ns, d, f):
+            return
+        self._engine(p, origin, t_ns, d, f, out)
+
+    def _pytorch_text(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], f: Finding, source: str,
+                      dev: int | None, req: int | None, stats: dict[str, int], snap: dict[str, Any] | None,
+                      out: list[Item]) -> None:
+        """A PyTorch OOM message found in a text (an exception's, a log record's, a stderr capture's)."""
+        # The same PyTorch text as an exception, a log record and a stderr copy: once.
+        before = self._seen_text(p, f.key, t_ns, source, remember=False)
+        if before is not None and (source in _STREAMS or before in _STREAMS):
+            self.duplicates += 1
+            return
+        if before is None:
+            if source in _STREAMS and not self._admit(p, time.monotonic_ns()):
+                self.over_budget += 1
+                return
+            self._seen_text(p, f.key, t_ns, source)
+        self._pytorch_oom(p, origin, t_ns, d, source, dev, req, stats, snap, f.message, f.engine, out)
+
+    def _pytorch_oom(self, p: Producer, origin: Origin, t_ns: int, d: dict[str, Any], source: str, dev: int | None,
+                     req: int | None, stats: dict[str, int], snap: dict[str, Any] | None, msg: OomMessage | None,
+                     engine: str, out: list[Item]) -> None:
+        """A PyTorch OOM (its message, or an observer's numbers alone): classified with the rubric, NVML's view
+        added where the numbers need it."""
         d["_engine"] = engine
         if msg is not None:
             dev = dev if dev is not None else msg.device_index
@@ -866,8 +883,7 @@ class OomHandlers:
         for k, x in f.extra.items():
             a["infersight.oom.engine.%s" % k] = int(x) if float(x).is_integer() else float(x)
         a.update(extra)
-        body = " ".join(("OOM [%s]: %s by rule %s: %s%s" % (
-            f.engine, cls, rule, reason + " " if reason else "", remedy)).split())
+        body = " ".join(("OOM [%s]: %s by rule %s: %s%s" % (f.engine, cls, rule, _sentence(reason), remedy)).split())
         _emit(p, origin, t_ns, sp, cls, body, a, out)
 
     def _duplicate(
@@ -1069,6 +1085,14 @@ class OomHandlers:
                     del evs[i]
                 if not evs:
                     del p.span_events[old]
+
+
+def _sentence(text: str | None) -> str:
+    """``text`` ended as a sentence, and a space, before what follows it on one line ("" for none)."""
+    text = (text or "").rstrip()
+    if not text:
+        return ""
+    return text + ("" if text.endswith((".", ":", ";", "!", "?")) else ".") + " "
 
 
 def _same(a: int | None, b: int | None) -> bool:

@@ -834,3 +834,55 @@ def test_two_hooked_engines_of_one_root_launch_one_of_them_roots_keep_their_own_
     for k, p in enumerate((svc, root)):
         h.oom(p, Origin(p.id, 0), 10 + k * 20_000_000_000, {"source": "log", "text": text}, out)
     assert len([i for i in out if isinstance(i, LogItem)]) == 2 and h.duplicates == 0
+
+
+TGI_ROUTER = ("2024-06-01T10:00:00.000000Z ERROR warmup{max_input_length=4095 max_prefill_tokens=4096}:warmup: "
+              "text_generation_client: router/client/src/lib.rs:46: Server error: Not enough memory to handle 4096 "
+              "prefill tokens. You need to decrease `--max-batch-prefill-tokens`")
+RANK_OOM = ("[rank{r}]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU {r} has a total "
+            "capacity of 79.10 GiB of which 1.00 GiB is free. Including non-PyTorch memory, this process has 78.09 GiB "
+            "memory in use. Of the allocated memory 77.00 GiB is allocated by PyTorch, and 100.00 MiB is reserved by "
+            "PyTorch but unallocated.")
+LLAMA_KV = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: out "
+            "of memory\nllama_kv_cache_init: failed to allocate buffer for kv cache")
+
+
+@pytest.mark.parametrize("source", ["stderr", "log"])
+@pytest.mark.parametrize("case", ["pytorch then engine", "engine then pytorch", "two ranks on two devices"])
+def test_every_memory_error_of_one_capture_goes_out(case: str, source: str) -> None:
+    """One stderr capture (or log record) may hold several memory errors: a shard's PyTorch OOM and the router's
+    own, two ranks' OOMs on two devices. Each goes out, as ``classify`` finds them; before, the live path sent only
+    the first finding's kind (a review: TGI's error after a PyTorch OOM, and the second device, were lost)."""
+    texts = {
+        "pytorch then engine": (H200_TEXT.join(("torch.OutOfMemoryError: ", "\n")) + TGI_ROUTER, ("oom.", "tgi.")),
+        "engine then pytorch": (LLAMA_KV + "\ntorch.OutOfMemoryError: " + H200_TEXT, ("llama.cpp.", "oom.")),
+        "two ranks on two devices": (RANK_OOM.format(r=0) + "\n" + RANK_OOM.format(r=1), ("oom.", "oom.")),
+    }
+    text, rules = texts[case]
+    h, asm = _handlers()
+    p = _producer(asm)
+    logs = [i for i in asm.events(p, [[1, 10, "oom", {"source": source, "text": text}]]) if isinstance(i, LogItem)]
+    assert len(logs) == 2, [lg.body for lg in logs]
+    got = sorted(str(lg.attributes["infersight.oom.rule"]) for lg in logs)
+    assert all(g.startswith(r) for g, r in zip(got, sorted(rules))), got
+    if case == "two ranks on two devices":
+        assert [("on cuda:0:" in lg.body, "on cuda:1:" in lg.body) for lg in logs] == [(True, False), (False, True)]
+    # the same capture again (a second copy of the stream): nothing new
+    assert not [i for i in asm.events(p, [[2, 11, "oom", {"source": source, "text": text}]]) if isinstance(i, LogItem)]
+
+
+def test_an_exceptions_text_is_one_error() -> None:
+    """An exception's text (its cause chain included) is one failure: its first finding only."""
+    h, asm = _handlers()
+    p = _producer(asm)
+    text = H200_TEXT.join(("torch.OutOfMemoryError: ", "\n")) + TGI_ROUTER
+    logs = [i for i in asm.events(p, [[1, 10, "oom", {"source": "exception", "text": text, "sp": SPAN}]])
+            if isinstance(i, LogItem)]
+    assert len(logs) == 1
+
+
+def test_an_engine_records_reason_ends_as_a_sentence_before_its_remedy() -> None:
+    """The one-line body ran a reason into its remedy ("...on a device Capture the complete message...")."""
+    assert oom_kind._sentence("no NVML device showed the engine") == "no NVML device showed the engine. "
+    assert oom_kind._sentence("the pool's limit was printed.  ") == "the pool's limit was printed. "
+    assert oom_kind._sentence(None) == oom_kind._sentence("") == ""

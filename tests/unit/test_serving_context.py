@@ -447,6 +447,21 @@ def test_without_nvml_the_message_verdict_stands(nvml: Any) -> None:
     assert h.context_decided == 0
 
 
+def test_a_host_without_nvml_claims_nothing_of_nvml() -> None:
+    """No device NVML can read (the library absent: ``FakeNvml([])``, as ``doctor`` says "nvml absent"): an undecided
+    engine error of a live process said "NVML showed none of this engine's processes on a device" and exported
+    ``context.nvml`` true (a review: evidence that was never read)."""
+    import os
+
+    h = OomHandlers(OomClassifier([]), FakeNvml([]))
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, os.getpid())  # a live process: its command line is read, NVML has nothing to read
+    items = asm.events(p, [[1, 10, "oom", {"source": "log", "text": _record(VLLM_LOADING)}]])
+    (log,) = [i for i in items if isinstance(i, LogItem)]
+    assert log.attributes.get("infersight.oom.context.nvml") is not True
+    assert "NVML showed" not in log.body
+
+
 # Real, JAX 0.11.2 on an H200 (140.4 GiB), preallocation off: one buffer of the device + 1 GiB.
 XLA_BEYOND_DEVICE = """E1204 17:14:15.508211     838 gpu_hlo_schedule.cc:1068] The byte size of input/output arguments \
 (151828561921) exceeds the base limit (112583507968). This indicates an error in the calculation!
