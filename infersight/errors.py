@@ -40,3 +40,13 @@ class SourceError(InfersightError):
         super().__init__(f"{locations[0]}: {message}" if locations else message)
         self.message = message
         self.locations: list[Location] = list(locations)
+
+
+def undecodable(file: str, exc: UnicodeDecodeError) -> tuple[Location, str]:
+    """Where a file that is not UTF-8 has its first bad byte (line and column), and what to do."""
+    data = exc.object if isinstance(exc.object, (bytes, bytearray)) else b""
+    head = bytes(data[: exc.start])
+    line = head.count(b"\n") + 1
+    column = exc.start - (head.rfind(b"\n") + 1) + 1
+    byte = f"byte 0x{data[exc.start]:02x}" if exc.start < len(data) else "a byte"
+    return Location(file, line, column), f"not UTF-8: {byte} cannot be read (save the file as UTF-8)"

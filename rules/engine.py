@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from infersight.bytesize import BYTE_UNITS, parse_bytes, torch_bytes
-from infersight.errors import Location, SourceError
+from infersight.errors import Location, SourceError, undecodable
 from infersight.rules.oom_parse import NUMBER_KEYS, OomMessage, find_ooms
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, SITE_RULES_DIR, FileLoader, RulesError, env_rules_dirs
 
@@ -1007,7 +1007,10 @@ def load_rules(paths: Iterable[Path | str | resources.abc.Traversable]) -> RuleS
     for p in paths:
         try:
             name, text = _read(p)
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:  # the line and column of the bad byte
+            errors.append(undecodable(str(p), exc))
+            continue
+        except OSError as exc:
             errors.append((Location(str(p), 1), f"cannot read rule file: {exc}"))
             continue
         loader = _FileLoader(name, text, rs.quantities, len(rs.rules))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from infersight.bytesize import parse_bytes, torch_bytes
-from infersight.errors import Location, SourceError
+from infersight.errors import Location, SourceError, undecodable
 from infersight.rules.engine import (
     BASE_QUANTITIES,
     CLASSES,
@@ -720,7 +720,10 @@ def _load_serving_rules(paths: list[Path | str | resources.abc.Traversable] | No
         try:
             text = Path(p).read_text(encoding="utf-8") if isinstance(p, (str, Path)) else p.read_text(
                 encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            errors.append(undecodable(name, exc))
+            continue
+        except OSError as exc:
             errors.append((Location(name, 1), f"cannot read rule file: {exc}"))
             continue
         # the shipped file, unchanged since it was pre-parsed (and checked whole by CI): its JSON document
@@ -1275,11 +1278,19 @@ _FRAGMENTATION_RULE = "oom.fragmentation"
 
 
 def _rounding_margin_only(msg: OomMessage) -> bool:
+    """Cached plus free bytes cover the request only within print rounding, on a device that an engine's pools
+    could have filled. With half of the device or more cached or free, the pools were not there yet (the weights'
+    load, the profiling run), and the rubric's fragmentation stands."""
     env = derive(msg.numbers(), msg.backend)
-    r, c, f = env.get("R"), env.get("C"), env.get("F_prime")
+    r, c, f, t = env.get("R"), env.get("C"), env.get("F_prime"), env.get("T")
     if r is None or c is None or f is None:
         return False
+    if t is not None and t > 0 and c + f >= POOLS_ABSENT_SLACK_SHARE * t:
+        return False
     return c + f - r < min(0.1 * r, 256 * 2**20)
+
+
+POOLS_ABSENT_SLACK_SHARE = 0.5  # cached plus free bytes this share of the device: an engine's pools were not there
 
 
 def _held_outside_pytorch(msg: OomMessage) -> bool:
@@ -1440,6 +1451,18 @@ def _weight_load_verdict(msg: OomMessage, v: Verdict) -> Verdict:
                    "--pipeline-parallel-size), load a quantised checkpoint (--quantization), or use a larger GPU.")
 
 
+def _message_start(lines: list[str], line: int) -> int:
+    """The line a PyTorch message starts on: ``line`` (its first clause's), or the line before it when a hard wrap
+    left the exception's name there ("torch.OutOfMemoryError: CUDA out" / "of memory. Tried ..."), so that no other
+    rule reads that line as a second, bare error."""
+    if 0 < line < len(lines):
+        before = lines[line - 1]
+        k = before.rfind("OutOfMemoryError")
+        if k >= 0 and "Tried" not in before[k:]:
+            return line - 1
+    return line
+
+
 def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Finding:
     engine = _engine_for("pytorch", lines, msg.line, msg.line + 1)
     v = _pool_engine_verdict(msg, classify(msg.numbers(), rs.rubric, backend=msg.backend), engine, rs)
@@ -1459,7 +1482,7 @@ def _pytorch_finding(msg: OomMessage, lines: list[str], rs: ServingRules) -> Fin
     return Finding(
         engine=engine, cls=v.cls, rule=v.rule, rule_version=v.rule_version, numbers=dict(v.numbers), extra={},
         remedy=remedy, note=v.note, reason=reason, knob=knob, text=msg.text, key="pytorch|" + msg.key,
-        first_line=msg.line, last_line=msg.line, message=msg, verdict=v, used=dict(v.used),
+        first_line=_message_start(lines, msg.line), last_line=msg.line, message=msg, verdict=v, used=dict(v.used),
         missing=tuple(v.missing),
     )
 

@@ -34,7 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from infersight.errors import Location, SourceError
+from infersight.errors import Location, SourceError, undecodable
 from infersight.rules.rulefile import ENGINE_VERSION_KEY, SITE_RULES_DIR, FileLoader, RulesError, env_rules_dirs
 
 ENGINE_VERSION = (1, 0)
@@ -242,7 +242,10 @@ def load_stage_rules(paths: Iterable[Path | str | resources.abc.Traversable]) ->
         name = str(p)
         try:
             text = (Path(p) if isinstance(p, str) else p).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            errors.append(undecodable(name, exc))
+            continue
+        except OSError as exc:
             errors.append((Location(name, 1), f"cannot read stage rule file: {exc}"))
             continue
         if not is_stage_rule_text(text):

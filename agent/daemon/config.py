@@ -19,7 +19,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from infersight.errors import Location, SourceError
+from infersight.errors import Location, SourceError, undecodable
 from infersight.hooks import _env, _paths
 from infersight.settings import (
     Config,
@@ -238,7 +238,8 @@ def read_config_text(path: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError("%s: cannot read: %s" % (path, exc)) from None
+        where, what = undecodable(str(path), exc)
+        raise ConfigError("%s: %s" % (where, what)) from None
 
 
 log = logging.getLogger("infersight.config")

@@ -1635,3 +1635,29 @@ def test_a_message_repeated_past_the_findings_bound_leaves_room_for_the_next_err
                        "--mem-fraction-static.\n" % (i // 1000, i % 1000) for i in range(600))
     found = serving.analyse(repeated + LLAMA_LINE + "\n")
     assert [f.rule for f in found] == ["sglang.pool.not-enough", "llama.cpp.cuda-buffer"]
+
+
+def test_a_pytorch_message_wrapped_after_its_exception_name_is_one_finding() -> None:
+    """A terminal or a collector that wraps "torch.OutOfMemoryError: CUDA out of" / "memory. Tried ..." left a bare
+    "out of memory" line before the message: it was a second finding, ``unknown`` (gpu.bare-oom), before the
+    real verdict (a review: the corpus's oom-185 wrapped at 79 columns)."""
+    text = ("torch.OutOfMemoryError: CUDA out of\nmemory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity "
+            "of 79.15 GiB of which 512.00 MiB is free.")
+    found = analyse(text)
+    assert [f.key.split("|")[0] for f in found] == ["pytorch"], [f.rule for f in found]
+    assert found[0].first_line == 0
+    unwrapped = analyse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB.\nsomething else")
+    assert len(unwrapped) == 1 and unwrapped[0].first_line == 0
+
+
+def test_an_engine_with_most_of_its_device_free_keeps_the_rubrics_fragmentation() -> None:
+    """The "an engine's pools fill the device" reading needs a device they could have filled: a vLLM worker's OOM
+    with 8.20 of 10.76 GiB free came out ``capacity`` ("a full device"), with a note that C + F' missed R by a
+    negative amount (a review). The same message without the prefix is fragmentation, and now with it too."""
+    msg = ("RuntimeError: CUDA out of memory. Tried to allocate 8.13 GiB (GPU 0; 10.76 GiB total capacity; "
+           "643.57 MiB already allocated; 8.20 GiB free; 32.43 MiB cached)")
+    plain = analyse(msg)[0]
+    prefixed = analyse("(VllmWorker rank=0 pid=1234) ERROR 11-20 10:01:00 [multiproc_executor.py:487] " + msg)[0]
+    assert plain.cls == prefixed.cls == "fragmentation"
+    assert prefixed.engine == "vllm"
+    assert "misses R by only -" not in (prefixed.note or "") + (plain.note or "")

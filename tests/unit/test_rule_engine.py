@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from infersight.errors import SourceError
 from infersight.rules import engine
 from infersight.rules.engine import (
     ExpressionError,
@@ -295,6 +296,26 @@ def test_unreadable_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     errs = _errors([missing])
     assert errs[0].startswith(f"{missing}:1: cannot read rule file")
+
+
+def test_a_file_that_is_not_utf8_is_refused_at_its_bad_byte(tmp_path: Path) -> None:
+    """Every rule file and the agent's config name the line and column of the first byte that is not UTF-8 (they
+    named line 1 and Python's codec text, with the byte's offset in the file)."""
+    from infersight.agent.daemon.config import ConfigError, read_config_text
+    from infersight.rules.serving import load_serving_rules
+    from infersight.rules.stage_rules import load_stage_rules
+
+    body = b'engine_version = "1.0"\n\n[[rule]]\nid = "site.caf\xe9"\n'
+    p = tmp_path / "latin1.toml"
+    p.write_bytes(body)
+    want = f"{p}:4:15: not UTF-8: byte 0xe9 cannot be read (save the file as UTF-8)"
+    assert _errors([p]) == [want]
+    for load in (load_serving_rules, load_stage_rules):
+        with pytest.raises(SourceError) as info:
+            load([p])
+        assert str(info.value).splitlines()[0] == want, load
+    with pytest.raises(ConfigError, match=re.escape(want)):
+        read_config_text(str(p))
 
 
 # ---------------------------------------------------------------- unknown handling, extras
