@@ -221,16 +221,20 @@ def _decode(text: str) -> str:
 
 
 _DIGIT = re.compile(r"\d")
-_PREFIX_END = re.compile(r"[\]:>|)] ")
-_MAX_PREFIX = 64
+# A log prefix ends after "] : > | )" and a space ("[rank0]: ", "ERROR ... engine.py:400] ", "> "), after an RFC 3339
+# time's "Z " (``kubectl logs --timestamps``, ``docker logs -t``), after the CRI log file's "stderr F " (a node's
+# /var/log/pods), after Python logging's " - " ("2026-01-01 00:00:00,123 - ERROR - train - "), or after a level
+# ("2026-01-01 00:00:05 ERROR "); digits masked.
+_PREFIX_END = re.compile(r"[\]:>|)] |0Z |(?:stdout|stderr) [FP] | - |\b(?:ERROR|WARNING|INFO|CRITICAL|FATAL) ")
+_MAX_PREFIX = 128  # vLLM V1's worker prefix "(VllmWorker rank=0 pid=1234) ERROR 11-20 10:01:00 [multiproc_...py:487] "
 _MESSAGE_WORDS = ("memory", "allocat", "gpu", "capac", "free", "process", "pytorch")
 # journald's and syslog's "Nov 25 06:44:10 host " (digits masked to 0 where it is matched)
 _SYSLOG_HEADER = re.compile(r"^[A-Z][a-z]{2} {1,2}\d{1,2} \d\d:\d\d:\d\d \S{1,64} ")
 
 
 def prefix_ends(first: str, second: str, limit: int = 200) -> list[int]:
-    """Where a log prefix that two consecutive lines share may end, shortest first: after each ``] : > | )`` and a
-    space in their common start (digits masked, at most ``limit`` characters), as in "[rank0]: ",
+    """Where a log prefix that two consecutive lines share may end, shortest first: at each ``_PREFIX_END`` in their
+    common start (digits masked, at most ``limit`` characters), as in "[rank0]: ",
     "ERROR 07-30 18:15:55 engine.py:400] " or "> "."""
     a = _DIGIT.sub("0", first[:limit])
     b = _DIGIT.sub("0", second[:limit])

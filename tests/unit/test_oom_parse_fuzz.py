@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -162,6 +163,35 @@ def test_log_prefix_splitting_a_number_from_its_unit() -> None:
     m = _one(text)
     assert m.R == 786 * MIB
     assert round(12.54 * GIB) + round(149.96 * MIB) == m.P
+
+
+WRAPPED = (  # the corpus's oom-006: a message wrapped over eight lines
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 138.00 MiB.\n"
+    "GPU 0 has a total capacty of 15.90 GiB of which 8.44 MiB is free.\n"
+    "Process 1246069 has 577.00 MiB memory in use. Including non-PyTorch memory,\n"
+    "this process has 15.32 GiB memory in use. Of the allocated memory\n"
+    "14.12 GiB is allocated by PyTorch, and 410.41 MiB is reserved\n"
+    "by PyTorch but unallocated. If reserved but unallocated memory is large\n"
+    "try setting max_split_size_mb to avoid fragmentation.  See documentation\n"
+    " for Memory Management and PYTORCH_CUDA_ALLOC_CONF"
+)
+
+
+@pytest.mark.parametrize("prefix", [
+    "{s:02d}.{n:09d}Z ".join(("2026-01-01T00:00:", "")),  # kubectl logs --timestamps, docker logs -t
+    "2026-01-01T00:00:{s:02d}.{n:09d}Z stderr F ",  # the CRI log file of a node's /var/log/pods
+    "2026-01-01 00:00:00,{n3:03d} - ERROR - train - ",  # Python logging's default-like format
+    "2026-01-01 00:00:{s:02d} ERROR ",
+    "(VllmWorker rank=0 pid=1234) ERROR 11-20 10:01:{s:02d} [multiproc_executor.py:487] ",  # over 64 characters
+])
+def test_a_wrapped_message_under_a_per_line_log_prefix_is_rejoined(prefix: str) -> None:
+    """Each line of a wrapped message under a log prefix that changes only in its digits reads as the message
+    does bare (these prefixes ended in no "] : > | )" or ran past 64 characters: T, A and P were lost)."""
+    bare = _one(WRAPPED)
+    text = "\n".join(prefix.format(s=i, n=i * 7919, n3=i * 37) + line for i, line in enumerate(WRAPPED.splitlines()))
+    m = _one(text)
+    assert (m.R, m.T, m.F, m.A, m.P) == (bare.R, bare.T, bare.F, bare.A, bare.P)
+    assert None not in (m.T, m.A, m.P)
 
 
 def test_repeated_messages_count_once_distinct_ones_do_not() -> None:
