@@ -189,7 +189,9 @@ class SnapshotVerdict:
     free_bytes: int
     outcome: str  # "fits" | "fragmentation" | "needs_new_segment"
     explanation: str
-    rubric: Verdict  # the rule engine on R, A, P from the snapshot (T and F are not in it)
+    # the rule engine on R, A, P from the snapshot (T and F are not in it); None when a cached block serves the
+    # request: no OOM to classify (the rubric, on those numbers alone, would call it fragmentation: C >= R)
+    rubric: Verdict | None
 
 
 def _ratio(largest: int, total: int) -> float:
@@ -327,5 +329,5 @@ def verdict_for(summary: SnapshotSummary, request: int, rules: RuleSet | None = 
         free_bytes=pool.free_bytes,
         outcome=outcome,
         explanation=text,
-        rubric=classify(numbers, rules),
+        rubric=None if outcome == "fits" else classify(numbers, rules),
     )

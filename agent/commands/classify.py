@@ -256,7 +256,7 @@ def _snapshot_json(s: SnapshotSummary, sv: SnapshotVerdict | None) -> dict[str, 
             "pool": sv.pool,
             "outcome": sv.outcome,
             "explanation": sv.explanation,
-            "rubric": sv.rubric.to_json(),
+            "rubric": sv.rubric.to_json() if sv.rubric is not None else None,
         }
     return {"snapshot": d}
 
@@ -291,11 +291,14 @@ def _print_snapshot(s: SnapshotSummary, sv: SnapshotVerdict | None, as_json: boo
     if sv is not None:
         print(f"  request {torch_bytes(sv.request_bytes)}: {sv.outcome}", file=out)
         print(_wrap("", sv.explanation), file=out)
-        print(
-            f"  rubric  {sv.rubric.cls} ({sv.rubric.rule})"
-            + (f", missing {', '.join(sv.rubric.missing)}" if sv.rubric.missing else ""),
-            file=out,
-        )
+        if sv.rubric is None:
+            print("  rubric  none: the cache serves this request, no OOM to classify", file=out)
+        else:
+            print(
+                f"  rubric  {sv.rubric.cls} ({sv.rubric.rule})"
+                + (f", missing {', '.join(sv.rubric.missing)}" if sv.rubric.missing else ""),
+                file=out,
+            )
     print(file=out)
 
 

@@ -228,7 +228,11 @@ def test_snapshot_human_and_text_together(tmp_path: Path, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "Snapshot: 2 segments" in out
     assert "request 16.00 MiB: fits" in out
+    assert "rubric  none: the cache serves this request" in out and "rubric  fragmentation" not in out
     assert "class   capacity" in out
+    assert main(["--json", "--snapshot", snap, "--request", "16MiB"]) == 0
+    (o,) = _json_lines(capsys.readouterr().out)
+    assert o["snapshot"]["verdict"]["outcome"] == "fits" and o["snapshot"]["verdict"]["rubric"] is None
 
 
 def test_refused_snapshot_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

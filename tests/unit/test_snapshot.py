@@ -106,14 +106,15 @@ def test_verdicts_for_request_sizes() -> None:
     s = summarize(synthetic_fragmented())
     v = verdict_for(s, 16 * MIB)
     assert (v.outcome, v.pool) == ("fits", "large")
+    assert v.rubric is None  # no OOM to classify (it said "fits", then "rubric fragmentation": a review)
     v = verdict_for(s, 50 * MIB)
     assert v.outcome == "fragmentation"
     assert v.largest_free_block == 20 * MIB
     assert "not in one block" in v.explanation
-    assert v.rubric.cls == "fragmentation"  # C = P - A covers 50 MiB
+    assert v.rubric is not None and v.rubric.cls == "fragmentation"  # C = P - A covers 50 MiB
     v = verdict_for(s, 1 * GIB)
     assert v.outcome == "needs_new_segment"
-    assert v.rubric.cls == "unknown"
+    assert v.rubric is not None and v.rubric.cls == "unknown"
     assert "F" in v.rubric.missing
     v = verdict_for(s, 1024 * 1024)
     assert (v.outcome, v.pool) == ("fits", "small")
