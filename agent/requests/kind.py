@@ -437,7 +437,8 @@ class RequestStats:
             inst.dirty = False
             for name, v in ((INSTANCE_P50, lat.p50_s), (INSTANCE_P99, lat.p99_s)):
                 out.append(SPECS[name].item(inst.resource, now_ns, now_ns,
-                                            [NumberPoint(v, {"infersight.request.count": lat.count})]))
+                                            [NumberPoint(v, {})]))  # no count attribute: a label that
+            # changes with every update would open a new Prometheus series each time
         return out
 
     # -- export ------------------------------------------------------------------------

@@ -182,14 +182,19 @@ class RoutingTable:
             return True  # its uid alone (root aside) listens there, in the balancer's namespace
         # a process this agent cannot see (another PID namespace: pid 0) has no listeners to read: as said
         owners = listener_uids(inst.pid, port) if inst.pid > 0 else None
-        if owners and owners <= {inst.uid}:
-            return True
         holder = self.instances.get(self.ports.get(port, ""))
+        # Listeners seen only in the instance's own network namespace (one it may have made with
+        # ``unshare -Urn``) prove nothing about the port the balancer reaches: they never take a port
+        # another uid vacated within its window, nor one another uid's live instance holds.
+        foreign = self._vacated_by_other(inst, port) or (holder is not None and holder is not inst
+                                                          and holder.uid != inst.uid)
+        if owners and owners <= {inst.uid} and not foreign:
+            return True
         if not owners and (holder is None or holder is inst or holder.uid == inst.uid) \
                 and not self._vacated_by_other(inst, port):
             return True
         self.port_claims_refused += 1
-        if owners and inst.uid in owners:  # it listens there too: a candidate once the port is one uid's again
+        if owners and inst.uid in owners and not foreign:  # it listens there too: a candidate once the port is one uid's again
             if holder is not None and holder.uid != inst.uid:
                 self._release(port)
             self._contest(port, inst)

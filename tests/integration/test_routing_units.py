@@ -118,6 +118,26 @@ def test_instance_latency_keeps_failed_requests_out_of_the_p50_and_counts_them()
     assert only_failed.instance_metrics(everything=True) == [], "no P50 gauge without a successful request"
 
 
+def test_an_instances_p50_gauge_is_one_series_whatever_its_request_count() -> None:
+    """The per-instance P50/P99 points carried ``infersight.request.count``: a label that changed with every
+    update, so Prometheus opened a new series each time (528 after 4 minutes of two busy instances: a review)."""
+    import time as _time
+
+    from infersight.agent.requests.kind import ReqEvent, RequestStats
+
+    stats = RequestStats()
+    res = Resource.of({"service.name": "llm", "process.pid": 42})
+    labels = set()
+    for n in (5, 9):
+        now = _time.time_ns()
+        for _ in range(n):
+            stats.record("p", res, ReqEvent(None, "m", None, "http", now, 0.05, None, None, None, None, None, None),
+                         now)
+        for item in stats.instance_metrics(everything=True):
+            labels |= {(item.name, tuple(sorted(pt.attributes.items()))) for pt in item.points}
+    assert len(labels) == 2, labels  # P50 and P99: one series each
+
+
 def test_ramp_from_25_until_settled() -> None:
     assert hints.ramped(100, 0.0, False) == 25
     assert hints.ramped(100, 30.0, False) == 62

@@ -120,10 +120,31 @@ def test_another_uid_that_really_listens_takes_the_vacated_port(monkeypatch: pyt
     w = World(monkeypatch)
     w.victim_leaves()
     w.kernel[PORT] = {ATTACKER}
+    # it listens where the balancer connects: this agent's own table shows it
+    monkeypatch.setattr(rt, "host_listeners", lambda: {p: set(u) for p, u in w.kernel.items()})
     w.ready("other", 31, ATTACKER, PORT, service="other")
     assert w.table.port_claims_refused == 0
     assert _ready(w.table.reply(PORT))
     assert PORT not in w.table.vacated
+
+
+def test_another_uid_listening_in_a_namespace_of_its_own_does_not_take_the_vacated_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``unshare -Urn``: the attacker alone listens on PORT in its own network namespace; this agent's
+    (the balancer's) shows nobody there. The victim's restart must still be drained on PORT."""
+    w = World(monkeypatch)
+    w.victim_leaves()
+    monkeypatch.setattr(rt, "host_listeners", dict)  # nobody listens on PORT where the balancer connects
+    w.kernel[PORT] = {ATTACKER}  # what the attacker's own namespace shows
+    w.ready("squatter", 31, ATTACKER, PORT, service="evil")
+    assert w.table.port_claims_refused == 1
+    assert PORT in w.table.vacated
+    assert w.table.reply(PORT) == hints.UNKNOWN_REPLY
+    w.clock.t += rt.OWNERS_EVERY_S + 1
+    w.table.refresh()  # nor later, as a candidate of a contested port
+    assert w.table.reply(PORT) == hints.UNKNOWN_REPLY
+    w.warm("restart", 21, VICTIM)
+    assert w.table.reply(PORT) == hints.WARMING_REPLY, "the victim's restart is drained while it warms"
 
 
 def test_once_the_window_ends_another_uids_claim_is_taken_as_said(monkeypatch: pytest.MonkeyPatch) -> None:
