@@ -413,6 +413,19 @@ def tree(pid: int, proc_root: str = "/proc", limit: int = 256) -> List[int]:
     return out
 
 
+def own_tcp_ports() -> List[int]:
+    """The TCP ports this process holds a listening socket on (its own tables: sock_diag, else
+    ``/proc/self/net/tcp{,6}``), ``MASTER_PORT`` aside; sorted. Read once, at readiness."""
+    skip = _skip_ports()
+    try:
+        found = netlink_listening(False, skip)
+    except Exception:
+        found = tcp_listening(_read("/proc/self/net/tcp"), skip)
+        found.update(tcp_listening(_read("/proc/self/net/tcp6"), skip))
+    mine = socket_inodes("self")
+    return sorted({f[1] for inode, f in found.items() if inode in mine and f[0] == "tcp"})  # type: ignore[misc]
+
+
 def _skip_ports() -> Tuple[int, ...]:
     port = os.environ.get("MASTER_PORT", "")
     return (int(port),) if port.isdigit() else ()

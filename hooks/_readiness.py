@@ -125,10 +125,30 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
     a: Dict[str, Any] = {_contract.READY_SOURCE: source}
     if attrs:
         a.update(attrs)
+    if source in PORT_LOOKUP_SOURCES and "server.port" not in a and "server.address" not in a:
+        port = _own_port()
+        if port is not None:
+            a["server.port"] = port
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
     _unlisten()
     _readiness_reached(st, start)  # (the sampler's tick goes on: only its stacks stop)
     _runtime.ring_launch()  # a launch that holds its agent back starts it now
+
+
+# Readiness that names no port (the user's mark_ready(), launch's --ready-url, a stage rule's): the one TCP port this
+# process listens on, if it listens on exactly one, so that a balancer's hints (agent/routing) find the server by the
+# port it really serves on. Not for readiness by a request (its own thread: no table read in a request's path).
+PORT_LOOKUP_SOURCES = ("mark_ready", "ready_url", "stage_rule")
+
+
+def _own_port() -> Optional[int]:
+    try:
+        from . import _listening
+
+        ports = _listening.own_tcp_ports()
+    except Exception:
+        return None
+    return ports[0] if len(ports) == 1 else None
 
 
 def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:

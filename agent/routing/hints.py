@@ -8,7 +8,8 @@ the first ``\\r`` or ``\\n``, of words delimited by spaces, tabs or commas: a pe
 ``up`` / ``down`` (operating state). The replies here:
 
 - an instance still in its cold start: ``drain``;
-- a port no instance is known on: ``up 100%`` (fail open);
+- a port no instance is known on: ``up ready 100%`` (fail open: ``ready`` also cancels a ``drain`` this agent, or
+  the one before its restart, had set: a drain that only the agent may revert must never outlive its knowledge);
 - a ready instance: ``up ready W%`` (with `` maxconn:N`` when ``max_concurrency`` is set).
 
 W is 100 x (median P50 of its peers, the other ready instances of its ``service.name`` and its
@@ -35,7 +36,7 @@ MIN_REQUESTS = 5  # fewer requests in the window: no P50 to weigh by
 MAX_REQUEST_BYTES = 64  # "<port>\n" is at most 6 bytes; anything longer is not HAProxy's agent-send
 
 WARMING_REPLY = "drain\n"
-UNKNOWN_REPLY = "up 100%\n"
+UNKNOWN_REPLY = "up ready 100%\n"
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,7 +194,7 @@ class RoutingTable:
                 and not self._vacated_by_other(inst, port):
             return True
         self.port_claims_refused += 1
-        if owners and inst.uid in owners and not foreign:  # it listens there too: a candidate once the port is one uid's again
+        if owners and inst.uid in owners and not foreign:  # it listens there too: a candidate later
             if holder is not None and holder.uid != inst.uid:
                 self._release(port)
             self._contest(port, inst)
@@ -317,15 +317,23 @@ class RoutingTable:
             self._assign(inst, max(mine)[1])
 
     def _assign(self, inst: Instance, port: int) -> None:
+        left = None  # the port ``inst`` held until now (a restart's guess: the vacated port it was given)
         if inst.port is not None and inst.port != port and self.ports.get(inst.port) == inst.producer:
-            del self.ports[inst.port]
-            self._gone.append((inst.resource, inst.service, inst.port))
+            left = inst.port
+            del self.ports[left]
+            self._gone.append((inst.resource, inst.service, left))
             inst.sent = None
         holder = self.instances.get(self.ports.get(port, ""))
         if holder is not None and holder is not inst:
             holder.port = None  # the port moved on: that process no longer serves it
             holder.sent = None
             self._gone.append((holder.resource, holder.service, port))  # its hint goes (another service's topic)
+            if left is not None and holder.ready_at_s is None and (holder.service, holder.uid) == (
+                    inst.service, inst.uid):
+                # Two restarts of one service took each other's vacated port: the one still warming gets the
+                # port the other guessed (the other one's, so its drain stays where it serves).
+                self.ports[left] = holder.producer
+                holder.port = left
         self.ports[port] = inst.producer
         self.vacated.pop(port, None)
         inst.port = port

@@ -135,3 +135,38 @@ def test_without_a_readiness_signal_the_first_response_ends_it(tmp_path: Path) -
     assert cs.root.attributes["infersight.coldstart.ended_by"] == "first_request"
     assert cs.root.end_ns == first.end_ns and first.start_ns >= sent_ns
     assert "(waiting for traffic)" not in output
+
+
+EARLY_LISTENER = """
+import socket, sys
+from infersight import hooks
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()  # before the model loads (vLLM's early bind); INFERSIGHT_READY_ON_LISTEN=0: not readiness
+    socks.append(s)
+hooks.mark_ready()
+print("ports", *[s.getsockname()[1] for s in socks], flush=True)
+"""
+
+
+@pytest.mark.parametrize("listeners", [1, 2])
+def test_an_explicit_readiness_names_the_one_port_the_process_listens_on(tmp_path: Path, listeners: int) -> None:
+    """A server that binds early and says ``mark_ready()`` after its load: readiness carries ``server.port`` (what the
+    agent's routing hints find the server by; without it two restarts of one service could be drained on each
+    other's port), when the process listens on exactly one TCP port; on two, it names none (which serves is not
+    known)."""
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_LISTENER)
+    out = tmp_path / "out.otlp.jsonl"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    e.update(INFERSIGHT_READY_ON_LISTEN="0")
+    r = subprocess.run([sys.executable, "-m", "infersight", "launch", "--agent", "embedded", "--otlp-file", str(out),
+                        "--", sys.executable, str(script), str(listeners)], env=e, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ports = [int(x) for x in next(ln for ln in r.stdout.splitlines() if ln.startswith("ports")).split()[1:]]
+    (ready,) = [s for s in spans_from_lines(out.read_text().splitlines()) if s.name == "coldstart.ready_wait"]
+    assert ready.attributes.get("infersight.ready.source", "mark_ready") == "mark_ready"
+    assert ready.attributes.get("server.port") == (ports[0] if listeners == 1 else None)
