@@ -130,6 +130,8 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
         if port is not None:
             a["server.port"] = port
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
+    if st.role != _contract.ROLE_HELPER:  # a helper serves nothing: no balancer routes to it
+        _runtime.note_ready(stop, a.get("server.port"))
     _unlisten()
     _readiness_reached(st, start)  # (the sampler's tick goes on: only its stacks stop)
     _runtime.ring_launch()  # a launch that holds its agent back starts it now
@@ -303,6 +305,8 @@ def fork_ready(via: str = "", attrs: Optional[Dict[str, Any]] = None, at_last_st
     if attrs:
         a.update(attrs)
     emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, ready, a)
+    if st.role != _contract.ROLE_HELPER:
+        _runtime.note_ready(ready, a.get("server.port"))
     _readiness_reached(st, start)
     return True
 

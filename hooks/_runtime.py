@@ -184,6 +184,18 @@ def traceparent(span_id: Optional[str] = None) -> str:
     return "00-%s-%s-01" % (rs.trace_id, span_id or current_span.get() or rs.root_span_id)
 
 
+def note_ready(ready_ns: int, port: Any = None) -> None:
+    """Every later hello says when this process became ready, and on which TCP port if known: an agent that
+    restarts after it knows the server (its routing hints) without its cold start's spans, which went to the one
+    before."""
+    client = _state.current.runtime.client
+    if client is None:
+        return
+    client.producer["ready_ns"] = int(ready_ns)
+    if type(port) is int and 0 < port < 65536:
+        client.producer["ready_port"] = port
+
+
 def end_root(end_ns: Optional[int] = None, attrs: Optional[Dict[str, Any]] = None) -> None:
     """Close the cold-start root span once (at readiness/first request, or at exit)."""
     rs = _state.current.runtime

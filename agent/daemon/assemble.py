@@ -345,6 +345,15 @@ def validate_hello(info: Any, cut: list[int] | None = None) -> dict[str, Any]:
     out["start_ns"] = uint64_field(info.get("start_ns"), "producer.start_ns")
     out["acked"] = uint64_field(info.get("acked", 0), "producer.acked")
     out["root_ended"] = info.get("root_ended") is True  # its root went out before this hello
+    # when it became ready, and on which TCP port (a hello after readiness: routing knows it after a restart);
+    # a value out of range is left out, never a refusal (an optional field)
+    ready_ns, ready_port = info.get("ready_ns"), info.get("ready_port")
+    out.pop("ready_ns", None)
+    out.pop("ready_port", None)
+    if type(ready_ns) is int and 0 < ready_ns <= INT64_MAX:
+        out["ready_ns"] = ready_ns
+        if type(ready_port) is int and 0 < ready_port < 65536:
+            out["ready_port"] = ready_port
     for key, pattern in (("trace_id", HEX32), ("root_span_id", HEX16)):
         if not isinstance(info.get(key), str) or not pattern.match(info[key]):
             raise Malformed("producer.%s must be lowercase hex" % key)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-from infersight.agent.daemon.assemble import KindHandler, SpanHandler
+from infersight.agent.daemon.assemble import KindHandler, Producer, SpanHandler
 from infersight.agent.daemon.broadcast import Broadcaster
 from infersight.settings import Config
 from infersight.telemetry import Item, Resource
@@ -50,6 +50,10 @@ class AgentContext(Protocol):
 
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         """Show ``tap`` every batch before the exporters get it (quick, must not raise)."""
+
+    def on_hello(self, tap: Callable[[Producer], None]) -> None:
+        """Show ``tap`` each producer that says hello on a connection (a live process; a reconnect too, and
+        every producer again after this agent restarted), once its identity is checked (quick)."""
 
     def on_heartbeat(self, job: Callable[[], None]) -> None:
         """Run ``job`` on each heartbeat, after the agent's own health is published (quick,

@@ -319,6 +319,9 @@ class Agent:
     def observe(self, tap: Callable[[Sequence[Item]], None]) -> None:
         self.broadcaster.taps.append(tap)
 
+    def on_hello(self, tap: Callable[[Producer], None]) -> None:
+        self.ingest.receiver.hello_taps.append(tap)
+
     def on_heartbeat(self, job: Callable[[], None]) -> None:
         self._heartbeat_jobs.append(job)
 

@@ -68,6 +68,8 @@ class Receiver:
         self.allowed_gids = allowed_gids
         self.rlog = RateLimitedLog()
         self.pending_completions = 0  # batches handed to the exporters, not yet complete
+        # shown each producer that said hello on a connection of its own (a live process), after its checks
+        self.hello_taps: list[Callable[[Producer], None]] = []
 
     def allowed(self, uid: int, gid: int) -> bool:
         """The allow list: a peer (or a spool file's owner) of these uids or gids may produce."""
@@ -112,6 +114,11 @@ class Receiver:
             return None
         if peer is not None and peer.pid is not None:  # a connection (a spool file's hello names none)
             producer.peer_pid = peer.pid
+            for tap in self.hello_taps:
+                try:
+                    tap(producer)
+                except Exception as exc:  # a feature's tap never costs a producer its hello
+                    self.rlog.warn("hello-tap", "a hello tap failed: %s", exc)
         return producer
 
     def process_batch(

@@ -102,6 +102,8 @@ class RoutingExtension(Extension):
             log.warning("routing agent-check configured on all interfaces (%s)", self.settings["host"])
         self.table.visible_pid = getattr(agent, "visible_pid", None)  # (an AgentContext of an older make has none)
         agent.observe(self.table.observe)
+        table = self.table
+        agent.on_hello(lambda p: table.readmit(p.id, p.resource, p.info))
         agent.spawn(self._refresh(agent, self.table), "routing-refresh")
 
     async def _refresh(self, agent: AgentContext, table: RoutingTable) -> None:

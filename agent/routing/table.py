@@ -124,26 +124,50 @@ class RoutingTable:
         producer = span.origin.producer if span.origin else ""
         inst = self.instances.get(producer)
         if inst is None:
-            uid_v = span.resource.get("process.user.id")
-            uid = uid_v if type(uid_v) is int else None
-            of_uid = sum(1 for i in self.instances.values() if i.uid == uid) if uid is not None else 0
-            if len(self.instances) >= MAX_INSTANCES or of_uid >= MAX_INSTANCES_PER_UID:
-                self.instances_refused += 1
+            inst = self._new_instance(producer, span.resource)
+            if inst is None:
                 return
-            pid_v = span.resource.get("process.pid") if self.visible_pid is None else self.visible_pid(producer)
-            # 0 where this agent cannot see the process (a sidecar's model server in its own PID namespace):
-            # taken as alive, its port claims as said, rather than judged by whatever holds that number here
-            pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
-            service = str(span.resource.get("service.name") or "unknown_service")
-            inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
-                                                       span.resource, uid)
             self._take_vacated(inst)
         inst.seen_s = self.clock()
         if span.name == READY_STAGE and inst.ready_at_s is None:
-            inst.ready_at_s = span.end_ns / 1e9
-            port = span.attributes.get("server.port")
-            if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and self._owns(inst, port):
-                self._assign(inst, port)
+            self._ready(inst, span.end_ns, span.attributes.get("server.port"))
+        self._answer_now(inst)
+
+    def readmit(self, producer: str, resource: Resource, info: Mapping[str, Any]) -> None:
+        """A producer said hello, ready before (its hello's ``ready_ns`` and ``ready_port``) and unknown to this
+        table: this agent restarted since its readiness, whose spans went to the one before. It is an instance
+        again, ready on its port (checked as a readiness port is), so its weight, and its restart's drain, go on."""
+        ready_ns = info.get("ready_ns")
+        if producer in self.instances or type(ready_ns) is not int:
+            return
+        inst = self._new_instance(producer, resource)
+        if inst is not None:
+            inst.seen_s = self.clock()
+            self._ready(inst, ready_ns, info.get("ready_port"))
+            self._answer_now(inst)
+
+    def _new_instance(self, producer: str, resource: Resource) -> Instance | None:
+        uid_v = resource.get("process.user.id")
+        uid = uid_v if type(uid_v) is int else None
+        of_uid = sum(1 for i in self.instances.values() if i.uid == uid) if uid is not None else 0
+        if len(self.instances) >= MAX_INSTANCES or of_uid >= MAX_INSTANCES_PER_UID:
+            self.instances_refused += 1
+            return None
+        pid_v = resource.get("process.pid") if self.visible_pid is None else self.visible_pid(producer)
+        # 0 where this agent cannot see the process (a sidecar's model server in its own PID namespace):
+        # taken as alive, its port claims as said, rather than judged by whatever holds that number here
+        pid = pid_v if isinstance(pid_v, int) and not isinstance(pid_v, bool) else 0
+        service = str(resource.get("service.name") or "unknown_service")
+        inst = self.instances[producer] = Instance(producer, service, pid, process_start(pid) if pid > 0 else None,
+                                                   resource, uid)
+        return inst
+
+    def _ready(self, inst: Instance, ready_ns: int, port: Any) -> None:
+        inst.ready_at_s = ready_ns / 1e9
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 and self._owns(inst, port):
+            self._assign(inst, port)
+
+    def _answer_now(self, inst: Instance) -> None:
         if inst.port is not None:  # answer the new state at once, not at the next refresh
             self._decide(inst, {}, {}, self.clock())
             self.replies[inst.port] = inst.reply

@@ -279,3 +279,35 @@ def test_two_restarts_that_took_each_others_port_are_set_right_at_readiness(monk
     w.table.refresh()
     assert _ready(w.table, other) and w.table.ports[other] == "fast"
     assert w.table.ports[PORT] == "slow" and w.table.reply(PORT) == hints.WARMING_REPLY
+
+
+@pytest.mark.parametrize(("ready_ns", "ready_port", "want"), [
+    (5 * 10**18, 8000, {"ready_ns": 5 * 10**18, "ready_port": 8000}),
+    (5 * 10**18, 70000, {"ready_ns": 5 * 10**18}),  # no such port: left out
+    (5 * 10**18, True, {"ready_ns": 5 * 10**18}),
+    ("soon", 8000, {}),  # not a time: neither is kept, the hello is taken
+    (-1, 8000, {}),
+])
+def test_a_hellos_readiness_fields_are_kept_only_when_well_formed(ready_ns: object, ready_port: object,
+                                                                   want: dict[str, int]) -> None:
+    from infersight.agent.daemon.assemble import validate_hello
+
+    info = validate_hello({"id": "p-1", "pid": 1, "start_ns": 1, "trace_id": "1" * 32, "root_span_id": "2" * 16,
+                           "ready_ns": ready_ns, "ready_port": ready_port})
+    assert {k: v for k, v in info.items() if k.startswith("ready_")} == want
+
+
+def test_a_hello_that_says_ready_makes_an_instance_its_port_checked_as_a_readiness_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an agent restart: the victim's server says hello, ready on PORT; an attacker's hello naming PORT while
+    the victim's instance holds it takes nothing."""
+    w = World(monkeypatch)
+    w.kernel[PORT] = {VICTIM}
+    res = Resource.of({"service.name": "llm", "process.pid": 31, "process.user.id": VICTIM})
+    w.table.readmit("victim", res, {"ready_ns": int((w.clock() - 100) * 1e9), "ready_port": PORT})
+    assert _ready(w.table, PORT) and w.table.ports[PORT] == "victim"
+    w.table.readmit("victim", res, {"ready_ns": 1, "ready_port": PORT + 1})  # known: a reconnect changes nothing
+    assert w.table.instances["victim"].port == PORT
+    evil = Resource.of({"service.name": "llm", "process.pid": 32, "process.user.id": ATTACKER})
+    w.table.readmit("evil", evil, {"ready_ns": int(w.clock() * 1e9), "ready_port": PORT})
+    assert w.table.ports[PORT] == "victim" and w.table.port_claims_refused == 1
