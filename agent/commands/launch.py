@@ -62,6 +62,7 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     config_flags,
+    joined_spool,
     log_events_for,
     temp_root,
 )
@@ -668,7 +669,8 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
         if joined is None:
             env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
         else:
-            env = child_env(dict(os.environ), joined.path, None, spawn_ns, ready_file, session=joined.session)
+            env = child_env(dict(os.environ), joined.path, joined_spool(joined), spawn_ns, ready_file,
+                            session=joined.session)
         if opts.rules_dirs:
             from infersight.rules.stage_rules import rules_dirs
 

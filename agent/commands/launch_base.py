@@ -88,6 +88,20 @@ class Joined:
         self.info = info
 
 
+def joined_spool(joined: Joined) -> str | None:
+    """Where CMD's hooks spool when launch joined an agent: the agent's ``agent.spool_dir`` (what it replays after
+    a restart; a spool the agent never reads keeps what it holds from every sink), unless the environment names
+    one, or this user cannot write there (the hooks' own default then: the system spool or their private one)."""
+    if os.environ.get("INFERSIGHT_SPOOL_DIR"):
+        return None
+    spool = joined.info.get("spool_dir")
+    if not isinstance(spool, str) or not spool.startswith("/"):
+        return None
+    # the hooks make it (0700) when it is not there yet and its parent lets them
+    there = spool if os.path.isdir(spool) else os.path.dirname(spool.rstrip("/"))
+    return spool if os.access(there, os.W_OK | os.X_OK) else None
+
+
 def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 

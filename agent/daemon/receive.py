@@ -70,6 +70,11 @@ class Receiver:
         self.pending_completions = 0  # batches handed to the exporters, not yet complete
         # shown each producer that said hello on a connection of its own (a live process), after its checks
         self.hello_taps: list[Callable[[Producer], None]] = []
+        # Per producer: its batches not yet complete, and the completions of batches that held only
+        # duplicates of them (a resent or replayed copy): such a batch is complete only once the
+        # originals are, else its ack (or its spool file's unlink) comes while they are still in flight.
+        self._inflight: dict[str, int] = {}
+        self._after_inflight: dict[str, list[Callable[[], None]]] = {}
 
     def allowed(self, uid: int, gid: int) -> bool:
         """The allow list: a peer (or a spool file's owner) of these uids or gids may produce."""
@@ -181,7 +186,27 @@ class Receiver:
             if on_done is not None:
                 on_done()
 
-        self.broadcaster.publish(items, done, producer.uid)
+        pid = producer.id
+        if not items:
+            if self._inflight.get(pid, 0) > 0:
+                self._after_inflight.setdefault(pid, []).append(done)
+                return
+            self.broadcaster.publish(items, done, producer.uid)
+            return
+        self._inflight[pid] = self._inflight.get(pid, 0) + 1
+
+        def done_inflight() -> None:
+            left = self._inflight.get(pid, 1) - 1
+            if left > 0:
+                self._inflight[pid] = left
+            else:
+                self._inflight.pop(pid, None)
+            done()
+            if left <= 0:
+                for waiter in self._after_inflight.pop(pid, ()):
+                    waiter()
+
+        self.broadcaster.publish(items, done_inflight, producer.uid)
 
     def _refuse_drops(self, producer: Producer, events: list[Any]) -> list[Any]:
         """``events`` with each implausible ``drops`` report replaced by one the assembler

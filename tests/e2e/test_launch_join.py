@@ -368,3 +368,32 @@ def test_a_joined_launch_refuses_a_bad_hook_variable_before_cmd(tmp_path: Path, 
     assert "INFERSIGHT_SPOOL_MAX_BYTES" in r.stderr and "lots" in r.stderr
     assert not marker.exists(), "CMD must not start"
     assert agent.status()["events_in"] == 0
+
+
+def test_a_joined_cmd_spools_where_the_agent_replays_without_being_told(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+    """No INFERSIGHT_SPOOL_DIR in the environment, an agent whose ``agent.spool_dir`` is its own: CMD's hooks spool
+    there (the agent's session reply names it), so what they could not deliver while the agent was away is
+    replayed when it is back. They spooled to the user's private directory, which the agent never reads (a review:
+    27 of 60 OOMs reached the sinks, and launch said the hooks had replayed what they spooled)."""
+    agent = agent_factory().start()
+    script = tmp_path / "w.py"
+    script.write_text(WORKLOAD)
+    (tmp_path / "go2").touch()
+    env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), XDG_STATE_HOME=str(tmp_path / "state"))
+    del env["INFERSIGHT_SPOOL_DIR"]
+    proc = start_launch(tmp_path, env, "--", sys.executable, str(script), str(tmp_path), "4")
+    try:
+        assert wait_for((tmp_path / "m1").exists, 60)
+        assert wait_for(lambda: "coldstart.before" in names(agent.out), 20)
+        agent.kill()
+        (tmp_path / "go1").touch()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 4, output
+    assert "went away and was not back" in output and str(agent.spool) in output, output
+    assert list(agent.spool.glob("*.spool")), "CMD's hooks spooled where the agent replays"
+    assert not list((tmp_path / "state").rglob("*.spool")), "nothing in the user's private spool"
+    agent.start()
+    assert wait_for(lambda: {"coldstart.during", "coldstart.after", "coldstart"} <= set(names(agent.out)), 30)

@@ -153,3 +153,37 @@ def test_plausible_drops() -> None:
     assert not plausible_drops(1, {"vanished": MAX_DROPS + 1})
     assert plausible_drops(1, {"fds": 40}) and not plausible_drops(1, {"fds": MAX_DROPS + 1})
     assert plausible_drops(1, {"buffer": "x"}), "a wrong type is the assembler's to refuse"
+
+
+class HeldBroadcaster(StubBroadcaster):
+    """Holds each batch's completion until the test releases it: an exporter still retrying a collector (a batch
+    with no items completes at once, as the agent's broadcaster's does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[Callable[[], None]] = []
+
+    def publish(self, items: list[Item], done: Callable[[], None] | None = None, uid: int | None = None) -> None:
+        self.items += items
+        if done is not None:
+            (self.held.append if items else lambda f: f())(done)
+
+
+def test_a_batch_of_duplicates_completes_only_once_its_originals_have() -> None:
+    """A producer's exit spool (or a resent batch) holds only copies of a batch an exporter still has in memory: it
+    completed at once, so the agent acked it and unlinked the spool file, and a SIGKILL then lost the events that
+    only the exporter held (a review: 0 of 10 OOMs reached the collector). It completes with the originals."""
+    hb = HeldBroadcaster()
+    a = Assembler("h")
+    rx = Receiver(a, hb, Counters(), {0}, set())  # type: ignore[arg-type]
+    p = rx.hello(HELLO, None)
+    assert p is not None
+    first, copy = Conn(rx, p), Conn(rx, p)  # the connection, then the spool file's replay of the same events
+    assert first.batch([log(1), log(2)]) == []
+    done: list[str] = []
+    rx.process_batch(p, [log(1), log(2)], copy.acks, lambda: done.append("copy"))
+    assert done == [] and len(hb.held) == 1, "the copy waits for the original still in flight"
+    hb.held.pop()()
+    assert done == ["copy"]
+    rx.process_batch(p, [log(1)], None, lambda: done.append("late copy"))  # nothing in flight: at once
+    assert done == ["copy", "late copy"]
