@@ -154,7 +154,7 @@ KEYS: tuple[Key, ...] = (
         "the default OTLP file",
         "`/var/lib/infersight` if writable, else `$XDG_STATE_HOME/infersight`"),
     Key("agent.exporter_spool_max_bytes", parse_nonneg_int, lambda: 256 << 20, "INFERSIGHT_EXPORTER_SPOOL_MAX_BYTES",
-        "disk spool per exporter while its peer is away"),
+        "disk spool per exporter while its peer is away (one uid holds a quarter while others hold items)"),
     Key("agent.exporter_max_attempts", parse_nonneg_int, lambda: 10, "INFERSIGHT_EXPORTER_MAX_ATTEMPTS",
         "a spooled record the peer rejects this often is dropped and counted"),
     Key("agent.exporter_stall_s", parse_nonneg_float, lambda: 120.0, "INFERSIGHT_EXPORTER_STALL_S",

@@ -5,9 +5,11 @@ then JSON of the batch. The read position survives restarts in ``pos``. When the
 spool is full, the oldest segment is deleted and its items are counted as dropped.
 
 One uid (``process.user.id`` of an item's resource; the agent's own items have none) holds at
-most ``UID_SHARE`` of the spool: past it, that uid's new items are dropped at the door
-(counted in ``over_uid_share_items``), so that another user's flood while a peer is away cannot
-push your queued records out. What a uid holds is counted from this agent's start (records
+most ``UID_SHARE`` of the spool while another uid holds items in it: past it, that uid's new items
+are dropped at the door (counted in ``over_uid_share_items``), so that another user's flood while a
+peer is away cannot push your queued records out. A uid alone in the spool (a single-tenant host)
+may fill it; another uid's first records then push out the oldest as a full spool does, and from
+then on the first uid is held to its share. What a uid holds is counted from this agent's start (records
 spooled before a restart count for nobody).
 
 Every file is opened relative to a descriptor of the spool's directory, never through a
@@ -164,6 +166,7 @@ class DiskSpool:
         A write that fails half way (a full disk) is cut back off, so the segment never
         keeps a torn record that would hide every record after it."""
         share = int(self.max_bytes * UID_SHARE)
+        holders = {u for u, n in self._uid_bytes.items() if n > 0}
         parts: list[bytes] = []
         kept: list[Item] = []
         by_uid: dict[int, int] = {}
@@ -171,7 +174,8 @@ class DiskSpool:
             part = json.dumps(to_dict(it), separators=(",", ":")).encode()
             uid = item_owner(it)
             if uid is not None:
-                if self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
+                alone = holders <= {uid} and by_uid.keys() <= {uid}  # no other uid's items held: the whole spool
+                if not alone and self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
                     self.over_uid_share_items += 1
                     continue
                 by_uid[uid] = by_uid.get(uid, 0) + len(part)

@@ -104,3 +104,20 @@ def test_records_an_earlier_agent_spooled_count_for_nobody_and_keep_the_accounti
     s.pop_many(records)
     assert s.held_by_uid() == {}
     s.close()
+
+
+def test_a_uid_alone_in_the_spool_may_fill_it_until_another_uid_holds_items(tmp_path: Path) -> None:
+    """A single-tenant host: one uid's burst while the collector is away kept a quarter of the spool and dropped
+    the rest, newest first, though three quarters stayed free (a review). Alone, a uid may fill the spool (the
+    oldest go, as when the spool is full); once another uid holds items, the first is held to its share again."""
+    from infersight.agent.daemon import spool as sp
+
+    s = DiskSpool(str(tmp_path / "spool"), max_bytes=256 << 10)
+    for k in range(100):
+        assert s.append(_logs(1002, 10, "A" * 400, k * 10)) == 0
+    assert s.over_uid_share_items == 0
+    assert s.held_by_uid()[1002] > 0.75 * s.max_bytes  # (the oldest segment goes as the spool fills)
+    assert s.append(_logs(1001, 1, "VICTIM-MARKER")) == 0  # another uid's record: stored (the oldest go)
+    assert s.append(_logs(1002, 10, "A" * 400)) == 10, "the first uid is held to its share now"
+    assert s.held_by_uid()[1001] > 0 and s.held_by_uid()[1002] > sp.UID_SHARE * s.max_bytes
+    s.close()
