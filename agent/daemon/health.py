@@ -141,7 +141,8 @@ SPECS = {s.name: s for s in declare(
     _counter("infersight.exporter.errors", "{error}", "Failed export attempts"),
     _counter("infersight.exporter.retries", "{retry}", "Export retries"),
     _counter("infersight.exporter.dropped", "{item}", "Items an exporter dropped (full spool)"),
-    _counter("infersight.exporter.exported", "{item}", "Items an exporter delivered"),
+    _counter("infersight.exporter.exported", "{item}", "Items an exporter took: delivered, or left out by design (MQTT "
+             "publishes some kinds only; its status tells delivered_items from skipped_items)"),
     _counter("infersight.exporter.rejected", "{item}",
              "Items dropped because the peer refused them (for good, or agent.exporter_max_attempts times)"),
     _counter("infersight.exporter.internal_errors", "{error}",

@@ -98,7 +98,8 @@ SEVERITY_ERROR = 17
 
 OOM_COUNT = declared("infersight.oom.count", "sum", "{oom}", "OOMs classified, per class", monotonic=True)
 # The hooks' allocator statistics (``mem`` events): (key, the metric it is).
-GAUGES = tuple((key, declared(name, "gauge", "By", "")) for key, name in (
+GAUGES = tuple((key, declared(name, "gauge", "By", "PyTorch caching allocator: %s bytes (memory_stats)"
+                                        % key.replace("_", " "))) for key, name in (
     ("reserved", "infersight.memory.reserved"),
     ("reserved_peak", "infersight.memory.reserved.peak"),
     ("allocated", "infersight.memory.allocated"),
@@ -107,7 +108,8 @@ GAUGES = tuple((key, declared(name, "gauge", "By", "")) for key, name in (
     ("active_peak", "infersight.memory.active.peak"),
     ("inactive_split", "infersight.memory.inactive_split"),
 ))
-SUMS = tuple((key, declared(name, "sum", "{count}", "", monotonic=True)) for key, name in (
+SUMS = tuple((key, declared(name, "sum", "{count}", "PyTorch caching allocator: %s (memory_stats)"
+                                        % key.replace("_", " "), monotonic=True)) for key, name in (
     ("retries", "infersight.memory.alloc_retries"),
     ("device_alloc", "infersight.memory.device_allocs"),
     ("device_free", "infersight.memory.device_frees"),

@@ -1,0 +1,25 @@
+"""docs/telemetry.md's table of the agent's own, request, OOM and allocator metrics is generated from the metric
+registry: every metric the agent declares outside the features' own tables has its row (a review found twelve
+that the endpoint served and the table did not list)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infersight.agent.commands import metrics_reference
+from infersight.metricspec import prometheus_name
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
+
+
+def test_the_docs_hold_the_generated_table() -> None:
+    assert metrics_reference.render() in DOC.read_text(encoding="utf-8"), \
+        "docs/telemetry.md is stale: python -m infersight.agent.commands.metrics_reference"
+
+
+def test_the_table_lists_what_the_review_found_missing_and_every_row_has_a_meaning() -> None:
+    names = {prometheus_name(s) for s in metrics_reference.specs()}
+    for missing in ("infersight_exporter_rejected_total", "infersight_agent_producers_refused_total",
+                    "infersight_coldstart_pending_bytes", "infersight_requests_dropped_total"):
+        assert missing in names
+    assert all(s.description for s in metrics_reference.specs())
