@@ -291,14 +291,21 @@ def test_agent_killed_mid_run_and_restarted_loses_nothing(tmp_path: Path, agent_
     assert len({s["spanId"] for s in roots}) == 1, roots
 
 
-def test_agent_gone_at_exit_keeps_the_spool_for_its_return(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("told", [True, False], ids=["INFERSIGHT_SPOOL_DIR set", "no INFERSIGHT_SPOOL_DIR"])
+def test_agent_gone_at_exit_keeps_the_spool_for_its_return(tmp_path: Path, agent_factory, told: bool) -> None:  # type: ignore[no-untyped-def]
     """The agent does not come back while launch waits: launch says where the events wait and
-    exits with CMD's status; the agent, started later, replays them into its sink."""
+    exits with CMD's status; the agent, started later, replays them into its sink. Without
+    INFERSIGHT_SPOOL_DIR, CMD's hooks spool where the agent replays too (its ``agent.spool_dir``, from the
+    session reply): they spooled to the user's private directory, which the agent never reads (a review: 27 of
+    60 OOMs reached the sinks, and launch said the hooks had replayed what they spooled)."""
     agent = agent_factory().start()
     script = tmp_path / "w.py"
     script.write_text(WORKLOAD)
     (tmp_path / "go2").touch()
-    env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), INFERSIGHT_SPOOL_DIR=str(agent.spool))
+    env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), INFERSIGHT_SPOOL_DIR=str(agent.spool),
+                     XDG_STATE_HOME=str(tmp_path / "state"))
+    if not told:
+        del env["INFERSIGHT_SPOOL_DIR"]
     proc = start_launch(tmp_path, env, "--", sys.executable, str(script), str(tmp_path), "4")
     try:
         assert wait_for((tmp_path / "m1").exists, 60)
@@ -313,7 +320,8 @@ def test_agent_gone_at_exit_keeps_the_spool_for_its_return(tmp_path: Path, agent
     assert "went away and was not back" in output and str(agent.spool) in output, output
     assert "during" not in names(agent.out)
     spooled = list(agent.spool.glob("*.spool"))
-    assert spooled, "CMD's hooks spooled what the agent did not take"
+    assert spooled, "CMD's hooks spooled what the agent did not take, where it replays"
+    assert not list((tmp_path / "state").rglob("*.spool")), "nothing in the user's private spool"
     agent.start()
     assert wait_for(lambda: {"coldstart.during", "coldstart.after", "coldstart"} <= set(names(agent.out)), 30)
     roots = [s for s in spans(read_otlp_lines(agent.out)) if s["name"] == "coldstart"]
@@ -369,31 +377,3 @@ def test_a_joined_launch_refuses_a_bad_hook_variable_before_cmd(tmp_path: Path, 
     assert not marker.exists(), "CMD must not start"
     assert agent.status()["events_in"] == 0
 
-
-def test_a_joined_cmd_spools_where_the_agent_replays_without_being_told(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
-    """No INFERSIGHT_SPOOL_DIR in the environment, an agent whose ``agent.spool_dir`` is its own: CMD's hooks spool
-    there (the agent's session reply names it), so what they could not deliver while the agent was away is
-    replayed when it is back. They spooled to the user's private directory, which the agent never reads (a review:
-    27 of 60 OOMs reached the sinks, and launch said the hooks had replayed what they spooled)."""
-    agent = agent_factory().start()
-    script = tmp_path / "w.py"
-    script.write_text(WORKLOAD)
-    (tmp_path / "go2").touch()
-    env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), XDG_STATE_HOME=str(tmp_path / "state"))
-    del env["INFERSIGHT_SPOOL_DIR"]
-    proc = start_launch(tmp_path, env, "--", sys.executable, str(script), str(tmp_path), "4")
-    try:
-        assert wait_for((tmp_path / "m1").exists, 60)
-        assert wait_for(lambda: "coldstart.before" in names(agent.out), 20)
-        agent.kill()
-        (tmp_path / "go1").touch()
-        output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 4, output
-    assert "went away and was not back" in output and str(agent.spool) in output, output
-    assert list(agent.spool.glob("*.spool")), "CMD's hooks spooled where the agent replays"
-    assert not list((tmp_path / "state").rglob("*.spool")), "nothing in the user's private spool"
-    agent.start()
-    assert wait_for(lambda: {"coldstart.during", "coldstart.after", "coldstart"} <= set(names(agent.out)), 30)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent_check import ask
 from conftest import AgentProcess, free_port, hook_env, wait_for
 
 BACKEND = Path(__file__).resolve().parents[1] / "support" / "routing_backend.py"
@@ -24,17 +25,6 @@ def _check_port(agent: AgentProcess) -> int:
     port = agent.status()["routing"]["agent_check_port"]
     assert isinstance(port, int) and port > 0
     return port
-
-
-def _ask(port: int, instance_port: int) -> str:
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"%d\n" % instance_port)
-        data = b""
-        while chunk := s.recv(256):
-            data += chunk
-    return data.decode()
 
 
 def _held(agent: AgentProcess) -> dict[int, int | None]:
@@ -65,7 +55,7 @@ def test_a_restarted_agent_knows_the_ready_servers_and_drains_their_restarts(tmp
         # both servers reconnect; their hellos say ready, and where
         assert wait_for(lambda: _held(agent) == {a.pid: a_port, b.pid: b_port}, 30), agent.status()["routing"]
         for port in (a_port, b_port):
-            assert _ask(check, port).split()[:2] == ["up", "ready"]
+            assert ask(check, port).split()[:2] == ["up", "ready"]
 
         # b restarts: the new agent drains it on b's port while it loads, as the first one would have
         b.kill()
@@ -73,10 +63,10 @@ def test_a_restarted_agent_knows_the_ready_servers_and_drains_their_restarts(tmp
         ready_file = tmp_path / "b2.ready"
         b2 = backend("b2", b_port, EARLY_LISTEN="1", INFERSIGHT_READY_ON_LISTEN="0", COLD_S="4",
                      READY_FILE=str(ready_file))
-        assert wait_for(lambda: _ask(check, b_port) == "drain\n", 30), _ask(check, b_port)
+        assert wait_for(lambda: ask(check, b_port) == "drain\n", 30), ask(check, b_port)
         assert not ready_file.exists()
         assert wait_for(ready_file.exists, 60)
-        assert wait_for(lambda: _ask(check, b_port).split()[:2] == ["up", "ready"], 30), _ask(check, b_port)
+        assert wait_for(lambda: ask(check, b_port).split()[:2] == ["up", "ready"], 30), ask(check, b_port)
         assert _held(agent).get(b2.pid) == b_port
     finally:
         for p in procs:

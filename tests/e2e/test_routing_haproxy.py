@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from agent_check import ask
 from conftest import AgentProcess, free_port, hook_env, wait_for
 from mosquitto import retained, running_broker
 
@@ -173,17 +174,6 @@ def listening_addresses(port: int) -> set[str]:
                 if state == "0A" and int(hexport, 16) == port:
                     out.add(addr)
     return out
-
-
-def ask(port: int, instance_port: int) -> str:
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"%d\n" % instance_port)
-        data = b""
-        while chunk := s.recv(256):
-            data += chunk
-    return data.decode()
 
 
 def weight(reply: str) -> int | None:
