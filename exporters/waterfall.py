@@ -183,7 +183,10 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
             dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
             "its own waterfall: ended by %s" % (w.attributes.get(_contract.ENDED_BY) or "?")))
     if later:
-        first = min(g[0].start_ns for g in later)
+        # the wait ends where the first request arrives, not at a span that merely came after
+        # readiness (a lazy import on a task that inherited a stage's context)
+        firsts = [g[0].start_ns for g in later if g[0].attributes.get(_contract.STAGE) == _contract.FIRST_REQUEST]
+        first = min(firsts) if firsts else min(g[0].start_ns for g in later)
         lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
             "  (waiting for traffic)", (root.end_ns - root.start_ns) / 1e9, (first - root.end_ns) / 1e9, "-",
             width, "", "not part of the cold start"))

@@ -8,7 +8,10 @@ file's figure, so the cold-start root carries one span event ``weights_file`` pe
 - ``path``, ``bytes`` (the file's size, as the load span says; a checkpoint directory when one
   load read several shards);
 - ``read_bytes``: what the storage layer fetched during its spans (``/proc/self/io``, summed
-  over the outermost ones: a copy nested in a ``with safe_open`` block counts once);
+  over the outermost ones: a copy nested in a ``with safe_open`` block counts once), at most the
+  file's size: ``/proc/self/io`` counts the whole process. Where the process read more than 1.5x
+  the file in those spans (a first forward that also faulted in other files), the rate and the
+  ceiling ratio are left out and ``read_bytes_process`` says what the process read;
 - ``read_s``: the time its spans took, their union: eager loads, lazy loads (the loader
   touches tensors as it builds the model) and deferred reads (copies, conversions, first
   forwards: a forward's time includes its compute, so the figure is a floor of the rate);
@@ -81,7 +84,9 @@ def _summary(path: str, spans: list[SpanItem], ceiling_of: CeilingOf | None) -> 
     ratio = next((r for r in (_num(s.attributes, W + "page_cache_ratio") for s in spans) if r is not None), None)
     out: dict[str, AttrValue] = {"path": path, "bytes": int(size), "read_s": round(read_s, 6)}
     if fetched:
-        out["read_bytes"] = int(sum(fetched))
+        # /proc/self/io counts the whole process: what it read of other files (a lazy import, a
+        # library's pages faulted in during a first forward) is not this file's
+        out["read_bytes"] = int(min(sum(fetched), size) if size else sum(fetched))
     if ratio is not None:
         out["page_cache_ratio"] = ratio
     cold = ratio is not None and ratio < COLD_BELOW
@@ -93,7 +98,11 @@ def _summary(path: str, spans: list[SpanItem], ceiling_of: CeilingOf | None) -> 
     if nbytes > 0 and read_s > 0:
         out["counted_bytes"] = int(nbytes)
         out["bytes_per_s"] = nbytes / read_s
-    if cold:
+    if cold and fetched and size and sum(fetched) > 1.5 * size:
+        out["read_bytes_process"] = int(sum(fetched))  # mostly other files: no rate to judge the loader by
+        out.pop("bytes_per_s", None)
+        out.pop("counted_bytes", None)
+    elif cold:
         ceiling = next((c for c in (_num(s.attributes, W + "storage_ceiling_bytes_per_s") for s in spans)
                         if c), None)
         add_ceiling(out, ceiling if ceiling else (ceiling_of(path) if ceiling_of is not None else None))

@@ -162,14 +162,19 @@ class ColdStartAssembly:
             p.root_closed = st.lost_root_made = True
             self.roots_closed_for_lost += 1
             end = max(p.last_ns, int(p.info["start_ns"]))
-            ready = [s.end_ns for s in st.pending if s.name == "coldstart.ready_wait"
-                     and s.attributes.get(_contract.READY_SOURCE) in ROOT_ENDING_READY]
+            ready_spans = sorted((s for s in st.pending if s.name == "coldstart.ready_wait"
+                                  and s.attributes.get(_contract.READY_SOURCE) in ROOT_ENDING_READY),
+                                 key=lambda s: s.end_ns)
+            ready = [s.end_ns for s in ready_spans]
             attrs: Attributes = {"faas.coldstart": True, _contract.ENDED_BY: _contract.ENDED_BY_PRODUCER_LOST}
             if ready and min(ready) <= end:
                 # the hooks would have ended it at readiness: what it sent later (its first
                 # request) lies after the root, and the wait for traffic is in no share
                 end = min(ready)
                 attrs[_contract.ENDED_BY] = _contract.ENDED_BY_READY
+                # as the hooks' own root would say: when, and from what
+                attrs[_contract.READY_S] = (end - int(p.info["start_ns"])) / 1e9
+                attrs[_contract.READY_SOURCE] = ready_spans[0].attributes.get(_contract.READY_SOURCE)
             parent = p.info.get("root_parent")
             root = SpanItem(p.resource, p.info["trace_id"], root_id,
                             parent if isinstance(parent, str) and HEX16.match(parent) else None,

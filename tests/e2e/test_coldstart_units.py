@@ -209,3 +209,20 @@ def test_show_and_the_report_name_the_same_biggest_stages() -> None:
     assert "biggest stages: framework_import 3.000 s, warmup 3.000 s, weights_load 2.000 s" in render_waterfall(cs)
     (family,) = waterfalls([cs.root, *cs.stages])
     assert family.processes[0].summary.biggest == [("framework_import", 3.0), ("warmup", 3.0), ("weights_load", 2.0)]
+
+
+def test_the_wait_for_traffic_runs_to_the_first_request_past_a_later_stage() -> None:
+    """Ray Serve's proxy imports uvicorn on a task after readiness: the wait row took that import's start for the
+    first request's (0.001 s shown for an 11.4 s wait: a review). It runs from readiness to the first request."""
+    root = SpanItem(RES, T, R, None, "coldstart", 0, 1 * 10**9,
+                    {"faas.coldstart": True, "infersight.coldstart.ready_s": 1.0, "infersight.ready.source": "listen",
+                     "infersight.coldstart.ended_by": "ready"})
+    stages = [
+        span("coldstart.framework_import", "1" * 16, R, 0.1, 0.9),
+        span("coldstart.server_start", "2" * 16, R, 0.9, 1.0, **{"infersight.stage.custom": True}),
+        span("coldstart.framework_import", "3" * 16, "2" * 16, 1.5, 1.6),  # the task's lazy import, after ready
+        span("coldstart.first_request", "4" * 16, R, 4.0, 4.2),
+    ]
+    text = render_waterfall(ColdStart(root, stages))
+    wait_row = next(x for x in text.splitlines() if "(waiting for traffic)" in x)
+    assert wait_row.split()[4] == "3.000", wait_row  # (name, start, duration)

@@ -285,4 +285,9 @@ def test_a_killed_producer_that_was_ready_ends_at_readiness(agent_factory) -> No
     ready, later = by_name["coldstart.ready_wait"], by_name["coldstart.after_ready"]
     assert attr(root, "infersight.coldstart.ended_by") == "ready"
     assert int(root["endTimeUnixNano"]) == int(ready["endTimeUnixNano"]) < int(later["endTimeUnixNano"])
+    # when, and from what, as the hooks' own root says (the waterfall's "ready after N s (source)" line, the
+    # report's ready mark: a review found them missing for every Ray worker)
+    assert attr(root, "infersight.ready.source") == "mark_ready"
+    assert attr(root, "infersight.coldstart.ready_s") == pytest.approx(
+        (int(ready["endTimeUnixNano"]) - int(root["startTimeUnixNano"])) / 1e9)
     assert agent.stop() == 0
