@@ -95,11 +95,34 @@ def joined_spool(joined: Joined) -> str | None:
     if os.environ.get("INFERSIGHT_SPOOL_DIR"):
         return None
     spool = joined.info.get("spool_dir")
-    if not isinstance(spool, str) or not spool.startswith("/"):
+    if not isinstance(spool, str) or not spool.startswith("/") or not _trusted_agent(joined):
         return None
     # the hooks make it (0700) when it is not there yet and its parent lets them
     there = spool if os.path.isdir(spool) else os.path.dirname(spool.rstrip("/"))
     return spool if os.access(there, os.W_OK | os.X_OK) else None
+
+
+def _trusted_agent(joined: Joined) -> bool:
+    """Whether the joined agent may say where CMD's hooks spool (they grant the spool directory's owner read access
+    to their files): any agent at a socket of the system's or the operator's choosing, but at a per-user fallback
+    (``/tmp/infersight-<uid>``, ``$XDG_RUNTIME_DIR/infersight``), which another local user could have made first
+    with an agent of its own in it, only one the hooks would connect to: its directory passes their rule and the
+    kernel says the peer is this user, root or the directory's owner."""
+    from infersight.hooks import _paths
+
+    owner = _paths.fallback_owner(joined.path)
+    if owner is None:
+        return True
+    import socket
+    import struct
+
+    try:
+        _paths.check_socket_dir(os.path.dirname(os.path.abspath(joined.path)), owner)
+        with socket.socket(fileno=os.dup(joined.fd)) as sock:
+            peer_uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    except (OSError, ValueError):
+        return False
+    return peer_uid in (0, os.getuid(), owner)
 
 
 def exit_status(returncode: int) -> int:

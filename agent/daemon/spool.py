@@ -7,9 +7,10 @@ spool is full, the oldest segment is deleted and its items are counted as droppe
 One uid (``process.user.id`` of an item's resource; the agent's own items have none) holds at
 most ``UID_SHARE`` of the spool while another uid holds items in it: past it, that uid's new items
 are dropped at the door (counted in ``over_uid_share_items``), so that another user's flood while a
-peer is away cannot push your queued records out. A uid alone in the spool (a single-tenant host)
-may fill it; another uid's first records then push out the oldest as a full spool does, and from
-then on the first uid is held to its share. What a uid holds is counted from this agent's start (records
+peer is away cannot push your queued records out. A uid alone in the spool (a single-tenant host;
+no record an earlier agent spooled is left either, as their uids are not known) may fill it;
+another uid's first records then push out the oldest as a full spool does, and from then on the
+first uid is held to its share. What a uid holds is counted from this agent's start (records
 spooled before a restart count for nobody).
 
 Every file is opened relative to a descriptor of the spool's directory, never through a
@@ -174,7 +175,9 @@ class DiskSpool:
             part = json.dumps(to_dict(it), separators=(",", ":")).encode()
             uid = item_owner(it)
             if uid is not None:
-                alone = holders <= {uid} and by_uid.keys() <= {uid}  # no other uid's items held: the whole spool
+                # no other uid's items held (and none an earlier agent spooled, whose uids are not known): the whole
+                # spool; else a quarter
+                alone = not self._earlier_records and holders <= {uid} and by_uid.keys() <= {uid}
                 if not alone and self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
                     self.over_uid_share_items += 1
                     continue

@@ -121,3 +121,26 @@ def test_a_uid_alone_in_the_spool_may_fill_it_until_another_uid_holds_items(tmp_
     assert s.append(_logs(1002, 10, "A" * 400)) == 10, "the first uid is held to its share now"
     assert s.held_by_uid()[1001] > 0 and s.held_by_uid()[1002] > sp.UID_SHARE * s.max_bytes
     s.close()
+
+
+def test_after_a_restart_no_uid_is_alone_while_an_earlier_agents_records_are_held(tmp_path: Path) -> None:
+    """Records spooled before a restart count for nobody: a uid was then 'alone' and its flood pushed a victim's
+    earlier records out (a review of the change above). While such records are held, every uid has its quarter."""
+    d = str(tmp_path / "spool")
+    s = DiskSpool(d, max_bytes=256 << 10)
+    for k in range(10):
+        s.append(_logs(1001, 5, "VICTIM" + "v" * 400, k * 5))
+    s.close()
+    s = DiskSpool(d, max_bytes=256 << 10)  # the agent restarted, the collector still away
+    for k in range(200):
+        s.append(_logs(1002, 10, "A" * 400, k * 10))
+    assert s.over_uid_share_items > 0
+    bodies: list[str] = []
+    while True:
+        items, records = s.peek_many(500)
+        if not records:
+            break
+        bodies += [i.body for i in items]
+        s.pop_many(records)
+    s.close()
+    assert sum(b.startswith("VICTIM") for b in bodies) == 50, "the victim's records stay"
