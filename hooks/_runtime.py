@@ -188,12 +188,12 @@ def note_ready(ready_ns: int, port: Any = None) -> None:
     """Every later hello says when this process became ready, and on which TCP port if known: an agent that
     restarts after it knows the server (its routing hints) without its cold start's spans, which went to the one
     before."""
-    client = _state.current.runtime.client
-    if client is None:
+    producer = getattr(_state.current.runtime.client, "producer", None)
+    if not isinstance(producer, dict):
         return
-    client.producer["ready_ns"] = int(ready_ns)
+    producer["ready_ns"] = int(ready_ns)
     if type(port) is int and 0 < port < 65536:
-        client.producer["ready_port"] = port
+        producer["ready_port"] = port
 
 
 def end_root(end_ns: Optional[int] = None, attrs: Optional[Dict[str, Any]] = None) -> None:

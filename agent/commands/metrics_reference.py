@@ -15,7 +15,7 @@ import importlib
 
 from infersight.metricspec import REGISTRY, MetricSpec, prometheus_name
 
-# The modules that declare the table's metrics, in the order their rows come (each at import).
+# The modules that declare the table's metrics (each at import); the rows come by name.
 MODULES = ("infersight.agent.daemon.health", "infersight.agent.requests.kind", "infersight.agent.oom.kind",
            "infersight.agent.devices.job", "infersight.agent.devices.metrics", "infersight.agent.coldstart.metrics")
 
@@ -28,7 +28,9 @@ def specs() -> list[MetricSpec]:
     from infersight.agent.devices.metrics import METRICS as DEVICES
 
     own_tables = {s.name for s in (*COLDSTART, *DEVICES)}
-    return [s for s in REGISTRY if s.name not in own_tables and not s.name.startswith("infersight.routing.")]
+    # by name: the registry's order is the order of the imports, which differs from one process to another
+    return sorted((s for s in REGISTRY if s.name not in own_tables and not s.name.startswith("infersight.routing.")),
+                  key=lambda s: s.name)
 
 
 def _kind(s: MetricSpec) -> str:
