@@ -174,7 +174,9 @@ class ColdStartAssembly:
                 attrs[_contract.ENDED_BY] = _contract.ENDED_BY_READY
                 # as the hooks' own root would say: when, and from what
                 attrs[_contract.READY_S] = (end - int(p.info["start_ns"])) / 1e9
-                attrs[_contract.READY_SOURCE] = ready_spans[0].attributes.get(_contract.READY_SOURCE)
+                source = ready_spans[0].attributes.get(_contract.READY_SOURCE)
+                if source is not None:  # (one of ROOT_ENDING_READY: the spans were chosen by it)
+                    attrs[_contract.READY_SOURCE] = source
             parent = p.info.get("root_parent")
             root = SpanItem(p.resource, p.info["trace_id"], root_id,
                             parent if isinstance(parent, str) and HEX16.match(parent) else None,
