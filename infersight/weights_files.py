@@ -9,9 +9,10 @@ file's figure, so the cold-start root carries one span event ``weights_file`` pe
   load read several shards);
 - ``read_bytes``: what the storage layer fetched during its spans (``/proc/self/io``, summed
   over the outermost ones: a copy nested in a ``with safe_open`` block counts once), at most the
-  file's size: ``/proc/self/io`` counts the whole process. Where the process read more than 1.5x
-  the file in those spans (a first forward that also faulted in other files), the rate and the
-  ceiling ratio are left out and ``read_bytes_process`` says what the process read;
+  file's size: ``/proc/self/io`` counts the whole process. Where a lazily loaded file was read in
+  later work (a first forward) during which the process read more than 1.5x the file, the rate
+  and the ceiling ratio are left out and ``read_bytes_process`` says what the process read (an
+  eager load read the whole file inside its span: its size over that time stands);
 - ``read_s``: the time its spans took, their union: eager loads, lazy loads (the loader
   touches tensors as it builds the model) and deferred reads (copies, conversions, first
   forwards: a forward's time includes its compute, so the figure is a floor of the rate);
@@ -98,8 +99,11 @@ def _summary(path: str, spans: list[SpanItem], ceiling_of: CeilingOf | None) -> 
     if nbytes > 0 and read_s > 0:
         out["counted_bytes"] = int(nbytes)
         out["bytes_per_s"] = nbytes / read_s
-    if cold and fetched and size and sum(fetched) > 1.5 * size:
-        out["read_bytes_process"] = int(sum(fetched))  # mostly other files: no rate to judge the loader by
+    eager = all(s.attributes.get(W + "api") != "deferred" and s.attributes.get(W + "lazy") is not True for s in spans)
+    if cold and not eager and fetched and size and sum(fetched) > 1.5 * size:
+        # a lazy file read in later work (a first forward) that mostly read other files: no rate to judge the
+        # loader by (an eager load read the whole file inside its span: its size over that time stands)
+        out["read_bytes_process"] = int(sum(fetched))
         out.pop("bytes_per_s", None)
         out.pop("counted_bytes", None)
     elif cold:

@@ -17,7 +17,9 @@ from infersight.metricspec import REGISTRY, MetricSpec, prometheus_name
 
 # The modules that declare the table's metrics (each at import); the rows come by name.
 MODULES = ("infersight.agent.daemon.health", "infersight.agent.requests.kind", "infersight.agent.oom.kind",
-           "infersight.agent.devices.job", "infersight.agent.devices.metrics", "infersight.agent.coldstart.metrics")
+           "infersight.agent.devices.job", "infersight.agent.devices.metrics", "infersight.agent.coldstart.metrics",
+           "infersight.exporters.prometheus_endpoint")
+ROUTING = ("infersight.routing.weight", "infersight.instance.settled")  # in docs/routing.md
 
 
 def specs() -> list[MetricSpec]:
@@ -29,8 +31,7 @@ def specs() -> list[MetricSpec]:
 
     own_tables = {s.name for s in (*COLDSTART, *DEVICES)}
     # by name: the registry's order is the order of the imports, which differs from one process to another
-    return sorted((s for s in REGISTRY if s.name not in own_tables and not s.name.startswith("infersight.routing.")),
-                  key=lambda s: s.name)
+    return sorted((s for s in REGISTRY if s.name not in own_tables and s.name not in ROUTING), key=lambda s: s.name)
 
 
 def _kind(s: MetricSpec) -> str:
