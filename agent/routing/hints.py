@@ -8,8 +8,10 @@ the first ``\\r`` or ``\\n``, of words delimited by spaces, tabs or commas: a pe
 ``up`` / ``down`` (operating state). The replies here:
 
 - an instance still in its cold start: ``drain``;
-- a port no instance is known on: ``up ready 100%`` (fail open: ``ready`` also cancels a ``drain`` this agent, or
-  the one before its restart, had set: a drain that only the agent may revert must never outlive its knowledge);
+- a port no instance is known on: ``up 100%`` (fail open; no ``ready``, which would also undo an operator's
+  ``maint`` or ``drain`` set through HAProxy's runtime API);
+- a port this agent answered ``drain`` for and no longer knows (its warming instance ended, the port became
+  contested): ``up ready 100%`` for LIFT_S, so that the drain it set does not outlive its knowledge;
 - a ready instance: ``up ready W%`` (with `` maxconn:N`` when ``max_concurrency`` is set).
 
 W is 100 x (median P50 of its peers, the other ready instances of its ``service.name`` and its
@@ -36,7 +38,9 @@ MIN_REQUESTS = 5  # fewer requests in the window: no P50 to weigh by
 MAX_REQUEST_BYTES = 64  # "<port>\n" is at most 6 bytes; anything longer is not HAProxy's agent-send
 
 WARMING_REPLY = "drain\n"
-UNKNOWN_REPLY = "up ready 100%\n"
+UNKNOWN_REPLY = "up 100%\n"
+LIFT_REPLY = "up ready 100%\n"
+LIFT_S = 60.0  # how long a port this agent drained, then lost track of, says ``ready`` (HAProxy asks every second)
 
 
 @dataclass(frozen=True, slots=True)

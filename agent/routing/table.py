@@ -107,6 +107,7 @@ class RoutingTable:
         self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since), oldest first
         self.vacated_dropped = 0  # vacated ports forgotten before their window ended: their uid's share was full
         self.replies: dict[int, str] = {}
+        self.lifted: dict[int, float] = {}  # port -> since: a port this agent drained, then lost track of
         self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
         self._latency: dict[str, InstanceLatency] = {}
         self._latency_at = -1e18
@@ -256,7 +257,7 @@ class RoutingTable:
             self._gone.append((holder.resource, holder.service, port))
             holder.port, holder.sent = None, None
             self._contest(port, holder)
-        self.replies.pop(port, None)
+        self._lift(port, self.replies.pop(port, None))
         self.vacated.pop(port, None)
         self.ports_contested += 1
 
@@ -360,6 +361,7 @@ class RoutingTable:
                 holder.port = left
         self.ports[port] = inst.producer
         self.vacated.pop(port, None)
+        self.contested.pop(port, None)  # held again: its old candidates must not re-vacate it for another uid later
         inst.port = port
 
     # -- the periodic decision ---------------------------------------------------------
@@ -396,8 +398,25 @@ class RoutingTable:
             if inst.uid not in slow:
                 slow[inst.uid] = self.slow_devices(inst.uid)
             self._decide(inst, by_producer, slow[inst.uid], now)
-        self.replies = {port: self.instances[p].reply for port, p in self.ports.items() if p in self.instances}
+        replies = {port: self.instances[p].reply for port, p in self.ports.items() if p in self.instances}
+        for port, was in self.replies.items():
+            if port not in replies:
+                self._lift(port, was)
+        self.replies = replies
+        for port in [p for p, since in self.lifted.items() if now - since > hints.LIFT_S or p in replies]:
+            del self.lifted[port]
         return self._hints(now)
+
+    def _lift(self, port: int, was: str | None) -> None:
+        """``port`` is no longer answered for: if its last reply drained it, say ``ready`` for a while (only this
+        agent's ``drain`` is lifted so; a port it never drained gets ``up 100%``, which leaves an operator's
+        ``maint`` or ``drain`` alone). Bounded: the oldest goes."""
+        if was != hints.WARMING_REPLY:
+            return
+        self.lifted.pop(port, None)
+        self.lifted[port] = self.clock()
+        while len(self.lifted) > MAX_VACATED:
+            del self.lifted[next(iter(self.lifted))]
 
     def _peer_p50s(self, inst: Instance, by_producer: Mapping[str, InstanceLatency]) -> list[float]:
         out = []
@@ -429,7 +448,11 @@ class RoutingTable:
 
     def reply(self, port: int) -> str:
         """The agent-check line for ``port``: a lookup, never a wait."""
-        return self.replies.get(port, hints.UNKNOWN_REPLY)
+        reply = self.replies.get(port)
+        if reply is not None:
+            return reply
+        since = self.lifted.get(port)
+        return hints.LIFT_REPLY if since is not None and self.clock() - since <= hints.LIFT_S else hints.UNKNOWN_REPLY
 
     # -- output ------------------------------------------------------------------------
 

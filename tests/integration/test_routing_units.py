@@ -44,9 +44,10 @@ def percent(reply: str) -> int:
 
 def test_replies_are_haproxy_agent_check_lines() -> None:
     assert haproxy_words(hints.WARMING_REPLY) == ["drain"]
-    # fail open: "ready" too, or a drain set before the agent lost track of the port (its restart, a contested
-    # port) would stay, since only the agent may revert it (a review: a ready server stayed drained 60 s and more)
-    assert haproxy_words(hints.UNKNOWN_REPLY) == ["up", "ready", "100%"]
+    # fail open, without "ready": HAProxy's agent "ready" also undoes an operator's maint or drain (a review)
+    assert haproxy_words(hints.UNKNOWN_REPLY) == ["up", "100%"]
+    # a port this agent drained and lost track of: "ready" lifts that drain (it stayed for good: a review)
+    assert haproxy_words(hints.LIFT_REPLY) == ["up", "ready", "100%"]
     assert haproxy_words(hints.ready_reply(hints.Weight(37, False, None))) == ["up", "ready", "37%"]
     assert haproxy_words(hints.ready_reply(hints.Weight(50, True, 4))) == ["up", "ready", "50%", "maxconn:4"]
     # "drain" is cancelled only by "ready": every reply for a ready instance carries it.

@@ -311,3 +311,36 @@ def test_a_hello_that_says_ready_makes_an_instance_its_port_checked_as_a_readine
     evil = Resource.of({"service.name": "llm", "process.pid": 32, "process.user.id": ATTACKER})
     w.table.readmit("evil", evil, {"ready_ns": int(w.clock() * 1e9), "ready_port": PORT})
     assert w.table.ports[PORT] == "victim" and w.table.port_claims_refused == 1
+
+
+def test_a_port_this_agent_drained_and_lost_track_of_says_ready_for_a_while_others_plain_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a drain this agent set is lifted (HAProxy's agent "ready" also undoes an operator's maint or drain, so
+    a port the agent never drained gets "up 100%"): a warming restart that ends, a drained port made contested."""
+    w = World(monkeypatch)
+    w.victim_leaves()
+    assert w.table.reply(PORT) == hints.UNKNOWN_REPLY  # it was ready, never drained: plain fail-open
+    w.warm("restart", 21, VICTIM)
+    assert w.table.reply(PORT) == hints.WARMING_REPLY
+    w.dead.add(21)  # the restart dies while warming
+    w.clock.t += 1
+    w.table.refresh()
+    assert w.table.reply(PORT) == hints.LIFT_REPLY, "the drain this agent set is lifted"
+    w.clock.t += hints.LIFT_S + 1
+    w.table.refresh()
+    assert w.table.reply(PORT) == hints.UNKNOWN_REPLY
+    assert w.table.reply(PORT + 7) == hints.UNKNOWN_REPLY  # never known
+
+
+def test_a_port_held_again_forgets_its_contest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contest's candidates must not vacate the port for another uid once its owner holds it again (a review: the
+    squatter's uid got the port for 10 minutes and the victim's next restart was not drained)."""
+    w = World(monkeypatch)
+    w.kernel[PORT] = {VICTIM, ATTACKER}
+    w.ready("squatter", 31, ATTACKER, PORT, service="llm")  # refused: a candidate of a contested port
+    w.ready("victim", 32, VICTIM, PORT)
+    w.kernel[PORT] = {VICTIM}
+    w.clock.t += rt.OWNERS_EVERY_S + 1
+    w.table.refresh()
+    w.table._assign(w.table.instances["victim"], PORT)  # held again (as _check_holders does)
+    assert PORT not in w.table.contested
