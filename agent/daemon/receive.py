@@ -73,8 +73,9 @@ class Receiver:
         # Per producer: its batches not yet complete, and the completions of batches that held only
         # duplicates of them (a resent or replayed copy): such a batch is complete only once the
         # originals are, else its ack (or its spool file's unlink) comes while they are still in flight.
-        self._inflight: dict[str, int] = {}
-        self._after_inflight: dict[str, list[Callable[[], None]]] = {}
+        # (per producer: batch number -> the waiters [batches left, done] of copies that arrived while it was in flight)
+        self._inflight_batches: dict[str, dict[int, list[list[Any]]]] = {}
+        self._batch_no = 0
 
     def allowed(self, uid: int, gid: int) -> bool:
         """The allow list: a peer (or a spool file's owner) of these uids or gids may produce."""
@@ -187,24 +188,33 @@ class Receiver:
                 on_done()
 
         pid = producer.id
+        inflight = self._inflight_batches.setdefault(pid, {})
         if not items:
-            if self._inflight.get(pid, 0) > 0:
-                self._after_inflight.setdefault(pid, []).append(done)
+            if inflight:
+                # wait for the batches in flight now (its originals among them), not for later ones: a producer
+                # whose batches overlap in a slow exporter would hold this ack, and every one behind it, for good
+                waiting = [len(inflight), done]
+                for token in inflight:
+                    inflight[token].append(waiting)
                 return
+            if not inflight:
+                self._inflight_batches.pop(pid, None)
             self.broadcaster.publish(items, done, producer.uid)
             return
-        self._inflight[pid] = self._inflight.get(pid, 0) + 1
+        self._batch_no += 1
+        token = self._batch_no
+        inflight[token] = []
 
         def done_inflight() -> None:
-            left = self._inflight.get(pid, 1) - 1
-            if left > 0:
-                self._inflight[pid] = left
-            else:
-                self._inflight.pop(pid, None)
+            batches = self._inflight_batches.get(pid, {})
+            waiters = batches.pop(token, [])
+            if not batches:
+                self._inflight_batches.pop(pid, None)
             done()
-            if left <= 0:
-                for waiter in self._after_inflight.pop(pid, ()):
-                    waiter()
+            for waiting in waiters:
+                waiting[0] -= 1
+                if waiting[0] == 0:
+                    waiting[1]()
 
         self.broadcaster.publish(items, done_inflight, producer.uid)
 

@@ -7,11 +7,10 @@ spool is full, the oldest segment is deleted and its items are counted as droppe
 One uid (``process.user.id`` of an item's resource; the agent's own items have none) holds at
 most ``UID_SHARE`` of the spool while another uid holds items in it: past it, that uid's new items
 are dropped at the door (counted in ``over_uid_share_items``), so that another user's flood while a
-peer is away cannot push your queued records out. A uid alone in the spool (a single-tenant host;
-no record an earlier agent spooled is left either, as their uids are not known) may fill it;
-another uid's first records then push out the oldest as a full spool does, and from then on the
-first uid is held to its share. What a uid holds is counted from this agent's start (records
-spooled before a restart count for nobody).
+peer is away cannot push your queued records out. A uid alone in the spool (a single-tenant host)
+may fill it; another uid's first records then push out the oldest as a full spool does, and from
+then on the first uid is held to its share. Records an earlier agent spooled count for their uids
+(read once at start: each record's size shared among its items' uids, no item decoded).
 
 Every file is opened relative to a descriptor of the spool's directory, never through a
 link: under ``agent.state_dir`` (the daemon) that descriptor comes from
@@ -26,16 +25,43 @@ import json
 import os
 import struct
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from infersight.agent.daemon.itemcodec import from_dict, to_dict
 from infersight.agent.errors import AgentError
-from infersight.exporters.base import item_owner
+from infersight.exporters.base import OWNER_ATTR, item_owner
 from infersight.statefiles import DIR_FLAGS, open_state_dir
 from infersight.telemetry import Item
 
 REC = struct.Struct("!II")
 UID_SHARE = 0.25  # of max_bytes, per uid (as the agent's other per-user budgets: a quarter)
+
+
+def _dict_owner(d: dict[str, Any]) -> int | None:
+    """The producer uid of an encoded item (``item_owner`` of what ``from_dict`` would make), without decoding it."""
+    res = d.get("r") if "r" in d else (d.get("root") or {}).get("r")
+    if isinstance(res, list):
+        for kv in res:
+            if isinstance(kv, list) and len(kv) == 2 and kv[0] == OWNER_ATTR:
+                return kv[1] if type(kv[1]) is int else None
+    return None
+
+
+def _record_owners(payload: bytes) -> dict[int, int]:
+    """The bytes of each uid in a record an earlier agent wrote (its size shared by item count: no item is
+    decoded); a corrupt record counts for nobody (``peek_many`` skips it)."""
+    try:
+        items = json.loads(payload)
+    except ValueError:
+        return {}
+    if not isinstance(items, list) or not items:
+        return {}
+    counts: collections.Counter[int] = collections.Counter()
+    for d in items:
+        uid = _dict_owner(d) if isinstance(d, dict) else None
+        if uid is not None:
+            counts[uid] += 1
+    return {uid: len(payload) * n // len(items) for uid, n in counts.items()}
 
 
 class SpoolInUseError(AgentError, OSError):
@@ -70,12 +96,15 @@ class DiskSpool:
         self.corrupt_records = 0
         self.over_uid_share_items = 0  # items not spooled: their uid held its share of the spool
         scanned = {seg: self._scan(seg) for seg in self.segments}
-        self._counts = {seg: items for seg, (items, _records) in scanned.items()}
+        self._counts = {seg: items for seg, (items, _records, _uids) in scanned.items()}
         # per segment, per record written by this agent: the bytes of each uid in it (FIFO, as records are read),
         # after the records an earlier agent wrote there (counted for nobody)
-        self._record_uids: dict[int, collections.deque[dict[int, int]]] = {}
-        self._earlier_records = {seg: records for seg, (_items, records) in scanned.items() if records}
+        self._record_uids: dict[int, collections.deque[dict[int, int]]] = {
+            seg: uids for seg, (_items, records, uids) in scanned.items() if records}
         self._uid_bytes: collections.Counter[int] = collections.Counter()
+        for q in self._record_uids.values():
+            for by_uid in q:
+                self._uid_bytes.update(by_uid)
 
     @staticmethod
     def _seg_name(seg: int) -> str:
@@ -118,9 +147,11 @@ class DiskSpool:
             f.write("%d %d" % (self.segments[0] if self.segments else 0, self.read_pos))
         os.replace("pos.tmp", "pos", src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
 
-    def _scan(self, seg: int) -> tuple[int, int]:
-        """Items and records left in a segment (from the read position for the first one)."""
+    def _scan(self, seg: int) -> tuple[int, int, collections.deque[dict[int, int]]]:
+        """Items and records left in a segment (from the read position for the first one), and per record the
+        bytes of each uid in it (as ``append`` counts them: an earlier agent's records count for their uids)."""
         n = records = 0
+        uids: collections.deque[dict[int, int]] = collections.deque()
         try:
             with self._reader(seg) as f:
                 if self.segments and seg == self.segments[0]:
@@ -130,12 +161,12 @@ class DiskSpool:
                     if len(hdr) < REC.size:
                         break
                     size, count = REC.unpack(hdr)
-                    f.seek(size, os.SEEK_CUR)
+                    uids.append(_record_owners(f.read(size)))
                     n += count
                     records += 1
         except OSError:
             pass
-        return n, records
+        return n, records, uids
 
     @property
     def items(self) -> int:
@@ -177,7 +208,7 @@ class DiskSpool:
             if uid is not None:
                 # no other uid's items held (and none an earlier agent spooled, whose uids are not known): the whole
                 # spool; else a quarter
-                alone = not self._earlier_records and holders <= {uid} and by_uid.keys() <= {uid}
+                alone = holders <= {uid} and by_uid.keys() <= {uid}
                 if not alone and self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
                     self.over_uid_share_items += 1
                     continue
@@ -223,15 +254,6 @@ class DiskSpool:
 
     def _forget_records(self, seg: int, records: int | None) -> None:
         """``records`` of segment ``seg``'s oldest records (None: all of them) are gone: their uids' bytes too."""
-        if records is None:
-            self._earlier_records.pop(seg, None)
-        elif seg in self._earlier_records:  # an earlier agent's records come first in their segment
-            earlier = min(records, self._earlier_records[seg])
-            records -= earlier
-            if self._earlier_records[seg] == earlier:
-                del self._earlier_records[seg]
-            else:
-                self._earlier_records[seg] -= earlier
         q = self._record_uids.get(seg)
         if q is None:
             return

@@ -187,3 +187,19 @@ def test_a_batch_of_duplicates_completes_only_once_its_originals_have() -> None:
     assert done == ["copy"]
     rx.process_batch(p, [log(1)], None, lambda: done.append("late copy"))  # nothing in flight: at once
     assert done == ["copy", "late copy"]
+
+
+def test_a_copy_waits_only_for_the_batches_in_flight_when_it_came() -> None:
+    """A producer that keeps a batch in flight at every moment (a slow collector, never idle) held a copy's
+    completion, and every ack queued behind it, for good (a re-review: 198 batches later, still held)."""
+    hb = HeldBroadcaster()
+    rx = Receiver(Assembler("h"), hb, Counters(), {0}, set())  # type: ignore[arg-type]
+    p = rx.hello(HELLO, None)
+    assert p is not None
+    first, copy = Conn(rx, p), Conn(rx, p)
+    first.batch([log(1)])
+    done: list[str] = []
+    rx.process_batch(p, [log(1)], copy.acks, lambda: done.append("copy"))
+    first.batch([log(2)])  # a newer batch in flight before the original completes
+    hb.held.pop(0)()  # the original completes: the copy is complete, whatever came after it
+    assert done == ["copy"]
