@@ -39,7 +39,8 @@ UID_SHARE = 0.25  # of max_bytes, per uid (as the agent's other per-user budgets
 
 def _dict_owner(d: dict[str, Any]) -> int | None:
     """The producer uid of an encoded item (``item_owner`` of what ``from_dict`` would make), without decoding it."""
-    res = d.get("r") if "r" in d else (d.get("root") or {}).get("r")
+    root = d.get("root")
+    res = d.get("r") if "r" in d else (root.get("r") if isinstance(root, dict) else None)
     if isinstance(res, list):
         for kv in res:
             if isinstance(kv, list) and len(kv) == 2 and kv[0] == OWNER_ATTR:
@@ -52,7 +53,7 @@ def _record_owners(payload: bytes) -> dict[int, int]:
     decoded); a corrupt record counts for nobody (``peek_many`` skips it)."""
     try:
         items = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # corrupt (a nesting too deep for the decoder too): counted by peek_many
         return {}
     if not isinstance(items, list) or not items:
         return {}
@@ -157,11 +158,24 @@ class DiskSpool:
                 if self.segments and seg == self.segments[0]:
                     f.seek(self.read_pos)
                 while True:
+                    start = f.tell()
                     hdr = f.read(REC.size)
-                    if len(hdr) < REC.size:
+                    size, count = REC.unpack(hdr) if len(hdr) == REC.size else (0, 0)
+                    payload = f.read(size) if hdr else b""
+                    if not hdr:
                         break
-                    size, count = REC.unpack(hdr)
-                    uids.append(_record_owners(f.read(size)))
+                    if len(hdr) < REC.size or len(payload) < size:
+                        # a record torn by a crash mid-write: cut it off, as ``append`` does when a write fails,
+                        # else the reader skips past the end of the file and every record written after it is lost
+                        fd = self._open(self._seg_name(seg), os.O_WRONLY)
+                        try:
+                            os.ftruncate(fd, start)
+                        finally:
+                            os.close(fd)
+                        self.corrupt_records += 1
+                        self.dropped_items += count
+                        break
+                    uids.append(_record_owners(payload))
                     n += count
                     records += 1
         except OSError:
@@ -291,7 +305,7 @@ class DiskSpool:
                         payload = f.read(size)
                         try:
                             out.extend(from_dict(d) for d in json.loads(payload))
-                        except (ValueError, KeyError, TypeError):
+                        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                             if records:
                                 break  # return what we have; the bad one is next
                             self.corrupt_records += 1

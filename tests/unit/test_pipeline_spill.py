@@ -160,3 +160,51 @@ def test_after_a_restart_a_uid_alone_still_fills_the_spool(tmp_path: Path) -> No
         assert s.append(_logs(1002, 10, "A" * 400, k * 10)) == 0
     assert s.over_uid_share_items == 0 and s.held_by_uid()[1002] > 0.75 * s.max_bytes
     s.close()
+
+
+def test_a_corrupt_record_of_valid_json_does_not_stop_the_spool_opening(tmp_path: Path) -> None:
+    """A record whose JSON parses but is not an item (a cold start whose root is a list; nesting too deep for the
+    decoder) is a corrupt record, skipped and counted by ``peek_many``, as before the start-up read of owners."""
+    from infersight.agent.daemon.spool import REC
+    d = tmp_path / "spool"
+    s = DiskSpool(str(d))
+    s.append(_logs(1000, 1, "x"))
+    s.close()
+    for payload in (b'[{"k":"coldstart","root":[1,2],"stages":[]}]', b"[" * 100000 + b"]" * 100000):
+        with open(d / ("%012d.seg" % 1), "ab") as f:
+            f.write(REC.pack(len(payload), 1) + payload)
+    s = DiskSpool(str(d))
+    items, records = s.peek_many(10)
+    assert len(items) == 1
+    s.pop_many(records)
+    assert s.peek_many(10) == ([], 0)
+    assert s.corrupt_records == 2
+    assert s.held_by_uid() == {}
+    s.close()
+
+
+def test_a_record_torn_by_a_crash_is_cut_off_at_start_so_later_records_are_read(tmp_path: Path) -> None:
+    """The agent died while writing a record (a header, or a header saying more bytes than follow): the next agent
+    cuts it off, counted, rather than reading past the end of the file, which hid every record appended after it
+    (and kept their uid's bytes counted until the segment went, its items then dropped uncounted)."""
+    from infersight.agent.daemon.spool import REC
+    for k, torn in enumerate((REC.pack(5000, 2) + b'[{"k":', b"\0\0\0")):
+        d = tmp_path / ("spool%d" % k)
+        s = DiskSpool(str(d), max_bytes=1 << 20)
+        s.append(_logs(1000, 3, "x"))
+        s.close()
+        with open(d / ("%012d.seg" % 1), "ab") as f:
+            f.write(torn)
+        s = DiskSpool(str(d), max_bytes=1 << 20)
+        assert s.corrupt_records == 1 and s.items == 3
+        s.append(_logs(1001, 4, "y"))
+        got = 0
+        while True:
+            items, records = s.peek_many(100)
+            if not records:
+                break
+            got += len(items)
+            s.pop_many(records)
+        assert got == 7, "the records appended after the torn one are read"
+        assert s.held_by_uid() == {}
+        s.close()
