@@ -107,7 +107,9 @@ class RoutingTable:
         self.vacated: dict[int, tuple[str, int | None, float]] = {}  # port -> (service, uid, since), oldest first
         self.vacated_dropped = 0  # vacated ports forgotten before their window ended: their uid's share was full
         self.replies: dict[int, str] = {}
-        self.lifted: dict[int, float] = {}  # port -> since: a port this agent drained, then lost track of
+        self.reply_uids: dict[int, int | None] = {}  # port -> the uid of the instance its reply is of
+        # port -> (since, uid): a port this agent drained for an instance of uid, then lost track of
+        self.lifted: dict[int, tuple[float, int | None]] = {}
         self._gone: list[tuple[Resource, str, int]] = []  # hints to clear
         self._latency: dict[str, InstanceLatency] = {}
         self._latency_at = -1e18
@@ -172,6 +174,7 @@ class RoutingTable:
         if inst.port is not None:  # answer the new state at once, not at the next refresh
             self._decide(inst, {}, {}, self.clock())
             self.replies[inst.port] = inst.reply
+            self.reply_uids[inst.port] = inst.uid
 
     def _others_on_host(self, inst: Instance, port: int, table: dict[int, set[int]] | None) -> set[int]:
         """The uids other than ``inst``'s (and root's) listening on ``port`` in this agent's network namespace,
@@ -257,7 +260,7 @@ class RoutingTable:
             self._gone.append((holder.resource, holder.service, port))
             holder.port, holder.sent = None, None
             self._contest(port, holder)
-        self._lift(port, self.replies.pop(port, None))
+        self._lift(port, self.replies.pop(port, None), self.reply_uids.pop(port, None))
         self.vacated.pop(port, None)
         self.ports_contested += 1
 
@@ -401,22 +404,28 @@ class RoutingTable:
         replies = {port: self.instances[p].reply for port, p in self.ports.items() if p in self.instances}
         for port, was in self.replies.items():
             if port not in replies:
-                self._lift(port, was)
+                self._lift(port, was, self.reply_uids.get(port))
         self.replies = replies
-        for port in [p for p, since in self.lifted.items() if now - since > hints.LIFT_S or p in replies]:
+        self.reply_uids = {port: self.instances[self.ports[port]].uid for port in replies}
+        for port in [p for p, (since, _u) in self.lifted.items() if now - since > hints.LIFT_S or p in replies]:
             del self.lifted[port]
         return self._hints(now)
 
-    def _lift(self, port: int, was: str | None) -> None:
+    def _lift(self, port: int, was: str | None, uid: int | None) -> None:
         """``port`` is no longer answered for: if its last reply drained it, say ``ready`` for a while (only this
         agent's ``drain`` is lifted so; a port it never drained gets ``up 100%``, which leaves an operator's
-        ``maint`` or ``drain`` alone). Bounded: the oldest goes."""
+        ``maint`` or ``drain`` alone). Bounded as the vacated ports are: a uid keeps at most MAX_VACATED_PER_UID
+        (past it, its own oldest goes: another user's churn never pushes yours out), the table MAX_VACATED."""
         if was != hints.WARMING_REPLY:
             return
         self.lifted.pop(port, None)
-        self.lifted[port] = self.clock()
-        while len(self.lifted) > MAX_VACATED:
-            del self.lifted[next(iter(self.lifted))]
+        of_uid = Counter(u for _s, u in self.lifted.values())
+        if of_uid[uid] >= MAX_VACATED_PER_UID:
+            del self.lifted[next(p for p, (_s, u) in self.lifted.items() if u == uid)]
+        elif len(self.lifted) >= MAX_VACATED:
+            most = max(of_uid, key=lambda u: of_uid[u])
+            del self.lifted[next(p for p, (_s, u) in self.lifted.items() if u == most)]
+        self.lifted[port] = (self.clock(), uid)
 
     def _peer_p50s(self, inst: Instance, by_producer: Mapping[str, InstanceLatency]) -> list[float]:
         out = []
@@ -451,8 +460,9 @@ class RoutingTable:
         reply = self.replies.get(port)
         if reply is not None:
             return reply
-        since = self.lifted.get(port)
-        return hints.LIFT_REPLY if since is not None and self.clock() - since <= hints.LIFT_S else hints.UNKNOWN_REPLY
+        lifted = self.lifted.get(port)
+        return hints.LIFT_REPLY if lifted is not None and self.clock() - lifted[0] <= hints.LIFT_S \
+            else hints.UNKNOWN_REPLY
 
     # -- output ------------------------------------------------------------------------
 

@@ -344,3 +344,28 @@ def test_a_port_held_again_forgets_its_contest(monkeypatch: pytest.MonkeyPatch) 
     w.table.refresh()
     w.table._assign(w.table.instances["victim"], PORT)  # held again (as _check_holders does)
     assert PORT not in w.table.contested
+
+
+def test_another_users_churn_of_drained_ports_never_pushes_out_a_lift(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lifted ports were one list of 256 for all users: another user who churned more drained ports than that
+    within a minute pushed a victim's lift out, and its port stayed drained (a review). Each uid keeps a quarter."""
+    w = World(monkeypatch)
+    w.victim_leaves()
+    w.warm("restart", 21, VICTIM)
+    w.dead.add(21)
+    w.clock.t += 1
+    w.table.refresh()
+    assert w.table.reply(PORT) == hints.LIFT_REPLY
+    for k in range(rt.MAX_VACATED + 10):  # the attacker's warming restarts on ports it vacated, each dying
+        port = 20000 + k
+        w.kernel[port] = {ATTACKER}
+        w.ready("a%d" % k, 100_000 + k, ATTACKER, port, service="evil")
+        w.table.refresh()
+        w.dead.add(100_000 + k)
+        w.table.refresh()
+        w.warm("b%d" % k, 200_000 + k, ATTACKER, service="evil")
+        w.table.refresh()
+        w.dead.add(200_000 + k)
+        w.table.refresh()
+    assert w.table.reply(PORT) == hints.LIFT_REPLY, "the victim's lift stays"
+    assert sum(1 for _s, u in w.table.lifted.values() if u == ATTACKER) <= rt.MAX_VACATED_PER_UID
