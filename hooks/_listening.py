@@ -422,8 +422,11 @@ def own_tcp_ports() -> List[int]:
     except Exception:
         found = tcp_listening(_read("/proc/self/net/tcp"), skip)
         found.update(tcp_listening(_read("/proc/self/net/tcp6"), skip))
+    if not found:
+        return []  # nothing listens: its descriptors need no look
     mine = socket_inodes("self")
-    return sorted({f[1] for inode, f in found.items() if inode in mine and f[0] == "tcp"})  # type: ignore[misc]
+    return sorted({port for inode, (kind, port) in found.items()
+                   if kind == "tcp" and isinstance(port, int) and inode in mine})
 
 
 def _skip_ports() -> Tuple[int, ...]:

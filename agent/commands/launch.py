@@ -669,8 +669,8 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
         if joined is None:
             env = child_env(dict(os.environ), private.sock, private.spool, spawn_ns, ready_file)
         else:
-            env = child_env(dict(os.environ), joined.path, joined_spool(joined), spawn_ns, ready_file,
-                            session=joined.session)
+            spool = joined_spool(joined, hooks_module("_paths"))
+            env = child_env(dict(os.environ), joined.path, spool, spawn_ns, ready_file, session=joined.session)
         if opts.rules_dirs:
             from infersight.rules.stage_rules import rules_dirs
 

@@ -38,14 +38,13 @@ FORCING = frozenset({signal.SIGINT, signal.SIGTERM})  # a second one of these: S
 # What a joined launch subscribes to: the waterfall and the OOMs' lines (the console); with --otlp-file, its copy
 ITEM_KINDS_CONSOLE = ["coldstart", "progress", "log"]
 ITEM_KINDS_ALL = ["coldstart", "progress", "span", "log", "metric"]
+RELAY_CLOSE_WAIT_S = 2.0  # at CMD's exit: what it wrote last on stderr is captured before launch's own lines
+AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 
 def log_events_for(kinds: list[str]) -> list[str] | None:
     """The log records a joined launch asks for: the console shows only the OOMs' lines; a local copy has all."""
     return None if "span" in kinds else ["oom"]
-
-RELAY_CLOSE_WAIT_S = 2.0  # at CMD's exit: what it wrote last on stderr is captured before launch's own lines
-AGENT_HOLD_S = 20.0  # the embedded agent starts once CMD is ready, at the latest this long after (launch_hold)
 
 
 class LaunchOptions:
@@ -88,41 +87,40 @@ class Joined:
         self.info = info
 
 
-def joined_spool(joined: Joined) -> str | None:
+def joined_spool(joined: Joined, paths: Any) -> str | None:
     """Where CMD's hooks spool when launch joined an agent: the agent's ``agent.spool_dir`` (what it replays after
     a restart; a spool the agent never reads keeps what it holds from every sink), unless the environment names
-    one, or this user cannot write there (the hooks' own default then: the system spool or their private one)."""
+    one, or this user cannot write there (the hooks' own default then: the system spool or their private one).
+    ``paths``: the hooks' ``_paths`` module (launch's stand-in before CMD starts: the hooks package costs ~20 ms)."""
     if os.environ.get("INFERSIGHT_SPOOL_DIR"):
         return None
     spool = joined.info.get("spool_dir")
-    if not isinstance(spool, str) or not spool.startswith("/") or not _trusted_agent(joined):
+    if not isinstance(spool, str) or not spool.startswith("/") or not _trusted_agent(joined, paths):
         return None
     # the hooks make it (0700) when it is not there yet and its parent lets them
     there = spool if os.path.isdir(spool) else os.path.dirname(spool.rstrip("/"))
     return spool if os.access(there, os.W_OK | os.X_OK) else None
 
 
-def _trusted_agent(joined: Joined) -> bool:
+def _trusted_agent(joined: Joined, paths: Any) -> bool:
     """Whether the joined agent may say where CMD's hooks spool (they grant the spool directory's owner read access
     to their files): any agent at a socket of the system's or the operator's choosing, but at a per-user fallback
     (``/tmp/infersight-<uid>``, ``$XDG_RUNTIME_DIR/infersight``), which another local user could have made first
     with an agent of its own in it, only one the hooks would connect to: its directory passes their rule and the
-    kernel says the peer is this user, root or the directory's owner."""
-    from infersight.hooks import _paths
-
-    owner = _paths.fallback_owner(joined.path)
+    kernel says the peer is this user, root or the directory's owner (the hooks' own rule, ``_connection``)."""
+    owner = paths.fallback_owner(joined.path)
     if owner is None:
         return True
     import socket
     import struct
 
     try:
-        _paths.check_socket_dir(os.path.dirname(os.path.abspath(joined.path)), owner)
-        with socket.socket(fileno=os.dup(joined.fd)) as sock:
+        paths.check_socket_dir(os.path.dirname(os.path.abspath(joined.path)), owner)
+        with socket.socket(fileno=os.dup(joined.fd)) as sock:  # SO_PEERCRED: pid, uid, gid
             peer_uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
     except (OSError, ValueError):
         return False
-    return peer_uid in (0, os.getuid(), owner)
+    return peer_uid in (0, os.geteuid(), owner)
 
 
 def exit_status(returncode: int) -> int:

@@ -295,7 +295,7 @@ def _report(session: JoinedSession, path: str | None, file_sink: FileExporter | 
                       "sinks have them\n" % dropped)
         if session.ended.get("open"):
             out.write("infersight: %s process(es) of this run still report to the agent\n" % session.ended["open"])
-        if session.lost and joined_spool(j) is None and not os.environ.get("INFERSIGHT_SPOOL_DIR"):
+        if session.lost and joined_spool(j, _paths) is None and not os.environ.get("INFERSIGHT_SPOOL_DIR"):
             out.write("infersight: the agent at %s went away %d time(s) during the run; launch re-subscribed; "
                       "what the hooks spooled meanwhile is in %s, which the agent does not replay (its spool "
                       "directory %s is not writable here)\n" % (j.path, session.lost, _paths.spool_dir(),
@@ -304,7 +304,7 @@ def _report(session: JoinedSession, path: str | None, file_sink: FileExporter | 
             out.write("infersight: the agent at %s went away %d time(s) during the run; launch re-subscribed and "
                       "the hooks replayed what they had spooled\n" % (j.path, session.lost))
     else:
-        spool = joined_spool(j) or _paths.spool_dir()
+        spool = joined_spool(j, _paths) or _paths.spool_dir()
         out.write("infersight: the agent at %s went away and was not back within %.0f s: what this run's hooks "
                   "could not deliver stays in their spool (%s) and the agent replays it when it is back; the "
                   "waterfall above may lack it\n" % (j.path, session.opts.flush_timeout_s, spool))

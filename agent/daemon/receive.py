@@ -70,10 +70,8 @@ class Receiver:
         self.pending_completions = 0  # batches handed to the exporters, not yet complete
         # shown each producer that said hello on a connection of its own (a live process), after its checks
         self.hello_taps: list[Callable[[Producer], None]] = []
-        # Per producer: its batches not yet complete, and the completions of batches that held only
-        # duplicates of them (a resent or replayed copy): such a batch is complete only once the
-        # originals are, else its ack (or its spool file's unlink) comes while they are still in flight.
-        # (per producer: batch number -> the waiters [batches left, done] of copies that arrived while it was in flight)
+        # Per producer, its batches not yet complete (batch number -> the waiters [batches left, done] of the
+        # batches without items that came while it was in flight: see ``process_batch``)
         self._inflight_batches: dict[str, dict[int, list[list[Any]]]] = {}
         self._batch_no = 0
 
@@ -188,28 +186,28 @@ class Receiver:
                 on_done()
 
         pid = producer.id
-        inflight = self._inflight_batches.setdefault(pid, {})
         if not items:
+            inflight = self._inflight_batches.get(pid)
             if inflight:
-                # wait for the batches in flight now (its originals among them), not for later ones: a producer
-                # whose batches overlap in a slow exporter would hold this ack, and every one behind it, for good
+                # A batch that made no items (a resent or replayed copy of batches still in flight) completes once
+                # the batches in flight now have, else its ack (or its spool file's unlink) comes while the
+                # originals are only in an exporter's memory. Not later ones: a producer never idle would hold
+                # this ack, and every one behind it, for good.
                 waiting = [len(inflight), done]
-                for token in inflight:
-                    inflight[token].append(waiting)
+                for waiters in inflight.values():
+                    waiters.append(waiting)
                 return
-            if not inflight:
-                self._inflight_batches.pop(pid, None)
             self.broadcaster.publish(items, done, producer.uid)
             return
+        batches = self._inflight_batches.setdefault(pid, {})
         self._batch_no += 1
         token = self._batch_no
-        inflight[token] = []
+        batches[token] = []
 
         def done_inflight() -> None:
-            batches = self._inflight_batches.get(pid, {})
             waiters = batches.pop(token, [])
-            if not batches:
-                self._inflight_batches.pop(pid, None)
+            if not batches and self._inflight_batches.get(pid) is batches:
+                del self._inflight_batches[pid]
             done()
             for waiting in waiters:
                 waiting[0] -= 1

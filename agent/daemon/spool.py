@@ -98,8 +98,8 @@ class DiskSpool:
         self.over_uid_share_items = 0  # items not spooled: their uid held its share of the spool
         scanned = {seg: self._scan(seg) for seg in self.segments}
         self._counts = {seg: items for seg, (items, _records, _uids) in scanned.items()}
-        # per segment, per record written by this agent: the bytes of each uid in it (FIFO, as records are read),
-        # after the records an earlier agent wrote there (counted for nobody)
+        # per segment, per record: the bytes of each uid in it (FIFO, as records are read; an earlier agent's
+        # records as ``_scan`` read them)
         self._record_uids: dict[int, collections.deque[dict[int, int]]] = {
             seg: uids for seg, (_items, records, uids) in scanned.items() if records}
         self._uid_bytes: collections.Counter[int] = collections.Counter()
@@ -160,10 +160,10 @@ class DiskSpool:
                 while True:
                     start = f.tell()
                     hdr = f.read(REC.size)
-                    size, count = REC.unpack(hdr) if len(hdr) == REC.size else (0, 0)
-                    payload = f.read(size) if hdr else b""
                     if not hdr:
                         break
+                    size, count = REC.unpack(hdr) if len(hdr) == REC.size else (0, 0)
+                    payload = f.read(size)
                     if len(hdr) < REC.size or len(payload) < size:
                         # a record torn by a crash mid-write: cut it off, as ``append`` does when a write fails,
                         # else the reader skips past the end of the file and every record written after it is lost
@@ -220,8 +220,7 @@ class DiskSpool:
             part = json.dumps(to_dict(it), separators=(",", ":")).encode()
             uid = item_owner(it)
             if uid is not None:
-                # no other uid's items held (and none an earlier agent spooled, whose uids are not known): the whole
-                # spool; else a quarter
+                # no other uid's items held: the whole spool; else a quarter
                 alone = holders <= {uid} and by_uid.keys() <= {uid}
                 if not alone and self._uid_bytes[uid] + by_uid.get(uid, 0) + len(part) > share:
                     self.over_uid_share_items += 1

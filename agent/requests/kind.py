@@ -435,10 +435,9 @@ class RequestStats:
             if not (inst.dirty or everything) or not lat.count:  # (only failures: no latency to say)
                 continue
             inst.dirty = False
+            # no point attributes: a request count there would be a label that opens a Prometheus series per update
             for name, v in ((INSTANCE_P50, lat.p50_s), (INSTANCE_P99, lat.p99_s)):
-                out.append(SPECS[name].item(inst.resource, now_ns, now_ns,
-                                            [NumberPoint(v, {})]))  # no count attribute: a label that
-            # changes with every update would open a new Prometheus series each time
+                out.append(SPECS[name].item(inst.resource, now_ns, now_ns, [NumberPoint(v, {})]))
         return out
 
     # -- export ------------------------------------------------------------------------

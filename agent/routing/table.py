@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from infersight.agent.daemon.identity import process_start
 from infersight.agent.routing import hints
@@ -57,6 +57,24 @@ def host_listeners() -> dict[int, set[int]] | None:
 def _alive(pid: int, start: str | None) -> bool:
     """Unknown (no pid, or a process this agent cannot see: another pid namespace) counts as alive."""
     return pid <= 0 or start is None or process_start(pid) == start
+
+
+_V = TypeVar("_V")
+
+
+def _make_room(table: dict[int, _V], uid: int | None, uid_of: Callable[[_V], int | None]) -> bool:
+    """Room in a port table (oldest first) for one more entry of ``uid``: a uid keeps at most MAX_VACATED_PER_UID
+    entries (past it, its own oldest goes: another user's churn never pushes yours out); the table full (more uids
+    than shares), the oldest of the uid holding the most goes. Whether one went."""
+    of_uid = Counter(uid_of(v) for v in table.values())
+    if of_uid[uid] >= MAX_VACATED_PER_UID:
+        victim = uid
+    elif len(table) >= MAX_VACATED:
+        victim = max(of_uid, key=lambda u: of_uid[u])
+    else:
+        return False
+    del table[next(p for p, v in table.items() if uid_of(v) == victim)]
+    return True
 
 
 @dataclass
@@ -240,17 +258,9 @@ class RoutingTable:
         vacated ports: past it, its own oldest goes, so another user's churn of short-lived servers
         never pushes yours out. The table full (more uids than shares), a uid holding the most gives one."""
         self.vacated.pop(port, None)  # vacated again: the newest of its uid
-        of_uid = Counter(v[1] for v in self.vacated.values())
-        if of_uid[uid] >= MAX_VACATED_PER_UID:
-            self._drop_vacated(uid)
-        elif len(self.vacated) >= MAX_VACATED:
-            self._drop_vacated(max(of_uid, key=lambda u: of_uid[u]))
+        if _make_room(self.vacated, uid, lambda v: v[1]):
+            self.vacated_dropped += 1
         self.vacated[port] = (service, uid, now)
-
-    def _drop_vacated(self, uid: int | None) -> None:
-        """Forget ``uid``'s oldest vacated port before its window ends (counted)."""
-        del self.vacated[next(p for p, v in self.vacated.items() if v[1] == uid)]
-        self.vacated_dropped += 1
 
     def _release(self, port: int) -> None:
         """Nobody holds ``port`` for now (contested): its hint goes, its reply fails open. Its holder
@@ -419,12 +429,7 @@ class RoutingTable:
         if was != hints.WARMING_REPLY:
             return
         self.lifted.pop(port, None)
-        of_uid = Counter(u for _s, u in self.lifted.values())
-        if of_uid[uid] >= MAX_VACATED_PER_UID:
-            del self.lifted[next(p for p, (_s, u) in self.lifted.items() if u == uid)]
-        elif len(self.lifted) >= MAX_VACATED:
-            most = max(of_uid, key=lambda u: of_uid[u])
-            del self.lifted[next(p for p, (_s, u) in self.lifted.items() if u == most)]
+        _make_room(self.lifted, uid, lambda v: v[1])
         self.lifted[port] = (self.clock(), uid)
 
     def _peer_p50s(self, inst: Instance, by_producer: Mapping[str, InstanceLatency]) -> list[float]:

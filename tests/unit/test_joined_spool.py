@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from infersight.agent.commands.launch_base import Joined, joined_spool
+from infersight.agent.commands.launch_base import Joined
+from infersight.agent.commands.launch_base import joined_spool as _joined_spool
+from infersight.hooks import _paths
 
 
 @pytest.fixture
@@ -21,6 +23,10 @@ def peer_fd() -> Iterator[int]:
     yield a.fileno()
     a.close()
     b.close()
+
+
+def joined_spool(joined: Joined) -> str | None:
+    return _joined_spool(joined, _paths)
 
 
 def _joined(sock_path: Path, fd: int, spool: Path) -> Joined:
