@@ -62,8 +62,10 @@ from infersight.agent.commands.launch_base import (
     LaunchOptions,
     Private,
     config_flags,
+    fallback_distrust,
     joined_spool,
     log_events_for,
+    printable_reply,
     temp_root,
 )
 
@@ -256,6 +258,10 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
     try:
         s.settimeout(timeout_s)
         s.connect(path)
+        distrust = fallback_distrust(path, s.fileno(), hooks_module("_paths"))
+        if distrust:  # another user's agent at this user's fallback: it gets nothing of CMD's
+            s.close()
+            return JoinFailure(distrust, False)
         reply = subscribe(s, session, kinds)
     except (OSError, ValueError) as exc:
         s.close()
@@ -269,7 +275,7 @@ def join_agent(path: str, kinds: list[str], timeout_s: float = JOIN_TIMEOUT_S) -
         s.close()
         return "the agent at %s does not take this launch: %s" % (path, reply.get("error") or reply.get("t"))
     s.settimeout(None)
-    return Joined(path, int(s.detach()), session, reply)
+    return Joined(path, int(s.detach()), session, printable_reply(reply))
 
 
 # execve's errors that say CMD cannot be executed (126, as a shell says): not a binary or script this machine

@@ -87,6 +87,22 @@ class Joined:
         self.info = info
 
 
+def printable_reply(v: Any, depth: int = 0) -> Any:
+    """An agent's reply with every string one printable line (``log_text``): launch prints its version, sinks,
+    problems and warnings on the user's terminal, where an escape sequence would act."""
+    from infersight.sanitize import log_text
+
+    if isinstance(v, str):
+        return log_text(v)
+    if depth >= 32:  # deeper than any reply the agent makes
+        return None
+    if isinstance(v, dict):
+        return {log_text(k): printable_reply(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, list):
+        return [printable_reply(x, depth + 1) for x in v]
+    return v
+
+
 def joined_spool(joined: Joined, paths: Any) -> str | None:
     """Where CMD's hooks spool when launch joined an agent: the agent's ``agent.spool_dir`` (what it replays after
     a restart; a spool the agent never reads keeps what it holds from every sink), unless the environment names
@@ -95,32 +111,36 @@ def joined_spool(joined: Joined, paths: Any) -> str | None:
     if os.environ.get("INFERSIGHT_SPOOL_DIR"):
         return None
     spool = joined.info.get("spool_dir")
-    if not isinstance(spool, str) or not spool.startswith("/") or not _trusted_agent(joined, paths):
+    if not isinstance(spool, str) or not spool.startswith("/") \
+            or fallback_distrust(joined.path, joined.fd, paths):
         return None
     # the hooks make it (0700) when it is not there yet and its parent lets them
     there = spool if os.path.isdir(spool) else os.path.dirname(spool.rstrip("/"))
     return spool if os.access(there, os.W_OK | os.X_OK) else None
 
 
-def _trusted_agent(joined: Joined, paths: Any) -> bool:
-    """Whether the joined agent may say where CMD's hooks spool (they grant the spool directory's owner read access
-    to their files): any agent at a socket of the system's or the operator's choosing, but at a per-user fallback
-    (``/tmp/infersight-<uid>``, ``$XDG_RUNTIME_DIR/infersight``), which another local user could have made first
-    with an agent of its own in it, only one the hooks would connect to: its directory passes their rule and the
-    kernel says the peer is this user, root or the directory's owner (the hooks' own rule, ``_connection``)."""
-    owner = paths.fallback_owner(joined.path)
+def fallback_distrust(path: str, fd: int, paths: Any) -> str | None:
+    """Why not to trust the agent connected on ``fd`` at ``path``, or None. Any agent at a socket of the system's
+    or the operator's choosing is trusted; at a per-user fallback (``/tmp/infersight-<uid>``,
+    ``$XDG_RUNTIME_DIR/infersight``), which another local user could have made first with an agent of its own in
+    it, only one the hooks would connect to: its directory passes their rule and the kernel says the peer is this
+    user, root or the directory's owner (the hooks' own rule, ``_connection``). Launch sends such an agent
+    nothing (CMD's argv, its stderr) and takes nothing from it (what it prints, where CMD spools)."""
+    owner = paths.fallback_owner(path)
     if owner is None:
-        return True
+        return None
     import socket
     import struct
 
     try:
-        paths.check_socket_dir(os.path.dirname(os.path.abspath(joined.path)), owner)
-        with socket.socket(fileno=os.dup(joined.fd)) as sock:  # SO_PEERCRED: pid, uid, gid
+        paths.check_socket_dir(os.path.dirname(os.path.abspath(path)), owner)
+        with socket.socket(fileno=os.dup(fd)) as sock:  # SO_PEERCRED: pid, uid, gid
             peer_uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-    except (OSError, ValueError):
-        return False
-    return peer_uid in (0, os.geteuid(), owner)
+    except (OSError, ValueError) as exc:
+        return "not trusting the process at %s: %s" % (path, exc)
+    if peer_uid not in (0, os.geteuid(), owner):
+        return "not trusting the process at %s: it runs as uid %d, not as this user or root" % (path, peer_uid)
+    return None
 
 
 def exit_status(returncode: int) -> int:

@@ -48,6 +48,7 @@ from infersight.agent.commands.launch_base import (
     exit_status,
     joined_spool,
     log_events_for,
+    printable_reply,
 )
 from infersight.agent.commands.launch_session import (
     _quiet_logging,
@@ -176,7 +177,7 @@ class JoinedSession:
                 writer.close()
                 continue
             if reply is not None and reply.get("t") == "subscribed":
-                self.joined.info = reply
+                self.joined.info = printable_reply(reply)
                 return reader, writer
             writer.close()
         return None

@@ -23,11 +23,15 @@ def query_status(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
     """Ask a running agent for its health over its socket."""
     import socket
 
-    from infersight.hooks import _wire
+    from infersight.agent.commands.launch_base import fallback_distrust, printable_reply
+    from infersight.hooks import _paths, _wire
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(path)
+        distrust = fallback_distrust(path, s.fileno(), _paths)
+        if distrust:  # another user's process at this user's fallback socket: its health is no agent's
+            raise OSError(distrust)
         s.sendall(_wire.STATUS_FRAME)
         buf = b""
         while True:
@@ -38,7 +42,7 @@ def query_status(path: str, timeout_s: float = 3.0) -> dict[str, Any]:
                 msg = _wire.decode_payload(frames[0])
                 if msg is None:
                     raise OSError("agent sent a malformed frame")
-                return msg
+                return dict(printable_reply(msg))
             chunk = s.recv(65536)
             if not chunk:
                 raise OSError("agent closed the connection")
