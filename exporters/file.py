@@ -58,6 +58,45 @@ def current_umask() -> int | None:
     return None
 
 
+OWNER_MARK = b'{"key":"process.user.id","value":{"intValue":"'  # a line's first: its resource's (keys are escaped)
+OWNER_LOOK = 1 << 16  # how far into a line its owner is looked for (a resource's attributes come first)
+READ_CHUNK = 8 << 20
+
+
+def read_owners(fd: int) -> dict[int, int]:
+    """The bytes of each uid's lines in the file open on ``fd`` (every line is one producer uid's records, or
+    the agent's own, which count for nobody): 0.23 s for 256 MiB of 6.5 KiB lines, read once at start."""
+    out: dict[int, int] = {}
+    rest, off = b"", 0
+    while True:
+        chunk = os.pread(fd, READ_CHUNK, off)
+        if not chunk:
+            return out
+        off += len(chunk)
+        buf, start = rest + chunk, 0
+        while (nl := buf.find(b"\n", start)) >= 0:
+            i = buf.find(OWNER_MARK, start, min(nl, start + OWNER_LOOK))
+            if i >= 0:
+                j = i + len(OWNER_MARK)
+                k = buf.find(b'"', j, j + 12)
+                if k > j and buf[j:k].isdigit():
+                    uid = int(buf[j:k])
+                    out[uid] = out.get(uid, 0) + nl + 1 - start
+            start = nl + 1
+        rest = buf[start:]
+
+
+def _path_owners(path: str) -> dict[int, int] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        return read_owners(fd)
+    finally:
+        os.close(fd)
+
+
 def _narrow_to_umask(fd: int, mask: int) -> None:
     """A file of the agent's state directory made before a stricter umask (an upgrade from
     UMask=0027 to 0077 left the default OTLP file group-readable by every model server's uid)
@@ -109,8 +148,10 @@ class FileExporter:
         self.partial_lines_removed = 0  # partial lines found at open (records lost before)
         self.records_refused_uid_budget = 0  # records of a uid over its share whose write would push out another's
         self.last_error = ""
-        # Bytes each uid wrote to the file (first) and to each rotation of this run, newest first.
+        # Bytes each uid wrote to the file (first) and to each rotation, newest first; what an earlier run left
+        # there is read at the first open (``_count_earlier_run``).
         self._uid_bytes: deque[dict[int, int]] = deque([{}])
+        self._counted_earlier_run = False
 
     async def start(self) -> None:
         import asyncio  # here, not at the top: launch's quick end writes without an event loop
@@ -128,22 +169,44 @@ class FileExporter:
                 fd = open_state_file(self.state_dir, self._rel, flags, 0o600)
                 mask = (current_umask() or 0) | PRIVATE_MASK
                 _narrow_to_umask(fd, mask)
+                rotations: list[dict[int, int] | None] = []
                 for n in range(1, self.backups + 1):
                     try:
                         bfd = open_state_file(self.state_dir, "%s.%d" % (self._rel, n), os.O_RDONLY, 0)
                     except OSError:
+                        rotations.append(None)
                         continue
-                    _narrow_to_umask(bfd, mask)
-                    os.close(bfd)
+                    try:
+                        _narrow_to_umask(bfd, mask)
+                        rotations.append(None if self._counted_earlier_run else read_owners(bfd))
+                    finally:
+                        os.close(bfd)
             else:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 fd = os.open(self.path, flags, 0o666)
+                rotations = [] if self._counted_earlier_run else [
+                    _path_owners("%s.%d" % (self.path, n)) for n in range(1, self.backups + 1)]
             try:
                 self._size = self._repair(fd)
+                if not self._counted_earlier_run:
+                    self._count_earlier_run([read_owners(fd), *rotations])
             except OSError:
                 os.close(fd)
                 raise
             self._fd = fd
+
+    def _count_earlier_run(self, owners: list[dict[int, int] | None]) -> None:
+        """At the first open: what an earlier run (an agent before its restart) left in the file and its rotations
+        (``owners``, newest first, None where a rotation is missing) counts for the uids that wrote it, as this
+        run's writes do, so that a flood after a restart may not rotate out what was kept from before it, and a
+        uid alone on the host stays alone (``read_owners``)."""
+        self._counted_earlier_run = True
+        chain: list[dict[int, int]] = []
+        for o in owners:  # a rotation goes as far as the first missing file
+            if o is None:
+                break
+            chain.append(o)
+        self._uid_bytes = deque(chain or [{}])
 
     def _repair(self, fd: int) -> int:
         """Cut a trailing partial line; returns the size of the complete lines."""
@@ -199,10 +262,10 @@ class FileExporter:
         self._open()
 
     def _may_rotate(self, uid: int | None) -> bool:
-        """Whether a write of ``uid`` may rotate the file. A rotation deletes the oldest file once every
-        rotation exists: not for a uid that holds more than its share of what is kept, when that file holds
-        another uid's records (a member's flood of logs rotated a victim's records out of every file within
-        a second). A uid alone on the host, or under its share, rotates as before."""
+        """Whether ``uid`` may write (and so, sooner or later, rotate the file). A rotation deletes the oldest
+        file once every rotation exists: not for a uid that holds more than its share of what is kept, when that
+        file holds another uid's records (a member's flood of logs rotated a victim's records out of every file
+        within a second). A uid alone on the host, or under its share, writes as before."""
         if uid is None or len(self._uid_bytes) <= self.backups:
             return True
         if not any(n for u, n in self._uid_bytes[-1].items() if u != uid):
@@ -212,17 +275,18 @@ class FileExporter:
 
     def _write(self, parts: list[_Part]) -> None:
         """One write of every part, so that a batch is written whole or retried whole (never half of it
-        twice). A part whose uid may not rotate the file (``_may_rotate``) is left out when the batch would."""
+        twice). A part whose uid may not rotate the file (``_may_rotate``) is left out of every write, not only
+        of the one that rotates: a flood that filled the file to the brim had the next write of anybody else
+        (the agent's own items, every few seconds) rotate its victim's records out."""
         self._open()
-        if self._size and self._size + sum(len(p.data) for p in parts) > self.max_bytes:
-            refused = [p for p in parts if not self._may_rotate(p.uid)]
-            if refused:
-                self.records_refused_uid_budget += sum(p.items for p in refused)
-                parts = [p for p in parts if p not in refused]
+        refused = [p for p in parts if not self._may_rotate(p.uid)]
+        if refused:
+            self.records_refused_uid_budget += sum(p.items for p in refused)
+            parts = [p for p in parts if p not in refused]
             if not parts:
                 return
-            if self._size + sum(len(p.data) for p in parts) > self.max_bytes:
-                self._rotate()
+        if self._size and self._size + sum(len(p.data) for p in parts) > self.max_bytes:
+            self._rotate()
         assert self._fd is not None
         fd, start = self._fd, self._size
         data = parts[0].data if len(parts) == 1 else b"".join(p.data for p in parts)

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from infersight.agent.daemon.assemble import Assembler
 from infersight.exporters.base import ExportError
-from infersight.exporters.file import FileExporter
+from infersight.exporters.file import FileExporter, read_owners
 from infersight.exporters.otlp_json import encode_lines
 from infersight.telemetry import ColdStart, LogItem, MetricItem, NumberPoint, Origin, Resource, SpanItem
 
@@ -172,8 +172,12 @@ def test_a_new_state_file_is_private_under_any_umask(tmp_path: Path, umask: int)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
 
 
-def _log(uid: int, body: str) -> LogItem:
-    return LogItem(Resource.of({"service.name": "u%d" % uid, "process.user.id": uid}), 1, 9, "INFO", body)
+def _log(uid: int | None, body: str) -> LogItem:
+    """A producer's log record (``uid`` None: the agent's own, with no producer uid)."""
+    attrs: dict[str, object] = {"service.name": "u%s" % uid}
+    if uid is not None:
+        attrs["process.user.id"] = uid
+    return LogItem(Resource.of(attrs), 1, 9, "INFO", body)
 
 
 def _bodies(path: Path) -> list[str]:
@@ -215,6 +219,68 @@ async def test_one_uid_alone_rotates_its_own_records_as_before(tmp_path: Path) -
     await fe.shutdown()
     assert fe.records_refused_uid_budget == 0 and fe.rotations > 20
     assert "run-399 " + "x" * 1000 in _bodies(path)
+
+
+async def test_a_flood_cannot_rotate_the_victims_record_out_through_the_agents_own_writes(tmp_path: Path) -> None:
+    """The flood was refused only for the write that would rotate: it still filled each new file to the brim, and
+    the next write of the agent's own items (every few seconds) rotated the victim's records out (a red-team
+    review lost them within 10 s). A uid over its share is now left out of every write."""
+    path = tmp_path / "out.otlp.jsonl"
+    fe = FileExporter(str(path), max_bytes=16 << 10, backups=2)
+    await fe.start()
+    await fe.export([_log(1002, "victim-record")])
+    for i in range(400):
+        await fe.export([_log(1001, "flood-%d " % i + "x" * 1000)])
+        if i % 10 == 0:
+            await fe.export([_log(None, "agent-own-%d" % i)])
+    await fe.shutdown()
+    assert "victim-record" in _bodies(path), fe.state()
+    assert fe.records_refused_uid_budget > 300, fe.state()
+
+
+async def test_a_flood_after_a_restart_cannot_rotate_out_what_was_kept_before_it(tmp_path: Path) -> None:
+    """What an earlier agent left in the file and its rotations counts for the uids that wrote it: a flood
+    after a restart rotated out every record kept from before it (the table covered this run only)."""
+    path = tmp_path / "out.otlp.jsonl"
+    fe = FileExporter(str(path), max_bytes=16 << 10, backups=2)
+    await fe.start()
+    await fe.export([_log(1002, "victim-before-the-restart")])
+    for i in range(30):  # the file and both rotations exist, the victim's record in the oldest
+        await fe.export([_log(1003, "other-%d " % i + "x" * 1000)])
+    await fe.shutdown()
+    assert "victim-before-the-restart" in _bodies(path)
+    again = FileExporter(str(path), max_bytes=16 << 10, backups=2)  # the restarted agent
+    await again.start()
+    for i in range(400):
+        await again.export([_log(1001, "flood-%d " % i + "x" * 1000)])
+    await again.shutdown()
+    assert "victim-before-the-restart" in _bodies(path), again.state()
+    assert again.records_refused_uid_budget > 300, again.state()
+
+
+async def test_one_uid_alone_after_a_restart_rotates_as_before(tmp_path: Path) -> None:
+    """Reading the owners at start keeps a uid alone on the host alone: its earlier records are its own."""
+    path = tmp_path / "out.otlp.jsonl"
+    for run in range(2):
+        fe = FileExporter(str(path), max_bytes=16 << 10, backups=2)
+        await fe.start()
+        for i in range(200):
+            await fe.export([_log(1001, "run%d-%d " % (run, i) + "x" * 1000)])
+        await fe.export([_log(None, "agent-own")])
+        await fe.shutdown()
+        assert fe.records_refused_uid_budget == 0, fe.state()
+    assert "run1-199 " + "x" * 1000 in _bodies(path)
+
+
+def test_the_owners_of_a_file_are_read_by_line(tmp_path: Path) -> None:
+    path = tmp_path / "out.otlp.jsonl"
+    lines = encode_lines([_log(1001, "a")]) + encode_lines([_log(None, "own")]) + encode_lines([_log(7, "b" * 100)])
+    path.write_text("\n".join(lines) + "\n")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_owners(fd) == {1001: len(lines[0]) + 1, 7: len(lines[2]) + 1}
+    finally:
+        os.close(fd)
 
 
 async def test_a_batch_of_several_uids_is_written_whole_or_not_at_all(tiny_fs: Path) -> None:
