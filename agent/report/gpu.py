@@ -10,6 +10,7 @@ tracks from the ``hw.*``/``infersight.device.*`` metrics and ``device`` logs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -250,6 +251,41 @@ def _opt(f: Callable[..., float], a: float | None, b: float | None) -> float | N
     return f(vals) if vals else None
 
 
+def collapse(bounds: list[float], counts: list[int], onto: list[float]) -> list[int]:
+    """Per-bucket ``counts`` over ``bounds`` added up onto the buckets of ``onto``, a subset of ``bounds``
+    (every edge of ``onto`` is one of ``bounds``: each bucket falls within one of ``onto``'s)."""
+    out = [0] * (len(onto) + 1)
+    j = 0
+    for i, c in enumerate(counts):
+        upper = bounds[i] if i < len(bounds) else math.inf
+        while j < len(onto) and onto[j] < upper:
+            j += 1
+        out[j] += c
+    return out
+
+
+def _add_point(m: HistogramPoint, p: HistogramPoint) -> None:
+    """Add ``p`` into ``m`` (one series, two producers). Points of other bounds (an agent before and after an
+    upgrade: the request-duration bounds were refined, the earlier ones kept) are added on the edges both have."""
+    if len(p.bucket_counts) != len(p.bounds) + 1:
+        return
+    if m.bounds == p.bounds:
+        m.bucket_counts = [x + y for x, y in zip(m.bucket_counts, p.bucket_counts, strict=True)]
+    else:
+        common = sorted(set(m.bounds) & set(p.bounds))
+        m.bucket_counts = [x + y for x, y in zip(collapse(m.bounds, m.bucket_counts, common),
+                                                 collapse(list(p.bounds), list(p.bucket_counts), common), strict=True)]
+        m.bounds = common
+    m.count, m.sum = m.count + p.count, m.sum + p.sum
+    m.min, m.max = _opt(min, m.min, p.min), _opt(max, m.max, p.max)
+
+
+def _is_device(k: SeriesKey) -> bool:
+    """Whether a series is a device's: requests timed with no device (the ASGI/WSGI middleware's HTTP requests,
+    a ``hooks.request()`` that names none) are ``unknown``, and no device row."""
+    return k[0] not in ("unknown", "?", "")
+
+
 def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
     rows: dict[SeriesKey, DeviceRow] = {}
     # Histograms are cumulative per producer: add up the latest point of each producer per series.
@@ -257,12 +293,12 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
     for (k, _), h in _latest([h for h in t.histograms if h.name == DURATION]).items():
         p = h.point
         m = merged.get(k)
+        if not _is_device(k) or len(p.bucket_counts) != len(p.bounds) + 1:
+            continue
         if m is None:
             merged[k] = HistogramPoint(list(p.bounds), list(p.bucket_counts), p.count, p.sum, p.min, p.max)
-        elif m.bounds == p.bounds and len(m.bucket_counts) == len(p.bucket_counts):
-            m.bucket_counts = [x + y for x, y in zip(m.bucket_counts, p.bucket_counts, strict=True)]
-            m.count, m.sum = m.count + p.count, m.sum + p.sum
-            m.min, m.max = _opt(min, m.min, p.min), _opt(max, m.max, p.max)
+        else:
+            _add_point(m, p)
     for k, m in merged.items():
         rows[k] = DeviceRow(k[0], names.get(k[0], ""), k[1], k[2], k[3], m.count,
                             hist_quantile(m.bounds, m.bucket_counts, 0.5, m.min, m.max),
@@ -271,7 +307,7 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
     for s in t.samples:
         if s.name == COEFFICIENT:
             k = _series_key(s.attributes)
-            if k not in coef or coef[k][0] <= s.time_ns:
+            if _is_device(k) and (k not in coef or coef[k][0] <= s.time_ns):
                 coef[k] = (s.time_ns, s.value)
     for k, (_, v) in coef.items():
         row = rows.setdefault(k, DeviceRow(k[0], names.get(k[0], ""), k[1], k[2], k[3], None, None, None, "", None, "",
@@ -279,22 +315,31 @@ def _device_rows(t: Telemetry, names: dict[str, str]) -> list[DeviceRow]:
         row.coefficient = v
         row.verdict = row.verdict or "ok"
         row.detail = row.detail or "coefficient published, no slow verdict logged"
+    # The agent logs a verdict when it changes (turns slow, changes cause, leaves slow) and publishes the
+    # coefficient at every evaluation: the newest of the two says the figures. A log's P50/P99/count/coefficient
+    # are of its own window; a coefficient published after it is newer (its histogram, too), and a verdict
+    # that is no longer slow with a coefficient after it has become ok (the agent logs no ok after a non-slow one).
     verdict_logs = sorted((x for x in t.logs if "infersight.device.verdict" in x.attributes), key=lambda x: x.time_ns)
     for x in verdict_logs:
         a = x.attributes
         k = _series_key(a)
+        if not _is_device(k):
+            continue
         row = rows.setdefault(k, DeviceRow(k[0], str(a.get("hw.name") or names.get(k[0], "")), k[1], k[2], k[3],
                                            None, None, None, "", None, "", "", ""))
         row.verdict = str(a.get("infersight.device.verdict"))
         row.cause = str(a.get("infersight.device.cause") or "") if row.verdict == "slow" else ""
         row.detail = x.body
+        if k in coef and coef[k][0] > x.time_ns:  # a newer coefficient (and histogram) hold the figures
+            if row.verdict != "slow":
+                row.verdict, row.detail = "ok", "coefficient published after: %s" % x.body
+            continue
         p50, p99 = num(a.get("infersight.request.p50_s")), num(a.get("infersight.request.p99_s"))
         if p50 is not None and p99 is not None:
             row.p50_s, row.p99_s, row.source = p50, p99, "verdict"
             cnt = num(a.get("infersight.request.count"))
             row.count = int(cnt) if cnt is not None else row.count
-        c = num(a.get("infersight.device.coefficient"))
-        row.coefficient = c if c is not None else row.coefficient
+        row.coefficient = num(a.get("infersight.device.coefficient"))  # none with insufficient_data: none now
     for row in rows.values():
         if not row.verdict and row.count:  # the agent logs no no_peers verdict: none is known, not "no peer"
             row.detail = NO_VERDICT
