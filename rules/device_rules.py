@@ -39,6 +39,7 @@ THROTTLE_REASON_NAMES: tuple[str, ...] = tuple(name for _, name in THROTTLE_REAS
 
 # In priority order: the first that applies is a slow device's cause.
 CAUSES = (
+    "gpu_lost",  # NVML lost the GPU in the window (hw.state failed): whatever its samples before said
     "thermal_throttling",
     "power_throttling",
     "pcie_link_degraded",

@@ -99,6 +99,15 @@ def describe(h: dict[str, Any]) -> str:
         hung = " (for %s s)" % nv["hung_s"] if nv.get("hung_s") is not None else ""
         lines.append("  %-22s %s" % ("nvml", "driver %s, %s device(s)" % (nv.get("driver_version"), nv.get("devices"))
                                      if nv.get("available") else "not available%s: %s" % (hung, nv.get("reason"))))
+        # The devices' own state (the agent's health is its pipeline's: these do not make it unhealthy).
+        for key, label in (("failed_devices", "devices FAILED (lost)"), ("slow_devices", "devices slow"),
+                           ("degraded_devices", "devices degraded (ECC)")):
+            named = nv.get(key)
+            if isinstance(named, list) and named:
+                lines.append("  %-22s %s" % (label, ", ".join(str(d) for d in named)))
+    oom = h.get("oom")
+    if isinstance(oom, dict) and oom.get("classified") is not None:
+        lines.append("  %-22s %s classified" % ("ooms", oom.get("classified")))
     lines += ["  exporter %-12s peer_up=%s exported=%s errors=%s retries=%s queued=%s spooled=%s dropped=%s" % (
         e.get("name"), e.get("peer_up"), e.get("exported_items"), e.get("export_errors"), e.get("retries"),
         e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items"))

@@ -59,6 +59,7 @@ class WindowState:
     # busy, another compute process present, and no sample of the window had per-process use read
     other_present_samples: int = 0
     lost: bool = False
+    lost_detail: str | None = None  # what NVML said when it lost the GPU
     pcie_detail: str | None = None  # e.g. "Gen3 x8 of Gen5 x16", from the last degraded sample
     other_detail: str | None = None  # the other processes seen most, e.g. "pid 4242 (uid 1001, python3) ..."
 
@@ -186,9 +187,11 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds,
     detail: str | None = None
     ecc = _Rise(), _Rise()  # corrected, uncorrected
     lost = False
+    lost_detail: str | None = None
     for s in samples:
         if s.lost:
             lost = True
+            lost_detail = s.lost_reason or lost_detail
             continue
         ecc[0].add(s.ecc_corrected_volatile)
         ecc[1].add(s.ecc_uncorrected_volatile)
@@ -219,6 +222,7 @@ def summarize_samples(samples: Sequence[DeviceSample], th: DeviceThresholds,
         clocks_below_max_samples=clocks,
         ecc_errors=ecc[0].total + ecc[1].total,
         lost=lost,
+        lost_detail=lost_detail,
         pcie_detail=detail,
     )
     return w if own is None else with_neighbours(w, samples, th, own)
@@ -235,10 +239,14 @@ def with_neighbours(w: WindowState, samples: Sequence[DeviceSample], th: DeviceT
 
 def causes(w: WindowState | None, th: DeviceThresholds) -> list[tuple[str, str]]:
     """Every cause the window supports, in priority order, each with a one-line detail.
-    ``[("unknown", ...)]`` when none applies."""
-    if w is None or w.samples == 0:
-        return [("unknown", "no device samples in the window")]
+    ``[("unknown", ...)]`` when none applies. A GPU NVML lost in the window comes first, with what NVML said,
+    whether or not it was sampled before (a lost GPU's samples are no samples of it)."""
     out: list[tuple[str, str]] = []
+    if w is not None and w.lost:
+        out.append(("gpu_lost", f"NVML lost the GPU in the window: {w.lost_detail or 'GPU is lost'} "
+                                "(hw.state failed; it needs a GPU reset or a reboot)"))
+    if w is None or w.samples == 0:
+        return out or [("unknown", "no device samples in the window")]
     busy = w.busy_samples
     if busy and w.thermal_samples / busy >= th.throttle_share:
         out.append(("thermal_throttling", f"thermal throttling in {w.thermal_samples}/{busy} busy samples"))

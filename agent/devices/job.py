@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from infersight.agent.daemon.extension import AgentContext
 from infersight.agent.daemon.offloop import in_daemon_thread, within
-from infersight.agent.devices.metrics import RecordedSamples, device_metrics, nvml_unavailable
+from infersight.agent.devices.metrics import RecordedSamples, device_metrics, hw_id, nvml_unavailable
 from infersight.agent.devices.nvml import (
     DeviceEvent,
     DeviceSample,
@@ -53,6 +53,7 @@ from infersight.agent.devices.nvml import (
     Nvml,
     NvmlStatus,
     XidWatcher,
+    health_state,
     kept_in_window,
 )
 from infersight.latency import DEFAULT_WINDOW_S, NvmlDevice, RequestWindows, SeriesKey
@@ -168,6 +169,9 @@ class DeviceJob:
         self.samples: dict[str, deque[DeviceSample]] = {}  # hw.id -> the window's samples
         self.names: dict[str, str | None] = {}
         self.states: dict[str, HwState] = {}  # hw.id -> "degraded" for slow devices
+        # hw.id -> the sampler's own state where it is not ok (failed: lost; degraded: uncorrected ECC errors or
+        # a failed row remap), as of the last sample (kept while NVML does not answer)
+        self.sampled_states: dict[str, HwState] = {}
         self.verdicts: dict[SeriesKey, DeviceVerdict] = {}
         self._last: dict[SeriesKey, tuple[str, str | None]] = {}
         self._watch_events: deque[DeviceEvent] = deque(maxlen=4096)
@@ -224,6 +228,8 @@ class DeviceJob:
             "devices": st.device_count if st is not None else 0,
             "xid_watcher": bool(self.watcher is not None and self.watcher.running),
             "slow_devices": sorted(k for k, v in self.states.items() if v == "degraded"),
+            "failed_devices": sorted(k for k, v in self.sampled_states.items() if v == "failed"),  # lost
+            "degraded_devices": sorted(k for k, v in self.sampled_states.items() if v == "degraded"),  # ECC
             "slow_coefficient": self.thresholds.slow_coefficient,  # which device rules are in force
         }
 
@@ -435,8 +441,12 @@ class DeviceJob:
         # every series' PIDs: read at most once a tick, and only for a sample crowded enough to be cut
         timing = functools.cache(lambda: requests.window.timing_pids() if requests is not None else frozenset())
         devices: list[NvmlDevice] = []
+        states: dict[str, HwState] = {}
         for s in samples:
             devices.append(NvmlDevice(s.index, s.uuid, s.name))
+            state = health_state(s)
+            if state != "ok":
+                states[hw_id(s)] = state
             if s.uuid is None:
                 continue
             self.names[s.uuid] = s.name
@@ -444,6 +454,7 @@ class DeviceJob:
             if q is None:
                 q = self.samples[s.uuid] = deque(maxlen=MAX_WINDOW_SAMPLES)
             q.append(kept_in_window(s, timing))
+        self.sampled_states = states
         for q in self.samples.values():
             while q and q[0].time_ns < horizon:
                 q.popleft()

@@ -158,6 +158,7 @@ class DeviceSample:
     vendor: str = "nvidia"
     state: HwState = "ok"
     lost: bool = False
+    lost_reason: str | None = None  # what NVML said when it lost the GPU (lost samples only)
     utilization_gpu_pct: int | None = None
     utilization_memory_pct: int | None = None
     memory_used_bytes: int | None = None
@@ -257,7 +258,7 @@ class Nvml:
         self._handles: dict[int, Any] = {}
         self._ident: dict[int, tuple[str | None, str | None]] = {}
         self._nvlinks: dict[int, tuple[int, ...]] = {}
-        self._lost: set[int] = set()
+        self._lost: dict[int, str] = {}  # device index -> what NVML said when it was lost
         self._events: list[DeviceEvent] = []
         self._host_pidns: bool | None = None
         self._clock_event_call = _CLOCK_EVENT_CALLS[0]  # the older name once the driver lacks this one
@@ -629,7 +630,7 @@ class Nvml:
         with self._lock:
             if index in self._lost:
                 return
-            self._lost.add(index)
+            self._lost[index] = reason
             uuid = self._ident.get(index, (None, None))[0]
             self._events.append(
                 DeviceEvent(now, "gpu_lost", index, uuid, _ERROR_GPU_IS_LOST, f"GPU {index} lost: {reason}")
@@ -638,7 +639,10 @@ class Nvml:
 
     def _lost_sample(self, index: int, now: int) -> DeviceSample:
         uuid, name = self._ident.get(index, (None, None))
-        return DeviceSample(time_ns=now, index=index, uuid=uuid, name=name, state="failed", lost=True)
+        with self._lock:
+            reason = self._lost.get(index)
+        return DeviceSample(time_ns=now, index=index, uuid=uuid, name=name, state="failed", lost=True,
+                            lost_reason=reason)
 
     def pop_events(self) -> list[DeviceEvent]:
         """Events raised while sampling (lost GPUs), oldest first; each is returned once."""

@@ -124,6 +124,8 @@ def run(fake_libdir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             [sys.executable, "-m", "infersight", "status", "--json", "--socket", str(root / "agent.sock")],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
+        text = subprocess.run([sys.executable, "-m", "infersight", "status", "--socket", str(root / "agent.sock")],
+                              capture_output=True, text=True, timeout=30, check=False)
         t0 = time.monotonic()
         agent.send_signal(signal.SIGTERM)
         rc = agent.wait(20)
@@ -135,7 +137,8 @@ def run(fake_libdir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     log = (root / "agent.log").read_text()
     assert ok, log
     return {
-        "lines": read_otlp_lines(out), "status": status, "cli": cli, "rc": rc, "stop_s": stop_s, "log": log,
+        "lines": read_otlp_lines(out), "status": status, "cli": cli, "text": text, "rc": rc, "stop_s": stop_s,
+        "log": log,
     }  # fmt: skip
 
 
@@ -221,7 +224,14 @@ def test_health_reports_nvml(run: dict[str, Any]) -> None:
     assert nv["devices"] == 3
     assert nv["driver_version"] == "0.0.fake"
     assert nv["slow_devices"] == [UUID % 1]
+    assert nv["failed_devices"] == [UUID % 2]  # lost mid-run
+    assert nv["degraded_devices"] == []
     assert json.loads(run["cli"].stdout)["nvml"]["reason"] is None
+    # The text says which GPU fell off the bus and which is slow; the agent itself is healthy (exit 0).
+    lines = run["text"].stdout.splitlines()
+    assert "  devices FAILED (lost)  %s" % (UUID % 2) in lines, run["text"].stdout
+    assert "  devices slow           %s" % (UUID % 1) in lines
+    assert run["text"].returncode == 0 and "healthy" in lines[0]
     assert not metric_points(run["lines"], "infersight.nvml.available")  # only when unavailable
 
 

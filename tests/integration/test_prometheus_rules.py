@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "InfersightGpuThrottling",
     "InfersightPcieLinkDegraded",
     "InfersightGpuLost",
+    "InfersightGpuEccDegraded",
     "InfersightAgentLosingEvents",
     "InfersightColdStartRegression",
     "InfersightColdStartSlowWeights",

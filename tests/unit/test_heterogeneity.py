@@ -215,7 +215,7 @@ def test_examples_cover_every_cause_and_negative_cases() -> None:
 
 
 def test_window_keys_match_window_state() -> None:
-    fields = {f.name for f in dataclasses.fields(WindowState)} - {"pcie_detail", "other_detail"}
+    fields = {f.name for f in dataclasses.fields(WindowState)} - {"pcie_detail", "other_detail", "lost_detail"}
     assert set(WINDOW_KEYS) == fields
 
 
