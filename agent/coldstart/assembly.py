@@ -61,6 +61,27 @@ ROOT_ENDING_READY = frozenset((*_contract.READY_SIGNALS, "fork"))
 # Sees each finished cold start (its summary, and the event time it finished at) and returns
 # items that go out in the same batch, right after the summary (the fleet metrics).
 ColdStartObserver = Callable[[ColdStart, int], Iterable[Item]]
+RootKey = tuple[str, str, int | None]  # a root's trace and span id, and its producer's uid (:func:`root_key`)
+
+
+def span_uid(s: SpanItem) -> int | None:
+    """The uid of the producer that sent ``s`` (``process.user.id``, the kernel's word; None in-process)."""
+    v = s.resource.get("process.user.id")
+    return v if type(v) is int else None
+
+
+def root_key(s: SpanItem) -> RootKey:
+    """A root as the supervisors' bookkeeping knows it: ids are the producer's choice, so another
+    user's root of the same ids is another root."""
+    return s.trace_id, s.span_id, span_uid(s)
+
+
+def adopts(parent: int | None, child: int | None) -> bool:
+    """Whether a root of uid ``parent`` takes ``child``'s root as its worker: the same user's, or any
+    under root's (a root supervisor whose workers run as another user). Trace and span ids are no
+    secret (the MQTT ``coldstart`` message carries them): another user's process that names them
+    joins no cold start of this one, nor its tree's figure."""
+    return parent in (child, 0)
 
 
 @dataclass(slots=True)
@@ -117,8 +138,8 @@ class ColdStartAssembly:
         self.roots_closed_for_lost = 0  # cold-start roots the agent closed for a producer that died
         self.late_roots_of_lost = 0  # a producer's own root that arrived after that (not exported)
         self.pending_dropped_of_forgotten = 0
-        self.recent_roots: OrderedDict[str, SpanItem] = OrderedDict()  # for supervisors' workers
-        self.recent_covered: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()  # their trees' stages
+        self.recent_roots: OrderedDict[RootKey, SpanItem] = OrderedDict()  # for supervisors' workers
+        self.recent_covered: OrderedDict[RootKey, list[tuple[int, int]]] = OrderedDict()  # their trees' stages
 
     # -- the SpanHandler protocol ------------------------------------------------------
 
@@ -334,7 +355,7 @@ class ColdStartAssembly:
         # An explicit ``unattributed`` span explains a gap; it never counts as covered. A
         # worker's root is no stage of ours: its named stages cover our time in the tree's
         # figure only, and never its whole lifetime.
-        worker_covered = [iv for w in workers for iv in self.recent_covered.get(w.span_id, ())]
+        worker_covered = [iv for w in workers for iv in self.recent_covered.get(root_key(w), ())]
         total = root.end_ns - root.start_ns
         # The hooks' own figure when it is the larger: stages sent to an agent before a restart are not here.
         said = as_number(root.attributes.get(_contract.COVERED_S))
@@ -402,18 +423,20 @@ class ColdStartAssembly:
                           workers: list[tuple[int, int]]) -> None:
         """What a closed root's tree covers, for its supervisor (merged intervals, bounded
         like the roots)."""
-        self.recent_covered[root.span_id] = merge([*own, *workers])
+        self.recent_covered[root_key(root)] = merge([*own, *workers])
         while len(self.recent_covered) > MAX_RECENT_ROOTS:
             self.recent_covered.popitem(last=False)
 
     def _workers_of(self, root: SpanItem, stages: list[SpanItem]) -> list[SpanItem]:
-        """Roots of other processes (not helpers) already seen under this root or its stages;
-        remembers this root for its own parent."""
+        """Roots of other processes (not helpers) already seen under this root or its stages, that
+        it adopts (:func:`adopts`: its own user's, any under root's); remembers this root for its own
+        parent."""
         ids = {root.span_id, *(s.span_id for s in stages)}
+        uid = span_uid(root)
         workers = [r for r in self.recent_roots.values()
-                   if r.trace_id == root.trace_id and r.parent_span_id in ids
+                   if r.trace_id == root.trace_id and r.parent_span_id in ids and adopts(uid, span_uid(r))
                    and r.attributes.get(_contract.PROCESS_ROLE) != _contract.ROLE_HELPER]
-        self.recent_roots[root.span_id] = root
+        self.recent_roots[root_key(root)] = root
         if len(self.recent_roots) > MAX_RECENT_ROOTS:
             self.recent_roots.popitem(last=False)
         return sorted(workers, key=lambda r: r.start_ns)

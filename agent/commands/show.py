@@ -13,7 +13,10 @@ The file is read as a stream, in passes (``report.scan``): memory does not grow 
 Lines that do not parse (a last line cut short) are skipped with a note on stderr. A span that
 is in the file more than once (the same ``traceId`` and ``spanId``: a producer resent it to a
 restarted agent, delivery is at least once) counts once, the first; a note on stderr says how
-many repeats were skipped.
+many repeats were skipped. A process's waterfall holds only its own user's spans (the resource's
+``process.user.id``, the kernel's word): trace and span ids are no secret, and another user's spans
+that name them as parent are left out, with a line that counts them (``views.adopts``: a root
+process adopts any user's child processes, as a root ``launch`` whose CMD runs as another user).
 Exit 0; 1 when the file holds no cold start (text, json) or nothing to trace; 2 when it
 cannot be read.
 """
@@ -26,9 +29,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from infersight.agent.cli import command_help
 from infersight.agent.coldstart import storage_ceiling
-from infersight.agent.daemon.assemble import descendants
 from infersight.agent.report.parse import parse_lines
-from infersight.agent.report.views import dedupe_spans
+from infersight.agent.report.views import (
+    adopts,
+    by_parent_id,
+    dedupe_spans,
+    foreign_claims,
+    owner_uid,
+    span_key,
+    stages_of,
+)
 from infersight.coldstart_stages import merge, named_intervals
 from infersight.exporters.waterfall import is_helper, render_waterfall
 from infersight.hooks import _contract
@@ -44,34 +54,49 @@ def spans_from_lines(lines: list[str]) -> list[SpanItem]:
     return parse_lines(lines).spans
 
 
-def coldstarts(spans: list[SpanItem]) -> list[ColdStart]:
+Key = tuple[str, str, int | None]  # a root, as views.span_key names it
+
+
+def coldstarts(spans: list[SpanItem], foreign: dict[Key, int] | None = None) -> list[ColdStart]:
+    """One cold start per root: its stages of its trace that its own user's processes sent, and the
+    workers it adopts (``views.adopts``: its user's, or any under root's). ``foreign`` gets, per root
+    (``views.span_key``), how many spans of another user's process claimed a place in it, left out."""
     spans = dedupe_spans(spans)  # a span resent after a reconnect is in the file twice: count it once
-    staged = [s for s in spans if s.name.startswith("coldstart.")]
+    by_parent = by_parent_id(spans)
     roots = sorted((s for s in spans if s.name == "coldstart"), key=lambda s: s.start_ns)
     out = []
-    stages_of: dict[str, list[SpanItem]] = {}
-    workers_of: dict[str, list[SpanItem]] = {}
+    stages_by: dict[Key, list[SpanItem]] = {}
+    workers_of: dict[Key, list[SpanItem]] = {}
     for r in roots:
-        stages = stages_of[r.span_id] = sorted(descendants(r.span_id, staged), key=lambda s: s.start_ns)
+        stages = stages_by[span_key(r)] = sorted(stages_of(r, by_parent), key=lambda s: s.start_ns)
+        if foreign is not None:
+            foreign[span_key(r)] = foreign_claims(r, stages, by_parent)
         ids = {r.span_id, *(s.span_id for s in stages)}
-        workers_of[r.span_id] = [w for w in roots if w.parent_span_id in ids and w.trace_id == r.trace_id
-                                 and w.attributes.get(_contract.PROCESS_ROLE) != _contract.ROLE_HELPER]
+        workers_of[span_key(r)] = [w for w in roots if w.parent_span_id in ids and w.trace_id == r.trace_id
+                                   and w is not r and adopts(owner_uid(r), owner_uid(w))
+                                   and w.attributes.get(_contract.PROCESS_ROLE) != _contract.ROLE_HELPER]
     for r in roots:
-        covered = [iv for w in workers_of[r.span_id] for iv in _tree_covered(w, stages_of, workers_of, set())]
-        out.append(ColdStart(r, stages_of[r.span_id], workers_of[r.span_id], merge(covered)))
+        covered = [iv for w in workers_of[span_key(r)] for iv in _tree_covered(w, stages_by, workers_of, set())]
+        out.append(ColdStart(r, stages_by[span_key(r)], workers_of[span_key(r)], merge(covered)))
     return out
 
 
-def _tree_covered(root: SpanItem, stages_of: dict[str, list[SpanItem]], workers_of: dict[str, list[SpanItem]],
-                  seen: set[str]) -> list[tuple[int, int]]:
+def _tree_covered(root: SpanItem, stages_by: dict[Key, list[SpanItem]], workers_of: dict[Key, list[SpanItem]],
+                  seen: set[Key]) -> list[tuple[int, int]]:
     """What the named stages of ``root``'s process and of its workers (recursively) cover."""
-    if root.span_id in seen:  # a file that nests roots in a loop: each counts once
+    key = span_key(root)
+    if key in seen:  # a file that nests roots in a loop: each counts once
         return []
-    seen.add(root.span_id)
-    out = named_intervals(stages_of.get(root.span_id, []))
-    for w in workers_of.get(root.span_id, []):
-        out.extend(_tree_covered(w, stages_of, workers_of, seen))
+    seen.add(key)
+    out = named_intervals(stages_by.get(key, []))
+    for w in workers_of.get(key, []):
+        out.extend(_tree_covered(w, stages_by, workers_of, seen))
     return out
+
+
+def foreign_line(n: int) -> str:
+    """What ``show`` says under a waterfall that other users' spans claimed a place in."""
+    return "(%d span%s of another user's process claimed this trace; left out)" % (n, "" if n == 1 else "s")
 
 
 MAX_TEXT = 50  # cold starts (families) printed as text; past it, the slowest ones (as the page draws)
@@ -140,11 +165,12 @@ def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
         out.write("(%d cold starts in %s: the %d slowest are shown, oldest first; --format json has them all)\n\n"
                   % (len(rows), path, len(shown)))
     traces = set().union(*(r.traces for r in shown))
-    members = {(r.trace, r.span_id) for row in shown for r in row.flat}
+    members = {(r.trace, r.span_id, r.uid) for row in shown for r in row.flat}
     spans = dedupe_spans(s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces)
-    found = coldstarts(spans)
+    foreign: dict[Key, int] = {}
+    found = coldstarts(spans, foreign)
     if len(shown) < len(rows):  # the chosen families' processes, not the other cold starts of their traces
-        found = [cs for cs in found if (cs.root.trace_id, cs.root.span_id) in members]
+        found = [cs for cs in found if span_key(cs.root) in members]
     probes = [s for s in spans if s.name == "infersight.probe"]
     helpers = [cs for cs in found if is_helper(cs)]
     for cs in found:
@@ -152,8 +178,11 @@ def _text(sc: Scan, source: Source, path: str, out: TextIO) -> None:
             continue
         out.write(render_waterfall(cs, ceiling_of=storage_ceiling.ceiling_of) + "\n")
         for p in probes:
-            if p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id:
+            if (p.parent_span_id == cs.root.span_id and p.trace_id == cs.root.trace_id
+                    and owner_uid(p) == owner_uid(cs.root)):
                 out.write(probe_line(p) + "\n")
+        if foreign.get(span_key(cs.root)):
+            out.write(foreign_line(foreign[span_key(cs.root)]) + "\n")
         out.write("\n")
     if helpers:
         out.write("(%d helper process%s not shown: %s)\n" % (

@@ -156,6 +156,10 @@ def _coldstart(r: Report) -> str:
             out.append('<p class="summary" style="margin-left:%dpx">%s%s</p>' % (
                 16 * wf.depth, esc(" · ".join(parts)), (' <span class="muted">(%s)</span>' % esc(cmd)) if cmd else ""))
             out.append(waterfall_svg(wf, fam, "w%d" % uid))
+            if wf.foreign:
+                out.append('<p class="muted foreign" style="margin-left:%dpx">%d span%s of another user\'s process '
+                           "claimed this trace; left out.</p>" % (16 * wf.depth, wf.foreign,
+                                                                  "" if wf.foreign == 1 else "s"))
             if sm.weights_files:
                 out.append('<ul class="weights" style="margin-left:%dpx">%s</ul>' % (16 * wf.depth, "".join(
                     "<li>weights file %s</li>" % esc(describe(f)) for f in sm.weights_files)))

@@ -5,8 +5,10 @@ into a :class:`Scan`, which keeps, whatever the size of the files:
 
 - per cold start (a ``coldstart`` root span), a compact :class:`RootInfo` (ids, times, ready,
   the process's label), under 1 KB with its ranking;
-- per span, 8 bytes (a hash of its trace and span id, to count distinct spans), and 8 more for a
-  ``coldstart.*`` stage (its parent's hash, to tell which process started a nested cold start);
+- per span, 8 bytes (a hash of its trace and span id and its producer's uid, to count distinct
+  spans), and 8 more for a ``coldstart.*`` stage (its parent's hash, to tell which process started
+  a nested cold start: a process nests under another of its own user's, or under root's, never
+  under another user's: ``views.adopts``);
 - the metric points and log records the memory and device views use (the others are counted);
   a memory line (allocator, NVML used, NVML limit) is thinned while it is read: past
   2 x :data:`SERIES_POINTS` points, pairs of neighbours become their maximum (the first and last
@@ -37,7 +39,16 @@ from infersight.agent.report.gpu import (
     used_sample,
 )
 from infersight.agent.report.parse import HistSample, Sample, Telemetry
-from infersight.agent.report.views import ROOT, Family, is_oom, num, offset_ns, process_label, waterfalls
+from infersight.agent.report.views import (
+    ROOT,
+    Family,
+    is_oom,
+    num,
+    offset_ns,
+    process_label,
+    span_key,
+    waterfalls,
+)
 from infersight.hooks import _contract
 from infersight.telemetry import LogItem, SpanItem
 from infersight.weights_files import CeilingOf
@@ -64,6 +75,7 @@ class RootInfo:
     end_ns: int
     ready_s: float | None
     label: str  # "service (pid N)"
+    uid: int | None = None  # its producer's (process.user.id, the kernel's word)
 
     @property
     def total_s(self) -> float:
@@ -124,7 +136,7 @@ class Scan:
     span_keys: array[int] = field(default_factory=lambda: array("q"))
     stage_keys: array[int] = field(default_factory=lambda: array("q"))
     stage_parents: array[int] = field(default_factory=lambda: array("q"))
-    roots: dict[tuple[str, str], RootInfo] = field(default_factory=dict)
+    roots: dict[tuple[str, str, int | None], RootInfo] = field(default_factory=dict)
     spans_per_trace: dict[str, int] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)  # besides the memory lines
     lines_of_memory: dict[tuple[str, str, str], _Line] = field(default_factory=dict)
@@ -182,20 +194,22 @@ class Scan:
         self.t1_ns = t if self.t1_ns is None else max(self.t1_ns, t)
 
     def _span(self, s: SpanItem) -> None:
-        key = hash((s.trace_id, s.span_id))
+        ident = span_key(s)
+        key = hash(ident)
         self.span_keys.append(key)
         self._time(s.start_ns)
         self._time(s.end_ns)
         self.spans_per_trace[s.trace_id] = self.spans_per_trace.get(s.trace_id, 0) + 1
         if s.name == ROOT:
-            if (s.trace_id, s.span_id) not in self.roots:
+            if ident not in self.roots:
                 ready = num(s.attributes.get(_contract.READY_S))
-                self.roots[(s.trace_id, s.span_id)] = RootInfo(
+                self.roots[ident] = RootInfo(
                     s.trace_id, s.span_id, s.parent_span_id, s.start_ns, s.end_ns,
-                    ready if offset_ns(ready) is not None else None, process_label(s))
+                    ready if offset_ns(ready) is not None else None, process_label(s), ident[2])
         elif s.name.startswith("coldstart."):
             self.stage_keys.append(key)
-            self.stage_parents.append(hash((s.trace_id, s.parent_span_id)) if s.parent_span_id else 0)
+            # its parent of the same uid: a chain of stages stays within one user's spans
+            self.stage_parents.append(hash((s.trace_id, s.parent_span_id, ident[2])) if s.parent_span_id else 0)
         mem = [e for e in s.events if e.name in MEM_EVENTS]
         if mem and key not in self.mem_seen:
             self.mem_seen.add(key)
@@ -263,7 +277,8 @@ class Scan:
     def families(self) -> list[ColdStartRow]:
         """The cold starts as ``views.waterfalls`` groups them, oldest top process first, from the
         compact roots alone: a root whose parent span is another root, or a stage under one (the
-        same trace), nests under that root's process."""
+        same trace), nests under that root's process when it adopts it (``views.adopts``: the
+        same user's, else root's)."""
         roots = sorted(self.roots.values(), key=lambda r: r.start_ns)
         owner = self._owners(roots)
         children: dict[int, list[RootInfo]] = {}
@@ -288,10 +303,18 @@ class Scan:
 
     def _owners(self, roots: list[RootInfo]) -> dict[int, RootInfo]:
         """id(root) -> the root whose process its parent span belongs to: the parent span is that
-        root, or a stage whose chain of ``coldstart.*`` parents reaches it. The chains are walked
-        up one level per look through the stages, for every root at once."""
-        by_key = {hash((r.trace, r.span_id)): r for r in roots}
-        at: dict[int, int] = {id(r): hash((r.trace, r.parent)) for r in roots if r.parent}  # where each walk is
+        root, or a stage whose chain of ``coldstart.*`` parents reaches it, all of one user's (as
+        ``views`` draws a root's stages): the root's own user's first, else root's (uid 0)."""
+        owner = self._walk(roots, {id(r): hash((r.trace, r.parent, r.uid)) for r in roots if r.parent})
+        rest = {id(r): hash((r.trace, r.parent, 0)) for r in roots if r.parent and r.uid != 0 and id(r) not in owner}
+        owner.update(self._walk(roots, rest))
+        return owner
+
+    def _walk(self, roots: list[RootInfo], at: dict[int, int]) -> dict[int, RootInfo]:
+        """id(root) -> the root each walk (``at``: id(root) -> where it starts) reaches up its chain
+        of stages. The chains are walked up one level per look through the stages, for every root at
+        once."""
+        by_key = {hash((r.trace, r.span_id, r.uid)): r for r in roots}
         owner: dict[int, RootInfo] = {}
         seen: dict[int, set[int]] = {}
         while at:
@@ -355,9 +378,8 @@ def collect(source: Source, rows: list[ColdStartRow], ceiling_of: CeilingOf | No
         return []
     traces = set().union(*(r.traces for r in rows))
     spans = [s for chunk in source(traces) for s in chunk.spans if s.trace_id in traces]
-    tops = {(r.top.trace, r.top.span_id) for r in rows}
-    return [f for f in waterfalls(spans, ceiling_of)
-            if (f.processes[0].root.trace_id, f.processes[0].root.span_id) in tops]
+    tops = {(r.top.trace, r.top.span_id, r.top.uid) for r in rows}
+    return [f for f in waterfalls(spans, ceiling_of) if span_key(f.processes[0].root) in tops]
 
 
 def batches(sc: Scan, rows: list[ColdStartRow], max_spans: int) -> Iterator[list[ColdStartRow]]:

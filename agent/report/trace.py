@@ -249,6 +249,7 @@ def waterfall_json(families: list[Family]) -> dict[str, Any]:
                 "service": r.resource.get("service.name"), "pid": r.resource.get("process.pid"),
                 "trace_id": r.trace_id, "span_id": r.span_id, "parent_span_id": r.parent_span_id,
                 "nested_depth": wf.depth, "parent": wf.parent, "helper": wf.helper,
+                "foreign_spans_left_out": wf.foreign,
                 "start_unix_ns": r.start_ns, "total_s": sm.total_s, "ready_s": sm.ready_s,
                 "unattributed_s": sm.unattributed_s, "unattributed_share": sm.unattributed_share,
                 "biggest": [{"stage": n, "duration_s": d} for n, d in sm.biggest],

@@ -48,6 +48,30 @@ def stage_name(s: SpanItem) -> str:
     return s.name[len("coldstart."):] if s.name.startswith("coldstart.") else s.name
 
 
+OWNER = "process.user.id"  # the producer's uid, as the kernel told the agent (never the producer's word)
+
+
+def owner_uid(s: SpanItem) -> int | None:
+    """The uid of the process that sent ``s`` (None when the record carries none: an in-process
+    producer, the launcher's own root, a file of an older agent)."""
+    v = s.resource.get(OWNER)
+    return v if type(v) is int else None
+
+
+def adopts(parent: int | None, child: int | None) -> bool:
+    """Whether a process of uid ``parent`` nests ``child``'s cold start under its own: the same
+    user, or root (a root supervisor or launch whose CMD or workers run as another user). Never
+    the other way: trace and span ids are no secret (MQTT publishes them), and another user's
+    spans that name them are left out, counted (:attr:`ProcessWaterfall.foreign`)."""
+    return parent in (child, 0)
+
+
+def span_key(s: SpanItem) -> tuple[str, str, int | None]:
+    """A span's identity: its trace and span id, and its producer's uid (ids are chosen by the
+    producer: another user's span of the same ids is another span)."""
+    return s.trace_id, s.span_id, owner_uid(s)
+
+
 def process_label(s: SpanItem | LogItem) -> str:
     r = s.resource
     svc, pid = r.get("service.name"), r.get("process.pid")
@@ -93,6 +117,9 @@ class ProcessWaterfall:
     parent: str | None = None  # "pid N, during <stage>" for a nested process
     helper: bool = False
     children: list[ProcessWaterfall] = field(default_factory=list)
+    # Spans of another user's process that named this process's root or stages as their parent
+    # (its trace and span ids are no secret): not drawn, counted, said under the waterfall.
+    foreign: int = 0
 
 
 @dataclass(slots=True)
@@ -105,27 +132,55 @@ class Family:
 
 
 def dedupe_spans(spans: Iterable[SpanItem]) -> list[SpanItem]:
-    """The same file read twice (a path and its rotation) must not double a waterfall."""
-    seen: set[tuple[str, str]] = set()
+    """The same file read twice (a path and its rotation) must not double a waterfall. Another
+    user's span of the same ids is another span (:func:`span_key`): it does not replace this one."""
+    seen: set[tuple[str, str, int | None]] = set()
     out: list[SpanItem] = []
     for s in spans:
-        k = (s.trace_id, s.span_id)
+        k = span_key(s)
         if k not in seen:
             seen.add(k)
             out.append(s)
     return out
 
 
-def _stages_of(root: SpanItem, by_parent: dict[str, list[SpanItem]]) -> list[SpanItem]:
+def stages_of(root: SpanItem, by_parent: dict[str, list[SpanItem]]) -> list[SpanItem]:
+    """The ``coldstart.*`` spans under ``root`` (of its trace) that its own user's processes sent."""
     out: list[SpanItem] = []
+    uid = owner_uid(root)
     todo, seen = [root.span_id], {root.span_id}
     while todo:
         for child in by_parent.get(todo.pop(), []):
-            if child.span_id not in seen and child.name.startswith("coldstart.") and child.trace_id == root.trace_id:
+            if (child.span_id not in seen and child.name.startswith("coldstart.") and child.trace_id == root.trace_id
+                    and owner_uid(child) == uid):
                 seen.add(child.span_id)
                 out.append(child)
                 todo.append(child.span_id)
     return out
+
+
+def by_parent_id(spans: Iterable[SpanItem]) -> dict[str, list[SpanItem]]:
+    """Spans by their parent span id (those with one)."""
+    out: dict[str, list[SpanItem]] = {}
+    for s in spans:
+        if s.parent_span_id:
+            out.setdefault(s.parent_span_id, []).append(s)
+    return out
+
+
+def foreign_claims(root: SpanItem, stages: list[SpanItem], by_parent: dict[str, list[SpanItem]]) -> int:
+    """How many spans of another user's process name ``root`` or one of its ``stages`` as their
+    parent (in its trace) where the waterfall would draw them: a stage, a probe, or a process's
+    root that this one does not adopt (:func:`adopts`). They are left out of ``root``'s waterfall."""
+    uid = owner_uid(root)
+    n = 0
+    for s in (root, *stages):
+        for c in by_parent.get(s.span_id, []):
+            if c.trace_id != root.trace_id or not (c.name.startswith("coldstart") or c.name == PROBE):
+                continue
+            cu = owner_uid(c)
+            n += not adopts(uid, cu) if c.name == ROOT else cu != uid
+    return n
 
 
 def _ordered_rows(root: SpanItem, stages: list[SpanItem]) -> list[Row]:
@@ -208,32 +263,32 @@ def waterfalls(spans: list[SpanItem], ceiling_of: CeilingOf | None = None) -> li
     cold start (a worker, a rank) nests under that process. ``ceiling_of`` (a file's cached
     storage ceiling) fills in the ceiling ratio of a cold weights file that lacks one."""
     spans = dedupe_spans(spans)
-    by_parent: dict[str, list[SpanItem]] = {}
-    for s in spans:
-        if s.parent_span_id:
-            by_parent.setdefault(s.parent_span_id, []).append(s)
+    by_parent = by_parent_id(spans)
     roots = sorted((s for s in spans if s.name == ROOT), key=lambda s: s.start_ns)
-    owner: dict[tuple[str, str], ProcessWaterfall] = {}  # (trace, span id) -> the process it belongs to
+    owner: dict[tuple[str, str], list[ProcessWaterfall]] = {}  # (trace, span id) -> the processes it belongs to
     procs: list[ProcessWaterfall] = []
     for root in roots:
-        stages = _stages_of(root, by_parent)
+        stages = stages_of(root, by_parent)
         covered = [(s.start_ns, s.end_ns) for s in stages if stage_name(s) != UNATTRIBUTED]
         total = max(root.end_ns - root.start_ns, 1)
         gaps = [g for g in uncovered(root.start_ns, root.end_ns, covered) if g[1] - g[0] >= GAP_MIN_SHARE * total]
-        probes = [p for p in by_parent.get(root.span_id, []) if p.name == PROBE and p.trace_id == root.trace_id]
+        probes = [p for p in by_parent.get(root.span_id, []) if p.name == PROBE and p.trace_id == root.trace_id
+                  and owner_uid(p) == owner_uid(root)]
         summary = _summary(root, stages, gaps)
         summary.weights_files = files_of(ColdStart(root, stages), ceiling_of)
         wf = ProcessWaterfall(root, _ordered_rows(root, stages), gaps, _marks(root, stages, probes), summary,
                               helper=root.resource.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER
-                              or root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER)
+                              or root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER,
+                              foreign=foreign_claims(root, stages, by_parent))
         procs.append(wf)
         for s in (root, *stages):
-            owner.setdefault((root.trace_id, s.span_id), wf)
+            owner.setdefault((root.trace_id, s.span_id), []).append(wf)
+    chosen = {id(wf): p for wf in procs if (p := _parent_process(wf, owner)) is not None}
     tops: list[ProcessWaterfall] = []
     for wf in procs:
         r = wf.root
-        parent = owner.get((r.trace_id, r.parent_span_id or ""))
-        if parent is None or parent is wf or _is_under(parent, wf, owner):
+        parent = chosen.get(id(wf))
+        if parent is None or _is_under(parent, wf, chosen):
             tops.append(wf)
             continue
         during = next((row.label for row in parent.rows if row.span.span_id == r.parent_span_id), ROOT)
@@ -260,13 +315,24 @@ def _depth_first(top: ProcessWaterfall) -> list[ProcessWaterfall]:
     return flat
 
 
-def _is_under(parent: ProcessWaterfall, wf: ProcessWaterfall, owner: dict[tuple[str, str], ProcessWaterfall]) -> bool:
+def _parent_process(wf: ProcessWaterfall, owner: dict[tuple[str, str], list[ProcessWaterfall]]
+                    ) -> ProcessWaterfall | None:
+    """The process ``wf``'s root nests under: the one whose root or stage is its parent span, of
+    the same user first, else root's (:func:`adopts`); None when there is none."""
+    uid = owner_uid(wf.root)
+    found = [p for p in owner.get((wf.root.trace_id, wf.root.parent_span_id or ""), ())
+             if adopts(owner_uid(p.root), uid)]
+    best = min(found, key=lambda p: owner_uid(p.root) != uid, default=None)
+    return None if best is wf else best  # (its own span: bad data, a top of its own)
+
+
+def _is_under(parent: ProcessWaterfall, wf: ProcessWaterfall, chosen: dict[int, ProcessWaterfall]) -> bool:
     """True if ``parent`` already descends from ``wf`` (a cycle in bad data)."""
     cur = parent
     for _ in range(64):
         if cur is wf:
             return True
-        nxt = owner.get((cur.root.trace_id, cur.root.parent_span_id or ""))
+        nxt = chosen.get(id(cur))
         if nxt is None or nxt is cur:
             return False
         cur = nxt
