@@ -115,6 +115,28 @@ SERIES_METRIC = prometheus_name(SERIES_HELD)
 PromType = Literal["gauge", "counter", "histogram"]
 Labels = tuple[tuple[str, str], ...]
 
+
+def exposition_names(name: str, typ: PromType) -> tuple[str, ...]:
+    """Every name a family of Prometheus name ``name`` (``_total`` included for a counter) and type ``typ``
+    takes in an exposition: its family name and its samples' names. No two families may share one: a
+    producer's gauge ``process_cpu_time_seconds`` beside the agent's counter of that family had made two
+    families of one name, and the OpenMetrics parser refused the whole scrape ("Received metadata after
+    samples"); a gauge ``x_count`` beside a histogram ``x``, "Clashing name"."""
+    if typ == "counter":
+        base = name.removesuffix("_total")
+        return base, base + "_total", base + "_created"
+    if typ == "histogram":
+        return name, name + "_bucket", name + "_count", name + "_sum", name + "_created"
+    return (name,)
+
+
+# The names the endpoint renders itself (no item may take them), and ``target_info`` (made for resources).
+OWN_NAMES = frozenset(n for name, typ in (
+    (DROPPED_METRIC + "_total", "counter"), (SERIES_METRIC, "gauge"), (TARGET_INFO, "gauge"),
+    *((prometheus_name(spec), "gauge") for spec in (COLDSTART_ETA, COLDSTART_PROGRESS, ROUTING_WEIGHT,
+                                                    INSTANCE_SETTLED)),
+) for n in exposition_names(name, typ))  # type: ignore[arg-type]
+
 _LABEL_BAD = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -253,7 +275,9 @@ class SeriesStore:
         self._families: dict[str, _Family] = {}
         self._series: dict[SeriesKey, _Series] = {}
         self.points_dropped = 0  # refused by the series bound
-        self.type_conflicts = 0  # same Prometheus name, different type: the first type wins
+        self.type_conflicts = 0  # same Prometheus name, different type (or a name another family has): the first wins
+        self.name_conflicts = 0  # of them, a name another family's samples have (counter x and gauge x_total...)
+        self._claims: dict[str, str] = {}  # each family's exposition names -> that family's name
         self.type_conflicts_between_uids = 0  # of them, points of a uid that holds no series of the name
         self._holders: dict[str, dict[int | None, int]] = {}  # name -> uid (None: no uid) -> its series of it
         self._conflicts_said: dict[int | None, set[str]] = {}  # refused uid -> the clashing names said for it
@@ -273,26 +297,51 @@ class SeriesStore:
                     kept += self._add_item(it, now)
         return kept
 
-    def _family(self, name: str, typ: PromType, doc: str, owner: int | None = None) -> bool:
-        """Whether points of ``name`` as ``typ`` may be kept: a name has one type, the first kept. A refusal is
-        counted, and said once per name and pair of uids (another uid holding the name is a clash an operator
-        must see: that user's series of the name are what the scrape has)."""
+    def _clash(self, name: str, typ: PromType) -> str | None:
+        """The family (or the endpoint's own name) that holds a name a family ``name`` of ``typ`` would take
+        in the exposition (:func:`exposition_names`); None when there is none."""
+        for n in exposition_names(name, typ):
+            if n in OWN_NAMES:
+                return ""
+            other = self._claims.get(n)
+            if other is not None and other != name:
+                return other
+        return None
+
+    def _family(self, name: str, typ: PromType, doc: str, owner: int | None = None, own: bool = False) -> bool:
+        """Whether points of ``name`` as ``typ`` may be kept: a name has one type, the first kept, and one family
+        in the exposition (no other family's samples, nor the endpoint's own families: :func:`exposition_names`).
+        ``own``: the endpoint's own ``target_info``. A refusal is counted, and said once per name and pair of uids
+        (another uid holding the name is a clash an operator must see: that user's series of the name are what
+        the scrape has)."""
         fam = self._families.get(name)
+        holder: str | None = name
         if fam is None or fam.type == typ:
-            return True
+            holder = None if own else self._clash(name, typ)
+            if holder is None:
+                return True
+            self.name_conflicts += 1
         self.type_conflicts += 1
-        holders = self._holders.get(name, {})
-        own = owner in holders
-        self.type_conflicts_between_uids += not own
+        holders = self._holders.get(holder, {}) if holder else {}
+        mine = owner in holders
+        self.type_conflicts_between_uids += not mine
         said = self._conflicts_said.get(owner)
         if said is None and len(self._conflicts_said) < MAX_CONFLICT_UIDS:
             said = self._conflicts_said[owner] = set()
         if said is not None and name not in said and len(said) < MAX_CONFLICTS_SAID_PER_UID:
             said.add(name)
-            log.warning("Prometheus: %s's %s %s is not exported: %s %s holds that name (a name has one type; "
-                        "rename one of them)", _whose(owner), typ, name, "its own" if own else " and ".join(
-                            "%s's" % _whose(u) for u in sorted(holders, key=lambda u: -1 if u is None else u)[:3]),
-                        fam.type)
+            whose = "its own" if mine else " and ".join(
+                "%s's" % _whose(u) for u in sorted(holders, key=lambda u: -1 if u is None else u)[:3])
+            if holder == name and fam is not None:
+                log.warning("Prometheus: %s's %s %s is not exported: %s %s holds that name (a name has one type; "
+                            "rename one of them)", _whose(owner), typ, name, whose, fam.type)
+            elif holder:
+                log.warning("Prometheus: %s's %s %s is not exported: %s %s %s has a name it would take (a name is "
+                            "one family's; rename one of them)", _whose(owner), typ, name, whose,
+                            self._families[holder].type, holder)
+            else:
+                log.warning("Prometheus: %s's %s %s is not exported: the endpoint's own series have that name",
+                            _whose(owner), typ, name)
         return False
 
     def _kept(self, name: str, typ: PromType, doc: str) -> None:
@@ -300,6 +349,8 @@ class SeriesStore:
         was, one per distinct name refused by the series budget, had grown the agent by 150 MiB.)"""
         if name not in self._families:
             self._families[name] = _Family(typ, doc)
+            for n in exposition_names(name, typ):
+                self._claims.setdefault(n, name)
 
     def _put(self, key: SeriesKey, series: _Series, owner: int | None = None) -> bool:
         if key not in self._series:
@@ -345,7 +396,7 @@ class SeriesStore:
         if not m.points or not self._family(name, typ, m.description or m.name, owner):
             return 0
         base = resource_labels(m.resource)
-        if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata"):
+        if self.target_info and self._family(TARGET_INFO, "gauge", "Target metadata", own=True):
             info = {**labels_of(m.resource.as_dict()), **base}
             if self._put((TARGET_INFO, tuple(sorted(info.items()))), _Series(1.0, None, 0.0, now), owner):
                 self._kept(TARGET_INFO, "gauge", "Target metadata")
@@ -383,7 +434,10 @@ class SeriesStore:
             if old:
                 live = {k[0] for k in self._series}
                 for name in [n for n in self._families if n not in live]:
-                    del self._families[name]
+                    fam = self._families.pop(name)
+                    for n in exposition_names(name, fam.type):
+                        if self._claims.get(n) == name:
+                            del self._claims[n]
                     for said in self._conflicts_said.values():  # a name free again may clash anew: said again
                         said.discard(name)
 
@@ -789,6 +843,7 @@ class PrometheusExporter:
             "points_refused_uid_budget": self.store.points_refused_uid_budget,
             "type_conflicts": self.store.type_conflicts,
             "type_conflicts_between_uids": self.store.type_conflicts_between_uids,
+            "name_conflicts": self.store.name_conflicts,
             "malformed_points": self.store.malformed,
             "series_expired": self.store.expired,
             "scrapes": self.scrapes,

@@ -9,6 +9,7 @@ producers that died), both handed in by the agent's extensions.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import urllib.parse
@@ -18,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from infersight import __version__
+from infersight.agent.daemon.health import SPECS as SELF_METRICS
 from infersight.agent.daemon.identity import PRODUCER_ID
 from infersight.agent.daemon.sequence import SeqTracker
 from infersight.agent.errors import AgentError
+from infersight.metricspec import REGISTRY, MetricSpec, prometheus_name
 from infersight.redact import mask_value
 from infersight.sanitize import clean_key, clean_text
 from infersight.telemetry import (
@@ -55,6 +58,60 @@ def agents_name(name: str) -> bool:
     Prometheus maps there: ``infersight_request.duration``): another user's gauge of that name had taken
     the type of ``infersight_request_duration_seconds`` and removed every other user's series from the scrape."""
     return name[:10].lower() == "infersight" and (len(name) == 10 or not name[10].isalnum())
+
+
+def _exposed(spec: MetricSpec) -> set[str]:
+    """The names a metric takes in the Prometheus exposition (lower case): its family's and its samples'
+    (as ``exporters.prometheus_endpoint.exposition_names``)."""
+    prom = prometheus_name(spec).lower()
+    if spec.kind == "sum" and spec.monotonic:  # a counter
+        base = prom.removesuffix("_total")
+        return {base, base + "_total", base + "_created"}
+    if spec.kind == "histogram":
+        return {prom, prom + "_bucket", prom + "_count", prom + "_sum", prom + "_created"}
+    return {prom}
+
+
+def _otel_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9_:]", "_", name.lower())
+
+
+@functools.lru_cache(maxsize=4)
+def _agents_names(declared: int) -> frozenset[str]:
+    """The agent's own metrics (its self-metrics, ``process.*`` included, and every other one declared in the
+    metric registry: the device and request metrics of the extensions loaded), as OTel names and as every
+    name they take in Prometheus. ``declared``: how many the registry holds (a module declares its own at
+    import)."""
+    out: set[str] = set()
+    for spec in (*SELF_METRICS.values(), *REGISTRY):
+        out.add(_otel_key(spec.name))
+        out |= _exposed(spec)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reserved(name: str, kind: str, unit: str, declared: int) -> bool:
+    if _otel_key(name) in _agents_names(declared):
+        return True
+    spec = MetricSpec(name, kind, unit, "", monotonic=True)  # type: ignore[arg-type]  # (a producer's sum: a counter)
+    return not _exposed(spec).isdisjoint(_agents_names(declared))
+
+
+def agents_own_metric(name: str, kind: str, unit: str) -> bool:
+    """Whether a producer's metric (``kind`` gauge or sum, as a producer sends them: a sum is a counter) is
+    one of the agent's own, by its OTel name or by any name it would take in Prometheus: a member's gauge
+    ``process.memory.usage`` had joined the agent's ``process_memory_usage_bytes`` as a series of
+    ``service_name="infersight-agent"``, and a gauge ``process.cpu.time`` had made a second family
+    ``process_cpu_time_seconds``, which made the OpenMetrics parser refuse the whole scrape."""
+    return agents_name(name) or _reserved(name, kind, unit, len(REGISTRY))
+
+
+AGENT_SERVICE = "infersight-agent"  # the agent's own service.name (the daemon's resource)
+
+
+def agents_service(name: str) -> bool:
+    """Whether a service name is the agent's own, in any case or spelling of its separators."""
+    return re.sub(r"[^a-z0-9]", "", name.casefold()) == "infersightagent"
 
 
 class Malformed(AgentError, ValueError):  # noqa: N818 - reads as "raise Malformed(...)"
@@ -279,7 +336,7 @@ def resource_defaults(env: Mapping[str, str]) -> Attributes:
 
 
 def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int] | None = None,
-                      defaults: Mapping[str, AttrValue] | None = None) -> Resource:
+                      defaults: Mapping[str, AttrValue] | None = None, refused: list[int] | None = None) -> Resource:
     """``Resource.create()`` semantics: env attributes, then what we detect, wins. The uid is
     the kernel's (``info["uid"]`` as :meth:`Assembler.hello` sets it), never the hello's.
 
@@ -287,7 +344,11 @@ def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int
     the producer's own attributes: a key the producer set keeps the producer's value, and the
     env-given attributes stay within MAX_RESOURCE_ATTRS (the producer's first). The agent's
     ``service.name`` replaces only the default ``unknown_service:<exe>``: a producer that named
-    its service (``OTEL_SERVICE_NAME``, or ``service.name`` in its attributes) keeps it."""
+    its service (``OTEL_SERVICE_NAME``, or ``service.name`` in its attributes) keeps it.
+
+    No producer is the agent: a ``service.name`` of ``infersight-agent`` (:func:`agents_service`, however
+    it came) becomes ``unknown_service:<exe>``, as if none was set (counted in ``refused[0]``); a member's
+    series had sat beside the agent's own under its service name."""
     attrs: Attributes = {
         "telemetry.sdk.name": "infersight",
         "telemetry.sdk.language": "python",
@@ -308,6 +369,10 @@ def producer_resource(info: dict[str, Any], host_name: str | None, cut: list[int
     service = str(info.get("service_name") or "") or str(own.get("service.name") or "")
     if not service and defaults:
         service = str(defaults.get("service.name") or "")
+    if service and agents_service(clean_key(service, MAX_RESOURCE_VALUE)):
+        service = ""
+        if refused is not None:
+            refused[0] += 1
     attrs["service.name"] = service or "unknown_service:%s" % (info.get("exe") or "python")
     attrs.update(
         {
@@ -469,6 +534,8 @@ class Assembler:
         self.producers_evicted_uid_budget = 0  # of those, a uid at its budget evicting its own oldest
         self.producers_evicted_protected = 0  # of those, connected or in a cold start: nothing else could go
         self.over_uid_producers = 0  # hellos refused: the uid held its budget, none of it could go
+        self.metric_names_reserved = 0  # producers' metrics refused: named as the agent's own (malformed too)
+        self.service_names_refused = 0  # hellos whose service.name claimed the agent's: renamed
 
     def sequences(self) -> dict[str, object]:
         """Each producer's sequence state, for the next agent (:attr:`resume_hints`), keyed by its id and
@@ -508,7 +575,10 @@ class Assembler:
             key = hint_key(key, uid)
         if p is None:
             self._make_room(uid)
-            p = Producer(key, info, producer_resource(info, self.host_name, cut, self.resource_defaults), uid=uid)
+            refused = [0]
+            p = Producer(key, info, producer_resource(info, self.host_name, cut, self.resource_defaults, refused),
+                         uid=uid)
+            self.service_names_refused += refused[0]
             info.pop("resource_attributes", None)  # it lives on in the resource: not kept twice
             p.hello_cut = cut[0]
             self.hello_cut += cut[0]
@@ -660,11 +730,13 @@ class Assembler:
             if k not in ("gauge", "sum"):
                 raise Malformed("metric kind must be gauge or sum")
             name = name_field(d.get("n"), "n", 255)
-            if agents_name(name):
-                raise Malformed("metric names infersight.* are the agent's")
+            unit = text_field(d.get("u", ""), "u", 32)
+            if agents_own_metric(name, k, unit):
+                self.metric_names_reserved += 1
+                raise Malformed("metric %r is the agent's own (infersight.*, or one of its self-metrics)" % name)
             out.append(
                 MetricItem(
-                    p.resource, name, k, text_field(d.get("u", ""), "u", 32), "",
+                    p.resource, name, k, unit, "",
                     t_ns, int(p.info["start_ns"]), [NumberPoint(v, attributes(d.get("a")))],
                 )
             )
@@ -747,5 +819,7 @@ class Assembler:
             "producers_evicted_uid_budget": self.producers_evicted_uid_budget,
             "producers_evicted_protected": self.producers_evicted_protected,
             "over_uid_producers": self.over_uid_producers,
+            "metric_names_reserved": self.metric_names_reserved,
+            "service_names_refused": self.service_names_refused,
         })
         return out
