@@ -150,8 +150,8 @@ class Ingest:
         self.listener.stop()
 
     def close_connections(self) -> None:
+        self.liveness.cancel()  # first: the connections it closes are the shutdown's, not their producers' ends
         self.connections.cancel()
-        self.liveness.cancel()
 
     async def wait_connections_closed(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -97,6 +97,7 @@ class Liveness:
         self._pidless: dict[str, tuple[Producer, asyncio.TimerHandle]] = {}
         self._watch_task: asyncio.Task[None] | None = None
         self.grace_s = PIDLESS_GRACE_S
+        self._stopping: set[str] | None = None  # at shutdown: the pidless producers that hung up before it
         self.counters: Counters | None = None  # the agent's (set by Connections): counts pidless ends
 
     def connected(self, producer_id: str) -> bool:
@@ -124,6 +125,8 @@ class Liveness:
         if producer.gone or not self.awaits_end(producer):
             return None
         if pid <= 0:  # no process to watch (another pid namespace): wait for it to reconnect
+            if self._stopping is not None:
+                return None  # the agent's own shutdown closed it: the producer lives on, to the next agent
             return self._await_reconnect(producer)
         try:
             fd = os.pidfd_open(pid)
@@ -173,12 +176,20 @@ class Liveness:
         return done
 
     def release(self) -> None:
-        """Close the descriptors that watch departed producers, and cancel the grace timers of
-        those without a visible pid (at shutdown)."""
+        """Close the descriptors that watch departed producers (at shutdown). A producer without a visible pid
+        that hung up before the shutdown began and has not come back is taken as ended now: its grace would
+        outlast the agent, and its cold start with it (a pod's native sidecar is stopped right after the main
+        containers exit, in another pid namespace: a model server killed mid-load left no root). One the
+        shutdown itself disconnected lives on and reconnects to the next agent."""
+        for producer_id in [p for p in self._pidless if self._stopping is None or p in self._stopping]:
+            self._pidless[producer_id][1].cancel()
+            self._grace_over(producer_id)
         for producer_id in [*self._pidfds, *self._pidless]:
             self._unwatch(producer_id)
 
     def cancel(self) -> None:
+        """The shutdown begins (before the agent closes its connections)."""
+        self._stopping = set(self._pidless)
         if self._watch_task is not None:
             self._watch_task.cancel()
 
