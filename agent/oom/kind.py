@@ -325,6 +325,13 @@ def _stands_in(seen: Seen) -> bool:
     return seen.producer.startswith(STAND_IN_PREFIX)
 
 
+def _one_launch(a: Seen, b: Seen) -> bool:
+    """Two copies of one joined launch, one of them its stderr's stand-in: launch re-subscribed to a restarted
+    agent and sent CMD's stderr before CMD's hooks said hello again (no pid to relate them by), then the hooks
+    sent their spooled copy: one OOM, counted two or three times before (a review of the pod)."""
+    return bool(a.session) and a.session == b.session and (_stands_in(a) or _stands_in(b))
+
+
 def _pid(p: Producer) -> int | None:
     pid = p.info.get("pid")
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 1 else None
@@ -619,7 +626,7 @@ class OomHandlers:
         else:
             hit = next((c for (u, k), cs in self._texts.items() if u is None and same_message(k, key) for c in cs),
                        None) or next((c for (u, k), cs in self._texts.items() if u == uid and same_message(k, key)
-                                      for c in cs if c.related(me)), None)
+                                      for c in cs if c.related(me) or _one_launch(c, me)), None)
             if hit is None and me.session:
                 # a root launch whose CMD runs the engine as another user (sudo -u, runuser): its stderr copy (a
                 # producer of uid 0 standing for CMD) and the engine's own copy are one launch's, one OOM; two

@@ -886,3 +886,23 @@ def test_an_engine_records_reason_ends_as_a_sentence_before_its_remedy() -> None
     assert oom_kind._sentence("no NVML device showed the engine") == "no NVML device showed the engine. "
     assert oom_kind._sentence("the pool's limit was printed.  ") == "the pool's limit was printed. "
     assert oom_kind._sentence(None) == oom_kind._sentence("") == ""
+
+
+@pytest.mark.parametrize("stderr_first", [True, False])
+def test_a_same_uid_launchs_stand_in_copy_and_the_hooks_copy_are_one_oom(stderr_first: bool) -> None:
+    """After an agent restart, launch re-subscribed and sent CMD's stderr capture before CMD's hooks said hello
+    again: the session's stand-in (no pid) and the hooks' spooled copy, same uid, were two or three OOMs (a review
+    of the pod restarted the sidecar)."""
+    h, asm = _handlers()
+    session = "ab" * 16
+    server = asm.hello({"id": "p-13", "pid": 13, "ppid": 1, "start_ns": 1, "trace_id": TRACE,
+                        "root_span_id": ROOT, "launched": True, "session": session}, uid=1000)
+    stand_in = Producer("launch-stderr-z", {"id": "launch-stderr-z", "pid": None, "launched": True, "uid": 1000,
+                                            "session": session}, Resource.of({"process.user.id": 1000}))
+    stand_in.uid = 1000
+    text = "torch.OutOfMemoryError: " + H200_TEXT
+    out: list[Any] = []
+    order = [(stand_in, "stderr"), (server, "report")]
+    for k, (p, source) in enumerate(order if stderr_first else order[::-1]):
+        h.oom(p, Origin(p.id, 0), 10 + k, {"source": source, "text": text}, out)
+    assert len([i for i in out if isinstance(i, LogItem)]) == 1 and h.duplicates == 1
