@@ -23,7 +23,11 @@ RUN groupadd --system --gid 10001 infersight \
  && install -d -o infersight -g infersight -m 0750 /run/infersight /var/lib/infersight \
  && install -d -o infersight -g infersight -m 2770 /var/lib/infersight/spool
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# The [grpc] extra: a ConfigMap's `protocol = "grpc"` needs it (without it the sidecar exited 2 and, as a native
+# sidecar gating the model server's start, held the pod in Init:CrashLoopBackOff). EXTRAS="" builds without.
+ARG EXTRAS=grpc
+RUN set -- /wheels/infersight-*.whl \
+ && pip install --no-cache-dir "$1${EXTRAS:+[$EXTRAS]}" && rm -rf /wheels
 COPY systemd/infersight.toml /etc/infersight/infersight.toml
 USER 10001:10001
 VOLUME ["/run/infersight", "/var/lib/infersight"]

@@ -69,6 +69,22 @@ def test_dockerfile_healthcheck_entrypoint_volume() -> None:
     )
 
 
+def test_the_image_installs_the_grpc_extra() -> None:
+    """The README's config table offers `protocol = "grpc"`: without the extra the sidecar exits 2 and, as a native
+    sidecar gating the model server, holds the pod in Init:CrashLoopBackOff."""
+    stage = final_stage()
+    assert ("ARG", "EXTRAS=grpc") in stage
+    (install,) = [arg for word, arg in stage if word == "RUN" and "pip install" in arg]
+    assert install.startswith("set -- /wheels/infersight-*.whl") and '"$1${EXTRAS:+[$EXTRAS]}"' in install
+    # what the shell makes of it, with the default and without
+    for extras, want in (("grpc", "/wheels/infersight-1-py3-none-any.whl[grpc]"),
+                         ("", "/wheels/infersight-1-py3-none-any.whl")):
+        got = subprocess.run(["sh", "-c", 'set -- /wheels/infersight-1-py3-none-any.whl; EXTRAS="%s"; '
+                              'printf %%s "$1${EXTRAS:+[$EXTRAS]}"' % extras],
+                             capture_output=True, text=True, check=True).stdout
+        assert got == want
+
+
 def test_dockerignore_keeps_the_venv_out() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored
