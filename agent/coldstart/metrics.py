@@ -7,7 +7,7 @@ cold start also feeds four cumulative OTel metrics, per service:
 - ``infersight.coldstart.duration`` (histogram, ``s``): one observation per stage present,
   attribute ``infersight.stage`` (``unattributed`` included, from the root's
   ``infersight.coldstart.unattributed_s``), and one with ``infersight.stage=total`` (the root);
-- ``infersight.coldstart.weights.bytes_per_s`` (histogram, ``By/s``): one observation per cold
+- ``infersight.coldstart.weights.throughput`` (histogram, ``By/s``): one observation per cold
   start that read weights (from the root's ``weights_file`` summaries: lazy loads count too),
   attribute ``infersight.weights.cache`` = ``cold`` or ``warm``;
 - ``infersight.coldstart.weights.ceiling_ratio`` (histogram, ``1``): one observation per cold
@@ -51,7 +51,7 @@ from infersight.telemetry import (
 )
 
 DURATION = "infersight.coldstart.duration"
-THROUGHPUT = "infersight.coldstart.weights.bytes_per_s"
+THROUGHPUT = "infersight.coldstart.weights.throughput"
 COUNT = "infersight.coldstart.count"
 CEILING_RATIO = "infersight.coldstart.weights.ceiling_ratio"
 CEILING = "infersight.storage.ceiling"

@@ -106,7 +106,7 @@ def test_summaries_feed_the_histogram_and_the_waterfall() -> None:
     assert "weights file model.safetensors 100.0 MiB: 100.0 MiB from storage in 2.000 s, 50.0 MiB/s, cold, " \
            "50% of the storage ceiling" in text
     items = ColdStartMetrics().observe(cs, cs.root.end_ns)
-    hist = next(i for i in items if i.name == "infersight.coldstart.weights.bytes_per_s")
+    hist = next(i for i in items if i.name == "infersight.coldstart.weights.throughput")
     assert [p.attributes for p in hist.points] == [{"infersight.weights.cache": "cold"}]
 
 
@@ -234,7 +234,7 @@ def test_lazy_loads_reach_the_throughput_histogram(bert_runs) -> None:  # type: 
 
     lines = read_otlp_lines(Path(base, "cold", "out.otlp.jsonl"))
     hist = [m for req in lines for rm in req.get("resourceMetrics", []) for sm in rm["scopeMetrics"]
-            for m in sm["metrics"] if m["name"] == "infersight.coldstart.weights.bytes_per_s"]
+            for m in sm["metrics"] if m["name"] == "infersight.coldstart.weights.throughput"]
     assert hist, "transformers + safetensors (a lazy load) feeds the weights histogram"
     points = hist[-1]["histogram"]["dataPoints"]
     assert [a["value"]["stringValue"] for p in points for a in p["attributes"]] == ["cold"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -213,7 +215,7 @@ def test_prometheus_names_labels_and_buckets() -> None:
     _, items = _items()
     assert {metric_name(m) for m in items} == {
         "infersight_coldstart_duration_seconds",
-        "infersight_coldstart_weights_bytes_per_s_per_second",  # By/s, as the Collector names it
+        "infersight_coldstart_weights_throughput_bytes_per_second",  # By/s, as the Collector names it
         "infersight_coldstart_count_total",
     }
     store = SeriesStore(target_info=False)
@@ -229,8 +231,8 @@ def test_prometheus_names_labels_and_buckets() -> None:
     assert got[(hist + "_sum", _key(stage))] == 6.0
     assert got[(hist + "_sum", _key({**base, "infersight_stage": "total"}))] == 12.0
     cold = {**base, "infersight_weights_cache": "cold"}
-    assert got[("infersight_coldstart_weights_bytes_per_s_per_second_bucket", _key(cold, le="1e+09"))] == 1
-    assert got[("infersight_coldstart_weights_bytes_per_s_per_second_bucket", _key(cold, le="5e+08"))] == 0
+    assert got[("infersight_coldstart_weights_throughput_bytes_per_second_bucket", _key(cold, le="1e+09"))] == 1
+    assert got[("infersight_coldstart_weights_throughput_bytes_per_second_bucket", _key(cold, le="5e+08"))] == 0
     ended = {**base, "infersight_coldstart_ended_by": "first_request"}
     assert got[("infersight_coldstart_count_total", _key(ended))] == 1
 
@@ -532,3 +534,15 @@ def test_another_users_runs_under_the_same_name_are_series_of_their_own() -> Non
     counts = {dict(k[1]).get("process_user_id"): v for k, v in got.items()
               if k[0] == "infersight_coldstart_count_total"}
     assert counts == {"1002": 3, "1003": 3}, got
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (scripts/check installs it)")
+def test_the_cold_start_families_pass_promtools_lint() -> None:
+    """`promtool check metrics` exits 0 on the scrape, lint included: the throughput histogram's earlier name
+    (`..._bytes_per_s_per_second`) failed it ("should not contain abbreviated units"), a common CI gate."""
+    _, items = _items()
+    store = SeriesStore(target_info=False)
+    store.add(items)
+    r = subprocess.run(["promtool", "check", "metrics"], input=_render(store), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
