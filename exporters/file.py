@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from infersight.exporters.base import ExportError, item_owner
 from infersight.exporters.otlp_json import encode_lines
-from infersight.statefiles import open_state_dir, open_state_file
+from infersight.statefiles import OWN_FILES, check_own_file, open_state_dir, open_state_file
 from infersight.telemetry import Item
 
 log = logging.getLogger("infersight.exporters.file")
@@ -183,7 +183,14 @@ class FileExporter:
                         os.close(bfd)
             else:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-                fd = os.open(self.path, flags, 0o666)
+                own = os.path.abspath(self.path) in OWN_FILES  # launch's default, made exclusively
+                fd = os.open(self.path, flags | (os.O_NOFOLLOW if own else 0), 0o666)
+                if own:
+                    try:
+                        check_own_file(fd, self.path)
+                    except OSError:
+                        os.close(fd)
+                        raise
                 rotations = [] if self._counted_earlier_run else [
                     _path_owners("%s.%d" % (self.path, n)) for n in range(1, self.backups + 1)]
             try:

@@ -189,3 +189,40 @@ def open_state_file(state_dir: str, relpath: str, flags: int, mode: int = 0o600)
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+# Files this process made for itself, exclusively (launch's default output, named by the time, in a working
+# directory others may write): opened again never through a link, and only while each is still a regular file of
+# this user, whatever was planted in its place meanwhile.
+OWN_FILES: set[str] = set()
+OWN_FILE_TRIES = 4
+
+
+def create_own_file(path: str, mode: int = 0o666) -> str:
+    """Create ``path`` (or, when that name is taken, ``path`` with a random suffix before its extension), exclusively
+    and not through a link; returns the name made, noted in ``OWN_FILES``. OSError when none could be made.
+    A name another user planted (a link to the victim's notes, a FIFO that hung launch, a file of theirs it would
+    have written into) is never opened."""
+    head, ext = os.path.splitext(path)
+    if head.endswith(".otlp"):  # infersight-<time>.otlp.jsonl: the suffix before .otlp
+        head, ext = head[: -len(".otlp")], ".otlp" + ext
+    for attempt in range(OWN_FILE_TRIES):
+        candidate = path if attempt == 0 else "%s-%s%s" % (head, os.urandom(3).hex(), ext)
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
+        except FileExistsError:
+            if attempt == OWN_FILE_TRIES - 1:
+                raise
+            continue
+        OWN_FILES.add(os.path.abspath(candidate))
+        return candidate
+    raise FileExistsError(path)  # not reached
+
+
+def check_own_file(fd: int, path: str) -> None:
+    """Raise OSError unless ``fd`` (opened with O_NOFOLLOW) is a regular file of this user: the name this process
+    made was replaced meanwhile (``create_own_file``)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError("%s was replaced by another user's %s since this run made it" % (
+            path, "file" if stat.S_ISREG(st.st_mode) else "non-file"))

@@ -99,6 +99,18 @@ def check_writable(path: str) -> str | None:
     return None
 
 
+def create_default_output(name: str) -> tuple[str, str | None]:
+    """The default output file, made now in the working directory, exclusively and not through a link (a name
+    taken, by a run of the same second or by another user who planted a link, a FIFO or a file of theirs there,
+    gets a random suffix); the name and None, or ``name`` and the reason it could not be made."""
+    from infersight.statefiles import create_own_file
+
+    try:
+        return create_own_file(name), None
+    except OSError as exc:
+        return name, exc.strerror or str(exc)
+
+
 def fallback_output(name: str) -> tuple[str | None, list[str]]:
     """Where the default output file goes when the working directory cannot hold it (a container's
     read-only image directory): this user's state directory, else the temporary directory (made there
@@ -114,18 +126,13 @@ def fallback_output(name: str) -> tuple[str | None, list[str]]:
         return candidate, reasons
     except OSError as exc:
         reasons.append("%s: %s" % (private, exc.strerror or exc))
+    from infersight.statefiles import create_own_file
+
     temp = temp_root()
-    for attempt in range(3):
-        unique = name if attempt == 0 else name.replace(".otlp", "-%s.otlp" % os.urandom(3).hex())
-        candidate = os.path.join(temp, unique)
-        try:
-            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-            return candidate, reasons
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            reasons.append("%s: %s" % (temp, exc.strerror or exc))
-            break
+    try:
+        return create_own_file(os.path.join(temp, name), 0o600), reasons
+    except OSError as exc:
+        reasons.append("%s: %s" % (temp, exc.strerror or exc))
     return None, reasons
 
 
@@ -619,7 +626,10 @@ def launch(opts: LaunchOptions, out: TextIO | None = None) -> int:
 def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: TextIO) -> int:
     # Joined: the agent's sinks record; a local file only when asked for (--otlp-file).
     path = opts.otlp_file or (None if joined is not None else default_output_path())
-    reason = check_writable(path) if path is not None else None
+    if path is not None and not opts.otlp_file:  # the default: a new file of this run's, whatever others planted
+        path, reason = create_default_output(path)
+    else:
+        reason = check_writable(path) if path is not None else None
     if reason is not None and opts.otlp_file:
         err.write("infersight launch: cannot write the output file %s: %s\n" % (path, reason))
         return EXIT_USAGE
