@@ -746,6 +746,9 @@ def install(torch: Any) -> None:
     jit = getattr(torch, "jit", None)
     if jit is not None and hasattr(jit, "load"):
         _patch(jit, "load", _load_wrapper(jit.load, "torch.jit.load", "f", check_mapped=False))
+    export = vars(torch).get("export")  # never torch's lazy __getattr__: no import here
+    if export is not None and hasattr(export, "load"):  # a .pt2 archive: its weights read through the zip reader
+        _patch(export, "load", _load_wrapper(export.load, "torch.export.load", "f", check_mapped=False))
     module = getattr(getattr(torch, "nn", None), "Module", None)
     if module is not None and hasattr(module, "load_state_dict"):
         _patch(module, "load_state_dict", _make_load_state_dict(module.load_state_dict))
