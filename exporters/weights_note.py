@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from infersight.bytesize import human_bytes
-from infersight.weights_files import COLD_BELOW, W
+from infersight.weights_files import COLD_BELOW, W, ceiling_share
 
 
 def _num(a: Mapping[str, object], key: str) -> float | None:
@@ -36,7 +36,8 @@ def weights_note(rows: Sequence[Mapping[str, object]]) -> str:
         seconds = sum((_num(a, "bytes") or 0.0) / (_num(a, "bytes_per_s") or 1.0) for a in rated)
         out += " @ %s/s" % human_bytes(rb / seconds if seconds > 0 else 0.0)
     elif any(a.get(W + "lazy") is True for a in spans):
-        fetched = sum(_num(a, "read_bytes") or 0.0 for a in spans)
+        # at most the file: /proc/self/io counts the whole process ("273.8 MiB mapped; 275.6 MiB read from storage")
+        fetched = min(sum(_num(a, "read_bytes") or 0.0 for a in spans), nbytes)
         # the loader may still have read ahead (safetensors does): say how much came from storage
         out += " mapped (lazy; %s read from storage)" % human_bytes(fetched) if fetched >= 2**20 else " mapped (lazy)"
     if deferred:
@@ -47,5 +48,5 @@ def weights_note(rows: Sequence[Mapping[str, object]]) -> str:
         out += " cold" if all(cold) else (" partly cold" if any(cold) else " warm (page cache)")
     ceilings = [c for c in (_num(a, "ceiling_ratio") for a in spans) if c is not None]
     if len(ceilings) == 1:
-        out += " (%.0f%% of storage ceiling)" % (100.0 * ceilings[0])
+        out += " (%s of storage ceiling)" % ceiling_share(ceilings[0])
     return out

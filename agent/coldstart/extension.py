@@ -165,4 +165,8 @@ def add_weights_files(cs: ColdStart, t_ns: int) -> list[Item]:
         return []
     for attrs in weights_files.summarize(cs.stages, storage_ceiling.ceiling_of):
         cs.root.events.append(SpanEvent(weights_files.EVENT, cs.root.end_ns, attrs))
+        rate, counted, path = attrs.get("bytes_per_s"), attrs.get("counted_bytes"), attrs.get("path")
+        if "ceiling_raised_from" in attrs and isinstance(rate, float) and isinstance(counted, int) \
+                and isinstance(path, str):
+            storage_ceiling.raise_to(path, rate, counted)
     return []

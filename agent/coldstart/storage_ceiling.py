@@ -183,6 +183,27 @@ def record(path: str, m: Measurement, cache: str | None = None) -> dict[str, Any
     return old
 
 
+def raise_to(path: str, bytes_per_s: float, nbytes: int, cache: str | None = None) -> bool:
+    """A cold read of ``nbytes`` (at least ``MIN_SAMPLE``) from ``path`` ran at ``bytes_per_s``, faster than the
+    cached ceiling of its device: that ceiling was measured low (a busy disk, an idle I/O class that waited), and
+    this read's rate replaces it. True when the cache changed."""
+    if nbytes < MIN_SAMPLE or not math.isfinite(bytes_per_s):
+        return False
+    try:
+        devices = load_cache(cache)
+        key = device_key(path)
+        old = devices.get(key)
+        if old is None or float(old.get("bytes_per_s") or 0.0) >= bytes_per_s:
+            return False
+        devices[key] = {**old, "bytes_per_s": bytes_per_s, "method": "cold read", "sample_bytes": int(nbytes),
+                        "path": os.path.abspath(path), "measured_at": int(time.time()),
+                        "raised_from": old.get("bytes_per_s")}
+        save_cache(devices, cache)
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def ensure_for_file(path: str, min_bytes: int = MIN_SAMPLE, cache: str | None = None) -> dict[str, Any] | None:
     """The cached ceiling for ``path``'s device; measured now from ``path`` if absent and big enough."""
     try:

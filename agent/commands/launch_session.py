@@ -542,9 +542,10 @@ def _storage_note(path: str, out: TextIO) -> None:
             continue
         ceiling = float(entry["bytes_per_s"])
         out.write(
-            "infersight: storage ceiling of device %s (%s read of %s): %.0f MiB/s; %s loaded at %.0f MiB/s (%.0f%%)\n"
-            % (entry["device"], entry["method"], human_bytes(int(entry["sample_bytes"])),
-               ceiling / 2**20, os.path.basename(wpath), rate / 2**20, 100.0 * rate / ceiling)
+            "infersight: storage ceiling of device %s (%s of %s): %.0f MiB/s; %s loaded at %.0f MiB/s (%s)\n"
+            % (entry["device"], entry["method"] if entry["method"] == "cold read" else entry["method"] + " read",
+               human_bytes(int(entry["sample_bytes"])), ceiling / 2**20, os.path.basename(wpath), rate / 2**20,
+               weights_files.ceiling_share(rate / ceiling))
         )
     for device, wpath in unmeasured.items():
         pid = storage_ceiling.measure_detached(wpath)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from infersight.bytesize import human_bytes
 from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
-from infersight.weights_files import COLD_BELOW, CeilingOf, files_of
+from infersight.weights_files import COLD_BELOW, CeilingOf, ceiling_share, files_of
 
 GAP_MIN_SHARE = 0.005  # computed unattributed gaps shorter than this share of the root are not drawn
 UNATTRIBUTED = "unattributed"
@@ -356,7 +356,7 @@ def weights_note(s: SpanItem) -> str:
         out += ", cold"
     ceiling = num(a.get(_contract.WEIGHTS_CEILING_RATIO))
     if ceiling is not None:
-        out += ", %.0f%% of storage ceiling" % (100 * ceiling)
+        out += ", %s of storage ceiling" % ceiling_share(ceiling)
     if a.get(_contract.WEIGHTS_LAZY) is True:
         out += ", lazy (mapped)"
     return out
