@@ -55,6 +55,7 @@ HARD_QUEUE_FACTOR = 4
 # than 1/64 of the bound queued is still read: its few batches wait in their own lane (FairQueue).
 UID_QUEUE_SHARE = 4
 UID_QUEUE_FLOOR = 64
+LOST_SHOWN_S = 120.0  # items dropped unspooled are a problem this long after, where stall_s is 0 (never a stall)
 CONTENDED_S = 1.0  # lanes competed this recently: exports are kept short
 REJECTED_LOG_EVERY_S = 60.0  # a peer that refuses batches is said again after this long (counted meanwhile)
 CONTENDED_EXPORT_S = 0.1  # while lanes compete, an export holds what this exporter sends in this long
@@ -106,6 +107,8 @@ class ExporterWorker:
         # The last delivery, or when the worker last began to hold data: what "no progress" counts from.
         self.progress_at = time.monotonic()
         self.rejected_at: float | None = None  # when the peer's refusals last cost items
+        self.lost_at: float | None = None  # when items it could neither deliver nor spool were last dropped
+        self.lost_items = 0  # those items (also in dropped_items)
         self._rejected_said_at: float | None = None  # when the log last said so
         self._retry_after: float | None = None  # seconds the peer asked to wait (Retry-After), for the next sleep
         self._fault_kinds: dict[str, int] = {}
@@ -143,12 +146,17 @@ class ExporterWorker:
     def problem(self, now: float | None = None) -> str | None:
         """Why this exporter is not doing its job now (None when it is): it could not start
         (a port in use, an unwritable path), says it cannot work (:func:`exporter_problem`),
-        its worker is failing, it holds data and delivered nothing for ``stall_s``, or the
-        peer's refusals cost items within the last ``stall_s`` and nothing was delivered since
-        (one poison batch dropped among deliveries is counted, not a health problem)."""
+        its worker is failing, it dropped items it could neither deliver nor spool (a full disk, no
+        spool) within the last ``stall_s`` (or ``LOST_SHOWN_S``), it holds data and
+        delivered nothing for ``stall_s``, or the peer's refusals cost items within the last
+        ``stall_s`` and nothing was delivered since (one poison batch dropped among deliveries is
+        counted, not a health problem)."""
         now = time.monotonic() if now is None else now
+        lost = self._lost_text(now)
         if self.fault_since is not None:
-            return "worker failing for %.0f s: %s" % (now - self.fault_since, self.fault)
+            return "worker failing for %.0f s: %s%s" % (now - self.fault_since, self.fault, lost and "; " + lost)
+        if lost:
+            return "%s: %s" % (lost, self.last_error)
         own = exporter_problem(self.exporter)
         if own:
             return own
@@ -163,6 +171,16 @@ class ExporterWorker:
             return "the peer refused %d item(s), dropped (last %.0f s ago): %s" % (
                 self.rejected_items, now - self.rejected_at, self.last_error)
         return None
+
+    def _lost_text(self, now: float) -> str:
+        """The loss that makes it unhealthy ("" when none): items dropped because they could be neither
+        delivered nor spooled, the last within ``stall_s`` (``LOST_SHOWN_S`` where that is 0: a loss is no
+        stall). Unlike a peer's refusals, deliveries in between do not excuse it: a disk full for some
+        batches loses those (the file exporter's ENOSPC on one batch, its next one written)."""
+        if self.lost_at is None or now - self.lost_at > (self.stall_s or LOST_SHOWN_S):
+            return ""
+        return "dropped %d item(s) it could neither deliver nor spool (last %.0f s ago)" % (
+            self.lost_items, now - self.lost_at)
 
     def reachable(self) -> bool:
         """The destination takes batches and the worker is sound: push back, do not spill."""
@@ -225,7 +243,10 @@ class ExporterWorker:
             except Exception as exc:  # a full disk, or a value the spool cannot encode
                 self.last_error = "spool: %s" % exc
                 self._note_fault("spool append", exc, traceback=not isinstance(exc, OSError))
-        self.dropped_items += len(items)
+        if items:
+            self.lost_at = time.monotonic()
+            self.lost_items += len(items)
+            self.dropped_items += len(items)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="export-" + self.name)
@@ -258,6 +279,10 @@ class ExporterWorker:
             log.error("exporter %s: %s: %s (%d times so far)", self.name, where, said, n)
 
     def _clear_fault(self) -> None:
+        """The worker works again: called after a step that moved data (delivered or spooled) and
+        failed nowhere. A step that merely returned proves nothing: one whose spool append failed
+        returns too, having dropped the batch (it logged "recovered" at every batch, and status said
+        healthy while the disk was full)."""
         if self.fault_since is not None:
             log.info("exporter %s: recovered (%s)", self.name, self.fault)
             self.fault_since = None
@@ -317,6 +342,7 @@ class ExporterWorker:
 
     async def _run(self) -> None:
         while True:
+            faults, moved = self.internal_errors, self.exported_items + self.spilled_items
             try:
                 await self._step()
             except asyncio.CancelledError:
@@ -329,7 +355,8 @@ class ExporterWorker:
                     return await self._idle_stop()
                 await self._sleep_backoff()
             else:
-                self._clear_fault()
+                if self.internal_errors == faults and self.exported_items + self.spilled_items > moved:
+                    self._clear_fault()
 
     async def _step(self) -> None:
         if self.spool:

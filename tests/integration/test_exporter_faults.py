@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import os
+import socket
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -16,10 +20,11 @@ import pytest
 from conftest import wait_for
 from otlp_receiver import OtlpReceiver, attrs
 
-from infersight.agent.daemon.broadcast import Completion, ExporterWorker
+from infersight.agent.daemon.broadcast import LOST_SHOWN_S, Completion, ExporterWorker
 from infersight.agent.daemon.spool import DiskSpool
+from infersight.exporters.base import ExportError
 from infersight.exporters.otlp import OtlpExporter
-from infersight.telemetry import LogItem, Origin, Resource
+from infersight.telemetry import Item, LogItem, Origin, Resource
 
 RES = Resource.of({"service.name": "faults"})
 PROTOCOLS = ["http/protobuf", "grpc"]
@@ -154,6 +159,152 @@ async def test_spool_append_on_full_disk_leaves_no_torn_record(tmp_path: Path) -
         batch, records = spool.peek_many(1000)
         assert records == 2 and spool.corrupt_records == 0
         assert [str(it.attributes["tag"]) for it in batch] == ["a"] * 10 + ["b"] * 10
+
+
+class FullDiskFile:
+    """The file exporter on a full state dir: every write fails with ENOSPC (a peer "away", retried);
+    ``room()`` frees the disk."""
+
+    name = "file"
+
+    def __init__(self) -> None:
+        self.full = True
+        self.written = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def export(self, batch: Sequence[Item]) -> None:
+        if self.full:
+            raise ExportError("cannot write /var/lib/infersight/infersight.otlp.jsonl: "
+                              "[Errno 28] No space left on device")
+        self.written += len(batch)
+
+    async def force_flush(self, timeout_s: float) -> bool:
+        return True
+
+    async def shutdown(self) -> None:
+        pass
+
+    def state(self) -> dict[str, int | float | str]:
+        return {}
+
+
+class FullSpool(DiskSpool):
+    """A spool on that disk: an append fails as ``DiskSpool.append`` does on a full disk (its own test above)."""
+
+    full = True
+
+    def append(self, batch: Sequence[Item]) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().append(batch)
+
+
+async def test_items_neither_delivered_nor_spooled_are_a_problem_until_data_moves(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A full state dir: the export and the spool append both failed, the batch was dropped (its hooks acked),
+    and the step returned normally, so the worker cleared its fault after every batch: healthy, with
+    "recovered" logged at each batch. Now the fault lasts until data moves, and the loss is a problem."""
+    caplog.set_level(logging.INFO, logger="infersight.pipeline")
+    exp, spool = FullDiskFile(), FullSpool(str(tmp_path / "spool"), max_bytes=1 << 20)
+    worker = ExporterWorker(exp, spool, retry_initial_s=0.01, retry_max_s=0.02, stall_s=30)
+    worker.start()
+    try:
+        for n in range(5):
+            submit(worker, logs("lost%d" % n, 2))
+            assert await until(lambda n=n: worker.dropped_items == 2 * (n + 1)), worker.state()
+        why = worker.problem()
+        assert why is not None and why.startswith("worker failing for "), why
+        assert "No space left on device" in why and "dropped 10 item(s) it could neither deliver nor spool" in why
+        assert "recovered" not in caplog.text, caplog.text
+        assert worker.state()["problem"] == worker.problem()
+
+        exp.full = spool.full = False  # room again: the next batch goes out
+        submit(worker, logs("kept", 3))
+        assert await until(lambda: exp.written == 3), worker.state()
+        assert await until(lambda: worker.fault_since is None), worker.state()
+        assert caplog.text.count("recovered") == 1, caplog.text
+        # The loss is still said for stall_s after the last one, then no more.
+        assert worker.lost_at is not None
+        why = worker.problem(worker.lost_at + 29)
+        assert why is not None and why.startswith("dropped 10 item(s) it could neither deliver nor spool"), why
+        assert worker.problem(worker.lost_at + 31) is None
+    finally:
+        await worker.drain(1.0)
+
+
+async def test_a_step_that_moved_nothing_logs_no_recovery(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No spool (an ephemeral sink) and the peer away: what memory retries could not deliver is dropped, and
+    that is a problem too (it was none: the worker went idle, healthy)."""
+    caplog.set_level(logging.INFO, logger="infersight.pipeline")
+    exp = FullDiskFile()
+    worker = ExporterWorker(exp, None, retry_initial_s=0.01, retry_max_s=0.02, memory_retries=1, stall_s=0)
+    worker.start()
+    try:
+        submit(worker, logs("gone", 4))
+        assert await until(lambda: worker.dropped_items == 4), worker.state()
+        why = worker.problem()
+        assert why is not None and why.startswith("dropped 4 item(s) it could neither deliver nor spool"), why
+        assert "No space left on device" in why
+        assert worker.lost_at is not None and worker.problem(worker.lost_at + LOST_SHOWN_S + 1) is None
+        assert "recovered" not in caplog.text
+    finally:
+        await worker.drain(1.0)
+
+
+def test_full_state_dir_makes_status_exit_1_and_clears_with_room(agent_factory, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The reviewer's service: the file exporter and the spools on a full disk. ``status`` said healthy (exit 0)
+    and STATUS= too while every batch was dropped; now both name it, and it clears once the disk has room."""
+    with tiny_tmpfs(tmp_path / "fs", "512k") as fs:
+        agent = agent_factory("", root=fs / "a")  # its file exporter writes on the small disk
+        monkeypatch.setenv("INFERSIGHT_STATE_DIR", str(fs / "state"))  # the exporters' spools too
+        monkeypatch.setenv("INFERSIGHT_EXPORTER_STALL_S", "2")  # how long a loss is said after the last one
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(tmp_path / "notify"))
+        notify.setblocking(False)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+        agent.start()
+
+        def file_exp() -> dict:  # type: ignore[type-arg]
+            return next(e for e in agent.status()["exporters"] if e["name"] == "file")
+
+        def statuses() -> list[str]:
+            out = []
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    out += [ln[7:] for ln in notify.recv(65536).decode().split("\n") if ln.startswith("STATUS=")]
+            return out
+
+        try:
+            assert wait_for(lambda: file_exp()["exported_items"] > 0, 20), file_exp()
+            filler = fill(fs)
+            # Each poll takes up again whatever a truncated write freed (test above): the disk stays full.
+            assert wait_for(lambda: fill(fs) is not None and not agent.status()["healthy"], 30), file_exp()
+            fill(fs)
+            r = subprocess.run([sys.executable, "-m", "infersight", "status", "--socket", str(agent.sock)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert "PROBLEM exporter file:" in r.stdout and "No space left on device" in r.stdout, r.stdout
+            assert "could neither deliver nor spool" in r.stdout, r.stdout
+            assert file_exp()["dropped_items"] > 0
+            said: list[str] = []
+
+            def said_loss() -> bool:
+                said.extend(statuses())
+                return any("could neither deliver nor spool" in t for t in said)
+
+            assert wait_for(said_loss, 20), said
+            assert any(t.startswith("UNHEALTHY: exporter file:") for t in said), said
+            filler.unlink()
+            assert wait_for(lambda: agent.status()["healthy"], 40), file_exp()
+            r = subprocess.run([sys.executable, "-m", "infersight", "status", "--socket", str(agent.sock)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert agent.proc.poll() is None
+        finally:
+            agent.stop()
+            notify.close()
 
 
 # -- item 5: refused batches ---------------------------------------------------------------
