@@ -281,6 +281,17 @@ def check_launch(python: str | None = None) -> Check:
         return Check("launch", FAIL, "cannot create a private socket: %s" % exc, "check TMPDIR permissions")
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    if python is not None:  # they did here, as doctor's user: the server's user may not read them
+        from infersight.agent.commands import hooks_install
+
+        try:
+            site = hooks_install.site_packages(python)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            site = None
+        problem = hooks_install.access_problem(site, boot) if site else None
+        if problem is not None:
+            return Check("launch", WARN, "hooks activate through %s in %s as uid %d, but %s"
+                         % (boot, python, os.getuid(), problem[0]), problem[1])
     return Check("launch", OK, "hooks activate through %s%s" % (boot, " in %s" % python if python else ""))
 
 

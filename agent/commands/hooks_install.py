@@ -11,10 +11,15 @@ install`` rewrites the line of an older install.
 from __future__ import annotations
 
 import argparse
+import grp
 import json
 import os
+import pwd
+import shlex
+import stat
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from infersight.agent.cli import command_help
@@ -40,7 +45,10 @@ try:
         sys.stderr.flush()
 except Exception as e:
     try:
-        sys.stderr.write('infersight: bootstrap failed, running without hooks: %%r\\n' %% (e,))
+        sys.stderr.write('infersight: bootstrap failed, running without hooks: %%r%%s\\n' %% (e, (
+            " (%%s: this user, uid %%d, must be able to read infersight's install, %%s, and enter each directory "
+            "above it; `infersight hooks install --python %%s` names the first it cannot, and the fix)"
+            %% (e.filename or %(dir)r, os.getuid(), %(install)r, sys.executable)) if isinstance(e, OSError) else ''))
     except Exception:
         pass
 """
@@ -53,6 +61,7 @@ def pth_line(bootstrap: str) -> str:
         "on": _env.TRUE_WORDS,
         "dir": bootstrap,
         "file": os.path.join(bootstrap, "sitecustomize.py"),
+        "install": os.path.dirname(os.path.dirname(bootstrap)),
         "bad": "infersight: INFERSIGHT=%%r is not allowed: expected %s; the hooks stay off\n"
                % _env.VARS["INFERSIGHT"].allowed(),
     }
@@ -78,6 +87,140 @@ def pth_path(python: str, out: TextIO) -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class Audience:
+    """Who runs an interpreter, as far as its site-packages tells: ``uid`` (-1: any user outside the
+    owner) with ``gids``, and how to say it."""
+
+    uid: int
+    gids: frozenset[int]
+    said: str
+
+
+def audience(site: str) -> Audience | None:
+    """The users who may run the interpreter whose site-packages is ``site``: its owner where that is
+    not root (a server user's venv); where root owns it, every user when others may reach and read it
+    (any server user), else the members of its group when they may; None for root alone (root reads
+    anything, and there is no one else to check for)."""
+    site = os.path.realpath(site)
+    st = os.stat(site)
+    if st.st_uid != 0:
+        try:
+            pw = pwd.getpwuid(st.st_uid)
+            gids = frozenset(os.getgrouplist(pw.pw_name, pw.pw_gid))
+            name = "uid %d (%s)" % (st.st_uid, pw.pw_name)
+        except KeyError:  # a uid with no passwd entry: its file's group is the best guess
+            gids, name = frozenset({st.st_gid}), "uid %d" % st.st_uid
+        return Audience(st.st_uid, gids, "%s, who owns %s," % (name, site))
+    anyone = Audience(-1, frozenset(), "a user other than root (%s is root's, open to all)" % site)
+    if _reaches(site, anyone):
+        return anyone
+    group = Audience(-1, frozenset({st.st_gid}), "a member of group %s (%s is root's, open to it)"
+                     % (_group_name(st.st_gid), site))
+    return group if st.st_gid != 0 and _reaches(site, group) else None
+
+
+def _reaches(path: str, who: Audience) -> bool:
+    """``who`` may enter each directory down to ``path``, and list and enter ``path``."""
+    if not _allows(os.stat(path), who, 5):
+        return False
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        if not _allows(os.stat(path), who, 1):
+            return False
+    return True
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _who(st: os.stat_result, who: Audience) -> str:
+    """Which of a file's permission classes applies to ``who``: u, g or o (the first that matches)."""
+    if st.st_uid == who.uid:
+        return "u"
+    return "g" if st.st_gid in who.gids else "o"
+
+
+def _allows(st: os.stat_result, who: Audience, want: int) -> bool:
+    """``want`` (4 read, 1 search) in the permission class that applies to ``who`` (ACLs aside)."""
+    shift = {"u": 6, "g": 3, "o": 0}[_who(st, who)]
+    return (st.st_mode >> shift) & want == want
+
+
+def blocked(tree: str, who: Audience) -> list[tuple[str, str, os.stat_result]]:
+    """What keeps ``who`` from loading ``tree`` (the hooks package the bootstrap loads): each directory
+    above it that it cannot enter (x), then the first path within it that it cannot use (a directory to
+    list and enter, r and x; a file to read, r), ``__pycache__`` aside (an unreadable cache is compiled
+    afresh). Each as (path, what it lacks, its stat); empty when nothing is in the way."""
+    tree = os.path.realpath(tree)
+    above = []
+    d = os.path.dirname(tree)
+    while True:
+        above.append(d)
+        if d == os.path.dirname(d):
+            break
+        d = os.path.dirname(d)
+    out = []
+    for path in reversed(above):
+        st = os.stat(path)
+        if not _allows(st, who, 1):
+            out.append((path, "enter", st))
+    for top, dirs, files in os.walk(tree):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        st = os.stat(top)
+        if not _allows(st, who, 5):
+            return [*out, (top, "list and enter", st)]
+        for f in sorted(files):
+            fst = os.stat(os.path.join(top, f))
+            if not _allows(fst, who, 4):
+                return [*out, (os.path.join(top, f), "read", fst)]
+    return out
+
+
+def access_problem(site: str, bootstrap: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when the users of the interpreter whose site-packages is ``site`` cannot
+    load the hooks that ``bootstrap``'s ``.pth`` line runs (infersight installed by root under umask 077:
+    the hooked server said only ``PermissionError(13, 'Permission denied')`` and ran without hooks).
+    The fix opens infersight's install (its prefix, where the hooks are in it) recursively, and only
+    lets the directories above it be entered."""
+    try:
+        who = audience(site)
+        if who is None:
+            return None
+        hooks = os.path.realpath(os.path.dirname(bootstrap))
+        found = blocked(hooks, who)
+    except OSError as exc:  # cannot look (a path gone meanwhile): say so rather than guess
+        return "cannot check who may read %s: %s" % (bootstrap, exc), ""
+    if not found:
+        return None
+    path, lacks, st = found[0]
+    cls = _who(st, who)
+    what = ("%s cannot %s %s (%s %s:%s): the hooked server would run without hooks"
+            % (who.said, lacks, path, stat.filemode(st.st_mode), _user_name(st.st_uid), _group_name(st.st_gid)))
+    prefix = os.path.realpath(sys.prefix)
+    root = prefix if hooks.startswith(prefix + os.sep) else hooks
+
+    def within(p: str) -> bool:
+        return p == root or p.startswith(root + os.sep)
+
+    outside = [shlex.quote(p) for p, _, _ in found if not within(p)]
+    fix = ["chmod %s+x %s" % (cls, " ".join(outside))] if outside else []
+    if any(within(p) for p, _, _ in found):  # (one file there, and likely all, made under the same umask)
+        fix.append("chmod -R %s+rX %s" % (cls, shlex.quote(root)))
+    return what, "%s (a umask such as 077 made it private: install infersight under 022)" % " && ".join(fix)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def install(python: str, out: TextIO, named: bool = True) -> int:
     """Write the ``.pth`` into ``python``'s site-packages. ``named``: the user named the interpreter
     (``--python``); without it this one is used, infersight's own, which is seldom the model server's."""
@@ -91,6 +234,9 @@ def install(python: str, out: TextIO, named: bool = True) -> int:
         out.write("infersight hooks: cannot write %s: %s\n" % (target, exc))
         return 1
     out.write("installed %s\n" % target)
+    problem = access_problem(os.path.dirname(target), _bootstrap_dir())
+    if problem is not None:
+        out.write("warning: %s\n" % problem[0] + ("  fix: %s\n" % problem[1] if problem[1] else ""))
     if not named:
         out.write("(into %s, the interpreter infersight runs in: for a model server's own, run again with "
                   "--python /path/to/its/python)\n" % python)

@@ -61,8 +61,10 @@ def _activate() -> None:
         try:
             where = ""
             if isinstance(exc, OSError):  # e.g. infersight's install not readable by this process's user
-                where = " (%s: this user, uid %d, must be able to read infersight's install, %s)" % (
-                    exc.filename or "?", os.getuid(), os.path.dirname(os.path.dirname(_HERE)))
+                where = (" (%s: this user, uid %d, must be able to read infersight's install, %s, and enter each "
+                         "directory above it; `infersight hooks install --python %s` names the first it cannot, "
+                         "and the fix)" % (exc.filename or _HERE, os.getuid(), os.path.dirname(os.path.dirname(_HERE)),
+                                           sys.executable))
             sys.stderr.write("infersight: bootstrap failed, running without hooks: %r%s\n" % (exc, where))
         except Exception:
             pass
