@@ -152,11 +152,78 @@ def check_nvml() -> Check:
                  "install the NVIDIA driver (libnvidia-ml.so.1); device metrics and verdicts need it")
 
 
+def _denied(path: str, exc: OSError) -> Check:
+    """This user may not reach the socket at ``path``: who it is, the group it lacks, and how to join.
+    The group is the owning group of the first path in the way (the socket's directory, 0750
+    infersight:infersight from tmpfiles.d, or the 0660 socket), else of the socket's directory."""
+    import grp
+    import pwd
+
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    gid = None
+    probe = os.path.dirname(os.path.abspath(path))
+    for p in _above(path):  # the first one this process may not search (or, last, the socket itself)
+        try:
+            st = os.stat(p)
+        except OSError:
+            break
+        gid = st.st_gid
+        probe = p
+        if p != path and not os.access(p, os.X_OK):
+            break
+    try:
+        group = grp.getgrgid(gid).gr_name if gid is not None else "infersight"
+    except KeyError:
+        group = str(gid)
+    if gid is not None and gid in (os.getgid(), *os.getgroups()):
+        return Check("agent", WARN, "permission denied for uid %d (%s) at %s: %s" % (uid, user, path, exc),
+                     "%s is in group %s already: check the modes of %s and the socket" % (user, group, probe))
+    member = gid is not None and user in _members(gid)
+    why = ("a member of group %s since this process started: log in again" % group if member
+           else "not in group %s" % group)
+    return Check("agent", WARN, "the socket %s exists, but permission denied for uid %d (%s, %s)"
+                 % (path, uid, user, why),
+                 "usermod -aG %s %s, then restart its processes (a service: SupplementaryGroups=%s)"
+                 % (group, user, group))
+
+
+def _above(path: str) -> list[str]:
+    """``path``'s directories from ``/`` down, then ``path``."""
+    path = os.path.abspath(path)
+    out = [path]
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        out.append(path)
+    return out[::-1]
+
+
+def _members(gid: int) -> set[str]:
+    """The users whose group ``gid`` is, supplementary or primary."""
+    import grp
+    import pwd
+
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        members = set()
+    return members | {pw.pw_name for pw in pwd.getpwall() if pw.pw_gid == gid}
+
+
 def check_socket(conf: Config) -> list[Check]:
     path = conf["agent.socket"]
     out = []
-    if os.path.exists(path):
-        mode = os.stat(path).st_mode & 0o777
+    try:
+        st = os.stat(path)
+    except PermissionError as exc:  # os.path.exists says False here: the socket is there, in a closed directory
+        return [_denied(path, exc)]
+    except OSError:
+        st = None
+    if st is not None:
+        mode = st.st_mode & 0o777
         status = OK if mode & 0o007 == 0 else WARN
         out.append(Check("socket", status, "%s (mode %04o)" % (path, mode),
                          "" if status == OK else "the socket should be 0660 or stricter"))
@@ -168,6 +235,8 @@ def check_socket(conf: Config) -> list[Check]:
             out.append(Check("agent", OK if h.get("healthy") else WARN,
                              "running (pid %s, %s)" % (h.get("pid"), state),
                              "" if h.get("healthy") else "see `infersight status`"))
+        except PermissionError as exc:  # a 0660 socket and a user not in its group
+            out.append(_denied(path, exc))
         except OSError as exc:
             out.append(Check("agent", WARN, "not answering at %s: %s" % (path, exc),
                              "start it (systemctl start infersight) or use `infersight launch`"))
