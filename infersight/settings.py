@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,11 +85,32 @@ def strip_host(host: str) -> str:
     return h[1:-1] if h.startswith("[") and h.endswith("]") else h
 
 
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?")
+
+
 def parse_listen_host(v: Any) -> str:
-    """The address a server of the agent binds (brackets of an IPv6 address removed)."""
+    """The address a server of the agent binds (brackets of an IPv6 address removed): a host name, an IPv4
+    or IPv6 address, never a port nor a URL (``localhost:9`` passed and the bind then failed for ever)."""
     if not isinstance(v, str) or not strip_host(v):
         raise ValueError("expected a host name or address (0.0.0.0 or :: for all interfaces)")
-    return strip_host(v)
+    h = strip_host(v)
+    if "://" in h:
+        raise ValueError("expected a host, not a URL: no scheme (%s://), no port, no path" % h.split("://", 1)[0])
+    if ":" in h:
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(h.split("%", 1)[0])  # (a zone: fe80::1%eth0)
+            return h
+        except ValueError:
+            pass
+        head, _, tail = h.rpartition(":")
+        if tail.isdigit() and head:
+            raise ValueError("expected a host without a port: the port has its own key (port = %s)" % tail)
+        raise ValueError("expected a host name or address")
+    if not _HOST_NAME.fullmatch(h):
+        raise ValueError("expected a host name or address (letters, digits, '-', '.'), no port, no path")
+    return h
 
 
 def _parse_float(v: Any) -> float:
@@ -194,9 +216,11 @@ def section_unset(config: Config, prefix: str, env_prefix: str, env: Mapping[str
             and not any(v != "" and k.startswith(env_prefix) for k, v in env.items()))
 
 
-def unknown_key(name: str, known: Iterable[str]) -> str:
+def unknown_key(name: str, known: Iterable[str], sections: Iterable[str] = ()) -> str:
     """``unknown key 'agent.log_levle' (did you mean 'agent.log_level'?)``: the message for a key nothing
-    reads, with the closest known one (difflib, imported only for an error)."""
+    reads, with the closest known one (difflib, imported only for an error). ``sections``: sections whose
+    keys other modules know (``exporters.mqtt.``): a misspelled one (``[exporter.mqtt]``) is named with the
+    key's name in it."""
     import difflib
 
     known = sorted(known)
@@ -205,7 +229,13 @@ def unknown_key(name: str, known: Iterable[str]) -> str:
     same = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == section}
     close = [same[c] for c in difflib.get_close_matches(leaf, sorted(same), n=1, cutoff=0.75)]
     if not same:  # a section nothing has (misspelled, ``[agnet]``): the whole name, among every key
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        others = sorted({s.rstrip(".") for s in sections} - {k.rpartition(".")[0] for k in known})
+        near = difflib.get_close_matches(section, sorted({k.rpartition(".")[0] for k in known} | set(others)),
+                                         n=1, cutoff=0.75)
+        if near and near[0] in others:  # a section whose keys its own module checks once it is found
+            close = ["%s.%s" % (near[0], leaf)]
+        else:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
     return "unknown key %r%s" % (name, " (did you mean %r?)" % close[0] if close else "")
 
 

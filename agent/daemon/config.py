@@ -304,7 +304,7 @@ def load(
             locations = {name: Location(path, where.nearest(name).line) for name in file_values}
     for name in file_values:
         if name not in known and not name.startswith(EXTENSION_SECTIONS):
-            raise ConfigError(unknown_key(name, known), locations[name])
+            raise ConfigError(unknown_key(name, known, EXTENSION_SECTIONS), locations[name])
     for k in keys:
         origin: str | Location = "default"
         raw_value = None

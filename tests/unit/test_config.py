@@ -125,3 +125,48 @@ def test_an_unset_exporter_section_is_known_without_its_module(tmp_path: Path) -
     f = write(tmp_path, "[exporters.prometheus]\nport = 0\nnonsense = 1\n")
     with pytest.raises(ConfigError, match="nonsense"):
         check_exporter_settings(cfg.load(str(f), env={}), {})
+
+
+def test_a_misspelled_section_of_another_modules_keys_names_the_section(tmp_path: Path) -> None:
+    """``[exporter.mqtt]`` (singular) said ``unknown key 'exporter.mqtt.url'`` with no guess: the known keys are
+    the agent's own, not those of the sections other modules check (MQTT, Prometheus, NVML, devices, routing)."""
+    for text, want in (('[exporter.mqtt]\nurl = "mqtt://b:1883"\n', "'exporters.mqtt.url'"),
+                       ("[exporter.prometheus]\nenabled = true\n", "'exporters.prometheus.enabled'"),
+                       ("[device]\nwindow_s = 60\n", "'devices.window_s'"),
+                       ("[routng]\nenabled = true\n", "'routing.enabled'"),
+                       ('[exporter.file]\npath = "/x"\n', "'exporters.file.path'")):  # the agent's own, as before
+        with pytest.raises(ConfigError) as e:
+            cfg.load(str(write(tmp_path, text)), env={})
+        assert str(e.value).endswith("(did you mean %s?)" % want), e.value
+        assert "c.toml:2" in str(e.value), e.value
+    with pytest.raises(ConfigError) as e:  # far from every section: no guess
+        cfg.load(str(write(tmp_path, "[zebra]\nstripes = 3\n")), env={})
+    assert "did you mean" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize(("host", "why"), [
+    ("localhost:9", "expected a host without a port: the port has its own key (port = 9)"),
+    ("[::1]:9464", "expected a host without a port"),
+    ("http://127.0.0.1", "expected a host, not a URL"),
+    ("127.0.0.1/metrics", "expected a host name or address"),
+    ("my host", "expected a host name or address"),
+])
+def test_a_listen_host_with_a_port_or_a_scheme_is_refused_naming_the_key(tmp_path: Path, host: str,
+                                                                          why: str) -> None:
+    """``exporters.prometheus.host = "localhost:9"`` passed validation, and the endpoint then failed to bind
+    for ever at run time (retried every 10 s): now the agent's start refuses it, with the key and file:line."""
+    from infersight.agent.commands.compose import check_exporter_settings
+
+    p = write(tmp_path, '[exporters.prometheus]\nenabled = true\nhost = "%s"\n' % host)
+    with pytest.raises(ConfigError) as e:
+        check_exporter_settings(cfg.load(str(p), env={}), env={})
+    assert "c.toml:3" in str(e.value) and "exporters.prometheus.host" in str(e.value), e.value
+    assert why in str(e.value), e.value
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0", "::", "fe80::1%eth0",
+                                  "metrics.example.internal"])
+def test_a_listen_host_that_is_a_host_passes(host: str) -> None:
+    from infersight.settings import parse_listen_host
+
+    assert parse_listen_host(host) == host.strip("[]")
