@@ -99,6 +99,7 @@ def test_exec_start_names_the_real_executable(
     assert run_cli("--prefix", str(root), *FORCE) == 0
     text = (root / "etc/systemd/system/infersight.service").read_text()
     assert f"\nExecStart={exe} agent --config /etc/infersight/infersight.toml\n" in text
+    assert "\nRestartPreventExitStatus=2\n" in text  # a config error at start is not restarted every 2 s
     analyze = shutil.which("systemd-analyze")
     if analyze:  # the installed units verify clean with the rewritten ExecStart
         units = root / "etc/systemd/system"

@@ -210,3 +210,17 @@ def test_package_data_matches_checkout() -> None:
     }
     for name, src in pairs.items():
         assert (data / name).read_bytes() == src.read_bytes(), name
+
+
+def test_a_config_error_at_start_is_not_restarted_every_2_s(tmp_path: Path) -> None:
+    """A typo in the config exits 2 and ``Restart=on-failure`` restarted the agent every 2 s, reading the same file
+    (a review of the systemd path). Exit 2 is a configuration or usage error found at start, and the unit does
+    not restart it; a crash (1) or a signal still restarts."""
+    svc = parse_unit(SERVICE)["Service"]
+    assert svc["Restart"] == ["on-failure"] and svc["RestartPreventExitStatus"] == ["2"]
+    conf = tmp_path / "infersight.toml"
+    conf.write_text('[agent]\nsocket = "%s"\nlog_levle = "info"\n' % (tmp_path / "agent.sock"))
+    r = subprocess.run([sys.executable, "-m", "infersight", "agent", "--config", str(conf)], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "INFERSIGHT_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 2, r.stderr
+    assert "%s:3: unknown key 'agent.log_levle' (did you mean 'agent.log_level'?)" % conf in r.stderr, r.stderr
