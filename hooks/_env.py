@@ -193,6 +193,16 @@ OTHER_NAMES = frozenset((
 ))
 PREFIX = "INFERSIGHT_"
 
+# The switch misspelled. With INFERSIGHT unset or empty, the ``.pth`` line (``hooks install``) says one
+# stderr line for a name that looks like it, set to a value that is not off: one within this edit distance
+# of INFERSIGHT in any case (INFERSIGT, INFERSITE, INFERSIGHTS, infersight), or INFERSIGHT_ and one of
+# these words (INFERSIGHT_ENABLED). Other INFERSIGHT_* names, set without the switch, say nothing: a
+# fleet may set them for every service and switch the hooks on per service. Only names that begin with
+# INF (any case) are looked at, the one test made on every name at every start of that interpreter.
+SWITCH = "INFERSIGHT"
+SWITCH_TYPO_DISTANCE = 3
+SWITCH_TYPO_WORDS = ("", "ENABLE", "ENABLED", "ON", "HOOK", "HOOKS", "ACTIVE", "ACTIVATE", "SWITCH")
+
 _reported: Dict[str, str] = {}  # variable -> the bad value already said on stderr
 
 

@@ -1,11 +1,14 @@
 """``infersight hooks install|uninstall --python PY``: the ``.pth`` bootstrap.
 
 The ``.pth`` line runs at every start of that interpreter but does nothing while
-``INFERSIGHT`` is unset, empty or off (one environment lookup, no import); on (``1``,
-``true``...), it puts the bootstrap directory on ``sys.path`` and runs it, as ``launch``
-does through PYTHONPATH; any other value is one stderr line naming the variable, the value
-and the allowed words, and the hooks stay off. The line never raises. Re-running ``hooks
-install`` rewrites the line of an older install.
+``INFERSIGHT`` is off (one environment lookup, no import) or unset or empty (a look at each
+name's first letters too); on (``1``, ``true``...), it puts the bootstrap directory on
+``sys.path`` and runs it, as ``launch`` does through PYTHONPATH; any other value is one stderr
+line naming the variable, the value and the allowed words, and the hooks stay off. Unset, a
+name that looks like the switch misspelled (INFERSIGT, INFERSIGHT_ENABLED) is one stderr line
+naming it and INFERSIGHT. The line never raises. Re-running ``hooks install`` rewrites the line
+of an older install. It also warns when the users of that interpreter cannot read infersight's
+install (:func:`access_problem`).
 """
 
 from __future__ import annotations
@@ -28,47 +31,49 @@ from infersight.hooks import _bootstrap_dir, _env
 PTH_NAME = "infersight-hooks.pth"
 
 
-# What the .pth line runs once INFERSIGHT is set and not off (``w``: its value, stripped and
-# lowercased). The bootstrap directory already on sys.path (PYTHONPATH) runs itself as
-# ``sitecustomize`` and says a bad value there itself. site may read a venv's site-packages,
-# and so this line, twice (Python 3.11: once from its venv set-up): a bad value is said once,
-# marked on ``sys``.
+# What the .pth line runs when its test lets it (below): the bootstrap's ``_infersight_pth.py``, read only
+# then, whose ``run`` starts the bootstrap (the switch on), says a bad switch or a misspelled one. Whatever
+# fails (an install this user cannot read, a .pth left behind by an uninstalled infersight) is one stderr
+# line naming the file, the uid and the command that finds the rest; it never raises into site.
 _PTH_CODE = """\
 try:
-    if w in %(on)r:
-        if %(dir)r not in sys.path:
-            sys.path.insert(0, %(dir)r)
-            __import__('runpy').run_path(%(file)r)
-    elif %(dir)r not in sys.path and not getattr(sys, '_infersight_switch_said', False):
-        sys._infersight_switch_said = True
-        sys.stderr.write(%(bad)r %% (os.environ.get('INFERSIGHT'),))
-        sys.stderr.flush()
+    with open(%(file)r, 'rb') as f:
+        g = {'__name__': '_infersight_pth', '__file__': %(file)r}
+        exec(compile(f.read(), %(file)r, 'exec'), g)
+    g['run'](os.environ.get('INFERSIGHT', '').strip().lower(), %(dir)r)
 except Exception as e:
     try:
-        sys.stderr.write('infersight: bootstrap failed, running without hooks: %%r%%s\\n' %% (e, (
-            " (%%s: this user, uid %%d, must be able to read infersight's install, %%s, and enter each directory "
-            "above it; `infersight hooks install --python %%s` names the first it cannot, and the fix)"
-            %% (e.filename or %(dir)r, os.getuid(), %(install)r, sys.executable)) if isinstance(e, OSError) else ''))
+        if not getattr(sys, '_infersight_boot_failed', False):  # (site may read the line twice)
+            sys._infersight_boot_failed = True
+            sys.stderr.write('infersight: bootstrap failed, running without hooks: %%r%%s\\n' %% (e, (
+                " (%%s: this user, uid %%d, must be able to read infersight's install, %%s, and enter each "
+                "directory above it; `infersight hooks install --python %%s` names the first it cannot, and the fix)"
+                %% (e.filename or %(file)r, os.getuid(), %(install)r, sys.executable))
+                if isinstance(e, OSError) else ''))
     except Exception:
         pass
 """
 
 
 def pth_line(bootstrap: str) -> str:
-    """The ``.pth`` line (site executes lines that start with "import"): unset, empty or an off
-    word costs one environment lookup; the rest runs in a ``try`` of its own (``_PTH_CODE``)."""
+    """The ``.pth`` line (site executes lines that start with "import"). An off ``INFERSIGHT`` costs one
+    environment lookup; otherwise a look at each name: the code (``_PTH_CODE``, in a ``try`` of its own)
+    runs only for a name that begins with INF (any case) and is short enough to be the switch misspelled
+    (INFERSIGHT itself among them: on, a bad value, or empty) or is INFERSIGHT_ and the start of a switch
+    word (``_env.SWITCH_TYPO_WORDS``: INFERSIGHT_ENABLED); ``_infersight_pth.run`` then decides. Other
+    INFERSIGHT_* names (a fleet's, for every service) run nothing. site compiles the line at every start:
+    each node of it costs (bench/pth_line_cost.py), hence one flat test."""
     code = _PTH_CODE % {
-        "on": _env.TRUE_WORDS,
         "dir": bootstrap,
-        "file": os.path.join(bootstrap, "sitecustomize.py"),
+        "file": os.path.join(bootstrap, "_infersight_pth.py"),
         "install": os.path.dirname(os.path.dirname(bootstrap)),
-        "bad": "infersight: INFERSIGHT=%%r is not allowed: expected %s; the hooks stay off\n"
-               % _env.VARS["INFERSIGHT"].allowed(),
     }
+    longest = len(_env.SWITCH) + _env.SWITCH_TYPO_DISTANCE  # (INFERSIGHT_ and a word up to 2 letters: shorter)
+    starts = tuple(sorted({w[:3] for w in _env.SWITCH_TYPO_WORDS if len(w) > 2}))
     return (
-        "import os, sys; os.environ.get('INFERSIGHT', '').strip().lower() in %r or "
-        "exec(%r, {'os': os, 'sys': sys, 'w': os.environ['INFERSIGHT'].strip().lower()})\n"
-        % (("", *_env.FALSE_WORDS), code)
+        "import os, sys; os.environ.get('INFERSIGHT', '').strip().lower() in %r or not any(k[:3].upper() == 'INF' "
+        "and (len(k) <= %d or k[11:14].upper() in %r) for k in os.environ) or exec(%r, {'os': os, 'sys': sys})\n"
+        % (_env.FALSE_WORDS, longest, starts, code)
     )
 
 

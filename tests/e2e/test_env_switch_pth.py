@@ -21,6 +21,7 @@ import pytest
 from conftest import BOOTSTRAP, hook_env, launch_tmpdir, wait_for
 
 from infersight.agent.commands.hooks_install import pth_line
+from infersight.hooks import _env as _hooks_env
 
 CLI = [sys.executable, "-m", "infersight"]
 PROBE = ("import sys; h = sys.modules.get('infersight.hooks'); "
@@ -93,6 +94,84 @@ def _launch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
     env.update(TMPDIR=launch_tmpdir(tmp_path / "t"), INFERSIGHT_MEASURE_STORAGE="0", **extra)
     return env
+
+
+# -- the switch misspelled: the .pth line says it, once, and loads nothing -----------------------------------
+
+LOADED = "import sys; print(sorted(m for m in sys.modules if 'infersight' in m or m in ('difflib', 'runpy')))"
+
+
+@pytest.mark.parametrize("name", ["INFERSIGT", "INFERSITE", "INFERSIGHTS", "INFRESIGHT", "infersight", "Infersight",
+                                  "INFERSIGHT_ENABLED", "INFERSIGHT_ENABLE", "INFERSIGHT_ON", "INFERSIGHT_"])
+def test_a_misspelled_switch_is_said_and_the_hooks_stay_off(tmp_path: Path, hooked_python: str, name: str) -> None:
+    """INFERSIGT=1 or INFERSIGHT_ENABLED=1 alone: the hooks stayed off and nothing was printed (a review: "a typo
+    in one variable switches the hooks off" is a known fleet failure). One line names it and the switch."""
+    r = subprocess.run([hooked_python, "-c", LOADED], capture_output=True, text=True, timeout=60,
+                       env=_env(tmp_path, **{name: "1"}))
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr  # nothing of ours loaded
+    assert r.stderr.splitlines() == ["infersight: the hooks' switch is INFERSIGHT, not %s (INFERSIGHT=1 turns them "
+                                     "on); the hooks stay off" % name], r.stderr  # once: site reads the line twice
+
+
+@pytest.mark.parametrize("extra", [
+    {"INFERSIGT": "0"},  # a typo that means off: off it is
+    {"INFERSIGT": ""},
+    {"INFERSIGHT_SOCKET": "/run/infersight/agent.sock", "INFERSIGHT_STATE_DIR": "/var/lib/x"},  # a fleet's, the switch
+    {"INFERSIGHT_SPOOL_DIR": "/var/lib/infersight/spool", "INFERSIGHT_EXIT_FLUSH_S": "1"},  # per service
+    {"INFERENCE_URL": "http://x", "INFERENCE_SERVER_ENDPOINT": "http://y", "INFO": "1", "INFLUXDB_HOST": "h"},
+    {"INFERSIGHT": "0", "INFERSIGT": "1"},  # the switch itself off: the typo is no matter
+])
+def test_no_misspelled_switch_is_silent(tmp_path: Path, hooked_python: str, extra: dict[str, str]) -> None:
+    r = subprocess.run([hooked_python, "-c", LOADED], capture_output=True, text=True, timeout=60,
+                       env=_env(tmp_path, **extra))
+    assert r.returncode == 0 and r.stdout.strip() == "[]" and r.stderr == "", r.stdout + r.stderr
+
+
+def test_the_switch_on_beside_a_typo_hooks_and_says_nothing_of_it(tmp_path: Path, hooked_python: str) -> None:
+    r = _run(hooked_python, _env(tmp_path, INFERSIGHT="1", INFERSIGT="1"))
+    assert r.returncode == 0 and r.stdout.strip() == "active", r.stderr
+    assert "switch" not in r.stderr, r.stderr
+
+
+def test_a_typo_under_the_bootstrap_on_pythonpath_is_not_said(tmp_path: Path, hooked_python: str) -> None:
+    """The bootstrap directory on PYTHONPATH hooks a process whose INFERSIGHT is unset: "stay off" would be false."""
+    r = _run(hooked_python, _env(tmp_path, PYTHONPATH=str(BOOTSTRAP), INFERSIGT="1"))
+    assert r.returncode == 0 and r.stdout.strip() == "active", r.stderr
+    assert "switch" not in r.stderr, r.stderr
+
+
+def test_the_line_runs_its_code_only_for_a_name_that_may_be_the_switch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The line's own test, made on every name at every start, lets through every name the code would say
+    (``is_typo``) and, of the names a host sets, none of a fleet's INFERSIGHT_* ones nor long INF names."""
+    from infersight.hooks.bootstrap import _infersight_pth as pth
+
+    stub = tmp_path / "boot"
+    stub.mkdir()
+    (stub / "_infersight_pth.py").write_text("def run(w, boot):\n    print('ran')\n")
+    line = pth_line(str(stub))
+    for k in [k for k in os.environ if k.upper().startswith("INF")]:
+        monkeypatch.delenv(k)
+    typos = ["INFERSIGT", "INFERSITE", "INFERSIGHTS", "INFERSIGH", "INFRESIGHT", "INFERSIHGT", "INFOSIGHT",
+             "infersight", "INFERSIGHT_", "INFERSIGHT_ON", *("INFERSIGHT_" + w for w in _hooks_env.SWITCH_TYPO_WORDS)]
+    quiet = ["INFERSIGHT_SOCKET", "INFERSIGHT_SPOOL_DIR", "INFERSIGHT_EXIT_FLUSH_S", "INFERSIGHT_STATE_DIR",
+             "INFERSIGHT_HOST_NAME", "INFERSIGHT_OTLP_FILE", "INFERENCE_SERVER_URL", "INFERENCE_ENDPOINT", "PATH_INFO"]
+    for name in typos + quiet:
+        monkeypatch.setenv(name, "1")
+        exec(line, {})  # noqa: S102 - the line, as site runs it
+        ran = capsys.readouterr().out == "ran\n"
+        monkeypatch.delenv(name)
+        assert ran == (name in typos), name
+        assert pth.is_typo(name) == (name in typos), name
+
+
+def test_the_line_code_agrees_with_the_hooks_words() -> None:
+    """The file the line runs imports nothing of ours: its words are _env's, held equal here."""
+    from infersight.hooks.bootstrap import _infersight_pth as pth
+
+    assert pth.ON == _hooks_env.TRUE_WORDS and ("", *_hooks_env.FALSE_WORDS) == pth.OFF
+    assert _hooks_env.VARS["INFERSIGHT"].allowed() == pth.ALLOWED and pth.SWITCH == _hooks_env.SWITCH
+    assert pth.TYPO_WORDS == _hooks_env.SWITCH_TYPO_WORDS and pth.TYPO_DISTANCE == _hooks_env.SWITCH_TYPO_DISTANCE
 
 
 def test_launch_env_refuses_a_misspelled_name(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ DELIBERATE = {
     "INFERSIGHT_SPOOL_MAX_BYTE", "INFERSIGHT_PROMETHEUS_PROT", "INFERSIGHT_OTLP_FILE_ENABLE",
     "INFERSIGHT_SAMPLR", "INFERSIGHT_ZZZ_NOTHING_LIKE_IT",
     "INFERSIGHT_X", "INFERSIGHT_Y", "INFERSIGHT_Z", "INFERSIGHT_W", "INFERSIGHT_V", "INFERSIGHT_OK",
+    "INFERSIGHT_ENABLED", "INFERSIGHT_ENABLE", "INFERSIGHT_ON",  # the switch misspelled (_env.SWITCH_TYPO_WORDS)
 }
 SKIP_DIRS = {".git", ".venv", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 NAME = re.compile(r"\bINFERSIGHT_[A-Z0-9_]*[A-Z0-9]\b(?![_*])")  # not a prefix (INFERSIGHT_MQTT_*)
