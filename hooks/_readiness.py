@@ -45,6 +45,7 @@ REPORT_JOIN_S = REPORT_FLUSH_S + 1.0  # ... and for a report to the supervisor i
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
 READY_SIGNALS = _contract.READY_SIGNALS
+WORKERS_READY = "infersight.coldstart.workers_ready"  # on a supervisor's root: its workers that were ever ready
 
 
 class _Warm:
@@ -424,6 +425,9 @@ def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_
         _emit_unattributed(end_at)
         if children:
             _runtime.state().root_attrs["infersight.coldstart.workers"] = len(children)
+            # how many of them were ever ready (a worker that failed to boot, or was stopped while it
+            # loaded, reports "exit"): none, and this process's own readiness (its listen) served nobody
+            _runtime.state().root_attrs[WORKERS_READY] = sum(1 for r in children if r[2] != _contract.ENDED_BY_EXIT)
         if st.children_ready:
             _workers.cleanup(st.children_dir)
     except Exception as exc:
@@ -442,7 +446,10 @@ def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_
     _runtime.end_root(end_ns, attrs)
     uninstall()
     if st.parent_dir and st.role != "helper":
-        _report_to_parent(st.parent_dir, start_ns, end_at, ended_by)
+        # What happened (first_request, workers: it served), else how its root ended: "ready" for one that
+        # was ready and exited without serving, "exit" for one that never was (WORKERS_READY counts the others)
+        _report_to_parent(st.parent_dir, start_ns, end_at,
+                          ended_by if ended_by in _workers.SERVED else attrs[_contract.ENDED_BY])
 
 
 def _report_to_parent(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> None:
@@ -511,6 +518,12 @@ def at_exit() -> None:
         if not root_open():
             return
         end_ns, ended_by = None, "exit"
+        if st.ready_source == "fork" and st.ready_ns is not None and not st.rule_fork_ready_sent:
+            # provisional, never confirmed: it never reached its serving loop (a gunicorn worker whose
+            # app failed to load, or that was stopped while loading): never ready, its whole life its start
+            with st.lock:
+                st.ready_ns = None
+                st.ready_source = ""
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server, never served: ready once its own work after the fork
             # was done (a gunicorn worker's app load and warmup, whose run ends here); the wait

@@ -12,6 +12,8 @@ gunicorn and uvicorn processes under ``infersight launch`` (tiny apps: ``workloa
   its first request.
 - gunicorn's sync and gthread workers: a bare TCP connect (a tcpSocket probe) carries no request
   and is not the first request.
+- gunicorn workers that never reached their serving loop (the app failed to load; Ctrl-C while it
+  loaded): never ready, their root ends at their exit, and the master says none of its workers was.
 
 Each test waits for the port with a bare TCP connect (a probe that carries no request), sends one
 HTTP request, then stops the stack with SIGINT to its process group, as a terminal does."""
@@ -327,3 +329,87 @@ def test_a_fork_pool_worker_of_a_ready_server_is_ready_at_its_fork(tmp_path) -> 
     assert "warmup" not in {stage_name(s) for s in child.stages}  # its serving forwards: no cold start
     threads = next(line for line in r.output.splitlines() if line.startswith("threads"))
     assert "infersight-coldstart-sampler" not in threads, threads
+
+
+FAILING_APP = "import time\ntime.sleep(1.0)\nraise OSError('model directory /models/gpt not found')\n"
+
+
+def test_gunicorn_worker_that_fails_to_boot_was_never_ready(tmp_path) -> None:
+    """A worker whose app fails to load (gunicorn: "Worker failed to boot", exit 3) never reached its
+    serving loop: its provisional fork readiness was never confirmed, so it was never ready, its whole
+    life (the failed load) its cold start. Its supervisor says that none of its workers was ready."""
+    from conftest import free_port
+    from launchutil import launch
+
+    (tmp_path / "failing_app.py").write_text(FAILING_APP)
+    argv = [os.path.join(BIN, "gunicorn"), "-w", "1", "-b", "127.0.0.1:%d" % free_port(), "failing_app:app"]
+    r = launch(str(tmp_path), argv, "--agent", "embedded", result=False, timeout=120)
+    assert r.rc == 3, r.output[-2000:]
+    (w,) = [cs for cs in coldstarts(r.spans) if cs.root.parent_span_id is not None]
+    assert w.root.attributes["infersight.coldstart.ended_by"] == "exit", w.root.attributes  # main: "ready"
+    assert "infersight.coldstart.ready_s" not in w.root.attributes
+    assert "infersight.ready.source" not in w.root.attributes
+    assert not the(w, "ready_wait")
+    load = [s for s in the(w, "framework_import")
+            if any(p.startswith("failing_app ") for p in s.attributes.get("infersight.import.packages", []))]
+    assert load and load[0].end_ns <= w.root.end_ns  # the failed load is inside its cold start
+    assert (w.root.end_ns - w.root.start_ns) / 1e9 >= 1.0
+    (master,) = [cs for cs in coldstarts(r.spans) if cs.root.parent_span_id is None]
+    assert master.root.attributes["infersight.coldstart.workers"] == 1
+    assert master.root.attributes["infersight.coldstart.workers_ready"] == 0
+
+
+LOADING_APP = """
+import os, time
+open(os.environ["LOADING_MARK"], "w").close()  # the worker loads its model now
+time.sleep(60)
+
+
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Length", "0")])
+    return []
+"""
+
+
+def test_gunicorn_worker_stopped_while_loading_was_never_ready(tmp_path) -> None:
+    """Ctrl-C while a gthread worker loads its app: it exits (gunicorn's SIGINT handler) before its
+    serving loop. It was never ready: its cold start runs to its exit, the load inside it."""
+    from conftest import free_port
+
+    (tmp_path / "loading_app.py").write_text(LOADING_APP)
+    mark = tmp_path / "loading"
+    port = free_port()
+    otlp = tmp_path / "out.otlp.jsonl"
+    e = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), INFERSIGHT_MEASURE_STORAGE="0",
+             TMPDIR=short_tmpdir(str(tmp_path)), LOADING_MARK=str(mark), **ENV)
+    argv = [os.path.join(BIN, "gunicorn"), "-w", "1", "--threads", "4", *GTHREAD_STOP, "-b", "127.0.0.1:%d" % port,
+            "loading_app:app"]
+    p = subprocess.Popen([*INFERSIGHT, "launch", "--agent", "embedded", "--otlp-file", str(otlp), "--", *argv],
+                         cwd=str(tmp_path), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    group = 0
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists():
+            assert p.poll() is None and time.monotonic() < deadline, "the worker never started to load"
+            time.sleep(0.05)
+        group = cmd_group(p.pid)
+        time.sleep(0.5)  # well inside the load
+        os.killpg(group, signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        if group:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    with open(otlp, encoding="utf-8") as f:
+        css = coldstarts(spans_from_lines(f.readlines()))
+    (w,) = [cs for cs in css if cs.root.parent_span_id is not None]
+    assert w.root.attributes["infersight.coldstart.ended_by"] == "exit", (w.root.attributes, out[-3000:])
+    assert "infersight.coldstart.ready_s" not in w.root.attributes
+    assert w.root.end_ns >= os.stat(mark).st_mtime_ns  # it was loading, inside its cold start
+    (master,) = [cs for cs in css if cs.root.parent_span_id is None]
+    assert master.root.attributes["infersight.coldstart.workers_ready"] == 0
