@@ -70,7 +70,7 @@ def _install_uvicorn_server(module: Any) -> None:
                 # app load and lifespan after the fork are done (its fork readiness was provisional)
                 _readiness.fork_ready("uvicorn.Server.startup")
             # its sockets, passed in (a --workers worker's, inherited) or its own, serve now
-            _readiness.server_started(self, args[0] if args else kwargs.get("sockets"))
+            _readiness.server_started(self, args[0] if args else kwargs.get("sockets"), "uvicorn.Server.startup")
         except Exception as exc:
             _runtime.fail(exc)
         return out
@@ -118,6 +118,51 @@ def _install_uvicorn_signal_exit(module: Any, cls: Any) -> None:
     wrapped._infersight_exit = True  # type: ignore[attr-defined]
     cls.capture_signals = wrapped
     add_undo(lambda: setattr(cls, "capture_signals", capture) if cls.capture_signals is wrapped else None)
+
+
+def _install_hypercorn_app(module: Any) -> None:
+    from . import asgi  # every request of the ASGI app hypercorn serves is timed
+
+    asgi.wrap_hypercorn(module)
+
+
+def _install_hypercorn_server(module: Any) -> None:
+    """Hypercorn's asyncio and uvloop workers (``hypercorn.asyncio.run.worker_serve``) run the
+    app's lifespan startup, then serve each socket with ``asyncio.start_server(..., sock=sock)``:
+    when that returns, the worker listens on it (uvloop listens in C) and serves. The socket is
+    the supervisor's (bound by hypercorn's main process, handed to each spawned worker), which the
+    kernel's tables alone never make readiness: counted as uvicorn's ``Server.startup`` counts its
+    own (``_readiness.server_started``). Hypercorn has no server object to wrap: the calls of
+    ``asyncio.start_server`` made by ``worker_serve`` (its code, the caller's frame) are watched
+    while the cold start runs; every other call passes through."""
+    aio: Any = sys.modules.get("asyncio")  # hypercorn.asyncio.run imported it
+    code = getattr(getattr(module, "worker_serve", None), "__code__", None)
+    start = getattr(aio, "start_server", None)
+    if aio is None or code is None or start is None or getattr(start, "_infersight", False):
+        return
+
+    async def serving(coro: Any, sock: Any) -> Any:
+        server = await coro
+        try:
+            socks = [sock] if sock is not None else list(getattr(server, "sockets", None) or ())
+            _readiness.server_started(None, socks, "hypercorn.asyncio.start_server")
+        except Exception as exc:
+            _runtime.fail(exc)
+        return server
+
+    def start_server(*args: Any, **kwargs: Any) -> Any:
+        coro = start(*args, **kwargs)
+        try:
+            if sys._getframe(1).f_code is code:
+                return serving(coro, kwargs.get("sock"))
+        except Exception as exc:
+            _runtime.fail(exc)
+        return coro
+
+    start_server._infersight = True  # type: ignore[attr-defined]
+    start_server.__wrapped__ = start  # type: ignore[attr-defined]
+    aio.start_server = start_server
+    add_undo(lambda: setattr(aio, "start_server", start) if aio.start_server is start_server else None)
 
 
 class _GunicornRequest(threading.local):
@@ -230,8 +275,10 @@ def install(boot: int) -> None:
     st.installed = st.collecting = True
     st.boot_ns = boot or time.time_ns()
     env = os.environ
+    # launch --ready-url: the URL's answer is the readiness of launch's own child. The processes it starts
+    # keep the file (a spawned worker serves that URL too), theirs only once they serve (_readiness).
     st.ready_file = _env.get("INFERSIGHT_READY_FILE")
-    env.pop("INFERSIGHT_READY_FILE", None)
+    st.ready_file_inherited = st.ready_file is not None and not _readiness.launched()
     _set_children_dirs(_env.get(_workers.ENV))
     argv = _proc.command_argv()
     st.role = _proc.process_role(argv, _readiness.launched())
@@ -248,6 +295,8 @@ def install(boot: int) -> None:
     on_import("sentencepiece", _install_sentencepiece)
     on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
     on_import("uvicorn.server", _install_uvicorn_server)  # readiness as soon as it serves
+    on_import("hypercorn.asyncio.run", _install_hypercorn_server)  # readiness as soon as a worker serves
+    on_import("hypercorn.app_wrappers", _install_hypercorn_app)  # every request of the served ASGI app is timed
     on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
     on_import("gunicorn.workers.gthread", _install_gunicorn_gthread)  # a gthread worker's (--threads)
     on_import("gunicorn.workers.gasgi", _install_gunicorn_asgi)  # gunicorn's own ASGI worker (-k asgi)

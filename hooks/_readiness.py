@@ -170,10 +170,16 @@ def _ready_wait_span(t: int, asked_ns: int) -> Tuple[int, int]:
 
 
 def _check_ready_file() -> None:
-    """launch --ready-url writes the readiness time to a file; pick it up once."""
+    """launch --ready-url writes the readiness time to a file; pick it up once. In a process that
+    launch's child started (``ready_file_inherited``: a spawned worker), only once it serves itself
+    (``server_started``), and never before that: with several workers, the URL's answer says that
+    one of them serves, not which."""
     st = state()
     path = st.ready_file
     if path is None or st.ready_ns is not None:
+        return
+    serving = st.serving_ns
+    if st.ready_file_inherited and not serving:
         return
     try:
         with open(path, encoding="ascii") as f:
@@ -184,7 +190,12 @@ def _check_ready_file() -> None:
     parts = text.split()  # "READY_NS [ASKED_NS]": the ready response, when the poll was sent
     ready_at = int(parts[0]) if parts and parts[0].isdigit() else None
     asked = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    mark_ready("ready_url", ready_at, asked)
+    attrs = None
+    if st.ready_file_inherited:
+        attrs = dict(st.serving_attrs)
+        if ready_at is None or ready_at < serving:
+            ready_at, asked = serving, 0  # the URL answered before this process served: another one did
+    mark_ready("ready_url", ready_at, asked, attrs)
 
 
 def forward_begin() -> Optional[Tuple[Any, ...]]:
@@ -601,6 +612,9 @@ def check_workers() -> None:
             return  # a ``ready = true`` call (serve.run deploying) decides this process's readiness: its return
         done = [r for r in _workers.reports(st.children_dir) if r[2] in _workers.SERVED]
         if done:
+            # a worker served once ready: under --ready-url the URL had answered (this process reads the
+            # answer only at a forward, a request or its exit: none in a supervisor), its readiness too
+            _check_ready_file()
             with st.lock:
                 if st.first_done or st.first is not None:
                     return
@@ -637,20 +651,32 @@ def note_inherited_listeners() -> None:
     st.inherited_sockets = held
 
 
-def server_started(server: Any, sockets: Any = None) -> None:
-    """(uvicorn's ``Server.startup`` returned) The server serves now on its sockets: the ones
-    passed in (a ``--workers`` worker's, inherited) and its servers'. They count as this
-    process's readiness even where another process holds them too; then the tables are read
-    at once (uvloop listens in C), not at the sampler's next tick."""
+def server_started(server: Any, sockets: Any = None, via: str = "") -> None:
+    """(uvicorn's ``Server.startup`` returned; hypercorn's ``asyncio.start_server`` in its worker)
+    The server serves now on its sockets: the ones passed in (a ``--workers`` worker's,
+    inherited) and its servers'. They count as this process's readiness even where another
+    process holds them too; then the tables are read at once (uvloop listens in C), not at the
+    sampler's next tick. In a process that launch's child started, under ``--ready-url``
+    (``ready_file_inherited``), the URL's answer counts from now on (``_check_ready_file``)."""
     try:
         st = state()
-        if st.ready_ns is not None or not st.watch_listen:
+        if st.ready_ns is not None:
             return
         if not getattr(server, "started", True):
             return  # it did not start serving (an exit requested during start-up)
         socks = list(sockets or ())
         for srv in getattr(server, "servers", None) or ():
             socks.extend(getattr(srv, "sockets", None) or ())
+        if st.ready_file is not None and st.ready_file_inherited and not st.serving_ns:
+            attrs: Dict[str, Any] = {"infersight.ready.via": via} if via else {}
+            port = _tcp_port(socks)
+            if port is not None:
+                attrs["server.port"] = port
+            st.serving_attrs = attrs
+            st.serving_ns = time.time_ns()
+            _check_ready_file()  # the URL answered already (another worker's answer): ready now
+        if st.ready_ns is not None or not st.watch_listen:
+            return
         inodes = set()
         for sock in socks:
             try:
@@ -662,8 +688,23 @@ def server_started(server: Any, sockets: Any = None) -> None:
         _runtime.fail(exc)
 
 
+def _tcp_port(socks: Any) -> Optional[int]:
+    """The port of the first TCP socket of ``socks`` (a server's), if any."""
+    for sock in socks:
+        try:
+            name = sock.getsockname()
+        except (OSError, AttributeError, TypeError, ValueError):
+            continue
+        if isinstance(name, tuple) and len(name) >= 2 and isinstance(name[1], int):
+            return name[1]
+    return None
+
+
 def tick() -> None:
     check_workers()
+    st = state()
+    if st.serving_ns and st.ready_ns is None and st.ready_file is not None:
+        _check_ready_file()  # a spawned worker that serves, waiting for launch's --ready-url to answer
     check_listening()
 
 

@@ -226,9 +226,10 @@ class ColdStart:
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
-        "orig_listen", "parent_dir", "post_import", "ready_file", "ready_ns", "ready_rules_open", "ready_source",
+        "orig_listen", "parent_dir", "post_import", "ready_file", "ready_file_inherited", "ready_ns",
+        "ready_rules_open", "ready_source",
         "reporting", "role", "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
-        "rule_waits_done", "run_sources", "sampler",
+        "rule_waits_done", "run_sources", "sampler", "serving_attrs", "serving_ns",
         "stage_mark", "tls", "undo", "warm", "watch_listen", "watched",
     )
 
@@ -256,6 +257,11 @@ class ColdStart:
         self.init_gave_up: List[int] = []  # [when _mainstart's watch gave up] (the program's start unseen)
         self.init_span = ""  # runtime_init's span id, fixed at set-up: a checkpoint sends it while pending
         self.ready_file: Optional[str] = None
+        # Passed on by launch's own child (this process is one it started: a spawned worker): the URL's
+        # answer is this process's readiness only once it serves itself (``serving_ns``), never before.
+        self.ready_file_inherited = False
+        self.serving_ns = 0  # when a server hook said this process serves (``_readiness.server_started``)
+        self.serving_attrs: Dict[str, Any] = {}  # ... and on what (``server.port``, the hook)
         self.undo: List[Callable[[], None]] = []
         self.post_import: Dict[str, List[Callable[[Any], None]]] = {}
         self.watched: Set[str] = set()  # names with post-import callbacks: the Finder wraps their loader
@@ -318,6 +324,7 @@ class ColdStart:
         new.role = self.role
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
+        new.ready_file_inherited = self.ready_file_inherited
         if self.ready_ns is not None:
             # It inherited a server that was already ready: no readiness signal of its own.
             # Provisional: it is ready when its own work after the fork (a gunicorn worker's app

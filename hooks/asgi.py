@@ -4,13 +4,14 @@
     app = ColdStartMiddleware(app)                # any ASGI 3 app
     app.add_middleware(ColdStartMiddleware)       # Starlette / FastAPI
 
-No code change is needed under uvicorn (FastAPI, vLLM's API server, ...): the hooks wrap
-``uvicorn.config.Config.load`` when uvicorn is imported, so the app uvicorn serves is wrapped
-in this middleware (``first_request=False``: the first request is the first HTTP request that
-arrives once readiness is known from another signal: a listening socket, ``--ready-url``, a
-mark, a stage rule, the fork of a ready server; a readiness probe before that is not, and
-says nothing of readiness). A request is timed once however many layers of this middleware it
-goes through; the one the app added itself still finds the first request.
+No code change is needed under uvicorn (FastAPI, vLLM's API server, ...) nor Hypercorn: the hooks
+wrap ``uvicorn.config.Config.load`` when uvicorn is imported (Hypercorn's ``ASGIWrapper``), so
+the app the server serves is wrapped in this middleware (``first_request=False``: the first
+request is the first HTTP request that arrives once readiness is known from another signal: a
+listening socket, ``--ready-url``, a mark, a stage rule, the fork of a ready server; a readiness
+probe before that is not, and says nothing of readiness). A request is timed once however many
+layers of this middleware it goes through; the one the app added itself still finds the first
+request.
 
 Every HTTP request is a ``req`` event of request class ``http`` (``hooks._request``): from
 the moment it reaches the middleware until the app returns (the whole response, streamed or
@@ -43,7 +44,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 __all__ = ["HTTP_CLASS", "SERVER_ERROR", "ColdStartMiddleware", "queue_request", "wrap_gunicorn_asgi",
-           "wrap_loaded_app", "wrap_uvicorn"]
+           "wrap_hypercorn", "wrap_loaded_app", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
 TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
@@ -220,7 +221,7 @@ def wrap_loaded_app(cls: Any, method: str, attr: str, middleware: Callable[[Any]
     """Make ``cls.<method>`` (a server's app loader) wrap the app it leaves in ``self.<attr>`` with
     ``middleware``: once (not a ``kind`` already, not twice patched), and only while the hooks report.
     Never undone: the requests are timed for the server's life. Shared by uvicorn's ``Config.load``,
-    gunicorn's ASGI worker here and gunicorn's WSGI workers (``hooks.wsgi``)."""
+    hypercorn's ``ASGIWrapper``, gunicorn's ASGI worker here and gunicorn's WSGI workers (``hooks.wsgi``)."""
     orig = getattr(cls, method, None)
     if orig is None or getattr(orig, "_infersight", False):
         return
@@ -259,3 +260,13 @@ def wrap_gunicorn_asgi(module: Any) -> None:
     cls = getattr(module, "ASGIWorker", None)
     if cls is not None:
         wrap_loaded_app(cls, "load_wsgi", "asgi", _timing_only, ColdStartMiddleware)
+
+
+def wrap_hypercorn(module: Any) -> None:
+    """Make hypercorn's ``ASGIWrapper`` (``hypercorn.app_wrappers``: what ``load_application`` and
+    ``hypercorn.asyncio.serve`` make of an ASGI app) wrap the app it holds in
+    :class:`ColdStartMiddleware`, as uvicorn's ``Config.load`` is wrapped: every request is timed, and
+    the first one that arrives once readiness is known is the first request."""
+    cls = getattr(module, "ASGIWrapper", None)
+    if cls is not None:
+        wrap_loaded_app(cls, "__init__", "app", _timing_only, ColdStartMiddleware)

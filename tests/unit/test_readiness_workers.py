@@ -1,5 +1,9 @@
 """Readiness of workers (``_readiness``), in-process with a FAKE client:
 
+- under ``launch --ready-url``, a process that launch's child started (a spawned worker,
+  ``ready_file_inherited``) is ready by the URL's answer only once it serves itself
+  (``server_started``), at the later of the two: with several workers, the URL's answer says that
+  one of them serves, not which;
 - a worker forked from a ready server whose provisional readiness was never confirmed (its app
   failed to load, it was stopped while loading) was never ready: at exit its root ends there, not at
   the fork; one whose readiness was confirmed stays ready at exit."""
@@ -17,6 +21,16 @@ from hook_fakes import Emitted, collecting
 from infersight.hooks import _readiness, _state
 
 
+class Sock:
+    """FAKE socket a server serves on: its address only."""
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", 8123)
+
+    def fileno(self) -> int:
+        raise OSError("not a real socket")
+
+
 def _collecting(monkeypatch: pytest.MonkeyPatch) -> tuple[Emitted, _state.HookState]:
     """A fresh hook state collecting a cold start, its FAKE client with what readiness and the root's
     end touch (a launch that holds nothing back)."""
@@ -28,6 +42,58 @@ def _collecting(monkeypatch: pytest.MonkeyPatch) -> tuple[Emitted, _state.HookSt
 
 def _stages(client: Emitted) -> list[str]:
     return [str(d["a"]["infersight.stage"]) for k, d in client.events if k == "span" and d.get("n") != "coldstart"]
+
+
+def _worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> tuple[Emitted, _state.ColdStart, Any]:
+    client, st = _collecting(monkeypatch)
+    cs = st.coldstart
+    path = tmp_path / "ready"
+    cs.ready_file = str(path)
+    cs.ready_file_inherited = True  # passed on by launch's child
+    return client, cs, path
+
+
+def _ready_wait(client: Emitted) -> dict[str, Any]:
+    (a,) = [d for k, d in client.events if k == "span" and d["a"].get("infersight.stage") == "ready_wait"]
+    return a
+
+
+def test_a_started_process_is_ready_by_the_url_only_once_it_serves(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Any) -> None:
+    client, cs, path = _worker(monkeypatch, tmp_path)
+    path.write_text("%d %d" % (100, 90))  # a sibling answered the URL's poll at 100
+    assert not _readiness.ready_for_request()  # a request now: this worker does not serve yet
+    assert _readiness.forward_begin() is not None  # its forwards are warmup
+    _readiness.tick()
+    assert cs.ready_ns is None
+    _readiness.server_started(None, [Sock()], "hypercorn.asyncio.start_server")
+    assert cs.ready_source == "ready_url"
+    assert cs.ready_ns == cs.serving_ns > 100  # when it served, not when the URL answered
+    a = _ready_wait(client)["a"]
+    assert a["infersight.ready.via"] == "hypercorn.asyncio.start_server"
+    assert a["server.port"] == 8123
+    assert not _state.current.runtime.failed
+
+
+def test_a_serving_process_takes_a_later_answer_of_the_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    client, cs, path = _worker(monkeypatch, tmp_path)
+    _readiness.server_started(None, [Sock()], "uvicorn.Server.startup")  # serves; the URL has not answered
+    assert cs.ready_ns is None and cs.serving_ns
+    answered = cs.serving_ns + 5_000_000
+    path.write_text("%d %d" % (answered, answered - 1_000_000))
+    _readiness.tick()  # the sampler's tick looks for it while it serves
+    assert (cs.ready_ns, cs.ready_source) == (answered, "ready_url")
+    assert _ready_wait(client)["e"] <= answered
+    assert not _state.current.runtime.failed
+
+
+def test_launch_s_own_child_is_ready_by_the_url_whatever_it_serves(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Any) -> None:
+    client, cs, path = _worker(monkeypatch, tmp_path)
+    cs.ready_file_inherited = False
+    path.write_text("100")
+    assert _readiness.ready_for_request()
+    assert (cs.ready_ns, cs.ready_source) == (100, "ready_url")
 
 
 def _forked_worker(monkeypatch: pytest.MonkeyPatch) -> Emitted:

@@ -9,6 +9,9 @@
 - ``lazy``: by the first request (``import torch`` included), with no warmup;
 - unset: no model, no torch.
 
+With ``FORK_APP_STARTED_DIR`` set, the ASGI app's lifespan startup, once done, makes a file named
+after the process's pid there (a test waits for every worker's start).
+
 Every request sleeps ``FORK_APP_SLEEP`` seconds (default 0.3), runs the model if there is one,
 and answers ``{"pid": ..., "served": n}`` (WSGI: and ``"threaded"``, gunicorn's gthread worker;
 ``/fail`` answers 503 at once)."""
@@ -72,6 +75,9 @@ async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 if MODE == "lifespan":
                     load()
                     infer()  # a warmup forward
+                started = os.environ.get("FORK_APP_STARTED_DIR")
+                if started:
+                    open(os.path.join(started, str(os.getpid())), "w").close()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
