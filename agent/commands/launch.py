@@ -157,6 +157,8 @@ def child_env(
     if ready_file:
         env["INFERSIGHT_READY_FILE"] = ready_file
         env.setdefault("INFERSIGHT_READY_ON_LISTEN", "0")  # the URL is the authority
+    else:  # a launch inside an outer --ready-url run's CMD: the outer run's file is not this CMD's readiness
+        env.pop("INFERSIGHT_READY_FILE", None)
     env["INFERSIGHT_SOCKET"] = sock
     if spool is not None:
         env["INFERSIGHT_SPOOL_DIR"] = spool
