@@ -67,9 +67,12 @@ def read_owners(fd: int) -> dict[int, int]:
     """The bytes of each uid's lines in the file open on ``fd`` (every line is one producer uid's records, or
     the agent's own, which count for nobody): 0.23 s for 256 MiB of 6.5 KiB lines, read once at start."""
     out: dict[int, int] = {}
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # /dev/full, a pipe: nothing an earlier run kept (and reads without end)
+        return out
     rest, off = b"", 0
     while True:
-        chunk = os.pread(fd, READ_CHUNK, off)
+        chunk = os.pread(fd, min(READ_CHUNK, st.st_size - off), off) if off < st.st_size else b""
         if not chunk:
             return out
         off += len(chunk)

@@ -299,3 +299,12 @@ async def test_a_batch_of_several_uids_is_written_whole_or_not_at_all(tiny_fs: P
     assert failed > 0, "the disk must fill up during the test"
     heads = {b.split(" ", 1)[0] for b in _bodies(out)}
     assert heads and all(("a-" + h[2:] in heads) == ("b-" + h[2:] in heads) for h in heads), sorted(heads)
+
+
+def test_the_owners_of_a_device_are_not_read() -> None:
+    """/dev/full (a test's destination that is away) reads zeros without end: the start-up read took forever."""
+    fd = os.open("/dev/full", os.O_RDONLY)
+    try:
+        assert read_owners(fd) == {}
+    finally:
+        os.close(fd)
