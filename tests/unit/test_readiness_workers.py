@@ -63,7 +63,9 @@ def test_a_started_process_is_ready_by_the_url_only_once_it_serves(monkeypatch: 
     client, cs, path = _worker(monkeypatch, tmp_path)
     path.write_text("%d %d" % (100, 90))  # a sibling answered the URL's poll at 100
     assert not _readiness.ready_for_request()  # a request now: this worker does not serve yet
-    assert _readiness.forward_begin() is not None  # its forwards are warmup
+    token = _readiness.forward_begin()
+    assert token is not None  # its forwards are warmup
+    _readiness.forward_end(token)  # (and restores the current span: the next test's stages would nest under it)
     _readiness.tick()
     assert cs.ready_ns is None
     _readiness.server_started(None, [Sock()], "hypercorn.asyncio.start_server")
