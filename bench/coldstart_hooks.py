@@ -8,6 +8,8 @@
    - as outermost imports (each one is timed: the loader is wrapped);
    - as submodules imported by their package (the finder's fast path: one set lookup
      and a split);
+   - as outermost imports inside one ``hooks.stage`` (timed as well: a ``framework_import``
+     nested under the stage);
    medians of the rounds, difference per import in microseconds.
 2. **The stack sampler**: one process runs the same CPU-bound pure-Python work with the
    sampler thread running and stopped, alternating; ratio of the medians (budget: the
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(ROOT))
 
 IMPORTER = """
 import importlib, json, sys, time
+from infersight import hooks
 from infersight.hooks import _coldstart
 n, rounds, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 state = _coldstart.state()
@@ -46,6 +49,10 @@ for r in range(rounds):
         if kind == "outermost":
             for name in names:
                 importlib.import_module(name)
+        elif kind == "instage":
+            with hooks.stage("bench_imports"):
+                for name in names:
+                    importlib.import_module(name)
         else:
             importlib.import_module("pkg_%s_%d" % ("on" if timed else "off", r))
         (on if timed else off).append(time.perf_counter() - t0)
@@ -59,8 +66,9 @@ def make_tree(tmp: str, n: int, rounds: int) -> None:
     for r in range(rounds):
         for variant in ("on", "off"):
             for i in range(n):
-                with open(os.path.join(tmp, "outermost_%s_%d_%d.py" % (variant, r, i)), "w") as f:
-                    f.write("X = %d\n" % i)
+                for kind in ("outermost", "instage"):
+                    with open(os.path.join(tmp, "%s_%s_%d_%d.py" % (kind, variant, r, i)), "w") as f:
+                        f.write("X = %d\n" % i)
             pkg = os.path.join(tmp, "pkg_%s_%d" % (variant, r))
             os.makedirs(pkg, exist_ok=True)
             with open(os.path.join(pkg, "__init__.py"), "w") as f:
@@ -88,7 +96,7 @@ def bench_imports(runs: int, n: int) -> None:
     rounds = max(runs, 3)
     with tempfile.TemporaryDirectory() as tmp:
         make_tree(tmp, n, rounds)
-        for kind in ("outermost", "nested"):
+        for kind in ("outermost", "nested", "instage"):
             # a first pass compiles the .pyc files; the second is measured
             for _attempt in range(2):
                 p = subprocess.run([sys.executable, os.path.join(tmp, "importer.py"), str(n), str(rounds), kind],
