@@ -192,16 +192,16 @@ class Stage:
                 if cs.collecting:
                     cs.stage_mark = span
                     cs.main_paused = paused = cs.main_paused + 1
-                    if cs.main_busy and paused == 1:  # (busy: an import in progress or a run open)
-                        cs.imports.paused_first(st.imports.main, start)
+                    if cs.main_busy:  # (an import in progress or set aside, or a run open)
+                        cs.imports.stage_begins(st.imports.main, start, paused)
             else:
                 self._main = False
                 if cs.collecting:
                     cs.stage_mark = span
                     it = st.imports.thread()
                     it.paused = paused = it.paused + 1
-                    if it.busy and paused == 1:
-                        cs.imports.paused_first(it, start)
+                    if it.busy:
+                        cs.imports.stage_begins(it, start, paused)
         except Exception as exc:
             _runtime.fail(exc)
         return self
@@ -227,15 +227,15 @@ class Stage:
                     paused = cs.main_paused
                     if paused > 0:
                         cs.main_paused = paused - 1
-                        if cs.main_busy and paused == 1:
-                            cs.imports.unpaused(st.imports.main, end)
+                        if cs.main_busy:
+                            cs.imports.stage_ends(st.imports.main, end, paused)
             elif cs.collecting:
                 it = st.imports.thread()
                 paused = it.paused
                 if paused > 0:
                     it.paused = paused - 1
-                    if it.busy and paused == 1:
-                        cs.imports.unpaused(it, end)
+                    if it.busy:
+                        cs.imports.stage_ends(it, end, paused)
             # The interval it covers (for the gap sampler and ``ready_wait``) is read from the
             # queued tuple: by ``_recorder.covered_pairs`` while it waits, and noted in
             # ``cs.covered`` by the drain thread before it leaves the queue

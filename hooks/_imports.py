@@ -13,9 +13,13 @@ Anything else (``torch.nn`` inside ``torch``) is one set lookup and a string spl
 
 Outermost imports that follow each other (same parent span, no stage in between, gaps
 under ``MERGE_GAP_NS``) form one ``framework_import`` span with
-``infersight.import.packages`` = ``["transformers 1.02 s", ...]``. A stage that starts
-inside an import (a model loaded by a module imported by uvicorn) cuts the import time:
-the stage is a sibling, not time of the import.
+``infersight.import.packages`` = ``["transformers 1.02 s", ...]``; its parent is the span
+current when the first of them began: the root, or the stage they were made in (a nested
+``framework_import``, part of that stage's time). A stage that starts inside an import (a
+model loaded by a module imported by uvicorn) cuts the import time: the stage is a sibling,
+not time of the import. The import's stack is set aside while the stage runs (the stage's
+own imports start afresh, as outermost imports under the stage) and taken up again at its
+end, counting from there.
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def _timed(spec: Any, t_find: int) -> None:
 
 
 def _plain(spec: Any) -> Any:
-    """Undo ``_timed``; returns the thread state pushed by ``_begin`` (or None)."""
+    """Undo ``_timed``; returns the stack ``_begin`` pushed onto (or None)."""
     d = spec.__dict__
     d.pop(_T_FIND, None)
     st = d.pop(_PUSHED, None)
@@ -115,17 +119,16 @@ def _begin(spec: Any) -> None:
     try:
         if cs.state().collecting and not _mainstart.waiting():  # (a watched module before the program: no time)
             st = _thread()
-            if not st.paused:
-                stack = st.stack
-                now = time.time_ns()
-                if not stack:
-                    st.piece_start = st.t_last = spec.__dict__.get(_T_FIND) or now
-                    st.piece_parent = _runtime.current_span.get()
-                else:
-                    _charge(st, now)
-                stack.append(_top(spec.name))
-                st.busy = True
-                spec.__dict__[_PUSHED] = st
+            stack = st.stack
+            now = time.time_ns()
+            if not stack:  # outermost here: under the span current now (the root, or a stage)
+                st.piece_start = st.t_last = spec.__dict__.get(_T_FIND) or now
+                st.piece_parent = _runtime.current_span.get()
+            else:
+                _charge(st, now)
+            stack.append(_top(spec.name))
+            st.busy = True
+            spec.__dict__[_PUSHED] = stack
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -140,10 +143,14 @@ def _end(spec: Any) -> None:
         if module is not None:
             cs.run_post_import(name, module)  # hooks installed because of this import: its time
     finally:
-        st = _plain(spec)
-        if st is not None and st is _thread():  # (a fork since: the child starts afresh)
+        stack = _plain(spec)
+        if stack is not None:
             try:
-                _pop(st)
+                st = _thread()
+                if stack is st.stack:
+                    _pop(st)
+                elif stack:  # set aside by a stage still open (its time since is the stage's), or a fork's
+                    stack.pop()
             except Exception as exc:
                 _runtime.fail(exc)
 
@@ -151,7 +158,7 @@ def _end(spec: Any) -> None:
 def _charge(st: ImportThread, now: int) -> None:
     """The time since ``t_last`` belongs to the package on top of the stack."""
     stack = st.stack
-    if stack and not st.paused:
+    if stack:
         pkgs = st.pkgs
         pkgs[stack[-1]] = pkgs.get(stack[-1], 0) + max(0, now - st.t_last)
     st.t_last = now
@@ -162,10 +169,9 @@ def _pop(st: ImportThread) -> None:
     if not stack:
         return  # nothing pushed
     now = time.time_ns()
-    if not st.paused:
-        _charge(st, now)
+    _charge(st, now)
     stack.pop()
-    if not stack and not st.paused:
+    if not stack:
         _piece(st, st.piece_start, now)
 
 
@@ -256,29 +262,26 @@ def flush_runs(_end_ns: int, _final: bool) -> None:
 
 
 def pause(at: int = 0) -> None:
-    """A stage starts on this thread (at ``at``): the import in progress stops counting, and
-    the thread's open run is emitted. ``hooks.stage`` inlines the common case (another stage
-    is open, or the thread is not ``busy``: a counter goes up) and calls ``paused_first``
-    for the rest."""
+    """A stage starts on this thread (at ``at``). ``hooks.stage`` inlines it: the thread's count
+    of open stages goes up, and only a ``busy`` thread calls ``stage_begins``."""
     st = _thread()
-    st.paused += 1
-    if st.paused == 1 and (st.stack or st.run_open):
-        paused_first(st, at)
+    st.paused = depth = st.paused + 1
+    if st.busy:
+        stage_begins(st, at, depth)
 
 
-def paused_first(st: ImportThread, at: int) -> None:
-    """The first stage open on this thread started at ``at`` (``paused`` just became 1) with
-    an import in progress or a run open on the thread. (Else there is nothing to do:
-    ``pause_t`` only counts with an import in progress, which cannot start in a stage.)"""
-    if st.stack:
+def stage_begins(st: ImportThread, at: int, depth: int) -> None:
+    """A stage started at ``at`` on this ``busy`` thread, the ``depth``-th open on it: an import
+    in progress is cut there (its piece so far goes to its run) and its stack set aside until
+    the stage ends, so that the stage's own imports are outermost imports under it; the
+    thread's open run is emitted (a stage splits runs)."""
+    stack = st.stack
+    if stack:
         now = at or time.time_ns()
-        st.paused = 0
         _charge(st, now)
-        st.paused = 1
-        st.pause_t = now
         _piece(st, st.piece_start, now)
-    else:
-        st.pause_t = 0
+        st.saved.append((depth, stack, now))
+        st.stack = []
     if st.run_open:  # else nothing of this thread's to emit: no lock taken
         st.run_open = False
         flush(this_thread_only=True)
@@ -288,33 +291,45 @@ def paused_first(st: ImportThread, at: int) -> None:
 def settle(st: ImportThread) -> None:
     """``busy`` as it is now: a stage's start or end on the thread has nothing to do while it
     is False (only this thread's stages and imports change these fields)."""
-    if st.busy and not (st.stack or st.run_open or st.pause_t):
+    if st.busy and not (st.stack or st.run_open or st.saved):
         st.busy = False
 
 
 def resume(at: int = 0) -> None:
-    """The stage ended (at ``at``): the import in progress counts again from then."""
+    """The stage ended (at ``at``). ``hooks.stage`` inlines it as ``pause``."""
     st = _thread()
-    if st.paused <= 0:
+    depth = st.paused
+    if depth <= 0:
         return
-    st.paused -= 1
-    if st.pause_t and not st.paused and st.stack:
-        resumed(st, at)
+    st.paused = depth - 1
+    if st.busy:
+        stage_ends(st, at, depth)
 
 
-def resumed(st: ImportThread, at: int) -> None:
-    """The last stage open on this thread, inside an import, ended at ``at``."""
-    now = max(at or time.time_ns(), st.pause_t)
-    st.t_last = now
-    st.piece_start = now
-    st.piece_parent = _runtime.current_span.get()
-    st.pause_t = 0
-
-
-def unpaused(st: ImportThread, at: int) -> None:
-    """The last stage open on this ``busy`` thread ended at ``at`` (``hooks.stage``)."""
-    if st.pause_t and st.stack:  # (pause_t: 0 but inside an import)
-        resumed(st, at)
+def stage_ends(st: ImportThread, at: int, depth: int) -> None:
+    """The stage that was the ``depth``-th open on this ``busy`` thread ended at ``at`` (the
+    current span is its parent again). Its imports are over: their run is emitted. An import
+    it began that still runs (a stage ended by another call than the one that began it) is
+    cut there and goes on under the parent. The import it was opened in, if any, counts again
+    from here; stages that ended out of order (begun and ended by separate calls) leave their
+    set-aside stacks to the first stage end at or below their depth."""
+    now = at or time.time_ns()
+    if st.stack:
+        _charge(st, now)
+        _piece(st, st.piece_start, now)
+    if st.run_open:
+        st.run_open = False
+        flush(this_thread_only=True)
+    saved = st.saved
+    if saved and saved[-1][0] >= depth:
+        _d, stack, cut = saved.pop()
+        while saved and saved[-1][0] >= depth:
+            _d, stack, cut = saved.pop()
+        st.stack = stack  # (emptied meanwhile when that import ended inside the stage)
+        now = max(now, cut)
+    if st.stack:
+        st.t_last = st.piece_start = now
+        st.piece_parent = _runtime.current_span.get()
     settle(st)
 
 
@@ -327,7 +342,7 @@ class Finder:
             return None
         stack = st.stack
         if fullname not in cs.state().watched:
-            if not cs.state().collecting or st.paused or _mainstart.waiting():
+            if not cs.state().collecting or _mainstart.waiting():
                 return None  # (before the program's first line: runtime_init's, runpy's for -m)
             if stack and fullname.partition(".")[0] == stack[-1]:
                 return None

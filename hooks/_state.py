@@ -65,21 +65,24 @@ class Runtime:
 class ImportThread:
     """One thread's import timing (``_imports``): the packages being executed (one entry per
     package change), the time up to which their time is counted, the piece in progress, how
-    many stages are open on the thread (they pause it), whether a run of it is open."""
+    many stages are open on the thread, the imports put aside by the stages opened inside them,
+    whether a run of it is open."""
 
-    __slots__ = ("busy", "finding", "pause_t", "paused", "piece_parent", "piece_start", "pkgs", "run_open",
+    __slots__ = ("busy", "finding", "paused", "piece_parent", "piece_start", "pkgs", "run_open", "saved",
                  "stack", "t_last")
 
     def __init__(self) -> None:
         self.stack: List[str] = []
         self.paused = 0
-        self.pause_t = 0
+        # (stages open, stack, when) per stage opened inside an import: that import's stack, set
+        # aside while the stage runs (its own imports start a stack of their own), and the time
+        self.saved: List[Tuple[int, List[str], int]] = []
         self.t_last = 0
         self.piece_start = 0
         self.piece_parent: Optional[str] = None
         self.pkgs: Dict[str, int] = {}
         self.run_open = False  # the next stage on this thread emits it
-        # True whenever ``stack``, ``run_open`` or ``pause_t`` is (and maybe a while after: the
+        # True whenever ``stack``, ``run_open`` or ``saved`` is (and maybe a while after: the
         # next stage settles it): a stage's start or end on the thread has something to do
         self.busy = False
         self.finding = False  # the finder is looking for a spec on this thread

@@ -99,6 +99,10 @@ def test_a_stage_inside_an_import_cuts_it(run: LaunchRun) -> None:
     assert len(around) == 2, around  # before and after the stage
     assert around[0].end_ns <= load.start_ns and load.end_ns <= around[1].start_ns
     assert not any(p.startswith("gamma ") for s in around for p in s.attributes["infersight.import.packages"])
+    # the stage's own import is a framework_import under it
+    (inner,) = [s for s in stages if stage_name(s) == "framework_import" and s.parent_span_id == load.span_id]
+    assert inner.attributes["infersight.framework"] == "gamma"
+    assert load.start_ns <= inner.start_ns and inner.end_ns <= load.end_ns
 
 
 def test_a_gap_becomes_an_unattributed_span_with_the_sampler_top(run: LaunchRun) -> None:
@@ -116,8 +120,9 @@ def test_a_gap_becomes_an_unattributed_span_with_the_sampler_top(run: LaunchRun)
     assert coverage(cs) < 1 - 0.25e9 / (root.end_ns - root.start_ns) + 1e-9
     text = render_waterfall(cs)
     assert "gap at" in text and "__main__:<module>" in text
-    rows = [line for line in text.splitlines() if line.lstrip().startswith("framework_import")]
-    assert len(rows) == 1 and " x" in rows[0]  # one row, however many runs
+    rows = [line for line in text.splitlines() if line.startswith("  framework_import")]
+    assert len(rows) == 1 and " x" in rows[0]  # one top-level row, however many runs
+    assert [line for line in text.splitlines() if line.startswith("    framework_import")]  # gamma's, in load_things
 
 
 def test_helper_processes_are_marked_and_not_printed(tmp_path) -> None:

@@ -1,11 +1,14 @@
 """What ``hooks.stage`` notes while a cold start is collected, inline on the caller's thread:
 the stage mark (a stage started since), each thread's count of open stages (the main
-thread's on ``ColdStart``, read by its ``ImportThread``), the import cut when the thread is
-``busy``; the covered interval is read from the queued tuple."""
+thread's on ``ColdStart``, read by its ``ImportThread``), the import cut and set aside when the
+thread is ``busy``, the imports made inside a stage timed under it; the covered interval is
+read from the queued tuple."""
 
 from __future__ import annotations
 
 import threading
+import time
+from importlib.machinery import ModuleSpec
 
 import pytest
 from conftest import FlatQueue
@@ -95,15 +98,18 @@ def test_a_stage_opened_before_collecting_leaves_the_count_at_zero(st: _state.Ho
 def test_a_stage_in_an_import_cuts_it_and_the_import_resumes_after(st: _state.HookState) -> None:
     it = st.imports.main
     it.stack.append("alpha")  # as _imports._begin leaves an outermost import in progress
+    outer = it.stack
     it.busy = True
     it.piece_start = it.t_last = 1
     with hooks.stage("load") as s:
         start = s._start
-        assert it.pause_t == start and it.pkgs == {}  # the piece so far was charged and cut at the start
+        # the piece so far was charged and cut at the start, the import's stack set aside
+        assert it.saved == [(1, outer, start)] and it.stack == [] and it.pkgs == {}
         with hooks.stage("nested"):
             pass
-        assert it.pause_t == start  # only the outermost stage resumes it
-    assert it.pause_t == 0 and it.piece_start == _recorder.covered_pairs(st.coldstart)[-1][1]  # resumed at its end
+        assert it.saved == [(1, outer, start)]  # only the stage opened in the import takes it up again
+    assert it.saved == [] and it.stack is outer
+    assert it.piece_start == it.t_last == _recorder.covered_pairs(st.coldstart)[-1][1]  # resumed at its end
     assert it.busy  # still inside the import
     it.stack.pop()
     with hooks.stage("after"):
@@ -112,17 +118,105 @@ def test_a_stage_in_an_import_cuts_it_and_the_import_resumes_after(st: _state.Ho
 
 
 def test_an_idle_thread_takes_no_slow_path(st: _state.HookState, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    monkeypatch.setattr(_imports, "paused_first", lambda *a: calls.append("pause"))
-    monkeypatch.setattr(_imports, "unpaused", lambda *a: calls.append("resume"))
-    with hooks.stage("plain"):
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(_imports, "stage_begins", lambda _st, _at, depth: calls.append(("begin", depth)))
+    monkeypatch.setattr(_imports, "stage_ends", lambda _st, _at, depth: calls.append(("end", depth)))
+    with hooks.stage("plain"), hooks.stage("nested"):
         pass
     assert calls == []
     st.imports.main.run_open = True  # as _imports._piece leaves a run open
     st.imports.main.busy = True
-    with hooks.stage("after_a_run"):
+    with hooks.stage("after_a_run"), hooks.stage("nested"):
         pass
-    assert calls == ["pause", "resume"]
+    assert calls == [("begin", 1), ("begin", 2), ("end", 2), ("end", 1)]  # every stage of a busy thread
+
+
+# -- imports inside stages: real specs through the import system's own begin and end --------
+
+
+def _spec(name: str) -> ModuleSpec:
+    spec = ModuleSpec(name, None)
+    _imports._timed(spec, 0)
+    return spec
+
+
+def _begin(spec: ModuleSpec, pause_s: float = 0.0) -> None:
+    spec._initializing = True  # type: ignore[attr-defined]  # as _load_unlocked does before the body
+    time.sleep(pause_s)
+
+
+def _end(spec: ModuleSpec, pause_s: float = 0.0) -> None:
+    time.sleep(pause_s)
+    spec._initializing = False  # type: ignore[attr-defined]  # and after it
+
+
+def _imports_emitted(st: _state.HookState) -> list[dict[str, object]]:
+    return [d for *_x, kind, d in st.runtime.client.events  # type: ignore[union-attr]
+            if kind == "span" and isinstance(d, dict) and d["n"] == "coldstart.framework_import"]
+
+
+def test_an_import_inside_a_stage_is_a_run_under_it(st: _state.HookState) -> None:
+    it = st.imports.main
+    with hooks.stage("service_init") as s:
+        span = s._span
+        beta = _spec("beta")
+        _begin(beta, 0.003)
+        assert it.stack == ["beta"] and it.piece_parent == span
+        _end(beta)
+        assert it.run_open and it.busy
+    (run,) = _imports_emitted(st)  # emitted at the stage's end: its imports are over
+    assert run["p"] == span and run["a"]["infersight.framework"] == "beta"  # type: ignore[index]
+    assert not it.busy and it.stack == [] and not it.run_open
+
+
+def test_an_import_that_ends_inside_the_stage_opened_in_it_is_not_taken_up_again(st: _state.HookState) -> None:
+    """A stage ended by another call than the one that began it (a model built from __init__ to post_init,
+    an ``until`` rule) can outlive the import it was opened in."""
+    it = st.imports.main
+    alpha = _spec("alpha")
+    _begin(alpha, 0.003)
+    o = _recorder.begin("model_build")
+    assert it.saved and it.stack == []
+    _end(alpha)  # popped from its set-aside stack, not from the stage's
+    assert it.saved[0][1] == [] and it.stack == []
+    _recorder.end(o)
+    assert it.stack == [] and it.saved == [] and not it.busy
+    (run,) = _imports_emitted(st)  # alpha's time up to the stage, at the stage's start
+    assert run["p"] == st.runtime.root_span_id and run["e"] <= o.start
+
+
+def test_an_import_begun_in_a_stage_that_ends_first_goes_on_under_the_parent(st: _state.HookState) -> None:
+    it = st.imports.main
+    o = _recorder.begin("model_build")
+    gamma = _spec("gamma")
+    _begin(gamma, 0.003)
+    _recorder.end(o)  # the stage ends inside gamma's body
+    assert it.stack == ["gamma"] and it.piece_parent is None  # (the root) from the stage's end
+    _end(gamma, 0.003)
+    _imports.flush()
+    inside, after = sorted(_imports_emitted(st), key=lambda d: d["s"])  # type: ignore[arg-type, return-value]
+    assert inside["p"] == o.span and after["p"] == st.runtime.root_span_id
+    assert inside["e"] <= after["s"]  # cut where the stage ended: no run outlives its parent
+
+
+def test_stages_ended_out_of_order_leave_the_outermost_import_in_place(st: _state.HookState) -> None:
+    it = st.imports.main
+    alpha, beta = _spec("alpha"), _spec("beta")
+    _begin(alpha)
+    outer = it.stack
+    a = _recorder.begin("first")  # opened in alpha: alpha set aside
+    _begin(beta)
+    b = _recorder.begin("second")  # opened in beta: beta set aside too
+    assert [d for d, _s, _t in it.saved] == [1, 2]
+    _recorder.end(a)  # ends before the stage opened inside it
+    _recorder.end(b)
+    assert it.saved == [] and it.stack is outer == ["alpha"]  # the outermost import counts again
+    _end(beta)  # from the stack it was pushed on, now nobody's
+    _end(alpha)
+    assert it.stack == [] and it.saved == [] and not st.runtime.failed
+    with hooks.stage("later"):
+        pass
+    assert not it.busy
 
 
 def test_a_run_left_open_is_emitted_by_the_next_stage_and_busy_clears(st: _state.HookState) -> None:
