@@ -41,6 +41,7 @@ EVENT = "weights_file"
 W = _contract.WEIGHTS
 COLD_BELOW = _contract.COLD_BELOW
 RESIDENT = 0.99  # a read that began with this share of the file in the page cache fetched (next to) nothing of it
+RAISES_CEILING = 64 << 20  # a cold read of this many bytes says the disk's bandwidth (= storage_ceiling.MIN_SAMPLE)
 
 CeilingOf = Callable[[str], "float | None"]  # a file's storage ceiling (bytes/s), if known
 
@@ -129,15 +130,17 @@ def ceiling_share(ratio: float) -> str:
 
 
 def add_ceiling(summary: dict[str, AttrValue], ceiling: float | None) -> None:
-    """Add ``ceiling_ratio`` to a cold file's summary that has a throughput, if it lacks one. A cold read faster
-    than the ceiling proves the ceiling low (measured while the disk was busy: a review saw 271-507% of it on every
-    read): the ceiling is then that read's rate, ratio 1, and ``ceiling_raised`` says so (the agent keeps the new
-    figure, ``storage_ceiling.raise_to``)."""
+    """Add ``ceiling_ratio`` to a cold file's summary that has a throughput, if it lacks one. A cold read of at
+    least ``RAISES_CEILING`` bytes faster than the ceiling proves the ceiling low (measured while the disk was busy:
+    a review saw 271-507% of it on every read): the ceiling is then that read's rate, ratio 1, and
+    ``ceiling_raised_from`` says so (the agent keeps the new figure, ``storage_ceiling.raise_to``). A smaller read
+    keeps its ratio, printed "above 100%"."""
     rate = _num(summary, "bytes_per_s")
     ratio = _num(summary, "page_cache_ratio")
     if "ceiling_ratio" in summary or not ceiling or rate is None or ratio is None or ratio >= COLD_BELOW:
         return
-    if rate > ceiling:
+    counted = _num(summary, "counted_bytes") or 0.0
+    if rate > ceiling and counted >= RAISES_CEILING:  # a smaller read says more about readahead than the disk
         summary["ceiling_raised_from"] = ceiling
         ceiling = rate
     summary["storage_ceiling_bytes_per_s"] = ceiling

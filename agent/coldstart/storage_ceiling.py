@@ -29,7 +29,7 @@ from infersight.hooks import _contract, _paths
 MAX_BYTES = 512 << 20
 MAX_SECONDS = 3.0
 BLOCK = 8 << 20
-MIN_SAMPLE = 64 << 20  # smaller files say more about latency than about bandwidth
+MIN_SAMPLE = 64 << 20  # smaller files say more about latency than about bandwidth (= weights_files.RAISES_CEILING)
 SCHEMA = 1
 
 

@@ -408,8 +408,10 @@ def test_gunicorn_worker_stopped_while_loading_was_never_ready(tmp_path) -> None
     with open(otlp, encoding="utf-8") as f:
         css = coldstarts(spans_from_lines(f.readlines()))
     (w,) = [cs for cs in css if cs.root.parent_span_id is not None]
-    assert w.root.attributes["infersight.coldstart.ended_by"] == "exit", (w.root.attributes, out[-3000:])
-    assert "infersight.coldstart.ready_s" not in w.root.attributes
+    # its exit, or (a loaded machine: gunicorn's graceful timeout ran out and it SIGKILLed the worker) its loss
+    assert w.root.attributes["infersight.coldstart.ended_by"] in ("exit", "producer_lost"), (w.root.attributes,
+                                                                                            out[-3000:])
+    assert "infersight.coldstart.ready_s" not in w.root.attributes, w.root.attributes
     assert w.root.end_ns >= os.stat(mark).st_mtime_ns  # it was loading, inside its cold start
     (master,) = [cs for cs in css if cs.root.parent_span_id is None]
     assert master.root.attributes["infersight.coldstart.workers_ready"] == 0

@@ -88,3 +88,12 @@ def test_a_lazy_rows_storage_bytes_are_at_most_the_file() -> None:
                           W + "page_cache_ratio": 0.0}])
     assert "273.0 MiB mapped (lazy; 273.0 MiB read from storage)" in note, note
     assert "above 100%" in weights_note([{W + "bytes": MIB, W + "bytes_per_s": 2e9, W + "ceiling_ratio": 3.2}])
+
+
+def test_a_small_cold_read_faster_than_the_ceiling_keeps_it() -> None:
+    """20.6 MiB at 345.6 MiB/s against a 149.3 MiB/s ceiling: readahead, not the disk's bandwidth."""
+    spans = [_load("a" * 16, 0.0, 0.06, **{W + "bytes": 20 * MIB, W + "page_cache_ratio": 0.0,
+                                           W + "read_bytes": 20 * MIB})]
+    (f,) = summarize(spans, lambda _p: 150.0 * MIB)
+    assert "ceiling_raised_from" not in f and f["storage_ceiling_bytes_per_s"] == 150.0 * MIB
+    assert "above 100% of the storage ceiling" in describe(f), describe(f)
