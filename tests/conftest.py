@@ -286,3 +286,14 @@ def agent_factory(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         if a.proc is not None and a.proc.poll() is None:
             a.proc.kill()
             a.proc.wait(5)
+
+
+@pytest.fixture(autouse=True)
+def _no_current_span_left() -> Iterator[None]:
+    """Each test starts with no current hooks span: one that set it and never reset it (a forward begun and not
+    ended) made the next test's stages nest under a span of its own."""
+    from infersight.hooks import _runtime
+
+    token = _runtime.current_span.set(None)
+    yield
+    _runtime.current_span.reset(token)

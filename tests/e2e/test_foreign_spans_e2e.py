@@ -12,7 +12,6 @@ victim takes the attacker's root for no worker (no tree figure).
 
 from __future__ import annotations
 
-import grp
 import json
 import os
 import pwd
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import attr, read_otlp_lines, spans, wait_for
+from local_users import socket_group, system_python3
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to make users and act as them")
 
@@ -71,43 +71,11 @@ for line in sys.stdin:
 """
 
 
-def system_python() -> str:
-    """The venv's interpreter lives under /root: the other users run a system Python."""
-    for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.access(p, os.X_OK):
-            return p
-    pytest.skip("no system python3 for the other users' processes")
-
-
-def _ensure_user(name: str, gid: int, made: list[list[str]]) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        r = subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", "-G", str(gid), name],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip("cannot make user %s: %s" % (name, r.stderr.strip()))
-        made.append(["userdel", name])
-        return pwd.getpwnam(name)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[int, pwd.struct_passwd, pwd.struct_passwd]]:
     """The socket's group and its two members; what this made is removed after the module's tests."""
-    made: list[list[str]] = []
-    try:
-        try:
-            gid = grp.getgrnam(GROUP).gr_gid
-        except KeyError:
-            r = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
-            if r.returncode != 0:
-                pytest.skip("cannot make group %s: %s" % (GROUP, r.stderr.strip()))
-            made.append(["groupdel", GROUP])
-            gid = grp.getgrnam(GROUP).gr_gid
-        yield gid, _ensure_user(VICTIM, gid, made), _ensure_user(ATTACKER, gid, made)
-    finally:
-        for cmd in reversed(made):  # the users before their group
-            subprocess.run(cmd, capture_output=True)
+    with socket_group(GROUP, VICTIM, ATTACKER) as (gid, (victim, attacker)):
+        yield gid, victim, attacker
 
 
 def _peer(python: str, sock: Path, user: pwd.struct_passwd, gid: int, service: str, trace: str,
@@ -136,7 +104,7 @@ def _span(name: str, sid: str, parent: str | None, s: float, e: float, trace: st
 
 def test_another_users_spans_join_no_cold_start_of_the_victim(users, open_dir: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     agent = agent_factory(root=open_dir / "agent")
     agent.config.write_text(agent.config.read_text().replace(
         'spool_dir = "%s"' % agent.spool, 'spool_dir = "%s"\nallowed_gids = [%d]' % (agent.spool, gid)))

@@ -11,7 +11,6 @@ hooked Python process running as the victim, the attacker is a process running a
 
 from __future__ import annotations
 
-import grp
 import json
 import os
 import pwd
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import attr, hook_env, log_records, read_otlp_lines, spans, wait_for
+from local_users import socket_group, system_python3
 from mosquitto import MOSQUITTO, running_broker
 
 from infersight.hooks import _proc
@@ -31,46 +31,11 @@ GROUP, VICTIM, ATTACKER = "isg22ha", "isv22ha", "isa22ha"
 N_EVENTS = 40
 
 
-def system_python() -> str:
-    """The venv's interpreter lives under /root: the other users run a system Python."""
-    for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.access(p, os.X_OK):
-            return p
-    pytest.skip("no system python3 for the other users' processes")
-
-
-def ensure_user(name: str, gid: int, made: list[list[str]]) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        r = subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", "-G", str(gid), name],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip("cannot make user %s: %s" % (name, r.stderr.strip()))
-        made.append(["userdel", name])
-        return pwd.getpwnam(name)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[int, pwd.struct_passwd, pwd.struct_passwd]]:
     """The socket's group and its two members; what this made is removed after the module's tests."""
-    made: list[list[str]] = []
-    try:
-        try:
-            gid = grp.getgrnam(GROUP).gr_gid
-        except KeyError:
-            r = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
-            if r.returncode != 0:
-                pytest.skip("cannot make group %s: %s" % (GROUP, r.stderr.strip()))
-            made.append(["groupdel", GROUP])
-            gid = grp.getgrnam(GROUP).gr_gid
-        yield gid, ensure_user(VICTIM, gid, made), ensure_user(ATTACKER, gid, made)
-    finally:
-        for cmd in reversed(made):  # the users before their group
-            if cmd[0] == "userdel":  # userdel refuses a user with a process left (a test that failed half way)
-                subprocess.run(["pkill", "-KILL", "-u", cmd[1]], capture_output=True)
-            if subprocess.run(cmd, capture_output=True).returncode != 0:
-                subprocess.run(cmd, capture_output=True)  # once more, its processes reaped by now
+    with socket_group(GROUP, VICTIM, ATTACKER) as (gid, (victim, attacker)):
+        yield gid, victim, attacker
 
 
 @pytest.fixture
@@ -131,7 +96,7 @@ print(json.dumps(replies), flush=True)
 
 def test_an_attacker_cannot_take_over_the_victims_producer(users, base: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     spool = shared_spool(base, gid)
     agent = agent_factory(root=base / "agent")
     agent.config.write_text(agent.config.read_text()
@@ -189,7 +154,7 @@ def test_the_attacker_cannot_delete_the_victims_spool_file(users, base: Path) ->
     """The sticky bit on the shared spool directory (3770): only a file's owner (or the
     directory's, or root) may remove it."""
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     spool = shared_spool(base, gid)
     f = spool / "victim-1-2-0123456789abcdef.spool"
     f.write_bytes(b"x")
@@ -224,7 +189,7 @@ def test_a_removed_spool_file_is_rescued_by_its_hook_and_counted(users, base: Pa
     next write, rescues what the file held (still readable through its descriptor) into a new
     file and reports the removal: every event arrives and the agent counts it."""
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     spool = base / "spool"
     spool.mkdir()
     os.chown(spool, 0, gid)
@@ -280,7 +245,7 @@ def test_one_uid_cannot_take_every_connection(users, base: Path, agent_factory) 
     """A member who opens connections and sends nothing holds at most a quarter of them: the
     victim's hooks still get in, and the agent counts what it turned away by uid."""
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     agent = agent_factory(root=base / "agent")
     agent.config.write_text(agent.config.read_text().replace(
         "[agent]\n", "[agent]\nmax_connections = 8\nallowed_gids = [%d]\n" % gid, 1))
@@ -403,7 +368,7 @@ def test_a_uid_streaming_costly_frames_gets_its_share_of_the_loop_while_another_
     for its share of the event loop (loop_share.py; `bench/loop_share.py` has the latencies), and every
     event of the victim arrives."""
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     agent = group_agent(agent_factory, base, gid)
     flood = start_flood(python, base, agent, attacker, gid, "wide")
     try:
@@ -428,7 +393,7 @@ def test_a_uid_flooding_a_slow_sink_holds_only_its_own_producers(  # type: ignor
     the queue (`frames_waited_queue_share`), the queue never fills for everyone, and the victim's
     batches wait in their own lane: every event of the victim's hooks reaches the broker and the file."""
     gid, victim, attacker = users
-    python = system_python()
+    python = system_python3()
     with running_broker(base / "mosquitto") as broker:
         agent = group_agent(agent_factory, base, gid, f'[exporters.mqtt]\nurl = "{broker.url}"\n')
         flood = start_flood(python, base, agent, attacker, gid, "records")
