@@ -95,14 +95,32 @@ def _iqr(values: Sequence[float]) -> float | None:
     return q[2] - q[0]
 
 
-def expected_order(runs: Sequence[Run]) -> list[str]:
-    """The milestones a typical run passes, by median end offset (present in half the runs)."""
+def typical_ends(runs: Sequence[Run]) -> dict[str, float]:
+    """The median end offset of each milestone present in half the runs."""
     offsets: dict[str, list[float]] = {}
     for run in runs:
         for m, end in run.milestones().items():
             offsets.setdefault(m, []).append(end)
-    keep = [m for m, ends in offsets.items() if len(ends) >= PRESENCE * len(runs)]
-    return sorted(keep, key=lambda m: (_median(offsets[m]), m))
+    return {m: _median(ends) for m, ends in offsets.items() if len(ends) >= PRESENCE * len(runs)}
+
+
+def expected_order(runs: Sequence[Run]) -> list[str]:
+    """The milestones a typical run passes, by median end offset (present in half the runs)."""
+    ends = typical_ends(runs)
+    return sorted(ends, key=lambda m: (ends[m], m))
+
+
+def _next(order: list[str], ends: dict[str, float], now: dict[str, float]) -> str | None:
+    """The milestone expected next: the first of ``order`` not passed, unless this run passed a later one after
+    that one is typically over (it skipped it: a 2 ms import run that most runs had and this one did not,
+    which held the expected stage at framework_import while the run loaded weights)."""
+    for i, m in enumerate(order):
+        if m in now:
+            continue
+        if any(now.get(later, -1.0) > ends[m] for later in order[i + 1:]):
+            continue
+        return m
+    return None
 
 
 def matching(history: Sequence[Run], cache: str | None) -> tuple[list[Run], bool]:
@@ -130,9 +148,10 @@ def predict(
     ``ended`` holds ``(stage, end offset from the process start)`` in start order.
     """
     runs, same_cache = matching(history, cache)
-    order = expected_order(runs)
+    ends = typical_ends(runs)
+    order = sorted(ends, key=lambda m: (ends[m], m))
     now = milestones(ended)
-    nxt = next((m for m in order if m not in now), None)
+    nxt = _next(order, ends, now)
     stage = nxt.split("#", 1)[0] if nxt else None
     if not runs:
         return Estimate(stage, elapsed_s, None, None, 0, None, same_cache)

@@ -229,3 +229,12 @@ def test_a_torn_append_is_one_corrupt_line(tmp_path) -> None:
     ch.append(str(path), "k", run(2.0))
     h = ch.load(str(path))
     assert h.corrupt_lines == 1 and [r.total_s for r in h.of("k")] == [1.0, 2.0]  # only the torn line is lost
+
+
+def test_a_stage_this_run_skipped_is_not_expected_next() -> None:
+    """A tiny import run (just over the hooks' 2 ms) in most runs of history, not in this one: the expected stage
+    stayed framework_import while the run loaded its weights (a full test run, twice)."""
+    history = [run(1.2, framework_import=0.003, model_build=0.3, weights_load=0.6) for _ in range(3)]
+    est = predict(history, [("model_build", 0.31)], 0.5)
+    assert est.stage == "weights_load"
+    assert predict(history, [], 0.001).stage == "framework_import"  # not passed yet: still expected
