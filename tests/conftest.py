@@ -136,6 +136,10 @@ def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:
         INFERSIGHT_SPOOL_DIR=str(spool),
         PYTHONPATH=str(BOOTSTRAP),
         PYTHONUNBUFFERED="1",
+        # this test's own private spool: a hooked process adopts what ended processes left in its user's private
+        # spool into the agent's, and another test's leftover (a `python -c` that had no agent) was replayed as
+        # a second cold start in this test's file
+        XDG_STATE_HOME=str(Path(spool).parent / "xdg-state"),
     )
     env.pop("TRACEPARENT", None)
     env.update(extra)

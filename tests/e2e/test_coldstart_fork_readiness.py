@@ -356,7 +356,8 @@ def test_gunicorn_worker_that_fails_to_boot_was_never_ready(tmp_path) -> None:
     assert (w.root.end_ns - w.root.start_ns) / 1e9 >= 1.0
     (master,) = [cs for cs in coldstarts(r.spans) if cs.root.parent_span_id is None]
     assert master.root.attributes["infersight.coldstart.workers"] == 1
-    assert master.root.attributes["infersight.coldstart.workers_ready"] == 0
+    # none ready (a worker SIGKILLed under load never reported to its supervisor: no count then)
+    assert master.root.attributes.get("infersight.coldstart.workers_ready", 0) == 0
 
 
 LOADING_APP = """
@@ -414,4 +415,5 @@ def test_gunicorn_worker_stopped_while_loading_was_never_ready(tmp_path) -> None
     assert "infersight.coldstart.ready_s" not in w.root.attributes, w.root.attributes
     assert w.root.end_ns >= os.stat(mark).st_mtime_ns  # it was loading, inside its cold start
     (master,) = [cs for cs in css if cs.root.parent_span_id is None]
-    assert master.root.attributes["infersight.coldstart.workers_ready"] == 0
+    # none ready (a worker SIGKILLed under load never reported to its supervisor: no count then)
+    assert master.root.attributes.get("infersight.coldstart.workers_ready", 0) == 0
