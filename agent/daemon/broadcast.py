@@ -109,6 +109,7 @@ class ExporterWorker:
         self.rejected_at: float | None = None  # when the peer's refusals last cost items
         self.lost_at: float | None = None  # when items it could neither deliver nor spool were last dropped
         self.lost_items = 0  # those items (also in dropped_items)
+        self.lost_reason = ""  # why the last of them could be neither delivered nor spooled
         self._rejected_said_at: float | None = None  # when the log last said so
         self._retry_after: float | None = None  # seconds the peer asked to wait (Retry-After), for the next sleep
         self._fault_kinds: dict[str, int] = {}
@@ -156,7 +157,7 @@ class ExporterWorker:
         if self.fault_since is not None:
             return "worker failing for %.0f s: %s%s" % (now - self.fault_since, self.fault, lost and "; " + lost)
         if lost:
-            return "%s: %s" % (lost, self.last_error)
+            return "%s: %s" % (lost, self.lost_reason or self.last_error)
         own = exporter_problem(self.exporter)
         if own:
             return own
@@ -245,6 +246,7 @@ class ExporterWorker:
                 self._note_fault("spool append", exc, traceback=not isinstance(exc, OSError))
         if items:
             self.lost_at = time.monotonic()
+            self.lost_reason = self.last_error  # the spool's error (a full disk), not a later delivery's
             self.lost_items += len(items)
             self.dropped_items += len(items)
 
