@@ -5,7 +5,8 @@ The base of the cold-start hooks. ``_imports``, ``_build``, ``_torch``, ``_weigh
 none of them. It holds:
 
 - this process's cold-start state (``state()``: ``_state.current.coldstart``);
-- stages: ``begin``/``end`` (an ``Open`` stage made current), ``emit_stage``,
+- stages: ``begin``/``end`` (an ``Open`` stage made current; one ended out of order is
+  skipped when the current span is restored), ``emit_stage``,
   ``end_runtime_init``, and the
   notes every stage leaves while the cold start is collected (``note_begin``, ...);
 - ``timed``: a wrapper that runs a call inside one stage;
@@ -131,11 +132,15 @@ def end(
     end_ns: Optional[int] = None,
     keep: bool = True,
 ) -> None:
-    """Close ``o``: restore the previous span, then emit it (unless ``keep`` is False)."""
+    """Close ``o``: restore the previous span, then emit it (unless ``keep`` is False). Ended
+    before a stage opened inside it (out of order), it leaves the current span on that stage,
+    and that stage's end skips it: the current span never goes back to one that has ended."""
     try:
         end_ns = end_ns or time.time_ns()
         if _runtime.current_span.get() == o.span:
-            set_current(o.prev)
+            set_current(still_open(o.prev))
+        else:
+            state().ended_early[o.span] = o.prev  # this process's (a child ends what its parent opened)
         note_stage_exit(end_ns)
         if not keep or o.owner is not state():  # opened by the parent before a fork
             return
@@ -145,6 +150,15 @@ def end(
                    type(err).__name__ if err is not None else None)
     except Exception as exc:
         _runtime.fail(exc)
+
+
+def still_open(span: Optional[str]) -> Optional[str]:
+    """``span``, or the innermost span around it still open where it (and those around it)
+    ended out of order (``ended_early``); None at the top."""
+    early = state().ended_early
+    while span in early:
+        span = early[span]
+    return span
 
 
 def emit_stage(

@@ -224,8 +224,8 @@ class ColdStart:
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "claims_pending",
         "collecting",
-        "covered", "covered_seen", "exit_waited_s", "exiting", "explicit", "finder", "finished", "finishing", "first",
-        "first_done",
+        "covered", "covered_seen", "ended_early", "exit_waited_s", "exiting", "explicit", "finder", "finished",
+        "finishing", "first", "first_done",
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
@@ -246,6 +246,9 @@ class ColdStart:
         self.ready_source = ""
         self.last_end_ns = 0  # end of the latest stage that finished (start of ready_wait): _recorder.last_end
         self.covered_seen = 0  # entries of ``covered`` (2 per interval) that last_end_ns includes
+        # _recorder's stages that ended while a stage opened inside them was still open: their
+        # span id -> the span that was current when they began (``_recorder.still_open``)
+        self.ended_early: Dict[str, Optional[str]] = {}
         # Changes at every stage start while collecting (splits import, init and warmup runs):
         # the span id of hooks.stage's latest, a fresh object for others. Compared, never ordered.
         self.stage_mark: object = None
@@ -324,6 +327,7 @@ class ColdStart:
         new.collecting = self.collecting  # the parent's (its wrappers are in place); the child's is decided on start
         new.boot_ns = self.boot_ns
         new.stage_mark = self.stage_mark
+        new.ended_early = dict(self.ended_early)  # the child's current span may still lead through them
         new.role = self.role
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
