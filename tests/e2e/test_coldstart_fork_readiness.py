@@ -20,23 +20,17 @@ HTTP request, then stops the stack with SIGINT to its process group, as a termin
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
-from launchutil import HERE, INFERSIGHT, LaunchRun, stage_name  # noqa: E402
-from short_tmp import short_tmpdir  # noqa: E402
+from launchutil import LaunchRun, Served, bare_connect, get_json, launch_server, one, pid, stage_name, the  # noqa: E402
 
-from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
+from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import is_helper  # noqa: E402
 from infersight.telemetry import ColdStart, SpanItem  # noqa: E402
 
@@ -58,88 +52,27 @@ ENV = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "FORK_APP_SLEEP": str
 GTHREAD_STOP = ["--graceful-timeout", "5"]
 
 
-def cmd_group(launch_pid: int) -> int:
-    """CMD, launch's child (it leads its own process group)."""
-    for tid in os.listdir("/proc/%d/task" % launch_pid):
-        with open("/proc/%d/task/%s/children" % (launch_pid, tid)) as f:
-            for w in f.read().split():
-                if os.getpgid(int(w)) == int(w):
-                    return int(w)
-    return 0
-
-
-def bare_connect(port: int) -> bool:
-    """A TCP connect that carries no request (a load balancer's check, a k8s tcpSocket probe)."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
 def serve(tmp: str, argv: list[str], port: int, env: dict[str, str], idle_s: float = 0.5,
           timeout: float = 120) -> tuple[LaunchRun, Any]:
     """Launch ``argv``; wait for its port with bare connects; one more bare connect, then one GET;
     ``idle_s`` later, SIGINT to CMD's process group; read what launch wrote."""
-    otlp = os.path.join(tmp, "out.otlp.jsonl")
-    tmpdir = short_tmpdir(tmp)
-    e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0", TMPDIR=tmpdir,
-             **ENV, **env)
-    log = open(os.path.join(tmp, "launch.log"), "w+", encoding="utf-8")  # noqa: SIM115 (a pipe would wait for CMD's orphans)
-    p = subprocess.Popen([*INFERSIGHT, "launch", "--otlp-file", otlp, "--", *argv], cwd=HERE, env=e,
-                         stdout=log, stderr=subprocess.STDOUT)
-    group = 0
-    answer: Any = None
-    deadline = time.monotonic() + timeout
-    try:
-        while not bare_connect(port):
-            assert p.poll() is None, "the stack exited before listening"
-            assert time.monotonic() < deadline, "port %d never listened" % port
-            time.sleep(0.05)
-        group = cmd_group(p.pid)
+
+    def drive(s: Served) -> Any:
+        s.until(lambda: bare_connect(port), "listening", "port %d never listened" % port)
         time.sleep(0.2)
         assert bare_connect(port)  # another probe, once a --preload worker is in its loop
         time.sleep(0.1)
-        with urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=60) as resp:
-            answer = json.load(resp)
+        answer = get_json(port)
         time.sleep(idle_s)  # the other workers are up and idle
-        os.killpg(group, signal.SIGINT)
-        p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if group:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        out = log.read()
-        log.close()
-    with open(otlp, encoding="utf-8") as f:
-        spans = spans_from_lines(f.readlines())
-    return LaunchRun(p.returncode, out, spans), answer
+        return answer
+
+    return launch_server(tmp, argv, drive, env={**ENV, **env}, timeout=timeout)
 
 
 def processes(r: LaunchRun) -> list[ColdStart]:
     css = [cs for cs in coldstarts(r.spans) if not is_helper(cs)]
     assert css, r.output[-4000:]
     return css
-
-
-def pid(cs: ColdStart) -> int:
-    return int(cs.root.resource.get("process.pid") or 0)
-
-
-def the(cs: ColdStart, stage: str) -> list[SpanItem]:
-    return [s for s in cs.stages if stage_name(s) == stage]
-
-
-def one(cs: ColdStart, stage: str, r: LaunchRun) -> SpanItem:
-    found = the(cs, stage)
-    assert len(found) == 1, (stage, [stage_name(s) for s in cs.stages], r.output[-3000:])
-    return found[0]
 
 
 def check_served_worker(w: ColdStart, r: LaunchRun, source: str) -> SpanItem:
@@ -380,38 +313,20 @@ def test_gunicorn_worker_stopped_while_loading_was_never_ready(tmp_path) -> None
     (tmp_path / "loading_app.py").write_text(LOADING_APP)
     mark = tmp_path / "loading"
     port = free_port()
-    otlp = tmp_path / "out.otlp.jsonl"
-    e = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), INFERSIGHT_MEASURE_STORAGE="0",
-             TMPDIR=short_tmpdir(str(tmp_path)), LOADING_MARK=str(mark), **ENV)
     argv = [os.path.join(BIN, "gunicorn"), "-w", "1", "--threads", "4", *GTHREAD_STOP, "-b", "127.0.0.1:%d" % port,
             "loading_app:app"]
-    p = subprocess.Popen([*INFERSIGHT, "launch", "--agent", "embedded", "--otlp-file", str(otlp), "--", *argv],
-                         cwd=str(tmp_path), env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    group = 0
-    try:
-        deadline = time.monotonic() + 60
-        while not mark.exists():
-            assert p.poll() is None and time.monotonic() < deadline, "the worker never started to load"
-            time.sleep(0.05)
-        group = cmd_group(p.pid)
+
+    def drive(s: Served) -> None:
+        s.until(mark.exists, "the worker started to load", "the worker never started to load")
         time.sleep(0.5)  # well inside the load
-        os.killpg(group, signal.SIGINT)
-        out, _ = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-        if group:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    with open(otlp, encoding="utf-8") as f:
-        css = coldstarts(spans_from_lines(f.readlines()))
+
+    r, _ = launch_server(str(tmp_path), argv, drive, "--agent", "embedded", env={"LOADING_MARK": str(mark), **ENV},
+                         cwd=str(tmp_path), timeout=60)
+    css = coldstarts(r.spans)
     (w,) = [cs for cs in css if cs.root.parent_span_id is not None]
     # its exit, or (a loaded machine: gunicorn's graceful timeout ran out and it SIGKILLed the worker) its loss
     assert w.root.attributes["infersight.coldstart.ended_by"] in ("exit", "producer_lost"), (w.root.attributes,
-                                                                                            out[-3000:])
+                                                                                            r.output[-3000:])
     assert "infersight.coldstart.ready_s" not in w.root.attributes, w.root.attributes
     assert w.root.end_ns >= os.stat(mark).st_mtime_ns  # it was loading, inside its cold start
     (master,) = [cs for cs in css if cs.root.parent_span_id is None]

@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
-from launchutil import HERE, LaunchRun, launch, stage_name  # noqa: E402
-from short_tmp import short_tmpdir  # noqa: E402
+from launchutil import HERE, LaunchRun, Served, launch, launch_server, pid, stage_name  # noqa: E402
 
-from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
+from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import coverage, is_helper, tree_coverage  # noqa: E402
 from infersight.rules.stage_rules import builtin_stage_rules_path, load_stage_rules  # noqa: E402
 from infersight.telemetry import ColdStart  # noqa: E402
@@ -67,70 +66,33 @@ def serve_once(tmp: str, argv: list[str], url: str, body: dict[str, object], env
     sends it (SIGINT to CMD's process group, the terminal's foreground one under launch), and
     read what launch wrote. Whatever of CMD's group is still there after launch has ended is
     killed (a test leaves no process behind)."""
-    otlp = os.path.join(tmp, "out.otlp.jsonl")
-    # a TMPDIR of its own: launch replays leftovers of dead launches found there (as launchutil)
-    tmpdir = short_tmpdir(tmp)
-    e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0", TMPDIR=tmpdir,
-             **ENV, **env)
-    e.pop("PYTHONPATH", None)
-    log = open(os.path.join(tmp, "launch.log"), "w+", encoding="utf-8")  # noqa: SIM115 (a pipe would wait for CMD's orphans)
-    p = subprocess.Popen([os.path.join(BIN, "infersight"), "launch", "--otlp-file", otlp, "--", *argv],
-                         cwd=env.get("CWD", tmp), env=e, stdout=log, stderr=subprocess.STDOUT)
-    answer: Any = None
-    group = 0
-    deadline = time.monotonic() + timeout
-    try:
-        while answer is None:
-            assert p.poll() is None, "the stack exited before answering"
-            assert time.monotonic() < deadline, "no answer from %s" % url
-            group = group or cmd_pid(p.pid)
-            try:
-                answer = post(url, body)
-            except urllib.error.HTTPError as exc:  # it answered, wrongly: no retry
-                raise AssertionError("%s answered %d: %s" % (url, exc.code, exc.read()[:500])) from exc
-            except TimeoutError as exc:  # accepted, never answered: a retry would reach another worker
+    answers: list[Any] = []
+
+    def answered() -> bool:
+        try:
+            answers.append(post(url, body))
+        except urllib.error.HTTPError as exc:  # it answered, wrongly: no retry
+            raise AssertionError("%s answered %d: %s" % (url, exc.code, exc.read()[:500])) from exc
+        except TimeoutError as exc:  # accepted, never answered: a retry would reach another worker
+            raise AssertionError("%s accepted the request and did not answer" % url) from exc
+        except (urllib.error.URLError, ConnectionError) as exc:
+            if isinstance(getattr(exc, "reason", None), TimeoutError):
                 raise AssertionError("%s accepted the request and did not answer" % url) from exc
-            except (urllib.error.URLError, ConnectionError) as exc:
-                if isinstance(getattr(exc, "reason", None), TimeoutError):
-                    raise AssertionError("%s accepted the request and did not answer" % url) from exc
-                time.sleep(0.2)  # not listening yet: an event we wait for, not a share of time
+            return False  # not listening yet: an event we wait for, not a share of time
+        return True
+
+    def drive(s: Served) -> Any:
+        s.until(answered, "answering", "no answer from %s" % url, every=0.2)
         if before_stop is not None:
-            before_stop(group, answer)
-        os.killpg(group, signal.SIGINT)
-        p.wait(timeout=180)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if group:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        out = log.read()
-        log.close()
-    with open(otlp, encoding="utf-8") as f:
-        spans = spans_from_lines(f.readlines())
-    return LaunchRun(p.returncode, out, spans), answer
+            before_stop(s.group, answers[0])
+        return answers[0]
 
-
-def cmd_pid(launch_pid: int) -> int:
-    """CMD, launch's child (it leads its own process group)."""
-    for tid in os.listdir("/proc/%d/task" % launch_pid):
-        with open("/proc/%d/task/%s/children" % (launch_pid, tid)) as f:
-            for w in f.read().split():
-                if os.getpgid(int(w)) == int(w):
-                    return int(w)
-    return 0
+    return launch_server(tmp, argv, drive, env={**ENV, **env}, unset=("PYTHONPATH",), cwd=env.get("CWD", tmp),
+                         timeout=timeout, stop_timeout=180)
 
 
 def served(r: LaunchRun) -> list[ColdStart]:
     return [cs for cs in coldstarts(r.spans) if not is_helper(cs)]
-
-
-def pid(cs: ColdStart) -> int:
-    return int(cs.root.resource.get("process.pid") or 0)
 
 
 def names(cs: ColdStart) -> set[str]:

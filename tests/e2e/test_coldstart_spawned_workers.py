@@ -16,23 +16,17 @@ does."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
-from launchutil import HERE, INFERSIGHT, LaunchRun, stage_name  # noqa: E402
-from short_tmp import short_tmpdir  # noqa: E402
+from launchutil import LaunchRun, Served, bare_connect, get_json, launch_server, one, pid, the  # noqa: E402
 
-from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
+from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import is_helper  # noqa: E402
 from infersight.telemetry import ColdStart, SpanItem  # noqa: E402
 
@@ -47,80 +41,23 @@ ENV = {"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "FORK_APP_SLEEP": str
        "FORK_APP_MODEL": "lifespan"}
 
 
-def cmd_group(launch_pid: int) -> int:
-    """CMD, launch's child (it leads its own process group)."""
-    for tid in os.listdir("/proc/%d/task" % launch_pid):
-        with open("/proc/%d/task/%s/children" % (launch_pid, tid)) as f:
-            for w in f.read().split():
-                if os.getpgid(int(w)) == int(w):
-                    return int(w)
-    return 0
-
-
-def bare_connect(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
 def serve(tmp: str, argv: list[str], port: int, workers: int, *flags: str, idle_s: float = 0.5,
           timeout: float = 180) -> tuple[LaunchRun, Any]:
     """Launch ``argv`` (``flags`` go to launch); wait until its ``workers`` have run their lifespan (however
     slow a loaded host makes them) and for its port with bare connects; one GET; ``idle_s`` later, SIGINT to
     CMD's process group; read what launch wrote."""
-    otlp = os.path.join(tmp, "out.otlp.jsonl")
     started = os.path.join(tmp, "started")
     os.mkdir(started)
-    e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0",
-             TMPDIR=short_tmpdir(tmp), FORK_APP_STARTED_DIR=started, **ENV)
-    log = open(os.path.join(tmp, "launch.log"), "w+", encoding="utf-8")  # noqa: SIM115 (a pipe would wait for CMD's orphans)
-    p = subprocess.Popen([*INFERSIGHT, "launch", "--agent", "embedded", "--otlp-file", otlp, *flags, "--", *argv],
-                         cwd=HERE, env=e, stdout=log, stderr=subprocess.STDOUT)
-    group = 0
-    answer: Any = None
-    deadline = time.monotonic() + timeout
-    try:
-        while len(os.listdir(started)) < workers or not bare_connect(port):
-            assert p.poll() is None, "the stack exited before listening"
-            assert time.monotonic() < deadline, "port %d never listened" % port
-            time.sleep(0.05)
-        group = cmd_group(p.pid)
-        with urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=60) as resp:
-            answer = json.load(resp)
+
+    def drive(s: Served) -> Any:
+        s.until(lambda: len(os.listdir(started)) >= workers and bare_connect(port), "listening",
+                "port %d never listened" % port)
+        answer = get_json(port)
         time.sleep(idle_s)
-        os.killpg(group, signal.SIGINT)
-        p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if group:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        out = log.read()
-        log.close()
-    with open(otlp, encoding="utf-8") as f:
-        spans = spans_from_lines(f.readlines())
-    return LaunchRun(p.returncode, out, spans), answer
+        return answer
 
-
-def pid(cs: ColdStart) -> int:
-    return int(cs.root.resource.get("process.pid") or 0)
-
-
-def the(cs: ColdStart, stage: str) -> list[SpanItem]:
-    return [s for s in cs.stages if stage_name(s) == stage]
-
-
-def one(cs: ColdStart, stage: str, r: LaunchRun) -> SpanItem:
-    found = the(cs, stage)
-    assert len(found) == 1, (stage, [stage_name(s) for s in cs.stages], r.output[-3000:])
-    return found[0]
+    return launch_server(tmp, argv, drive, "--agent", "embedded", *flags, env={**ENV, "FORK_APP_STARTED_DIR": started},
+                         timeout=timeout)
 
 
 def hypercorn(worker: str, workers: int, port: int) -> list[str]:

@@ -1,19 +1,24 @@
-"""Helpers for the cold-start tests: run a workload under ``infersight launch``, read spans."""
+"""Helpers for the cold-start tests: run a workload under ``infersight launch``, or a server that a
+test drives while it runs (``launch_server``), and read spans."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from short_tmp import short_tmpdir
 
 from infersight.agent.commands.show import coldstarts, spans_from_lines
-from infersight.telemetry import SpanItem
+from infersight.telemetry import ColdStart, SpanItem
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFERSIGHT = [os.path.join(os.path.dirname(sys.executable), "infersight")]
@@ -49,13 +54,8 @@ def launch(tmp: str, argv: list[str], *flags: str, result: bool = True, timeout:
     cmd = [*INFERSIGHT, "launch", "--otlp-file", otlp, *flags, "--", *argv]
     if result:
         cmd.append(res_path)
-    e = dict(os.environ)
-    # launch replays the leftover directories of dead launches (same uid) in $TMPDIR into its
-    # output: a test's own TMPDIR keeps other tests' and other runs' leftovers out of it
-    # (short: the socket path must fit AF_UNIX's 108 bytes)
     tmpdir = short_tmpdir(tmp)
-    e.update({"XDG_CACHE_HOME": os.path.join(tmp, "cache"), "INFERSIGHT_MEASURE_STORAGE": "0", "TMPDIR": tmpdir})
-    e.update(env or {})
+    e = launch_env(tmp, env or {})
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=e)
     wall = time.monotonic() - t0
@@ -72,8 +72,136 @@ def launch(tmp: str, argv: list[str], *flags: str, result: bool = True, timeout:
     return LaunchRun(p.returncode, p.stdout + p.stderr, spans, data, wall)
 
 
+def launch_env(tmp: str, env: dict[str, str], unset: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a launch in the test whose tmp path is ``tmp``: this one, with ``env``,
+    less ``unset``. launch replays the leftover directories of dead launches (same uid) in $TMPDIR
+    into its output: a test's own TMPDIR keeps other tests' and other runs' leftovers out of it
+    (short: the socket path must fit AF_UNIX's 108 bytes)."""
+    e = dict(os.environ, XDG_CACHE_HOME=os.path.join(tmp, "cache"), INFERSIGHT_MEASURE_STORAGE="0",
+             TMPDIR=short_tmpdir(tmp))
+    e.update(env)
+    for name in unset:
+        e.pop(name, None)
+    return e
+
+
+def cmd_group(launch_pid: int) -> int:
+    """CMD, launch's child (it leads its own process group); 0 while there is none."""
+    for tid in os.listdir("/proc/%d/task" % launch_pid):
+        with open("/proc/%d/task/%s/children" % (launch_pid, tid)) as f:
+            for w in f.read().split():
+                if os.getpgid(int(w)) == int(w):
+                    return int(w)
+    return 0
+
+
+def bare_connect(port: int) -> bool:
+    """A TCP connect that carries no request (a load balancer's check, a k8s tcpSocket probe)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def get_json(port: int) -> Any:
+    """One GET of ``/`` on ``port``: its JSON answer."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=60) as resp:
+        return json.load(resp)
+
+
+class Served:
+    """A server under ``infersight launch`` while a test drives it (``launch_server``)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        self.proc = proc
+        self.deadline = time.monotonic() + timeout
+        self.group = 0  # CMD's process group, once ``until`` saw it ready
+
+    def alive(self, before: str, never: str) -> None:
+        """Between two polls: the stack still runs (else it exited ``before`` what the test waits
+        for) and the test's time is not up (else ``never`` says what never came)."""
+        assert self.proc.poll() is None, "the stack exited before %s" % before
+        assert time.monotonic() < self.deadline, never
+
+    def until(self, ready: Callable[[], bool], before: str, never: str, every: float = 0.05) -> None:
+        """Poll ``ready`` every ``every`` seconds (as ``alive`` says) until it is true; then find
+        CMD's process group."""
+        while not ready():
+            self.alive(before, never)
+            time.sleep(every)
+        self.group = cmd_group(self.proc.pid)
+
+    def find_group(self) -> int:
+        """CMD's process group, also where the test failed before ``until`` found it."""
+        if not self.group and self.proc.poll() is None:
+            try:
+                self.group = cmd_group(self.proc.pid)
+            except OSError:  # launch ended meanwhile
+                pass
+        return self.group
+
+
+T = TypeVar("T")
+
+
+def launch_server(tmp: str, argv: list[str], drive: Callable[[Served], T], *flags: str,
+                  env: dict[str, str] | None = None, unset: tuple[str, ...] = (), cwd: str = HERE,
+                  timeout: float = 120, stop_timeout: float = 60) -> tuple[LaunchRun, T]:
+    """Launch the server ``argv`` (``flags`` go to launch; ``env`` and ``unset`` as ``launch_env``),
+    let ``drive`` wait for it and talk to it (``timeout`` seconds from the start for its waits),
+    then Ctrl-C as a terminal sends it (SIGINT to CMD's process group, the terminal's foreground
+    one under launch), and read what launch wrote; what ``drive`` returned comes with it. Whatever
+    of CMD's group is still there after launch has ended is killed (a test leaves no process
+    behind)."""
+    otlp = os.path.join(tmp, "out.otlp.jsonl")
+    log = open(os.path.join(tmp, "launch.log"), "w+", encoding="utf-8")  # noqa: SIM115 (a pipe would wait for CMD's orphans)
+    p = subprocess.Popen([*INFERSIGHT, "launch", "--otlp-file", otlp, *flags, "--", *argv], cwd=cwd,
+                         env=launch_env(tmp, env or {}, unset), stdout=log, stderr=subprocess.STDOUT)
+    served = Served(p, timeout)
+    try:
+        answer = drive(served)
+        group = served.find_group()
+        assert group, "launch's CMD is gone"  # (never killpg(0): the test's own group)
+        os.killpg(group, signal.SIGINT)
+        p.wait(timeout=stop_timeout)
+    finally:
+        group = served.find_group()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if group:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.seek(0)
+        out = log.read()
+        log.close()
+    with open(otlp, encoding="utf-8") as f:
+        spans = spans_from_lines(f.readlines())
+    return LaunchRun(p.returncode, out, spans), answer
+
+
 def stage_name(s: SpanItem) -> str:
     return str(s.attributes.get("infersight.stage"))
+
+
+def pid(cs: ColdStart) -> int:
+    """The process whose cold start ``cs`` is."""
+    return int(cs.root.resource.get("process.pid") or 0)
+
+
+def the(cs: ColdStart, stage: str) -> list[SpanItem]:
+    """``cs``'s stages named ``stage``."""
+    return [s for s in cs.stages if stage_name(s) == stage]
+
+
+def one(cs: ColdStart, stage: str, r: LaunchRun) -> SpanItem:
+    """``cs``'s one stage named ``stage`` (else the test fails with its stages and ``r``'s output)."""
+    found = the(cs, stage)
+    assert len(found) == 1, (stage, [stage_name(s) for s in cs.stages], r.output[-3000:])
+    return found[0]
 
 
 def assert_well_formed(root: SpanItem, stages: list[SpanItem]) -> None:
