@@ -91,6 +91,7 @@ def describe(h: dict[str, Any]) -> str:
     shown = dict(h)
     if h.get("producers_connected") is not None:  # the table keeps producers that left: say how many are here
         shown["producers"] = "%s (%s connected)" % (h.get("producers"), h["producers_connected"])
+    shown["lost"] = lost_text(h)
     lines += ["  %-22s %s" % (k, shown.get(k)) for k in keys]
     sinks = h.get("sinks")
     lines.append("  %-22s %s" % ("sinks", ", ".join(sinks) if sinks else "none"))
@@ -113,3 +114,18 @@ def describe(h: dict[str, Any]) -> str:
         e.get("queue_depth"), e.get("spooled_items_pending"), e.get("dropped_items"))
         for e in h.get("exporters") or []]
     return "\n".join(lines)
+
+
+def lost_text(h: dict[str, Any]) -> str:
+    """The ``lost`` line: events missing from producers' sequence numbers (they never reached the agent)
+    and, beside them, items that reached it and no sink because an exporter could not hold them (a full
+    disk, a full spool), with the exporters that lost some. Side by side, not added up: events are not
+    items, and an item that every exporter lost counts once for each. An older agent's reply has no
+    exporter figure: the first one alone."""
+    line = "%s event(s) in producers' sequence gaps" % h.get("lost")
+    at_exporters = h.get("lost_at_exporters")
+    if at_exporters is None:
+        return line
+    named = ["%s %s" % (e.get("name"), e["lost_items"]) for e in h.get("exporters") or [] if e.get("lost_items")]
+    return "%s; %s item(s) exporters could neither deliver nor keep%s" % (
+        line, at_exporters, " (%s)" % ", ".join(named) if named else "")

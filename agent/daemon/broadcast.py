@@ -183,6 +183,12 @@ class ExporterWorker:
         return "dropped %d item(s) it could neither deliver nor spool (last %.0f s ago)" % (
             self.lost_items, now - self.lost_at)
 
+    def lost_total(self) -> int:
+        """Items that reached no sink because the worker could not hold them: neither delivered nor
+        spooled (a full disk, no spool), or left out of or dropped from the spool (its byte bound, a uid
+        past its share, a corrupt record). ``dropped_items`` less the peer's refusals (``rejected_items``)."""
+        return self.lost_items + (self.spool.dropped_items if self.spool is not None else 0)
+
     def reachable(self) -> bool:
         """The destination takes batches and the worker is sound: push back, do not spill."""
         return self.peer_up and self.fault_since is None and not self._stopping
@@ -524,6 +530,7 @@ class ExporterWorker:
             "pushbacks": self.pushbacks,
             "dropped_items": self.dropped_items + (sp.dropped_items if sp is not None else 0),
             "rejected_items": self.rejected_items,
+            "lost_items": self.lost_total(),
             "internal_errors": self.internal_errors,
             "spooled_items_pending": sp.items if sp is not None else 0,
             "spool_corrupt_records": sp.corrupt_records if sp is not None else 0,

@@ -451,6 +451,9 @@ class Agent:
             "items_out": self.counters.items_out,
             "lost": self.assembler.lost_total(),
             "dropped_by_producers": self.dropped_by_producers(),
+            # Items that reached the agent and no sink: its exporters could not hold them (a full disk, a full
+            # spool), beside ``lost`` (events that never reached it). Items, per exporter: not added to ``lost``.
+            "lost_at_exporters": sum(int(e["lost_items"]) for e in exporters),
             "counters": self.counters.as_dict(),
             "assembler": self.assembler.stats(),
             "exporters": exporters,
@@ -470,6 +473,8 @@ class Agent:
         line = "%s: %d producer(s) (%d connected), %d events in, %d items out, %d lost" % (
             "healthy" if h["healthy"] else "UNHEALTHY", h["producers"], h["producers_connected"], h["events_in"],
             h["items_out"], h["lost"])
+        if h["lost_at_exporters"]:
+            line += ", %d item(s) lost at exporters" % h["lost_at_exporters"]
         if h["problems"]:
             line = "UNHEALTHY: %s; %s" % (
                 "; ".join(problem_text(p) for p in h["problems"]), line.split(": ", 1)[1])
