@@ -1,10 +1,10 @@
 """Render a cold start as a waterfall table (pure).
 
-One row per stage, indented by nesting, with start offset, duration, share of the
-root, a bar and a detail column: bytes/throughput (warm or cold, the ratio to the storage
-ceiling) for weights, the biggest packages for imports, backend and cache for compiles, the
-stage rule that named a span (rules/stages.toml).
-Spans of one stage under one parent share a row (``framework_import x3``, one bar per
+One row per stage, right under its parent's row and indented by nesting, with start offset,
+duration, share of the root, a bar and a detail column: bytes/throughput (warm or cold, the
+ratio to the storage ceiling) for weights, the biggest packages for imports, backend and cache
+for compiles, the stage rule that named a span (rules/stages.toml).
+Leaf spans of one stage under one parent share a row (``framework_import x3``, one bar per
 span); a custom stage is marked ``*``, gaps are drawn with dots. A root that ended at
 readiness is followed by the wait for traffic (a ``waiting for traffic`` row, in no share)
 and the spans after it (``first_request``), with no share and no bar. Below: readiness,
@@ -29,34 +29,60 @@ NEVER_READY = {
 }
 
 
-def _depth(span: SpanItem, by_id: dict[str, SpanItem], root_id: str) -> int:
-    d, cur = 0, span
-    while cur.parent_span_id and cur.parent_span_id != root_id and cur.parent_span_id in by_id:
-        d += 1
-        cur = by_id[cur.parent_span_id]
-        if d > 32:
-            break
-    return d
+Row = tuple[int, list[SpanItem]]  # (depth under the root's row, the spans that share it)
 
 
-def _rows(cs: ColdStart, by_id: dict[str, SpanItem]) -> list[list[SpanItem]]:
-    """Spans in start order; spans of the same stage under the same parent share one row
-    (three import runs are one ``framework_import`` row with three bars)."""
-    rows: list[list[SpanItem]] = []
-    index: dict[tuple[str | None, str], list[SpanItem]] = {}
-    for s in sorted(cs.stages, key=lambda s: (s.start_ns, -s.end_ns)):
-        key = (s.parent_span_id, _stage(s))
-        group = index.get(key)
-        if group is not None and key[1] in GROUPED:
-            group.append(s)
-            continue
-        index[key] = group = [s]
-        rows.append(group)
+def _rows(cs: ColdStart, by_id: dict[str, SpanItem]) -> list[Row]:
+    """The rows in tree order: each span's row right under its parent's (siblings in start order), so
+    that a span nests under its real parent, not under the row drawn before it (a PEFT adapter load's
+    file reads under the adapter load). Leaf spans of a grouped stage under one parent share a row
+    (three import runs are one ``framework_import`` row with three bars); a span with children keeps a
+    row of its own, for them to nest under. A span whose parent is not a stage of this cold start is a
+    top-level row; spans whose parents loop (bad data) are drawn from the first of them, once each."""
+    root_id = cs.root.span_id
+    kids: dict[str, list[SpanItem]] = {}
+    for s in cs.stages:
+        parent = s.parent_span_id
+        kids.setdefault(parent if parent in by_id and parent != s.span_id else root_id, []).append(s)
+    placed: set[str] = set()
+    rows: list[Row] = []
+
+    def groups(spans: list[SpanItem]) -> list[list[SpanItem]]:
+        out: list[list[SpanItem]] = []
+        index: dict[str, list[SpanItem]] = {}
+        for s in sorted(spans, key=_order):
+            placed.add(s.span_id)
+            shared = _stage(s) in GROUPED and s.span_id not in kids
+            if shared and _stage(s) in index:
+                index[_stage(s)].append(s)
+                continue
+            out.append(group := [s])
+            if shared:
+                index[_stage(s)] = group
+        return out
+
+    def walk(top: list[list[SpanItem]]) -> None:
+        todo: list[Row] = [(0, g) for g in reversed(top)]  # a stack, not recursion: a file may nest deep
+        while todo:
+            depth, group = todo.pop()
+            rows.append((depth, group))
+            below = [c for s in group for c in kids.get(s.span_id, ()) if c.span_id not in placed]
+            todo.extend((depth + 1, g) for g in reversed(groups(below)))
+
+    walk(groups(kids.get(root_id, [])))
+    for s in sorted(cs.stages, key=_order):
+        if s.span_id not in placed:  # in a loop of parents: no way up to the root
+            walk(groups([s]))
     return rows
+
+
+def _order(s: SpanItem) -> tuple[int, int]:
+    return s.start_ns, -s.end_ns
 
 
 GROUPED = frozenset({"framework_import", "model_build", "tokenizer_load", "unattributed", "weights_load",
                      "graph_compile", "graph_capture"})
+MAX_INDENT = 32  # levels of indentation drawn (the name column is 26 characters anyway)
 
 
 def _stage(s: SpanItem) -> str:
@@ -87,9 +113,9 @@ def _extra(group: list[SpanItem]) -> str:
         if caches:
             parts.append("cache " + (caches.pop() if len(caches) == 1 else "mixed"))
         return ", ".join(parts)
-    if stage == "model_build":
-        classes = sorted({str(g.attributes["infersight.model.class"]) for g in group
-                          if g.attributes.get("infersight.model.class")})
+    classes = sorted({str(g.attributes["infersight.model.class"]) for g in group
+                      if g.attributes.get("infersight.model.class")})
+    if stage == "model_build" and classes:  # (else a stage rule's build: which rule, below)
         return ", ".join(classes[:2]) + (" (meta)" if any(g.attributes.get("infersight.model.meta") for g in group)
                                          else "")
     note = weights_note([g.attributes for g in group])
@@ -122,9 +148,9 @@ def _after(s: SpanItem, by_id: dict[str, SpanItem], root: SpanItem) -> bool:
     return False
 
 
-def _name(group: list[SpanItem], by_id: dict[str, SpanItem], root: SpanItem) -> str:
+def _name(group: list[SpanItem], depth: int) -> str:
     s = group[0]
-    name = "  " * (1 + _depth(s, by_id, root.span_id)) + _stage(s)
+    name = "  " * (1 + min(depth, MAX_INDENT)) + _stage(s)
     if len(group) > 1:
         name += " x%d" % len(group)
     if s.attributes.get(_contract.STAGE_CUSTOM) is True:
@@ -166,15 +192,15 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
     ]
     at_ready = root.attributes.get(_contract.ENDED_BY) == _contract.ENDED_BY_READY
     later_ids = {s.span_id for s in cs.stages if at_ready and (s.start_ns >= root.end_ns or _after(s, by_id, root))}
-    later: list[list[SpanItem]] = []  # rows after the root's end (it ended at readiness)
-    for group in _rows(cs, by_id):
+    later: list[Row] = []  # rows after the root's end (it ended at readiness)
+    for depth, group in _rows(cs, by_id):
         s = group[0]
         if s.span_id in later_ids:
-            later.append(group)
+            later.append((depth, group))
             continue
         dur_ns = union_ns([(g.start_ns, g.end_ns) for g in group], root.start_ns, root.end_ns)
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
-            _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, 100.0 * dur_ns / total,
+            _name(group, depth)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, 100.0 * dur_ns / total,
             width, _bar(group, root, total, width), _extra(group)))
     for w in cs.workers:
         dur_ns = union_ns([(w.start_ns, w.end_ns)], root.start_ns, root.end_ns)
@@ -185,16 +211,16 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
     if later:
         # the wait ends where the first request arrives, not at a span that merely came after
         # readiness (a lazy import on a task that inherited a stage's context)
-        firsts = [g[0].start_ns for g in later if g[0].attributes.get(_contract.STAGE) == _contract.FIRST_REQUEST]
-        first = min(firsts) if firsts else min(g[0].start_ns for g in later)
+        firsts = [g[0].start_ns for _, g in later if g[0].attributes.get(_contract.STAGE) == _contract.FIRST_REQUEST]
+        first = min(firsts) if firsts else min(g[0].start_ns for _, g in later)
         lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
             "  (waiting for traffic)", (root.end_ns - root.start_ns) / 1e9, (first - root.end_ns) / 1e9, "-",
             width, "", "not part of the cold start"))
-        for group in later:
+        for depth, group in later:
             s = group[0]
             dur_ns = union_ns([(g.start_ns, g.end_ns) for g in group], s.start_ns, max(g.end_ns for g in group))
             lines.append("%-26s %9.3f %9.3f %6s  %-*s %s" % (
-                _name(group, by_id, root)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, "-", width, "",
+                _name(group, depth)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, "-", width, "",
                 _extra(group)))
     ready = root.attributes.get(_contract.READY_S)
     ended = root.attributes.get(_contract.ENDED_BY)

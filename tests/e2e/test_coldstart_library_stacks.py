@@ -8,6 +8,7 @@ Models are built from configs with random weights (``workloads/library_stacks.py
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -88,6 +89,15 @@ def test_peft_lora_merge_and_unload(models: str, tmp_path) -> None:
     assert stage_name(merge) == "model_build"
     (adapter,) = rule_spans(cs, "peft.load_adapter")
     assert adapter.end_ns <= merge.start_ns
+    reads = [s for s in cs.stages if s.parent_span_id == adapter.span_id and stage_name(s) == "weights_load"]
+    assert reads, cs.stages  # the adapter's file reads nest in its load
+    # launch's waterfall draws them under the adapter's own row (they were under the base model's weights_load
+    # row, the row before them in start order, the adapter's load grouped with the base model's build)
+    lines = r.output.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("  model_build ") and "peft.load_adapter" in ln), None)
+    assert at is not None, r.output[-3000:]
+    nested = list(itertools.takewhile(lambda ln: ln.startswith("    "), lines[at + 1:]))
+    assert any(ln.lstrip().startswith("weights_load") for ln in nested), r.output[-3000:]
 
 
 def test_diffusers_pipeline_behind_fastapi(models: str, tmp_path) -> None:

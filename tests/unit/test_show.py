@@ -127,3 +127,80 @@ def test_errors(tmp_path: Path, capsys: Any) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["show", "--format", "svg", str(empty)])
     assert exc.value.code == 2  # an unknown format is a usage error
+
+
+def _st(pid: int, sid: str, parent: str | None, stage: str, s: float, e: float, **attrs: Any) -> SpanItem:
+    """A stage span as the hooks send it: ``coldstart.<stage>`` with ``infersight.stage``."""
+    return _span(pid, sid, parent, "coldstart." + stage, s, e, **{"infersight.stage": stage, **attrs})
+
+
+def _rows(text: str) -> list[str]:
+    """The stage column of a text waterfall's rows, indentation kept (the root's row left out)."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("coldstart ")) + 1
+    return [ln[:26].rstrip() for ln in lines[start:] if ln.startswith("  ") and not ln.startswith("  gap at")]
+
+
+def _peft(pid: int = 7) -> list[SpanItem]:
+    """The cold start of a PEFT LoRA loaded and merged (tests/support/workloads/library_stacks.py peft, its real
+    spans' shape): the base model's build and read at the top, then the adapter's load (a stage rule's
+    model_build) with its two file reads nested in it, the merge with an import in it, a warmup with a read."""
+    root, adapter, merge, warm = "10" * 8, "11" * 8, "12" * 8, "13" * 8
+    return [
+        _span(pid, root, None, "coldstart", 0, 12, **{"infersight.coldstart.ended_by": "exit"}),
+        _st(pid, "20" * 8, root, "runtime_init", 0, 0.2),
+        _st(pid, "21" * 8, root, "framework_import", 0.2, 10),
+        _st(pid, "22" * 8, root, "model_build", 10.028, 10.076,
+              **{"infersight.model.class": "GPT2LMHeadModel", "infersight.model.meta": True}),
+        _st(pid, "23" * 8, root, "weights_load", 10.239, 10.284),
+        _st(pid, adapter, root, "model_build", 10.293, 10.414,
+              **{"infersight.stage.rule": "peft.load_adapter"}),
+        _st(pid, "24" * 8, adapter, "weights_load", 10.387, 10.390),
+        _st(pid, "25" * 8, adapter, "weights_load", 10.403, 10.409),
+        _st(pid, merge, root, "model_build", 10.415, 11.034,
+              **{"infersight.stage.rule": "peft.merge_and_unload"}),
+        _st(pid, "26" * 8, merge, "framework_import", 10.418, 10.424),
+        _st(pid, warm, root, "warmup", 11.039, 11.366),
+        _st(pid, "27" * 8, warm, "weights_load", 11.051, 11.367),
+    ]
+
+
+def test_text_rows_nest_under_their_parent_span_not_the_row_before(tmp_path: Path) -> None:
+    """A PEFT adapter load nests its file reads in a model_build: they were drawn under the base model's
+    weights_load (the row before them in start order, its own model_build grouped with the base's as
+    ``model_build x3``). Each span's row now follows its parent's, one level in; leaf spans still share rows."""
+    src = tmp_path / "peft.jsonl"
+    src.write_text(traces_request(_peft()) + "\n")
+    rc, out, err = show(src, "text")
+    assert rc == 0, err
+    assert _rows(out) == [
+        "  runtime_init", "  framework_import", "  model_build", "  weights_load",
+        "  model_build", "    weights_load x2",
+        "  model_build", "    framework_import",
+        "  warmup", "    weights_load",
+    ], out
+    adapter = next(ln for ln in out.splitlines() if ln.startswith("  model_build") and "peft.load_adapter" in ln)
+    assert " 10.293 " in adapter, out  # the adapter's own row, its rule named
+    # The report's rows (and --format json's) nest the same way.
+    rc, js, _ = show(src, "json")
+    (cs,) = json.loads(js)["coldstarts"]
+    assert [("  " * s["depth"]) + s["stage"] for s in cs["stages"]] == [
+        "  runtime_init", "  framework_import", "  model_build", "  weights_load",
+        "  model_build", "    weights_load", "    weights_load",
+        "  model_build", "    framework_import",
+        "  warmup", "    weights_load",
+    ]
+
+
+def test_text_rows_of_a_parent_loop_are_each_drawn_once(tmp_path: Path) -> None:
+    """Bad data: two stages that name each other as parent (no way up to the root) are still drawn, once."""
+    root = "10" * 8
+    spans = [_span(7, root, None, "coldstart", 0, 4), _st(7, "20" * 8, root, "framework_import", 0, 1),
+             _st(7, "21" * 8, "22" * 8, "model_build", 1, 2),
+             _st(7, "22" * 8, "21" * 8, "weights_load", 1.5, 1.8)]
+    from infersight.exporters.waterfall import render_waterfall
+    from infersight.telemetry import ColdStart
+
+    assert _rows(render_waterfall(ColdStart(spans[0], spans[1:]))) == [
+        "  framework_import", "  model_build", "    weights_load"]
+
