@@ -7,15 +7,16 @@ for compiles, the stage rule that named a span (rules/stages.toml).
 Leaf spans of one stage under one parent share a row (``framework_import x3``, one bar per
 span); a custom stage is marked ``*``, gaps are drawn with dots. A root that ended at
 readiness is followed by the wait for traffic (a ``waiting for traffic`` row, in no share)
-and the spans after it (``first_request``), with no share and no bar. Below: readiness,
-first-response timing, the unattributed time with the sampler's top for each gap, one
-line per weights file (its ``weights_file`` summary: bytes, reading time, throughput, cold
-or warm, share of the storage ceiling), and the three biggest top-level stages.
+and the spans after it (``first_request``), with no share and no bar. Below: readiness, a
+supervisor's workers that were ever ready, first-response timing, the unattributed time with
+the sampler's top for each gap, one line per weights file (its ``weights_file`` summary:
+bytes, reading time, throughput, cold or warm, share of the storage ceiling), and the three
+biggest top-level stages.
 """
 
 from __future__ import annotations
 
-from infersight.coldstart_stages import SAMPLES, coverage, gap_frames, tree_coverage, union_ns
+from infersight.coldstart_stages import SAMPLES, coverage, gap_frames, tree_coverage, union_ns, workers_ready
 from infersight.exporters.weights_note import weights_note
 from infersight.hooks import _contract
 from infersight.sanitize import terminal_line
@@ -231,6 +232,8 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
         lines.append("never ready: %s" % NEVER_READY[str(ended)])
     elif isinstance(ended, str) and ended:
         lines.append("ended by %s" % ended)
+    if workers := workers_ready(root):
+        lines.append(workers)
     ttfb = [s.attributes.get(_contract.FIRST_REQUEST_TTFB_S) for s in cs.stages
             if s.attributes.get(_contract.STAGE) == _contract.FIRST_REQUEST]
     if ttfb and isinstance(ttfb[0], (int, float)):

@@ -21,6 +21,10 @@ TOP = _contract.UNATTRIBUTED_TOP
 SAMPLES = _contract.UNATTRIBUTED_SAMPLES
 MIN_TOP_SAMPLES = _contract.MIN_GAP_SAMPLES
 TOTAL = "total"
+# A supervisor's root, at its end (hooks/_readiness.py): its workers that reported, and of those the ones
+# that were ever ready (a worker that failed to boot, or was stopped while it loaded, reports "exit").
+WORKERS = "infersight.coldstart.workers"
+WORKERS_READY = "infersight.coldstart.workers_ready"
 
 
 def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
@@ -154,3 +158,25 @@ def tree_coverage(cs: ColdStart) -> float:
     whole lifetime: the time a worker spent in no stage is not covered for its supervisor)."""
     total = cs.root.end_ns - cs.root.start_ns
     return 1.0 if total <= 0 else covered_ns(cs.stages, cs.root, cs.worker_covered) / total
+
+
+def workers_counts(root: SpanItem) -> tuple[int | None, int | None]:
+    """A supervisor's workers that reported to it, and of those the ones ever ready (None: not recorded,
+    or no count: a worker SIGKILLed before it could report is in neither)."""
+    return _count(root.attributes.get(WORKERS)), _count(root.attributes.get(WORKERS_READY))
+
+
+def workers_ready(root: SpanItem) -> str:
+    """What a supervisor's root says of its workers' readiness, as ``show`` and ``report`` print it
+    (``workers: 2 reported, 1 ever ready``); "" where it says nothing (no worker reported, or a process
+    that is no supervisor)."""
+    reported, ready = workers_counts(root)
+    if ready is None:
+        return ""
+    text = ("%d ever ready" % ready if ready
+            else "none ever ready (each exited first: failed to boot, or stopped while loading)")
+    return "workers: %s" % (text if reported is None else "%d reported, %s" % (reported, text))
+
+
+def _count(v: AttrValue | None) -> int | None:
+    return v if type(v) is int and 0 <= v < 1 << 31 else None

@@ -144,6 +144,8 @@ def _coldstart(r: Report) -> str:
             parts = ["total %.3f s" % sm.total_s]
             if sm.ready_s is not None:
                 parts.append("ready after %.3f s" % sm.ready_s)
+            if sm.workers:
+                parts.append(sm.workers)
             if sm.biggest:
                 parts.append("biggest: " + ", ".join("%s %.3f s" % (n, d) for n, d in sm.biggest))
             parts.append("unattributed %.3f s (%.1f%%)" % (sm.unattributed_s, 100 * sm.unattributed_share))

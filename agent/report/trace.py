@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from infersight.agent.report.scan import Scan, Source, batches, collect, repeats
 from infersight.agent.report.views import Family, is_oom, process_label, stage_name, weights_note
+from infersight.coldstart_stages import workers_counts
 from infersight.telemetry import AttrValue, LogItem, SpanItem
 
 LANE_TID_BASE = 1 << 30  # extra lanes: above any real Linux tid (pid_max <= 2^22)
@@ -254,6 +255,8 @@ def waterfall_json(families: list[Family]) -> dict[str, Any]:
                 "unattributed_s": sm.unattributed_s, "unattributed_share": sm.unattributed_share,
                 "biggest": [{"stage": n, "duration_s": d} for n, d in sm.biggest],
                 "weights_files": sm.weights_files,
+                # a supervisor's workers that reported, and those of them ever ready (null: not recorded)
+                "workers_reported": workers_counts(r)[0], "workers_ready": workers_counts(r)[1],
                 "marks": [{"label": m.label, "at_s": (m.t_ns - r.start_ns) / 1e9, "detail": m.title} for m in wf.marks],
                 "gaps": [{"start_s": (a - r.start_ns) / 1e9, "duration_s": (b - a) / 1e9} for a, b in wf.gaps],
                 "stages": [{

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from infersight.bytesize import human_bytes
+from infersight.coldstart_stages import workers_ready
 from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
 from infersight.weights_files import COLD_BELOW, CeilingOf, ceiling_share, files_of
@@ -104,6 +105,7 @@ class Summary:
     unattributed_s: float
     unattributed_share: float
     weights_files: list[dict[str, AttrValue]] = field(default_factory=list)  # weights_file summaries
+    workers: str = ""  # a supervisor's workers that reported and were ever ready (coldstart_stages.workers_ready)
 
 
 @dataclass(slots=True)
@@ -255,7 +257,7 @@ def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]
         un = sum(e - s for s, e in gaps) / 1e9
     ready = num(root.attributes.get(_contract.READY_S))
     return Summary(total / 1e9, ready if offset_ns(ready) is not None else None,
-                   [(name, ns / 1e9) for name, ns in top], un, un * 1e9 / total)
+                   [(name, ns / 1e9) for name, ns in top], un, un * 1e9 / total, workers=workers_ready(root))
 
 
 def waterfalls(spans: list[SpanItem], ceiling_of: CeilingOf | None = None) -> list[Family]:

@@ -204,3 +204,51 @@ def test_text_rows_of_a_parent_loop_are_each_drawn_once(tmp_path: Path) -> None:
     assert _rows(render_waterfall(ColdStart(spans[0], spans[1:]))) == [
         "  framework_import", "  model_build", "    weights_load"]
 
+
+def _supervisor(tmp_path: Path, **attrs: Any) -> Path:
+    root, worker = "10" * 8, "30" * 8
+    spans = [
+        _span(7, root, None, "coldstart", 0, 1, **{"infersight.coldstart.ended_by": "ready",
+                                                   "infersight.coldstart.ready_s": 1.0,
+                                                   "infersight.ready.source": "listen", **attrs}),
+        _st(7, "20" * 8, root, "runtime_init", 0, 0.3),
+        _st(7, "21" * 8, root, "ready_wait", 0.3, 1.0),
+        _span(8, worker, "21" * 8, "coldstart", 0.4, 2.0, **{"infersight.coldstart.ended_by": "exit"}),
+        _st(8, "31" * 8, worker, "framework_import", 0.4, 2.0),
+    ]
+    src = tmp_path / ("sup%d.jsonl" % len(attrs))
+    src.write_text(traces_request(spans) + "\n")
+    return src
+
+
+@pytest.mark.parametrize(("ready", "said"), [
+    (0, "workers: 1 reported, none ever ready (each exited first: failed to boot, or stopped while loading)"),
+    (1, "workers: 1 reported, 1 ever ready"),
+], ids=["none", "one"])
+def test_a_supervisors_workers_ready_is_shown(tmp_path: Path, ready: int, said: str) -> None:
+    """A gunicorn master records how many of its workers were ever ready (``workers_ready``, hooks/_readiness.py):
+    the waterfall printed no line for it. It says it under the readiness line, the report in its summary."""
+    src = _supervisor(tmp_path, **{"infersight.coldstart.workers": 1, "infersight.coldstart.workers_ready": ready})
+    rc, out, err = show(src, "text")
+    assert rc == 0, err
+    master = out.split("\n\n")[0]
+    lines = master.splitlines()
+    assert lines[lines.index("ready after 1.000 s (listen); ended by ready") + 1] == said, master
+    assert "workers:" not in out.split("\n\n")[1]  # the worker is no supervisor
+    rc, js, _ = show(src, "json")
+    by_pid = {cs["pid"]: cs for cs in json.loads(js)["coldstarts"]}
+    assert (by_pid[7]["workers_reported"], by_pid[7]["workers_ready"]) == (1, ready)
+    assert (by_pid[8]["workers_reported"], by_pid[8]["workers_ready"]) == (None, None)
+    page = tmp_path / "report.html"
+    assert main(["report", str(src), "-o", str(page)]) == 0
+    html = page.read_text()
+    assert html.count("workers: ") == html.count(said) == 1
+
+
+def test_no_workers_line_where_none_is_recorded(tmp_path: Path) -> None:
+    src = _supervisor(tmp_path)
+    rc, out, _ = show(src, "text")
+    assert rc == 0 and "workers:" not in out
+    src = _supervisor(tmp_path, **{"infersight.coldstart.workers": 1, "infersight.coldstart.workers_ready": "x"})
+    rc, out, _ = show(src, "text")
+    assert rc == 0 and "workers:" not in out  # junk is no count
