@@ -165,6 +165,38 @@ def _install_hypercorn_server(module: Any) -> None:
     add_undo(lambda: setattr(aio, "start_server", start) if aio.start_server is start_server else None)
 
 
+def _install_gunicorn_arbiter(module: Any) -> None:
+    """gunicorn's arbiter (``Arbiter.run``: its listen, then its workers' forks and its wait) is a pre-fork
+    master: ready at its exit only if a worker was (``_readiness.supervise``)."""
+    _wrap_supervisor(getattr(module, "Arbiter", None), "run", lambda *_a, **_k: True)
+
+
+def _install_hypercorn_run(module: Any) -> None:
+    """Hypercorn's ``run`` with ``workers`` above 0 spawns workers that serve on its sockets and waits
+    for them: a pre-fork master (``_readiness.supervise``). With 0 it serves in this process itself."""
+    _wrap_supervisor(module, "run", lambda config, *_a, **_k: bool(getattr(config, "workers", 0)))
+
+
+def _wrap_supervisor(owner: Any, name: str, supervises: Any) -> None:
+    """Wrap ``owner.name``, a pre-fork master's main loop: a call that ``supervises`` (its arguments)
+    marks this process a supervisor first."""
+    orig = getattr(owner, name, None) if owner is not None else None
+    if orig is None or getattr(orig, "__wrapped__", None) is not None:
+        return
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if supervises(*args, **kwargs):
+                _readiness.supervise()
+        except Exception as exc:
+            _runtime.fail(exc)
+        return orig(*args, **kwargs)
+
+    wrapped.__wrapped__ = orig  # type: ignore[attr-defined]
+    setattr(owner, name, wrapped)
+    add_undo(lambda: setattr(owner, name, orig) if getattr(owner, name, None) is wrapped else None)
+
+
 class _GunicornRequest(threading.local):
     """The first request as one gunicorn worker thread handles it (the sync worker's one thread,
     or one of a gthread worker's pool threads)."""
@@ -297,6 +329,8 @@ def install(boot: int) -> None:
     on_import("uvicorn.server", _install_uvicorn_server)  # readiness as soon as it serves
     on_import("hypercorn.asyncio.run", _install_hypercorn_server)  # readiness as soon as a worker serves
     on_import("hypercorn.app_wrappers", _install_hypercorn_app)  # every request of the served ASGI app is timed
+    on_import("gunicorn.arbiter", _install_gunicorn_arbiter)  # a pre-fork master: ready only if a worker was
+    on_import("hypercorn.run", _install_hypercorn_run)  # ... Hypercorn's main process with workers too
     on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
     on_import("gunicorn.workers.gthread", _install_gunicorn_gthread)  # a gthread worker's (--threads)
     on_import("gunicorn.workers.gasgi", _install_gunicorn_asgi)  # gunicorn's own ASGI worker (-k asgi)

@@ -438,7 +438,7 @@ def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_
             _runtime.state().root_attrs["infersight.coldstart.workers"] = len(children)
             # how many of them were ever ready (a worker that failed to boot, or was stopped while it
             # loaded, reports "exit"): none, and this process's own readiness (its listen) served nobody
-            _runtime.state().root_attrs[WORKERS_READY] = sum(1 for r in children if r[2] != _contract.ENDED_BY_EXIT)
+            _runtime.state().root_attrs[WORKERS_READY] = sum(1 for r in children if _was_ready(r))
         if st.children_ready:
             _workers.cleanup(st.children_dir)
     except Exception as exc:
@@ -528,6 +528,13 @@ def at_exit() -> None:
         check_workers()
         if not root_open():
             return
+        if st.supervising and st.ready_ns is not None and not _workers_were_ready(st):
+            # a pre-fork master none of whose workers was ever ready (each failed to boot, or was stopped while
+            # it loaded): its own listen (or a worker's on its socket) only queued connections nobody served:
+            # never ready, its whole life its start
+            with st.lock:
+                st.ready_ns = None
+                st.ready_source = ""
         end_ns, ended_by = None, "exit"
         if st.ready_source == "fork" and st.ready_ns is not None and not st.rule_fork_ready_sent:
             # provisional, never confirmed: it never reached its serving loop (a gunicorn worker whose
@@ -622,6 +629,26 @@ def check_workers() -> None:
             finish_root(max(min(r[1] for r in done), last_end()), "workers")
     except Exception as exc:
         _runtime.fail(exc)
+
+
+def supervise() -> None:
+    """This process is a pre-fork master (gunicorn's arbiter, Hypercorn's main process with workers): its
+    workers serve for it. Its own readiness (its ``listen()``, or the kernel's tables once a worker listens
+    on its socket) stands at its exit only if one of its workers that reported was ever ready."""
+    state().supervising = True
+
+
+def _was_ready(report: Tuple[int, int, str]) -> bool:
+    """A worker's report (``_workers.reports``) says it was ready at some point (it served, or ended its
+    cold start at readiness); "exit": it never was (it failed to boot, or was stopped while it loaded)."""
+    return report[2] != _contract.ENDED_BY_EXIT
+
+
+def _workers_were_ready(st: _state.ColdStart) -> bool:
+    """Whether this supervisor's workers were ever ready, as far as they said: True as well when none
+    reported (a worker SIGKILLed never reports: nothing says it was not)."""
+    children = _workers.reports(st.children_dir) if st.children_dir else []
+    return not children or any(_was_ready(r) for r in children)
 
 
 def launched() -> bool:

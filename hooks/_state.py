@@ -233,7 +233,7 @@ class ColdStart:
         "ready_rules_open", "ready_source",
         "reporting", "role", "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
         "rule_waits_done", "run_sources", "sampler", "serving_attrs", "serving_ns",
-        "stage_mark", "tls", "undo", "warm", "watch_listen", "watched",
+        "stage_mark", "supervising", "tls", "undo", "warm", "watch_listen", "watched",
     )
 
     def __init__(self) -> None:
@@ -298,6 +298,9 @@ class ColdStart:
         self.reporting: Optional[threading.Thread] = None  # that report, sent off the caller's thread
         self.children_dir: Optional[str] = None  # where this process's children report theirs
         self.children_ready = False  # that directory exists
+        # A pre-fork master (gunicorn's arbiter, Hypercorn's main process with workers): this process
+        # starts workers that serve for it; never carried into a fork (a worker is none)
+        self.supervising = False
         self.orig_listen: Any = None  # socket.socket.listen before our wrapper
         self.listen_owned = False  # ... and whether socket.socket defined it itself
         self.watch_listen = False  # poll the kernel's listening sockets (INFERSIGHT_READY_ON_LISTEN)
