@@ -197,6 +197,36 @@ def _wrap_supervisor(owner: Any, name: str, supervises: Any) -> None:
     add_undo(lambda: setattr(owner, name, orig) if getattr(owner, name, None) is wrapped else None)
 
 
+def _install_hypercorn_trio(module: Any) -> None:
+    """Hypercorn's trio worker (``hypercorn.trio.run.trio_worker``) listens on its supervisor's sockets
+    first, then loads the app, and ``worker_serve`` runs the app's lifespan startup and only then serves
+    them (``trio.serve_listeners`` with hypercorn's ``TCPServer`` per connection). The worker's own
+    ``listen()`` calls are no readiness (``_readiness.listens_early``); the start of that serving is, on
+    those sockets (``_readiness.server_started``, as the asyncio worker's ``start_server``). Other calls
+    of ``trio.serve_listeners`` pass through."""
+    trio: Any = sys.modules.get("trio")  # hypercorn.trio.run imported it
+    worker = getattr(getattr(module, "trio_worker", None), "__code__", None)
+    handler_cls = getattr(module, "TCPServer", None)
+    serve = getattr(trio, "serve_listeners", None)
+    if worker is None or handler_cls is None or serve is None or getattr(serve, "_infersight", False):
+        return
+    _readiness.listens_early(worker)
+
+    async def serve_listeners(handler: Any, listeners: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if getattr(handler, "func", None) is handler_cls:  # partial(TCPServer, app, config, ...)
+                socks = [getattr(getattr(lst, "transport_listener", lst), "socket", None) for lst in listeners]
+                _readiness.server_started(None, [s for s in socks if s is not None], "hypercorn.trio.serve_listeners")
+        except Exception as exc:
+            _runtime.fail(exc)
+        return await serve(handler, listeners, *args, **kwargs)
+
+    serve_listeners._infersight = True  # type: ignore[attr-defined]
+    serve_listeners.__wrapped__ = serve  # type: ignore[attr-defined]
+    trio.serve_listeners = serve_listeners
+    add_undo(lambda: setattr(trio, "serve_listeners", serve) if trio.serve_listeners is serve_listeners else None)
+
+
 class _GunicornRequest(threading.local):
     """The first request as one gunicorn worker thread handles it (the sync worker's one thread,
     or one of a gthread worker's pool threads)."""
@@ -328,6 +358,7 @@ def install(boot: int) -> None:
     on_import("uvicorn.config", _install_uvicorn)  # every request of the served ASGI app is timed
     on_import("uvicorn.server", _install_uvicorn_server)  # readiness as soon as it serves
     on_import("hypercorn.asyncio.run", _install_hypercorn_server)  # readiness as soon as a worker serves
+    on_import("hypercorn.trio.run", _install_hypercorn_trio)  # ... a trio worker too, after its early listen
     on_import("hypercorn.app_wrappers", _install_hypercorn_app)  # every request of the served ASGI app is timed
     on_import("gunicorn.arbiter", _install_gunicorn_arbiter)  # a pre-fork master: ready only if a worker was
     on_import("hypercorn.run", _install_hypercorn_run)  # ... Hypercorn's main process with workers too

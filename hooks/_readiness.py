@@ -575,7 +575,14 @@ def install_listen(socket: Any = None) -> None:
     orig = st.orig_listen
 
     def listen(self: Any, *args: Any) -> None:
+        early = False
+        try:
+            early = _early_listen(self)  # held before it listens: no poll of the tables sees it first
+        except Exception as exc:
+            _runtime.fail(exc)
         orig(self, *args)
+        if early:
+            return  # its server says when it serves (server_started)
         try:
             st = state()
             if (st.collecting and (st.ready_ns is None or st.ready_source == "fork")
@@ -588,6 +595,34 @@ def install_listen(socket: Any = None) -> None:
             _runtime.fail(exc)
 
     cls.listen = listen  # type: ignore[method-assign,assignment]
+
+
+def listens_early(code: Any) -> None:
+    """``listen()`` calls made by ``code`` (its own frame) come before its server has loaded its app
+    (Hypercorn's ``trio_worker`` listens on its supervisor's sockets, then imports the app): they are no
+    readiness, nor are those sockets in the kernel's tables, until the server says it serves on them
+    (``server_started``, which claims them)."""
+    state().early_listen_codes.add(code)
+
+
+def _early_listen(sock: Any) -> bool:
+    """(The ``listen()`` wrapper, before the socket listens) Whether its caller listens early
+    (``listens_early``): the socket is then held as shared, as one inherited is."""
+    st = state()
+    if not st.early_listen_codes or not st.collecting or sys._getframe(2).f_code not in st.early_listen_codes:
+        return False
+    inode = os.fstat(sock.fileno()).st_ino
+    poll = st.listen_poll
+    got = poll.acquire(True, 0.1)  # a poll in progress (milliseconds) makes its watch first: both get it
+    try:
+        st.inherited_sockets.add(inode)
+        w = st.listen_watch
+        if w is not None:
+            w.shared.add(inode)
+    finally:
+        if got:
+            poll.release()
+    return True
 
 
 def _unlisten() -> None:

@@ -224,8 +224,8 @@ class ColdStart:
     __slots__ = (
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "claims_pending",
         "collecting",
-        "covered", "covered_seen", "ended_early", "exit_waited_s", "exiting", "explicit", "finder", "finished",
-        "finishing", "first", "first_done",
+        "covered", "covered_seen", "early_listen_codes", "ended_early", "exit_waited_s", "exiting", "explicit",
+        "finder", "finished", "finishing", "first", "first_done",
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
@@ -308,6 +308,9 @@ class ColdStart:
         self.listen_polled_ns = 0  # when it was last polled
         self.listen_poll = threading.Lock()  # one poll at a time (acquired without waiting)
         self.inherited_sockets: Set[int] = set()  # sockets held at start: their listening is no readiness
+        # Code whose listen() calls come before its server has loaded its app (Hypercorn's trio_worker listens
+        # on its supervisor's sockets first): no readiness; such a socket counts once the server serves on it
+        self.early_listen_codes: Set[Any] = set()
         self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
         self.claims_pending: Set[int] = set()  # sockets a server said it serves on, for the next poll
         self.ready_rules_open = 0  # of those, ``ready = true`` ones: readiness comes at their return
@@ -361,6 +364,7 @@ class ColdStart:
         new.listen_owned = self.listen_owned
         new.watch_listen = self.watch_listen  # a new watch: the parent's foreign set is not this one's
         new.inherited_sockets = self.inherited_sockets
+        new.early_listen_codes = self.early_listen_codes
         return new
 
 
