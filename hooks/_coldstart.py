@@ -347,7 +347,7 @@ def install(boot: int) -> None:
     if st.role and argv and any(p in argv[0] for p in _proc.HELPER_ENTRY_POINTS):
         env["INFERSIGHT_PROCESS_ROLE"] = st.role  # a compile worker's pool processes are helpers too
     _prepare_children()
-    if _env.get("INFERSIGHT_READY_ON_LISTEN"):
+    if _env.ready_on_listen():
         st.watch_listen = True  # the sampler thread also polls the kernel's listening sockets
         _readiness.note_inherited_listeners()
         _readiness.install_listen()

@@ -133,7 +133,8 @@ VARS: Dict[str, Var] = dict((
     _v("INFERSIGHT_EXIT_FLUSH_S", "float", 3.0, "how long a process waits at exit to deliver (then it spools the "
        "rest: at most 0.3 s more, even with an agent that accepts and never answers)"),
     # Cold start.
-    _v("INFERSIGHT_READY_ON_LISTEN", "bool", True, "a listening TCP socket means ready"),
+    _v("INFERSIGHT_READY_ON_LISTEN", "bool", True, "a listening TCP socket means ready",
+       shown="unset: `True`, `False` under `launch --ready-url` (`INFERSIGHT_READY_FILE` set)"),
     _v("INFERSIGHT_SAMPLER", "bool", True, "the stack sampler that explains unattributed gaps"),
     _v("INFERSIGHT_SAMPLER_INTERVAL_MS", "float", 10.0, "the sampler's period", above=True),
     _v("INFERSIGHT_PROCESS_ROLE", "choice", "", "force this process's role", choices=("helper",)),
@@ -233,6 +234,16 @@ def get(name: str, env: Optional[Mapping[str, str]] = None) -> Any:
             _reported[name] = raw
             say("%s; using the default (%r)" % (message(var, raw), var.default))
         return var.default
+
+
+def ready_on_listen() -> bool:
+    """``INFERSIGHT_READY_ON_LISTEN``; unset, off where launch's ``--ready-url`` hands this process its ready
+    file (the URL is the authority) and on elsewhere. The default goes with the file, not as a value of its own
+    in the environment: a launch nested in such a run's CMD drops the outer run's file, and with it this
+    default, for its own CMD."""
+    if os.environ.get("INFERSIGHT_READY_ON_LISTEN"):  # set (a bad value: said, and its default, on)
+        return bool(get("INFERSIGHT_READY_ON_LISTEN"))
+    return get("INFERSIGHT_READY_FILE") is None
 
 
 def exit_flush_s() -> float:

@@ -154,10 +154,10 @@ def child_env(
     embedded (``spool``); a joined agent's session token (``session``), the hooks then
     spooling where the agent replays (their own ``INFERSIGHT_SPOOL_DIR`` or default)."""
     env = dict(base)
+    # The URL is the authority: with the file, the hooks' listening heuristics default to off (_env.ready_on_listen)
     if ready_file:
         env["INFERSIGHT_READY_FILE"] = ready_file
-        env.setdefault("INFERSIGHT_READY_ON_LISTEN", "0")  # the URL is the authority
-    else:  # a launch inside an outer --ready-url run's CMD: the outer run's file is not this CMD's readiness
+    else:  # a launch inside an outer --ready-url run's CMD: the outer run's file (and its default) is not this CMD's
         env.pop("INFERSIGHT_READY_FILE", None)
     env["INFERSIGHT_SOCKET"] = sock
     if spool is not None:
