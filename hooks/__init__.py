@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 from _thread import get_ident as _get_ident  # noqa: E402
 
-from . import _buffer, _client, _coldstart, _readiness, _recorder, _runtime, _state, _wire  # noqa: E402, F401
+from . import _buffer, _client, _coldstart, _lazy, _readiness, _recorder, _runtime, _state, _wire  # noqa: E402, F401
 from ._request import Request, first_token, request  # noqa: E402
 from ._runtime import BUILTIN_STAGES, active  # noqa: E402
 
@@ -54,6 +54,8 @@ def report_oom(exc: Optional[BaseException] = None) -> bool:
     Returns True when an OOM was reported. A no-op while the hooks are inactive.
     """
     if _state.current.runtime.client is None:
+        return False
+    if not _lazy.fresh("_alloc", "hooks.report_oom()"):
         return False
     from . import _alloc
 

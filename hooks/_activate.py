@@ -21,6 +21,7 @@ from . import (
     _env,
     _fds,
     _forkexit,
+    _lazy,
     _paths,
     _proc,
     _readiness,
@@ -130,6 +131,8 @@ def activate() -> bool:
 
 def _install_allocator_hooks(torch: object) -> None:
     """Once the host imports torch: OOM capture and allocator telemetry (``_alloc``)."""
+    if not _lazy.fresh("_alloc", "torch's OOM capture and allocator telemetry"):
+        return
     from . import _alloc
 
     _alloc.install(torch)
@@ -137,6 +140,8 @@ def _install_allocator_hooks(torch: object) -> None:
 
 def _install_engine_log(logging: object) -> None:
     """Serving engines' memory errors logged through ``logging`` (``_enginelog``)."""
+    if not _lazy.fresh("_enginelog", "serving engines' memory errors in their logs"):
+        return
     from . import _enginelog
 
     _enginelog.install_logging(logging)

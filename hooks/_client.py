@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from . import _env, _fds, _spoolfile, _wire
+from . import _env, _fds, _lazy, _spoolfile, _wire
 from ._buffer import BATCH_EVENTS, HELD, MAX_BUFFER_EVENTS, Buffer, builders, user_events
 from ._connection import Connection
 from ._spoolfile import SpoolFile
@@ -327,6 +327,8 @@ class Client:
             return
         # Only now, with leftovers possible: an import in a worker's short cold start shows in its waterfall
         # (a forked gunicorn worker's first connect falls inside it).
+        if not _lazy.fresh("_spool_adopt", "moving earlier processes' spool files to the agent's"):
+            return
         from . import _spool_adopt
 
         n = _spool_adopt.adopt(private, self.spool_dir)

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from . import _env, _mainstart, _proc, _readiness, _runtime, _state, _workers
+from . import _env, _lazy, _mainstart, _proc, _readiness, _runtime, _state, _workers
 from ._recorder import add_run_source, add_undo, emit_stage, end_runtime_init, on_import, state, weights_attrs
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -39,12 +39,16 @@ __all__ = ["install", "on_import", "state", "weights_attrs"]
 
 
 def _install_uvicorn(module: Any) -> None:
+    if not _lazy.fresh("asgi", "ASGI request timing"):
+        return
     from . import asgi  # every request of the served ASGI app is timed
 
     asgi.wrap_uvicorn(module)
 
 
 def _install_gunicorn_asgi(module: Any) -> None:
+    if not _lazy.fresh("asgi", "ASGI request timing"):
+        return
     from . import asgi  # every request of gunicorn's own ASGI worker (-k asgi) is timed
 
     asgi.wrap_gunicorn_asgi(module)
@@ -121,6 +125,8 @@ def _install_uvicorn_signal_exit(module: Any, cls: Any) -> None:
 
 
 def _install_hypercorn_app(module: Any) -> None:
+    if not _lazy.fresh("asgi", "ASGI request timing"):
+        return
     from . import asgi  # every request of the ASGI app hypercorn serves is timed
 
     asgi.wrap_hypercorn(module)
@@ -261,7 +267,7 @@ def _install_gunicorn_worker(module: Any, name: str) -> None:
     request to one thread only. gthread's HTTP/2 connections have no ``handle_request``: their
     first forward is the first request."""
     cls: Any = getattr(module, name, None)
-    if cls is not None:
+    if cls is not None and _lazy.fresh("wsgi", "gunicorn's request timing"):
         from . import wsgi  # every request of the worker is timed, for its life (not undone at readiness)
 
         wsgi.wrap_gunicorn_worker(cls)
@@ -490,12 +496,16 @@ def _close_netlink() -> None:
 
 
 def _install_sentencepiece(mod: Any) -> None:
+    if not _lazy.fresh("_build", "tokenizer_load timing"):
+        return
     from . import _build
 
     _build.install_sentencepiece(mod)
 
 
 def _install_transformers(_mod: Any) -> None:
+    if not _lazy.fresh("_build", "model_build and tokenizer_load timing"):
+        return
     from . import _build  # model_build / tokenizer_load: only where transformers or tokenizers load
 
     _build.install_hf()
@@ -503,6 +513,8 @@ def _install_transformers(_mod: Any) -> None:
 
 def _install_stage_rules() -> None:
     try:
+        if not _lazy.fresh("_stagerules", "stage rules"):
+            return
         from . import _stagerules  # rules/stages.toml and the rules directories: watch their modules
 
         _stagerules.install()
@@ -514,6 +526,8 @@ def _install_torch(torch: Any) -> None:
     """Only in processes that import torch: its stages (``_torch``), its weights loads
     (``_weights``) and runs of ``torch.nn.init`` (``_build``)."""
     if not state().collecting:
+        return
+    if not all(_lazy.fresh(m, "torch's stages and weights_load") for m in ("_build", "_torch", "_weights")):
         return
     from . import _build, _torch, _weights
 

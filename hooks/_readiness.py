@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from . import _contract, _env, _proc, _runtime, _state, _workers
+from . import _contract, _env, _lazy, _proc, _runtime, _state, _workers
 from ._recorder import (  # noqa: F401
     add_undo,
     covered_pairs,
@@ -146,6 +146,8 @@ PORT_LOOKUP_SOURCES = ("mark_ready", "ready_url", "stage_rule")
 
 def _own_port() -> Optional[int]:
     try:
+        if not _lazy.fresh("_listening", "the serving port of an explicit readiness"):
+            return None
         from . import _listening
 
         ports = _listening.own_tcp_ports()
@@ -699,6 +701,8 @@ def note_inherited_listeners() -> None:
     whatever this process is doing. Either way the kernel's tables are no readiness for them:
     this process's own signal is (its ``listen()`` call, uvicorn's ``Server.startup``
     returning: ``server_started``). No table is read here."""
+    if not _lazy.fresh("_listening", "readiness by listening sockets"):
+        return
     from . import _listening
 
     st = state()
@@ -800,6 +804,8 @@ def check_listening(from_forward: bool = False, claim: Optional[Set[int]] = None
             return
         w = st.listen_watch
         if w is None:
+            if not _lazy.fresh("_listening", "readiness by listening sockets"):
+                return
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
@@ -872,6 +878,8 @@ def rule_stage_closed(awaited_ready: bool = False) -> None:
         st.rule_absorb_owed = False
         w = st.listen_watch
         if w is None:
+            if not _lazy.fresh("_listening", "readiness by listening sockets"):
+                return
             from . import _listening
 
             w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
@@ -891,6 +899,8 @@ def _stop_sampler() -> Any:
 
 def _own_covered_s(st: _state.ColdStart, end_ns: int) -> Optional[float]:
     """Seconds of the root, up to ``end_ns``, that this process's stages covered (their union)."""
+    if not _lazy.fresh("_sampler", "the cold start's covered share"):
+        return None
     from . import _sampler as sampler
 
     lo = _runtime.state().root_start_ns
@@ -905,6 +915,8 @@ def _emit_unattributed(end_ns: int) -> None:
     st = state()
     s = _stop_sampler()
     if st.role == "helper":
+        return
+    if not _lazy.fresh("_sampler", "unattributed spans"):
         return
     from . import _sampler as sampler
 
