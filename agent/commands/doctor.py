@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -364,6 +365,37 @@ def check_launch(python: str | None = None) -> Check:
     return Check("launch", OK, "hooks activate through %s%s" % (boot, " in %s" % python if python else ""))
 
 
+def check_pth(python: str | None = None) -> Check:
+    """The ``.pth`` line that ``hooks install`` wrote into the site-packages of ``python`` (else of this
+    interpreter) is the one this infersight writes. An upgrade replaces infersight's files, not that line: an
+    older one runs the new bootstrap, but without what the line itself does (the misspelled switch said, one
+    explained line instead of a traceback when infersight's files are gone)."""
+    from infersight.agent.commands import hooks_install
+
+    again = "infersight hooks install%s" % ("" if python is None else " --python %s" % shlex.quote(python))
+    try:
+        site = hooks_install.site_packages(python or sys.executable)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return Check("pth", WARN, "cannot ask %s for its site-packages: %s" % (python or sys.executable, exc),
+                     "pass the model server's interpreter to --python (its venv's bin/python)")
+    path = os.path.join(site, hooks_install.PTH_NAME)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            line = f.read()
+    except FileNotFoundError:
+        return Check("pth", OK, "no %s in %s: INFERSIGHT=1 starts no hooks there (launch does not need it)"
+                     % (hooks_install.PTH_NAME, site))
+    except OSError as exc:
+        return Check("pth", WARN, "cannot read %s: %s" % (path, exc), "run doctor as a user who may read it")
+    boot = _bootstrap_dir()
+    if line == hooks_install.pth_line(boot):
+        return Check("pth", OK, "%s: the line this infersight writes (INFERSIGHT=1 starts the hooks)" % path)
+    if repr(boot) not in line:  # (every version's line names its bootstrap directory so)
+        return Check("pth", WARN, "the .pth line in %s runs the hooks of another infersight install, not this "
+                     "one's (%s)" % (path, boot), "to run this one's: %s" % again)
+    return Check("pth", WARN, "the .pth line in %s is from an older infersight: run %s again" % (path, again), again)
+
+
 def run_doctor(out: TextIO, as_json: bool = False, python: str | None = None) -> int:
     """``python``: the model server's interpreter, where the torch/CUDA and hooks checks run."""
     logging.getLogger("infersight").setLevel(logging.ERROR)  # findings go in the table, once
@@ -374,8 +406,9 @@ def run_doctor(out: TextIO, as_json: bool = False, python: str | None = None) ->
         bad = Check("config", WARN, str(exc), "fix the config file; the agent refuses to start with it")
     else:
         bad = Check("config", OK, conf.path or "no config file: defaults and environment")
-    checks = [check_python(), check_launch(python), bad, *check_torch(python), check_nvml(), *check_socket(conf),
-              *check_exporters(conf), check_spool(conf), check_storage_ceiling(), check_allocator()]
+    checks = [check_python(), check_launch(python), check_pth(python), bad, *check_torch(python), check_nvml(),
+              *check_socket(conf), *check_exporters(conf), check_spool(conf), check_storage_ceiling(),
+              check_allocator()]
     failed = any(c.status == FAIL for c in checks)
     if as_json:
         out.write(json.dumps({"version": __version__, "launch_ok": not failed,

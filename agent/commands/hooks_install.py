@@ -232,13 +232,19 @@ def install(python: str, out: TextIO, named: bool = True) -> int:
     target = pth_path(python, out)
     if target is None:
         return 2
+    line = pth_line(_bootstrap_dir())
     try:
-        with open(target, "w") as f:
-            f.write(pth_line(_bootstrap_dir()))
+        with open(target, encoding="utf-8", errors="replace") as f:
+            before: str | None = f.read()
+    except OSError:
+        before = None
+    try:
+        with open(target, "w") as f:  # the whole file: an older install's line is replaced, never kept beside it
+            f.write(line)
     except OSError as exc:
         out.write("infersight hooks: cannot write %s: %s\n" % (target, exc))
         return 1
-    out.write("installed %s\n" % target)
+    out.write("installed %s%s\n" % (target, "" if before in (None, line) else " (in place of an older line)"))
     problem = access_problem(os.path.dirname(target), _bootstrap_dir())
     if problem is not None:
         out.write("warning: %s\n" % problem[0] + ("  fix: %s\n" % problem[1] if problem[1] else ""))
