@@ -184,8 +184,8 @@ def _check_ready_file() -> None:
     if st.ready_file_inherited and not serving:
         return
     try:
-        with open(path, encoding="ascii") as f:
-            text = f.read().strip()
+        with open(path, "rb") as f:  # bytes: an "ascii" text file imports that codec, in a request the app's import
+            text = f.read().decode("ascii", "replace").strip()
     except OSError:
         return
     st.ready_file = None
