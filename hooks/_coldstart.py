@@ -6,7 +6,8 @@ Installed by the bootstrap once the runtime is active (``_activate``). ``install
 - ``framework_import`` (every outermost import, ``_imports``) and post-import hooks that
   load each instrumenter when, and only if, its library is imported: torch (``_torch``,
   ``_weights``, ``_build``'s ``nn.init`` runs), transformers/tokenizers (``_build``:
-  ``model_build``, ``tokenizer_load``), uvicorn (``asgi``), gunicorn, stage rules
+  ``model_build``, ``tokenizer_load``), uvicorn (``asgi``), gunicorn, waitress
+  (``_waitress``), ``http.server`` and ``wsgiref`` (``_http_server``), stage rules
   (``_stagerules``);
 - the stack sampler (``_sampler``) with its checkpoints (``_checkpoint``);
 - the process role (``helper`` for resource trackers, compile workers, ``python -c``);
@@ -231,6 +232,28 @@ def _install_hypercorn_trio(module: Any) -> None:
     serve_listeners.__wrapped__ = serve  # type: ignore[attr-defined]
     trio.serve_listeners = serve_listeners
     add_undo(lambda: setattr(trio, "serve_listeners", serve) if trio.serve_listeners is serve_listeners else None)
+def _install_waitress(module: Any) -> None:
+    if not _lazy.fresh("_waitress", "waitress's first request timing"):
+        return
+    from . import _waitress  # waitress's first request; every request of the app it serves is timed
+
+    _waitress.install(module)
+
+
+def _install_http_server(module: Any) -> None:
+    if not _lazy.fresh("_http_server", "http.server's first request timing"):
+        return
+    from . import _http_server  # the first request of a BaseHTTPRequestHandler (http.server, werkzeug's)
+
+    _http_server.install_http_server(module)
+
+
+def _install_wsgiref(module: Any) -> None:
+    if not _lazy.fresh("_http_server", "wsgiref's first request timing"):
+        return
+    from . import _http_server  # the first request of wsgiref.simple_server's handler
+
+    _http_server.install_wsgiref(module)
 
 
 class _GunicornRequest(threading.local):
@@ -371,6 +394,9 @@ def install(boot: int) -> None:
     on_import("gunicorn.workers.sync", _install_gunicorn_sync)  # a sync worker's first connection
     on_import("gunicorn.workers.gthread", _install_gunicorn_gthread)  # a gthread worker's (--threads)
     on_import("gunicorn.workers.gasgi", _install_gunicorn_asgi)  # gunicorn's own ASGI worker (-k asgi)
+    on_import("waitress.server", _install_waitress)  # a waitress thread's first request
+    on_import("http.server", _install_http_server)  # a BaseHTTPRequestHandler's first request
+    on_import("wsgiref.simple_server", _install_wsgiref)  # wsgiref's (its handle() parses it itself)
     _install_stage_rules()
     st.imports = imports
     add_run_source(imports.flush_runs, imports.open_runs)

@@ -5,11 +5,12 @@
     app.add_middleware(ColdStartMiddleware)       # Starlette / FastAPI
 
 No code change is needed under uvicorn (FastAPI, vLLM's API server, ...) nor Hypercorn: the hooks
-wrap ``uvicorn.config.Config.load`` when uvicorn is imported (Hypercorn's ``ASGIWrapper``), so
-the app the server serves is wrapped in this middleware (``first_request=False``: the first
-request is the first HTTP request that arrives once readiness is known from another signal: a
-listening socket, ``--ready-url``, a mark, a stage rule, the fork of a ready server; a readiness
-probe before that is not, and says nothing of readiness). A request is timed once however many
+wrap ``uvicorn.config.Config.load`` when uvicorn is imported (Hypercorn's ``ASGIWrapper``, and
+its ``WSGIWrapper``'s requests for a WSGI app), so the app the server serves is wrapped in this
+middleware (``first_request=False``: the first request is the first HTTP request that arrives
+once readiness is known from another signal: a listening socket, ``--ready-url``, a mark, a stage
+rule, the fork of a ready server; a readiness probe before that is not, and says nothing of
+readiness). A request is timed once however many
 layers of this middleware it goes through; the one the app added itself still finds the first
 request.
 
@@ -43,8 +44,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-__all__ = ["HTTP_CLASS", "SERVER_ERROR", "ColdStartMiddleware", "queue_request", "wrap_gunicorn_asgi",
-           "wrap_hypercorn", "wrap_loaded_app", "wrap_uvicorn"]
+__all__ = ["HTTP_CLASS", "SERVER_ERROR", "ColdStartMiddleware", "HypercornWSGIRequests", "queue_request",
+           "wrap_gunicorn_asgi", "wrap_hypercorn", "wrap_loaded_app", "wrap_uvicorn"]
 
 HTTP_CLASS = "http"  # the request class of requests timed here
 TIMED = "infersight.timed"  # a scope key: an outer layer of this middleware times this request
@@ -263,10 +264,40 @@ def wrap_gunicorn_asgi(module: Any) -> None:
 
 
 def wrap_hypercorn(module: Any) -> None:
-    """Make hypercorn's ``ASGIWrapper`` (``hypercorn.app_wrappers``: what ``load_application`` and
-    ``hypercorn.asyncio.serve`` make of an ASGI app) wrap the app it holds in
-    :class:`ColdStartMiddleware`, as uvicorn's ``Config.load`` is wrapped: every request is timed, and
-    the first one that arrives once readiness is known is the first request."""
+    """Make hypercorn's ``ASGIWrapper`` and ``WSGIWrapper`` (``hypercorn.app_wrappers``: what
+    ``load_application`` and ``hypercorn.asyncio.serve`` make of an ASGI or a WSGI app) serve their
+    HTTP requests through :class:`ColdStartMiddleware`, as uvicorn's ``Config.load`` does: every
+    request is timed, and the first one that arrives once readiness is known is the first request.
+    An ASGI app is wrapped; a WSGI app's requests are, where hypercorn still sees them as ASGI
+    (``WSGIWrapper.handle_http``: :class:`HypercornWSGIRequests`)."""
     cls = getattr(module, "ASGIWrapper", None)
     if cls is not None:
         wrap_loaded_app(cls, "__init__", "app", _timing_only, ColdStartMiddleware)
+    cls = getattr(module, "WSGIWrapper", None)
+    if cls is not None:
+        wrap_loaded_app(cls, "__init__", "handle_http", HypercornWSGIRequests, HypercornWSGIRequests)
+
+
+_SPAWN = "infersight.hypercorn_spawn"  # a scope key: hypercorn's sync_spawn and call_soon, through the middleware
+
+
+class HypercornWSGIRequests:
+    """One hypercorn ``WSGIWrapper``'s ``handle_http`` (its bound method: the WSGI app's HTTP requests,
+    each read, run in a thread with ``sync_spawn`` and answered through ``call_soon``) behind
+    :class:`ColdStartMiddleware`: the response messages it sends are the ones the middleware watches
+    for an ASGI app, so the first request ends at its first body bytes. ``sync_spawn`` and
+    ``call_soon`` ride in the scope through the middleware (never into the WSGI environ)."""
+
+    __slots__ = ("handle_http", "middleware")
+
+    def __init__(self, handle_http: Callable[..., Awaitable[None]]) -> None:
+        self.handle_http = handle_http
+        self.middleware = ColdStartMiddleware(self._serve, first_request=False)
+
+    def __call__(self, scope: Scope, receive: Receive, send: Send, sync_spawn: Any, call_soon: Any) -> Awaitable[None]:
+        scope[_SPAWN] = (sync_spawn, call_soon)
+        return self.middleware(scope, receive, send)
+
+    def _serve(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        sync_spawn, call_soon = scope.pop(_SPAWN)
+        return self.handle_http(scope, receive, send, sync_spawn, call_soon)

@@ -4,9 +4,10 @@
     app.wsgi_app = RequestTimingMiddleware(app.wsgi_app)   # Flask
     application = RequestTimingMiddleware(application)     # any WSGI app
 
-No code change is needed under gunicorn's sync and gthread workers: the hooks wrap the app each
-worker loads (``load_wsgi``) in this middleware, as uvicorn's ASGI app is wrapped
-(``hooks.asgi``). A request is timed once however many layers of it it goes through.
+No code change is needed under gunicorn's sync and gthread workers nor waitress: the hooks wrap the
+app each gunicorn worker loads (``load_wsgi``), and the one each waitress server holds, in this
+middleware, as uvicorn's ASGI app is wrapped (``hooks.asgi``; Hypercorn's WSGI apps are timed there,
+at Hypercorn's ASGI level). A request is timed once however many layers of it it goes through.
 
 Every request is a ``req`` event of request class ``http``, as the ASGI middleware's: from the
 app's call until the server closes the response's iterable (PEP 3333: the whole body was sent,
@@ -14,8 +15,8 @@ or the client went away), so a streamed response's generation is in it; an excep
 of 500 or more, is its ``error.type``. A body the app returns as a list (computed already) or a
 file the server sends itself (``wsgi.file_wrapper``) is timed to the app's return: the server's
 write to a slow client is not the instance's latency. The cold
-start's first request is not this middleware's: the worker hooks time it from the connection's
-accept (``_coldstart``).
+start's first request is not this middleware's: the server hooks time it from the request's
+arrival (gunicorn's workers in ``_coldstart``, waitress in ``_waitress``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 from . import _state
 from .asgi import SERVER_ERROR, queue_request, wrap_loaded_app
 
-__all__ = ["RequestTimingMiddleware", "wrap_gunicorn_worker"]
+__all__ = ["RequestTimingMiddleware", "wrap_gunicorn_worker", "wrap_waitress_server"]
 
 _wall_ns = time.time_ns  # bound once: two clock reads a request, no module attribute lookups
 _clock_ns = time.perf_counter_ns
@@ -128,3 +129,9 @@ def wrap_gunicorn_worker(cls: Any) -> None:
     (``load_wsgi``, after the fork) in :class:`RequestTimingMiddleware`, for the worker's life.
     Patched on that class only: gunicorn's base ``Worker`` (UvicornWorker's) keeps its loader."""
     wrap_loaded_app(cls, "load_wsgi", "wsgi", RequestTimingMiddleware, RequestTimingMiddleware)
+
+
+def wrap_waitress_server(cls: Any) -> None:
+    """Make waitress's ``BaseWSGIServer`` (one per listening socket: ``create_server``, ``serve``,
+    ``waitress-serve``) wrap the app it holds in :class:`RequestTimingMiddleware`, for its life."""
+    wrap_loaded_app(cls, "__init__", "application", RequestTimingMiddleware, RequestTimingMiddleware)

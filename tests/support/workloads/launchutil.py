@@ -159,12 +159,16 @@ def launch_server(tmp: str, argv: list[str], drive: Callable[[Served], T], *flag
     p = subprocess.Popen([*INFERSIGHT, "launch", "--otlp-file", otlp, *flags, "--", *argv], cwd=cwd,
                          env=launch_env(tmp, env or {}, unset), stdout=log, stderr=subprocess.STDOUT)
     served = Served(p, timeout)
+    stuck = False
     try:
         answer = drive(served)
         group = served.find_group()
         assert group, "launch's CMD is gone"  # (never killpg(0): the test's own group)
         os.killpg(group, signal.SIGINT)
-        p.wait(timeout=stop_timeout)
+        try:
+            p.wait(timeout=stop_timeout)
+        except subprocess.TimeoutExpired:
+            stuck = True
     finally:
         group = served.find_group()
         if p.poll() is None:
@@ -178,9 +182,37 @@ def launch_server(tmp: str, argv: list[str], drive: Callable[[Served], T], *flag
         log.seek(0)
         out = log.read()
         log.close()
+    assert not stuck, "launch did not end within %g s of the Ctrl-C:\n%s" % (stop_timeout, out[-3000:])
     with open(otlp, encoding="utf-8") as f:
         spans = spans_from_lines(f.readlines())
     return LaunchRun(p.returncode, out, spans), answer
+
+
+@dataclass
+class Answers:
+    """What ``serve`` sent and got: when its first request was sent, and each answer (status, body)."""
+
+    sent_ns: int
+    answers: list[tuple[int, bytes]]
+
+
+def serve(tmp: str, argv: list[str], port: int, paths: tuple[str, ...] = ("/",), flags: tuple[str, ...] = (),
+          env: dict[str, str] | None = None, cwd: str = HERE, idle_s: float = 0.3,
+          timeout: float = 120) -> tuple[LaunchRun, Answers]:
+    """Launch the server ``argv`` (``launch_server``); wait for its port with bare connects (probes that
+    carry no request); ``idle_s`` of waiting for traffic; then one GET of each of ``paths`` in turn."""
+
+    def drive(served: Served) -> Answers:
+        served.until(lambda: bare_connect(port), "listening", "port %d never listened" % port)
+        time.sleep(idle_s)
+        sent_ns = time.time_ns()
+        answers: list[tuple[int, bytes]] = []
+        for path in paths:
+            with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=60) as resp:
+                answers.append((int(resp.status), resp.read()))
+        return Answers(sent_ns, answers)
+
+    return launch_server(tmp, argv, drive, *flags, env=env, cwd=cwd, timeout=timeout)
 
 
 def stage_name(s: SpanItem) -> str:
