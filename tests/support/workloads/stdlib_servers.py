@@ -7,13 +7,15 @@
 
 Usage: python stdlib_servers.py http.server|wsgiref PORT
 Every request sleeps ``FORK_APP_SLEEP`` seconds (as ``fork_apps``'s do) and answers JSON with the
-pid. Ctrl-C stops it."""
+pid. Ctrl-C stops it (once the request in hand is answered)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -54,10 +56,11 @@ def main() -> None:
                 pass
 
         server = make_server("127.0.0.1", port, wsgi, handler_class=Quiet)
+    # Ctrl-C stops the loop from another thread: raised inside a request, wsgiref's handler would take the
+    # KeyboardInterrupt for the app's error and serve on
+    signal.signal(signal.SIGINT, lambda _sig, _frame: threading.Thread(target=server.shutdown).start())
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.server_close()
 
