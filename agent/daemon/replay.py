@@ -56,6 +56,7 @@ _MAX_UIDS_COUNTED = 256
 # for the next scan, which gives the loop back as it goes.
 SYNC_MAX_BYTES = 64 << 20
 SYNC_TOTAL_BYTES = 256 << 10  # what one ended producer's files may hold in all to be read in one go (~65 ms)
+LOCKS_TTL_S = 1.0  # how long one read of /proc/locks answers whether an unreadable file's producer lives
 
 Step = Generator[int | None, None, bool]  # one file's replay: yields its owner's uid after each piece of work,
 # returns whether it was done
@@ -211,6 +212,26 @@ def list_small(dfd: int, prefix: str, limit: int) -> list[str] | None:
     return sorted(names)
 
 
+def flocked_files(locks: str = "/proc/locks") -> frozenset[tuple[int, int, int]]:
+    """(major, minor, inode) of each file someone holds an ``flock`` on; empty when the table cannot be read.
+    A line: ``1: FLOCK  ADVISORY  WRITE 4242 08:01:131090 0 EOF`` (device numbers in hex)."""
+    held: set[tuple[int, int, int]] = set()
+    try:
+        with open(locks, "rb") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 6 or fields[1] != b"FLOCK":  # (a waiter's line reads "1: -> FLOCK ...")
+                    continue
+                try:
+                    major, minor, ino = fields[5].split(b":")
+                    held.add((int(major, 16), int(minor, 16), int(ino)))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return frozenset(held)
+
+
 def unlink_if_same(directory: str, name: str, identity: tuple[int, int]) -> None:
     """Unlink ``directory/name`` only if it is still the file we read (device, inode)."""
     try:
@@ -281,6 +302,7 @@ class SpoolReplay:
         self._reading: set[str] = set()  # names of files a replay is reading now (it gives the loop back)
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
         self.too_large = False  # the last file _replay_one looked at was over its bound once locked
+        self._locks_read: tuple[float, frozenset[tuple[int, int, int]]] | None = None  # (when, flocked_files())
 
     def replay(self, directory: str, prefix: str = "", owner_uid: int | None = None) -> int:
         """Replay, in one go, the spool files whose producer has died (its lock is free) and that are no
@@ -466,7 +488,7 @@ class SpoolReplay:
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
         except PermissionError:
-            self._unreadable(directory, dfd, name)
+            self._unreadable(directory, dfd, name)  # (unless its producer lives: it replays the file itself)
             return False
         except OSError:
             return False  # gone, or a symlink (ELOOP)
@@ -567,11 +589,15 @@ class SpoolReplay:
 
     def _unreadable(self, directory: str, dfd: int, name: str) -> None:
         """A file the agent may not read: spooled by hooks older than the reader ACL (0600, its owner's
-        alone), or on a file system without ACLs. Its events stay on disk: say so once, with the fix."""
+        alone), or on a file system without ACLs. Its events stay on disk: say so once, with the fix. Not
+        while its producer lives (it holds the file's lock, as the lock probe of a readable file finds): that
+        producer sends the file's events itself once it reaches the agent, and a later scan looks again."""
         path = os.path.join(directory, name)
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except OSError:
+            return
+        if self.flock_held(st):
             return
         if not self._first_time(st):
             return
@@ -581,6 +607,16 @@ class SpoolReplay:
             "hooks of this version grant the spool directory's owner read access (a POSIX ACL): upgrade the "
             "served process's infersight, and check that the file system supports ACLs", path, st.st_uid,
             stat.S_IMODE(st.st_mode), os.geteuid())
+
+    def flock_held(self, st: os.stat_result) -> bool:
+        """Whether some process holds an ``flock`` on the file ``st`` (its producer, alive): what the lock probe
+        of :meth:`_replay_one` tells, for a file the agent cannot open to probe. From ``/proc/locks``, read at most
+        once per LOCKS_TTL_S: the locks of the processes this agent's PID namespace sees (a producer in a pod's
+        other namespace is not seen: its file is reported as before)."""
+        now = time.monotonic()
+        if self._locks_read is None or now - self._locks_read[0] > LOCKS_TTL_S:
+            self._locks_read = (now, flocked_files())
+        return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) in self._locks_read[1]
 
     def _first_time(self, st: os.stat_result) -> bool:
         """Whether this file (device, inode) is passed over for the first time; remembered."""

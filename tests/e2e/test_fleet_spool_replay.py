@@ -136,3 +136,55 @@ def test_a_world_writable_spool_directory_grants_its_owner_nothing(tmp_path: Pat
         peek = subprocess.run([str(python), "-c", READ_IT, str(f)], user=OTHER_UID, group=OTHER_UID,
                               capture_output=True, text=True, timeout=60)
         assert peek.stdout.strip() == "denied", peek.stdout + peek.stderr
+
+
+HOLD_IT = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+           "print('held', flush=True)\nsys.stdin.read()\n")
+
+
+def _spooled_before_the_acl(base: Path, python: Path, sock: Path, spool: Path) -> Path:
+    """A spool file as hooks older than the reader ACL leave it: the served uid's, 0600, no ACL."""
+    env = base_env(INFERSIGHT_SOCKET=str(sock), INFERSIGHT_SPOOL_DIR=str(spool), INFERSIGHT_EXIT_FLUSH_S="0.2",
+                   PYTHONPATH=str(BOOTSTRAP), HOME=str(make_dir(base / "home", 0o777)))
+    r = subprocess.run([str(python), "-c", SPOOLED], env=env, user=SERVED_UID, group=SERVED_UID,
+                       extra_groups=[GROUP_GID], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    [f] = list(spool.glob("*.spool"))
+    os.removexattr(f, "system.posix_acl_access")
+    os.chmod(f, 0o600)
+    return f
+
+
+def test_a_live_producers_unreadable_spool_file_is_not_reported(tmp_path: Path) -> None:
+    """A producer still alive holds its file's lock and sends its events itself: the agent's open failing is
+    no loss to count or warn of (it did, at start, for a producer on older hooks). Once the producer is gone,
+    the file is counted and named."""
+    require_root()
+    with open_base("isf-spool-") as base:
+        sock, state, spool = _layout(base)
+        python = shared_python(base)
+        f = _spooled_before_the_acl(base, python, sock, spool)
+        holder = subprocess.Popen([str(python), "-c", HOLD_IT, str(f)], user=SERVED_UID, group=SERVED_UID,
+                                  extra_groups=[GROUP_GID], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        log = tmp_path / "agent.log"
+        agent = _agent(python, sock, state, spool, log)
+        try:
+            assert wait_for(lambda: "counters" in _status(sock), 30), log.read_text()
+            time.sleep(2 * SPOOL_SCAN_S + 1)  # the first scan and two periodic ones found the file
+            h = _status(sock)
+            assert h["counters"]["spool_files_unreadable"] == 0, h["counters"]
+            assert not any("may not read" in w for w in h["warnings"]), h["warnings"]
+            assert "cannot replay" not in log.read_text()
+            assert holder.stdin is not None
+            holder.stdin.close()
+            assert holder.wait(30) == 0
+            assert wait_for(lambda: _status(sock).get("counters", {}).get("spool_files_unreadable") == 1, 30), \
+                log.read_text()
+            assert "cannot replay %s (owner uid %d" % (f, SERVED_UID) in log.read_text()
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
+            agent.terminate()
+            assert agent.wait(30) == 0, log.read_text()
