@@ -428,7 +428,7 @@ class Agent:
         failed = (["the last reload failed, the running configuration is the one before it: %s"
                    % self.last_reload_error] if self.last_reload_error else [])
         return [*self.state_dir_warnings, *([] if self.workers else [NO_SINK_WARNING]), *failed, *pending,
-                *self.env_warnings]
+                *self.env_warnings, *self.ingest.spools.unreadable_warnings(SPOOL_SCAN_S)]
 
     def health(self, extensions: bool = True) -> dict[str, Any]:
         """The status reply; ``extensions=False`` leaves out the extensions' sections (what

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import pwd
 import stat
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -303,6 +304,9 @@ class SpoolReplay:
         self._passed_over: dict[tuple[int, int], None] = {}  # (device, inode) of files refused: counted once
         self.too_large = False  # the last file _replay_one looked at was over its bound once locked
         self._locks_read: tuple[float, frozenset[tuple[int, int, int]]] | None = None  # (when, flocked_files())
+        # Files of ended producers the agent may not read, now: path -> (owner uid, device, inode). Every scan
+        # tries them again (an operator's setfacl or chown lets it replay them); forgotten once read or gone.
+        self.unreadable: dict[str, tuple[int, int, int]] = {}
 
     def replay(self, directory: str, prefix: str = "", owner_uid: int | None = None) -> int:
         """Replay, in one go, the spool files whose producer has died (its lock is free) and that are no
@@ -378,6 +382,8 @@ class SpoolReplay:
             if whole:
                 self.list_s = 0.0
             listing = Listing(small, len(small), {}, [], self._cursors)
+        if whole:
+            self._forget_unreadable(directory, dfd)
         done, pace = 0, _Pace(self)
         try:
             for name in listing.names:
@@ -491,7 +497,9 @@ class SpoolReplay:
             self._unreadable(directory, dfd, name)  # (unless its producer lives: it replays the file itself)
             return False
         except OSError:
+            self.unreadable.pop(path, None)
             return False  # gone, or a symlink (ELOOP)
+        self.unreadable.pop(path, None)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
@@ -599,6 +607,7 @@ class SpoolReplay:
             return
         if self.flock_held(st):
             return
+        self.unreadable[path] = (st.st_uid, st.st_dev, st.st_ino)
         if not self._first_time(st):
             return
         self.receiver.counters.spool_files_unreadable += 1
@@ -607,6 +616,41 @@ class SpoolReplay:
             "hooks of this version grant the spool directory's owner read access (a POSIX ACL): upgrade the "
             "served process's infersight, and check that the file system supports ACLs", path, st.st_uid,
             stat.S_IMODE(st.st_mode), os.geteuid())
+
+    def _forget_unreadable(self, directory: str, dfd: int) -> None:
+        """A scan of ``directory``: forget the unreadable files there that are gone or replaced (a name not
+        listed again in a large directory would be remembered for good)."""
+        for path, (_uid, dev, ino) in list(self.unreadable.items()):
+            if os.path.dirname(path) != directory:
+                continue
+            try:
+                st = os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                st = None
+            if st is None or (st.st_dev, st.st_ino) != (dev, ino):
+                del self.unreadable[path]
+
+    def unreadable_warnings(self, scan_s: float) -> list[str]:
+        """What ``status`` says of the files the agent may not read now: per directory and owner, how many,
+        one of them, and how to let the agent read them (it tries them again on every scan)."""
+        if not self.unreadable:
+            return []
+        groups: dict[tuple[str, int], list[str]] = {}
+        for path, (uid, _dev, _ino) in sorted(self.unreadable.items()):
+            groups.setdefault((os.path.dirname(path), uid), []).append(path)
+        me = os.geteuid()
+        try:
+            user = pwd.getpwuid(me).pw_name
+        except KeyError:
+            user = str(me)
+        return [
+            "%d spool file(s) of uid %d in %s that this agent (uid %d) may not read (spooled by hooks older than "
+            "the reader ACL, or on a file system without ACLs), e.g. %s: their events wait there. Let the agent "
+            "read them (as root or uid %d: setfacl -m u:%s:r FILE; without ACLs: chmod g+r FILE, which the "
+            "directory's group may then read too): it tries them on every scan of the spool directory (every "
+            "%.0f s), replays and removes them; and upgrade that uid's served infersight"
+            % (len(paths), uid, directory, me, paths[0], uid, user, scan_s)
+            for (directory, uid), paths in groups.items()]
 
     def flock_held(self, st: os.stat_result) -> bool:
         """Whether some process holds an ``flock`` on the file ``st`` (its producer, alive): what the lock probe

@@ -188,3 +188,46 @@ def test_a_live_producers_unreadable_spool_file_is_not_reported(tmp_path: Path) 
                 holder.wait()
             agent.terminate()
             assert agent.wait(30) == 0, log.read_text()
+
+
+def test_status_warns_of_unreadable_spool_files_until_the_agent_may_read_them(tmp_path: Path) -> None:
+    """An ended producer's file the agent may not read: `status` (JSON and text) names how many, whose, where
+    and the fix; once the agent may read it (the ACL newer hooks add, as `setfacl -m u:AGENT:r` makes it), a
+    later scan replays it, without a restart, and the warning goes."""
+    require_root()
+    from infersight.hooks._spoolfile import reader_acl
+
+    with open_base("isf-spool-") as base:
+        sock, state, spool = _layout(base)
+        python = shared_python(base)
+        f = _spooled_before_the_acl(base, python, sock, spool)
+        log = tmp_path / "agent.log"
+        agent = _agent(python, sock, state, spool, log)
+        try:
+            def warned() -> list[str]:
+                return [w for w in _status(sock).get("warnings", []) if "may not read" in w]
+
+            assert wait_for(lambda: bool(warned()), 30), log.read_text()
+            [w] = warned()
+            assert ("1 spool file(s) of uid %d in %s that this agent (uid %d) may not read" % (SERVED_UID, spool,
+                                                                                              AGENT_UID)) in w, w
+            assert str(f) in w and "setfacl -m u:%d:r FILE" % AGENT_UID in w, w
+            r = subprocess.run([sys.executable, "-m", "infersight", "status", "--socket", str(sock)],
+                               capture_output=True, text=True, timeout=60)
+            assert "  WARNING 1 spool file(s) of uid %d" % SERVED_UID in r.stdout, r.stdout
+            assert f.exists(), "a file the agent cannot read is left where it is"
+
+            os.setxattr(f, "system.posix_acl_access", reader_acl(AGENT_UID))  # setfacl -m u:AGENT_UID:r
+            default = state / "infersight.otlp.jsonl"
+
+            def replayed() -> bool:
+                records = log_records(read_otlp_lines(default)) if default.exists() else []
+                return any(rec.get("body", {}).get("stringValue") == "spooled-while-away" for rec in records)
+
+            assert wait_for(replayed, 30), log.read_text()
+            assert wait_for(lambda: not f.exists(), 30), "a replayed file is removed once exported"
+            assert wait_for(lambda: not warned(), 30)
+            assert _status(sock)["counters"]["spool_files_replayed"] == 1
+        finally:
+            agent.terminate()
+            assert agent.wait(30) == 0, log.read_text()
