@@ -35,6 +35,7 @@ from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon import sdnotify, seqstate
 from infersight.agent.daemon.assemble import Assembler, KindHandler, Producer, SpanHandler
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
+from infersight.agent.daemon.exporter_spool_adopt import adopt_old_spool
 from infersight.agent.daemon.extension import Apply, Extension
 from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
 from infersight.agent.daemon.identity import id_parts, proc_start_ticks
@@ -230,6 +231,8 @@ class Agent:
             spool = None
             if not is_ephemeral(e):
                 limit = config["agent.exporter_spool_max_bytes"]
+                if exporter_spool_root is None:
+                    self._adopt_old_spool(config["agent.spool_dir"], state_dir, e.name)
                 try:
                     spool = (DiskSpool(os.path.join(exporter_spool_root, e.name), limit)
                              if exporter_spool_root is not None
@@ -270,6 +273,16 @@ class Agent:
         self.last_reload_error: str | None = None
         self._heartbeat_jobs: list[Callable[[], None]] = []
         self.live_keys = LIVE_KEYS.union(*(ext.live_keys for ext in self.extensions))
+
+    def _adopt_old_spool(self, spool_dir: str, state_dir: str, name: str) -> None:
+        """Exporter ``name``'s spool an older agent left in the hooks' spool directory: moved into state_dir before
+        the spool opens (delivered first), or a warning (log and ``status``) saying why its records wait there."""
+        adopted = adopt_old_spool(spool_dir, state_dir, os.path.join(EXPORTER_SPOOL_SUBDIR, name), name)
+        if adopted.done:
+            log.info("%s", adopted.done)
+        if adopted.warning:
+            log.warning("%s", adopted.warning)
+            self.state_dir_warnings.append(adopted.warning)
 
     def _kind_handlers(self) -> dict[str, KindHandler]:
         handlers: dict[str, KindHandler] = {}
