@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -184,6 +185,8 @@ def next_steps(root: Path, command: list[str] | None = None) -> list[str]:
         "systemd-tmpfiles --create /etc/tmpfiles.d/infersight.conf",
         "systemctl daemon-reload",
         "systemctl enable --now infersight.socket infersight.service",
+        # enable --now starts a stopped service and leaves a running one as it is: on the code it loaded
+        "systemctl try-restart infersight.service   # an agent already running restarts on the code just installed",
         "usermod -aG infersight <model-server-user>   # lets its hooks use the socket",
         status,
     ]
@@ -237,7 +240,19 @@ def run(args: argparse.Namespace) -> int:
     print("\nnext steps (as root):", file=out)
     for step in next_steps(root, command):
         print(f"  {step}", file=out)
+    if root == Path("/") and service_active():
+        print("\nnote: infersight.service is running, on the code it started with: it needs a restart to run the "
+              "infersight installed here (systemctl try-restart infersight.service, above)", file=out)
     return 0
+
+
+def service_active(unit: str = "infersight.service") -> bool:
+    """Whether systemd runs ``unit`` now (``systemctl is-active``); False where there is no systemctl."""
+    try:
+        r = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0
 
 
 def add_parser(

@@ -72,11 +72,22 @@ def run(args: argparse.Namespace) -> int:
         print("infersight agent refused the status query: %s" % h.get("error"))
         return 1
     h.pop("t", None)
+    stale = running_code_warning(h)
+    if stale:  # a warning like the agent's own: said, and the exit status stays the health's
+        h["warnings"] = [*(h.get("warnings") or []), stale]
     if args.json:
         print(json.dumps(h, sort_keys=True))
     else:
         print(describe(h))
     return 0 if h.get("healthy") or getattr(args, "alive", False) else 1
+
+
+def running_code_warning(h: dict[str, Any]) -> str | None:
+    """When the agent that answered shares this CLI's install and loaded other files than it holds now (a
+    ``pip install`` since it started, which replaced the code but not the running process): the restart it needs."""
+    from infersight.agent.daemon.health import code_predates, code_print
+
+    return code_predates(h.get("code"), code_print())
 
 
 def describe(h: dict[str, Any]) -> str:

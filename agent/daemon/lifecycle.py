@@ -37,7 +37,7 @@ from infersight.agent.daemon.assemble import Assembler, KindHandler, Producer, S
 from infersight.agent.daemon.broadcast import Broadcaster, ExporterWorker
 from infersight.agent.daemon.exporter_spool_adopt import adopt_old_spool
 from infersight.agent.daemon.extension import Apply, Extension
-from infersight.agent.daemon.health import Counters, ProcessStats, health_metrics
+from infersight.agent.daemon.health import Counters, ProcessStats, code_print, health_metrics
 from infersight.agent.daemon.identity import id_parts, proc_start_ticks
 from infersight.agent.daemon.ingest import Ingest
 from infersight.agent.daemon.sessions import Sessions
@@ -202,6 +202,9 @@ class Agent:
         self.extensions = tuple(extensions)
         self.check_config = check_config
         self.started_ns = time.time_ns()
+        # The code it loaded (a few ms): `status` tells it from a newer install (health.code_predates). Not launch's
+        # agent: it lives as long as its CLI, and its CMD waits for its start.
+        self.code = code_print() if not embedded else None
         self.started_mono = time.monotonic()
         self.host_name = config.get("agent.host_name") or short_hostname()
         self.resource = Resource.of(
@@ -474,6 +477,8 @@ class Agent:
             "subscribers": len(self.sessions),
             "extensions": [ext.name for ext in self.extensions],
         }
+        if self.code is not None:
+            h["code"] = self.code.as_dict()
         for ext in self.extensions if extensions else ():
             for key, value in ext.health().items():
                 h.setdefault(key, value)  # an extension adds sections; it never hides the agent's

@@ -253,3 +253,40 @@ def test_directories_it_makes_are_readable_under_a_hardened_umask(tmp_path: Path
     for rel in ("etc/infersight", "etc/systemd/system", "etc/sysusers.d", "etc/tmpfiles.d"):
         assert stat.S_IMODE((tmp_path / rel).stat().st_mode) == 0o755, rel
     assert stat.S_IMODE((tmp_path / "etc/infersight/infersight.toml").stat().st_mode) == 0o644
+
+
+def _systemctl(bin_dir: Path, active: bool) -> None:
+    """A systemctl that answers `is-active` as systemd would for a running (or stopped) infersight.service."""
+    bin_dir.mkdir()
+    tool = bin_dir / "systemctl"
+    tool.write_text('#!/bin/sh\n[ "$1 $2 $3" = "is-active --quiet infersight.service" ] && exit %d\nexit 3\n'
+                    % (0 if active else 3))
+    tool.chmod(0o755)
+
+
+def test_a_running_service_is_told_to_restart_on_the_code_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`enable --now` leaves a running service as it is, on the code it loaded: the steps restart it
+    (`try-restart`: nothing when it is stopped), and a service running now is named as needing it."""
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/opt/infersight/bin/infersight"])
+    _systemctl(tmp_path / "bin", active=True)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path / "bin", os.environ["PATH"]))
+    assert run_cli("--dry-run") == 0  # root /: the service there is the one that runs
+    out = capsys.readouterr().out
+    steps = out.split("next steps", 1)[1].splitlines()
+    enable = steps.index("  systemctl enable --now infersight.socket infersight.service")
+    assert steps[enable + 1].startswith("  systemctl try-restart infersight.service"), steps
+    assert "note: infersight.service is running, on the code it started with: it needs a restart" in out, out
+
+
+def test_a_stopped_service_gets_no_restart_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(install_service, "resolve_exec", lambda: ["/opt/infersight/bin/infersight"])
+    _systemctl(tmp_path / "bin", active=False)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path / "bin", os.environ["PATH"]))
+    assert run_cli("--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "systemctl try-restart infersight.service" in out
+    assert "note: infersight.service is running" not in out
