@@ -70,6 +70,15 @@ def _check_file(dfd: int, name: str, path: str) -> os.stat_result:
     return st
 
 
+def _same_dir(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 def _lock(fd: int, path: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -157,6 +166,8 @@ def adopt_old_spool(spool_dir: str, state_dir: str, subdir: str, name: str) -> A
             fds.append(_own_dir(top, OLD_SUBDIR, os.path.join(spool_dir, OLD_SUBDIR)))
             old_fd = _own_dir(fds[-1], name, old_path)
             fds.append(old_fd)
+            if _same_dir(old_fd, new_path):  # agent.spool_dir is agent.state_dir: the spool is where it belongs
+                return Adopted()
             _lock(old_fd, old_path)
             segments = _segments(old_fd)
             has_pos = os.path.lexists(os.path.join(old_path, POS))

@@ -161,3 +161,10 @@ def test_nothing_to_adopt_is_silent(spool_dir: Path, state_dir: Path) -> None:
     assert adopt_old_spool(str(spool_dir), str(state_dir), SUB, "otlp") == (None, None)
     _fill(spool_dir / "exporters" / "otlp", batches=1, delivered=1)  # delivered: a read position alone
     assert adopt_old_spool(str(spool_dir), str(state_dir), SUB, "otlp") == (None, None)
+
+
+def test_a_spool_dir_that_is_the_state_dir_holds_no_older_spool(state_dir: Path) -> None:
+    """agent.spool_dir set to agent.state_dir: both places are one, the agent's own spool is no leftover."""
+    _fill(state_dir / SUB)
+    assert adopt_old_spool(str(state_dir), str(state_dir), SUB, "otlp") == (None, None)
+    assert _bodies(state_dir / SUB) == WANT
