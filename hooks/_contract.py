@@ -21,6 +21,11 @@ UNATTRIBUTED_S = "infersight.coldstart.unattributed_s"  # on a root: seconds in 
 # on a root, from the hooks: seconds its own stages covered (an agent restarted during the cold start holds
 # only the stages sent after it came back, and would count the rest as time in no stage)
 COVERED_S = "infersight.coldstart.covered_s"
+# on a supervisor's root (gunicorn's arbiter, Hypercorn's main process with workers), at its end: how many of its
+# workers reported the end of their cold start to it, and how many of those were ever ready (a worker that failed
+# to boot, or was stopped while it loaded, reports ENDED_BY_EXIT)
+WORKERS = "infersight.coldstart.workers"
+WORKERS_READY = "infersight.coldstart.workers_ready"
 READY_SOURCE = "infersight.ready.source"  # on ready_wait and a root: which READY_SIGNALS said when
 PROCESS_ROLE = "infersight.process.role"  # on a root: ROLE_HELPER for processes that serve nothing
 FIRST_REQUEST_SOURCE = "infersight.first_request.source"

@@ -45,7 +45,6 @@ REPORT_JOIN_S = REPORT_FLUSH_S + 1.0  # ... and for a report to the supervisor i
 # Readiness signals: the root ends at readiness when one of these said when it came. A
 # request that arrives first ("request") is no signal: the first response ends the root then.
 READY_SIGNALS = _contract.READY_SIGNALS
-WORKERS_READY = "infersight.coldstart.workers_ready"  # on a supervisor's root: its workers that were ever ready
 
 
 class _Warm:
@@ -437,10 +436,10 @@ def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_
             st.covered += (r[0], r[1])
         _emit_unattributed(end_at)
         if children:
-            _runtime.state().root_attrs["infersight.coldstart.workers"] = len(children)
+            _runtime.state().root_attrs[_contract.WORKERS] = len(children)
             # how many of them were ever ready (a worker that failed to boot, or was stopped while it
             # loaded, reports "exit"): none, and this process's own readiness (its listen) served nobody
-            _runtime.state().root_attrs[WORKERS_READY] = sum(1 for r in children if _was_ready(r))
+            _runtime.state().root_attrs[_contract.WORKERS_READY] = sum(1 for r in children if _was_ready(r))
         if st.children_ready:
             _workers.cleanup(st.children_dir)
     except Exception as exc:

@@ -21,10 +21,8 @@ TOP = _contract.UNATTRIBUTED_TOP
 SAMPLES = _contract.UNATTRIBUTED_SAMPLES
 MIN_TOP_SAMPLES = _contract.MIN_GAP_SAMPLES
 TOTAL = "total"
-# A supervisor's root, at its end (hooks/_readiness.py): its workers that reported, and of those the ones
-# that were ever ready (a worker that failed to boot, or was stopped while it loaded, reports "exit").
-WORKERS = "infersight.coldstart.workers"
-WORKERS_READY = "infersight.coldstart.workers_ready"
+WORKERS = _contract.WORKERS  # a supervisor's workers that reported, and of those the ones ever ready
+WORKERS_READY = _contract.WORKERS_READY
 
 
 def union_ns(intervals: list[tuple[int, int]], lo: int, hi: int) -> int:
