@@ -47,6 +47,7 @@ from infersight.agent.commands.launch_base import (
 )
 from infersight.agent.commands.launch_hold import Held
 from infersight.agent.commands.launcher_root import ProbeResult, Readiness, launcher_root
+from infersight.agent.commands.status import lost_text
 from infersight.agent.daemon import config as cfg
 from infersight.agent.daemon.spool import DiskSpool
 from infersight.settings import ConfigError
@@ -497,8 +498,9 @@ def _report(agent: EmbeddedAgent, path: str, ok: bool, out: TextIO) -> None:
     h = agent.health()
     out.write("infersight: wrote %s\n" % os.path.abspath(path))
     problems = []
-    if h["lost"]:
-        problems.append("%d event(s) lost" % h["lost"])
+    if h["lost"] or h.get("lost_at_exporters"):
+        # as ``infersight status`` says it: the producers' sequence gaps, and what the exporters could not hold
+        problems.append("lost " + lost_text(h))
     if h["dropped_by_producers"]:
         problems.append("%d event(s) dropped by hooks" % h["dropped_by_producers"])
     for st in h["exporters"]:
