@@ -40,7 +40,7 @@ def open_stages() -> List[Stage]:
         w = st.warm
         if w is not None:
             end = w.end if w.inflight == 0 else time.time_ns()
-            out.append(("warmup", w.span, _runtime.state().root_span_id, w.start, max(end, w.start),
+            out.append(("warmup", w.span, w.parent, w.start, max(end, w.start),
                         {"infersight.warmup.forwards": w.n}))
     return out[:MAX_OPEN]
 

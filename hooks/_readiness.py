@@ -48,12 +48,16 @@ READY_SIGNALS = _contract.READY_SIGNALS
 
 
 class _Warm:
-    """A run of outermost forwards before readiness with no other stage in between."""
+    """A run of outermost forwards before readiness with no other stage in between, in one span: its parent,
+    the span its first forward ran in (a stage, such as BentoML's ``service_init`` around a service's warmup in
+    its constructor; else the root). A forward in another span starts a new run once this one has none in
+    flight; one that comes while it has, joins it, and the run is then the root's (``forward_begin``)."""
 
-    __slots__ = ("end", "first_end", "inflight", "n", "seq", "span", "start")
+    __slots__ = ("end", "first_end", "inflight", "n", "parent", "seq", "span", "start")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, parent: str) -> None:
         self.span = _runtime.new_span_id()
+        self.parent = parent
         self.start = start
         self.end = start
         self.first_end = 0
@@ -78,7 +82,7 @@ class _First:
 # -- readiness, warmup, first request ---------------------------------------------------
 
 
-def _close_warm_locked(now: int) -> Optional[Tuple[str, int, int, Dict[str, Any]]]:
+def _close_warm_locked(now: int) -> Optional[Tuple[str, str, int, int, Dict[str, Any]]]:
     st = state()
     w = st.warm
     if w is None:
@@ -88,13 +92,13 @@ def _close_warm_locked(now: int) -> Optional[Tuple[str, int, int, Dict[str, Any]
     attrs: Dict[str, Any] = {"infersight.warmup.forwards": w.n}
     if w.first_end:
         attrs["infersight.warmup.first_forward_s"] = (w.first_end - w.start) / 1e9
-    return (w.span, w.start, end_ns, attrs)
+    return (w.span, w.parent, w.start, end_ns, attrs)
 
 
-def _emit_warm(closed: Optional[Tuple[str, int, int, Dict[str, Any]]]) -> None:
+def _emit_warm(closed: Optional[Tuple[str, str, int, int, Dict[str, Any]]]) -> None:
     if closed is not None:
-        span, start, end_ns, attrs = closed
-        emit_stage("warmup", span, _runtime.state().root_span_id, start, end_ns, attrs)
+        span, parent, start, end_ns, attrs = closed
+        emit_stage("warmup", span, parent, start, end_ns, attrs)
 
 
 def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0,
@@ -215,9 +219,14 @@ def forward_begin() -> Optional[Tuple[Any, ...]]:
         # done: until something says so (fork_ready, a request), its forwards are warmup.
         if st.ready_ns is None or (st.ready_source == "fork" and not st.rule_fork_ready_sent):
             w = st.warm
-            if w is None or (w.inflight == 0 and w.seq != st.stage_mark):
+            parent = _runtime.current_span.get() or _runtime.state().root_span_id
+            if w is None or (w.inflight == 0 and (w.seq != st.stage_mark or w.parent != parent)):
                 closed = _close_warm_locked(now)
-                w = st.warm = _Warm(now)
+                w = st.warm = _Warm(now, parent)
+            elif w.parent != parent:
+                # forwards of two spans at once (another thread's, outside the stage): the run holds both,
+                # and would outlast the stage it ran in; only the root holds it whole
+                w.parent = _runtime.state().root_span_id
             w.inflight += 1
             w.n += 1
             token: Optional[Tuple[Any, ...]] = ("w", w, _runtime.current_span.get())
@@ -279,7 +288,7 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int
             # worker's app load and warmup, whose run ends here); the wait for this request is
             # the wait for traffic
             closed = _close_warm_locked(now)
-            done = max(last_end(), closed[2] if closed is not None else 0)
+            done = max(last_end(), closed[3] if closed is not None else 0)
             st.ready_ns, st.ready_source = max(st.ready_ns, min(done, now)), "fork_served"
     _emit_warm(closed)
     return f
@@ -304,7 +313,7 @@ def fork_ready(via: str = "", attrs: Optional[Dict[str, Any]] = None, at_last_st
         st.rule_fork_ready_sent = True  # sent once, whichever signal comes first
         closed = _close_warm_locked(now)
         if at_last_stage:
-            done = max(st.last_end_ns, closed[2] if closed is not None else 0)
+            done = max(st.last_end_ns, closed[3] if closed is not None else 0)
             ready = max(st.ready_ns, min(done, now))
         else:
             ready = max(st.ready_ns, now)
@@ -550,7 +559,7 @@ def at_exit() -> None:
             with st.lock:
                 closed = _close_warm_locked(time.time_ns())
             _emit_warm(closed)
-            end_ns = max(st.ready_ns, last_end(), closed[2] if closed is not None else 0)
+            end_ns = max(st.ready_ns, last_end(), closed[3] if closed is not None else 0)
             ended_by = "ready"  # its cold start ended there, as the agent says of one that dies unflushed
         elif st.main_end_ns and os.getpid() == st.main_pid:
             end_ns = max(st.main_end_ns, last_end())  # exit handlers that ran since are not start-up
