@@ -178,6 +178,22 @@ def is_helper(cs: ColdStart) -> bool:
     return cs.root.attributes.get(_contract.PROCESS_ROLE) == _contract.ROLE_HELPER
 
 
+def _worker_row(w: SpanItem, root: SpanItem, total: int, width: int) -> str:
+    """A worker's row: its cold start's whole length, from its start (its fork) to its root's end, also where
+    that runs past this root's (a master closed at its last event when it was killed, a worker that came
+    late); the share and the bar are the part within this root."""
+    within = union_ns([(w.start_ns, w.end_ns)], root.start_ns, root.end_ns)
+    detail = "its own waterfall: ended by %s" % (w.attributes.get(_contract.ENDED_BY) or "?")
+    after = w.end_ns - max(w.start_ns, root.end_ns)
+    if after > 0:
+        detail += "; %.3f s of it after this cold start's end" % (after / 1e9)
+    inside = w.start_ns < root.end_ns
+    return "%-26s %9.3f %9.3f %6s  %-*s %s" % (
+        ("  worker pid %s" % w.resource.get("process.pid"))[:26], (w.start_ns - root.start_ns) / 1e9,
+        max(w.end_ns - w.start_ns, 0) / 1e9, "%5.1f%%" % (100.0 * within / total) if inside else "-",
+        width, _bar([w], root, total, width) if inside else "", detail)
+
+
 def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | None = None) -> str:
     """The waterfall of ``cs``; ``ceiling_of`` (a file's cached storage ceiling) fills in the
     ceiling ratio of a cold weights file whose summary lacks one."""
@@ -203,12 +219,7 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
         lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
             _name(group, depth)[:26], (s.start_ns - root.start_ns) / 1e9, dur_ns / 1e9, 100.0 * dur_ns / total,
             width, _bar(group, root, total, width), _extra(group)))
-    for w in cs.workers:
-        dur_ns = union_ns([(w.start_ns, w.end_ns)], root.start_ns, root.end_ns)
-        lines.append("%-26s %9.3f %9.3f %5.1f%%  %-*s %s" % (
-            ("  worker pid %s" % w.resource.get("process.pid"))[:26], (w.start_ns - root.start_ns) / 1e9,
-            dur_ns / 1e9, 100.0 * dur_ns / total, width, _bar([w], root, total, width),
-            "its own waterfall: ended by %s" % (w.attributes.get(_contract.ENDED_BY) or "?")))
+    lines.extend(_worker_row(w, root, total, width) for w in cs.workers)
     if later:
         # the wait ends where the first request arrives, not at a span that merely came after
         # readiness (a lazy import on a task that inherited a stage's context)
