@@ -104,7 +104,8 @@ def _emit_warm(closed: Optional[Tuple[str, str, int, int, Dict[str, Any]]]) -> N
 def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns: int = 0,
                attrs: Optional[Dict[str, Any]] = None) -> None:
     """Readiness: emit ``ready_wait`` (last stage end -> now) once; later calls do nothing.
-    ``attrs`` go on ``ready_wait`` (``server.port``: the port that listens).
+    ``attrs`` go on ``ready_wait`` (``server.port``: the port that listens). A pre-fork master's
+    ``ready_wait`` is held until one of its workers is ready (``check_workers``, ``_finish_root``).
 
     ``asked_ns``: when launch's readiness request was sent. Stages that ran after it (a
     lazy import the health handler made) are its handling, not start-up: ``ready_wait``
@@ -133,12 +134,40 @@ def mark_ready(source: str = "mark_ready", t_ns: Optional[int] = None, asked_ns:
         port = _own_port()
         if port is not None:
             a["server.port"] = port
-    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
-    if st.role != _contract.ROLE_HELPER:  # a helper serves nothing: no balancer routes to it
-        _runtime.note_ready(stop, a.get("server.port"))
+    if st.supervising and st.children_ready and not _a_worker_ready(st):
+        # A pre-fork master's listen queues connections for workers that may never serve (each failed to boot):
+        # its ready_wait waits for one of them to be ready (``check_workers``), or for the end of its cold start
+        # where its readiness stands (``at_exit``). Meanwhile it is warming, and killed, it was never ready.
+        with st.lock:
+            st.held_ready = (start, stop, a)
+    else:
+        _send_ready_wait(st, start, stop, a)
     _unlisten()
     _readiness_reached(st, start)  # (the sampler's tick goes on: only its stacks stop)
     _runtime.ring_launch()  # a launch that holds its agent back starts it now
+
+
+def _send_ready_wait(st: _state.ColdStart, start: int, stop: int, a: Dict[str, Any]) -> None:
+    """Readiness, said: ``ready_wait``, the hello's ready time, and to the supervisor."""
+    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, stop, a)
+    if st.role != _contract.ROLE_HELPER:  # a helper serves nothing: no balancer routes to it
+        _runtime.note_ready(stop, a.get("server.port"))
+    _tell_parent_ready(st)
+
+
+def _release_ready(st: _state.ColdStart) -> None:
+    """Send a supervisor's held ``ready_wait`` (once)."""
+    with st.lock:
+        held, st.held_ready = st.held_ready, None
+    if held is not None:
+        _send_ready_wait(st, *held)
+
+
+def _tell_parent_ready(st: _state.ColdStart) -> None:
+    """This process is ready (not provisionally: a worker forked from a ready master once it serves): its
+    supervisor's held readiness may go (``_workers.report_ready``)."""
+    if st.parent_dir and st.role != _contract.ROLE_HELPER:
+        _workers.report_ready(st.parent_dir)
 
 
 # Readiness that names no port (the user's mark_ready(), launch's --ready-url, a stage rule's): the one TCP port this
@@ -283,6 +312,7 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int
         if st.first is not None or st.first_done:
             return None
         st.first = f = _First(now, source, attrs)
+        unconfirmed = st.ready_source == "fork" and not st.rule_fork_ready_sent
         if st.ready_source == "fork" and st.ready_ns is not None:
             # forked from a ready server: ready once its own work after the fork was done (a
             # worker's app load and warmup, whose run ends here); the wait for this request is
@@ -291,6 +321,8 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int
             done = max(last_end(), closed[3] if closed is not None else 0)
             st.ready_ns, st.ready_source = max(st.ready_ns, min(done, now)), "fork_served"
     _emit_warm(closed)
+    if unconfirmed:  # (a confirmed one told its supervisor already)
+        _tell_parent_ready(st)
     return f
 
 
@@ -326,9 +358,7 @@ def fork_ready(via: str = "", attrs: Optional[Dict[str, Any]] = None, at_last_st
         a["infersight.ready.via"] = via
     if attrs:
         a.update(attrs)
-    emit_stage("ready_wait", _runtime.new_span_id(), _runtime.state().root_span_id, start, ready, a)
-    if st.role != _contract.ROLE_HELPER:
-        _runtime.note_ready(ready, a.get("server.port"))
+    _send_ready_wait(st, start, ready, a)
     _readiness_reached(st, start)
     return True
 
@@ -428,6 +458,8 @@ def finish_root(end_ns: Optional[int], ended_by: str, at_readiness: bool = False
 
 def _finish_root(st: _state.ColdStart, end_ns: Optional[int], ended_by: str, at_readiness: bool) -> None:
     end_runtime_init(0)  # the main program's start was not seen: up to the hooks' set-up
+    if st.ready_ns is not None:
+        _release_ready(st)  # a supervisor's readiness stands (a worker was ready, or none said otherwise)
     now = time.time_ns()
     with st.lock:
         closed = _close_warm_locked(now)
@@ -545,6 +577,7 @@ def at_exit() -> None:
             with st.lock:
                 st.ready_ns = None
                 st.ready_source = ""
+                st.held_ready = None  # nor the ready_wait it held
         end_ns, ended_by = None, "exit"
         if st.ready_source == "fork" and st.ready_ns is not None and not st.rule_fork_ready_sent:
             # provisional, never confirmed: it never reached its serving loop (a gunicorn worker whose
@@ -660,6 +693,8 @@ def check_workers() -> None:
     try:
         if st.first is not None or st.first_done or not root_open() or not st.children_dir:
             return
+        if st.held_ready is not None and _a_worker_ready(st):
+            _release_ready(st)  # a pre-fork master: one of its workers is ready
         if not st.children_ready or st.ready_rules_open:
             return  # a ``ready = true`` call (serve.run deploying) decides this process's readiness: its return
         done = [r for r in _workers.reports(st.children_dir) if r[2] in _workers.SERVED]
@@ -689,11 +724,18 @@ def _was_ready(report: Tuple[int, int, str]) -> bool:
     return report[2] != _contract.ENDED_BY_EXIT
 
 
+def _a_worker_ready(st: _state.ColdStart) -> bool:
+    """Whether one of this process's workers said it is ready, or reported that it was."""
+    if not st.children_dir:
+        return False
+    return _workers.ready_children(st.children_dir) > 0 or any(_was_ready(r) for r in _workers.reports(st.children_dir))
+
+
 def _workers_were_ready(st: _state.ColdStart) -> bool:
-    """Whether this supervisor's workers were ever ready, as far as they said: True as well when none
-    reported (a worker SIGKILLed never reports: nothing says it was not)."""
-    children = _workers.reports(st.children_dir) if st.children_dir else []
-    return not children or any(_was_ready(r) for r in children)
+    """Whether this supervisor's workers were ever ready, as far as they said: one said it was ready (also one
+    SIGKILLed since, which never reports its end), or reported it; True as well when none reported (nothing
+    says it was not)."""
+    return _a_worker_ready(st) or not (_workers.reports(st.children_dir) if st.children_dir else [])
 
 
 def launched() -> bool:

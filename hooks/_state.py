@@ -225,7 +225,7 @@ class ColdStart:
         "boot_ns", "callbacks", "ceilings", "checkpoint", "children_dir", "children_ready", "claims_pending",
         "collecting",
         "covered", "covered_seen", "early_listen_codes", "ended_early", "exit_waited_s", "exiting", "explicit",
-        "finder", "finished", "finishing", "first", "first_done",
+        "finder", "finished", "finishing", "first", "first_done", "held_ready",
         "imports", "inherited_sockets", "init_gave_up", "init_pending", "init_span",
         "installed", "last_end_ns", "listen_owned", "listen_poll", "listen_polled_ns", "listen_watch", "lock",
         "main_busy", "main_end_ns", "main_paused", "main_pid",
@@ -301,6 +301,9 @@ class ColdStart:
         # A pre-fork master (gunicorn's arbiter, Hypercorn's main process with workers): this process
         # starts workers that serve for it; never carried into a fork (a worker is none)
         self.supervising = False
+        # Its ``ready_wait`` (start, end, attributes), held back until one of its workers says it is ready
+        # (``_readiness.mark_ready``): sent then, or at the end of its cold start if its readiness stands
+        self.held_ready: Optional[Tuple[int, int, Dict[str, Any]]] = None
         self.orig_listen: Any = None  # socket.socket.listen before our wrapper
         self.listen_owned = False  # ... and whether socket.socket defined it itself
         self.watch_listen = False  # poll the kernel's listening sockets (INFERSIGHT_READY_ON_LISTEN)

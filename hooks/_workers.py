@@ -4,7 +4,8 @@ A supervisor (uvicorn ``--workers``, gunicorn's arbiter) starts its workers and 
 waits while they do the real cold start. Every hooked process tells its hooked children,
 through ``INFERSIGHT_CHILDREN_DIR``, a private directory (made when the parent's hooks
 start, removed when its cold start ends) where each child writes one
-small file when its own cold start ends: its root's start, end and how it ended. A
+small file when its own cold start ends: its root's start, end and how it ended, and an
+empty one when it is ready (``report_ready``: a pre-fork master's readiness waits for it). A
 process that has had no request of its own ends its cold start when a child served the
 first request (``ended_by=workers``); the children's roots, which nest under it through
 ``TRACEPARENT``, count as covered time.
@@ -137,6 +138,22 @@ def sweep(parent: str, own: str) -> int:
     return gone
 
 
+READY = "ready"  # ``ready.<pid>``: that child is ready
+
+
+def report_ready(parent_dir: str) -> bool:
+    """This child is ready (it serves, or waits for its first request): tell the parent, if it listens."""
+    if not _safe_dir(parent_dir, create=False):
+        return False
+    try:
+        fd = os.open(os.path.join(parent_dir, "%s.%d" % (READY, os.getpid())),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
 def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
     """This child's cold start ended: tell the parent, if it listens."""
     if not _safe_dir(parent_dir, create=False):
@@ -153,7 +170,7 @@ def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
     return True
 
 
-# own_dir -> ((dev, inode, uid, mode, ctime), reports): ``reports`` reads the directory again
+# own_dir -> ((dev, inode, uid, mode, ctime), reports, ready): ``reports`` reads the directory again
 # only when it changed. A report is a new name in it (O_EXCL), which moves its ctime (so do
 # a chown, a chmod); a directory changed more recently than its ctime's resolution is read
 # every time: a second name made in the same tick of that clock moves nothing. The kernel
@@ -162,7 +179,7 @@ def report(parent_dir: str, start_ns: int, end_ns: int, ended_by: str) -> bool:
 # below the millisecond, else RECENT_NS. (A report created but not yet written is never
 # cached: ``whole``.) The directory is made at the process's start, so with RECENT_NS for
 # all, every tick of the first 2 s of a cold start read it again: a dozen system calls each.
-_seen: Dict[str, Tuple[Tuple[int, ...], List[Tuple[int, int, str]]]] = {}
+_seen: Dict[str, Tuple[Tuple[int, ...], List[Tuple[int, int, str]], int]] = {}
 RECENT_NS = 2_000_000_000
 FINE_RECENT_NS = 100_000_000
 reads = 0  # full reads of a directory (tests)
@@ -177,29 +194,42 @@ def reports(own_dir: str) -> List[Tuple[int, int, str]]:
     """(start_ns, end_ns, ended_by) of the children's cold starts reported so far. Polled by
     the sampler thread every tick: one ``lstat`` while the directory has not changed (each
     system call there costs the busy main thread a switch to hand the GIL back)."""
+    return _scan(own_dir)[0]
+
+
+def ready_children(own_dir: str) -> int:
+    """How many children said they were ready (``report_ready``), read as ``reports``."""
+    return _scan(own_dir)[1]
+
+
+def _scan(own_dir: str) -> Tuple[List[Tuple[int, int, str]], int]:
     global reads
     if not own_dir:
-        return []
+        return [], 0
     try:
         st = os.lstat(own_dir)
     except OSError:
-        return []
+        return [], 0
     key = (st.st_dev, st.st_ino, st.st_uid, st.st_mode, st.st_ctime_ns)
     seen = _seen.get(own_dir)
     if seen is not None and seen[0] == key and time.time_ns() - st.st_ctime_ns > recent_ns(st.st_ctime_ns):
-        return list(seen[1])
+        return list(seen[1]), seen[2]
     _seen.pop(own_dir, None)
     if not _safe_dir(own_dir, create=False):
-        return []
+        return [], 0
     reads += 1
     out: List[Tuple[int, int, str]] = []
+    ready = 0
     whole = True
     try:
         names = os.listdir(own_dir)
     except OSError:
-        return []
+        return [], 0
     for name in names:
         if not name.isdigit():
+            kind, _, pid = name.partition(".")
+            if kind == READY and pid.isdigit():
+                ready += 1
             continue
         try:
             fd = os.open(os.path.join(own_dir, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -215,8 +245,8 @@ def reports(own_dir: str) -> List[Tuple[int, int, str]]:
         else:
             whole = False  # being written: read again
     if whole and len(_seen) < 16:
-        _seen[own_dir] = (key, out)
-    return list(out)
+        _seen[own_dir] = (key, out, ready)
+    return list(out), ready
 
 
 CURRENT = "current"  # the parent's span that a child started through a non-hooked process nests under
@@ -266,7 +296,7 @@ def cleanup(own_dir: Optional[str]) -> None:
         return
     try:
         for name in os.listdir(own_dir):
-            if name.isdigit() or name.partition(".")[0] == CURRENT:
+            if name.isdigit() or name.partition(".")[0] in (CURRENT, READY):
                 os.unlink(os.path.join(own_dir, name))
         os.rmdir(own_dir)
         parent = os.path.dirname(own_dir)
