@@ -27,6 +27,7 @@ import os
 import stat
 from typing import NamedTuple
 
+from infersight.agent.errors import AgentError
 from infersight.statefiles import DIR_FLAGS, open_state_dir
 
 OLD_SUBDIR = "exporters"  # under agent.spool_dir: where agents before 2026-12-01 kept exporter spools
@@ -42,7 +43,7 @@ class Adopted(NamedTuple):
     warning: str | None = None
 
 
-class _NotAdoptedError(Exception):
+class _NotAdoptedError(AgentError):
     """Why a leftover spool is not adopted (the warning's text)."""
 
 
