@@ -7,8 +7,9 @@ Installed by the bootstrap once the runtime is active (``_activate``). ``install
   load each instrumenter when, and only if, its library is imported: torch (``_torch``,
   ``_weights``, ``_build``'s ``nn.init`` runs), transformers/tokenizers (``_build``:
   ``model_build``, ``tokenizer_load``), uvicorn (``asgi``), gunicorn, waitress
-  (``_waitress``), ``http.server`` and ``wsgiref`` (``_http_server``), stage rules
-  (``_stagerules``);
+  (``_waitress``), ``http.server`` and ``wsgiref`` (``_http_server``), prometheus_client's
+  exporter server (``_sideservers``: a side server, never readiness nor the first request),
+  stage rules (``_stagerules``);
 - the stack sampler (``_sampler``) with its checkpoints (``_checkpoint``);
 - the process role (``helper`` for resource trackers, compile workers, ``python -c``);
 - readiness and the root's end (``_readiness``).
@@ -256,6 +257,14 @@ def _install_wsgiref(module: Any) -> None:
     _http_server.install_wsgiref(module)
 
 
+def _install_prometheus(module: Any) -> None:
+    if not _lazy.fresh("_sideservers", "the metrics exporter's server set aside"):
+        return
+    from . import _sideservers  # its start_http_server's socket: no readiness, its scrapes no first request
+
+    _sideservers.install_prometheus(module)
+
+
 class _GunicornRequest(threading.local):
     """The first request as one gunicorn worker thread handles it (the sync worker's one thread,
     or one of a gthread worker's pool threads)."""
@@ -397,6 +406,7 @@ def install(boot: int) -> None:
     on_import("waitress.server", _install_waitress)  # a waitress thread's first request
     on_import("http.server", _install_http_server)  # a BaseHTTPRequestHandler's first request
     on_import("wsgiref.simple_server", _install_wsgiref)  # wsgiref's (its handle() parses it itself)
+    on_import("prometheus_client.exposition", _install_prometheus)  # a metrics exporter's server: a side server
     _install_stage_rules()
     st.imports = imports
     add_run_source(imports.flush_runs, imports.open_runs)

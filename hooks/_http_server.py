@@ -11,7 +11,8 @@ signal other than a request (a listening socket, ``--ready-url``, a mark, a stag
 under uvicorn, is ``first_request``: from its request line (``parse_request``) to its response's
 first bytes on the connection (an interim ``1xx`` is not the response), with the status code of
 that status line. It is emitted once the dispatch returns: ending the cold start never delays the
-response. A bare TCP connect, or a request that does not parse, is no first request.
+response. A bare TCP connect, a request that does not parse, or one to a side server (a metrics
+exporter's: ``_sideservers``) is no first request.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 
-from . import _readiness, _runtime, _workers
+from . import _readiness, _runtime, _sideservers, _workers
 from ._recorder import patch
 
 TYPE_CHECKING = False  # the typing module costs ~10 ms at start-up; annotations are strings
@@ -80,7 +81,7 @@ def _dispatch(orig: Callable[..., Any]) -> Callable[..., Any]:
     def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
         now = _now
         try:
-            pending = not now.watching and _readiness.pending_first()
+            pending = not now.watching and _readiness.pending_first() and not _sideservers.serves_side(self)
         except Exception as exc:
             _runtime.fail(exc)
             pending = False

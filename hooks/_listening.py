@@ -17,7 +17,8 @@ process in another network namespace (sock_diag answers for the watcher's own on
 
 Not readiness: a ``torch.distributed`` store on ``MASTER_PORT``, multiprocessing's sockets
 (``pymp-`` directories), abstract unix names, and a socket that starts listening inside a
-stage rule's call (Ray's core worker RPC server inside ``ray.init``: ``ListenWatch.absorb``).
+stage rule's call (Ray's core worker RPC server inside ``ray.init``: ``ListenWatch.absorb``), and a
+side server's socket (a metrics exporter's: ``_sideservers``, ``side``).
 
 Nor, from the tables alone, a socket the process shares: one it held when its hooks started
 (``inherited``: a supervisor's bound socket that a ``uvicorn --workers`` worker gets at spawn,
@@ -413,9 +414,10 @@ def tree(pid: int, proc_root: str = "/proc", limit: int = 256) -> List[int]:
     return out
 
 
-def own_tcp_ports() -> List[int]:
+def own_tcp_ports(side: Iterable[int] = ()) -> List[int]:
     """The TCP ports this process holds a listening socket on (its own tables: sock_diag, else
-    ``/proc/self/net/tcp{,6}``), ``MASTER_PORT`` aside; sorted. Read once, at readiness."""
+    ``/proc/self/net/tcp{,6}``), ``MASTER_PORT`` and its ``side`` sockets' (inodes) aside; sorted.
+    Read once, at readiness."""
     skip = _skip_ports()
     try:
         found = netlink_listening(False, skip)
@@ -424,7 +426,7 @@ def own_tcp_ports() -> List[int]:
         found.update(tcp_listening(_read("/proc/self/net/tcp6"), skip))
     if not found:
         return []  # nothing listens: its descriptors need no look
-    mine = socket_inodes("self")
+    mine = socket_inodes("self").difference(side)
     return sorted({port for inode, (kind, port) in found.items()
                    if kind == "tcp" and isinstance(port, int) and inode in mine})
 
@@ -438,7 +440,8 @@ class ListenWatch:
     """Polls for the first listening socket that the processes ``pids()`` return own."""
 
     def __init__(self, pids: Callable[[], List[Union[int, str]]], proc_root: str = "/proc",
-                 unix: bool = True, netlink: bool = True, inherited: Iterable[int] = ()) -> None:
+                 unix: bool = True, netlink: bool = True, inherited: Iterable[int] = (),
+                 side: Optional[Set[int]] = None) -> None:
         self.pids = pids
         self.proc_root = proc_root
         self.unix = unix
@@ -449,6 +452,9 @@ class ListenWatch:
         # readiness (another holder may have listened) until the process claims them.
         self.shared: Set[int] = set(inherited)
         self.claimed: Set[int] = set()  # inodes this process said it serves on (``claim``)
+        # Side servers' sockets (a metrics exporter's): never readiness. The caller's set, kept: a socket is added
+        # to it before it listens, so no poll can see it listen first.
+        self.side: Set[int] = side if side is not None else set()
         self.force = False  # the next poll reads the tables whatever the gate says (a claim)
         self.skip = _skip_ports()
         self._netns: Dict[Union[int, str], bool] = {}  # pid -> in our network namespace
@@ -489,7 +495,7 @@ class ListenWatch:
         if not pids:
             return {}, []
         found = self.tables(pids[0])
-        new = [i for i in found if i not in self.foreign and i not in self.shared]
+        new = [i for i in found if i not in self.foreign and i not in self.shared and i not in self.side]
         if not new:
             return found, []
         owned: Set[int] = set()

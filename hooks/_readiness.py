@@ -182,7 +182,7 @@ def _own_port() -> Optional[int]:
             return None
         from . import _listening
 
-        ports = _listening.own_tcp_ports()
+        ports = _listening.own_tcp_ports(state().side_sockets)  # a metrics exporter's port is none
     except Exception:
         return None
     return ports[0] if len(ports) == 1 else None
@@ -618,14 +618,16 @@ def install_listen(socket: Any = None) -> None:
     orig = st.orig_listen
 
     def listen(self: Any, *args: Any) -> None:
-        early = False
+        early = side = False
         try:
-            early = _early_listen(self)  # held before it listens: no poll of the tables sees it first
+            # held before it listens: no poll of the tables sees it first
+            side = _side_listen(self)
+            early = not side and _early_listen(self)
         except Exception as exc:
             _runtime.fail(exc)
         orig(self, *args)
-        if early:
-            return  # its server says when it serves (server_started)
+        if early or side:
+            return  # its server says when it serves (server_started); a side server's never does
         try:
             st = state()
             if (st.collecting and (st.ready_ns is None or st.ready_source == "fork")
@@ -665,6 +667,16 @@ def _early_listen(sock: Any) -> bool:
     finally:
         if got:
             poll.release()
+    return True
+
+
+def _side_listen(sock: Any) -> bool:
+    """(The ``listen()`` wrapper, before the socket listens) Whether a side server starts on this thread
+    (``_sideservers``: a metrics exporter's): its socket is then a side socket, never readiness."""
+    st = state()
+    if not st.tls.__dict__.get("side", 0):
+        return False
+    st.side_sockets.add(os.fstat(sock.fileno()).st_ino)
     return True
 
 
@@ -858,7 +870,8 @@ def check_listening(from_forward: bool = False, claim: Optional[Set[int]] = None
                 return
             from . import _listening
 
-            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets,
+                                                         side=st.side_sockets)
         if st.claims_pending:
             with st.lock:
                 pending, st.claims_pending = st.claims_pending, set()
@@ -932,7 +945,8 @@ def rule_stage_closed(awaited_ready: bool = False) -> None:
                 return
             from . import _listening
 
-            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets)
+            w = st.listen_watch = _listening.ListenWatch(lambda: ["self"], inherited=st.inherited_sockets,
+                                                         side=st.side_sockets)
         w.absorb()
     except Exception as exc:
         _runtime.fail(exc)

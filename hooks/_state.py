@@ -233,6 +233,7 @@ class ColdStart:
         "ready_rules_open", "ready_source",
         "reporting", "role", "rule_absorb_owed", "rule_fork_ready_sent", "rule_stages_open", "rule_waits",
         "rule_waits_done", "run_sources", "sampler", "serving_attrs", "serving_ns",
+        "side_sockets",
         "stage_mark", "supervising", "tls", "undo", "warm", "watch_listen", "watched",
     )
 
@@ -314,6 +315,9 @@ class ColdStart:
         # Code whose listen() calls come before its server has loaded its app (Hypercorn's trio_worker listens
         # on its supervisor's sockets first): no readiness; such a socket counts once the server serves on it
         self.early_listen_codes: Set[Any] = set()
+        # Sockets of servers the process starts beside the one it serves (a metrics exporter's, ``_sideservers``):
+        # never readiness, never the served port, their requests never the first request
+        self.side_sockets: Set[int] = set()
         self.rule_stages_open = 0  # outermost stage-rule spans running (a listen inside one is no readiness)
         self.claims_pending: Set[int] = set()  # sockets a server said it serves on, for the next poll
         self.ready_rules_open = 0  # of those, ``ready = true`` ones: readiness comes at their return
@@ -368,6 +372,7 @@ class ColdStart:
         new.watch_listen = self.watch_listen  # a new watch: the parent's foreign set is not this one's
         new.inherited_sockets = self.inherited_sockets
         new.early_listen_codes = self.early_listen_codes
+        new.side_sockets = self.side_sockets  # the child holds them too (its parent serves them)
         return new
 
 
