@@ -70,6 +70,7 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
                                                                "ray.serve.controller_init", "ray.serve.http_start",
                                                                "bentoml.service_init"}
     assert {r.id for r in rs.rules if r.ready == "entry"} == {"litserve.serving_loop", "ray.log_monitor.loop",
+                                                              "ray.autoscaler.monitor.loop", "ray.dashboard.serving",
                                                               "gunicorn.worker_loop"}
     assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.worker.log_setup",
                                                    "ray.serve.proxy_init", "python.multiprocessing.bootstrap"}
