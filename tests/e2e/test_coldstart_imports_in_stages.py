@@ -17,6 +17,7 @@ from launchutil import assert_well_formed, launch, stage_name  # noqa: E402
 from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.agent.report.views import waterfalls  # noqa: E402
 from infersight.coldstart_stages import covered_ns, stage_durations  # noqa: E402
+from infersight.coldstart_stages import stage_name as coldstart_stage  # noqa: E402
 from infersight.exporters.waterfall import render_waterfall  # noqa: E402
 from infersight.telemetry import ColdStart, SpanItem  # noqa: E402
 
@@ -130,9 +131,15 @@ def test_a_user_stage_and_a_stage_inside_an_import_each_get_their_imports(tmp_pa
     assert lines[i + 1].startswith("    framework_import ") and "slowpkg" in lines[i + 1]
     j = next(n for n, line in enumerate(lines) if line.startswith("  inner_setup*"))
     assert lines[j + 1].startswith("    framework_import ") and "latepkg" in lines[j + 1]
-    # the biggest stages add up top-level spans only: the nested imports are their stages' time
+    # the biggest stages add up top-level spans only: the nested imports are their stages' time.
+    # Which three are biggest depends on the machine (under load runtime_init passed
+    # framework_import): where framework_import is listed, its figure is that sum
     top_imports = sum(s.end_ns - s.start_ns for s in top if stage_name(s) == "framework_import") / 1e9
-    assert "framework_import %.3f s" % top_imports in lines[-1], lines[-1]
+    nested_imports = sum(s.end_ns - s.start_ns for s in cs.stages
+                         if stage_name(s) == "framework_import" and s not in top) / 1e9
+    assert nested_imports >= 0.5  # what counting them again would add
+    figure = "framework_import %.3f s" % top_imports
+    assert "framework_import" not in lines[-1] or figure in lines[-1], lines[-1]
     # and so does the report: each one a row one level under its stage, right after it; no gap inside
     (family,) = waterfalls(r.spans)
     wf = family.processes[0]
@@ -141,7 +148,13 @@ def test_a_user_stage_and_a_stage_inside_an_import_each_get_their_imports(tmp_pa
         k = labels.index((name, 1))
         assert labels[k + 1] == ("framework_import", 2)
     assert all(not (setup.start_ns < a < setup.end_ns) for a, _b in wf.gaps)
-    assert abs(dict(wf.summary.biggest)["framework_import"] - top_imports) < 1e-6
+    assert abs(dict(wf.summary.biggest).get("framework_import", top_imports) - top_imports) < 1e-6
+    # the same spans without the stages the imports do not nest in: three stages, all listed
+    kept = [s for s in r.spans if coldstart_stage(s) in (None, "framework_import", "setup", "inner_setup")]
+    (family,) = waterfalls(kept)
+    assert abs(dict(family.processes[0].summary.biggest)["framework_import"] - top_imports) < 1e-6
+    cut = ColdStart(root, [s for s in cs.stages if s in kept])
+    assert figure in render_waterfall(cut).splitlines()[-1]
 
 
 RULE_LIB = textwrap.dedent("""\
