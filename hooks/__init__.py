@@ -217,14 +217,27 @@ class Stage:
         try:
             st = self._st
             parent = self._parent
-            _reset_span(self._token)
+            cs = st.coldstart
+            # Back to the span current at its entry, as _recorder.end does. Ended before a stage
+            # opened inside it (out of order), it leaves that one current and is noted, so that
+            # no end makes it current again: one whose parent is noted goes back to the innermost
+            # stage still open (the notes are empty unless one ended out of order: a truth test
+            # per exit; a fork's child shares its parent's).
+            if _get_span() != span:  # out of order
+                cs.ended_early[span] = parent
+                back = st.main_span
+            elif cs.ended_early and parent in cs.ended_early:
+                back = _recorder.still_open(parent)
+                _set_span(back)
+            else:
+                _reset_span(self._token)
+                back = parent
             name = self._name
             start = self._start
-            cs = st.coldstart
             # While collecting (else the root ended: nothing is left to split or cover):
             # _imports.resume(end), inlined.
             if self._main:
-                st.main_span = parent
+                st.main_span = back
                 if cs.collecting:
                     paused = cs.main_paused
                     if paused > 0:

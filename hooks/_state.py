@@ -340,7 +340,9 @@ class ColdStart:
         new.collecting = self.collecting  # the parent's (its wrappers are in place); the child's is decided on start
         new.boot_ns = self.boot_ns
         new.stage_mark = self.stage_mark
-        new.ended_early = dict(self.ended_early)  # the child's current span may still lead through them
+        # the same notes: the child's current span may still lead through them, and the stages the
+        # parent opened end in the child on this (the parent's) state
+        new.ended_early = self.ended_early
         new.role = self.role
         new.ceilings = self.ceilings
         new.ready_file = self.ready_file
