@@ -26,11 +26,11 @@ import gc
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-from otel_reference import sdk_span_seconds  # bench/ is on sys.path when run as a script
+from bench_agent import start_bench_agent  # bench/ is on sys.path when run as a script
+from otel_reference import sdk_span_seconds
 
 N = 20_000
 # Caller-side: the CPU time of the calling thread, on both sides. Neither the hooks' drain
@@ -47,32 +47,16 @@ PAYLOAD = {"n": "coldstart.warmup", "id": "c" * 16, "p": "b" * 16, "s": 1_700_00
 
 def start_agent() -> tuple[str, str]:
     """``infersight agent`` in its own process (ingest, assembly, no exporter): its CPU is
-    not the caller's, as in a real deployment. Stopped when this process exits."""
+    not the caller's, as in a real deployment. Stopped, and its directory removed, however this
+    process's run ends (``bench_agent``)."""
     sock, spool, _pid = start_agent_process()
     return sock, spool
 
 
 def start_agent_process() -> tuple[str, str, int]:
     """``start_agent``, and the agent's pid."""
-    import atexit
-    import subprocess
-
-    d = tempfile.mkdtemp()
-    sock, spool, conf = os.path.join(d, "a.sock"), os.path.join(d, "spool"), os.path.join(d, "a.toml")
-    with open(conf, "w") as f:
-        # Its own state dir: a bench's cold starts must not enter the user's ETA history.
-        f.write('[agent]\nsocket = "%s"\nspool_dir = "%s"\nstate_dir = "%s"\n'
-                % (sock, spool, os.path.join(d, "state")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERSIGHT", "OTEL_"))}
-    proc = subprocess.Popen([sys.executable, "-m", "infersight", "agent", "--config", conf], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    atexit.register(proc.terminate)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the agent did not start")
-        time.sleep(0.05)
-    return sock, spool, proc.pid
+    agent = start_bench_agent()
+    return agent.sock, agent.spool, agent.pid
 
 
 def activate(sock: str, spool: str) -> None:

@@ -13,6 +13,10 @@ The last argument says where the imports run: ``top`` (outermost imports outside
 ``off`` (the import finder taken out: the import system's own cost). The finder's cost per
 import is a variant's figure less ``off``'s. The garbage collector is off while they run.
 
+The agent it starts is stopped, and its directory removed, however the run ends: before the
+final ``os._exit`` (which skips exit handlers), or at exit after a failure, Ctrl-C, SIGTERM or
+SIGHUP (``bench_agent``).
+
 Run: python bench/import_cold_loop.py DIR N top|stage|off
 """
 
@@ -22,11 +26,11 @@ import compileall
 import gc
 import importlib
 import os
-import signal
 import sys
 import time
 
-from emit_vs_span import activate, start_agent_process  # bench/ is on sys.path when run as a script
+from bench_agent import start_bench_agent  # bench/ is on sys.path when run as a script
+from emit_vs_span import activate
 
 
 def prepare(directory: str, n: int) -> None:
@@ -43,8 +47,8 @@ def main() -> None:
         return
     directory, n, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     assert where in ("top", "stage", "off"), where
-    sock, spool, agent = start_agent_process()
-    activate(sock, spool)
+    agent = start_bench_agent()
+    activate(agent.sock, agent.spool)
     from infersight import hooks
     from infersight.hooks import _coldstart, _runtime
 
@@ -75,7 +79,7 @@ def main() -> None:
         for name in names[:n]:
             imp(name)
     assert st.collecting
-    os.kill(agent, signal.SIGTERM)  # (the same few instructions in every run: they cancel out)
+    agent.stop()  # (the same instructions in every run: they cancel out)
     os._exit(0)  # no exit handlers: nothing after the loop is counted
 
 
