@@ -230,7 +230,10 @@ class Stage:
                 back = _recorder.still_open(parent)
                 _set_span(back)
             else:
-                _reset_span(self._token)
+                try:
+                    _reset_span(self._token)
+                except ValueError:  # exited in another context than its entry's (a task made inside it)
+                    _set_span(parent)
                 back = parent
             name = self._name
             start = self._start

@@ -118,3 +118,20 @@ def test_a_forked_child_skips_what_its_parent_ended_out_of_order(
     monkeypatch.setattr(_state, "current", child)
     b.__exit__(None, None, None)  # opened by the parent: ended in the child on the parent's state
     assert _runtime.current_span.get() is None
+
+
+def test_a_stage_exited_in_another_context_than_its_entrys_keeps_the_hooks_on(st: _state.HookState) -> None:
+    """A stage entered in one context and exited in a copy of it (an asyncio task made inside the stage
+    that closes it, ``contextvars.copy_context().run``): its token belongs to the entry's context, whose
+    ``reset`` raises there. The exit sets the parent back instead; the hooks stay on and the span is queued."""
+    import contextvars
+
+    a = hooks.stage("weights_load").__enter__()
+    ctx = contextvars.copy_context()  # the current span is a's in the copy too
+    ctx.run(a.__exit__, None, None, None)
+    assert ctx.run(_runtime.current_span.get) is None  # back to a's parent in the context it exited in
+    assert "weights_load" in parents(st)
+    assert not _runtime.state().failed  # the hooks were not turned off
+    with hooks.stage("cuda_init"):
+        pass
+    assert "cuda_init" in parents(st)
