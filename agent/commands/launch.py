@@ -245,6 +245,17 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
     return reply
 
 
+def announce_cmd(joined: Joined, pid: int) -> None:
+    """Name CMD to the joined agent right after its spawn (a ``cmd`` frame, docs/wire.md), while the kernel
+    still shows it as launch's child: a CMD that prints its memory error and exits at once, reaped before
+    launch's heavy part has started, still has its pid on the capture's stand-in producer."""
+    frame = hooks_module("_wire").encode_frame({"t": "cmd", "pid": pid})
+    try:
+        os.write(joined.fd, frame)  # a few bytes on a fresh subscription: into the socket's buffer
+    except OSError:
+        pass  # the agent went away: launch re-subscribes later and names CMD again
+
+
 class JoinFailure(str):
     """Why launch did not join: the text, and whether no agent listens there yet (no socket file, or one
     nobody listens on: a sidecar starting, an agent restarting), the only case worth waiting for; a
@@ -711,6 +722,7 @@ def _launch(opts: LaunchOptions, cmd: list[str], joined: Joined | None, err: Tex
                 if exc.errno == errno.ENOEXEC else ""))
             return EXIT_NOT_EXECUTABLE
         if joined is not None:  # CMD runs and reports to the joined agent: now the heavy part
+            announce_cmd(joined, child.pid)
             joined_rc: int = AgentSide("launch_join").module().run(opts, path, private, joined, child, spawn_ns, err)
             return _ended(joined_rc, child, joined, path, err)
         assert path is not None

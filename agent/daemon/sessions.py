@@ -101,8 +101,8 @@ def item_frames(items: Sequence[Item]) -> list[bytes]:
 
 
 class Subscriber:
-    __slots__ = ("_tokens", "_tokens_at", "captures", "captures_dropped", "dropped", "kinds", "log_events",
-                 "peer_pid", "relay", "sent", "session", "stand_ins", "uid", "writer")
+    __slots__ = ("_tokens", "_tokens_at", "captures", "captures_dropped", "children", "dropped", "kinds",
+                 "log_events", "peer_pid", "relay", "sent", "session", "stand_ins", "uid", "writer")
 
     def __init__(self, session: str, uid: int, kinds: frozenset[str], writer: asyncio.StreamWriter,
                  peer_pid: int = 0, relay: bool = False) -> None:
@@ -118,6 +118,9 @@ class Subscriber:
         self.captures = 0  # stderr captures handed to the classifier
         self.captures_dropped = 0  # over the rate, or malformed
         self.stand_ins: dict[int, Producer] = {}  # claimed pid (0: none) -> the producer that stands for CMD
+        # CMD's pids that the kernel showed to be the subscriber's own children while they ran (a ``cmd``
+        # frame): a capture that comes after CMD exited and launch reaped it still names its pid
+        self.children: set[int] = set()
         self._tokens = float(CAPTURE_BURST)
         self._tokens_at = time.monotonic()
 
@@ -243,6 +246,8 @@ class Sessions:
                 req = _wire.decode_payload(await reader.readexactly(n))
                 if req is not None and req.get("t") == "stderr":
                     self._capture(sub, req)
+                elif req is not None and req.get("t") == "cmd":
+                    self._cmd(sub, req.get("pid"))
                 elif req is not None and req.get("t") == "end":
                     await self._end(sub, req.get("timeout_s"))
                     return
@@ -254,6 +259,12 @@ class Sessions:
                 subs.remove(sub)
             if not subs:
                 self.subscribers.pop(session, None)
+
+    def _cmd(self, sub: Subscriber, pid: Any) -> None:
+        """launch names CMD, which it has just spawned: kept as its own child where the kernel says so now
+        (its parent is the subscriber, of its uid), so that a capture sent once CMD has exited names its pid."""
+        if type(pid) is int and pid > 0 and len(sub.children) < MAX_STAND_INS and self._own_child(sub, pid):
+            sub.children.add(pid)
 
     def _capture(self, sub: Subscriber, req: dict[str, Any]) -> None:
         """A capture of CMD's stderr from the subscriber's launch: classified as CMD's."""
@@ -292,7 +303,7 @@ class Sessions:
     def _stand_in(self, sub: Subscriber, pid: int | None, argv: Any, service: Any) -> Producer:
         """A producer for a CMD that runs no hooked Python. Its uid is the kernel's word; its pid is kept only
         where it is the subscriber's own child, of the subscriber's uid (launch spawned CMD itself)."""
-        if pid is not None and not self._own_child(sub, pid):
+        if pid is not None and pid not in sub.children and not self._own_child(sub, pid):
             pid = None
         args = [clean_text(str(a), 256) for a in argv[:MAX_ARGV]] if isinstance(argv, list) else []
         exe = os.path.basename(args[0]) if args else ""

@@ -68,11 +68,12 @@ def test_a_native_engine_oom_on_stderr_reaches_the_joined_agents_sinks(tmp_path:
 
 def test_an_unhooked_cmd_gets_a_producer_that_stands_for_it(tmp_path: Path, agent_factory) -> None:  # type: ignore[no-untyped-def]
     """CMD is no Python at all (a shell script's printf): the capture is of a producer standing for CMD, with
-    the kernel's uid and CMD's pid (launch's own child)."""
+    the kernel's uid and CMD's pid (launch's own child). CMD exits at once, as an engine that fails its load
+    does: the agent learnt it was launch's child from the ``cmd`` frame sent at its spawn, before its capture."""
     agent = agent_factory().start()
     env = launch_env(tmp_path, INFERSIGHT_SOCKET=str(agent.sock), INFERSIGHT_SPOOL_DIR=str(agent.spool),
                      OTEL_SERVICE_NAME="llama-server")
-    r = subprocess.run([*CLI, "launch", "--", "sh", "-c", 'printf "%s" "$1" >&2; exec sleep 0.3', "sh", LLAMA],
+    r = subprocess.run([*CLI, "launch", "--", "sh", "-c", 'printf "%s" "$1" >&2', "sh", LLAMA],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert wait_for(lambda: bool(ooms(agent.out)), 20), r.stderr
