@@ -44,6 +44,10 @@ MIN_NS = 2_000_000  # runs and per-package pieces under this are dropped
 _getframe = sys._getframe
 _T_FIND = "_infersight_t_find"  # a timed spec's own entries (``_timed``), gone once it is loaded
 _PUSHED = "_infersight_pushed"
+# The hooks' own submodules (``infersight.hooks.``, or launch's stand-in package over the same folder): one
+# they import while the program runs (``_listening`` at a --ready-url readiness found on a request's thread)
+# is their cost, not the program's imports: no import run of its own (nested in an import, it is that one's).
+_OWN = (__package__ or "infersight.hooks") + "."
 
 
 def _imports() -> Imports:
@@ -345,6 +349,8 @@ class Finder:
             if not cs.state().collecting or _mainstart.waiting():
                 return None  # (before the program's first line: runtime_init's, runpy's for -m)
             if stack and fullname.partition(".")[0] == stack[-1]:
+                return None
+            if not stack and fullname.startswith(_OWN):
                 return None
         try:
             # Only imports run by the import system; importlib.util.find_spec() and friends
