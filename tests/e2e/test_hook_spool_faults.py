@@ -8,6 +8,7 @@ write. Mounting needs root (and a kernel that lets us); without it those cases s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BOOTSTRAP, attr, hook_env, log_records, read_otlp_lines, wait_for
+from small_fs import tmpfs
 
 EMIT = (
     "import os, time\nfrom infersight import hooks\nfrom infersight.hooks import _runtime\n"
@@ -37,22 +39,12 @@ EMIT = (
 
 @pytest.fixture
 def mount_tmpfs(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
-    mounted: list[Path] = []
+    with contextlib.ExitStack() as mounted:
 
-    def mount(name: str, options: str) -> Path:
-        where = tmp_path / name
-        where.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here (%s): needs root and a kernel that allows it"
-                        % r.stderr.strip())
-        mounted.append(where)
-        return where
+        def mount(name: str, options: str) -> Path:
+            return mounted.enter_context(tmpfs(tmp_path / name, options))
 
-    yield mount
-    for m in mounted:
-        subprocess.run(["umount", "-l", str(m)], capture_output=True)
+        yield mount
 
 
 def fill(directory: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import launch_tmpdir, log_records, read_otlp_lines, wait_for
+from small_fs import tmpfs
 
 CLI = [sys.executable, "-m", "infersight"]
 
@@ -40,15 +41,8 @@ def bodies(path: Path) -> list[str]:
 
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "ro"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here: %s" % r.stderr.decode().strip())
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as d:
         yield d
-    finally:
-        subprocess.run(["umount", str(d)], check=True)
 
 
 def test_unwritable_otlp_file_is_a_usage_error_before_cmd(tmp_path: Path, read_only_dir: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import launch_tmpdir
+from small_fs import tmpfs
 
 pytestmark = [pytest.mark.slow]
 
@@ -39,15 +40,8 @@ LOST = re.compile(r"^infersight: lost (\d+) event\(s\) in producers' sequence ga
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real small filesystem that CMD fills (needs root and mount rights)."""
-    d = tmp_path / "fs"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(d)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: %s" % r.stderr.decode().strip())
-    try:
+    with tmpfs(tmp_path / "fs", "size=512k,mode=0700") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
 
 
 def test_launch_says_what_its_exporters_lost_on_a_full_disk(tmp_path: Path, small_disk: Path) -> None:

@@ -12,13 +12,14 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 import pytest
 from conftest import wait_for
 from otlp_receiver import OtlpReceiver, attrs
+from small_fs import tmpfs
 
 from infersight.agent.daemon.broadcast import LOST_SHOWN_S, Completion, ExporterWorker
 from infersight.agent.daemon.spool import DiskSpool
@@ -49,18 +50,9 @@ def clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(k)
 
 
-@contextlib.contextmanager
-def tiny_tmpfs(path: Path, size: str = "64k") -> Iterator[Path]:
+def tiny_tmpfs(path: Path, size: str = "64k") -> contextlib.AbstractContextManager[Path]:
     """A real small filesystem that fills up (needs root and mount rights)."""
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s,mode=0700" % size, "tmpfs", str(path)],
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: %s" % r.stderr.decode().strip())
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+    return tmpfs(path, "size=%s,mode=0700" % size)
 
 
 def fill(fs: Path) -> Path:

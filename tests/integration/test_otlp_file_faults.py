@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import stat
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from small_fs import tmpfs
 
 from infersight.agent.daemon.assemble import Assembler
 from infersight.exporters.base import ExportError
@@ -85,13 +85,8 @@ def test_assembler_turns_huge_producer_ints_into_strings() -> None:
 
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    fs = tmp_path / "fs"
-    fs.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(fs)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: %s" % r.stderr.decode().strip())
-    yield fs
-    subprocess.run(["umount", "-l", str(fs)], check=False)
+    with tmpfs(tmp_path / "fs", "size=64k") as fs:
+        yield fs
 
 
 async def test_full_disk_leaves_only_complete_lines(tiny_fs: Path) -> None:
