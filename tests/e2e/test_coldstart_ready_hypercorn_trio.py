@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
-from launchutil import INFERSIGHT, stage_name  # noqa: E402
+from launchutil import INFERSIGHT, bare_connect, pid, stage_name, the  # noqa: E402
 from short_tmp import short_tmpdir  # noqa: E402
 
 from infersight.agent.commands.show import coldstarts, spans_from_lines  # noqa: E402
@@ -65,14 +64,6 @@ async def app(scope, receive, send):
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 """ % {"import_s": IMPORT_S}
-
-
-def bare_connect(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 def run(tmp: str, workers: int, fail: bool = False, timeout: float = 120) -> tuple[int, str, list[ColdStart], Any]:
@@ -116,14 +107,6 @@ def run(tmp: str, workers: int, fail: bool = False, timeout: float = 120) -> tup
     with open(otlp, encoding="utf-8") as f:
         css = [cs for cs in coldstarts(spans_from_lines(f.readlines())) if not is_helper(cs)]
     return p.returncode, out, css, answer
-
-
-def pid(cs: ColdStart) -> int:
-    return int(cs.root.resource.get("process.pid") or 0)
-
-
-def the(cs: ColdStart, stage: str) -> list[SpanItem]:
-    return [s for s in cs.stages if stage_name(s) == stage]
 
 
 def app_import(cs: ColdStart) -> SpanItem:
