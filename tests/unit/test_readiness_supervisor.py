@@ -11,37 +11,23 @@ children directory its workers' reports are written into (``_workers.report``):
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hook_fakes import Emitted, collecting
+from hook_fakes import Emitted
+from test_readiness_supervisor_held import _master, _root
 
-from infersight.hooks import _readiness, _state, _workers
+from infersight.hooks import _readiness, _workers
 
 
 def _listening(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, supervisor: bool,
                reported: str | None) -> Emitted:
     """A process ready at its listen whose child reported ``reported`` (None: no report), stopped now."""
-    client, st = collecting(monkeypatch)
-    client.producer = {}  # type: ignore[attr-defined]
-    client.conn = SimpleNamespace(held=lambda: False)  # type: ignore[attr-defined]
-    cs: _state.ColdStart = st.coldstart
-    cs.children_dir = str(tmp_path / "children" / "producer")
-    cs.children_ready = _workers.prepare(cs.children_dir)
-    assert cs.children_ready
-    if supervisor:
-        _readiness.supervise()
-    _readiness.mark_ready("listen", attrs={"server.port": 8123})
+    client, cs = _master(monkeypatch, tmp_path, supervisor)
     if reported is not None:
         assert _workers.report(cs.children_dir, 10, 20, reported)
     _readiness.at_exit()
     return client
-
-
-def _root(client: Emitted) -> dict[str, Any]:
-    (a,) = [d["a"] for k, d in client.events if k == "span" and d.get("n") == "coldstart"]
-    return a
 
 
 def test_a_supervisor_none_of_whose_workers_was_ready_was_never_ready(monkeypatch: pytest.MonkeyPatch,
