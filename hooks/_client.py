@@ -320,8 +320,10 @@ class Client:
         left in its private spool (not yet in the socket's group then) go where the agent replays them."""
         from . import _paths  # imported at start already
 
-        if self.producer.get("launched"):
-            return  # launch's own spool (its private directory, its own output): not where the agent replays
+        if self.producer.get("launched") or _env.get("INFERSIGHT_LAUNCH_EMBEDDED"):
+            # launch's own agent (CMD or any of its descendants, a gunicorn worker too): its spool is its private
+            # directory and its output is CMD's cold start, not an unrelated earlier process's
+            return
         private = _paths.private_spool_dir()
         if os.path.abspath(private) == os.path.abspath(self.spool_dir) or not os.path.isdir(private):
             return

@@ -157,6 +157,8 @@ VARS: Dict[str, Var] = dict((
     _v("INFERSIGHT_EXEC_NS", "int", None, "when that exec happened (not the process's fork)", internal=True),
     _v("INFERSIGHT_LAUNCH_SESSION", "path", None, "launch joined an agent: the session its hooks name",
        internal=True),
+    _v("INFERSIGHT_LAUNCH_EMBEDDED", "bool", False, "launch's own agent: its spool takes no earlier processes' files",
+       internal=True),
 ))
 
 # Every other INFERSIGHT_* name that infersight reads. The hooks neither read nor check these

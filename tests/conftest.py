@@ -188,14 +188,18 @@ def attr(obj: dict, key: str):  # type: ignore[no-untyped-def,type-arg]
 def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Each test's agents keep their state (ETA history, exporter spools) in a tmp dir of the
     test's own: never the user's state dir, and nothing one test spooled is replayed into
-    another's output."""
-    old = os.environ.get("INFERSIGHT_STATE_DIR")
+    another's output. Its hooked processes too: the user's private spool (``$XDG_STATE_HOME``)
+    of one test is not another's (a `python -c` one test left there was adopted by a later
+    test's process into its output as a second cold start)."""
+    saved = {k: os.environ.get(k) for k in ("INFERSIGHT_STATE_DIR", "XDG_STATE_HOME")}
     os.environ["INFERSIGHT_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="state-", dir=_XDG)
     yield
-    if old is None:
-        os.environ.pop("INFERSIGHT_STATE_DIR", None)
-    else:
-        os.environ["INFERSIGHT_STATE_DIR"] = old
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 class AgentProcess:

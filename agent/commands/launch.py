@@ -164,8 +164,10 @@ def child_env(
         env["INFERSIGHT_SPOOL_DIR"] = spool
     if session is not None:
         env["INFERSIGHT_LAUNCH_SESSION"] = session
-    else:
+        env.pop("INFERSIGHT_LAUNCH_EMBEDDED", None)
+    else:  # launch's own agent: CMD's whole tree keeps other processes' leftovers out of its output
         env.pop("INFERSIGHT_LAUNCH_SESSION", None)
+        env["INFERSIGHT_LAUNCH_EMBEDDED"] = "1"
     env["INFERSIGHT_LAUNCH_SPAWN_NS"] = str(spawn_ns)
     env.pop("INFERSIGHT", None)
     boot = boot or bootstrap_dir()

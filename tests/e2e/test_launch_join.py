@@ -244,14 +244,19 @@ def test_an_agent_that_does_not_answer_is_not_waited_for(tmp_path: Path) -> None
 def test_an_embedded_launch_leaves_the_users_private_spool_alone(tmp_path: Path) -> None:
     """The files a user's earlier processes left in its private spool belong to the system agent (after the
     user joins the socket group): an embedded launch's hooks moved them into launch's own temporary spool,
-    where they went into this run's file or were deleted with launch's directory (a review)."""
+    where they went into this run's file or were deleted with launch's directory (a review). CMD's descendants
+    too: a gunicorn worker, a spawned child (they replayed an earlier test's `python -c` into this run's file as
+    a second cold start)."""
     state_home = tmp_path / "xdg"
     private = state_home / "infersight" / "spool"
     private.mkdir(parents=True)
     left = private / "0123456789ab-999-1-deadbeef.spool"
     left.write_bytes(b"x")
-    script = ("import time\nfrom infersight import hooks\nhooks.mark_ready()\nhooks.first_response()\n"
-              "hooks.flush(5)\ntime.sleep(3)\n")
+    (tmp_path / "child.py").write_text("from infersight import hooks\nwith hooks.stage('child'):\n    pass\n"
+                                       "assert hooks.flush(5)\n")
+    script = ("import subprocess, sys, time\nfrom infersight import hooks\n"
+              "subprocess.run([sys.executable, 'child.py'], check=True)\n"
+              "hooks.mark_ready()\nhooks.first_response()\nhooks.flush(5)\ntime.sleep(3)\n")
     r = subprocess.run([*CLI, "launch", "--agent", "embedded", "--", sys.executable, "-c", script], cwd=tmp_path,
                        env=launch_env(tmp_path, XDG_STATE_HOME=str(state_home)), capture_output=True, text=True,
                        timeout=120)
