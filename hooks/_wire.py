@@ -112,13 +112,16 @@ def refuse_frame(error: str) -> bytes:
 
 
 def subscribe_frame(session: str, kinds: List[str], relay: bool = False,
-                    log_events: Optional[List[str]] = None) -> bytes:
+                    log_events: Optional[List[str]] = None, relay_pending: bool = False) -> bytes:
     """launch -> agent: stream this session's items of ``kinds`` (``agent/daemon/sessions.py``);
     ``relay``: launch copies CMD's stderr and will send its captures (``stderr`` frames);
+    ``relay_pending``: it keeps them until it sends ``relaying`` (its event loop runs only after CMD's spawn);
     ``log_events``: of the log records, only those of these event names (an older agent sends all)."""
     msg: Dict[str, Any] = {"t": "subscribe", "schema": SCHEMA_VERSION, "session": session, "kinds": kinds}
     if relay:
         msg["relay"] = True
+        if relay_pending:
+            msg["relay_pending"] = True
     if log_events is not None:
         msg["log_events"] = log_events
     return encode_frame(msg)

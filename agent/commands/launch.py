@@ -235,7 +235,8 @@ def subscribe(s: Any, session: str, kinds: list[str]) -> dict[str, Any]:
 
     wire = hooks_module("_wire")
     try:
-        s.sendall(wire.subscribe_frame(session, list(kinds), relay=True, log_events=log_events_for(kinds)))
+        s.sendall(wire.subscribe_frame(session, list(kinds), relay=True, log_events=log_events_for(kinds),
+                                       relay_pending=True))  # "relaying" once launch's loop runs (launch_join)
     except (BrokenPipeError, ConnectionResetError):
         pass  # an agent that refuses this uid answers and closes before reading: read its answer
     (n,) = wire.HEADER.unpack(_recv_exact(s, wire.HEADER.size))

@@ -106,6 +106,8 @@ class JoinedSession:
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         while True:
             self._writer, self.connected = writer, True
+            if not self.rejoined:  # the first subscription said relay_pending: captures go out at once from here
+                writer.write(_wire.encode_frame({"t": "relaying"}))
             if self.rejoined and self.child_pid > 0:  # a new subscription: CMD again (the first named it at spawn)
                 writer.write(_wire.encode_frame({"t": "cmd", "pid": self.child_pid}))
             while self.waiting:

@@ -43,6 +43,10 @@ class AgentContext(Protocol):
     def stderr_relayed(self, info: dict[str, Any]) -> bool:
         """Whether a joined launch copies the stderr of the producer of hello ``info`` to the agent."""
 
+    def stderr_relay_started(self, info: dict[str, Any]) -> float | None:
+        """When (monotonic s) that launch's relay started forwarding its captures at once; None while it has not
+        (its event loop is still starting: it keeps them), 0.0 when no launch relays that producer's stderr."""
+
     def visible_pid(self, producer: str) -> int | None:
         """The PID under which this agent's /proc shows ``producer``'s process: its hello's, unless the kernel
         put it in another PID namespace (SO_PEERCRED gave 0: the hello's pid is its container's, and the same

@@ -409,6 +409,10 @@ class Agent:
         """Whether a joined launch copies the stderr of the producer of hello ``info`` (its captures come)."""
         return self.sessions.relays(info)
 
+    def stderr_relay_started(self, info: dict[str, Any]) -> float | None:
+        """When that launch's relay started forwarding captures (monotonic s); None: not yet; 0.0: no relay."""
+        return self.sessions.relay_started(info)
+
     async def _session_settle(self, session: str, uid: int) -> None:
         """A joined launch's session ends: what the extensions still hold of it (its uid's) goes out first."""
         for ext in self.extensions:

@@ -7,6 +7,7 @@ through a *subscription* on the agent's socket:
     {"t": "subscribe", "schema": 1, "session": S, "kinds": [...]}   launch -> agent
     {"t": "subscribed", "schema": 1, "pid": ..., "version": ..., "sinks": [...]}
     {"t": "items", "i": [item, ...]}        agent -> launch, as the items pass (itemcodec dicts)
+    {"t": "relaying"}                       launch -> agent: its relay's captures go out at once from now
     {"t": "stderr", "pid": P, "text": T, "argv": [...]}  launch -> agent: a capture of CMD's stderr
     {"t": "end", "timeout_s": T}            launch -> agent, once CMD has exited
     {"t": "ended", "open": N, "dropped": D, "captures": C, "captures_dropped": K}  agent -> launch, then it closes
@@ -28,7 +29,10 @@ prints its memory errors where no hook sees them. The capture is classified as t
 producer of pid ``P`` (of the subscriber's uid), or, where CMD runs no hooked Python, as a producer
 that stands for CMD (the kernel's uid; the pid only where it is the subscriber's own child). At most
 ``CAPTURE_RATE`` captures a second per subscription (a burst of ``CAPTURE_BURST``), the rest counted.
-An agent older than this ignores the frame (launch then says so).
+An agent older than this ignores the frame (launch then says so). launch subscribes, then spawns CMD, and only
+then starts the event loop that forwards the captures: a subscription that says ``"relay_pending": true`` sends
+``relaying`` once it does, and an undecided error the hooks report waits for that (bounded) before its own
+wait for launch's copy begins (``agent/oom/kind.py``).
 """
 
 from __future__ import annotations
@@ -102,16 +106,18 @@ def item_frames(items: Sequence[Item]) -> list[bytes]:
 
 class Subscriber:
     __slots__ = ("_tokens", "_tokens_at", "captures", "captures_dropped", "children", "dropped", "kinds",
-                 "log_events", "peer_pid", "relay", "sent", "session", "stand_ins", "uid", "writer")
+                 "log_events", "peer_pid", "relay", "relay_started", "sent", "session", "stand_ins", "uid", "writer")
 
     def __init__(self, session: str, uid: int, kinds: frozenset[str], writer: asyncio.StreamWriter,
-                 peer_pid: int = 0, relay: bool = False) -> None:
+                 peer_pid: int = 0, relay: bool = False, relay_pending: bool = False) -> None:
         self.session = session
         self.uid = uid
         self.kinds = kinds
         self.writer = writer
         self.peer_pid = peer_pid  # the kernel's word, in the agent's PID namespace (0: unknown)
         self.relay = relay  # launch copies CMD's stderr and sends its captures
+        # when its captures started going out at once (monotonic s); None: launch keeps them until its loop runs
+        self.relay_started: float | None = None if relay_pending else time.monotonic()
         self.log_events: frozenset[str] | None = None  # of the log records, only these event names (None: all)
         self.sent = 0
         self.dropped = 0
@@ -216,6 +222,16 @@ class Sessions:
         return isinstance(session, str) and any(sub.relay and sub.uid in (0, uid)
                                                 for sub in self.subscribers.get(session, ()))
 
+    def relay_started(self, info: dict[str, Any]) -> float | None:
+        """When the relays of ``relays`` started forwarding their captures at once (the latest, monotonic s); None
+        while one has not yet (``relaying`` not sent); 0.0 when none relays that producer's stderr now."""
+        session, uid = info.get("session"), info.get("uid")
+        subs = [sub for sub in self.subscribers.get(session, ()) if sub.relay and sub.uid in (0, uid)] \
+            if isinstance(session, str) else []
+        if any(sub.relay_started is None for sub in subs):
+            return None
+        return max((sub.relay_started or 0.0 for sub in subs), default=0.0)
+
     def _session_open(self, session: str) -> int:
         return sum(1 for p in list(self.assembler.producers.values())
                    if p.info.get("session") == session and self.live(p.id))
@@ -231,7 +247,9 @@ class Sessions:
             writer.write(_wire.refuse_frame("malformed subscription (or too many)"))
             await writer.drain()
             return
-        sub = Subscriber(session, uid, frozenset(kinds), writer, peer_pid, msg.get("relay") is True)
+        relay = msg.get("relay") is True
+        sub = Subscriber(session, uid, frozenset(kinds), writer, peer_pid, relay,
+                         relay and msg.get("relay_pending") is True)
         events = msg.get("log_events")
         if isinstance(events, list) and len(events) <= 16 and all(isinstance(e, str) for e in events):
             sub.log_events = frozenset(events)
@@ -246,6 +264,9 @@ class Sessions:
                 req = _wire.decode_payload(await reader.readexactly(n))
                 if req is not None and req.get("t") == "stderr":
                     self._capture(sub, req)
+                elif req is not None and req.get("t") == "relaying":
+                    if sub.relay_started is None:
+                        sub.relay_started = time.monotonic()
                 elif req is not None and req.get("t") == "cmd":
                     self._cmd(sub, req.get("pid"))
                 elif req is not None and req.get("t") == "end":

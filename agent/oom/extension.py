@@ -54,8 +54,9 @@ class OomExtension(Extension):
             self.warm()
             # a joined launch's relay sends its CMD's stderr captures: an undecided engine error the hooks
             # report waits a little for that copy, as under launch's own agent
-            relayed = agent.stderr_relayed
+            relayed, started = agent.stderr_relayed, agent.stderr_relay_started
             self.handlers.relayed = lambda p: bool(p.info.get("launched")) and relayed(p.info)
+            self.handlers.relay_started = lambda p: started(p.info)
 
     async def session_ended(self, session: str, uid: int) -> None:
         """The held copies of the session's producers go out now; OOMs still reading NVML finish (bounded)."""

@@ -85,6 +85,10 @@ NVML_READ_WAIT_S = 5.0  # an OOM waits this long for its NVML read (a hung drive
 # printed around it (JAX logs its pool's limit 10 s before it raises; the exception holds none of it). The stderr
 # copy, when it comes, goes out instead; else the held one does. At most MAX_HELD wait at once.
 HOLD_FOR_STDERR_S = 0.5
+# A joined launch spawns CMD before its event loop forwards the relay's captures (under load, seconds: measured
+# 1.7 s with two busy cores): until launch says its relay forwards (a ``relaying`` frame), a held copy waits for
+# that, at most this long; then HOLD_FOR_STDERR_S more, for the captures launch kept meanwhile.
+RELAY_START_WAIT_S = 5.0
 MAX_HELD = 64
 # An observer's event after a text copy of its OOM: the text came at most this long before (launch's stderr copy
 # comes within a few hundred ms of the error); an older text of the same size is another OOM.
@@ -347,6 +351,7 @@ class _Held:
     t_ns: int
     d: dict[str, Any]
     f: Finding
+    held_at: float  # monotonic s
 
 
 class OomHandlers:
@@ -389,6 +394,8 @@ class OomHandlers:
         self.early_used = 0  # engine OOMs classified with the context read early
         # launch: whether a producer's stderr goes through launch's relay (its copies come as "stderr")
         self.relayed: Callable[[Producer], bool] | None = None
+        # ... and when launch's relay started forwarding them (monotonic s; None: not yet; 0.0: no relay now)
+        self.relay_started: Callable[[Producer], float | None] | None = None
         self._held: dict[tuple[int | None, str, str], _Held] = {}  # (uid, producer, message) -> a copy waiting
         self.stderr_preferred = 0  # held copies that launch's stderr copy replaced
         self._launch_recent: dict[int, list[dict[str, Any]]] = {}  # pid -> launch's producers' recent OOMs
@@ -543,8 +550,8 @@ class OomHandlers:
         key = (p.uid, str(p.info.get("id")), f.key)
         if key in self._held:
             return False  # the same message of the same producer is held already: this one goes now
-        timer = loop.call_later(HOLD_FOR_STDERR_S, self._release, key)
-        self._held[key] = _Held(timer, p, origin, t_ns, dict(d), f)
+        timer = loop.call_later(HOLD_FOR_STDERR_S, self._expire, key)
+        self._held[key] = _Held(timer, p, origin, t_ns, dict(d), f, time.monotonic())
         self.read_early(p)  # while it waits, the process may exit: its context is read now
         return True
 
@@ -560,6 +567,30 @@ class OomHandlers:
                 h.timer.cancel()
                 return h
         return None
+
+    def _left_to_hold(self, h: _Held) -> float:
+        """How much longer ``h`` waits for launch's copy: HOLD_FOR_STDERR_S from when launch's relay started
+        forwarding (the captures it kept until then come right after), and while it has not, until
+        RELAY_START_WAIT_S after ``h`` came."""
+        started = self.relay_started(h.p) if self.relay_started is not None else 0.0
+        now = time.monotonic()
+        if started is None:
+            return min(HOLD_FOR_STDERR_S, RELAY_START_WAIT_S - (now - h.held_at))
+        return max(started, h.held_at) + HOLD_FOR_STDERR_S - now
+
+    def _expire(self, key: tuple[int | None, str, str]) -> None:
+        """A held copy's timer: it goes out, unless launch's copy may still come (then it waits on)."""
+        h = self._held.get(key)
+        if h is None:
+            return
+        left = self._left_to_hold(h)
+        if left > 0.001:
+            try:
+                h.timer = asyncio.get_running_loop().call_later(left, self._expire, key)
+                return
+            except RuntimeError:  # no loop running (shutting down): it goes out now
+                pass
+        self._release(key)
 
     def _release(self, key: tuple[int | None, str, str]) -> None:
         h = self._held.pop(key, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any
 
 from infersight.agent.daemon import itemcodec, sessions
@@ -208,11 +209,11 @@ def test_one_uid_cannot_take_every_subscription() -> None:
 
 
 async def capturing(sess: sessions.Sessions, uid: int, peer_pid: int = 0,
-                    relay: bool = True) -> tuple[socket.socket, Any]:
+                    relay: bool = True, **extra: Any) -> tuple[socket.socket, Any]:
     ours, theirs = socket.socketpair()
     reader, writer = await asyncio.open_unix_connection(sock=theirs)
     before = len(sess)
-    msg = {"t": "subscribe", "session": SESSION, "kinds": ["log"], "relay": relay}
+    msg = {"t": "subscribe", "session": SESSION, "kinds": ["log"], "relay": relay, **extra}
     task = asyncio.create_task(sess.serve(msg, uid, reader, writer, peer_pid))
     while len(sess) == before:
         await asyncio.sleep(0)
@@ -365,3 +366,35 @@ def test_a_console_subscription_gets_only_the_log_records_it_shows() -> None:
 
     assert asyncio.run(main(["oom"])) == ["OOM [vllm]: ..."]
     assert asyncio.run(main(None)) == ["a user's record", "OOM [vllm]: ..."]
+
+
+def test_a_relay_that_launch_starts_after_cmd_is_pending_until_it_says_relaying() -> None:
+    """launch subscribes, spawns CMD, and only then runs the loop that forwards its relay's captures (seconds on a
+    busy host): its subscription says ``relay_pending`` and the agent takes the relay as started only at its
+    ``relaying`` frame. An older launch (no ``relay_pending``) relays from its subscription; no launch: 0.0."""
+
+    async def main() -> tuple[Any, ...]:
+        asm = Assembler("host")
+        cmd = hello(asm, 101, 1000, SESSION)
+        sess = sessions.Sessions(asm, lambda: {"pid": 1}, lambda _pid: False, lambda: 0)
+        nobody = sess.relay_started(cmd.info)
+        sock, task = await capturing(sess, 1000, relay_pending=True)
+        pending = sess.relay_started(cmd.info)
+        before = time.monotonic()
+        sock.sendall(_wire.encode_frame({"t": "relaying"}))
+        deadline = time.monotonic() + 5
+        while sess.relay_started(cmd.info) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        started = sess.relay_started(cmd.info)
+        sock.close()
+        await asyncio.gather(task, return_exceptions=True)
+        old_sock, old_task = await capturing(sess, 1000)  # an older launch's subscription
+        old = sess.relay_started(cmd.info)
+        old_sock.close()
+        await asyncio.gather(old_task, return_exceptions=True)
+        return nobody, pending, before, started, old
+
+    nobody, pending, before, started, old = asyncio.run(main())
+    assert nobody == 0.0 and pending is None
+    assert started is not None and started >= before
+    assert old is not None and 0.0 < old <= time.monotonic()

@@ -88,6 +88,9 @@ class _Context:
     def stderr_relayed(self, info: dict[str, Any]) -> bool:
         return False
 
+    def stderr_relay_started(self, info: dict[str, Any]) -> float | None:
+        return 0.0
+
 
 @pytest.mark.parametrize("embedded", [False, True])
 async def test_the_daemon_loads_the_serving_rules_at_start_the_embedded_agent_does_not(

@@ -829,6 +829,49 @@ async def test_an_undecided_engine_error_held_for_launchs_stderr_copy_goes_out_w
     assert [i for i in published if isinstance(i, LogItem)] and not h._held
 
 
+async def test_a_held_error_waits_for_a_relay_that_launch_has_not_started_yet(monkeypatch: Any) -> None:
+    """A joined launch forwards its relay's captures only once its event loop runs, after CMD's spawn (1.7 s on a
+    busy 2-core host): the hooks' copy of an error CMD logged at once went out after HOLD_FOR_STDERR_S, and launch's
+    copy, with what the engine printed around it, came too late to replace it. While the relay has not started
+    the copy waits (at most RELAY_START_WAIT_S), then HOLD_FOR_STDERR_S from the relay's start."""
+    import asyncio
+
+    from infersight.agent.oom import kind
+
+    published: list[Any] = []
+    h = OomHandlers(OomClassifier([]), None, publish=published.extend)
+    h.relayed = lambda p: True
+    started: list[float | None] = [None]
+    h.relay_started = lambda p: started[0]
+    asm = Assembler("host", {"oom": h.oom})
+    p = _producer(asm, 4242425)
+    asm.events(p, [[1, 10, "oom", {"source": "log", "text": XLA_EXCEPTION}]])
+    await asyncio.sleep(kind.HOLD_FOR_STDERR_S * 3)
+    assert h._held and not published  # still waiting: launch's relay has not started
+    started[0] = time.monotonic()  # its "relaying" frame; the capture it kept comes right after
+    await asyncio.sleep(kind.HOLD_FOR_STDERR_S / 4)
+    assert h._held
+    asm.events(p, [[2, 20, "oom", {"source": "stderr", "text": "2026-12-05 E jax: pool limit 30.00GiB\n"
+                                   + XLA_EXCEPTION}]])
+    await h.wait_later(30)
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.source"] == "stderr" and h.stderr_preferred == 1
+    # a relay that never starts (launch died before its loop ran): the copy goes out at RELAY_START_WAIT_S
+    monkeypatch.setattr(kind, "RELAY_START_WAIT_S", kind.HOLD_FOR_STDERR_S * 2)
+    published.clear()
+    started[0] = None
+    held_at = time.monotonic()
+    asm.events(p, [[3, 30, "oom", {"source": "log", "text": XLA_EXCEPTION.replace("28.08GiB", "7.00GiB")}]])
+    assert h._held
+    deadline = time.monotonic() + 30
+    while h._held and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not h._held and time.monotonic() - held_at >= kind.RELAY_START_WAIT_S
+    await h.wait_later(30)
+    (log,) = [i for i in published if isinstance(i, LogItem)]
+    assert log.attributes["infersight.oom.source"] == "log"
+
+
 async def test_two_processes_held_undecided_errors_are_two_records_each_with_its_context(tmp_path: Path) -> None:
     """Two workers of CMD (not one process family) hold the same undecided text at once: two records, neither
     replacing the other; and each held one's context is read when it is held (the worker may exit during the
