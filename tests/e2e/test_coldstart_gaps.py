@@ -205,6 +205,10 @@ NESTED = textwrap.dedent("""\
         # interpreter's exit handlers), it reports to that one in turn
         from infersight.hooks import _readiness
         _readiness.REPORT_FLUSH_S = 600.0  # report after the agent's ack (the order under test)
+        # ... also when the sampler's tick, not the exit handler, ends the root (its worker's report came just
+        # before the exit): the exit handler waits for that thread FINISH_WAIT_S, which a loaded machine's ack
+        # outlasted (the process then exited before its report)
+        _readiness.FINISH_WAIT_S = 600.0
         p = mp.get_context("spawn").Process(target=worker, args=(int(sys.argv[2]),))
         p.start()
         p.join()  # and exits at once, as uvicorn's supervisor does once stopped
