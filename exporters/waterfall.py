@@ -16,7 +16,15 @@ biggest top-level stages.
 
 from __future__ import annotations
 
-from infersight.coldstart_stages import SAMPLES, coverage, gap_frames, tree_coverage, union_ns, workers_ready
+from infersight.coldstart_stages import (
+    SAMPLES,
+    biggest_stages,
+    coverage,
+    gap_frames,
+    tree_coverage,
+    union_ns,
+    workers_ready,
+)
 from infersight.exporters.weights_note import weights_note
 from infersight.hooks import _contract
 from infersight.sanitize import terminal_line
@@ -266,11 +274,7 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
             (g.start_ns - root.start_ns) / 1e9, (g.end_ns - g.start_ns) / 1e9,
             " (%d samples)" % n if isinstance(n, int) and frames else "", ", ".join(frames) or instead))
     lines.extend("weights file " + describe(f) for f in files_of(cs, ceiling_of))
-    per_stage: dict[str, int] = {}
-    for s in cs.stages:
-        if s.parent_span_id == root.span_id and _stage(s) != "unattributed" and s.span_id not in later_ids:
-            per_stage[_stage(s)] = per_stage.get(_stage(s), 0) + s.end_ns - s.start_ns
-    top_stages = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
+    top_stages = biggest_stages(root, cs.stages)
     if top_stages:
         lines.append("biggest stages: " + ", ".join("%s %.3f s" % (name, ns / 1e9) for name, ns in top_stages))
     return "\n".join(terminal_line(line) for line in lines)

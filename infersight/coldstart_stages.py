@@ -92,6 +92,17 @@ def stage_durations(cs: ColdStart) -> dict[str, float]:
     return out
 
 
+def biggest_stages(root: SpanItem, stages: Sequence[SpanItem], n: int = 3) -> list[tuple[str, int]]:
+    """The ``n`` stages that took longest (ns), each its top-level spans' time added up (a stage run twice is one
+    entry); not the gaps, nor what started after the root's end (a first request after readiness)."""
+    per_stage: dict[str, int] = {}
+    for s in stages:
+        name = stage_name(s) or s.name  # (a span of another name under the root: by that name, as drawn)
+        if s.parent_span_id == root.span_id and name != UNATTRIBUTED and s.start_ns < root.end_ns:
+            per_stage[name] = per_stage.get(name, 0) + s.end_ns - s.start_ns
+    return sorted(per_stage.items(), key=lambda kv: -kv[1])[:n]
+
+
 def ended_by(cs: ColdStart) -> str:
     """The root's ``infersight.coldstart.ended_by``; for a launcher-only root, what ended it."""
     v = cs.root.attributes.get(ENDED_BY)

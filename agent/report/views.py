@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from infersight.bytesize import human_bytes
-from infersight.coldstart_stages import workers_ready
+from infersight.coldstart_stages import biggest_stages, workers_ready
 from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, LogItem, SpanItem
 from infersight.weights_files import COLD_BELOW, CeilingOf, ceiling_share, files_of
@@ -244,14 +244,7 @@ def _marks(root: SpanItem, stages: list[SpanItem], probes: list[SpanItem]) -> li
 
 def _summary(root: SpanItem, stages: list[SpanItem], gaps: list[tuple[int, int]]) -> Summary:
     total = max(root.end_ns - root.start_ns, 1)
-    # per stage, its top-level spans' time added up (a stage run twice is one entry), as ``show`` says it
-    per_stage: dict[str, int] = {}
-    for s in stages:
-        name = stage_name(s)
-        if (s.parent_span_id == root.span_id and name and name != UNATTRIBUTED
-                and s.start_ns < root.end_ns):  # not a first request after a root that ended at readiness
-            per_stage[name] = per_stage.get(name, 0) + s.end_ns - s.start_ns
-    top = sorted(per_stage.items(), key=lambda kv: -kv[1])[:3]
+    top = biggest_stages(root, stages)  # as ``show`` says it
     un = num(root.attributes.get(_contract.UNATTRIBUTED_S))
     if un is None:
         un = sum(e - s for s, e in gaps) / 1e9
