@@ -216,7 +216,9 @@ def render_waterfall(cs: ColdStart, width: int = 24, ceiling_of: CeilingOf | Non
         "%-26s %9.3f %9.3f %5.1f%%  %-*s" % ("coldstart", 0.0, total / 1e9, 100.0, width, "#" * width),
     ]
     at_ready = root.attributes.get(_contract.ENDED_BY) == _contract.ENDED_BY_READY
-    later_ids = {s.span_id for s in cs.stages if at_ready and (s.start_ns >= root.end_ns or _after(s, by_id, root))}
+    # (a ready_wait of no length at the root's end, a worker ready as it started serving, ends the cold start)
+    later_ids = {s.span_id for s in cs.stages if at_ready and (
+        s.start_ns > root.end_ns or (s.start_ns == root.end_ns < s.end_ns) or _after(s, by_id, root))}
     later: list[Row] = []  # rows after the root's end (it ended at readiness)
     for depth, group in _rows(cs, by_id):
         s = group[0]

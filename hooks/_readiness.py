@@ -31,6 +31,7 @@ from ._recorder import (  # noqa: F401
     flush_runs,
     last_end,
     on_import,
+    open_runs,
     root_open,
     state,
 )
@@ -339,13 +340,16 @@ def fork_ready(via: str = "", attrs: Optional[Dict[str, Any]] = None, at_last_st
     if st.ready_source != "fork" or st.rule_fork_ready_sent or not root_open():
         return False
     now = time.time_ns()
+    # the runs not emitted yet count as stages that ended: a gunicorn worker's app import (2 s, one run until
+    # this flush_runs below) left its ready_wait at its runtime_init's end, before the whole load
+    runs_end = max((r[4] for r in open_runs()), default=0) if at_last_stage else 0
     with st.lock:
         if st.ready_source != "fork" or st.rule_fork_ready_sent or st.ready_ns is None:
             return False
         st.rule_fork_ready_sent = True  # sent once, whichever signal comes first
         closed = _close_warm_locked(now)
         if at_last_stage:
-            done = max(st.last_end_ns, closed[3] if closed is not None else 0)
+            done = max(last_end(), runs_end, closed[3] if closed is not None else 0)
             ready = max(st.ready_ns, min(done, now))
         else:
             ready = max(st.ready_ns, now)

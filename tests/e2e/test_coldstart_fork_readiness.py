@@ -124,6 +124,37 @@ def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> Non
     assert master.root.end_ns == w.root.end_ns  # its first worker's readiness
 
 
+# An app whose whole load is its module's import (a config and a tokenizer read at import, say): no stage, no
+# forward, one import run that is still open when the worker enters its accept loop
+IMPORT_ONLY_APP = """
+import json, os, time
+time.sleep(0.5)  # the app's load, at its import
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [json.dumps({"pid": os.getpid()}).encode()]
+"""
+
+
+def test_a_worker_whose_load_is_its_apps_import_is_ready_after_it(tmp_path) -> None:
+    """The worker's readiness at its accept loop stood at the end of its last stage sent, its runtime_init:
+    its app's import was one run not sent yet, so its ready_wait lay before the whole load (0.003 s into a
+    2 s cold start), where the agent would also end the root of a worker killed later."""
+    from conftest import free_port
+
+    (tmp_path / "import_only_app.py").write_text(IMPORT_ONLY_APP)
+    port = free_port()
+    r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "-w", "1", "--chdir", str(tmp_path), "-b",
+                                      "127.0.0.1:%d" % port, "import_only_app:app"], port, {})
+    (w,) = [cs for cs in processes(r) if pid(cs) == answer["pid"]]
+    ready = one(w, "ready_wait", r)
+    assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop", ready.attributes
+    (load,) = [s for s in w.stages if stage_name(s) == "framework_import"
+               and any(str(p).startswith("import_only_app ") for p in s.attributes["infersight.import.packages"])]
+    assert load.end_ns - load.start_ns >= 0.45e9
+    assert ready.start_ns >= load.end_ns, r.output[-3000:]  # ready after its app's load, not before it
+    assert w.root.end_ns >= load.end_ns
+
+
 @pytest.mark.torch
 def test_gunicorn_preload_uvicorn_workers(tmp_path) -> None:
     """--preload: the master loads the model and warms it up, then forks two UvicornWorkers. Each is

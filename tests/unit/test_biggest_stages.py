@@ -3,7 +3,7 @@
 A stage run twice is one entry (its top-level spans added up), nested spans and the gaps are not stages of
 their own here, and what started after the root's end (a first request once the root ended at readiness)
 is no part of the cold start. The two displays computed it apart and could drift; both now call
-``coldstart_stages.biggest_stages``.
+``coldstart_stages.biggest_stages``. And where the text waterfall draws the cold start's end.
 """
 
 from __future__ import annotations
@@ -57,3 +57,17 @@ def test_show_and_the_report_name_the_same_biggest_stages() -> None:
     (fam,) = waterfalls([root, *stages])
     (wf,) = fam.processes
     assert wf.summary.biggest == [("weights_load", 4.0), ("model_build", 1.5), ("warmup", 0.5)]
+
+
+def test_a_ready_wait_of_no_length_at_the_roots_end_is_drawn_within_the_cold_start() -> None:
+    """A gunicorn worker ready as it enters its accept loop, right after its last stage: its ``ready_wait`` has no
+    length and lies at the root's end. It was drawn after ``(waiting for traffic)``, among what came after the
+    cold start; a first request that starts at the root's end, with a length, still is."""
+    root = span(ROOT, None, None, 0.0, 2.0, **{"infersight.coldstart.ended_by": "ready"})
+    stages = [span("2" * 16, ROOT, "framework_import", 0.1, 2.0), span("3" * 16, ROOT, "ready_wait", 2.0, 2.0),
+              span("4" * 16, ROOT, "first_request", 2.0, 2.5)]
+    rows = [ln.split()[0] for ln in render_waterfall(ColdStart(root, stages)).splitlines()[2:6]]
+    assert rows == ["coldstart", "framework_import", "ready_wait", "(waiting"], rows
+    lines = render_waterfall(ColdStart(root, stages)).splitlines()
+    (first,) = [ln for ln in lines if ln.split()[:1] == ["first_request"]]
+    assert first.split()[3] == "-"  # no share: after the cold start
