@@ -309,6 +309,8 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int
     if st.ready_ns is None:
         mark_ready("request", now)  # a request arriving means the server is ready
     closed = None
+    # (an import run not sent yet, a worker's app import, is work done too: as in fork_ready)
+    runs_end = max((r[4] for r in open_runs()), default=0) if st.ready_source == "fork" else 0
     with st.lock:
         if st.first is not None or st.first_done:
             return None
@@ -319,7 +321,7 @@ def request_begin(source: str, attrs: Optional[Dict[str, Any]] = None, t_ns: int
             # worker's app load and warmup, whose run ends here); the wait for this request is
             # the wait for traffic
             closed = _close_warm_locked(now)
-            done = max(last_end(), closed[3] if closed is not None else 0)
+            done = max(last_end(), runs_end, closed[3] if closed is not None else 0)
             st.ready_ns, st.ready_source = max(st.ready_ns, min(done, now)), "fork_served"
     _emit_warm(closed)
     if unconfirmed:  # (a confirmed one told its supervisor already)

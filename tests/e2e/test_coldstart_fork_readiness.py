@@ -135,23 +135,30 @@ def app(environ, start_response):
 """
 
 
-def test_a_worker_whose_load_is_its_apps_import_is_ready_after_it(tmp_path) -> None:
+@pytest.mark.parametrize("rules", ["on", "off"])
+def test_a_worker_whose_load_is_its_apps_import_is_ready_after_it(tmp_path, rules: str) -> None:
     """The worker's readiness at its accept loop stood at the end of its last stage sent, its runtime_init:
     its app's import was one run not sent yet, so its ready_wait lay before the whole load (0.003 s into a
-    2 s cold start), where the agent would also end the root of a worker killed later."""
+    2 s cold start), where the agent would also end the root of a worker killed later. Without the stage
+    rules (a worker class no rule knows), the first request's arrival makes it ready: after the load too."""
     from conftest import free_port
 
     (tmp_path / "import_only_app.py").write_text(IMPORT_ONLY_APP)
     port = free_port()
     r, answer = serve(str(tmp_path), [os.path.join(BIN, "gunicorn"), "-w", "1", "--chdir", str(tmp_path), "-b",
-                                      "127.0.0.1:%d" % port, "import_only_app:app"], port, {})
+                                      "127.0.0.1:%d" % port, "import_only_app:app"], port,
+                      {"INFERSIGHT_STAGE_RULES": "1" if rules == "on" else "0"})
     (w,) = [cs for cs in processes(r) if pid(cs) == answer["pid"]]
-    ready = one(w, "ready_wait", r)
-    assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop", ready.attributes
     (load,) = [s for s in w.stages if stage_name(s) == "framework_import"
                and any(str(p).startswith("import_only_app ") for p in s.attributes["infersight.import.packages"])]
     assert load.end_ns - load.start_ns >= 0.45e9
-    assert ready.start_ns >= load.end_ns, r.output[-3000:]  # ready after its app's load, not before it
+    if rules == "on":
+        ready = one(w, "ready_wait", r)
+        assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop", ready.attributes
+        assert ready.start_ns >= load.end_ns, r.output[-3000:]  # ready after its app's load, not before it
+    assert w.root.attributes["infersight.ready.source"] == "fork_served", w.root.attributes
+    ready_s = w.root.attributes["infersight.coldstart.ready_s"]
+    assert w.root.start_ns + ready_s * 1e9 >= load.end_ns - 1000, r.output[-3000:]
     assert w.root.end_ns >= load.end_ns
 
 
