@@ -32,6 +32,7 @@ from launchutil import LaunchRun, Served, bare_connect, get_json, launch_server,
 
 from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import is_helper  # noqa: E402
+from infersight.rules.stage_rules import builtin_stage_rules_path, load_stage_rules  # noqa: E402
 from infersight.telemetry import ColdStart, SpanItem  # noqa: E402
 
 pytest.importorskip("gunicorn")
@@ -114,6 +115,15 @@ def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> Non
     assert ready.attributes["infersight.ready.source"] == "fork"
     if worker == "uvicorn":
         assert ready.attributes["infersight.ready.via"] == "uvicorn.Server.startup"
+        # the app's lifespan startup, where it loads and warms up its model, is a stage (it was drawn as ready_wait):
+        # the load's stages nest in it, its lifespan running in a task uvicorn creates there
+        startup = one(w, "app_startup", r)
+        assert startup.attributes["infersight.stage.rule"] == "uvicorn.lifespan_startup"
+        runs_here = {rule.id for rule in load_stage_rules([builtin_stage_rules_path()]).rules
+                     if any(e.kind == "run" and e.value == "uvicorn" for e in rule.examples)}
+        assert runs_here == {"uvicorn.lifespan_startup"}  # every shipped rule whose example runs uvicorn fired
+        assert warm.parent_span_id == startup.span_id, (warm.parent_span_id, startup.span_id)
+        assert startup.end_ns <= ready.end_ns and ready.end_ns - ready.start_ns < 0.5e9
     else:
         assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop"
         assert answer["threaded"] is (worker == "gthread")
