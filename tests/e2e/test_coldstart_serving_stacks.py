@@ -215,6 +215,8 @@ def test_gunicorn_worker_killed_after_its_graceful_timeout(models: str, tmp_path
     assert not known
     (dead,) = [cs for cs in css if pid(cs) == killed[0]]
     assert dead.root.attributes["infersight.coldstart.ended_by"] == "ready"  # closed by the agent, at readiness
+    # the arbiter logs "Worker (pid:N) was sent SIGKILL! Perhaps out of memory?" for it: a guess, no OOM
+    assert "was sent SIGKILL! Perhaps out of memory?" in r.output and "OOM [" not in r.output, r.output[-3000:]
     (ready,) = [s for s in dead.stages if stage_name(s) == "ready_wait"]
     assert ready.attributes["infersight.ready.source"] == "fork"
     assert dead.root.end_ns == ready.end_ns
