@@ -28,6 +28,7 @@ from launchutil import LaunchRun, Served, bare_connect, get_json, launch_server,
 
 from infersight.agent.commands.show import coldstarts  # noqa: E402
 from infersight.exporters.waterfall import is_helper  # noqa: E402
+from infersight.rules.stage_rules import builtin_stage_rules_path, load_stage_rules  # noqa: E402
 from infersight.telemetry import ColdStart, SpanItem  # noqa: E402
 
 pytest.importorskip("hypercorn")
@@ -96,6 +97,13 @@ def test_hypercorn_workers_are_ready_when_they_serve(tmp_path, worker: str, work
     sources = ("listening_socket",) if worker == "uvloop" else ("listen", "listening_socket")
     for w in ws:
         check_worker(w, r, sources)
+        # its lifespan startup (the model load, the warmup) is a stage, not ready_wait; the lifespan runs in a task
+        # Hypercorn started before its wait: the warmup lies within it, beside it
+        startup, warm = one(w, "app_startup", r), one(w, "warmup", r)
+        assert startup.attributes["infersight.stage.rule"] == "hypercorn.lifespan_startup"
+        assert startup.start_ns <= warm.start_ns and warm.end_ns <= startup.end_ns, r.output[-3000:]
+    assert {rule.id for rule in load_stage_rules([builtin_stage_rules_path()]).rules
+            if any(e.kind == "run" and e.value == "hypercorn" for e in rule.examples)} == {"hypercorn.lifespan_startup"}
     first = one(served, "first_request", r)
     assert first.attributes["infersight.first_request.source"] == "asgi", r.output[-3000:]
     assert first.end_ns - first.start_ns >= SLEEP_S * 1e9 * 0.9  # the HTTP request, not a probe
