@@ -94,12 +94,13 @@ def stage_durations(cs: ColdStart) -> dict[str, float]:
 
 def biggest_stages(root: SpanItem, stages: Sequence[SpanItem], n: int = 3) -> list[tuple[str, int]]:
     """The ``n`` stages that took longest (ns), each its top-level spans' time added up (a stage run twice is one
-    entry); not the gaps, nor what started after the root's end (a first request after readiness)."""
+    entry); not the gaps, nor what started after the root's end (a first request after readiness), nor the part
+    of a span after it (an import still running when ``--ready-url`` answered), as the waterfall draws them."""
     per_stage: dict[str, int] = {}
     for s in stages:
         name = stage_name(s) or s.name  # (a span of another name under the root: by that name, as drawn)
         if s.parent_span_id == root.span_id and name != UNATTRIBUTED and s.start_ns < root.end_ns:
-            per_stage[name] = per_stage.get(name, 0) + s.end_ns - s.start_ns
+            per_stage[name] = per_stage.get(name, 0) + min(s.end_ns, root.end_ns) - s.start_ns
     return sorted(per_stage.items(), key=lambda kv: -kv[1])[:n]
 
 

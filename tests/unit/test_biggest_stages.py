@@ -49,6 +49,19 @@ def test_a_stage_run_twice_is_one_entry_and_gaps_and_later_spans_are_none() -> N
     assert biggest_stages(root, stages, n=1) == [("weights_load", 4 * S)]
 
 
+def test_a_stage_running_past_the_roots_end_counts_its_part_within_the_cold_start() -> None:
+    """An import still running when ``--ready-url`` answered (the root ended at that readiness): its row is drawn up
+    to the root's end, and "biggest stages" said its whole length (0.769 s beside a row of 0.408 s)."""
+    root = span(ROOT, None, None, 0.0, 2.0, **{"infersight.coldstart.ended_by": "ready"})
+    stages = [span("2" * 16, ROOT, "framework_import", 0.5, 3.5), span("3" * 16, ROOT, "ready_wait", 2.0, 2.0)]
+    assert biggest_stages(root, stages) == [("framework_import", int(1.5 * S))]  # (a ready_wait at the end: none)
+    lines = render_waterfall(ColdStart(root, stages)).splitlines()
+    (line,) = [x for x in lines if x.startswith("biggest stages: ")]
+    assert line.startswith("biggest stages: framework_import 1.500 s"), line
+    (row,) = [x for x in lines if x.split()[:1] == ["framework_import"]]
+    assert row.split()[2] == "1.500", row  # the row says the same
+
+
 def test_show_and_the_report_name_the_same_biggest_stages() -> None:
     root, *stages = spans()
     text = render_waterfall(ColdStart(root, stages))
