@@ -146,6 +146,16 @@ def hook_env(sock: Path, spool: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def terminate(p: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Stop a server the test started as an operator does (SIGTERM), killing it if it outlives ``timeout``."""
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def read_otlp_lines(path: Path) -> list[dict]:  # type: ignore[type-arg]
     """Every complete line of the file and its rotations; a line the agent is still
     writing (no newline yet) is left for the next read."""

@@ -123,7 +123,7 @@ def test_gunicorn_worker_that_loads_after_the_fork(tmp_path, worker: str) -> Non
                      if any(e.kind == "run" and e.value == "uvicorn" for e in rule.examples)}
         assert runs_here == {"uvicorn.lifespan_startup"}  # every shipped rule whose example runs uvicorn fired
         assert warm.parent_span_id == startup.span_id, (warm.parent_span_id, startup.span_id)
-        assert startup.end_ns <= ready.end_ns and ready.end_ns - ready.start_ns < 0.5e9
+        assert startup.end_ns <= ready.start_ns  # its ready_wait begins where the lifespan's work ended
     else:
         assert ready.attributes["infersight.stage.rule"] == "gunicorn.worker_loop"
         assert answer["threaded"] is (worker == "gthread")

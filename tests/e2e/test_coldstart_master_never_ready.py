@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
-from launchutil import INFERSIGHT, cmd_group, launch, launch_env, pid, stage_name  # noqa: E402
+from launchutil import INFERSIGHT, cmd_group, end_launch, launch, launch_env, pid, stage_name  # noqa: E402
 
 from infersight.agent.commands.show import coldstarts, show_file, spans_from_lines  # noqa: E402
 
@@ -97,14 +97,7 @@ def test_a_master_killed_while_its_worker_loaded_was_not_ready(tmp_path: Path) -
             os.kill(group, signal.SIGKILL)  # the master only: its worker fails to boot once it is gone
             assert p.wait(timeout=60) == 128 + signal.SIGKILL
         finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            if group:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            end_launch(p, group)
         log.seek(0)
         output = log.read()
     with open(otlp, encoding="utf-8") as f:
@@ -144,7 +137,7 @@ def app(environ, start_response):
 def test_a_healthy_master_is_warming_while_its_worker_loads_and_ready_once_it_serves(tmp_path: Path,
                                                                                     agent_factory) -> None:  # type: ignore[no-untyped-def]
     """No request is sent: the master is ready when its worker is, not at its first request."""
-    from conftest import free_port, hook_env, read_otlp_lines, spans, wait_for
+    from conftest import free_port, hook_env, read_otlp_lines, spans, terminate, wait_for
 
     (tmp_path / "gated_app.py").write_text(GATED_APP)
     mark, go = tmp_path / "loading", tmp_path / "go"
@@ -166,12 +159,7 @@ def test_a_healthy_master_is_warming_while_its_worker_loads_and_ready_once_it_se
         go.touch()
         assert wait_for(lambda: not warming(), 30), agent.status().get("coldstarts")  # both ready, no request
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        terminate(p)
         log.close()
 
     def roots() -> list[dict]:  # type: ignore[type-arg]

@@ -6,7 +6,6 @@ own instance. The app: ``workloads/fork_apps.py`` (no model: each request sleeps
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, hook_env, wait_for
+from conftest import free_port, hook_env, terminate, wait_for
 
 pytest.importorskip("gunicorn")
 pytestmark = [pytest.mark.slow]
@@ -62,10 +61,5 @@ def test_every_request_of_a_gunicorn_wsgi_worker_is_timed(tmp_path: Path, agent_
         assert (inst["count"], inst["failed"]) == (10, 2)  # served (the probe's included), failed
         assert SLEEP_S * 0.9 <= inst["p50_s"] < 5  # the request's own sleep, not the 503s
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        terminate(p)
         log.close()

@@ -99,15 +99,22 @@ def test_adopted_across_file_systems_by_copy(other_fs_spool: Path, state_dir: Pa
     assert _bodies(state_dir / SUB) == WANT
 
 
-def test_a_copy_a_crash_interrupted_is_finished_once(other_fs_spool: Path, state_dir: Path) -> None:
-    """The crash came after segment 1 was copied whole and before its old copy went, with segment 2's copy half
-    written: the next start neither loses nor doubles a segment."""
-    old = other_fs_spool / "exporters" / "otlp"
+def _adoption_begun(old: Path, state_dir: Path) -> Path:
+    """An old spool ``old`` (filled) whose adoption into ``state_dir`` had begun and stopped: the new directory and
+    its marker naming ``old`` are there."""
     _fill(old)
     new = state_dir / SUB
     new.mkdir(parents=True, mode=0o700)
     os.chmod(state_dir / "exporters", 0o700)
     (new / MARKER).write_text(str(old))
+    return new
+
+
+def test_a_copy_a_crash_interrupted_is_finished_once(other_fs_spool: Path, state_dir: Path) -> None:
+    """The crash came after segment 1 was copied whole and before its old copy went, with segment 2's copy half
+    written: the next start neither loses nor doubles a segment."""
+    old = other_fs_spool / "exporters" / "otlp"
+    new = _adoption_begun(old, state_dir)
     shutil.copyfile(old / "000000000001.seg", new / "000000000001.seg")
     (new / ("000000000002.seg" + COPYING)).write_bytes((old / "000000000002.seg").read_bytes()[:100])
     a = adopt_old_spool(str(other_fs_spool), str(state_dir), SUB, "otlp")
@@ -118,11 +125,7 @@ def test_a_copy_a_crash_interrupted_is_finished_once(other_fs_spool: Path, state
 
 def test_a_spool_that_moved_on_after_a_stopped_adoption_is_not_merged(spool_dir: Path, state_dir: Path) -> None:
     old = spool_dir / "exporters" / "otlp"
-    _fill(old)
-    new = state_dir / SUB
-    new.mkdir(parents=True, mode=0o700)
-    os.chmod(state_dir / "exporters", 0o700)
-    (new / MARKER).write_text(str(old))
+    new = _adoption_begun(old, state_dir)
     (new / "000000000001.seg").write_bytes(b"\0\0\0\2\0\0\0\1[]")  # the new agent's own segment 1
     a = adopt_old_spool(str(spool_dir), str(state_dir), SUB, "otlp")
     assert a.warning is not None and "differs" in a.warning, a

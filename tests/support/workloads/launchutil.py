@@ -145,6 +145,19 @@ class Served:
 T = TypeVar("T")
 
 
+def end_launch(p: subprocess.Popen[Any], group: int) -> None:
+    """A test leaves no process behind: launch killed if it still runs, and whatever is left of CMD's process
+    group ``group`` (0: none found; never killpg(0), the test's own group)."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    if group:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def launch_server(tmp: str, argv: list[str], drive: Callable[[Served], T], *flags: str,
                   env: dict[str, str] | None = None, unset: tuple[str, ...] = (), cwd: str = HERE,
                   timeout: float = 120, stop_timeout: float = 60) -> tuple[LaunchRun, T]:
@@ -170,15 +183,7 @@ def launch_server(tmp: str, argv: list[str], drive: Callable[[Served], T], *flag
         except subprocess.TimeoutExpired:
             stuck = True
     finally:
-        group = served.find_group()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        if group:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        end_launch(p, served.find_group())
         log.seek(0)
         out = log.read()
         log.close()
