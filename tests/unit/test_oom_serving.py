@@ -118,6 +118,10 @@ def test_targets_on_the_collected_messages() -> None:
     "[2025-03-07 21:49:33 TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.1474 -> 0.1845",
     "ggml_cuda_host_malloc: failed to allocate 1900,00 MiB of pinned memory: invalid argument",
     "Exception(3) tid(2a4c) 887A0005 The GPU device instance has been suspended.",
+    # advice for an OOM that may come (Real-ESRGAN prints it after any RuntimeError of its upsampler)
+    "Error CUDA error: an illegal memory access was encountered\n"
+    "If you encounter CUDA out of memory, try to set --tile with a smaller number.",
+    "INFO: If you encounter out of memory errors, try lowering --max-num-seqs",
 ])
 def test_no_false_alarm_on_non_memory_engine_errors(text: str) -> None:
     assert analyse(text) == []
