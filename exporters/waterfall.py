@@ -131,7 +131,11 @@ def _extra(group: list[SpanItem]) -> str:
     rules = sorted({str(g.attributes[_contract.STAGE_RULE]) for g in group
                     if g.attributes.get(_contract.STAGE_RULE)})
     if rules and not note:
-        return "rule " + ", ".join(rules[:2])  # a stage rule's span: which rule named it
+        note = "rule " + ", ".join(rules[:2])  # a stage rule's span: which rule named it
+    came = sorted({str(g.attributes[_contract.STAGE_STARTED_IN]) for g in group
+                   if g.attributes.get(_contract.STAGE_STARTED_IN)})
+    if came:  # opened by a task its stage started, after that stage ended
+        note = "; ".join(x for x in (note, "started in " + ", ".join(came[:2])) if x)
     return note
 
 

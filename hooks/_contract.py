@@ -15,6 +15,9 @@ from __future__ import annotations
 STAGE = "infersight.stage"  # the stage a span stands for (else the name after "coldstart.")
 STAGE_CUSTOM = "infersight.stage.custom"  # True: a stage the user named (hooks.stage)
 STAGE_RULE = "infersight.stage.rule"  # the stage rule that opened it (rules.d)
+# a stage opened by a task (thread context) that another stage made, after that stage had ended: its name; the span
+# hangs under the stage that was open around its start instead (the root at the top)
+STAGE_STARTED_IN = "infersight.stage.started_in"
 ENDED_BY = "infersight.coldstart.ended_by"  # on a root: what ended the cold start (ENDED_BY_*)
 READY_S = "infersight.coldstart.ready_s"  # on a root: seconds from its start to readiness
 UNATTRIBUTED_S = "infersight.coldstart.unattributed_s"  # on a root: seconds in no stage

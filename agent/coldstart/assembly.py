@@ -33,7 +33,7 @@ from infersight.agent.daemon.assemble import (
     text_field,
     uint64_field,
 )
-from infersight.coldstart_stages import as_number, covered_ns, merge, named_intervals
+from infersight.coldstart_stages import as_number, covered_ns, merge, named_intervals, stage_name
 from infersight.hooks import _contract
 from infersight.telemetry import Attributes, ColdStart, Item, Origin, SpanItem
 
@@ -50,6 +50,7 @@ UID_SHARES = 4
 SAMPLE_BYTES = 12  # a checkpoint sample: its time (8) and label index (4)
 LABEL_BYTES = 128  # a checkpoint label's overhead beside its characters (the str, its list and index slots)
 MAX_RECENT_ROOTS = 1024
+MAX_STAGE_DEPTH = 64  # stages walked up from an ended parent (hang_under_open_stage)
 ROOT_NAME = "coldstart"
 STAGE_PREFIX = "coldstart."
 STATE_KEY = "coldstart"  # in ``Producer.state``
@@ -89,6 +90,7 @@ class ColdStartState:
     """One producer's cold-start bookkeeping (``Producer.state["coldstart"]``)."""
 
     pending: list[SpanItem] = field(default_factory=list)  # stage spans waiting for the root (bounded)
+    ended: dict[str, SpanItem] = field(default_factory=dict)  # the same spans by span id
     pending_bytes: int = 0
     pending_dropped: int = 0  # stage spans not kept for the summary (bound reached)
     stages_seen: int = 0
@@ -98,6 +100,26 @@ class ColdStartState:
     checkpoint_bytes: int = 0  # about what the checkpoint holds (open runs, samples, labels)
     label_bytes: int = 0  # of which its labels
     charged: int = 0  # bytes charged to its uid's share (ColdStartAssembly._settle)
+
+
+def hang_under_open_stage(span: SpanItem, ended: Mapping[str, SpanItem]) -> None:
+    """A stage opened by a task or thread context that its parent stage made (``asyncio.create_task`` inside
+    it, which copies the current span) after that stage had ended hangs under the innermost stage still open at
+    its start (the root at the top), as the waterfall nests by time; ``STAGE_STARTED_IN`` names the stage it
+    came from. ``ended``: the producer's stages that ended (and came) before it, by span id; a parent not among
+    them is still open, or the root."""
+    parent = ended.get(span.parent_span_id) if span.parent_span_id is not None else None
+    if parent is None or span.start_ns < parent.end_ns:
+        return
+    origin = parent
+    for _ in range(MAX_STAGE_DEPTH):  # (a cycle of forged parents ends the walk)
+        up = parent.parent_span_id
+        above = ended.get(up) if up is not None else None
+        if above is None or span.start_ns < above.end_ns:
+            span.parent_span_id = up
+            span.attributes[_contract.STAGE_STARTED_IN] = stage_name(origin) or origin.name
+            return
+        parent = above
 
 
 def budgeted(uid: int | None) -> bool:
@@ -162,6 +184,7 @@ class ColdStartAssembly:
             p.last_ns = max(p.last_ns, span.end_ns)
             st.stages_seen += 1
             if not p.root_closed:  # else its summary went out already
+                hang_under_open_stage(span, st.ended)
                 self._keep_pending(p, st, span)
         out.append(span)
 
@@ -222,6 +245,7 @@ class ColdStartAssembly:
         st.checkpoint_bytes = st.label_bytes = 0
         st.pending_dropped += len(st.pending)  # stages of a root that never comes
         st.pending = []
+        st.ended = {}
         st.pending_bytes = 0
         self._settle(p, st)
         return out
@@ -368,6 +392,7 @@ class ColdStartAssembly:
         self._remember_covered(root, named_intervals(stages), worker_covered)
         done = {s.span_id for s in stages}
         st.pending = [s for s in st.pending if s.span_id not in done]
+        st.ended = {s.span_id: s for s in st.pending}
         st.checkpoint = None  # the root came (or was made): no more use for it
         st.checkpoint_bytes = st.label_bytes = 0
         st.pending_bytes = sum(span_bytes(s) for s in st.pending)
@@ -388,10 +413,12 @@ class ColdStartAssembly:
             self.stages_refused_budget += 1
             return
         st.pending.append(span)
+        st.ended[span.span_id] = span
         st.pending_bytes += size
         drop, n = 0, len(st.pending)
         while drop < n and (st.pending_bytes > self.max_pending_bytes or n - drop > MAX_PENDING_STAGE_SPANS):
             st.pending_bytes -= span_bytes(st.pending[drop])
+            st.ended.pop(st.pending[drop].span_id, None)
             drop += 1
         if drop:
             del st.pending[:drop]
