@@ -308,16 +308,23 @@ def _entered(rule: str, helper: bool = False) -> None:
         _runtime.fail(exc)
 
 
-def _wait_begins(stage: str, rule: str, target: str) -> None:
-    """A wait rule's target was called (a worker's task loop): its wait starts, once."""
+def _wait_begins(stage: str, rule: str, target: str, nest: bool) -> None:
+    """A wait rule's target was called (a worker's task loop): its wait starts, once. ``nest`` (a coroutine
+    target): the wait is its task's current span until it ends, so that the stages the task runs meanwhile
+    (an ASGI app's lifespan startup, loading its model) nest in it."""
     try:
         st = cs.state()  # a forked child's is new: a wait opened before the fork is not its own
         if rule in st.rule_waits or rule in st.rule_waits_done or not st.collecting or not cs.root_open():
             return
-        parent = _runtime.current_span.get() or _runtime.state().root_span_id
+        prev = _runtime.current_span.get()
+        span = _runtime.new_span_id()
         with st.lock:
-            if rule not in st.rule_waits and rule not in st.rule_waits_done:
-                st.rule_waits[rule] = (stage, target, parent, time.time_ns())
+            if rule in st.rule_waits or rule in st.rule_waits_done:
+                return
+            st.rule_waits[rule] = (stage, target, prev or _runtime.state().root_span_id, time.time_ns(), span,
+                                   prev)
+        if nest:  # (the coroutine's task: its own context)
+            _runtime.current_span.set(span)
     except Exception as exc:
         _runtime.fail(exc)
 
@@ -331,10 +338,12 @@ def _wait_ends(rule: str, until: str) -> None:
             if w is None:
                 return
             st.rule_waits_done.add(rule)
+        stage, target, parent, start, span, prev = w
+        if _runtime.current_span.get() == span:  # ended in the task it nests in: back to what was current
+            _runtime.current_span.set(prev)
         if not st.collecting or not cs.root_open():
             return
-        stage, target, parent, start = w
-        cs.emit_stage(stage, _runtime.new_span_id(), parent, start, time.time_ns(),
+        cs.emit_stage(stage, span, parent, start, time.time_ns(),
                       {_contract.STAGE_RULE: rule, "infersight.stage.target": target,
                        "infersight.stage.until": until})
     except Exception as exc:
@@ -364,7 +373,7 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str 
     wait and an ``until`` target ends it (neither is a stage itself)."""
     is_async = getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE
     if role == ROLE_WAIT:
-        wrapper: Callable[..., Any] = _before(fn, lambda: _wait_begins(stage, rule, target))
+        wrapper: Callable[..., Any] = _before(fn, lambda: _wait_begins(stage, rule, target, bool(is_async)))
     elif role == ROLE_UNTIL:
         wrapper = _before(fn, lambda: _wait_ends(rule, target))
     elif ready in (READY_AT_ENTRY, READY_AS_HELPER):

@@ -129,7 +129,12 @@ def test_a_trio_worker_is_ready_when_it_serves_not_at_its_early_listen(tmp_path,
     # after the app's import and its lifespan's start-up: at its early listen, both were still to come
     assert app_import(w).end_ns <= ready.end_ns == w.root.end_ns, out[-3000:]
     with open(tmp_path / ("lifespan.%d" % answer["pid"]), encoding="ascii") as f:
-        assert int(f.read()) <= ready.end_ns
+        lifespan_end = int(f.read())
+    assert lifespan_end <= ready.end_ns
+    # the lifespan's start-up, in its own trio task, up to the app's lifespan.startup.complete
+    (startup,) = the(w, "app_startup")
+    assert startup.attributes["infersight.stage.until"] == "hypercorn.trio.lifespan:Lifespan.asgi_send"
+    assert startup.end_ns >= lifespan_end and startup.end_ns - startup.start_ns >= 0.18e9, startup
     (first,) = the(w, "first_request")
     assert first.attributes["infersight.first_request.source"] == "asgi", first.attributes
     assert first.start_ns >= ready.end_ns  # the HTTP request, after readiness: its wait no cold start

@@ -97,10 +97,13 @@ def test_hypercorn_workers_are_ready_when_they_serve(tmp_path, worker: str, work
     sources = ("listening_socket",) if worker == "uvloop" else ("listen", "listening_socket")
     for w in ws:
         check_worker(w, r, sources)
-        # its lifespan startup (the model load, the warmup) is a stage, not ready_wait; the lifespan runs in a task
-        # Hypercorn started before its wait: the warmup lies within it, beside it
+        # its lifespan startup (the model load, the warmup) is a stage, not ready_wait, from the lifespan task's start
+        # to the app's startup.complete: the load's stages nest in it (they lay beside it when it timed
+        # wait_for_startup, in the worker's main task)
         startup, warm = one(w, "app_startup", r), one(w, "warmup", r)
         assert startup.attributes["infersight.stage.rule"] == "hypercorn.lifespan_startup"
+        assert startup.attributes["infersight.stage.until"] == "hypercorn.asyncio.lifespan:Lifespan.asgi_send"
+        assert warm.parent_span_id == startup.span_id, r.output[-3000:]
         assert startup.start_ns <= warm.start_ns and warm.end_ns <= startup.end_ns, r.output[-3000:]
     assert {rule.id for rule in load_stage_rules([builtin_stage_rules_path()]).rules
             if any(e.kind == "run" and e.value == "hypercorn" for e in rule.examples)} == {"hypercorn.lifespan_startup"}

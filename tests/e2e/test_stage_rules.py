@@ -73,7 +73,8 @@ def test_shipped_rules_load_and_the_hooks_read_them_alike() -> None:
                                                               "ray.autoscaler.monitor.loop", "ray.dashboard.serving",
                                                               "gunicorn.worker_loop"}
     assert {r.id for r in rs.rules if r.until} == {"ray.worker.task_wait", "ray.worker.log_setup",
-                                                   "ray.serve.proxy_init", "python.multiprocessing.bootstrap"}
+                                                   "ray.serve.proxy_init", "python.multiprocessing.bootstrap",
+                                                   "hypercorn.lifespan_startup"}
 
 
 def test_errors_name_file_and_line(tmp_path: Path) -> None:
@@ -432,6 +433,78 @@ def test_wait_and_entry_rules_on_a_script_that_defines_its_loop(tmp_path: Path) 
     assert root.attributes["infersight.coldstart.ended_by"] == "ready"
     assert root.end_ns <= res["entered_ns"]  # ready when the loop started, not at exit
     assert "stage_rules.missing" not in str(root.attributes)
+
+
+ASYNCLIB = """\
+import asyncio
+import time
+
+from infersight import hooks
+
+
+class Lifespan:
+    async def run(self):  # an app's lifespan task, as an ASGI server runs it
+        with hooks.stage("model_build"):  # its start-up: nests in the wait
+            time.sleep(0.1)
+        await self.started()
+        await asyncio.sleep(0.05)
+        with hooks.stage("cache_refresh"):  # after its start-up: the span current before the wait's
+            time.sleep(0.05)
+
+    async def started(self):
+        pass
+"""
+
+ASYNC_MAIN = """\
+import asyncio
+
+import asynclib
+from infersight import hooks
+
+
+async def main():
+    with hooks.stage("server_setup"):
+        await asyncio.create_task(asynclib.Lifespan().run())
+    hooks.mark_ready()
+
+
+asyncio.run(main())
+"""
+
+ASYNC_RULES = """\
+engine_version = "1.0"
+
+[[stage]]
+id = "site.lifespan"
+stage = "app_startup"
+targets = ["asynclib:Lifespan.run"]
+until = ["asynclib:Lifespan.started"]
+[[stage.examples]]
+run = "userlib"
+"""
+
+
+def test_a_coroutine_targets_wait_is_its_tasks_current_span_until_it_ends(tmp_path: Path) -> None:
+    """A wait whose target is a coroutine (an ASGI server's lifespan task, up to the app's startup message):
+    the stages that task runs meanwhile nest in it, and once an ``until`` call in that task ended it, the span
+    current before the wait is current again."""
+    write(tmp_path, "asynclib.py", ASYNCLIB)
+    script = write(tmp_path, "main.py", ASYNC_MAIN)
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    write(rules, "lifespan.toml", ASYNC_RULES)
+    r = launch(str(tmp_path), [sys.executable, str(script)], "--rules-dir", str(rules), result=False,
+               env={"PYTHONPATH": str(tmp_path)})
+    assert r.rc == 0, r.output[-3000:]
+    root = next(x for x in r.roots() if x.parent_span_id is None)
+    by_stage = {stage_name(s): s for s in r.stages(root)}
+    setup, wait, build, refresh = (by_stage[n] for n in ("server_setup", "app_startup", "model_build",
+                                                         "cache_refresh"))
+    assert wait.attributes["infersight.stage.until"] == "asynclib:Lifespan.started"
+    assert wait.parent_span_id == setup.span_id  # the task's span at its start
+    assert build.parent_span_id == wait.span_id and wait.start_ns <= build.start_ns <= build.end_ns <= wait.end_ns
+    assert refresh.parent_span_id == setup.span_id and refresh.start_ns >= wait.end_ns
+    assert "infersight.stage.started_in" not in refresh.attributes  # no ended stage was its parent
 
 
 def test_ready_and_until_are_validated(tmp_path: Path) -> None:
