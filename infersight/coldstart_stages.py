@@ -179,13 +179,18 @@ def workers_counts(root: SpanItem) -> tuple[int | None, int | None]:
 def workers_ready(root: SpanItem) -> str:
     """What a supervisor's root says of its workers' readiness, as ``show`` and ``report`` print it
     (``workers: 2 reported, 1 ever ready``); "" where it says nothing (no worker reported, or a process
-    that is no supervisor)."""
+    that is no supervisor). A root ended by its workers ended when it served through one (its first ready
+    worker, or its own listen if that came later): its own ``ready after`` is its listen, so that time is
+    said here (``serving after 2.300 s``)."""
     reported, ready = workers_counts(root)
     if ready is None:
         return ""
     text = ("%d ever ready" % ready if ready
             else "none ever ready (each exited first: failed to boot, or stopped while loading)")
-    return "workers: %s" % (text if reported is None else "%d reported, %s" % (reported, text))
+    text = "workers: %s" % (text if reported is None else "%d reported, %s" % (reported, text))
+    if ready and root.attributes.get(ENDED_BY) == "workers" and root.end_ns >= root.start_ns:
+        text += "; serving after %.3f s" % ((root.end_ns - root.start_ns) / 1e9)
+    return text
 
 
 def _count(v: AttrValue | None) -> int | None:

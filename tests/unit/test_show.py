@@ -245,6 +245,18 @@ def test_a_supervisors_workers_ready_is_shown(tmp_path: Path, ready: int, said: 
     assert html.count("workers: ") == html.count(said) == 1
 
 
+def test_a_supervisor_ended_by_its_workers_says_when_it_served(tmp_path: Path) -> None:
+    """A gunicorn master is ready at its own listen, but serves nobody before a worker is ready: its root ends then
+    (``ended_by=workers``). Its ``ready after`` stays its listen; the workers line says when it served."""
+    src = _supervisor(tmp_path, **{"infersight.coldstart.workers": 2, "infersight.coldstart.workers_ready": 1,
+                                   "infersight.coldstart.ready_s": 0.3, "infersight.coldstart.ended_by": "workers"})
+    rc, out, err = show(src, "text")
+    assert rc == 0, err
+    lines = out.split("\n\n")[0].splitlines()
+    at = lines.index("ready after 0.300 s (listen); ended by workers")
+    assert lines[at + 1] == "workers: 2 reported, 1 ever ready; serving after 1.000 s", lines
+
+
 def test_no_workers_line_where_none_is_recorded(tmp_path: Path) -> None:
     src = _supervisor(tmp_path)
     rc, out, _ = show(src, "text")
