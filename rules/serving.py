@@ -889,6 +889,9 @@ class _Unprefixed:
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines
         self._cut: dict[int, str] = {}
+        # each line as printed (False) and cut (True), spaces collapsed and cut at a limit: the windows of nearby
+        # anchors overlap, and every rule anchored on a line reads its window and context (a few copies of the text)
+        self._collapsed: dict[tuple[bool, int, int], str] = {}
 
     def line(self, i: int) -> str:
         got = self._cut.get(i)
@@ -902,8 +905,33 @@ class _Unprefixed:
             self._cut[i] = got
         return got
 
+    def forget_before(self, line: int) -> None:
+        """Drop the collapsed lines before ``line``: the anchors still to come read no window that reaches them."""
+        for key in [k for k in self._collapsed if k[1] < line]:
+            del self._collapsed[key]
+
     def joined(self, start: int, end: int, limit: int) -> tuple[str, list[int]]:
-        return _joined([self.line(k) for k in range(start, end)], 0, end - start, limit)
+        """Lines [start, end) with their shared prefixes cut, joined as :func:`_joined` does."""
+        return self._join(True, start, end, limit)
+
+    def printed(self, start: int, end: int, limit: int) -> tuple[str, list[int]]:
+        """Lines [start, end) as printed, joined as :func:`_joined` does."""
+        return self._join(False, start, end, limit)
+
+    def _join(self, cut: bool, start: int, end: int, limit: int) -> tuple[str, list[int]]:
+        parts: list[str] = []
+        starts: list[int] = []
+        n = 0
+        for i in range(start, end):
+            got = self._collapsed.get((cut, i, limit))
+            if got is None:
+                got = self._collapsed[(cut, i, limit)] = _WS.sub(" ", (self.line(i) if cut else self.lines[i])[:limit])
+            starts.append(n)
+            parts.append(got)
+            n += len(got) + 1
+            if n >= limit:
+                break
+        return "\n".join(parts)[:limit], starts
 
 
 # The field that holds the line in a log shipped as JSON: the container runtime's ("log"), Loki's and most
@@ -1106,7 +1134,7 @@ def _cut_shared(line: str, neighbour: str) -> str:
 
 def _scan(rule: ServingRule, lines: list[str], i: int, cut: _Unprefixed) -> _Hit | None:
     end = min(len(lines), i + rule.window)
-    window, wstarts = _joined(lines, i, end, WINDOW_CHARS)
+    window, wstarts = cut.printed(i, end, WINDOW_CHARS)
     plain: tuple[str, list[int]] | None = None
     values: dict[str, float] = {}
     first = last = i
@@ -1130,7 +1158,7 @@ def _scan(rule: ServingRule, lines: list[str], i: int, cut: _Unprefixed) -> _Hit
     around = ""
     if rule.context or any(c.match_before is not None for c in rule.cases):
         c0 = max(0, i - CONTEXT_LINES)
-        ctx, cstarts = _joined(lines, c0, end, CONTEXT_CHARS)
+        ctx, cstarts = cut.printed(c0, end, CONTEXT_CHARS)
         around = ctx
         anchor_end = cstarts[i - c0 + 1] if i - c0 + 1 < len(cstarts) else len(ctx)
         cut_ctx: tuple[str, list[int]] | None = None
@@ -1515,8 +1543,12 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     findings: list[Finding] = [_pytorch_finding(m, lines, rs) for m in find_ooms(text)]
     taken: list[tuple[int, int]] = [(f.first_line, f.last_line) for f in findings]
     hits: list[_Hit] = []
+    swept = 0
     for i in _candidate_lines(lines, rs.not_memory):
         line = lines[i]
+        if i - swept > 16 * CONTEXT_LINES:  # (candidates come in order; a context reaches CONTEXT_LINES back)
+            cut.forget_before(i - CONTEXT_LINES)
+            swept = i
         for rule in rs.rules_for(line):
             if any(a in line for a in rule.anchors):
                 hit = _scan(rule, lines, i, cut)
@@ -1529,9 +1561,15 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     hits.sort(key=lambda h: (h.rule.priority, h.anchor))
     accepted: list[tuple[_Hit, Finding]] = []
     distinct: set[str] = {f.key for f in findings}
+    # Indexed by line (an event's lines are a window of a few): whether a line lies in an event taken already,
+    # and the accepted events that reach each line (their last line plus the one after): a text of thousands of
+    # anchors reads each once, not against every event before it.
+    covered: set[int] = {i for a, b in taken for i in range(a, b + 1)}
+    reaching: dict[int, list[tuple[_Hit, Finding]]] = {}
     for h in hits:
-        if any(a <= h.anchor <= b for a, b in taken) or _goes_on(h, accepted):
-            same = next((f for hh, f in accepted if hh.rule is h.rule and hh.first <= h.anchor <= hh.last + 1), None)
+        if h.anchor in covered or _goes_on(h, reaching.get(h.anchor, ())):
+            same = next((f for hh, f in reaching.get(h.anchor, ()) if hh.rule is h.rule and hh.first <= h.anchor),
+                        None)
             if same is not None:
                 for k, v in h.values.items():  # fold the numbers a later line of the event adds
                     if k in BASE_QUANTITIES and same.numbers.get(k) is None:
@@ -1542,7 +1580,9 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
         engine = _engine_for(h.rule.engine, lines, h.first, h.last)
         f = _decide(h, engine, rs)
         accepted.append((h, f))
-        taken.append((h.first, h.last))  # the event ends on the last line its patterns read
+        covered.update(range(h.first, h.last + 1))  # the event ends on the last line its patterns read
+        for i in range(h.first, h.last + 2):
+            reaching.setdefault(i, []).append((h, f))
         distinct.add(f.key)  # a message repeated (a scheduler's line every step) counts once
         if len(distinct) >= MAX_FINDINGS or len(accepted) >= MAX_EVENTS:
             break
@@ -1577,7 +1617,7 @@ def quiet_lines(text: str, rs: ServingRules | None = None, limit: int = 8) -> li
     return out
 
 
-def _goes_on(h: _Hit, accepted: list[tuple[_Hit, Finding]]) -> bool:
+def _goes_on(h: _Hit, accepted: Iterable[tuple[_Hit, Finding]]) -> bool:
     """``h`` is the closing line of an event of its rule found just before it: anchored on the line right after
     that event's lines, with no message of its own (only an anchor matched: llama-server's "Context size has been
     exceeded" after the batch that found no KV cell), or naming the same request with its lines reaching back into
