@@ -311,7 +311,8 @@ def _entered(rule: str, helper: bool = False) -> None:
 def _wait_begins(stage: str, rule: str, target: str, nest: bool) -> None:
     """A wait rule's target was called (a worker's task loop): its wait starts, once. ``nest`` (a coroutine
     target): the wait is its task's current span until it ends, so that the stages the task runs meanwhile
-    (an ASGI app's lifespan startup, loading its model) nest in it."""
+    (an ASGI app's lifespan startup, loading its model) nest in it; such a wait is also closed when the
+    target returns first, or at the root's end (its stages need their parent)."""
     try:
         st = cs.state()  # a forked child's is new: a wait opened before the fork is not its own
         if rule in st.rule_waits or rule in st.rule_waits_done or not st.collecting or not cs.root_open():
@@ -322,32 +323,70 @@ def _wait_begins(stage: str, rule: str, target: str, nest: bool) -> None:
             if rule in st.rule_waits or rule in st.rule_waits_done:
                 return
             st.rule_waits[rule] = (stage, target, prev or _runtime.state().root_span_id, time.time_ns(), span,
-                                   prev)
+                                   prev, nest)
         if nest:  # (the coroutine's task: its own context)
-            _runtime.current_span.set(span)
+            cs.add_run_source(_flush_waits, _open_waits)
+            cs.set_current(span)
     except Exception as exc:
         _runtime.fail(exc)
 
 
 def _wait_ends(rule: str, until: str) -> None:
     """One of a wait rule's ``until`` targets was called (the first task arrived): the wait is a stage."""
+    _close_wait(rule, {"infersight.stage.until": until}, time.time_ns())
+
+
+def _wait_returned(rule: str) -> None:
+    """A nesting wait's coroutine target returned or raised before any ``until`` call (an ASGI app whose lifespan
+    failed): the wait ends there."""
+    _close_wait(rule, {}, time.time_ns(), nested_only=True)
+
+
+def _close_wait(rule: str, attrs: Dict[str, Any], end_ns: int, nested_only: bool = False) -> None:
+    """Emit ``rule``'s open wait as a stage ending at ``end_ns``, with ``attrs``; in the task it nests in, the span
+    current before it is current again."""
     try:
         st = cs.state()
         with st.lock:
-            w = st.rule_waits.pop(rule, None)
-            if w is None:
+            w = st.rule_waits.get(rule)
+            if w is None or (nested_only and not w[6]):
                 return
+            del st.rule_waits[rule]
             st.rule_waits_done.add(rule)
-        stage, target, parent, start, span, prev = w
+        stage, target, parent, start, span, prev, _nest = w
         if _runtime.current_span.get() == span:  # ended in the task it nests in: back to what was current
-            _runtime.current_span.set(prev)
+            cs.set_current(prev)
         if not st.collecting or not cs.root_open():
             return
-        cs.emit_stage(stage, span, parent, start, time.time_ns(),
-                      {_contract.STAGE_RULE: rule, "infersight.stage.target": target,
-                       "infersight.stage.until": until})
+        ready = _readiness.ready_end()
+        if ready is not None and ready < end_ns:  # the root ends there: a wait closed since is cut at its end
+            end_ns = max(start, ready)
+        cs.emit_stage(stage, span, parent, start, end_ns,
+                      {_contract.STAGE_RULE: rule, "infersight.stage.target": target, **attrs})
     except Exception as exc:
         _runtime.fail(exc)
+
+
+def _flush_waits(end_ns: int, final: bool) -> None:
+    """``_recorder``'s run source: at the root's end, a nesting wait still open (its ``until`` never came: a
+    lifespan that failed without saying so) ends there, so that the stages inside it keep their parent."""
+    if not final:
+        return
+    st = cs.state()
+    with st.lock:
+        open_rules = [rule for rule, w in st.rule_waits.items() if w[6]]
+    for rule in open_rules:
+        _close_wait(rule, {}, end_ns, nested_only=True)
+
+
+def _open_waits() -> List[Tuple[str, str, str, int, int, Dict[str, Any]]]:
+    """(Sampler thread) The nesting waits still open, as stages so far (for checkpoints)."""
+    st = cs.state()
+    now = time.time_ns()
+    with st.lock:
+        waits = [(rule, w) for rule, w in st.rule_waits.items() if w[6]]
+    return [(w[0], w[4], w[2], w[3], now, {_contract.STAGE_RULE: rule, "infersight.stage.target": w[1]})
+            for rule, w in waits]
 
 
 def _before(fn: Callable[..., Any], hook: Callable[[], None]) -> Callable[..., Any]:
@@ -372,8 +411,17 @@ def wrap(fn: Callable[..., Any], stage: str, rule: str, target: str, ready: str 
     "entry"`` rule's call marks readiness and opens no stage; a wait rule's target starts its
     wait and an ``until`` target ends it (neither is a stage itself)."""
     is_async = getattr(getattr(fn, "__code__", None), "co_flags", 0) & _CO_COROUTINE
-    if role == ROLE_WAIT:
-        wrapper: Callable[..., Any] = _before(fn, lambda: _wait_begins(stage, rule, target, bool(is_async)))
+    if role == ROLE_WAIT and is_async:
+        async def await_wait(*args: Any, **kwargs: Any) -> Any:
+            _wait_begins(stage, rule, target, True)
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                _wait_returned(rule)
+
+        wrapper: Callable[..., Any] = await_wait
+    elif role == ROLE_WAIT:
+        wrapper = _before(fn, lambda: _wait_begins(stage, rule, target, False))
     elif role == ROLE_UNTIL:
         wrapper = _before(fn, lambda: _wait_ends(rule, target))
     elif ready in (READY_AT_ENTRY, READY_AS_HELPER):

@@ -326,8 +326,9 @@ class ColdStart:
         self.rule_absorb_owed = False
         # ``_stagerules``' wait rules: rule id -> (stage, target, parent span, start) while open;
         # the rules whose wait has run (only a process's first counts: a forked child has its own)
-        # a wait rule's open wait: stage, target, parent span, start, its span id, the span current at its start
-        self.rule_waits: Dict[str, Tuple[str, str, str, int, str, Optional[str]]] = {}
+        # a wait rule's open wait: stage, target, parent span, start, its span id, the span current at its start,
+        # whether it is its task's current span (a coroutine target)
+        self.rule_waits: Dict[str, Tuple[str, str, str, int, str, Optional[str], bool]] = {}
         self.rule_waits_done: Set[str] = set()
         self.rule_fork_ready_sent = False  # a ``ready = "entry"`` rule sent this fork's readiness
 

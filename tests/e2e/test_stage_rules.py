@@ -437,6 +437,7 @@ def test_wait_and_entry_rules_on_a_script_that_defines_its_loop(tmp_path: Path) 
 
 ASYNCLIB = """\
 import asyncio
+import os
 import time
 
 from infersight import hooks
@@ -446,6 +447,11 @@ class Lifespan:
     async def run(self):  # an app's lifespan task, as an ASGI server runs it
         with hooks.stage("model_build"):  # its start-up: nests in the wait
             time.sleep(0.1)
+        mode = os.environ.get("LIFESPAN_MODE", "")
+        if mode == "raise":  # a lifespan that fails without a word to the server
+            raise RuntimeError("lifespan failed")
+        if mode == "hang":  # one whose start-up never ends
+            await asyncio.sleep(3600)
         await self.started()
         await asyncio.sleep(0.05)
         with hooks.stage("cache_refresh"):  # after its start-up: the span current before the wait's
@@ -457,6 +463,7 @@ class Lifespan:
 
 ASYNC_MAIN = """\
 import asyncio
+import os
 
 import asynclib
 from infersight import hooks
@@ -464,8 +471,16 @@ from infersight import hooks
 
 async def main():
     with hooks.stage("server_setup"):
-        await asyncio.create_task(asynclib.Lifespan().run())
+        task = asyncio.create_task(asynclib.Lifespan().run())
+        if os.environ.get("LIFESPAN_MODE") == "hang":
+            await asyncio.sleep(0.3)
+        else:
+            try:
+                await task
+            except RuntimeError:
+                pass
     hooks.mark_ready()
+    task.cancel()
 
 
 asyncio.run(main())
@@ -484,27 +499,37 @@ run = "userlib"
 """
 
 
-def test_a_coroutine_targets_wait_is_its_tasks_current_span_until_it_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["", "raise", "hang"], ids=["until", "target-raises", "root-ends-first"])
+def test_a_coroutine_targets_wait_is_its_tasks_current_span_until_it_ends(tmp_path: Path, mode: str) -> None:
     """A wait whose target is a coroutine (an ASGI server's lifespan task, up to the app's startup message):
     the stages that task runs meanwhile nest in it, and once an ``until`` call in that task ended it, the span
-    current before the wait is current again."""
+    current before the wait is current again. A target that returns or raises first ends it there, and one
+    still waiting when the root ends is ended with the root: the stages inside it keep their parent."""
     write(tmp_path, "asynclib.py", ASYNCLIB)
     script = write(tmp_path, "main.py", ASYNC_MAIN)
     rules = tmp_path / "rules.d"
     rules.mkdir()
     write(rules, "lifespan.toml", ASYNC_RULES)
     r = launch(str(tmp_path), [sys.executable, str(script)], "--rules-dir", str(rules), result=False,
-               env={"PYTHONPATH": str(tmp_path)})
+               env={"PYTHONPATH": str(tmp_path), "LIFESPAN_MODE": mode})
     assert r.rc == 0, r.output[-3000:]
     root = next(x for x in r.roots() if x.parent_span_id is None)
     by_stage = {stage_name(s): s for s in r.stages(root)}
-    setup, wait, build, refresh = (by_stage[n] for n in ("server_setup", "app_startup", "model_build",
-                                                         "cache_refresh"))
-    assert wait.attributes["infersight.stage.until"] == "asynclib:Lifespan.started"
+    setup, wait, build = (by_stage[n] for n in ("server_setup", "app_startup", "model_build"))
     assert wait.parent_span_id == setup.span_id  # the task's span at its start
     assert build.parent_span_id == wait.span_id and wait.start_ns <= build.start_ns <= build.end_ns <= wait.end_ns
-    assert refresh.parent_span_id == setup.span_id and refresh.start_ns >= wait.end_ns
-    assert "infersight.stage.started_in" not in refresh.attributes  # no ended stage was its parent
+    assert "coldstart.interrupted" not in {s.name for s in r.stages(root)}  # no parent missing
+    if mode == "":
+        assert wait.attributes["infersight.stage.until"] == "asynclib:Lifespan.started"
+        refresh = by_stage["cache_refresh"]
+        assert refresh.parent_span_id == setup.span_id and refresh.start_ns >= wait.end_ns
+        assert "infersight.stage.started_in" not in refresh.attributes  # no ended stage was its parent
+        return
+    assert "infersight.stage.until" not in wait.attributes and "cache_refresh" not in by_stage
+    if mode == "raise":  # ended where the target raised, before the setup around it
+        assert wait.end_ns <= setup.end_ns < root.end_ns
+    else:  # still waiting at readiness: ended with the root
+        assert wait.end_ns == root.end_ns > setup.end_ns
 
 
 def test_ready_and_until_are_validated(tmp_path: Path) -> None:

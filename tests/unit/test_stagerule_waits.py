@@ -30,11 +30,11 @@ def _fork(monkeypatch: pytest.MonkeyPatch, client: Emitted) -> None:
 
 def test_a_wait_is_one_stage_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     client = _collecting(monkeypatch)
-    _stagerules._wait_begins("task_wait", "r", "m:loop")
-    _stagerules._wait_begins("task_wait", "r", "m:loop")  # a second call while it is open: the same wait
+    _stagerules._wait_begins("task_wait", "r", "m:loop", False)
+    _stagerules._wait_begins("task_wait", "r", "m:loop", False)  # a second call while it is open: the same wait
     _stagerules._wait_ends("r", "m:task")
     _stagerules._wait_ends("r", "m:task")
-    _stagerules._wait_begins("task_wait", "r", "m:loop")  # done in this process: no second wait
+    _stagerules._wait_begins("task_wait", "r", "m:loop", False)  # done in this process: no second wait
     _stagerules._wait_ends("r", "m:task")
     assert client.stages() == ["task_wait"]
     assert not _state.current.runtime.failed
@@ -42,14 +42,14 @@ def test_a_wait_is_one_stage_once_per_process(monkeypatch: pytest.MonkeyPatch) -
 
 def test_a_forked_child_has_its_own_wait_not_its_parents(monkeypatch: pytest.MonkeyPatch) -> None:
     client = _collecting(monkeypatch)
-    _stagerules._wait_begins("task_wait", "open", "m:loop")  # still open at the fork
-    _stagerules._wait_begins("task_wait", "done", "m:loop")
+    _stagerules._wait_begins("task_wait", "open", "m:loop", False)  # still open at the fork
+    _stagerules._wait_begins("task_wait", "done", "m:loop", False)
     _stagerules._wait_ends("done", "m:task")
     assert client.stages() == ["task_wait"]
     _fork(monkeypatch, client)
     _stagerules._wait_ends("open", "m:task")  # the parent's wait: not ended by the child
     assert client.stages() == ["task_wait"]
-    _stagerules._wait_begins("task_wait", "done", "m:loop")  # the child's own first wait counts
+    _stagerules._wait_begins("task_wait", "done", "m:loop", False)  # the child's own first wait counts
     _stagerules._wait_ends("done", "m:task")
     assert client.stages() == ["task_wait", "task_wait"]
     assert not _state.current.runtime.failed
@@ -98,4 +98,44 @@ def test_a_call_that_ends_one_wait_and_starts_another_ends_the_first_before(monk
     spans = {d["a"]["infersight.stage"]: d for kind, d in client.events if kind == "span"}
     assert set(spans) == {"setup", "task_wait"}, client.events
     assert spans["setup"]["e"] <= spans["task_wait"]["s"]
+    assert not _state.current.runtime.failed
+
+
+def test_a_nesting_wait_left_open_is_in_checkpoints_and_ends_with_the_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coroutine target's wait is its task's current span: the stages in it take it as parent. One whose
+    ``until`` never comes is listed as a stage so far (the checkpoint a SIGKILLed process leaves), and the root's
+    end emits it, so that its children keep their parent; the span current before it comes back when it ends
+    in its own context, and a sync target's wait is no current span at all."""
+    import contextvars
+
+    from infersight.hooks import _recorder, _runtime
+
+    client = _collecting(monkeypatch)
+    ctx = contextvars.copy_context()  # the target's task
+    ctx.run(_stagerules._wait_begins, "app_startup", "lifespan", "m:Lifespan.run", True)
+    span = ctx.run(_runtime.current_span.get)
+    assert span is not None and _runtime.current_span.get() is None  # only the task's context
+    (so_far,) = _stagerules._open_waits()
+    assert (so_far[0], so_far[1], so_far[2]) == ("app_startup", span, "a" * 16)
+    assert so_far[5]["infersight.stage.rule"] == "lifespan"
+    assert client.stages() == []
+    _recorder.flush_runs(10**18, final=False)  # readiness: nothing yet
+    assert client.stages() == []
+    _recorder.flush_runs(10**18, final=True)  # the root's end
+    assert client.stages() == ["app_startup"] and "infersight.stage.until" not in client.stage_attrs()[0]
+    assert _stagerules._open_waits() == []
+    # a sync target: no current span, not closed at the root's end (it has no children)
+    _stagerules._wait_begins("task_wait", "loop", "m:loop", False)
+    assert _runtime.current_span.get() is None and _stagerules._open_waits() == []
+    _recorder.flush_runs(10**18, final=True)
+    assert client.stages() == ["app_startup"]
+    # ended in its own context by an until call: the span current before it is current again
+    ctx2 = contextvars.copy_context()
+    ctx2.run(_runtime.current_span.set, "b" * 16)
+    ctx2.run(_stagerules._wait_begins, "app_startup", "lifespan2", "m:Lifespan.run", True)
+    assert ctx2.run(_runtime.current_span.get) != "b" * 16
+    ctx2.run(_stagerules._wait_ends, "lifespan2", "m:Lifespan.send")
+    assert ctx2.run(_runtime.current_span.get) == "b" * 16
+    assert client.stages() == ["app_startup", "app_startup"]
+    assert client.stage_attrs()[1]["infersight.stage.until"] == "m:Lifespan.send"
     assert not _state.current.runtime.failed
