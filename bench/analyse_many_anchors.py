@@ -69,8 +69,11 @@ def lay_out(rev: str, dest: Path) -> None:
     src.mkdir()
     archive = dest / "rev.tar"
     archive.write_bytes(blob)
-    with tarfile.open(archive) as tar:
-        tar.extractall(src, filter="data")
+    with tarfile.open(archive) as tar:  # (our own archive; the data filter where this Python has it)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(src, filter="data")
+        else:
+            tar.extractall(src)
     for folder, target in LAYOUT.items():
         os.makedirs(dest / "pkg" / Path(target).parent, exist_ok=True)
         os.rename(src / folder, dest / "pkg" / target)

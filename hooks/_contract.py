@@ -57,6 +57,7 @@ ENDED_BY_READY = "ready"
 ENDED_BY_FIRST_REQUEST = FIRST_REQUEST
 ENDED_BY_EXIT = "exit"
 ENDED_BY_PRODUCER_LOST = "producer_lost"  # the agent closed it: the process died first
+ENDED_BY_WORKERS = "workers"  # a supervisor's: it served through a worker (its first ready one)
 
 # Readiness signals (READY_SOURCE values): the root ends at readiness when one of these said
 # when it came. A request that arrives first ("request") is no signal: the first response

@@ -724,7 +724,7 @@ def check_workers() -> None:
                 if st.first_done or st.first is not None:
                     return
                 st.first_done = True  # no first_request of its own will end it any more
-            finish_root(max(min(r[1] for r in done), last_end()), "workers")
+            finish_root(max(min(r[1] for r in done), last_end()), _contract.ENDED_BY_WORKERS)
     except Exception as exc:
         _runtime.fail(exc)
 

@@ -188,7 +188,7 @@ def workers_ready(root: SpanItem) -> str:
     text = ("%d ever ready" % ready if ready
             else "none ever ready (each exited first: failed to boot, or stopped while loading)")
     text = "workers: %s" % (text if reported is None else "%d reported, %s" % (reported, text))
-    if ready and root.attributes.get(ENDED_BY) == "workers" and root.end_ns >= root.start_ns:
+    if ready and root.attributes.get(ENDED_BY) == _contract.ENDED_BY_WORKERS and root.end_ns >= root.start_ns:
         text += "; serving after %.3f s" % ((root.end_ns - root.start_ns) / 1e9)
     return text
 

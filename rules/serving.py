@@ -820,22 +820,6 @@ def _ends_a_refusal(k: int, q: NotMemory, lines: list[str], i: int, refused: dic
     return False
 
 
-def _joined(lines: list[str], start: int, end: int, limit: int) -> tuple[str, list[int]]:
-    """Lines [start, end) joined by newlines (tabs and runs of spaces collapsed), at most
-    ``limit`` characters, and the offset where each line starts."""
-    parts: list[str] = []
-    starts: list[int] = []
-    n = 0
-    for i in range(start, end):
-        s = _WS.sub(" ", lines[i][:limit])
-        starts.append(n)
-        parts.append(s)
-        n += len(s) + 1
-        if n >= limit:
-            break
-    return "\n".join(parts)[:limit], starts
-
-
 def _line_of(starts: list[int], base: int, offset: int) -> int:
     lo = 0
     for k, s in enumerate(starts):
@@ -911,11 +895,12 @@ class _Unprefixed:
             del self._collapsed[key]
 
     def joined(self, start: int, end: int, limit: int) -> tuple[str, list[int]]:
-        """Lines [start, end) with their shared prefixes cut, joined as :func:`_joined` does."""
+        """Lines [start, end) with their shared prefixes cut, joined by newlines (tabs and runs of spaces collapsed),
+        at most ``limit`` characters, and the offset where each line starts."""
         return self._join(True, start, end, limit)
 
     def printed(self, start: int, end: int, limit: int) -> tuple[str, list[int]]:
-        """Lines [start, end) as printed, joined as :func:`_joined` does."""
+        """Lines [start, end) as printed, joined as :meth:`joined` does."""
         return self._join(False, start, end, limit)
 
     def _join(self, cut: bool, start: int, end: int, limit: int) -> tuple[str, list[int]]:

@@ -114,7 +114,9 @@ def hang_under_open_stage(span: SpanItem, ended: Mapping[str, SpanItem]) -> None
     origin = parent
     for _ in range(MAX_STAGE_DEPTH):  # (a cycle of forged parents ends the walk)
         up = parent.parent_span_id
-        above = ended.get(up) if up is not None else None
+        if up is None:  # (bad data: a stage with no parent) left as sent
+            return
+        above = ended.get(up)
         if above is None or span.start_ns < above.end_ns:
             span.parent_span_id = up
             span.attributes[_contract.STAGE_STARTED_IN] = stage_name(origin) or origin.name
