@@ -188,8 +188,11 @@ def workers_ready(root: SpanItem) -> str:
     text = ("%d ever ready" % ready if ready
             else "none ever ready (each exited first: failed to boot, or stopped while loading)")
     text = "workers: %s" % (text if reported is None else "%d reported, %s" % (reported, text))
-    if ready and root.attributes.get(ENDED_BY) == _contract.ENDED_BY_WORKERS and root.end_ns >= root.start_ns:
-        text += "; serving after %.3f s" % ((root.end_ns - root.start_ns) / 1e9)
+    serving = (root.end_ns - root.start_ns) / 1e9
+    own = as_number(root.attributes.get(_contract.READY_S))
+    if (ready and root.attributes.get(ENDED_BY) == _contract.ENDED_BY_WORKERS and serving >= 0
+            and (own is None or abs(serving - own) >= 0.0005)):  # (not when its own readiness says it already)
+        text += "; serving after %.3f s" % serving
     return text
 
 

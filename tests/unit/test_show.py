@@ -255,6 +255,12 @@ def test_a_supervisor_ended_by_its_workers_says_when_it_served(tmp_path: Path) -
     lines = out.split("\n\n")[0].splitlines()
     at = lines.index("ready after 0.300 s (listen); ended by workers")
     assert lines[at + 1] == "workers: 2 reported, 1 ever ready; serving after 1.000 s", lines
+    # its own readiness came last (its listen after its worker's): the readiness line says it already
+    src = _supervisor(tmp_path, **{"infersight.coldstart.workers": 2, "infersight.coldstart.workers_ready": 1,
+                                   "infersight.coldstart.ended_by": "workers"})
+    rc, out, err = show(src, "text")
+    assert rc == 0, err
+    assert "workers: 2 reported, 1 ever ready\n" in out and "serving after" not in out, out
 
 
 def test_no_workers_line_where_none_is_recorded(tmp_path: Path) -> None:
