@@ -4,7 +4,7 @@
 ``model_build`` that opens ``weights_load`` once ``model_build`` is over was drawn nested under it, outside
 its time, and "biggest stages" left the load out. Here the load hangs under the root, a tokenizer task made in
 a ``config_load`` stage hangs under the ``service_init`` around it, both name where they came from, and the
-OTLP file, launch's waterfall and ``show`` agree.
+OTLP file, launch's waterfall and the HTML report agree.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support", "workloads"))
 from launchutil import assert_well_formed, launch, stage_name  # noqa: E402
 
+from infersight.agent.cli import main  # noqa: E402
 from infersight.agent.commands.show import coldstarts  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
@@ -75,3 +76,6 @@ def test_a_task_stage_after_its_makers_end_hangs_under_the_stage_still_open(tmp_
     assert any(ln.startswith("    tokenizer_load ") and "started in config_load" in ln for ln in rows), r.output
     biggest = next(ln for ln in rows if ln.startswith("biggest stages: "))
     assert biggest.startswith("biggest stages: weights_load "), biggest
+    page = tmp_path / "report.html"  # the HTML report's row says it too
+    assert main(["report", str(tmp_path / "out.otlp.jsonl"), "-o", str(page)]) == 0
+    assert page.read_text().count("started in model_build") == 1
