@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support",
 from launchutil import HERE, LaunchRun, Served, launch, launch_server, pid, stage_name  # noqa: E402
 
 from infersight.agent.commands.show import coldstarts  # noqa: E402
-from infersight.exporters.waterfall import coverage, is_helper, tree_coverage  # noqa: E402
+from infersight.coldstart_stages import merge, named_intervals  # noqa: E402
+from infersight.exporters.waterfall import coverage, is_helper, render_waterfall, tree_coverage  # noqa: E402
 from infersight.rules.stage_rules import builtin_stage_rules_path, load_stage_rules  # noqa: E402
 from infersight.telemetry import ColdStart  # noqa: E402
 
@@ -108,7 +109,7 @@ def check_each_process(r: LaunchRun, short: Callable[[ColdStart], bool] = lambda
     ``settle``; any other process below the target fails the test here."""
     css = served(r)
     assert css, r.output[-4000:]
-    low, known = [], []
+    low, known, shown = [], [], []
     for cs in css:
         by_workers = cs.root.attributes.get("infersight.coldstart.ended_by") == "workers"
         cov = tree_coverage(cs) if by_workers else coverage(cs)
@@ -117,8 +118,26 @@ def check_each_process(r: LaunchRun, short: Callable[[ColdStart], bool] = lambda
                     for s in cs.stages if stage_name(s) == "unattributed"]
             row = (pid(cs), cs.root.resource.get("process.command"), "%.1f%%" % (100 * cov), gaps)
             (known if short(cs) else low).append(row)
-    assert not low, "%r\n%s" % (low, r.output[-3000:])
+            if not short(cs):  # its own waterfall and where no stage was (launch's output may have cut it)
+                shown.append("%s\nuncovered (start s, duration s): %s" % (render_waterfall(cs), [
+                    (round((a - cs.root.start_ns) / 1e9, 3), round((b - a) / 1e9, 3)) for a, b in uncovered(cs)]))
+    assert not low, "%r\n%s\n%s" % (low, "\n".join(shown), r.output[-3000:])
     return css, known
+
+
+def uncovered(cs: ColdStart) -> list[tuple[int, int]]:
+    """The stretches of the root that no named stage covers, 1 ms or longer."""
+    out, at, end = [], cs.root.start_ns, cs.root.end_ns
+    for a, b in merge(named_intervals(cs.stages)):
+        a, b = max(a, cs.root.start_ns), min(b, end)
+        if a >= end:
+            break
+        if a - at >= 1_000_000:
+            out.append((at, a))
+        at = max(at, b)
+    if end - at >= 1_000_000:
+        out.append((at, end))
+    return out
 
 
 def settle(known: list[tuple[Any, ...]], why: str) -> None:
