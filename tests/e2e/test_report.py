@@ -247,7 +247,9 @@ def test_real_workload_page_in_chromium(demo: Path, gpu: Path, tmp_path: Path) -
     # the FAKE worker's root row's gap, too (the real demo has one as well when the machine is slow)
     gaps = [g for g in dom.find("rect", **{"class": "gap"}) if "sampled top frames: mylib." in g["text"]]
     assert len(gaps) == 1 and "json.decoder:raw_decode 22%" in gaps[0]["text"]
-    (wl,) = [r for r in dom.find("g", data_stage="weights_load") if "2.0 GiB" in r["text"]]
+    # the FAKE worker's weights_load (the demo's own read may print "2.0 GiB/s" as its throughput)
+    (wl,) = dom.find("g", data_span_id="14" * 8)
+    assert wl["attrs"]["data-stage"] == "weights_load" and "2.0 GiB @" in wl["text"]
     assert "warm (page cache 100%)" in wl["text"]
     assert "x.unknown.attribute = kept as is" in wl["text"]  # unknown attributes on hover
     assert dom.find("g", **{"class": "mark ready"}) and dom.find("g", **{"class": "mark first-response"})
