@@ -21,6 +21,7 @@ from infersight.coldstart_stages import (
     biggest_stages,
     coverage,
     gap_frames,
+    started_in_note,
     tree_coverage,
     union_ns,
     workers_ready,
@@ -132,11 +133,7 @@ def _extra(group: list[SpanItem]) -> str:
                     if g.attributes.get(_contract.STAGE_RULE)})
     if rules and not note:
         note = "rule " + ", ".join(rules[:2])  # a stage rule's span: which rule named it
-    came = sorted({str(g.attributes[_contract.STAGE_STARTED_IN]) for g in group
-                   if g.attributes.get(_contract.STAGE_STARTED_IN)})
-    if came:  # opened by a task its stage started, after that stage ended
-        note = "; ".join(x for x in (note, "started in " + ", ".join(came[:2])) if x)
-    return note
+    return "; ".join(x for x in (note, started_in_note(group)) if x)
 
 
 def _bar(group: list[SpanItem], root: SpanItem, total: int, width: int) -> str:

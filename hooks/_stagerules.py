@@ -347,6 +347,8 @@ def _close_wait(rule: str, attrs: Dict[str, Any], end_ns: int, nested_only: bool
     current before it is current again."""
     try:
         st = cs.state()
+        if rule not in st.rule_waits:  # (every later call of a wait's target: no lock taken)
+            return
         with st.lock:
             w = st.rule_waits.get(rule)
             if w is None or (nested_only and not w[6]):

@@ -7,7 +7,7 @@ payloads and the console waterfall all read cold starts this one way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from infersight.hooks import _contract
 from infersight.telemetry import AttrValue, ColdStart, SpanItem
@@ -102,6 +102,13 @@ def biggest_stages(root: SpanItem, stages: Sequence[SpanItem], n: int = 3) -> li
         if s.parent_span_id == root.span_id and name != UNATTRIBUTED and s.start_ns < root.end_ns:
             per_stage[name] = per_stage.get(name, 0) + min(s.end_ns, root.end_ns) - s.start_ns
     return sorted(per_stage.items(), key=lambda kv: -kv[1])[:n]
+
+
+def started_in_note(spans: Iterable[SpanItem]) -> str:
+    """``started in model_build`` for stages an asyncio task opened after the stage that made the task had ended
+    (``infersight.stage.started_in``, set by the agent's assembly); "" for any other."""
+    came = sorted({v for s in spans if isinstance(v := s.attributes.get(_contract.STAGE_STARTED_IN), str) and v})
+    return "started in " + ", ".join(came[:2]) if came else ""
 
 
 def ended_by(cs: ColdStart) -> str:

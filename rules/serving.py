@@ -1526,7 +1526,6 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
             lines, text = untabled, "\n".join(untabled)
     cut = _Unprefixed(lines)
     findings: list[Finding] = [_pytorch_finding(m, lines, rs) for m in find_ooms(text)]
-    taken: list[tuple[int, int]] = [(f.first_line, f.last_line) for f in findings]
     hits: list[_Hit] = []
     swept = 0
     for i in _candidate_lines(lines, rs.not_memory):
@@ -1549,12 +1548,11 @@ def analyse(text: str, rs: ServingRules | None = None) -> list[Finding]:
     # Indexed by line (an event's lines are a window of a few): whether a line lies in an event taken already,
     # and the accepted events that reach each line (their last line plus the one after): a text of thousands of
     # anchors reads each once, not against every event before it.
-    covered: set[int] = {i for a, b in taken for i in range(a, b + 1)}
+    covered: set[int] = {i for f in findings for i in range(f.first_line, f.last_line + 1)}
     reaching: dict[int, list[tuple[_Hit, Finding]]] = {}
     for h in hits:
         if h.anchor in covered or _goes_on(h, reaching.get(h.anchor, ())):
-            same = next((f for hh, f in reaching.get(h.anchor, ()) if hh.rule is h.rule and hh.first <= h.anchor),
-                        None)
+            same = next((f for hh, f in reaching.get(h.anchor, ()) if hh.rule is h.rule), None)
             if same is not None:
                 for k, v in h.values.items():  # fold the numbers a later line of the event adds
                     if k in BASE_QUANTITIES and same.numbers.get(k) is None:

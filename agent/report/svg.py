@@ -13,7 +13,7 @@ from html import escape
 from infersight.agent.report.gpu import DeviceTimeline, MemoryChart
 from infersight.agent.report.views import Family, Oom, ProcessWaterfall, weights_note
 from infersight.bytesize import human_bytes
-from infersight.coldstart_stages import gap_frames
+from infersight.coldstart_stages import gap_frames, started_in_note
 from infersight.hooks import _contract
 from infersight.sanitize import clean_text
 from infersight.telemetry import AttrValue, SpanItem
@@ -138,9 +138,8 @@ def waterfall_svg(wf: ProcessWaterfall, fam: Family, uid: str) -> str:
             info = info or "custom stage"
         elif row.kind == "root":
             info = "%s%s" % (wf.root.resource.get("service.name") or "", " (helper)" if wf.helper else "")
-        came = s.attributes.get(_contract.STAGE_STARTED_IN)
-        if isinstance(came, str) and came and row.kind != "root":  # a task's stage, after the stage that made it
-            info = "; ".join(x for x in (info, "started in " + came) if x)
+        if row.kind != "root":  # a task's stage, after the stage that made it
+            info = "; ".join(x for x in (info, started_in_note([s])) if x)
         after = at_ready and row.kind != "root" and s.start_ns >= wf.root.end_ns  # the wait for traffic is before it
         if after and row.depth == 1:
             info = "after %.3f s waiting for traffic (in no total)%s" % (
